@@ -1,0 +1,133 @@
+# hyb — top-level build. The two commands a newcomer needs:
+#   make run    build, make a demo model if none is given, generate text
+#   make test   every test that needs no GPU
+# The kernel module is built by Kbuild (see kmod/).
+
+SHELL   := /bin/bash
+BUILD   ?= build
+CC      ?= gcc
+PREFIX  ?= /usr/local
+MODEL   ?=
+PROMPT  ?= Once upon a time
+N       ?= 64
+
+OPT      ?= -O2
+CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -pthread -fno-math-errno -MMD -MP
+CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb -Ikernels/cpu
+LDLIBS   := -lm -pthread $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
+
+# Kernels are compiled once per ISA level (file suffix) and picked at run time.
+ISA_avx2       := -mavx2 -mfma -mf16c
+ISA_avx512     := $(ISA_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
+ISA_avx512vnni := $(ISA_avx512) -mavx512vnni
+
+LIB_SRCS   := $(wildcard libhyb/*.c) $(wildcard kernels/cpu/*.c)
+LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+HYB_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hyb/*.c))
+CTL_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hybctl/*.c))
+TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
+
+LIB     := $(BUILD)/libhyb.a
+TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl
+TESTBIN := $(BUILD)/hyb-tests
+FUZZ    := $(BUILD)/fuzz_gguf
+
+# CUDA: built whenever nvcc exists, even with no GPU to run it.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
+CU_SRCS := $(wildcard kernels/cuda/*.cu)
+CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+           -Xcompiler -Wall,-Wextra,-Werror
+CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
+GPU_TESTBIN := $(BUILD)/hyb-gpu-tests
+GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
+
+.PHONY: all run test bench test-gpu install clean deps cuda fuzz
+all: $(LIB) $(TOOLS) $(TESTBIN) cuda
+
+deps:
+	@bash tools/install-deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+$(BUILD)/kernels/cpu/%_avx2.o: kernels/cpu/%_avx2.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 $(ISA_avx2) -c $< -o $@
+$(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 $(ISA_avx512) -c $< -o $@
+$(BUILD)/kernels/cpu/%_avx512vnni.o: kernels/cpu/%_avx512vnni.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 $(ISA_avx512vnni) -c $< -o $@
+$(BUILD)/kernels/cpu/%.o: kernels/cpu/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/hyb: $(HYB_OBJS) $(LIB)
+	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/hybctl: $(CTL_OBJS) $(LIB)
+	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(TESTBIN): $(TEST_OBJS) $(LIB)
+	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+
+# libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.
+FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/gguf_read.c libhyb/tensor_type.c
+$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h
+	@mkdir -p $(@D)
+	clang $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@
+fuzz: $(FUZZ)
+
+ifneq ($(NVCC),)
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -Ilibhyb/include -Ikernels/cpu -Ikernels/cuda -c $< -o $@
+cuda: $(GPU_TESTBIN)
+$(GPU_TEST_OBJS): CPPFLAGS += -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
+$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)
+	$(CC) $(CFLAGS) $^ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ $(LDLIBS) -o $@
+else
+cuda:
+	@echo "hyb: CUDA toolkit not found (no nvcc on PATH or in /usr/local/cuda): CUDA kernels skipped"
+endif
+
+models/demo.gguf: $(BUILD)/hybctl
+	@mkdir -p models
+	$(BUILD)/hybctl synth -o $@ --hidden 512 --ffn 1376 --layers 8 --heads 8 --vocab 4096 --type Q8_0 --seed 1
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory models/demo.gguf; fi
+	$(BUILD)/hyb run -m $(if $(MODEL),$(MODEL),models/demo.gguf) -p "$(PROMPT)" -n $(N)
+
+test: deps
+	@$(MAKE) --no-print-directory all fuzz
+	$(TESTBIN)
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	bash tests/bench/run.sh
+
+test-gpu:
+ifneq ($(NVCC),)
+	@$(MAKE) --no-print-directory all
+	$(GPU_TESTBIN)
+else
+	@echo "hyb: CUDA toolkit not found: nothing to test on a GPU"
+endif
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/hyb
+	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 libhyb/include/hyb/*.h $(DESTDIR)$(PREFIX)/include/hyb/
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

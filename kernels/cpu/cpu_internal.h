@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Glue between the files of kernels/cpu: the scalar reference functions that
+ * every table starts from, the per-ISA table fillers, and the scratch memory
+ * the packing GEMMs work in. Not part of the public contract.
+ */
+#ifndef HYB_CPU_INTERNAL_H
+#define HYB_CPU_INTERNAL_H
+
+#include "blocks.h"
+#include "cpu_kernels.h"
+
+#define HYB_GEMM_ARGS int64_t k, const void *w, size_t w_stride, int64_t nrows, \
+	const void *x, size_t x_stride, int64_t ncols, float *y, size_t y_stride
+
+/* gemm_scalar.c: per block integer dot then scale, as llama.cpp's generic code */
+void hyb_gemm_f32_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_f16_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_bf16_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q4_0_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q8_0_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q6_k_scalar(HYB_GEMM_ARGS);
+
+/* quant_act.c: activation converters */
+void hyb_quantize_f32_scalar(const float *x, void *out, int64_t n);
+void hyb_quantize_f16_scalar(const float *x, void *out, int64_t n);
+void hyb_quantize_bf16_scalar(const float *x, void *out, int64_t n);
+void hyb_quantize_q8_0_scalar(const float *x, void *out, int64_t n);
+void hyb_quantize_q8_k_scalar(const float *x, void *out, int64_t n);
+
+/* dequant.c */
+void hyb_dequantize_f32(const void *in, float *out, int64_t n);
+void hyb_dequantize_f16(const void *in, float *out, int64_t n);
+void hyb_dequantize_bf16(const void *in, float *out, int64_t n);
+void hyb_dequantize_q4_0(const void *in, float *out, int64_t n);
+void hyb_dequantize_q8_0(const void *in, float *out, int64_t n);
+void hyb_dequantize_q4_k(const void *in, float *out, int64_t n);
+void hyb_dequantize_q6_k(const void *in, float *out, int64_t n);
+void hyb_dequantize_q8_k(const void *in, float *out, int64_t n);
+
+/*
+ * Per-ISA table fillers: each overrides the entries its level specialises
+ * in a table that already holds the level below.
+ */
+void hyb_cpu_fill_avx2(struct hyb_cpu_kernels *k);
+void hyb_cpu_fill_avx512(struct hyb_cpu_kernels *k);
+void hyb_cpu_fill_avx512vnni(struct hyb_cpu_kernels *k);
+/* pieces of a level's table that live in other files of that level */
+void hyb_fill_f_avx512(struct hyb_cpu_kernels *k);
+void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_q_avx2(struct hyb_cpu_kernels *k);
+
+/* peak_*.c: seconds-bounded register-only loops; multiply-adds per second */
+enum hyb_peak_kind { HYB_PEAK_FMA, HYB_PEAK_INT8 };
+double hyb_peak_avx2(enum hyb_peak_kind kind);
+double hyb_peak_avx512(enum hyb_peak_kind kind);
+double hyb_peak_avx512vnni(enum hyb_peak_kind kind);
+double hyb_peak_scalar(enum hyb_peak_kind kind);
+
+/*
+ * scratch.c: a 64-byte aligned per-thread buffer for packing; `slot` picks
+ * one of a few independent buffers. Contents are not preserved across calls
+ * with a larger size. NULL when out of memory.
+ */
+enum { HYB_SCRATCH_X, HYB_SCRATCH_W, HYB_SCRATCH_P, HYB_SCRATCH_N };
+void *hyb_cpu_scratch(int slot, size_t bytes);
+
+#endif

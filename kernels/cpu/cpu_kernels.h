@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * CPU compute kernels: conversion, (de)quantization and the matrix kernels
+ * that the forward pass spends its time in. Block layouts are llama.cpp's
+ * (ggml-common.h) so GGUF tensors are used in place.
+ *
+ * Every ISA level has a full table; entries an ISA does not specialise fall
+ * back to the level below, down to the scalar reference. hyb_cpu_best()
+ * picks the best level the running CPU supports (cpuid + xgetbv), or the
+ * one named by the HYB_ISA environment variable (scalar|avx2|avx512|avx512vnni).
+ */
+#ifndef HYB_CPU_KERNELS_H
+#define HYB_CPU_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyb/tensor_type.h"
+
+enum hyb_isa {
+	HYB_ISA_SCALAR,
+	HYB_ISA_AVX2,        /* AVX2 + FMA + F16C */
+	HYB_ISA_AVX512,      /* F + BW + VL + DQ */
+	HYB_ISA_AVX512_VNNI, /* + VNNI */
+	HYB_ISA_COUNT
+};
+
+/*
+ * Y = W · X over a block of rows and columns.
+ *   W: nrows rows of k elements of the weight type, row r at w + r*w_stride bytes.
+ *   X: ncols activation vectors of k elements, already converted to
+ *      hyb_vec_dot_type(weight type), column c at x + c*x_stride bytes.
+ *   Y: float, y[c*y_stride + r] (y_stride in floats).
+ * k is a multiple of the weight type's block size. ncols == 1 is the decode
+ * GEMV; ncols > 1 is prefill and must reuse each loaded weight block across
+ * columns (register tiling), not loop the GEMV.
+ */
+typedef void (*hyb_gemm_fn)(int64_t k, const void *w, size_t w_stride, int64_t nrows,
+			    const void *x, size_t x_stride, int64_t ncols,
+			    float *y, size_t y_stride);
+/* Convert n floats to the activation format (F32 copy, F16, BF16, Q8_0, Q8_K). */
+typedef void (*hyb_quantize_fn)(const float *x, void *out, int64_t n);
+typedef void (*hyb_dequantize_fn)(const void *in, float *out, int64_t n);
+
+struct hyb_cpu_kernels {
+	enum hyb_isa isa;
+	const char *name;
+	hyb_gemm_fn gemm[HYB_TYPE_COUNT];            /* by weight type */
+	hyb_quantize_fn quantize_act[HYB_TYPE_COUNT]; /* by activation (vec_dot) type */
+	hyb_dequantize_fn dequantize[HYB_TYPE_COUNT]; /* by weight type */
+};
+
+/* NULL when this CPU cannot run that level. */
+const struct hyb_cpu_kernels *hyb_cpu_kernels(enum hyb_isa isa);
+const struct hyb_cpu_kernels *hyb_cpu_best(void);
+const char *hyb_isa_name(enum hyb_isa isa);
+
+/* The activation type the weight type's dot product consumes, as in llama.cpp. */
+uint32_t hyb_vec_dot_type(uint32_t weight_type);
+
+/*
+ * Reference quantizers for weights (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K),
+ * bit-identical to llama.cpp's quantize_row_*_ref; used by `hybctl synth`.
+ * Returns -1 for a type it cannot produce.
+ */
+int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n);
+
+/* IEEE half and bfloat16, round-to-nearest-even, as ggml converts them. */
+float hyb_f16_to_f32(uint16_t h);
+uint16_t hyb_f32_to_f16(float f);
+float hyb_bf16_to_f32(uint16_t h);
+uint16_t hyb_f32_to_bf16(float f);
+
+/*
+ * Peak arithmetic rate of this ISA level for the weight type's inner loop
+ * (FMA for float types, int8 dot instructions for quantized types),
+ * measured with a register-only loop on one core, in multiply-adds per second.
+ */
+double hyb_cpu_peak_macs(const struct hyb_cpu_kernels *k, uint32_t weight_type);
+
+#endif

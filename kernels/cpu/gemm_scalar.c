@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Scalar reference matrix kernels: one dot product per (row, column),
+ * accumulated like llama.cpp's generic vec_dot code: an exact integer dot
+ * per block, then one float multiply by the block scales. Float types sum
+ * in double. Simple on purpose: the SIMD kernels are tested against these.
+ */
+#include "cpu_internal.h"
+
+typedef float (*dot_fn)(int64_t k, const void *w, const void *x);
+
+static void gemm_loop(dot_fn dot, HYB_GEMM_ARGS)
+{
+	for (int64_t c = 0; c < ncols; c++) {
+		const char *xc = (const char *)x + c * x_stride;
+
+		for (int64_t r = 0; r < nrows; r++)
+			y[c * y_stride + r] = dot(k, (const char *)w + r * w_stride, xc);
+	}
+}
+
+static float dot_f32(int64_t k, const void *w, const void *x)
+{
+	const float *a = w, *b = x;
+	double s = 0;
+
+	for (int64_t i = 0; i < k; i++)
+		s += (double)a[i] * b[i];
+	return (float)s;
+}
+
+static float dot_f16(int64_t k, const void *w, const void *x)
+{
+	const uint16_t *a = w, *b = x;
+	double s = 0;
+
+	for (int64_t i = 0; i < k; i++)
+		s += (double)hyb_f16_to_f32(a[i]) * hyb_f16_to_f32(b[i]);
+	return (float)s;
+}
+
+static float dot_bf16(int64_t k, const void *w, const void *x)
+{
+	const uint16_t *a = w, *b = x;
+	double s = 0;
+
+	for (int64_t i = 0; i < k; i++)
+		s += (double)hyb_bf16_to_f32(a[i]) * hyb_bf16_to_f32(b[i]);
+	return (float)s;
+}
+
+static float dot_q4_0(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q4_0 *a = w;
+	const struct hyb_block_q8_0 *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK4_0; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j];
+			sumi += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + HYB_QK4_0 / 2];
+		}
+		s += sumi * hyb_f16_to_f32(a[i].d) * hyb_f16_to_f32(b[i].d);
+	}
+	return s;
+}
+
+static float dot_q8_0(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q8_0 *a = w, *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK8_0; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < HYB_QK8_0; j++)
+			sumi += a[i].qs[j] * b[i].qs[j];
+		s += sumi * (hyb_f16_to_f32(a[i].d) * hyb_f16_to_f32(b[i].d));
+	}
+	return s;
+}
+
+static float dot_q4_k(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q4_k *a = w;
+	const struct hyb_block_q8_k *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK_K; i++) {
+		uint8_t sc[8], m[8];
+		int sumi = 0, summ = 0;
+
+		hyb_q4k_scales(a[i].scales, sc, m);
+		for (int j = 0; j < 8; j++) {
+			const uint8_t *q = a[i].qs + 32 * (j / 2);
+			const int8_t *xq = b[i].qs + 32 * j;
+			const int shift = 4 * (j & 1);
+			int dot = 0;
+
+			for (int l = 0; l < 32; l++)
+				dot += ((q[l] >> shift) & 0xF) * xq[l];
+			sumi += sc[j] * dot;
+			summ += m[j] * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+		}
+		s += hyb_f16_to_f32(a[i].d) * b[i].d * sumi;
+		s -= hyb_f16_to_f32(a[i].dmin) * b[i].d * summ;
+	}
+	return s;
+}
+
+/* The 6-bit quant of element e (0..255) of a Q6_K super-block, 0..63. */
+static inline int q6_quant(const struct hyb_block_q6_k *a, int e)
+{
+	const int h = e / 128, l = e % 32, part = (e % 128) / 32;
+	const uint8_t ql = a->ql[64 * h + l + 32 * (part & 1)];
+	const uint8_t qh = a->qh[32 * h + l];
+
+	return ((part < 2 ? ql & 0xF : ql >> 4) | (((qh >> (2 * part)) & 3) << 4));
+}
+
+static float dot_q6_k(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q6_k *a = w;
+	const struct hyb_block_q8_k *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK_K; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < 16; j++) {
+			int dot = 0;
+
+			for (int l = 0; l < 16; l++)
+				dot += (q6_quant(&a[i], 16 * j + l) - 32) * b[i].qs[16 * j + l];
+			sumi += a[i].scales[j] * dot;
+		}
+		s += hyb_f16_to_f32(a[i].d) * b[i].d * sumi;
+	}
+	return s;
+}
+
+void hyb_gemm_f32_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_f32, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_f16_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_f16, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_bf16_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_bf16, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q4_0_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q4_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q8_0_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q8_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q4_k, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q6_k_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q6_k, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}

@@ -1,0 +1,502 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The dense llama forward pass on the CPU.
+ *
+ * Per layer: RMSNorm -> Q,K,V (one parallel job over all three matrices) ->
+ * RoPE -> KV cache (F16) -> causal attention (parallel over token x head) ->
+ * output projection -> RMSNorm -> gate,up (one job) -> activation -> down.
+ * A batch of prompt tokens goes through each weight once as a GEMM; decode
+ * is the same code with n == 1.
+ *
+ * Numerics follow llama.cpp's CPU path: activations are converted to the
+ * weight type's dot-product format (F16, Q8_0, Q8_K, ...) before each
+ * matmul, the KV cache is F16, and attention is its flash-attention loop
+ * (the default on CPU).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cpu_kernels.h"
+#include "hyb/model.h"
+#include "hyb/threadpool.h"
+#include "ops.h"
+
+#define MAX_MATS 3
+
+struct hyb_ctx {
+	const struct hyb_model *m;
+	const struct hyb_cpu_kernels *k;
+	struct hyb_pool *pool;
+	uint32_t n_ctx, n_past, n_batch;
+	uint32_t q_dim, kv_dim;
+
+	uint16_t *kcache;  /* [layer][pos][kv_dim] F16 */
+	uint16_t *vcache;  /* [layer][pos][kv_dim] F16 */
+	size_t kv_bytes;
+
+	/* scratch for a batch of n_batch tokens */
+	float *x, *xn, *q, *kk, *vv, *att, *g, *u;
+	void *xq;          /* activations converted for the matmul in flight */
+	size_t xq_stride;  /* bytes per token in xq */
+	void *attn_tmp;    /* per thread scratch of attend() */
+	size_t attn_tmp_stride;
+};
+
+/* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
+
+struct matmul_job {
+	const struct hyb_cpu_kernels *k;
+	const struct hyb_weight *w[MAX_MATS];
+	float *y[MAX_MATS];
+	int nw;
+	const void *xq;
+	size_t xq_stride;
+	uint32_t n;
+	uint64_t chunk_rows;
+	uint64_t chunks[MAX_MATS]; /* per weight */
+	uint64_t total_chunks;
+	atomic_ullong next;
+};
+
+/*
+ * Threads take row chunks from a shared counter: contiguous rows stream well
+ * and a thread that the OS delays does not hold the others up.
+ */
+static void matmul_worker(void *arg, int ith, int nth)
+{
+	struct matmul_job *j = arg;
+	(void)ith;
+	(void)nth;
+
+	for (;;) {
+		uint64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		int i = 0;
+
+		if (c >= j->total_chunks)
+			return;
+		while (c >= j->chunks[i])
+			c -= j->chunks[i++];
+		const struct hyb_weight *w = j->w[i];
+		uint64_t r0 = c * j->chunk_rows;
+		uint64_t nr = w->ne1 - r0 < j->chunk_rows ? w->ne1 - r0 : j->chunk_rows;
+
+		j->k->gemm[w->type]((int64_t)w->ne0, (const char *)w->data + r0 * w->row_bytes,
+				    w->row_bytes, (int64_t)nr, j->xq, j->xq_stride, j->n,
+				    j->y[i] + r0, w->ne1);
+	}
+}
+
+struct quant_job {
+	const struct hyb_cpu_kernels *k;
+	uint32_t vtype;
+	const float *x;
+	uint64_t ne;       /* elements per token */
+	uint32_t n;
+	void *out;
+	size_t out_stride;
+};
+
+static void quant_worker(void *arg, int ith, int nth)
+{
+	struct quant_job *j = arg;
+	long lo, hi;
+
+	hyb_split(j->n, ith, nth, &lo, &hi);
+	for (long t = lo; t < hi; t++)
+		j->k->quantize_act[j->vtype](j->x + t * j->ne, (char *)j->out + t * j->out_stride,
+					     (int64_t)j->ne);
+}
+
+/* Convert n rows of x (ne each) to the dot type of `type` into c->xq. */
+static void convert_input(struct hyb_ctx *c, uint32_t type, const float *x, uint64_t ne,
+			  uint32_t n)
+{
+	struct quant_job q = {
+		.k = c->k, .vtype = hyb_vec_dot_type(type), .x = x, .ne = ne, .n = n,
+		.out = c->xq, .out_stride = hyb_row_bytes(hyb_vec_dot_type(type), ne),
+	};
+
+	c->xq_stride = q.out_stride;
+	if (n == 1 || hyb_pool_size(c->pool) == 1)
+		quant_worker(&q, 0, 1);
+	else
+		hyb_pool_run(c->pool, quant_worker, &q);
+}
+
+/* Y_i[n][ne1_i] = W_i · X[n][ne0] for weights of the same input and type family. */
+static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
+		   const struct hyb_weight *const *w, float *const *y)
+{
+	struct matmul_job j = { .k = c->k, .nw = nw, .n = n };
+	int nth = hyb_pool_size(c->pool);
+	uint64_t rows = 0;
+
+	/* One conversion serves every weight when their dot types agree (they do
+	 * in every file llama.cpp writes; mixed types fall back to one job each). */
+	for (int i = 1; i < nw; i++) {
+		if (hyb_vec_dot_type(w[i]->type) != hyb_vec_dot_type(w[0]->type)) {
+			for (int k = 0; k < nw; k++)
+				matmul(c, x, n, 1, &w[k], &y[k]);
+			return;
+		}
+	}
+	convert_input(c, w[0]->type, x, w[0]->ne0, n);
+	j.xq = c->xq;
+	j.xq_stride = c->xq_stride;
+	for (int i = 0; i < nw; i++) {
+		j.w[i] = w[i];
+		j.y[i] = y[i];
+		rows += w[i]->ne1;
+	}
+	/* ~8 chunks per thread, multiples of 16 rows (the kernels' row tiles). */
+	j.chunk_rows = (rows / ((uint64_t)nth * 8) + 15) & ~15ull;
+	if (j.chunk_rows < 16)
+		j.chunk_rows = 16;
+	for (int i = 0; i < nw; i++) {
+		j.chunks[i] = (w[i]->ne1 + j.chunk_rows - 1) / j.chunk_rows;
+		j.total_chunks += j.chunks[i];
+	}
+	atomic_init(&j.next, 0);
+	if (nth == 1)
+		matmul_worker(&j, 0, 1);
+	else
+		hyb_pool_run(c->pool, matmul_worker, &j);
+}
+
+/* ---- attention --------------------------------------------------------- */
+
+struct attn_job {
+	struct hyb_ctx *c;
+	uint32_t layer, n;
+};
+
+/*
+ * One (token, head) pair, as llama.cpp's CPU flash attention computes it
+ * (ggml-cpu ops.cpp), which is its default on CPU. Doing the same arithmetic
+ * is what makes greedy tokens agree with llama.cpp's on models whose logits
+ * sit close together:
+ *   - batches under 64 tokens (decode, short prompts; flash_attn_ext_f16_one_chunk):
+ *     q rounded to F16, K·q in the F16 dot kernel, online softmax over
+ *     positions in order, V accumulated in F16 and rescaled when the max grows;
+ *   - batches of 64 or more (its tiled path): the same in F32 throughout.
+ * Not reproduced: for single-token decode over 512+ cached positions
+ * llama.cpp splits the positions between its threads and merges partial
+ * softmaxes, so its own result depends on its thread count.
+ */
+static void attend(const struct hyb_ctx *c, const float *q, const uint16_t *kc,
+		   const uint16_t *vc, uint32_t n_kv, float scale, bool f16, void *tmp,
+		   float *out)
+{
+	const struct hyb_cpu_kernels *k = c->k;
+	const uint32_t hd = c->m->hp.head_dim;
+	uint16_t *q16 = tmp, *acc16 = q16 + hd;
+	float *acc = (float *)(acc16 + hd), *row = acc + hd;
+	float S = 0, M = -INFINITY;
+
+	if (f16) {
+		k->quantize_act[HYB_TYPE_F16](q, q16, hd);
+		memset(acc16, 0, sizeof(uint16_t) * hd);
+	} else {
+		memset(acc, 0, sizeof(float) * hd);
+	}
+	for (uint32_t p = 0; p < n_kv; p++) {
+		const uint16_t *kr = kc + (size_t)p * c->kv_dim, *v = vc + (size_t)p * c->kv_dim;
+		float s = 0, ms = 1.0f, vs = 1.0f;
+
+		if (f16) {
+			k->gemm[HYB_TYPE_F16](hd, kr, 0, 1, q16, 0, 1, &s, 1);
+		} else {
+			k->dequantize[HYB_TYPE_F16](kr, row, hd);
+			for (uint32_t d = 0; d < hd; d++)
+				s += row[d] * q[d];
+		}
+		s *= scale;
+		if (s > M) {
+			float m_old = M;
+
+			M = s;
+			ms = expf(m_old - M);
+		} else {
+			vs = expf(s - M);
+		}
+		if (f16) {
+			for (uint32_t d = 0; ms != 1.0f && d < hd; d++)
+				acc16[d] = hyb_f32_to_f16(hyb_f16_to_f32(acc16[d]) * ms);
+			for (uint32_t d = 0; d < hd; d++)
+				acc16[d] = hyb_f32_to_f16(hyb_f16_to_f32(acc16[d]) +
+							  hyb_f16_to_f32(v[d]) * vs);
+		} else {
+			k->dequantize[HYB_TYPE_F16](v, row, hd);
+			for (uint32_t d = 0; d < hd; d++)
+				acc[d] = acc[d] * ms + row[d] * vs;
+		}
+		S = S * ms + vs;
+	}
+	const float s_inv = S == 0.0f ? 0.0f : 1.0f / S;
+
+	for (uint32_t d = 0; d < hd; d++)
+		out[d] = (f16 ? hyb_f16_to_f32(acc16[d]) : acc[d]) * s_inv;
+}
+
+static void attn_worker(void *arg, int ith, int nth)
+{
+	struct attn_job *j = arg;
+	struct hyb_ctx *c = j->c;
+	const struct hyb_hparams *hp = &c->m->hp;
+	const uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+	const float scale = 1.0f / sqrtf((float)hd);
+	void *tmp = (char *)c->attn_tmp + (size_t)ith * c->attn_tmp_stride;
+	const bool f16 = j->n < 64;
+	const uint16_t *kc = c->kcache + (size_t)j->layer * c->n_ctx * c->kv_dim;
+	const uint16_t *vc = c->vcache + (size_t)j->layer * c->n_ctx * c->kv_dim;
+	long lo, hi;
+
+	hyb_split((long)j->n * hp->n_head, ith, nth, &lo, &hi);
+	for (long pair = lo; pair < hi; pair++) {
+		uint32_t t = (uint32_t)(pair / hp->n_head), h = (uint32_t)(pair % hp->n_head);
+		size_t kv_off = (size_t)(h / group) * hd;
+
+		attend(c, c->q + (size_t)t * c->q_dim + (size_t)h * hd, kc + kv_off, vc + kv_off,
+		       c->n_past + t + 1, scale, f16, tmp,
+		       c->att + (size_t)t * c->q_dim + (size_t)h * hd);
+	}
+}
+
+/* ---- the layer loop ---------------------------------------------------- */
+
+static void store_kv(struct hyb_ctx *c, uint32_t layer, uint32_t n)
+{
+	uint16_t *kc = c->kcache + (size_t)layer * c->n_ctx * c->kv_dim;
+	uint16_t *vc = c->vcache + (size_t)layer * c->n_ctx * c->kv_dim;
+
+	for (uint32_t t = 0; t < n; t++) {
+		uint32_t pos = c->n_past + t;
+
+		c->k->quantize_act[HYB_TYPE_F16](c->kk + (size_t)t * c->kv_dim,
+						 kc + (size_t)pos * c->kv_dim, c->kv_dim);
+		c->k->quantize_act[HYB_TYPE_F16](c->vv + (size_t)t * c->kv_dim,
+						 vc + (size_t)pos * c->kv_dim, c->kv_dim);
+	}
+}
+
+static void embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
+{
+	const struct hyb_weight *e = &c->m->tok_embd;
+
+	for (uint32_t t = 0; t < n; t++)
+		c->k->dequantize[e->type]((const char *)e->data + (uint64_t)tokens[t] * e->row_bytes,
+					  c->x + (size_t)t * e->ne0, (int64_t)e->ne0);
+}
+
+static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		       bool all_logits)
+{
+	const struct hyb_model *m = c->m;
+	const struct hyb_hparams *hp = &m->hp;
+	const uint32_t E = hp->n_embd;
+
+	embed(c, tokens, n);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+		const struct hyb_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+		float *qkv_out[3] = { c->q, c->kk, c->vv };
+		const struct hyb_weight *gu[2] = { &L->gate, &L->up };
+		float *gu_out[2] = { c->g, c->u };
+		const struct hyb_weight *wo = &L->wo, *down = &L->down;
+		struct attn_job aj = { .c = c, .layer = l, .n = n };
+
+		for (uint32_t t = 0; t < n; t++)
+			hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->attn_norm.data, E,
+				    hp->rms_eps);
+		matmul(c, c->xn, n, 3, qkv, qkv_out);
+		for (uint32_t t = 0; t < n; t++) {
+			float pos = (float)(c->n_past + t) * hp->rope_scale;
+
+			hyb_rope(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
+				 pos, hp->rope_base, hp->rope_neox);
+			hyb_rope(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
+				 hp->n_rot, pos, hp->rope_base, hp->rope_neox);
+		}
+		store_kv(c, l, n);
+		hyb_pool_run(c->pool, attn_worker, &aj);
+		matmul(c, c->att, n, 1, &wo, &c->xn);
+		for (size_t i = 0; i < (size_t)n * E; i++)
+			c->x[i] += c->xn[i];
+
+		for (uint32_t t = 0; t < n; t++)
+			hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->ffn_norm.data, E,
+				    hp->rms_eps);
+		matmul(c, c->xn, n, 2, gu, gu_out);
+		hyb_ffn_act(c->g, c->u, (uint64_t)n * hp->n_ff, hp->act);
+		matmul(c, c->g, n, 1, &down, &c->xn);
+		for (size_t i = 0; i < (size_t)n * E; i++)
+			c->x[i] += c->xn[i];
+	}
+
+	/* Head: every token's logits, or only the last token's. */
+	uint32_t first = all_logits ? 0 : n - 1, rows = n - first;
+	const struct hyb_weight *out = &m->output;
+
+	for (uint32_t t = first; t < n; t++)
+		hyb_rmsnorm(c->xn + (size_t)(t - first) * E, c->x + (size_t)t * E, m->out_norm.data,
+			    E, hp->rms_eps);
+	matmul(c, c->xn, rows, 1, &out, &logits);
+	c->n_past += n;
+}
+
+int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		 bool all_logits, char *err, size_t errlen)
+{
+	const uint32_t V = c->m->hp.n_vocab;
+
+	if (n == 0) {
+		snprintf(err, errlen, "no tokens to evaluate");
+		return -1;
+	}
+	if ((uint64_t)c->n_past + n > c->n_ctx) {
+		snprintf(err, errlen, "context full: %u + %u tokens exceed n_ctx %u", c->n_past, n,
+			 c->n_ctx);
+		return -1;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= V) {
+			snprintf(err, errlen, "token id %d out of range [0, %u)", tokens[i], V);
+			return -1;
+		}
+	}
+	for (uint32_t done = 0; done < n;) {
+		uint32_t nb = n - done < c->n_batch ? n - done : c->n_batch;
+		float *dst = all_logits ? logits + (size_t)done * V : logits;
+
+		/* Without all_logits each batch writes its last row to the same
+		 * place; the final batch's is the one returned. */
+		eval_batch(c, tokens + done, nb, dst, all_logits);
+		done += nb;
+	}
+	return 0;
+}
+
+/* ---- context ----------------------------------------------------------- */
+
+static void *alloc_zeroed(size_t bytes)
+{
+	/* Anonymous mappings: page-aligned, zeroed, and only touched pages
+	 * become resident (a large n_ctx costs nothing until it is used). */
+	void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void free_mapping(void *p, size_t bytes)
+{
+	if (p)
+		munmap(p, bytes ? bytes : 1);
+}
+
+static size_t scratch_bytes(const struct hyb_ctx *c)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	size_t nb = c->n_batch, wide = hp->n_ff > hp->n_vocab ? hp->n_ff : hp->n_vocab;
+
+	if (wide < hp->n_embd)
+		wide = hp->n_embd;
+	return sizeof(float) * nb * (2 * (size_t)hp->n_embd + 2 * (size_t)c->q_dim +
+				     2 * (size_t)c->kv_dim + 2 * (size_t)hp->n_ff) +
+	       /* xq: the widest row in any activation format (<= 4 bytes/elem) */
+	       nb * (4 * wide + 512);
+}
+
+struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p,
+			    char *err, size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_ctx *c = calloc(1, sizeof(*c));
+	int nth;
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	c->m = m;
+	c->k = hyb_cpu_best();
+	c->n_ctx = p && p->n_ctx ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+	c->n_batch = p && p->n_batch ? p->n_batch : 512;
+	c->q_dim = hp->n_head * hp->head_dim;
+	c->kv_dim = hp->n_head_kv * hp->head_dim;
+	if (c->n_ctx == 0 || c->n_ctx > (1u << 24)) {
+		snprintf(err, errlen, "bad context size %u", c->n_ctx);
+		goto fail;
+	}
+	c->pool = hyb_pool_new(p ? p->n_threads : 0);
+	if (!c->pool) {
+		snprintf(err, errlen, "cannot start threads: %s", strerror(errno));
+		goto fail;
+	}
+	nth = hyb_pool_size(c->pool);
+
+	c->kv_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx * c->kv_dim;
+	c->kcache = alloc_zeroed(c->kv_bytes / 2);
+	c->vcache = alloc_zeroed(c->kv_bytes / 2);
+	/* per thread: q16, acc16, acc, row; a cache line apart from the next thread's */
+	c->attn_tmp_stride = (12 * (size_t)hp->head_dim + 127) & ~63ul;
+	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
+	c->x = alloc_zeroed(scratch_bytes(c));
+	if (!c->kcache || !c->vcache || !c->attn_tmp || !c->x) {
+		snprintf(err, errlen, "out of memory for a %u-token context (%.1f MiB KV cache)",
+			 c->n_ctx, c->kv_bytes / 1048576.0);
+		goto fail;
+	}
+	c->xn = c->x + (size_t)c->n_batch * hp->n_embd;
+	c->q = c->xn + (size_t)c->n_batch * hp->n_embd;
+	c->att = c->q + (size_t)c->n_batch * c->q_dim;
+	c->kk = c->att + (size_t)c->n_batch * c->q_dim;
+	c->vv = c->kk + (size_t)c->n_batch * c->kv_dim;
+	c->g = c->vv + (size_t)c->n_batch * c->kv_dim;
+	c->u = c->g + (size_t)c->n_batch * hp->n_ff;
+	c->xq = c->u + (size_t)c->n_batch * hp->n_ff;
+	return c;
+
+fail:
+	hyb_ctx_free(c);
+	return NULL;
+}
+
+void hyb_ctx_free(struct hyb_ctx *c)
+{
+	if (!c)
+		return;
+	if (c->pool) {
+		free_mapping(c->attn_tmp, c->attn_tmp_stride * hyb_pool_size(c->pool));
+		hyb_pool_free(c->pool);
+	}
+	free_mapping(c->kcache, c->kv_bytes / 2);
+	free_mapping(c->vcache, c->kv_bytes / 2);
+	free_mapping(c->x, scratch_bytes(c));
+	free(c);
+}
+
+uint32_t hyb_ctx_n_past(const struct hyb_ctx *c)
+{
+	return c->n_past;
+}
+
+uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c)
+{
+	return c->n_ctx;
+}
+
+uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c)
+{
+	return c->kv_bytes;
+}
+
+void hyb_ctx_reset(struct hyb_ctx *c)
+{
+	c->n_past = 0;
+}

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: MIT
+#include "hyb/generate.h"
+
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "hyb/model.h"
+#include "hyb/sampler.h"
+#include "hyb/tokenizer.h"
+
+double hyb_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sampler *s,
+		 const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen, hyb_token_cb cb,
+		 void *arg, struct hyb_gen_stats *st, char *err, size_t errlen)
+{
+	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+	double t0;
+	int rc = -1;
+
+	memset(st, 0, sizeof(*st));
+	if (!logits) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (n_prompt == 0) {
+		snprintf(err, errlen, "empty prompt");
+		goto out;
+	}
+	t0 = hyb_now();
+	if (hyb_ctx_eval(c, prompt, n_prompt, logits, false, err, errlen))
+		goto out;
+	st->t_prompt = hyb_now() - t0;
+	st->n_prompt = n_prompt;
+	for (uint32_t i = 0; i < n_prompt; i++)
+		hyb_sampler_accept(s, prompt[i]);
+
+	t0 = hyb_now();
+	for (uint32_t i = 0; i < n_gen; i++) {
+		int32_t tok = hyb_sampler_sample(s, logits);
+
+		if (m->tok && hyb_tokenizer_is_eog(m->tok, tok))
+			break;
+		hyb_sampler_accept(s, tok);
+		st->n_gen++;
+		if (cb && cb(arg, tok))
+			break;
+		if (i + 1 == n_gen)
+			break;
+		if (hyb_ctx_eval(c, &tok, 1, logits, false, err, errlen))
+			goto out;
+		st->n_decode++;
+	}
+	st->t_gen = hyb_now() - t0;
+	rc = 0;
+out:
+	free(logits);
+	return rc;
+}

@@ -1,0 +1,553 @@
+// SPDX-License-Identifier: MIT
+/*
+ * GGUF writer. Metadata values are encoded when set (so replacing a key is
+ * a free + copy), tensors are laid out when the file is begun, and the
+ * data goes out either all at once or streamed tensor by tensor (for tools
+ * that quantize a model larger than memory). The setters cannot fail
+ * visibly; their first error is kept and reported by the write.
+ */
+#include "hyb/gguf.h"
+#include "hyb/tensor_type.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the GGUF writer assumes a little-endian host"
+#endif
+
+/* llama.cpp's GGML_MAX_NAME: its loader refuses longer tensor names. */
+#define MAX_NAME 64
+
+typedef unsigned long long ull;
+
+struct wkv {
+	char *key;
+	uint32_t type;
+	uint8_t *val; /* the value as encoded after its type field */
+	size_t len;
+};
+
+struct wtensor {
+	char *name;
+	uint32_t type, n_dims;
+	uint64_t ne[GGUF_MAX_DIMS];
+	const void *data;
+	uint64_t nbytes, offset;
+};
+
+struct gguf_writer {
+	struct wkv *kv;
+	size_t n_kv, cap_kv;
+	struct wtensor *t;
+	size_t n_t, cap_t;
+	uint32_t version;
+	char bad[200]; /* first error of a setter */
+
+	/* an open file */
+	FILE *fp;
+	char *path;
+	bool regular; /* only a regular file is removed on error (never /dev/...) */
+	uint64_t pos, alignment;
+	size_t cur;        /* tensor whose data comes next */
+	uint64_t cur_done; /* bytes of it already written */
+	char werr[512];    /* first write error */
+};
+
+static const uint8_t elem_size[GGUF_VT_COUNT] = {
+	[GGUF_VT_UINT8] = 1, [GGUF_VT_INT8] = 1,   [GGUF_VT_UINT16] = 2,  [GGUF_VT_INT16] = 2,
+	[GGUF_VT_UINT32] = 4, [GGUF_VT_INT32] = 4, [GGUF_VT_FLOAT32] = 4, [GGUF_VT_BOOL] = 1,
+	[GGUF_VT_UINT64] = 8, [GGUF_VT_INT64] = 8, [GGUF_VT_FLOAT64] = 8,
+};
+
+__attribute__((format(printf, 2, 3))) static void setter_error(struct gguf_writer *w,
+							       const char *fmt, ...)
+{
+	va_list ap;
+
+	if (w->bad[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(w->bad, sizeof(w->bad), fmt, ap);
+	va_end(ap);
+}
+
+struct gguf_writer *gguf_writer_new(void)
+{
+	struct gguf_writer *w = calloc(1, sizeof(*w));
+
+	if (w)
+		w->version = 3;
+	return w;
+}
+
+static void abandon(struct gguf_writer *w)
+{
+	if (w->fp) {
+		fclose(w->fp);
+		if (w->regular)
+			unlink(w->path);
+		w->fp = NULL;
+	}
+	free(w->path);
+	w->path = NULL;
+}
+
+void gguf_writer_free(struct gguf_writer *w)
+{
+	if (!w)
+		return;
+	abandon(w);
+	for (size_t i = 0; i < w->n_kv; i++) {
+		free(w->kv[i].key);
+		free(w->kv[i].val);
+	}
+	for (size_t i = 0; i < w->n_t; i++)
+		free(w->t[i].name);
+	free(w->kv);
+	free(w->t);
+	free(w);
+}
+
+void gguf_writer_set_version(struct gguf_writer *w, uint32_t version)
+{
+	if (version != 2 && version != 3)
+		setter_error(w, "GGUF version %u cannot be written (only 2 and 3)", version);
+	else
+		w->version = version;
+}
+
+/* The alignment lives in the metadata (general.alignment), as readers expect it there. */
+void gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment)
+{
+	if (!alignment || (alignment & (alignment - 1)))
+		setter_error(w, "alignment %u is not a power of two", alignment);
+	else
+		gguf_set_u32(w, "general.alignment", alignment);
+}
+
+/* ---- metadata ---------------------------------------------------------- */
+
+/* Take ownership of val (len bytes) as the value of key, replacing any earlier one. */
+static void set_kv(struct gguf_writer *w, const char *key, uint32_t type, uint8_t *val, size_t len)
+{
+	struct wkv *kv = NULL;
+
+	if (!val || !*key) {
+		if (val)
+			setter_error(w, "empty key");
+		else
+			setter_error(w, "out of memory setting '%s'", key);
+		free(val);
+		return;
+	}
+	for (size_t i = 0; i < w->n_kv && !kv; i++)
+		if (!strcmp(w->kv[i].key, key))
+			kv = &w->kv[i];
+	if (kv) {
+		free(kv->val);
+	} else {
+		if (w->n_kv == w->cap_kv) {
+			size_t cap = w->cap_kv ? 2 * w->cap_kv : 16;
+			struct wkv *p = realloc(w->kv, cap * sizeof(*p));
+
+			if (!p) {
+				setter_error(w, "out of memory setting '%s'", key);
+				free(val);
+				return;
+			}
+			w->kv = p;
+			w->cap_kv = cap;
+		}
+		kv = &w->kv[w->n_kv];
+		kv->key = strdup(key);
+		if (!kv->key) {
+			setter_error(w, "out of memory setting '%s'", key);
+			free(val);
+			return;
+		}
+		w->n_kv++;
+	}
+	kv->type = type;
+	kv->val = val;
+	kv->len = len;
+}
+
+static void set_scalar(struct gguf_writer *w, const char *key, uint32_t type, const void *v)
+{
+	uint8_t *val = malloc(elem_size[type]);
+
+	if (val)
+		memcpy(val, v, elem_size[type]);
+	set_kv(w, key, type, val, elem_size[type]);
+}
+
+#define SETTER(name, ctype, vtype)                                          \
+	void gguf_set_##name(struct gguf_writer *w, const char *key, ctype v) \
+	{                                                                   \
+		set_scalar(w, key, vtype, &v);                              \
+	}
+
+SETTER(u8, uint8_t, GGUF_VT_UINT8)
+SETTER(i8, int8_t, GGUF_VT_INT8)
+SETTER(u16, uint16_t, GGUF_VT_UINT16)
+SETTER(i16, int16_t, GGUF_VT_INT16)
+SETTER(u32, uint32_t, GGUF_VT_UINT32)
+SETTER(i32, int32_t, GGUF_VT_INT32)
+SETTER(u64, uint64_t, GGUF_VT_UINT64)
+SETTER(i64, int64_t, GGUF_VT_INT64)
+SETTER(f32, float, GGUF_VT_FLOAT32)
+SETTER(f64, double, GGUF_VT_FLOAT64)
+
+void gguf_set_bool(struct gguf_writer *w, const char *key, bool v)
+{
+	uint8_t b = v;
+
+	set_scalar(w, key, GGUF_VT_BOOL, &b);
+}
+
+static uint8_t *put_str(uint8_t *p, const char *s, uint64_t len)
+{
+	memcpy(p, &len, 8);
+	memcpy(p + 8, s, len);
+	return p + 8 + len;
+}
+
+void gguf_set_str(struct gguf_writer *w, const char *key, const char *v)
+{
+	size_t len = strlen(v);
+	uint8_t *val = malloc(8 + len);
+
+	if (val)
+		put_str(val, v, len);
+	set_kv(w, key, GGUF_VT_STRING, val, 8 + len);
+}
+
+void gguf_set_arr(struct gguf_writer *w, const char *key, uint32_t elem_type, const void *data,
+		  uint64_t n)
+{
+	uint8_t *val;
+	uint64_t bytes;
+
+	if (elem_type >= GGUF_VT_COUNT || !elem_size[elem_type]) {
+		setter_error(w, "'%s': gguf_set_arr takes scalar elements, not %s", key,
+			     gguf_vtype_name(elem_type));
+		return;
+	}
+	if (n > (SIZE_MAX - 12) / elem_size[elem_type]) {
+		setter_error(w, "'%s': array of %llu elements is too large", key, (ull)n);
+		return;
+	}
+	bytes = n * elem_size[elem_type];
+	val = malloc(12 + bytes);
+	if (val) {
+		memcpy(val, &elem_type, 4);
+		memcpy(val + 4, &n, 8);
+		if (bytes)
+			memcpy(val + 12, data, bytes);
+	}
+	set_kv(w, key, GGUF_VT_ARRAY, val, 12 + bytes);
+}
+
+void gguf_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
+{
+	uint32_t et = GGUF_VT_STRING;
+	size_t len = 12;
+	uint8_t *val, *p;
+
+	for (uint64_t i = 0; i < n; i++)
+		len += 8 + strlen(strs[i]);
+	val = malloc(len);
+	if (val) {
+		memcpy(val, &et, 4);
+		memcpy(val + 4, &n, 8);
+		p = val + 12;
+		for (uint64_t i = 0; i < n; i++)
+			p = put_str(p, strs[i], strlen(strs[i]));
+	}
+	set_kv(w, key, GGUF_VT_ARRAY, val, len);
+}
+
+/* ---- tensors ----------------------------------------------------------- */
+
+int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t type,
+			   uint32_t n_dims, const uint64_t *ne, const void *data)
+{
+	struct wtensor *t;
+	uint64_t rows = 1, rb;
+
+	if (w->fp || n_dims < 1 || n_dims > GGUF_MAX_DIMS || strlen(name) >= MAX_NAME)
+		return -1;
+	for (size_t i = 0; i < w->n_t; i++)
+		if (!strcmp(w->t[i].name, name))
+			return -1;
+	for (uint32_t d = 1; d < n_dims; d++) {
+		if (!ne[d] || ne[d] > INT64_MAX / rows)
+			return -1;
+		rows *= ne[d];
+	}
+	rb = hyb_row_bytes(type, ne[0]);
+	if (!ne[0] || ne[0] > INT64_MAX / rows || !rb || rows > UINT64_MAX / 2 / rb)
+		return -1;
+	if (w->n_t == w->cap_t) {
+		size_t cap = w->cap_t ? 2 * w->cap_t : 64;
+		struct wtensor *p = realloc(w->t, cap * sizeof(*p));
+
+		if (!p)
+			return -1;
+		w->t = p;
+		w->cap_t = cap;
+	}
+	t = &w->t[w->n_t];
+	*t = (struct wtensor){ .name = strdup(name), .type = type, .n_dims = n_dims,
+			       .data = data, .nbytes = rb * rows };
+	if (!t->name)
+		return -1;
+	for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
+		t->ne[d] = d < n_dims ? ne[d] : 1;
+	w->n_t++;
+	return 0;
+}
+
+/* ---- output ------------------------------------------------------------ */
+
+static int wr(struct gguf_writer *w, const void *p, uint64_t n)
+{
+	if (w->werr[0])
+		return -1;
+	if (n && fwrite(p, 1, n, w->fp) != n) {
+		snprintf(w->werr, sizeof(w->werr), "%s: write failed: %s", w->path,
+			 strerror(errno));
+		return -1;
+	}
+	w->pos += n;
+	return 0;
+}
+
+static int wr_u32(struct gguf_writer *w, uint32_t v)
+{
+	return wr(w, &v, 4);
+}
+
+static int wr_u64(struct gguf_writer *w, uint64_t v)
+{
+	return wr(w, &v, 8);
+}
+
+static int pad(struct gguf_writer *w)
+{
+	static const uint8_t zeros[256];
+	uint64_t n = (w->alignment - w->pos % w->alignment) % w->alignment;
+
+	while (n) {
+		uint64_t k = n < sizeof(zeros) ? n : sizeof(zeros);
+
+		if (wr(w, zeros, k))
+			return -1;
+		n -= k;
+	}
+	return 0;
+}
+
+/* Write the data of the tensors that were given it, up to the next one to be streamed. */
+static int write_given(struct gguf_writer *w)
+{
+	while (w->cur < w->n_t && w->t[w->cur].data) {
+		if (wr(w, w->t[w->cur].data, w->t[w->cur].nbytes) || pad(w))
+			return -1;
+		w->cur++;
+	}
+	return 0;
+}
+
+/* Alignment from general.alignment, then every tensor's offset. */
+static int layout(struct gguf_writer *w, char *err, size_t errlen)
+{
+	uint64_t off = 0;
+
+	w->alignment = GGUF_DEFAULT_ALIGNMENT;
+	for (size_t i = 0; i < w->n_kv; i++) {
+		if (strcmp(w->kv[i].key, "general.alignment"))
+			continue;
+		if (w->kv[i].type == GGUF_VT_UINT32) {
+			uint32_t a;
+
+			memcpy(&a, w->kv[i].val, 4);
+			if (a && !(a & (a - 1))) {
+				w->alignment = a;
+				break;
+			}
+		}
+		snprintf(err, errlen, "general.alignment must be a UINT32 power of two");
+		return -1;
+	}
+	for (size_t i = 0; i < w->n_t; i++) {
+		uint64_t padded = (w->t[i].nbytes + w->alignment - 1) & ~(w->alignment - 1);
+
+		if (off > UINT64_MAX / 2 - padded) {
+			snprintf(err, errlen, "tensor data too large");
+			return -1;
+		}
+		w->t[i].offset = off;
+		off += padded;
+	}
+	return 0;
+}
+
+static int write_header(struct gguf_writer *w)
+{
+	wr_u32(w, GGUF_MAGIC);
+	wr_u32(w, w->version);
+	wr_u64(w, w->n_t);
+	wr_u64(w, w->n_kv);
+	for (size_t i = 0; i < w->n_kv; i++) {
+		uint64_t klen = strlen(w->kv[i].key);
+
+		wr_u64(w, klen);
+		wr(w, w->kv[i].key, klen);
+		wr_u32(w, w->kv[i].type);
+		wr(w, w->kv[i].val, w->kv[i].len);
+	}
+	for (size_t i = 0; i < w->n_t; i++) {
+		const struct wtensor *t = &w->t[i];
+		uint64_t nlen = strlen(t->name);
+
+		wr_u64(w, nlen);
+		wr(w, t->name, nlen);
+		wr_u32(w, t->n_dims);
+		wr(w, t->ne, 8ull * t->n_dims);
+		wr_u32(w, t->type);
+		wr_u64(w, t->offset);
+	}
+	return pad(w);
+}
+
+int gguf_writer_begin(struct gguf_writer *w, const char *path, char *err, size_t errlen)
+{
+	struct stat st;
+	int fd;
+
+	if (w->fp) {
+		snprintf(err, errlen, "%s: a file is already being written (%s)", path, w->path);
+		return -1;
+	}
+	if (w->bad[0]) {
+		snprintf(err, errlen, "%s: %s", path, w->bad);
+		return -1;
+	}
+	if (layout(w, err, errlen))
+		return -1;
+	w->path = strdup(path);
+	if (!w->path) {
+		snprintf(err, errlen, "%s: out of memory", path);
+		return -1;
+	}
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+		abandon(w);
+		return -1;
+	}
+	w->regular = !fstat(fd, &st) && S_ISREG(st.st_mode);
+	w->fp = fdopen(fd, "wb");
+	if (!w->fp) {
+		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+		close(fd);
+		if (w->regular)
+			unlink(path);
+		abandon(w);
+		return -1;
+	}
+	setvbuf(w->fp, NULL, _IOFBF, 1 << 20);
+	w->pos = 0;
+	w->cur = 0;
+	w->cur_done = 0;
+	w->werr[0] = 0;
+	if (write_header(w) || write_given(w)) {
+		snprintf(err, errlen, "%s", w->werr);
+		abandon(w);
+		return -1;
+	}
+	return 0;
+}
+
+int gguf_writer_put_data(struct gguf_writer *w, const void *data, uint64_t nbytes)
+{
+	struct wtensor *t;
+
+	if (!w->fp || w->werr[0])
+		return -1;
+	if (w->cur >= w->n_t) {
+		snprintf(w->werr, sizeof(w->werr), "%s: data put after the last tensor", w->path);
+		return -1;
+	}
+	t = &w->t[w->cur];
+	if (nbytes > t->nbytes - w->cur_done) {
+		snprintf(w->werr, sizeof(w->werr),
+			 "%s: %llu bytes put for tensor '%s', which has %llu bytes left", w->path,
+			 (ull)nbytes, t->name, (ull)(t->nbytes - w->cur_done));
+		return -1;
+	}
+	if (wr(w, data, nbytes))
+		return -1;
+	w->cur_done += nbytes;
+	if (w->cur_done < t->nbytes)
+		return 0;
+	w->cur++;
+	w->cur_done = 0;
+	return pad(w) || write_given(w) ? -1 : 0;
+}
+
+int gguf_writer_finish(struct gguf_writer *w, char *err, size_t errlen)
+{
+	FILE *fp = w->fp;
+
+	if (!fp) {
+		snprintf(err, errlen, "gguf_writer_finish: no file is being written");
+		return -1;
+	}
+	if (!w->werr[0] && w->cur < w->n_t)
+		snprintf(w->werr, sizeof(w->werr), "%s: the data of tensor '%s' is missing",
+			 w->path, w->t[w->cur].name);
+	if (w->werr[0]) {
+		snprintf(err, errlen, "%s", w->werr);
+		abandon(w);
+		return -1;
+	}
+	/* Buffered bytes meet ENOSPC/EFBIG only now. */
+	w->fp = NULL;
+	if (fflush(fp) || ferror(fp)) {
+		snprintf(err, errlen, "%s: write failed: %s", w->path, strerror(errno));
+		w->fp = fp;
+		abandon(w);
+		return -1;
+	}
+	if (fclose(fp)) {
+		snprintf(err, errlen, "%s: write failed: %s", w->path, strerror(errno));
+		if (w->regular)
+			unlink(w->path);
+		abandon(w);
+		return -1;
+	}
+	abandon(w); /* only frees the path now */
+	return 0;
+}
+
+int gguf_writer_write_file(struct gguf_writer *w, const char *path, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < w->n_t; i++) {
+		if (!w->t[i].data) {
+			snprintf(err, errlen, "%s: tensor '%s' has no data (give it to "
+				 "gguf_writer_add_tensor or stream it)", path, w->t[i].name);
+			return -1;
+		}
+	}
+	if (gguf_writer_begin(w, path, err, errlen))
+		return -1;
+	return gguf_writer_finish(w, err, errlen);
+}

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * GGUF reader and writer (GGUF v2 and v3, as specified in ggml's
+ * docs/gguf.md). The reader validates everything before it hands out a
+ * pointer: a malformed file is refused with a message naming the problem,
+ * never dereferenced out of bounds. Strings, arrays and tensor data point
+ * into the caller's buffer (usually the mmap of the file): nothing is copied.
+ */
+#ifndef HYB_GGUF_H
+#define HYB_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
+#define GGUF_DEFAULT_ALIGNMENT 32
+#define GGUF_MAX_DIMS 4
+
+enum gguf_vtype {
+	GGUF_VT_UINT8 = 0,
+	GGUF_VT_INT8 = 1,
+	GGUF_VT_UINT16 = 2,
+	GGUF_VT_INT16 = 3,
+	GGUF_VT_UINT32 = 4,
+	GGUF_VT_INT32 = 5,
+	GGUF_VT_FLOAT32 = 6,
+	GGUF_VT_BOOL = 7,
+	GGUF_VT_STRING = 8,
+	GGUF_VT_ARRAY = 9,
+	GGUF_VT_UINT64 = 10,
+	GGUF_VT_INT64 = 11,
+	GGUF_VT_FLOAT64 = 12,
+	GGUF_VT_COUNT
+};
+
+/* Not NUL-terminated: points into the file. */
+struct gguf_str {
+	uint64_t len;
+	const char *ptr;
+};
+
+struct gguf_kv {
+	struct gguf_str key;
+	uint32_t type; /* enum gguf_vtype */
+	union {
+		uint64_t u64;  /* all unsigned integer types, widened */
+		int64_t i64;   /* all signed integer types, widened */
+		double f64;    /* FLOAT32 and FLOAT64, widened */
+		bool b;
+		struct gguf_str str;
+		struct {
+			uint32_t type;     /* element type; never ARRAY (nested arrays are refused) */
+			uint64_t n;
+			const void *data;  /* raw little-endian elements (not STRING); unaligned */
+			const struct gguf_str *strs; /* STRING arrays: n entries, allocated by the reader */
+		} arr;
+	} v;
+};
+
+struct gguf_tensor {
+	struct gguf_str name;
+	uint32_t n_dims;
+	uint64_t ne[GGUF_MAX_DIMS]; /* ne[0] is the contiguous (row) dimension; unused dims are 1 */
+	uint32_t type;              /* enum hyb_type / ggml type id */
+	uint64_t offset;            /* relative to the data section, as in the file */
+	uint64_t nbytes;
+	const void *data;           /* base + data_offset + offset, validated in bounds */
+};
+
+struct gguf_file {
+	const uint8_t *base;     /* the whole file */
+	uint64_t size;
+	uint32_t version;        /* 2 or 3 */
+	uint64_t n_kv;
+	struct gguf_kv *kv;
+	uint64_t n_tensors;
+	struct gguf_tensor *tensors;
+	uint64_t alignment;      /* general.alignment or 32 */
+	uint64_t data_offset;    /* start of the tensor data section (header end rounded up to
+				  * alignment; at most size when there are no tensors) */
+	/* private */
+	void *map;               /* non-NULL when gguf_open mapped the file */
+	uint64_t map_len;
+	uint32_t *kv_index;      /* open-addressing hash tables: slot = index + 1, 0 empty */
+	uint32_t *tensor_index;
+	uint64_t kv_mask, tensor_mask;
+};
+
+/*
+ * Parse a GGUF image held in memory (size bytes at buf; buf must outlive the
+ * result). Returns 0 or -1 with a one-line message in err ("truncated at
+ * byte N while reading tensor 3 name", "bad magic 0x...", ...).
+ */
+int gguf_parse(const void *buf, uint64_t size, struct gguf_file **out, char *err, size_t errlen);
+/* mmap a file read-only and parse it. */
+int gguf_open(const char *path, struct gguf_file **out, char *err, size_t errlen);
+void gguf_close(struct gguf_file *f);
+
+/* Lookup; NULL when absent. Keys and names compare as exact byte strings. */
+const struct gguf_kv *gguf_find(const struct gguf_file *f, const char *key);
+const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name);
+
+/*
+ * Typed getters: true when the key exists and converts without loss
+ * (any integer type to u32/i64 if in range; FLOAT32/FLOAT64 to float; BOOL).
+ * gguf_get_str copies at most cap-1 bytes and NUL-terminates; false when the
+ * key is not a STRING or does not fit.
+ */
+bool gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out);
+bool gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out);
+bool gguf_get_f32(const struct gguf_file *f, const char *key, float *out);
+bool gguf_get_bool(const struct gguf_file *f, const char *key, bool *out);
+bool gguf_get_str(const struct gguf_file *f, const char *key, char *buf, size_t cap);
+/* ARRAY of the given element type (any type when elem_type < 0); NULL otherwise. */
+const struct gguf_kv *gguf_get_arr(const struct gguf_file *f, const char *key, int elem_type);
+
+bool gguf_str_eq(struct gguf_str s, const char *cstr);
+const char *gguf_vtype_name(uint32_t t);
+
+/* ---- writer ---------------------------------------------------------- */
+
+struct gguf_writer;
+
+struct gguf_writer *gguf_writer_new(void);
+void gguf_writer_free(struct gguf_writer *w);
+
+/* Metadata, written in insertion order; setting a key twice replaces it. */
+void gguf_set_u8(struct gguf_writer *w, const char *key, uint8_t v);
+void gguf_set_i8(struct gguf_writer *w, const char *key, int8_t v);
+void gguf_set_u16(struct gguf_writer *w, const char *key, uint16_t v);
+void gguf_set_i16(struct gguf_writer *w, const char *key, int16_t v);
+void gguf_set_u32(struct gguf_writer *w, const char *key, uint32_t v);
+void gguf_set_i32(struct gguf_writer *w, const char *key, int32_t v);
+void gguf_set_u64(struct gguf_writer *w, const char *key, uint64_t v);
+void gguf_set_i64(struct gguf_writer *w, const char *key, int64_t v);
+void gguf_set_f32(struct gguf_writer *w, const char *key, float v);
+void gguf_set_f64(struct gguf_writer *w, const char *key, double v);
+void gguf_set_bool(struct gguf_writer *w, const char *key, bool v);
+void gguf_set_str(struct gguf_writer *w, const char *key, const char *v);
+/* elem_type is a scalar gguf_vtype; data holds n raw elements (copied). */
+void gguf_set_arr(struct gguf_writer *w, const char *key, uint32_t elem_type, const void *data, uint64_t n);
+void gguf_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs, uint64_t n);
+
+/*
+ * Declare a tensor. data (nbytes = hyb_row_bytes(type, ne[0]) * rows) is
+ * borrowed until the file is written; pass NULL to stream the data later
+ * with gguf_writer_put_data in declaration order. Returns -1 on a bad
+ * type/shape, a duplicate name, or a name of 64 bytes or more (llama.cpp's
+ * GGML_MAX_NAME: its loader refuses longer ones).
+ */
+int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t type,
+			   uint32_t n_dims, const uint64_t *ne, const void *data);
+
+/* Write header + metadata + tensor infos, and every tensor whose data was given. */
+int gguf_writer_write_file(struct gguf_writer *w, const char *path, char *err, size_t errlen);
+/*
+ * Streaming: open the file and write the header; then put each tensor's data
+ * in declaration order (padding handled; a tensor may come in several
+ * chunks; tensors declared with data are written without being put); then
+ * finish. put_data returns -1 on a write error or on more bytes than the
+ * current tensor has left; finish then reports the error. On any error the
+ * partial file is removed (also when the writer is freed before finish).
+ * Setter errors (out of memory, bad array type...) are reported by begin.
+ */
+int gguf_writer_begin(struct gguf_writer *w, const char *path, char *err, size_t errlen);
+int gguf_writer_put_data(struct gguf_writer *w, const void *data, uint64_t nbytes);
+int gguf_writer_finish(struct gguf_writer *w, char *err, size_t errlen);
+
+/*
+ * Set the file's version (2 or 3; default 3) and alignment (power of two;
+ * default 32; stored as the metadata key general.alignment, which is where
+ * the alignment is read from when the file is written).
+ */
+void gguf_writer_set_version(struct gguf_writer *w, uint32_t version);
+void gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment);
+
+#endif

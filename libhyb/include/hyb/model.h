@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A llama-family model read from GGUF, and the context that runs it.
+ *
+ * hyb_model_load() maps the file and points every weight at its bytes in
+ * the mapping: weights are never copied. hyb_ctx holds what one sequence
+ * needs (KV cache, scratch, thread pool); hyb_ctx_eval() runs a batch of
+ * tokens (prefill: one batched GEMM per weight; decode: n == 1).
+ */
+#ifndef HYB_MODEL_H
+#define HYB_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct gguf_file;
+struct hyb_tokenizer;
+
+enum hyb_ffn_act {
+	HYB_ACT_SILU,  /* SwiGLU: down(silu(gate) * up) — llama */
+	HYB_ACT_RELU,  /* ReGLU: down(relu(gate) * up) — ReluLLaMA, ProSparse */
+	HYB_ACT_RELU2, /* gated squared ReLU: down(relu(gate)^2 * up) */
+	HYB_ACT_DRELU, /* dReLU: down(relu(gate) * relu(up)) — TurboSparse */
+};
+
+struct hyb_hparams {
+	char arch[32];
+	uint32_t n_vocab;
+	uint32_t n_embd;
+	uint32_t n_layer;
+	uint32_t n_ff;
+	uint32_t n_head;
+	uint32_t n_head_kv;
+	uint32_t head_dim;
+	uint32_t n_rot;        /* rotary dimensions (<= head_dim) */
+	uint32_t n_ctx_train;
+	float rms_eps;
+	float rope_base;
+	float rope_scale;      /* position multiplier (1 / linear scaling factor) */
+	bool rope_neox;        /* rotate halves (NeoX) instead of adjacent pairs */
+	enum hyb_ffn_act act;
+};
+
+/* A weight matrix in place: rows of ne0 elements, ne1 rows. */
+struct hyb_weight {
+	uint32_t type;
+	uint64_t ne0, ne1;
+	uint64_t row_bytes;
+	const void *data;
+};
+
+struct hyb_layer {
+	struct hyb_weight attn_norm, wq, wk, wv, wo;
+	struct hyb_weight ffn_norm, gate, up, down;
+};
+
+struct hyb_model {
+	struct hyb_hparams hp;
+	struct gguf_file *gguf;
+	struct hyb_tokenizer *tok;
+	struct hyb_weight tok_embd, out_norm, output;
+	struct hyb_layer *layers;
+	uint64_t weight_bytes;   /* all tensors in the file */
+};
+
+/* NULL with a one-line reason in err. */
+struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen);
+void hyb_model_free(struct hyb_model *m);
+/* Bytes of weights one decode step reads (every matrix once + one embedding row). */
+uint64_t hyb_model_decode_bytes(const struct hyb_model *m);
+/* Multiply-adds per token in the weight matrices (attention scores excluded). */
+uint64_t hyb_model_macs_per_token(const struct hyb_model *m);
+
+struct hyb_ctx_params {
+	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
+	int n_threads;      /* <= 0: all online CPUs */
+	uint32_t n_batch;   /* prompt tokens per pass; 0: 512 */
+};
+
+struct hyb_ctx;
+
+struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p,
+			    char *err, size_t errlen);
+void hyb_ctx_free(struct hyb_ctx *c);
+uint32_t hyb_ctx_n_past(const struct hyb_ctx *c);
+uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c);
+uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c);
+/* Forget the sequence (the KV cache is reused). */
+void hyb_ctx_reset(struct hyb_ctx *c);
+
+/*
+ * Append n tokens at the current position. logits: n_vocab floats for the
+ * last token, or n * n_vocab (one row per token) when all_logits. Batches
+ * longer than n_batch are split. Returns 0, or -1 with a reason in err
+ * (context full, bad token id).
+ */
+int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		 bool all_logits, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Tensor element types, numbered as in ggml/GGUF so that files from
+ * llama.cpp's tools load unchanged. The table in tensor_type.c knows the
+ * block layout of every type ggml has defined; `computable` says whether
+ * hyb's kernels can run it.
+ */
+#ifndef HYB_TENSOR_TYPE_H
+#define HYB_TENSOR_TYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum hyb_type {
+	HYB_TYPE_F32 = 0,
+	HYB_TYPE_F16 = 1,
+	HYB_TYPE_Q4_0 = 2,
+	HYB_TYPE_Q8_0 = 8,
+	HYB_TYPE_Q4_K = 12,
+	HYB_TYPE_Q6_K = 14,
+	HYB_TYPE_Q8_K = 15, /* activations only (llama.cpp's vec_dot type of the K-quants) */
+	HYB_TYPE_BF16 = 30,
+	HYB_TYPE_COUNT = 40, /* ggml's GGML_TYPE_COUNT at the time of writing */
+};
+
+struct hyb_type_info {
+	const char *name;  /* NULL: id not a ggml type (removed or never used) */
+	uint32_t blck;     /* elements per block */
+	uint32_t size;     /* bytes per block */
+	bool computable;   /* hyb has dequantize/dot kernels for it */
+};
+
+/* NULL when `type` is not a ggml type id. */
+const struct hyb_type_info *hyb_type_info(uint32_t type);
+/* "Q4_0", or "type#N" in a static buffer for unknown ids. */
+const char *hyb_type_name(uint32_t type);
+/*
+ * Bytes of a row of n elements; 0 when the type is unknown or n is not a
+ * multiple of the block size. Overflow-checked (returns 0).
+ */
+uint64_t hyb_row_bytes(uint32_t type, uint64_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Reads a llama-family model from GGUF metadata and points each weight at
+ * its bytes in the file mapping. Shapes and types are checked here, once,
+ * so the forward pass can trust them.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "cpu_kernels.h"
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/tokenizer.h"
+
+struct loader {
+	struct hyb_model *m;
+	char *err;
+	size_t errlen;
+};
+
+static int fail(struct loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(struct loader *ld, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(ld->err, ld->errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* "{arch}.suffix" as an unsigned; missing keys take def (< 0: required). */
+static int arch_u32(struct loader *ld, const char *suffix, long def, uint32_t *out)
+{
+	char key[128];
+
+	snprintf(key, sizeof(key), "%s.%s", ld->m->hp.arch, suffix);
+	if (gguf_get_u32(ld->m->gguf, key, out))
+		return 0;
+	if (gguf_find(ld->m->gguf, key))
+		return fail(ld, "metadata %s is not a valid unsigned integer", key);
+	if (def < 0)
+		return fail(ld, "metadata %s is missing", key);
+	*out = (uint32_t)def;
+	return 0;
+}
+
+static int arch_f32(struct loader *ld, const char *suffix, float def, float *out)
+{
+	char key[128];
+
+	snprintf(key, sizeof(key), "%s.%s", ld->m->hp.arch, suffix);
+	if (gguf_get_f32(ld->m->gguf, key, out))
+		return 0;
+	if (gguf_find(ld->m->gguf, key))
+		return fail(ld, "metadata %s is not a number", key);
+	*out = def;
+	return 0;
+}
+
+static int read_hparams(struct loader *ld)
+{
+	struct hyb_hparams *hp = &ld->m->hp;
+	char act[32] = "silu";
+	char scaling[32] = "";
+	float factor = 0;
+
+	if (!gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
+		return fail(ld, "metadata general.architecture is missing");
+	if (strcmp(hp->arch, "llama") != 0)
+		return fail(ld, "architecture '%s' is not supported (supported: llama)", hp->arch);
+
+	if (arch_u32(ld, "embedding_length", -1, &hp->n_embd) ||
+	    arch_u32(ld, "block_count", -1, &hp->n_layer) ||
+	    arch_u32(ld, "feed_forward_length", -1, &hp->n_ff) ||
+	    arch_u32(ld, "attention.head_count", -1, &hp->n_head) ||
+	    arch_u32(ld, "attention.head_count_kv", hp->n_head, &hp->n_head_kv) ||
+	    arch_u32(ld, "context_length", 2048, &hp->n_ctx_train) ||
+	    arch_f32(ld, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps) ||
+	    arch_f32(ld, "rope.freq_base", 10000.0f, &hp->rope_base))
+		return -1;
+	if (!hp->n_embd || !hp->n_layer || !hp->n_ff || !hp->n_head || !hp->n_head_kv)
+		return fail(ld, "model dimensions must be nonzero");
+	if (hp->n_head % hp->n_head_kv)
+		return fail(ld, "head_count %u is not a multiple of head_count_kv %u",
+			    hp->n_head, hp->n_head_kv);
+	if (hp->n_layer > 4096 || hp->n_head > 4096)
+		return fail(ld, "implausible shape: %u layers, %u heads", hp->n_layer, hp->n_head);
+	if (hp->n_embd % hp->n_head && !gguf_find(ld->m->gguf, "llama.attention.key_length"))
+		return fail(ld, "embedding_length %u is not a multiple of head_count %u",
+			    hp->n_embd, hp->n_head);
+	if (arch_u32(ld, "attention.key_length", hp->n_embd / hp->n_head, &hp->head_dim) ||
+	    arch_u32(ld, "rope.dimension_count", hp->head_dim, &hp->n_rot))
+		return -1;
+	if (!hp->head_dim || hp->head_dim > 1024 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
+		return fail(ld, "bad head_dim %u / rope.dimension_count %u", hp->head_dim, hp->n_rot);
+	if (!(hp->rms_eps > 0) || !(hp->rope_base > 0))
+		return fail(ld, "rms epsilon and rope.freq_base must be positive");
+
+	/* Linear RoPE scaling: positions are multiplied by 1/factor (llama.cpp freq_scale). */
+	hp->rope_scale = 1.0f;
+	{
+		char key[128];
+
+		snprintf(key, sizeof(key), "%s.rope.scaling.type", hp->arch);
+		gguf_get_str(ld->m->gguf, key, scaling, sizeof(scaling));
+		if (arch_f32(ld, "rope.scaling.factor", 0, &factor) ||
+		    (!factor && arch_f32(ld, "rope.scale_linear", 0, &factor)))
+			return -1;
+		if (scaling[0] && strcmp(scaling, "linear") && strcmp(scaling, "none"))
+			return fail(ld, "rope scaling '%s' is not supported (supported: linear)",
+				    scaling);
+		if (factor > 0 && strcmp(scaling, "none"))
+			hp->rope_scale = 1.0f / factor;
+	}
+
+	/* hyb.* keys are written by `hybctl synth` for the sparse (ReLU-family) models. */
+	gguf_get_bool(ld->m->gguf, "hyb.rope_neox", &hp->rope_neox);
+	if (gguf_find(ld->m->gguf, "hyb.ffn_act") &&
+	    !gguf_get_str(ld->m->gguf, "hyb.ffn_act", act, sizeof(act)))
+		return fail(ld, "metadata hyb.ffn_act is not a short string");
+	if (!strcmp(act, "silu"))
+		hp->act = HYB_ACT_SILU;
+	else if (!strcmp(act, "relu"))
+		hp->act = HYB_ACT_RELU;
+	else if (!strcmp(act, "relu2"))
+		hp->act = HYB_ACT_RELU2;
+	else if (!strcmp(act, "dlrelu") || !strcmp(act, "drelu"))
+		hp->act = HYB_ACT_DRELU;
+	else
+		return fail(ld, "FFN activation '%s' is not supported (silu, relu, relu2, dlrelu)",
+			    act);
+	return 0;
+}
+
+static const char *supported_types(void)
+{
+	return "F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K";
+}
+
+/*
+ * Point w at tensor `name` and check its shape [ne0, ne1] (ne1 == 0: 1-D).
+ * Matrices must have a type the kernels compute; 1-D norm weights must be F32
+ * (every llama.cpp converter writes them so).
+ */
+static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
+		uint64_t ne1, bool optional)
+{
+	const struct gguf_tensor *t = gguf_find_tensor(ld->m->gguf, name);
+	const struct hyb_type_info *ti;
+
+	if (!t) {
+		if (optional)
+			return 1;
+		return fail(ld, "tensor %s is missing", name);
+	}
+	ti = hyb_type_info(t->type);
+	if (ne1 == 0) {
+		if (t->n_dims != 1 || t->ne[0] != ne0)
+			return fail(ld, "tensor %s: expected shape [%llu], found %u-D [%llu, ...]",
+				    name, (unsigned long long)ne0, t->n_dims,
+				    (unsigned long long)t->ne[0]);
+		if (t->type != HYB_TYPE_F32)
+			return fail(ld, "tensor %s has type %s; norm weights must be F32", name,
+				    hyb_type_name(t->type));
+	} else {
+		if (t->n_dims != 2 || t->ne[0] != ne0 || t->ne[1] != ne1)
+			return fail(ld, "tensor %s: expected shape [%llu, %llu], found [%llu, %llu]"
+				    " (%u-D)", name, (unsigned long long)ne0,
+				    (unsigned long long)ne1, (unsigned long long)t->ne[0],
+				    (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1), t->n_dims);
+		if (!ti || !ti->computable || t->type == HYB_TYPE_Q8_K)
+			return fail(ld, "tensor %s has type %s, which hyb does not support "
+				    "(supported: %s)", name, hyb_type_name(t->type),
+				    supported_types());
+		if (ne0 % hyb_type_info(hyb_vec_dot_type(t->type))->blck)
+			return fail(ld, "tensor %s: row length %llu is not a multiple of the %s "
+				    "block", name, (unsigned long long)ne0,
+				    hyb_type_name(hyb_vec_dot_type(t->type)));
+	}
+	w->type = t->type;
+	w->ne0 = ne0;
+	w->ne1 = ne1 ? ne1 : 1;
+	w->row_bytes = hyb_row_bytes(t->type, ne0);
+	w->data = t->data;
+	return 0;
+}
+
+static int bind_layers(struct loader *ld)
+{
+	const struct hyb_hparams *hp = &ld->m->hp;
+	uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
+	uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+	char name[96];
+
+	ld->m->layers = calloc(hp->n_layer, sizeof(*ld->m->layers));
+	if (!ld->m->layers)
+		return fail(ld, "out of memory");
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		struct hyb_layer *L = &ld->m->layers[l];
+#define B(field, nm, a, b)                                                   \
+	do {                                                                 \
+		snprintf(name, sizeof(name), "blk.%u." nm ".weight", l);     \
+		if (bind(ld, &L->field, name, a, b, false))                  \
+			return -1;                                           \
+	} while (0)
+		B(attn_norm, "attn_norm", hp->n_embd, 0);
+		B(wq, "attn_q", hp->n_embd, q_dim);
+		B(wk, "attn_k", hp->n_embd, kv_dim);
+		B(wv, "attn_v", hp->n_embd, kv_dim);
+		B(wo, "attn_output", q_dim, hp->n_embd);
+		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
+		B(gate, "ffn_gate", hp->n_embd, hp->n_ff);
+		B(up, "ffn_up", hp->n_embd, hp->n_ff);
+		B(down, "ffn_down", hp->n_ff, hp->n_embd);
+#undef B
+	}
+	return 0;
+}
+
+static int bind_model(struct loader *ld)
+{
+	struct hyb_model *m = ld->m;
+	const struct gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
+	int rc;
+
+	if (!emb)
+		return fail(ld, "tensor token_embd.weight is missing");
+	if (emb->n_dims != 2 || emb->ne[0] != m->hp.n_embd || emb->ne[1] == 0 ||
+	    emb->ne[1] > INT32_MAX)
+		return fail(ld, "tensor token_embd.weight has a bad shape");
+	m->hp.n_vocab = (uint32_t)emb->ne[1];
+	if (bind(ld, &m->tok_embd, "token_embd.weight", m->hp.n_embd, m->hp.n_vocab, false) ||
+	    bind(ld, &m->out_norm, "output_norm.weight", m->hp.n_embd, 0, false))
+		return -1;
+	rc = bind(ld, &m->output, "output.weight", m->hp.n_embd, m->hp.n_vocab, true);
+	if (rc < 0)
+		return -1;
+	if (rc == 1) /* tied embeddings: the head reuses token_embd */
+		m->output = m->tok_embd;
+	return bind_layers(ld);
+}
+
+struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
+{
+	struct hyb_model *m = calloc(1, sizeof(*m));
+	struct loader ld = { .m = m, .err = err, .errlen = errlen };
+	char tok_err[256];
+
+	if (!m) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (gguf_open(path, &m->gguf, err, errlen))
+		goto out_free;
+	if (read_hparams(&ld) || bind_model(&ld)) {
+		/* prefix the file name so the user knows which model is wrong */
+		char msg[512];
+
+		snprintf(msg, sizeof(msg), "%s: %s", path, err);
+		snprintf(err, errlen, "%s", msg);
+		goto out_free;
+	}
+	for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
+		m->weight_bytes += m->gguf->tensors[i].nbytes;
+	m->tok = hyb_tokenizer_load(m->gguf, tok_err, sizeof(tok_err));
+	/* No tokenizer is fine for token-id use (hyb logits); callers check m->tok. */
+
+	/* Weights are read in place; ask for read-ahead of the whole mapping. */
+	if (m->gguf->map)
+		madvise(m->gguf->map, m->gguf->map_len, MADV_WILLNEED);
+	return m;
+
+out_free:
+	hyb_model_free(m);
+	return NULL;
+}
+
+void hyb_model_free(struct hyb_model *m)
+{
+	if (!m)
+		return;
+	if (m->tok)
+		hyb_tokenizer_free(m->tok);
+	free(m->layers);
+	if (m->gguf)
+		gguf_close(m->gguf);
+	free(m);
+}
+
+static uint64_t weight_bytes(const struct hyb_weight *w)
+{
+	return w->row_bytes * w->ne1;
+}
+
+uint64_t hyb_model_decode_bytes(const struct hyb_model *m)
+{
+	uint64_t b = weight_bytes(&m->output) + m->tok_embd.row_bytes;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+
+		b += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) +
+		     weight_bytes(&L->wo) + weight_bytes(&L->gate) + weight_bytes(&L->up) +
+		     weight_bytes(&L->down) + 2 * m->hp.n_embd * sizeof(float);
+	}
+	return b;
+}
+
+uint64_t hyb_model_macs_per_token(const struct hyb_model *m)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
+	uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+	uint64_t per_layer = hp->n_embd * (2 * q_dim + 2 * kv_dim) + 3ull * hp->n_embd * hp->n_ff;
+
+	return per_layer * hp->n_layer + (uint64_t)hp->n_embd * hp->n_vocab;
+}

@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The small per-vector operations of the forward pass. Their arithmetic
+ * follows ggml's CPU ops (accumulation precision, RoPE angle recurrence) so
+ * hyb's logits track llama.cpp's closely enough to agree on greedy tokens.
+ */
+#ifndef HYB_OPS_H
+#define HYB_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hyb/model.h"
+
+/* y = x / rms(x) * w */
+void hyb_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps);
+/* Rotate the first n_rot dims of each of n_heads vectors of head_dim at position pos. */
+void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, float pos,
+	      float base, bool neox);
+/* In place: x[i] = exp(x[i]*scale - max) / sum. */
+void hyb_softmax(float *x, uint32_t n, float scale);
+/* g = act(g, u): the gated FFN nonlinearity, in place in g. */
+void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act);
+
+#endif

@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: MIT
+#include "hyb/threadpool.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Spin this many times before sleeping: about 50-100 us, longer than the gap
+ * between two matmuls of a decode step, far shorter than a human notices. */
+#define SPIN_LIMIT 20000
+
+struct hyb_pool {
+	int n;
+	pthread_t *threads;
+	hyb_job_fn fn;
+	void *arg;
+	_Atomic unsigned generation; /* bumped to start a job; futex word */
+	atomic_int pending;          /* workers still running the current job */
+	atomic_int sleepers;         /* workers in futex_wait: only then is a wake needed */
+	atomic_bool stop;
+};
+
+struct worker_arg {
+	struct hyb_pool *p;
+	int ith;
+};
+
+static void futex_wait(_Atomic unsigned *addr, unsigned val)
+{
+	syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic unsigned *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+static void *worker_main(void *opaque)
+{
+	struct worker_arg wa = *(struct worker_arg *)opaque;
+	struct hyb_pool *p = wa.p;
+	unsigned seen = 0;
+
+	free(opaque);
+	for (;;) {
+		unsigned gen;
+		int spins = 0;
+
+		while ((gen = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen) {
+			if (++spins < SPIN_LIMIT)
+				cpu_relax();
+			else {
+				atomic_fetch_add(&p->sleepers, 1);
+				futex_wait(&p->generation, seen);
+				atomic_fetch_sub(&p->sleepers, 1);
+			}
+		}
+		seen = gen;
+		if (atomic_load_explicit(&p->stop, memory_order_acquire))
+			return NULL;
+		p->fn(p->arg, wa.ith, p->n);
+		atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+	}
+}
+
+struct hyb_pool *hyb_pool_new(int n_threads)
+{
+	struct hyb_pool *p;
+
+	if (n_threads <= 0) {
+		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+
+		n_threads = ncpu > 0 ? (int)ncpu : 1;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->n = n_threads;
+	p->threads = calloc(n_threads, sizeof(*p->threads));
+	if (!p->threads) {
+		free(p);
+		return NULL;
+	}
+	for (int i = 1; i < n_threads; i++) {
+		struct worker_arg *wa = malloc(sizeof(*wa));
+		int rc;
+
+		if (!wa) {
+			p->n = i;
+			hyb_pool_free(p);
+			errno = ENOMEM;
+			return NULL;
+		}
+		wa->p = p;
+		wa->ith = i;
+		rc = pthread_create(&p->threads[i], NULL, worker_main, wa);
+		if (rc) {
+			free(wa);
+			p->n = i;
+			hyb_pool_free(p);
+			errno = rc;
+			return NULL;
+		}
+	}
+	return p;
+}
+
+void hyb_pool_run(struct hyb_pool *p, hyb_job_fn fn, void *arg)
+{
+	if (p->n == 1) {
+		fn(arg, 0, 1);
+		return;
+	}
+	p->fn = fn;
+	p->arg = arg;
+	atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&p->generation, 1, memory_order_seq_cst);
+	/* A worker that registers as a sleeper after this load finds the
+	 * generation changed inside futex_wait and returns at once. */
+	if (atomic_load(&p->sleepers))
+		futex_wake_all(&p->generation);
+	fn(arg, 0, p->n);
+	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
+		cpu_relax();
+}
+
+int hyb_pool_size(const struct hyb_pool *p)
+{
+	return p->n;
+}
+
+void hyb_pool_free(struct hyb_pool *p)
+{
+	if (!p)
+		return;
+	atomic_store_explicit(&p->stop, true, memory_order_release);
+	atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
+	futex_wake_all(&p->generation);
+	for (int i = 1; i < p->n; i++)
+		pthread_join(p->threads[i], NULL);
+	free(p->threads);
+	free(p);
+}

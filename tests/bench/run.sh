@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# make bench: the foundation benchmarks on generated models of the issue's
+# shape (hidden 4096, FFN 11008, 8 layers, 32 heads, vocabulary 32000).
+# Every figure is printed next to its roofline, measured in the same run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p models
+shape="--hidden 4096 --ffn 11008 --layers 8 --heads 32 --vocab 32000 --seed 7"
+for t in Q8_0 Q4_0; do
+	f=models/bench-$t.gguf
+	[ -f "$f" ] || { echo "generating $f"; build/hybctl synth -o "$f" $shape --type $t; }
+done
+if [ -x build/bench_kernels ]; then
+	echo "== kernels =="
+	build/bench_kernels
+fi
+for t in Q8_0 Q4_0; do
+	echo "== end to end: $t =="
+	build/hyb bench -m models/bench-$t.gguf -p 64 -n 32 -r ${REPS:-5}
+done

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The test runner's interface. A test is a function declared with TEST();
+ * it registers itself at start-up and runs in a child process of its own, so
+ * a crash or a hang fails that test and not the run.
+ *
+ *   TEST(gguf_rejects_bad_magic) { CHECK(parse(...) < 0); }
+ *
+ * CHECK* stop the test at the first failure; SKIP("why") ends it as skipped
+ * (counted apart, shown with its reason).
+ */
+#ifndef HYB_TEST_H
+#define HYB_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+struct hyb_test {
+	const char *name;
+	void (*fn)(void);
+	struct hyb_test *next;
+};
+
+void hyb_test_register(struct hyb_test *t);
+_Noreturn void hyb_test_fail(const char *file, int line, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+_Noreturn void hyb_test_skip(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Path under the shared test-data folder (../shared by default, $HYB_SHARED). */
+const char *hyb_test_shared(const char *rel);
+/* A fresh temporary directory for this test (removed by the runner). */
+const char *hyb_test_tmpdir(void);
+
+#define TEST(fn_name)                                                                  \
+	static void fn_name(void);                                                     \
+	static struct hyb_test fn_name##_entry = { #fn_name, fn_name, NULL };          \
+	__attribute__((constructor)) static void fn_name##_register(void)              \
+	{                                                                              \
+		hyb_test_register(&fn_name##_entry);                                   \
+	}                                                                              \
+	static void fn_name(void)
+
+#define CHECK(cond)                                                                    \
+	do {                                                                           \
+		if (!(cond))                                                           \
+			hyb_test_fail(__FILE__, __LINE__, "%s", #cond);                \
+	} while (0)
+
+#define CHECK_MSG(cond, ...)                                                           \
+	do {                                                                           \
+		if (!(cond))                                                           \
+			hyb_test_fail(__FILE__, __LINE__, __VA_ARGS__);                \
+	} while (0)
+
+#define CHECK_EQ_INT(a, b)                                                             \
+	do {                                                                           \
+		long long a_ = (long long)(a), b_ = (long long)(b);                    \
+		if (a_ != b_)                                                          \
+			hyb_test_fail(__FILE__, __LINE__, "%s == %s (%lld vs %lld)",   \
+				      #a, #b, a_, b_);                                 \
+	} while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                          \
+	do {                                                                           \
+		double a_ = (double)(a), b_ = (double)(b);                             \
+		if (!(fabs(a_ - b_) <= (tol)))                                         \
+			hyb_test_fail(__FILE__, __LINE__, "%s ~ %s (%g vs %g, tol %g)", \
+				      #a, #b, a_, b_, (double)(tol));                  \
+	} while (0)
+
+#define SKIP(...) hyb_test_skip(__VA_ARGS__)
+
+#endif

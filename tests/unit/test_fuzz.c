@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A short run of the GGUF parser's libFuzzer target (built by `make fuzz`
+ * with clang's ASan and UBSan) on a copy of the seed corpus: any crash, leak
+ * or sanitizer report fails the test. Crash inputs are kept as
+ * build/fuzz-crash-* for reproduction: build/fuzz_gguf <file>.
+ */
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test.h"
+
+TEST(gguf_fuzz_smoke)
+{
+	const char *fuzzer = "build/fuzz_gguf", *seeds = "tests/fuzz/corpus";
+	const char *tmp = hyb_test_tmpdir();
+	char cmd[2048], line[512], last[512] = "";
+	FILE *fp;
+	int rc;
+
+	if (access(fuzzer, X_OK))
+		SKIP("%s not built (make fuzz; needs clang)", fuzzer);
+	if (access(seeds, R_OK))
+		SKIP("%s not found (run from the repository root)", seeds);
+	/* libFuzzer adds what it finds to its first corpus folder: give it a copy */
+	snprintf(cmd, sizeof(cmd),
+		 "cp -r '%s' '%s/corpus' && %s -max_total_time=20 -rss_limit_mb=1024 "
+		 "-artifact_prefix=build/fuzz-crash- '%s/corpus' > '%s/log' 2>&1",
+		 seeds, tmp, fuzzer, tmp, tmp);
+	rc = system(cmd);
+	snprintf(cmd, sizeof(cmd), "%s/log", tmp);
+	fp = fopen(cmd, "r");
+	CHECK(fp);
+	while (fgets(line, sizeof(line), fp)) {
+		if (rc)
+			fputs(line, stderr); /* the sanitizer report, for the failure */
+		else if (!strncmp(line, "Done ", 5))
+			snprintf(last, sizeof(last), "%s", line);
+	}
+	fclose(fp);
+	CHECK_MSG(rc == 0, "the fuzzer found a problem (exit status %d); see above",
+		  WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+	if (last[0])
+		fprintf(stderr, "    %s", last);
+}

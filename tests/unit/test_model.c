@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: MIT
+/* The model loader and forward pass: real files, generated files, bad files. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyb/generate.h"
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/sampler.h"
+#include "hyb/tensor_type.h"
+#include "hyb/tokenizer.h"
+#include "test.h"
+
+#define TINY "models/llama-2-tiny-random.gguf"
+
+static struct hyb_model *load_or_skip(const char *path)
+{
+	char err[512];
+	struct hyb_model *m;
+
+	if (access(path, R_OK))
+		SKIP("%s not present", path);
+	m = hyb_model_load(path, err, sizeof(err));
+	CHECK_MSG(m, "load %s: %s", path, err);
+	return m;
+}
+
+static struct hyb_ctx *ctx_threads(const struct hyb_model *m, int nth, uint32_t n_ctx)
+{
+	struct hyb_ctx_params p = { .n_ctx = n_ctx, .n_threads = nth };
+	char err[512];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+	CHECK_MSG(c, "ctx: %s", err);
+	return c;
+}
+
+/* Generate a small model with the real CLI (exercises hybctl synth end to end). */
+static const char *synth(const char *name, const char *args)
+{
+	static char path[512];
+	char cmd[1024];
+
+	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s %s -t 2", path, args);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	return path;
+}
+
+TEST(model_tiny_hparams)
+{
+	struct hyb_model *m = load_or_skip(hyb_test_shared(TINY));
+
+	CHECK(!strcmp(m->hp.arch, "llama"));
+	CHECK_EQ_INT(m->hp.n_embd, 8);
+	CHECK_EQ_INT(m->hp.n_layer, 1);
+	CHECK_EQ_INT(m->hp.n_ff, 32);
+	CHECK_EQ_INT(m->hp.n_head, 2);
+	CHECK_EQ_INT(m->hp.n_vocab, 32000);
+	CHECK(m->tok != NULL);
+	hyb_model_free(m);
+}
+
+/*
+ * Greedy continuation of the tiny model, token for token as llama.cpp
+ * (build of llama-cpp-python 0.3.36's vendored llama.cpp, llama-simple,
+ * repetition penalty 1.0) produced it for the same prompt.
+ */
+TEST(model_tiny_greedy_matches_llamacpp)
+{
+	static const char prompt[] = "Hello, my name is";
+	static const int32_t want[] = {
+		30960, 16768, 5815, 17433, 357, 16021, 3852, 26270, 16404, 9069, 21352, 25997, 9645,
+		20945, 16138, 2451, 19209, 19982, 8317, 15492, 19741, 8021, 29710, 4660, 29448, 3870,
+		13706, 5702, 13947, 22372, 1136, 14007, 19982, 8317, 15492, 19741, 8021, 29710, 4660,
+		29509,
+	};
+	const int n_want = (int)(sizeof(want) / sizeof(want[0]));
+	struct hyb_model *m = load_or_skip(hyb_test_shared(TINY));
+	struct hyb_ctx *c = ctx_threads(m, 2, 128);
+	struct hyb_sampler_params sp = hyb_sampler_defaults();
+	struct hyb_sampler *s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
+	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+	int32_t ids[64];
+	char err[256];
+	int n = hyb_tokenize(m->tok, prompt, strlen(prompt), true, ids, 64);
+
+	CHECK(n > 1 && n < 64);
+	CHECK_MSG(!hyb_ctx_eval(c, ids, (uint32_t)n, logits, false, err, sizeof(err)), "%s", err);
+	for (int i = 0; i < n_want; i++) {
+		int32_t tok = hyb_sampler_sample(s, logits);
+
+		CHECK_MSG(tok == want[i], "token %d: hyb %d, llama.cpp %d", i, tok, want[i]);
+		CHECK(!hyb_ctx_eval(c, &tok, 1, logits, false, err, sizeof(err)));
+	}
+	free(logits);
+	hyb_sampler_free(s);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+/* Batched prefill and token-by-token decode compute the same logits. */
+static void prefill_vs_decode(const char *args, double tol)
+{
+	struct hyb_model *m = load_or_skip(synth("pd", args));
+	const uint32_t n = 12, V = m->hp.n_vocab;
+	struct hyb_ctx *a = ctx_threads(m, 2, 64), *b = ctx_threads(m, 2, 64);
+	float *la = malloc(sizeof(float) * V * n), *lb = malloc(sizeof(float) * V * n);
+	int32_t toks[12];
+	char err[256];
+	double maxdiff = 0, scale = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		toks[i] = (int32_t)((i * 7919u + 3) % V);
+	CHECK(!hyb_ctx_eval(a, toks, n, la, true, err, sizeof(err)));
+	for (uint32_t i = 0; i < n; i++)
+		CHECK(!hyb_ctx_eval(b, &toks[i], 1, lb + (size_t)i * V, false, err, sizeof(err)));
+	for (size_t i = 0; i < (size_t)V * n; i++) {
+		double d = fabs((double)la[i] - lb[i]);
+
+		CHECK_MSG(isfinite(la[i]), "non-finite logit at %zu", i);
+		maxdiff = d > maxdiff ? d : maxdiff;
+		scale = fabs(lb[i]) > scale ? fabs(lb[i]) : scale;
+	}
+	CHECK_MSG(maxdiff <= tol * scale, "prefill vs decode: max diff %g, max |logit| %g",
+		  maxdiff, scale);
+	free(la);
+	free(lb);
+	hyb_ctx_free(a);
+	hyb_ctx_free(b);
+	hyb_model_free(m);
+}
+
+TEST(model_prefill_equals_decode_q8_0)
+{
+	prefill_vs_decode("--hidden 256 --ffn 512 --layers 2 --heads 4 --kv-heads 2 --type Q8_0",
+			  1e-3);
+}
+
+TEST(model_prefill_equals_decode_f16)
+{
+	prefill_vs_decode("--hidden 128 --ffn 256 --layers 2 --heads 4 --type F16 --rope-neox",
+			  1e-3);
+}
+
+TEST(model_prefill_equals_decode_q4_k_relu)
+{
+	prefill_vs_decode("--hidden 256 --ffn 512 --layers 2 --heads 2 --type Q4_K --act relu "
+			  "--tied", 1e-3);
+}
+
+/* Rows are computed by the same kernel whatever thread runs them: results are bitwise equal. */
+TEST(model_thread_count_does_not_change_logits)
+{
+	struct hyb_model *m = load_or_skip(synth("thr", "--hidden 256 --ffn 512 --layers 2 "
+						 "--heads 4 --type Q4_0"));
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx *a = ctx_threads(m, 1, 16), *b = ctx_threads(m, 2, 16);
+	float *la = malloc(sizeof(float) * V * 5), *lb = malloc(sizeof(float) * V * 5);
+	int32_t toks[5] = { 1, 50, 300, 7, 411 };
+	char err[256];
+
+	CHECK(!hyb_ctx_eval(a, toks, 5, la, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(b, toks, 5, lb, true, err, sizeof(err)));
+	CHECK(!memcmp(la, lb, sizeof(float) * V * 5));
+	free(la);
+	free(lb);
+	hyb_ctx_free(a);
+	hyb_ctx_free(b);
+	hyb_model_free(m);
+}
+
+TEST(model_eval_rejects_bad_tokens_and_full_context)
+{
+	struct hyb_model *m = load_or_skip(synth("bad", "--hidden 128 --ffn 256 --layers 1 "
+						 "--heads 2 --type F32"));
+	struct hyb_ctx *c = ctx_threads(m, 2, 4);
+	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+	int32_t toks[5] = { 1, 2, 3, 4, 5 }, bad = (int32_t)m->hp.n_vocab, neg = -1;
+	char err[256];
+
+	CHECK(hyb_ctx_eval(c, &bad, 1, logits, false, err, sizeof(err)) < 0);
+	CHECK(strstr(err, "out of range"));
+	CHECK(hyb_ctx_eval(c, &neg, 1, logits, false, err, sizeof(err)) < 0);
+	CHECK(hyb_ctx_eval(c, toks, 5, logits, false, err, sizeof(err)) < 0);
+	CHECK(strstr(err, "context full"));
+	CHECK(hyb_ctx_eval(c, toks, 4, logits, false, err, sizeof(err)) == 0);
+	CHECK(hyb_ctx_eval(c, toks, 1, logits, false, err, sizeof(err)) < 0);
+	hyb_ctx_reset(c);
+	CHECK(hyb_ctx_eval(c, toks, 1, logits, false, err, sizeof(err)) == 0);
+	free(logits);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+/* A minimal llama file with the given architecture and matrix type, written in-process. */
+static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ffn_down)
+{
+	static char path[512];
+	static float zeros[64 * 64];
+	struct gguf_writer *w = gguf_writer_new();
+	const char *mats[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
+			       "ffn_down" };
+	char err[256], key[64];
+	uint64_t ne_mat[2] = { 32, 32 }, ne_vec[1] = { 32 }, ne_emb[2] = { 32, 64 };
+
+	snprintf(path, sizeof(path), "%s/m-%s-%u.gguf", hyb_test_tmpdir(), arch, mat_type);
+	gguf_set_str(w, "general.architecture", arch);
+#define K(s, v)                                                     \
+	do {                                                        \
+		snprintf(key, sizeof(key), "%s." s, arch);          \
+		gguf_set_u32(w, key, v);                            \
+	} while (0)
+	K("embedding_length", 32);
+	K("block_count", 1);
+	K("feed_forward_length", 32);
+	K("attention.head_count", 2);
+#undef K
+	CHECK(!gguf_writer_add_tensor(w, "token_embd.weight", HYB_TYPE_F32, 2, ne_emb, zeros));
+	CHECK(!gguf_writer_add_tensor(w, "output_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
+	CHECK(!gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
+	CHECK(!gguf_writer_add_tensor(w, "blk.0.ffn_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
+	for (int i = 0; i < 7; i++) {
+		char name[64];
+
+		if (drop_ffn_down && i == 6)
+			break;
+		snprintf(name, sizeof(name), "blk.0.%s.weight", mats[i]);
+		CHECK(!gguf_writer_add_tensor(w, name, i == 0 ? mat_type : HYB_TYPE_F32, 2, ne_mat,
+					      zeros));
+	}
+	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	gguf_writer_free(w);
+	return path;
+}
+
+static void expect_load_error(const char *path, const char *needle)
+{
+	char err[512] = "";
+	struct hyb_model *m = hyb_model_load(path, err, sizeof(err));
+
+	CHECK_MSG(!m, "%s loaded but should not", path);
+	CHECK_MSG(strstr(err, needle), "error '%s' does not mention '%s'", err, needle);
+}
+
+TEST(model_loads_minimal_file)
+{
+	char err[512];
+	struct hyb_model *m = hyb_model_load(write_model("llama", HYB_TYPE_F32, false), err,
+					     sizeof(err));
+
+	CHECK_MSG(m, "%s", err);
+	CHECK(m->output.data == m->tok_embd.data); /* tied head */
+	hyb_model_free(m);
+}
+
+TEST(model_refuses_unknown_architecture_by_name)
+{
+	expect_load_error(write_model("gpt2", HYB_TYPE_F32, false), "'gpt2'");
+}
+
+TEST(model_refuses_unsupported_type_by_name)
+{
+	/* Q5_1: a real ggml type hyb has no kernels for (block 32, 24 bytes) */
+	expect_load_error(write_model("llama", 7, false), "Q5_1");
+}
+
+TEST(model_refuses_missing_tensor_by_name)
+{
+	expect_load_error(write_model("llama", HYB_TYPE_F32, true), "blk.0.ffn_down.weight");
+}
+
+TEST(model_missing_file_is_one_clear_error)
+{
+	expect_load_error("/nonexistent/model.gguf", "No such file");
+}
+
+/* The CLI: one clear line and a non-zero exit for bad input. */
+TEST(model_cli_errors_exit_nonzero)
+{
+	char cmd[1024];
+
+	CHECK(system("build/hyb run -m /nonexistent.gguf -p hi 2>/dev/null") != 0);
+	CHECK(system("build/hyb run 2>/dev/null") != 0);
+	CHECK(system("build/hyb frobnicate 2>/dev/null") != 0);
+	snprintf(cmd, sizeof(cmd), "build/hyb run -m %s -p hi -n 4 --temp -1 2>/dev/null",
+		 synth("cli", "--hidden 128 --ffn 256 --layers 1 --heads 2 --type Q8_0"));
+	CHECK(system(cmd) != 0);
+	CHECK(system("build/hybctl synth -o /nonexistent/dir/x.gguf 2>/dev/null") != 0);
+}
+
+/* End to end: the CLI generates text from a generated model and reports speed. */
+TEST(model_cli_run_generates)
+{
+	char cmd[1024], out[4096] = "";
+	FILE *p;
+	size_t n;
+
+	snprintf(cmd, sizeof(cmd), "build/hyb run -m %s -p 'Once upon a time' -n 16 2>&1",
+		 synth("run", "--hidden 256 --ffn 512 --layers 2 --heads 4 --type Q4_0"));
+	p = popen(cmd, "r");
+	CHECK(p);
+	n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = 0;
+	CHECK_MSG(pclose(p) == 0, "hyb run failed: %s", out);
+	CHECK_MSG(strstr(out, "Once upon a time"), "%s", out);
+	CHECK_MSG(strstr(out, "decode: "), "%s", out);
+	CHECK_MSG(strstr(out, "tokens/s"), "%s", out);
+}

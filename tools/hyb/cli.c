@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: MIT
+#include "cli.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyb/tokenizer.h"
+
+void cli_die(const char *fmt, ...)
+{
+	va_list ap;
+
+	fputs("hyb: ", stderr);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	exit(1);
+}
+
+double cli_num(const char *opt, const char *s, double lo, double hi)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !(v >= lo && v <= hi))
+		cli_die("bad value '%s' for %s (expected a number in [%g, %g])", s, opt, lo, hi);
+	return v;
+}
+
+enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS };
+
+void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
+{
+	static const struct option longopts[] = {
+		{ "model", required_argument, 0, 'm' },
+		{ "prompt", required_argument, 0, 'p' },
+		{ "n-predict", required_argument, 0, 'n' },
+		{ "threads", required_argument, 0, 't' },
+		{ "ctx-size", required_argument, 0, 'c' },
+		{ "output", required_argument, 0, 'o' },
+		{ "reps", required_argument, 0, 'r' },
+		{ "temp", required_argument, 0, O_TEMP },
+		{ "top-k", required_argument, 0, O_TOPK },
+		{ "top-p", required_argument, 0, O_TOPP },
+		{ "min-p", required_argument, 0, O_MINP },
+		{ "repeat-penalty", required_argument, 0, O_PEN },
+		{ "repeat-last-n", required_argument, 0, O_PENN },
+		{ "seed", required_argument, 0, O_SEED },
+		{ "tokens", required_argument, 0, O_TOKENS },
+		{ "decode", no_argument, 0, O_DECODE },
+		{ "print-ids", no_argument, 0, O_IDS },
+		{ "help", no_argument, 0, 'h' },
+		{ 0, 0, 0, 0 },
+	};
+	int c;
+
+	o->sp = hyb_sampler_defaults();
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "m:p:n:t:c:o:r:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'm': o->model = optarg; break;
+		case 'p': o->prompt = optarg; break;
+		case 'n': o->n_predict = o->n_gen_bench = (int)cli_num("-n", optarg, 0, 1 << 24); break;
+		case 't': o->n_threads = (int)cli_num("-t", optarg, 1, 1024); break;
+		case 'c': o->n_ctx = (uint32_t)cli_num("-c", optarg, 1, 1 << 24); break;
+		case 'o': o->out = optarg; break;
+		case 'r': o->reps = (int)cli_num("-r", optarg, 1, 1000); break;
+		case O_TEMP: o->sp.temperature = (float)cli_num("--temp", optarg, 0, 100); break;
+		case O_TOPK: o->sp.top_k = (int32_t)cli_num("--top-k", optarg, 0, 1 << 30); break;
+		case O_TOPP: o->sp.top_p = (float)cli_num("--top-p", optarg, 0, 1); break;
+		case O_MINP: o->sp.min_p = (float)cli_num("--min-p", optarg, 0, 1); break;
+		case O_PEN: o->sp.repeat_penalty = (float)cli_num("--repeat-penalty", optarg, 0, 100); break;
+		case O_PENN: o->sp.repeat_last_n = (int32_t)cli_num("--repeat-last-n", optarg, 0, 1 << 20); break;
+		case O_SEED: o->sp.seed = (uint64_t)cli_num("--seed", optarg, 0, 9007199254740992.0); break;
+		case O_TOKENS: o->tokens = optarg; break;
+		case O_DECODE: o->decode = true; break;
+		case O_IDS: o->print_ids = true; break;
+		case 'h': fputs(usage, stdout); exit(0);
+		default: fputs(usage, stderr); exit(2);
+		}
+	}
+	if (optind < argc)
+		cli_die("unexpected argument '%s'", argv[optind]);
+	if (!o->model)
+		cli_die("no model given (-m MODEL)");
+}
+
+struct hyb_model *cli_load_model(const struct cli_opts *o)
+{
+	char err[512];
+	struct hyb_model *m = hyb_model_load(o->model, err, sizeof(err));
+
+	if (!m)
+		cli_die("%s", err);
+	return m;
+}
+
+struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
+{
+	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads };
+	char err[512];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+	if (!c)
+		cli_die("%s", err);
+	return c;
+}
+
+int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n)
+{
+	size_t len = strlen(text);
+	int cap = (int)len + 16, got;
+	int32_t *ids;
+
+	if (!m->tok)
+		cli_die("the model has no usable tokenizer (tokenizer.ggml.* metadata)");
+	ids = malloc(sizeof(*ids) * cap);
+	if (!ids)
+		cli_die("out of memory");
+	got = hyb_tokenize(m->tok, text, len, true, ids, cap);
+	if (got < 0)
+		cli_die("cannot tokenize the prompt");
+	if (got > cap)
+		cli_die("prompt tokenizes to more tokens than expected");
+	*n = got;
+	return ids;
+}

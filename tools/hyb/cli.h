@@ -1,0 +1,44 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared pieces of the `hyb` command's subcommands. */
+#ifndef HYB_CLI_H
+#define HYB_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hyb/model.h"
+#include "hyb/sampler.h"
+
+struct cli_opts {
+	const char *model;
+	const char *prompt;
+	const char *tokens;   /* comma-separated ids */
+	const char *out;
+	int n_predict;
+	int n_threads;
+	uint32_t n_ctx;
+	bool decode;          /* logits: one token at a time */
+	bool print_ids;       /* run: also print the generated token ids */
+	int n_prompt_bench;   /* bench: prompt tokens */
+	int n_gen_bench;      /* bench: generated tokens */
+	int reps;
+	struct hyb_sampler_params sp;
+};
+
+/* Parse argv after the subcommand; exits with a message on a bad option. */
+void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage);
+/* A number in [lo, hi] or exit naming the option. */
+double cli_num(const char *opt, const char *s, double lo, double hi);
+_Noreturn void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Load model and context or exit with one clear line. */
+struct hyb_model *cli_load_model(const struct cli_opts *o);
+struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o);
+/* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
+int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);
+
+int cmd_run(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+
+#endif

@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hyb bench: prefill and decode speed next to the limits this machine sets,
+ * each measured in the same run:
+ *   decode roofline  = DRAM read bandwidth / bytes read per token
+ *                      (every weight once + the KV cache so far);
+ *   prefill roofline = peak multiply-add rate of the weight type's kernel
+ *                      instruction mix x threads / multiply-adds per token.
+ * Medians over repetitions: these machines are shared and noisy.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "cpu_kernels.h"
+#include "hyb/generate.h"
+#include "hyb/gguf.h"
+#include "hyb/membw.h"
+
+static const char usage[] =
+	"usage: hyb bench -m MODEL [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [-t THREADS]\n";
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The weight type holding most of the matrix bytes: it sets the kernel peak. */
+static uint32_t dominant_type(const struct hyb_model *m)
+{
+	uint64_t bytes[HYB_TYPE_COUNT] = { 0 };
+	uint32_t best = 0;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+		const struct hyb_weight *w[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+						 &L->gate, &L->up, &L->down };
+
+		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+			bytes[w[i]->type] += w[i]->row_bytes * w[i]->ne1;
+	}
+	for (uint32_t t = 0; t < HYB_TYPE_COUNT; t++)
+		if (bytes[t] > bytes[best])
+			best = t;
+	return best;
+}
+
+/* Read every page of the mapping once so that page faults stay out of timings. */
+static uint64_t touch_weights(const struct hyb_model *m)
+{
+	const volatile uint8_t *p = m->gguf->base;
+	uint64_t sum = 0;
+
+	for (uint64_t i = 0; i < m->gguf->size; i += 4096)
+		sum += p[i];
+	return sum;
+}
+
+static long vm_kib(const char *field)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long v = -1;
+	size_t n = strlen(field);
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, field, n) && line[n] == ':')
+			v = atol(line + n + 1);
+	fclose(f);
+	return v;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	struct cli_opts o = { .n_gen_bench = 32, .reps = 3 };
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	struct hyb_model *m;
+	struct hyb_ctx *c;
+	char err[512];
+	int n_prompt = 64, nth;
+
+	cli_parse(argc, argv, &o, usage);
+	if (o.prompt)
+		n_prompt = (int)cli_num("-p", o.prompt, 1, 65536);
+	if (o.n_gen_bench < 1)
+		cli_die("-n must be at least 1");
+	m = cli_load_model(&o);
+	o.n_ctx = (uint32_t)(n_prompt + o.n_gen_bench);
+	c = cli_new_ctx(m, &o);
+	nth = o.n_threads > 0 ? o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	if (touch_weights(m) == 0xdeadbeef)
+		fputc(' ', stderr);
+
+	uint32_t wtype = dominant_type(m);
+	uint64_t wbytes = hyb_model_decode_bytes(m);
+	uint64_t macs = hyb_model_macs_per_token(m);
+	uint64_t kv_tok = 2ull * 2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim;
+	int32_t *toks = malloc(sizeof(int32_t) * (n_prompt + o.n_gen_bench));
+	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+	double *t_pre = calloc(o.reps, sizeof(double)), *t_dec = calloc(o.reps, sizeof(double));
+
+	if (!toks || !logits || !t_pre || !t_dec)
+		cli_die("out of memory");
+	srand(1);
+	for (int i = 0; i < n_prompt + o.n_gen_bench; i++)
+		toks[i] = rand() % (int)m->hp.n_vocab;
+
+	printf("model       %s: %u layers, embd %u, ffn %u, vocab %u, mostly %s, %.2f GB\n",
+	       o.model, m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->hp.n_vocab,
+	       hyb_type_name(wtype), m->gguf->size / 1e9);
+	printf("kernels     %s, %d threads\n", k->name, nth);
+
+	double bw = hyb_measure_read_bw(nth, (size_t)1 << 30, 5);
+	double peak = hyb_cpu_peak_macs(k, wtype) * nth;
+
+	printf("DRAM read   %.2f GB/s (%d threads, 1 GiB streaming read, median of 5)\n", bw / 1e9,
+	       nth);
+	printf("MAC peak    %.1f GMAC/s (%s kernel instruction mix x %d threads)\n", peak / 1e9,
+	       hyb_type_name(wtype), nth);
+
+	for (int r = 0; r < o.reps; r++) {
+		double t0;
+
+		hyb_ctx_reset(c);
+		t0 = hyb_now();
+		if (hyb_ctx_eval(c, toks, (uint32_t)n_prompt, logits, false, err, sizeof(err)))
+			cli_die("%s", err);
+		t_pre[r] = hyb_now() - t0;
+		t0 = hyb_now();
+		for (int i = 0; i < o.n_gen_bench; i++)
+			if (hyb_ctx_eval(c, &toks[n_prompt + i], 1, logits, false, err, sizeof(err)))
+				cli_die("%s", err);
+		t_dec[r] = hyb_now() - t0;
+	}
+
+	double pre_tps = n_prompt / median(t_pre, o.reps);
+	double dec_tps = o.n_gen_bench / median(t_dec, o.reps);
+	/* Mean bytes per decode step: weights + the KV cache at its mean length. */
+	double bytes_tok = (double)wbytes + kv_tok * (n_prompt + o.n_gen_bench / 2.0);
+	double dec_roof = bw / bytes_tok;
+	double pre_roof = peak / (double)macs;
+
+	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  roofline %.2f tokens/s  "
+	       "-> %.0f%% of peak\n", pre_tps, n_prompt, pre_tps * macs / 1e9, pre_roof,
+	       100 * pre_tps / pre_roof);
+	printf("decode      %8.2f tokens/s  (%d tokens)  %.2f GB/s  roofline %.2f tokens/s  "
+	       "-> %.0f%% of DRAM bandwidth\n", dec_tps, o.n_gen_bench, dec_tps * bytes_tok / 1e9,
+	       dec_roof, 100 * dec_tps / dec_roof);
+	printf("bytes/token %.1f MB (weights %.1f MB + KV), %.2f GMAC/token\n", bytes_tok / 1e6,
+	       wbytes / 1e6, macs / 1e9);
+
+	long hwm = vm_kib("VmHWM");
+	double budget = (double)m->gguf->size + hyb_ctx_kv_bytes(c);
+
+	printf("memory      peak RSS %.1f MB; file %.1f MB + KV cache %.1f MB = %.1f MB "
+	       "(RSS is %.1f%% of it)\n", hwm / 1024.0 * 1.024, m->gguf->size / 1e6,
+	       hyb_ctx_kv_bytes(c) / 1e6, budget / 1e6, 100.0 * hwm * 1024 / budget);
+
+	free(toks);
+	free(logits);
+	free(t_pre);
+	free(t_dec);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	return 0;
+}

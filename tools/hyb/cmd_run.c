@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: MIT
+/* hyb run: stream generated text, then the prompt and decode speeds. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli.h"
+#include "hyb/generate.h"
+#include "hyb/tokenizer.h"
+
+static const char usage[] =
+	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"
+	"               [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
+	"               [--print-ids]\n";
+
+struct stream {
+	const struct hyb_tokenizer *tok;
+	int32_t *ids; /* generated ids, for --print-ids */
+	uint32_t n;
+};
+
+static int print_token(void *arg, int32_t token)
+{
+	struct stream *s = arg;
+	char piece[256];
+	int n = hyb_token_to_piece(s->tok, token, piece, sizeof(piece));
+
+	if (s->ids)
+		s->ids[s->n++] = token;
+	if (n > 0)
+		fwrite(piece, 1, n < (int)sizeof(piece) ? n : (int)sizeof(piece), stdout);
+	fflush(stdout);
+	return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+	struct cli_opts o = { .n_predict = 64 };
+	struct hyb_gen_stats st;
+	struct hyb_model *m;
+	struct hyb_ctx *c;
+	struct hyb_sampler *s;
+	struct stream out;
+	char err[512];
+	int32_t *ids;
+	int n_ids;
+
+	cli_parse(argc, argv, &o, usage);
+	if (!o.prompt)
+		cli_die("no prompt given (-p PROMPT)");
+	m = cli_load_model(&o);
+	ids = cli_tokenize(m, o.prompt, &n_ids);
+	if (!o.n_ctx)
+		o.n_ctx = (uint32_t)(n_ids + o.n_predict) < m->hp.n_ctx_train ?
+				  (uint32_t)(n_ids + o.n_predict) : m->hp.n_ctx_train;
+	if ((uint32_t)(n_ids + o.n_predict) > o.n_ctx)
+		cli_die("prompt (%d tokens) + %d to generate exceed the context of %u tokens",
+			n_ids, o.n_predict, o.n_ctx);
+	c = cli_new_ctx(m, &o);
+	s = hyb_sampler_new(&o.sp, (int32_t)m->hp.n_vocab);
+	if (!s)
+		cli_die("out of memory");
+
+	out.tok = m->tok;
+	out.n = 0;
+	out.ids = o.print_ids ? malloc(sizeof(int32_t) * (o.n_predict + 1)) : NULL;
+	fputs(o.prompt, stdout);
+	fflush(stdout);
+	if (hyb_generate(c, m, s, ids, (uint32_t)n_ids, (uint32_t)o.n_predict, print_token, &out,
+			 &st, err, sizeof(err)))
+		cli_die("%s", err);
+	printf("\n");
+	if (out.ids) {
+		fprintf(stderr, "ids:");
+		for (uint32_t i = 0; i < out.n; i++)
+			fprintf(stderr, " %d", out.ids[i]);
+		fprintf(stderr, "\n");
+		free(out.ids);
+	}
+	fprintf(stderr, "\nprompt: %u tokens in %.3f s (%.2f tokens/s)\n", st.n_prompt,
+		st.t_prompt, st.n_prompt / st.t_prompt);
+	fprintf(stderr, "decode: %u tokens in %.3f s (%.2f tokens/s)\n", st.n_decode, st.t_gen,
+		st.n_decode ? st.n_decode / st.t_gen : 0.0);
+	hyb_sampler_free(s);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	free(ids);
+	return 0;
+}
