@@ -42,7 +42,7 @@ CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 GPU_TESTBIN := $(BUILD)/hyb-gpu-tests
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
-.PHONY: all run test bench test-gpu install clean deps cuda fuzz
+.PHONY: all run test bench test-gpu install clean deps cuda fuzz module module-clean
 all: $(LIB) $(TOOLS) $(TESTBIN) cuda
 
 deps:
@@ -95,6 +95,14 @@ else
 cuda:
 	@echo "hyb: CUDA toolkit not found (no nvcc on PATH or in /usr/local/cuda): CUDA kernels skipped"
 endif
+
+# hybpool.ko against the running kernel's headers, or KDIR=...; the VM bench
+# (tests/vm/run.sh, run by `make test`) builds it against Debian's kernel.
+KDIR ?= /lib/modules/$(shell uname -r)/build
+module:
+	$(MAKE) -C $(KDIR) M=$(CURDIR) W=1 modules
+module-clean:
+	$(MAKE) -C $(KDIR) M=$(CURDIR) clean
 
 models/demo.gguf: $(BUILD)/hybctl
 	@mkdir -p models

@@ -1,0 +1,288 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * hybpool: the /dev/hybpool misc device of hyb's box mode.
+ *
+ * Pinned huge-page neuron pools on chosen NUMA nodes that any number of
+ * inference processes map (read-only) next to the daemon that fills them
+ * (read-write), and an eventfd-driven reload queue between those processes
+ * and the daemon, with statistics on how long apps stall waiting for it.
+ *
+ * This file: module parameters, the device, and the ioctl front end that
+ * turns every call into a validated kernel copy of its argument before any
+ * handler sees it.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/capability.h>
+#include <linux/fs.h>
+#include <linux/miscdevice.h>
+#include <linux/module.h>
+#include <linux/nospec.h>
+#include <linux/sched.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include "hybpool.h"
+
+unsigned long max_pinned_mb;
+module_param(max_pinned_mb, ulong, 0644);
+MODULE_PARM_DESC(max_pinned_mb,
+		 "cap on memory pinned by all pools, MiB (0 at load: half of RAM)");
+
+unsigned int max_requests = 65536;
+module_param(max_requests, uint, 0644);
+MODULE_PARM_DESC(max_requests, "cap on reload requests alive in the kernel, all queues");
+
+DEFINE_MUTEX(hyb_lock);
+atomic64_t hyb_pinned_bytes = ATOMIC64_INIT(0);
+atomic_t hyb_nr_zombies = ATOMIC_INIT(0);
+atomic_t hyb_nr_reqs = ATOMIC_INIT(0);
+atomic_t hyb_nr_queues_alive = ATOMIC_INIT(0);
+
+/* The cap in bytes; a huge max_pinned_mb saturates instead of wrapping. */
+u64 hyb_cap_bytes(void)
+{
+	unsigned long mb = READ_ONCE(max_pinned_mb);
+
+	return mb > (U64_MAX >> 20) ? U64_MAX : (u64)mb << 20;
+}
+
+static int hyb_open(struct inode *inode, struct file *file)
+{
+	struct hyb_file *hf;
+
+	hf = kzalloc(sizeof(*hf), GFP_KERNEL);
+	if (!hf)
+		return -ENOMEM;
+	mutex_init(&hf->role_lock);
+	INIT_LIST_HEAD(&hf->pools);
+	hf->pid = task_tgid_nr(current);
+	file->private_data = hf;
+	return nonseekable_open(inode, file);
+}
+
+static int hyb_release(struct inode *inode, struct file *file)
+{
+	struct hyb_file *hf = file->private_data;
+
+	/* A daemon that closes or dies fails what it still holds first. */
+	hyb_file_detach(hf);
+	hyb_pool_release_owned(hf);
+	mutex_destroy(&hf->role_lock);
+	kfree(hf);
+	return 0;
+}
+
+static int hyb_ioc_dev_info(struct hyb_file *hf, struct file *file, void *arg)
+{
+	struct hyb_dev_info *a = arg;
+
+	if (a->flags || a->reserved)
+		return -EINVAL;
+	a->abi_version = HYB_ABI_VERSION;
+	a->nr_pools = hyb_pool_count();
+	a->nr_zombies = atomic_read(&hyb_nr_zombies);
+	a->nr_queues = hyb_queue_count();
+	a->pinned_bytes = atomic64_read(&hyb_pinned_bytes);
+	a->pinned_cap = hyb_cap_bytes();
+	a->nr_requests = atomic_read(&hyb_nr_reqs);
+	a->page_shifts = 1U << HYB_PAGE_SHIFT_2M;
+	return 0;
+}
+
+static int hyb_ioc_pool_create(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_pool_ioctl_create(hf, file, arg);
+}
+
+static int hyb_ioc_pool_destroy(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_pool_ioctl_destroy(hf, arg);
+}
+
+static int hyb_ioc_pool_info(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_pool_ioctl_info(hf, arg);
+}
+
+static int hyb_ioc_pool_list(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_pool_ioctl_list(arg);
+}
+
+static int hyb_ioc_queue_attach(struct hyb_file *hf, struct file *file, void *arg)
+{
+	if (!(file->f_mode & FMODE_WRITE))
+		return -EBADF;
+	return hyb_queue_ioctl_attach(hf, arg);
+}
+
+static int hyb_ioc_client_attach(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_client_ioctl_attach(hf, arg);
+}
+
+static int hyb_ioc_submit(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_queue_ioctl_submit(hf, arg);
+}
+
+static int hyb_ioc_fetch(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_queue_ioctl_fetch(hf, arg);
+}
+
+static int hyb_ioc_complete(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_queue_ioctl_complete(hf, arg);
+}
+
+static int hyb_ioc_reap(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_queue_ioctl_reap(hf, arg);
+}
+
+static int hyb_ioc_queue_stats(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_queue_ioctl_stats(arg);
+}
+
+struct hyb_ioctl_desc {
+	unsigned int cmd;
+	unsigned int ksize;
+	int (*fn)(struct hyb_file *hf, struct file *file, void *arg);
+};
+
+#define HYB_IOCTL(c, type, f) [_IOC_NR(c)] = { .cmd = (c), .ksize = sizeof(type), .fn = (f) }
+
+static const struct hyb_ioctl_desc hyb_ioctls[] = {
+	HYB_IOCTL(HYB_IOC_DEV_INFO, struct hyb_dev_info, hyb_ioc_dev_info),
+	HYB_IOCTL(HYB_IOC_POOL_CREATE, struct hyb_pool_create, hyb_ioc_pool_create),
+	HYB_IOCTL(HYB_IOC_POOL_DESTROY, struct hyb_pool_ref, hyb_ioc_pool_destroy),
+	HYB_IOCTL(HYB_IOC_POOL_INFO, struct hyb_pool_info, hyb_ioc_pool_info),
+	HYB_IOCTL(HYB_IOC_POOL_LIST, struct hyb_pool_list, hyb_ioc_pool_list),
+	HYB_IOCTL(HYB_IOC_QUEUE_ATTACH, struct hyb_attach, hyb_ioc_queue_attach),
+	HYB_IOCTL(HYB_IOC_CLIENT_ATTACH, struct hyb_attach, hyb_ioc_client_attach),
+	HYB_IOCTL(HYB_IOC_SUBMIT, struct hyb_batch, hyb_ioc_submit),
+	HYB_IOCTL(HYB_IOC_FETCH, struct hyb_batch, hyb_ioc_fetch),
+	HYB_IOCTL(HYB_IOC_COMPLETE, struct hyb_batch, hyb_ioc_complete),
+	HYB_IOCTL(HYB_IOC_REAP, struct hyb_batch, hyb_ioc_reap),
+	HYB_IOCTL(HYB_IOC_QUEUE_STATS, struct hyb_queue_stats, hyb_ioc_queue_stats),
+};
+
+/* Every argument of every call, as the kernel copy the handlers work on. */
+union hyb_args {
+	struct hyb_dev_info dev_info;
+	struct hyb_pool_create pool_create;
+	struct hyb_pool_ref pool_ref;
+	struct hyb_pool_info pool_info;
+	struct hyb_pool_list pool_list;
+	struct hyb_attach attach;
+	struct hyb_batch batch;
+	struct hyb_queue_stats queue_stats;
+};
+
+/*
+ * The size in the ioctl number must cover this module's struct, and the
+ * struct's own size field must say the same: a newer userspace may pass a
+ * longer struct whose extra bytes are zero (copy_struct_from_user checks).
+ * Results are copied back only when the call succeeds.
+ */
+static long hyb_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	struct hyb_file *hf = file->private_data;
+	void __user *uarg = (void __user *)arg;
+	const struct hyb_ioctl_desc *d;
+	union hyb_args k;
+	unsigned int nr = _IOC_NR(cmd);
+	u32 usize, field;
+	int ret;
+
+	if (_IOC_TYPE(cmd) != HYB_IOC_MAGIC || nr >= ARRAY_SIZE(hyb_ioctls))
+		return -ENOTTY;
+	nr = array_index_nospec(nr, ARRAY_SIZE(hyb_ioctls));
+	d = &hyb_ioctls[nr];
+	if (!d->fn || _IOC_DIR(cmd) != _IOC_DIR(d->cmd))
+		return -ENOTTY;
+	usize = _IOC_SIZE(cmd);
+	if (usize < d->ksize)
+		return -EINVAL;
+	if (get_user(field, (u32 __user *)uarg))
+		return -EFAULT;
+	if (field != usize)
+		return -EINVAL;
+	ret = copy_struct_from_user(&k, d->ksize, uarg, usize);
+	if (ret)
+		return ret;
+	ret = d->fn(hf, file, &k);
+	if (ret)
+		return ret;
+	if ((_IOC_DIR(d->cmd) & _IOC_READ) && copy_to_user(uarg, &k, d->ksize))
+		return -EFAULT;
+	return 0;
+}
+
+static const struct file_operations hyb_fops = {
+	.owner = THIS_MODULE,
+	.open = hyb_open,
+	.release = hyb_release,
+	.unlocked_ioctl = hyb_ioctl,
+	.compat_ioctl = compat_ptr_ioctl,
+	.mmap = hyb_mmap,
+	.get_unmapped_area = hyb_get_unmapped_area,
+	.llseek = no_llseek,
+};
+
+/*
+ * 0660: the group is set by userspace (udev rule kmod/60-hybpool.rules, or
+ * the VM bench's init); devtmpfs creates the node root:root.
+ */
+static struct miscdevice hyb_misc = {
+	.minor = MISC_DYNAMIC_MINOR,
+	.name = "hybpool",
+	.fops = &hyb_fops,
+	.mode = 0660,
+};
+
+static int __init hyb_init(void)
+{
+	int ret;
+
+	if (!max_pinned_mb)
+		max_pinned_mb = (totalram_pages() >> (20 - PAGE_SHIFT)) / 2;
+	ret = hyb_queue_init();
+	if (ret)
+		return ret;
+	ret = misc_register(&hyb_misc);
+	if (ret) {
+		hyb_queue_exit();
+		return ret;
+	}
+	hyb_debugfs_init();
+	pr_info("ready: /dev/hybpool, cap %lu MiB, abi %d\n", max_pinned_mb, HYB_ABI_VERSION);
+	return 0;
+}
+
+static void __exit hyb_exit(void)
+{
+	hyb_debugfs_exit();
+	misc_deregister(&hyb_misc);
+	/*
+	 * Open files and mappings hold the module, so everything must be gone
+	 * by now; say so loudly if not (the VM bench greps for "leak").
+	 */
+	if (atomic64_read(&hyb_pinned_bytes) || atomic_read(&hyb_nr_reqs) ||
+	    atomic_read(&hyb_nr_queues_alive) || hyb_pool_count())
+		pr_err("leak at unload: %lld bytes pinned, %d requests, %d queues, %u pools\n",
+		       (long long)atomic64_read(&hyb_pinned_bytes), atomic_read(&hyb_nr_reqs),
+		       atomic_read(&hyb_nr_queues_alive), hyb_pool_count());
+	hyb_queue_exit();
+	rcu_barrier();	/* pool structs are freed with kfree_rcu */
+}
+
+module_init(hyb_init);
+module_exit(hyb_exit);
+
+MODULE_LICENSE("GPL");
+MODULE_AUTHOR("hyb");
+MODULE_DESCRIPTION("hyb neuron pools (pinned NUMA huge pages) and reload queue");

@@ -1,0 +1,480 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Neuron pools: pinned, zeroed memory on one NUMA node, made of 2 MiB
+ * compound pages, mapped into processes by offset.
+ *
+ * Why alloc_pages_node(order 9, __GFP_THISNODE) and not hugetlbfs pages:
+ * the hugetlb allocator is not exported to modules and would need an admin
+ * to reserve pages at boot; buddy pages allocated by the kernel are never on
+ * an LRU list, so reclaim, swap, NUMA balancing and compaction cannot move
+ * or drop them (they are pinned by construction), __GFP_THISNODE makes the
+ * placement strict instead of a preference, and one order-9 compound page is
+ * exactly one PMD, so the fault path can map a whole chunk with one TLB
+ * entry. Pages are handed out by the .fault handler as ordinary refcounted
+ * pages (not PFN maps): get_user_pages() then works on pool mappings
+ * (O_DIRECT reads into pools, cudaHostRegister, move_pages queries), and a
+ * page stays allocated as long as any mapping or pin still holds it.
+ */
+#define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
+
+#include <linux/capability.h>
+#include <linux/ctype.h>
+#include <linux/fs.h>
+#include <linux/gfp.h>
+#include <linux/mm.h>
+#include <linux/ktime.h>
+#include <linux/mman.h>
+#include <linux/nodemask.h>
+#include <linux/overflow.h>
+#include <linux/sched.h>
+#include <linux/sched/signal.h>
+#include <linux/slab.h>
+#include <linux/topology.h>
+#include <linux/uaccess.h>
+
+#include "hybpool.h"
+
+DEFINE_XARRAY_ALLOC1(hyb_pools);
+static u32 hyb_pool_next_id;
+static unsigned int hyb_pool_slots;	/* table entries, creating ones included */
+
+#define HYB_POOL_GFP	(GFP_KERNEL | __GFP_COMP | __GFP_ZERO | __GFP_THISNODE | \
+			 __GFP_NOWARN | __GFP_RETRY_MAYFAIL)
+
+static bool hyb_name_valid(const char *name)
+{
+	size_t n = strnlen(name, HYB_NAME_LEN), i;
+
+	if (n == 0 || n == HYB_NAME_LEN)
+		return false;
+	for (i = 0; i < n; i++) {
+		char ch = name[i];
+
+		if (!isalnum(ch) && ch != '.' && ch != '_' && ch != '-')
+			return false;
+	}
+	/* Bytes after the terminator are reserved too. */
+	for (; i < HYB_NAME_LEN; i++)
+		if (name[i])
+			return false;
+	return true;
+}
+
+static void hyb_pool_free(struct kref *ref)
+{
+	struct hyb_pool *pool = container_of(ref, struct hyb_pool, ref);
+	unsigned long i;
+
+	for (i = 0; i < pool->nr_chunks; i++) {
+		if (pool->chunks[i])
+			__free_pages(pool->chunks[i], HYB_CHUNK_ORDER);
+		cond_resched();
+	}
+	kvfree(pool->chunks);
+	atomic64_sub(pool->bytes, &hyb_pinned_bytes);
+	if (pool->destroyed)
+		atomic_dec(&hyb_nr_zombies);
+	kfree_rcu(pool, rcu);
+}
+
+static void hyb_pool_put(struct hyb_pool *pool)
+{
+	kref_put(&pool->ref, hyb_pool_free);
+}
+
+/* A reference to a live, fully created pool, or NULL. */
+static struct hyb_pool *hyb_pool_get(unsigned long id)
+{
+	struct hyb_pool *pool;
+
+	rcu_read_lock();
+	pool = xa_load(&hyb_pools, id);
+	if (pool && (!smp_load_acquire(&pool->ready) || !kref_get_unless_zero(&pool->ref)))
+		pool = NULL;
+	rcu_read_unlock();
+	return pool;
+}
+
+/* Takes the pool out of the table; the caller drops the table's reference. */
+static void hyb_pool_unlink(struct hyb_pool *pool)
+{
+	lockdep_assert_held(&hyb_lock);
+	xa_erase(&hyb_pools, pool->id);
+	hyb_pool_slots--;
+	list_del_init(&pool->owner_node);
+	WRITE_ONCE(pool->owner, NULL);
+	pool->destroyed = true;
+	atomic_inc(&hyb_nr_zombies);
+}
+
+static bool hyb_pool_name_taken(const char *name)
+{
+	struct hyb_pool *pool;
+	unsigned long idx;
+
+	lockdep_assert_held(&hyb_lock);
+	xa_for_each(&hyb_pools, idx, pool)
+		if (!strncmp(pool->name, name, HYB_NAME_LEN))
+			return true;
+	return false;
+}
+
+int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_pool_create *a)
+{
+	u32 shift = a->page_shift ? a->page_shift : HYB_PAGE_SHIFT_2M;
+	struct hyb_pool *pool;
+	u64 bytes, cap, t0;
+	unsigned long i;
+	int node = a->node, ret;
+
+	if (a->flags || a->reserved)
+		return -EINVAL;
+	if (!(file->f_mode & FMODE_WRITE))
+		return -EBADF;
+	if (!capable(CAP_IPC_LOCK))
+		return -EPERM;
+	if (!hyb_name_valid(a->name))
+		return -EINVAL;
+	if (shift == HYB_PAGE_SHIFT_1G)
+		return -EOPNOTSUPP;
+	if (shift != HYB_PAGE_SHIFT_2M)
+		return -EINVAL;
+	if (!a->bytes || a->bytes > HYB_POOL_MAX_BYTES)
+		return -EINVAL;
+	if (node == HYB_NODE_LOCAL)
+		node = numa_mem_id();
+	if (node < 0 || node >= nr_node_ids || !node_state(node, N_MEMORY))
+		return -EINVAL;
+	bytes = round_up(a->bytes, HYB_CHUNK_SIZE);
+
+	pool = kzalloc(sizeof(*pool), GFP_KERNEL);
+	if (!pool)
+		return -ENOMEM;
+	pool->nr_chunks = bytes >> HYB_CHUNK_SHIFT;
+	pool->chunks = kvcalloc(pool->nr_chunks, sizeof(*pool->chunks), GFP_KERNEL);
+	if (!pool->chunks) {
+		kfree(pool);
+		return -ENOMEM;
+	}
+	kref_init(&pool->ref);
+	INIT_LIST_HEAD(&pool->owner_node);
+	memcpy(pool->name, a->name, HYB_NAME_LEN);
+	pool->node = node;
+	pool->bytes = bytes;
+	pool->owner = hf;
+	pool->owner_pid = task_tgid_nr(current);
+
+	/*
+	 * Reserve the name, an id and the pinned bytes, then allocate without
+	 * the lock (a big pool takes seconds); until ready is set, lookups do
+	 * not see the pool.
+	 */
+	mutex_lock(&hyb_lock);
+	cap = hyb_cap_bytes();
+	if (hyb_pool_name_taken(a->name)) {
+		ret = -EEXIST;
+	} else if (hyb_pool_slots >= HYB_MAX_POOLS ||
+		   bytes > cap || (u64)atomic64_read(&hyb_pinned_bytes) > cap - bytes) {
+		ret = -ENOSPC;
+	} else {
+		ret = xa_alloc_cyclic(&hyb_pools, &pool->id, pool,
+				      XA_LIMIT(1, HYB_MAX_POOL_ID), &hyb_pool_next_id, GFP_KERNEL);
+		if (ret >= 0) {
+			ret = 0;
+			hyb_pool_slots++;
+			atomic64_add(bytes, &hyb_pinned_bytes);
+		}
+	}
+	mutex_unlock(&hyb_lock);
+	if (ret) {
+		kvfree(pool->chunks);
+		kfree(pool);
+		return ret;
+	}
+
+	t0 = ktime_get_ns();
+	for (i = 0; i < pool->nr_chunks; i++) {
+		pool->chunks[i] = alloc_pages_node(node, HYB_POOL_GFP, HYB_CHUNK_ORDER);
+		if (!pool->chunks[i]) {
+			ret = -ENOMEM;
+			break;
+		}
+		if (fatal_signal_pending(current)) {
+			ret = -EINTR;
+			break;
+		}
+		cond_resched();
+	}
+	pool->create_ns = ktime_get_ns() - t0;
+
+	mutex_lock(&hyb_lock);
+	if (ret) {
+		xa_erase(&hyb_pools, pool->id);
+		hyb_pool_slots--;
+	} else {
+		list_add_tail(&pool->owner_node, &hf->pools);
+		smp_store_release(&pool->ready, true);
+	}
+	mutex_unlock(&hyb_lock);
+	if (ret) {
+		hyb_pool_put(pool);
+		return ret;
+	}
+
+	a->bytes = bytes;
+	a->node = node;
+	a->page_shift = HYB_PAGE_SHIFT_2M;
+	a->pool_id = pool->id;
+	a->mmap_offset = (u64)pool->id << HYB_MMAP_SHIFT;
+	return 0;
+}
+
+int hyb_pool_ioctl_destroy(struct hyb_file *hf, struct hyb_pool_ref *a)
+{
+	struct hyb_pool *pool;
+	int ret = 0;
+
+	if (a->flags || a->reserved)
+		return -EINVAL;
+	mutex_lock(&hyb_lock);
+	pool = xa_load(&hyb_pools, a->pool_id);
+	if (!pool || !pool->ready)
+		ret = -ENOENT;
+	else if (pool->owner != hf && !capable(CAP_SYS_ADMIN))
+		ret = -EPERM;
+	else
+		hyb_pool_unlink(pool);
+	mutex_unlock(&hyb_lock);
+	if (!ret)
+		hyb_pool_put(pool);
+	return ret;
+}
+
+/* The owner file is closing: its pools die (memory stays while mapped). */
+void hyb_pool_release_owned(struct hyb_file *hf)
+{
+	struct hyb_pool *pool, *tmp;
+	LIST_HEAD(dead);
+
+	mutex_lock(&hyb_lock);
+	list_for_each_entry_safe(pool, tmp, &hf->pools, owner_node) {
+		hyb_pool_unlink(pool);
+		list_add_tail(&pool->owner_node, &dead);
+	}
+	mutex_unlock(&hyb_lock);
+	list_for_each_entry_safe(pool, tmp, &dead, owner_node) {
+		list_del_init(&pool->owner_node);
+		hyb_pool_put(pool);
+	}
+}
+
+static void hyb_pool_fill_info(struct hyb_pool *pool, struct hyb_file *hf,
+			       struct hyb_pool_info *a)
+{
+	a->pool_id = pool->id;
+	a->node = pool->node;
+	memcpy(a->name, pool->name, HYB_NAME_LEN);
+	a->bytes = pool->bytes;
+	a->mmap_offset = (u64)pool->id << HYB_MMAP_SHIFT;
+	a->page_shift = HYB_PAGE_SHIFT_2M;
+	a->mappers = atomic_read(&pool->mappers);
+	a->faults = atomic64_read(&pool->faults);
+	a->reloads = atomic64_read(&pool->reloads);
+	a->owner_pid = pool->owner_pid;
+	a->owned = READ_ONCE(pool->owner) == hf;
+	a->create_ns = pool->create_ns;
+}
+
+int hyb_pool_ioctl_info(struct hyb_file *hf, struct hyb_pool_info *a)
+{
+	struct hyb_pool *pool = NULL, *p;
+	unsigned long idx;
+
+	if (a->flags & ~HYB_POOL_BY_NAME)
+		return -EINVAL;
+	if (a->flags & HYB_POOL_BY_NAME) {
+		if (!hyb_name_valid(a->name))
+			return -EINVAL;
+		rcu_read_lock();
+		xa_for_each(&hyb_pools, idx, p) {
+			if (!strncmp(p->name, a->name, HYB_NAME_LEN) &&
+			    smp_load_acquire(&p->ready) && kref_get_unless_zero(&p->ref)) {
+				pool = p;
+				break;
+			}
+		}
+		rcu_read_unlock();
+	} else {
+		pool = hyb_pool_get(a->pool_id);
+	}
+	if (!pool)
+		return -ENOENT;
+	hyb_pool_fill_info(pool, hf, a);
+	hyb_pool_put(pool);
+	return 0;
+}
+
+int hyb_pool_ioctl_list(struct hyb_pool_list *a)
+{
+	struct hyb_pool *pool;
+	unsigned long idx;
+	u32 *ids, n = 0;
+	int ret = 0;
+
+	if (a->flags || a->reserved || a->count > HYB_MAX_POOLS)
+		return -EINVAL;
+	if (a->count && !a->ptr)
+		return -EFAULT;
+	ids = kcalloc(HYB_MAX_POOLS, sizeof(*ids), GFP_KERNEL);
+	if (!ids)
+		return -ENOMEM;
+	rcu_read_lock();
+	xa_for_each(&hyb_pools, idx, pool) {
+		if (smp_load_acquire(&pool->ready) && n < HYB_MAX_POOLS)
+			ids[n++] = pool->id;
+	}
+	rcu_read_unlock();
+	if (copy_to_user(u64_to_user_ptr(a->ptr), ids, min(n, a->count) * sizeof(*ids)))
+		ret = -EFAULT;
+	a->count = n;
+	kfree(ids);
+	return ret;
+}
+
+u32 hyb_pool_count(void)
+{
+	struct hyb_pool *pool;
+	unsigned long idx;
+	u32 n = 0;
+
+	rcu_read_lock();
+	xa_for_each(&hyb_pools, idx, pool)
+		n += smp_load_acquire(&pool->ready);
+	rcu_read_unlock();
+	return n;
+}
+
+/*
+ * Is [off, off + len) a non-empty range of live pool id? 0, -ENOENT (no such
+ * pool) or -EINVAL. With count, the pool's reload counter goes up (the
+ * request naming it was accepted).
+ */
+int hyb_pool_check_range(u32 id, u64 off, u64 len, bool count)
+{
+	struct hyb_pool *pool;
+	int ret = -ENOENT;
+	u64 end;
+
+	rcu_read_lock();
+	pool = xa_load(&hyb_pools, id);
+	if (pool && smp_load_acquire(&pool->ready)) {
+		ret = -EINVAL;
+		if (len && !check_add_overflow(off, len, &end) && end <= pool->bytes) {
+			ret = 0;
+			if (count)
+				atomic64_inc(&pool->reloads);
+		}
+	}
+	rcu_read_unlock();
+	return ret;
+}
+
+/* -- mapping ------------------------------------------------------------ */
+
+static void hyb_vm_open(struct vm_area_struct *vma)
+{
+	struct hyb_pool *pool = vma->vm_private_data;
+
+	kref_get(&pool->ref);
+	atomic_inc(&pool->mappers);
+}
+
+static void hyb_vm_close(struct vm_area_struct *vma)
+{
+	struct hyb_pool *pool = vma->vm_private_data;
+
+	atomic_dec(&pool->mappers);
+	hyb_pool_put(pool);
+}
+
+/*
+ * Hand the core the page; it maps it with a PTE, or (order-9 compound page,
+ * PMD-aligned VMA) the whole chunk with one PMD. The reference taken here is
+ * the mapping's and is dropped when it is unmapped.
+ */
+static vm_fault_t hyb_vm_fault(struct vm_fault *vmf)
+{
+	struct hyb_pool *pool = vmf->vma->vm_private_data;
+	unsigned long base = (unsigned long)pool->id << (HYB_MMAP_SHIFT - PAGE_SHIFT);
+	unsigned long idx;
+	struct page *page;
+
+	if (vmf->pgoff < base)
+		return VM_FAULT_SIGBUS;
+	idx = vmf->pgoff - base;
+	if (idx >= pool->bytes >> PAGE_SHIFT)
+		return VM_FAULT_SIGBUS;
+	page = pool->chunks[idx >> HYB_CHUNK_ORDER] + (idx & (HYB_CHUNK_PAGES - 1));
+	get_page(page);
+	vmf->page = page;
+	atomic64_inc(&pool->faults);
+	return 0;
+}
+
+static const struct vm_operations_struct hyb_vm_ops = {
+	.open = hyb_vm_open,
+	.close = hyb_vm_close,
+	.fault = hyb_vm_fault,
+};
+
+/*
+ * offset = pool id << HYB_MMAP_SHIFT + a chunk-aligned start, length a
+ * multiple of the chunk, MAP_SHARED. The owner file may map read-write;
+ * anyone else gets a mapping that can never become writable.
+ */
+int hyb_mmap(struct file *file, struct vm_area_struct *vma)
+{
+	struct hyb_file *hf = file->private_data;
+	u64 off = (u64)vma->vm_pgoff << PAGE_SHIFT;
+	u64 start = off & (HYB_POOL_MAX_BYTES - 1);
+	u64 len = vma->vm_end - vma->vm_start;
+	u64 id = off >> HYB_MMAP_SHIFT;
+	struct hyb_pool *pool;
+
+	if (!(vma->vm_flags & VM_MAYSHARE))
+		return -EINVAL;
+	if (!IS_ALIGNED(start, HYB_CHUNK_SIZE) || !IS_ALIGNED(len, HYB_CHUNK_SIZE))
+		return -EINVAL;
+	if (id > HYB_MAX_POOL_ID)
+		return -ENXIO;
+	pool = hyb_pool_get(id);
+	if (!pool)
+		return -ENXIO;
+	if (start >= pool->bytes || len > pool->bytes - start) {
+		hyb_pool_put(pool);
+		return -EINVAL;
+	}
+	if (READ_ONCE(pool->owner) != hf) {
+		if (vma->vm_flags & VM_WRITE) {
+			hyb_pool_put(pool);
+			return -EACCES;
+		}
+		hyb_vm_flags_clear(vma, VM_MAYWRITE);
+	}
+	/*
+	 * DONTEXPAND makes the VMA "special": no mremap growth, no mlock of
+	 * pages that are not on an LRU, no khugepaged or MADV_COLLAPSE.
+	 */
+	hyb_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
+	vma->vm_ops = &hyb_vm_ops;
+	vma->vm_private_data = pool;
+	atomic_inc(&pool->mappers);
+	return 0;
+}
+
+/* PMD-aligned addresses, so that chunks can be mapped by one PMD each. */
+unsigned long hyb_get_unmapped_area(struct file *file, unsigned long addr, unsigned long len,
+				    unsigned long pgoff, unsigned long flags)
+{
+	return thp_get_unmapped_area(file, addr, len, pgoff, flags);
+}

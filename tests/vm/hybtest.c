@@ -1,0 +1,1237 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hybtest: the functional tests of hybpool.ko, run inside the VM bench as
+ * `hybtest <name>` (one process per test; exit status 0 = pass). Details go
+ * to stdout indented; measurements as "HYBVM METRIC <name> <value> <unit>"
+ * lines the harness collects.
+ */
+#include <grp.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+
+#include "hybvm.h"
+
+#define MiB (1ULL << 20)
+#define HUGE (2 * MiB)
+
+static const char *cur;
+
+static _Noreturn void fail_at(int line, const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("  %s:%d: ", cur, line);
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+	exit(1);
+}
+
+#define FAIL(...) fail_at(__LINE__, __VA_ARGS__)
+#define EXPECT(c)                                                                        \
+	do {                                                                             \
+		if (!(c))                                                                \
+			FAIL("expected %s", #c);                                         \
+	} while (0)
+#define EXPECT_ERR(expr, err)                                                            \
+	do {                                                                             \
+		int r_ = (expr), e_ = (err);                                             \
+		if (r_ != e_)                                                            \
+			FAIL("%s = %d (%s), want %d (%s)", #expr, r_, strerror(-r_), e_, \
+			     strerror(-e_));                                             \
+	} while (0)
+#define EXPECT_OK(expr) EXPECT_ERR(expr, 0)
+
+static void note(const char *fmt, ...)
+{
+	va_list ap;
+
+	printf("  ");
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	fflush(stdout);
+}
+
+static void metric(const char *name, double v, const char *unit)
+{
+	printf("HYBVM METRIC %s %.3f %s\n", name, v, unit);
+	fflush(stdout);
+}
+
+static int xopen(int flags)
+{
+	int fd = hyb_open(flags);
+
+	if (fd < 0)
+		FAIL("open %s: %s", HYB_DEVICE_PATH, strerror(-fd));
+	return fd;
+}
+
+static void *map_pool(int fd, uint64_t off, size_t len, int prot, int flags)
+{
+	void *p = mmap(NULL, len, prot, flags, fd, (off_t)off);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static int map_err(int fd, uint64_t off, size_t len, int prot, int flags)
+{
+	void *p = mmap(NULL, len, prot, flags, fd, (off_t)off);
+
+	if (p != MAP_FAILED) {
+		munmap(p, len);
+		return 0;
+	}
+	return -errno;
+}
+
+static struct hyb_dev_info devinfo(int fd)
+{
+	struct hyb_dev_info di;
+
+	EXPECT_OK(hyb_dev_info(fd, &di));
+	return di;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+	int i = (int)(p * n);
+
+	if (i >= n)
+		i = n - 1;
+	return v[i];
+}
+
+static void write_byte(int fd, char c)
+{
+	if (write(fd, &c, 1) != 1)
+		FAIL("pipe write: %s", strerror(errno));
+}
+
+static char read_byte(int fd)
+{
+	char c = 0;
+
+	if (read(fd, &c, 1) != 1)
+		FAIL("pipe read: %s", strerror(errno));
+	return c;
+}
+
+static int wait_child(pid_t pid)
+{
+	int st;
+
+	if (waitpid(pid, &st, 0) < 0)
+		FAIL("waitpid: %s", strerror(errno));
+	return st;
+}
+
+/* -- basic: the ioctl argument rules ------------------------------------ */
+
+static void fill_create(struct hyb_pool_create *pc, const char *name)
+{
+	memset(pc, 0, sizeof(*pc));
+	pc->size = sizeof(*pc);
+	strcpy(pc->name, name);
+	pc->bytes = MiB;
+	pc->page_shift = HYB_PAGE_SHIFT_2M;
+}
+
+static void t_basic(void)
+{
+	int fd = xopen(O_RDWR), rofd = xopen(O_RDONLY);
+	struct hyb_dev_info di = devinfo(fd);
+	struct hyb_pool_create pc;
+	struct hyb_pool_info pi;
+	unsigned char big[sizeof(struct hyb_dev_info) + 16];
+	struct hyb_pool_list pl;
+	uint32_t ids[HYB_MAX_POOLS];
+	int found = 0;
+
+	EXPECT(di.abi_version == HYB_ABI_VERSION);
+	EXPECT(di.page_shifts & (1U << HYB_PAGE_SHIFT_2M));
+	EXPECT(di.nr_pools == 0 && di.pinned_bytes == 0);
+
+	/* Numbers the module does not know. */
+	EXPECT_ERR(hyb_ioctl(fd, _IO('x', 1), NULL), -ENOTTY);
+	EXPECT_ERR(hyb_ioctl(fd, _IOWR(HYB_IOC_MAGIC, 0x30, struct hyb_dev_info), &di), -ENOTTY);
+	EXPECT_ERR(hyb_ioctl(fd, _IOR(HYB_IOC_MAGIC, 0x00, struct hyb_dev_info), &di), -ENOTTY);
+	EXPECT_ERR(hyb_ioctl(fd, _IOWR(HYB_IOC_MAGIC, 0x05, struct hyb_dev_info), &di), -ENOTTY);
+	/* Size rules: field must match the number, number must cover the struct. */
+	memset(&di, 0, sizeof(di));
+	di.size = sizeof(di) - 8;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_DEV_INFO, &di), -EINVAL);
+	di.size = 8;
+	EXPECT_ERR(hyb_ioctl(fd, _IOWR(HYB_IOC_MAGIC, 0x00, uint64_t), &di), -EINVAL);
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_DEV_INFO, NULL), -EFAULT);
+	memset(big, 0, sizeof(big));
+	*(uint32_t *)big = sizeof(big);
+	EXPECT_OK(hyb_ioctl(fd, _IOC(_IOC_READ | _IOC_WRITE, HYB_IOC_MAGIC, 0, sizeof(big)), big));
+	EXPECT(((struct hyb_dev_info *)big)->abi_version == HYB_ABI_VERSION);
+	big[sizeof(big) - 1] = 1;
+	EXPECT_ERR(hyb_ioctl(fd, _IOC(_IOC_READ | _IOC_WRITE, HYB_IOC_MAGIC, 0, sizeof(big)), big),
+		   -E2BIG);
+	memset(&di, 0, sizeof(di));
+	di.size = sizeof(di);
+	di.flags = 1;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_DEV_INFO, &di), -EINVAL);
+	di.flags = 0;
+	di.reserved = 1;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_DEV_INFO, &di), -EINVAL);
+
+	/* Pool arguments. */
+	EXPECT_ERR(hyb_pool_create(fd, "", MiB, 0, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "bad name", MiB, 0, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "bad/name", MiB, 0, &pc), -EINVAL);
+	fill_create(&pc, "x");
+	memset(pc.name, 'a', sizeof(pc.name));	/* no terminator */
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_CREATE, &pc), -EINVAL);
+	memset(pc.name, 0, sizeof(pc.name));
+	strcpy(pc.name, "ok");
+	pc.name[5] = 'j';			/* junk after the terminator */
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_CREATE, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "zero", 0, 0, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "huge", HYB_POOL_MAX_BYTES + 1, 0, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "node", MiB, 7, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "node", MiB, -2, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "node", MiB, 1 << 30, &pc), -EINVAL);
+	fill_create(&pc, "gig");
+	pc.page_shift = HYB_PAGE_SHIFT_1G;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_CREATE, &pc), -EOPNOTSUPP);
+	pc.page_shift = 12;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_CREATE, &pc), -EINVAL);
+	fill_create(&pc, "resv");
+	pc.reserved = 1;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_CREATE, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(rofd, "ro", MiB, 0, &pc), -EBADF);
+
+	EXPECT_OK(hyb_pool_create(fd, "basic-a", 3 * MiB, HYB_NODE_LOCAL, &pc));
+	EXPECT(pc.bytes == 4 * MiB && (pc.node == 0 || pc.node == 1));
+	EXPECT(pc.pool_id > 0 && pc.mmap_offset == (uint64_t)pc.pool_id << HYB_MMAP_SHIFT);
+	EXPECT_ERR(hyb_pool_create(fd, "basic-a", MiB, 0, &pc), -EEXIST);
+	EXPECT_OK(hyb_pool_create(fd, "basic-b", MiB, 1, &pc));
+	EXPECT(pc.node == 1 && pc.bytes == HUGE);
+
+	EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+	EXPECT(!strcmp(pi.name, "basic-b") && pi.node == 1 && pi.bytes == HUGE && pi.owned == 1);
+	EXPECT(pi.owner_pid == getpid() && pi.mappers == 0 && pi.page_shift == 21);
+	EXPECT_OK(hyb_pool_info(rofd, pc.pool_id, &pi));
+	EXPECT(pi.owned == 0);
+	memset(&pi, 0, sizeof(pi));
+	pi.size = sizeof(pi);
+	pi.flags = HYB_POOL_BY_NAME;
+	strcpy(pi.name, "basic-a");
+	EXPECT_OK(hyb_ioctl(fd, HYB_IOC_POOL_INFO, &pi));
+	EXPECT(pi.bytes == 4 * MiB && pi.pool_id != pc.pool_id);
+	memset(pi.name, 0, sizeof(pi.name));
+	strcpy(pi.name, "nope");
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_INFO, &pi), -ENOENT);
+	pi.flags = 2;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_INFO, &pi), -EINVAL);
+	EXPECT_ERR(hyb_pool_info(fd, 999999, &pi), -ENOENT);
+	EXPECT_ERR(hyb_pool_info(fd, 0, &pi), -ENOENT);
+
+	memset(&pl, 0, sizeof(pl));
+	pl.size = sizeof(pl);
+	EXPECT_OK(hyb_ioctl(fd, HYB_IOC_POOL_LIST, &pl));
+	EXPECT(pl.count == 2);
+	pl.count = HYB_MAX_POOLS + 1;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_LIST, &pl), -EINVAL);
+	pl.count = 4;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_LIST, &pl), -EFAULT);
+	pl.ptr = 16;
+	EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_LIST, &pl), -EFAULT);
+	pl.ptr = (uintptr_t)ids;
+	pl.count = HYB_MAX_POOLS;
+	EXPECT_OK(hyb_ioctl(fd, HYB_IOC_POOL_LIST, &pl));
+	EXPECT(pl.count == 2);
+	for (uint32_t i = 0; i < pl.count; i++)
+		found += ids[i] == pc.pool_id;
+	EXPECT(found == 1);
+
+	EXPECT_ERR(hyb_pool_destroy(fd, 999999), -ENOENT);
+	EXPECT_ERR(hyb_pool_destroy(rofd, pc.pool_id), 0);	/* root: CAP_SYS_ADMIN may */
+	EXPECT_ERR(hyb_pool_info(fd, pc.pool_id, &pi), -ENOENT);
+	EXPECT_ERR(hyb_pool_destroy(fd, pc.pool_id), -ENOENT);
+	close(fd);	/* owner closes: basic-a goes with it */
+	di = devinfo(rofd);
+	EXPECT(di.nr_pools == 0 && di.pinned_bytes == 0 && di.nr_zombies == 0);
+	close(rofd);
+}
+
+/* -- numa: placement, zeroing, pinning, fault-free access --------------- */
+
+static long move_pages(int count, void **pages, const int *nodes, int *status, int flags)
+{
+	return syscall(SYS_move_pages, 0, (unsigned long)count, pages, nodes, status, flags);
+}
+
+static long long smaps_field(void *addr, const char *field)
+{
+	char line[512], want[64];
+	unsigned long lo, hi;
+	int in = 0;
+	long long v = -1;
+	FILE *f = fopen("/proc/self/smaps", "r");
+
+	if (!f)
+		return -1;
+	snprintf(want, sizeof(want), "%s: %%lld kB", field);
+	while (fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+			in = lo == (unsigned long)addr;
+		else if (in && sscanf(line, want, &v) == 1)
+			break;
+	}
+	fclose(f);
+	return v;
+}
+
+static void t_numa(void)
+{
+	int fd = xopen(O_RDWR);
+	const size_t len = 32 * MiB, npages = len / 4096;
+	void **pages = calloc(npages, sizeof(void *));
+	int *status = calloc(npages, sizeof(int)), *nodes = calloc(npages, sizeof(int));
+	static const unsigned char zero[4096];
+	struct hyb_pool_create pc;
+	struct hyb_pool_info pi;
+	struct rusage ru0, ru1;
+	double t0, t1;
+
+	if (access("/sys/devices/system/node/node1", F_OK))
+		FAIL("the VM has no NUMA node 1");
+	for (int node = 0; node < 2; node++) {
+		char name[16];
+		unsigned char *p;
+		uint64_t faults0;
+
+		snprintf(name, sizeof(name), "numa-%d", node);
+		EXPECT_OK(hyb_pool_create(fd, name, len, node, &pc));
+		p = map_pool(fd, pc.mmap_offset, len, PROT_READ | PROT_WRITE,
+			     MAP_SHARED | MAP_POPULATE);
+		if (!p)
+			FAIL("mmap: %s", strerror(errno));
+		EXPECT(((uintptr_t)p & (HUGE - 1)) == 0);
+		for (size_t i = 0; i < npages; i++)
+			if (memcmp(p + i * 4096, zero, 4096))
+				FAIL("page %zu of a new pool is not zeroed", i);
+		EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+		faults0 = pi.faults;
+		getrusage(RUSAGE_SELF, &ru0);
+		for (size_t i = 0; i < npages; i++) {
+			p[i * 4096] = (unsigned char)(i * 7 + 1);
+			p[i * 4096 + 4095] = (unsigned char)(i * 7 + 1);
+		}
+		getrusage(RUSAGE_SELF, &ru1);
+		EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+		if (pi.faults != faults0)
+			FAIL("%llu pool faults after MAP_POPULATE", (unsigned long long)(pi.faults - faults0));
+		note("node %d: %llu faults to populate 32 MiB, %ld minor faults touching it after",
+		     node, (unsigned long long)faults0, ru1.ru_minflt - ru0.ru_minflt);
+		note("node %d: FilePmdMapped %lld kB of 32768 kB", node,
+		     smaps_field(p, "FilePmdMapped"));
+		metric(node ? "pmd_mapped_kb_node1" : "pmd_mapped_kb_node0",
+		       (double)smaps_field(p, "FilePmdMapped"), "kB");
+
+		/* Ask the kernel where every page is. */
+		for (size_t i = 0; i < npages; i++) {
+			pages[i] = p + i * 4096;
+			status[i] = -1;
+		}
+		if (move_pages((int)npages, pages, NULL, status, 0))
+			FAIL("move_pages query: %s", strerror(errno));
+		for (size_t i = 0; i < npages; i++)
+			if (status[i] != node)
+				FAIL("page %zu is on node %d, pool asked for node %d", i, status[i],
+				     node);
+		/* Pinned: asking to migrate must leave the pages where they are. */
+		for (size_t i = 0; i < 64; i++)
+			nodes[i] = !node;
+		move_pages(64, pages, nodes, status, 2 /* MPOL_MF_MOVE */);
+		if (move_pages((int)npages, pages, NULL, status, 0))
+			FAIL("move_pages query: %s", strerror(errno));
+		for (size_t i = 0; i < npages; i++)
+			if (status[i] != node)
+				FAIL("page %zu moved to node %d", i, status[i]);
+		for (size_t i = 0; i < npages; i++)
+			if (p[i * 4096] != (unsigned char)(i * 7 + 1))
+				FAIL("page %zu lost its contents", i);
+		munmap(p, len);
+		EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	}
+
+	/* Creation cost: allocate + zero 256 MiB on node 1. */
+	t0 = hyb_now();
+	EXPECT_OK(hyb_pool_create(fd, "numa-big", 256 * MiB, 1, &pc));
+	t1 = hyb_now();
+	EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+	note("256 MiB pool on node 1: %.1f ms (ioctl), %.1f ms in the allocator", (t1 - t0) * 1e3,
+	     pi.create_ns / 1e6);
+	metric("pool_create_ms_per_gib", (t1 - t0) * 1e3 * 4, "ms");
+	EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	close(fd);
+	free(pages);
+	free(status);
+	free(nodes);
+}
+
+/* -- rofault: only the owner maps read-write ----------------------------- */
+
+static void t_rofault(void)
+{
+	int fd = xopen(O_RDWR);
+	struct hyb_pool_create pc;
+	unsigned char *p;
+	pid_t pid;
+	int st;
+
+	EXPECT_OK(hyb_pool_create(fd, "ro", 4 * MiB, 0, &pc));
+	p = map_pool(fd, pc.mmap_offset, 4 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED);
+	EXPECT(p);
+	memset(p, 0xa5, 4 * MiB);
+	EXPECT_ERR(map_err(fd, pc.mmap_offset, 4 * MiB, PROT_READ, MAP_PRIVATE), -EINVAL);
+	EXPECT_ERR(map_err(fd, pc.mmap_offset + 4096, 2 * MiB, PROT_READ, MAP_SHARED), -EINVAL);
+	EXPECT_ERR(map_err(fd, pc.mmap_offset, 4096, PROT_READ, MAP_SHARED), -EINVAL);
+	EXPECT_ERR(map_err(fd, pc.mmap_offset, 6 * MiB, PROT_READ, MAP_SHARED), -EINVAL);
+	EXPECT_ERR(map_err(fd, pc.mmap_offset + 4 * MiB, 2 * MiB, PROT_READ, MAP_SHARED), -EINVAL);
+	EXPECT_ERR(map_err(fd, pc.mmap_offset + (1000ULL << HYB_MMAP_SHIFT), 2 * MiB, PROT_READ,
+			   MAP_SHARED), -ENXIO);
+	EXPECT_OK(map_err(fd, pc.mmap_offset + 2 * MiB, 2 * MiB, PROT_READ | PROT_WRITE,
+			  MAP_SHARED));
+
+	pid = fork();
+	if (pid == 0) {
+		int fd2 = xopen(O_RDWR), fd3 = xopen(O_RDONLY);
+		unsigned char *q;
+		pid_t g;
+
+		cur = "rofault(child)";
+		EXPECT_ERR(map_err(fd2, pc.mmap_offset, 4 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED),
+			   -EACCES);
+		EXPECT_ERR(map_err(fd3, pc.mmap_offset, 4 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED),
+			   -EACCES);
+		EXPECT_OK(map_err(fd3, pc.mmap_offset, 4 * MiB, PROT_READ, MAP_SHARED));
+		q = map_pool(fd2, pc.mmap_offset, 4 * MiB, PROT_READ, MAP_SHARED);
+		EXPECT(q);
+		EXPECT(q[0] == 0xa5 && q[4 * MiB - 1] == 0xa5);
+		EXPECT(mprotect(q, 4 * MiB, PROT_READ | PROT_WRITE) == -1 && errno == EACCES);
+		g = fork();
+		if (g == 0) {
+			q[100] = 1;	/* must fault */
+			_exit(0);
+		}
+		st = wait_child(g);
+		if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGSEGV)
+			FAIL("write to a read-only pool mapping did not fault (status %#x)", st);
+		EXPECT(q[100] == 0xa5);
+		/* The owner's open file, inherited, still maps read-write. */
+		EXPECT_OK(map_err(fd, pc.mmap_offset, 2 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED));
+		_exit(0);
+	}
+	st = wait_child(pid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		FAIL("child failed");
+	note("write through a read-only mapping: SIGSEGV; PROT_WRITE mmap/mprotect: EACCES");
+	munmap(p, 4 * MiB);
+	close(fd);
+}
+
+/* -- share: two processes see the same bytes ---------------------------- */
+
+static void fill(uint64_t *w, size_t n, uint64_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		w[i] = i * seed + seed;
+}
+
+static int check(const uint64_t *w, size_t n, uint64_t seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (w[i] != i * seed + seed)
+			return 0;
+	return 1;
+}
+
+static void t_share(void)
+{
+	const size_t len = 8 * MiB, n = len / 8;
+	static const uint64_t seeds[] = { 1, 3, 0x9e3779b97f4a7c15ULL };
+	int fd = xopen(O_RDWR), to[2], from[2], st;
+	struct hyb_pool_create pc;
+	struct hyb_pool_info pi;
+	uint64_t *w;
+	pid_t pid;
+
+	EXPECT_OK(hyb_pool_create(fd, "share", len, 1, &pc));
+	w = map_pool(fd, pc.mmap_offset, len, PROT_READ | PROT_WRITE, MAP_SHARED);
+	EXPECT(w);
+	EXPECT(!pipe(to) && !pipe(from));
+	pid = fork();
+	if (pid == 0) {
+		int fd2 = xopen(O_RDONLY);
+		const uint64_t *r = map_pool(fd2, pc.mmap_offset, len, PROT_READ,
+					      MAP_SHARED | MAP_POPULATE);
+
+		cur = "share(reader)";
+		EXPECT(r);
+		munmap(w, len);	/* inherited from the owner: only our own mapping counts */
+		close(to[1]);
+		close(from[0]);
+		for (;;) {
+			uint64_t seed;
+
+			if (read(to[0], &seed, 8) != 8 || !seed)
+				_exit(0);
+			write_byte(from[1], check(r, n, seed) ? 'y' : 'n');
+		}
+	}
+	close(to[0]);
+	close(from[1]);
+	for (size_t k = 0; k < sizeof(seeds) / sizeof(seeds[0]); k++) {
+		fill(w, n, seeds[k]);
+		if (write(to[1], &seeds[k], 8) != 8)
+			FAIL("pipe");
+		if (read_byte(from[0]) != 'y')
+			FAIL("reader does not see the owner's bytes (round %zu)", k);
+	}
+	EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+	EXPECT(pi.mappers == 2);
+	/*
+	 * get_user_pages on pool memory (what O_DIRECT reads into a pool and
+	 * cudaHostRegister rely on): process_vm_readv pins the reader's pages.
+	 */
+	{
+		static uint64_t got[4096];
+		struct iovec local = { got, sizeof(got) };
+		uint64_t *rw = map_pool(fd, pc.mmap_offset, len, PROT_READ, MAP_SHARED);
+		struct iovec remote = { (unsigned char *)rw + 3 * MiB, sizeof(got) };
+
+		EXPECT(rw);
+		if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != (ssize_t)sizeof(got))
+			FAIL("process_vm_readv on a pool mapping: %s", strerror(errno));
+		for (size_t i = 0; i < 4096; i++)
+			EXPECT(got[i] == rw[3 * MiB / 8 + i]);
+		munmap(rw, len);
+	}
+	if (write(to[1], &(uint64_t){ 0 }, 8) != 8)
+		FAIL("pipe");
+	st = wait_child(pid);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+	EXPECT(pi.mappers == 1);
+	note("3 rounds of 8 MiB written by the owner, verified by a reader; mappers 2 -> 1; GUP (process_vm_readv) ok");
+	munmap(w, len);
+	close(fd);
+}
+
+/* -- queue: round trips through a daemon process ------------------------ */
+
+#define QUIT_TAG 0xfeedfacecafef00dULL
+
+static void daemon_loop(uint32_t qid, int ready_fd)
+{
+	int fd = xopen(O_RDWR), efd = eventfd(0, EFD_CLOEXEC);
+	struct hyb_req r[64];
+	struct hyb_done d[64];
+	int quit = 0;
+
+	EXPECT_OK(hyb_attach(fd, HYB_IOC_QUEUE_ATTACH, qid, efd));
+	write_byte(ready_fd, 'r');
+	while (!quit) {
+		uint64_t v;
+		uint32_t got;
+
+		if (read(efd, &v, 8) != 8)
+			FAIL("daemon eventfd read: %s", strerror(errno));
+		do {
+			EXPECT_OK(hyb_fetch(fd, r, 64, &got));
+			for (uint32_t i = 0; i < got; i++) {
+				d[i].id = r[i].id;
+				d[i].reserved = 0;
+				d[i].status = (r[i].op == HYB_OP_LOAD && (r[i].tag & 1)) ? -EIO : 0;
+				quit |= r[i].tag == QUIT_TAG;
+			}
+			if (got)
+				EXPECT_OK(hyb_complete(fd, d, got));
+		} while (got);
+	}
+	_exit(0);
+}
+
+static void t_queue(void)
+{
+	enum { N = 2000, M = 500 };
+	static double lat[N];
+	int ready[2], fd, cefd, st;
+	struct hyb_pool_create pc;
+	struct hyb_queue_stats qs;
+	struct hyb_pool_info pi;
+	struct hyb_cqe cq[16];
+	struct hyb_req r[16];
+	uint64_t last_id = 0;
+	uint32_t got;
+	pid_t pid;
+
+	EXPECT(!pipe(ready));
+	pid = fork();
+	if (pid == 0) {
+		cur = "queue(daemon)";
+		daemon_loop(0, ready[1]);
+	}
+	EXPECT(read_byte(ready[0]) == 'r');
+	fd = xopen(O_RDWR);
+	cefd = eventfd(0, EFD_CLOEXEC);
+	EXPECT_OK(hyb_attach(fd, HYB_IOC_CLIENT_ATTACH, 0, cefd));
+	EXPECT_OK(hyb_pool_create(fd, "queue", 4 * MiB, 0, &pc));
+
+	/* submit -> daemon eventfd -> fetch/complete -> app eventfd -> reap */
+	for (int i = 0; i < N; i++) {
+		uint64_t v;
+		double t0 = hyb_now();
+
+		memset(r, 0, sizeof(r[0]));
+		r[0].op = HYB_OP_NOP;
+		r[0].prio = HYB_PRIO_NORMAL;
+		r[0].tag = i;
+		EXPECT_OK(hyb_submit(fd, r, 1));
+		if (read(cefd, &v, 8) != 8)
+			FAIL("app eventfd read");
+		EXPECT_OK(hyb_reap(fd, cq, 16, 0, 0, 0, &got));
+		lat[i] = hyb_now() - t0;
+		if (got != 1 || cq[0].tag != (uint64_t)i || cq[0].status || cq[0].id <= last_id)
+			FAIL("round trip %d: got %u tag %llu status %d", i, got,
+			     (unsigned long long)cq[0].tag, cq[0].status);
+		last_id = cq[0].id;
+	}
+	qsort(lat, N, sizeof(lat[0]), cmp_double);
+	note("queue round trip (eventfd both ways), %d requests: p50 %.1f us, p99 %.1f us", N,
+	     pct(lat, N, 0.50) * 1e6, pct(lat, N, 0.99) * 1e6);
+	metric("queue_rtt_eventfd_p50_us", pct(lat, N, 0.50) * 1e6, "us");
+	metric("queue_rtt_eventfd_p99_us", pct(lat, N, 0.99) * 1e6, "us");
+
+	/* Same, the app blocking in REAP|WAIT: each wait is a stall. */
+	for (int i = 0; i < M; i++) {
+		double t0 = hyb_now();
+
+		memset(r, 0, sizeof(r[0]));
+		r[0].tag = N + i;
+		EXPECT_OK(hyb_submit(fd, r, 1));
+		EXPECT_OK(hyb_reap(fd, cq, 16, 1, 1, 5000000000ULL, &got));
+		lat[i] = hyb_now() - t0;
+		EXPECT(got == 1 && cq[0].tag == (uint64_t)(N + i));
+	}
+	qsort(lat, M, sizeof(lat[0]), cmp_double);
+	note("queue round trip (REAP|WAIT), %d requests: p50 %.1f us, p99 %.1f us", M,
+	     pct(lat, M, 0.50) * 1e6, pct(lat, M, 0.99) * 1e6);
+	metric("queue_rtt_wait_p50_us", pct(lat, M, 0.50) * 1e6, "us");
+	metric("queue_rtt_wait_p99_us", pct(lat, M, 0.99) * 1e6, "us");
+
+	/* Statuses travel back per request. */
+	for (int i = 0; i < 16; i++) {
+		memset(&r[i], 0, sizeof(r[i]));
+		r[i].op = HYB_OP_LOAD;
+		r[i].pool_id = pc.pool_id;
+		r[i].pool_off = i * 4096;
+		r[i].len = 4096;
+		r[i].layer = 3;
+		r[i].group = i;
+		r[i].tag = i;
+		r[i].prio = HYB_PRIO_HIGH;
+	}
+	EXPECT_OK(hyb_submit(fd, r, 16));
+	EXPECT_OK(hyb_reap(fd, cq, 16, 1, 16, 5000000000ULL, &got));
+	EXPECT(got == 16);
+	for (int i = 0; i < 16; i++) {
+		int want = (cq[i].tag & 1) ? -EIO : 0;
+
+		if (cq[i].status != want || cq[i].wait_ns > 10000000000ULL ||
+		    cq[i].service_ns > 10000000000ULL)
+			FAIL("cqe %d: tag %llu status %d", i, (unsigned long long)cq[i].tag,
+			     cq[i].status);
+	}
+	EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+	EXPECT(pi.reloads == 16);
+
+	EXPECT_OK(hyb_queue_stats(fd, 0, &qs));
+	EXPECT(qs.state == HYB_QUEUE_LIVE && qs.daemon_pid == pid && qs.clients == 1);
+	EXPECT(qs.submitted == N + M + 16 && qs.completed == N + M + 8 && qs.failed == 8);
+	EXPECT(qs.in_flight == 0 && qs.queued == 0 && qs.in_service == 0);
+	EXPECT(qs.queue_wait.count == N + M + 16 && qs.service.count == N + M + 16);
+	EXPECT(qs.stall.count == qs.stalls && qs.stalls > 0 && qs.stalls <= M + 1);
+	EXPECT(qs.queue_wait.p50_ns <= qs.queue_wait.p99_ns &&
+	       qs.queue_wait.p99_ns <= qs.queue_wait.max_ns);
+	EXPECT(qs.service.min_ns <= qs.service.p50_ns && qs.stall.p50_ns <= qs.stall.p99_ns);
+	note("kernel histograms: queue wait p50 %.1f us p99 %.1f us; service p50 %.1f us p99 %.1f us; %llu stalls p50 %.1f us p99 %.1f us",
+	     qs.queue_wait.p50_ns / 1e3, qs.queue_wait.p99_ns / 1e3, qs.service.p50_ns / 1e3,
+	     qs.service.p99_ns / 1e3, (unsigned long long)qs.stalls, qs.stall.p50_ns / 1e3,
+	     qs.stall.p99_ns / 1e3);
+	metric("kernel_queue_wait_p50_us", qs.queue_wait.p50_ns / 1e3, "us");
+	metric("kernel_queue_wait_p99_us", qs.queue_wait.p99_ns / 1e3, "us");
+	metric("kernel_stall_p50_us", qs.stall.p50_ns / 1e3, "us");
+	metric("kernel_stall_p99_us", qs.stall.p99_ns / 1e3, "us");
+
+	/* The same numbers in debugfs. */
+	{
+		char buf[8192];
+		int dfd = open("/sys/kernel/debug/hybpool/queues", O_RDONLY);
+		ssize_t k = dfd >= 0 ? read(dfd, buf, sizeof(buf) - 1) : -1;
+
+		if (k <= 0)
+			FAIL("debugfs queues unreadable");
+		buf[k] = 0;
+		EXPECT(strstr(buf, "queue 0 daemon") && strstr(buf, "client 1 pid") &&
+		       strstr(buf, "stall: count"));
+		close(dfd);
+	}
+
+	memset(r, 0, sizeof(r[0]));
+	r[0].tag = QUIT_TAG;
+	EXPECT_OK(hyb_submit(fd, r, 1));
+	EXPECT_OK(hyb_reap(fd, cq, 1, 1, 1, 5000000000ULL, &got));
+	st = wait_child(pid);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(fd);
+	close(cefd);
+}
+
+/* -- prio: ordering, all-or-nothing batches, limits, error paths -------- */
+
+static void t_prio(void)
+{
+	int d = xopen(O_RDWR), c = xopen(O_RDWR), x = xopen(O_RDWR), efd = eventfd(0, 0);
+	int nullfd = open("/dev/null", O_RDONLY);
+	struct hyb_pool_create pc;
+	static struct hyb_req r[HYB_MAX_BATCH + 1], f[HYB_MAX_BATCH];
+	static struct hyb_cqe cq[HYB_MAX_BATCH];
+	struct hyb_done dn[4];
+	struct hyb_queue_stats qs;
+	struct hyb_dev_info di;
+	uint32_t got, total;
+	double t0;
+
+	EXPECT_ERR(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, HYB_MAX_QUEUES, efd), -EINVAL);
+	EXPECT_ERR(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 1, nullfd), -EINVAL);
+	EXPECT_ERR(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 1, 999), -EBADF);
+	EXPECT_ERR(hyb_attach(c, HYB_IOC_CLIENT_ATTACH, 1, -1), -ENOTCONN);
+	EXPECT_OK(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 1, efd));
+	EXPECT_ERR(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 2, efd), -EBUSY);
+	EXPECT_ERR(hyb_attach(x, HYB_IOC_QUEUE_ATTACH, 1, efd), -EBUSY);
+	EXPECT_OK(hyb_attach(c, HYB_IOC_CLIENT_ATTACH, 1, -1));
+	EXPECT_ERR(hyb_attach(c, HYB_IOC_CLIENT_ATTACH, 1, -1), -EBUSY);
+	EXPECT_OK(hyb_pool_create(d, "prio", 4 * MiB, 0, &pc));
+
+	/* Role errors. */
+	memset(r, 0, sizeof(r));
+	EXPECT_ERR(hyb_submit(d, r, 1), -ENOTCONN);
+	EXPECT_ERR(hyb_submit(x, r, 1), -ENOTCONN);
+	EXPECT_ERR(hyb_fetch(c, f, 1, &got), -EPERM);
+	EXPECT_ERR(hyb_complete(c, dn, 1), -EPERM);
+	EXPECT_ERR(hyb_reap(x, cq, 1, 0, 0, 0, &got), -ENOTCONN);
+
+	/* Request validation; a bad entry rejects the whole batch. */
+#define BAD_REQ(field_set, err)                                                          \
+	do {                                                                             \
+		memset(r, 0, 2 * sizeof(r[0]));                                          \
+		r[1].op = HYB_OP_LOAD;                                                   \
+		r[1].pool_id = pc.pool_id;                                               \
+		r[1].len = 4096;                                                         \
+		field_set;                                                               \
+		EXPECT_ERR(hyb_submit(c, r, 2), err);                                    \
+	} while (0)
+	BAD_REQ(r[1].op = HYB_OP_MAX, -EINVAL);
+	BAD_REQ(r[1].prio = HYB_PRIO_LEVELS, -EINVAL);
+	BAD_REQ(r[1].id = 5, -EINVAL);
+	BAD_REQ(r[1].flags = 1, -EINVAL);
+	BAD_REQ(r[1].reserved = 1, -EINVAL);
+	BAD_REQ(r[1].client_id = 1, -EINVAL);
+	BAD_REQ(r[1].len = 0, -EINVAL);
+	BAD_REQ(r[1].pool_off = 4 * MiB - 100, -EINVAL);
+	BAD_REQ((r[1].pool_off = UINT64_MAX - 10, r[1].len = 100), -EINVAL);
+	BAD_REQ(r[1].pool_id = 424242, -ENOENT);
+	BAD_REQ((r[1].op = HYB_OP_NOP, r[1].len = 0, r[1].pool_id = 0, r[1].pool_off = 8), -EINVAL);
+	EXPECT_OK(hyb_fetch(d, f, 16, &got));
+	EXPECT(got == 0);
+	EXPECT_ERR(hyb_batch(c, HYB_IOC_SUBMIT, r, 0, sizeof(r[0]), 0, 0, 0, NULL), -EINVAL);
+	EXPECT_ERR(hyb_batch(c, HYB_IOC_SUBMIT, r, HYB_MAX_BATCH + 1, sizeof(r[0]), 0, 0, 0, NULL),
+		   -EINVAL);
+	EXPECT_ERR(hyb_batch(c, HYB_IOC_SUBMIT, r, 1, sizeof(r[0]) - 8, 0, 0, 0, NULL), -EINVAL);
+	EXPECT_ERR(hyb_batch(c, HYB_IOC_SUBMIT, r, 1, sizeof(r[0]), 1, 0, 0, NULL), -EINVAL);
+	EXPECT_ERR(hyb_batch(c, HYB_IOC_SUBMIT, NULL, 1, sizeof(r[0]), 0, 0, 0, NULL), -EINVAL);
+	EXPECT_ERR(hyb_batch(c, HYB_IOC_SUBMIT, (void *)16, 1, sizeof(r[0]), 0, 0, 0, NULL),
+		   -EFAULT);
+
+	/* Priorities: fetched highest first, FIFO within a level. */
+	memset(r, 0, 12 * sizeof(r[0]));
+	for (int i = 0; i < 12; i++) {
+		r[i].prio = 3 - (i % 4);
+		r[i].tag = i;
+	}
+	EXPECT_OK(hyb_submit(c, r, 12));
+	EXPECT_OK(hyb_fetch(d, f, 64, &got));
+	EXPECT(got == 12);
+	for (int i = 0; i < 12; i++) {
+		int want_prio = i / 3, k = i % 3;
+		uint64_t want_tag = (uint64_t)(3 - want_prio) + 4 * k;
+
+		if (f[i].prio != want_prio || f[i].tag != want_tag || f[i].client_id != 1)
+			FAIL("fetch %d: prio %u tag %llu", i, f[i].prio,
+			     (unsigned long long)f[i].tag);
+	}
+	/* Completion validation, all or nothing. */
+	memset(dn, 0, sizeof(dn));
+	dn[0].id = f[11].id + 1000;
+	EXPECT_ERR(hyb_complete(d, dn, 1), -ENOENT);
+	dn[0].id = f[0].id;
+	dn[1].id = f[0].id;
+	EXPECT_ERR(hyb_complete(d, dn, 2), -ENOENT);
+	dn[1].id = f[1].id;
+	dn[1].status = 1;
+	EXPECT_ERR(hyb_complete(d, dn, 2), -EINVAL);
+	dn[1].status = -5000;
+	EXPECT_ERR(hyb_complete(d, dn, 2), -EINVAL);
+	dn[1].status = 0;
+	dn[1].reserved = 1;
+	EXPECT_ERR(hyb_complete(d, dn, 2), -EINVAL);
+	EXPECT_ERR(hyb_batch(d, HYB_IOC_COMPLETE, dn, 1, sizeof(dn[0]) + 8, 0, 0, 0, NULL), -EINVAL);
+	EXPECT_OK(hyb_reap(c, cq, 16, 0, 0, 0, &got));
+	EXPECT(got == 0);
+	for (int i = 0; i < 12; i++) {
+		struct hyb_done one = { .id = f[i].id, .status = -(int)(f[i].tag + 1) };
+
+		EXPECT_OK(hyb_complete(d, &one, 1));
+	}
+	EXPECT_ERR(hyb_reap(c, (void *)16, 16, 0, 0, 0, &got), -EFAULT);
+	EXPECT_OK(hyb_reap(c, cq, 64, 0, 0, 0, &got));
+	EXPECT(got == 12);
+	for (int i = 0; i < 12; i++)
+		EXPECT(cq[i].status == -(int)(cq[i].tag + 1));
+	/* Nothing outstanding: a wait returns at once. */
+	EXPECT_OK(hyb_reap(c, cq, 4, 1, 1, 0, &got));
+	EXPECT(got == 0);
+	EXPECT_ERR(hyb_reap(c, cq, 4, 1, 5, 0, &got), -EINVAL);
+
+	/* FETCH into a bad buffer loses nothing. */
+	memset(r, 0, 3 * sizeof(r[0]));
+	for (int i = 0; i < 3; i++)
+		r[i].tag = 100 + i;
+	EXPECT_OK(hyb_submit(c, r, 3));
+	EXPECT_ERR(hyb_fetch(d, (void *)16, 8, &got), -EFAULT);
+	EXPECT_OK(hyb_fetch(d, f, 8, &got));
+	EXPECT(got == 3 && f[0].tag == 100 && f[2].tag == 102);
+
+	/* A timed wait that nobody answers: -ETIMEDOUT, counted as a stall. */
+	t0 = hyb_now();
+	EXPECT_ERR(hyb_reap(c, cq, 4, 1, 1, 50000000, &got), -ETIMEDOUT);
+	EXPECT(hyb_now() - t0 >= 0.04);
+	EXPECT_OK(hyb_queue_stats(c, 1, &qs));
+	EXPECT(qs.stalls == 1 && qs.in_service == 3);
+	for (int i = 0; i < 3; i++) {
+		dn[i].id = f[i].id;
+		dn[i].status = 0;
+		dn[i].reserved = 0;
+	}
+	EXPECT_OK(hyb_complete(d, dn, 3));
+	EXPECT_OK(hyb_reap(c, cq, 4, 1, 3, 0, &got));
+	EXPECT(got == 3);
+
+	/* Per-client limit: HYB_CLIENT_MAX_INFLIGHT, then -EAGAIN without blocking. */
+	memset(r, 0, sizeof(r));
+	for (total = 0; total < HYB_CLIENT_MAX_INFLIGHT; total += HYB_MAX_BATCH)
+		EXPECT_OK(hyb_submit(c, r, HYB_MAX_BATCH));
+	EXPECT_ERR(hyb_submit(c, r, 1), -EAGAIN);
+	EXPECT_OK(hyb_queue_stats(c, 1, &qs));
+	EXPECT(qs.queued == HYB_CLIENT_MAX_INFLIGHT);
+	for (total = 0; total < HYB_CLIENT_MAX_INFLIGHT; total += got) {
+		struct hyb_done dd[HYB_MAX_BATCH];
+
+		EXPECT_OK(hyb_fetch(d, f, HYB_MAX_BATCH, &got));
+		EXPECT(got == HYB_MAX_BATCH);
+		for (uint32_t i = 0; i < got; i++)
+			dd[i] = (struct hyb_done){ .id = f[i].id };
+		EXPECT_OK(hyb_complete(d, dd, got));
+	}
+	for (total = 0; total < HYB_CLIENT_MAX_INFLIGHT; total += got) {
+		EXPECT_OK(hyb_reap(c, cq, HYB_MAX_BATCH, 0, 0, 0, &got));
+		EXPECT(got > 0);
+	}
+
+	/* A client that leaves with requests queued and in service. */
+	{
+		int c3 = xopen(O_RDWR);
+
+		EXPECT_OK(hyb_attach(c3, HYB_IOC_CLIENT_ATTACH, 1, efd));
+		memset(r, 0, 4 * sizeof(r[0]));
+		EXPECT_OK(hyb_submit(c3, r, 4));
+		EXPECT_OK(hyb_fetch(d, f, 2, &got));
+		EXPECT(got == 2);
+		close(c3);
+		di = devinfo(d);
+		EXPECT(di.nr_requests == 2);	/* the two in service */
+		dn[0] = (struct hyb_done){ .id = f[0].id };
+		dn[1] = (struct hyb_done){ .id = f[1].id };
+		EXPECT_OK(hyb_complete(d, dn, 2));
+		di = devinfo(d);
+		EXPECT(di.nr_requests == 0);
+		EXPECT_OK(hyb_fetch(d, f, 8, &got));
+		EXPECT(got == 0);
+	}
+	note("priority order, all-or-nothing batches, bad buffers, limits and orphaned requests ok");
+	close(c);
+	close(x);
+	close(d);
+	close(efd);
+	close(nullfd);
+}
+
+/* -- death: a dying daemon fails requests and wakes waiters ------------- */
+
+static void t_death(void)
+{
+	int p[2], res[2], st;
+	pid_t dpid, apid;
+	double t_kill, wake;
+
+	EXPECT(!pipe(p) && !pipe(res));
+	dpid = fork();
+	if (dpid == 0) {
+		int fd = xopen(O_RDWR), efd = eventfd(0, 0);
+		struct hyb_req f[3];
+		uint32_t got = 0, n = 0;
+		uint64_t v;
+
+		cur = "death(daemon)";
+		EXPECT_OK(hyb_attach(fd, HYB_IOC_QUEUE_ATTACH, 2, efd));
+		write_byte(p[1], 'r');
+		while (n < 3) {
+			if (read(efd, &v, 8) != 8)
+				_exit(1);
+			EXPECT_OK(hyb_fetch(fd, f + n, 3 - n, &got));
+			n += got;
+		}
+		write_byte(p[1], 'f');
+		for (;;)
+			pause();
+	}
+	EXPECT(read_byte(p[0]) == 'r');
+	apid = fork();
+	if (apid == 0) {
+		int fd = xopen(O_RDWR), efd = eventfd(0, 0);
+		struct hyb_req r[8];
+		struct hyb_cqe cq[8];
+		uint32_t got;
+		double t;
+
+		cur = "death(app)";
+		EXPECT_OK(hyb_attach(fd, HYB_IOC_CLIENT_ATTACH, 2, efd));
+		memset(r, 0, sizeof(r));
+		for (int i = 0; i < 8; i++)
+			r[i].tag = i;
+		EXPECT_OK(hyb_submit(fd, r, 8));
+		EXPECT_OK(hyb_reap(fd, cq, 8, 1, 8, 0, &got));	/* blocks until the kill */
+		t = hyb_now();
+		if (write(res[1], &t, sizeof(t)) != sizeof(t))
+			_exit(1);
+		EXPECT(got == 8);
+		for (int i = 0; i < 8; i++)
+			if (cq[i].status != -EPIPE)
+				FAIL("request %d ended with %d, want -EPIPE", i, cq[i].status);
+		EXPECT_ERR(hyb_submit(fd, r, 1), -EPIPE);
+		EXPECT_ERR(hyb_reap(fd, cq, 8, 0, 0, 0, &got), -EPIPE);
+		EXPECT_ERR(hyb_reap(fd, cq, 8, 1, 1, 0, &got), -EPIPE);
+		_exit(0);
+	}
+	EXPECT(read_byte(p[0]) == 'f');
+	usleep(300000);		/* the app is blocked in REAP|WAIT by now */
+	t_kill = hyb_now();
+	kill(dpid, SIGKILL);
+	wait_child(dpid);
+	if (read(res[0], &wake, sizeof(wake)) != sizeof(wake))
+		FAIL("app did not report");
+	st = wait_child(apid);
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		FAIL("app saw the wrong thing after the daemon died");
+	note("daemon SIGKILLed with 3 requests in service and 5 queued: waiter woke %.2f ms later, all 8 -EPIPE",
+	     (wake - t_kill) * 1e3);
+	metric("daemon_death_wake_ms", (wake - t_kill) * 1e3, "ms");
+
+	/* The queue id is free again; a daemon that closes cleanly does the same. */
+	{
+		int d = xopen(O_RDWR), c = xopen(O_RDWR), efd = eventfd(0, 0);
+		struct hyb_queue_stats qs;
+		struct hyb_req r[2], f[1];
+		struct hyb_cqe cq[2];
+		uint32_t got;
+
+		EXPECT_OK(hyb_queue_stats(d, 2, &qs));
+		EXPECT(qs.state == HYB_QUEUE_ABSENT);
+		EXPECT_OK(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 2, efd));
+		EXPECT_OK(hyb_attach(c, HYB_IOC_CLIENT_ATTACH, 2, efd));
+		memset(r, 0, sizeof(r));
+		EXPECT_OK(hyb_submit(c, r, 2));
+		EXPECT_OK(hyb_fetch(d, f, 1, &got));
+		close(d);
+		EXPECT_OK(hyb_reap(c, cq, 2, 0, 0, 0, &got));
+		EXPECT(got == 2 && cq[0].status == -EPIPE && cq[1].status == -EPIPE);
+		EXPECT_ERR(hyb_submit(c, r, 1), -EPIPE);
+		close(c);
+		close(efd);
+	}
+}
+
+/* -- memory: it all comes back ------------------------------------------ */
+
+static void expect_memfree_back(long long base, const char *when)
+{
+	long long now = hyb_memfree();
+
+	note("MemFree %s: %lld MiB below the start", when, (base - now) >> 20);
+	if (base - now > 16LL << 20)
+		FAIL("MemFree %s is %lld MiB below the start", when, (base - now) >> 20);
+}
+
+static void t_memory(void)
+{
+	int fd = xopen(O_RDWR), p[2], go[2], st;
+	struct hyb_pool_create pc;
+	struct hyb_pool_info pi;
+	struct hyb_dev_info di;
+	long long mf0, mf1;
+	unsigned char *m;
+	uint32_t id;
+	pid_t pid;
+
+	di = devinfo(fd);
+	EXPECT(di.pinned_bytes == 0);
+	mf0 = hyb_memfree();
+	EXPECT_OK(hyb_pool_create(fd, "mem", 128 * MiB, 0, &pc));
+	mf1 = hyb_memfree();
+	note("128 MiB pool: MemFree -%lld MiB", (mf0 - mf1) >> 20);
+	EXPECT(mf0 - mf1 >= (long long)(120 * MiB));
+	EXPECT(devinfo(fd).pinned_bytes == 128 * MiB);
+	m = map_pool(fd, pc.mmap_offset, 128 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED);
+	EXPECT(m);
+	memset(m, 1, 128 * MiB);
+	EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	di = devinfo(fd);
+	EXPECT(di.nr_pools == 0 && di.nr_zombies == 1 && di.pinned_bytes == 128 * MiB);
+	EXPECT(m[12345] == 1);	/* still mapped, still there */
+	munmap(m, 128 * MiB);
+	di = devinfo(fd);
+	EXPECT(di.nr_zombies == 0 && di.pinned_bytes == 0);
+	expect_memfree_back(mf0, "after destroy + munmap");
+
+	/* An owner that crashes while another process maps its pool. */
+	EXPECT(!pipe(p) && !pipe(go));
+	pid = fork();
+	if (pid == 0) {
+		int cfd = xopen(O_RDWR);
+		struct hyb_pool_create cpc;
+		unsigned char *cm;
+
+		cur = "memory(owner)";
+		EXPECT_OK(hyb_pool_create(cfd, "crash", 64 * MiB, 1, &cpc));
+		cm = map_pool(cfd, cpc.mmap_offset, 64 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED);
+		EXPECT(cm);
+		memset(cm, 0x5a, 64 * MiB);
+		if (write(p[1], &cpc.pool_id, 4) != 4)
+			_exit(1);
+		read_byte(go[0]);
+		raise(SIGSEGV);	/* crash with the pool mapped and the device open */
+		_exit(0);
+	}
+	if (read(p[0], &id, 4) != 4)
+		FAIL("owner did not report");
+	EXPECT_OK(hyb_pool_info(fd, id, &pi));
+	m = map_pool(fd, pi.mmap_offset, 64 * MiB, PROT_READ, MAP_SHARED);
+	EXPECT(m);
+	write_byte(go[1], 'g');
+	st = wait_child(pid);
+	if (!WIFSIGNALED(st) || WTERMSIG(st) != SIGSEGV)
+		FAIL("owner did not crash as planned (status %#x)", st);
+	EXPECT_ERR(hyb_pool_info(fd, id, &pi), -ENOENT);
+	di = devinfo(fd);
+	EXPECT(di.nr_pools == 0 && di.nr_zombies == 1 && di.pinned_bytes == 64 * MiB);
+	EXPECT(m[0] == 0x5a && m[64 * MiB - 1] == 0x5a);
+	munmap(m, 64 * MiB);
+	di = devinfo(fd);
+	EXPECT(di.nr_zombies == 0 && di.pinned_bytes == 0);
+	expect_memfree_back(mf0, "after a crashed owner");
+
+	/* Killed with nobody else mapping: released at exit. */
+	pid = fork();
+	if (pid == 0) {
+		int cfd = xopen(O_RDWR);
+		struct hyb_pool_create cpc;
+		unsigned char *cm;
+
+		EXPECT_OK(hyb_pool_create(cfd, "killed", 64 * MiB, 0, &cpc));
+		cm = map_pool(cfd, cpc.mmap_offset, 64 * MiB, PROT_READ | PROT_WRITE,
+			      MAP_SHARED | MAP_POPULATE);
+		EXPECT(cm);
+		cm[0] = 1;
+		raise(SIGKILL);
+		_exit(0);
+	}
+	wait_child(pid);
+	di = devinfo(fd);
+	EXPECT(di.nr_pools == 0 && di.nr_zombies == 0 && di.pinned_bytes == 0);
+	expect_memfree_back(mf0, "after a killed owner");
+	close(fd);
+}
+
+/* -- cap: the pinned-memory limit --------------------------------------- */
+
+static void set_cap(unsigned long mb)
+{
+	FILE *f = fopen("/sys/module/hybpool/parameters/max_pinned_mb", "w");
+
+	if (!f || fprintf(f, "%lu\n", mb) < 0 || fclose(f))
+		FAIL("cannot set max_pinned_mb");
+}
+
+static void t_cap(void)
+{
+	int fd = xopen(O_RDWR);
+	struct hyb_pool_create a, b, c;
+	struct hyb_dev_info di = devinfo(fd);
+	double t0;
+
+	EXPECT(di.pinned_cap == 384 * MiB);
+	EXPECT_OK(hyb_pool_create(fd, "cap-a", 256 * MiB, 0, &a));
+	EXPECT_ERR(hyb_pool_create(fd, "cap-b", 192 * MiB, 1, &b), -ENOSPC);
+	EXPECT_OK(hyb_pool_create(fd, "cap-c", 128 * MiB, 1, &c));
+	EXPECT_ERR(hyb_pool_create(fd, "cap-d", HUGE, 1, &b), -ENOSPC);
+	EXPECT(devinfo(fd).pinned_bytes == 384 * MiB);
+	EXPECT_OK(hyb_pool_destroy(fd, a.pool_id));
+	EXPECT_OK(hyb_pool_create(fd, "cap-b", 192 * MiB, 1, &b));
+	EXPECT_OK(hyb_pool_destroy(fd, b.pool_id));
+	EXPECT_OK(hyb_pool_destroy(fd, c.pool_id));
+
+	set_cap(64);
+	EXPECT_ERR(hyb_pool_create(fd, "cap-e", 128 * MiB, 0, &a), -ENOSPC);
+	EXPECT_OK(hyb_pool_create(fd, "cap-e", 64 * MiB, 0, &a));
+	EXPECT_OK(hyb_pool_destroy(fd, a.pool_id));
+
+	/* More than node 1 holds: the allocator says no, cleanly. */
+	set_cap(4096);
+	t0 = hyb_now();
+	EXPECT_ERR(hyb_pool_create(fd, "cap-f", 768 * MiB, 1, &a), -ENOMEM);
+	note("768 MiB on a 512 MiB node: -ENOMEM after %.0f ms", (hyb_now() - t0) * 1e3);
+	set_cap(384);
+	di = devinfo(fd);
+	EXPECT(di.pinned_bytes == 0 && di.nr_pools == 0);
+	note("cap 384 MiB enforced (-ENOSPC), runtime change honoured, allocation failure unwinds");
+	close(fd);
+}
+
+/* -- perm: group access, capabilities ----------------------------------- */
+
+#define HYB_GID 990
+
+static void t_perm(void)
+{
+	int fd = xopen(O_RDWR), d = xopen(O_RDWR), efd = eventfd(0, 0), st;
+	struct hyb_pool_create pc;
+	pid_t pid;
+
+	EXPECT_OK(hyb_pool_create(fd, "perm", HUGE, 0, &pc));
+	EXPECT_OK(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 4, efd));
+	pid = fork();
+	if (pid == 0) {
+		gid_t g = HYB_GID;
+		struct hyb_pool_create x;
+		struct hyb_req r;
+		int ufd;
+
+		cur = "perm(hyb member)";
+		if (setgroups(1, &g) || setgid(HYB_GID) || setuid(1000))
+			FAIL("cannot drop privileges: %s", strerror(errno));
+		ufd = xopen(O_RDWR);
+		EXPECT_ERR(hyb_pool_create(ufd, "user", HUGE, 0, &x), -EPERM);
+		EXPECT_ERR(hyb_attach(ufd, HYB_IOC_QUEUE_ATTACH, 5, efd), -EPERM);
+		EXPECT_ERR(hyb_pool_destroy(ufd, pc.pool_id), -EPERM);
+		EXPECT_ERR(map_err(ufd, pc.mmap_offset, HUGE, PROT_READ | PROT_WRITE, MAP_SHARED),
+			   -EACCES);
+		EXPECT_OK(map_err(ufd, pc.mmap_offset, HUGE, PROT_READ, MAP_SHARED));
+		EXPECT_OK(hyb_attach(ufd, HYB_IOC_CLIENT_ATTACH, 4, -1));
+		memset(&r, 0, sizeof(r));
+		EXPECT_OK(hyb_submit(ufd, &r, 1));
+		_exit(0);
+	}
+	st = wait_child(pid);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	pid = fork();
+	if (pid == 0) {
+		cur = "perm(outsider)";
+		if (setgroups(0, NULL) || setgid(1001) || setuid(1001))
+			FAIL("cannot drop privileges: %s", strerror(errno));
+		EXPECT_ERR(hyb_open(O_RDWR), -EACCES);
+		_exit(0);
+	}
+	st = wait_child(pid);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	note("group hyb opens, others get EACCES; no CAP_IPC_LOCK: no pools, no daemon");
+	close(d);
+	close(fd);
+	close(efd);
+}
+
+/* -- final: nothing left behind ------------------------------------------ */
+
+static void t_idle(void)
+{
+	int fd = xopen(O_RDONLY);
+	struct hyb_dev_info di = devinfo(fd);
+
+	if (di.nr_pools || di.nr_zombies || di.pinned_bytes || di.nr_requests || di.nr_queues)
+		FAIL("left behind: %u pools, %u zombies, %llu bytes, %llu requests, %u queues",
+		     di.nr_pools, di.nr_zombies, (unsigned long long)di.pinned_bytes,
+		     (unsigned long long)di.nr_requests, di.nr_queues);
+	close(fd);
+}
+
+static const struct {
+	const char *name;
+	void (*fn)(void);
+} tests[] = {
+	{ "basic", t_basic }, { "numa", t_numa }, { "rofault", t_rofault },
+	{ "share", t_share }, { "queue", t_queue }, { "prio", t_prio },
+	{ "death", t_death }, { "memory", t_memory }, { "cap", t_cap },
+	{ "perm", t_perm }, { "idle", t_idle },
+};
+
+int main(int argc, char **argv)
+{
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	for (size_t i = 0; argc == 2 && i < sizeof(tests) / sizeof(tests[0]); i++) {
+		if (strcmp(argv[1], tests[i].name))
+			continue;
+		cur = tests[i].name;
+		tests[i].fn();
+		return 0;
+	}
+	fprintf(stderr, "usage: hybtest <test>; tests:");
+	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+		fprintf(stderr, " %s", tests[i].name);
+	fprintf(stderr, "\n");
+	return 2;
+}

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# VM bench for hybpool.ko. Builds the module against the Debian kernel
+# headers (W=1, and sparse when installed), builds the static test programs,
+# packs them with busybox into an initramfs, boots the matching Debian kernel
+# under qemu (TCG) with two NUMA nodes, and reads the results back from the
+# serial console. Prints PASS/FAIL per test; exits 0 when all pass, 1 on any
+# failure, 77 (skip) only when qemu cannot run a VM at all here.
+#
+# Environment: HYB_VM_OUT (work dir, default build/vm), HYB_VM_TIMEOUT (s, VM
+# wall limit, default 240), HYB_VM_FUZZ (fuzzer seconds, default 20),
+# HYB_VM_ACCEL (tcg|kvm, default tcg), HYB_VM_KVER (kernel version to use),
+# HYB_VM_ONLY (comma-separated hybtest names to run, default all).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+OUT=${HYB_VM_OUT:-$ROOT/build/vm}
+VM_TIMEOUT=${HYB_VM_TIMEOUT:-240}
+FUZZ=${HYB_VM_FUZZ:-20}
+ACCEL=${HYB_VM_ACCEL:-tcg}
+NICE="nice -n 19"
+
+say() { echo "hyb-vm: $*"; }
+fail() { say "FAIL: $*"; exit 1; }
+skip() { say "SKIP: $*"; exit 77; }
+
+mkdir -p "$OUT" || fail "cannot create $OUT"
+# One bench at a time per work dir (other `make test` runs may share it).
+exec 9>"$OUT/.lock"
+flock 9
+
+# -- 1. what the bench needs ------------------------------------------------
+kver_pick() {
+	local v best=
+	for v in $(ls /boot/vmlinuz-*-amd64 2>/dev/null | sed 's|/boot/vmlinuz-||' | sort -V); do
+		[ -d "/usr/src/linux-headers-$v" ] && best=$v
+	done
+	echo "$best"
+}
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok installed" ||
+	need+=(busybox-static)
+command -v sparse >/dev/null || need+=(sparse)
+[ -n "$(kver_pick)" ] || need+=(linux-image-amd64 linux-headers-amd64)
+if [ ${#need[@]} -gt 0 ]; then
+	say "installing ${need[*]}"
+	SUDO=
+	[ "$(id -u)" -ne 0 ] && SUDO=sudo
+	if ! { DEBIAN_FRONTEND=noninteractive $SUDO apt-get update -qq &&
+	       DEBIAN_FRONTEND=noninteractive $NICE $SUDO apt-get install -y -qq \
+		       --no-install-recommends "${need[@]}"; } >"$OUT/apt.log" 2>&1; then
+		tail -5 "$OUT/apt.log"
+		fail "could not install ${need[*]} (log: $OUT/apt.log)"
+	fi
+fi
+KVER=${HYB_VM_KVER:-$(kver_pick)}
+KDIR=/usr/src/linux-headers-$KVER
+VMLINUZ=/boot/vmlinuz-$KVER
+[ -d "$KDIR" ] && [ -r "$VMLINUZ" ] || fail "no kernel image + headers pair (want $VMLINUZ and $KDIR)"
+BUSYBOX=/bin/busybox	# busybox-static's, so the initramfs needs no libraries
+[ -x "$BUSYBOX" ] || fail "no $BUSYBOX (package busybox-static)"
+
+# qemu itself must be able to start a machine; that is the only skip.
+if ! probe=$(qemu-system-x86_64 -accel "$ACCEL" -machine none -display none -S \
+		-monitor none -serial none -daemonize -pidfile "$OUT/probe.pid" 2>&1); then
+	skip "qemu-system-x86_64 cannot start a $ACCEL machine here: ${probe:-no message}"
+fi
+kill "$(cat "$OUT/probe.pid" 2>/dev/null)" 2>/dev/null
+rm -f "$OUT/probe.pid"
+
+# -- 2. build -------------------------------------------------------------------
+rc=0
+rm -rf "$OUT/src" && mkdir -p "$OUT/src" && cp "$ROOT/Kbuild" "$OUT/src/" &&
+	cp -r "$ROOT/kmod" "$OUT/src/" || fail "cannot stage the module sources"
+find "$OUT/src" \( -name '*.o' -o -name '*.ko' -o -name '*.mod*' -o -name '.*.cmd' \) -delete
+CHECK=
+command -v sparse >/dev/null && CHECK="C=1"
+$NICE make -C "$KDIR" M="$OUT/src" W=1 $CHECK modules >"$OUT/build.log" 2>&1 || rc=$?
+KO=$OUT/src/kmod/hybpool.ko
+if [ $rc -ne 0 ] || [ ! -f "$KO" ]; then
+	grep -E "error|warning" "$OUT/build.log" | head -20
+	fail "module build against $KDIR failed (log: $OUT/build.log)"
+fi
+if grep -E "warning:|error:|: sparse:" "$OUT/build.log" | grep -v "Skipping BTF"; then
+	say "FAIL build: warnings from W=1 ${CHECK:+/ sparse} (log: $OUT/build.log)"
+	BUILD_WARN=1
+else
+	say "PASS build: hybpool.ko for $KVER, W=1${CHECK:+ and sparse} clean"
+	BUILD_WARN=0
+fi
+CFLAGS="-std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -static -I$ROOT/kmod/include/uapi"
+for prog in hybtest hybfuzz; do
+	$NICE gcc $CFLAGS "$ROOT/tests/vm/$prog.c" -o "$OUT/$prog" >>"$OUT/build.log" 2>&1 ||
+		{ tail -20 "$OUT/build.log"; fail "cannot build tests/vm/$prog.c"; }
+done
+
+# -- 3. initramfs ---------------------------------------------------------------
+IR=$OUT/initramfs
+rm -rf "$IR" && mkdir -p "$IR"/{bin,dev,proc,sys,tmp,etc}
+cp "$BUSYBOX" "$IR/bin/busybox"
+cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$IR/"
+cp "$ROOT/tests/vm/init.sh" "$IR/init"
+chmod 755 "$IR/init"
+printf 'root:x:0:0:root:/:/bin/sh\nuser:x:1000:990::/:/bin/sh\nother:x:1001:1001::/:/bin/sh\n' \
+	>"$IR/etc/passwd"
+printf 'root:x:0:\nhyb:x:990:user\nother:x:1001:\n' >"$IR/etc/group"
+(cd "$IR" && find . | cpio -o -H newc --quiet | gzip -1) >"$OUT/initramfs.gz" ||
+	fail "cannot pack the initramfs"
+
+# -- 4. boot ----------------------------------------------------------------------
+say "booting $KVER under qemu ($ACCEL, 2 NUMA nodes, 2 vCPUs, 1 GiB), fuzzing ${FUZZ}s"
+t0=$(date +%s)
+$NICE timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" -cpu max -smp 2,sockets=2 -m 1024 \
+	-object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M \
+	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
+	-kernel "$VMLINUZ" -initrd "$OUT/initramfs.gz" \
+	-append "console=ttyS0 loglevel=4 panic=-1 slub_debug=FZPU page_poison=1 hybvm.fuzz=$FUZZ${HYB_VM_ONLY:+ hybvm.only=$HYB_VM_ONLY}" \
+	-display none -serial "file:$OUT/console.log" -monitor none -net none -no-reboot \
+	>"$OUT/qemu.log" 2>&1
+qrc=$?
+secs=$(($(date +%s) - t0))
+tr -d '\r' <"$OUT/console.log" >"$OUT/console.txt" 2>/dev/null
+
+if ! grep -q "^HYBVM BOOT" "$OUT/console.txt" 2>/dev/null; then
+	if [ $qrc -ne 124 ] && [ ! -s "$OUT/console.txt" ]; then
+		skip "qemu could not run the VM: $(head -3 "$OUT/qemu.log" | tr '\n' ' ')"
+	fi
+	tail -30 "$OUT/console.txt"
+	fail "the VM did not reach its init (qemu exit $qrc after ${secs}s; console: $OUT/console.txt)"
+fi
+
+# -- 5. results ---------------------------------------------------------------
+grep -E "^(HYBVM (PASS|FAIL|NOTE)|  )" "$OUT/console.txt" | grep -v "^HYBVM METRIC" |
+	sed -e 's/^HYBVM /hyb-vm: /'
+grep "^HYBVM METRIC" "$OUT/console.txt" | sed 's/^HYBVM METRIC //' >"$OUT/metrics.txt"
+npass=$(grep -c "^HYBVM PASS" "$OUT/console.txt")
+nfail=$(grep -c "^HYBVM FAIL" "$OUT/console.txt")
+if ! grep -q "^HYBVM DONE" "$OUT/console.txt"; then
+	tail -40 "$OUT/console.txt"
+	fail "the VM did not finish (qemu exit $qrc after ${secs}s; timeout ${VM_TIMEOUT}s)"
+fi
+if [ -s "$OUT/metrics.txt" ]; then
+	say "measured (TCG-emulated, not real-hardware speed):"
+	sed 's/^/hyb-vm:   /' "$OUT/metrics.txt"
+fi
+if [ "$nfail" -gt 0 ] || [ "$BUILD_WARN" -ne 0 ]; then
+	say "$nfail VM test(s) failed, $npass passed (console: $OUT/console.txt)"
+	exit 1
+fi
+say "all $npass VM tests passed in ${secs}s"
+exit 0
