@@ -13,8 +13,8 @@ N       ?= 64
 
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -pthread -fno-math-errno -MMD -MP
-CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb -Ikernels/cpu
-LDLIBS   := -lm -pthread $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
+CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikmod/include/uapi
+LDLIBS   := -lm -pthread -lnuma $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
 ISA_avx2       := -mavx2 -mfma -mf16c

@@ -4,11 +4,15 @@
  * its bytes in the file mapping. Shapes and types are checked here, once,
  * so the forward pass can trust them.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
@@ -244,7 +248,86 @@ static int bind_model(struct loader *ld)
 	return bind_layers(ld);
 }
 
+#define HUGE_PAGE (2ul << 20)
+
+/*
+ * Read the whole file into anonymous memory backed by transparent huge pages
+ * and parse it there. Large preads from the page cache (or the disk) run at
+ * memcpy speed; io_uring streaming into pools replaces this with hybd.
+ */
+static int load_image(struct hyb_model *m, const char *path, char *err, size_t errlen)
+{
+	uint64_t size = m->gguf->size, len = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+	uint8_t *buf;
+	int fd;
+
+	buf = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		   -1, 0);
+	if (buf == MAP_FAILED) {
+		snprintf(err, errlen, "%s: cannot allocate %.1f MiB for the weights: %s", path,
+			 len / 1048576.0, strerror(errno));
+		return -1;
+	}
+	/* align to a huge page and give back the slack */
+	{
+		uint8_t *aligned = (uint8_t *)(((uintptr_t)buf + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+
+		if (aligned > buf)
+			munmap(buf, aligned - buf);
+		munmap(aligned + len, buf + HUGE_PAGE - aligned);
+		buf = aligned;
+	}
+	madvise(buf, len, MADV_HUGEPAGE);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		goto fail_errno;
+	for (uint64_t off = 0; off < size;) {
+		size_t chunk = size - off < (64ul << 20) ? size - off : (64ul << 20);
+		ssize_t n = pread(fd, buf + off, chunk, (off_t)off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			goto fail_errno;
+		if (n == 0) {
+			snprintf(err, errlen, "%s: file shrank while loading", path);
+			goto fail;
+		}
+		off += (uint64_t)n;
+	}
+	close(fd);
+	fd = -1;
+	gguf_close(m->gguf);
+	m->gguf = NULL;
+	m->image = buf;
+	m->image_len = len;
+	if (gguf_parse(buf, size, &m->gguf, err, errlen))
+		return -1; /* cannot happen for bytes that just parsed; kept for safety */
+	return 0;
+
+fail_errno:
+	snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+fail:
+	if (fd >= 0)
+		close(fd);
+	munmap(buf, len);
+	return -1;
+}
+
 struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
+{
+	const char *mode = getenv("HYB_LOAD");
+
+	if (mode && strcmp(mode, "mmap") && strcmp(mode, "hugepage")) {
+		snprintf(err, errlen, "HYB_LOAD=%s: expected hugepage or mmap", mode);
+		return NULL;
+	}
+	return hyb_model_load_mode(path, mode && !strcmp(mode, "mmap") ? HYB_LOAD_MMAP :
+			      HYB_LOAD_HUGEPAGE, err, errlen);
+}
+
+struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode, char *err,
+				      size_t errlen)
 {
 	struct hyb_model *m = calloc(1, sizeof(*m));
 	struct loader ld = { .m = m, .err = err, .errlen = errlen };
@@ -256,6 +339,13 @@ struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
 	}
 	if (gguf_open(path, &m->gguf, err, errlen))
 		goto out_free;
+	/* Check the metadata on the mapping first: a bad file fails before any copy. */
+	if (!read_hparams(&ld) && mode == HYB_LOAD_HUGEPAGE) {
+		free(m->layers);
+		m->layers = NULL;
+		if (load_image(m, path, err, errlen))
+			goto out_free;
+	}
 	if (read_hparams(&ld) || bind_model(&ld)) {
 		/* prefix the file name so the user knows which model is wrong */
 		char msg[512];
@@ -270,7 +360,7 @@ struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
 	/* No tokenizer is fine for token-id use (hyb logits); callers check m->tok. */
 
 	/* Weights are read in place; ask for read-ahead of the whole mapping. */
-	if (m->gguf->map)
+	if (!m->image && m->gguf->map)
 		madvise(m->gguf->map, m->gguf->map_len, MADV_WILLNEED);
 	return m;
 
@@ -288,6 +378,8 @@ void hyb_model_free(struct hyb_model *m)
 	free(m->layers);
 	if (m->gguf)
 		gguf_close(m->gguf);
+	if (m->image)
+		munmap(m->image, m->image_len);
 	free(m);
 }
 

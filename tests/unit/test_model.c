@@ -309,3 +309,31 @@ TEST(model_cli_run_generates)
 	CHECK_MSG(strstr(out, "decode: "), "%s", out);
 	CHECK_MSG(strstr(out, "tokens/s"), "%s", out);
 }
+
+/* Weights in huge-page memory or on the file mapping: the same bytes, the same logits. */
+TEST(model_load_modes_agree)
+{
+	const char *path = synth("modes", "--hidden 256 --ffn 512 --layers 2 --heads 4 --type Q6_K");
+	char err[512];
+	struct hyb_model *a = hyb_model_load_mode(path, HYB_LOAD_HUGEPAGE, err, sizeof(err));
+	struct hyb_model *b = hyb_model_load_mode(path, HYB_LOAD_MMAP, err, sizeof(err));
+	int32_t toks[4] = { 1, 17, 99, 5 };
+
+	CHECK(a && b);
+	CHECK(a->image && !b->image);
+	CHECK(((uintptr_t)a->image & ((2u << 20) - 1)) == 0);
+	struct hyb_ctx *ca = ctx_threads(a, 2, 8), *cb = ctx_threads(b, 2, 8);
+	float *la = malloc(sizeof(float) * a->hp.n_vocab * 4), *lb = malloc(sizeof(float) * b->hp.n_vocab * 4);
+
+	CHECK(!hyb_ctx_eval(ca, toks, 4, la, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(cb, toks, 4, lb, true, err, sizeof(err)));
+	CHECK(!memcmp(la, lb, sizeof(float) * a->hp.n_vocab * 4));
+	setenv("HYB_LOAD", "bogus", 1);
+	CHECK(!hyb_model_load(path, err, sizeof(err)) && strstr(err, "HYB_LOAD"));
+	free(la);
+	free(lb);
+	hyb_ctx_free(ca);
+	hyb_ctx_free(cb);
+	hyb_model_free(a);
+	hyb_model_free(b);
+}
