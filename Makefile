@@ -30,6 +30,7 @@ TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
 LIB     := $(BUILD)/libhyb.a
 TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl
 TESTBIN := $(BUILD)/hyb-tests
+BENCHBIN := $(BUILD)/bench_kernels
 FUZZ    := $(BUILD)/fuzz_gguf
 
 # CUDA: built whenever nvcc exists, even with no GPU to run it.
@@ -43,7 +44,7 @@ GPU_TESTBIN := $(BUILD)/hyb-gpu-tests
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
 .PHONY: all run test bench test-gpu install clean deps cuda fuzz module module-clean
-all: $(LIB) $(TOOLS) $(TESTBIN) cuda
+all: $(LIB) $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
 
 deps:
 	@bash tools/install-deps.sh
@@ -73,6 +74,8 @@ $(BUILD)/hyb: $(HYB_OBJS) $(LIB)
 $(BUILD)/hybctl: $(CTL_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 $(TESTBIN): $(TEST_OBJS) $(LIB)
+	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(BENCHBIN): $(BUILD)/tests/bench/bench_kernels.o $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.

@@ -13,6 +13,22 @@
 #define HYB_GEMM_ARGS int64_t k, const void *w, size_t w_stride, int64_t nrows, \
 	const void *x, size_t x_stride, int64_t ncols, float *y, size_t y_stride
 
+/*
+ * Empty products, for the SIMD entry points: nothing to do for no rows or
+ * columns, zeros for k == 0 (the packed paths would otherwise write
+ * nothing). Returns 1 when the call is done.
+ */
+static inline int hyb_gemm_trivial(int64_t k, int64_t nrows, int64_t ncols, float *y,
+				   size_t y_stride)
+{
+	if (nrows > 0 && ncols > 0 && k > 0)
+		return 0;
+	for (int64_t c = 0; c < ncols && k <= 0; c++)
+		for (int64_t r = 0; r < nrows; r++)
+			y[c * y_stride + r] = 0.0f;
+	return 1;
+}
+
 /* gemm_scalar.c: per block integer dot then scale, as llama.cpp's generic code */
 void hyb_gemm_f32_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_f16_scalar(HYB_GEMM_ARGS);

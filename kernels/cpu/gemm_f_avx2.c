@@ -279,6 +279,9 @@ static void fgemm(const enum ftype t, int64_t k, const void *w, size_t w_stride,
 	const float *xf = x;
 	size_t xfs = x_stride / sizeof(float);
 
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+
 	if (t != F_F32 || x_stride % sizeof(float)) {
 		float *buf;
 

@@ -173,7 +173,7 @@ ALWAYS_INLINE void fpack(const enum ftype t, const uint8_t *const *rp, int64_t k
 	}
 }
 
-ALWAYS_INLINE void fmk(const int NC, const float *p, int kc, const float *const *xc,
+ALWAYS_INLINE void fmk(const int NC, const float *p, int kc, const float *xt,
 		       float *const *y, const __mmask16 m[2], int first)
 {
 	__m512 acc[2][PNC];
@@ -186,7 +186,7 @@ ALWAYS_INLINE void fmk(const int NC, const float *p, int kc, const float *const 
 
 #pragma GCC unroll 12
 		for (int c = 0; c < NC; c++) {
-			const __m512 xb = _mm512_set1_ps(xc[c][i]);
+			const __m512 xb = _mm512_set1_ps(xt[(size_t)i * PNC + c]);
 
 			acc[0][c] = _mm512_fmadd_ps(w0, xb, acc[0][c]);
 			acc[1][c] = _mm512_fmadd_ps(w1, xb, acc[1][c]);
@@ -203,24 +203,40 @@ ALWAYS_INLINE void fmk(const int NC, const float *p, int kc, const float *const 
 	}
 }
 
-static void fmk_any(int nc, const float *p, int kc, const float *const *xc, float *const *y,
+static void fmk_any(int nc, const float *p, int kc, const float *xt, float *const *y,
 		    const __mmask16 m[2], int first)
 {
 	switch (nc) {
-#define CASE(N) case N: fmk(N, p, kc, xc, y, m, first); break;
+#define CASE(N) case N: fmk(N, p, kc, xt, y, m, first); break;
 	CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 	CASE(7) CASE(8) CASE(9) CASE(10) CASE(11) CASE(12)
 #undef CASE
 	}
 }
 
+/*
+ * Activations of each tile of PNC columns interleaved by k: [k][PNC] floats,
+ * so the micro-kernel's broadcasts share one pointer (a dozen column
+ * pointers would not stay in registers).
+ */
+static void xtile(const float *xf, size_t xfs, int64_t k, int64_t c0, int nc, float *out)
+{
+	for (int64_t i = 0; i < k; i++)
+		for (int c = 0; c < PNC; c++)
+			out[i * PNC + c] = c < nc ? xf[(size_t)(c0 + c) * xfs + i] : 0.0f;
+}
+
 static int fpacked(const enum ftype t, int64_t k, const uint8_t *w, size_t ws, int64_t nrows,
 		   const float *xf, size_t xfs, int64_t ncols, float *y, size_t ys)
 {
 	float *p = hyb_cpu_scratch(HYB_SCRATCH_W, (size_t)KC * PR * sizeof(float));
+	const int64_t ntile = (ncols + PNC - 1) / PNC;
+	float *xt = hyb_cpu_scratch(HYB_SCRATCH_P, (size_t)ntile * k * PNC * sizeof(float));
 
-	if (!p)
+	if (!p || !xt)
 		return -1;
+	for (int64_t tt = 0; tt < ntile; tt++)
+		xtile(xf, xfs, k, tt * PNC, (int)min64(PNC, ncols - tt * PNC), xt + tt * k * PNC);
 	for (int64_t r0 = 0; r0 < nrows; r0 += PR) {
 		const int64_t nr = min64(PR, nrows - r0);
 		const __mmask16 m[2] = { tail_mask(nr), tail_mask(nr > 16 ? nr - 16 : 0) };
@@ -244,14 +260,11 @@ static int fpacked(const enum ftype t, int64_t k, const uint8_t *w, size_t ws, i
 			}
 			for (int64_t c0 = 0; c0 < ncols; c0 += PNC) {
 				const int nc = (int)min64(PNC, ncols - c0);
-				const float *xc[PNC];
 				float *yc[PNC];
 
-				for (int c = 0; c < nc; c++) {
-					xc[c] = xf + (size_t)(c0 + c) * xfs + k0;
+				for (int c = 0; c < nc; c++)
 					yc[c] = y + (size_t)(c0 + c) * ys + r0;
-				}
-				fmk_any(nc, p, kc, xc, yc, m, k0 == 0);
+				fmk_any(nc, p, kc, xt + (c0 / PNC * k + k0) * PNC, yc, m, k0 == 0);
 			}
 		}
 	}
@@ -268,6 +281,9 @@ static void fgemm(const enum ftype t, int64_t k, const void *w, size_t w_stride,
 {
 	const float *xf = x;
 	size_t xfs = x_stride / sizeof(float);
+
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
 	float *buf = NULL;
 
 	if (t != F_F32 || x_stride % sizeof(float)) {

@@ -3,7 +3,9 @@
  * AVX2 quantized kernels (Q4_0, Q8_0, Q4_K, Q6_K): 4 rows x up to 2 columns
  * straight from the GGUF blocks, for every ncols. Each 32-element block of a
  * row is unpacked once and multiplied by every column of the tile;
- * AVX2's 16 registers hold 8 accumulators plus the temporaries.
+ * AVX2's 16 registers hold 8 accumulators plus the temporaries. This is
+ * the fallback level: decode is memory-bound and fine, prefill has no
+ * packed kernel here (the AVX-512 levels have one).
  *
  * The u8*s8 product is vpmaddubsw: pair sums saturate at 32767, so signed
  * Q8_0 weights use the sign trick (|w| times x*sign(w)); nibbles and 6-bit
@@ -55,33 +57,77 @@ static inline int32_t sum32(const int8_t *q)
 	return (int32_t)_mm_cvtsi128_si32(t) - 32 * 128;
 }
 
+/*
+ * Each tile prefetches the next tile's rows (into L2) as it goes: rows of a
+ * few KiB are too short for the hardware prefetcher to ramp up on.
+ */
+ALWAYS_INLINE void prefetch_next(const uint8_t *const *nx, int64_t off, const int lines)
+{
+	for (int r = 0; r < TR; r++)
+		for (int l = 0; l < lines; l++)
+			_mm_prefetch((const char *)nx[r] + off + 64 * l, _MM_HINT_T1);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Q8_0 and Q4_0: x is the Q8_0 activation row                               */
 
+/* per column, per block: the activation scale and (for Q4_0) -sum */
+struct xblk {
+	float d;
+	int32_t negsum;
+};
+
+static void x_prepack(const uint8_t *x, int64_t nb, struct xblk *out)
+{
+	const struct hyb_block_q8_0 *b = (const struct hyb_block_q8_0 *)x;
+
+	for (int64_t i = 0; i < nb; i++) {
+		out[i].d = f16s(b[i].d);
+		out[i].negsum = -sum32(b[i].qs);
+	}
+}
+
+/* the 4 rows' scales of block b as floats, one 64-bit move instead of 4 inserts */
+ALWAYS_INLINE __m128 row_scales(const uint8_t *const *wr, int64_t off)
+{
+	uint16_t h[TR];
+	uint64_t v = 0;
+
+	for (int r = 0; r < TR; r++) {
+		memcpy(&h[r], wr[r] + off, 2);
+		v |= (uint64_t)h[r] << (16 * r);
+	}
+	return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)v));
+}
+
 ALWAYS_INLINE void q8_tile(const int NC, int64_t nb, const uint8_t *const *wr,
-			   const uint8_t *const *xc, float out[TR][TC])
+			   const uint8_t *const *nx, const uint8_t *const *xc,
+			   const struct xblk *const *xp, float out[TR][TC])
 {
 	__m256 acc[TR][TC];
+	__m256i bidx[TR];
 
-	for (int r = 0; r < TR; r++)
+	for (int r = 0; r < TR; r++) {
+		bidx[r] = _mm256_set1_epi32(r);
 		for (int c = 0; c < NC; c++)
 			acc[r][c] = _mm256_setzero_ps();
+	}
 	for (int64_t b = 0; b < nb; b++) {
+		const __m128 dw = row_scales(wr, b * 34);
 		__m256i xv[TC];
-		float dx[TC];
+		__m256 s4[TC];
 
+		prefetch_next(nx, b * 34, 1);
 		for (int c = 0; c < NC; c++) {
-			const struct hyb_block_q8_0 *xb = (const struct hyb_block_q8_0 *)xc[c] + b;
-
-			xv[c] = _mm256_loadu_si256((const __m256i *)xb->qs);
-			dx[c] = f16s(xb->d);
+			xv[c] = _mm256_loadu_si256((const __m256i *)
+				((const struct hyb_block_q8_0 *)xc[c] + b)->qs);
+			s4[c] = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(xp[c][b].d)));
 		}
 #pragma GCC unroll 4
 		for (int r = 0; r < TR; r++) {
 			const struct hyb_block_q8_0 *wb = (const struct hyb_block_q8_0 *)wr[r] + b;
 			const __m256i w = _mm256_loadu_si256((const __m256i *)wb->qs);
 			const __m256i u = _mm256_sign_epi8(w, w);
-			const float dw = f16s(wb->d);
 
 #pragma GCC unroll 2
 			for (int c = 0; c < NC; c++) {
@@ -89,7 +135,8 @@ ALWAYS_INLINE void q8_tile(const int NC, int64_t nb, const uint8_t *const *wr,
 							_mm256_sign_epi8(xv[c], w)));
 
 				acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-							    _mm256_set1_ps(dw * dx[c]), acc[r][c]);
+							    _mm256_permutevar8x32_ps(s4[c], bidx[r]),
+							    acc[r][c]);
 			}
 		}
 	}
@@ -99,34 +146,40 @@ ALWAYS_INLINE void q8_tile(const int NC, int64_t nb, const uint8_t *const *wr,
 }
 
 ALWAYS_INLINE void q4_tile(const int NC, int64_t nb, const uint8_t *const *wr,
-			   const uint8_t *const *xc, float out[TR][TC])
+			   const uint8_t *const *nx, const uint8_t *const *xc,
+			   const struct xblk *const *xp, float out[TR][TC])
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
+	/* low 128 bits as they are, high 128 bits >> 4: the two nibble halves */
+	const __m256i sh = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
 	__m256 acc[TR][TC];
+	__m256i bidx[TR];
 
-	for (int r = 0; r < TR; r++)
+	for (int r = 0; r < TR; r++) {
+		bidx[r] = _mm256_set1_epi32(r);
 		for (int c = 0; c < NC; c++)
 			acc[r][c] = _mm256_setzero_ps();
+	}
 	for (int64_t b = 0; b < nb; b++) {
+		const __m128 dw = row_scales(wr, b * 18);
 		__m256i xv[TC], corr[TC];
-		float dx[TC];
+		__m256 s4[TC];
 
+		prefetch_next(nx, b * 18, 1);
 		for (int c = 0; c < NC; c++) {
-			const struct hyb_block_q8_0 *xb = (const struct hyb_block_q8_0 *)xc[c] + b;
-
-			xv[c] = _mm256_loadu_si256((const __m256i *)xb->qs);
-			dx[c] = f16s(xb->d);
+			xv[c] = _mm256_loadu_si256((const __m256i *)
+				((const struct hyb_block_q8_0 *)xc[c] + b)->qs);
+			s4[c] = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(xp[c][b].d)));
 			/* -8 * sum spread as -sum over the 8 lanes */
-			corr[c] = _mm256_set1_epi32(-sum32(xb->qs));
+			corr[c] = _mm256_set1_epi32(xp[c][b].negsum);
 		}
 #pragma GCC unroll 4
 		for (int r = 0; r < TR; r++) {
 			const struct hyb_block_q4_0 *wb = (const struct hyb_block_q4_0 *)wr[r] + b;
-			const __m128i q = _mm_loadu_si128((const __m128i *)wb->qs);
 			/* elements 0-15 in the low nibbles, 16-31 in the high ones */
-			const __m256i u = _mm256_and_si256(_mm256_inserti128_si256(
-				_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1), m4);
-			const float dw = f16s(wb->d);
+			const __m256i u = _mm256_and_si256(_mm256_srlv_epi32(
+				_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)wb->qs)),
+				sh), m4);
 
 #pragma GCC unroll 2
 			for (int c = 0; c < NC; c++) {
@@ -134,7 +187,8 @@ ALWAYS_INLINE void q4_tile(const int NC, int64_t nb, const uint8_t *const *wr,
 					madd_ones(_mm256_maddubs_epi16(u, xv[c])), corr[c]);
 
 				acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
-							    _mm256_set1_ps(dw * dx[c]), acc[r][c]);
+							    _mm256_permutevar8x32_ps(s4[c], bidx[r]),
+							    acc[r][c]);
 			}
 		}
 	}
@@ -160,7 +214,7 @@ static inline void q4k_unpack(const uint8_t *s, uint64_t *sc, uint64_t *mn)
 }
 
 ALWAYS_INLINE void q4k_tile(const int NC, int64_t nsb, const uint8_t *const *wr,
-			    const uint8_t *const *xc, float out[TR][TC])
+			    const uint8_t *const *nx, const uint8_t *const *xc, float out[TR][TC])
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0F);
 	__m256 acc[TR][TC];
@@ -169,6 +223,7 @@ ALWAYS_INLINE void q4k_tile(const int NC, int64_t nsb, const uint8_t *const *wr,
 		for (int c = 0; c < NC; c++)
 			acc[r][c] = _mm256_setzero_ps();
 	for (int64_t s = 0; s < nsb; s++) {
+		prefetch_next(nx, s * 144, 3);
 #pragma GCC unroll 4
 		for (int r = 0; r < TR; r++) {
 			const struct hyb_block_q4_k *b = (const struct hyb_block_q4_k *)wr[r] + s;
@@ -223,7 +278,7 @@ ALWAYS_INLINE void q4k_tile(const int NC, int64_t nsb, const uint8_t *const *wr,
 }
 
 ALWAYS_INLINE void q6k_tile(const int NC, int64_t nsb, const uint8_t *const *wr,
-			    const uint8_t *const *xc, float out[TR][TC])
+			    const uint8_t *const *nx, const uint8_t *const *xc, float out[TR][TC])
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
 	__m256 acc[TR][TC];
@@ -232,6 +287,7 @@ ALWAYS_INLINE void q6k_tile(const int NC, int64_t nsb, const uint8_t *const *wr,
 		for (int c = 0; c < NC; c++)
 			acc[r][c] = _mm256_setzero_ps();
 	for (int64_t s = 0; s < nsb; s++) {
+		prefetch_next(nx, s * 210, 4);
 #pragma GCC unroll 4
 		for (int r = 0; r < TR; r++) {
 			const struct hyb_block_q6_k *b = (const struct hyb_block_q6_k *)wr[r] + s;
@@ -296,27 +352,30 @@ ALWAYS_INLINE void q6k_tile(const int NC, int64_t nsb, const uint8_t *const *wr,
 enum qtype { Q_Q8_0, Q_Q4_0, Q_Q4_K, Q_Q6_K };
 
 ALWAYS_INLINE void run(const enum qtype t, const int NC, int64_t k, const uint8_t *w, size_t ws,
-		       int64_t nrows, const uint8_t *const *xc, float *y, size_t ys)
+		       int64_t nrows, const uint8_t *const *xc, const struct xblk *const *xp,
+		       float *y, size_t ys)
 {
 	for (int64_t r0 = 0; r0 < nrows; r0 += TR) {
-		const uint8_t *wr[TR];
+		const uint8_t *wr[TR], *nx[TR];
 		float out[TR][TC];
 
 		/* a short last tile repeats its last row rather than reading past it */
-		for (int r = 0; r < TR; r++)
+		for (int r = 0; r < TR; r++) {
 			wr[r] = w + (size_t)min64(r0 + r, nrows - 1) * ws;
+			nx[r] = w + (size_t)min64(r0 + TR + r, nrows - 1) * ws;
+		}
 		switch (t) {
 		case Q_Q8_0:
-			q8_tile(NC, k / 32, wr, xc, out);
+			q8_tile(NC, k / 32, wr, nx, xc, xp, out);
 			break;
 		case Q_Q4_0:
-			q4_tile(NC, k / 32, wr, xc, out);
+			q4_tile(NC, k / 32, wr, nx, xc, xp, out);
 			break;
 		case Q_Q4_K:
-			q4k_tile(NC, k / 256, wr, xc, out);
+			q4k_tile(NC, k / 256, wr, nx, xc, out);
 			break;
 		case Q_Q6_K:
-			q6k_tile(NC, k / 256, wr, xc, out);
+			q6k_tile(NC, k / 256, wr, nx, xc, out);
 			break;
 		}
 		for (int c = 0; c < NC; c++)
@@ -327,25 +386,44 @@ ALWAYS_INLINE void run(const enum qtype t, const int NC, int64_t k, const uint8_
 
 static void gemm_any(const enum qtype t, HYB_GEMM_ARGS)
 {
+	const int64_t nb = k / 32;
+	struct xblk *xs = NULL;
+
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	if (t == Q_Q8_0 || t == Q_Q4_0) {
+		xs = hyb_cpu_scratch(HYB_SCRATCH_X, (size_t)nb * TC * sizeof(*xs));
+		if (!xs) {
+			(t == Q_Q8_0 ? hyb_gemm_q8_0_scalar : hyb_gemm_q4_0_scalar)(
+				k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+			return;
+		}
+	}
 	for (int64_t c0 = 0; c0 < ncols; c0 += TC) {
 		const uint8_t *xc[TC];
+		const struct xblk *xp[TC] = { NULL };
 		float *yc = y + (size_t)c0 * y_stride;
 
-		for (int c = 0; c < TC; c++)
+		for (int c = 0; c < TC; c++) {
 			xc[c] = (const uint8_t *)x + (size_t)min64(c0 + c, ncols - 1) * x_stride;
+			if (xs) {
+				x_prepack(xc[c], nb, xs + c * nb);
+				xp[c] = xs + c * nb;
+			}
+		}
 		if (ncols - c0 >= 2) {
 			switch (t) {
-			case Q_Q8_0: run(Q_Q8_0, 2, k, w, w_stride, nrows, xc, yc, y_stride); break;
-			case Q_Q4_0: run(Q_Q4_0, 2, k, w, w_stride, nrows, xc, yc, y_stride); break;
-			case Q_Q4_K: run(Q_Q4_K, 2, k, w, w_stride, nrows, xc, yc, y_stride); break;
-			case Q_Q6_K: run(Q_Q6_K, 2, k, w, w_stride, nrows, xc, yc, y_stride); break;
+			case Q_Q8_0: run(Q_Q8_0, 2, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
+			case Q_Q4_0: run(Q_Q4_0, 2, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
+			case Q_Q4_K: run(Q_Q4_K, 2, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
+			case Q_Q6_K: run(Q_Q6_K, 2, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
 			}
 		} else {
 			switch (t) {
-			case Q_Q8_0: run(Q_Q8_0, 1, k, w, w_stride, nrows, xc, yc, y_stride); break;
-			case Q_Q4_0: run(Q_Q4_0, 1, k, w, w_stride, nrows, xc, yc, y_stride); break;
-			case Q_Q4_K: run(Q_Q4_K, 1, k, w, w_stride, nrows, xc, yc, y_stride); break;
-			case Q_Q6_K: run(Q_Q6_K, 1, k, w, w_stride, nrows, xc, yc, y_stride); break;
+			case Q_Q8_0: run(Q_Q8_0, 1, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
+			case Q_Q4_0: run(Q_Q4_0, 1, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
+			case Q_Q4_K: run(Q_Q4_K, 1, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
+			case Q_Q6_K: run(Q_Q6_K, 1, k, w, w_stride, nrows, xc, xp, yc, y_stride); break;
 			}
 		}
 	}

@@ -22,8 +22,9 @@ static void loop_float(long n)
 
 static void loop_int(long n)
 {
-	int a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
-	int m = 3, c = 1;
+	/* unsigned: the products wrap, by design */
+	unsigned a0 = 0, a1 = 0, a2 = 0, a3 = 0, a4 = 0, a5 = 0, a6 = 0, a7 = 0;
+	unsigned m = 3, c = 1;
 
 	__asm__ volatile("" : "+r"(m), "+r"(c));
 	for (long i = 0; i < n; i++) {

@@ -854,6 +854,39 @@ TEST(kern_gemm_edge_cases)
 	}
 }
 
+/* no rows, no columns: nothing written; every level, both the direct and packed paths */
+TEST(kern_gemm_empty_shapes)
+{
+	float y[64];
+	uint8_t w[256 * 4] = { 0 }, x[292 * 8] = { 0 };
+
+	for (int isa = 0; isa < HYB_ISA_COUNT; isa++) {
+		const struct hyb_cpu_kernels *kt = hyb_cpu_kernels((enum hyb_isa)isa);
+
+		if (!kt)
+			continue;
+		for (size_t t = 0; t < sizeof(all_wtypes) / sizeof(all_wtypes[0]); t++) {
+			const uint32_t type = all_wtypes[t];
+			const int64_t k = hyb_type_info(type)->blck == 1 ? 8 : hyb_type_info(type)->blck;
+			const size_t ws = hyb_row_bytes(type, (uint64_t)k);
+			const size_t xs = hyb_row_bytes(hyb_vec_dot_type(type), (uint64_t)k);
+
+			for (int i = 0; i < 64; i++)
+				y[i] = 7.0f;
+			kt->gemm[type](k, w, ws, 0, x, xs, 8, y, 1);
+			kt->gemm[type](k, w, ws, 1, x, xs, 0, y, 1);
+			for (int i = 0; i < 64; i++)
+				CHECK_MSG(y[i] == 7.0f, "%s %s: empty product wrote y", kt->name,
+					  hyb_type_name(type));
+			/* all-zero blocks (zero scales) give exact zeros, 1 and 8 columns */
+			kt->gemm[type](k, w, ws, 1, x, xs, 8, y, 1);
+			for (int i = 0; i < 8; i++)
+				CHECK_MSG(y[i] == 0.0f, "%s %s: zero blocks give %g", kt->name,
+					  hyb_type_name(type), y[i]);
+		}
+	}
+}
+
 /* llama.cpp's ggml_vec_dot_* (AVX-512 build) on the golden data */
 TEST(kern_gemm_matches_llama_dot)
 {
@@ -952,7 +985,7 @@ TEST(kern_peak_rates)
 		const double i8 = hyb_cpu_peak_macs(kt, HYB_TYPE_Q8_0);
 		const double f = hyb_cpu_peak_macs(kt, HYB_TYPE_F16);
 
-		CHECK_MSG(i8 > 1e8 && f > 1e8, "%s: peak int8 %g, float %g", kt->name, i8, f);
+		CHECK_MSG(i8 > 1e7 && f > 1e7, "%s: peak int8 %g, float %g", kt->name, i8, f);
 		/* cached: the second call is the same number */
 		CHECK(hyb_cpu_peak_macs(kt, HYB_TYPE_Q4_K) == i8);
 	}

@@ -1,0 +1,782 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * AVX-512 packed quantized GEMM (prefill): row-interleaved panels and the
+ * vpdpbusd micro-kernels. Part of gemm_q_avx512_body.h, which includes it
+ * once per ISA level.
+ */
+/* ------------------------------------------------------------------------ */
+/* packed panel: repacking 16 rows into row-interleaved lanes               */
+
+/*
+ * Micro-tile shapes (measured on Cascade Lake): 48 rows x 4 columns for the
+ * Q8_0-activated types, i.e. 12 int32 + 12 float accumulators, 3 weight
+ * vectors and one broadcast: 7 loads per 12 vpdpbusd keeps the two load
+ * ports below their limit while the 3 float operations per 16 rows and
+ * block (convert, scale product, FMA) take the rest of the two vector
+ * ports. The K-quants carry a third accumulator set (per super-block) and
+ * use 32 rows x 4 columns.
+ */
+#define G8 3   /* row groups of 16, Q8_0 / Q4_0 */
+#define GK 2   /* row groups of 16, Q4_K / Q6_K */
+#define GMAX 3
+#define NCP 4  /* columns per micro-tile (xpack_q8 reduces exactly 4) */
+#define PF_CHUNKS 1 /* packed chunks ahead that software prefetch reads */
+
+#define Q4K_SCALE_BYTES ((8 + 4 + 1) * 64)
+#define Q6K_SCALE_BYTES (16 * 64)
+
+/* bytes of one unit (Q8 family) or one super-block (K) in a packed chunk */
+#define UW8(G) ((G) * 576)
+#define SBW(G, SCB) (8 * (G) * 512 + (G) * (SCB))
+
+/* bytes of one unit / super-block of a packed activation tile */
+#define UX8 (NCP * 40)
+#define SX4K (NCP * (256 + 16 + 4))
+#define SX6K (NCP * (256 + 64 + 4))
+
+/*
+ * z[i] = [row i | row i+8], 32 bytes each (eight 4-byte groups). Returns
+ * out[t] with lane r = group t of row r, rows in order 0..15.
+ */
+ALWAYS_INLINE void tr16x8(const __m512i z[8], __m512i out[8])
+{
+	const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+	const __m512i hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+	__m512i a[8], b[8];
+
+	for (int i = 0; i < 4; i++) {
+		a[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+		a[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+	}
+	for (int h = 0; h < 2; h++) {
+		/* rows 4h..4h+3 (and 8+4h..): b[4h + j] holds groups j and j+4 */
+		b[4 * h + 0] = _mm512_unpacklo_epi64(a[4 * h + 0], a[4 * h + 2]);
+		b[4 * h + 1] = _mm512_unpackhi_epi64(a[4 * h + 0], a[4 * h + 2]);
+		b[4 * h + 2] = _mm512_unpacklo_epi64(a[4 * h + 1], a[4 * h + 3]);
+		b[4 * h + 3] = _mm512_unpackhi_epi64(a[4 * h + 1], a[4 * h + 3]);
+	}
+	for (int j = 0; j < 4; j++) {
+		out[j] = _mm512_permutex2var_epi64(b[j], lo, b[4 + j]);
+		out[j + 4] = _mm512_permutex2var_epi64(b[j], hi, b[4 + j]);
+	}
+}
+
+ALWAYS_INLINE void store8(uint8_t *dst, const __m512i o[8])
+{
+	for (int t = 0; t < 8; t++)
+		_mm512_store_si512(dst + 64 * t, o[t]);
+}
+
+ALWAYS_INLINE __m512i load_pair256(const uint8_t *a, const uint8_t *b)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+				  _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
+/*
+ * 16 bytes at `off` of 16 rows, transposed: out[j] lane r = dword j of row r.
+ * The scales of a panel come this way, not by gathers (see the top).
+ */
+ALWAYS_INLINE void rows_tr16x4(const uint8_t *const *rp, int64_t off, __m512i out[4])
+{
+	__m512i z[4], a[4];
+
+	/* z[q] = 128-bit lanes rows q, q+4, q+8, q+12 */
+	for (int q = 0; q < 4; q++) {
+		/* insert positions spelt out: they must be immediates at any -O */
+		z[q] = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(rp[q] + off)));
+		z[q] = _mm512_inserti32x4(z[q], _mm_loadu_si128((const __m128i *)(rp[q + 4] + off)), 1);
+		z[q] = _mm512_inserti32x4(z[q], _mm_loadu_si128((const __m128i *)(rp[q + 8] + off)), 2);
+		z[q] = _mm512_inserti32x4(z[q], _mm_loadu_si128((const __m128i *)(rp[q + 12] + off)),
+					  3);
+	}
+	a[0] = _mm512_unpacklo_epi32(z[0], z[1]);
+	a[1] = _mm512_unpackhi_epi32(z[0], z[1]);
+	a[2] = _mm512_unpacklo_epi32(z[2], z[3]);
+	a[3] = _mm512_unpackhi_epi32(z[2], z[3]);
+	/* lane l now holds rows 4l..4l+3: in order */
+	out[0] = _mm512_unpacklo_epi64(a[0], a[2]);
+	out[1] = _mm512_unpackhi_epi64(a[0], a[2]);
+	out[2] = _mm512_unpacklo_epi64(a[1], a[3]);
+	out[3] = _mm512_unpackhi_epi64(a[1], a[3]);
+}
+
+/*
+ * Half floats from 16 rows: `pick` selects the 16-bit word (0..7) of the 16
+ * bytes at `off` in each row. Built as the first stages of rows_tr16x4:
+ * cheaper than 16 scalar loads and a store-forwarding stall.
+ */
+ALWAYS_INLINE __m512 rows_f16(const uint8_t *const *rp, int64_t off, const int pick)
+{
+	__m512i t[4];
+
+	rows_tr16x4(rp, off, t);
+	__m512i v = t[pick / 2];
+
+	if (pick & 1)
+		v = _mm512_srli_epi32(v, 16);
+	return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v));
+}
+
+struct panel {
+	const uint8_t *rp[16 * GMAX]; /* the panel's rows */
+};
+
+/* rows past the end repeat the last row: read in bounds, results discarded */
+static void panel_rows(struct panel *p, int G, const uint8_t *w, size_t ws, int64_t r0,
+		       int64_t nrows)
+{
+	for (int r = 0; r < 16 * G; r++)
+		p->rp[r] = w + (size_t)min64(r0 + r, nrows - 1) * ws;
+}
+
+ALWAYS_INLINE void pack_q8_0(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	for (int u = 0; u < nu; u++) {
+		const int64_t off = (u0 + u) * 34;
+		uint8_t *du = dst + (size_t)u * UW8(G);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			__m512i z[8], o[8];
+
+			for (int i = 0; i < 8; i++)
+				z[i] = _mm512_xor_si512(load_pair256(rp[i] + off + 2,
+								     rp[i + 8] + off + 2),
+							_mm512_set1_epi8((char)0x80));
+			tr16x8(z, o);
+			store8(du + 512 * g, o);
+			_mm512_store_ps(du + 512 * G + 64 * g, rows_f16(rp, off, 0));
+		}
+	}
+}
+
+ALWAYS_INLINE void pack_q4_0(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0F);
+
+	for (int u = 0; u < nu; u++) {
+		const int64_t off = (u0 + u) * 18;
+		uint8_t *du = dst + (size_t)u * UW8(G);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			__m512i t[4];
+
+			/*
+			 * Transpose the 16 packed bytes first (4 groups of 4 bytes),
+			 * then split nibbles: group j's low nibbles are elements 4j..,
+			 * its high nibbles elements 16 + 4j.., i.e. groups j and j + 4.
+			 */
+			rows_tr16x4(rp, off + 2, t);
+			for (int j = 0; j < 4; j++) {
+				_mm512_store_si512(du + 512 * g + 64 * j, _mm512_and_si512(t[j], m4));
+				_mm512_store_si512(du + 512 * g + 64 * (j + 4),
+						   _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4));
+			}
+			_mm512_store_ps(du + 512 * G + 64 * g, rows_f16(rp, off, 0));
+		}
+	}
+}
+
+/* nu is a multiple of 8: whole super-blocks */
+ALWAYS_INLINE void pack_q4_k(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi32(63);
+	const __m512i m2 = _mm512_set1_epi32(3), m4d = _mm512_set1_epi32(0xF);
+
+	for (int s = 0; s < nu / 8; s++) {
+		const int64_t off = (u0 / 8 + s) * 144;
+		uint8_t *ds = dst + (size_t)s * SBW(G, Q4K_SCALE_BYTES);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			uint8_t *sg = ds + 8 * G * 512 + g * Q4K_SCALE_BYTES;
+
+			for (int jj = 0; jj < 4; jj++) {
+				__m512i zl[8], zh[8], o[8];
+
+				for (int i = 0; i < 8; i++) {
+					__m512i v = load_pair256(rp[i] + off + 16 + 32 * jj,
+								 rp[i + 8] + off + 16 + 32 * jj);
+
+					zl[i] = _mm512_and_si512(v, m4);
+					zh[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+				}
+				tr16x8(zl, o);
+				store8(ds + (2 * jj) * G * 512 + 512 * g, o);
+				tr16x8(zh, o);
+				store8(ds + (2 * jj + 1) * G * 512 + 512 * g, o);
+			}
+			/* scales of 16 rows at once, one 32-bit lane per row */
+			__m512i hdr[4];
+
+			rows_tr16x4(rp, off, hdr);
+			const __m512i dd = hdr[0], u0v = hdr[1], u1v = hdr[2], u2v = hdr[3];
+			const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+			const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+				_mm512_srli_epi32(dd, 16)));
+			__m512i mn[8];
+
+			for (int j = 0; j < 4; j++) {
+				__m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(u0v, 8 * j), m6);
+				__m512i m_lo = _mm512_and_si512(_mm512_srli_epi32(u1v, 8 * j), m6);
+				__m512i sc_hi = _mm512_or_si512(
+					_mm512_and_si512(_mm512_srli_epi32(u2v, 8 * j), m4d),
+					_mm512_slli_epi32(_mm512_and_si512(
+						_mm512_srli_epi32(u0v, 8 * j + 6), m2), 4));
+				__m512i m_hi = _mm512_or_si512(
+					_mm512_and_si512(_mm512_srli_epi32(u2v, 8 * j + 4), m4d),
+					_mm512_slli_epi32(_mm512_and_si512(
+						_mm512_srli_epi32(u1v, 8 * j + 6), m2), 4));
+
+				_mm512_store_ps(sg + j * 64,
+						_mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_lo)));
+				_mm512_store_ps(sg + (j + 4) * 64,
+						_mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_hi)));
+				mn[j] = m_lo;
+				mn[j + 4] = m_hi;
+			}
+			for (int i = 0; i < 4; i++)
+				_mm512_store_si512(sg + (8 + i) * 64,
+						   _mm512_or_si512(mn[2 * i],
+								   _mm512_slli_epi32(mn[2 * i + 1], 16)));
+			_mm512_store_ps(sg + 12 * 64, _mm512_sub_ps(_mm512_setzero_ps(), dmin));
+		}
+	}
+}
+
+ALWAYS_INLINE void pack_q6_k(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+
+	for (int s = 0; s < nu / 8; s++) {
+		const int64_t off = (u0 / 8 + s) * 210;
+		uint8_t *ds = dst + (size_t)s * SBW(G, Q6K_SCALE_BYTES);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			float *sg = (float *)(ds + 8 * G * 512 + g * Q6K_SCALE_BYTES);
+
+			for (int h = 0; h < 2; h++) {
+				__m512i z[4][8], o[8];
+
+				for (int i = 0; i < 8; i++) {
+					const uint8_t *a = rp[i] + off, *b = rp[i + 8] + off;
+					__m512i l0 = load_pair256(a + 64 * h, b + 64 * h);
+					__m512i l1 = load_pair256(a + 64 * h + 32, b + 64 * h + 32);
+					__m512i qh = load_pair256(a + 128 + 32 * h, b + 128 + 32 * h);
+
+					/* 0xEA: (A & B) | C, low nibble | two high bits at 0x30 */
+					z[0][i] = _mm512_ternarylogic_epi32(l0, m4, _mm512_and_si512(
+						_mm512_slli_epi16(qh, 4), m30), 0xEA);
+					z[1][i] = _mm512_ternarylogic_epi32(l1, m4, _mm512_and_si512(
+						_mm512_slli_epi16(qh, 2), m30), 0xEA);
+					z[2][i] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l0, 4),
+									    m4, _mm512_and_si512(qh, m30),
+									    0xEA);
+					z[3][i] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l1, 4),
+									    m4, _mm512_and_si512(
+						_mm512_srli_epi16(qh, 2), m30), 0xEA);
+				}
+				for (int j = 0; j < 4; j++) {
+					tr16x8(z[j], o);
+					store8(ds + (4 * h + j) * G * 512 + 512 * g, o);
+				}
+			}
+			const __m512 d = rows_f16(rp, off + 194, 7);
+			__m512i scv[4];
+
+			rows_tr16x4(rp, off + 192, scv);
+			for (int q = 0; q < 4; q++) {
+				const __m512i v = scv[q];
+
+				for (int j = 0; j < 4; j++) {
+					/* sign-extend byte j of each lane */
+					__m512i sj = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j),
+								       24);
+
+					_mm512_store_ps(sg + (4 * q + j) * 16,
+							_mm512_mul_ps(d, _mm512_cvtepi32_ps(sj)));
+				}
+			}
+		}
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* packed activations: per micro-tile of NCP columns, one pointer per unit  */
+
+/*
+ * Q8_0 columns (NULL: a zero column) into [unit][quants NCP x 32 | start
+ * NCP x int32 | scale NCP x float]; start = -z * sum, z the weights' zero
+ * point (128 for xor-flipped Q8_0, 8 for Q4_0).
+ */
+static void xpack_q8(const uint8_t *const *cols, int64_t nu, int32_t z, uint8_t *out)
+{
+	/* missing columns of a last tile read a zero block, with stride 0 */
+	static const struct hyb_block_q8_0 zero;
+	const struct hyb_block_q8_0 *b[NCP];
+	int64_t step[NCP];
+	const __m256i flip = _mm256_set1_epi8((char)0x80);
+	const int zshift = z == 128 ? 7 : 3;
+
+	for (int c = 0; c < NCP; c++) {
+		b[c] = cols[c] ? (const struct hyb_block_q8_0 *)cols[c] : &zero;
+		step[c] = cols[c] ? 1 : 0;
+	}
+	/*
+	 * All NCP columns of a unit at once: the four byte sums come out of one
+	 * reduction and the four scales out of one conversion. This runs once
+	 * per call over ncols x k, so it must stay cheap next to a short
+	 * row range.
+	 */
+	for (int64_t u = 0; u < nu; u++, out += UX8) {
+		__m256i sad[NCP];
+		uint64_t dh = 0;
+
+		for (int c = 0; c < NCP; c++) {
+			const struct hyb_block_q8_0 *bc = b[c] + u * step[c];
+			const __m256i q = _mm256_loadu_si256((const __m256i *)bc->qs);
+
+			_mm256_storeu_si256((__m256i *)(out + 32 * c), q);
+			/* sums of x + 128 per 8 bytes */
+			sad[c] = _mm256_sad_epu8(_mm256_xor_si256(q, flip), _mm256_setzero_si256());
+			dh |= (uint64_t)bc->d << (16 * c);
+		}
+		/* 4 columns x 4 partial sums -> 4 sums (qwords 0-3 of each) */
+		const __m256i s01 = _mm256_add_epi64(_mm256_unpacklo_epi64(sad[0], sad[1]),
+						     _mm256_unpackhi_epi64(sad[0], sad[1]));
+		const __m256i s23 = _mm256_add_epi64(_mm256_unpacklo_epi64(sad[2], sad[3]),
+						     _mm256_unpackhi_epi64(sad[2], sad[3]));
+		/* s01 = [c0 lo, c1 lo, c0 hi, c1 hi] per 128-bit lane pairs */
+		const __m256i t = _mm256_add_epi64(_mm256_permute2x128_si256(s01, s23, 0x20),
+						   _mm256_permute2x128_si256(s01, s23, 0x31));
+		/* qwords c0, c1, c2, c3 -> int32, minus the 32 * 128 offset */
+		const __m128i sum = _mm_sub_epi32(_mm256_cvtepi64_epi32(t), _mm_set1_epi32(32 * 128));
+
+		_mm_storeu_si128((__m128i *)(out + NCP * 32),
+				 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, zshift)));
+		_mm_storeu_ps((float *)(out + NCP * 36),
+			      _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dh)));
+	}
+}
+
+/*
+ * Q8_K columns into [super-block][quants NCP x 256 | extra | scale NCP x
+ * float]. Extra for Q4_K: per column 4 int32 = sums of sub-blocks (2i, 2i+1)
+ * as int16 pairs (for vpdpwssd with the mins); for Q6_K: per column 16 int32
+ * = -32 * bsum (the codes' offset).
+ */
+static void xpack_k(const uint8_t *const *cols, int64_t nsb, int q6, uint8_t *out)
+{
+	const size_t sbx = q6 ? SX6K : SX4K, extra = q6 ? 64 : 16;
+
+	for (int64_t s = 0; s < nsb; s++, out += sbx) {
+		float *d = (float *)(out + NCP * (256 + extra));
+
+		for (int c = 0; c < NCP; c++) {
+			const struct hyb_block_q8_k *b = cols[c] ?
+				(const struct hyb_block_q8_k *)cols[c] + s : NULL;
+			int32_t *ex = (int32_t *)(out + NCP * 256 + extra * c);
+
+			if (!b) {
+				memset(out + 256 * c, 0, 256);
+				memset(ex, 0, extra);
+				d[c] = 0;
+				continue;
+			}
+			memcpy(out + 256 * c, b->qs, 256);
+			d[c] = b->d;
+			if (q6) {
+				for (int j = 0; j < 16; j++)
+					ex[j] = -32 * b->bsums[j];
+			} else {
+				for (int i = 0; i < 4; i++) {
+					const int16_t *bs = b->bsums + 4 * i;
+					const uint16_t lo = (uint16_t)(bs[0] + bs[1]);
+					const uint16_t hi = (uint16_t)(bs[2] + bs[3]);
+
+					ex[i] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
+				}
+			}
+		}
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* packed micro-kernels                                                     */
+
+/*
+ * Software prefetch of the next chunk's raw rows into L2, one row per unit
+ * of micro-kernel work, each column tile taking a share of the rows.
+ * Packing then reads from L2 instead of stalling on dozens of row streams
+ * (more than the hardware prefetcher tracks), and the transfers overlap the
+ * arithmetic instead of queueing up in a burst.
+ */
+struct next_chunk {
+	const uint8_t *w;
+	size_t ws;
+	int64_t r0, nrows; /* first row of the next chunk's panel; rows of the matrix */
+	size_t off, len;   /* its bytes in each row (len 0: nothing to fetch) */
+};
+
+struct pf_rows {
+	const struct next_chunk *n;
+	int ra, rb; /* this tile's share of the panel's rows */
+};
+
+static inline void prefetch_row(const struct next_chunk *nc, int r)
+{
+	const uint8_t *p = nc->w + (size_t)min64(nc->r0 + r, nc->nrows - 1) * nc->ws + nc->off;
+	const uintptr_t hi = (uintptr_t)p + nc->len;
+
+	for (uintptr_t l = (uintptr_t)p & ~(uintptr_t)63; l < hi; l += 64)
+		_mm_prefetch((const char *)l, _MM_HINT_T1);
+}
+
+ALWAYS_INLINE void pf_step(struct pf_rows pf, int i)
+{
+	if (pf.ra + i < pf.rb)
+		prefetch_row(pf.n, pf.ra + i);
+}
+
+ALWAYS_INLINE void out_store(__m512 v, float *y, __mmask16 m, int first)
+{
+	if (!first)
+		v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, y));
+	_mm512_mask_storeu_ps(y, m, v);
+}
+
+ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uint8_t *xp, int nu,
+			 struct pf_rows pf,
+			 float *const *y, const __mmask16 *m, int first)
+{
+	__m512 acc[GMAX][NCP];
+
+	for (int g = 0; g < G; g++)
+		for (int c = 0; c < NC; c++)
+			acc[g][c] = _mm512_setzero_ps();
+	for (int u = 0; u < nu; u++) {
+		const uint8_t *wu = wp + (size_t)u * UW8(G), *xu = xp + (size_t)u * UX8;
+		__m512i ia[GMAX][NCP];
+
+		pf_step(pf, u);
+
+#pragma GCC unroll 4
+		for (int c = 0; c < NC; c++) {
+			const __m512i init = _mm512_set1_epi32(ld32(xu + NCP * 32 + 4 * c));
+
+			for (int g = 0; g < G; g++)
+				ia[g][c] = init;
+		}
+#pragma GCC unroll 8
+		for (int t = 0; t < 8; t++) {
+			__m512i wv[GMAX];
+
+			for (int g = 0; g < G; g++)
+				wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
+#pragma GCC unroll 4
+			for (int c = 0; c < NC; c++) {
+				const __m512i xb = _mm512_set1_epi32(ld32(xu + 32 * c + 4 * t));
+
+				for (int g = 0; g < G; g++)
+					ia[g][c] = dot_us(ia[g][c], wv[g], xb);
+			}
+		}
+#pragma GCC unroll 3
+		for (int g = 0; g < G; g++) {
+			const __m512 sw = _mm512_load_ps(wu + 512 * G + 64 * g);
+
+#pragma GCC unroll 4
+			for (int c = 0; c < NC; c++) {
+				const __m512 dx = _mm512_set1_ps(((const float *)(xu + NCP * 36))[c]);
+
+				acc[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]),
+							    _mm512_mul_ps(sw, dx), acc[g][c]);
+			}
+		}
+	}
+	for (int c = 0; c < NC; c++)
+		for (int g = 0; g < G; g++)
+			out_store(acc[g][c], y[c] + 16 * g, m[g], first);
+}
+
+/*
+ * Q4_K: per super-block, 8 units scaled by d*sc_j into fb, then the mins
+ * (int16 pairs m_2i, m_2i+1 times the pair sums) by -dmin, then fb times
+ * the column scale into acc.
+ */
+ALWAYS_INLINE void mk_q4k(const int G, const int NC, const uint8_t *wp, const uint8_t *xp,
+			  int nsb, struct pf_rows pf, float *const *y, const __mmask16 *m,
+			  int first)
+{
+	__m512 acc[GMAX][NCP];
+
+	for (int g = 0; g < G; g++)
+		for (int c = 0; c < NC; c++)
+			acc[g][c] = _mm512_setzero_ps();
+	for (int s = 0; s < nsb; s++) {
+		const uint8_t *ws = wp + (size_t)s * SBW(G, Q4K_SCALE_BYTES);
+		const uint8_t *xs = xp + (size_t)s * SX4K;
+		const uint8_t *sc = ws + 8 * G * 512;
+		__m512 fb[GMAX][NCP];
+		__m512i ia[GMAX][NCP];
+
+		for (int g = 0; g < G; g++)
+			for (int c = 0; c < NC; c++)
+				fb[g][c] = _mm512_setzero_ps();
+		for (int j = 0; j < 8; j++) {
+			const uint8_t *wu = ws + (size_t)j * G * 512;
+
+			pf_step(pf, s * 8 + j);
+
+			for (int g = 0; g < G; g++)
+				for (int c = 0; c < NC; c++)
+					ia[g][c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+			for (int t = 0; t < 8; t++) {
+				__m512i wv[GMAX];
+
+				for (int g = 0; g < G; g++)
+					wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
+#pragma GCC unroll 4
+				for (int c = 0; c < NC; c++) {
+					const __m512i xb = _mm512_set1_epi32(
+						ld32(xs + 256 * c + 32 * j + 4 * t));
+
+					for (int g = 0; g < G; g++)
+						ia[g][c] = dot_us(ia[g][c], wv[g], xb);
+				}
+			}
+			for (int g = 0; g < G; g++) {
+				const __m512 sj = _mm512_load_ps(sc + g * Q4K_SCALE_BYTES + 64 * j);
+
+				for (int c = 0; c < NC; c++)
+					fb[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
+								   fb[g][c]);
+			}
+		}
+		for (int g = 0; g < G; g++) {
+			const uint8_t *sg = sc + g * Q4K_SCALE_BYTES;
+			const __m512 ndmin = _mm512_load_ps(sg + 12 * 64);
+
+			for (int c = 0; c < NC; c++) {
+				__m512i im = _mm512_setzero_si512();
+
+				for (int i = 0; i < 4; i++)
+					im = dot_ww(im, _mm512_load_si512(sg + (8 + i) * 64),
+						    _mm512_set1_epi32(ld32(xs + NCP * 256 + 16 * c + 4 * i)));
+				fb[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), ndmin, fb[g][c]);
+				acc[g][c] = _mm512_fmadd_ps(fb[g][c], _mm512_set1_ps(
+					((const float *)(xs + NCP * 272))[c]), acc[g][c]);
+			}
+		}
+	}
+	for (int c = 0; c < NC; c++)
+		for (int g = 0; g < G; g++)
+			out_store(acc[g][c], y[c] + 16 * g, m[g], first);
+}
+
+/* Q6_K: sub-blocks of 16 = half a unit, started at -32 * bsum */
+ALWAYS_INLINE void mk_q6k(const int G, const int NC, const uint8_t *wp, const uint8_t *xp,
+			  int nsb, struct pf_rows pf, float *const *y, const __mmask16 *m,
+			  int first)
+{
+	__m512 acc[GMAX][NCP];
+
+	for (int g = 0; g < G; g++)
+		for (int c = 0; c < NC; c++)
+			acc[g][c] = _mm512_setzero_ps();
+	for (int s = 0; s < nsb; s++) {
+		const uint8_t *ws = wp + (size_t)s * SBW(G, Q6K_SCALE_BYTES);
+		const uint8_t *xs = xp + (size_t)s * SX6K;
+		const uint8_t *sc = ws + 8 * G * 512;
+		__m512 fb[GMAX][NCP];
+		__m512i ia[GMAX][NCP];
+
+		for (int g = 0; g < G; g++)
+			for (int c = 0; c < NC; c++)
+				fb[g][c] = _mm512_setzero_ps();
+		for (int j = 0; j < 16; j++) {
+			const uint8_t *wu = ws + (size_t)(j / 2) * G * 512 + 256 * (j & 1);
+
+			if (!(j & 1))
+				pf_step(pf, s * 8 + j / 2);
+
+#pragma GCC unroll 4
+			for (int c = 0; c < NC; c++) {
+				const __m512i init = _mm512_set1_epi32(
+					ld32(xs + NCP * 256 + 64 * c + 4 * j));
+
+				for (int g = 0; g < G; g++)
+					ia[g][c] = init;
+			}
+#pragma GCC unroll 4
+			for (int t = 0; t < 4; t++) {
+				__m512i wv[GMAX];
+
+				for (int g = 0; g < G; g++)
+					wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
+#pragma GCC unroll 4
+				for (int c = 0; c < NC; c++) {
+					const __m512i xb = _mm512_set1_epi32(
+						ld32(xs + 256 * c + 16 * j + 4 * t));
+
+					for (int g = 0; g < G; g++)
+						ia[g][c] = dot_us(ia[g][c], wv[g], xb);
+				}
+			}
+			for (int g = 0; g < G; g++) {
+				const __m512 sj = _mm512_load_ps(sc + g * Q6K_SCALE_BYTES + 64 * j);
+
+				for (int c = 0; c < NC; c++)
+					fb[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
+								   fb[g][c]);
+			}
+		}
+		for (int c = 0; c < NC; c++) {
+			const __m512 dx = _mm512_set1_ps(((const float *)(xs + NCP * 320))[c]);
+
+			for (int g = 0; g < G; g++)
+				acc[g][c] = _mm512_fmadd_ps(fb[g][c], dx, acc[g][c]);
+		}
+	}
+	for (int c = 0; c < NC; c++)
+		for (int g = 0; g < G; g++)
+			out_store(acc[g][c], y[c] + 16 * g, m[g], first);
+}
+
+enum ptype { P_Q8_0, P_Q4_0, P_Q4_K, P_Q6_K };
+
+static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t *xp, int nu,
+		   struct pf_rows pf, float *const *y, const __mmask16 *m, int first)
+{
+	if (t == P_Q8_0 || t == P_Q4_0) {
+		switch (nc) {
+#define CASE(N) case N: mk_q8(G8, N, wp, xp, nu, pf, y, m, first); break;
+		CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+		}
+	} else if (t == P_Q4_K) {
+		switch (nc) {
+#define CASE(N) case N: mk_q4k(GK, N, wp, xp, nu / 8, pf, y, m, first); break;
+		CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+		}
+	} else {
+		switch (nc) {
+#define CASE(N) case N: mk_q6k(GK, N, wp, xp, nu / 8, pf, y, m, first); break;
+		CASE(1) CASE(2) CASE(3) CASE(4)
+#undef CASE
+		}
+	}
+}
+
+static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int nu, uint8_t *dst)
+{
+	switch (t) {
+	case P_Q8_0:
+		pack_q8_0(p, G8, u0, nu, dst);
+		break;
+	case P_Q4_0:
+		pack_q4_0(p, G8, u0, nu, dst);
+		break;
+	case P_Q4_K:
+		pack_q4_k(p, GK, u0, nu, dst);
+		break;
+	case P_Q6_K:
+		pack_q6_k(p, GK, u0, nu, dst);
+		break;
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* packed driver                                                            */
+
+/*
+ * Rows in panels of 16*G, k in chunks of KCU units: the chunk's packed
+ * codes (16*G x 512 bytes) stay in L1 while every column tile passes over
+ * them. Returns -1 (nothing written) when scratch memory is not available.
+ */
+static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
+{
+	const int kq = t == P_Q4_K || t == P_Q6_K;
+	const int G = kq ? GK : G8, rows = 16 * G, KCU = kq ? KCUK : KCU8;
+	const int64_t nu = k / 32, ntile = (ncols + NCP - 1) / NCP;
+	/* bytes per unit of k: packed activations of a tile, raw weight row */
+	const size_t xunit = t == P_Q4_K ? SX4K / 8 : t == P_Q6_K ? SX6K / 8 : UX8;
+	const size_t wunit = t == P_Q8_0 ? 34 : t == P_Q4_0 ? 18 : t == P_Q4_K ? 18 : 27;
+	const size_t chunk = kq ? KCU / 8 * SBW(G, t == P_Q4_K ? Q4K_SCALE_BYTES : Q6K_SCALE_BYTES)
+			     : KCU * UW8(G);
+	const size_t tile_bytes = (size_t)nu * xunit;
+	/* rows of the next chunk each column tile prefetches */
+	const int64_t pf_per = (rows + ntile - 1) / ntile;
+	uint8_t *xs, *ws;
+	struct panel p;
+
+	xs = hyb_cpu_scratch(HYB_SCRATCH_X, tile_bytes * (size_t)ntile);
+	ws = hyb_cpu_scratch(HYB_SCRATCH_W, chunk);
+	if (!xs || !ws)
+		return -1;
+	for (int64_t tt = 0; tt < ntile; tt++) {
+		const uint8_t *cols[NCP];
+
+		for (int c = 0; c < NCP; c++)
+			cols[c] = tt * NCP + c < ncols ?
+				  (const uint8_t *)x + (size_t)(tt * NCP + c) * x_stride : NULL;
+		if (kq)
+			xpack_k(cols, k / 256, t == P_Q6_K, xs + tt * tile_bytes);
+		else
+			xpack_q8(cols, nu, t == P_Q8_0 ? 128 : 8, xs + tt * tile_bytes);
+	}
+	for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
+		__mmask16 m[GMAX];
+
+		for (int g = 0; g < G; g++) {
+			const int64_t left = nrows - r0 - 16 * g;
+
+			m[g] = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+		}
+		panel_rows(&p, G, w, w_stride, r0, nrows);
+		for (int64_t u0 = 0; u0 < nu; u0 += KCU) {
+			const int cu = (int)min64(KCU, nu - u0);
+			struct next_chunk nxt = { w, w_stride, r0, nrows, 0, 0 };
+			/* PF_CHUNKS chunks ahead, in this panel or the next one */
+			int64_t pu = u0 + PF_CHUNKS * KCU, pr = r0;
+
+			if (pu >= nu) {
+				pu -= (nu + KCU - 1) / KCU * KCU;
+				pr += rows;
+			}
+			if (pr < nrows && pu < nu) {
+				nxt.r0 = pr;
+				nxt.off = (size_t)pu * wunit;
+				nxt.len = (size_t)min64(KCU, nu - pu) * wunit;
+			}
+			pack_any(t, &p, u0, cu, ws);
+			for (int64_t tt = 0; tt < ntile; tt++) {
+				const int nc = (int)min64(NCP, ncols - tt * NCP);
+				const struct pf_rows pf = {
+					&nxt, (int)min64(rows, tt * pf_per),
+					nxt.len ? (int)min64(rows, (tt + 1) * pf_per) : 0,
+				};
+				float *yc[NCP];
+
+				for (int c = 0; c < nc; c++)
+					yc[c] = y + (size_t)(tt * NCP + c) * y_stride + r0;
+				mk_any(t, nc, ws, xs + tt * tile_bytes + (size_t)u0 * xunit, cu, pf, yc,
+				       m, u0 == 0);
+				/* rows of the share the tile's units did not cover */
+				for (int r = pf.ra + cu; r < pf.rb; r++)
+					prefetch_row(&nxt, r);
+			}
+		}
+	}
+	return 0;
+}
+
