@@ -24,6 +24,7 @@
 #include "cpu_kernels.h"
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
+#include "attention.h"
 #include "ops.h"
 
 #define MAX_MATS 3
@@ -175,74 +176,6 @@ struct attn_job {
 	uint32_t layer, n;
 };
 
-/*
- * One (token, head) pair, as llama.cpp's CPU flash attention computes it
- * (ggml-cpu ops.cpp), which is its default on CPU. Doing the same arithmetic
- * is what makes greedy tokens agree with llama.cpp's on models whose logits
- * sit close together:
- *   - batches under 64 tokens (decode, short prompts; flash_attn_ext_f16_one_chunk):
- *     q rounded to F16, K·q in the F16 dot kernel, online softmax over
- *     positions in order, V accumulated in F16 and rescaled when the max grows;
- *   - batches of 64 or more (its tiled path): the same in F32 throughout.
- * Not reproduced: for single-token decode over 512+ cached positions
- * llama.cpp splits the positions between its threads and merges partial
- * softmaxes, so its own result depends on its thread count.
- */
-static void attend(const struct hyb_ctx *c, const float *q, const uint16_t *kc,
-		   const uint16_t *vc, uint32_t n_kv, float scale, bool f16, void *tmp,
-		   float *out)
-{
-	const struct hyb_cpu_kernels *k = c->k;
-	const uint32_t hd = c->m->hp.head_dim;
-	uint16_t *q16 = tmp, *acc16 = q16 + hd;
-	float *acc = (float *)(acc16 + hd), *row = acc + hd;
-	float S = 0, M = -INFINITY;
-
-	if (f16) {
-		k->quantize_act[HYB_TYPE_F16](q, q16, hd);
-		memset(acc16, 0, sizeof(uint16_t) * hd);
-	} else {
-		memset(acc, 0, sizeof(float) * hd);
-	}
-	for (uint32_t p = 0; p < n_kv; p++) {
-		const uint16_t *kr = kc + (size_t)p * c->kv_dim, *v = vc + (size_t)p * c->kv_dim;
-		float s = 0, ms = 1.0f, vs = 1.0f;
-
-		if (f16) {
-			k->gemm[HYB_TYPE_F16](hd, kr, 0, 1, q16, 0, 1, &s, 1);
-		} else {
-			k->dequantize[HYB_TYPE_F16](kr, row, hd);
-			for (uint32_t d = 0; d < hd; d++)
-				s += row[d] * q[d];
-		}
-		s *= scale;
-		if (s > M) {
-			float m_old = M;
-
-			M = s;
-			ms = expf(m_old - M);
-		} else {
-			vs = expf(s - M);
-		}
-		if (f16) {
-			for (uint32_t d = 0; ms != 1.0f && d < hd; d++)
-				acc16[d] = hyb_f32_to_f16(hyb_f16_to_f32(acc16[d]) * ms);
-			for (uint32_t d = 0; d < hd; d++)
-				acc16[d] = hyb_f32_to_f16(hyb_f16_to_f32(acc16[d]) +
-							  hyb_f16_to_f32(v[d]) * vs);
-		} else {
-			k->dequantize[HYB_TYPE_F16](v, row, hd);
-			for (uint32_t d = 0; d < hd; d++)
-				acc[d] = acc[d] * ms + row[d] * vs;
-		}
-		S = S * ms + vs;
-	}
-	const float s_inv = S == 0.0f ? 0.0f : 1.0f / S;
-
-	for (uint32_t d = 0; d < hd; d++)
-		out[d] = (f16 ? hyb_f16_to_f32(acc16[d]) : acc[d]) * s_inv;
-}
-
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_job *j = arg;
@@ -261,8 +194,8 @@ static void attn_worker(void *arg, int ith, int nth)
 		uint32_t t = (uint32_t)(pair / hp->n_head), h = (uint32_t)(pair % hp->n_head);
 		size_t kv_off = (size_t)(h / group) * hd;
 
-		attend(c, c->q + (size_t)t * c->q_dim + (size_t)h * hd, kc + kv_off, vc + kv_off,
-		       c->n_past + t + 1, scale, f16, tmp,
+		hyb_attend(c->k, c->q + (size_t)t * c->q_dim + (size_t)h * hd, kc + kv_off,
+			   vc + kv_off, c->kv_dim, hd, c->n_past + t + 1, scale, f16, tmp,
 		       c->att + (size_t)t * c->q_dim + (size_t)h * hd);
 	}
 }
@@ -444,7 +377,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->kcache = alloc_zeroed(c->kv_bytes / 2);
 	c->vcache = alloc_zeroed(c->kv_bytes / 2);
 	/* per thread: q16, acc16, acc, row; a cache line apart from the next thread's */
-	c->attn_tmp_stride = (12 * (size_t)hp->head_dim + 127) & ~63ul;
+	c->attn_tmp_stride = (hyb_attend_tmp_bytes(hp->head_dim) + 63) & ~63ul;
 	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
 	c->x = alloc_zeroed(scratch_bytes(c));
 	if (!c->kcache || !c->vcache || !c->attn_tmp || !c->x) {
