@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "cpu_kernels.h"
 #include "hyb/generate.h"
 #include "hyb/tokenizer.h"
 
@@ -47,7 +48,10 @@ int cmd_run(int argc, char **argv)
 	cli_parse(argc, argv, &o, usage);
 	if (!o.prompt)
 		cli_die("no prompt given (-p PROMPT)");
+	double t_load = hyb_now();
+
 	m = cli_load_model(&o);
+	t_load = hyb_now() - t_load;
 	ids = cli_tokenize(m, o.prompt, &n_ids);
 	if (!o.n_ctx)
 		o.n_ctx = (uint32_t)(n_ids + o.n_predict) < m->hp.n_ctx_train ?
@@ -60,6 +64,9 @@ int cmd_run(int argc, char **argv)
 	if (!s)
 		cli_die("out of memory");
 
+	fprintf(stderr, "hyb: %s: %s, %u layers, embd %u, vocab %u; %s kernels; loaded in %.2f s\n",
+		o.model, m->hp.arch, m->hp.n_layer, m->hp.n_embd, m->hp.n_vocab,
+		hyb_cpu_best()->name, t_load);
 	out.tok = m->tok;
 	out.n = 0;
 	out.ids = o.print_ids ? malloc(sizeof(int32_t) * (o.n_predict + 1)) : NULL;
