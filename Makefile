@@ -112,21 +112,21 @@ models/demo.gguf: $(BUILD)/hybctl
 	$(BUILD)/hybctl synth -o $@ --hidden 512 --ffn 1376 --layers 8 --heads 8 --vocab 4096 --type Q8_0 --seed 1
 
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$$(nproc) all
 	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory models/demo.gguf; fi
 	$(BUILD)/hyb run -m $(if $(MODEL),$(MODEL),models/demo.gguf) -p "$(PROMPT)" -n $(N)
 
 test: deps
-	@$(MAKE) --no-print-directory all fuzz
+	@$(MAKE) --no-print-directory -j$$(nproc) all fuzz
 	$(TESTBIN)
 
 bench: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$$(nproc) all
 	bash tests/bench/run.sh
 
 test-gpu:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory -j$$(nproc) all
 	$(GPU_TESTBIN)
 else
 	@echo "hyb: CUDA toolkit not found: nothing to test on a GPU"
