@@ -30,7 +30,7 @@ TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
 LIB     := $(BUILD)/libhyb.a
 TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl
 TESTBIN := $(BUILD)/hyb-tests
-BENCHBIN := $(BUILD)/bench_kernels
+BENCHBIN := $(BUILD)/bench_kernels $(BUILD)/bench_queue
 FUZZ    := $(BUILD)/fuzz_gguf
 
 # CUDA: built whenever nvcc exists, even with no GPU to run it.
@@ -75,7 +75,7 @@ $(BUILD)/hybctl: $(CTL_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 $(TESTBIN): $(TEST_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
-$(BENCHBIN): $(BUILD)/tests/bench/bench_kernels.o $(LIB)
+$(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.

@@ -14,6 +14,10 @@ if [ -x build/bench_kernels ]; then
 	echo "== kernels =="
 	build/bench_kernels
 fi
+if [ -x build/bench_queue ]; then
+	echo "== reload queue (local backend) =="
+	build/bench_queue
+fi
 for t in Q8_0 Q4_0; do
 	echo "== end to end: $t =="
 	build/hyb bench -m models/bench-$t.gguf -p 64 -n 32 -r ${REPS:-5}

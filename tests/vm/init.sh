@@ -13,7 +13,7 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 export PATH=/bin
 
 FUZZ=20
-TESTS="basic numa rofault share queue prio death memory cap perm"
+TESTS="basic numa rofault share queue prio death memory cap perm mempool"
 for a in $(cat /proc/cmdline); do
 	case $a in
 	hybvm.fuzz=*) FUZZ=${a#hybvm.fuzz=} ;;
@@ -77,8 +77,35 @@ else
 	fail "devnode (mode '$mode', want 660)"
 fi
 
+# libhyb's pool and queue backends (tests/unit/test_mempool.c, the checks the
+# host runs): kmod against the module, then local on this two-node kernel with
+# huge pages reserved; bench_queue times the round trip through libhyb.
+HP=/sys/devices/system/node/node*/hugepages/hugepages-2048kB/nr_hugepages
+mempool() {
+	run "libhyb kmod backend" 150 sh -c 'HYB_REQUIRE_KMOD=1 /hybmempool _kmod >/tmp/mp.log 2>&1;
+		rc=$?; sed "s/^/  /" /tmp/mp.log; exit $rc'
+	for f in $HP; do echo 24 >"$f"; done
+	run "libhyb local backend (reserved huge pages, 2 nodes)" 120 sh -c '/hybmempool _local \
+		>/tmp/mp.log 2>&1; rc=$?; sed "s/^/  /" /tmp/mp.log; exit $rc'
+	for f in $HP; do echo 0 >"$f"; done
+	THP=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+	if [ -w $THP ] && echo advise >$THP; then
+		run "libhyb local backend (shmem THP)" 60 sh -c '/hybmempool backing_local \
+			move_local share_fork_local ro_others_local >/tmp/mp.log 2>&1; rc=$?;
+			sed "s/^/  /" /tmp/mp.log; exit $rc'
+		echo never >$THP
+	fi
+	run "libhyb queue bench (kmod)" 90 sh -c '/bench_queue --backend kmod -n 300 --pool-mib 64 \
+		>/tmp/bq.log 2>&1; rc=$?; grep -E "^(queue|pool)_" /tmp/bq.log |
+		sed "s/^/HYBVM METRIC libhyb_kmod_/"; grep -vE "^(queue|pool)_" /tmp/bq.log |
+		sed "s/^/  /"; exit $rc'
+}
+
 for t in $TESTS; do
-	run "$t" 90 /hybtest "$t"
+	case $t in
+	mempool) mempool ;;
+	*) run "$t" 90 /hybtest "$t" ;;
+	esac
 done
 [ "$FUZZ" -gt 0 ] && run "fuzz (${FUZZ}s)" $((FUZZ + 30)) /hybfuzz "$FUZZ"
 run "idle (nothing left behind)" 20 /hybtest idle

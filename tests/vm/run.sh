@@ -95,12 +95,21 @@ for prog in hybtest hybfuzz; do
 	$NICE gcc $CFLAGS "$ROOT/tests/vm/$prog.c" -o "$OUT/$prog" >>"$OUT/build.log" 2>&1 ||
 		{ tail -20 "$OUT/build.log"; fail "cannot build tests/vm/$prog.c"; }
 done
+# libhyb's pool/queue backends: the host's conformance tests and queue bench.
+MP_SRCS="$ROOT/libhyb/lat_hist.c $ROOT/libhyb/mempool.c $ROOT/libhyb/mempool_kmod.c
+	 $ROOT/libhyb/mempool_local.c $ROOT/libhyb/rq_local.c"
+MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb"
+{ $NICE gcc $MP_FLAGS "$ROOT/tests/unit/runner.c" "$ROOT/tests/unit/test_mempool.c" $MP_SRCS \
+	-lnuma -o "$OUT/hybmempool" &&
+  $NICE gcc $MP_FLAGS "$ROOT/tests/bench/bench_queue.c" $MP_SRCS -lnuma -o "$OUT/bench_queue"
+} >"$OUT/build-mempool.log" 2>&1 ||
+	{ tail -20 "$OUT/build-mempool.log"; fail "cannot build the libhyb pool tests"; }
 
 # -- 3. initramfs ---------------------------------------------------------------
 IR=$OUT/initramfs
 rm -rf "$IR" && mkdir -p "$IR"/{bin,dev,proc,sys,tmp,etc}
 cp "$BUSYBOX" "$IR/bin/busybox"
-cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$IR/"
+cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$OUT/hybmempool" "$OUT/bench_queue" "$IR/"
 cp "$ROOT/tests/vm/init.sh" "$IR/init"
 chmod 755 "$IR/init"
 printf 'root:x:0:0:root:/:/bin/sh\nuser:x:1000:990::/:/bin/sh\nother:x:1001:1001::/:/bin/sh\n' \

@@ -3,11 +3,19 @@
 #ifndef HYBCTL_H
 #define HYBCTL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+
+#include "hyb/pool.h"
 
 struct gguf_writer;
 
 int cmd_synth(int argc, char **argv);
+int cmd_pools(int argc, char **argv);
+int cmd_stalls(int argc, char **argv);
+int cmd_numa(int argc, char **argv);
 
 /*
  * Write a SentencePiece-style vocabulary of n_vocab tokens into w
@@ -18,5 +26,15 @@ int cmd_synth(int argc, char **argv);
 int synth_vocab(struct gguf_writer *w, uint32_t n_vocab);
 /* Copy every tokenizer.ggml.* key of another GGUF file into w; -1 with a message. */
 int synth_vocab_from(struct gguf_writer *w, const char *path, uint32_t *n_vocab);
+
+/* poolctl.c: shared by pools, stalls and numa. */
+int ctl_parse_backend(const char *cmd, const char *s, enum hyb_backend_kind *kind);
+/* AUTO means the module; NULL after printing one line (unless quiet). */
+struct hyb_backend *ctl_backend(const char *cmd, enum hyb_backend_kind kind, bool quiet);
+void ctl_json_str(FILE *f, const char *s);
+void ctl_json_flags(FILE *f, uint32_t flags);
+void ctl_bytes(char *buf, size_t len, uint64_t b);
+void ctl_ns(char *buf, size_t len, uint64_t ns);
+void ctl_pool_flags(char *buf, size_t len, uint32_t flags);
 
 #endif

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* hybctl: make synthetic models (synth); later: pools, stalls, numa, profile, plan. */
+/* hybctl: synthetic models (synth) and the box-mode pools (pools, stalls, numa). */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +8,9 @@
 static const char usage[] =
 	"usage: hybctl <command> [options]\n"
 	"  synth -o FILE [shape and type options]   write a llama GGUF with random weights\n"
+	"  pools [--json]                           neuron pools of hybpool.ko\n"
+	"  stalls [-w] [--json]                     reload queues and app stall times\n"
+	"  numa [--json] [--move POOL --node N]     topology, pool pages per node, advice\n"
 	"run 'hybctl <command> --help' for its options\n";
 
 int main(int argc, char **argv)
@@ -18,6 +21,12 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "synth"))
 		return cmd_synth(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "pools"))
+		return cmd_pools(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "stalls"))
+		return cmd_stalls(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "numa"))
+		return cmd_numa(argc - 1, argv + 1);
 	fprintf(stderr, "hybctl: unknown command '%s'\n%s", argv[1], usage);
 	return 2;
 }

@@ -1,0 +1,192 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hybctl stalls: the reload queues and how long apps wait for them. With -w
+ * it refreshes every second and shows rates since the last screen; with
+ * --json -w it prints one JSON object per refresh (JSON Lines).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hybctl.h"
+
+static const char usage[] =
+	"usage: hybctl stalls [-w] [--count N] [--json] [--backend kmod|local]\n"
+	"  per reload queue: daemon, clients, requests submitted / completed / failed /\n"
+	"  in flight, app stalls, and p50/p99 of queue wait, service and stall time.\n"
+	"  -w          refresh every second (Ctrl-C ends); --count N stops after N screens\n"
+	"  --json      one JSON object (with -w: one per line per refresh)\n";
+
+static void json_hist(const char *name, const struct hyb_lat_stat *h)
+{
+	printf("\"%s\": {\"count\": %llu, \"sum_ns\": %llu, \"min_ns\": %llu, \"p50_ns\": %llu, "
+	       "\"p90_ns\": %llu, \"p99_ns\": %llu, \"p999_ns\": %llu, \"max_ns\": %llu}", name,
+	       (unsigned long long)h->count, (unsigned long long)h->sum_ns,
+	       (unsigned long long)h->min_ns, (unsigned long long)h->p50_ns,
+	       (unsigned long long)h->p90_ns, (unsigned long long)h->p99_ns,
+	       (unsigned long long)h->p999_ns, (unsigned long long)h->max_ns);
+}
+
+static void print_json(enum hyb_backend_kind kind, const struct hyb_rq_stats *st, double t)
+{
+	printf("{\"backend\": \"%s\", \"time\": %.3f, \"queues\": [", hyb_backend_name(kind), t);
+	for (int q = 0; q < HYB_RQ_MAX_QUEUES; q++) {
+		const struct hyb_rq_stats *s = &st[q];
+
+		printf("%s{\"queue\": %u, \"live\": %s, \"daemon_pid\": %d, \"clients\": %u, "
+		       "\"submitted\": %llu, \"completed\": %llu, \"failed\": %llu, \"queued\": %llu, "
+		       "\"in_service\": %llu, \"in_flight\": %llu, \"stalls\": %llu, ", q ? ", " : "",
+		       s->queue_id, s->live ? "true" : "false", s->daemon_pid, s->clients,
+		       (unsigned long long)s->submitted, (unsigned long long)s->completed,
+		       (unsigned long long)s->failed, (unsigned long long)s->queued,
+		       (unsigned long long)s->in_service, (unsigned long long)s->in_flight,
+		       (unsigned long long)s->stalls);
+		json_hist("queue_wait", &s->queue_wait);
+		printf(", ");
+		json_hist("service", &s->service);
+		printf(", ");
+		json_hist("stall", &s->stall);
+		printf("}");
+	}
+	printf("]}\n");
+}
+
+static void pair(char *buf, size_t len, const struct hyb_lat_stat *h)
+{
+	char a[24], b[24];
+
+	if (!h->count) {
+		snprintf(buf, len, "-");
+		return;
+	}
+	ctl_ns(a, sizeof(a), h->p50_ns);
+	ctl_ns(b, sizeof(b), h->p99_ns);
+	snprintf(buf, len, "%s / %s", a, b);
+}
+
+static void print_text(enum hyb_backend_kind kind, const struct hyb_rq_stats *st,
+		       const struct hyb_rq_stats *prev, double dt)
+{
+	char w[64], sv[64], sl[64];
+	int live = 0;
+
+	for (int q = 0; q < HYB_RQ_MAX_QUEUES; q++)
+		live += st[q].live;
+	printf("backend %s: %d queue%s with a daemon\n", hyb_backend_name(kind), live,
+	       live == 1 ? "" : "s");
+	if (!live) {
+		printf("no reload queue has a daemon%s\n", kind == HYB_BACKEND_LOCAL ?
+		       " (local queues live inside the process that made them)" : "");
+		return;
+	}
+	printf("%2s %7s %3s %10s %10s %8s %8s %8s %9s  %-21s %-21s %-21s\n", "Q", "DAEMON", "CL",
+	       "SUBMITTED", "COMPLETED", "FAILED", "INFLIGHT", "STALLS", prev ? "REQ/S" : "",
+	       "WAIT p50 / p99", "SERVICE p50 / p99", "STALL p50 / p99");
+	for (int q = 0; q < HYB_RQ_MAX_QUEUES; q++) {
+		const struct hyb_rq_stats *s = &st[q];
+		char rate[16] = "";
+
+		if (!s->live)
+			continue;
+		if (prev && prev[q].live && dt > 0 && s->submitted >= prev[q].submitted)
+			snprintf(rate, sizeof(rate), "%.0f",
+				 (s->submitted - prev[q].submitted) / dt);
+		pair(w, sizeof(w), &s->queue_wait);
+		pair(sv, sizeof(sv), &s->service);
+		pair(sl, sizeof(sl), &s->stall);
+		printf("%2u %7d %3u %10llu %10llu %8llu %8llu %8llu %9s  %-21s %-21s %-21s\n",
+		       s->queue_id, s->daemon_pid, s->clients, (unsigned long long)s->submitted,
+		       (unsigned long long)s->completed, (unsigned long long)s->failed,
+		       (unsigned long long)s->in_flight, (unsigned long long)s->stalls, rate, w, sv,
+		       sl);
+	}
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int cmd_stalls(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "json", 0, 0, 'j' }, { "backend", 1, 0, 'b' }, { "watch", 0, 0, 'w' },
+		{ "count", 1, 0, 'n' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
+	struct hyb_rq_stats st[HYB_RQ_MAX_QUEUES], prev[HYB_RQ_MAX_QUEUES];
+	int c, json = 0, watch = 0, have_prev = 0, ret = 0;
+	long count = 0, shown = 0;
+	struct hyb_backend *b;
+	double t, tprev = 0;
+	char *end;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "jwn:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j': json = 1; break;
+		case 'w': watch = 1; break;
+		case 'n':
+			count = strtol(optarg, &end, 10);
+			if (*end || count < 1) {
+				fprintf(stderr, "hybctl stalls: --count '%s' is not a positive "
+					"number\n", optarg);
+				return 2;
+			}
+			break;
+		case 'b':
+			if (ctl_parse_backend("stalls", optarg, &kind))
+				return 2;
+			break;
+		case 'h': fputs(usage, stdout); return 0;
+		default: fputs(usage, stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "hybctl stalls: unexpected argument '%s'\n%s", argv[optind], usage);
+		return 2;
+	}
+	b = ctl_backend("stalls", kind, false);
+	if (!b)
+		return 1;
+	for (;;) {
+		t = now_s();
+		for (unsigned int q = 0; q < HYB_RQ_MAX_QUEUES; q++) {
+			if (hyb_rq_stats(b, q, &st[q])) {
+				fprintf(stderr, "hybctl stalls: %s\n", hyb_backend_error());
+				ret = 1;
+				goto out;
+			}
+		}
+		if (json) {
+			print_json(hyb_backend_kind(b), st, t);
+		} else {
+			if (watch && isatty(STDOUT_FILENO))
+				printf("\033[H\033[2J");
+			if (watch) {
+				time_t tt = (time_t)t;
+				char ts[32];
+
+				strftime(ts, sizeof(ts), "%H:%M:%S", localtime(&tt));
+				printf("%s  (every 1 s, Ctrl-C to stop)\n", ts);
+			}
+			print_text(hyb_backend_kind(b), st, have_prev ? prev : NULL, t - tprev);
+		}
+		fflush(stdout);
+		if (!watch || (count && ++shown >= count))
+			break;
+		memcpy(prev, st, sizeof(st));
+		tprev = t;
+		have_prev = 1;
+		sleep(1);
+	}
+out:
+	hyb_backend_close(b);
+	return ret;
+}
