@@ -9,27 +9,26 @@
 #include <string.h>
 
 #include "tokenizer_internal.h"
-
-struct sym {
-	int prev, next;
-	size_t off, n;
-};
-
-struct bigram {
-	int left, right;
-	int32_t rank;
-	size_t size;
-};
+#include "tokenizer_merge.h"
 
 struct bpe {
 	const struct hyb_tokenizer *t;
 	const char *word;
-	struct sym *sym;
 	size_t cap_sym;
-	struct bigram *heap;
-	size_t n_heap, cap_heap;
-	bool oom;
+	struct tok_merger mg;
 };
+
+/* A pair merges when the merge list has it; lower ranks first. */
+static bool bpe_pair(void *ctx, const struct tok_sym *l, const struct tok_sym *r, float *prio)
+{
+	const struct bpe *s = ctx;
+	int32_t rank = tok_merge_rank(s->t, s->word + l->off, l->n, s->word + r->off, r->n);
+
+	if (rank < 0)
+		return false;
+	*prio = (float)rank; /* exact: ranks stay far below 2^24 */
+	return true;
+}
 
 /*
  * GPT-2's byte-to-character table: printable Latin-1 bytes stand for
@@ -54,75 +53,6 @@ static void byte_table(struct byte_enc tab[256])
 	}
 }
 
-static bool before(const struct bigram *a, const struct bigram *b)
-{
-	return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
-}
-
-static void heap_push(struct bpe *s, struct bigram b)
-{
-	size_t i;
-
-	if (s->n_heap == s->cap_heap) {
-		size_t cap = s->cap_heap ? s->cap_heap * 2 : 64;
-		struct bigram *h = realloc(s->heap, cap * sizeof(*h));
-
-		if (!h) {
-			s->oom = true;
-			return;
-		}
-		s->heap = h;
-		s->cap_heap = cap;
-	}
-	i = s->n_heap++;
-	while (i > 0) {
-		size_t parent = (i - 1) / 2;
-
-		if (!before(&b, &s->heap[parent]))
-			break;
-		s->heap[i] = s->heap[parent];
-		i = parent;
-	}
-	s->heap[i] = b;
-}
-
-static struct bigram heap_pop(struct bpe *s)
-{
-	struct bigram top = s->heap[0], last = s->heap[--s->n_heap];
-	size_t i = 0, n = s->n_heap;
-
-	for (;;) {
-		size_t c = 2 * i + 1;
-
-		if (c >= n)
-			break;
-		if (c + 1 < n && before(&s->heap[c + 1], &s->heap[c]))
-			c++;
-		if (!before(&s->heap[c], &last))
-			break;
-		s->heap[i] = s->heap[c];
-		i = c;
-	}
-	if (n)
-		s->heap[i] = last;
-	return top;
-}
-
-static void try_bigram(struct bpe *s, int left, int right)
-{
-	const struct sym *l, *r;
-	int32_t rank;
-
-	if (left < 0 || right < 0)
-		return;
-	l = &s->sym[left];
-	r = &s->sym[right];
-	rank = tok_merge_rank(s->t, s->word + l->off, l->n, s->word + r->off, r->n);
-	if (rank < 0)
-		return;
-	heap_push(s, (struct bigram){ left, right, rank, l->n + r->n });
-}
-
 /* Merge one byte-encoded word and append its ids. */
 static int encode_word(struct bpe *s, const char *w, size_t len, struct tok_ids *out)
 {
@@ -137,45 +67,30 @@ static int encode_word(struct bpe *s, const char *w, size_t len, struct tok_ids 
 			return tok_ids_push(out, id);
 	}
 	if (len > s->cap_sym) {
-		struct sym *p = realloc(s->sym, len * sizeof(*p));
+		struct tok_sym *p = realloc(s->mg.sym, len * sizeof(*p));
 
 		if (!p)
 			return -1;
-		s->sym = p;
+		s->mg.sym = p;
 		s->cap_sym = len;
 	}
+	struct tok_sym *sym = s->mg.sym;
+
 	s->word = w;
-	s->n_heap = 0;
 	while (off < len) {
 		size_t n = tok_utf8_len((unsigned char)w[off]);
 
 		if (n > len - off)
 			n = len - off;
-		s->sym[n_sym] = (struct sym){ n_sym - 1, off + n == len ? -1 : n_sym + 1, off, n };
+		sym[n_sym] = (struct tok_sym){ n_sym - 1, off + n == len ? -1 : n_sym + 1, off, n };
 		off += n;
 		n_sym++;
 	}
-	for (int i = 1; i < n_sym; i++)
-		try_bigram(s, i - 1, i);
-	while (s->n_heap && !s->oom) {
-		struct bigram b = heap_pop(s);
-		struct sym *l = &s->sym[b.left], *r = &s->sym[b.right];
-
-		if (l->n == 0 || r->n == 0 || l->n + r->n != b.size)
-			continue;
-		l->n += r->n;
-		r->n = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			s->sym[r->next].prev = b.left;
-		try_bigram(s, l->prev, b.left);
-		try_bigram(s, b.left, l->next);
-	}
-	if (s->oom)
+	if (n_sym && tok_merge(&s->mg, 0))
 		return -1;
-	for (int i = 0; i != -1 && n_sym; i = s->sym[i].next) {
-		const char *p = w + s->sym[i].off;
-		int32_t id = tok_lookup(t, p, s->sym[i].n);
+	for (int i = 0; i != -1 && n_sym; i = sym[i].next) {
+		const char *p = w + sym[i].off;
+		int32_t id = tok_lookup(t, p, sym[i].n);
 
 		if (id >= 0) {
 			if (tok_ids_push(out, id) < 0)
@@ -183,7 +98,7 @@ static int encode_word(struct bpe *s, const char *w, size_t len, struct tok_ids 
 			continue;
 		}
 		/* llama.cpp looks the piece's raw bytes up one by one and drops misses. */
-		for (size_t k = 0; k < s->sym[i].n; k++) {
+		for (size_t k = 0; k < sym[i].n; k++) {
 			id = tok_lookup(t, p + k, 1);
 			if (id >= 0 && tok_ids_push(out, id) < 0)
 				return -1;
@@ -195,7 +110,9 @@ static int encode_word(struct bpe *s, const char *w, size_t len, struct tok_ids 
 int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 		   struct tok_ids *out)
 {
-	struct bpe s = { t, NULL, NULL, 0, NULL, 0, 0, false };
+	struct bpe s = { .t = t };
+
+	s.mg = (struct tok_merger){ .pair = bpe_pair, .ctx = &s };
 	struct byte_enc enc[256];
 	uint32_t *cpts;
 	size_t n_cpts, *lens = NULL, n_words = 0, start = 0, cap_w = 0;
@@ -244,7 +161,7 @@ int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 	free(w);
 	free(lens);
 	free(cpts);
-	free(s.sym);
-	free(s.heap);
+	free(s.mg.sym);
+	tok_merger_release(&s.mg);
 	return rc;
 }
