@@ -14,14 +14,15 @@ N       ?= 64
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -pthread -fno-math-errno -MMD -MP
 CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikmod/include/uapi
-LDLIBS   := -lm -pthread -lnuma $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
+LDLIBS   := -lm -pthread -lnuma -luring $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
 ISA_avx2       := -mavx2 -mfma -mf16c
 ISA_avx512     := $(ISA_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512vnni := $(ISA_avx512) -mavx512vnni
 
-LIB_SRCS   := $(wildcard libhyb/*.c) $(wildcard kernels/cpu/*.c)
+LIB_SRCS   := $(wildcard libhyb/*.c) $(wildcard kernels/cpu/*.c) \
+              $(filter-out daemon/hybd.c,$(wildcard daemon/*.c))
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 HYB_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hyb/*.c))
 CTL_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hybctl/*.c))
@@ -30,7 +31,7 @@ TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
 LIB     := $(BUILD)/libhyb.a
 TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl
 TESTBIN := $(BUILD)/hyb-tests
-BENCHBIN := $(BUILD)/bench_kernels $(BUILD)/bench_queue
+BENCHBIN := $(BUILD)/bench_kernels $(BUILD)/bench_queue $(BUILD)/bench_load
 FUZZ    := $(BUILD)/fuzz_gguf
 
 # CUDA: built whenever nvcc exists, even with no GPU to run it.

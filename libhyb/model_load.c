@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: MIT
 /*
  * Reads a llama-family model from GGUF metadata and points each weight at
- * its bytes in the file mapping. Shapes and types are checked here, once,
- * so the forward pass can trust them.
+ * its bytes in the loaded image (a local pool the io_uring streaming engine
+ * filled, daemon/stream.c) or, with HYB_LOAD=mmap, in the file mapping.
+ * Shapes and types are checked here, once, so the forward pass can trust them.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +16,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../daemon/stream.h"
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
+#include "hyb/pool.h"
 #include "hyb/tokenizer.h"
 
 struct loader {
@@ -250,68 +254,105 @@ static int bind_model(struct loader *ld)
 
 #define HUGE_PAGE (2ul << 20)
 
+/* Give back the image memory, whichever way it was had. */
+static void free_image(struct hyb_model *m)
+{
+	if (m->image_pool) {
+		hyb_mempool_destroy(m->image_pool);
+		hyb_mempool_close(m->image_pool);
+		m->image_pool = NULL;
+	} else if (m->image) {
+		munmap(m->image, m->image_len);
+	}
+	if (m->image_backend)
+		hyb_backend_close(m->image_backend);
+	m->image_backend = NULL;
+	m->image = NULL;
+}
+
 /*
- * Read the whole file into anonymous memory backed by transparent huge pages
- * and parse it there. Large preads from the page cache (or the disk) run at
- * memcpy speed; io_uring streaming into pools replaces this with hybd.
+ * The weights live in a pool of the local backend (issue 4, item 7: embedded
+ * mode loads through the same io_uring streaming engine as hybd).
+ * A private (THP) pool of len bytes; NULL with the reason in why when none can be had.
+ */
+static void *pool_image(struct hyb_model *m, uint64_t len, char *why, size_t whylen)
+{
+	static atomic_uint seq;
+	char name[HYB_MEMPOOL_NAME_LEN];
+	void *image = NULL;
+	size_t plen;
+	int ret;
+
+	snprintf(name, sizeof(name), "model-%d-%u", (int)getpid(), atomic_fetch_add(&seq, 1));
+	m->image_backend = hyb_backend_open(HYB_BACKEND_LOCAL, why, whylen);
+	if (!m->image_backend)
+		return NULL;
+	ret = hyb_mempool_create(m->image_backend, name, len, HYB_MEMPOOL_NODE_LOCAL, 0, 0,
+				 &m->image_pool);
+	if (!ret)
+		ret = hyb_mempool_map(m->image_pool, &image, &plen);
+	if (ret) {
+		snprintf(why, whylen, "%s", hyb_backend_error());
+		free_image(m);
+		return NULL;
+	}
+	return image;
+}
+
+/* Anonymous memory on a huge-page boundary with THP asked for (when no pool can be had). */
+static void *anon_image(uint64_t len)
+{
+	uint8_t *buf = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *aligned;
+
+	if (buf == MAP_FAILED)
+		return NULL;
+	aligned = (uint8_t *)(((uintptr_t)buf + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
+	if (aligned > buf)
+		munmap(buf, aligned - buf);
+	munmap(aligned + len, buf + HUGE_PAGE - aligned);
+	madvise(aligned, len, MADV_HUGEPAGE);
+	return aligned;
+}
+
+/*
+ * Stream the whole file into 2 MiB-page memory (a local pool) with io_uring
+ * and parse it there. The model is only returned (made "ready") when every
+ * byte arrived; on failure the memory is given back.
  */
 static int load_image(struct hyb_model *m, const char *path, char *err, size_t errlen)
 {
 	uint64_t size = m->gguf->size, len = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
-	uint8_t *buf;
-	int fd;
+	/* a bar for big models on a terminal; `hyb run` prints the load time itself */
+	struct hyb_stream_opts o = {
+		.progress = isatty(2) && size >= (256u << 20) ? HYB_STREAM_BAR : HYB_STREAM_QUIET,
+		.label = path,
+	};
+	char why[256];
+	void *buf = pool_image(m, len, why, sizeof(why));
 
-	buf = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-		   -1, 0);
-	if (buf == MAP_FAILED) {
+	if (!buf) {
+		fprintf(stderr, "hyb: %s: no memory pool (%s): loading into process memory\n",
+			path, why);
+		buf = anon_image(len);
+	}
+	if (!buf) {
 		snprintf(err, errlen, "%s: cannot allocate %.1f MiB for the weights: %s", path,
 			 len / 1048576.0, strerror(errno));
 		return -1;
 	}
-	/* align to a huge page and give back the slack */
-	{
-		uint8_t *aligned = (uint8_t *)(((uintptr_t)buf + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1));
-
-		if (aligned > buf)
-			munmap(buf, aligned - buf);
-		munmap(aligned + len, buf + HUGE_PAGE - aligned);
-		buf = aligned;
-	}
-	madvise(buf, len, MADV_HUGEPAGE);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		goto fail_errno;
-	for (uint64_t off = 0; off < size;) {
-		size_t chunk = size - off < (64ul << 20) ? size - off : (64ul << 20);
-		ssize_t n = pread(fd, buf + off, chunk, (off_t)off);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0)
-			goto fail_errno;
-		if (n == 0) {
-			snprintf(err, errlen, "%s: file shrank while loading", path);
-			goto fail;
-		}
-		off += (uint64_t)n;
-	}
-	close(fd);
-	fd = -1;
-	gguf_close(m->gguf);
-	m->gguf = NULL;
 	m->image = buf;
 	m->image_len = len;
+	if (hyb_stream_read(path, 0, size, buf, &o, NULL, err, errlen)) {
+		free_image(m);
+		return -1;
+	}
+	gguf_close(m->gguf);
+	m->gguf = NULL;
 	if (gguf_parse(buf, size, &m->gguf, err, errlen))
-		return -1; /* cannot happen for bytes that just parsed; kept for safety */
+		return -1; /* the file changed between the two reads */
 	return 0;
-
-fail_errno:
-	snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
-fail:
-	if (fd >= 0)
-		close(fd);
-	munmap(buf, len);
-	return -1;
 }
 
 struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
@@ -378,8 +419,7 @@ void hyb_model_free(struct hyb_model *m)
 	free(m->layers);
 	if (m->gguf)
 		gguf_close(m->gguf);
-	if (m->image)
-		munmap(m->image, m->image_len);
+	free_image(m);
 	free(m);
 }
 

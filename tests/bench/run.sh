@@ -18,6 +18,10 @@ if [ -x build/bench_queue ]; then
 	echo "== reload queue (local backend) =="
 	build/bench_queue
 fi
+if [ -x build/bench_load ]; then
+	echo "== cold load: io_uring streaming vs fio vs read() =="
+	bash tests/bench/bench_load.sh models/bench-Q4_0.gguf
+fi
 for t in Q8_0 Q4_0; do
 	echo "== end to end: $t =="
 	build/hyb bench -m models/bench-$t.gguf -p 64 -n 32 -r ${REPS:-5}

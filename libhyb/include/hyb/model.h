@@ -15,6 +15,8 @@
 #include <stdint.h>
 
 struct gguf_file;
+struct hyb_backend;
+struct hyb_mempool;
 struct hyb_tokenizer;
 
 enum hyb_ffn_act {
@@ -65,6 +67,9 @@ struct hyb_model {
 	/* Huge-page copy of the file the weights point into (NULL: the file's mmap). */
 	void *image;
 	uint64_t image_len;
+	/* The local-backend pool holding image (NULL: plain anonymous memory). */
+	struct hyb_backend *image_backend;
+	struct hyb_mempool *image_pool;
 };
 
 /*

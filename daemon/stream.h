@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The streaming engine (issue 4, item 1): load a byte range of a file into
+ * memory - a pool, or any buffer - with io_uring. hybd uses it in box mode and
+ * libhyb's model loader in embedded mode (item 7), so both share one code path.
+ *
+ * How: the file is opened O_DIRECT and registered as a fixed file; up to
+ * `depth` reads of `chunk` bytes are kept in flight, each landing straight in
+ * the destination, which is registered as fixed buffers when the kernel lets
+ * us pin it (anonymous/THP memory yes, file-backed kmod pool mappings no: then
+ * plain O_DIRECT reads). O_DIRECT needs 4096-aligned offsets, lengths and
+ * addresses: the unaligned head and tail blocks of a range, and every chunk
+ * when the destination's alignment does not match the file offset's, are read
+ * into an aligned bounce buffer and copied. Where O_DIRECT is refused the file
+ * is read buffered, with a one-line note; so is a range already wholly in
+ * the page cache (a warm load: memory-speed copies beat going to the disk).
+ *
+ * Errors: -1 with a one-line message naming the file and the offset (EIO,
+ * range past the end of file, pool too small...). Every read is drained before
+ * returning, and on failure the destination's content is undefined: callers
+ * publish ("mark ready") only after a 0 return.
+ */
+#ifndef HYB_STREAM_H
+#define HYB_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct hyb_mempool;
+
+enum hyb_stream_progress {
+	HYB_STREAM_AUTO = 0,	/* a bar when stderr is a terminal, plain lines otherwise */
+	HYB_STREAM_QUIET = 1,	/* nothing (tests, embedded loads off a terminal) */
+	HYB_STREAM_LINES = 2,	/* a line at every quarter (logs) */
+	HYB_STREAM_BAR = 3,	/* a redrawn bar on stderr */
+};
+
+struct hyb_stream_opts {
+	unsigned int depth;	/* reads in flight; 0: 32 (max 256) */
+	uint32_t chunk;		/* bytes per read, a multiple of 4096; 0: 1 MiB (max 64 MiB) */
+	int progress;		/* enum hyb_stream_progress */
+	int buffered;		/* 1: no O_DIRECT (page-cache reads, still io_uring);
+				 * 0: O_DIRECT unless the range is all cached */
+	const char *label;	/* shown by the progress output; NULL: the file name */
+};
+
+struct hyb_stream_stats {
+	uint64_t bytes;		/* bytes delivered to the destination */
+	uint64_t ns;		/* wall time of the load */
+	uint64_t reads;		/* reads submitted, resubmissions included */
+	uint64_t resubmits;	/* short reads, EINTR and EAGAIN retried */
+	uint64_t bounced;	/* bytes that went through the bounce buffer */
+	unsigned int max_in_flight;
+	unsigned int direct;	/* 1: O_DIRECT */
+	unsigned int fixed_bufs; /* 1: the destination was registered as fixed buffers */
+};
+
+/* Read file [file_off, file_off + len) into dst[0, len). opts/stats may be NULL. */
+int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst,
+		    const struct hyb_stream_opts *opts, struct hyb_stream_stats *stats,
+		    char *err, size_t errlen);
+
+/*
+ * The same into pool [pool_off, pool_off + len) (mapped read-write: the owner).
+ * A range past the pool's end fails before any I/O ("pool 'x' holds N bytes").
+ */
+int hyb_stream_to_pool(struct hyb_mempool *p, uint64_t pool_off, const char *path,
+		       uint64_t file_off, uint64_t len, const struct hyb_stream_opts *opts,
+		       struct hyb_stream_stats *stats, char *err, size_t errlen);
+
+#endif

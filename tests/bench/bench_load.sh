@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Cold-load throughput of the io_uring streaming engine (issue 4, "Performance"):
+# the engine, fio (sequential read, io_uring, O_DIRECT, 1 MiB blocks, depth 32)
+# and a plain read() loop into the same pool memory, on the same file, in the
+# same run, the page cache dropped before every run; medians of $REPS (3).
+# Targets: engine >= 90% of fio and >= 2x read().
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+file=${1:-models/bench-Q4_0.gguf}
+reps=${REPS:-3}
+bin=${BUILD:-build}/bench_load
+
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+if ! drop 2>/dev/null; then
+	echo "bench_load: cannot drop the page cache (needs root): cold-load figures skipped"
+	exit 0
+fi
+median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+fio_gbs() {
+	fio --name=seq --filename="$file" --readonly --rw=read --ioengine=io_uring --direct=1 \
+		--bs=1M --iodepth=32 --output-format=json |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1e9)'
+}
+
+have_fio=1
+command -v fio >/dev/null || { have_fio=0; echo "bench_load: fio not installed (apt-get install fio): no fio figure"; }
+e=() r=() f=()
+for ((i = 0; i < reps; i++)); do
+	if ((have_fio)); then drop; f+=("$(fio_gbs)"); fi
+	drop; e+=("$("$bin" engine "$file" | awk '{print $2}')")
+	drop; r+=("$("$bin" read "$file" | awk '{print $2}')")
+done
+E=$(printf '%s\n' "${e[@]}" | median)
+R=$(printf '%s\n' "${r[@]}" | median)
+echo "cold load of $file ($(stat -c %s "$file") bytes), medians of $reps:"
+echo "  engine  $E GB/s   (runs: ${e[*]})"
+echo "  read()  $R GB/s   (runs: ${r[*]})"
+awk -v e="$E" -v r="$R" 'BEGIN {printf "  engine / read() = %.2fx (target >= 2x)\n", e / r}'
+if ((have_fio)); then
+	F=$(printf '%s\n' "${f[@]}" | median)
+	echo "  fio     $F GB/s   (runs: ${f[*]})"
+	awk -v e="$E" -v f="$F" 'BEGIN {printf "  engine / fio = %.0f%% (target >= 90%%)\n", 100 * e / f}'
+fi

@@ -1,0 +1,236 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The io_uring streaming engine (issue 4, item 1): every byte it delivers is
+ * compared with a pread() of the same range, over ranges chosen to hit the
+ * unaligned head and tail, mismatched destination alignment, tiny files and
+ * the empty range; and each failure (pool too small, range past EOF, EIO)
+ * must name the file and offset.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../daemon/stream.h"
+#include "hyb/pool.h"
+#include "test.h"
+
+#define CANARY 0xA5
+
+static unsigned int last_direct;	/* the last check_range() went O_DIRECT */
+static const struct hyb_stream_opts quiet = { .progress = HYB_STREAM_QUIET };
+
+/* A file of size pseudo-random bytes in dir; returns its path (static per slot). */
+static const char *make_file(const char *dir, const char *name, uint64_t size)
+{
+	static char paths[4][512];
+	static int n;
+	char *path = paths[n++ % 4];
+	uint8_t *buf = malloc(size ? size : 1);
+	uint32_t x = (uint32_t)size * 2654435761u + 1;
+	int fd;
+
+	CHECK(buf);
+	for (uint64_t i = 0; i < size; i++) {
+		x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+		buf[i] = (uint8_t)x;
+	}
+	snprintf(path, 512, "%s/%s", dir, name);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	CHECK_MSG(fd >= 0, "create %s: %s", path, strerror(errno));
+	CHECK(write(fd, buf, size) == (ssize_t)size);
+	/* out of the page cache, so the engine takes its O_DIRECT path (cold load) */
+	CHECK(!fsync(fd));
+	CHECK(!posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+	close(fd);
+	free(buf);
+	return path;
+}
+
+/* Stream [off, off + len) to a destination at `skew` bytes past a page and compare. */
+static void check_range(const char *path, uint64_t off, uint64_t len, unsigned int skew,
+			const struct hyb_stream_opts *o)
+{
+	size_t cap = len + skew + 2 * 4096;
+	uint8_t *mem = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *ref = malloc(len ? len : 1), *dst = mem + 4096 + skew;
+	struct hyb_stream_stats st;
+	char err[256];
+	int fd = open(path, O_RDONLY);
+
+	CHECK(mem != MAP_FAILED && ref && fd >= 0);
+	CHECK(pread(fd, ref, len, (off_t)off) == (ssize_t)len);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);	/* cold again: O_DIRECT */
+	close(fd);
+	memset(mem, CANARY, cap);
+	CHECK_MSG(!hyb_stream_read(path, off, len, dst, o, &st, err, sizeof(err)),
+		  "off %llu len %llu skew %u: %s", (unsigned long long)off,
+		  (unsigned long long)len, skew, err);
+	CHECK_EQ_INT(st.bytes, len);
+	last_direct = st.direct;
+	CHECK_MSG(!memcmp(dst, ref, len), "off %llu len %llu skew %u: bytes differ",
+		  (unsigned long long)off, (unsigned long long)len, skew);
+	/* nothing written outside [dst, dst + len) */
+	for (uint8_t *p = mem; p < dst; p++)
+		CHECK_MSG(*p == CANARY, "byte before the destination overwritten");
+	for (uint8_t *p = dst + len; p < mem + cap; p++)
+		CHECK_MSG(*p == CANARY, "byte after the destination overwritten");
+	munmap(mem, cap);
+	free(ref);
+}
+
+TEST(stream_odd_ranges_match_pread)
+{
+	uint64_t size = 3 * 1048576 + 12345;
+	const char *path = make_file(hyb_test_tmpdir(), "odd.bin", size);
+	struct hyb_stream_opts small = { .progress = HYB_STREAM_QUIET, .chunk = 65536, .depth = 8 };
+	const uint64_t r[][2] = {
+		{ 0, 0 }, { 0, 3 * 1048576 + 12345 }, { 1, 3 * 1048576 + 12344 }, { 4095, 8194 },
+		{ 100, 10 }, { 4096, 4096 }, { 3 * 1048576 + 12344, 1 }, { 5000, 2 * 1048576 + 7 },
+		{ 3 * 1048576, 12345 }, { 12288, 1048576 },
+	};
+
+	for (size_t i = 0; i < sizeof(r) / sizeof(r[0]); i++) {
+		/* skew matching the file offset: direct body; 3 or 1000: everything bounced */
+		unsigned int skews[] = { (unsigned int)(r[i][0] % 4096), 3, 1000 };
+
+		for (int k = 0; k < 3; k++) {
+			check_range(path, r[i][0], r[i][1], skews[k], &quiet);
+			CHECK_MSG(last_direct || !r[i][1], "O_DIRECT not used on the test directory");
+			check_range(path, r[i][0], r[i][1], skews[k], &small);
+		}
+	}
+}
+
+TEST(stream_tiny_files)
+{
+	const uint64_t sizes[] = { 1, 100, 4095, 4096, 4097, 8191, 65537 };
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		const char *path = make_file(hyb_test_tmpdir(), "tiny.bin", sizes[i]);
+
+		check_range(path, 0, sizes[i], 0, &quiet);
+		check_range(path, 0, sizes[i], 7, &quiet);
+		if (sizes[i] > 1)
+			check_range(path, 1, sizes[i] - 1, 1, &quiet);
+	}
+}
+
+TEST(stream_deep_queue_direct_fixed)
+{
+	const char *path = make_file(hyb_test_tmpdir(), "deep.bin", 8 << 20);
+	struct hyb_stream_opts o = { .progress = HYB_STREAM_QUIET, .chunk = 65536, .depth = 32 };
+	void *dst = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct hyb_stream_stats st;
+	char err[256];
+
+	CHECK(dst != MAP_FAILED);
+	CHECK_MSG(!hyb_stream_read(path, 0, 8 << 20, dst, &o, &st, err, sizeof(err)), "%s", err);
+	CHECK_EQ_INT(st.max_in_flight, 32);	/* 128 pieces: the ring fills up */
+	CHECK_EQ_INT(st.bounced, 0);		/* aligned range: no bounce */
+	if (!st.direct)
+		SKIP("the test directory's filesystem refuses O_DIRECT");
+	if (geteuid() == 0)	/* others may hit RLIMIT_MEMLOCK: plain reads then */
+		CHECK_MSG(st.fixed_bufs, "anonymous memory was not registered as fixed buffers");
+	check_range(path, 0, 8 << 20, 0, &o);
+	munmap(dst, 8 << 20);
+}
+
+TEST(stream_warm_file_reads_buffered)
+{
+	const char *path = make_file(hyb_test_tmpdir(), "warm.bin", 1 << 20);
+	uint8_t *dst = malloc(1 << 20), *ref = malloc(1 << 20);
+	struct hyb_stream_stats st;
+	char err[256];
+	int fd = open(path, O_RDONLY);
+
+	CHECK(dst && ref && fd >= 0);
+	CHECK(pread(fd, ref, 1 << 20, 0) == 1 << 20);	/* now every page is cached */
+	close(fd);
+	CHECK_MSG(!hyb_stream_read(path, 0, 1 << 20, dst, &quiet, &st, err, sizeof(err)), "%s",
+		  err);
+	CHECK_EQ_INT(st.direct, 0);
+	CHECK(!memcmp(dst, ref, 1 << 20));
+	free(dst);
+	free(ref);
+}
+
+TEST(stream_pool_load_and_too_small)
+{
+	const char *path = make_file(hyb_test_tmpdir(), "pool.bin", 3 << 20);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_mempool *p;
+	char err[256], name[32];
+	uint8_t *base, ref[4096];
+	size_t plen;
+	int fd = open(path, O_RDONLY);
+
+	CHECK(b && fd >= 0);
+	snprintf(name, sizeof(name), "t-stream-%d", (int)getpid());
+	CHECK_EQ_INT(hyb_mempool_create(b, name, 2 << 20, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &p), 0);
+	CHECK_EQ_INT(hyb_mempool_map(p, (void **)&base, &plen), 0);
+	/* the whole file does not fit: refused before any I/O, nothing written */
+	CHECK(hyb_stream_to_pool(p, 0, path, 0, 3 << 20, &quiet, NULL, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "holds") && strstr(err, name) && strstr(err, "pool.bin"), "%s", err);
+	CHECK_EQ_INT(base[0], 0);
+	CHECK(hyb_stream_to_pool(p, (2 << 20) - 10, path, 0, 11, &quiet, NULL, err,
+				 sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "offset 2097142"), "%s", err);
+	/* a range that fits lands at the pool offset */
+	CHECK_MSG(!hyb_stream_to_pool(p, 8192, path, 4096 + 17, 4096, &quiet, NULL, err,
+				      sizeof(err)), "%s", err);
+	CHECK(pread(fd, ref, 4096, 4096 + 17) == 4096);
+	CHECK(!memcmp(base + 8192, ref, 4096));
+	close(fd);
+	hyb_mempool_close(p);
+	hyb_backend_close(b);
+}
+
+TEST(stream_tmpfs_and_buffered_fallback)
+{
+	char dir[] = "/dev/shm/hyb-stream-XXXXXX";
+	struct hyb_stream_opts buffered = { .progress = HYB_STREAM_QUIET, .buffered = 1 };
+	struct hyb_stream_stats st;
+	const char *path;
+	char err[256];
+	void *dst;
+
+	if (!mkdtemp(dir))
+		SKIP("no /dev/shm: %s", strerror(errno));
+	path = make_file(dir, "f.bin", 1048576 + 333);
+	check_range(path, 5, 1048576 + 300, 5, &quiet);	/* whatever tmpfs does */
+	check_range(path, 5, 1048576 + 300, 0, &buffered);
+	/* a filesystem that refuses O_DIRECT (simulated): one note, buffered reads */
+	setenv("HYB_STREAM_REFUSE_DIRECT", "1", 1);
+	check_range(path, 0, 1048576 + 333, 0, &quiet);
+	dst = malloc(1048576 + 333);
+	CHECK(!hyb_stream_read(path, 0, 1048576 + 333, dst, &quiet, &st, err, sizeof(err)));
+	CHECK_EQ_INT(st.direct, 0);
+	unsetenv("HYB_STREAM_REFUSE_DIRECT");
+	free(dst);
+	unlink(path);
+	rmdir(dir);
+}
+
+TEST(stream_errors_name_file_and_offset)
+{
+	const char *path = make_file(hyb_test_tmpdir(), "short.bin", 10000);
+	char err[256];
+	uint8_t *dst = malloc(20000);
+
+	CHECK(hyb_stream_read(path, 0, 20000, dst, &quiet, NULL, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "short.bin") && strstr(err, "past the end") &&
+		  strstr(err, "10000 bytes"), "%s", err);
+	CHECK(hyb_stream_read(path, 9999, 2, dst, &quiet, NULL, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "[9999, 10001)"), "%s", err);
+	CHECK(hyb_stream_read("/nonexistent/x.gguf", 0, 1, dst, &quiet, NULL, err,
+			      sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "x.gguf") && strstr(err, "No such file"), "%s", err);
+	CHECK(hyb_stream_read(hyb_test_tmpdir(), 0, 1, dst, &quiet, NULL, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "directory"), "%s", err);
+	free(dst);
+}
