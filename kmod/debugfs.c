@@ -23,7 +23,7 @@ static int pools_show(struct seq_file *m, void *unused)
 		if (!smp_load_acquire(&pool->ready))
 			continue;
 		seq_printf(m, "pool %u name %s node %d bytes %llu mappers %d faults %lld reloads %lld owner %d create_ns %llu\n",
-			   pool->id, pool->name, pool->node, pool->bytes,
+			   pool->id, pool->name, READ_ONCE(pool->node), pool->bytes,
 			   atomic_read(&pool->mappers), (long long)atomic64_read(&pool->faults),
 			   (long long)atomic64_read(&pool->reloads), pool->owner_pid,
 			   pool->create_ns);

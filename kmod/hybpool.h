@@ -4,6 +4,9 @@
  * sees) is include/uapi/linux/hybpool.h.
  *
  * Locking, outermost first:
+ *   pool->migrate_lock    one migration of a pool at a time
+ *   pool->chunks_sem      write: a migration swaps pool->chunks; read: a
+ *                         fault looks a page up (and takes its reference)
  *   hyb_lock (mutex)      pool table changes, queue table, file->pools lists
  *   queue->lock (spinlock) everything of one queue: its requests, clients,
  *                         counters and histograms
@@ -22,6 +25,7 @@
 #include <linux/mm.h>
 #include <linux/mutex.h>
 #include <linux/rcupdate.h>
+#include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
 #include <linux/version.h>
@@ -64,11 +68,13 @@ struct hyb_pool {
 	struct kref ref;	/* table (until destroyed) + one per VMA */
 	struct rcu_head rcu;
 	u32 id;
-	int node;
+	int node;		/* changes under chunks_sem (write); READ_ONCE */
 	char name[HYB_NAME_LEN];
 	u64 bytes;
 	unsigned long nr_chunks;
-	struct page **chunks;	/* compound pages of HYB_CHUNK_ORDER */
+	struct page **chunks;	/* compound pages of HYB_CHUNK_ORDER; chunks_sem */
+	struct rw_semaphore chunks_sem;
+	struct mutex migrate_lock;
 	bool ready;		/* allocated and visible; published with release */
 	bool destroyed;		/* out of the table; under hyb_lock */
 	struct hyb_file *owner;	/* NULL once destroyed; written under hyb_lock */
@@ -106,6 +112,8 @@ extern atomic_t hyb_nr_zombies;
 extern atomic_t hyb_nr_reqs;
 extern atomic_t hyb_nr_queues_alive;	/* queue objects, dead ones included */
 u64 hyb_cap_bytes(void);
+/* The one address_space every open file maps through (so one call unmaps a pool everywhere). */
+extern struct address_space *hyb_mapping;
 
 /* pool.c */
 extern struct xarray hyb_pools;
@@ -113,6 +121,7 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 int hyb_pool_ioctl_destroy(struct hyb_file *hf, struct hyb_pool_ref *a);
 int hyb_pool_ioctl_info(struct hyb_file *hf, struct hyb_pool_info *a);
 int hyb_pool_ioctl_list(struct hyb_pool_list *a);
+int hyb_pool_ioctl_migrate(struct hyb_file *hf, struct hyb_pool_migrate *a);
 void hyb_pool_release_owned(struct hyb_file *hf);
 int hyb_pool_check_range(u32 id, u64 off, u64 len, bool count);
 u32 hyb_pool_count(void);

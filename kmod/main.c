@@ -15,6 +15,9 @@
 
 #include <linux/capability.h>
 #include <linux/fs.h>
+#include <linux/fs_context.h>
+#include <linux/mount.h>
+#include <linux/pseudo_fs.h>
 #include <linux/miscdevice.h>
 #include <linux/module.h>
 #include <linux/nospec.h>
@@ -39,6 +42,49 @@ atomic_t hyb_nr_zombies = ATOMIC_INIT(0);
 atomic_t hyb_nr_reqs = ATOMIC_INIT(0);
 atomic_t hyb_nr_queues_alive = ATOMIC_INIT(0);
 
+/*
+ * Pool mappings hang off one address_space of an inode private to the module
+ * instead of the device node's own: every /dev/hybpool node (devtmpfs, a
+ * container's mknod) is a different inode, and a migration must find every
+ * mapping of a pool with one unmap_mapping_range() call.
+ */
+#define HYB_FS_MAGIC	0x68796270	/* "hybp" */
+static struct vfsmount *hyb_mnt;
+static struct inode *hyb_inode;
+struct address_space *hyb_mapping;
+
+static int hyb_fs_init_fs_context(struct fs_context *fc)
+{
+	return init_pseudo(fc, HYB_FS_MAGIC) ? 0 : -ENOMEM;
+}
+
+/* No .owner: the module's own kern_mount must not pin it against rmmod. */
+static struct file_system_type hyb_fs_type = {
+	.name = "hybpool",
+	.init_fs_context = hyb_fs_init_fs_context,
+	.kill_sb = kill_anon_super,
+};
+
+static int hyb_fs_init(void)
+{
+	hyb_mnt = kern_mount(&hyb_fs_type);
+	if (IS_ERR(hyb_mnt))
+		return PTR_ERR(hyb_mnt);
+	hyb_inode = alloc_anon_inode(hyb_mnt->mnt_sb);
+	if (IS_ERR(hyb_inode)) {
+		kern_unmount(hyb_mnt);
+		return PTR_ERR(hyb_inode);
+	}
+	hyb_mapping = hyb_inode->i_mapping;
+	return 0;
+}
+
+static void hyb_fs_exit(void)
+{
+	iput(hyb_inode);
+	kern_unmount(hyb_mnt);
+}
+
 /* The cap in bytes; a huge max_pinned_mb saturates instead of wrapping. */
 u64 hyb_cap_bytes(void)
 {
@@ -58,6 +104,7 @@ static int hyb_open(struct inode *inode, struct file *file)
 	INIT_LIST_HEAD(&hf->pools);
 	hf->pid = task_tgid_nr(current);
 	file->private_data = hf;
+	file->f_mapping = hyb_mapping;
 	return nonseekable_open(inode, file);
 }
 
@@ -108,6 +155,11 @@ static int hyb_ioc_pool_info(struct hyb_file *hf, struct file *file, void *arg)
 static int hyb_ioc_pool_list(struct hyb_file *hf, struct file *file, void *arg)
 {
 	return hyb_pool_ioctl_list(arg);
+}
+
+static int hyb_ioc_pool_migrate(struct hyb_file *hf, struct file *file, void *arg)
+{
+	return hyb_pool_ioctl_migrate(hf, arg);
 }
 
 static int hyb_ioc_queue_attach(struct hyb_file *hf, struct file *file, void *arg)
@@ -161,6 +213,7 @@ static const struct hyb_ioctl_desc hyb_ioctls[] = {
 	HYB_IOCTL(HYB_IOC_POOL_DESTROY, struct hyb_pool_ref, hyb_ioc_pool_destroy),
 	HYB_IOCTL(HYB_IOC_POOL_INFO, struct hyb_pool_info, hyb_ioc_pool_info),
 	HYB_IOCTL(HYB_IOC_POOL_LIST, struct hyb_pool_list, hyb_ioc_pool_list),
+	HYB_IOCTL(HYB_IOC_POOL_MIGRATE, struct hyb_pool_migrate, hyb_ioc_pool_migrate),
 	HYB_IOCTL(HYB_IOC_QUEUE_ATTACH, struct hyb_attach, hyb_ioc_queue_attach),
 	HYB_IOCTL(HYB_IOC_CLIENT_ATTACH, struct hyb_attach, hyb_ioc_client_attach),
 	HYB_IOCTL(HYB_IOC_SUBMIT, struct hyb_batch, hyb_ioc_submit),
@@ -177,6 +230,7 @@ union hyb_args {
 	struct hyb_pool_ref pool_ref;
 	struct hyb_pool_info pool_info;
 	struct hyb_pool_list pool_list;
+	struct hyb_pool_migrate pool_migrate;
 	struct hyb_attach attach;
 	struct hyb_batch batch;
 	struct hyb_queue_stats queue_stats;
@@ -250,12 +304,18 @@ static int __init hyb_init(void)
 
 	if (!max_pinned_mb)
 		max_pinned_mb = (totalram_pages() >> (20 - PAGE_SHIFT)) / 2;
-	ret = hyb_queue_init();
+	ret = hyb_fs_init();
 	if (ret)
 		return ret;
+	ret = hyb_queue_init();
+	if (ret) {
+		hyb_fs_exit();
+		return ret;
+	}
 	ret = misc_register(&hyb_misc);
 	if (ret) {
 		hyb_queue_exit();
+		hyb_fs_exit();
 		return ret;
 	}
 	hyb_debugfs_init();
@@ -277,6 +337,7 @@ static void __exit hyb_exit(void)
 		       (long long)atomic64_read(&hyb_pinned_bytes), atomic_read(&hyb_nr_reqs),
 		       atomic_read(&hyb_nr_queues_alive), hyb_pool_count());
 	hyb_queue_exit();
+	hyb_fs_exit();
 	rcu_barrier();	/* pool structs are freed with kfree_rcu */
 }
 

@@ -19,6 +19,7 @@
 
 #include <linux/capability.h>
 #include <linux/ctype.h>
+#include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/gfp.h>
 #include <linux/mm.h>
@@ -60,17 +61,60 @@ static bool hyb_name_valid(const char *name)
 	return true;
 }
 
+/* Frees the chunks allocated so far (a failed allocation leaves NULLs) and the array. */
+static void hyb_chunks_free(struct page **chunks, unsigned long nr)
+{
+	unsigned long i;
+
+	for (i = 0; i < nr; i++) {
+		if (chunks[i])
+			__free_pages(chunks[i], HYB_CHUNK_ORDER);
+		cond_resched();
+	}
+	kvfree(chunks);
+}
+
+/* Fills chunks[0..nr) on node; 0, -ENOMEM, or -EINTR when the caller is being killed. */
+static int hyb_chunks_alloc(struct page **chunks, unsigned long nr, int node, gfp_t gfp)
+{
+	unsigned long i;
+
+	for (i = 0; i < nr; i++) {
+		chunks[i] = alloc_pages_node(node, gfp, HYB_CHUNK_ORDER);
+		if (!chunks[i])
+			return -ENOMEM;
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		cond_resched();
+	}
+	return 0;
+}
+
+/*
+ * Charges bytes against the cap: both sets of pages of a migrating pool are
+ * pinned at once, and the cap is a promise about pinned memory.
+ */
+static int hyb_charge(u64 bytes)
+{
+	u64 cap;
+	int ret = 0;
+
+	mutex_lock(&hyb_lock);
+	cap = hyb_cap_bytes();
+	if (bytes > cap || (u64)atomic64_read(&hyb_pinned_bytes) > cap - bytes)
+		ret = -ENOSPC;
+	else
+		atomic64_add(bytes, &hyb_pinned_bytes);
+	mutex_unlock(&hyb_lock);
+	return ret;
+}
+
 static void hyb_pool_free(struct kref *ref)
 {
 	struct hyb_pool *pool = container_of(ref, struct hyb_pool, ref);
-	unsigned long i;
 
-	for (i = 0; i < pool->nr_chunks; i++) {
-		if (pool->chunks[i])
-			__free_pages(pool->chunks[i], HYB_CHUNK_ORDER);
-		cond_resched();
-	}
-	kvfree(pool->chunks);
+	hyb_chunks_free(pool->chunks, pool->nr_chunks);
+	mutex_destroy(&pool->migrate_lock);
 	atomic64_sub(pool->bytes, &hyb_pinned_bytes);
 	if (pool->destroyed)
 		atomic_dec(&hyb_nr_zombies);
@@ -124,7 +168,6 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 	u32 shift = a->page_shift ? a->page_shift : HYB_PAGE_SHIFT_2M;
 	struct hyb_pool *pool;
 	u64 bytes, cap, t0;
-	unsigned long i;
 	int node = a->node, ret;
 
 	if (a->flags || a->reserved)
@@ -157,6 +200,8 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 		return -ENOMEM;
 	}
 	kref_init(&pool->ref);
+	init_rwsem(&pool->chunks_sem);
+	mutex_init(&pool->migrate_lock);
 	INIT_LIST_HEAD(&pool->owner_node);
 	memcpy(pool->name, a->name, HYB_NAME_LEN);
 	pool->node = node;
@@ -188,23 +233,13 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 	mutex_unlock(&hyb_lock);
 	if (ret) {
 		kvfree(pool->chunks);
+		mutex_destroy(&pool->migrate_lock);
 		kfree(pool);
 		return ret;
 	}
 
 	t0 = ktime_get_ns();
-	for (i = 0; i < pool->nr_chunks; i++) {
-		pool->chunks[i] = alloc_pages_node(node, HYB_POOL_GFP, HYB_CHUNK_ORDER);
-		if (!pool->chunks[i]) {
-			ret = -ENOMEM;
-			break;
-		}
-		if (fatal_signal_pending(current)) {
-			ret = -EINTR;
-			break;
-		}
-		cond_resched();
-	}
+	ret = hyb_chunks_alloc(pool->chunks, pool->nr_chunks, node, HYB_POOL_GFP);
 	pool->create_ns = ktime_get_ns() - t0;
 
 	mutex_lock(&hyb_lock);
@@ -272,7 +307,7 @@ static void hyb_pool_fill_info(struct hyb_pool *pool, struct hyb_file *hf,
 			       struct hyb_pool_info *a)
 {
 	a->pool_id = pool->id;
-	a->node = pool->node;
+	a->node = READ_ONCE(pool->node);
 	memcpy(a->name, pool->name, HYB_NAME_LEN);
 	a->bytes = pool->bytes;
 	a->mmap_offset = (u64)pool->id << HYB_MMAP_SHIFT;
@@ -341,6 +376,131 @@ int hyb_pool_ioctl_list(struct hyb_pool_list *a)
 	return ret;
 }
 
+/* -- migration ---------------------------------------------------------- */
+
+/*
+ * How often a migration unmaps and looks again before it calls the pool
+ * busy. A fault that looked its page up just before the migration took
+ * chunks_sem still holds a reference and maps the page an instant later;
+ * the next unmap takes that mapping down again. References that stay are
+ * pins (O_DIRECT, get_user_pages, a device): those writes would be lost.
+ */
+#define HYB_MIGRATE_TRIES	5
+
+/* Does any chunk have a reference besides the pool's own? */
+static bool hyb_chunks_busy(struct hyb_pool *pool)
+{
+	unsigned long i;
+
+	for (i = 0; i < pool->nr_chunks; i++)
+		if (page_count(pool->chunks[i]) != 1)
+			return true;
+	return false;
+}
+
+/*
+ * With chunks_sem held for write (no fault can look a page up): take down
+ * every mapping of the pool, in every process, and make sure nothing else
+ * still holds its pages.
+ */
+static int hyb_pool_unmap_all(struct hyb_pool *pool)
+{
+	loff_t start = (loff_t)pool->id << HYB_MMAP_SHIFT;
+	int i;
+
+	for (i = 0; i < HYB_MIGRATE_TRIES; i++) {
+		if (i)
+			usleep_range(1000, 2000);
+		unmap_mapping_range(hyb_mapping, start, pool->bytes, 1);
+		if (!hyb_chunks_busy(pool))
+			return 0;
+	}
+	return -EBUSY;
+}
+
+/* Copies the pool into new chunks; -EINTR leaves it to the caller to drop them. */
+static int hyb_chunks_copy(struct page **to, struct page **from, unsigned long nr)
+{
+	unsigned long i;
+
+	for (i = 0; i < nr; i++) {
+		/* 64-bit only (hybpool.h): every page has a kernel address. */
+		memcpy(page_address(to[i]), page_address(from[i]), HYB_CHUNK_SIZE);
+		if (fatal_signal_pending(current))
+			return -EINTR;
+		cond_resched();
+	}
+	return 0;
+}
+
+/*
+ * Moves a live pool to another node. The new pages are allocated first,
+ * outside chunks_sem, so faults on the pool only wait for the unmap and the
+ * copy. Until the swap the old pages stay the pool's, so every error leaves
+ * the pool as it was (its mappings just refault onto the same pages).
+ */
+int hyb_pool_ioctl_migrate(struct hyb_file *hf, struct hyb_pool_migrate *a)
+{
+	struct page **fresh, **old;
+	struct hyb_pool *pool;
+	int node = a->node, ret;
+	u64 t0;
+
+	if (a->flags || a->reserved[0] || a->reserved[1])
+		return -EINVAL;
+	if (node < 0 || node >= nr_node_ids || !node_state(node, N_MEMORY))
+		return -EINVAL;
+	pool = hyb_pool_get(a->pool_id);
+	if (!pool)
+		return -ENOENT;
+	if (READ_ONCE(pool->owner) != hf && !capable(CAP_SYS_ADMIN)) {
+		ret = -EPERM;
+		goto out_put;
+	}
+	a->blocked_ns = 0;
+	ret = mutex_lock_killable(&pool->migrate_lock);
+	if (ret)
+		goto out_put;
+	if (READ_ONCE(pool->node) == node)
+		goto out_unlock;	/* nothing to do */
+	ret = hyb_charge(pool->bytes);
+	if (ret)
+		goto out_unlock;
+	fresh = kvcalloc(pool->nr_chunks, sizeof(*fresh), GFP_KERNEL);
+	if (!fresh) {
+		ret = -ENOMEM;
+		goto out_uncharge;
+	}
+	/* No __GFP_ZERO: every byte is copied over. */
+	ret = hyb_chunks_alloc(fresh, pool->nr_chunks, node, HYB_POOL_GFP & ~__GFP_ZERO);
+	if (ret)
+		goto out_free;
+
+	down_write(&pool->chunks_sem);
+	t0 = ktime_get_ns();
+	ret = hyb_pool_unmap_all(pool);
+	if (!ret)
+		ret = hyb_chunks_copy(fresh, pool->chunks, pool->nr_chunks);
+	if (!ret) {
+		old = pool->chunks;
+		pool->chunks = fresh;
+		WRITE_ONCE(pool->node, node);
+		fresh = old;	/* the old pages are what gets freed now */
+	}
+	a->blocked_ns = ktime_get_ns() - t0;
+	up_write(&pool->chunks_sem);
+out_free:
+	/* The old pages have no other reference: this returns them to the system. */
+	hyb_chunks_free(fresh, pool->nr_chunks);
+out_uncharge:
+	atomic64_sub(pool->bytes, &hyb_pinned_bytes);
+out_unlock:
+	mutex_unlock(&pool->migrate_lock);
+out_put:
+	hyb_pool_put(pool);
+	return ret;
+}
+
 u32 hyb_pool_count(void)
 {
 	struct hyb_pool *pool;
@@ -400,7 +560,9 @@ static void hyb_vm_close(struct vm_area_struct *vma)
 /*
  * Hand the core the page; it maps it with a PTE, or (order-9 compound page,
  * PMD-aligned VMA) the whole chunk with one PMD. The reference taken here is
- * the mapping's and is dropped when it is unmapped.
+ * the mapping's and is dropped when it is unmapped. chunks_sem keeps a
+ * migration from swapping the chunks between the lookup and the reference
+ * (it then sees the reference and unmaps again, see hyb_pool_unmap_all).
  */
 static vm_fault_t hyb_vm_fault(struct vm_fault *vmf)
 {
@@ -414,8 +576,10 @@ static vm_fault_t hyb_vm_fault(struct vm_fault *vmf)
 	idx = vmf->pgoff - base;
 	if (idx >= pool->bytes >> PAGE_SHIFT)
 		return VM_FAULT_SIGBUS;
+	down_read(&pool->chunks_sem);
 	page = pool->chunks[idx >> HYB_CHUNK_ORDER] + (idx & (HYB_CHUNK_PAGES - 1));
 	get_page(page);
+	up_read(&pool->chunks_sem);
 	vmf->page = page;
 	atomic64_inc(&pool->faults);
 	return 0;

@@ -404,7 +404,8 @@ int hyb_mempool_move(struct hyb_mempool *p, int node)
 				  "move pool id %u: %s pools stay where they were made (the owner "
 				  "destroys and recreates them)", p->id,
 				  hyb_backend_name(p->b->ops->kind));
-	if (!p->owned)
+	/* The module moves pools of other processes too, for CAP_SYS_ADMIN: it decides. */
+	if (!p->owned && p->b->ops->kind != HYB_BACKEND_KMOD)
 		return hyb_mp_err(-EPERM, "move pool id %u: only its owner may move it", p->id);
 	if (node != HYB_MEMPOOL_NODE_LOCAL && !hyb_mp_node_ok(node))
 		return hyb_mp_err(-EINVAL, "move pool id %u: NUMA node %d does not exist or has "

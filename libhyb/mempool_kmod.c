@@ -249,11 +249,53 @@ static int k_pool_destroy(struct hyb_mempool *p)
 	return kioctl(p->b->fd, HYB_IOC_POOL_DESTROY, &r);
 }
 
+/*
+ * The module moves the pages under every mapping of the pool, in every
+ * process: they are unmapped while it copies and fault in the new pages on
+ * the next access, at the same addresses. The owner file or CAP_SYS_ADMIN
+ * (hybctl numa --move) may do it; the module checks.
+ */
 static int k_pool_move(struct hyb_mempool *p, int node)
 {
-	(void)p;
-	(void)node;
-	return -EOPNOTSUPP;
+	struct hyb_pool_migrate m;
+	struct hyb_pool_info pi;
+	int ret;
+
+	if (node == HYB_NODE_LOCAL)
+		node = hyb_mp_local_node();
+	memset(&m, 0, sizeof(m));
+	m.size = sizeof(m);
+	m.pool_id = p->id;
+	m.node = node;
+	ret = kioctl(p->b->fd, HYB_IOC_POOL_MIGRATE, &m);
+	switch (ret) {
+	case 0:
+		break;
+	case -EPERM:
+		return hyb_mp_err(ret, "move pool id %u: only its owner (or CAP_SYS_ADMIN) may "
+				  "move it", p->id);
+	case -ENOSPC:
+		return hyb_mp_err(ret, "move pool id %u: the old and new copies together (%llu "
+				  "MiB) would pass the pinned-memory cap", p->id,
+				  (unsigned long long)(2 * p->bytes >> 20));
+	case -ENOMEM:
+		return hyb_mp_err(ret, "move pool id %u: node %d has not %llu MiB free in 2 MiB "
+				  "pages", p->id, node, (unsigned long long)(p->bytes >> 20));
+	case -EBUSY:
+		return hyb_mp_err(ret, "move pool id %u: its pages are pinned for I/O or by a "
+				  "device (O_DIRECT, cudaHostRegister); release them and retry",
+				  p->id);
+	case -ENOTTY:
+		return hyb_mp_err(-EOPNOTSUPP, "move pool id %u: this hybpool module cannot "
+				  "move pools (too old)", p->id);
+	default:
+		return ret;
+	}
+	/* The pool may have had a mapping here: it refaults on the next access. */
+	if (pool_info_raw(p->b->fd, p->id, NULL, &pi) == 0 && pi.node != node)
+		return hyb_mp_err(-EIO, "move pool id %u: the module reports node %d after the "
+				  "move to node %d", p->id, pi.node, node);
+	return 0;
 }
 
 static void k_pool_close(struct hyb_mempool *p)
@@ -393,7 +435,7 @@ static int k_rq_stats(struct hyb_backend *b, unsigned int queue, struct hyb_rq_s
 
 const struct hyb_mempool_ops hyb_mempool_kmod_ops = {
 	.kind = HYB_BACKEND_KMOD,
-	.caps = HYB_BACKEND_CROSS_PROCESS | HYB_BACKEND_COUNTS_FAULTS,
+	.caps = HYB_BACKEND_CROSS_PROCESS | HYB_BACKEND_CAN_MOVE | HYB_BACKEND_COUNTS_FAULTS,
 	.open = k_open,
 	.close = k_close,
 	.info = k_info,

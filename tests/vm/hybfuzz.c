@@ -212,6 +212,7 @@ static void build_arg(unsigned long cmd, void *arg, size_t size)
 		struct hyb_pool_ref pr;
 		struct hyb_pool_info pi;
 		struct hyb_pool_list pl;
+		struct hyb_pool_migrate pm;
 		struct hyb_attach at;
 		struct hyb_batch b;
 		struct hyb_queue_stats qs;
@@ -241,6 +242,13 @@ static void build_arg(unsigned long cmd, void *arg, size_t size)
 	case HYB_IOC_POOL_LIST:
 		u.pl.count = chance(80) ? (uint32_t)pick(20) : (uint32_t)interesting();
 		u.pl.ptr = (uintptr_t)(chance(70) ? (void *)reqs : rand_ptr(u.pl.count * 4));
+		break;
+	case HYB_IOC_POOL_MIGRATE:
+		/* Moves race with faults, mmap, munmap, destroy and SIGKILL in the others. */
+		u.pm.pool_id = rand_pool();
+		u.pm.node = chance(85) ? (int)pick(3) - 1 : (int)interesting();
+		if (chance(5))
+			u.pm.reserved[pick(2)] = rnd() | 1;
 		break;
 	case HYB_IOC_QUEUE_ATTACH:
 	case HYB_IOC_CLIENT_ATTACH:
@@ -299,6 +307,7 @@ static const unsigned long cmds[] = {
 	HYB_IOC_DEV_INFO, HYB_IOC_POOL_CREATE, HYB_IOC_POOL_DESTROY, HYB_IOC_POOL_INFO,
 	HYB_IOC_POOL_LIST, HYB_IOC_QUEUE_ATTACH, HYB_IOC_CLIENT_ATTACH, HYB_IOC_SUBMIT,
 	HYB_IOC_FETCH, HYB_IOC_COMPLETE, HYB_IOC_REAP, HYB_IOC_QUEUE_STATS,
+	HYB_IOC_POOL_MIGRATE,
 };
 
 static void do_ioctl(void)
@@ -652,12 +661,13 @@ int main(int argc, char **argv)
 	while (wait(NULL) > 0)
 		;
 	printf("  supervisor: %d workers killed and replaced\n", kills);
-	printf("  %llu calls, %llu signals caught, %llu forks; succeeded: mmap %llu, create %llu, destroy %llu, info %llu, list %llu, attach %llu/%llu, submit %llu, fetch %llu, complete %llu, reap %llu, stats %llu\n",
+	printf("  %llu calls, %llu signals caught, %llu forks; succeeded: mmap %llu, create %llu, destroy %llu, info %llu, list %llu, migrate %llu, attach %llu/%llu, submit %llu, fetch %llu, complete %llu, reap %llu, stats %llu\n",
 	       (unsigned long long)counts[C_OPS], (unsigned long long)counts[C_SIG],
 	       (unsigned long long)counts[C_FORK], (unsigned long long)counts[C_MMAP_OK],
 	       (unsigned long long)counts[1], (unsigned long long)counts[2],
 	       (unsigned long long)counts[3], (unsigned long long)counts[4],
-	       (unsigned long long)counts[0x10], (unsigned long long)counts[0x11],
+	       (unsigned long long)counts[5], (unsigned long long)counts[0x10],
+	       (unsigned long long)counts[0x11],
 	       (unsigned long long)counts[0x12], (unsigned long long)counts[0x13],
 	       (unsigned long long)counts[0x14], (unsigned long long)counts[0x15],
 	       (unsigned long long)counts[0x16]);

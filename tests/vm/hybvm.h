@@ -66,6 +66,16 @@ static inline int hyb_pool_info(int fd, uint32_t id, struct hyb_pool_info *pi)
 	return hyb_ioctl(fd, HYB_IOC_POOL_INFO, pi);
 }
 
+static inline int hyb_pool_migrate(int fd, uint32_t id, int node, uint64_t *blocked_ns)
+{
+	struct hyb_pool_migrate m = { .size = sizeof(m), .pool_id = id, .node = node };
+	int ret = hyb_ioctl(fd, HYB_IOC_POOL_MIGRATE, &m);
+
+	if (blocked_ns)
+		*blocked_ns = ret ? 0 : m.blocked_ns;
+	return ret;
+}
+
 static inline int hyb_attach(int fd, unsigned long cmd, uint32_t qid, int efd)
 {
 	struct hyb_attach a = { .size = sizeof(a), .queue_id = qid, .eventfd = efd };

@@ -3,8 +3,9 @@
  * hybctl numa: the machine's NUMA topology (libnuma: which node has which
  * CPUs and memory), where each pool's pages really are (the kernel answers
  * through move_pages in query mode, on a read-only mapping of the pool), and
- * a recommended placement. --move asks the backend to recreate a pool on
- * another node where it can.
+ * a recommended placement. --move asks the backend to move a pool to
+ * another node where it can (the module can, for any pool, as its owner or
+ * with CAP_SYS_ADMIN).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -24,7 +25,8 @@ static const char usage[] =
 	"  topology (CPUs, memory and distances per node), the pages of every pool per\n"
 	"  node (maps each pool read-only for a moment and asks the kernel), and a\n"
 	"  recommended placement. Works without the module (topology and advice only).\n"
-	"  --move POOL --node N   recreate POOL on node N where the backend allows it\n"
+	"  --move POOL --node N   move POOL's pages to node N (module: the same addresses keep\n"
+	"                         working in every process; needs CAP_SYS_ADMIN or ownership)\n"
 	"  --probe MIB            first create a MIB pool on every node with memory (kept\n"
 	"                         until exit): does memory land where asked, in huge pages?\n";
 
@@ -363,10 +365,35 @@ static void print_text(const struct node *nodes, int nn, const struct pool_pages
 	printf("recommended: %s\n", rec);
 }
 
-static int do_move(enum hyb_backend_kind kind, const char *name, int node)
+static void print_on_nodes(const struct pool_pages *pp, int json)
+{
+	char sz[32];
+
+	for (int n = 0, first = 1; n < MAX_NODES; n++) {
+		if (!pp->on[n])
+			continue;
+		if (json) {
+			printf("%s\"%d\": %llu", first ? "" : ", ", n,
+			       (unsigned long long)pp->on[n]);
+		} else {
+			ctl_bytes(sz, sizeof(sz), pp->on[n]);
+			printf(" node%d %s (%.0f%%)", n, sz, 100.0 * pp->on[n] / pp->info.bytes);
+		}
+		first = 0;
+	}
+	if (!json && pp->err)
+		printf(" cannot look (%s)", strerror(-pp->err));
+}
+
+/*
+ * Move a pool, saying where its pages are before and after (the kernel
+ * answers, as for the listing). The module moves pools of other processes
+ * for CAP_SYS_ADMIN; the local backend only in the process that made them.
+ */
+static int do_move(enum hyb_backend_kind kind, const char *name, int node, int json)
 {
 	struct hyb_backend *b = ctl_backend("numa", kind, false);
-	struct hyb_mempool_info pi;
+	static struct pool_pages before, after;
 	struct hyb_mempool *p;
 	int ret;
 
@@ -379,18 +406,50 @@ static int do_move(enum hyb_backend_kind kind, const char *name, int node)
 		hyb_backend_close(b);
 		return 1;
 	}
-	hyb_mempool_info(p, &pi);
+	memset(&before, 0, sizeof(before));
+	memset(&after, 0, sizeof(after));
+	hyb_mempool_info(p, &before.info);
+	pool_pages(b, &before);
 	ret = hyb_mempool_move(p, node);
 	if (ret == -EOPNOTSUPP || ret == -EPERM)
-		fprintf(stderr, "hybctl numa: %s: ask its owner (pid %d) to recreate '%s' on node "
-			"%d\n", hyb_backend_error(), pi.owner_pid, name, node);
+		fprintf(stderr, "hybctl numa: %s: ask its owner (pid %d) to move '%s' to node "
+			"%d\n", hyb_backend_error(), before.info.owner_pid, name, node);
 	else if (ret)
 		fprintf(stderr, "hybctl numa: %s\n", hyb_backend_error());
-	else
-		printf("pool '%s' moved to node %d\n", name, node);
+	if (ret) {
+		hyb_mempool_close(p);
+		hyb_backend_close(b);
+		return 1;
+	}
+	hyb_mempool_info(p, &after.info);
+	pool_pages(b, &after);
+	if (json) {
+		printf("{\"pool\": ");
+		ctl_json_str(stdout, name);
+		printf(", \"id\": %u, \"bytes\": %llu, \"from\": %d, \"to\": %d, "
+		       "\"bytes_on_node_before\": {", before.info.id,
+		       (unsigned long long)before.info.bytes, before.info.node, after.info.node);
+		print_on_nodes(&before, 1);
+		printf("}, \"bytes_on_node_after\": {");
+		print_on_nodes(&after, 1);
+		printf("}, \"not_present_bytes_after\": %llu, \"error\": ",
+		       (unsigned long long)after.absent);
+		if (after.err)
+			ctl_json_str(stdout, strerror(-after.err));
+		else
+			printf("null");
+		printf("}\n");
+	} else {
+		printf("pool '%s' moved from node %d to node %d\n  before:", name, before.info.node,
+		       after.info.node);
+		print_on_nodes(&before, 0);
+		printf("\n  after: ");
+		print_on_nodes(&after, 0);
+		printf("\n");
+	}
 	hyb_mempool_close(p);
 	hyb_backend_close(b);
-	return ret ? 1 : 0;
+	return after.err ? 1 : 0;
 }
 
 int cmd_numa(int argc, char **argv)
@@ -448,7 +507,7 @@ int cmd_numa(int argc, char **argv)
 		return 2;
 	}
 	if (move)
-		return do_move(kind, move, node);
+		return do_move(kind, move, node, json);
 
 	nn = topo_read(nodes);
 	/* The module's pools if it is loaded; the topology and advice work without it. */

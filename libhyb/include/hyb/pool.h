@@ -154,8 +154,11 @@ int hyb_mempool_destroy(struct hyb_mempool *p);
  * Owner only: recreate the pool's memory on node (the same node too, e.g. to
  * pick up huge pages reserved since), copy the bytes and swap it in under
  * every mapping of this process at the same address. Writers must be quiet
- * meanwhile. -EOPNOTSUPP where the backend cannot (kmod pools are pinned
- * where they were made: the owner destroys and recreates them).
+ * meanwhile. kmod: the module moves the pages under every mapping of every
+ * process (accesses fault in the new pages, same addresses); the owner or
+ * CAP_SYS_ADMIN may, a move to the pool's own node does nothing, -EBUSY while
+ * its pages are pinned (O_DIRECT, cudaHostRegister), -ENOSPC when both
+ * copies together pass the cap. -EOPNOTSUPP where the backend cannot.
  */
 int hyb_mempool_move(struct hyb_mempool *p, int node);
 /* Unmaps (if mapped) and frees the handle; the pool itself stays. */

@@ -101,6 +101,26 @@ struct hyb_pool_info {
 	__u64 create_ns;	/* out: time spent allocating and zeroing */
 };
 
+/*
+ * HYB_IOC_POOL_MIGRATE: move a live pool's memory to another NUMA node, the
+ * owner file only (or CAP_SYS_ADMIN). New pages are allocated on node, then
+ * every mapping of the pool is unmapped, the bytes are copied and the new
+ * pages swapped in; the same addresses keep working (accesses fault in the
+ * new pages). Both copies count against the cap while it runs. Errors:
+ * -EINVAL (flags, reserved, node), -ENOENT, -EPERM, -ENOSPC (cap), -ENOMEM
+ * (node has not enough free 2 MiB pages), -EBUSY (pages pinned by I/O or a
+ * device, e.g. O_DIRECT or cudaHostRegister), -EINTR (fatal signal). On any
+ * error the pool is as it was. Moving to the node it is on does nothing.
+ */
+struct hyb_pool_migrate {
+	__u32 size;
+	__u32 flags;		/* 0 */
+	__u32 pool_id;
+	__s32 node;		/* in: a node with memory */
+	__u64 blocked_ns;	/* out: time faults on the pool waited (unmap + copy) */
+	__u64 reserved[2];	/* 0 */
+};
+
 /* HYB_IOC_POOL_LIST: ids of the live pools. */
 struct hyb_pool_list {
 	__u32 size;
@@ -239,6 +259,7 @@ struct hyb_queue_stats {
 #define HYB_IOC_POOL_DESTROY	_IOW(HYB_IOC_MAGIC, 0x02, struct hyb_pool_ref)
 #define HYB_IOC_POOL_INFO	_IOWR(HYB_IOC_MAGIC, 0x03, struct hyb_pool_info)
 #define HYB_IOC_POOL_LIST	_IOWR(HYB_IOC_MAGIC, 0x04, struct hyb_pool_list)
+#define HYB_IOC_POOL_MIGRATE	_IOWR(HYB_IOC_MAGIC, 0x05, struct hyb_pool_migrate)
 #define HYB_IOC_QUEUE_ATTACH	_IOWR(HYB_IOC_MAGIC, 0x10, struct hyb_attach)
 #define HYB_IOC_CLIENT_ATTACH	_IOWR(HYB_IOC_MAGIC, 0x11, struct hyb_attach)
 #define HYB_IOC_SUBMIT		_IOWR(HYB_IOC_MAGIC, 0x12, struct hyb_batch)
