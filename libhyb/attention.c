@@ -1,72 +1,249 @@
 // SPDX-License-Identifier: MIT
+/*
+ * Attention as llama.cpp's CPU flash attention computes it (ggml-cpu
+ * ops.cpp, ggml_compute_forward_flash_attn_ext_f16), its default on CPU with
+ * an F16 cache. Its three paths give different roundings, and greedy tokens
+ * only agree with llama.cpp's when the logits are its logits bit for bit:
+ *
+ *  - batches under 64 tokens (flash_attn_ext_f16_one_chunk): q rounded to
+ *    F16, K.q by ggml_vec_dot_f16, an online softmax over the positions in
+ *    order with the V sum kept in F16 (ggml_vec_scale_f16 when the maximum
+ *    grows, ggml_vec_mad_f16 per position);
+ *  - one token over 512 or more padded cache positions: the same per
+ *    thread on contiguous position chunks, the partial results merged in
+ *    chunk order (ggml_flash_attn_ext_reduce_partials);
+ *  - batches of 64 or more (flash_attn_ext_tiled): F32 throughout, 64
+ *    positions at a time: scores by simd_gemm, a per-tile maximum,
+ *    exponentials by ggml_v_expf (ggml_vec_soft_max_f32), V by simd_gemm.
+ *
+ * Masked positions (after the query's own) are skipped where llama.cpp
+ * skips them and zero where it multiplies them by zero; the results do not
+ * depend on how rows are grouped, so each job is one row (or one head's
+ * tile of rows) whatever llama.cpp's threads would have done.
+ */
 #include "attention.h"
 
 #include <math.h>
 #include <string.h>
 
-/*
- * One (token, head) pair, as llama.cpp's CPU flash attention computes it
- * (ggml-cpu ops.cpp), which is its default on CPU. Doing the same arithmetic
- * is what makes greedy tokens agree with llama.cpp's on models whose logits
- * sit close together:
- *   - batches under 64 tokens (decode, short prompts; flash_attn_ext_f16_one_chunk):
- *     q rounded to F16, K·q in the F16 dot kernel, online softmax over
- *     positions in order, V accumulated in F16 and rescaled when the max grows;
- *   - batches of 64 or more (its tiled path): the same in F32 throughout.
- * Not reproduced: for single-token decode over 512+ cached positions
- * llama.cpp splits the positions between its threads and merges partial
- * softmaxes, so its own result depends on its thread count.
- */
-void hyb_attend(const struct hyb_cpu_kernels *k, const float *q, const uint16_t *kc,
-		const uint16_t *vc, size_t stride, uint32_t hd, uint32_t n_kv, float scale,
-		bool f16, void *tmp, float *out)
+#define TILE 64 /* GGML_FA_TILE_Q and GGML_FA_TILE_KV */
+
+size_t hyb_attend_tmp_bytes(uint32_t hd)
 {
-	uint16_t *q16 = tmp, *acc16 = q16 + hd;
-	float *acc = (float *)(acc16 + hd), *row = acc + hd;
-	float S = 0, M = -INFINITY;
+	/* tiled: q, K^T, V, VKQ tiles (TILE x hd each), scores, M and S, alignment */
+	return sizeof(float) * (4 * (size_t)TILE * hd + TILE * TILE + 2 * TILE) + 8 * 64;
+}
 
-	if (f16) {
-		k->quantize_act[HYB_TYPE_F16](q, q16, hd);
-		memset(acc16, 0, sizeof(uint16_t) * hd);
-	} else {
-		memset(acc, 0, sizeof(float) * hd);
-	}
-	for (uint32_t p = 0; p < n_kv; p++) {
-		const uint16_t *kr = kc + (size_t)p * stride, *v = vc + (size_t)p * stride;
-		float s = 0, ms = 1.0f, vs = 1.0f;
+static uint32_t pad256(uint64_t n)
+{
+	return (uint32_t)((n + 255) / 256 * 256);
+}
 
-		if (f16) {
-			k->gemm[HYB_TYPE_F16](hd, kr, 0, 1, q16, 0, 1, &s, 1);
-		} else {
-			k->dequantize[HYB_TYPE_F16](kr, row, hd);
-			for (uint32_t d = 0; d < hd; d++)
-				s += row[d] * q[d];
-		}
-		s *= scale;
+/* llama.cpp's n_kv for a batch ending at position p: the used cells padded to 256 */
+static uint32_t kv_padded(const struct hyb_attn *a)
+{
+	uint32_t used = pad256((uint64_t)a->n_past + a->n_tokens), cap = pad256(a->n_ctx);
+
+	if (used < 256)
+		used = 256;
+	return used < cap ? used : cap;
+}
+
+static int tiled(const struct hyb_attn *a)
+{
+	return a->n_tokens >= TILE;
+}
+
+long hyb_attend_jobs(const struct hyb_attn *a)
+{
+	if (tiled(a))
+		return (long)a->n_head * ((a->n_tokens + TILE - 1) / TILE);
+	return (long)a->n_tokens * a->n_head;
+}
+
+static void *align64(void *p)
+{
+	return (void *)(((uintptr_t)p + 63) & ~(uintptr_t)63);
+}
+
+/* ---- one chunk: the small-batch path ------------------------------------ */
+
+struct partial {
+	float M, S;
+	float *v;  /* hd floats: the F16 sum widened, not yet divided by S */
+};
+
+/* Positions [p0, p1) for query q16: M, S and the F16 V sum, as one_chunk. */
+static void one_chunk(const struct hyb_attn *a, const uint16_t *q16, const uint16_t *kc,
+		      const uint16_t *vc, uint32_t p0, uint32_t p1, uint16_t *acc16,
+		      struct partial *out)
+{
+	const struct hyb_cpu_kernels *k = a->k;
+	const uint32_t hd = a->hd;
+	float S = 0.0f, M = -INFINITY;
+
+	memset(acc16, 0, sizeof(uint16_t) * hd);
+	for (uint32_t p = p0; p < p1; p++) {
+		const uint16_t *kr = kc + (size_t)p * a->kv_stride;
+		const uint16_t *vr = vc + (size_t)p * a->kv_stride;
+		/* + 0.0f: the mask value of a visible position (it makes -0 +0) */
+		const float s = k->dot_f16(hd, kr, q16) * a->scale + 0.0f;
+		float ms = 1.0f, vs = 1.0f;
+
 		if (s > M) {
-			float m_old = M;
+			const float m_old = M;
 
 			M = s;
 			ms = expf(m_old - M);
+			k->scale_f16(hd, acc16, ms);
 		} else {
 			vs = expf(s - M);
 		}
-		if (f16) {
-			for (uint32_t d = 0; ms != 1.0f && d < hd; d++)
-				acc16[d] = hyb_f32_to_f16(hyb_f16_to_f32(acc16[d]) * ms);
-			for (uint32_t d = 0; d < hd; d++)
-				acc16[d] = hyb_f32_to_f16(hyb_f16_to_f32(acc16[d]) +
-							  hyb_f16_to_f32(v[d]) * vs);
-		} else {
-			k->dequantize[HYB_TYPE_F16](v, row, hd);
-			for (uint32_t d = 0; d < hd; d++)
-				acc[d] = acc[d] * ms + row[d] * vs;
-		}
-		S = S * ms + vs;
+		k->mad_f16(hd, acc16, vr, vs);
+		S = fmaf(S, ms, vs); /* S*ms + vs, contracted by llama.cpp's compiler */
 	}
-	const float s_inv = S == 0.0f ? 0.0f : 1.0f / S;
-
-	for (uint32_t d = 0; d < hd; d++)
-		out[d] = (f16 ? hyb_f16_to_f32(acc16[d]) : acc[d]) * s_inv;
+	out->M = M;
+	out->S = S;
+	k->dequantize[HYB_TYPE_F16](acc16, out->v, hd);
 }
 
+static void scale_f32(float *v, uint32_t n, float s)
+{
+	for (uint32_t i = 0; i < n; i++)
+		v[i] *= s;
+}
+
+/* One (token, head) row under 64-token batches, split or not. */
+static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *tmp)
+{
+	const uint32_t hd = a->hd, group = a->n_head / a->n_head_kv;
+	const uint32_t pos = a->n_past + t;
+	const size_t kv_off = (size_t)(h / group) * hd;
+	const uint16_t *kc = a->kc + kv_off, *vc = a->vc + kv_off;
+	float *out = a->out + (size_t)t * a->q_stride + (size_t)h * hd;
+	uint16_t *q16 = align64(tmp), *acc16 = align64(q16 + hd);
+	float *vf = align64(acc16 + hd), *vc32 = align64(vf + hd);
+	const uint32_t n_kv = kv_padded(a);
+	struct partial part = { .v = vc32 };
+
+	a->k->quantize_act[HYB_TYPE_F16](a->q + (size_t)t * a->q_stride + (size_t)h * hd, q16, hd);
+	if (a->n_tokens == 1 && n_kv >= 512 && a->n_split > 0) {
+		/* ggml_flash_attn_ext_reduce_partials over the threads' chunks */
+		const uint32_t cs = (n_kv + (uint32_t)a->n_split - 1) / (uint32_t)a->n_split;
+		float M = -INFINITY, S = 0.0f;
+
+		memset(vf, 0, sizeof(float) * hd);
+		for (int c = 0; c < a->n_split; c++) {
+			const uint32_t p0 = (uint32_t)c * cs;
+			uint32_t p1 = p0 + cs < n_kv ? p0 + cs : n_kv;
+
+			if (p1 > pos + 1)
+				p1 = pos + 1;
+			if (p0 >= p1)
+				continue; /* every position masked: S == 0, skipped */
+			one_chunk(a, q16, kc, vc, p0, p1, acc16, &part);
+			if (part.S == 0.0f)
+				continue;
+			const float m_new = fmaxf(M, part.M);
+			const float so = expf(M - m_new), sn = expf(part.M - m_new);
+
+			for (uint32_t d = 0; d < hd; d++)
+				vf[d] = fmaf(vf[d], so, part.v[d] * sn);
+			S = fmaf(S, so, part.S * sn);
+			M = m_new;
+		}
+		if (S != 0.0f)
+			scale_f32(vf, hd, 1.0f / S);
+		memcpy(out, vf, sizeof(float) * hd);
+		return;
+	}
+	one_chunk(a, q16, kc, vc, 0, pos + 1, acc16, &part);
+	scale_f32(part.v, hd, part.S == 0.0f ? 0.0f : 1.0f / part.S);
+	memcpy(out, part.v, sizeof(float) * hd);
+}
+
+/* ---- tiled: batches of 64 tokens or more --------------------------------- */
+
+static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, void *tmp)
+{
+	const struct hyb_cpu_kernels *k = a->k;
+	const uint32_t hd = a->hd, group = a->n_head / a->n_head_kv;
+	const uint32_t t0 = tile * TILE;
+	const uint32_t nq = a->n_tokens - t0 < TILE ? a->n_tokens - t0 : TILE;
+	const uint32_t last = a->n_past + t0 + nq - 1; /* the tile's last visible position */
+	const size_t kv_off = (size_t)(h / group) * hd;
+	float *qt = align64(tmp), *kt = align64(qt + (size_t)TILE * hd);
+	float *vt = align64(kt + (size_t)TILE * hd), *acc = align64(vt + (size_t)TILE * hd);
+	float *kq = align64(acc + (size_t)TILE * hd), *M = align64(kq + TILE * TILE);
+	float *S = M + TILE;
+
+	for (uint32_t i = 0; i < nq; i++) {
+		memcpy(qt + (size_t)i * hd, a->q + (size_t)(t0 + i) * a->q_stride + (size_t)h * hd,
+		       sizeof(float) * hd);
+		M[i] = -INFINITY;
+		S[i] = 0.0f;
+	}
+	memset(acc, 0, sizeof(float) * nq * hd);
+	/* KV tiles from position 0; those past every row's position are skipped */
+	for (uint32_t ic = 0; ic <= last; ic += TILE) {
+		const uint32_t nv = last - ic + 1 < TILE ? last - ic + 1 : TILE;
+
+		/* K transposed [dk][position]; masked positions are zeros (a fresh cache) */
+		memset(kt, 0, sizeof(float) * TILE * hd);
+		for (uint32_t tk = 0; tk < nv; tk++) {
+			/* widened into the V tile's space first: it is filled after the scores */
+			k->dequantize[HYB_TYPE_F16](a->kc + (size_t)(ic + tk) * a->kv_stride + kv_off,
+						    vt, hd);
+			for (uint32_t d = 0; d < hd; d++)
+				kt[(size_t)d * TILE + tk] = vt[d];
+		}
+		memset(kq, 0, sizeof(float) * nq * TILE);
+		k->gemm_acc(kq, qt, kt, (int)nq, (int)hd, TILE);
+		for (uint32_t i = 0; i < nq; i++) {
+			float *row = kq + (size_t)i * TILE;
+			const uint32_t pos = a->n_past + t0 + i;
+			float mx = -INFINITY;
+
+			for (uint32_t tk = 0; tk < TILE; tk++) {
+				/* scale, then the mask: + 0 where visible, -inf after pos */
+				row[tk] = ic + tk <= pos ? row[tk] * a->scale + 0.0f : -INFINITY;
+				mx = mx > row[tk] ? mx : row[tk];
+			}
+			if (mx == -INFINITY) {
+				memset(row, 0, sizeof(float) * TILE);
+				continue;
+			}
+			const float m_new = fmaxf(M[i], mx);
+
+			if (m_new > M[i]) {
+				const float ms = expf(M[i] - m_new);
+
+				scale_f32(acc + (size_t)i * hd, hd, ms);
+				S[i] *= ms;
+			}
+			M[i] = m_new;
+			S[i] = (float)((double)S[i] + k->soft_max(TILE, row, row, m_new));
+		}
+		memset(vt, 0, sizeof(float) * TILE * hd);
+		for (uint32_t tk = 0; tk < nv; tk++)
+			k->dequantize[HYB_TYPE_F16](a->vc + (size_t)(ic + tk) * a->kv_stride + kv_off,
+						    vt + (size_t)tk * hd, hd);
+		k->gemm_acc(acc, kq, vt, (int)nq, TILE, (int)hd);
+	}
+	for (uint32_t i = 0; i < nq; i++) {
+		float *o = a->out + (size_t)(t0 + i) * a->q_stride + (size_t)h * hd;
+
+		memcpy(o, acc + (size_t)i * hd, sizeof(float) * hd);
+		scale_f32(o, hd, S[i] == 0.0f ? 0.0f : 1.0f / S[i]);
+	}
+}
+
+void hyb_attend_run(const struct hyb_attn *a, long lo, long hi, void *tmp)
+{
+	for (long j = lo; j < hi; j++) {
+		if (tiled(a))
+			attend_tile(a, (uint32_t)(j / a->n_head), (uint32_t)(j % a->n_head), tmp);
+		else
+			attend_row(a, (uint32_t)(j / a->n_head), (uint32_t)(j % a->n_head), tmp);
+	}
+}

@@ -1,27 +1,37 @@
 /* SPDX-License-Identifier: MIT */
-/* Attention for one query vector over the F16 KV cache. */
+/* Causal attention of a batch of query tokens over the F16 KV cache. */
 #ifndef HYB_ATTENTION_H
 #define HYB_ATTENTION_H
 
-#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "cpu_kernels.h"
 
-/* Scratch bytes hyb_attend needs per thread for head dimension hd. */
-static inline size_t hyb_attend_tmp_bytes(uint32_t hd)
-{
-	return 12 * (size_t)hd + 64;
-}
+/* One layer's attention for a batch of n_tokens tokens at positions n_past.. */
+struct hyb_attn {
+	const struct hyb_cpu_kernels *k;
+	const float *q;           /* token t, head h at q + t * q_stride + h * hd */
+	float *out;               /* same layout as q */
+	const uint16_t *kc, *vc;  /* position p, kv head g at kc + p * kv_stride + g * hd */
+	size_t q_stride, kv_stride;
+	uint32_t hd, n_head, n_head_kv;
+	uint32_t n_tokens, n_past;
+	uint32_t n_ctx;           /* positions the cache holds */
+	/*
+	 * llama.cpp's thread count: for a single token over 512+ (padded)
+	 * cache positions it splits the positions between its threads and
+	 * merges their partial softmaxes, so its result depends on it.
+	 */
+	int n_split;
+	float scale;
+};
 
-/*
- * out[hd] = softmax(K q * scale) V over n_kv cached positions; K and V rows
- * are F16 with `stride` elements between positions. f16 selects llama.cpp's
- * small-batch arithmetic (see attention.c).
- */
-void hyb_attend(const struct hyb_cpu_kernels *k, const float *q, const uint16_t *kc,
-		const uint16_t *vc, size_t stride, uint32_t hd, uint32_t n_kv, float scale,
-		bool f16, void *tmp, float *out);
+/* Scratch bytes one worker needs for head dimension hd. */
+size_t hyb_attend_tmp_bytes(uint32_t hd);
+/* Independent jobs of a batch: split them between threads in any way. */
+long hyb_attend_jobs(const struct hyb_attn *a);
+/* Run jobs [lo, hi) with this worker's scratch. */
+void hyb_attend_run(const struct hyb_attn *a, long lo, long hi, void *tmp);
 
 #endif

@@ -86,9 +86,11 @@ static void matmul_worker(void *arg, int ith, int nth)
 		uint64_t r0 = c * j->chunk_rows;
 		uint64_t nr = w->ne1 - r0 < j->chunk_rows ? w->ne1 - r0 : j->chunk_rows;
 
-		j->k->gemm[w->type]((int64_t)w->ne0, (const char *)w->data + r0 * w->row_bytes,
-				    w->row_bytes, (int64_t)nr, j->xq, j->xq_stride, j->n,
-				    j->y[i] + r0, w->ne1);
+		/* llama.cpp's summation order depends on the whole weight's rows */
+		hyb_gemm_pick(j->k, w->type, w->ne1)((int64_t)w->ne0,
+						     (const char *)w->data + r0 * w->row_bytes,
+						     w->row_bytes, (int64_t)nr, j->xq, j->xq_stride,
+						     j->n, j->y[i] + r0, w->ne1);
 	}
 }
 
@@ -173,31 +175,37 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 
 struct attn_job {
 	struct hyb_ctx *c;
-	uint32_t layer, n;
+	struct hyb_attn a;
 };
 
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_job *j = arg;
-	struct hyb_ctx *c = j->c;
-	const struct hyb_hparams *hp = &c->m->hp;
-	const uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-	const float scale = 1.0f / sqrtf((float)hd);
-	void *tmp = (char *)c->attn_tmp + (size_t)ith * c->attn_tmp_stride;
-	const bool f16 = j->n < 64;
-	const uint16_t *kc = c->kcache + (size_t)j->layer * c->n_ctx * c->kv_dim;
-	const uint16_t *vc = c->vcache + (size_t)j->layer * c->n_ctx * c->kv_dim;
 	long lo, hi;
 
-	hyb_split((long)j->n * hp->n_head, ith, nth, &lo, &hi);
-	for (long pair = lo; pair < hi; pair++) {
-		uint32_t t = (uint32_t)(pair / hp->n_head), h = (uint32_t)(pair % hp->n_head);
-		size_t kv_off = (size_t)(h / group) * hd;
+	hyb_split(hyb_attend_jobs(&j->a), ith, nth, &lo, &hi);
+	hyb_attend_run(&j->a, lo, hi, (char *)j->c->attn_tmp + (size_t)ith * j->c->attn_tmp_stride);
+}
 
-		hyb_attend(c->k, c->q + (size_t)t * c->q_dim + (size_t)h * hd, kc + kv_off,
-			   vc + kv_off, c->kv_dim, hd, c->n_past + t + 1, scale, f16, tmp,
-		       c->att + (size_t)t * c->q_dim + (size_t)h * hd);
-	}
+/* The attention of layer l for a batch of n tokens, in llama.cpp's arithmetic. */
+static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	struct attn_job j = {
+		.c = c,
+		.a = {
+			.k = c->k, .q = c->q, .out = c->att,
+			.kc = c->kcache + (size_t)l * c->n_ctx * c->kv_dim,
+			.vc = c->vcache + (size_t)l * c->n_ctx * c->kv_dim,
+			.q_stride = c->q_dim, .kv_stride = c->kv_dim,
+			.hd = hp->head_dim, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+			.n_tokens = n, .n_past = c->n_past, .n_ctx = c->n_ctx,
+			.n_split = hyb_pool_size(c->pool),
+			.scale = 1.0f / sqrtf((float)hp->head_dim),
+		},
+	};
+
+	hyb_pool_run(c->pool, attn_worker, &j);
 }
 
 /* ---- the layer loop ---------------------------------------------------- */
@@ -241,34 +249,38 @@ static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 		const struct hyb_weight *gu[2] = { &L->gate, &L->up };
 		float *gu_out[2] = { c->g, c->u };
 		const struct hyb_weight *wo = &L->wo, *down = &L->down;
-		struct attn_job aj = { .c = c, .layer = l, .n = n };
 
 		for (uint32_t t = 0; t < n; t++)
 			hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->attn_norm.data, E,
 				    hp->rms_eps);
 		matmul(c, c->xn, n, 3, qkv, qkv_out);
 		for (uint32_t t = 0; t < n; t++) {
-			float pos = (float)(c->n_past + t) * hp->rope_scale;
-
 			hyb_rope(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
-				 pos, hp->rope_base, hp->rope_neox);
+				 c->n_past + t, hp->rope_scale, hp->rope_base, hp->rope_neox);
 			hyb_rope(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
-				 hp->n_rot, pos, hp->rope_base, hp->rope_neox);
+				 hp->n_rot, c->n_past + t, hp->rope_scale, hp->rope_base,
+				 hp->rope_neox);
 		}
 		store_kv(c, l, n);
-		hyb_pool_run(c->pool, attn_worker, &aj);
+		attend(c, l, n);
 		matmul(c, c->att, n, 1, &wo, &c->xn);
 		for (size_t i = 0; i < (size_t)n * E; i++)
 			c->x[i] += c->xn[i];
 
-		for (uint32_t t = 0; t < n; t++)
-			hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->ffn_norm.data, E,
+		/* llama.cpp drops the rows it returns no logits for before the last
+		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
+		 * matmuls add in their one-column order. Same here (and less work). */
+		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits ? n - 1 : 0, nf = n - f0;
+		float *xf = c->x + (size_t)f0 * E;
+
+		for (uint32_t t = 0; t < nf; t++)
+			hyb_rmsnorm(c->xn + (size_t)t * E, xf + (size_t)t * E, L->ffn_norm.data, E,
 				    hp->rms_eps);
-		matmul(c, c->xn, n, 2, gu, gu_out);
-		hyb_ffn_act(c->g, c->u, (uint64_t)n * hp->n_ff, hp->act);
-		matmul(c, c->g, n, 1, &down, &c->xn);
-		for (size_t i = 0; i < (size_t)n * E; i++)
-			c->x[i] += c->xn[i];
+		matmul(c, c->xn, nf, 2, gu, gu_out);
+		hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
+		matmul(c, c->g, nf, 1, &down, &c->xn);
+		for (size_t i = 0; i < (size_t)nf * E; i++)
+			xf[i] += c->xn[i];
 	}
 
 	/* Head: every token's logits, or only the last token's. */
@@ -376,7 +388,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->kv_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx * c->kv_dim;
 	c->kcache = alloc_zeroed(c->kv_bytes / 2);
 	c->vcache = alloc_zeroed(c->kv_bytes / 2);
-	/* per thread: q16, acc16, acc, row; a cache line apart from the next thread's */
+	/* per thread scratch of attend(), a cache line apart from the next thread's */
 	c->attn_tmp_stride = (hyb_attend_tmp_bytes(hp->head_dim) + 63) & ~63ul;
 	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
 	c->x = alloc_zeroed(scratch_bytes(c));

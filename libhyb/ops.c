@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "cpu_kernels.h"
+
 void hyb_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps)
 {
 	double sum = 0; /* ggml accumulates the squares in double */
@@ -15,17 +17,23 @@ void hyb_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps
 		y[i] = (x[i] * scale) * w[i];
 }
 
-void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, float pos,
-	      float base, bool neox)
+void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+	      float freq_scale, float base, bool neox)
 {
-	/* Angles by the recurrence theta_i = pos * base^(-2i/n_rot), as ggml's rope cache. */
+	/*
+	 * ggml_rope_cache_init: theta_i = pos * base^(-2i/n_rot) by the
+	 * recurrence theta *= theta_scale, then scaled by freq_scale (its
+	 * theta_interp) before cos and sin.
+	 */
 	const float theta_scale = powf(base, -2.0f / (float)n_rot);
 	float cs[512], sn[512];
-	float theta = pos;
+	float theta = (float)pos;
 
 	for (uint32_t i = 0; i < n_rot / 2; i++) {
-		cs[i] = cosf(theta);
-		sn[i] = sinf(theta);
+		const float t = freq_scale * theta;
+
+		cs[i] = cosf(t);
+		sn[i] = sinf(t);
 		theta *= theta_scale;
 	}
 	for (uint32_t h = 0; h < n_heads; h++) {
@@ -36,8 +44,9 @@ void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, flo
 			uint32_t b = neox ? i + n_rot / 2 : 2 * i + 1;
 			float x0 = v[a], x1 = v[b];
 
-			v[a] = x0 * cs[i] - x1 * sn[i];
-			v[b] = x0 * sn[i] + x1 * cs[i];
+			/* rotate_pairs as its compiler contracts it: one product rounded */
+			v[a] = fmaf(x0, cs[i], -(x1 * sn[i]));
+			v[b] = fmaf(x0, sn[i], x1 * cs[i]);
 		}
 	}
 }
@@ -71,8 +80,8 @@ void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act)
 {
 	switch (act) {
 	case HYB_ACT_SILU:
-		for (uint64_t i = 0; i < n; i++)
-			g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+		/* ggml_vec_swiglu_f32: SiLU with ggml_v_expf, 16 lanes at a time */
+		hyb_cpu_best()->swiglu((int64_t)n, g, g, u);
 		break;
 	case HYB_ACT_RELU:
 		for (uint64_t i = 0; i < n; i++)

@@ -29,6 +29,14 @@ static inline int hyb_gemm_trivial(int64_t k, int64_t nrows, int64_t ncols, floa
 	return 1;
 }
 
+/* a kernel whose arithmetic does not depend on the weight's row count serves all three tables */
+static inline void hyb_set_gemm(struct hyb_cpu_kernels *k, uint32_t type, hyb_gemm_fn f)
+{
+	k->gemm[type] = f;
+	k->gemm_m4[type] = f;
+	k->gemm_m1[type] = f;
+}
+
 /* gemm_scalar.c: per block integer dot then scale, as llama.cpp's generic code */
 void hyb_gemm_f32_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_f16_scalar(HYB_GEMM_ARGS);
@@ -55,6 +63,11 @@ void hyb_dequantize_q4_k(const void *in, float *out, int64_t n);
 void hyb_dequantize_q6_k(const void *in, float *out, int64_t n);
 void hyb_dequantize_q8_k(const void *in, float *out, int64_t n);
 
+/* vec_ref.c: llama.cpp's AVX-512 vector primitives, lane by lane */
+void hyb_fill_vec_ref(struct hyb_cpu_kernels *k);
+float hyb_ref_reduce16(const float s[16]);  /* _mm512_reduce_add_ps */
+float hyb_ref_expf(float x);               /* one lane of ggml_v_expf */
+
 /*
  * Per-ISA table fillers: each overrides the entries its level specialises
  * in a table that already holds the level below.
@@ -66,6 +79,7 @@ void hyb_cpu_fill_avx512vnni(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_q_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_vec_avx512(struct hyb_cpu_kernels *k);
 
 /* peak_*.c: seconds-bounded register-only loops; multiply-adds per second */
 enum hyb_peak_kind { HYB_PEAK_FMA, HYB_PEAK_INT8 };

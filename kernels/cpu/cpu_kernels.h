@@ -33,7 +33,10 @@ enum hyb_isa {
  *   Y: float, y[c*y_stride + r] (y_stride in floats).
  * k is a multiple of the weight type's block size. ncols == 1 is the decode
  * GEMV; ncols > 1 is prefill and must reuse each loaded weight block across
- * columns (register tiling), not loop the GEMV.
+ * columns (register tiling), not loop the GEMV. On the AVX-512 levels every
+ * output is summed in the order llama.cpp's x86 build sums it for the same
+ * ncols and weight row count (see gemm[] below), bit for bit: the caller
+ * must pass all columns of a batch in one call, as llama.cpp sees them.
  */
 typedef void (*hyb_gemm_fn)(int64_t k, const void *w, size_t w_stride, int64_t nrows,
 			    const void *x, size_t x_stride, int64_t ncols,
@@ -45,10 +48,47 @@ typedef void (*hyb_dequantize_fn)(const void *in, float *out, int64_t n);
 struct hyb_cpu_kernels {
 	enum hyb_isa isa;
 	const char *name;
-	hyb_gemm_fn gemm[HYB_TYPE_COUNT];            /* by weight type */
+	/*
+	 * By weight type. llama.cpp picks a matmul's summation order from the
+	 * whole weight's row count (ne1), which a call on a chunk of rows cannot
+	 * see: gemm[] is for weights with ne1 % 8 == 0 (every matrix of real
+	 * models; its Q4_0/Q4_K are repacked), gemm_m4[] for ne1 % 8 == 4,
+	 * gemm_m1[] for ne1 % 4 != 0. Use hyb_gemm_pick().
+	 */
+	hyb_gemm_fn gemm[HYB_TYPE_COUNT];
+	hyb_gemm_fn gemm_m4[HYB_TYPE_COUNT];
+	hyb_gemm_fn gemm_m1[HYB_TYPE_COUNT];
 	hyb_quantize_fn quantize_act[HYB_TYPE_COUNT]; /* by activation (vec_dot) type */
 	hyb_dequantize_fn dequantize[HYB_TYPE_COUNT]; /* by weight type */
+
+	/*
+	 * llama.cpp's vector primitives, in the summation order of its AVX-512
+	 * build (ggml-cpu vec.h, vec.cpp, simd-gemm.h): attention and the FFN
+	 * activation use them so that their results are llama.cpp's bit for bit.
+	 * The scalar level emulates that order; levels below AVX-512 use it.
+	 */
+	/* ggml_vec_dot_f16: sum of x[i]*y[i] over two F16 vectors */
+	float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
+	/* ggml_vec_mad_f16: y[i] = f16(x[i]*v + y[i]), one rounding to float (fused) */
+	void (*mad_f16)(int64_t n, uint16_t *y, const uint16_t *x, float v);
+	/* ggml_vec_scale_f16: y[i] = f16(y[i]*v) */
+	void (*scale_f16)(int64_t n, uint16_t *y, float v);
+	/* simd_gemm: c[m][n] += a[m][k] * b[k][n], one fused multiply-add per k, in k order */
+	void (*gemm_acc)(float *c, const float *a, const float *b, int m, int k, int n);
+	/* ggml_vec_soft_max_f32: y[i] = exp(x[i] - max) (ggml_v_expf); returns the sum */
+	double (*soft_max)(int64_t n, float *y, const float *x, float max);
+	/* ggml_vec_swiglu_f32: y[i] = silu(x[i]) * g[i] (ggml_v_silu) */
+	void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
 };
+
+/* The matmul kernel for a weight of type `type` with ne1 rows (see gemm[] above). */
+static inline hyb_gemm_fn hyb_gemm_pick(const struct hyb_cpu_kernels *k, uint32_t type,
+					uint64_t ne1)
+{
+	if (ne1 % 8 == 0)
+		return k->gemm[type];
+	return ne1 % 4 == 0 ? k->gemm_m4[type] : k->gemm_m1[type];
+}
 
 /* NULL when this CPU cannot run that level. */
 const struct hyb_cpu_kernels *hyb_cpu_kernels(enum hyb_isa isa);

@@ -83,13 +83,13 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 {
 	memset(k, 0, sizeof(*k));
 	k->isa = HYB_ISA_SCALAR;
-	k->gemm[HYB_TYPE_F32] = hyb_gemm_f32_scalar;
-	k->gemm[HYB_TYPE_F16] = hyb_gemm_f16_scalar;
-	k->gemm[HYB_TYPE_BF16] = hyb_gemm_bf16_scalar;
-	k->gemm[HYB_TYPE_Q4_0] = hyb_gemm_q4_0_scalar;
-	k->gemm[HYB_TYPE_Q8_0] = hyb_gemm_q8_0_scalar;
-	k->gemm[HYB_TYPE_Q4_K] = hyb_gemm_q4_k_scalar;
-	k->gemm[HYB_TYPE_Q6_K] = hyb_gemm_q6_k_scalar;
+	hyb_set_gemm(k, HYB_TYPE_F32, hyb_gemm_f32_scalar);
+	hyb_set_gemm(k, HYB_TYPE_F16, hyb_gemm_f16_scalar);
+	hyb_set_gemm(k, HYB_TYPE_BF16, hyb_gemm_bf16_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q4_0, hyb_gemm_q4_0_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q8_0, hyb_gemm_q8_0_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q4_K, hyb_gemm_q4_k_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q6_K, hyb_gemm_q6_k_scalar);
 	k->quantize_act[HYB_TYPE_F32] = hyb_quantize_f32_scalar;
 	k->quantize_act[HYB_TYPE_F16] = hyb_quantize_f16_scalar;
 	k->quantize_act[HYB_TYPE_BF16] = hyb_quantize_bf16_scalar;
@@ -103,6 +103,7 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	k->dequantize[HYB_TYPE_Q4_K] = hyb_dequantize_q4_k;
 	k->dequantize[HYB_TYPE_Q6_K] = hyb_dequantize_q6_k;
 	k->dequantize[HYB_TYPE_Q8_K] = hyb_dequantize_q8_k;
+	hyb_fill_vec_ref(k);
 }
 
 static int isa_from_name(const char *s)

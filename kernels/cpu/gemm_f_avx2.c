@@ -326,7 +326,7 @@ static void gemm_bf16(HYB_GEMM_ARGS)
 
 void hyb_fill_f_avx2(struct hyb_cpu_kernels *kt)
 {
-	kt->gemm[HYB_TYPE_F32] = gemm_f32;
-	kt->gemm[HYB_TYPE_F16] = gemm_f16;
-	kt->gemm[HYB_TYPE_BF16] = gemm_bf16;
+	hyb_set_gemm(kt, HYB_TYPE_F32, gemm_f32);
+	hyb_set_gemm(kt, HYB_TYPE_F16, gemm_f16);
+	hyb_set_gemm(kt, HYB_TYPE_BF16, gemm_bf16);
 }

@@ -451,8 +451,8 @@ static void gemm_q6_k(HYB_GEMM_ARGS)
 
 void hyb_fill_q_avx2(struct hyb_cpu_kernels *kt)
 {
-	kt->gemm[HYB_TYPE_Q8_0] = gemm_q8_0;
-	kt->gemm[HYB_TYPE_Q4_0] = gemm_q4_0;
-	kt->gemm[HYB_TYPE_Q4_K] = gemm_q4_k;
-	kt->gemm[HYB_TYPE_Q6_K] = gemm_q6_k;
+	hyb_set_gemm(kt, HYB_TYPE_Q8_0, gemm_q8_0);
+	hyb_set_gemm(kt, HYB_TYPE_Q4_0, gemm_q4_0);
+	hyb_set_gemm(kt, HYB_TYPE_Q4_K, gemm_q4_k);
+	hyb_set_gemm(kt, HYB_TYPE_Q6_K, gemm_q6_k);
 }

@@ -11,4 +11,5 @@ void hyb_cpu_fill_avx512(struct hyb_cpu_kernels *k)
 {
 	fill_q_avx512(k);
 	hyb_fill_f_avx512(k);
+	hyb_fill_vec_avx512(k);
 }

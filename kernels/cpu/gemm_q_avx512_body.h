@@ -3,25 +3,34 @@
  * AVX-512 quantized matrix kernels (Q4_0, Q8_0, Q4_K, Q6_K), written once and
  * compiled twice: by gemm_q_avx512.c with HYB_VNNI 0 and by
  * gemm_q_avx512vnni.c with HYB_VNNI 1. Only those two files include it; the
- * kernels themselves are in gemm_q_avx512_direct.h and gemm_q_avx512_packed.h.
+ * kernels themselves are in gemm_q_avx512_direct_q0.h, gemm_q_avx512_direct_k.h
+ * (driver: gemm_q_avx512_direct.h) and gemm_q_avx512_packed.h.
  *
- * Two kernels per type:
+ * Every output is summed as llama.cpp's x86 AVX-512 build sums it (which
+ * of its kernels runs depends on the type, the weight's row count and the
+ * column count: see the entry points at the end), so that hyb's logits are
+ * its logits bit for bit. The integer dot products are exact in any
+ * grouping; what has to match is which integer sums are converted to float
+ * and how those are scaled and added.
+ *
+ * Two kernel shapes:
  *
  * - direct (decode GEMV and small batches): DR rows x up to 4 columns read
  *   straight from the GGUF blocks; one zmm holds 64..128 weights of a row
- *   and is reused by every column of the tile. Memory-bound at ncols 1, so
- *   each tile prefetches the next tile's rows (rows of a few KiB are too
- *   short for the hardware prefetcher to ramp up on).
+ *   (or 32 of two rows) and is reused by every column of the tile.
+ *   Memory-bound at ncols 1, so each tile prefetches the next tile's rows
+ *   (rows of a few KiB are too short for the hardware prefetcher to ramp up
+ *   on).
  *
- * - packed (prefill, ncols >= 4): 48 rows (32 for the K-quants) are
- *   repacked into a row-interleaved panel of unsigned bytes, 16 rows per
- *   zmm, 4 consecutive k per 32-bit lane. One vpdpbusd then multiplies 16
- *   rows by a broadcast 4-byte group of one activation column: no
- *   horizontal sums, and each weight register serves 4 columns. Per
- *   32-element block the int32 lanes are converted once and scaled by
- *   (row scale x column scale): 3 float operations per 8 vpdpbusd, which
- *   caps the kernel at 8/11 = 73% of the vpdpbusd peak (both ports of this
- *   CPU execute either); the repacking costs ~10% more at 64 columns.
+ * - packed (prefill): 16-48 rows are repacked into a row-interleaved panel
+ *   of unsigned bytes, 16 rows per zmm, 4 consecutive k per 32-bit lane.
+ *   One vpdpbusd then multiplies 16 rows by a broadcast 4-byte group of one
+ *   activation column: no horizontal sums, and each weight register serves
+ *   several columns. Where llama.cpp converts a whole block's (or
+ *   super-block's) integer sum (repacked Q4_0/Q4_K, the tiled K-quant
+ *   matmul) this costs a few float operations per 8 vpdpbusd; Q8_0's
+ *   summation converts every 4-product group, 3 float operations per
+ *   vpdpbusd, hence its lower speed.
  *
  * No gathers: on this CPU class a gather whose lines are not in L1 takes
  * ~30 cycles (measured), more than transposing a whole unit.
@@ -39,7 +48,8 @@
  * Without VNNI a u8*s8 dot is vpmaddubsw + vpmaddwd + vpaddd; pair sums of
  * vpmaddubsw saturate at 32767, fine for weights <= 127 (nibbles, 6-bit)
  * but not for Q8_0's 0..255, so Q8_0 there uses the sign trick in the
- * direct kernel for every ncols.
+ * direct kernel for every ncols (the integers, hence the results, are the
+ * same).
  */
 #include <immintrin.h>
 #include <string.h>
@@ -55,7 +65,8 @@
 #define PF_TILES 1          /* direct tiles ahead that software prefetch reads */
 #define PF_HINT _MM_HINT_T1 /* into L2: the next tile does not fit in L1 beside this one */
 /* 32-element units of k per packed chunk: the chunk's codes stay in L1 */
-#define KCU8 8  /* Q8_0 / Q4_0: 48 rows x 256 k = 13.5 KiB */
+#define KCU8 8  /* Q4_0: 48 rows x 256 k = 13.5 KiB */
+#define KCU0 32 /* Q8_0: 16 rows x 1024 k = 18 KiB (its chains are stored between chunks) */
 #define KCUK 16 /* K-quants: 32 rows x 512 k (two super-blocks) = 19 KiB */
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -109,6 +120,12 @@ static inline int32_t q8_block_sum(const struct hyb_block_q8_0 *b)
 	return (int32_t)_mm_cvtsi128_si32(t) - 32 * 128;
 }
 
+ALWAYS_INLINE __m512i load_pair256(const uint8_t *a, const uint8_t *b)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
+				  _mm256_loadu_si256((const __m256i *)b), 1);
+}
+
 static inline float f16_scalar(uint16_t h)
 {
 	return _cvtsh_ss(h);
@@ -127,16 +144,13 @@ ALWAYS_INLINE void prefetch_rows(const uint8_t *const *nx, int64_t off, const in
 			_mm_prefetch((const char *)nx[r] + off + 64 * l, PF_HINT);
 }
 
+#include "gemm_q_avx512_direct_q0.h"
+#include "gemm_q_avx512_direct_k.h"
 #include "gemm_q_avx512_direct.h"
 #include "gemm_q_avx512_packed.h"
 
 /* ------------------------------------------------------------------------ */
 /* entry points                                                             */
-
-/* below this many columns the direct kernel wins (no repacking to amortise) */
-#ifndef PACKED_MIN_COLS
-#define PACKED_MIN_COLS 4
-#endif
 
 #if HYB_VNNI
 #define SFX(name) name##_avx512vnni
@@ -144,50 +158,98 @@ ALWAYS_INLINE void prefetch_rows(const uint8_t *const *nx, int64_t off, const in
 #define SFX(name) name##_avx512
 #endif
 
+/*
+ * Which of llama.cpp's summations each weight gets (see cpu_kernels.h for
+ * the three tables): Q4_0 and Q4_K weights whose row count is a multiple of
+ * 8 are repacked by llama.cpp (repack.cpp), the others go through
+ * tinyBLAS_Q0 / vec_dot / the tiled K-quant matmul (8+ columns).
+ */
+static void dgemm(enum dtype t, HYB_GEMM_ARGS, void (*fallback)(HYB_GEMM_ARGS))
+{
+	if (direct_gemm(t, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
+		fallback(k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+/* Q8_0 (any rows), unrepacked Q4_0: one summation for every column count */
 static void SFX(gemm_q8_0)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
 		return;
-	if (HYB_VNNI && ncols >= PACKED_MIN_COLS &&
+	/* from 4 columns the row-lane layout needs fewer float operations per quant */
+	if (HYB_VNNI && ncols >= 4 &&
 	    !packed_gemm(P_Q8_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
 		return;
-	direct_gemm(D_Q8_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+	dgemm(D_Q8_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_q8_0_scalar);
 }
 
+static void SFX(gemm_q4_0_m1)(HYB_GEMM_ARGS)
+{
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	dgemm(D_Q4_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_q4_0_scalar);
+}
+
+/* repacked Q4_0: GEMM and GEMV add alike; the packed kernel from 4 columns */
 static void SFX(gemm_q4_0)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
 		return;
-	if (ncols >= PACKED_MIN_COLS &&
+	if (ncols >= 4 &&
 	    !packed_gemm(P_Q4_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
 		return;
-	direct_gemm(D_Q4_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+	dgemm(D_Q4R, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_q4_0_scalar);
 }
 
+/*
+ * repacked Q4_K: llama.cpp runs its GEMM on the first ncols - ncols % 4
+ * columns (one float add per 64 quants) and its GEMV on the rest (one per
+ * super-block).
+ */
 static void SFX(gemm_q4_k)(HYB_GEMM_ARGS)
+{
+	const int64_t n4 = ncols - ncols % 4;
+
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	if (n4 && packed_gemm(P_Q4_K, k, w, w_stride, nrows, x, x_stride, n4, y, y_stride)) {
+		hyb_gemm_q4_k_scalar(k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+		return;
+	}
+	if (n4 < ncols)
+		dgemm(D_Q4K_GEMV, k, w, w_stride, nrows, (const uint8_t *)x + (size_t)n4 * x_stride,
+		      x_stride, ncols - n4, y + (size_t)n4 * y_stride, y_stride,
+		      hyb_gemm_q4_k_scalar);
+}
+
+static void SFX(gemm_q4_k_m1)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
 		return;
-	if (ncols >= PACKED_MIN_COLS &&
-	    !packed_gemm(P_Q4_K, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
-		return;
-	direct_gemm(D_Q4_K, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+	dgemm(ncols < 8 ? D_Q4K_DOT : D_Q4K_TILED, k, w, w_stride, nrows, x, x_stride, ncols, y,
+	      y_stride, hyb_gemm_q4_k_scalar);
 }
 
+/* Q6_K (never repacked on x86): vec_dot below 8 columns, the tiled matmul from 8 */
 static void SFX(gemm_q6_k)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
 		return;
-	if (ncols >= PACKED_MIN_COLS &&
+	if (ncols >= 8 &&
 	    !packed_gemm(P_Q6_K, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
 		return;
-	direct_gemm(D_Q6_K, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+	dgemm(ncols < 8 ? D_Q6K_DOT : D_Q6K_TILED, k, w, w_stride, nrows, x, x_stride, ncols, y,
+	      y_stride, hyb_gemm_q6_k_scalar);
 }
 
 static void SFX(fill_q)(struct hyb_cpu_kernels *kt)
 {
-	kt->gemm[HYB_TYPE_Q8_0] = SFX(gemm_q8_0);
+	hyb_set_gemm(kt, HYB_TYPE_Q8_0, SFX(gemm_q8_0));
+	hyb_set_gemm(kt, HYB_TYPE_Q6_K, SFX(gemm_q6_k));
+	hyb_set_gemm(kt, HYB_TYPE_Q4_0, SFX(gemm_q4_0_m1));
+	hyb_set_gemm(kt, HYB_TYPE_Q4_K, SFX(gemm_q4_k_m1));
 	kt->gemm[HYB_TYPE_Q4_0] = SFX(gemm_q4_0);
 	kt->gemm[HYB_TYPE_Q4_K] = SFX(gemm_q4_k);
-	kt->gemm[HYB_TYPE_Q6_K] = SFX(gemm_q6_k);
 }

@@ -8,22 +8,23 @@
 /* packed panel: repacking 16 rows into row-interleaved lanes               */
 
 /*
- * Micro-tile shapes (measured on Cascade Lake): 48 rows x 4 columns for the
- * Q8_0-activated types, i.e. 12 int32 + 12 float accumulators, 3 weight
- * vectors and one broadcast: 7 loads per 12 vpdpbusd keeps the two load
- * ports below their limit while the 3 float operations per 16 rows and
- * block (convert, scale product, FMA) take the rest of the two vector
- * ports. The K-quants carry a third accumulator set (per super-block) and
- * use 32 rows x 4 columns.
+ * Micro-tile shapes (measured on Cascade Lake): 48 rows x 4 columns for
+ * Q4_0, i.e. 12 int32 + 12 float accumulators, 3 weight vectors and one
+ * broadcast: 7 loads per 12 vpdpbusd keeps the two load ports below their
+ * limit while the 3 float operations per 16 rows and block (convert, scale
+ * product, FMA) take the rest of the two vector ports. The K-quants use 32
+ * rows x 4 columns; Q8_0, with 8 float chains per output, 16 rows x 2.
  */
-#define G8 3   /* row groups of 16, Q8_0 / Q4_0 */
+#define G8 3   /* row groups of 16, Q4_0 */
+#define G0 1   /* row groups of 16, Q8_0 (8 accumulators per output) */
 #define GK 2   /* row groups of 16, Q4_K / Q6_K */
 #define GMAX 3
 #define NCP 4  /* columns per micro-tile (xpack_q8 reduces exactly 4) */
 #define PF_CHUNKS 1 /* packed chunks ahead that software prefetch reads */
 
-#define Q4K_SCALE_BYTES ((8 + 4 + 1) * 64)
-#define Q6K_SCALE_BYTES (16 * 64)
+/* Q4_K: 8 scales, 4 min pairs (int16 x 2), d, dmin; Q6_K: 16 scales, d (scales as floats) */
+#define Q4K_SCALE_BYTES ((8 + 4 + 2) * 64)
+#define Q6K_SCALE_BYTES (17 * 64)
 
 /* bytes of one unit (Q8 family) or one super-block (K) in a packed chunk */
 #define UW8(G) ((G) * 576)
@@ -31,6 +32,7 @@
 
 /* bytes of one unit / super-block of a packed activation tile */
 #define UX8 (NCP * 40)
+#define UX0 (NCP * 68)
 #define SX4K (NCP * (256 + 16 + 4))
 #define SX6K (NCP * (256 + 64 + 4))
 
@@ -65,12 +67,6 @@ ALWAYS_INLINE void store8(uint8_t *dst, const __m512i o[8])
 {
 	for (int t = 0; t < 8; t++)
 		_mm512_store_si512(dst + 64 * t, o[t]);
-}
-
-ALWAYS_INLINE __m512i load_pair256(const uint8_t *a, const uint8_t *b)
-{
-	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)a)),
-				  _mm256_loadu_si256((const __m256i *)b), 1);
 }
 
 /*
@@ -130,6 +126,7 @@ static void panel_rows(struct panel *p, int G, const uint8_t *w, size_t ws, int6
 		p->rp[r] = w + (size_t)min64(r0 + r, nrows - 1) * ws;
 }
 
+/* Q8_0 codes xor 0x80: unsigned for vpdpbusd, the 128 paid back per lane (xpack_q0) */
 ALWAYS_INLINE void pack_q8_0(const struct panel *p, const int G, int64_t u0, int nu,
 			     uint8_t *dst)
 {
@@ -233,10 +230,8 @@ ALWAYS_INLINE void pack_q4_k(const struct panel *p, const int G, int64_t u0, int
 					_mm512_slli_epi32(_mm512_and_si512(
 						_mm512_srli_epi32(u1v, 8 * j + 6), m2), 4));
 
-				_mm512_store_ps(sg + j * 64,
-						_mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_lo)));
-				_mm512_store_ps(sg + (j + 4) * 64,
-						_mm512_mul_ps(d, _mm512_cvtepi32_ps(sc_hi)));
+				_mm512_store_ps(sg + j * 64, _mm512_cvtepi32_ps(sc_lo));
+				_mm512_store_ps(sg + (j + 4) * 64, _mm512_cvtepi32_ps(sc_hi));
 				mn[j] = m_lo;
 				mn[j + 4] = m_hi;
 			}
@@ -244,7 +239,8 @@ ALWAYS_INLINE void pack_q4_k(const struct panel *p, const int G, int64_t u0, int
 				_mm512_store_si512(sg + (8 + i) * 64,
 						   _mm512_or_si512(mn[2 * i],
 								   _mm512_slli_epi32(mn[2 * i + 1], 16)));
-			_mm512_store_ps(sg + 12 * 64, _mm512_sub_ps(_mm512_setzero_ps(), dmin));
+			_mm512_store_ps(sg + 12 * 64, d);
+			_mm512_store_ps(sg + 13 * 64, dmin);
 		}
 	}
 }
@@ -300,10 +296,10 @@ ALWAYS_INLINE void pack_q6_k(const struct panel *p, const int G, int64_t u0, int
 					__m512i sj = _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * j),
 								       24);
 
-					_mm512_store_ps(sg + (4 * q + j) * 16,
-							_mm512_mul_ps(d, _mm512_cvtepi32_ps(sj)));
+					_mm512_store_ps(sg + (4 * q + j) * 16, _mm512_cvtepi32_ps(sj));
 				}
 			}
+			_mm512_store_ps(sg + 16 * 16, d);
 		}
 	}
 }
@@ -363,6 +359,33 @@ static void xpack_q8(const uint8_t *const *cols, int64_t nu, int32_t z, uint8_t 
 				 _mm_sub_epi32(_mm_setzero_si128(), _mm_slli_epi32(sum, zshift)));
 		_mm_storeu_ps((float *)(out + NCP * 36),
 			      _mm_cvtph_ps(_mm_cvtsi64_si128((long long)dh)));
+	}
+}
+
+/*
+ * Q8_0 columns for mk_q0 into [unit][quants NCP x 32 | per column 8 lane
+ * starts: -128 * the sum of the lane's 4 quants (the xor-flipped weights'
+ * zero point) | scale NCP x float].
+ */
+static void xpack_q0(const uint8_t *const *cols, int64_t nu, uint8_t *out)
+{
+	static const struct hyb_block_q8_0 zero;
+	const __m256i z = _mm256_set1_epi8((char)0x80);
+
+	for (int64_t u = 0; u < nu; u++, out += UX0) {
+		for (int c = 0; c < NCP; c++) {
+			const struct hyb_block_q8_0 *b = cols[c] ?
+				(const struct hyb_block_q8_0 *)cols[c] + u : &zero;
+			const __m256i q = _mm256_loadu_si256((const __m256i *)b->qs);
+			/* 128 * (pair sums), then pairs of pairs: 128 * each lane's 4 quants */
+			const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(z, q),
+							    _mm256_set1_epi16(1));
+
+			_mm256_storeu_si256((__m256i *)(out + 32 * c), q);
+			_mm256_storeu_si256((__m256i *)(out + NCP * 32 + 32 * c),
+					    _mm256_sub_epi32(_mm256_setzero_si256(), s));
+			((float *)(out + NCP * 64))[c] = f16_scalar(b->d);
+		}
 	}
 }
 
@@ -445,22 +468,80 @@ ALWAYS_INLINE void pf_step(struct pf_rows pf, int i)
 		prefetch_row(pf.n, pf.ra + i);
 }
 
-ALWAYS_INLINE void out_store(__m512 v, float *y, __mmask16 m, int first)
+/* the accumulators carry over k chunks: a chunk starts from what the last one stored */
+ALWAYS_INLINE __m512 acc_start(const float *y, __mmask16 m, int first)
 {
-	if (!first)
-		v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, y));
-	_mm512_mask_storeu_ps(y, m, v);
+	return first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, y);
 }
 
+/*
+ * Q8_0 (tinyBLAS_Q0_AVX / ggml_vec_dot_q8_0_q8_0): per output 8 float
+ * chains, chain t over the blocks adding fma(dw*dx, float(sum of the
+ * block's products 4t..4t+3), acc_t), then hsum_float_8's tree. Rows in
+ * lanes: one vpdpbusd gives chain t's sums of 16 rows, kept apart in
+ * acc[t]. 16 rows x 2 columns; the chains carry over k chunks in `st`.
+ */
+ALWAYS_INLINE void mk_q0(const int NC, const uint8_t *wp, const uint8_t *xp, int nu,
+			 struct pf_rows pf, const int c0, float *const *y, float *const *st,
+			 __mmask16 m, int first, int last)
+{
+	__m512 acc[2][8];
+
+	for (int c = 0; c < NC; c++)
+		for (int t = 0; t < 8; t++)
+			acc[c][t] = first ? _mm512_setzero_ps() : _mm512_load_ps(st[c] + 16 * t);
+	for (int u = 0; u < nu; u++) {
+		const uint8_t *wu = wp + (size_t)u * UW8(G0), *xu = xp + (size_t)u * UX0;
+		const __m512 sw = _mm512_load_ps(wu + 512 * G0);
+		__m512 d[2];
+
+		if (c0 == 0)
+			pf_step(pf, u);
+		for (int c = 0; c < NC; c++)
+			d[c] = _mm512_mul_ps(sw, _mm512_set1_ps(((const float *)(xu + NCP * 64))[c0 + c]));
+#pragma GCC unroll 8
+		for (int t = 0; t < 8; t++) {
+			const __m512i wv = _mm512_load_si512(wu + 64 * t);
+
+#pragma GCC unroll 2
+			for (int c = 0; c < NC; c++) {
+				__m512i ia = _mm512_set1_epi32(ld32(xu + NCP * 32 + 32 * (c0 + c) + 4 * t));
+
+				ia = dot_us(ia, wv, _mm512_set1_epi32(
+					ld32(xu + 32 * (c0 + c) + 4 * t)));
+				acc[c][t] = _mm512_fmadd_ps(d[c], _mm512_cvtepi32_ps(ia), acc[c][t]);
+			}
+		}
+	}
+	for (int c = 0; c < NC; c++) {
+		if (last) {
+			/* hsum_float_8: (t_i = a_i+4 + a_i), then (t0 + t2) + (t1 + t3) */
+			const __m512 t0 = _mm512_add_ps(acc[c][4], acc[c][0]);
+			const __m512 t1 = _mm512_add_ps(acc[c][5], acc[c][1]);
+			const __m512 t2 = _mm512_add_ps(acc[c][6], acc[c][2]);
+			const __m512 t3 = _mm512_add_ps(acc[c][7], acc[c][3]);
+
+			_mm512_mask_storeu_ps(y[c0 + c], m, _mm512_add_ps(_mm512_add_ps(t0, t2),
+									 _mm512_add_ps(t1, t3)));
+		} else {
+			for (int t = 0; t < 8; t++)
+				_mm512_store_ps(st[c] + 16 * t, acc[c][t]);
+		}
+	}
+}
+
+/*
+ * Q4_0 (repacked arithmetic of ggml_gemm_q4_0_8x8_q8_0): per block
+ * acc = fma(float(dot), dw*dx, acc), one block after the other.
+ */
 ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uint8_t *xp, int nu,
-			 struct pf_rows pf,
-			 float *const *y, const __mmask16 *m, int first)
+			 struct pf_rows pf, float *const *y, const __mmask16 *m, int first)
 {
 	__m512 acc[GMAX][NCP];
 
 	for (int g = 0; g < G; g++)
 		for (int c = 0; c < NC; c++)
-			acc[g][c] = _mm512_setzero_ps();
+			acc[g][c] = acc_start(y[c] + 16 * g, m[g], first);
 	for (int u = 0; u < nu; u++) {
 		const uint8_t *wu = wp + (size_t)u * UW8(G), *xu = xp + (size_t)u * UX8;
 		__m512i ia[GMAX][NCP];
@@ -503,107 +584,144 @@ ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uin
 	}
 	for (int c = 0; c < NC; c++)
 		for (int g = 0; g < G; g++)
-			out_store(acc[g][c], y[c] + 16 * g, m[g], first);
+			_mm512_mask_storeu_ps(y[c] + 16 * g, m[g], acc[g][c]);
 }
 
 /*
- * Q4_K: per super-block, 8 units scaled by d*sc_j into fb, then the mins
- * (int16 pairs m_2i, m_2i+1 times the pair sums) by -dmin, then fb times
- * the column scale into acc.
+ * Q4_K (repacked arithmetic of ggml_gemm_q4_K_8x8_q8_K): per pair of
+ * sub-blocks (sb) the exact sum sc0*dot0 + sc1*dot1 (float-exact: below
+ * 2^24), acc = fma(it, dw*yd, acc); the mins likewise per pair into
+ * their own chain (kept in `mins` between k chunks); y = acc - mins at
+ * the end.
  */
 ALWAYS_INLINE void mk_q4k(const int G, const int NC, const uint8_t *wp, const uint8_t *xp,
-			  int nsb, struct pf_rows pf, float *const *y, const __mmask16 *m,
-			  int first)
+			  int nsb, struct pf_rows pf, float *const *y, float *const *mins,
+			  const __mmask16 *m, int first, int last)
 {
 	__m512 acc[GMAX][NCP];
 
 	for (int g = 0; g < G; g++)
 		for (int c = 0; c < NC; c++)
-			acc[g][c] = _mm512_setzero_ps();
+			acc[g][c] = acc_start(y[c] + 16 * g, m[g], first);
 	for (int s = 0; s < nsb; s++) {
 		const uint8_t *ws = wp + (size_t)s * SBW(G, Q4K_SCALE_BYTES);
 		const uint8_t *xs = xp + (size_t)s * SX4K;
 		const uint8_t *sc = ws + 8 * G * 512;
-		__m512 fb[GMAX][NCP];
-		__m512i ia[GMAX][NCP];
 
-		for (int g = 0; g < G; g++)
-			for (int c = 0; c < NC; c++)
-				fb[g][c] = _mm512_setzero_ps();
-		for (int j = 0; j < 8; j++) {
-			const uint8_t *wu = ws + (size_t)j * G * 512;
+		for (int sb = 0; sb < 4; sb++) {
+			__m512 f[GMAX][NCP];
 
-			pf_step(pf, s * 8 + j);
+			for (int h = 0; h < 2; h++) {
+				const int j = 2 * sb + h;
+				const uint8_t *wu = ws + (size_t)j * G * 512;
+				__m512i ia[GMAX][NCP];
 
-			for (int g = 0; g < G; g++)
-				for (int c = 0; c < NC; c++)
-					ia[g][c] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-			for (int t = 0; t < 8; t++) {
-				__m512i wv[GMAX];
-
+				pf_step(pf, s * 8 + j);
 				for (int g = 0; g < G; g++)
-					wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
-#pragma GCC unroll 4
-				for (int c = 0; c < NC; c++) {
-					const __m512i xb = _mm512_set1_epi32(
-						ld32(xs + 256 * c + 32 * j + 4 * t));
+					for (int c = 0; c < NC; c++)
+						ia[g][c] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+				for (int t = 0; t < 8; t++) {
+					__m512i wv[GMAX];
 
 					for (int g = 0; g < G; g++)
-						ia[g][c] = dot_us(ia[g][c], wv[g], xb);
+						wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
+#pragma GCC unroll 4
+					for (int c = 0; c < NC; c++) {
+						const __m512i xb = _mm512_set1_epi32(
+							ld32(xs + 256 * c + 32 * j + 4 * t));
+
+						for (int g = 0; g < G; g++)
+							ia[g][c] = dot_us(ia[g][c], wv[g], xb);
+					}
+				}
+				for (int g = 0; g < G; g++) {
+					const __m512 sj = _mm512_load_ps(sc + g * Q4K_SCALE_BYTES + 64 * j);
+
+					for (int c = 0; c < NC; c++)
+						f[g][c] = h ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
+									      f[g][c])
+							    : _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][c]), sj);
 				}
 			}
 			for (int g = 0; g < G; g++) {
-				const __m512 sj = _mm512_load_ps(sc + g * Q4K_SCALE_BYTES + 64 * j);
+				const __m512 dw = _mm512_load_ps(sc + g * Q4K_SCALE_BYTES + 12 * 64);
 
-				for (int c = 0; c < NC; c++)
-					fb[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
-								   fb[g][c]);
+				for (int c = 0; c < NC; c++) {
+					const __m512 yd = _mm512_set1_ps(
+						((const float *)(xs + NCP * 272))[c]);
+
+					acc[g][c] = _mm512_fmadd_ps(f[g][c], _mm512_mul_ps(dw, yd),
+								    acc[g][c]);
+				}
 			}
 		}
-		for (int g = 0; g < G; g++) {
-			const uint8_t *sg = sc + g * Q4K_SCALE_BYTES;
-			const __m512 ndmin = _mm512_load_ps(sg + 12 * 64);
+	}
+	/* the mins' chain: their own pass, it needs none of the registers above */
+	for (int g = 0; g < G; g++) {
+		__m512 am[NCP];
 
-			for (int c = 0; c < NC; c++) {
-				__m512i im = _mm512_setzero_si512();
+		for (int c = 0; c < NC; c++)
+			am[c] = first ? _mm512_setzero_ps() : _mm512_load_ps(mins[c] + 16 * g);
+		for (int s = 0; s < nsb; s++) {
+			const uint8_t *sg = wp + (size_t)s * SBW(G, Q4K_SCALE_BYTES) + 8 * G * 512 +
+					    g * Q4K_SCALE_BYTES;
+			const uint8_t *xs = xp + (size_t)s * SX4K;
+			const __m512 dm = _mm512_load_ps(sg + 13 * 64);
 
-				for (int i = 0; i < 4; i++)
-					im = dot_ww(im, _mm512_load_si512(sg + (8 + i) * 64),
-						    _mm512_set1_epi32(ld32(xs + NCP * 256 + 16 * c + 4 * i)));
-				fb[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im), ndmin, fb[g][c]);
-				acc[g][c] = _mm512_fmadd_ps(fb[g][c], _mm512_set1_ps(
-					((const float *)(xs + NCP * 272))[c]), acc[g][c]);
+			for (int sb = 0; sb < 4; sb++) {
+				const __m512i mn = _mm512_load_si512(sg + (8 + sb) * 64);
+
+				for (int c = 0; c < NC; c++) {
+					const __m512i im = dot_ww(_mm512_setzero_si512(), mn,
+						_mm512_set1_epi32(ld32(xs + NCP * 256 + 16 * c + 4 * sb)));
+					const __m512 yd = _mm512_set1_ps(
+						((const float *)(xs + NCP * 272))[c]);
+
+					am[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im),
+								_mm512_mul_ps(dm, yd), am[c]);
+				}
 			}
+		}
+		for (int c = 0; c < NC; c++) {
+			if (last)
+				acc[g][c] = _mm512_sub_ps(acc[g][c], am[c]);
+			else
+				_mm512_store_ps(mins[c] + 16 * g, am[c]);
 		}
 	}
 	for (int c = 0; c < NC; c++)
 		for (int g = 0; g < G; g++)
-			out_store(acc[g][c], y[c] + 16 * g, m[g], first);
+			_mm512_mask_storeu_ps(y[c] + 16 * g, m[g], acc[g][c]);
 }
 
-/* Q6_K: sub-blocks of 16 = half a unit, started at -32 * bsum */
+/*
+ * Q6_K (the tiled K-quant matmul): per super-block the exact s1 = sum of
+ * sc_j * (dot_j - 32 bsum_j) over its 16 sub-blocks, then acc =
+ * fma(float(s1)*dw, yd, acc). Two sub-blocks' sc*dot are below 2^24, so
+ * their sum is formed exactly in float (cvt, mul, fma: no 512-bit integer
+ * multiply, which only one port of this CPU class has) and added as int.
+ * acc lives in y between super-blocks: the registers hold s1 and the pair.
+ */
 ALWAYS_INLINE void mk_q6k(const int G, const int NC, const uint8_t *wp, const uint8_t *xp,
 			  int nsb, struct pf_rows pf, float *const *y, const __mmask16 *m,
 			  int first)
 {
-	__m512 acc[GMAX][NCP];
-
-	for (int g = 0; g < G; g++)
-		for (int c = 0; c < NC; c++)
-			acc[g][c] = _mm512_setzero_ps();
 	for (int s = 0; s < nsb; s++) {
 		const uint8_t *ws = wp + (size_t)s * SBW(G, Q6K_SCALE_BYTES);
 		const uint8_t *xs = xp + (size_t)s * SX6K;
 		const uint8_t *sc = ws + 8 * G * 512;
-		__m512 fb[GMAX][NCP];
-		__m512i ia[GMAX][NCP];
+		__m512i s1[GMAX][NCP];
+		__m512 f[GMAX][NCP];
 
 		for (int g = 0; g < G; g++)
-			for (int c = 0; c < NC; c++)
-				fb[g][c] = _mm512_setzero_ps();
+			for (int c = 0; c < NC; c++) {
+				s1[g][c] = _mm512_setzero_si512();
+				f[g][c] = _mm512_setzero_ps();
+			}
 		for (int j = 0; j < 16; j++) {
 			const uint8_t *wu = ws + (size_t)(j / 2) * G * 512 + 256 * (j & 1);
+			__m512i ia[GMAX][NCP];
 
 			if (!(j & 1))
 				pf_step(pf, s * 8 + j / 2);
@@ -634,29 +752,49 @@ ALWAYS_INLINE void mk_q6k(const int G, const int NC, const uint8_t *wp, const ui
 			for (int g = 0; g < G; g++) {
 				const __m512 sj = _mm512_load_ps(sc + g * Q6K_SCALE_BYTES + 64 * j);
 
-				for (int c = 0; c < NC; c++)
-					fb[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
-								   fb[g][c]);
+				for (int c = 0; c < NC; c++) {
+					if (!(j & 1)) {
+						f[g][c] = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][c]), sj);
+					} else {
+						f[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
+									  f[g][c]);
+						s1[g][c] = _mm512_add_epi32(s1[g][c],
+									    _mm512_cvtps_epi32(f[g][c]));
+					}
+				}
 			}
 		}
-		for (int c = 0; c < NC; c++) {
-			const __m512 dx = _mm512_set1_ps(((const float *)(xs + NCP * 320))[c]);
+		for (int g = 0; g < G; g++) {
+			const __m512 dw = _mm512_load_ps(sc + g * Q6K_SCALE_BYTES + 16 * 64);
 
-			for (int g = 0; g < G; g++)
-				acc[g][c] = _mm512_fmadd_ps(fb[g][c], dx, acc[g][c]);
+			for (int c = 0; c < NC; c++) {
+				const __m512 yd = _mm512_set1_ps(((const float *)(xs + NCP * 320))[c]);
+				const __m512 a = acc_start(y[c] + 16 * g, m[g], first && s == 0);
+
+				_mm512_mask_storeu_ps(y[c] + 16 * g, m[g], _mm512_fmadd_ps(
+					_mm512_mul_ps(_mm512_cvtepi32_ps(s1[g][c]), dw), yd, a));
+			}
 		}
 	}
-	for (int c = 0; c < NC; c++)
-		for (int g = 0; g < G; g++)
-			out_store(acc[g][c], y[c] + 16 * g, m[g], first);
 }
 
 enum ptype { P_Q8_0, P_Q4_0, P_Q4_K, P_Q6_K };
 
 static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t *xp, int nu,
-		   struct pf_rows pf, float *const *y, const __mmask16 *m, int first)
+		   struct pf_rows pf, float *const *y, float *const *mins, const __mmask16 *m,
+		   int first, int last)
 {
-	if (t == P_Q8_0 || t == P_Q4_0) {
+	if (t == P_Q8_0) {
+		/* two columns at a time: 16 accumulators each (VNNI only: 0..255 weights) */
+		for (int c0 = 0; c0 < nc; c0 += 2) {
+			float *st[2] = { mins[c0], c0 + 1 < nc ? mins[c0 + 1] : NULL };
+
+			if (nc - c0 >= 2)
+				mk_q0(2, wp, xp, nu, pf, c0, y, st, m[0], first, last);
+			else
+				mk_q0(1, wp, xp, nu, pf, c0, y, st, m[0], first, last);
+		}
+	} else if (t == P_Q4_0) {
 		switch (nc) {
 #define CASE(N) case N: mk_q8(G8, N, wp, xp, nu, pf, y, m, first); break;
 		CASE(1) CASE(2) CASE(3) CASE(4)
@@ -664,7 +802,7 @@ static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t 
 		}
 	} else if (t == P_Q4_K) {
 		switch (nc) {
-#define CASE(N) case N: mk_q4k(GK, N, wp, xp, nu / 8, pf, y, m, first); break;
+#define CASE(N) case N: mk_q4k(GK, N, wp, xp, nu / 8, pf, y, mins, m, first, last); break;
 		CASE(1) CASE(2) CASE(3) CASE(4)
 #undef CASE
 		}
@@ -681,7 +819,7 @@ static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int 
 {
 	switch (t) {
 	case P_Q8_0:
-		pack_q8_0(p, G8, u0, nu, dst);
+		pack_q8_0(p, G0, u0, nu, dst);
 		break;
 	case P_Q4_0:
 		pack_q4_0(p, G8, u0, nu, dst);
@@ -706,22 +844,28 @@ static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int 
 static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 {
 	const int kq = t == P_Q4_K || t == P_Q6_K;
-	const int G = kq ? GK : G8, rows = 16 * G, KCU = kq ? KCUK : KCU8;
+	const int G = kq ? GK : t == P_Q8_0 ? G0 : G8, rows = 16 * G;
+	const int KCU = kq ? KCUK : t == P_Q8_0 ? KCU0 : KCU8;
 	const int64_t nu = k / 32, ntile = (ncols + NCP - 1) / NCP;
 	/* bytes per unit of k: packed activations of a tile, raw weight row */
-	const size_t xunit = t == P_Q4_K ? SX4K / 8 : t == P_Q6_K ? SX6K / 8 : UX8;
-	const size_t wunit = t == P_Q8_0 ? 34 : t == P_Q4_0 ? 18 : t == P_Q4_K ? 18 : 27;
+	const size_t xunit = t == P_Q4_K ? SX4K / 8 : t == P_Q6_K ? SX6K / 8 : t == P_Q8_0 ? UX0 : UX8;
+	const size_t wunit = t == P_Q6_K ? 27 : t == P_Q8_0 ? 34 : 18;
+	/* per column of the chunk state kept between k chunks (Q4_K mins, Q8_0 chains) */
+	const size_t st_col = t == P_Q4_K ? (size_t)rows : t == P_Q8_0 ? (size_t)8 * rows : 0;
 	const size_t chunk = kq ? KCU / 8 * SBW(G, t == P_Q4_K ? Q4K_SCALE_BYTES : Q6K_SCALE_BYTES)
 			     : KCU * UW8(G);
 	const size_t tile_bytes = (size_t)nu * xunit;
 	/* rows of the next chunk each column tile prefetches */
 	const int64_t pf_per = (rows + ntile - 1) / ntile;
 	uint8_t *xs, *ws;
+	float *mins = NULL; /* state between k chunks: Q4_K mins, Q8_0 chains */
 	struct panel p;
 
 	xs = hyb_cpu_scratch(HYB_SCRATCH_X, tile_bytes * (size_t)ntile);
 	ws = hyb_cpu_scratch(HYB_SCRATCH_W, chunk);
-	if (!xs || !ws)
+	if (st_col)
+		mins = hyb_cpu_scratch(HYB_SCRATCH_P, sizeof(float) * (size_t)ntile * NCP * st_col);
+	if (!xs || !ws || (st_col && !mins))
 		return -1;
 	for (int64_t tt = 0; tt < ntile; tt++) {
 		const uint8_t *cols[NCP];
@@ -731,8 +875,10 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 				  (const uint8_t *)x + (size_t)(tt * NCP + c) * x_stride : NULL;
 		if (kq)
 			xpack_k(cols, k / 256, t == P_Q6_K, xs + tt * tile_bytes);
+		else if (t == P_Q8_0)
+			xpack_q0(cols, nu, xs + tt * tile_bytes);
 		else
-			xpack_q8(cols, nu, t == P_Q8_0 ? 128 : 8, xs + tt * tile_bytes);
+			xpack_q8(cols, nu, 8, xs + tt * tile_bytes);
 	}
 	for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
 		__mmask16 m[GMAX];
@@ -765,12 +911,14 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 					&nxt, (int)min64(rows, tt * pf_per),
 					nxt.len ? (int)min64(rows, (tt + 1) * pf_per) : 0,
 				};
-				float *yc[NCP];
+				float *yc[NCP], *mc[NCP];
 
-				for (int c = 0; c < nc; c++)
+				for (int c = 0; c < nc; c++) {
 					yc[c] = y + (size_t)(tt * NCP + c) * y_stride + r0;
+					mc[c] = mins ? mins + ((size_t)tt * NCP + c) * st_col : NULL;
+				}
 				mk_any(t, nc, ws, xs + tt * tile_bytes + (size_t)u0 * xunit, cu, pf, yc,
-				       m, u0 == 0);
+				       mc, m, u0 == 0, u0 + KCU >= nu);
 				/* rows of the share the tile's units did not cover */
 				for (int r = pf.ra + cu; r < pf.rb; r++)
 					prefetch_row(&nxt, r);

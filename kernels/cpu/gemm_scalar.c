@@ -3,7 +3,10 @@
  * Scalar reference matrix kernels: one dot product per (row, column),
  * accumulated like llama.cpp's generic vec_dot code: an exact integer dot
  * per block, then one float multiply by the block scales. Float types sum
- * in double. Simple on purpose: the SIMD kernels are tested against these.
+ * in double. Simple on purpose: the SIMD kernels are tested against these
+ * (closely, not bit for bit). The summation orders of llama.cpp's AVX-512
+ * build, which hyb's logits reproduce exactly, are in the AVX-512 kernels
+ * and checked against llama.cpp itself (tests/unit/test_exact.c).
  */
 #include "cpu_internal.h"
 

@@ -946,9 +946,17 @@ TEST(kern_dispatch_tables)
 		CHECK_EQ_INT(kt->isa, isa);
 		CHECK(!strcmp(kt->name, hyb_isa_name((enum hyb_isa)isa)));
 		for (size_t t = 0; t < sizeof(all_wtypes) / sizeof(all_wtypes[0]); t++) {
-			CHECK(kt->gemm[all_wtypes[t]] && kt->dequantize[all_wtypes[t]]);
-			CHECK(kt->quantize_act[hyb_vec_dot_type(all_wtypes[t])]);
+			const uint32_t wt = all_wtypes[t];
+
+			CHECK(kt->gemm[wt] && kt->gemm_m4[wt] && kt->gemm_m1[wt]);
+			CHECK(kt->dequantize[wt] && kt->quantize_act[hyb_vec_dot_type(wt)]);
+			/* the pick follows the whole weight's rows */
+			CHECK(hyb_gemm_pick(kt, wt, 4096) == kt->gemm[wt]);
+			CHECK(hyb_gemm_pick(kt, wt, 32004) == kt->gemm_m4[wt]);
+			CHECK(hyb_gemm_pick(kt, wt, 32001) == kt->gemm_m1[wt]);
 		}
+		CHECK(kt->dot_f16 && kt->mad_f16 && kt->scale_f16 && kt->gemm_acc && kt->soft_max &&
+		      kt->swiglu);
 		CHECK(kt->gemm[HYB_TYPE_Q8_K] == NULL && kt->gemm[3] == NULL);
 	}
 	/* best is the highest supported level when HYB_ISA is unset */

@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hyb's logits are llama.cpp's, bit for bit, on this CPU class.
+ *
+ * Golden values from llama.cpp (stock CPU build, GGML_NATIVE on an
+ * AVX-512 VNNI Xeon, flash attention auto, F16 KV cache, 2 threads,
+ * n_ctx 4096, one batch for the prompt) on models written by
+ *   hybctl synth -o M --hidden 256 --ffn 512 --layers 2 --heads 4 --kv-heads 2
+ *                --vocab V --type T --seed 5
+ * and the prompt below, through llama.cpp's C API: one llama_decode of the
+ * whole prompt with logits for every row, hashed with FNV-1a over their
+ * float32 bytes (llama_get_logits_ith per row), then greedy ids (first
+ * maximum) with one llama_decode per token.
+ *
+ * The cases cover every weight type with GQA; Q4_0/Q4_K weights llama.cpp
+ * repacks (rows % 8 == 0) and, through vocab 500/501, output heads it does
+ * not (rows % 8 == 4 and rows % 4 != 0); attention's small-batch path (12
+ * tokens), its tiled path (70 and 200) and the single-token path that
+ * splits 257+ cache positions between 2 threads (F16_long).
+ *
+ * Exactness is per ISA level, as llama.cpp's own results are: the test
+ * runs on hyb's two AVX-512 levels (their integer sums are the same, so
+ * are their logits) and skips elsewhere.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_kernels.h"
+#include "hyb/model.h"
+#include "test.h"
+
+struct golden {
+	const char *name;
+	uint32_t type, vocab, n_prompt;
+	uint64_t hash;      /* FNV-1a of the prompt rows' logits */
+	int n_ids;
+	int32_t ids[80];    /* greedy continuation */
+};
+
+static const struct golden cases[] = {
+	{ "F32", HYB_TYPE_F32, 500, 12, 0xc5145f454b3c7690ull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 488, 211, 84, 462, 117,
+	    442, 182, 342, 99, 394, 84, 462, 127, 341, 248, 315, 247, 237, 98, 464, 208, 155,
+	    468, 324, 232, 350, 24, 244, 193, 228, 395, 172, 334, 52, 477, 338 } },
+	{ "F16", HYB_TYPE_F16, 500, 12, 0x676c69474ddee847ull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 488, 211, 84, 462, 117,
+	    442, 182, 342, 99, 394, 84, 462, 127, 341, 248, 315, 247, 237, 98, 464, 208, 155,
+	    468, 324, 232, 350, 24, 244, 193, 228, 395, 172, 334, 52, 477, 338 } },
+	{ "BF16", HYB_TYPE_BF16, 500, 12, 0x84a5bd22a8803929ull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 488, 211, 84, 462, 117,
+	    442, 182, 342, 99, 394, 84, 462, 127, 341, 248, 315, 247, 237, 98, 464, 208, 155,
+	    468, 324, 232, 350, 24, 244, 193, 228, 395, 172, 334, 52, 477, 338 } },
+	{ "Q8_0", HYB_TYPE_Q8_0, 500, 12, 0x9065083cac076363ull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 488, 211, 84, 462, 117,
+	    442, 182, 342, 99, 394, 84, 462, 127, 341, 248, 315, 247, 237, 464, 208, 155, 468,
+	    45, 319, 198, 156, 45, 319, 198, 41, 408, 363, 272, 84, 87, 250 } },
+	{ "Q4_0", HYB_TYPE_Q4_0, 500, 12, 0x3d4a294bbeb0bb1aull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 180, 111, 232, 82, 394,
+	    84, 462, 127, 111, 288, 240, 350, 371, 297, 158, 418, 143, 413, 474, 167, 434, 262,
+	    235, 180, 41, 408, 363, 147, 286, 132, 250, 279, 304, 458, 469, 395 } },
+	{ "Q4_K", HYB_TYPE_Q4_K, 500, 12, 0x84b3bc9993aaf393ull, 48,
+	  { 172, 235, 381, 473, 180, 111, 252, 14, 413, 358, 445, 358, 445, 358, 445, 316, 203,
+	    499, 418, 143, 413, 144, 442, 152, 103, 351, 144, 442, 0, 412, 84, 462, 29, 423, 436,
+	    280, 70, 318, 62, 121, 96, 143, 159, 357, 276, 202, 364, 50 } },
+	{ "Q6_K", HYB_TYPE_Q6_K, 500, 12, 0x9970c08f7ffa2393ull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 488, 211, 84, 462, 117,
+	    442, 182, 342, 99, 394, 84, 462, 127, 341, 248, 315, 247, 237, 464, 208, 155, 468,
+	    461, 52, 477, 338, 263, 444, 285, 15, 239, 449, 268, 74, 38, 259 } },
+	{ "Q4_0_v501", HYB_TYPE_Q4_0, 501, 12, 0xacb1a9e581696f09ull, 48,
+	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 180, 111, 232, 82, 394,
+	    84, 462, 127, 111, 288, 240, 350, 371, 297, 158, 418, 143, 413, 474, 167, 434, 262,
+	    235, 180, 41, 408, 363, 147, 286, 132, 250, 279, 304, 458, 469, 395 } },
+	{ "Q4_K_v501", HYB_TYPE_Q4_K, 501, 12, 0x94986382f6954c0full, 48,
+	  { 172, 235, 381, 473, 180, 111, 252, 14, 413, 358, 445, 358, 445, 358, 445, 316, 203,
+	    499, 418, 143, 413, 144, 442, 152, 103, 351, 144, 442, 0, 412, 84, 462, 29, 423, 436,
+	    280, 70, 318, 62, 121, 96, 143, 159, 357, 276, 202, 364, 500 } },
+	{ "F16_long", HYB_TYPE_F16, 500, 200, 0xa3230238c3036e81ull, 80,
+	  { 284, 282, 303, 14, 69, 413, 144, 270, 255, 297, 158, 82, 250, 279, 304, 67, 399,
+	    411, 416, 475, 14, 413, 144, 379, 447, 150, 45, 319, 198, 156, 382, 197, 78, 387,
+	    253, 339, 153, 237, 58, 419, 284, 282, 153, 368, 63, 402, 394, 489, 59, 382, 197, 78,
+	    387, 253, 339, 153, 368, 63, 95, 265, 237, 464, 340, 68, 227, 93, 201, 53, 140, 250,
+	    279, 304, 67, 185, 412, 355, 302, 175, 280, 199 } },
+	{ "Q4_K_70", HYB_TYPE_Q4_K, 500, 70, 0xa198e6960d6a61c7ull, 16,
+	  { 250, 279, 304, 67, 185, 412, 140, 250, 279, 304, 458, 133, 167, 434, 262, 356 } },
+	{ "Q8_0_70", HYB_TYPE_Q8_0, 500, 70, 0x5ef5d51ab22c2b49ull, 16,
+	  { 250, 279, 304, 458, 469, 94, 143, 13, 438, 341, 340, 68, 227, 93, 54, 165 } },
+};
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 0x100000001b3ull;
+	}
+	return h;
+}
+
+static int32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t best = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return (int32_t)best;
+}
+
+static void run_case(const struct golden *g)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	char path[512], cmd[1024], err[256];
+	struct hyb_ctx_params cp = { .n_ctx = 512, .n_threads = 2, .n_batch = 512 };
+	int32_t toks[200];
+	float *lg;
+
+	/* the AVX-512 level without VNNI forms the same integers: the same logits */
+	if (k->isa != HYB_ISA_AVX512_VNNI && k->isa != HYB_ISA_AVX512)
+		SKIP("golden logits are llama.cpp's on AVX-512; this run uses %s", k->name);
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), g->name);
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --hidden 256 --ffn 512 --layers 2 "
+		 "--heads 4 --kv-heads 2 --vocab %u --type %s --seed 5 -t 2 >/dev/null", path,
+		 g->vocab, hyb_type_name(g->type));
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+
+	struct hyb_model *m = hyb_model_load(path, err, sizeof(err));
+
+	CHECK_MSG(m, "%s: %s", path, err);
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp, err, sizeof(err));
+
+	CHECK_MSG(c, "%s", err);
+	toks[0] = 1;
+	for (uint32_t i = 1; i < g->n_prompt; i++)
+		toks[i] = (int32_t)((i * 37 + 11) % 497 + 3);
+	lg = malloc(sizeof(float) * g->vocab * g->n_prompt);
+	CHECK(lg);
+	CHECK(!hyb_ctx_eval(c, toks, g->n_prompt, lg, true, err, sizeof(err)));
+	const uint64_t h = fnv1a(lg, sizeof(float) * g->vocab * g->n_prompt);
+
+	CHECK_MSG(h == g->hash, "%s: prompt logits hash %016llx, llama.cpp %016llx", g->name,
+		  (unsigned long long)h, (unsigned long long)g->hash);
+	int32_t next = argmax(lg + (size_t)(g->n_prompt - 1) * g->vocab, g->vocab);
+
+	for (int i = 0; i < g->n_ids; i++) {
+		CHECK_MSG(next == g->ids[i], "%s: greedy token %d is %d, llama.cpp's %d", g->name, i,
+			  next, g->ids[i]);
+		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false, err, sizeof(err)));
+		next = argmax(lg, g->vocab);
+	}
+	free(lg);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+TEST(exact_f32) { run_case(&cases[0]); }
+TEST(exact_f16) { run_case(&cases[1]); }
+TEST(exact_bf16) { run_case(&cases[2]); }
+TEST(exact_q8_0) { run_case(&cases[3]); }
+TEST(exact_q4_0) { run_case(&cases[4]); }
+TEST(exact_q4_k) { run_case(&cases[5]); }
+TEST(exact_q6_k) { run_case(&cases[6]); }
+TEST(exact_q4_0_unrepacked_head) { run_case(&cases[7]); }
+TEST(exact_q4_k_unrepacked_head) { run_case(&cases[8]); }
+TEST(exact_f16_long_context) { run_case(&cases[9]); }
+TEST(exact_q4_k_tiled_attention) { run_case(&cases[10]); }
+TEST(exact_q8_0_tiled_attention) { run_case(&cases[11]); }
