@@ -200,26 +200,28 @@ int cmd_bench(int argc, char **argv)
 	       hyb_type_name(wtype), m->gguf->size / 1e9);
 	printf("kernels     %s, %d threads\n", k->name, nth);
 
-	double bw = hyb_measure_read_bw(nth, (size_t)1 << 30, 5);
 	double peak = hyb_cpu_peak_macs(k, wtype) * nth;
+	/* Mean bytes per decode step: weights + the KV cache at its mean length. */
+	double bytes_tok = (double)wbytes + kv_tok * (n_prompt + o.n_gen_bench / 2.0);
+	double *bw = calloc(o.reps, sizeof(double)), *gp = calloc(o.reps, sizeof(double));
+	double *r_pre = calloc(o.reps, sizeof(double)), *r_dec = calloc(o.reps, sizeof(double));
 
-	/* The bandwidth buffer is gone: restart the peak-RSS count (VmHWM) so the
-	 * memory line below is about the model, not the measurement. */
-	reset_peak_rss();
-	printf("DRAM read   %.2f GB/s (%d threads, 1 GiB streaming read, median of 5)\n", bw / 1e9,
-	       nth);
-	double gemm_peak = gemm_peak_macs(m, k, nth, n_prompt, 5);
-
-	printf("MAC peak    %.1f GMAC/s (%s kernel instruction mix x %d threads)\n", peak / 1e9,
-	       hyb_type_name(wtype), nth);
-	printf("GEMM peak   %.1f GMAC/s (%s GEMM %llux%llu x %d columns, %d threads, median of 5)\n",
-	       gemm_peak / 1e9, hyb_type_name(m->layers[0].gate.type),
-	       (unsigned long long)m->layers[0].gate.ne1, (unsigned long long)m->layers[0].gate.ne0,
-	       n_prompt, nth);
-
+	if (!bw || !gp || !r_pre || !r_dec)
+		cli_die("out of memory");
+	/*
+	 * Each round measures the baselines right next to the figures they
+	 * divide: on a shared machine the bandwidth a thread gets moves by 2x
+	 * from one second to the next, so a ratio of two medians taken minutes
+	 * apart says little. The ratios printed are medians of per-round ratios.
+	 */
 	for (int r = 0; r < o.reps; r++) {
 		double t0;
 
+		bw[r] = hyb_measure_read_bw(nth, (size_t)512 << 20, 3);
+		/* the bandwidth buffer is gone: restart the peak-RSS count (VmHWM)
+		 * so the memory line is about the model, not the measurement */
+		reset_peak_rss();
+		gp[r] = gemm_peak_macs(m, k, nth, n_prompt, 3);
 		hyb_ctx_reset(c);
 		t0 = hyb_now();
 		if (hyb_ctx_eval(c, toks, (uint32_t)n_prompt, logits, false, err, sizeof(err)))
@@ -230,22 +232,33 @@ int cmd_bench(int argc, char **argv)
 			if (hyb_ctx_eval(c, &toks[n_prompt + i], 1, logits, false, err, sizeof(err)))
 				cli_die("%s", err);
 		t_dec[r] = hyb_now() - t0;
+		r_pre[r] = n_prompt * (double)macs / t_pre[r] / gp[r];
+		r_dec[r] = o.n_gen_bench * bytes_tok / t_dec[r] / bw[r];
 	}
 
 	double pre_tps = n_prompt / median(t_pre, o.reps);
 	double dec_tps = o.n_gen_bench / median(t_dec, o.reps);
-	/* Mean bytes per decode step: weights + the KV cache at its mean length. */
-	double bytes_tok = (double)wbytes + kv_tok * (n_prompt + o.n_gen_bench / 2.0);
-	double dec_roof = bw / bytes_tok;
+	double bw_med = median(bw, o.reps), gp_med = median(gp, o.reps);
 	double pre_roof = peak / (double)macs;
 
-	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  roofline %.2f tokens/s  "
-	       "-> %.0f%% of instruction peak, %.0f%% of GEMM peak\n", pre_tps, n_prompt,
-	       pre_tps * macs / 1e9, pre_roof, 100 * pre_tps / pre_roof,
-	       100 * pre_tps * macs / gemm_peak);
+	printf("DRAM read   %.2f GB/s (%d threads, 512 MiB streaming read; median of %d rounds)\n",
+	       bw_med / 1e9, nth, o.reps);
+	printf("MAC peak    %.1f GMAC/s (%s kernel instruction mix x %d threads)\n", peak / 1e9,
+	       hyb_type_name(wtype), nth);
+	printf("GEMM peak   %.1f GMAC/s (%s GEMM %llux%llu x %d columns, %d threads)\n",
+	       gp_med / 1e9, hyb_type_name(m->layers[0].gate.type),
+	       (unsigned long long)m->layers[0].gate.ne1, (unsigned long long)m->layers[0].gate.ne0,
+	       n_prompt, nth);
+	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  -> %.0f%% of GEMM peak "
+	       "(per-round median), %.0f%% of instruction peak\n", pre_tps, n_prompt,
+	       pre_tps * macs / 1e9, 100 * median(r_pre, o.reps), 100 * pre_tps / pre_roof);
 	printf("decode      %8.2f tokens/s  (%d tokens)  %.2f GB/s  roofline %.2f tokens/s  "
-	       "-> %.0f%% of DRAM bandwidth\n", dec_tps, o.n_gen_bench, dec_tps * bytes_tok / 1e9,
-	       dec_roof, 100 * dec_tps / dec_roof);
+	       "-> %.0f%% of DRAM bandwidth (per-round median)\n", dec_tps, o.n_gen_bench,
+	       dec_tps * bytes_tok / 1e9, bw_med / bytes_tok, 100 * median(r_dec, o.reps));
+	free(bw);
+	free(gp);
+	free(r_pre);
+	free(r_dec);
 	printf("bytes/token %.1f MB (weights %.1f MB + KV), %.2f GMAC/token\n", bytes_tok / 1e6,
 	       wbytes / 1e6, macs / 1e9);
 
