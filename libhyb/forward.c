@@ -46,6 +46,9 @@ struct hyb_ctx {
 	size_t xq_stride;  /* bytes per token in xq */
 	void *attn_tmp;    /* per thread scratch of attend() */
 	size_t attn_tmp_stride;
+
+	hyb_ffn_probe_fn probe;
+	void *probe_user;
 };
 
 /* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
@@ -270,7 +273,8 @@ static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 		/* llama.cpp drops the rows it returns no logits for before the last
 		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
 		 * matmuls add in their one-column order. Same here (and less work). */
-		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits ? n - 1 : 0, nf = n - f0;
+		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits && !c->probe ? n - 1 : 0;
+		const uint32_t nf = n - f0;
 		float *xf = c->x + (size_t)f0 * E;
 
 		for (uint32_t t = 0; t < nf; t++)
@@ -278,6 +282,8 @@ static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 				    hp->rms_eps);
 		matmul(c, c->xn, nf, 2, gu, gu_out);
 		hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
+		if (c->probe)
+			c->probe(c->probe_user, l, c->n_past, n, c->x, c->g);
 		matmul(c, c->g, nf, 1, &down, &c->xn);
 		for (size_t i = 0; i < (size_t)nf * E; i++)
 			xf[i] += c->xn[i];
@@ -424,6 +430,12 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free_mapping(c->vcache, c->kv_bytes / 2);
 	free_mapping(c->x, scratch_bytes(c));
 	free(c);
+}
+
+void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)
+{
+	c->probe = fn;
+	c->probe_user = user;
 }
 
 uint32_t hyb_ctx_n_past(const struct hyb_ctx *c)

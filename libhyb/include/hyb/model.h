@@ -116,4 +116,18 @@ void hyb_ctx_reset(struct hyb_ctx *c);
 int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		 bool all_logits, char *err, size_t errlen);
 
+/*
+ * Watch every layer's FFN (hybctl profile, predictor training data). Called
+ * on the calling thread after the activation and before the down projection,
+ * once per layer per batch of n tokens at positions pos0.. :
+ *   x_attn [n][n_embd]: the residual stream after the layer's attention
+ *                       (the FFN's input before ffn_norm);
+ *   act    [n][n_ff]:   act(gate) * up, the input of down (0: neuron inactive).
+ * While a probe is set every token of a batch goes through every layer's FFN
+ * (the last layer's included). fn == NULL removes it.
+ */
+typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
+				 const float *x_attn, const float *act);
+void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
+
 #endif
