@@ -14,7 +14,7 @@ N       ?= 64
 OPT      ?= -O2
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra -Werror -pthread -fno-math-errno -MMD -MP
 CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikmod/include/uapi
-LDLIBS   := -lm -pthread -lnuma -luring $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
+LDLIBS   := -lm -pthread -lnuma -luring -lmetis $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
 ISA_avx2       := -mavx2 -mfma -mf16c
