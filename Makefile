@@ -31,7 +31,7 @@ TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
 LIB     := $(BUILD)/libhyb.a
 TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl
 TESTBIN := $(BUILD)/hyb-tests
-BENCHBIN := $(BUILD)/bench_kernels $(BUILD)/bench_queue $(BUILD)/bench_load
+BENCHBIN := $(patsubst tests/bench/%.c,$(BUILD)/%,$(wildcard tests/bench/bench_*.c))
 FUZZ    := $(BUILD)/fuzz_gguf
 
 # CUDA: built whenever nvcc exists, even with no GPU to run it.
