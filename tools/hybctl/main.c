@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: MIT
-/* hybctl: synthetic models (synth) and the box-mode pools (pools, stalls, numa). */
+/*
+ * hybctl: synthetic models (synth), the offline sparse pipeline (profile, plan)
+ * and the box-mode pools (pools, stalls, numa).
+ */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +11,8 @@
 static const char usage[] =
 	"usage: hybctl <command> [options]\n"
 	"  synth -o FILE [shape and type options]   write a llama GGUF with random weights\n"
+	"  profile MODEL [-o FILE] [--prompts FILE] activation statistics of a model\n"
+	"  plan MODEL --gpu-budget BYTES -o PLAN    neuron groups, placement, predictors\n"
 	"  pools [--json]                           neuron pools of hybpool.ko\n"
 	"  stalls [-w] [--json]                     reload queues and app stall times\n"
 	"  numa [--json] [--move POOL --node N]     topology, pool pages per node, advice\n"
@@ -21,6 +26,10 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "synth"))
 		return cmd_synth(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "profile"))
+		return cmd_profile(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "plan"))
+		return cmd_plan(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "pools"))
 		return cmd_pools(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "stalls"))
