@@ -25,6 +25,7 @@
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
 #include "attention.h"
+#include "ffn_plan.h"
 #include "ops.h"
 
 #define MAX_MATS 3
@@ -49,6 +50,8 @@ struct hyb_ctx {
 
 	hyb_ffn_probe_fn probe;
 	void *probe_user;
+
+	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
 };
 
 /* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
@@ -280,11 +283,17 @@ static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 		for (uint32_t t = 0; t < nf; t++)
 			hyb_rmsnorm(c->xn + (size_t)t * E, xf + (size_t)t * E, L->ffn_norm.data, E,
 				    hp->rms_eps);
-		matmul(c, c->xn, nf, 2, gu, gu_out);
-		hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
-		if (c->probe)
-			c->probe(c->probe_user, l, c->n_past, n, c->x, c->g);
-		matmul(c, c->g, nf, 1, &down, &c->xn);
+		if (m->group_size) {
+			convert_input(c, L->plan.bundles.type, c->xn, E, nf);
+			hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf,
+					   c->xn);
+		} else {
+			matmul(c, c->xn, nf, 2, gu, gu_out);
+			hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
+			if (c->probe)
+				c->probe(c->probe_user, l, c->n_past, n, c->x, c->g);
+			matmul(c, c->g, nf, 1, &down, &c->xn);
+		}
 		for (size_t i = 0; i < (size_t)nf * E; i++)
 			xf[i] += c->xn[i];
 	}
@@ -411,6 +420,10 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->g = c->vv + (size_t)c->n_batch * c->kv_dim;
 	c->u = c->g + (size_t)c->n_batch * hp->n_ff;
 	c->xq = c->u + (size_t)c->n_batch * hp->n_ff;
+	if (m->group_size && !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
+		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
+		goto fail;
+	}
 	return c;
 
 fail:
@@ -429,6 +442,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free_mapping(c->kcache, c->kv_bytes / 2);
 	free_mapping(c->vcache, c->kv_bytes / 2);
 	free_mapping(c->x, scratch_bytes(c));
+	hyb_ffn_plan_scratch_free(c->plan);
 	free(c);
 }
 

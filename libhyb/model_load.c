@@ -20,6 +20,7 @@
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
+#include "hyb/plan.h"
 #include "hyb/pool.h"
 #include "hyb/tokenizer.h"
 
@@ -197,6 +198,100 @@ static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint6
 	return 0;
 }
 
+/* A 1-D tensor of n elements of `type` (plan metadata and biases). */
+static const void *bind_vec(struct loader *ld, const char *name, uint32_t type, uint64_t n)
+{
+	const struct gguf_tensor *t = gguf_find_tensor(ld->m->gguf, name);
+
+	if (!t) {
+		fail(ld, "plan tensor %s is missing", name);
+		return NULL;
+	}
+	if (t->n_dims != 1 || t->ne[0] != n || t->type != type) {
+		fail(ld, "plan tensor %s: expected %s [%llu], found %s %u-D [%llu, ...]", name,
+		     hyb_type_name(type), (unsigned long long)n, hyb_type_name(t->type),
+		     t->n_dims, (unsigned long long)t->ne[0]);
+		return NULL;
+	}
+	return t->data;
+}
+
+/*
+ * A plan layer (hyb/plan.h): bundles, permutation, placement and predictor.
+ * The permutation is checked to be one, since bundle order is what the
+ * sparse path and the balancer index by.
+ */
+static int bind_plan_layer(struct loader *ld, uint32_t l)
+{
+	const struct hyb_hparams *hp = &ld->m->hp;
+	struct hyb_ffn_plan *P = &ld->m->layers[l].plan;
+	const uint32_t ng = ld->m->n_groups;
+	const struct gguf_tensor *fc1;
+	char name[96];
+	uint8_t *seen;
+
+#define N(nm) (snprintf(name, sizeof(name), "blk.%u." nm, l), name)
+	if (bind(ld, &P->bundles, N("ffn_bundles"), hp->n_embd, 3ull * hp->n_ff, false))
+		return -1;
+	if (P->bundles.type != HYB_TYPE_F32 && P->bundles.type != HYB_TYPE_F16 &&
+	    P->bundles.type != HYB_TYPE_Q8_0 && P->bundles.type != HYB_TYPE_Q4_0)
+		return fail(ld, "%s has type %s; sparse FFNs are F32, F16, Q8_0 or Q4_0", name,
+			    hyb_type_name(P->bundles.type));
+	if (!(P->perm = bind_vec(ld, N("ffn_perm"), HYB_TYPE_I32, hp->n_ff)) ||
+	    !(P->gpu = bind_vec(ld, N("ffn_gpu"), HYB_TYPE_I8, ng)) ||
+	    !(P->freq = bind_vec(ld, N("ffn_freq"), HYB_TYPE_F32, ng)))
+		return -1;
+	seen = calloc(hp->n_ff, 1);
+	if (!seen)
+		return fail(ld, "out of memory");
+	for (uint32_t i = 0; i < hp->n_ff; i++) {
+		int32_t v = P->perm[i];
+
+		if (v < 0 || (uint32_t)v >= hp->n_ff || seen[v]) {
+			free(seen);
+			return fail(ld, "blk.%u.ffn_perm is not a permutation of 0..%u", l,
+				    hp->n_ff - 1);
+		}
+		seen[v] = 1;
+	}
+	free(seen);
+
+	fc1 = gguf_find_tensor(ld->m->gguf, N("fc1.weight"));
+	if (!fc1 || fc1->n_dims != 2 || fc1->ne[1] == 0 || fc1->ne[1] > (1u << 20))
+		return fail(ld, "plan tensor %s is missing or has a bad shape", name);
+	P->hidden = (uint32_t)fc1->ne[1];
+	if (bind(ld, &P->fc1, name, hp->n_embd, P->hidden, false) ||
+	    bind(ld, &P->fc2, N("fc2.weight"), P->hidden, hp->n_ff, false))
+		return -1;
+	if (P->fc1.type != HYB_TYPE_F16 || P->fc2.type != HYB_TYPE_F16)
+		return fail(ld, "blk.%u predictor weights must be F16", l);
+	if (!(P->fc1_bias = bind_vec(ld, N("fc1.bias"), HYB_TYPE_F32, P->hidden)) ||
+	    !(P->fc2_bias = bind_vec(ld, N("fc2.bias"), HYB_TYPE_F32, hp->n_ff)))
+		return -1;
+#undef N
+	return 0;
+}
+
+/* hyb.plan.* keys: a plan file has them all, a plain model none. */
+static int read_plan_keys(struct loader *ld)
+{
+	struct hyb_model *m = ld->m;
+	uint32_t version, gs;
+
+	if (!gguf_find(m->gguf, HYB_PLAN_KEY_VERSION))
+		return 0;
+	if (!gguf_get_u32(m->gguf, HYB_PLAN_KEY_VERSION, &version))
+		return fail(ld, "metadata %s must be a u32", HYB_PLAN_KEY_VERSION);
+	if (version != HYB_PLAN_VERSION)
+		return fail(ld, "plan version %u is not supported (this build reads %u)", version,
+			    HYB_PLAN_VERSION);
+	if (!gguf_get_u32(m->gguf, HYB_PLAN_KEY_GROUP_SIZE, &gs) || gs == 0 || gs > m->hp.n_ff)
+		return fail(ld, "metadata %s is missing or out of range", HYB_PLAN_KEY_GROUP_SIZE);
+	m->group_size = gs;
+	m->n_groups = (m->hp.n_ff + gs - 1) / gs;
+	return 0;
+}
+
 static int bind_layers(struct loader *ld)
 {
 	const struct hyb_hparams *hp = &ld->m->hp;
@@ -204,6 +299,8 @@ static int bind_layers(struct loader *ld)
 	uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
 	char name[96];
 
+	if (read_plan_keys(ld))
+		return -1;
 	ld->m->layers = calloc(hp->n_layer, sizeof(*ld->m->layers));
 	if (!ld->m->layers)
 		return fail(ld, "out of memory");
@@ -221,6 +318,11 @@ static int bind_layers(struct loader *ld)
 		B(wv, "attn_v", hp->n_embd, kv_dim);
 		B(wo, "attn_output", q_dim, hp->n_embd);
 		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
+		if (ld->m->group_size) {
+			if (bind_plan_layer(ld, l))
+				return -1;
+			continue;
+		}
 		B(gate, "ffn_gate", hp->n_embd, hp->n_ff);
 		B(up, "ffn_up", hp->n_embd, hp->n_ff);
 		B(down, "ffn_down", hp->n_ff, hp->n_embd);
@@ -438,6 +540,8 @@ uint64_t hyb_model_decode_bytes(const struct hyb_model *m)
 		b += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) +
 		     weight_bytes(&L->wo) + weight_bytes(&L->gate) + weight_bytes(&L->up) +
 		     weight_bytes(&L->down) + 2 * m->hp.n_embd * sizeof(float);
+		if (m->group_size) /* every neuron once: the dense pass over bundles */
+			b += weight_bytes(&L->plan.bundles);
 	}
 	return b;
 }

@@ -52,9 +52,25 @@ struct hyb_weight {
 	const void *data;
 };
 
+/*
+ * A layer's FFN as a plan file stores it (hyb/plan.h): neuron groups in
+ * bundles, the group placement and the activation predictor. Filled only
+ * when the model is a plan (hyb_model.group_size != 0).
+ */
+struct hyb_ffn_plan {
+	struct hyb_weight bundles;  /* ne0 = n_embd, ne1 = 3 * n_ff rows */
+	const int32_t *perm;        /* [n_ff] source neuron of each bundle-order neuron */
+	const int8_t *gpu;          /* [n_groups] initial placement */
+	const float *freq;          /* [n_groups] profiled activation frequency */
+	struct hyb_weight fc1, fc2; /* predictor: F16 [n_embd -> hidden], [hidden -> n_ff] */
+	const float *fc1_bias, *fc2_bias;
+	uint32_t hidden;
+};
+
 struct hyb_layer {
 	struct hyb_weight attn_norm, wq, wk, wv, wo;
-	struct hyb_weight ffn_norm, gate, up, down;
+	struct hyb_weight ffn_norm, gate, up, down; /* data NULL in a plan: see plan */
+	struct hyb_ffn_plan plan;
 };
 
 struct hyb_model {
@@ -64,6 +80,8 @@ struct hyb_model {
 	struct hyb_weight tok_embd, out_norm, output;
 	struct hyb_layer *layers;
 	uint64_t weight_bytes;   /* all tensors in the file */
+	uint32_t group_size;     /* neurons per FFN group of a plan file; 0: not a plan */
+	uint32_t n_groups;       /* groups per layer (plan) */
 	/* Huge-page copy of the file the weights point into (NULL: the file's mmap). */
 	void *image;
 	uint64_t image_len;

@@ -24,6 +24,8 @@ enum hyb_type {
 	HYB_TYPE_Q4_K = 12,
 	HYB_TYPE_Q6_K = 14,
 	HYB_TYPE_Q8_K = 15, /* activations only (llama.cpp's vec_dot type of the K-quants) */
+	HYB_TYPE_I8 = 24,   /* plan metadata (placement flags) */
+	HYB_TYPE_I32 = 26,  /* plan metadata (neuron permutations) */
 	HYB_TYPE_BF16 = 30,
 	HYB_TYPE_COUNT = 40, /* ggml's GGML_TYPE_COUNT at the time of writing */
 };

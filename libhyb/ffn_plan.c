@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Dense FFN over a plan's bundles. Each thread takes whole groups from a
+ * shared counter (a group is one contiguous bundle: its gate rows, up rows
+ * and down columns stored as rows), runs gate and up as a small GEMM over
+ * the group's rows, applies the activation, and adds each neuron's down row
+ * times its activation into the thread's own output rows. Neurons whose
+ * activation is exactly zero (ReLU family) cost no down row. The thread
+ * outputs are summed at the end, so the result does not depend on which
+ * thread took which group only up to float rounding of that final sum.
+ */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ffn_plan.h"
+#include "ops.h"
+
+struct thread_scratch {
+	float *g, *u;   /* [n_batch][group_size] */
+	float *row;     /* one dequantized down row */
+	float *out;     /* [n_batch][n_embd] partial output */
+};
+
+struct hyb_ffn_plan_scratch {
+	int n_threads;
+	uint32_t n_batch;
+	size_t bytes;
+	struct thread_scratch *t;
+};
+
+struct hyb_ffn_plan_scratch *hyb_ffn_plan_scratch_new(const struct hyb_model *m,
+						      uint32_t n_batch, int n_threads)
+{
+	const size_t E = m->hp.n_embd, GS = m->group_size;
+	struct hyb_ffn_plan_scratch *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	s->n_threads = n_threads;
+	s->n_batch = n_batch;
+	s->t = calloc((size_t)n_threads, sizeof(*s->t));
+	if (!s->t)
+		goto fail;
+	for (int i = 0; i < n_threads; i++) {
+		struct thread_scratch *t = &s->t[i];
+
+		t->g = malloc(n_batch * GS * sizeof(float));
+		t->u = malloc(n_batch * GS * sizeof(float));
+		t->row = malloc(E * sizeof(float));
+		t->out = malloc(n_batch * E * sizeof(float));
+		if (!t->g || !t->u || !t->row || !t->out)
+			goto fail;
+		s->bytes += (2 * n_batch * GS + E + n_batch * E) * sizeof(float);
+	}
+	return s;
+fail:
+	hyb_ffn_plan_scratch_free(s);
+	return NULL;
+}
+
+void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s)
+{
+	if (!s)
+		return;
+	for (int i = 0; s->t && i < s->n_threads; i++) {
+		free(s->t[i].g);
+		free(s->t[i].u);
+		free(s->t[i].row);
+		free(s->t[i].out);
+	}
+	free(s->t);
+	free(s);
+}
+
+size_t hyb_ffn_plan_scratch_bytes(const struct hyb_ffn_plan_scratch *s)
+{
+	return s ? s->bytes : 0;
+}
+
+struct dense_job {
+	const struct hyb_cpu_kernels *k;
+	struct hyb_ffn_plan_scratch *s;
+	const struct hyb_model *m;
+	const struct hyb_ffn_plan *P;
+	const void *xq;
+	size_t xq_stride;
+	uint32_t n;
+	atomic_uint next;
+};
+
+static void dense_group(const struct dense_job *j, struct thread_scratch *t, uint32_t g)
+{
+	const struct hyb_model *m = j->m;
+	const uint32_t E = m->hp.n_embd, GS = m->group_size, n = j->n;
+	const uint32_t first = g * GS, ng = m->hp.n_ff - first < GS ? m->hp.n_ff - first : GS;
+	const struct hyb_weight *b = &j->P->bundles;
+	const char *gate = (const char *)b->data + 3ull * first * b->row_bytes;
+	const char *up = gate + (uint64_t)ng * b->row_bytes;
+	const char *down = up + (uint64_t)ng * b->row_bytes;
+	hyb_gemm_fn gemm = hyb_gemm_pick(j->k, b->type, ng);
+
+	gemm((int64_t)E, gate, b->row_bytes, ng, j->xq, j->xq_stride, n, t->g, ng);
+	gemm((int64_t)E, up, b->row_bytes, ng, j->xq, j->xq_stride, n, t->u, ng);
+	hyb_ffn_act(t->g, t->u, (uint64_t)n * ng, m->hp.act);
+	for (uint32_t i = 0; i < ng; i++) {
+		bool any = false;
+
+		for (uint32_t tok = 0; tok < n && !any; tok++)
+			any = t->g[(size_t)tok * ng + i] != 0.0f;
+		if (!any)
+			continue;
+		j->k->dequantize[b->type](down + (uint64_t)i * b->row_bytes, t->row, E);
+		for (uint32_t tok = 0; tok < n; tok++) {
+			const float h = t->g[(size_t)tok * ng + i];
+			float *o = t->out + (size_t)tok * E;
+
+			if (h == 0.0f)
+				continue;
+			for (uint32_t e = 0; e < E; e++)
+				o[e] += h * t->row[e];
+		}
+	}
+}
+
+static void dense_worker(void *arg, int ith, int nth)
+{
+	struct dense_job *j = arg;
+	struct thread_scratch *t = &j->s->t[ith];
+	(void)nth;
+
+	memset(t->out, 0, (size_t)j->n * j->m->hp.n_embd * sizeof(float));
+	for (;;) {
+		uint32_t g = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		if (g >= j->m->n_groups)
+			return;
+		dense_group(j, t, g);
+	}
+}
+
+void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
+			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
+			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
+			float *out)
+{
+	struct dense_job j = {
+		.k = k, .s = s, .m = m, .P = &L->plan, .xq = xq, .xq_stride = xq_stride, .n = n,
+	};
+	const size_t len = (size_t)n * m->hp.n_embd;
+	int nth = hyb_pool_size(pool);
+
+	atomic_init(&j.next, 0);
+	if (nth == 1)
+		dense_worker(&j, 0, 1);
+	else
+		hyb_pool_run(pool, dense_worker, &j);
+	memcpy(out, s->t[0].out, len * sizeof(float));
+	for (int i = 1; i < nth; i++)
+		for (size_t e = 0; e < len; e++)
+			out[e] += s->t[i].out[e];
+}

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The FFN of a plan layer computed densely over its bundles (hyb/plan.h):
+ * every neuron, any number of tokens. Prefill always runs it (PowerInfer 5.3:
+ * long inputs activate almost every neuron, so prefill goes dense); decode
+ * runs it when sparse mode is off.
+ */
+#ifndef HYB_FFN_PLAN_H
+#define HYB_FFN_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+#include "hyb/model.h"
+#include "hyb/threadpool.h"
+
+struct hyb_ffn_plan_scratch;
+
+/* Scratch for up to n_batch tokens on n_threads threads; NULL when out of memory. */
+struct hyb_ffn_plan_scratch *hyb_ffn_plan_scratch_new(const struct hyb_model *m,
+						      uint32_t n_batch, int n_threads);
+void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s);
+size_t hyb_ffn_plan_scratch_bytes(const struct hyb_ffn_plan_scratch *s);
+
+/*
+ * out[n][n_embd] = down(act(gate · x, up · x)) for layer L of a plan model.
+ * xq: the n normalised inputs converted to hyb_vec_dot_type(bundle type),
+ * xq_stride bytes apart.
+ */
+void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
+			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
+			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
+			float *out);
+
+#endif
