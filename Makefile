@@ -29,7 +29,7 @@ CTL_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hybctl/*.c))
 TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
 
 LIB     := $(BUILD)/libhyb.a
-TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl
+TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl $(BUILD)/hybd
 TESTBIN := $(BUILD)/hyb-tests
 BENCHBIN := $(patsubst tests/bench/%.c,$(BUILD)/%,$(wildcard tests/bench/bench_*.c))
 FUZZ    := $(BUILD)/fuzz_gguf
@@ -73,6 +73,8 @@ $(LIB): $(LIB_OBJS)
 $(BUILD)/hyb: $(HYB_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/hybctl: $(CTL_OBJS) $(LIB)
+	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 $(TESTBIN): $(TEST_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
@@ -138,6 +140,7 @@ install: all
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 libhyb/include/hyb/*.h $(DESTDIR)$(PREFIX)/include/hyb/
+	install -D -m 644 daemon/hybd.service $(DESTDIR)$(PREFIX)/lib/systemd/system/hybd.service
 
 clean:
 	rm -rf $(BUILD)

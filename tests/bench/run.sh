@@ -18,6 +18,10 @@ if [ -x build/bench_queue ]; then
 	echo "== reload queue (local backend) =="
 	build/bench_queue
 fi
+if [ -x build/bench_reload ]; then
+	echo "== reload service: op latency by priority =="
+	build/bench_reload
+fi
 if [ -x build/bench_load ]; then
 	echo "== cold load: io_uring streaming vs fio vs read() =="
 	bash tests/bench/bench_load.sh models/bench-Q4_0.gguf

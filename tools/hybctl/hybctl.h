@@ -15,6 +15,7 @@ struct gguf_writer;
 int cmd_synth(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_manifest(int argc, char **argv);
 int cmd_pools(int argc, char **argv);
 int cmd_stalls(int argc, char **argv);
 int cmd_numa(int argc, char **argv);

@@ -13,6 +13,8 @@ static const char usage[] =
 	"  synth -o FILE [shape and type options]   write a llama GGUF with random weights\n"
 	"  profile MODEL [-o FILE] [--prompts FILE] activation statistics of a model\n"
 	"  plan MODEL --gpu-budget BYTES -o PLAN    neuron groups, placement, predictors\n"
+	"  manifest [FILE] [--json] [--tensors] [--bundles] [--find T]\n"
+	"                                           where hybd put every tensor\n"
 	"  pools [--json]                           neuron pools of hybpool.ko\n"
 	"  stalls [-w] [--json]                     reload queues and app stall times\n"
 	"  numa [--json] [--move POOL --node N]     topology, pool pages per node, advice\n"
@@ -30,6 +32,8 @@ int main(int argc, char **argv)
 		return cmd_profile(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "plan"))
 		return cmd_plan(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "manifest"))
+		return cmd_manifest(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "pools"))
 		return cmd_pools(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "stalls"))
