@@ -1,13 +1,413 @@
 // SPDX-License-Identifier: MIT
-/* hybctl profile: being written (issue 5). */
+/*
+ * hybctl profile: run a model on prompts and on its own continuations,
+ * watch every FFN through the probe, print the activation statistics the
+ * sparse pipeline rests on and save the profile `hybctl plan` reads.
+ *
+ * Each prompt is one batched prefill, then --gen tokens sampled from the
+ * model at temperature 0.8 with no other filter (top-k, top-p and min-p off:
+ * the model's own distribution, tempered, as PowerInfer 6.1 profiles on
+ * general text rather than on a task). Samples (active sets and predictor
+ * inputs) are spread evenly over the prompts: each sequence gives its first
+ * --samples / n_prompts tokens.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "hyb/generate.h"
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/profile.h"
+#include "hyb/sampler.h"
+#include "hyb/tokenizer.h"
 #include "hybctl.h"
+
+static const char usage[] =
+	"usage: hybctl profile MODEL [-o PROFILE.gguf] [--prompts FILE] [--gen N]\n"
+	"                      [--samples N] [-t N] [--seed N] [--temp T] [--json]\n"
+	"  -o FILE        save the profile (GGUF, read by hybctl plan)\n"
+	"  --prompts FILE one prompt per line (default: 20 built-in prompts)\n"
+	"  --gen N        tokens sampled after each prompt (default 64)\n"
+	"  --samples N    tokens whose active sets and predictor inputs are kept\n"
+	"                 (default 4096)\n"
+	"  --temp T       sampling temperature (default 0.8)\n"
+	"  --seed N       sampler seed of the first prompt (default 1)\n"
+	"  -t N           threads (default: all CPUs)\n"
+	"  --json         print the statistics as JSON on stdout\n";
+
+static const char *const builtin_prompts[] = {
+	"Once upon a time there was a little girl who lived in a village near the forest.",
+	"The history of the Roman Empire spans more than a thousand years, from",
+	"def fibonacci(n):\n    if n < 2:\n        return n\n",
+	"Q: What is the capital of France?\nA:",
+	"The mitochondria is the powerhouse of the cell because",
+	"Dear Sir or Madam, I am writing to apply for the position of",
+	"In 1969, Neil Armstrong became the first person to walk on the moon.",
+	"Here is a recipe for chocolate chip cookies. Ingredients:",
+	"The stock market fell sharply on Monday as investors worried about",
+	"Translate to German: The weather is nice today.",
+	"A neural network is a function that maps inputs to outputs through layers of",
+	"The quick brown fox jumps over the lazy dog. Then the dog",
+	"SELECT name, age FROM users WHERE age > 30 ORDER BY",
+	"It was the best of times, it was the worst of times, it was the age of",
+	"To install the package, run the following command in your terminal:",
+	"The theory of relativity tells us that time and space are",
+	"My favourite memory from childhood is the summer when we went to",
+	"List three reasons why sleep is important for health:\n1.",
+	"The sparse model stores its hot neurons in fast memory and its cold ones",
+	"Breaking news: scientists have discovered a new species of frog in",
+};
+
+struct opts {
+	const char *model, *out, *prompts;
+	uint32_t gen, samples;
+	int threads;
+	uint64_t seed;
+	float temp;
+	bool json;
+};
+
+static uint32_t parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi)
+{
+	char *end;
+	unsigned long v;
+
+	errno = 0;
+	v = strtoul(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi) {
+		fprintf(stderr, "hybctl profile: bad value '%s' for %s (%u..%u)\n", s, opt, lo, hi);
+		exit(2);
+	}
+	return (uint32_t)v;
+}
+
+static void parse(int argc, char **argv, struct opts *o)
+{
+	static const struct option opts[] = {
+		{ "prompts", 1, 0, 'p' }, { "gen", 1, 0, 'g' }, { "samples", 1, 0, 'S' },
+		{ "seed", 1, 0, 's' }, { "temp", 1, 0, 'T' }, { "json", 0, 0, 'j' },
+		{ "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
+	};
+	int c;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "o:t:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': o->out = optarg; break;
+		case 'p': o->prompts = optarg; break;
+		case 'g': o->gen = parse_u32("--gen", optarg, 0, 1 << 20); break;
+		case 'S': o->samples = parse_u32("--samples", optarg, 0, 1 << 24); break;
+		case 't': o->threads = (int)parse_u32("-t", optarg, 1, 1024); break;
+		case 's': o->seed = strtoull(optarg, NULL, 0); break;
+		case 'T': {
+			char *end;
+
+			o->temp = strtof(optarg, &end);
+			if (end == optarg || *end || !(o->temp >= 0 && o->temp <= 10)) {
+				fprintf(stderr, "hybctl profile: bad value '%s' for --temp\n",
+					optarg);
+				exit(2);
+			}
+			break;
+		}
+		case 'j': o->json = true; break;
+		case 'h': fputs(usage, stdout); exit(0);
+		default: fputs(usage, stderr); exit(2);
+		}
+	}
+	if (optind + 1 != argc) {
+		fprintf(stderr, "hybctl profile: %s\n%s", optind < argc ? "one model only" :
+			"no model given", usage);
+		exit(2);
+	}
+	o->model = argv[optind];
+}
+
+/* Lines of a file (empty ones skipped); NULL with a message. */
+static char **read_prompts(const char *path, uint32_t *n)
+{
+	FILE *f = fopen(path, "r");
+	char **v = NULL, *line = NULL;
+	size_t cap = 0, lcap = 0;
+	ssize_t len;
+
+	*n = 0;
+	if (!f) {
+		fprintf(stderr, "hybctl profile: cannot open %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	while ((len = getline(&line, &lcap, f)) >= 0) {
+		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+			line[--len] = 0;
+		if (!len)
+			continue;
+		if (*n == cap) {
+			char **nv = realloc(v, sizeof(*v) * (cap = cap ? 2 * cap : 32));
+
+			if (!nv)
+				goto oom;
+			v = nv;
+		}
+		if (!(v[*n] = strdup(line)))
+			goto oom;
+		(*n)++;
+	}
+	free(line);
+	fclose(f);
+	if (!*n) {
+		fprintf(stderr, "hybctl profile: %s holds no prompts\n", path);
+		free(v);
+		return NULL;
+	}
+	return v;
+oom:
+	fprintf(stderr, "hybctl profile: out of memory reading %s\n", path);
+	for (uint32_t i = 0; i < *n; i++)
+		free(v[i]);
+	free(v);
+	free(line);
+	fclose(f);
+	return NULL;
+}
+
+/* NaN (no data) is "-" in the table and null in JSON. */
+static void print_num(FILE *f, double v, const char *fmt)
+{
+	if (isnan(v))
+		fputs(fmt[0] == '%' ? "null" : "       -", f);
+	else
+		fprintf(f, fmt, v);
+}
+
+static const char *fmt(char *buf, double v, int digits)
+{
+	if (isnan(v))
+		return "-";
+	snprintf(buf, 24, "%.*f", digits, v);
+	return buf;
+}
+
+static void print_table(FILE *f, const struct hyb_profile *p, const struct hyb_profile_summary *s)
+{
+	char b[7][24];
+
+	fprintf(f, "layer  sparsity  hot80  jaccard  cos_next  react_d1  d2    d3    d4    d8"
+		"    lift  (random)\n");
+	for (uint32_t l = 0; l < p->n_layer; l++) {
+		const struct hyb_profile_layer *ly = &p->layers[l];
+		const int ds[5] = { 1, 2, 3, 4, 8 };
+
+		fprintf(f, "%5u  ", l);
+		print_num(f, ly->sparsity, "  %.4f");
+		print_num(f, ly->hot_share_80, "  %.3f");
+		print_num(f, ly->jaccard_adjacent, "   %.3f");
+		print_num(f, ly->cos_next, "    %.4f");
+		for (int k = 0; k < 5; k++)
+			print_num(f, ly->reactivation[ds[k] - 1], k ? " %.3f" : "     %.3f");
+		print_num(f, ly->coact_lift, "  %6.2f");
+		print_num(f, ly->coact_lift_random, "  (%.2f)");
+		fputc('\n', f);
+	}
+	fprintf(f, "model: sparsity %s, hot share %s (80%% of activations, all layers), "
+		"jaccard %s, cos_next min %s, cold reactivation d>=3 max %s, "
+		"co-activation lift %s (random %s)\n", fmt(b[0], s->sparsity, 4),
+		fmt(b[1], s->hot_share_80, 3), fmt(b[2], s->jaccard_adjacent, 3),
+		fmt(b[3], s->cos_next_min, 4), fmt(b[4], s->reactivation_cold_max, 3),
+		fmt(b[5], s->coact_lift, 2), fmt(b[6], s->coact_lift_random, 2));
+}
+
+static void json_arr(const struct hyb_profile *p, const char *key, size_t off)
+{
+	printf("  \"%s\": [", key);
+	for (uint32_t l = 0; l < p->n_layer; l++) {
+		double v = *(const double *)((const char *)&p->layers[l] + off);
+
+		printf(l ? ", " : "");
+		print_num(stdout, v, "%.6g");
+	}
+	printf("],\n");
+}
+
+static void print_json(const struct hyb_profile *p, const struct hyb_profile_summary *s,
+		       double seconds)
+{
+	printf("{\n  \"model\": ");
+	ctl_json_str(stdout, p->model_name);
+	printf(",\n  \"n_layer\": %u, \"n_embd\": %u, \"n_ff\": %u,\n", p->n_layer, p->n_embd,
+	       p->n_ff);
+	printf("  \"n_tokens\": %llu, \"n_samples\": %u, \"n_seqs\": %u, \"seconds\": %.3f,\n",
+	       (unsigned long long)p->n_tokens, p->n_samples, p->n_seqs, seconds);
+#define ARR(f) json_arr(p, #f, offsetof(struct hyb_profile_layer, f))
+	ARR(sparsity);
+	ARR(hot_share_80);
+	ARR(jaccard_adjacent);
+	ARR(cos_next);
+	ARR(coact_lift);
+	ARR(coact_lift_random);
+#undef ARR
+	printf("  \"reactivation\": [");
+	for (uint32_t l = 0; l < p->n_layer; l++) {
+		printf(l ? ", [" : "[");
+		for (int d = 0; d < 8; d++) {
+			printf(d ? ", " : "");
+			print_num(stdout, p->layers[l].reactivation[d], "%.6g");
+		}
+		printf("]");
+	}
+	printf("],\n  \"summary\": {\"sparsity\": ");
+	print_num(stdout, s->sparsity, "%.6g");
+	printf(", \"hot_share_80\": ");
+	print_num(stdout, s->hot_share_80, "%.6g");
+	printf(", \"jaccard_adjacent\": ");
+	print_num(stdout, s->jaccard_adjacent, "%.6g");
+	printf(", \"cos_next_min\": ");
+	print_num(stdout, s->cos_next_min, "%.6g");
+	printf(", \"reactivation_cold_max\": ");
+	print_num(stdout, s->reactivation_cold_max, "%.6g");
+	printf(", \"coact_lift\": ");
+	print_num(stdout, s->coact_lift, "%.6g");
+	printf(", \"coact_lift_random\": ");
+	print_num(stdout, s->coact_lift_random, "%.6g");
+	printf("}\n}\n");
+}
 
 int cmd_profile(int argc, char **argv)
 {
-	(void)argc;
-	(void)argv;
-	fputs("hybctl profile: not built yet\n", stderr);
-	return 1;
+	struct opts o = { .gen = 64, .samples = 4096, .seed = 1, .temp = 0.8f };
+	struct hyb_profile_collector *col = NULL;
+	struct hyb_profile *prof = NULL;
+	struct hyb_model *m = NULL;
+	struct hyb_ctx *ctx = NULL;
+	struct hyb_profile_summary sum;
+	char **prompts = (char **)builtin_prompts, err[512], name[128] = "";
+	uint32_t n_prompts = sizeof(builtin_prompts) / sizeof(builtin_prompts[0]);
+	int32_t **ids = NULL;
+	int *n_ids = NULL, rc = 1, longest = 0;
+	double t0;
+
+	parse(argc, argv, &o);
+	if (o.prompts && !(prompts = read_prompts(o.prompts, &n_prompts)))
+		return 1;
+	m = hyb_model_load(o.model, err, sizeof(err));
+	if (!m) {
+		fprintf(stderr, "hybctl profile: %s\n", err);
+		goto out;
+	}
+	if (!m->tok) {
+		fprintf(stderr, "hybctl profile: %s has no tokenizer\n", o.model);
+		goto out;
+	}
+	if (m->hp.act == HYB_ACT_SILU)
+		fprintf(stderr, "hybctl profile: note: %s uses SiLU, whose activations are never "
+			"exactly 0 (sparsity ~0)\n", o.model);
+	ids = calloc(n_prompts, sizeof(*ids));
+	n_ids = calloc(n_prompts, sizeof(*n_ids));
+	if (!ids || !n_ids)
+		goto oom;
+	for (uint32_t i = 0; i < n_prompts; i++) {
+		size_t len = strlen(prompts[i]);
+		int n = hyb_tokenize(m->tok, prompts[i], len, true, NULL, 0);
+
+		if (n <= 0 || !(ids[i] = malloc(sizeof(int32_t) * n)) ||
+		    hyb_tokenize(m->tok, prompts[i], len, true, ids[i], n) != n) {
+			fprintf(stderr, "hybctl profile: cannot tokenize prompt %u\n", i + 1);
+			goto out;
+		}
+		n_ids[i] = n;
+		longest = n > longest ? n : longest;
+	}
+	if ((uint64_t)longest + o.gen > m->hp.n_ctx_train) {
+		fprintf(stderr, "hybctl profile: a prompt of %d tokens + %u generated exceed the "
+			"model's context of %u\n", longest, o.gen, m->hp.n_ctx_train);
+		goto out;
+	}
+	{
+		struct hyb_ctx_params cp = { .n_ctx = (uint32_t)longest + o.gen + 1,
+					     .n_threads = o.threads };
+
+		if (cp.n_ctx > m->hp.n_ctx_train)
+			cp.n_ctx = m->hp.n_ctx_train;
+		ctx = hyb_ctx_new(m, &cp, err, sizeof(err));
+	}
+	if (!ctx) {
+		fprintf(stderr, "hybctl profile: %s\n", err);
+		goto out;
+	}
+	if (!gguf_get_str(m->gguf, "general.name", name, sizeof(name)))
+		snprintf(name, sizeof(name), "%s", o.model);
+	col = hyb_profile_collector_new(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, o.samples, name,
+					err, sizeof(err));
+	if (!col) {
+		fprintf(stderr, "hybctl profile: %s\n", err);
+		goto out;
+	}
+	hyb_ctx_set_ffn_probe(ctx, hyb_profile_probe, col);
+	t0 = hyb_now();
+	for (uint32_t i = 0; i < n_prompts; i++) {
+		struct hyb_sampler_params sp = hyb_sampler_defaults();
+		struct hyb_sampler *s;
+		struct hyb_gen_stats st;
+		int r;
+
+		sp.temperature = o.temp;
+		sp.top_k = 0;
+		sp.top_p = 1.0f;
+		sp.min_p = 0.0f;
+		sp.repeat_penalty = 1.0f;
+		sp.seed = o.seed + i;
+		s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
+		if (!s)
+			goto oom;
+		hyb_ctx_reset(ctx);
+		hyb_profile_collector_begin_seq(col, (o.samples + n_prompts - 1) / n_prompts);
+		r = hyb_generate(ctx, m, s, ids[i], (uint32_t)n_ids[i], o.gen, NULL, NULL, &st, err,
+				 sizeof(err));
+		hyb_sampler_free(s);
+		if (r) {
+			fprintf(stderr, "hybctl profile: prompt %u: %s\n", i + 1, err);
+			goto out;
+		}
+	}
+	hyb_ctx_set_ffn_probe(ctx, NULL, NULL);
+	prof = hyb_profile_collector_finish(col);
+	col = NULL;
+	if (!prof)
+		goto oom;
+	hyb_profile_summarize(prof, &sum);
+	t0 = hyb_now() - t0;
+	fprintf(stderr, "hybctl profile: %s: %u prompts, %llu tokens (%u sampled) in %.2f s "
+		"(%.1f tokens/s)\n", o.model, n_prompts, (unsigned long long)prof->n_tokens,
+		prof->n_samples, t0, prof->n_tokens / t0);
+	if (o.json)
+		print_json(prof, &sum, t0);
+	else
+		print_table(stdout, prof, &sum);
+	if (o.out && hyb_profile_save(prof, o.out, err, sizeof(err))) {
+		fprintf(stderr, "hybctl profile: %s: %s\n", o.out, err);
+		goto out;
+	}
+	rc = 0;
+	goto out;
+oom:
+	fprintf(stderr, "hybctl profile: out of memory\n");
+out:
+	hyb_profile_collector_free(col);
+	hyb_profile_free(prof);
+	hyb_ctx_free(ctx);
+	hyb_model_free(m);
+	for (uint32_t i = 0; ids && i < n_prompts; i++)
+		free(ids[i]);
+	free(ids);
+	free(n_ids);
+	if (prompts != (char **)builtin_prompts) {
+		for (uint32_t i = 0; i < n_prompts; i++)
+			free(prompts[i]);
+		free(prompts);
+	}
+	return rc;
 }

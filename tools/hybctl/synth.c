@@ -4,6 +4,11 @@
  * random weights that are a pure function of (seed, tensor, row) — the same
  * file on every machine and thread count. Weights are scaled so activations
  * keep unit variance through the layers (uniform, std 1/sqrt(fan_in)).
+ *
+ * With a ReLU-family activation the embedding, FFN, attention output and head
+ * weights follow instead the sparse design of synth_sparse.c: the model's own
+ * forward pass then activates its neurons like a real sparse model does
+ * (--sparsity; --random-weights keeps the plain random weights).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -18,6 +23,7 @@
 #include "hyb/gguf.h"
 #include "hyb/threadpool.h"
 #include "hybctl.h"
+#include "synth_sparse.h"
 
 static const char usage[] =
 	"usage: hybctl synth -o FILE [options]\n"
@@ -32,6 +38,10 @@ static const char usage[] =
 	"  --type T        F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K (default Q8_0)\n"
 	"  --output-type T type of output.weight (default: --type)\n"
 	"  --act A         silu relu relu2 dlrelu (default silu)\n"
+	"  --sparsity F    ReLU family: target fraction of inactive FFN neurons per\n"
+	"                  token, 0.5..0.99 (default 0.90; OPT-like: 0.97)\n"
+	"  --topics N      ReLU family: topic clusters (default min(16, vocab/16))\n"
+	"  --random-weights  ReLU family: plain random weights, no sparse design\n"
 	"  --rope-neox     rotate halves instead of pairs\n"
 	"  --tied          no output.weight: the head reuses token_embd\n"
 	"  --seed N        (default 1)\n"
@@ -41,7 +51,9 @@ struct spec {
 	uint32_t hidden, ffn, layers, heads, kv_heads, vocab, ctx;
 	uint32_t type, out_type;
 	const char *act, *vocab_from, *out;
-	bool neox, tied;
+	bool neox, tied, random_weights;
+	float sparsity;     /* < 0: not given */
+	uint32_t topics;
 	uint64_t seed;
 	int threads;
 };
@@ -81,6 +93,7 @@ static void fill_row(const struct tensor *t, uint64_t seed, uint64_t tidx, uint6
 
 struct fill_job {
 	const struct tensor *t;
+	const struct synth_sparse *design;
 	uint64_t seed, tidx;
 	uint64_t row_bytes;
 	uint8_t *data;
@@ -96,7 +109,9 @@ static void fill_worker(void *arg, int ith, int nth)
 
 	hyb_split((long)rows, ith, nth, &lo, &hi);
 	for (long r = lo; r < hi; r++) {
-		fill_row(j->t, j->seed, j->tidx, (uint64_t)r, j->scratch[ith]);
+		if (!j->design || !synth_sparse_row(j->design, j->t->name, (uint64_t)r,
+						    j->scratch[ith]))
+			fill_row(j->t, j->seed, j->tidx, (uint64_t)r, j->scratch[ith]);
 		if (hyb_quantize_row_ref(j->t->type, j->scratch[ith], j->data + r * j->row_bytes,
 					 (int64_t)j->t->ne0))
 			j->failed = 1;
@@ -138,6 +153,8 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "vocab-from", 1, 0, 'f' }, { "ctx", 1, 0, 'c' }, { "type", 1, 0, 'T' },
 		{ "output-type", 1, 0, 'O' }, { "act", 1, 0, 'a' }, { "rope-neox", 0, 0, 'n' },
 		{ "tied", 0, 0, 'y' }, { "seed", 1, 0, 's' }, { "help", 0, 0, 'h' },
+		{ "sparsity", 1, 0, 'S' }, { "topics", 1, 0, 'k' },
+		{ "random-weights", 0, 0, 'r' },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -167,6 +184,20 @@ static void parse(int argc, char **argv, struct spec *sp)
 		case 'n': sp->neox = true; break;
 		case 'y': sp->tied = true; break;
 		case 's': sp->seed = strtoull(optarg, NULL, 0); break;
+		case 'S': {
+			char *end;
+
+			sp->sparsity = strtof(optarg, &end);
+			if (end == optarg || *end ||
+			    !(sp->sparsity >= 0.5f && sp->sparsity <= 0.99f)) {
+				fprintf(stderr, "hybctl synth: bad value '%s' for --sparsity "
+					"(0.5..0.99)\n", optarg);
+				exit(2);
+			}
+			break;
+		}
+		case 'k': sp->topics = parse_u32("--topics", optarg, 2, 1024); break;
+		case 'r': sp->random_weights = true; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -190,6 +221,9 @@ static int check(const struct spec *sp)
 		return fprintf(stderr, "hybctl synth: no output file (-o FILE)\n"), -1;
 	if (!act_ok)
 		return fprintf(stderr, "hybctl synth: unknown --act '%s'\n", sp->act), -1;
+	if ((sp->sparsity >= 0 || sp->topics) && (!strcmp(sp->act, "silu") || sp->random_weights))
+		return fprintf(stderr, "hybctl synth: --sparsity and --topics need --act relu, "
+			       "relu2 or dlrelu (without --random-weights)\n"), -1;
 	if (sp->hidden % sp->heads || (sp->hidden / sp->heads) % 2)
 		return fprintf(stderr, "hybctl synth: --hidden %u must split into %u heads of even "
 			       "size\n", sp->hidden, sp->heads), -1;
@@ -250,6 +284,11 @@ static int add_tensors(struct gguf_writer *w, const struct spec *sp, struct tens
 	return 0;
 }
 
+static bool sparse_design(const struct spec *sp)
+{
+	return strcmp(sp->act, "silu") && !sp->random_weights;
+}
+
 static void set_metadata(struct gguf_writer *w, const struct spec *sp)
 {
 	gguf_set_str(w, "general.architecture", "llama");
@@ -266,6 +305,10 @@ static void set_metadata(struct gguf_writer *w, const struct spec *sp)
 	gguf_set_u64(w, "hyb.synth.seed", sp->seed);
 	if (strcmp(sp->act, "silu"))
 		gguf_set_str(w, "hyb.ffn_act", sp->act);
+	if (sparse_design(sp)) {
+		gguf_set_str(w, "hyb.synth.design", "sparse-topics");
+		gguf_set_f32(w, "hyb.synth.sparsity", sp->sparsity);
+	}
 	if (sp->neox)
 		gguf_set_bool(w, "hyb.rope_neox", true);
 }
@@ -273,7 +316,9 @@ static void set_metadata(struct gguf_writer *w, const struct spec *sp)
 int cmd_synth(int argc, char **argv)
 {
 	struct spec sp = { .hidden = 256, .ffn = 768, .layers = 2, .heads = 4, .vocab = 512,
-			   .ctx = 4096, .type = HYB_TYPE_Q8_0, .act = "silu", .seed = 1 };
+			   .ctx = 4096, .type = HYB_TYPE_Q8_0, .act = "silu", .seed = 1,
+			   .sparsity = -1 };
+	struct synth_sparse *design = NULL;
 	struct gguf_writer *w;
 	struct hyb_pool *pool;
 	struct tensor *t;
@@ -283,6 +328,8 @@ int cmd_synth(int argc, char **argv)
 	parse(argc, argv, &sp);
 	if (check(&sp))
 		return 2;
+	if (sparse_design(&sp) && sp.sparsity < 0)
+		sp.sparsity = 0.90f;
 	w = gguf_writer_new();
 	t = calloc(3 + 9ull * sp.layers, sizeof(*t));
 	pool = hyb_pool_new(sp.threads);
@@ -295,6 +342,18 @@ int cmd_synth(int argc, char **argv)
 		goto out;
 	if (add_tensors(w, &sp, t, &nt))
 		goto out;
+	if (sparse_design(&sp)) {
+		struct synth_sparse_shape sh = {
+			.hidden = sp.hidden, .ffn = sp.ffn, .layers = sp.layers, .heads = sp.heads,
+			.kv_heads = sp.kv_heads, .vocab = sp.vocab, .topics = sp.topics,
+			.type = sp.type, .act = sp.act, .sparsity = sp.sparsity, .seed = sp.seed,
+		};
+
+		design = synth_sparse_new(&sh);
+		if (!design)
+			goto out;
+		gguf_set_u32(w, "hyb.synth.topics", synth_sparse_topics(design));
+	}
 	if (gguf_writer_begin(w, sp.out, err, sizeof(err))) {
 		fprintf(stderr, "hybctl synth: %s\n", err);
 		goto out;
@@ -309,7 +368,8 @@ int cmd_synth(int argc, char **argv)
 			failed = !(scratch[i] = malloc(sizeof(float) * widest));
 		for (int i = 0; !failed && i < nt; i++) {
 			uint64_t rows = t[i].ne1 ? t[i].ne1 : 1;
-			struct fill_job j = { .t = &t[i], .seed = sp.seed, .tidx = (uint64_t)i,
+			struct fill_job j = { .t = &t[i], .design = design, .seed = sp.seed,
+					      .tidx = (uint64_t)i,
 					      .row_bytes = hyb_row_bytes(t[i].type, t[i].ne0),
 					      .scratch = scratch };
 
@@ -340,6 +400,7 @@ int cmd_synth(int argc, char **argv)
 	}
 	rc = 0;
 out:
+	synth_sparse_free(design);
 	hyb_pool_free(pool);
 	gguf_writer_free(w);
 	free(t);

@@ -19,6 +19,28 @@
  *
  * Saved as a GGUF file (general.architecture = "hyb-profile"); see profile.c
  * for the key and tensor names.
+ *
+ * Statistics (hyb_profile_stats; NaN where a statistic has no data, e.g.
+ * cos_next of the last layer, which has no next layer):
+ *   sparsity        1 - sum(count) / (n_tokens * n_ff)              (all tokens)
+ *   hot_share_80    fewest neurons, hottest first by count, whose counts sum
+ *                   to >= 80% of the layer's activations, / n_ff   (PowerInfer 2)
+ *   jaccard_adjacent  mean over adjacent samples of one sequence of
+ *                   1 - |A_t & A_t+1| / |A_t | A_t+1| (pairs with an empty
+ *                   union skipped)              (DynamicInfer: 0.70-0.75)
+ *   cos_next        mean over tokens of cos(x_attn of layer l, of layer l+1),
+ *                   measured while collecting (x_attn of the last layer is
+ *                   not stored)                                     (KAIROX 5.1)
+ *   reactivation[d-1]  cold = the 70% of neurons with the lowest count (ties:
+ *                   lower index first); sum over samples t with t+d in the
+ *                   same sequence of |A_t & A_t+d & cold| / |A_t & cold|
+ *                   (pooled over neurons)                           (KAIROX 6, Fig. 8)
+ *   coact_lift      up to 256 neurons i with >= 8 active samples (evenly
+ *                   spaced by index); for each, the 8 partners j (>= 8 active
+ *                   samples) with the largest excess co-activation
+ *                   n_ij/S - (c_i/S)(c_j/S); mean of their lift n_ij S/(c_i c_j)
+ *   coact_lift_random  the same mean over 8 pseudo-random partners of each i
+ *                   (the baseline: ~1 when neurons fire independently)
  */
 #ifndef HYB_PROFILE_H
 #define HYB_PROFILE_H
@@ -38,6 +60,7 @@ struct hyb_profile_layer {
 	double reactivation[8]; /* P(cold neuron active at t+d | active at t), d = 1..8;
 				 * cold = the 70% least active neurons */
 	double coact_lift;      /* clustering: mean P(j|i)/P(j) over top co-activated pairs */
+	double coact_lift_random; /* the same over random pairs (baseline) */
 };
 
 struct hyb_profile {
@@ -62,6 +85,46 @@ static inline int hyb_profile_active(const struct hyb_profile *p, uint32_t layer
 void hyb_profile_free(struct hyb_profile *p);
 /* 0, or -1 with a one-line reason in err. */
 int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, size_t errlen);
+/* Statistics come from the file; every size is validated (NULL with a reason). */
 struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen);
+
+/*
+ * Compute every layer's statistics (all but cos_next, which only the collector
+ * can measure) from count, active and seq_start. 0, or -1 when out of memory.
+ */
+int hyb_profile_stats(struct hyb_profile *p);
+
+/* Model-wide figures (the summary line of hybctl profile). */
+struct hyb_profile_summary {
+	double sparsity;        /* mean over layers */
+	double hot_share_80;    /* fraction of all the model's neurons covering 80% */
+	double jaccard_adjacent;/* mean over layers */
+	double cos_next_min;    /* lowest over layers that have a next layer */
+	double reactivation_cold_max; /* highest reactivation[d-1], d >= 3, over layers */
+	double coact_lift;      /* mean over layers */
+	double coact_lift_random;
+};
+void hyb_profile_summarize(const struct hyb_profile *p, struct hyb_profile_summary *s);
+
+/*
+ * Collecting a profile from a running model: create a collector, install
+ * hyb_profile_probe with it as user pointer (hyb_ctx_set_ffn_probe), call
+ * begin_seq before each sequence's first batch, run the model, then finish.
+ * Samples are a sequence's first tokens, at most seq_quota of them (0: no
+ * per-sequence limit), until max_samples in all.
+ */
+struct hyb_profile_collector;
+
+struct hyb_profile_collector *hyb_profile_collector_new(uint32_t n_layer, uint32_t n_embd,
+							uint32_t n_ff, uint32_t max_samples,
+							const char *model_name, char *err,
+							size_t errlen);
+void hyb_profile_collector_begin_seq(struct hyb_profile_collector *c, uint32_t seq_quota);
+/* A hyb_ffn_probe_fn; user is the collector. */
+void hyb_profile_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
+		       const float *x_attn, const float *act);
+/* The profile with its statistics computed; frees the collector. NULL: out of memory. */
+struct hyb_profile *hyb_profile_collector_finish(struct hyb_profile_collector *c);
+void hyb_profile_collector_free(struct hyb_profile_collector *c);
 
 #endif
