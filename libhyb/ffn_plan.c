@@ -3,11 +3,10 @@
  * Dense FFN over a plan's bundles. Each thread takes whole groups from a
  * shared counter (a group is one contiguous bundle: its gate rows, up rows
  * and down columns stored as rows), runs gate and up as a small GEMM over
- * the group's rows, applies the activation, and adds each neuron's down row
- * times its activation into the thread's own output rows. Neurons whose
- * activation is exactly zero (ReLU family) cost no down row. The thread
- * outputs are summed at the end, so the result does not depend on which
- * thread took which group only up to float rounding of that final sum.
+ * the group's rows, applies the activation, and adds the group's down rows
+ * times their activations into the thread's own output rows (the sparse
+ * operator's axpy kernel: down is stored transposed in bundles). The thread
+ * outputs are summed at the end.
  */
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,10 +14,10 @@
 
 #include "ffn_plan.h"
 #include "ops.h"
+#include "sparse_ffn_kernels.h"
 
 struct thread_scratch {
 	float *g, *u;   /* [n_batch][group_size] */
-	float *row;     /* one dequantized down row */
 	float *out;     /* [n_batch][n_embd] partial output */
 };
 
@@ -47,11 +46,10 @@ struct hyb_ffn_plan_scratch *hyb_ffn_plan_scratch_new(const struct hyb_model *m,
 
 		t->g = malloc(n_batch * GS * sizeof(float));
 		t->u = malloc(n_batch * GS * sizeof(float));
-		t->row = malloc(E * sizeof(float));
 		t->out = malloc(n_batch * E * sizeof(float));
-		if (!t->g || !t->u || !t->row || !t->out)
+		if (!t->g || !t->u || !t->out)
 			goto fail;
-		s->bytes += (2 * n_batch * GS + E + n_batch * E) * sizeof(float);
+		s->bytes += (2 * n_batch * GS + n_batch * E) * sizeof(float);
 	}
 	return s;
 fail:
@@ -66,7 +64,6 @@ void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s)
 	for (int i = 0; s->t && i < s->n_threads; i++) {
 		free(s->t[i].g);
 		free(s->t[i].u);
-		free(s->t[i].row);
 		free(s->t[i].out);
 	}
 	free(s->t);
@@ -80,6 +77,7 @@ size_t hyb_ffn_plan_scratch_bytes(const struct hyb_ffn_plan_scratch *s)
 
 struct dense_job {
 	const struct hyb_cpu_kernels *k;
+	const struct hyb_sparse_kernels *sk;
 	struct hyb_ffn_plan_scratch *s;
 	const struct hyb_model *m;
 	const struct hyb_ffn_plan *P;
@@ -99,27 +97,22 @@ static void dense_group(const struct dense_job *j, struct thread_scratch *t, uin
 	const char *up = gate + (uint64_t)ng * b->row_bytes;
 	const char *down = up + (uint64_t)ng * b->row_bytes;
 	hyb_gemm_fn gemm = hyb_gemm_pick(j->k, b->type, ng);
+	hyb_sparse_axpy_fn axpy = j->sk->axpy[b->type];
+	const void *rows[HYB_SPARSE_MAX_ROWS];
 
 	gemm((int64_t)E, gate, b->row_bytes, ng, j->xq, j->xq_stride, n, t->g, ng);
 	gemm((int64_t)E, up, b->row_bytes, ng, j->xq, j->xq_stride, n, t->u, ng);
 	hyb_ffn_act(t->g, t->u, (uint64_t)n * ng, m->hp.act);
-	for (uint32_t i = 0; i < ng; i++) {
-		bool any = false;
+	/* down: each token adds its activations times the group's down rows; the
+	 * rows stay in cache from one token to the next */
+	for (uint32_t i0 = 0; i0 < ng; i0 += HYB_SPARSE_MAX_ROWS) {
+		const uint32_t nr = ng - i0 < HYB_SPARSE_MAX_ROWS ? ng - i0 : HYB_SPARSE_MAX_ROWS;
 
-		for (uint32_t tok = 0; tok < n && !any; tok++)
-			any = t->g[(size_t)tok * ng + i] != 0.0f;
-		if (!any)
-			continue;
-		j->k->dequantize[b->type](down + (uint64_t)i * b->row_bytes, t->row, E);
-		for (uint32_t tok = 0; tok < n; tok++) {
-			const float h = t->g[(size_t)tok * ng + i];
-			float *o = t->out + (size_t)tok * E;
-
-			if (h == 0.0f)
-				continue;
-			for (uint32_t e = 0; e < E; e++)
-				o[e] += h * t->row[e];
-		}
+		for (uint32_t i = 0; i < nr; i++)
+			rows[i] = down + (uint64_t)(i0 + i) * b->row_bytes;
+		for (uint32_t tok = 0; tok < n; tok++)
+			axpy((int64_t)E, rows, t->g + (size_t)tok * ng + i0, (int)nr,
+			     t->out + (size_t)tok * E);
 	}
 }
 
@@ -145,7 +138,7 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
 			float *out)
 {
 	struct dense_job j = {
-		.k = k, .s = s, .m = m, .P = &L->plan, .xq = xq, .xq_stride = xq_stride, .n = n,
+		.k = k, .sk = hyb_sparse_best(), .s = s, .m = m, .P = &L->plan, .xq = xq, .xq_stride = xq_stride, .n = n,
 	};
 	const size_t len = (size_t)n * m->hp.n_embd;
 	int nth = hyb_pool_size(pool);

@@ -26,6 +26,7 @@
 #include "hyb/threadpool.h"
 #include "attention.h"
 #include "ffn_plan.h"
+#include "ffn_sparse.h"
 #include "ops.h"
 
 #define MAX_MATS 3
@@ -52,6 +53,7 @@ struct hyb_ctx {
 	void *probe_user;
 
 	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
+	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
 };
 
 /* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
@@ -240,8 +242,8 @@ static void embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
 					  c->x + (size_t)t * e->ne0, (int64_t)e->ne0);
 }
 
-static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-		       bool all_logits)
+static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		      bool all_logits, char *err, size_t errlen)
 {
 	const struct hyb_model *m = c->m;
 	const struct hyb_hparams *hp = &m->hp;
@@ -283,7 +285,11 @@ static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 		for (uint32_t t = 0; t < nf; t++)
 			hyb_rmsnorm(c->xn + (size_t)t * E, xf + (size_t)t * E, L->ffn_norm.data, E,
 				    hp->rms_eps);
-		if (m->group_size) {
+		if (c->sparse && n == 1) {
+			if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf, c->xn, c->xn, err,
+						 errlen))
+				return -1;
+		} else if (m->group_size) {
 			convert_input(c, L->plan.bundles.type, c->xn, E, nf);
 			hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf,
 					   c->xn);
@@ -307,6 +313,7 @@ static void eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 			    E, hp->rms_eps);
 	matmul(c, c->xn, rows, 1, &out, &logits);
 	c->n_past += n;
+	return 0;
 }
 
 int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
@@ -335,7 +342,8 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
 
 		/* Without all_logits each batch writes its last row to the same
 		 * place; the final batch's is the one returned. */
-		eval_batch(c, tokens + done, nb, dst, all_logits);
+		if (eval_batch(c, tokens + done, nb, dst, all_logits, err, errlen))
+			return -1;
 		done += nb;
 	}
 	return 0;
@@ -424,6 +432,14 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
+	if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
+	    !(c->sparse = hyb_ffn_sparse_new(m, nth, err, errlen)))
+		goto fail;
+	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
+		snprintf(err, errlen, "sparse decoding needs a plan (hybctl plan); this model has "
+			 "none");
+		goto fail;
+	}
 	return c;
 
 fail:
@@ -443,7 +459,27 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free_mapping(c->vcache, c->kv_bytes / 2);
 	free_mapping(c->x, scratch_bytes(c));
 	hyb_ffn_plan_scratch_free(c->plan);
+	hyb_ffn_sparse_free(c->sparse);
 	free(c);
+}
+
+bool hyb_ctx_sparse(const struct hyb_ctx *c)
+{
+	return c->sparse != NULL;
+}
+
+void hyb_ctx_sparse_stats(const struct hyb_ctx *c, struct hyb_sparse_stats *out)
+{
+	if (c->sparse)
+		hyb_ffn_sparse_stats(c->sparse, out);
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c)
+{
+	if (c->sparse)
+		hyb_ffn_sparse_stats_reset(c->sparse);
 }
 
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)

@@ -34,7 +34,8 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 	return v;
 }
 
-enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS };
+enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
+       O_DENSE, O_SPARSE };
 
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
@@ -56,6 +57,8 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		{ "tokens", required_argument, 0, O_TOKENS },
 		{ "decode", no_argument, 0, O_DECODE },
 		{ "print-ids", no_argument, 0, O_IDS },
+		{ "dense", no_argument, 0, O_DENSE },
+		{ "sparse", no_argument, 0, O_SPARSE },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
@@ -82,6 +85,8 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_TOKENS: o->tokens = optarg; break;
 		case O_DECODE: o->decode = true; break;
 		case O_IDS: o->print_ids = true; break;
+		case O_DENSE: o->ffn = HYB_FFN_DENSE; break;
+		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -104,13 +109,29 @@ struct hyb_model *cli_load_model(const struct cli_opts *o)
 
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 {
-	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads };
+	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads, .ffn = o->ffn };
 	char err[512];
 	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
 
 	if (!c)
 		cli_die("%s", err);
 	return c;
+}
+
+void cli_print_sparse(const struct hyb_ctx *c, double t_decode)
+{
+	struct hyb_sparse_stats st;
+
+	if (!hyb_ctx_sparse(c))
+		return;
+	hyb_ctx_sparse_stats(c, &st);
+	if (!st.layer_steps)
+		return;
+	fprintf(stderr, "sparse: %.1f%% of FFN neurons predicted active, %.1f%% fired; "
+		"predictors %.1f%% and sparse FFNs %.1f%% of decode time\n",
+		100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons,
+		t_decode > 0 ? 100 * st.predictor_s / t_decode : 0.0,
+		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
 }
 
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n)

@@ -22,6 +22,7 @@ struct cli_opts {
 	int n_prompt_bench;   /* bench: prompt tokens */
 	int n_gen_bench;      /* bench: generated tokens */
 	int reps;
+	enum hyb_ffn_mode ffn; /* --dense / --sparse (plan models) */
 	struct hyb_sampler_params sp;
 };
 
@@ -33,6 +34,8 @@ _Noreturn void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)
 /* Load model and context or exit with one clear line. */
 struct hyb_model *cli_load_model(const struct cli_opts *o);
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o);
+/* One stderr line on sparse decoding (nothing for a dense context). */
+void cli_print_sparse(const struct hyb_ctx *c, double t_decode);
 /* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);
 

@@ -7,6 +7,10 @@
  *   prefill roofline = peak multiply-add rate of the weight type's kernel
  *                      instruction mix x threads / multiply-adds per token.
  * Medians over repetitions: these machines are shared and noisy.
+ *
+ * A plan model (hybctl plan) decodes twice per round, densely (every FFN
+ * row) and sparsely (predicted-active neurons only), on two contexts of the
+ * same file: the speedup is the per-round median of their ratio.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +40,16 @@ static double median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+static int32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t best = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return (int32_t)best;
+}
+
 /* The weight type holding most of the matrix bytes: it sets the kernel peak. */
 static uint32_t dominant_type(const struct hyb_model *m)
 {
@@ -45,7 +59,7 @@ static uint32_t dominant_type(const struct hyb_model *m)
 	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
 		const struct hyb_layer *L = &m->layers[l];
 		const struct hyb_weight *w[] = { &L->wq, &L->wk, &L->wv, &L->wo,
-						 &L->gate, &L->up, &L->down };
+						 &L->gate, &L->up, &L->down, &L->plan.bundles };
 
 		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
 			bytes[w[i]->type] += w[i]->row_bytes * w[i]->ne1;
@@ -113,10 +127,16 @@ static void gemm_worker(void *arg, int ith, int nth)
 			       j->y + lo, j->w->ne1);
 }
 
+/* The largest FFN matrix of layer 0: gate, or a plan's bundle tensor. */
+static const struct hyb_weight *ffn_matrix(const struct hyb_model *m)
+{
+	return m->group_size ? &m->layers[0].plan.bundles : &m->layers[0].gate;
+}
+
 static double gemm_peak_macs(const struct hyb_model *m, const struct hyb_cpu_kernels *k,
 			     int nth, int n_cols, int reps)
 {
-	const struct hyb_weight *w = &m->layers[0].gate;
+	const struct hyb_weight *w = ffn_matrix(m);
 	uint32_t vt = hyb_vec_dot_type(w->type);
 	size_t stride = hyb_row_bytes(vt, w->ne0);
 	float *x = malloc(sizeof(float) * w->ne0), *y = malloc(sizeof(float) * w->ne1 * n_cols);
@@ -165,7 +185,8 @@ int cmd_bench(int argc, char **argv)
 	struct cli_opts o = { .n_gen_bench = 32, .reps = 3 };
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	struct hyb_model *m;
-	struct hyb_ctx *c;
+	struct hyb_ctx *c, *cs = NULL;
+	struct hyb_sparse_stats sst = { 0 };
 	char err[512];
 	int n_prompt = 64, nth;
 
@@ -176,7 +197,14 @@ int cmd_bench(int argc, char **argv)
 		cli_die("-n must be at least 1");
 	m = cli_load_model(&o);
 	o.n_ctx = (uint32_t)(n_prompt + o.n_gen_bench);
-	c = cli_new_ctx(m, &o);
+	if (m->group_size) {
+		o.ffn = HYB_FFN_DENSE;
+		c = cli_new_ctx(m, &o);
+		o.ffn = HYB_FFN_SPARSE;
+		cs = cli_new_ctx(m, &o);
+	} else {
+		c = cli_new_ctx(m, &o);
+	}
 	nth = o.n_threads > 0 ? o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	if (touch_weights(m) == 0xdeadbeef)
 		fputc(' ', stderr);
@@ -205,8 +233,10 @@ int cmd_bench(int argc, char **argv)
 	double bytes_tok = (double)wbytes + kv_tok * (n_prompt + o.n_gen_bench / 2.0);
 	double *bw = calloc(o.reps, sizeof(double)), *gp = calloc(o.reps, sizeof(double));
 	double *r_pre = calloc(o.reps, sizeof(double)), *r_dec = calloc(o.reps, sizeof(double));
+	double *t_sp = calloc(o.reps, sizeof(double)), *r_sp = calloc(o.reps, sizeof(double));
+	uint64_t agree = 0, compared = 0;
 
-	if (!bw || !gp || !r_pre || !r_dec)
+	if (!bw || !gp || !r_pre || !r_dec || !t_sp || !r_sp)
 		cli_die("out of memory");
 	/*
 	 * Each round measures the baselines right next to the figures they
@@ -227,11 +257,42 @@ int cmd_bench(int argc, char **argv)
 		if (hyb_ctx_eval(c, toks, (uint32_t)n_prompt, logits, false, err, sizeof(err)))
 			cli_die("%s", err);
 		t_pre[r] = hyb_now() - t0;
+		/* decode the model's own greedy continuation (natural activations) */
 		t0 = hyb_now();
-		for (int i = 0; i < o.n_gen_bench; i++)
+		for (int i = 0; i < o.n_gen_bench; i++) {
+			toks[n_prompt + i] = argmax(logits, m->hp.n_vocab);
 			if (hyb_ctx_eval(c, &toks[n_prompt + i], 1, logits, false, err, sizeof(err)))
 				cli_die("%s", err);
+		}
 		t_dec[r] = hyb_now() - t0;
+		if (cs) {
+			/* the same tokens, sparse: speed, and how often its greedy pick
+			 * is the dense one */
+			hyb_ctx_reset(cs);
+			if (hyb_ctx_eval(cs, toks, (uint32_t)n_prompt, logits, false, err,
+					 sizeof(err)))
+				cli_die("%s", err);
+			hyb_ctx_sparse_stats_reset(cs);
+			t0 = hyb_now();
+			for (int i = 0; i < o.n_gen_bench; i++) {
+				agree += argmax(logits, m->hp.n_vocab) == toks[n_prompt + i];
+				compared++;
+				if (hyb_ctx_eval(cs, &toks[n_prompt + i], 1, logits, false, err,
+						 sizeof(err)))
+					cli_die("%s", err);
+			}
+			t_sp[r] = hyb_now() - t0;
+			r_sp[r] = t_dec[r] / t_sp[r];
+			struct hyb_sparse_stats one;
+
+			hyb_ctx_sparse_stats(cs, &one);
+			sst.layer_steps += one.layer_steps;
+			sst.neurons += one.neurons;
+			sst.predicted += one.predicted;
+			sst.nonzero += one.nonzero;
+			sst.predictor_s += one.predictor_s;
+			sst.ffn_s += one.ffn_s;
+		}
 		r_pre[r] = n_prompt * (double)macs / t_pre[r] / gp[r];
 		r_dec[r] = o.n_gen_bench * bytes_tok / t_dec[r] / bw[r];
 	}
@@ -246,8 +307,8 @@ int cmd_bench(int argc, char **argv)
 	printf("MAC peak    %.1f GMAC/s (%s kernel instruction mix x %d threads)\n", peak / 1e9,
 	       hyb_type_name(wtype), nth);
 	printf("GEMM peak   %.1f GMAC/s (%s GEMM %llux%llu x %d columns, %d threads)\n",
-	       gp_med / 1e9, hyb_type_name(m->layers[0].gate.type),
-	       (unsigned long long)m->layers[0].gate.ne1, (unsigned long long)m->layers[0].gate.ne0,
+	       gp_med / 1e9, hyb_type_name(ffn_matrix(m)->type),
+	       (unsigned long long)ffn_matrix(m)->ne1, (unsigned long long)ffn_matrix(m)->ne0,
 	       n_prompt, nth);
 	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  -> %.0f%% of GEMM peak "
 	       "(per-round median), %.0f%% of instruction peak\n", pre_tps, n_prompt,
@@ -255,10 +316,43 @@ int cmd_bench(int argc, char **argv)
 	printf("decode      %8.2f tokens/s  (%d tokens)  %.2f GB/s  roofline %.2f tokens/s  "
 	       "-> %.0f%% of DRAM bandwidth (per-round median)\n", dec_tps, o.n_gen_bench,
 	       dec_tps * bytes_tok / 1e9, bw_med / bytes_tok, 100 * median(r_dec, o.reps));
+	if (cs && sst.neurons) {
+		const struct hyb_hparams *hp = &m->hp;
+		const double fb = (double)m->layers[0].plan.bundles.row_bytes;
+		double pred_bytes = 0, t_sp_sum = 0;
+
+		for (uint32_t l = 0; l < hp->n_layer; l++) {
+			const struct hyb_ffn_plan *P = &m->layers[l].plan;
+
+			pred_bytes += P->fc1.row_bytes * P->fc1.ne1 + P->fc2.row_bytes * P->fc2.ne1;
+		}
+		for (int r = 0; r < o.reps; r++)
+			t_sp_sum += t_sp[r];
+		/* bytes a sparse step reads: everything but the FFN rows, the
+		 * predictors, a gate row per predicted neuron and up + down rows per
+		 * neuron that fired (a ReLU gate <= 0 skips both) */
+		double per_step = (double)sst.neurons / hp->n_layer / (o.reps * o.n_gen_bench);
+		double sp_bytes = bytes_tok - 3.0 * fb * hp->n_ff * hp->n_layer + pred_bytes +
+				  fb * ((double)sst.predicted + 2.0 * sst.nonzero) / sst.neurons *
+				  per_step * hp->n_layer;
+		double sp_tps = o.n_gen_bench / median(t_sp, o.reps);
+
+		printf("sparse      %8.2f tokens/s  (%d tokens)  %.2fx dense (per-round median); "
+		       "%.1f%% of FFN neurons predicted, %.1f%% fired; predictors %.1f%% of "
+		       "decode time; greedy token = dense on %.1f%%\n", sp_tps, o.n_gen_bench,
+		       median(r_sp, o.reps), 100.0 * sst.predicted / sst.neurons,
+		       100.0 * sst.nonzero / sst.neurons, 100 * sst.predictor_s / t_sp_sum,
+		       100.0 * agree / compared);
+		printf("sparse      %.1f MB/token read (predictors %.1f MB) -> roofline %.2f tokens/s, "
+		       "%.0f%% of it\n", sp_bytes / 1e6, pred_bytes / 1e6, bw_med / sp_bytes,
+		       100 * sp_tps * sp_bytes / bw_med);
+	}
 	free(bw);
 	free(gp);
 	free(r_pre);
 	free(r_dec);
+	free(t_sp);
+	free(r_sp);
 	printf("bytes/token %.1f MB (weights %.1f MB + KV), %.2f GMAC/token\n", bytes_tok / 1e6,
 	       wbytes / 1e6, macs / 1e9);
 
@@ -274,6 +368,7 @@ int cmd_bench(int argc, char **argv)
 	free(t_pre);
 	free(t_dec);
 	hyb_ctx_free(c);
+	hyb_ctx_free(cs);
 	hyb_model_free(m);
 	return 0;
 }

@@ -11,7 +11,8 @@
 static const char usage[] =
 	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"
 	"               [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
-	"               [--print-ids]\n";
+	"               [--print-ids] [--dense | --sparse]\n"
+	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n";
 
 struct stream {
 	const struct hyb_tokenizer *tok;
@@ -87,6 +88,7 @@ int cmd_run(int argc, char **argv)
 		st.t_prompt, st.n_prompt / st.t_prompt);
 	fprintf(stderr, "decode: %u tokens in %.3f s (%.2f tokens/s)\n", st.n_decode, st.t_gen,
 		st.n_decode ? st.n_decode / st.t_gen : 0.0);
+	cli_print_sparse(c, st.t_gen);
 	hyb_sampler_free(s);
 	hyb_ctx_free(c);
 	hyb_model_free(m);

@@ -108,10 +108,17 @@ uint64_t hyb_model_decode_bytes(const struct hyb_model *m);
 /* Multiply-adds per token in the weight matrices (attention scores excluded). */
 uint64_t hyb_model_macs_per_token(const struct hyb_model *m);
 
+/*
+ * How a plan model's FFNs decode (prefill is always dense: PowerInfer 5.3,
+ * long inputs activate nearly every neuron). AUTO: sparse for plan models.
+ */
+enum hyb_ffn_mode { HYB_FFN_AUTO, HYB_FFN_DENSE, HYB_FFN_SPARSE };
+
 struct hyb_ctx_params {
 	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
 	int n_threads;      /* <= 0: all online CPUs */
 	uint32_t n_batch;   /* prompt tokens per pass; 0: 512 */
+	enum hyb_ffn_mode ffn;
 };
 
 struct hyb_ctx;
@@ -144,6 +151,21 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
  * While a probe is set every token of a batch goes through every layer's FFN
  * (the last layer's included). fn == NULL removes it.
  */
+/* Sparse decoding since the context was made or the stats were reset. */
+struct hyb_sparse_stats {
+	uint64_t layer_steps;  /* FFN evaluations that ran sparse (tokens x layers) */
+	uint64_t neurons;      /* n_ff x layer_steps */
+	uint64_t predicted;    /* neurons the predictors marked active */
+	uint64_t nonzero;      /* of those, neurons whose activation was not 0 */
+	double predictor_s;    /* seconds in predictors */
+	double ffn_s;          /* seconds in sparse FFN operators */
+};
+
+/* true when this context decodes plan FFNs sparsely. */
+bool hyb_ctx_sparse(const struct hyb_ctx *c);
+void hyb_ctx_sparse_stats(const struct hyb_ctx *c, struct hyb_sparse_stats *out);
+void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c);
+
 typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
 				 const float *x_attn, const float *act);
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);

@@ -44,4 +44,47 @@
 #define HYB_PLAN_KEY_GPU_BUDGET "hyb.plan.gpu_budget"
 #define HYB_PLAN_KEY_SOURCE "hyb.plan.source"
 
+/* ---- additions (hybctl plan, issue 5) ---------------------------------- */
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Tensor names of layer L: "blk.L." followed by one of these. */
+#define HYB_PLAN_T_BUNDLES "ffn_bundles"
+#define HYB_PLAN_T_PERM "ffn_perm"
+#define HYB_PLAN_T_GPU "ffn_gpu"
+#define HYB_PLAN_T_FREQ "ffn_freq"
+#define HYB_PLAN_T_FC1_W "fc1.weight"
+#define HYB_PLAN_T_FC1_B "fc1.bias"
+#define HYB_PLAN_T_FC2_W "fc2.weight"
+#define HYB_PLAN_T_FC2_B "fc2.bias"
+
+struct hyb_pool;
+
+/*
+ * One layer's predictor in place (e.g. pointing into a loaded plan: the
+ * F16 data of struct hyb_ffn_plan's fc1/fc2 and its two biases).
+ */
+struct hyb_predictor {
+	uint32_t n_in, hidden, n_out;
+	const uint16_t *fc1_w; /* F16 [hidden][n_in] */
+	const float *fc1_b;    /* [hidden] */
+	const uint16_t *fc2_w; /* F16 [n_out][hidden] */
+	const float *fc2_b;    /* [n_out], threshold folded in */
+};
+
+/* Bytes of scratch hyb_predictor_run needs (64-byte aligned pointer advised). */
+size_t hyb_predictor_scratch_bytes(const struct hyb_predictor *p);
+
+/*
+ * Decode-time prediction for one input x[n_in] (the layer's predictor input,
+ * hyb/profile.h): logits = fc2 · relu(fc1 · x + b1) + b2, both matrix-vector
+ * products on the best CPU kernels (F16 GEMV, input converted to F16 once).
+ * Writes the indices (bundle order) of the neurons with logit > 0 to
+ * active[n_out] in ascending order and returns their count. logits[n_out]
+ * may be NULL. pool: rows split over its threads; NULL runs on the caller.
+ */
+uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_pool *pool,
+			   void *scratch, float *logits, uint32_t *active);
+
 #endif

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Neuron-aware sparse FFN kernels (PowerInfer §5.4, digest_003 §2.5): they
+ * work on individual weight rows picked by a list of pointers, never on a
+ * matrix, so a predicted-active neuron costs its three rows and nothing
+ * else (no dense<->sparse conversion, no temporary dense matrix).
+ *
+ *   dot:  out[i] = row_i · x         (the gate and up rows of a neuron)
+ *   axpy: y += sum_i h[i] * row_i    (the down row of a neuron, stored
+ *                                     transposed in the plan's bundles)
+ *
+ * Single-threaded; libhyb/sparse_ffn.c splits a layer's neurons across
+ * threads and owns the bundle layout. Like the dense kernels
+ * (cpu_kernels.h) every ISA level has a full table whose entries fall back
+ * to the level below, down to the scalar reference, and the weight types
+ * are F32, F16, Q8_0 and Q4_0 (block layouts of blocks.h).
+ *
+ * Arithmetic: x is xn converted once per call exactly as the dense matmul
+ * converts it (hyb_vec_dot_type(): F16 for F16, Q8_0 for Q4_0/Q8_0), and a
+ * quantized dot is an exact integer dot per 32-block scaled by the two
+ * block scales, as in the dense kernels; the summation order across blocks
+ * differs between levels (tests compare them with tolerances, not bits).
+ * The axpy dequantizes block by block and adds h * w into y in float;
+ * nothing in it rounds h (the dense down GEMV converts h to the weight's
+ * activation format first, e.g. Q8_0, so sparse is the more exact one).
+ */
+#ifndef HYB_SPARSE_FFN_KERNELS_H
+#define HYB_SPARSE_FFN_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+
+/* Most rows one dot/axpy call computes (callers batch neurons in chunks of this). */
+#define HYB_SPARSE_MAX_ROWS 64
+/* Most look-ahead rows (n_pf below) a call prefetches: two tiles of four. */
+#define HYB_SPARSE_PF_ROWS 8
+
+/*
+ * One 32-block of a Q8_0 activation, unpacked for the int8 dot kernels:
+ * the quants; minus the weight type's zero point z times their sums by
+ * groups of 4 (lane l of a 32-bit dot holds products 4l..4l+3), which pays
+ * the zero point back (dot(q - z, x) = dot(q, x) - z * sum(x); z is Q4_0's
+ * 8, or 128 for Q8_0 weights made unsigned for vpdpbusd) as the initial
+ * value of the integer accumulator; and the scale as a float.
+ */
+struct hyb_sparse_xblk {
+	int8_t q[32];
+	int32_t corr[8];
+	float d;
+};
+
+/*
+ * Four consecutive blocks of a Q8_0 activation, for kernels that take four
+ * weight blocks of a row per 512-bit vector pair. For Q4_0 weights (one
+ * block per 128-bit lane) lane j of lo holds elements 0-15 of block j (the
+ * low nibbles'), of hi elements 16-31; 32-bit lane 4j + l of init is the
+ * zero-point payback (as struct hyb_sparse_xblk's corr) of the activations
+ * that lane multiplies in lo and hi together. For Q8_0 weights (one block
+ * per 256-bit half) lo holds blocks 0 and 1, hi blocks 2 and 3, init and
+ * init2 their corr. d[4j + r] is block j's scale (repeated for four rows).
+ */
+struct hyb_sparse_xquad {
+	int8_t lo[64], hi[64];
+	int32_t init[16], init2[16];
+	float d[16];
+};
+
+/* xn prepared for the dot kernels of one weight type (hyb_sparse_prep_x()). */
+struct hyb_sparse_x {
+	uint32_t type;                      /* weight type */
+	const void *q;                      /* xn in hyb_vec_dot_type(type) */
+	const struct hyb_sparse_xblk *blk;  /* Q8_0 activations only, else NULL */
+	const float *xd;                    /* Q8_0: blk[i].d again, contiguous (+16 zeros) */
+	const struct hyb_sparse_xquad *quad; /* Q8_0: blocks 4i..4i+3, k / 128 of them */
+};
+
+/* rows[0..n) (n <= HYB_SPARSE_MAX_ROWS), k elements each (k a multiple of the block size). */
+typedef void (*hyb_sparse_dot_fn)(int64_t k, const void *const *rows, int n,
+				  const struct hyb_sparse_x *x, float *out);
+typedef void (*hyb_sparse_axpy_fn)(int64_t k, const void *const *rows, const float *h, int n,
+				   float *y);
+/*
+ * The same, where rows[n..n+n_pf) (n_pf <= HYB_SPARSE_PF_ROWS) are the rows
+ * the caller reads next: they are only prefetched, while the last tiles of
+ * this call run, so that no call starts on rows still in DRAM (scattered
+ * rows give the hardware prefetcher nothing to follow).
+ */
+typedef void (*hyb_sparse_dot_pf_fn)(int64_t k, const void *const *rows, int n, int n_pf,
+				     const struct hyb_sparse_x *x, float *out);
+typedef void (*hyb_sparse_axpy_pf_fn)(int64_t k, const void *const *rows, const float *h,
+				      int n, int n_pf, float *y);
+
+struct hyb_sparse_kernels {
+	enum hyb_isa isa;
+	const char *name;
+	/* by weight type; NULL: not supported */
+	hyb_sparse_dot_fn dot[HYB_TYPE_COUNT];
+	hyb_sparse_axpy_fn axpy[HYB_TYPE_COUNT];
+	hyb_sparse_dot_pf_fn dot_pf[HYB_TYPE_COUNT];
+	hyb_sparse_axpy_pf_fn axpy_pf[HYB_TYPE_COUNT];
+};
+
+/* NULL when this CPU cannot run that level. */
+const struct hyb_sparse_kernels *hyb_sparse_kernels(enum hyb_isa isa);
+/* The level of hyb_cpu_best() (which honours HYB_ISA). */
+const struct hyb_sparse_kernels *hyb_sparse_best(void);
+
+/* F32, F16, Q8_0, Q4_0. */
+bool hyb_sparse_type_ok(uint32_t type);
+
+/* Bytes of scratch hyb_sparse_prep_x() needs for k elements (any supported type). */
+size_t hyb_sparse_x_bytes(int64_t k);
+
+/*
+ * Convert xn (k floats) for the dot kernels of weight type `type` with the
+ * activation converter of `ck` (the dense path's: hyb_cpu_best()), into buf
+ * (hyb_sparse_x_bytes(k) bytes, 64-byte aligned). Returns -1 for an
+ * unsupported type or a k that is not a multiple of the block size.
+ */
+int hyb_sparse_prep_x(const struct hyb_cpu_kernels *ck, uint32_t type, const float *xn,
+		      int64_t k, void *buf, struct hyb_sparse_x *out);
+
+/* Internal: per-ISA table fillers (sparse_ffn_{avx2,avx512,avx512vnni}.c). */
+void hyb_sparse_fill_avx2(struct hyb_sparse_kernels *k);
+void hyb_sparse_fill_avx512(struct hyb_sparse_kernels *k);
+void hyb_sparse_fill_avx512vnni(struct hyb_sparse_kernels *k);
+
+#endif

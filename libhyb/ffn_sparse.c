@@ -1,0 +1,155 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Sparse FFN decode: predictor -> active list -> neuron-aware operator.
+ * Everything a step needs is allocated once per context; a step allocates
+ * nothing.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ffn_sparse.h"
+#include "hyb/plan.h"
+#include "sparse_ffn.h"
+
+struct hyb_ffn_sparse {
+	const struct hyb_model *m;
+	struct hyb_sparse_ffn_ctx *op;
+	struct hyb_predictor *pred;      /* [n_layer] */
+	struct hyb_ffn_bundles *bundles; /* [n_layer] */
+	const void **ptrs;               /* [n_layer][n_groups] */
+	void *pred_scratch;
+	uint32_t *active;                /* [n_ff] */
+	float *prev;                     /* [n_embd] predictor input for the next layer */
+	float *cur;                      /* [n_embd] */
+	struct hyb_sparse_stats st;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void hyb_unit_rms(float *y, const float *x, uint32_t n)
+{
+	double sum = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		sum += (double)x[i] * x[i];
+	const float scale = sum > 0 ? (float)(1.0 / sqrt(sum / n)) : 0.0f;
+
+	for (uint32_t i = 0; i < n; i++)
+		y[i] = x[i] * scale;
+}
+
+struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threads, char *err,
+					  size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_ffn_sparse *s = calloc(1, sizeof(*s));
+	size_t scratch = 0;
+
+	if (!s)
+		goto oom;
+	s->m = m;
+	s->op = hyb_sparse_ffn_ctx_new(hp->n_embd, hp->n_ff, n_threads);
+	s->pred = calloc(hp->n_layer, sizeof(*s->pred));
+	s->bundles = calloc(hp->n_layer, sizeof(*s->bundles));
+	s->ptrs = calloc((size_t)hp->n_layer * m->n_groups, sizeof(*s->ptrs));
+	s->active = malloc(sizeof(*s->active) * hp->n_ff);
+	s->prev = malloc(sizeof(float) * hp->n_embd);
+	s->cur = malloc(sizeof(float) * hp->n_embd);
+	if (!s->op || !s->pred || !s->bundles || !s->ptrs || !s->active || !s->prev || !s->cur)
+		goto oom;
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct hyb_ffn_plan *P = &m->layers[l].plan;
+		struct hyb_predictor *pr = &s->pred[l];
+		size_t b;
+
+		*pr = (struct hyb_predictor){
+			.n_in = hp->n_embd, .hidden = P->hidden, .n_out = hp->n_ff,
+			.fc1_w = P->fc1.data, .fc1_b = P->fc1_bias,
+			.fc2_w = P->fc2.data, .fc2_b = P->fc2_bias,
+		};
+		b = hyb_predictor_scratch_bytes(pr);
+		if (b > scratch)
+			scratch = b;
+		if (hyb_bundles_view(&s->bundles[l], P->bundles.type, hp->n_embd, hp->n_ff,
+				     m->group_size, P->bundles.data,
+				     s->ptrs + (size_t)l * m->n_groups)) {
+			snprintf(err, errlen, "layer %u: bundles do not fit the sparse operator", l);
+			hyb_ffn_sparse_free(s);
+			return NULL;
+		}
+	}
+	if (posix_memalign(&s->pred_scratch, 64, scratch ? scratch : 64))
+		goto oom;
+	return s;
+oom:
+	snprintf(err, errlen, "out of memory for sparse decoding");
+	hyb_ffn_sparse_free(s);
+	return NULL;
+}
+
+void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s)
+{
+	if (!s)
+		return;
+	hyb_sparse_ffn_ctx_free(s->op);
+	free(s->pred);
+	free(s->bundles);
+	free(s->ptrs);
+	free(s->pred_scratch);
+	free(s->active);
+	free(s->prev);
+	free(s->cur);
+	free(s);
+}
+
+int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+			 const float *x_attn, const float *xn, float *y, char *err,
+			 size_t errlen)
+{
+	const struct hyb_model *m = s->m;
+	const uint32_t E = m->hp.n_embd;
+	struct hyb_sparse_ffn_stats ost;
+	uint32_t n_active;
+	double t0, t1, t2;
+
+	/* This layer's predictor input is the previous layer's attention output;
+	 * layer 0 has none before it and uses its own (hyb/profile.h). */
+	hyb_unit_rms(s->cur, x_attn, E);
+	t0 = now_s();
+	n_active = hyb_predictor_run(&s->pred[l], l ? s->prev : s->cur, pool, s->pred_scratch,
+				     NULL, s->active);
+	t1 = now_s();
+	memcpy(s->prev, s->cur, sizeof(float) * E);
+	if (hyb_sparse_ffn(s->op, pool, &s->bundles[l], m->hp.act, xn, s->active, n_active, y,
+			   &ost)) {
+		snprintf(err, errlen, "layer %u: %s", l, hyb_sparse_ffn_error(s->op));
+		return -1;
+	}
+	t2 = now_s();
+	s->st.layer_steps++;
+	s->st.neurons += m->hp.n_ff;
+	s->st.predicted += n_active;
+	s->st.nonzero += ost.n_nz;
+	s->st.predictor_s += t1 - t0;
+	s->st.ffn_s += t2 - t1;
+	return 0;
+}
+
+void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stats *out)
+{
+	*out = s->st;
+}
+
+void hyb_ffn_sparse_stats_reset(struct hyb_ffn_sparse *s)
+{
+	memset(&s->st, 0, sizeof(s->st));
+}

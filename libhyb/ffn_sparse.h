@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sparse decode of a plan model's FFNs on the CPU (issue 5 item 5): per
+ * layer, the layer's predictor marks the neurons it expects to fire and the
+ * neuron-aware operator (sparse_ffn.h, PowerInfer 5.4) computes only those.
+ *
+ * Predictor input (hyb/profile.h): the residual stream after the previous
+ * layer's attention at unit RMS — adjacent-layer prediction (KAIROX 5.1),
+ * so the prediction for layer l can overlap layer l-1's FFN once a GPU is
+ * involved. Layer 0 uses its own attention output.
+ */
+#ifndef HYB_FFN_SPARSE_H
+#define HYB_FFN_SPARSE_H
+
+#include "hyb/model.h"
+#include "hyb/threadpool.h"
+
+struct hyb_ffn_sparse;
+
+/* NULL when out of memory (reason in err). */
+struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threads, char *err,
+					  size_t errlen);
+void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s);
+
+/*
+ * One token's FFN of layer l: y[n_embd] from xn (the ffn_norm'ed input);
+ * x_attn is the residual stream after layer l's attention. Layers must be
+ * called in order 0..n_layer-1 for each token. Returns 0, or -1 with err.
+ */
+int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+			 const float *x_attn, const float *xn, float *y, char *err,
+			 size_t errlen);
+
+void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stats *out);
+void hyb_ffn_sparse_stats_reset(struct hyb_ffn_sparse *s);
+
+/* y = x at unit RMS (no weight): the predictor input of hyb/profile.h. */
+void hyb_unit_rms(float *y, const float *x, uint32_t n);
+
+#endif

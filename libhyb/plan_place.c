@@ -1,0 +1,539 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Initial placement of neuron groups (PowerInfer 6.2-6.3).
+ *
+ * The ILP: maximise the impact on the GPU, sum of a_GPU,n * v_n with v_n = f_n
+ * (eq. 1-2), under the memory constraint (eq. 6; we allow equality: a budget
+ * is a budget) and, per layer, either no neuron on the GPU or at least C_l
+ * (eq. 7-8). C_l comes from the communication constraint (eq. 4)
+ *     C_l * T_GPU + T_sync <= C_l * T_CPU,  T_j = M_neuron / Bandwidth_j (eq. 5)
+ * so C_l = ceil(T_sync / (M/BW_CPU - M/BW_GPU)): a split layer pays one
+ * synchronisation, which the GPU's share must earn back. PowerInfer gives no
+ * values; ours are flags of `hybctl plan`. Like PowerInfer's 64-neuron
+ * batches (6.3.3) the unit here is a group, so C_l is rounded up to groups.
+ *
+ * Solvers: a greedy on impact per byte in which a layer enters with its best
+ * min_groups groups at once, and an exact branch and bound over layers. In a
+ * layer every group has the same size except the short last one, so among
+ * same-size groups an optimal solution takes the most valuable ones; a layer's
+ * choice is then just (full groups taken, short group taken), and the bound is
+ * the LP relaxation (fractional knapsack) of the layers not yet decided.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan_internal.h"
+
+uint32_t plan_min_neurons(const struct plan_sync_model *s, uint64_t neuron_bytes, uint32_t n_ff)
+{
+	double t_cpu = (double)neuron_bytes / s->bw_cpu, t_gpu = (double)neuron_bytes / s->bw_gpu;
+	double c;
+
+	if (!(s->t_sync > 0))
+		return 1;
+	if (!(t_cpu > t_gpu)) /* the GPU never earns a sync back: whole layers only */
+		return n_ff;
+	c = ceil(s->t_sync / (t_cpu - t_gpu));
+	if (c < 1)
+		return 1;
+	return c > n_ff ? n_ff : (uint32_t)c;
+}
+
+struct item {
+	double v;
+	uint64_t b;
+	uint32_t g;
+};
+
+/* impact per byte, descending; ties by value, then index */
+static int cmp_ratio(const void *pa, const void *pb)
+{
+	const struct item *a = pa, *b = pb;
+	double x = a->v * (double)b->b, y = b->v * (double)a->b;
+
+	if (x != y)
+		return x > y ? -1 : 1;
+	if (a->v != b->v)
+		return a->v > b->v ? -1 : 1;
+	return a->g < b->g ? -1 : a->g > b->g;
+}
+
+static uint32_t min_of(const struct plan_place_layer *L)
+{
+	uint32_t m = L->min_groups ? L->min_groups : 1;
+
+	return m > L->n ? L->n : m;
+}
+
+/* The LP relaxation: a fractional knapsack over every group, no per-layer minimum. */
+static double lp_root(const struct plan_place_layer *L, uint32_t n_layer, uint64_t budget)
+{
+	uint64_t total = 0, left = budget;
+	struct item *all;
+	double v = 0;
+	size_t k = 0;
+
+	for (uint32_t l = 0; l < n_layer; l++)
+		total += L[l].n;
+	all = malloc((total ? total : 1) * sizeof(*all));
+	if (!all)
+		return NAN;
+	for (uint32_t l = 0; l < n_layer; l++)
+		for (uint32_t g = 0; g < L[l].n; g++)
+			all[k++] = (struct item){ L[l].value[g], L[l].bytes[g], g };
+	qsort(all, k, sizeof(*all), cmp_ratio);
+	for (size_t q = 0; q < k; q++) {
+		if (all[q].b <= left) {
+			v += all[q].v;
+			left -= all[q].b;
+			continue;
+		}
+		v += all[q].v * (double)left / (double)all[q].b;
+		break;
+	}
+	free(all);
+	return v;
+}
+
+static void result_of(const struct plan_place_layer *L, uint32_t n_layer, int8_t *const *gpu,
+		      struct plan_place_result *r)
+{
+	r->value = 0;
+	r->bytes = 0;
+	for (uint32_t l = 0; l < n_layer; l++)
+		for (uint32_t g = 0; g < L[l].n; g++)
+			if (gpu[l][g]) {
+				r->value += L[l].value[g];
+				r->bytes += L[l].bytes[g];
+			}
+}
+
+int plan_place_greedy(const struct plan_place_layer *L, uint32_t n_layer, uint64_t budget,
+		      int8_t *const *gpu, struct plan_place_result *r)
+{
+	struct item **ord = calloc(n_layer ? n_layer : 1, sizeof(*ord));
+	uint32_t *ptr = calloc(n_layer ? n_layer : 1, sizeof(*ptr));
+	uint8_t *open = calloc(n_layer ? n_layer : 1, 1), *dead = calloc(n_layer ? n_layer : 1, 1);
+	uint32_t *short_in = calloc(n_layer ? n_layer : 1, sizeof(*short_in));
+	uint64_t left = budget;
+	int rc = -1;
+
+	memset(r, 0, sizeof(*r));
+	if (!ord || !ptr || !open || !dead || !short_in)
+		goto out;
+	for (uint32_t l = 0; l < n_layer; l++) {
+		memset(gpu[l], 0, L[l].n);
+		ord[l] = malloc((L[l].n ? L[l].n : 1) * sizeof(**ord));
+		if (!ord[l])
+			goto out;
+		for (uint32_t g = 0; g < L[l].n; g++)
+			ord[l][g] = (struct item){ L[l].value[g], L[l].bytes[g], g };
+		qsort(ord[l], L[l].n, sizeof(**ord), cmp_ratio);
+		dead[l] = L[l].n == 0;
+		/* the one group smaller than the others, if any (the short last group) */
+		short_in[l] = UINT32_MAX;
+		{
+			uint32_t lo = 0, hi = 0;
+
+			for (uint32_t q = 1; q < L[l].n; q++) {
+				if (ord[l][q].b < ord[l][lo].b)
+					lo = q;
+				if (ord[l][q].b > ord[l][hi].b)
+					hi = q;
+			}
+			if (L[l].n && ord[l][lo].b < ord[l][hi].b)
+				short_in[l] = lo;
+		}
+	}
+	for (;;) {
+		int best = -1;
+		double bv = 0, bb = 1;
+
+		for (uint32_t l = 0; l < n_layer; l++) {
+			double v = 0;
+			uint64_t b = 0;
+
+			if (dead[l])
+				continue;
+			if (!open[l]) {
+				for (uint32_t q = 0; q < min_of(&L[l]); q++) {
+					v += ord[l][q].v;
+					b += ord[l][q].b;
+				}
+				/* too big: the same count, the short group in for a full one */
+				if (b > left && short_in[l] != UINT32_MAX) {
+					const struct item *sh = &ord[l][short_in[l]];
+
+					if (short_in[l] >= min_of(&L[l])) {
+						uint32_t last = min_of(&L[l]) - 1;
+
+						v += sh->v - ord[l][last].v;
+						b += sh->b - ord[l][last].b;
+					}
+				}
+			} else {
+				/* the budget only shrinks: a group that does not fit never will */
+				while (ptr[l] < L[l].n && ord[l][ptr[l]].b > left)
+					ptr[l]++;
+				if (ptr[l] == L[l].n) {
+					dead[l] = 1;
+					continue;
+				}
+				v = ord[l][ptr[l]].v;
+				b = ord[l][ptr[l]].b;
+			}
+			if (b > left) {
+				dead[l] = 1;
+				continue;
+			}
+			if (best < 0 || v * bb > bv * (double)b) {
+				best = (int)l;
+				bv = v;
+				bb = (double)b;
+			}
+		}
+		if (best < 0)
+			break;
+		if (!open[best]) {
+			uint32_t m = min_of(&L[best]), sh = short_in[best];
+			uint64_t b = 0;
+
+			for (uint32_t q = 0; q < m; q++)
+				b += ord[best][q].b;
+			if (b > left && sh != UINT32_MAX && sh >= m) {
+				/* the short group replaces the m-th: move it into the block */
+				struct item t = ord[best][sh];
+
+				memmove(&ord[best][m], &ord[best][m - 1],
+					(sh - m + 1) * sizeof(struct item));
+				ord[best][m - 1] = t;
+			}
+			for (uint32_t q = 0; q < m; q++) {
+				gpu[best][ord[best][q].g] = 1;
+				left -= ord[best][q].b;
+			}
+			ptr[best] = m;
+			open[best] = 1;
+		} else {
+			gpu[best][ord[best][ptr[best]].g] = 1;
+			left -= ord[best][ptr[best]].b;
+			ptr[best]++;
+		}
+		if (ptr[best] == L[best].n)
+			dead[best] = 1;
+	}
+	result_of(L, n_layer, gpu, r);
+	r->bound = lp_root(L, n_layer, budget);
+	rc = 0;
+out:
+	for (uint32_t l = 0; ord && l < n_layer; l++)
+		free(ord[l]);
+	free(ord);
+	free(ptr);
+	free(open);
+	free(dead);
+	free(short_in);
+	return rc;
+}
+
+/* ---- branch and bound ------------------------------------------------------- */
+
+struct bb_layer {
+	uint32_t id;            /* index into the caller's layers */
+	uint32_t n[2];          /* groups of each size class */
+	uint64_t b[2];          /* bytes of a group of the class */
+	double *pre[2];         /* prefix sums of values, most valuable first [n+1] */
+	uint32_t *idx[2];       /* the class's groups, most valuable first */
+	uint32_t m;             /* min groups when any */
+	double best_ratio;
+};
+
+struct bb_opt {
+	double ub, v;
+	uint64_t b;
+	uint32_t a0, a1;
+};
+
+struct bb {
+	struct bb_layer *ly;
+	uint32_t n_layer;
+	/* suffix d: the items of layers d.. by ratio, cumulative bytes/values */
+	uint64_t **cb;
+	double **cv, **ratio;
+	uint32_t *cn;
+	struct bb_opt **opts;   /* per depth */
+	uint32_t *cur0, *cur1, *best0, *best1;
+	double best;
+	uint64_t nodes, max_nodes;
+	bool stopped;
+};
+
+static double lp_bound(const struct bb *s, uint32_t d, uint64_t left)
+{
+	const uint64_t *cb = s->cb[d];
+	uint32_t lo = 0, hi = s->cn[d];
+
+	/* largest t with cb[t] <= left */
+	while (lo < hi) {
+		uint32_t mid = (lo + hi + 1) / 2;
+
+		if (cb[mid] <= left)
+			lo = mid;
+		else
+			hi = mid - 1;
+	}
+	if (lo == s->cn[d])
+		return s->cv[d][lo];
+	return s->cv[d][lo] + (double)(left - cb[lo]) * s->ratio[d][lo];
+}
+
+static int cmp_opt(const void *pa, const void *pb)
+{
+	const struct bb_opt *a = pa, *b = pb;
+
+	if (a->ub != b->ub)
+		return a->ub > b->ub ? -1 : 1;
+	return a->v > b->v ? -1 : a->v < b->v;
+}
+
+static void bb_dfs(struct bb *s, uint32_t d, uint64_t left, double v)
+{
+	const struct bb_layer *ly;
+	struct bb_opt *op;
+	uint32_t n_op = 0;
+	const double eps = 1e-12 * (1.0 + fabs(s->best));
+
+	if (s->stopped)
+		return;
+	if (++s->nodes > s->max_nodes) {
+		s->stopped = true;
+		return;
+	}
+	if (d == s->n_layer) {
+		if (v > s->best + eps) {
+			s->best = v;
+			memcpy(s->best0, s->cur0, s->n_layer * sizeof(*s->cur0));
+			memcpy(s->best1, s->cur1, s->n_layer * sizeof(*s->cur1));
+		}
+		return;
+	}
+	ly = &s->ly[d];
+	op = s->opts[d];
+	for (uint32_t a0 = 0; a0 <= ly->n[0]; a0++) {
+		for (uint32_t a1 = 0; a1 <= ly->n[1]; a1++) {
+			uint32_t k = a0 + a1;
+			uint64_t b = a0 * ly->b[0] + a1 * ly->b[1];
+			double val;
+
+			if ((k && k < ly->m) || b > left)
+				continue;
+			val = ly->pre[0][a0] + ly->pre[1][a1];
+			op[n_op] = (struct bb_opt){ 0, val, b, a0, a1 };
+			op[n_op++].ub = v + val + lp_bound(s, d + 1, left - b);
+		}
+	}
+	qsort(op, n_op, sizeof(*op), cmp_opt);
+	for (uint32_t q = 0; q < n_op && !s->stopped; q++) {
+		if (op[q].ub <= s->best + eps)
+			break;
+		s->cur0[d] = op[q].a0;
+		s->cur1[d] = op[q].a1;
+		bb_dfs(s, d + 1, left - op[q].b, v + op[q].v);
+		/* opts[d] is this depth's own array: later entries are intact */
+	}
+}
+
+static int cmp_desc_value(const void *pa, const void *pb)
+{
+	const struct item *a = pa, *b = pb;
+
+	if (a->v != b->v)
+		return a->v > b->v ? -1 : 1;
+	return a->g < b->g ? -1 : a->g > b->g;
+}
+
+static int cmp_layer_ratio(const void *pa, const void *pb)
+{
+	const struct bb_layer *a = pa, *b = pb;
+
+	if (a->best_ratio != b->best_ratio)
+		return a->best_ratio > b->best_ratio ? -1 : 1;
+	return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static void bb_free(struct bb *s)
+{
+	for (uint32_t l = 0; s->ly && l < s->n_layer; l++)
+		for (int c = 0; c < 2; c++) {
+			free(s->ly[l].pre[c]);
+			free(s->ly[l].idx[c]);
+		}
+	for (uint32_t d = 0; s->cb && d <= s->n_layer; d++) {
+		free(s->cb[d]);
+		free(s->cv[d]);
+		free(s->ratio[d]);
+		if (d < s->n_layer)
+			free(s->opts[d]);
+	}
+	free(s->ly);
+	free(s->cb);
+	free(s->cv);
+	free(s->ratio);
+	free(s->cn);
+	free(s->opts);
+	free(s->cur0);
+	free(s->cur1);
+	free(s->best0);
+	free(s->best1);
+}
+
+/* 1: a layer has more than two group sizes (not this solver's structure); -1: no memory */
+static int bb_setup(struct bb *s, const struct plan_place_layer *L, uint32_t n_layer)
+{
+	const size_t nl = n_layer ? n_layer : 1;
+	uint64_t total = 0;
+	struct item *all = NULL;
+
+	s->n_layer = n_layer;
+	s->ly = calloc(nl, sizeof(*s->ly));
+	s->cb = calloc(nl + 1, sizeof(*s->cb));
+	s->cv = calloc(nl + 1, sizeof(*s->cv));
+	s->ratio = calloc(nl + 1, sizeof(*s->ratio));
+	s->cn = calloc(nl + 1, sizeof(*s->cn));
+	s->opts = calloc(nl, sizeof(*s->opts));
+	s->cur0 = calloc(nl, sizeof(uint32_t));
+	s->cur1 = calloc(nl, sizeof(uint32_t));
+	s->best0 = calloc(nl, sizeof(uint32_t));
+	s->best1 = calloc(nl, sizeof(uint32_t));
+	if (!s->ly || !s->cb || !s->cv || !s->ratio || !s->cn || !s->opts || !s->cur0 ||
+	    !s->cur1 || !s->best0 || !s->best1)
+		return -1;
+	for (uint32_t l = 0; l < n_layer; l++) {
+		struct bb_layer *y = &s->ly[l];
+		struct item *it = malloc((L[l].n ? L[l].n : 1) * sizeof(*it));
+
+		if (!it)
+			return -1;
+		y->id = l;
+		y->m = min_of(&L[l]);
+		for (uint32_t g = 0; g < L[l].n; g++) {
+			uint64_t b = L[l].bytes[g];
+			double r = L[l].value[g] / (double)b;
+
+			if (!y->n[0] || b == y->b[0]) {
+				y->b[0] = b;
+				y->n[0]++;
+			} else if (!y->n[1] || b == y->b[1]) {
+				y->b[1] = b;
+				y->n[1]++;
+			} else {
+				free(it);
+				return 1;
+			}
+			if (r > y->best_ratio)
+				y->best_ratio = r;
+		}
+		for (int c = 0; c < 2; c++) {
+			uint32_t k = 0;
+
+			y->pre[c] = calloc(y->n[c] + 1, sizeof(double));
+			y->idx[c] = malloc((y->n[c] + 1) * sizeof(uint32_t));
+			if (!y->pre[c] || !y->idx[c]) {
+				free(it);
+				return -1;
+			}
+			for (uint32_t g = 0; g < L[l].n; g++)
+				if (L[l].bytes[g] == y->b[c] && (c == 0 || y->b[1] != y->b[0]))
+					it[k++] = (struct item){ L[l].value[g], y->b[c], g };
+			qsort(it, k, sizeof(*it), cmp_desc_value);
+			for (uint32_t q = 0; q < k; q++) {
+				y->idx[c][q] = it[q].g;
+				y->pre[c][q + 1] = y->pre[c][q] + it[q].v;
+			}
+		}
+		free(it);
+		total += L[l].n;
+	}
+	qsort(s->ly, n_layer, sizeof(*s->ly), cmp_layer_ratio);
+	for (uint32_t d = 0; d < n_layer; d++) {
+		s->opts[d] = malloc((size_t)(s->ly[d].n[0] + 1) * (s->ly[d].n[1] + 1) *
+				    sizeof(struct bb_opt));
+		if (!s->opts[d])
+			return -1;
+	}
+	/* suffix lists for the LP bounds */
+	all = malloc((total ? total : 1) * sizeof(*all));
+	if (!all)
+		return -1;
+	for (uint32_t d = 0; d <= n_layer; d++) {
+		uint32_t k = 0;
+
+		for (uint32_t e = d; e < n_layer; e++) {
+			const struct plan_place_layer *src = &L[s->ly[e].id];
+
+			for (uint32_t g = 0; g < src->n; g++)
+				all[k++] = (struct item){ src->value[g], src->bytes[g], g };
+		}
+		qsort(all, k, sizeof(*all), cmp_ratio);
+		s->cn[d] = k;
+		s->cb[d] = malloc(((size_t)k + 1) * sizeof(uint64_t));
+		s->cv[d] = malloc(((size_t)k + 1) * sizeof(double));
+		s->ratio[d] = malloc(((size_t)k + 1) * sizeof(double));
+		if (!s->cb[d] || !s->cv[d] || !s->ratio[d]) {
+			free(all);
+			return -1;
+		}
+		s->cb[d][0] = 0;
+		s->cv[d][0] = 0;
+		for (uint32_t q = 0; q < k; q++) {
+			s->cb[d][q + 1] = s->cb[d][q] + all[q].b;
+			s->cv[d][q + 1] = s->cv[d][q] + all[q].v;
+			s->ratio[d][q] = all[q].v / (double)all[q].b;
+		}
+		s->ratio[d][k] = 0;
+	}
+	free(all);
+	return 0;
+}
+
+int plan_place_solve(const struct plan_place_layer *L, uint32_t n_layer, uint64_t budget,
+		     uint64_t max_nodes, int8_t *const *gpu, struct plan_place_result *r)
+{
+	struct bb s = { 0 };
+	uint64_t total = 0;
+	int rc;
+
+	if (plan_place_greedy(L, n_layer, budget, gpu, r))
+		return -1;
+	for (uint32_t l = 0; l < n_layer; l++)
+		total += L[l].n;
+	/* the suffix lists hold n_layer * groups entries of 24 bytes: no search past ~100 MB */
+	if ((uint64_t)(n_layer + 1) * total > (4u << 20))
+		return 0;
+	rc = bb_setup(&s, L, n_layer);
+	if (rc) {
+		bb_free(&s);
+		return rc < 0 ? -1 : 0;
+	}
+	r->bound = lp_bound(&s, 0, budget);
+	s.best = r->value;
+	s.max_nodes = max_nodes;
+	bb_dfs(&s, 0, budget, 0);
+	r->nodes = s.nodes;
+	r->optimal = !s.stopped;
+	if (s.best > r->value + 1e-12 * (1.0 + fabs(r->value))) {
+		for (uint32_t d = 0; d < n_layer; d++) {
+			const struct bb_layer *y = &s.ly[d];
+
+			memset(gpu[y->id], 0, L[y->id].n);
+			for (uint32_t q = 0; q < s.best0[d]; q++)
+				gpu[y->id][y->idx[0][q]] = 1;
+			for (uint32_t q = 0; q < s.best1[d]; q++)
+				gpu[y->id][y->idx[1][q]] = 1;
+		}
+		result_of(L, n_layer, gpu, r);
+	}
+	bb_free(&s);
+	return 0;
+}

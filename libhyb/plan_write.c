@@ -1,0 +1,817 @@
+// SPDX-License-Identifier: MIT
+/*
+ * `hybctl plan` end to end: check the model and the profile, choose the
+ * group size, group each layer's neurons, place groups under the GPU budget,
+ * train the predictors, and stream the plan GGUF (hyb/plan.h) layer by layer
+ * from the mapped model.
+ *
+ * Bundles (DynamicInfer App. C.2: a neuron's gate, up and down weights in
+ * one contiguous block, here one block per group): gate and up rows are the
+ * source rows' bytes in the new order. Down is stored transposed, so its
+ * columns are dequantized, gathered and requantized with the reference
+ * quantizer in the bundle type. F32 and F16 round-trip exactly; for Q8_0 and
+ * Q4_0 the new blocks run along n_embd instead of n_ff and pick new scales,
+ * which adds a small error (measured and printed per layer; on synthetic
+ * weights 0.36% RMS of the weights for Q8_0 and 4.4% for Q4_0, at most half
+ * a quantization step, one step at Q4_0's clipped end).
+ *
+ * What is reserved on the GPU before groups are placed (PowerInfer keeps the
+ * dense part of the model on the GPU and gives predictors priority, 8.3.4):
+ * every tensor that is not an FFN matrix — attention, norms, the output head
+ * — and every predictor. token_embd is left out unless it is also the head
+ * (tied): a lookup reads one row per token and stays in host memory, as in
+ * llama.cpp. The KV cache stays in host memory (PowerInfer 2.4).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_kernels.h"
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/threadpool.h"
+#include "plan_internal.h"
+
+void plan_opts_default(struct plan_opts *o)
+{
+	memset(o, 0, sizeof(*o));
+	/* KAIROX Table 2 (PCIe 4.0) fitted to latency + bytes / bandwidth */
+	o->link = (struct plan_link){ 1.36e-6, 25.2e9 };
+	o->target_efficiency = 0.8;
+	o->max_groups = 1024;
+	o->grouping = PLAN_GROUP_METIS;
+	o->group.top_k = 32;
+	o->group.max_samples = 16384;
+	o->group.seed = 1;
+	/* one sync of a split layer; DDR5 dual channel; a consumer GPU's VRAM */
+	o->sync = (struct plan_sync_model){ 20e-6, 50e9, 1000e9 };
+	o->pred.target_recall = 0.95;
+	o->pred.max_epochs = 10;
+	o->pred.gflop = 200;
+	o->pred.batch = 128;
+	o->pred.seed = 1;
+	o->pred_hidden_lo = 32;
+	o->pred_hidden_hi = 1024;
+	o->place_nodes = 20000;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static const char *mib(uint64_t b, char *buf, size_t len)
+{
+	if (b >= (1ull << 30))
+		snprintf(buf, len, "%.2f GiB", b / 1073741824.0);
+	else if (b >= (1ull << 20))
+		snprintf(buf, len, "%.1f MiB", b / 1048576.0);
+	else
+		snprintf(buf, len, "%.1f KiB", b / 1024.0);
+	return buf;
+}
+
+struct plan {
+	const struct plan_opts *o;
+	const struct hyb_profile *prof;
+	struct hyb_model *m;
+	struct hyb_pool *pool;
+	uint32_t n_layer, n_embd, n_ff, gs, n_groups, type;
+	uint64_t row_bytes;       /* one n_embd row of the bundle type */
+	int32_t **perm;           /* [layer][n_ff] */
+	int8_t **gpu;             /* [layer][n_groups] */
+	float **freq;             /* [layer][n_groups] */
+	uint32_t *hidden;         /* [layer] */
+	uint32_t *order;          /* layers in file order */
+	uint64_t dense_bytes, pred_bytes;
+	FILE *out;                /* report (stdout, or NULL when quiet) */
+};
+
+static void say(struct plan *P, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(struct plan *P, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!P->out)
+		return;
+	va_start(ap, fmt);
+	vfprintf(P->out, fmt, ap);
+	va_end(ap);
+	fflush(P->out);
+}
+
+/* "blk.N.ffn_gate.weight" etc.: the FFN matrix tensors a plan replaces; layer in *l */
+static bool ffn_matrix(const struct gguf_str name, uint32_t *l)
+{
+	char buf[96], rest[64];
+	unsigned layer;
+	int n = 0;
+
+	if (name.len >= sizeof(buf))
+		return false;
+	memcpy(buf, name.ptr, name.len);
+	buf[name.len] = 0;
+	if (sscanf(buf, "blk.%u.%63[a-z_.]%n", &layer, rest, &n) != 2 || (size_t)n != name.len)
+		return false;
+	*l = layer;
+	return !strcmp(rest, "ffn_gate.weight") || !strcmp(rest, "ffn_up.weight") ||
+	       !strcmp(rest, "ffn_down.weight");
+}
+
+/* ---- checks ------------------------------------------------------------------ */
+
+static int check_model(struct plan *P, const char *path, char *err, size_t errlen)
+{
+	const struct gguf_file *f = P->m->gguf;
+	const struct hyb_layer *L0 = &P->m->layers[0];
+
+	P->n_layer = P->m->hp.n_layer;
+	P->n_embd = P->m->hp.n_embd;
+	P->n_ff = P->m->hp.n_ff;
+	if (gguf_find(f, HYB_PLAN_KEY_VERSION)) {
+		snprintf(err, errlen, "%s is already a plan file (plan the source model)", path);
+		return -1;
+	}
+	P->type = L0->gate.type;
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		const struct hyb_layer *L = &P->m->layers[l];
+
+		if (L->gate.type != P->type || L->up.type != P->type) {
+			snprintf(err, errlen, "%s: layer %u FFN has gate %s / up %s; a plan "
+				 "needs one type for every gate and up", path, l,
+				 hyb_type_name(L->gate.type), hyb_type_name(L->up.type));
+			return -1;
+		}
+	}
+	if (P->type != HYB_TYPE_F32 && P->type != HYB_TYPE_F16 && P->type != HYB_TYPE_Q8_0 &&
+	    P->type != HYB_TYPE_Q4_0) {
+		snprintf(err, errlen, "%s: FFN type %s is not supported for plans (supported: "
+			 "F32 F16 Q8_0 Q4_0, the bundle types the sparse FFN runs)", path,
+			 hyb_type_name(P->type));
+		return -1;
+	}
+	P->row_bytes = hyb_row_bytes(P->type, P->n_embd);
+	if (!P->row_bytes) {
+		snprintf(err, errlen, "%s: n_embd %u is not a multiple of the %s block", path,
+			 P->n_embd, hyb_type_name(P->type));
+		return -1;
+	}
+	return 0;
+}
+
+static int check_profile(struct plan *P, char *err, size_t errlen)
+{
+	const struct hyb_profile *p = P->prof;
+
+	if (p->n_layer != P->n_layer || p->n_embd != P->n_embd || p->n_ff != P->n_ff) {
+		snprintf(err, errlen, "profile does not match the model: profile has %u layers, "
+			 "n_embd %u, n_ff %u; model has %u, %u, %u", p->n_layer, p->n_embd,
+			 p->n_ff, P->n_layer, P->n_embd, P->n_ff);
+		return -1;
+	}
+	if (p->active_words != (p->n_ff + 63) / 64 || !p->layers) {
+		snprintf(err, errlen, "profile is malformed (active_words %u for n_ff %u)",
+			 p->active_words, p->n_ff);
+		return -1;
+	}
+	if (!p->n_tokens || p->n_samples < 20) {
+		snprintf(err, errlen, "profile has %llu tokens and %u samples; a plan needs at "
+			 "least 20 samples", (unsigned long long)p->n_tokens, p->n_samples);
+		return -1;
+	}
+	return 0;
+}
+
+/* ---- the stages ---------------------------------------------------------------------- */
+
+static int choose_group_size(struct plan *P, char *err, size_t errlen)
+{
+	const struct plan_opts *o = P->o;
+	const uint64_t nb = 3 * P->row_bytes;
+	char b1[32];
+
+	if (o->group_size) {
+		if (o->group_size > P->n_ff) {
+			snprintf(err, errlen, "--group-size %u is larger than n_ff %u",
+				 o->group_size, P->n_ff);
+			return -1;
+		}
+		P->gs = o->group_size;
+		say(P, "group size %u (given): a bundle is %s, %.1f%% of the link\n", P->gs,
+		    mib(P->gs * nb, b1, sizeof(b1)),
+		    100 * plan_link_efficiency(&o->link, P->gs * nb));
+	} else {
+		uint32_t by_link = plan_pick_group_size(&o->link, nb, P->n_ff, o->target_efficiency,
+							0);
+
+		P->gs = plan_pick_group_size(&o->link, nb, P->n_ff, o->target_efficiency,
+					     o->max_groups);
+		say(P, "group size %u: a bundle (%u neurons x 3 rows of %s) is %s; the link "
+		    "(%.2f us + %.1f GB/s) moves it at %.1f%% of its bandwidth", P->gs, P->gs,
+		    hyb_type_name(P->type), mib(P->gs * nb, b1, sizeof(b1)),
+		    o->link.latency_s * 1e6, o->link.bw / 1e9,
+		    100 * plan_link_efficiency(&o->link, P->gs * nb));
+		if (P->gs > by_link)
+			say(P, "; %u would reach the %.0f%% target but makes more than %u groups "
+			    "per layer\n", by_link, 100 * o->target_efficiency, o->max_groups);
+		else if (P->gs > 1)
+			say(P, " (target %.0f%%; %u neurons reach %.1f%%)\n",
+			    100 * o->target_efficiency, P->gs - 1,
+			    100 * plan_link_efficiency(&o->link, (P->gs - 1) * nb));
+		else
+			say(P, " (target %.0f%%)\n", 100 * o->target_efficiency);
+	}
+	P->n_groups = (P->n_ff + P->gs - 1) / P->gs;
+	return 0;
+}
+
+static int group_all(struct plan *P, char *err, size_t errlen)
+{
+	struct plan_group_opts go = P->o->group;
+	static const char *const names[] = { "metis", "contiguous", "random" };
+
+	go.group_size = P->gs;
+	go.pool = P->pool;
+	say(P, "grouping (%s, %u groups/layer): share of co-active pairs inside a group, "
+	    "mean active groups per token\n", names[P->o->grouping], P->n_groups);
+	say(P, "  layer   %-22s %-22s %-22s time\n", names[P->o->grouping], "contiguous",
+	    "random");
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		struct plan_group_quality q[3];
+		struct plan_group_info info;
+		int32_t *tmp = malloc((size_t)P->n_ff * sizeof(*tmp));
+
+		if (!tmp) {
+			snprintf(err, errlen, "out of memory");
+			return -1;
+		}
+		if (plan_group_layer(P->prof, l, P->o->grouping, &go, P->perm[l], &info, err,
+				     errlen)) {
+			free(tmp);
+			return -1;
+		}
+		plan_group_quality(P->prof, l, P->perm[l], P->gs, &q[0]);
+		for (int b = 1; b < 3; b++) {
+			char e2[64];
+
+			if (plan_group_layer(P->prof, l, (enum plan_grouping)b, &go, tmp, NULL, e2,
+					     sizeof(e2)))
+				memset(&q[b], 0, sizeof(q[b]));
+			else
+				plan_group_quality(P->prof, l, tmp, P->gs, &q[b]);
+		}
+		free(tmp);
+		say(P, "  %5u   %.3f %7.1f %-8s %.3f %7.1f %-8s %.3f %7.1f %-8s %.2fs", l,
+		    q[0].inside, q[0].active_groups, "", q[1].inside, q[1].active_groups, "",
+		    q[2].inside, q[2].active_groups, "", info.seconds);
+		if (info.variant >= 0)
+			say(P, " (%s, %llu edges, %u moved)", plan_group_variant_name(info.variant),
+			    (unsigned long long)info.edges, info.moved);
+		say(P, "\n");
+	}
+	return 0;
+}
+
+static uint64_t group_rows(const struct plan *P, uint32_t g)
+{
+	uint32_t end = (g + 1) * P->gs < P->n_ff ? (g + 1) * P->gs : P->n_ff;
+
+	return end - g * P->gs;
+}
+
+static int place_all(struct plan *P, char *err, size_t errlen)
+{
+	const struct plan_opts *o = P->o;
+	const struct hyb_profile *prof = P->prof;
+	struct plan_place_layer *L = calloc(P->n_layer, sizeof(*L));
+	double **val = calloc(P->n_layer, sizeof(*val)), total = 0;
+	uint64_t *bytes = malloc((size_t)P->n_groups * sizeof(*bytes)), budget, all = 0;
+	uint32_t c_l = plan_min_neurons(&o->sync, 3 * P->row_bytes, P->n_ff);
+	uint32_t m_g = (c_l + P->gs - 1) / P->gs;
+	struct plan_place_result r;
+	char b1[32], b2[32], b3[32], b4[32], b5[32];
+	int rc = -1;
+
+	if (!L || !val || !bytes) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	if (m_g > P->n_groups)
+		m_g = P->n_groups;
+	for (uint32_t g = 0; g < P->n_groups; g++)
+		bytes[g] = group_rows(P, g) * 3 * P->row_bytes;
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		val[l] = calloc(P->n_groups, sizeof(double));
+		if (!val[l]) {
+			snprintf(err, errlen, "out of memory");
+			goto out;
+		}
+		for (uint32_t i = 0; i < P->n_ff; i++) {
+			double f = (double)prof->layers[l].count[P->perm[l][i]] / prof->n_tokens;
+
+			val[l][i / P->gs] += f;
+		}
+		for (uint32_t g = 0; g < P->n_groups; g++) {
+			P->freq[l][g] = (float)(val[l][g] / group_rows(P, g));
+			total += val[l][g];
+			all += bytes[g];
+		}
+		L[l] = (struct plan_place_layer){ P->n_groups, val[l], bytes, m_g };
+	}
+	budget = o->gpu_budget - P->dense_bytes - P->pred_bytes;
+	if (plan_place_solve(L, P->n_layer, budget, o->place_nodes, P->gpu, &r)) {
+		snprintf(err, errlen, "out of memory in the placement solver");
+		goto out;
+	}
+	say(P, "placement: budget %s = dense %s + predictors %s + groups %s of %s\n",
+	    mib(o->gpu_budget, b1, sizeof(b1)), mib(P->dense_bytes, b2, sizeof(b2)),
+	    mib(P->pred_bytes, b3, sizeof(b3)), mib(r.bytes, b4, sizeof(b4)),
+	    mib(all, b5, sizeof(b5)));
+	say(P, "  C_l = %u neurons = %u groups (T_sync %.0f us, CPU %.0f GB/s, GPU %.0f GB/s, "
+	    "%llu-byte neurons)\n", c_l, m_g, o->sync.t_sync * 1e6, o->sync.bw_cpu / 1e9,
+	    o->sync.bw_gpu / 1e9, (unsigned long long)(3 * P->row_bytes));
+	say(P, "  impact on GPU %.1f%% of all activations (%s; LP bound without the per-layer "
+	    "minimum %.1f%%)\n", total > 0 ? 100 * r.value / total : 0,
+	    r.optimal ? "proven optimal" : "greedy + bounded search, not proven optimal",
+	    total > 0 ? 100 * r.bound / total : 0);
+	say(P, "  groups on GPU per layer:");
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		uint32_t k = 0;
+
+		for (uint32_t g = 0; g < P->n_groups; g++)
+			k += P->gpu[l][g] != 0;
+		say(P, " %u", k);
+	}
+	say(P, "\n");
+	rc = 0;
+out:
+	for (uint32_t l = 0; val && l < P->n_layer; l++)
+		free(val[l]);
+	free(val);
+	free(L);
+	free(bytes);
+	return rc;
+}
+
+static void reserve(struct plan *P)
+{
+	const struct gguf_file *f = P->m->gguf;
+	bool tied = !gguf_find_tensor(f, "output.weight");
+
+	for (uint64_t t = 0; t < f->n_tensors; t++) {
+		uint32_t l;
+
+		if (ffn_matrix(f->tensors[t].name, &l))
+			continue;
+		if (!tied && gguf_str_eq(f->tensors[t].name, "token_embd.weight"))
+			continue;
+		P->dense_bytes += f->tensors[t].nbytes;
+	}
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		P->hidden[l] = P->o->pred.hidden ? P->o->pred.hidden
+				  : plan_pred_hidden(P->prof, l, P->o->pred_hidden_lo,
+						     P->o->pred_hidden_hi);
+		P->pred_bytes += (uint64_t)P->hidden[l] * (P->n_embd * 2 + 4) +
+				 (uint64_t)P->n_ff * (P->hidden[l] * 2 + 4);
+	}
+}
+
+/* ---- the file --------------------------------------------------------------------------- */
+
+static void copy_kv(struct gguf_writer *w, const struct gguf_kv *kv)
+{
+	char key[256];
+
+	snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.ptr);
+	switch (kv->type) {
+	case GGUF_VT_UINT8:
+		gguf_set_u8(w, key, (uint8_t)kv->v.u64);
+		break;
+	case GGUF_VT_INT8:
+		gguf_set_i8(w, key, (int8_t)kv->v.i64);
+		break;
+	case GGUF_VT_UINT16:
+		gguf_set_u16(w, key, (uint16_t)kv->v.u64);
+		break;
+	case GGUF_VT_INT16:
+		gguf_set_i16(w, key, (int16_t)kv->v.i64);
+		break;
+	case GGUF_VT_UINT32:
+		gguf_set_u32(w, key, (uint32_t)kv->v.u64);
+		break;
+	case GGUF_VT_INT32:
+		gguf_set_i32(w, key, (int32_t)kv->v.i64);
+		break;
+	case GGUF_VT_UINT64:
+		gguf_set_u64(w, key, kv->v.u64);
+		break;
+	case GGUF_VT_INT64:
+		gguf_set_i64(w, key, kv->v.i64);
+		break;
+	case GGUF_VT_FLOAT32:
+		gguf_set_f32(w, key, (float)kv->v.f64);
+		break;
+	case GGUF_VT_FLOAT64:
+		gguf_set_f64(w, key, kv->v.f64);
+		break;
+	case GGUF_VT_BOOL:
+		gguf_set_bool(w, key, kv->v.b);
+		break;
+	case GGUF_VT_STRING: {
+		char *s = strndup(kv->v.str.ptr, kv->v.str.len);
+
+		if (s)
+			gguf_set_str(w, key, s);
+		free(s);
+		break;
+	}
+	case GGUF_VT_ARRAY:
+		if (kv->v.arr.type == GGUF_VT_STRING) {
+			char **s = calloc(kv->v.arr.n ? kv->v.arr.n : 1, sizeof(*s));
+
+			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
+				s[i] = strndup(kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
+			if (s)
+				gguf_set_arr_str(w, key, (const char *const *)s, kv->v.arr.n);
+			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
+				free(s[i]);
+			free(s);
+		} else {
+			gguf_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n);
+		}
+		break;
+	}
+}
+
+static int add_layer_tensors(struct plan *P, struct gguf_writer *w, uint32_t l)
+{
+	char name[96];
+	uint64_t ne[2];
+	int bad = 0;
+
+#define ADD(suffix, type, nd, a, b, data)                                              \
+	do {                                                                           \
+		snprintf(name, sizeof(name), "blk.%u." suffix, l);                     \
+		ne[0] = (a);                                                           \
+		ne[1] = (b);                                                           \
+		bad |= gguf_writer_add_tensor(w, name, type, nd, ne, data);            \
+	} while (0)
+	ADD(HYB_PLAN_T_BUNDLES, P->type, 2, P->n_embd, 3ull * P->n_ff, NULL);
+	ADD(HYB_PLAN_T_PERM, HYB_TYPE_I32, 1, P->n_ff, 1, P->perm[l]);
+	ADD(HYB_PLAN_T_GPU, HYB_TYPE_I8, 1, P->n_groups, 1, P->gpu[l]);
+	ADD(HYB_PLAN_T_FREQ, HYB_TYPE_F32, 1, P->n_groups, 1, P->freq[l]);
+	ADD(HYB_PLAN_T_FC1_W, HYB_TYPE_F16, 2, P->n_embd, P->hidden[l], NULL);
+	ADD(HYB_PLAN_T_FC1_B, HYB_TYPE_F32, 1, P->hidden[l], 1, NULL);
+	ADD(HYB_PLAN_T_FC2_W, HYB_TYPE_F16, 2, P->hidden[l], P->n_ff, NULL);
+	ADD(HYB_PLAN_T_FC2_B, HYB_TYPE_F32, 1, P->n_ff, 1, NULL);
+#undef ADD
+	return bad ? -1 : 0;
+}
+
+/* Metadata and tensor table: the source's, FFN matrices replaced by plan tensors. */
+static int declare(struct plan *P, struct gguf_writer *w, const char *model_path, char *err,
+		   size_t errlen)
+{
+	const struct gguf_file *f = P->m->gguf;
+	const char *base = strrchr(model_path, '/');
+	uint8_t *done = calloc(P->n_layer, 1);
+	uint32_t n_order = 0;
+
+	if (!done) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	gguf_writer_set_version(w, f->version == 2 ? 2 : 3);
+	for (uint64_t i = 0; i < f->n_kv; i++)
+		copy_kv(w, &f->kv[i]);
+	gguf_set_u32(w, HYB_PLAN_KEY_VERSION, HYB_PLAN_VERSION);
+	gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, P->gs);
+	gguf_set_u64(w, HYB_PLAN_KEY_GPU_BUDGET, P->o->gpu_budget);
+	gguf_set_str(w, HYB_PLAN_KEY_SOURCE, base ? base + 1 : model_path);
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+		char name[96];
+		uint32_t l;
+
+		if (ffn_matrix(t->name, &l)) {
+			if (l >= P->n_layer || done[l])
+				continue;
+			done[l] = 1;
+			P->order[n_order++] = l;
+			if (add_layer_tensors(P, w, l)) {
+				snprintf(err, errlen, "cannot declare layer %u's plan tensors", l);
+				free(done);
+				return -1;
+			}
+			continue;
+		}
+		snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
+		if (gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data)) {
+			snprintf(err, errlen, "cannot copy tensor %s", name);
+			free(done);
+			return -1;
+		}
+	}
+	free(done);
+	if (n_order != P->n_layer) {
+		snprintf(err, errlen, "model has FFN tensors for %u of %u layers", n_order,
+			 P->n_layer);
+		return -1;
+	}
+	return 0;
+}
+
+/* down^T in bundle order, requantized: row i = the n_embd weights of neuron perm[i] */
+struct down_job {
+	const struct hyb_cpu_kernels *k;
+	const struct hyb_weight *down;  /* [n_embd rows][n_ff] */
+	const int32_t *perm;
+	uint32_t n_embd, n_ff, type;
+	uint64_t row_bytes;
+	float *dt;                      /* [n_ff][n_embd] dequantized, transposed */
+	uint8_t *q;                     /* [n_ff][row_bytes] */
+	double err2[64], ref2[64], maxerr[64];
+	int failed;
+	int phase;
+};
+
+static void down_worker(void *arg, int ith, int nth)
+{
+	struct down_job *j = arg;
+	long lo, hi;
+
+	if (j->phase == 0) {
+		/* blocks of 16 rows of down, dequantized and scattered into dt */
+		float *buf = malloc((size_t)16 * j->n_ff * sizeof(float));
+
+		if (!buf) {
+			j->failed = 1;
+			return;
+		}
+		hyb_split((j->n_embd + 15) / 16, ith, nth, &lo, &hi);
+		for (long b = lo; b < hi; b++) {
+			uint32_t e0 = (uint32_t)b * 16;
+			uint32_t ne = j->n_embd - e0 < 16 ? j->n_embd - e0 : 16;
+
+			for (uint32_t e = 0; e < ne; e++)
+				j->k->dequantize[j->down->type](
+					(const char *)j->down->data + (e0 + e) * j->down->row_bytes,
+					buf + (size_t)e * j->n_ff, j->n_ff);
+			for (uint32_t n = 0; n < j->n_ff; n++) {
+				float *d = j->dt + (size_t)n * j->n_embd + e0;
+
+				for (uint32_t e = 0; e < ne; e++)
+					d[e] = buf[(size_t)e * j->n_ff + n];
+			}
+		}
+		free(buf);
+		return;
+	}
+	{
+		float *back = malloc((size_t)j->n_embd * sizeof(float));
+		double e2 = 0, r2 = 0, mx = 0;
+
+		if (!back) {
+			j->failed = 1;
+			return;
+		}
+		hyb_split(j->n_ff, ith, nth, &lo, &hi);
+		for (long i = lo; i < hi; i++) {
+			const float *src = j->dt + (size_t)j->perm[i] * j->n_embd;
+			uint8_t *dst = j->q + (size_t)i * j->row_bytes;
+
+			if (hyb_quantize_row_ref(j->type, src, dst, j->n_embd)) {
+				j->failed = 1;
+				break;
+			}
+			j->k->dequantize[j->type](dst, back, j->n_embd);
+			for (uint32_t e = 0; e < j->n_embd; e++) {
+				double d = (double)back[e] - src[e];
+
+				e2 += d * d;
+				r2 += (double)src[e] * src[e];
+				if (fabs(d) > mx)
+					mx = fabs(d);
+			}
+		}
+		free(back);
+		if (ith < 64) {
+			j->err2[ith] = e2;
+			j->ref2[ith] = r2;
+			j->maxerr[ith] = mx;
+		}
+	}
+}
+
+static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *err,
+		       size_t errlen)
+{
+	const struct hyb_layer *L = &P->m->layers[l];
+	struct down_job dj = { .k = hyb_cpu_best(), .down = &L->down, .perm = P->perm[l],
+			       .n_embd = P->n_embd, .n_ff = P->n_ff, .type = P->type,
+			       .row_bytes = P->row_bytes };
+	struct plan_pred_opts po = P->o->pred;
+	struct plan_predictor pr = { 0 };
+	struct plan_pred_stats st;
+	double e2 = 0, r2 = 0, mx = 0;
+	int rc = -1, bad = 0;
+
+	/* the predictor first: outputs in bundle order */
+	po.pool = P->pool;
+	if (plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, err, errlen))
+		return -1;
+	say(P, "  %5u  H %4u  %5.1f epochs  recall %.3f  precision %.3f  predicted %.3f "
+	    "(true %.3f)  %.1fs", l, st.hidden, st.epochs, st.recall, st.precision, st.pred_frac,
+	    st.true_frac, st.seconds);
+
+	dj.dt = malloc((size_t)P->n_ff * P->n_embd * sizeof(float));
+	dj.q = malloc((size_t)P->n_ff * P->row_bytes);
+	if (!dj.dt || !dj.q) {
+		snprintf(err, errlen, "out of memory transposing layer %u's down matrix", l);
+		goto out;
+	}
+	for (dj.phase = 0; dj.phase < 2; dj.phase++)
+		hyb_pool_run(P->pool, down_worker, &dj);
+	if (dj.failed) {
+		snprintf(err, errlen, "out of memory requantizing layer %u's down matrix", l);
+		goto out;
+	}
+	for (int q = 0; q < 64; q++) {
+		e2 += dj.err2[q];
+		r2 += dj.ref2[q];
+		mx = dj.maxerr[q] > mx ? dj.maxerr[q] : mx;
+	}
+	say(P, "  down requant %.2g%% rms (max %.2g)\n", r2 > 0 ? 100 * sqrt(e2 / r2) : 0, mx);
+
+	/* ffn_bundles, group by group */
+	for (uint32_t g = 0; g < P->n_groups; g++) {
+		uint32_t i0 = g * P->gs, n = (uint32_t)group_rows(P, g);
+
+		for (uint32_t i = i0; i < i0 + n; i++)
+			bad |= gguf_writer_put_data(w, (const char *)L->gate.data +
+						    (size_t)P->perm[l][i] * L->gate.row_bytes,
+						    P->row_bytes);
+		for (uint32_t i = i0; i < i0 + n; i++)
+			bad |= gguf_writer_put_data(w, (const char *)L->up.data +
+						    (size_t)P->perm[l][i] * L->up.row_bytes,
+						    P->row_bytes);
+		bad |= gguf_writer_put_data(w, dj.q + (size_t)i0 * P->row_bytes,
+					    n * P->row_bytes);
+	}
+	/* ffn_perm, ffn_gpu, ffn_freq were given with data: the writer has put them */
+	bad |= gguf_writer_put_data(w, pr.fc1_w, (uint64_t)pr.hidden * pr.n_in * 2);
+	bad |= gguf_writer_put_data(w, pr.fc1_b, (uint64_t)pr.hidden * 4);
+	bad |= gguf_writer_put_data(w, pr.fc2_w, (uint64_t)pr.n_out * pr.hidden * 2);
+	bad |= gguf_writer_put_data(w, pr.fc2_b, (uint64_t)pr.n_out * 4);
+	if (bad) {
+		/* the writer kept the reason; finish reports it and removes the file */
+		gguf_writer_finish(w, err, errlen);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(dj.dt);
+	free(dj.q);
+	plan_predictor_free(&pr);
+	return rc;
+}
+
+/* The output is written under a temporary name and renamed when complete. */
+static int check_output(const char *model_path, const char *out, const char *tmp, char *err,
+			size_t errlen)
+{
+	struct stat a, b;
+	int fd;
+
+	if (!stat(model_path, &a) && !stat(out, &b) && a.st_dev == b.st_dev &&
+	    a.st_ino == b.st_ino) {
+		snprintf(err, errlen, "output %s is the model itself", out);
+		return -1;
+	}
+	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		snprintf(err, errlen, "cannot write %s: %s", out, strerror(errno));
+		return -1;
+	}
+	close(fd);
+	unlink(tmp);
+	return 0;
+}
+
+int plan_make(const char *model_path, const struct hyb_profile *prof, const struct plan_opts *o,
+	      const char *out_path, char *err, size_t errlen)
+{
+	struct plan P = { .o = o, .prof = prof, .out = o->quiet ? NULL : stdout };
+	struct gguf_writer *w = NULL;
+	char tmp[4096], b1[32];
+	double t0 = now_s();
+	int rc = -1;
+
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof(tmp)) {
+		snprintf(err, errlen, "output path is too long");
+		return -1;
+	}
+	P.m = hyb_model_load_mode(model_path, HYB_LOAD_MMAP, err, errlen);
+	if (!P.m)
+		return -1;
+	if (check_model(&P, model_path, err, errlen) || check_profile(&P, err, errlen) ||
+	    check_output(model_path, out_path, tmp, err, errlen))
+		goto out;
+	P.pool = hyb_pool_new(o->n_threads);
+	P.perm = calloc(P.n_layer, sizeof(*P.perm));
+	P.gpu = calloc(P.n_layer, sizeof(*P.gpu));
+	P.freq = calloc(P.n_layer, sizeof(*P.freq));
+	P.hidden = calloc(P.n_layer, sizeof(*P.hidden));
+	P.order = calloc(P.n_layer, sizeof(*P.order));
+	if (!P.pool || !P.perm || !P.gpu || !P.freq || !P.hidden || !P.order) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	say(&P, "hybctl plan: %s: %u layers, n_embd %u, n_ff %u, FFN %s; profile: %llu tokens, "
+	    "%u samples\n", model_path, P.n_layer, P.n_embd, P.n_ff, hyb_type_name(P.type),
+	    (unsigned long long)prof->n_tokens, prof->n_samples);
+	if (choose_group_size(&P, err, errlen))
+		goto out;
+	for (uint32_t l = 0; l < P.n_layer; l++) {
+		P.perm[l] = malloc((size_t)P.n_ff * sizeof(int32_t));
+		P.gpu[l] = calloc(P.n_groups, 1);
+		P.freq[l] = calloc(P.n_groups, sizeof(float));
+		if (!P.perm[l] || !P.gpu[l] || !P.freq[l]) {
+			snprintf(err, errlen, "out of memory");
+			goto out;
+		}
+	}
+	reserve(&P);
+	/* the budget check needs only sizes: fail before the long stages */
+	if (o->gpu_budget < P.dense_bytes + P.pred_bytes) {
+		char b2[32], b3[32], b4[32];
+
+		snprintf(err, errlen, "GPU budget %s is too small for the dense part (%s: "
+			 "attention, norms, output head) and the predictors (%s): need at least %s",
+			 mib(o->gpu_budget, b1, sizeof(b1)), mib(P.dense_bytes, b2, sizeof(b2)),
+			 mib(P.pred_bytes, b3, sizeof(b3)),
+			 mib(P.dense_bytes + P.pred_bytes, b4, sizeof(b4)));
+		goto out;
+	}
+	if (group_all(&P, err, errlen) || place_all(&P, err, errlen))
+		goto out;
+
+	w = gguf_writer_new();
+	if (!w) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
+	}
+	if (declare(&P, w, model_path, err, errlen))
+		goto out;
+	if (gguf_writer_begin(w, tmp, err, errlen))
+		goto out;
+	say(&P, "predictors (target recall %.2f, test samples) and bundles:\n",
+	    o->pred.target_recall);
+	for (uint32_t q = 0; q < P.n_layer; q++)
+		if (write_layer(&P, w, P.order[q], err, errlen))
+			goto out;
+	if (gguf_writer_finish(w, err, errlen))
+		goto out;
+	if (rename(tmp, out_path)) {
+		snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, out_path, strerror(errno));
+		unlink(tmp);
+		goto out;
+	}
+	{
+		struct stat st;
+
+		say(&P, "wrote %s (%s) in %.1f s\n", out_path,
+		    mib(stat(out_path, &st) ? 0 : (uint64_t)st.st_size, b1, sizeof(b1)),
+		    now_s() - t0);
+	}
+	rc = 0;
+out:
+	gguf_writer_free(w); /* removes the temporary file when not finished */
+	for (uint32_t l = 0; l < P.n_layer; l++) {
+		if (P.perm)
+			free(P.perm[l]);
+		if (P.gpu)
+			free(P.gpu[l]);
+		if (P.freq)
+			free(P.freq[l]);
+	}
+	free(P.perm);
+	free(P.gpu);
+	free(P.freq);
+	free(P.hidden);
+	free(P.order);
+	if (P.pool)
+		hyb_pool_free(P.pool);
+	hyb_model_free(P.m);
+	return rc;
+}

@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The neuron-aware sparse FFN operator on the CPU (PowerInfer §5.4,
+ * digest_003 §2.5): one layer's FFN, stored in the plan's bundle layout
+ * (hyb/plan.h), evaluated for a list of predicted-active neurons:
+ *
+ *   y = sum over listed neurons i of h_i * down_i,  h_i = act(gate_i · xn, up_i · xn)
+ *
+ * with act as enum hyb_ffn_act. For the ReLU family the gate comes first
+ * and a neuron whose gate is <= 0 reads neither its up nor its down row
+ * (exact: h is 0 then); any neuron whose h is exactly 0 skips its down row.
+ * The rows are used where they are (the kernels of sparse_ffn_kernels.h):
+ * no dense<->sparse conversion, no temporary matrix.
+ *
+ * Threads (§5.4: "split the neurons into small batches across cores"):
+ * the listed neurons of the groups present here are cut into nth runs of
+ * equal count, in bundle order, so threads are balanced by the work
+ * actually listed, not by bundles; each thread adds into its own partial y
+ * and one reduction sums them.
+ */
+#ifndef HYB_SPARSE_FFN_H
+#define HYB_SPARSE_FFN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+#include "hyb/model.h"
+#include "hyb/threadpool.h"
+
+/*
+ * One layer's FFN as bundles. Group g holds neurons [g*GS, min((g+1)*GS,
+ * n_ff)) (ng of them): ng gate rows, ng up rows, ng rows of down
+ * transposed, each row n_embd elements of `type` (row_bytes apart), from
+ * bundle[g]. bundle[g] == NULL: the group is not on this device and its
+ * neurons are skipped (the hybrid engine computes them elsewhere).
+ */
+struct hyb_ffn_bundles {
+	uint32_t type;         /* F32, F16, Q8_0, Q4_0 */
+	uint32_t n_embd, n_ff;
+	uint32_t group_size;   /* GS */
+	uint64_t row_bytes;    /* hyb_row_bytes(type, n_embd) */
+	const void *const *bundle; /* [ceil(n_ff / GS)] */
+};
+
+/* Counts of one call, over the groups present. */
+struct hyb_sparse_ffn_stats {
+	uint64_t n_gate; /* neurons whose gate was computed (listed and present) */
+	uint64_t n_up;   /* neurons whose up was computed */
+	uint64_t n_nz;   /* neurons with h != 0: down rows read */
+};
+
+/* Scratch for one layer shape, reused by every call (one caller at a time). */
+struct hyb_sparse_ffn_ctx;
+
+/*
+ * For calls with b->n_embd <= n_embd, b->n_ff <= n_ff, on up to n_threads
+ * threads (<= 0: one per online CPU). Kernels: hyb_sparse_best(). NULL when
+ * out of memory or on zero sizes.
+ */
+struct hyb_sparse_ffn_ctx *hyb_sparse_ffn_ctx_new(uint32_t n_embd, uint32_t n_ff,
+						   int n_threads);
+void hyb_sparse_ffn_ctx_free(struct hyb_sparse_ffn_ctx *c);
+/* Use the kernels of one ISA level (tests, benchmarks); -1 when the CPU lacks it. */
+int hyb_sparse_ffn_set_isa(struct hyb_sparse_ffn_ctx *c, enum hyb_isa isa);
+/* The message of the last failed call ("" after a success). */
+const char *hyb_sparse_ffn_error(const struct hyb_sparse_ffn_ctx *c);
+
+/*
+ * y[0..n_embd) = the FFN of xn over the listed neurons: active holds
+ * n_active strictly increasing bundle-order indices < n_ff, or is NULL for
+ * every neuron (dense / oracle mode; n_active is then ignored). Runs on
+ * min(pool size, the ctx's n_threads) threads of pool (NULL: the calling
+ * thread only). y may alias xn. st (may be NULL) receives the counts.
+ * Returns 0, or -1 with y untouched on bad arguments (unsupported type,
+ * n_embd not a multiple of the block size, shapes beyond the ctx's, an
+ * index >= n_ff or out of order, an unknown act).
+ */
+int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_pool *pool,
+		   const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
+		   const uint32_t *active, uint32_t n_active, float *y,
+		   struct hyb_sparse_ffn_stats *st);
+
+/* Bytes of a layer's bundle tensor (3 * n_ff rows); 0 on bad arguments. */
+uint64_t hyb_bundles_bytes(uint32_t type, uint32_t n_embd, uint32_t n_ff);
+
+/*
+ * Write a layer's bundle tensor of `type` (any type hyb_quantize_row_ref()
+ * produces) to out (hyb_bundles_bytes() bytes) from dense float matrices in
+ * llama's layout: gate and up [n_ff rows][n_embd], down [n_embd rows][n_ff].
+ * perm[i] (n_ff entries, a permutation; NULL: identity) is the source
+ * neuron of bundle-order neuron i, as the plan's ffn_perm. Rows are
+ * quantized with hyb_quantize_row_ref(). Returns 0, or -1 with a message.
+ */
+int hyb_bundles_build(uint32_t type, uint32_t n_embd, uint32_t n_ff, uint32_t group_size,
+		      const float *gate, const float *up, const float *down,
+		      const int32_t *perm, void *out, char *err, size_t errlen);
+
+/*
+ * Describe a contiguous bundle tensor (data, as hyb_bundles_build() writes
+ * it and the plan stores it) in *b, with ptrs (ceil(n_ff / GS) entries)
+ * pointing at each group. Returns 0, or -1 on bad arguments.
+ */
+int hyb_bundles_view(struct hyb_ffn_bundles *b, uint32_t type, uint32_t n_embd, uint32_t n_ff,
+		     uint32_t group_size, const void *data, const void **ptrs);
+
+#endif
