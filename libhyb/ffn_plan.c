@@ -138,7 +138,8 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
 			float *out)
 {
 	struct dense_job j = {
-		.k = k, .sk = hyb_sparse_best(), .s = s, .m = m, .P = &L->plan, .xq = xq, .xq_stride = xq_stride, .n = n,
+		.k = k, .sk = hyb_sparse_best(), .s = s, .m = m, .P = &L->plan,
+		.xq = xq, .xq_stride = xq_stride, .n = n,
 	};
 	const size_t len = (size_t)n * m->hp.n_embd;
 	int nth = hyb_pool_size(pool);

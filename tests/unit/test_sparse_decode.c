@@ -1,0 +1,196 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Sparse decoding end to end (issue 5 item 5): hybctl synth -> profile ->
+ * plan -> hyb_ctx with HYB_FFN_SPARSE, on a small ReLU model.
+ *   - With a predictor forced to mark every neuron, sparse decoding must
+ *     give dense decoding's logits (the operator path, minus prediction).
+ *   - With the trained predictors it must agree with dense decoding on
+ *     nearly every greedy token while computing a fraction of the FFN.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "test.h"
+
+static const char *hybctl(void)
+{
+	const char *b = getenv("HYB_TEST_HYBCTL");
+
+	return b ? b : "build/hybctl";
+}
+
+/* Make (once per test process) a small sparse model, its profile and plan. */
+static const char *make_plan(void)
+{
+	static char plan[512];
+	char model[512], prof[512], cmd[4096];
+
+	if (access(hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hybctl());
+	snprintf(model, sizeof(model), "%s/sd.gguf", hyb_test_tmpdir());
+	snprintf(prof, sizeof(prof), "%s/sd.profile.gguf", hyb_test_tmpdir());
+	snprintf(plan, sizeof(plan), "%s/sd.plan.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd),
+		 "%s synth -o %s --hidden 256 --ffn 1024 --layers 3 --heads 4 --vocab 512 "
+		 "--act relu --type Q8_0 -t 1 >/dev/null && "
+		 "%s profile %s -o %s --gen 48 -t 1 >/dev/null && "
+		 "%s plan %s --profile %s --gpu-budget 4M -o %s -t 1 >/dev/null 2>&1",
+		 hybctl(), model, hybctl(), model, prof, hybctl(), model, prof, plan);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	return plan;
+}
+
+static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
+{
+	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = mode };
+	char err[256];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+	CHECK_MSG(c, "%s", err);
+	return c;
+}
+
+static int32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return (int32_t)b;
+}
+
+/*
+ * Feed both contexts the dense context's greedy continuation of a prompt
+ * of n_prompt pseudo-random tokens; count positions where the greedy picks
+ * agree, and track the largest logit difference.
+ */
+static void compare(struct hyb_ctx *d, struct hyb_ctx *s, const struct hyb_model *m,
+		    uint32_t seed, uint32_t n_gen, uint32_t *agree, uint32_t *total,
+		    double *max_diff)
+{
+	const uint32_t V = m->hp.n_vocab;
+	float *ld = malloc(sizeof(float) * V), *ls = malloc(sizeof(float) * V);
+	int32_t toks[16];
+	char err[256];
+
+	CHECK(ld && ls);
+	for (int i = 0; i < 16; i++)
+		toks[i] = (int32_t)(3 + (seed * 2654435761u + (uint32_t)i * 40503u) % (V - 3));
+	hyb_ctx_reset(d);
+	hyb_ctx_reset(s);
+	CHECK_MSG(!hyb_ctx_eval(d, toks, 16, ld, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(s, toks, 16, ls, false, err, sizeof(err)), "%s", err);
+	for (uint32_t i = 0; i < n_gen; i++) {
+		int32_t next = argmax(ld, V);
+
+		if (i > 0) {
+			*agree += next == argmax(ls, V);
+			(*total)++;
+			for (uint32_t v = 0; v < V; v++) {
+				double diff = ld[v] > ls[v] ? ld[v] - ls[v] : ls[v] - ld[v];
+
+				if (diff > *max_diff)
+					*max_diff = diff;
+			}
+		}
+		CHECK_MSG(!hyb_ctx_eval(d, &next, 1, ld, false, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(s, &next, 1, ls, false, err, sizeof(err)), "%s", err);
+	}
+	free(ld);
+	free(ls);
+}
+
+TEST(sparse_decode_all_predicted_equals_dense)
+{
+	const char *plan = make_plan();
+	char err[256];
+	struct hyb_model *m = hyb_model_load_mode(plan, HYB_LOAD_MMAP, err, sizeof(err));
+
+	CHECK_MSG(m, "%s", err);
+	CHECK(m->group_size > 0);
+	/* A private writable copy of the mapping would be needed to patch the
+	 * biases in place; instead point each layer's fc2 bias at a buffer
+	 * that makes every logit positive: every neuron is then "predicted". */
+	float *bias = malloc(sizeof(float) * m->hp.n_ff);
+
+	CHECK(bias);
+	for (uint32_t i = 0; i < m->hp.n_ff; i++)
+		bias[i] = 1e30f;
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		m->layers[l].plan.fc2_bias = bias;
+
+	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	uint32_t agree = 0, total = 0;
+	double max_diff = 0;
+	struct hyb_sparse_stats st;
+
+	CHECK(hyb_ctx_sparse(s) && !hyb_ctx_sparse(d));
+	compare(d, s, m, 1, 24, &agree, &total, &max_diff);
+	hyb_ctx_sparse_stats(s, &st);
+	CHECK_EQ_INT(st.predicted, st.neurons);
+	CHECK(st.nonzero < st.neurons / 2); /* ReLU: most neurons still skip up and down */
+	CHECK_EQ_INT(agree, total);
+	/* the same weights, summed in another order */
+	CHECK_MSG(max_diff < 1e-3, "largest logit difference %g", max_diff);
+	hyb_ctx_free(d);
+	hyb_ctx_free(s);
+	hyb_model_free(m);
+	free(bias);
+}
+
+TEST(sparse_decode_trained_predictors_agree_with_dense)
+{
+	const char *plan = make_plan();
+	char err[256];
+	struct hyb_model *m = hyb_model_load(plan, err, sizeof(err));
+
+	CHECK_MSG(m, "%s", err);
+	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	uint32_t agree = 0, total = 0;
+	double max_diff = 0;
+	struct hyb_sparse_stats st;
+
+	for (uint32_t p = 0; p < 6; p++)
+		compare(d, s, m, 100 + p, 24, &agree, &total, &max_diff);
+	hyb_ctx_sparse_stats(s, &st);
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%\n", agree, total,
+	       100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons);
+	CHECK_EQ_INT(st.layer_steps, 6ull * 24 * m->hp.n_layer);
+	/* the predictors mark a minority of neurons, and a superset of most
+	 * that fire (~10% at the default sparsity) */
+	CHECK_MSG(st.predicted < st.neurons / 2, "predicted %llu of %llu",
+		  (unsigned long long)st.predicted, (unsigned long long)st.neurons);
+	CHECK(st.nonzero > st.neurons / 20);
+	CHECK_MSG(agree * 100 >= total * 90, "greedy agreement %u/%u", agree, total);
+	hyb_ctx_free(d);
+	hyb_ctx_free(s);
+	hyb_model_free(m);
+}
+
+TEST(sparse_decode_needs_a_plan)
+{
+	char path[512], cmd[1024], err[256];
+	struct hyb_model *m;
+	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .ffn = HYB_FFN_SPARSE };
+
+	if (access(hybctl(), X_OK))
+		SKIP("%s not built", hybctl());
+	snprintf(path, sizeof(path), "%s/dense.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "%s synth -o %s --act relu -t 1 >/dev/null", hybctl(), path);
+	CHECK(system(cmd) == 0);
+	m = hyb_model_load(path, err, sizeof(err));
+	CHECK_MSG(m, "%s", err);
+	CHECK(hyb_ctx_new(m, &p, err, sizeof(err)) == NULL);
+	CHECK_MSG(strstr(err, "plan"), "message: %s", err);
+	p.ffn = HYB_FFN_AUTO;
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+	CHECK_MSG(c && !hyb_ctx_sparse(c), "%s", err);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
