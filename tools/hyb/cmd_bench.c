@@ -343,9 +343,16 @@ int cmd_bench(int argc, char **argv)
 		       median(r_sp, o.reps), 100.0 * sst.predicted / sst.neurons,
 		       100.0 * sst.nonzero / sst.neurons, 100 * sst.predictor_s / t_sp_sum,
 		       100.0 * agree / compared);
+		/* Amdahl in bytes: what sparsity can buy at most when the rest of
+		 * the model (attention, head) is read densely */
+		double ffn_bytes = 3.0 * fb * hp->n_ff * hp->n_layer;
+
 		printf("sparse      %.1f MB/token read (predictors %.1f MB) -> roofline %.2f tokens/s, "
 		       "%.0f%% of it\n", sp_bytes / 1e6, pred_bytes / 1e6, bw_med / sp_bytes,
 		       100 * sp_tps * sp_bytes / bw_med);
+		printf("sparse      bound from bytes: %.2fx dense at this sparsity, %.2fx with no FFN "
+		       "at all (the FFN is %.0f%% of a dense token's bytes)\n", bytes_tok / sp_bytes,
+		       bytes_tok / (bytes_tok - ffn_bytes), 100 * ffn_bytes / bytes_tok);
 	}
 	free(bw);
 	free(gp);
