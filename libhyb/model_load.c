@@ -261,7 +261,7 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 		return fail(ld, "plan tensor %s is missing or has a bad shape", name);
 	P->hidden = (uint32_t)fc1->ne[1];
 	if (bind(ld, &P->fc1, name, hp->n_embd, P->hidden, false) ||
-	    bind(ld, &P->fc2, N("fc2.weight"), P->hidden, hp->n_ff, false))
+	    bind(ld, &P->fc2, N("fc2.weight"), hp->n_ff, P->hidden, false))
 		return -1;
 	if (P->fc1.type != HYB_TYPE_F16 || P->fc2.type != HYB_TYPE_F16)
 		return fail(ld, "blk.%u predictor weights must be F16", l);

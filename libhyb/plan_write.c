@@ -472,7 +472,7 @@ static int add_layer_tensors(struct plan *P, struct gguf_writer *w, uint32_t l)
 	ADD(HYB_PLAN_T_FREQ, HYB_TYPE_F32, 1, P->n_groups, 1, P->freq[l]);
 	ADD(HYB_PLAN_T_FC1_W, HYB_TYPE_F16, 2, P->n_embd, P->hidden[l], NULL);
 	ADD(HYB_PLAN_T_FC1_B, HYB_TYPE_F32, 1, P->hidden[l], 1, NULL);
-	ADD(HYB_PLAN_T_FC2_W, HYB_TYPE_F16, 2, P->hidden[l], P->n_ff, NULL);
+	ADD(HYB_PLAN_T_FC2_W, HYB_TYPE_F16, 2, P->n_ff, P->hidden[l], NULL);
 	ADD(HYB_PLAN_T_FC2_B, HYB_TYPE_F32, 1, P->n_ff, 1, NULL);
 #undef ADD
 	return bad ? -1 : 0;

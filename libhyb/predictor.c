@@ -352,10 +352,115 @@ static inline struct mat cols_of(const float *p, size_t ld)
 
 #define ALIGN64(n) (((n) + 63) & ~(size_t)63)
 
+/*
+ * Scratch: x in F16, h, the indices of h's nonzero units, logits. fc2 is
+ * stored transposed (plan.h): the logits are b2 plus h_j times row j of fc2
+ * for each hidden unit the ReLU left nonzero, so about half of fc2 is never
+ * read, and every row read is one contiguous stream.
+ */
 size_t hyb_predictor_scratch_bytes(const struct hyb_predictor *p)
 {
 	return ALIGN64((size_t)p->n_in * 2) + ALIGN64((size_t)p->hidden * 4) +
-	       ALIGN64((size_t)p->hidden * 2) + ALIGN64((size_t)p->n_out * 4) + 64;
+	       ALIGN64((size_t)p->hidden * 4) + ALIGN64((size_t)p->n_out * 4) + 64;
+}
+
+struct fc2_job {
+	const struct hyb_predictor *p;
+	const float *h;
+	const uint32_t *nz;   /* hidden units with h > 0 */
+	uint32_t n_nz;
+	float *lg;
+};
+
+/* lg[lo, hi) = b2 + sum over nz of h_j * fc2[j][lo, hi), four rows per pass. */
+__attribute__((target("avx512f"))) static void fc2_avx512(const struct fc2_job *j, long lo,
+							   long hi)
+{
+	const struct hyb_predictor *p = j->p;
+	long c;
+
+	memcpy(j->lg + lo, p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
+	for (uint32_t q = 0; q < j->n_nz; q += 4) {
+		const uint16_t *w[4];
+		__m512 v[4];
+		uint32_t nr = j->n_nz - q < 4 ? j->n_nz - q : 4;
+
+		for (uint32_t r = 0; r < 4; r++) {
+			uint32_t u = j->nz[q + (r < nr ? r : 0)];
+
+			w[r] = p->fc2_w + (size_t)u * p->n_out;
+			v[r] = _mm512_set1_ps(r < nr ? j->h[u] : 0.0f);
+		}
+		for (c = lo; c + 16 <= hi; c += 16) {
+			__m512 acc = _mm512_loadu_ps(j->lg + c);
+
+			for (uint32_t r = 0; r < 4; r++)
+				acc = _mm512_fmadd_ps(v[r], _mm512_cvtph_ps(_mm256_loadu_si256(
+							    (const __m256i *)(w[r] + c))), acc);
+			_mm512_storeu_ps(j->lg + c, acc);
+		}
+		for (; c < hi; c++)
+			for (uint32_t r = 0; r < nr; r++)
+				j->lg[c] += v[r][0] * hyb_f16_to_f32(w[r][c]);
+	}
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void fc2_avx2(const struct fc2_job *j, long lo,
+							       long hi)
+{
+	const struct hyb_predictor *p = j->p;
+	long c;
+
+	memcpy(j->lg + lo, p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
+	for (uint32_t q = 0; q < j->n_nz; q++) {
+		const uint32_t u = j->nz[q];
+		const uint16_t *w = p->fc2_w + (size_t)u * p->n_out;
+		const __m256 v = _mm256_set1_ps(j->h[u]);
+
+		for (c = lo; c + 8 <= hi; c += 8)
+			_mm256_storeu_ps(j->lg + c, _mm256_fmadd_ps(v, _mm256_cvtph_ps(
+				_mm_loadu_si128((const __m128i *)(w + c))), _mm256_loadu_ps(j->lg + c)));
+		for (; c < hi; c++)
+			j->lg[c] += j->h[u] * hyb_f16_to_f32(w[c]);
+	}
+}
+
+static void fc2_scalar(const struct fc2_job *j, long lo, long hi)
+{
+	const struct hyb_predictor *p = j->p;
+
+	memcpy(j->lg + lo, p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
+	for (uint32_t q = 0; q < j->n_nz; q++) {
+		const uint32_t u = j->nz[q];
+		const uint16_t *w = p->fc2_w + (size_t)u * p->n_out;
+
+		for (long c = lo; c < hi; c++)
+			j->lg[c] += j->h[u] * hyb_f16_to_f32(w[c]);
+	}
+}
+
+static void fc2_worker(void *arg, int ith, int nth)
+{
+	const struct fc2_job *j = arg;
+	static int level = -1; /* 2: AVX-512, 1: AVX2, 0: scalar */
+	long lo, hi;
+
+	if (level < 0)
+		level = __builtin_cpu_supports("avx512f") ? 2 :
+			__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+			__builtin_cpu_supports("f16c") ? 1 : 0;
+	/* column slices of whole cache lines per thread */
+	hyb_split((long)(j->p->n_out + 15) / 16, ith, nth, &lo, &hi);
+	lo *= 16;
+	hi = hi * 16 < (long)j->p->n_out ? hi * 16 : (long)j->p->n_out;
+	if (lo >= hi)
+		return;
+	if (level == 2)
+		fc2_avx512(j, lo, hi);
+	else if (level == 1)
+		fc2_avx2(j, lo, hi);
+	else
+		fc2_scalar(j, lo, hi);
 }
 
 uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_pool *pool,
@@ -365,26 +470,28 @@ uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct
 	char *s = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
 	uint16_t *xh = (uint16_t *)s;
 	float *h = (float *)(s + ALIGN64((size_t)p->n_in * 2));
-	uint16_t *hh = (uint16_t *)((char *)h + ALIGN64((size_t)p->hidden * 4));
-	float *lg = logits ? logits : (float *)((char *)hh + ALIGN64((size_t)p->hidden * 2));
+	uint32_t *nz = (uint32_t *)((char *)h + ALIGN64((size_t)p->hidden * 4));
+	float *lg = logits ? logits : (float *)((char *)nz + ALIGN64((size_t)p->hidden * 4));
+	struct fc2_job j = { .p = p, .h = h, .nz = nz, .lg = lg };
 	uint32_t n = 0;
 
 	k->quantize_act[HYB_TYPE_F16](x, xh, p->n_in);
 	gemm(pool, hyb_gemm_pick(k, HYB_TYPE_F16, p->hidden), 2, p->n_in, p->fc1_w, p->hidden, xh,
 	     1, h, p->hidden);
-	for (uint32_t j = 0; j < p->hidden; j++) {
-		float v = h[j] + p->fc1_b[j];
+	for (uint32_t u = 0; u < p->hidden; u++) {
+		float v = h[u] + p->fc1_b[u];
 
-		h[j] = v > 0 ? v : 0;
+		h[u] = v > 0 ? v : 0;
+		if (v > 0)
+			nz[j.n_nz++] = u;
 	}
-	k->quantize_act[HYB_TYPE_F16](h, hh, p->hidden);
-	gemm(pool, hyb_gemm_pick(k, HYB_TYPE_F16, p->n_out), 2, p->hidden, p->fc2_w, p->n_out, hh,
-	     1, lg, p->n_out);
-	for (uint32_t r = 0; r < p->n_out; r++) {
-		lg[r] += p->fc2_b[r];
+	if (pool && p->n_out >= 4096)
+		hyb_pool_run(pool, fc2_worker, &j);
+	else
+		fc2_worker(&j, 0, 1);
+	for (uint32_t r = 0; r < p->n_out; r++)
 		if (lg[r] > 0)
 			active[n++] = r;
-	}
 	return n;
 }
 
@@ -945,8 +1052,8 @@ int plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden
 		uint32_t src = perm ? (uint32_t)perm[i] : i;
 		const float *row = W2(&t, t.w) + (size_t)src * t.H;
 
-		for (uint32_t j = 0; j < t.H; j++)
-			out->fc2_w[(size_t)i * t.H + j] = hyb_f32_to_f16(row[j]);
+		for (uint32_t j = 0; j < t.H; j++) /* stored transposed: plan.h */
+			out->fc2_w[(size_t)j * t.n_out + i] = hyb_f32_to_f16(row[j]);
 		out->fc2_b[i] = B2(&t, t.w)[src];
 	}
 	st->hidden = t.H;

@@ -511,13 +511,13 @@ TEST(plan_predictor_learns_planted_rule)
 				for (uint32_t e = 0; e < n_embd; e++)
 					a += (double)hyb_f16_to_f32(pr.fc1_w[j * n_embd + e]) *
 					     hyb_f16_to_f32(hyb_f32_to_f16(x[e]));
-				h[j] = a > 0 ? hyb_f16_to_f32(hyb_f32_to_f16((float)a)) : 0;
+				h[j] = a > 0 ? (float)a : 0;
 			}
 			for (uint32_t i = 0; i < n_ff; i++) {
 				double z = pr.fc2_b[i];
 
 				for (uint32_t j = 0; j < pr.hidden; j++)
-					z += (double)hyb_f16_to_f32(pr.fc2_w[i * pr.hidden + j]) *
+					z += (double)hyb_f16_to_f32(pr.fc2_w[j * pr.n_out + i]) *
 					     h[j];
 				CHECK_NEAR(lg[i], z, 1e-3 * (1 + fabs(z)));
 				if ((z > 0) != (lg[i] > 0))
@@ -786,8 +786,8 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 		CHECK(freq_t && freq_t->type == HYB_TYPE_F32 && freq_t->ne[0] == NG);
 		CHECK(fc1 && fc1->type == HYB_TYPE_F16 && fc1->ne[0] == E);
 		CHECK(fc1b && fc1b->type == HYB_TYPE_F32 && fc1b->ne[0] == fc1->ne[1]);
-		CHECK(fc2 && fc2->type == HYB_TYPE_F16 && fc2->ne[0] == fc1->ne[1]);
-		CHECK(fc2->ne[1] == F);
+		CHECK(fc2 && fc2->type == HYB_TYPE_F16 && fc2->ne[1] == fc1->ne[1]);
+		CHECK(fc2->ne[0] == F);
 		CHECK(fc2b && fc2b->type == HYB_TYPE_F32 && fc2b->ne[0] == F);
 		preds += fc1->nbytes + fc1b->nbytes + fc2->nbytes + fc2b->nbytes;
 		perm = perm_t->data;

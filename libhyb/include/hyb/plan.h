@@ -27,7 +27,10 @@
  *                 (mean over its neurons of active tokens / tokens).
  *   fc1.weight    F16, ne0 = n_embd, ne1 = H (hidden size of this layer's predictor)
  *   fc1.bias      F32 [H]
- *   fc2.weight    F16, ne0 = H, ne1 = n_ff (outputs in bundle order)
+ *   fc2.weight    F16, ne0 = n_ff, ne1 = H: stored transposed, row j = hidden
+ *                 unit j's weights to every neuron (bundle order), so decoding
+ *                 reads only the rows of units the ReLU left nonzero
+ *                 (PowerInfer's own fc2 is [H -> n_ff] the other way round)
  *   fc2.bias      F32 [n_ff]
  * Predictor (PowerInfer 5.1): logit = fc2 · relu(fc1 · x + b1) + b2; neuron
  * predicted active when logit > 0 (the plan folds its chosen threshold into
@@ -69,7 +72,7 @@ struct hyb_predictor {
 	uint32_t n_in, hidden, n_out;
 	const uint16_t *fc1_w; /* F16 [hidden][n_in] */
 	const float *fc1_b;    /* [hidden] */
-	const uint16_t *fc2_w; /* F16 [n_out][hidden] */
+	const uint16_t *fc2_w; /* F16 [hidden][n_out] (transposed) */
 	const float *fc2_b;    /* [n_out], threshold folded in */
 };
 
