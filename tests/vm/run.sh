@@ -108,13 +108,66 @@ MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb"
 
 # hybctl, linked statically from the objects `make` built (make test builds
 # them first), for the `hybctl numa --move` test; without them that test
-# says it skipped.
+# says it skipped. Debian has no static METIS: tests/vm/metis_stub.c stands
+# in (nothing in the VM partitions graphs).
 HB=${HYB_VM_BUILD:-$ROOT/build}
-rm -f "$OUT/hybctl"
+STATIC_LIBS="-lm -pthread -lnuma -luring -lutf8proc"
+rm -f "$OUT/hybctl" "$OUT/hybd" "$OUT/hybbox" "$OUT/hyb" "$OUT/nvme.img"
+if [ -f "$HB/libhyb.a" ]; then
+	$NICE gcc -std=c11 -O2 -Wall -Wextra -Werror -c "$ROOT/tests/vm/metis_stub.c" \
+		-o "$OUT/metis_stub.o" >"$OUT/build-hybctl.log" 2>&1 ||
+		{ tail -5 "$OUT/build-hybctl.log"; fail "cannot build tests/vm/metis_stub.c"; }
+fi
 if [ -f "$HB/libhyb.a" ] && ls "$HB"/tools/hybctl/*.o >/dev/null 2>&1; then
-	$NICE gcc -static "$HB"/tools/hybctl/*.o "$HB/libhyb.a" -lm -pthread -lnuma -lutf8proc \
-		-o "$OUT/hybctl" >"$OUT/build-hybctl.log" 2>&1 ||
+	$NICE gcc -static "$HB"/tools/hybctl/*.o "$OUT/metis_stub.o" "$HB/libhyb.a" $STATIC_LIBS \
+		-o "$OUT/hybctl" >>"$OUT/build-hybctl.log" 2>&1 ||
 		{ tail -5 "$OUT/build-hybctl.log"; fail "cannot link a static hybctl from $HB"; }
+fi
+
+# Box mode (issue 4, item 6): hybd and the app (tests/vm/hybbox.c) linked
+# statically against libhyb.a; a small synthetic model (hybctl synth) on an
+# ext4 image that the VM sees as an NVMe drive; the nvme and ext4 modules of
+# the same Debian kernel (and what they depend on) for the initramfs.
+BOX=0
+if [ -f "$HB/libhyb.a" ] && [ -f "$HB/daemon/hybd.o" ] && [ -x "$HB/hybctl" ]; then
+	BOX=1
+	{ $NICE gcc -static "$HB/daemon/hybd.o" "$OUT/metis_stub.o" "$HB/libhyb.a" $STATIC_LIBS \
+		-o "$OUT/hybd" &&
+	  $NICE gcc $CFLAGS -pthread -I"$ROOT/libhyb/include" -I"$ROOT/kernels/cpu" \
+		"$ROOT/tests/vm/hybbox.c" \
+		"$OUT/metis_stub.o" "$HB/libhyb.a" $STATIC_LIBS -o "$OUT/hybbox"
+	} >"$OUT/build-box.log" 2>&1 ||
+		{ tail -20 "$OUT/build-box.log"; fail "cannot link static hybd/hybbox from $HB"; }
+	# `hyb run --manifest` as a second app (tools/hyb/cli_manifest.c)
+	rm -f "$OUT/hyb"
+	if ls "$HB"/tools/hyb/*.o >/dev/null 2>&1; then
+		$NICE gcc -static "$HB"/tools/hyb/*.o "$OUT/metis_stub.o" "$HB/libhyb.a" \
+			$STATIC_LIBS -o "$OUT/hyb" >>"$OUT/build-box.log" 2>&1 ||
+			{ tail -20 "$OUT/build-box.log"; fail "cannot link a static hyb from $HB"; }
+	fi
+	rm -rf "$OUT/nvme-root" && mkdir -p "$OUT/nvme-root"
+	"$HB/hybctl" synth -o "$OUT/nvme-root/model.gguf" --hidden 256 --ffn 768 --layers 2 \
+		--vocab 512 --type Q8_0 --seed 7 >"$OUT/box-synth.log" 2>&1 ||
+		{ tail -5 "$OUT/box-synth.log"; fail "hybctl synth failed"; }
+	# the same program on the host, for a note on host vs VM (ISA) agreement
+	"$OUT/hybbox" gen "$OUT/nvme-root/model.gguf" 16 >"$OUT/box.host_ids" 2>/dev/null ||
+		rm -f "$OUT/box.host_ids"
+	command -v mke2fs >/dev/null || PATH=$PATH:/sbin:/usr/sbin
+	mke2fs -q -F -t ext4 -O ^has_journal -E root_owner=0:0 -d "$OUT/nvme-root" \
+		"$OUT/nvme.img" 16M >"$OUT/box-mkfs.log" 2>&1 ||
+		{ cat "$OUT/box-mkfs.log"; fail "cannot make the NVMe image (mke2fs -d, e2fsprogs)"; }
+	# insmod order for nvme and ext4 (the generic crc32c/crct10dif, not the
+	# CPU-specific ones a TCG CPU may lack)
+	rm -rf "$OUT/kmods" && mkdir -p "$OUT/kmods"
+	modprobe -a --show-depends -S "$KVER" nvme ext4 crc32c_generic 2>"$OUT/box-mods.log" |
+		awk '$1 == "insmod" && $2 !~ /arch\/x86\/crypto/ && !seen[$2]++ { print $2 }' \
+		>"$OUT/kmods.list"
+	grep -q "/nvme.ko" "$OUT/kmods.list" && grep -q "/ext4.ko" "$OUT/kmods.list" ||
+		{ cat "$OUT/box-mods.log"; fail "no nvme/ext4 modules for $KVER (modprobe --show-depends)"; }
+	while read -r k; do
+		cp "$k" "$OUT/kmods/" && basename "$k" >>"$OUT/kmods/order" ||
+			fail "cannot copy $k"
+	done <"$OUT/kmods.list"
 fi
 
 # -- 3. initramfs ---------------------------------------------------------------
@@ -123,6 +176,12 @@ rm -rf "$IR" && mkdir -p "$IR"/{bin,dev,proc,sys,tmp,etc}
 cp "$BUSYBOX" "$IR/bin/busybox"
 cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$OUT/hybmempool" "$OUT/bench_queue" "$IR/"
 [ -x "$OUT/hybctl" ] && cp "$OUT/hybctl" "$IR/"
+if [ "$BOX" = 1 ]; then
+	[ -x "$OUT/hyb" ] && cp "$OUT/hyb" "$IR/"
+	cp "$OUT/hybd" "$OUT/hybbox" "$IR/" && cp -r "$OUT/kmods" "$IR/kmods" &&
+		cp "$ROOT/tests/vm/hybd.conf" "$IR/etc/hybd.conf" || fail "cannot stage box mode"
+	[ -f "$OUT/box.host_ids" ] && cp "$OUT/box.host_ids" "$IR/box.host_ids"
+fi
 cp "$ROOT/tests/vm/init.sh" "$IR/init"
 chmod 755 "$IR/init"
 printf 'root:x:0:0:root:/:/bin/sh\nuser:x:1000:990::/:/bin/sh\nother:x:1001:1001::/:/bin/sh\n' \
@@ -132,11 +191,15 @@ printf 'root:x:0:\nhyb:x:990:user\nother:x:1001:\n' >"$IR/etc/group"
 	fail "cannot pack the initramfs"
 
 # -- 4. boot ----------------------------------------------------------------------
+NVME=()
+[ "$BOX" = 1 ] && NVME=(-drive "file=$OUT/nvme.img,if=none,id=nv,format=raw"
+			-device nvme,serial=hyb0001,drive=nv)
 say "booting $KVER under qemu ($ACCEL, 2 NUMA nodes, 2 vCPUs, 1 GiB), fuzzing ${FUZZ}s"
 t0=$(date +%s)
 $NICE timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" -cpu max -smp 2,sockets=2 -m 1024 \
 	-object memory-backend-ram,id=m0,size=512M -object memory-backend-ram,id=m1,size=512M \
 	-numa node,nodeid=0,cpus=0,memdev=m0 -numa node,nodeid=1,cpus=1,memdev=m1 \
+	"${NVME[@]}" \
 	-kernel "$VMLINUZ" -initrd "$OUT/initramfs.gz" \
 	-append "console=ttyS0 loglevel=4 panic=-1 slub_debug=FZPU page_poison=1 hybvm.fuzz=$FUZZ${HYB_VM_ONLY:+ hybvm.only=$HYB_VM_ONLY}" \
 	-display none -serial "file:$OUT/console.log" -monitor none -net none -no-reboot \
@@ -154,7 +217,7 @@ if ! grep -q "^HYBVM BOOT" "$OUT/console.txt" 2>/dev/null; then
 fi
 
 # -- 5. results ---------------------------------------------------------------
-grep -E "^(HYBVM (PASS|FAIL|NOTE)|  )" "$OUT/console.txt" | grep -v "^HYBVM METRIC" |
+grep -aE "^(HYBVM (PASS|FAIL|NOTE)|  )" "$OUT/console.txt" | grep -v "^HYBVM METRIC" |
 	sed -e 's/^HYBVM /hyb-vm: /'
 grep "^HYBVM METRIC" "$OUT/console.txt" | sed 's/^HYBVM METRIC //' >"$OUT/metrics.txt"
 npass=$(grep -c "^HYBVM PASS" "$OUT/console.txt")

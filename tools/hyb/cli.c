@@ -35,7 +35,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 }
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
-       O_DENSE, O_SPARSE };
+       O_DENSE, O_SPARSE, O_MANIFEST };
 
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
@@ -59,6 +59,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		{ "print-ids", no_argument, 0, O_IDS },
 		{ "dense", no_argument, 0, O_DENSE },
 		{ "sparse", no_argument, 0, O_SPARSE },
+		{ "manifest", required_argument, 0, O_MANIFEST },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
@@ -87,6 +88,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_IDS: o->print_ids = true; break;
 		case O_DENSE: o->ffn = HYB_FFN_DENSE; break;
 		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
+		case O_MANIFEST: o->model = o->manifest = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -100,8 +102,11 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 struct hyb_model *cli_load_model(const struct cli_opts *o)
 {
 	char err[512];
-	struct hyb_model *m = hyb_model_load(o->model, err, sizeof(err));
+	struct hyb_model *m;
 
+	if (o->manifest)
+		return cli_load_manifest(o->manifest);
+	m = hyb_model_load(o->model, err, sizeof(err));
 	if (!m)
 		cli_die("%s", err);
 	return m;

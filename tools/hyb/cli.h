@@ -11,6 +11,7 @@
 
 struct cli_opts {
 	const char *model;
+	const char *manifest; /* run --manifest: a box-mode model hybd serves */
 	const char *prompt;
 	const char *tokens;   /* comma-separated ids */
 	const char *out;
@@ -33,6 +34,8 @@ double cli_num(const char *opt, const char *s, double lo, double hi);
 _Noreturn void cli_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Load model and context or exit with one clear line. */
 struct hyb_model *cli_load_model(const struct cli_opts *o);
+/* cli_manifest.c: a model from hybd's manifest (box mode), or exit with one line. */
+struct hyb_model *cli_load_manifest(const char *src);
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o);
 /* One stderr line on sparse decoding (nothing for a dense context). */
 void cli_print_sparse(const struct hyb_ctx *c, double t_decode);

@@ -12,6 +12,7 @@ static const char usage[] =
 	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"
 	"               [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
 	"               [--print-ids] [--dense | --sparse]\n"
+	"       hyb run --manifest NAME|PATH -p PROMPT ...   (box mode: the model hybd serves)\n"
 	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n";
 
 struct stream {

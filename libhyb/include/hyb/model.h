@@ -170,4 +170,33 @@ typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint
 				 const float *x_attn, const float *act);
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
 
+/*
+ * Box mode (DESIGN.md "Two ways to run", issue 4 item 6): a model hybd has
+ * loaded into pools, found through its manifest (hyb/manifest.h) instead of
+ * the file. src is a manifest file path (contains '/'; it names the instance
+ * and backend, the manifest POOL is then what is used), a manifest pool name
+ * ("hyb.manifest") or an instance name ("hyb"); pools are opened on
+ * HYB_BACKEND_AUTO ($HYB_BACKEND) for names, on the manifest's backend for
+ * files. The GGUF header copy in the manifest gives metadata and tokenizer;
+ * every tensor points into the read-only mapping of its pool (checked against
+ * the header: type, shape, bytes, file offset); then the same binding and
+ * validation as hyb_model_load. Every tensor must be resident (a manifest
+ * with dram_budget-paged tensors is refused). m->image_backend is the backend
+ * the pools were opened through (for reload-queue clients); m->gguf->base
+ * holds only the header, zeros after it. NULL with a one-line reason in err.
+ */
+struct hyb_manifest;
+struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t errlen);
+/* The manifest of a box-mode model (NULL for a model loaded from a file). */
+const struct hyb_manifest *hyb_model_manifest(const struct hyb_model *m);
+/*
+ * Is hybd still serving a box-mode model? 0: yes. -ESHUTDOWN: hybd retired
+ * the manifest (clean shutdown). -EPIPE: hybd died (its pools were destroyed
+ * without a retirement, e.g. SIGKILL). The weights mapped here stay readable
+ * either way (the kernel keeps destroyed pools while mapped), but nothing can
+ * be loaded, uploaded or reloaded any more: apps should stop with err's
+ * message. -EINVAL: not a box-mode model. One cheap ioctl: call it per token.
+ */
+int hyb_model_box_check(const struct hyb_model *m, char *err, size_t errlen);
+
 #endif

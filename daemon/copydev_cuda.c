@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: MIT
+/*
+ * copydev_cuda.h in a build without CUDA: every call fails with -ENODEV and
+ * says why, so hybd can ask for the CUDA device unconditionally and fall back
+ * to the CPU one. The definitions are weak: when kernels/cuda/copydev_cuda.cu
+ * is linked in (nvcc present), its definitions replace these.
+ */
+#include <errno.h>
+#include <stdio.h>
+
+#include "copydev_cuda.h"
+
+#define WEAK __attribute__((weak))
+
+static int no_cuda(char *err, size_t errlen)
+{
+	if (err && errlen)
+		snprintf(err, errlen, "this build has no CUDA (nvcc was not found when it was "
+			 "built)");
+	return -ENODEV;
+}
+
+WEAK struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cuda_config *cfg,
+					       char *err, size_t errlen)
+{
+	(void)cfg;
+	no_cuda(err, errlen);
+	return NULL;
+}
+
+WEAK int hyb_copydev_cuda_register(struct hyb_copydev *d, void *addr, size_t len,
+				   bool read_only, char *err, size_t errlen)
+{
+	(void)d, (void)addr, (void)len, (void)read_only;
+	return no_cuda(err, errlen);
+}
+
+WEAK int hyb_copydev_cuda_unregister(struct hyb_copydev *d, void *addr)
+{
+	(void)d, (void)addr;
+	return -ENODEV;
+}
+
+WEAK void *hyb_copydev_cuda_slot(struct hyb_copydev *d, uint32_t slot)
+{
+	(void)d, (void)slot;
+	return NULL;
+}
+
+WEAK uint64_t hyb_copydev_cuda_valid(struct hyb_copydev *d, uint32_t slot)
+{
+	(void)d, (void)slot;
+	return 0;
+}
+
+WEAK int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_cuda_cache_desc *out,
+				 char *err, size_t errlen)
+{
+	(void)d, (void)out;
+	return no_cuda(err, errlen);
+}
+
+WEAK int hyb_cuda_cache_open(const struct hyb_cuda_cache_desc *desc, void **base, char *err,
+			     size_t errlen)
+{
+	(void)desc;
+	if (base)
+		*base = NULL;
+	return no_cuda(err, errlen);
+}
+
+WEAK int hyb_cuda_cache_close(void *base)
+{
+	(void)base;
+	return -ENODEV;
+}

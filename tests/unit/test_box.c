@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Box mode on the host (issue 4, item 6; the VM bench runs the same with
+ * hybd as its own process on hybpool.ko and the model on an emulated NVMe
+ * drive): hybd runs in-process on the local backend, an "app" builds the
+ * model from the manifest with hyb_model_load_manifest() and must generate
+ * exactly the token ids the same file gives through hyb_model_load(); the
+ * weights it computes on are the pools' read-only mappings; a daemon that
+ * retires its manifest (-ESHUTDOWN) or dies (-EPIPE) is reported by
+ * hyb_model_box_check() while the mapped weights stay readable; bad sources
+ * and non-resident tensors are refused with a clear message.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../daemon/config.h"
+#include "../../daemon/server.h"
+#include "cpu_kernels.h"
+#include "hyb/generate.h"
+#include "hyb/gguf.h"
+#include "hyb/manifest.h"
+#include "hyb/model.h"
+#include "hyb/pool.h"
+#include "hyb/sampler.h"
+#include "hyb/tensor_type.h"
+#include "hyb/tokenizer.h"
+#include "test.h"
+
+#define N_GEN 24
+
+/* -- a Q8_0 llama of our own (GQA, several layers) ------------------------ */
+
+static float frand(uint32_t *s)
+{
+	*s ^= *s << 13, *s ^= *s >> 17, *s ^= *s << 5;
+	return ((*s >> 8) / 16777216.0f - 0.5f) * 0.5f;
+}
+
+static const char *write_q8_model(const char *name, uint32_t layers)
+{
+	enum { E = 64, F = 192, V = 256, KV = 32 };
+	static char path[512];
+	struct gguf_writer *w = gguf_writer_new();
+	void *bufs[64];
+	int nb = 0;
+	uint32_t seed = 12345;
+	char err[256], tn[64];
+
+	CHECK(w);
+	gguf_set_str(w, "general.architecture", "llama");
+	gguf_set_u32(w, "llama.block_count", layers);
+	gguf_set_u32(w, "llama.embedding_length", E);
+	gguf_set_u32(w, "llama.feed_forward_length", F);
+	gguf_set_u32(w, "llama.attention.head_count", 4);
+	gguf_set_u32(w, "llama.attention.head_count_kv", 2);
+	gguf_set_u32(w, "llama.context_length", 256);
+	gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+#define T(nm, type, ne0, ne1)                                                          \
+	do {                                                                           \
+		uint64_t ne_[2] = { ne0, ne1 };                                        \
+		uint64_t rb_ = hyb_row_bytes(type, ne0);                               \
+		float row_[F];                                                         \
+		uint8_t *d_ = malloc(rb_ * ne1);                                       \
+		CHECK(d_ && nb < 64);                                                  \
+		for (uint64_t r_ = 0; r_ < ne1; r_++) {                                \
+			for (uint64_t i_ = 0; i_ < ne0; i_++)                          \
+				row_[i_] = type == HYB_TYPE_F32 ? 1.0f + frand(&seed)   \
+								: frand(&seed);         \
+			CHECK(!hyb_quantize_row_ref(type, row_, d_ + r_ * rb_, ne0));  \
+		}                                                                      \
+		bufs[nb++] = d_;                                                       \
+		CHECK(!gguf_writer_add_tensor(w, nm, type, ne1 > 1 ? 2 : 1, ne_, d_)); \
+	} while (0)
+	T("token_embd.weight", HYB_TYPE_Q8_0, E, V);
+	for (uint32_t l = 0; l < layers; l++) {
+#define N(s) (snprintf(tn, sizeof(tn), "blk.%u." s, l), tn)
+		T(N("attn_norm.weight"), HYB_TYPE_F32, E, 1);
+		T(N("attn_q.weight"), HYB_TYPE_Q8_0, E, E);
+		T(N("attn_k.weight"), HYB_TYPE_Q8_0, E, KV);
+		T(N("attn_v.weight"), HYB_TYPE_Q8_0, E, KV);
+		T(N("attn_output.weight"), HYB_TYPE_Q8_0, E, E);
+		T(N("ffn_norm.weight"), HYB_TYPE_F32, E, 1);
+		T(N("ffn_gate.weight"), HYB_TYPE_Q8_0, E, F);
+		T(N("ffn_up.weight"), HYB_TYPE_Q8_0, E, F);
+		T(N("ffn_down.weight"), HYB_TYPE_Q8_0, F, E);
+#undef N
+	}
+	T("output_norm.weight", HYB_TYPE_F32, E, 1);
+	T("output.weight", HYB_TYPE_Q8_0, E, V);
+#undef T
+	snprintf(path, sizeof(path), "%s/%s", hyb_test_tmpdir(), name);
+	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	gguf_writer_free(w);
+	while (nb)
+		free(bufs[--nb]);
+	return path;
+}
+
+/* -- helpers --------------------------------------------------------------- */
+
+static void start_hybd(const char *model, const char *name, const char *placement,
+		       const char *pools_per_node, struct hybd **d)
+{
+	struct hybd_config c;
+	char err[512];
+
+	/* the app side opens AUTO: make that the local backend hybd uses here */
+	setenv("HYB_BACKEND", "local", 1);
+	hybd_config_defaults(&c);
+	CHECK(!hybd_config_set(&c, "model", model, err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "backend", "local", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "name", name, err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "state_dir", hyb_test_tmpdir(), err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "progress", "quiet", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "stats_interval", "0", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "gpu_slots", "2", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "slot_bytes", "64K", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "placement", placement, err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "pools_per_node", pools_per_node, err, sizeof(err)));
+	CHECK_MSG(!hybd_start(&c, NULL, NULL, d, err, sizeof(err)), "hybd: %s", err);
+}
+
+struct ids {
+	int32_t v[N_GEN + 1];
+	uint32_t n;
+};
+
+static int keep(void *arg, int32_t tok)
+{
+	struct ids *o = arg;
+
+	if (o->n < N_GEN)
+		o->v[o->n++] = tok;
+	return 0;
+}
+
+/* Greedy ids after prompt (what `hyb run` does with --temp 0). */
+static struct ids generate(const struct hyb_model *m, const int32_t *prompt, uint32_t np)
+{
+	struct hyb_ctx_params cp = { .n_ctx = np + N_GEN + 1, .n_threads = 1 };
+	struct hyb_sampler_params sp = hyb_sampler_defaults();
+	struct hyb_gen_stats st;
+	struct ids o = { .n = 0 };
+	struct hyb_sampler *s;
+	struct hyb_ctx *c;
+	char err[512];
+
+	sp.temperature = 0;
+	c = hyb_ctx_new(m, &cp, err, sizeof(err));
+	CHECK_MSG(c, "%s", err);
+	s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
+	CHECK(s);
+	CHECK_MSG(!hyb_generate(c, m, s, prompt, np, N_GEN, keep, &o, &st, err, sizeof(err)),
+		  "%s", err);
+	hyb_sampler_free(s);
+	hyb_ctx_free(c);
+	return o;
+}
+
+static void check_same_ids(const struct ids *a, const struct ids *b, const char *what)
+{
+	CHECK_MSG(a->n == b->n, "%s: %u ids vs %u", what, a->n, b->n);
+	for (uint32_t i = 0; i < a->n; i++)
+		CHECK_MSG(a->v[i] == b->v[i], "%s: id %u is %d, the file gives %d", what, i,
+			  b->v[i], a->v[i]);
+}
+
+/*
+ * A write through the model's weights must fault: they are read-only pool
+ * mappings. The local backend enforces that for shared pools only (its
+ * private ones are plain process memory); kmod pools always are.
+ */
+static void check_read_only(const struct hyb_model *m, const char *name, const void *p)
+{
+	const struct hyb_manifest_tensor *t = hyb_manifest_find(hyb_model_manifest(m), name);
+	struct hyb_mempool_info pi;
+	pid_t pid;
+	int st;
+
+	CHECK(t && !hyb_mempool_stat(m->image_backend, t->pool_id, &pi));
+	if (!(pi.flags & HYB_MEMPOOL_F_SHARED))
+		return;
+	pid = fork();
+	CHECK(pid >= 0);
+	if (!pid) {
+		*(volatile uint8_t *)p = 1;
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid);
+	CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
+		  "a write to the weights did not fault (status %#x)", st);
+}
+
+/* The weight lies inside one of the manifest's pools, at its tensor's offset. */
+static void check_in_pool(const struct hyb_model *m, const char *name, const void *data)
+{
+	const struct hyb_manifest *mf = hyb_model_manifest(m);
+	const struct hyb_manifest_tensor *t = hyb_manifest_find(mf, name);
+
+	CHECK_MSG(t && t->pool != HYB_MF_NO_POOL, "%s not resident", name);
+	CHECK_MSG(((uintptr_t)data - t->pool_off) % 4096 == 0,
+		  "%s: %p is not at pool offset %llu of a mapping", name, data,
+		  (unsigned long long)t->pool_off);
+	CHECK(!((uintptr_t)data >= (uintptr_t)m->gguf->base &&
+		(uintptr_t)data < (uintptr_t)m->gguf->base + m->gguf->size));
+}
+
+/* -- tests ------------------------------------------------------------------ */
+
+TEST(box_tiny_llama_from_manifest_generates_the_file_ids)
+{
+	const char *model = hyb_test_shared("models/llama-2-tiny-random.gguf");
+	struct hyb_model *f, *b, *bf;
+	struct hybd *d;
+	struct ids want, got;
+	int32_t pa[64], pb[64];
+	char err[512], mpath[600];
+	const char *prompt = "Once upon a time, in a box";
+	int na, nbx;
+
+	if (access(model, R_OK))
+		SKIP("%s not found", model);
+	start_hybd(model, "bt", "interleave", "2", &d);
+	f = hyb_model_load(model, err, sizeof(err));
+	CHECK_MSG(f, "%s", err);
+	b = hyb_model_load_manifest("bt", err, sizeof(err));
+	CHECK_MSG(b, "%s", err);
+	snprintf(mpath, sizeof(mpath), "%s/bt.manifest", hyb_test_tmpdir());
+	CHECK(!strcmp(hybd_manifest_path(d), mpath));
+	bf = hyb_model_load_manifest(mpath, err, sizeof(err));
+	CHECK_MSG(bf, "%s", err);
+
+	CHECK(!memcmp(&f->hp, &b->hp, sizeof(f->hp)));
+	CHECK_EQ_INT(f->weight_bytes, b->weight_bytes);
+	CHECK(b->tok && f->tok);
+	na = hyb_tokenize(f->tok, prompt, strlen(prompt), true, pa, 64);
+	nbx = hyb_tokenize(b->tok, prompt, strlen(prompt), true, pb, 64);
+	CHECK(na > 3 && na == nbx && !memcmp(pa, pb, sizeof(int32_t) * na));
+
+	want = generate(f, pa, (uint32_t)na);
+	CHECK_EQ_INT(want.n, N_GEN);
+	got = generate(b, pb, (uint32_t)nbx);
+	check_same_ids(&want, &got, "manifest pool");
+	got = generate(bf, pb, (uint32_t)nbx);
+	check_same_ids(&want, &got, "manifest file");
+
+	check_in_pool(b, "token_embd.weight", b->tok_embd.data);
+	check_in_pool(b, "blk.0.ffn_down.weight", b->layers[0].down.data);
+	check_read_only(b, "blk.0.attn_q.weight", b->layers[0].wq.data);
+	CHECK(!hyb_model_manifest(f) && hyb_model_manifest(b));
+	CHECK_EQ_INT(hyb_model_box_check(b, err, sizeof(err)), 0);
+	CHECK_EQ_INT(hyb_model_box_check(f, err, sizeof(err)), -EINVAL);
+	CHECK(strstr(err, "not a box-mode model"));
+	hyb_model_free(bf);
+	hyb_model_free(b);
+	hyb_model_free(f);
+	hybd_stop(d, "test");
+}
+
+TEST(box_q8_model_in_several_pools_generates_the_file_ids)
+{
+	const char *model = write_q8_model("q8.gguf", 3);
+	static const int32_t prompt[] = { 1, 17, 200, 3, 99, 42 };
+	struct hyb_model *f, *b;
+	struct hyb_manifest_info mi;
+	struct hybd *d;
+	struct ids want, got;
+	char err[512];
+
+	start_hybd(model, "bq", "layer", "3", &d);
+	f = hyb_model_load(model, err, sizeof(err));
+	CHECK_MSG(f, "%s", err);
+	b = hyb_model_load_manifest("bq.manifest", err, sizeof(err));
+	CHECK_MSG(b, "%s", err);
+	hyb_manifest_info(hyb_model_manifest(b), &mi);
+	CHECK_MSG(mi.n_pools >= 3, "%u pools", mi.n_pools);
+	CHECK(!b->tok);	/* no tokenizer metadata: ids only, as from the file */
+	want = generate(f, prompt, 6);
+	got = generate(b, prompt, 6);
+	CHECK_EQ_INT(want.n, N_GEN);
+	check_same_ids(&want, &got, "Q8_0 over 3 pools");
+	for (uint32_t l = 0; l < 3; l++)
+		CHECK(b->layers[l].gate.type == HYB_TYPE_Q8_0 && b->layers[l].wk.ne1 == 32);
+	check_read_only(b, "output.weight", b->output.data);
+	hyb_model_free(b);
+	hyb_model_free(f);
+	hybd_stop(d, "test");
+}
+
+TEST(box_check_reports_shutdown_and_death_weights_stay_readable)
+{
+	const char *model = write_q8_model("q8.gguf", 2);
+	static const int32_t prompt[] = { 1, 5, 9 };
+	struct hyb_model *f, *b1, *b2;
+	struct hyb_mempool *mp;
+	struct hybd *d1, *d2;
+	struct ids want, got;
+	char err[512];
+
+	f = hyb_model_load(model, err, sizeof(err));
+	CHECK_MSG(f, "%s", err);
+	want = generate(f, prompt, 3);
+
+	/* a clean shutdown: the manifest is retired, then the pools destroyed */
+	start_hybd(model, "bs", "interleave", "1", &d1);
+	b1 = hyb_model_load_manifest("bs", err, sizeof(err));
+	CHECK_MSG(b1, "%s", err);
+	CHECK_EQ_INT(hyb_model_box_check(b1, err, sizeof(err)), 0);
+	hybd_stop(d1, "test");
+	CHECK_EQ_INT(hyb_model_box_check(b1, err, sizeof(err)), -ESHUTDOWN);
+	CHECK_MSG(strstr(err, "shut down") && strstr(err, "bs.manifest"), "%s", err);
+	got = generate(b1, prompt, 3);	/* the mappings outlive the pools */
+	check_same_ids(&want, &got, "after hybd stopped");
+	CHECK(!hyb_model_load_manifest("bs", err, sizeof(err)));
+	CHECK_MSG(strstr(err, "bs.manifest"), "%s", err);
+
+	/*
+	 * A death: the pools go without a retirement (what the kernel does when
+	 * hybd is SIGKILLed; the VM bench kills a real one). Simulated here by
+	 * destroying the manifest pool through hybd's own backend handle.
+	 */
+	start_hybd(model, "bk", "layer", "1", &d2);
+	b2 = hyb_model_load_manifest("bk", err, sizeof(err));
+	CHECK_MSG(b2, "%s", err);
+	CHECK(!hyb_mempool_open(hybd_backend(d2), "bk.manifest", &mp));
+	CHECK(!hyb_mempool_destroy(mp));
+	hyb_mempool_close(mp);
+	CHECK_EQ_INT(hyb_model_box_check(b2, err, sizeof(err)), -EPIPE);
+	CHECK_MSG(strstr(err, "is gone") && strstr(err, "without being retired"), "%s", err);
+	got = generate(b2, prompt, 3);
+	check_same_ids(&want, &got, "after the manifest pool went");
+	hybd_stop(d2, "test");
+	hyb_model_free(b2);
+	hyb_model_free(b1);
+	hyb_model_free(f);
+}
+
+TEST(box_load_errors_are_clear)
+{
+	const char *model = write_q8_model("q8.gguf", 2);
+	struct hybd_config c;
+	struct hybd *d;
+	char err[512], path[600];
+
+	setenv("HYB_BACKEND", "local", 1);
+	CHECK(!hyb_model_load_manifest("nope", err, sizeof(err)));
+	CHECK_MSG(strstr(err, "nope.manifest"), "%s", err);
+	CHECK(!hyb_model_load_manifest("", err, sizeof(err)));
+	CHECK_MSG(strstr(err, "empty"), "%s", err);
+	CHECK(!hyb_model_load_manifest("a-name-much-too-long-for-a-pool", err, sizeof(err)));
+	CHECK_MSG(strstr(err, "too long"), "%s", err);
+	snprintf(path, sizeof(path), "%s/none.manifest", hyb_test_tmpdir());
+	CHECK(!hyb_model_load_manifest(path, err, sizeof(err)));
+	CHECK_MSG(strstr(err, "none.manifest"), "%s", err);
+	CHECK(!hyb_model_load_manifest(NULL, err, sizeof(err)));
+
+	/* a DRAM budget leaves FFN weights on storage: refused, naming one */
+	hybd_config_defaults(&c);
+	CHECK(!hybd_config_set(&c, "model", model, err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "backend", "local", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "name", "bp", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "state_dir", hyb_test_tmpdir(), err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "progress", "quiet", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "stats_interval", "0", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "dram_budget", "160K", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "page_pool", "8K", err, sizeof(err)));
+	CHECK_MSG(!hybd_start(&c, NULL, NULL, &d, err, sizeof(err)), "hybd: %s", err);
+	CHECK(!hyb_model_load_manifest("bp", err, sizeof(err)));
+	CHECK_MSG(strstr(err, "not resident") && strstr(err, "ffn_"), "%s", err);
+	hybd_stop(d, "test");
+}
