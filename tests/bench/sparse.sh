@@ -21,9 +21,7 @@ for t in ${SPARSE_TYPES:-Q4_0 Q8_0}; do
 	[ -f "${f%.gguf}.plan.gguf" ] || /usr/bin/time -f "plan: %e s wall, %M KiB peak" \
 		build/hybctl plan "$f" --profile "${f%.gguf}.profile.gguf" --gpu-budget 8G \
 		-o "${f%.gguf}.plan.gguf"
-	echo "-- dense source model"
-	build/hyb bench -m "$f" -p 64 -n 32 -r "${REPS:-5}" | grep -E '^(decode|DRAM)'
-	echo "-- plan: dense vs sparse"
-	build/hyb bench -m "${f%.gguf}.plan.gguf" -p 64 -n 32 -r "${REPS:-5}"
+	echo "-- plan: dense vs sparse, and the source model's dense decode, every round"
+	build/hyb bench -m "${f%.gguf}.plan.gguf" --baseline "$f" -p 64 -n 32 -r "${REPS:-5}"
 	build/bench_fidelity "${f%.gguf}.plan.gguf" 64 | tail -1
 done

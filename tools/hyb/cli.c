@@ -35,7 +35,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 }
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
-       O_DENSE, O_SPARSE, O_MANIFEST };
+       O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE };
 
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
@@ -60,6 +60,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		{ "dense", no_argument, 0, O_DENSE },
 		{ "sparse", no_argument, 0, O_SPARSE },
 		{ "manifest", required_argument, 0, O_MANIFEST },
+		{ "baseline", required_argument, 0, O_BASELINE },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
@@ -89,6 +90,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_DENSE: o->ffn = HYB_FFN_DENSE; break;
 		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
 		case O_MANIFEST: o->model = o->manifest = optarg; break;
+		case O_BASELINE: o->baseline = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}

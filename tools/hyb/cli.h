@@ -12,6 +12,7 @@
 struct cli_opts {
 	const char *model;
 	const char *manifest; /* run --manifest: a box-mode model hybd serves */
+	const char *baseline; /* bench --baseline: the dense model a plan was made from */
 	const char *prompt;
 	const char *tokens;   /* comma-separated ids */
 	const char *out;

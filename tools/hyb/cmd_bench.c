@@ -25,7 +25,10 @@
 #include "hyb/threadpool.h"
 
 static const char usage[] =
-	"usage: hyb bench -m MODEL [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [-t THREADS]\n";
+	"usage: hyb bench -m MODEL [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [-t THREADS]\n"
+	"                 [--baseline SOURCE.gguf]\n"
+	"  a plan model decodes densely and sparsely in every round; --baseline also\n"
+	"  decodes the model the plan was made from (dense, its own layout) each round\n";
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -185,7 +188,8 @@ int cmd_bench(int argc, char **argv)
 	struct cli_opts o = { .n_gen_bench = 32, .reps = 3 };
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	struct hyb_model *m;
-	struct hyb_ctx *c, *cs = NULL;
+	struct hyb_ctx *c, *cs = NULL, *cb = NULL;
+	struct hyb_model *mb = NULL;
 	struct hyb_sparse_stats sst = { 0 };
 	char err[512];
 	int n_prompt = 64, nth;
@@ -202,6 +206,18 @@ int cmd_bench(int argc, char **argv)
 		c = cli_new_ctx(m, &o);
 		o.ffn = HYB_FFN_SPARSE;
 		cs = cli_new_ctx(m, &o);
+		if (o.baseline) {
+			struct cli_opts ob = o;
+
+			ob.model = o.baseline;
+			ob.manifest = NULL;
+			ob.ffn = HYB_FFN_AUTO;
+			mb = cli_load_model(&ob);
+			if (mb->hp.n_vocab != m->hp.n_vocab || mb->hp.n_embd != m->hp.n_embd)
+				cli_die("--baseline %s is not the model %s was made from", o.baseline,
+					o.model);
+			cb = cli_new_ctx(mb, &ob);
+		}
 	} else {
 		c = cli_new_ctx(m, &o);
 	}
@@ -234,9 +250,10 @@ int cmd_bench(int argc, char **argv)
 	double *bw = calloc(o.reps, sizeof(double)), *gp = calloc(o.reps, sizeof(double));
 	double *r_pre = calloc(o.reps, sizeof(double)), *r_dec = calloc(o.reps, sizeof(double));
 	double *t_sp = calloc(o.reps, sizeof(double)), *r_sp = calloc(o.reps, sizeof(double));
+	double *t_base = calloc(o.reps, sizeof(double)), *r_base = calloc(o.reps, sizeof(double));
 	uint64_t agree = 0, compared = 0;
 
-	if (!bw || !gp || !r_pre || !r_dec || !t_sp || !r_sp)
+	if (!bw || !gp || !r_pre || !r_dec || !t_sp || !r_sp || !t_base || !r_base)
 		cli_die("out of memory");
 	/*
 	 * Each round measures the baselines right next to the figures they
@@ -292,6 +309,20 @@ int cmd_bench(int argc, char **argv)
 			sst.nonzero += one.nonzero;
 			sst.predictor_s += one.predictor_s;
 			sst.ffn_s += one.ffn_s;
+		}
+		if (cb) {
+			/* the source model, dense in its own layout, on the same tokens */
+			hyb_ctx_reset(cb);
+			if (hyb_ctx_eval(cb, toks, (uint32_t)n_prompt, logits, false, err,
+					 sizeof(err)))
+				cli_die("%s", err);
+			t0 = hyb_now();
+			for (int i = 0; i < o.n_gen_bench; i++)
+				if (hyb_ctx_eval(cb, &toks[n_prompt + i], 1, logits, false, err,
+						 sizeof(err)))
+					cli_die("%s", err);
+			t_base[r] = hyb_now() - t0;
+			r_base[r] = t_base[r] / t_sp[r];
 		}
 		r_pre[r] = n_prompt * (double)macs / t_pre[r] / gp[r];
 		r_dec[r] = o.n_gen_bench * bytes_tok / t_dec[r] / bw[r];
@@ -350,6 +381,10 @@ int cmd_bench(int argc, char **argv)
 		printf("sparse      %.1f MB/token read (predictors %.1f MB) -> roofline %.2f tokens/s, "
 		       "%.0f%% of it\n", sp_bytes / 1e6, pred_bytes / 1e6, bw_med / sp_bytes,
 		       100 * sp_tps * sp_bytes / bw_med);
+		if (cb)
+			printf("baseline    %8.2f tokens/s  dense decode of %s: sparse is %.2fx it "
+			       "(per-round median)\n", o.n_gen_bench / median(t_base, o.reps),
+			       o.baseline, median(r_base, o.reps));
 		printf("sparse      bound from bytes: %.2fx dense at this sparsity, %.2fx with no FFN "
 		       "at all (the FFN is %.0f%% of a dense token's bytes)\n", bytes_tok / sp_bytes,
 		       bytes_tok / (bytes_tok - ffn_bytes), 100 * ffn_bytes / bytes_tok);
@@ -360,6 +395,8 @@ int cmd_bench(int argc, char **argv)
 	free(r_dec);
 	free(t_sp);
 	free(r_sp);
+	free(t_base);
+	free(r_base);
 	printf("bytes/token %.1f MB (weights %.1f MB + KV), %.2f GMAC/token\n", bytes_tok / 1e6,
 	       wbytes / 1e6, macs / 1e9);
 
@@ -376,6 +413,8 @@ int cmd_bench(int argc, char **argv)
 	free(t_dec);
 	hyb_ctx_free(c);
 	hyb_ctx_free(cs);
+	hyb_ctx_free(cb);
+	hyb_model_free(mb);
 	hyb_model_free(m);
 	return 0;
 }
