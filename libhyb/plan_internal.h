@@ -137,7 +137,7 @@ int plan_place_solve(const struct plan_place_layer *L, uint32_t n_layer, uint64_
 
 struct plan_pred_opts {
 	uint32_t hidden;       /* H; 0: plan_pred_hidden() */
-	double target_recall;  /* threshold chosen for it on validation samples (0.99) */
+	double target_recall;  /* threshold chosen for it on validation samples (0.995) */
 	uint32_t max_epochs;   /* 0: 10 */
 	double gflop;          /* training compute cap per layer, GFLOP; 0: 200 */
 	uint32_t batch;        /* minibatch; 0: 128 */

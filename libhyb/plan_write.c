@@ -52,7 +52,7 @@ void plan_opts_default(struct plan_opts *o)
 	o->group.seed = 1;
 	/* one sync of a split layer; DDR5 dual channel; a consumer GPU's VRAM */
 	o->sync = (struct plan_sync_model){ 20e-6, 50e9, 1000e9 };
-	o->pred.target_recall = 0.99; /* see hybctl plan --help */
+	o->pred.target_recall = 0.995; /* see hybctl plan --help */
 	o->pred.max_epochs = 10;
 	o->pred.gflop = 200;
 	o->pred.batch = 128;
@@ -775,7 +775,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 		goto out;
 	if (gguf_writer_begin(w, tmp, err, errlen))
 		goto out;
-	say(&P, "predictors (target recall %.2f, test samples) and bundles:\n",
+	say(&P, "predictors (target recall %.3g, test samples) and bundles:\n",
 	    o->pred.target_recall);
 	for (uint32_t q = 0; q < P.n_layer; q++)
 		if (write_layer(&P, w, P.order[q], err, errlen))
