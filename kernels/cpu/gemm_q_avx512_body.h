@@ -191,10 +191,15 @@ static void SFX(gemm_q4_0_m1)(HYB_GEMM_ARGS)
 	      hyb_gemm_q4_0_scalar);
 }
 
-/* repacked Q4_0: GEMM and GEMV add alike; the packed kernel from 4 columns */
+/*
+ * repacked Q4_0: GEMM and GEMV add alike; the packed kernel from 4
+ * columns, the 16-row GEMV for one
+ */
 static void SFX(gemm_q4_0)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	if (ncols == 1 && !q4g_gemv(k, w, w_stride, nrows, x, y))
 		return;
 	if (ncols >= 4 &&
 	    !packed_gemm(P_Q4_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))

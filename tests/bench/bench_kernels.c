@@ -5,7 +5,13 @@
  *    threads each taking a contiguous half of the rows, in GB/s of weights
  *    streamed, against a plain streaming read of a buffer of the same size
  *    measured in the same run (interleaved repetitions, medians). Several
- *    copies of each buffer are rotated so that nothing is served from L3.
+ *    copies of each buffer are rotated so that nothing is served from L3;
+ *    they are on huge pages where the kernel gives them, as the model
+ *    loader's weights are. The ratio is the median of per-repetition
+ *    ratios (on a shared machine the bandwidth a thread gets moves by 2x
+ *    from one second to the next); "cpu" is the same ratio in thread CPU
+ *    time (the slower thread's), which time slices lost to other processes
+ *    do not enter.
  *  - prefill GEMM: a 4096x4096 weight times 64 columns on one thread, in
  *    GMAC/s of thread CPU time, against hyb_cpu_peak_macs() for the type
  *    (also CPU time), so that other processes' time slices do not count.
@@ -19,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "blocks.h"
@@ -54,6 +61,25 @@ static double median(double *v, int n)
 {
 	qsort(v, (size_t)n, sizeof(double), cmp_double);
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* a buffer of whole 2 MiB pages, on huge pages where the kernel gives them */
+static void *huge_alloc(size_t n)
+{
+	const size_t len = (n + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED) {
+		fprintf(stderr, "bench_kernels: out of memory (%zu bytes)\n", n);
+		exit(1);
+	}
+	madvise(p, len, MADV_HUGEPAGE);
+	return p;
+}
+
+static void huge_free(void *p, size_t n)
+{
+	munmap(p, (n + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1));
 }
 
 static uint64_t rng = 88172645463325252ULL;
@@ -129,6 +155,7 @@ struct job {
 	const void *x;
 	float *y;
 	volatile uint64_t sink[MAX_THREADS * 8];
+	double cpu[MAX_THREADS * 8]; /* thread CPU seconds of each part */
 };
 
 static struct job g_job;
@@ -187,6 +214,7 @@ static uint64_t read_all(const uint8_t *p, size_t n)
 static void run_part(int ith)
 {
 	struct job *j = &g_job;
+	const double t0 = thread_now();
 
 	if (ith >= j->nth)
 		return;
@@ -205,6 +233,7 @@ static void run_part(int ith)
 			j->k->gemm[j->type](j->kdim, j->buf + (size_t)lo * j->ws, j->ws, hi - lo,
 					    j->x, j->xs, j->ncols, j->y + lo, (size_t)j->nrows);
 	}
+	j->cpu[ith * 8] = thread_now() - t0;
 }
 
 static void *worker(void *arg)
@@ -224,8 +253,11 @@ static void *worker(void *arg)
 	}
 }
 
-/* runs g_job on nth threads (the main thread is thread 0), returns seconds */
-static double run_job(int nth)
+/*
+ * runs g_job on nth threads (the main thread is thread 0), returns seconds;
+ * *cpu: the largest thread CPU time of the parts
+ */
+static double run_job(int nth, double *cpu)
 {
 	double t;
 
@@ -234,7 +266,12 @@ static double run_job(int nth)
 	pthread_barrier_wait(&g_start);
 	run_part(0);
 	pthread_barrier_wait(&g_done);
-	return now() - t;
+	t = now() - t;
+	*cpu = 0;
+	for (int i = 0; i < nth; i++)
+		if (g_job.cpu[i * 8] > *cpu)
+			*cpu = g_job.cpu[i * 8];
+	return t;
 }
 
 /* ---- measurements ---- */
@@ -256,10 +293,15 @@ static void bench_gemv(const struct hyb_cpu_kernels *k, uint32_t type, int64_t k
 	void *x = xalloc(hyb_row_bytes(at, (uint64_t)kdim));
 	float *y = xalloc((size_t)nrows * sizeof(float));
 	double *tr = calloc((size_t)o->reps, sizeof(double)), *tg = calloc((size_t)o->reps, 8);
+	double *rw = calloc((size_t)o->reps, sizeof(double)), *rc = calloc((size_t)o->reps, 8);
 
+	if (!w || !rd || !tr || !tg || !rw || !rc) {
+		fprintf(stderr, "bench_kernels: out of memory\n");
+		exit(1);
+	}
 	for (int i = 0; i < ncopy; i++) {
-		w[i] = xalloc(bytes);
-		rd[i] = xalloc(bytes);
+		w[i] = huge_alloc(bytes);
+		rd[i] = huge_alloc(bytes);
 		fill_weights(type, w[i], bytes);
 		memset(rd[i], i + 1, bytes);
 	}
@@ -270,31 +312,35 @@ static void bench_gemv(const struct hyb_cpu_kernels *k, uint32_t type, int64_t k
 		int c = 0;
 
 		for (int r = -1; r < o->reps; r++) { /* r = -1: warm-up */
+			double c0, c1;
+
 			g_job = (struct job){ .kind = 0, .buf = rd[c], .bytes = bytes };
-			double t0 = run_job(nth);
+			double t0 = run_job(nth, &c0);
 
 			g_job = (struct job){ .kind = 1, .buf = w[c], .k = k, .type = type,
 					      .kdim = kdim, .nrows = nrows, .ncols = 1, .ws = rb,
 					      .x = x, .xs = 0, .y = y };
-			double t1 = run_job(nth);
+			double t1 = run_job(nth, &c1);
 
 			c = (c + 1) % ncopy;
 			if (r >= 0) {
 				tr[r] = t0;
 				tg[r] = t1;
+				rw[r] = t0 / t1;
+				rc[r] = c0 / c1;
 			}
 		}
 		const double bw_read = bytes / median(tr, o->reps) / 1e9;
 		const double bw_gemv = bytes / median(tg, o->reps) / 1e9;
 
-		printf("  gemv %5lldx%-5lld %d thr: %6.2f GB/s  read %6.2f GB/s  ratio %5.1f%%\n",
-		       (long long)nrows, (long long)kdim, nth, bw_gemv, bw_read,
-		       100 * bw_gemv / bw_read);
+		printf("  gemv %5lldx%-5lld %d thr: %6.2f GB/s  read %6.2f GB/s  ratio %5.1f%%"
+		       "  cpu %5.1f%%\n", (long long)nrows, (long long)kdim, nth, bw_gemv, bw_read,
+		       100 * median(rw, o->reps), 100 * median(rc, o->reps));
 		fflush(stdout);
 	}
 	for (int i = 0; i < ncopy; i++) {
-		free(w[i]);
-		free(rd[i]);
+		huge_free(w[i], bytes);
+		huge_free(rd[i], bytes);
 	}
 	free(w);
 	free(rd);
@@ -303,6 +349,8 @@ static void bench_gemv(const struct hyb_cpu_kernels *k, uint32_t type, int64_t k
 	free(y);
 	free(tr);
 	free(tg);
+	free(rw);
+	free(rc);
 }
 
 static void bench_gemm(const struct hyb_cpu_kernels *k, uint32_t type, int64_t kdim,
