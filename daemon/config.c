@@ -9,6 +9,7 @@
 #include "config.h"
 #include "hyb/manifest.h"
 #include "load.h"
+#include "log.h"
 
 const char hybd_config_help[] =
 	"config keys (file: one 'key = value' a line, '#' starts a comment line;\n"
@@ -37,18 +38,6 @@ const char hybd_config_help[] =
 	"  pid_file = PATH          default STATE_DIR/NAME.pid\n"
 	"  progress = auto          load progress: auto|bar|lines|quiet\n"
 	"  stats_interval = 10      seconds between statistics lines (0: none)\n";
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
 
 void hybd_config_defaults(struct hybd_config *c)
 {
@@ -117,9 +106,9 @@ static int set_path(char *dst, size_t len, const char *key, const char *val, cha
 		    size_t errlen)
 {
 	if (!*val)
-		return fail(err, errlen, "%s: empty path", key);
+		return hyb_errf(err, errlen, "%s: empty path", key);
 	if (strlen(val) >= len)
-		return fail(err, errlen, "%s: path longer than %zu bytes", key, len - 1);
+		return hyb_errf(err, errlen, "%s: path longer than %zu bytes", key, len - 1);
 	snprintf(dst, len, "%s", val);
 	return 0;
 }
@@ -128,7 +117,7 @@ static int uint_in(const char *key, const char *val, unsigned long long lo,
 		   unsigned long long hi, unsigned long long *u, char *err, size_t errlen)
 {
 	if (parse_uint(val, lo, hi, u))
-		return fail(err, errlen, "%s: '%s' is not a number in %llu..%llu", key, val, lo,
+		return hyb_errf(err, errlen, "%s: '%s' is not a number in %llu..%llu", key, val, lo,
 			    hi);
 	return 0;
 }
@@ -137,7 +126,7 @@ static int size_in(const char *key, const char *val, uint64_t lo, uint64_t hi, u
 		   uint64_t *sz, char *err, size_t errlen)
 {
 	if (hybd_parse_size(val, sz) || *sz < lo || *sz > hi || *sz % mult)
-		return fail(err, errlen, "%s: '%s' is not a size in %llu..%llu%s", key, val,
+		return hyb_errf(err, errlen, "%s: '%s' is not a size in %llu..%llu%s", key, val,
 			    (unsigned long long)lo, (unsigned long long)hi,
 			    mult > 1 ? ", a multiple of 4096" : "");
 	return 0;
@@ -175,12 +164,12 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 		else if (!strcmp(val, "local"))
 			c->backend = HYB_BACKEND_LOCAL;
 		else
-			return fail(err, errlen, "backend: '%s' is not auto, kmod or local", val);
+			return hyb_errf(err, errlen, "backend: '%s' is not auto, kmod or local", val);
 		return 0;
 	}
 	if (!strcmp(key, "name")) {
 		if (!hyb_load_name_ok(val))
-			return fail(err, errlen, "name: '%s' must be 1..%d of [A-Za-z0-9._-]", val,
+			return hyb_errf(err, errlen, "name: '%s' must be 1..%d of [A-Za-z0-9._-]", val,
 				    HYB_LOAD_NAME_MAX);
 		snprintf(c->name, sizeof(c->name), "%s", val);
 		return 0;
@@ -192,19 +181,19 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 			return 0;
 		}
 		if (hyb_place_parse_nodes(&c->place, val, why, sizeof(why)))
-			return fail(err, errlen, "nodes: %s", why);
+			return hyb_errf(err, errlen, "nodes: %s", why);
 		c->nodes_all = false;
 		return 0;
 	}
 	if (!strcmp(key, "placement")) {
 		if (hyb_place_parse_policy(val, &c->place.policy))
-			return fail(err, errlen, "placement: '%s' is not layer, interleave or "
+			return hyb_errf(err, errlen, "placement: '%s' is not layer, interleave or "
 				    "explicit", val);
 		return 0;
 	}
 	if (!strcmp(key, "place")) {
 		if (hyb_place_parse_rules(&c->place, val, why, sizeof(why)))
-			return fail(err, errlen, "place: %s", why);
+			return hyb_errf(err, errlen, "place: %s", why);
 		return 0;
 	}
 	UINT_KEY("pools_per_node", place.pools_per_node, 1, 16)
@@ -220,10 +209,10 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 		else if (!strcmp(val, "none"))
 			c->device = HYBD_DEV_NONE;
 		else if (!strcmp(val, "cuda"))
-			return fail(err, errlen, "device: cuda is not built into this hybd yet "
+			return hyb_errf(err, errlen, "device: cuda is not built into this hybd yet "
 				    "(use cpu)");
 		else
-			return fail(err, errlen, "device: '%s' is not cpu or none", val);
+			return hyb_errf(err, errlen, "device: '%s' is not cpu or none", val);
 		return 0;
 	}
 	UINT_KEY("gpu_slots", gpu_slots, 1, 1u << 20)
@@ -231,12 +220,12 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 	SIZE_KEY("copy_bandwidth", copy_bandwidth, 0, UINT64_MAX, 1)
 	if (!strcmp(key, "log_format")) {
 		if (hlog_parse_format(val, &c->log_format))
-			return fail(err, errlen, "log_format: '%s' is not kv or json", val);
+			return hyb_errf(err, errlen, "log_format: '%s' is not kv or json", val);
 		return 0;
 	}
 	if (!strcmp(key, "log_level")) {
 		if (hlog_parse_level(val, &c->log_level) || c->log_level == HLOG_OFF)
-			return fail(err, errlen, "log_level: '%s' is not debug, info, warn or "
+			return hyb_errf(err, errlen, "log_level: '%s' is not debug, info, warn or "
 				    "error", val);
 		return 0;
 	}
@@ -255,10 +244,10 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 				return 0;
 			}
 		}
-		return fail(err, errlen, "progress: '%s' is not auto, bar, lines or quiet", val);
+		return hyb_errf(err, errlen, "progress: '%s' is not auto, bar, lines or quiet", val);
 	}
 	UINT_KEY("stats_interval", stats_interval, 0, 86400)
-	return fail(err, errlen, "unknown key '%s' (hybd --help lists the keys)", key);
+	return hyb_errf(err, errlen, "unknown key '%s' (hybd --help lists the keys)", key);
 #undef UINT_KEY
 #undef SIZE_KEY
 }
@@ -284,18 +273,18 @@ int hybd_config_load(struct hybd_config *c, const char *path, char *err, size_t 
 	int lineno = 0, ret = 0;
 
 	if (!f)
-		return fail(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+		return hyb_errf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
 	while (!ret && (got = getline(&line, &cap, f)) >= 0) {
 		char *s, *eq, *key, *val;
 		size_t n;
 
 		lineno++;
 		if (got > 4096) {
-			ret = fail(err, errlen, "%s:%d: line longer than 4096 bytes", path, lineno);
+			ret = hyb_errf(err, errlen, "%s:%d: line longer than 4096 bytes", path, lineno);
 			break;
 		}
 		if (memchr(line, 0, (size_t)got)) {
-			ret = fail(err, errlen, "%s:%d: NUL byte in the line (not a text file?)",
+			ret = hyb_errf(err, errlen, "%s:%d: NUL byte in the line (not a text file?)",
 				   path, lineno);
 			break;
 		}
@@ -304,7 +293,7 @@ int hybd_config_load(struct hybd_config *c, const char *path, char *err, size_t 
 			continue;
 		eq = strchr(s, '=');
 		if (!eq) {
-			ret = fail(err, errlen, "%s:%d: expected 'key = value', found '%.60s'",
+			ret = hyb_errf(err, errlen, "%s:%d: expected 'key = value', found '%.60s'",
 				   path, lineno, s);
 			break;
 		}
@@ -312,7 +301,7 @@ int hybd_config_load(struct hybd_config *c, const char *path, char *err, size_t 
 		key = trim(s);
 		val = trim(eq + 1);
 		if (!*key) {
-			ret = fail(err, errlen, "%s:%d: no key before '='", path, lineno);
+			ret = hyb_errf(err, errlen, "%s:%d: no key before '='", path, lineno);
 			break;
 		}
 		/* "quoted" keeps leading/trailing spaces */
@@ -322,10 +311,10 @@ int hybd_config_load(struct hybd_config *c, const char *path, char *err, size_t 
 			val++;
 		}
 		if (hybd_config_set(c, key, val, why, sizeof(why)))
-			ret = fail(err, errlen, "%s:%d: %s", path, lineno, why);
+			ret = hyb_errf(err, errlen, "%s:%d: %s", path, lineno, why);
 	}
 	if (!ret && ferror(f))
-		ret = fail(err, errlen, "%s: read error", path);
+		ret = hyb_errf(err, errlen, "%s: read error", path);
 	free(line);
 	fclose(f);
 	return ret;
@@ -334,16 +323,16 @@ int hybd_config_load(struct hybd_config *c, const char *path, char *err, size_t 
 int hybd_config_check(const struct hybd_config *c, char *err, size_t errlen)
 {
 	if (!c->model[0])
-		return fail(err, errlen, "no model: set 'model = PATH' in the config file or "
+		return hyb_errf(err, errlen, "no model: set 'model = PATH' in the config file or "
 			    "pass -m PATH");
 	if (c->place.policy == HYB_PLACE_EXPLICIT && !c->place.n_rules)
-		return fail(err, errlen, "placement = explicit needs 'place = PREFIX:NODE, ...' "
+		return hyb_errf(err, errlen, "placement = explicit needs 'place = PREFIX:NODE, ...' "
 			    "rules");
 	if (c->place.policy != HYB_PLACE_EXPLICIT && c->place.n_rules)
-		return fail(err, errlen, "'place' rules are used by placement = explicit only "
+		return hyb_errf(err, errlen, "'place' rules are used by placement = explicit only "
 			    "(placement is %s)", hyb_place_policy_name(c->place.policy));
 	if (c->device == HYBD_DEV_CPU && (uint64_t)c->gpu_slots * c->slot_bytes > (1ull << 40))
-		return fail(err, errlen, "gpu_slots * slot_bytes is over 1 TiB");
+		return hyb_errf(err, errlen, "gpu_slots * slot_bytes is over 1 TiB");
 	return 0;
 }
 

@@ -13,22 +13,11 @@
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
 #include "load.h"
+#include "log.h"
 #include "manifest_write.h"
 #include "stream.h"
 
 #define PIECE (256ull << 20)	/* cancellation and progress granularity */
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
 
 static uint64_t now_ns(void)
 {
@@ -90,7 +79,7 @@ static int create_pools(const struct hyb_load_config *c, struct hyb_loaded *l, c
 
 	l->pools = calloc(pl->n_pools + 1, sizeof(*l->pools));
 	if (!l->pools)
-		return fail(err, errlen, "out of memory");
+		return hyb_errf(err, errlen, "out of memory");
 	l->n_pools = pl->n_pools;
 	for (unsigned int i = 0; i < pl->n_pools; i++) {
 		char name[HYB_MEMPOOL_NAME_LEN + 16];
@@ -100,17 +89,17 @@ static int create_pools(const struct hyb_load_config *c, struct hyb_loaded *l, c
 
 		pool_name(name, sizeof(name), c->name, pl, i);
 		if (strlen(name) >= HYB_MEMPOOL_NAME_LEN)
-			return fail(err, errlen, "pool name %s is longer than %d characters", name,
+			return hyb_errf(err, errlen, "pool name %s is longer than %d characters", name,
 				    HYB_MEMPOOL_NAME_LEN - 1);
 		ret = hyb_mempool_create(c->backend, name, pl->pools[i].bytes, pl->pools[i].node, 0,
 					 0, &l->pools[i]);
 		if (!ret)
 			ret = hyb_mempool_map(l->pools[i], &addr, &len);
 		if (ret == -EEXIST)
-			return fail(err, errlen, "pool %s exists already: is another hybd serving "
+			return hyb_errf(err, errlen, "pool %s exists already: is another hybd serving "
 				    "'%s'? (set another name)", name, c->name);
 		if (ret)
-			return fail(err, errlen, "cannot create pool %s (%.1f MiB on node %d): %s",
+			return hyb_errf(err, errlen, "cannot create pool %s (%.1f MiB on node %d): %s",
 				    name, pl->pools[i].bytes / 1048576.0, pl->pools[i].node,
 				    hyb_backend_error());
 	}
@@ -139,7 +128,7 @@ static int stream_runs(const struct hyb_load_config *c, struct hyb_loaded *l, ch
 			struct hyb_stream_stats st;
 
 			if (c->cancelled && c->cancelled(c->arg))
-				return fail(err, errlen, "load cancelled after %llu of %llu bytes",
+				return hyb_errf(err, errlen, "load cancelled after %llu of %llu bytes",
 					    (unsigned long long)done, (unsigned long long)total);
 			if (hyb_stream_to_pool(l->pools[r->pool], r->pool_off + x, c->model_path,
 					       r->file_off + x, n, &o, &st, err, errlen))
@@ -220,7 +209,7 @@ static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 			      (uint64_t)sb.st_mtim.tv_nsec;
 	mb = hyb_mf_builder_new(&mm);
 	if (!mb)
-		return fail(err, errlen, "out of memory");
+		return hyb_errf(err, errlen, "out of memory");
 	for (unsigned int i = 0; i < l->n_pools && !ret; i++) {
 		struct hyb_mf_pool p = {
 			.id = hyb_mempool_id(l->pools[i]),
@@ -260,14 +249,14 @@ static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 			if (!strcmp(pt[i].name, want) &&
 			    add_bundles(mb, l, t, &pt[i], (uint32_t)pt[i].layer)) {
 				hyb_mf_builder_free(mb);
-				return fail(err, errlen, "%s: tensor %s is not a bundle matrix "
+				return hyb_errf(err, errlen, "%s: tensor %s is not a bundle matrix "
 					    "[n_embd, 3 * n_ff]", c->model_path, want);
 			}
 		}
 	}
 	if (ret) {
 		hyb_mf_builder_free(mb);
-		return fail(err, errlen, "out of memory");
+		return hyb_errf(err, errlen, "out of memory");
 	}
 	ret = hyb_mf_build(mb, &l->manifest, &l->manifest_len, err, errlen);
 	hyb_mf_builder_free(mb);
@@ -291,16 +280,16 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 
 	memset(out, 0, sizeof(*out));
 	if (!c->backend || !c->model_path || !c->place || !c->name)
-		return fail(err, errlen, "load: missing backend, model, placement or name");
+		return hyb_errf(err, errlen, "load: missing backend, model, placement or name");
 	if (!hyb_load_name_ok(c->name))
-		return fail(err, errlen, "name '%s' must be 1..%d of [A-Za-z0-9._-]", c->name,
+		return hyb_errf(err, errlen, "name '%s' must be 1..%d of [A-Za-z0-9._-]", c->name,
 			    HYB_LOAD_NAME_MAX);
 	if (gguf_open(c->model_path, &out->gguf, err, errlen))
 		return -1;
 	f = out->gguf;
 	n = f->n_tensors;
 	if (!n || n > (1u << 24)) {
-		fail(err, errlen, "%s: %llu tensors: nothing to load", c->model_path,
+		hyb_errf(err, errlen, "%s: %llu tensors: nothing to load", c->model_path,
 		     (unsigned long long)n);
 		goto out_fail;
 	}
@@ -309,13 +298,13 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 	gguf_get_u32(f, key, &out->n_layers);
 	if (gguf_find(f, HYB_PLAN_KEY_VERSION) &&
 	    !gguf_get_u32(f, HYB_PLAN_KEY_GROUP_SIZE, &out->group_size)) {
-		fail(err, errlen, "%s: plan file without a valid %s", c->model_path,
+		hyb_errf(err, errlen, "%s: plan file without a valid %s", c->model_path,
 		     HYB_PLAN_KEY_GROUP_SIZE);
 		goto out_fail;
 	}
 	pt = calloc(n, sizeof(*pt));
 	if (!pt) {
-		fail(err, errlen, "out of memory");
+		hyb_errf(err, errlen, "out of memory");
 		goto out_fail;
 	}
 	for (uint64_t i = 0; i < n; i++) {
@@ -323,7 +312,7 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 
 		pt[i].name = tensor_name(t);
 		if (!pt[i].name) {
-			fail(err, errlen, "out of memory");
+			hyb_errf(err, errlen, "out of memory");
 			goto out_fail;
 		}
 		pt[i].layer = hyb_place_layer_of(pt[i].name);

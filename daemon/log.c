@@ -288,3 +288,13 @@ void hlog_msg(enum hlog_level level, const char *event, const char *fmt, ...)
 	hlog_str(&l, "msg", msg);
 	hlog_end(&l);
 }
+
+int hyb_errf(char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(err, errlen, fmt, ap);
+	va_end(ap);
+	return -1;
+}

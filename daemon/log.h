@@ -61,6 +61,12 @@ void hlog_i64(struct hlog *l, const char *key, int64_t v);
 void hlog_f64(struct hlog *l, const char *key, double v);
 void hlog_end(struct hlog *l);
 
+/*
+ * The error convention of hybd's parts: a one-line reason into err, -1 back.
+ *   return hyb_errf(err, errlen, "%s:%u: unknown key '%s'", file, line, key);
+ */
+int hyb_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
 /* One-liner: an event with a msg field. */
 void hlog_msg(enum hlog_level level, const char *event, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

@@ -6,21 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "placement.h"
 
 #define BLK 4096u
-
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-static int fail(char *err, size_t errlen, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(err, errlen, fmt, ap);
-	va_end(ap);
-	return -1;
-}
 
 int32_t hyb_place_layer_of(const char *name)
 {
@@ -92,7 +81,7 @@ int hyb_place_parse_rules(struct hyb_place_config *cfg, const char *s, char *err
 	char buf[4096], *save = NULL, *tok;
 
 	if (strlen(s) >= sizeof(buf))
-		return fail(err, errlen, "placement rules too long");
+		return hyb_errf(err, errlen, "placement rules too long");
 	snprintf(buf, sizeof(buf), "%s", s);
 	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		char *r = trim(tok), *colon = strrchr(r, ':');
@@ -101,18 +90,18 @@ int hyb_place_parse_rules(struct hyb_place_config *cfg, const char *s, char *err
 		if (!*r)
 			continue;
 		if (!colon || colon == r)
-			return fail(err, errlen, "placement rule '%s': expected PREFIX:NODE", r);
+			return hyb_errf(err, errlen, "placement rule '%s': expected PREFIX:NODE", r);
 		*colon = 0;
 		if (cfg->n_rules == HYB_PLACE_MAX_RULES)
-			return fail(err, errlen, "more than %d placement rules",
+			return hyb_errf(err, errlen, "more than %d placement rules",
 				    HYB_PLACE_MAX_RULES);
 		rule = &cfg->rules[cfg->n_rules];
 		if (parse_node(trim(colon + 1), &rule->node))
-			return fail(err, errlen, "placement rule '%s:%s': '%s' is not a node "
+			return hyb_errf(err, errlen, "placement rule '%s:%s': '%s' is not a node "
 				    "number", r, colon + 1, trim(colon + 1));
 		r = trim(r);
 		if (strlen(r) >= HYB_PLACE_PREFIX_LEN)
-			return fail(err, errlen, "placement rule prefix '%s' is longer than %d", r,
+			return hyb_errf(err, errlen, "placement rule prefix '%s' is longer than %d", r,
 				    HYB_PLACE_PREFIX_LEN - 1);
 		snprintf(rule->prefix, sizeof(rule->prefix), "%s", r);
 		cfg->n_rules++;
@@ -126,7 +115,7 @@ int hyb_place_parse_nodes(struct hyb_place_config *cfg, const char *s, char *err
 	unsigned int n = 0;
 
 	if (strlen(s) >= sizeof(buf))
-		return fail(err, errlen, "node list too long");
+		return hyb_errf(err, errlen, "node list too long");
 	snprintf(buf, sizeof(buf), "%s", s);
 	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		char *t = trim(tok), *dash = strchr(t, '-');
@@ -135,24 +124,24 @@ int hyb_place_parse_nodes(struct hyb_place_config *cfg, const char *s, char *err
 		if (dash) {
 			*dash = 0;
 			if (parse_node(trim(t), &a) || parse_node(trim(dash + 1), &b) || b < a)
-				return fail(err, errlen, "node range '%s-%s' is not N-M", t,
+				return hyb_errf(err, errlen, "node range '%s-%s' is not N-M", t,
 					    dash + 1);
 		} else if (parse_node(t, &a)) {
-			return fail(err, errlen, "'%s' is not a node number", t);
+			return hyb_errf(err, errlen, "'%s' is not a node number", t);
 		} else {
 			b = a;
 		}
 		for (int v = a; v <= b; v++) {
 			for (unsigned int i = 0; i < n; i++)
 				if (cfg->nodes[i] == v)
-					return fail(err, errlen, "node %d listed twice", v);
+					return hyb_errf(err, errlen, "node %d listed twice", v);
 			if (n == HYB_PLACE_MAX_NODES)
-				return fail(err, errlen, "more than %d nodes", HYB_PLACE_MAX_NODES);
+				return hyb_errf(err, errlen, "more than %d nodes", HYB_PLACE_MAX_NODES);
 			cfg->nodes[n++] = v;
 		}
 	}
 	if (!n)
-		return fail(err, errlen, "empty node list");
+		return hyb_errf(err, errlen, "empty node list");
 	cfg->n_nodes = n;
 	return 0;
 }
@@ -186,24 +175,24 @@ static int assign_nodes(const struct hyb_place_config *cfg, struct hyb_place_ten
 
 	if (cfg->policy == HYB_PLACE_EXPLICIT) {
 		if (!cfg->n_rules)
-			return fail(err, errlen, "placement explicit needs rules (place = "
+			return hyb_errf(err, errlen, "placement explicit needs rules (place = "
 				    "PREFIX:NODE, ...)");
 		for (unsigned int i = 0; i < n; i++) {
 			t[i].node = rule_node(cfg, t[i].name);
 			if (t[i].node < 0)
-				return fail(err, errlen, "tensor %s matches no placement rule (add "
+				return hyb_errf(err, errlen, "tensor %s matches no placement rule (add "
 					    "a rule '*:NODE' for the rest)", t[i].name);
 		}
 		return 0;
 	}
 	if (!cfg->n_nodes)
-		return fail(err, errlen, "placement needs at least one node");
+		return hyb_errf(err, errlen, "placement needs at least one node");
 	lbytes = calloc(n_layers + 1, sizeof(*lbytes));
 	lnode = calloc(n_layers + 1, sizeof(*lnode));
 	if (!lbytes || !lnode) {
 		free(lbytes);
 		free(lnode);
-		return fail(err, errlen, "out of memory");
+		return hyb_errf(err, errlen, "out of memory");
 	}
 	for (unsigned int i = 0; i < n; i++) {
 		if (t[i].layer >= 0) {
@@ -275,11 +264,11 @@ static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_
 			nodes[nn++] = t[i].node;
 	}
 	if (!cfg->page_pool)
-		return fail(err, errlen, "the model (%llu bytes) is larger than dram_budget "
+		return hyb_errf(err, errlen, "the model (%llu bytes) is larger than dram_budget "
 			    "(%llu) and page_pool is 0: nowhere to load the rest on demand",
 			    (unsigned long long)total, (unsigned long long)cfg->dram_budget);
 	if (cfg->page_pool * nn >= cfg->dram_budget)
-		return fail(err, errlen, "dram_budget %llu cannot hold %u page pool(s) of %llu "
+		return hyb_errf(err, errlen, "dram_budget %llu cannot hold %u page pool(s) of %llu "
 			    "bytes", (unsigned long long)cfg->dram_budget, nn,
 			    (unsigned long long)cfg->page_pool);
 	avail = cfg->dram_budget - cfg->page_pool * nn;
@@ -287,7 +276,7 @@ static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_
 		if (!hyb_place_pageable(t[i].name))
 			dense += padded(&t[i]);
 	if (dense > avail)
-		return fail(err, errlen, "dram_budget %llu is too small: the non-FFN tensors need "
+		return hyb_errf(err, errlen, "dram_budget %llu is too small: the non-FFN tensors need "
 			    "%llu bytes, plus %u page pool(s) of %llu",
 			    (unsigned long long)cfg->dram_budget, (unsigned long long)dense, nn,
 			    (unsigned long long)cfg->page_pool);
@@ -492,11 +481,11 @@ int hyb_place(const struct hyb_place_config *cfg, struct hyb_place_tensor *t, un
 		if (t[i].layer >= 0 && (uint32_t)t[i].layer >= n_layers)
 			n_layers = (uint32_t)t[i].layer + 1;
 		if (t[i].file_off + t[i].bytes < t[i].file_off)
-			return fail(err, errlen, "tensor %s: range overflows", t[i].name);
+			return hyb_errf(err, errlen, "tensor %s: range overflows", t[i].name);
 	}
 	ord = malloc((n + 1) * sizeof(*ord));
 	if (!ord)
-		return fail(err, errlen, "out of memory");
+		return hyb_errf(err, errlen, "out of memory");
 	for (unsigned int i = 0; i < n; i++)
 		ord[i] = i;
 	qsort_r(ord, n, sizeof(*ord), cmp_file, t);
@@ -508,7 +497,7 @@ int hyb_place(const struct hyb_place_config *cfg, struct hyb_place_tensor *t, un
 	if (build_pools(cfg, t, ord, n, out)) {
 		free(ord);
 		hyb_placement_free(out);
-		return fail(err, errlen, "out of memory");
+		return hyb_errf(err, errlen, "out of memory");
 	}
 	for (unsigned int i = 0; i < n; i++)
 		if (t[i].pool == HYB_PLACE_NO_POOL)
