@@ -30,6 +30,9 @@ int synth_vocab(struct gguf_writer *w, uint32_t n_vocab);
 /* Copy every tokenizer.ggml.* key of another GGUF file into w; -1 with a message. */
 int synth_vocab_from(struct gguf_writer *w, const char *path, uint32_t *n_vocab);
 
+/* args.c: a decimal option value in [lo, hi], or exit 2 naming cmd and opt. */
+uint32_t ctl_u32(const char *cmd, const char *opt, const char *s, uint32_t lo, uint32_t hi);
+
 /* poolctl.c: shared by pools, stalls and numa. */
 int ctl_parse_backend(const char *cmd, const char *s, enum hyb_backend_kind *kind);
 /* AUTO means the module; NULL after printing one line (unless quiet). */

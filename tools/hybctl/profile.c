@@ -72,20 +72,6 @@ struct opts {
 	bool json;
 };
 
-static uint32_t parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "hybctl profile: bad value '%s' for %s (%u..%u)\n", s, opt, lo, hi);
-		exit(2);
-	}
-	return (uint32_t)v;
-}
-
 static void parse(int argc, char **argv, struct opts *o)
 {
 	static const struct option opts[] = {
@@ -100,9 +86,9 @@ static void parse(int argc, char **argv, struct opts *o)
 		switch (c) {
 		case 'o': o->out = optarg; break;
 		case 'p': o->prompts = optarg; break;
-		case 'g': o->gen = parse_u32("--gen", optarg, 0, 1 << 20); break;
-		case 'S': o->samples = parse_u32("--samples", optarg, 0, 1 << 24); break;
-		case 't': o->threads = (int)parse_u32("-t", optarg, 1, 1024); break;
+		case 'g': o->gen = ctl_u32("profile", "--gen", optarg, 0, 1 << 20); break;
+		case 'S': o->samples = ctl_u32("profile", "--samples", optarg, 0, 1 << 24); break;
+		case 't': o->threads = (int)ctl_u32("profile", "-t", optarg, 1, 1024); break;
 		case 's': o->seed = strtoull(optarg, NULL, 0); break;
 		case 'T': {
 			char *end;

@@ -131,20 +131,6 @@ static int parse_type(const char *s, uint32_t *out)
 	return -1;
 }
 
-static uint32_t parse_u32(const char *opt, const char *s, uint32_t lo, uint32_t hi)
-{
-	char *end;
-	unsigned long v;
-
-	errno = 0;
-	v = strtoul(s, &end, 10);
-	if (errno || end == s || *end || v < lo || v > hi) {
-		fprintf(stderr, "hybctl synth: bad value '%s' for %s (%u..%u)\n", s, opt, lo, hi);
-		exit(2);
-	}
-	return (uint32_t)v;
-}
-
 static void parse(int argc, char **argv, struct spec *sp)
 {
 	static const struct option opts[] = {
@@ -163,15 +149,15 @@ static void parse(int argc, char **argv, struct spec *sp)
 	while ((c = getopt_long(argc, argv, "o:t:h", opts, NULL)) != -1) {
 		switch (c) {
 		case 'o': sp->out = optarg; break;
-		case 't': sp->threads = (int)parse_u32("-t", optarg, 1, 1024); break;
-		case 'H': sp->hidden = parse_u32("--hidden", optarg, 1, 1 << 16); break;
-		case 'F': sp->ffn = parse_u32("--ffn", optarg, 1, 1 << 18); break;
-		case 'L': sp->layers = parse_u32("--layers", optarg, 1, 1024); break;
-		case 'A': sp->heads = parse_u32("--heads", optarg, 1, 1024); break;
-		case 'K': sp->kv_heads = parse_u32("--kv-heads", optarg, 1, 1024); break;
-		case 'V': sp->vocab = parse_u32("--vocab", optarg, 300, 1 << 22); break;
+		case 't': sp->threads = (int)ctl_u32("synth", "-t", optarg, 1, 1024); break;
+		case 'H': sp->hidden = ctl_u32("synth", "--hidden", optarg, 1, 1 << 16); break;
+		case 'F': sp->ffn = ctl_u32("synth", "--ffn", optarg, 1, 1 << 18); break;
+		case 'L': sp->layers = ctl_u32("synth", "--layers", optarg, 1, 1024); break;
+		case 'A': sp->heads = ctl_u32("synth", "--heads", optarg, 1, 1024); break;
+		case 'K': sp->kv_heads = ctl_u32("synth", "--kv-heads", optarg, 1, 1024); break;
+		case 'V': sp->vocab = ctl_u32("synth", "--vocab", optarg, 300, 1 << 22); break;
 		case 'f': sp->vocab_from = optarg; break;
-		case 'c': sp->ctx = parse_u32("--ctx", optarg, 1, 1 << 24); break;
+		case 'c': sp->ctx = ctl_u32("synth", "--ctx", optarg, 1, 1 << 24); break;
 		case 'T':
 		case 'O':
 			if (parse_type(optarg, c == 'T' ? &sp->type : &sp->out_type)) {
@@ -196,7 +182,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 			}
 			break;
 		}
-		case 'k': sp->topics = parse_u32("--topics", optarg, 2, 1024); break;
+		case 'k': sp->topics = ctl_u32("synth", "--topics", optarg, 2, 1024); break;
 		case 'r': sp->random_weights = true; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
