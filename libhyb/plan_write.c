@@ -388,71 +388,6 @@ static void reserve(struct plan *P)
 
 /* ---- the file --------------------------------------------------------------------------- */
 
-static void copy_kv(struct gguf_writer *w, const struct gguf_kv *kv)
-{
-	char key[256];
-
-	snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.ptr);
-	switch (kv->type) {
-	case GGUF_VT_UINT8:
-		gguf_set_u8(w, key, (uint8_t)kv->v.u64);
-		break;
-	case GGUF_VT_INT8:
-		gguf_set_i8(w, key, (int8_t)kv->v.i64);
-		break;
-	case GGUF_VT_UINT16:
-		gguf_set_u16(w, key, (uint16_t)kv->v.u64);
-		break;
-	case GGUF_VT_INT16:
-		gguf_set_i16(w, key, (int16_t)kv->v.i64);
-		break;
-	case GGUF_VT_UINT32:
-		gguf_set_u32(w, key, (uint32_t)kv->v.u64);
-		break;
-	case GGUF_VT_INT32:
-		gguf_set_i32(w, key, (int32_t)kv->v.i64);
-		break;
-	case GGUF_VT_UINT64:
-		gguf_set_u64(w, key, kv->v.u64);
-		break;
-	case GGUF_VT_INT64:
-		gguf_set_i64(w, key, kv->v.i64);
-		break;
-	case GGUF_VT_FLOAT32:
-		gguf_set_f32(w, key, (float)kv->v.f64);
-		break;
-	case GGUF_VT_FLOAT64:
-		gguf_set_f64(w, key, kv->v.f64);
-		break;
-	case GGUF_VT_BOOL:
-		gguf_set_bool(w, key, kv->v.b);
-		break;
-	case GGUF_VT_STRING: {
-		char *s = strndup(kv->v.str.ptr, kv->v.str.len);
-
-		if (s)
-			gguf_set_str(w, key, s);
-		free(s);
-		break;
-	}
-	case GGUF_VT_ARRAY:
-		if (kv->v.arr.type == GGUF_VT_STRING) {
-			char **s = calloc(kv->v.arr.n ? kv->v.arr.n : 1, sizeof(*s));
-
-			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
-				s[i] = strndup(kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
-			if (s)
-				gguf_set_arr_str(w, key, (const char *const *)s, kv->v.arr.n);
-			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
-				free(s[i]);
-			free(s);
-		} else {
-			gguf_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n);
-		}
-		break;
-	}
-}
-
 static int add_layer_tensors(struct plan *P, struct gguf_writer *w, uint32_t l)
 {
 	char name[96];
@@ -493,7 +428,7 @@ static int declare(struct plan *P, struct gguf_writer *w, const char *model_path
 	}
 	gguf_writer_set_version(w, f->version == 2 ? 2 : 3);
 	for (uint64_t i = 0; i < f->n_kv; i++)
-		copy_kv(w, &f->kv[i]);
+		gguf_writer_copy_kv(w, &f->kv[i]);
 	gguf_set_u32(w, HYB_PLAN_KEY_VERSION, HYB_PLAN_VERSION);
 	gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, P->gs);
 	gguf_set_u64(w, HYB_PLAN_KEY_GPU_BUDGET, P->o->gpu_budget);

@@ -134,59 +134,6 @@ out:
 	return rc;
 }
 
-static void copy_kv(struct gguf_writer *w, const struct gguf_kv *kv)
-{
-	char key[256];
-
-	snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.ptr);
-	switch (kv->type) {
-	case GGUF_VT_STRING: {
-		char *s = strndup(kv->v.str.ptr, kv->v.str.len);
-
-		if (s)
-			gguf_set_str(w, key, s);
-		free(s);
-		break;
-	}
-	case GGUF_VT_ARRAY:
-		if (kv->v.arr.type == GGUF_VT_STRING) {
-			char **s = calloc(kv->v.arr.n ? kv->v.arr.n : 1, sizeof(*s));
-
-			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
-				s[i] = strndup(kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
-			if (s)
-				gguf_set_arr_str(w, key, (const char *const *)s, kv->v.arr.n);
-			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
-				free(s[i]);
-			free(s);
-		} else {
-			gguf_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n);
-		}
-		break;
-	case GGUF_VT_BOOL:
-		gguf_set_bool(w, key, kv->v.b);
-		break;
-	case GGUF_VT_FLOAT32:
-	case GGUF_VT_FLOAT64:
-		gguf_set_f32(w, key, (float)kv->v.f64);
-		break;
-	case GGUF_VT_INT8:
-	case GGUF_VT_INT16:
-	case GGUF_VT_INT32:
-		gguf_set_i32(w, key, (int32_t)kv->v.i64);
-		break;
-	case GGUF_VT_INT64:
-		gguf_set_i64(w, key, kv->v.i64);
-		break;
-	case GGUF_VT_UINT64:
-		gguf_set_u64(w, key, kv->v.u64);
-		break;
-	default:
-		gguf_set_u32(w, key, (uint32_t)kv->v.u64);
-		break;
-	}
-}
-
 int synth_vocab_from(struct gguf_writer *w, const char *path, uint32_t *n_vocab)
 {
 	struct gguf_file *f;
@@ -206,7 +153,7 @@ int synth_vocab_from(struct gguf_writer *w, const char *path, uint32_t *n_vocab)
 	*n_vocab = (uint32_t)tokens->v.arr.n;
 	for (uint64_t i = 0; i < f->n_kv; i++)
 		if (f->kv[i].key.len > 16 && !memcmp(f->kv[i].key.ptr, "tokenizer.ggml.", 15))
-			copy_kv(w, &f->kv[i]);
+			gguf_writer_copy_kv(w, &f->kv[i]);
 	gguf_close(f);
 	return 0;
 }

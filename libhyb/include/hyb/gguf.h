@@ -150,6 +150,8 @@ void gguf_set_arr_str(struct gguf_writer *w, const char *key, const char *const 
  * type/shape, a duplicate name, or a name of 64 bytes or more (llama.cpp's
  * GGML_MAX_NAME: its loader refuses longer ones).
  */
+/* Copy one key/value of an opened file (type, value and arrays as they are). */
+void gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv);
 int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t type,
 			   uint32_t n_dims, const uint64_t *ne, const void *data);
 
