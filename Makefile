@@ -42,9 +42,15 @@ NVFLAGS ?= -O3 -std=c++17 -gencode arch=compute_80,code=sm_80 -gencode arch=comp
            -Xcompiler -Wall,-Wextra,-Werror
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 GPU_TESTBIN := $(BUILD)/hyb-gpu-tests
+# With nvcc the tools carry the CUDA device (kernels/cuda/device_cuda.cu's strong
+# hyb_device_cuda_open replaces libhyb's weak "built without CUDA" one).
+ifneq ($(NVCC),)
+TOOL_CUDA := $(CU_OBJS)
+TOOL_CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+endif
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
-.PHONY: all run test bench test-gpu install clean deps cuda fuzz module module-clean
+.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda fuzz module module-clean
 all: $(LIB) $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
 
 deps:
@@ -70,12 +76,12 @@ $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/hyb: $(HYB_OBJS) $(LIB)
-	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/hyb: $(HYB_OBJS) $(TOOL_CUDA) $(LIB)
+	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
 $(BUILD)/hybctl: $(CTL_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(LIB)
-	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(TOOL_CUDA) $(LIB)
+	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
 $(TESTBIN): $(TEST_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(LIB)
@@ -92,7 +98,7 @@ fuzz: $(FUZZ)
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -Ilibhyb/include -Ikernels/cpu -Ikernels/cuda -c $< -o $@
+	$(NVCC) $(NVFLAGS) -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikernels/cuda -c $< -o $@
 cuda: $(GPU_TESTBIN)
 $(GPU_TEST_OBJS): CPPFLAGS += -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
 $(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)
@@ -126,6 +132,14 @@ test: deps
 bench: deps
 	@$(MAKE) --no-print-directory -j$$(nproc) all
 	bash tests/bench/run.sh
+
+bench-gpu:
+ifneq ($(NVCC),)
+	@$(MAKE) --no-print-directory -j$$(nproc) all
+	HYBRID_DEVICE=cuda HYBRID_LAYERS=$${HYBRID_LAYERS:-32} bash tests/bench/hybrid.sh
+else
+	@echo "hyb: CUDA toolkit not found: no GPU benchmark"
+endif
 
 test-gpu:
 ifneq ($(NVCC),)

@@ -27,7 +27,10 @@ const char hybd_config_help[] =
 	"  queue_depth = 32         reads in flight while streaming (1..256)\n"
 	"  io_chunk = 1M            bytes per read (multiple of 4096, up to 64M)\n"
 	"  chunk = 1M               reload chunk: a critical request waits at most one\n"
-	"  device = cpu|none        copy device for UPLOAD/EVICT (cuda: not built yet)\n"
+	"  device = auto            copy device for UPLOAD/EVICT: cuda (GPU cache, shared\n"
+	"                           with apps through CUDA IPC), cpu (host-memory slots),\n"
+	"                           none, auto (cuda when a GPU opens, else cpu)\n"
+	"  cuda_device = 0          CUDA device ordinal (device = cuda or auto)\n"
 	"  gpu_slots = 64           cache slots of the device\n"
 	"  slot_bytes = 2M          bytes per slot\n"
 	"  copy_bandwidth = 16G     cpu device: bytes per second (0: unpaced)\n"
@@ -37,7 +40,8 @@ const char hybd_config_help[] =
 	"  state_dir = DIR          manifest file, pid file, statistics\n"
 	"  pid_file = PATH          default STATE_DIR/NAME.pid\n"
 	"  progress = auto          load progress: auto|bar|lines|quiet\n"
-	"  stats_interval = 10      seconds between statistics lines (0: none)\n";
+	"  stats_interval = 10      seconds between statistics log lines (0: none); the\n"
+	"                           statistics file STATE_DIR/NAME.stats is kept anyway\n";
 
 void hybd_config_defaults(struct hybd_config *c)
 {
@@ -51,7 +55,7 @@ void hybd_config_defaults(struct hybd_config *c)
 	c->io_depth = 32;
 	c->io_chunk = 1u << 20;
 	c->chunk = 1u << 20;
-	c->device = HYBD_DEV_CPU;
+	c->device = HYBD_DEV_AUTO;
 	c->gpu_slots = 64;
 	c->slot_bytes = 2ull << 20;
 	c->copy_bandwidth = 16ull << 30;
@@ -60,6 +64,13 @@ void hybd_config_defaults(struct hybd_config *c)
 	hyb_state_dir(c->state_dir, sizeof(c->state_dir));
 	c->progress = HYBD_PROGRESS_AUTO;
 	c->stats_interval = 10;
+}
+
+const char *hybd_device_name(enum hybd_device d)
+{
+	static const char *const names[] = { "cpu", "none", "cuda", "auto" };
+
+	return (unsigned int)d < 4 ? names[d] : "?";
 }
 
 int hybd_parse_size(const char *s, uint64_t *out)
@@ -204,17 +215,16 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 	SIZE_KEY("io_chunk", io_chunk, 4096, 64u << 20, 4096)
 	SIZE_KEY("chunk", chunk, 4096, 1ull << 30, 4096)
 	if (!strcmp(key, "device")) {
-		if (!strcmp(val, "cpu"))
-			c->device = HYBD_DEV_CPU;
-		else if (!strcmp(val, "none"))
-			c->device = HYBD_DEV_NONE;
-		else if (!strcmp(val, "cuda"))
-			return hyb_errf(err, errlen, "device: cuda is not built into this hybd yet "
-				    "(use cpu)");
-		else
-			return hyb_errf(err, errlen, "device: '%s' is not cpu or none", val);
-		return 0;
+		/* cuda is a valid choice in every build: hybd_start says when it cannot be had */
+		for (int i = HYBD_DEV_CPU; i <= HYBD_DEV_AUTO; i++) {
+			if (!strcmp(val, hybd_device_name((enum hybd_device)i))) {
+				c->device = (enum hybd_device)i;
+				return 0;
+			}
+		}
+		return hyb_errf(err, errlen, "device: '%s' is not auto, cuda, cpu or none", val);
 	}
+	UINT_KEY("cuda_device", cuda_device, 0, 1023)
 	UINT_KEY("gpu_slots", gpu_slots, 1, 1u << 20)
 	SIZE_KEY("slot_bytes", slot_bytes, 4096, 1ull << 34, 1)
 	SIZE_KEY("copy_bandwidth", copy_bandwidth, 0, UINT64_MAX, 1)
@@ -331,7 +341,7 @@ int hybd_config_check(const struct hybd_config *c, char *err, size_t errlen)
 	if (c->place.policy != HYB_PLACE_EXPLICIT && c->place.n_rules)
 		return hyb_errf(err, errlen, "'place' rules are used by placement = explicit only "
 			    "(placement is %s)", hyb_place_policy_name(c->place.policy));
-	if (c->device == HYBD_DEV_CPU && (uint64_t)c->gpu_slots * c->slot_bytes > (1ull << 40))
+	if (c->device != HYBD_DEV_NONE && (uint64_t)c->gpu_slots * c->slot_bytes > (1ull << 40))
 		return hyb_errf(err, errlen, "gpu_slots * slot_bytes is over 1 TiB");
 	return 0;
 }
@@ -361,13 +371,14 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 		fputc('\n', f);
 	}
 	fprintf(f, "pools_per_node = %u\ndram_budget = %llu\npage_pool = %llu\nqueue = %u\n"
-		"queue_depth = %u\nio_chunk = %u\nchunk = %llu\ndevice = %s\ngpu_slots = %u\n"
+		"queue_depth = %u\nio_chunk = %u\nchunk = %llu\ndevice = %s\ncuda_device = %d\n"
+		"gpu_slots = %u\n"
 		"slot_bytes = %llu\ncopy_bandwidth = %llu\nlog_format = %s\nlog_level = %s\n"
 		"%slog_file = %s\nstate_dir = %s\n%spid_file = %s\nprogress = %s\n"
 		"stats_interval = %u\n", c->place.pools_per_node,
 		(unsigned long long)c->place.dram_budget, (unsigned long long)c->place.page_pool,
 		c->queue, c->io_depth, c->io_chunk, (unsigned long long)c->chunk,
-		c->device == HYBD_DEV_CPU ? "cpu" : "none", c->gpu_slots,
+		hybd_device_name(c->device), c->cuda_device, c->gpu_slots,
 		(unsigned long long)c->slot_bytes, (unsigned long long)c->copy_bandwidth,
 		c->log_format == HLOG_JSON ? "json" : "kv", levels[c->log_level],
 		c->log_file[0] ? "" : "# (default) ", c->log_file[0] ? c->log_file : "-",

@@ -18,7 +18,12 @@
 #include "log.h"
 #include "placement.h"
 
-enum hybd_device { HYBD_DEV_CPU = 0, HYBD_DEV_NONE = 1 };
+/*
+ * The copy device: cpu (host-memory slots), none, cuda (a GPU: fail when
+ * there is none or this build has no CUDA), auto (cuda when it opens, else
+ * cpu, saying why).
+ */
+enum hybd_device { HYBD_DEV_CPU = 0, HYBD_DEV_NONE = 1, HYBD_DEV_CUDA = 2, HYBD_DEV_AUTO = 3 };
 enum hybd_progress { HYBD_PROGRESS_AUTO, HYBD_PROGRESS_BAR, HYBD_PROGRESS_LINES,
 		     HYBD_PROGRESS_QUIET };
 
@@ -33,6 +38,7 @@ struct hybd_config {
 	uint32_t io_chunk;
 	uint64_t chunk;			/* reload pre-emption unit */
 	enum hybd_device device;
+	int cuda_device;		/* CUDA device ordinal (device = cuda|auto) */
 	uint32_t gpu_slots;
 	uint64_t slot_bytes;
 	uint64_t copy_bandwidth;	/* bytes/s, 0 unpaced */
@@ -58,6 +64,8 @@ int hybd_config_check(const struct hybd_config *c, char *err, size_t errlen);
 void hybd_config_print(const struct hybd_config *c, FILE *f);
 /* "64M", "2GiB", "4096": 0, or -1. Binary units (K = 1024). */
 int hybd_parse_size(const char *s, uint64_t *out);
+/* "cpu", "none", "cuda", "auto" */
+const char *hybd_device_name(enum hybd_device d);
 /* The keys and what they mean, for --help. */
 extern const char hybd_config_help[];
 

@@ -19,9 +19,10 @@
  * Built from kernels/cuda/copydev_cuda.cu when nvcc exists. Without CUDA,
  * daemon/copydev_cuda.c provides the same functions (weak) failing with
  * "built without CUDA", so callers need no #ifdef and fall back to the CPU
- * device. Every function returns 0 or a negative errno (-ENODEV: no GPU or
- * no CUDA in this build, -EINVAL, -ENOMEM: device memory, -EIO: any other
- * CUDA error) and writes a one-line reason to err.
+ * device; hyb_copydev_cuda_built() says which one a program got. Every
+ * function returns 0 or a negative errno (-ENODEV: no GPU or no CUDA in this
+ * build, -EINVAL, -ENOMEM: device memory, -EIO: any other CUDA error) and
+ * writes a one-line reason to err.
  */
 #ifndef HYB_COPYDEV_CUDA_H
 #define HYB_COPYDEV_CUDA_H
@@ -41,6 +42,12 @@ struct hyb_copydev_cuda_config {
 	uint32_t n_slots;
 	uint64_t slot_bytes;
 };
+
+/*
+ * True when kernels/cuda/copydev_cuda.cu is linked into this program, false
+ * when the calls below are copydev_cuda.c's stubs. Says nothing about a GPU.
+ */
+bool hyb_copydev_cuda_built(void);
 
 /* NULL with the reason in err (no GPU, no memory, no CUDA in this build). */
 struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cuda_config *cfg, char *err,
@@ -78,6 +85,16 @@ struct hyb_cuda_cache_desc {
 
 int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_cuda_cache_desc *out, char *err,
 			    size_t errlen);
+/*
+ * The descriptor as a file: hybd writes "<state dir>/<name>.gpucache" (the
+ * struct's bytes, native byte order; written aside, renamed, mode 0644) before
+ * it publishes the manifest and removes it at shutdown. No CUDA needed: these
+ * two are plain C in every build. read checks size, magic and version.
+ */
+int hyb_cuda_cache_desc_write(const char *path, const struct hyb_cuda_cache_desc *desc, char *err,
+			      size_t errlen);
+int hyb_cuda_cache_desc_read(const char *path, struct hyb_cuda_cache_desc *desc, char *err,
+			     size_t errlen);
 /*
  * App side: map an exported cache into this process (on the same GPU, found
  * by PCI bus id, made the calling thread's current device). *base is slot 0;

@@ -10,8 +10,10 @@
 #include <string.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "copydev_cuda.h"
 #include "hyb/gguf.h"
 #include "load.h"
 #include "manifest_write.h"
@@ -27,11 +29,16 @@ struct hybd {
 	struct hyb_mf_published pub;
 	char manifest_path[PATH_MAX + 64];
 	char stats_path[PATH_MAX + 64];
+	char gpucache_path[PATH_MAX + 64];	/* STATE_DIR/NAME.gpucache (cuda device) */
+	bool gpucache_written;
+	bool stats_written;
 	int progress_mode;		/* 1 bar, 2 lines, 0 quiet */
 	int last_quarter;
 	bool (*cancelled)(void *arg);
 	void *cancel_arg;
-	uint64_t last_fetched;
+	uint64_t last_fetched;		/* at the last statistics log lines */
+	uint64_t file_fetched, file_finished;	/* at the last statistics file */
+	uint64_t last_log_ns;
 };
 
 static const char *const op_names[] = { "nop", "load", "upload", "evict" };
@@ -184,6 +191,42 @@ static void log_pools(const struct hybd *d)
 	}
 }
 
+/* -- statistics file ----------------------------------------------------- */
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* STATE_DIR/NAME.stats (reload.h: hyb_reload_stats_write); hybctl stalls reads it. */
+static void write_stats_file(struct hybd *d, const struct hyb_reload_stats *st)
+{
+	char err[256];
+
+	if (hyb_reload_stats_write(st, d->stats_path, err, sizeof(err))) {
+		hlog_msg(HLOG_WARN, "stats", "%s", err);
+		return;
+	}
+	d->stats_written = true;
+	d->file_fetched = st->fetched;
+	d->file_finished = st->fetched - st->backlog;
+}
+
+/* Rewrite it only when requests came or finished since (an idle hybd writes nothing). */
+static void refresh_stats_file(struct hybd *d)
+{
+	struct hyb_reload_stats st;
+
+	if (!d->reload)
+		return;
+	hyb_reload_stats(d->reload, &st);
+	if (st.fetched != d->file_fetched || st.fetched - st.backlog != d->file_finished)
+		write_stats_file(d, &st);
+}
+
 /* -- start --------------------------------------------------------------- */
 
 static void undo(struct hybd *d)
@@ -192,6 +235,13 @@ static void undo(struct hybd *d)
 	if (d->reload)
 		hyb_reload_stop(d->reload, NULL);
 	d->reload = NULL;
+	if (d->stats_written)
+		unlink(d->stats_path);
+	d->stats_written = false;
+	/* apps stop finding the GPU cache before it goes */
+	if (d->gpucache_written)
+		unlink(d->gpucache_path);
+	d->gpucache_written = false;
 	hyb_copydev_close(d->dev);
 	d->dev = NULL;
 	hyb_loaded_free(&d->model);
@@ -200,14 +250,97 @@ static void undo(struct hybd *d)
 	d->b = NULL;
 }
 
+/*
+ * The CUDA device in box mode: hybd's pool mappings pinned for DMA, and the
+ * cache exported to STATE_DIR/NAME.gpucache for apps (copydev_cuda.h).
+ *
+ * Registration covers the mappings hybd holds (load.c streamed into them).
+ * On the local backend the reload service uploads from those same mappings
+ * (an owner's handles share one), so every UPLOAD is a single DMA; on the
+ * kmod backend the service maps its own view of the pools, which CUDA does
+ * not know as registered: uploads still land, through CUDA's staging copy.
+ * A failed registration is a warning for the same reason. -1 with the bare
+ * reason in err (the caller says which device setting it was).
+ */
+static int start_cuda(struct hybd *d, char *err, size_t errlen)
+{
+	struct hyb_copydev_cuda_config cc = {
+		.device = d->cfg.cuda_device, .n_slots = d->cfg.gpu_slots,
+		.slot_bytes = d->cfg.slot_bytes,
+	};
+	struct hyb_cuda_cache_desc desc;
+	uint64_t pinned = 0;
+	unsigned int n_pinned = 0;
+	char why[256];
+	struct hlog l;
+
+	if (!hyb_copydev_cuda_built()) {
+		snprintf(err, errlen, "hybd was built without CUDA (nvcc was not found when it "
+			 "was built)");
+		return -1;
+	}
+	d->dev = hyb_copydev_cuda_open(&cc, err, errlen);
+	if (!d->dev)
+		return -1;
+	for (unsigned int i = 0; i < d->model.n_pools; i++) {
+		size_t len;
+		void *base;
+		int ret = hyb_mempool_map(d->model.pools[i], &base, &len);
+
+		if (!ret)
+			ret = hyb_copydev_cuda_register(d->dev, base, len, false, why, sizeof(why));
+		else
+			snprintf(why, sizeof(why), "%s", hyb_backend_error());
+		if (ret) {
+			hlog_msg(HLOG_WARN, "device", "pool %u not pinned for DMA (uploads from it "
+				 "go through CUDA's staging copy): %s", i, why);
+			continue;
+		}
+		n_pinned++;
+		pinned += len;
+	}
+	snprintf(d->gpucache_path, sizeof(d->gpucache_path), "%s/%s.gpucache", d->cfg.state_dir,
+		 d->cfg.name);
+	if (hyb_copydev_cuda_export(d->dev, &desc, why, sizeof(why)) ||
+	    hyb_cuda_cache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
+		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
+		return -1;
+	}
+	d->gpucache_written = true;
+	hlog_begin(&l, HLOG_INFO, "device");
+	hlog_str(&l, "name", "cuda");
+	hlog_i64(&l, "cuda_device", d->cfg.cuda_device);
+	hlog_str(&l, "pci_bus_id", desc.pci_bus_id);
+	hlog_u64(&l, "slots", d->cfg.gpu_slots);
+	hlog_u64(&l, "slot_bytes", d->cfg.slot_bytes);
+	hlog_u64(&l, "pinned_pools", n_pinned);
+	hlog_u64(&l, "pinned_bytes", pinned);
+	hlog_str(&l, "gpucache", d->gpucache_path);
+	hlog_end(&l);
+	return 0;
+}
+
 static int start_device(struct hybd *d, char *err, size_t errlen)
 {
+	char why[512] = "";
 	struct hlog l;
 
 	if (d->cfg.device == HYBD_DEV_NONE) {
 		hlog_msg(HLOG_INFO, "device", "no copy device: UPLOAD and EVICT requests fail "
 			 "with ENODEV");
 		return 0;
+	}
+	if (d->cfg.device == HYBD_DEV_CUDA || d->cfg.device == HYBD_DEV_AUTO) {
+		if (!start_cuda(d, why, sizeof(why)))
+			return 0;
+		if (d->cfg.device == HYBD_DEV_CUDA) {
+			snprintf(err, errlen, "device = cuda: %s%s", why, hyb_copydev_cuda_built() ?
+				 "" : "; use device = cpu or auto");
+			return -1;
+		}
+		/* auto: the CPU device, and the log says why */
+		hyb_copydev_close(d->dev);
+		d->dev = NULL;
 	}
 	d->dev = hyb_copydev_cpu_open(d->cfg.gpu_slots, d->cfg.slot_bytes, d->cfg.copy_bandwidth,
 				      err, errlen);
@@ -218,8 +351,12 @@ static int start_device(struct hybd *d, char *err, size_t errlen)
 	hlog_u64(&l, "slots", d->cfg.gpu_slots);
 	hlog_u64(&l, "slot_bytes", d->cfg.slot_bytes);
 	hlog_u64(&l, "bandwidth", d->cfg.copy_bandwidth);
-	hlog_str(&l, "msg", "no GPU backend in this build: GPU cache slots are host memory "
-		 "(CPU device)");
+	if (why[0]) {
+		hlog_str(&l, "cuda", why);
+		hlog_str(&l, "msg", "no GPU to use: GPU cache slots are host memory (CPU device)");
+	} else {
+		hlog_str(&l, "msg", "device = cpu: GPU cache slots are host memory (CPU device)");
+	}
 	hlog_end(&l);
 	return 0;
 }
@@ -330,7 +467,16 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 	hlog_begin(&l, HLOG_INFO, "reload_ready");
 	hlog_u64(&l, "queue", d->cfg.queue);
 	hlog_u64(&l, "chunk", d->cfg.chunk);
+	hlog_str(&l, "stats", d->stats_path);
 	hlog_end(&l);
+	/* hybctl stalls finds a running hybd by this file: there from the start */
+	{
+		struct hyb_reload_stats st;
+
+		hyb_reload_stats(d->reload, &st);
+		write_stats_file(d, &st);
+	}
+	d->last_log_ns = now_ns();
 
 	/* last: a published manifest means a model completely in its pools */
 	snprintf(pool, sizeof(pool), "%s.manifest", d->cfg.name);
@@ -389,7 +535,6 @@ static void log_stats(const struct hyb_reload_stats *st, const char *event)
 void hybd_stats_tick(struct hybd *d)
 {
 	struct hyb_reload_stats st;
-	char err[256];
 
 	if (!d->reload)
 		return;
@@ -398,23 +543,31 @@ void hybd_stats_tick(struct hybd *d)
 	if (st.fetched != d->last_fetched)
 		log_stats(&st, "stats");
 	d->last_fetched = st.fetched;
-	if (hyb_reload_stats_write(&st, d->stats_path, err, sizeof(err)))
-		hlog_msg(HLOG_WARN, "stats", "%s", err);
+	d->last_log_ns = now_ns();
+	write_stats_file(d, &st);
 }
 
+/*
+ * Every second the statistics file, when requests came or finished since
+ * the last one (hybctl stalls -w refreshes every second); every
+ * stats_interval the log lines.
+ */
 int hybd_serve(struct hybd *d, int sigfd)
 {
 	struct pollfd pfd = { .fd = sigfd, .events = POLLIN };
-	int ms = d->cfg.stats_interval ? (int)d->cfg.stats_interval * 1000 : -1;
+	uint64_t interval_ns = (uint64_t)d->cfg.stats_interval * 1000000000ull;
 
 	for (;;) {
 		struct signalfd_siginfo si;
-		int r = poll(&pfd, 1, ms);
+		int r = poll(&pfd, 1, 1000);
 
 		if (r < 0 && errno != EINTR)
 			return SIGTERM;	/* cannot wait for signals: shut down cleanly */
 		if (r == 0) {
-			hybd_stats_tick(d);
+			if (interval_ns && now_ns() - d->last_log_ns >= interval_ns - 500000000ull)
+				hybd_stats_tick(d);
+			else
+				refresh_stats_file(d);
 			continue;
 		}
 		if (r < 0 || read(sigfd, &si, sizeof(si)) != (ssize_t)sizeof(si))
@@ -449,7 +602,6 @@ void hybd_stop(struct hybd *d, const char *why)
 		hlog_end(&l);
 		log_stats(&st, "final_stats");
 	}
-	unlink(d->stats_path);
 	undo(d);
 	hlog_msg(HLOG_INFO, "stopped", "pools destroyed, manifest removed");
 	free(d);

@@ -5,14 +5,19 @@
  * threads of one process on the local backend.
  *
  *   hybd_start  backend, state dir, model into NUMA-placed pools (load.h),
- *               copy device, reload service (reload.h), and only then the
- *               manifest (pool + file): published means completely loaded.
+ *               copy device (cuda: pools pinned, the cache's CUDA IPC handle
+ *               written to <state_dir>/<name>.gpucache; cpu; none), reload
+ *               service (reload.h) and its statistics file
+ *               <state_dir>/<name>.stats, and only then the manifest (pool +
+ *               file): published means completely loaded.
  *   hybd_serve  wait on a signalfd: SIGTERM/SIGINT end it, SIGHUP reopens the
- *               log file; every stats_interval a statistics line per reload
- *               class and the statistics file <state_dir>/<name>.stats.
+ *               log file; every second the statistics file when requests came
+ *               or finished since, every stats_interval a statistics line per
+ *               reload class.
  *   hybd_stop   retire the manifest first (apps stop finding the model), stop
  *               the reload service (chunks in flight drained, waiters failed
- *               with -ESHUTDOWN, later submits -EPIPE), then destroy the pools.
+ *               with -ESHUTDOWN, later submits -EPIPE), remove the statistics
+ *               and GPU cache files, close the device, then destroy the pools.
  *
  * Every step logs one structured line (log.h): start, backend, placement,
  * pool, load_progress, load_done, device, reload_ready, ready, stats,

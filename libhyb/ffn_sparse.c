@@ -24,6 +24,8 @@ struct hyb_ffn_sparse {
 	uint32_t *active;                /* [n_ff] */
 	float *prev;                     /* [n_embd] predictor input for the next layer */
 	float *cur;                      /* [n_embd] */
+	float *part;                     /* [n_embd] oracle mode: one group's partial */
+	bool oracle;
 	struct hyb_sparse_stats st;
 };
 
@@ -64,7 +66,9 @@ struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threa
 	s->active = malloc(sizeof(*s->active) * hp->n_ff);
 	s->prev = malloc(sizeof(float) * hp->n_embd);
 	s->cur = malloc(sizeof(float) * hp->n_embd);
-	if (!s->op || !s->pred || !s->bundles || !s->ptrs || !s->active || !s->prev || !s->cur)
+	s->part = malloc(sizeof(float) * hp->n_embd);
+	if (!s->op || !s->pred || !s->bundles || !s->ptrs || !s->active || !s->prev || !s->cur ||
+	    !s->part)
 		goto oom;
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct hyb_ffn_plan *P = &m->layers[l].plan;
@@ -108,7 +112,97 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s)
 	free(s->active);
 	free(s->prev);
 	free(s->cur);
+	free(s->part);
 	free(s);
+}
+
+uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+				const float *in, uint32_t *active)
+{
+	return hyb_predictor_run(&s->pred[l], in, pool, s->pred_scratch, NULL, active);
+}
+
+const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse *s, uint32_t l)
+{
+	return &s->bundles[l];
+}
+
+struct hyb_sparse_ffn_ctx *hyb_ffn_sparse_op(struct hyb_ffn_sparse *s)
+{
+	return s->op;
+}
+
+void hyb_ffn_sparse_set_oracle(struct hyb_ffn_sparse *s, bool on)
+{
+	s->oracle = on;
+}
+
+int hyb_ffn_sum_by_group(uint32_t n_embd, uint32_t group_size, const uint32_t *active,
+			 uint32_t n_active, float *part, float *y, hyb_group_part_fn fn,
+			 void *user)
+{
+	memset(y, 0, sizeof(float) * n_embd);
+	for (uint32_t i = 0; i < n_active;) {
+		const uint32_t g = active[i] / group_size;
+		uint32_t j = i + 1;
+
+		while (j < n_active && active[j] / group_size == g)
+			j++;
+		if (fn(user, g, active + i, j - i, part))
+			return -1;
+		for (uint32_t e = 0; e < n_embd; e++)
+			y[e] += part[e];
+		i = j;
+	}
+	return 0;
+}
+
+struct cpu_part {
+	struct hyb_ffn_sparse *s;
+	uint32_t l;
+	const float *xn;
+	struct hyb_sparse_ffn_stats *st;
+};
+
+static int cpu_group_part(void *user, uint32_t g, const uint32_t *active, uint32_t n,
+			  float *part)
+{
+	struct cpu_part *c = user;
+	struct hyb_sparse_ffn_stats one;
+
+	(void)g;
+	if (hyb_sparse_ffn(c->s->op, NULL, &c->s->bundles[c->l], c->s->m->hp.act, c->xn, active,
+			   n, part, &one))
+		return -1;
+	c->st->n_gate += one.n_gate;
+	c->st->n_up += one.n_up;
+	c->st->n_nz += one.n_nz;
+	return 0;
+}
+
+int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+		       const float *xn, const uint32_t *active, uint32_t n_active, float *y,
+		       struct hyb_sparse_ffn_stats *st, char *err, size_t errlen)
+{
+	const uint32_t E = s->m->hp.n_embd;
+	int rc;
+
+	if (s->oracle) {
+		struct cpu_part c = { .s = s, .l = l, .xn = xn, .st = st };
+		float *out = y == xn ? s->cur : y; /* y may alias xn: sum aside */
+
+		memset(st, 0, sizeof(*st));
+		rc = hyb_ffn_sum_by_group(E, s->m->group_size, active, n_active, s->part, out,
+					  cpu_group_part, &c);
+		if (!rc && out != y)
+			memcpy(y, out, sizeof(float) * E);
+	} else {
+		rc = hyb_sparse_ffn(s->op, pool, &s->bundles[l], s->m->hp.act, xn, active, n_active,
+				    y, st);
+	}
+	if (rc)
+		snprintf(err, errlen, "layer %u: %s", l, hyb_sparse_ffn_error(s->op));
+	return rc;
 }
 
 int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
@@ -125,15 +219,11 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32
 	 * layer 0 has none before it and uses its own (hyb/profile.h). */
 	hyb_unit_rms(s->cur, x_attn, E);
 	t0 = now_s();
-	n_active = hyb_predictor_run(&s->pred[l], l ? s->prev : s->cur, pool, s->pred_scratch,
-				     NULL, s->active);
+	n_active = hyb_ffn_sparse_predict(s, pool, l, l ? s->prev : s->cur, s->active);
 	t1 = now_s();
 	memcpy(s->prev, s->cur, sizeof(float) * E);
-	if (hyb_sparse_ffn(s->op, pool, &s->bundles[l], m->hp.act, xn, s->active, n_active, y,
-			   &ost)) {
-		snprintf(err, errlen, "layer %u: %s", l, hyb_sparse_ffn_error(s->op));
+	if (hyb_ffn_sparse_run(s, pool, l, xn, s->active, n_active, y, &ost, err, errlen))
 		return -1;
-	}
 	t2 = now_s();
 	s->st.layer_steps++;
 	s->st.neurons += m->hp.n_ff;

@@ -12,7 +12,11 @@
 #ifndef HYB_FFN_SPARSE_H
 #define HYB_FFN_SPARSE_H
 
+#include <stdbool.h>
+#include <stddef.h>
+
 #include "hyb/model.h"
+#include "sparse_ffn.h"
 #include "hyb/threadpool.h"
 
 struct hyb_ffn_sparse;
@@ -32,6 +36,36 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32
 			 size_t errlen);
 
 void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stats *out);
+
+/*
+ * Pieces the hybrid engine (ffn_hybrid.c) composes differently. predict:
+ * the neurons layer l's predictor marks active for input `in` (already at
+ * unit RMS), ascending, into active[n_ff]; returns their count. run: the CPU
+ * operator over a list (or, in oracle mode, group by group: see
+ * hyb_ffn_sparse_set_oracle). bundles: layer l's bundle view.
+ */
+uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+				const float *in, uint32_t *active);
+int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+		       const float *xn, const uint32_t *active, uint32_t n_active, float *y,
+		       struct hyb_sparse_ffn_stats *st, char *err, size_t errlen);
+const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse *s,
+						     uint32_t l);
+struct hyb_sparse_ffn_ctx *hyb_ffn_sparse_op(struct hyb_ffn_sparse *s);
+
+/*
+ * Oracle mode (tests, hyb/hybrid.h): the FFN output is summed group by group
+ * in group order, each group's partial from one single-threaded operator
+ * call, so any split of the groups between devices that computes every
+ * listed neuron once from the right bytes gives bit-identical results.
+ */
+void hyb_ffn_sparse_set_oracle(struct hyb_ffn_sparse *s, bool on);
+/* y = sum over runs of active by group, in group order, of part(run) (oracle mode). */
+typedef int (*hyb_group_part_fn)(void *user, uint32_t g, const uint32_t *active, uint32_t n,
+				 float *part);
+int hyb_ffn_sum_by_group(uint32_t n_embd, uint32_t group_size, const uint32_t *active,
+			 uint32_t n_active, float *part, float *y, hyb_group_part_fn fn,
+			 void *user);
 void hyb_ffn_sparse_stats_reset(struct hyb_ffn_sparse *s);
 
 /* y = x at unit RMS (no weight): the predictor input of hyb/profile.h. */

@@ -20,11 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "cpu_kernels.h"
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
 #include "attention.h"
+#include "ffn_hybrid.h"
 #include "ffn_plan.h"
 #include "ffn_sparse.h"
 #include "ops.h"
@@ -54,6 +56,7 @@ struct hyb_ctx {
 
 	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
 	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
+	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
 };
 
 /* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
@@ -285,7 +288,11 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		for (uint32_t t = 0; t < nf; t++)
 			hyb_rmsnorm(c->xn + (size_t)t * E, xf + (size_t)t * E, L->ffn_norm.data, E,
 				    hp->rms_eps);
-		if (c->sparse && n == 1) {
+		if (c->hybrid && n == 1) {
+			if (hyb_ffn_hybrid_layer(c->hybrid, c->pool, l, xf, c->xn, c->xn, err,
+						 errlen))
+				return -1;
+		} else if (c->sparse && n == 1) {
 			if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf, c->xn, c->xn, err,
 						 errlen))
 				return -1;
@@ -432,9 +439,20 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
-	if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
-	    !(c->sparse = hyb_ffn_sparse_new(m, nth, err, errlen)))
+	if (p && p->hybrid) {
+		if (p->ffn == HYB_FFN_DENSE) {
+			snprintf(err, errlen, "hybrid decoding is sparse; it cannot run dense");
+			goto fail;
+		}
+		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, p->ffn_oracle, nth, err,
+								 errlen)))
+			goto fail;
+	} else if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
+		   !(c->sparse = hyb_ffn_sparse_new(m, nth, err, errlen))) {
 		goto fail;
+	}
+	if (c->sparse)
+		hyb_ffn_sparse_set_oracle(c->sparse, p && p->ffn_oracle);
 	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
 		snprintf(err, errlen, "sparse decoding needs a plan (hybctl plan); this model has "
 			 "none");
@@ -460,6 +478,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free_mapping(c->x, scratch_bytes(c));
 	hyb_ffn_plan_scratch_free(c->plan);
 	hyb_ffn_sparse_free(c->sparse);
+	hyb_ffn_hybrid_free(c->hybrid);
 	free(c);
 }
 
@@ -480,6 +499,56 @@ void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c)
 {
 	if (c->sparse)
 		hyb_ffn_sparse_stats_reset(c->sparse);
+}
+
+bool hyb_ctx_hybrid(const struct hyb_ctx *c)
+{
+	return c->hybrid != NULL;
+}
+
+void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out)
+{
+	if (c->hybrid)
+		hyb_ffn_hybrid_stats(c->hybrid, out);
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c)
+{
+	if (c->hybrid) {
+		hyb_ffn_hybrid_stats_reset(c->hybrid);
+		hyb_device_stats_reset(hyb_ffn_hybrid_device(c->hybrid));
+	}
+}
+
+double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l)
+{
+	return c->hybrid ? hyb_ffn_hybrid_lambda(c->hybrid, l) : NAN;
+}
+
+void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots)
+{
+	*resident = *slots = 0;
+	if (c->hybrid)
+		hyb_ffn_hybrid_cache(c->hybrid, resident, slots);
+}
+
+void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (c->hybrid)
+		hyb_device_get_config(hyb_ffn_hybrid_device(c->hybrid), out);
+}
+
+double hyb_ctx_clock(struct hyb_ctx *c)
+{
+	struct timespec ts;
+
+	if (c->hybrid)
+		return hyb_device_now(hyb_ffn_hybrid_device(c->hybrid));
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)

@@ -31,3 +31,4 @@ for t in Q8_0 Q4_0; do
 	build/hyb bench -m models/bench-$t.gguf -p 64 -n 32 -r ${REPS:-5}
 done
 bash tests/bench/sparse.sh
+bash tests/bench/hybrid.sh

@@ -30,6 +30,14 @@ _Noreturn void hyb_test_skip(const char *fmt, ...) __attribute__((format(printf,
 const char *hyb_test_shared(const char *rel);
 /* A fresh temporary directory for this test (removed by the runner). */
 const char *hyb_test_tmpdir(void);
+/*
+ * A small sparse plan model (hybctl synth -> profile -> plan; 256/1024, 3
+ * layers, ReLU, Q8_0), made once per test process in its tmpdir; SKIPs when
+ * build/hybctl (or $HYB_TEST_HYBCTL) is missing. plan_fixture.c.
+ */
+const char *hyb_test_plan(void);
+/* build/hybctl, or $HYB_TEST_HYBCTL. */
+const char *hyb_test_hybctl(void);
 
 #define TEST(fn_name)                                                                  \
 	static void fn_name(void);                                                     \

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "../../daemon/config.h"
+#include "../../daemon/copydev_cuda.h"
 #include "../../daemon/load.h"
 #include "../../daemon/server.h"
 #include "hyb/gguf.h"
@@ -257,7 +258,8 @@ TEST(hybd_config_file_and_errors)
 			{ "dram_budget = 12Q\n", "dram_budget: '12Q'" },
 			{ "= 5\n", "bad.conf:1: no key" },
 			{ "backend = gpu\n", "backend: 'gpu'" },
-			{ "device = cuda\n", "cuda is not built" },
+			{ "device = gpu\n", "device: 'gpu' is not auto, cuda, cpu or none" },
+			{ "cuda_device = -1\n", "cuda_device: '-1'" },
 			{ "placement = random\n", "placement: 'random'" },
 			{ "nodes = 0,x\n", "nodes: 'x' is not a node" },
 			{ "log_level = loud\n", "log_level" },
@@ -676,6 +678,124 @@ TEST(hybd_pools_over_the_pinned_cap_fail_cleanly)
 	check_nothing_left("f");
 }
 
+/* -- the copy device ------------------------------------------------------ */
+
+static bool exists_in_tmp(const char *name)
+{
+	char path[600];
+
+	snprintf(path, sizeof(path), "%s/%s", hyb_test_tmpdir(), name);
+	return !access(path, F_OK);
+}
+
+/*
+ * device = cuda|auto|cpu without CUDA in this test binary (the Makefile links
+ * tests without kernels/cuda): cuda fails at start naming the reason and
+ * leaves nothing; auto runs the CPU device and logs why; the statistics file
+ * is there while hybd runs. The GPU side is tests/gpu/test_copydev.c.
+ */
+TEST(hybd_device_cuda_without_cuda_auto_and_cpu)
+{
+	const char *model = write_model("m.gguf", 2, 256, 0);
+	struct hybd_config cfg;
+	struct hybd *d;
+	char err[512], logp[512], *log, *printed = NULL;
+	size_t plen = 0;
+	FILE *f;
+
+	hybd_config_defaults(&cfg);
+	CHECK_EQ_INT(cfg.device, HYBD_DEV_AUTO);
+	base_config(&cfg, model, "dv");
+	CHECK(!hybd_config_set(&cfg, "device", "cuda", err, sizeof(err)));
+	CHECK_EQ_INT(cfg.device, HYBD_DEV_CUDA);
+	CHECK(!hybd_config_set(&cfg, "cuda_device", "3", err, sizeof(err)));
+	CHECK_EQ_INT(cfg.cuda_device, 3);
+	CHECK(hybd_config_set(&cfg, "cuda_device", "x", err, sizeof(err)) < 0);
+	f = open_memstream(&printed, &plen);
+	CHECK(f);
+	hybd_config_print(&cfg, f);
+	fclose(f);
+	CHECK_MSG(strstr(printed, "\ndevice = cuda\ncuda_device = 3\n"), "%s", printed);
+	free(printed);
+	if (hyb_copydev_cuda_built())
+		SKIP("this test binary has CUDA linked in: tests/gpu covers device = cuda");
+	CHECK(!hybd_config_set(&cfg, "cuda_device", "0", err, sizeof(err)));
+	open_log("dev.log", HLOG_KV, logp, sizeof(logp));
+	CHECK(hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "device = cuda: hybd was built without CUDA"), "%s", err);
+	check_nothing_left("dv");
+	CHECK(!exists_in_tmp("dv.gpucache") && !exists_in_tmp("dv.stats"));
+
+	/* auto: the CPU device, saying why */
+	CHECK(!hybd_config_set(&cfg, "device", "auto", err, sizeof(err)));
+	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
+	CHECK(exists_in_tmp("dv.stats") && !exists_in_tmp("dv.gpucache"));
+	hybd_stop(d, "test");
+	CHECK(!exists_in_tmp("dv.stats"));
+	/* cpu */
+	CHECK(!hybd_config_set(&cfg, "device", "cpu", err, sizeof(err)));
+	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
+	hybd_stop(d, "test");
+	check_nothing_left("dv");
+	hlog_close();
+	log = slurp(logp);
+	CHECK_MSG(strstr(log, "event=error msg=\"device = cuda: hybd was built without CUDA"),
+		  "%s", log);
+	CHECK_MSG(strstr(log, "event=device name=cpu slots=4 slot_bytes=65536 ") &&
+		  strstr(log, "cuda=\"hybd was built without CUDA") &&
+		  strstr(log, "msg=\"device = cpu: GPU cache slots are host memory"), "%s", log);
+	free(log);
+}
+
+/* The GPU cache descriptor file hybd publishes for apps (no GPU needed). */
+TEST(hybd_gpucache_descriptor_file)
+{
+	struct hyb_cuda_cache_desc a = {
+		.magic = HYB_CUDA_CACHE_MAGIC, .version = HYB_CUDA_CACHE_VERSION, .pid = 4242,
+		.n_slots = 64, .slot_bytes = 2 << 20, .pci_bus_id = "0000:3b:00.0",
+	}, b;
+	char path[600], err[1024];
+	FILE *f;
+
+	for (int i = 0; i < 64; i++)
+		a.ipc_handle[i] = (uint8_t)(i * 7 + 1);
+	snprintf(path, sizeof(path), "%s/x.gpucache", hyb_test_tmpdir());
+	CHECK_MSG(!hyb_cuda_cache_desc_write(path, &a, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK(!memcmp(&a, &b, sizeof(a)));
+	/* wrong version, short, long, missing: one line each, nothing handed out */
+	a.version = 9;
+	CHECK(!hyb_cuda_cache_desc_write(path, &a, err, sizeof(err)));
+	CHECK_EQ_INT(hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_MSG(strstr(err, "version 9"), "%s", err);
+	CHECK_EQ_INT(b.magic, 0);
+	f = fopen(path, "w");
+	CHECK(f);
+	fwrite(&a, 1, 10, f);
+	fclose(f);
+	CHECK_EQ_INT(hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_MSG(strstr(err, "not a GPU cache descriptor"), "%s", err);
+	a.version = HYB_CUDA_CACHE_VERSION;
+	f = fopen(path, "w");
+	CHECK(f);
+	fwrite(&a, 1, sizeof(a), f);
+	fputc(0, f);
+	fclose(f);
+	CHECK_EQ_INT(hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_EQ_INT(hyb_cuda_cache_desc_read("/nonexistent/x.gpucache", &b, err, sizeof(err)),
+		     -ENOENT);
+	CHECK_MSG(strstr(err, "/nonexistent/x.gpucache"), "%s", err);
+	CHECK(hyb_cuda_cache_desc_write("/nonexistent/x.gpucache", &a, err, sizeof(err)) < 0);
+	/* without CUDA the app side says so */
+	if (!hyb_copydev_cuda_built()) {
+		void *base = &a;
+
+		CHECK_EQ_INT(hyb_cuda_cache_open(&a, &base, err, sizeof(err)), -ENODEV);
+		CHECK(!base);
+		CHECK_MSG(strstr(err, "built without CUDA"), "%s", err);
+	}
+}
+
 /* -- the program ---------------------------------------------------------- */
 
 static const char *hybd_bin(void)
@@ -800,6 +920,29 @@ TEST(hybd_program_foreground_daemon_and_bad_config)
 	s = slurp(errp);
 	CHECK_MSG(strstr(s, "hybd: did not start: ") && strstr(s, "none.gguf"), "%s", s);
 	free(s);
+}
+
+/* device = cuda where it cannot be had: exit 1, the reason on stderr, nothing published */
+TEST(hybd_program_device_cuda_unavailable)
+{
+	const char *bin = hybd_bin(), *model = write_model("m.gguf", 2, 256, 0);
+	const char *dir = hyb_test_tmpdir(), *conf;
+	char conf_text[1024], errp[600], *s;
+	pid_t pid;
+
+	snprintf(conf_text, sizeof(conf_text), "model = %s\nbackend = local\nstate_dir = %s\n"
+		 "name = cu\ndevice = cuda\ncuda_device = 1023\n", model, dir);
+	conf = write_text("cu.conf", conf_text);
+	snprintf(errp, sizeof(errp), "%s/stderr", dir);
+	pid = spawn(bin, conf, "-f", errp);
+	CHECK_EQ_INT(exit_status(pid), 1);
+	s = slurp(errp);
+	/* a build without nvcc says so; one with CUDA names the missing GPU */
+	CHECK_MSG(strstr(s, "event=error msg=\"device = cuda: ") &&
+		  (strstr(s, "hybd was built without CUDA") || strstr(s, "CUDA device")), "%s", s);
+	free(s);
+	CHECK(!exists_in_tmp("cu.manifest") && !exists_in_tmp("cu.stats") &&
+	      !exists_in_tmp("cu.gpucache"));
 }
 
 TEST(hybd_program_kmod_backend)

@@ -16,34 +16,6 @@
 #include "hyb/model.h"
 #include "test.h"
 
-static const char *hybctl(void)
-{
-	const char *b = getenv("HYB_TEST_HYBCTL");
-
-	return b ? b : "build/hybctl";
-}
-
-/* Make (once per test process) a small sparse model, its profile and plan. */
-static const char *make_plan(void)
-{
-	static char plan[512];
-	char model[512], prof[512], cmd[4096];
-
-	if (access(hybctl(), X_OK))
-		SKIP("%s not built (run from the repository root after make)", hybctl());
-	snprintf(model, sizeof(model), "%s/sd.gguf", hyb_test_tmpdir());
-	snprintf(prof, sizeof(prof), "%s/sd.profile.gguf", hyb_test_tmpdir());
-	snprintf(plan, sizeof(plan), "%s/sd.plan.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd),
-		 "%s synth -o %s --hidden 256 --ffn 1024 --layers 3 --heads 4 --vocab 512 "
-		 "--act relu --type Q8_0 -t 1 >/dev/null && "
-		 "%s profile %s -o %s --gen 48 -t 1 >/dev/null && "
-		 "%s plan %s --profile %s --gpu-budget 4M -o %s -t 1 >/dev/null 2>&1",
-		 hybctl(), model, hybctl(), model, prof, hybctl(), model, prof, plan);
-	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-	return plan;
-}
-
 static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
 {
 	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = mode };
@@ -107,7 +79,7 @@ static void compare(struct hyb_ctx *d, struct hyb_ctx *s, const struct hyb_model
 
 TEST(sparse_decode_all_predicted_equals_dense)
 {
-	const char *plan = make_plan();
+	const char *plan = hyb_test_plan();
 	char err[256];
 	struct hyb_model *m = hyb_model_load_mode(plan, HYB_LOAD_MMAP, err, sizeof(err));
 
@@ -145,7 +117,7 @@ TEST(sparse_decode_all_predicted_equals_dense)
 
 TEST(sparse_decode_trained_predictors_agree_with_dense)
 {
-	const char *plan = make_plan();
+	const char *plan = hyb_test_plan();
 	char err[256];
 	struct hyb_model *m = hyb_model_load(plan, err, sizeof(err));
 
@@ -178,10 +150,10 @@ TEST(sparse_decode_needs_a_plan)
 	struct hyb_model *m;
 	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .ffn = HYB_FFN_SPARSE };
 
-	if (access(hybctl(), X_OK))
-		SKIP("%s not built", hybctl());
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built", hyb_test_hybctl());
 	snprintf(path, sizeof(path), "%s/dense.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd), "%s synth -o %s --act relu -t 1 >/dev/null", hybctl(), path);
+	snprintf(cmd, sizeof(cmd), "%s synth -o %s --act relu -t 1 >/dev/null", hyb_test_hybctl(), path);
 	CHECK(system(cmd) == 0);
 	m = hyb_model_load(path, err, sizeof(err));
 	CHECK_MSG(m, "%s", err);

@@ -35,7 +35,8 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 }
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
-       O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE };
+       O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
+       O_PCIE, O_DRIFT };
 
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
@@ -61,12 +62,19 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		{ "sparse", no_argument, 0, O_SPARSE },
 		{ "manifest", required_argument, 0, O_MANIFEST },
 		{ "baseline", required_argument, 0, O_BASELINE },
+		{ "gpu-budget", required_argument, 0, O_BUDGET },
+		{ "policy", required_argument, 0, O_POLICY },
+		{ "policies", required_argument, 0, O_POLICIES },
+		{ "device", required_argument, 0, O_DEVICE },
+		{ "pcie-gbps", required_argument, 0, O_PCIE },
+		{ "drift", required_argument, 0, O_DRIFT },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
 
 	o->sp = hyb_sampler_defaults();
+	o->hy.policy = HYB_POLICY_TAM_ADAPTIVE;
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:p:n:t:c:o:r:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -91,6 +99,20 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
 		case O_MANIFEST: o->model = o->manifest = optarg; break;
 		case O_BASELINE: o->baseline = optarg; break;
+		case O_BUDGET: o->gpu_budget = optarg; break;
+		case O_POLICY:
+			if (hyb_policy_parse(optarg, &o->hy.policy))
+				cli_die("unknown policy '%s' (static, layer, lru, topk, dynamic, tam, "
+					"tam-adaptive)", optarg);
+			break;
+		case O_POLICIES: o->policies = optarg; break;
+		case O_DEVICE:
+			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+				cli_die("unknown device '%s' (cpu, cuda)", optarg);
+			o->hy.device = optarg;
+			break;
+		case O_PCIE: o->hy.dev.pcie_gbps = cli_num("--pcie-gbps", optarg, 0.01, 1e4); break;
+		case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -117,8 +139,15 @@ struct hyb_model *cli_load_model(const struct cli_opts *o)
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 {
 	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads, .ffn = o->ffn };
+	struct hyb_hybrid_params hy = o->hy;
 	char err[512];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c;
+
+	if (o->gpu_budget) {
+		hy.gpu_budget = cli_gpu_budget(o->gpu_budget, m);
+		p.hybrid = &hy;
+	}
+	c = hyb_ctx_new(m, &p, err, sizeof(err));
 
 	if (!c)
 		cli_die("%s", err);

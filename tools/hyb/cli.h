@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/sampler.h"
 
@@ -25,6 +26,11 @@ struct cli_opts {
 	int n_gen_bench;      /* bench: generated tokens */
 	int reps;
 	enum hyb_ffn_mode ffn; /* --dense / --sparse (plan models) */
+	/* hybrid decoding: --gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] */
+	const char *gpu_budget;
+	const char *policies;  /* bench --policies a,b,... | all */
+	uint32_t drift;        /* bench --drift N: a forced topic change every N tokens */
+	struct hyb_hybrid_params hy;
 	struct hyb_sampler_params sp;
 };
 
@@ -40,6 +46,10 @@ struct hyb_model *cli_load_manifest(const char *src);
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o);
 /* One stderr line on sparse decoding (nothing for a dense context). */
 void cli_print_sparse(const struct hyb_ctx *c, double t_decode);
+/* cli_hybrid.c: --gpu-budget resolved against the model (bytes); stats lines. */
+uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m);
+void cli_print_hybrid(struct hyb_ctx *c, double t_decode);
+int cmd_bench_hybrid(struct cli_opts *o);
 /* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);
 

@@ -28,7 +28,11 @@ static const char usage[] =
 	"usage: hyb bench -m MODEL [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [-t THREADS]\n"
 	"                 [--baseline SOURCE.gguf]\n"
 	"  a plan model decodes densely and sparsely in every round; --baseline also\n"
-	"  decodes the model the plan was made from (dense, its own layout) each round\n";
+	"  decodes the model the plan was made from (dense, its own layout) each round\n"
+	"       hyb bench -m PLAN --gpu-budget BYTES|N% [--policies all|P,P,...] [--drift N]\n"
+	"                 [--device cpu|cuda] [--pcie-gbps G] [-n DECODE_TOKENS] [-r REPS]\n"
+	"  hybrid: every policy on the drift workload (a forced topic change every N\n"
+	"  tokens, default 32), against CPU-only sparse decoding, in the same rounds\n";
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -195,6 +199,8 @@ int cmd_bench(int argc, char **argv)
 	int n_prompt = 64, nth;
 
 	cli_parse(argc, argv, &o, usage);
+	if (o.gpu_budget)
+		return cmd_bench_hybrid(&o);
 	if (o.prompt)
 		n_prompt = (int)cli_num("-p", o.prompt, 1, 65536);
 	if (o.n_gen_bench < 1)

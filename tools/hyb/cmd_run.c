@@ -13,7 +13,12 @@ static const char usage[] =
 	"               [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
 	"               [--print-ids] [--dense | --sparse]\n"
 	"       hyb run --manifest NAME|PATH -p PROMPT ...   (box mode: the model hybd serves)\n"
-	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n";
+	"               [--gpu-budget BYTES|N%] [--policy P] [--device cpu|cuda] [--pcie-gbps G]\n"
+	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n"
+	"  --gpu-budget: decode a plan hybrid, its hot neuron groups in a device cache of this\n"
+	"    size (K/M/G suffixes, or N% of the model) moved by policy P: static, layer, lru,\n"
+	"    topk, dynamic, tam, tam-adaptive (default). --device cpu (default) is the\n"
+	"    CPU-executed device with a modelled PCIe link; times are then modelled.\n";
 
 struct stream {
 	const struct hyb_tokenizer *tok;
@@ -90,6 +95,7 @@ int cmd_run(int argc, char **argv)
 	fprintf(stderr, "decode: %u tokens in %.3f s (%.2f tokens/s)\n", st.n_decode, st.t_gen,
 		st.n_decode ? st.n_decode / st.t_gen : 0.0);
 	cli_print_sparse(c, st.t_gen);
+	cli_print_hybrid(c, st.t_gen);
 	hyb_sampler_free(s);
 	hyb_ctx_free(c);
 	hyb_model_free(m);

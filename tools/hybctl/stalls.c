@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * hybctl stalls: the reload queues and how long apps wait for them. With -w
- * it refreshes every second and shows rates since the last screen; with
- * --json -w it prints one JSON object per refresh (JSON Lines).
+ * hybctl stalls: the reload queues and how long apps wait for them (the
+ * backend's per-queue statistics), then hybd's reload service per class
+ * (critical / reload / prefetch) from the statistics file hybd keeps
+ * (daemon/stalls_fmt.h). With -w it refreshes every second and shows rates
+ * since the last screen; with --json -w it prints one JSON object per
+ * refresh (JSON Lines). Exit 1 only when neither part has anything to show
+ * (no backend and no hybd).
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -11,14 +15,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../daemon/stalls_fmt.h"
 #include "hybctl.h"
 
 static const char usage[] =
 	"usage: hybctl stalls [-w] [--count N] [--json] [--backend kmod|local]\n"
+	"                     [--name NAME] [--stats FILE]\n"
 	"  per reload queue: daemon, clients, requests submitted / completed / failed /\n"
-	"  in flight, app stalls, and p50/p99 of queue wait, service and stall time.\n"
+	"  in flight, app stalls, and p50/p99 of queue wait, service and stall time;\n"
+	"  then hybd's reload service per class (critical, reload, prefetch): requests,\n"
+	"  errors, bytes, p50/p99 of queue wait and service, pre-emptions.\n"
 	"  -w          refresh every second (Ctrl-C ends); --count N stops after N screens\n"
-	"  --json      one JSON object (with -w: one per line per refresh)\n";
+	"  --json      one JSON object (with -w: one per line per refresh)\n"
+	"  --name      hybd instance (default hyb): its file is STATE_DIR/NAME.stats\n"
+	"  --stats     hybd's statistics file, instead of the one --name gives\n";
 
 static void json_hist(const char *name, const struct hyb_lat_stat *h)
 {
@@ -30,10 +40,16 @@ static void json_hist(const char *name, const struct hyb_lat_stat *h)
 	       (unsigned long long)h->p999_ns, (unsigned long long)h->max_ns);
 }
 
-static void print_json(enum hyb_backend_kind kind, const struct hyb_rq_stats *st, double t)
+/* kind < 0: no backend (queues: []) */
+static void print_json(int kind, const struct hyb_rq_stats *st, const struct hyb_stalls_hybd *h,
+		       double t)
 {
-	printf("{\"backend\": \"%s\", \"time\": %.3f, \"queues\": [", hyb_backend_name(kind), t);
-	for (int q = 0; q < HYB_RQ_MAX_QUEUES; q++) {
+	if (kind < 0)
+		printf("{\"backend\": null, \"time\": %.3f, \"queues\": [", t);
+	else
+		printf("{\"backend\": \"%s\", \"time\": %.3f, \"queues\": [",
+		       hyb_backend_name((enum hyb_backend_kind)kind), t);
+	for (int q = 0; kind >= 0 && q < HYB_RQ_MAX_QUEUES; q++) {
 		const struct hyb_rq_stats *s = &st[q];
 
 		printf("%s{\"queue\": %u, \"live\": %s, \"daemon_pid\": %d, \"clients\": %u, "
@@ -51,7 +67,9 @@ static void print_json(enum hyb_backend_kind kind, const struct hyb_rq_stats *st
 		json_hist("stall", &s->stall);
 		printf("}");
 	}
-	printf("]}\n");
+	printf("], \"hybd\": ");
+	hyb_stalls_print_json(stdout, h);
+	printf("}\n");
 }
 
 static void pair(char *buf, size_t len, const struct hyb_lat_stat *h)
@@ -117,11 +135,15 @@ int cmd_stalls(int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "json", 0, 0, 'j' }, { "backend", 1, 0, 'b' }, { "watch", 0, 0, 'w' },
-		{ "count", 1, 0, 'n' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "count", 1, 0, 'n' }, { "name", 1, 0, 'N' }, { "stats", 1, 0, 's' },
+		{ "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
 	struct hyb_rq_stats st[HYB_RQ_MAX_QUEUES], prev[HYB_RQ_MAX_QUEUES];
+	static struct hyb_stalls_hybd hs, hprev;
 	int c, json = 0, watch = 0, have_prev = 0, ret = 0;
+	const char *name = "hyb", *stats_file = NULL;
+	char stats_path[PATH_MAX];
 	long count = 0, shown = 0;
 	struct hyb_backend *b;
 	double t, tprev = 0;
@@ -144,6 +166,22 @@ int cmd_stalls(int argc, char **argv)
 			if (ctl_parse_backend("stalls", optarg, &kind))
 				return 2;
 			break;
+		case 'N':
+			if (!*optarg || strchr(optarg, '/') || strlen(optarg) > 64) {
+				fprintf(stderr, "hybctl stalls: --name '%s' is not an instance "
+					"name\n", optarg);
+				return 2;
+			}
+			name = optarg;
+			break;
+		case 's':
+			if (!*optarg || strlen(optarg) >= sizeof(stats_path)) {
+				fprintf(stderr, "hybctl stalls: --stats: empty or too long a "
+					"path\n");
+				return 2;
+			}
+			stats_file = optarg;
+			break;
 		case 'h': fputs(usage, stdout); return 0;
 		default: fputs(usage, stderr); return 2;
 		}
@@ -152,20 +190,31 @@ int cmd_stalls(int argc, char **argv)
 		fprintf(stderr, "hybctl stalls: unexpected argument '%s'\n%s", argv[optind], usage);
 		return 2;
 	}
+	if (stats_file)
+		snprintf(stats_path, sizeof(stats_path), "%s", stats_file);
+	else
+		hyb_stalls_path(stats_path, sizeof(stats_path), NULL, name);
+	memset(st, 0, sizeof(st));
+	/* no backend (no module): hybd's part may still have something to show */
 	b = ctl_backend("stalls", kind, false);
-	if (!b)
+	hyb_stalls_read(stats_path, &hs);
+	if (!b && hs.state != HYB_STALLS_RUNNING) {
+		fprintf(stderr, "hybctl stalls: %s\n", hs.why);
 		return 1;
+	}
 	for (;;) {
 		t = now_s();
-		for (unsigned int q = 0; q < HYB_RQ_MAX_QUEUES; q++) {
+		for (unsigned int q = 0; b && q < HYB_RQ_MAX_QUEUES; q++) {
 			if (hyb_rq_stats(b, q, &st[q])) {
 				fprintf(stderr, "hybctl stalls: %s\n", hyb_backend_error());
 				ret = 1;
 				goto out;
 			}
 		}
+		if (shown)
+			hyb_stalls_read(stats_path, &hs);
 		if (json) {
-			print_json(hyb_backend_kind(b), st, t);
+			print_json(b ? (int)hyb_backend_kind(b) : -1, st, &hs, t);
 		} else {
 			if (watch && isatty(STDOUT_FILENO))
 				printf("\033[H\033[2J");
@@ -176,17 +225,25 @@ int cmd_stalls(int argc, char **argv)
 				strftime(ts, sizeof(ts), "%H:%M:%S", localtime(&tt));
 				printf("%s  (every 1 s, Ctrl-C to stop)\n", ts);
 			}
-			print_text(hyb_backend_kind(b), st, have_prev ? prev : NULL, t - tprev);
+			if (b) {
+				print_text(hyb_backend_kind(b), st, have_prev ? prev : NULL,
+					   t - tprev);
+				printf("\n");
+			}
+			hyb_stalls_print_text(stdout, &hs, have_prev ? &hprev : NULL, t - tprev);
 		}
 		fflush(stdout);
-		if (!watch || (count && ++shown >= count))
+		shown++;
+		if (!watch || (count && shown >= count))
 			break;
 		memcpy(prev, st, sizeof(st));
+		hprev = hs;
 		tprev = t;
 		have_prev = 1;
 		sleep(1);
 	}
 out:
-	hyb_backend_close(b);
+	if (b)
+		hyb_backend_close(b);
 	return ret;
 }

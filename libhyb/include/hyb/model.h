@@ -114,11 +114,18 @@ uint64_t hyb_model_macs_per_token(const struct hyb_model *m);
  */
 enum hyb_ffn_mode { HYB_FFN_AUTO, HYB_FFN_DENSE, HYB_FFN_SPARSE };
 
+struct hyb_hybrid_params;
+
 struct hyb_ctx_params {
 	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
 	int n_threads;      /* <= 0: all online CPUs */
 	uint32_t n_batch;   /* prompt tokens per pass; 0: 512 */
 	enum hyb_ffn_mode ffn;
+	/* Hybrid GPU-CPU decoding of a plan (hyb/hybrid.h); NULL: CPU only. */
+	const struct hyb_hybrid_params *hybrid;
+	/* Sparse and hybrid decoding sum FFN outputs group by group, in group
+	 * order (tests: bit-identical across schedules, hyb/hybrid.h). */
+	bool ffn_oracle;
 };
 
 struct hyb_ctx;

@@ -1,0 +1,545 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The device layer's front end (hyb/device.h): argument checks, the sticky
+ * fault, the capacity accounting and the table of live allocations, the
+ * copy and kernel counters, then the implementation's ops
+ * (device_internal.h says what each op may take for granted).
+ *
+ * Every device range a copy or kernel names is checked against the live
+ * allocations here, for both implementations: an engine bug then fails with
+ * a message naming the argument instead of a GPU memory fault (CUDA) or a
+ * silent overwrite of host memory (cpu device).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device_internal.h"
+#include "hyb/tensor_type.h"
+
+/* Live allocations, sorted by base: a handful, made at set-up. */
+struct hyb_device_allocs {
+	size_t n, cap;
+	struct {
+		hyb_dptr base;
+		uint64_t size;
+	} a[];
+};
+
+int hyb_device_fail(struct hyb_device *d, int rc, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!d)
+		return rc;
+	va_start(ap, fmt);
+	vsnprintf(d->err, sizeof(d->err), fmt, ap);
+	va_end(ap);
+	if (rc == -EIO)
+		d->faulted = true;
+	return rc;
+}
+
+/*
+ * A CUDA build links kernels/cuda/device_cuda.o, whose strong definition
+ * replaces this one. (It must be linked as an object: a weak definition
+ * already satisfies the symbol, so the linker would not pull it from an
+ * archive.)
+ */
+__attribute__((weak)) struct hyb_device *hyb_device_cuda_open(const struct hyb_device_config *cfg,
+							      char *err, size_t errlen)
+{
+	(void)cfg;
+	snprintf(err, errlen, "libhyb was built without CUDA (no nvcc)");
+	return NULL;
+}
+
+static bool bad_num(double v)
+{
+	return !isfinite(v) || v < 0;
+}
+
+struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_config *cfg,
+				   char *err, size_t errlen)
+{
+	struct hyb_device_config c = { 0 };
+	struct hyb_device *d;
+	char buf[256];
+	bool cpu;
+
+	if (!err || !errlen) {
+		err = buf;
+		errlen = sizeof(buf);
+	}
+	err[0] = 0;
+	if (!kind) {
+		snprintf(err, errlen, "device: no kind given (cpu, cuda)");
+		return NULL;
+	}
+	cpu = !strcmp(kind, "cpu");
+	if (!cpu && strcmp(kind, "cuda")) {
+		snprintf(err, errlen, "device: unknown kind '%.64s' (cpu, cuda)", kind);
+		return NULL;
+	}
+	if (cfg)
+		c = *cfg;
+	if (bad_num(c.pcie_gbps) || bad_num(c.pcie_lat_us) || bad_num(c.hbm_gbps) ||
+	    bad_num(c.launch_us)) {
+		snprintf(err, errlen,
+			 "device: bad config (pcie %g GB/s, lat %g us, hbm %g GB/s, launch %g us)",
+			 c.pcie_gbps, c.pcie_lat_us, c.hbm_gbps, c.launch_us);
+		return NULL;
+	}
+	if (c.ordinal < 0) {
+		snprintf(err, errlen, "device: bad CUDA device number %d", c.ordinal);
+		return NULL;
+	}
+	if (cpu && !c.capacity)
+		c.capacity = 1ull << 30;
+	if (!c.chunk_bytes)
+		c.chunk_bytes = 1ull << 20;
+	if (c.pcie_gbps == 0)
+		c.pcie_gbps = 25;
+	if (c.pcie_lat_us == 0)
+		c.pcie_lat_us = 8;
+	if (c.hbm_gbps == 0)
+		c.hbm_gbps = 2000;
+	if (c.launch_us == 0)
+		c.launch_us = 5;
+
+	d = cpu ? hyb_device_cpu_open(&c, err, errlen) : hyb_device_cuda_open(&c, err, errlen);
+	if (!d) {
+		if (!err[0])
+			snprintf(err, errlen, "device: cannot open a %s device", kind);
+		return NULL;
+	}
+	d->used = 0;
+	d->faulted = false;
+	d->allocs = NULL;
+	d->err[0] = 0;
+	memset(&d->st, 0, sizeof(d->st));
+	return d;
+}
+
+void hyb_device_close(struct hyb_device *d)
+{
+	if (!d)
+		return;
+	if (d->allocs) {
+		/* last first, so each free finds its entry still listed */
+		while (d->allocs->n) {
+			d->ops->free(d, d->allocs->a[d->allocs->n - 1].base);
+			d->allocs->n--;
+		}
+		free(d->allocs);
+		d->allocs = NULL;
+	}
+	d->used = 0;
+	d->ops->close(d);
+}
+
+const char *hyb_device_kind(const struct hyb_device *d)
+{
+	return d ? d->ops->kind : "none";
+}
+
+const char *hyb_device_error(const struct hyb_device *d)
+{
+	return d ? d->err : "no device";
+}
+
+uint64_t hyb_device_capacity(const struct hyb_device *d)
+{
+	return d ? d->capacity : 0;
+}
+
+void hyb_device_get_config(const struct hyb_device *d, struct hyb_device_config *out)
+{
+	if (!out)
+		return;
+	if (d)
+		*out = d->cfg;
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+uint64_t hyb_device_used(const struct hyb_device *d)
+{
+	return d ? d->used : 0;
+}
+
+double hyb_device_now(struct hyb_device *d)
+{
+	return d ? d->ops->now(d) : 0;
+}
+
+/* ---- the allocation table ---------------------------------------------------- */
+
+/* Index of the last allocation with base <= p, or -1. */
+static long find_le(const struct hyb_device_allocs *t, hyb_dptr p)
+{
+	size_t lo = 0, hi = t ? t->n : 0;
+
+	while (lo < hi) {
+		const size_t mid = lo + (hi - lo) / 2;
+
+		if (t->a[mid].base <= p)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return (long)lo - 1;
+}
+
+uint64_t hyb_device_span(const struct hyb_device *d, hyb_dptr p)
+{
+	const long i = d ? find_le(d->allocs, p) : -1;
+
+	if (i < 0 || p - d->allocs->a[i].base >= d->allocs->a[i].size)
+		return 0;
+	return d->allocs->a[i].base + d->allocs->a[i].size - p;
+}
+
+static int table_reserve(struct hyb_device *d)
+{
+	struct hyb_device_allocs *t = d->allocs;
+	size_t cap;
+
+	if (t && t->n < t->cap)
+		return 0;
+	cap = t ? 2 * t->cap : 16;
+	t = realloc(t, sizeof(*t) + cap * sizeof(t->a[0]));
+	if (!t)
+		return hyb_device_fail(d, -ENOMEM, "device: out of host memory for the table");
+	if (!d->allocs)
+		t->n = 0;
+	t->cap = cap;
+	d->allocs = t;
+	return 0;
+}
+
+/* 0 when [p, p + len) lies in one live allocation, else -EINVAL naming what. */
+static int check_range(struct hyb_device *d, hyb_dptr p, uint64_t len, const char *what)
+{
+	const uint64_t span = hyb_device_span(d, p);
+
+	if (span && len <= span)
+		return 0;
+	if (!span)
+		return hyb_device_fail(d, -EINVAL, "%s: address %#llx is in no device allocation",
+				       what, (unsigned long long)p);
+	return hyb_device_fail(d, -EINVAL,
+			       "%s: %llu bytes at %#llx overrun its allocation by %llu bytes", what,
+			       (unsigned long long)len, (unsigned long long)p,
+			       (unsigned long long)(len - span));
+}
+
+static int check_array(struct hyb_device *d, hyb_dptr p, uint64_t len, const char *what)
+{
+	if (p & 3)
+		return hyb_device_fail(d, -EINVAL, "%s: address %#llx is not 4-byte aligned", what,
+				       (unsigned long long)p);
+	return check_range(d, p, len, what);
+}
+
+/* The common checks: device present, not faulted, stream known. */
+static int check_dev(struct hyb_device *d, int s, const char *what)
+{
+	if (!d)
+		return -EINVAL;
+	if (d->faulted)
+		return -EIO; /* the fault's message stays */
+	if (s < 0 || s >= HYB_N_STREAMS)
+		return hyb_device_fail(d, -EINVAL, "%s: stream %d out of range", what, s);
+	return 0;
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+
+int hyb_device_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out)
+{
+	struct hyb_device_allocs *t;
+	hyb_dptr p = 0;
+	long i;
+	int rc;
+
+	if (!d || !out)
+		return -EINVAL;
+	*out = 0;
+	if (d->faulted)
+		return -EIO;
+	if (!bytes)
+		return hyb_device_fail(d, -EINVAL, "device alloc: zero bytes");
+	if (bytes > d->capacity - d->used)
+		return hyb_device_fail(d, -ENOMEM,
+				       "device alloc: %llu bytes asked, %llu of %llu in use "
+				       "(%llu free)",
+				       (unsigned long long)bytes, (unsigned long long)d->used,
+				       (unsigned long long)d->capacity,
+				       (unsigned long long)(d->capacity - d->used));
+	rc = table_reserve(d);
+	if (rc)
+		return rc;
+	rc = d->ops->alloc(d, bytes, &p);
+	if (rc)
+		return rc;
+	t = d->allocs;
+	i = find_le(t, p);
+	if (!p || (p & 255) || p + bytes < p || (i >= 0 && t->a[i].base + t->a[i].size > p) ||
+	    ((size_t)(i + 1) < t->n && t->a[i + 1].base < p + bytes)) {
+		/* an allocator bug: nothing sensible can follow */
+		return hyb_device_fail(d, -EIO, "device alloc: bad address %#llx for %llu bytes",
+				       (unsigned long long)p, (unsigned long long)bytes);
+	}
+	memmove(&t->a[i + 2], &t->a[i + 1], (t->n - (size_t)(i + 1)) * sizeof(t->a[0]));
+	t->a[i + 1].base = p;
+	t->a[i + 1].size = bytes;
+	t->n++;
+	d->used += bytes;
+	*out = p;
+	return 0;
+}
+
+void hyb_device_free(struct hyb_device *d, hyb_dptr p)
+{
+	struct hyb_device_allocs *t;
+	long i;
+
+	if (!d || !p)
+		return;
+	t = d->allocs;
+	i = find_le(t, p);
+	if (i < 0 || t->a[i].base != p) {
+		hyb_device_fail(d, -EINVAL, "device free: %#llx is not an allocation",
+				(unsigned long long)p);
+		return;
+	}
+	d->ops->free(d, p);
+	d->used -= t->a[i].size;
+	memmove(&t->a[i], &t->a[i + 1], (t->n - (size_t)i - 1) * sizeof(t->a[0]));
+	t->n--;
+}
+
+int hyb_device_host_register(struct hyb_device *d, void *p, size_t len)
+{
+	int rc = check_dev(d, 0, "host register");
+
+	if (rc)
+		return rc;
+	if (!p || !len)
+		return hyb_device_fail(d, -EINVAL, "host register: %s", p ? "zero length" : "NULL");
+	return d->ops->host_register(d, p, len);
+}
+
+int hyb_device_host_unregister(struct hyb_device *d, void *p)
+{
+	if (!d)
+		return -EINVAL;
+	if (!p)
+		return hyb_device_fail(d, -EINVAL, "host unregister: NULL");
+	return d->ops->host_unregister(d, p);
+}
+
+void *hyb_device_host_alloc(struct hyb_device *d, size_t len)
+{
+	if (!d || d->faulted || !len)
+		return NULL;
+	return d->ops->host_alloc(d, len);
+}
+
+void hyb_device_host_free(struct hyb_device *d, void *p)
+{
+	if (d && p)
+		d->ops->host_free(d, p);
+}
+
+/* ---- copies, events ------------------------------------------------------------ */
+
+int hyb_device_h2d(struct hyb_device *d, enum hyb_stream s, hyb_dptr dst, const void *src,
+		   uint64_t len)
+{
+	int rc = check_dev(d, (int)s, "h2d");
+
+	if (rc || !len)
+		return rc;
+	if (!src)
+		return hyb_device_fail(d, -EINVAL, "h2d: NULL source");
+	rc = check_range(d, dst, len, "h2d destination");
+	if (!rc)
+		rc = d->ops->h2d(d, s, dst, src, len);
+	if (!rc) {
+		d->st.h2d_bytes[s] += len;
+		d->st.copies[s]++;
+	}
+	return rc;
+}
+
+int hyb_device_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr src,
+		   uint64_t len)
+{
+	int rc = check_dev(d, (int)s, "d2h");
+
+	if (rc || !len)
+		return rc;
+	if (!dst)
+		return hyb_device_fail(d, -EINVAL, "d2h: NULL destination");
+	rc = check_range(d, src, len, "d2h source");
+	if (!rc)
+		rc = d->ops->d2h(d, s, dst, src, len);
+	if (!rc) {
+		d->st.d2h_bytes[s] += len;
+		d->st.copies[s]++;
+	}
+	return rc;
+}
+
+struct hyb_device_event *hyb_device_event_new(struct hyb_device *d)
+{
+	return d ? d->ops->event_new(d) : NULL;
+}
+
+void hyb_device_event_free(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	if (d && ev)
+		d->ops->event_free(d, ev);
+}
+
+int hyb_device_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
+{
+	int rc = check_dev(d, (int)s, "record");
+
+	if (rc)
+		return rc;
+	if (!ev)
+		return hyb_device_fail(d, -EINVAL, "record: NULL event");
+	return d->ops->record(d, s, ev);
+}
+
+int hyb_device_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
+{
+	int rc = check_dev(d, (int)s, "wait");
+
+	if (rc)
+		return rc;
+	if (!ev)
+		return hyb_device_fail(d, -EINVAL, "wait: NULL event");
+	return d->ops->wait(d, s, ev);
+}
+
+bool hyb_device_done(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	/* a faulted device completes nothing more: say done, the next sync says why */
+	if (!d || !ev || d->faulted)
+		return true;
+	return d->ops->done(d, ev);
+}
+
+int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	int rc = check_dev(d, 0, "sync");
+
+	if (rc)
+		return rc;
+	if (!ev)
+		return hyb_device_fail(d, -EINVAL, "sync: NULL event");
+	return d->ops->sync(d, ev);
+}
+
+/* ---- kernels -------------------------------------------------------------------- */
+
+static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
+{
+	const uint32_t t = f->type;
+	uint64_t rb, n_groups;
+	int rc;
+
+	if (t != HYB_TYPE_F32 && t != HYB_TYPE_F16 && t != HYB_TYPE_Q8_0 && t != HYB_TYPE_Q4_0)
+		return hyb_device_fail(d, -EINVAL,
+				       "sparse ffn: weight type %s not supported (F32, F16, Q8_0, "
+				       "Q4_0)", hyb_type_name(t));
+	if (!f->n_embd || !f->n_ff || !f->group_size)
+		return hyb_device_fail(d, -EINVAL,
+				       "sparse ffn: zero size (n_embd %u, n_ff %u, group size %u)",
+				       f->n_embd, f->n_ff, f->group_size);
+	rb = hyb_row_bytes(t, f->n_embd);
+	if (!rb)
+		return hyb_device_fail(d, -EINVAL,
+				       "sparse ffn: n_embd %u not a multiple of the %s block",
+				       f->n_embd, hyb_type_name(t));
+	if ((unsigned)f->act > HYB_ACT_DRELU)
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: unknown activation %d",
+				       (int)f->act);
+	if (f->slot_bytes / 3 / f->group_size < rb)
+		return hyb_device_fail(d, -EINVAL,
+				       "sparse ffn: slot of %llu bytes < 3 x %u rows of %llu bytes",
+				       (unsigned long long)f->slot_bytes, f->group_size,
+				       (unsigned long long)rb);
+	if (f->n_active > f->n_ff)
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: %u active neurons of %u",
+				       f->n_active, f->n_ff);
+	n_groups = ((uint64_t)f->n_ff + f->group_size - 1) / f->group_size;
+	rc = check_array(d, f->xn, 4ull * f->n_embd, "sparse ffn xn");
+	if (!rc)
+		rc = check_array(d, f->y, 4ull * f->n_embd, "sparse ffn y");
+	if (!rc && f->n_active) {
+		rc = check_array(d, f->active, 4ull * f->n_active, "sparse ffn active");
+		if (!rc)
+			rc = check_array(d, f->table, 4 * n_groups, "sparse ffn table");
+		if (!rc)
+			rc = check_range(d, f->cache, 1, "sparse ffn cache");
+	}
+	return rc;
+}
+
+int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
+{
+	int rc = check_dev(d, (int)s, "sparse ffn");
+
+	if (rc)
+		return rc;
+	if (!f)
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: NULL arguments");
+	rc = check_ffn(d, f);
+	if (!rc)
+		rc = d->ops->sparse_ffn(d, s, f);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
+int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n)
+{
+	int rc = check_dev(d, (int)s, "add");
+
+	if (rc || !n)
+		return rc;
+	rc = check_array(d, y, 4ull * n, "add y");
+	if (!rc)
+		rc = check_array(d, x, 4ull * n, "add x");
+	if (!rc)
+		rc = d->ops->add(d, s, y, x, n);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
+/* ---- statistics ------------------------------------------------------------------ */
+
+void hyb_device_stats(const struct hyb_device *d, struct hyb_device_stats *out)
+{
+	if (!out)
+		return;
+	if (d)
+		*out = d->st;
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void hyb_device_stats_reset(struct hyb_device *d)
+{
+	if (d)
+		memset(&d->st, 0, sizeof(d->st));
+}

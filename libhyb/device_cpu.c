@@ -1,0 +1,711 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The CPU-executed device (hyb/device.h "Model of time"): every operation
+ * runs at once, inside the call that queues it, and is placed on a virtual
+ * timeline by a small discrete-event model of a GPU with a PCIe link.
+ *
+ * The model
+ *   Clock. Host time now() = CLOCK_MONOTONIC since open - inline + jumped:
+ *     inline is the real time spent inside this device's calls (copies,
+ *     kernels, record, wait, done, sync), jumped the sum of the host waits
+ *     sync() added. An op queued by a call at host time H (the call's entry)
+ *     arrives at H.
+ *   Engines. An H2D link, a D2H link (PCIe is full duplex) and one compute
+ *     engine (kernels serialize). Each runs one thing at a time.
+ *   Streams. Ops of a stream run in queue order: an op becomes its stream's
+ *     head when the op before it has completed (or at its arrival, if later);
+ *     only heads may start. wait(s, ev) queues a marker on s that completes
+ *     when ev's op has completed (zero time, no engine); record(ev, s)
+ *     names the last op queued on s (marker included), so ev completes
+ *     when it does; an event never recorded, or recorded on an idle stream
+ *     that never had work, is complete.
+ *   Durations. A copy: lat + len / pcie; a kernel: launch + bytes / hbm,
+ *     bytes the memory it moves: sparse_ffn (n_gate + n_up + n_nz) rows
+ *     (counts of the CPU operator, so the ReLU early exit is modelled) times
+ *     row bytes + 4 n_active + 4 n_embd (xn) + 4 n_embd (y write) [+ 4 n_embd
+ *     (y read) when accumulating]; add 8 n.
+ *   Arbitration, whenever an engine is free: the compute engine starts the
+ *     head kernel that became head first (ties: queue order). A link starts,
+ *     among the head copies of its direction, first any copy of a stream
+ *     other than RELOAD (a "priority" copy: CRITICAL or COMPUTE), the one that
+ *     became head first; only if there is none, the next chunk of the RELOAD
+ *     head copy.
+ *   Chunks (KAIROX 5.1: "critical transfers preempt queued reloads"). A RELOAD
+ *     copy is sent in chunks of chunk_bytes: the first chunk costs lat +
+ *     bytes / pcie, the others bytes / pcie (the DMA engine pipelines the
+ *     chunks of one transfer; lat is paid once per copy, as for any copy).
+ *     The link is free between chunks, so a priority copy that becomes head
+ *     at H waits at most for the chunk in flight at H (and for priority copies
+ *     ahead of it), and every reload chunk not started by then runs after it:
+ *     the reload's end, and any event after it, moves back by the priority
+ *     copy's duration (less any idle gap the link had anyway). Priority copies
+ *     are not cut.
+ *   Exactness. The model is simulated in time order, lazily: every call
+ *     first runs the simulation up to its own host time H (events strictly
+ *     before H), since work queued at H cannot change anything earlier. done()
+ *     runs it to now(); sync(ev) runs it until ev's op completes at E (no new
+ *     work can arrive while the host is blocked) and, if E > now(), adds
+ *     E - now() to jumped. So pre-emption, waits and push-backs propagate
+ *     through any chain of events exactly; nothing is fixed before its time.
+ *
+ * Data. Copies and kernels act on memory when queued, in queue order; that
+ * is one valid order of the real device's as long as the host honours the
+ * events (hyb/device.h). Device memory is host memory: one anonymous mapping
+ * per allocation (MAP_NORESERVE: a large capacity costs nothing until
+ * touched; 2 MiB aligned from 2 MiB on, for transparent huge pages).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "device_internal.h"
+#include "hyb/tensor_type.h"
+#include "sparse_ffn.h"
+
+#define HUGE_SZ (2ull << 20)
+
+enum op_kind { OP_MARK, OP_H2D, OP_D2H, OP_KERNEL };
+enum { ENG_H2D, ENG_D2H, ENG_COMPUTE, N_ENG };
+
+struct op {
+	uint64_t seq;      /* in its stream, from 1 */
+	uint64_t gseq;     /* in the device: queue order */
+	double head_at;    /* when it became its stream's head */
+	double dur;        /* whole op (kernels, priority copies) */
+	uint64_t left;     /* RELOAD copies: bytes not yet sent */
+	uint64_t dep_seq;  /* markers: complete when done_seq[dep_s] >= dep_seq */
+	uint8_t kind, dep_s;
+	bool running, started;
+};
+
+struct queue {
+	struct op *op;     /* ring */
+	uint32_t cap, first, n;
+};
+
+struct engine {
+	int s;             /* stream whose head runs here, -1 when free */
+	double until;
+};
+
+/* An event: the op (stream, seq) it completes with; seq 0: complete. */
+struct cpu_event {
+	uint64_t seq;
+	int s;
+};
+
+struct cpu_dev {
+	struct hyb_device base;
+	double t_open;               /* CLOCK_MONOTONIC at open */
+	double inline_s, jumped_s;   /* see the clock above (not reset with stats) */
+	double t;                    /* simulated time: every event before t is done */
+	double pcie_bps, lat_s, hbm_bps, launch_s;
+	struct queue q[HYB_N_STREAMS];
+	uint64_t last_seq[HYB_N_STREAMS], done_seq[HYB_N_STREAMS], gseq;
+	struct engine eng[N_ENG];
+
+	struct hyb_sparse_ffn_ctx *ffn; /* sized to the largest shape seen */
+	uint32_t ffn_e, ffn_f;
+	const void **bundle;
+	uint64_t n_bundle;
+	float *ytmp;
+	uint32_t n_ytmp;
+};
+
+static struct cpu_dev *cpu(struct hyb_device *d)
+{
+	return (struct cpu_dev *)d;
+}
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Host time at real time `real` (never behind the simulation). */
+static double host_time(const struct cpu_dev *c, double real)
+{
+	const double h = real - c->t_open - c->inline_s + c->jumped_s;
+
+	return h > c->t ? h : c->t;
+}
+
+static double cpu_now(struct hyb_device *d)
+{
+	return host_time(cpu(d), mono());
+}
+
+/* End of an inline section begun at real time r0. */
+static void leave(struct cpu_dev *c, double r0)
+{
+	const double dt = mono() - r0;
+
+	c->inline_s += dt;
+	c->base.st.inline_s += dt;
+}
+
+/* ---- the simulation ------------------------------------------------------------- */
+
+static struct op *head(struct cpu_dev *c, int s)
+{
+	struct queue *q = &c->q[s];
+
+	return q->n ? &q->op[q->first] : NULL;
+}
+
+static bool op_done(const struct cpu_dev *c, int s, uint64_t seq)
+{
+	return c->done_seq[s] >= seq;
+}
+
+static int engine_of(const struct op *o)
+{
+	return o->kind == OP_H2D ? ENG_H2D : o->kind == OP_D2H ? ENG_D2H : ENG_COMPUTE;
+}
+
+static bool chunked(int s, const struct op *o)
+{
+	return s == HYB_STREAM_RELOAD && o->kind != OP_KERNEL;
+}
+
+/* The head of s completes at c->t; the next op becomes head then. */
+static void complete(struct cpu_dev *c, int s)
+{
+	struct queue *q = &c->q[s];
+
+	c->done_seq[s] = q->op[q->first].seq;
+	q->first = (q->first + 1) % q->cap;
+	q->n--;
+	if (q->n)
+		q->op[q->first].head_at = c->t;
+}
+
+/* Markers whose event has completed complete now (each may free another). */
+static void resolve_markers(struct cpu_dev *c)
+{
+	bool again = true;
+
+	while (again) {
+		again = false;
+		for (int s = 0; s < HYB_N_STREAMS; s++) {
+			const struct op *h = head(c, s);
+
+			if (h && h->kind == OP_MARK && op_done(c, h->dep_s, h->dep_seq)) {
+				complete(c, s);
+				again = true;
+			}
+		}
+	}
+}
+
+/* Does a (stream sa) go before b (stream sb) on engine e? */
+static bool before(int e, int sa, const struct op *a, int sb, const struct op *b)
+{
+	if (e != ENG_COMPUTE) {
+		const bool pa = sa != HYB_STREAM_RELOAD, pb = sb != HYB_STREAM_RELOAD;
+
+		if (pa != pb)
+			return pa;
+	}
+	if (a->head_at != b->head_at)
+		return a->head_at < b->head_at;
+	return a->gseq < b->gseq;
+}
+
+static void dispatch(struct cpu_dev *c)
+{
+	for (int e = 0; e < N_ENG; e++) {
+		int best = -1;
+		struct op *o;
+
+		if (c->eng[e].s >= 0)
+			continue;
+		for (int s = 0; s < HYB_N_STREAMS; s++) {
+			const struct op *h = head(c, s);
+
+			if (!h || h->kind == OP_MARK || h->running || engine_of(h) != e)
+				continue;
+			if (best < 0 || before(e, s, h, best, head(c, best)))
+				best = s;
+		}
+		if (best < 0)
+			continue;
+		o = head(c, best);
+		o->running = true;
+		c->eng[e].s = best;
+		if (chunked(best, o)) {
+			const uint64_t n = o->left < c->base.cfg.chunk_bytes ? o->left :
+							   c->base.cfg.chunk_bytes;
+
+			c->eng[e].until = c->t + (o->started ? 0 : c->lat_s) +
+					  (double)n / c->pcie_bps;
+			o->left -= n;
+			o->started = true;
+		} else {
+			c->eng[e].until = c->t + o->dur;
+		}
+	}
+}
+
+/*
+ * Run the model over every event strictly before `limit` (then t = limit), or
+ * until op (ts, tseq) completes (ts < 0: none; t is then its end).
+ */
+static void sim_run(struct cpu_dev *c, double limit, int ts, uint64_t tseq)
+{
+	for (;;) {
+		double next = INFINITY;
+
+		resolve_markers(c);
+		if (ts >= 0 && op_done(c, ts, tseq))
+			return;
+		dispatch(c);
+		for (int e = 0; e < N_ENG; e++)
+			if (c->eng[e].s >= 0 && c->eng[e].until < next)
+				next = c->eng[e].until;
+		if (next >= limit) {
+			if (limit > c->t && limit < INFINITY)
+				c->t = limit;
+			return;
+		}
+		if (next > c->t)
+			c->t = next;
+		for (int e = 0; e < N_ENG; e++) {
+			struct engine *g = &c->eng[e];
+			struct op *o;
+
+			if (g->s < 0 || g->until > next)
+				continue;
+			o = head(c, g->s);
+			o->running = false;
+			if (!chunked(g->s, o) || !o->left)
+				complete(c, g->s);
+			g->s = -1;
+		}
+	}
+}
+
+/* Start an inline call: its host time H, the model brought up to H. */
+static double enter(struct cpu_dev *c, double *r0)
+{
+	double h;
+
+	*r0 = mono();
+	h = host_time(c, *r0);
+	sim_run(c, h, -1, 0);
+	return h;
+}
+
+static int push(struct cpu_dev *c, int s, const struct op *o)
+{
+	struct queue *q = &c->q[s];
+	struct op *n;
+
+	if (q->n == q->cap) {
+		const uint32_t cap = q->cap ? 2 * q->cap : 64;
+		struct op *r = malloc(sizeof(*r) * cap);
+
+		if (!r)
+			return hyb_device_fail(&c->base, -ENOMEM, "cpu device: out of host memory");
+		for (uint32_t i = 0; i < q->n; i++)
+			r[i] = q->op[(q->first + i) % q->cap];
+		free(q->op);
+		q->op = r;
+		q->cap = cap;
+		q->first = 0;
+	}
+	n = &q->op[(q->first + q->n) % q->cap];
+	*n = *o;
+	n->seq = ++c->last_seq[s];
+	n->gseq = ++c->gseq;
+	n->head_at = c->t;
+	n->running = n->started = false;
+	q->n++;
+	return 0;
+}
+
+/* ---- copies, events --------------------------------------------------------------- */
+
+static int copy(struct cpu_dev *c, enum hyb_stream s, int kind, void *dst, const void *src,
+		uint64_t len)
+{
+	struct op o = { .kind = (uint8_t)kind, .left = len };
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	o.dur = c->lat_s + (double)len / c->pcie_bps;
+	rc = push(c, s, &o);
+	if (!rc) {
+		memmove(dst, src, len);
+		c->base.st.copy_busy_s += o.dur;
+	}
+	leave(c, r0);
+	return rc;
+}
+
+static int cpu_h2d(struct hyb_device *d, enum hyb_stream s, hyb_dptr dst, const void *src,
+		   uint64_t len)
+{
+	return copy(cpu(d), s, OP_H2D, (void *)(uintptr_t)dst, src, len);
+}
+
+static int cpu_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr src,
+		   uint64_t len)
+{
+	return copy(cpu(d), s, OP_D2H, dst, (const void *)(uintptr_t)src, len);
+}
+
+static struct hyb_device_event *cpu_event_new(struct hyb_device *d)
+{
+	(void)d;
+	return calloc(1, sizeof(struct cpu_event));
+}
+
+static void cpu_event_free(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	(void)d;
+	free(ev);
+}
+
+static int cpu_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
+{
+	struct cpu_event *e = (struct cpu_event *)ev;
+
+	e->s = s;
+	e->seq = cpu(d)->last_seq[s];
+	return 0;
+}
+
+static int cpu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
+{
+	struct cpu_dev *c = cpu(d);
+	const struct cpu_event *e = (const struct cpu_event *)ev;
+	struct op o = { .kind = OP_MARK, .dep_s = (uint8_t)e->s, .dep_seq = e->seq };
+	double r0;
+	int rc = 0;
+
+	enter(c, &r0);
+	/* already complete, or ordered by the stream itself: nothing to wait for */
+	if (!op_done(c, e->s, e->seq) && e->s != (int)s)
+		rc = push(c, s, &o);
+	leave(c, r0);
+	return rc;
+}
+
+static bool cpu_done(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	struct cpu_dev *c = cpu(d);
+	const struct cpu_event *e = (const struct cpu_event *)ev;
+	double r0;
+	bool done;
+
+	if (op_done(c, e->s, e->seq))
+		return true;
+	enter(c, &r0);
+	done = op_done(c, e->s, e->seq);
+	leave(c, r0);
+	return done;
+}
+
+static int cpu_sync(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	struct cpu_dev *c = cpu(d);
+	const struct cpu_event *e = (const struct cpu_event *)ev;
+	double r0, h;
+	int rc = 0;
+
+	if (op_done(c, e->s, e->seq))
+		return 0;
+	h = enter(c, &r0);
+	if (!op_done(c, e->s, e->seq)) {
+		sim_run(c, INFINITY, e->s, e->seq);
+		if (!op_done(c, e->s, e->seq))  /* every wait points back: cannot happen */
+			rc = hyb_device_fail(d, -EIO, "cpu device: event never completes");
+		else if (c->t > h)
+			c->jumped_s += c->t - h;
+	}
+	leave(c, r0);
+	return rc;
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+static int kernel_done(struct cpu_dev *c, enum hyb_stream s, uint64_t bytes)
+{
+	struct op o = { .kind = OP_KERNEL };
+	int rc;
+
+	o.dur = c->launch_s + (double)bytes / c->hbm_bps;
+	rc = push(c, s, &o);
+	if (!rc) {
+		c->base.st.kernel_busy_s += o.dur;
+		c->base.st.kernel_bytes += bytes;
+	}
+	return rc;
+}
+
+/* Scratch for a layer of this shape: the operator's context, bundles, y. */
+static int ffn_scratch(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t n_groups)
+{
+	if (!c->ffn || f->n_embd > c->ffn_e || f->n_ff > c->ffn_f) {
+		const uint32_t e = f->n_embd > c->ffn_e ? f->n_embd : c->ffn_e;
+		const uint32_t n = f->n_ff > c->ffn_f ? f->n_ff : c->ffn_f;
+		struct hyb_sparse_ffn_ctx *x = hyb_sparse_ffn_ctx_new(e, n, 1);
+
+		if (!x)
+			return -ENOMEM;
+		hyb_sparse_ffn_ctx_free(c->ffn);
+		c->ffn = x;
+		c->ffn_e = e;
+		c->ffn_f = n;
+	}
+	if (n_groups > c->n_bundle) {
+		const void **b = realloc(c->bundle, sizeof(*b) * n_groups);
+
+		if (!b)
+			return -ENOMEM;
+		c->bundle = b;
+		c->n_bundle = n_groups;
+	}
+	if (f->n_embd > c->n_ytmp) {
+		float *y = realloc(c->ytmp, sizeof(float) * f->n_embd);
+
+		if (!y)
+			return -ENOMEM;
+		c->ytmp = y;
+		c->n_ytmp = f->n_embd;
+	}
+	return 0;
+}
+
+static int run_ffn(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t *bytes)
+{
+	static const uint32_t none[1];
+	struct hyb_device *d = &c->base;
+	const uint64_t rb = hyb_row_bytes(f->type, f->n_embd);
+	const uint64_t n_groups = ((uint64_t)f->n_ff + f->group_size - 1) / f->group_size;
+	const uint32_t *act = f->n_active ? (const uint32_t *)(uintptr_t)f->active : none;
+	const int32_t *table = (const int32_t *)(uintptr_t)f->table;
+	float *y = (float *)(uintptr_t)f->y;
+	struct hyb_sparse_ffn_stats st;
+	struct hyb_ffn_bundles b;
+	uint64_t slots = 0;
+
+	if (ffn_scratch(c, f, n_groups))
+		return hyb_device_fail(d, -ENOMEM, "sparse ffn: out of host memory for %ux%u",
+				       f->n_embd, f->n_ff);
+	/* the table is only read (and checked) for the groups listed */
+	for (uint64_t g = 0; g < n_groups; g++)
+		c->bundle[g] = NULL;
+	if (f->n_active)
+		slots = hyb_device_span(d, f->cache) / f->slot_bytes;
+	for (uint32_t i = 0; i < f->n_active; i++) {
+		const uint32_t n = act[i], g = n / f->group_size;
+
+		if (n >= f->n_ff)
+			return hyb_device_fail(d, -EINVAL,
+					       "sparse ffn: active[%u] = %u >= n_ff %u", i,
+					       n, f->n_ff);
+		if (i && n <= act[i - 1])
+			return hyb_device_fail(d, -EINVAL,
+					       "sparse ffn: active list not increasing at %u",
+					       i);
+		if (c->bundle[g])
+			continue;
+		if (table[g] < 0 || (uint64_t)table[g] >= slots)
+			return hyb_device_fail(d, -EINVAL,
+					       "neuron %u: group %u not resident (slot %d, cache "
+					       "holds %llu)", n, g, table[g],
+					       (unsigned long long)slots);
+		c->bundle[g] = (const char *)(uintptr_t)f->cache +
+			       (uint64_t)table[g] * f->slot_bytes;
+	}
+	b = (struct hyb_ffn_bundles){ .type = f->type, .n_embd = f->n_embd, .n_ff = f->n_ff,
+				      .group_size = f->group_size, .row_bytes = rb,
+				      .bundle = c->bundle };
+	if (hyb_sparse_ffn(c->ffn, NULL, &b, f->act, (const float *)(uintptr_t)f->xn, act,
+			   f->n_active, f->accumulate ? c->ytmp : y, &st))
+		return hyb_device_fail(d, -EINVAL, "%s", hyb_sparse_ffn_error(c->ffn));
+	if (f->accumulate)
+		for (uint32_t e = 0; e < f->n_embd; e++)
+			y[e] += c->ytmp[e];
+	*bytes = (st.n_gate + st.n_up + st.n_nz) * rb + 4ull * f->n_active +
+		 4ull * f->n_embd * (f->accumulate ? 3 : 2);
+	return 0;
+}
+
+static int cpu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
+{
+	struct cpu_dev *c = cpu(d);
+	uint64_t bytes = 0;
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	rc = run_ffn(c, f, &bytes);
+	if (!rc)
+		rc = kernel_done(c, s, bytes);
+	leave(c, r0);
+	return rc;
+}
+
+static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n)
+{
+	struct cpu_dev *c = cpu(d);
+	float *yp = (float *)(uintptr_t)y;
+	const float *xp = (const float *)(uintptr_t)x;
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	for (uint32_t i = 0; i < n; i++)
+		yp[i] += xp[i];
+	rc = kernel_done(c, s, 8ull * n);
+	leave(c, r0);
+	return rc;
+}
+
+/* ---- memory ----------------------------------------------------------------------- */
+
+static uint64_t map_bytes(uint64_t bytes)
+{
+	const uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+
+	return (bytes + pg - 1) / pg * pg;
+}
+
+static int cpu_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out)
+{
+	const int prot = PROT_READ | PROT_WRITE;
+	const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+	const uint64_t len = map_bytes(bytes);
+	char *p;
+
+	if (len < HUGE_SZ) {
+		p = mmap(NULL, len, prot, flags, -1, 0);
+	} else {
+		/* over-map, then trim to a 2 MiB-aligned range of len bytes */
+		char *m = mmap(NULL, len + HUGE_SZ, prot, flags, -1, 0);
+
+		p = m;
+		if (m != MAP_FAILED) {
+			const uint64_t skip = (HUGE_SZ - (uintptr_t)m % HUGE_SZ) % HUGE_SZ;
+
+			p = m + skip;
+			if (skip)
+				munmap(m, skip);
+			munmap(p + len, HUGE_SZ - skip);
+			madvise(p, len, MADV_HUGEPAGE);
+		}
+	}
+	if (p == MAP_FAILED)
+		return hyb_device_fail(d, -ENOMEM, "cpu device: cannot map %llu bytes: %s",
+				       (unsigned long long)bytes, strerror(errno));
+	*out = (hyb_dptr)(uintptr_t)p;
+	return 0;
+}
+
+static void cpu_free(struct hyb_device *d, hyb_dptr p)
+{
+	munmap((void *)(uintptr_t)p, map_bytes(hyb_device_span(d, p)));
+}
+
+static int cpu_host_register(struct hyb_device *d, void *p, size_t len)
+{
+	(void)d;
+	(void)p;
+	(void)len;
+	return 0; /* host memory is the device's: nothing to pin */
+}
+
+static int cpu_host_unregister(struct hyb_device *d, void *p)
+{
+	(void)d;
+	(void)p;
+	return 0;
+}
+
+static void *cpu_host_alloc(struct hyb_device *d, size_t len)
+{
+	(void)d;
+	if (len > SIZE_MAX - 63)
+		return NULL;
+	return aligned_alloc(64, (len + 63) & ~(size_t)63);
+}
+
+static void cpu_host_free(struct hyb_device *d, void *p)
+{
+	(void)d;
+	free(p);
+}
+
+static void cpu_close(struct hyb_device *d)
+{
+	struct cpu_dev *c = cpu(d);
+
+	for (int s = 0; s < HYB_N_STREAMS; s++)
+		free(c->q[s].op);
+	hyb_sparse_ffn_ctx_free(c->ffn);
+	free(c->bundle);
+	free(c->ytmp);
+	free(c);
+}
+
+static const struct hyb_device_ops cpu_ops = {
+	.kind = "cpu",
+	.close = cpu_close,
+	.now = cpu_now,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.host_register = cpu_host_register,
+	.host_unregister = cpu_host_unregister,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
+	.h2d = cpu_h2d,
+	.d2h = cpu_d2h,
+	.event_new = cpu_event_new,
+	.event_free = cpu_event_free,
+	.record = cpu_record,
+	.wait = cpu_wait,
+	.done = cpu_done,
+	.sync = cpu_sync,
+	.sparse_ffn = cpu_sparse_ffn,
+	.add = cpu_add,
+};
+
+struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char *err,
+				       size_t errlen)
+{
+	struct cpu_dev *c;
+
+	if (!cfg->capacity || !cfg->chunk_bytes || !(cfg->pcie_gbps > 0) ||
+	    !(cfg->hbm_gbps > 0)) {
+		snprintf(err, errlen, "cpu device: zero capacity, chunk or bandwidth");
+		return NULL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(err, errlen, "cpu device: out of host memory");
+		return NULL;
+	}
+	c->base.ops = &cpu_ops;
+	c->base.cfg = *cfg;
+	c->base.capacity = cfg->capacity;
+	c->t_open = mono();
+	c->pcie_bps = cfg->pcie_gbps * 1e9;
+	c->lat_s = cfg->pcie_lat_us * 1e-6;
+	c->hbm_bps = cfg->hbm_gbps * 1e9;
+	c->launch_s = cfg->launch_us * 1e-6;
+	for (int e = 0; e < N_ENG; e++)
+		c->eng[e].s = -1;
+	return &c->base;
+}

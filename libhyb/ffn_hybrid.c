@@ -1,0 +1,674 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Hybrid FFN decode (hyb/hybrid.h): one layer at a time,
+ *
+ *   1. predict: layer l's active set was predicted at layer l-1 from its
+ *      attention output (KAIROX 5.1 adjacent prediction; layer 0 predicts
+ *      from its own); layer l+1's is predicted now, from layer l's;
+ *   2. balance: the balancer decides layer l+1's cache from that set and the
+ *      loads go on the RELOAD stream at once, so they overlap this layer's
+ *      FFN and the next layer's attention; in the last layer the decision is
+ *      for layer 0 of the next token, from this token's layer-0 set (KAIROX
+ *      5.1, "Layer 0 special case");
+ *   3. split: an active neuron whose group has landed in a cache slot goes
+ *      to the device list, any other to the CPU list (a group still loading
+ *      is "late": the CPU computes it from the pool, nobody waits);
+ *   4. the device list goes up on CRITICAL, the kernel runs on COMPUTE and
+ *      its partial comes back on CRITICAL while the CPU computes its list in
+ *      place on pool memory (PowerInfer 5.3); the host adds the two.
+ *
+ * The device table (int32 per group: its slot or -1, PowerInfer 5.2's neuron
+ * table) is mirrored on the host and uploaded with a layer's inputs when it
+ * changed. Slots are per layer (the balancer's K_l), free lists per layer.
+ * Every device kernel of a layer has completed before the next layer's
+ * decisions (the host synchronises on the partial result), so a slot freed
+ * by an eviction can be reloaded at once.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ffn_hybrid.h"
+#include "ffn_sparse.h"
+#include "sparse_ffn.h"
+
+struct hyb_ffn_hybrid {
+	const struct hyb_model *m;
+	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
+	struct hyb_device *dev;
+	struct hyb_balancer *bal;
+	bool oracle;
+	uint32_t E, F, GS, NG, L;
+	uint64_t slot_bytes;
+
+	/* device memory */
+	hyb_dptr cache, tables, d_xn, d_list, d_y;
+
+	/* host: the neuron table mirror (pinned), slots */
+	int32_t *table;                 /* [L][NG] global slot or -1 */
+	bool *dirty;                    /* [L] table changed since the last upload */
+	uint32_t *slot_base, *n_slots;  /* [L] */
+	uint32_t *free_slot, *n_free;   /* [total] stacks, per layer at slot_base; [L] */
+	uint32_t total_slots;
+	struct hyb_device_event **slot_ev; /* [total] the slot's last load */
+
+	/* pinned staging */
+	float *h_xn, *h_y;              /* h_y: [E], oracle [NG][E] */
+	uint32_t *h_list;
+
+	/* per token */
+	uint32_t *act, *act_next, *act0; /* [F] this layer, next layer, layer 0 */
+	uint32_t n_act, n_act_next, n_act0;
+	uint32_t *cpu_list;              /* [F] */
+	uint32_t *dgroup;                /* [NG] oracle: k-th device group of the layer */
+	uint32_t *load, *evict;          /* [NG] */
+	int8_t *usable;                  /* [NG] scratch: -1 unknown, 0 no, 1 yes */
+	float *cur, *y_cpu, *part;       /* [E] */
+	struct hyb_balancer_feedback *fb; /* [L] */
+	struct hyb_device_event *ev_in, *ev_k, *ev_out;
+	double t_layer_in, window_s, group_load_s;
+	struct hyb_hybrid_stats st;
+};
+
+static uint32_t group_neurons(const struct hyb_ffn_hybrid *h, uint32_t g)
+{
+	const uint32_t g0 = g * h->GS;
+
+	return h->F - g0 < h->GS ? h->F - g0 : h->GS;
+}
+
+static int dev_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen, const char *what)
+{
+	snprintf(err, errlen, "%s: %s", what, hyb_device_error(h->dev));
+	return -1;
+}
+
+/* ---- loads and evictions ---------------------------------------------------- */
+
+/* Put group g of layer l in a free slot of the layer: one bundle, one copy. */
+static int load_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
+{
+	const struct hyb_ffn_bundles *b = hyb_ffn_sparse_bundles(h->sp, l);
+	const uint64_t bytes = 3ull * group_neurons(h, g) * b->row_bytes;
+	uint32_t slot;
+
+	if (!h->n_free[l])
+		return -ENOSPC;
+	slot = h->free_slot[h->slot_base[l] + --h->n_free[l]];
+	h->table[(size_t)l * h->NG + g] = (int32_t)slot;
+	h->dirty[l] = true;
+	if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->cache + (uint64_t)slot * h->slot_bytes,
+			   b->bundle[g], bytes) ||
+	    hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->slot_ev[slot]))
+		return -EIO;
+	h->st.loads++;
+	h->st.load_bytes += bytes;
+	return 0;
+}
+
+static void evict_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
+{
+	int32_t *t = &h->table[(size_t)l * h->NG + g];
+
+	if (*t < 0)
+		return;
+	h->free_slot[h->slot_base[l] + h->n_free[l]++] = (uint32_t)*t;
+	*t = -1;
+	h->dirty[l] = true;
+	h->st.evicts++;
+}
+
+/* The balancer's decision for layer l from its predicted set, carried out. */
+static int balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act, uint32_t n,
+		   char *err, size_t errlen)
+{
+	struct hyb_balancer_feedback *fb = &h->fb[l];
+	uint32_t nl = 0, ne = 0, pending = 0;
+
+	/* loads of this layer still in flight: the reload backlog it sees */
+	for (uint32_t g = 0; g < h->NG; g++) {
+		const int32_t s = h->table[(size_t)l * h->NG + g];
+
+		if (s >= 0 && !hyb_device_done(h->dev, h->slot_ev[s]))
+			pending++;
+	}
+	fb->backlog_s = pending * h->group_load_s;
+	fb->window_s = h->window_s;
+	fb->n_active = n;
+	if (hyb_balancer_step(h->bal, l, act, n, fb, h->load, &nl, h->evict, &ne)) {
+		snprintf(err, errlen, "layer %u: balancer rejected the active set", l);
+		return -1;
+	}
+	for (uint32_t i = 0; i < ne; i++)
+		evict_group(h, l, h->evict[i]);
+	for (uint32_t i = 0; i < nl; i++) {
+		int rc = load_group(h, l, h->load[i]);
+
+		if (rc == -ENOSPC) {
+			snprintf(err, errlen, "layer %u: balancer loads beyond the layer's %u slots",
+				 l, h->n_slots[l]);
+			return -1;
+		}
+		if (rc)
+			return dev_fail(h, err, errlen, "reload");
+	}
+	return 0;
+}
+
+/* ---- the split FFN -------------------------------------------------------------- */
+
+static bool group_usable(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
+{
+	if (h->usable[g] < 0) {
+		const int32_t s = h->table[(size_t)l * h->NG + g];
+
+		h->usable[g] = s >= 0 && hyb_device_done(h->dev, h->slot_ev[s]);
+	}
+	return h->usable[g] > 0;
+}
+
+static int queue_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev)
+{
+	const uint64_t tb = sizeof(int32_t) * h->NG;
+
+	memcpy(h->h_xn, xn, sizeof(float) * h->E);
+	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_xn, h->h_xn, sizeof(float) * h->E) ||
+	    hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_list, h->h_list,
+			   sizeof(uint32_t) * n_dev))
+		return -1;
+	h->st.critical_bytes += sizeof(float) * h->E + sizeof(uint32_t) * n_dev;
+	if (h->dirty[l]) {
+		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->tables + (uint64_t)l * tb,
+				   h->table + (size_t)l * h->NG, tb))
+			return -1;
+		h->st.critical_bytes += tb;
+		h->dirty[l] = false;
+	}
+	if (hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+		return -1;
+	return 0;
+}
+
+static struct hyb_dev_ffn dev_ffn(const struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr list,
+				  uint32_t n, hyb_dptr y)
+{
+	return (struct hyb_dev_ffn){
+		.type = hyb_ffn_sparse_bundles(h->sp, l)->type,
+		.n_embd = h->E, .n_ff = h->F, .group_size = h->GS, .act = h->m->hp.act,
+		.table = h->tables + (uint64_t)l * h->NG * sizeof(int32_t),
+		.cache = h->cache, .slot_bytes = h->slot_bytes,
+		.xn = h->d_xn, .active = list, .n_active = n, .y = y,
+	};
+}
+
+static int queue_result(struct hyb_ffn_hybrid *h, uint64_t bytes)
+{
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, bytes) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
+		return -1;
+	h->st.critical_bytes += bytes;
+	return 0;
+}
+
+/* Oracle mode: every group's partial apart, summed in group order. */
+struct oracle_sum {
+	struct hyb_ffn_hybrid *h;
+	uint32_t l;
+	const float *xn;
+};
+
+static int oracle_part(void *user, uint32_t g, const uint32_t *active, uint32_t n, float *part)
+{
+	struct oracle_sum *o = user;
+	struct hyb_ffn_hybrid *h = o->h;
+	struct hyb_sparse_ffn_stats st;
+	char err[8];
+
+	if (h->dgroup[g] != UINT32_MAX) {
+		memcpy(part, h->h_y + (size_t)h->dgroup[g] * h->E, sizeof(float) * h->E);
+		return 0;
+	}
+	return hyb_ffn_sparse_run(h->sp, NULL, o->l, o->xn, active, n, part, &st, err,
+				  sizeof(err));
+}
+
+static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+		     const float *xn, float *y, char *err, size_t errlen)
+{
+	struct hyb_sparse_ffn_stats st;
+	uint32_t n_dev = 0, n_cpu = 0, late = 0, n_dgroups = 0;
+	double tq, tc, ts;
+
+	memset(h->usable, -1, h->NG);
+	for (uint32_t i = 0; i < h->n_act; i++) {
+		const uint32_t g = h->act[i] / h->GS;
+
+		if (group_usable(h, l, g)) {
+			h->h_list[n_dev++] = h->act[i];
+		} else {
+			h->cpu_list[n_cpu++] = h->act[i];
+			late += h->table[(size_t)l * h->NG + g] >= 0;
+		}
+	}
+
+	tq = hyb_device_now(h->dev);
+	if (n_dev) {
+		if (queue_inputs(h, l, xn, n_dev))
+			return dev_fail(h, err, errlen, "device inputs");
+		if (!h->oracle) {
+			struct hyb_dev_ffn f = dev_ffn(h, l, h->d_list, n_dev, h->d_y);
+
+			if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
+			    queue_result(h, sizeof(float) * h->E))
+				return dev_fail(h, err, errlen, "device FFN");
+		} else {
+			/* one kernel per device group, each into its own partial */
+			memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
+			for (uint32_t i = 0; i < n_dev;) {
+				const uint32_t g = h->h_list[i] / h->GS;
+				uint32_t j = i + 1;
+
+				while (j < n_dev && h->h_list[j] / h->GS == g)
+					j++;
+				struct hyb_dev_ffn f = dev_ffn(h, l,
+					h->d_list + sizeof(uint32_t) * i, j - i,
+					h->d_y + sizeof(float) * h->E * n_dgroups);
+
+				if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f))
+					return dev_fail(h, err, errlen, "device FFN");
+				h->dgroup[g] = n_dgroups++;
+				i = j;
+			}
+			if (queue_result(h, sizeof(float) * h->E * n_dgroups))
+				return dev_fail(h, err, errlen, "device FFN");
+		}
+	}
+
+	/* the CPU's share, in place on pool memory, while the device works */
+	tc = hyb_device_now(h->dev);
+	if (!h->oracle &&
+	    hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, n_cpu, h->y_cpu, &st, err, errlen))
+		return -1;
+	ts = hyb_device_now(h->dev);
+	h->fb[l].cpu_s = ts - tc;
+	if (n_dev && hyb_device_sync(h->dev, h->ev_out))
+		return dev_fail(h, err, errlen, "device FFN");
+	const double te = hyb_device_now(h->dev);
+
+	if (h->oracle) {
+		struct oracle_sum o = { .h = h, .l = l, .xn = xn };
+
+		if (!n_dev)
+			memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
+		if (hyb_ffn_sum_by_group(h->E, h->GS, h->act, h->n_act, h->part, h->y_cpu,
+					 oracle_part, &o)) {
+			snprintf(err, errlen, "layer %u: oracle sum failed", l);
+			return -1;
+		}
+		memcpy(y, h->y_cpu, sizeof(float) * h->E);
+	} else {
+		for (uint32_t e = 0; e < h->E; e++)
+			y[e] = h->y_cpu[e] + (n_dev ? h->h_y[e] : 0.0f);
+	}
+
+	h->fb[l].dev_s = n_dev ? te - tq : 0;
+	h->fb[l].stall_s = te - ts;
+	h->fb[l].late = late;
+	h->st.active += h->n_act;
+	h->st.active_dev += n_dev;
+	h->st.late += late;
+	h->st.cpu_ffn_s += ts - tc;
+	h->st.dev_ffn_s += h->fb[l].dev_s;
+	h->st.stall_s += te - ts;
+	return 0;
+}
+
+int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+			 const float *x_attn, const float *xn, float *y, char *err,
+			 size_t errlen)
+{
+	const double t0 = hyb_device_now(h->dev);
+	uint32_t *t;
+
+	/* the window a load decided at this layer has: one layer's period */
+	if (h->t_layer_in > 0 && t0 > h->t_layer_in)
+		h->window_s = t0 - h->t_layer_in;
+	h->t_layer_in = t0;
+
+	hyb_unit_rms(h->cur, x_attn, h->E);
+	if (l == 0) {
+		h->st.tokens++;
+		h->n_act = hyb_ffn_sparse_predict(h->sp, pool, 0, h->cur, h->act);
+		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
+		h->n_act0 = h->n_act;
+	} else {
+		t = h->act, h->act = h->act_next, h->act_next = t;
+		h->n_act = h->n_act_next;
+	}
+	if (l + 1 < h->L)
+		h->n_act_next = hyb_ffn_sparse_predict(h->sp, pool, l + 1, h->cur, h->act_next);
+	const double t1 = hyb_device_now(h->dev);
+
+	if (l + 1 < h->L ? balance(h, l + 1, h->act_next, h->n_act_next, err, errlen)
+			 : balance(h, 0, h->act0, h->n_act0, err, errlen))
+		return -1;
+	const double t2 = hyb_device_now(h->dev);
+
+	if (split_ffn(h, pool, l, xn, y, err, errlen))
+		return -1;
+	const double t3 = hyb_device_now(h->dev);
+
+	h->st.layer_steps++;
+	h->st.predictor_s += t1 - t0;
+	h->st.balancer_s += t2 - t1;
+	h->st.ffn_s += t3 - t0;
+	return 0;
+}
+
+/* ---- set-up --------------------------------------------------------------------- */
+
+/* Device bytes besides the cache: tables, inputs, partials (256-byte aligned each). */
+static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, bool oracle)
+{
+	const uint64_t a = 256;
+	uint64_t b = 0;
+
+	b += ((uint64_t)L * NG * sizeof(int32_t) + a - 1) / a * a;
+	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
+	b += ((uint64_t)F * sizeof(uint32_t) + a - 1) / a * a;
+	b += ((uint64_t)(oracle ? NG : 1) * E * sizeof(float) + a - 1) / a * a;
+	return b;
+}
+
+static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
+{
+	const uint64_t tb = (uint64_t)h->L * h->NG * sizeof(int32_t);
+
+	if ((h->total_slots &&
+	     hyb_device_alloc(h->dev, (uint64_t)h->total_slots * h->slot_bytes, &h->cache)) ||
+	    hyb_device_alloc(h->dev, tb, &h->tables) ||
+	    hyb_device_alloc(h->dev, sizeof(float) * h->E, &h->d_xn) ||
+	    hyb_device_alloc(h->dev, sizeof(uint32_t) * h->F, &h->d_list) ||
+	    hyb_device_alloc(h->dev, sizeof(float) * h->E * (h->oracle ? h->NG : 1), &h->d_y))
+		return dev_fail(h, err, errlen, "device memory");
+	return 0;
+}
+
+static int alloc_host(struct hyb_ffn_hybrid *h)
+{
+	const size_t E = h->E, F = h->F, NG = h->NG, L = h->L;
+
+	h->table = hyb_device_host_alloc(h->dev, sizeof(int32_t) * L * NG);
+	h->h_xn = hyb_device_host_alloc(h->dev, sizeof(float) * E);
+	h->h_y = hyb_device_host_alloc(h->dev, sizeof(float) * E * (h->oracle ? NG : 1));
+	h->h_list = hyb_device_host_alloc(h->dev, sizeof(uint32_t) * F);
+	h->dirty = calloc(L, sizeof(*h->dirty));
+	h->slot_base = calloc(L, sizeof(uint32_t));
+	h->n_slots = calloc(L, sizeof(uint32_t));
+	h->n_free = calloc(L, sizeof(uint32_t));
+	h->act = malloc(sizeof(uint32_t) * F);
+	h->act_next = malloc(sizeof(uint32_t) * F);
+	h->act0 = malloc(sizeof(uint32_t) * F);
+	h->cpu_list = malloc(sizeof(uint32_t) * F);
+	h->dgroup = malloc(sizeof(uint32_t) * NG);
+	h->load = malloc(sizeof(uint32_t) * NG);
+	h->evict = malloc(sizeof(uint32_t) * NG);
+	h->usable = malloc(NG);
+	h->cur = malloc(sizeof(float) * E);
+	h->y_cpu = malloc(sizeof(float) * E);
+	h->part = malloc(sizeof(float) * E);
+	h->fb = calloc(L, sizeof(*h->fb));
+	h->ev_in = hyb_device_event_new(h->dev);
+	h->ev_k = hyb_device_event_new(h->dev);
+	h->ev_out = hyb_device_event_new(h->dev);
+	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->dirty || !h->slot_base ||
+	    !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 || !h->cpu_list ||
+	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->cur || !h->y_cpu ||
+	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_out)
+		return -1;
+	for (size_t i = 0; i < L * NG; i++)
+		h->table[i] = -1;
+	return 0;
+}
+
+static int alloc_slots(struct hyb_ffn_hybrid *h)
+{
+	uint32_t base = 0;
+
+	for (uint32_t l = 0; l < h->L; l++) {
+		h->slot_base[l] = base;
+		h->n_slots[l] = hyb_balancer_slots(h->bal, l);
+		base += h->n_slots[l];
+	}
+	h->total_slots = base;
+	h->free_slot = malloc(sizeof(uint32_t) * (base ? base : 1));
+	h->slot_ev = calloc(base ? base : 1, sizeof(*h->slot_ev));
+	if (!h->free_slot || !h->slot_ev)
+		return -1;
+	for (uint32_t l = 0; l < h->L; l++) {
+		/* pop order: the layer's lowest slot first */
+		for (uint32_t i = 0; i < h->n_slots[l]; i++)
+			h->free_slot[h->slot_base[l] + i] = h->slot_base[l] + h->n_slots[l] - 1 - i;
+		h->n_free[l] = h->n_slots[l];
+	}
+	for (uint32_t s = 0; s < base; s++)
+		if (!(h->slot_ev[s] = hyb_device_event_new(h->dev)))
+			return -1;
+	return 0;
+}
+
+/* The starting cache, loaded before the first token; also measures one group's load time. */
+static int warm_start(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
+{
+	struct hyb_device_event *ev = hyb_device_event_new(h->dev);
+	uint64_t n = 0;
+	double t0;
+
+	if (!ev)
+		return dev_fail(h, err, errlen, "device event");
+	t0 = hyb_device_now(h->dev);
+	for (uint32_t l = 0; l < h->L; l++) {
+		const uint32_t k = hyb_balancer_initial(h->bal, l, h->load);
+
+		for (uint32_t i = 0; i < k; i++) {
+			if (load_group(h, l, h->load[i])) {
+				hyb_device_event_free(h->dev, ev);
+				return dev_fail(h, err, errlen, "initial load");
+			}
+			n++;
+		}
+	}
+	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, ev) || hyb_device_sync(h->dev, ev)) {
+		hyb_device_event_free(h->dev, ev);
+		return dev_fail(h, err, errlen, "initial load");
+	}
+	hyb_device_event_free(h->dev, ev);
+	h->group_load_s = n ? (hyb_device_now(h->dev) - t0) / n : 0;
+	return 0;
+}
+
+struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
+					  const struct hyb_hybrid_params *p, bool oracle,
+					  int n_threads, char *err, size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_ffn_hybrid *h;
+	struct hyb_device_config dc;
+	struct hyb_balancer_params bp;
+	const float **freq = NULL;
+	const int8_t **place = NULL;
+	uint64_t fixed;
+
+	if (!m->group_size) {
+		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
+			 "none");
+		return NULL;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h)
+		goto oom;
+	h->m = m;
+	h->oracle = oracle;
+	h->E = hp->n_embd;
+	h->F = hp->n_ff;
+	h->GS = m->group_size;
+	h->NG = m->n_groups;
+	h->L = hp->n_layer;
+	h->sp = hyb_ffn_sparse_new(m, n_threads, err, errlen);
+	if (!h->sp)
+		goto fail;
+	hyb_ffn_sparse_set_oracle(h->sp, oracle);
+	h->slot_bytes = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
+	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
+
+	fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
+	if (p->gpu_budget < fixed + h->slot_bytes) {
+		snprintf(err, errlen, "GPU budget %llu bytes holds no neuron group (%llu bytes "
+			 "each, plus %llu of buffers)", (unsigned long long)p->gpu_budget,
+			 (unsigned long long)h->slot_bytes, (unsigned long long)fixed);
+		goto fail;
+	}
+	dc = p->dev;
+	if (!dc.capacity)
+		dc.capacity = p->gpu_budget;
+	h->dev = hyb_device_open(p->device ? p->device : "cpu", &dc, err, errlen);
+	if (!h->dev)
+		goto fail;
+	if (m->image && hyb_device_host_register(h->dev, m->image, m->image_len)) {
+		dev_fail(h, err, errlen, "pinning the model's memory");
+		goto fail;
+	}
+
+	freq = calloc(h->L, sizeof(*freq));
+	place = calloc(h->L, sizeof(*place));
+	if (!freq || !place)
+		goto oom;
+	for (uint32_t l = 0; l < h->L; l++) {
+		freq[l] = m->layers[l].plan.freq;
+		place[l] = m->layers[l].plan.gpu;
+	}
+	bp = p->bal;
+	bp.policy = p->policy;
+	bp.n_layer = h->L;
+	bp.n_ff = h->F;
+	bp.group_size = h->GS;
+	bp.slot_budget = (p->gpu_budget - fixed) / h->slot_bytes;
+	bp.freq = freq;
+	bp.placement = place;
+	/*
+	 * TAM's group activity A_g: a group of co-activated neurons that is "on"
+	 * has about half its neurons firing (METIS groups on the synthetic and
+	 * ProSparse-like models), so A_g = share / 0.5: a group steadily on
+	 * scores ~1 and the adaptive lambda then acts in KAIROX 7's direction
+	 * (lower lambda, more loads). With A_g = share, lowering lambda raised
+	 * the bar (1 - lambda) + eps above a steady group's score and loaded
+	 * less (measured in test_balancer's drift workload).
+	 */
+	if (bp.a_ref == 0)
+		bp.a_ref = 0.5;
+	h->bal = hyb_balancer_new(&bp, err, errlen);
+	free(freq);
+	free(place);
+	freq = NULL;
+	place = NULL;
+	if (!h->bal)
+		goto fail;
+	if (alloc_host(h) || alloc_slots(h))
+		goto oom;
+	if (alloc_device(h, err, errlen) || warm_start(h, err, errlen))
+		goto fail;
+	/* the balancer's load cap (a window's worth of loads) needs the measured load time */
+	if (h->group_load_s > 0)
+		hyb_balancer_set_group_load(h->bal, h->group_load_s);
+	memset(&h->st, 0, sizeof(h->st));
+	hyb_device_stats_reset(h->dev);
+	return h;
+oom:
+	snprintf(err, errlen, "out of memory for hybrid decoding");
+fail:
+	free(freq);
+	free(place);
+	hyb_ffn_hybrid_free(h);
+	return NULL;
+}
+
+void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
+{
+	if (!h)
+		return;
+	if (h->dev) {
+		if (h->slot_ev)
+			for (uint32_t s = 0; s < h->total_slots; s++)
+				hyb_device_event_free(h->dev, h->slot_ev[s]);
+		hyb_device_event_free(h->dev, h->ev_in);
+		hyb_device_event_free(h->dev, h->ev_k);
+		hyb_device_event_free(h->dev, h->ev_out);
+		hyb_device_host_free(h->dev, h->table);
+		hyb_device_host_free(h->dev, h->h_xn);
+		hyb_device_host_free(h->dev, h->h_y);
+		hyb_device_host_free(h->dev, h->h_list);
+		if (h->m->image)
+			hyb_device_host_unregister(h->dev, h->m->image);
+		hyb_device_close(h->dev); /* device memory goes with it */
+	}
+	hyb_balancer_free(h->bal);
+	hyb_ffn_sparse_free(h->sp);
+	free(h->slot_ev);
+	free(h->free_slot);
+	free(h->dirty);
+	free(h->slot_base);
+	free(h->n_slots);
+	free(h->n_free);
+	free(h->act);
+	free(h->act_next);
+	free(h->act0);
+	free(h->cpu_list);
+	free(h->dgroup);
+	free(h->load);
+	free(h->evict);
+	free(h->usable);
+	free(h->cur);
+	free(h->y_cpu);
+	free(h->part);
+	free(h->fb);
+	free(h);
+}
+
+struct hyb_device *hyb_ffn_hybrid_device(struct hyb_ffn_hybrid *h)
+{
+	return h->dev;
+}
+
+void hyb_ffn_hybrid_stats(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_stats *out)
+{
+	*out = h->st;
+}
+
+void hyb_ffn_hybrid_stats_reset(struct hyb_ffn_hybrid *h)
+{
+	memset(&h->st, 0, sizeof(h->st));
+}
+
+double hyb_ffn_hybrid_lambda(const struct hyb_ffn_hybrid *h, uint32_t l)
+{
+	const enum hyb_policy p = hyb_balancer_policy(h->bal);
+
+	if (l >= h->L || (p != HYB_POLICY_TAM && p != HYB_POLICY_TAM_ADAPTIVE))
+		return NAN;
+	return hyb_balancer_lambda(h->bal, l);
+}
+
+void hyb_ffn_hybrid_cache(const struct hyb_ffn_hybrid *h, uint64_t *resident, uint64_t *slots)
+{
+	uint64_t r = 0;
+
+	for (uint32_t l = 0; l < h->L; l++)
+		r += h->n_slots[l] - h->n_free[l];
+	*resident = r;
+	*slots = h->total_slots;
+}

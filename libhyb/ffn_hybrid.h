@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The hybrid FFN engine behind hyb/hybrid.h: the decode-time FFN of a plan
+ * model split between a device's neuron cache and the CPU, with a balancer
+ * moving groups between them. forward.c calls it once per layer per decoded
+ * token, in layer order.
+ */
+#ifndef HYB_FFN_HYBRID_H
+#define HYB_FFN_HYBRID_H
+
+#include <stddef.h>
+
+#include "hyb/hybrid.h"
+#include "hyb/threadpool.h"
+
+struct hyb_ffn_hybrid;
+
+/* NULL with a one-line reason in err. */
+struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
+					  const struct hyb_hybrid_params *p, bool oracle,
+					  int n_threads, char *err, size_t errlen);
+void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h);
+
+/*
+ * One token's FFN of layer l: y[n_embd] from xn (the ffn_norm'ed input);
+ * x_attn is the residual stream after layer l's attention. y may alias xn.
+ * Returns 0, or -1 with err (a device error: the context cannot go on).
+ */
+int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+			 const float *x_attn, const float *xn, float *y, char *err,
+			 size_t errlen);
+
+struct hyb_device *hyb_ffn_hybrid_device(struct hyb_ffn_hybrid *h);
+void hyb_ffn_hybrid_stats(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_stats *out);
+void hyb_ffn_hybrid_stats_reset(struct hyb_ffn_hybrid *h);
+double hyb_ffn_hybrid_lambda(const struct hyb_ffn_hybrid *h, uint32_t l);
+void hyb_ffn_hybrid_cache(const struct hyb_ffn_hybrid *h, uint64_t *resident, uint64_t *slots);
+
+#endif

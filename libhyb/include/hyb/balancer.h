@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Online neuron balancing (issue 6 item 4): which FFN neuron groups of each
+ * layer live in the device cache, decided per layer per decode step from the
+ * predicted-active neurons of that layer. Pure policy: no device, no I/O. The
+ * hybrid engine (libhyb/ffn_hybrid.c) asks for a decision, carries out the
+ * loads and evictions on the device's RELOAD stream, and reports back what it
+ * measured (struct hyb_balancer_feedback) for the adaptive policies.
+ *
+ * Policies, all over the same cache of per-layer slot budgets:
+ *   static    PowerInfer 6.2: the plan's offline placement re-solved for the
+ *             run's budget, never changed.
+ *   layer     llama.cpp -ngl: whole layers, the first ones, as many as fit.
+ *   lru       KAIROX 3.2 strawman / Neuralink: every predicted-active group
+ *             not resident is loaded, the least recently active evicted.
+ *   topk      Q-Infer-like: the cache becomes the top-K groups of the current
+ *             step's activation (KAIROX 9.3 "Top-K" reloading, Fig. 10).
+ *   dynamic   DynamicInfer 4.3: importance v = a + lambda f, groups with
+ *             profiled freq >= phi_high pinned, greedy under the per-layer budget and the
+ *             communication window; load-aware thresholds (4.4) in
+ *               hyb_balancer_select().
+ *   tam       KAIROX 6: S <- lambda S + (1 - lambda) A, load threshold
+ *             (1 - lambda) + eps, top-K by S; fixed lambda.
+ *   tam-adaptive  KAIROX 7 Algorithm 1: tam with lambda per layer moved by the
+ *             bottleneck test (below).
+ *
+ * Invariants every policy keeps (tests check them): a layer never holds more
+ * than hyb_balancer_slots(l) groups; a load names a group not resident and an
+ * evict one resident; after a step, resident = old - evict + load.
+ *
+ * Common rules (balancer.c says why):
+ *   - Slots K_l: every policy but layer uses the same per-layer budgets, the
+ *     placement re-solved for slot_budget (PowerInfer 6.2, value = expected
+ *     active neurons of the group, one slot per group; the plan's placed
+ *     groups first when placement is given). layer: whole layers from layer 0
+ *     while n_groups slots fit; the remainder of the budget is unused.
+ *   - Start: the groups that solve chose (top groups by freq within K_l, the
+ *     plan's first); layer: every group of its layers.
+ *   - A_g = active neurons of group g / neurons in group g (the last group may
+ *     be short), in [0, 1]; tam* divide it by a_ref (capped at 1), below.
+ *   - A step evicts only to make room for its loads: a resident group costs
+ *     nothing to keep and slots are per layer, so no slot is freed for nothing.
+ *   - Window cap (DynamicInfer 4.3 communication constraint), every moving
+ *     policy: with group_load_s > 0 and fb->window_s > 0 a step loads at most
+ *     max(1, floor(window_s / group_load_s)) groups, the highest priority first.
+ *   - load[] is in priority order (most wanted first).
+ *
+ * Bottleneck test (KAIROX 7 leaves it open), from the feedback of the step:
+ *   IO_BOUND   backlog_s > window_s (the reloads already queued outlast the
+ *              window the new loads have), or late > 5% of n_active (loads
+ *              regularly miss their window and the CPU computes their neurons);
+ *   CPU_BOUND  not IO_BOUND, cpu_s > dev_s (the CPU was the slower side of the
+ *              layer's split FFN) and stall_s < 5% of cpu_s (the host did not
+ *              wait for the device beyond timer noise);
+ *   NONE       otherwise, or fb == NULL.
+ * Every policy records the verdict (hyb_balancer_bottleneck); only
+ * tam-adaptive acts on it.
+ *
+ * Defaults (parameter 0; balancer.c gives the reasons): lambda0 0.5,
+ * alpha 0.08, eps 0.05, lambda_min 0.2, lambda_max 0.9, a_ref 1; dyn_lambda 1,
+ * phi_high 0.5 (pass a value > 1 to pin nothing); the running frequency f of
+ * dynamic is an exponential average of A_g at rate 1/32 per step, starting
+ * at the profiled freq.
+ *
+ * Not thread-safe: one call at a time per balancer (steps share scratch).
+ */
+#ifndef HYB_BALANCER_H
+#define HYB_BALANCER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum hyb_policy {
+	HYB_POLICY_STATIC,
+	HYB_POLICY_LAYER,
+	HYB_POLICY_LRU,
+	HYB_POLICY_TOPK,
+	HYB_POLICY_DYNAMIC,
+	HYB_POLICY_TAM,
+	HYB_POLICY_TAM_ADAPTIVE,
+	HYB_N_POLICIES
+};
+
+/* "static", "layer", "lru", "topk", "dynamic", "tam", "tam-adaptive". */
+const char *hyb_policy_name(enum hyb_policy p);
+/* 0, or -1 for an unknown name. */
+int hyb_policy_parse(const char *name, enum hyb_policy *out);
+
+struct hyb_balancer_params {
+	enum hyb_policy policy;
+	uint32_t n_layer;
+	uint32_t n_ff, group_size;      /* groups per layer: ceil(n_ff / group_size) */
+	uint64_t slot_budget;           /* cache slots (one group each) over all layers */
+	const float *const *freq;       /* [n_layer][n_groups] profiled activation frequency */
+	const int8_t *const *placement; /* [n_layer][n_groups] plan's placement (may be NULL) */
+	/* tam, tam-adaptive (0: defaults, chosen and documented in balancer.c) */
+	double lambda0, alpha, eps, lambda_min, lambda_max;
+	/*
+	 * tam, tam-adaptive: the group intensity that counts as a full
+	 * activation; TAM's A_g = min(1, share / a_ref), share = active neurons
+	 * / neurons of the group. 0: 1 (A_g = share). KAIROX's threshold
+	 * (1 - lambda) + eps is derived for binary A; with A_g a share a group
+	 * whose sustained share r is below 1 - lambda + eps never becomes a
+	 * candidate, and lowering lambda (CPU_BOUND) raises that bar instead of
+	 * making the policy more eager. a_ref near a typical on-group share
+	 * (e.g. 0.5) restores the paper's behaviour; see balancer_policy.c.
+	 */
+	double a_ref;
+	/* dynamic (0: defaults) */
+	double dyn_lambda, phi_high;
+	/* Transfer model for the communication constraint (DynamicInfer 4.3):
+	 * seconds to load one group. 0: no window limit. */
+	double group_load_s;
+};
+
+struct hyb_balancer;
+
+/* NULL with a one-line reason in err (bad parameters, out of memory). */
+struct hyb_balancer *hyb_balancer_new(const struct hyb_balancer_params *p, char *err,
+				      size_t errlen);
+void hyb_balancer_free(struct hyb_balancer *b);
+enum hyb_policy hyb_balancer_policy(const struct hyb_balancer *b);
+
+/* K_l: cache slots layer l owns (sum over layers <= slot_budget). */
+uint32_t hyb_balancer_slots(const struct hyb_balancer *b, uint32_t l);
+/* The groups resident at start, before any step (|set| <= K_l). */
+uint32_t hyb_balancer_initial(const struct hyb_balancer *b, uint32_t l, uint32_t *groups);
+bool hyb_balancer_resident(const struct hyb_balancer *b, uint32_t l, uint32_t g);
+
+/*
+ * What the engine measured for layer l in its last step, on the device
+ * clock (hyb_device_now). The bottleneck test (the paper leaves it open;
+ * balancer.c documents the rule) reads these.
+ */
+struct hyb_balancer_feedback {
+	double cpu_s;       /* host time computing the layer's CPU-side neurons */
+	double dev_s;       /* device FFN time of the layer (queue to result) */
+	double stall_s;     /* host time waiting for the device at the merge */
+	double backlog_s;   /* reload work still queued when this decision is made */
+	double window_s;    /* time the loads decided now have before they are used */
+	uint32_t late;      /* active neurons whose group was loading, computed on the CPU */
+	uint32_t n_active;  /* predicted-active neurons of the step */
+};
+
+enum hyb_bottleneck { HYB_BOUND_NONE, HYB_BOUND_IO, HYB_BOUND_CPU };
+
+/*
+ * One decision for layer l (KAIROX Algorithm 1 for tam-adaptive): active
+ * holds the n_active predicted-active neurons (bundle order, increasing) of
+ * the step the decision prepares; fb (may be NULL) last step's figures.
+ * Writes the groups to load to load[] and to evict to evict[] (each up to
+ * K_l entries) and their counts; updates the resident set. Returns 0, or -1
+ * on bad arguments (an index >= n_ff, active not strictly increasing, layer
+ * out of range, NULL pointers), with the state unchanged and no loads.
+ * O(n_active + n_groups log n_groups), no allocation.
+ */
+int hyb_balancer_step(struct hyb_balancer *b, uint32_t l, const uint32_t *active,
+		      uint32_t n_active, const struct hyb_balancer_feedback *fb, uint32_t *load,
+		      uint32_t *n_load, uint32_t *evict, uint32_t *n_evict);
+
+/*
+ * lambda of layer l (tam, tam-adaptive; dynamic: its lambda; 0 for the
+ * others and for l out of range); the last bottleneck seen (NONE before any).
+ */
+double hyb_balancer_lambda(const struct hyb_balancer *b, uint32_t l);
+enum hyb_bottleneck hyb_balancer_bottleneck(const struct hyb_balancer *b, uint32_t l);
+
+/* Groups per layer: ceil(n_ff / group_size). */
+uint32_t hyb_balancer_n_groups(const struct hyb_balancer *b);
+
+/*
+ * Replace params.group_load_s (e.g. once the engine has timed its warm
+ * start's loads). 0, or -1 for a negative or non-finite value.
+ */
+int hyb_balancer_set_group_load(struct hyb_balancer *b, double group_load_s);
+
+/*
+ * Load-aware neuron selection (DynamicInfer 4.4, App. E.4): which neurons of
+ * layer l to compute, given the predictor's logits and the resident set.
+ *
+ * Static rule: neuron i is active when logit_i > 0 (the plan folds its
+ * threshold into the bias), p_i = sigmoid(logit_i). Split thresholds: a
+ * resident neuron (its group is in the cache) is computed when
+ * logit > theta_g, another when logit > theta_c. Greedy from theta_g =
+ * theta_c = 0: while the CPU side is the slower one, raise theta_c (drop the
+ * non-resident active neuron of lowest logit) if the error budget allows;
+ * otherwise lower theta_g (add the inactive resident neuron of highest logit)
+ * as long as the device side stays within the current latency; stop when
+ * neither move is possible. Guarantees:
+ *   err  = sum over neurons not computed of w_i <= err_static,
+ *   t    = max(t_gpu N_gpu, t_cpu N_cpu + t_sync) <= t_static,
+ * with w_i = 1 - p_i (the paper's error model, HYB_SELECT_ERR_PAPER) or
+ * w_i = p_i (HYB_SELECT_ERR_EXPECTED: the expected number of truly active
+ * neurons dropped). A NaN logit counts as -inf (never computed).
+ */
+enum hyb_select_err { HYB_SELECT_ERR_PAPER = 0, HYB_SELECT_ERR_EXPECTED = 1 };
+
+struct hyb_select_cost {
+	double t_gpu;   /* seconds per active neuron on the device (>= 0) */
+	double t_cpu;   /* seconds per active neuron on the CPU (>= 0) */
+	double t_sync;  /* seconds to merge the CPU's partial result (>= 0) */
+	enum hyb_select_err err_model;
+};
+
+struct hyb_select_info {
+	uint32_t n_gpu, n_cpu;             /* selected neurons resident / not */
+	uint32_t n_gpu_static, n_cpu_static;
+	uint32_t added, dropped;           /* resident added, non-resident dropped */
+	double err, err_static;            /* sum of w_i over neurons not computed */
+	double t, t_static;                /* the latency model above */
+};
+
+/*
+ * Writes the selected neurons (increasing) to sel[n_ff] and their count to
+ * *n_sel; info may be NULL. Uses the balancer's scratch (one call at a time)
+ * and O(n_ff log n_ff) time, no allocation. 0, or -1 on bad arguments (layer
+ * out of range, NULL pointers, a negative or NaN cost).
+ */
+int hyb_balancer_select(struct hyb_balancer *b, uint32_t l, const float *logits,
+			const struct hyb_select_cost *cost, uint32_t *sel, uint32_t *n_sel,
+			struct hyb_select_info *info);
+
+#endif

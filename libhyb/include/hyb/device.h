@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The device layer (DESIGN.md "Device backends", issue 6 item 1): what the
+ * hybrid engine asks of an accelerator - memory with a capacity, three
+ * streams of asynchronous work, events between them, and the kernels of a
+ * hybrid decode step. Two implementations honour it:
+ *
+ *   "cuda"  kernels/cuda/device_cuda.cu: the product path (cudaMallocAsync
+ *           not used: allocations are made once at set-up).
+ *   "cpu"   libhyb/device_cpu.c: a CPU-executed device with a capacity, a
+ *           modelled PCIe link (bandwidth + latency per copy) and a modelled
+ *           memory bandwidth for kernels, so every scheduling and balancing
+ *           path runs in CI without a GPU.
+ *
+ * Model of time. Work is queued on a stream and runs in stream order; work
+ * on different streams runs concurrently unless ordered by an event
+ * (hyb_device_wait). The CPU device executes each operation at once, inside
+ * the call that queues it (results are exact and deterministic), and keeps a
+ * *virtual* clock: every operation gets a modelled start and end time on its
+ * stream, its engine (copy link, compute) and after the events it waits for;
+ * an event completes at the modelled end of the work before it. The host's
+ * own clock, hyb_device_now(), is real time minus the time spent executing
+ * device work inline, plus the time the host would have waited
+ * (hyb_device_sync() on an event whose modelled end lies in the host's
+ * future moves the host clock there). Time measured with hyb_device_now()
+ * is therefore the time the same schedule would take with a real device of
+ * the configured speeds; on CUDA it is plain CLOCK_MONOTONIC.
+ *
+ * Streams (KAIROX 5.1/8): COMPUTE runs kernels; CRITICAL carries the copies
+ * a kernel is waiting for (inputs, partial results); RELOAD carries neuron
+ * group uploads. Copies on RELOAD are cut into chunks of chunk_bytes and a
+ * CRITICAL copy waits for at most the chunk in flight (CUDA: stream
+ * priorities; CPU device: the link schedules it before queued reload chunks).
+ *
+ * Addresses: hyb_dptr is an opaque device address (a CUDA device pointer, or
+ * a host pointer into the CPU device's memory); arithmetic on it is allowed
+ * within one allocation. Host memory the device copies from or to should be
+ * registered (hyb_device_host_register) or come from hyb_device_host_alloc:
+ * on CUDA only such memory is copied asynchronously. Copies read their source
+ * when they run, not when they are queued: the host must not change a
+ * source before an event after the copy has completed.
+ *
+ * Errors: every call returns 0 or a negative errno (-ENOMEM over capacity,
+ * -EINVAL bad arguments, -EIO a device fault) and leaves a one-line message
+ * in hyb_device_error(). A device fault is sticky: later calls fail too.
+ * Calls come from one host thread at a time.
+ */
+#ifndef HYB_DEVICE_H
+#define HYB_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyb/model.h"
+
+typedef uint64_t hyb_dptr;
+
+enum hyb_stream {
+	HYB_STREAM_COMPUTE,
+	HYB_STREAM_CRITICAL,
+	HYB_STREAM_RELOAD,
+	HYB_N_STREAMS
+};
+
+struct hyb_device_config {
+	uint64_t capacity;     /* bytes of device memory to use; 0: cuda all free, cpu 1 GiB */
+	int ordinal;           /* CUDA device number */
+	uint64_t chunk_bytes;  /* RELOAD copies are cut into chunks of this; 0: 1 MiB */
+	/* CPU device only: the modelled machine (0: the defaults below). */
+	double pcie_gbps;      /* per direction, GB/s; default 25 (PCIe 4.0 x16 measured) */
+	double pcie_lat_us;    /* fixed cost per copy; default 8 */
+	double hbm_gbps;       /* kernel memory bandwidth; default 2000 */
+	double launch_us;      /* fixed cost per kernel; default 5 */
+};
+
+struct hyb_device;
+struct hyb_device_event;
+
+/*
+ * kind: "cpu" or "cuda". NULL with a one-line reason in err: unknown kind,
+ * no CUDA device or libhyb built without CUDA, capacity not available.
+ */
+struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_config *cfg,
+				   char *err, size_t errlen);
+/* Waits for all queued work, frees everything. NULL is a no-op. */
+void hyb_device_close(struct hyb_device *d);
+const char *hyb_device_kind(const struct hyb_device *d);   /* "cpu", "cuda" */
+/* The message of the last failed call (kept until the next failure); "" when none. */
+const char *hyb_device_error(const struct hyb_device *d);
+uint64_t hyb_device_capacity(const struct hyb_device *d);
+/* The configuration in use, defaults filled in (CUDA: pcie_gbps and hbm_gbps nominal). */
+void hyb_device_get_config(const struct hyb_device *d, struct hyb_device_config *out);
+uint64_t hyb_device_used(const struct hyb_device *d);
+/* The host clock in seconds (see "Model of time" above). */
+double hyb_device_now(struct hyb_device *d);
+
+/* ---- memory ---------------------------------------------------------------- */
+
+/* 256-byte aligned, contents undefined. -ENOMEM when used + bytes > capacity. */
+int hyb_device_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out);
+void hyb_device_free(struct hyb_device *d, hyb_dptr p);
+/* Pin host memory for asynchronous copies (pools: CUDA cudaHostRegister). */
+int hyb_device_host_register(struct hyb_device *d, void *p, size_t len);
+int hyb_device_host_unregister(struct hyb_device *d, void *p);
+/* Pinned host buffers for small transfers (64-byte aligned; NULL when out of memory). */
+void *hyb_device_host_alloc(struct hyb_device *d, size_t len);
+void hyb_device_host_free(struct hyb_device *d, void *p);
+
+/* ---- copies, events --------------------------------------------------------- */
+
+int hyb_device_h2d(struct hyb_device *d, enum hyb_stream s, hyb_dptr dst, const void *src,
+		   uint64_t len);
+int hyb_device_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr src,
+		   uint64_t len);
+
+/* NULL when out of memory. An event never recorded counts as completed. */
+struct hyb_device_event *hyb_device_event_new(struct hyb_device *d);
+void hyb_device_event_free(struct hyb_device *d, struct hyb_device_event *ev);
+/* ev completes when the work queued on s so far has completed. */
+int hyb_device_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev);
+/* Work queued on s after this call starts after ev completes. */
+int hyb_device_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev);
+/* Has ev completed by the host clock? (never blocks) */
+bool hyb_device_done(struct hyb_device *d, struct hyb_device_event *ev);
+/* Block the host until ev completes. */
+int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev);
+
+/* ---- kernels ---------------------------------------------------------------- */
+
+/*
+ * The sparse FFN over cached neuron groups (PowerInfer 5.3-5.4, DynamicInfer
+ * gpu_bucket): one layer in the plan's bundle layout (hyb/plan.h), where the
+ * bundles of some groups sit in cache slots of device memory.
+ *
+ *   y[0..n_embd) (= or +=) sum over listed neurons i of h_i * down_i,
+ *   h_i = act(gate_i . xn, up_i . xn)
+ *
+ * Neuron i (bundle order) is in group g = i / group_size; its bundle is at
+ * cache + table[g] * slot_bytes (gate rows, then up rows, then down rows, as
+ * in hyb_bundles_build), and neuron i is row i - g * group_size of each part.
+ * Every listed neuron's group must have table[g] >= 0 (the caller lists only
+ * resident neurons). The ReLU-family early exit is the CPU operator's: a gate
+ * <= 0 reads neither up nor down. Results equal the CPU operator over the
+ * same neurons up to float summation order.
+ */
+struct hyb_dev_ffn {
+	uint32_t type;          /* F16, Q8_0, Q4_0 (F32 on the CPU device) */
+	uint32_t n_embd, n_ff, group_size;
+	enum hyb_ffn_act act;
+	hyb_dptr table;         /* int32 [ceil(n_ff / group_size)]: slot of group g, or -1 */
+	hyb_dptr cache;         /* slot s at cache + s * slot_bytes */
+	uint64_t slot_bytes;    /* >= 3 * group_size * row bytes */
+	hyb_dptr xn;            /* float [n_embd] */
+	hyb_dptr active;        /* uint32 [n_active], strictly increasing, all resident */
+	uint32_t n_active;
+	hyb_dptr y;             /* float [n_embd] */
+	bool accumulate;        /* y += instead of y = */
+};
+int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
+
+/* y[i] += x[i] for i < n (float): the merge of a CPU partial result (PowerInfer 5.3). */
+int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
+
+/* ---- statistics --------------------------------------------------------------- */
+
+struct hyb_device_stats {
+	uint64_t h2d_bytes[HYB_N_STREAMS], d2h_bytes[HYB_N_STREAMS];
+	uint64_t copies[HYB_N_STREAMS];
+	uint64_t kernels;
+	uint64_t kernel_bytes;   /* bytes the kernels read from device memory (modelled on cpu) */
+	double copy_busy_s;      /* link time spent copying (cpu: modelled; cuda: 0) */
+	double kernel_busy_s;    /* compute engine busy (cpu: modelled; cuda: 0) */
+	double inline_s;         /* cpu: real time spent executing device work inline */
+};
+void hyb_device_stats(const struct hyb_device *d, struct hyb_device_stats *out);
+void hyb_device_stats_reset(struct hyb_device *d);
+
+#endif

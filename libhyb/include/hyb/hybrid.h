@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Hybrid GPU-CPU decoding of a plan model (issue 6 items 2-5): per layer, the
+ * predicted-active neurons whose group is resident in the device's neuron
+ * cache run on the device, the rest run on the CPU in place on pool memory,
+ * concurrently, and the two partial results are merged (PowerInfer 5.3). A
+ * balancer policy (hyb/balancer.h) moves groups between the two as
+ * activations drift, through the device's RELOAD stream (KAIROX 5-7).
+ *
+ * Live pipeline (KAIROX 5.1): after layer l's attention, the predictor of
+ * layer l+1 runs on its output and the balancer's loads for layer l+1 are
+ * queued at once, so they overlap layer l's FFN and layer l+1's attention;
+ * during the last layer, layer 0's groups for the next token are decided
+ * from this token's layer-0 activity and queued the same way.
+ *
+ * Where the dense parts run: attention, norms and the head run on the CPU in
+ * this version, so the merge is on the host (the device partial is copied
+ * back on the CRITICAL stream). PowerInfer merges on the GPU because its
+ * next layer's attention is there; with the host doing attention, copying
+ * the device partial down (n_embd floats) is the cheaper direction.
+ * Prompt processing runs dense on the CPU (the plan's bundles as a GEMM).
+ *
+ * Oracle mode (tests; hyb_ctx_params.ffn_oracle): both the hybrid path and the CPU-only sparse path sum
+ * the FFN output group by group in group order, each group's partial from
+ * one single-threaded operator call, so a correct schedule - every listed
+ * neuron computed exactly once, from the right bytes - gives bit-identical
+ * output whatever the policy moved where (on the CPU device).
+ */
+#ifndef HYB_HYBRID_H
+#define HYB_HYBRID_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hyb/balancer.h"
+#include "hyb/device.h"
+#include "hyb/model.h"
+
+struct hyb_hybrid_params {
+	const char *device;            /* "cpu" or "cuda" */
+	uint64_t gpu_budget;           /* device bytes for the neuron cache and buffers */
+	enum hyb_policy policy;
+	struct hyb_device_config dev;  /* capacity: 0 means gpu_budget */
+	struct hyb_balancer_params bal;/* tuning only: policy/shape/budget/freq are set here */
+};
+
+struct hyb_hybrid_stats {
+	uint64_t tokens;          /* decode steps */
+	uint64_t layer_steps;
+	uint64_t active;          /* predicted-active neurons */
+	uint64_t active_dev;      /* of those, computed on the device */
+	uint64_t late;            /* resident but still loading: computed on the CPU */
+	uint64_t loads, evicts;   /* groups */
+	uint64_t load_bytes;      /* RELOAD traffic */
+	uint64_t critical_bytes;  /* inputs and partial results over the link */
+	double predictor_s;       /* host clock in predictors */
+	double balancer_s;        /* host clock in balancer decisions and issuing loads */
+	double cpu_ffn_s;         /* host clock computing CPU-side neurons */
+	double dev_ffn_s;         /* device FFN, queue to partial result on the host */
+	double stall_s;           /* host waiting for the device at merges */
+	double ffn_s;             /* host clock in hybrid FFN layers, all of it */
+};
+
+/*
+ * Contexts (hyb_ctx_params.hybrid) decode through this when set. Reasons a
+ * context refuses: the model is not a plan, the device cannot be opened, the
+ * budget holds no group.
+ */
+struct hyb_ctx;
+bool hyb_ctx_hybrid(const struct hyb_ctx *c);
+void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out);
+void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c);
+/* lambda of layer l (tam policies), NAN for other policies or no hybrid. */
+double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l);
+/* Cache slots in use / owned, over all layers. */
+void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots);
+/* The device's configuration, defaults filled in (zeroed without hybrid). */
+void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out);
+/*
+ * The clock decode should be timed with: the device's host clock
+ * (hyb_device_now: modelled on the CPU device), else CLOCK_MONOTONIC.
+ */
+double hyb_ctx_clock(struct hyb_ctx *c);
+
+#endif

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Hybrid GPU-CPU decoding (issue 6): every balancer policy on the drift
+# workload, a GPU budget of HYBRID_BUDGET (default 40%) of the model, in the
+# same rounds as CPU-only sparse decoding of the same plan.
+#   make bench      runs it on the CPU-executed device (modelled PCIe and
+#                   device memory; HYBRID_LAYERS default 8)
+#   make bench-gpu  runs it with --device cuda on the 7B shape (32 layers)
+# Models come from tests/bench/sparse.sh's pipeline (synth -> profile -> plan).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p models
+device=${HYBRID_DEVICE:-cpu}
+layers=${HYBRID_LAYERS:-8}
+t=${HYBRID_TYPE:-Q4_0}
+shape="--hidden 4096 --ffn 11008 --layers $layers --heads 32 --vocab 32000 --seed 7"
+f=models/sparse-$layers-$t.gguf
+[ -f "$f" ] || build/hybctl synth -o "$f" $shape --act relu --type "$t"
+[ -f "${f%.gguf}.profile.gguf" ] || build/hybctl profile "$f" -o "${f%.gguf}.profile.gguf"
+[ -f "${f%.gguf}.plan.gguf" ] || build/hybctl plan "$f" --profile "${f%.gguf}.profile.gguf" \
+	--gpu-budget 8G -o "${f%.gguf}.plan.gguf"
+echo "== hybrid decode: $t, $layers layers, device $device, budget ${HYBRID_BUDGET:-40%} =="
+build/hyb bench -m "${f%.gguf}.plan.gguf" --gpu-budget "${HYBRID_BUDGET:-40%}" \
+	--device "$device" --policies all --drift "${HYBRID_DRIFT:-32}" \
+	-n "${HYBRID_TOKENS:-256}" -r "${REPS:-3}" ${HYBRID_PCIE:+--pcie-gbps $HYBRID_PCIE}

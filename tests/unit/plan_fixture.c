@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: MIT
+/* The small plan model sparse and hybrid decoding tests share (test.h). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "test.h"
+
+const char *hyb_test_hybctl(void)
+{
+	const char *b = getenv("HYB_TEST_HYBCTL");
+
+	return b ? b : "build/hybctl";
+}
+
+const char *hyb_test_plan(void)
+{
+	static char plan[512];
+	char model[512], prof[512], cmd[4096];
+
+	if (plan[0])
+		return plan;
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(model, sizeof(model), "%s/sd.gguf", hyb_test_tmpdir());
+	snprintf(prof, sizeof(prof), "%s/sd.profile.gguf", hyb_test_tmpdir());
+	snprintf(plan, sizeof(plan), "%s/sd.plan.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd),
+		 "%s synth -o %s --hidden 256 --ffn 1024 --layers 3 --heads 4 --vocab 512 "
+		 "--act relu --type Q8_0 -t 1 >/dev/null && "
+		 "%s profile %s -o %s --gen 48 -t 1 >/dev/null && "
+		 "%s plan %s --profile %s --gpu-budget 4M -o %s -t 1 >/dev/null 2>&1",
+		 hyb_test_hybctl(), model, hyb_test_hybctl(), model, prof, hyb_test_hybctl(), model, prof, plan);
+	if (system(cmd) != 0) {
+		plan[0] = 0;
+		CHECK_MSG(0, "%s failed", cmd);
+	}
+	return plan;
+}

@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Hybrid decoding in the `hyb` command: --gpu-budget, the per-token figures
+ * of issue 6 item 5, and `hyb bench --gpu-budget`: every balancer policy on
+ * one drift workload, in the same rounds, against the CPU-only sparse decode.
+ */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "hyb/membw.h"
+
+uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m)
+{
+	char *end;
+	double v = strtod(s, &end);
+	double mult = 1;
+
+	if (end == s || !(v > 0))
+		cli_die("bad --gpu-budget '%s' (bytes with K/M/G, or N%% of the model)", s);
+	switch (toupper((unsigned char)*end)) {
+	case 0: break;
+	case 'K': mult = 1024; end++; break;
+	case 'M': mult = 1024.0 * 1024; end++; break;
+	case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
+	case '%':
+		if (v > 100)
+			cli_die("--gpu-budget %s is over 100%% of the model", s);
+		mult = m->weight_bytes / 100.0;
+		end++;
+		break;
+	}
+	if (*end && !(toupper((unsigned char)end[0]) == 'I' && toupper((unsigned char)end[1]) == 'B' &&
+		      !end[2]) && !(toupper((unsigned char)end[0]) == 'B' && !end[1]))
+		cli_die("bad --gpu-budget '%s' (bytes with K/M/G, or N%% of the model)", s);
+	return (uint64_t)(v * mult);
+}
+
+void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
+{
+	struct hyb_hybrid_stats st;
+	uint64_t res, slots;
+
+	if (!hyb_ctx_hybrid(c))
+		return;
+	hyb_ctx_hybrid_stats(c, &st);
+	hyb_ctx_hybrid_cache(c, &res, &slots);
+	if (!st.tokens)
+		return;
+	const double n = (double)st.tokens;
+
+	fprintf(stderr, "hybrid: %.1f%% of active neurons on the device; %.1f group loads and "
+		"%.2f MB moved per token; cache %llu/%llu groups\n",
+		st.active ? 100.0 * st.active_dev / st.active : 0.0, st.loads / n,
+		(st.load_bytes + st.critical_bytes) / n / 1e6, (unsigned long long)res,
+		(unsigned long long)slots);
+	fprintf(stderr, "hybrid: per token: CPU FFN %.3f ms, device FFN %.3f ms, stalls %.3f ms, "
+		"predictors %.3f ms, balancer %.3f ms; FFN %.0f%% of decode time\n",
+		1e3 * st.cpu_ffn_s / n, 1e3 * st.dev_ffn_s / n, 1e3 * st.stall_s / n,
+		1e3 * st.predictor_s / n, 1e3 * st.balancer_s / n,
+		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
+}
+
+/* ---- hyb bench --gpu-budget ----------------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	const double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static int argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return (int)b;
+}
+
+/*
+ * The drift workload: the prompt, then greedy decoding where every drift-th
+ * token is forced to a seeded random id. On a `hybctl synth` model a token
+ * carries its topic and the head keeps the text on the current topic, so
+ * each forced token moves the text to another topic (with probability
+ * 1 - 1/topics) mid-generation: the active neurons shift and the cache must
+ * follow. The reference run (CPU-only sparse) fixes the sequence; every
+ * policy is then fed the same tokens, and its own greedy choice is compared.
+ */
+struct workload {
+	int32_t *toks;    /* prompt then the decoded sequence */
+	uint32_t n_prompt, n_gen;
+};
+
+static double run_seq(struct hyb_ctx *c, const struct hyb_model *m, struct workload *w,
+		      bool reference, uint32_t drift, float *logits, uint64_t *agree)
+{
+	const uint32_t V = m->hp.n_vocab;
+	char err[512];
+	uint64_t rng = 0x9e3779b97f4a7c15ull;
+	double t0;
+
+	hyb_ctx_reset(c);
+	if (hyb_ctx_eval(c, w->toks, w->n_prompt, logits, false, err, sizeof(err)))
+		cli_die("%s", err);
+	hyb_ctx_hybrid_stats_reset(c);
+	t0 = hyb_ctx_clock(c);
+	for (uint32_t i = 0; i < w->n_gen; i++) {
+		const uint32_t pos = w->n_prompt + i;
+		int pick = argmax(logits, V);
+
+		if (reference) {
+			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+			w->toks[pos] = drift && (i + 1) % drift == 0 ?
+					       (int32_t)(3 + (rng >> 33) % (V - 3)) : pick;
+		} else if (!(drift && (i + 1) % drift == 0)) {
+			*agree += pick == w->toks[pos];
+		}
+		if (hyb_ctx_eval(c, &w->toks[pos], 1, logits, false, err, sizeof(err)))
+			cli_die("%s", err);
+	}
+	return hyb_ctx_clock(c) - t0;
+}
+
+static int parse_policies(const char *s, enum hyb_policy *out)
+{
+	static const enum hyb_policy all[] = {
+		HYB_POLICY_LAYER, HYB_POLICY_STATIC, HYB_POLICY_LRU, HYB_POLICY_TOPK,
+		HYB_POLICY_DYNAMIC, HYB_POLICY_TAM, HYB_POLICY_TAM_ADAPTIVE,
+	};
+	char buf[256], *save, *tok;
+	int n = 0;
+
+	if (!s || !strcmp(s, "all")) {
+		memcpy(out, all, sizeof(all));
+		return (int)(sizeof(all) / sizeof(all[0]));
+	}
+	snprintf(buf, sizeof(buf), "%s", s);
+	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+		if (n == HYB_N_POLICIES)
+			cli_die("--policies: too many entries");
+		if (hyb_policy_parse(tok, &out[n]))
+			cli_die("--policies: unknown policy '%s'", tok);
+		n++;
+	}
+	return n;
+}
+
+/* Bytes a decode step reads on the host besides FFN neurons: attention, predictors, head. */
+static uint64_t host_dense_bytes(const struct hyb_model *m)
+{
+	uint64_t b = m->output.ne1 * m->output.row_bytes + m->tok_embd.row_bytes;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+		const struct hyb_weight *w[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->plan.fc1,
+						 &L->plan.fc2 };
+
+		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+			b += w[i]->ne1 * w[i]->row_bytes;
+	}
+	return b;
+}
+
+struct policy_run {
+	enum hyb_policy p;
+	double *tps;
+	struct hyb_hybrid_stats st;   /* summed over rounds */
+	uint64_t agree, compared;
+	double lambda[3];
+};
+
+int cmd_bench_hybrid(struct cli_opts *o)
+{
+	enum hyb_policy pol[HYB_N_POLICIES];
+	const int np = parse_policies(o->policies, pol);
+	struct hyb_model *m = cli_load_model(o);
+	const uint32_t n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 16;
+	const uint32_t n_gen = (uint32_t)o->n_gen_bench;
+	const uint32_t drift = o->drift ? o->drift : 32;
+	struct workload w = { .n_prompt = n_prompt, .n_gen = n_gen };
+	struct policy_run *pr = calloc(np, sizeof(*pr));
+	double *t_ref = calloc(o->reps, sizeof(double)), *dram = calloc(o->reps, sizeof(double));
+	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+	const int nth = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (!m->group_size)
+		cli_die("hybrid decoding needs a plan model (hybctl plan)");
+	w.toks = malloc(sizeof(int32_t) * (n_prompt + n_gen));
+	if (!pr || !t_ref || !dram || !logits || !w.toks)
+		cli_die("out of memory");
+	srand(1);
+	for (uint32_t i = 0; i < n_prompt; i++)
+		w.toks[i] = 3 + rand() % (int)(m->hp.n_vocab - 3);
+	o->n_ctx = n_prompt + n_gen;
+	const uint64_t budget = cli_gpu_budget(o->gpu_budget, m);
+
+	printf("model       %s: %u layers, embd %u, ffn %u (%u groups of %u), %.2f GB\n", o->model,
+	       m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->n_groups, m->group_size,
+	       m->weight_bytes / 1e9);
+	printf("workload    %u prompt tokens, %u decoded, a forced topic change every %u; %d "
+	       "threads\n", n_prompt, n_gen, drift, nth);
+	printf("device      %s, budget %.1f MB (%.0f%% of the model)\n",
+	       o->hy.device ? o->hy.device : "cpu", budget / 1e6, 100.0 * budget / m->weight_bytes);
+	for (int i = 0; i < np; i++) {
+		pr[i].p = pol[i];
+		pr[i].tps = calloc(o->reps, sizeof(double));
+		if (!pr[i].tps)
+			cli_die("out of memory");
+	}
+
+	struct hyb_device_config dcfg = { 0 };
+
+	for (int r = 0; r < o->reps; r++) {
+		struct cli_opts oc = *o;
+
+		/* the baseline of this round: CPU-only sparse decoding, which also fixes the tokens */
+		oc.gpu_budget = NULL;
+		oc.ffn = HYB_FFN_SPARSE;
+		struct hyb_ctx *c = cli_new_ctx(m, &oc);
+
+		t_ref[r] = n_gen / run_seq(c, m, &w, true, drift, logits, NULL);
+		hyb_ctx_free(c);
+		dram[r] = hyb_measure_read_bw(nth, 256u << 20, 3);
+		for (int i = 0; i < np; i++) {
+			oc = *o;
+			oc.hy.policy = pr[i].p;
+			c = cli_new_ctx(m, &oc);
+			double t = run_seq(c, m, &w, false, drift, logits, &pr[i].agree);
+			struct hyb_hybrid_stats st;
+
+			pr[i].compared += n_gen - n_gen / drift;
+			pr[i].tps[r] = n_gen / t;
+			hyb_ctx_hybrid_stats(c, &st);
+#define ADD(f) pr[i].st.f += st.f
+			ADD(tokens); ADD(active); ADD(active_dev); ADD(late); ADD(loads);
+			ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
+			ADD(stall_s); ADD(predictor_s); ADD(balancer_s);
+#undef ADD
+			pr[i].lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
+			pr[i].lambda[1] = hyb_ctx_hybrid_lambda(c, m->hp.n_layer / 2);
+			pr[i].lambda[2] = hyb_ctx_hybrid_lambda(c, m->hp.n_layer - 1);
+			hyb_ctx_hybrid_device_config(c, &dcfg);
+			hyb_ctx_free(c);
+		}
+	}
+
+	const double ref = median(t_ref, o->reps);
+	const double bw_dram = median(dram, o->reps);
+	const double bw_pcie = dcfg.pcie_gbps * 1e9, bw_hbm = dcfg.hbm_gbps * 1e9;
+	const uint64_t row = m->layers[0].plan.bundles.row_bytes;
+	const double neuron = 3.0 * row, dense = (double)host_dense_bytes(m);
+	double base_layer = 0, base_static = 0;
+
+	printf("bandwidth   DRAM %.1f GB/s (measured), PCIe %.1f GB/s, device memory %.0f GB/s "
+	       "(%s)\n", bw_dram / 1e9, bw_pcie / 1e9, bw_hbm / 1e9,
+	       o->hy.device && !strcmp(o->hy.device, "cuda") ? "device" : "modelled");
+	printf("baseline    %8.2f tokens/s  CPU-only sparse decode\n", ref);
+	printf("%-13s %8s %7s %7s %6s %8s %8s %8s %8s %7s %7s %s\n", "policy", "tok/s", "vs cpu",
+	       "gpu%", "loads", "MB/tok", "cpu ms", "dev ms", "stall", "roof%", "agree", "lambda");
+	for (int i = 0; i < np; i++) {
+		const struct hyb_hybrid_stats *s = &pr[i].st;
+		const double n = s->tokens ? (double)s->tokens : 1;
+		const double tps = median(pr[i].tps, o->reps);
+		const double cpu_b = dense + neuron * (s->active - s->active_dev) / n;
+		const double gpu_b = neuron * s->active_dev / n;
+		const double io_b = (double)(s->load_bytes + s->critical_bytes) / n;
+		double roof = cpu_b / bw_dram;
+
+		if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
+			roof = gpu_b / bw_hbm;
+		if (bw_pcie > 0 && io_b / bw_pcie > roof)
+			roof = io_b / bw_pcie;
+		if (pr[i].p == HYB_POLICY_LAYER)
+			base_layer = tps;
+		if (pr[i].p == HYB_POLICY_STATIC)
+			base_static = tps;
+		printf("%-13s %8.2f %6.2fx %6.1f%% %6.1f %8.2f %8.3f %8.3f %8.3f %6.0f%% %6.1f%%",
+		       hyb_policy_name(pr[i].p), tps, tps / ref,
+		       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
+		       io_b / 1e6, 1e3 * s->cpu_ffn_s / n, 1e3 * s->dev_ffn_s / n,
+		       1e3 * s->stall_s / n, 100.0 * tps * roof,
+		       pr[i].compared ? 100.0 * pr[i].agree / pr[i].compared : 0.0);
+		if (!isnan(pr[i].lambda[0]))
+			printf(" %.2f/%.2f/%.2f", pr[i].lambda[0], pr[i].lambda[1], pr[i].lambda[2]);
+		printf("\n");
+	}
+	for (int i = 0; i < np; i++) {
+		const double tps = median(pr[i].tps, o->reps);
+
+		if (pr[i].p != HYB_POLICY_TAM_ADAPTIVE)
+			continue;
+		if (base_layer > 0)
+			printf("tam-adaptive vs layer-wise offload: %.2fx (target >= 3)\n",
+			       tps / base_layer);
+		if (base_static > 0)
+			printf("tam-adaptive vs static placement:   %.2fx (target >= 1.5)\n",
+			       tps / base_static);
+	}
+	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
+	       "link bytes / PCIe) per token; attention and the head run on the CPU\n");
+	for (int i = 0; i < np; i++)
+		free(pr[i].tps);
+	free(pr);
+	free(t_ref);
+	free(dram);
+	free(logits);
+	free(w.toks);
+	hyb_model_free(m);
+	return 0;
+}
