@@ -1,0 +1,748 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The "cuda" device (hyb/device.h; issue 6 item 1): libhyb/device.c checks
+ * the arguments and keeps the allocation table, these ops do the work.
+ *
+ * Memory: one cudaMalloc at open, of the whole capacity (0: 90% of the free
+ * memory), cut by a first-fit allocator into 256-byte aligned pieces.
+ * cudaMalloc/cudaFree in the middle of decoding would synchronize the whole
+ * device; the arena also makes the capacity exact (the CUDA allocator rounds
+ * up by its own page size). free waits for the three streams first, as
+ * cudaFree would: queued work may still read the memory.
+ *
+ * Streams: three non-blocking streams created with the device's priorities,
+ * CRITICAL the highest, COMPUTE the middle, RELOAD the lowest (KAIROX
+ * 5.1/8). RELOAD copies are queued as chunk_bytes pieces so that a CRITICAL
+ * copy waits at most for the piece the copy engine is on; the priorities
+ * make the scheduler prefer CRITICAL work when both have some queued.
+ *
+ * Kernels: kernels/cuda/sparse_ffn.cu. Each stream has its own scratch for
+ * them (h and down-row addresses of the active neurons, the partial tiles),
+ * outside the capacity, 4 MiB at open and grown (after waiting for the
+ * stream) when a call needs more. A neuron of an active list whose group is
+ * not resident is not read; the kernel reports it in a word of mapped host
+ * memory, and the next done/sync turns it into a device fault naming it.
+ *
+ * Host memory: host_register pins with cudaHostRegister(Portable),
+ * host_alloc is cudaHostAlloc(Portable); both are remembered, and close
+ * unpins and frees what the caller left.
+ *
+ * Every CUDA error of queued work makes the device faulted (-EIO, the
+ * message names the call and CUDA's reason): a failed kernel leaves the
+ * CUDA context unusable anyway. Pinning and host allocations fail without
+ * faulting (-EINVAL / NULL). now() is CLOCK_MONOTONIC.
+ */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../libhyb/device_internal.h" /* the Makefile gives nvcc no -Ilibhyb */
+#include "hyb/tensor_type.h"
+#include "sparse_ffn_cuda.h"
+
+#define ALIGN 256ull
+#define SCRATCH0 (4ull << 20)
+
+struct hyb_device_event {
+	cudaEvent_t ev;
+};
+
+/* A piece of the arena; the array is sorted by offset and covers the arena. */
+struct piece {
+	uint64_t off, len;
+	bool used;
+};
+
+struct hostbuf {
+	void *p;
+	size_t len;
+};
+
+struct cudev {
+	struct hyb_device d; /* first: the common head */
+	int dev, n_sm, smem_max;
+	cudaStream_t st[HYB_N_STREAMS];
+	char *arena;
+	uint64_t arena_bytes;
+	struct piece *pc;
+	size_t n_pc, cap_pc;
+	void *scr[HYB_N_STREAMS];
+	uint64_t scr_bytes[HYB_N_STREAMS];
+	volatile uint32_t *bad;   /* mapped pinned host memory: [0] set, [1] the neuron */
+	uint32_t *bad_dev;        /* the same, as the device sees it; NULL: not reported */
+	struct hostbuf *reg, *hb; /* pinned regions, host_alloc buffers */
+	size_t n_reg, cap_reg, n_hb, cap_hb;
+};
+
+static struct cudev *cu(struct hyb_device *d)
+{
+	return (struct cudev *)d;
+}
+
+static const char *stream_name(enum hyb_stream s)
+{
+	static const char *const n[HYB_N_STREAMS] = { "compute", "critical", "reload" };
+
+	return (unsigned)s < HYB_N_STREAMS ? n[s] : "?";
+}
+
+/* A CUDA error of queued work: the device is faulted from now on. */
+static int fault(struct cudev *c, cudaError_t e, const char *what)
+{
+	return hyb_device_fail(&c->d, -EIO, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* A CUDA error that leaves the device usable (a bad pointer to pin, out of memory). */
+static int soft(struct cudev *c, cudaError_t e, int rc, const char *what)
+{
+	cudaGetLastError(); /* clear it, so that it is not reported by a later call */
+	return hyb_device_fail(&c->d, rc, "cuda: %s: %s", what, cudaGetErrorString(e));
+}
+
+/* Calls may come from another host thread than open's: make our device current. */
+static int use(struct cudev *c)
+{
+	cudaError_t e = cudaSetDevice(c->dev);
+
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaSetDevice");
+}
+
+static int sync_all(struct cudev *c)
+{
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
+		cudaError_t e = cudaStreamSynchronize(c->st[s]);
+
+		if (e != cudaSuccess)
+			return fault(c, e, "cudaStreamSynchronize");
+	}
+	return 0;
+}
+
+/* Turn a neuron reported by the kernels into a fault. */
+static int check_bad(struct cudev *c)
+{
+	if (!c->bad || !c->bad[0])
+		return 0;
+	return hyb_device_fail(&c->d, -EIO,
+			       "cuda: sparse ffn: active neuron %u is not in a resident group "
+			       "(table entry < 0 or beyond the cache allocation)",
+			       c->bad[1]);
+}
+
+/* ---- the arena ------------------------------------------------------------------- */
+
+static bool grow(void **arr, size_t *cap, size_t n, size_t elem)
+{
+	size_t nc;
+	void *p;
+
+	if (n < *cap)
+		return true;
+	nc = *cap ? 2 * *cap : 16;
+	p = realloc(*arr, nc * elem);
+	if (!p)
+		return false;
+	*arr = p;
+	*cap = nc;
+	return true;
+}
+
+static int cu_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out)
+{
+	struct cudev *c = cu(d);
+	uint64_t need, largest = 0;
+
+	if (!bytes || bytes > c->arena_bytes)
+		return hyb_device_fail(d, -ENOMEM, "cuda alloc: %llu bytes exceed the %llu-byte arena",
+				       (unsigned long long)bytes,
+				       (unsigned long long)c->arena_bytes);
+	need = (bytes + ALIGN - 1) & ~(ALIGN - 1);
+	for (size_t i = 0; i < c->n_pc; i++) {
+		struct piece *p = &c->pc[i];
+
+		if (p->used)
+			continue;
+		if (p->len < need) {
+			largest = p->len > largest ? p->len : largest;
+			continue;
+		}
+		if (p->len > need) {
+			if (!grow((void **)&c->pc, &c->cap_pc, c->n_pc, sizeof(*c->pc)))
+				return hyb_device_fail(d, -ENOMEM, "cuda alloc: out of host memory");
+			p = &c->pc[i]; /* the array may have moved */
+			memmove(p + 2, p + 1, (c->n_pc - i - 1) * sizeof(*p));
+			p[1].off = p->off + need;
+			p[1].len = p->len - need;
+			p[1].used = false;
+			p->len = need;
+			c->n_pc++;
+		}
+		p->used = true;
+		*out = (hyb_dptr)(uintptr_t)(c->arena + p->off);
+		return 0;
+	}
+	return hyb_device_fail(d, -ENOMEM,
+			       "cuda alloc: no free range of %llu bytes in the arena (largest %llu: "
+			       "fragmented)", (unsigned long long)need,
+			       (unsigned long long)largest);
+}
+
+static void cu_free(struct hyb_device *d, hyb_dptr p)
+{
+	struct cudev *c = cu(d);
+	const uint64_t off = (uint64_t)((char *)(uintptr_t)p - c->arena);
+	size_t lo = 0, hi = c->n_pc, i;
+
+	while (lo < hi) {
+		const size_t mid = lo + (hi - lo) / 2;
+
+		if (c->pc[mid].off < off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	i = lo;
+	if (p < (hyb_dptr)(uintptr_t)c->arena || i == c->n_pc || c->pc[i].off != off ||
+	    !c->pc[i].used) {
+		hyb_device_fail(d, -EINVAL, "cuda free: %#llx is not an arena allocation",
+				(unsigned long long)p);
+		return;
+	}
+	/* queued work may still read it; a faulted device runs nothing more */
+	if (!d->faulted && !use(c))
+		sync_all(c);
+	c->pc[i].used = false;
+	if (i + 1 < c->n_pc && !c->pc[i + 1].used) {
+		c->pc[i].len += c->pc[i + 1].len;
+		memmove(&c->pc[i + 1], &c->pc[i + 2], (c->n_pc - i - 2) * sizeof(*c->pc));
+		c->n_pc--;
+	}
+	if (i > 0 && !c->pc[i - 1].used) {
+		c->pc[i - 1].len += c->pc[i].len;
+		memmove(&c->pc[i], &c->pc[i + 1], (c->n_pc - i - 1) * sizeof(*c->pc));
+		c->n_pc--;
+	}
+}
+
+/* ---- host memory ------------------------------------------------------------------ */
+
+static int cu_host_register(struct hyb_device *d, void *p, size_t len)
+{
+	struct cudev *c = cu(d);
+	cudaError_t e;
+	char what[96];
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	if (!grow((void **)&c->reg, &c->cap_reg, c->n_reg, sizeof(*c->reg)))
+		return hyb_device_fail(d, -ENOMEM, "cuda host register: out of host memory");
+	e = cudaHostRegister(p, len, cudaHostRegisterPortable);
+	if (e != cudaSuccess) {
+		snprintf(what, sizeof(what), "cudaHostRegister(%p, %zu bytes)", p, len);
+		return soft(c, e, e == cudaErrorHostMemoryAlreadyRegistered ? -EEXIST : -EINVAL,
+			    what);
+	}
+	c->reg[c->n_reg].p = p;
+	c->reg[c->n_reg].len = len;
+	c->n_reg++;
+	return 0;
+}
+
+static int cu_host_unregister(struct hyb_device *d, void *p)
+{
+	struct cudev *c = cu(d);
+
+	for (size_t i = 0; i < c->n_reg; i++) {
+		if (c->reg[i].p != p)
+			continue;
+		c->reg[i] = c->reg[--c->n_reg];
+		cudaSetDevice(c->dev);
+		cudaError_t e = cudaHostUnregister(p);
+
+		return e == cudaSuccess ? 0 : soft(c, e, -EINVAL, "cudaHostUnregister");
+	}
+	return hyb_device_fail(d, -EINVAL, "cuda host unregister: %p was not registered", p);
+}
+
+static void *cu_host_alloc(struct hyb_device *d, size_t len)
+{
+	struct cudev *c = cu(d);
+	void *p = NULL;
+	cudaError_t e;
+	char what[64];
+
+	if (use(c))
+		return NULL;
+	if (!grow((void **)&c->hb, &c->cap_hb, c->n_hb, sizeof(*c->hb))) {
+		hyb_device_fail(d, -ENOMEM, "cuda host alloc: out of host memory");
+		return NULL;
+	}
+	e = cudaHostAlloc(&p, len, cudaHostAllocPortable);
+	if (e != cudaSuccess) {
+		snprintf(what, sizeof(what), "cudaHostAlloc(%zu bytes)", len);
+		soft(c, e, -ENOMEM, what);
+		return NULL;
+	}
+	/* page aligned in practice; the contract promises 64 */
+	if ((uintptr_t)p % 64) {
+		cudaFreeHost(p);
+		hyb_device_fail(d, -ENOMEM, "cuda host alloc: %p is not 64-byte aligned", p);
+		return NULL;
+	}
+	c->hb[c->n_hb].p = p;
+	c->hb[c->n_hb].len = len;
+	c->n_hb++;
+	return p;
+}
+
+static void cu_host_free(struct hyb_device *d, void *p)
+{
+	struct cudev *c = cu(d);
+
+	for (size_t i = 0; i < c->n_hb; i++) {
+		if (c->hb[i].p != p)
+			continue;
+		c->hb[i] = c->hb[--c->n_hb];
+		cudaSetDevice(c->dev);
+		cudaError_t e = cudaFreeHost(p);
+
+		if (e != cudaSuccess)
+			soft(c, e, -EINVAL, "cudaFreeHost");
+		return;
+	}
+	hyb_device_fail(d, -EINVAL, "cuda host free: %p is not from host_alloc", p);
+}
+
+/* ---- copies ------------------------------------------------------------------------ */
+
+static int copy(struct cudev *c, enum hyb_stream s, void *dst, const void *src, uint64_t len,
+		cudaMemcpyKind kind)
+{
+	/* RELOAD in chunks: a CRITICAL copy then waits for at most one chunk */
+	const uint64_t chunk = s == HYB_STREAM_RELOAD && c->d.cfg.chunk_bytes ?
+				       c->d.cfg.chunk_bytes : len;
+	char what[96];
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	for (uint64_t off = 0; off < len; off += chunk) {
+		const uint64_t n = len - off < chunk ? len - off : chunk;
+		cudaError_t e = cudaMemcpyAsync((char *)dst + off, (const char *)src + off, n, kind,
+						c->st[s]);
+
+		if (e != cudaSuccess) {
+			snprintf(what, sizeof(what), "cudaMemcpyAsync(%s, %llu bytes, %s stream)",
+				 kind == cudaMemcpyHostToDevice ? "h2d" : "d2h",
+				 (unsigned long long)n, stream_name(s));
+			return fault(c, e, what);
+		}
+	}
+	return 0;
+}
+
+static int cu_h2d(struct hyb_device *d, enum hyb_stream s, hyb_dptr dst, const void *src,
+		  uint64_t len)
+{
+	return copy(cu(d), s, (void *)(uintptr_t)dst, src, len, cudaMemcpyHostToDevice);
+}
+
+static int cu_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr src,
+		  uint64_t len)
+{
+	return copy(cu(d), s, dst, (const void *)(uintptr_t)src, len, cudaMemcpyDeviceToHost);
+}
+
+/* ---- events -------------------------------------------------------------------------- */
+
+static struct hyb_device_event *cu_event_new(struct hyb_device *d)
+{
+	struct cudev *c = cu(d);
+	struct hyb_device_event *ev;
+	cudaError_t e;
+
+	if (use(c))
+		return NULL;
+	ev = (struct hyb_device_event *)calloc(1, sizeof(*ev));
+	if (!ev) {
+		hyb_device_fail(d, -ENOMEM, "cuda event: out of host memory");
+		return NULL;
+	}
+	e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
+	if (e != cudaSuccess) {
+		free(ev);
+		soft(c, e, -ENOMEM, "cudaEventCreateWithFlags");
+		return NULL;
+	}
+	return ev;
+}
+
+static void cu_event_free(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	/* safe while the event is pending: CUDA releases it when it completes */
+	cudaSetDevice(cu(d)->dev);
+	cudaEventDestroy(ev->ev);
+	free(ev);
+}
+
+static int cu_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
+{
+	struct cudev *c = cu(d);
+	cudaError_t e;
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	e = cudaEventRecord(ev->ev, c->st[s]);
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaEventRecord");
+}
+
+static int cu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
+{
+	struct cudev *c = cu(d);
+	cudaError_t e;
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	/* an event never recorded: CUDA waits for nothing, as the contract says */
+	e = cudaStreamWaitEvent(c->st[s], ev->ev, 0);
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaStreamWaitEvent");
+}
+
+/* On an error say done: the caller's next call fails with the fault. */
+static bool cu_done(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	struct cudev *c = cu(d);
+	cudaError_t e;
+
+	if (use(c))
+		return true;
+	e = cudaEventQuery(ev->ev);
+	if (e == cudaErrorNotReady)
+		return false;
+	if (e != cudaSuccess)
+		fault(c, e, "cudaEventQuery");
+	else
+		check_bad(c);
+	return true;
+}
+
+static int cu_sync(struct hyb_device *d, struct hyb_device_event *ev)
+{
+	struct cudev *c = cu(d);
+	cudaError_t e;
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	e = cudaEventSynchronize(ev->ev);
+	if (e != cudaSuccess)
+		return fault(c, e, "cudaEventSynchronize");
+	return check_bad(c);
+}
+
+/* ---- kernels -------------------------------------------------------------------------- */
+
+/* The scratch of stream s, at least need bytes, zeroed when (re)allocated. */
+static int scratch(struct cudev *c, enum hyb_stream s, uint64_t need)
+{
+	uint64_t nb = 2 * c->scr_bytes[s];
+	cudaError_t e;
+	char what[96];
+
+	if (need <= c->scr_bytes[s])
+		return 0;
+	nb = nb > need ? nb : need;
+	nb = (nb + ALIGN - 1) & ~(ALIGN - 1);
+	/* queued kernels of this stream may still use the old one */
+	if ((e = cudaStreamSynchronize(c->st[s])) != cudaSuccess)
+		return fault(c, e, "cudaStreamSynchronize");
+	if (c->scr[s] && (e = cudaFree(c->scr[s])) != cudaSuccess)
+		return fault(c, e, "cudaFree(scratch)");
+	c->scr[s] = NULL;
+	c->scr_bytes[s] = 0;
+	e = cudaMalloc(&c->scr[s], nb);
+	if (e != cudaSuccess) {
+		c->scr[s] = NULL;
+		snprintf(what, sizeof(what), "cudaMalloc(%llu bytes of sparse ffn scratch)",
+			 (unsigned long long)nb);
+		return soft(c, e, -ENOMEM, what);
+	}
+	c->scr_bytes[s] = nb;
+	if ((e = cudaMemsetAsync(c->scr[s], 0, nb, c->st[s])) != cudaSuccess)
+		return fault(c, e, "cudaMemsetAsync(scratch)");
+	return 0;
+}
+
+static int cu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
+{
+	struct cudev *c = cu(d);
+	const uint64_t rb = hyb_row_bytes(f->type, f->n_embd);
+	const uint32_t smem = hyb_cuda_ffn_smem(f->type, f->n_embd);
+	struct hyb_cuda_ffn a;
+	int rc;
+
+	if (f->type != HYB_TYPE_F16 && f->type != HYB_TYPE_Q8_0 && f->type != HYB_TYPE_Q4_0)
+		return hyb_device_fail(d, -EINVAL,
+				       "cuda sparse ffn: weight type %s not supported (F16, Q8_0, "
+				       "Q4_0)", hyb_type_name(f->type));
+	if ((int64_t)smem > c->smem_max)
+		return hyb_device_fail(d, -EINVAL,
+				       "cuda sparse ffn: n_embd %u needs %u bytes of shared memory, "
+				       "the GPU has %d", f->n_embd, smem, c->smem_max);
+	if (f->n_active && ((f->cache & 1) || (f->slot_bytes & 1)))
+		return hyb_device_fail(d, -EINVAL,
+				       "cuda sparse ffn: cache %#llx and slot_bytes %llu must be even",
+				       (unsigned long long)f->cache,
+				       (unsigned long long)f->slot_bytes);
+	if ((rc = use(c)) || (rc = scratch(c, s, hyb_cuda_ffn_scratch_bytes(f->n_embd, f->n_active,
+									  c->n_sm))))
+		return rc;
+	memset(&a, 0, sizeof(a));
+	a.type = f->type;
+	a.n_embd = f->n_embd;
+	a.n_ff = f->n_ff;
+	a.group_size = f->group_size;
+	a.act = (int)f->act;
+	a.table = (const int32_t *)(uintptr_t)f->table;
+	a.cache = (const void *)(uintptr_t)f->cache;
+	a.cache_span = f->n_active ? hyb_device_span(d, f->cache) : 0;
+	a.slot_bytes = f->slot_bytes;
+	a.xn = (const float *)(uintptr_t)f->xn;
+	a.active = (const uint32_t *)(uintptr_t)f->active;
+	a.n_active = f->n_active;
+	a.y = (float *)(uintptr_t)f->y;
+	a.accumulate = f->accumulate;
+	a.scratch = c->scr[s];
+	a.bad = c->bad_dev;
+	a.n_sm = c->n_sm;
+	rc = hyb_cuda_sparse_ffn(&a, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda sparse ffn: shape not supported (n_embd %u, "
+				       "%u active)", f->n_embd, f->n_active);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "sparse ffn kernel launch");
+	/*
+	 * What the kernels read, as far as the host knows: every listed gate row
+	 * and, as if no early exit happened, every up and down row (exact for
+	 * SiLU, an upper bound for the ReLU family), the list, xn and y.
+	 */
+	d->st.kernel_bytes += f->n_active * (3 * rb + 4) + (f->accumulate ? 8ull : 4ull) *
+			      f->n_embd;
+	return 0;
+}
+
+static int cu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n)
+{
+	struct cudev *c = cu(d);
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	rc = hyb_cuda_add((float *)(uintptr_t)y, (const float *)(uintptr_t)x, n, c->st[s]);
+	if (rc)
+		return fault(c, (cudaError_t)rc, "add kernel launch");
+	d->st.kernel_bytes += 8ull * n;
+	return 0;
+}
+
+/* ---- open, close ---------------------------------------------------------------------- */
+
+static double cu_now(struct hyb_device *d)
+{
+	struct timespec ts;
+
+	(void)d;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Everything open made, in reverse; the caller's allocations are gone (device.c). */
+static void cu_close(struct hyb_device *d)
+{
+	struct cudev *c = cu(d);
+
+	if (!c)
+		return;
+	cudaSetDevice(c->dev);
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
+		if (c->st[s]) {
+			cudaStreamSynchronize(c->st[s]);
+			cudaStreamDestroy(c->st[s]);
+		}
+		if (c->scr[s])
+			cudaFree(c->scr[s]);
+	}
+	for (size_t i = 0; i < c->n_reg; i++)
+		cudaHostUnregister(c->reg[i].p);
+	for (size_t i = 0; i < c->n_hb; i++)
+		cudaFreeHost(c->hb[i].p);
+	if (c->bad)
+		cudaFreeHost((void *)c->bad);
+	if (c->arena)
+		cudaFree(c->arena);
+	cudaGetLastError();
+	free(c->reg);
+	free(c->hb);
+	free(c->pc);
+	free(c);
+}
+
+static const struct hyb_device_ops cuda_ops = {
+	"cuda",
+	cu_close,
+	cu_now,
+	cu_alloc,
+	cu_free,
+	cu_host_register,
+	cu_host_unregister,
+	cu_host_alloc,
+	cu_host_free,
+	cu_h2d,
+	cu_d2h,
+	cu_event_new,
+	cu_event_free,
+	cu_record,
+	cu_wait,
+	cu_done,
+	cu_sync,
+	cu_sparse_ffn,
+	cu_add,
+};
+
+/* err gets "what: CUDA's reason"; c (may be NULL) is closed. */
+static struct hyb_device *open_fail(struct cudev *c, cudaError_t e, const char *what, char *err,
+				    size_t errlen)
+{
+	snprintf(err, errlen, "cuda device: %s: %s", what, cudaGetErrorString(e));
+	cudaGetLastError();
+	if (c)
+		cu_close(&c->d);
+	return NULL;
+}
+
+extern "C" struct hyb_device *hyb_device_cuda_open(const struct hyb_device_config *cfg,
+						   char *err, size_t errlen)
+{
+	struct hyb_device_config conf;
+	struct cudev *c;
+	size_t fr = 0, total = 0;
+	int n = 0, least = 0, greatest = 0;
+	uint64_t cap;
+	char what[160];
+	cudaError_t e;
+
+	memset(&conf, 0, sizeof(conf));
+	if (cfg)
+		conf = *cfg;
+	if (!conf.chunk_bytes)
+		conf.chunk_bytes = 1ull << 20;
+	e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess || n == 0) {
+		snprintf(err, errlen, "no CUDA device (%s)",
+			 e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+		cudaGetLastError();
+		return NULL;
+	}
+	if (conf.ordinal < 0 || conf.ordinal >= n) {
+		snprintf(err, errlen, "CUDA device %d does not exist (%d found)", conf.ordinal, n);
+		return NULL;
+	}
+	c = (struct cudev *)calloc(1, sizeof(*c));
+	if (!c) {
+		snprintf(err, errlen, "cuda device: out of host memory");
+		return NULL;
+	}
+	c->d.ops = &cuda_ops;
+	c->d.cfg = conf;
+	c->dev = conf.ordinal;
+	if ((e = cudaSetDevice(c->dev)) != cudaSuccess)
+		return open_fail(c, e, "cudaSetDevice", err, errlen);
+	if ((e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, c->dev)) !=
+		    cudaSuccess ||
+	    (e = cudaDeviceGetAttribute(&c->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+					c->dev)) != cudaSuccess)
+		return open_fail(c, e, "cudaDeviceGetAttribute", err, errlen);
+	if ((e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess)
+		return open_fail(c, e, "cudaDeviceGetStreamPriorityRange", err, errlen);
+	/* numerically lower is more urgent: CRITICAL greatest, RELOAD least */
+	const int prio[HYB_N_STREAMS] = { (least + greatest) / 2, greatest, least };
+
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
+		e = cudaStreamCreateWithPriority(&c->st[s], cudaStreamNonBlocking, prio[s]);
+		if (e != cudaSuccess) {
+			c->st[s] = NULL;
+			return open_fail(c, e, "cudaStreamCreateWithPriority", err, errlen);
+		}
+	}
+	if ((e = cudaMemGetInfo(&fr, &total)) != cudaSuccess)
+		return open_fail(c, e, "cudaMemGetInfo", err, errlen);
+	cap = conf.capacity ? conf.capacity : (uint64_t)fr / 10 * 9;
+	cap &= ~(ALIGN - 1);
+	if (!cap || cap + HYB_N_STREAMS * SCRATCH0 > fr) {
+		snprintf(err, errlen,
+			 "cuda device %d: capacity of %llu bytes not available (%llu of %llu free, "
+			 "%llu more needed for kernel scratch)", c->dev, (unsigned long long)cap,
+			 (unsigned long long)fr, (unsigned long long)total,
+			 (unsigned long long)(HYB_N_STREAMS * SCRATCH0));
+		cu_close(&c->d);
+		return NULL;
+	}
+	e = cudaMalloc((void **)&c->arena, cap);
+	if (e != cudaSuccess) {
+		c->arena = NULL;
+		snprintf(what, sizeof(what), "cudaMalloc(%llu bytes of capacity)",
+			 (unsigned long long)cap);
+		return open_fail(c, e, what, err, errlen);
+	}
+	c->arena_bytes = cap;
+	c->d.capacity = cap;
+	c->d.cfg.capacity = cap;
+	c->pc = (struct piece *)malloc(16 * sizeof(*c->pc));
+	if (!c->pc) {
+		snprintf(err, errlen, "cuda device: out of host memory");
+		cu_close(&c->d);
+		return NULL;
+	}
+	c->cap_pc = 16;
+	c->n_pc = 1;
+	c->pc[0].off = 0;
+	c->pc[0].len = cap;
+	c->pc[0].used = false;
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
+		if ((e = cudaMalloc(&c->scr[s], SCRATCH0)) != cudaSuccess) {
+			c->scr[s] = NULL;
+			return open_fail(c, e, "cudaMalloc(sparse ffn scratch)", err, errlen);
+		}
+		c->scr_bytes[s] = SCRATCH0;
+		if ((e = cudaMemsetAsync(c->scr[s], 0, SCRATCH0, c->st[s])) != cudaSuccess)
+			return open_fail(c, e, "cudaMemsetAsync(scratch)", err, errlen);
+	}
+	/* the non-resident-neuron report: mapped, so the host reads it without a copy */
+	void *bad = NULL;
+
+	if ((e = cudaHostAlloc(&bad, 64, cudaHostAllocMapped | cudaHostAllocPortable)) !=
+	    cudaSuccess)
+		return open_fail(c, e, "cudaHostAlloc(mapped)", err, errlen);
+	memset(bad, 0, 64);
+	c->bad = (volatile uint32_t *)bad;
+	if (cudaHostGetDevicePointer((void **)&c->bad_dev, bad, 0) != cudaSuccess) {
+		c->bad_dev = NULL; /* no mapping: bad lists are skipped, not reported */
+		cudaGetLastError();
+	}
+	if (hyb_cuda_ffn_setup(c->smem_max) != 0) {
+		/* the default every kernel has: n_embd up to 24576 (F16) or 43690 (Q8_0) */
+		cudaGetLastError();
+		c->smem_max = 48 * 1024;
+	}
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
+		if ((e = cudaStreamSynchronize(c->st[s])) != cudaSuccess)
+			return open_fail(c, e, "cudaStreamSynchronize", err, errlen);
+	}
+	return &c->d;
+}

@@ -1,0 +1,754 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The sparse FFN over cached neuron groups on CUDA (hyb/device.h,
+ * hyb_device_sparse_ffn; PowerInfer 5.4: only the predicted-active neurons
+ * are computed, reading their rows where the cache holds them). Two
+ * kernels on the caller's stream:
+ *
+ * 1. ffn_up: one warp per listed neuron (grid-stride). The block first
+ *    stages xn in shared memory converted as the CPU operator converts it
+ *    (hyb_vec_dot_type: Q8_0 blocks for Q8_0/Q4_0 weights, quantized as
+ *    kernels/cpu/quant_act.c does, bit for bit; F16 for F16), so both
+ *    devices compute the same integer block dots. The warp looks up the
+ *    neuron's slot (table[i / group_size]). SiLU: it reads the gate and
+ *    up rows in one pass. ReLU family: it reads the gate row and stops
+ *    when gate <= 0 (h = 0: up and down are never read, as in the CPU
+ *    operator), else reads the up row. It writes h = act(gate, up) and the
+ *    address of the down row to scratch. Lanes of a warp read consecutive
+ *    bytes of a row (8 bytes of quants or 16 bytes of F16 each), several
+ *    steps ahead, so a warp keeps 1-4 KiB of loads in flight.
+ *
+ * 2. ffn_down: y = sum_i h_i * down_i. The grid is (column tiles of 256,
+ *    chunks of the active list): a block's 8 warps take the chunk's
+ *    neurons in turn (a neuron with h == 0 reads nothing), each lane
+ *    accumulating 8 columns in registers; the warps' sums are added in
+ *    shared memory in warp order. With one chunk the block writes y;
+ *    otherwise each block writes its partial tile to scratch, and the last
+ *    block of a tile to finish (a per-tile counter) sums the chunks'
+ *    partials in chunk order and writes y. Every sum has a fixed order, so
+ *    the result is deterministic run to run (for one device: the number of
+ *    chunks depends on the number of multiprocessors). No float atomics.
+ *
+ * Weights are the GGUF blocks as they are (Q8_0: f16 d + 32 int8; Q4_0:
+ * f16 d + 16 bytes of nibbles, low nibbles elements 0..15): blocks are only
+ * 2-byte aligned, so quants are read 16 bits at a time (F16 rows whose
+ * addresses are all 16-byte aligned are read 16 bytes at a time).
+ *
+ * Expected speed: the call reads n_active gate rows, the up rows of the
+ * neurons that pass the gate and the down rows of those with h != 0, each
+ * once; nothing else is large (xn is re-read from L2 by every block of
+ * ffn_up). It should run near DRAM bandwidth when a few MiB are read, and
+ * be bound by the two launches (a few microseconds) below that.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdint.h>
+
+#include "hyb/model.h"
+#include "hyb/tensor_type.h"
+#include "sparse_ffn_cuda.h"
+
+#define WARP 32
+#define NWARP 8
+#define NTHR (WARP * NWARP)
+#define TILE 256          /* ffn_down columns per block: 8 per lane */
+#define UNROLL 4          /* ffn_down: neurons a warp loads ahead */
+#define MIN_CHUNK 32      /* ffn_down: at least UNROLL neurons per warp */
+#define MAX_CHUNKS 256
+#define CNT_BYTES 4096    /* the per-tile counters, at offset 0 of scratch */
+#define MAX_TILES (CNT_BYTES / 4)
+#define QK 32             /* elements per Q8_0 / Q4_0 block */
+#define Q8_BYTES 34
+#define Q4_BYTES 18
+#define FULL 0xffffffffu
+
+static_assert(TILE == NTHR, "ffn_down: one column per thread in the final sum");
+static_assert(TILE == 8 * WARP, "ffn_down: a lane holds 8 columns of a tile");
+
+struct ffn_k {
+	const int32_t *table;
+	const char *cache;
+	uint64_t span, slot_bytes, rb;
+	uint64_t n_full;          /* slots whose whole slot_bytes fit in span */
+	const float *xn;
+	const uint32_t *active;
+	uint32_t n_active, k, n_ff, gs;
+	int act;
+	float *h;                 /* [n_active] */
+	const char **dptr;        /* [n_active] down row, NULL when h == 0 */
+	float *part;              /* [n_chunks][n_tiles * TILE] */
+	unsigned int *cnt;        /* [n_tiles] */
+	float *y;
+	int accumulate;
+	uint32_t n_tiles, n_chunks, chunk;
+	volatile uint32_t *bad;
+};
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = WARP / 2; o > 0; o /= 2)
+		v += __shfl_xor_sync(FULL, v, o);
+	return v;
+}
+
+/* 4 bytes at a 2-byte aligned address (quants follow a 2-byte scale) */
+static __device__ __forceinline__ uint32_t ld_u32_a2(const char *p)
+{
+	const unsigned short *q = (const unsigned short *)p;
+
+	return (uint32_t)__ldg(q) | (uint32_t)__ldg(q + 1) << 16;
+}
+
+static __device__ __forceinline__ float ld_f16(const char *p)
+{
+	return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
+}
+
+/* element e (0..1) of a pair of f16 packed in u */
+static __device__ __forceinline__ float f16_of(uint32_t u, int e)
+{
+	return __half2float(__ushort_as_half((unsigned short)(u >> (16 * e))));
+}
+
+/* ---- xn in shared memory ------------------------------------------------------- */
+
+/*
+ * Q8_0 as quant_act.c's hyb_quantize_q8_0_scalar (and llama.cpp's x86
+ * build): d = amax / 127 kept as f16, q = round-half-even(x * 127 / amax).
+ * Shared layout: int8 q[k], then float d[k / 32] (d already rounded to f16).
+ */
+template <uint32_t TY>
+static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigned char *sm)
+{
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+
+	if (TY == HYB_TYPE_F16) {
+		__half *xh = (__half *)sm;
+
+		for (uint32_t e = threadIdx.x; e < k; e += NTHR)
+			xh[e] = __float2half_rn(xn[e]);
+	} else {
+		int8_t *xq = (int8_t *)sm;
+		float *xd = (float *)(sm + k);
+
+		for (uint32_t b = warp; b < k / QK; b += NWARP) {
+			const float v = xn[b * QK + lane];
+			float amax = fabsf(v);
+
+			for (int o = WARP / 2; o > 0; o /= 2)
+				amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
+			const float d = amax / 127.f;
+			const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+
+			xq[b * QK + lane] = (int8_t)__float2int_rn(v * id);
+			if (lane == 0)
+				xd[b] = __half2float(__float2half_rn(d));
+		}
+	}
+	__syncthreads();
+}
+
+/*
+ * ---- NR rows . xn per warp, in one pass (each lane's share; warp_sum adds) ----
+ *
+ * SiLU reads gate and up together (NR = 2): twice the loads in flight and
+ * one memory latency instead of two. The ReLU family reads gate alone
+ * first (NR = 1) for the early exit. A lane loads STEPS steps ahead before
+ * it uses any: about 1 KiB (Q4_0) to 4 KiB (F16) in flight per warp.
+ */
+#define STEPS(nr) (8 / (nr))
+
+/* lane: block b = lane / 4 + 8j, quants 8 (lane % 4) .. + 8 */
+template <int NR>
+static __device__ __forceinline__ void dot_q8_0(const char *const *row, const unsigned char *sm,
+						uint32_t k, int lane, float *acc)
+{
+	const int8_t *xq = (const int8_t *)sm;
+	const float *xd = (const float *)(sm + k);
+	const uint32_t nb = k / QK, sub = lane % 4;
+
+	for (uint32_t b0 = lane / 4; b0 < nb; b0 += 8 * STEPS(NR)) {
+		uint32_t v0[NR][STEPS(NR)], v1[NR][STEPS(NR)];
+		float dw[NR][STEPS(NR)];
+
+#pragma unroll
+		for (int u = 0; u < STEPS(NR); u++) {
+			const uint32_t b = b0 + 8 * u;
+
+#pragma unroll
+			for (int r = 0; r < NR; r++) {
+				v0[r][u] = v1[r][u] = 0;
+				dw[r][u] = 0;
+				if (b < nb) {
+					const char *blk = row[r] + (uint64_t)b * Q8_BYTES;
+
+					dw[r][u] = ld_f16(blk);
+					v0[r][u] = ld_u32_a2(blk + 2 + 8 * sub);
+					v1[r][u] = ld_u32_a2(blk + 6 + 8 * sub);
+				}
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < STEPS(NR); u++) {
+			const uint32_t b = b0 + 8 * u;
+
+			if (b < nb) {
+				const int2 x = *(const int2 *)(xq + b * QK + 8 * sub);
+
+#pragma unroll
+				for (int r = 0; r < NR; r++) {
+					const int s = __dp4a((int)v1[r][u], x.y,
+							     __dp4a((int)v0[r][u], x.x, 0));
+
+					acc[r] += (float)s * (dw[r][u] * xd[b]);
+				}
+			}
+		}
+	}
+}
+
+/*
+ * lane: block b = lane / 2 + 16j, quant bytes 8p .. 8p + 8 (p = lane % 2):
+ * their low nibbles are elements 8p .. 8p + 7, their high nibbles 16 + 8p ..
+ */
+template <int NR>
+static __device__ __forceinline__ void dot_q4_0(const char *const *row, const unsigned char *sm,
+						uint32_t k, int lane, float *acc)
+{
+	const int8_t *xq = (const int8_t *)sm;
+	const float *xd = (const float *)(sm + k);
+	const uint32_t nb = k / QK, p = lane % 2;
+
+	for (uint32_t b0 = lane / 2; b0 < nb; b0 += 16 * STEPS(NR)) {
+		uint32_t v0[NR][STEPS(NR)], v1[NR][STEPS(NR)];
+		float dw[NR][STEPS(NR)];
+
+#pragma unroll
+		for (int u = 0; u < STEPS(NR); u++) {
+			const uint32_t b = b0 + 16 * u;
+
+#pragma unroll
+			for (int r = 0; r < NR; r++) {
+				v0[r][u] = v1[r][u] = 0;
+				dw[r][u] = 0;
+				if (b < nb) {
+					const char *blk = row[r] + (uint64_t)b * Q4_BYTES;
+
+					dw[r][u] = ld_f16(blk);
+					v0[r][u] = ld_u32_a2(blk + 2 + 8 * p);
+					v1[r][u] = ld_u32_a2(blk + 6 + 8 * p);
+				}
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < STEPS(NR); u++) {
+			const uint32_t b = b0 + 16 * u;
+
+			if (b < nb) {
+				const int2 xl = *(const int2 *)(xq + b * QK + 8 * p);
+				const int2 xh = *(const int2 *)(xq + b * QK + 16 + 8 * p);
+
+#pragma unroll
+				for (int r = 0; r < NR; r++) {
+					/* nibble - 8 per byte: fits a signed byte, no borrow */
+					const uint32_t a0 = v0[r][u], a1 = v1[r][u];
+					const int l0 = (int)__vsub4(a0 & 0x0f0f0f0fu, 0x08080808u);
+					const int l1 = (int)__vsub4(a1 & 0x0f0f0f0fu, 0x08080808u);
+					const int h0 = (int)__vsub4((a0 >> 4) & 0x0f0f0f0fu, 0x08080808u);
+					const int h1 = (int)__vsub4((a1 >> 4) & 0x0f0f0f0fu, 0x08080808u);
+					int s = __dp4a(l0, xl.x, 0);
+
+					s = __dp4a(l1, xl.y, s);
+					s = __dp4a(h0, xh.x, s);
+					s = __dp4a(h1, xh.y, s);
+					acc[r] += (float)s * (dw[r][u] * xd[b]);
+				}
+			}
+		}
+	}
+}
+
+/* VEC: every row 16-byte aligned and k % 8 == 0: lane reads 8 elements at 8 lane + 256j */
+template <int NR, bool VEC>
+static __device__ __forceinline__ void dot_f16(const char *const *row, const unsigned char *sm,
+					       uint32_t k, int lane, float *acc)
+{
+	const __half *xh = (const __half *)sm;
+
+	if (VEC) {
+		for (uint32_t e0 = 8 * lane; e0 < k; e0 += 8 * WARP * STEPS(NR)) {
+			uint4 w[NR][STEPS(NR)];
+
+#pragma unroll
+			for (int u = 0; u < STEPS(NR); u++) {
+				const uint32_t e = e0 + 8 * WARP * u;
+
+#pragma unroll
+				for (int r = 0; r < NR; r++) {
+					w[r][u] = make_uint4(0, 0, 0, 0);
+					if (e < k)
+						w[r][u] = __ldg((const uint4 *)(row[r] +
+										2 * (uint64_t)e));
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < STEPS(NR); u++) {
+				const uint32_t e = e0 + 8 * WARP * u;
+
+				if (e >= k)
+					continue;
+				const uint4 x = *(const uint4 *)(xh + e);
+				const uint32_t xv[4] = { x.x, x.y, x.z, x.w };
+
+#pragma unroll
+				for (int r = 0; r < NR; r++) {
+					const uint32_t wv[4] = { w[r][u].x, w[r][u].y, w[r][u].z,
+								 w[r][u].w };
+
+#pragma unroll
+					for (int j = 0; j < 8; j++)
+						acc[r] = fmaf(f16_of(wv[j / 2], j % 2),
+							      f16_of(xv[j / 2], j % 2), acc[r]);
+				}
+			}
+		}
+	} else {
+		for (uint32_t e0 = lane; e0 < k; e0 += WARP * STEPS(NR)) {
+			float w[NR][STEPS(NR)];
+
+#pragma unroll
+			for (int u = 0; u < STEPS(NR); u++) {
+				const uint32_t e = e0 + WARP * u;
+
+#pragma unroll
+				for (int r = 0; r < NR; r++)
+					w[r][u] = e < k ? ld_f16(row[r] + 2 * (uint64_t)e) : 0.0f;
+			}
+#pragma unroll
+			for (int u = 0; u < STEPS(NR); u++) {
+				const uint32_t e = e0 + WARP * u;
+
+				if (e >= k)
+					continue;
+				const float x = __half2float(xh[e]);
+
+#pragma unroll
+				for (int r = 0; r < NR; r++)
+					acc[r] = fmaf(w[r][u], x, acc[r]);
+			}
+		}
+	}
+}
+
+/* out[r] = row[r] . xn, the same value in every lane */
+template <uint32_t TY, bool VEC, int NR>
+static __device__ __forceinline__ void row_dots(const char *const *row, const unsigned char *sm,
+						uint32_t k, int lane, float *out)
+{
+	float acc[NR];
+
+#pragma unroll
+	for (int r = 0; r < NR; r++)
+		acc[r] = 0;
+	if (TY == HYB_TYPE_Q8_0)
+		dot_q8_0<NR>(row, sm, k, lane, acc);
+	else if (TY == HYB_TYPE_Q4_0)
+		dot_q4_0<NR>(row, sm, k, lane, acc);
+	else
+		dot_f16<NR, VEC>(row, sm, k, lane, acc);
+	/* the butterfly gives every lane the same sum; lane 0's makes it certain */
+#pragma unroll
+	for (int r = 0; r < NR; r++)
+		out[r] = __shfl_sync(FULL, warp_sum(acc[r]), 0);
+}
+
+/* the CPU operator's act_h (libhyb/sparse_ffn.c); the ReLU family only sees g > 0 */
+static __device__ __forceinline__ float act_h(int act, float g, float u)
+{
+	switch (act) {
+	case HYB_ACT_SILU:
+		return g / (1.0f + expf(-g)) * u;
+	case HYB_ACT_RELU:
+		return g * u;
+	case HYB_ACT_RELU2:
+		return g * g * u;
+	default:
+		return u > 0 ? g * u : 0.0f;
+	}
+}
+
+/* ---- kernel 1: h and the down row of every listed neuron ------------------------ */
+
+template <uint32_t TY, bool VEC>
+static __global__ void __launch_bounds__(NTHR) ffn_up(const ffn_k a)
+{
+	extern __shared__ __align__(16) unsigned char sm[];
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+
+	stage_x<TY>(a.xn, a.k, sm);
+	/* i is the same for the whole warp: every branch below is warp-uniform */
+	for (uint32_t i = blockIdx.x * NWARP + warp; i < a.n_active; i += gridDim.x * NWARP) {
+		const uint32_t idx = __ldg(&a.active[i]);
+		const char *down = NULL;
+		float h = 0;
+		bool ok = idx < a.n_ff;
+
+		if (ok) {
+			const uint32_t g = idx / a.gs, g0 = g * a.gs;
+			const uint32_t ng = min(a.gs, a.n_ff - g0), r = idx - g0;
+			const int32_t slot = __ldg(&a.table[g]);
+			/* slot <= n_full: slot * slot_bytes <= span, no overflow */
+			ok = slot >= 0 && (uint64_t)slot <= a.n_full &&
+			     (uint64_t)slot * a.slot_bytes + 3ull * ng * a.rb <= a.span;
+			if (ok) {
+				const char *base = a.cache + (uint64_t)slot * a.slot_bytes;
+				const char *rows[2] = { base + r * a.rb, base + (ng + r) * a.rb };
+				float v[2];
+
+				if (a.act == HYB_ACT_SILU) {
+					row_dots<TY, VEC, 2>(rows, sm, a.k, lane, v);
+					h = act_h(a.act, v[0], v[1]);
+				} else {
+					/* gate first: gate <= 0 reads neither up nor down */
+					row_dots<TY, VEC, 1>(rows, sm, a.k, lane, v);
+					if (v[0] > 0) {
+						row_dots<TY, VEC, 1>(rows + 1, sm, a.k, lane, v + 1);
+						h = act_h(a.act, v[0], v[1]);
+					}
+				}
+				if (h != 0.0f)
+					down = base + (2ull * ng + r) * a.rb;
+			}
+		}
+		if (!ok && lane == 0 && a.bad) {
+			/* no atomics: host memory may not take them; any one report will do */
+			a.bad[1] = idx;
+			__threadfence_system();
+			a.bad[0] = 1;
+		}
+		if (lane == 0) {
+			a.h[i] = h;
+			a.dptr[i] = down;
+		}
+	}
+}
+
+/* ---- kernel 2: y = sum h_i down_i ------------------------------------------------ */
+
+/* A lane's 8 columns of one down row: quants + scale, or 8 f16. */
+struct seg {
+	uint32_t q[4];
+	float d;
+};
+
+/*
+ * Lane l holds columns 8l .. 8l + 7 of the tile. Q8_0: block l / 4, quants
+ * 8 (l % 4) ..; Q4_0: block l / 4, quant bytes 8 (l % 2) .. whose low
+ * (l % 4 < 2) or high nibbles are those columns.
+ */
+template <uint32_t TY, bool VEC>
+static __device__ __forceinline__ seg load_seg(const char *row, uint32_t tile, int lane,
+					       uint32_t k)
+{
+	seg s = { { 0, 0, 0, 0 }, 0.0f };
+
+	if (!row)
+		return s;
+	if (TY == HYB_TYPE_F16) {
+		const uint32_t c = tile * TILE + 8 * lane;
+
+		if (VEC) {
+			if (c < k) {
+				const uint4 v = __ldg((const uint4 *)(row + 2 * (uint64_t)c));
+
+				s.q[0] = v.x;
+				s.q[1] = v.y;
+				s.q[2] = v.z;
+				s.q[3] = v.w;
+			}
+		} else {
+#pragma unroll
+			for (int e = 0; e < 8; e++) {
+				if (c + e < k)
+					s.q[e / 2] |= (uint32_t)__ldg((const unsigned short *)
+								      (row + 2 * (uint64_t)(c + e)))
+						      << (16 * (e % 2));
+			}
+		}
+	} else {
+		const uint32_t b = tile * (TILE / QK) + lane / 4;
+
+		if (b < k / QK) {
+			const bool q8 = TY == HYB_TYPE_Q8_0;
+			const char *blk = row + (uint64_t)b * (q8 ? Q8_BYTES : Q4_BYTES);
+			const uint32_t off = 2 + 8 * (q8 ? lane % 4 : lane % 2);
+
+			s.d = ld_f16(blk);
+			s.q[0] = ld_u32_a2(blk + off);
+			s.q[1] = ld_u32_a2(blk + off + 4);
+		}
+	}
+	return s;
+}
+
+/* acc += h * row, as the CPU axpy: f16 h * w; quants (h * d) * q */
+template <uint32_t TY>
+static __device__ __forceinline__ void axpy_seg(float acc[8], float h, const seg &s, int lane)
+{
+	if (TY == HYB_TYPE_F16) {
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			acc[e] += h * f16_of(s.q[e / 2], e % 2);
+	} else if (TY == HYB_TYPE_Q8_0) {
+		const float sc = h * s.d;
+
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			acc[e] += sc * (float)(int8_t)(s.q[e / 4] >> (8 * (e % 4)));
+	} else {
+		const float sc = h * s.d;
+		const int sh = lane % 4 < 2 ? 0 : 4;
+
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			acc[e] += sc * (float)((int)((s.q[e / 4] >> (8 * (e % 4) + sh)) & 15) - 8);
+	}
+}
+
+template <uint32_t TY, bool VEC>
+static __global__ void __launch_bounds__(NTHR) ffn_down(const ffn_k a)
+{
+	__shared__ __align__(16) float red[NWARP][TILE];
+	__shared__ int last;
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+	const uint32_t tile = blockIdx.x, chunk = blockIdx.y;
+	const uint32_t c0 = chunk * a.chunk, c1 = min(a.n_active, c0 + a.chunk);
+	float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+
+	for (uint32_t i0 = c0 + warp; i0 < c1; i0 += NWARP * UNROLL) {
+		float h[UNROLL];
+		const char *row[UNROLL];
+		seg s[UNROLL];
+
+#pragma unroll
+		for (int u = 0; u < UNROLL; u++) {
+			const uint32_t i = i0 + NWARP * u;
+
+			h[u] = i < c1 ? a.h[i] : 0.0f;
+			row[u] = i < c1 ? a.dptr[i] : NULL;
+		}
+#pragma unroll
+		for (int u = 0; u < UNROLL; u++)
+			s[u] = load_seg<TY, VEC>(h[u] != 0.0f ? row[u] : NULL, tile, lane, a.k);
+		/* a skipped neuron adds h = 0 times zeros: exactly nothing */
+#pragma unroll
+		for (int u = 0; u < UNROLL; u++)
+			axpy_seg<TY>(acc, h[u], s[u], lane);
+	}
+	float4 *rw = (float4 *)&red[warp][8 * lane];
+
+	rw[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+	rw[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+	__syncthreads();
+
+	const uint32_t t = threadIdx.x, col = tile * TILE + t;
+	const size_t stride = (size_t)a.n_tiles * TILE;
+	float sum = 0;
+
+	for (int w = 0; w < NWARP; w++)
+		sum += red[w][t];
+	if (a.n_chunks == 1) {
+		if (col < a.k)
+			a.y[col] = a.accumulate ? a.y[col] + sum : sum;
+		return;
+	}
+	a.part[chunk * stride + col] = sum;
+	/* publish the partial before counting it (the threadFenceReduction pattern) */
+	__threadfence();
+	__syncthreads();
+	if (t == 0)
+		last = atomicAdd(&a.cnt[tile], 1u) == a.n_chunks - 1;
+	__syncthreads();
+	if (!last)
+		return;
+	__threadfence();
+	sum = 0;
+	for (uint32_t c = 0; c < a.n_chunks; c++)
+		sum += __ldcg(&a.part[c * stride + col]); /* L2: written by other SMs */
+	if (col < a.k)
+		a.y[col] = a.accumulate ? a.y[col] + sum : sum;
+	if (t == 0)
+		a.cnt[tile] = 0; /* every chunk of this tile has counted: ready for the next call */
+}
+
+static __global__ void add_kernel(float *__restrict__ y, const float *__restrict__ x, uint32_t n)
+{
+	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += gridDim.x * blockDim.x)
+		y[i] += x[i];
+}
+
+/* ---- host side -------------------------------------------------------------------- */
+
+struct plan {
+	uint32_t n_tiles, n_chunks, chunk;
+	uint64_t h_off, dptr_off, part_off, bytes;
+};
+
+static uint32_t min_u32(uint32_t a, uint32_t b)
+{
+	return a < b ? a : b;
+}
+
+static uint64_t round256(uint64_t v)
+{
+	return (v + 255) & ~255ull;
+}
+
+static void make_plan(uint32_t k, uint32_t n_active, int n_sm, struct plan *p)
+{
+	const uint32_t target = 4u * (uint32_t)(n_sm > 0 ? n_sm : 1);
+	uint32_t nc;
+
+	p->n_tiles = (k + TILE - 1) / TILE;
+	/* enough blocks for every SM several times over, chunks of >= MIN_CHUNK neurons */
+	nc = (target + p->n_tiles - 1) / p->n_tiles;
+	nc = min_u32(nc, (n_active + MIN_CHUNK - 1) / MIN_CHUNK);
+	nc = min_u32(nc ? nc : 1, MAX_CHUNKS);
+	p->chunk = n_active ? (n_active + nc - 1) / nc : 1;
+	p->n_chunks = n_active ? (n_active + p->chunk - 1) / p->chunk : 1;
+	p->h_off = CNT_BYTES;
+	p->dptr_off = p->h_off + round256(4ull * n_active);
+	p->part_off = p->dptr_off + round256(8ull * n_active);
+	p->bytes = p->part_off +
+		   (p->n_chunks > 1 ? 4ull * p->n_chunks * p->n_tiles * TILE : 0);
+}
+
+extern "C" uint64_t hyb_cuda_ffn_scratch_bytes(uint32_t n_embd, uint32_t n_active, int n_sm)
+{
+	struct plan p;
+
+	make_plan(n_embd, n_active, n_sm, &p);
+	return p.bytes;
+}
+
+extern "C" uint32_t hyb_cuda_ffn_smem(uint32_t type, uint32_t n_embd)
+{
+	switch (type) {
+	case HYB_TYPE_F16:
+		return (uint32_t)((2ull * n_embd + 15) & ~15ull);
+	case HYB_TYPE_Q8_0:
+	case HYB_TYPE_Q4_0:
+		return n_embd + n_embd / QK * 4;
+	default:
+		return 0;
+	}
+}
+
+extern "C" int hyb_cuda_ffn_setup(int smem_max)
+{
+	const void *k[] = {
+		(const void *)ffn_up<HYB_TYPE_F16, false>,
+		(const void *)ffn_up<HYB_TYPE_F16, true>,
+		(const void *)ffn_up<HYB_TYPE_Q8_0, false>,
+		(const void *)ffn_up<HYB_TYPE_Q4_0, false>,
+	};
+
+	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+		cudaError_t e = cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+						     smem_max);
+
+		if (e != cudaSuccess)
+			return (int)e;
+	}
+	return 0;
+}
+
+template <uint32_t TY, bool VEC>
+static void launch(const ffn_k &a, uint32_t up_blocks, uint32_t smem, cudaStream_t s)
+{
+	ffn_up<TY, VEC><<<up_blocks, NTHR, smem, s>>>(a);
+	ffn_down<TY, VEC><<<dim3(a.n_tiles, a.n_chunks), NTHR, 0, s>>>(a);
+}
+
+extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
+{
+	const cudaStream_t s = (cudaStream_t)stream;
+	const uint64_t rb = hyb_row_bytes(f->type, f->n_embd);
+	const uint32_t smem = hyb_cuda_ffn_smem(f->type, f->n_embd);
+	struct plan p;
+	ffn_k a;
+	bool vec;
+
+	if (!rb || !smem || !f->group_size || !f->n_ff || f->n_active > f->n_ff ||
+	    ((uintptr_t)f->cache & 1) || (f->slot_bytes & 1) ||
+	    f->slot_bytes / 3 / f->group_size < rb || (unsigned)f->act > HYB_ACT_DRELU)
+		return -EINVAL;
+	if (!f->n_active) {
+		cudaError_t e = cudaSuccess;
+
+		if (!f->accumulate)
+			e = cudaMemsetAsync(f->y, 0, 4ull * f->n_embd, s);
+		return (int)e;
+	}
+	make_plan(f->n_embd, f->n_active, f->n_sm, &p);
+	if (p.n_tiles > MAX_TILES)
+		return -EINVAL;
+	a.table = f->table;
+	a.cache = (const char *)f->cache;
+	a.span = f->cache_span;
+	a.slot_bytes = f->slot_bytes;
+	a.rb = rb;
+	a.n_full = f->cache_span / f->slot_bytes;
+	a.xn = f->xn;
+	a.active = f->active;
+	a.n_active = f->n_active;
+	a.k = f->n_embd;
+	a.n_ff = f->n_ff;
+	a.gs = f->group_size;
+	a.act = f->act;
+	a.cnt = (unsigned int *)f->scratch;
+	a.h = (float *)((char *)f->scratch + p.h_off);
+	a.dptr = (const char **)((char *)f->scratch + p.dptr_off);
+	a.part = (float *)((char *)f->scratch + p.part_off);
+	a.y = f->y;
+	a.accumulate = f->accumulate;
+	a.n_tiles = p.n_tiles;
+	a.n_chunks = p.n_chunks;
+	a.chunk = p.chunk;
+	a.bad = f->bad;
+
+	const uint32_t want = (f->n_active + NWARP - 1) / NWARP;
+	const uint32_t up_blocks = min_u32(want, 4u * (uint32_t)(f->n_sm > 0 ? f->n_sm : 1));
+
+	/* 16-byte F16 loads need every row 16-byte aligned */
+	vec = ((uintptr_t)f->cache % 16 == 0) && (f->slot_bytes % 16 == 0) && (rb % 16 == 0);
+	switch (f->type) {
+	case HYB_TYPE_F16:
+		if (vec)
+			launch<HYB_TYPE_F16, true>(a, up_blocks, smem, s);
+		else
+			launch<HYB_TYPE_F16, false>(a, up_blocks, smem, s);
+		break;
+	case HYB_TYPE_Q8_0:
+		launch<HYB_TYPE_Q8_0, false>(a, up_blocks, smem, s);
+		break;
+	case HYB_TYPE_Q4_0:
+		launch<HYB_TYPE_Q4_0, false>(a, up_blocks, smem, s);
+		break;
+	default:
+		return -EINVAL;
+	}
+	return (int)cudaGetLastError();
+}
+
+extern "C" int hyb_cuda_add(float *y, const float *x, uint32_t n, void *stream)
+{
+	const uint32_t blocks = min_u32((n + 255) / 256, 1024);
+
+	if (!n)
+		return 0;
+	add_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(y, x, n);
+	return (int)cudaGetLastError();
+}
