@@ -296,6 +296,9 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 		return -1;
 	ts = hyb_device_now(h->dev);
 	h->fb[l].cpu_s = ts - tc;
+	/* which side of the split finished last: the bottleneck test's input */
+	const bool dev_last = n_dev && !hyb_device_done(h->dev, h->ev_out);
+
 	if (n_dev && hyb_device_sync(h->dev, h->ev_out))
 		return dev_fail(h, err, errlen, "device FFN");
 	const double te = hyb_device_now(h->dev);
@@ -316,14 +319,20 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 			y[e] = h->y_cpu[e] + (n_dev ? h->h_y[e] : 0.0f);
 	}
 
-	h->fb[l].dev_s = n_dev ? te - tq : 0;
+	/*
+	 * The device's time is known from the host only when it finished last
+	 * (te); otherwise it was under the CPU's, and the feedback says so with
+	 * 0 (the device was not what this layer waited for). The statistics
+	 * count the time the host saw in both cases.
+	 */
+	h->fb[l].dev_s = dev_last ? te - tq : 0;
 	h->fb[l].stall_s = te - ts;
 	h->fb[l].late = late;
 	h->st.active += h->n_act;
 	h->st.active_dev += n_dev;
 	h->st.late += late;
 	h->st.cpu_ffn_s += ts - tc;
-	h->st.dev_ffn_s += h->fb[l].dev_s;
+	h->st.dev_ffn_s += dev_last ? te - tq : 0;
 	h->st.stall_s += te - ts;
 	return 0;
 }

@@ -56,7 +56,8 @@ struct hyb_hybrid_stats {
 	double predictor_s;       /* host clock in predictors */
 	double balancer_s;        /* host clock in balancer decisions and issuing loads */
 	double cpu_ffn_s;         /* host clock computing CPU-side neurons */
-	double dev_ffn_s;         /* device FFN, queue to partial result on the host */
+	double dev_ffn_s;         /* device FFN past the CPU's share: queue to partial result,
+				   * counted in the steps where the device finished last */
 	double stall_s;           /* host waiting for the device at merges */
 	double ffn_s;             /* host clock in hybrid FFN layers, all of it */
 };
