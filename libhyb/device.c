@@ -526,6 +526,210 @@ int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	return rc;
 }
 
+/*
+ * The dense kernels (rmsnorm, matvec, attention). Besides the ranges, the
+ * arrays an op writes must not overlap what it reads (rmsnorm: y may equal
+ * x exactly): a GPU kernel reads and writes them from many threads at once,
+ * so an overlap would give a result that depends on their timing.
+ */
+
+/* An implementation without the kernel (a CUDA build in progress): -ENOSYS. */
+static int check_op(struct hyb_device *d, bool have, const char *name)
+{
+	if (have)
+		return 0;
+	return hyb_device_fail(d, -ENOSYS, "%s device: no %s kernel", d->ops->kind, name);
+}
+
+static int check_aligned(struct hyb_device *d, hyb_dptr p, uint64_t len, unsigned align,
+			 const char *what)
+{
+	if (p % align)
+		return hyb_device_fail(d, -EINVAL, "%s: address %#llx is not %u-byte aligned",
+				       what, (unsigned long long)p, align);
+	return check_range(d, p, len, what);
+}
+
+/* A device array for the overlap checks. */
+struct darr {
+	hyb_dptr p;
+	uint64_t len;
+	const char *name;
+};
+
+static bool overlap(const struct darr *a, const struct darr *b)
+{
+	return a->p < b->p + b->len && b->p < a->p + a->len;
+}
+
+/* -EINVAL naming the first two of the n arrays that overlap; 0 when none. */
+static int check_disjoint(struct hyb_device *d, const char *op, const struct darr *a, int n)
+{
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++)
+			if (overlap(&a[i], &a[j]))
+				return hyb_device_fail(d, -EINVAL, "%s: %s overlaps %s", op,
+						       a[j].name, a[i].name);
+	return 0;
+}
+
+int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+		       hyb_dptr w, uint32_t n, float eps)
+{
+	const struct darr yw[2] = { { w, 4ull * n, "w" }, { y, 4ull * n, "y" } };
+	const struct darr yx[2] = { { x, 4ull * n, "x" }, { y, 4ull * n, "y" } };
+	int rc = check_dev(d, (int)s, "rmsnorm");
+
+	if (!rc)
+		rc = check_op(d, d->ops->rmsnorm != NULL, "rmsnorm");
+	if (rc)
+		return rc;
+	if (!n)
+		return hyb_device_fail(d, -EINVAL, "rmsnorm: zero size");
+	if (!isfinite(eps) || eps < 0)
+		return hyb_device_fail(d, -EINVAL, "rmsnorm: eps %g is not finite and >= 0",
+				       (double)eps);
+	rc = check_array(d, y, 4ull * n, "rmsnorm y");
+	if (!rc)
+		rc = check_array(d, x, 4ull * n, "rmsnorm x");
+	if (!rc)
+		rc = check_array(d, w, 4ull * n, "rmsnorm w");
+	if (!rc && y != x)
+		rc = check_disjoint(d, "rmsnorm", yx, 2);
+	if (!rc)
+		rc = check_disjoint(d, "rmsnorm", yw, 2);
+	if (!rc)
+		rc = d->ops->rmsnorm(d, s, y, x, w, n, eps);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
+/* Weights: F16 and the 2-byte scale that starts every Q8_0/Q4_0 block need 2 bytes. */
+static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
+{
+	const uint32_t t = m->type;
+	struct darr a[3] = {
+		{ m->w, 0, "w" }, { m->x, 4ull * m->n_in, "x" }, { m->y, 4ull * m->n_out, "y" },
+	};
+	uint64_t rb;
+	int rc;
+
+	if (t != HYB_TYPE_F32 && t != HYB_TYPE_F16 && t != HYB_TYPE_Q8_0 && t != HYB_TYPE_Q4_0)
+		return hyb_device_fail(d, -EINVAL,
+				       "matvec: weight type %s not supported (F32, F16, Q8_0, "
+				       "Q4_0)", hyb_type_name(t));
+	if (!m->n_in || !m->n_out)
+		return hyb_device_fail(d, -EINVAL, "matvec: zero size (n_in %u, n_out %u)",
+				       m->n_in, m->n_out);
+	rb = hyb_row_bytes(t, m->n_in);
+	if (!rb)
+		return hyb_device_fail(d, -EINVAL, "matvec: n_in %u not a multiple of the %s block",
+				       m->n_in, hyb_type_name(t));
+	if (rb > UINT64_MAX / m->n_out)
+		return hyb_device_fail(d, -EINVAL, "matvec: %u rows of %llu bytes are too many",
+				       m->n_out, (unsigned long long)rb);
+	a[0].len = rb * m->n_out;
+	rc = check_aligned(d, m->w, a[0].len, t == HYB_TYPE_F32 ? 4 : 2, "matvec w");
+	if (!rc)
+		rc = check_array(d, m->x, a[1].len, "matvec x");
+	if (!rc)
+		rc = check_array(d, m->y, a[2].len, "matvec y");
+	if (!rc)
+		rc = check_disjoint(d, "matvec", a, 3);
+	return rc;
+}
+
+int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
+{
+	int rc = check_dev(d, (int)s, "matvec");
+
+	if (!rc)
+		rc = check_op(d, d->ops->matvec != NULL, "matvec");
+	if (rc)
+		return rc;
+	if (!m)
+		return hyb_device_fail(d, -EINVAL, "matvec: NULL arguments");
+	rc = check_matvec(d, m);
+	if (!rc)
+		rc = d->ops->matvec(d, s, m);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
+static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
+{
+	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim; /* < 2^40 */
+	const uint64_t kv_dim = (uint64_t)a->n_head_kv * a->head_dim;
+	const uint64_t cache = a->n_ctx && kv_dim <= UINT64_MAX / 4 / a->n_ctx ?
+			       2 * kv_dim * a->n_ctx : UINT64_MAX;
+	const struct darr arr[6] = {
+		{ a->q, 4 * q_dim, "q" },           { a->k, 4 * kv_dim, "k" },
+		{ a->v, 4 * kv_dim, "v" },          { a->kcache, cache, "kcache" },
+		{ a->vcache, cache, "vcache" },     { a->out, 4 * q_dim, "out" },
+	};
+	int rc;
+
+	if (!a->n_head || !a->n_head_kv || !a->head_dim || !a->n_ctx)
+		return hyb_device_fail(d, -EINVAL,
+				       "attention: zero size (n_head %u, n_head_kv %u, head_dim "
+				       "%u, n_ctx %u)", a->n_head, a->n_head_kv, a->head_dim,
+				       a->n_ctx);
+	if (a->n_head % a->n_head_kv)
+		return hyb_device_fail(d, -EINVAL,
+				       "attention: n_head %u not a multiple of n_head_kv %u",
+				       a->n_head, a->n_head_kv);
+	if (a->head_dim % 2 || a->head_dim > 256)
+		return hyb_device_fail(d, -EINVAL, "attention: head_dim %u not even and <= 256",
+				       a->head_dim);
+	if (a->n_rot % 2 || a->n_rot > a->head_dim)
+		return hyb_device_fail(d, -EINVAL,
+				       "attention: n_rot %u not even and <= head_dim %u", a->n_rot,
+				       a->head_dim);
+	if (a->pos >= a->n_ctx)
+		return hyb_device_fail(d, -EINVAL, "attention: pos %u outside a cache of %u rows",
+				       a->pos, a->n_ctx);
+	if (!isfinite(a->rope_base) || !(a->rope_base > 0) || !isfinite(a->rope_scale))
+		return hyb_device_fail(d, -EINVAL, "attention: bad rope base %g or scale %g",
+				       (double)a->rope_base, (double)a->rope_scale);
+	if (cache == UINT64_MAX)
+		return hyb_device_fail(d, -EINVAL, "attention: a cache of %u rows of %llu is too big",
+				       a->n_ctx, (unsigned long long)kv_dim);
+	rc = check_array(d, a->q, arr[0].len, "attention q");
+	if (!rc)
+		rc = check_array(d, a->k, arr[1].len, "attention k");
+	if (!rc)
+		rc = check_array(d, a->v, arr[2].len, "attention v");
+	if (!rc)
+		rc = check_aligned(d, a->kcache, cache, 2, "attention kcache");
+	if (!rc)
+		rc = check_aligned(d, a->vcache, cache, 2, "attention vcache");
+	if (!rc)
+		rc = check_array(d, a->out, arr[5].len, "attention out");
+	if (!rc)
+		rc = check_disjoint(d, "attention", arr, 6);
+	return rc;
+}
+
+int hyb_device_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
+{
+	int rc = check_dev(d, (int)s, "attention");
+
+	if (!rc)
+		rc = check_op(d, d->ops->attention != NULL, "attention");
+	if (rc)
+		return rc;
+	if (!a)
+		return hyb_device_fail(d, -EINVAL, "attention: NULL arguments");
+	rc = check_attn(d, a);
+	if (!rc)
+		rc = d->ops->attention(d, s, a);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
 /* ---- statistics ------------------------------------------------------------------ */
 
 void hyb_device_stats(const struct hyb_device *d, struct hyb_device_stats *out)

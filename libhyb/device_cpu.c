@@ -23,7 +23,11 @@
  *     bytes the memory it moves: sparse_ffn (n_gate + n_up + n_nz) rows
  *     (counts of the CPU operator, so the ReLU early exit is modelled) times
  *     row bytes + 4 n_active + 4 n_embd (xn) + 4 n_embd (y write) [+ 4 n_embd
- *     (y read) when accumulating]; add 8 n.
+ *     (y read) when accumulating]; add 8 n; rmsnorm 12 n (x, w, y); matvec
+ *     n_out row bytes + 4 n_in (x) + 4 n_out (y write) [+ 4 n_out (y read)];
+ *     attention 4 (pos + 1) kv_dim (the K and V rows it attends over, F16)
+ *     + 4 kv_dim (row pos written) + 8 q_dim (q read, roped q written) +
+ *     8 kv_dim (k likewise) + 4 kv_dim (v) + 4 q_dim (out).
  *   Arbitration, whenever an engine is free: the compute engine starts the
  *     head kernel that became head first (ties: queue order). A link starts,
  *     among the head copies of its direction, first any copy of a stream
@@ -63,8 +67,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "attention.h"
+#include "cpu_kernels.h"
 #include "device_internal.h"
 #include "hyb/tensor_type.h"
+#include "ops.h"
 #include "sparse_ffn.h"
 
 #define HUGE_SZ (2ull << 20)
@@ -115,6 +122,11 @@ struct cpu_dev {
 	uint64_t n_bundle;
 	float *ytmp;
 	uint32_t n_ytmp;
+
+	/* the dense kernels: the forward pass's CPU kernels and their scratch */
+	const struct hyb_cpu_kernels *ck;
+	void *xq, *mtmp, *atmp;      /* matvec input converted, matvec result, attention */
+	size_t n_xq, n_mtmp, n_atmp; /* bytes */
 };
 
 static struct cpu_dev *cpu(struct hyb_device *d)
@@ -574,6 +586,136 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	return rc;
 }
 
+/*
+ * The dense kernels run the CPU forward pass's code (libhyb/forward.c) on
+ * one thread, so their results are its bits: hyb/device.h promises that.
+ */
+
+/* *p holds at least n bytes (64-byte aligned; contents not kept), or NULL. */
+static void *scratch(void **p, size_t *cap, size_t n)
+{
+	if (n > *cap) {
+		void *q = aligned_alloc(64, (n + 63) & ~(size_t)63);
+
+		if (!q)
+			return NULL;
+		free(*p);
+		*p = q;
+		*cap = n;
+	}
+	return *p;
+}
+
+static int cpu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+		       hyb_dptr w, uint32_t n, float eps)
+{
+	struct cpu_dev *c = cpu(d);
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	/* in place is fine: it reads all of x before it writes y[0] */
+	hyb_rmsnorm((float *)(uintptr_t)y, (const float *)(uintptr_t)x,
+		    (const float *)(uintptr_t)w, n, eps);
+	rc = kernel_done(c, s, 12ull * n);
+	leave(c, r0);
+	return rc;
+}
+
+/*
+ * forward.c's matmul for one column: x converted to the dot type, then the
+ * kernel picked by the weight's row count over all rows in one call. The
+ * forward pass cuts the rows into chunks of 16k between its threads; the
+ * kernels' sums do not depend on the chunk a row is in (test_device.c
+ * checks it), so one call gives the same bits.
+ */
+static int run_matvec(struct cpu_dev *c, const struct hyb_dev_matvec *m, uint64_t *bytes)
+{
+	const uint32_t vt = hyb_vec_dot_type(m->type);
+	const uint64_t rb = hyb_row_bytes(m->type, m->n_in), xb = hyb_row_bytes(vt, m->n_in);
+	float *y = (float *)(uintptr_t)m->y, *out = y;
+	void *xq = scratch(&c->xq, &c->n_xq, xb);
+
+	if (m->accumulate)
+		out = scratch(&c->mtmp, &c->n_mtmp, 4ull * m->n_out);
+	if (!xq || !out)
+		return hyb_device_fail(&c->base, -ENOMEM, "matvec: out of host memory for %ux%u",
+				       m->n_out, m->n_in);
+	c->ck->quantize_act[vt]((const float *)(uintptr_t)m->x, xq, m->n_in);
+	hyb_gemm_pick(c->ck, m->type, m->n_out)(m->n_in, (const void *)(uintptr_t)m->w, rb,
+						m->n_out, xq, xb, 1, out, m->n_out);
+	/* the residual add after the matmul, the product rounded to float first */
+	if (m->accumulate)
+		for (uint32_t r = 0; r < m->n_out; r++)
+			y[r] += out[r];
+	*bytes = rb * m->n_out + 4ull * m->n_in + 4ull * m->n_out * (m->accumulate ? 2 : 1);
+	return 0;
+}
+
+static int cpu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
+{
+	struct cpu_dev *c = cpu(d);
+	uint64_t bytes = 0;
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	rc = run_matvec(c, m, &bytes);
+	if (!rc)
+		rc = kernel_done(c, s, bytes);
+	leave(c, r0);
+	return rc;
+}
+
+/*
+ * forward.c's steps for one token: RoPE on q and k, k and v stored as F16
+ * into row pos, then the attention loop over rows 0..pos. One split
+ * (n_split 1): the forward pass splits 512+ positions between its threads,
+ * the device does not (hyb/device.h).
+ */
+static int run_attention(struct cpu_dev *c, const struct hyb_dev_attn *a, uint64_t *bytes)
+{
+	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
+	const uint64_t kv_dim = (uint64_t)a->n_head_kv * a->head_dim;
+	float *q = (float *)(uintptr_t)a->q, *k = (float *)(uintptr_t)a->k;
+	uint16_t *kc = (uint16_t *)(uintptr_t)a->kcache, *vc = (uint16_t *)(uintptr_t)a->vcache;
+	void *tmp = scratch(&c->atmp, &c->n_atmp, hyb_attend_tmp_bytes(a->head_dim));
+	struct hyb_attn at = {
+		.k = c->ck, .q = q, .out = (float *)(uintptr_t)a->out, .kc = kc, .vc = vc,
+		.q_stride = q_dim, .kv_stride = kv_dim, .hd = a->head_dim,
+		.n_head = a->n_head, .n_head_kv = a->n_head_kv, .n_tokens = 1, .n_past = a->pos,
+		.n_ctx = a->n_ctx, .n_split = 1, .scale = 1.0f / sqrtf((float)a->head_dim),
+	};
+
+	if (!tmp)
+		return hyb_device_fail(&c->base, -ENOMEM, "attention: out of host memory");
+	hyb_rope(q, a->n_head, a->head_dim, a->n_rot, a->pos, a->rope_scale, a->rope_base,
+		 a->rope_neox);
+	hyb_rope(k, a->n_head_kv, a->head_dim, a->n_rot, a->pos, a->rope_scale, a->rope_base,
+		 a->rope_neox);
+	c->ck->quantize_act[HYB_TYPE_F16](k, kc + a->pos * kv_dim, (int64_t)kv_dim);
+	c->ck->quantize_act[HYB_TYPE_F16]((const float *)(uintptr_t)a->v, vc + a->pos * kv_dim,
+					  (int64_t)kv_dim);
+	hyb_attend_run(&at, 0, hyb_attend_jobs(&at), tmp);
+	*bytes = 4ull * (a->pos + 1) * kv_dim + 16 * kv_dim + 12 * q_dim;
+	return 0;
+}
+
+static int cpu_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
+{
+	struct cpu_dev *c = cpu(d);
+	uint64_t bytes = 0;
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	rc = run_attention(c, a, &bytes);
+	if (!rc)
+		rc = kernel_done(c, s, bytes);
+	leave(c, r0);
+	return rc;
+}
+
 /* ---- memory ----------------------------------------------------------------------- */
 
 static uint64_t map_bytes(uint64_t bytes)
@@ -657,6 +799,9 @@ static void cpu_close(struct hyb_device *d)
 	hyb_sparse_ffn_ctx_free(c->ffn);
 	free(c->bundle);
 	free(c->ytmp);
+	free(c->xq);
+	free(c->mtmp);
+	free(c->atmp);
 	free(c);
 }
 
@@ -680,6 +825,9 @@ static const struct hyb_device_ops cpu_ops = {
 	.sync = cpu_sync,
 	.sparse_ffn = cpu_sparse_ffn,
 	.add = cpu_add,
+	.rmsnorm = cpu_rmsnorm,
+	.matvec = cpu_matvec,
+	.attention = cpu_attention,
 };
 
 struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char *err,
@@ -705,6 +853,7 @@ struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char
 	c->lat_s = cfg->pcie_lat_us * 1e-6;
 	c->hbm_bps = cfg->hbm_gbps * 1e9;
 	c->launch_s = cfg->launch_us * 1e-6;
+	c->ck = hyb_cpu_best();
 	for (int e = 0; e < N_ENG; e++)
 		c->eng[e].s = -1;
 	return &c->base;

@@ -8,12 +8,18 @@
  * check again): d is not NULL and not faulted (except free, host_unregister,
  * host_free, event_free, close, now, which always run); s < HYB_N_STREAMS;
  * copy lengths > 0 and host pointers not NULL; every device range
- * [p, p + len) of a copy, add or sparse_ffn argument lies inside one live
- * allocation, float/int32 arguments 4-byte aligned; events not NULL;
- * hyb_dev_ffn fields valid (type F32/F16/Q8_0/Q4_0, sizes > 0, n_embd a
- * multiple of the block, act known, slot_bytes >= 3 * group_size * row
- * bytes, table/cache checked only when n_active > 0); alloc: 0 < bytes <=
- * capacity - used.
+ * [p, p + len) of a copy, add, sparse_ffn, rmsnorm, matvec or attention
+ * argument lies inside one live allocation, float/int32 arguments 4-byte
+ * aligned, F16 caches 2-byte aligned; events not NULL; hyb_dev_ffn fields
+ * valid (type F32/F16/Q8_0/Q4_0, sizes > 0, n_embd a multiple of the block,
+ * act known, slot_bytes >= 3 * group_size * row bytes, table/cache checked
+ * only when n_active > 0); rmsnorm: n > 0, eps >= 0 and finite, y equal to
+ * or disjoint from x and disjoint from w; matvec: type F32/F16/Q8_0/Q4_0,
+ * sizes > 0, n_in a multiple of the block, w aligned to its element (4 F32,
+ * else 2), y disjoint from x and w; attention: sizes > 0, n_head_kv divides
+ * n_head, head_dim even and <= 256, n_rot even and <= head_dim, pos <
+ * n_ctx, rope_base finite > 0, rope_scale finite, q, k, v, kcache, vcache
+ * and out pairwise disjoint; alloc: 0 < bytes <= capacity - used.
  * device.c keeps: used (sum of the bytes asked by live allocations), the
  * table of live allocations (ops->free is called while it still lists p, so
  * hyb_device_span(d, p) gives the size; close is called after every live
@@ -52,6 +58,10 @@ struct hyb_device_ops {
 	int (*sync)(struct hyb_device *d, struct hyb_device_event *ev);
 	int (*sparse_ffn)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
 	int (*add)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
+	int (*rmsnorm)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+		       hyb_dptr w, uint32_t n, float eps);
+	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
+	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 };
 
 /* The common head of every implementation's device struct. */

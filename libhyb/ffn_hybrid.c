@@ -13,9 +13,15 @@
  *   3. split: an active neuron whose group has landed in a cache slot goes
  *      to the device list, any other to the CPU list (a group still loading
  *      is "late": the CPU computes it from the pool, nobody waits);
- *   4. the device list goes up on CRITICAL, the kernel runs on COMPUTE and
- *      its partial comes back on CRITICAL while the CPU computes its list in
- *      place on pool memory (PowerInfer 5.3); the host adds the two.
+ *   4. the device list goes up on CRITICAL and the kernel runs on COMPUTE
+ *      while the CPU computes its list in place on pool memory (PowerInfer
+ *      5.3). Where the layer's attention ran on the device (hybrid_dense.c)
+ *      the residual stream is there: the CPU partial goes up and the two are
+ *      added into it on the device, and nobody waits. Otherwise the device
+ *      partial comes back on CRITICAL and the host adds the two.
+ *
+ * The layer policy (llama.cpp -ngl) has no predictor: a layer on the device
+ * lists every neuron, a layer off it runs dense on the CPU (decode_hybrid.c).
  *
  * The device table (int32 per group: its slot or -1, PowerInfer 5.2's neuron
  * table) is mirrored on the host and uploaded with a layer's inputs when it
@@ -32,6 +38,7 @@
 
 #include "ffn_hybrid.h"
 #include "ffn_sparse.h"
+#include "hybrid_dense.h"
 #include "sparse_ffn.h"
 
 struct hyb_ffn_hybrid {
@@ -39,12 +46,14 @@ struct hyb_ffn_hybrid {
 	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
 	struct hyb_device *dev;
 	struct hyb_balancer *bal;
-	bool oracle;
+	struct hyb_hdense *hd;          /* attention blocks and head on the device */
+	bool oracle, layer_policy;
+	struct hyb_hybrid_placement place;
 	uint32_t E, F, GS, NG, L;
 	uint64_t slot_bytes;
 
 	/* device memory */
-	hyb_dptr cache, tables, d_xn, d_list, d_y;
+	hyb_dptr cache, tables, d_xn, d_list, d_y, d_ycpu;
 
 	/* host: the neuron table mirror (pinned), slots */
 	int32_t *table;                 /* [L][NG] global slot or -1 */
@@ -55,11 +64,12 @@ struct hyb_ffn_hybrid {
 	struct hyb_device_event **slot_ev; /* [total] the slot's last load */
 
 	/* pinned staging */
-	float *h_xn, *h_y;              /* h_y: [E], oracle [NG][E] */
+	float *h_xn, *h_y, *h_ycpu;     /* h_y: [E], oracle [NG][E] */
 	uint32_t *h_list;
 
 	/* per token */
 	uint32_t *act, *act_next, *act0; /* [F] this layer, next layer, layer 0 */
+	uint32_t *all;                   /* [F] 0..F-1: a layer-policy layer's list */
 	uint32_t n_act, n_act_next, n_act0;
 	uint32_t *cpu_list;              /* [F] */
 	uint32_t *dgroup;                /* [NG] oracle: k-th device group of the layer */
@@ -169,16 +179,23 @@ static bool group_usable(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
 	return h->usable[g] > 0;
 }
 
-static int queue_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev)
+/* The device list and table go up; xn too unless it is on the device already (on_dev). */
+static int queue_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev,
+			bool on_dev)
 {
 	const uint64_t tb = sizeof(int32_t) * h->NG;
 
-	memcpy(h->h_xn, xn, sizeof(float) * h->E);
-	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_xn, h->h_xn, sizeof(float) * h->E) ||
-	    hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_list, h->h_list,
+	if (!on_dev) {
+		memcpy(h->h_xn, xn, sizeof(float) * h->E);
+		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_xn, h->h_xn,
+				   sizeof(float) * h->E))
+			return -1;
+		h->st.critical_bytes += sizeof(float) * h->E;
+	}
+	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_list, h->h_list,
 			   sizeof(uint32_t) * n_dev))
 		return -1;
-	h->st.critical_bytes += sizeof(float) * h->E + sizeof(uint32_t) * n_dev;
+	h->st.critical_bytes += sizeof(uint32_t) * n_dev;
 	if (h->dirty[l]) {
 		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->tables + (uint64_t)l * tb,
 				   h->table + (size_t)l * h->NG, tb))
@@ -192,15 +209,15 @@ static int queue_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, u
 	return 0;
 }
 
-static struct hyb_dev_ffn dev_ffn(const struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr list,
-				  uint32_t n, hyb_dptr y)
+static struct hyb_dev_ffn dev_ffn(const struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr xn,
+				  hyb_dptr list, uint32_t n, hyb_dptr y)
 {
 	return (struct hyb_dev_ffn){
 		.type = hyb_ffn_sparse_bundles(h->sp, l)->type,
 		.n_embd = h->E, .n_ff = h->F, .group_size = h->GS, .act = h->m->hp.act,
 		.table = h->tables + (uint64_t)l * h->NG * sizeof(int32_t),
 		.cache = h->cache, .slot_bytes = h->slot_bytes,
-		.xn = h->d_xn, .active = list, .n_active = n, .y = y,
+		.xn = xn, .active = list, .n_active = n, .y = y,
 	};
 }
 
@@ -237,10 +254,38 @@ static int oracle_part(void *user, uint32_t g, const uint32_t *active, uint32_t 
 				  sizeof(err));
 }
 
+/*
+ * The merge on the device (on_dev): y = y_dev + y_cpu, then x += y, in the
+ * order the host merge adds them, so both give the same bits. Nothing
+ * waits: the next layer's work follows on COMPUTE.
+ */
+static int merge_on_device(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu)
+{
+	const hyb_dptr x = hyb_hdense_x(h->hd);
+	const uint64_t b = sizeof(float) * h->E;
+
+	if (n_cpu) {
+		memcpy(h->h_ycpu, h->y_cpu, b);
+		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_ycpu, h->h_ycpu, b) ||
+		    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+		    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+			return -1;
+		h->st.critical_bytes += b;
+	}
+	if (n_dev && n_cpu)
+		return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, h->d_y, h->d_ycpu, h->E) ||
+		       hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, h->d_y, h->E);
+	if (n_dev || n_cpu)
+		return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, n_dev ? h->d_y : h->d_ycpu,
+				      h->E);
+	return 0;
+}
+
 static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
-		     const float *xn, float *y, char *err, size_t errlen)
+		     const float *xn, float *y, bool on_dev, char *err, size_t errlen)
 {
 	struct hyb_sparse_ffn_stats st;
+	const hyb_dptr d_xn = on_dev ? hyb_hdense_xn(h->hd) : h->d_xn;
 	uint32_t n_dev = 0, n_cpu = 0, late = 0, n_dgroups = 0;
 	double tq, tc, ts;
 
@@ -258,13 +303,14 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 
 	tq = hyb_device_now(h->dev);
 	if (n_dev) {
-		if (queue_inputs(h, l, xn, n_dev))
+		if (queue_inputs(h, l, xn, n_dev, on_dev))
 			return dev_fail(h, err, errlen, "device inputs");
 		if (!h->oracle) {
-			struct hyb_dev_ffn f = dev_ffn(h, l, h->d_list, n_dev, h->d_y);
+			struct hyb_dev_ffn f = dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
 
 			if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
-			    queue_result(h, sizeof(float) * h->E))
+			    (on_dev ? hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k)
+				    : queue_result(h, sizeof(float) * h->E)))
 				return dev_fail(h, err, errlen, "device FFN");
 		} else {
 			/* one kernel per device group, each into its own partial */
@@ -275,7 +321,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 
 				while (j < n_dev && h->h_list[j] / h->GS == g)
 					j++;
-				struct hyb_dev_ffn f = dev_ffn(h, l,
+				struct hyb_dev_ffn f = dev_ffn(h, l, d_xn,
 					h->d_list + sizeof(uint32_t) * i, j - i,
 					h->d_y + sizeof(float) * h->E * n_dgroups);
 
@@ -297,13 +343,19 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	ts = hyb_device_now(h->dev);
 	h->fb[l].cpu_s = ts - tc;
 	/* which side of the split finished last: the bottleneck test's input */
-	const bool dev_last = n_dev && !hyb_device_done(h->dev, h->ev_out);
+	struct hyb_device_event *ev_dev = on_dev ? h->ev_k : h->ev_out;
+	const bool dev_last = n_dev && !hyb_device_done(h->dev, ev_dev);
 
-	if (n_dev && hyb_device_sync(h->dev, h->ev_out))
+	/* the host merge needs the partial; the device merge only waits to time a
+	 * device that finished last (it has nothing else to do meanwhile) */
+	if ((!on_dev || dev_last) && n_dev && hyb_device_sync(h->dev, ev_dev))
 		return dev_fail(h, err, errlen, "device FFN");
 	const double te = hyb_device_now(h->dev);
 
-	if (h->oracle) {
+	if (on_dev) {
+		if (merge_on_device(h, n_dev, n_cpu))
+			return dev_fail(h, err, errlen, "merge on the device");
+	} else if (h->oracle) {
 		struct oracle_sum o = { .h = h, .l = l, .xn = xn };
 
 		if (!n_dev)
@@ -337,12 +389,57 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	return 0;
 }
 
+/* A layer-policy layer on the device: every neuron, nothing predicted or moved. */
+static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+		       const float *xn, float *y, bool on_dev, char *err, size_t errlen)
+{
+	const double t0 = hyb_device_now(h->dev);
+	uint32_t *t = h->act;
+	int rc;
+
+	h->act = h->all;
+	h->n_act = h->F;
+	rc = split_ffn(h, pool, l, xn, y, on_dev, err, errlen);
+	h->act = t;
+	h->st.layer_steps++;
+	h->st.ffn_s += hyb_device_now(h->dev) - t0;
+	return rc;
+}
+
+void hyb_ffn_hybrid_begin_token(struct hyb_ffn_hybrid *h)
+{
+	h->st.tokens++;
+}
+
+bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l)
+{
+	return !h->oracle && hyb_hdense_layer_on(h->hd, l);
+}
+
+struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h)
+{
+	return h->hd;
+}
+
+void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out)
+{
+	*out = h->place;
+}
+
+bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
+{
+	return h->layer_policy && h->n_slots[l] < h->NG;
+}
+
 int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
-			 const float *x_attn, const float *xn, float *y, char *err,
-			 size_t errlen)
+			 const float *x_attn, const float *xn, float *y, bool on_dev,
+			 char *err, size_t errlen)
 {
 	const double t0 = hyb_device_now(h->dev);
 	uint32_t *t;
+
+	if (h->layer_policy)
+		return whole_layer(h, pool, l, xn, y, on_dev, err, errlen);
 
 	/* the window a load decided at this layer has: one layer's period */
 	if (h->t_layer_in > 0 && t0 > h->t_layer_in)
@@ -351,7 +448,6 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
 
 	hyb_unit_rms(h->cur, x_attn, h->E);
 	if (l == 0) {
-		h->st.tokens++;
 		h->n_act = hyb_ffn_sparse_predict(h->sp, pool, 0, h->cur, h->act);
 		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
 		h->n_act0 = h->n_act;
@@ -368,7 +464,7 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
 		return -1;
 	const double t2 = hyb_device_now(h->dev);
 
-	if (split_ffn(h, pool, l, xn, y, err, errlen))
+	if (split_ffn(h, pool, l, xn, y, on_dev, err, errlen))
 		return -1;
 	const double t3 = hyb_device_now(h->dev);
 
@@ -391,6 +487,7 @@ static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, boo
 	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
 	b += ((uint64_t)F * sizeof(uint32_t) + a - 1) / a * a;
 	b += ((uint64_t)(oracle ? NG : 1) * E * sizeof(float) + a - 1) / a * a;
+	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
 	return b;
 }
 
@@ -403,7 +500,8 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	    hyb_device_alloc(h->dev, tb, &h->tables) ||
 	    hyb_device_alloc(h->dev, sizeof(float) * h->E, &h->d_xn) ||
 	    hyb_device_alloc(h->dev, sizeof(uint32_t) * h->F, &h->d_list) ||
-	    hyb_device_alloc(h->dev, sizeof(float) * h->E * (h->oracle ? h->NG : 1), &h->d_y))
+	    hyb_device_alloc(h->dev, sizeof(float) * h->E * (h->oracle ? h->NG : 1), &h->d_y) ||
+	    hyb_device_alloc(h->dev, sizeof(float) * h->E, &h->d_ycpu))
 		return dev_fail(h, err, errlen, "device memory");
 	return 0;
 }
@@ -416,6 +514,8 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->h_xn = hyb_device_host_alloc(h->dev, sizeof(float) * E);
 	h->h_y = hyb_device_host_alloc(h->dev, sizeof(float) * E * (h->oracle ? NG : 1));
 	h->h_list = hyb_device_host_alloc(h->dev, sizeof(uint32_t) * F);
+	h->h_ycpu = hyb_device_host_alloc(h->dev, sizeof(float) * E);
+	h->all = malloc(sizeof(uint32_t) * F);
 	h->dirty = calloc(L, sizeof(*h->dirty));
 	h->slot_base = calloc(L, sizeof(uint32_t));
 	h->n_slots = calloc(L, sizeof(uint32_t));
@@ -435,13 +535,15 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->ev_in = hyb_device_event_new(h->dev);
 	h->ev_k = hyb_device_event_new(h->dev);
 	h->ev_out = hyb_device_event_new(h->dev);
-	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->dirty || !h->slot_base ||
+	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty || !h->slot_base ||
 	    !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 || !h->cpu_list ||
 	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->cur || !h->y_cpu ||
 	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_out)
 		return -1;
 	for (size_t i = 0; i < L * NG; i++)
 		h->table[i] = -1;
+	for (size_t i = 0; i < F; i++)
+		h->all[i] = (uint32_t)i;
 	return 0;
 }
 
@@ -501,9 +603,64 @@ static int warm_start(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * Split the budget (hyb/hybrid.h "Where the dense parts run"): on[l] and
+ * *head say which dense parts go to the device; returns the cache slots
+ * left for neuron groups. `avail` is the budget less the FFN buffers.
+ */
+static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head)
+{
+	const struct hyb_model *m = h->m;
+	const uint64_t layer_ffn = (uint64_t)h->NG * h->slot_bytes;
+	const uint64_t hb = hyb_hdense_head_bytes(m);
+	uint32_t n_on = 0, full = 0;
+
+	*head = false;
+	if (h->layer_policy) {
+		/* llama.cpp -ngl: whole layers in order, then the output layer */
+		for (uint32_t l = 0; l < h->L; l++) {
+			const uint64_t ab = p->dense_on_cpu ? 0 : hyb_hdense_layer_bytes(m, l, n_ctx);
+			const uint64_t need = ab + layer_ffn +
+				hyb_hdense_buffer_bytes(m, ab || n_on, false);
+
+			if ((!ab && !p->dense_on_cpu) || need > avail)
+				break;
+			on[l] = ab > 0;
+			n_on += on[l];
+			avail -= ab + layer_ffn;
+			full++;
+		}
+		if (!p->dense_on_cpu && full == h->L && hb &&
+		    hb + hyb_hdense_buffer_bytes(m, n_on, true) <= avail) {
+			*head = true;
+			avail -= hb;
+		}
+		return (uint64_t)full * h->NG;
+	}
+	if (!p->dense_on_cpu) {
+		/* attention blocks first, in layer order, then the head */
+		for (uint32_t l = 0; l < h->L; l++) {
+			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
+
+			if (!ab || ab + hyb_hdense_buffer_bytes(m, true, false) > avail)
+				break;
+			on[l] = true;
+			n_on++;
+			avail -= ab;
+		}
+		if (hb && hb + hyb_hdense_buffer_bytes(m, n_on, true) <= avail) {
+			*head = true;
+			avail -= hb;
+		}
+		avail -= hyb_hdense_buffer_bytes(m, n_on, *head);
+	}
+	return avail / h->slot_bytes;
+}
+
 struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, bool oracle,
-					  int n_threads, char *err, size_t errlen)
+					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_ffn_hybrid *h;
@@ -511,7 +668,8 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	struct hyb_balancer_params bp;
 	const float **freq = NULL;
 	const int8_t **place = NULL;
-	uint64_t fixed;
+	uint64_t fixed, slots = 0;
+	bool *on = NULL, head = false;
 
 	if (!m->group_size) {
 		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
@@ -535,11 +693,21 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->slot_bytes = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
 	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
 
+	h->layer_policy = p->policy == HYB_POLICY_LAYER;
 	fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
-	if (p->gpu_budget < fixed + h->slot_bytes) {
-		snprintf(err, errlen, "GPU budget %llu bytes holds no neuron group (%llu bytes "
-			 "each, plus %llu of buffers)", (unsigned long long)p->gpu_budget,
-			 (unsigned long long)h->slot_bytes, (unsigned long long)fixed);
+	on = calloc(h->L, sizeof(*on));
+	if (!on)
+		goto oom;
+	if (p->gpu_budget > fixed)
+		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head);
+	for (uint32_t l = 0; l < h->L; l++)
+		h->place.attn_layers += on[l];
+	h->place.head = head;
+	if (!slots && !h->place.attn_layers && !head) {
+		snprintf(err, errlen, "GPU budget %llu bytes holds nothing: no neuron group (%llu "
+			 "bytes each, plus %llu of buffers)%s", (unsigned long long)p->gpu_budget,
+			 (unsigned long long)h->slot_bytes, (unsigned long long)fixed,
+			 p->policy == HYB_POLICY_LAYER ? ", no whole layer" : "");
 		goto fail;
 	}
 	dc = p->dev;
@@ -566,7 +734,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	bp.n_layer = h->L;
 	bp.n_ff = h->F;
 	bp.group_size = h->GS;
-	bp.slot_budget = (p->gpu_budget - fixed) / h->slot_bytes;
+	bp.slot_budget = slots;
 	bp.freq = freq;
 	bp.placement = place;
 	/*
@@ -591,6 +759,15 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		goto oom;
 	if (alloc_device(h, err, errlen) || warm_start(h, err, errlen))
 		goto fail;
+	if ((h->place.attn_layers || head) &&
+	    !(h->hd = hyb_hdense_new(h->dev, m, n_ctx, on, head, err, errlen)))
+		goto fail;
+	h->place.dense_bytes = hyb_hdense_bytes(h->hd);
+	h->place.cache_bytes = (uint64_t)h->total_slots * h->slot_bytes;
+	for (uint32_t l = 0; l < h->L; l++)
+		h->place.dense_layers_cpu += hyb_ffn_hybrid_cpu_dense(h, l);
+	free(on);
+	on = NULL;
 	/* the balancer's load cap (a window's worth of loads) needs the measured load time */
 	if (h->group_load_s > 0)
 		hyb_balancer_set_group_load(h->bal, h->group_load_s);
@@ -600,6 +777,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 oom:
 	snprintf(err, errlen, "out of memory for hybrid decoding");
 fail:
+	free(on);
 	free(freq);
 	free(place);
 	hyb_ffn_hybrid_free(h);
@@ -621,6 +799,8 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		hyb_device_host_free(h->dev, h->h_xn);
 		hyb_device_host_free(h->dev, h->h_y);
 		hyb_device_host_free(h->dev, h->h_list);
+		hyb_device_host_free(h->dev, h->h_ycpu);
+		hyb_hdense_free(h->hd);
 		if (h->m->image)
 			hyb_device_host_unregister(h->dev, h->m->image);
 		hyb_device_close(h->dev); /* device memory goes with it */
@@ -636,6 +816,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	free(h->act);
 	free(h->act_next);
 	free(h->act0);
+	free(h->all);
 	free(h->cpu_list);
 	free(h->dgroup);
 	free(h->load);
@@ -680,4 +861,10 @@ void hyb_ffn_hybrid_cache(const struct hyb_ffn_hybrid *h, uint64_t *resident, ui
 		r += h->n_slots[l] - h->n_free[l];
 	*resident = r;
 	*slots = h->total_slots;
+}
+
+void hyb_ffn_hybrid_stats_add(struct hyb_ffn_hybrid *h, double attn_s, double head_s)
+{
+	h->st.attn_s += attn_s;
+	h->st.head_s += head_s;
 }

@@ -15,20 +15,36 @@
 
 struct hyb_ffn_hybrid;
 
-/* NULL with a one-line reason in err. */
+/*
+ * NULL with a one-line reason in err. n_ctx: the context's rows (the KV cache
+ * of layers whose attention goes to the device).
+ */
 struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, bool oracle,
-					  int n_threads, char *err, size_t errlen);
+					  int n_threads, uint32_t n_ctx, char *err, size_t errlen);
 void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h);
 
 /*
  * One token's FFN of layer l: y[n_embd] from xn (the ffn_norm'ed input);
  * x_attn is the residual stream after layer l's attention. y may alias xn.
- * Returns 0, or -1 with err (a device error: the context cannot go on).
+ * on_dev (only where hyb_ffn_hybrid_merge_on_device): xn is also in the
+ * dense part's device xn, and the result is added to its device x instead
+ * of written to y. Returns 0, or -1 with err (a device error: the context
+ * cannot go on).
  */
 int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
-			 const float *x_attn, const float *xn, float *y, char *err,
-			 size_t errlen);
+			 const float *x_attn, const float *xn, float *y, bool on_dev,
+			 char *err, size_t errlen);
+/* A decode step begins (statistics). */
+void hyb_ffn_hybrid_begin_token(struct hyb_ffn_hybrid *h);
+/* Layer l's FFN merges on the device (its attention is there; not oracle mode). */
+bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l);
+/* Layer l is computed dense on the CPU (layer policy, layer not on the device). */
+bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l);
+/* The dense part on the device (NULL when nothing dense was placed). */
+struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h);
+void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out);
+void hyb_ffn_hybrid_stats_add(struct hyb_ffn_hybrid *h, double attn_s, double head_s);
 
 struct hyb_device *hyb_ffn_hybrid_device(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_stats(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_stats *out);

@@ -26,38 +26,14 @@
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
 #include "attention.h"
+#include "decode_hybrid.h"
 #include "ffn_hybrid.h"
 #include "ffn_plan.h"
 #include "ffn_sparse.h"
+#include "forward_internal.h"
 #include "ops.h"
 
 #define MAX_MATS 3
-
-struct hyb_ctx {
-	const struct hyb_model *m;
-	const struct hyb_cpu_kernels *k;
-	struct hyb_pool *pool;
-	uint32_t n_ctx, n_past, n_batch;
-	uint32_t q_dim, kv_dim;
-
-	uint16_t *kcache;  /* [layer][pos][kv_dim] F16 */
-	uint16_t *vcache;  /* [layer][pos][kv_dim] F16 */
-	size_t kv_bytes;
-
-	/* scratch for a batch of n_batch tokens */
-	float *x, *xn, *q, *kk, *vv, *att, *g, *u;
-	void *xq;          /* activations converted for the matmul in flight */
-	size_t xq_stride;  /* bytes per token in xq */
-	void *attn_tmp;    /* per thread scratch of attend() */
-	size_t attn_tmp_stride;
-
-	hyb_ffn_probe_fn probe;
-	void *probe_user;
-
-	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
-	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
-	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
-};
 
 /* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
 
@@ -236,7 +212,7 @@ static void store_kv(struct hyb_ctx *c, uint32_t layer, uint32_t n)
 	}
 }
 
-static void embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
+void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
 {
 	const struct hyb_weight *e = &c->m->tok_embd;
 
@@ -245,38 +221,89 @@ static void embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
 					  c->x + (size_t)t * e->ne0, (int64_t)e->ne0);
 }
 
-static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-		      bool all_logits, char *err, size_t errlen)
+void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const struct hyb_layer *L = &c->m->layers[l];
+	const struct hyb_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+	float *qkv_out[3] = { c->q, c->kk, c->vv };
+	const struct hyb_weight *wo = &L->wo;
+	const uint32_t E = hp->n_embd;
+
+	for (uint32_t t = 0; t < n; t++)
+		hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->attn_norm.data, E,
+			    hp->rms_eps);
+	matmul(c, c->xn, n, 3, qkv, qkv_out);
+	for (uint32_t t = 0; t < n; t++) {
+		hyb_rope(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
+			 c->n_past + t, hp->rope_scale, hp->rope_base, hp->rope_neox);
+		hyb_rope(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot,
+			 c->n_past + t, hp->rope_scale, hp->rope_base, hp->rope_neox);
+	}
+	store_kv(c, l, n);
+	attend(c, l, n);
+	matmul(c, c->att, n, 1, &wo, &c->xn);
+	for (size_t i = 0; i < (size_t)n * E; i++)
+		c->x[i] += c->xn[i];
+}
+
+void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const uint32_t E = hp->n_embd;
+
+	for (uint32_t t = 0; t < nf; t++)
+		hyb_rmsnorm(c->xn + (size_t)t * E, x + (size_t)t * E, c->m->layers[l].ffn_norm.data,
+			    E, hp->rms_eps);
+}
+
+void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 {
 	const struct hyb_model *m = c->m;
 	const struct hyb_hparams *hp = &m->hp;
+	const struct hyb_layer *L = &m->layers[l];
+	const struct hyb_weight *gu[2] = { &L->gate, &L->up };
+	float *gu_out[2] = { c->g, c->u };
+	const struct hyb_weight *down = &L->down;
+
+	if (m->group_size) {
+		convert_input(c, L->plan.bundles.type, c->xn, hp->n_embd, nf);
+		hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf, c->xn);
+		return;
+	}
+	matmul(c, c->xn, nf, 2, gu, gu_out);
+	hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
+	if (c->probe)
+		c->probe(c->probe_user, l, c->n_past, nf, c->x, c->g);
+	matmul(c, c->g, nf, 1, &down, &c->xn);
+}
+
+void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const struct hyb_weight *out = &c->m->output;
 	const uint32_t E = hp->n_embd;
 
-	embed(c, tokens, n);
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		const struct hyb_layer *L = &m->layers[l];
-		const struct hyb_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
-		float *qkv_out[3] = { c->q, c->kk, c->vv };
-		const struct hyb_weight *gu[2] = { &L->gate, &L->up };
-		float *gu_out[2] = { c->g, c->u };
-		const struct hyb_weight *wo = &L->wo, *down = &L->down;
+	for (uint32_t t = first; t < n; t++)
+		hyb_rmsnorm(c->xn + (size_t)(t - first) * E, c->x + (size_t)t * E,
+			    c->m->out_norm.data, E, hp->rms_eps);
+	matmul(c, c->xn, n - first, 1, &out, &logits);
+}
 
-		for (uint32_t t = 0; t < n; t++)
-			hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->attn_norm.data, E,
-				    hp->rms_eps);
-		matmul(c, c->xn, n, 3, qkv, qkv_out);
-		for (uint32_t t = 0; t < n; t++) {
-			hyb_rope(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
-				 c->n_past + t, hp->rope_scale, hp->rope_base, hp->rope_neox);
-			hyb_rope(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
-				 hp->n_rot, c->n_past + t, hp->rope_scale, hp->rope_base,
-				 hp->rope_neox);
-		}
-		store_kv(c, l, n);
-		attend(c, l, n);
-		matmul(c, c->att, n, 1, &wo, &c->xn);
-		for (size_t i = 0; i < (size_t)n * E; i++)
-			c->x[i] += c->xn[i];
+static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		      bool all_logits, char *err, size_t errlen)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const uint32_t E = hp->n_embd;
+
+	if (c->hybrid && n == 1)
+		return hyb_decode_hybrid(c, tokens[0], logits, err, errlen);
+	/* a prompt batch runs on the CPU, which needs the rows decoded on the device */
+	if (c->hybrid && hyb_decode_hybrid_kv_to_host(c, err, errlen))
+		return -1;
+	hyb_fwd_embed(c, tokens, n);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		hyb_fwd_attention(c, l, n);
 
 		/* llama.cpp drops the rows it returns no logits for before the last
 		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
@@ -285,41 +312,23 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		const uint32_t nf = n - f0;
 		float *xf = c->x + (size_t)f0 * E;
 
-		for (uint32_t t = 0; t < nf; t++)
-			hyb_rmsnorm(c->xn + (size_t)t * E, xf + (size_t)t * E, L->ffn_norm.data, E,
-				    hp->rms_eps);
-		if (c->hybrid && n == 1) {
-			if (hyb_ffn_hybrid_layer(c->hybrid, c->pool, l, xf, c->xn, c->xn, err,
-						 errlen))
-				return -1;
-		} else if (c->sparse && n == 1) {
+		hyb_fwd_ffn_norm(c, l, xf, nf);
+		if (c->sparse && n == 1) {
 			if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf, c->xn, c->xn, err,
 						 errlen))
 				return -1;
-		} else if (m->group_size) {
-			convert_input(c, L->plan.bundles.type, c->xn, E, nf);
-			hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf,
-					   c->xn);
 		} else {
-			matmul(c, c->xn, nf, 2, gu, gu_out);
-			hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
-			if (c->probe)
-				c->probe(c->probe_user, l, c->n_past, n, c->x, c->g);
-			matmul(c, c->g, nf, 1, &down, &c->xn);
+			hyb_fwd_ffn_dense(c, l, nf);
 		}
 		for (size_t i = 0; i < (size_t)nf * E; i++)
 			xf[i] += c->xn[i];
 	}
 
 	/* Head: every token's logits, or only the last token's. */
-	uint32_t first = all_logits ? 0 : n - 1, rows = n - first;
-	const struct hyb_weight *out = &m->output;
-
-	for (uint32_t t = first; t < n; t++)
-		hyb_rmsnorm(c->xn + (size_t)(t - first) * E, c->x + (size_t)t * E, m->out_norm.data,
-			    E, hp->rms_eps);
-	matmul(c, c->xn, rows, 1, &out, &logits);
+	hyb_fwd_head(c, all_logits ? 0 : n - 1, n, logits);
 	c->n_past += n;
+	if (c->hybrid)
+		hyb_decode_hybrid_kv_host_wrote(c);
 	return 0;
 }
 
@@ -444,8 +453,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 			snprintf(err, errlen, "hybrid decoding is sparse; it cannot run dense");
 			goto fail;
 		}
-		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, p->ffn_oracle, nth, err,
-								 errlen)))
+		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, p->ffn_oracle, nth, c->n_ctx,
+						     err, errlen)))
 			goto fail;
 	} else if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
 		   !(c->sparse = hyb_ffn_sparse_new(m, nth, err, errlen))) {
@@ -534,6 +543,13 @@ void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t 
 		hyb_ffn_hybrid_cache(c->hybrid, resident, slots);
 }
 
+void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (c->hybrid)
+		hyb_ffn_hybrid_placement(c->hybrid, out);
+}
+
 void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out)
 {
 	memset(out, 0, sizeof(*out));
@@ -575,4 +591,6 @@ uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c)
 void hyb_ctx_reset(struct hyb_ctx *c)
 {
 	c->n_past = 0;
+	if (c->hybrid)
+		hyb_decode_hybrid_reset(c);
 }

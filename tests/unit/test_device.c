@@ -2,8 +2,10 @@
 /*
  * The device layer on the CPU device (libhyb/device.c, device_cpu.c): memory
  * and capacity, argument checks, copies, the modelled clock (serialization,
- * full duplex, kernel/copy overlap, events, pre-emption of reloads) and the
- * sparse FFN kernel against the CPU operator.
+ * full duplex, kernel/copy overlap, events, pre-emption of reloads), the
+ * sparse FFN kernel against the CPU operator, and the dense kernels
+ * (rmsnorm, matvec, attention) against the CPU forward pass's code, bit for
+ * bit, and against plain double arithmetic.
  *
  * Timing checks never depend on wall-clock luck: the host's own time between
  * two marks (real time minus the time spent inside device calls, both
@@ -16,9 +18,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention.h"
+#include "cpu_kernels.h"
 #include "device_internal.h"
 #include "hyb/device.h"
 #include "hyb/tensor_type.h"
+#include "ops.h"
 #include "sparse_ffn.h"
 #include "test.h"
 
@@ -899,5 +904,620 @@ TEST(dev_sparse_ffn_rejects)
 	}
 	layer_free(d, &L);
 	hyb_sparse_ffn_ctx_free(ctx);
+	hyb_device_close(d);
+}
+
+/* ---- dense kernels: rmsnorm, matvec, attention -------------------------------------- */
+
+/* Upload n bytes to a fresh allocation of `room` bytes (>= n) and wait for it. */
+static hyb_dptr upload(struct hyb_device *d, const void *src, uint64_t n, uint64_t room)
+{
+	hyb_dptr p = dalloc(d, room);
+
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, src, n) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
+	return p;
+}
+
+/* Run, then read back n bytes at p after the COMPUTE stream's work. */
+static void download(struct hyb_device *d, void *dst, hyb_dptr p, uint64_t n)
+{
+	struct hyb_device_event *k = hyb_device_event_new(d);
+
+	CHECK(k);
+	CHECK(hyb_device_record(d, HYB_STREAM_COMPUTE, k) == 0);
+	CHECK(hyb_device_wait(d, HYB_STREAM_CRITICAL, k) == 0);
+	CHECK(hyb_device_d2h(d, HYB_STREAM_CRITICAL, dst, p, n) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
+	hyb_device_event_free(d, k);
+}
+
+static bool same_bits(const void *a, const void *b, size_t n)
+{
+	return !memcmp(a, b, n);
+}
+
+TEST(dev_rmsnorm_exact)
+{
+	static const uint32_t ns[] = { 1, 7, 256, 4096 };
+	static const float epss[] = { 1e-5f, 1e-6f, 0.0f };
+	struct hyb_device *d = open_cpu(NULL);
+
+	g_rng = 31;
+	for (size_t ni = 0; ni < 4; ni++) {
+		const uint32_t n = ns[ni];
+		float *x = xmalloc(4ull * n), *w = xmalloc(4ull * n), *y = xmalloc(4ull * n);
+		float *ref = xmalloc(4ull * n);
+		hyb_dptr dx, dw, dy;
+
+		for (uint32_t i = 0; i < n; i++) {
+			x[i] = rndf() * 3;
+			w[i] = rndf();
+		}
+		dx = upload(d, x, 4ull * n, 4ull * n);
+		dw = upload(d, w, 4ull * n, 4ull * n);
+		dy = dalloc(d, 4ull * n);
+		for (size_t ei = 0; ei < 3; ei++) {
+			struct hyb_device_stats st0, st1;
+
+			hyb_device_stats(d, &st0);
+			CHECK_MSG(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dw, n,
+						     epss[ei]) == 0, "%s", hyb_device_error(d));
+			hyb_device_stats(d, &st1);
+			download(d, y, dy, 4ull * n);
+			hyb_rmsnorm(ref, x, w, n, epss[ei]);
+			CHECK_MSG(same_bits(y, ref, 4ull * n), "n %u eps %g", n, epss[ei]);
+			CHECK_EQ_INT(st1.kernels - st0.kernels, 1);
+			CHECK_EQ_INT(st1.kernel_bytes - st0.kernel_bytes, 12ull * n);
+			CHECK_NEAR(st1.kernel_busy_s - st0.kernel_busy_s, 5e-6 + 12.0 * n / 2000e9,
+				   1e-12);
+		}
+		/* in place (y == x), as the CPU does it */
+		CHECK(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dx, dx, dw, n, 1e-5f) == 0);
+		download(d, y, dx, 4ull * n);
+		hyb_rmsnorm(ref, x, w, n, 1e-5f);
+		CHECK(same_bits(y, ref, 4ull * n));
+		hyb_device_free(d, dx);
+		hyb_device_free(d, dw);
+		hyb_device_free(d, dy);
+		free(x);
+		free(w);
+		free(y);
+		free(ref);
+	}
+	hyb_device_close(d);
+}
+
+/* A weight of n_out rows of n_in elements of `type`, from random floats. */
+static void *make_weight(uint32_t type, uint32_t n_in, uint32_t n_out)
+{
+	const uint64_t rb = hyb_row_bytes(type, n_in);
+	char *w = xmalloc(rb * n_out);
+	float *row = xmalloc(4ull * n_in);
+
+	for (uint32_t r = 0; r < n_out; r++) {
+		for (uint32_t i = 0; i < n_in; i++)
+			row[i] = rndf();
+		CHECK(hyb_quantize_row_ref(type, row, w + r * rb, n_in) == 0);
+	}
+	free(row);
+	return w;
+}
+
+/*
+ * forward.c's matmul on the host for one column: x converted to the dot
+ * type, then the kernel for the whole weight's row count, called on chunks
+ * of `chunk` rows (0: all rows at once).
+ */
+static void host_matvec(uint32_t type, uint32_t n_in, uint32_t n_out, const void *w,
+			const float *x, float *y, uint32_t chunk)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const uint32_t vt = hyb_vec_dot_type(type);
+	const uint64_t rb = hyb_row_bytes(type, n_in), xb = hyb_row_bytes(vt, n_in);
+	void *xq = xmalloc(xb);
+
+	if (!chunk)
+		chunk = n_out;
+	k->quantize_act[vt](x, xq, n_in);
+	for (uint32_t r0 = 0; r0 < n_out; r0 += chunk) {
+		const uint32_t nr = n_out - r0 < chunk ? n_out - r0 : chunk;
+
+		hyb_gemm_pick(k, type, n_out)(n_in, (const char *)w + r0 * rb, rb, nr, xq, xb, 1,
+					      y + r0, n_out);
+	}
+	free(xq);
+}
+
+static void matvec_case(struct hyb_device *d, uint32_t type, uint32_t n_in, uint32_t n_out)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const uint64_t rb = hyb_row_bytes(type, n_in);
+	void *w = make_weight(type, n_in, n_out);
+	float *x = xmalloc(4ull * n_in), *y0 = xmalloc(4ull * n_out), *y = xmalloc(4ull * n_out);
+	float *ref = xmalloc(4ull * n_out), *alt = xmalloc(4ull * n_out);
+	float *wrow = xmalloc(4ull * n_in);
+	/* x's rounding to the dot type bounds the error against exact arithmetic */
+	const double rel = type == HYB_TYPE_F32 ? 1e-5 : type == HYB_TYPE_F16 ? 2e-3 : 2e-2;
+	hyb_dptr dw, dx, dy;
+
+	for (uint32_t i = 0; i < n_in; i++)
+		x[i] = rndf() * 2;
+	for (uint32_t r = 0; r < n_out; r++)
+		y0[r] = rndf();
+	dw = upload(d, w, rb * n_out, rb * n_out);
+	dx = upload(d, x, 4ull * n_in, 4ull * n_in);
+	dy = upload(d, y0, 4ull * n_out, 4ull * n_out);
+	host_matvec(type, n_in, n_out, w, x, ref, 0);
+	/* the forward pass cuts the rows into chunks of 16k: rows do not depend on it */
+	for (uint32_t chunk = 16; chunk <= 48; chunk += 16) {
+		host_matvec(type, n_in, n_out, w, x, alt, chunk);
+		CHECK_MSG(same_bits(alt, ref, 4ull * n_out), "%s %ux%u: chunks of %u rows differ",
+			  hyb_type_name(type), n_out, n_in, chunk);
+	}
+	for (int acc = 0; acc < 2; acc++) {
+		struct hyb_dev_matvec m = { .type = type, .n_in = n_in, .n_out = n_out, .w = dw,
+					    .x = dx, .y = dy, .accumulate = acc };
+		struct hyb_device_stats st0, st1;
+		const uint64_t bytes = rb * n_out + 4ull * n_in + 4ull * n_out * (acc ? 2 : 1);
+
+		CHECK(hyb_device_h2d(d, HYB_STREAM_COMPUTE, dy, y0, 4ull * n_out) == 0);
+		hyb_device_stats(d, &st0);
+		CHECK_MSG(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0, "%s",
+			  hyb_device_error(d));
+		hyb_device_stats(d, &st1);
+		download(d, y, dy, 4ull * n_out);
+		for (uint32_t r = 0; r < n_out; r++) {
+			const float want = acc ? y0[r] + ref[r] : ref[r];
+
+			CHECK_MSG(same_bits(&y[r], &want, 4), "%s %ux%u acc %d: y[%u] %.9g vs %.9g",
+				  hyb_type_name(type), n_out, n_in, acc, r, y[r], want);
+		}
+		CHECK_EQ_INT(st1.kernels - st0.kernels, 1);
+		CHECK_EQ_INT(st1.kernel_bytes - st0.kernel_bytes, bytes);
+		CHECK_NEAR(st1.kernel_busy_s - st0.kernel_busy_s, 5e-6 + bytes / 2000e9, 1e-12);
+	}
+	/* against exact arithmetic over the weight as stored (dequantized) */
+	for (uint32_t r = 0; r < n_out; r++) {
+		double s = 0, mag = 0;
+
+		k->dequantize[type]((const char *)w + r * rb, wrow, n_in);
+		for (uint32_t i = 0; i < n_in; i++) {
+			s += (double)wrow[i] * x[i];
+			mag += fabs((double)wrow[i] * x[i]);
+		}
+		CHECK_MSG(fabs(ref[r] - s) <= rel * mag + 1e-6,
+			  "%s %ux%u: row %u %.7g vs exact %.7g (sum |wx| %g)", hyb_type_name(type),
+			  n_out, n_in, r, ref[r], s, mag);
+	}
+	hyb_device_free(d, dw);
+	hyb_device_free(d, dx);
+	hyb_device_free(d, dy);
+	free(w);
+	free(x);
+	free(y0);
+	free(y);
+	free(ref);
+	free(alt);
+	free(wrow);
+}
+
+TEST(dev_matvec_exact)
+{
+	static const uint32_t types[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_Q8_0,
+					  HYB_TYPE_Q4_0 };
+	/* row counts for each of the kernels hyb_gemm_pick chooses (ne1 % 8 == 0, 4, other) */
+	static const uint32_t shapes[][2] = {
+		{ 64, 48 }, { 256, 100 }, { 96, 37 }, { 512, 264 }, { 2048, 131 }, { 32, 1 },
+	};
+	struct hyb_device *d = open_cpu(NULL);
+
+	g_rng = 41;
+	for (size_t ti = 0; ti < 4; ti++)
+		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+			matvec_case(d, types[ti], shapes[si][0], shapes[si][1]);
+	CHECK_EQ_INT(hyb_device_used(d), 0);
+	hyb_device_close(d);
+}
+
+struct attn_cfg {
+	uint32_t n_head, n_head_kv, head_dim, n_rot, n_ctx, n_pos;
+	bool neox;
+};
+
+/* RoPE in double, from its definition: pairs rotated by pos * base^(-2i / n_rot). */
+static void naive_rope(float *x, const struct attn_cfg *c, uint32_t n_heads, uint32_t pos,
+		       float scale, float base)
+{
+	for (uint32_t h = 0; h < n_heads; h++) {
+		float *v = x + (size_t)h * c->head_dim;
+
+		for (uint32_t i = 0; i < c->n_rot / 2; i++) {
+			const double th = scale * pos * pow(base, -2.0 * i / c->n_rot);
+			const uint32_t a = c->neox ? i : 2 * i, b = c->neox ? i + c->n_rot / 2 : a + 1;
+			const double x0 = v[a], x1 = v[b];
+
+			v[a] = (float)(x0 * cos(th) - x1 * sin(th));
+			v[b] = (float)(x0 * sin(th) + x1 * cos(th));
+		}
+	}
+}
+
+/*
+ * Positions 0..n_pos-1 one op at a time on the device, against the host
+ * running the forward pass's steps (hyb_rope, F16 store, hyb_attend_run) on
+ * its own copies, and against plain double attention over the F16 cache.
+ */
+static void attn_case(const struct attn_cfg *c, double *max_err)
+{
+	const float base = 10000.0f, scale = 0.5f;
+	const uint32_t hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_head_kv * hd;
+	const uint64_t cache = 2ull * c->n_ctx * kvd;
+	const struct hyb_cpu_kernels *ck = hyb_cpu_best();
+	struct hyb_device *d = open_cpu(NULL);
+	float *q = xmalloc(4ull * qd), *k = xmalloc(4ull * kvd), *v = xmalloc(4ull * kvd);
+	float *hq = xmalloc(4ull * qd), *hk = xmalloc(4ull * kvd), *nq = xmalloc(4ull * qd);
+	float *out = xmalloc(4ull * qd), *ref = xmalloc(4ull * qd), *dq = xmalloc(4ull * qd);
+	float *dk = xmalloc(4ull * kvd);
+	double *sc = xmalloc(sizeof(double) * c->n_ctx);
+	uint16_t *kc = xmalloc(cache), *vc = xmalloc(cache), *dkc = xmalloc(cache);
+	void *tmp = xmalloc(hyb_attend_tmp_bytes(hd));
+	hyb_dptr pq = dalloc(d, 4ull * qd), pk = dalloc(d, 4ull * kvd), pv = dalloc(d, 4ull * kvd);
+	hyb_dptr pkc = dalloc(d, cache), pvc = dalloc(d, cache), po = dalloc(d, 4ull * qd);
+	struct hyb_dev_attn a = {
+		.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = hd, .n_rot = c->n_rot,
+		.rope_base = base, .rope_scale = scale, .rope_neox = c->neox, .n_ctx = c->n_ctx,
+		.q = pq, .k = pk, .v = pv, .kcache = pkc, .vcache = pvc, .out = po,
+	};
+
+	/* rows after pos are never read: garbage there (NaN in F16) would show */
+	memset(dkc, 0xff, cache);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pkc, dkc, cache) == 0);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pvc, dkc, cache) == 0);
+	memset(kc, 0, cache);
+	memset(vc, 0, cache);
+	for (uint32_t pos = 0; pos < c->n_pos; pos++) {
+		struct hyb_attn ha = {
+			.k = ck, .q = hq, .out = ref, .kc = kc, .vc = vc, .q_stride = qd,
+			.kv_stride = kvd, .hd = hd, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+			.n_tokens = 1, .n_past = pos, .n_ctx = c->n_ctx, .n_split = 1,
+			.scale = 1.0f / sqrtf((float)hd),
+		};
+		struct hyb_device_stats st0, st1;
+		const uint64_t bytes = 4ull * (pos + 1) * kvd + 16ull * kvd + 12ull * qd;
+
+		for (uint32_t i = 0; i < qd; i++)
+			q[i] = rndf() * 2;
+		for (uint32_t i = 0; i < kvd; i++) {
+			k[i] = rndf() * 2;
+			v[i] = rndf();
+		}
+		CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pq, q, 4ull * qd) == 0);
+		CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pk, k, 4ull * kvd) == 0);
+		CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pv, v, 4ull * kvd) == 0);
+		sync_stream(d, HYB_STREAM_CRITICAL);
+		a.pos = pos;
+		hyb_device_stats(d, &st0);
+		CHECK_MSG(hyb_device_attention(d, HYB_STREAM_COMPUTE, &a) == 0, "%s",
+			  hyb_device_error(d));
+		hyb_device_stats(d, &st1);
+		CHECK_EQ_INT(st1.kernels - st0.kernels, 1);
+		CHECK_EQ_INT(st1.kernel_bytes - st0.kernel_bytes, bytes);
+		download(d, out, po, 4ull * qd);
+		download(d, dq, pq, 4ull * qd);
+		download(d, dk, pk, 4ull * kvd);
+
+		/* the host: forward.c's steps */
+		memcpy(hq, q, 4ull * qd);
+		memcpy(hk, k, 4ull * kvd);
+		hyb_rope(hq, c->n_head, hd, c->n_rot, pos, scale, base, c->neox);
+		hyb_rope(hk, c->n_head_kv, hd, c->n_rot, pos, scale, base, c->neox);
+		ck->quantize_act[HYB_TYPE_F16](hk, kc + (size_t)pos * kvd, kvd);
+		ck->quantize_act[HYB_TYPE_F16](v, vc + (size_t)pos * kvd, kvd);
+		hyb_attend_run(&ha, 0, hyb_attend_jobs(&ha), tmp);
+		CHECK_MSG(same_bits(dq, hq, 4ull * qd) && same_bits(dk, hk, 4ull * kvd),
+			  "pos %u: roped q or k differ", pos);
+		for (uint32_t i = 0; i < qd; i++)
+			CHECK_MSG(same_bits(&out[i], &ref[i], 4), "pos %u: out[%u] %.9g vs %.9g",
+				  pos, i, out[i], ref[i]);
+
+		/* plain arithmetic: RoPE in double, softmax and sums in double */
+		memcpy(nq, q, 4ull * qd);
+		naive_rope(nq, c, c->n_head, pos, scale, base);
+		/* the angle recurrence in float drifts with the position */
+		for (uint32_t i = 0; i < qd; i++)
+			CHECK_NEAR(dq[i], nq[i], 1e-4 + 2e-6 * pos);
+		for (uint32_t h = 0; h < c->n_head; h++) {
+			const size_t g = (size_t)(h / (c->n_head / c->n_head_kv)) * hd;
+			double mx = -INFINITY, sum = 0;
+
+			for (uint32_t p = 0; p <= pos; p++) {
+				double s = 0;
+
+				for (uint32_t e = 0; e < hd; e++)
+					s += (double)nq[h * hd + e] *
+					     hyb_f16_to_f32(kc[(size_t)p * kvd + g + e]);
+				sc[p] = s / sqrt((double)hd);
+				mx = sc[p] > mx ? sc[p] : mx;
+			}
+			for (uint32_t p = 0; p <= pos; p++)
+				sum += sc[p] = exp(sc[p] - mx);
+			for (uint32_t e = 0; e < hd; e++) {
+				double o = 0, err;
+
+				for (uint32_t p = 0; p <= pos; p++)
+					o += sc[p] * hyb_f16_to_f32(vc[(size_t)p * kvd + g + e]);
+				err = fabs(o / sum - out[h * hd + e]);
+				*max_err = err > *max_err ? err : *max_err;
+				CHECK_MSG(err <= 1e-2, "pos %u head %u dim %u: %.6f vs exact %.6f", pos,
+					  h, e, out[h * hd + e], o / sum);
+			}
+		}
+	}
+	/* the device's cache holds what the host's does, and nothing past the last row */
+	download(d, dkc, pkc, cache);
+	CHECK(same_bits(dkc, kc, 2ull * c->n_pos * kvd));
+	download(d, dkc, pvc, cache);
+	CHECK(same_bits(dkc, vc, 2ull * c->n_pos * kvd));
+	if (c->n_pos < c->n_ctx)
+		CHECK(dkc[(size_t)c->n_pos * kvd] == 0xffff);
+	free(q);
+	free(k);
+	free(v);
+	free(hq);
+	free(hk);
+	free(nq);
+	free(out);
+	free(ref);
+	free(dq);
+	free(dk);
+	free(sc);
+	free(kc);
+	free(vc);
+	free(dkc);
+	free(tmp);
+	hyb_device_close(d);
+}
+
+TEST(dev_attention_exact)
+{
+	static const struct attn_cfg cfgs[] = {
+		{ 8, 2, 64, 64, 48, 40, false },   /* GQA, normal RoPE */
+		{ 8, 2, 64, 32, 48, 40, true },    /* GQA, NeoX RoPE on half the dims */
+		{ 4, 4, 32, 32, 40, 40, true },    /* MHA, the whole cache */
+		{ 4, 4, 128, 64, 33, 20, false },  /* MHA, partial RoPE */
+		{ 2, 1, 256, 256, 8, 8, true },    /* the largest head */
+	};
+	double max_err = 0;
+
+	g_rng = 51;
+	for (size_t i = 0; i < sizeof(cfgs) / sizeof(cfgs[0]); i++)
+		attn_case(&cfgs[i], &max_err);
+	printf("attention vs double: max abs error %.2e\n", max_err);
+}
+
+TEST(dev_attention_long)
+{
+	/* past 256 positions: llama.cpp's split path with one split, as the device runs it */
+	const struct attn_cfg c = { 8, 2, 64, 64, 272, 272, false };
+	double max_err = 0;
+
+	g_rng = 53;
+	attn_case(&c, &max_err);
+	printf("attention vs double over 272 positions: max abs error %.2e\n", max_err);
+}
+
+/* rc -EINVAL with msg in the error; the device is not faulted. */
+#define CHECK_REJECT(call, msg)                                                            \
+	do {                                                                               \
+		const int rc_ = (call);                                                    \
+		CHECK_MSG(rc_ == -EINVAL && strstr(hyb_device_error(d), (msg)),            \
+			  "%s: rc %d, '%s' (want '%s')", #call, rc_, hyb_device_error(d),  \
+			  (msg));                                                          \
+		CHECK(!d->faulted);                                                        \
+	} while (0)
+
+TEST(dev_dense_rejects)
+{
+	struct hyb_device *d = open_cpu(NULL);
+	const uint32_t n_in = 64, n_out = 16;
+	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q8_0, n_in);
+	void *w;
+	float x[64], y[64], ref[64];
+	hyb_dptr dw, dx, dy, buf = dalloc(d, 64 << 10);
+	struct hyb_dev_matvec m, b;
+	struct hyb_dev_attn a, e;
+	struct hyb_device_stats st0, st1;
+	struct hyb_device_ops ops;
+	const struct hyb_device_ops *ops0 = d->ops;
+
+	g_rng = 61;
+	w = make_weight(HYB_TYPE_Q8_0, n_in, n_out);
+	for (uint32_t i = 0; i < 64; i++)
+		x[i] = rndf();
+	dw = upload(d, w, rb * n_out, rb * n_out);
+	dx = upload(d, x, sizeof(x), sizeof(x));
+	dy = dalloc(d, 4 * n_out);
+	m = (struct hyb_dev_matvec){ .type = HYB_TYPE_Q8_0, .n_in = n_in, .n_out = n_out,
+				     .w = dw, .x = dx, .y = dy };
+	hyb_device_stats(d, &st0);
+
+	/* matvec */
+	b = m;
+	b.type = HYB_TYPE_Q4_K;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "Q4_K");
+	b.type = 99;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "not supported");
+	b = m;
+	b.n_in = 48;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "not a multiple of the Q8_0");
+	b = m;
+	b.n_out = 0;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "zero size");
+	b = m;
+	b.n_out = n_out + 1; /* one row past the weight (and y) */
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "matvec w: ");
+	CHECK_MSG(strstr(hyb_device_error(d), "overrun"), "%s", hyb_device_error(d));
+	b = m;
+	b.w = dw + 1;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "aligned");
+	b = m;
+	b.x = dx + 16;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "matvec x");
+	b = m;
+	b.y = dx + 16; /* x's allocation has room for y, but they overlap */
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "y overlaps x");
+	b.y = dw;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "y overlaps w");
+	b = m;
+	b.x = 12345 * 256;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "no device allocation");
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, NULL), "NULL");
+	CHECK_REJECT(hyb_device_matvec(d, (enum hyb_stream)5, &m), "stream");
+	CHECK_EQ_INT(hyb_device_matvec(NULL, HYB_STREAM_COMPUTE, &m), -EINVAL);
+
+	/* rmsnorm */
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, n_out, NAN), "eps");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, n_out, INFINITY),
+		     "eps");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, n_out, -1e-5f), "eps");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, 0, 1e-5f), "zero");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, 17, 1e-5f), "overrun");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dx + 4, dx, dy, 8, 1e-5f),
+		     "y overlaps x");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dy, 8, 1e-5f),
+		     "y overlaps w");
+	CHECK_REJECT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy + 2, dx, dx, 8, 1e-5f),
+		     "aligned");
+
+	/* attention: caches of 8 rows of 2 x 16 in buf, the vectors after them */
+	a = (struct hyb_dev_attn){ .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_rot = 16,
+				   .rope_base = 10000, .rope_scale = 1, .pos = 3, .n_ctx = 8,
+				   .q = buf + 8192, .k = buf + 12288, .v = buf + 16384,
+				   .kcache = buf, .vcache = buf + 2048, .out = buf + 20480 };
+	e = a;
+	e.pos = 8;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "pos 8");
+	e = a;
+	e.n_head = 5;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "multiple of n_head_kv");
+	e = a;
+	e.n_head_kv = 0;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "zero size");
+	e = a;
+	e.head_dim = 15;
+	e.n_rot = 14;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "head_dim 15");
+	e.head_dim = 258;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "head_dim 258");
+	e = a;
+	e.n_rot = 18;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "n_rot 18");
+	e.n_rot = 7;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "n_rot 7");
+	e = a;
+	e.rope_base = NAN;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "rope");
+	e = a;
+	e.out = a.q + 32;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "out overlaps q");
+	e = a;
+	e.k = a.q;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "k overlaps q");
+	e = a;
+	e.n_ctx = 40; /* the K cache runs into the V cache */
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "vcache overlaps kcache");
+	e = a;
+	e.kcache = buf + 1;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "aligned");
+	e = a;
+	e.vcache = buf + (64 << 10) - 256;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "overrun");
+	e = a;
+	e.n_ctx = 1u << 31;
+	e.pos = 0;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "overrun");
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, NULL), "NULL");
+
+	/* nothing ran, nothing counted */
+	hyb_device_stats(d, &st1);
+	CHECK_EQ_INT(st1.kernels, st0.kernels);
+	CHECK(st1.kernel_busy_s == st0.kernel_busy_s);
+
+	/* an implementation without the kernels says so */
+	ops = *ops0;
+	ops.matvec = NULL;
+	ops.attention = NULL;
+	ops.rmsnorm = NULL;
+	d->ops = &ops;
+	CHECK_EQ_INT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m), -ENOSYS);
+	CHECK_MSG(!strcmp(hyb_device_error(d), "cpu device: no matvec kernel"), "%s",
+		  hyb_device_error(d));
+	CHECK_EQ_INT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &a), -ENOSYS);
+	CHECK_MSG(strstr(hyb_device_error(d), "no attention kernel"), "%s", hyb_device_error(d));
+	CHECK_EQ_INT(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, 8, 0), -ENOSYS);
+	CHECK_MSG(strstr(hyb_device_error(d), "no rmsnorm kernel"), "%s", hyb_device_error(d));
+	CHECK(!d->faulted);
+	d->ops = ops0;
+
+	/* and the device still works, and right */
+	CHECK_MSG(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0, "%s", hyb_device_error(d));
+	download(d, y, dy, 4 * n_out);
+	host_matvec(HYB_TYPE_Q8_0, n_in, n_out, w, x, ref, 0);
+	CHECK(same_bits(y, ref, 4 * n_out));
+	CHECK_MSG(hyb_device_attention(d, HYB_STREAM_COMPUTE, &a) == 0, "%s",
+		  hyb_device_error(d));
+	CHECK_MSG(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy, dx, dx, n_out, 1e-6f) == 0, "%s",
+		  hyb_device_error(d));
+	download(d, y, dy, 4 * n_out);
+	hyb_rmsnorm(ref, x, x, n_out, 1e-6f);
+	CHECK(same_bits(y, ref, 4 * n_out));
+	hyb_device_stats(d, &st1);
+	CHECK_EQ_INT(st1.kernels - st0.kernels, 3);
+	free(w);
+	hyb_device_close(d);
+}
+
+/* A slow memory: the modelled time of a big kernel is launch + bytes / hbm. */
+TEST(dev_time_dense)
+{
+	const struct hyb_device_config cfg = { .hbm_gbps = 0.01, .launch_us = 5 };
+	const uint32_t n_in = 4096, n_out = 64, n = 4096;
+	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q8_0, n_in);
+	const double dm = 5e-6 + (rb * n_out + 4.0 * n_in + 4.0 * n_out) / 1e7;
+	const double dn = 5e-6 + 12.0 * n / 1e7;
+	struct hyb_device *d = open_cpu(&cfg);
+	void *w;
+	float *x = xmalloc(4ull * n_in);
+	hyb_dptr dw, dx, dy;
+	struct hyb_dev_matvec m;
+	struct mark m0, m1;
+
+	g_rng = 71;
+	w = make_weight(HYB_TYPE_Q8_0, n_in, n_out);
+	for (uint32_t i = 0; i < n_in; i++)
+		x[i] = rndf();
+	dw = upload(d, w, rb * n_out, rb * n_out);
+	dx = upload(d, x, 4ull * n_in, 4ull * n_in);
+	dy = dalloc(d, 4ull * n);
+	m = (struct hyb_dev_matvec){ .type = HYB_TYPE_Q8_0, .n_in = n_in, .n_out = n_out,
+				     .w = dw, .x = dx, .y = dy };
+	m0 = mark(d);
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0);
+	sync_stream(d, HYB_STREAM_COMPUTE);
+	m1 = mark(d);
+	CHECK_DT(m0, m1, dm);
+
+	/* kernels serialize on the compute engine, whichever stream queues them */
+	m0 = mark(d);
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0);
+	CHECK(hyb_device_rmsnorm(d, HYB_STREAM_CRITICAL, dy, dx, dx, n, 1e-5f) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
+	sync_stream(d, HYB_STREAM_COMPUTE);
+	m1 = mark(d);
+	CHECK_DT(m0, m1, dm + dn);
+	hyb_device_free(d, dw);
+	free(w);
+	free(x);
 	hyb_device_close(d);
 }

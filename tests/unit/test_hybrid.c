@@ -9,7 +9,13 @@
  *     share of the active neurons, static and layer never reload, the
  *     dynamic policies do under drift, and greedy tokens agree with the
  *     CPU-only path.
- *   - Refusals: no plan, a budget that holds no group, CUDA in a build
+ *   - Dense parts on the device (attention blocks with their KV cache, the
+ *     head): placed first within the budget; the layer policy places whole
+ *     layers; oracle-mode output stays bit-identical to the CPU-only path
+ *     (the CPU device runs forward.c's arithmetic), including prompt batches
+ *     after decoded tokens (KV rows come back) and a reset; the device
+ *     merge gives the host merge's bits.
+ *   - Refusals: no plan, a budget that holds nothing, CUDA in a build
  *     without it.
  */
 #include <math.h>
@@ -19,17 +25,19 @@
 
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
+#include "hybrid_dense.h"
 #include "test.h"
 
 #define N_PROMPT 12
 #define N_GEN 36
 #define DRIFT 6
+#define N_CTX 128
 
 static struct hyb_ctx *ctx_new(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
 			       bool oracle)
 {
 	struct hyb_ctx_params p = {
-		.n_ctx = 128, .n_threads = 2, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
+		.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
 		.ffn_oracle = oracle,
 	};
 	char err[256];
@@ -84,14 +92,28 @@ static struct hyb_model *load_plan(void)
 	return m;
 }
 
-/* A budget of about a third of the model's FFN groups. */
+static uint64_t slot_bytes(const struct hyb_model *m)
+{
+	return 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
+}
+
+/* Every attention block with its KV cache, the head and their buffers. */
+static uint64_t dense_bytes(const struct hyb_model *m)
+{
+	uint64_t b = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true);
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		b += hyb_hdense_layer_bytes(m, l, N_CTX);
+	return b;
+}
+
+/* Room for the dense parts and about a third of the model's FFN groups. */
 static struct hyb_hybrid_params params(const struct hyb_model *m, enum hyb_policy p)
 {
-	const uint64_t slot = 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
-
 	return (struct hyb_hybrid_params){
 		.device = "cpu", .policy = p,
-		.gpu_budget = slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20),
+		.gpu_budget = dense_bytes(m) + slot_bytes(m) * m->n_groups * m->hp.n_layer / 3 +
+			      (1u << 20),
 	};
 }
 
@@ -107,9 +129,13 @@ TEST(hybrid_oracle_bit_identical_every_policy)
 	run(ref, m, NULL, ids, lref);
 	for (int p = 0; p < HYB_N_POLICIES; p++) {
 		struct hyb_hybrid_params hy = params(m, (enum hyb_policy)p);
-		struct hyb_ctx *c = ctx_new(m, &hy, true);
+		struct hyb_ctx *c;
 		struct hyb_hybrid_stats st;
 
+		/* layer runs its CPU layers dense (llama.cpp -ngl): other sums */
+		if (p == HYB_POLICY_LAYER)
+			continue;
+		c = ctx_new(m, &hy, true);
 		run(c, m, ids, ids2, lhy);
 		hyb_ctx_hybrid_stats(c, &st);
 		CHECK_MSG(st.active_dev > 0, "%s: no neuron ran on the device",
@@ -139,18 +165,21 @@ TEST(hybrid_policies_keep_their_invariants)
 		struct hyb_hybrid_params hy = params(m, pol);
 		struct hyb_ctx *c = ctx_new(m, &hy, false);
 		struct hyb_hybrid_stats st;
+		struct hyb_hybrid_placement pl;
 		uint64_t res, slots;
 
 		run(c, m, ids, ids2, NULL);
 		hyb_ctx_hybrid_stats(c, &st);
+		hyb_ctx_hybrid_placement(c, &pl);
 		hyb_ctx_hybrid_cache(c, &res, &slots);
 		CHECK_MSG(res <= slots && slots > 0, "%s: %llu groups in %llu slots",
 			  hyb_policy_name(pol), (unsigned long long)res,
 			  (unsigned long long)slots);
-		CHECK(slots * 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes <=
-		      hy.gpu_budget);
+		CHECK(slots * slot_bytes(m) + pl.dense_bytes <= hy.gpu_budget);
+		CHECK_EQ_INT(pl.cache_bytes, slots * ((slot_bytes(m) + 255) / 256 * 256));
 		CHECK_EQ_INT(st.tokens, N_GEN);
-		CHECK_EQ_INT(st.layer_steps, (uint64_t)N_GEN * m->hp.n_layer);
+		CHECK_EQ_INT(st.layer_steps,
+			     (uint64_t)N_GEN * (m->hp.n_layer - pl.dense_layers_cpu));
 		CHECK(st.active_dev <= st.active && st.late <= st.active - st.active_dev);
 		CHECK_MSG(st.active_dev > 0, "%s: nothing ran on the device", hyb_policy_name(pol));
 		if (pol == HYB_POLICY_STATIC || pol == HYB_POLICY_LAYER)
@@ -211,7 +240,7 @@ TEST(hybrid_refuses_bad_setups)
 
 	hy.gpu_budget = 4096;
 	CHECK(!hyb_ctx_new(m, &p, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "holds no neuron group"), "%s", err);
+	CHECK_MSG(strstr(err, "holds nothing"), "%s", err);
 
 	hy = params(m, HYB_POLICY_TAM);
 	hy.device = "cuda";
@@ -232,5 +261,172 @@ TEST(hybrid_refuses_bad_setups)
 	CHECK(!hyb_ctx_new(dense, &p, err, sizeof(err)));
 	CHECK_MSG(strstr(err, "plan"), "%s", err);
 	hyb_model_free(dense);
+	hyb_model_free(m);
+}
+
+TEST(hybrid_dense_placement)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t L = m->hp.n_layer;
+	const uint64_t attn = hyb_hdense_layer_bytes(m, 0, N_CTX);
+	struct hyb_hybrid_params hy = params(m, HYB_POLICY_TAM);
+	struct hyb_hybrid_placement pl, pc;
+	struct hyb_ctx *c;
+
+	CHECK(attn > 0 && hyb_hdense_head_bytes(m) > 0);
+	/* attention blocks and head first, the rest for groups */
+	c = ctx_new(m, &hy, false);
+	hyb_ctx_hybrid_placement(c, &pl);
+	CHECK_EQ_INT(pl.attn_layers, L);
+	CHECK(pl.head);
+	CHECK_EQ_INT(pl.dense_layers_cpu, 0);
+	CHECK(pl.dense_bytes >= L * attn + hyb_hdense_head_bytes(m));
+	CHECK(pl.cache_bytes > 0 && pl.dense_bytes + pl.cache_bytes <= hy.gpu_budget);
+	hyb_ctx_free(c);
+
+	/* dense_on_cpu: all of it for groups */
+	hy.dense_on_cpu = true;
+	c = ctx_new(m, &hy, false);
+	hyb_ctx_hybrid_placement(c, &pc);
+	CHECK(pc.attn_layers == 0 && !pc.head && pc.dense_bytes == 0);
+	CHECK(pc.cache_bytes > pl.cache_bytes);
+	hyb_ctx_free(c);
+
+	/* room for one attention block and nothing else: a valid (if slow) setup */
+	hy.dense_on_cpu = false;
+	hy.gpu_budget = attn + hyb_hdense_buffer_bytes(m, true, false) + 64 * 1024;
+	c = ctx_new(m, &hy, false);
+	hyb_ctx_hybrid_placement(c, &pc);
+	CHECK_EQ_INT(pc.attn_layers, 1);
+	CHECK(!pc.head);
+	hyb_ctx_free(c);
+
+	/* layer: whole layers in order, the others dense on the CPU */
+	hy = params(m, HYB_POLICY_LAYER);
+	c = ctx_new(m, &hy, false);
+	hyb_ctx_hybrid_placement(c, &pc);
+	CHECK(pc.attn_layers >= 1 && pc.attn_layers < L);
+	CHECK_EQ_INT(pc.dense_layers_cpu, L - pc.attn_layers);
+	CHECK(!pc.head); /* llama.cpp offloads the output layer last */
+	CHECK_EQ_INT(pc.cache_bytes,
+		     pc.attn_layers * m->n_groups * ((slot_bytes(m) + 255) / 256 * 256));
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+/* prompt, decode, a prompt batch (CPU) after decoded tokens, decode, reset, again */
+static void run_mixed(struct hyb_ctx *c, const struct hyb_model *m, float *out)
+{
+	const uint32_t V = m->hp.n_vocab;
+	static const int32_t p1[5] = { 7, 99, 23, 301, 42 }, p2[4] = { 5, 77, 13, 400 };
+	char err[256];
+	size_t k = 0;
+
+	for (int round = 0; round < 2; round++) {
+		CHECK_MSG(!hyb_ctx_eval(c, p1, 5, out + k++ * V, false, err, sizeof(err)), "%s",
+			  err);
+		for (int i = 0; i < 6; i++) {
+			int32_t t = argmax(out + (k - 1) * V, V);
+
+			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false, err, sizeof(err)),
+				  "%s", err);
+		}
+		CHECK_MSG(!hyb_ctx_eval(c, p2, 4, out + k++ * V, false, err, sizeof(err)), "%s",
+			  err);
+		for (int i = 0; i < 6; i++) {
+			int32_t t = argmax(out + (k - 1) * V, V);
+
+			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false, err, sizeof(err)),
+				  "%s", err);
+		}
+		hyb_ctx_reset(c);
+	}
+}
+
+TEST(hybrid_dense_kv_follows_prompts_and_resets)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab;
+	const size_t n = 2 * 14;
+	float *lr = calloc(n * V, sizeof(float)), *lh = calloc(n * V, sizeof(float));
+	struct hyb_hybrid_params hy = params(m, HYB_POLICY_TAM_ADAPTIVE);
+	struct hyb_ctx *ref = ctx_new(m, NULL, true), *c = ctx_new(m, &hy, true);
+	struct hyb_hybrid_placement pl;
+
+	CHECK(lr && lh);
+	hyb_ctx_hybrid_placement(c, &pl);
+	CHECK_EQ_INT(pl.attn_layers, m->hp.n_layer);
+	run_mixed(ref, m, lr);
+	run_mixed(c, m, lh);
+	for (size_t i = 0; i < n; i++)
+		CHECK_MSG(!memcmp(lr + i * V, lh + i * V, sizeof(float) * V),
+			  "logits of eval %zu differ from CPU-only sparse decoding", i);
+	/* the second round repeats the first: the reset forgot every row */
+	CHECK(!memcmp(lh, lh + 14 * V, sizeof(float) * V * 14));
+	hyb_ctx_free(c);
+	hyb_ctx_free(ref);
+	free(lr);
+	free(lh);
+	hyb_model_free(m);
+}
+
+TEST(hybrid_device_merge_equals_host_merge)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params dev = params(m, HYB_POLICY_STATIC), host = dev;
+	struct hyb_hybrid_placement pd, ph;
+	struct hyb_hybrid_stats st;
+	float *ld = malloc(sizeof(float) * V * N_GEN), *lh = malloc(sizeof(float) * V * N_GEN);
+	int32_t ids[N_GEN], ids2[N_GEN];
+	struct hyb_ctx *cd, *ch;
+
+	CHECK(ld && lh);
+	cd = ctx_new(m, &dev, false);
+	hyb_ctx_hybrid_placement(cd, &pd);
+	/* the same neuron cache, with attention and head on the CPU */
+	host.dense_on_cpu = true;
+	host.gpu_budget = dev.gpu_budget - pd.dense_bytes - hyb_hdense_buffer_bytes(m, true, true);
+	ch = ctx_new(m, &host, false);
+	hyb_ctx_hybrid_placement(ch, &ph);
+	CHECK_EQ_INT(ph.cache_bytes, pd.cache_bytes);
+	run(ch, m, NULL, ids, lh);
+	run(cd, m, ids, ids2, ld);
+	hyb_ctx_hybrid_stats(cd, &st);
+	CHECK(st.active_dev > 0 && st.active_dev < st.active);
+	for (int i = 0; i < N_GEN; i++)
+		CHECK_MSG(!memcmp(lh + (size_t)i * V, ld + (size_t)i * V, sizeof(float) * V),
+			  "step %d: merge on the device differs from the host merge", i);
+	hyb_ctx_free(cd);
+	hyb_ctx_free(ch);
+	free(ld);
+	free(lh);
+	hyb_model_free(m);
+}
+
+TEST(hybrid_layer_policy_agrees_with_cpu_dense)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params hy = params(m, HYB_POLICY_LAYER);
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_DENSE };
+	char err[256];
+	struct hyb_ctx *ref = hyb_ctx_new(m, &p, err, sizeof(err)), *c = ctx_new(m, &hy, false);
+	float *lr = malloc(sizeof(float) * V * N_GEN), *lh = malloc(sizeof(float) * V * N_GEN);
+	int32_t ids[N_GEN], ids2[N_GEN];
+	int agree = 0;
+
+	CHECK_MSG(ref, "%s", err);
+	CHECK(lr && lh);
+	run(ref, m, NULL, ids, lr);
+	run(c, m, ids, ids2, lh);
+	for (int i = 0; i < N_GEN; i++)
+		agree += argmax(lr + (size_t)i * V, V) == argmax(lh + (size_t)i * V, V);
+	/* device layers sum every neuron in another order: near-ties only */
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	hyb_ctx_free(c);
+	hyb_ctx_free(ref);
+	free(lr);
+	free(lh);
 	hyb_model_free(m);
 }

@@ -43,16 +43,22 @@ uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m)
 void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 {
 	struct hyb_hybrid_stats st;
+	struct hyb_hybrid_placement pl;
 	uint64_t res, slots;
 
 	if (!hyb_ctx_hybrid(c))
 		return;
 	hyb_ctx_hybrid_stats(c, &st);
 	hyb_ctx_hybrid_cache(c, &res, &slots);
+	hyb_ctx_hybrid_placement(c, &pl);
 	if (!st.tokens)
 		return;
 	const double n = (double)st.tokens;
 
+	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %.1f MB dense + %.1f MB "
+		"neuron cache%s\n", pl.attn_layers, pl.head ? "the head" : "not the head",
+		pl.dense_bytes / 1e6, pl.cache_bytes / 1e6,
+		pl.dense_layers_cpu ? " (other layers dense on the CPU)" : "");
 	fprintf(stderr, "hybrid: %.1f%% of active neurons on the device; %.1f group loads and "
 		"%.2f MB moved per token; cache %llu/%llu groups\n",
 		st.active ? 100.0 * st.active_dev / st.active : 0.0, st.loads / n,
@@ -63,6 +69,8 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		1e3 * st.cpu_ffn_s / n, 1e3 * st.dev_ffn_s / n, 1e3 * st.stall_s / n,
 		1e3 * st.predictor_s / n, 1e3 * st.balancer_s / n,
 		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
+	fprintf(stderr, "hybrid: per token: attention %.3f ms, head %.3f ms\n",
+		1e3 * st.attn_s / n, 1e3 * st.head_s / n);
 }
 
 /* ---- hyb bench --gpu-budget ----------------------------------------------------- */
@@ -158,25 +166,44 @@ static int parse_policies(const char *s, enum hyb_policy *out)
 	return n;
 }
 
-/* Bytes a decode step reads on the host besides FFN neurons: attention, predictors, head. */
-static uint64_t host_dense_bytes(const struct hyb_model *m)
+static double wbytes(const struct hyb_weight *w)
 {
-	uint64_t b = m->output.ne1 * m->output.row_bytes + m->tok_embd.row_bytes;
+	return (double)w->ne1 * w->row_bytes;
+}
 
-	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
-		const struct hyb_layer *L = &m->layers[l];
-		const struct hyb_weight *w[] = { &L->wq, &L->wk, &L->wv, &L->wo, &L->plan.fc1,
-						 &L->plan.fc2 };
+/*
+ * Bytes a decode step reads, by side, for the roofline: dense parts where the
+ * placement put them (attention weights; the KV cache at the workload's mean
+ * position), predictors on the host except in the layer policy, which has
+ * none and reads whole FFNs of its CPU layers; active neurons by where they ran.
+ */
+static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_placement *pl,
+		       const struct hyb_hybrid_stats *s, bool layer, double mean_pos,
+		       double *cpu_b, double *gpu_b)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	const struct hyb_layer *L0 = &m->layers[0];
+	const double n = s->tokens ? (double)s->tokens : 1;
+	const double neuron = 3.0 * L0->plan.bundles.row_bytes;
+	const double attn = wbytes(&L0->wq) + wbytes(&L0->wk) + wbytes(&L0->wv) +
+			    wbytes(&L0->wo) + 4.0 * hp->n_head_kv * hp->head_dim * mean_pos;
+	const double head = wbytes(&m->output);
+	const double ffn = neuron * hp->n_ff;
 
-		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
-			b += w[i]->ne1 * w[i]->row_bytes;
-	}
-	return b;
+	*cpu_b = m->tok_embd.row_bytes + attn * (hp->n_layer - pl->attn_layers) +
+		 (pl->head ? 0 : head) + neuron * (s->active - s->active_dev) / n;
+	*gpu_b = attn * pl->attn_layers + (pl->head ? head : 0) + neuron * s->active_dev / n;
+	if (layer)
+		*cpu_b += ffn * pl->dense_layers_cpu;
+	else
+		for (uint32_t l = 0; l < hp->n_layer; l++)
+			*cpu_b += wbytes(&m->layers[l].plan.fc1) + wbytes(&m->layers[l].plan.fc2);
 }
 
 struct policy_run {
 	enum hyb_policy p;
 	double *tps;
+	struct hyb_hybrid_placement pl;
 	struct hyb_hybrid_stats st;   /* summed over rounds */
 	uint64_t agree, compared;
 	double lambda[3];
@@ -247,8 +274,9 @@ int cmd_bench_hybrid(struct cli_opts *o)
 #define ADD(f) pr[i].st.f += st.f
 			ADD(tokens); ADD(active); ADD(active_dev); ADD(late); ADD(loads);
 			ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
-			ADD(stall_s); ADD(predictor_s); ADD(balancer_s);
+			ADD(stall_s); ADD(predictor_s); ADD(balancer_s); ADD(attn_s); ADD(head_s);
 #undef ADD
+			hyb_ctx_hybrid_placement(c, &pr[i].pl);
 			pr[i].lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
 			pr[i].lambda[1] = hyb_ctx_hybrid_lambda(c, m->hp.n_layer / 2);
 			pr[i].lambda[2] = hyb_ctx_hybrid_lambda(c, m->hp.n_layer - 1);
@@ -260,25 +288,27 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	const double ref = median(t_ref, o->reps);
 	const double bw_dram = median(dram, o->reps);
 	const double bw_pcie = dcfg.pcie_gbps * 1e9, bw_hbm = dcfg.hbm_gbps * 1e9;
-	const uint64_t row = m->layers[0].plan.bundles.row_bytes;
-	const double neuron = 3.0 * row, dense = (double)host_dense_bytes(m);
+	const double mean_pos = n_prompt + n_gen / 2.0;
 	double base_layer = 0, base_static = 0;
 
 	printf("bandwidth   DRAM %.1f GB/s (measured), PCIe %.1f GB/s, device memory %.0f GB/s "
 	       "(%s)\n", bw_dram / 1e9, bw_pcie / 1e9, bw_hbm / 1e9,
 	       o->hy.device && !strcmp(o->hy.device, "cuda") ? "device" : "modelled");
 	printf("baseline    %8.2f tokens/s  CPU-only sparse decode\n", ref);
-	printf("%-13s %8s %7s %7s %6s %8s %8s %8s %8s %7s %7s %s\n", "policy", "tok/s", "vs cpu",
-	       "gpu%", "loads", "MB/tok", "cpu ms", "dev ms*", "stall", "roof%", "agree", "lambda");
+	printf("%-13s %8s %7s %5s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy", "tok/s",
+	       "vs cpu", "dense", "gpu%", "loads", "MB/tok", "attn ms", "cpu ms", "dev ms*",
+	       "stall", "roof%", "agree", "lambda");
 	for (int i = 0; i < np; i++) {
 		const struct hyb_hybrid_stats *s = &pr[i].st;
 		const double n = s->tokens ? (double)s->tokens : 1;
 		const double tps = median(pr[i].tps, o->reps);
-		const double cpu_b = dense + neuron * (s->active - s->active_dev) / n;
-		const double gpu_b = neuron * s->active_dev / n;
 		const double io_b = (double)(s->load_bytes + s->critical_bytes) / n;
-		double roof = cpu_b / bw_dram;
+		double cpu_b, gpu_b, roof;
+		char dense[16];
 
+		step_bytes(m, &pr[i].pl, s, pr[i].p == HYB_POLICY_LAYER, mean_pos, &cpu_b, &gpu_b);
+		roof = cpu_b / bw_dram;
+		snprintf(dense, sizeof(dense), "%u%s", pr[i].pl.attn_layers, pr[i].pl.head ? "+h" : "");
 		if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
 			roof = gpu_b / bw_hbm;
 		if (bw_pcie > 0 && io_b / bw_pcie > roof)
@@ -287,11 +317,11 @@ int cmd_bench_hybrid(struct cli_opts *o)
 			base_layer = tps;
 		if (pr[i].p == HYB_POLICY_STATIC)
 			base_static = tps;
-		printf("%-13s %8.2f %6.2fx %6.1f%% %6.1f %8.2f %8.3f %8.3f %8.3f %6.0f%% %6.1f%%",
-		       hyb_policy_name(pr[i].p), tps, tps / ref,
+		printf("%-13s %8.2f %6.2fx %5s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f %5.0f%% "
+		       "%6.1f%%", hyb_policy_name(pr[i].p), tps, tps / ref, dense,
 		       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
-		       io_b / 1e6, 1e3 * s->cpu_ffn_s / n, 1e3 * s->dev_ffn_s / n,
-		       1e3 * s->stall_s / n, 100.0 * tps * roof,
+		       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
+		       1e3 * s->dev_ffn_s / n, 1e3 * s->stall_s / n, 100.0 * tps * roof,
 		       pr[i].compared ? 100.0 * pr[i].agree / pr[i].compared : 0.0);
 		if (!isnan(pr[i].lambda[0]))
 			printf(" %.2f/%.2f/%.2f", pr[i].lambda[0], pr[i].lambda[1], pr[i].lambda[2]);
@@ -311,8 +341,10 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	}
 	printf("dev ms*: device FFN time in the steps where the device, not the CPU, finished "
 	       "last\n");
+	printf("dense: attention blocks on the device (+h: and the head); layer runs its other "
+	       "layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
-	       "link bytes / PCIe) per token; attention and the head run on the CPU\n");
+	       "link bytes / PCIe) per token, each side's bytes where the placement put them\n");
 	for (int i = 0; i < np; i++)
 		free(pr[i].tps);
 	free(pr);

@@ -162,6 +162,58 @@ int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct 
 /* y[i] += x[i] for i < n (float): the merge of a CPU partial result (PowerInfer 5.3). */
 int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
 
+/*
+ * Dense kernels: the attention block and the head on the device (issue 6
+ * item 2; PowerInfer 5.3 keeps dense layers on the GPU). Their arithmetic is
+ * the CPU forward pass's (libhyb/forward.c): the CPU device runs the very
+ * same code and gives the same bits (attention over 512+ positions excepted:
+ * there the CPU pass splits positions between its threads as llama.cpp does,
+ * the device does not); CUDA agrees up to float summation order and the F16
+ * rounding of its own accumulators.
+ */
+
+/* y[0..n) = x / rms(x) * w, all float (hyb_rmsnorm). y may equal x. */
+int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+		       hyb_dptr w, uint32_t n, float eps);
+
+/*
+ * y (= or +=) W x: W is n_out rows of n_in elements of `type`, GGUF row layout,
+ * rows contiguous (a weight copied from the model file as is). x is first
+ * rounded to the type's dot format, as the CPU does (Q8_0 for Q4_0 and Q8_0,
+ * F16 for F16, none for F32). With accumulate, y[r] += (W x)[r], the dot
+ * product rounded to float first (the CPU's "matmul, then add the residual").
+ */
+struct hyb_dev_matvec {
+	uint32_t type;          /* F32, F16, Q8_0, Q4_0 */
+	uint32_t n_in, n_out;   /* n_in a multiple of the type's block */
+	hyb_dptr w;             /* n_out * hyb_row_bytes(type, n_in) bytes */
+	hyb_dptr x;             /* float [n_in] */
+	hyb_dptr y;             /* float [n_out]; must not overlap x */
+	bool accumulate;
+};
+int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
+
+/*
+ * One decode token's self-attention over a KV cache in device memory:
+ *   1. RoPE on q and k at position pos (hyb_rope's arithmetic);
+ *   2. k and v rounded to F16 into row pos of kcache and vcache;
+ *   3. each query head h attends over rows 0..pos of kv head
+ *      h / (n_head / n_head_kv), scores scaled by 1/sqrt(head_dim), softmax,
+ *      the weighted sum of V into out (heads concatenated).
+ * q and k are modified (roped) in place. Rows after pos are not read.
+ */
+struct hyb_dev_attn {
+	uint32_t n_head, n_head_kv, head_dim, n_rot;  /* n_head a multiple of n_head_kv */
+	float rope_base, rope_scale;  /* rope_scale: hyb_rope's freq_scale */
+	bool rope_neox;
+	uint32_t pos, n_ctx;          /* the caches hold n_ctx rows; pos < n_ctx */
+	hyb_dptr q;                   /* float [n_head * head_dim] */
+	hyb_dptr k, v;                /* float [n_head_kv * head_dim] each */
+	hyb_dptr kcache, vcache;      /* F16 [n_ctx][n_head_kv * head_dim] each */
+	hyb_dptr out;                 /* float [n_head * head_dim], not overlapping q, k, v */
+};
+int hyb_device_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
+
 /* ---- statistics --------------------------------------------------------------- */
 
 struct hyb_device_stats {

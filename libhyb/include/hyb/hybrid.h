@@ -13,12 +13,20 @@
  * during the last layer, layer 0's groups for the next token are decided
  * from this token's layer-0 activity and queued the same way.
  *
- * Where the dense parts run: attention, norms and the head run on the CPU in
- * this version, so the merge is on the host (the device partial is copied
- * back on the CRITICAL stream). PowerInfer merges on the GPU because its
- * next layer's attention is there; with the host doing attention, copying
- * the device partial down (n_embd floats) is the cheaper direction.
- * Prompt processing runs dense on the CPU (the plan's bundles as a GEMM).
+ * Where the dense parts run (PowerInfer 5.3): the budget goes first to the
+ * attention blocks (weights, norms, KV cache), layer by layer, then to the
+ * head, and what is left to neuron groups - every byte of a dense layer is
+ * read every token, no neuron is active more often than that, so a dense
+ * byte on the device saves at least as much CPU traffic as a neuron byte.
+ * The "layer" policy (llama.cpp -ngl) instead places whole layers in order,
+ * attention and all of the FFN, then the head, and runs the other layers
+ * dense on the CPU. A layer whose attention is on the device keeps the
+ * residual stream there: its output and ffn_norm come down for the
+ * predictor and the CPU's neurons, the CPU partial goes up and is merged on
+ * the device. A layer whose attention runs on the CPU (no room, or
+ * dense_on_cpu) merges on the host. Oracle mode merges on the host always.
+ * Prompt processing runs dense on the CPU (the plan's bundles as a GEMM);
+ * the prompt's KV rows go up to the device before the first decoded token.
  *
  * Oracle mode (tests; hyb_ctx_params.ffn_oracle): both the hybrid path and the CPU-only sparse path sum
  * the FFN output group by group in group order, each group's partial from
@@ -42,6 +50,8 @@ struct hyb_hybrid_params {
 	enum hyb_policy policy;
 	struct hyb_device_config dev;  /* capacity: 0 means gpu_budget */
 	struct hyb_balancer_params bal;/* tuning only: policy/shape/budget/freq are set here */
+	bool dense_on_cpu;             /* attention and head stay on the CPU (the budget is
+					* all for neuron groups) */
 };
 
 struct hyb_hybrid_stats {
@@ -60,6 +70,17 @@ struct hyb_hybrid_stats {
 				   * counted in the steps where the device finished last */
 	double stall_s;           /* host waiting for the device at merges */
 	double ffn_s;             /* host clock in hybrid FFN layers, all of it */
+	double attn_s;            /* host clock in attention blocks (device: to the copy-down) */
+	double head_s;            /* host clock in the head */
+};
+
+/* Where the dense parts went (after the placement). */
+struct hyb_hybrid_placement {
+	uint32_t attn_layers;     /* layers whose attention block is on the device */
+	bool head;                /* the head is on the device */
+	uint32_t dense_layers_cpu;/* layer policy: layers computed dense on the CPU */
+	uint64_t dense_bytes;     /* device bytes of attention blocks, KV and head */
+	uint64_t cache_bytes;     /* device bytes of neuron cache slots */
 };
 
 /*
@@ -75,6 +96,7 @@ void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c);
 double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l);
 /* Cache slots in use / owned, over all layers. */
 void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots);
+void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out);
 /* The device's configuration, defaults filled in (zeroed without hybrid). */
 void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out);
 /*

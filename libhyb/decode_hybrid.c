@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The hybrid decode step (decode_hybrid.h). Per layer:
+ *
+ *   attention  on the device when placed there (hybrid_dense.c): the block
+ *              runs on COMPUTE, then x and ffn_norm(x) come down on CRITICAL
+ *              for the predictor and the CPU's neurons - the only wait of
+ *              the layer; otherwise on the CPU (forward.c's code);
+ *   FFN        the split of ffn_hybrid.c, merged on the device when the
+ *              attention was there (PowerInfer 5.3: the next layer's
+ *              attention reads x where it was merged), else on the host; a
+ *              layer-policy layer not on the device runs dense on the CPU;
+ *   head       on the device when placed, else on the CPU.
+ *
+ * The residual stream lives where the last step left it (`where`); a step
+ * on the other side first moves it (n_embd floats on CRITICAL).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "decode_hybrid.h"
+#include "ffn_hybrid.h"
+#include "forward_internal.h"
+#include "hybrid_dense.h"
+
+enum x_where { X_HOST, X_DEV, X_BOTH };
+
+struct step {
+	struct hyb_ctx *c;
+	struct hyb_ffn_hybrid *h;
+	struct hyb_hdense *hd;
+	struct hyb_device *dev;
+	enum x_where where;
+	char *err;
+	size_t errlen;
+};
+
+static int dev_err(struct step *s, const char *what)
+{
+	snprintf(s->err, s->errlen, "%s: %s", what, hyb_device_error(s->dev));
+	return -1;
+}
+
+/* x (and xn) on the host, current */
+static int x_to_host(struct step *s, bool with_xn)
+{
+	struct hyb_device_event *ev;
+	const uint32_t E = s->c->m->hp.n_embd;
+	const float *hx;
+
+	if (s->where != X_DEV && !with_xn)
+		return 0;
+	hx = hyb_hdense_host_x(s->hd);
+	if (hyb_hdense_x_down(s->hd, with_xn, &ev) || hyb_device_sync(s->dev, ev))
+		return dev_err(s, "residual stream from the device");
+	memcpy(s->c->x, hx, sizeof(float) * E);
+	if (with_xn)
+		memcpy(s->c->xn, hx + E, sizeof(float) * E);
+	s->where = X_BOTH;
+	return 0;
+}
+
+static int x_to_dev(struct step *s)
+{
+	if (s->where != X_HOST)
+		return 0;
+	memcpy(hyb_hdense_host_x(s->hd), s->c->x, sizeof(float) * s->c->m->hp.n_embd);
+	if (hyb_hdense_x_up(s->hd))
+		return dev_err(s, "residual stream to the device");
+	s->where = X_BOTH;
+	return 0;
+}
+
+static int attention(struct step *s, uint32_t l)
+{
+	struct hyb_ctx *c = s->c;
+
+	if (hyb_hdense_layer_on(s->hd, l)) {
+		if (x_to_dev(s))
+			return -1;
+		if (hyb_hdense_attention(s->hd, l, c->n_past))
+			return dev_err(s, "attention on the device");
+		s->where = X_DEV;
+		return x_to_host(s, true);
+	}
+	if (x_to_host(s, false))
+		return -1;
+	hyb_fwd_attention(c, l, 1);
+	hyb_fwd_ffn_norm(c, l, c->x, 1);
+	s->where = X_HOST;
+	return 0;
+}
+
+static int ffn(struct step *s, uint32_t l)
+{
+	struct hyb_ctx *c = s->c;
+	const uint32_t E = c->m->hp.n_embd;
+	bool on_dev;
+
+	if (hyb_ffn_hybrid_cpu_dense(s->h, l)) {
+		if (x_to_host(s, false))
+			return -1;
+		hyb_fwd_ffn_dense(c, l, 1);
+		on_dev = false;
+	} else {
+		on_dev = hyb_ffn_hybrid_merge_on_device(s->h, l);
+		if (hyb_ffn_hybrid_layer(s->h, c->pool, l, c->x, c->xn, c->xn, on_dev, s->err,
+					 s->errlen))
+			return -1;
+	}
+	if (on_dev) {
+		s->where = X_DEV;
+	} else {
+		for (uint32_t i = 0; i < E; i++)
+			c->x[i] += c->xn[i];
+		s->where = X_HOST;
+	}
+	return 0;
+}
+
+static int head(struct step *s, float *logits)
+{
+	if (hyb_hdense_head_on(s->hd)) {
+		if (x_to_dev(s) || hyb_hdense_head(s->hd, logits))
+			return dev_err(s, "head on the device");
+		return 0;
+	}
+	if (x_to_host(s, false))
+		return -1;
+	hyb_fwd_head(s->c, 0, 1, logits);
+	return 0;
+}
+
+int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err,
+		      size_t errlen)
+{
+	struct step s = {
+		.c = c, .h = c->hybrid, .hd = hyb_ffn_hybrid_dense(c->hybrid),
+		.dev = hyb_ffn_hybrid_device(c->hybrid), .where = X_HOST,
+		.err = err, .errlen = errlen,
+	};
+	double t0, t1, attn_s = 0;
+
+	hyb_ffn_hybrid_begin_token(s.h);
+	hyb_fwd_embed(c, &token, 1);
+	/* the prompt's rows (processed on the CPU) for the layers on the device */
+	if (s.hd && hyb_hdense_kv_up(s.hd, c->kcache, c->vcache, c->n_past))
+		return dev_err(&s, "KV cache to the device");
+	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
+		t0 = hyb_device_now(s.dev);
+		if (attention(&s, l))
+			return -1;
+		attn_s += hyb_device_now(s.dev) - t0;
+		if (ffn(&s, l))
+			return -1;
+	}
+	t0 = hyb_device_now(s.dev);
+	if (head(&s, logits))
+		return -1;
+	t1 = hyb_device_now(s.dev);
+	hyb_ffn_hybrid_stats_add(s.h, attn_s, t1 - t0);
+	c->n_past++;
+	return 0;
+}
+
+int hyb_decode_hybrid_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen)
+{
+	struct hyb_hdense *hd = hyb_ffn_hybrid_dense(c->hybrid);
+
+	if (hd && hyb_hdense_kv_down(hd, c->kcache, c->vcache, c->n_past)) {
+		snprintf(err, errlen, "KV cache from the device: %s",
+			 hyb_device_error(hyb_ffn_hybrid_device(c->hybrid)));
+		return -1;
+	}
+	return 0;
+}
+
+void hyb_decode_hybrid_kv_host_wrote(struct hyb_ctx *c)
+{
+	hyb_hdense_kv_host_wrote(hyb_ffn_hybrid_dense(c->hybrid), c->n_past);
+}
+
+void hyb_decode_hybrid_reset(struct hyb_ctx *c)
+{
+	hyb_hdense_kv_reset(hyb_ffn_hybrid_dense(c->hybrid));
+}

@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One decoded token of a hybrid context (hyb/hybrid.h): the layer loop that
+ * runs each part where the placement put it and moves the residual stream
+ * between the host and the device as it goes. forward.c calls it for
+ * single-token batches of hybrid contexts, and the KV hooks around the
+ * prompt batches it runs on the CPU.
+ */
+#ifndef HYB_DECODE_HYBRID_H
+#define HYB_DECODE_HYBRID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct hyb_ctx;
+
+/* logits[n_vocab] of token at position n_past; n_past advances. 0 or -1 with err. */
+int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err,
+		      size_t errlen);
+/* Before the CPU processes a batch: rows only the device holds come back. */
+int hyb_decode_hybrid_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen);
+/* After it: the host holds every row up to n_past. */
+void hyb_decode_hybrid_kv_host_wrote(struct hyb_ctx *c);
+/* The context was reset. */
+void hyb_decode_hybrid_reset(struct hyb_ctx *c);
+
+#endif

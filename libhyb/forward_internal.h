@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The context and the CPU steps of the forward pass (libhyb/forward.c), for
+ * the hybrid decode step (libhyb/decode_hybrid.c), which runs some of them on
+ * the CPU and the rest on a device.
+ */
+#ifndef HYB_FORWARD_INTERNAL_H
+#define HYB_FORWARD_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_kernels.h"
+#include "hyb/model.h"
+#include "hyb/threadpool.h"
+
+struct hyb_ctx {
+	const struct hyb_model *m;
+	const struct hyb_cpu_kernels *k;
+	struct hyb_pool *pool;
+	uint32_t n_ctx, n_past, n_batch;
+	uint32_t q_dim, kv_dim;
+
+	uint16_t *kcache;  /* [layer][pos][kv_dim] F16 */
+	uint16_t *vcache;  /* [layer][pos][kv_dim] F16 */
+	size_t kv_bytes;
+
+	/* scratch for a batch of n_batch tokens */
+	float *x, *xn, *q, *kk, *vv, *att, *g, *u;
+	void *xq;          /* activations converted for the matmul in flight */
+	size_t xq_stride;  /* bytes per token in xq */
+	void *attn_tmp;    /* per thread scratch of attend() */
+	size_t attn_tmp_stride;
+
+	hyb_ffn_probe_fn probe;
+	void *probe_user;
+
+	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
+	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
+	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
+};
+
+/* c->x[t] = the embedding of tokens[t]. */
+void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n);
+/* Layer l's attention block for n tokens at c->n_past: c->x += attention. */
+void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n);
+/* c->xn[t] = ffn_norm(x[t]) for the nf rows at x. */
+void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf);
+/* c->xn = the dense FFN of layer l over the nf rows of c->xn (in place). */
+void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf);
+/* logits[t] for rows first..n-1 of c->x: out_norm, then the output matrix. */
+void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits);
+
+#endif

@@ -1,0 +1,417 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The dense part of a hybrid model in device memory: see hybrid_dense.h.
+ * Weights are copied from the model's mapping as they are (GGUF rows), so the
+ * device kernels read the bytes the CPU would.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hybrid_dense.h"
+#include "hyb/tensor_type.h"
+
+struct dense_layer {
+	bool on;
+	hyb_dptr attn_norm, wq, wk, wv, wo, ffn_norm, kc, vc;
+	uint32_t host_n, dev_n;  /* KV rows each side holds */
+};
+
+struct hyb_hdense {
+	struct hyb_device *dev;
+	const struct hyb_model *m;
+	uint32_t L, E, V, q_dim, kv_dim, n_ctx, n_on;
+	bool head;
+	struct dense_layer *lay;
+	hyb_dptr out_norm, out;
+	hyb_dptr x, q, k, v, att, logits;  /* x: [x | xn] */
+	float *h_x, *h_logits;
+	struct hyb_device_event *ev_up, *ev_down, *ev_head;
+	uint64_t bytes;
+};
+
+static uint64_t round256(uint64_t b)
+{
+	return (b + 255) / 256 * 256;
+}
+
+static bool type_ok(uint32_t t)
+{
+	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 ||
+	       t == HYB_TYPE_Q4_0;
+}
+
+static uint64_t weight_bytes(const struct hyb_weight *w)
+{
+	return w->ne1 * w->row_bytes;
+}
+
+/* a matrix the device's matvec takes, or a float vector */
+static bool mat_ok(const struct hyb_weight *w)
+{
+	return w->data && type_ok(w->type) && hyb_row_bytes(w->type, w->ne0) == w->row_bytes;
+}
+
+static bool norm_ok(const struct hyb_weight *w)
+{
+	return w->data && w->type == HYB_TYPE_F32;
+}
+
+uint64_t hyb_hdense_layer_bytes(const struct hyb_model *m, uint32_t l, uint32_t n_ctx)
+{
+	const struct hyb_layer *L = &m->layers[l];
+	const uint64_t kv = (uint64_t)m->hp.n_head_kv * m->hp.head_dim;
+
+	if (!norm_ok(&L->attn_norm) || !norm_ok(&L->ffn_norm) || !mat_ok(&L->wq) ||
+	    !mat_ok(&L->wk) || !mat_ok(&L->wv) || !mat_ok(&L->wo) || m->hp.head_dim > 256 ||
+	    m->hp.head_dim % 2 || m->hp.n_rot % 2)
+		return 0;
+	return round256(weight_bytes(&L->attn_norm)) + round256(weight_bytes(&L->ffn_norm)) +
+	       round256(weight_bytes(&L->wq)) + round256(weight_bytes(&L->wk)) +
+	       round256(weight_bytes(&L->wv)) + round256(weight_bytes(&L->wo)) +
+	       2 * round256(2 * kv * n_ctx);
+}
+
+uint64_t hyb_hdense_head_bytes(const struct hyb_model *m)
+{
+	if (!norm_ok(&m->out_norm) || !mat_ok(&m->output))
+		return 0;
+	return round256(weight_bytes(&m->out_norm)) + round256(weight_bytes(&m->output));
+}
+
+uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+	uint64_t b = 0;
+
+	if (!any_layer && !head)
+		return 0;
+	b += round256(sizeof(float) * 2ull * hp->n_embd);
+	if (any_layer)
+		b += 2 * round256(sizeof(float) * q) + 2 * round256(sizeof(float) * kv);
+	if (head)
+		b += round256(sizeof(float) * (uint64_t)hp->n_vocab);
+	return b;
+}
+
+static int fail(struct hyb_hdense *hd, char *err, size_t errlen, const char *what)
+{
+	snprintf(err, errlen, "%s: %s", what, hyb_device_error(hd->dev));
+	return -1;
+}
+
+/* allocate and queue the upload of one tensor */
+static int put(struct hyb_hdense *hd, const struct hyb_weight *w, hyb_dptr *out)
+{
+	const uint64_t b = weight_bytes(w);
+
+	if (hyb_device_alloc(hd->dev, b, out) ||
+	    hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, *out, w->data, b))
+		return -1;
+	hd->bytes += round256(b);
+	return 0;
+}
+
+static int alloc(struct hyb_hdense *hd, uint64_t b, hyb_dptr *out)
+{
+	if (hyb_device_alloc(hd->dev, b, out))
+		return -1;
+	hd->bytes += round256(b);
+	return 0;
+}
+
+static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
+{
+	const uint64_t kvb = 2ull * hd->kv_dim * hd->n_ctx;
+
+	for (uint32_t l = 0; l < hd->L; l++) {
+		const struct hyb_layer *L = &hd->m->layers[l];
+		struct dense_layer *d = &hd->lay[l];
+
+		if (!d->on)
+			continue;
+		if (put(hd, &L->attn_norm, &d->attn_norm) || put(hd, &L->ffn_norm, &d->ffn_norm) ||
+		    put(hd, &L->wq, &d->wq) || put(hd, &L->wk, &d->wk) ||
+		    put(hd, &L->wv, &d->wv) || put(hd, &L->wo, &d->wo) ||
+		    alloc(hd, kvb, &d->kc) || alloc(hd, kvb, &d->vc))
+			return fail(hd, err, errlen, "attention weights to the device");
+	}
+	if (hd->head && (put(hd, &hd->m->out_norm, &hd->out_norm) ||
+			 put(hd, &hd->m->output, &hd->out)))
+		return fail(hd, err, errlen, "the head to the device");
+	if (hd->n_on || hd->head) {
+		if (alloc(hd, sizeof(float) * 2ull * hd->E, &hd->x))
+			return fail(hd, err, errlen, "device buffers");
+	}
+	if (hd->n_on && (alloc(hd, sizeof(float) * hd->q_dim, &hd->q) ||
+			 alloc(hd, sizeof(float) * hd->q_dim, &hd->att) ||
+			 alloc(hd, sizeof(float) * hd->kv_dim, &hd->k) ||
+			 alloc(hd, sizeof(float) * hd->kv_dim, &hd->v)))
+		return fail(hd, err, errlen, "device buffers");
+	if (hd->head && alloc(hd, sizeof(float) * hd->V, &hd->logits))
+		return fail(hd, err, errlen, "device buffers");
+	if (hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_up) ||
+	    hyb_device_sync(hd->dev, hd->ev_up))
+		return fail(hd, err, errlen, "dense weights to the device");
+	return 0;
+}
+
+struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *m,
+				  uint32_t n_ctx, const bool *layers, bool head, char *err,
+				  size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_hdense *hd = calloc(1, sizeof(*hd));
+
+	if (!hd)
+		goto oom;
+	hd->dev = d;
+	hd->m = m;
+	hd->L = hp->n_layer;
+	hd->E = hp->n_embd;
+	hd->V = hp->n_vocab;
+	hd->q_dim = hp->n_head * hp->head_dim;
+	hd->kv_dim = hp->n_head_kv * hp->head_dim;
+	hd->n_ctx = n_ctx;
+	hd->head = head && hyb_hdense_head_bytes(m);
+	hd->lay = calloc(hd->L, sizeof(*hd->lay));
+	hd->h_x = hyb_device_host_alloc(d, sizeof(float) * 2 * hd->E);
+	hd->h_logits = hd->head ? hyb_device_host_alloc(d, sizeof(float) * hd->V) : NULL;
+	hd->ev_up = hyb_device_event_new(d);
+	hd->ev_down = hyb_device_event_new(d);
+	hd->ev_head = hyb_device_event_new(d);
+	if (!hd->lay || !hd->h_x || (hd->head && !hd->h_logits) || !hd->ev_up ||
+	    !hd->ev_down || !hd->ev_head)
+		goto oom;
+	for (uint32_t l = 0; l < hd->L; l++) {
+		hd->lay[l].on = layers && layers[l] && hyb_hdense_layer_bytes(m, l, n_ctx);
+		hd->n_on += hd->lay[l].on;
+	}
+	if (upload(hd, err, errlen)) {
+		hyb_hdense_free(hd);
+		return NULL;
+	}
+	return hd;
+oom:
+	snprintf(err, errlen, "out of memory for the dense layers on the device");
+	hyb_hdense_free(hd);
+	return NULL;
+}
+
+void hyb_hdense_free(struct hyb_hdense *hd)
+{
+	if (!hd)
+		return;
+	/* device memory goes with the device; host buffers and events here */
+	hyb_device_host_free(hd->dev, hd->h_x);
+	hyb_device_host_free(hd->dev, hd->h_logits);
+	hyb_device_event_free(hd->dev, hd->ev_up);
+	hyb_device_event_free(hd->dev, hd->ev_down);
+	hyb_device_event_free(hd->dev, hd->ev_head);
+	free(hd->lay);
+	free(hd);
+}
+
+bool hyb_hdense_layer_on(const struct hyb_hdense *hd, uint32_t l)
+{
+	return hd && l < hd->L && hd->lay[l].on;
+}
+
+bool hyb_hdense_head_on(const struct hyb_hdense *hd)
+{
+	return hd && hd->head;
+}
+
+uint32_t hyb_hdense_layers_on(const struct hyb_hdense *hd)
+{
+	return hd ? hd->n_on : 0;
+}
+
+uint64_t hyb_hdense_bytes(const struct hyb_hdense *hd)
+{
+	return hd ? hd->bytes : 0;
+}
+
+hyb_dptr hyb_hdense_x(const struct hyb_hdense *hd)
+{
+	return hd->x;
+}
+
+hyb_dptr hyb_hdense_xn(const struct hyb_hdense *hd)
+{
+	return hd->x + sizeof(float) * hd->E;
+}
+
+float *hyb_hdense_host_x(const struct hyb_hdense *hd)
+{
+	return hd->h_x;
+}
+
+int hyb_hdense_x_up(struct hyb_hdense *hd)
+{
+	if (hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, hd->x, hd->h_x, sizeof(float) * hd->E) ||
+	    hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_up) ||
+	    hyb_device_wait(hd->dev, HYB_STREAM_COMPUTE, hd->ev_up))
+		return -1;
+	return 0;
+}
+
+int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, struct hyb_device_event **ev)
+{
+	const uint64_t b = sizeof(float) * hd->E * (with_xn ? 2 : 1);
+
+	if (hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_down) ||
+	    hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_down) ||
+	    hyb_device_d2h(hd->dev, HYB_STREAM_CRITICAL, hd->h_x, hd->x, b) ||
+	    hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_down))
+		return -1;
+	*ev = hd->ev_down;
+	return 0;
+}
+
+static struct hyb_dev_matvec mv(const struct hyb_weight *w, hyb_dptr wd, hyb_dptr x,
+				hyb_dptr y, bool acc)
+{
+	return (struct hyb_dev_matvec){ .type = w->type, .n_in = (uint32_t)w->ne0,
+					.n_out = (uint32_t)w->ne1, .w = wd, .x = x, .y = y,
+					.accumulate = acc };
+}
+
+int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
+{
+	const struct hyb_hparams *hp = &hd->m->hp;
+	const struct hyb_layer *L = &hd->m->layers[l];
+	const struct dense_layer *d = &hd->lay[l];
+	struct hyb_device *dev = hd->dev;
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+	const hyb_dptr xn = hyb_hdense_xn(hd);
+	const struct hyb_dev_matvec q = mv(&L->wq, d->wq, xn, hd->q, false);
+	const struct hyb_dev_matvec k = mv(&L->wk, d->wk, xn, hd->k, false);
+	const struct hyb_dev_matvec v = mv(&L->wv, d->wv, xn, hd->v, false);
+	const struct hyb_dev_matvec o = mv(&L->wo, d->wo, hd->att, hd->x, true);
+	const struct hyb_dev_attn a = {
+		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+		.n_rot = hp->n_rot, .rope_base = hp->rope_base, .rope_scale = hp->rope_scale,
+		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
+		.q = hd->q, .k = hd->k, .v = hd->v, .kcache = d->kc, .vcache = d->vc,
+		.out = hd->att,
+	};
+
+	if (!d->on || d->dev_n < pos)
+		return -EINVAL;
+	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
+	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
+	    hyb_device_matvec(dev, s, &v) || hyb_device_attention(dev, s, &a) ||
+	    hyb_device_matvec(dev, s, &o) ||
+	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
+		return -1;
+	hyb_hdense_kv_dev_wrote(hd, l, pos + 1);
+	return 0;
+}
+
+int hyb_hdense_head(struct hyb_hdense *hd, float *logits)
+{
+	const struct hyb_model *m = hd->m;
+	const hyb_dptr xn = hyb_hdense_xn(hd);
+	const struct hyb_dev_matvec o = mv(&m->output, hd->out, xn, hd->logits, false);
+
+	if (!hd->head)
+		return -EINVAL;
+	if (hyb_device_rmsnorm(hd->dev, HYB_STREAM_COMPUTE, xn, hd->x, hd->out_norm, hd->E,
+			       m->hp.rms_eps) ||
+	    hyb_device_matvec(hd->dev, HYB_STREAM_COMPUTE, &o) ||
+	    hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_head) ||
+	    hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_head) ||
+	    hyb_device_d2h(hd->dev, HYB_STREAM_CRITICAL, hd->h_logits, hd->logits,
+			   sizeof(float) * hd->V) ||
+	    hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_head) ||
+	    hyb_device_sync(hd->dev, hd->ev_head))
+		return -1;
+	memcpy(logits, hd->h_logits, sizeof(float) * hd->V);
+	return 0;
+}
+
+int hyb_hdense_kv_up(struct hyb_hdense *hd, const uint16_t *kc, const uint16_t *vc,
+		     uint32_t n)
+{
+	const uint64_t row = 2ull * hd->kv_dim;
+	bool queued = false;
+
+	for (uint32_t l = 0; l < hd->L; l++) {
+		struct dense_layer *d = &hd->lay[l];
+		const size_t base = (size_t)l * hd->n_ctx * hd->kv_dim;
+
+		if (!d->on || d->dev_n >= n)
+			continue;
+		if (d->host_n < n)
+			return -EINVAL;  /* neither side holds the rows: a bookkeeping bug */
+		const uint64_t off = d->dev_n * row, b = (n - d->dev_n) * row;
+
+		if (hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->kc + off,
+				   kc + base + (size_t)d->dev_n * hd->kv_dim, b) ||
+		    hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->vc + off,
+				   vc + base + (size_t)d->dev_n * hd->kv_dim, b))
+			return -1;
+		d->dev_n = n;
+		queued = true;
+	}
+	if (queued && (hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_up) ||
+		       hyb_device_wait(hd->dev, HYB_STREAM_COMPUTE, hd->ev_up)))
+		return -1;
+	return 0;
+}
+
+int hyb_hdense_kv_down(struct hyb_hdense *hd, uint16_t *kc, uint16_t *vc, uint32_t n)
+{
+	const uint64_t row = 2ull * hd->kv_dim;
+	bool queued = false;
+
+	for (uint32_t l = 0; l < hd->L; l++) {
+		struct dense_layer *d = &hd->lay[l];
+		const size_t base = (size_t)l * hd->n_ctx * hd->kv_dim;
+
+		if (!d->on || d->host_n >= n)
+			continue;
+		if (d->dev_n < n)
+			return -EINVAL;
+		const uint64_t off = d->host_n * row, b = (n - d->host_n) * row;
+
+		if (!queued && (hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_down) ||
+				hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_down)))
+			return -1;
+		if (hyb_device_d2h(hd->dev, HYB_STREAM_CRITICAL,
+				   kc + base + (size_t)d->host_n * hd->kv_dim, d->kc + off, b) ||
+		    hyb_device_d2h(hd->dev, HYB_STREAM_CRITICAL,
+				   vc + base + (size_t)d->host_n * hd->kv_dim, d->vc + off, b))
+			return -1;
+		d->host_n = n;
+		queued = true;
+	}
+	if (queued && (hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_down) ||
+		       hyb_device_sync(hd->dev, hd->ev_down)))
+		return -1;
+	return 0;
+}
+
+void hyb_hdense_kv_host_wrote(struct hyb_hdense *hd, uint32_t to)
+{
+	for (uint32_t l = 0; hd && l < hd->L; l++)
+		if (hd->lay[l].host_n < to)
+			hd->lay[l].host_n = to;
+}
+
+void hyb_hdense_kv_dev_wrote(struct hyb_hdense *hd, uint32_t l, uint32_t to)
+{
+	if (hd->lay[l].dev_n < to)
+		hd->lay[l].dev_n = to;
+}
+
+void hyb_hdense_kv_reset(struct hyb_hdense *hd)
+{
+	for (uint32_t l = 0; hd && l < hd->L; l++)
+		hd->lay[l].host_n = hd->lay[l].dev_n = 0;
+}

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The dense part of a hybrid model in device memory (issue 6 item 2;
+ * PowerInfer 5.3 keeps attention and the head on the GPU): per placed layer
+ * the attention block's weights, its norms and its KV cache; the head; and
+ * the residual stream's device copy. libhyb/decode_hybrid.c queues the
+ * work; this file owns the bytes, the placement arithmetic and the KV
+ * cache's two copies.
+ *
+ * KV cache. A placed layer's cache lives on both sides: prompts are
+ * processed on the CPU (rows land in the host cache), decoded tokens on the
+ * device (rows land in the device cache). Each side has a watermark, the
+ * rows it holds; before a side reads a layer it is brought up to date by
+ * one copy of the rows it lacks (rows are contiguous per layer).
+ */
+#ifndef HYB_HYBRID_DENSE_H
+#define HYB_HYBRID_DENSE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyb/device.h"
+#include "hyb/model.h"
+
+struct hyb_hdense;
+
+/* Device bytes of layer l's attention block (weights, norms, KV of n_ctx rows); 0: its
+ * types cannot run on the device. */
+uint64_t hyb_hdense_layer_bytes(const struct hyb_model *m, uint32_t l, uint32_t n_ctx);
+/* Device bytes of the head (out_norm, output); 0: not supported. */
+uint64_t hyb_hdense_head_bytes(const struct hyb_model *m);
+/* Device bytes of the buffers, given whether any layer and the head are placed. */
+uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head);
+
+/*
+ * Upload the placed parts (layers[l], head) to d and wait for them. NULL
+ * with a reason in err. Nothing placed is fine (every call is then a no-op).
+ */
+struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *m,
+				  uint32_t n_ctx, const bool *layers, bool head, char *err,
+				  size_t errlen);
+void hyb_hdense_free(struct hyb_hdense *hd);
+
+bool hyb_hdense_layer_on(const struct hyb_hdense *hd, uint32_t l);
+bool hyb_hdense_head_on(const struct hyb_hdense *hd);
+uint32_t hyb_hdense_layers_on(const struct hyb_hdense *hd);
+/* Device bytes it holds. */
+uint64_t hyb_hdense_bytes(const struct hyb_hdense *hd);
+
+/* The residual stream's device copy: x, then xn (ffn_norm'ed), n_embd floats each. */
+hyb_dptr hyb_hdense_x(const struct hyb_hdense *hd);
+hyb_dptr hyb_hdense_xn(const struct hyb_hdense *hd);
+
+/*
+ * The host copies of x (and xn after it: 2 * n_embd floats, pinned). up:
+ * queue x on CRITICAL and make COMPUTE wait for it. down: queue [x | xn]
+ * after the work on COMPUTE so far, on CRITICAL; ev completes when it landed.
+ */
+float *hyb_hdense_host_x(const struct hyb_hdense *hd);
+int hyb_hdense_x_up(struct hyb_hdense *hd);
+int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, struct hyb_device_event **ev);
+
+/*
+ * Layer l's attention block for one token at pos, on COMPUTE: x += the
+ * attention output, then xn = ffn_norm(x). The device's KV cache must hold
+ * rows 0..pos-1 (hyb_hdense_kv_up).
+ */
+int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos);
+/* logits[n_vocab] of the token in x (out_norm, output), copied back and waited for. */
+int hyb_hdense_head(struct hyb_hdense *hd, float *logits);
+
+/*
+ * Bring one side's KV rows of the placed layers up to n rows. kc, vc: the
+ * host caches ([layer][n_ctx][kv_dim] F16). up: host rows the device lacks
+ * go up on CRITICAL (COMPUTE waits for them). down: device rows the host
+ * lacks come back, waited for.
+ */
+int hyb_hdense_kv_up(struct hyb_hdense *hd, const uint16_t *kc, const uint16_t *vc,
+		     uint32_t n);
+int hyb_hdense_kv_down(struct hyb_hdense *hd, uint16_t *kc, uint16_t *vc, uint32_t n);
+/* Rows [from, to) of every layer were written on the host (a prompt batch) / device. */
+void hyb_hdense_kv_host_wrote(struct hyb_hdense *hd, uint32_t to);
+void hyb_hdense_kv_dev_wrote(struct hyb_hdense *hd, uint32_t l, uint32_t to);
+/* The context was reset: neither side holds any row. */
+void hyb_hdense_kv_reset(struct hyb_hdense *hd);
+
+#endif
