@@ -101,7 +101,7 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) $(NVFLAGS) -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikernels/cuda -c $< -o $@
 cuda: $(GPU_TESTBIN)
 $(GPU_TEST_OBJS): CPPFLAGS += -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
-$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)
+$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ $(LDLIBS) -o $@
 else
 cuda:

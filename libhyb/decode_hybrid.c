@@ -4,8 +4,10 @@
  *
  *   attention  on the device when placed there (hybrid_dense.c): the block
  *              runs on COMPUTE, then x and ffn_norm(x) come down on CRITICAL
- *              for the predictor and the CPU's neurons - the only wait of
- *              the layer; otherwise on the CPU (forward.c's code);
+ *              for the CPU's neurons, with the active sets of the
+ *              predictors that read this output when they are on the
+ *              device too - the only wait of the layer; otherwise on the
+ *              CPU (forward.c's code);
  *   FFN        the split of ffn_hybrid.c, merged on the device when the
  *              attention was there (PowerInfer 5.3: the next layer's
  *              attention reads x where it was merged), else on the host; a
@@ -51,7 +53,7 @@ static int x_to_host(struct step *s, bool with_xn)
 	if (s->where != X_DEV && !with_xn)
 		return 0;
 	hx = hyb_hdense_host_x(s->hd);
-	if (hyb_hdense_x_down(s->hd, with_xn, &ev) || hyb_device_sync(s->dev, ev))
+	if (hyb_hdense_x_down(s->hd, with_xn, with_xn, &ev) || hyb_device_sync(s->dev, ev))
 		return dev_err(s, "residual stream from the device");
 	memcpy(s->c->x, hx, sizeof(float) * E);
 	if (with_xn)
@@ -80,6 +82,11 @@ static int attention(struct step *s, uint32_t l)
 			return -1;
 		if (hyb_hdense_attention(s->hd, l, c->n_past))
 			return dev_err(s, "attention on the device");
+		/* the predictors that read this output (ffn_hybrid.c picks them up) */
+		if ((l == 0 && hyb_hdense_pred_on(s->hd, 0) && hyb_hdense_predict(s->hd, 0, 0)) ||
+		    (l + 1 < c->m->hp.n_layer && hyb_hdense_pred_on(s->hd, l + 1) &&
+		     hyb_hdense_predict(s->hd, l + 1, 1)))
+			return dev_err(s, "predictor on the device");
 		s->where = X_DEV;
 		return x_to_host(s, true);
 	}

@@ -747,3 +747,55 @@ void hyb_device_stats_reset(struct hyb_device *d)
 	if (d)
 		memset(&d->st, 0, sizeof(d->st));
 }
+
+int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p)
+{
+	int rc = check_dev(d, (int)s, "predict");
+
+	if (!rc)
+		rc = check_op(d, d->ops->predict != NULL, "predict");
+	if (rc)
+		return rc;
+	if (!p)
+		return hyb_device_fail(d, -EINVAL, "predict: NULL arguments");
+	if (!p->n_in || !p->hidden || !p->n_out || p->n_in % 32)
+		return hyb_device_fail(d, -EINVAL,
+				       "predict: bad shape %u -> %u -> %u (n_in a multiple of 32)",
+				       p->n_in, p->hidden, p->n_out);
+
+	const struct darr arr[7] = {
+		{ p->fc1_w, 2ull * p->hidden * p->n_in, "fc1_w" },
+		{ p->fc1_b, 4ull * p->hidden, "fc1_b" },
+		{ p->fc2_w, 2ull * p->hidden * p->n_out, "fc2_w" },
+		{ p->fc2_b, 4ull * p->n_out, "fc2_b" },
+		{ p->x, 4ull * p->n_in, "x" },
+		{ p->active, 4ull * p->n_out, "active" },
+		{ p->count, 4, "count" },
+	};
+
+	rc = check_aligned(d, p->fc1_w, arr[0].len, 2, "predict fc1_w");
+	if (!rc)
+		rc = check_array(d, p->fc1_b, arr[1].len, "predict fc1_b");
+	if (!rc)
+		rc = check_aligned(d, p->fc2_w, arr[2].len, 2, "predict fc2_w");
+	if (!rc)
+		rc = check_array(d, p->fc2_b, arr[3].len, "predict fc2_b");
+	if (!rc)
+		rc = check_array(d, p->x, arr[4].len, "predict x");
+	if (!rc)
+		rc = check_array(d, p->active, arr[5].len, "predict active");
+	if (!rc)
+		rc = check_array(d, p->count, arr[6].len, "predict count");
+	/* the outputs apart from everything; the inputs may share memory */
+	for (int i = 0; !rc && i < 7; i++) {
+		if (i != 5 && overlap(&arr[i], &arr[5]))
+			rc = hyb_device_fail(d, -EINVAL, "predict: active overlaps %s", arr[i].name);
+		else if (i != 6 && overlap(&arr[i], &arr[6]))
+			rc = hyb_device_fail(d, -EINVAL, "predict: count overlaps %s", arr[i].name);
+	}
+	if (!rc)
+		rc = d->ops->predict(d, s, p);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}

@@ -19,7 +19,9 @@
  * else 2), y disjoint from x and w; attention: sizes > 0, n_head_kv divides
  * n_head, head_dim even and <= 256, n_rot even and <= head_dim, pos <
  * n_ctx, rope_base finite > 0, rope_scale finite, q, k, v, kcache, vcache
- * and out pairwise disjoint; alloc: 0 < bytes <= capacity - used.
+ * and out pairwise disjoint; predict: sizes > 0, n_in a multiple of 32,
+ * weights 2-byte aligned, active and count disjoint from each other and from
+ * every input; alloc: 0 < bytes <= capacity - used.
  * device.c keeps: used (sum of the bytes asked by live allocations), the
  * table of live allocations (ops->free is called while it still lists p, so
  * hyb_device_span(d, p) gives the size; close is called after every live
@@ -62,6 +64,7 @@ struct hyb_device_ops {
 		       hyb_dptr w, uint32_t n, float eps);
 	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
 	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
+	int (*predict)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
 };
 
 /* The common head of every implementation's device struct. */

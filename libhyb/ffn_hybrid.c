@@ -48,6 +48,7 @@ struct hyb_ffn_hybrid {
 	struct hyb_balancer *bal;
 	struct hyb_hdense *hd;          /* attention blocks and head on the device */
 	bool oracle, layer_policy;
+	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
 	struct hyb_hybrid_placement place;
 	uint32_t E, F, GS, NG, L;
 	uint64_t slot_bytes;
@@ -389,6 +390,29 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	return 0;
 }
 
+/*
+ * Layer j's active set, predicted from x_attn (the residual stream after the
+ * previous layer's attention, or layer 0's own): by the device where its
+ * predictor is there (decode_hybrid.c queued it into `slot` and the list has
+ * come down), else on the host.
+ */
+static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t j, int slot,
+			const float *x_attn, uint32_t *out)
+{
+	if (hyb_hdense_pred_on(h->hd, j)) {
+		const uint32_t *list;
+		const uint32_t n = hyb_hdense_predicted(h->hd, slot, &list);
+
+		memcpy(out, list, sizeof(uint32_t) * n);
+		return n;
+	}
+	if (!h->cur_ready) {
+		hyb_unit_rms(h->cur, x_attn, h->E);
+		h->cur_ready = true;
+	}
+	return hyb_ffn_sparse_predict(h->sp, pool, j, h->cur, out);
+}
+
 /* A layer-policy layer on the device: every neuron, nothing predicted or moved. */
 static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
 		       const float *xn, float *y, bool on_dev, char *err, size_t errlen)
@@ -446,9 +470,9 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
 		h->window_s = t0 - h->t_layer_in;
 	h->t_layer_in = t0;
 
-	hyb_unit_rms(h->cur, x_attn, h->E);
+	h->cur_ready = false;
 	if (l == 0) {
-		h->n_act = hyb_ffn_sparse_predict(h->sp, pool, 0, h->cur, h->act);
+		h->n_act = predict(h, pool, 0, 0, x_attn, h->act);
 		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
 		h->n_act0 = h->n_act;
 	} else {
@@ -456,7 +480,7 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
 		h->n_act = h->n_act_next;
 	}
 	if (l + 1 < h->L)
-		h->n_act_next = hyb_ffn_sparse_predict(h->sp, pool, l + 1, h->cur, h->act_next);
+		h->n_act_next = predict(h, pool, l + 1, 1, x_attn, h->act_next);
 	const double t1 = hyb_device_now(h->dev);
 
 	if (l + 1 < h->L ? balance(h, l + 1, h->act_next, h->n_act_next, err, errlen)
@@ -609,7 +633,7 @@ static int warm_start(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
  * left for neuron groups. `avail` is the budget less the FFN buffers.
  */
 static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head)
+			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred)
 {
 	const struct hyb_model *m = h->m;
 	const uint64_t layer_ffn = (uint64_t)h->NG * h->slot_bytes;
@@ -622,7 +646,7 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 		for (uint32_t l = 0; l < h->L; l++) {
 			const uint64_t ab = p->dense_on_cpu ? 0 : hyb_hdense_layer_bytes(m, l, n_ctx);
 			const uint64_t need = ab + layer_ffn +
-				hyb_hdense_buffer_bytes(m, ab || n_on, false);
+				hyb_hdense_buffer_bytes(m, ab || n_on, false, false);
 
 			if ((!ab && !p->dense_on_cpu) || need > avail)
 				break;
@@ -632,28 +656,50 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 			full++;
 		}
 		if (!p->dense_on_cpu && full == h->L && hb &&
-		    hb + hyb_hdense_buffer_bytes(m, n_on, true) <= avail) {
+		    hb + hyb_hdense_buffer_bytes(m, n_on, true, false) <= avail) {
 			*head = true;
 			avail -= hb;
 		}
 		return (uint64_t)full * h->NG;
 	}
 	if (!p->dense_on_cpu) {
+		uint32_t n_pred = 0;
+
 		/* attention blocks first, in layer order, then the head */
 		for (uint32_t l = 0; l < h->L; l++) {
 			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
 
-			if (!ab || ab + hyb_hdense_buffer_bytes(m, true, false) > avail)
+			if (!ab || ab + hyb_hdense_buffer_bytes(m, true, false, false) > avail)
 				break;
 			on[l] = true;
 			n_on++;
 			avail -= ab;
 		}
-		if (hb && hb + hyb_hdense_buffer_bytes(m, n_on, true) <= avail) {
+		if (hb && hb + hyb_hdense_buffer_bytes(m, n_on, true, false) <= avail) {
 			*head = true;
 			avail -= hb;
 		}
-		avail -= hyb_hdense_buffer_bytes(m, n_on, *head);
+		/*
+		 * Then the predictors whose input is on the device: fc1 is read
+		 * whole every token and fc2 by the hidden units that fire, and
+		 * on the CPU the F16 GEMVs cost more than their bytes (8-layer
+		 * 7B shape on 2 cores: 33 ms per token against 23 ms for the
+		 * CPU's neurons), so they come before any neuron group.
+		 */
+		const uint64_t buf = hyb_hdense_buffer_bytes(m, n_on, *head, false);
+		const uint64_t lists = hyb_hdense_buffer_bytes(m, n_on, *head, true) - buf;
+
+		for (uint32_t l = 0; l < h->L; l++) {
+			const uint64_t pb = hyb_hdense_pred_bytes(m, l);
+			const uint64_t need = pb + (n_pred ? 0 : lists);
+
+			if (!pb || !on[l ? l - 1 : 0] || need + buf > avail)
+				continue;
+			pred[l] = true;
+			n_pred++;
+			avail -= need;
+		}
+		avail -= buf < avail ? buf : avail;
 	}
 	return avail / h->slot_bytes;
 }
@@ -669,7 +715,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	const float **freq = NULL;
 	const int8_t **place = NULL;
 	uint64_t fixed, slots = 0;
-	bool *on = NULL, head = false;
+	bool *on = NULL, *pred = NULL, head = false;
 
 	if (!m->group_size) {
 		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
@@ -696,12 +742,15 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->layer_policy = p->policy == HYB_POLICY_LAYER;
 	fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
 	on = calloc(h->L, sizeof(*on));
-	if (!on)
+	pred = calloc(h->L, sizeof(*pred));
+	if (!on || !pred)
 		goto oom;
 	if (p->gpu_budget > fixed)
-		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head);
-	for (uint32_t l = 0; l < h->L; l++)
+		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head, pred);
+	for (uint32_t l = 0; l < h->L; l++) {
 		h->place.attn_layers += on[l];
+		h->place.predictors += pred[l];
+	}
 	h->place.head = head;
 	if (!slots && !h->place.attn_layers && !head) {
 		snprintf(err, errlen, "GPU budget %llu bytes holds nothing: no neuron group (%llu "
@@ -760,14 +809,15 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	if (alloc_device(h, err, errlen) || warm_start(h, err, errlen))
 		goto fail;
 	if ((h->place.attn_layers || head) &&
-	    !(h->hd = hyb_hdense_new(h->dev, m, n_ctx, on, head, err, errlen)))
+	    !(h->hd = hyb_hdense_new(h->dev, m, n_ctx, on, head, pred, err, errlen)))
 		goto fail;
 	h->place.dense_bytes = hyb_hdense_bytes(h->hd);
 	h->place.cache_bytes = (uint64_t)h->total_slots * h->slot_bytes;
 	for (uint32_t l = 0; l < h->L; l++)
 		h->place.dense_layers_cpu += hyb_ffn_hybrid_cpu_dense(h, l);
 	free(on);
-	on = NULL;
+	free(pred);
+	on = pred = NULL;
 	/* the balancer's load cap (a window's worth of loads) needs the measured load time */
 	if (h->group_load_s > 0)
 		hyb_balancer_set_group_load(h->bal, h->group_load_s);
@@ -778,6 +828,7 @@ oom:
 	snprintf(err, errlen, "out of memory for hybrid decoding");
 fail:
 	free(on);
+	free(pred);
 	free(freq);
 	free(place);
 	hyb_ffn_hybrid_free(h);

@@ -14,19 +14,20 @@
 #include "hyb/tensor_type.h"
 
 struct dense_layer {
-	bool on;
+	bool on, pred;
 	hyb_dptr attn_norm, wq, wk, wv, wo, ffn_norm, kc, vc;
+	hyb_dptr fc1, fc1_b, fc2, fc2_b;  /* the predictor */
 	uint32_t host_n, dev_n;  /* KV rows each side holds */
 };
 
 struct hyb_hdense {
 	struct hyb_device *dev;
 	const struct hyb_model *m;
-	uint32_t L, E, V, q_dim, kv_dim, n_ctx, n_on;
+	uint32_t L, E, F, V, q_dim, kv_dim, n_ctx, n_on, n_pred;
 	bool head;
 	struct dense_layer *lay;
 	hyb_dptr out_norm, out;
-	hyb_dptr x, q, k, v, att, logits;  /* x: [x | xn] */
+	hyb_dptr x, q, k, v, att, logits;  /* x: [x | xn | count[2] | list0 | list1] */
 	float *h_x, *h_logits;
 	struct hyb_device_event *ev_up, *ev_down, *ev_head;
 	uint64_t bytes;
@@ -81,7 +82,27 @@ uint64_t hyb_hdense_head_bytes(const struct hyb_model *m)
 	return round256(weight_bytes(&m->out_norm)) + round256(weight_bytes(&m->output));
 }
 
-uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head)
+uint64_t hyb_hdense_pred_bytes(const struct hyb_model *m, uint32_t l)
+{
+	const struct hyb_ffn_plan *P = &m->layers[l].plan;
+
+	if (!m->group_size || P->fc1.type != HYB_TYPE_F16 || P->fc2.type != HYB_TYPE_F16 ||
+	    !P->fc1.data || !P->fc2.data || !P->fc1_bias || !P->fc2_bias ||
+	    m->hp.n_embd % 32 || P->fc1.ne0 != m->hp.n_embd || P->fc1.ne1 != P->hidden ||
+	    P->fc2.ne0 != m->hp.n_ff || P->fc2.ne1 != P->hidden)
+		return 0;
+	return round256(weight_bytes(&P->fc1)) + round256(weight_bytes(&P->fc2)) +
+	       round256(sizeof(float) * P->hidden) + round256(sizeof(float) * m->hp.n_ff);
+}
+
+/* floats of the x buffer: x, xn, and with predictors two counts and two lists */
+static uint64_t x_words(const struct hyb_model *m, bool any_pred)
+{
+	return 2ull * m->hp.n_embd + (any_pred ? 2 + 2ull * m->hp.n_ff : 0);
+}
+
+uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head,
+				 bool any_pred)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
@@ -90,7 +111,7 @@ uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool
 
 	if (!any_layer && !head)
 		return 0;
-	b += round256(sizeof(float) * 2ull * hp->n_embd);
+	b += round256(sizeof(float) * x_words(m, any_pred));
 	if (any_layer)
 		b += 2 * round256(sizeof(float) * q) + 2 * round256(sizeof(float) * kv);
 	if (head)
@@ -143,8 +164,20 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 	if (hd->head && (put(hd, &hd->m->out_norm, &hd->out_norm) ||
 			 put(hd, &hd->m->output, &hd->out)))
 		return fail(hd, err, errlen, "the head to the device");
+	for (uint32_t l = 0; l < hd->L; l++) {
+		const struct hyb_ffn_plan *P = &hd->m->layers[l].plan;
+		struct dense_layer *d = &hd->lay[l];
+		const struct hyb_weight b1 = { .type = HYB_TYPE_F32, .ne0 = P->hidden, .ne1 = 1,
+					       .row_bytes = 4ull * P->hidden, .data = P->fc1_bias };
+		const struct hyb_weight b2 = { .type = HYB_TYPE_F32, .ne0 = hd->F, .ne1 = 1,
+					       .row_bytes = 4ull * hd->F, .data = P->fc2_bias };
+
+		if (d->pred && (put(hd, &P->fc1, &d->fc1) || put(hd, &P->fc2, &d->fc2) ||
+				put(hd, &b1, &d->fc1_b) || put(hd, &b2, &d->fc2_b)))
+			return fail(hd, err, errlen, "predictors to the device");
+	}
 	if (hd->n_on || hd->head) {
-		if (alloc(hd, sizeof(float) * 2ull * hd->E, &hd->x))
+		if (alloc(hd, sizeof(float) * x_words(hd->m, hd->n_pred), &hd->x))
 			return fail(hd, err, errlen, "device buffers");
 	}
 	if (hd->n_on && (alloc(hd, sizeof(float) * hd->q_dim, &hd->q) ||
@@ -161,8 +194,8 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 }
 
 struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *m,
-				  uint32_t n_ctx, const bool *layers, bool head, char *err,
-				  size_t errlen)
+				  uint32_t n_ctx, const bool *layers, bool head, const bool *preds,
+				  char *err, size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_hdense *hd = calloc(1, sizeof(*hd));
@@ -173,13 +206,14 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 	hd->m = m;
 	hd->L = hp->n_layer;
 	hd->E = hp->n_embd;
+	hd->F = hp->n_ff;
 	hd->V = hp->n_vocab;
 	hd->q_dim = hp->n_head * hp->head_dim;
 	hd->kv_dim = hp->n_head_kv * hp->head_dim;
 	hd->n_ctx = n_ctx;
 	hd->head = head && hyb_hdense_head_bytes(m);
 	hd->lay = calloc(hd->L, sizeof(*hd->lay));
-	hd->h_x = hyb_device_host_alloc(d, sizeof(float) * 2 * hd->E);
+	hd->h_x = hyb_device_host_alloc(d, sizeof(float) * x_words(m, true));
 	hd->h_logits = hd->head ? hyb_device_host_alloc(d, sizeof(float) * hd->V) : NULL;
 	hd->ev_up = hyb_device_event_new(d);
 	hd->ev_down = hyb_device_event_new(d);
@@ -190,6 +224,11 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 	for (uint32_t l = 0; l < hd->L; l++) {
 		hd->lay[l].on = layers && layers[l] && hyb_hdense_layer_bytes(m, l, n_ctx);
 		hd->n_on += hd->lay[l].on;
+	}
+	for (uint32_t l = 0; l < hd->L; l++) {
+		hd->lay[l].pred = preds && preds[l] && hyb_hdense_pred_bytes(m, l) &&
+				  hd->lay[l ? l - 1 : 0].on;
+		hd->n_pred += hd->lay[l].pred;
 	}
 	if (upload(hd, err, errlen)) {
 		hyb_hdense_free(hd);
@@ -226,6 +265,16 @@ bool hyb_hdense_head_on(const struct hyb_hdense *hd)
 	return hd && hd->head;
 }
 
+bool hyb_hdense_pred_on(const struct hyb_hdense *hd, uint32_t l)
+{
+	return hd && l < hd->L && hd->lay[l].pred;
+}
+
+uint32_t hyb_hdense_preds_on(const struct hyb_hdense *hd)
+{
+	return hd ? hd->n_pred : 0;
+}
+
 uint32_t hyb_hdense_layers_on(const struct hyb_hdense *hd)
 {
 	return hd ? hd->n_on : 0;
@@ -260,9 +309,11 @@ int hyb_hdense_x_up(struct hyb_hdense *hd)
 	return 0;
 }
 
-int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, struct hyb_device_event **ev)
+int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
+		      struct hyb_device_event **ev)
 {
-	const uint64_t b = sizeof(float) * hd->E * (with_xn ? 2 : 1);
+	const uint64_t b = with_pred && hd->n_pred ? sizeof(float) * x_words(hd->m, true) :
+			   sizeof(float) * hd->E * (with_xn ? 2 : 1);
 
 	if (hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_down) ||
 	    hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_down) ||
@@ -414,4 +465,29 @@ void hyb_hdense_kv_reset(struct hyb_hdense *hd)
 {
 	for (uint32_t l = 0; hd && l < hd->L; l++)
 		hd->lay[l].host_n = hd->lay[l].dev_n = 0;
+}
+
+int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot)
+{
+	const struct dense_layer *d = &hd->lay[l];
+	const hyb_dptr cnt = hd->x + sizeof(float) * 2 * hd->E;
+	const struct hyb_dev_predict p = {
+		.n_in = hd->E, .hidden = hd->m->layers[l].plan.hidden, .n_out = hd->F,
+		.fc1_w = d->fc1, .fc1_b = d->fc1_b, .fc2_w = d->fc2, .fc2_b = d->fc2_b,
+		.x = hd->x, .count = cnt + 4ull * slot,
+		.active = cnt + 8 + 4ull * hd->F * slot,
+	};
+
+	if (!d->pred || slot < 0 || slot > 1)
+		return -EINVAL;
+	return hyb_device_predict(hd->dev, HYB_STREAM_COMPUTE, &p);
+}
+
+uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint32_t **list)
+{
+	const uint32_t *cnt = (const uint32_t *)(hd->h_x + 2 * hd->E);
+	const uint32_t n = cnt[slot];
+
+	*list = cnt + 2 + (size_t)hd->F * slot;
+	return n <= hd->F ? n : hd->F;
 }

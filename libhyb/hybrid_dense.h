@@ -30,20 +30,27 @@ struct hyb_hdense;
 uint64_t hyb_hdense_layer_bytes(const struct hyb_model *m, uint32_t l, uint32_t n_ctx);
 /* Device bytes of the head (out_norm, output); 0: not supported. */
 uint64_t hyb_hdense_head_bytes(const struct hyb_model *m);
-/* Device bytes of the buffers, given whether any layer and the head are placed. */
-uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head);
+/* Device bytes of layer l's activation predictor (fc1, fc2, biases); 0: not F16. */
+uint64_t hyb_hdense_pred_bytes(const struct hyb_model *m, uint32_t l);
+/* Device bytes of the buffers, given whether any layer, the head and any predictor are placed. */
+uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head,
+				 bool any_pred);
 
 /*
- * Upload the placed parts (layers[l], head) to d and wait for them. NULL
- * with a reason in err. Nothing placed is fine (every call is then a no-op).
+ * Upload the placed parts (layers[l], head, preds[l]: layer l's predictor) to
+ * d and wait for them. A predictor is placed only where the attention it
+ * reads is: layer 0's reads layer 0's output, layer l's layer l-1's (KAIROX
+ * 5.1). NULL with a reason in err. Nothing placed is fine.
  */
 struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *m,
-				  uint32_t n_ctx, const bool *layers, bool head, char *err,
-				  size_t errlen);
+				  uint32_t n_ctx, const bool *layers, bool head, const bool *preds,
+				  char *err, size_t errlen);
 void hyb_hdense_free(struct hyb_hdense *hd);
 
 bool hyb_hdense_layer_on(const struct hyb_hdense *hd, uint32_t l);
 bool hyb_hdense_head_on(const struct hyb_hdense *hd);
+bool hyb_hdense_pred_on(const struct hyb_hdense *hd, uint32_t l);
+uint32_t hyb_hdense_preds_on(const struct hyb_hdense *hd);
 uint32_t hyb_hdense_layers_on(const struct hyb_hdense *hd);
 /* Device bytes it holds. */
 uint64_t hyb_hdense_bytes(const struct hyb_hdense *hd);
@@ -53,13 +60,24 @@ hyb_dptr hyb_hdense_x(const struct hyb_hdense *hd);
 hyb_dptr hyb_hdense_xn(const struct hyb_hdense *hd);
 
 /*
- * The host copies of x (and xn after it: 2 * n_embd floats, pinned). up:
- * queue x on CRITICAL and make COMPUTE wait for it. down: queue [x | xn]
- * after the work on COMPUTE so far, on CRITICAL; ev completes when it landed.
+ * The host copies of x (and xn after it: 2 * n_embd floats, pinned; then the
+ * predictions). up: queue x on CRITICAL and make COMPUTE wait for it. down:
+ * queue x, with_xn also xn, with_pred also the two prediction slots, after the
+ * work on COMPUTE so far, on CRITICAL (one copy); ev completes when it landed.
  */
 float *hyb_hdense_host_x(const struct hyb_hdense *hd);
 int hyb_hdense_x_up(struct hyb_hdense *hd);
-int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, struct hyb_device_event **ev);
+int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
+		      struct hyb_device_event **ev);
+
+/*
+ * Queue layer l's predictor on COMPUTE, reading the device x (the residual
+ * stream after the attention it follows), into prediction slot 0 or 1.
+ * After a hyb_hdense_x_down with_pred has landed, hyb_hdense_predicted
+ * gives the slot's active list (bundle order, increasing) and its length.
+ */
+int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot);
+uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint32_t **list);
 
 /*
  * Layer l's attention block for one token at pos, on COMPUTE: x += the

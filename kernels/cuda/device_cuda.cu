@@ -23,6 +23,17 @@
  * not resident is not read; the kernel reports it in a word of mapped host
  * memory, and the next done/sync turns it into a device fault naming it.
  *
+ * Dense kernels (rmsnorm, matvec, attention): kernels/cuda/dense.cu; the
+ * predictor: kernels/cuda/predict.cu, sharing the attention workspace. The
+ * attention's split positions need a small workspace per stream, also
+ * outside the capacity: allocated on the first attention call of a stream
+ * and grown (after waiting for the stream) when a shape needs more; its
+ * size does not depend on the context length (hyb_cuda_attn_work_bytes: at
+ * most 32 * multiprocessors * (head_dim + 2) floats plus one row per head,
+ * 4.4 MB on an H100 at head_dim 256, 1.1 MB for 32 heads of 128 over 8 kv
+ * heads). RoPE's cos/sin table is computed on the host once per position
+ * (every layer of a token shares it) and passed with the launch.
+ *
  * Host memory: host_register pins with cudaHostRegister(Portable),
  * host_alloc is cudaHostAlloc(Portable); both are remembered, and close
  * unpins and frees what the caller left.
@@ -41,6 +52,8 @@
 
 #include "../../libhyb/device_internal.h" /* the Makefile gives nvcc no -Ilibhyb */
 #include "hyb/tensor_type.h"
+#include "dense_cuda.h"
+#include "predict_cuda.h"
 #include "sparse_ffn_cuda.h"
 
 #define ALIGN 256ull
@@ -71,6 +84,9 @@ struct cudev {
 	size_t n_pc, cap_pc;
 	void *scr[HYB_N_STREAMS];
 	uint64_t scr_bytes[HYB_N_STREAMS];
+	void *wk[HYB_N_STREAMS];          /* attention workspace (dense.cu), outside capacity */
+	uint64_t wk_bytes[HYB_N_STREAMS];
+	struct hyb_cuda_rope rope;        /* the last position's cos/sin table (host) */
 	volatile uint32_t *bad;   /* mapped pinned host memory: [0] set, [1] the neuron */
 	uint32_t *bad_dev;        /* the same, as the device sees it; NULL: not reported */
 	struct hostbuf *reg, *hb; /* pinned regions, host_alloc buffers */
@@ -551,6 +567,168 @@ static int cu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr 
 	return 0;
 }
 
+static int cu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+		      hyb_dptr w, uint32_t n, float eps)
+{
+	struct cudev *c = cu(d);
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	rc = hyb_cuda_rmsnorm((float *)(uintptr_t)y, (const float *)(uintptr_t)x,
+			      (const float *)(uintptr_t)w, n, eps, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda rmsnorm: n %u not supported", n);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "rmsnorm kernel launch");
+	d->st.kernel_bytes += 12ull * n; /* x, w, y: the CPU device's model (device_cpu.c) */
+	return 0;
+}
+
+static int cu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
+{
+	struct cudev *c = cu(d);
+	const uint64_t rb = hyb_row_bytes(m->type, m->n_in);
+	const uint32_t smem = hyb_cuda_matvec_smem(m->type, m->n_in);
+	struct hyb_cuda_matvec a;
+	int rc;
+
+	if (!smem)
+		return hyb_device_fail(d, -EINVAL,
+				       "cuda matvec: weight type %s not supported (F32, F16, Q8_0, "
+				       "Q4_0)", hyb_type_name(m->type));
+	if ((int64_t)smem > c->smem_max)
+		return hyb_device_fail(d, -EINVAL,
+				       "cuda matvec: n_in %u of %s needs %u bytes of shared "
+				       "memory, the GPU has %d", m->n_in, hyb_type_name(m->type),
+				       smem, c->smem_max);
+	if ((rc = use(c)))
+		return rc;
+	a.type = m->type;
+	a.n_in = m->n_in;
+	a.n_out = m->n_out;
+	a.w = (const void *)(uintptr_t)m->w;
+	a.x = (const float *)(uintptr_t)m->x;
+	a.y = (float *)(uintptr_t)m->y;
+	a.accumulate = m->accumulate;
+	a.n_sm = c->n_sm;
+	rc = hyb_cuda_matvec(&a, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda matvec: shape not supported (%s, %u x %u)",
+				       hyb_type_name(m->type), m->n_out, m->n_in);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "matvec kernel launch");
+	/* the rows, x, y written [and read]: the CPU device's model */
+	d->st.kernel_bytes += m->n_out * rb + 4ull * m->n_in + 4ull * m->n_out *
+			      (m->accumulate ? 2 : 1);
+	return 0;
+}
+
+/* The attention workspace of stream s, at least need bytes. */
+static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
+{
+	cudaError_t e;
+	char what[96];
+
+	if (need <= c->wk_bytes[s])
+		return 0;
+	need = (need + ALIGN - 1) & ~(ALIGN - 1);
+	/* queued kernels of this stream may still use the old one */
+	if ((e = cudaStreamSynchronize(c->st[s])) != cudaSuccess)
+		return fault(c, e, "cudaStreamSynchronize");
+	if (c->wk[s] && (e = cudaFree(c->wk[s])) != cudaSuccess)
+		return fault(c, e, "cudaFree(attention workspace)");
+	c->wk[s] = NULL;
+	c->wk_bytes[s] = 0;
+	e = cudaMalloc(&c->wk[s], need);
+	if (e != cudaSuccess) {
+		c->wk[s] = NULL;
+		snprintf(what, sizeof(what), "cudaMalloc(%llu bytes of attention workspace)",
+			 (unsigned long long)need);
+		return soft(c, e, -ENOMEM, what);
+	}
+	c->wk_bytes[s] = need;
+	return 0;
+}
+
+static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
+{
+	struct cudev *c = cu(d);
+	const uint64_t hd = a->head_dim, kv = (uint64_t)a->n_head_kv * hd;
+	struct hyb_cuda_attn k;
+	int rc;
+
+	if (a->head_dim > 2 * HYB_CUDA_ROPE_MAX)
+		return hyb_device_fail(d, -EINVAL, "cuda attention: head_dim %u above %d",
+				       a->head_dim, 2 * HYB_CUDA_ROPE_MAX);
+	if ((rc = use(c)) ||
+	    (rc = workspace(c, s, hyb_cuda_attn_work_bytes(a->n_head, a->n_head_kv, a->head_dim,
+							    c->n_sm))))
+		return rc;
+	if (hyb_cuda_rope_prepare(&c->rope, a->n_rot, a->pos, a->rope_scale, a->rope_base))
+		return hyb_device_fail(d, -EINVAL, "cuda attention: n_rot %u not supported",
+				       a->n_rot);
+	memset(&k, 0, sizeof(k));
+	k.n_head = a->n_head;
+	k.n_head_kv = a->n_head_kv;
+	k.head_dim = a->head_dim;
+	k.n_rot = a->n_rot;
+	k.neox = a->rope_neox;
+	k.pos = a->pos;
+	k.rope = &c->rope;
+	k.q = (float *)(uintptr_t)a->q;
+	k.k = (float *)(uintptr_t)a->k;
+	k.v = (const float *)(uintptr_t)a->v;
+	k.kcache = (uint16_t *)(uintptr_t)a->kcache;
+	k.vcache = (uint16_t *)(uintptr_t)a->vcache;
+	k.out = (float *)(uintptr_t)a->out;
+	k.work = c->wk[s];
+	k.n_sm = c->n_sm;
+	rc = hyb_cuda_attention(&k, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda attention: shape not supported (%u heads, "
+				       "%u kv heads, head_dim %u, n_rot %u)", a->n_head,
+				       a->n_head_kv, a->head_dim, a->n_rot);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "attention kernel launch");
+	/*
+	 * As the CPU device models it (device_cpu.c): K and V rows 0..pos (here
+	 * read once per slice of at most 8 query heads of a kv head), row pos
+	 * written, q and k read and written, v read, out written; the split
+	 * positions' partials are small and left out.
+	 */
+	d->st.kernel_bytes += 4ull * (a->pos + 1) * kv * ((a->n_head / a->n_head_kv + 7) / 8) +
+			      16 * kv + 12ull * a->n_head * hd;
+	return 0;
+}
+
+/*
+ * The predictor (kernels/cuda/predict.cu). Its workspace is the stream's
+ * attention workspace: work on one stream runs in order, so the two never
+ * use it at once.
+ */
+static int cu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p)
+{
+	struct cudev *c = cu(d);
+	int rc;
+
+	if (p->n_in > HYB_CUDA_PREDICT_MAX_IN)
+		return hyb_device_fail(d, -EINVAL, "cuda predict: n_in %u above %d", p->n_in,
+				       HYB_CUDA_PREDICT_MAX_IN);
+	if ((rc = use(c)) || (rc = workspace(c, s, hyb_cuda_predict_workspace(p))))
+		return rc;
+	rc = hyb_cuda_predict(p, c->wk[s], c->wk_bytes[s], c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda predict: shape not supported (%u -> %u -> %u)",
+				       p->n_in, p->hidden, p->n_out);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "predict kernel launch");
+	/* as the CPU device models it (device_cpu.c): every fc2 row, an upper bound */
+	d->st.kernel_bytes += 2ull * p->hidden * p->n_in + 4ull * p->hidden +
+			      2ull * p->hidden * p->n_out + 4ull * p->n_out + 4ull * p->n_in;
+	return 0;
+}
+
 /* ---- open, close ---------------------------------------------------------------------- */
 
 static double cu_now(struct hyb_device *d)
@@ -577,6 +755,8 @@ static void cu_close(struct hyb_device *d)
 		}
 		if (c->scr[s])
 			cudaFree(c->scr[s]);
+		if (c->wk[s])
+			cudaFree(c->wk[s]);
 	}
 	for (size_t i = 0; i < c->n_reg; i++)
 		cudaHostUnregister(c->reg[i].p);
@@ -613,6 +793,10 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_sync,
 	cu_sparse_ffn,
 	cu_add,
+	cu_rmsnorm,
+	cu_matvec,
+	cu_attention,
+	cu_predict,
 };
 
 /* err gets "what: CUDA's reason"; c (may be NULL) is closed. */
@@ -735,7 +919,7 @@ extern "C" struct hyb_device *hyb_device_cuda_open(const struct hyb_device_confi
 		c->bad_dev = NULL; /* no mapping: bad lists are skipped, not reported */
 		cudaGetLastError();
 	}
-	if (hyb_cuda_ffn_setup(c->smem_max) != 0) {
+	if (hyb_cuda_ffn_setup(c->smem_max) != 0 || hyb_cuda_dense_setup(c->smem_max) != 0) {
 		/* the default every kernel has: n_embd up to 24576 (F16) or 43690 (Q8_0) */
 		cudaGetLastError();
 		c->smem_max = 48 * 1024;

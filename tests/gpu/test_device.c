@@ -8,8 +8,18 @@
  * shapes - give the same y within 1e-3 of its norm. Copies round trip on
  * every stream, events order streams, capacity gives -ENOMEM, a neuron of
  * a non-resident group faults the device. gpu_dev_timing prints the sparse
- * FFN's time and bandwidth at 10% active on 4096 x 11008. Skipped without a
- * GPU.
+ * FFN's time and bandwidth at 10% active on 4096 x 11008.
+ *
+ * The dense kernels (kernels/cuda/dense.cu) against the CPU device on the
+ * same inputs: rmsnorm (to 2 ulp); matvec for F32 / F16 / Q8_0 / Q4_0, y =
+ * and y +=, 4096 x 4096, 4099 x 4096, 4096 x 11008 and small unaligned
+ * shapes (float summation order only); attention with 32/8 and 32/32 heads
+ * of 128, positions 0, 1, 511, 2047, normal and neox RoPE, and odd shapes
+ * (roped q, k and the stored cache row to the bit; out against an exact
+ * double reference and the CPU's F16-accumulated result).
+ * gpu_dev_dense_timing prints the Q4_0 matvecs' and the attention's time and
+ * bandwidth. HYB_GPU_TEST_SMALL=1 shrinks the dense shapes (for a host
+ * emulation of CUDA). Skipped without a GPU.
  */
 #include <cuda_runtime_api.h>
 #include <errno.h>
@@ -697,4 +707,638 @@ TEST(gpu_dev_timing)
 	free(xn);
 	free(y);
 	free(active);
+}
+
+/* ---- dense kernels: rmsnorm, matvec, attention ---------------------------------------- */
+
+/*
+ * The dense tests run the real shapes on a GPU. HYB_GPU_TEST_SMALL=1 shrinks
+ * them (for a host emulation of CUDA, which runs a few thousand threads a
+ * second): same code paths, fewer rows and positions.
+ */
+static bool small_shapes(void)
+{
+	const char *s = getenv("HYB_GPU_TEST_SMALL");
+
+	return s && *s && strcmp(s, "0");
+}
+
+static void put(struct hyb_device *d, hyb_dptr dst, const void *src, uint64_t len)
+{
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, dst, src, len));
+	drain(d, HYB_STREAM_CRITICAL);
+}
+
+static void get(struct hyb_device *d, void *dst, hyb_dptr src, uint64_t len)
+{
+	drain(d, HYB_STREAM_COMPUTE);
+	OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, dst, src, len));
+	drain(d, HYB_STREAM_COMPUTE);
+}
+
+static double max_abs(const float *a, uint64_t n)
+{
+	double m = 0;
+
+	for (uint64_t i = 0; i < n; i++)
+		m = fabs(a[i]) > m ? fabs(a[i]) : m;
+	return m;
+}
+
+static double max_diff(const float *a, const float *b, uint64_t n)
+{
+	double m = 0;
+
+	for (uint64_t i = 0; i < n; i++) {
+		const double v = fabs((double)a[i] - b[i]);
+
+		m = v > m || v != v ? v : m;
+	}
+	return m;
+}
+
+/*
+ * RMSNorm: the CUDA kernel rounds each square to float and sums in double
+ * as hyb_rmsnorm does, so only the order of the double sum differs; after
+ * rounding to float that changes the scale by at most one unit in the
+ * last place, and y = (x * scale) * w by at most 3: |cuda - cpu| <= 4e-7
+ * |y| (in the emulation and in practice the bits are the same). In place
+ * (y == x) too.
+ */
+TEST(gpu_dev_rmsnorm)
+{
+	static const uint32_t ns[] = { 4096, 5120, 1, 33, 100003 };
+	static const float eps[] = { 1e-5f, 1e-6f, 0.0f };
+	struct hyb_device *gpu, *cpu;
+
+	need_gpu();
+	gpu = open_kind("cuda", 64 * MiB, 0);
+	cpu = open_kind("cpu", 64 * MiB, 0);
+	for (size_t t = 0; t < sizeof(ns) / sizeof(ns[0]); t++) {
+		const uint32_t n = ns[t];
+		float *x = malloc(4ull * n), *w = malloc(4ull * n);
+		float *yg = malloc(4ull * n), *yc = malloc(4ull * n);
+		hyb_dptr g[3], c[3];
+
+		CHECK(x && w && yg && yc);
+		for (uint32_t i = 0; i < n; i++) {
+			x[i] = rndf() * (1 + (float)(t * 3));
+			w[i] = rndf() + 0.5f;
+		}
+		for (int i = 0; i < 3; i++) {
+			g[i] = dalloc(gpu, 4ull * n);
+			c[i] = dalloc(cpu, 4ull * n);
+		}
+		put(gpu, g[0], x, 4ull * n);
+		put(gpu, g[1], w, 4ull * n);
+		put(cpu, c[0], x, 4ull * n);
+		put(cpu, c[1], w, 4ull * n);
+		for (size_t e = 0; e < sizeof(eps) / sizeof(eps[0]); e++) {
+			for (int inplace = 0; inplace < 2; inplace++) {
+				const hyb_dptr gy = inplace ? g[0] : g[2];
+				const hyb_dptr cy = inplace ? c[0] : c[2];
+
+				if (inplace) {
+					put(gpu, g[0], x, 4ull * n);
+					put(cpu, c[0], x, 4ull * n);
+				}
+				OK(gpu, hyb_device_rmsnorm(gpu, HYB_STREAM_COMPUTE, gy, g[0], g[1],
+							   n, eps[e]));
+				OK(cpu, hyb_device_rmsnorm(cpu, HYB_STREAM_COMPUTE, cy, c[0], c[1],
+							   n, eps[e]));
+				get(gpu, yg, gy, 4ull * n);
+				get(cpu, yc, cy, 4ull * n);
+				for (uint32_t i = 0; i < n; i++)
+					CHECK_MSG(fabsf(yg[i] - yc[i]) <= 4e-7f * fabsf(yc[i]),
+						  "n %u eps %g%s: y[%u] cuda %.9g cpu %.9g", n,
+						  (double)eps[e], inplace ? " in place" : "", i,
+						  (double)yg[i], (double)yc[i]);
+			}
+		}
+		printf("    rmsnorm n %u: max |cuda - cpu| %.3g (|y| up to %.3g)\n", n,
+		       max_diff(yg, yc, n), max_abs(yc, n));
+		for (int i = 0; i < 3; i++) {
+			hyb_device_free(gpu, g[i]);
+			hyb_device_free(cpu, c[i]);
+		}
+		free(x);
+		free(w);
+		free(yg);
+		free(yc);
+	}
+	hyb_device_close(gpu);
+	hyb_device_close(cpu);
+}
+
+/*
+ * y (= or +=) W x on both devices. x goes to the weight's dot format the
+ * same way on both (Q8_0 for Q8_0/Q4_0, bit for bit; F16; F32), and every
+ * product is exact or rounded alike (integer block dots times the same two
+ * f16 scales; f16 x f16 products are exact in float), so only the order of
+ * the float sum differs: its error is about sqrt(terms) * 2^-24 of the sum
+ * of the terms' squares, under 1e-5 for 4096 terms of random sign. The
+ * test allows |cuda - cpu| <= 3e-5 * ||W x|| / sqrt(n_out) + 1e-5 * |W x|
+ * per row, and asks the CUDA result to be the same bits when run again.
+ * w_off shifts the weight off 16-byte alignment (the kernels' 2-byte path).
+ */
+static void matvec_case(struct hyb_device *gpu, struct hyb_device *cpu, uint32_t type,
+			uint32_t n_in, uint32_t n_out, uint32_t w_off)
+{
+	const uint64_t rb = hyb_row_bytes(type, n_in), wb = rb * n_out;
+	float *row = malloc(4ull * n_in), *x = malloc(4ull * n_in);
+	float *y0 = malloc(4ull * n_out), *yg = malloc(4ull * n_out), *yg2 = malloc(4ull * n_out);
+	float *yc = malloc(4ull * n_out), *dot = malloc(4ull * n_out);
+	uint8_t *w = malloc(wb);
+	const float sc = 1.0f / sqrtf((float)n_in);
+	struct hyb_device *dev[2] = { gpu, cpu };
+	hyb_dptr dw[2], dx[2], dy[2];
+	double worst = 0;
+
+	CHECK(rb && row && x && y0 && yg && yg2 && yc && dot && w);
+	for (uint32_t r = 0; r < n_out; r++) {
+		for (uint32_t i = 0; i < n_in; i++)
+			row[i] = rndf() * sc * (r % 7 == 3 ? 8.0f : 1.0f);
+		CHECK(hyb_quantize_row_ref(type, row, w + r * rb, n_in) == 0);
+	}
+	for (int k = 0; k < 2; k++) {
+		dw[k] = dalloc(dev[k], wb + w_off);
+		dx[k] = dalloc(dev[k], 4ull * n_in);
+		dy[k] = dalloc(dev[k], 4ull * n_out);
+		put(dev[k], dw[k] + w_off, w, wb);
+	}
+	for (int acc = 0; acc < 2; acc++) {
+		struct hyb_dev_matvec m = {
+			.type = type, .n_in = n_in, .n_out = n_out, .accumulate = acc,
+		};
+		double n2 = 0;
+
+		for (uint32_t i = 0; i < n_in; i++)
+			x[i] = rndf() * (i % 97 == 5 ? 30.0f : 1.0f); /* a few outliers per block */
+		for (uint32_t r = 0; r < n_out; r++)
+			y0[r] = acc ? rndf() : 12345.0f; /* must be overwritten */
+		for (int k = 0; k < 2; k++) {
+			float *out = k ? yc : yg;
+
+			m.w = dw[k] + w_off;
+			m.x = dx[k];
+			m.y = dy[k];
+			put(dev[k], dx[k], x, 4ull * n_in);
+			put(dev[k], dy[k], y0, 4ull * n_out);
+			OK(dev[k], hyb_device_matvec(dev[k], HYB_STREAM_COMPUTE, &m));
+			get(dev[k], out, dy[k], 4ull * n_out);
+			if (k == 0) {
+				put(gpu, dy[0], y0, 4ull * n_out);
+				OK(gpu, hyb_device_matvec(gpu, HYB_STREAM_COMPUTE, &m));
+				get(gpu, yg2, dy[0], 4ull * n_out);
+				CHECK_MSG(!memcmp(yg, yg2, 4ull * n_out),
+					  "cuda matvec: two runs of one call differ");
+			}
+		}
+		for (uint32_t r = 0; r < n_out; r++) {
+			dot[r] = acc ? yc[r] - y0[r] : yc[r];
+			n2 += (double)dot[r] * dot[r];
+		}
+		const double rms = sqrt(n2 / n_out);
+
+		for (uint32_t r = 0; r < n_out; r++) {
+			const double diff = fabs((double)yg[r] - yc[r]);
+
+			CHECK_MSG(diff <= 3e-5 * rms + 1e-5 * fabs(dot[r]),
+				  "%s %ux%u%s row %u: cuda %.9g cpu %.9g (rms of W x %g)",
+				  hyb_type_name(type), n_out, n_in, acc ? " (+=)" : "", r,
+				  (double)yg[r], (double)yc[r], rms);
+			if (diff / rms > worst)
+				worst = diff / rms;
+		}
+	}
+	printf("    matvec %-4s %5u x %5u%s: worst |cuda - cpu| / rms(W x) = %.2g\n",
+	       hyb_type_name(type), n_out, n_in, w_off ? " (unaligned)" : "", worst);
+	for (int k = 0; k < 2; k++) {
+		hyb_device_free(dev[k], dw[k]);
+		hyb_device_free(dev[k], dx[k]);
+		hyb_device_free(dev[k], dy[k]);
+	}
+	free(row);
+	free(x);
+	free(y0);
+	free(yg);
+	free(yg2);
+	free(yc);
+	free(dot);
+	free(w);
+}
+
+static void matvec_type(uint32_t type)
+{
+	const uint32_t align = type == HYB_TYPE_F32 ? 4 : 2;
+	struct hyb_device *gpu, *cpu;
+
+	need_gpu();
+	gpu = open_kind("cuda", 512 * MiB, 0);
+	cpu = open_kind("cpu", 512 * MiB, 0);
+	if (small_shapes()) {
+		matvec_case(gpu, cpu, type, 256, 67, 0);
+		matvec_case(gpu, cpu, type, 96, 5, align);
+	} else {
+		matvec_case(gpu, cpu, type, 4096, 4096, 0);
+		matvec_case(gpu, cpu, type, 4096, 4099, 0);   /* an odd row count */
+		matvec_case(gpu, cpu, type, 11008, 4096, 0);  /* the down projection's n_in */
+		matvec_case(gpu, cpu, type, 96, 5, align);    /* unaligned rows, tiny */
+		matvec_case(gpu, cpu, type, 4128, 333, align);
+	}
+	hyb_device_close(gpu);
+	hyb_device_close(cpu);
+}
+
+TEST(gpu_dev_matvec_f32) { matvec_type(HYB_TYPE_F32); }
+TEST(gpu_dev_matvec_f16) { matvec_type(HYB_TYPE_F16); }
+TEST(gpu_dev_matvec_q8_0) { matvec_type(HYB_TYPE_Q8_0); }
+TEST(gpu_dev_matvec_q4_0) { matvec_type(HYB_TYPE_Q4_0); }
+
+/* ---- attention ---- */
+
+struct attn_side {
+	struct hyb_device *d;
+	hyb_dptr q, k, v, kc, vc, out;
+	uint32_t off; /* kc and vc start this many bytes into their allocations */
+};
+
+/* off 2: caches only 2-byte aligned (the kernels' 16-bit load path) */
+static void attn_alloc(struct attn_side *s, struct hyb_device *d, const struct hyb_dev_attn *a,
+		       uint32_t off)
+{
+	const uint64_t qd = (uint64_t)a->n_head * a->head_dim;
+	const uint64_t kvd = (uint64_t)a->n_head_kv * a->head_dim;
+
+	s->d = d;
+	s->q = dalloc(d, 4 * qd);
+	s->k = dalloc(d, 4 * kvd);
+	s->v = dalloc(d, 4 * kvd);
+	s->out = dalloc(d, 4 * qd);
+	s->off = off;
+	s->kc = dalloc(d, 2 * kvd * a->n_ctx + off) + off;
+	s->vc = dalloc(d, 2 * kvd * a->n_ctx + off) + off;
+}
+
+static void attn_free(struct attn_side *s)
+{
+	hyb_device_free(s->d, s->q);
+	hyb_device_free(s->d, s->k);
+	hyb_device_free(s->d, s->v);
+	hyb_device_free(s->d, s->out);
+	hyb_device_free(s->d, s->kc - s->off);
+	hyb_device_free(s->d, s->vc - s->off);
+}
+
+/* q, k, v up, the op at a->pos, then roped q and k, the cache rows 0..pos and out back */
+static void attn_run(struct attn_side *s, struct hyb_dev_attn a, const float *q,
+		     const float *k, const float *v, float *qr, float *kr, uint16_t *kc,
+		     uint16_t *vc, float *out)
+{
+	const uint64_t qd = (uint64_t)a.n_head * a.head_dim;
+	const uint64_t kvd = (uint64_t)a.n_head_kv * a.head_dim;
+
+	a.q = s->q;
+	a.k = s->k;
+	a.v = s->v;
+	a.kcache = s->kc;
+	a.vcache = s->vc;
+	a.out = s->out;
+	put(s->d, s->q, q, 4 * qd);
+	put(s->d, s->k, k, 4 * kvd);
+	put(s->d, s->v, v, 4 * kvd);
+	OK(s->d, hyb_device_attention(s->d, HYB_STREAM_COMPUTE, &a));
+	get(s->d, out, s->out, 4 * qd);
+	get(s->d, qr, s->q, 4 * qd);
+	get(s->d, kr, s->k, 4 * kvd);
+	get(s->d, kc, s->kc, 2 * kvd * (a.pos + 1));
+	get(s->d, vc, s->vc, 2 * kvd * (a.pos + 1));
+}
+
+/*
+ * The exact answer for the GPU's inputs: q (roped) rounded to F16 as both
+ * devices round it, the F16 cache rows, softmax and the V sum in double.
+ */
+static void attn_ref(const struct hyb_dev_attn *a, const float *qr, const uint16_t *kc,
+		     const uint16_t *vc, double *ref)
+{
+	const uint32_t hd = a->head_dim, group = a->n_head / a->n_head_kv;
+	const uint64_t kvd = (uint64_t)a->n_head_kv * hd;
+	const double scale = 1.0 / sqrt((double)hd);
+	double *s = malloc(sizeof(double) * (a->pos + 1));
+
+	CHECK(s);
+	for (uint32_t h = 0; h < a->n_head; h++) {
+		const uint64_t off = (uint64_t)(h / group) * hd;
+		double mx = -INFINITY, sum = 0;
+
+		for (uint32_t p = 0; p <= a->pos; p++) {
+			double dot = 0;
+
+			for (uint32_t d = 0; d < hd; d++)
+				dot += (double)hyb_f16_to_f32(hyb_f32_to_f16(qr[h * hd + d])) *
+				       hyb_f16_to_f32(kc[p * kvd + off + d]);
+			s[p] = dot * scale;
+			mx = s[p] > mx ? s[p] : mx;
+		}
+		for (uint32_t p = 0; p <= a->pos; p++) {
+			s[p] = exp(s[p] - mx);
+			sum += s[p];
+		}
+		for (uint32_t d = 0; d < hd; d++) {
+			double o = 0;
+
+			for (uint32_t p = 0; p <= a->pos; p++)
+				o += s[p] * hyb_f16_to_f32(vc[p * kvd + off + d]);
+			ref[h * hd + d] = o / sum;
+		}
+	}
+	free(s);
+}
+
+/*
+ * Both devices on the same inputs: random F16 rows 0..n_ctx in both caches,
+ * then the op at each position of the list (every earlier row is then a
+ * random row or one an earlier call stored).
+ *
+ *  - RoPE uses the host's cos/sin (hyb_rope's libm calls) and its fused
+ *    and rounded products: roped q and k, and the F16 row pos of both
+ *    caches, are the CPU device's to the bit.
+ *  - out against the exact answer (double, from the GPU's own q and
+ *    caches): the CUDA kernels sum in float, <= 1e-5 * max|V| + 1e-6 per
+ *    element (2048 terms: about 45 * 2^-24 relative, with margin).
+ *  - out against the CPU device: the CPU keeps its V sum in F16 (llama.cpp's
+ *    flash attention), one rounding of up to 2^-11 relative per position
+ *    (and per rescale when the maximum grows), on a sum of at most max|V|
+ *    times the weight seen so far; random-signed roundings add up like
+ *    sqrt(positions), so the test allows 2^-11 * (2 + sqrt(pos + 1)) *
+ *    max|V| and prints the measured worst of both devices against the
+ *    exact answer (the CPU's stays near 2-4 * 2^-11 up to 2048 positions).
+ */
+static void attn_case(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t n_rot,
+		      bool neox, const uint32_t *pos, int n_pos, uint32_t n_ctx, uint32_t off)
+{
+	struct hyb_dev_attn a = {
+		.n_head = n_head, .n_head_kv = n_head_kv, .head_dim = hd, .n_rot = n_rot,
+		.rope_base = 10000.0f, .rope_scale = 1.0f, .rope_neox = neox, .n_ctx = n_ctx,
+	};
+	const uint64_t qd = (uint64_t)n_head * hd, kvd = (uint64_t)n_head_kv * hd;
+	struct hyb_device *gpu, *cpu;
+	struct attn_side sg, sc;
+
+	need_gpu();
+	float *q = malloc(4 * qd), *k = malloc(4 * kvd), *v = malloc(4 * kvd);
+	float *qg = malloc(4 * qd), *qc = malloc(4 * qd), *kg = malloc(4 * kvd);
+	float *kcpu = malloc(4 * kvd), *og = malloc(4 * qd), *oc = malloc(4 * qd);
+	uint16_t *kcg = malloc(2 * kvd * n_ctx), *vcg = malloc(2 * kvd * n_ctx);
+	uint16_t *kcc = malloc(2 * kvd * n_ctx), *vcc = malloc(2 * kvd * n_ctx);
+	double *ref = malloc(sizeof(double) * qd);
+
+	CHECK(q && k && v && qg && qc && kg && kcpu && og && oc && kcg && vcg && kcc && vcc && ref);
+	gpu = open_kind("cuda", 512 * MiB, 0);
+	cpu = open_kind("cpu", 512 * MiB, 0);
+	attn_alloc(&sg, gpu, &a, off);
+	attn_alloc(&sc, cpu, &a, off);
+	for (uint64_t i = 0; i < kvd * n_ctx; i++) {
+		kcg[i] = hyb_f32_to_f16(rndf() * 2);
+		vcg[i] = hyb_f32_to_f16(rndf());
+	}
+	put(gpu, sg.kc, kcg, 2 * kvd * n_ctx);
+	put(gpu, sg.vc, vcg, 2 * kvd * n_ctx);
+	put(cpu, sc.kc, kcg, 2 * kvd * n_ctx);
+	put(cpu, sc.vc, vcg, 2 * kvd * n_ctx);
+	for (int i = 0; i < n_pos; i++) {
+		double eg = 0, ec = 0, vmax = 0;
+
+		a.pos = pos[i];
+		for (uint64_t j = 0; j < qd; j++)
+			q[j] = rndf() * 2;
+		for (uint64_t j = 0; j < kvd; j++) {
+			k[j] = rndf() * 2;
+			v[j] = rndf();
+		}
+		attn_run(&sg, a, q, k, v, qg, kg, kcg, vcg, og);
+		attn_run(&sc, a, q, k, v, qc, kcpu, kcc, vcc, oc);
+		CHECK_MSG(!memcmp(qg, qc, 4 * qd) && !memcmp(kg, kcpu, 4 * kvd),
+			  "pos %u %s: roped q or k differ from the CPU's (max %g, %g)", a.pos,
+			  neox ? "neox" : "normal", max_diff(qg, qc, qd), max_diff(kg, kcpu, kvd));
+		CHECK_MSG(!memcmp(kcg + a.pos * kvd, kcc + a.pos * kvd, 2 * kvd) &&
+			  !memcmp(vcg + a.pos * kvd, vcc + a.pos * kvd, 2 * kvd),
+			  "pos %u: the stored cache row differs from the CPU's", a.pos);
+		attn_ref(&a, qg, kcg, vcg, ref);
+		for (uint64_t j = 0; j < kvd * (a.pos + 1); j++) {
+			const double av = fabs(hyb_f16_to_f32(vcg[j]));
+
+			vmax = av > vmax ? av : vmax;
+		}
+		const double tol_g = 1e-5 * vmax + 1e-6;
+		const double tol_c = (2 + sqrt((double)a.pos + 1)) * vmax / 2048;
+
+		for (uint64_t j = 0; j < qd; j++) {
+			const double dg = fabs(og[j] - ref[j]), dc = fabs((double)og[j] - oc[j]);
+
+			CHECK_MSG(dg <= tol_g, "%u/%u heads hd %u pos %u %s: out[%llu] cuda %.9g, "
+				  "exact %.9g", n_head, n_head_kv, hd, a.pos,
+				  neox ? "neox" : "normal", (unsigned long long)j, (double)og[j],
+				  ref[j]);
+			CHECK_MSG(dc <= tol_c, "%u/%u heads hd %u pos %u %s: out[%llu] cuda %.9g, "
+				  "cpu %.9g (tolerance %g)", n_head, n_head_kv, hd, a.pos,
+				  neox ? "neox" : "normal", (unsigned long long)j, (double)og[j],
+				  (double)oc[j], tol_c);
+			eg = dg > eg ? dg : eg;
+			ec = fabs(oc[j] - ref[j]) > ec ? fabs(oc[j] - ref[j]) : ec;
+		}
+		printf("    attention %2u/%2u heads hd %3u rot %3u %-6s pos %4u%s: "
+		       "max |cuda - exact| %.2g, |cpu - exact| %.2g (max |V| %.2g)\n", n_head,
+		       n_head_kv, hd, n_rot, neox ? "neox" : "normal", a.pos,
+		       off ? " (2-aligned)" : "", eg, ec, vmax);
+	}
+	attn_free(&sg);
+	attn_free(&sc);
+	hyb_device_close(gpu);
+	hyb_device_close(cpu);
+	free(q);
+	free(k);
+	free(v);
+	free(qg);
+	free(qc);
+	free(kg);
+	free(kcpu);
+	free(og);
+	free(oc);
+	free(kcg);
+	free(vcg);
+	free(kcc);
+	free(vcc);
+	free(ref);
+}
+
+static void attn_shape(uint32_t n_head, uint32_t n_head_kv)
+{
+	static const uint32_t big[] = { 0, 1, 511, 2047 }, tiny[] = { 0, 1, 70, 200 };
+	const bool sm = small_shapes();
+	const uint32_t *pos = sm ? tiny : big;
+	const uint32_t n_ctx = sm ? 256 : 2048;
+
+	if (sm) {
+		n_head /= 4;
+		n_head_kv = n_head_kv / 4 ? n_head_kv / 4 : 1;
+	}
+	for (int neox = 0; neox < 2; neox++)
+		attn_case(n_head, n_head_kv, 128, 128, neox, pos, 4, n_ctx, 0);
+}
+
+TEST(gpu_dev_attention_gqa) { attn_shape(32, 8); }
+TEST(gpu_dev_attention_mha) { attn_shape(32, 32); }
+/* partial rotary (n_rot < head_dim), head_dim 80 (not a multiple of 64), groups of 12 */
+TEST(gpu_dev_attention_odd)
+{
+	static const uint32_t pos[] = { 0, 5, 300 };
+
+	attn_case(24, 2, 80, 32, false, pos, 3, 320, 0);
+	attn_case(24, 2, 80, 32, true, pos, 3, 320, 2);
+	attn_case(2, 1, 256, 64, true, pos, 3, 320, 0);
+	attn_case(4, 4, 64, 64, false, pos, 3, 320, 2);
+}
+
+/* A call that the checks refuse leaves the device usable. */
+TEST(gpu_dev_dense_bad_args)
+{
+	struct hyb_device *d;
+	hyb_dptr buf;
+
+	need_gpu();
+	d = open_kind("cuda", 64 * MiB, 0);
+	buf = dalloc(d, MiB);
+	struct hyb_dev_matvec m = {
+		.type = HYB_TYPE_Q4_0, .n_in = 100, .n_out = 4, .w = buf, .x = buf + 4096,
+		.y = buf + 8192,
+	};
+
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0); /* n_in not a multiple of 32 */
+	m.n_in = 64;
+	m.w = buf + 1; /* odd: Q4_0 scales are f16 */
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0);
+	m.w = buf;
+	OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+	drain(d, HYB_STREAM_COMPUTE);
+	hyb_device_free(d, buf);
+	hyb_device_close(d);
+}
+
+/*
+ * Dense timing: microseconds per call (200 calls queued back to back) and
+ * the bandwidth of the bytes each call must read, against the HBM peak: the
+ * 4096 x 4096 Q4_0 matvec (an attention projection), the 32000 x 4096 Q4_0
+ * head, and attention over 2048 positions (32 heads of 128 over 8 and over
+ * 32 kv heads; K and V rows 0..2047 are the bytes).
+ */
+TEST(gpu_dev_dense_timing)
+{
+	const bool sm = small_shapes();
+	const uint32_t iters = sm ? 2 : 200, n_embd = sm ? 256 : 4096;
+	int clk_khz = 0, bus_bits = 0;
+	struct hyb_device *d;
+	double peak;
+
+	need_gpu();
+	CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess);
+	CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0) ==
+	      cudaSuccess);
+	peak = 2.0 * clk_khz * 1e3 * bus_bits / 8 / 1e9;
+	d = open_kind("cuda", 1024 * MiB, 0);
+	{
+		const uint32_t rows[2] = { n_embd, sm ? 1000 : 32000 };
+		const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q4_0, n_embd);
+		uint8_t *w = malloc(rb * rows[1]);
+		float *x = malloc(4ull * n_embd);
+		hyb_dptr dw = dalloc(d, rb * rows[1]), dx = dalloc(d, 4ull * n_embd);
+		hyb_dptr dy = dalloc(d, 4ull * rows[1]);
+
+		CHECK(w && x);
+		for (uint64_t i = 0; i < rb * rows[1]; i++)
+			w[i] = (uint8_t)rnd();
+		const uint16_t d16 = hyb_f32_to_f16(0.01f);
+
+		for (uint64_t r = 0; r < rows[1]; r++) /* sane f16 scales */
+			for (uint32_t b = 0; b < n_embd / 32; b++)
+				memcpy(w + r * rb + b * 18, &d16, 2);
+		for (uint32_t i = 0; i < n_embd; i++)
+			x[i] = rndf();
+		put(d, dw, w, rb * rows[1]);
+		put(d, dx, x, 4ull * n_embd);
+		for (int t = 0; t < 2; t++) {
+			struct hyb_dev_matvec m = {
+				.type = HYB_TYPE_Q4_0, .n_in = n_embd, .n_out = rows[t], .w = dw,
+				.x = dx, .y = dy,
+			};
+			const double bytes = (double)rb * rows[t] + 4.0 * n_embd;
+			double t0, dt;
+
+			for (int i = 0; i < 10; i++)
+				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+			drain(d, HYB_STREAM_COMPUTE);
+			t0 = hyb_device_now(d);
+			for (uint32_t i = 0; i < iters; i++)
+				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+			drain(d, HYB_STREAM_COMPUTE);
+			dt = (hyb_device_now(d) - t0) / iters;
+			printf("    matvec Q4_0 %5u x %u: %7.1f us/call, %6.2f MB, %5.0f GB/s "
+			       "(%4.1f%% of %.0f GB/s HBM)\n", rows[t], n_embd, dt * 1e6,
+			       bytes / 1e6, bytes / dt / 1e9, 100 * bytes / dt / 1e9 / peak, peak);
+		}
+		hyb_device_free(d, dw);
+		hyb_device_free(d, dx);
+		hyb_device_free(d, dy);
+		free(w);
+		free(x);
+	}
+	for (int kvh = 0; kvh < 2; kvh++) {
+		const uint32_t n_head = sm ? 8 : 32, n_kv = kvh ? n_head : n_head / 4, hd = 128;
+		const uint32_t n_pos = sm ? 200 : 2048;
+		struct hyb_dev_attn a = {
+			.n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .n_rot = hd,
+			.rope_base = 10000.0f, .rope_scale = 1.0f, .pos = n_pos - 1,
+			.n_ctx = n_pos,
+		};
+		const uint64_t kvd = (uint64_t)n_kv * hd, cache = 2 * kvd * n_pos;
+		uint16_t *c = malloc(cache);
+		float *qkv = malloc(4ull * (n_head + 2 * n_kv) * hd);
+		struct attn_side s;
+		double t0, dt;
+
+		CHECK(c && qkv);
+		attn_alloc(&s, d, &a, 0);
+		for (uint64_t i = 0; i < kvd * n_pos; i++)
+			c[i] = hyb_f32_to_f16(rndf());
+		for (uint64_t i = 0; i < (n_head + 2ull * n_kv) * hd; i++)
+			qkv[i] = rndf();
+		put(d, s.kc, c, cache);
+		put(d, s.vc, c, cache);
+		put(d, s.q, qkv, 4ull * n_head * hd);
+		put(d, s.k, qkv + n_head * hd, 4 * kvd);
+		put(d, s.v, qkv + n_head * hd + kvd, 4 * kvd);
+		a.q = s.q;
+		a.k = s.k;
+		a.v = s.v;
+		a.kcache = s.kc;
+		a.vcache = s.vc;
+		a.out = s.out;
+		for (int i = 0; i < 10; i++)
+			OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+		drain(d, HYB_STREAM_COMPUTE);
+		t0 = hyb_device_now(d);
+		for (uint32_t i = 0; i < iters; i++)
+			OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+		drain(d, HYB_STREAM_COMPUTE);
+		dt = (hyb_device_now(d) - t0) / iters;
+		printf("    attention %u/%u heads hd %u, %u positions: %7.1f us/call, %6.2f MB of "
+		       "K and V, %5.0f GB/s (%4.1f%% of HBM)\n", n_head, n_kv, hd, n_pos, dt * 1e6,
+		       2.0 * cache / 1e6, 2.0 * cache / dt / 1e9,
+		       100 * 2.0 * cache / dt / 1e9 / peak);
+		attn_free(&s);
+		free(c);
+		free(qkv);
+	}
+	hyb_device_close(d);
 }

@@ -21,7 +21,9 @@
 #include "attention.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
+#include "ffn_sparse.h"
 #include "hyb/device.h"
+#include "hyb/plan.h"
 #include "hyb/tensor_type.h"
 #include "ops.h"
 #include "sparse_ffn.h"
@@ -1520,4 +1522,86 @@ TEST(dev_time_dense)
 	free(w);
 	free(x);
 	hyb_device_close(d);
+}
+
+/* ---- predictor ---------------------------------------------------------------------- */
+
+TEST(dev_predict_matches_host_predictor)
+{
+	enum { N_IN = 128, HID = 48, N_OUT = 300 };
+	struct hyb_device *d = open_cpu(NULL);
+	uint16_t *w1 = xmalloc(2ull * HID * N_IN), *w2 = xmalloc(2ull * HID * N_OUT);
+	float *b1 = xmalloc(4ull * HID), *b2 = xmalloc(4ull * N_OUT), *x = xmalloc(4ull * N_IN);
+	float *xu = xmalloc(4ull * N_IN);
+	uint32_t *ref = xmalloc(4ull * N_OUT), *got = xmalloc(4ull * N_OUT), cnt = 0;
+	const struct hyb_predictor pr = { .n_in = N_IN, .hidden = HID, .n_out = N_OUT,
+					  .fc1_w = w1, .fc1_b = b1, .fc2_w = w2, .fc2_b = b2 };
+	void *scr = xmalloc(hyb_predictor_scratch_bytes(&pr) + 64);
+	hyb_dptr d1, d2, db1, db2, dx, da, dc;
+	struct hyb_dev_predict p;
+	uint32_t n_ref;
+
+	g_rng = 77;
+	for (size_t i = 0; i < (size_t)HID * N_IN; i++)
+		w1[i] = hyb_f32_to_f16(rndf() * 0.2f);
+	for (size_t i = 0; i < (size_t)HID * N_OUT; i++)
+		w2[i] = hyb_f32_to_f16(rndf() * 0.3f);
+	for (int i = 0; i < HID; i++)
+		b1[i] = rndf() * 0.1f;
+	for (int i = 0; i < N_OUT; i++)
+		b2[i] = rndf() * 0.2f - 0.05f;
+	for (int i = 0; i < N_IN; i++)
+		x[i] = rndf() * 5;
+	hyb_unit_rms(xu, x, N_IN);
+	n_ref = hyb_predictor_run(&pr, xu, NULL, scr, NULL, ref);
+	CHECK(n_ref > 0 && n_ref < N_OUT);
+
+	d1 = upload(d, w1, 2ull * HID * N_IN, 2ull * HID * N_IN);
+	d2 = upload(d, w2, 2ull * HID * N_OUT, 2ull * HID * N_OUT);
+	db1 = upload(d, b1, 4ull * HID, 4ull * HID);
+	db2 = upload(d, b2, 4ull * N_OUT, 4ull * N_OUT);
+	dx = upload(d, x, 4ull * N_IN, 4ull * N_IN);
+	da = dalloc(d, 4ull * N_OUT);
+	dc = dalloc(d, 4);
+	p = (struct hyb_dev_predict){ .n_in = N_IN, .hidden = HID, .n_out = N_OUT, .fc1_w = d1,
+				      .fc1_b = db1, .fc2_w = d2, .fc2_b = db2, .x = dx,
+				      .active = da, .count = dc };
+	CHECK_MSG(hyb_device_predict(d, HYB_STREAM_COMPUTE, &p) == 0, "%s", hyb_device_error(d));
+	CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, &cnt, dc, 4) == 0);
+	CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, got, da, 4ull * N_OUT) == 0);
+	sync_stream(d, HYB_STREAM_COMPUTE);
+	CHECK_EQ_INT(cnt, n_ref);
+	CHECK(!memcmp(got, ref, 4ull * n_ref));
+
+	/* bad arguments: -EINVAL, a message, no fault */
+	struct hyb_dev_predict b = p;
+
+	b.n_in = 100;
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &b) == -EINVAL);
+	CHECK(strstr(hyb_device_error(d), "shape"));
+	b = p;
+	b.active = db2;
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &b) == -EINVAL);
+	CHECK(strstr(hyb_device_error(d), "overlaps"));
+	b = p;
+	b.count = da + 8;
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &b) == -EINVAL);
+	b = p;
+	b.fc1_w = d1 + 1;
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &b) == -EINVAL);
+	b = p;
+	b.hidden = HID + 1;   /* fc1 runs past its allocation */
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &b) == -EINVAL);
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, NULL) == -EINVAL);
+	CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &p) == 0);
+	hyb_device_close(d);
+	free(w1);
+	free(w2);
+	free(b1);
+	free(b2);
+	free(x);
+	free(xu);
+	free(ref);
+	free(got);
+	free(scr);
 }

@@ -100,10 +100,10 @@ static uint64_t slot_bytes(const struct hyb_model *m)
 /* Every attention block with its KV cache, the head and their buffers. */
 static uint64_t dense_bytes(const struct hyb_model *m)
 {
-	uint64_t b = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true);
+	uint64_t b = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
 
 	for (uint32_t l = 0; l < m->hp.n_layer; l++)
-		b += hyb_hdense_layer_bytes(m, l, N_CTX);
+		b += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
 	return b;
 }
 
@@ -279,6 +279,7 @@ TEST(hybrid_dense_placement)
 	hyb_ctx_hybrid_placement(c, &pl);
 	CHECK_EQ_INT(pl.attn_layers, L);
 	CHECK(pl.head);
+	CHECK_EQ_INT(pl.predictors, L);
 	CHECK_EQ_INT(pl.dense_layers_cpu, 0);
 	CHECK(pl.dense_bytes >= L * attn + hyb_hdense_head_bytes(m));
 	CHECK(pl.cache_bytes > 0 && pl.dense_bytes + pl.cache_bytes <= hy.gpu_budget);
@@ -294,7 +295,7 @@ TEST(hybrid_dense_placement)
 
 	/* room for one attention block and nothing else: a valid (if slow) setup */
 	hy.dense_on_cpu = false;
-	hy.gpu_budget = attn + hyb_hdense_buffer_bytes(m, true, false) + 64 * 1024;
+	hy.gpu_budget = attn + hyb_hdense_buffer_bytes(m, true, false, false) + 64 * 1024;
 	c = ctx_new(m, &hy, false);
 	hyb_ctx_hybrid_placement(c, &pc);
 	CHECK_EQ_INT(pc.attn_layers, 1);
@@ -386,7 +387,7 @@ TEST(hybrid_device_merge_equals_host_merge)
 	hyb_ctx_hybrid_placement(cd, &pd);
 	/* the same neuron cache, with attention and head on the CPU */
 	host.dense_on_cpu = true;
-	host.gpu_budget = dev.gpu_budget - pd.dense_bytes - hyb_hdense_buffer_bytes(m, true, true);
+	host.gpu_budget = dev.gpu_budget - pd.dense_bytes;
 	ch = ctx_new(m, &host, false);
 	hyb_ctx_hybrid_placement(ch, &ph);
 	CHECK_EQ_INT(ph.cache_bytes, pd.cache_bytes);

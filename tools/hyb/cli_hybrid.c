@@ -55,9 +55,10 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		return;
 	const double n = (double)st.tokens;
 
-	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %.1f MB dense + %.1f MB "
-		"neuron cache%s\n", pl.attn_layers, pl.head ? "the head" : "not the head",
-		pl.dense_bytes / 1e6, pl.cache_bytes / 1e6,
+	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %u predictors, %.1f MB "
+		"dense + %.1f MB neuron cache%s\n", pl.attn_layers,
+		pl.head ? "the head" : "not the head", pl.predictors, pl.dense_bytes / 1e6,
+		pl.cache_bytes / 1e6,
 		pl.dense_layers_cpu ? " (other layers dense on the CPU)" : "");
 	fprintf(stderr, "hybrid: %.1f%% of active neurons on the device; %.1f group loads and "
 		"%.2f MB moved per token; cache %llu/%llu groups\n",
@@ -174,8 +175,8 @@ static double wbytes(const struct hyb_weight *w)
 /*
  * Bytes a decode step reads, by side, for the roofline: dense parts where the
  * placement put them (attention weights; the KV cache at the workload's mean
- * position), predictors on the host except in the layer policy, which has
- * none and reads whole FFNs of its CPU layers; active neurons by where they ran.
+ * position; predictors, every fc2 row counted), the layer policy's whole FFNs
+ * of its CPU layers; active neurons by where they ran.
  */
 static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_placement *pl,
 		       const struct hyb_hybrid_stats *s, bool layer, double mean_pos,
@@ -193,11 +194,14 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_placem
 	*cpu_b = m->tok_embd.row_bytes + attn * (hp->n_layer - pl->attn_layers) +
 		 (pl->head ? 0 : head) + neuron * (s->active - s->active_dev) / n;
 	*gpu_b = attn * pl->attn_layers + (pl->head ? head : 0) + neuron * s->active_dev / n;
-	if (layer)
+	if (layer) {
 		*cpu_b += ffn * pl->dense_layers_cpu;
-	else
-		for (uint32_t l = 0; l < hp->n_layer; l++)
-			*cpu_b += wbytes(&m->layers[l].plan.fc1) + wbytes(&m->layers[l].plan.fc2);
+	} else {
+		const double pred = wbytes(&L0->plan.fc1) + wbytes(&L0->plan.fc2);
+
+		*cpu_b += pred * (hp->n_layer - pl->predictors);
+		*gpu_b += pred * pl->predictors;
+	}
 }
 
 struct policy_run {
@@ -295,7 +299,7 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	       "(%s)\n", bw_dram / 1e9, bw_pcie / 1e9, bw_hbm / 1e9,
 	       o->hy.device && !strcmp(o->hy.device, "cuda") ? "device" : "modelled");
 	printf("baseline    %8.2f tokens/s  CPU-only sparse decode\n", ref);
-	printf("%-13s %8s %7s %5s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy", "tok/s",
+	printf("%-13s %8s %7s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy", "tok/s",
 	       "vs cpu", "dense", "gpu%", "loads", "MB/tok", "attn ms", "cpu ms", "dev ms*",
 	       "stall", "roof%", "agree", "lambda");
 	for (int i = 0; i < np; i++) {
@@ -308,7 +312,8 @@ int cmd_bench_hybrid(struct cli_opts *o)
 
 		step_bytes(m, &pr[i].pl, s, pr[i].p == HYB_POLICY_LAYER, mean_pos, &cpu_b, &gpu_b);
 		roof = cpu_b / bw_dram;
-		snprintf(dense, sizeof(dense), "%u%s", pr[i].pl.attn_layers, pr[i].pl.head ? "+h" : "");
+		snprintf(dense, sizeof(dense), "%u%s%s", pr[i].pl.attn_layers,
+			 pr[i].pl.head ? "+h" : "", pr[i].pl.predictors ? "+p" : "");
 		if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
 			roof = gpu_b / bw_hbm;
 		if (bw_pcie > 0 && io_b / bw_pcie > roof)
@@ -317,7 +322,7 @@ int cmd_bench_hybrid(struct cli_opts *o)
 			base_layer = tps;
 		if (pr[i].p == HYB_POLICY_STATIC)
 			base_static = tps;
-		printf("%-13s %8.2f %6.2fx %5s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f %5.0f%% "
+		printf("%-13s %8.2f %6.2fx %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f %5.0f%% "
 		       "%6.1f%%", hyb_policy_name(pr[i].p), tps, tps / ref, dense,
 		       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
 		       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
@@ -341,8 +346,8 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	}
 	printf("dev ms*: device FFN time in the steps where the device, not the CPU, finished "
 	       "last\n");
-	printf("dense: attention blocks on the device (+h: and the head); layer runs its other "
-	       "layers dense on the CPU\n");
+	printf("dense: attention blocks on the device (+h: and the head, +p: and predictors); "
+	       "layer runs its other layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
 	       "link bytes / PCIe) per token, each side's bytes where the placement put them\n");
 	for (int i = 0; i < np; i++)

@@ -214,6 +214,26 @@ struct hyb_dev_attn {
 };
 int hyb_device_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 
+/*
+ * A layer's activation predictor (PowerInfer 4.3; KAIROX 5.1 runs it on the
+ * GPU beside the attention output it reads): x is scaled to unit RMS
+ * (hyb_unit_rms) and rounded to F16, then hyb_predictor_run's arithmetic:
+ * h = relu(fc1 x + b1), logits = b2 + sum over h_u > 0 of h_u fc2[u]; the
+ * indices with logit > 0 go to active in increasing order and their number
+ * to *count. The CPU device gives hyb_predictor_run's bits.
+ */
+struct hyb_dev_predict {
+	uint32_t n_in, hidden, n_out;  /* n_in a multiple of 32 */
+	hyb_dptr fc1_w;                /* F16 [hidden][n_in] */
+	hyb_dptr fc1_b;                /* float [hidden] */
+	hyb_dptr fc2_w;                /* F16 [hidden][n_out] (a row per hidden unit) */
+	hyb_dptr fc2_b;                /* float [n_out], the threshold folded in */
+	hyb_dptr x;                    /* float [n_in], read only */
+	hyb_dptr active;               /* uint32 [n_out] */
+	hyb_dptr count;                /* uint32 [1] */
+};
+int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
+
 /* ---- statistics --------------------------------------------------------------- */
 
 struct hyb_device_stats {

@@ -18,6 +18,8 @@
  * head, and what is left to neuron groups - every byte of a dense layer is
  * read every token, no neuron is active more often than that, so a dense
  * byte on the device saves at least as much CPU traffic as a neuron byte.
+ * Next the activation predictors whose input is on the device (KAIROX 5.1
+ * runs them there): on the CPU their F16 GEMVs cost more than the neurons.
  * The "layer" policy (llama.cpp -ngl) instead places whole layers in order,
  * attention and all of the FFN, then the head, and runs the other layers
  * dense on the CPU. A layer whose attention is on the device keeps the
@@ -77,6 +79,7 @@ struct hyb_hybrid_stats {
 /* Where the dense parts went (after the placement). */
 struct hyb_hybrid_placement {
 	uint32_t attn_layers;     /* layers whose attention block is on the device */
+	uint32_t predictors;      /* layers whose activation predictor runs on the device */
 	bool head;                /* the head is on the device */
 	uint32_t dense_layers_cpu;/* layer policy: layers computed dense on the CPU */
 	uint64_t dense_bytes;     /* device bytes of attention blocks, KV and head */

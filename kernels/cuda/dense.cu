@@ -1,0 +1,977 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The dense kernels of a decode step on CUDA (hyb/device.h: rmsnorm,
+ * matvec, attention; issue 6 item 2, PowerInfer 5.3 keeps the dense layers
+ * on the GPU). The arithmetic is the CPU forward pass's (libhyb/forward.c,
+ * ops.c, attention.c) up to float summation order; where a rounding step is
+ * part of that arithmetic (x converted to the weight's dot format, q and
+ * k and v rounded to F16) it is done here the same way.
+ *
+ * rmsnorm: one block; squares rounded to float and summed in double, as
+ *   hyb_rmsnorm does, so y is the CPU's to the last bit but for the order
+ *   of the double sum (which almost never shows after rounding to float).
+ *
+ * matvec: one warp per row (grid-stride over rows, 16 warps a block, about
+ *   two blocks per multiprocessor). Each block first stages x in shared
+ *   memory in the weight's dot format, as the CPU converts it
+ *   (hyb_vec_dot_type): Q8_0 blocks for Q4_0/Q8_0 weights, quantized as
+ *   kernels/cpu/quant_act.c does (id = 127 / amax, round half to even; the
+ *   same scheme as kernels/cuda/sparse_ffn.cu), so the integer block dots
+ *   are the CPU's; F16 for F16 weights; F32 as is. A lane then walks its
+ *   share of the row several loads ahead (about 2 KiB in flight per warp),
+ *   the warp adds its lanes with shuffles and lane 0 writes y[r] (or adds
+ *   the rounded dot to it). Weights are GGUF blocks as they are: Q8_0 and
+ *   Q4_0 blocks are only 2-byte aligned and are read 16 bits at a time;
+ *   F16 and F32 rows that are 16-byte aligned are read 16 bytes at a time.
+ *   Staging costs each block one pass over x from L2 (n_in * 4 bytes),
+ *   small against the rows a block reads once n_out is a few thousand.
+ *
+ * attention, three kernels on the stream (flash-decoding):
+ *   1. rope_store: RoPE on q and k with a cos/sin table the host computed
+ *      with hyb_rope's own libm calls (bit-exact rotations), then k and v
+ *      rounded to F16 into row pos of the caches.
+ *   2. attn_part: a block per (chunk of positions, kv head, slice of at
+ *      most 8 of its query heads). All the query heads of a GQA group read
+ *      each K and V row once per block. Positions go in tiles of 64:
+ *      scores by 8 lanes per position (4 positions per warp step, a
+ *      3-shuffle reduction per head), an online softmax per head over the
+ *      tiles (running max m, sum l, the accumulator rescaled when m grows),
+ *      and V accumulated in float by threads that own a pair of dimensions
+ *      and a residue class of positions (every V element loaded once).
+ *      Why 8 lanes and not a warp per position: a warp-wide sum costs 5
+ *      dependent shuffles per (position, head); 8 lanes of 4-byte loads
+ *      still read whole 32-byte sectors of the row, and 3 shuffles sum
+ *      the 4 positions of a warp step at once.
+ *      q is rounded to F16 first, as the CPU does before its K.q dot. With
+ *      one chunk the block writes out; otherwise (m, l, acc) per head and
+ *      chunk go to the workspace.
+ *   3. attn_combine (only when there are several chunks): per head,
+ *      out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M), M = max m_c.
+ *   The number of chunks is chosen so that about 4 blocks per
+ *   multiprocessor run (chunks of whole tiles), so long contexts spread
+ *   over the whole GPU and short ones need no combine. The CPU keeps its V
+ *   sum in F16 (llama.cpp's flash attention); here it is float: results
+ *   differ by that rounding (hyb/device.h allows it). Every sum has a fixed
+ *   order: results are deterministic run to run.
+ */
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "hyb/tensor_type.h"
+#include "dense_cuda.h"
+
+#define WARP 32
+#define FULL 0xffffffffu
+#define QK 32               /* elements per Q8_0 / Q4_0 block */
+#define Q8_BYTES 34
+#define Q4_BYTES 18
+
+#define MV_WARPS 16         /* matvec: warps (rows in flight) per block */
+#define MV_THREADS (MV_WARPS * WARP)
+#define MV_STEPS 8          /* matvec: loads a lane issues before using any */
+
+#define NORM_THREADS 1024
+
+#define AT_WARPS 8          /* attention: warps per block */
+#define AT_THREADS (AT_WARPS * WARP)
+#define AT_TILE 64          /* positions per tile */
+#define AT_PW (AT_TILE / AT_WARPS)  /* positions per warp in a tile: 8 */
+#define AT_HB 8             /* query heads per block at most */
+#define AT_HD 256           /* head_dim at most */
+#define AT_KJ (AT_HD / 2 / 8)       /* K pairs per lane at most (8 lanes per position) */
+#define AT_MAX_CHUNKS 1024
+#define AT_BLOCKS_PER_SM 4
+
+static_assert(AT_PW == 8, "attn_part: a warp scores 8 positions per tile, 4 per step");
+static_assert(AT_HB <= AT_WARPS, "attn_part: the softmax gives each head a warp");
+static_assert(AT_TILE == 2 * WARP, "attn_part: the softmax gives each lane 2 positions");
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = WARP / 2; o > 0; o /= 2)
+		v += __shfl_xor_sync(FULL, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = WARP / 2; o > 0; o /= 2)
+		v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+	return v;
+}
+
+/* 4 bytes at a 2-byte aligned address (quants follow a 2-byte scale) */
+static __device__ __forceinline__ uint32_t ld_u32_a2(const char *p)
+{
+	const unsigned short *q = (const unsigned short *)p;
+
+	return (uint32_t)__ldg(q) | (uint32_t)__ldg(q + 1) << 16;
+}
+
+static __device__ __forceinline__ float h2f(unsigned short u)
+{
+	return __half2float(__ushort_as_half(u));
+}
+
+static __device__ __forceinline__ float ld_f16(const char *p)
+{
+	return h2f(__ldg((const unsigned short *)p));
+}
+
+/* element e (0..1) of a pair of f16 packed in u */
+static __device__ __forceinline__ float f16_of(uint32_t u, int e)
+{
+	return h2f((unsigned short)(u >> (16 * e)));
+}
+
+static __device__ __forceinline__ unsigned short f2h_bits(float f)
+{
+	return __half_as_ushort(__float2half_rn(f));
+}
+
+static __host__ __device__ __forceinline__ uint32_t u32min(uint32_t a, uint32_t b)
+{
+	return a < b ? a : b;
+}
+
+/* ---- rmsnorm ---------------------------------------------------------------------- */
+
+static __global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, uint32_t n, float eps)
+{
+	__shared__ double part[NORM_THREADS / WARP];
+	__shared__ float scale_sh;
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+	double s = 0;
+
+	/* hyb_rmsnorm: each square rounded to float, the sum in double */
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
+		const float v = x[i];
+
+		s += (double)__fmul_rn(v, v);
+	}
+	for (int o = WARP / 2; o > 0; o /= 2)
+		s += __shfl_xor_sync(FULL, s, o);
+	if (lane == 0)
+		part[warp] = s;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		double sum = 0;
+
+		for (uint32_t i = 0; i < blockDim.x / WARP; i++)
+			sum += part[i];
+		scale_sh = 1.0f / sqrtf((float)(sum / n) + eps);
+	}
+	__syncthreads();
+	const float scale = scale_sh;
+
+	/* y may be x: every x[i] was read above, and each i is read and written by one thread */
+	for (uint32_t i = threadIdx.x; i < n; i += blockDim.x)
+		y[i] = __fmul_rn(__fmul_rn(x[i], scale), w[i]);
+}
+
+extern "C" int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps,
+				void *stream)
+{
+	const uint32_t thr = u32min((n + WARP - 1) / WARP * WARP, NORM_THREADS);
+
+	if (!n)
+		return -EINVAL;
+	rmsnorm_kernel<<<1, thr, 0, (cudaStream_t)stream>>>(y, x, w, n, eps);
+	return (int)cudaGetLastError();
+}
+
+/* ---- matvec ----------------------------------------------------------------------- */
+
+struct mv_k {
+	const char *w;
+	uint64_t rb;          /* bytes per row */
+	const float *x;
+	float *y;
+	uint32_t k, n_out;
+	int accumulate;
+};
+
+/*
+ * x in shared memory in the dot format of weight type TY. Q8_0 (for Q8_0
+ * and Q4_0 weights): int8 q[k], then float d[k / 32] (d already rounded to
+ * f16), as quant_act.c's hyb_quantize_q8_0_scalar. A warp quantizes a
+ * 32-element block: lane l holds element l. It loads MV_STEPS blocks before
+ * the first reduction, so the staging costs one trip to L2, not eight.
+ */
+template <uint32_t TY>
+static __device__ void mv_stage_x(const float *__restrict__ x, uint32_t k, unsigned char *sm)
+{
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+
+	if (TY == HYB_TYPE_F32) {
+		float *xs = (float *)sm;
+
+		for (uint32_t e = threadIdx.x; e < k; e += MV_THREADS)
+			xs[e] = x[e];
+	} else if (TY == HYB_TYPE_F16) {
+		__half *xh = (__half *)sm;
+
+		for (uint32_t e = threadIdx.x; e < k; e += MV_THREADS)
+			xh[e] = __float2half_rn(x[e]);
+	} else {
+		int8_t *xq = (int8_t *)sm;
+		float *xd = (float *)(sm + k);
+		const uint32_t nb = k / QK;
+
+		for (uint32_t b0 = warp; b0 < nb; b0 += MV_WARPS * MV_STEPS) {
+			float v[MV_STEPS];
+
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t b = b0 + MV_WARPS * u;
+
+				v[u] = b < nb ? x[b * QK + lane] : 0.0f;
+			}
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t b = b0 + MV_WARPS * u;
+
+				if (b >= nb) /* warp-uniform */
+					break;
+				const float amax = warp_max(fabsf(v[u]));
+				const float d = amax / 127.f;
+				const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+
+				xq[b * QK + lane] = (int8_t)__float2int_rn(v[u] * id);
+				if (lane == 0)
+					xd[b] = __half2float(__float2half_rn(d));
+			}
+		}
+	}
+	__syncthreads();
+}
+
+/* Q8_0 row . x (this lane's share): block b = lane / 4 + 8j, quants 8 (lane % 4) .. + 8 */
+static __device__ __forceinline__ float mv_dot_q8_0(const char *row, const unsigned char *sm,
+						    uint32_t k, int lane)
+{
+	const int8_t *xq = (const int8_t *)sm;
+	const float *xd = (const float *)(sm + k);
+	const uint32_t nb = k / QK, sub = lane % 4;
+	float acc = 0;
+
+	for (uint32_t b0 = lane / 4; b0 < nb; b0 += 8 * MV_STEPS) {
+		uint32_t v0[MV_STEPS], v1[MV_STEPS];
+		float dw[MV_STEPS];
+
+#pragma unroll
+		for (int u = 0; u < MV_STEPS; u++) {
+			const uint32_t b = b0 + 8 * u;
+
+			v0[u] = v1[u] = 0;
+			dw[u] = 0;
+			if (b < nb) {
+				const char *blk = row + (uint64_t)b * Q8_BYTES;
+
+				dw[u] = ld_f16(blk);
+				v0[u] = ld_u32_a2(blk + 2 + 8 * sub);
+				v1[u] = ld_u32_a2(blk + 6 + 8 * sub);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < MV_STEPS; u++) {
+			const uint32_t b = b0 + 8 * u;
+
+			if (b < nb) {
+				const int2 xv = *(const int2 *)(xq + b * QK + 8 * sub);
+				const int s = __dp4a((int)v1[u], xv.y, __dp4a((int)v0[u], xv.x, 0));
+
+				acc += (float)s * (dw[u] * xd[b]);
+			}
+		}
+	}
+	return acc;
+}
+
+/*
+ * Q4_0 row . x: block b = lane / 2 + 16j, quant bytes 8p .. 8p + 8 (p = lane
+ * % 2): their low nibbles are elements 8p .. 8p + 7, high nibbles 16 + 8p ..
+ */
+static __device__ __forceinline__ float mv_dot_q4_0(const char *row, const unsigned char *sm,
+						    uint32_t k, int lane)
+{
+	const int8_t *xq = (const int8_t *)sm;
+	const float *xd = (const float *)(sm + k);
+	const uint32_t nb = k / QK, p = lane % 2;
+	float acc = 0;
+
+	for (uint32_t b0 = lane / 2; b0 < nb; b0 += 16 * MV_STEPS) {
+		uint32_t v0[MV_STEPS], v1[MV_STEPS];
+		float dw[MV_STEPS];
+
+#pragma unroll
+		for (int u = 0; u < MV_STEPS; u++) {
+			const uint32_t b = b0 + 16 * u;
+
+			v0[u] = v1[u] = 0;
+			dw[u] = 0;
+			if (b < nb) {
+				const char *blk = row + (uint64_t)b * Q4_BYTES;
+
+				dw[u] = ld_f16(blk);
+				v0[u] = ld_u32_a2(blk + 2 + 8 * p);
+				v1[u] = ld_u32_a2(blk + 6 + 8 * p);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < MV_STEPS; u++) {
+			const uint32_t b = b0 + 16 * u;
+
+			if (b < nb) {
+				const int2 xl = *(const int2 *)(xq + b * QK + 8 * p);
+				const int2 xh = *(const int2 *)(xq + b * QK + 16 + 8 * p);
+				/* nibble - 8 per byte: fits a signed byte, no borrow */
+				const uint32_t lo = 0x0f0f0f0fu, e8 = 0x08080808u;
+				const int l0 = (int)__vsub4(v0[u] & lo, e8);
+				const int l1 = (int)__vsub4(v1[u] & lo, e8);
+				const int h0 = (int)__vsub4((v0[u] >> 4) & lo, e8);
+				const int h1 = (int)__vsub4((v1[u] >> 4) & lo, e8);
+				int s = __dp4a(l0, xl.x, 0);
+
+				s = __dp4a(l1, xl.y, s);
+				s = __dp4a(h0, xh.x, s);
+				s = __dp4a(h1, xh.y, s);
+				acc += (float)s * (dw[u] * xd[b]);
+			}
+		}
+	}
+	return acc;
+}
+
+/* F16 row . x (x in F16): VEC, rows 16-byte aligned and k % 8 == 0: 8 elements a lane a step */
+template <bool VEC>
+static __device__ __forceinline__ float mv_dot_f16(const char *row, const unsigned char *sm,
+						   uint32_t k, int lane)
+{
+	const __half *xh = (const __half *)sm;
+	float acc = 0;
+
+	if (VEC) {
+		for (uint32_t e0 = 8 * lane; e0 < k; e0 += 8 * WARP * MV_STEPS) {
+			uint4 w[MV_STEPS];
+
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + 8 * WARP * u;
+
+				w[u] = e < k ? __ldg((const uint4 *)(row + 2 * (uint64_t)e)) :
+					       make_uint4(0, 0, 0, 0);
+			}
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + 8 * WARP * u;
+
+				if (e >= k)
+					continue;
+				const uint4 xv = *(const uint4 *)(xh + e);
+				const uint32_t xa[4] = { xv.x, xv.y, xv.z, xv.w };
+				const uint32_t wa[4] = { w[u].x, w[u].y, w[u].z, w[u].w };
+
+#pragma unroll
+				for (int j = 0; j < 8; j++)
+					acc = fmaf(f16_of(wa[j / 2], j % 2),
+						   f16_of(xa[j / 2], j % 2), acc);
+			}
+		}
+	} else {
+		for (uint32_t e0 = lane; e0 < k; e0 += WARP * MV_STEPS) {
+			float w[MV_STEPS];
+
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + WARP * u;
+
+				w[u] = e < k ? ld_f16(row + 2 * (uint64_t)e) : 0.0f;
+			}
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + WARP * u;
+
+				if (e < k)
+					acc = fmaf(w[u], __half2float(xh[e]), acc);
+			}
+		}
+	}
+	return acc;
+}
+
+/* F32 row . x: VEC, rows 16-byte aligned and k % 4 == 0: 4 elements a lane a step */
+template <bool VEC>
+static __device__ __forceinline__ float mv_dot_f32(const char *row, const unsigned char *sm,
+						   uint32_t k, int lane)
+{
+	const float *xs = (const float *)sm;
+	float acc = 0;
+
+	if (VEC) {
+		for (uint32_t e0 = 4 * lane; e0 < k; e0 += 4 * WARP * MV_STEPS) {
+			float4 w[MV_STEPS];
+
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + 4 * WARP * u;
+
+				w[u] = e < k ? __ldg((const float4 *)(row + 4 * (uint64_t)e)) :
+					       make_float4(0, 0, 0, 0);
+			}
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + 4 * WARP * u;
+
+				if (e >= k)
+					continue;
+				const float4 xv = *(const float4 *)(xs + e);
+
+				acc = fmaf(w[u].x, xv.x, acc);
+				acc = fmaf(w[u].y, xv.y, acc);
+				acc = fmaf(w[u].z, xv.z, acc);
+				acc = fmaf(w[u].w, xv.w, acc);
+			}
+		}
+	} else {
+		for (uint32_t e0 = lane; e0 < k; e0 += WARP * MV_STEPS) {
+			float w[MV_STEPS];
+
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + WARP * u;
+
+				w[u] = e < k ? __ldg((const float *)(row + 4 * (uint64_t)e)) : 0.0f;
+			}
+#pragma unroll
+			for (int u = 0; u < MV_STEPS; u++) {
+				const uint32_t e = e0 + WARP * u;
+
+				if (e < k)
+					acc = fmaf(w[u], xs[e], acc);
+			}
+		}
+	}
+	return acc;
+}
+
+template <uint32_t TY, bool VEC>
+static __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_k a)
+{
+	extern __shared__ __align__(16) unsigned char sm[];
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+
+	mv_stage_x<TY>(a.x, a.k, sm);
+	/* r is the same for the whole warp: the shuffles below see every lane */
+	for (uint32_t r = blockIdx.x * MV_WARPS + warp; r < a.n_out; r += gridDim.x * MV_WARPS) {
+		const char *row = a.w + (uint64_t)r * a.rb;
+		float acc;
+
+		if (TY == HYB_TYPE_Q8_0)
+			acc = mv_dot_q8_0(row, sm, a.k, lane);
+		else if (TY == HYB_TYPE_Q4_0)
+			acc = mv_dot_q4_0(row, sm, a.k, lane);
+		else if (TY == HYB_TYPE_F16)
+			acc = mv_dot_f16<VEC>(row, sm, a.k, lane);
+		else
+			acc = mv_dot_f32<VEC>(row, sm, a.k, lane);
+		acc = warp_sum(acc);
+		if (lane == 0)
+			a.y[r] = a.accumulate ? a.y[r] + acc : acc;
+	}
+}
+
+extern "C" uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in)
+{
+	switch (type) {
+	case HYB_TYPE_F32:
+		return 4 * n_in;
+	case HYB_TYPE_F16:
+		return (uint32_t)((2ull * n_in + 15) & ~15ull);
+	case HYB_TYPE_Q8_0:
+	case HYB_TYPE_Q4_0:
+		return n_in + n_in / QK * 4;
+	default:
+		return 0;
+	}
+}
+
+extern "C" int hyb_cuda_dense_setup(int smem_max)
+{
+	const void *k[] = {
+		(const void *)matvec_kernel<HYB_TYPE_F32, false>,
+		(const void *)matvec_kernel<HYB_TYPE_F32, true>,
+		(const void *)matvec_kernel<HYB_TYPE_F16, false>,
+		(const void *)matvec_kernel<HYB_TYPE_F16, true>,
+		(const void *)matvec_kernel<HYB_TYPE_Q8_0, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q4_0, false>,
+	};
+
+	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
+		const cudaError_t e =
+			cudaFuncSetAttribute(k[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+					     smem_max);
+
+		if (e != cudaSuccess)
+			return (int)e;
+	}
+	return 0;
+}
+
+extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
+{
+	const cudaStream_t s = (cudaStream_t)stream;
+	const uint64_t rb = hyb_row_bytes(m->type, m->n_in);
+	const uint32_t smem = hyb_cuda_matvec_smem(m->type, m->n_in);
+	const uint32_t sms = (uint32_t)(m->n_sm > 0 ? m->n_sm : 1);
+	const uint32_t blocks = u32min((m->n_out + MV_WARPS - 1) / MV_WARPS, 2 * sms);
+	/* 16-byte loads need every row 16-byte aligned */
+	const bool vec = (uintptr_t)m->w % 16 == 0 && rb % 16 == 0;
+	mv_k a;
+
+	if (!rb || !smem || !m->n_out || !m->n_in ||
+	    ((uintptr_t)m->w % (m->type == HYB_TYPE_F32 ? 4 : 2)))
+		return -EINVAL;
+	a.w = (const char *)m->w;
+	a.rb = rb;
+	a.x = m->x;
+	a.y = m->y;
+	a.k = m->n_in;
+	a.n_out = m->n_out;
+	a.accumulate = m->accumulate;
+	switch (m->type) {
+	case HYB_TYPE_F32:
+		if (vec)
+			matvec_kernel<HYB_TYPE_F32, true><<<blocks, MV_THREADS, smem, s>>>(a);
+		else
+			matvec_kernel<HYB_TYPE_F32, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		break;
+	case HYB_TYPE_F16:
+		if (vec)
+			matvec_kernel<HYB_TYPE_F16, true><<<blocks, MV_THREADS, smem, s>>>(a);
+		else
+			matvec_kernel<HYB_TYPE_F16, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		break;
+	case HYB_TYPE_Q8_0:
+		matvec_kernel<HYB_TYPE_Q8_0, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		break;
+	case HYB_TYPE_Q4_0:
+		matvec_kernel<HYB_TYPE_Q4_0, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		break;
+	default:
+		return -EINVAL;
+	}
+	return (int)cudaGetLastError();
+}
+
+/* ---- attention 1: RoPE, the cache rows ---------------------------------------------- */
+
+struct rope_k {
+	float *q, *k;
+	const float *v;
+	unsigned short *kc, *vc;  /* row pos, kv head 0 */
+	uint32_t n_head, hd, n_rot;
+	int neox;
+	float cs[HYB_CUDA_ROPE_MAX], sn[HYB_CUDA_ROPE_MAX];
+};
+
+/* Block b < n_head: q head b; else kv head b - n_head (k roped, then k and v stored). */
+static __global__ void __launch_bounds__(128) rope_store(const rope_k a)
+{
+	const uint32_t b = blockIdx.x, hd = a.hd;
+	const bool is_q = b < a.n_head;
+	const uint32_t g = is_q ? 0 : b - a.n_head;
+	float *x = is_q ? a.q + (uint64_t)b * hd : a.k + (uint64_t)g * hd;
+
+	for (uint32_t i = threadIdx.x; i < a.n_rot / 2; i += blockDim.x) {
+		const uint32_t ia = a.neox ? i : 2 * i, ib = a.neox ? i + a.n_rot / 2 : 2 * i + 1;
+		const float x0 = x[ia], x1 = x[ib];
+
+		/* hyb_rope: one product rounded, the other fused */
+		x[ia] = __fmaf_rn(x0, a.cs[i], -__fmul_rn(x1, a.sn[i]));
+		x[ib] = __fmaf_rn(x0, a.sn[i], __fmul_rn(x1, a.cs[i]));
+	}
+	if (is_q)
+		return;
+	__syncthreads(); /* the block's writes to x are visible to the block after this */
+	for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+		a.kc[(uint64_t)g * hd + d] = f2h_bits(x[d]);
+		a.vc[(uint64_t)g * hd + d] = f2h_bits(a.v[(uint64_t)g * hd + d]);
+	}
+}
+
+extern "C" int hyb_cuda_rope_prepare(struct hyb_cuda_rope *r, uint32_t n_rot, uint32_t pos,
+				     float freq_scale, float base)
+{
+	float theta, theta_scale;
+
+	if (n_rot % 2 || n_rot / 2 > HYB_CUDA_ROPE_MAX)
+		return -EINVAL;
+	if (r->valid && r->n_rot == n_rot && r->pos == pos && r->freq_scale == freq_scale &&
+	    r->base == base)
+		return 0;
+	/* libhyb/ops.c hyb_rope, step for step (host libm: the CPU's bits) */
+	theta_scale = powf(base, -2.0f / (float)n_rot);
+	theta = (float)pos;
+	for (uint32_t i = 0; i < n_rot / 2; i++) {
+		const float t = freq_scale * theta;
+
+		r->cs[i] = cosf(t);
+		r->sn[i] = sinf(t);
+		theta *= theta_scale;
+	}
+	r->n_rot = n_rot;
+	r->pos = pos;
+	r->freq_scale = freq_scale;
+	r->base = base;
+	r->valid = true;
+	return 0;
+}
+
+/* ---- attention 2: partial softmax-weighted sums over chunks of positions ------------- */
+
+struct at_k {
+	const float *q;               /* roped */
+	const unsigned short *kc, *vc;
+	uint32_t kv_stride;           /* n_head_kv * hd elements per cache row */
+	uint32_t hd, group, hb, n_slices;
+	uint32_t npos, chunk, n_chunks;
+	float scale;
+	float *out;
+	float *part;                  /* [n_head][n_chunks][hd] */
+	float *ml;                    /* [n_head][n_chunks][2]: m, l */
+};
+
+/* a pair of F16 at element 2 * dp of a cache row; A4: the caches are 4-byte aligned */
+template <bool A4>
+static __device__ __forceinline__ uint32_t ld_pair(const unsigned short *row, uint32_t dp)
+{
+	if (A4)
+		return __ldg((const uint32_t *)row + dp);
+	return (uint32_t)__ldg(row + 2 * dp) | (uint32_t)__ldg(row + 2 * dp + 1) << 16;
+}
+
+/*
+ * Block (chunk c, kv head g * n_slices + slice): query heads h0 .. h0 + nh
+ * of kv head g over positions [p0, p1). Threads: scores, 8 lanes per
+ * position; softmax, a warp per head; V, thread t owns dimension pair dp =
+ * t % np and positions pl, pl + R, ... of each tile (pl = t / np, R =
+ * AT_THREADS / np) for all nh heads, and the R partial sums are added at
+ * the end in pl order.
+ */
+template <bool A4>
+static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
+{
+	__shared__ __align__(16) float qs[AT_HB][AT_HD];   /* q, rounded to F16 */
+	__shared__ float sc[AT_HB][AT_TILE];               /* scores, then weights */
+	__shared__ float alpha[AT_HB], mrun[AT_HB], lrun[AT_HB];
+	__shared__ __align__(16) float red[AT_THREADS * 2 * AT_HB]; /* [R][nh][hd] */
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+	const uint32_t hd = a.hd, np = hd / 2;
+	const uint32_t g = blockIdx.y / a.n_slices, slice = blockIdx.y % a.n_slices;
+	const uint32_t h0 = g * a.group + slice * a.hb;
+	const uint32_t nh = u32min(a.hb, a.group - slice * a.hb);
+	const uint32_t c = blockIdx.x, p0 = c * a.chunk, p1 = u32min(a.npos, p0 + a.chunk);
+	const unsigned short *kc = a.kc + (uint64_t)g * hd, *vc = a.vc + (uint64_t)g * hd;
+	/* scores: this lane's position group (4 a warp step) and its pairs dp = sub + 8j */
+	const uint32_t sub = lane % 8, grp = lane / 8;
+	/* V: this thread's pair and residue class of positions */
+	const uint32_t R = AT_THREADS / np, dpv = threadIdx.x % np, pl = threadIdx.x / np;
+	const bool vown = threadIdx.x < R * np;
+	float acc[AT_HB][2];
+
+	for (uint32_t e = threadIdx.x; e < nh * hd; e += AT_THREADS) {
+		const float v = a.q[(uint64_t)(h0 + e / hd) * hd + e % hd];
+
+		/* the CPU rounds q to F16 for its K.q dot (attention.c, attend_row) */
+		qs[e / hd][e % hd] = __half2float(__float2half_rn(v));
+	}
+	if (threadIdx.x < AT_HB) {
+		mrun[threadIdx.x] = -INFINITY;
+		lrun[threadIdx.x] = 0.0f;
+	}
+#pragma unroll
+	for (int u = 0; u < AT_HB; u++)
+		acc[u][0] = acc[u][1] = 0.0f;
+	__syncthreads();
+
+	for (uint32_t t0 = p0; t0 < p1; t0 += AT_TILE) {
+		const uint32_t tn = u32min(AT_TILE, p1 - t0);
+
+		/* ---- scores: warp w, step s: position t0 + 8w + 4s + grp ---- */
+		uint32_t kr[2][AT_KJ];
+
+#pragma unroll
+		for (int s = 0; s < 2; s++) {
+			const uint32_t i = AT_PW * warp + 4 * s + grp;
+			const unsigned short *row = kc + (uint64_t)(t0 + i) * a.kv_stride;
+
+#pragma unroll
+			for (int j = 0; j < AT_KJ; j++) {
+				const uint32_t dp = sub + 8 * j;
+
+				kr[s][j] = i < tn && dp < np ? ld_pair<A4>(row, dp) : 0u;
+			}
+		}
+		for (uint32_t hh = 0; hh < nh; hh++) {
+#pragma unroll
+			for (int s = 0; s < 2; s++) {
+				const uint32_t i = AT_PW * warp + 4 * s + grp;
+				float d = 0;
+
+#pragma unroll
+				for (int j = 0; j < AT_KJ; j++) {
+					const uint32_t dp = sub + 8 * j;
+
+					if (dp < np) {
+						const float2 qv = *(const float2 *)&qs[hh][2 * dp];
+
+						d = fmaf(f16_of(kr[s][j], 0), qv.x, d);
+						d = fmaf(f16_of(kr[s][j], 1), qv.y, d);
+					}
+				}
+				/* the 8 lanes of this position */
+				d += __shfl_xor_sync(FULL, d, 4);
+				d += __shfl_xor_sync(FULL, d, 2);
+				d += __shfl_xor_sync(FULL, d, 1);
+				if (sub == 0)
+					sc[hh][i] = i < tn ? d * a.scale : -INFINITY;
+			}
+		}
+		__syncthreads();
+
+		/* ---- online softmax: warp hh, lane owns positions lane, lane + 32 ---- */
+		if ((uint32_t)warp < nh) {
+			const int hh = warp;
+			const float s0 = sc[hh][lane], s1 = sc[hh][lane + WARP];
+			const float m_old = mrun[hh];
+			const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
+			const float e0 = expf(s0 - m_new), e1 = expf(s1 - m_new);
+			const float sum = warp_sum(e0 + e1);
+
+			sc[hh][lane] = e0;
+			sc[hh][lane + WARP] = e1;
+			if (lane == 0) {
+				/* m_old = -inf on the first tile: alpha = 0, nothing to rescale */
+				const float al = expf(m_old - m_new);
+
+				alpha[hh] = al;
+				lrun[hh] = lrun[hh] * al + sum;
+				mrun[hh] = m_new;
+			}
+		}
+		__syncthreads();
+
+		/* ---- V: acc[hh] = acc[hh] * alpha[hh] + sum_p w[hh][p] V[p] ---- */
+		if (vown) {
+#pragma unroll
+			for (int u = 0; u < AT_HB; u++) {
+				if ((uint32_t)u < nh) {
+					acc[u][0] *= alpha[u];
+					acc[u][1] *= alpha[u];
+				}
+			}
+#pragma unroll 4
+			for (uint32_t i = pl; i < tn; i += R) {
+				const unsigned short *row = vc + (uint64_t)(t0 + i) * a.kv_stride;
+				const uint32_t vp = ld_pair<A4>(row, dpv);
+				const float v0 = f16_of(vp, 0), v1 = f16_of(vp, 1);
+
+#pragma unroll
+				for (int u = 0; u < AT_HB; u++) {
+					if ((uint32_t)u < nh) {
+						const float wgt = sc[u][i];
+
+						acc[u][0] = fmaf(wgt, v0, acc[u][0]);
+						acc[u][1] = fmaf(wgt, v1, acc[u][1]);
+					}
+				}
+			}
+		}
+		__syncthreads(); /* sc and alpha are rewritten by the next tile */
+	}
+
+	/* ---- the R partial sums, in pl order; then out or the chunk's partial ---- */
+	if (vown) {
+#pragma unroll
+		for (int u = 0; u < AT_HB; u++) {
+			if ((uint32_t)u < nh) {
+				float *r = &red[((uint64_t)pl * nh + u) * hd + 2 * dpv];
+
+				r[0] = acc[u][0];
+				r[1] = acc[u][1];
+			}
+		}
+	}
+	__syncthreads();
+	for (uint32_t e = threadIdx.x; e < nh * hd; e += AT_THREADS) {
+		const uint32_t hh = e / hd, d = e % hd, h = h0 + hh;
+		float s = 0;
+
+		for (uint32_t r = 0; r < R; r++)
+			s += red[((uint64_t)r * nh + hh) * hd + d];
+		if (a.n_chunks == 1) {
+			a.out[(uint64_t)h * hd + d] = s * (1.0f / lrun[hh]);
+		} else {
+			const uint64_t pc = (uint64_t)h * a.n_chunks + c;
+
+			a.part[pc * hd + d] = s;
+			if (d == 0) {
+				a.ml[2 * pc] = mrun[hh];
+				a.ml[2 * pc + 1] = lrun[hh];
+			}
+		}
+	}
+}
+
+/* ---- attention 3: the chunks' partials of each head merged ---------------------------- */
+
+static __global__ void __launch_bounds__(AT_THREADS)
+attn_combine(const float *__restrict__ part, const float *__restrict__ ml, float *out,
+	     uint32_t hd, uint32_t n_chunks)
+{
+	__shared__ float wc[AT_MAX_CHUNKS];
+	__shared__ float wred[AT_WARPS];
+	__shared__ float mmax, linv;
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+	const uint32_t h = blockIdx.x;
+	const float *m = ml + 2ull * h * n_chunks;
+	const float *p = part + (uint64_t)h * n_chunks * hd;
+	float v = -INFINITY;
+
+	for (uint32_t c = threadIdx.x; c < n_chunks; c += AT_THREADS)
+		v = fmaxf(v, m[2 * c]);
+	v = warp_max(v);
+	if (lane == 0)
+		wred[warp] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float mx = wred[0];
+
+		for (int w = 1; w < AT_WARPS; w++)
+			mx = fmaxf(mx, wred[w]);
+		mmax = mx;
+	}
+	__syncthreads();
+	/* the chunk weights, and l = sum l_c w_c in a fixed order (thread, warp, block) */
+	v = 0;
+	for (uint32_t c = threadIdx.x; c < n_chunks; c += AT_THREADS) {
+		wc[c] = expf(m[2 * c] - mmax);
+		v = fmaf(m[2 * c + 1], wc[c], v);
+	}
+	v = warp_sum(v);
+	__syncthreads(); /* wred is reused */
+	if (lane == 0)
+		wred[warp] = v;
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		float l = 0;
+
+		for (int w = 0; w < AT_WARPS; w++)
+			l += wred[w];
+		linv = 1.0f / l;
+	}
+	__syncthreads();
+	for (uint32_t d = threadIdx.x; d < hd; d += AT_THREADS) {
+		float s = 0;
+
+		for (uint32_t c = 0; c < n_chunks; c++)
+			s = fmaf(p[(uint64_t)c * hd + d], wc[c], s);
+		out[(uint64_t)h * hd + d] = s * linv;
+	}
+}
+
+/* ---- attention: host side ------------------------------------------------------------- */
+
+struct at_plan {
+	uint32_t group, hb, n_slices, chunk, n_chunks, max_chunks;
+};
+
+static void attn_plan(uint32_t n_head, uint32_t n_head_kv, uint32_t npos, int n_sm,
+		      struct at_plan *p)
+{
+	const uint32_t sms = (uint32_t)(n_sm > 0 ? n_sm : 1);
+	uint32_t per_chunk;
+
+	p->group = n_head / n_head_kv;
+	p->hb = u32min(p->group, AT_HB);
+	p->n_slices = (p->group + p->hb - 1) / p->hb;
+	per_chunk = n_head_kv * p->n_slices;  /* blocks per chunk of positions */
+	/* enough chunks for AT_BLOCKS_PER_SM blocks on every multiprocessor */
+	p->max_chunks = u32min((AT_BLOCKS_PER_SM * sms + per_chunk - 1) / per_chunk, AT_MAX_CHUNKS);
+	p->chunk = (npos + p->max_chunks - 1) / p->max_chunks;
+	p->chunk = (p->chunk + AT_TILE - 1) / AT_TILE * AT_TILE;
+	p->n_chunks = (npos + p->chunk - 1) / p->chunk;
+}
+
+extern "C" uint64_t hyb_cuda_attn_work_bytes(uint32_t n_head, uint32_t n_head_kv,
+					     uint32_t head_dim, int n_sm)
+{
+	struct at_plan p;
+
+	if (!n_head || !n_head_kv || n_head % n_head_kv)
+		return 0;
+	attn_plan(n_head, n_head_kv, 1, n_sm, &p);
+	return 4ull * n_head * p.max_chunks * (head_dim + 2);
+}
+
+extern "C" int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream)
+{
+	const cudaStream_t s = (cudaStream_t)stream;
+	const uint32_t hd = a->head_dim, kvs = a->n_head_kv * hd;
+	const bool a4 = (uintptr_t)a->kcache % 4 == 0 && (uintptr_t)a->vcache % 4 == 0;
+	struct at_plan p;
+	rope_k r;
+	at_k k;
+
+	if (!a->n_head || !a->n_head_kv || a->n_head % a->n_head_kv || !hd || hd % 2 ||
+	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd || !a->rope || !a->rope->valid ||
+	    a->rope->n_rot != a->n_rot || a->rope->pos != a->pos ||
+	    ((uintptr_t)a->kcache | (uintptr_t)a->vcache) % 2)
+		return -EINVAL;
+	attn_plan(a->n_head, a->n_head_kv, a->pos + 1, a->n_sm, &p);
+	if (p.n_chunks > 1 && !a->work)
+		return -EINVAL;
+	r.q = a->q;
+	r.k = a->k;
+	r.v = a->v;
+	r.kc = a->kcache + (uint64_t)a->pos * kvs;
+	r.vc = a->vcache + (uint64_t)a->pos * kvs;
+	r.n_head = a->n_head;
+	r.hd = hd;
+	r.n_rot = a->n_rot;
+	r.neox = a->neox;
+	memcpy(r.cs, a->rope->cs, sizeof(r.cs));
+	memcpy(r.sn, a->rope->sn, sizeof(r.sn));
+	rope_store<<<a->n_head + a->n_head_kv, 128, 0, s>>>(r);
+
+	k.q = a->q;
+	k.kc = a->kcache;
+	k.vc = a->vcache;
+	k.kv_stride = kvs;
+	k.hd = hd;
+	k.group = p.group;
+	k.hb = p.hb;
+	k.n_slices = p.n_slices;
+	k.npos = a->pos + 1;
+	k.chunk = p.chunk;
+	k.n_chunks = p.n_chunks;
+	k.scale = 1.0f / sqrtf((float)hd);
+	k.out = a->out;
+	k.part = (float *)a->work;
+	k.ml = k.part + (uint64_t)a->n_head * p.n_chunks * hd;
+	const dim3 grid(p.n_chunks, a->n_head_kv * p.n_slices);
+
+	if (a4)
+		attn_part<true><<<grid, AT_THREADS, 0, s>>>(k);
+	else
+		attn_part<false><<<grid, AT_THREADS, 0, s>>>(k);
+	if (p.n_chunks > 1)
+		attn_combine<<<a->n_head, AT_THREADS, 0, s>>>(k.part, k.ml, a->out, hd, p.n_chunks);
+	return (int)cudaGetLastError();
+}

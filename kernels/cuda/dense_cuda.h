@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The CUDA dense kernels of a decode step (kernels/cuda/dense.cu):
+ * RMSNorm, the matrix-vector product over GGUF weights and one token's
+ * self-attention over an F16 KV cache, callable from C. The device layer
+ * (kernels/cuda/device_cuda.cu) checks the arguments (hyb/device.h) and
+ * owns the workspace; these functions only size and launch. Every pointer
+ * is device memory unless said otherwise. Streams are void * to keep this
+ * header C. Launchers return 0, -EINVAL for a type or shape the kernels do
+ * not take (a bug of the caller: the device layer checks first), or a
+ * (positive) cudaError_t of the launch.
+ */
+#ifndef HYB_DENSE_CUDA_H
+#define HYB_DENSE_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* y[0..n) = x / rms(x) * w (hyb_rmsnorm's arithmetic); y may equal x. */
+int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps,
+		     void *stream);
+
+/* y (= or +=) W x, W n_out rows of n_in elements of type, rows contiguous. */
+struct hyb_cuda_matvec {
+	uint32_t type;           /* HYB_TYPE_F32, F16, Q8_0, Q4_0 */
+	uint32_t n_in, n_out;    /* n_in a multiple of the type's block */
+	const void *w;           /* F32: 4-byte aligned; others: 2-byte aligned */
+	const float *x;          /* [n_in] */
+	float *y;                /* [n_out], disjoint from x */
+	bool accumulate;
+	int n_sm;                /* multiprocessors of the device (grid size) */
+};
+
+/* Dynamic shared memory a matvec of this type and n_in needs (0: unsupported type). */
+uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in);
+
+/* Allow the matvec kernels smem_max bytes of dynamic shared memory; 0 or a cudaError_t. */
+int hyb_cuda_dense_setup(int smem_max);
+
+int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream);
+
+/*
+ * RoPE's cos and sin for one position (host memory), computed on the host
+ * with hyb_rope's very arithmetic (libhyb/ops.c: powf, the theta recurrence,
+ * cosf and sinf of libm), so the device rotates q and k to the CPU's bits.
+ * Every layer of a token uses the same table: prepare recomputes it only
+ * when n_rot, pos, freq_scale or base changed.
+ */
+#define HYB_CUDA_ROPE_MAX 128 /* n_rot / 2 for head_dim <= 256 */
+struct hyb_cuda_rope {
+	bool valid;
+	uint32_t n_rot, pos;
+	float freq_scale, base;
+	float cs[HYB_CUDA_ROPE_MAX], sn[HYB_CUDA_ROPE_MAX];
+};
+
+/* -EINVAL when n_rot is odd or above 2 * HYB_CUDA_ROPE_MAX. */
+int hyb_cuda_rope_prepare(struct hyb_cuda_rope *r, uint32_t n_rot, uint32_t pos,
+			  float freq_scale, float base);
+
+/* One decode token's attention (hyb/device.h struct hyb_dev_attn, checks done). */
+struct hyb_cuda_attn {
+	uint32_t n_head, n_head_kv, head_dim, n_rot;  /* head_dim even, <= 256 */
+	bool neox;
+	uint32_t pos;
+	const struct hyb_cuda_rope *rope;  /* host memory, prepared for n_rot and pos */
+	float *q, *k;                      /* roped in place */
+	const float *v;
+	uint16_t *kcache, *vcache;         /* F16 [n_ctx][n_head_kv * head_dim], 2-byte aligned */
+	float *out;                        /* [n_head * head_dim] */
+	void *work;                        /* hyb_cuda_attn_work_bytes() */
+	int n_sm;
+};
+
+/*
+ * Workspace bytes an attention of this shape needs at any position (the
+ * partial results of the split positions): n_head * chunks * (head_dim + 2)
+ * floats, chunks <= 4 * n_sm / (n_head_kv * head slices) + 1 whatever the
+ * context length, so at most 32 * n_sm * (head_dim + 2) * 4 bytes plus
+ * n_head * (head_dim + 2) * 4 (4.4 MB on a 132-SM H100 at head_dim 256).
+ */
+uint64_t hyb_cuda_attn_work_bytes(uint32_t n_head, uint32_t n_head_kv, uint32_t head_dim,
+				  int n_sm);
+
+int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Hybrid decoding end to end on a GPU (issue 6, make test-gpu): the small
+ * plan model of the unit tests decoded with the CUDA device - attention, head
+ * and predictors on the GPU, neuron groups moving - against the same run on
+ * the CPU-executed device, which gives the CPU forward pass's bits. The two
+ * differ only in float summation order (and the GPU's float attention
+ * accumulator against the CPU's F16 one), so greedy tokens agree but for
+ * near-ties, and logits stay close.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_kernels.h"
+#include "hyb/hybrid.h"
+#include "hyb/model.h"
+#include "hybrid_dense.h"
+#include "test.h"
+
+#define N_CTX 128
+#define N_GEN 48
+#define DRIFT 8
+
+static int32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return (int32_t)b;
+}
+
+/* Room for attention, head and predictors and a third of the neuron groups. */
+static struct hyb_hybrid_params params(const struct hyb_model *m, const char *dev,
+				       enum hyb_policy p)
+{
+	const uint64_t slot = 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
+	uint64_t b = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		b += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
+	return (struct hyb_hybrid_params){
+		.device = dev, .policy = p,
+		.gpu_budget = b + slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20),
+	};
+}
+
+/* The prompt, then N_GEN tokens: force[] when given, else greedy with a forced drift. */
+static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+		   int32_t *toks, bool follow, float *logits)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
+				    .hybrid = hy };
+	static const int32_t prompt[6] = { 11, 200, 37, 99, 4, 310 };
+	char err[256];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	float *lg = malloc(sizeof(float) * V);
+
+	CHECK_MSG(c, "%s", err);
+	CHECK(lg);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt, 6, lg, false, err, sizeof(err)), "%s", err);
+	for (int i = 0; i < N_GEN; i++) {
+		if (!follow)
+			toks[i] = i % DRIFT == DRIFT - 1 ? (int32_t)(3 + (i * 7919) % (V - 3)) :
+							    argmax(lg, V);
+		memcpy(logits + (size_t)i * V, lg, sizeof(float) * V);
+		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, lg, false, err, sizeof(err)), "%s", err);
+	}
+	if (!strcmp(hy->device, "cuda")) {
+		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_stats st;
+
+		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_stats(c, &st);
+		if (hy->policy != HYB_POLICY_LAYER) {
+			CHECK_EQ_INT(pl.attn_layers, m->hp.n_layer);
+			CHECK(pl.head);
+			CHECK_EQ_INT(pl.predictors, m->hp.n_layer);
+		}
+		CHECK(st.active_dev > 0);
+		printf("    %s: %.1f%% of active neurons on the GPU, %llu loads\n",
+		       hyb_policy_name(hy->policy), 100.0 * st.active_dev / st.active,
+		       (unsigned long long)st.loads);
+	}
+	free(lg);
+	hyb_ctx_free(c);
+}
+
+static void compare(enum hyb_policy pol)
+{
+	char err[256];
+	struct hyb_model *m;
+
+	if (hyb_cuda_device_count() == 0)
+		SKIP("no CUDA device");
+	m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
+	CHECK_MSG(m, "%s", err);
+
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params cpu = params(m, "cpu", pol), gpu = params(m, "cuda", pol);
+	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
+	int32_t toks[N_GEN];
+	int agree = 0;
+	double worst = 0;
+
+	CHECK(lc && lg);
+	decode(m, &cpu, toks, false, lc);
+	decode(m, &gpu, toks, true, lg);
+	for (int i = 0; i < N_GEN; i++) {
+		const float *a = lc + (size_t)i * V, *b = lg + (size_t)i * V;
+		double d = 0, n = 0;
+
+		agree += argmax(a, V) == argmax(b, V);
+		for (uint32_t v = 0; v < V; v++) {
+			d = fmax(d, fabs((double)a[v] - b[v]));
+			n = fmax(n, fabs((double)a[v]));
+		}
+		worst = fmax(worst, d / (n > 0 ? n : 1));
+	}
+	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
+	       N_GEN, worst);
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	CHECK_MSG(worst < 2e-2, "logits differ by %.2e of the largest", worst);
+	free(lc);
+	free(lg);
+	hyb_model_free(m);
+}
+
+TEST(gpu_hybrid_tam_adaptive_matches_cpu_device)
+{
+	compare(HYB_POLICY_TAM_ADAPTIVE);
+}
+
+TEST(gpu_hybrid_layer_matches_cpu_device)
+{
+	compare(HYB_POLICY_LAYER);
+}
