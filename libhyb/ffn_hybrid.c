@@ -27,8 +27,9 @@
  * table) is mirrored on the host and uploaded with a layer's inputs when it
  * changed. Slots are per layer (the balancer's K_l), free lists per layer.
  * Every device kernel of a layer has completed before the next layer's
- * decisions (the host synchronises on the partial result), so a slot freed
- * by an eviction can be reloaded at once.
+ * decisions - the host has waited for the partial result, or for the next
+ * layer's attention output, which follows it on COMPUTE - so a slot freed by
+ * an eviction can be reloaded at once.
  */
 #include <errno.h>
 #include <math.h>
@@ -63,6 +64,17 @@ struct hyb_ffn_hybrid {
 	uint32_t *free_slot, *n_free;   /* [total] stacks, per layer at slot_base; [L] */
 	uint32_t total_slots;
 	struct hyb_device_event **slot_ev; /* [total] the slot's last load */
+	/*
+	 * Loads in flight, in issue order. RELOAD runs its copies in order, so
+	 * polling the oldest one's event until one is not done gives every
+	 * completion with one event query each (a query per resident group
+	 * and layer would cost more than the FFN: cudaEventQuery is ~1 us).
+	 */
+	struct inflight { uint32_t slot, layer; uint64_t seq; } *fly;
+	uint32_t fly_cap, fly_head, fly_n;
+	uint64_t seq_issued, seq_done;   /* loads queued, loads known landed */
+	uint64_t *slot_seq;              /* [total] the slot's last load */
+	uint32_t *in_flight;             /* [L] loads of the layer in flight */
 
 	/* pinned staging */
 	float *h_xn, *h_y, *h_ycpu;     /* h_y: [E], oracle [NG][E] */
@@ -98,6 +110,23 @@ static int dev_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen, const ch
 
 /* ---- loads and evictions ---------------------------------------------------- */
 
+static void fly_pop(struct hyb_ffn_hybrid *h)
+{
+	const struct inflight *f = &h->fly[h->fly_head];
+
+	h->seq_done = f->seq;
+	h->in_flight[f->layer]--;
+	h->fly_head = (h->fly_head + 1) % h->fly_cap;
+	h->fly_n--;
+}
+
+/* Take note of the loads that have landed since the last poll. */
+static void poll_loads(struct hyb_ffn_hybrid *h)
+{
+	while (h->fly_n && hyb_device_done(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
+		fly_pop(h);
+}
+
 /* Put group g of layer l in a free slot of the layer: one bundle, one copy. */
 static int load_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
 {
@@ -114,6 +143,16 @@ static int load_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
 			   b->bundle[g], bytes) ||
 	    hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->slot_ev[slot]))
 		return -EIO;
+	/* a full ring (a link far behind): wait for its oldest load */
+	if (h->fly_n == h->fly_cap) {
+		if (hyb_device_sync(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
+			return -EIO;
+		fly_pop(h);
+	}
+	h->slot_seq[slot] = ++h->seq_issued;
+	h->fly[(h->fly_head + h->fly_n++) % h->fly_cap] =
+		(struct inflight){ .slot = slot, .layer = l, .seq = h->seq_issued };
+	h->in_flight[l]++;
 	h->st.loads++;
 	h->st.load_bytes += bytes;
 	return 0;
@@ -136,16 +175,11 @@ static int balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act, ui
 		   char *err, size_t errlen)
 {
 	struct hyb_balancer_feedback *fb = &h->fb[l];
-	uint32_t nl = 0, ne = 0, pending = 0;
+	uint32_t nl = 0, ne = 0;
 
 	/* loads of this layer still in flight: the reload backlog it sees */
-	for (uint32_t g = 0; g < h->NG; g++) {
-		const int32_t s = h->table[(size_t)l * h->NG + g];
-
-		if (s >= 0 && !hyb_device_done(h->dev, h->slot_ev[s]))
-			pending++;
-	}
-	fb->backlog_s = pending * h->group_load_s;
+	poll_loads(h);
+	fb->backlog_s = h->in_flight[l] * h->group_load_s;
 	fb->window_s = h->window_s;
 	fb->n_active = n;
 	if (hyb_balancer_step(h->bal, l, act, n, fb, h->load, &nl, h->evict, &ne)) {
@@ -175,7 +209,7 @@ static bool group_usable(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
 	if (h->usable[g] < 0) {
 		const int32_t s = h->table[(size_t)l * h->NG + g];
 
-		h->usable[g] = s >= 0 && hyb_device_done(h->dev, h->slot_ev[s]);
+		h->usable[g] = s >= 0 && h->slot_seq[s] <= h->seq_done;
 	}
 	return h->usable[g] > 0;
 }
@@ -291,6 +325,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	double tq, tc, ts;
 
 	memset(h->usable, -1, h->NG);
+	poll_loads(h);
 	for (uint32_t i = 0; i < h->n_act; i++) {
 		const uint32_t g = h->act[i] / h->GS;
 
@@ -583,7 +618,11 @@ static int alloc_slots(struct hyb_ffn_hybrid *h)
 	h->total_slots = base;
 	h->free_slot = malloc(sizeof(uint32_t) * (base ? base : 1));
 	h->slot_ev = calloc(base ? base : 1, sizeof(*h->slot_ev));
-	if (!h->free_slot || !h->slot_ev)
+	h->slot_seq = calloc(base ? base : 1, sizeof(*h->slot_seq));
+	h->fly_cap = base + 256;
+	h->fly = calloc(h->fly_cap, sizeof(*h->fly));
+	h->in_flight = calloc(h->L, sizeof(*h->in_flight));
+	if (!h->free_slot || !h->slot_ev || !h->slot_seq || !h->fly || !h->in_flight)
 		return -1;
 	for (uint32_t l = 0; l < h->L; l++) {
 		/* pop order: the layer's lowest slot first */
@@ -624,6 +663,7 @@ static int warm_start(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	}
 	hyb_device_event_free(h->dev, ev);
 	h->group_load_s = n ? (hyb_device_now(h->dev) - t0) / n : 0;
+	poll_loads(h);  /* all landed */
 	return 0;
 }
 
@@ -859,6 +899,9 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	hyb_balancer_free(h->bal);
 	hyb_ffn_sparse_free(h->sp);
 	free(h->slot_ev);
+	free(h->slot_seq);
+	free(h->fly);
+	free(h->in_flight);
 	free(h->free_slot);
 	free(h->dirty);
 	free(h->slot_base);
