@@ -709,8 +709,9 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 		for (uint32_t l = 0; l < h->L; l++) {
 			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
 
+			/* a layer of types the device cannot run stays on the CPU */
 			if (!ab || ab + hyb_hdense_buffer_bytes(m, true, false, false) > avail)
-				break;
+				continue;
 			on[l] = true;
 			n_on++;
 			avail -= ab;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hybrid GPU-CPU decoding (issue 6): every balancer policy on the drift
-# workload, a GPU budget of HYBRID_BUDGET (default 40%) of the model, in the
+# workload, GPU budgets of HYBRID_BUDGET (default "40% 60%") of the model, in the
 # same rounds as CPU-only sparse decoding of the same plan.
 #   make bench      runs it on the CPU-executed device (modelled PCIe and
 #                   device memory; HYBRID_LAYERS default 8)
@@ -18,7 +18,12 @@ f=models/sparse-$layers-$t.gguf
 [ -f "${f%.gguf}.profile.gguf" ] || build/hybctl profile "$f" -o "${f%.gguf}.profile.gguf"
 [ -f "${f%.gguf}.plan.gguf" ] || build/hybctl plan "$f" --profile "${f%.gguf}.profile.gguf" \
 	--gpu-budget 8G -o "${f%.gguf}.plan.gguf"
-echo "== hybrid decode: $t, $layers layers, device $device, budget ${HYBRID_BUDGET:-40%} =="
-build/hyb bench -m "${f%.gguf}.plan.gguf" --gpu-budget "${HYBRID_BUDGET:-40%}" \
-	--device "$device" --policies all --drift "${HYBRID_DRIFT:-32}" \
-	-n "${HYBRID_TOKENS:-256}" -r "${REPS:-3}" ${HYBRID_PCIE:+--pcie-gbps $HYBRID_PCIE}
+# 40% is the issue's budget; at the 7B shape the attention blocks, head and
+# predictors (placed first) take nearly all of it, so 60% shows the policies
+# with room to move neuron groups.
+for budget in ${HYBRID_BUDGET:-40% 60%}; do
+	echo "== hybrid decode: $t, $layers layers, device $device, budget $budget =="
+	build/hyb bench -m "${f%.gguf}.plan.gguf" --gpu-budget "$budget" \
+		--device "$device" --policies all --drift "${HYBRID_DRIFT:-32}" \
+		-n "${HYBRID_TOKENS:-256}" -r "${REPS:-3}" ${HYBRID_PCIE:+--pcie-gbps $HYBRID_PCIE}
+done
