@@ -52,7 +52,7 @@ void plan_opts_default(struct plan_opts *o)
 	o->group.seed = 1;
 	/* one sync of a split layer; DDR5 dual channel; a consumer GPU's VRAM */
 	o->sync = (struct plan_sync_model){ 20e-6, 50e9, 1000e9 };
-	o->pred.target_recall = 0.995; /* see hybctl plan --help */
+	o->pred.target_recall = 0.998; /* see hybctl plan --help */
 	o->pred.max_epochs = 10;
 	o->pred.gflop = 200;
 	o->pred.batch = 128;
