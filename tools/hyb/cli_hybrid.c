@@ -72,6 +72,13 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
 	fprintf(stderr, "hybrid: per token: attention %.3f ms, head %.3f ms\n",
 		1e3 * st.attn_s / n, 1e3 * st.head_s / n);
+	/* tam policies: lambda of every layer at the end (NAN past the last layer) */
+	if (!isnan(hyb_ctx_hybrid_lambda(c, 0))) {
+		fprintf(stderr, "hybrid: lambda per layer:");
+		for (uint32_t l = 0; !isnan(hyb_ctx_hybrid_lambda(c, l)); l++)
+			fprintf(stderr, " %.2f", hyb_ctx_hybrid_lambda(c, l));
+		fprintf(stderr, "\n");
+	}
 }
 
 /* ---- hyb bench --gpu-budget ----------------------------------------------------- */
