@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "cuda_kernels.h"
+#include "gpu_test.h"
 #include "hyb/device.h"
 #include "sparse_ffn.h"
 #include "test.h"
@@ -35,28 +36,6 @@
 #define MiB (1ull << 20)
 
 /* ---- helpers --------------------------------------------------------------------- */
-
-static uint64_t rng_state = 88172645463325252ull;
-
-static uint64_t rnd(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
-}
-
-/* uniform in [-1, 1) */
-static float rndf(void)
-{
-	return (float)((double)(rnd() >> 11) / (double)(1ull << 53) * 2 - 1);
-}
-
-static void need_gpu(void)
-{
-	if (hyb_cuda_device_count() == 0)
-		SKIP("no CUDA device");
-}
 
 static struct hyb_device *open_kind(const char *kind, uint64_t capacity, uint64_t chunk)
 {

@@ -22,34 +22,13 @@
 #include "cpu_kernels.h"
 #include "cuda_kernels.h"
 #include "ffn_sparse.h"
+#include "gpu_test.h"
 #include "hyb/device.h"
 #include "hyb/plan.h"
 #include "test.h"
 
 #define MiB (1ull << 20)
 #define NEAR_ZERO 1e-3
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint64_t rnd(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
-}
-
-/* uniform in [-1, 1) */
-static float rndf(void)
-{
-	return (float)((double)(rnd() >> 11) / (double)(1ull << 53) * 2 - 1);
-}
-
-static void need_gpu(void)
-{
-	if (hyb_cuda_device_count() == 0)
-		SKIP("no CUDA device");
-}
 
 static bool small_run(void)
 {
