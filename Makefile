@@ -98,7 +98,7 @@ fuzz: $(FUZZ)
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikernels/cuda -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikernels/cuda -c $< -o $@
 cuda: $(GPU_TESTBIN)
 $(GPU_TEST_OBJS): CPPFLAGS += -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
 $(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)

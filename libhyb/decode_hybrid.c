@@ -6,7 +6,8 @@
  *              runs on COMPUTE, then x and ffn_norm(x) come down on CRITICAL
  *              for the CPU's neurons, with the active sets of the
  *              predictors that read this output when they are on the
- *              device too - the only wait of the layer; otherwise on the
+ *              device too (layer l+1's, or layer l's own for a same-layer
+ *              model) - the only wait of the layer; otherwise on the
  *              CPU (forward.c's code);
  *   FFN        the split of ffn_hybrid.c, merged on the device when the
  *              attention was there (PowerInfer 5.3: the next layer's
@@ -82,9 +83,16 @@ static int attention(struct step *s, uint32_t l)
 			return -1;
 		if (hyb_hdense_attention(s->hd, l, c->n_past))
 			return dev_err(s, "attention on the device");
-		/* the predictors that read this output (ffn_hybrid.c picks them up) */
-		if ((l == 0 && hyb_hdense_pred_on(s->hd, 0) && hyb_hdense_predict(s->hd, 0, 0)) ||
-		    (l + 1 < c->m->hp.n_layer && hyb_hdense_pred_on(s->hd, l + 1) &&
+		/*
+		 * The predictors that read this output (ffn_hybrid.c picks them
+		 * up): adjacent, layer l+1's into slot 1 (and layer 0's own into
+		 * slot 0); same-layer, layer l's own into slot 0.
+		 */
+		const bool same = c->m->pred_input == HYB_PRED_SAME_LAYER;
+
+		if (((same || l == 0) && hyb_hdense_pred_on(s->hd, l) &&
+		     hyb_hdense_predict(s->hd, l, 0)) ||
+		    (!same && l + 1 < c->m->hp.n_layer && hyb_hdense_pred_on(s->hd, l + 1) &&
 		     hyb_hdense_predict(s->hd, l + 1, 1)))
 			return dev_err(s, "predictor on the device");
 		s->where = X_DEV;

@@ -812,9 +812,10 @@ static void cpu_close(struct hyb_device *d)
 }
 
 /*
- * The predictor: hyb_unit_rms then hyb_predictor_run on the caller's thread
- * (its sums do not depend on how the host splits rows and columns between
- * threads: fc1 rows are independent, fc2 columns are cut at whole vectors).
+ * The predictor: hyb_unit_rms (x as it is with raw_x) then
+ * hyb_predictor_run on the caller's thread (its sums do not depend on how
+ * the host splits rows and columns between threads: fc1 rows are
+ * independent, fc2 columns are cut at whole vectors).
  * Bytes: fc1, fc2 and the biases - every fc2 row, an upper bound (a GPU
  * kernel skips the rows of silent hidden units; 2.5 us of HBM time at the
  * 7B shape separates the two).
@@ -830,6 +831,7 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 		.fc2_b = (const float *)(uintptr_t)p->fc2_b,
 	};
 	float *x = scratch(&c->px, &c->n_px, sizeof(float) * p->n_in);
+	const float *in = (const float *)(uintptr_t)p->x;
 	void *w = scratch(&c->pscr, &c->n_pscr, hyb_predictor_scratch_bytes(&pr) + 64);
 	uint32_t *active = (uint32_t *)(uintptr_t)p->active;
 	uint64_t bytes;
@@ -839,8 +841,11 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 	if (!x || !w)
 		return hyb_device_fail(d, -ENOMEM, "predict: out of host memory");
 	enter(c, &r0);
-	hyb_unit_rms(x, (const float *)(uintptr_t)p->x, p->n_in);
-	*(uint32_t *)(uintptr_t)p->count = hyb_predictor_run(&pr, x, NULL, w, NULL, active);
+	if (!p->raw_x) {
+		hyb_unit_rms(x, in, p->n_in);
+		in = x;
+	}
+	*(uint32_t *)(uintptr_t)p->count = hyb_predictor_run(&pr, in, NULL, w, NULL, active);
 	bytes = 2ull * p->hidden * p->n_in + 4ull * p->hidden + 2ull * p->hidden * p->n_out +
 		4ull * p->n_out + 4ull * p->n_in + 4ull * (*(uint32_t *)(uintptr_t)p->count + 1);
 	rc = kernel_done(c, s, bytes);

@@ -10,6 +10,9 @@
  *      FFN and the next layer's attention; in the last layer the decision is
  *      for layer 0 of the next token, from this token's layer-0 set (KAIROX
  *      5.1, "Layer 0 special case");
+ *      a same-layer model (HYB_PRED_SAME_LAYER: PowerInfer's predictors read
+ *      layer l's own raw residual) predicts and balances layer l at layer
+ *      l instead, see hyb_ffn_hybrid_layer;
  *   3. split: an active neuron whose group has landed in a cache slot goes
  *      to the device list, any other to the CPU list (a group still loading
  *      is "late": the CPU computes it from the pool, nobody waits);
@@ -427,9 +430,10 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 
 /*
  * Layer j's active set, predicted from x_attn (the residual stream after the
- * previous layer's attention, or layer 0's own): by the device where its
- * predictor is there (decode_hybrid.c queued it into `slot` and the list has
- * come down), else on the host.
+ * previous layer's attention, or layer 0's own; same-layer: layer j's own,
+ * read as it is): by the device where its predictor is there
+ * (decode_hybrid.c queued it into `slot` and the list has come down), else
+ * on the host.
  */
 static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t j, int slot,
 			const float *x_attn, uint32_t *out)
@@ -441,6 +445,8 @@ static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_
 		memcpy(out, list, sizeof(uint32_t) * n);
 		return n;
 	}
+	if (h->m->pred_input == HYB_PRED_SAME_LAYER)
+		return hyb_ffn_sparse_predict(h->sp, pool, j, x_attn, out);
 	if (!h->cur_ready) {
 		hyb_unit_rms(h->cur, x_attn, h->E);
 		h->cur_ready = true;
@@ -490,22 +496,18 @@ bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
 	return h->layer_policy && h->n_slots[l] < h->NG;
 }
 
-int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
-			 const float *x_attn, const float *xn, float *y, bool on_dev,
-			 char *err, size_t errlen)
+/*
+ * Adjacent prediction (KAIROX 5.1): layer l's set was predicted at layer
+ * l-1 (layer 0's now, from its own output); layer l+1's is predicted now and
+ * its cache decided, so the loads overlap this layer's FFN and the next
+ * layer's attention; the last layer decides layer 0 of the next token from
+ * this token's layer-0 set. *t1: when the predictions were done.
+ */
+static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+			 const float *x_attn, double *t1, char *err, size_t errlen)
 {
-	const double t0 = hyb_device_now(h->dev);
 	uint32_t *t;
 
-	if (h->layer_policy)
-		return whole_layer(h, pool, l, xn, y, on_dev, err, errlen);
-
-	/* the window a load decided at this layer has: one layer's period */
-	if (h->t_layer_in > 0 && t0 > h->t_layer_in)
-		h->window_s = t0 - h->t_layer_in;
-	h->t_layer_in = t0;
-
-	h->cur_ready = false;
 	if (l == 0) {
 		h->n_act = predict(h, pool, 0, 0, x_attn, h->act);
 		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
@@ -516,10 +518,49 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
 	}
 	if (l + 1 < h->L)
 		h->n_act_next = predict(h, pool, l + 1, 1, x_attn, h->act_next);
-	const double t1 = hyb_device_now(h->dev);
+	*t1 = hyb_device_now(h->dev);
+	return l + 1 < h->L ? balance(h, l + 1, h->act_next, h->n_act_next, err, errlen)
+			    : balance(h, 0, h->act0, h->n_act0, err, errlen);
+}
 
-	if (l + 1 < h->L ? balance(h, l + 1, h->act_next, h->n_act_next, err, errlen)
-			 : balance(h, 0, h->act0, h->n_act0, err, errlen))
+/*
+ * Same-layer prediction (HYB_PRED_SAME_LAYER), PowerInfer's own model (5.1:
+ * a predictor per layer, run as the layer starts; its placement is mostly
+ * static, 6.2): layer l's set comes from layer l's attention output, so
+ * there is no look-ahead and the balancer decides layer l's cache here, at
+ * layer l, just before its split. A load it starts now cannot hide behind
+ * the previous layer's work: at best it lands during this layer's FFN (its
+ * neurons are "late" this token and the CPU computes them) and it pays off
+ * from the next token on. window_s stays one layer's period: this
+ * decision's share of the link over a token.
+ */
+static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+			   const float *x_attn, double *t1, char *err, size_t errlen)
+{
+	h->n_act = predict(h, pool, l, 0, x_attn, h->act);
+	*t1 = hyb_device_now(h->dev);
+	return balance(h, l, h->act, h->n_act, err, errlen);
+}
+
+int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+			 const float *x_attn, const float *xn, float *y, bool on_dev,
+			 char *err, size_t errlen)
+{
+	const double t0 = hyb_device_now(h->dev);
+	double t1;
+
+	if (h->layer_policy)
+		return whole_layer(h, pool, l, xn, y, on_dev, err, errlen);
+
+	/* the window a load decided at this layer has: one layer's period */
+	if (h->t_layer_in > 0 && t0 > h->t_layer_in)
+		h->window_s = t0 - h->t_layer_in;
+	h->t_layer_in = t0;
+
+	h->cur_ready = false;
+	if (h->m->pred_input == HYB_PRED_SAME_LAYER ?
+	    step_same_layer(h, pool, l, x_attn, &t1, err, errlen) :
+	    step_adjacent(h, pool, l, x_attn, &t1, err, errlen))
 		return -1;
 	const double t2 = hyb_device_now(h->dev);
 
@@ -721,7 +762,8 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 			avail -= hb;
 		}
 		/*
-		 * Then the predictors whose input is on the device: fc1 is read
+		 * Then the predictors whose input (the attention output they
+		 * read, hyb_hdense_pred_source) is on the device: fc1 is read
 		 * whole every token and fc2 by the hidden units that fire, and
 		 * on the CPU the F16 GEMVs cost more than their bytes (8-layer
 		 * 7B shape on 2 cores: 33 ms per token against 23 ms for the
@@ -734,7 +776,7 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 			const uint64_t pb = hyb_hdense_pred_bytes(m, l);
 			const uint64_t need = pb + (n_pred ? 0 : lists);
 
-			if (!pb || !on[l ? l - 1 : 0] || need + buf > avail)
+			if (!pb || !on[hyb_hdense_pred_source(m, l)] || need + buf > avail)
 				continue;
 			pred[l] = true;
 			n_pred++;

@@ -31,7 +31,7 @@ struct hyb_ffn_plan_scratch {
 struct hyb_ffn_plan_scratch *hyb_ffn_plan_scratch_new(const struct hyb_model *m,
 						      uint32_t n_batch, int n_threads)
 {
-	const size_t E = m->hp.n_embd, GS = m->group_size;
+	const size_t E = m->hp.n_embd, GS = m->group_size ? m->group_size : 1;
 	struct hyb_ffn_plan_scratch *s = calloc(1, sizeof(*s));
 
 	if (!s)
@@ -87,6 +87,28 @@ struct dense_job {
 	atomic_uint next;
 };
 
+/*
+ * out[tok] += sum over nr rows i of act[tok * act_stride + i] * row i, for n
+ * tokens: down stored transposed (a row per neuron). Each slice of rows is
+ * run for every token while it is in cache.
+ */
+static void down_rows(hyb_sparse_axpy_fn axpy, uint32_t E, const char *down, uint64_t row_bytes,
+		      uint32_t nr_all, const float *act, size_t act_stride, uint32_t n, float *out)
+{
+	const void *rows[HYB_SPARSE_MAX_ROWS];
+
+	for (uint32_t i0 = 0; i0 < nr_all; i0 += HYB_SPARSE_MAX_ROWS) {
+		const uint32_t nr = nr_all - i0 < HYB_SPARSE_MAX_ROWS ? nr_all - i0
+								      : HYB_SPARSE_MAX_ROWS;
+
+		for (uint32_t i = 0; i < nr; i++)
+			rows[i] = down + (uint64_t)(i0 + i) * row_bytes;
+		for (uint32_t tok = 0; tok < n; tok++)
+			axpy((int64_t)E, rows, act + tok * act_stride + i0, (int)nr,
+			     out + (size_t)tok * E);
+	}
+}
+
 static void dense_group(const struct dense_job *j, struct thread_scratch *t, uint32_t g)
 {
 	const struct hyb_model *m = j->m;
@@ -97,23 +119,11 @@ static void dense_group(const struct dense_job *j, struct thread_scratch *t, uin
 	const char *up = gate + (uint64_t)ng * b->row_bytes;
 	const char *down = up + (uint64_t)ng * b->row_bytes;
 	hyb_gemm_fn gemm = hyb_gemm_pick(j->k, b->type, ng);
-	hyb_sparse_axpy_fn axpy = j->sk->axpy[b->type];
-	const void *rows[HYB_SPARSE_MAX_ROWS];
 
 	gemm((int64_t)E, gate, b->row_bytes, ng, j->xq, j->xq_stride, n, t->g, ng);
 	gemm((int64_t)E, up, b->row_bytes, ng, j->xq, j->xq_stride, n, t->u, ng);
 	hyb_ffn_act(t->g, t->u, (uint64_t)n * ng, m->hp.act);
-	/* down: each token adds its activations times the group's down rows; the
-	 * rows stay in cache from one token to the next */
-	for (uint32_t i0 = 0; i0 < ng; i0 += HYB_SPARSE_MAX_ROWS) {
-		const uint32_t nr = ng - i0 < HYB_SPARSE_MAX_ROWS ? ng - i0 : HYB_SPARSE_MAX_ROWS;
-
-		for (uint32_t i = 0; i < nr; i++)
-			rows[i] = down + (uint64_t)(i0 + i) * b->row_bytes;
-		for (uint32_t tok = 0; tok < n; tok++)
-			axpy((int64_t)E, rows, t->g + (size_t)tok * ng + i0, (int)nr,
-			     t->out + (size_t)tok * E);
-	}
+	down_rows(j->sk->axpy[b->type], E, down, b->row_bytes, ng, t->g, ng, n, t->out);
 }
 
 static void dense_worker(void *arg, int ith, int nth)
@@ -130,6 +140,15 @@ static void dense_worker(void *arg, int ith, int nth)
 			return;
 		dense_group(j, t, g);
 	}
+}
+
+/* out = the sum of the first nth threads' partial outputs */
+static void sum_outputs(const struct hyb_ffn_plan_scratch *s, int nth, size_t len, float *out)
+{
+	memcpy(out, s->t[0].out, len * sizeof(float));
+	for (int i = 1; i < nth; i++)
+		for (size_t e = 0; e < len; e++)
+			out[e] += s->t[i].out[e];
 }
 
 void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
@@ -149,8 +168,55 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
 		dense_worker(&j, 0, 1);
 	else
 		hyb_pool_run(pool, dense_worker, &j);
-	memcpy(out, s->t[0].out, len * sizeof(float));
-	for (int i = 1; i < nth; i++)
-		for (size_t e = 0; e < len; e++)
-			out[e] += s->t[i].out[e];
+	sum_outputs(s, nth, len, out);
+}
+
+/* ---- a PowerInfer model's down: ffn_down_t, a row per neuron --------------- */
+
+#define DOWN_T_CHUNK 64 /* neurons a thread takes at a time */
+
+struct down_t_job {
+	hyb_sparse_axpy_fn axpy;
+	struct hyb_ffn_plan_scratch *s;
+	const struct hyb_weight *w;
+	const float *act;
+	uint32_t n_ff, n;
+	atomic_uint next;
+};
+
+static void down_t_worker(void *arg, int ith, int nth)
+{
+	struct down_t_job *j = arg;
+	float *out = j->s->t[ith].out;
+	const uint32_t E = (uint32_t)j->w->ne0;
+	(void)nth;
+
+	memset(out, 0, (size_t)j->n * E * sizeof(float));
+	for (;;) {
+		const uint32_t i0 = atomic_fetch_add_explicit(&j->next, DOWN_T_CHUNK,
+							      memory_order_relaxed);
+
+		if (i0 >= j->n_ff)
+			return;
+		down_rows(j->axpy, E, (const char *)j->w->data + (uint64_t)i0 * j->w->row_bytes,
+			  j->w->row_bytes, j->n_ff - i0 < DOWN_T_CHUNK ? j->n_ff - i0 : DOWN_T_CHUNK,
+			  j->act + i0, j->n_ff, j->n, out);
+	}
+}
+
+void hyb_ffn_down_t(struct hyb_pool *pool, struct hyb_ffn_plan_scratch *s,
+		    const struct hyb_weight *down_t, const float *act, uint32_t n, float *out)
+{
+	struct down_t_job j = {
+		.axpy = hyb_sparse_best()->axpy[down_t->type], .s = s, .w = down_t, .act = act,
+		.n_ff = (uint32_t)down_t->ne1, .n = n,
+	};
+	const int nth = hyb_pool_size(pool);
+
+	atomic_init(&j.next, 0);
+	if (nth == 1)
+		down_t_worker(&j, 0, 1);
+	else
+		hyb_pool_run(pool, down_t_worker, &j);
+	sum_outputs(s, nth, (size_t)n * down_t->ne0, out);
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The FFN of a plan layer computed densely over its bundles (hyb/plan.h):
- * every neuron, any number of tokens. Prefill always runs it (PowerInfer 5.3:
+ * every neuron, any number of tokens; and the dense down projection of a
+ * PowerInfer model, whose down is stored transposed like a bundle's. Prefill always runs it (PowerInfer 5.3:
  * long inputs activate almost every neuron, so prefill goes dense); decode
  * runs it when sparse mode is off.
  */
@@ -32,5 +33,14 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
 			float *out);
+
+/*
+ * out[n][n_embd] = the down projection of act[n][n_ff] (activations) through
+ * a PowerInfer model's ffn_down_t (hyb_layer.down_t, a row per neuron), on
+ * the sparse operator's axpy kernel, split over the pool by neuron chunks.
+ * The scratch must come from hyb_ffn_plan_scratch_new for at least n tokens.
+ */
+void hyb_ffn_down_t(struct hyb_pool *pool, struct hyb_ffn_plan_scratch *s,
+		    const struct hyb_weight *down_t, const float *act, uint32_t n, float *out);
 
 #endif

@@ -215,13 +215,18 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32
 	uint32_t n_active;
 	double t0, t1, t2;
 
-	/* This layer's predictor input is the previous layer's attention output;
-	 * layer 0 has none before it and uses its own (hyb/profile.h). */
-	hyb_unit_rms(s->cur, x_attn, E);
 	t0 = now_s();
-	n_active = hyb_ffn_sparse_predict(s, pool, l, l ? s->prev : s->cur, s->active);
+	if (m->pred_input == HYB_PRED_SAME_LAYER) {
+		/* PowerInfer's predictors read this layer's residual as it is */
+		n_active = hyb_ffn_sparse_predict(s, pool, l, x_attn, s->active);
+	} else {
+		/* This layer's predictor input is the previous layer's attention
+		 * output; layer 0 has none before it and uses its own (hyb/profile.h). */
+		hyb_unit_rms(s->cur, x_attn, E);
+		n_active = hyb_ffn_sparse_predict(s, pool, l, l ? s->prev : s->cur, s->active);
+		memcpy(s->prev, s->cur, sizeof(float) * E);
+	}
 	t1 = now_s();
-	memcpy(s->prev, s->cur, sizeof(float) * E);
 	if (hyb_ffn_sparse_run(s, pool, l, xn, s->active, n_active, y, &ost, err, errlen))
 		return -1;
 	t2 = now_s();

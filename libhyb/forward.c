@@ -275,7 +275,10 @@ void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
 	if (c->probe)
 		c->probe(c->probe_user, l, c->n_past, nf, c->x, c->g);
-	matmul(c, c->g, nf, 1, &down, &c->xn);
+	if (L->down_t.data)
+		hyb_ffn_down_t(c->pool, c->plan, &L->down_t, c->g, nf, c->xn);
+	else
+		matmul(c, c->g, nf, 1, &down, &c->xn);
 }
 
 void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits)
@@ -444,7 +447,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->g = c->vv + (size_t)c->n_batch * c->kv_dim;
 	c->u = c->g + (size_t)c->n_batch * hp->n_ff;
 	c->xq = c->u + (size_t)c->n_batch * hp->n_ff;
-	if (m->group_size && !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
+	if ((m->group_size || m->powerinfer) &&
+	    !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
 		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}

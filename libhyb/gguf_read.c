@@ -496,8 +496,9 @@ static int parse_header(struct cursor *c, struct gguf_file *f)
 
 	if (get_u32(c, &magic, "magic"))
 		return -1;
-	if (magic != GGUF_MAGIC)
+	if (magic != GGUF_MAGIC && magic != GGUF_MAGIC_PWRI)
 		return fail(c, "bad magic 0x%08x (not a GGUF file)", magic);
+	f->magic = magic;
 	if (get_u32(c, &v, "version"))
 		return -1;
 	if (v && !(v & 0xffff))

@@ -95,6 +95,11 @@ uint64_t hyb_hdense_pred_bytes(const struct hyb_model *m, uint32_t l)
 	       round256(sizeof(float) * P->hidden) + round256(sizeof(float) * m->hp.n_ff);
 }
 
+uint32_t hyb_hdense_pred_source(const struct hyb_model *m, uint32_t l)
+{
+	return m->pred_input == HYB_PRED_SAME_LAYER || !l ? l : l - 1;
+}
+
 /* floats of the x buffer: x, xn, and with predictors two counts and two lists */
 static uint64_t x_words(const struct hyb_model *m, bool any_pred)
 {
@@ -227,7 +232,7 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 	}
 	for (uint32_t l = 0; l < hd->L; l++) {
 		hd->lay[l].pred = preds && preds[l] && hyb_hdense_pred_bytes(m, l) &&
-				  hd->lay[l ? l - 1 : 0].on;
+				  hd->lay[hyb_hdense_pred_source(m, l)].on;
 		hd->n_pred += hd->lay[l].pred;
 	}
 	if (upload(hd, err, errlen)) {
@@ -476,6 +481,7 @@ int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot)
 		.fc1_w = d->fc1, .fc1_b = d->fc1_b, .fc2_w = d->fc2, .fc2_b = d->fc2_b,
 		.x = hd->x, .count = cnt + 4ull * slot,
 		.active = cnt + 8 + 4ull * hd->F * slot,
+		.raw_x = hd->m->pred_input == HYB_PRED_SAME_LAYER,
 	};
 
 	if (!d->pred || slot < 0 || slot > 1)

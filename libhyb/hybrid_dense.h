@@ -37,10 +37,17 @@ uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool
 				 bool any_pred);
 
 /*
+ * The layer whose attention output layer l's predictor reads: l - 1
+ * (layer 0: 0) for HYB_PRED_ADJACENT (KAIROX 5.1), l itself for
+ * HYB_PRED_SAME_LAYER (PowerInfer's predictors).
+ */
+uint32_t hyb_hdense_pred_source(const struct hyb_model *m, uint32_t l);
+
+/*
  * Upload the placed parts (layers[l], head, preds[l]: layer l's predictor) to
  * d and wait for them. A predictor is placed only where the attention it
- * reads is: layer 0's reads layer 0's output, layer l's layer l-1's (KAIROX
- * 5.1). NULL with a reason in err. Nothing placed is fine.
+ * reads is (hyb_hdense_pred_source). NULL with a reason in err. Nothing
+ * placed is fine.
  */
 struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *m,
 				  uint32_t n_ctx, const bool *layers, bool head, const bool *preds,
@@ -72,7 +79,8 @@ int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
 
 /*
  * Queue layer l's predictor on COMPUTE, reading the device x (the residual
- * stream after the attention it follows), into prediction slot 0 or 1.
+ * stream after the attention it follows: unit RMS first, or as it is for a
+ * same-layer model), into prediction slot 0 or 1.
  * After a hyb_hdense_x_down with_pred has landed, hyb_hdense_predicted
  * gives the slot's active list (bundle order, increasing) and its length.
  */

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -79,6 +80,9 @@ static int read_hparams(struct loader *ld)
 	char scaling[32] = "";
 	float factor = 0;
 
+	if (ld->m->gguf->magic == GGUF_MAGIC_PWRI)
+		return fail(ld, "this is a PowerInfer GPU index (PWRI magic), not a model: give it "
+			    "to hybctl plan --gpu-index");
 	if (!gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
 		return fail(ld, "metadata general.architecture is missing");
 	if (strcmp(hp->arch, "llama") != 0)
@@ -128,6 +132,23 @@ static int read_hparams(struct loader *ld)
 			hp->rope_scale = 1.0f / factor;
 	}
 
+	/*
+	 * A PowerInfer model file (its convert-hf-to-powerinfer-gguf.py): down is
+	 * stored transposed as ffn_down_t, next to fc1/fc2 predictors and an
+	 * optional powerinfer.sparse_threshold. Its llama.cpp computes these FFNs
+	 * with ReLU (llm_build_ffn_sparse only knows LLM_FFN_RELU), so that is the
+	 * activation unless the file says otherwise.
+	 */
+	if (gguf_find_tensor(ld->m->gguf, "blk.0.ffn_down_t.weight")) {
+		ld->m->powerinfer = true;
+		strcpy(act, "relu");
+		if (gguf_find(ld->m->gguf, "powerinfer.sparse_threshold") &&
+		    !gguf_get_f32(ld->m->gguf, "powerinfer.sparse_threshold",
+				  &ld->m->powerinfer_threshold))
+			return fail(ld, "metadata powerinfer.sparse_threshold is not a number");
+		if (!isfinite(ld->m->powerinfer_threshold))
+			return fail(ld, "metadata powerinfer.sparse_threshold is not finite");
+	}
 	/* hyb.* keys are written by `hybctl synth` for the sparse (ReLU-family) models. */
 	gguf_get_bool(ld->m->gguf, "hyb.rope_neox", &hp->rope_neox);
 	if (gguf_find(ld->m->gguf, "hyb.ffn_act") &&
@@ -291,6 +312,19 @@ static int read_plan_keys(struct loader *ld)
 		return fail(ld, "metadata %s is missing or out of range", HYB_PLAN_KEY_GROUP_SIZE);
 	m->group_size = gs;
 	m->n_groups = (m->hp.n_ff + gs - 1) / gs;
+	m->pred_input = HYB_PRED_ADJACENT;
+	if (gguf_find(m->gguf, HYB_PLAN_KEY_PRED_INPUT)) {
+		char in[32];
+
+		if (!gguf_get_str(m->gguf, HYB_PLAN_KEY_PRED_INPUT, in, sizeof(in)))
+			return fail(ld, "metadata %s is not a short string",
+				    HYB_PLAN_KEY_PRED_INPUT);
+		if (!strcmp(in, "same-layer"))
+			m->pred_input = HYB_PRED_SAME_LAYER;
+		else if (strcmp(in, "adjacent"))
+			return fail(ld, "metadata %s '%s' is not supported (adjacent, same-layer)",
+				    HYB_PLAN_KEY_PRED_INPUT, in);
+	}
 	return 0;
 }
 
@@ -327,8 +361,16 @@ static int bind_layers(struct loader *ld)
 		}
 		B(gate, "ffn_gate", hp->n_embd, hp->n_ff);
 		B(up, "ffn_up", hp->n_embd, hp->n_ff);
-		B(down, "ffn_down", hp->n_ff, hp->n_embd);
+		if (ld->m->powerinfer)
+			B(down_t, "ffn_down_t", hp->n_embd, hp->n_ff);
+		else
+			B(down, "ffn_down", hp->n_ff, hp->n_embd);
 #undef B
+		if (ld->m->powerinfer && L->down_t.type != HYB_TYPE_F32 &&
+		    L->down_t.type != HYB_TYPE_F16 && L->down_t.type != HYB_TYPE_Q8_0 &&
+		    L->down_t.type != HYB_TYPE_Q4_0)
+			return fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is F32, F16, "
+				    "Q8_0 or Q4_0", l, hyb_type_name(L->down_t.type));
 	}
 	return 0;
 }
@@ -558,7 +600,8 @@ uint64_t hyb_model_decode_bytes(const struct hyb_model *m)
 
 		b += weight_bytes(&L->wq) + weight_bytes(&L->wk) + weight_bytes(&L->wv) +
 		     weight_bytes(&L->wo) + weight_bytes(&L->gate) + weight_bytes(&L->up) +
-		     weight_bytes(&L->down) + 2 * m->hp.n_embd * sizeof(float);
+		     weight_bytes(&L->down) + weight_bytes(&L->down_t) +
+		     2 * m->hp.n_embd * sizeof(float);
 		if (m->group_size) /* every neuron once: the dense pass over bundles */
 			b += weight_bytes(&L->plan.bundles);
 	}

@@ -5,6 +5,7 @@
  *                   of each layer's neurons (METIS, KAIROX 5.2)
  *   plan_place.c    which groups start on the GPU (PowerInfer 6.2-6.3 ILP)
  *   predictor.c     per-layer MLP predictors (PowerInfer 5.1), trained in C
+ *   plan_import.c   PowerInfer's predictors and GPU index, when the model is theirs
  *   plan_write.c    the driver: checks, the stages in order, the streamed file
  */
 #ifndef HYB_PLAN_INTERNAL_H
@@ -159,7 +160,7 @@ struct plan_predictor {
 	uint32_t n_in, hidden, n_out;
 	uint16_t *fc1_w;   /* F16 [hidden][n_in] */
 	float *fc1_b;
-	uint16_t *fc2_w;   /* F16 [n_out][hidden], rows in output order */
+	uint16_t *fc2_w;   /* F16 [hidden][n_out]: a row per hidden unit, outputs in order */
 	float *fc2_b;      /* threshold folded in */
 };
 
@@ -200,9 +201,35 @@ struct plan_opts {
 	uint64_t place_nodes;          /* branch-and-bound node limit */
 	int n_threads;                 /* <= 0: all CPUs */
 	bool quiet;                    /* no per-layer report on stdout */
+	/* A PowerInfer model: train predictors instead of importing its own. */
+	bool train_predictors;
+	/* A PowerInfer GPU index (*.gpuidx): place groups to cover its GPU neurons. */
+	const char *gpu_index;
 };
 
 void plan_opts_default(struct plan_opts *o);
+
+/* ---- PowerInfer files (plan_import.c) ----------------------------------------- */
+
+struct hyb_model;
+
+/*
+ * Whether a PowerInfer model carries its predictors: 1 when every layer has
+ * a readable fc1/fc2 pair (hidden sizes in hidden[n_layer]), 0 when no layer
+ * has one, -1 with the reason otherwise.
+ */
+int plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, size_t errlen);
+
+/* Layer l's PowerInfer predictor as a plan predictor, outputs in bundle order (perm). */
+int plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *perm,
+		      struct plan_predictor *out, char *err, size_t errlen);
+
+/*
+ * Read a PowerInfer GPU index: hot[l][i] = 1 when it puts neuron i of layer l
+ * on the GPU; *vram_capacity its split.vram_capacity (0 when absent).
+ */
+int plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t **hot,
+		      uint64_t *vram_capacity, char *err, size_t errlen);
 
 /*
  * Read model `model_path` (mapped, layer by layer), group, place, train and

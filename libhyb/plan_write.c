@@ -94,6 +94,8 @@ struct plan {
 	uint32_t *hidden;         /* [layer] */
 	uint32_t *order;          /* layers in file order */
 	uint64_t dense_bytes, pred_bytes;
+	bool import;              /* a PowerInfer model's predictors are kept */
+	uint8_t **hot;            /* [layer][n_ff] PowerInfer GPU index, or NULL */
 	FILE *out;                /* report (stdout, or NULL when quiet) */
 };
 
@@ -121,11 +123,13 @@ static bool ffn_matrix(const struct gguf_str name, uint32_t *l)
 		return false;
 	memcpy(buf, name.ptr, name.len);
 	buf[name.len] = 0;
-	if (sscanf(buf, "blk.%u.%63[a-z_.]%n", &layer, rest, &n) != 2 || (size_t)n != name.len)
+	if (sscanf(buf, "blk.%u.%63[a-z0-9_.]%n", &layer, rest, &n) != 2 || (size_t)n != name.len)
 		return false;
 	*l = layer;
+	/* a PowerInfer model's transposed down and predictor are replaced too */
 	return !strcmp(rest, "ffn_gate.weight") || !strcmp(rest, "ffn_up.weight") ||
-	       !strcmp(rest, "ffn_down.weight");
+	       !strcmp(rest, "ffn_down.weight") || !strcmp(rest, "ffn_down_t.weight") ||
+	       !strcmp(rest, "fc1.weight") || !strcmp(rest, "fc2.weight");
 }
 
 /* ---- checks ------------------------------------------------------------------ */
@@ -323,9 +327,18 @@ static int place_all(struct plan *P, char *err, size_t errlen)
 		}
 		for (uint32_t g = 0; g < P->n_groups; g++) {
 			P->freq[l][g] = (float)(val[l][g] / group_rows(P, g));
-			total += val[l][g];
 			all += bytes[g];
 		}
+		/* with PowerInfer's GPU index a group is worth the GPU neurons it
+		 * holds; our frequencies only break ties (each is < 1e-3) */
+		if (P->hot) {
+			for (uint32_t g = 0; g < P->n_groups; g++)
+				val[l][g] *= 1e-3 / P->gs;
+			for (uint32_t i = 0; i < P->n_ff; i++)
+				val[l][i / P->gs] += P->hot[l][P->perm[l][i]];
+		}
+		for (uint32_t g = 0; g < P->n_groups; g++)
+			total += val[l][g];
 		L[l] = (struct plan_place_layer){ P->n_groups, val[l], bytes, m_g };
 	}
 	budget = o->gpu_budget - P->dense_bytes - P->pred_bytes;
@@ -340,8 +353,9 @@ static int place_all(struct plan *P, char *err, size_t errlen)
 	say(P, "  C_l = %u neurons = %u groups (T_sync %.0f us, CPU %.0f GB/s, GPU %.0f GB/s, "
 	    "%llu-byte neurons)\n", c_l, m_g, o->sync.t_sync * 1e6, o->sync.bw_cpu / 1e9,
 	    o->sync.bw_gpu / 1e9, (unsigned long long)(3 * P->row_bytes));
-	say(P, "  impact on GPU %.1f%% of all activations (%s; LP bound without the per-layer "
+	say(P, "  impact on GPU %.1f%% of all %s (%s; LP bound without the per-layer "
 	    "minimum %.1f%%)\n", total > 0 ? 100 * r.value / total : 0,
+	    P->hot ? "PowerInfer's GPU neurons" : "activations",
 	    r.optimal ? "proven optimal" : "greedy + bounded search, not proven optimal",
 	    total > 0 ? 100 * r.bound / total : 0);
 	say(P, "  groups on GPU per layer:");
@@ -378,9 +392,10 @@ static void reserve(struct plan *P)
 		P->dense_bytes += f->tensors[t].nbytes;
 	}
 	for (uint32_t l = 0; l < P->n_layer; l++) {
-		P->hidden[l] = P->o->pred.hidden ? P->o->pred.hidden
-				  : plan_pred_hidden(P->prof, l, P->o->pred_hidden_lo,
-						     P->o->pred_hidden_hi);
+		if (!P->import) /* imported predictors keep their own size */
+			P->hidden[l] = P->o->pred.hidden ? P->o->pred.hidden
+					  : plan_pred_hidden(P->prof, l, P->o->pred_hidden_lo,
+							     P->o->pred_hidden_hi);
 		P->pred_bytes += (uint64_t)P->hidden[l] * (P->n_embd * 2 + 4) +
 				 (uint64_t)P->n_ff * (P->hidden[l] * 2 + 4);
 	}
@@ -433,6 +448,11 @@ static int declare(struct plan *P, struct gguf_writer *w, const char *model_path
 	gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, P->gs);
 	gguf_set_u64(w, HYB_PLAN_KEY_GPU_BUDGET, P->o->gpu_budget);
 	gguf_set_str(w, HYB_PLAN_KEY_SOURCE, base ? base + 1 : model_path);
+	if (P->import)
+		gguf_set_str(w, HYB_PLAN_KEY_PRED_INPUT, "same-layer");
+	/* the loader gives a PowerInfer model ReLU; the plan has to say so */
+	if (P->m->powerinfer && !gguf_find(f, "hyb.ffn_act"))
+		gguf_set_str(w, "hyb.ffn_act", "relu");
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct gguf_tensor *t = &f->tensors[i];
 		char name[96];
@@ -470,6 +490,7 @@ static int declare(struct plan *P, struct gguf_writer *w, const char *model_path
 struct down_job {
 	const struct hyb_cpu_kernels *k;
 	const struct hyb_weight *down;  /* [n_embd rows][n_ff] */
+	const struct hyb_weight *down_t; /* or a PowerInfer model's [n_ff rows][n_embd] */
 	const int32_t *perm;
 	uint32_t n_embd, n_ff, type;
 	uint64_t row_bytes;
@@ -485,6 +506,14 @@ static void down_worker(void *arg, int ith, int nth)
 	struct down_job *j = arg;
 	long lo, hi;
 
+	if (j->phase == 0 && j->down_t) {
+		hyb_split(j->n_ff, ith, nth, &lo, &hi);
+		for (long n = lo; n < hi; n++)
+			j->k->dequantize[j->down_t->type](
+				(const char *)j->down_t->data + n * j->down_t->row_bytes,
+				j->dt + (size_t)n * j->n_embd, j->n_embd);
+		return;
+	}
 	if (j->phase == 0) {
 		/* blocks of 16 rows of down, dequantized and scattered into dt */
 		float *buf = malloc((size_t)16 * j->n_ff * sizeof(float));
@@ -555,6 +584,8 @@ static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *
 	struct down_job dj = { .k = hyb_cpu_best(), .down = &L->down, .perm = P->perm[l],
 			       .n_embd = P->n_embd, .n_ff = P->n_ff, .type = P->type,
 			       .row_bytes = P->row_bytes };
+	/* a PowerInfer model's rows are already bundle rows: copied when the type matches */
+	const bool copy_down = L->down_t.data && L->down_t.type == P->type;
 	struct plan_pred_opts po = P->o->pred;
 	struct plan_predictor pr = { 0 };
 	struct plan_pred_stats st;
@@ -563,12 +594,27 @@ static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *
 
 	/* the predictor first: outputs in bundle order */
 	po.pool = P->pool;
-	if (plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, err, errlen))
-		return -1;
-	say(P, "  %5u  H %4u  %5.1f epochs  recall %.3f  precision %.3f  predicted %.3f "
-	    "(true %.3f)  %.1fs", l, st.hidden, st.epochs, st.recall, st.precision, st.pred_frac,
-	    st.true_frac, st.seconds);
+	if (P->import) {
+		if (plan_pi_predictor(P->m, l, P->perm[l], &pr, err, errlen))
+			return -1;
+		/* the profile's samples hold the adjacent input, not the raw
+		 * same-layer one these read: nothing to measure them on here */
+		say(P, "  %5u  H %4u  PowerInfer's own (score >= %g), not re-measured", l,
+		    pr.hidden, P->m->powerinfer_threshold);
+	} else {
+		if (plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, err,
+				    errlen))
+			return -1;
+		say(P, "  %5u  H %4u  %5.1f epochs  recall %.3f  precision %.3f  predicted %.3f "
+		    "(true %.3f)  %.1fs", l, st.hidden, st.epochs, st.recall, st.precision,
+		    st.pred_frac, st.true_frac, st.seconds);
+	}
+	if (copy_down) {
+		say(P, "  down rows copied from ffn_down_t\n");
+		goto bundles;
+	}
 
+	dj.down_t = L->down_t.data ? &L->down_t : NULL;
 	dj.dt = malloc((size_t)P->n_ff * P->n_embd * sizeof(float));
 	dj.q = malloc((size_t)P->n_ff * P->row_bytes);
 	if (!dj.dt || !dj.q) {
@@ -588,6 +634,7 @@ static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *
 	}
 	say(P, "  down requant %.2g%% rms (max %.2g)\n", r2 > 0 ? 100 * sqrt(e2 / r2) : 0, mx);
 
+bundles:
 	/* ffn_bundles, group by group */
 	for (uint32_t g = 0; g < P->n_groups; g++) {
 		uint32_t i0 = g * P->gs, n = (uint32_t)group_rows(P, g);
@@ -600,8 +647,15 @@ static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *
 			bad |= gguf_writer_put_data(w, (const char *)L->up.data +
 						    (size_t)P->perm[l][i] * L->up.row_bytes,
 						    P->row_bytes);
-		bad |= gguf_writer_put_data(w, dj.q + (size_t)i0 * P->row_bytes,
-					    n * P->row_bytes);
+		if (!copy_down) {
+			bad |= gguf_writer_put_data(w, dj.q + (size_t)i0 * P->row_bytes,
+						    n * P->row_bytes);
+			continue;
+		}
+		for (uint32_t i = i0; i < i0 + n; i++)
+			bad |= gguf_writer_put_data(w, (const char *)L->down_t.data +
+						    (size_t)P->perm[l][i] * L->down_t.row_bytes,
+						    P->row_bytes);
 	}
 	/* ffn_perm, ffn_gpu, ffn_freq were given with data: the writer has put them */
 	bad |= gguf_writer_put_data(w, pr.fc1_w, (uint64_t)pr.hidden * pr.n_in * 2);
@@ -619,6 +673,33 @@ out:
 	free(dj.q);
 	plan_predictor_free(&pr);
 	return rc;
+}
+
+/* PowerInfer's GPU index: what place_all covers. */
+static int load_gpu_index(struct plan *P, char *err, size_t errlen)
+{
+	uint64_t cap, n_hot = 0;
+	char b1[32];
+
+	P->hot = calloc(P->n_layer, sizeof(*P->hot));
+	if (!P->hot)
+		goto oom;
+	for (uint32_t l = 0; l < P->n_layer; l++)
+		if (!(P->hot[l] = calloc(P->n_ff, 1)))
+			goto oom;
+	if (plan_pi_gpu_index(P->o->gpu_index, P->n_layer, P->n_ff, P->hot, &cap, err, errlen))
+		return -1;
+	for (uint32_t l = 0; l < P->n_layer; l++)
+		for (uint32_t i = 0; i < P->n_ff; i++)
+			n_hot += P->hot[l][i];
+	say(P, "PowerInfer GPU index %s: %llu of %llu neurons on the GPU (%.1f%%), made for %s\n",
+	    P->o->gpu_index, (unsigned long long)n_hot, (unsigned long long)P->n_layer * P->n_ff,
+	    100.0 * n_hot / ((double)P->n_layer * P->n_ff),
+	    cap ? mib(cap, b1, sizeof(b1)) : "an unknown VRAM capacity");
+	return 0;
+oom:
+	snprintf(err, errlen, "out of memory");
+	return -1;
 }
 
 /* The output is written under a temporary name and renamed when complete. */
@@ -686,6 +767,18 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 			goto out;
 		}
 	}
+	if (P.m->powerinfer && !o->train_predictors) {
+		int has = plan_pi_predictors(P.m, P.hidden, err, errlen);
+
+		if (has < 0)
+			goto out;
+		P.import = has == 1;
+		say(&P, "PowerInfer model (ffn_down_t): down rows kept as they are; %s\n",
+		    P.import ? "its predictors are kept (input: the layer's own residual)"
+			     : "no fc1/fc2 predictors in it, so they are trained");
+	}
+	if (o->gpu_index && load_gpu_index(&P, err, errlen))
+		goto out;
 	reserve(&P);
 	/* the budget check needs only sizes: fail before the long stages */
 	if (o->gpu_budget < P.dense_bytes + P.pred_bytes) {
@@ -710,8 +803,11 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 		goto out;
 	if (gguf_writer_begin(w, tmp, err, errlen))
 		goto out;
-	say(&P, "predictors (target recall %.3g, test samples) and bundles:\n",
-	    o->pred.target_recall);
+	if (P.import)
+		say(&P, "predictors and bundles:\n");
+	else
+		say(&P, "predictors (target recall %.3g, test samples) and bundles:\n",
+		    o->pred.target_recall);
 	for (uint32_t q = 0; q < P.n_layer; q++)
 		if (write_layer(&P, w, P.order[q], err, errlen))
 			goto out;
@@ -740,6 +836,9 @@ out:
 		if (P.freq)
 			free(P.freq[l]);
 	}
+	for (uint32_t l = 0; P.hot && l < P.n_layer; l++)
+		free(P.hot[l]);
+	free(P.hot);
 	free(P.perm);
 	free(P.gpu);
 	free(P.freq);

@@ -5,8 +5,9 @@
  * it reads). The arithmetic is libhyb's: hyb_unit_rms (libhyb/ffn_sparse.c)
  * then hyb_predictor_run (libhyb/predictor.c), and each sum is taken in the
  * order of the CPU's AVX-512 kernels, so on an AVX-512 host the logits are
- * the CPU device's to the bit but for the unit-RMS scale (below). Two
- * kernels on the stream:
+ * the CPU device's to the bit but for the unit-RMS scale (below; with
+ * raw_x, x is taken as it is: the scale is 1 and the sum of squares goes
+ * unused). Two kernels on the stream:
  *
  * 1. pred_fc1: 4 warps a block, one fc1 row per warp. Every block first
  *    issues its rows' first loads, then computes sum x_i^2 in double (a
@@ -147,15 +148,17 @@ static __device__ __forceinline__ void fc1_fma(const uint32_t *v, const uint32_t
 }
 
 /*
- * h[row] = relu(fc1[row] . f16(unit_rms(x)) + b1[row]). W4: fc1 is 4-byte
- * aligned (pairs read as one word). Block 0 zeroes pred_fc2's ticket.
+ * h[row] = relu(fc1[row] . f16(unit_rms(x)) + b1[row]); raw: f16(x), the
+ * scale 1 (x * 1 is x, so f16(x) is the CPU's conversion of x as it is).
+ * W4: fc1 is 4-byte aligned (pairs read as one word). Block 0 zeroes
+ * pred_fc2's ticket.
  */
 template <bool W4>
 __global__ __launch_bounds__(P1_THREADS) void pred_fc1(const float *__restrict__ x,
 						       const uint16_t *__restrict__ w1,
 						       const float *__restrict__ b1,
 						       float *__restrict__ h, unsigned *done,
-						       uint32_t n_in, uint32_t hidden)
+						       uint32_t n_in, uint32_t hidden, bool raw)
 {
 	extern __shared__ __align__(16) unsigned char sm[];
 	uint32_t *x2 = (uint32_t *)sm; /* x16 pairs: element 2i in the low half */
@@ -188,7 +191,7 @@ __global__ __launch_bounds__(P1_THREADS) void pred_fc1(const float *__restrict__
 
 		for (int w = 0; w < P1_WARPS; w++)
 			sum += red[w];
-		s_scale = sum > 0 ? (float)(1.0 / sqrt(sum / n_in)) : 0.0f;
+		s_scale = raw ? 1.0f : sum > 0 ? (float)(1.0 / sqrt(sum / n_in)) : 0.0f;
 	}
 	__syncthreads();
 	{
@@ -506,10 +509,10 @@ extern "C" int hyb_cuda_predict(const struct hyb_dev_predict *p, void *workspace
 		return -EINVAL;
 	if (p->fc1_w % 4 == 0)
 		pred_fc1<true><<<g1, P1_THREADS, smem1, s>>>(x, w1, b1, h, done, p->n_in,
-							     p->hidden);
+							     p->hidden, p->raw_x);
 	else
 		pred_fc1<false><<<g1, P1_THREADS, smem1, s>>>(x, w1, b1, h, done, p->n_in,
-							      p->hidden);
+							      p->hidden, p->raw_x);
 	if (p->fc2_w % 16 == 0 && p->n_out % 8 == 0)
 		pred_fc2<true><<<g2, P2_THREADS, 0, s>>>(h, w2, b2, lg, masks, done, active, count,
 							p->hidden, p->n_out);

@@ -4,7 +4,9 @@
  * the "cpu" device and hyb_predictor_run: random F16 predictors at the 7B
  * shape (4096 -> 224 -> 11008) and small odd shapes (n_in % 64 == 32, n_out
  * not a multiple of 8 or 16, hidden past one staging segment, weights only
- * 2-byte aligned), several inputs each. The active lists must be the CPU's
+ * 2-byte aligned), several inputs each, every input both unit-RMS
+ * normalised (the default) and as it is (raw_x: same-layer predictors, whose
+ * CUDA sums have no scale to differ in). The active lists must be the CPU's
  * but for outputs whose host logit lies within 1e-3 of zero (where float
  * summation order may put them on the other side; on an AVX-512 host the
  * CUDA sums are the CPU's and the lists are identical: the test prints how
@@ -194,12 +196,13 @@ struct tally {
 };
 
 /*
- * One input through both devices and the host: the CPU device must be the
- * host's bits; the CUDA list must be strictly increasing and differ from the
- * host's only at outputs whose host logit is within NEAR_ZERO of 0.
+ * One input through both devices and the host (unit RMS first, or as it is
+ * with raw): the CPU device must be the host's bits; the CUDA list must be
+ * strictly increasing and differ from the host's only at outputs whose host
+ * logit is within NEAR_ZERO of 0.
  */
 static void compare_one(struct side *gpu, struct side *cpu, const struct pred *P,
-			const float *x, struct tally *t)
+			const float *x, bool raw, struct tally *t)
 {
 	const uint32_t n_out = P->n_out;
 	float *xu = malloc(4ull * P->n_in), *lg = malloc(4ull * n_out);
@@ -210,7 +213,11 @@ static void compare_one(struct side *gpu, struct side *cpu, const struct pred *P
 	uint32_t n_ref, n_got, n_cpu, flips = 0, near = 0;
 
 	CHECK(xu && lg && ref && got && cgot && in_ref && in_got && scr);
-	hyb_unit_rms(xu, x, P->n_in);
+	gpu->p.raw_x = cpu->p.raw_x = raw;
+	if (raw)
+		memcpy(xu, x, 4ull * P->n_in);
+	else
+		hyb_unit_rms(xu, x, P->n_in);
 	n_ref = hyb_predictor_run(&P->hp, xu, NULL, scr, lg, ref);
 	n_cpu = predict(cpu, x, cgot);
 	CHECK_EQ_INT(n_cpu, n_ref);
@@ -229,8 +236,9 @@ static void compare_one(struct side *gpu, struct side *cpu, const struct pred *P
 		if (in_got[r] == in_ref[r])
 			continue;
 		CHECK_MSG(fabs(lg[r]) < NEAR_ZERO,
-			  "%u -> %u -> %u: output %u %s on cuda, host logit %.6g", P->n_in,
-			  P->hidden, n_out, r, in_got[r] ? "active" : "inactive", lg[r]);
+			  "%u -> %u -> %u%s: output %u %s on cuda, host logit %.6g", P->n_in,
+			  P->hidden, n_out, raw ? " (raw x)" : "", r,
+			  in_got[r] ? "active" : "inactive", lg[r]);
 		flips++;
 	}
 	t->calls++;
@@ -254,7 +262,7 @@ static void compare_shape(uint32_t n_in, uint32_t hidden, uint32_t n_out, uint32
 {
 	struct hyb_device *gd = open_kind("cuda"), *cd = open_kind("cpu");
 	struct side gpu, cpu;
-	struct tally t = { 0 };
+	struct tally t[2] = { { 0 } };
 	struct pred P;
 	float *x = malloc(4ull * n_in);
 
@@ -266,12 +274,15 @@ static void compare_shape(uint32_t n_in, uint32_t hidden, uint32_t n_out, uint32
 		make_x(x, n_in);
 		if (i == 1) /* an all-zero input: scale 0, h = relu(b1) */
 			memset(x, 0, 4ull * n_in);
-		compare_one(&gpu, &cpu, &P, x, &t);
+		for (int raw = 0; raw < 2; raw++)
+			compare_one(&gpu, &cpu, &P, x, raw, &t[raw]);
 	}
-	printf("    predict %4u -> %4u -> %5u%s: %u/%u calls identical to the CPU, %u flips "
-	       "(%u logits within %g of 0), %.1f%% active\n", n_in, hidden, n_out,
-	       off ? " (weights 2-byte aligned)" : "", t.identical, t.calls, t.flips,
-	       t.near_zero, NEAR_ZERO, 100.0 * t.active / t.outputs);
+	for (int raw = 0; raw < 2; raw++)
+		printf("    predict %4u -> %4u -> %5u%s%s: %u/%u calls identical to the CPU, "
+		       "%u flips (%u logits within %g of 0), %.1f%% active\n", n_in, hidden,
+		       n_out, off ? " (weights 2-byte aligned)" : "", raw ? " raw x" : "",
+		       t[raw].identical, t[raw].calls, t[raw].flips, t[raw].near_zero, NEAR_ZERO,
+		       100.0 * t[raw].active / t[raw].outputs);
 	release(&gpu);
 	release(&cpu);
 	free_pred(&P);

@@ -38,6 +38,12 @@ const char *hyb_test_tmpdir(void);
 const char *hyb_test_plan(void);
 /* build/hybctl, or $HYB_TEST_HYBCTL. */
 const char *hyb_test_hybctl(void);
+/* Runs a shell command with its output in log; its exit status (-1: killed). shell_fixture.c */
+int hyb_test_sh(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The last 40 lines of a log on stderr, so a failure shows its cause. */
+void hyb_test_show_log(const char *log);
+/* .venv for the Python oracles (tests/oracle/venv.sh); SKIPs when it cannot exist here. */
+void hyb_test_need_venv(void);
 
 #define TEST(fn_name)                                                                  \
 	static void fn_name(void);                                                     \

@@ -1573,6 +1573,42 @@ TEST(dev_predict_matches_host_predictor)
 	CHECK_EQ_INT(cnt, n_ref);
 	CHECK(!memcmp(got, ref, 4ull * n_ref));
 
+	/*
+	 * raw_x (same-layer predictors): x as it is, hyb_predictor_run's bits
+	 * on the raw input; the set differs from the unit-RMS one (x has RMS
+	 * ~2.9, not 1), so the flag is not ignored. Then unit RMS again.
+	 */
+	{
+		uint32_t *ref_raw = xmalloc(4ull * N_OUT), n_raw;
+		struct hyb_dev_predict r = p;
+
+		n_raw = hyb_predictor_run(&pr, x, NULL, scr, NULL, ref_raw);
+		CHECK(n_raw > 0 && n_raw < N_OUT);
+		CHECK(n_raw != n_ref || memcmp(ref_raw, ref, 4ull * n_ref));
+		r.raw_x = true;
+		CHECK_MSG(hyb_device_predict(d, HYB_STREAM_COMPUTE, &r) == 0, "%s",
+			  hyb_device_error(d));
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, &cnt, dc, 4) == 0);
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, got, da, 4ull * N_OUT) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+		CHECK_EQ_INT(cnt, n_raw);
+		CHECK(!memcmp(got, ref_raw, 4ull * n_raw));
+		/* the device's x is read only */
+		float *xb = xmalloc(4ull * N_IN);
+
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, xb, dx, 4ull * N_IN) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+		CHECK(!memcmp(xb, x, 4ull * N_IN));
+		CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &p) == 0);
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, &cnt, dc, 4) == 0);
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, got, da, 4ull * N_OUT) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+		CHECK_EQ_INT(cnt, n_ref);
+		CHECK(!memcmp(got, ref, 4ull * n_ref));
+		free(xb);
+		free(ref_raw);
+	}
+
 	/* bad arguments: -EINVAL, a message, no fault */
 	struct hyb_dev_predict b = p;
 

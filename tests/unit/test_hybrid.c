@@ -431,3 +431,192 @@ TEST(hybrid_layer_policy_agrees_with_cpu_dense)
 	free(lh);
 	hyb_model_free(m);
 }
+
+/* ---- same-layer predictors (PowerInfer's, HYB_PRED_SAME_LAYER) --------------------- */
+
+/*
+ * The hybrid path with hy in oracle mode, forced through ids: ref's logits to
+ * the bit, and as many neurons predicted as the CPU-only path (predicted).
+ */
+static void check_same_layer_oracle(struct hyb_model *m, struct hyb_hybrid_params *hy,
+				    const int32_t *ids, const float *ref, uint64_t predicted,
+				    const char *what, struct hyb_hybrid_placement *pl,
+				    struct hyb_hybrid_stats *st)
+{
+	const uint32_t V = m->hp.n_vocab;
+	float *lh = malloc(sizeof(float) * V * N_GEN);
+	int32_t ids2[N_GEN];
+	struct hyb_ctx *c;
+
+	CHECK(lh);
+	c = ctx_new(m, hy, true);
+	run(c, m, ids, ids2, lh);
+	hyb_ctx_hybrid_placement(c, pl);
+	hyb_ctx_hybrid_stats(c, st);
+	CHECK_EQ_INT(st->layer_steps, (uint64_t)N_GEN * m->hp.n_layer);
+	CHECK_MSG(st->active == predicted, "%s: %llu neurons predicted, CPU-only %llu", what,
+		  (unsigned long long)st->active, (unsigned long long)predicted);
+	for (int i = 0; i < N_GEN; i++)
+		CHECK_MSG(!memcmp(ref + (size_t)i * V, lh + (size_t)i * V, sizeof(float) * V),
+			  "%s: logits of step %d differ from CPU-only same-layer decoding", what,
+			  i);
+	hyb_ctx_free(c);
+	free(lh);
+}
+
+/*
+ * The test plan switched to same-layer prediction in memory: the hybrid path
+ * (host or device predictors, any placement) gives CPU-only sparse decoding's
+ * bits in oracle mode, and the mode changes what is predicted (so neither
+ * path can pass by ignoring it: the adjacent hybrid path equals adjacent
+ * CPU-only decoding, hybrid_oracle_bit_identical_every_policy).
+ */
+TEST(hybrid_same_layer_oracle_bit_identical)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab, L = m->hp.n_layer;
+	float *ls = malloc(sizeof(float) * V * N_GEN);
+	int32_t ids[N_GEN], ids2[N_GEN];
+	struct hyb_sparse_stats sa, ss;
+	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_stats st;
+	struct hyb_hybrid_params hy;
+	struct hyb_ctx *c;
+
+	CHECK(ls);
+	CHECK_EQ_INT(m->pred_input, HYB_PRED_ADJACENT);
+	c = ctx_new(m, NULL, true);
+	run(c, m, NULL, ids, NULL);
+	hyb_ctx_sparse_stats(c, &sa);
+	hyb_ctx_free(c);
+
+	m->pred_input = HYB_PRED_SAME_LAYER;
+	c = ctx_new(m, NULL, true);
+	run(c, m, ids, ids2, ls);
+	hyb_ctx_sparse_stats(c, &ss);
+	hyb_ctx_free(c);
+	CHECK_MSG(ss.predicted > 0 && ss.predicted < ss.neurons, "same-layer predicted %llu of %llu",
+		  (unsigned long long)ss.predicted, (unsigned long long)ss.neurons);
+	/*
+	 * The sets differ (the logits may not: with ReLU and high recall both
+	 * sets hold every neuron that fires, and the others add zeros). Every
+	 * hybrid run below predicts exactly the same-layer count.
+	 */
+	CHECK_MSG(ss.predicted != sa.predicted,
+		  "same-layer and adjacent predict the same number of neurons (%llu)",
+		  (unsigned long long)ss.predicted);
+
+	/* everything dense and every predictor on the device, a third of the groups */
+	hy = params(m, HYB_POLICY_TAM_ADAPTIVE);
+	check_same_layer_oracle(m, &hy, ids, ls, ss.predicted,
+				"tam-adaptive, predictors on the device", &pl, &st);
+	CHECK_EQ_INT(pl.attn_layers, L);
+	CHECK_EQ_INT(pl.predictors, L);
+	CHECK(st.active_dev > 0 && st.active_dev < st.active);
+
+	hy = params(m, HYB_POLICY_LRU);
+	check_same_layer_oracle(m, &hy, ids, ls, ss.predicted, "lru", &pl, &st);
+	CHECK(st.loads > 0 && st.active_dev > 0);
+
+	/* the dense parts on the CPU: host predictors, a cache of a sixth of the groups */
+	hy = params(m, HYB_POLICY_TOPK);
+	hy.dense_on_cpu = true;
+	hy.gpu_budget = slot_bytes(m) * m->n_groups * L / 6 + (1u << 20);
+	check_same_layer_oracle(m, &hy, ids, ls, ss.predicted, "topk, dense on the CPU", &pl,
+				&st);
+	CHECK(pl.attn_layers == 0 && pl.predictors == 0);
+	CHECK(st.active_dev > 0);
+
+	/*
+	 * One attention block (layer 0) with the head: room for the predictors
+	 * that read it, and not for a second block. Same-layer: only layer 0's
+	 * predictor reads it (adjacent: layers 0 and 1), the others run on the
+	 * host.
+	 */
+	const uint64_t ab = hyb_hdense_layer_bytes(m, 0, N_CTX), pb = hyb_hdense_pred_bytes(m, 0);
+
+	hy = params(m, HYB_POLICY_STATIC);
+	hy.gpu_budget = ab + hyb_hdense_head_bytes(m) + 2 * pb +
+			hyb_hdense_buffer_bytes(m, true, true, true) + (48u << 10);
+	CHECK_MSG(hy.gpu_budget - ab < ab, "test plan: attention block %llu bytes, predictor %llu",
+		  (unsigned long long)ab, (unsigned long long)pb);
+	check_same_layer_oracle(m, &hy, ids, ls, ss.predicted, "one attention block", &pl,
+				&st);
+	CHECK_EQ_INT(pl.attn_layers, 1);
+	CHECK_EQ_INT(pl.predictors, 1);
+	m->pred_input = HYB_PRED_ADJACENT;
+	c = ctx_new(m, &hy, true);
+	hyb_ctx_hybrid_placement(c, &pl);
+	CHECK_EQ_INT(pl.attn_layers, 1);
+	CHECK_EQ_INT(pl.predictors, 2);
+	hyb_ctx_free(c);
+
+	free(ls);
+	hyb_model_free(m);
+}
+
+/* The placement rule itself: a predictor goes where the attention it reads is. */
+TEST(hybrid_same_layer_predictor_follows_its_attention)
+{
+	struct hyb_model *m = load_plan();
+	const struct hyb_device_config dc = { .capacity = 64u << 20 };
+	bool layers[3] = { true, false, true }, preds[3] = { true, true, true };
+	char err[256];
+	struct hyb_device *d;
+	struct hyb_hdense *hd;
+
+	CHECK_EQ_INT(m->hp.n_layer, 3);
+	for (int mode = 0; mode < 2; mode++) {
+		const bool same = mode == 1;
+
+		m->pred_input = same ? HYB_PRED_SAME_LAYER : HYB_PRED_ADJACENT;
+		CHECK_EQ_INT(hyb_hdense_pred_source(m, 0), 0);
+		CHECK_EQ_INT(hyb_hdense_pred_source(m, 1), same ? 1 : 0);
+		CHECK_EQ_INT(hyb_hdense_pred_source(m, 2), same ? 2 : 1);
+		d = hyb_device_open("cpu", &dc, err, sizeof(err));
+		CHECK_MSG(d, "%s", err);
+		hd = hyb_hdense_new(d, m, N_CTX, layers, false, preds, err, sizeof(err));
+		CHECK_MSG(hd, "%s", err);
+		CHECK(hyb_hdense_pred_on(hd, 0));
+		CHECK(hyb_hdense_pred_on(hd, 1) == !same);  /* reads layer 0, or its own (CPU) */
+		CHECK(hyb_hdense_pred_on(hd, 2) == same);   /* reads layer 1 (CPU), or its own */
+		CHECK_EQ_INT(hyb_hdense_preds_on(hd), 2);
+		hyb_hdense_free(hd);
+		hyb_device_close(d);
+	}
+	hyb_model_free(m);
+}
+
+/* Normal mode: greedy decoding agrees with CPU-only same-layer decoding. */
+TEST(hybrid_same_layer_greedy_agrees_with_cpu_sparse)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab;
+	float *lr = malloc(sizeof(float) * V * N_GEN), *lh = malloc(sizeof(float) * V * N_GEN);
+	int32_t ids[N_GEN], ids2[N_GEN];
+	struct hyb_hybrid_params hy;
+	struct hyb_hybrid_stats st;
+	struct hyb_ctx *ref, *c;
+	uint64_t res, slots;
+	int agree = 0;
+
+	CHECK(lr && lh);
+	m->pred_input = HYB_PRED_SAME_LAYER;
+	hy = params(m, HYB_POLICY_TAM_ADAPTIVE);
+	ref = ctx_new(m, NULL, false);
+	c = ctx_new(m, &hy, false);
+	run(ref, m, NULL, ids, lr);
+	run(c, m, ids, ids2, lh);
+	hyb_ctx_hybrid_stats(c, &st);
+	hyb_ctx_hybrid_cache(c, &res, &slots);
+	CHECK(res <= slots && st.active_dev > 0);
+	CHECK(st.late <= st.active - st.active_dev);
+	for (int i = 0; i < N_GEN; i++)
+		agree += argmax(lr + (size_t)i * V, V) == argmax(lh + (size_t)i * V, V);
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	hyb_ctx_free(c);
+	hyb_ctx_free(ref);
+	free(lr);
+	free(lh);
+	hyb_model_free(m);
+}

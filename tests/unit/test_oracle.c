@@ -12,11 +12,9 @@
  * Skips (saying why) when the Python environment cannot be built, e.g. with
  * no network for PyPI.
  */
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -30,45 +28,6 @@ static const char *build_dir(void)
 	return b && *b ? b : "build";
 }
 
-/* Runs a shell command with its output in LOG; returns its exit status. */
-static int run_logged(const char *log, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-static int run_logged(const char *log, const char *fmt, ...)
-{
-	char cmd[4096];
-	va_list ap;
-	int n, st;
-
-	va_start(ap, fmt);
-	n = vsnprintf(cmd, sizeof(cmd) - 64 - strlen(log), fmt, ap);
-	va_end(ap);
-	CHECK_MSG(n > 0 && (size_t)n < sizeof(cmd) - 64 - strlen(log), "command too long");
-	snprintf(cmd + n, sizeof(cmd) - n, " >'%s' 2>&1", log);
-	st = system(cmd);
-	if (st == -1 || !WIFEXITED(st))
-		return -1;
-	return WEXITSTATUS(st);
-}
-
-/* The last lines of a log, on stderr, so a failure shows its cause. */
-static void show_log(const char *log)
-{
-	char line[512];
-	long lines = 0, skip;
-	FILE *f = fopen(log, "r");
-
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f))
-		lines++;
-	skip = lines > 40 ? lines - 40 : 0;
-	rewind(f);
-	for (long i = 0; fgets(line, sizeof(line), f); i++)
-		if (i >= skip)
-			fprintf(stderr, "    | %s", line);
-	fclose(f);
-}
-
 static void need_tools(void)
 {
 	char p[512];
@@ -77,30 +36,6 @@ static void need_tools(void)
 	CHECK_MSG(access(p, X_OK) == 0, "%s is missing (run make all)", p);
 	snprintf(p, sizeof(p), "%s/hybctl", build_dir());
 	CHECK_MSG(access(p, X_OK) == 0, "%s is missing (run make all)", p);
-}
-
-/* The oracle's Python environment; skips the test when it cannot exist here. */
-static void need_venv(void)
-{
-	char log[512], line[512] = "";
-	FILE *f;
-	int rc;
-
-	snprintf(log, sizeof(log), "%s/venv.log", hyb_test_tmpdir());
-	rc = run_logged(log, "bash tests/oracle/venv.sh");
-	if (rc == 0)
-		return;
-	f = fopen(log, "r");
-	if (f) {
-		if (!fgets(line, sizeof(line), f))
-			line[0] = 0;
-		fclose(f);
-		line[strcspn(line, "\n")] = 0;
-	}
-	if (rc == 3)
-		SKIP("no Python oracle environment: %s", line);
-	show_log(log);
-	CHECK_MSG(0, "tests/oracle/venv.sh failed (exit %d)", rc);
 }
 
 /* Synthesizes DIR/NAME.gguf with hybctl; returns its path. */
@@ -112,10 +47,10 @@ static const char *synth(const char *name, const char *opts)
 
 	snprintf(model, sizeof(model), "%s/%s.gguf", hyb_test_tmpdir(), name);
 	snprintf(log, sizeof(log), "%s/synth.log", hyb_test_tmpdir());
-	rc = run_logged(log, "%s/hybctl synth -o '%s' --hidden 256 --ffn 512 --layers 2 "
+	rc = hyb_test_sh(log, "%s/hybctl synth -o '%s' --hidden 256 --ffn 512 --layers 2 "
 			"--heads 4 --kv-heads 2 --vocab 512 -t 2 %s", build_dir(), model, opts);
 	if (rc != 0)
-		show_log(log);
+		hyb_test_show_log(log);
 	CHECK_MSG(rc == 0, "hybctl synth %s failed (exit %d)", opts, rc);
 	return model;
 }
@@ -129,10 +64,10 @@ static int oracle(const char *model, const char *tokens, bool decode, const char
 
 	snprintf(log, sizeof(log), "%s/oracle-%s.log", hyb_test_tmpdir(),
 		 decode ? "decode" : "prefill");
-	rc = run_logged(log, ORACLE_PY " '%s' --hyb %s/hyb --tokens %s -t 2 %s %s", model,
+	rc = hyb_test_sh(log, ORACLE_PY " '%s' --hyb %s/hyb --tokens %s -t 2 %s %s", model,
 			build_dir(), tokens, decode ? "--decode" : "", extra);
 	if (rc != 0 && show)
-		show_log(log);
+		hyb_test_show_log(log);
 	return rc;
 }
 
@@ -145,7 +80,7 @@ static void check_synth(const char *name, const char *opts)
 	int rc;
 
 	need_tools();
-	need_venv();
+	hyb_test_need_venv();
 	model = synth(name, opts);
 	rc = oracle(model, synth_tokens, false, "--self-test", true);
 	CHECK_MSG(rc == 0, "prefill logits differ from the reference (%s, exit %d)", opts, rc);
@@ -164,7 +99,7 @@ static void check_tiny(bool decode)
 	if (access(model, R_OK))
 		SKIP("%s not found", model);
 	need_tools();
-	need_venv();
+	hyb_test_need_venv();
 	rc = oracle(model, tiny_tokens, decode, "--self-test", true);
 	CHECK_MSG(rc == 0, "%s logits of the tiny llama differ from the reference (exit %d)",
 		  decode ? "decode" : "prefill", rc);
@@ -227,7 +162,7 @@ TEST(oracle_rejects_wrong_rope)
 	int rc;
 
 	need_tools();
-	need_venv();
+	hyb_test_need_venv();
 	model = synth("wrong_rope", "--type F32 --seed 18");
 	rc = oracle(model, synth_tokens, false, "--ref-rope neox", false);
 	CHECK_MSG(rc == 1, "check_logits.py with the wrong RoPE type exited %d, want 1", rc);

@@ -67,7 +67,8 @@ static uint32_t dominant_type(const struct hyb_model *m)
 	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
 		const struct hyb_layer *L = &m->layers[l];
 		const struct hyb_weight *w[] = { &L->wq, &L->wk, &L->wv, &L->wo,
-						 &L->gate, &L->up, &L->down, &L->plan.bundles };
+						 &L->gate, &L->up, &L->down, &L->down_t,
+						 &L->plan.bundles };
 
 		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
 			bytes[w[i]->type] += w[i]->row_bytes * w[i]->ne1;

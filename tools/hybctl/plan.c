@@ -47,7 +47,11 @@ static const char usage[] =
 	"  --epochs N          epochs at most (default 10)\n"
 	"  --seed N            (default 1)\n"
 	"  -t N                threads (default: all CPUs)\n"
-	"  -q                  no report\n";
+	"  -q                  no report\n"
+	"PowerInfer files (MODEL may be a PowerInfer GGUF: ffn_down_t, fc1/fc2):\n"
+	"  --gpu-index F       a PowerInfer GPU index (*.gpuidx, PWRI magic): place\n"
+	"                      groups to cover the neurons it puts on the GPU\n"
+	"  --train-predictors  train predictors instead of keeping PowerInfer's own\n";
 
 /* Bytes with an optional K/M/G/T suffix (1024-based; "KiB", "KB", "k" accepted). */
 static int parse_bytes(const char *s, uint64_t *out)
@@ -95,7 +99,7 @@ static int parse_num(const char *opt, const char *s, double lo, double hi, doubl
 enum {
 	OPT_PROFILE = 256, OPT_BUDGET, OPT_GS, OPT_LAT, OPT_BW, OPT_TARGET, OPT_MAXG, OPT_GROUPING,
 	OPT_TSYNC, OPT_CPUBW, OPT_GPUBW, OPT_RECALL, OPT_HIDDEN, OPT_MAXH, OPT_GFLOP, OPT_EPOCHS,
-	OPT_SEED,
+	OPT_SEED, OPT_GPU_INDEX, OPT_TRAIN_PRED,
 };
 
 int cmd_plan(int argc, char **argv)
@@ -118,6 +122,8 @@ int cmd_plan(int argc, char **argv)
 		{ "train-gflop", required_argument, NULL, OPT_GFLOP },
 		{ "epochs", required_argument, NULL, OPT_EPOCHS },
 		{ "seed", required_argument, NULL, OPT_SEED },
+		{ "gpu-index", required_argument, NULL, OPT_GPU_INDEX },
+		{ "train-predictors", no_argument, NULL, OPT_TRAIN_PRED },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -240,6 +246,12 @@ int cmd_plan(int argc, char **argv)
 			if (parse_num("--seed", optarg, 0, 1e15, &v))
 				return 2;
 			o.group.seed = o.pred.seed = (uint64_t)v;
+			break;
+		case OPT_GPU_INDEX:
+			o.gpu_index = optarg;
+			break;
+		case OPT_TRAIN_PRED:
+			o.train_predictors = true;
 			break;
 		default:
 			fputs(usage, stderr);

@@ -217,10 +217,11 @@ int hyb_device_attention(struct hyb_device *d, enum hyb_stream s, const struct h
 /*
  * A layer's activation predictor (PowerInfer 4.3; KAIROX 5.1 runs it on the
  * GPU beside the attention output it reads): x is scaled to unit RMS
- * (hyb_unit_rms) and rounded to F16, then hyb_predictor_run's arithmetic:
- * h = relu(fc1 x + b1), logits = b2 + sum over h_u > 0 of h_u fc2[u]; the
- * indices with logit > 0 go to active in increasing order and their number
- * to *count. The CPU device gives hyb_predictor_run's bits.
+ * (hyb_unit_rms; with raw_x it is taken as it is) and rounded to F16, then
+ * hyb_predictor_run's arithmetic: h = relu(fc1 x + b1), logits = b2 + sum
+ * over h_u > 0 of h_u fc2[u]; the indices with logit > 0 go to active in
+ * increasing order and their number to *count. The CPU device gives
+ * hyb_predictor_run's bits on the same (unit-RMS or raw) input.
  */
 struct hyb_dev_predict {
 	uint32_t n_in, hidden, n_out;  /* n_in a multiple of 32 */
@@ -231,6 +232,9 @@ struct hyb_dev_predict {
 	hyb_dptr x;                    /* float [n_in], read only */
 	hyb_dptr active;               /* uint32 [n_out] */
 	hyb_dptr count;                /* uint32 [1] */
+	/* x as it is, no unit RMS: PowerInfer's predictors (HYB_PRED_SAME_LAYER,
+	 * hyb/model.h). false (the default): unit RMS first (HYB_PRED_ADJACENT). */
+	bool raw_x;
 };
 int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
 

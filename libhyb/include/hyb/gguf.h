@@ -15,6 +15,12 @@
 #include <stdio.h>
 
 #define GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
+/*
+ * PowerInfer's GPU index files (powerinfer-py export_split.py: *.gpuidx) are
+ * GGUF with this magic written over GGUF's, so llama.cpp never mistakes one
+ * for a model. gguf_parse accepts both and says which in gguf_file.magic.
+ */
+#define GGUF_MAGIC_PWRI 0x49525750u /* "PWRI" little-endian */
 #define GGUF_DEFAULT_ALIGNMENT 32
 #define GGUF_MAX_DIMS 4
 
@@ -72,6 +78,7 @@ struct gguf_tensor {
 struct gguf_file {
 	const uint8_t *base;     /* the whole file */
 	uint64_t size;
+	uint32_t magic;          /* GGUF_MAGIC or GGUF_MAGIC_PWRI */
 	uint32_t version;        /* 2 or 3 */
 	uint64_t n_kv;
 	struct gguf_kv *kv;

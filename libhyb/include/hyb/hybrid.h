@@ -11,7 +11,10 @@
  * layer l+1 runs on its output and the balancer's loads for layer l+1 are
  * queued at once, so they overlap layer l's FFN and layer l+1's attention;
  * during the last layer, layer 0's groups for the next token are decided
- * from this token's layer-0 activity and queued the same way.
+ * from this token's layer-0 activity and queued the same way. A plan whose
+ * predictors are PowerInfer's own ("same-layer", hyb/model.h) cannot look
+ * ahead: layer l is predicted from its own attention output and balanced at
+ * layer l, so the loads it starts serve the next tokens, not this one.
  *
  * Where the dense parts run (PowerInfer 5.3): the budget goes first to the
  * attention blocks (weights, norms, KV cache), layer by layer, then to the

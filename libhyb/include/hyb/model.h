@@ -70,7 +70,24 @@ struct hyb_ffn_plan {
 struct hyb_layer {
 	struct hyb_weight attn_norm, wq, wk, wv, wo;
 	struct hyb_weight ffn_norm, gate, up, down; /* data NULL in a plan: see plan */
+	/* PowerInfer model files store down transposed (ffn_down_t: ne0 = n_embd,
+	 * ne1 = n_ff, row i = what neuron i adds); then down.data is NULL. */
+	struct hyb_weight down_t;
 	struct hyb_ffn_plan plan;
+};
+
+/*
+ * What a plan's activation predictors read (hyb/plan.h, key
+ * hyb.plan.predictor_input).
+ */
+enum hyb_pred_input {
+	/* "adjacent": the residual after layer l-1's attention, unit RMS (KAIROX
+	 * 5.1; layer 0 reads its own). What `hybctl plan` trains. */
+	HYB_PRED_ADJACENT,
+	/* "same-layer": the residual after layer l's own attention as it is, no
+	 * normalisation: PowerInfer's llama predictors (its llama.cpp feeds them
+	 * ffn_inp), imported from a PowerInfer GGUF. */
+	HYB_PRED_SAME_LAYER,
 };
 
 struct hyb_model {
@@ -82,6 +99,11 @@ struct hyb_model {
 	uint64_t weight_bytes;   /* all tensors in the file */
 	uint32_t group_size;     /* neurons per FFN group of a plan file; 0: not a plan */
 	uint32_t n_groups;       /* groups per layer (plan) */
+	enum hyb_pred_input pred_input; /* plan: what the predictors read */
+	/* A PowerInfer model file (ffn_down_t, fc1/fc2 predictors): its
+	 * powerinfer.sparse_threshold (0 when absent), for `hybctl plan`. */
+	bool powerinfer;
+	float powerinfer_threshold;
 	/* Huge-page copy of the file the weights point into (NULL: the file's mmap). */
 	void *image;
 	uint64_t image_len;

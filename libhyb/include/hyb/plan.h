@@ -13,6 +13,8 @@
  *   hyb.plan.group_size      u32  GS: neurons per group (the last group of a layer may be shorter)
  *   hyb.plan.gpu_budget      u64  bytes the placement was solved for
  *   hyb.plan.source          str  file name of the model the plan was made from
+ *   hyb.plan.predictor_input str  "adjacent" (default when absent) or "same-layer"
+ *                                 (enum hyb_pred_input, hyb/model.h)
  *
  * Tensors of layer L ("blk.L." prefix), n_groups = ceil(n_ff / GS):
  *   ffn_bundles   model FFN type, ne0 = n_embd, ne1 = 3 * n_ff. Group g holds
@@ -34,8 +36,10 @@
  *   fc2.bias      F32 [n_ff]
  * Predictor (PowerInfer 5.1): logit = fc2 · relu(fc1 · x + b1) + b2; neuron
  * predicted active when logit > 0 (the plan folds its chosen threshold into
- * fc2.bias). x is the layer's predictor input as defined in hyb/profile.h
- * (the unit-RMS residual after layer L-1's attention).
+ * fc2.bias). x is the layer's predictor input: by default as defined in
+ * hyb/profile.h (the unit-RMS residual after layer L-1's attention); a plan
+ * made from a PowerInfer GGUF keeps PowerInfer's own predictors, which read
+ * the raw residual after layer L's attention ("same-layer").
  */
 #ifndef HYB_PLAN_H
 #define HYB_PLAN_H
@@ -46,6 +50,7 @@
 #define HYB_PLAN_KEY_GROUP_SIZE "hyb.plan.group_size"
 #define HYB_PLAN_KEY_GPU_BUDGET "hyb.plan.gpu_budget"
 #define HYB_PLAN_KEY_SOURCE "hyb.plan.source"
+#define HYB_PLAN_KEY_PRED_INPUT "hyb.plan.predictor_input"
 
 /* ---- additions (hybctl plan, issue 5) ---------------------------------- */
 

@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: MIT
+/* Shell commands and the Python oracle environment for tests (test.h). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "test.h"
+
+int hyb_test_sh(const char *log, const char *fmt, ...)
+{
+	char cmd[4096];
+	va_list ap;
+	int n, st;
+
+	va_start(ap, fmt);
+	n = vsnprintf(cmd, sizeof(cmd) - 64 - strlen(log), fmt, ap);
+	va_end(ap);
+	CHECK_MSG(n > 0 && (size_t)n < sizeof(cmd) - 64 - strlen(log), "command too long");
+	snprintf(cmd + n, sizeof(cmd) - n, " >'%s' 2>&1", log);
+	st = system(cmd);
+	if (st == -1 || !WIFEXITED(st))
+		return -1;
+	return WEXITSTATUS(st);
+}
+
+void hyb_test_show_log(const char *log)
+{
+	char line[512];
+	long lines = 0, skip;
+	FILE *f = fopen(log, "r");
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f))
+		lines++;
+	skip = lines > 40 ? lines - 40 : 0;
+	rewind(f);
+	for (long i = 0; fgets(line, sizeof(line), f); i++)
+		if (i >= skip)
+			fprintf(stderr, "    | %s", line);
+	fclose(f);
+}
+
+void hyb_test_need_venv(void)
+{
+	char log[512], line[512] = "";
+	FILE *f;
+	int rc;
+
+	snprintf(log, sizeof(log), "%s/venv.log", hyb_test_tmpdir());
+	rc = hyb_test_sh(log, "bash tests/oracle/venv.sh");
+	if (rc == 0)
+		return;
+	f = fopen(log, "r");
+	if (f) {
+		if (!fgets(line, sizeof(line), f))
+			line[0] = 0;
+		fclose(f);
+		line[strcspn(line, "\n")] = 0;
+	}
+	if (rc == 3)
+		SKIP("no Python oracle environment: %s", line);
+	hyb_test_show_log(log);
+	CHECK_MSG(0, "tests/oracle/venv.sh failed (exit %d)", rc);
+}

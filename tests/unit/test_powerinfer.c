@@ -1,0 +1,515 @@
+// SPDX-License-Identifier: MIT
+/*
+ * PowerInfer's own files as input (issue 5, item 3). tests/oracle/
+ * powerinfer_gguf.py writes a small synthetic ReLU model out the way
+ * PowerInfer's converter and export_split.py lay out theirs (ffn_down_t,
+ * fc1/fc2 predictors, powerinfer.sparse_threshold; a PWRI GPU index), with
+ * the gguf package, independently of hyb's writer. Then:
+ *   - hyb decodes the PowerInfer file as it decodes the source model;
+ *   - hybctl plan keeps its down rows, predictors and threshold bit for bit
+ *     (permuted into bundle order) and places groups by its GPU index;
+ *   - the imported predictor, fed what PowerInfer feeds it (the layer's own
+ *     residual after attention, not normalised), gives PowerInfer's scores;
+ *   - sparse decoding with an exact predictor agrees with dense decoding;
+ *   - bad files get a clear error.
+ * Skips when the Python environment cannot be built here.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_kernels.h"
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/plan.h"
+#include "test.h"
+
+#define PI_PY ".venv/bin/python tests/oracle/powerinfer_gguf.py"
+
+struct pi_files {
+	char src[512], model[512], gpuidx[512], profile[512], plan[512];
+};
+
+/* Source model, its PowerInfer form (py_opts for powerinfer_gguf.py) and a GPU index. */
+static void make_model(struct pi_files *f, const char *py_opts)
+{
+	const char *d = hyb_test_tmpdir();
+	char log[512];
+	int rc;
+
+	hyb_test_need_venv();
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(f->src, sizeof(f->src), "%s/src.gguf", d);
+	snprintf(f->model, sizeof(f->model), "%s/pi.gguf", d);
+	snprintf(f->gpuidx, sizeof(f->gpuidx), "%s/pi.gpuidx", d);
+	snprintf(f->profile, sizeof(f->profile), "%s/pi.profile.gguf", d);
+	snprintf(f->plan, sizeof(f->plan), "%s/pi.plan.gguf", d);
+	snprintf(log, sizeof(log), "%s/make.log", d);
+	rc = hyb_test_sh(log, "%s synth -o '%s' --hidden 256 --ffn 512 --layers 2 --heads 4 "
+			 "--vocab 512 --act relu --type F16 -t 1 && " PI_PY " '%s' '%s' "
+			 "--gpu-index '%s' %s", hyb_test_hybctl(), f->src, f->src, f->model,
+			 f->gpuidx, py_opts);
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "making the PowerInfer model failed (exit %d)", rc);
+}
+
+/* hybctl profile + plan of the PowerInfer model; the plan's exit status (log in *.log). */
+static int make_plan(struct pi_files *f, const char *plan_opts, char *log, size_t loglen)
+{
+	int rc;
+
+	snprintf(log, loglen, "%s/plan.log", hyb_test_tmpdir());
+	rc = hyb_test_sh(log, "%s profile '%s' -o '%s' --gen 32 -t 1", hyb_test_hybctl(),
+			 f->model, f->profile);
+	if (rc) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "hybctl profile of the PowerInfer model failed (exit %d)", rc);
+	}
+	return hyb_test_sh(log, "%s plan '%s' --profile '%s' -o '%s' -t 1 %s", hyb_test_hybctl(),
+			   f->model, f->profile, f->plan, plan_opts);
+}
+
+static struct hyb_model *load(const char *path)
+{
+	char err[512];
+	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP, err, sizeof(err));
+
+	CHECK_MSG(m, "%s: %s", path, err);
+	return m;
+}
+
+static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
+{
+	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = mode };
+	char err[256];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+	CHECK_MSG(c, "%s", err);
+	return c;
+}
+
+static int32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return (int32_t)b;
+}
+
+/*
+ * The greedy continuation of a pseudo-random prompt by context a, fed to both;
+ * counts the positions where b's greedy pick agrees and the largest logit
+ * difference relative to the largest logit.
+ */
+static void compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, uint32_t seed,
+		    uint32_t n_gen, uint32_t *agree, uint32_t *total, double *max_rel)
+{
+	float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+	int32_t toks[12];
+	char err[256];
+
+	CHECK(la && lb);
+	for (int i = 0; i < 12; i++)
+		toks[i] = (int32_t)(3 + (seed * 2654435761u + (uint32_t)i * 40503u) % (V - 3));
+	hyb_ctx_reset(a);
+	hyb_ctx_reset(b);
+	CHECK_MSG(!hyb_ctx_eval(a, toks, 12, la, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(b, toks, 12, lb, false, err, sizeof(err)), "%s", err);
+	for (uint32_t i = 0; i < n_gen; i++) {
+		int32_t next = argmax(la, V);
+		double top = 0, diff = 0;
+
+		*agree += next == argmax(lb, V);
+		(*total)++;
+		for (uint32_t v = 0; v < V; v++) {
+			top = fmax(top, fabs(la[v]));
+			diff = fmax(diff, fabs(la[v] - lb[v]));
+		}
+		*max_rel = fmax(*max_rel, diff / top);
+		CHECK_MSG(!hyb_ctx_eval(a, &next, 1, la, false, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(b, &next, 1, lb, false, err, sizeof(err)), "%s", err);
+	}
+	free(la);
+	free(lb);
+}
+
+static const struct gguf_tensor *tensor(const struct gguf_file *g, uint32_t l, const char *sfx)
+{
+	char name[96];
+	const struct gguf_tensor *t;
+
+	snprintf(name, sizeof(name), "blk.%u.%s", l, sfx);
+	t = gguf_find_tensor(g, name);
+	CHECK_MSG(t, "%s is missing", name);
+	return t;
+}
+
+TEST(pi_model_decodes_like_its_source)
+{
+	struct pi_files f;
+
+	make_model(&f, "--predictor random --hidden 32");
+	struct hyb_model *src = load(f.src), *pi = load(f.model);
+	uint32_t agree = 0, total = 0;
+	double rel = 0;
+
+	CHECK(!src->powerinfer && pi->powerinfer);
+	/* no hyb.ffn_act in PowerInfer's files: ReLU, as its llama.cpp computes them */
+	CHECK_EQ_INT(pi->hp.act, HYB_ACT_RELU);
+	CHECK_EQ_INT(src->hp.act, HYB_ACT_RELU);
+	for (uint32_t l = 0; l < pi->hp.n_layer; l++) {
+		const struct hyb_layer *L = &pi->layers[l];
+
+		CHECK(!L->down.data && L->down_t.data);
+		CHECK_EQ_INT(L->down_t.ne0, pi->hp.n_embd);
+		CHECK_EQ_INT(L->down_t.ne1, pi->hp.n_ff);
+	}
+	struct hyb_ctx *a = ctx(src, HYB_FFN_DENSE), *b = ctx(pi, HYB_FFN_DENSE);
+
+	for (uint32_t s = 0; s < 3; s++)
+		compare(a, b, src->hp.n_vocab, 1 + s, 16, &agree, &total, &rel);
+	printf("    agreement %u/%u, largest logit difference %.2g of the largest logit\n",
+	       agree, total, rel);
+	/* the same F16 weights; down runs as axpy over float activations instead
+	 * of a dot with activations rounded to F16 */
+	CHECK_EQ_INT(agree, total);
+	CHECK_MSG(rel < 2e-2, "logits differ by %g of the largest", rel);
+	hyb_ctx_free(a);
+	hyb_ctx_free(b);
+	hyb_model_free(src);
+	hyb_model_free(pi);
+}
+
+TEST(pi_plan_keeps_powerinfer_weights_and_split)
+{
+	const float t = 0.05f;
+	struct pi_files f;
+	char log[512], opts[640];
+	int rc;
+
+	snprintf(opts, sizeof(opts), "--predictor random --hidden 48 --threshold %g", t);
+	make_model(&f, opts);
+	/* a budget for about half of the groups: dense part + predictors + groups */
+	snprintf(opts, sizeof(opts), "--gpu-budget 2.3M --group-size 32 --gpu-index '%s'",
+		 f.gpuidx);
+	rc = make_plan(&f, opts, log, sizeof(log));
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "hybctl plan failed (exit %d)", rc);
+
+	struct hyb_model *pi = load(f.model), *p = load(f.plan);
+	const float bias = -nextafterf(t, -INFINITY);
+	struct gguf_file *gi;
+	char err[256];
+	uint32_t placed = 0;
+
+	CHECK_EQ_INT(p->pred_input, HYB_PRED_SAME_LAYER);
+	CHECK_EQ_INT(p->hp.act, HYB_ACT_RELU);
+	CHECK(!p->powerinfer);
+	CHECK_MSG(!gguf_open(f.gpuidx, &gi, err, sizeof(err)), "%s", err);
+	CHECK_EQ_INT(gi->magic, GGUF_MAGIC_PWRI);
+	for (uint32_t l = 0; l < p->hp.n_layer; l++) {
+		const struct hyb_layer *L = &p->layers[l], *S = &pi->layers[l];
+		const struct hyb_ffn_plan *P = &L->plan;
+		const struct gguf_tensor *fc1 = tensor(pi->gguf, l, "fc1.weight");
+		const struct gguf_tensor *fc2 = tensor(pi->gguf, l, "fc2.weight");
+		const struct gguf_tensor *hot = tensor(gi, l, "gpu_idx");
+		const uint32_t F = p->hp.n_ff, H = (uint32_t)fc1->ne[1], GS = p->group_size;
+		const uint64_t rb = P->bundles.row_bytes;
+		const uint16_t *w2 = fc2->data;
+		uint32_t hot_in[64] = { 0 };
+		int32_t lo_placed = INT32_MAX, hi_unplaced = -1;
+
+		CHECK_EQ_INT(P->hidden, H);
+		CHECK_EQ_INT(P->fc1.type, HYB_TYPE_F16);
+		/* fc1 as PowerInfer stored it, biases that fold in the threshold */
+		CHECK(!memcmp(P->fc1.data, fc1->data, (size_t)H * p->hp.n_embd * 2));
+		for (uint32_t h = 0; h < H; h++)
+			CHECK(P->fc1_bias[h] == 0);
+		for (uint32_t i = 0; i < F; i++) {
+			const uint32_t g = i / GS, ng = F - g * GS < GS ? F - g * GS : GS;
+			const uint32_t k = i - g * GS, s = (uint32_t)P->perm[i];
+			const char *base = (const char *)P->bundles.data + 3ull * g * GS * rb;
+
+			CHECK(P->fc2_bias[i] == bias);
+			/* bundle rows: gate, up and down_t rows of the source neuron, bit for bit */
+			CHECK(!memcmp(base + (uint64_t)k * rb,
+				      (const char *)S->gate.data + s * S->gate.row_bytes, rb));
+			CHECK(!memcmp(base + (uint64_t)(ng + k) * rb,
+				      (const char *)S->up.data + s * S->up.row_bytes, rb));
+			CHECK(!memcmp(base + (uint64_t)(2 * ng + k) * rb,
+				      (const char *)S->down_t.data + s * S->down_t.row_bytes, rb));
+			/* fc2 transposed: unit h's weight to bundle neuron i */
+			for (uint32_t h = 0; h < H; h++)
+				CHECK(((const uint16_t *)P->fc2.data)[(size_t)h * F + i] ==
+				      w2[(size_t)s * H + h]);
+			hot_in[g] += ((const int32_t *)hot->data)[s];
+		}
+		/* equal-size groups: a placed one holds at least as many of the
+		 * index's GPU neurons as any left on the CPU (else swapping wins) */
+		for (uint32_t g = 0; g < p->n_groups && (g + 1) * GS <= F; g++) {
+			if (P->gpu[g]) {
+				lo_placed = hot_in[g] < (uint32_t)lo_placed ? (int32_t)hot_in[g]
+									    : lo_placed;
+				placed++;
+			} else if ((int32_t)hot_in[g] > hi_unplaced) {
+				hi_unplaced = (int32_t)hot_in[g];
+			}
+		}
+		CHECK_MSG(hi_unplaced < 0 || lo_placed == INT32_MAX || lo_placed >= hi_unplaced,
+			  "layer %u: a group with %d GPU neurons placed, one with %d not", l,
+			  lo_placed, hi_unplaced);
+	}
+	printf("    %u of %u groups placed, by the GPU index\n", placed,
+	       p->hp.n_layer * p->n_groups);
+	CHECK_MSG(placed > 0 && placed < p->hp.n_layer * p->n_groups - 2,
+		  "%u groups placed: the budget should fit some, not all", placed);
+	gguf_close(gi);
+	hyb_model_free(pi);
+	hyb_model_free(p);
+}
+
+struct capture {
+	uint32_t n_embd, n, cap;
+	float *x;      /* [cap][n_layer][n_embd] */
+	uint32_t n_layer;
+};
+
+static void probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const float *x_attn,
+		  const float *act)
+{
+	struct capture *c = user;
+	(void)act;
+
+	for (uint32_t t = 0; t < n; t++) {
+		const uint32_t pos = pos0 + t;
+
+		if (pos < c->cap)
+			memcpy(c->x + ((size_t)pos * c->n_layer + layer) * c->n_embd,
+			       x_attn + (size_t)t * c->n_embd, sizeof(float) * c->n_embd);
+		if (pos + 1 > c->n)
+			c->n = pos + 1;
+	}
+}
+
+/* PowerInfer's score of every neuron for x, in double from the file's F16 weights. */
+static void pi_scores(const struct gguf_tensor *fc1, const struct gguf_tensor *fc2,
+		      const float *x, uint32_t E, uint32_t F, double *score)
+{
+	const uint32_t H = (uint32_t)fc1->ne[1];
+	const uint16_t *w1 = fc1->data, *w2 = fc2->data;
+	double *h = malloc(sizeof(double) * H);
+
+	CHECK(h);
+	for (uint32_t j = 0; j < H; j++) {
+		double s = 0;
+
+		for (uint32_t e = 0; e < E; e++)
+			s += (double)hyb_f16_to_f32(w1[(size_t)j * E + e]) * x[e];
+		h[j] = s > 0 ? s : 0;
+	}
+	for (uint32_t i = 0; i < F; i++) {
+		double s = 0;
+
+		for (uint32_t j = 0; j < H; j++)
+			s += (double)hyb_f16_to_f32(w2[(size_t)i * H + j]) * h[j];
+		score[i] = s;
+	}
+	free(h);
+}
+
+TEST(pi_imported_predictor_reads_the_layers_own_residual)
+{
+	const float t = 0.05f;
+	struct pi_files f;
+	char log[512], opts[64];
+
+	snprintf(opts, sizeof(opts), "--predictor random --hidden 48 --threshold %g", t);
+	make_model(&f, opts);
+	CHECK_EQ_INT(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)), 0);
+
+	struct hyb_model *pi = load(f.model), *p = load(f.plan);
+	const uint32_t E = pi->hp.n_embd, F = pi->hp.n_ff, NL = pi->hp.n_layer;
+	struct capture cap = { .n_embd = E, .cap = 12, .n_layer = NL };
+	struct hyb_ctx *c = ctx(pi, HYB_FFN_DENSE);
+	double *score = malloc(sizeof(double) * F), worst = 0, worst_rms = 0, scale = 0;
+	float *logit = malloc(sizeof(float) * F), *xr = malloc(sizeof(float) * E);
+	uint32_t *active = malloc(sizeof(uint32_t) * F), decided = 0, agree = 0;
+	int32_t toks[12];
+	char err[256];
+	void *scratch;
+
+	cap.x = malloc(sizeof(float) * cap.cap * NL * E);
+	CHECK(score && logit && xr && active && cap.x);
+	for (int i = 0; i < 12; i++)
+		toks[i] = 5 + 37 * i;
+	hyb_ctx_set_ffn_probe(c, probe, &cap);
+	float *lg = malloc(sizeof(float) * pi->hp.n_vocab);
+
+	CHECK(lg);
+	CHECK_MSG(!hyb_ctx_eval(c, toks, 12, lg, false, err, sizeof(err)), "%s", err);
+	free(lg);
+	CHECK_EQ_INT(cap.n, 12);
+	for (uint32_t l = 0; l < NL; l++) {
+		const struct hyb_ffn_plan *P = &p->layers[l].plan;
+		const struct hyb_predictor pr = {
+			.n_in = E, .hidden = P->hidden, .n_out = F, .fc1_w = P->fc1.data,
+			.fc1_b = P->fc1_bias, .fc2_w = P->fc2.data, .fc2_b = P->fc2_bias,
+		};
+
+		CHECK(!posix_memalign(&scratch, 64, hyb_predictor_scratch_bytes(&pr) + 64));
+		for (uint32_t tok = 0; tok < cap.n; tok++) {
+			const float *x = cap.x + ((size_t)tok * NL + l) * E;
+			double rms = 0;
+
+			pi_scores(tensor(pi->gguf, l, "fc1.weight"), tensor(pi->gguf, l, "fc2.weight"), x, E, F,
+				  score);
+			hyb_predictor_run(&pr, x, NULL, scratch, logit, active);
+			for (uint32_t i = 0; i < F; i++)
+				scale = fmax(scale, fabs(score[i] - t));
+			for (uint32_t i = 0; i < F; i++) {
+				/* bundle neuron i is source neuron perm[i] */
+				const double want = score[P->perm[i]] - t;
+
+				worst = fmax(worst, fabs(logit[i] - want));
+				/* decisions away from the threshold must be PowerInfer's */
+				if (fabs(want) > 0.02 * scale) {
+					decided++;
+					agree += (logit[i] > 0) == (want >= 0);
+				}
+			}
+			/* the same predictor on the unit-RMS input (the adjacent
+			 * convention) must be far off, or this test proves nothing */
+			for (uint32_t e = 0; e < E; e++)
+				rms += (double)x[e] * x[e];
+			rms = sqrt(rms / E);
+			for (uint32_t e = 0; e < E; e++)
+				xr[e] = (float)(x[e] / rms);
+			hyb_predictor_run(&pr, xr, NULL, scratch, logit, active);
+			for (uint32_t i = 0; i < F; i++)
+				worst_rms = fmax(worst_rms, fabs(logit[i] - (score[P->perm[i]] - t)));
+		}
+		free(scratch);
+	}
+	printf("    largest logit error %.3g (scale %.3g; on unit-RMS input %.3g); %u/%u "
+	       "decisions agree\n", worst, scale, worst_rms, agree, decided);
+	/* F16 input and F32 accumulation against double */
+	CHECK_MSG(worst < 0.01 * scale, "logit off by %g (scale %g)", worst, scale);
+	CHECK_MSG(worst_rms > 10 * worst, "normalising the input changes little (%g vs %g)",
+		  worst_rms, worst);
+	CHECK(decided > 1000);
+	CHECK_EQ_INT(agree, decided);
+	free(cap.x);
+	free(score);
+	free(logit);
+	free(xr);
+	free(active);
+	hyb_ctx_free(c);
+	hyb_model_free(pi);
+	hyb_model_free(p);
+}
+
+TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
+{
+	struct pi_files f;
+	char log[512];
+
+	/* fc1 = gate * ffn_norm, fc2 = I: score > 0 exactly when a neuron fires */
+	make_model(&f, "--predictor exact --threshold 1e-6");
+	CHECK_EQ_INT(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)), 0);
+
+	struct hyb_model *m = load(f.plan);
+	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	struct hyb_sparse_stats st, st2;
+	uint32_t agree = 0, total = 0;
+	double rel = 0;
+
+	for (uint32_t q = 0; q < 3; q++)
+		compare(d, s, m->hp.n_vocab, 10 + q, 20, &agree, &total, &rel);
+	hyb_ctx_sparse_stats(s, &st);
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%, logits within %.2g\n", agree,
+	       total, 100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons, rel);
+	CHECK_MSG(agree * 100 >= total * 95, "greedy agreement %u/%u", agree, total);
+	CHECK_MSG(st.predicted < st.neurons / 2, "predicted %llu of %llu",
+		  (unsigned long long)st.predicted, (unsigned long long)st.neurons);
+	/* exact: nearly everything predicted fires (F16 rounding aside) */
+	CHECK_MSG(st.nonzero * 100 >= st.predicted * 95, "%llu of %llu predicted fire",
+		  (unsigned long long)st.nonzero, (unsigned long long)st.predicted);
+	hyb_ctx_free(s);
+
+	/* fed the other convention's input, the same predictors predict other sets */
+	m->pred_input = HYB_PRED_ADJACENT;
+	s = ctx(m, HYB_FFN_SPARSE);
+	agree = total = 0;
+	for (uint32_t q = 0; q < 3; q++)
+		compare(d, s, m->hp.n_vocab, 10 + q, 20, &agree, &total, &rel);
+	hyb_ctx_sparse_stats(s, &st2);
+	printf("    adjacent input instead: predicted %.1f%%, fired %.2f%% of them (%.2f%% "
+	       "same-layer)\n", 100.0 * st2.predicted / st2.neurons,
+	       100.0 * st2.nonzero / st2.predicted, 100.0 * st.nonzero / st.predicted);
+	/* (the synthetic model's adjacent layers are alike by design: close, not equal) */
+	CHECK((double)st2.nonzero / st2.predicted < (double)st.nonzero / st.predicted - 0.02);
+	hyb_ctx_free(d);
+	hyb_ctx_free(s);
+	hyb_model_free(m);
+}
+
+TEST(pi_rejects_bad_files)
+{
+	struct pi_files f;
+	char log[512], err[512], buf[512] = "";
+	struct hyb_model *m;
+	FILE *lf;
+
+	make_model(&f, "--predictor random --hidden 32 --break fc2-shape");
+	/* the GPU index is not a model */
+	m = hyb_model_load_mode(f.gpuidx, HYB_LOAD_MMAP, err, sizeof(err));
+	CHECK(!m);
+	CHECK_MSG(strstr(err, "PowerInfer GPU index"), "%s", err);
+	/* a predictor of the wrong shape: the plan names it */
+	CHECK(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)) != 0);
+	lf = fopen(log, "r");
+	CHECK(lf);
+	while (fgets(buf, sizeof(buf), lf) && !strstr(buf, "expected shape"))
+		;
+	fclose(lf);
+	CHECK_MSG(strstr(buf, "blk.1.fc2.weight") && strstr(buf, "expected shape"), "%s", buf);
+	CHECK(access(f.plan, F_OK) != 0);
+	/* bad GPU indexes */
+	static const struct {
+		const char *brk, *want;
+	} bad[] = {
+		{ "gpu-idx-value", "gpu_idx[0] is 2" },
+		{ "gpu-bucket", "gpu_bucket does not list" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		CHECK_EQ_INT(hyb_test_sh(log, PI_PY " '%s' '%s' --gpu-index '%s' --break %s", f.src,
+					 f.model, f.gpuidx, bad[i].brk), 0);
+		CHECK(hyb_test_sh(log, "%s plan '%s' --profile '%s' -o '%s' -t 1 --gpu-budget 16M "
+				  "--gpu-index '%s'", hyb_test_hybctl(), f.model, f.profile,
+				  f.plan, f.gpuidx) != 0);
+		lf = fopen(log, "r");
+		CHECK(lf);
+		buf[0] = 0;
+		while (fgets(buf, sizeof(buf), lf) && !strstr(buf, bad[i].want))
+			;
+		fclose(lf);
+		CHECK_MSG(strstr(buf, bad[i].want), "no '%s' in the plan's output", bad[i].want);
+	}
+	/* a model file where the GPU index goes */
+	CHECK(hyb_test_sh(log, "%s plan '%s' --profile '%s' -o '%s' -t 1 --gpu-budget 16M "
+			  "--gpu-index '%s'", hyb_test_hybctl(), f.model, f.profile, f.plan,
+			  f.src) != 0);
+	lf = fopen(log, "r");
+	CHECK(lf);
+	while (fgets(buf, sizeof(buf), lf) && !strstr(buf, "not a PowerInfer GPU index"))
+		;
+	fclose(lf);
+	CHECK_MSG(strstr(buf, "not a PowerInfer GPU index"), "%s", buf);
+}
