@@ -22,6 +22,8 @@ Predictors (--predictor):
   random  dense Gaussian fc1 [H, n_embd] and fc2 [n_ff, H]: scores with no
           ties, for checking the arithmetic and the input they are fed
 
+--type Q4_0|Q8_0 quantizes every layer matrix (the predictors stay F16).
+
 --break names a defect to write instead (bad input tests): fc2-shape,
 gpu-idx-value, gpu-bucket.
 """
@@ -87,15 +89,21 @@ def write_model(args):
             fc2 = fc2[:, :-1]
         w.add_tensor(f"blk.{l}.fc1.weight", fc1.astype(dtype))
         w.add_tensor(f"blk.{l}.fc2.weight", fc2.astype(dtype))
+    qtype = gguf.GGMLQuantizationType[args.type] if args.type else None
     for t in r.tensors:
         data = np.array(t.data)
         name = t.name
+        ttype = t.tensor_type
         if name.endswith(".ffn_down.weight"):
-            if t.tensor_type not in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32):
-                sys.exit(f"powerinfer_gguf.py: {name} is {t.tensor_type.name}; need F16 or F32")
+            if ttype not in (gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32):
+                sys.exit(f"powerinfer_gguf.py: {name} is {ttype.name}; need F16 or F32")
             name = name.replace("ffn_down", "ffn_down_t")
             data = np.ascontiguousarray(data.T)
-        w.add_tensor(name, data, raw_dtype=t.tensor_type)
+        if qtype is not None and name.startswith("blk.") and data.ndim == 2:
+            # like PowerInfer's quantize: the layer matrices, down_t along n_embd
+            data = gguf.quants.quantize(data.astype(np.float32), qtype)
+            ttype = qtype
+        w.add_tensor(name, data, raw_dtype=ttype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -139,6 +147,7 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--threshold", type=float)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--type", choices=("Q8_0", "Q4_0"), help="quantize the layer matrices")
     p.add_argument("--gpu-index")
     p.add_argument("--gpu-frac", type=float, default=0.25)
     p.add_argument("--vram", type=int, default=1 << 30)

@@ -513,3 +513,52 @@ TEST(pi_rejects_bad_files)
 	fclose(lf);
 	CHECK_MSG(strstr(buf, "not a PowerInfer GPU index"), "%s", buf);
 }
+
+TEST(pi_q4_0_plan_copies_quantized_down_rows)
+{
+	struct pi_files f;
+	char log[512];
+	int rc;
+
+	/* PowerInfer quantizes down_t along n_embd: its rows are bundle rows as they are */
+	make_model(&f, "--predictor exact --threshold 1e-6 --type Q4_0");
+	rc = make_plan(&f, "--gpu-budget 16M", log, sizeof(log));
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_EQ_INT(rc, 0);
+
+	struct hyb_model *pi = load(f.model), *m = load(f.plan);
+	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	struct hyb_sparse_stats st;
+	uint32_t agree = 0, total = 0;
+	double rel = 0;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		const struct hyb_ffn_plan *P = &m->layers[l].plan;
+		const struct hyb_weight *dt = &pi->layers[l].down_t;
+		const uint32_t F = m->hp.n_ff, GS = m->group_size;
+		const uint64_t rb = P->bundles.row_bytes;
+
+		CHECK_EQ_INT(P->bundles.type, HYB_TYPE_Q4_0);
+		CHECK_EQ_INT(dt->type, HYB_TYPE_Q4_0);
+		for (uint32_t i = 0; i < F; i++) {
+			const uint32_t g = i / GS, ng = F - g * GS < GS ? F - g * GS : GS;
+			const char *row = (const char *)P->bundles.data +
+					  (3ull * g * GS + 2 * ng + (i - g * GS)) * rb;
+
+			CHECK(!memcmp(row, (const char *)dt->data + (uint64_t)P->perm[i] * rb, rb));
+		}
+	}
+	for (uint32_t q = 0; q < 2; q++)
+		compare(d, s, m->hp.n_vocab, 20 + q, 20, &agree, &total, &rel);
+	hyb_ctx_sparse_stats(s, &st);
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%\n", agree, total,
+	       100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons);
+	/* fc1 comes from the F16 gate, the model's gate is Q4_0: close, not exact */
+	CHECK_MSG(agree * 100 >= total * 90, "greedy agreement %u/%u", agree, total);
+	CHECK(st.predicted < st.neurons / 2);
+	hyb_ctx_free(d);
+	hyb_ctx_free(s);
+	hyb_model_free(pi);
+	hyb_model_free(m);
+}
