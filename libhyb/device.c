@@ -605,7 +605,18 @@ int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
 	return rc;
 }
 
-/* Weights: F16 and the 2-byte scale that starts every Q8_0/Q4_0 block need 2 bytes. */
+/* The weight types the dense kernels take (hyb/device.h struct hyb_dev_matvec). */
+static bool matvec_type_ok(uint32_t t)
+{
+	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 ||
+	       t == HYB_TYPE_Q4_0 || t == HYB_TYPE_Q4_K || t == HYB_TYPE_Q6_K;
+}
+
+/*
+ * Weights: F16 and the 2-byte scales of the quantized blocks need 2 bytes
+ * (Q8_0/Q4_0/Q4_K start with theirs; Q6_K's 210-byte blocks put it last, so
+ * its rows are only ever 2-byte aligned).
+ */
 static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
 {
 	const uint32_t t = m->type;
@@ -615,17 +626,18 @@ static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
 	uint64_t rb;
 	int rc;
 
-	if (t != HYB_TYPE_F32 && t != HYB_TYPE_F16 && t != HYB_TYPE_Q8_0 && t != HYB_TYPE_Q4_0)
+	if (!matvec_type_ok(t))
 		return hyb_device_fail(d, -EINVAL,
 				       "matvec: weight type %s not supported (F32, F16, Q8_0, "
-				       "Q4_0)", hyb_type_name(t));
+				       "Q4_0, Q4_K, Q6_K)", hyb_type_name(t));
 	if (!m->n_in || !m->n_out)
 		return hyb_device_fail(d, -EINVAL, "matvec: zero size (n_in %u, n_out %u)",
 				       m->n_in, m->n_out);
 	rb = hyb_row_bytes(t, m->n_in);
 	if (!rb)
-		return hyb_device_fail(d, -EINVAL, "matvec: n_in %u not a multiple of the %s block",
-				       m->n_in, hyb_type_name(t));
+		return hyb_device_fail(d, -EINVAL,
+				       "matvec: n_in %u not a multiple of the %s block (%u)",
+				       m->n_in, hyb_type_name(t), hyb_type_info(t)->blck);
 	if (rb > UINT64_MAX / m->n_out)
 		return hyb_device_fail(d, -EINVAL, "matvec: %u rows of %llu bytes are too many",
 				       m->n_out, (unsigned long long)rb);

@@ -627,8 +627,9 @@ static int cpu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
 }
 
 /*
- * forward.c's matmul for one column: x converted to the dot type, then the
- * kernel picked by the weight's row count over all rows in one call. The
+ * forward.c's matmul for one column: x converted to the dot type (Q8_0 for
+ * Q4_0/Q8_0, Q8_K for Q4_K/Q6_K, F16 for F16), then the kernel picked by the
+ * weight's row count over all rows in one call. The
  * forward pass cuts the rows into chunks of 16k between its threads; the
  * kernels' sums do not depend on the chunk a row is in (test_device.c
  * checks it), so one call gives the same bits.

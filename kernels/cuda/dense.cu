@@ -17,12 +17,21 @@
  *   (hyb_vec_dot_type): Q8_0 blocks for Q4_0/Q8_0 weights, quantized as
  *   kernels/cpu/quant_act.c does (id = 127 / amax, round half to even; the
  *   same scheme as kernels/cuda/sparse_ffn.cu), so the integer block dots
- *   are the CPU's; F16 for F16 weights; F32 as is. A lane then walks its
+ *   are the CPU's; Q8_K super-blocks for Q4_K/Q6_K weights (quant_act.c's
+ *   hyb_quantize_q8_k_scalar: iscale = -127 / the element of largest |x|,
+ *   the first one on a tie, d = 1 / iscale, the sums of each 16 quants);
+ *   F16 for F16 weights; F32 as is. A lane then walks its
  *   share of the row several loads ahead (about 2 KiB in flight per warp),
  *   the warp adds its lanes with shuffles and lane 0 writes y[r] (or adds
  *   the rounded dot to it). Weights are GGUF blocks as they are: Q8_0 and
  *   Q4_0 blocks are only 2-byte aligned and are read 16 bits at a time;
  *   F16 and F32 rows that are 16-byte aligned are read 16 bytes at a time.
+ *   K-quant rows (Q4_K 144-byte, Q6_K 210-byte super-blocks of 256) are
+ *   also read 16 bits at a time; 8 lanes share a super-block (32 elements
+ *   each), their integer dots are dp4a over the Q8_K quants and each
+ *   sub-block's 6-bit (Q4_K, ggml's get_scale_min_k4 packing) or 8-bit
+ *   (Q6_K) scale multiplies its integer sum, as the CPU's dot does; Q4_K's
+ *   mins use the Q8_K sums of 16. Only the float sum's order differs.
  *   Staging costs each block one pass over x from L2 (n_in * 4 bytes),
  *   small against the rows a block reads once n_out is a few thousand.
  *
@@ -69,10 +78,16 @@
 #define QK 32               /* elements per Q8_0 / Q4_0 block */
 #define Q8_BYTES 34
 #define Q4_BYTES 18
+#define QK_K 256            /* elements per K-quant super-block (Q4_K, Q6_K, Q8_K) */
+#define Q4K_BYTES 144
+#define Q6K_BYTES 210
 
 #define MV_WARPS 16         /* matvec: warps (rows in flight) per block */
 #define MV_THREADS (MV_WARPS * WARP)
 #define MV_STEPS 8          /* matvec: loads a lane issues before using any */
+#define KQ_LANES 8          /* K-quant matvec: lanes per super-block (32 elements each) */
+#define KQ_SB (WARP / KQ_LANES)     /* super-blocks a warp takes per step */
+#define KQ_STEPS 4          /* K-quant matvec: super-blocks a lane loads before using any */
 
 #define NORM_THREADS 1024
 
@@ -138,6 +153,11 @@ static __host__ __device__ __forceinline__ uint32_t u32min(uint32_t a, uint32_t 
 	return a < b ? a : b;
 }
 
+static __host__ __device__ __forceinline__ uint64_t u64min(uint64_t a, uint64_t b)
+{
+	return a < b ? a : b;
+}
+
 /* ---- rmsnorm ---------------------------------------------------------------------- */
 
 static __global__ void __launch_bounds__(NORM_THREADS)
@@ -196,19 +216,97 @@ struct mv_k {
 	int accumulate;
 };
 
+/* Q8_K in shared memory: int8 q[k], then float d[k / 256], then int16 bsums[k / 16] */
+static __device__ __forceinline__ uint32_t q8k_bsums_at(uint32_t k)
+{
+	return k + 4 * (k / QK_K);
+}
+
+/*
+ * x to Q8_K, as hyb_quantize_q8_k_scalar: a warp per super-block, lane l
+ * holds elements 8l .. 8l + 7. max is the element of largest |x|, the first
+ * in element order on a tie (the CPU scans with a strict >), found as the
+ * largest (|x|, -index) over the warp; an all-zero block is all zero.
+ */
+static __device__ void mv_stage_q8_k(const float *__restrict__ x, uint32_t k, unsigned char *sm)
+{
+	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+	int8_t *xq = (int8_t *)sm;
+	float *xd = (float *)(sm + k);
+	int16_t *bs = (int16_t *)(sm + q8k_bsums_at(k));
+	const uint32_t nb = k / QK_K;
+
+	for (uint32_t b = warp; b < nb; b += MV_WARPS) {
+		const float *xb = x + (uint64_t)b * QK_K + 8 * lane;
+		float v[8], amax = 0.0f, mx = 0.0f;
+		int idx = QK_K, sum = 0;
+		uint32_t p0 = 0, p1 = 0;
+
+#pragma unroll
+		for (int i = 0; i < 8; i++)
+			v[i] = xb[i];
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			if (fabsf(v[i]) > amax) {
+				amax = fabsf(v[i]);
+				mx = v[i];
+				idx = 8 * lane + i;
+			}
+		}
+		for (int o = WARP / 2; o > 0; o /= 2) {
+			const float oa = __shfl_xor_sync(FULL, amax, o);
+			const float om = __shfl_xor_sync(FULL, mx, o);
+			const int oi = __shfl_xor_sync(FULL, idx, o);
+
+			if (oa > amax || (oa == amax && oi < idx)) {
+				amax = oa;
+				mx = om;
+				idx = oi;
+			}
+		}
+		/* every lane holds the same amax and mx now: the branch is warp-uniform */
+		if (amax != 0.0f) {
+			const float iscale = __fdiv_rn(-127.f, mx);
+
+#pragma unroll
+			for (int i = 0; i < 8; i++) {
+				const int q = min(__float2int_rn(__fmul_rn(iscale, v[i])), 127);
+				const uint32_t byte = (uint32_t)(q & 0xff) << (8 * (i % 4));
+
+				sum += q;
+				if (i < 4)
+					p0 |= byte;
+				else
+					p1 |= byte;
+			}
+			if (lane == 0)
+				xd[b] = __fdiv_rn(1.0f, iscale);
+		} else if (lane == 0) {
+			xd[b] = 0.0f;
+		}
+		*(uint2 *)(xq + (uint64_t)b * QK_K + 8 * lane) = make_uint2(p0, p1);
+		sum += __shfl_xor_sync(FULL, sum, 1);  /* lanes 2g and 2g + 1: elements 16g .. */
+		if (lane % 2 == 0)
+			bs[b * (QK_K / 16) + lane / 2] = (int16_t)sum;
+	}
+}
+
 /*
  * x in shared memory in the dot format of weight type TY. Q8_0 (for Q8_0
  * and Q4_0 weights): int8 q[k], then float d[k / 32] (d already rounded to
  * f16), as quant_act.c's hyb_quantize_q8_0_scalar. A warp quantizes a
  * 32-element block: lane l holds element l. It loads MV_STEPS blocks before
  * the first reduction, so the staging costs one trip to L2, not eight.
+ * Q8_K (for Q4_K and Q6_K weights): mv_stage_q8_k above.
  */
 template <uint32_t TY>
 static __device__ void mv_stage_x(const float *__restrict__ x, uint32_t k, unsigned char *sm)
 {
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 
-	if (TY == HYB_TYPE_F32) {
+	if (TY == HYB_TYPE_Q4_K || TY == HYB_TYPE_Q6_K) {
+		mv_stage_q8_k(x, k, sm);
+	} else if (TY == HYB_TYPE_F32) {
 		float *xs = (float *)sm;
 
 		for (uint32_t e = threadIdx.x; e < k; e += MV_THREADS)
@@ -348,6 +446,187 @@ static __device__ __forceinline__ float mv_dot_q4_0(const char *row, const unsig
 	return acc;
 }
 
+static __device__ __forceinline__ uint32_t byte_at(uint32_t w, uint32_t i)
+{
+	return (w >> (8 * i)) & 0xff;
+}
+
+/*
+ * The 6-bit scale and min of sub-block i (0..7) of a Q4_K super-block whose
+ * 12 scale bytes are s0, s1, s2 (little endian): ggml's get_scale_min_k4,
+ * kernels/cpu/blocks.h hyb_q4k_scales.
+ */
+static __device__ __forceinline__ void q4k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2,
+						     uint32_t i, int *sc, int *m)
+{
+	if (i < 4) {
+		*sc = (int)(byte_at(s0, i) & 63);
+		*m = (int)(byte_at(s1, i) & 63);
+	} else {
+		*sc = (int)((byte_at(s2, i - 4) & 0xf) | (byte_at(s0, i - 4) >> 6) << 4);
+		*m = (int)((byte_at(s2, i - 4) >> 4) | (byte_at(s1, i - 4) >> 6) << 4);
+	}
+}
+
+/*
+ * Q4_K row . x (x in Q8_K): super-block b = lane / 8 + 4j, lane t = lane % 8
+ * takes quant bytes 16t .. 16t + 15 (pair p = t / 2 of 32 bytes, half h =
+ * t % 2): their low nibbles are elements 64p + 16h .. + 15 of sub-block 2p,
+ * their high nibbles elements 64p + 32 + 16h .. of sub-block 2p + 1. Per
+ * super-block, as the CPU's dot: d_x (d sum sc_j q.x - dmin sum m_j bsum_j).
+ */
+static __device__ __forceinline__ float mv_dot_q4_k(const char *row, const unsigned char *sm,
+						    uint32_t k, int lane)
+{
+	const int8_t *xq = (const int8_t *)sm;
+	const float *xd = (const float *)(sm + k);
+	const int16_t *bs = (const int16_t *)(sm + q8k_bsums_at(k));
+	const uint32_t nb = k / QK_K, t = lane % KQ_LANES, p = t / 2, h = t % 2;
+	const uint32_t lo = 0x0f0f0f0fu;
+	float acc = 0;
+
+	for (uint32_t b0 = lane / KQ_LANES; b0 < nb; b0 += KQ_SB * KQ_STEPS) {
+		uint32_t q[KQ_STEPS][4], sc[KQ_STEPS][3], dd[KQ_STEPS];
+
+#pragma unroll
+		for (int u = 0; u < KQ_STEPS; u++) {
+			const uint32_t b = b0 + KQ_SB * u;
+
+			dd[u] = 0;
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				q[u][i] = 0;
+#pragma unroll
+			for (int i = 0; i < 3; i++)
+				sc[u][i] = 0;
+			if (b < nb) {
+				const char *blk = row + (uint64_t)b * Q4K_BYTES;
+
+				dd[u] = ld_u32_a2(blk);  /* d, dmin */
+#pragma unroll
+				for (int i = 0; i < 3; i++)
+					sc[u][i] = ld_u32_a2(blk + 4 + 4 * i);
+#pragma unroll
+				for (int i = 0; i < 4; i++)
+					q[u][i] = ld_u32_a2(blk + 16 + 16 * t + 4 * i);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < KQ_STEPS; u++) {
+			const uint32_t b = b0 + KQ_SB * u;
+
+			if (b >= nb)
+				continue;
+			const int8_t *xb = xq + (uint64_t)b * QK_K + 64 * p + 16 * h;
+			const int4 xl = *(const int4 *)xb;
+			const int4 xh = *(const int4 *)(xb + 32);
+			const int16_t *bb = bs + b * (QK_K / 16) + 4 * p + h;
+			int sc_l, m_l, sc_h, m_h;
+			int sl, sh;
+
+			q4k_scale_min(sc[u][0], sc[u][1], sc[u][2], 2 * p, &sc_l, &m_l);
+			q4k_scale_min(sc[u][0], sc[u][1], sc[u][2], 2 * p + 1, &sc_h, &m_h);
+			/* nibbles 0..15 in each byte: non-negative as signed bytes */
+			sl = __dp4a((int)(q[u][0] & lo), xl.x, 0);
+			sl = __dp4a((int)(q[u][1] & lo), xl.y, sl);
+			sl = __dp4a((int)(q[u][2] & lo), xl.z, sl);
+			sl = __dp4a((int)(q[u][3] & lo), xl.w, sl);
+			sh = __dp4a((int)((q[u][0] >> 4) & lo), xh.x, 0);
+			sh = __dp4a((int)((q[u][1] >> 4) & lo), xh.y, sh);
+			sh = __dp4a((int)((q[u][2] >> 4) & lo), xh.z, sh);
+			sh = __dp4a((int)((q[u][3] >> 4) & lo), xh.w, sh);
+			const int isum = sc_l * sl + sc_h * sh;
+			const int msum = m_l * (int)bb[0] + m_h * (int)bb[2];
+			const float dx = xd[b];
+
+			acc += dx * f16_of(dd[u], 0) * (float)isum -
+			       dx * f16_of(dd[u], 1) * (float)msum;
+		}
+	}
+	return acc;
+}
+
+/*
+ * Q6_K row . x (x in Q8_K): super-block b = lane / 8 + 4j; lane t = lane % 8
+ * takes half n = t / 4 (elements 128n ..) and l = 8 (t % 4) .. + 7 of each
+ * of its four quarters: element 128n + 32c + l is the low (c = 0, 1) or
+ * high (c = 2, 3) nibble of ql[64n + 32 (c % 2) + l] with bits 2c, 2c + 1
+ * of qh[32n + l] on top, minus 32; its sub-block of 16 is 8n + 2c + l / 16.
+ */
+static __device__ __forceinline__ float mv_dot_q6_k(const char *row, const unsigned char *sm,
+						    uint32_t k, int lane)
+{
+	const int8_t *xq = (const int8_t *)sm;
+	const float *xd = (const float *)(sm + k);
+	const uint32_t nb = k / QK_K, t = lane % KQ_LANES, n = t / 4, l0 = 8 * (t % 4);
+	const uint32_t is = l0 / 16;
+	const uint32_t lo = 0x0f0f0f0fu, h2 = 0x03030303u, e32 = 0x20202020u;
+	float acc = 0;
+
+	for (uint32_t b0 = lane / KQ_LANES; b0 < nb; b0 += KQ_SB * KQ_STEPS) {
+		uint32_t qa[KQ_STEPS][2], qb[KQ_STEPS][2], qh[KQ_STEPS][2], sc[KQ_STEPS][2];
+		float dw[KQ_STEPS];
+
+#pragma unroll
+		for (int u = 0; u < KQ_STEPS; u++) {
+			const uint32_t b = b0 + KQ_SB * u;
+
+			dw[u] = 0;
+#pragma unroll
+			for (int i = 0; i < 2; i++)
+				qa[u][i] = qb[u][i] = qh[u][i] = sc[u][i] = 0;
+			if (b < nb) {
+				const char *blk = row + (uint64_t)b * Q6K_BYTES;
+
+#pragma unroll
+				for (int i = 0; i < 2; i++) {
+					qa[u][i] = ld_u32_a2(blk + 64 * n + l0 + 4 * i);
+					qb[u][i] = ld_u32_a2(blk + 64 * n + 32 + l0 + 4 * i);
+					qh[u][i] = ld_u32_a2(blk + 128 + 32 * n + l0 + 4 * i);
+					sc[u][i] = ld_u32_a2(blk + 192 + 8 * n + 4 * i);
+				}
+				dw[u] = ld_f16(blk + 208);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < KQ_STEPS; u++) {
+			const uint32_t b = b0 + KQ_SB * u;
+
+			if (b >= nb)
+				continue;
+			const int8_t *xb = xq + (uint64_t)b * QK_K + 128 * n + l0;
+			const int2 x0 = *(const int2 *)xb, x1 = *(const int2 *)(xb + 32);
+			const int2 x2 = *(const int2 *)(xb + 64), x3 = *(const int2 *)(xb + 96);
+			int s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				const uint32_t a = qa[u][i], c = qb[u][i], hh = qh[u][i];
+				/* 6-bit quants 0..63 per byte, minus 32: signed bytes, no borrow */
+				const int q0 = (int)__vsub4((a & lo) | (hh & h2) << 4, e32);
+				const int q1 = (int)__vsub4((c & lo) | (hh >> 2 & h2) << 4, e32);
+				const int q2 =
+					(int)__vsub4((a >> 4 & lo) | (hh >> 4 & h2) << 4, e32);
+				const int q3 =
+					(int)__vsub4((c >> 4 & lo) | (hh >> 6 & h2) << 4, e32);
+
+				s0 = __dp4a(q0, i ? x0.y : x0.x, s0);
+				s1 = __dp4a(q1, i ? x1.y : x1.x, s1);
+				s2 = __dp4a(q2, i ? x2.y : x2.x, s2);
+				s3 = __dp4a(q3, i ? x3.y : x3.x, s3);
+			}
+			/* scales[8n + 2c + is]: bytes is and is + 2 of both words */
+			const int isum = (int)(int8_t)byte_at(sc[u][0], is) * s0 +
+					 (int)(int8_t)byte_at(sc[u][0], is + 2) * s1 +
+					 (int)(int8_t)byte_at(sc[u][1], is) * s2 +
+					 (int)(int8_t)byte_at(sc[u][1], is + 2) * s3;
+
+			acc += (dw[u] * xd[b]) * (float)isum;
+		}
+	}
+	return acc;
+}
+
 /* F16 row . x (x in F16): VEC, rows 16-byte aligned and k % 8 == 0: 8 elements a lane a step */
 template <bool VEC>
 static __device__ __forceinline__ float mv_dot_f16(const char *row, const unsigned char *sm,
@@ -476,6 +755,10 @@ static __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_k a)
 			acc = mv_dot_q8_0(row, sm, a.k, lane);
 		else if (TY == HYB_TYPE_Q4_0)
 			acc = mv_dot_q4_0(row, sm, a.k, lane);
+		else if (TY == HYB_TYPE_Q4_K)
+			acc = mv_dot_q4_k(row, sm, a.k, lane);
+		else if (TY == HYB_TYPE_Q6_K)
+			acc = mv_dot_q6_k(row, sm, a.k, lane);
 		else if (TY == HYB_TYPE_F16)
 			acc = mv_dot_f16<VEC>(row, sm, a.k, lane);
 		else
@@ -496,6 +779,12 @@ extern "C" uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in)
 	case HYB_TYPE_Q8_0:
 	case HYB_TYPE_Q4_0:
 		return n_in + n_in / QK * 4;
+	case HYB_TYPE_Q4_K:
+	case HYB_TYPE_Q6_K:
+		/* Q8_K: quants, a float d per 256, an int16 sum per 16 */
+		/* (n_in + n_in / 64 + n_in / 8 in 64 bits: a huge n_in is too much, not wrapped) */
+		return (uint32_t)u64min((n_in + n_in / QK_K * 4ull + n_in / 16 * 2ull + 15) &
+					~15ull, UINT32_MAX);
 	default:
 		return 0;
 	}
@@ -510,6 +799,8 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 		(const void *)matvec_kernel<HYB_TYPE_F16, true>,
 		(const void *)matvec_kernel<HYB_TYPE_Q8_0, false>,
 		(const void *)matvec_kernel<HYB_TYPE_Q4_0, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q4_K, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q6_K, false>,
 	};
 
 	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
@@ -537,6 +828,10 @@ extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
 	if (!rb || !smem || !m->n_out || !m->n_in ||
 	    ((uintptr_t)m->w % (m->type == HYB_TYPE_F32 ? 4 : 2)))
 		return -EINVAL;
+	/* the K-quant kernels' block sizes are constants: they must be the rows' */
+	if ((m->type == HYB_TYPE_Q4_K && rb != m->n_in / QK_K * Q4K_BYTES) ||
+	    (m->type == HYB_TYPE_Q6_K && rb != m->n_in / QK_K * Q6K_BYTES))
+		return -EINVAL;
 	a.w = (const char *)m->w;
 	a.rb = rb;
 	a.x = m->x;
@@ -562,6 +857,12 @@ extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
 		break;
 	case HYB_TYPE_Q4_0:
 		matvec_kernel<HYB_TYPE_Q4_0, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		break;
+	case HYB_TYPE_Q4_K:
+		matvec_kernel<HYB_TYPE_Q4_K, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		break;
+	case HYB_TYPE_Q6_K:
+		matvec_kernel<HYB_TYPE_Q6_K, false><<<blocks, MV_THREADS, smem, s>>>(a);
 		break;
 	default:
 		return -EINVAL;

@@ -27,8 +27,8 @@ int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float
 
 /* y (= or +=) W x, W n_out rows of n_in elements of type, rows contiguous. */
 struct hyb_cuda_matvec {
-	uint32_t type;           /* HYB_TYPE_F32, F16, Q8_0, Q4_0 */
-	uint32_t n_in, n_out;    /* n_in a multiple of the type's block */
+	uint32_t type;           /* HYB_TYPE_F32, F16, Q8_0, Q4_0, Q4_K, Q6_K */
+	uint32_t n_in, n_out;    /* n_in a multiple of the type's block (K-quants: 256) */
 	const void *w;           /* F32: 4-byte aligned; others: 2-byte aligned */
 	const float *x;          /* [n_in] */
 	float *y;                /* [n_out], disjoint from x */

@@ -596,7 +596,7 @@ static int cu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_d
 	if (!smem)
 		return hyb_device_fail(d, -EINVAL,
 				       "cuda matvec: weight type %s not supported (F32, F16, Q8_0, "
-				       "Q4_0)", hyb_type_name(m->type));
+				       "Q4_0, Q4_K, Q6_K)", hyb_type_name(m->type));
 	if ((int64_t)smem > c->smem_max)
 		return hyb_device_fail(d, -EINVAL,
 				       "cuda matvec: n_in %u of %s needs %u bytes of shared "

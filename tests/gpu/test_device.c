@@ -11,14 +11,15 @@
  * FFN's time and bandwidth at 10% active on 4096 x 11008.
  *
  * The dense kernels (kernels/cuda/dense.cu) against the CPU device on the
- * same inputs: rmsnorm (to 2 ulp); matvec for F32 / F16 / Q8_0 / Q4_0, y =
- * and y +=, 4096 x 4096, 4099 x 4096, 4096 x 11008 and small unaligned
- * shapes (float summation order only); attention with 32/8 and 32/32 heads
+ * same inputs: rmsnorm (to 2 ulp); matvec for F32 / F16 / Q8_0 / Q4_0 and
+ * the K-quants Q4_K / Q6_K, y = and y +=, 4096 x 4096, 4099 x 4096, 4096 x
+ * 11008 and small unaligned shapes (float summation order only; x staged as
+ * Q8_0 / Q8_K to the CPU's bits); attention with 32/8 and 32/32 heads
  * of 128, positions 0, 1, 511, 2047, normal and neox RoPE, and odd shapes
  * (roped q, k and the stored cache row to the bit; out against an exact
  * double reference and the CPU's F16-accumulated result).
- * gpu_dev_dense_timing prints the Q4_0 matvecs' and the attention's time and
- * bandwidth. HYB_GPU_TEST_SMALL=1 shrinks the dense shapes (for a host
+ * gpu_dev_dense_timing prints the Q4_0 / Q4_K / Q6_K matvecs' and the
+ * attention's time and bandwidth. HYB_GPU_TEST_SMALL=1 shrinks the dense shapes (for a host
  * emulation of CUDA). Skipped without a GPU.
  */
 #include <cuda_runtime_api.h>
@@ -811,7 +812,8 @@ TEST(gpu_dev_rmsnorm)
 
 /*
  * y (= or +=) W x on both devices. x goes to the weight's dot format the
- * same way on both (Q8_0 for Q8_0/Q4_0, bit for bit; F16; F32), and every
+ * same way on both (Q8_0 for Q8_0/Q4_0, Q8_K for Q4_K/Q6_K, bit for bit;
+ * F16; F32), and every
  * product is exact or rounded alike (integer block dots times the same two
  * f16 scales; f16 x f16 products are exact in float), so only the order of
  * the float sum differs: its error is about sqrt(terms) * 2^-24 of the sum
@@ -933,6 +935,39 @@ TEST(gpu_dev_matvec_f32) { matvec_type(HYB_TYPE_F32); }
 TEST(gpu_dev_matvec_f16) { matvec_type(HYB_TYPE_F16); }
 TEST(gpu_dev_matvec_q8_0) { matvec_type(HYB_TYPE_Q8_0); }
 TEST(gpu_dev_matvec_q4_0) { matvec_type(HYB_TYPE_Q4_0); }
+
+/*
+ * The K-quants (llama.cpp's Q4_K_M attention and head): rows of whole
+ * super-blocks of 256, so their own shapes - the attention projection, an
+ * odd row count, 11008 inputs (43 super-blocks: a partial step of the
+ * kernel's four), and 2-byte aligned rows (Q6_K's 210-byte blocks are never
+ * more). Q4_K's d sum sc q.x - dmin sum m bsum per super-block cancels
+ * partly; its terms are still a few times |W x| at most, within the
+ * tolerance above.
+ */
+static void matvec_kquant(uint32_t type)
+{
+	struct hyb_device *gpu, *cpu;
+
+	need_gpu();
+	gpu = open_kind("cuda", 512 * MiB, 0);
+	cpu = open_kind("cpu", 512 * MiB, 0);
+	if (small_shapes()) {
+		matvec_case(gpu, cpu, type, 256, 67, 0);
+		matvec_case(gpu, cpu, type, 1280, 5, 2);
+	} else {
+		matvec_case(gpu, cpu, type, 4096, 4096, 0);
+		matvec_case(gpu, cpu, type, 4096, 4099, 0);
+		matvec_case(gpu, cpu, type, 11008, 4096, 0);
+		matvec_case(gpu, cpu, type, 256, 5, 2);     /* one super-block, unaligned */
+		matvec_case(gpu, cpu, type, 5120, 333, 2);  /* 20 super-blocks, unaligned */
+	}
+	hyb_device_close(gpu);
+	hyb_device_close(cpu);
+}
+
+TEST(gpu_dev_matvec_q4_k) { matvec_kquant(HYB_TYPE_Q4_K); }
+TEST(gpu_dev_matvec_q6_k) { matvec_kquant(HYB_TYPE_Q6_K); }
 
 /* ---- attention ---- */
 
@@ -1200,6 +1235,13 @@ TEST(gpu_dev_dense_bad_args)
 	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0);
 	m.w = buf;
 	OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+	m.type = HYB_TYPE_Q4_K;
+	m.n_in = 288; /* a multiple of 32, not of the K-quants' 256 */
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0);
+	m.type = HYB_TYPE_Q6_K;
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0);
+	m.n_in = 256;
+	OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
 	drain(d, HYB_STREAM_COMPUTE);
 	hyb_device_free(d, buf);
 	hyb_device_close(d);
@@ -1208,9 +1250,10 @@ TEST(gpu_dev_dense_bad_args)
 /*
  * Dense timing: microseconds per call (200 calls queued back to back) and
  * the bandwidth of the bytes each call must read, against the HBM peak: the
- * 4096 x 4096 Q4_0 matvec (an attention projection), the 32000 x 4096 Q4_0
- * head, and attention over 2048 positions (32 heads of 128 over 8 and over
- * 32 kv heads; K and V rows 0..2047 are the bytes).
+ * 4096 x 4096 matvec (an attention projection) and the 32000 x 4096 head in
+ * Q4_0, Q4_K and Q6_K (a Q4_K_M file's attention and head), and attention
+ * over 2048 positions (32 heads of 128 over 8 and over 32 kv heads; K and V
+ * rows 0..2047 are the bytes).
  */
 TEST(gpu_dev_dense_timing)
 {
@@ -1226,9 +1269,15 @@ TEST(gpu_dev_dense_timing)
 	      cudaSuccess);
 	peak = 2.0 * clk_khz * 1e3 * bus_bits / 8 / 1e9;
 	d = open_kind("cuda", 1024 * MiB, 0);
-	{
+	for (int ti = 0; ti < 3; ti++) {
+		static const uint32_t types[3] = { HYB_TYPE_Q4_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+		/* block bytes and where its f16 scales are (random bytes elsewhere): d, dmin */
+		static const uint32_t blk[3][3] = {
+			{ 18, 0, 0 }, { 144, 0, 2 }, { 210, 208, 208 },
+		};
+		const uint32_t type = types[ti];
 		const uint32_t rows[2] = { n_embd, sm ? 1000 : 32000 };
-		const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q4_0, n_embd);
+		const uint64_t rb = hyb_row_bytes(type, n_embd);
 		uint8_t *w = malloc(rb * rows[1]);
 		float *x = malloc(4ull * n_embd);
 		hyb_dptr dw = dalloc(d, rb * rows[1]), dx = dalloc(d, 4ull * n_embd);
@@ -1239,16 +1288,19 @@ TEST(gpu_dev_dense_timing)
 			w[i] = (uint8_t)rnd();
 		const uint16_t d16 = hyb_f32_to_f16(0.01f);
 
-		for (uint64_t r = 0; r < rows[1]; r++) /* sane f16 scales */
-			for (uint32_t b = 0; b < n_embd / 32; b++)
-				memcpy(w + r * rb + b * 18, &d16, 2);
+		for (uint64_t r = 0; r < rows[1]; r++) { /* sane f16 scales */
+			for (uint64_t o = 0; o < rb; o += blk[ti][0]) {
+				memcpy(w + r * rb + o + blk[ti][1], &d16, 2);
+				memcpy(w + r * rb + o + blk[ti][2], &d16, 2);
+			}
+		}
 		for (uint32_t i = 0; i < n_embd; i++)
 			x[i] = rndf();
 		put(d, dw, w, rb * rows[1]);
 		put(d, dx, x, 4ull * n_embd);
 		for (int t = 0; t < 2; t++) {
 			struct hyb_dev_matvec m = {
-				.type = HYB_TYPE_Q4_0, .n_in = n_embd, .n_out = rows[t], .w = dw,
+				.type = type, .n_in = n_embd, .n_out = rows[t], .w = dw,
 				.x = dx, .y = dy,
 			};
 			const double bytes = (double)rb * rows[t] + 4.0 * n_embd;
@@ -1262,9 +1314,10 @@ TEST(gpu_dev_dense_timing)
 				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
 			drain(d, HYB_STREAM_COMPUTE);
 			dt = (hyb_device_now(d) - t0) / iters;
-			printf("    matvec Q4_0 %5u x %u: %7.1f us/call, %6.2f MB, %5.0f GB/s "
-			       "(%4.1f%% of %.0f GB/s HBM)\n", rows[t], n_embd, dt * 1e6,
-			       bytes / 1e6, bytes / dt / 1e9, 100 * bytes / dt / 1e9 / peak, peak);
+			printf("    matvec %-4s %5u x %u: %7.1f us/call, %6.2f MB, %5.0f GB/s "
+			       "(%4.1f%% of %.0f GB/s HBM)\n", hyb_type_name(type), rows[t], n_embd,
+			       dt * 1e6, bytes / 1e6, bytes / dt / 1e9,
+			       100 * bytes / dt / 1e9 / peak, peak);
 		}
 		hyb_device_free(d, dw);
 		hyb_device_free(d, dx);

@@ -22,7 +22,10 @@
 #include "cpu_kernels.h"
 #include "device_internal.h"
 #include "ffn_sparse.h"
+#include "hybrid_dense.h"
 #include "hyb/device.h"
+#include "hyb/hybrid.h"
+#include "hyb/model.h"
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
 #include "ops.h"
@@ -1122,6 +1125,28 @@ TEST(dev_matvec_exact)
 	hyb_device_close(d);
 }
 
+/*
+ * The K-quants of llama.cpp's Q4_K_M files (attention and head in Q4_K and
+ * Q6_K): x goes to Q8_K (a float scale, 256 int8 and the sums of each 16)
+ * and the forward pass's own kernels run, so the device gives its bits.
+ */
+TEST(dev_matvec_kquant_exact)
+{
+	static const uint32_t types[] = { HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+	/* every hyb_gemm_pick kernel (ne1 % 8 == 0, 4, other); 1, 2 and 16 super-blocks */
+	static const uint32_t shapes[][2] = {
+		{ 256, 48 }, { 512, 100 }, { 256, 37 }, { 1024, 264 }, { 4096, 24 }, { 256, 1 },
+	};
+	struct hyb_device *d = open_cpu(NULL);
+
+	g_rng = 43;
+	for (size_t ti = 0; ti < 2; ti++)
+		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++)
+			matvec_case(d, types[ti], shapes[si][0], shapes[si][1]);
+	CHECK_EQ_INT(hyb_device_used(d), 0);
+	hyb_device_close(d);
+}
+
 struct attn_cfg {
 	uint32_t n_head, n_head_kv, head_dim, n_rot, n_ctx, n_pos;
 	bool neox;
@@ -1346,8 +1371,10 @@ TEST(dev_dense_rejects)
 
 	/* matvec */
 	b = m;
-	b.type = HYB_TYPE_Q4_K;
-	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "Q4_K");
+	b.type = HYB_TYPE_BF16;
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "BF16");
+	b.type = HYB_TYPE_Q8_K; /* an activation type, never a weight */
+	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "Q8_K not supported");
 	b.type = 99;
 	CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "not supported");
 	b = m;
@@ -1477,6 +1504,150 @@ TEST(dev_dense_rejects)
 	hyb_device_stats(d, &st1);
 	CHECK_EQ_INT(st1.kernels - st0.kernels, 3);
 	free(w);
+	hyb_device_close(d);
+}
+
+/* w requantized to `type` from its dequantized values; the new rows are malloc'd */
+static void *requant(struct hyb_weight *w, uint32_t type)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const uint64_t rb = hyb_row_bytes(type, w->ne0);
+	char *out = xmalloc(rb * w->ne1);
+	float *row = xmalloc(4 * w->ne0);
+
+	CHECK(rb && k->dequantize[w->type]);
+	for (uint64_t r = 0; r < w->ne1; r++) {
+		k->dequantize[w->type]((const char *)w->data + r * w->row_bytes, row,
+				       (int64_t)w->ne0);
+		CHECK(hyb_quantize_row_ref(type, row, out + r * rb, (int64_t)w->ne0) == 0);
+	}
+	free(row);
+	w->type = type;
+	w->row_bytes = rb;
+	w->data = out;
+	return out;
+}
+
+/*
+ * A plan model whose attention and head are a Q4_K_M file's types (wq, wk,
+ * wo Q4_K; wv and the head Q6_K): the hybrid engine now places them on the
+ * device, and in oracle mode its logits are the CPU-only sparse decoder's,
+ * bit for bit, prompt (CPU) and decoded tokens (device attention) alike.
+ */
+TEST(dev_hybrid_kquant_dense_bit_identical)
+{
+	enum { N_CTX = 64, N_PROMPT = 9, N_GEN = 12 };
+	char err[256];
+	struct hyb_model *m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
+	CHECK_MSG(m, "%s", err);
+	const uint32_t L = m->hp.n_layer, V = m->hp.n_vocab;
+	void **bufs = xmalloc(sizeof(void *) * (4 * L + 1));
+	float *lg[2] = { xmalloc(4ull * V * N_GEN), xmalloc(4ull * V * N_GEN) };
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM };
+	struct hyb_hybrid_placement pl;
+	int32_t toks[N_PROMPT + N_GEN];
+
+	CHECK(m->output.data && m->hp.n_embd % 256 == 0);
+	for (uint32_t l = 0; l < L; l++) {
+		bufs[4 * l] = requant(&m->layers[l].wq, HYB_TYPE_Q4_K);
+		bufs[4 * l + 1] = requant(&m->layers[l].wk, HYB_TYPE_Q4_K);
+		bufs[4 * l + 2] = requant(&m->layers[l].wv, HYB_TYPE_Q6_K);
+		bufs[4 * l + 3] = requant(&m->layers[l].wo, HYB_TYPE_Q4_K);
+	}
+	bufs[4 * L] = requant(&m->output, HYB_TYPE_Q6_K);
+	/* every dense part and its buffers, then a third of the neuron groups */
+	hy.gpu_budget = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true) +
+			(1u << 20);
+	for (uint32_t l = 0; l < L; l++) {
+		CHECK_MSG(hyb_hdense_layer_bytes(m, l, N_CTX) > 0, "layer %u not placeable", l);
+		hy.gpu_budget += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
+	}
+	CHECK(hyb_hdense_head_bytes(m) > 0);
+	hy.gpu_budget += 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes * m->n_groups *
+			 L / 3;
+	for (int i = 0; i < N_PROMPT + N_GEN; i++)
+		toks[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u) % (V - 3));
+	for (int side = 0; side < 2; side++) {
+		struct hyb_ctx_params p = {
+			.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
+			.hybrid = side ? &hy : NULL, .ffn_oracle = true,
+		};
+		struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+		CHECK_MSG(c, "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, lg[side], false, err, sizeof(err)), "%s",
+			  err);
+		for (int i = 1; i < N_GEN; i++)
+			CHECK_MSG(!hyb_ctx_eval(c, &toks[N_PROMPT + i], 1, lg[side] + (size_t)i * V,
+						false, err, sizeof(err)), "%s", err);
+		if (side) {
+			hyb_ctx_hybrid_placement(c, &pl);
+			CHECK_EQ_INT(pl.attn_layers, L);
+			CHECK(pl.head);
+		}
+		hyb_ctx_free(c);
+	}
+	for (int i = 0; i < N_GEN; i++)
+		CHECK_MSG(!memcmp(lg[0] + (size_t)i * V, lg[1] + (size_t)i * V, 4ull * V),
+			  "logits of step %d differ from CPU-only sparse decoding", i);
+	hyb_model_free(m);
+	for (uint32_t i = 0; i <= 4 * L; i++)
+		free(bufs[i]);
+	free(bufs);
+	free(lg[0]);
+	free(lg[1]);
+}
+
+/* Rows of K-quants are whole super-blocks of 256, their scales 2-byte aligned. */
+TEST(dev_matvec_kquant_rejects)
+{
+	static const uint32_t types[] = { HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+	struct hyb_device *d = open_cpu(NULL);
+	const uint32_t n_in = 512, n_out = 8;
+	hyb_dptr dw, dx, dy;
+
+	g_rng = 47;
+	dx = dalloc(d, 4 * n_in);
+	dy = dalloc(d, 4 * n_out);
+	for (size_t ti = 0; ti < 2; ti++) {
+		const uint32_t t = types[ti];
+		const uint64_t rb = hyb_row_bytes(t, n_in);
+		struct hyb_dev_matvec m, b;
+		struct hyb_device_stats st0, st1;
+		char want[64];
+
+		dw = dalloc(d, rb * n_out + 256);
+		m = (struct hyb_dev_matvec){ .type = t, .n_in = n_in, .n_out = n_out, .w = dw,
+					     .x = dx, .y = dy };
+		hyb_device_stats(d, &st0);
+		snprintf(want, sizeof(want), "n_in 288 not a multiple of the %s block (256)",
+			 hyb_type_name(t));
+		b = m;
+		b.n_in = 288; /* a multiple of 32 (the other quantized types' block), not of 256 */
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), want);
+		b.n_in = 128;
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "not a multiple");
+		b = m;
+		b.w = dw + 1;
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "aligned");
+		b = m;
+		b.n_out = n_out + 2; /* past the weight's allocation */
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "matvec w: ");
+		b = m;
+		b.n_in = 2 * n_in; /* x too short */
+		b.n_out = n_out / 2;
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b), "matvec x");
+		hyb_device_stats(d, &st1);
+		CHECK_EQ_INT(st1.kernels - st0.kernels, 0);
+		/* 2-byte aligned rows are taken (Q6_K's are never more) */
+		b = m;
+		b.w = dw + 2;
+		CHECK_MSG(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &b) == 0, "%s %s",
+			  hyb_type_name(t), hyb_device_error(d));
+		hyb_device_free(d, dw);
+	}
+	hyb_device_free(d, dx);
+	hyb_device_free(d, dy);
 	hyb_device_close(d);
 }
 

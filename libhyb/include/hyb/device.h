@@ -180,12 +180,12 @@ int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
  * y (= or +=) W x: W is n_out rows of n_in elements of `type`, GGUF row layout,
  * rows contiguous (a weight copied from the model file as is). x is first
  * rounded to the type's dot format, as the CPU does (Q8_0 for Q4_0 and Q8_0,
- * F16 for F16, none for F32). With accumulate, y[r] += (W x)[r], the dot
+ * Q8_K for Q4_K and Q6_K, F16 for F16, none for F32). With accumulate, y[r] += (W x)[r], the dot
  * product rounded to float first (the CPU's "matmul, then add the residual").
  */
 struct hyb_dev_matvec {
-	uint32_t type;          /* F32, F16, Q8_0, Q4_0 */
-	uint32_t n_in, n_out;   /* n_in a multiple of the type's block */
+	uint32_t type;          /* F32, F16, Q8_0, Q4_0, Q4_K, Q6_K */
+	uint32_t n_in, n_out;   /* n_in a multiple of the type's block (256 for K) */
 	hyb_dptr w;             /* n_out * hyb_row_bytes(type, n_in) bytes */
 	hyb_dptr x;             /* float [n_in] */
 	hyb_dptr y;             /* float [n_out]; must not overlap x */
