@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "reload_io.h"
+#include "stream.h"
 
 #define BLK		4096ull
 #define PIECE_MIN	(1ull << 20)
@@ -178,12 +179,37 @@ static void submit_piece(struct hyb_rio *r, struct piece *p, unsigned int idx)
 	io_uring_sqe_set_data64(sqe, idx);
 }
 
+/*
+ * A device error: the failed piece may only have shared a block-layer request
+ * with the bad sector. Name the request's first block that fails alone.
+ */
+static void locate(struct hyb_rio *r, uint64_t off, uint64_t len, int e, char *msg,
+		   size_t msglen)
+{
+	const char *why = hyb_stream_device_error(e);
+	uint64_t bad, bad_len;
+	char where[160];
+	size_t k;
+
+	if (e == ETIMEDOUT || e == ENOLINK ||	/* (reading again would only wait again) */
+	    hyb_stream_find_bad_block(r->fd, off, len, &bad, &bad_len, &e)) {
+		k = strlen(msg);
+		snprintf(msg + k, msglen - k, " (%s)%s", why, e == ETIMEDOUT || e == ENOLINK ? "" :
+			 "; read again alone, every block was readable (an intermittent fault?)");
+		return;
+	}
+	hyb_stream_bad_block_words(where, sizeof(where), bad, bad_len);
+	snprintf(msg, msglen, "%s: read of %llu bytes at offset %llu failed: %s (%s); %s", r->path,
+		 (unsigned long long)len, (unsigned long long)off, strerror(e),
+		 hyb_stream_device_error(e) ? hyb_stream_device_error(e) : "read alone", where);
+}
+
 int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, char *msg,
 		 size_t msglen)
 {
 	uint64_t a = r->direct ? BLK : 1, end = off + len;
 	unsigned int n = 0, next = 0, in_flight = 0;
-	int status = 0;
+	int status = 0, read_err = 0;
 
 	if (!len)
 		return 0;
@@ -264,6 +290,7 @@ int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, ch
 					 "failed: %s", r->path, p->len - p->done,
 					 (unsigned long long)(p->foff + p->done), strerror(-res));
 				status = -EIO;
+				read_err = -res;
 				continue;
 			}
 			p->done += (uint32_t)res;
@@ -282,6 +309,8 @@ int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, ch
 		if (in_flight)
 			io_uring_submit(&r->ring);
 	}
+	if (status == -EIO && hyb_stream_device_error(read_err))
+		locate(r, off, len, read_err, msg, msglen);
 	if (status)
 		return status;
 	for (unsigned int i = 0; i < n; i++)

@@ -8,6 +8,14 @@
  * destination is aligned like the file offset ("phase"); otherwise (head and
  * tail blocks, or every chunk when the phases differ) it lands in the slot's
  * bounce buffer and the wanted part is copied out on completion.
+ *
+ * A read that fails with a device error (EIO; ENODATA, Linux's errno for a
+ * medium error such as an NVMe "unrecovered read error") names a range of up
+ * to a chunk, and the block layer merges neighbouring reads into one request
+ * and fails them together, so the failed read may not even hold the bad
+ * sector. After draining, the failed ranges are read again alone, lowest
+ * first, halving until the first block that fails by itself: the report
+ * names it (where the file or the drive is damaged).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -31,6 +39,19 @@
 #define MAX_CHUNK	(64u << 20)
 #define REG_MAX		(1ull << 30)	/* io_uring refuses fixed buffers over 1 GiB */
 #define MAX_IOV		64
+#define SCRATCH		(1u << 20)	/* the probes' buffer */
+/*
+ * Halving stops after this long: a sick drive may take seconds per failed
+ * read (its own retries), and a reload lane waits meanwhile. The report then
+ * names the range the bad block was narrowed to.
+ */
+#define PROBE_NS	2000000000ull
+
+/* A simulated bad byte (HYB_STREAM_FAULT, tests); span 0: none. */
+struct fault {
+	uint64_t off, span;
+	bool transient;
+};
 
 struct slot {
 	uint64_t foff;		/* file offset of the read */
@@ -42,6 +63,7 @@ struct slot {
 	uint8_t *copy_dst;	/* bounce pieces: where the wanted bytes go, else NULL */
 	uint32_t copy_from, copy_len;
 	int buf_index;		/* fixed buffer index, -1: plain read */
+	int res;		/* -errno of a failed read, else 0 */
 	bool busy;
 };
 
@@ -57,6 +79,9 @@ struct streamer {
 	uint32_t chunk, align;
 	unsigned int depth, in_flight;
 	bool phase_ok, failed;
+	int fd;
+	int read_err;		/* the reported failure is this errno of a read */
+	struct fault fault;	/* HYB_STREAM_FAULT (tests) */
 	struct iovec iov[MAX_IOV];
 	unsigned int n_iov;
 	struct slot *slots;
@@ -154,6 +179,7 @@ static bool next_piece(struct streamer *s, struct slot *sl)
 	sl->len = (uint32_t)(c1 - c0);
 	sl->need = (uint32_t)(w1 - c0);
 	sl->done = 0;
+	sl->res = 0;
 	sl->buf_index = -1;
 	if (direct) {
 		sl->buf = s->dst + (c0 - s->off);
@@ -207,6 +233,58 @@ static int submit_slot(struct streamer *s, unsigned int idx)
 }
 
 /*
+ * HYB_STREAM_FAULT=OFF[,SPAN[,1]] (tests): a bad byte at file offset OFF. A
+ * ring read over it fails with EIO, and so does one within SPAN bytes of it
+ * while the read over it is in flight (the block layer merged them into one
+ * request); reads alone (the probes) fail over OFF only, or never with ",1"
+ * (an intermittent fault).
+ */
+static bool fault_at(const struct fault *f, uint64_t off, uint64_t len, uint64_t span)
+{
+	return f->span && span && off <= f->off + span - 1 && f->off < off + len + span - 1;
+}
+
+static bool fault(const struct streamer *s, const struct slot *sl)
+{
+	uint64_t off = sl->foff + sl->done, len = sl->len - sl->done;
+
+	if (fault_at(&s->fault, off, len, 1))
+		return true;
+	if (!fault_at(&s->fault, off, len, s->fault.span))
+		return false;
+	for (unsigned int i = 0; i < s->depth; i++) {
+		const struct slot *o = &s->slots[i];
+
+		if ((o->busy || o->res) &&
+		    fault_at(&s->fault, o->foff + o->done, o->len - o->done, 1))
+			return true;
+	}
+	return false;
+}
+
+/* Errors worth reading again to find the bad block (not timeouts: too slow). */
+static bool locatable(int e)
+{
+	return e == EIO || e == ENODATA || e == EILSEQ || e == EREMOTEIO;
+}
+
+const char *hyb_stream_device_error(int e)
+{
+	switch (e) {
+	case ENODATA:
+		return "a medium error: the drive cannot read these sectors; see the kernel log";
+	case EIO:
+	case EILSEQ:
+	case EREMOTEIO:
+	case ETIMEDOUT:
+	case ENOLINK:
+		return "the device failed the read; see the kernel log";
+	default:
+		return NULL;
+	}
+}
+
+/*
  * One completion. Returns 1 when the slot is free again, 0 when it was
  * resubmitted, -1 on error, -2 when O_DIRECT reads are refused (EINVAL on the
  * very first read: the caller retries buffered).
@@ -214,9 +292,14 @@ static int submit_slot(struct streamer *s, unsigned int idx)
 static int complete(struct streamer *s, unsigned int idx, int res)
 {
 	struct slot *sl = &s->slots[idx];
+	const char *why;
 
 	sl->busy = false;
 	s->in_flight--;
+	if (res >= 0 && fault(s, sl))
+		res = -EIO;
+	if (res < 0 && res != -EINTR && res != -EAGAIN)
+		sl->res = res;	/* (also while draining: the bad block may be in this one) */
 	if (s->failed)
 		return 1;	/* draining */
 	if (res == -EINTR || res == -EAGAIN) {
@@ -225,10 +308,14 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 	}
 	if (res == -EINVAL && s->align > 1 && s->st->bytes == 0)
 		return -2;
-	if (res < 0)
-		return fail(s, "%s: read of %u bytes at offset %llu failed: %s", s->path,
-			    sl->len - sl->done, (unsigned long long)(sl->foff + sl->done),
-			    strerror(-res));
+	if (res < 0) {
+		why = hyb_stream_device_error(-res);
+		fail(s, "%s: read of %u bytes at offset %llu failed: %s%s%s%s", s->path,
+		     sl->len - sl->done, (unsigned long long)(sl->foff + sl->done),
+		     strerror(-res), why ? " (" : "", why ? why : "", why ? ")" : "");
+		s->read_err = why ? -res : 0;
+		return -1;
+	}
 	sl->done += (uint32_t)res;
 	if (sl->done < sl->need) {
 		/* a short read: more to come, unless the file ended under us */
@@ -290,6 +377,134 @@ static int pump(struct streamer *s)
 	return s->failed ? -1 : 0;
 }
 
+/*
+ * Read [off, off + len) of fd alone, through short reads, into scratch. -1
+ * when it all reads (or the file ends), else the offset where a read failed
+ * (errno in *e).
+ */
+static int64_t probe(int fd, bool direct, const struct fault *f, uint8_t *scratch, uint64_t off,
+		     uint64_t len, int *e)
+{
+	uint64_t done = 0;
+
+	while (done < len) {
+		size_t n = len - done < SCRATCH ? (size_t)(len - done) : SCRATCH;
+		ssize_t got;
+
+		if (f && !f->transient && fault_at(f, off + done, n, 1)) {
+			*e = EIO;
+			return (int64_t)(off + done);
+		}
+		got = pread(fd, scratch, n, (off_t)(off + done));
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			*e = errno;
+			return (int64_t)(off + done);
+		}
+		if (got == 0 || (direct && (uint64_t)got % BLK))
+			break;	/* the end of the file */
+		done += (uint64_t)got;
+	}
+	return -1;
+}
+
+/*
+ * The first block of [off, off + len) that fails when read alone: halve the
+ * range, keeping the half that fails (the lower one first). 0 with the
+ * block's offset in *bad and the errno in *e (*bad_len 4096; more when
+ * PROBE_NS ran out first); -1 when every block reads.
+ */
+static int find_bad(int fd, const struct fault *f, uint64_t off, uint64_t len, uint64_t *bad,
+		    uint64_t *bad_len, int *e)
+{
+	uint64_t lo = down(off, BLK), hi = up(off + len, BLK), t0 = now_ns();
+	int fl = fcntl(fd, F_GETFL);
+	bool direct = fl >= 0 && (fl & O_DIRECT), failed = false;
+	uint8_t *scratch = mmap(NULL, SCRATCH, PROT_READ | PROT_WRITE,
+				MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int64_t at;
+	int ret = -1;
+
+	if (scratch == MAP_FAILED || !len)
+		return -1;
+	while (hi - lo > BLK) {
+		uint64_t mid = lo + up((hi - lo) / 2, BLK);
+
+		if (failed && now_ns() - t0 > PROBE_NS)
+			break;	/* [lo, hi) holds a failed read: name that */
+
+		at = probe(fd, direct, f, scratch, lo, mid - lo, e);
+		failed = at >= 0;
+		if (failed) {
+			hi = mid;
+			lo = down((uint64_t)at, BLK);	/* (buffered: up to there it read) */
+		} else {
+			lo = mid;
+		}
+	}
+	if (failed || probe(fd, direct, f, scratch, lo, hi - lo, e) >= 0) {
+		*bad = lo;
+		*bad_len = hi - lo;
+		ret = 0;
+	}
+	munmap(scratch, SCRATCH);
+	return ret;
+}
+
+int hyb_stream_find_bad_block(int fd, uint64_t off, uint64_t len, uint64_t *bad,
+			      uint64_t *bad_len, int *e)
+{
+	return find_bad(fd, NULL, off, len, bad, bad_len, e);
+}
+
+int hyb_stream_bad_block_words(char *buf, size_t len, uint64_t bad, uint64_t bad_len)
+{
+	if (bad_len <= BLK)
+		return snprintf(buf, len, "the first bad block is bytes [%llu, %llu) of the file",
+				(unsigned long long)bad, (unsigned long long)(bad + bad_len));
+	return snprintf(buf, len, "the first bad block is within bytes [%llu, %llu) of the file "
+			"(not narrowed further: the drive is slow to fail reads)",
+			(unsigned long long)bad, (unsigned long long)(bad + bad_len));
+}
+
+/*
+ * After a device error: re-read the failed reads alone, lowest offset first,
+ * until a block fails by itself, and rewrite the report to name that read
+ * and the block.
+ */
+static void locate(struct streamer *s)
+{
+	uint64_t bad, bad_len;
+	char where[160];
+	size_t n;
+	int e;
+
+	for (;;) {
+		struct slot *sl = NULL;
+
+		for (unsigned int i = 0; i < s->depth; i++)
+			if (s->slots[i].res && locatable(-s->slots[i].res) &&
+			    (!sl || s->slots[i].foff < sl->foff))
+				sl = &s->slots[i];
+		if (!sl)
+			break;
+		sl->res = 0;
+		if (find_bad(s->fd, &s->fault, sl->foff + sl->done, sl->len - sl->done, &bad,
+			     &bad_len, &e))
+			continue;
+		hyb_stream_bad_block_words(where, sizeof(where), bad, bad_len);
+		snprintf(s->err, s->errlen, "%s: read of %u bytes at offset %llu failed: %s (%s); %s",
+			 s->path, sl->len - sl->done, (unsigned long long)(sl->foff + sl->done),
+			 strerror(e), hyb_stream_device_error(e) ? hyb_stream_device_error(e) :
+			 "read alone", where);
+		return;
+	}
+	n = strlen(s->err);
+	snprintf(s->err + n, s->errlen - n, "; read again alone, every block was readable "
+		 "(an intermittent fault?)");
+}
+
 /* Register the part of dst that reads land in directly, in pieces of <= 1 GiB. */
 static void register_dst(struct streamer *s)
 {
@@ -325,6 +540,10 @@ static int run(struct streamer *s, int fd, bool direct)
 	s->n_iov = 0;
 	s->in_flight = 0;
 	s->failed = false;
+	s->read_err = 0;
+	s->fd = fd;
+	for (unsigned int i = 0; i < s->depth; i++)
+		s->slots[i].res = 0;	/* (from an attempt before) */
 	s->st->direct = direct;
 	ret = io_uring_queue_init(s->depth, &s->ring, 0);
 	if (ret < 0) {
@@ -342,6 +561,8 @@ static int run(struct streamer *s, int fd, bool direct)
 	register_dst(s);
 	ret = pump(s);
 	io_uring_queue_exit(&s->ring);
+	if (ret == -1 && locatable(s->read_err))
+		locate(s);
 	return ret;
 }
 
@@ -435,6 +656,13 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 		return -1;
 	}
 	s.label = o.label ? o.label : path;
+	if (getenv("HYB_STREAM_FAULT")) {
+		char *end;
+
+		s.fault.off = strtoull(getenv("HYB_STREAM_FAULT"), &end, 10);
+		s.fault.span = *end == ',' ? strtoull(end + 1, &end, 10) : 1;
+		s.fault.transient = *end == ',' && end[1] == '1';
+	}
 	s.progress = o.progress == HYB_STREAM_AUTO ?
 		     (isatty(2) ? HYB_STREAM_BAR : HYB_STREAM_LINES) : o.progress;
 	s.off = file_off;

@@ -16,9 +16,11 @@
  * the page cache (a warm load: memory-speed copies beat going to the disk).
  *
  * Errors: -1 with a one-line message naming the file and the offset (EIO,
- * range past the end of file, pool too small...). Every read is drained before
- * returning, and on failure the destination's content is undefined: callers
- * publish ("mark ready") only after a 0 return.
+ * range past the end of file, pool too small...); after a device error also
+ * the first 4096-byte block that fails when read alone (see
+ * hyb_stream_find_bad_block). Every read is drained before returning, and on
+ * failure the destination's content is undefined: callers publish ("mark
+ * ready") only after a 0 return.
  */
 #ifndef HYB_STREAM_H
 #define HYB_STREAM_H
@@ -67,5 +69,24 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 int hyb_stream_to_pool(struct hyb_mempool *p, uint64_t pool_off, const char *path,
 		       uint64_t file_off, uint64_t len, const struct hyb_stream_opts *opts,
 		       struct hyb_stream_stats *stats, char *err, size_t errlen);
+
+/*
+ * After a read of [off, off + len) of fd failed with a device error: read the
+ * range again alone (in 4096-aligned pieces, fd O_DIRECT or not), halving it,
+ * down to the first 4096-byte block that fails by itself. The block layer
+ * fails reads merged into one request together, so the read that failed may
+ * not hold the bad sector; this names where the file or the drive is damaged.
+ * 0 with the block's file offset in *bad, *bad_len 4096 (more when halving
+ * stopped after 2 s of a drive slow to fail reads) and the errno in *e; -1
+ * when every block reads (an intermittent fault, or the bad sector was in
+ * another read).
+ */
+int hyb_stream_find_bad_block(int fd, uint64_t off, uint64_t len, uint64_t *bad,
+			      uint64_t *bad_len, int *e);
+/* "the first bad block is bytes [B, E) of the file" (or "is within ..."): snprintf's return. */
+int hyb_stream_bad_block_words(char *buf, size_t len, uint64_t bad, uint64_t bad_len);
+
+/* Words on a device errno (EIO; ENODATA: a medium error...) for reports; NULL for others. */
+const char *hyb_stream_device_error(int e);
 
 #endif

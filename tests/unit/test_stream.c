@@ -234,3 +234,88 @@ TEST(stream_errors_name_file_and_offset)
 	CHECK_MSG(strstr(err, "directory"), "%s", err);
 	free(dst);
 }
+
+/* err names path and a read "of N bytes at offset X" that holds byte bad. */
+static void check_bad_read(const char *err, const char *path, uint64_t bad)
+{
+	const char *p = strstr(err, "read of ");
+	unsigned long long x = 0;
+	unsigned int n = 0;
+
+	CHECK_MSG(strstr(err, path) && p &&
+		  sscanf(p, "read of %u bytes at offset %llu", &n, &x) == 2 &&
+		  x <= bad && bad < x + n, "%s", err);
+}
+
+/*
+ * A device error (HYB_STREAM_FAULT: EIO for the ring read over the bad byte
+ * and, while it is in flight, for reads within SPAN bytes of it, as the block
+ * layer fails reads merged into one request; only over the byte for reads
+ * alone): the report names the file, a failed read holding the bad byte and
+ * the 4096-byte block that fails alone, whichever neighbour failed first,
+ * O_DIRECT or buffered, bounced or not.
+ */
+TEST(stream_device_error_names_the_bad_block)
+{
+	uint64_t size = 3 * 1048576 + 12345, bad = 1793344;
+	const char *path = make_file(hyb_test_tmpdir(), "bad.bin", size);
+	struct hyb_stream_opts small = { .progress = HYB_STREAM_QUIET, .chunk = 65536, .depth = 8 };
+	struct hyb_stream_opts buffered = { .progress = HYB_STREAM_QUIET, .buffered = 1 };
+	const struct hyb_stream_opts *opts[] = { &quiet, &small, &buffered };
+	const char *spans[] = { "", ",1", ",300000", ",2000000" };
+	uint8_t *mem = mmap(NULL, size + 8192, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char err[512], env[64];
+
+	CHECK(mem != MAP_FAILED);
+	for (size_t s = 0; s < sizeof(spans) / sizeof(spans[0]); s++) {
+		snprintf(env, sizeof(env), "%llu%s", (unsigned long long)bad, spans[s]);
+		setenv("HYB_STREAM_FAULT", env, 1);
+		for (size_t k = 0; k < 3; k++) {
+			for (unsigned int skew = 0; skew < 2; skew++) {
+				/* (skew 100: the phases differ, every chunk bounced) */
+				CHECK_MSG(hyb_stream_read(path, 100, size - 100,
+							  mem + 4096 + 100 * skew, opts[k], NULL,
+							  err, sizeof(err)) < 0,
+					  "fault %s: the read succeeded", env);
+				check_bad_read(err, path, bad);
+				CHECK_MSG(strstr(err, "Input/output error") &&
+					  strstr(err, "the device failed the read") &&
+					  strstr(err, "the first bad block is bytes "
+						      "[1789952, 1794048) of the file"),
+					  "fault %s opts %zu skew %u: %s", env, k, skew, err);
+			}
+		}
+	}
+	/* an intermittent fault: the reads fail in the ring, not alone */
+	setenv("HYB_STREAM_FAULT", "1793344,200000,1", 1);
+	CHECK(hyb_stream_read(path, 0, size, mem, &small, NULL, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "Input/output error") && strstr(err, "every block was readable") &&
+		  !strstr(err, "first bad block"), "%s", err);
+	/* the bad byte alone, at the end of the range */
+	setenv("HYB_STREAM_FAULT", "1793344", 1);
+	CHECK(hyb_stream_read(path, 1000, bad + 1 - 1000, mem, &quiet, NULL, err,
+			      sizeof(err)) < 0);
+	check_bad_read(err, path, bad);
+	CHECK_MSG(strstr(err, "[1789952, 1794048)"), "%s", err);
+	unsetenv("HYB_STREAM_FAULT");
+	CHECK(!hyb_stream_read(path, 0, size, mem, &quiet, NULL, err, sizeof(err)));
+	munmap(mem, size + 8192);
+	/* the helper the reload reader shares: a sound file has no bad block */
+	{
+		int fd = open(path, O_RDONLY | O_DIRECT), e = 0;
+		uint64_t b = 0, bl = 0;
+
+		if (fd < 0)
+			fd = open(path, O_RDONLY);
+		CHECK(fd >= 0);
+		CHECK_EQ_INT(hyb_stream_find_bad_block(fd, 5, size - 5, &b, &bl, &e), -1);
+		close(fd);
+	}
+	hyb_stream_bad_block_words(err, sizeof(err), 8192, 4096);
+	CHECK_MSG(!strcmp(err, "the first bad block is bytes [8192, 12288) of the file"), "%s",
+		  err);
+	hyb_stream_bad_block_words(err, sizeof(err), 8192, 65536);
+	CHECK_MSG(strstr(err, "within bytes [8192, 73728)") && strstr(err, "slow"), "%s", err);
+	unlink(path);
+}

@@ -24,10 +24,22 @@
  *       and still equal the file (the kernel keeps destroyed pools while
  *       mapped) - each within a bounded time. With hyb=, a `hyb run
  *       --manifest` busy generating meanwhile exits 3 naming the dead hybd.
+ *   hybbox offset MODEL TENSOR
+ *       "FILE_OFF BYTES" of a tensor's data (run.sh finds its sectors).
+ *   hybbox ioerr HYBD CONF MODEL BAD_OFF [hyb=PATH]
+ *       MODEL lies on a drive whose reads of the sector holding byte BAD_OFF
+ *       fail in QEMU's block layer (issue 4, item 1). Embedded mode
+ *       (O_DIRECT and buffered), `hyb run -m`, hybd -f and daemonised hybd
+ *       must each fail in bounded time naming the file, a failed read and
+ *       the 4096-byte block holding BAD_OFF, and publish nothing (no manifest,
+ *       pools, pid file or queue daemon; an app asking gets an error). Then
+ *       hybd with that tensor left on storage (dram_budget) loads, fails an
+ *       app's LOAD of it with -EIO (logged the same way) and keeps serving.
  *
  * Exit 0 when every check holds; details indented on stdout, measurements as
  * "HYBVM METRIC" lines.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -220,9 +232,19 @@ static uint32_t read_ids(const char *path, int32_t *ids)
 	return n;
 }
 
-static pid_t start_hybd(const char *bin, const char *conf)
+/* hybd -f -c CONF [-o KEY=VALUE]..., its output to /tmp/hybd.log. */
+static pid_t start_hybd_with(const char *bin, const char *conf, const char *const *sets)
 {
-	pid_t pid = fork();
+	const char *argv[16] = { bin, "-f", "-c", conf };
+	int n = 4;
+	pid_t pid;
+
+	for (; sets && *sets && n < 14; sets++) {
+		argv[n++] = "-o";
+		argv[n++] = *sets;
+	}
+	argv[n] = NULL;
+	pid = fork();
 
 	if (pid < 0)
 		die("fork: %s", strerror(errno));
@@ -233,10 +255,15 @@ static pid_t start_hybd(const char *bin, const char *conf)
 			dup2(fd, 1);
 			dup2(fd, 2);
 		}
-		execl(bin, bin, "-f", "-c", conf, (char *)NULL);
+		execv(bin, (char *const *)argv);
 		_exit(127);
 	}
 	return pid;
+}
+
+static pid_t start_hybd(const char *bin, const char *conf)
+{
+	return start_hybd_with(bin, conf, NULL);
 }
 
 static void drop_caches(void)
@@ -676,6 +703,485 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 	return 0;
 }
 
+/* -- a drive that fails reads (issue 4, item 1) ------------------------------ */
+
+/*
+ * hybbox offset MODEL TENSOR: "FILE_OFF BYTES" of a tensor's data, for run.sh
+ * to find the drive sectors that hold it (debugfs bmap).
+ */
+static int cmd_offset(const char *model, const char *name)
+{
+	struct gguf_file *f;
+	char err[512];
+
+	if (gguf_open(model, &f, err, sizeof(err)))
+		die("%s", err);
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct gguf_tensor *t = &f->tensors[i];
+
+		if (gguf_str_eq(t->name, name)) {
+			printf("%llu %llu\n", (unsigned long long)(f->data_offset + t->offset),
+			       (unsigned long long)t->nbytes);
+			gguf_close(f);
+			return 0;
+		}
+	}
+	die("%s: no tensor %s", model, name);
+}
+
+/*
+ * Is err the stream engine's report of the failed read: the model file named,
+ * "read of N bytes at offset X failed: REASON" with X <= bad < X + N, the
+ * reason a read error (EIO, or ENODATA: Linux's errno for an NVMe medium
+ * error under O_DIRECT), and "the first bad block is bytes [B, B + 4096)"
+ * holding bad? The reason goes to why.
+ */
+static bool names_bad_read(const char *err, const char *model, uint64_t bad, char *why,
+			   size_t whylen)
+{
+	const char *p = strstr(err, "read of "), *q = strstr(err, "first bad block is bytes [");
+	unsigned long long x, b0 = 0, b1 = 0;
+	unsigned int n;
+	int k = 0;
+
+	snprintf(why, whylen, "(none)");
+	if (!p || sscanf(p, "read of %u bytes at offset %llu failed: %n", &n, &x, &k) != 2 || !k)
+		return false;
+	snprintf(why, whylen, "%.*s", (int)strcspn(p + k, "\"\n"), p + k);
+	if (!q || sscanf(q, "first bad block is bytes [%llu, %llu)", &b0, &b1) != 2)
+		return false;
+	return strstr(err, model) && x <= bad && bad < x + n && b0 <= bad && bad < b1 &&
+	       b1 - b0 == 4096 &&
+	       (!strncmp(why, strerror(EIO), strlen(strerror(EIO))) ||
+		!strncmp(why, strerror(ENODATA), strlen(strerror(ENODATA))));
+}
+
+/* fork + exec argv, stdout and stderr to files; the pid. */
+static pid_t spawn(const char *const *argv, const char *out, const char *err)
+{
+	pid_t pid = fork();
+
+	if (pid < 0)
+		die("fork: %s", strerror(errno));
+	if (!pid) {
+		int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		if (o >= 0 && e >= 0) {
+			dup2(o, 1);
+			dup2(e, 2);
+		}
+		execv(argv[0], (char *const *)argv);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* The first line of text that contains key ("" when none), without its newline. */
+static const char *line_with(const char *text, const char *key)
+{
+	static char line[1024];
+	const char *p = strstr(text, key), *b = p;
+
+	line[0] = 0;
+	if (!p)
+		return line;
+	while (b > text && b[-1] != '\n')
+		b--;
+	snprintf(line, sizeof(line), "%.*s", (int)strcspn(b, "\n"), b);
+	return line;
+}
+
+/* Embedded mode, hyb_model_load(): no model, and the reason names the bad read. */
+static void ioerr_embedded(const char *model, uint64_t bad, bool buffered)
+{
+	char err[1024] = "", why[128];
+	struct hyb_model *m;
+	double t0;
+
+	/* (the engine's test switch for a filesystem without O_DIRECT) */
+	if (buffered)
+		setenv("HYB_STREAM_REFUSE_DIRECT", "1", 1);
+	drop_caches();
+	t0 = hyb_now();
+	m = hyb_model_load(model, err, sizeof(err));
+	unsetenv("HYB_STREAM_REFUSE_DIRECT");
+	if (m)
+		die("embedded mode (%s): the model loaded although the drive fails byte %llu",
+		    buffered ? "buffered" : "O_DIRECT", (unsigned long long)bad);
+	if (!names_bad_read(err, model, bad, why, sizeof(why)))
+		die("embedded mode (%s): the error does not name %s, a read and the block holding "
+		    "byte %llu with EIO/ENODATA: %s", buffered ? "buffered" : "O_DIRECT", model,
+		    (unsigned long long)bad, err);
+	note("embedded mode, %s reads: no model after %.0f ms: %s",
+	     buffered ? "buffered" : "O_DIRECT", ms_since(t0), err);
+	metric(buffered ? "ioerr_embedded_buffered_fail_ms" : "ioerr_embedded_direct_fail_ms",
+	       ms_since(t0), "ms");
+}
+
+/* `hyb run -m MODEL`: exit 1, the bad read on stderr, no tokens. */
+static void ioerr_hyb_run(const char *hyb, const char *model, uint64_t bad)
+{
+	const char *argv[] = { hyb, "run", "-m", model, "-p", PROMPT, "-n", "4", "--print-ids",
+			       "-t", "1", NULL };
+	double t0 = hyb_now();
+	pid_t pid;
+	char why[128], *err;
+	bool tokens;
+	int st;
+
+	drop_caches();
+	pid = spawn(argv, "/tmp/hyb.out", "/tmp/hyb.err");
+	st = wait_exit(pid, 60000);
+	if (st < 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		die("hyb run -m %s still runs 60 s after the drive failed a read", model);
+	}
+	tokens = strstr(slurp("/tmp/hyb.out"), "ids:") != NULL;
+	err = slurp("/tmp/hyb.err");	/* (one static buffer) */
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || tokens || strstr(err, "ids:"))
+		die("hyb run -m: status %#x (want exit 1, no tokens): %s", st, err);
+	if (!names_bad_read(err, model, bad, why, sizeof(why)))
+		die("hyb run -m: the error does not name the bad read: %s", err);
+	note("hyb run -m: exit 1 after %.0f ms, no tokens: \"%s\"", ms_since(t0),
+	     line_with(err, "read of"));
+}
+
+/* Pools of the kmod backend whose names start with prefix; listed in names. */
+static unsigned int pools_named(const char *prefix, char *names, size_t len)
+{
+	char berr[256];
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_KMOD, berr, sizeof(berr));
+	uint32_t ids[HYB_MEMPOOL_MAX];
+	unsigned int found = 0;
+	int n;
+
+	if (!b)
+		die("kmod backend: %s", berr);
+	names[0] = 0;
+	n = hyb_mempool_list(b, ids, HYB_MEMPOOL_MAX);
+	if (n < 0)
+		die("pool list: %s", hyb_backend_error());
+	for (int i = 0; i < n; i++) {
+		struct hyb_mempool_info pi;
+		size_t k = strlen(names);
+
+		if (hyb_mempool_stat(b, ids[i], &pi) || strncmp(pi.name, prefix, strlen(prefix)))
+			continue;
+		found++;
+		snprintf(names + k, len - k, " %s", pi.name);
+	}
+	hyb_backend_close(b);
+	return found;
+}
+
+/*
+ * hybd, in the foreground: while it loads, the app never gets a model from the
+ * manifest; hybd exits 1 in bounded time; its log says which read failed; and
+ * nothing is left published: no manifest pool or file, no weight pools, no
+ * pid file, no daemon on its reload queue.
+ */
+static void ioerr_hybd(const char *bin, const char *conf, const char *model, uint64_t bad)
+{
+	static char set_model[600];
+	const char *sets[] = { set_model, "name=bad", "state_dir=/tmp/hybd-bad", NULL };
+	char err[512] = "", why[128], names[512];
+	struct hyb_backend *b;
+	struct hyb_rq_stats qs;
+	double t0 = hyb_now();
+	int st = -1, polls = 0;
+	char *log;
+
+	snprintf(set_model, sizeof(set_model), "model=%s", model);
+	drop_caches();
+	daemon_pid = start_hybd_with(bin, conf, sets);
+	daemon_started = true;
+	while (ms_since(t0) < 60000) {
+		struct hyb_model *m;
+
+		if (waitpid(daemon_pid, &st, WNOHANG) == daemon_pid)
+			break;
+		st = -1;
+		/* what an app waiting for the box sees meanwhile */
+		m = hyb_model_load_manifest("bad", err, sizeof(err));
+		if (m)
+			die("the app got a model from the manifest although hybd's load failed");
+		polls++;
+		usleep(5000);
+	}
+	if (st == -1)
+		die("hybd still runs 60 s after the drive failed a read");
+	daemon_pid = 0;
+	log = slurp("/tmp/hybd.log");
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+		die("hybd: status %#x after the failed load, want exit 1", st);
+	if (!names_bad_read(line_with(log, "read of"), model, bad, why, sizeof(why)) ||
+	    !strstr(line_with(log, "read of"), "error"))
+		die("hybd's log has no error naming %s, a read and the block holding byte %llu",
+		    model, (unsigned long long)bad);
+	if (strstr(log, "event=load_done") || strstr(log, "event=ready"))
+		die("hybd logged load_done/ready for a load that failed");
+	note("hybd -f: exit 1 after %.0f ms (the app polled the manifest %d times, never a "
+	     "model); its log: %s", ms_since(t0), polls, line_with(log, "read of"));
+	metric("ioerr_hybd_exit_ms", ms_since(t0), "ms");
+
+	if (hyb_model_load_manifest("bad", err, sizeof(err)))
+		die("a manifest of the failed load can be loaded");
+	if (pools_named("bad.", names, sizeof(names)))
+		die("pools of the failed load are left:%s", names);
+	if (!access("/tmp/hybd-bad/bad.manifest", F_OK) || !access("/tmp/hybd-bad/bad.pid", F_OK))
+		die("a manifest or pid file of the failed load is left in /tmp/hybd-bad");
+	b = hyb_backend_open(HYB_BACKEND_KMOD, err, sizeof(err));
+	if (!b || hyb_rq_stats(b, QUEUE, &qs))
+		die("queue %d stats: %s", QUEUE, b ? hyb_backend_error() : err);
+	if (qs.live)
+		die("a daemon (pid %d) is still attached to queue %d", qs.daemon_pid, QUEUE);
+	hyb_backend_close(b);
+	hyb_model_load_manifest("bad", err, sizeof(err));
+	note("nothing published: no pools bad.*, no manifest file, queue %d free; an app asking "
+	     "now is told: %s", QUEUE, err);
+}
+
+/* Is a process named hybd alive (a zombie counts: nobody reaped it yet)? */
+static bool hybd_alive(void)
+{
+	DIR *d = opendir("/proc");
+	struct dirent *e;
+	bool alive = false;
+
+	while (d && !alive && (e = readdir(d))) {
+		char path[300], comm[32];
+		FILE *f;
+
+		if (e->d_name[0] < '0' || e->d_name[0] > '9')
+			continue;
+		snprintf(path, sizeof(path), "/proc/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		alive = fgets(comm, sizeof(comm), f) && !strcmp(comm, "hybd\n");
+		fclose(f);
+	}
+	if (d)
+		closedir(d);
+	return alive;
+}
+
+/*
+ * hybd as a daemon (no -f): the starting process waits for the daemon's word,
+ * so it must exit 1 with "did not start:" and the bad read, and the daemon
+ * must be gone.
+ */
+static void ioerr_hybd_daemon(const char *bin, const char *conf, const char *model,
+			      uint64_t bad)
+{
+	const char *argv[] = { bin, "-c", conf, "-m", model, "-n", "bad", "-o",
+			       "state_dir=/tmp/hybd-bad", NULL };
+	double t0 = hyb_now(), ms;
+	char why[128], *err;
+	pid_t pid;
+	int st;
+
+	drop_caches();
+	pid = spawn(argv, "/tmp/hybd.out", "/tmp/hybd.err");
+	st = wait_exit(pid, 60000);
+	if (st < 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		die("hybd (daemon) did not report within 60 s");
+	}
+	ms = ms_since(t0);
+	err = slurp("/tmp/hybd.err");
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(err, "did not start") ||
+	    !names_bad_read(err, model, bad, why, sizeof(why)))
+		die("hybd (daemon): status %#x, want exit 1 and 'did not start: ...' naming the "
+		    "bad read: %s", st, err);
+	while (hybd_alive() && ms_since(t0) < 65000)
+		usleep(10000);
+	if (hybd_alive())
+		die("the daemonised hybd is still alive after its failed load");
+	note("hybd (daemon): exit 1 after %.0f ms, the daemon gone after %.0f ms: \"%s\"", ms,
+	     ms_since(t0), line_with(err, "did not start"));
+}
+
+/* One LOAD of [file_off, +bytes) into page pool pool_id at 0; the completion's status. */
+static int reload(struct hyb_rq *rq, uint32_t pool_id, const struct hyb_manifest_tensor *t,
+		  uint64_t tag, double *ms)
+{
+	struct hyb_rq_req q = {
+		.op = HYB_RQ_LOAD, .prio = HYB_RQ_CRITICAL, .pool_id = pool_id, .pool_off = 0,
+		.len = t->bytes, .aux = t->file_off, .tag = tag,
+	};
+	struct hyb_rq_cqe cqe;
+	double t0 = hyb_now();
+	int ret;
+
+	if (hyb_rq_submit(rq, &q, 1))
+		die("submit LOAD of %s: %s", t->name, hyb_backend_error());
+	ret = hyb_rq_reap(rq, &cqe, 1, 1, 30000000000ull);
+	if (ret != 1 || cqe.tag != tag)
+		die("LOAD of %s: no completion within 30 s (reap %d)", t->name, ret);
+	*ms = ms_since(t0);
+	return cqe.status;
+}
+
+/*
+ * hybd serving from the failing drive with the bad tensor left on storage
+ * (dram_budget, page_pool): the load reads around the bad block and succeeds;
+ * an app's LOAD of the bad tensor completes with -EIO in bounded time and
+ * hybd logs the file and the bad block; hybd keeps serving (a LOAD of a good
+ * paged tensor delivers the file's bytes); SIGTERM still exits 0.
+ */
+static void ioerr_reload(const char *bin, const char *conf, const char *model, uint64_t bad)
+{
+	static char set_model[600];
+	/* resident: the dense tensors and layer 0's FFN; layer 1's FFN on demand */
+	const char *sets[] = { set_model, "name=bad", "state_dir=/tmp/hybd-bad",
+			       "dram_budget=2124288", "page_pool=256K", NULL };
+	const struct hyb_manifest_tensor *tb, *tg;
+	struct hyb_manifest *mf = NULL;
+	struct hyb_manifest_info mi;
+	struct hyb_mempool *pp = NULL;
+	struct hyb_backend *b;
+	struct hyb_rq *rq;
+	uint32_t page_id = 0;
+	char err[512] = "", why[128], *log = NULL;
+	const char *line = "";
+	uint8_t *ref;
+	void *base;
+	size_t plen;
+	double t0 = hyb_now(), ms;
+	int st, fd, ret;
+
+	snprintf(set_model, sizeof(set_model), "model=%s", model);
+	b = hyb_backend_open(HYB_BACKEND_KMOD, err, sizeof(err));
+	if (!b)
+		die("kmod backend: %s", err);
+	drop_caches();
+	daemon_pid = start_hybd_with(bin, conf, sets);
+	daemon_started = true;
+	while (!mf && ms_since(t0) < 60000) {
+		if (waitpid(daemon_pid, &st, WNOHANG) == daemon_pid) {
+			daemon_pid = 0;
+			die("hybd with layer 1 on demand exited (status %#x): its load should have "
+			    "missed the bad block", st);
+		}
+		mf = hyb_manifest_open_pool(b, "bad.manifest", err, sizeof(err));
+		if (!mf)
+			usleep(20000);
+	}
+	if (!mf)
+		die("no manifest from hybd after 60 s: %s", err);
+	hyb_manifest_info(mf, &mi);
+	tb = hyb_manifest_find(mf, "blk.1.ffn_up.weight");
+	tg = hyb_manifest_find(mf, "blk.1.ffn_down.weight");
+	if (!tb || !tg || tb->pool != HYB_MF_NO_POOL || tg->pool != HYB_MF_NO_POOL ||
+	    tb->file_off > bad || bad >= tb->file_off + tb->bytes || tb->node != tg->node)
+		die("placement '%s': want blk.1.ffn_up (holding byte %llu) and ffn_down on demand "
+		    "on one node (adjust dram_budget)", mi.placement, (unsigned long long)bad);
+	for (uint32_t i = 0; i < mi.n_pools; i++) {
+		const struct hyb_mf_pool *p = hyb_manifest_pool(mf, i);
+
+		if (p->role == HYB_MF_ROLE_PAGE && p->node == tb->node) {
+			page_id = p->id;
+			if (hyb_mempool_open(b, p->name, &pp) || hyb_mempool_map(pp, &base, &plen))
+				die("page pool %s: %s", p->name, hyb_backend_error());
+		}
+	}
+	if (!page_id)
+		die("no page pool on node %d", tb->node);
+	note("hybd ready in %.0f ms with %.2f MiB on demand (%s)", ms_since(t0),
+	     mi.paged_bytes / 1048576.0, mi.placement);
+	if (hyb_rq_attach_client(b, QUEUE, HYB_RQ_EVENTFD_NONE, &rq))
+		die("attach to queue %d: %s", QUEUE, hyb_backend_error());
+
+	ret = reload(rq, page_id, tb, 1, &ms);
+	if (ret != -EIO)
+		die("LOAD of %s over the bad block: status %d (%s), want -EIO", tb->name, ret,
+		    strerror(-ret));
+	metric("ioerr_reload_fail_ms", ms, "ms");
+	t0 = hyb_now();
+	while (ms_since(t0) < 5000) {	/* (logged just after the completion) */
+		log = slurp("/tmp/hybd.log");
+		line = line_with(log, "event=reload_error");
+		if (line[0])
+			break;
+		usleep(10000);
+	}
+	if (!names_bad_read(line, model, bad, why, sizeof(why)))
+		die("hybd's reload_error line does not name %s, a read and the block holding byte "
+		    "%llu: %s", model, (unsigned long long)bad, line);
+	note("LOAD of %s: -EIO after %.0f ms; hybd logs: %s", tb->name, ms, strstr(line, "msg="));
+
+	ret = reload(rq, page_id, tg, 2, &ms);
+	if (ret)
+		die("LOAD of %s after the failed one: status %d (%s), want 0", tg->name, ret,
+		    strerror(-ret));
+	ref = malloc(tg->bytes);
+	fd = open(model, O_RDONLY);
+	if (!ref || fd < 0 || pread(fd, ref, tg->bytes, (off_t)tg->file_off) != (ssize_t)tg->bytes)
+		die("%s: cannot read %s", model, tg->name);
+	close(fd);
+	if (tg->bytes > plen || memcmp(base, ref, tg->bytes))
+		die("LOAD of %s: the page pool's bytes differ from the file", tg->name);
+	free(ref);
+	note("hybd still serves: LOAD of %s (%.0f ms), bytes identical to the file", tg->name, ms);
+	hyb_rq_close(rq);
+	hyb_mempool_close(pp);
+	hyb_manifest_close(mf);
+	hyb_backend_close(b);
+	kill(daemon_pid, SIGTERM);
+	st = wait_exit(daemon_pid, 20000);
+	if (st < 0)
+		die("hybd did not exit within 20 s of SIGTERM");
+	daemon_pid = 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		die("hybd exited with status %#x after SIGTERM, want 0", st);
+	note("SIGTERM: hybd exited 0");
+}
+
+/*
+ * hybbox ioerr HYBD CONF MODEL BAD_OFF [hyb=PATH]: MODEL lies on a drive
+ * that fails the reads of the sectors holding file byte BAD_OFF (tests/vm/
+ * run.sh: QEMU's blkdebug under an emulated NVMe drive). Every way of loading
+ * must fail with a message naming the file and a read covering BAD_OFF, in
+ * bounded time, and leave nothing marked ready.
+ */
+static int cmd_ioerr(const char *bin, const char *conf, const char *model, uint64_t bad,
+		     const char *hyb)
+{
+	char names[512];
+
+	if (pools_named("bad.", names, sizeof(names)))
+		die("pools named bad.* exist before the test:%s", names);
+	ioerr_embedded(model, bad, false);
+	ioerr_embedded(model, bad, true);
+	if (hyb)
+		ioerr_hyb_run(hyb, model, bad);
+	ioerr_hybd(bin, conf, model, bad);
+	ioerr_hybd_daemon(bin, conf, model, bad);
+	if (hyb) {
+		const char *argv[] = { hyb, "run", "--manifest", "bad", "-p", PROMPT, "-n", "4",
+				       "-t", "1", NULL };
+		pid_t pid = spawn(argv, "/tmp/hyb.out", "/tmp/hyb.err");
+		int st = wait_exit(pid, 20000);
+		char *err = slurp("/tmp/hyb.err");
+
+		if (st < 0) {
+			kill(pid, SIGKILL);
+			waitpid(pid, NULL, 0);
+			die("hyb run --manifest bad hangs after hybd's failed load");
+		}
+		if (!WIFEXITED(st) || !WEXITSTATUS(st) || strstr(err, "ids:"))
+			die("hyb run --manifest bad: status %#x, want an error: %s", st, err);
+		note("hyb run --manifest bad (the app of the failed box): exit %d, \"%s\"",
+		     WEXITSTATUS(st), line_with(err, "hyb:"));
+	}
+	ioerr_reload(bin, conf, model, bad);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *hyb = NULL;
@@ -684,6 +1190,14 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (argc == 4 && !strcmp(argv[1], "gen"))
 		return cmd_gen(argv[2], (uint32_t)atoi(argv[3]));
+	if (argc == 4 && !strcmp(argv[1], "offset"))
+		return cmd_offset(argv[2], argv[3]);
+	if ((argc == 6 || argc == 7) && !strcmp(argv[1], "ioerr")) {
+		if (argc == 7 && strncmp(argv[6], "hyb=", 4))
+			die("unknown argument '%s'", argv[6]);
+		return cmd_ioerr(argv[2], argv[3], argv[4], strtoull(argv[5], NULL, 10),
+				 argc == 7 ? argv[6] + 4 : NULL);
+	}
 	if (argc >= 6 && !strcmp(argv[1], "box")) {
 		for (int i = 6; i < argc; i++) {
 			if (!strcmp(argv[i], "kill"))
@@ -696,6 +1210,7 @@ int main(int argc, char **argv)
 		return cmd_box(argv[2], argv[3], argv[4], argv[5], hyb, kill_it);
 	}
 	fprintf(stderr, "usage: hybbox gen MODEL N | hybbox box HYBD CONF MODEL IDS [kill] "
-		"[hyb=PATH]\n");
+		"[hyb=PATH]\n       hybbox offset MODEL TENSOR | hybbox ioerr HYBD CONF MODEL "
+		"BAD_OFF [hyb=PATH]\n");
 	return 2;
 }

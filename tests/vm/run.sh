@@ -13,6 +13,10 @@
 # HYB_VM_ACCEL (tcg|kvm, default tcg), HYB_VM_KVER (kernel version to use),
 # HYB_VM_ONLY (comma-separated hybtest names to run, default all), HYB_VM_BUILD
 # (where `make` put libhyb.a and the hybctl objects, default build).
+#
+# Box mode's drives: the model on an ext4 image as NVMe drive hyb0001, and a
+# copy behind QEMU's blkdebug as hyb0bad, whose reads of one sector of the
+# tensor data fail (the ioerr test).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -112,7 +116,8 @@ MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb"
 # in (nothing in the VM partitions graphs).
 HB=${HYB_VM_BUILD:-$ROOT/build}
 STATIC_LIBS="-lm -pthread -lnuma -luring -lutf8proc"
-rm -f "$OUT/hybctl" "$OUT/hybd" "$OUT/hybbox" "$OUT/hyb" "$OUT/nvme.img"
+rm -f "$OUT/hybctl" "$OUT/hybd" "$OUT/hybbox" "$OUT/hyb" "$OUT/nvme.img" "$OUT/nvme-bad.img" \
+	"$OUT/ioerr.off"
 if [ -f "$HB/libhyb.a" ]; then
 	$NICE gcc -std=c11 -O2 -Wall -Wextra -Werror -c "$ROOT/tests/vm/metis_stub.c" \
 		-o "$OUT/metis_stub.o" >"$OUT/build-hybctl.log" 2>&1 ||
@@ -156,6 +161,27 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/daemon/hybd.o" ] && [ -x "$HB/hybctl" ]; t
 	mke2fs -q -F -t ext4 -O ^has_journal -E root_owner=0:0 -d "$OUT/nvme-root" \
 		"$OUT/nvme.img" 16M >"$OUT/box-mkfs.log" 2>&1 ||
 		{ cat "$OUT/box-mkfs.log"; fail "cannot make the NVMe image (mke2fs -d, e2fsprogs)"; }
+	# A drive that fails reads (issue 4, item 1): a copy of the image behind
+	# QEMU's blkdebug, which fails (EIO) every read covering the sector that
+	# holds byte BAD_OFF of the model, the middle of blk.1.ffn_up.weight. The
+	# ext4 metadata reads fine, so the file opens and the loaders meet the
+	# error in the tensor data. The sector: debugfs bmap of the file block,
+	# checked against the bytes there.
+	read -r t_off t_len < <("$OUT/hybbox" offset "$OUT/nvme-root/model.gguf" \
+		blk.1.ffn_up.weight 2>/dev/null)
+	BAD_OFF=$((${t_off:-0} + ${t_len:-0} / 2))
+	bs=$(dumpe2fs -h "$OUT/nvme.img" 2>/dev/null | awk -F: '/^Block size/ { print $2 + 0 }')
+	pblk=$(debugfs -R "bmap /model.gguf $((BAD_OFF / ${bs:-1}))" "$OUT/nvme.img" 2>/dev/null)
+	[ -n "$t_len" ] && [ -n "$bs" ] && [ "${pblk:-0}" -gt 0 ] 2>/dev/null ||
+		fail "cannot find the sector of byte $BAD_OFF of the model (hybbox offset, debugfs)"
+	BAD_SECTOR=$(((pblk * bs + BAD_OFF % bs) / 512))
+	cmp -s <(dd if="$OUT/nvme.img" bs=512 skip=$BAD_SECTOR count=1 status=none) \
+		<(dd if="$OUT/nvme-root/model.gguf" bs=512 skip=$((BAD_OFF / 512)) count=1 \
+		  status=none) || fail "sector $BAD_SECTOR of the image does not hold byte $BAD_OFF"
+	cp --sparse=always "$OUT/nvme.img" "$OUT/nvme-bad.img" || fail "cannot copy the image"
+	printf '[inject-error]\nevent = "read_aio"\nerrno = "5"\nsector = "%s"\n' \
+		"$BAD_SECTOR" >"$OUT/blkdebug.conf"
+	echo "$BAD_OFF" >"$OUT/ioerr.off"
 	# insmod order for nvme and ext4 (the generic crc32c/crct10dif, not the
 	# CPU-specific ones a TCG CPU may lack)
 	rm -rf "$OUT/kmods" && mkdir -p "$OUT/kmods"
@@ -181,6 +207,7 @@ if [ "$BOX" = 1 ]; then
 	cp "$OUT/hybd" "$OUT/hybbox" "$IR/" && cp -r "$OUT/kmods" "$IR/kmods" &&
 		cp "$ROOT/tests/vm/hybd.conf" "$IR/etc/hybd.conf" || fail "cannot stage box mode"
 	[ -f "$OUT/box.host_ids" ] && cp "$OUT/box.host_ids" "$IR/box.host_ids"
+	cp "$OUT/ioerr.off" "$IR/ioerr.off" || fail "cannot stage the failing drive's offset"
 fi
 cp "$ROOT/tests/vm/init.sh" "$IR/init"
 chmod 755 "$IR/init"
@@ -193,7 +220,9 @@ printf 'root:x:0:\nhyb:x:990:user\nother:x:1001:\n' >"$IR/etc/group"
 # -- 4. boot ----------------------------------------------------------------------
 NVME=()
 [ "$BOX" = 1 ] && NVME=(-drive "file=$OUT/nvme.img,if=none,id=nv,format=raw"
-			-device nvme,serial=hyb0001,drive=nv)
+			-device nvme,serial=hyb0001,drive=nv
+			-drive "file=blkdebug:$OUT/blkdebug.conf:$OUT/nvme-bad.img,format=raw,$(
+				)if=none,id=nvbad" -device nvme,serial=hyb0bad,drive=nvbad)
 say "booting $KVER under qemu ($ACCEL, 2 NUMA nodes, 2 vCPUs, 1 GiB), fuzzing ${FUZZ}s"
 t0=$(date +%s)
 $NICE timeout "$VM_TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" -cpu max -smp 2,sockets=2 -m 1024 \
