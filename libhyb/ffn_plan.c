@@ -198,9 +198,10 @@ static void down_t_worker(void *arg, int ith, int nth)
 
 		if (i0 >= j->n_ff)
 			return;
+		const uint32_t nr = j->n_ff - i0 < DOWN_T_CHUNK ? j->n_ff - i0 : DOWN_T_CHUNK;
+
 		down_rows(j->axpy, E, (const char *)j->w->data + (uint64_t)i0 * j->w->row_bytes,
-			  j->w->row_bytes, j->n_ff - i0 < DOWN_T_CHUNK ? j->n_ff - i0 : DOWN_T_CHUNK,
-			  j->act + i0, j->n_ff, j->n, out);
+			  j->w->row_bytes, nr, j->act + i0, j->n_ff, j->n, out);
 	}
 }
 

@@ -369,8 +369,8 @@ static int bind_layers(struct loader *ld)
 		if (ld->m->powerinfer && L->down_t.type != HYB_TYPE_F32 &&
 		    L->down_t.type != HYB_TYPE_F16 && L->down_t.type != HYB_TYPE_Q8_0 &&
 		    L->down_t.type != HYB_TYPE_Q4_0)
-			return fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is F32, F16, "
-				    "Q8_0 or Q4_0", l, hyb_type_name(L->down_t.type));
+			return fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is "
+				    "F32, F16, Q8_0 or Q4_0", l, hyb_type_name(L->down_t.type));
 	}
 	return 0;
 }

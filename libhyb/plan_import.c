@@ -19,8 +19,8 @@
  * in bundle order (hyb/plan.h) and fc2.bias = minus the float just below the
  * threshold, so that our "logit > 0" is PowerInfer's "score >= threshold"
  * (with a threshold of 0 and a sparse hidden layer, scores of exactly 0 are
- * common: they count as active there, so here too). The weights become F16, what a plan's predictors are;
- * PowerInfer's F16 files lose nothing. The plan says "same-layer" for its
+ * common: they count as active there, so here too). The weights become
+ * F16, what a plan's predictors are; PowerInfer's F16 files lose nothing. The plan says "same-layer" for its
  * input (enum hyb_pred_input), and decoding feeds it what PowerInfer does.
  *
  * A PowerInfer GPU index (powerinfer-py export_split.py, *.gpuidx): GGUF
@@ -88,7 +88,9 @@ int plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, s
 	if (!with)
 		return 0;
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		const struct gguf_tensor *fc1 = matrix(m, l, "fc1.weight", hp->n_embd, 0, err, errlen);
+		const struct gguf_tensor *fc1;
+
+		fc1 = matrix(m, l, "fc1.weight", hp->n_embd, 0, err, errlen);
 
 		if (!fc1)
 			return -1;
@@ -185,7 +187,8 @@ int plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t
 	if (gguf_open(path, &f, err, errlen))
 		return -1;
 	if (f->magic != GGUF_MAGIC_PWRI) {
-		snprintf(err, errlen, "%s is not a PowerInfer GPU index (magic GGUF, not PWRI)", path);
+		snprintf(err, errlen, "%s is not a PowerInfer GPU index (magic GGUF, not PWRI)",
+			 path);
 		goto out;
 	}
 	if (gguf_find(f, "generic.gpu_index.block_count") &&
@@ -217,8 +220,8 @@ int plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t
 		}
 		for (uint32_t i = 0; i < n_ff; i++) {
 			if (idx[i] != 0 && idx[i] != 1) {
-				snprintf(err, errlen, "%s: blk.%u.gpu_idx[%u] is %d, not 0 or 1", path,
-					 l, i, idx[i]);
+				snprintf(err, errlen, "%s: blk.%u.gpu_idx[%u] is %d, not 0 or 1",
+					 path, l, i, idx[i]);
 				goto out;
 			}
 			hot[l][i] = (uint8_t)idx[i];

@@ -23,16 +23,6 @@
 #define N_GEN 48
 #define DRIFT 8
 
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return (int32_t)b;
-}
-
 /* Room for attention, head and predictors and a third of the neuron groups. */
 static struct hyb_hybrid_params params(const struct hyb_model *m, const char *dev,
 				       enum hyb_policy p)
@@ -66,7 +56,7 @@ static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy
 	for (int i = 0; i < N_GEN; i++) {
 		if (!follow)
 			toks[i] = i % DRIFT == DRIFT - 1 ? (int32_t)(3 + (i * 7919) % (V - 3)) :
-							    argmax(lg, V);
+							    hyb_test_argmax(lg, V);
 		memcpy(logits + (size_t)i * V, lg, sizeof(float) * V);
 		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, lg, false, err, sizeof(err)), "%s", err);
 	}
@@ -114,7 +104,7 @@ static void compare(enum hyb_policy pol)
 		const float *a = lc + (size_t)i * V, *b = lg + (size_t)i * V;
 		double d = 0, n = 0;
 
-		agree += argmax(a, V) == argmax(b, V);
+		agree += hyb_test_argmax(a, V) == hyb_test_argmax(b, V);
 		for (uint32_t v = 0; v < V; v++) {
 			d = fmax(d, fabs((double)a[v] - b[v]));
 			n = fmax(n, fabs((double)a[v]));

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* The small plan model sparse and hybrid decoding tests share (test.h). */
+/* The small plan model sparse and hybrid decoding tests share, and their greedy pick (test.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -36,4 +36,14 @@ const char *hyb_test_plan(void)
 		CHECK_MSG(0, "%s failed", cmd);
 	}
 	return plan;
+}
+
+int32_t hyb_test_argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return (int32_t)b;
 }

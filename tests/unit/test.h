@@ -13,6 +13,7 @@
 #define HYB_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,6 +39,8 @@ const char *hyb_test_tmpdir(void);
 const char *hyb_test_plan(void);
 /* build/hybctl, or $HYB_TEST_HYBCTL. */
 const char *hyb_test_hybctl(void);
+/* Index of the largest of n values (the first on ties): the greedy token. plan_fixture.c */
+int32_t hyb_test_argmax(const float *v, uint32_t n);
 /* Runs a shell command with its output in log; its exit status (-1: killed). shell_fixture.c */
 int hyb_test_sh(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The last 40 lines of a log on stderr, so a failure shows its cause. */

@@ -100,16 +100,6 @@ static uint64_t fnv1a(const void *p, size_t n)
 	return h;
 }
 
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t best = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[best])
-			best = i;
-	return (int32_t)best;
-}
-
 static void run_case(const struct golden *g)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
@@ -145,13 +135,13 @@ static void run_case(const struct golden *g)
 
 	CHECK_MSG(h == g->hash, "%s: prompt logits hash %016llx, llama.cpp %016llx", g->name,
 		  (unsigned long long)h, (unsigned long long)g->hash);
-	int32_t next = argmax(lg + (size_t)(g->n_prompt - 1) * g->vocab, g->vocab);
+	int32_t next = hyb_test_argmax(lg + (size_t)(g->n_prompt - 1) * g->vocab, g->vocab);
 
 	for (int i = 0; i < g->n_ids; i++) {
 		CHECK_MSG(next == g->ids[i], "%s: greedy token %d is %d, llama.cpp's %d", g->name, i,
 			  next, g->ids[i]);
 		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false, err, sizeof(err)));
-		next = argmax(lg, g->vocab);
+		next = hyb_test_argmax(lg, g->vocab);
 	}
 	free(lg);
 	hyb_ctx_free(c);

@@ -47,16 +47,6 @@ static struct hyb_ctx *ctx_new(const struct hyb_model *m, const struct hyb_hybri
 	return c;
 }
 
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return (int32_t)b;
-}
-
 /* Greedy with a forced random token every DRIFT steps; ids[] receives the sequence. */
 static void run(struct hyb_ctx *c, const struct hyb_model *m, const int32_t *force,
 		int32_t *ids, float *logits_out)
@@ -72,7 +62,8 @@ static void run(struct hyb_ctx *c, const struct hyb_model *m, const int32_t *for
 	CHECK_MSG(!hyb_ctx_eval(c, prompt, N_PROMPT, lg, false, err, sizeof(err)), "%s", err);
 	for (int i = 0; i < N_GEN; i++) {
 		int32_t t = force ? force[i] : (i % DRIFT == DRIFT - 1 ?
-				(int32_t)(3 + (uint32_t)(i * 40503u + 7) % (V - 3)) : argmax(lg, V));
+				(int32_t)(3 + (uint32_t)(i * 40503u + 7) % (V - 3)) :
+				hyb_test_argmax(lg, V));
 
 		ids[i] = t;
 		if (logits_out)
@@ -218,7 +209,7 @@ TEST(hybrid_greedy_agrees_with_cpu_sparse)
 	run(ref, m, NULL, ids, lr);
 	run(c, m, ids, ids2, lh);
 	for (int i = 0; i < N_GEN; i++) {
-		agree += argmax(lr + (size_t)i * V, V) == argmax(lh + (size_t)i * V, V);
+		agree += hyb_test_argmax(lr + (size_t)i * V, V) == hyb_test_argmax(lh + (size_t)i * V, V);
 		n++;
 	}
 	/* the split only reorders float sums: near-ties may flip, little else */
@@ -327,7 +318,7 @@ static void run_mixed(struct hyb_ctx *c, const struct hyb_model *m, float *out)
 		CHECK_MSG(!hyb_ctx_eval(c, p1, 5, out + k++ * V, false, err, sizeof(err)), "%s",
 			  err);
 		for (int i = 0; i < 6; i++) {
-			int32_t t = argmax(out + (k - 1) * V, V);
+			int32_t t = hyb_test_argmax(out + (k - 1) * V, V);
 
 			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false, err, sizeof(err)),
 				  "%s", err);
@@ -335,7 +326,7 @@ static void run_mixed(struct hyb_ctx *c, const struct hyb_model *m, float *out)
 		CHECK_MSG(!hyb_ctx_eval(c, p2, 4, out + k++ * V, false, err, sizeof(err)), "%s",
 			  err);
 		for (int i = 0; i < 6; i++) {
-			int32_t t = argmax(out + (k - 1) * V, V);
+			int32_t t = hyb_test_argmax(out + (k - 1) * V, V);
 
 			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false, err, sizeof(err)),
 				  "%s", err);
@@ -422,7 +413,7 @@ TEST(hybrid_layer_policy_agrees_with_cpu_dense)
 	run(ref, m, NULL, ids, lr);
 	run(c, m, ids, ids2, lh);
 	for (int i = 0; i < N_GEN; i++)
-		agree += argmax(lr + (size_t)i * V, V) == argmax(lh + (size_t)i * V, V);
+		agree += hyb_test_argmax(lr + (size_t)i * V, V) == hyb_test_argmax(lh + (size_t)i * V, V);
 	/* device layers sum every neuron in another order: near-ties only */
 	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
 	hyb_ctx_free(c);
@@ -612,7 +603,7 @@ TEST(hybrid_same_layer_greedy_agrees_with_cpu_sparse)
 	CHECK(res <= slots && st.active_dev > 0);
 	CHECK(st.late <= st.active - st.active_dev);
 	for (int i = 0; i < N_GEN; i++)
-		agree += argmax(lr + (size_t)i * V, V) == argmax(lh + (size_t)i * V, V);
+		agree += hyb_test_argmax(lr + (size_t)i * V, V) == hyb_test_argmax(lh + (size_t)i * V, V);
 	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
 	hyb_ctx_free(c);
 	hyb_ctx_free(ref);

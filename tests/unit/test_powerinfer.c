@@ -92,16 +92,6 @@ static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
 	return c;
 }
 
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return (int32_t)b;
-}
-
 /*
  * The greedy continuation of a pseudo-random prompt by context a, fed to both;
  * counts the positions where b's greedy pick agrees and the largest logit
@@ -122,10 +112,10 @@ static void compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, uint32_t s
 	CHECK_MSG(!hyb_ctx_eval(a, toks, 12, la, false, err, sizeof(err)), "%s", err);
 	CHECK_MSG(!hyb_ctx_eval(b, toks, 12, lb, false, err, sizeof(err)), "%s", err);
 	for (uint32_t i = 0; i < n_gen; i++) {
-		int32_t next = argmax(la, V);
+		int32_t next = hyb_test_argmax(la, V);
 		double top = 0, diff = 0;
 
-		*agree += next == argmax(lb, V);
+		*agree += next == hyb_test_argmax(lb, V);
 		(*total)++;
 		for (uint32_t v = 0; v < V; v++) {
 			top = fmax(top, fabs(la[v]));
@@ -238,7 +228,7 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 			const char *base = (const char *)P->bundles.data + 3ull * g * GS * rb;
 
 			CHECK(P->fc2_bias[i] == bias);
-			/* bundle rows: gate, up and down_t rows of the source neuron, bit for bit */
+			/* bundle rows: the source neuron's gate, up and down_t rows, as they are */
 			CHECK(!memcmp(base + (uint64_t)k * rb,
 				      (const char *)S->gate.data + s * S->gate.row_bytes, rb));
 			CHECK(!memcmp(base + (uint64_t)(ng + k) * rb,
@@ -368,8 +358,8 @@ TEST(pi_imported_predictor_reads_the_layers_own_residual)
 			const float *x = cap.x + ((size_t)tok * NL + l) * E;
 			double rms = 0;
 
-			pi_scores(tensor(pi->gguf, l, "fc1.weight"), tensor(pi->gguf, l, "fc2.weight"), x, E, F,
-				  score);
+			pi_scores(tensor(pi->gguf, l, "fc1.weight"),
+				  tensor(pi->gguf, l, "fc2.weight"), x, E, F, score);
 			hyb_predictor_run(&pr, x, NULL, scratch, logit, active);
 			for (uint32_t i = 0; i < F; i++)
 				scale = fmax(scale, fabs(score[i] - t));
@@ -393,7 +383,8 @@ TEST(pi_imported_predictor_reads_the_layers_own_residual)
 				xr[e] = (float)(x[e] / rms);
 			hyb_predictor_run(&pr, xr, NULL, scratch, logit, active);
 			for (uint32_t i = 0; i < F; i++)
-				worst_rms = fmax(worst_rms, fabs(logit[i] - (score[P->perm[i]] - t)));
+				worst_rms = fmax(worst_rms,
+						 fabs(logit[i] - (score[P->perm[i]] - t)));
 		}
 		free(scratch);
 	}

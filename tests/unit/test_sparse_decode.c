@@ -26,16 +26,6 @@ static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
 	return c;
 }
 
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return (int32_t)b;
-}
-
 /*
  * Feed both contexts the dense context's greedy continuation of a prompt
  * of n_prompt pseudo-random tokens; count positions where the greedy picks
@@ -58,10 +48,10 @@ static void compare(struct hyb_ctx *d, struct hyb_ctx *s, const struct hyb_model
 	CHECK_MSG(!hyb_ctx_eval(d, toks, 16, ld, false, err, sizeof(err)), "%s", err);
 	CHECK_MSG(!hyb_ctx_eval(s, toks, 16, ls, false, err, sizeof(err)), "%s", err);
 	for (uint32_t i = 0; i < n_gen; i++) {
-		int32_t next = argmax(ld, V);
+		int32_t next = hyb_test_argmax(ld, V);
 
 		if (i > 0) {
-			*agree += next == argmax(ls, V);
+			*agree += next == hyb_test_argmax(ls, V);
 			(*total)++;
 			for (uint32_t v = 0; v < V; v++) {
 				double diff = ld[v] > ls[v] ? ld[v] - ls[v] : ls[v] - ld[v];
