@@ -9,7 +9,7 @@
 # failure, 77 (skip) only when qemu cannot run a VM at all here.
 #
 # Environment: HYB_VM_OUT (work dir, default build/vm), HYB_VM_TIMEOUT (s, VM
-# wall limit, default 240), HYB_VM_FUZZ (fuzzer seconds, default 20),
+# wall limit, default 420), HYB_VM_FUZZ (fuzzer seconds, default 20),
 # HYB_VM_ACCEL (tcg|kvm, default tcg), HYB_VM_KVER (kernel version to use),
 # HYB_VM_ONLY (comma-separated hybtest names to run, default all), HYB_VM_BUILD
 # (where `make` put libhyb.a and the hybctl objects, default build).
@@ -21,7 +21,7 @@ set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${HYB_VM_OUT:-$ROOT/build/vm}
-VM_TIMEOUT=${HYB_VM_TIMEOUT:-240}
+VM_TIMEOUT=${HYB_VM_TIMEOUT:-420}
 FUZZ=${HYB_VM_FUZZ:-20}
 ACCEL=${HYB_VM_ACCEL:-tcg}
 NICE="nice -n 19"
