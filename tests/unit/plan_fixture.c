@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "hyb/model.h"
 #include "test.h"
 
 const char *hyb_test_hybctl(void)
@@ -46,4 +47,41 @@ int32_t hyb_test_argmax(const float *v, uint32_t n)
 		if (v[i] > v[b])
 			b = i;
 	return (int32_t)b;
+}
+
+void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, uint32_t seed,
+			     uint32_t n_prompt, uint32_t n_gen, uint32_t skip,
+			     struct hyb_test_agreement *r)
+{
+	float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
+	int32_t toks[64];
+	char err[256];
+
+	CHECK(la && lb && n_prompt <= 64);
+	for (uint32_t i = 0; i < n_prompt; i++)
+		toks[i] = (int32_t)(3 + (seed * 2654435761u + i * 40503u) % (V - 3));
+	hyb_ctx_reset(a);
+	hyb_ctx_reset(b);
+	CHECK_MSG(!hyb_ctx_eval(a, toks, n_prompt, la, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(b, toks, n_prompt, lb, false, err, sizeof(err)), "%s", err);
+	for (uint32_t i = 0; i < n_gen; i++) {
+		int32_t next = hyb_test_argmax(la, V);
+
+		if (i >= skip) {
+			double top = 0, diff = 0;
+
+			r->agree += next == hyb_test_argmax(lb, V);
+			r->total++;
+			for (uint32_t v = 0; v < V; v++) {
+				top = fmax(top, fabs(la[v]));
+				diff = fmax(diff, fabs(la[v] - lb[v]));
+			}
+			r->max_diff = fmax(r->max_diff, diff);
+			r->max_rel = fmax(r->max_rel, top > 0 ? diff / top : diff);
+		}
+		CHECK_MSG(!hyb_ctx_eval(a, &next, 1, la, false, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(b, &next, 1, lb, false, err, sizeof(err)), "%s", err);
+	}
+	free(la);
+	free(lb);
 }

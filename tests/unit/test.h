@@ -41,6 +41,22 @@ const char *hyb_test_plan(void);
 const char *hyb_test_hybctl(void);
 /* Index of the largest of n values (the first on ties): the greedy token. plan_fixture.c */
 int32_t hyb_test_argmax(const float *v, uint32_t n);
+/* Greedy agreement of two contexts: counts and the largest logit differences. */
+struct hyb_test_agreement {
+	uint32_t agree, total;
+	double max_diff; /* absolute */
+	double max_rel;  /* relative to the largest logit of a's */
+};
+struct hyb_ctx;
+/*
+ * Both contexts are reset and fed a prompt of n_prompt (<= 64) pseudo-random
+ * tokens (from seed), then a's greedy continuation of n_gen tokens; from
+ * generated position `skip` on, counts where b's greedy pick agrees and
+ * tracks the logit differences. plan_fixture.c
+ */
+void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, uint32_t seed,
+			     uint32_t n_prompt, uint32_t n_gen, uint32_t skip,
+			     struct hyb_test_agreement *r);
 /* Runs a shell command with its output in log; its exit status (-1: killed). shell_fixture.c */
 int hyb_test_sh(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The last 40 lines of a log on stderr, so a failure shows its cause. */

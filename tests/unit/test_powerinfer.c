@@ -92,43 +92,6 @@ static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
 	return c;
 }
 
-/*
- * The greedy continuation of a pseudo-random prompt by context a, fed to both;
- * counts the positions where b's greedy pick agrees and the largest logit
- * difference relative to the largest logit.
- */
-static void compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, uint32_t seed,
-		    uint32_t n_gen, uint32_t *agree, uint32_t *total, double *max_rel)
-{
-	float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
-	int32_t toks[12];
-	char err[256];
-
-	CHECK(la && lb);
-	for (int i = 0; i < 12; i++)
-		toks[i] = (int32_t)(3 + (seed * 2654435761u + (uint32_t)i * 40503u) % (V - 3));
-	hyb_ctx_reset(a);
-	hyb_ctx_reset(b);
-	CHECK_MSG(!hyb_ctx_eval(a, toks, 12, la, false, err, sizeof(err)), "%s", err);
-	CHECK_MSG(!hyb_ctx_eval(b, toks, 12, lb, false, err, sizeof(err)), "%s", err);
-	for (uint32_t i = 0; i < n_gen; i++) {
-		int32_t next = hyb_test_argmax(la, V);
-		double top = 0, diff = 0;
-
-		*agree += next == hyb_test_argmax(lb, V);
-		(*total)++;
-		for (uint32_t v = 0; v < V; v++) {
-			top = fmax(top, fabs(la[v]));
-			diff = fmax(diff, fabs(la[v] - lb[v]));
-		}
-		*max_rel = fmax(*max_rel, diff / top);
-		CHECK_MSG(!hyb_ctx_eval(a, &next, 1, la, false, err, sizeof(err)), "%s", err);
-		CHECK_MSG(!hyb_ctx_eval(b, &next, 1, lb, false, err, sizeof(err)), "%s", err);
-	}
-	free(la);
-	free(lb);
-}
-
 static const struct gguf_tensor *tensor(const struct gguf_file *g, uint32_t l, const char *sfx)
 {
 	char name[96];
@@ -146,8 +109,7 @@ TEST(pi_model_decodes_like_its_source)
 
 	make_model(&f, "--predictor random --hidden 32");
 	struct hyb_model *src = load(f.src), *pi = load(f.model);
-	uint32_t agree = 0, total = 0;
-	double rel = 0;
+	struct hyb_test_agreement r = { 0 };
 
 	CHECK(!src->powerinfer && pi->powerinfer);
 	/* no hyb.ffn_act in PowerInfer's files: ReLU, as its llama.cpp computes them */
@@ -163,13 +125,13 @@ TEST(pi_model_decodes_like_its_source)
 	struct hyb_ctx *a = ctx(src, HYB_FFN_DENSE), *b = ctx(pi, HYB_FFN_DENSE);
 
 	for (uint32_t s = 0; s < 3; s++)
-		compare(a, b, src->hp.n_vocab, 1 + s, 16, &agree, &total, &rel);
+		hyb_test_greedy_compare(a, b, src->hp.n_vocab, 1 + s, 12, 16, 0, &r);
 	printf("    agreement %u/%u, largest logit difference %.2g of the largest logit\n",
-	       agree, total, rel);
+	       r.agree, r.total, r.max_rel);
 	/* the same F16 weights; down runs as axpy over float activations instead
 	 * of a dot with activations rounded to F16 */
-	CHECK_EQ_INT(agree, total);
-	CHECK_MSG(rel < 2e-2, "logits differ by %g of the largest", rel);
+	CHECK_EQ_INT(r.agree, r.total);
+	CHECK_MSG(r.max_rel < 2e-2, "logits differ by %g of the largest", r.max_rel);
 	hyb_ctx_free(a);
 	hyb_ctx_free(b);
 	hyb_model_free(src);
@@ -418,15 +380,15 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 	struct hyb_model *m = load(f.plan);
 	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
 	struct hyb_sparse_stats st, st2;
-	uint32_t agree = 0, total = 0;
-	double rel = 0;
+	struct hyb_test_agreement r = { 0 };
 
 	for (uint32_t q = 0; q < 3; q++)
-		compare(d, s, m->hp.n_vocab, 10 + q, 20, &agree, &total, &rel);
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 10 + q, 12, 20, 0, &r);
 	hyb_ctx_sparse_stats(s, &st);
-	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%, logits within %.2g\n", agree,
-	       total, 100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons, rel);
-	CHECK_MSG(agree * 100 >= total * 95, "greedy agreement %u/%u", agree, total);
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%, logits within %.2g\n",
+	       r.agree, r.total, 100.0 * st.predicted / st.neurons,
+	       100.0 * st.nonzero / st.neurons, r.max_rel);
+	CHECK_MSG(r.agree * 100 >= r.total * 95, "greedy agreement %u/%u", r.agree, r.total);
 	CHECK_MSG(st.predicted < st.neurons / 2, "predicted %llu of %llu",
 		  (unsigned long long)st.predicted, (unsigned long long)st.neurons);
 	/* exact: nearly everything predicted fires (F16 rounding aside) */
@@ -437,9 +399,9 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 	/* fed the other convention's input, the same predictors predict other sets */
 	m->pred_input = HYB_PRED_ADJACENT;
 	s = ctx(m, HYB_FFN_SPARSE);
-	agree = total = 0;
+	r = (struct hyb_test_agreement){ 0 };
 	for (uint32_t q = 0; q < 3; q++)
-		compare(d, s, m->hp.n_vocab, 10 + q, 20, &agree, &total, &rel);
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 10 + q, 12, 20, 0, &r);
 	hyb_ctx_sparse_stats(s, &st2);
 	printf("    adjacent input instead: predicted %.1f%%, fired %.2f%% of them (%.2f%% "
 	       "same-layer)\n", 100.0 * st2.predicted / st2.neurons,
@@ -521,8 +483,7 @@ TEST(pi_q4_0_plan_copies_quantized_down_rows)
 	struct hyb_model *pi = load(f.model), *m = load(f.plan);
 	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
 	struct hyb_sparse_stats st;
-	uint32_t agree = 0, total = 0;
-	double rel = 0;
+	struct hyb_test_agreement r = { 0 };
 
 	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
 		const struct hyb_ffn_plan *P = &m->layers[l].plan;
@@ -541,12 +502,12 @@ TEST(pi_q4_0_plan_copies_quantized_down_rows)
 		}
 	}
 	for (uint32_t q = 0; q < 2; q++)
-		compare(d, s, m->hp.n_vocab, 20 + q, 20, &agree, &total, &rel);
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 20 + q, 12, 20, 0, &r);
 	hyb_ctx_sparse_stats(s, &st);
-	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%\n", agree, total,
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%\n", r.agree, r.total,
 	       100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons);
 	/* fc1 comes from the F16 gate, the model's gate is Q4_0: close, not exact */
-	CHECK_MSG(agree * 100 >= total * 90, "greedy agreement %u/%u", agree, total);
+	CHECK_MSG(r.agree * 100 >= r.total * 90, "greedy agreement %u/%u", r.agree, r.total);
 	CHECK(st.predicted < st.neurons / 2);
 	hyb_ctx_free(d);
 	hyb_ctx_free(s);

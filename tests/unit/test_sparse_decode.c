@@ -4,7 +4,7 @@
  * plan -> hyb_ctx with HYB_FFN_SPARSE, on a small ReLU model.
  *   - With a predictor forced to mark every neuron, sparse decoding must
  *     give dense decoding's logits (the operator path, minus prediction).
- *   - With the trained predictors it must agree with dense decoding on
+ *   - With the trained predictors it must r.agree with dense decoding on
  *     nearly every greedy token while computing a fraction of the FFN.
  */
 #include <stdio.h>
@@ -24,47 +24,6 @@ static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
 
 	CHECK_MSG(c, "%s", err);
 	return c;
-}
-
-/*
- * Feed both contexts the dense context's greedy continuation of a prompt
- * of n_prompt pseudo-random tokens; count positions where the greedy picks
- * agree, and track the largest logit difference.
- */
-static void compare(struct hyb_ctx *d, struct hyb_ctx *s, const struct hyb_model *m,
-		    uint32_t seed, uint32_t n_gen, uint32_t *agree, uint32_t *total,
-		    double *max_diff)
-{
-	const uint32_t V = m->hp.n_vocab;
-	float *ld = malloc(sizeof(float) * V), *ls = malloc(sizeof(float) * V);
-	int32_t toks[16];
-	char err[256];
-
-	CHECK(ld && ls);
-	for (int i = 0; i < 16; i++)
-		toks[i] = (int32_t)(3 + (seed * 2654435761u + (uint32_t)i * 40503u) % (V - 3));
-	hyb_ctx_reset(d);
-	hyb_ctx_reset(s);
-	CHECK_MSG(!hyb_ctx_eval(d, toks, 16, ld, false, err, sizeof(err)), "%s", err);
-	CHECK_MSG(!hyb_ctx_eval(s, toks, 16, ls, false, err, sizeof(err)), "%s", err);
-	for (uint32_t i = 0; i < n_gen; i++) {
-		int32_t next = hyb_test_argmax(ld, V);
-
-		if (i > 0) {
-			*agree += next == hyb_test_argmax(ls, V);
-			(*total)++;
-			for (uint32_t v = 0; v < V; v++) {
-				double diff = ld[v] > ls[v] ? ld[v] - ls[v] : ls[v] - ld[v];
-
-				if (diff > *max_diff)
-					*max_diff = diff;
-			}
-		}
-		CHECK_MSG(!hyb_ctx_eval(d, &next, 1, ld, false, err, sizeof(err)), "%s", err);
-		CHECK_MSG(!hyb_ctx_eval(s, &next, 1, ls, false, err, sizeof(err)), "%s", err);
-	}
-	free(ld);
-	free(ls);
 }
 
 TEST(sparse_decode_all_predicted_equals_dense)
@@ -87,18 +46,17 @@ TEST(sparse_decode_all_predicted_equals_dense)
 		m->layers[l].plan.fc2_bias = bias;
 
 	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
-	uint32_t agree = 0, total = 0;
-	double max_diff = 0;
+	struct hyb_test_agreement r = { 0 };
 	struct hyb_sparse_stats st;
 
 	CHECK(hyb_ctx_sparse(s) && !hyb_ctx_sparse(d));
-	compare(d, s, m, 1, 24, &agree, &total, &max_diff);
+	hyb_test_greedy_compare(d, s, m->hp.n_vocab, 1, 16, 24, 1, &r);
 	hyb_ctx_sparse_stats(s, &st);
 	CHECK_EQ_INT(st.predicted, st.neurons);
 	CHECK(st.nonzero < st.neurons / 2); /* ReLU: most neurons still skip up and down */
-	CHECK_EQ_INT(agree, total);
+	CHECK_EQ_INT(r.agree, r.total);
 	/* the same weights, summed in another order */
-	CHECK_MSG(max_diff < 1e-3, "largest logit difference %g", max_diff);
+	CHECK_MSG(r.max_diff < 1e-3, "largest logit difference %g", r.max_diff);
 	hyb_ctx_free(d);
 	hyb_ctx_free(s);
 	hyb_model_free(m);
@@ -113,14 +71,13 @@ TEST(sparse_decode_trained_predictors_agree_with_dense)
 
 	CHECK_MSG(m, "%s", err);
 	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
-	uint32_t agree = 0, total = 0;
-	double max_diff = 0;
+	struct hyb_test_agreement r = { 0 };
 	struct hyb_sparse_stats st;
 
 	for (uint32_t p = 0; p < 6; p++)
-		compare(d, s, m, 100 + p, 24, &agree, &total, &max_diff);
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 100 + p, 16, 24, 1, &r);
 	hyb_ctx_sparse_stats(s, &st);
-	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%\n", agree, total,
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%\n", r.agree, r.total,
 	       100.0 * st.predicted / st.neurons, 100.0 * st.nonzero / st.neurons);
 	CHECK_EQ_INT(st.layer_steps, 6ull * 24 * m->hp.n_layer);
 	/* the predictors mark a minority of neurons, and a superset of most
@@ -128,7 +85,7 @@ TEST(sparse_decode_trained_predictors_agree_with_dense)
 	CHECK_MSG(st.predicted < st.neurons / 2, "predicted %llu of %llu",
 		  (unsigned long long)st.predicted, (unsigned long long)st.neurons);
 	CHECK(st.nonzero > st.neurons / 20);
-	CHECK_MSG(agree * 100 >= total * 90, "greedy agreement %u/%u", agree, total);
+	CHECK_MSG(r.agree * 100 >= r.total * 90, "greedy agreement %u/%u", r.agree, r.total);
 	hyb_ctx_free(d);
 	hyb_ctx_free(s);
 	hyb_model_free(m);
