@@ -11,6 +11,7 @@
  */
 #include "hyb/gguf.h"
 #include "hyb/tensor_type.h"
+#include "map_guard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -540,6 +541,7 @@ int gguf_parse(const void *buf, uint64_t size, struct gguf_file **out, char *err
 		return fail(&c, "out of memory");
 	f->base = buf;
 	f->size = size;
+	f->map_guard = -1;
 	if (parse_header(&c, f) || parse_kvs(&c, f) || parse_alignment(&c, f)) {
 		gguf_close(f);
 		return -1;
@@ -576,7 +578,7 @@ int gguf_open(const char *path, struct gguf_file **out, char *err, size_t errlen
 	char sub[512];
 	struct stat st;
 	void *map;
-	int fd;
+	int fd, guard;
 
 	*out = NULL;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -602,12 +604,17 @@ int gguf_open(const char *path, struct gguf_file **out, char *err, size_t errlen
 	close(fd);
 	if (map == MAP_FAILED)
 		return say(err, errlen, "cannot map %s: %s", path, strerror(errno));
+	/* a page that cannot be read in is reported, not dumped (map_guard.h) */
+	guard = hyb_map_guard_add(map, (uint64_t)st.st_size, path);
 	if (gguf_parse(map, (uint64_t)st.st_size, out, sub, sizeof(sub))) {
+		hyb_map_guard_remove(guard);
 		munmap(map, (size_t)st.st_size);
 		return say(err, errlen, "%s: %s", path, sub);
 	}
 	(*out)->map = map;
 	(*out)->map_len = (uint64_t)st.st_size;
+	(*out)->map_guard = guard;
+	hyb_map_guard_set_gguf(guard, *out);
 	return 0;
 }
 
@@ -624,8 +631,10 @@ void gguf_close(struct gguf_file *f)
 	free(f->tensors);
 	free(f->kv_index);
 	free(f->tensor_index);
-	if (f->map)
+	if (f->map) {
+		hyb_map_guard_remove(f->map_guard);
 		munmap(f->map, (size_t)f->map_len);
+	}
 	free(f);
 }
 

@@ -32,7 +32,9 @@
  *       (O_DIRECT and buffered), `hyb run -m`, hybd -f and daemonised hybd
  *       must each fail in bounded time naming the file, a failed read and
  *       the 4096-byte block holding BAD_OFF, and publish nothing (no manifest,
- *       pools, pid file or queue daemon; an app asking gets an error). Then
+ *       pools, pid file or queue daemon; an app asking gets an error).
+ *       HYB_LOAD=mmap `hyb run -m` (weights read in place: the failed read
+ *       is a SIGBUS) exits 1 naming a byte of that page and its tensor. Then
  *       hybd with that tensor left on storage (dram_budget) loads, fails an
  *       app's LOAD of it with -EIO (logged the same way) and keeps serving.
  *
@@ -848,6 +850,51 @@ static void ioerr_hyb_run(const char *hyb, const char *model, uint64_t bad)
 	     line_with(err, "read of"));
 }
 
+/*
+ * `HYB_LOAD=mmap hyb run -m MODEL`: the weights are computed in place, so the
+ * failed read surfaces as SIGBUS when a kernel first touches the bad page.
+ * The map guard (libhyb/map_guard.h) must turn it into exit 1 and a line
+ * naming the file, a byte in the bad page and the tensor holding it - not a
+ * death by signal.
+ */
+static void ioerr_hyb_run_mmap(const char *hyb, const char *model, uint64_t bad)
+{
+	const char *argv[] = { hyb, "run", "-m", model, "-p", PROMPT, "-n", "4", "--print-ids",
+			       "-t", "1", NULL };
+	double t0 = hyb_now();
+	unsigned long long byte = 0;
+	char name[128] = "", *err;
+	const char *p;
+	pid_t pid;
+	int st, k = 0;
+
+	drop_caches();
+	setenv("HYB_LOAD", "mmap", 1);
+	pid = spawn(argv, "/tmp/hyb.out", "/tmp/hyb.err");
+	unsetenv("HYB_LOAD");
+	st = wait_exit(pid, 60000);
+	if (st < 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		die("HYB_LOAD=mmap hyb run -m %s still runs 60 s after the drive failed a read",
+		    model);
+	}
+	if (WIFSIGNALED(st))
+		die("HYB_LOAD=mmap hyb run -m: killed by signal %d (%s), want exit 1 and a report",
+		    WTERMSIG(st), strsignal(WTERMSIG(st)));
+	err = slurp("/tmp/hyb.err");	/* (one static buffer) */
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1)
+		die("HYB_LOAD=mmap hyb run -m: status %#x (want exit 1): %s", st, err);
+	p = strstr(err, "cannot read byte ");
+	if (!strstr(err, model) || !p ||
+	    sscanf(p, "cannot read byte %llu (tensor %127[^,],%n", &byte, name, &k) != 2 || !k ||
+	    byte / 4096 != bad / 4096 || strcmp(name, "blk.1.ffn_up.weight"))
+		die("HYB_LOAD=mmap hyb run -m: the report does not name byte %llu's page and "
+		    "blk.1.ffn_up.weight: %s", (unsigned long long)bad, err);
+	note("HYB_LOAD=mmap hyb run -m: exit 1 after %.0f ms: \"%s\"", ms_since(t0),
+	     line_with(err, "cannot read"));
+}
+
 /* Pools of the kmod backend whose names start with prefix; listed in names. */
 static unsigned int pools_named(const char *prefix, char *names, size_t len)
 {
@@ -1157,8 +1204,10 @@ static int cmd_ioerr(const char *bin, const char *conf, const char *model, uint6
 		die("pools named bad.* exist before the test:%s", names);
 	ioerr_embedded(model, bad, false);
 	ioerr_embedded(model, bad, true);
-	if (hyb)
+	if (hyb) {
 		ioerr_hyb_run(hyb, model, bad);
+		ioerr_hyb_run_mmap(hyb, model, bad);
+	}
 	ioerr_hybd(bin, conf, model, bad);
 	ioerr_hybd_daemon(bin, conf, model, bad);
 	if (hyb) {
