@@ -95,6 +95,12 @@ struct hyb_ffn_hybrid {
 	struct hyb_balancer_feedback *fb; /* [L] */
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
 	double t_layer_in, window_s, group_load_s;
+	/*
+	 * Loads with a sequence number above this were issued by this layer's
+	 * own decision (same-layer mode; UINT64_MAX otherwise): late by
+	 * construction, so not a sign for the bottleneck test (split_ffn).
+	 */
+	uint64_t seq_fresh;
 	struct hyb_hybrid_stats st;
 };
 
@@ -189,6 +195,8 @@ static int balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act, ui
 		snprintf(err, errlen, "layer %u: balancer rejected the active set", l);
 		return -1;
 	}
+	h->st.bound_io += hyb_balancer_bottleneck(h->bal, l) == HYB_BOUND_IO;
+	h->st.bound_cpu += hyb_balancer_bottleneck(h->bal, l) == HYB_BOUND_CPU;
 	for (uint32_t i = 0; i < ne; i++)
 		evict_group(h, l, h->evict[i]);
 	for (uint32_t i = 0; i < nl; i++) {
@@ -324,7 +332,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 {
 	struct hyb_sparse_ffn_stats st;
 	const hyb_dptr d_xn = on_dev ? hyb_hdense_xn(h->hd) : h->d_xn;
-	uint32_t n_dev = 0, n_cpu = 0, late = 0, n_dgroups = 0;
+	uint32_t n_dev = 0, n_cpu = 0, late = 0, late_stale = 0, n_dgroups = 0;
 	double tq, tc, ts;
 
 	memset(h->usable, -1, h->NG);
@@ -335,8 +343,11 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 		if (group_usable(h, l, g)) {
 			h->h_list[n_dev++] = h->act[i];
 		} else {
+			const int32_t slot = h->table[(size_t)l * h->NG + g];
+
 			h->cpu_list[n_cpu++] = h->act[i];
-			late += h->table[(size_t)l * h->NG + g] >= 0;
+			late += slot >= 0;
+			late_stale += slot >= 0 && h->slot_seq[slot] <= h->seq_fresh;
 		}
 	}
 
@@ -418,7 +429,13 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	 */
 	h->fb[l].dev_s = dev_last ? te - tq : 0;
 	h->fb[l].stall_s = te - ts;
-	h->fb[l].late = late;
+	/*
+	 * The balancer hears of the late neurons whose load had a window and
+	 * missed it; the statistics count every late neuron. In same-layer mode
+	 * a load decided at this layer lands during its FFN at best: those
+	 * neurons are late on every link, so they say nothing of the link.
+	 */
+	h->fb[l].late = late_stale;
 	h->st.active += h->n_act;
 	h->st.active_dev += n_dev;
 	h->st.late += late;
@@ -558,6 +575,7 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
 	h->t_layer_in = t0;
 
 	h->cur_ready = false;
+	h->seq_fresh = h->m->pred_input == HYB_PRED_SAME_LAYER ? h->seq_issued : UINT64_MAX;
 	if (h->m->pred_input == HYB_PRED_SAME_LAYER ?
 	    step_same_layer(h, pool, l, x_attn, &t1, err, errlen) :
 	    step_adjacent(h, pool, l, x_attn, &t1, err, errlen))

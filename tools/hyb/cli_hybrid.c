@@ -72,6 +72,11 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
 	fprintf(stderr, "hybrid: per token: attention %.3f ms, head %.3f ms\n",
 		1e3 * st.attn_s / n, 1e3 * st.head_s / n);
+	if (st.layer_steps)
+		fprintf(stderr, "hybrid: %.1f%% of active neurons late (loading, computed on the "
+			"CPU); bottleneck test: %.1f%% of decisions I/O-bound, %.1f%% CPU-bound\n",
+			st.active ? 100.0 * st.late / st.active : 0.0,
+			100.0 * st.bound_io / st.layer_steps, 100.0 * st.bound_cpu / st.layer_steps);
 	/* tam policies: lambda of every layer at the end (NAN past the last layer) */
 	if (!isnan(hyb_ctx_hybrid_lambda(c, 0))) {
 		fprintf(stderr, "hybrid: lambda per layer:");
@@ -284,6 +289,7 @@ int cmd_bench_hybrid(struct cli_opts *o)
 			hyb_ctx_hybrid_stats(c, &st);
 #define ADD(f) pr[i].st.f += st.f
 			ADD(tokens); ADD(active); ADD(active_dev); ADD(late); ADD(loads);
+			ADD(bound_io); ADD(bound_cpu);
 			ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
 			ADD(stall_s); ADD(predictor_s); ADD(balancer_s); ADD(attn_s); ADD(head_s);
 #undef ADD

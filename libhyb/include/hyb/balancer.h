@@ -139,7 +139,9 @@ struct hyb_balancer_feedback {
 	double stall_s;     /* host time waiting for the device at the merge */
 	double backlog_s;   /* reload work still queued when this decision is made */
 	double window_s;    /* time the loads decided now have before they are used */
-	uint32_t late;      /* active neurons whose group was loading, computed on the CPU */
+	uint32_t late;      /* active neurons whose group was loading, computed on the CPU;
+			     * only loads an earlier decision issued (a load decided for
+			     * this very step, same-layer prediction, cannot be on time) */
 	uint32_t n_active;  /* predicted-active neurons of the step */
 };
 

@@ -65,6 +65,8 @@ struct hyb_hybrid_stats {
 	uint64_t active;          /* predicted-active neurons */
 	uint64_t active_dev;      /* of those, computed on the device */
 	uint64_t late;            /* resident but still loading: computed on the CPU */
+	uint64_t bound_io;        /* balancer decisions whose bottleneck test said I/O-bound */
+	uint64_t bound_cpu;       /* ... CPU-bound (hyb/balancer.h; the rest: neither) */
 	uint64_t loads, evicts;   /* groups */
 	uint64_t load_bytes;      /* RELOAD traffic */
 	uint64_t critical_bytes;  /* inputs and partial results over the link */
