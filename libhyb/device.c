@@ -398,7 +398,12 @@ int hyb_device_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr 
 
 struct hyb_device_event *hyb_device_event_new(struct hyb_device *d)
 {
-	return d ? d->ops->event_new(d) : NULL;
+	return d ? d->ops->event_new(d, false) : NULL;
+}
+
+struct hyb_device_event *hyb_device_event_new_timed(struct hyb_device *d)
+{
+	return d ? d->ops->event_new(d, true) : NULL;
 }
 
 void hyb_device_event_free(struct hyb_device *d, struct hyb_device_event *ev)
@@ -446,6 +451,18 @@ int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev)
 	if (!ev)
 		return hyb_device_fail(d, -EINVAL, "sync: NULL event");
 	return d->ops->sync(d, ev);
+}
+
+int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
+		       struct hyb_device_event *b, double *s)
+{
+	int rc = check_dev(d, 0, "elapsed");
+
+	if (rc)
+		return rc;
+	if (!a || !b || !s)
+		return hyb_device_fail(d, -EINVAL, "elapsed: NULL argument");
+	return d->ops->elapsed(d, a, b, s);
 }
 
 /* ---- kernels -------------------------------------------------------------------- */

@@ -102,11 +102,18 @@ struct engine {
 	double until;
 };
 
-/* An event: the op (stream, seq) it completes with; seq 0: complete. */
+/*
+ * An event: the op (stream, seq) it completes with; seq 0: complete. A timed
+ * event is a marker op of its own (cpu_record), so the time it completes is
+ * in done_at even when its stream was idle.
+ */
 struct cpu_event {
 	uint64_t seq;
 	int s;
+	bool timed;
 };
+
+#define DONE_RING 1024 /* completion times kept per stream (hyb_device_elapsed) */
 
 struct cpu_dev {
 	struct hyb_device base;
@@ -116,6 +123,7 @@ struct cpu_dev {
 	double pcie_bps, lat_s, hbm_bps, launch_s;
 	struct queue q[HYB_N_STREAMS];
 	uint64_t last_seq[HYB_N_STREAMS], done_seq[HYB_N_STREAMS], gseq;
+	double done_at[HYB_N_STREAMS][DONE_RING]; /* by seq % DONE_RING: when it completed */
 	struct engine eng[N_ENG];
 
 	struct hyb_sparse_ffn_ctx *ffn; /* sized to the largest shape seen */
@@ -198,6 +206,7 @@ static void complete(struct cpu_dev *c, int s)
 	struct queue *q = &c->q[s];
 
 	c->done_seq[s] = q->op[q->first].seq;
+	c->done_at[s][c->done_seq[s] % DONE_RING] = c->t;
 	q->first = (q->first + 1) % q->cap;
 	q->n--;
 	if (q->n)
@@ -380,10 +389,14 @@ static int cpu_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr 
 	return copy(cpu(d), s, OP_D2H, dst, (const void *)(uintptr_t)src, len);
 }
 
-static struct hyb_device_event *cpu_event_new(struct hyb_device *d)
+static struct hyb_device_event *cpu_event_new(struct hyb_device *d, bool timed)
 {
+	struct cpu_event *e = calloc(1, sizeof(*e));
+
 	(void)d;
-	return calloc(1, sizeof(struct cpu_event));
+	if (e)
+		e->timed = timed;
+	return (struct hyb_device_event *)e;
 }
 
 static void cpu_event_free(struct hyb_device *d, struct hyb_device_event *ev)
@@ -394,11 +407,24 @@ static void cpu_event_free(struct hyb_device *d, struct hyb_device_event *ev)
 
 static int cpu_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
 {
+	struct cpu_dev *c = cpu(d);
 	struct cpu_event *e = (struct cpu_event *)ev;
+	double r0;
+	int rc;
 
 	e->s = s;
-	e->seq = cpu(d)->last_seq[s];
-	return 0;
+	if (!e->timed) {
+		e->seq = c->last_seq[s];
+		return 0;
+	}
+	/* a marker after the stream's last op: it completes when that does, or now */
+	const struct op o = { .kind = OP_MARK, .dep_s = (uint8_t)s, .dep_seq = c->last_seq[s] };
+
+	enter(c, &r0);
+	rc = push(c, s, &o);
+	e->seq = rc ? 0 : c->last_seq[s];
+	leave(c, r0);
+	return rc;
 }
 
 static int cpu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
@@ -430,6 +456,30 @@ static bool cpu_done(struct hyb_device *d, struct hyb_device_event *ev)
 	done = op_done(c, e->s, e->seq);
 	leave(c, r0);
 	return done;
+}
+
+static int cpu_elapsed(struct hyb_device *d, struct hyb_device_event *a,
+		       struct hyb_device_event *b, double *s)
+{
+	struct cpu_dev *c = cpu(d);
+	const struct cpu_event *ea = (const struct cpu_event *)a, *eb = (const struct cpu_event *)b;
+	double r0;
+	int rc = 0;
+
+	if (!ea->timed || !eb->timed || !ea->seq || !eb->seq)
+		return hyb_device_fail(d, -EINVAL, "elapsed: %s event", !ea->timed || !eb->timed ?
+				       "an untimed" : "a never recorded");
+	enter(c, &r0);
+	if (!op_done(c, ea->s, ea->seq) || !op_done(c, eb->s, eb->seq))
+		rc = hyb_device_fail(d, -EAGAIN, "elapsed: an event has not completed");
+	else if (c->done_seq[ea->s] - ea->seq >= DONE_RING ||
+		 c->done_seq[eb->s] - eb->seq >= DONE_RING)
+		rc = hyb_device_fail(d, -EINVAL, "elapsed: an event older than the last %d "
+				     "completions of its stream", DONE_RING);
+	else
+		*s = c->done_at[eb->s][eb->seq % DONE_RING] - c->done_at[ea->s][ea->seq % DONE_RING];
+	leave(c, r0);
+	return rc;
 }
 
 static int cpu_sync(struct hyb_device *d, struct hyb_device_event *ev)
@@ -872,6 +922,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.wait = cpu_wait,
 	.done = cpu_done,
 	.sync = cpu_sync,
+	.elapsed = cpu_elapsed,
 	.sparse_ffn = cpu_sparse_ffn,
 	.add = cpu_add,
 	.rmsnorm = cpu_rmsnorm,

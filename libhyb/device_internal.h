@@ -52,12 +52,14 @@ struct hyb_device_ops {
 		   uint64_t len);
 	int (*d2h)(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr src,
 		   uint64_t len);
-	struct hyb_device_event *(*event_new)(struct hyb_device *d);
+	struct hyb_device_event *(*event_new)(struct hyb_device *d, bool timed);
 	void (*event_free)(struct hyb_device *d, struct hyb_device_event *ev);
 	int (*record)(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev);
 	int (*wait)(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev);
 	bool (*done)(struct hyb_device *d, struct hyb_device_event *ev);
 	int (*sync)(struct hyb_device *d, struct hyb_device_event *ev);
+	int (*elapsed)(struct hyb_device *d, struct hyb_device_event *a,
+		       struct hyb_device_event *b, double *s);
 	int (*sparse_ffn)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
 	int (*add)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
 	int (*rmsnorm)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,

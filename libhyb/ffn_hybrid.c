@@ -94,6 +94,7 @@ struct hyb_ffn_hybrid {
 	float *cur, *y_cpu, *part;       /* [E] */
 	struct hyb_balancer_feedback *fb; /* [L] */
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
+	struct hyb_device_event *ev_k0;  /* timed, as ev_k: the layer's kernels start */
 	double t_layer_in, window_s, group_load_s;
 	/*
 	 * Loads with a sequence number above this were issued by this layer's
@@ -333,7 +334,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	struct hyb_sparse_ffn_stats st;
 	const hyb_dptr d_xn = on_dev ? hyb_hdense_xn(h->hd) : h->d_xn;
 	uint32_t n_dev = 0, n_cpu = 0, late = 0, late_stale = 0, n_dgroups = 0;
-	double tq, tc, ts;
+	double tq, tc, ts, kern_s;
 
 	memset(h->usable, -1, h->NG);
 	poll_loads(h);
@@ -353,7 +354,8 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 
 	tq = hyb_device_now(h->dev);
 	if (n_dev) {
-		if (queue_inputs(h, l, xn, n_dev, on_dev))
+		if (queue_inputs(h, l, xn, n_dev, on_dev) ||
+		    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k0))
 			return dev_fail(h, err, errlen, "device inputs");
 		if (!h->oracle) {
 			struct hyb_dev_ffn f = dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
@@ -441,6 +443,9 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	h->st.late += late;
 	h->st.cpu_ffn_s += ts - tc;
 	h->st.dev_ffn_s += dev_last ? te - tq : 0;
+	/* ev_k has completed by now (synced, or found done): the kernels' own time */
+	if (n_dev && !hyb_device_elapsed(h->dev, h->ev_k0, h->ev_k, &kern_s))
+		h->st.dev_kernel_s += kern_s;
 	h->st.stall_s += te - ts;
 	return 0;
 }
@@ -651,12 +656,13 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->part = malloc(sizeof(float) * E);
 	h->fb = calloc(L, sizeof(*h->fb));
 	h->ev_in = hyb_device_event_new(h->dev);
-	h->ev_k = hyb_device_event_new(h->dev);
+	h->ev_k = hyb_device_event_new_timed(h->dev);
+	h->ev_k0 = hyb_device_event_new_timed(h->dev);
 	h->ev_out = hyb_device_event_new(h->dev);
 	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty || !h->slot_base ||
 	    !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 || !h->cpu_list ||
 	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->cur || !h->y_cpu ||
-	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_out)
+	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 || !h->ev_out)
 		return -1;
 	for (size_t i = 0; i < L * NG; i++)
 		h->table[i] = -1;
@@ -946,6 +952,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 				hyb_device_event_free(h->dev, h->slot_ev[s]);
 		hyb_device_event_free(h->dev, h->ev_in);
 		hyb_device_event_free(h->dev, h->ev_k);
+		hyb_device_event_free(h->dev, h->ev_k0);
 		hyb_device_event_free(h->dev, h->ev_out);
 		hyb_device_host_free(h->dev, h->table);
 		hyb_device_host_free(h->dev, h->h_xn);

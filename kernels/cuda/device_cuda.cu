@@ -61,6 +61,8 @@
 
 struct hyb_device_event {
 	cudaEvent_t ev;
+	bool timed;     /* created without cudaEventDisableTiming */
+	bool recorded;  /* cudaEventElapsedTime refuses an event never recorded */
 };
 
 /* A piece of the arena; the array is sorted by offset and covers the arena. */
@@ -375,7 +377,7 @@ static int cu_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr s
 
 /* ---- events -------------------------------------------------------------------------- */
 
-static struct hyb_device_event *cu_event_new(struct hyb_device *d)
+static struct hyb_device_event *cu_event_new(struct hyb_device *d, bool timed)
 {
 	struct cudev *c = cu(d);
 	struct hyb_device_event *ev;
@@ -388,7 +390,8 @@ static struct hyb_device_event *cu_event_new(struct hyb_device *d)
 		hyb_device_fail(d, -ENOMEM, "cuda event: out of host memory");
 		return NULL;
 	}
-	e = cudaEventCreateWithFlags(&ev->ev, cudaEventDisableTiming);
+	ev->timed = timed;
+	e = cudaEventCreateWithFlags(&ev->ev, timed ? cudaEventDefault : cudaEventDisableTiming);
 	if (e != cudaSuccess) {
 		free(ev);
 		soft(c, e, -ENOMEM, "cudaEventCreateWithFlags");
@@ -414,7 +417,10 @@ static int cu_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_
 	if (rc)
 		return rc;
 	e = cudaEventRecord(ev->ev, c->st[s]);
-	return e == cudaSuccess ? 0 : fault(c, e, "cudaEventRecord");
+	if (e != cudaSuccess)
+		return fault(c, e, "cudaEventRecord");
+	ev->recorded = true;
+	return 0;
 }
 
 static int cu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev)
@@ -460,6 +466,29 @@ static int cu_sync(struct hyb_device *d, struct hyb_device_event *ev)
 	if (e != cudaSuccess)
 		return fault(c, e, "cudaEventSynchronize");
 	return check_bad(c);
+}
+
+/* Both events completed: their distance on the GPU's clock (about 0.5 us resolution). */
+static int cu_elapsed(struct hyb_device *d, struct hyb_device_event *a,
+		      struct hyb_device_event *b, double *s)
+{
+	struct cudev *c = cu(d);
+	cudaError_t e;
+	float ms = 0;
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	if (!a->timed || !b->timed || !a->recorded || !b->recorded)
+		return hyb_device_fail(d, -EINVAL, "elapsed: %s event",
+				       !a->timed || !b->timed ? "an untimed" : "a never recorded");
+	e = cudaEventElapsedTime(&ms, a->ev, b->ev);
+	if (e == cudaErrorNotReady)
+		return soft(c, e, -EAGAIN, "cudaEventElapsedTime");
+	if (e != cudaSuccess)
+		return fault(c, e, "cudaEventElapsedTime");
+	*s = 1e-3 * (double)ms;
+	return 0;
 }
 
 /* ---- kernels -------------------------------------------------------------------------- */
@@ -791,6 +820,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_wait,
 	cu_done,
 	cu_sync,
+	cu_elapsed,
 	cu_sparse_ffn,
 	cu_add,
 	cu_rmsnorm,

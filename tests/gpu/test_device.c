@@ -599,6 +599,55 @@ TEST(gpu_dev_ffn_nonresident_faults)
  * bandwidth of the bytes it reads (gate rows of the listed neurons, up and
  * down rows of those that pass the gate) against the device's HBM peak.
  */
+/*
+ * Timed events on the GPU: a 256 MiB pinned upload measured by the device's
+ * clock agrees with the host's wall time around it (within the launch and
+ * sync slack) and implies a PCIe-like rate; untimed and never-recorded
+ * events are refused without faulting the device.
+ */
+TEST(gpu_dev_elapsed)
+{
+	const uint64_t n = 256 * MiB;
+	struct hyb_device *d;
+	struct hyb_device_event *a, *b, *untimed, *never;
+	void *host;
+	hyb_dptr p;
+	double s = -1, t0, wall;
+
+	need_gpu();
+	d = open_kind("cuda", n + 64 * MiB, 0);
+	a = hyb_device_event_new_timed(d);
+	b = hyb_device_event_new_timed(d);
+	never = hyb_device_event_new_timed(d);
+	untimed = hyb_device_event_new(d);
+	host = hyb_device_host_alloc(d, n);
+	CHECK(a && b && never && untimed && host);
+	memset(host, 1, n);
+	p = dalloc(d, n);
+	drain(d, HYB_STREAM_CRITICAL);
+	t0 = hyb_device_now(d);
+	OK(d, hyb_device_record(d, HYB_STREAM_CRITICAL, a));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, host, n));
+	OK(d, hyb_device_record(d, HYB_STREAM_CRITICAL, b));
+	OK(d, hyb_device_sync(d, b));
+	wall = hyb_device_now(d) - t0;
+	OK(d, hyb_device_elapsed(d, a, b, &s));
+	fprintf(stderr, "    256 MiB h2d: %.3f ms by events (%.1f GB/s), %.3f ms by the host\n",
+		1e3 * s, n / s / 1e9, 1e3 * wall);
+	CHECK_MSG(s > 0 && s <= wall + 1e-4, "events %.6f s, host %.6f s", s, wall);
+	CHECK_MSG(n / s > 1e9 && n / s < 200e9, "%.1f GB/s", n / s / 1e9);
+	CHECK_EQ_INT(hyb_device_elapsed(d, untimed, b, &s), -EINVAL);
+	CHECK_EQ_INT(hyb_device_elapsed(d, a, never, &s), -EINVAL);
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, host, MiB));
+	drain(d, HYB_STREAM_CRITICAL);
+	hyb_device_host_free(d, host);
+	hyb_device_event_free(d, a);
+	hyb_device_event_free(d, b);
+	hyb_device_event_free(d, never);
+	hyb_device_event_free(d, untimed);
+	hyb_device_close(d);
+}
+
 TEST(gpu_dev_timing)
 {
 	static const uint32_t types[] = { HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0 };

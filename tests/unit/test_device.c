@@ -373,6 +373,84 @@ TEST(dev_time_one_copy)
 	hyb_device_close(d);
 }
 
+/*
+ * Timed events (hyb_device_elapsed): the device's own time between two
+ * points of a stream - two copies, a kernel that waited for a copy on
+ * another stream, an idle stream across host time - whatever the host did.
+ */
+TEST(dev_elapsed_times_the_work)
+{
+	struct hyb_device *d = open_cpu(&slow);
+	struct hyb_device_event *t[6], *untimed = hyb_device_event_new(d);
+	char *buf = xmalloc(N_COPY);
+	hyb_dptr p = dalloc(d, N_COPY), y = dalloc(d, 8 * N_ADD);
+	struct mark m0, m1;
+	double s = -1;
+
+	for (int i = 0; i < 6; i++)
+		CHECK((t[i] = hyb_device_event_new_timed(d)) != NULL);
+	memset(buf, 1, N_COPY);
+	m0 = mark(d);
+	CHECK(hyb_device_record(d, HYB_STREAM_CRITICAL, t[0]) == 0);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, N_COPY) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_CRITICAL, t[1]) == 0);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, N_COPY) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_CRITICAL, t[2]) == 0);
+	/* a kernel that waits for the first copy */
+	CHECK(hyb_device_wait(d, HYB_STREAM_COMPUTE, t[1]) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_COMPUTE, t[3]) == 0);
+	CHECK(hyb_device_add(d, HYB_STREAM_COMPUTE, y, y + 4 * N_ADD, N_ADD) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_COMPUTE, t[4]) == 0);
+	m1 = mark(d);
+	if (m1.own - m0.own < D_COPY / 2) {
+		/* not completed yet: -EAGAIN, and the device goes on */
+		CHECK_EQ_INT(hyb_device_elapsed(d, t[0], t[2], &s), -EAGAIN);
+		CHECK(s == -1);
+	}
+	CHECK(hyb_device_sync(d, t[2]) == 0);
+	CHECK(hyb_device_sync(d, t[4]) == 0);
+	/* t[0] completed when recorded: the copy began the host's own time later */
+	CHECK(hyb_device_elapsed(d, t[0], t[1], &s) == 0);
+	CHECK_MSG(s >= D_COPY - 1e-9 && s <= D_COPY + (m1.own - m0.own) + 1e-9, "%.9f s", s);
+	CHECK(hyb_device_elapsed(d, t[1], t[2], &s) == 0);
+	CHECK_NEAR(s, D_COPY, 1e-9);
+	CHECK(hyb_device_elapsed(d, t[1], t[3], &s) == 0);
+	CHECK_NEAR(s, 0, 1e-9);
+	CHECK(hyb_device_elapsed(d, t[3], t[4], &s) == 0);
+	CHECK_NEAR(s, D_ADD, 1e-9);
+	CHECK(hyb_device_elapsed(d, t[2], t[1], &s) == 0);
+	CHECK_NEAR(s, -D_COPY, 1e-9);
+
+	/* an idle stream: a timed event completes when recorded, by the host's clock */
+	m0 = mark(d);
+	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, t[0]) == 0);
+	while (mark(d).own - m0.own < 0.02)
+		;
+	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, t[1]) == 0);
+	m1 = mark(d);
+	CHECK(hyb_device_sync(d, t[1]) == 0);
+	CHECK(hyb_device_elapsed(d, t[0], t[1], &s) == 0);
+	CHECK_MSG(s >= 0.02 - 1e-9 && s <= m1.now - m0.now + 1e-9,
+		  "idle stream: %.6f s between records %.6f s apart", s, m1.now - m0.now);
+
+	/* refused, the device usable after each: untimed, never recorded, too old */
+	CHECK_EQ_INT(hyb_device_elapsed(d, untimed, t[1], &s), -EINVAL);
+	CHECK_EQ_INT(hyb_device_elapsed(d, t[0], t[5], &s), -EINVAL);
+	CHECK(strstr(hyb_device_error(d), "never recorded"));
+	for (int i = 0; i < 1100; i++)
+		CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, t[1]) == 0);
+	CHECK(hyb_device_sync(d, t[1]) == 0);
+	CHECK_EQ_INT(hyb_device_elapsed(d, t[0], t[1], &s), -EINVAL);
+	CHECK_MSG(strstr(hyb_device_error(d), "older"), "%s", hyb_device_error(d));
+	CHECK_EQ_INT(hyb_device_elapsed(d, NULL, t[1], &s), -EINVAL);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, N_COPY) == 0);
+	free(buf);
+	for (int i = 0; i < 6; i++)
+		hyb_device_event_free(d, t[i]);
+	hyb_device_event_free(d, untimed);
+	hyb_device_close(d);
+}
+
 /* Two operations: a on sa, b on sb; the modelled time until both are done. */
 static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double want)
 {

@@ -116,6 +116,12 @@ int hyb_device_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr 
 
 /* NULL when out of memory. An event never recorded counts as completed. */
 struct hyb_device_event *hyb_device_event_new(struct hyb_device *d);
+/*
+ * An event that also keeps the time it completed, for hyb_device_elapsed
+ * (CUDA: a timing event, a little dearer to record; CPU device: a marker in
+ * its stream, completed at the modelled time the work before it ends).
+ */
+struct hyb_device_event *hyb_device_event_new_timed(struct hyb_device *d);
 void hyb_device_event_free(struct hyb_device *d, struct hyb_device_event *ev);
 /* ev completes when the work queued on s so far has completed. */
 int hyb_device_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_event *ev);
@@ -125,6 +131,16 @@ int hyb_device_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_e
 bool hyb_device_done(struct hyb_device *d, struct hyb_device_event *ev);
 /* Block the host until ev completes. */
 int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev);
+/*
+ * *s = seconds from a's completion to b's, by the device's clock: how long
+ * the work between two events recorded on one stream took on the device,
+ * whatever the host did meanwhile. Both timed and recorded: else -EINVAL;
+ * one not completed yet: -EAGAIN (not a fault; *s untouched). The CPU
+ * device remembers the last 1024 completions of each stream: an event
+ * older than that is -EINVAL.
+ */
+int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
+		       struct hyb_device_event *b, double *s);
 
 /* ---- kernels ---------------------------------------------------------------- */
 

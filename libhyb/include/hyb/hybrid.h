@@ -75,6 +75,8 @@ struct hyb_hybrid_stats {
 	double cpu_ffn_s;         /* host clock computing CPU-side neurons */
 	double dev_ffn_s;         /* device FFN past the CPU's share: queue to partial result,
 				   * counted in the steps where the device finished last */
+	double dev_kernel_s;      /* device FFN kernels, every step with device work, by the
+				   * device's clock (timed events: inputs in to partial out) */
 	double stall_s;           /* host waiting for the device at merges */
 	double ffn_s;             /* host clock in hybrid FFN layers, all of it */
 	double attn_s;            /* host clock in attention blocks (device: to the copy-down) */
