@@ -20,6 +20,8 @@ struct cpudev {
 	uint8_t *mem;
 	uint64_t *valid;		/* bytes written per slot since its last evict */
 	uint64_t bps;
+	struct region { uint8_t *addr; size_t len; } *regs;	/* pinned, as CUDA's table */
+	uint32_t n_regs, cap_regs;
 };
 
 static uint64_t now_ns(void)
@@ -73,6 +75,56 @@ static int cpu_evict(struct hyb_copydev *d, uint32_t slot)
 	return 0;
 }
 
+/*
+ * Host memory needs no pinning here; the table is kept anyway, with CUDA's
+ * rules (an overlapping region is -EEXIST), so that who pins what, and
+ * whether it is given back, is testable without a GPU.
+ */
+static int cpu_pin(struct hyb_copydev *d, void *addr, size_t len, bool read_only, char *err,
+		   size_t errlen)
+{
+	struct cpudev *c = (struct cpudev *)d;
+	uint8_t *a = addr;
+
+	(void)read_only;
+	if (!a || !len) {
+		snprintf(err, errlen, "cpu device: pin of an empty region");
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < c->n_regs; i++) {
+		if (a < c->regs[i].addr + c->regs[i].len && c->regs[i].addr < a + len) {
+			snprintf(err, errlen, "cpu device: %p is already pinned", addr);
+			return -EEXIST;
+		}
+	}
+	if (c->n_regs == c->cap_regs) {
+		uint32_t cap = c->cap_regs ? 2 * c->cap_regs : 8;
+		struct region *r = realloc(c->regs, cap * sizeof(*r));
+
+		if (!r) {
+			snprintf(err, errlen, "out of memory");
+			return -ENOMEM;
+		}
+		c->regs = r;
+		c->cap_regs = cap;
+	}
+	c->regs[c->n_regs++] = (struct region){ a, len };
+	return 0;
+}
+
+static int cpu_unpin(struct hyb_copydev *d, void *addr)
+{
+	struct cpudev *c = (struct cpudev *)d;
+
+	for (uint32_t i = 0; i < c->n_regs; i++) {
+		if (c->regs[i].addr == addr) {
+			c->regs[i] = c->regs[--c->n_regs];
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
 static void cpu_close(struct hyb_copydev *d)
 {
 	struct cpudev *c = (struct cpudev *)d;
@@ -80,6 +132,7 @@ static void cpu_close(struct hyb_copydev *d)
 	if (c->mem)
 		munmap(c->mem, (size_t)d->n_slots * d->slot_bytes);
 	free(c->valid);
+	free(c->regs);
 	free(c);
 }
 
@@ -88,6 +141,8 @@ static const struct hyb_copydev_ops cpu_ops = {
 	.sync = cpu_sync,
 	.evict = cpu_evict,
 	.close = cpu_close,
+	.pin = cpu_pin,
+	.unpin = cpu_unpin,
 };
 
 struct hyb_copydev *hyb_copydev_cpu_open(uint32_t n_slots, uint64_t slot_bytes,

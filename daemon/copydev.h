@@ -18,6 +18,8 @@
 #ifndef HYB_COPYDEV_H
 #define HYB_COPYDEV_H
 
+#include <errno.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -29,6 +31,17 @@ struct hyb_copydev_ops {
 	int (*sync)(struct hyb_copydev *d, unsigned int prio);
 	int (*evict)(struct hyb_copydev *d, uint32_t slot);
 	void (*close)(struct hyb_copydev *d);
+	/*
+	 * Optional (NULL: nothing to pin): make [addr, addr + len), a pool
+	 * mapping uploads read from, DMA-able (CUDA: cudaHostRegister; without
+	 * it an upload goes through the driver's staging copy). 0: pinned, the
+	 * caller unpins; -EEXIST: already pinned by another owner of that
+	 * mapping (not the caller's to unpin); other < 0: not pinned, uploads
+	 * still work. Called from any thread, one call at a time.
+	 */
+	int (*pin)(struct hyb_copydev *d, void *addr, size_t len, bool read_only, char *err,
+		   size_t errlen);
+	int (*unpin)(struct hyb_copydev *d, void *addr);
 };
 
 struct hyb_copydev {
@@ -38,6 +51,8 @@ struct hyb_copydev {
 	uint64_t slot_bytes;
 	uint64_t bytes_copied;		/* statistics */
 	uint64_t evictions;
+	uint64_t pinned_bytes;		/* pinned through hyb_copydev_pin, not unpinned */
+	uint32_t pinned;		/* regions of those */
 };
 
 /*
@@ -49,6 +64,31 @@ struct hyb_copydev *hyb_copydev_cpu_open(uint32_t n_slots, uint64_t slot_bytes,
 					 uint64_t bytes_per_s, char *err, size_t errlen);
 /* CPU device: the slot's bytes and how many are valid (0 after an evict). */
 const void *hyb_copydev_cpu_slot(struct hyb_copydev *d, uint32_t slot, uint64_t *valid);
+
+/* ops->pin with the statistics kept; -EOPNOTSUPP when the device pins nothing. */
+static inline int hyb_copydev_pin(struct hyb_copydev *d, void *addr, size_t len, bool read_only,
+				  char *err, size_t errlen)
+{
+	int ret;
+
+	if (!d->ops->pin)
+		return -EOPNOTSUPP;
+	ret = d->ops->pin(d, addr, len, read_only, err, errlen);
+	if (!ret) {
+		d->pinned_bytes += len;
+		d->pinned++;
+	}
+	return ret;
+}
+
+/* Undo a hyb_copydev_pin that returned 0 (len as given to it). */
+static inline void hyb_copydev_unpin(struct hyb_copydev *d, void *addr, size_t len)
+{
+	if (d->ops->unpin && !d->ops->unpin(d, addr)) {
+		d->pinned_bytes -= len;
+		d->pinned--;
+	}
+}
 
 static inline void hyb_copydev_close(struct hyb_copydev *d)
 {

@@ -42,6 +42,8 @@ struct pool_ref {
 	uint8_t *base;
 	bool writable;
 	bool stale;		/* the id now names another pool, or none */
+	bool pinned;		/* this service pinned base for the copy device */
+	size_t map_len;		/* the mapping's length, as pinned */
 	unsigned int refs;
 };
 
@@ -124,6 +126,30 @@ static int say(char *msg, int status, const char *fmt, ...)
 
 /* -- pools --------------------------------------------------------------- */
 
+/*
+ * A mapping the service made of its own (kmod backend: not hybd's loading
+ * view) is pinned for the copy device, so that an UPLOAD from it is one DMA
+ * and not the driver's staging copy. -EEXIST (the local backend hands out
+ * hybd's own mapping, pinned at start-up) and failures leave it unpinned:
+ * uploads work either way.
+ */
+static void ref_pin(struct hyb_reload *r, struct pool_ref *ref)
+{
+	char why[MSG_LEN];
+
+	if (r->cfg.dev)
+		ref->pinned = !hyb_copydev_pin(r->cfg.dev, ref->base, ref->map_len,
+					       !ref->writable, why, sizeof(why));
+}
+
+static void ref_free(struct hyb_reload *r, struct pool_ref *ref)
+{
+	if (ref->pinned)
+		hyb_copydev_unpin(r->cfg.dev, ref->base, ref->map_len);
+	hyb_mempool_close(ref->p);
+	free(ref);
+}
+
 static void pool_put_locked(struct hyb_reload *r, struct pool_ref *ref)
 {
 	struct pool_ref **pp;
@@ -136,8 +162,7 @@ static void pool_put_locked(struct hyb_reload *r, struct pool_ref *ref)
 			break;
 		}
 	}
-	hyb_mempool_close(ref->p);
-	free(ref);
+	ref_free(r, ref);
 }
 
 static void pool_put(struct hyb_reload *r, struct pool_ref *ref)
@@ -218,7 +243,9 @@ static int pool_get(struct hyb_reload *r, const struct hyb_rq_req *q, bool write
 		snprintf(ref->name, sizeof(ref->name), "%s", pi.name);
 		ref->bytes = len < pi.bytes ? len : pi.bytes;
 		ref->base = base;
+		ref->map_len = len;
 		ref->writable = hyb_mempool_writable(ref->p);
+		ref_pin(r, ref);
 		ref->next = r->pools;
 		r->pools = ref;
 	}
@@ -665,8 +692,7 @@ static void free_service(struct hyb_reload *r)
 
 	for (ref = r->pools; ref; ref = next) {
 		next = ref->next;
-		hyb_mempool_close(ref->p);
-		free(ref);
+		ref_free(r, ref);
 	}
 	for (int i = 0; i < N_LANES; i++)
 		pthread_cond_destroy(&r->lanes[i].cv);

@@ -257,10 +257,10 @@ static void undo(struct hybd *d)
  * Registration covers the mappings hybd holds (load.c streamed into them).
  * On the local backend the reload service uploads from those same mappings
  * (an owner's handles share one), so every UPLOAD is a single DMA; on the
- * kmod backend the service maps its own view of the pools, which CUDA does
- * not know as registered: uploads still land, through CUDA's staging copy.
- * A failed registration is a warning for the same reason. -1 with the bare
- * reason in err (the caller says which device setting it was).
+ * kmod backend the service maps its own view of the pools and pins that
+ * itself (reload.c, ref_pin). A failed registration is a warning: uploads
+ * still land, through CUDA's staging copy. -1 with the bare reason in err
+ * (the caller says which device setting it was).
  */
 static int start_cuda(struct hybd *d, char *err, size_t errlen)
 {
@@ -288,7 +288,7 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 		int ret = hyb_mempool_map(d->model.pools[i], &base, &len);
 
 		if (!ret)
-			ret = hyb_copydev_cuda_register(d->dev, base, len, false, why, sizeof(why));
+			ret = hyb_copydev_pin(d->dev, base, len, false, why, sizeof(why));
 		else
 			snprintf(why, sizeof(why), "%s", hyb_backend_error());
 		if (ret) {

@@ -141,11 +141,17 @@ static void cu_close(struct hyb_copydev *d)
 	free(c);
 }
 
+static int cu_pin(struct hyb_copydev *d, void *addr, size_t len, bool read_only, char *err,
+		  size_t errlen);
+static int cu_unpin(struct hyb_copydev *d, void *addr);
+
 static const struct hyb_copydev_ops cuda_ops = {
 	cu_upload,
 	cu_sync,
 	cu_evict,
 	cu_close,
+	cu_pin,
+	cu_unpin,
 };
 
 static struct cudadev *cuda_of(struct hyb_copydev *d)
@@ -278,6 +284,17 @@ extern "C" int hyb_copydev_cuda_unregister(struct hyb_copydev *d, void *addr)
 		}
 	}
 	return -ENOENT;
+}
+
+static int cu_pin(struct hyb_copydev *d, void *addr, size_t len, bool read_only, char *err,
+		  size_t errlen)
+{
+	return hyb_copydev_cuda_register(d, addr, len, read_only, err, errlen);
+}
+
+static int cu_unpin(struct hyb_copydev *d, void *addr)
+{
+	return hyb_copydev_cuda_unregister(d, addr);
 }
 
 extern "C" void *hyb_copydev_cuda_slot(struct hyb_copydev *d, uint32_t slot)

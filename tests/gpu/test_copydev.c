@@ -93,10 +93,12 @@ TEST(copydev_cuda_uploads_by_priority_land_exactly)
 	CHECK(b);
 	d = open_dev(8, 1 * MiB);
 	p = pattern_pool(b, "gpu-pat", 16 * MiB, &pool);
-	CHECK_MSG(!hyb_copydev_cuda_register(d, pool, 16 * MiB, false, err, sizeof(err)), "%s",
-		  err);
+	/* through the device's pin op, as the reload service does (counted) */
+	CHECK_MSG(!hyb_copydev_pin(d, pool, 16 * MiB, false, err, sizeof(err)), "%s", err);
+	CHECK_EQ_INT(d->pinned, 1);
 	CHECK_EQ_INT(hyb_copydev_cuda_register(d, pool, 16 * MiB, false, err, sizeof(err)),
 		     -EEXIST);
+	CHECK_EQ_INT(hyb_copydev_pin(d, pool, 16 * MiB, true, err, sizeof(err)), -EEXIST);
 	/* every priority, two slots each: whole slots and odd pieces */
 	for (unsigned int prio = 0; prio < HYB_RQ_PRIO_LEVELS; prio++) {
 		uint32_t s0 = 2 * prio, s1 = s0 + 1;
@@ -134,7 +136,8 @@ TEST(copydev_cuda_uploads_by_priority_land_exactly)
 		check_slot(d, 7, 0, pool + 5 * MiB, MiB);
 		free(heap);
 	}
-	CHECK_EQ_INT(hyb_copydev_cuda_unregister(d, pool), 0);
+	hyb_copydev_unpin(d, pool, 16 * MiB);
+	CHECK_EQ_INT(d->pinned, 0);
 	CHECK_EQ_INT(hyb_copydev_cuda_unregister(d, pool), -ENOENT);
 	hyb_copydev_close(d);
 	hyb_mempool_close(p);

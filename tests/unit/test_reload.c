@@ -179,7 +179,9 @@ static void gate_close(struct hyb_copydev *d)
 	(void)d;
 }
 
-static const struct hyb_copydev_ops gate_ops = { gate_upload, gate_sync, gate_evict, gate_close };
+static const struct hyb_copydev_ops gate_ops = {
+	.upload = gate_upload, .sync = gate_sync, .evict = gate_evict, .close = gate_close,
+};
 
 static struct gate_dev gate = {
 	.d = { .ops = &gate_ops, .name = "gate", .n_slots = 16, .slot_bytes = 1 << 20 },
@@ -465,6 +467,50 @@ TEST(reload_errors_are_per_request)
 	hyb_backend_close(other);
 	hyb_mempool_close(p);
 	rig_stop(&g);
+	hyb_copydev_close(dev);
+}
+
+/*
+ * The service pins the pool mappings it makes for the copy device (an
+ * UPLOAD from a pinned mapping is one DMA on CUDA) and gives each back when
+ * it lets the mapping go; a mapping already pinned by its owner (-EEXIST)
+ * is used as it is and left to that owner.
+ */
+TEST(reload_pins_its_pool_mappings)
+{
+	const char *path = make_file("pin.bin", 1 << 20);
+	struct hyb_copydev *dev;
+	struct hyb_mempool *p;
+	struct hyb_rq_cqe cqe[2];
+	struct hyb_rq_req q[2];
+	char err[256];
+	uint8_t *base;
+	struct rig g;
+
+	dev = hyb_copydev_cpu_open(4, 65536, 0, err, sizeof(err));
+	CHECK_MSG(dev, "%s", err);
+	rig_start(&g, path, 64 << 10, dev);
+	p = make_pool(g.b, "t-pin", 2 << 20, &base);
+	CHECK_EQ_INT(dev->pinned, 0);
+	q[0] = req(HYB_RQ_LOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 8192, 0, 1);
+	q[1] = req(HYB_RQ_UPLOAD, HYB_RQ_HIGH, hyb_mempool_id(p), 0, 8192, 0, 2);
+	CHECK_MSG(!hyb_rq_submit(g.c, q, 2), "%s", hyb_backend_error());
+	reap_n(g.c, cqe, 2);
+	CHECK_EQ_INT(cqe[0].status, 0);
+	CHECK_EQ_INT(cqe[1].status, 0);
+	/* one mapping of the pool, pinned once, for both requests */
+	CHECK_EQ_INT(dev->pinned, 1);
+	CHECK_EQ_INT(dev->pinned_bytes, 2 << 20);
+	/* the same region pinned again (its owner, as hybd does at start): refused */
+	CHECK_EQ_INT(hyb_copydev_pin(dev, base, 4096, false, err, sizeof(err)), -EEXIST);
+	rig_stop(&g);
+	CHECK_EQ_INT(dev->pinned, 0);
+	CHECK_EQ_INT(dev->pinned_bytes, 0);
+	/* now free: an owner may pin it, and unpin */
+	CHECK_EQ_INT(hyb_copydev_pin(dev, base, 2 << 20, false, err, sizeof(err)), 0);
+	hyb_copydev_unpin(dev, base, 2 << 20);
+	CHECK_EQ_INT(dev->pinned, 0);
+	hyb_mempool_close(p);
 	hyb_copydev_close(dev);
 }
 
