@@ -88,10 +88,10 @@ $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.
-FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/gguf_read.c libhyb/tensor_type.c
-$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h
+FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/gguf_read.c libhyb/map_guard.c libhyb/tensor_type.c
+$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/map_guard.h
 	@mkdir -p $(@D)
-	clang $(CPPFLAGS) -std=c11 -g -O1 -fsanitize=fuzzer,address,undefined \
+	clang $(CPPFLAGS) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@
 fuzz: $(FUZZ)
 
