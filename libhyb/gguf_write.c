@@ -52,6 +52,14 @@ struct gguf_writer {
 	/* an open file */
 	FILE *fp;
 	char *path;
+	/*
+	 * Where the bytes go: "PATH.tmp-PID", renamed over path once complete,
+	 * so a failed or interrupted write (a full disk, a kill) leaves an
+	 * existing file as it was and never a truncated one under its name.
+	 * NULL when path exists and is not a regular file (/dev/null, a FIFO, a
+	 * symlink): written in place.
+	 */
+	char *tmp;
 	bool regular; /* only a regular file is removed on error (never /dev/...) */
 	uint64_t pos, alignment;
 	size_t cur;        /* tensor whose data comes next */
@@ -86,16 +94,24 @@ struct gguf_writer *gguf_writer_new(void)
 	return w;
 }
 
+/* The file the bytes go to (see tmp). */
+static const char *target(const struct gguf_writer *w)
+{
+	return w->tmp ? w->tmp : w->path;
+}
+
 static void abandon(struct gguf_writer *w)
 {
 	if (w->fp) {
 		fclose(w->fp);
 		if (w->regular)
-			unlink(w->path);
+			unlink(target(w));
 		w->fp = NULL;
 	}
 	free(w->path);
+	free(w->tmp);
 	w->path = NULL;
+	w->tmp = NULL;
 }
 
 void gguf_writer_free(struct gguf_writer *w)
@@ -447,19 +463,30 @@ int gguf_writer_begin(struct gguf_writer *w, const char *path, char *err, size_t
 		snprintf(err, errlen, "%s: out of memory", path);
 		return -1;
 	}
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (lstat(path, &st) ? errno == ENOENT : S_ISREG(st.st_mode)) {
+		const size_t n = strlen(path) + 32;
+
+		w->tmp = malloc(n);
+		if (!w->tmp) {
+			snprintf(err, errlen, "%s: out of memory", path);
+			abandon(w);
+			return -1;
+		}
+		snprintf(w->tmp, n, "%s.tmp-%d", path, (int)getpid());
+	}
+	fd = open(target(w), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
-		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+		snprintf(err, errlen, "cannot create %s: %s", target(w), strerror(errno));
 		abandon(w);
 		return -1;
 	}
 	w->regular = !fstat(fd, &st) && S_ISREG(st.st_mode);
 	w->fp = fdopen(fd, "wb");
 	if (!w->fp) {
-		snprintf(err, errlen, "cannot create %s: %s", path, strerror(errno));
+		snprintf(err, errlen, "cannot create %s: %s", target(w), strerror(errno));
 		close(fd);
 		if (w->regular)
-			unlink(path);
+			unlink(target(w));
 		abandon(w);
 		return -1;
 	}
@@ -530,11 +557,18 @@ int gguf_writer_finish(struct gguf_writer *w, char *err, size_t errlen)
 	if (fclose(fp)) {
 		snprintf(err, errlen, "%s: write failed: %s", w->path, strerror(errno));
 		if (w->regular)
-			unlink(w->path);
+			unlink(target(w));
 		abandon(w);
 		return -1;
 	}
-	abandon(w); /* only frees the path now */
+	if (w->tmp && rename(w->tmp, w->path)) {
+		snprintf(err, errlen, "cannot rename %s to %s: %s", w->tmp, w->path,
+			 strerror(errno));
+		unlink(w->tmp);
+		abandon(w);
+		return -1;
+	}
+	abandon(w); /* only frees the names now */
 	return 0;
 }
 

@@ -702,7 +702,10 @@ oom:
 	return -1;
 }
 
-/* The output is written under a temporary name and renamed when complete. */
+/*
+ * Before the long stages: the output is not the model, and its directory
+ * takes a file (tmp, the writer's temporary name, created and removed).
+ */
 static int check_output(const char *model_path, const char *out, const char *tmp, char *err,
 			size_t errlen)
 {
@@ -801,7 +804,8 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 	}
 	if (declare(&P, w, model_path, err, errlen))
 		goto out;
-	if (gguf_writer_begin(w, tmp, err, errlen))
+	/* the writer writes PATH.tmp-PID and renames it when complete */
+	if (gguf_writer_begin(w, out_path, err, errlen))
 		goto out;
 	if (P.import)
 		say(&P, "predictors and bundles:\n");
@@ -813,11 +817,6 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 			goto out;
 	if (gguf_writer_finish(w, err, errlen))
 		goto out;
-	if (rename(tmp, out_path)) {
-		snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, out_path, strerror(errno));
-		unlink(tmp);
-		goto out;
-	}
 	{
 		struct stat st;
 

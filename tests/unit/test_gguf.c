@@ -4,6 +4,7 @@
  * model, and a malformed file for every class of error the reader knows
  * (each must be refused with a message naming the problem, never crash).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdint.h>
@@ -481,7 +482,7 @@ TEST(gguf_writer_errors)
 
 	/* streaming: too much data, then missing data: the partial file goes */
 	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
-	CHECK(access(path, F_OK) == 0);
+	CHECK(access(path, F_OK) < 0); /* written under a temporary name */
 	CHECK(gguf_writer_put_data(w, a, 257) < 0);
 	CHECK(gguf_writer_finish(w, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "257 bytes") && strstr(err, "'s'"), "%s", err);
@@ -548,6 +549,86 @@ TEST(gguf_writer_write_error)
 	CHECK_MSG(strstr(err, path) && strstr(err, strerror(EFBIG)), "%s", err);
 	CHECK(access(path, F_OK) < 0);
 	gguf_writer_free(w);
+}
+
+/* Files in dir whose name starts with prefix (the writer's leftovers). */
+static int count_prefixed(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	CHECK(d);
+	while ((e = readdir(d)))
+		n += !strncmp(e->d_name, prefix, strlen(prefix));
+	closedir(d);
+	return n;
+}
+
+/*
+ * An existing file is replaced only by a complete new one: a write that
+ * fails (missing data, a full disk - EFBIG here) leaves it byte for byte,
+ * and nothing else behind; one that succeeds replaces it; a path that is
+ * not a regular file (/dev/null) is written in place.
+ */
+TEST(gguf_writer_replaces_atomically)
+{
+	static uint8_t a[256], big[1 << 20];
+	const uint64_t ne[2] = { 8, 8 }, neb[2] = { 1024, 256 };
+	const char *path = tmp_path("keep.gguf");
+	struct rlimit rl, rl0;
+	struct gguf_writer *w = gguf_writer_new();
+	uint8_t *old, *now;
+	size_t n_old, n_now;
+	char err[256];
+
+	memset(a, 7, sizeof(a));
+	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
+	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	gguf_writer_free(w);
+	old = slurp(path, &n_old);
+
+	/* streamed, stopped short: the old file stays */
+	w = gguf_writer_new();
+	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, NULL));
+	gguf_set_u32(w, "x", 1);
+	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!gguf_writer_put_data(w, a, 100));
+	CHECK(gguf_writer_finish(w, err, sizeof(err)) < 0);
+	now = slurp(path, &n_now);
+	CHECK(n_now == n_old && !memcmp(now, old, n_old));
+	free(now);
+	gguf_writer_free(w);
+
+	/* the disk fills up: the old file stays */
+	w = gguf_writer_new();
+	CHECK(!gguf_writer_add_tensor(w, "big", HYB_TYPE_F32, 2, neb, big));
+	signal(SIGXFSZ, SIG_IGN);
+	CHECK(!getrlimit(RLIMIT_FSIZE, &rl0));
+	rl = rl0;
+	rl.rlim_cur = 64 << 10; /* the soft limit only: it can be raised again */
+	CHECK(!setrlimit(RLIMIT_FSIZE, &rl));
+	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, path) && strstr(err, strerror(EFBIG)), "%s", err);
+	CHECK(!setrlimit(RLIMIT_FSIZE, &rl0));
+	now = slurp(path, &n_now);
+	CHECK(n_now == n_old && !memcmp(now, old, n_old));
+	free(now);
+
+	/* room again: replaced */
+	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	now = slurp(path, &n_now);
+	CHECK(n_now > sizeof(big) && !memcmp(now + n_now - sizeof(big), big, sizeof(big)));
+	free(now);
+	gguf_writer_free(w);
+	CHECK_EQ_INT(count_prefixed(hyb_test_tmpdir(), "keep.gguf.tmp-"), 0);
+
+	/* not a regular file: in place */
+	w = gguf_writer_new();
+	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
+	CHECK_MSG(!gguf_writer_write_file(w, "/dev/null", err, sizeof(err)), "%s", err);
+	gguf_writer_free(w);
+	free(old);
 }
 
 /* ---- the real tiny model ------------------------------------------------- */

@@ -173,6 +173,10 @@ int gguf_writer_write_file(struct gguf_writer *w, const char *path, char *err, s
  * current tensor has left; finish then reports the error. On any error the
  * partial file is removed (also when the writer is freed before finish).
  * Setter errors (out of memory, bad array type...) are reported by begin.
+ * The bytes go to PATH.tmp-PID, renamed over PATH by a successful finish:
+ * PATH never holds a partial file, and an existing one stays as it was
+ * until the new one is complete (PATH that exists and is not a regular
+ * file, such as /dev/null, is written in place).
  */
 int gguf_writer_begin(struct gguf_writer *w, const char *path, char *err, size_t errlen);
 int gguf_writer_put_data(struct gguf_writer *w, const void *data, uint64_t nbytes);
