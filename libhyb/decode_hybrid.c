@@ -178,6 +178,74 @@ int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err
 	return 0;
 }
 
+/*
+ * A prompt batch (issue 6 item 2: prefill's dense parts on the device, as
+ * PowerInfer and KAIROX do). Per layer: a placed attention block runs on the
+ * device token after token (its KV rows land in the device cache, where
+ * decoding reads them; each token's x goes up and comes back, waited for),
+ * an unplaced one batched on the CPU; then the FFN of the whole batch dense
+ * on the CPU, as a CPU prompt batch does (long inputs activate nearly every
+ * neuron, PowerInfer 5.3). Its arithmetic is the CPU batch's: the device's
+ * ops give forward.c's bits on the CPU device, and ffn_norm is taken on the
+ * host from the x that came back.
+ */
+int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		       bool all_logits, char *err, size_t errlen)
+{
+	struct step s = {
+		.c = c, .h = c->hybrid, .hd = hyb_ffn_hybrid_dense(c->hybrid),
+		.dev = hyb_ffn_hybrid_device(c->hybrid), .where = X_HOST,
+		.err = err, .errlen = errlen,
+	};
+	const struct hyb_hparams *hp = &c->m->hp;
+	const uint32_t E = hp->n_embd, first = all_logits ? 0 : n - 1;
+	float *hx = hyb_hdense_host_x(s.hd);
+	struct hyb_device_event *ev;
+
+	hyb_fwd_embed(c, tokens, n);
+	/* rows the CPU wrote earlier, for the placed layers */
+	if (hyb_hdense_kv_up(s.hd, c->kcache, c->vcache, c->n_past))
+		return dev_err(&s, "KV cache to the device");
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		if (!hyb_hdense_layer_on(s.hd, l)) {
+			hyb_fwd_attention(c, l, n);
+		} else {
+			for (uint32_t t = 0; t < n; t++) {
+				float *x = c->x + (size_t)t * E;
+
+				memcpy(hx, x, sizeof(float) * E);
+				if (hyb_hdense_x_up(s.hd) ||
+				    hyb_hdense_attention(s.hd, l, c->n_past + t) ||
+				    hyb_hdense_x_down(s.hd, false, false, &ev) ||
+				    hyb_device_sync(s.dev, ev))
+					return dev_err(&s, "prompt attention on the device");
+				memcpy(x, hx, sizeof(float) * E);
+			}
+		}
+		/* as forward.c's batch: the last layer's FFN only for the rows that give logits */
+		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits && !c->probe ? n - 1 : 0;
+		const uint32_t nf = n - f0;
+		float *xf = c->x + (size_t)f0 * E;
+
+		hyb_fwd_ffn_norm(c, l, xf, nf);
+		hyb_fwd_ffn_dense(c, l, nf);
+		for (size_t i = 0; i < (size_t)nf * E; i++)
+			xf[i] += c->xn[i];
+	}
+	if (!hyb_hdense_head_on(s.hd)) {
+		hyb_fwd_head(c, first, n, logits);
+	} else {
+		for (uint32_t t = first; t < n; t++) {
+			memcpy(hx, c->x + (size_t)t * E, sizeof(float) * E);
+			if (hyb_hdense_x_up(s.hd) ||
+			    hyb_hdense_head(s.hd, logits + (size_t)(t - first) * hp->n_vocab))
+				return dev_err(&s, "head on the device");
+		}
+	}
+	c->n_past += n;
+	return 0;
+}
+
 int hyb_decode_hybrid_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen)
 {
 	struct hyb_hdense *hd = hyb_ffn_hybrid_dense(c->hybrid);

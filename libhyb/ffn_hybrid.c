@@ -51,7 +51,7 @@ struct hyb_ffn_hybrid {
 	struct hyb_device *dev;
 	struct hyb_balancer *bal;
 	struct hyb_hdense *hd;          /* attention blocks and head on the device */
-	bool oracle, layer_policy;
+	bool oracle, layer_policy, prefill_cpu;
 	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
 	struct hyb_hybrid_placement place;
 	uint32_t E, F, GS, NG, L;
@@ -513,6 +513,11 @@ void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_
 	*out = h->place;
 }
 
+bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h)
+{
+	return !h->prefill_cpu && h->hd && hyb_hdense_layers_on(h->hd) > 0;
+}
+
 bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
 {
 	return h->layer_policy && h->n_slots[l] < h->NG;
@@ -834,6 +839,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		goto oom;
 	h->m = m;
 	h->oracle = oracle;
+	h->prefill_cpu = p->prefill_cpu;
 	h->E = hp->n_embd;
 	h->F = hp->n_ff;
 	h->GS = m->group_size;

@@ -41,6 +41,8 @@ void hyb_ffn_hybrid_begin_token(struct hyb_ffn_hybrid *h);
 bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l);
 /* Layer l is computed dense on the CPU (layer policy, layer not on the device). */
 bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l);
+/* Prompt batches run their placed attention blocks (and head) on the device. */
+bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h);
 /* The dense part on the device (NULL when nothing dense was placed). */
 struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out);

@@ -301,7 +301,9 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 
 	if (c->hybrid && n == 1)
 		return hyb_decode_hybrid(c, tokens[0], logits, err, errlen);
-	/* a prompt batch runs on the CPU, which needs the rows decoded on the device */
+	if (c->hybrid && hyb_ffn_hybrid_prefill_on_device(c->hybrid))
+		return hyb_prefill_hybrid(c, tokens, n, logits, all_logits, err, errlen);
+	/* a prompt batch on the CPU alone needs the rows decoded on the device */
 	if (c->hybrid && hyb_decode_hybrid_kv_to_host(c, err, errlen))
 		return -1;
 	hyb_fwd_embed(c, tokens, n);
@@ -559,6 +561,13 @@ void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_con
 	memset(out, 0, sizeof(*out));
 	if (c->hybrid)
 		hyb_device_get_config(hyb_ffn_hybrid_device(c->hybrid), out);
+}
+
+void hyb_ctx_hybrid_device_stats(const struct hyb_ctx *c, struct hyb_device_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (c->hybrid)
+		hyb_device_stats(hyb_ffn_hybrid_device(c->hybrid), out);
 }
 
 double hyb_ctx_clock(struct hyb_ctx *c)

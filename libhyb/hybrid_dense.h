@@ -7,9 +7,9 @@
  * work; this file owns the bytes, the placement arithmetic and the KV
  * cache's two copies.
  *
- * KV cache. A placed layer's cache lives on both sides: prompts are
- * processed on the CPU (rows land in the host cache), decoded tokens on the
- * device (rows land in the device cache). Each side has a watermark, the
+ * KV cache. A placed layer's cache lives on both sides: prompts processed on
+ * the CPU (prefill_cpu) land in the host cache, decoded tokens and prompts
+ * run on the device in the device cache. Each side has a watermark, the
  * rows it holds; before a side reads a layer it is brought up to date by
  * one copy of the rows it lacks (rows are contiguous per layer).
  */

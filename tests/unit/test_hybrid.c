@@ -362,6 +362,65 @@ TEST(hybrid_dense_kv_follows_prompts_and_resets)
 	hyb_model_free(m);
 }
 
+/*
+ * Prompt batches with the placed attention blocks and head on the device
+ * (issue 6 item 2), the FFN dense on the CPU. The prompt's kernels run on the
+ * device (prefill_cpu: none), and with one attention block placed, or all of
+ * them, prompts and decoded tokens interleaved, the logits are the CPU-only
+ * sparse decoder's bit for bit (Q8_0 products add the same in one column as
+ * in a batch).
+ */
+TEST(hybrid_prefill_on_the_device)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab, L = m->hp.n_layer;
+	const size_t n = 2 * 14;
+	static const int32_t prompt[6] = { 11, 222, 33, 404, 5, 66 };
+	float *lr = calloc(n * V, sizeof(float)), *lh = calloc(n * V, sizeof(float));
+	struct hyb_hybrid_params hy = params(m, HYB_POLICY_LRU);
+	struct hyb_ctx *ref = ctx_new(m, NULL, true), *c;
+	struct hyb_hybrid_placement pl;
+	struct hyb_device_stats ds;
+	char err[256];
+
+	CHECK(lr && lh);
+	run_mixed(ref, m, lr);
+	for (int k = 0; k < 2; k++) {
+		/* k = 1: room for one attention block; the other layers' run on the CPU */
+		if (k)
+			hy.gpu_budget = hyb_hdense_layer_bytes(m, 0, N_CTX) +
+					hyb_hdense_buffer_bytes(m, true, false, false) + 64 * 1024;
+		c = ctx_new(m, &hy, true);
+		hyb_ctx_hybrid_placement(c, &pl);
+		CHECK_EQ_INT(pl.attn_layers, k ? 1 : L);
+		CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
+		hyb_ctx_hybrid_device_stats(c, &ds);
+		/* per token and placed layer: two norms, four matvecs, the attention */
+		CHECK_MSG(ds.kernels >= 6ull * 7 * pl.attn_layers, "%llu kernels for the prompt",
+			  (unsigned long long)ds.kernels);
+		hyb_ctx_reset(c);
+		memset(lh, 0, n * V * sizeof(float));
+		run_mixed(c, m, lh);
+		for (size_t i = 0; i < n; i++)
+			CHECK_MSG(!memcmp(lr + i * V, lh + i * V, sizeof(float) * V),
+				  "%u attention blocks placed: logits of eval %zu differ from "
+				  "CPU-only sparse decoding", pl.attn_layers, i);
+		hyb_ctx_free(c);
+	}
+	/* prefill_cpu: the prompt leaves the device alone */
+	hy = params(m, HYB_POLICY_LRU);
+	hy.prefill_cpu = true;
+	c = ctx_new(m, &hy, true);
+	CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
+	hyb_ctx_hybrid_device_stats(c, &ds);
+	CHECK_EQ_INT(ds.kernels, 0);
+	hyb_ctx_free(c);
+	hyb_ctx_free(ref);
+	free(lr);
+	free(lh);
+	hyb_model_free(m);
+}
+
 TEST(hybrid_device_merge_equals_host_merge)
 {
 	struct hyb_model *m = load_plan();

@@ -30,7 +30,8 @@ static const char usage[] =
 	"  a plan model decodes densely and sparsely in every round; --baseline also\n"
 	"  decodes the model the plan was made from (dense, its own layout) each round\n"
 	"       hyb bench -m PLAN --gpu-budget BYTES|N% [--policies all|P,P,...] [--drift N]\n"
-	"                 [--device cpu|cuda] [--pcie-gbps G] [--dense-cpu] [-n DECODE_TOKENS]\n"
+	"                 [--device cpu|cuda] [--pcie-gbps G] [--dense-cpu] [--prefill-cpu]\n"
+	"                 [-n DECODE_TOKENS]\n"
 	"                 [-r REPS]\n"
 	"  hybrid: every policy on the drift workload (a forced topic change every N\n"
 	"  tokens, default 32), against CPU-only sparse decoding, in the same rounds\n";

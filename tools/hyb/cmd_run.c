@@ -14,14 +14,16 @@ static const char usage[] =
 	"               [--print-ids] [--dense | --sparse]\n"
 	"       hyb run --manifest NAME|PATH -p PROMPT ...   (box mode: the model hybd serves)\n"
 	"               [--gpu-budget BYTES|N%] [--policy P] [--device cpu|cuda] [--pcie-gbps G]\n"
-	"               [--dense-cpu]\n"
+	"               [--dense-cpu] [--prefill-cpu]\n"
 	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n"
 	"  --gpu-budget: decode a plan hybrid, its hot neuron groups in a device cache of this\n"
 	"    size (K/M/G suffixes, or N% of the model) moved by policy P: static, layer, lru,\n"
 	"    topk, dynamic, tam, tam-adaptive (default). --device cpu (default) is the\n"
 	"    CPU-executed device with a modelled PCIe link; times are then modelled.\n"
 	"    The budget holds the attention blocks (with their KV cache) and the head\n"
-	"    first, then neuron groups; --dense-cpu keeps attention and head on the CPU.\n";
+	"    first, then neuron groups; --dense-cpu keeps attention and head on the CPU.\n"
+	"    Prompts run the placed attention blocks and head on the device, the FFN dense\n"
+	"    on the CPU; --prefill-cpu runs prompts on the CPU alone.\n";
 
 struct stream {
 	const struct hyb_tokenizer *tok;

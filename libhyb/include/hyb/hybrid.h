@@ -30,8 +30,10 @@
  * predictor and the CPU's neurons, the CPU partial goes up and is merged on
  * the device. A layer whose attention runs on the CPU (no room, or
  * dense_on_cpu) merges on the host. Oracle mode merges on the host always.
- * Prompt processing runs dense on the CPU (the plan's bundles as a GEMM);
- * the prompt's KV rows go up to the device before the first decoded token.
+ * Prompt batches run the placed attention blocks (their KV rows land on the
+ * device) and the head on the device, token after token, and the FFN dense
+ * on the CPU (the plan's bundles as a GEMM); with prefill_cpu all of it runs
+ * on the CPU and the prompt's KV rows go up before the first decoded token.
  *
  * Oracle mode (tests; hyb_ctx_params.ffn_oracle): both the hybrid path and the CPU-only sparse path sum
  * the FFN output group by group in group order, each group's partial from
@@ -57,6 +59,9 @@ struct hyb_hybrid_params {
 	struct hyb_balancer_params bal;/* tuning only: policy/shape/budget/freq are set here */
 	bool dense_on_cpu;             /* attention and head stay on the CPU (the budget is
 					* all for neuron groups) */
+	bool prefill_cpu;              /* prompt batches run on the CPU alone (by default the
+					* attention of the placed layers and the head run on the
+					* device, token after token, and the FFN dense on the CPU) */
 };
 
 struct hyb_hybrid_stats {
@@ -109,6 +114,8 @@ void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t 
 void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out);
 /* The device's configuration, defaults filled in (zeroed without hybrid). */
 void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out);
+/* The device's counters (copies, kernels, bytes) since the context was made or reset. */
+void hyb_ctx_hybrid_device_stats(const struct hyb_ctx *c, struct hyb_device_stats *out);
 /*
  * The clock decode should be timed with: the device's host clock
  * (hyb_device_now: modelled on the CPU device), else CLOCK_MONOTONIC.
