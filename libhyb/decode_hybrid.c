@@ -19,6 +19,7 @@
  * on the other side first moves it (n_embd floats on CRITICAL).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "decode_hybrid.h"
@@ -184,10 +185,12 @@ int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err
  * device token after token (its KV rows land in the device cache, where
  * decoding reads them; each token's x goes up and comes back, waited for),
  * an unplaced one batched on the CPU; then the FFN of the whole batch dense
- * on the CPU, as a CPU prompt batch does (long inputs activate nearly every
- * neuron, PowerInfer 5.3). Its arithmetic is the CPU batch's: the device's
- * ops give forward.c's bits on the CPU device, and ffn_norm is taken on the
- * host from the x that came back.
+ * (long inputs activate nearly every neuron, PowerInfer 5.3), split as a
+ * decode step splits it: the groups in the device cache on the device, row
+ * after row, the others as one batch on the CPU. ffn_norm is taken on the
+ * host from the x that came back. In oracle mode the FFN stays whole on the
+ * CPU and the arithmetic is the CPU batch's (the device's ops give
+ * forward.c's bits on the CPU device).
  */
 int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		       bool all_logits, char *err, size_t errlen)
@@ -200,12 +203,20 @@ int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 	const struct hyb_hparams *hp = &c->m->hp;
 	const uint32_t E = hp->n_embd, first = all_logits ? 0 : n - 1;
 	float *hx = hyb_hdense_host_x(s.hd);
+	float *ydev = malloc(sizeof(float) * n * E); /* the FFN's device rows */
 	struct hyb_device_event *ev;
+	int rc = -1;
 
+	if (!ydev) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
 	hyb_fwd_embed(c, tokens, n);
 	/* rows the CPU wrote earlier, for the placed layers */
-	if (hyb_hdense_kv_up(s.hd, c->kcache, c->vcache, c->n_past))
-		return dev_err(&s, "KV cache to the device");
+	if (hyb_hdense_kv_up(s.hd, c->kcache, c->vcache, c->n_past)) {
+		dev_err(&s, "KV cache to the device");
+		goto out;
+	}
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		if (!hyb_hdense_layer_on(s.hd, l)) {
 			hyb_fwd_attention(c, l, n);
@@ -217,8 +228,10 @@ int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 				if (hyb_hdense_x_up(s.hd) ||
 				    hyb_hdense_attention(s.hd, l, c->n_past + t) ||
 				    hyb_hdense_x_down(s.hd, false, false, &ev) ||
-				    hyb_device_sync(s.dev, ev))
-					return dev_err(&s, "prompt attention on the device");
+				    hyb_device_sync(s.dev, ev)) {
+					dev_err(&s, "prompt attention on the device");
+					goto out;
+				}
 				memcpy(x, hx, sizeof(float) * E);
 			}
 		}
@@ -228,9 +241,14 @@ int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 		float *xf = c->x + (size_t)f0 * E;
 
 		hyb_fwd_ffn_norm(c, l, xf, nf);
-		hyb_fwd_ffn_dense(c, l, nf);
+		/* the groups in the device cache there, the rest here (c->xn in place) */
+		const uint8_t *skip = hyb_ffn_hybrid_prefill_split(s.h, l);
+
+		if (skip && hyb_ffn_hybrid_prefill_ffn(s.h, l, c->xn, nf, ydev, err, errlen))
+			goto out;
+		hyb_fwd_ffn_dense_skip(c, l, nf, skip);
 		for (size_t i = 0; i < (size_t)nf * E; i++)
-			xf[i] += c->xn[i];
+			xf[i] += skip ? c->xn[i] + ydev[i] : c->xn[i];
 	}
 	if (!hyb_hdense_head_on(s.hd)) {
 		hyb_fwd_head(c, first, n, logits);
@@ -238,12 +256,17 @@ int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 		for (uint32_t t = first; t < n; t++) {
 			memcpy(hx, c->x + (size_t)t * E, sizeof(float) * E);
 			if (hyb_hdense_x_up(s.hd) ||
-			    hyb_hdense_head(s.hd, logits + (size_t)(t - first) * hp->n_vocab))
-				return dev_err(&s, "head on the device");
+			    hyb_hdense_head(s.hd, logits + (size_t)(t - first) * hp->n_vocab)) {
+				dev_err(&s, "head on the device");
+				goto out;
+			}
 		}
 	}
 	c->n_past += n;
-	return 0;
+	rc = 0;
+out:
+	free(ydev);
+	return rc;
 }
 
 int hyb_decode_hybrid_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen)

@@ -91,6 +91,8 @@ struct hyb_ffn_hybrid {
 	uint32_t *dgroup;                /* [NG] oracle: k-th device group of the layer */
 	uint32_t *load, *evict;          /* [NG] */
 	int8_t *usable;                  /* [NG] scratch: -1 unknown, 0 no, 1 yes */
+	uint8_t *pre_skip;               /* [NG] prefill: groups the device computes */
+	uint32_t n_pre;                  /* prefill: their neurons, listed in h_list */
 	float *cur, *y_cpu, *part;       /* [E] */
 	struct hyb_balancer_feedback *fb; /* [L] */
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
@@ -450,6 +452,44 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	return 0;
 }
 
+/* ---- prompt batches -------------------------------------------------------------- */
+
+const uint8_t *hyb_ffn_hybrid_prefill_split(struct hyb_ffn_hybrid *h, uint32_t l)
+{
+	h->n_pre = 0;
+	memset(h->pre_skip, 0, h->NG);
+	/* oracle mode keeps the CPU batch's sums (tests compare bits) */
+	if (h->oracle || hyb_ffn_hybrid_cpu_dense(h, l))
+		return NULL;
+	memset(h->usable, -1, h->NG);
+	poll_loads(h);
+	for (uint32_t g = 0; g < h->NG; g++) {
+		if (!group_usable(h, l, g))
+			continue;
+		h->pre_skip[g] = 1;
+		for (uint32_t i = g * h->GS; i < g * h->GS + group_neurons(h, g); i++)
+			h->h_list[h->n_pre++] = i;
+	}
+	return h->n_pre ? h->pre_skip : NULL;
+}
+
+int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n,
+			       float *y, char *err, size_t errlen)
+{
+	const size_t E = h->E;
+
+	for (uint32_t t = 0; t < n && h->n_pre; t++) {
+		struct hyb_dev_ffn f = dev_ffn(h, l, h->d_xn, h->d_list, h->n_pre, h->d_y);
+
+		if (queue_inputs(h, l, xn + t * E, h->n_pre, false) ||
+		    hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
+		    queue_result(h, sizeof(float) * E) || hyb_device_sync(h->dev, h->ev_out))
+			return dev_fail(h, err, errlen, "prompt FFN on the device");
+		memcpy(y + t * E, h->h_y, sizeof(float) * E);
+	}
+	return 0;
+}
+
 /*
  * Layer j's active set, predicted from x_attn (the residual stream after the
  * previous layer's attention, or layer 0's own; same-layer: layer j's own,
@@ -656,6 +696,7 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->load = malloc(sizeof(uint32_t) * NG);
 	h->evict = malloc(sizeof(uint32_t) * NG);
 	h->usable = malloc(NG);
+	h->pre_skip = calloc(NG, 1);
 	h->cur = malloc(sizeof(float) * E);
 	h->y_cpu = malloc(sizeof(float) * E);
 	h->part = malloc(sizeof(float) * E);
@@ -666,7 +707,7 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->ev_out = hyb_device_event_new(h->dev);
 	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty || !h->slot_base ||
 	    !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 || !h->cpu_list ||
-	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->cur || !h->y_cpu ||
+	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip || !h->cur || !h->y_cpu ||
 	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 || !h->ev_out)
 		return -1;
 	for (size_t i = 0; i < L * NG; i++)
@@ -990,6 +1031,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	free(h->load);
 	free(h->evict);
 	free(h->usable);
+	free(h->pre_skip);
 	free(h->cur);
 	free(h->y_cpu);
 	free(h->part);

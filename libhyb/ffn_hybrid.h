@@ -43,6 +43,18 @@ bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l);
 bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l);
 /* Prompt batches run their placed attention blocks (and head) on the device. */
 bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h);
+/*
+ * A prompt batch's FFN of layer l, split like a decode step's by the cache:
+ * split lists the neurons of every group whose bundle has landed on the
+ * device and returns the per-group mask of those (1: the device computes
+ * it, dense within the group), NULL when there is none (and always in
+ * oracle mode, whose prompts keep the CPU batch's sums); the CPU's dense
+ * pass skips them. ffn then computes them on the device for each of the n
+ * rows of xn (n_embd floats each) into the rows of y, waited for.
+ */
+const uint8_t *hyb_ffn_hybrid_prefill_split(struct hyb_ffn_hybrid *h, uint32_t l);
+int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n,
+			       float *y, char *err, size_t errlen);
 /* The dense part on the device (NULL when nothing dense was placed). */
 struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out);

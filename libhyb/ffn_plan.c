@@ -84,6 +84,7 @@ struct dense_job {
 	const void *xq;
 	size_t xq_stride;
 	uint32_t n;
+	const uint8_t *skip; /* groups computed elsewhere (NULL: none) */
 	atomic_uint next;
 };
 
@@ -138,7 +139,8 @@ static void dense_worker(void *arg, int ith, int nth)
 
 		if (g >= j->m->n_groups)
 			return;
-		dense_group(j, t, g);
+		if (!j->skip || !j->skip[g])
+			dense_group(j, t, g);
 	}
 }
 
@@ -154,11 +156,11 @@ static void sum_outputs(const struct hyb_ffn_plan_scratch *s, int nth, size_t le
 void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
-			float *out)
+			const uint8_t *skip, float *out)
 {
 	struct dense_job j = {
 		.k = k, .sk = hyb_sparse_best(), .s = s, .m = m, .P = &L->plan,
-		.xq = xq, .xq_stride = xq_stride, .n = n,
+		.xq = xq, .xq_stride = xq_stride, .n = n, .skip = skip,
 	};
 	const size_t len = (size_t)n * m->hp.n_embd;
 	int nth = hyb_pool_size(pool);

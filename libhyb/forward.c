@@ -259,6 +259,11 @@ void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf
 
 void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 {
+	hyb_fwd_ffn_dense_skip(c, l, nf, NULL);
+}
+
+void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const uint8_t *skip)
+{
 	const struct hyb_model *m = c->m;
 	const struct hyb_hparams *hp = &m->hp;
 	const struct hyb_layer *L = &m->layers[l];
@@ -268,7 +273,8 @@ void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 
 	if (m->group_size) {
 		convert_input(c, L->plan.bundles.type, c->xn, hp->n_embd, nf);
-		hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf, c->xn);
+		hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf, skip,
+				   c->xn);
 		return;
 	}
 	matmul(c, c->xn, nf, 2, gu, gu_out);

@@ -48,6 +48,8 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n);
 void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf);
 /* c->xn = the dense FFN of layer l over the nf rows of c->xn (in place). */
 void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf);
+/* The same without the groups g of a plan model with skip[g] != 0 (NULL: none). */
+void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const uint8_t *skip);
 /* logits[t] for rows first..n-1 of c->x: out_norm, then the output matrix. */
 void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits);
 

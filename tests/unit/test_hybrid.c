@@ -364,11 +364,13 @@ TEST(hybrid_dense_kv_follows_prompts_and_resets)
 
 /*
  * Prompt batches with the placed attention blocks and head on the device
- * (issue 6 item 2), the FFN dense on the CPU. The prompt's kernels run on the
- * device (prefill_cpu: none), and with one attention block placed, or all of
- * them, prompts and decoded tokens interleaved, the logits are the CPU-only
- * sparse decoder's bit for bit (Q8_0 products add the same in one column as
- * in a batch).
+ * (issue 6 item 2), the FFN split by the cache. Oracle mode (FFN whole on
+ * the CPU): with one attention block placed, or all of them, prompts and
+ * decoded tokens interleaved, the logits are the CPU-only sparse decoder's
+ * bit for bit (Q8_0 products add the same in one column as in a batch).
+ * Otherwise the cached groups' share of each layer runs on the device, one
+ * FFN kernel per token and layer more, and the logits stay close.
+ * prefill_cpu: the prompt leaves the device alone.
  */
 TEST(hybrid_prefill_on_the_device)
 {
@@ -406,6 +408,36 @@ TEST(hybrid_prefill_on_the_device)
 				  "%u attention blocks placed: logits of eval %zu differ from "
 				  "CPU-only sparse decoding", pl.attn_layers, i);
 		hyb_ctx_free(c);
+	}
+	/* the FFN split: one kernel more per row and layer than oracle mode's */
+	{
+		struct hyb_ctx *cpu = ctx_new(m, NULL, false), *o;
+		float *lc = calloc(V, sizeof(float));
+		struct hyb_device_stats dso;
+		double amax = 0, d = 0;
+
+		hy = params(m, HYB_POLICY_LRU);
+		c = ctx_new(m, &hy, false);
+		o = ctx_new(m, &hy, true);
+		CHECK(lc && !hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(o, prompt, 6, lr, false, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(cpu, prompt, 6, lc, false, err, sizeof(err)));
+		hyb_ctx_hybrid_device_stats(c, &ds);
+		hyb_ctx_hybrid_device_stats(o, &dso);
+		/* (the last layer's FFN runs for the one row that gives logits) */
+		CHECK_MSG(ds.kernels == dso.kernels + 6ull * (L - 1) + 1,
+			  "%llu kernels, oracle mode %llu", (unsigned long long)ds.kernels,
+			  (unsigned long long)dso.kernels);
+		for (uint32_t k = 0; k < V; k++) {
+			amax = fmax(amax, fabs(lc[k]));
+			d = fmax(d, fabs(lc[k] - lh[k]));
+		}
+		fprintf(stderr, "    FFN split: logits within %.2g of the largest\n", d / amax);
+		CHECK(hyb_test_argmax(lc, V) == hyb_test_argmax(lh, V) && d <= 1e-4 * amax);
+		hyb_ctx_free(o);
+		hyb_ctx_free(c);
+		hyb_ctx_free(cpu);
+		free(lc);
 	}
 	/* prefill_cpu: the prompt leaves the device alone */
 	hy = params(m, HYB_POLICY_LRU);

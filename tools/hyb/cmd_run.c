@@ -22,8 +22,8 @@ static const char usage[] =
 	"    CPU-executed device with a modelled PCIe link; times are then modelled.\n"
 	"    The budget holds the attention blocks (with their KV cache) and the head\n"
 	"    first, then neuron groups; --dense-cpu keeps attention and head on the CPU.\n"
-	"    Prompts run the placed attention blocks and head on the device, the FFN dense\n"
-	"    on the CPU; --prefill-cpu runs prompts on the CPU alone.\n";
+	"    Prompts run the placed attention blocks and head on the device, and the FFN\n"
+	"    dense, its cached groups on the device; --prefill-cpu: on the CPU alone.\n";
 
 struct stream {
 	const struct hyb_tokenizer *tok;

@@ -31,9 +31,10 @@
  * the device. A layer whose attention runs on the CPU (no room, or
  * dense_on_cpu) merges on the host. Oracle mode merges on the host always.
  * Prompt batches run the placed attention blocks (their KV rows land on the
- * device) and the head on the device, token after token, and the FFN dense
- * on the CPU (the plan's bundles as a GEMM); with prefill_cpu all of it runs
- * on the CPU and the prompt's KV rows go up before the first decoded token.
+ * device) and the head on the device, token after token, and the FFN dense:
+ * the groups in the device cache there, the others on the CPU as one batch
+ * (the plan's bundles as a GEMM); with prefill_cpu all of it runs on the CPU
+ * and the prompt's KV rows go up before the first decoded token.
  *
  * Oracle mode (tests; hyb_ctx_params.ffn_oracle): both the hybrid path and the CPU-only sparse path sum
  * the FFN output group by group in group order, each group's partial from
@@ -60,8 +61,8 @@ struct hyb_hybrid_params {
 	bool dense_on_cpu;             /* attention and head stay on the CPU (the budget is
 					* all for neuron groups) */
 	bool prefill_cpu;              /* prompt batches run on the CPU alone (by default the
-					* attention of the placed layers and the head run on the
-					* device, token after token, and the FFN dense on the CPU) */
+					* placed attention blocks, the head and the cached
+					* groups' FFN share run on the device) */
 };
 
 struct hyb_hybrid_stats {
