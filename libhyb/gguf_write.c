@@ -546,9 +546,13 @@ int gguf_writer_finish(struct gguf_writer *w, char *err, size_t errlen)
 		abandon(w);
 		return -1;
 	}
-	/* Buffered bytes meet ENOSPC/EFBIG only now. */
+	/*
+	 * Buffered bytes meet ENOSPC/EFBIG only now. A file that will replace
+	 * PATH is on disk before the rename, so a crash leaves the old file or
+	 * the whole new one.
+	 */
 	w->fp = NULL;
-	if (fflush(fp) || ferror(fp)) {
+	if (fflush(fp) || ferror(fp) || (w->tmp && fsync(fileno(fp)))) {
 		snprintf(err, errlen, "%s: write failed: %s", w->path, strerror(errno));
 		w->fp = fp;
 		abandon(w);
