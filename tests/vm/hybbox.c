@@ -779,6 +779,21 @@ static pid_t spawn(const char *const *argv, const char *out, const char *err)
 	return pid;
 }
 
+/* spawn, then its wait status; a program still running after ms is killed: what hangs. */
+static int spawn_wait(const char *const *argv, const char *out, const char *err, int ms,
+		      const char *what)
+{
+	pid_t pid = spawn(argv, out, err);
+	int st = wait_exit(pid, ms);
+
+	if (st < 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		die("%s: still running after %d s", what, ms / 1000);
+	}
+	return st;
+}
+
 /* The first line of text that contains key ("" when none), without its newline. */
 static const char *line_with(const char *text, const char *key)
 {
@@ -827,19 +842,13 @@ static void ioerr_hyb_run(const char *hyb, const char *model, uint64_t bad)
 	const char *argv[] = { hyb, "run", "-m", model, "-p", PROMPT, "-n", "4", "--print-ids",
 			       "-t", "1", NULL };
 	double t0 = hyb_now();
-	pid_t pid;
 	char why[128], *err;
 	bool tokens;
 	int st;
 
 	drop_caches();
-	pid = spawn(argv, "/tmp/hyb.out", "/tmp/hyb.err");
-	st = wait_exit(pid, 60000);
-	if (st < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		die("hyb run -m %s still runs 60 s after the drive failed a read", model);
-	}
+	st = spawn_wait(argv, "/tmp/hyb.out", "/tmp/hyb.err", 60000,
+			"hyb run -m after the drive failed a read");
 	tokens = strstr(slurp("/tmp/hyb.out"), "ids:") != NULL;
 	err = slurp("/tmp/hyb.err");	/* (one static buffer) */
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || tokens || strstr(err, "ids:"))
@@ -865,20 +874,13 @@ static void ioerr_hyb_run_mmap(const char *hyb, const char *model, uint64_t bad)
 	unsigned long long byte = 0;
 	char name[128] = "", *err;
 	const char *p;
-	pid_t pid;
 	int st, k = 0;
 
 	drop_caches();
 	setenv("HYB_LOAD", "mmap", 1);
-	pid = spawn(argv, "/tmp/hyb.out", "/tmp/hyb.err");
+	st = spawn_wait(argv, "/tmp/hyb.out", "/tmp/hyb.err", 60000,
+			"HYB_LOAD=mmap hyb run -m after the drive failed a read");
 	unsetenv("HYB_LOAD");
-	st = wait_exit(pid, 60000);
-	if (st < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		die("HYB_LOAD=mmap hyb run -m %s still runs 60 s after the drive failed a read",
-		    model);
-	}
 	if (WIFSIGNALED(st))
 		die("HYB_LOAD=mmap hyb run -m: killed by signal %d (%s), want exit 1 and a report",
 		    WTERMSIG(st), strsignal(WTERMSIG(st)));
@@ -1027,17 +1029,11 @@ static void ioerr_hybd_daemon(const char *bin, const char *conf, const char *mod
 			       "state_dir=/tmp/hybd-bad", NULL };
 	double t0 = hyb_now(), ms;
 	char why[128], *err;
-	pid_t pid;
 	int st;
 
 	drop_caches();
-	pid = spawn(argv, "/tmp/hybd.out", "/tmp/hybd.err");
-	st = wait_exit(pid, 60000);
-	if (st < 0) {
-		kill(pid, SIGKILL);
-		waitpid(pid, NULL, 0);
-		die("hybd (daemon) did not report within 60 s");
-	}
+	st = spawn_wait(argv, "/tmp/hybd.out", "/tmp/hybd.err", 60000,
+			"hybd (daemon) after the drive failed a read");
 	ms = ms_since(t0);
 	err = slurp("/tmp/hybd.err");
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 1 || !strstr(err, "did not start") ||
@@ -1213,15 +1209,10 @@ static int cmd_ioerr(const char *bin, const char *conf, const char *model, uint6
 	if (hyb) {
 		const char *argv[] = { hyb, "run", "--manifest", "bad", "-p", PROMPT, "-n", "4",
 				       "-t", "1", NULL };
-		pid_t pid = spawn(argv, "/tmp/hyb.out", "/tmp/hyb.err");
-		int st = wait_exit(pid, 20000);
+		const int st = spawn_wait(argv, "/tmp/hyb.out", "/tmp/hyb.err", 20000,
+					  "hyb run --manifest bad after hybd's failed load");
 		char *err = slurp("/tmp/hyb.err");
 
-		if (st < 0) {
-			kill(pid, SIGKILL);
-			waitpid(pid, NULL, 0);
-			die("hyb run --manifest bad hangs after hybd's failed load");
-		}
 		if (!WIFEXITED(st) || !WEXITSTATUS(st) || strstr(err, "ids:"))
 			die("hyb run --manifest bad: status %#x, want an error: %s", st, err);
 		note("hyb run --manifest bad (the app of the failed box): exit %d, \"%s\"",
