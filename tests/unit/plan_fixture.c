@@ -85,3 +85,13 @@ void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, u
 	free(la);
 	free(lb);
 }
+
+struct hyb_ctx *hyb_test_ctx(const struct hyb_model *m, int ffn)
+{
+	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = (enum hyb_ffn_mode)ffn };
+	char err[256];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+
+	CHECK_MSG(c, "%s", err);
+	return c;
+}

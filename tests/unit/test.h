@@ -54,6 +54,9 @@ struct hyb_ctx;
  * generated position `skip` on, counts where b's greedy pick agrees and
  * tracks the logit differences. plan_fixture.c
  */
+/* A context of m: 256 positions, one thread, FFN mode ffn (enum hyb_ffn_mode). plan_fixture.c */
+struct hyb_model;
+struct hyb_ctx *hyb_test_ctx(const struct hyb_model *m, int ffn);
 void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, uint32_t seed,
 			     uint32_t n_prompt, uint32_t n_gen, uint32_t skip,
 			     struct hyb_test_agreement *r);

@@ -82,16 +82,6 @@ static struct hyb_model *load(const char *path)
 	return m;
 }
 
-static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
-{
-	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = mode };
-	char err[256];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
-
-	CHECK_MSG(c, "%s", err);
-	return c;
-}
-
 static const struct gguf_tensor *tensor(const struct gguf_file *g, uint32_t l, const char *sfx)
 {
 	char name[96];
@@ -122,7 +112,7 @@ TEST(pi_model_decodes_like_its_source)
 		CHECK_EQ_INT(L->down_t.ne0, pi->hp.n_embd);
 		CHECK_EQ_INT(L->down_t.ne1, pi->hp.n_ff);
 	}
-	struct hyb_ctx *a = ctx(src, HYB_FFN_DENSE), *b = ctx(pi, HYB_FFN_DENSE);
+	struct hyb_ctx *a = hyb_test_ctx(src, HYB_FFN_DENSE), *b = hyb_test_ctx(pi, HYB_FFN_DENSE);
 
 	for (uint32_t s = 0; s < 3; s++)
 		hyb_test_greedy_compare(a, b, src->hp.n_vocab, 1 + s, 12, 16, 0, &r);
@@ -289,7 +279,7 @@ TEST(pi_imported_predictor_reads_the_layers_own_residual)
 	struct hyb_model *pi = load(f.model), *p = load(f.plan);
 	const uint32_t E = pi->hp.n_embd, F = pi->hp.n_ff, NL = pi->hp.n_layer;
 	struct capture cap = { .n_embd = E, .cap = 12, .n_layer = NL };
-	struct hyb_ctx *c = ctx(pi, HYB_FFN_DENSE);
+	struct hyb_ctx *c = hyb_test_ctx(pi, HYB_FFN_DENSE);
 	double *score = malloc(sizeof(double) * F), worst = 0, worst_rms = 0, scale = 0;
 	float *logit = malloc(sizeof(float) * F), *xr = malloc(sizeof(float) * E);
 	uint32_t *active = malloc(sizeof(uint32_t) * F), decided = 0, agree = 0;
@@ -378,7 +368,7 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 	CHECK_EQ_INT(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)), 0);
 
 	struct hyb_model *m = load(f.plan);
-	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
 	struct hyb_sparse_stats st, st2;
 	struct hyb_test_agreement r = { 0 };
 
@@ -398,7 +388,7 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 
 	/* fed the other convention's input, the same predictors predict other sets */
 	m->pred_input = HYB_PRED_ADJACENT;
-	s = ctx(m, HYB_FFN_SPARSE);
+	s = hyb_test_ctx(m, HYB_FFN_SPARSE);
 	r = (struct hyb_test_agreement){ 0 };
 	for (uint32_t q = 0; q < 3; q++)
 		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 10 + q, 12, 20, 0, &r);
@@ -481,7 +471,7 @@ TEST(pi_q4_0_plan_copies_quantized_down_rows)
 	CHECK_EQ_INT(rc, 0);
 
 	struct hyb_model *pi = load(f.model), *m = load(f.plan);
-	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
 	struct hyb_sparse_stats st;
 	struct hyb_test_agreement r = { 0 };
 

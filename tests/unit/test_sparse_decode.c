@@ -16,16 +16,6 @@
 #include "hyb/model.h"
 #include "test.h"
 
-static struct hyb_ctx *ctx(const struct hyb_model *m, enum hyb_ffn_mode mode)
-{
-	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = mode };
-	char err[256];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
-
-	CHECK_MSG(c, "%s", err);
-	return c;
-}
-
 TEST(sparse_decode_all_predicted_equals_dense)
 {
 	const char *plan = hyb_test_plan();
@@ -45,7 +35,7 @@ TEST(sparse_decode_all_predicted_equals_dense)
 	for (uint32_t l = 0; l < m->hp.n_layer; l++)
 		m->layers[l].plan.fc2_bias = bias;
 
-	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
 	struct hyb_test_agreement r = { 0 };
 	struct hyb_sparse_stats st;
 
@@ -70,7 +60,7 @@ TEST(sparse_decode_trained_predictors_agree_with_dense)
 	struct hyb_model *m = hyb_model_load(plan, err, sizeof(err));
 
 	CHECK_MSG(m, "%s", err);
-	struct hyb_ctx *d = ctx(m, HYB_FFN_DENSE), *s = ctx(m, HYB_FFN_SPARSE);
+	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
 	struct hyb_test_agreement r = { 0 };
 	struct hyb_sparse_stats st;
 
