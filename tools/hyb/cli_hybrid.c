@@ -128,7 +128,8 @@ struct workload {
 };
 
 static double run_seq(struct hyb_ctx *c, const struct hyb_model *m, struct workload *w,
-		      bool reference, uint32_t drift, float *logits, uint64_t *agree)
+		      bool reference, uint32_t drift, float *logits, uint64_t *agree,
+		      double *prompt_s)
 {
 	const uint32_t V = m->hp.n_vocab;
 	char err[512];
@@ -136,8 +137,10 @@ static double run_seq(struct hyb_ctx *c, const struct hyb_model *m, struct workl
 	double t0;
 
 	hyb_ctx_reset(c);
+	t0 = hyb_ctx_clock(c);
 	if (hyb_ctx_eval(c, w->toks, w->n_prompt, logits, false, err, sizeof(err)))
 		cli_die("%s", err);
+	*prompt_s = hyb_ctx_clock(c) - t0;
 	hyb_ctx_hybrid_stats_reset(c);
 	t0 = hyb_ctx_clock(c);
 	for (uint32_t i = 0; i < w->n_gen; i++) {
@@ -220,7 +223,7 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_placem
 
 struct policy_run {
 	enum hyb_policy p;
-	double *tps;
+	double *tps, *pps;            /* decode and prompt tokens/s, per round */
 	struct hyb_hybrid_placement pl;
 	struct hyb_hybrid_stats st;   /* summed over rounds */
 	uint64_t agree, compared;
@@ -238,6 +241,7 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	struct workload w = { .n_prompt = n_prompt, .n_gen = n_gen };
 	struct policy_run *pr = calloc(np, sizeof(*pr));
 	double *t_ref = calloc(o->reps, sizeof(double)), *dram = calloc(o->reps, sizeof(double));
+	double *p_ref = calloc(o->reps, sizeof(double)), ps;
 	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
 	const int nth = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 
@@ -262,7 +266,8 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	for (int i = 0; i < np; i++) {
 		pr[i].p = pol[i];
 		pr[i].tps = calloc(o->reps, sizeof(double));
-		if (!pr[i].tps)
+		pr[i].pps = calloc(o->reps, sizeof(double));
+		if (!pr[i].tps || !pr[i].pps || !p_ref)
 			cli_die("out of memory");
 	}
 
@@ -276,18 +281,20 @@ int cmd_bench_hybrid(struct cli_opts *o)
 		oc.ffn = HYB_FFN_SPARSE;
 		struct hyb_ctx *c = cli_new_ctx(m, &oc);
 
-		t_ref[r] = n_gen / run_seq(c, m, &w, true, drift, logits, NULL);
+		t_ref[r] = n_gen / run_seq(c, m, &w, true, drift, logits, NULL, &ps);
+		p_ref[r] = n_prompt / ps;
 		hyb_ctx_free(c);
 		dram[r] = hyb_measure_read_bw(nth, 256u << 20, 3);
 		for (int i = 0; i < np; i++) {
 			oc = *o;
 			oc.hy.policy = pr[i].p;
 			c = cli_new_ctx(m, &oc);
-			double t = run_seq(c, m, &w, false, drift, logits, &pr[i].agree);
+			double t = run_seq(c, m, &w, false, drift, logits, &pr[i].agree, &ps);
 			struct hyb_hybrid_stats st;
 
 			pr[i].compared += n_gen - n_gen / drift;
 			pr[i].tps[r] = n_gen / t;
+			pr[i].pps[r] = n_prompt / ps;
 			hyb_ctx_hybrid_stats(c, &st);
 #define ADD(f) pr[i].st.f += st.f
 			ADD(tokens); ADD(active); ADD(active_dev); ADD(late); ADD(loads);
@@ -313,10 +320,11 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	printf("bandwidth   DRAM %.1f GB/s (measured), PCIe %.1f GB/s, device memory %.0f GB/s "
 	       "(%s)\n", bw_dram / 1e9, bw_pcie / 1e9, bw_hbm / 1e9,
 	       o->hy.device && !strcmp(o->hy.device, "cuda") ? "device" : "modelled");
-	printf("baseline    %8.2f tokens/s  CPU-only sparse decode\n", ref);
-	printf("%-13s %8s %7s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy", "tok/s",
-	       "vs cpu", "dense", "gpu%", "loads", "MB/tok", "attn ms", "cpu ms", "dev ms",
-	       "stall", "roof%", "agree", "lambda");
+	printf("baseline    %8.2f tokens/s  CPU-only sparse decode; prompt %.2f tokens/s "
+	       "(%u tokens)\n", ref, median(p_ref, o->reps), n_prompt);
+	printf("%-13s %8s %7s %8s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy",
+	       "tok/s", "vs cpu", "prompt", "dense", "gpu%", "loads", "MB/tok", "attn ms",
+	       "cpu ms", "dev ms", "stall", "roof%", "agree", "lambda");
 	for (int i = 0; i < np; i++) {
 		const struct hyb_hybrid_stats *s = &pr[i].st;
 		const double n = s->tokens ? (double)s->tokens : 1;
@@ -337,8 +345,9 @@ int cmd_bench_hybrid(struct cli_opts *o)
 			base_layer = tps;
 		if (pr[i].p == HYB_POLICY_STATIC)
 			base_static = tps;
-		printf("%-13s %8.2f %6.2fx %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f %5.0f%% "
-		       "%6.1f%%", hyb_policy_name(pr[i].p), tps, tps / ref, dense,
+		printf("%-13s %8.2f %6.2fx %8.2f %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f "
+		       "%5.0f%% %6.1f%%", hyb_policy_name(pr[i].p), tps, tps / ref,
+		       median(pr[i].pps, o->reps), dense,
 		       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
 		       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
 		       1e3 * s->dev_kernel_s / n, 1e3 * s->stall_s / n, 100.0 * tps * roof,
@@ -361,14 +370,19 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	}
 	printf("cpu ms / dev ms: per token, the CPU's share of the split FFNs (host clock) and "
 	       "the device's FFN kernels (device clock, timed events)\n");
+	printf("prompt: tokens/s of the prompt batch (-p; placed attention, head and cached "
+	       "groups on the device unless --prefill-cpu)\n");
 	printf("dense: attention blocks on the device (+h: and the head, +p: and predictors); "
 	       "layer runs its other layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
 	       "link bytes / PCIe) per token, each side's bytes where the placement put them\n");
-	for (int i = 0; i < np; i++)
+	for (int i = 0; i < np; i++) {
 		free(pr[i].tps);
+		free(pr[i].pps);
+	}
 	free(pr);
 	free(t_ref);
+	free(p_ref);
 	free(dram);
 	free(logits);
 	free(w.toks);
