@@ -32,7 +32,7 @@ const char hybd_config_help[] =
 	"                           none, auto (cuda when a GPU opens, else cpu)\n"
 	"  cuda_device = 0          CUDA device ordinal (device = cuda or auto)\n"
 	"  gpu_slots = 64           cache slots of the device\n"
-	"  slot_bytes = 2M          bytes per slot\n"
+	"  slot_bytes = auto        bytes per slot (auto: a plan's largest group, else 2M)\n"
 	"  copy_bandwidth = 16G     cpu device: bytes per second (0: unpaced)\n"
 	"  log_format = kv|json     structured log lines (default kv)\n"
 	"  log_level = info         debug|info|warn|error\n"
@@ -57,7 +57,7 @@ void hybd_config_defaults(struct hybd_config *c)
 	c->chunk = 1u << 20;
 	c->device = HYBD_DEV_AUTO;
 	c->gpu_slots = 64;
-	c->slot_bytes = 2ull << 20;
+	c->slot_bytes = 0;	/* auto: hybd_start sizes slots to the model */
 	c->copy_bandwidth = 16ull << 30;
 	c->log_format = HLOG_KV;
 	c->log_level = HLOG_INFO;
@@ -226,6 +226,10 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 	}
 	UINT_KEY("cuda_device", cuda_device, 0, 1023)
 	UINT_KEY("gpu_slots", gpu_slots, 1, 1u << 20)
+	if (!strcmp(key, "slot_bytes") && !strcmp(val, "auto")) {
+		c->slot_bytes = 0;
+		return 0;
+	}
 	SIZE_KEY("slot_bytes", slot_bytes, 4096, 1ull << 34, 1)
 	SIZE_KEY("copy_bandwidth", copy_bandwidth, 0, UINT64_MAX, 1)
 	if (!strcmp(key, "log_format")) {
@@ -351,7 +355,10 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 	static const char *const backends[] = { "auto", "kmod", "local" };
 	static const char *const progress[] = { "auto", "bar", "lines", "quiet" };
 	static const char *const levels[] = { "debug", "info", "warn", "error", "off" };
+	char slot[24] = "auto";
 
+	if (c->slot_bytes)
+		snprintf(slot, sizeof(slot), "%llu", (unsigned long long)c->slot_bytes);
 	fprintf(f, "model = %s\nbackend = %s\nname = %s\n", c->model, backends[c->backend],
 		c->name);
 	if (c->nodes_all) {
@@ -373,13 +380,13 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 	fprintf(f, "pools_per_node = %u\ndram_budget = %llu\npage_pool = %llu\nqueue = %u\n"
 		"queue_depth = %u\nio_chunk = %u\nchunk = %llu\ndevice = %s\ncuda_device = %d\n"
 		"gpu_slots = %u\n"
-		"slot_bytes = %llu\ncopy_bandwidth = %llu\nlog_format = %s\nlog_level = %s\n"
+		"slot_bytes = %s\ncopy_bandwidth = %llu\nlog_format = %s\nlog_level = %s\n"
 		"%slog_file = %s\nstate_dir = %s\n%spid_file = %s\nprogress = %s\n"
 		"stats_interval = %u\n", c->place.pools_per_node,
 		(unsigned long long)c->place.dram_budget, (unsigned long long)c->place.page_pool,
 		c->queue, c->io_depth, c->io_chunk, (unsigned long long)c->chunk,
-		hybd_device_name(c->device), c->cuda_device, c->gpu_slots,
-		(unsigned long long)c->slot_bytes, (unsigned long long)c->copy_bandwidth,
+		hybd_device_name(c->device), c->cuda_device, c->gpu_slots, slot,
+		(unsigned long long)c->copy_bandwidth,
 		c->log_format == HLOG_JSON ? "json" : "kv", levels[c->log_level],
 		c->log_file[0] ? "" : "# (default) ", c->log_file[0] ? c->log_file : "-",
 		c->state_dir, c->pid_file[0] ? "" : "# (default) ",

@@ -18,6 +18,7 @@
 struct cpudev {
 	struct hyb_copydev d;
 	uint8_t *mem;
+	bool own_mem;			/* mem is our mapping (else the caller's: a shared pool) */
 	uint64_t *valid;		/* bytes written per slot since its last evict */
 	uint64_t bps;
 	struct region { uint8_t *addr; size_t len; } *regs;	/* pinned, as CUDA's table */
@@ -129,7 +130,7 @@ static void cpu_close(struct hyb_copydev *d)
 {
 	struct cpudev *c = (struct cpudev *)d;
 
-	if (c->mem)
+	if (c->mem && c->own_mem)
 		munmap(c->mem, (size_t)d->n_slots * d->slot_bytes);
 	free(c->valid);
 	free(c->regs);
@@ -145,20 +146,21 @@ static const struct hyb_copydev_ops cpu_ops = {
 	.unpin = cpu_unpin,
 };
 
-struct hyb_copydev *hyb_copydev_cpu_open(uint32_t n_slots, uint64_t slot_bytes,
-					 uint64_t bytes_per_s, char *err, size_t errlen)
+static struct cpudev *cpu_new(uint32_t n_slots, uint64_t slot_bytes, uint64_t bytes_per_s,
+			      char *err, size_t errlen)
 {
 	struct cpudev *c;
-	uint64_t total;
 
 	if (!n_slots || !slot_bytes || slot_bytes > (1ull << 34) || n_slots > (1u << 20)) {
 		snprintf(err, errlen, "cpu device: %u slots of %llu bytes is out of range", n_slots,
 			 (unsigned long long)slot_bytes);
 		return NULL;
 	}
-	total = (uint64_t)n_slots * slot_bytes;
 	c = calloc(1, sizeof(*c));
-	if (!c) {
+	if (c)
+		c->valid = calloc(n_slots, sizeof(*c->valid));
+	if (!c || !c->valid) {
+		free(c);
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
@@ -167,17 +169,44 @@ struct hyb_copydev *hyb_copydev_cpu_open(uint32_t n_slots, uint64_t slot_bytes,
 	c->d.n_slots = n_slots;
 	c->d.slot_bytes = slot_bytes;
 	c->bps = bytes_per_s;
-	c->valid = calloc(n_slots, sizeof(*c->valid));
+	return c;
+}
+
+struct hyb_copydev *hyb_copydev_cpu_open(uint32_t n_slots, uint64_t slot_bytes,
+					 uint64_t bytes_per_s, char *err, size_t errlen)
+{
+	struct cpudev *c = cpu_new(n_slots, slot_bytes, bytes_per_s, err, errlen);
+	const uint64_t total = (uint64_t)n_slots * slot_bytes;
+
+	if (!c)
+		return NULL;
 	/* reserved, not touched: pages appear as slots are filled */
 	c->mem = mmap(NULL, total, PROT_READ | PROT_WRITE,
 		      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (c->mem == MAP_FAILED || !c->valid) {
+	if (c->mem == MAP_FAILED) {
 		snprintf(err, errlen, "cpu device: cannot reserve %u slots of %llu bytes: %s",
 			 n_slots, (unsigned long long)slot_bytes, strerror(errno));
-		c->mem = c->mem == MAP_FAILED ? NULL : c->mem;
+		c->mem = NULL;
 		cpu_close(&c->d);
 		return NULL;
 	}
+	c->own_mem = true;
+	return &c->d;
+}
+
+struct hyb_copydev *hyb_copydev_cpu_open_at(void *mem, uint32_t n_slots, uint64_t slot_bytes,
+					    uint64_t bytes_per_s, char *err, size_t errlen)
+{
+	struct cpudev *c;
+
+	if (!mem) {
+		snprintf(err, errlen, "cpu device: no memory given for the slots");
+		return NULL;
+	}
+	c = cpu_new(n_slots, slot_bytes, bytes_per_s, err, errlen);
+	if (!c)
+		return NULL;
+	c->mem = mem;
 	return &c->d;
 }
 

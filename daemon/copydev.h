@@ -62,6 +62,13 @@ struct hyb_copydev {
  */
 struct hyb_copydev *hyb_copydev_cpu_open(uint32_t n_slots, uint64_t slot_bytes,
 					 uint64_t bytes_per_s, char *err, size_t errlen);
+/*
+ * The same in memory the caller provides and keeps (n_slots * slot_bytes
+ * writable bytes; closing the device leaves it): hybd passes a shared pool
+ * so that apps in box mode compute on the slots (hyb/gpucache.h).
+ */
+struct hyb_copydev *hyb_copydev_cpu_open_at(void *mem, uint32_t n_slots, uint64_t slot_bytes,
+					    uint64_t bytes_per_s, char *err, size_t errlen);
 /* CPU device: the slot's bytes and how many are valid (0 after an evict). */
 const void *hyb_copydev_cpu_slot(struct hyb_copydev *d, uint32_t slot, uint64_t *valid);
 

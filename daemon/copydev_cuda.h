@@ -12,7 +12,7 @@
  *     chunk is not queued behind prefetch copies in the same stream; the
  *     reload service's chunking bounds what it waits for (KAIROX 5.1/8);
  *   - box mode: the cache is exported as a CUDA IPC handle in a plain
- *     descriptor (struct hyb_cuda_cache_desc) hybd publishes; an app opens it
+ *     descriptor (struct hyb_gpucache_desc) hybd publishes; an app opens it
  *     with hyb_cuda_cache_open() and computes on the slots. Embedded mode:
  *     hyb_copydev_cuda_slot() is a plain device pointer.
  *
@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "copydev.h"
+#include "hyb/gpucache.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,44 +66,14 @@ void *hyb_copydev_cuda_slot(struct hyb_copydev *d, uint32_t slot);
 /* Bytes written into a slot since its last eviction (host bookkeeping). */
 uint64_t hyb_copydev_cuda_valid(struct hyb_copydev *d, uint32_t slot);
 
-/* -- box mode: the cache shared with apps through CUDA IPC -------------- */
-
-#define HYB_CUDA_CACHE_MAGIC	0x3143504755425948ULL	/* "HYBUGPC1" */
-#define HYB_CUDA_CACHE_VERSION	1
-
-/* Plain bytes: hybd publishes it (a pool or a file next to the manifest). */
-struct hyb_cuda_cache_desc {
-	uint64_t magic;
-	uint32_t version;
-	int32_t pid;			/* the exporting process */
-	uint32_t n_slots;
-	uint32_t reserved0;
-	uint64_t slot_bytes;
-	char pci_bus_id[32];		/* "0000:3b:00.0": device ordinals differ per process */
-	uint8_t ipc_handle[64];		/* cudaIpcMemHandle_t of the cache */
-	uint64_t reserved[4];
-};
-
-int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_cuda_cache_desc *out, char *err,
+/*
+ * Box mode: the cache shared with apps through CUDA IPC. Fills a
+ * hyb/gpucache.h descriptor of kind HYB_GPUCACHE_CUDA (magic, version, pid,
+ * slots, PCI bus id, IPC handle; the caller sets the queue); apps map it
+ * with hyb_cuda_cache_open() (hyb/gpucache.h).
+ */
+int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucache_desc *out, char *err,
 			    size_t errlen);
-/*
- * The descriptor as a file: hybd writes "<state dir>/<name>.gpucache" (the
- * struct's bytes, native byte order; written aside, renamed, mode 0644) before
- * it publishes the manifest and removes it at shutdown. No CUDA needed: these
- * two are plain C in every build. read checks size, magic and version.
- */
-int hyb_cuda_cache_desc_write(const char *path, const struct hyb_cuda_cache_desc *desc, char *err,
-			      size_t errlen);
-int hyb_cuda_cache_desc_read(const char *path, struct hyb_cuda_cache_desc *desc, char *err,
-			     size_t errlen);
-/*
- * App side: map an exported cache into this process (on the same GPU, found
- * by PCI bus id, made the calling thread's current device). *base is slot 0;
- * slot i is at base + i * slot_bytes. Close with hyb_cuda_cache_close(base).
- */
-int hyb_cuda_cache_open(const struct hyb_cuda_cache_desc *desc, void **base, char *err,
-			size_t errlen);
-int hyb_cuda_cache_close(void *base);
 
 #ifdef __cplusplus
 }

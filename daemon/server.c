@@ -15,6 +15,7 @@
 
 #include "copydev_cuda.h"
 #include "hyb/gguf.h"
+#include "hyb/manifest.h"
 #include "load.h"
 #include "manifest_write.h"
 #include "reload.h"
@@ -29,7 +30,8 @@ struct hybd {
 	struct hyb_mf_published pub;
 	char manifest_path[PATH_MAX + 64];
 	char stats_path[PATH_MAX + 64];
-	char gpucache_path[PATH_MAX + 64];	/* STATE_DIR/NAME.gpucache (cuda device) */
+	char gpucache_path[PATH_MAX + 64];	/* STATE_DIR/NAME.gpucache (hyb/gpucache.h) */
+	struct hyb_mempool *slots_pool;		/* the CPU device's slots, shared with apps */
 	bool gpucache_written;
 	bool stats_written;
 	int progress_mode;		/* 1 bar, 2 lines, 0 quiet */
@@ -244,6 +246,11 @@ static void undo(struct hybd *d)
 	d->gpucache_written = false;
 	hyb_copydev_close(d->dev);
 	d->dev = NULL;
+	if (d->slots_pool) {
+		hyb_mempool_destroy(d->slots_pool);
+		hyb_mempool_close(d->slots_pool);
+		d->slots_pool = NULL;
+	}
 	hyb_loaded_free(&d->model);
 	if (d->b)
 		hyb_backend_close(d->b);
@@ -268,7 +275,7 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 		.device = d->cfg.cuda_device, .n_slots = d->cfg.gpu_slots,
 		.slot_bytes = d->cfg.slot_bytes,
 	};
-	struct hyb_cuda_cache_desc desc;
+	struct hyb_gpucache_desc desc;
 	uint64_t pinned = 0;
 	unsigned int n_pinned = 0;
 	char why[256];
@@ -302,7 +309,8 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 	snprintf(d->gpucache_path, sizeof(d->gpucache_path), "%s/%s.gpucache", d->cfg.state_dir,
 		 d->cfg.name);
 	if (hyb_copydev_cuda_export(d->dev, &desc, why, sizeof(why)) ||
-	    hyb_cuda_cache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
+	    (desc.queue = d->cfg.queue, 0) ||
+	    hyb_gpucache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
 		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
 		return -1;
 	}
@@ -320,11 +328,93 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 	return 0;
 }
 
+/*
+ * slot_bytes = auto: a plan's largest group bundle (gate | up | down rows,
+ * rounded up to 256 bytes as an app's own cache does), so a slot holds one
+ * group and wastes nothing; 2 MiB for a model without a plan.
+ */
+static uint64_t auto_slot_bytes(const struct hybd *d)
+{
+	struct hyb_manifest *mf;
+	struct hyb_manifest_info mi;
+	uint64_t max = 0;
+	char why[256];
+
+	mf = hyb_manifest_parse(d->model.manifest, d->model.manifest_len, why, sizeof(why));
+	if (!mf)
+		return 2ull << 20;
+	hyb_manifest_info(mf, &mi);
+	for (uint32_t i = 0; i < mi.n_bundles; i++) {
+		const struct hyb_mf_bundle *b = hyb_manifest_bundle_at(mf, i);
+
+		if (b && b->bytes > max)
+			max = b->bytes;
+	}
+	hyb_manifest_close(mf);
+	return max ? (max + 255) / 256 * 256 : 2ull << 20;
+}
+
+/*
+ * The CPU device. Its slots are a shared pool, NAME.gpucache, published
+ * like the CUDA cache (hyb/gpucache.h, kind host), so that box-mode apps
+ * on the CPU device layer compute on what hybd's copies wrote. Without the
+ * pool (over the pinned cap, say) the slots are private memory: uploads
+ * still work, apps keep their own cache, and the log says why.
+ */
+static int start_cpu(struct hybd *d, char *err, size_t errlen)
+{
+	const uint64_t bytes = (uint64_t)d->cfg.gpu_slots * d->cfg.slot_bytes;
+	struct hyb_gpucache_desc desc = {
+		.magic = HYB_GPUCACHE_MAGIC, .version = HYB_GPUCACHE_VERSION,
+		.pid = (int32_t)getpid(), .n_slots = d->cfg.gpu_slots, .kind = HYB_GPUCACHE_HOST,
+		.slot_bytes = d->cfg.slot_bytes, .queue = d->cfg.queue,
+	};
+	char why[512];
+	void *mem = NULL;
+	size_t len;
+	int ret;
+
+	/* the name is at most HYB_LOAD_NAME_MAX (22): NAME.gpucache fits */
+	if (snprintf(desc.pool, sizeof(desc.pool), "%.22s.gpucache", d->cfg.name) >=
+	    (int)sizeof(desc.pool))
+		return -1;
+	ret = hyb_mempool_create(d->b, desc.pool, bytes, HYB_MEMPOOL_NODE_LOCAL, 0,
+				 HYB_MEMPOOL_SHARED, &d->slots_pool);
+	if (!ret)
+		ret = hyb_mempool_map(d->slots_pool, &mem, &len);
+	if (ret) {
+		hlog_msg(HLOG_WARN, "device", "cpu device: no shared pool for the slots (apps "
+			 "keep their own cache): %s", hyb_backend_error());
+		if (d->slots_pool) {
+			hyb_mempool_destroy(d->slots_pool);
+			hyb_mempool_close(d->slots_pool);
+			d->slots_pool = NULL;
+		}
+		d->dev = hyb_copydev_cpu_open(d->cfg.gpu_slots, d->cfg.slot_bytes,
+					      d->cfg.copy_bandwidth, err, errlen);
+		return d->dev ? 0 : -1;
+	}
+	d->dev = hyb_copydev_cpu_open_at(mem, d->cfg.gpu_slots, d->cfg.slot_bytes,
+					 d->cfg.copy_bandwidth, err, errlen);
+	if (!d->dev)
+		return -1;
+	snprintf(d->gpucache_path, sizeof(d->gpucache_path), "%s/%s.gpucache", d->cfg.state_dir,
+		 d->cfg.name);
+	if (hyb_gpucache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
+		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
+		return -1;
+	}
+	d->gpucache_written = true;
+	return 0;
+}
+
 static int start_device(struct hybd *d, char *err, size_t errlen)
 {
 	char why[512] = "";
 	struct hlog l;
 
+	if (!d->cfg.slot_bytes)
+		d->cfg.slot_bytes = auto_slot_bytes(d);
 	if (d->cfg.device == HYBD_DEV_NONE) {
 		hlog_msg(HLOG_INFO, "device", "no copy device: UPLOAD and EVICT requests fail "
 			 "with ENODEV");
@@ -342,15 +432,15 @@ static int start_device(struct hybd *d, char *err, size_t errlen)
 		hyb_copydev_close(d->dev);
 		d->dev = NULL;
 	}
-	d->dev = hyb_copydev_cpu_open(d->cfg.gpu_slots, d->cfg.slot_bytes, d->cfg.copy_bandwidth,
-				      err, errlen);
-	if (!d->dev)
+	if (start_cpu(d, err, errlen))
 		return -1;
 	hlog_begin(&l, HLOG_INFO, "device");
 	hlog_str(&l, "name", "cpu");
 	hlog_u64(&l, "slots", d->cfg.gpu_slots);
 	hlog_u64(&l, "slot_bytes", d->cfg.slot_bytes);
 	hlog_u64(&l, "bandwidth", d->cfg.copy_bandwidth);
+	if (d->gpucache_written)
+		hlog_str(&l, "gpucache", d->gpucache_path);
 	if (why[0]) {
 		hlog_str(&l, "cuda", why);
 		hlog_str(&l, "msg", "no GPU to use: GPU cache slots are host memory (CPU device)");

@@ -24,7 +24,7 @@
 #include "../../daemon/copydev_cuda.h"
 #include "hyb/pool.h"
 
-static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(((hyb_cuda_cache_desc *)0)->ipc_handle),
+static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(((hyb_gpucache_desc *)0)->ipc_handle),
 	      "the descriptor must hold a CUDA IPC handle");
 
 #define N_PRIO HYB_RQ_PRIO_LEVELS
@@ -311,7 +311,7 @@ extern "C" uint64_t hyb_copydev_cuda_valid(struct hyb_copydev *d, uint32_t slot)
 	return c && slot < d->n_slots ? c->valid[slot] : 0;
 }
 
-extern "C" int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_cuda_cache_desc *out,
+extern "C" int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucache_desc *out,
 				       char *err, size_t errlen)
 {
 	struct cudadev *c = cuda_of(d);
@@ -328,16 +328,17 @@ extern "C" int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_cuda_ca
 	    (e = cudaDeviceGetPCIBusId(out->pci_bus_id, sizeof(out->pci_bus_id), c->dev)) !=
 		    cudaSuccess)
 		return fail(e, err, errlen, "cuda export");
-	out->magic = HYB_CUDA_CACHE_MAGIC;
-	out->version = HYB_CUDA_CACHE_VERSION;
+	out->magic = HYB_GPUCACHE_MAGIC;
+	out->version = HYB_GPUCACHE_VERSION;
 	out->pid = (int32_t)getpid();
 	out->n_slots = d->n_slots;
+	out->kind = HYB_GPUCACHE_CUDA;
 	out->slot_bytes = d->slot_bytes;
 	memcpy(out->ipc_handle, &h, sizeof(h));
 	return 0;
 }
 
-extern "C" int hyb_cuda_cache_open(const struct hyb_cuda_cache_desc *desc, void **base,
+extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, void **base,
 				   char *err, size_t errlen)
 {
 	cudaIpcMemHandle_t h;
@@ -347,8 +348,8 @@ extern "C" int hyb_cuda_cache_open(const struct hyb_cuda_cache_desc *desc, void 
 
 	if (base)
 		*base = NULL;
-	if (!desc || !base || desc->magic != HYB_CUDA_CACHE_MAGIC ||
-	    desc->version != HYB_CUDA_CACHE_VERSION || !desc->n_slots || !desc->slot_bytes) {
+	if (!desc || !base || desc->magic != HYB_GPUCACHE_MAGIC ||
+	    desc->version != HYB_GPUCACHE_VERSION || desc->kind != HYB_GPUCACHE_CUDA || !desc->n_slots || !desc->slot_bytes) {
 		snprintf(err, errlen, "GPU cache descriptor: bad magic, version or size");
 		return -EINVAL;
 	}

@@ -271,7 +271,7 @@ TEST(copydev_cuda_driven_by_the_reload_service)
 TEST(copydev_cuda_cache_shared_through_ipc)
 {
 	int to_child[2], to_parent[2];
-	struct hyb_cuda_cache_desc desc;
+	struct hyb_gpucache_desc desc;
 	pid_t pid;
 	int st;
 
@@ -322,7 +322,7 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 		CHECK_EQ_INT(d->ops->upload(d, 3, 0, pool + MiB, MiB, HYB_RQ_HIGH), 0);
 		CHECK_EQ_INT(d->ops->sync(d, HYB_RQ_HIGH), 0);
 		CHECK_MSG(!hyb_copydev_cuda_export(d, &desc, err, sizeof(err)), "%s", err);
-		CHECK(desc.magic == HYB_CUDA_CACHE_MAGIC && desc.n_slots == 4 &&
+		CHECK(desc.magic == HYB_GPUCACHE_MAGIC && desc.n_slots == 4 &&
 		      desc.slot_bytes == MiB && desc.pid == getpid() && desc.pci_bus_id[0]);
 		CHECK(write(to_child[1], &desc, sizeof(desc)) == sizeof(desc) &&
 		      write(to_child[1], pool + MiB, 64) == 64);

@@ -729,9 +729,19 @@ TEST(hybd_device_cuda_without_cuda_auto_and_cpu)
 	/* auto: the CPU device, saying why */
 	CHECK(!hybd_config_set(&cfg, "device", "auto", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
-	CHECK(exists_in_tmp("dv.stats") && !exists_in_tmp("dv.gpucache"));
+	CHECK(exists_in_tmp("dv.stats") && exists_in_tmp("dv.gpucache"));
+	{
+		/* the CPU device's slots: a shared pool apps find through the descriptor */
+		struct hyb_gpucache_desc gc;
+		char gp[600];
+
+		snprintf(gp, sizeof(gp), "%s/dv.gpucache", hyb_test_tmpdir());
+		CHECK_MSG(!hyb_gpucache_desc_read(gp, &gc, err, sizeof(err)), "%s", err);
+		CHECK(gc.kind == HYB_GPUCACHE_HOST && gc.n_slots == 4 && gc.slot_bytes == 65536 &&
+		      gc.pid == getpid() && !strcmp(gc.pool, "dv.gpucache") && gc.queue == cfg.queue);
+	}
 	hybd_stop(d, "test");
-	CHECK(!exists_in_tmp("dv.stats"));
+	CHECK(!exists_in_tmp("dv.stats") && !exists_in_tmp("dv.gpucache"));
 	/* cpu */
 	CHECK(!hybd_config_set(&cfg, "device", "cpu", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
@@ -750,8 +760,8 @@ TEST(hybd_device_cuda_without_cuda_auto_and_cpu)
 /* The GPU cache descriptor file hybd publishes for apps (no GPU needed). */
 TEST(hybd_gpucache_descriptor_file)
 {
-	struct hyb_cuda_cache_desc a = {
-		.magic = HYB_CUDA_CACHE_MAGIC, .version = HYB_CUDA_CACHE_VERSION, .pid = 4242,
+	struct hyb_gpucache_desc a = {
+		.magic = HYB_GPUCACHE_MAGIC, .version = HYB_GPUCACHE_VERSION, .pid = 4242,
 		.n_slots = 64, .slot_bytes = 2 << 20, .pci_bus_id = "0000:3b:00.0",
 	}, b;
 	char path[600], err[1024];
@@ -760,32 +770,46 @@ TEST(hybd_gpucache_descriptor_file)
 	for (int i = 0; i < 64; i++)
 		a.ipc_handle[i] = (uint8_t)(i * 7 + 1);
 	snprintf(path, sizeof(path), "%s/x.gpucache", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_cuda_cache_desc_write(path, &a, err, sizeof(err)), "%s", err);
-	CHECK_MSG(!hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gpucache_desc_read(path, &b, err, sizeof(err)), "%s", err);
 	CHECK(!memcmp(&a, &b, sizeof(a)));
 	/* wrong version, short, long, missing: one line each, nothing handed out */
 	a.version = 9;
-	CHECK(!hyb_cuda_cache_desc_write(path, &a, err, sizeof(err)));
-	CHECK_EQ_INT(hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
 	CHECK_MSG(strstr(err, "version 9"), "%s", err);
 	CHECK_EQ_INT(b.magic, 0);
 	f = fopen(path, "w");
 	CHECK(f);
 	fwrite(&a, 1, 10, f);
 	fclose(f);
-	CHECK_EQ_INT(hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
 	CHECK_MSG(strstr(err, "not a GPU cache descriptor"), "%s", err);
-	a.version = HYB_CUDA_CACHE_VERSION;
+	a.version = HYB_GPUCACHE_VERSION;
 	f = fopen(path, "w");
 	CHECK(f);
 	fwrite(&a, 1, sizeof(a), f);
 	fputc(0, f);
 	fclose(f);
-	CHECK_EQ_INT(hyb_cuda_cache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
-	CHECK_EQ_INT(hyb_cuda_cache_desc_read("/nonexistent/x.gpucache", &b, err, sizeof(err)),
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_EQ_INT(hyb_gpucache_desc_read("/nonexistent/x.gpucache", &b, err, sizeof(err)),
 		     -ENOENT);
 	CHECK_MSG(strstr(err, "/nonexistent/x.gpucache"), "%s", err);
-	CHECK(hyb_cuda_cache_desc_write("/nonexistent/x.gpucache", &a, err, sizeof(err)) < 0);
+	CHECK(hyb_gpucache_desc_write("/nonexistent/x.gpucache", &a, err, sizeof(err)) < 0);
+	/* a host cache names its pool; an unknown kind is refused */
+	a.kind = HYB_GPUCACHE_HOST;
+	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_MSG(strstr(err, "without a pool name"), "%s", err);
+	snprintf(a.pool, sizeof(a.pool), "hyb.gpucache");
+	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
+	CHECK_MSG(!hyb_gpucache_desc_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK(!strcmp(b.pool, "hyb.gpucache"));
+	a.kind = 7;
+	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
+	CHECK_MSG(strstr(err, "unknown"), "%s", err);
+	a.kind = HYB_GPUCACHE_CUDA;
 	/* without CUDA the app side says so */
 	if (!hyb_copydev_cuda_built()) {
 		void *base = &a;
