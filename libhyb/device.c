@@ -26,6 +26,7 @@ struct hyb_device_allocs {
 	struct {
 		hyb_dptr base;
 		uint64_t size;
+		bool adopted;	/* another owner's memory (hyb_device_adopt): never freed here */
 	} a[];
 };
 
@@ -131,7 +132,8 @@ void hyb_device_close(struct hyb_device *d)
 	if (d->allocs) {
 		/* last first, so each free finds its entry still listed */
 		while (d->allocs->n) {
-			d->ops->free(d, d->allocs->a[d->allocs->n - 1].base);
+			if (!d->allocs->a[d->allocs->n - 1].adopted)
+				d->ops->free(d, d->allocs->a[d->allocs->n - 1].base);
 			d->allocs->n--;
 		}
 		free(d->allocs);
@@ -297,9 +299,40 @@ int hyb_device_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out)
 	memmove(&t->a[i + 2], &t->a[i + 1], (t->n - (size_t)(i + 1)) * sizeof(t->a[0]));
 	t->a[i + 1].base = p;
 	t->a[i + 1].size = bytes;
+	t->a[i + 1].adopted = false;
 	t->n++;
 	d->used += bytes;
 	*out = p;
+	return 0;
+}
+
+int hyb_device_adopt(struct hyb_device *d, hyb_dptr p, uint64_t bytes)
+{
+	struct hyb_device_allocs *t;
+	long i;
+	int rc = check_dev(d, 0, "device adopt");
+
+	if (rc)
+		return rc;
+	if (!p || !bytes || (p & 255) || p + bytes < p)
+		return hyb_device_fail(d, -EINVAL, "device adopt: %llu bytes at %#llx (want a "
+				       "256-byte aligned, non-empty range)",
+				       (unsigned long long)bytes, (unsigned long long)p);
+	rc = table_reserve(d);
+	if (rc)
+		return rc;
+	t = d->allocs;
+	i = find_le(t, p);
+	if ((i >= 0 && t->a[i].base + t->a[i].size > p) ||
+	    ((size_t)(i + 1) < t->n && t->a[i + 1].base < p + bytes))
+		return hyb_device_fail(d, -EINVAL, "device adopt: %llu bytes at %#llx overlap an "
+				       "allocation", (unsigned long long)bytes,
+				       (unsigned long long)p);
+	memmove(&t->a[i + 2], &t->a[i + 1], (t->n - (size_t)(i + 1)) * sizeof(t->a[0]));
+	t->a[i + 1].base = p;
+	t->a[i + 1].size = bytes;
+	t->a[i + 1].adopted = true;
+	t->n++;
 	return 0;
 }
 
@@ -317,8 +350,10 @@ void hyb_device_free(struct hyb_device *d, hyb_dptr p)
 				(unsigned long long)p);
 		return;
 	}
-	d->ops->free(d, p);
-	d->used -= t->a[i].size;
+	if (!t->a[i].adopted) {
+		d->ops->free(d, p);
+		d->used -= t->a[i].size;
+	}
 	memmove(&t->a[i], &t->a[i + 1], (t->n - (size_t)i - 1) * sizeof(t->a[0]));
 	t->n--;
 }

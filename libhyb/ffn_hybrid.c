@@ -33,6 +33,11 @@
  * decisions - the host has waited for the partial result, or for the next
  * layer's attention output, which follows it on COMPUTE - so a slot freed by
  * an eviction can be reloaded at once.
+ *
+ * Box mode (cache_hybd.h): the slots are hybd's cache and a load is an
+ * UPLOAD request on hybd's reload queue instead of a copy on RELOAD; it has
+ * landed when its completion is reaped. hybd serves one priority in order,
+ * so a reload of a slot lands after any earlier load of it still queued.
  */
 #include <errno.h>
 #include <math.h>
@@ -40,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cache_hybd.h"
 #include "ffn_hybrid.h"
 #include "ffn_sparse.h"
 #include "hybrid_dense.h"
@@ -49,6 +55,7 @@ struct hyb_ffn_hybrid {
 	const struct hyb_model *m;
 	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
 	struct hyb_device *dev;
+	struct hyb_hybd_cache *hc;      /* box mode: hybd's cache and queue, else NULL */
 	struct hyb_balancer *bal;
 	struct hyb_hdense *hd;          /* attention blocks and head on the device */
 	bool oracle, layer_policy, prefill_cpu;
@@ -73,7 +80,7 @@ struct hyb_ffn_hybrid {
 	 * completion with one event query each (a query per resident group
 	 * and layer would cost more than the FFN: cudaEventQuery is ~1 us).
 	 */
-	struct inflight { uint32_t slot, layer; uint64_t seq; } *fly;
+	struct inflight { uint32_t slot, layer; uint64_t seq; bool done; } *fly;
 	uint32_t fly_cap, fly_head, fly_n;
 	uint64_t seq_issued, seq_done;   /* loads queued, loads known landed */
 	uint64_t *slot_seq;              /* [total] the slot's last load */
@@ -132,11 +139,84 @@ static void fly_pop(struct hyb_ffn_hybrid *h)
 	h->fly_n--;
 }
 
-/* Take note of the loads that have landed since the last poll. */
-static void poll_loads(struct hyb_ffn_hybrid *h)
+/*
+ * Box mode: take the completions hybd has posted (wait: at least one).
+ * Sequence numbers in the ring are consecutive, so a tag (a load's seq)
+ * finds its entry by its distance from the oldest.
+ */
+static int reap_hybd(struct hyb_ffn_hybrid *h, bool wait)
 {
+	uint64_t tags[64];
+	int n;
+
+	do {
+		n = hyb_hybd_cache_reap(h->hc, tags, 64, wait);
+		if (n < 0)
+			return n;
+		for (int i = 0; i < n; i++) {
+			const uint64_t d = tags[i] - h->fly[h->fly_head].seq;
+
+			if (h->fly_n && tags[i] >= h->fly[h->fly_head].seq && d < h->fly_n)
+				h->fly[(h->fly_head + d) % h->fly_cap].done = true;
+		}
+		wait = false;
+	} while (n == 64);
+	while (h->fly_n && h->fly[h->fly_head].done)
+		fly_pop(h);
+	return 0;
+}
+
+/* Take note of the loads that have landed since the last poll. */
+static int poll_loads(struct hyb_ffn_hybrid *h)
+{
+	if (h->hc)
+		return reap_hybd(h, false);
 	while (h->fly_n && hyb_device_done(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
 		fly_pop(h);
+	return 0;
+}
+
+/* Wait until the oldest load in flight has landed. */
+static int wait_oldest(struct hyb_ffn_hybrid *h)
+{
+	const uint64_t seq = h->fly[h->fly_head].seq;
+
+	if (!h->hc) {
+		if (hyb_device_sync(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
+			return -EIO;
+		fly_pop(h);
+		return 0;
+	}
+	while (h->fly_n && h->fly[h->fly_head].seq == seq) {
+		int rc = reap_hybd(h, true);
+
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+/* Wait until every load in flight has landed. */
+static int wait_all(struct hyb_ffn_hybrid *h)
+{
+	while (h->fly_n) {
+		int rc = wait_oldest(h);
+
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int load_fail(struct hyb_ffn_hybrid *h, int rc, char *err, size_t errlen,
+		     const char *what)
+{
+	if (h->hc) {
+		snprintf(err, errlen, "%s: %s", what, hyb_hybd_cache_error(h->hc));
+		return -1;
+	}
+	(void)rc;
+	return dev_fail(h, err, errlen, what);
 }
 
 /* Put group g of layer l in a free slot of the layer: one bundle, one copy. */
@@ -149,17 +229,25 @@ static int load_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
 	if (!h->n_free[l])
 		return -ENOSPC;
 	slot = h->free_slot[h->slot_base[l] + --h->n_free[l]];
+	int rc;
+
 	h->table[(size_t)l * h->NG + g] = (int32_t)slot;
 	h->dirty[l] = true;
-	if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->cache + (uint64_t)slot * h->slot_bytes,
-			   b->bundle[g], bytes) ||
-	    hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->slot_ev[slot]))
-		return -EIO;
 	/* a full ring (a link far behind): wait for its oldest load */
-	if (h->fly_n == h->fly_cap) {
-		if (hyb_device_sync(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
-			return -EIO;
-		fly_pop(h);
+	if (h->fly_n == h->fly_cap && (rc = wait_oldest(h)))
+		return rc;
+	if (h->hc) {
+		/* hybd's queue is full: wait for its oldest of ours to come back */
+		while ((rc = hyb_hybd_cache_upload(h->hc, slot, l, g, h->seq_issued + 1)) ==
+		       -EAGAIN && h->fly_n)
+			if ((rc = wait_oldest(h)))
+				return rc;
+		if (rc)
+			return rc;
+	} else if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD,
+				  h->cache + (uint64_t)slot * h->slot_bytes, b->bundle[g], bytes) ||
+		   hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->slot_ev[slot])) {
+		return -EIO;
 	}
 	h->slot_seq[slot] = ++h->seq_issued;
 	h->fly[(h->fly_head + h->fly_n++) % h->fly_cap] =
@@ -190,7 +278,8 @@ static int balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act, ui
 	uint32_t nl = 0, ne = 0;
 
 	/* loads of this layer still in flight: the reload backlog it sees */
-	poll_loads(h);
+	if (poll_loads(h))
+		return load_fail(h, -EIO, err, errlen, "reload");
 	fb->backlog_s = h->in_flight[l] * h->group_load_s;
 	fb->window_s = h->window_s;
 	fb->n_active = n;
@@ -211,7 +300,7 @@ static int balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act, ui
 			return -1;
 		}
 		if (rc)
-			return dev_fail(h, err, errlen, "reload");
+			return load_fail(h, rc, err, errlen, "reload");
 	}
 	return 0;
 }
@@ -339,7 +428,8 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	double tq, tc, ts, kern_s;
 
 	memset(h->usable, -1, h->NG);
-	poll_loads(h);
+	if (poll_loads(h))
+		return load_fail(h, -EIO, err, errlen, "reload");
 	for (uint32_t i = 0; i < h->n_act; i++) {
 		const uint32_t g = h->act[i] / h->GS;
 
@@ -462,7 +552,7 @@ const uint8_t *hyb_ffn_hybrid_prefill_split(struct hyb_ffn_hybrid *h, uint32_t l
 	if (h->oracle || hyb_ffn_hybrid_cpu_dense(h, l))
 		return NULL;
 	memset(h->usable, -1, h->NG);
-	poll_loads(h);
+	(void)poll_loads(h);	/* a failure shows at the next decode step */
 	for (uint32_t g = 0; g < h->NG; g++) {
 		if (!group_usable(h, l, g))
 			continue;
@@ -663,7 +753,16 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 {
 	const uint64_t tb = (uint64_t)h->L * h->NG * sizeof(int32_t);
 
-	if ((h->total_slots &&
+	if (h->hc) {
+		struct hyb_hybd_cache_info ci;
+
+		hyb_hybd_cache_info(h->hc, &ci);
+		h->cache = ci.base;
+		if (h->total_slots && hyb_device_adopt(h->dev, h->cache,
+						       (uint64_t)h->total_slots * h->slot_bytes))
+			return dev_fail(h, err, errlen, "hybd's cache");
+	}
+	if ((h->total_slots && !h->hc &&
 	     hyb_device_alloc(h->dev, (uint64_t)h->total_slots * h->slot_bytes, &h->cache)) ||
 	    hyb_device_alloc(h->dev, tb, &h->tables) ||
 	    hyb_device_alloc(h->dev, sizeof(float) * h->E, &h->d_xn) ||
@@ -753,29 +852,27 @@ static int warm_start(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	struct hyb_device_event *ev = hyb_device_event_new(h->dev);
 	uint64_t n = 0;
 	double t0;
+	int rc = 0;
 
 	if (!ev)
 		return dev_fail(h, err, errlen, "device event");
 	t0 = hyb_device_now(h->dev);
-	for (uint32_t l = 0; l < h->L; l++) {
+	for (uint32_t l = 0; l < h->L && !rc; l++) {
 		const uint32_t k = hyb_balancer_initial(h->bal, l, h->load);
 
-		for (uint32_t i = 0; i < k; i++) {
-			if (load_group(h, l, h->load[i])) {
-				hyb_device_event_free(h->dev, ev);
-				return dev_fail(h, err, errlen, "initial load");
-			}
-			n++;
-		}
+		for (uint32_t i = 0; i < k && !rc; i++, n++)
+			rc = load_group(h, l, h->load[i]);
 	}
-	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, ev) || hyb_device_sync(h->dev, ev)) {
-		hyb_device_event_free(h->dev, ev);
-		return dev_fail(h, err, errlen, "initial load");
-	}
+	if (!rc && h->hc)
+		rc = wait_all(h);
+	else if (!rc && (hyb_device_record(h->dev, HYB_STREAM_RELOAD, ev) ||
+			 hyb_device_sync(h->dev, ev)))
+		rc = -EIO;
 	hyb_device_event_free(h->dev, ev);
+	if (rc)
+		return load_fail(h, rc, err, errlen, "initial load");
 	h->group_load_s = n ? (hyb_device_now(h->dev) - t0) / n : 0;
-	poll_loads(h);  /* all landed */
-	return 0;
+	return poll_loads(h);  /* all landed */
 }
 
 /*
@@ -857,6 +954,69 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 	return avail / h->slot_bytes;
 }
 
+/*
+ * Box mode: compute on hybd's cache and load through its queue (cache_hybd.h)
+ * when the model is hybd's and the caller did not ask for an own cache. A
+ * cache this app cannot use (none published, another app holds it, another
+ * kind of memory than the device's, slots too small for a group) refuses
+ * the context under HYB_CACHE_HYBD and leaves the app its own cache under
+ * AUTO; place.cache_note says which and why.
+ */
+static int use_hybd_cache(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			  char *err, size_t errlen)
+{
+	const uint64_t need = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
+	const struct hyb_ffn_bundles **b;
+	struct hyb_hybd_cache_info ci;
+	char why[512];
+	int code;
+
+	snprintf(h->place.cache_note, sizeof(h->place.cache_note), "own");
+	if (p->cache == HYB_CACHE_OWN || !hyb_model_manifest(h->m)) {
+		if (p->cache == HYB_CACHE_HYBD) {
+			snprintf(err, errlen, "hybd's cache: the model is not served by hybd (box "
+				 "mode: hyb run --manifest)");
+			return -1;
+		}
+		return 0;
+	}
+	b = malloc(sizeof(*b) * h->L);
+	if (!b) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	for (uint32_t l = 0; l < h->L; l++)
+		b[l] = hyb_ffn_sparse_bundles(h->sp, l);
+	h->hc = hyb_hybd_cache_open(h->m, p->device ? p->device : "cpu", b, &code, why,
+				    sizeof(why));
+	free(b);
+	if (h->hc) {
+		hyb_hybd_cache_info(h->hc, &ci);
+		if (ci.slot_bytes < need) {
+			snprintf(why, sizeof(why), "its %llu-byte slots cannot hold a group of "
+				 "%llu bytes (run hybd with slot_bytes = auto)",
+				 (unsigned long long)ci.slot_bytes, (unsigned long long)need);
+			hyb_hybd_cache_close(h->hc);
+			h->hc = NULL;
+		}
+	}
+	if (!h->hc) {
+		if (p->cache == HYB_CACHE_HYBD) {
+			snprintf(err, errlen, "hybd's cache: %s", why);
+			return -1;
+		}
+		snprintf(h->place.cache_note, sizeof(h->place.cache_note),
+			 "own (not hybd's: %.200s)", why);
+		return 0;
+	}
+	h->slot_bytes = ci.slot_bytes;
+	h->place.cache_hybd = true;
+	snprintf(h->place.cache_note, sizeof(h->place.cache_note),
+		 "hybd's (pid %d, %s memory, %u slots of %llu bytes, loads on reload queue %u)",
+		 ci.pid, ci.kind, ci.n_slots, (unsigned long long)ci.slot_bytes, ci.queue);
+	return 0;
+}
+
 struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, bool oracle,
 					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
@@ -894,6 +1054,8 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
 
 	h->layer_policy = p->policy == HYB_POLICY_LAYER;
+	if (use_hybd_cache(h, p, err, errlen))
+		goto fail;
 	fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
 	on = calloc(h->L, sizeof(*on));
 	pred = calloc(h->L, sizeof(*pred));
@@ -901,6 +1063,14 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		goto oom;
 	if (p->gpu_budget > fixed)
 		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head, pred);
+	if (h->hc) {
+		struct hyb_hybd_cache_info ci;
+
+		/* the budget's share for groups, as far as hybd's cache goes (whole layers: -ngl) */
+		hyb_hybd_cache_info(h->hc, &ci);
+		if (slots > ci.n_slots)
+			slots = h->layer_policy ? ci.n_slots / h->NG * h->NG : ci.n_slots;
+	}
 	for (uint32_t l = 0; l < h->L; l++) {
 		h->place.attn_layers += on[l];
 		h->place.predictors += pred[l];
@@ -1009,8 +1179,12 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		hyb_hdense_free(h->hd);
 		if (h->m->image)
 			hyb_device_host_unregister(h->dev, h->m->image);
+		/* box mode: nothing of ours still in hybd's queue for the next app's slots */
+		if (h->hc && h->fly)
+			(void)wait_all(h);
 		hyb_device_close(h->dev); /* device memory goes with it */
 	}
+	hyb_hybd_cache_close(h->hc);
 	hyb_balancer_free(h->bal);
 	hyb_ffn_sparse_free(h->sp);
 	free(h->slot_ev);
@@ -1071,6 +1245,12 @@ void hyb_ffn_hybrid_cache(const struct hyb_ffn_hybrid *h, uint64_t *resident, ui
 		r += h->n_slots[l] - h->n_free[l];
 	*resident = r;
 	*slots = h->total_slots;
+}
+
+int hyb_ffn_hybrid_table(const struct hyb_ffn_hybrid *h, int32_t *out)
+{
+	memcpy(out, h->table, sizeof(int32_t) * h->L * h->NG);
+	return 0;
 }
 
 void hyb_ffn_hybrid_stats_add(struct hyb_ffn_hybrid *h, double attn_s, double head_s)

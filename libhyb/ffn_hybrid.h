@@ -65,5 +65,7 @@ void hyb_ffn_hybrid_stats(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_stat
 void hyb_ffn_hybrid_stats_reset(struct hyb_ffn_hybrid *h);
 double hyb_ffn_hybrid_lambda(const struct hyb_ffn_hybrid *h, uint32_t l);
 void hyb_ffn_hybrid_cache(const struct hyb_ffn_hybrid *h, uint64_t *resident, uint64_t *slots);
+/* hyb_ctx_hybrid_table() */
+int hyb_ffn_hybrid_table(const struct hyb_ffn_hybrid *h, int32_t *out);
 
 #endif

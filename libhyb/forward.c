@@ -555,6 +555,11 @@ void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t 
 		hyb_ffn_hybrid_cache(c->hybrid, resident, slots);
 }
 
+int hyb_ctx_hybrid_table(const struct hyb_ctx *c, int32_t *out)
+{
+	return c->hybrid ? hyb_ffn_hybrid_table(c->hybrid, out) : -1;
+}
+
 void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out)
 {
 	memset(out, 0, sizeof(*out));

@@ -912,6 +912,21 @@ const struct hyb_manifest *hyb_model_manifest(const struct hyb_model *m)
 	return bx ? bx->mf : NULL;
 }
 
+const void *hyb_model_box_addr(const struct hyb_model *m, uint32_t pool, uint64_t off,
+			       uint64_t len)
+{
+	const void *p = NULL;
+	struct box *bx;
+
+	pthread_mutex_lock(&box_lock);
+	bx = box_find(m);
+	if (bx && pool < bx->n_pools && bx->pools[pool].base && off <= bx->pools[pool].len &&
+	    len <= bx->pools[pool].len - off)
+		p = bx->pools[pool].base + off;
+	pthread_mutex_unlock(&box_lock);
+	return p;
+}
+
 int hyb_model_box_check(const struct hyb_model *m, char *err, size_t errlen)
 {
 	struct hyb_mempool_info pi;

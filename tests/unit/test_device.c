@@ -212,6 +212,46 @@ TEST(dev_alloc_capacity)
 	hyb_device_close(d);
 }
 
+/* Another owner's memory (box mode: hybd's cache): addressable, not counted, never freed. */
+TEST(dev_adopt_foreign_memory)
+{
+	const uint64_t MB = 1 << 20;
+	struct hyb_device_config cfg = { .capacity = MB };
+	struct hyb_device *d = open_cpu(&cfg);
+	uint8_t *ext = aligned_alloc(4096, 2 * MB), *buf = xmalloc(MB);
+	const hyb_dptr e = (hyb_dptr)(uintptr_t)ext;
+	hyb_dptr p;
+
+	CHECK(ext);
+	memset(buf, 0x3c, MB);
+	/* not adopted yet: the device refuses to touch it */
+	CHECK_EQ_INT(hyb_device_d2h(d, HYB_STREAM_CRITICAL, buf, e, 64), -EINVAL);
+	CHECK_MSG(strstr(hyb_device_error(d), "in no device allocation"), "%s",
+		  hyb_device_error(d));
+	CHECK(!hyb_device_adopt(d, e, 2 * MB));
+	CHECK_EQ_INT(hyb_device_used(d), 0);
+	p = dalloc(d, MB); /* the whole capacity is still ours */
+	CHECK(!hyb_device_h2d(d, HYB_STREAM_RELOAD, e + MB, buf, MB));
+	CHECK(ext[MB] == 0x3c && ext[2 * MB - 1] == 0x3c);
+	/* an overrun, an overlap, a misaligned or empty range: refused */
+	CHECK_EQ_INT(hyb_device_h2d(d, HYB_STREAM_RELOAD, e + MB + 1, buf, MB), -EINVAL);
+	CHECK_EQ_INT(hyb_device_adopt(d, e + MB, 256), -EINVAL);
+	CHECK_MSG(strstr(hyb_device_error(d), "overlap"), "%s", hyb_device_error(d));
+	CHECK_EQ_INT(hyb_device_adopt(d, p, 256), -EINVAL);
+	CHECK_EQ_INT(hyb_device_adopt(d, e + 2 * MB + 4, 256), -EINVAL);
+	CHECK_EQ_INT(hyb_device_adopt(d, e + 4 * MB, 0), -EINVAL);
+	/* free forgets it; close leaves it to its owner */
+	hyb_device_free(d, e);
+	CHECK_EQ_INT(hyb_device_used(d), MB);
+	CHECK_EQ_INT(hyb_device_d2h(d, HYB_STREAM_CRITICAL, buf, e, 64), -EINVAL);
+	CHECK(!hyb_device_adopt(d, e, 2 * MB));
+	hyb_device_close(d);
+	ext[0] = 1;  /* still ours: close did not unmap it */
+	CHECK(ext[MB] == 0x3c);
+	free(ext);
+	free(buf);
+}
+
 TEST(dev_bad_arguments)
 {
 	struct hyb_device *d = open_cpu(NULL);

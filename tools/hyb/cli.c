@@ -36,7 +36,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU };
+       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE };
 
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
@@ -70,6 +70,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		{ "drift", required_argument, 0, O_DRIFT },
 		{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 		{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
+		{ "cache", required_argument, 0, O_CACHE },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
@@ -117,6 +118,16 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
 		case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 		case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
+		case O_CACHE:
+			if (!strcmp(optarg, "auto"))
+				o->hy.cache = HYB_CACHE_AUTO;
+			else if (!strcmp(optarg, "own"))
+				o->hy.cache = HYB_CACHE_OWN;
+			else if (!strcmp(optarg, "hybd"))
+				o->hy.cache = HYB_CACHE_HYBD;
+			else
+				cli_die("unknown cache '%s' (auto, own, hybd)", optarg);
+			break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}

@@ -60,6 +60,7 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		pl.head ? "the head" : "not the head", pl.predictors, pl.dense_bytes / 1e6,
 		pl.cache_bytes / 1e6,
 		pl.dense_layers_cpu ? " (other layers dense on the CPU)" : "");
+	fprintf(stderr, "hybrid: neuron cache: %s\n", pl.cache_note);
 	fprintf(stderr, "hybrid: %.1f%% of active neurons on the device; %.1f group loads and "
 		"%.2f MB moved per token; cache %llu/%llu groups\n",
 		st.active ? 100.0 * st.active_dev / st.active : 0.0, st.loads / n,

@@ -14,7 +14,7 @@ static const char usage[] =
 	"               [--print-ids] [--dense | --sparse]\n"
 	"       hyb run --manifest NAME|PATH -p PROMPT ...   (box mode: the model hybd serves)\n"
 	"               [--gpu-budget BYTES|N%] [--policy P] [--device cpu|cuda] [--pcie-gbps G]\n"
-	"               [--dense-cpu] [--prefill-cpu]\n"
+	"               [--dense-cpu] [--prefill-cpu] [--cache auto|own|hybd]\n"
 	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n"
 	"  --gpu-budget: decode a plan hybrid, its hot neuron groups in a device cache of this\n"
 	"    size (K/M/G suffixes, or N% of the model) moved by policy P: static, layer, lru,\n"
@@ -23,7 +23,10 @@ static const char usage[] =
 	"    The budget holds the attention blocks (with their KV cache) and the head\n"
 	"    first, then neuron groups; --dense-cpu keeps attention and head on the CPU.\n"
 	"    Prompts run the placed attention blocks and head on the device, and the FFN\n"
-	"    dense, its cached groups on the device; --prefill-cpu: on the CPU alone.\n";
+	"    dense, its cached groups on the device; --prefill-cpu: on the CPU alone.\n"
+	"  --cache (box mode): hybd's: compute on the GPU cache hybd publishes and load\n"
+	"    groups through its reload queue (hybctl stalls shows them); own: a cache of\n"
+	"    this process; auto (default): hybd's when this app can use it, else own.\n";
 
 struct stream {
 	const struct hyb_tokenizer *tok;

@@ -100,6 +100,15 @@ double hyb_device_now(struct hyb_device *d);
 /* 256-byte aligned, contents undefined. -ENOMEM when used + bytes > capacity. */
 int hyb_device_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out);
 void hyb_device_free(struct hyb_device *d, hyb_dptr p);
+/*
+ * Let the device's kernels address memory another party owns and mapped
+ * into this process (box mode: hybd's neuron cache, hyb/gpucache.h - a CUDA
+ * IPC mapping, or the CPU device's view of hybd's slots pool): [p, p +
+ * bytes) is checked like an allocation but is not counted against the
+ * capacity, and hyb_device_free() / close only forget it. -EINVAL when it
+ * overlaps an allocation or is not 256-byte aligned.
+ */
+int hyb_device_adopt(struct hyb_device *d, hyb_dptr p, uint64_t bytes);
 /* Pin host memory for asynchronous copies (pools: CUDA cudaHostRegister). */
 int hyb_device_host_register(struct hyb_device *d, void *p, size_t len);
 int hyb_device_host_unregister(struct hyb_device *d, void *p);

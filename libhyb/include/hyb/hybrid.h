@@ -52,8 +52,21 @@
 #include "hyb/device.h"
 #include "hyb/model.h"
 
+/*
+ * Whose neuron cache (hyb/gpucache.h). Box mode (a model hybd serves, from
+ * hyb_model_load_manifest) can compute on hybd's cache and load groups into
+ * it through hybd's reload queue, so the copy engine, its priorities and
+ * its statistics are hybd's; any other model has only its own.
+ */
+enum hyb_cache_src {
+	HYB_CACHE_AUTO = 0,	/* hybd's when it publishes one this app can use, else own */
+	HYB_CACHE_OWN,		/* device memory of this app, loaded on its RELOAD stream */
+	HYB_CACHE_HYBD,		/* hybd's, or the context is refused with the reason */
+};
+
 struct hyb_hybrid_params {
 	const char *device;            /* "cpu" or "cuda" */
+	enum hyb_cache_src cache;
 	uint64_t gpu_budget;           /* device bytes for the neuron cache and buffers */
 	enum hyb_policy policy;
 	struct hyb_device_config dev;  /* capacity: 0 means gpu_budget */
@@ -97,6 +110,8 @@ struct hyb_hybrid_placement {
 	uint32_t dense_layers_cpu;/* layer policy: layers computed dense on the CPU */
 	uint64_t dense_bytes;     /* device bytes of attention blocks, KV and head */
 	uint64_t cache_bytes;     /* device bytes of neuron cache slots */
+	bool cache_hybd;          /* the slots are hybd's (box mode) */
+	char cache_note[256];     /* whose cache and why, one line */
 };
 
 /*
@@ -113,6 +128,12 @@ double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l);
 /* Cache slots in use / owned, over all layers. */
 void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots);
 void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out);
+/*
+ * The neuron table: out[l * n_groups + g] is the cache slot of group g of
+ * layer l, or -1 (n_layer * n_groups entries). A slot whose load is still
+ * in flight is listed. -1 without hybrid.
+ */
+int hyb_ctx_hybrid_table(const struct hyb_ctx *c, int32_t *out);
 /* The device's configuration, defaults filled in (zeroed without hybrid). */
 void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out);
 /* The device's counters (copies, kernels, bytes) since the context was made or reset. */

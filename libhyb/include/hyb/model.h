@@ -219,6 +219,13 @@ struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t err
 /* The manifest of a box-mode model (NULL for a model loaded from a file). */
 const struct hyb_manifest *hyb_model_manifest(const struct hyb_model *m);
 /*
+ * Where [off, off + len) of the manifest's pool `pool` (an index into its
+ * pool table) is mapped in this process; NULL for a model not from a
+ * manifest, a pool not mapped (page pools) or a range past its end.
+ */
+const void *hyb_model_box_addr(const struct hyb_model *m, uint32_t pool, uint64_t off,
+			       uint64_t len);
+/*
  * Is hybd still serving a box-mode model? 0: yes. -ESHUTDOWN: hybd retired
  * the manifest (clean shutdown). -EPIPE: hybd died (its pools were destroyed
  * without a retirement, e.g. SIGKILL). The weights mapped here stay readable
