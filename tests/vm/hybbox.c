@@ -37,6 +37,15 @@
  *       is a SIGBUS) exits 1 naming a byte of that page and its tensor. Then
  *       hybd with that tensor left on storage (dram_budget) loads, fails an
  *       app's LOAD of it with -EIO (logged the same way) and keeps serving.
+ *   hybbox hybrid HYBD CONF PLAN [hyb=PATH]
+ *       hybrid decoding on hybd's cache (issue 6 item 4): hybd serves PLAN
+ *       (a hybctl plan model) with its CPU copy device, whose slots are a
+ *       hybpool.ko pool; this process decodes in oracle mode on hybd's cache,
+ *       every group load an UPLOAD on hybd's queue, and its logits must be
+ *       bit-identical to CPU-only sparse decoding of the file. The cache is
+ *       one app's: with hyb=, `hyb run --cache hybd` started meanwhile is
+ *       refused, and once this process lets go it decodes on it. Then
+ *       SIGTERM: hybd exits 0 and its slots pool is gone.
  *
  * Exit 0 when every check holds; details indented on stdout, measurements as
  * "HYBVM METRIC" lines.
@@ -58,6 +67,7 @@
 #include "cpu_kernels.h"
 #include "hyb/generate.h"
 #include "hyb/gguf.h"
+#include "hyb/hybrid.h"
 #include "hyb/manifest.h"
 #include "hyb/model.h"
 #include "hyb/pool.h"
@@ -237,11 +247,13 @@ static uint32_t read_ids(const char *path, int32_t *ids)
 /* hybd -f -c CONF [-o KEY=VALUE]..., its output to /tmp/hybd.log. */
 static pid_t start_hybd_with(const char *bin, const char *conf, const char *const *sets)
 {
-	const char *argv[16] = { bin, "-f", "-c", conf };
+	const char *argv[32] = { bin, "-f", "-c", conf };
 	int n = 4;
 	pid_t pid;
 
-	for (; sets && *sets && n < 14; sets++) {
+	for (; sets && *sets; sets++) {
+		if (n >= 30)
+			die("too many hybd settings");
 		argv[n++] = "-o";
 		argv[n++] = *sets;
 	}
@@ -1222,6 +1234,165 @@ static int cmd_ioerr(const char *bin, const char *conf, const char *model, uint6
 	return 0;
 }
 
+/* -- hybrid decoding on hybd's cache --------------------------------------------- */
+
+#define HQUEUE 4
+#define HSTEPS 24
+
+/* Logits of a prompt and HSTEPS greedy steps, a forced token every 5 (drift), oracle mode. */
+static float *oracle_logits(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+			   struct hyb_hybrid_stats *st, bool *on_hybd)
+{
+	struct hyb_ctx_params p = {
+		.n_ctx = 128, .n_threads = 1, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
+		.ffn_oracle = true,
+	};
+	const uint32_t V = m->hp.n_vocab;
+	float *lg = malloc(sizeof(float) * V * (HSTEPS + 1));
+	char err[512];
+	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	int n_prompt;
+	const int32_t *prompt = prompt_ids(m, &n_prompt);
+
+	if (!c || !lg)
+		die("context: %s", c ? "out of memory" : err);
+	if (hyb_ctx_eval(c, prompt, (uint32_t)n_prompt, lg, false, err, sizeof(err)))
+		die("prompt: %s", err);
+	for (int i = 0; i < HSTEPS; i++) {
+		const float *l = lg + (size_t)i * V;
+		int32_t t = 0;
+
+		for (uint32_t v = 1; v < V; v++)
+			if (l[v] > l[t])
+				t = (int32_t)v;
+		if (i % 5 == 4)
+			t = (int32_t)(3 + (uint32_t)(i * 40503u + 7) % (V - 3));
+		if (hyb_ctx_eval(c, &t, 1, lg + (size_t)(i + 1) * V, false, err, sizeof(err)))
+			die("step %d: %s", i, err);
+	}
+	if (hy) {
+		struct hyb_hybrid_placement pl;
+
+		hyb_ctx_hybrid_stats(c, st);
+		hyb_ctx_hybrid_placement(c, &pl);
+		*on_hybd = pl.cache_hybd;
+		note("hybrid: neuron cache: %s", pl.cache_note);
+	}
+	hyb_ctx_free(c);
+	return lg;
+}
+
+/* `hyb run --manifest vmp --gpu-budget 50% --cache hybd`: its exit status, stderr in /tmp/hyb.err. */
+static int hyb_run_on_cache(const char *hyb)
+{
+	const char *argv[] = { hyb, "run", "--manifest", "vmp", "-p", PROMPT, "-n", "8", "-t", "1",
+			       "--gpu-budget", "50%", "--cache", "hybd", NULL };
+
+	return spawn_wait(argv, "/tmp/hyb.out", "/tmp/hyb.err", 120000, "hyb run --cache hybd");
+}
+
+static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const char *hyb)
+{
+	static const char *const sets[] = {
+		"model=/mnt/plan.gguf", "name=vmp", "queue=4", "gpu_slots=256",
+		"slot_bytes=auto", "copy_bandwidth=1G", "placement=layer", NULL,
+	};
+	/* lru under drift: loads every few steps; the budget all for groups */
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
+					.cache = HYB_CACHE_HYBD, .dense_on_cpu = true };
+	struct hyb_hybrid_stats st;
+	struct hyb_model *mf, *mb;
+	struct hyb_rq_stats q0, q1;
+	struct hyb_backend *b;
+	char err[512], why[512];
+	float *ref, *box;
+	bool on_hybd = false;
+	double ready_ms;
+	uint32_t V;
+	int rc;
+
+	if (strcmp(plan, "/mnt/plan.gguf"))
+		die("the plan must be /mnt/plan.gguf (the hybd settings name it)");
+	setenv("HYB_STATE_DIR", "/tmp/hybd", 1);	/* the config's state_dir: the .gpucache */
+	mf = hyb_model_load(plan, err, sizeof(err));
+	if (!mf)
+		die("%s", err);
+	V = mf->hp.n_vocab;
+	ref = oracle_logits(mf, NULL, NULL, NULL);
+	/* about a third of the FFN groups (the FFN is ~2/3 of the plan's bytes) */
+	hy.gpu_budget = mf->gguf->size / 5;
+
+	daemon_pid = start_hybd_with(bin, conf, sets);
+	daemon_started = true;
+	mb = wait_ready(daemon_pid, "vmp", &ready_ms);
+	b = hyb_backend_open(HYB_BACKEND_KMOD, why, sizeof(why));
+	if (!b || hyb_rq_stats(b, HQUEUE, &q0))
+		die("queue %d stats: %s", HQUEUE, b ? hyb_backend_error() : why);
+
+	if (hyb) {
+		/* hybd's cache while this process holds it: refused, not shared */
+		struct hyb_ctx_params p = { .n_ctx = 128, .n_threads = 1, .ffn = HYB_FFN_SPARSE,
+					    .hybrid = &hy };
+		struct hyb_ctx *hold = hyb_ctx_new(mb, &p, err, sizeof(err));
+
+		if (!hold)
+			die("context on hybd's cache: %s", err);
+		rc = hyb_run_on_cache(hyb);
+		if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 ||
+		    !strstr(slurp("/tmp/hyb.err"), "in use by another app"))
+			die("hyb run --cache hybd while another app holds the cache: status %#x: %s",
+			    rc, slurp("/tmp/hyb.err"));
+		note("hyb run --cache hybd while held: %s", line_with(slurp("/tmp/hyb.err"),
+								      "in use"));
+		hyb_ctx_free(hold);
+	}
+
+	box = oracle_logits(mb, &hy, &st, &on_hybd);
+	if (!on_hybd)
+		die("the context did not use hybd's cache");
+	if (hyb_rq_stats(b, HQUEUE, &q1))
+		die("queue %d stats: %s", HQUEUE, hyb_backend_error());
+	if (!st.loads || !st.active_dev || q1.submitted - q0.submitted < st.loads || q1.failed)
+		die("%llu loads, %llu neurons on the device, %llu requests on hybd's queue (%llu "
+		    "failed)", (unsigned long long)st.loads, (unsigned long long)st.active_dev,
+		    (unsigned long long)(q1.submitted - q0.submitted),
+		    (unsigned long long)q1.failed);
+	for (int i = 0; i <= HSTEPS; i++)
+		if (memcmp(ref + (size_t)i * V, box + (size_t)i * V, sizeof(float) * V))
+			die("step %d: logits on hybd's cache differ from CPU-only sparse decoding "
+			    "of the file", i);
+	note("oracle logits of %d steps bit-identical to the file's; %llu group loads, all "
+	     "%llu served by hybd (queue wait p50 %.0f us)", HSTEPS + 1,
+	     (unsigned long long)st.loads, (unsigned long long)(q1.submitted - q0.submitted),
+	     q1.queue_wait.p50_ns / 1e3);
+	metric("hybrid_box_group_loads", (double)st.loads, "");
+
+	if (hyb) {
+		rc = hyb_run_on_cache(hyb);
+		if (!WIFEXITED(rc) || WEXITSTATUS(rc) ||
+		    !strstr(slurp("/tmp/hyb.err"), "neuron cache: hybd's"))
+			die("hyb run --cache hybd: status %#x: %s", rc, slurp("/tmp/hyb.err"));
+		note("hyb run --cache hybd: %s", line_with(slurp("/tmp/hyb.err"), "neuron cache: "));
+	}
+	free(ref);
+	free(box);
+	hyb_model_free(mb);
+	hyb_model_free(mf);
+	kill(daemon_pid, SIGTERM);
+	rc = wait_exit(daemon_pid, 30000);
+	daemon_pid = 0;
+	if (rc < 0 || !WIFEXITED(rc) || WEXITSTATUS(rc))
+		die("hybd did not exit 0 after SIGTERM (status %#x)", rc);
+	{
+		struct hyb_mempool *p;
+
+		if (!hyb_mempool_open(b, "vmp.gpucache", &p))
+			die("hybd's slots pool vmp.gpucache outlived it");
+	}
+	hyb_backend_close(b);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *hyb = NULL;
@@ -1238,6 +1409,11 @@ int main(int argc, char **argv)
 		return cmd_ioerr(argv[2], argv[3], argv[4], strtoull(argv[5], NULL, 10),
 				 argc == 7 ? argv[6] + 4 : NULL);
 	}
+	if ((argc == 5 || argc == 6) && !strcmp(argv[1], "hybrid")) {
+		if (argc == 6 && strncmp(argv[5], "hyb=", 4))
+			die("unknown argument '%s'", argv[5]);
+		return cmd_hybrid(argv[2], argv[3], argv[4], argc == 6 ? argv[5] + 4 : NULL);
+	}
 	if (argc >= 6 && !strcmp(argv[1], "box")) {
 		for (int i = 6; i < argc; i++) {
 			if (!strcmp(argv[i], "kill"))
@@ -1251,6 +1427,6 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "usage: hybbox gen MODEL N | hybbox box HYBD CONF MODEL IDS [kill] "
 		"[hyb=PATH]\n       hybbox offset MODEL TENSOR | hybbox ioerr HYBD CONF MODEL "
-		"BAD_OFF [hyb=PATH]\n");
+		"BAD_OFF [hyb=PATH]\n       hybbox hybrid HYBD CONF PLAN [hyb=PATH]\n");
 	return 2;
 }

@@ -175,6 +175,12 @@ box() {
 		/hybbox box /hybd /etc/hybd.conf /mnt/model.gguf /tmp/box.ids $hyb
 	run "box: hybd SIGKILLed mid-run: app stops with -EPIPE, no hang" 120 \
 		/hybbox box /hybd /etc/hybd.conf /mnt/model.gguf /tmp/box.ids kill $hyb
+	if [ -r /mnt/plan.gguf ]; then
+		run "box: hybrid decoding on hybd's cache, loads through its queue, one app" 240 \
+			/hybbox hybrid /hybd /etc/hybd.conf /mnt/plan.gguf $hyb
+	else
+		fail "box: no plan model on the NVMe drive (run.sh)"
+	fi
 	umount /mnt
 	echo "HYBVM METRIC box_mode_tests_s $(awk -v t0="$t0" '{ print $1 - t0 }' /proc/uptime) s"
 }

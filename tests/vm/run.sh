@@ -154,6 +154,14 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/daemon/hybd.o" ] && [ -x "$HB/hybctl" ]; t
 	"$HB/hybctl" synth -o "$OUT/nvme-root/model.gguf" --hidden 256 --ffn 768 --layers 2 \
 		--vocab 512 --type Q8_0 --seed 7 >"$OUT/box-synth.log" 2>&1 ||
 		{ tail -5 "$OUT/box-synth.log"; fail "hybctl synth failed"; }
+	# a plan model for hybrid decoding on hybd's cache (hybbox hybrid)
+	{ "$HB/hybctl" synth -o "$OUT/plan-src.gguf" --hidden 256 --ffn 1024 --layers 3 \
+		--heads 4 --vocab 512 --act relu --type Q8_0 -t 1 &&
+	  "$HB/hybctl" profile "$OUT/plan-src.gguf" -o "$OUT/plan-prof.gguf" --gen 48 -t 1 &&
+	  "$HB/hybctl" plan "$OUT/plan-src.gguf" --profile "$OUT/plan-prof.gguf" \
+		--gpu-budget 4M -o "$OUT/nvme-root/plan.gguf" -t 1
+	} >>"$OUT/box-synth.log" 2>&1 ||
+		{ tail -5 "$OUT/box-synth.log"; fail "hybctl synth/profile/plan failed"; }
 	# the same program on the host, for a note on host vs VM (ISA) agreement
 	"$OUT/hybbox" gen "$OUT/nvme-root/model.gguf" 16 >"$OUT/box.host_ids" 2>/dev/null ||
 		rm -f "$OUT/box.host_ids"
