@@ -5,7 +5,9 @@
  * cache run on the device, the rest run on the CPU in place on pool memory,
  * concurrently, and the two partial results are merged (PowerInfer 5.3). A
  * balancer policy (hyb/balancer.h) moves groups between the two as
- * activations drift, through the device's RELOAD stream (KAIROX 5-7).
+ * activations drift, through the device's RELOAD stream (KAIROX 5-7), or in
+ * box mode through hybd's reload queue into hybd's cache (enum
+ * hyb_cache_src below).
  *
  * Live pipeline (KAIROX 5.1): after layer l's attention, the predictor of
  * layer l+1 runs on its output and the balancer's loads for layer l+1 are
