@@ -44,8 +44,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cache_hybd.h"
+#include "hyb/app_stats.h"
+#include "hyb/manifest.h"
 #include "ffn_hybrid.h"
 #include "ffn_sparse.h"
 #include "hybrid_dense.h"
@@ -56,6 +60,9 @@ struct hyb_ffn_hybrid {
 	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
 	struct hyb_device *dev;
 	struct hyb_hybd_cache *hc;      /* box mode: hybd's cache and queue, else NULL */
+	char stats_path[4200];          /* box mode: STATE_DIR/NAME.app.PID (hyb/app_stats.h) */
+	double stats_t;                 /* when it was last written (CLOCK_MONOTONIC) */
+	bool stats_written;
 	struct hyb_balancer *bal;
 	struct hyb_hdense *hd;          /* attention blocks and head on the device */
 	bool oracle, layer_policy, prefill_cpu;
@@ -623,9 +630,51 @@ static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t
 	return rc;
 }
 
+static double clock_s(clockid_t clk)
+{
+	struct timespec ts;
+
+	clock_gettime(clk, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * Box mode: this app's statistics for `hybctl stalls`, at most twice a
+ * second. A write that fails (a full state dir) is skipped: decoding goes
+ * on, and the file keeps its last whole version.
+ */
+static void publish_stats(struct hyb_ffn_hybrid *h)
+{
+	const uint32_t pick[HYB_APP_STATS_LAMBDAS] = { 0, h->L / 4, h->L / 2, 3 * h->L / 4,
+						      h->L - 1 };
+	const double t = clock_s(CLOCK_MONOTONIC);
+	struct hyb_app_stats a = { .pid = (int32_t)getpid(), .n_layer = h->L };
+	char err[256];
+
+	/* the first once a decode step is whole (this call opens the next one) */
+	if (!h->stats_path[0] || h->st.tokens < 2 || (h->stats_written && t - h->stats_t < 0.5))
+		return;
+	a.time = clock_s(CLOCK_REALTIME);
+	a.st = h->st;
+	snprintf(a.policy, sizeof(a.policy), "%s", hyb_policy_name(hyb_balancer_policy(h->bal)));
+	for (int i = 0; i < HYB_APP_STATS_LAMBDAS; i++) {
+		const double lam = hyb_ffn_hybrid_lambda(h, pick[i]);
+
+		if (isnan(lam) || (a.n_lambda && a.lambda_layer[a.n_lambda - 1] == pick[i]))
+			continue;
+		a.lambda_layer[a.n_lambda] = pick[i];
+		a.lambda[a.n_lambda++] = lam;
+	}
+	if (!hyb_app_stats_write(h->stats_path, &a, err, sizeof(err)))
+		h->stats_written = true;
+	h->stats_t = t;
+}
+
 void hyb_ffn_hybrid_begin_token(struct hyb_ffn_hybrid *h)
 {
 	h->st.tokens++;
+	if (h->hc)
+		publish_stats(h);
 }
 
 bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l)
@@ -1011,6 +1060,12 @@ static int use_hybd_cache(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_para
 	}
 	h->slot_bytes = ci.slot_bytes;
 	h->place.cache_hybd = true;
+	{
+		struct hyb_manifest_info mi;
+
+		hyb_manifest_info(hyb_model_manifest(h->m), &mi);
+		hyb_app_stats_path(mi.name, (int)getpid(), h->stats_path, sizeof(h->stats_path));
+	}
 	snprintf(h->place.cache_note, sizeof(h->place.cache_note),
 		 "hybd's (pid %d, %s memory, %u slots of %llu bytes, loads on reload queue %u)",
 		 ci.pid, ci.kind, ci.n_slots, (unsigned long long)ci.slot_bytes, ci.queue);
@@ -1185,6 +1240,8 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		hyb_device_close(h->dev); /* device memory goes with it */
 	}
 	hyb_hybd_cache_close(h->hc);
+	if (h->stats_written)
+		unlink(h->stats_path);
 	hyb_balancer_free(h->bal);
 	hyb_ffn_sparse_free(h->sp);
 	free(h->slot_ev);

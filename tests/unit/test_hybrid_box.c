@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "../../daemon/server.h"
+#include "hyb/app_stats.h"
 #include "hyb/gpucache.h"
 #include "hyb/manifest.h"
 #include "hyb/hybrid.h"
@@ -342,4 +343,70 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 	}
 	hyb_model_free(mb);
 	hyb_model_free(mf);
+}
+
+/* `hybctl stalls` output for instance name (text or --json), into buf. */
+static void stalls_output(const char *name, bool json, char *buf, size_t len)
+{
+	char cmd[1200];
+	size_t n;
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd), "HYB_BACKEND=local HYB_STATE_DIR=%s %s stalls --name %s%s 2>&1",
+		 hyb_test_tmpdir(), hyb_test_hybctl(), name, json ? " --json" : "");
+	p = popen(cmd, "r");
+	CHECK(p);
+	n = fread(buf, 1, len - 1, p);
+	buf[n] = 0;
+	pclose(p);
+}
+
+/* What the app publishes for hybctl stalls (issue 6 item 5), and hybctl showing it. */
+TEST(hybrid_box_app_stats_for_hybctl_stalls)
+{
+	struct hyb_model *mb;
+	struct hybd *d;
+	struct hyb_app_stats a;
+	char err[512], path[600], out[8192], want[96];
+
+	start_hybd("hbp", "auto", "512", &d);
+	mb = hyb_model_load_manifest("hbp", err, sizeof(err));
+	CHECK_MSG(mb, "%s", err);
+	snprintf(path, sizeof(path), "%s/hbp.app.%d", hyb_test_tmpdir(), (int)getpid());
+	{
+		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_TAM_ADAPTIVE, HYB_CACHE_HYBD);
+		struct hyb_ctx *c = ctx_new(mb, &hy, false);
+		struct hyb_hybrid_stats st;
+
+		CHECK(access(path, F_OK));	/* nothing before the first token */
+		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK_MSG(!hyb_app_stats_read(path, &a, err, sizeof(err)), "%s", err);
+		CHECK(a.pid == getpid() && a.n_layer == mb->hp.n_layer &&
+		      !strcmp(a.policy, "tam-adaptive"));
+		/* a whole decode step at least */
+		CHECK_MSG(a.st.tokens >= 2 && a.st.tokens <= st.tokens && a.st.active > 0 &&
+			  a.st.loads <= st.loads,
+			  "file: %llu tokens, engine %llu", (unsigned long long)a.st.tokens,
+			  (unsigned long long)st.tokens);
+		/* layers 0, L/4, L/2, 3L/4, L-1 without repeats: 0, 1, 2 of 3 */
+		CHECK_EQ_INT(a.n_lambda, 3);
+		CHECK(a.lambda_layer[0] == 0 && a.lambda_layer[2] == 2 && a.lambda[0] > 0 &&
+		      a.lambda[0] <= 1);
+		stalls_output("hbp", false, out, sizeof(out));
+		snprintf(want, sizeof(want), "%7d tam-adaptive", (int)getpid());
+		CHECK_MSG(strstr(out, "hybrid apps on hbp's cache") && strstr(out, want) &&
+			  strstr(out, "0=") && strstr(out, "LOADS/TOK"), "%s", out);
+		stalls_output("hbp", true, out, sizeof(out));
+		snprintf(want, sizeof(want), "\"apps\": [{\"pid\": %d, \"policy\": \"tam-adaptive\"",
+			 (int)getpid());
+		CHECK_MSG(strstr(out, want), "%s", out);
+		hyb_ctx_free(c);
+	}
+	/* the app let go: its file is gone, and hybctl says there is none */
+	CHECK(access(path, F_OK));
+	stalls_output("hbp", false, out, sizeof(out));
+	CHECK_MSG(strstr(out, "no box-mode hybrid app decodes on hbp's cache"), "%s", out);
+	hyb_model_free(mb);
+	hybd_stop(d, "test");
 }

@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "hyb/app_stats.h"
 #include "hyb/pool.h"
 
 struct gguf_writer;
@@ -41,6 +42,17 @@ void ctl_json_str(FILE *f, const char *s);
 void ctl_json_flags(FILE *f, uint32_t flags);
 void ctl_bytes(char *buf, size_t len, uint64_t b);
 void ctl_ns(char *buf, size_t len, uint64_t ns);
+
+/* hybctl stalls: the box-mode hybrid apps of an instance (stalls_apps.c) */
+#define CTL_MAX_APPS 16
+struct ctl_apps {
+	int n;
+	struct hyb_app_stats a[CTL_MAX_APPS];
+};
+void ctl_apps_read(const char *name, struct ctl_apps *out);
+void ctl_apps_print_text(const char *name, const struct ctl_apps *cur,
+			 const struct ctl_apps *prev);
+void ctl_apps_print_json(const struct ctl_apps *cur);
 void ctl_pool_flags(char *buf, size_t len, uint32_t flags);
 
 #endif

@@ -3,7 +3,8 @@
  * hybctl stalls: the reload queues and how long apps wait for them (the
  * backend's per-queue statistics), then hybd's reload service per class
  * (critical / reload / prefetch) from the statistics file hybd keeps
- * (daemon/stalls_fmt.h). With -w it refreshes every second and shows rates
+ * (daemon/stalls_fmt.h), then the box-mode hybrid apps decoding on hybd's
+ * cache (stalls_apps.c). With -w it refreshes every second and shows rates
  * since the last screen; with --json -w it prints one JSON object per
  * refresh (JSON Lines). Exit 1 only when neither part has anything to show
  * (no backend and no hybd).
@@ -24,7 +25,9 @@ static const char usage[] =
 	"  per reload queue: daemon, clients, requests submitted / completed / failed /\n"
 	"  in flight, app stalls, and p50/p99 of queue wait, service and stall time;\n"
 	"  then hybd's reload service per class (critical, reload, prefetch): requests,\n"
-	"  errors, bytes, p50/p99 of queue wait and service, pre-emptions.\n"
+	"  errors, bytes, p50/p99 of queue wait and service, pre-emptions; then the\n"
+	"  hybrid apps on hybd's cache: per token, GPU share of active neurons, group\n"
+	"  loads, MB over the link, CPU / device FFN time, stalls, late neurons, lambda.\n"
 	"  -w          refresh every second (Ctrl-C ends); --count N stops after N screens\n"
 	"  --json      one JSON object (with -w: one per line per refresh)\n"
 	"  --name      hybd instance (default hyb): its file is STATE_DIR/NAME.stats\n"
@@ -42,7 +45,7 @@ static void json_hist(const char *name, const struct hyb_lat_stat *h)
 
 /* kind < 0: no backend (queues: []) */
 static void print_json(int kind, const struct hyb_rq_stats *st, const struct hyb_stalls_hybd *h,
-		       double t)
+		       const struct ctl_apps *apps, double t)
 {
 	if (kind < 0)
 		printf("{\"backend\": null, \"time\": %.3f, \"queues\": [", t);
@@ -69,6 +72,8 @@ static void print_json(int kind, const struct hyb_rq_stats *st, const struct hyb
 	}
 	printf("], \"hybd\": ");
 	hyb_stalls_print_json(stdout, h);
+	printf(", \"apps\": ");
+	ctl_apps_print_json(apps);
 	printf("}\n");
 }
 
@@ -141,6 +146,7 @@ int cmd_stalls(int argc, char **argv)
 	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
 	struct hyb_rq_stats st[HYB_RQ_MAX_QUEUES], prev[HYB_RQ_MAX_QUEUES];
 	static struct hyb_stalls_hybd hs, hprev;
+	static struct ctl_apps apps, aprev;
 	int c, json = 0, watch = 0, have_prev = 0, ret = 0;
 	const char *name = "hyb", *stats_file = NULL;
 	char stats_path[PATH_MAX];
@@ -213,8 +219,9 @@ int cmd_stalls(int argc, char **argv)
 		}
 		if (shown)
 			hyb_stalls_read(stats_path, &hs);
+		ctl_apps_read(name, &apps);
 		if (json) {
-			print_json(b ? (int)hyb_backend_kind(b) : -1, st, &hs, t);
+			print_json(b ? (int)hyb_backend_kind(b) : -1, st, &hs, &apps, t);
 		} else {
 			if (watch && isatty(STDOUT_FILENO))
 				printf("\033[H\033[2J");
@@ -231,6 +238,7 @@ int cmd_stalls(int argc, char **argv)
 				printf("\n");
 			}
 			hyb_stalls_print_text(stdout, &hs, have_prev ? &hprev : NULL, t - tprev);
+			ctl_apps_print_text(name, &apps, have_prev ? &aprev : NULL);
 		}
 		fflush(stdout);
 		shown++;
@@ -238,6 +246,7 @@ int cmd_stalls(int argc, char **argv)
 			break;
 		memcpy(prev, st, sizeof(st));
 		hprev = hs;
+		aprev = apps;
 		tprev = t;
 		have_prev = 1;
 		sleep(1);
