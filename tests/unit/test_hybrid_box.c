@@ -410,3 +410,62 @@ TEST(hybrid_box_app_stats_for_hybctl_stalls)
 	hyb_model_free(mb);
 	hybd_stop(d, "test");
 }
+
+/* The app statistics reader on damaged files: a result or an error, never a crash. */
+TEST(hybrid_box_app_stats_reader_takes_damage)
+{
+	struct hyb_app_stats a = { .pid = 77, .n_layer = 3, .time = 1.5 }, b;
+	char path[600], err[256], *good = NULL;
+	size_t len = 0;
+	uint32_t rng = 12345;
+	FILE *f;
+
+	snprintf(a.policy, sizeof(a.policy), "lru");
+	a.st.tokens = 9;
+	a.st.cpu_ffn_s = 0.25;
+	a.n_lambda = 2;
+	a.lambda_layer[1] = 2;
+	a.lambda[0] = 0.5;
+	a.lambda[1] = 0.75;
+	snprintf(path, sizeof(path), "%s/x.app.77", hyb_test_tmpdir());
+	CHECK_MSG(!hyb_app_stats_write(path, &a, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_app_stats_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK(b.pid == 77 && b.n_layer == 3 && !strcmp(b.policy, "lru") && b.st.tokens == 9 &&
+	      b.st.cpu_ffn_s == 0.25 && b.n_lambda == 2 && b.lambda_layer[1] == 2 &&
+	      b.lambda[1] == 0.75 && b.time == 1.5);
+	f = fopen(path, "r");
+	CHECK(f);
+	good = malloc(4096);
+	CHECK(good);
+	len = fread(good, 1, 4096, f);
+	fclose(f);
+	CHECK_EQ_INT(hyb_app_stats_read("/nonexistent/x", &b, err, sizeof(err)), -ENOENT);
+	for (int it = 0; it < 2000; it++) {
+		char buf[4200];
+		size_t n = len;
+		int rc;
+
+		memcpy(buf, good, len);
+		for (int k = 0; k < 1 + it % 8; k++) {
+			rng = rng * 1103515245u + 12345u;
+			const size_t at = (rng >> 8) % (n ? n : 1);
+
+			rng = rng * 1103515245u + 12345u;
+			switch (rng % 4) {
+			case 0: buf[at] = (char)(rng >> 16); break;      /* a byte changed */
+			case 1: n = at; break;                           /* cut short */
+			case 2: buf[at] = '\n'; break;                   /* a line split */
+			default: memset(buf + at, 'x', n - at < 300 ? n - at : 300); /* a long token */
+			}
+		}
+		f = fopen(path, "w");
+		CHECK(f);
+		fwrite(buf, 1, n, f);
+		fclose(f);
+		rc = hyb_app_stats_read(path, &b, err, sizeof(err));
+		CHECK(rc == 0 || rc == -EINVAL);
+		CHECK(b.n_lambda <= HYB_APP_STATS_LAMBDAS && memchr(b.policy, 0, sizeof(b.policy)));
+		CHECK(rc || b.pid > 0);
+	}
+	free(good);
+}
