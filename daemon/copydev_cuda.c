@@ -78,10 +78,10 @@ WEAK int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucache_desc
 	return no_cuda(err, errlen);
 }
 
-WEAK int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, void **base, char *err,
-			     size_t errlen)
+WEAK int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
+			     char *err, size_t errlen)
 {
-	(void)desc;
+	(void)desc, (void)ordinal;
 	if (base)
 		*base = NULL;
 	return no_cuda(err, errlen);

@@ -85,8 +85,8 @@ static int locate(struct hyb_hybd_cache *c, const struct hyb_model *m,
 }
 
 /* Slot 0's address for the app's device: the host pool's mapping, or the CUDA IPC mapping. */
-static int map_slots(struct hyb_hybd_cache *c, const struct hyb_model *m, char *err,
-		     size_t errlen)
+static int map_slots(struct hyb_hybd_cache *c, const struct hyb_model *m, int ordinal,
+		     char *err, size_t errlen)
 {
 	const uint64_t need = (uint64_t)c->desc.n_slots * c->desc.slot_bytes;
 	void *base = NULL;
@@ -94,7 +94,7 @@ static int map_slots(struct hyb_hybd_cache *c, const struct hyb_model *m, char *
 	int ret;
 
 	if (c->desc.kind == HYB_GPUCACHE_CUDA) {
-		ret = hyb_cuda_cache_open(&c->desc, &c->cuda_base, err, errlen);
+		ret = hyb_cuda_cache_open(&c->desc, ordinal, &c->cuda_base, err, errlen);
 		c->info.base = (hyb_dptr)(uintptr_t)c->cuda_base;
 		return ret;
 	}
@@ -116,7 +116,7 @@ static int map_slots(struct hyb_hybd_cache *c, const struct hyb_model *m, char *
 }
 
 struct hyb_hybd_cache *hyb_hybd_cache_open(const struct hyb_model *m, const char *dev_kind,
-					   const struct hyb_ffn_bundles *const *bundles,
+					   int ordinal, const struct hyb_ffn_bundles *const *bundles,
 					   int *code, char *err, size_t errlen)
 {
 	const struct hyb_manifest *mf = hyb_model_manifest(m);
@@ -161,7 +161,7 @@ struct hyb_hybd_cache *hyb_hybd_cache_open(const struct hyb_model *m, const char
 		return fail(c, code, -ENOMEM, err, errlen, "out of memory");
 	if (locate(c, m, mf, bundles, why, sizeof(why)))
 		return fail(c, code, -EINVAL, err, errlen, "%s", why);
-	ret = map_slots(c, m, why, sizeof(why));
+	ret = map_slots(c, m, ordinal, why, sizeof(why));
 	if (ret)
 		return fail(c, code, ret, err, errlen, "%s", why);
 	ret = hyb_rq_attach_client(m->image_backend, c->desc.queue, HYB_RQ_EVENTFD_NONE, &c->rq);

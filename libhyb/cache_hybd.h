@@ -41,7 +41,7 @@ struct hyb_hybd_cache_info {
 /*
  * Use the cache hybd publishes for m (a box-mode model of a plan), for an
  * app on device kind `dev_kind` ("cpu" takes a host cache, "cuda" a CUDA
- * one). bundles[l]: the engine's bundles of layer l; every group's manifest
+ * one, which must be on the app's CUDA device `ordinal`). bundles[l]: the engine's bundles of layer l; every group's manifest
  * entry must name exactly those bytes. Holds the descriptor's lock until
  * closed: one app per cache. NULL with a one-line reason in err and *code:
  * -ENOENT no descriptor (hybd has no shared cache), -EBUSY another process
@@ -49,7 +49,7 @@ struct hyb_hybd_cache_info {
  * -EINVAL a mismatch (another hybd, another model), other errnos as they came.
  */
 struct hyb_hybd_cache *hyb_hybd_cache_open(const struct hyb_model *m, const char *dev_kind,
-					   const struct hyb_ffn_bundles *const *bundles,
+					   int ordinal, const struct hyb_ffn_bundles *const *bundles,
 					   int *code, char *err, size_t errlen);
 void hyb_hybd_cache_info(const struct hyb_hybd_cache *c, struct hyb_hybd_cache_info *out);
 /* Closes the queue role and unmaps the cache; the slots keep their bytes in hybd. */

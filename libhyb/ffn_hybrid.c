@@ -1036,8 +1036,8 @@ static int use_hybd_cache(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_para
 	}
 	for (uint32_t l = 0; l < h->L; l++)
 		b[l] = hyb_ffn_sparse_bundles(h->sp, l);
-	h->hc = hyb_hybd_cache_open(h->m, p->device ? p->device : "cpu", b, &code, why,
-				    sizeof(why));
+	h->hc = hyb_hybd_cache_open(h->m, p->device ? p->device : "cpu", p->dev.ordinal, b, &code,
+				    why, sizeof(why));
 	free(b);
 	if (h->hc) {
 		hyb_hybd_cache_info(h->hc, &ci);

@@ -338,7 +338,7 @@ extern "C" int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucach
 	return 0;
 }
 
-extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, void **base,
+extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
 				   char *err, size_t errlen)
 {
 	cudaIpcMemHandle_t h;
@@ -362,6 +362,11 @@ extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, void **
 		snprintf(what, sizeof(what), "GPU %s of hybd (pid %d) is not visible here", bus,
 			 desc->pid);
 		return fail(e, err, errlen, what);
+	}
+	if (ordinal >= 0 && dev != ordinal) {
+		snprintf(err, errlen, "hybd's GPU %s is device %d in this process, which computes "
+			 "on device %d: use the same GPU", bus, dev, ordinal);
+		return -EXDEV;
 	}
 	if ((e = cudaSetDevice(dev)) != cudaSuccess ||
 	    (e = cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {

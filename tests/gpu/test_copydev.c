@@ -289,7 +289,7 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 		if (read(to_child[0], &desc, sizeof(desc)) != sizeof(desc) ||
 		    read(to_child[0], want, sizeof(want)) != sizeof(want))
 			_exit(0);	/* the parent skipped */
-		if (hyb_cuda_cache_open(&desc, &base, err, sizeof(err)))
+		if (hyb_cuda_cache_open(&desc, -1, &base, err, sizeof(err)))
 			snprintf(verdict, sizeof(verdict), "open: %s", err);
 		else if (cudaMemcpy(host, (uint8_t *)base + 3 * desc.slot_bytes, MiB,
 				    cudaMemcpyDeviceToHost) != cudaSuccess)
@@ -329,12 +329,20 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 		CHECK(read(to_parent[0], verdict, sizeof(verdict)) == sizeof(verdict));
 		CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && !WEXITSTATUS(st));
 		CHECK_MSG(!strcmp(verdict, "ok"), "other process: %s", verdict);
+		/* another GPU than the app's is refused before any mapping */
+		{
+			void *base = &desc;
+
+			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, 1 << 20, &base, err, sizeof(err)),
+				     -EXDEV);
+			CHECK_MSG(!base && strstr(err, "use the same GPU"), "%s", err);
+		}
 		/* a bad descriptor is refused with a message */
 		desc.magic = 0;
 		{
 			void *base;
 
-			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, &base, err, sizeof(err)), -EINVAL);
+			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, -1, &base, err, sizeof(err)), -EINVAL);
 			CHECK(!base && strstr(err, "descriptor"));
 		}
 		hyb_copydev_close(d);

@@ -814,7 +814,7 @@ TEST(hybd_gpucache_descriptor_file)
 	if (!hyb_copydev_cuda_built()) {
 		void *base = &a;
 
-		CHECK_EQ_INT(hyb_cuda_cache_open(&a, &base, err, sizeof(err)), -ENODEV);
+		CHECK_EQ_INT(hyb_cuda_cache_open(&a, -1, &base, err, sizeof(err)), -ENODEV);
 		CHECK(!base);
 		CHECK_MSG(strstr(err, "built without CUDA"), "%s", err);
 	}

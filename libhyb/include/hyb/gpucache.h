@@ -72,10 +72,13 @@ void hyb_gpucache_path(const char *name, char *buf, size_t len);
  * cuda kind: map an exported cache into this process (on the same GPU,
  * found by PCI bus id, made the calling thread's current device). *base is
  * slot 0; slot i is at base + i * slot_bytes. Close with
- * hyb_cuda_cache_close(base). -ENODEV in a build without CUDA.
+ * hyb_cuda_cache_close(base). ordinal >= 0: the device this process
+ * computes on, which must be hybd's GPU (-EXDEV otherwise: kernels there
+ * would reach the cache over peer access, if at all); -1: any. -ENODEV in a
+ * build without CUDA.
  */
-int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, void **base, char *err,
-			size_t errlen);
+int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
+			char *err, size_t errlen);
 int hyb_cuda_cache_close(void *base);
 
 #ifdef __cplusplus
