@@ -58,6 +58,7 @@ struct hyb_balancer {
 
 	/* scratch for one call */
 	uint32_t *count;        /* [G] active neurons per group */
+	uint64_t gs_recip;      /* hyb_group_recip(GS) (group_div.h) */
 	float *act;             /* [G] A_g */
 	struct bal_item *items; /* [G] */
 	struct bal_pair { float x; uint32_t i; } *pairs; /* [F] select */

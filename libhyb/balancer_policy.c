@@ -200,11 +200,12 @@ static uint32_t rank_dynamic(struct hyb_balancer *b, uint32_t l)
 static uint32_t rank_tam(struct hyb_balancer *b, uint32_t l)
 {
 	const size_t o = (size_t)l * b->G;
-	const double lam = b->lambda[l], tau = (1 - lam) + b->eps;
+	const double lam = b->lambda[l], tau = (1 - lam) + b->eps, inv_ref = 1 / b->a_ref;
 	uint32_t n = 0;
 
 	for (uint32_t g = 0; g < b->G; g++) {
-		const double a = fmin(1, b->act[g] / b->a_ref);
+		/* min(1, A_g / a_ref), without fmin's library call (A_g is finite) */
+		const double r = b->act[g] * inv_ref, a = r < 1 ? r : 1;
 		const float s = (float)(lam * b->score[o + g] + (1 - lam) * a);
 
 		b->score[o + g] = s;

@@ -52,6 +52,7 @@
 #include "hyb/manifest.h"
 #include "ffn_hybrid.h"
 #include "ffn_sparse.h"
+#include "group_div.h"
 #include "hybrid_dense.h"
 #include "sparse_ffn.h"
 
@@ -69,6 +70,7 @@ struct hyb_ffn_hybrid {
 	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
 	struct hyb_hybrid_placement place;
 	uint32_t E, F, GS, NG, L;
+	uint64_t gs_recip;              /* hyb_group_recip(GS) (group_div.h) */
 	uint64_t slot_bytes;
 
 	/* device memory */
@@ -438,7 +440,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l
 	if (poll_loads(h))
 		return load_fail(h, -EIO, err, errlen, "reload");
 	for (uint32_t i = 0; i < h->n_act; i++) {
-		const uint32_t g = h->act[i] / h->GS;
+		const uint32_t g = hyb_group_of(h->act[i], h->gs_recip);
 
 		if (group_usable(h, l, g)) {
 			h->h_list[n_dev++] = h->act[i];
@@ -1099,6 +1101,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->E = hp->n_embd;
 	h->F = hp->n_ff;
 	h->GS = m->group_size;
+	h->gs_recip = hyb_group_recip(h->GS);  /* exact: the balancer checks hyb_group_recip_ok */
 	h->NG = m->n_groups;
 	h->L = hp->n_layer;
 	h->sp = hyb_ffn_sparse_new(m, n_threads, err, errlen);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "hyb/balancer.h"
+#include "group_div.h"
 #include "test.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */
@@ -1203,4 +1204,25 @@ TEST(bal_select_cpu_bound_example)
 	cost.err_model = (enum hyb_select_err)7;
 	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -1);
 	hyb_balancer_free(b);
+}
+
+/* The neuron -> group reciprocal (group_div.h) equals the division wherever it is allowed. */
+TEST(bal_group_of_equals_division)
+{
+	static const uint32_t gs[] = { 1, 2, 3, 7, 16, 20, 64, 100, 511, 1000, 4096, 65535 };
+
+	for (unsigned k = 0; k < sizeof(gs) / sizeof(gs[0]); k++) {
+		const uint64_t r = hyb_group_recip(gs[k]);
+		/* all neurons of a 70B-shape FFN, then the top of the allowed range */
+		const uint64_t top = ((1ull << 40) - 1) / gs[k];
+		const uint32_t hi = top > (1u << 24) ? 1u << 24 : (uint32_t)top;
+
+		CHECK(hyb_group_recip_ok(hi, gs[k]) && !hyb_group_recip_ok(hi + gs[k], gs[k]));
+		for (uint32_t n = 0; n < 28672; n++)
+			CHECK_MSG(hyb_group_of(n, r) == n / gs[k], "n %u gs %u", n, gs[k]);
+		for (uint32_t n = hi > 100000 ? hi - 100000 : 0; n < hi; n++)
+			CHECK_MSG(hyb_group_of(n, r) == n / gs[k], "n %u gs %u", n, gs[k]);
+	}
+	CHECK(!hyb_group_recip_ok((1u << 24) + 1, 1) && hyb_group_recip_ok(11008, 64) &&
+	      !hyb_group_recip_ok(100, 0));
 }
