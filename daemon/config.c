@@ -32,6 +32,7 @@ const char hybd_config_help[] =
 	"                           none, auto (cuda when a GPU opens, else cpu)\n"
 	"  cuda_device = 0          CUDA device ordinal (device = cuda or auto)\n"
 	"  gpu_slots = 64           cache slots of the device\n"
+	"  gpu_cache = BYTES        cache size instead: gpu_slots = gpu_cache / slot_bytes\n"
 	"  slot_bytes = auto        bytes per slot (auto: a plan's largest group, else 2M)\n"
 	"  copy_bandwidth = 16G     cpu device: bytes per second (0: unpaced)\n"
 	"  log_format = kv|json     structured log lines (default kv)\n"
@@ -226,6 +227,7 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 	}
 	UINT_KEY("cuda_device", cuda_device, 0, 1023)
 	UINT_KEY("gpu_slots", gpu_slots, 1, 1u << 20)
+	SIZE_KEY("gpu_cache", gpu_cache, 0, 1ull << 40, 1)
 	if (!strcmp(key, "slot_bytes") && !strcmp(val, "auto")) {
 		c->slot_bytes = 0;
 		return 0;
@@ -379,13 +381,14 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 	}
 	fprintf(f, "pools_per_node = %u\ndram_budget = %llu\npage_pool = %llu\nqueue = %u\n"
 		"queue_depth = %u\nio_chunk = %u\nchunk = %llu\ndevice = %s\ncuda_device = %d\n"
-		"gpu_slots = %u\n"
+		"gpu_slots = %u\ngpu_cache = %llu\n"
 		"slot_bytes = %s\ncopy_bandwidth = %llu\nlog_format = %s\nlog_level = %s\n"
 		"%slog_file = %s\nstate_dir = %s\n%spid_file = %s\nprogress = %s\n"
 		"stats_interval = %u\n", c->place.pools_per_node,
 		(unsigned long long)c->place.dram_budget, (unsigned long long)c->place.page_pool,
 		c->queue, c->io_depth, c->io_chunk, (unsigned long long)c->chunk,
-		hybd_device_name(c->device), c->cuda_device, c->gpu_slots, slot,
+		hybd_device_name(c->device), c->cuda_device, c->gpu_slots,
+		(unsigned long long)c->gpu_cache, slot,
 		(unsigned long long)c->copy_bandwidth,
 		c->log_format == HLOG_JSON ? "json" : "kv", levels[c->log_level],
 		c->log_file[0] ? "" : "# (default) ", c->log_file[0] ? c->log_file : "-",

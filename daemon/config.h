@@ -40,6 +40,7 @@ struct hybd_config {
 	enum hybd_device device;
 	int cuda_device;		/* CUDA device ordinal (device = cuda|auto) */
 	uint32_t gpu_slots;
+	uint64_t gpu_cache;		/* bytes of cache; 0: gpu_slots decides, else it sets them */
 	uint64_t slot_bytes;
 	uint64_t copy_bandwidth;	/* bytes/s, 0 unpaced */
 	enum hlog_format log_format;

@@ -415,6 +415,17 @@ static int start_device(struct hybd *d, char *err, size_t errlen)
 
 	if (!d->cfg.slot_bytes)
 		d->cfg.slot_bytes = auto_slot_bytes(d);
+	if (d->cfg.gpu_cache) {
+		const uint64_t n = d->cfg.gpu_cache / d->cfg.slot_bytes;
+
+		if (!n || n > (1u << 20)) {
+			snprintf(err, errlen, "gpu_cache %llu holds %llu slots of %llu bytes (1 .. %u)",
+				 (unsigned long long)d->cfg.gpu_cache, (unsigned long long)n,
+				 (unsigned long long)d->cfg.slot_bytes, 1u << 20);
+			return -1;
+		}
+		d->cfg.gpu_slots = (uint32_t)n;
+	}
 	if (d->cfg.device == HYBD_DEV_NONE) {
 		hlog_msg(HLOG_INFO, "device", "no copy device: UPLOAD and EVICT requests fail "
 			 "with ENODEV");

@@ -1126,8 +1126,14 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 
 		/* the budget's share for groups, as far as hybd's cache goes (whole layers: -ngl) */
 		hyb_hybd_cache_info(h->hc, &ci);
-		if (slots > ci.n_slots)
+		if (slots > ci.n_slots) {
+			const size_t at = strlen(h->place.cache_note);
+
+			snprintf(h->place.cache_note + at, sizeof(h->place.cache_note) - at,
+				 "; the budget holds %llu groups, hybd's cache %u (hybd gpu_cache)",
+				 (unsigned long long)slots, ci.n_slots);
 			slots = h->layer_policy ? ci.n_slots / h->NG * h->NG : ci.n_slots;
+		}
 	}
 	for (uint32_t l = 0; l < h->L; l++) {
 		h->place.attn_layers += on[l];

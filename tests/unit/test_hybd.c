@@ -757,6 +757,29 @@ TEST(hybd_device_cuda_without_cuda_auto_and_cpu)
 	free(log);
 }
 
+/* gpu_cache sizes the cache in bytes: slots follow from slot_bytes; too small says so. */
+TEST(hybd_gpu_cache_sets_the_slots)
+{
+	const char *model = write_model("gc.gguf", 2, 256, 0);
+	struct hyb_gpucache_desc gc;
+	struct hybd_config cfg;
+	struct hybd *d;
+	char err[512], gp[600];
+
+	base_config(&cfg, model, "gc");
+	CHECK(!hybd_config_set(&cfg, "device", "cpu", err, sizeof(err)));
+	CHECK(!hybd_config_set(&cfg, "gpu_cache", "1M", err, sizeof(err)));
+	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
+	snprintf(gp, sizeof(gp), "%s/gc.gpucache", hyb_test_tmpdir());
+	CHECK_MSG(!hyb_gpucache_desc_read(gp, &gc, err, sizeof(err)), "%s", err);
+	CHECK_EQ_INT(gc.n_slots, 16);	/* 1 MiB of 64 KiB slots */
+	hybd_stop(d, "test");
+	CHECK(!hybd_config_set(&cfg, "gpu_cache", "4K", err, sizeof(err)));
+	CHECK(hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "gpu_cache 4096 holds 0 slots of 65536 bytes"), "%s", err);
+	check_nothing_left("gc");
+}
+
 /* The GPU cache descriptor file hybd publishes for apps (no GPU needed). */
 TEST(hybd_gpucache_descriptor_file)
 {

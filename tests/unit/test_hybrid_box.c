@@ -326,6 +326,26 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 	hyb_model_free(mb);
 	hybd_stop(d, "test");
 
+	/* a cache smaller than the budget's share for groups: the app takes what it has, and says so */
+	start_hybd("hbc", "auto", "6", &d);
+	mb = hyb_model_load_manifest("hbc", err, sizeof(err));
+	CHECK_MSG(mb, "%s", err);
+	{
+		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_LRU, HYB_CACHE_HYBD);
+		struct hyb_ctx *c = ctx_new(mb, &hy, false);
+		struct hyb_hybrid_placement pl;
+		uint64_t resident, slots;
+
+		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_cache(c, &resident, &slots);
+		CHECK_MSG(pl.cache_hybd && slots == 6 && strstr(pl.cache_note, "hybd's cache 6 ("),
+			  "%llu slots: %s", (unsigned long long)slots, pl.cache_note);
+		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
+		hyb_ctx_free(c);
+	}
+	hyb_model_free(mb);
+	hybd_stop(d, "test");
+
 	/* hybd goes away mid-run: the next load fails with one line, nothing crashes */
 	start_hybd("hbg", "auto", "512", &d);
 	mb = hyb_model_load_manifest("hbg", err, sizeof(err));
