@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* hybd's life: start, serve, stop (see server.h). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <numa.h>
@@ -104,6 +105,38 @@ static int check_stale(struct hybd *d, char *err, size_t errlen)
 		 got == (ssize_t)sizeof(h) ? h.pid : 0);
 	unlink(d->manifest_path);
 	return 0;
+}
+
+/*
+ * Statistics files of box-mode apps (hyb/app_stats.h) whose process is gone:
+ * an app killed before it let the cache go leaves one. hybctl skips them;
+ * removing them here keeps a reused pid from reading as the old app.
+ */
+static void remove_dead_apps(const struct hybd *d)
+{
+	char prefix[HYB_LOAD_NAME_MAX + 8], path[PATH_MAX + 300];
+	const size_t np = (size_t)snprintf(prefix, sizeof(prefix), "%s.app.", d->cfg.name);
+	DIR *dir = opendir(d->cfg.state_dir);
+	struct dirent *e;
+
+	while (dir && (e = readdir(dir))) {
+		char *end;
+		long pid;
+
+		if (strncmp(e->d_name, prefix, np))
+			continue;
+		pid = strtol(e->d_name + np, &end, 10);
+		if (pid <= 0 || (*end && strcmp(end, ".tmp")) ||
+		    (kill((pid_t)pid, 0) && errno == ESRCH)) {
+			snprintf(path, sizeof(path), "%s/%s", d->cfg.state_dir, e->d_name);
+			if (pid > 0 && !*end)
+				hlog_msg(HLOG_INFO, "stale_app", "removed %s of pid %ld (gone)", path,
+					 pid);
+			unlink(path);
+		}
+	}
+	if (dir)
+		closedir(dir);
 }
 
 static void on_progress(uint64_t done, uint64_t total, uint64_t ns, void *arg)
@@ -510,6 +543,7 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 		 d->cfg.name);
 	if (check_stale(d, err, errlen))
 		goto fail;
+	remove_dead_apps(d);
 	/* before minutes of loading: is the queue taken? (attaching decides, later) */
 	{
 		struct hyb_rq_stats qs;

@@ -780,6 +780,32 @@ TEST(hybd_gpu_cache_sets_the_slots)
 	check_nothing_left("gc");
 }
 
+/* Statistics files of apps that are gone are removed at start; a live app's stays. */
+TEST(hybd_removes_dead_apps_files)
+{
+	const char *model = write_model("da.gguf", 2, 256, 0);
+	struct hybd_config cfg;
+	struct hybd *d;
+	char err[512], dead[600], live[600], other[600];
+	FILE *f;
+
+	snprintf(dead, sizeof(dead), "%s/da.app.2147483000", hyb_test_tmpdir());
+	snprintf(live, sizeof(live), "%s/da.app.%d", hyb_test_tmpdir(), (int)getpid());
+	snprintf(other, sizeof(other), "%s/db.app.2147483000", hyb_test_tmpdir());
+	for (int i = 0; i < 3; i++) {
+		f = fopen(i == 0 ? dead : i == 1 ? live : other, "w");
+		CHECK(f);
+		fputs("hyb-app-stats 1\n", f);
+		fclose(f);
+	}
+	base_config(&cfg, model, "da");
+	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
+	CHECK(access(dead, F_OK) && !access(live, F_OK) && !access(other, F_OK));
+	hybd_stop(d, "test");
+	unlink(live);
+	unlink(other);
+}
+
 /* The GPU cache descriptor file hybd publishes for apps (no GPU needed). */
 TEST(hybd_gpucache_descriptor_file)
 {
