@@ -935,14 +935,21 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred)
 {
 	const struct hyb_model *m = h->m;
-	const uint64_t layer_ffn = (uint64_t)h->NG * h->slot_bytes;
+	/* box mode: groups live in hybd's cache, not in this app's budget */
+	const uint64_t layer_ffn = h->hc ? 0 : (uint64_t)h->NG * h->slot_bytes;
 	const uint64_t hb = hyb_hdense_head_bytes(m);
-	uint32_t n_on = 0, full = 0;
+	uint32_t n_on = 0, full = 0, max_full = h->L;
 
 	*head = false;
+	if (h->hc) {
+		struct hyb_hybd_cache_info ci;
+
+		hyb_hybd_cache_info(h->hc, &ci);
+		max_full = ci.n_slots / h->NG < h->L ? ci.n_slots / h->NG : h->L;
+	}
 	if (h->layer_policy) {
 		/* llama.cpp -ngl: whole layers in order, then the output layer */
-		for (uint32_t l = 0; l < h->L; l++) {
+		for (uint32_t l = 0; l < max_full; l++) {
 			const uint64_t ab = p->dense_on_cpu ? 0 : hyb_hdense_layer_bytes(m, l, n_ctx);
 			const uint64_t need = ab + layer_ffn +
 				hyb_hdense_buffer_bytes(m, ab || n_on, false, false);
@@ -1121,19 +1128,22 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		goto oom;
 	if (p->gpu_budget > fixed)
 		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head, pred);
-	if (h->hc) {
+	if (h->hc && p->gpu_budget <= fixed) {
+		snprintf(err, errlen, "GPU budget %llu bytes does not hold this app's device buffers "
+			 "(%llu bytes; the groups go to hybd's cache)",
+			 (unsigned long long)p->gpu_budget, (unsigned long long)fixed);
+		goto fail;
+	}
+	if (h->hc && !h->layer_policy) {
 		struct hyb_hybd_cache_info ci;
 
-		/* the budget's share for groups, as far as hybd's cache goes (whole layers: -ngl) */
+		/*
+		 * Box mode: the budget is this app's device memory (dense parts,
+		 * buffers); the groups get every slot of hybd's cache, whose size
+		 * is hybd's gpu_cache. The layer policy counted its whole layers.
+		 */
 		hyb_hybd_cache_info(h->hc, &ci);
-		if (slots > ci.n_slots) {
-			const size_t at = strlen(h->place.cache_note);
-
-			snprintf(h->place.cache_note + at, sizeof(h->place.cache_note) - at,
-				 "; the budget holds %llu groups, hybd's cache %u (hybd gpu_cache)",
-				 (unsigned long long)slots, ci.n_slots);
-			slots = h->layer_policy ? ci.n_slots / h->NG * h->NG : ci.n_slots;
-		}
+		slots = ci.n_slots < (uint64_t)h->L * h->NG ? ci.n_slots : (uint64_t)h->L * h->NG;
 	}
 	for (uint32_t l = 0; l < h->L; l++) {
 		h->place.attn_layers += on[l];

@@ -61,6 +61,23 @@ static uint64_t group_bytes(const struct hyb_model *m)
 	return 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
 }
 
+/*
+ * hybd's cache for a third of the plan's groups (as a gpu_slots value): in
+ * box mode the groups get every slot of it, so a smaller cache than the
+ * model keeps the policies loading.
+ */
+static const char *third_of_groups(void)
+{
+	static char v[16];
+	char err[256];
+	struct hyb_model *m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
+
+	CHECK_MSG(m, "%s", err);
+	snprintf(v, sizeof(v), "%u", m->hp.n_layer * m->n_groups / 3);
+	hyb_model_free(m);
+	return v;
+}
+
 /* Room for the dense parts and about a third of the model's groups. */
 static struct hyb_hybrid_params params(const struct hyb_model *m, enum hyb_policy p,
 				       enum hyb_cache_src cache)
@@ -141,7 +158,7 @@ TEST(hybrid_box_oracle_bit_identical_through_hybd)
 	uint32_t V;
 	float *lref, *lbox;
 
-	start_hybd("hbx", "auto", "512", &d);
+	start_hybd("hbx", "auto", third_of_groups(), &d);
 	snprintf(path, sizeof(path), "%s/hbx.gpucache", hyb_test_tmpdir());
 	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc, err, sizeof(err)), "%s", err);
 	mf = hyb_model_load(hyb_test_plan(), err, sizeof(err));
@@ -214,7 +231,7 @@ TEST(hybrid_box_slots_hold_the_bundles_the_table_names)
 	void *addr;
 	size_t len;
 
-	start_hybd("hbs", "auto", "512", &d);
+	start_hybd("hbs", "auto", third_of_groups(), &d);
 	snprintf(path, sizeof(path), "%s/hbs.gpucache", hyb_test_tmpdir());
 	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc, err, sizeof(err)), "%s", err);
 	mb = hyb_model_load_manifest("hbs", err, sizeof(err));
@@ -268,7 +285,7 @@ TEST(hybrid_box_one_app_per_cache)
 	struct hybd *d;
 	char err[512];
 
-	start_hybd("hb1", "auto", "512", &d);
+	start_hybd("hb1", "auto", third_of_groups(), &d);
 	mb = hyb_model_load_manifest("hb1", err, sizeof(err));
 	CHECK_MSG(mb, "%s", err);
 	{
@@ -330,7 +347,7 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 	hyb_model_free(mb);
 	hybd_stop(d, "test");
 
-	/* a cache smaller than the budget's share for groups: the app takes what it has, and says so */
+	/* box mode: the groups get hybd's slots whatever the budget (here: 6 for a larger budget) */
 	start_hybd("hbc", "auto", "6", &d);
 	mb = hyb_model_load_manifest("hbc", err, sizeof(err));
 	CHECK_MSG(mb, "%s", err);
@@ -342,7 +359,7 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 
 		hyb_ctx_hybrid_placement(c, &pl);
 		hyb_ctx_hybrid_cache(c, &resident, &slots);
-		CHECK_MSG(pl.cache_hybd && slots == 6 && strstr(pl.cache_note, "hybd's cache 6 ("),
+		CHECK_MSG(pl.cache_hybd && slots == 6 && strstr(pl.cache_note, "6 slots of"),
 			  "%llu slots: %s", (unsigned long long)slots, pl.cache_note);
 		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
 		hyb_ctx_free(c);
@@ -393,7 +410,7 @@ TEST(hybrid_box_app_stats_for_hybctl_stalls)
 	struct hyb_app_stats a;
 	char err[512], path[600], out[8192], want[96];
 
-	start_hybd("hbp", "auto", "512", &d);
+	start_hybd("hbp", "auto", third_of_groups(), &d);
 	mb = hyb_model_load_manifest("hbp", err, sizeof(err));
 	CHECK_MSG(mb, "%s", err);
 	snprintf(path, sizeof(path), "%s/hbp.app.%d", hyb_test_tmpdir(), (int)getpid());

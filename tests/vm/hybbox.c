@@ -1293,8 +1293,10 @@ static int hyb_run_on_cache(const char *hyb)
 
 static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const char *hyb)
 {
-	static const char *const sets[] = {
-		"model=/mnt/plan.gguf", "name=vmp", "queue=4", "gpu_slots=256",
+	static char slots[32];
+	/* hybd's cache for a third of the groups: the app's groups get all of it */
+	const char *const sets[] = {
+		"model=/mnt/plan.gguf", "name=vmp", "queue=4", slots,
 		"slot_bytes=auto", "copy_bandwidth=1G", "placement=layer", NULL,
 	};
 	/* lru under drift: loads every few steps; the budget all for groups */
@@ -1319,7 +1321,8 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 		die("%s", err);
 	V = mf->hp.n_vocab;
 	ref = oracle_logits(mf, NULL, NULL, NULL);
-	/* about a third of the FFN groups (the FFN is ~2/3 of the plan's bytes) */
+	snprintf(slots, sizeof(slots), "gpu_slots=%u", mf->hp.n_layer * mf->n_groups / 3);
+	/* this app's device memory: buffers and room to spare (the groups are hybd's) */
 	hy.gpu_budget = mf->gguf->size / 5;
 
 	daemon_pid = start_hybd_with(bin, conf, sets);

@@ -26,7 +26,9 @@ static const char usage[] =
 	"    dense, its cached groups on the device; --prefill-cpu: on the CPU alone.\n"
 	"  --cache (box mode): hybd's: compute on the GPU cache hybd publishes and load\n"
 	"    groups through its reload queue (hybctl stalls shows them); own: a cache of\n"
-	"    this process; auto (default): hybd's when this app can use it, else own.\n";
+	"    this process; auto (default): hybd's when this app can use it, else own.\n"
+	"    On hybd's cache --gpu-budget is this app's device memory (attention, head,\n"
+	"    buffers) and the neuron groups get all of hybd's cache (its gpu_cache).\n";
 
 struct stream {
 	const struct hyb_tokenizer *tok;

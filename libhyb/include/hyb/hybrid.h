@@ -58,7 +58,9 @@
  * Whose neuron cache (hyb/gpucache.h). Box mode (a model hybd serves, from
  * hyb_model_load_manifest) can compute on hybd's cache and load groups into
  * it through hybd's reload queue, so the copy engine, its priorities and
- * its statistics are hybd's; any other model has only its own.
+ * its statistics are hybd's; any other model has only its own. On hybd's
+ * cache, gpu_budget is this app's device memory (dense parts, buffers) and
+ * the groups get every slot of hybd's cache (hybd's gpu_cache sizes it).
  */
 enum hyb_cache_src {
 	HYB_CACHE_AUTO = 0,	/* hybd's when it publishes one this app can use, else own */
