@@ -313,6 +313,22 @@ TEST(hybrid_box_one_app_per_cache)
 		hyb_ctx_hybrid_placement(b, &pl);
 		CHECK(pl.cache_hybd);
 		hyb_ctx_free(b);
+		/* the layer policy (-ngl) on hybd's cache: whole layers as far as its slots go */
+		{
+			struct hyb_hybrid_params lay = params(mb, HYB_POLICY_LAYER, HYB_CACHE_HYBD);
+			const uint32_t full = (uint32_t)atoi(third_of_groups()) / mb->n_groups;
+			uint64_t resident, slots;
+
+			b = ctx_new(mb, &lay, false);
+			hyb_ctx_hybrid_placement(b, &pl);
+			hyb_ctx_hybrid_cache(b, &resident, &slots);
+			CHECK_MSG(pl.cache_hybd && slots == (uint64_t)full * mb->n_groups &&
+				  pl.dense_layers_cpu == mb->hp.n_layer - full && full >= 1,
+				  "%llu slots, %u layers dense on the CPU, %u whole layers",
+				  (unsigned long long)slots, pl.dense_layers_cpu, full);
+			CHECK_MSG(!run(b, mb, NULL, err, sizeof(err)), "%s", err);
+			hyb_ctx_free(b);
+		}
 	}
 	hyb_model_free(mb);
 	hybd_stop(d, "test");
