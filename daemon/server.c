@@ -341,9 +341,12 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 	}
 	snprintf(d->gpucache_path, sizeof(d->gpucache_path), "%s/%s.gpucache", d->cfg.state_dir,
 		 d->cfg.name);
-	if (hyb_copydev_cuda_export(d->dev, &desc, why, sizeof(why)) ||
-	    (desc.queue = d->cfg.queue, 0) ||
-	    hyb_gpucache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
+	if (hyb_copydev_cuda_export(d->dev, &desc, why, sizeof(why))) {
+		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
+		return -1;
+	}
+	desc.queue = d->cfg.queue;
+	if (hyb_gpucache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
 		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
 		return -1;
 	}
@@ -409,8 +412,10 @@ static int start_cpu(struct hybd *d, char *err, size_t errlen)
 
 	/* the name is at most HYB_LOAD_NAME_MAX (22): NAME.gpucache fits */
 	if (snprintf(desc.pool, sizeof(desc.pool), "%.22s.gpucache", d->cfg.name) >=
-	    (int)sizeof(desc.pool))
+	    (int)sizeof(desc.pool)) {
+		snprintf(err, errlen, "name %s: too long for the cache pool's name", d->cfg.name);
 		return -1;
+	}
 	ret = hyb_mempool_create(d->b, desc.pool, bytes, HYB_MEMPOOL_NODE_LOCAL, 0,
 				 HYB_MEMPOOL_SHARED, &d->slots_pool);
 	if (!ret)
