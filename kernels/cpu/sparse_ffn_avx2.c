@@ -15,6 +15,7 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 #define TR 4
+#define Q4_BYTES sizeof(struct hyb_block_q4_0)
 #define PF_DIST 2 /* tiles ahead that the software prefetch reads */
 #define PF_HINT _MM_HINT_T1
 
@@ -245,6 +246,208 @@ ALWAYS_INLINE void q_axpy_tile(const int q4, const int R, int64_t nb, const uint
 		q_axpy_slice(q4, R, b0, (int)(nb - b0), w, nx, h, y);
 }
 
+/* ---- Q4_0 axpy in int8 ------------------------------------------------------ */
+
+/*
+ * The Q4_0 axpy, y += sum_r h_r * d_rb * (q_r - 8) over the blocks b, in
+ * integer arithmetic four rows at a time: a float axpy pays a conversion
+ * and a multiply-add per weight, which makes it about twice the cost of
+ * the int8 dots (measured: tests/bench/bench_sparse.c). Per tile of four
+ * rows and per block, the four products a_rb = h_r * d_rb are rounded to
+ * int8 on one scale S_b = max_r |a_rb| / 127; the nibbles of the four rows
+ * are interleaved byte by byte, so that one vpmaddubsw + vpmaddwd gives
+ * sum_r a_r * q_r for eight outputs, and the float work (a conversion and
+ * a multiply-add into y) is per 8 outputs of the tile, not per row. The
+ * zero point (-8 * S_b * sum_r a_rb) goes into off[b] and is added once per
+ * call.
+ *
+ * Rounding: each a_rb is off by at most S_b / 2, i.e. 1/254 of the largest
+ * |h_r * d_rb| of its tile, which is finer than the dense down GEMV's Q8_0
+ * conversion of h (1/254 of the largest |h| of 32 neurons, hyb_vec_dot_type());
+ * hyb_sparse_kernels.axpy_rounds says which levels do this.
+ *
+ * Two blocks go in one 256-bit vector (block b in the low lane, b + 1 in
+ * the high one), which leaves y's outputs in a different order: within a
+ * pair of blocks, vector v holds elements 4v..4v+3 of block b and of block
+ * b + 1. y is put in that order in a local buffer for the call (AX_CHUNK
+ * blocks at a time) and back, with off added, at the end.
+ */
+#define AX_CHUNK 128 /* blocks of y a local buffer holds (16 KiB) */
+
+/* a_rb for blocks b0 .. b0+nbs-1 of the tile: as 4 bytes per block, S_b, and off += -8 S_b sum a */
+ALWAYS_INLINE void q4_tile_acts(const int R, const uint8_t *const *w, const float *h, int64_t b0,
+				int nbs, int32_t *a4, float *S, float *off)
+{
+	float sc[TR][SB] __attribute__((aligned(32)));
+	/* bytes r0 r1 r2 r3 of each block: [4 x block 0..3 of row 0 | row 1 ...] -> by block */
+	const __m256i tr = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
+					    0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+	const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+
+	for (int r = 0; r < TR; r++) {
+		if (r < R)
+			block_scales(w[r], Q4_BYTES, b0, nbs, _mm256_set1_ps(h[r]),
+				     _mm256_set1_ps(h[r]), sc[r]);
+		else
+			memset(sc[r], 0, sizeof(sc[r]));
+	}
+	for (int i = 0; i < SB; i += 8) {
+		__m256 v[TR], m = _mm256_setzero_ps();
+		__m256i q[TR];
+
+		for (int r = 0; r < TR; r++) {
+			v[r] = _mm256_load_ps(sc[r] + i);
+			m = _mm256_max_ps(m, _mm256_and_ps(v[r], absm));
+		}
+		const __m256 s = _mm256_mul_ps(m, _mm256_set1_ps(1.0f / 127));
+		/* 127 / m, 0 where m is 0 (the whole tile's block adds nothing) */
+		const __m256 inv = _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(127), m),
+						 _mm256_cmp_ps(m, _mm256_setzero_ps(), _CMP_GT_OQ));
+
+		for (int r = 0; r < TR; r++)
+			q[r] = _mm256_cvtps_epi32(_mm256_mul_ps(v[r], inv));
+		const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+						     _mm256_add_epi32(q[2], q[3]));
+		const __m256i b8 = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+						      _mm256_packs_epi32(q[2], q[3]));
+
+		_mm256_storeu_si256((__m256i *)(a4 + i), _mm256_shuffle_epi8(b8, tr));
+		_mm256_store_ps(S + i, s);
+		_mm256_storeu_ps(off + b0 + i, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sum), s),
+							     _mm256_set1_ps(-8.0f),
+							     _mm256_loadu_ps(off + b0 + i)));
+	}
+}
+
+/*
+ * Blocks b and b + 1 of the tile (one == 1: b only, the high lane zero),
+ * into yp (y's 64 outputs of the pair in pair order). a4 and S of the pair.
+ */
+ALWAYS_INLINE void q4_axpy_pair(const int one, const uint8_t *const *w, const uint8_t *const *nx,
+				int64_t b, const int32_t *a4, const float *S, float *yp)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+	const __m256i lanes = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
+	__m256i lo[TR], hi[TR], V[8];
+
+	for (int r = 0; r < TR; r++) {
+		const uint8_t *p = w[r] + b * Q4_BYTES + 2;
+		const __m128i b0 = _mm_loadu_si128((const __m128i *)p);
+		const __m256i L = one ? _mm256_zextsi128_si256(b0)
+				      : _mm256_inserti128_si256(_mm256_castsi128_si256(b0),
+							_mm_loadu_si128((const __m128i *)(p + Q4_BYTES)), 1);
+
+		_mm_prefetch((const char *)nx[r] + b * Q4_BYTES, PF_HINT);
+		lo[r] = _mm256_and_si256(L, m4);
+		hi[r] = _mm256_and_si256(_mm256_srli_epi16(L, 4), m4);
+	}
+	/* bytes of rows 0-3 interleaved: lane j of V[v] = elements 4v..4v+3 of block b + j */
+	for (int s = 0; s < 2; s++) {
+		const __m256i *X = s ? hi : lo;
+		const __m256i l01 = _mm256_unpacklo_epi8(X[0], X[1]), h01 = _mm256_unpackhi_epi8(X[0], X[1]);
+		const __m256i l23 = _mm256_unpacklo_epi8(X[2], X[3]), h23 = _mm256_unpackhi_epi8(X[2], X[3]);
+
+		V[4 * s + 0] = _mm256_unpacklo_epi16(l01, l23);
+		V[4 * s + 1] = _mm256_unpackhi_epi16(l01, l23);
+		V[4 * s + 2] = _mm256_unpacklo_epi16(h01, h23);
+		V[4 * s + 3] = _mm256_unpackhi_epi16(h01, h23);
+	}
+	const __m256i av = _mm256_permutevar8x32_epi32(
+		_mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)a4)), lanes);
+	const __m256 sv = _mm256_permutevar8x32_ps(
+		_mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)S))), lanes);
+
+#pragma GCC unroll 8
+	for (int v = 0; v < 8; v++) {
+		const __m256i d = _mm256_madd_epi16(_mm256_maddubs_epi16(V[v], av), ones);
+
+		_mm256_store_ps(yp + 8 * v, _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), sv,
+							    _mm256_load_ps(yp + 8 * v)));
+	}
+}
+
+/* y[32 b0 ..) (nb blocks) into pair order in yp (a missing last block of a pair as 0), or back adding off */
+static void q4_pair_order(float *y, float *yp, int nb, const float *off, int back)
+{
+	for (int b = 0; b < nb; b += 2) {
+		float *pp = yp + 32 * b;
+		float *n0 = y + 32 * b, *n1 = n0 + 32;
+
+		if (!back) {
+			for (int i = 0; i < 4; i++) {
+				const __m256 a = _mm256_loadu_ps(n0 + 8 * i);
+				const __m256 c = b + 1 < nb ? _mm256_loadu_ps(n1 + 8 * i) : _mm256_setzero_ps();
+
+				_mm256_store_ps(pp + 16 * i, _mm256_permute2f128_ps(a, c, 0x20));
+				_mm256_store_ps(pp + 16 * i + 8, _mm256_permute2f128_ps(a, c, 0x31));
+			}
+			continue;
+		}
+		const __m256 o0 = _mm256_set1_ps(off[b]), o1 = _mm256_set1_ps(b + 1 < nb ? off[b + 1] : 0);
+
+		for (int i = 0; i < 4; i++) {
+			const __m256 p = _mm256_load_ps(pp + 16 * i), q = _mm256_load_ps(pp + 16 * i + 8);
+
+			_mm256_storeu_ps(n0 + 8 * i, _mm256_add_ps(_mm256_permute2f128_ps(p, q, 0x20), o0));
+			if (b + 1 < nb)
+				_mm256_storeu_ps(n1 + 8 * i,
+						 _mm256_add_ps(_mm256_permute2f128_ps(p, q, 0x31), o1));
+		}
+	}
+}
+
+ALWAYS_INLINE void q4_axpy_tile(const int R, int64_t c0, int nbc, const uint8_t *const *w,
+				const uint8_t *const *nx, const float *h, float *yp, float *off)
+{
+	int32_t a4[SB] __attribute__((aligned(32)));
+	float S[SB] __attribute__((aligned(32)));
+
+	int j0 = 0;
+
+	/* whole slices with a constant count, so that the scale copy has no branches */
+	for (; j0 + SB <= nbc; j0 += SB) {
+		q4_tile_acts(R, w, h, c0 + j0, SB, a4, S, off - c0);
+		for (int j = 0; j < SB; j += 2)
+			q4_axpy_pair(0, w, nx, c0 + j0 + j, a4 + j, S + j, yp + 32 * (j0 + j));
+	}
+	if (j0 < nbc) {
+		const int nbs = nbc - j0;
+
+		q4_tile_acts(R, w, h, c0 + j0, nbs, a4, S, off - c0);
+		for (int j = 0; j + 1 < nbs; j += 2)
+			q4_axpy_pair(0, w, nx, c0 + j0 + j, a4 + j, S + j, yp + 32 * (j0 + j));
+		if (nbs & 1)
+			q4_axpy_pair(1, w, nx, c0 + j0 + nbs - 1, a4 + nbs - 1, S + nbs - 1,
+				     yp + 32 * (j0 + nbs - 1));
+	}
+}
+
+static void q4_axpy_rows(int64_t k, const void *const *rows, const float *h, int n, int n_pf,
+			 float *y)
+{
+	const int64_t nb = k / 32;
+	float yp[AX_CHUNK * 32] __attribute__((aligned(32)));
+	float off[AX_CHUNK] __attribute__((aligned(32)));
+
+	for (int64_t c0 = 0; c0 < nb; c0 += AX_CHUNK) {
+		const int nbc = (int)(nb - c0 < AX_CHUNK ? nb - c0 : AX_CHUNK);
+
+		q4_pair_order(y + 32 * c0, yp, nbc, NULL, 0);
+		memset(off, 0, sizeof(off));
+		for (int i = 0; i < n; i += TR) {
+			const uint8_t *w[TR], *nx[TR];
+
+			switch (tile_rows(rows, n, n + n_pf, i, w, nx)) {
+			case 1: q4_axpy_tile(1, c0, nbc, w, nx, h + i, yp, off); break;
+			case 2: q4_axpy_tile(2, c0, nbc, w, nx, h + i, yp, off); break;
+			case 3: q4_axpy_tile(3, c0, nbc, w, nx, h + i, yp, off); break;
+			default: q4_axpy_tile(4, c0, nbc, w, nx, h + i, yp, off); break;
+			}
+		}
+		q4_pair_order(y + 32 * c0, yp, nbc, off, 1);
+	}
+}
+
 /* ---- F16 / F32 ------------------------------------------------------------ */
 
 ALWAYS_INLINE __m256 load_f(const int f16, const void *p, int64_t i)
@@ -361,6 +564,10 @@ ALWAYS_INLINE void dot_any(const enum kind t, int64_t k, const void *const *rows
 ALWAYS_INLINE void axpy_any(const enum kind t, int64_t k, const void *const *rows,
 			    const float *h, int n, int n_pf, float *y)
 {
+	if (t == K_Q4_0) {
+		q4_axpy_rows(k, rows, h, n, n_pf, y);
+		return;
+	}
 	for (int i = 0; i < n; i += TR) {
 		const uint8_t *w[TR], *nx[TR];
 
@@ -418,4 +625,5 @@ void hyb_sparse_fill_avx2(struct hyb_sparse_kernels *k)
 	k->axpy_pf[HYB_TYPE_F16] = axpyp_f16;
 	k->axpy_pf[HYB_TYPE_Q8_0] = axpyp_q8_0;
 	k->axpy_pf[HYB_TYPE_Q4_0] = axpyp_q4_0;
+	k->axpy_rounds[HYB_TYPE_Q4_0] = true; /* q4_axpy_rows() */
 }

@@ -563,4 +563,6 @@ static void fill_sparse_avx512(struct hyb_sparse_kernels *k)
 	k->axpy_pf[HYB_TYPE_F16] = axpyp_f16;
 	k->axpy_pf[HYB_TYPE_Q8_0] = axpyp_q8_0;
 	k->axpy_pf[HYB_TYPE_Q4_0] = axpyp_q4_0;
+	/* the table below (AVX2) rounds in its Q4_0 axpy; these float axpys do not */
+	memset(k->axpy_rounds, 0, sizeof(k->axpy_rounds));
 }

@@ -20,9 +20,9 @@
  * quantized dot is an exact integer dot per 32-block scaled by the two
  * block scales, as in the dense kernels; the summation order across blocks
  * differs between levels (tests compare them with tolerances, not bits).
- * The axpy dequantizes block by block and adds h * w into y in float;
- * nothing in it rounds h (the dense down GEMV converts h to the weight's
- * activation format first, e.g. Q8_0, so sparse is the more exact one).
+ * The axpy dequantizes block by block and adds h * w into y in float,
+ * except where a level says axpy_rounds (below): then it rounds h times
+ * the block scale to int8, as the dense down GEMV rounds h to Q8_0.
  */
 #ifndef HYB_SPARSE_FFN_KERNELS_H
 #define HYB_SPARSE_FFN_KERNELS_H
@@ -93,9 +93,24 @@ typedef void (*hyb_sparse_dot_pf_fn)(int64_t k, const void *const *rows, int n, 
 typedef void (*hyb_sparse_axpy_pf_fn)(int64_t k, const void *const *rows, const float *h,
 				      int n, int n_pf, float *y);
 
+/*
+ * Rows an axpy that rounds (hyb_sparse_kernels.axpy_rounds) puts on one
+ * scale: rows 4i .. 4i+3 of each call.
+ */
+#define HYB_SPARSE_AXPY_TILE 4
+
 struct hyb_sparse_kernels {
 	enum hyb_isa isa;
 	const char *name;
+	/*
+	 * By weight type: the axpy rounds the products a_rb = h_r * d_rb (d_rb
+	 * the scale of block b of row r) to int8, on one scale per tile of
+	 * HYB_SPARSE_AXPY_TILE rows and block, S_b = max |a_rb| / 127, and adds
+	 * S_b * sum_r round(a_rb / S_b) * (q_r - zero point) in integers: each
+	 * a_rb is off by S_b / 2 at most, as the dense down GEMV's Q8_0 h is
+	 * off by half its block's step. false: float h * w, nothing rounded.
+	 */
+	bool axpy_rounds[HYB_TYPE_COUNT];
 	/* by weight type; NULL: not supported */
 	hyb_sparse_dot_fn dot[HYB_TYPE_COUNT];
 	hyb_sparse_axpy_fn axpy[HYB_TYPE_COUNT];

@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cpu_kernels.h"
@@ -60,10 +61,20 @@ static uint64_t rnd64(void)
 	return rng;
 }
 
+/*
+ * Buffers of 2 MiB or more are whole huge pages where the kernel gives them
+ * (MADV_HUGEPAGE), as the engine holds weights (model_load.c, the pools):
+ * scattered bundle rows on 4 KiB pages would cost the sparse side a TLB
+ * miss per row that the engine does not pay.
+ */
 static void *xalloc(size_t n)
 {
-	void *p = aligned_alloc(64, (n + 63) & ~(size_t)63);
+	const size_t huge = 2u << 20;
+	const size_t align = n >= huge ? huge : 64;
+	void *p = aligned_alloc(align, (n + align - 1) & ~(align - 1));
 
+	if (p && align == huge)
+		madvise(p, (n + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
 	if (!p) {
 		fprintf(stderr, "bench_sparse: out of memory (%zu bytes)\n", n);
 		exit(1);
