@@ -4,8 +4,10 @@
  * body (sparse_ffn_avx512_body.h, which explains the tiles and the
  * prefetch) on 256-bit vectors: dots use vpmaddubsw + vpmaddwd with Q4_0
  * nibbles unsigned (zero point paid back through the activation sums) and
- * Q8_0 by the sign trick; axpys widen 8 bytes to 8 lanes per vector. Float
- * rows whose length is not a multiple of 16 finish in scalar code.
+ * Q8_0 by the sign trick; the Q8_0 axpy widens 8 bytes to 8 lanes per
+ * vector, the Q4_0 axpy works in int8 four rows at a time (q4_axpy_rows(),
+ * which rounds as axpy_rounds says). Float rows whose length is not a
+ * multiple of 16 finish in scalar code.
  */
 #include <immintrin.h>
 #include <string.h>
