@@ -79,6 +79,7 @@ void hyb_cpu_fill_avx512vnni(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_q_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_vec_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_vec_avx512(struct hyb_cpu_kernels *k);
 
 /* peak_*.c: seconds-bounded register-only loops; multiply-adds per second */

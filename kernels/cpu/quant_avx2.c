@@ -95,4 +95,5 @@ void hyb_cpu_fill_avx2(struct hyb_cpu_kernels *k)
 	k->quantize_act[HYB_TYPE_Q8_0] = quantize_q8_0;
 	hyb_fill_q_avx2(k);
 	hyb_fill_f_avx2(k);
+	hyb_fill_vec_avx2(k);
 }

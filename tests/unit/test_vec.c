@@ -216,3 +216,42 @@ TEST(vec_ref_expf_accuracy)
 	for (int i = 0; i < 16; i++)
 		CHECK(ys[i] == 0.0f);
 }
+
+/*
+ * The exponential of every SIMD level against the reference over the
+ * whole range, through soft_max (exp(x)) and swiglu (exp(-x)): subnormal
+ * results (x below -87), both saturations (|n| > 192), infinities, NaN.
+ */
+TEST(vec_simd_expf_sweep)
+{
+	const struct hyb_cpu_kernels *s = hyb_cpu_kernels(HYB_ISA_SCALAR);
+	enum { N = 2048 };
+	static float x[N], g[N], ya[N], yb[N];
+	int levels = 0;
+
+	for (int i = 0; i < N; i++) {
+		x[i] = -150.0f + 300.0f * (float)i / (float)N + 0.001f * (float)(i % 13);
+		g[i] = 1.0f;
+	}
+	x[5] = -INFINITY;
+	x[6] = INFINITY;
+	x[7] = NAN;
+	x[8] = -140.0f;  /* 2^-202: beyond the saturation */
+	x[9] = -103.5f;  /* the smallest subnormals */
+	for (int isa = 1; isa < HYB_ISA_COUNT; isa++) {
+		const struct hyb_cpu_kernels *k = hyb_cpu_kernels((enum hyb_isa)isa);
+
+		if (!k)
+			continue;
+		levels++;
+		const double sa = s->soft_max(N, ya, x, 0.0f), sb = k->soft_max(N, yb, x, 0.0f);
+
+		CHECK_MSG(!memcmp(ya, yb, sizeof(ya)), "%s soft_max sweep", k->name);
+		CHECK_MSG(!memcmp(&sa, &sb, sizeof(sa)), "%s soft_max sweep sum", k->name);
+		s->swiglu(N, ya, x, g);
+		k->swiglu(N, yb, x, g);
+		CHECK_MSG(!memcmp(ya, yb, sizeof(ya)), "%s swiglu sweep", k->name);
+	}
+	if (!levels)
+		SKIP("this CPU has no SIMD level to compare");
+}
