@@ -67,6 +67,14 @@ void hyb_dequantize_q8_k(const void *in, float *out, int64_t n);
 void hyb_fill_vec_ref(struct hyb_cpu_kernels *k);
 float hyb_ref_reduce16(const float s[16]);  /* _mm512_reduce_add_ps */
 float hyb_ref_expf(float x);               /* one lane of ggml_v_expf */
+/*
+ * The leftovers of llama.cpp's soft_max and swiglu past the last whole
+ * 16-lane step, which its builds compute with libm's expf: elements [i, n)
+ * (soft_max: added to sum in order, which it returns).
+ */
+double hyb_soft_max_tail(int64_t i, int64_t n, float *y, const float *x, float max,
+			 double sum);
+void hyb_swiglu_tail(int64_t i, int64_t n, float *y, const float *x, const float *g);
 
 /*
  * Per-ISA table fillers: each overrides the entries its level specialises

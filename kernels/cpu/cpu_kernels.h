@@ -65,7 +65,8 @@ struct hyb_cpu_kernels {
 	 * llama.cpp's vector primitives, in the summation order of its AVX-512
 	 * build (ggml-cpu vec.h, vec.cpp, simd-gemm.h): attention and the FFN
 	 * activation use them so that their results are llama.cpp's bit for bit.
-	 * The scalar level emulates that order; levels below AVX-512 use it.
+	 * The scalar level emulates that order lane by lane; AVX2 keeps it with
+	 * pairs of 8-lane registers (vec_avx2.c).
 	 */
 	/* ggml_vec_dot_f16: sum of x[i]*y[i] over two F16 vectors */
 	float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);

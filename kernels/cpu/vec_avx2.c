@@ -204,11 +204,7 @@ static double soft_max(int64_t n, float *y, const float *x, float max)
 		_mm256_storeu_ps(y + i + 8, v.hi);
 		sum += (double)reduce16(v);
 	}
-	for (; i < n; i++) {
-		y[i] = expf(x[i] - max);
-		sum += (double)y[i];
-	}
-	return sum;
+	return hyb_soft_max_tail(i, n, y, x, max, sum);
 }
 
 static void swiglu(int64_t n, float *y, const float *x, const float *g)
@@ -225,8 +221,7 @@ static void swiglu(int64_t n, float *y, const float *x, const float *g)
 			_mm256_storeu_ps(y + i + h, _mm256_mul_ps(silu, _mm256_loadu_ps(g + i + h)));
 		}
 	}
-	for (; i < n; i++)
-		y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+	hyb_swiglu_tail(i, n, y, x, g);
 }
 
 /* exact widening of F16 (the KV cache's rows in attention) */

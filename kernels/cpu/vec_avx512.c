@@ -146,11 +146,7 @@ static double soft_max(int64_t n, float *y, const float *x, float max)
 		_mm512_storeu_ps(y + i, v);
 		sum += (double)_mm512_reduce_add_ps(v);
 	}
-	for (; i < n; i++) {
-		y[i] = expf(x[i] - max);
-		sum += (double)y[i];
-	}
-	return sum;
+	return hyb_soft_max_tail(i, n, y, x, max, sum);
 }
 
 static void swiglu(int64_t n, float *y, const float *x, const float *g)
@@ -164,8 +160,7 @@ static void swiglu(int64_t n, float *y, const float *x, const float *g)
 
 		_mm512_storeu_ps(y + i, _mm512_mul_ps(silu, _mm512_loadu_ps(g + i)));
 	}
-	for (; i < n; i++)
-		y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
+	hyb_swiglu_tail(i, n, y, x, g);
 }
 
 /* exact widening of F16 (the KV cache's rows in attention) */

@@ -113,11 +113,7 @@ static double soft_max(int64_t n, float *y, const float *x, float max)
 			y[i + l] = hyb_ref_expf(x[i + l] - max);
 		sum += (double)hyb_ref_reduce16(y + i);
 	}
-	for (; i < n; i++) {
-		y[i] = expf(x[i] - max);
-		sum += (double)y[i];
-	}
-	return sum;
+	return hyb_soft_max_tail(i, n, y, x, max, sum);
 }
 
 static void swiglu(int64_t n, float *y, const float *x, const float *g)
@@ -127,6 +123,21 @@ static void swiglu(int64_t n, float *y, const float *x, const float *g)
 	for (; i + 16 <= n; i += 16)
 		for (int l = 0; l < 16; l++)
 			y[i + l] = silu_v(x[i + l]) * g[i + l];
+	hyb_swiglu_tail(i, n, y, x, g);
+}
+
+double hyb_soft_max_tail(int64_t i, int64_t n, float *y, const float *x, float max,
+			 double sum)
+{
+	for (; i < n; i++) {
+		y[i] = expf(x[i] - max);
+		sum += (double)y[i];
+	}
+	return sum;
+}
+
+void hyb_swiglu_tail(int64_t i, int64_t n, float *y, const float *x, const float *g)
+{
 	for (; i < n; i++)
 		y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
