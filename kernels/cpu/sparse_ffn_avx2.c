@@ -163,12 +163,10 @@ ALWAYS_INLINE void q_dot_tile(const int q4, const int R, int64_t nb, const uint8
 		out[r] = hsum8(acc[r]);
 }
 
-/* 8 bytes at p widened to 8 int32 lanes (one vpmov[sz]xbd from memory), signed or not */
-static inline __m256i widen8(const int sgn, const uint8_t *p)
+/* 8 signed bytes at p widened to 8 int32 lanes (one vpmovsxbd from memory) */
+static inline __m256i widen8(const uint8_t *p)
 {
-	const __m128i v = _mm_loadl_epi64((const __m128i *)p);
-
-	return sgn ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v);
+	return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 
 /* the Q8_0 axpy in float (Q4_0's is q4_axpy_rows() below) */
@@ -194,10 +192,10 @@ ALWAYS_INLINE void q8_axpy_slice(const int R, int64_t b0, int nbs, const uint8_t
 			const uint8_t *p = w[r] + b * bsz;
 			const __m256 sv = _mm256_set1_ps(sc[r][j]);
 
-			y0 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(1, p + 2)), y0);
-			y1 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(1, p + 10)), y1);
-			y2 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(1, p + 18)), y2);
-			y3 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(1, p + 26)), y3);
+			y0 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(p + 2)), y0);
+			y1 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(p + 10)), y1);
+			y2 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(p + 18)), y2);
+			y3 = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(widen8(p + 26)), y3);
 		}
 		_mm256_storeu_ps(yb, y0);
 		_mm256_storeu_ps(yb + 8, y1);
