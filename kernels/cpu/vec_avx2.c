@@ -7,7 +7,8 @@
  * multiply-adds in the same order, and the reductions follow
  * _mm512_reduce_add_ps's tree, so an AVX2 machine computes attention and
  * the SwiGLU as llama.cpp's AVX-512 build does, at SIMD speed rather than
- * the scalar references' (which were a fifth of a decoded token here).
+ * the scalar references' (which took about a third of sparse decode time
+ * on a Zen 3 with AVX2 only).
  */
 #include <immintrin.h>
 #include <math.h>
