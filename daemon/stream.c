@@ -78,7 +78,7 @@ struct streamer {
 	uint8_t *dst;
 	uint32_t chunk, align;
 	unsigned int depth, in_flight;
-	bool phase_ok, failed;
+	bool phase_ok, failed, lazy_dst;
 	int fd;
 	int read_err;		/* the reported failure is this errno of a read */
 	struct fault fault;	/* HYB_STREAM_FAULT (tests) */
@@ -86,6 +86,9 @@ struct streamer {
 	unsigned int n_iov;
 	struct slot *slots;
 	struct hyb_stream_stats *st;
+	int (*landed)(void *arg, uint64_t bytes);
+	void *landed_arg;
+	uint64_t landed_bytes;	/* the prefix last reported */
 	int progress, last_quarter;
 	uint64_t t0, t_draw;
 };
@@ -197,6 +200,7 @@ static bool next_piece(struct streamer *s, struct slot *sl)
 				  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 		if (sl->bounce == MAP_FAILED) {
 			sl->bounce = NULL;
+			s->next = c0;	/* not cut: the landed prefix stops here */
 			fail(s, "%s: cannot allocate a bounce buffer: %s", s->path,
 			     strerror(errno));
 			return false;
@@ -337,6 +341,31 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 	return 1;
 }
 
+/*
+ * Report the landed prefix when it grew. Pieces are cut in file order and a
+ * slot is free only once its bytes are in the destination (bounce copies
+ * included) or its read failed (res), so everything below the lowest busy or
+ * failed piece, or below the next piece to cut, has landed - after a failure
+ * too, while the rest drains: what landed before the bad read is good.
+ */
+static void report_landed(struct streamer *s)
+{
+	uint64_t lo = s->next, bytes;
+
+	if (!s->landed)
+		return;
+	for (unsigned int i = 0; i < s->depth; i++)
+		if ((s->slots[i].busy || s->slots[i].res) && s->slots[i].foff < lo)
+			lo = s->slots[i].foff;
+	lo = lo < s->off ? s->off : lo > s->end ? s->end : lo;
+	bytes = lo - s->off;
+	if (bytes <= s->landed_bytes)
+		return;
+	s->landed_bytes = bytes;
+	if (s->landed(s->landed_arg, bytes))
+		fail(s, "%s: loading was cancelled", s->path);
+}
+
 /* Fill the ring, reap, refill, until every piece is in or something failed. */
 static int pump(struct streamer *s)
 {
@@ -367,6 +396,7 @@ static int pump(struct streamer *s)
 			n++;
 		}
 		io_uring_cq_advance(&s->ring, n);
+		report_landed(s);
 		if (s->progress != HYB_STREAM_QUIET)
 			draw(s, false);
 		if (rc == -2)
@@ -510,7 +540,7 @@ static void register_dst(struct streamer *s)
 {
 	uint64_t b0, b1;
 
-	if (!s->phase_ok || s->align == 1)
+	if (!s->phase_ok || s->align == 1 || s->lazy_dst)
 		return;
 	b0 = up(s->off, s->align);
 	b1 = s->body_end;
@@ -656,6 +686,9 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 		return -1;
 	}
 	s.label = o.label ? o.label : path;
+	s.lazy_dst = o.lazy_dst;
+	s.landed = o.landed;
+	s.landed_arg = o.landed_arg;
 	if (getenv("HYB_STREAM_FAULT")) {
 		char *end;
 

@@ -44,6 +44,18 @@ struct hyb_stream_opts {
 	int buffered;		/* 1: no O_DIRECT (page-cache reads, still io_uring);
 				 * 0: O_DIRECT unless the range is all cached */
 	const char *label;	/* shown by the progress output; NULL: the file name */
+	int lazy_dst;		/* 1: the destination is not faulted in yet (a lazy
+				 * pool): no fixed buffers, whose registration would
+				 * fault it all in before the first read; each read
+				 * faults in (zeroes) its own pages as it is issued */
+	/*
+	 * Called on the loading thread whenever the landed prefix grows: every
+	 * byte of the range's first `bytes` is in the destination (reads land
+	 * out of order; this is the part a reader may use). Nonzero return:
+	 * stop issuing, drain, fail with "cancelled". NULL: not called.
+	 */
+	int (*landed)(void *arg, uint64_t bytes);
+	void *landed_arg;
 };
 
 struct hyb_stream_stats {

@@ -31,6 +31,7 @@
 #include "ffn_plan.h"
 #include "ffn_sparse.h"
 #include "forward_internal.h"
+#include "model_stream.h"
 #include "ops.h"
 
 #define MAX_MATS 3
@@ -312,8 +313,13 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	/* a prompt batch on the CPU alone needs the rows decoded on the device */
 	if (c->hybrid && hyb_decode_hybrid_kv_to_host(c, err, errlen))
 		return -1;
+	/* A model still streaming in (model_stream.c): each piece waits for its bytes. */
+	if (hyb_model_wait_embd(c->m, err, errlen))
+		return -1;
 	hyb_fwd_embed(c, tokens, n);
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		if (hyb_model_wait_layer(c->m, l, err, errlen))
+			return -1;
 		hyb_fwd_attention(c, l, n);
 
 		/* llama.cpp drops the rows it returns no logits for before the last
@@ -336,6 +342,8 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	}
 
 	/* Head: every token's logits, or only the last token's. */
+	if (hyb_model_wait_head(c->m, err, errlen))
+		return -1;
 	hyb_fwd_head(c, all_logits ? 0 : n - 1, n, logits);
 	c->n_past += n;
 	if (c->hybrid)
@@ -459,6 +467,11 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	    !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
 		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
 		goto fail;
+	}
+	/* Only a prompt pass on the CPU waits for a streaming model piece by piece. */
+	if ((p && p->hybrid) || m->group_size || m->powerinfer) {
+		if (hyb_model_wait(m, err, errlen))
+			goto fail;
 	}
 	if (p && p->hybrid) {
 		if (p->ffn == HYB_FFN_DENSE) {

@@ -260,7 +260,7 @@ int hyb_mempool_create(struct hyb_backend *b, const char *name, uint64_t bytes, 
 	if (node != HYB_MEMPOOL_NODE_LOCAL && !hyb_mp_node_ok(node))
 		return hyb_mp_err(-EINVAL, "%s: NUMA node %d does not exist or has no memory",
 				  what, node);
-	if (flags & ~HYB_MEMPOOL_SHARED)
+	if (flags & ~(HYB_MEMPOOL_SHARED | HYB_MEMPOOL_LAZY))
 		return hyb_mp_err(-EINVAL, "%s: unknown flags 0x%x", what, flags);
 	p = pool_new(b);
 	if (!p)

@@ -17,7 +17,8 @@
  * Every pool is bound to its node (mbind MPOL_BIND, set before the first
  * touch), pre-faulted with MADV_POPULATE_WRITE (zeroed by the kernel) and
  * mlocked; where RLIMIT_MEMLOCK forbids the lock, a one-line warning says so
- * and the pool works unlocked. Before binding, the node's free memory is
+ * and the pool works unlocked. A HYB_MEMPOOL_LAZY pool skips the pre-faulting
+ * and is locked page by page as it is first written (MLOCK_ONFAULT). Before binding, the node's free memory is
  * checked: a bound allocation past it would wake the OOM killer instead of
  * failing.
  *
@@ -36,6 +37,7 @@
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,14 +196,72 @@ static int bind_node(void *addr, uint64_t len, int node)
 	return 0;
 }
 
+struct populate_part {
+	pthread_t thread;
+	uint8_t *addr;
+	uint64_t len;
+	int err;
+};
+
+static void *populate_part(void *arg)
+{
+	struct populate_part *p = arg;
+
+	p->err = madvise(p->addr, p->len, MADV_POPULATE_WRITE) ? errno : 0;
+	return NULL;
+}
+
+/*
+ * MADV_POPULATE_WRITE over parts of at least 256 MiB, one thread per CPU (up
+ * to 8): the kernel zeroes every page it faults in, one page at a time per
+ * thread, so a big pool is made ready at the memory's write bandwidth instead
+ * of one core's clear_page rate. Returns 0 or the errno of a failed part.
+ */
+static int populate_parallel(uint8_t *addr, uint64_t len)
+{
+	struct populate_part parts[8];
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	uint64_t n = len / (256ull << 20), each;
+	int started = 0, err = 0;
+
+	if (n > (uint64_t)(cpus > 0 ? cpus : 1))
+		n = (uint64_t)(cpus > 0 ? cpus : 1);
+	if (n > 8)
+		n = 8;
+	if (n < 2)
+		return madvise(addr, len, MADV_POPULATE_WRITE) ? errno : 0;
+	each = (len / n + HUGE_2M - 1) & ~(HUGE_2M - 1);
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t o = i * each;
+
+		parts[i] = (struct populate_part){ .addr = addr + o,
+						   .len = o >= len ? 0 : len - o < each ? len - o : each };
+		if (i && parts[i].len &&
+		    !pthread_create(&parts[i].thread, NULL, populate_part, &parts[i]))
+			started |= 1 << i;
+		else if (i && parts[i].len)
+			populate_part(&parts[i]);	/* no thread: do it here */
+	}
+	populate_part(&parts[0]);
+	for (uint64_t i = 0; i < n; i++) {
+		if (started & (1 << i))
+			pthread_join(parts[i].thread, NULL);
+		if (!err)
+			err = parts[i].err;
+	}
+	return err;
+}
+
 /* Fault every page in, writing (zeroed by the kernel). */
 static int populate(void *addr, uint64_t len, bool may_touch)
 {
 	volatile char *c = addr;
 	uint64_t off;
+	int err = populate_parallel(addr, len);
 
-	if (!madvise(addr, len, MADV_POPULATE_WRITE))
+	if (!err)
 		return 0;
+	errno = err;
 	if (errno != EINVAL || !may_touch)
 		return -errno;
 	/* Kernels before 5.14: touch every page (hugetlb never gets here). */
@@ -287,7 +347,8 @@ static int memfd_map(struct lmem *m, const char *name, uint64_t len, unsigned in
 }
 
 /* One attempt at one kind of memory; on failure m is released. */
-static int lmem_try(struct lmem *m, const char *name, uint64_t len, int node, int kind)
+static int lmem_try(struct lmem *m, const char *name, uint64_t len, int node, int kind,
+		    bool lazy)
 {
 	int ret;
 
@@ -318,7 +379,7 @@ static int lmem_try(struct lmem *m, const char *name, uint64_t len, int node, in
 	}
 	if (!ret)
 		ret = bind_node(m->base, len, node);
-	if (!ret)
+	if (!ret && !lazy)
 		ret = populate(m->base, len, kind != 1);
 	if (ret)
 		lmem_free(m, len);
@@ -326,14 +387,15 @@ static int lmem_try(struct lmem *m, const char *name, uint64_t len, int node, in
 }
 
 /* Lock the pool in memory; a refusal is a warning, not a failure. */
-static void lmem_lock(struct lmem *m, const char *name, uint64_t len)
+static void lmem_lock(struct lmem *m, const char *name, uint64_t len, bool lazy)
 {
 	struct rlimit rl;
 	int err;
 
 	if (m->flags & HYB_MEMPOOL_F_HUGETLB)
 		return;	/* never swapped; mlock skips hugetlb */
-	if (!mlock(m->base, len)) {
+	/* lazy: lock each page as it is first written, not all now (which faults them in) */
+	if (!mlock2(m->base, len, lazy ? MLOCK_ONFAULT : 0)) {
 		m->flags |= HYB_MEMPOOL_F_LOCKED;
 		return;
 	}
@@ -348,26 +410,27 @@ static void lmem_lock(struct lmem *m, const char *name, uint64_t len)
 			"swapped\n", name, (unsigned long long)(len >> 20), strerror(err));
 }
 
-static int lmem_alloc(struct lmem *m, const char *name, uint64_t len, int node, bool shared)
+static int lmem_alloc(struct lmem *m, const char *name, uint64_t len, int node, bool shared,
+		      bool lazy)
 {
 	int ret;
 
 	if (hugetlb_free(node) >= (long long)(len / HUGE_2M) &&
-	    !lmem_try(m, name, len, node, 1))
+	    !lmem_try(m, name, len, node, 1, lazy))
 		goto locked;
 	if (len > node_avail(node))
 		return hyb_mp_err(-ENOMEM, "create pool '%s': node %d has %llu MiB free, not "
 				  "%llu MiB", name, node,
 				  (unsigned long long)(node_avail(node) >> 20),
 				  (unsigned long long)(len >> 20));
-	if (thp_shmem_possible() && !lmem_try(m, name, len, node, 2))
+	if (thp_shmem_possible() && !lmem_try(m, name, len, node, 2, lazy))
 		goto locked;
-	ret = lmem_try(m, name, len, node, shared ? 4 : 3);
+	ret = lmem_try(m, name, len, node, shared ? 4 : 3, lazy);
 	if (ret)
 		return hyb_mp_err(ret, "create pool '%s': %llu MiB on node %d: %s", name,
 				  (unsigned long long)(len >> 20), node, strerror(-ret));
 locked:
-	lmem_lock(m, name, len);
+	lmem_lock(m, name, len, lazy);
 	return 0;
 }
 
@@ -554,7 +617,8 @@ static int l_pool_create(struct hyb_mempool *p, const char *name, uint64_t bytes
 	}
 
 	t0 = hyb_mp_now_ns();
-	ret = lmem_alloc(&lp->mem, name, bytes, node, flags & HYB_MEMPOOL_SHARED);
+	ret = lmem_alloc(&lp->mem, name, bytes, node, flags & HYB_MEMPOOL_SHARED,
+			 flags & HYB_MEMPOOL_LAZY);
 	lp->create_ns = hyb_mp_now_ns() - t0;
 
 	pthread_mutex_lock(&lp_lock);
@@ -748,7 +812,7 @@ static int l_pool_move(struct hyb_mempool *p, int node)
 		pthread_mutex_unlock(&lp_lock);
 		return -ENOENT;
 	}
-	ret = lmem_alloc(&nm, lp->name, len, node, lp->mem.flags & HYB_MEMPOOL_F_SHARED);
+	ret = lmem_alloc(&nm, lp->name, len, node, lp->mem.flags & HYB_MEMPOOL_F_SHARED, false);
 	if (ret) {
 		pthread_mutex_unlock(&lp_lock);
 		return ret;

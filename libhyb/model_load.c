@@ -26,6 +26,7 @@
 #include "hyb/plan.h"
 #include "hyb/pool.h"
 #include "hyb/tokenizer.h"
+#include "model_stream.h"
 
 struct loader {
 	struct hyb_model *m;
@@ -421,7 +422,7 @@ static void free_image(struct hyb_model *m)
  * mode loads through the same io_uring streaming engine as hybd).
  * A private (THP) pool of len bytes; NULL with the reason in why when none can be had.
  */
-static void *pool_image(struct hyb_model *m, uint64_t len, char *why, size_t whylen)
+static void *pool_image(struct hyb_model *m, uint64_t len, bool lazy, char *why, size_t whylen)
 {
 	static atomic_uint seq;
 	char name[HYB_MEMPOOL_NAME_LEN];
@@ -433,8 +434,8 @@ static void *pool_image(struct hyb_model *m, uint64_t len, char *why, size_t why
 	m->image_backend = hyb_backend_open(HYB_BACKEND_LOCAL, why, whylen);
 	if (!m->image_backend)
 		return NULL;
-	ret = hyb_mempool_create(m->image_backend, name, len, HYB_MEMPOOL_NODE_LOCAL, 0, 0,
-				 &m->image_pool);
+	ret = hyb_mempool_create(m->image_backend, name, len, HYB_MEMPOOL_NODE_LOCAL, 0,
+				 lazy ? HYB_MEMPOOL_LAZY : 0, &m->image_pool);
 	if (!ret)
 		ret = hyb_mempool_map(m->image_pool, &image, &plen);
 	if (ret) {
@@ -465,9 +466,12 @@ static void *anon_image(uint64_t len)
 /*
  * Stream the whole file into 2 MiB-page memory (a local pool) with io_uring
  * and parse it there. The model is only returned (made "ready") when every
- * byte arrived; on failure the memory is given back.
+ * byte arrived; on failure the memory is given back. In the background
+ * (model_stream.c) only the header must have arrived: the rest keeps
+ * streaming, and readers wait for the bytes they need.
  */
-static int load_image(struct hyb_model *m, const char *path, char *err, size_t errlen)
+static int load_image(struct hyb_model *m, const char *path, bool background, char *err,
+		      size_t errlen)
 {
 	uint64_t size = m->gguf->size, len = (size + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
 	/* a bar for big models on a terminal; `hyb run` prints the load time itself */
@@ -476,7 +480,8 @@ static int load_image(struct hyb_model *m, const char *path, char *err, size_t e
 		.label = path,
 	};
 	char why[256];
-	void *buf = pool_image(m, len, why, sizeof(why));
+	/* in the background the zeroing of the pages overlaps the reads too */
+	void *buf = pool_image(m, len, background, why, sizeof(why));
 
 	if (!buf) {
 		fprintf(stderr, "hyb: %s: no memory pool (%s): loading into process memory\n",
@@ -490,7 +495,15 @@ static int load_image(struct hyb_model *m, const char *path, char *err, size_t e
 	}
 	m->image = buf;
 	m->image_len = len;
-	if (hyb_stream_read(path, 0, size, buf, &o, NULL, err, errlen)) {
+	if (background) {
+		/* the header is what gguf_parse reads: wait for it alone */
+		uint64_t header = m->gguf->data_offset;
+
+		if (hyb_model_stream_start(m, path, buf, size, err, errlen))
+			return -1;
+		if (hyb_model_wait_bytes(m, header, err, errlen))
+			return -1;
+	} else if (hyb_stream_read(path, 0, size, buf, &o, NULL, err, errlen)) {
 		free_image(m);
 		return -1;
 	}
@@ -501,16 +514,26 @@ static int load_image(struct hyb_model *m, const char *path, char *err, size_t e
 	return 0;
 }
 
+/* HYB_LOAD=hugepage|mmap (unset: hugepage). */
+static int load_mode_env(enum hyb_load_mode *mode, char *err, size_t errlen)
+{
+	const char *v = getenv("HYB_LOAD");
+
+	if (v && strcmp(v, "mmap") && strcmp(v, "hugepage")) {
+		snprintf(err, errlen, "HYB_LOAD=%s: expected hugepage or mmap", v);
+		return -1;
+	}
+	*mode = v && !strcmp(v, "mmap") ? HYB_LOAD_MMAP : HYB_LOAD_HUGEPAGE;
+	return 0;
+}
+
 struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
 {
-	const char *mode = getenv("HYB_LOAD");
+	enum hyb_load_mode mode;
 
-	if (mode && strcmp(mode, "mmap") && strcmp(mode, "hugepage")) {
-		snprintf(err, errlen, "HYB_LOAD=%s: expected hugepage or mmap", mode);
+	if (load_mode_env(&mode, err, errlen))
 		return NULL;
-	}
-	return hyb_model_load_mode(path, mode && !strcmp(mode, "mmap") ? HYB_LOAD_MMAP :
-			      HYB_LOAD_HUGEPAGE, err, errlen);
+	return hyb_model_load_mode(path, mode, err, errlen);
 }
 
 /*
@@ -538,8 +561,8 @@ static int finish_model(struct loader *ld, const char *label)
 	return 0;
 }
 
-struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode, char *err,
-				      size_t errlen)
+static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool background,
+			      char *err, size_t errlen)
 {
 	struct hyb_model *m = calloc(1, sizeof(*m));
 	struct loader ld = { .m = m, .err = err, .errlen = errlen };
@@ -552,12 +575,17 @@ struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode,
 		goto out_free;
 	/* Check the metadata on the mapping first: a bad file fails before any copy. */
 	if (!read_hparams(&ld) && mode == HYB_LOAD_HUGEPAGE) {
+		/* Binding a plan or PowerInfer file reads tensors: those load whole. */
+		bool plain = !m->powerinfer && !gguf_find(m->gguf, HYB_PLAN_KEY_VERSION);
+
 		free(m->layers);
 		m->layers = NULL;
-		if (load_image(m, path, err, errlen))
+		if (load_image(m, path, background && plain, err, errlen))
 			goto out_free;
 	}
 	if (finish_model(&ld, path))
+		goto out_free;
+	if (m->stream && hyb_model_stream_index(m, err, errlen))
 		goto out_free;
 
 	/* Weights are read in place; ask for read-ahead of the whole mapping. */
@@ -570,12 +598,28 @@ out_free:
 	return NULL;
 }
 
+struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode, char *err,
+				      size_t errlen)
+{
+	return load(path, mode, false, err, errlen);
+}
+
+struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t errlen)
+{
+	enum hyb_load_mode mode;
+
+	if (load_mode_env(&mode, err, errlen))
+		return NULL;
+	return load(path, mode, true, err, errlen);
+}
+
 static void box_release(struct hyb_model *m);
 
 void hyb_model_free(struct hyb_model *m)
 {
 	if (!m)
 		return;
+	hyb_model_stream_stop(m);	/* before the image it fills goes */
 	if (m->tok)
 		hyb_tokenizer_free(m->tok);
 	free(m->layers);

@@ -26,6 +26,8 @@ if [ -x build/bench_load ]; then
 	echo "== cold load: io_uring streaming vs fio vs read() =="
 	bash tests/bench/bench_load.sh models/bench-Q4_0.gguf
 fi
+echo "== time to first token: hyb run, cold and warm =="
+bash tests/bench/bench_ttft.sh models/bench-Q4_0.gguf models/bench-Q8_0.gguf
 for t in Q8_0 Q4_0; do
 	echo "== end to end: $t =="
 	build/hyb bench -m models/bench-$t.gguf -p 64 -n 32 -r ${REPS:-5}

@@ -719,6 +719,55 @@ TEST(mempool_backing_local)
 	hyb_backend_close(b);
 }
 
+/* Pages of [addr, addr + len) resident now (mincore: no fault, no zeroing). */
+static uint64_t resident_pages(void *addr, uint64_t len)
+{
+	uint64_t n = len / 4096, r = 0;
+	unsigned char *vec = malloc(n);
+
+	CHECK(vec && !mincore(addr, len, vec));
+	for (uint64_t i = 0; i < n; i++)
+		r += vec[i] & 1;
+	free(vec);
+	return r;
+}
+
+/*
+ * HYB_MEMPOOL_LAZY (a model image filled at once by its load): nothing is
+ * faulted in (zeroed) at creation, a page appears when first written and
+ * reads zero before; a plain pool is whole at creation. kmod ignores it.
+ */
+TEST(mempool_lazy_local)
+{
+	struct hyb_backend *b;
+	struct hyb_mempool *p, *q;
+	uint8_t *lz, *whole;
+	size_t len;
+
+	kind_of_test = HYB_BACKEND_LOCAL;
+	b = bopen();
+	CHECK_OK(hyb_mempool_create(b, "t-lazy", 64 * MiB, 0, 0, HYB_MEMPOOL_LAZY, &p));
+	CHECK_OK(hyb_mempool_create(b, "t-whole", 64 * MiB, 0, 0, 0, &q));
+	CHECK_OK(hyb_mempool_map(p, (void **)&lz, &len));
+	CHECK_OK(hyb_mempool_map(q, (void **)&whole, &len));
+	CHECK_EQ_INT(resident_pages(whole, 64 * MiB), 64 * MiB / 4096);
+	CHECK_MSG(resident_pages(lz, 64 * MiB) == 0, "a lazy pool has %llu pages at creation",
+		  (unsigned long long)resident_pages(lz, 64 * MiB));
+	memset(lz + 8 * MiB, 0x5a, 4 * MiB);
+	uint64_t r = resident_pages(lz, 64 * MiB);
+
+	CHECK_MSG(r >= 4 * MiB / 4096 && r <= 8 * MiB / 4096, "%llu pages after writing 4 MiB",
+		  (unsigned long long)r);
+	for (uint64_t i = 0; i < 64 * MiB; i += 4093)
+		CHECK(lz[i] == (i >= 8 * MiB && i < 12 * MiB ? 0x5a : 0));
+	struct hyb_mempool *bad = NULL;
+
+	CHECK(hyb_mempool_create(b, "t-bad", 2 * MiB, 0, 0, 1u << 7, &bad) == -EINVAL && !bad);
+	hyb_mempool_close(p);
+	hyb_mempool_close(q);
+	hyb_backend_close(b);
+}
+
 /* Without CAP_IPC_LOCK and with a small RLIMIT_MEMLOCK: one warning line, no failure. */
 TEST(mempool_mlock_fallback_local)
 {

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* The model loader and forward pass: real files, generated files, bad files. */
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -308,6 +309,8 @@ TEST(model_cli_run_generates)
 	CHECK_MSG(strstr(out, "Once upon a time"), "%s", out);
 	CHECK_MSG(strstr(out, "decode: "), "%s", out);
 	CHECK_MSG(strstr(out, "tokens/s"), "%s", out);
+	/* time to first token, and the weights that streamed in behind the prompt */
+	CHECK_MSG(strstr(out, "first token: ") && strstr(out, "streamed in"), "%s", out);
 }
 
 /* Weights in huge-page memory or on the file mapping: the same bytes, the same logits. */
@@ -336,4 +339,101 @@ TEST(model_load_modes_agree)
 	hyb_ctx_free(cb);
 	hyb_model_free(a);
 	hyb_model_free(b);
+}
+
+/* The file out of the page cache: the streaming engine then reads it O_DIRECT (cold). */
+static void evict(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+
+	CHECK(fd >= 0);
+	CHECK(!posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+	close(fd);
+}
+
+/*
+ * hyb_model_load_streaming: the prompt computes while the weights arrive, on
+ * exactly the bytes a whole load gives (every position's logits bit for
+ * bit, cold and warm), and waits reach the end of the file.
+ */
+TEST(model_streaming_load_gives_the_same_logits)
+{
+	const char *path = synth("stream", "--hidden 512 --ffn 1376 --layers 6 --heads 8 "
+				 "--vocab 8000 --type Q8_0");
+	char err[512];
+	int32_t toks[5] = { 1, 17, 99, 5, 4000 };
+	struct hyb_model *a = hyb_model_load(path, err, sizeof(err));
+
+	CHECK_MSG(a, "%s", err);
+	CHECK(!a->stream);
+	struct hyb_ctx *ca = ctx_threads(a, 2, 8);
+	float *la = malloc(sizeof(float) * a->hp.n_vocab * 5),
+	      *lb = malloc(sizeof(float) * a->hp.n_vocab * 5);
+
+	CHECK(!hyb_ctx_eval(ca, toks, 5, la, true, err, sizeof(err)));
+	for (int cold = 1; cold >= 0; cold--) {
+		if (cold)
+			evict(path);
+		struct hyb_model *b = hyb_model_load_streaming(path, err, sizeof(err));
+
+		CHECK_MSG(b, "%s", err);
+		CHECK(b->stream && b->image);
+		struct hyb_ctx *cb = ctx_threads(b, 2, 8);
+
+		CHECK_MSG(!hyb_ctx_eval(cb, toks, 5, lb, true, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!memcmp(la, lb, sizeof(float) * a->hp.n_vocab * 5),
+			  "%s logits differ from a whole load", cold ? "cold" : "warm");
+		CHECK(!hyb_model_wait(b, err, sizeof(err)) && !hyb_model_loading(b));
+		hyb_ctx_free(cb);
+		hyb_model_free(b);
+	}
+	free(la);
+	free(lb);
+	hyb_ctx_free(ca);
+	hyb_model_free(a);
+}
+
+/*
+ * A read error in the last layer: the load still returns (the header is in),
+ * and the prompt that reaches that layer fails with the load's error, naming
+ * the file and offset; the model frees cleanly. Freeing a model whose load
+ * is still running cancels it.
+ */
+TEST(model_streaming_load_errors_reach_the_prompt)
+{
+	const char *path = synth("streamfail", "--hidden 512 --ffn 1376 --layers 4 --heads 8 "
+				 "--vocab 8000 --type Q8_0");
+	char err[512], env[64];
+	int32_t toks[3] = { 1, 2, 3 };
+	struct hyb_model *a = hyb_model_load(path, err, sizeof(err));
+
+	CHECK_MSG(a, "%s", err);
+	uint64_t bad = (uint64_t)((const uint8_t *)a->layers[3].down.data -
+				  (const uint8_t *)a->image) + 1000;
+
+	hyb_model_free(a);
+	snprintf(env, sizeof(env), "%llu", (unsigned long long)bad);
+	setenv("HYB_STREAM_FAULT", env, 1);
+	evict(path);
+	struct hyb_model *m = hyb_model_load_streaming(path, err, sizeof(err));
+
+	CHECK_MSG(m, "the header was fine: %s", err);
+	struct hyb_ctx *c = ctx_threads(m, 2, 8);
+	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
+
+	CHECK(hyb_ctx_eval(c, toks, 3, logits, false, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "loading the model failed") && strstr(err, "streamfail.gguf") &&
+		  strstr(err, "offset") && strstr(err, "Input/output error"), "%s", err);
+	CHECK(hyb_model_wait(m, err, sizeof(err)) < 0 && !hyb_model_loading(m));
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	unsetenv("HYB_STREAM_FAULT");
+
+	for (int i = 0; i < 4; i++) {	/* freed at once, mid-load or not */
+		evict(path);
+		m = hyb_model_load_streaming(path, err, sizeof(err));
+		CHECK_MSG(m, "%s", err);
+		hyb_model_free(m);
+	}
+	free(logits);
 }

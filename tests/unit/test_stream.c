@@ -319,3 +319,62 @@ TEST(stream_device_error_names_the_bad_block)
 	CHECK_MSG(strstr(err, "within bytes [8192, 73728)") && strstr(err, "slow"), "%s", err);
 	unlink(path);
 }
+
+/*
+ * The landed prefix (what a model streaming behind its first prompt computes
+ * on): every report grows, the bytes it covers are already the file's when it
+ * is made, the last one is the whole range; and a nonzero return cancels.
+ */
+struct landed_check {
+	const uint8_t *dst, *ref;
+	uint64_t last, cancel_at;
+	int bad;	/* a report whose bytes were not (all) there */
+};
+
+static int on_landed(void *arg, uint64_t bytes)
+{
+	struct landed_check *lc = arg;
+
+	if (bytes <= lc->last || memcmp(lc->dst, lc->ref, bytes))
+		lc->bad++;
+	lc->last = bytes;
+	return lc->cancel_at && bytes >= lc->cancel_at;
+}
+
+TEST(stream_reports_the_landed_prefix)
+{
+	const uint64_t size = (40ull << 20) + 12345;	/* 41 chunks, an unaligned tail */
+	const char *path = make_file(hyb_test_tmpdir(), "landed.bin", size);
+	uint8_t *dst = mmap(NULL, size + 4096, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	uint8_t *ref = malloc(size);
+	struct landed_check lc = { .ref = ref };
+	struct hyb_stream_opts o = quiet;
+	char err[256];
+	int fd = open(path, O_RDONLY);
+
+	CHECK(dst != MAP_FAILED && ref && fd >= 0);
+	CHECK(pread(fd, ref, size, 0) == (ssize_t)size);
+	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	o.landed = on_landed;
+	o.landed_arg = &lc;
+	for (unsigned int skew = 0; skew <= 100; skew += 100) {	/* direct, then bounced */
+		lc = (struct landed_check){ .dst = dst + skew, .ref = ref };
+		memset(dst, 0, size + 4096);
+		CHECK_MSG(!hyb_stream_read(path, 0, size, dst + skew, &o, NULL, err, sizeof(err)),
+			  "%s", err);
+		CHECK_MSG(!lc.bad, "skew %u: %llu reports were not landed bytes", skew,
+			  (unsigned long long)lc.bad);
+		CHECK_EQ_INT(lc.last, size);
+		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+	}
+	/* a nonzero return stops the load: drained, and reported as cancelled (so
+	 * reports also come before the end) */
+	lc = (struct landed_check){ .dst = dst, .ref = ref, .cancel_at = 8u << 20 };
+	CHECK(hyb_stream_read(path, 0, size, dst, &o, NULL, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "landed.bin") && strstr(err, "cancelled"), "%s", err);
+	CHECK(lc.last >= 8u << 20 && lc.last < size && !lc.bad);
+	close(fd);
+	free(ref);
+	munmap(dst, size + 4096);
+}

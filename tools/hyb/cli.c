@@ -36,7 +36,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE };
+       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST };
 
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
@@ -71,6 +71,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 		{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
 		{ "cache", required_argument, 0, O_CACHE },
+		{ "load-first", no_argument, 0, O_LOAD_FIRST },
 		{ "help", no_argument, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
@@ -98,6 +99,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_TOKENS: o->tokens = optarg; break;
 		case O_DECODE: o->decode = true; break;
 		case O_IDS: o->print_ids = true; break;
+		case O_LOAD_FIRST: o->stream_load = false; break;
 		case O_DENSE: o->ffn = HYB_FFN_DENSE; break;
 		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
 		case O_MANIFEST: o->model = o->manifest = optarg; break;
@@ -145,7 +147,9 @@ struct hyb_model *cli_load_model(const struct cli_opts *o)
 
 	if (o->manifest)
 		return cli_load_manifest(o->manifest);
-	m = hyb_model_load(o->model, err, sizeof(err));
+	/* hyb run computes its prompt while the weights still stream in */
+	m = o->stream_load ? hyb_model_load_streaming(o->model, err, sizeof(err)) :
+			     hyb_model_load(o->model, err, sizeof(err));
 	if (!m)
 		cli_die("%s", err);
 	return m;

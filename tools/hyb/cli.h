@@ -22,6 +22,7 @@ struct cli_opts {
 	uint32_t n_ctx;
 	bool decode;          /* logits: one token at a time */
 	bool print_ids;       /* run: also print the generated token ids */
+	bool stream_load;     /* run: compute the prompt while the weights stream in */
 	int n_prompt_bench;   /* bench: prompt tokens */
 	int n_gen_bench;      /* bench: generated tokens */
 	int reps;

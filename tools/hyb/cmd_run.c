@@ -7,15 +7,19 @@
 #include "cpu_kernels.h"
 #include "hyb/generate.h"
 #include "hyb/tokenizer.h"
+#include "model_stream.h"
+#include "../../daemon/stream.h"
 
 static const char usage[] =
 	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"
 	"               [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
-	"               [--print-ids] [--dense | --sparse]\n"
+	"               [--print-ids] [--dense | --sparse] [--load-first]\n"
 	"       hyb run --manifest NAME|PATH -p PROMPT ...   (box mode: the model hybd serves)\n"
 	"               [--gpu-budget BYTES|N%] [--policy P] [--device cpu|cuda] [--pcie-gbps G]\n"
 	"               [--dense-cpu] [--prefill-cpu] [--cache auto|own|hybd]\n"
 	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n"
+	"  --load-first: read every weight before the prompt starts; by default the prompt\n"
+	"    computes each layer as soon as its weights are in (a plain model)\n"
 	"  --gpu-budget: decode a plan hybrid, its hot neuron groups in a device cache of this\n"
 	"    size (K/M/G suffixes, or N% of the model) moved by policy P: static, layer, lru,\n"
 	"    topk, dynamic, tam, tam-adaptive (default). --device cpu (default) is the\n"
@@ -34,6 +38,7 @@ struct stream {
 	const struct hyb_tokenizer *tok;
 	int32_t *ids; /* generated ids, for --print-ids */
 	uint32_t n;
+	double t_first; /* hyb_now() when the first generated token was printed */
 };
 
 static int print_token(void *arg, int32_t token)
@@ -47,12 +52,14 @@ static int print_token(void *arg, int32_t token)
 	if (n > 0)
 		fwrite(piece, 1, n < (int)sizeof(piece) ? n : (int)sizeof(piece), stdout);
 	fflush(stdout);
+	if (!s->t_first)
+		s->t_first = hyb_now();
 	return 0;
 }
 
 int cmd_run(int argc, char **argv)
 {
-	struct cli_opts o = { .n_predict = 64 };
+	struct cli_opts o = { .n_predict = 64, .stream_load = true };
 	struct hyb_gen_stats st;
 	struct hyb_model *m;
 	struct hyb_ctx *c;
@@ -65,10 +72,10 @@ int cmd_run(int argc, char **argv)
 	cli_parse(argc, argv, &o, usage);
 	if (!o.prompt)
 		cli_die("no prompt given (-p PROMPT)");
-	double t_load = hyb_now();
+	double t_start = hyb_now(), t_load, t_setup;
 
 	m = cli_load_model(&o);
-	t_load = hyb_now() - t_load;
+	t_load = hyb_now() - t_start;
 	ids = cli_tokenize(m, o.prompt, &n_ids);
 	if (!o.n_ctx)
 		o.n_ctx = (uint32_t)(n_ids + o.n_predict) < m->hp.n_ctx_train ?
@@ -80,12 +87,15 @@ int cmd_run(int argc, char **argv)
 	s = hyb_sampler_new(&o.sp, (int32_t)m->hp.n_vocab);
 	if (!s)
 		cli_die("out of memory");
+	t_setup = hyb_now() - t_start - t_load;
 
-	fprintf(stderr, "hyb: %s: %s, %u layers, embd %u, vocab %u; %s kernels; loaded in %.2f s\n",
+	fprintf(stderr, "hyb: %s: %s, %u layers, embd %u, vocab %u; %s kernels; %s in %.2f s\n",
 		o.model, m->hp.arch, m->hp.n_layer, m->hp.n_embd, m->hp.n_vocab,
-		hyb_cpu_best()->name, t_load);
+		hyb_cpu_best()->name, hyb_model_loading(m) ? "streaming, started" : "loaded",
+		t_load);
 	out.tok = m->tok;
 	out.n = 0;
+	out.t_first = 0;
 	out.ids = o.print_ids ? malloc(sizeof(int32_t) * (o.n_predict + 1)) : NULL;
 	fputs(o.prompt, stdout);
 	fflush(stdout);
@@ -104,6 +114,22 @@ int cmd_run(int argc, char **argv)
 		st.t_prompt, st.n_prompt / st.t_prompt);
 	fprintf(stderr, "decode: %u tokens in %.3f s (%.2f tokens/s)\n", st.n_decode, st.t_gen,
 		st.n_decode ? st.n_decode / st.t_gen : 0.0);
+	/* Time to first token (issue 4): from the start of `hyb run`'s work to the
+	 * first generated token on stdout; "setup" is tokenizing and the context. */
+	if (out.t_first)
+		fprintf(stderr, "first token: %.3f s (load %.3f s, setup %.3f s, prompt %.3f s)\n",
+			out.t_first - t_start, t_load, t_setup, st.t_prompt);
+	if (m->stream) {
+		/* the load returned with the header; the weights streamed behind the prompt */
+		struct hyb_stream_stats ls;
+
+		if (hyb_model_wait(m, err, sizeof(err)))
+			cli_die("%s", err);
+		hyb_model_load_stats(m, &ls);
+		fprintf(stderr, "weights: %.0f MiB streamed in %.3f s (%.2f GB/s%s) behind the "
+			"prompt\n", ls.bytes / 1048576.0, ls.ns / 1e9,
+			ls.ns ? ls.bytes / (double)ls.ns : 0.0, ls.direct ? ", O_DIRECT" : ", cached");
+	}
 	cli_print_sparse(c, st.t_gen);
 	cli_print_hybrid(c, st.t_gen);
 	hyb_sampler_free(s);

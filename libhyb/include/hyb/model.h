@@ -110,6 +110,9 @@ struct hyb_model {
 	/* The local-backend pool holding image (NULL: plain anonymous memory). */
 	struct hyb_backend *image_backend;
 	struct hyb_mempool *image_pool;
+	/* The image still filling behind the first prompt (hyb_model_load_streaming;
+	 * NULL: every byte was in before the load returned). */
+	struct hyb_model_stream *stream;
 };
 
 /*
@@ -125,6 +128,23 @@ struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen);
 struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode, char *err,
 				      size_t errlen);
 void hyb_model_free(struct hyb_model *m);
+
+/*
+ * hyb_model_load with the weights still arriving when it returns (issue 4:
+ * time to first token): the image fills on a thread of its own once the
+ * header is in, and a context's prompt pass waits for each layer's bytes just
+ * before it reads them, so the first layers compute while the last are read.
+ * Only a plain model in huge-page memory streams; a plan or PowerInfer file
+ * and HYB_LOAD=mmap load as hyb_model_load does.
+ * Whatever else reads weights must call hyb_model_wait first (hybrid contexts
+ * do). A failed load fails every wait with its error; the model can still be
+ * freed, and freeing a model still loading cancels the load.
+ */
+struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t errlen);
+/* 0 once every byte of the model is in memory (at once unless it streams); -1: the load failed. */
+int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen);
+/* True while a streaming load is still reading. */
+bool hyb_model_loading(const struct hyb_model *m);
 /* Bytes of weights one decode step reads (every matrix once + one embedding row). */
 uint64_t hyb_model_decode_bytes(const struct hyb_model *m);
 /* Multiply-adds per token in the weight matrices (attention scores excluded). */

@@ -101,6 +101,11 @@ const char *hyb_backend_error(void);
 					   * read-only views be enforced; local then
 					   * never uses process-private THP memory
 					   * (kmod pools always are shared) */
+#define HYB_MEMPOOL_LAZY	(1U << 1) /* local: zero (and lock) each page when it is
+					   * first written, not at creation, so an owner
+					   * filling the pool at once (a model load)
+					   * overlaps the zeroing with its reads; kmod
+					   * pools are always made whole at creation */
 
 /* hyb_mempool_info.flags: what backs the pool */
 #define HYB_MEMPOOL_F_KERNEL	(1U << 0) /* kernel pages of hybpool.ko, pinned */
