@@ -130,6 +130,7 @@ test: deps
 	$(TESTBIN)
 
 bench: deps
+	@bash tools/install-deps.sh bench
 	@$(MAKE) --no-print-directory -j$$(nproc) all
 	bash tests/bench/run.sh
 

@@ -651,6 +651,19 @@ static bool cached(int fd, uint64_t off, uint64_t len)
 	return all;
 }
 
+bool hyb_stream_cached(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	struct stat sb;
+	bool all;
+
+	if (fd < 0)
+		return false;
+	all = !fstat(fd, &sb) && S_ISREG(sb.st_mode) && cached(fd, 0, (uint64_t)sb.st_size);
+	close(fd);
+	return all;
+}
+
 /* open(O_DIRECT) says EINVAL for directories too: fall back only for files */
 static bool regular_file(const char *path)
 {

@@ -25,6 +25,7 @@
 #ifndef HYB_STREAM_H
 #define HYB_STREAM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -97,6 +98,9 @@ int hyb_stream_find_bad_block(int fd, uint64_t off, uint64_t len, uint64_t *bad,
 			      uint64_t *bad_len, int *e);
 /* "the first bad block is bytes [B, E) of the file" (or "is within ..."): snprintf's return. */
 int hyb_stream_bad_block_words(char *buf, size_t len, uint64_t bad, uint64_t bad_len);
+
+/* True when the whole file is in the page cache (mincore: nothing is read). */
+bool hyb_stream_cached(const char *path);
 
 /* Words on a device errno (EIO; ENODATA: a medium error...) for reports; NULL for others. */
 const char *hyb_stream_device_error(int e);

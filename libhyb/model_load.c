@@ -575,7 +575,11 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 		goto out_free;
 	/* Check the metadata on the mapping first: a bad file fails before any copy. */
 	if (!read_hparams(&ld) && mode == HYB_LOAD_HUGEPAGE) {
-		/* Binding a plan or PowerInfer file reads tensors: those load whole. */
+		/*
+		 * Binding a plan or PowerInfer file reads tensors: those load whole.
+		 * So does a file wholly in the page cache (asked before the header
+		 * was read through the mapping): see hyb_model_load_streaming.
+		 */
 		bool plain = !m->powerinfer && !gguf_find(m->gguf, HYB_PLAN_KEY_VERSION);
 
 		free(m->layers);
@@ -604,13 +608,19 @@ struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode,
 	return load(path, mode, false, err, errlen);
 }
 
+/*
+ * Streaming pays off when the reads wait on the drive. A file wholly in the
+ * page cache loads whole first: copying it runs at memory speed on the cores
+ * the prompt needs, so overlapping hides little and the two contend (on 2
+ * vCPUs it made the first token later; tests/bench/bench_ttft.sh).
+ */
 struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t errlen)
 {
 	enum hyb_load_mode mode;
 
 	if (load_mode_env(&mode, err, errlen))
 		return NULL;
-	return load(path, mode, true, err, errlen);
+	return load(path, mode, !hyb_stream_cached(path), err, errlen);
 }
 
 static void box_release(struct hyb_model *m);

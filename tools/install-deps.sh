@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hyb builds and tests with, when missing.
-# Used by `make run`, `make test` and .ci/run. Quiet when all are present.
+# Used by `make run`, `make test` and .ci/run; `make bench` passes "bench" for
+# what only the benchmarks use. Quiet when all are present.
 set -euo pipefail
 
 pkgs=(
@@ -12,6 +13,9 @@ pkgs=(
 	clang libclang-rt-dev        # libFuzzer for the parser fuzz targets
 	python3 python3-venv         # test oracles only (numpy + gguf in .venv)
 )
+if [ "${1:-}" = bench ]; then
+	pkgs+=(fio)                  # the drive's own read rate, the load benchmarks' roofline
+fi
 
 missing=()
 for p in "${pkgs[@]}"; do

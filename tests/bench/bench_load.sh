@@ -10,23 +10,17 @@ file=${1:-models/bench-Q4_0.gguf}
 reps=${REPS:-3}
 bin=${BUILD:-build}/bench_load
 
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+source tests/bench/common.sh
 if ! drop 2>/dev/null; then
 	echo "bench_load: cannot drop the page cache (needs root): cold-load figures skipped"
 	exit 0
 fi
-median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
-fio_gbs() {
-	fio --name=seq --filename="$file" --readonly --rw=read --ioengine=io_uring --direct=1 \
-		--bs=1M --iodepth=32 --output-format=json |
-		python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1e9)'
-}
 
 have_fio=1
 command -v fio >/dev/null || { have_fio=0; echo "bench_load: fio not installed (apt-get install fio): no fio figure"; }
 e=() r=() f=()
 for ((i = 0; i < reps; i++)); do
-	if ((have_fio)); then drop; f+=("$(fio_gbs)"); fi
+	if ((have_fio)); then drop; f+=("$(fio_gbs "$file")"); fi
 	drop; e+=("$("$bin" engine "$file" | awk '{print $2}')")
 	drop; r+=("$("$bin" read "$file" | awk '{print $2}')")
 done

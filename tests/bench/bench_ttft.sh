@@ -4,9 +4,11 @@
 # before the run) and warm (the file in the page cache), on the given models
 # (make bench: the 1.1 GB Q4_0 and 2.0 GB Q8_0 bench models). Three ways, in
 # the same rounds: hyb as it runs by default (the prompt computes each layer
-# as soon as its weights are in, model_stream.c), --load-first (every weight
-# read before the prompt starts: the way hyb loaded before) and HYB_LOAD=mmap
-# (computing on the file mapping, llama.cpp's default). Medians of $REPS (3).
+# as soon as its weights are in, model_stream.c; a file wholly in the page
+# cache loads whole first, so warm it matches --load-first), --load-first
+# (every weight read before the prompt starts: the way hyb loaded before) and
+# HYB_LOAD=mmap (computing on the file mapping, llama.cpp's default). Medians
+# of $REPS (3).
 #
 # The floor it is held against: the file read at the drive's speed (fio, or
 # the engine's own cold rate when fio is missing) and the prompt computed on
@@ -18,12 +20,11 @@ reps=${REPS:-3}
 bin=${BUILD:-build}
 prompt=${TTFT_PROMPT:-"The history of the region begins with the first farmers who settled along the river valley, where the soil was rich and the water plentiful. Over the centuries small villages grew into market towns, and the towns"}
 
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+source tests/bench/common.sh
 if ! drop 2>/dev/null; then
 	echo "bench_ttft: cannot drop the page cache (needs root): cold figures skipped"
 	exit 0
 fi
-median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 # one run, cold or warm: "ttft load prompt n_prompt"
 one() {
 	local t=$1 mode=$2
@@ -56,9 +57,7 @@ for file in "$@"; do
 	done
 	if command -v fio >/dev/null; then
 		drop
-		io=$(fio --name=seq --filename="$file" --readonly --rw=read --ioengine=io_uring \
-			--direct=1 --bs=1M --iodepth=32 --output-format=json |
-			python3 -c 'import json,sys; print(json.load(sys.stdin)["jobs"][0]["read"]["bw_bytes"] / 1e9)')
+		io=$(fio_gbs "$file")
 		io_src=fio
 	else
 		drop

@@ -134,8 +134,9 @@ void hyb_model_free(struct hyb_model *m);
  * time to first token): the image fills on a thread of its own once the
  * header is in, and a context's prompt pass waits for each layer's bytes just
  * before it reads them, so the first layers compute while the last are read.
- * Only a plain model in huge-page memory streams; a plan or PowerInfer file
- * and HYB_LOAD=mmap load as hyb_model_load does.
+ * Only a plain model in huge-page memory, read from the drive, streams: a
+ * file wholly in the page cache, a plan or PowerInfer file and HYB_LOAD=mmap
+ * load as hyb_model_load does.
  * Whatever else reads weights must call hyb_model_wait first (hybrid contexts
  * do). A failed load fails every wait with its error; the model can still be
  * freed, and freeing a model still loading cancels the load.
