@@ -21,13 +21,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "../daemon/stream.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "model_stream.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
 enum { LOADING, LOADED, FAILED };
+
+#define PREFAULT_PIECE	(32ull << 20)
+#define PREFAULT_MAX	7
 
 struct hyb_model_stream {
 	pthread_t thread;
@@ -45,6 +54,10 @@ struct hyb_model_stream {
 	struct hyb_stream_opts opts;
 	struct hyb_stream_stats stats;
 	char err[512];
+	/* helpers zeroing the image's pages ahead of the reads */
+	pthread_t prefault[PREFAULT_MAX];
+	int n_prefault;
+	_Atomic uint64_t prefault_next;
 };
 
 static int landed(void *arg, uint64_t bytes)
@@ -58,12 +71,56 @@ static int landed(void *arg, uint64_t bytes)
 	return atomic_load(&s->cancel);
 }
 
+/*
+ * The image is a lazy pool: each page is zeroed when first written. The
+ * reads fault in their own pages as they are issued, one at a time on the
+ * loading thread; these helpers fault in the pieces ahead of them in the same
+ * order, on other cores (MADV_POPULATE_WRITE leaves a page that is already
+ * there, data and all, as it is). Where zeroing is slow - a VM whose host
+ * backs guest memory only on first touch took ~3 s/GB - it no longer holds
+ * the reads to one core's rate.
+ */
+static void *prefault_thread(void *arg)
+{
+	struct hyb_model_stream *s = arg;
+	uint64_t off;
+
+	while (!atomic_load(&s->cancel) &&
+	       (off = atomic_fetch_add(&s->prefault_next, PREFAULT_PIECE)) < s->size) {
+		uint64_t n = s->size - off < PREFAULT_PIECE ? s->size - off : PREFAULT_PIECE;
+
+		if (madvise((uint8_t *)s->image + off, n, MADV_POPULATE_WRITE))
+			break;	/* (kernels before 5.14) the reads fault the pages in */
+	}
+	return NULL;
+}
+
+static void start_prefault(struct hyb_model_stream *s)
+{
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	int want = cpus > 1 ? (int)(cpus - 1) : 0;
+
+	if (want > PREFAULT_MAX)
+		want = PREFAULT_MAX;
+	if ((uint64_t)want > s->size / PREFAULT_PIECE)
+		want = (int)(s->size / PREFAULT_PIECE);
+	while (s->n_prefault < want &&
+	       !pthread_create(&s->prefault[s->n_prefault], NULL, prefault_thread, s))
+		s->n_prefault++;
+}
+
 static void *load_thread(void *arg)
 {
 	struct hyb_model_stream *s = arg;
 	char err[sizeof(s->err)];
-	int rc = hyb_stream_read(s->path, 0, s->size, s->image, &s->opts, &s->stats, err,
-				 sizeof(err));
+	int rc;
+
+	start_prefault(s);
+	rc = hyb_stream_read(s->path, 0, s->size, s->image, &s->opts, &s->stats, err,
+			     sizeof(err));
+	atomic_store(&s->cancel, true);	/* (helpers still going stop at their next piece) */
+	for (int i = 0; i < s->n_prefault; i++)
+		pthread_join(s->prefault[i], NULL);
 
 	pthread_mutex_lock(&s->lock);
 	if (rc)
