@@ -8,7 +8,7 @@
 # cache loads whole first, so warm it matches --load-first), --load-first
 # (every weight read before the prompt starts: the way hyb loaded before) and
 # HYB_LOAD=mmap (computing on the file mapping, llama.cpp's default). Medians
-# of $REPS (3).
+# of $REPS (6).
 #
 # The floor it is held against: the file read at the drive's speed (fio, or
 # the engine's own cold rate when fio is missing) and the prompt computed on
@@ -16,7 +16,7 @@
 # prompt overlap, so the floor is the larger of the two, not their sum.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-reps=${REPS:-3}
+reps=${REPS:-6}
 bin=${BUILD:-build}
 prompt=${TTFT_PROMPT:-"The history of the region begins with the first farmers who settled along the river valley, where the soil was rich and the water plentiful. Over the centuries small villages grew into market towns, and the towns"}
 
@@ -45,10 +45,13 @@ for file in "$@"; do
 	size=$(stat -c %s "$file")
 	declare -A R=()
 	for ((i = 0; i < reps; i++)); do
-		# each round starts with another way: what a run inherits from the one
-		# before (memory just freed, a warmer drive) is shared out evenly
-		modes=(stream load-first mmap)
-		modes=("${modes[@]:i % 3}" "${modes[@]:0:i % 3}")
+		# round i runs the ways in the i-th of their 6 orders, so each follows
+		# each other equally often: what a run inherits from the one before
+		# (memory just freed or given back to a VM's host, a warmer drive) is
+		# shared out evenly. REPS=6 covers every order once.
+		perms=("stream load-first mmap" "mmap load-first stream" "load-first mmap stream"
+		       "stream mmap load-first" "mmap stream load-first" "load-first stream mmap")
+		read -ra modes <<< "${perms[i % 6]}"
 		for t in cold warm; do
 			for mode in "${modes[@]}"; do
 				R[$mode.$t]+="$(one $t $mode)"$'\n'
