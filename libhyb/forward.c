@@ -468,11 +468,10 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
-	/* Only a prompt pass on the CPU waits for a streaming model piece by piece. */
-	if ((p && p->hybrid) || m->group_size || m->powerinfer) {
-		if (hyb_model_wait(m, err, errlen))
-			goto fail;
-	}
+	/* A streaming model (only plain ones stream) is waited for piece by piece
+	 * by the CPU's prompt pass; the hybrid engine reads it all up front. */
+	if (p && p->hybrid && hyb_model_wait(m, err, errlen))
+		goto fail;
 	if (p && p->hybrid) {
 		if (p->ffn == HYB_FFN_DENSE) {
 			snprintf(err, errlen, "hybrid decoding is sparse; it cannot run dense");
