@@ -11,7 +11,8 @@
  *
  * What waits: a plain model's prompt pass, per piece (forward.c); anything
  * else that reads weights waits for all of them (hyb_model_wait: plan and
- * PowerInfer files are never streamed, their binding reads tensors). A load
+ * PowerInfer files are never streamed, their binding reads tensors; nor is
+ * a file wholly in the page cache, see hyb_model_load_streaming). A load
  * that fails makes every wait, present and future, fail with its error; the
  * model is then unusable but freeing it is safe. Freeing a model still
  * loading cancels the load and joins the thread.
