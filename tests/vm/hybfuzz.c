@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -615,6 +616,31 @@ static void worker(uint64_t seed, double deadline)
 	_exit(0);
 }
 
+/*
+ * A worker runs in a process group of its own, so killing it takes the child
+ * it may have forked too: orphaned, that child could still hold a queue with
+ * requests when the final check looks (a false "left behind").
+ */
+static pid_t spawn_worker(uint64_t s, double t_end)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		setpgid(0, 0);
+		worker(s, t_end);
+	}
+	if (pid > 0)
+		setpgid(pid, pid);	/* (both sides: whichever runs first) */
+	return pid;
+}
+
+static void stop_worker(pid_t pid)
+{
+	kill(-pid, SIGKILL);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+}
+
 int main(int argc, char **argv)
 {
 	double secs = argc > 1 ? atof(argv[1]) : 20, t_end;
@@ -631,14 +657,11 @@ int main(int argc, char **argv)
 		      MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (counts == MAP_FAILED)
 		return 1;
+	/* orphans of killed workers become our children: the last wait() reaps them */
+	prctl(PR_SET_CHILD_SUBREAPER, 1);
 	t_end = hyb_now() + secs;
-	for (int i = 0; i < NWORKERS; i++) {
-		uint64_t s = rnd();
-
-		pids[i] = fork();
-		if (pids[i] == 0)
-			worker(s, t_end);
-	}
+	for (int i = 0; i < NWORKERS; i++)
+		pids[i] = spawn_worker(rnd(), t_end);
 	while (hyb_now() < t_end - 1) {
 		int i = (int)pick(NWORKERS);
 		uint64_t s = rnd();
@@ -646,18 +669,13 @@ int main(int argc, char **argv)
 		usleep(500000 + pick(1500000));
 		if (hyb_now() >= t_end - 1)
 			break;
-		kill(pids[i], SIGKILL);
-		waitpid(pids[i], NULL, 0);
+		stop_worker(pids[i]);
 		kills++;
-		pids[i] = fork();
-		if (pids[i] == 0)
-			worker(s, t_end);
+		pids[i] = spawn_worker(s, t_end);
 	}
 	usleep(2500000);	/* workers stop at t_end; one may sleep in an untimed wait */
-	for (int i = 0; i < NWORKERS; i++) {
-		kill(pids[i], SIGKILL);
-		waitpid(pids[i], NULL, 0);
-	}
+	for (int i = 0; i < NWORKERS; i++)
+		stop_worker(pids[i]);
 	while (wait(NULL) > 0)
 		;
 	printf("  supervisor: %d workers killed and replaced\n", kills);
