@@ -635,7 +635,7 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	enter(c, &r0);
 	for (uint32_t i = 0; i < n; i++)
 		yp[i] += xp[i];
-	rc = kernel_done(c, s, 8ull * n);
+	rc = kernel_done(c, s, 12ull * n); /* reads y and x, writes y */
 	leave(c, r0);
 	return rc;
 }

@@ -67,6 +67,7 @@ struct hyb_ffn_hybrid {
 	struct hyb_balancer *bal;
 	struct hyb_hdense *hd;          /* attention blocks and head on the device */
 	bool oracle, layer_policy, prefill_cpu;
+	bool image_pinned;              /* m->image registered with the device */
 	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
 	struct hyb_hybrid_placement place;
 	uint32_t E, F, GS, NG, L;
@@ -1163,9 +1164,26 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->dev = hyb_device_open(p->device ? p->device : "cpu", &dc, err, errlen);
 	if (!h->dev)
 		goto fail;
-	if (m->image && hyb_device_host_register(h->dev, m->image, m->image_len)) {
-		dev_fail(h, err, errlen, "pinning the model's memory");
-		goto fail;
+	/*
+	 * Pin the memory the uploads read, for DMA straight from it. A box-mode
+	 * model's image holds only the GGUF header (its weights are hybd's pool
+	 * mappings, read-only), so it has nothing to pin. A pin that fails (a
+	 * locked-memory limit, say) costs speed, not correctness: the runtime
+	 * stages copies from unpinned memory, so say so and go on.
+	 */
+	if (m->image && !hyb_model_manifest(m)) {
+		int rc = hyb_device_host_register(h->dev, m->image, m->image_len);
+
+		if (rc == 0) {
+			h->image_pinned = true;
+		} else if (rc == -EIO) { /* the device faulted: nothing more runs on it */
+			dev_fail(h, err, errlen, "pinning the model's memory");
+			goto fail;
+		} else {
+			fprintf(stderr, "hyb: warning: the model's memory is not pinned (%s); "
+				"uploads go through the runtime's staging copy\n",
+				hyb_device_error(h->dev));
+		}
 	}
 
 	freq = calloc(h->L, sizeof(*freq));
@@ -1251,7 +1269,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		hyb_device_host_free(h->dev, h->h_list);
 		hyb_device_host_free(h->dev, h->h_ycpu);
 		hyb_hdense_free(h->hd);
-		if (h->m->image)
+		if (h->image_pinned)
 			hyb_device_host_unregister(h->dev, h->m->image);
 		/* box mode: nothing of ours still in hybd's queue for the next app's slots */
 		if (h->hc && h->fly)

@@ -1057,6 +1057,7 @@ static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
 
 			sc[hh][lane] = e0;
 			sc[hh][lane + WARP] = e1;
+			__syncwarp(); /* every lane has read mrun[hh] before lane 0 writes it */
 			if (lane == 0) {
 				/* m_old = -inf on the first tile: alpha = 0, nothing to rescale */
 				const float al = expf(m_old - m_new);

@@ -278,6 +278,12 @@ static int cu_host_unregister(struct hyb_device *d, void *p)
 		if (c->reg[i].p != p)
 			continue;
 		c->reg[i] = c->reg[--c->n_reg];
+		/*
+		 * Copies queued from it may not have run yet, and the runtime does
+		 * not say that unregistering waits for them: drain first, as free does.
+		 */
+		if (!d->faulted && !use(c))
+			sync_all(c);
 		cudaSetDevice(c->dev);
 		cudaError_t e = cudaHostUnregister(p);
 
@@ -445,8 +451,15 @@ static bool cu_done(struct hyb_device *d, struct hyb_device_event *ev)
 	if (use(c))
 		return true;
 	e = cudaEventQuery(ev->ev);
-	if (e == cudaErrorNotReady)
+	if (e == cudaErrorNotReady) {
+		/*
+		 * Not an error, but some runtimes record it as the thread's last
+		 * error, and every launcher reports cudaGetLastError(): clear it,
+		 * or the next launch after a poll would read as failed.
+		 */
+		(void)cudaGetLastError();
 		return false;
+	}
 	if (e != cudaSuccess)
 		fault(c, e, "cudaEventQuery");
 	else

@@ -584,8 +584,9 @@ static __global__ void __launch_bounds__(NTHR) ffn_down(const ffn_k a)
 
 static __global__ void add_kernel(float *__restrict__ y, const float *__restrict__ x, uint32_t n)
 {
-	for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
-	     i += gridDim.x * blockDim.x)
+	/* 64-bit index: near n = 2^32 a 32-bit one would wrap and never end */
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x)
 		y[i] += x[i];
 }
 
@@ -665,11 +666,17 @@ extern "C" int hyb_cuda_ffn_setup(int smem_max)
 	return 0;
 }
 
+/* down reads what up wrote into the scratch: never launch it after a failed up */
 template <uint32_t TY, bool VEC>
-static void launch(const ffn_k &a, uint32_t up_blocks, uint32_t smem, cudaStream_t s)
+static cudaError_t launch(const ffn_k &a, uint32_t up_blocks, uint32_t smem, cudaStream_t s)
 {
 	ffn_up<TY, VEC><<<up_blocks, NTHR, smem, s>>>(a);
+	cudaError_t e = cudaGetLastError();
+
+	if (e != cudaSuccess)
+		return e;
 	ffn_down<TY, VEC><<<dim3(a.n_tiles, a.n_chunks), NTHR, 0, s>>>(a);
+	return cudaGetLastError();
 }
 
 extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
@@ -682,16 +689,17 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	bool vec;
 
 	if (!rb || !smem || !f->group_size || !f->n_ff || f->n_active > f->n_ff ||
-	    ((uintptr_t)f->cache & 1) || (f->slot_bytes & 1) ||
 	    f->slot_bytes / 3 / f->group_size < rb || (unsigned)f->act > HYB_ACT_DRELU)
 		return -EINVAL;
-	if (!f->n_active) {
+	if (!f->n_active) { /* reads no row, so any cache layout will do, as on the CPU */
 		cudaError_t e = cudaSuccess;
 
 		if (!f->accumulate)
 			e = cudaMemsetAsync(f->y, 0, 4ull * f->n_embd, s);
 		return (int)e;
 	}
+	if (((uintptr_t)f->cache & 1) || (f->slot_bytes & 1)) /* rows are read 16 bits at a time */
+		return -EINVAL;
 	make_plan(f->n_embd, f->n_active, f->n_sm, &p);
 	if (p.n_tiles > MAX_TILES)
 		return -EINVAL;
@@ -727,25 +735,20 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	switch (f->type) {
 	case HYB_TYPE_F16:
 		if (vec)
-			launch<HYB_TYPE_F16, true>(a, up_blocks, smem, s);
-		else
-			launch<HYB_TYPE_F16, false>(a, up_blocks, smem, s);
-		break;
+			return (int)launch<HYB_TYPE_F16, true>(a, up_blocks, smem, s);
+		return (int)launch<HYB_TYPE_F16, false>(a, up_blocks, smem, s);
 	case HYB_TYPE_Q8_0:
-		launch<HYB_TYPE_Q8_0, false>(a, up_blocks, smem, s);
-		break;
+		return (int)launch<HYB_TYPE_Q8_0, false>(a, up_blocks, smem, s);
 	case HYB_TYPE_Q4_0:
-		launch<HYB_TYPE_Q4_0, false>(a, up_blocks, smem, s);
-		break;
+		return (int)launch<HYB_TYPE_Q4_0, false>(a, up_blocks, smem, s);
 	default:
 		return -EINVAL;
 	}
-	return (int)cudaGetLastError();
 }
 
 extern "C" int hyb_cuda_add(float *y, const float *x, uint32_t n, void *stream)
 {
-	const uint32_t blocks = min_u32((n + 255) / 256, 1024);
+	const uint32_t blocks = (uint32_t)(((uint64_t)n + 255) / 256 < 1024 ? ((uint64_t)n + 255) / 256 : 1024);
 
 	if (!n)
 		return 0;

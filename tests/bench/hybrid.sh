@@ -18,6 +18,9 @@ f=models/sparse-$layers-$t.gguf
 [ -f "${f%.gguf}.profile.gguf" ] || build/hybctl profile "$f" -o "${f%.gguf}.profile.gguf"
 [ -f "${f%.gguf}.plan.gguf" ] || build/hybctl plan "$f" --profile "${f%.gguf}.profile.gguf" \
 	--gpu-budget 8G -o "${f%.gguf}.plan.gguf"
+# HYBRID_PREPARE_ONLY=1: the model and its plan, no benchmark (a GPU session
+# makes them while its GPU tests run: tests/gpu/device_run.sh)
+[ "${HYBRID_PREPARE_ONLY:-0}" = 1 ] && exit 0
 # 40% is the budget; at the 7B shape the attention blocks, head and
 # predictors (placed first) take nearly all of it, so 60% shows the policies
 # with room to move neuron groups.

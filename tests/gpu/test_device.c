@@ -471,19 +471,52 @@ TEST(gpu_dev_events_order_streams)
 		CHECK_MSG(!memcmp(back, b, n), "round %d: the read-back overtook the upload",
 			  round);
 	}
-	/* done() polls without blocking and turns true */
+	/*
+	 * done() polls without blocking and turns true; a poll that said "not
+	 * yet" leaves no error behind for the next launch (the decode loop
+	 * polls loads and then launches kernels in the same step)
+	 */
+	bool saw_busy = false;
+
 	OK(d, hyb_device_h2d(d, HYB_STREAM_RELOAD, buf, a, n));
 	OK(d, hyb_device_record(d, HYB_STREAM_RELOAD, ev));
 	t0 = hyb_device_now(d);
-	while (!hyb_device_done(d, ev))
+	while (!hyb_device_done(d, ev)) {
+		saw_busy = true;
 		CHECK(hyb_device_now(d) - t0 < 10);
+	}
+	OK(d, hyb_device_add(d, HYB_STREAM_COMPUTE, buf, buf + n / 2, 1024));
+	drain(d, HYB_STREAM_COMPUTE);
 	OK(d, hyb_device_sync(d, ev));
+	if (!saw_busy)
+		fprintf(stderr, "  (the 64 MiB upload was done at the first poll: not-ready unseen)\n");
 	hyb_device_event_free(d, ev);
 	hyb_device_event_free(d, never);
 	hyb_device_free(d, buf);
 	hyb_device_host_free(d, a);
 	hyb_device_host_free(d, b);
 	hyb_device_host_free(d, back);
+	hyb_device_close(d);
+}
+
+/*
+ * The roofline's bandwidths as hyb bench measures them (libhyb/device_bw.c):
+ * a pinned upload and the add kernel. Loose bounds, any PCIe 3-6 link and
+ * any GPU since Volta: they catch a unit slip or a copy that is not pinned.
+ */
+TEST(gpu_dev_measure_bw)
+{
+	struct hyb_device *d;
+	struct hyb_device_bw bw;
+
+	need_gpu();
+	d = open_kind("cuda", 512 * MiB, 0);
+	OK(d, hyb_device_measure_bw(d, 256 * MiB, 3, &bw));
+	fprintf(stderr, "  link %.1f GB/s host to device (pinned), device memory %.0f GB/s "
+		"(add kernel, 12 bytes an element)\n", bw.pcie_gbps, bw.hbm_gbps);
+	CHECK_MSG(bw.pcie_gbps > 5 && bw.pcie_gbps < 130, "%g", bw.pcie_gbps);
+	CHECK_MSG(bw.hbm_gbps > 300 && bw.hbm_gbps < 10000, "%g", bw.hbm_gbps);
+	CHECK_EQ_INT(hyb_device_used(d), 0);
 	hyb_device_close(d);
 }
 

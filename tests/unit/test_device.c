@@ -376,8 +376,8 @@ static const struct hyb_device_config slow = {
 };
 #define N_COPY (256u << 10)
 #define D_COPY (8e-6 + N_COPY / 1e7)
-#define N_ADD (32768u) /* floats: 8 n bytes moved */
-#define D_ADD (5e-6 + 8.0 * N_ADD / 1e7)
+#define N_ADD (32768u) /* floats: 12 n bytes moved (y and x read, y written) */
+#define D_ADD (5e-6 + 12.0 * N_ADD / 1e7)
 
 TEST(dev_time_one_copy)
 {
@@ -529,6 +529,37 @@ static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double
 
 enum { H2D, D2H, ADD };
 
+/* The roofline's link and memory bandwidths, measured through the device layer: the model's back */
+TEST(dev_measure_bw_gives_the_model)
+{
+	const struct hyb_device_config cfg = {
+		.capacity = 64 << 20, .pcie_gbps = 12, .pcie_lat_us = 8, .hbm_gbps = 900,
+		.launch_us = 5,
+	};
+	struct hyb_device *d = open_cpu(&cfg);
+	struct hyb_device_stats st0, st1;
+	struct hyb_device_bw bw;
+	const uint64_t bytes = 32 << 20;
+
+	hyb_device_stats(d, &st0);
+	CHECK_MSG(hyb_device_measure_bw(d, bytes, 3, &bw) == 0, "%s", hyb_device_error(d));
+	hyb_device_stats(d, &st1);
+	/* the copy pays its latency, the add its launch: a little under the model, never over */
+	CHECK_MSG(bw.pcie_gbps > 0.99 * 12 && bw.pcie_gbps <= 12.0 * (1 + 1e-9), "%g", bw.pcie_gbps);
+	CHECK_MSG(bw.hbm_gbps > 0.9 * 900 && bw.hbm_gbps <= 900.0 * (1 + 1e-9), "%g", bw.hbm_gbps);
+	/* one warm-up and three timed runs of each, on CRITICAL (whole copies) and COMPUTE */
+	CHECK_EQ_INT(st1.h2d_bytes[HYB_STREAM_CRITICAL] - st0.h2d_bytes[HYB_STREAM_CRITICAL],
+		     4 * bytes);
+	CHECK_EQ_INT(st1.kernels - st0.kernels, 4);
+	CHECK_EQ_INT(hyb_device_used(d), 0); /* nothing left allocated */
+	/* bad sizes are refused, and a capacity too small fails cleanly */
+	CHECK_EQ_INT(hyb_device_measure_bw(d, 1000, 3, &bw), -EINVAL);
+	CHECK_EQ_INT(hyb_device_measure_bw(d, bytes, 0, &bw), -EINVAL);
+	CHECK(hyb_device_measure_bw(d, 128 << 20, 1, &bw) == -ENOMEM);
+	CHECK_EQ_INT(hyb_device_used(d), 0);
+	hyb_device_close(d);
+}
+
 TEST(dev_time_serialize)
 {
 	/* same stream; same link from two streams; one compute engine */
@@ -601,7 +632,7 @@ static void preempt(enum hyb_stream ps)
 	const struct hyb_device_config cfg = { .pcie_gbps = 0.1, .pcie_lat_us = 8,
 					       .hbm_gbps = 0.01, .launch_us = 5 };
 	const double bw = 1e8, lat = 8e-6, chunk = lat + (1 << 20) / bw;
-	const double dr = lat + NR / bw, dc = lat + NC / bw, dk = 5e-6 + 8.0 * 1024 / 1e7;
+	const double dr = lat + NR / bw, dc = lat + NC / bw, dk = 5e-6 + 12.0 * 1024 / 1e7;
 	struct hyb_device *d = open_cpu(&cfg);
 	struct hyb_device_event *er = hyb_device_event_new(d), *ec = hyb_device_event_new(d);
 	struct hyb_device_event *ek = hyb_device_event_new(d);
@@ -704,8 +735,8 @@ TEST(dev_add_exact)
 		CHECK(r[i] == y[i] + x[i]);
 	hyb_device_stats(d, &st);
 	CHECK_EQ_INT(st.kernels, 1);
-	CHECK_EQ_INT(st.kernel_bytes, 8 * n);
-	CHECK_NEAR(st.kernel_busy_s, 5e-6 + 8.0 * n / 2000e9, 1e-12);
+	CHECK_EQ_INT(st.kernel_bytes, 12 * n);
+	CHECK_NEAR(st.kernel_busy_s, 5e-6 + 12.0 * n / 2000e9, 1e-12);
 	free(x);
 	free(y);
 	free(r);

@@ -151,6 +151,20 @@ int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev);
 int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 		       struct hyb_device_event *b, double *s);
 
+/*
+ * The link and device-memory bandwidths the engine's own copies and kernels
+ * get (libhyb/device_bw.c): a host-to-device copy of bytes from pinned
+ * memory, and hyb_device_add over bytes / 8 floats, each the best of reps
+ * timed runs. Needs bytes of device memory free. The CPU device answers its
+ * model's figures. 0, or a negative errno with hyb_device_error().
+ */
+struct hyb_device_bw {
+	double pcie_gbps;   /* host -> device, GB/s */
+	double hbm_gbps;    /* device memory as a streaming kernel sees it, GB/s */
+};
+int hyb_device_measure_bw(struct hyb_device *d, uint64_t bytes, int reps,
+			  struct hyb_device_bw *out);
+
 /* ---- kernels ---------------------------------------------------------------- */
 
 /*
@@ -269,7 +283,7 @@ struct hyb_device_stats {
 	uint64_t h2d_bytes[HYB_N_STREAMS], d2h_bytes[HYB_N_STREAMS];
 	uint64_t copies[HYB_N_STREAMS];
 	uint64_t kernels;
-	uint64_t kernel_bytes;   /* bytes the kernels read from device memory (modelled on cpu) */
+	uint64_t kernel_bytes;   /* bytes the kernels move in device memory (modelled on cpu) */
 	double copy_busy_s;      /* link time spent copying (cpu: modelled; cuda: 0) */
 	double kernel_busy_s;    /* compute engine busy (cpu: modelled; cuda: 0) */
 	double inline_s;         /* cpu: real time spent executing device work inline */
