@@ -90,8 +90,9 @@ $(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(TOOL_CUDA) $(LIB)
 	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
 $(TESTBIN): $(TEST_OBJS) $(LIB)
 	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(LIB)
-	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+# bench_reload --upload cuda times hybd's CUDA copy engine: the benches carry it too
+$(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(TOOL_CUDA) $(LIB)
+	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.
 FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/gguf_read.c libhyb/map_guard.c libhyb/tensor_type.c
@@ -143,6 +144,7 @@ bench: deps
 bench-gpu:
 ifneq ($(NVCC),)
 	@$(MAKE) --no-print-directory -j$$(nproc) all
+	$(BUILD)/bench_reload --upload cuda
 	HYBRID_DEVICE=cuda HYBRID_LAYERS=$${HYBRID_LAYERS:-32} bash tests/bench/hybrid.sh
 else
 	@echo "hyb: CUDA toolkit not found: no GPU benchmark"

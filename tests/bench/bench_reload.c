@@ -16,6 +16,13 @@
  * disk (the NVMe -> DRAM tier). Latency is what the app sees: submit to the
  * completion reaped (the queue's wait + service, plus the app's wake-up).
  * Prints a table, then one "name value unit" line per figure.
+ *
+ * --upload cpu|cuda: the other half of the op (issue 4: "queue -> data in
+ * pool / in GPU cache"): UPLOADs of bundle-sized pool ranges into neuron-
+ * cache slots of a copy device (daemon/copydev.h: hybd's CUDA engine, its
+ * pool pinned, or the CPU device paced to --link-gbps), the busy phase with
+ * prefetch uploads filling the link; the floor is one upload + sync on the
+ * device itself, without the queue, in the same run.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../../daemon/copydev.h"
+#include "../../daemon/copydev_cuda.h"
 #include "../../daemon/reload.h"
 
 #define QID 11
@@ -40,7 +49,13 @@ static struct {
 	int inflight;
 	int think_us;
 	int warm;
-} opt = { NULL, 64ull << 20, 300, 256 << 10, 1 << 20, 4 << 20, 8, 500, 0 };
+	const char *upload;	/* NULL: LOADs from the file; "cpu" or "cuda": UPLOADs */
+	double link_gbps;	/* the CPU copy device's pace */
+} opt = { NULL, 64ull << 20, 300, 256 << 10, 1 << 20, 4 << 20, 8, 500, 0, NULL, 25 };
+
+/* Upload mode: the foreground's requests go to slots 0..3, the prefetches' to 4..7. */
+#define N_SLOTS 8
+static struct hyb_copydev *dev;
 
 static struct hyb_backend *be;
 static struct hyb_mempool *pool;
@@ -90,7 +105,7 @@ static uint64_t pick(uint64_t *seed, uint64_t len)
 {
 	uint64_t off = rnd(seed) % ((opt.size - len) / 4096 + 1) * 4096;
 
-	if (!opt.warm)
+	if (!opt.warm && !opt.upload)
 		posix_fadvise(file_fd, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
 	return off;
 }
@@ -104,19 +119,22 @@ static void die(const char *what)
 /* One request at a time; latency submit -> reaped. */
 static uint64_t one(struct hyb_rq *c, uint8_t prio, uint64_t *seed)
 {
-	struct hyb_rq_req q = { .op = HYB_RQ_LOAD, .prio = prio, .pool_id = pool_id,
-				.len = opt.bundle };
+	struct hyb_rq_req q = { .op = opt.upload ? HYB_RQ_UPLOAD : HYB_RQ_LOAD, .prio = prio,
+				.pool_id = pool_id, .len = opt.bundle };
 	struct hyb_rq_cqe e;
 	uint64_t t0;
 
 	q.aux = q.pool_off = pick(seed, opt.bundle);
+	if (opt.upload)
+		q.aux = rnd(seed) % (N_SLOTS / 2);
 	t0 = now_ns();
 	if (hyb_rq_submit(c, &q, 1))
 		die("submit");
 	if (hyb_rq_reap(c, &e, 1, 1, 30000000000ull) != 1)
 		die("reap");
 	if (e.status) {
-		fprintf(stderr, "bench_reload: a load failed: %s\n", strerror(-e.status));
+		fprintf(stderr, "bench_reload: a%s failed: %s\n", opt.upload ? "n upload" : " load",
+			strerror(-e.status));
 		exit(1);
 	}
 	return now_ns() - t0;
@@ -125,8 +143,8 @@ static uint64_t one(struct hyb_rq *c, uint8_t prio, uint64_t *seed)
 /* Keeps opt.inflight prefetch loads outstanding until told to stop. */
 static void *prefetcher(void *arg)
 {
-	struct hyb_rq_req q = { .op = HYB_RQ_LOAD, .prio = HYB_RQ_LOW, .pool_id = pool_id,
-				.len = opt.prefetch };
+	struct hyb_rq_req q = { .op = opt.upload ? HYB_RQ_UPLOAD : HYB_RQ_LOAD,
+				.prio = HYB_RQ_LOW, .pool_id = pool_id, .len = opt.prefetch };
 	uint64_t seed = 0x9e3779b97f4a7c15ull;
 	struct hyb_rq_cqe e[64];
 	struct hyb_rq *c;
@@ -138,6 +156,8 @@ static void *prefetcher(void *arg)
 	while (!atomic_load(&stop_bg) || out) {
 		while (!atomic_load(&stop_bg) && out < opt.inflight) {
 			q.aux = q.pool_off = pick(&seed, opt.prefetch);
+			if (opt.upload)
+				q.aux = N_SLOTS / 2 + rnd(&seed) % (N_SLOTS / 2);
 			if (hyb_rq_submit(c, &q, 1))
 				die("submit");
 			out++;
@@ -177,13 +197,57 @@ static void raw_pread(struct lat *l, uint64_t *seed)
 	close(fd);
 }
 
+/* Upload mode's floor: one upload of a bundle and its sync on the device, no queue. */
+static void raw_upload(struct lat *l, const uint8_t *base, uint64_t *seed)
+{
+	l->n = 0;
+	for (int i = 0; i < opt.n; i++) {
+		uint64_t off = pick(seed, opt.bundle), t0 = now_ns();
+
+		if (dev->ops->upload(dev, 0, 0, base + off, opt.bundle, HYB_RQ_CRITICAL) ||
+		    dev->ops->sync(dev, HYB_RQ_CRITICAL))
+			break;
+		l->v[l->n++] = now_ns() - t0;
+	}
+}
+
+/* Upload mode: the copy device, the pool pinned for it and filled. */
+static void open_dev(void)
+{
+	const uint64_t slot = opt.bundle > opt.prefetch ? opt.bundle : opt.prefetch;
+	char err[512];
+	uint8_t *base;
+	size_t len;
+
+	if (!strcmp(opt.upload, "cuda")) {
+		struct hyb_copydev_cuda_config cc = { .n_slots = N_SLOTS, .slot_bytes = slot };
+
+		dev = hyb_copydev_cuda_open(&cc, err, sizeof(err));
+	} else if (!strcmp(opt.upload, "cpu")) {
+		dev = hyb_copydev_cpu_open(N_SLOTS, slot, (uint64_t)(opt.link_gbps * 1e9), err,
+					   sizeof(err));
+	} else {
+		snprintf(err, sizeof(err), "--upload %s: cpu or cuda", opt.upload);
+	}
+	if (!dev) {
+		fprintf(stderr, "bench_reload: copy device: %s\n", err);
+		exit(1);
+	}
+	if (hyb_mempool_map(pool, (void **)&base, &len))
+		die("map");
+	memset(base, 0x5a, len);
+	if (hyb_copydev_pin(dev, base, len, false, err, sizeof(err)) && dev->ops->pin)
+		printf("bench_reload: the pool is not pinned (%s): uploads are staged\n", err);
+}
+
 static const char *const cls_names[] = { "critical", "reload", "prefetch" };
 static const uint8_t cls_prio[] = { HYB_RQ_CRITICAL, HYB_RQ_NORMAL, HYB_RQ_LOW };
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_reload [--file PATH] [--mib N] [-n REQS] [--bundle KIB] "
-		"[--chunk KIB] [--prefetch KIB] [--inflight N] [--think US] [--warm]\n");
+		"[--chunk KIB] [--prefetch KIB] [--inflight N] [--think US] [--warm]\n"
+		"                    [--upload cpu|cuda] [--link-gbps N]\n");
 }
 
 static int make_file(char *path, size_t len)
@@ -216,6 +280,7 @@ int main(int argc, char **argv)
 		{ "file", 1, 0, 'f' }, { "mib", 1, 0, 'm' }, { "bundle", 1, 0, 'b' },
 		{ "chunk", 1, 0, 'c' }, { "prefetch", 1, 0, 'p' }, { "inflight", 1, 0, 'i' },
 		{ "think", 1, 0, 't' }, { "warm", 0, 0, 'w' }, { "help", 0, 0, 'h' },
+		{ "upload", 1, 0, 'u' }, { "link-gbps", 1, 0, 'g' },
 		{ 0, 0, 0, 0 },
 	};
 	struct lat idle[3], busy[2], raw;
@@ -240,17 +305,21 @@ int main(int argc, char **argv)
 		case 'i': opt.inflight = atoi(optarg); break;
 		case 't': opt.think_us = atoi(optarg); break;
 		case 'w': opt.warm = 1; break;
+		case 'u': opt.upload = optarg; break;
+		case 'g': opt.link_gbps = strtod(optarg, NULL); break;
 		default: usage(); return ch == 'h' ? 0 : 2;
 		}
 	}
 	if (opt.n < 10 || !opt.bundle || opt.bundle % 4096 || opt.chunk % 4096 || !opt.chunk ||
 	    opt.prefetch % 4096 || !opt.prefetch || opt.inflight < 1 || opt.inflight > 64 ||
-	    opt.size < 2 * opt.prefetch || opt.size < 2 * opt.bundle) {
+	    opt.size < 2 * opt.prefetch || opt.size < 2 * opt.bundle || !(opt.link_gbps > 0)) {
 		fprintf(stderr, "bench_reload: sizes must be multiples of 4 KiB, -n >= 10, the "
 			"file at least twice the largest request\n");
 		return 2;
 	}
-	if (!opt.file) {
+	if (opt.upload) {
+		opt.file = NULL; /* uploads read the pool: no file */
+	} else if (!opt.file) {
 		if (make_file(path, sizeof(path))) {
 			fprintf(stderr, "bench_reload: cannot write %s: %s\n", path,
 				strerror(errno));
@@ -269,18 +338,29 @@ int main(int argc, char **argv)
 		opt.size = (uint64_t)end & ~4095ull;
 		close(fd);
 	}
-	file_fd = open(opt.file, O_RDONLY);
+	file_fd = opt.upload ? -2 : open(opt.file, O_RDONLY);
 	be = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
-	if (!be || file_fd < 0) {
+	if (!be || file_fd == -1) {
 		fprintf(stderr, "bench_reload: %s\n", be ? strerror(errno) : err);
 		return 1;
 	}
 	if (hyb_mempool_create(be, "bench-reload", opt.size, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &pool))
 		die("pool");
 	pool_id = hyb_mempool_id(pool);
+	if (opt.upload) {
+		uint8_t *base;
+		size_t len;
+
+		open_dev();
+		if (hyb_mempool_map(pool, (void **)&base, &len))
+			die("map");
+		raw = (struct lat){ calloc((size_t)opt.n, 8), 0 };
+		raw_upload(&raw, base, &seed); /* before the service: one thread calls the device */
+	}
 	rc.backend = be;
 	rc.model_path = opt.file;
 	rc.chunk = opt.chunk;
+	rc.dev = dev;
 	r = hyb_reload_start(&rc, err, sizeof(err));
 	if (!r) {
 		fprintf(stderr, "bench_reload: %s\n", err);
@@ -292,14 +372,21 @@ int main(int argc, char **argv)
 		idle[k] = (struct lat){ calloc((size_t)opt.n, 8), 0 };
 	for (int k = 0; k < 2; k++)
 		busy[k] = (struct lat){ calloc((size_t)opt.n, 8), 0 };
-	raw = (struct lat){ calloc((size_t)opt.n, 8), 0 };
-
-	printf("bench_reload: %s, %.0f MiB, %s; LOADs of %llu KiB, chunk %llu KiB; %d per "
-	       "class\n", opt.file, opt.size / 1048576.0, opt.warm ? "warm (page cache)" :
-	       "cold (each range dropped from the page cache)",
-	       (unsigned long long)(opt.bundle >> 10), (unsigned long long)(opt.chunk >> 10),
-	       opt.n);
-	raw_pread(&raw, &seed);
+	if (opt.upload) {
+		printf("bench_reload: a %.0f MiB pool -> %s copy device (%u slots%s); UPLOADs of %llu "
+		       "KiB, chunk %llu KiB; %d per class\n", opt.size / 1048576.0, dev->name,
+		       N_SLOTS, strcmp(dev->name, "cpu") ? "" : ", paced to --link-gbps",
+		       (unsigned long long)(opt.bundle >> 10), (unsigned long long)(opt.chunk >> 10),
+		       opt.n);
+	} else {
+		raw = (struct lat){ calloc((size_t)opt.n, 8), 0 };
+		printf("bench_reload: %s, %.0f MiB, %s; LOADs of %llu KiB, chunk %llu KiB; %d per "
+		       "class\n", opt.file, opt.size / 1048576.0, opt.warm ? "warm (page cache)" :
+		       "cold (each range dropped from the page cache)",
+		       (unsigned long long)(opt.bundle >> 10), (unsigned long long)(opt.chunk >> 10),
+		       opt.n);
+		raw_pread(&raw, &seed);
+	}
 	/* idle: classes interleaved, one request at a time */
 	for (int i = 0; i < 5; i++)
 		one(c, HYB_RQ_NORMAL, &seed);	/* warm-up */
@@ -327,9 +414,13 @@ int main(int argc, char **argv)
 	pthread_join(bg, NULL);
 	hyb_reload_stats(r, &st1);
 
-	printf("\nlatency queue -> data in pool, microseconds      p50       p99\n");
+	const char *pre = opt.upload ? "upload" : "reload";
+
+	printf("\nlatency queue -> data in %s, microseconds      p50       p99\n",
+	       opt.upload ? "cache" : "pool");
 	if (raw.n)
-		printf("  floor: O_DIRECT pread, same size and memory  %8.1f  %8.1f\n",
+		printf("  floor: %s  %8.1f  %8.1f\n", opt.upload ?
+		       "one upload + sync on the device alone" : "O_DIRECT pread, same size and memory",
 		       pct(&raw, 0.5), pct(&raw, 0.99));
 	for (int k = 0; k < 3; k++)
 		printf("  idle service, %-9s                      %8.1f  %8.1f\n", cls_names[k],
@@ -343,23 +434,27 @@ int main(int argc, char **argv)
 	       st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited);
 
 	if (raw.n)
-		printf("raw_pread_p50_us %.1f us\nraw_pread_p99_us %.1f us\n", pct(&raw, 0.5),
-		       pct(&raw, 0.99));
+		printf("raw_%s_p50_us %.1f us\nraw_%s_p99_us %.1f us\n",
+		       opt.upload ? "upload" : "pread", pct(&raw, 0.5),
+		       opt.upload ? "upload" : "pread", pct(&raw, 0.99));
 	for (int k = 0; k < 3; k++)
-		printf("reload_idle_%s_p50_us %.1f us\nreload_idle_%s_p99_us %.1f us\n",
-		       cls_names[k], pct(&idle[k], 0.5), cls_names[k], pct(&idle[k], 0.99));
+		printf("%s_idle_%s_p50_us %.1f us\n%s_idle_%s_p99_us %.1f us\n", pre,
+		       cls_names[k], pct(&idle[k], 0.5), pre, cls_names[k], pct(&idle[k], 0.99));
 	for (int k = 0; k < 2; k++)
-		printf("reload_busy_%s_p50_us %.1f us\nreload_busy_%s_p99_us %.1f us\n",
-		       cls_names[k], pct(&busy[k], 0.5), cls_names[k], pct(&busy[k], 0.99));
-	printf("reload_busy_prefetch_gbps %.2f GB/s\nreload_critical_max_chunks_waited %u chunks\n",
-	       bg_gbs, st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited);
+		printf("%s_busy_%s_p50_us %.1f us\n%s_busy_%s_p99_us %.1f us\n", pre,
+		       cls_names[k], pct(&busy[k], 0.5), pre, cls_names[k], pct(&busy[k], 0.99));
+	printf("%s_busy_prefetch_gbps %.2f GB/s\n%s_critical_max_chunks_waited %u chunks\n", pre,
+	       bg_gbs, pre, st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited);
 	(void)st0;
 
 	hyb_rq_close(c);
 	hyb_reload_stop(r, NULL);
+	if (dev)
+		dev->ops->close(dev); /* unpins the pool first */
 	hyb_mempool_close(pool);
 	hyb_backend_close(be);
-	close(file_fd);
+	if (file_fd >= 0)
+		close(file_fd);
 	if (made)
 		unlink(path);
 	return 0;

@@ -21,6 +21,10 @@ fi
 if [ -x build/bench_reload ]; then
 	echo "== reload service: op latency by priority =="
 	build/bench_reload
+	# the UPLOAD half (pool -> neuron cache) on the CPU copy device: the queue's
+	# own cost over a modelled link; make bench-gpu runs it on hybd's CUDA engine
+	echo "== reload service: UPLOAD latency, CPU copy device =="
+	build/bench_reload --upload cpu
 fi
 if [ -x build/bench_load ]; then
 	echo "== cold load: io_uring streaming vs fio vs read() =="
