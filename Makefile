@@ -144,7 +144,7 @@ bench: deps
 bench-gpu:
 ifneq ($(NVCC),)
 	@$(MAKE) --no-print-directory -j$$(nproc) all
-	$(BUILD)/bench_reload --upload cuda
+	-$(BUILD)/bench_reload --upload cuda
 	HYBRID_DEVICE=cuda HYBRID_LAYERS=$${HYBRID_LAYERS:-32} bash tests/bench/hybrid.sh
 else
 	@echo "hyb: CUDA toolkit not found: no GPU benchmark"
