@@ -57,6 +57,23 @@
  * events (hyb/device.h). Device memory is host memory: one anonymous mapping
  * per allocation (MAP_NORESERVE: a large capacity costs nothing until
  * touched; 2 MiB aligned from 2 MiB on, for transparent huge pages).
+ *
+ * Strict mode (HYB_DEVICE_STRICT=1 in the environment at open; the unit
+ * tests set it). Acting at queue time hides a host that does not honour the
+ * events, which a GPU would not forgive: so here host memory is touched as a
+ * real copy engine touches it, at the copy's modelled completion.
+ *   H2D: the source's hash is taken when the copy is queued and again when it
+ *     completes; a difference means the host rewrote the buffer before it
+ *     could know the copy had read it (completion is processed before any
+ *     call that could tell the host so returns). That is a fault (-EIO),
+ *     with the buffer, the length and the stream named, also on stderr.
+ *   D2H: the bytes are taken from device memory when queued (queue order, as
+ *     above) and land at completion; the destination is filled with 0xff
+ *     (NaN as floats) at once unless an upload queued before still reads it:
+ *     a host that reads before its event says so reads NaNs (or the old
+ *     bytes).
+ *   hyb_device_host_free and close first wait for such copies (cudaFreeHost
+ *   synchronizes too), so none lands in freed memory.
  */
 #include <errno.h>
 #include <math.h>
@@ -90,6 +107,10 @@ struct op {
 	uint64_t dep_seq;  /* markers: complete when done_seq[dep_s] >= dep_seq */
 	uint8_t kind, dep_s;
 	bool running, started;
+	/* strict mode: H2D source and its hash; D2H destination and the staged bytes */
+	const void *src;
+	void *dst, *stage;
+	uint64_t len, hash;
 };
 
 struct queue {
@@ -121,6 +142,8 @@ struct cpu_dev {
 	double inline_s, jumped_s;   /* see the clock above (not reset with stats) */
 	double t;                    /* simulated time: every event before t is done */
 	double pcie_bps, lat_s, hbm_bps, launch_s;
+	bool strict;                 /* HYB_DEVICE_STRICT: see "Strict mode" above */
+	uint64_t host_pending;       /* strict: copies queued that still touch host memory */
 	struct queue q[HYB_N_STREAMS];
 	uint64_t last_seq[HYB_N_STREAMS], done_seq[HYB_N_STREAMS], gseq;
 	double done_at[HYB_N_STREAMS][DONE_RING]; /* by seq % DONE_RING: when it completed */
@@ -200,11 +223,76 @@ static bool chunked(int s, const struct op *o)
 	return s == HYB_STREAM_RELOAD && o->kind != OP_KERNEL;
 }
 
+/* A 64-bit hash of len bytes, four lanes so it runs near memory speed. */
+static uint64_t hash_bytes(const void *p, uint64_t len)
+{
+	const uint8_t *b = p;
+	uint64_t h[4] = { 1, 2, 3, 4 }, w, i = 0;
+
+	for (; i + 32 <= len; i += 32)
+		for (int k = 0; k < 4; k++) {
+			memcpy(&w, b + i + 8 * k, 8);
+			h[k] = (h[k] ^ w) * 0x9e3779b97f4a7c15ull;
+			h[k] ^= h[k] >> 29;
+		}
+	for (; i < len; i++)
+		h[0] = (h[0] ^ b[i]) * 0x100000001b3ull;
+	return h[0] ^ (h[1] * 3) ^ (h[2] * 5) ^ (h[3] * 7) ^ len;
+}
+
+static const char *const stream_names[HYB_N_STREAMS] = { "compute", "critical", "reload" };
+
+/*
+ * Strict mode: does a copy not completed yet touch host memory in [p, p +
+ * len): an upload read it (kind OP_H2D) or a download write it (OP_D2H)?
+ */
+static bool host_busy(const struct cpu_dev *c, int kind, const void *p, uint64_t len)
+{
+	const uint8_t *a = p;
+
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
+		const struct queue *q = &c->q[s];
+
+		for (uint32_t i = 0; i < q->n; i++) {
+			const struct op *o = &q->op[(q->first + i) % q->cap];
+			const uint8_t *b = kind == OP_H2D ? o->src : o->stage ? o->dst : NULL;
+
+			if (o->kind == kind && b && a < b + o->len && b < a + len)
+				return true;
+		}
+	}
+	return false;
+}
+
+/* Strict mode: what a real copy engine does to host memory when the copy completes. */
+static void complete_host(struct cpu_dev *c, int s, struct op *o)
+{
+	if (o->kind == OP_H2D && o->src) {
+		if (hash_bytes(o->src, o->len) != o->hash) {
+			fprintf(stderr, "hyb: cpu device (strict): host memory %p (%llu bytes) was "
+				"rewritten before its upload on the %s stream completed\n", o->src,
+				(unsigned long long)o->len, stream_names[s]);
+			hyb_device_fail(&c->base, -EIO, "cpu device (strict): host memory %p "
+					"(%llu bytes) rewritten before its upload on the %s stream "
+					"completed", o->src, (unsigned long long)o->len,
+					stream_names[s]);
+		}
+		o->src = NULL;
+		c->host_pending--;
+	} else if (o->kind == OP_D2H && o->stage) {
+		memcpy(o->dst, o->stage, o->len);
+		free(o->stage);
+		o->stage = NULL;
+		c->host_pending--;
+	}
+}
+
 /* The head of s completes at c->t; the next op becomes head then. */
 static void complete(struct cpu_dev *c, int s)
 {
 	struct queue *q = &c->q[s];
 
+	complete_host(c, s, &q->op[q->first]);
 	c->done_seq[s] = q->op[q->first].seq;
 	c->done_at[s][c->done_seq[s] % DONE_RING] = c->t;
 	q->first = (q->first + 1) % q->cap;
@@ -362,19 +450,65 @@ static int push(struct cpu_dev *c, int s, const struct op *o)
 static int copy(struct cpu_dev *c, enum hyb_stream s, int kind, void *dst, const void *src,
 		uint64_t len)
 {
-	struct op o = { .kind = (uint8_t)kind, .left = len };
+	struct op o = { .kind = (uint8_t)kind, .left = len, .len = len };
 	double r0;
 	int rc;
 
 	enter(c, &r0);
 	o.dur = c->lat_s + (double)len / c->pcie_bps;
+	if (c->strict && len && kind == OP_H2D) {
+		/*
+		 * The bytes a download will land there are not in host memory
+		 * yet: unordered, that is a race on a GPU; ordered (one stream),
+		 * a round trip this model cannot give the right bytes to.
+		 */
+		if (host_busy(c, OP_D2H, src, len)) {
+			leave(c, r0);
+			return hyb_device_fail(&c->base, -EIO, "cpu device (strict): an upload from "
+					       "%p reads host memory a download has not landed in yet",
+					       src);
+		}
+		o.src = src;
+		o.hash = hash_bytes(src, len);
+	} else if (c->strict && len && kind == OP_D2H) {
+		o.stage = malloc(len);
+		o.dst = dst;
+		if (!o.stage) {
+			leave(c, r0);
+			return hyb_device_fail(&c->base, -ENOMEM, "cpu device: out of host memory");
+		}
+		memcpy(o.stage, src, len);
+	}
+	const bool poison = o.stage && !host_busy(c, OP_H2D, dst, len);
+
 	rc = push(c, s, &o);
 	if (!rc) {
-		memmove(dst, src, len);
+		if (poison)
+			memset(dst, 0xff, len); /* the bytes land at completion */
+		else if (!o.stage)
+			memmove(dst, src, len);
+		c->host_pending += o.src || o.stage;
 		c->base.st.copy_busy_s += o.dur;
+	} else {
+		free(o.stage);
 	}
 	leave(c, r0);
 	return rc;
+}
+
+/* Strict mode: the host waits for every copy still touching host memory. */
+static void drain_host(struct cpu_dev *c)
+{
+	double r0, h;
+
+	if (!c->host_pending)
+		return;
+	h = enter(c, &r0);
+	for (int s = 0; s < HYB_N_STREAMS; s++)
+		sim_run(c, INFINITY, s, c->last_seq[s]);
+	if (c->t > h)
+		c->jumped_s += c->t - h;
+	leave(c, r0);
 }
 
 static int cpu_h2d(struct hyb_device *d, enum hyb_stream s, hyb_dptr dst, const void *src,
@@ -499,6 +633,8 @@ static int cpu_sync(struct hyb_device *d, struct hyb_device_event *ev)
 		else if (c->t > h)
 			c->jumped_s += c->t - h;
 	}
+	if (!rc && c->base.faulted) /* strict mode: a copy that completed meanwhile found a race */
+		rc = -EIO;
 	leave(c, r0);
 	return rc;
 }
@@ -841,7 +977,7 @@ static void *cpu_host_alloc(struct hyb_device *d, size_t len)
 
 static void cpu_host_free(struct hyb_device *d, void *p)
 {
-	(void)d;
+	drain_host(cpu(d));
 	free(p);
 }
 
@@ -849,6 +985,7 @@ static void cpu_close(struct hyb_device *d)
 {
 	struct cpu_dev *c = cpu(d);
 
+	drain_host(c);
 	for (int s = 0; s < HYB_N_STREAMS; s++)
 		free(c->q[s].op);
 	hyb_sparse_ffn_ctx_free(c->ffn);
@@ -954,6 +1091,7 @@ struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char
 	c->lat_s = cfg->pcie_lat_us * 1e-6;
 	c->hbm_bps = cfg->hbm_gbps * 1e9;
 	c->launch_s = cfg->launch_us * 1e-6;
+	c->strict = getenv("HYB_DEVICE_STRICT") && !strcmp(getenv("HYB_DEVICE_STRICT"), "1");
 	c->ck = hyb_cpu_best();
 	for (int e = 0; e < N_ENG; e++)
 		c->eng[e].s = -1;

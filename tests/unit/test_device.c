@@ -117,6 +117,16 @@ static void sync_stream(struct hyb_device *d, enum hyb_stream s)
 	hyb_device_event_free(d, ev);
 }
 
+static void sync_stream_rc(struct hyb_device *d, enum hyb_stream s, int want)
+{
+	struct hyb_device_event *ev = hyb_device_event_new(d);
+
+	CHECK(ev);
+	hyb_device_record(d, s, ev);
+	CHECK_EQ_INT(hyb_device_sync(d, ev), want);
+	hyb_device_event_free(d, ev);
+}
+
 /* ---- open, memory, arguments ------------------------------------------------------ */
 
 TEST(dev_open_kinds)
@@ -208,8 +218,8 @@ TEST(dev_alloc_capacity)
 	/* a big one is fine again, and close frees what is left */
 	x = dalloc(d, 4 * MB);
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, x + 3 * MB, buf, MB) == 0);
+	hyb_device_close(d); /* it waits for the copy, which reads buf until then */
 	free(buf);
-	hyb_device_close(d);
 }
 
 /* Another owner's memory (box mode: hybd's cache): addressable, not counted, never freed. */
@@ -261,6 +271,7 @@ TEST(dev_bad_arguments)
 
 	CHECK(ev);
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, 4096) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL); /* buf is written below */
 	CHECK_EQ_INT(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p + 4000, buf, 200), -EINVAL);
 	CHECK_MSG(strstr(hyb_device_error(d), "overrun"), "%s", hyb_device_error(d));
 	CHECK_EQ_INT(hyb_device_d2h(d, HYB_STREAM_CRITICAL, buf, p - 1, 8), -EINVAL);
@@ -294,6 +305,7 @@ TEST(dev_bad_arguments)
 	q = dalloc(d, 8192);
 	memset(buf, 7, sizeof(buf));
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, q, buf, sizeof(buf)) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
 	memset(buf, 0, sizeof(buf));
 	CHECK(hyb_device_d2h(d, HYB_STREAM_CRITICAL, buf, q, sizeof(buf)) == 0);
 	sync_stream(d, HYB_STREAM_CRITICAL);
@@ -349,6 +361,7 @@ TEST(dev_copy_roundtrip)
 	sync_stream(d, HYB_STREAM_CRITICAL);
 	CHECK(!memcmp(a, b, n));
 	CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, b, p + 1999, 17) == 0);
+	sync_stream(d, HYB_STREAM_COMPUTE);
 	CHECK(!memcmp(a + 1000, b, 17));
 
 	hyb_device_stats(d, &st);
@@ -484,11 +497,59 @@ TEST(dev_elapsed_times_the_work)
 	CHECK_MSG(strstr(hyb_device_error(d), "older"), "%s", hyb_device_error(d));
 	CHECK_EQ_INT(hyb_device_elapsed(d, NULL, t[1], &s), -EINVAL);
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, N_COPY) == 0);
-	free(buf);
 	for (int i = 0; i < 6; i++)
 		hyb_device_event_free(d, t[i]);
 	hyb_device_event_free(d, untimed);
+	hyb_device_close(d); /* waits for the copy, which reads buf until then */
+	free(buf);
+}
+
+/*
+ * Strict mode (HYB_DEVICE_STRICT=1, which the runner sets for every test):
+ * host memory is touched when a copy completes, as a GPU's copy engine
+ * touches it, so an engine that does not honour its events fails here
+ * instead of on its first GPU.
+ */
+TEST(dev_strict_mode_catches_host_races)
+{
+	struct hyb_device *d;
+	char *buf = xmalloc(N_COPY), *out;
+	hyb_dptr p;
+
+	setenv("HYB_DEVICE_STRICT", "1", 1);
+	/* an upload's source rewritten before the host knew the copy had read it */
+	d = open_cpu(&slow); /* 26 ms a copy: the host is always ahead */
+	p = dalloc(d, N_COPY);
+	memset(buf, 1, N_COPY);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, N_COPY) == 0);
+	buf[N_COPY / 2] = 2;
+	CHECK_EQ_INT(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, 64), 0);
+	sync_stream_rc(d, HYB_STREAM_CRITICAL, -EIO);
+	CHECK_MSG(strstr(hyb_device_error(d), "rewritten before its upload on the critical"),
+		  "%s", hyb_device_error(d));
 	hyb_device_close(d);
+
+	/* the same after the host waited: fine; a download reads NaN until it is waited for */
+	d = open_cpu(&slow);
+	p = dalloc(d, N_COPY);
+	out = hyb_device_host_alloc(d, N_COPY);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, buf, N_COPY) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
+	buf[0] = 3;
+	CHECK(hyb_device_d2h(d, HYB_STREAM_RELOAD, out, p, N_COPY) == 0);
+	CHECK((unsigned char)out[0] == 0xff && (unsigned char)out[N_COPY - 1] == 0xff);
+	sync_stream(d, HYB_STREAM_RELOAD);
+	CHECK(out[0] == 1 && out[N_COPY / 2] == 2 && out[N_COPY - 1] == 1);
+	/* freeing pinned memory waits for the download landing there, as cudaFreeHost does */
+	CHECK(hyb_device_d2h(d, HYB_STREAM_RELOAD, out, p, N_COPY) == 0);
+	hyb_device_host_free(d, out);
+	/* an upload from memory a download has not landed in yet is refused */
+	out = hyb_device_host_alloc(d, N_COPY);
+	CHECK(hyb_device_d2h(d, HYB_STREAM_RELOAD, out, p, N_COPY) == 0);
+	CHECK_EQ_INT(hyb_device_h2d(d, HYB_STREAM_CRITICAL, p, out + 100, 8), -EIO);
+	hyb_device_host_free(d, out);
+	hyb_device_close(d);
+	free(buf);
 }
 
 /* Two operations: a on sa, b on sb; the modelled time until both are done. */
@@ -496,7 +557,7 @@ static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double
 {
 	struct hyb_device *d = open_cpu(&slow);
 	struct hyb_device_event *ea = hyb_device_event_new(d), *eb = hyb_device_event_new(d);
-	char *buf = xmalloc(N_COPY);
+	char *buf = xmalloc(N_COPY), *down = xmalloc(N_COPY); /* an upload reads buf meanwhile */
 	hyb_dptr p = dalloc(d, N_COPY), q = dalloc(d, N_COPY), y = dalloc(d, 8 * N_ADD);
 	struct mark m0, m1;
 	const int op[2] = { a, b };
@@ -510,7 +571,7 @@ static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double
 			CHECK(hyb_device_h2d(d, s[i], i ? q : p, buf, N_COPY) == 0);
 			break;
 		case 1:
-			CHECK(hyb_device_d2h(d, s[i], buf, i ? q : p, N_COPY) == 0);
+			CHECK(hyb_device_d2h(d, s[i], down, i ? q : p, N_COPY) == 0);
 			break;
 		default:
 			CHECK(hyb_device_add(d, s[i], y, y + 4 * N_ADD, N_ADD) == 0);
@@ -522,6 +583,7 @@ static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double
 	m1 = mark(d);
 	CHECK_DT(m0, m1, want);
 	free(buf);
+	free(down);
 	hyb_device_event_free(d, ea);
 	hyb_device_event_free(d, eb);
 	hyb_device_close(d);
@@ -984,35 +1046,43 @@ TEST(dev_sparse_ffn_rejects)
 	list[1] = 17;
 	list[2] = 40;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, da, list, 12) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL); /* list is rewritten below */
 	CHECK_EQ_INT(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f), -EINVAL);
 	CHECK_MSG(strstr(hyb_device_error(d), "neuron 17: group 1 not resident"), "%s",
 		  hyb_device_error(d));
 	CHECK(hyb_device_d2h(d, HYB_STREAM_CRITICAL, y, dy, sizeof(y)) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
 	CHECK(!memcmp(y, y0, sizeof(y)));
 
 	/* a slot beyond the cache allocation */
 	t0 = L.table[0];
 	L.table[0] = (int32_t)L.n_slots;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, L.d_table, L.table, 4) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
 	list[1] = 33;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, da, list, 12) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL); /* list is rewritten below */
 	CHECK_EQ_INT(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f), -EINVAL);
 	CHECK_MSG(strstr(hyb_device_error(d), "neuron 0: group 0 not resident"), "%s",
 		  hyb_device_error(d));
 	L.table[0] = t0;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, L.d_table, L.table, 4) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
 
 	/* unordered list, index out of range */
 	list[1] = 0;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, da, list, 12) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL); /* list is rewritten below */
 	CHECK_EQ_INT(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f), -EINVAL);
 	CHECK_MSG(strstr(hyb_device_error(d), "increasing"), "%s", hyb_device_error(d));
 	list[1] = 33;
 	list[2] = 200;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, da, list, 12) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL); /* list is rewritten below */
 	CHECK_EQ_INT(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f), -EINVAL);
 	list[2] = 40;
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, da, list, 12) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL); /* list is rewritten below */
 
 	/* bad shapes and arguments */
 	{
@@ -1046,6 +1116,7 @@ TEST(dev_sparse_ffn_rejects)
 	CHECK_MSG(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f) == 0, "%s",
 		  hyb_device_error(d));
 	CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, y, dy, sizeof(y)) == 0);
+	sync_stream(d, HYB_STREAM_COMPUTE);
 	{
 		struct hyb_ffn_bundles hb = { .type = L.type, .n_embd = E, .n_ff = L.F,
 					      .group_size = L.GS, .row_bytes = L.rb,

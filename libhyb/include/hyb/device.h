@@ -38,7 +38,12 @@
  * registered (hyb_device_host_register) or come from hyb_device_host_alloc:
  * on CUDA only such memory is copied asynchronously. Copies read their source
  * when they run, not when they are queued: the host must not change a
- * source before an event after the copy has completed.
+ * source before an event after the copy has completed, nor read a
+ * download's destination before then. With HYB_DEVICE_STRICT=1 (set for
+ * every unit test) the CPU device holds the host to that: host memory is
+ * read and written when the modelled copy completes, an upload's source
+ * changed before then is a fault, and a download's destination reads NaN
+ * until it lands.
  *
  * Errors: every call returns 0 or a negative errno (-ENOMEM over capacity,
  * -EINVAL bad arguments, -EIO a device fault) and leaves a one-line message
