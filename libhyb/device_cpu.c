@@ -72,8 +72,13 @@
  *     (NaN as floats) at once unless an upload queued before still reads it:
  *     a host that reads before its event says so reads NaNs (or the old
  *     bytes).
- *   hyb_device_host_free and close first wait for such copies (cudaFreeHost
- *   synchronizes too), so none lands in freed memory.
+ *   hyb_device_free, hyb_device_host_free and close first wait for all
+ *   queued work (CUDA's frees synchronize too), so no copy lands in freed
+ *   memory.
+ *   Device memory: two operations on different streams that touch the same
+ *   bytes, one writing, must be ordered by an event or by the host having
+ *   seen the first complete - whatever the modelled timing (device_race.h).
+ *   An unordered pair is a fault naming both.
  */
 #include <errno.h>
 #include <math.h>
@@ -85,6 +90,7 @@
 #include <unistd.h>
 
 #include "attention.h"
+#include "device_race.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
 #include "ffn_sparse.h"
@@ -144,6 +150,10 @@ struct cpu_dev {
 	double pcie_bps, lat_s, hbm_bps, launch_s;
 	bool strict;                 /* HYB_DEVICE_STRICT: see "Strict mode" above */
 	uint64_t host_pending;       /* strict: copies queued that still touch host memory */
+	struct hyb_race *race;       /* strict: device-memory races between streams */
+	struct hyb_span *spans;      /* strict: the device memory of the op being queued */
+	uint32_t n_spans, cap_spans;
+	const char *what;            /* strict: that op's name, for a race report */
 	struct queue q[HYB_N_STREAMS];
 	uint64_t last_seq[HYB_N_STREAMS], done_seq[HYB_N_STREAMS], gseq;
 	double done_at[HYB_N_STREAMS][DONE_RING]; /* by seq % DONE_RING: when it completed */
@@ -442,7 +452,43 @@ static int push(struct cpu_dev *c, int s, const struct op *o)
 	n->head_at = c->t;
 	n->running = n->started = false;
 	q->n++;
+	if (c->race) {
+		char msg[400];
+		int bad = hyb_race_op(c->race, s, n->seq, c->spans, c->n_spans,
+				      c->what ? c->what : "a marker", msg, sizeof(msg));
+
+		c->n_spans = 0;
+		c->what = NULL;
+		if (bad) {
+			fprintf(stderr, "hyb: cpu device (strict): %s\n", msg);
+			return hyb_device_fail(&c->base, -EIO, "cpu device (strict): %s", msg);
+		}
+	}
 	return 0;
+}
+
+/* Strict mode: the op about to be queued is `what` and touches no device memory yet. */
+static void op_begin(struct cpu_dev *c, const char *what)
+{
+	c->n_spans = 0;
+	c->what = what;
+}
+
+/* Strict mode: ... and [p, p + len) of device memory, written or only read. */
+static void span(struct cpu_dev *c, const void *p, uint64_t len, bool write)
+{
+	if (!c->race || !len)
+		return;
+	if (c->n_spans == c->cap_spans) {
+		const uint32_t cap = c->cap_spans ? 2 * c->cap_spans : 64;
+		struct hyb_span *n = realloc(c->spans, cap * sizeof(*n));
+
+		if (!n)
+			return; /* a footprint cut short misses races, never makes one up */
+		c->spans = n;
+		c->cap_spans = cap;
+	}
+	c->spans[c->n_spans++] = (struct hyb_span){ (uintptr_t)p, (uintptr_t)p + len, write };
 }
 
 /* ---- copies, events --------------------------------------------------------------- */
@@ -456,6 +502,8 @@ static int copy(struct cpu_dev *c, enum hyb_stream s, int kind, void *dst, const
 
 	enter(c, &r0);
 	o.dur = c->lat_s + (double)len / c->pcie_bps;
+	op_begin(c, kind == OP_H2D ? "an upload" : "a download");
+	span(c, kind == OP_H2D ? dst : src, len, kind == OP_H2D);
 	if (c->strict && len && kind == OP_H2D) {
 		/*
 		 * The bytes a download will land there are not in host memory
@@ -496,16 +544,23 @@ static int copy(struct cpu_dev *c, enum hyb_stream s, int kind, void *dst, const
 	return rc;
 }
 
-/* Strict mode: the host waits for every copy still touching host memory. */
+/*
+ * Strict mode: the host waits for all queued work, as CUDA's frees do
+ * (cudaFree, cudaFreeHost; the CUDA device's free syncs its streams too),
+ * so copies land before memory goes and the host has seen everything.
+ */
 static void drain_host(struct cpu_dev *c)
 {
 	double r0, h;
 
-	if (!c->host_pending)
+	if (!c->strict)
 		return;
 	h = enter(c, &r0);
-	for (int s = 0; s < HYB_N_STREAMS; s++)
+	for (int s = 0; s < HYB_N_STREAMS; s++) {
 		sim_run(c, INFINITY, s, c->last_seq[s]);
+		if (c->race)
+			hyb_race_observed(c->race, s, c->last_seq[s]);
+	}
 	if (c->t > h)
 		c->jumped_s += c->t - h;
 	leave(c, r0);
@@ -555,6 +610,7 @@ static int cpu_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device
 	const struct op o = { .kind = OP_MARK, .dep_s = (uint8_t)s, .dep_seq = c->last_seq[s] };
 
 	enter(c, &r0);
+	op_begin(c, NULL);
 	rc = push(c, s, &o);
 	e->seq = rc ? 0 : c->last_seq[s];
 	leave(c, r0);
@@ -571,8 +627,12 @@ static int cpu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_e
 
 	enter(c, &r0);
 	/* already complete, or ordered by the stream itself: nothing to wait for */
+	op_begin(c, NULL);
 	if (!op_done(c, e->s, e->seq) && e->s != (int)s)
 		rc = push(c, s, &o);
+	/* ordered all the same, on a GPU too: work queued after a wait follows the event */
+	if (c->race && !rc && e->s != (int)s)
+		hyb_race_wait(c->race, s, e->s, e->seq);
 	leave(c, r0);
 	return rc;
 }
@@ -584,10 +644,15 @@ static bool cpu_done(struct hyb_device *d, struct hyb_device_event *ev)
 	double r0;
 	bool done;
 
-	if (op_done(c, e->s, e->seq))
+	if (op_done(c, e->s, e->seq)) {
+		if (c->race)
+			hyb_race_observed(c->race, e->s, e->seq);
 		return true;
+	}
 	enter(c, &r0);
 	done = op_done(c, e->s, e->seq);
+	if (done && c->race)
+		hyb_race_observed(c->race, e->s, e->seq);
 	leave(c, r0);
 	return done;
 }
@@ -623,8 +688,11 @@ static int cpu_sync(struct hyb_device *d, struct hyb_device_event *ev)
 	double r0, h;
 	int rc = 0;
 
-	if (op_done(c, e->s, e->seq))
+	if (op_done(c, e->s, e->seq)) {
+		if (c->race)
+			hyb_race_observed(c->race, e->s, e->seq);
 		return 0;
+	}
 	h = enter(c, &r0);
 	if (!op_done(c, e->s, e->seq)) {
 		sim_run(c, INFINITY, e->s, e->seq);
@@ -635,6 +703,8 @@ static int cpu_sync(struct hyb_device *d, struct hyb_device_event *ev)
 	}
 	if (!rc && c->base.faulted) /* strict mode: a copy that completed meanwhile found a race */
 		rc = -EIO;
+	if (!rc && c->race)
+		hyb_race_observed(c->race, e->s, e->seq);
 	leave(c, r0);
 	return rc;
 }
@@ -754,6 +824,19 @@ static int cpu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct 
 
 	enter(c, &r0);
 	rc = run_ffn(c, f, &bytes);
+	if (!rc && c->race) {
+		const uint64_t n_groups = ((uint64_t)f->n_ff + f->group_size - 1) / f->group_size;
+		const uint64_t bundle = 3ull * f->group_size * hyb_row_bytes(f->type, f->n_embd);
+
+		op_begin(c, "a sparse ffn kernel");
+		span(c, (const void *)(uintptr_t)f->xn, 4ull * f->n_embd, false);
+		span(c, (const void *)(uintptr_t)f->active, 4ull * f->n_active, false);
+		span(c, (const void *)(uintptr_t)f->table, 4 * n_groups, false);
+		span(c, (const void *)(uintptr_t)f->y, 4ull * f->n_embd, true);
+		for (uint64_t g = 0; g < n_groups; g++)
+			if (c->bundle[g])
+				span(c, c->bundle[g], bundle, false);
+	}
 	if (!rc)
 		rc = kernel_done(c, s, bytes);
 	leave(c, r0);
@@ -771,6 +854,9 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	enter(c, &r0);
 	for (uint32_t i = 0; i < n; i++)
 		yp[i] += xp[i];
+	op_begin(c, "an add kernel");
+	span(c, xp, 4ull * n, false);
+	span(c, yp, 4ull * n, true);
 	rc = kernel_done(c, s, 12ull * n); /* reads y and x, writes y */
 	leave(c, r0);
 	return rc;
@@ -807,6 +893,10 @@ static int cpu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
 	/* in place is fine: it reads all of x before it writes y[0] */
 	hyb_rmsnorm((float *)(uintptr_t)y, (const float *)(uintptr_t)x,
 		    (const float *)(uintptr_t)w, n, eps);
+	op_begin(c, "an rmsnorm kernel");
+	span(c, (const void *)(uintptr_t)x, 4ull * n, false);
+	span(c, (const void *)(uintptr_t)w, 4ull * n, false);
+	span(c, (const void *)(uintptr_t)y, 4ull * n, true);
 	rc = kernel_done(c, s, 12ull * n);
 	leave(c, r0);
 	return rc;
@@ -852,6 +942,10 @@ static int cpu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 
 	enter(c, &r0);
 	rc = run_matvec(c, m, &bytes);
+	op_begin(c, "a matvec kernel");
+	span(c, (const void *)(uintptr_t)m->w, hyb_row_bytes(m->type, m->n_in) * m->n_out, false);
+	span(c, (const void *)(uintptr_t)m->x, 4ull * m->n_in, false);
+	span(c, (const void *)(uintptr_t)m->y, 4ull * m->n_out, true);
 	if (!rc)
 		rc = kernel_done(c, s, bytes);
 	leave(c, r0);
@@ -901,6 +995,20 @@ static int cpu_attention(struct hyb_device *d, enum hyb_stream s, const struct h
 
 	enter(c, &r0);
 	rc = run_attention(c, a, &bytes);
+	if (c->race) {
+		const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
+		const uint64_t row = 2ull * a->n_head_kv * a->head_dim; /* F16 */
+
+		op_begin(c, "an attention kernel");
+		span(c, (const void *)(uintptr_t)a->q, 4 * q_dim, true); /* roped in place */
+		span(c, (const void *)(uintptr_t)a->k, 2 * row, true);
+		span(c, (const void *)(uintptr_t)a->v, 2 * row, false);
+		span(c, (const void *)(uintptr_t)a->kcache, row * a->pos, false);
+		span(c, (const void *)(uintptr_t)(a->kcache + row * a->pos), row, true);
+		span(c, (const void *)(uintptr_t)a->vcache, row * a->pos, false);
+		span(c, (const void *)(uintptr_t)(a->vcache + row * a->pos), row, true);
+		span(c, (const void *)(uintptr_t)a->out, 4 * q_dim, true);
+	}
 	if (!rc)
 		rc = kernel_done(c, s, bytes);
 	leave(c, r0);
@@ -949,6 +1057,7 @@ static int cpu_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out)
 
 static void cpu_free(struct hyb_device *d, hyb_dptr p)
 {
+	drain_host(cpu(d));
 	munmap((void *)(uintptr_t)p, map_bytes(hyb_device_span(d, p)));
 }
 
@@ -986,6 +1095,8 @@ static void cpu_close(struct hyb_device *d)
 	struct cpu_dev *c = cpu(d);
 
 	drain_host(c);
+	hyb_race_free(c->race);
+	free(c->spans);
 	for (int s = 0; s < HYB_N_STREAMS; s++)
 		free(c->q[s].op);
 	hyb_sparse_ffn_ctx_free(c->ffn);
@@ -1034,6 +1145,14 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 		in = x;
 	}
 	*(uint32_t *)(uintptr_t)p->count = hyb_predictor_run(&pr, in, NULL, w, NULL, active);
+	op_begin(c, "a predictor kernel");
+	span(c, pr.fc1_w, 2ull * p->hidden * p->n_in, false);
+	span(c, pr.fc1_b, 4ull * p->hidden, false);
+	span(c, pr.fc2_w, 2ull * p->hidden * p->n_out, false);
+	span(c, pr.fc2_b, 4ull * p->n_out, false);
+	span(c, (const void *)(uintptr_t)p->x, 4ull * p->n_in, false);
+	span(c, active, 4ull * p->n_out, true);
+	span(c, (const void *)(uintptr_t)p->count, 4, true);
 	bytes = 2ull * p->hidden * p->n_in + 4ull * p->hidden + 2ull * p->hidden * p->n_out +
 		4ull * p->n_out + 4ull * p->n_in + 4ull * (*(uint32_t *)(uintptr_t)p->count + 1);
 	rc = kernel_done(c, s, bytes);
@@ -1092,6 +1211,11 @@ struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char
 	c->hbm_bps = cfg->hbm_gbps * 1e9;
 	c->launch_s = cfg->launch_us * 1e-6;
 	c->strict = getenv("HYB_DEVICE_STRICT") && !strcmp(getenv("HYB_DEVICE_STRICT"), "1");
+	if (c->strict && !(c->race = hyb_race_new())) {
+		free(c);
+		snprintf(err, errlen, "cpu device: out of host memory");
+		return NULL;
+	}
 	c->ck = hyb_cpu_best();
 	for (int e = 0; e < N_ENG; e++)
 		c->eng[e].s = -1;

@@ -357,6 +357,7 @@ TEST(dev_copy_roundtrip)
 		a[i] = (unsigned char)rnd();
 	/* a chunked reload in, then out again from an offset inside the allocation */
 	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p + 999, a, n) == 0);
+	sync_stream(d, HYB_STREAM_RELOAD); /* the download must follow it: another stream */
 	CHECK(hyb_device_d2h(d, HYB_STREAM_CRITICAL, b, p + 999, n) == 0);
 	sync_stream(d, HYB_STREAM_CRITICAL);
 	CHECK(!memcmp(a, b, n));
@@ -552,6 +553,69 @@ TEST(dev_strict_mode_catches_host_races)
 	free(buf);
 }
 
+/* Strict mode's device-memory race detector (libhyb/device_race.h): ordering, not timing. */
+static struct hyb_device *race_dev(hyb_dptr *p, char **buf)
+{
+	struct hyb_device *d = open_cpu(&slow);
+
+	*p = dalloc(d, 8 * N_ADD);
+	*buf = xmalloc(4 * N_ADD);
+	memset(*buf, 0, 4 * N_ADD);
+	return d;
+}
+
+TEST(dev_strict_mode_catches_device_races)
+{
+	struct hyb_device *d;
+	struct hyb_device_event *ev;
+	hyb_dptr p;
+	char *buf, src[64] = { 0 };
+
+	setenv("HYB_DEVICE_STRICT", "1", 1);
+	/* a kernel reading a slot an upload on another stream writes, nothing between: a race */
+	d = race_dev(&p, &buf);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p, buf, 4 * N_ADD) == 0);
+	CHECK_EQ_INT(hyb_device_add(d, HYB_STREAM_COMPUTE, p + 4 * N_ADD, p, N_ADD), -EIO);
+	CHECK_MSG(strstr(hyb_device_error(d), "an add kernel on the compute stream reads") &&
+		  strstr(hyb_device_error(d), "an upload queued before it on the reload stream "
+			 "writes"), "%s", hyb_device_error(d));
+	hyb_device_close(d);
+	free(buf);
+
+	/* ordered by an event the compute stream waits for: fine, however long the copy takes */
+	d = race_dev(&p, &buf);
+	ev = hyb_device_event_new(d);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p, buf, 4 * N_ADD) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, ev) == 0);
+	CHECK(hyb_device_wait(d, HYB_STREAM_COMPUTE, ev) == 0);
+	CHECK_MSG(hyb_device_add(d, HYB_STREAM_COMPUTE, p + 4 * N_ADD, p, N_ADD) == 0, "%s",
+		  hyb_device_error(d));
+	/* a download (after the upload) of what the kernel only reads races with nothing */
+	CHECK(hyb_device_wait(d, HYB_STREAM_CRITICAL, ev) == 0);
+	CHECK_MSG(hyb_device_d2h(d, HYB_STREAM_CRITICAL, buf, p, 4 * N_ADD) == 0, "%s",
+		  hyb_device_error(d));
+	/* an upload over what the queued kernel still reads: a race the other way */
+	CHECK_EQ_INT(hyb_device_h2d(d, HYB_STREAM_RELOAD, p + 16, src, sizeof(src)), -EIO);
+	CHECK_MSG(strstr(hyb_device_error(d), "an upload on the reload stream writes") &&
+		  strstr(hyb_device_error(d), "an add kernel queued before it on the compute "
+			 "stream reads"), "%s", hyb_device_error(d));
+	hyb_device_event_free(d, ev);
+	hyb_device_close(d);
+	free(buf);
+
+	/* ordered by the host having seen the copy complete: fine too */
+	d = race_dev(&p, &buf);
+	ev = hyb_device_event_new(d);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p, buf, 4 * N_ADD) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, ev) == 0);
+	CHECK(hyb_device_sync(d, ev) == 0);
+	CHECK_MSG(hyb_device_add(d, HYB_STREAM_COMPUTE, p + 4 * N_ADD, p, N_ADD) == 0, "%s",
+		  hyb_device_error(d));
+	hyb_device_event_free(d, ev);
+	hyb_device_close(d);
+	free(buf);
+}
+
 /* Two operations: a on sa, b on sb; the modelled time until both are done. */
 static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double want)
 {
@@ -559,6 +623,7 @@ static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double
 	struct hyb_device_event *ea = hyb_device_event_new(d), *eb = hyb_device_event_new(d);
 	char *buf = xmalloc(N_COPY), *down = xmalloc(N_COPY); /* an upload reads buf meanwhile */
 	hyb_dptr p = dalloc(d, N_COPY), q = dalloc(d, N_COPY), y = dalloc(d, 8 * N_ADD);
+	hyb_dptr y2 = dalloc(d, 8 * N_ADD); /* two kernels on two streams: their own memory */
 	struct mark m0, m1;
 	const int op[2] = { a, b };
 	const enum hyb_stream s[2] = { sa, sb };
@@ -574,7 +639,8 @@ static void two_ops(int a, enum hyb_stream sa, int b, enum hyb_stream sb, double
 			CHECK(hyb_device_d2h(d, s[i], down, i ? q : p, N_COPY) == 0);
 			break;
 		default:
-			CHECK(hyb_device_add(d, s[i], y, y + 4 * N_ADD, N_ADD) == 0);
+			CHECK(hyb_device_add(d, s[i], i ? y2 : y, (i ? y2 : y) + 4 * N_ADD,
+					     N_ADD) == 0);
 		}
 		CHECK(hyb_device_record(d, s[i], i ? eb : ea) == 0);
 	}
@@ -890,6 +956,7 @@ static void layer_make(struct hyb_device *d, struct layer *L, uint32_t type, uin
 				     3ull * ng * L->rb) == 0);
 	}
 	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, L->d_table, L->table, 4ull * L->n_groups) == 0);
+	sync_stream(d, HYB_STREAM_RELOAD); /* made: every stream may use it */
 	free(gate);
 	free(up);
 	free(down);
@@ -1905,7 +1972,7 @@ TEST(dev_time_dense)
 	struct hyb_device *d = open_cpu(&cfg);
 	void *w;
 	float *x = xmalloc(4ull * n_in);
-	hyb_dptr dw, dx, dy;
+	hyb_dptr dw, dx, dy, dz;
 	struct hyb_dev_matvec m;
 	struct mark m0, m1;
 
@@ -1916,6 +1983,7 @@ TEST(dev_time_dense)
 	dw = upload(d, w, rb * n_out, rb * n_out);
 	dx = upload(d, x, 4ull * n_in, 4ull * n_in);
 	dy = dalloc(d, 4ull * n);
+	dz = dalloc(d, 4ull * n); /* the other stream's kernel writes its own memory */
 	m = (struct hyb_dev_matvec){ .type = HYB_TYPE_Q8_0, .n_in = n_in, .n_out = n_out,
 				     .w = dw, .x = dx, .y = dy };
 	m0 = mark(d);
@@ -1927,7 +1995,7 @@ TEST(dev_time_dense)
 	/* kernels serialize on the compute engine, whichever stream queues them */
 	m0 = mark(d);
 	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0);
-	CHECK(hyb_device_rmsnorm(d, HYB_STREAM_CRITICAL, dy, dx, dx, n, 1e-5f) == 0);
+	CHECK(hyb_device_rmsnorm(d, HYB_STREAM_CRITICAL, dz, dx, dx, n, 1e-5f) == 0);
 	sync_stream(d, HYB_STREAM_CRITICAL);
 	sync_stream(d, HYB_STREAM_COMPUTE);
 	m1 = mark(d);
