@@ -136,8 +136,10 @@ int hyb_race_op(struct hyb_race *r, int s, uint64_t seq, const struct hyb_span *
 	r->ring[s][seq % RING].seq = seq;
 	memcpy(r->ring[s][seq % RING].vc, r->fr[s], sizeof(vc));
 	if (n) {
-		if (r->n_fp == MAX_FOOTPRINTS) /* never expected: forget the oldest */
-			free(r->fp[0].sp), memmove(r->fp, r->fp + 1, --r->n_fp * sizeof(*r->fp));
+		if (r->n_fp == MAX_FOOTPRINTS) { /* never expected: forget the oldest */
+			free(r->fp[0].sp);
+			memmove(r->fp, r->fp + 1, --r->n_fp * sizeof(*r->fp));
+		}
 		if (r->n_fp == r->cap_fp) {
 			size_t cap = r->cap_fp ? 2 * r->cap_fp : 64;
 			struct footprint *p = realloc(r->fp, cap * sizeof(*p));
