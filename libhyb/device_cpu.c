@@ -90,9 +90,9 @@
 #include <unistd.h>
 
 #include "attention.h"
-#include "device_race.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
+#include "device_race.h"
 #include "ffn_sparse.h"
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
@@ -149,7 +149,6 @@ struct cpu_dev {
 	double t;                    /* simulated time: every event before t is done */
 	double pcie_bps, lat_s, hbm_bps, launch_s;
 	bool strict;                 /* HYB_DEVICE_STRICT: see "Strict mode" above */
-	uint64_t host_pending;       /* strict: copies queued that still touch host memory */
 	struct hyb_race *race;       /* strict: device-memory races between streams */
 	struct hyb_span *spans;      /* strict: the device memory of the op being queued */
 	uint32_t n_spans, cap_spans;
@@ -288,12 +287,10 @@ static void complete_host(struct cpu_dev *c, int s, struct op *o)
 					stream_names[s]);
 		}
 		o->src = NULL;
-		c->host_pending--;
 	} else if (o->kind == OP_D2H && o->stage) {
 		memcpy(o->dst, o->stage, o->len);
 		free(o->stage);
 		o->stage = NULL;
-		c->host_pending--;
 	}
 }
 
@@ -535,7 +532,6 @@ static int copy(struct cpu_dev *c, enum hyb_stream s, int kind, void *dst, const
 			memset(dst, 0xff, len); /* the bytes land at completion */
 		else if (!o.stage)
 			memmove(dst, src, len);
-		c->host_pending += o.src || o.stage;
 		c->base.st.copy_busy_s += o.dur;
 	} else {
 		free(o.stage);
