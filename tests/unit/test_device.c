@@ -564,6 +564,20 @@ static struct hyb_device *race_dev(hyb_dptr *p, char **buf)
 	return d;
 }
 
+/* An upload on RELOAD, ordered before an add on COMPUTE by a wait or by the host's sync. */
+static void upload_then_add(struct hyb_device *d, hyb_dptr p, const char *buf,
+			    struct hyb_device_event *ev, bool host_waits)
+{
+	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p, buf, 4 * N_ADD) == 0);
+	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, ev) == 0);
+	if (host_waits)
+		CHECK(hyb_device_sync(d, ev) == 0);
+	else
+		CHECK(hyb_device_wait(d, HYB_STREAM_COMPUTE, ev) == 0);
+	CHECK_MSG(hyb_device_add(d, HYB_STREAM_COMPUTE, p + 4 * N_ADD, p, N_ADD) == 0, "%s",
+		  hyb_device_error(d));
+}
+
 TEST(dev_strict_mode_catches_device_races)
 {
 	struct hyb_device *d;
@@ -585,11 +599,7 @@ TEST(dev_strict_mode_catches_device_races)
 	/* ordered by an event the compute stream waits for: fine, however long the copy takes */
 	d = race_dev(&p, &buf);
 	ev = hyb_device_event_new(d);
-	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p, buf, 4 * N_ADD) == 0);
-	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, ev) == 0);
-	CHECK(hyb_device_wait(d, HYB_STREAM_COMPUTE, ev) == 0);
-	CHECK_MSG(hyb_device_add(d, HYB_STREAM_COMPUTE, p + 4 * N_ADD, p, N_ADD) == 0, "%s",
-		  hyb_device_error(d));
+	upload_then_add(d, p, buf, ev, false);
 	/* a download (after the upload) of what the kernel only reads races with nothing */
 	CHECK(hyb_device_wait(d, HYB_STREAM_CRITICAL, ev) == 0);
 	CHECK_MSG(hyb_device_d2h(d, HYB_STREAM_CRITICAL, buf, p, 4 * N_ADD) == 0, "%s",
@@ -606,11 +616,7 @@ TEST(dev_strict_mode_catches_device_races)
 	/* ordered by the host having seen the copy complete: fine too */
 	d = race_dev(&p, &buf);
 	ev = hyb_device_event_new(d);
-	CHECK(hyb_device_h2d(d, HYB_STREAM_RELOAD, p, buf, 4 * N_ADD) == 0);
-	CHECK(hyb_device_record(d, HYB_STREAM_RELOAD, ev) == 0);
-	CHECK(hyb_device_sync(d, ev) == 0);
-	CHECK_MSG(hyb_device_add(d, HYB_STREAM_COMPUTE, p + 4 * N_ADD, p, N_ADD) == 0, "%s",
-		  hyb_device_error(d));
+	upload_then_add(d, p, buf, ev, true);
 	hyb_device_event_free(d, ev);
 	hyb_device_close(d);
 	free(buf);
