@@ -16,7 +16,8 @@ OPT      ?= -O2
 # (a GPU machine's, say) without stopping the one build it has time for.
 WERROR   ?= -Werror
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra $(WERROR) -pthread -fno-math-errno -MMD -MP
-CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikmod/include/uapi
+LIB_DIRS := $(filter-out libhyb/include,$(patsubst %/,%,$(wildcard libhyb/*/)))
+CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb $(LIB_DIRS:%=-I%) -Idaemon -Ikernels/cpu -Ikmod/include/uapi
 LDLIBS   := -lm -pthread -lnuma -luring -lmetis $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
@@ -24,7 +25,7 @@ ISA_avx2       := -mavx2 -mfma -mf16c
 ISA_avx512     := $(ISA_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512vnni := $(ISA_avx512) -mavx512vnni
 
-LIB_SRCS   := $(wildcard libhyb/*.c) $(wildcard kernels/cpu/*.c) \
+LIB_SRCS   := $(wildcard libhyb/*/*.c) $(wildcard kernels/cpu/*.c) \
               $(filter-out daemon/hybd.c,$(wildcard daemon/*.c))
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/%.o)
 HYB_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hyb/*.c))
@@ -39,7 +40,7 @@ FUZZ    := $(BUILD)/fuzz_gguf
 
 # CUDA: built whenever nvcc exists, even with no GPU to run it.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
-CU_SRCS := $(wildcard kernels/cuda/*.cu)
+CU_SRCS := $(wildcard kernels/cuda/*.cu libhyb/*/*.cu daemon/*.cu)
 CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
 # A100 and H100/H200 machine code; CUDA_ARCH='-gencode arch=compute_90,code=sm_90'
 # halves nvcc's time where only Hopper will run it.
@@ -95,8 +96,9 @@ $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(TOOL_CUDA) $(LIB)
 	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.
-FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/gguf_read.c libhyb/map_guard.c libhyb/tensor_type.c
-$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/map_guard.h
+FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/format/gguf_read.c libhyb/format/map_guard.c \
+	     libhyb/format/tensor_type.c
+$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/format/map_guard.h
 	@mkdir -p $(@D)
 	clang $(CPPFLAGS) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@
@@ -105,7 +107,7 @@ fuzz: $(FUZZ)
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -MMD -MP -Ilibhyb/include -Ilibhyb -Ikernels/cpu -Ikernels/cuda -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP $(filter -I%,$(CPPFLAGS)) -Ikernels/cuda -c $< -o $@
 cuda: $(GPU_TESTBIN)
 $(GPU_TEST_OBJS): CPPFLAGS += -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
 $(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../daemon/stream.h"
+#include "stream.h"
 #include "hyb/pool.h"
 
 static double now(void)

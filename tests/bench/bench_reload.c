@@ -35,9 +35,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../daemon/copydev.h"
-#include "../../daemon/copydev_cuda.h"
-#include "../../daemon/reload.h"
+#include "copydev.h"
+#include "copydev_cuda.h"
+#include "reload.h"
 
 #define QID 11
 

@@ -44,7 +44,7 @@
 #include "hyb/membw.h"
 #include "hyb/threadpool.h"
 #include "ops.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 #include "sparse_ffn_kernels.h"
 
 #define MAX_S 16

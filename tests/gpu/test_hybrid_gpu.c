@@ -16,7 +16,7 @@
 #include "cuda_kernels.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
-#include "hybrid_dense.h"
+#include "dense.h"
 #include "test.h"
 
 #define N_CTX 128

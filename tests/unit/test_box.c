@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../daemon/config.h"
-#include "../../daemon/server.h"
+#include "config.h"
+#include "server.h"
 #include "cpu_kernels.h"
 #include "hyb/generate.h"
 #include "hyb/gguf.h"

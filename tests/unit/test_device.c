@@ -21,15 +21,15 @@
 #include "attention.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
-#include "ffn_sparse.h"
-#include "hybrid_dense.h"
+#include "sparse_layer.h"
+#include "dense.h"
 #include "hyb/device.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
 #include "ops.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 #include "test.h"
 
 #define EPS 20e-6 /* clock reads around the marks */

@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../daemon/config.h"
-#include "../../daemon/copydev_cuda.h"
-#include "../../daemon/load.h"
-#include "../../daemon/server.h"
+#include "config.h"
+#include "copydev_cuda.h"
+#include "load.h"
+#include "server.h"
 #include "hyb/gguf.h"
 #include "hyb/manifest.h"
 #include "hyb/plan.h"

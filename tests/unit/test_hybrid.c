@@ -25,7 +25,7 @@
 
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
-#include "hybrid_dense.h"
+#include "dense.h"
 #include "test.h"
 
 #define N_PROMPT 12

@@ -20,14 +20,14 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../daemon/server.h"
+#include "server.h"
 #include "hyb/app_stats.h"
 #include "hyb/gpucache.h"
 #include "hyb/manifest.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/pool.h"
-#include "hybrid_dense.h"
+#include "dense.h"
 #include "test.h"
 
 #define N_PROMPT 8

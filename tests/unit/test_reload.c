@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../daemon/reload.h"
+#include "reload.h"
 #include "test.h"
 
 #define QID 3

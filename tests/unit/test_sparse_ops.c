@@ -19,7 +19,7 @@
 #include "cpu_kernels.h"
 #include "hyb/threadpool.h"
 #include "ops.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 #include "sparse_ffn_kernels.h"
 #include "test.h"
 

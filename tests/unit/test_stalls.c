@@ -17,9 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../../daemon/config.h"
-#include "../../daemon/server.h"
-#include "../../daemon/stalls_fmt.h"
+#include "config.h"
+#include "server.h"
+#include "stalls_fmt.h"
 #include "hyb/gguf.h"
 #include "hyb/tensor_type.h"
 #include "test.h"

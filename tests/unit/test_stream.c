@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../daemon/stream.h"
+#include "stream.h"
 #include "hyb/pool.h"
 #include "test.h"
 

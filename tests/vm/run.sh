@@ -101,9 +101,9 @@ for prog in hybtest hybfuzz; do
 		{ tail -20 "$OUT/build.log"; fail "cannot build tests/vm/$prog.c"; }
 done
 # libhyb's pool/queue backends: the host's conformance tests and queue bench.
-MP_SRCS="$ROOT/libhyb/lat_hist.c $ROOT/libhyb/mempool.c $ROOT/libhyb/mempool_kmod.c
-	 $ROOT/libhyb/mempool_local.c $ROOT/libhyb/rq_local.c"
-MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb"
+MP_SRCS="$ROOT/libhyb/box/lat_hist.c $ROOT/libhyb/box/mempool.c $ROOT/libhyb/box/mempool_kmod.c
+	 $ROOT/libhyb/box/mempool_local.c $ROOT/libhyb/box/rq_local.c"
+MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb -I$ROOT/libhyb/box"
 { $NICE gcc $MP_FLAGS "$ROOT/tests/unit/runner.c" "$ROOT/tests/unit/test_mempool.c" $MP_SRCS \
 	-lnuma -o "$OUT/hybmempool" &&
   $NICE gcc $MP_FLAGS "$ROOT/tests/bench/bench_queue.c" $MP_SRCS -lnuma -o "$OUT/bench_queue"

@@ -8,7 +8,7 @@
 #include "hyb/generate.h"
 #include "hyb/tokenizer.h"
 #include "model_stream.h"
-#include "../../daemon/stream.h"
+#include "stream.h"
 
 static const char usage[] =
 	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../daemon/stalls_fmt.h"
+#include "stalls_fmt.h"
 #include "hybctl.h"
 
 static const char usage[] =

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ffn_plan.h"
+#include "plan_ffn.h"
 #include "ops.h"
 #include "sparse_ffn_kernels.h"
 

@@ -24,7 +24,7 @@
 
 #include "hyb/device.h"
 #include "hyb/model.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 
 struct hyb_hybd_cache;
 

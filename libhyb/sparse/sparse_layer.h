@@ -16,7 +16,7 @@
 #include <stddef.h>
 
 #include "hyb/model.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 #include "hyb/threadpool.h"
 
 struct hyb_ffn_sparse;

@@ -25,7 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../daemon/stream.h"
+#include "stream.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "model_stream.h"

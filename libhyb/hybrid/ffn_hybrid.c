@@ -51,10 +51,10 @@
 #include "hyb/app_stats.h"
 #include "hyb/manifest.h"
 #include "ffn_hybrid.h"
-#include "ffn_sparse.h"
+#include "sparse_layer.h"
 #include "group_div.h"
-#include "hybrid_dense.h"
-#include "sparse_ffn.h"
+#include "dense.h"
+#include "sparse_op.h"
 
 struct hyb_ffn_hybrid {
 	const struct hyb_model *m;

@@ -22,10 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decode_hybrid.h"
+#include "decode.h"
 #include "ffn_hybrid.h"
 #include "forward_internal.h"
-#include "hybrid_dense.h"
+#include "dense.h"
 
 enum x_where { X_HOST, X_DEV, X_BOTH };
 

@@ -20,7 +20,7 @@
  * starts on rows still in DRAM. Nothing else is touched: no dense copy,
  * no conversion of the weights.
  */
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 
 #include <math.h>
 #include <stdarg.h>

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hybrid_dense.h"
+#include "dense.h"
 #include "hyb/tensor_type.h"
 
 struct dense_layer {

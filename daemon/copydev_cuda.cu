@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../../daemon/copydev_cuda.h"
+#include "copydev_cuda.h"
 #include "hyb/pool.h"
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(((hyb_gpucache_desc *)0)->ipc_handle),

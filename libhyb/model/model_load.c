@@ -18,7 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../daemon/stream.h"
+#include "stream.h"
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/manifest.h"

@@ -50,7 +50,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../libhyb/device_internal.h" /* the Makefile gives nvcc no -Ilibhyb */
+#include "device_internal.h" /* the Makefile gives nvcc no -Ilibhyb */
 #include "hyb/tensor_type.h"
 #include "dense_cuda.h"
 #include "predict_cuda.h"

@@ -93,11 +93,11 @@
 #include "cpu_kernels.h"
 #include "device_internal.h"
 #include "device_race.h"
-#include "ffn_sparse.h"
+#include "sparse_layer.h"
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
 #include "ops.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 
 #define HUGE_SZ (2ull << 20)
 

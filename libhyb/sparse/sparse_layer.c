@@ -10,9 +10,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "ffn_sparse.h"
+#include "sparse_layer.h"
 #include "hyb/plan.h"
-#include "sparse_ffn.h"
+#include "sparse_op.h"
 
 struct hyb_ffn_sparse {
 	const struct hyb_model *m;
