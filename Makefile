@@ -16,49 +16,71 @@ OPT      ?= -O2
 # (a GPU machine's, say) without stopping the one build it has time for.
 WERROR   ?= -Werror
 CFLAGS   := -std=c11 $(OPT) -g -Wall -Wextra $(WERROR) -pthread -fno-math-errno -MMD -MP
-LIB_DIRS := $(filter-out libhyb/include,$(patsubst %/,%,$(wildcard libhyb/*/)))
-CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ilibhyb $(LIB_DIRS:%=-I%) -Idaemon -Ikernels/cpu -Ikmod/include/uapi
-LDLIBS   := -lm -pthread -lnuma -luring -lmetis $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
+# Include paths: libhyb's own files name other subsystems' headers by folder
+# ("sparse/sparse_op.h"); tools see only the public API (libhyb/include).
+CPPFLAGS := -D_GNU_SOURCE -Ilibhyb/include -Ikmod/include/uapi
+INTERNAL := -Ilibhyb -Ikernels/cpu
+LDLIBS   := -lm -pthread -lnuma -luring $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
+# METIS partitions the co-activation graph: the offline planner's alone
+PLAN_LIBS := -lmetis
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
 ISA_avx2       := -mavx2 -mfma -mf16c
 ISA_avx512     := $(ISA_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512vnni := $(ISA_avx512) -mavx512vnni
 
-LIB_SRCS   := $(wildcard libhyb/*/*.c) $(wildcard kernels/cpu/*.c) \
-              $(filter-out daemon/hybd.c,$(wildcard daemon/*.c))
+# libhyb: the runtime (every subsystem folder but plan/) and the CPU kernels;
+# libhybplan: the offline planner, linked by hybctl and the tests only;
+# libhybd: hybd's own code, linked by hybd and the tests.
+ABI_VERSION := 0
+LIB_SRCS   := $(filter-out libhyb/plan/%,$(wildcard libhyb/*/*.c)) $(wildcard kernels/cpu/*.c)
 LIB_OBJS   := $(LIB_SRCS:%.c=$(BUILD)/%.o)
+PLAN_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard libhyb/plan/*.c))
+HYBD_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(filter-out daemon/hybd.c,$(wildcard daemon/*.c)))
 HYB_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hyb/*.c))
 CTL_OBJS   := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tools/hybctl/*.c))
 TEST_OBJS  := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/unit/*.c))
 
 LIB     := $(BUILD)/libhyb.a
+SOLIB   := $(BUILD)/libhyb.so.$(ABI_VERSION)
+PLANLIB := $(BUILD)/libhybplan.a
+HYBDLIB := $(BUILD)/libhybd.a
 TOOLS   := $(BUILD)/hyb $(BUILD)/hybctl $(BUILD)/hybd
 TESTBIN := $(BUILD)/hyb-tests
 BENCHBIN := $(patsubst tests/bench/%.c,$(BUILD)/%,$(wildcard tests/bench/bench_*.c))
 FUZZ    := $(BUILD)/fuzz_gguf
 
+$(LIB_OBJS) $(PLAN_OBJS) $(HYBD_OBJS): CPPFLAGS += $(INTERNAL)
+# tests reach every layer: hybd's files by their path from the root ("daemon/reload.h")
+$(TEST_OBJS) $(BUILD)/tests/bench/%.o: CPPFLAGS += $(INTERNAL) -I.
+$(BUILD)/daemon/hybd.o: CPPFLAGS += $(INTERNAL)
+# libhyb.so is made of the same objects as libhyb.a
+$(LIB_OBJS): CFLAGS += -fPIC
+
 # CUDA: built whenever nvcc exists, even with no GPU to run it.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || { [ -x /usr/local/cuda/bin/nvcc ] && echo /usr/local/cuda/bin/nvcc; })
-CU_SRCS := $(wildcard kernels/cuda/*.cu libhyb/*/*.cu daemon/*.cu)
-CU_OBJS := $(CU_SRCS:%.cu=$(BUILD)/%.o)
+LIB_CU_SRCS  := $(wildcard kernels/cuda/*.cu libhyb/*/*.cu)
+HYBD_CU_SRCS := $(wildcard daemon/*.cu)
 # A100 and H100/H200 machine code; CUDA_ARCH='-gencode arch=compute_90,code=sm_90'
 # halves nvcc's time where only Hopper will run it.
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 comma   := ,
-NVFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra$(if $(WERROR),$(comma)-Werror)
+NVFLAGS ?= -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall,-Wextra$(if $(WERROR),$(comma)-Werror)
 CUDA_HOME := $(patsubst %/bin/nvcc,%,$(NVCC))
 GPU_TESTBIN := $(BUILD)/hyb-gpu-tests
-# With nvcc the tools carry the CUDA device (kernels/cuda/device_cuda.cu's strong
-# hyb_device_cuda_open replaces libhyb's weak "built without CUDA" one).
+# With nvcc the programs carry the CUDA code: the strong hyb_device_cuda_open,
+# hyb_cuda_cache_open and hybd's hyb_copydev_cuda_* replace the weak "built
+# without CUDA" ones (libhyb/device/device.c, libhyb/box/gpucache.c,
+# daemon/copydev_nocuda.c).
 ifneq ($(NVCC),)
-TOOL_CUDA := $(CU_OBJS)
-TOOL_CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
+LIB_CUDA  := $(LIB_CU_SRCS:%.cu=$(BUILD)/%.o)
+HYBD_CUDA := $(HYBD_CU_SRCS:%.cu=$(BUILD)/%.o)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++
 endif
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
 .PHONY: all run test bench bench-gpu test-gpu install clean deps cuda fuzz module module-clean
-all: $(LIB) $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
+all: $(LIB) $(SOLIB) $(BUILD)/hyb.pc $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
 
 deps:
 	@bash tools/install-deps.sh
@@ -82,36 +104,51 @@ $(BUILD)/kernels/cpu/%.o: kernels/cpu/%.c
 $(LIB): $(LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+$(PLANLIB): $(PLAN_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+$(HYBDLIB): $(HYBD_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+# The shared library exports hyb_* only (libhyb/libhyb.map) under a soname.
+$(SOLIB): $(LIB_OBJS) $(LIB_CUDA) libhyb/libhyb.map
+	$(CC) -shared -Wl,-soname,libhyb.so.$(ABI_VERSION) -Wl,--version-script=libhyb/libhyb.map \
+		-Wl,--no-undefined $(CFLAGS) $(LIB_OBJS) $(LIB_CUDA) $(CUDA_LIBS) $(LDLIBS) -o $@
+	ln -sf libhyb.so.$(ABI_VERSION) $(BUILD)/libhyb.so
+$(BUILD)/hyb.pc: libhyb/hyb.pc.in Makefile
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(ABI_VERSION)|' \
+		-e 's|@LIBS@|$(strip $(LDLIBS))|' $< > $@
 
-$(BUILD)/hyb: $(HYB_OBJS) $(TOOL_CUDA) $(LIB)
-	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
-$(BUILD)/hybctl: $(CTL_OBJS) $(LIB)
-	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
-$(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(TOOL_CUDA) $(LIB)
-	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
-$(TESTBIN): $(TEST_OBJS) $(LIB)
-	$(CC) $(CFLAGS) $^ $(LDLIBS) -o $@
+$(BUILD)/hyb: $(HYB_OBJS) $(LIB_CUDA) $(LIB)
+	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
+$(BUILD)/hybctl: $(CTL_OBJS) $(PLANLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
+$(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
+$(TESTBIN): $(TEST_OBJS) $(HYBDLIB) $(PLANLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
 # bench_reload --upload cuda times hybd's CUDA copy engine: the benches carry it too
-$(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(TOOL_CUDA) $(LIB)
-	$(CC) $(CFLAGS) $^ $(TOOL_CUDA_LIBS) $(LDLIBS) -o $@
+$(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(PLANLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(PLAN_LIBS) $(LDLIBS) -o $@
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.
 FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/format/gguf_read.c libhyb/format/map_guard.c \
 	     libhyb/format/tensor_type.c
 $(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/format/map_guard.h
 	@mkdir -p $(@D)
-	clang $(CPPFLAGS) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
+	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@
 fuzz: $(FUZZ)
 
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) $(NVFLAGS) -MMD -MP $(filter -I%,$(CPPFLAGS)) -Ikernels/cuda -c $< -o $@
+	$(NVCC) $(NVFLAGS) -MMD -MP $(CPPFLAGS) $(INTERNAL) -Ikernels/cuda -c $< -o $@
 cuda: $(GPU_TESTBIN)
-$(GPU_TEST_OBJS): CPPFLAGS += -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
-$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o $(GPU_TEST_OBJS) $(CU_OBJS) $(LIB)
-	$(CC) $(CFLAGS) $^ -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc++ $(LDLIBS) -o $@
+$(GPU_TEST_OBJS): CPPFLAGS += $(INTERNAL) -I. -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
+$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o $(GPU_TEST_OBJS) \
+		$(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
 else
 cuda:
 	@echo "hyb: CUDA toolkit not found (no nvcc on PATH or in /usr/local/cuda): CUDA kernels skipped"
@@ -162,9 +199,13 @@ else
 endif
 
 install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/hyb
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+		$(DESTDIR)$(PREFIX)/include/hyb
 	install -m 755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 $(LIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 644 $(LIB) $(PLANLIB) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SOLIB) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libhyb.so.$(ABI_VERSION) $(DESTDIR)$(PREFIX)/lib/libhyb.so
+	install -m 644 $(BUILD)/hyb.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 644 libhyb/include/hyb/*.h $(DESTDIR)$(PREFIX)/include/hyb/
 	install -D -m 644 daemon/hybd.service $(DESTDIR)$(PREFIX)/lib/systemd/system/hybd.service
 

@@ -2,8 +2,8 @@
 /*
  * The copy device of the reload service: GPU neuron-cache slots that pool
  * ranges are copied into (HYB_RQ_UPLOAD) and dropped from (HYB_RQ_EVICT).
- * DESIGN.md "Device backends": a CUDA implementation (issue 4, item 4:
- * pinned pools, one copy stream per priority, slots in device memory) and a
+ * Two implementations (docs/BOX.md): a CUDA one (pinned pools, one copy
+ * stream per priority, slots in device memory) and a
  * CPU one that honours the same interface - capacity, slots and a
  * configurable copy bandwidth - so the scheduling paths run without a GPU.
  *

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The CUDA copy device (daemon/copydev_cuda.h; issue 4, item 4): the GPU
+ * The CUDA copy device (daemon/copydev_cuda.h): the GPU
  * neuron cache is one device allocation cut into slots; pool memory is
  * pinned with cudaHostRegister so each upload is a single DMA; each request
  * priority has its own non-blocking stream created with the device's stream
@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "box/cuda_errno.h"
 #include "copydev_cuda.h"
 #include "hyb/pool.h"
 
@@ -44,35 +45,6 @@ struct cudadev {
 	unsigned int n_regs, cap_regs;
 };
 
-static int errno_of(cudaError_t e)
-{
-	switch (e) {
-	case cudaSuccess:
-		return 0;
-	case cudaErrorInvalidValue:
-	case cudaErrorInvalidDevicePointer:
-	case cudaErrorInvalidResourceHandle:
-		return -EINVAL;
-	case cudaErrorMemoryAllocation:
-		return -ENOMEM;
-	case cudaErrorNoDevice:
-	case cudaErrorInvalidDevice:
-	case cudaErrorInsufficientDriver:
-		return -ENODEV;
-	default:
-		return -EIO;
-	}
-}
-
-/* err gets "what: CUDA's message"; returns the errno. */
-static int fail(cudaError_t e, char *err, size_t errlen, const char *what)
-{
-	if (err && errlen)
-		snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
-	cudaGetLastError();	/* clear a non-sticky error */
-	return errno_of(e) ? errno_of(e) : -EIO;
-}
-
 static int cu_upload(struct hyb_copydev *d, uint32_t slot, uint64_t slot_off, const void *src,
 		     uint64_t len, unsigned int prio)
 {
@@ -86,7 +58,7 @@ static int cu_upload(struct hyb_copydev *d, uint32_t slot, uint64_t slot_off, co
 	if ((e = cudaSetDevice(c->dev)) != cudaSuccess ||
 	    (e = cudaMemcpyAsync(c->cache + (uint64_t)slot * d->slot_bytes + slot_off, src, len,
 				 cudaMemcpyHostToDevice, c->stream[prio])) != cudaSuccess)
-		return fail(e, NULL, 0, "upload");
+		return hyb_cuda_fail(e, NULL, 0, "upload");
 	if (slot_off + len > c->valid[slot])
 		c->valid[slot] = slot_off + len;
 	d->bytes_copied += len;
@@ -102,7 +74,7 @@ static int cu_sync(struct hyb_copydev *d, unsigned int prio)
 		prio = N_PRIO - 1;
 	if ((e = cudaSetDevice(c->dev)) != cudaSuccess ||
 	    (e = cudaStreamSynchronize(c->stream[prio])) != cudaSuccess)
-		return fail(e, NULL, 0, "sync");
+		return hyb_cuda_fail(e, NULL, 0, "sync");
 	return 0;
 }
 
@@ -197,7 +169,7 @@ extern "C" struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cu
 	c->dev = cfg->device;
 	if ((e = cudaSetDevice(c->dev)) != cudaSuccess ||
 	    (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess) {
-		fail(e, err, errlen, "cuda device");
+		hyb_cuda_fail(e, err, errlen, "cuda device");
 		cu_close(&c->d);
 		return NULL;
 	}
@@ -208,7 +180,7 @@ extern "C" struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cu
 		e = cudaStreamCreateWithPriority(&c->stream[p], cudaStreamNonBlocking, v);
 		if (e != cudaSuccess) {
 			c->stream[p] = NULL;
-			fail(e, err, errlen, "cuda device: copy stream");
+			hyb_cuda_fail(e, err, errlen, "cuda device: copy stream");
 			cu_close(&c->d);
 			return NULL;
 		}
@@ -218,7 +190,7 @@ extern "C" struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cu
 		c->cache = NULL;
 		snprintf(what, sizeof(what), "cuda device %d: %u cache slots of %llu bytes",
 			 c->dev, cfg->n_slots, (unsigned long long)cfg->slot_bytes);
-		fail(e, err, errlen, what);
+		hyb_cuda_fail(e, err, errlen, what);
 		cu_close(&c->d);
 		return NULL;
 	}
@@ -259,7 +231,7 @@ extern "C" int hyb_copydev_cuda_register(struct hyb_copydev *d, void *addr, size
 			return -EEXIST;
 		}
 		snprintf(what, sizeof(what), "cudaHostRegister(%p, %zu bytes)", addr, len);
-		return fail(e, err, errlen, what);
+		return hyb_cuda_fail(e, err, errlen, what);
 	}
 	c->regs[c->n_regs].addr = addr;
 	c->regs[c->n_regs].len = len;
@@ -280,7 +252,7 @@ extern "C" int hyb_copydev_cuda_unregister(struct hyb_copydev *d, void *addr)
 			cudaSetDevice(c->dev);
 			e = cudaHostUnregister(addr);
 			c->regs[i] = c->regs[--c->n_regs];
-			return e == cudaSuccess ? 0 : fail(e, NULL, 0, "unregister");
+			return e == cudaSuccess ? 0 : hyb_cuda_fail(e, NULL, 0, "unregister");
 		}
 	}
 	return -ENOENT;
@@ -327,7 +299,7 @@ extern "C" int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucach
 	    (e = cudaIpcGetMemHandle(&h, c->cache)) != cudaSuccess ||
 	    (e = cudaDeviceGetPCIBusId(out->pci_bus_id, sizeof(out->pci_bus_id), c->dev)) !=
 		    cudaSuccess)
-		return fail(e, err, errlen, "cuda export");
+		return hyb_cuda_fail(e, err, errlen, "cuda export");
 	out->magic = HYB_GPUCACHE_MAGIC;
 	out->version = HYB_GPUCACHE_VERSION;
 	out->pid = (int32_t)getpid();
@@ -336,49 +308,4 @@ extern "C" int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucach
 	out->slot_bytes = d->slot_bytes;
 	memcpy(out->ipc_handle, &h, sizeof(h));
 	return 0;
-}
-
-extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
-				   char *err, size_t errlen)
-{
-	cudaIpcMemHandle_t h;
-	cudaError_t e;
-	char bus[sizeof(desc->pci_bus_id) + 1];
-	int dev;
-
-	if (base)
-		*base = NULL;
-	if (!desc || !base || desc->magic != HYB_GPUCACHE_MAGIC ||
-	    desc->version != HYB_GPUCACHE_VERSION || desc->kind != HYB_GPUCACHE_CUDA || !desc->n_slots || !desc->slot_bytes) {
-		snprintf(err, errlen, "GPU cache descriptor: bad magic, version or size");
-		return -EINVAL;
-	}
-	memcpy(bus, desc->pci_bus_id, sizeof(desc->pci_bus_id));
-	bus[sizeof(desc->pci_bus_id)] = 0;
-	memcpy(&h, desc->ipc_handle, sizeof(h));
-	if ((e = cudaDeviceGetByPCIBusId(&dev, bus)) != cudaSuccess) {
-		char what[96];
-
-		snprintf(what, sizeof(what), "GPU %s of hybd (pid %d) is not visible here", bus,
-			 desc->pid);
-		return fail(e, err, errlen, what);
-	}
-	if (ordinal >= 0 && dev != ordinal) {
-		snprintf(err, errlen, "hybd's GPU %s is device %d in this process, which computes "
-			 "on device %d: use the same GPU", bus, dev, ordinal);
-		return -EXDEV;
-	}
-	if ((e = cudaSetDevice(dev)) != cudaSuccess ||
-	    (e = cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
-		*base = NULL;
-		return fail(e, err, errlen, "open hybd's GPU cache (CUDA IPC)");
-	}
-	return 0;
-}
-
-extern "C" int hyb_cuda_cache_close(void *base)
-{
-	cudaError_t e = cudaIpcCloseMemHandle(base);
-
-	return e == cudaSuccess ? 0 : fail(e, NULL, 0, "close");
 }

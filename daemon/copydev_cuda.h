@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The CUDA copy device (issue 4, item 4; DESIGN.md "Device backends"): the
+ * The CUDA copy device (docs/BOX.md): the
  * GPU neuron cache of the reload service, behind copydev.h.
  *
  *   - the cache is one device allocation of n_slots * slot_bytes made by

@@ -77,18 +77,3 @@ WEAK int hyb_copydev_cuda_export(struct hyb_copydev *d, struct hyb_gpucache_desc
 	(void)d, (void)out;
 	return no_cuda(err, errlen);
 }
-
-WEAK int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
-			     char *err, size_t errlen)
-{
-	(void)desc, (void)ordinal;
-	if (base)
-		*base = NULL;
-	return no_cuda(err, errlen);
-}
-
-WEAK int hyb_cuda_cache_close(void *base)
-{
-	(void)base;
-	return -ENODEV;
-}

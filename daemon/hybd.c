@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * hybd: the box-mode daemon (issue 4, item 5). This file is the process:
+ * hybd: the box-mode daemon. This file is the process:
  * flags and config file, daemonising, the pid file and the signals; the
  * daemon's work is in server.c (and the engine it drives), which tests run
  * in-process.

@@ -15,7 +15,7 @@
 #include "load.h"
 #include "log.h"
 #include "manifest_write.h"
-#include "stream.h"
+#include "hyb/stream.h"
 
 #define PIECE (256ull << 20)	/* cancellation and progress granularity */
 
@@ -51,7 +51,7 @@ void hyb_loaded_free(struct hyb_loaded *l)
 	free(l->pools);
 	hyb_placement_free(&l->placement);
 	if (l->gguf)
-		gguf_close(l->gguf);
+		hyb_gguf_close(l->gguf);
 	free(l->manifest);
 	memset(l, 0, sizeof(*l));
 }
@@ -145,14 +145,14 @@ static int stream_runs(const struct hyb_load_config *c, struct hyb_loaded *l, ch
 	return 0;
 }
 
-static char *tensor_name(const struct gguf_tensor *t)
+static char *tensor_name(const struct hyb_gguf_tensor *t)
 {
 	return strndup(t->name.ptr, t->name.len);
 }
 
 /* Bundles of a plan file's layer: groups of blk.L.ffn_bundles (hyb/plan.h). */
 static int add_bundles(struct hyb_mf_builder *mb, const struct hyb_loaded *l,
-		       const struct gguf_tensor *t, const struct hyb_place_tensor *pt,
+		       const struct hyb_gguf_tensor *t, const struct hyb_place_tensor *pt,
 		       uint32_t layer)
 {
 	uint64_t rows = t->ne[1], row_bytes, n_ff, gs = l->group_size;
@@ -183,7 +183,7 @@ static int add_bundles(struct hyb_mf_builder *mb, const struct hyb_loaded *l,
 static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 			  const struct hyb_place_tensor *pt, char *err, size_t errlen)
 {
-	const struct gguf_file *f = l->gguf;
+	const struct hyb_gguf_file *f = l->gguf;
 	struct hyb_mf_model mm = {
 		.path = c->model_path,
 		.size = f->size,
@@ -227,7 +227,7 @@ static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 		ret = hyb_mf_add_pool(mb, &p) < 0;
 	}
 	for (uint64_t i = 0; i < f->n_tensors && !ret; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
 		struct hyb_mf_tensor mt = {
 			.type = t->type,
 			.n_dims = t->n_dims,
@@ -274,7 +274,7 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 		   size_t errlen)
 {
 	struct hyb_place_tensor *pt = NULL;
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	char arch[64] = "llama", key[96];
 	uint64_t n;
 
@@ -284,7 +284,7 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 	if (!hyb_load_name_ok(c->name))
 		return hyb_errf(err, errlen, "name '%s' must be 1..%d of [A-Za-z0-9._-]", c->name,
 			    HYB_LOAD_NAME_MAX);
-	if (gguf_open(c->model_path, &out->gguf, err, errlen))
+	if (hyb_gguf_open(c->model_path, &out->gguf, err, errlen))
 		return -1;
 	f = out->gguf;
 	n = f->n_tensors;
@@ -293,11 +293,11 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 		     (unsigned long long)n);
 		goto out_fail;
 	}
-	gguf_get_str(f, "general.architecture", arch, sizeof(arch));
+	hyb_gguf_get_str(f, "general.architecture", arch, sizeof(arch));
 	snprintf(key, sizeof(key), "%s.block_count", arch);
-	gguf_get_u32(f, key, &out->n_layers);
-	if (gguf_find(f, HYB_PLAN_KEY_VERSION) &&
-	    !gguf_get_u32(f, HYB_PLAN_KEY_GROUP_SIZE, &out->group_size)) {
+	hyb_gguf_get_u32(f, key, &out->n_layers);
+	if (hyb_gguf_find(f, HYB_PLAN_KEY_VERSION) &&
+	    !hyb_gguf_get_u32(f, HYB_PLAN_KEY_GROUP_SIZE, &out->group_size)) {
 		hyb_errf(err, errlen, "%s: plan file without a valid %s", c->model_path,
 		     HYB_PLAN_KEY_GROUP_SIZE);
 		goto out_fail;
@@ -308,7 +308,7 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 		goto out_fail;
 	}
 	for (uint64_t i = 0; i < n; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
 
 		pt[i].name = tensor_name(t);
 		if (!pt[i].name) {

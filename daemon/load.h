@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Loading a model into NUMA-placed pools (issue 4, items 1-2): read the GGUF
+ * Loading a model into NUMA-placed pools: read the GGUF
  * metadata, place the tensors (placement.h), create one pool per node (or
  * pools_per_node), stream every resident byte in with the io_uring engine
  * (stream.h), and build the manifest (hyb/manifest.h). Success only when
@@ -23,7 +23,7 @@
 
 #define HYB_LOAD_NAME_MAX 22
 
-struct gguf_file;
+struct hyb_gguf_file;
 
 struct hyb_load_config {
 	struct hyb_backend *backend;
@@ -40,7 +40,7 @@ struct hyb_load_config {
 };
 
 struct hyb_loaded {
-	struct gguf_file *gguf;		/* the metadata (a mapping of the file) */
+	struct hyb_gguf_file *gguf;		/* the metadata (a mapping of the file) */
 	struct hyb_mempool **pools;	/* placement.pools order */
 	unsigned int n_pools;
 	struct hyb_placement placement;

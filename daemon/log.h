@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Structured log lines for hybd (issue 4, item 5): one event per line,
+ * Structured log lines for hybd: one event per line,
  * key=value pairs (or one JSON object per line), a UTC timestamp first.
  *
  *   ts=2025-01-02T03:04:05.123456Z level=info event=load_done model=/m.gguf bytes=1234

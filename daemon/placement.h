@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * NUMA placement of a model's tensors into pools (issue 4, items 1-2): which
+ * NUMA placement of a model's tensors into pools: which
  * node each tensor lives on, which tensors stay resident when the DRAM budget
  * is smaller than the model, and where each lands in its pool. Pure
  * computation on a tensor list, so every policy is testable on any machine

@@ -23,10 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lat_hist.h"
+#include "box/lat_hist.h"
 #include "reload.h"
 #include "reload_io.h"
-#include "stream.h"
+#include "hyb/stream.h"
+#include "hyb/testing.h"
 
 #define DEFAULT_CHUNK	(1u << 20)
 #define MSG_LEN		256
@@ -104,13 +105,6 @@ static uint64_t now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-const char *hyb_reload_class_name(enum hyb_reload_class c)
-{
-	static const char *const names[] = { "critical", "reload", "prefetch" };
-
-	return c < HYB_RELOAD_CLASSES ? names[c] : "?";
 }
 
 static int say(char *msg, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -485,8 +479,7 @@ static void *lane_main(void *arg)
 	char msg[MSG_LEN];
 	struct op *op;
 
-	/* HYB_RELOAD_STREAM=1: every LOAD chunk through the streaming engine (tests) */
-	ln->rio_broken = getenv("HYB_RELOAD_STREAM") != NULL;
+	ln->rio_broken = getenv(HYB_TESTING_ENV_RELOAD_STREAM) != NULL;
 	pthread_mutex_lock(&r->lock);
 	for (;;) {
 		uint64_t len;
@@ -802,127 +795,4 @@ void hyb_reload_stop(struct hyb_reload *r, struct hyb_reload_stats *out)
 	if (out)
 		hyb_reload_stats(r, out);
 	free_service(r);
-}
-
-/* "key=N" in line, as an unsigned; 0 when absent. */
-static uint64_t kv_u64(const char *line, const char *key)
-{
-	size_t n = strlen(key);
-
-	for (const char *p = line; (p = strstr(p, key)); p += n) {
-		if ((p == line || p[-1] == ' ') && p[n] == '=')
-			return strtoull(p + n + 1, NULL, 10);
-	}
-	return 0;
-}
-
-static void read_lat(const char *line, const char *name, struct hyb_lat_stat *s)
-{
-	char k[32];
-
-#define F(field, suffix)                                                    \
-	do {                                                                \
-		snprintf(k, sizeof(k), "%s_%s", name, suffix);              \
-		s->field = kv_u64(line, k);                                 \
-	} while (0)
-	F(count, "count");
-	F(p50_ns, "p50_ns");
-	F(p99_ns, "p99_ns");
-	F(max_ns, "max_ns");
-#undef F
-}
-
-int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid, char *err,
-			  size_t errlen)
-{
-	char line[2048];
-	FILE *f = fopen(path, "r");
-	int classes = 0;
-
-	memset(s, 0, sizeof(*s));
-	if (!f) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		return -1;
-	}
-	if (!fgets(line, sizeof(line), f) || strncmp(line, "hyb_reload_stats=1 ", 19)) {
-		fclose(f);
-		snprintf(err, errlen, "%s: not a reload statistics file (version 1)", path);
-		return -1;
-	}
-	if (pid)
-		*pid = (int)kv_u64(line, "pid");
-	s->fetched = kv_u64(line, "fetched");
-	s->backlog = kv_u64(line, "backlog");
-	s->slices = kv_u64(line, "slices");
-	while (fgets(line, sizeof(line), f)) {
-		struct hyb_reload_class_stats *cs = NULL;
-
-		for (int c = 0; c < HYB_RELOAD_CLASSES; c++) {
-			char want[32];
-
-			snprintf(want, sizeof(want), "class=%s ", hyb_reload_class_name(c));
-			if (!strncmp(line, want, strlen(want)))
-				cs = &s->cls[c];
-		}
-		if (!cs)
-			continue;	/* a later version's line */
-		classes++;
-		cs->done = kv_u64(line, "done");
-		cs->failed = kv_u64(line, "failed");
-		cs->bytes = kv_u64(line, "bytes");
-		cs->preemptions = kv_u64(line, "preemptions");
-		cs->max_slices_waited = (uint32_t)kv_u64(line, "max_slices_waited");
-		read_lat(line, "wait", &cs->wait);
-		read_lat(line, "service", &cs->service);
-		read_lat(line, "total", &cs->total);
-	}
-	fclose(f);
-	if (classes != HYB_RELOAD_CLASSES) {
-		snprintf(err, errlen, "%s: %d of %d classes", path, classes, HYB_RELOAD_CLASSES);
-		return -1;
-	}
-	return 0;
-}
-
-static void write_lat(FILE *f, const char *name, const struct hyb_lat_stat *s)
-{
-	fprintf(f, " %s_count=%llu %s_p50_ns=%llu %s_p99_ns=%llu %s_max_ns=%llu", name,
-		(unsigned long long)s->count, name, (unsigned long long)s->p50_ns, name,
-		(unsigned long long)s->p99_ns, name, (unsigned long long)s->max_ns);
-}
-
-int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, char *err,
-			   size_t errlen)
-{
-	char tmp[4200];
-	FILE *f;
-
-	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-	f = fopen(tmp, "w");
-	if (!f) {
-		snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
-		return -1;
-	}
-	fprintf(f, "hyb_reload_stats=1 pid=%d fetched=%llu backlog=%llu slices=%llu\n",
-		(int)getpid(), (unsigned long long)s->fetched, (unsigned long long)s->backlog,
-		(unsigned long long)s->slices);
-	for (int c = 0; c < HYB_RELOAD_CLASSES; c++) {
-		const struct hyb_reload_class_stats *cs = &s->cls[c];
-
-		fprintf(f, "class=%s done=%llu failed=%llu bytes=%llu preemptions=%llu "
-			"max_slices_waited=%u", hyb_reload_class_name(c),
-			(unsigned long long)cs->done, (unsigned long long)cs->failed,
-			(unsigned long long)cs->bytes, (unsigned long long)cs->preemptions,
-			cs->max_slices_waited);
-		write_lat(f, "wait", &cs->wait);
-		write_lat(f, "service", &cs->service);
-		write_lat(f, "total", &cs->total);
-		fputc('\n', f);
-	}
-	if (fclose(f) || rename(tmp, path)) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		unlink(tmp);
-		return -1;
-	}
-	return 0;
 }

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The reload service (issue 4, item 3): the daemon side of a reload queue
+ * The reload service: the daemon side of a reload queue
  * (hyb/pool.h, hyb_rq_*), run as threads - inside hybd in box mode (kmod
  * backend), inside the app in embedded mode (local backend).
  *
@@ -53,21 +53,7 @@
 
 #include "copydev.h"
 #include "hyb/pool.h"
-
-enum hyb_reload_class {
-	HYB_RELOAD_CRITICAL = 0,
-	HYB_RELOAD_RELOAD = 1,
-	HYB_RELOAD_PREFETCH = 2,
-	HYB_RELOAD_CLASSES
-};
-
-static inline enum hyb_reload_class hyb_reload_class_of(unsigned int prio)
-{
-	return prio == HYB_RQ_CRITICAL ? HYB_RELOAD_CRITICAL :
-	       prio >= HYB_RQ_LOW ? HYB_RELOAD_PREFETCH : HYB_RELOAD_RELOAD;
-}
-
-const char *hyb_reload_class_name(enum hyb_reload_class c);
+#include "hyb/stalls.h"
 
 /* What on_done hears about every finished request (NOPs excepted). */
 struct hyb_reload_event {
@@ -93,24 +79,6 @@ struct hyb_reload_config {
 	void *arg;
 };
 
-struct hyb_reload_class_stats {
-	uint64_t done;			/* status 0 */
-	uint64_t failed;
-	uint64_t bytes;			/* moved by successful requests */
-	uint64_t preemptions;		/* chunks of other requests run in their middle */
-	uint32_t max_slices_waited;
-	struct hyb_lat_stat wait;	/* queued -> started */
-	struct hyb_lat_stat service;	/* started -> done */
-	struct hyb_lat_stat total;	/* queued -> done */
-};
-
-struct hyb_reload_stats {
-	uint64_t fetched;		/* requests taken from the queue (NOPs included) */
-	uint64_t backlog;		/* fetched, not finished */
-	uint64_t slices;		/* chunks executed, both lanes */
-	struct hyb_reload_class_stats cls[HYB_RELOAD_CLASSES];
-};
-
 struct hyb_reload;
 
 /*
@@ -122,18 +90,5 @@ struct hyb_reload *hyb_reload_start(const struct hyb_reload_config *cfg, char *e
 /* Shut down as described above and free; final statistics into out (may be NULL). */
 void hyb_reload_stop(struct hyb_reload *r, struct hyb_reload_stats *out);
 void hyb_reload_stats(struct hyb_reload *r, struct hyb_reload_stats *out);
-/*
- * Write statistics as text (one "class=NAME key=value ..." line per class,
- * after a header line) to path, atomically (written aside, renamed).
- */
-int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, char *err,
-			   size_t errlen);
-/*
- * Read such a file back (hybctl: hybd's per-class view next to the queue's).
- * Percentiles and counts round-trip; sum and p90/p999 are not in the file
- * (0). pid: the writer. 0, or -1 with a message.
- */
-int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid, char *err,
-			  size_t errlen);
 
 #endif

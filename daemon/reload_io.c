@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "reload_io.h"
-#include "stream.h"
+#include "hyb/stream.h"
 
 #define BLK		4096ull
 #define PIECE_MIN	(1ull << 20)
@@ -135,11 +135,6 @@ void hyb_rio_ident(const struct hyb_rio *r, dev_t *dev, ino_t *ino)
 {
 	*dev = r->dev;
 	*ino = r->ino;
-}
-
-bool hyb_rio_direct(const struct hyb_rio *r)
-{
-	return r->direct;
 }
 
 /* Piece [f0, f1) of the file into buf; copy (when copy_to) the wanted part out afterwards. */

@@ -38,7 +38,6 @@ int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, ch
 		 size_t msglen);
 /* The file the reader has open: device and inode (to notice a replaced file). */
 void hyb_rio_ident(const struct hyb_rio *r, dev_t *dev, ino_t *ino);
-bool hyb_rio_direct(const struct hyb_rio *r);
 void hyb_rio_close(struct hyb_rio *r);
 
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * hybd's life (issue 4, item 5), apart from process matters (flags,
+ * hybd's life, apart from process matters (flags,
  * daemonising, signal set-up: hybd.c), so that tests run the whole daemon as
  * threads of one process on the local backend.
  *

@@ -99,12 +99,7 @@ const char *hyb_isa_name(enum hyb_isa isa);
 /* The activation type the weight type's dot product consumes, as in llama.cpp. */
 uint32_t hyb_vec_dot_type(uint32_t weight_type);
 
-/*
- * Reference quantizers for weights (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K),
- * bit-identical to llama.cpp's quantize_row_*_ref; used by `hybctl synth`.
- * Returns -1 for a type it cannot produce.
- */
-int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n);
+/* hyb_quantize_row_ref: hyb/tensor_type.h */
 
 /* IEEE half and bfloat16, round-to-nearest-even, as ggml converts them. */
 float hyb_f16_to_f32(uint16_t h);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The dense kernels of a decode step on CUDA (hyb/device.h: rmsnorm,
- * matvec, attention; issue 6 item 2, PowerInfer 5.3 keeps the dense layers
+ * matvec, attention; PowerInfer 5.3 keeps the dense layers
  * on the GPU). The arithmetic is the CPU forward pass's (libhyb/forward.c,
  * ops.c, attention.c) up to float summation order; where a rounding step is
  * part of that arithmetic (x converted to the weight's dot format, q and

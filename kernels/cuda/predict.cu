@@ -473,11 +473,6 @@ extern "C" size_t hyb_cuda_predict_workspace(const struct hyb_dev_predict *p)
 	return pred_layout_of(p).total;
 }
 
-extern "C" size_t hyb_cuda_predict_logits_offset(const struct hyb_dev_predict *p)
-{
-	return pred_layout_of(p).lg;
-}
-
 extern "C" int hyb_cuda_predict(const struct hyb_dev_predict *p, void *workspace,
 				size_t ws_bytes, void *stream)
 {

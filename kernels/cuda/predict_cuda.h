@@ -39,7 +39,6 @@ size_t hyb_cuda_predict_workspace(const struct hyb_dev_predict *p);
  * Where in the workspace the last call left its float logits[n_out] (b2
  * included): for tests and diagnostics, valid once the call has completed.
  */
-size_t hyb_cuda_predict_logits_offset(const struct hyb_dev_predict *p);
 
 /*
  * Queue the predictor on stream (two kernels). Returns 0; -EINVAL for a

@@ -13,8 +13,9 @@
  * of the group: the expected active neurons the group serves, i.e. PowerInfer
  * eq. 1's impact summed over the group, so a short last group is not
  * overrated. With unit sizes the knapsack's LP relaxation is integral and
- * plan_place_greedy is exact (global top-B by value), so the branch and bound
- * of plan_place_solve would add nothing. min_groups is 0 (at least one group
+ * its greedy solution is exact: the global top B groups by value (ties to the
+ * lower layer, then the lower group), so the offline planner's branch and
+ * bound (plan/place.c) would add nothing. min_groups is 0 (at least one group
  * to enter a layer, i.e. no constraint): PowerInfer's C_l (eq. 7-8) stops a
  * layer being split when the GPU's share cannot pay for the synchronisation,
  * but the hybrid engine runs every layer split anyway (the device FFN and the
@@ -75,8 +76,7 @@
 #include <string.h>
 
 #include "balancer_internal.h"
-#include "group_div.h"
-#include "plan_internal.h"
+#include "sparse/group_div.h"
 
 static const char *const policy_names[HYB_N_POLICIES] = {
 	[HYB_POLICY_STATIC] = "static",   [HYB_POLICY_LAYER] = "layer",
@@ -212,50 +212,57 @@ static void start_layers(struct hyb_balancer *b, uint64_t budget)
 	}
 }
 
-/* PowerInfer 6.2 placement re-solved for the slot budget (see the top). */
+struct ranked {
+	double v;
+	uint32_t l, g;
+};
+
+/* value descending; ties to the lower layer, then the lower group */
+static int cmp_ranked(const void *pa, const void *pb)
+{
+	const struct ranked *a = pa, *b = pb;
+
+	if (a->v != b->v)
+		return a->v > b->v ? -1 : 1;
+	if (a->l != b->l)
+		return a->l < b->l ? -1 : 1;
+	return a->g < b->g ? -1 : a->g > b->g;
+}
+
+/* PowerInfer 6.2 placement re-solved for the slot budget (see the top): the top B groups. */
 static int start_placed(struct hyb_balancer *b, const struct hyb_balancer_params *p)
 {
 	const size_t n = (size_t)b->L * b->G;
-	struct plan_place_layer *L = calloc(b->L, sizeof(*L));
-	int8_t **gpu = calloc(b->L, sizeof(*gpu));
-	int8_t *on = calloc(n, 1);
-	double *value = malloc(n * sizeof(*value));
-	uint64_t *bytes = malloc(b->G * sizeof(*bytes));
-	struct plan_place_result r;
-	int rc = -1;
+	struct ranked *r = malloc((n ? n : 1) * sizeof(*r));
+	uint8_t *on = calloc(n ? n : 1, 1);
+	size_t k = 0;
 
-	if (!L || !gpu || !on || !value || !bytes)
-		goto out;
-	for (uint32_t g = 0; g < b->G; g++)
-		bytes[g] = 1;
-	for (uint32_t l = 0; l < b->L; l++) {
+	if (!r || !on) {
+		free(r);
+		free(on);
+		return -1;
+	}
+	for (uint32_t l = 0; l < b->L; l++)
 		for (uint32_t g = 0; g < b->G; g++) {
 			double v = (double)p->freq[l][g] * bal_group_neurons(b, g);
 
 			if (p->placement && p->placement[l][g])
 				v += b->GS + 1.0;
-			value[(size_t)l * b->G + g] = v;
+			r[k++] = (struct ranked){ v, l, g };
 		}
-		L[l] = (struct plan_place_layer){ b->G, &value[(size_t)l * b->G], bytes, 0 };
-		gpu[l] = &on[(size_t)l * b->G];
-	}
-	if (plan_place_greedy(L, b->L, p->slot_budget, gpu, &r))
-		goto out;
+	qsort(r, n, sizeof(*r), cmp_ranked);
+	for (size_t q = 0; q < n && q < p->slot_budget; q++)
+		on[(size_t)r[q].l * b->G + r[q].g] = 1;
 	for (uint32_t l = 0; l < b->L; l++) {
 		b->k[l] = 0;
 		for (uint32_t g = 0; g < b->G; g++)
-			if (gpu[l][g])
+			if (on[(size_t)l * b->G + g])
 				b->init[(size_t)l * b->G + b->k[l]++] = g;
 		b->n_init[l] = b->k[l];
 	}
-	rc = 0;
-out:
-	free(L);
-	free(gpu);
+	free(r);
 	free(on);
-	free(value);
-	free(bytes);
-	return rc;
+	return 0;
 }
 
 static void init_state(struct hyb_balancer *b)
@@ -521,6 +528,6 @@ int hyb_balancer_step(struct hyb_balancer *b, uint32_t l, const uint32_t *active
 		return 0;
 	if (b->policy == HYB_POLICY_TAM_ADAPTIVE)
 		adapt_lambda(b, l, b->verdict[l]);
-	bal_decide(b, l, window_cap(b, fb), load, n_load, evict, n_evict);
+	hyb_bal_decide(b, l, window_cap(b, fb), load, n_load, evict, n_evict);
 	return 0;
 }

@@ -73,7 +73,7 @@ static inline uint32_t bal_group_neurons(const struct hyb_balancer *b, uint32_t 
 }
 
 /* balancer_policy.c: one moving policy's decision for layer l, from b->act. */
-void bal_decide(struct hyb_balancer *b, uint32_t l, uint32_t cap, uint32_t *load,
+void hyb_bal_decide(struct hyb_balancer *b, uint32_t l, uint32_t cap, uint32_t *load,
 		uint32_t *n_load, uint32_t *evict, uint32_t *n_evict);
 
 #endif

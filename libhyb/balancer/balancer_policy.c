@@ -216,7 +216,7 @@ static uint32_t rank_tam(struct hyb_balancer *b, uint32_t l)
 	return n;
 }
 
-void bal_decide(struct hyb_balancer *b, uint32_t l, uint32_t cap, uint32_t *load,
+void hyb_bal_decide(struct hyb_balancer *b, uint32_t l, uint32_t cap, uint32_t *load,
 		uint32_t *n_load, uint32_t *evict, uint32_t *n_evict)
 {
 	const size_t o = (size_t)l * b->G;

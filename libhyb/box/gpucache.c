@@ -86,3 +86,27 @@ int hyb_gpucache_desc_read(const char *path, struct hyb_gpucache_desc *desc, cha
 	}
 	return 0;
 }
+
+/*
+ * Without CUDA in the program: box/gpucache_cuda.cu's strong definitions
+ * replace these when nvcc built it.
+ */
+#define WEAK __attribute__((weak))
+
+WEAK int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
+			     char *err, size_t errlen)
+{
+	(void)desc, (void)ordinal;
+	if (base)
+		*base = NULL;
+	if (err && errlen)
+		snprintf(err, errlen, "built without CUDA (nvcc was not found when this program "
+			 "was built)");
+	return -ENODEV;
+}
+
+WEAK int hyb_cuda_cache_close(void *base)
+{
+	(void)base;
+	return -ENODEV;
+}

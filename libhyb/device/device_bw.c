@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * The two device-side bandwidths of the hybrid roofline (issue 6: "each
- * bandwidth measured in the same run"), measured through the device layer
+ * The two device-side bandwidths of the hybrid roofline (each bandwidth
+ * measured in the same run), measured through the device layer
  * itself, so they are what the engine's own copies and kernels get:
  *
  *   link: one host-to-device copy of `bytes` from pinned host memory on the

@@ -89,15 +89,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "attention.h"
+#include "forward/attention.h"
 #include "cpu_kernels.h"
 #include "device_internal.h"
 #include "device_race.h"
-#include "sparse_layer.h"
+#include "sparse/sparse_layer.h"
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
-#include "ops.h"
-#include "sparse_op.h"
+#include "hyb/testing.h"
+#include "forward/ops.h"
+#include "sparse/sparse_op.h"
 
 #define HUGE_SZ (2ull << 20)
 
@@ -1206,7 +1207,8 @@ struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char
 	c->lat_s = cfg->pcie_lat_us * 1e-6;
 	c->hbm_bps = cfg->hbm_gbps * 1e9;
 	c->launch_s = cfg->launch_us * 1e-6;
-	c->strict = getenv("HYB_DEVICE_STRICT") && !strcmp(getenv("HYB_DEVICE_STRICT"), "1");
+	c->strict = getenv(HYB_TESTING_ENV_DEVICE_STRICT) &&
+		    !strcmp(getenv(HYB_TESTING_ENV_DEVICE_STRICT), "1");
 	if (c->strict && !(c->race = hyb_race_new())) {
 		free(c);
 		snprintf(err, errlen, "cpu device: out of host memory");

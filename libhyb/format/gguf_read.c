@@ -33,20 +33,20 @@
 
 typedef unsigned long long ull;
 
-static const uint8_t vt_size[GGUF_VT_COUNT] = {
-	[GGUF_VT_UINT8] = 1, [GGUF_VT_INT8] = 1,   [GGUF_VT_UINT16] = 2,  [GGUF_VT_INT16] = 2,
-	[GGUF_VT_UINT32] = 4, [GGUF_VT_INT32] = 4, [GGUF_VT_FLOAT32] = 4, [GGUF_VT_BOOL] = 1,
-	[GGUF_VT_UINT64] = 8, [GGUF_VT_INT64] = 8, [GGUF_VT_FLOAT64] = 8,
+static const uint8_t vt_size[HYB_GGUF_VT_COUNT] = {
+	[HYB_GGUF_VT_UINT8] = 1, [HYB_GGUF_VT_INT8] = 1,   [HYB_GGUF_VT_UINT16] = 2,  [HYB_GGUF_VT_INT16] = 2,
+	[HYB_GGUF_VT_UINT32] = 4, [HYB_GGUF_VT_INT32] = 4, [HYB_GGUF_VT_FLOAT32] = 4, [HYB_GGUF_VT_BOOL] = 1,
+	[HYB_GGUF_VT_UINT64] = 8, [HYB_GGUF_VT_INT64] = 8, [HYB_GGUF_VT_FLOAT64] = 8,
 };
 
-static const char *const vt_names[GGUF_VT_COUNT] = {
+static const char *const vt_names[HYB_GGUF_VT_COUNT] = {
 	"UINT8", "INT8",   "UINT16", "INT16", "UINT32", "INT32",   "FLOAT32",
 	"BOOL",  "STRING", "ARRAY",  "UINT64", "INT64", "FLOAT64",
 };
 
-const char *gguf_vtype_name(uint32_t t)
+const char *hyb_gguf_vtype_name(uint32_t t)
 {
-	return t < GGUF_VT_COUNT ? vt_names[t] : "invalid";
+	return t < HYB_GGUF_VT_COUNT ? vt_names[t] : "invalid";
 }
 
 struct cursor {
@@ -55,13 +55,13 @@ struct cursor {
 	/* what is being parsed, to prefix messages with */
 	const char *scope; /* "key", "tensor" or NULL */
 	uint64_t idx;
-	struct gguf_str name;
+	struct hyb_gguf_str name;
 	char *err;
 	size_t errlen;
 };
 
 /* A name fit for a one-line message: at most 64 bytes, odd bytes as '?'. */
-static const char *show(char out[72], struct gguf_str s)
+static const char *show(char out[72], struct hyb_gguf_str s)
 {
 	uint64_t n = s.len < 64 ? s.len : 64;
 	size_t j = 0;
@@ -131,7 +131,7 @@ static int get_u64(struct cursor *c, uint64_t *v, const char *what)
 	return 0;
 }
 
-static int get_str(struct cursor *c, struct gguf_str *s, const char *what)
+static int get_str(struct cursor *c, struct hyb_gguf_str *s, const char *what)
 {
 	uint64_t len;
 
@@ -149,7 +149,7 @@ static int get_str(struct cursor *c, struct gguf_str *s, const char *what)
 /* ---- name index: open addressing, slot = item index + 1 ---------------- */
 
 #define NAME_AT(names, stride, i) \
-	((const struct gguf_str *)((const char *)(names) + (i) * (stride)))
+	((const struct hyb_gguf_str *)((const char *)(names) + (i) * (stride)))
 
 static uint64_t hash_bytes(const char *p, uint64_t n)
 {
@@ -176,7 +176,7 @@ static int64_t index_lookup(const uint32_t *tab, uint64_t mask, const void *name
 	uint64_t h = hash_bytes(key, len) & mask;
 
 	for (; tab[h]; h = (h + 1) & mask) {
-		const struct gguf_str *s = NAME_AT(names, stride, tab[h] - 1);
+		const struct hyb_gguf_str *s = NAME_AT(names, stride, tab[h] - 1);
 
 		if (s->len == len && !memcmp(s->ptr, key, len))
 			return tab[h] - 1;
@@ -188,7 +188,7 @@ static int64_t index_lookup(const uint32_t *tab, uint64_t mask, const void *name
 /* Add item i; returns the index of an earlier item of the same name, or -1. */
 static int64_t index_add(uint32_t *tab, uint64_t mask, const void *names, size_t stride, uint64_t i)
 {
-	const struct gguf_str *s = NAME_AT(names, stride, i);
+	const struct hyb_gguf_str *s = NAME_AT(names, stride, i);
 	uint64_t slot;
 	int64_t j = index_lookup(tab, mask, names, stride, s->ptr, s->len, &slot);
 
@@ -199,7 +199,7 @@ static int64_t index_add(uint32_t *tab, uint64_t mask, const void *names, size_t
 
 /* ---- metadata ---------------------------------------------------------- */
 
-static int read_scalar(struct cursor *c, uint32_t type, struct gguf_kv *kv)
+static int read_scalar(struct cursor *c, uint32_t type, struct hyb_gguf_kv *kv)
 {
 	const uint8_t *p = c->buf + c->pos;
 	union {
@@ -218,17 +218,17 @@ static int read_scalar(struct cursor *c, uint32_t type, struct gguf_kv *kv)
 	memcpy(&x, p, vt_size[type]);
 	c->pos += vt_size[type];
 	switch (type) {
-	case GGUF_VT_UINT8: kv->v.u64 = p[0]; break;
-	case GGUF_VT_INT8: kv->v.i64 = (int8_t)p[0]; break;
-	case GGUF_VT_UINT16: kv->v.u64 = x.u16; break;
-	case GGUF_VT_INT16: kv->v.i64 = x.i16; break;
-	case GGUF_VT_UINT32: kv->v.u64 = x.u32; break;
-	case GGUF_VT_INT32: kv->v.i64 = x.i32; break;
-	case GGUF_VT_FLOAT32: kv->v.f64 = x.f32; break;
-	case GGUF_VT_UINT64: kv->v.u64 = x.u64; break;
-	case GGUF_VT_INT64: kv->v.i64 = x.i64; break;
-	case GGUF_VT_FLOAT64: kv->v.f64 = x.f64; break;
-	case GGUF_VT_BOOL:
+	case HYB_GGUF_VT_UINT8: kv->v.u64 = p[0]; break;
+	case HYB_GGUF_VT_INT8: kv->v.i64 = (int8_t)p[0]; break;
+	case HYB_GGUF_VT_UINT16: kv->v.u64 = x.u16; break;
+	case HYB_GGUF_VT_INT16: kv->v.i64 = x.i16; break;
+	case HYB_GGUF_VT_UINT32: kv->v.u64 = x.u32; break;
+	case HYB_GGUF_VT_INT32: kv->v.i64 = x.i32; break;
+	case HYB_GGUF_VT_FLOAT32: kv->v.f64 = x.f32; break;
+	case HYB_GGUF_VT_UINT64: kv->v.u64 = x.u64; break;
+	case HYB_GGUF_VT_INT64: kv->v.i64 = x.i64; break;
+	case HYB_GGUF_VT_FLOAT64: kv->v.f64 = x.f64; break;
+	case HYB_GGUF_VT_BOOL:
 		if (p[0] > 1)
 			return fail(c, "bad bool value %u", p[0]);
 		kv->v.b = p[0];
@@ -237,9 +237,9 @@ static int read_scalar(struct cursor *c, uint32_t type, struct gguf_kv *kv)
 	return 0;
 }
 
-static int read_string_array(struct cursor *c, struct gguf_kv *kv, uint64_t n)
+static int read_string_array(struct cursor *c, struct hyb_gguf_kv *kv, uint64_t n)
 {
-	struct gguf_str *strs;
+	struct hyb_gguf_str *strs;
 
 	/* each entry takes at least its 8-byte length */
 	if (n > left(c) / 8)
@@ -268,27 +268,27 @@ static int read_string_array(struct cursor *c, struct gguf_kv *kv, uint64_t n)
 	return 0;
 }
 
-static int read_array(struct cursor *c, struct gguf_kv *kv)
+static int read_array(struct cursor *c, struct hyb_gguf_kv *kv)
 {
 	uint32_t et;
 	uint64_t n, sz;
 
 	if (get_u32(c, &et, "array element type") || get_u64(c, &n, "array length"))
 		return -1;
-	if (et == GGUF_VT_ARRAY)
+	if (et == HYB_GGUF_VT_ARRAY)
 		return fail(c, "nested arrays are not supported");
-	if (et >= GGUF_VT_COUNT)
+	if (et >= HYB_GGUF_VT_COUNT)
 		return fail(c, "unknown array element type %u", et);
 	kv->v.arr.type = et;
 	kv->v.arr.n = n;
-	if (et == GGUF_VT_STRING)
+	if (et == HYB_GGUF_VT_STRING)
 		return read_string_array(c, kv, n);
 	sz = vt_size[et];
 	if (n > left(c) / sz)
 		return fail(c, "truncated at offset %llu: array of %llu %s exceeds the %llu bytes "
 			    "left", (ull)c->pos, (ull)n, vt_names[et], (ull)left(c));
 	kv->v.arr.data = c->buf + c->pos;
-	if (et == GGUF_VT_BOOL) {
+	if (et == HYB_GGUF_VT_BOOL) {
 		for (uint64_t i = 0; i < n; i++)
 			if (c->buf[c->pos + i] > 1)
 				return fail(c, "bad bool value %u at element %llu",
@@ -298,16 +298,16 @@ static int read_array(struct cursor *c, struct gguf_kv *kv)
 	return 0;
 }
 
-static int parse_kvs(struct cursor *c, struct gguf_file *f)
+static int parse_kvs(struct cursor *c, struct hyb_gguf_file *f)
 {
 	for (uint64_t i = 0; i < f->n_kv; i++) {
-		struct gguf_kv *kv = &f->kv[i];
+		struct hyb_gguf_kv *kv = &f->kv[i];
 		uint32_t type;
 		int64_t j;
 
 		c->scope = "key";
 		c->idx = i;
-		c->name = (struct gguf_str){ 0 };
+		c->name = (struct hyb_gguf_str){ 0 };
 		if (get_str(c, &kv->key, "key"))
 			return -1;
 		if (!kv->key.len)
@@ -318,13 +318,13 @@ static int parse_kvs(struct cursor *c, struct gguf_file *f)
 			return fail(c, "duplicate key (also key %lld)", (long long)j);
 		if (get_u32(c, &type, "value type"))
 			return -1;
-		if (type >= GGUF_VT_COUNT)
+		if (type >= HYB_GGUF_VT_COUNT)
 			return fail(c, "unknown value type %u", type);
 		kv->type = type;
-		if (type == GGUF_VT_ARRAY) {
+		if (type == HYB_GGUF_VT_ARRAY) {
 			if (read_array(c, kv))
 				return -1;
-		} else if (type == GGUF_VT_STRING) {
+		} else if (type == HYB_GGUF_VT_STRING) {
 			if (get_str(c, &kv->v.str, "string"))
 				return -1;
 		} else if (read_scalar(c, type, kv)) {
@@ -335,17 +335,17 @@ static int parse_kvs(struct cursor *c, struct gguf_file *f)
 	return 0;
 }
 
-static int parse_alignment(struct cursor *c, struct gguf_file *f)
+static int parse_alignment(struct cursor *c, struct hyb_gguf_file *f)
 {
-	const struct gguf_kv *kv = gguf_find(f, "general.alignment");
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, "general.alignment");
 
-	f->alignment = GGUF_DEFAULT_ALIGNMENT;
+	f->alignment = HYB_GGUF_DEFAULT_ALIGNMENT;
 	if (!kv)
 		return 0;
 	c->scope = "key";
 	c->idx = (uint64_t)(kv - f->kv);
 	c->name = kv->key;
-	if (kv->type != GGUF_VT_UINT32)
+	if (kv->type != HYB_GGUF_VT_UINT32)
 		return fail(c, "alignment must be UINT32, not %s", vt_names[kv->type]);
 	if (!kv->v.u64 || (kv->v.u64 & (kv->v.u64 - 1)))
 		return fail(c, "alignment %llu is not a power of two", (ull)kv->v.u64);
@@ -356,16 +356,16 @@ static int parse_alignment(struct cursor *c, struct gguf_file *f)
 
 /* ---- tensors ----------------------------------------------------------- */
 
-static int parse_tensor_info(struct cursor *c, struct gguf_file *f, uint64_t i)
+static int parse_tensor_info(struct cursor *c, struct hyb_gguf_file *f, uint64_t i)
 {
-	struct gguf_tensor *t = &f->tensors[i];
+	struct hyb_gguf_tensor *t = &f->tensors[i];
 	const struct hyb_type_info *ti;
 	uint64_t nel = 1, rb;
 	int64_t j;
 
 	c->scope = "tensor";
 	c->idx = i;
-	c->name = (struct gguf_str){ 0 };
+	c->name = (struct hyb_gguf_str){ 0 };
 	if (get_str(c, &t->name, "name"))
 		return -1;
 	c->name = t->name;
@@ -374,9 +374,9 @@ static int parse_tensor_info(struct cursor *c, struct gguf_file *f, uint64_t i)
 		return fail(c, "duplicate tensor name (also tensor %lld)", (long long)j);
 	if (get_u32(c, &t->n_dims, "n_dims"))
 		return -1;
-	if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
-		return fail(c, "n_dims %u is not in 1..%d", t->n_dims, GGUF_MAX_DIMS);
-	for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
+	if (t->n_dims < 1 || t->n_dims > HYB_GGUF_MAX_DIMS)
+		return fail(c, "n_dims %u is not in 1..%d", t->n_dims, HYB_GGUF_MAX_DIMS);
+	for (uint32_t d = 0; d < HYB_GGUF_MAX_DIMS; d++) {
 		t->ne[d] = 1;
 		if (d >= t->n_dims)
 			continue;
@@ -419,7 +419,7 @@ static int span_cmp(const void *a, const void *b)
 }
 
 /* Overlap check on tensors sorted by offset: neighbours suffice. */
-static int check_overlap(struct cursor *c, struct gguf_file *f)
+static int check_overlap(struct cursor *c, struct hyb_gguf_file *f)
 {
 	struct span *s;
 	bool sorted = true;
@@ -449,7 +449,7 @@ static int check_overlap(struct cursor *c, struct gguf_file *f)
 	return 0;
 }
 
-static int place_tensors(struct cursor *c, struct gguf_file *f)
+static int place_tensors(struct cursor *c, struct hyb_gguf_file *f)
 {
 	uint64_t align = f->alignment, avail;
 
@@ -468,7 +468,7 @@ static int place_tensors(struct cursor *c, struct gguf_file *f)
 			    "end of the file (%llu bytes)", (ull)f->data_offset, (ull)c->size);
 	avail = c->size - f->data_offset;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		struct gguf_tensor *t = &f->tensors[i];
+		struct hyb_gguf_tensor *t = &f->tensors[i];
 
 		c->scope = "tensor";
 		c->idx = i;
@@ -491,13 +491,13 @@ static int place_tensors(struct cursor *c, struct gguf_file *f)
 
 /* ---- header ------------------------------------------------------------ */
 
-static int parse_header(struct cursor *c, struct gguf_file *f)
+static int parse_header(struct cursor *c, struct hyb_gguf_file *f)
 {
 	uint32_t magic, v;
 
 	if (get_u32(c, &magic, "magic"))
 		return -1;
-	if (magic != GGUF_MAGIC && magic != GGUF_MAGIC_PWRI)
+	if (magic != HYB_GGUF_MAGIC && magic != HYB_GGUF_MAGIC_PWRI)
 		return fail(c, "bad magic 0x%08x (not a GGUF file)", magic);
 	f->magic = magic;
 	if (get_u32(c, &v, "version"))
@@ -528,10 +528,10 @@ static int parse_header(struct cursor *c, struct gguf_file *f)
 	return 0;
 }
 
-int gguf_parse(const void *buf, uint64_t size, struct gguf_file **out, char *err, size_t errlen)
+int hyb_gguf_parse(const void *buf, uint64_t size, struct hyb_gguf_file **out, char *err, size_t errlen)
 {
 	struct cursor c = { .buf = buf, .size = size, .err = err, .errlen = err ? errlen : 0 };
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 
 	*out = NULL;
 	if (c.errlen)
@@ -543,17 +543,17 @@ int gguf_parse(const void *buf, uint64_t size, struct gguf_file **out, char *err
 	f->size = size;
 	f->map_guard = -1;
 	if (parse_header(&c, f) || parse_kvs(&c, f) || parse_alignment(&c, f)) {
-		gguf_close(f);
+		hyb_gguf_close(f);
 		return -1;
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		if (parse_tensor_info(&c, f, i)) {
-			gguf_close(f);
+			hyb_gguf_close(f);
 			return -1;
 		}
 	}
 	if (place_tensors(&c, f)) {
-		gguf_close(f);
+		hyb_gguf_close(f);
 		return -1;
 	}
 	*out = f;
@@ -573,7 +573,7 @@ __attribute__((format(printf, 3, 4))) static int say(char *err, size_t errlen, c
 	return -1;
 }
 
-int gguf_open(const char *path, struct gguf_file **out, char *err, size_t errlen)
+int hyb_gguf_open(const char *path, struct hyb_gguf_file **out, char *err, size_t errlen)
 {
 	char sub[512];
 	struct stat st;
@@ -606,7 +606,7 @@ int gguf_open(const char *path, struct gguf_file **out, char *err, size_t errlen
 		return say(err, errlen, "cannot map %s: %s", path, strerror(errno));
 	/* a page that cannot be read in is reported, not dumped (map_guard.h) */
 	guard = hyb_map_guard_add(map, (uint64_t)st.st_size, path);
-	if (gguf_parse(map, (uint64_t)st.st_size, out, sub, sizeof(sub))) {
+	if (hyb_gguf_parse(map, (uint64_t)st.st_size, out, sub, sizeof(sub))) {
 		hyb_map_guard_remove(guard);
 		munmap(map, (size_t)st.st_size);
 		return say(err, errlen, "%s: %s", path, sub);
@@ -618,13 +618,13 @@ int gguf_open(const char *path, struct gguf_file **out, char *err, size_t errlen
 	return 0;
 }
 
-void gguf_close(struct gguf_file *f)
+void hyb_gguf_close(struct hyb_gguf_file *f)
 {
 	if (!f)
 		return;
 	if (f->kv) {
 		for (uint64_t i = 0; i < f->n_kv; i++)
-			if (f->kv[i].type == GGUF_VT_ARRAY)
+			if (f->kv[i].type == HYB_GGUF_VT_ARRAY)
 				free((void *)f->kv[i].v.arr.strs);
 	}
 	free(f->kv);
@@ -640,7 +640,7 @@ void gguf_close(struct gguf_file *f)
 
 /* ---- lookup and getters ------------------------------------------------ */
 
-const struct gguf_kv *gguf_find(const struct gguf_file *f, const char *key)
+const struct hyb_gguf_kv *hyb_gguf_find(const struct hyb_gguf_file *f, const char *key)
 {
 	uint64_t slot;
 	int64_t i;
@@ -652,7 +652,7 @@ const struct gguf_kv *gguf_find(const struct gguf_file *f, const char *key)
 	return i < 0 ? NULL : &f->kv[i];
 }
 
-const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char *name)
+const struct hyb_gguf_tensor *hyb_gguf_find_tensor(const struct hyb_gguf_file *f, const char *name)
 {
 	uint64_t slot;
 	int64_t i;
@@ -666,18 +666,18 @@ const struct gguf_tensor *gguf_find_tensor(const struct gguf_file *f, const char
 
 static bool is_unsigned(uint32_t t)
 {
-	return t == GGUF_VT_UINT8 || t == GGUF_VT_UINT16 || t == GGUF_VT_UINT32 ||
-	       t == GGUF_VT_UINT64;
+	return t == HYB_GGUF_VT_UINT8 || t == HYB_GGUF_VT_UINT16 || t == HYB_GGUF_VT_UINT32 ||
+	       t == HYB_GGUF_VT_UINT64;
 }
 
 static bool is_signed(uint32_t t)
 {
-	return t == GGUF_VT_INT8 || t == GGUF_VT_INT16 || t == GGUF_VT_INT32 || t == GGUF_VT_INT64;
+	return t == HYB_GGUF_VT_INT8 || t == HYB_GGUF_VT_INT16 || t == HYB_GGUF_VT_INT32 || t == HYB_GGUF_VT_INT64;
 }
 
-bool gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
+bool hyb_gguf_get_u32(const struct hyb_gguf_file *f, const char *key, uint32_t *out)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
 	if (kv && is_unsigned(kv->type) && kv->v.u64 <= UINT32_MAX) {
 		*out = (uint32_t)kv->v.u64;
@@ -690,9 +690,9 @@ bool gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *out)
 	return false;
 }
 
-bool gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out)
+bool hyb_gguf_get_i64(const struct hyb_gguf_file *f, const char *key, int64_t *out)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
 	if (kv && is_unsigned(kv->type) && kv->v.u64 <= INT64_MAX) {
 		*out = (int64_t)kv->v.u64;
@@ -705,49 +705,49 @@ bool gguf_get_i64(const struct gguf_file *f, const char *key, int64_t *out)
 	return false;
 }
 
-bool gguf_get_f32(const struct gguf_file *f, const char *key, float *out)
+bool hyb_gguf_get_f32(const struct hyb_gguf_file *f, const char *key, float *out)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
-	if (!kv || (kv->type != GGUF_VT_FLOAT32 && kv->type != GGUF_VT_FLOAT64))
+	if (!kv || (kv->type != HYB_GGUF_VT_FLOAT32 && kv->type != HYB_GGUF_VT_FLOAT64))
 		return false;
 	*out = (float)kv->v.f64;
 	return true;
 }
 
-bool gguf_get_bool(const struct gguf_file *f, const char *key, bool *out)
+bool hyb_gguf_get_bool(const struct hyb_gguf_file *f, const char *key, bool *out)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
-	if (!kv || kv->type != GGUF_VT_BOOL)
+	if (!kv || kv->type != HYB_GGUF_VT_BOOL)
 		return false;
 	*out = kv->v.b;
 	return true;
 }
 
-bool gguf_get_str(const struct gguf_file *f, const char *key, char *buf, size_t cap)
+bool hyb_gguf_get_str(const struct hyb_gguf_file *f, const char *key, char *buf, size_t cap)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
-	if (!kv || kv->type != GGUF_VT_STRING || kv->v.str.len >= cap)
+	if (!kv || kv->type != HYB_GGUF_VT_STRING || kv->v.str.len >= cap)
 		return false;
 	memcpy(buf, kv->v.str.ptr, (size_t)kv->v.str.len);
 	buf[kv->v.str.len] = 0;
 	return true;
 }
 
-const struct gguf_kv *gguf_get_arr(const struct gguf_file *f, const char *key, int elem_type)
+const struct hyb_gguf_kv *hyb_gguf_get_arr(const struct hyb_gguf_file *f, const char *key, int elem_type)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
-	if (!kv || kv->type != GGUF_VT_ARRAY)
+	if (!kv || kv->type != HYB_GGUF_VT_ARRAY)
 		return NULL;
 	if (elem_type >= 0 && kv->v.arr.type != (uint32_t)elem_type)
 		return NULL;
 	return kv;
 }
 
-bool gguf_str_eq(struct gguf_str s, const char *cstr)
+bool hyb_gguf_str_eq(struct hyb_gguf_str s, const char *cstr)
 {
 	size_t n = strlen(cstr);
 

@@ -36,12 +36,12 @@ struct wkv {
 struct wtensor {
 	char *name;
 	uint32_t type, n_dims;
-	uint64_t ne[GGUF_MAX_DIMS];
+	uint64_t ne[HYB_GGUF_MAX_DIMS];
 	const void *data;
 	uint64_t nbytes, offset;
 };
 
-struct gguf_writer {
+struct hyb_gguf_writer {
 	struct wkv *kv;
 	size_t n_kv, cap_kv;
 	struct wtensor *t;
@@ -67,13 +67,13 @@ struct gguf_writer {
 	char werr[512];    /* first write error */
 };
 
-static const uint8_t elem_size[GGUF_VT_COUNT] = {
-	[GGUF_VT_UINT8] = 1, [GGUF_VT_INT8] = 1,   [GGUF_VT_UINT16] = 2,  [GGUF_VT_INT16] = 2,
-	[GGUF_VT_UINT32] = 4, [GGUF_VT_INT32] = 4, [GGUF_VT_FLOAT32] = 4, [GGUF_VT_BOOL] = 1,
-	[GGUF_VT_UINT64] = 8, [GGUF_VT_INT64] = 8, [GGUF_VT_FLOAT64] = 8,
+static const uint8_t elem_size[HYB_GGUF_VT_COUNT] = {
+	[HYB_GGUF_VT_UINT8] = 1, [HYB_GGUF_VT_INT8] = 1,   [HYB_GGUF_VT_UINT16] = 2,  [HYB_GGUF_VT_INT16] = 2,
+	[HYB_GGUF_VT_UINT32] = 4, [HYB_GGUF_VT_INT32] = 4, [HYB_GGUF_VT_FLOAT32] = 4, [HYB_GGUF_VT_BOOL] = 1,
+	[HYB_GGUF_VT_UINT64] = 8, [HYB_GGUF_VT_INT64] = 8, [HYB_GGUF_VT_FLOAT64] = 8,
 };
 
-__attribute__((format(printf, 2, 3))) static void setter_error(struct gguf_writer *w,
+__attribute__((format(printf, 2, 3))) static void setter_error(struct hyb_gguf_writer *w,
 							       const char *fmt, ...)
 {
 	va_list ap;
@@ -85,9 +85,9 @@ __attribute__((format(printf, 2, 3))) static void setter_error(struct gguf_write
 	va_end(ap);
 }
 
-struct gguf_writer *gguf_writer_new(void)
+struct hyb_gguf_writer *hyb_gguf_writer_new(void)
 {
-	struct gguf_writer *w = calloc(1, sizeof(*w));
+	struct hyb_gguf_writer *w = calloc(1, sizeof(*w));
 
 	if (w)
 		w->version = 3;
@@ -95,12 +95,12 @@ struct gguf_writer *gguf_writer_new(void)
 }
 
 /* The file the bytes go to (see tmp). */
-static const char *target(const struct gguf_writer *w)
+static const char *target(const struct hyb_gguf_writer *w)
 {
 	return w->tmp ? w->tmp : w->path;
 }
 
-static void abandon(struct gguf_writer *w)
+static void abandon(struct hyb_gguf_writer *w)
 {
 	if (w->fp) {
 		fclose(w->fp);
@@ -114,7 +114,7 @@ static void abandon(struct gguf_writer *w)
 	w->tmp = NULL;
 }
 
-void gguf_writer_free(struct gguf_writer *w)
+void hyb_gguf_writer_free(struct hyb_gguf_writer *w)
 {
 	if (!w)
 		return;
@@ -130,7 +130,7 @@ void gguf_writer_free(struct gguf_writer *w)
 	free(w);
 }
 
-void gguf_writer_set_version(struct gguf_writer *w, uint32_t version)
+void hyb_gguf_writer_set_version(struct hyb_gguf_writer *w, uint32_t version)
 {
 	if (version != 2 && version != 3)
 		setter_error(w, "GGUF version %u cannot be written (only 2 and 3)", version);
@@ -139,18 +139,18 @@ void gguf_writer_set_version(struct gguf_writer *w, uint32_t version)
 }
 
 /* The alignment lives in the metadata (general.alignment), as readers expect it there. */
-void gguf_writer_set_alignment(struct gguf_writer *w, uint32_t alignment)
+void hyb_gguf_writer_set_alignment(struct hyb_gguf_writer *w, uint32_t alignment)
 {
 	if (!alignment || (alignment & (alignment - 1)))
 		setter_error(w, "alignment %u is not a power of two", alignment);
 	else
-		gguf_set_u32(w, "general.alignment", alignment);
+		hyb_gguf_set_u32(w, "general.alignment", alignment);
 }
 
 /* ---- metadata ---------------------------------------------------------- */
 
 /* Take ownership of val (len bytes) as the value of key, replacing any earlier one. */
-static void set_kv(struct gguf_writer *w, const char *key, uint32_t type, uint8_t *val, size_t len)
+static void set_kv(struct hyb_gguf_writer *w, const char *key, uint32_t type, uint8_t *val, size_t len)
 {
 	struct wkv *kv = NULL;
 
@@ -194,7 +194,7 @@ static void set_kv(struct gguf_writer *w, const char *key, uint32_t type, uint8_
 	kv->len = len;
 }
 
-static void set_scalar(struct gguf_writer *w, const char *key, uint32_t type, const void *v)
+static void set_scalar(struct hyb_gguf_writer *w, const char *key, uint32_t type, const void *v)
 {
 	uint8_t *val = malloc(elem_size[type]);
 
@@ -204,27 +204,27 @@ static void set_scalar(struct gguf_writer *w, const char *key, uint32_t type, co
 }
 
 #define SETTER(name, ctype, vtype)                                          \
-	void gguf_set_##name(struct gguf_writer *w, const char *key, ctype v) \
+	void hyb_gguf_set_##name(struct hyb_gguf_writer *w, const char *key, ctype v) \
 	{                                                                   \
 		set_scalar(w, key, vtype, &v);                              \
 	}
 
-SETTER(u8, uint8_t, GGUF_VT_UINT8)
-SETTER(i8, int8_t, GGUF_VT_INT8)
-SETTER(u16, uint16_t, GGUF_VT_UINT16)
-SETTER(i16, int16_t, GGUF_VT_INT16)
-SETTER(u32, uint32_t, GGUF_VT_UINT32)
-SETTER(i32, int32_t, GGUF_VT_INT32)
-SETTER(u64, uint64_t, GGUF_VT_UINT64)
-SETTER(i64, int64_t, GGUF_VT_INT64)
-SETTER(f32, float, GGUF_VT_FLOAT32)
-SETTER(f64, double, GGUF_VT_FLOAT64)
+SETTER(u8, uint8_t, HYB_GGUF_VT_UINT8)
+SETTER(i8, int8_t, HYB_GGUF_VT_INT8)
+SETTER(u16, uint16_t, HYB_GGUF_VT_UINT16)
+SETTER(i16, int16_t, HYB_GGUF_VT_INT16)
+SETTER(u32, uint32_t, HYB_GGUF_VT_UINT32)
+SETTER(i32, int32_t, HYB_GGUF_VT_INT32)
+SETTER(u64, uint64_t, HYB_GGUF_VT_UINT64)
+SETTER(i64, int64_t, HYB_GGUF_VT_INT64)
+SETTER(f32, float, HYB_GGUF_VT_FLOAT32)
+SETTER(f64, double, HYB_GGUF_VT_FLOAT64)
 
-void gguf_set_bool(struct gguf_writer *w, const char *key, bool v)
+void hyb_gguf_set_bool(struct hyb_gguf_writer *w, const char *key, bool v)
 {
 	uint8_t b = v;
 
-	set_scalar(w, key, GGUF_VT_BOOL, &b);
+	set_scalar(w, key, HYB_GGUF_VT_BOOL, &b);
 }
 
 static uint8_t *put_str(uint8_t *p, const char *s, uint64_t len)
@@ -234,25 +234,25 @@ static uint8_t *put_str(uint8_t *p, const char *s, uint64_t len)
 	return p + 8 + len;
 }
 
-void gguf_set_str(struct gguf_writer *w, const char *key, const char *v)
+void hyb_gguf_set_str(struct hyb_gguf_writer *w, const char *key, const char *v)
 {
 	size_t len = strlen(v);
 	uint8_t *val = malloc(8 + len);
 
 	if (val)
 		put_str(val, v, len);
-	set_kv(w, key, GGUF_VT_STRING, val, 8 + len);
+	set_kv(w, key, HYB_GGUF_VT_STRING, val, 8 + len);
 }
 
-void gguf_set_arr(struct gguf_writer *w, const char *key, uint32_t elem_type, const void *data,
+void hyb_gguf_set_arr(struct hyb_gguf_writer *w, const char *key, uint32_t elem_type, const void *data,
 		  uint64_t n)
 {
 	uint8_t *val;
 	uint64_t bytes;
 
-	if (elem_type >= GGUF_VT_COUNT || !elem_size[elem_type]) {
-		setter_error(w, "'%s': gguf_set_arr takes scalar elements, not %s", key,
-			     gguf_vtype_name(elem_type));
+	if (elem_type >= HYB_GGUF_VT_COUNT || !elem_size[elem_type]) {
+		setter_error(w, "'%s': hyb_gguf_set_arr takes scalar elements, not %s", key,
+			     hyb_gguf_vtype_name(elem_type));
 		return;
 	}
 	if (n > (SIZE_MAX - 12) / elem_size[elem_type]) {
@@ -267,12 +267,12 @@ void gguf_set_arr(struct gguf_writer *w, const char *key, uint32_t elem_type, co
 		if (bytes)
 			memcpy(val + 12, data, bytes);
 	}
-	set_kv(w, key, GGUF_VT_ARRAY, val, 12 + bytes);
+	set_kv(w, key, HYB_GGUF_VT_ARRAY, val, 12 + bytes);
 }
 
-void gguf_set_arr_str(struct gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
+void hyb_gguf_set_arr_str(struct hyb_gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
 {
-	uint32_t et = GGUF_VT_STRING;
+	uint32_t et = HYB_GGUF_VT_STRING;
 	size_t len = 12;
 	uint8_t *val, *p;
 
@@ -286,18 +286,18 @@ void gguf_set_arr_str(struct gguf_writer *w, const char *key, const char *const 
 		for (uint64_t i = 0; i < n; i++)
 			p = put_str(p, strs[i], strlen(strs[i]));
 	}
-	set_kv(w, key, GGUF_VT_ARRAY, val, len);
+	set_kv(w, key, HYB_GGUF_VT_ARRAY, val, len);
 }
 
 /* ---- tensors ----------------------------------------------------------- */
 
-int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t type,
+int hyb_gguf_writer_add_tensor(struct hyb_gguf_writer *w, const char *name, uint32_t type,
 			   uint32_t n_dims, const uint64_t *ne, const void *data)
 {
 	struct wtensor *t;
 	uint64_t rows = 1, rb;
 
-	if (w->fp || n_dims < 1 || n_dims > GGUF_MAX_DIMS || strlen(name) >= MAX_NAME)
+	if (w->fp || n_dims < 1 || n_dims > HYB_GGUF_MAX_DIMS || strlen(name) >= MAX_NAME)
 		return -1;
 	for (size_t i = 0; i < w->n_t; i++)
 		if (!strcmp(w->t[i].name, name))
@@ -324,7 +324,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t typ
 			       .data = data, .nbytes = rb * rows };
 	if (!t->name)
 		return -1;
-	for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++)
+	for (uint32_t d = 0; d < HYB_GGUF_MAX_DIMS; d++)
 		t->ne[d] = d < n_dims ? ne[d] : 1;
 	w->n_t++;
 	return 0;
@@ -332,7 +332,7 @@ int gguf_writer_add_tensor(struct gguf_writer *w, const char *name, uint32_t typ
 
 /* ---- output ------------------------------------------------------------ */
 
-static int wr(struct gguf_writer *w, const void *p, uint64_t n)
+static int wr(struct hyb_gguf_writer *w, const void *p, uint64_t n)
 {
 	if (w->werr[0])
 		return -1;
@@ -345,17 +345,17 @@ static int wr(struct gguf_writer *w, const void *p, uint64_t n)
 	return 0;
 }
 
-static int wr_u32(struct gguf_writer *w, uint32_t v)
+static int wr_u32(struct hyb_gguf_writer *w, uint32_t v)
 {
 	return wr(w, &v, 4);
 }
 
-static int wr_u64(struct gguf_writer *w, uint64_t v)
+static int wr_u64(struct hyb_gguf_writer *w, uint64_t v)
 {
 	return wr(w, &v, 8);
 }
 
-static int pad(struct gguf_writer *w)
+static int pad(struct hyb_gguf_writer *w)
 {
 	static const uint8_t zeros[256];
 	uint64_t n = (w->alignment - w->pos % w->alignment) % w->alignment;
@@ -371,7 +371,7 @@ static int pad(struct gguf_writer *w)
 }
 
 /* Write the data of the tensors that were given it, up to the next one to be streamed. */
-static int write_given(struct gguf_writer *w)
+static int write_given(struct hyb_gguf_writer *w)
 {
 	while (w->cur < w->n_t && w->t[w->cur].data) {
 		if (wr(w, w->t[w->cur].data, w->t[w->cur].nbytes) || pad(w))
@@ -382,15 +382,15 @@ static int write_given(struct gguf_writer *w)
 }
 
 /* Alignment from general.alignment, then every tensor's offset. */
-static int layout(struct gguf_writer *w, char *err, size_t errlen)
+static int layout(struct hyb_gguf_writer *w, char *err, size_t errlen)
 {
 	uint64_t off = 0;
 
-	w->alignment = GGUF_DEFAULT_ALIGNMENT;
+	w->alignment = HYB_GGUF_DEFAULT_ALIGNMENT;
 	for (size_t i = 0; i < w->n_kv; i++) {
 		if (strcmp(w->kv[i].key, "general.alignment"))
 			continue;
-		if (w->kv[i].type == GGUF_VT_UINT32) {
+		if (w->kv[i].type == HYB_GGUF_VT_UINT32) {
 			uint32_t a;
 
 			memcpy(&a, w->kv[i].val, 4);
@@ -415,9 +415,9 @@ static int layout(struct gguf_writer *w, char *err, size_t errlen)
 	return 0;
 }
 
-static int write_header(struct gguf_writer *w)
+static int write_header(struct hyb_gguf_writer *w)
 {
-	wr_u32(w, GGUF_MAGIC);
+	wr_u32(w, HYB_GGUF_MAGIC);
 	wr_u32(w, w->version);
 	wr_u64(w, w->n_t);
 	wr_u64(w, w->n_kv);
@@ -443,7 +443,7 @@ static int write_header(struct gguf_writer *w)
 	return pad(w);
 }
 
-int gguf_writer_begin(struct gguf_writer *w, const char *path, char *err, size_t errlen)
+int hyb_gguf_writer_begin(struct hyb_gguf_writer *w, const char *path, char *err, size_t errlen)
 {
 	struct stat st;
 	int fd;
@@ -503,7 +503,7 @@ int gguf_writer_begin(struct gguf_writer *w, const char *path, char *err, size_t
 	return 0;
 }
 
-int gguf_writer_put_data(struct gguf_writer *w, const void *data, uint64_t nbytes)
+int hyb_gguf_writer_put_data(struct hyb_gguf_writer *w, const void *data, uint64_t nbytes)
 {
 	struct wtensor *t;
 
@@ -530,7 +530,7 @@ int gguf_writer_put_data(struct gguf_writer *w, const void *data, uint64_t nbyte
 	return pad(w) || write_given(w) ? -1 : 0;
 }
 
-int gguf_writer_finish(struct gguf_writer *w, char *err, size_t errlen)
+int hyb_gguf_writer_finish(struct hyb_gguf_writer *w, char *err, size_t errlen)
 {
 	FILE *fp = w->fp;
 
@@ -576,7 +576,7 @@ int gguf_writer_finish(struct gguf_writer *w, char *err, size_t errlen)
 	return 0;
 }
 
-int gguf_writer_write_file(struct gguf_writer *w, const char *path, char *err, size_t errlen)
+int hyb_gguf_writer_write_file(struct hyb_gguf_writer *w, const char *path, char *err, size_t errlen)
 {
 	for (size_t i = 0; i < w->n_t; i++) {
 		if (!w->t[i].data) {
@@ -585,71 +585,71 @@ int gguf_writer_write_file(struct gguf_writer *w, const char *path, char *err, s
 			return -1;
 		}
 	}
-	if (gguf_writer_begin(w, path, err, errlen))
+	if (hyb_gguf_writer_begin(w, path, err, errlen))
 		return -1;
-	return gguf_writer_finish(w, err, errlen);
+	return hyb_gguf_writer_finish(w, err, errlen);
 }
 
-void gguf_writer_copy_kv(struct gguf_writer *w, const struct gguf_kv *kv)
+void hyb_gguf_writer_copy_kv(struct hyb_gguf_writer *w, const struct hyb_gguf_kv *kv)
 {
 	char key[256];
 
 	snprintf(key, sizeof(key), "%.*s", (int)kv->key.len, kv->key.ptr);
 	switch (kv->type) {
-	case GGUF_VT_UINT8:
-		gguf_set_u8(w, key, (uint8_t)kv->v.u64);
+	case HYB_GGUF_VT_UINT8:
+		hyb_gguf_set_u8(w, key, (uint8_t)kv->v.u64);
 		break;
-	case GGUF_VT_INT8:
-		gguf_set_i8(w, key, (int8_t)kv->v.i64);
+	case HYB_GGUF_VT_INT8:
+		hyb_gguf_set_i8(w, key, (int8_t)kv->v.i64);
 		break;
-	case GGUF_VT_UINT16:
-		gguf_set_u16(w, key, (uint16_t)kv->v.u64);
+	case HYB_GGUF_VT_UINT16:
+		hyb_gguf_set_u16(w, key, (uint16_t)kv->v.u64);
 		break;
-	case GGUF_VT_INT16:
-		gguf_set_i16(w, key, (int16_t)kv->v.i64);
+	case HYB_GGUF_VT_INT16:
+		hyb_gguf_set_i16(w, key, (int16_t)kv->v.i64);
 		break;
-	case GGUF_VT_UINT32:
-		gguf_set_u32(w, key, (uint32_t)kv->v.u64);
+	case HYB_GGUF_VT_UINT32:
+		hyb_gguf_set_u32(w, key, (uint32_t)kv->v.u64);
 		break;
-	case GGUF_VT_INT32:
-		gguf_set_i32(w, key, (int32_t)kv->v.i64);
+	case HYB_GGUF_VT_INT32:
+		hyb_gguf_set_i32(w, key, (int32_t)kv->v.i64);
 		break;
-	case GGUF_VT_UINT64:
-		gguf_set_u64(w, key, kv->v.u64);
+	case HYB_GGUF_VT_UINT64:
+		hyb_gguf_set_u64(w, key, kv->v.u64);
 		break;
-	case GGUF_VT_INT64:
-		gguf_set_i64(w, key, kv->v.i64);
+	case HYB_GGUF_VT_INT64:
+		hyb_gguf_set_i64(w, key, kv->v.i64);
 		break;
-	case GGUF_VT_FLOAT32:
-		gguf_set_f32(w, key, (float)kv->v.f64);
+	case HYB_GGUF_VT_FLOAT32:
+		hyb_gguf_set_f32(w, key, (float)kv->v.f64);
 		break;
-	case GGUF_VT_FLOAT64:
-		gguf_set_f64(w, key, kv->v.f64);
+	case HYB_GGUF_VT_FLOAT64:
+		hyb_gguf_set_f64(w, key, kv->v.f64);
 		break;
-	case GGUF_VT_BOOL:
-		gguf_set_bool(w, key, kv->v.b);
+	case HYB_GGUF_VT_BOOL:
+		hyb_gguf_set_bool(w, key, kv->v.b);
 		break;
-	case GGUF_VT_STRING: {
+	case HYB_GGUF_VT_STRING: {
 		char *s = strndup(kv->v.str.ptr, kv->v.str.len);
 
 		if (s)
-			gguf_set_str(w, key, s);
+			hyb_gguf_set_str(w, key, s);
 		free(s);
 		break;
 	}
-	case GGUF_VT_ARRAY:
-		if (kv->v.arr.type == GGUF_VT_STRING) {
+	case HYB_GGUF_VT_ARRAY:
+		if (kv->v.arr.type == HYB_GGUF_VT_STRING) {
 			char **s = calloc(kv->v.arr.n ? kv->v.arr.n : 1, sizeof(*s));
 
 			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
 				s[i] = strndup(kv->v.arr.strs[i].ptr, kv->v.arr.strs[i].len);
 			if (s)
-				gguf_set_arr_str(w, key, (const char *const *)s, kv->v.arr.n);
+				hyb_gguf_set_arr_str(w, key, (const char *const *)s, kv->v.arr.n);
 			for (uint64_t i = 0; s && i < kv->v.arr.n; i++)
 				free(s[i]);
 			free(s);
 		} else {
-			gguf_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n);
+			hyb_gguf_set_arr(w, key, kv->v.arr.type, kv->v.arr.data, kv->v.arr.n);
 		}
 		break;
 	}

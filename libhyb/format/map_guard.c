@@ -16,7 +16,7 @@ struct guard_slot {
 	atomic_int used;             /* claimed by an add */
 	atomic_uintptr_t base;       /* 0 while the slot is not (yet, any more) guarding */
 	uint64_t len;
-	_Atomic(const struct gguf_file *) g;
+	_Atomic(const struct hyb_gguf_file *) g;
 	char path[256];
 };
 
@@ -58,7 +58,7 @@ static void putu(struct line *l, uint64_t v)
 }
 
 /* Where in g byte off of the file lies: the header, a tensor, or between tensors. */
-static void put_place(struct line *l, const struct gguf_file *g, uintptr_t addr, uint64_t off)
+static void put_place(struct line *l, const struct hyb_gguf_file *g, uintptr_t addr, uint64_t off)
 {
 	if (!g) {
 		puts_(l, "while reading its header");
@@ -69,7 +69,7 @@ static void put_place(struct line *l, const struct gguf_file *g, uintptr_t addr,
 		return;
 	}
 	for (uint64_t i = 0; i < g->n_tensors; i++) {
-		const struct gguf_tensor *t = &g->tensors[i];
+		const struct hyb_gguf_tensor *t = &g->tensors[i];
 		const uintptr_t d = (uintptr_t)t->data;
 
 		if (addr >= d && addr - d < t->nbytes) {
@@ -173,7 +173,7 @@ int hyb_map_guard_add(const void *base, uint64_t len, const char *path)
 	return -1;
 }
 
-void hyb_map_guard_set_gguf(int slot, const struct gguf_file *g)
+void hyb_map_guard_set_gguf(int slot, const struct hyb_gguf_file *g)
 {
 	if (slot >= 0 && slot < HYB_MAP_GUARD_SLOTS)
 		atomic_store(&slots[slot].g, g);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A guard for file mappings read in place (gguf_open's, which HYB_LOAD=mmap
+ * A guard for file mappings read in place (hyb_gguf_open's, which HYB_LOAD=mmap
  * computes on): a page the kernel cannot read in - the drive fails the read,
  * or the file was truncated or replaced while mapped - is reported by SIGBUS
  * at whatever instruction touched it, deep inside a kernel or a worker
@@ -32,7 +32,7 @@
  */
 int hyb_map_guard_add(const void *base, uint64_t len, const char *path);
 /* Name tensors in the slot's reports: g's tensors lie in its range. NULL: none. */
-void hyb_map_guard_set_gguf(int slot, const struct gguf_file *g);
+void hyb_map_guard_set_gguf(int slot, const struct hyb_gguf_file *g);
 /* Before the range is unmapped. slot -1 is ignored. */
 void hyb_map_guard_remove(int slot);
 

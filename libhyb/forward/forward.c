@@ -24,14 +24,15 @@
 
 #include "cpu_kernels.h"
 #include "hyb/model.h"
+#include "hyb/testing.h"
 #include "hyb/threadpool.h"
 #include "attention.h"
-#include "decode.h"
-#include "ffn_hybrid.h"
-#include "plan_ffn.h"
-#include "sparse_layer.h"
+#include "hybrid/decode.h"
+#include "hybrid/ffn_hybrid.h"
+#include "sparse/plan_ffn.h"
+#include "sparse/sparse_layer.h"
 #include "forward_internal.h"
-#include "model_stream.h"
+#include "model/model_stream.h"
 #include "ops.h"
 
 #define MAX_MATS 3
@@ -113,10 +114,10 @@ static void convert_input(struct hyb_ctx *c, uint32_t type, const float *x, uint
 	};
 
 	c->xq_stride = q.out_stride;
-	if (n == 1 || hyb_pool_size(c->pool) == 1)
+	if (n == 1 || hyb_threadpool_size(c->pool) == 1)
 		quant_worker(&q, 0, 1);
 	else
-		hyb_pool_run(c->pool, quant_worker, &q);
+		hyb_threadpool_run(c->pool, quant_worker, &q);
 }
 
 /* Y_i[n][ne1_i] = W_i · X[n][ne0] for weights of the same input and type family. */
@@ -124,7 +125,7 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 		   const struct hyb_weight *const *w, float *const *y)
 {
 	struct matmul_job j = { .k = c->k, .nw = nw, .n = n };
-	int nth = hyb_pool_size(c->pool);
+	int nth = hyb_threadpool_size(c->pool);
 	uint64_t rows = 0;
 
 	/* One conversion serves every weight when their dot types agree (they do
@@ -156,7 +157,7 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 	if (nth == 1)
 		matmul_worker(&j, 0, 1);
 	else
-		hyb_pool_run(c->pool, matmul_worker, &j);
+		hyb_threadpool_run(c->pool, matmul_worker, &j);
 }
 
 /* ---- attention --------------------------------------------------------- */
@@ -188,12 +189,12 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			.q_stride = c->q_dim, .kv_stride = c->kv_dim,
 			.hd = hp->head_dim, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
 			.n_tokens = n, .n_past = c->n_past, .n_ctx = c->n_ctx,
-			.n_split = hyb_pool_size(c->pool),
+			.n_split = hyb_threadpool_size(c->pool),
 			.scale = 1.0f / sqrtf((float)hp->head_dim),
 		},
 	};
 
-	hyb_pool_run(c->pool, attn_worker, &j);
+	hyb_threadpool_run(c->pool, attn_worker, &j);
 }
 
 /* ---- the layer loop ---------------------------------------------------- */
@@ -420,10 +421,16 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 {
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_ctx *c = calloc(1, sizeof(*c));
+	const bool oracle = p && (p->testing & HYB_TESTING_FFN_ORACLE);
 	int nth;
 
 	if (!c) {
 		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (p && (p->testing & ~HYB_TESTING_FFN_ORACLE)) {
+		snprintf(err, errlen, "unknown testing switches 0x%x", p->testing);
+		free(c);
 		return NULL;
 	}
 	c->m = m;
@@ -436,12 +443,12 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		snprintf(err, errlen, "bad context size %u", c->n_ctx);
 		goto fail;
 	}
-	c->pool = hyb_pool_new(p ? p->n_threads : 0);
+	c->pool = hyb_threadpool_new(p ? p->n_threads : 0);
 	if (!c->pool) {
 		snprintf(err, errlen, "cannot start threads: %s", strerror(errno));
 		goto fail;
 	}
-	nth = hyb_pool_size(c->pool);
+	nth = hyb_threadpool_size(c->pool);
 
 	c->kv_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx * c->kv_dim;
 	c->kcache = alloc_zeroed(c->kv_bytes / 2);
@@ -477,7 +484,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 			snprintf(err, errlen, "hybrid decoding is sparse; it cannot run dense");
 			goto fail;
 		}
-		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, p->ffn_oracle, nth, c->n_ctx,
+		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, oracle, nth, c->n_ctx,
 						     err, errlen)))
 			goto fail;
 	} else if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
@@ -485,7 +492,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		goto fail;
 	}
 	if (c->sparse)
-		hyb_ffn_sparse_set_oracle(c->sparse, p && p->ffn_oracle);
+		hyb_ffn_sparse_set_oracle(c->sparse, oracle);
 	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
 		snprintf(err, errlen, "sparse decoding needs a plan (hybctl plan); this model has "
 			 "none");
@@ -503,8 +510,8 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	if (!c)
 		return;
 	if (c->pool) {
-		free_mapping(c->attn_tmp, c->attn_tmp_stride * hyb_pool_size(c->pool));
-		hyb_pool_free(c->pool);
+		free_mapping(c->attn_tmp, c->attn_tmp_stride * hyb_threadpool_size(c->pool));
+		hyb_threadpool_free(c->pool);
 	}
 	free_mapping(c->kcache, c->kv_bytes / 2);
 	free_mapping(c->vcache, c->kv_bytes / 2);

@@ -17,7 +17,7 @@
 struct hyb_ctx {
 	const struct hyb_model *m;
 	const struct hyb_cpu_kernels *k;
-	struct hyb_pool *pool;
+	struct hyb_threadpool *pool;
 	uint32_t n_ctx, n_past, n_batch;
 	uint32_t q_dim, kv_dim;
 

@@ -51,26 +51,6 @@ void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uin
 	}
 }
 
-void hyb_softmax(float *x, uint32_t n, float scale)
-{
-	float max = -INFINITY;
-	double sum = 0;
-
-	for (uint32_t i = 0; i < n; i++) {
-		x[i] *= scale;
-		if (x[i] > max)
-			max = x[i];
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		x[i] = expf(x[i] - max);
-		sum += x[i];
-	}
-	float inv = (float)(1.0 / sum);
-
-	for (uint32_t i = 0; i < n; i++)
-		x[i] *= inv;
-}
-
 static inline float relu(float v)
 {
 	return v > 0 ? v : 0;

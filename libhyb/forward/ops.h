@@ -21,8 +21,6 @@ void hyb_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps
  */
 void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
 	      float freq_scale, float base, bool neox);
-/* In place: x[i] = exp(x[i]*scale - max) / sum. */
-void hyb_softmax(float *x, uint32_t n, float scale);
 /* g = act(g, u): the gated FFN nonlinearity, in place in g. */
 void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act);
 

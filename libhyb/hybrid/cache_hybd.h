@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Box mode's neuron cache (hyb/gpucache.h; issue 6 item 4: "reload requests
- * go through the reload queue to the copy engine, hybd's in box mode"): the
+ * Box mode's neuron cache (hyb/gpucache.h; reload requests go through the
+ * reload queue to the copy engine, hybd's in box mode): the
  * hybrid engine (ffn_hybrid.c) of an app whose model hybd serves computes on
  * hybd's cache slots, and loads a neuron group into a slot by sending hybd
  * an UPLOAD request (pool range of the group's bundle -> slot) instead of
@@ -24,7 +24,7 @@
 
 #include "hyb/device.h"
 #include "hyb/model.h"
-#include "sparse_op.h"
+#include "sparse/sparse_op.h"
 
 struct hyb_hybd_cache;
 

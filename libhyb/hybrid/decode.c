@@ -24,7 +24,7 @@
 
 #include "decode.h"
 #include "ffn_hybrid.h"
-#include "forward_internal.h"
+#include "forward/forward_internal.h"
 #include "dense.h"
 
 enum x_where { X_HOST, X_DEV, X_BOTH };
@@ -180,8 +180,8 @@ int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err
 }
 
 /*
- * A prompt batch (issue 6 item 2: prefill's dense parts on the device, as
- * PowerInfer and KAIROX do). Per layer: a placed attention block runs on the
+ * A prompt batch (prefill's dense parts on the device, as PowerInfer and
+ * KAIROX do). Per layer: a placed attention block runs on the
  * device token after token (its KV rows land in the device cache, where
  * decoding reads them; each token's x goes up and comes back, waited for),
  * an unplaced one batched on the CPU; then the FFN of the whole batch dense

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The dense part of a hybrid model in device memory (issue 6 item 2;
- * PowerInfer 5.3 keeps attention and the head on the GPU): per placed layer
+ * The dense part of a hybrid model in device memory (PowerInfer 5.3 keeps
+ * attention and the head on the GPU): per placed layer
  * the attention block's weights, its norms and its KV cache; the head; and
  * the residual stream's device copy. libhyb/decode_hybrid.c queues the
  * work; this file owns the bytes, the placement arithmetic and the KV

@@ -51,10 +51,10 @@
 #include "hyb/app_stats.h"
 #include "hyb/manifest.h"
 #include "ffn_hybrid.h"
-#include "sparse_layer.h"
-#include "group_div.h"
+#include "sparse/sparse_layer.h"
+#include "sparse/group_div.h"
 #include "dense.h"
-#include "sparse_op.h"
+#include "sparse/sparse_op.h"
 
 struct hyb_ffn_hybrid {
 	const struct hyb_model *m;
@@ -429,7 +429,7 @@ static int merge_on_device(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_
 	return 0;
 }
 
-static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 		     const float *xn, float *y, bool on_dev, char *err, size_t errlen)
 {
 	struct hyb_sparse_ffn_stats st;
@@ -597,7 +597,7 @@ int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float
  * (decode_hybrid.c queued it into `slot` and the list has come down), else
  * on the host.
  */
-static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t j, int slot,
+static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t j, int slot,
 			const float *x_attn, uint32_t *out)
 {
 	if (hyb_hdense_pred_on(h->hd, j)) {
@@ -617,7 +617,7 @@ static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_
 }
 
 /* A layer-policy layer on the device: every neuron, nothing predicted or moved. */
-static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 		       const float *xn, float *y, bool on_dev, char *err, size_t errlen)
 {
 	const double t0 = hyb_device_now(h->dev);
@@ -712,7 +712,7 @@ bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
  * layer's attention; the last layer decides layer 0 of the next token from
  * this token's layer-0 set. *t1: when the predictions were done.
  */
-static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, double *t1, char *err, size_t errlen)
 {
 	uint32_t *t;
@@ -743,7 +743,7 @@ static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32
  * from the next token on. window_s stays one layer's period: this
  * decision's share of the link over a token.
  */
-static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			   const float *x_attn, double *t1, char *err, size_t errlen)
 {
 	h->n_act = predict(h, pool, l, 0, x_attn, h->act);
@@ -751,7 +751,7 @@ static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint
 	return balance(h, l, h->act, h->n_act, err, errlen);
 }
 
-int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, const float *xn, float *y, bool on_dev,
 			 char *err, size_t errlen)
 {

@@ -32,7 +32,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h);
  * of written to y. Returns 0, or -1 with err (a device error: the context
  * cannot go on).
  */
-int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_pool *pool, uint32_t l,
+int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, const float *xn, float *y, bool on_dev,
 			 char *err, size_t errlen);
 /* A decode step begins (statistics). */

@@ -18,7 +18,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "stream.h"
+#include "hyb/stream.h"
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/manifest.h"
@@ -51,9 +51,9 @@ static int arch_u32(struct loader *ld, const char *suffix, long def, uint32_t *o
 	char key[128];
 
 	snprintf(key, sizeof(key), "%s.%s", ld->m->hp.arch, suffix);
-	if (gguf_get_u32(ld->m->gguf, key, out))
+	if (hyb_gguf_get_u32(ld->m->gguf, key, out))
 		return 0;
-	if (gguf_find(ld->m->gguf, key))
+	if (hyb_gguf_find(ld->m->gguf, key))
 		return fail(ld, "metadata %s is not a valid unsigned integer", key);
 	if (def < 0)
 		return fail(ld, "metadata %s is missing", key);
@@ -66,9 +66,9 @@ static int arch_f32(struct loader *ld, const char *suffix, float def, float *out
 	char key[128];
 
 	snprintf(key, sizeof(key), "%s.%s", ld->m->hp.arch, suffix);
-	if (gguf_get_f32(ld->m->gguf, key, out))
+	if (hyb_gguf_get_f32(ld->m->gguf, key, out))
 		return 0;
-	if (gguf_find(ld->m->gguf, key))
+	if (hyb_gguf_find(ld->m->gguf, key))
 		return fail(ld, "metadata %s is not a number", key);
 	*out = def;
 	return 0;
@@ -81,10 +81,10 @@ static int read_hparams(struct loader *ld)
 	char scaling[32] = "";
 	float factor = 0;
 
-	if (ld->m->gguf->magic == GGUF_MAGIC_PWRI)
+	if (ld->m->gguf->magic == HYB_GGUF_MAGIC_PWRI)
 		return fail(ld, "this is a PowerInfer GPU index (PWRI magic), not a model: give it "
 			    "to hybctl plan --gpu-index");
-	if (!gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
+	if (!hyb_gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
 		return fail(ld, "metadata general.architecture is missing");
 	if (strcmp(hp->arch, "llama") != 0)
 		return fail(ld, "architecture '%s' is not supported (supported: llama)", hp->arch);
@@ -105,7 +105,7 @@ static int read_hparams(struct loader *ld)
 			    hp->n_head, hp->n_head_kv);
 	if (hp->n_layer > 4096 || hp->n_head > 4096)
 		return fail(ld, "implausible shape: %u layers, %u heads", hp->n_layer, hp->n_head);
-	if (hp->n_embd % hp->n_head && !gguf_find(ld->m->gguf, "llama.attention.key_length"))
+	if (hp->n_embd % hp->n_head && !hyb_gguf_find(ld->m->gguf, "llama.attention.key_length"))
 		return fail(ld, "embedding_length %u is not a multiple of head_count %u",
 			    hp->n_embd, hp->n_head);
 	if (arch_u32(ld, "attention.key_length", hp->n_embd / hp->n_head, &hp->head_dim) ||
@@ -122,7 +122,7 @@ static int read_hparams(struct loader *ld)
 		char key[128];
 
 		snprintf(key, sizeof(key), "%s.rope.scaling.type", hp->arch);
-		gguf_get_str(ld->m->gguf, key, scaling, sizeof(scaling));
+		hyb_gguf_get_str(ld->m->gguf, key, scaling, sizeof(scaling));
 		if (arch_f32(ld, "rope.scaling.factor", 0, &factor) ||
 		    (!factor && arch_f32(ld, "rope.scale_linear", 0, &factor)))
 			return -1;
@@ -140,20 +140,20 @@ static int read_hparams(struct loader *ld)
 	 * with ReLU (llm_build_ffn_sparse only knows LLM_FFN_RELU), so that is the
 	 * activation unless the file says otherwise.
 	 */
-	if (gguf_find_tensor(ld->m->gguf, "blk.0.ffn_down_t.weight")) {
+	if (hyb_gguf_find_tensor(ld->m->gguf, "blk.0.ffn_down_t.weight")) {
 		ld->m->powerinfer = true;
 		strcpy(act, "relu");
-		if (gguf_find(ld->m->gguf, "powerinfer.sparse_threshold") &&
-		    !gguf_get_f32(ld->m->gguf, "powerinfer.sparse_threshold",
+		if (hyb_gguf_find(ld->m->gguf, "powerinfer.sparse_threshold") &&
+		    !hyb_gguf_get_f32(ld->m->gguf, "powerinfer.sparse_threshold",
 				  &ld->m->powerinfer_threshold))
 			return fail(ld, "metadata powerinfer.sparse_threshold is not a number");
 		if (!isfinite(ld->m->powerinfer_threshold))
 			return fail(ld, "metadata powerinfer.sparse_threshold is not finite");
 	}
 	/* hyb.* keys are written by `hybctl synth` for the sparse (ReLU-family) models. */
-	gguf_get_bool(ld->m->gguf, "hyb.rope_neox", &hp->rope_neox);
-	if (gguf_find(ld->m->gguf, "hyb.ffn_act") &&
-	    !gguf_get_str(ld->m->gguf, "hyb.ffn_act", act, sizeof(act)))
+	hyb_gguf_get_bool(ld->m->gguf, "hyb.rope_neox", &hp->rope_neox);
+	if (hyb_gguf_find(ld->m->gguf, "hyb.ffn_act") &&
+	    !hyb_gguf_get_str(ld->m->gguf, "hyb.ffn_act", act, sizeof(act)))
 		return fail(ld, "metadata hyb.ffn_act is not a short string");
 	if (!strcmp(act, "silu"))
 		hp->act = HYB_ACT_SILU;
@@ -182,7 +182,7 @@ static const char *supported_types(void)
 static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
 		uint64_t ne1, bool optional)
 {
-	const struct gguf_tensor *t = gguf_find_tensor(ld->m->gguf, name);
+	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(ld->m->gguf, name);
 	const struct hyb_type_info *ti;
 
 	if (!t) {
@@ -225,7 +225,7 @@ static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint6
 /* A 1-D tensor of n elements of `type` (plan metadata and biases). */
 static const void *bind_vec(struct loader *ld, const char *name, uint32_t type, uint64_t n)
 {
-	const struct gguf_tensor *t = gguf_find_tensor(ld->m->gguf, name);
+	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(ld->m->gguf, name);
 
 	if (!t) {
 		fail(ld, "plan tensor %s is missing", name);
@@ -250,7 +250,7 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 	const struct hyb_hparams *hp = &ld->m->hp;
 	struct hyb_ffn_plan *P = &ld->m->layers[l].plan;
 	const uint32_t ng = ld->m->n_groups;
-	const struct gguf_tensor *fc1;
+	const struct hyb_gguf_tensor *fc1;
 	char name[96];
 	uint8_t *seen;
 
@@ -280,7 +280,7 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 	}
 	free(seen);
 
-	fc1 = gguf_find_tensor(ld->m->gguf, N("fc1.weight"));
+	fc1 = hyb_gguf_find_tensor(ld->m->gguf, N("fc1.weight"));
 	if (!fc1 || fc1->n_dims != 2 || fc1->ne[1] == 0 || fc1->ne[1] > (1u << 20))
 		return fail(ld, "plan tensor %s is missing or has a bad shape", name);
 	P->hidden = (uint32_t)fc1->ne[1];
@@ -302,22 +302,22 @@ static int read_plan_keys(struct loader *ld)
 	struct hyb_model *m = ld->m;
 	uint32_t version, gs;
 
-	if (!gguf_find(m->gguf, HYB_PLAN_KEY_VERSION))
+	if (!hyb_gguf_find(m->gguf, HYB_PLAN_KEY_VERSION))
 		return 0;
-	if (!gguf_get_u32(m->gguf, HYB_PLAN_KEY_VERSION, &version))
+	if (!hyb_gguf_get_u32(m->gguf, HYB_PLAN_KEY_VERSION, &version))
 		return fail(ld, "metadata %s must be a u32", HYB_PLAN_KEY_VERSION);
 	if (version != HYB_PLAN_VERSION)
 		return fail(ld, "plan version %u is not supported (this build reads %u)", version,
 			    HYB_PLAN_VERSION);
-	if (!gguf_get_u32(m->gguf, HYB_PLAN_KEY_GROUP_SIZE, &gs) || gs == 0 || gs > m->hp.n_ff)
+	if (!hyb_gguf_get_u32(m->gguf, HYB_PLAN_KEY_GROUP_SIZE, &gs) || gs == 0 || gs > m->hp.n_ff)
 		return fail(ld, "metadata %s is missing or out of range", HYB_PLAN_KEY_GROUP_SIZE);
 	m->group_size = gs;
 	m->n_groups = (m->hp.n_ff + gs - 1) / gs;
 	m->pred_input = HYB_PRED_ADJACENT;
-	if (gguf_find(m->gguf, HYB_PLAN_KEY_PRED_INPUT)) {
+	if (hyb_gguf_find(m->gguf, HYB_PLAN_KEY_PRED_INPUT)) {
 		char in[32];
 
-		if (!gguf_get_str(m->gguf, HYB_PLAN_KEY_PRED_INPUT, in, sizeof(in)))
+		if (!hyb_gguf_get_str(m->gguf, HYB_PLAN_KEY_PRED_INPUT, in, sizeof(in)))
 			return fail(ld, "metadata %s is not a short string",
 				    HYB_PLAN_KEY_PRED_INPUT);
 		if (!strcmp(in, "same-layer"))
@@ -379,7 +379,7 @@ static int bind_layers(struct loader *ld)
 static int bind_model(struct loader *ld)
 {
 	struct hyb_model *m = ld->m;
-	const struct gguf_tensor *emb = gguf_find_tensor(m->gguf, "token_embd.weight");
+	const struct hyb_gguf_tensor *emb = hyb_gguf_find_tensor(m->gguf, "token_embd.weight");
 	int rc;
 
 	if (!emb)
@@ -418,8 +418,8 @@ static void free_image(struct hyb_model *m)
 }
 
 /*
- * The weights live in a pool of the local backend (issue 4, item 7: embedded
- * mode loads through the same io_uring streaming engine as hybd).
+ * The weights live in a pool of the local backend: embedded mode loads
+ * through the same io_uring streaming engine as hybd.
  * A private (THP) pool of len bytes; NULL with the reason in why when none can be had.
  */
 static void *pool_image(struct hyb_model *m, uint64_t len, bool lazy, char *why, size_t whylen)
@@ -496,7 +496,7 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 	m->image = buf;
 	m->image_len = len;
 	if (background) {
-		/* the header is what gguf_parse reads: wait for it alone */
+		/* the header is what hyb_gguf_parse reads: wait for it alone */
 		uint64_t header = m->gguf->data_offset;
 
 		if (hyb_model_stream_start(m, path, buf, size, err, errlen))
@@ -507,9 +507,9 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 		free_image(m);
 		return -1;
 	}
-	gguf_close(m->gguf);
+	hyb_gguf_close(m->gguf);
 	m->gguf = NULL;
-	if (gguf_parse(buf, size, &m->gguf, err, errlen))
+	if (hyb_gguf_parse(buf, size, &m->gguf, err, errlen))
 		return -1; /* the file changed between the two reads */
 	return 0;
 }
@@ -571,7 +571,7 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
-	if (gguf_open(path, &m->gguf, err, errlen))
+	if (hyb_gguf_open(path, &m->gguf, err, errlen))
 		goto out_free;
 	/* Check the metadata on the mapping first: a bad file fails before any copy. */
 	if (!read_hparams(&ld) && mode == HYB_LOAD_HUGEPAGE) {
@@ -580,7 +580,7 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 		 * So does a file wholly in the page cache (asked before the header
 		 * was read through the mapping): see hyb_model_load_streaming.
 		 */
-		bool plain = !m->powerinfer && !gguf_find(m->gguf, HYB_PLAN_KEY_VERSION);
+		bool plain = !m->powerinfer && !hyb_gguf_find(m->gguf, HYB_PLAN_KEY_VERSION);
 
 		free(m->layers);
 		m->layers = NULL;
@@ -634,7 +634,7 @@ void hyb_model_free(struct hyb_model *m)
 		hyb_tokenizer_free(m->tok);
 	free(m->layers);
 	if (m->gguf)
-		gguf_close(m->gguf);
+		hyb_gguf_close(m->gguf);
 	box_release(m);	/* pool handles go before the backend free_image closes */
 	free_image(m);
 	free(m);
@@ -857,7 +857,7 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 	mprotect(img, len, PROT_READ);
 	m->image = img;
 	m->image_len = len;
-	if (gguf_parse(img, mi.model_size, &m->gguf, why, sizeof(why)))
+	if (hyb_gguf_parse(img, mi.model_size, &m->gguf, why, sizeof(why)))
 		return box_fail(err, errlen, "the GGUF header it holds: %s", why);
 	return 0;
 }
@@ -865,7 +865,7 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 /* Every tensor of the header at its bytes in a pool, the manifest entry checked against it. */
 static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t errlen)
 {
-	struct gguf_file *f = m->gguf;
+	struct hyb_gguf_file *f = m->gguf;
 	struct hyb_manifest_info mi;
 
 	hyb_manifest_info(bx->mf, &mi);
@@ -873,7 +873,7 @@ static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t
 		return box_fail(err, errlen, "it lists %u tensors, its GGUF header %llu",
 				mi.n_tensors, (unsigned long long)f->n_tensors);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		struct gguf_tensor *t = &f->tensors[i];
+		struct hyb_gguf_tensor *t = &f->tensors[i];
 		const struct hyb_manifest_tensor *mt;
 		const struct box_pool *bp;
 		char name[256];

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * A model's weights streaming in behind its first prompt (issue 4: time to
- * first token). hyb_model_load_streaming() returns once the GGUF header is in
- * the image; a thread of its own keeps the io_uring engine (daemon/stream.c)
+ * A model's weights streaming in behind its first prompt, for the time to
+ * first token. hyb_model_load_streaming() returns once the GGUF header is in
+ * the image; a thread of its own keeps the io_uring engine (model/stream.c)
  * filling the rest, and the engine reports the landed prefix: every byte below
  * it is in memory. The forward pass asks for the bytes of the embeddings, of
  * each layer and of the head just before it reads them, so the prompt's first
@@ -25,7 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "stream.h"
+#include "hyb/stream.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "model_stream.h"
@@ -162,13 +162,13 @@ int hyb_model_stream_start(struct hyb_model *m, const char *path, void *image, u
 }
 
 /* The end, in the file, of every tensor whose name starts with prefix (0: none). */
-static uint64_t tensors_end(const struct gguf_file *f, const char *prefix)
+static uint64_t tensors_end(const struct hyb_gguf_file *f, const char *prefix)
 {
 	size_t n = strlen(prefix);
 	uint64_t end = 0;
 
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
 		uint64_t e = (uint64_t)((const uint8_t *)t->data - f->base) + t->nbytes;
 
 		if (t->name.len >= n && !memcmp(t->name.ptr, prefix, n) && e > end)

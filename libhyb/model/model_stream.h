@@ -24,7 +24,5 @@ int hyb_model_wait_bytes(const struct hyb_model *m, uint64_t end, char *err, siz
 int hyb_model_wait_embd(const struct hyb_model *m, char *err, size_t errlen);
 int hyb_model_wait_layer(const struct hyb_model *m, uint32_t l, char *err, size_t errlen);
 int hyb_model_wait_head(const struct hyb_model *m, char *err, size_t errlen);
-/* The finished load's engine statistics (zeros while it runs, or when nothing streamed). */
-void hyb_model_load_stats(const struct hyb_model *m, struct hyb_stream_stats *out);
 
 #endif

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * io_uring streaming of a file range into memory (issue 4, item 1; see
+ * io_uring streaming of a file range into memory (see
  * stream.h for the contract). One ring per call, owned by the calling thread.
  *
  * The range is walked as its 4096-aligned superset. A piece goes straight to
@@ -32,7 +32,8 @@
 #include <unistd.h>
 
 #include "hyb/pool.h"
-#include "stream.h"
+#include "hyb/stream.h"
+#include "hyb/testing.h"
 
 #define BLK		4096u
 #define MAX_DEPTH	256u
@@ -601,8 +602,7 @@ static int open_file(struct streamer *s, bool direct, uint64_t *size)
 	struct stat sb;
 	int fd;
 
-	/* HYB_STREAM_REFUSE_DIRECT=1 simulates a filesystem without O_DIRECT (tests) */
-	if (direct && getenv("HYB_STREAM_REFUSE_DIRECT")) {
+	if (direct && getenv(HYB_TESTING_ENV_REFUSE_DIRECT)) {
 		errno = EINVAL;
 		return -1;
 	}
@@ -702,10 +702,10 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 	s.lazy_dst = o.lazy_dst;
 	s.landed = o.landed;
 	s.landed_arg = o.landed_arg;
-	if (getenv("HYB_STREAM_FAULT")) {
+	if (getenv(HYB_TESTING_ENV_STREAM_FAULT)) {
 		char *end;
 
-		s.fault.off = strtoull(getenv("HYB_STREAM_FAULT"), &end, 10);
+		s.fault.off = strtoull(getenv(HYB_TESTING_ENV_STREAM_FAULT), &end, 10);
 		s.fault.span = *end == ',' ? strtoull(end + 1, &end, 10) : 1;
 		s.fault.transient = *end == ',' && end[1] == '1';
 	}

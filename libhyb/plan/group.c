@@ -32,19 +32,19 @@
 #include "hyb/threadpool.h"
 #include "plan_internal.h"
 
-double plan_link_efficiency(const struct plan_link *k, uint64_t bytes)
+double hyb_plan_link_efficiency(const struct hyb_plan_link *k, uint64_t bytes)
 {
 	double t = (double)bytes / k->bw;
 
 	return t / (k->latency_s + t);
 }
 
-uint32_t plan_pick_group_size(const struct plan_link *k, uint64_t neuron_bytes, uint32_t n_ff,
+uint32_t hyb_plan_pick_group_size(const struct hyb_plan_link *k, uint64_t neuron_bytes, uint32_t n_ff,
 			      double target, uint32_t max_groups)
 {
 	uint32_t gs = 1;
 
-	while (gs < n_ff && plan_link_efficiency(k, (uint64_t)gs * neuron_bytes) < target)
+	while (gs < n_ff && hyb_plan_link_efficiency(k, (uint64_t)gs * neuron_bytes) < target)
 		gs++;
 	if (max_groups && gs < (n_ff + max_groups - 1) / max_groups)
 		gs = (n_ff + max_groups - 1) / max_groups;
@@ -600,16 +600,16 @@ static const struct {
 
 #define N_VARIANTS ((int)(sizeof(variants) / sizeof(variants[0])))
 
-const char *plan_group_variant_name(int v)
+const char *hyb_plan_group_variant_name(int v)
 {
 	static const char *names[] = { "recursive/1.001", "kway/1.03", "recursive/1.03" };
 
 	return v >= 0 && v < N_VARIANTS ? names[v] : "none";
 }
 
-static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct plan_group_opts *o,
+static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct hyb_plan_group_opts *o,
 		       uint32_t M, uint32_t gs, idx_t *part, uint32_t *last,
-		       struct plan_group_info *info, char *err, size_t errlen)
+		       struct hyb_plan_group_info *info, char *err, size_t errlen)
 {
 	const uint32_t n = p->n_ff, k = o->top_k ? o->top_k : 32;
 	const uint32_t max_s = o->max_samples ? o->max_samples : 16384;
@@ -651,7 +651,7 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	for (size_t q = 0; q < (size_t)n * k; q++)
 		nbr[q] = UINT32_MAX;
 	{
-		const int nth = o->pool ? hyb_pool_size(o->pool) : 1;
+		const int nth = o->pool ? hyb_threadpool_size(o->pool) : 1;
 		struct knn_job j = { .cols = cols, .W = W, .k = k, .n_live = n_live, .cnt = cnt,
 				     .live = live, .nbr = nbr, .sim = sim, .nth = nth };
 
@@ -668,9 +668,9 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 			j.failed = 1;
 		if (!j.failed) {
 			if (o->pool) {
-				hyb_pool_run(o->pool, knn_worker, &j);
+				hyb_threadpool_run(o->pool, knn_worker, &j);
 				if (!j.failed)
-					hyb_pool_run(o->pool, knn_merge, &j);
+					hyb_threadpool_run(o->pool, knn_merge, &j);
 			} else {
 				knn_worker(&j, 0, 1);
 				if (!j.failed)
@@ -769,12 +769,12 @@ out:
 	return rc;
 }
 
-int plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum plan_grouping how,
-		     const struct plan_group_opts *o, int32_t *perm, struct plan_group_info *info,
+int hyb_plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum hyb_plan_grouping how,
+		     const struct hyb_plan_group_opts *o, int32_t *perm, struct hyb_plan_group_info *info,
 		     char *err, size_t errlen)
 {
 	const uint32_t n = p->n_ff, gs = o->group_size;
-	struct plan_group_info dummy;
+	struct hyb_plan_group_info dummy;
 	uint32_t M, last;
 	idx_t *part;
 	double t0 = now_s();
@@ -795,10 +795,10 @@ int plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum plan_grou
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	if (how == PLAN_GROUP_METIS && M > 1 && gs > 1 && p->n_samples > 0) {
+	if (how == HYB_PLAN_GROUP_METIS && M > 1 && gs > 1 && p->n_samples > 0) {
 		if (metis_parts(p, layer, o, M, gs, part, &last, info, err, errlen))
 			goto out;
-	} else if (how == PLAN_GROUP_RANDOM) {
+	} else if (how == HYB_PLAN_GROUP_RANDOM) {
 		uint32_t *rp = malloc((size_t)n * sizeof(*rp));
 
 		if (!rp) {
@@ -831,8 +831,8 @@ out:
 	return rc;
 }
 
-void plan_group_quality(const struct hyb_profile *p, uint32_t layer, const int32_t *perm,
-			uint32_t group_size, struct plan_group_quality *q)
+void hyb_plan_group_quality(const struct hyb_profile *p, uint32_t layer, const int32_t *perm,
+			uint32_t group_size, struct hyb_plan_group_quality *q)
 {
 	const uint32_t n = p->n_ff, M = (n + group_size - 1) / group_size;
 	uint32_t *grp = malloc((size_t)n * sizeof(*grp)), *k = calloc(M, sizeof(*k));

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 /*
- * PowerInfer's own files as `hybctl plan` input (issue 5, item 3).
+ * PowerInfer's own files as `hybctl plan` input.
  *
  * A PowerInfer model GGUF (its convert-hf-to-powerinfer-gguf.py) is a llama
  * model with two differences the loader handles (model_load.c): down is
  * stored transposed, blk.L.ffn_down_t.weight with a row per neuron, which is
- * exactly a bundle's down part, so plan_write.c copies those rows instead of
+ * exactly a bundle's down part, so plan/write.c copies those rows instead of
  * requantizing columns; and each layer carries the predictor of PowerInfer
  * 5.1, its ReluMLP without biases:
  *   blk.L.fc1.weight  ne0 = n_embd, ne1 = H   (torch Linear(n_embd, H).weight)
@@ -28,7 +28,7 @@
  * [n_ff], 1 = the neuron sits on the GPU) and blk.L.gpu_bucket (I32, the
  * indices of those neurons in ascending order), and split.vram_capacity. The
  * plan places groups to cover as many of its GPU neurons as the budget allows
- * (plan_write.c place_all).
+ * (plan/write.c place_all).
  */
 #include <math.h>
 #include <stdio.h>
@@ -44,16 +44,16 @@
 #define MAX_HIDDEN (1u << 20)
 
 /* blk.l.<suffix>, checked to be a 2-D matrix [ne0, ne1] the CPU can dequantize */
-static const struct gguf_tensor *matrix(const struct hyb_model *m, uint32_t l, const char *suffix,
+static const struct hyb_gguf_tensor *matrix(const struct hyb_model *m, uint32_t l, const char *suffix,
 					uint64_t ne0, uint64_t ne1, char *err, size_t errlen)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	const struct hyb_type_info *ti;
-	const struct gguf_tensor *t;
+	const struct hyb_gguf_tensor *t;
 	char name[96];
 
 	snprintf(name, sizeof(name), "blk.%u.%s", l, suffix);
-	t = gguf_find_tensor(m->gguf, name);
+	t = hyb_gguf_find_tensor(m->gguf, name);
 	if (!t) {
 		snprintf(err, errlen, "tensor %s is missing", name);
 		return NULL;
@@ -75,7 +75,7 @@ static const struct gguf_tensor *matrix(const struct hyb_model *m, uint32_t l, c
 	return t;
 }
 
-int plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, size_t errlen)
+int hyb_plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	uint32_t with = 0;
@@ -83,12 +83,12 @@ int plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, s
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		snprintf(name, sizeof(name), "blk.%u.fc1.weight", l);
-		with += gguf_find_tensor(m->gguf, name) != NULL;
+		with += hyb_gguf_find_tensor(m->gguf, name) != NULL;
 	}
 	if (!with)
 		return 0;
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		const struct gguf_tensor *fc1;
+		const struct hyb_gguf_tensor *fc1;
 
 		fc1 = matrix(m, l, "fc1.weight", hp->n_embd, 0, err, errlen);
 
@@ -101,12 +101,12 @@ int plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, s
 	return 1;
 }
 
-int plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *perm,
-		      struct plan_predictor *out, char *err, size_t errlen)
+int hyb_plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *perm,
+		      struct hyb_plan_predictor *out, char *err, size_t errlen)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	const uint32_t E = m->hp.n_embd, F = m->hp.n_ff;
-	const struct gguf_tensor *fc1, *fc2;
+	const struct hyb_gguf_tensor *fc1, *fc2;
 	uint64_t rb1, rb2;
 	uint32_t H;
 	float *row, bias;
@@ -131,7 +131,7 @@ int plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *perm
 	out->fc2_b = malloc((size_t)F * sizeof(float));
 	if (!row || !out->fc1_w || !out->fc1_b || !out->fc2_w || !out->fc2_b) {
 		free(row);
-		plan_predictor_free(out);
+		hyb_plan_predictor_free(out);
 		snprintf(err, errlen, "out of memory importing layer %u's predictor", l);
 		return -1;
 	}
@@ -155,15 +155,15 @@ int plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *perm
 }
 
 /* blk.l.<suffix> as I32 [n] (n == 0: any length, returned in *n_out) */
-static const int32_t *i32_vec(const struct gguf_file *f, uint32_t l, const char *suffix,
+static const int32_t *i32_vec(const struct hyb_gguf_file *f, uint32_t l, const char *suffix,
 			      uint64_t n, uint64_t *n_out, const char *path, char *err,
 			      size_t errlen)
 {
-	const struct gguf_tensor *t;
+	const struct hyb_gguf_tensor *t;
 	char name[96];
 
 	snprintf(name, sizeof(name), "blk.%u.%s", l, suffix);
-	t = gguf_find_tensor(f, name);
+	t = hyb_gguf_find_tensor(f, name);
 	if (!t)
 		return NULL;
 	if (t->type != HYB_TYPE_I32 || t->n_dims != 1 || (n && t->ne[0] != n)) {
@@ -177,31 +177,31 @@ static const int32_t *i32_vec(const struct gguf_file *f, uint32_t l, const char 
 	return t->data;
 }
 
-int plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t **hot,
+int hyb_plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t **hot,
 		      uint64_t *vram_capacity, char *err, size_t errlen)
 {
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	uint32_t layers = 0;
 	int rc = -1;
 
-	if (gguf_open(path, &f, err, errlen))
+	if (hyb_gguf_open(path, &f, err, errlen))
 		return -1;
-	if (f->magic != GGUF_MAGIC_PWRI) {
+	if (f->magic != HYB_GGUF_MAGIC_PWRI) {
 		snprintf(err, errlen, "%s is not a PowerInfer GPU index (magic GGUF, not PWRI)",
 			 path);
 		goto out;
 	}
-	if (gguf_find(f, "generic.gpu_index.block_count") &&
-	    (!gguf_get_u32(f, "generic.gpu_index.block_count", &layers) || layers != n_layer)) {
+	if (hyb_gguf_find(f, "generic.gpu_index.block_count") &&
+	    (!hyb_gguf_get_u32(f, "generic.gpu_index.block_count", &layers) || layers != n_layer)) {
 		snprintf(err, errlen, "%s is for a model of %u layers; this one has %u", path,
 			 layers, n_layer);
 		goto out;
 	}
 	*vram_capacity = 0;
-	if (gguf_find(f, "split.vram_capacity")) {
+	if (hyb_gguf_find(f, "split.vram_capacity")) {
 		int64_t v;
 
-		if (!gguf_get_i64(f, "split.vram_capacity", &v) || v < 0) {
+		if (!hyb_gguf_get_i64(f, "split.vram_capacity", &v) || v < 0) {
 			snprintf(err, errlen, "%s: split.vram_capacity is not a byte count", path);
 			goto out;
 		}
@@ -246,6 +246,6 @@ int plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t
 	}
 	rc = 0;
 out:
-	gguf_close(f);
+	hyb_gguf_close(f);
 	return rc;
 }

@@ -25,7 +25,7 @@
 
 #include "plan_internal.h"
 
-uint32_t plan_min_neurons(const struct plan_sync_model *s, uint64_t neuron_bytes, uint32_t n_ff)
+uint32_t hyb_plan_min_neurons(const struct hyb_plan_sync_model *s, uint64_t neuron_bytes, uint32_t n_ff)
 {
 	double t_cpu = (double)neuron_bytes / s->bw_cpu, t_gpu = (double)neuron_bytes / s->bw_gpu;
 	double c;
@@ -59,7 +59,7 @@ static int cmp_ratio(const void *pa, const void *pb)
 	return a->g < b->g ? -1 : a->g > b->g;
 }
 
-static uint32_t min_of(const struct plan_place_layer *L)
+static uint32_t min_of(const struct hyb_plan_place_layer *L)
 {
 	uint32_t m = L->min_groups ? L->min_groups : 1;
 
@@ -67,7 +67,7 @@ static uint32_t min_of(const struct plan_place_layer *L)
 }
 
 /* The LP relaxation: a fractional knapsack over every group, no per-layer minimum. */
-static double lp_root(const struct plan_place_layer *L, uint32_t n_layer, uint64_t budget)
+static double lp_root(const struct hyb_plan_place_layer *L, uint32_t n_layer, uint64_t budget)
 {
 	uint64_t total = 0, left = budget;
 	struct item *all;
@@ -96,8 +96,8 @@ static double lp_root(const struct plan_place_layer *L, uint32_t n_layer, uint64
 	return v;
 }
 
-static void result_of(const struct plan_place_layer *L, uint32_t n_layer, int8_t *const *gpu,
-		      struct plan_place_result *r)
+static void result_of(const struct hyb_plan_place_layer *L, uint32_t n_layer, int8_t *const *gpu,
+		      struct hyb_plan_place_result *r)
 {
 	r->value = 0;
 	r->bytes = 0;
@@ -109,8 +109,8 @@ static void result_of(const struct plan_place_layer *L, uint32_t n_layer, int8_t
 			}
 }
 
-int plan_place_greedy(const struct plan_place_layer *L, uint32_t n_layer, uint64_t budget,
-		      int8_t *const *gpu, struct plan_place_result *r)
+int hyb_plan_place_greedy(const struct hyb_plan_place_layer *L, uint32_t n_layer, uint64_t budget,
+		      int8_t *const *gpu, struct hyb_plan_place_result *r)
 {
 	struct item **ord = calloc(n_layer ? n_layer : 1, sizeof(*ord));
 	uint32_t *ptr = calloc(n_layer ? n_layer : 1, sizeof(*ptr));
@@ -389,7 +389,7 @@ static void bb_free(struct bb *s)
 }
 
 /* 1: a layer has more than two group sizes (not this solver's structure); -1: no memory */
-static int bb_setup(struct bb *s, const struct plan_place_layer *L, uint32_t n_layer)
+static int bb_setup(struct bb *s, const struct hyb_plan_place_layer *L, uint32_t n_layer)
 {
 	const size_t nl = n_layer ? n_layer : 1;
 	uint64_t total = 0;
@@ -470,7 +470,7 @@ static int bb_setup(struct bb *s, const struct plan_place_layer *L, uint32_t n_l
 		uint32_t k = 0;
 
 		for (uint32_t e = d; e < n_layer; e++) {
-			const struct plan_place_layer *src = &L[s->ly[e].id];
+			const struct hyb_plan_place_layer *src = &L[s->ly[e].id];
 
 			for (uint32_t g = 0; g < src->n; g++)
 				all[k++] = (struct item){ src->value[g], src->bytes[g], g };
@@ -497,14 +497,14 @@ static int bb_setup(struct bb *s, const struct plan_place_layer *L, uint32_t n_l
 	return 0;
 }
 
-int plan_place_solve(const struct plan_place_layer *L, uint32_t n_layer, uint64_t budget,
-		     uint64_t max_nodes, int8_t *const *gpu, struct plan_place_result *r)
+int hyb_plan_place_solve(const struct hyb_plan_place_layer *L, uint32_t n_layer, uint64_t budget,
+		     uint64_t max_nodes, int8_t *const *gpu, struct hyb_plan_place_result *r)
 {
 	struct bb s = { 0 };
 	uint64_t total = 0;
 	int rc;
 
-	if (plan_place_greedy(L, n_layer, budget, gpu, r))
+	if (hyb_plan_place_greedy(L, n_layer, budget, gpu, r))
 		return -1;
 	for (uint32_t l = 0; l < n_layer; l++)
 		total += L[l].n;

@@ -612,7 +612,7 @@ static double *stat_field(struct hyb_profile_layer *ly, int id)
 
 int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, size_t errlen)
 {
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	double *vals = malloc(sizeof(double) * p->n_layer * N_REACT);
 	int rc = -1;
 
@@ -626,26 +626,26 @@ int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, s
 			 p->n_samples, p->n_seqs);
 		goto out;
 	}
-	gguf_set_str(w, "general.architecture", "hyb-profile");
-	gguf_set_str(w, "general.name", p->model_name);
-	gguf_set_u32(w, "hyb.profile.version", 1);
-	gguf_set_u32(w, "hyb.profile.n_layer", p->n_layer);
-	gguf_set_u32(w, "hyb.profile.n_embd", p->n_embd);
-	gguf_set_u32(w, "hyb.profile.n_ff", p->n_ff);
-	gguf_set_u64(w, "hyb.profile.n_tokens", p->n_tokens);
-	gguf_set_u32(w, "hyb.profile.n_samples", p->n_samples);
-	gguf_set_u32(w, "hyb.profile.n_seqs", p->n_seqs);
+	hyb_gguf_set_str(w, "general.architecture", "hyb-profile");
+	hyb_gguf_set_str(w, "general.name", p->model_name);
+	hyb_gguf_set_u32(w, "hyb.profile.version", 1);
+	hyb_gguf_set_u32(w, "hyb.profile.n_layer", p->n_layer);
+	hyb_gguf_set_u32(w, "hyb.profile.n_embd", p->n_embd);
+	hyb_gguf_set_u32(w, "hyb.profile.n_ff", p->n_ff);
+	hyb_gguf_set_u64(w, "hyb.profile.n_tokens", p->n_tokens);
+	hyb_gguf_set_u32(w, "hyb.profile.n_samples", p->n_samples);
+	hyb_gguf_set_u32(w, "hyb.profile.n_seqs", p->n_seqs);
 	if (p->n_seqs)
-		gguf_set_arr(w, "hyb.profile.seq_start", GGUF_VT_UINT32, p->seq_start, p->n_seqs);
+		hyb_gguf_set_arr(w, "hyb.profile.seq_start", HYB_GGUF_VT_UINT32, p->seq_start, p->n_seqs);
 	for (int id = 0; id < ST_COUNT; id++) {
 		for (uint32_t l = 0; l < p->n_layer; l++)
 			vals[l] = *stat_field(&p->layers[l], id);
-		gguf_set_arr(w, stat_key[id], GGUF_VT_FLOAT64, vals, p->n_layer);
+		hyb_gguf_set_arr(w, stat_key[id], HYB_GGUF_VT_FLOAT64, vals, p->n_layer);
 	}
 	for (uint32_t l = 0; l < p->n_layer; l++)
 		memcpy(vals + (size_t)l * N_REACT, p->layers[l].reactivation,
 		       sizeof(double) * N_REACT);
-	gguf_set_arr(w, "hyb.profile.reactivation", GGUF_VT_FLOAT64, vals,
+	hyb_gguf_set_arr(w, "hyb.profile.reactivation", HYB_GGUF_VT_FLOAT64, vals,
 		     (uint64_t)p->n_layer * N_REACT);
 	for (uint32_t l = 0; l < p->n_layer; l++) {
 		const struct hyb_profile_layer *ly = &p->layers[l];
@@ -655,24 +655,24 @@ int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, s
 		char name[64];
 
 		snprintf(name, sizeof(name), "blk.%u.count", l);
-		if (gguf_writer_add_tensor(w, name, TYPE_I64, 1, ne_c, ly->count))
+		if (hyb_gguf_writer_add_tensor(w, name, TYPE_I64, 1, ne_c, ly->count))
 			goto bad_tensor;
 		if (!p->n_samples)
 			continue;
 		snprintf(name, sizeof(name), "blk.%u.active", l);
-		if (gguf_writer_add_tensor(w, name, TYPE_I64, 2, ne_a, ly->active))
+		if (hyb_gguf_writer_add_tensor(w, name, TYPE_I64, 2, ne_a, ly->active))
 			goto bad_tensor;
 		snprintf(name, sizeof(name), "blk.%u.input", l);
-		if (gguf_writer_add_tensor(w, name, HYB_TYPE_F16, 2, ne_i, ly->input))
+		if (hyb_gguf_writer_add_tensor(w, name, HYB_TYPE_F16, 2, ne_i, ly->input))
 			goto bad_tensor;
 		continue;
 bad_tensor:
 		snprintf(err, errlen, "cannot add tensor %s", name);
 		goto out;
 	}
-	rc = gguf_writer_write_file(w, path, err, errlen);
+	rc = hyb_gguf_writer_write_file(w, path, err, errlen);
 out:
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 	free(vals);
 	return rc;
 }
@@ -685,18 +685,18 @@ out:
 		goto fail;                                                      \
 	} while (0)
 
-static bool get_u32(const struct gguf_file *f, const char *key, uint32_t *v)
+static bool get_u32(const struct hyb_gguf_file *f, const char *key, uint32_t *v)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
-	return kv && kv->type == GGUF_VT_UINT32 && gguf_get_u32(f, key, v);
+	return kv && kv->type == HYB_GGUF_VT_UINT32 && hyb_gguf_get_u32(f, key, v);
 }
 
 /* The tensor `name` with exactly this type and shape, or NULL. */
-static const struct gguf_tensor *tensor(const struct gguf_file *f, const char *name,
+static const struct hyb_gguf_tensor *tensor(const struct hyb_gguf_file *f, const char *name,
 					uint32_t type, uint32_t n_dims, uint64_t ne0, uint64_t ne1)
 {
-	const struct gguf_tensor *t = gguf_find_tensor(f, name);
+	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(f, name);
 
 	if (!t || t->type != type || t->n_dims != n_dims || t->ne[0] != ne0 ||
 	    (n_dims > 1 && t->ne[1] != ne1))
@@ -706,21 +706,21 @@ static const struct gguf_tensor *tensor(const struct gguf_file *f, const char *n
 
 struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 {
-	struct gguf_file *f = NULL;
+	struct hyb_gguf_file *f = NULL;
 	struct hyb_profile *p = NULL;
-	const struct gguf_kv *kv;
+	const struct hyb_gguf_kv *kv;
 	uint32_t ver, n_layer, n_embd, n_ff, n_samples, n_seqs;
 	int64_t n_tokens;
 	char arch[32];
 
-	if (gguf_open(path, &f, err, errlen)) {
+	if (hyb_gguf_open(path, &f, err, errlen)) {
 		char why[256];
 
 		snprintf(why, sizeof(why), "%s", err);
 		snprintf(err, errlen, "%s: %s", path, why);
 		return NULL;
 	}
-	if (!gguf_get_str(f, "general.architecture", arch, sizeof(arch)))
+	if (!hyb_gguf_get_str(f, "general.architecture", arch, sizeof(arch)))
 		LOAD_FAIL("not a hyb profile (no general.architecture)");
 	if (strcmp(arch, "hyb-profile"))
 		LOAD_FAIL("not a hyb profile (general.architecture is '%s')", arch);
@@ -737,8 +737,8 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 	if (!get_u32(f, "hyb.profile.n_seqs", &n_seqs) || n_seqs > n_samples ||
 	    (n_samples && !n_seqs))
 		LOAD_FAIL("missing or bad hyb.profile.n_seqs (%u samples)", n_samples);
-	kv = gguf_find(f, "hyb.profile.n_tokens");
-	if (!kv || kv->type != GGUF_VT_UINT64 || !gguf_get_i64(f, "hyb.profile.n_tokens", &n_tokens)
+	kv = hyb_gguf_find(f, "hyb.profile.n_tokens");
+	if (!kv || kv->type != HYB_GGUF_VT_UINT64 || !hyb_gguf_get_i64(f, "hyb.profile.n_tokens", &n_tokens)
 	    || (uint64_t)n_tokens < n_samples)
 		LOAD_FAIL("missing or bad hyb.profile.n_tokens");
 
@@ -772,10 +772,10 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 	p->n_tokens = (uint64_t)n_tokens;
 	p->n_samples = n_samples;
 	p->n_seqs = n_seqs;
-	if (!gguf_get_str(f, "general.name", p->model_name, sizeof(p->model_name)))
+	if (!hyb_gguf_get_str(f, "general.name", p->model_name, sizeof(p->model_name)))
 		p->model_name[0] = 0;
 	if (n_seqs) {
-		kv = gguf_get_arr(f, "hyb.profile.seq_start", GGUF_VT_UINT32);
+		kv = hyb_gguf_get_arr(f, "hyb.profile.seq_start", HYB_GGUF_VT_UINT32);
 		if (!kv || kv->v.arr.n != n_seqs)
 			LOAD_FAIL("hyb.profile.seq_start must be %u u32 values", n_seqs);
 		memcpy(p->seq_start, kv->v.arr.data, sizeof(uint32_t) * n_seqs);
@@ -788,14 +788,14 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 		}
 	}
 	for (int id = 0; id < ST_COUNT; id++) {
-		kv = gguf_get_arr(f, stat_key[id], GGUF_VT_FLOAT64);
+		kv = hyb_gguf_get_arr(f, stat_key[id], HYB_GGUF_VT_FLOAT64);
 		if (!kv || kv->v.arr.n != n_layer)
 			LOAD_FAIL("%s must be %u f64 values", stat_key[id], n_layer);
 		for (uint32_t l = 0; l < n_layer; l++)
 			memcpy(stat_field(&p->layers[l], id), (const double *)kv->v.arr.data + l,
 			       sizeof(double));
 	}
-	kv = gguf_get_arr(f, "hyb.profile.reactivation", GGUF_VT_FLOAT64);
+	kv = hyb_gguf_get_arr(f, "hyb.profile.reactivation", HYB_GGUF_VT_FLOAT64);
 	if (!kv || kv->v.arr.n != (uint64_t)n_layer * N_REACT)
 		LOAD_FAIL("hyb.profile.reactivation must be %u f64 values", n_layer * N_REACT);
 	for (uint32_t l = 0; l < n_layer; l++)
@@ -805,7 +805,7 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 
 	for (uint32_t l = 0; l < n_layer; l++) {
 		struct hyb_profile_layer *ly = &p->layers[l];
-		const struct gguf_tensor *t;
+		const struct hyb_gguf_tensor *t;
 		char name[64];
 		uint64_t pad = p->n_ff % 64 ? ~0ull << (p->n_ff % 64) : 0;
 
@@ -847,10 +847,10 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 			LOAD_FAIL("out of memory");
 		memcpy(ly->input, t->data, t->nbytes);
 	}
-	gguf_close(f);
+	hyb_gguf_close(f);
 	return p;
 fail:
 	hyb_profile_free(p);
-	gguf_close(f);
+	hyb_gguf_close(f);
 	return NULL;
 }

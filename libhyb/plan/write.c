@@ -39,19 +39,19 @@
 #include "hyb/threadpool.h"
 #include "plan_internal.h"
 
-void plan_opts_default(struct plan_opts *o)
+void hyb_plan_opts_default(struct hyb_plan_opts *o)
 {
 	memset(o, 0, sizeof(*o));
 	/* KAIROX Table 2 (PCIe 4.0) fitted to latency + bytes / bandwidth */
-	o->link = (struct plan_link){ 1.36e-6, 25.2e9 };
+	o->link = (struct hyb_plan_link){ 1.36e-6, 25.2e9 };
 	o->target_efficiency = 0.8;
 	o->max_groups = 1024;
-	o->grouping = PLAN_GROUP_METIS;
+	o->grouping = HYB_PLAN_GROUP_METIS;
 	o->group.top_k = 32;
 	o->group.max_samples = 16384;
 	o->group.seed = 1;
 	/* one sync of a split layer; DDR5 dual channel; a consumer GPU's VRAM */
-	o->sync = (struct plan_sync_model){ 20e-6, 50e9, 1000e9 };
+	o->sync = (struct hyb_plan_sync_model){ 20e-6, 50e9, 1000e9 };
 	o->pred.target_recall = 0.998; /* see hybctl plan --help */
 	o->pred.max_epochs = 10;
 	o->pred.gflop = 200;
@@ -82,10 +82,10 @@ static const char *mib(uint64_t b, char *buf, size_t len)
 }
 
 struct plan {
-	const struct plan_opts *o;
+	const struct hyb_plan_opts *o;
 	const struct hyb_profile *prof;
 	struct hyb_model *m;
-	struct hyb_pool *pool;
+	struct hyb_threadpool *pool;
 	uint32_t n_layer, n_embd, n_ff, gs, n_groups, type;
 	uint64_t row_bytes;       /* one n_embd row of the bundle type */
 	int32_t **perm;           /* [layer][n_ff] */
@@ -113,7 +113,7 @@ static void say(struct plan *P, const char *fmt, ...)
 }
 
 /* "blk.N.ffn_gate.weight" etc.: the FFN matrix tensors a plan replaces; layer in *l */
-static bool ffn_matrix(const struct gguf_str name, uint32_t *l)
+static bool ffn_matrix(const struct hyb_gguf_str name, uint32_t *l)
 {
 	char buf[96], rest[64];
 	unsigned layer;
@@ -136,13 +136,13 @@ static bool ffn_matrix(const struct gguf_str name, uint32_t *l)
 
 static int check_model(struct plan *P, const char *path, char *err, size_t errlen)
 {
-	const struct gguf_file *f = P->m->gguf;
+	const struct hyb_gguf_file *f = P->m->gguf;
 	const struct hyb_layer *L0 = &P->m->layers[0];
 
 	P->n_layer = P->m->hp.n_layer;
 	P->n_embd = P->m->hp.n_embd;
 	P->n_ff = P->m->hp.n_ff;
-	if (gguf_find(f, HYB_PLAN_KEY_VERSION)) {
+	if (hyb_gguf_find(f, HYB_PLAN_KEY_VERSION)) {
 		snprintf(err, errlen, "%s is already a plan file (plan the source model)", path);
 		return -1;
 	}
@@ -200,7 +200,7 @@ static int check_profile(struct plan *P, char *err, size_t errlen)
 
 static int choose_group_size(struct plan *P, char *err, size_t errlen)
 {
-	const struct plan_opts *o = P->o;
+	const struct hyb_plan_opts *o = P->o;
 	const uint64_t nb = 3 * P->row_bytes;
 	char b1[32];
 
@@ -213,25 +213,25 @@ static int choose_group_size(struct plan *P, char *err, size_t errlen)
 		P->gs = o->group_size;
 		say(P, "group size %u (given): a bundle is %s, %.1f%% of the link\n", P->gs,
 		    mib(P->gs * nb, b1, sizeof(b1)),
-		    100 * plan_link_efficiency(&o->link, P->gs * nb));
+		    100 * hyb_plan_link_efficiency(&o->link, P->gs * nb));
 	} else {
-		uint32_t by_link = plan_pick_group_size(&o->link, nb, P->n_ff, o->target_efficiency,
+		uint32_t by_link = hyb_plan_pick_group_size(&o->link, nb, P->n_ff, o->target_efficiency,
 							0);
 
-		P->gs = plan_pick_group_size(&o->link, nb, P->n_ff, o->target_efficiency,
+		P->gs = hyb_plan_pick_group_size(&o->link, nb, P->n_ff, o->target_efficiency,
 					     o->max_groups);
 		say(P, "group size %u: a bundle (%u neurons x 3 rows of %s) is %s; the link "
 		    "(%.2f us + %.1f GB/s) moves it at %.1f%% of its bandwidth", P->gs, P->gs,
 		    hyb_type_name(P->type), mib(P->gs * nb, b1, sizeof(b1)),
 		    o->link.latency_s * 1e6, o->link.bw / 1e9,
-		    100 * plan_link_efficiency(&o->link, P->gs * nb));
+		    100 * hyb_plan_link_efficiency(&o->link, P->gs * nb));
 		if (P->gs > by_link)
 			say(P, "; %u would reach the %.0f%% target but makes more than %u groups "
 			    "per layer\n", by_link, 100 * o->target_efficiency, o->max_groups);
 		else if (P->gs > 1)
 			say(P, " (target %.0f%%; %u neurons reach %.1f%%)\n",
 			    100 * o->target_efficiency, P->gs - 1,
-			    100 * plan_link_efficiency(&o->link, (P->gs - 1) * nb));
+			    100 * hyb_plan_link_efficiency(&o->link, (P->gs - 1) * nb));
 		else
 			say(P, " (target %.0f%%)\n", 100 * o->target_efficiency);
 	}
@@ -241,7 +241,7 @@ static int choose_group_size(struct plan *P, char *err, size_t errlen)
 
 static int group_all(struct plan *P, char *err, size_t errlen)
 {
-	struct plan_group_opts go = P->o->group;
+	struct hyb_plan_group_opts go = P->o->group;
 	static const char *const names[] = { "metis", "contiguous", "random" };
 
 	go.group_size = P->gs;
@@ -251,35 +251,35 @@ static int group_all(struct plan *P, char *err, size_t errlen)
 	say(P, "  layer   %-22s %-22s %-22s time\n", names[P->o->grouping], "contiguous",
 	    "random");
 	for (uint32_t l = 0; l < P->n_layer; l++) {
-		struct plan_group_quality q[3];
-		struct plan_group_info info;
+		struct hyb_plan_group_quality q[3];
+		struct hyb_plan_group_info info;
 		int32_t *tmp = malloc((size_t)P->n_ff * sizeof(*tmp));
 
 		if (!tmp) {
 			snprintf(err, errlen, "out of memory");
 			return -1;
 		}
-		if (plan_group_layer(P->prof, l, P->o->grouping, &go, P->perm[l], &info, err,
+		if (hyb_plan_group_layer(P->prof, l, P->o->grouping, &go, P->perm[l], &info, err,
 				     errlen)) {
 			free(tmp);
 			return -1;
 		}
-		plan_group_quality(P->prof, l, P->perm[l], P->gs, &q[0]);
+		hyb_plan_group_quality(P->prof, l, P->perm[l], P->gs, &q[0]);
 		for (int b = 1; b < 3; b++) {
 			char e2[64];
 
-			if (plan_group_layer(P->prof, l, (enum plan_grouping)b, &go, tmp, NULL, e2,
+			if (hyb_plan_group_layer(P->prof, l, (enum hyb_plan_grouping)b, &go, tmp, NULL, e2,
 					     sizeof(e2)))
 				memset(&q[b], 0, sizeof(q[b]));
 			else
-				plan_group_quality(P->prof, l, tmp, P->gs, &q[b]);
+				hyb_plan_group_quality(P->prof, l, tmp, P->gs, &q[b]);
 		}
 		free(tmp);
 		say(P, "  %5u   %.3f %7.1f %-8s %.3f %7.1f %-8s %.3f %7.1f %-8s %.2fs", l,
 		    q[0].inside, q[0].active_groups, "", q[1].inside, q[1].active_groups, "",
 		    q[2].inside, q[2].active_groups, "", info.seconds);
 		if (info.variant >= 0)
-			say(P, " (%s, %llu edges, %u moved)", plan_group_variant_name(info.variant),
+			say(P, " (%s, %llu edges, %u moved)", hyb_plan_group_variant_name(info.variant),
 			    (unsigned long long)info.edges, info.moved);
 		say(P, "\n");
 	}
@@ -295,14 +295,14 @@ static uint64_t group_rows(const struct plan *P, uint32_t g)
 
 static int place_all(struct plan *P, char *err, size_t errlen)
 {
-	const struct plan_opts *o = P->o;
+	const struct hyb_plan_opts *o = P->o;
 	const struct hyb_profile *prof = P->prof;
-	struct plan_place_layer *L = calloc(P->n_layer, sizeof(*L));
+	struct hyb_plan_place_layer *L = calloc(P->n_layer, sizeof(*L));
 	double **val = calloc(P->n_layer, sizeof(*val)), total = 0;
 	uint64_t *bytes = malloc((size_t)P->n_groups * sizeof(*bytes)), budget, all = 0;
-	uint32_t c_l = plan_min_neurons(&o->sync, 3 * P->row_bytes, P->n_ff);
+	uint32_t c_l = hyb_plan_min_neurons(&o->sync, 3 * P->row_bytes, P->n_ff);
 	uint32_t m_g = (c_l + P->gs - 1) / P->gs;
-	struct plan_place_result r;
+	struct hyb_plan_place_result r;
 	char b1[32], b2[32], b3[32], b4[32], b5[32];
 	int rc = -1;
 
@@ -339,10 +339,10 @@ static int place_all(struct plan *P, char *err, size_t errlen)
 		}
 		for (uint32_t g = 0; g < P->n_groups; g++)
 			total += val[l][g];
-		L[l] = (struct plan_place_layer){ P->n_groups, val[l], bytes, m_g };
+		L[l] = (struct hyb_plan_place_layer){ P->n_groups, val[l], bytes, m_g };
 	}
 	budget = o->gpu_budget - P->dense_bytes - P->pred_bytes;
-	if (plan_place_solve(L, P->n_layer, budget, o->place_nodes, P->gpu, &r)) {
+	if (hyb_plan_place_solve(L, P->n_layer, budget, o->place_nodes, P->gpu, &r)) {
 		snprintf(err, errlen, "out of memory in the placement solver");
 		goto out;
 	}
@@ -379,22 +379,22 @@ out:
 
 static void reserve(struct plan *P)
 {
-	const struct gguf_file *f = P->m->gguf;
-	bool tied = !gguf_find_tensor(f, "output.weight");
+	const struct hyb_gguf_file *f = P->m->gguf;
+	bool tied = !hyb_gguf_find_tensor(f, "output.weight");
 
 	for (uint64_t t = 0; t < f->n_tensors; t++) {
 		uint32_t l;
 
 		if (ffn_matrix(f->tensors[t].name, &l))
 			continue;
-		if (!tied && gguf_str_eq(f->tensors[t].name, "token_embd.weight"))
+		if (!tied && hyb_gguf_str_eq(f->tensors[t].name, "token_embd.weight"))
 			continue;
 		P->dense_bytes += f->tensors[t].nbytes;
 	}
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		if (!P->import) /* imported predictors keep their own size */
 			P->hidden[l] = P->o->pred.hidden ? P->o->pred.hidden
-					  : plan_pred_hidden(P->prof, l, P->o->pred_hidden_lo,
+					  : hyb_plan_pred_hidden(P->prof, l, P->o->pred_hidden_lo,
 							     P->o->pred_hidden_hi);
 		P->pred_bytes += (uint64_t)P->hidden[l] * (P->n_embd * 2 + 4) +
 				 (uint64_t)P->n_ff * (P->hidden[l] * 2 + 4);
@@ -403,7 +403,7 @@ static void reserve(struct plan *P)
 
 /* ---- the file --------------------------------------------------------------------------- */
 
-static int add_layer_tensors(struct plan *P, struct gguf_writer *w, uint32_t l)
+static int add_layer_tensors(struct plan *P, struct hyb_gguf_writer *w, uint32_t l)
 {
 	char name[96];
 	uint64_t ne[2];
@@ -414,7 +414,7 @@ static int add_layer_tensors(struct plan *P, struct gguf_writer *w, uint32_t l)
 		snprintf(name, sizeof(name), "blk.%u." suffix, l);                     \
 		ne[0] = (a);                                                           \
 		ne[1] = (b);                                                           \
-		bad |= gguf_writer_add_tensor(w, name, type, nd, ne, data);            \
+		bad |= hyb_gguf_writer_add_tensor(w, name, type, nd, ne, data);            \
 	} while (0)
 	ADD(HYB_PLAN_T_BUNDLES, P->type, 2, P->n_embd, 3ull * P->n_ff, NULL);
 	ADD(HYB_PLAN_T_PERM, HYB_TYPE_I32, 1, P->n_ff, 1, P->perm[l]);
@@ -429,10 +429,10 @@ static int add_layer_tensors(struct plan *P, struct gguf_writer *w, uint32_t l)
 }
 
 /* Metadata and tensor table: the source's, FFN matrices replaced by plan tensors. */
-static int declare(struct plan *P, struct gguf_writer *w, const char *model_path, char *err,
+static int declare(struct plan *P, struct hyb_gguf_writer *w, const char *model_path, char *err,
 		   size_t errlen)
 {
-	const struct gguf_file *f = P->m->gguf;
+	const struct hyb_gguf_file *f = P->m->gguf;
 	const char *base = strrchr(model_path, '/');
 	uint8_t *done = calloc(P->n_layer, 1);
 	uint32_t n_order = 0;
@@ -441,20 +441,20 @@ static int declare(struct plan *P, struct gguf_writer *w, const char *model_path
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	gguf_writer_set_version(w, f->version == 2 ? 2 : 3);
+	hyb_gguf_writer_set_version(w, f->version == 2 ? 2 : 3);
 	for (uint64_t i = 0; i < f->n_kv; i++)
-		gguf_writer_copy_kv(w, &f->kv[i]);
-	gguf_set_u32(w, HYB_PLAN_KEY_VERSION, HYB_PLAN_VERSION);
-	gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, P->gs);
-	gguf_set_u64(w, HYB_PLAN_KEY_GPU_BUDGET, P->o->gpu_budget);
-	gguf_set_str(w, HYB_PLAN_KEY_SOURCE, base ? base + 1 : model_path);
+		hyb_gguf_writer_copy_kv(w, &f->kv[i]);
+	hyb_gguf_set_u32(w, HYB_PLAN_KEY_VERSION, HYB_PLAN_VERSION);
+	hyb_gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, P->gs);
+	hyb_gguf_set_u64(w, HYB_PLAN_KEY_GPU_BUDGET, P->o->gpu_budget);
+	hyb_gguf_set_str(w, HYB_PLAN_KEY_SOURCE, base ? base + 1 : model_path);
 	if (P->import)
-		gguf_set_str(w, HYB_PLAN_KEY_PRED_INPUT, "same-layer");
+		hyb_gguf_set_str(w, HYB_PLAN_KEY_PRED_INPUT, "same-layer");
 	/* the loader gives a PowerInfer model ReLU; the plan has to say so */
-	if (P->m->powerinfer && !gguf_find(f, "hyb.ffn_act"))
-		gguf_set_str(w, "hyb.ffn_act", "relu");
+	if (P->m->powerinfer && !hyb_gguf_find(f, "hyb.ffn_act"))
+		hyb_gguf_set_str(w, "hyb.ffn_act", "relu");
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
 		char name[96];
 		uint32_t l;
 
@@ -471,7 +471,7 @@ static int declare(struct plan *P, struct gguf_writer *w, const char *model_path
 			continue;
 		}
 		snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
-		if (gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data)) {
+		if (hyb_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data)) {
 			snprintf(err, errlen, "cannot copy tensor %s", name);
 			free(done);
 			return -1;
@@ -577,7 +577,7 @@ static void down_worker(void *arg, int ith, int nth)
 	}
 }
 
-static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *err,
+static int write_layer(struct plan *P, struct hyb_gguf_writer *w, uint32_t l, char *err,
 		       size_t errlen)
 {
 	const struct hyb_layer *L = &P->m->layers[l];
@@ -586,23 +586,23 @@ static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *
 			       .row_bytes = P->row_bytes };
 	/* a PowerInfer model's rows are already bundle rows: copied when the type matches */
 	const bool copy_down = L->down_t.data && L->down_t.type == P->type;
-	struct plan_pred_opts po = P->o->pred;
-	struct plan_predictor pr = { 0 };
-	struct plan_pred_stats st;
+	struct hyb_plan_pred_opts po = P->o->pred;
+	struct hyb_plan_predictor pr = { 0 };
+	struct hyb_plan_pred_stats st;
 	double e2 = 0, r2 = 0, mx = 0;
 	int rc = -1, bad = 0;
 
 	/* the predictor first: outputs in bundle order */
 	po.pool = P->pool;
 	if (P->import) {
-		if (plan_pi_predictor(P->m, l, P->perm[l], &pr, err, errlen))
+		if (hyb_plan_pi_predictor(P->m, l, P->perm[l], &pr, err, errlen))
 			return -1;
 		/* the profile's samples hold the adjacent input, not the raw
 		 * same-layer one these read: nothing to measure them on here */
 		say(P, "  %5u  H %4u  PowerInfer's own (score >= %g), not re-measured", l,
 		    pr.hidden, P->m->powerinfer_threshold);
 	} else {
-		if (plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, err,
+		if (hyb_plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, err,
 				    errlen))
 			return -1;
 		say(P, "  %5u  H %4u  %5.1f epochs  recall %.3f  precision %.3f  predicted %.3f "
@@ -622,7 +622,7 @@ static int write_layer(struct plan *P, struct gguf_writer *w, uint32_t l, char *
 		goto out;
 	}
 	for (dj.phase = 0; dj.phase < 2; dj.phase++)
-		hyb_pool_run(P->pool, down_worker, &dj);
+		hyb_threadpool_run(P->pool, down_worker, &dj);
 	if (dj.failed) {
 		snprintf(err, errlen, "out of memory requantizing layer %u's down matrix", l);
 		goto out;
@@ -640,38 +640,38 @@ bundles:
 		uint32_t i0 = g * P->gs, n = (uint32_t)group_rows(P, g);
 
 		for (uint32_t i = i0; i < i0 + n; i++)
-			bad |= gguf_writer_put_data(w, (const char *)L->gate.data +
+			bad |= hyb_gguf_writer_put_data(w, (const char *)L->gate.data +
 						    (size_t)P->perm[l][i] * L->gate.row_bytes,
 						    P->row_bytes);
 		for (uint32_t i = i0; i < i0 + n; i++)
-			bad |= gguf_writer_put_data(w, (const char *)L->up.data +
+			bad |= hyb_gguf_writer_put_data(w, (const char *)L->up.data +
 						    (size_t)P->perm[l][i] * L->up.row_bytes,
 						    P->row_bytes);
 		if (!copy_down) {
-			bad |= gguf_writer_put_data(w, dj.q + (size_t)i0 * P->row_bytes,
+			bad |= hyb_gguf_writer_put_data(w, dj.q + (size_t)i0 * P->row_bytes,
 						    n * P->row_bytes);
 			continue;
 		}
 		for (uint32_t i = i0; i < i0 + n; i++)
-			bad |= gguf_writer_put_data(w, (const char *)L->down_t.data +
+			bad |= hyb_gguf_writer_put_data(w, (const char *)L->down_t.data +
 						    (size_t)P->perm[l][i] * L->down_t.row_bytes,
 						    P->row_bytes);
 	}
 	/* ffn_perm, ffn_gpu, ffn_freq were given with data: the writer has put them */
-	bad |= gguf_writer_put_data(w, pr.fc1_w, (uint64_t)pr.hidden * pr.n_in * 2);
-	bad |= gguf_writer_put_data(w, pr.fc1_b, (uint64_t)pr.hidden * 4);
-	bad |= gguf_writer_put_data(w, pr.fc2_w, (uint64_t)pr.n_out * pr.hidden * 2);
-	bad |= gguf_writer_put_data(w, pr.fc2_b, (uint64_t)pr.n_out * 4);
+	bad |= hyb_gguf_writer_put_data(w, pr.fc1_w, (uint64_t)pr.hidden * pr.n_in * 2);
+	bad |= hyb_gguf_writer_put_data(w, pr.fc1_b, (uint64_t)pr.hidden * 4);
+	bad |= hyb_gguf_writer_put_data(w, pr.fc2_w, (uint64_t)pr.n_out * pr.hidden * 2);
+	bad |= hyb_gguf_writer_put_data(w, pr.fc2_b, (uint64_t)pr.n_out * 4);
 	if (bad) {
 		/* the writer kept the reason; finish reports it and removes the file */
-		gguf_writer_finish(w, err, errlen);
+		hyb_gguf_writer_finish(w, err, errlen);
 		goto out;
 	}
 	rc = 0;
 out:
 	free(dj.dt);
 	free(dj.q);
-	plan_predictor_free(&pr);
+	hyb_plan_predictor_free(&pr);
 	return rc;
 }
 
@@ -687,7 +687,7 @@ static int load_gpu_index(struct plan *P, char *err, size_t errlen)
 	for (uint32_t l = 0; l < P->n_layer; l++)
 		if (!(P->hot[l] = calloc(P->n_ff, 1)))
 			goto oom;
-	if (plan_pi_gpu_index(P->o->gpu_index, P->n_layer, P->n_ff, P->hot, &cap, err, errlen))
+	if (hyb_plan_pi_gpu_index(P->o->gpu_index, P->n_layer, P->n_ff, P->hot, &cap, err, errlen))
 		return -1;
 	for (uint32_t l = 0; l < P->n_layer; l++)
 		for (uint32_t i = 0; i < P->n_ff; i++)
@@ -727,11 +727,11 @@ static int check_output(const char *model_path, const char *out, const char *tmp
 	return 0;
 }
 
-int plan_make(const char *model_path, const struct hyb_profile *prof, const struct plan_opts *o,
+int hyb_plan_make(const char *model_path, const struct hyb_profile *prof, const struct hyb_plan_opts *o,
 	      const char *out_path, char *err, size_t errlen)
 {
 	struct plan P = { .o = o, .prof = prof, .out = o->quiet ? NULL : stdout };
-	struct gguf_writer *w = NULL;
+	struct hyb_gguf_writer *w = NULL;
 	char tmp[4096], b1[32];
 	double t0 = now_s();
 	int rc = -1;
@@ -746,7 +746,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 	if (check_model(&P, model_path, err, errlen) || check_profile(&P, err, errlen) ||
 	    check_output(model_path, out_path, tmp, err, errlen))
 		goto out;
-	P.pool = hyb_pool_new(o->n_threads);
+	P.pool = hyb_threadpool_new(o->n_threads);
 	P.perm = calloc(P.n_layer, sizeof(*P.perm));
 	P.gpu = calloc(P.n_layer, sizeof(*P.gpu));
 	P.freq = calloc(P.n_layer, sizeof(*P.freq));
@@ -771,7 +771,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 		}
 	}
 	if (P.m->powerinfer && !o->train_predictors) {
-		int has = plan_pi_predictors(P.m, P.hidden, err, errlen);
+		int has = hyb_plan_pi_predictors(P.m, P.hidden, err, errlen);
 
 		if (has < 0)
 			goto out;
@@ -797,7 +797,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 	if (group_all(&P, err, errlen) || place_all(&P, err, errlen))
 		goto out;
 
-	w = gguf_writer_new();
+	w = hyb_gguf_writer_new();
 	if (!w) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
@@ -805,7 +805,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 	if (declare(&P, w, model_path, err, errlen))
 		goto out;
 	/* the writer writes PATH.tmp-PID and renames it when complete */
-	if (gguf_writer_begin(w, out_path, err, errlen))
+	if (hyb_gguf_writer_begin(w, out_path, err, errlen))
 		goto out;
 	if (P.import)
 		say(&P, "predictors and bundles:\n");
@@ -815,7 +815,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 	for (uint32_t q = 0; q < P.n_layer; q++)
 		if (write_layer(&P, w, P.order[q], err, errlen))
 			goto out;
-	if (gguf_writer_finish(w, err, errlen))
+	if (hyb_gguf_writer_finish(w, err, errlen))
 		goto out;
 	{
 		struct stat st;
@@ -826,7 +826,7 @@ int plan_make(const char *model_path, const struct hyb_profile *prof, const stru
 	}
 	rc = 0;
 out:
-	gguf_writer_free(w); /* removes the temporary file when not finished */
+	hyb_gguf_writer_free(w); /* removes the temporary file when not finished */
 	for (uint32_t l = 0; l < P.n_layer; l++) {
 		if (P.perm)
 			free(P.perm[l]);
@@ -844,7 +844,7 @@ out:
 	free(P.hidden);
 	free(P.order);
 	if (P.pool)
-		hyb_pool_free(P.pool);
+		hyb_threadpool_free(P.pool);
 	hyb_model_free(P.m);
 	return rc;
 }

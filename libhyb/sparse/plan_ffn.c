@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "plan_ffn.h"
-#include "ops.h"
+#include "forward/ops.h"
 #include "sparse_ffn_kernels.h"
 
 struct thread_scratch {
@@ -68,11 +68,6 @@ void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s)
 	}
 	free(s->t);
 	free(s);
-}
-
-size_t hyb_ffn_plan_scratch_bytes(const struct hyb_ffn_plan_scratch *s)
-{
-	return s ? s->bytes : 0;
 }
 
 struct dense_job {
@@ -153,7 +148,7 @@ static void sum_outputs(const struct hyb_ffn_plan_scratch *s, int nth, size_t le
 			out[e] += s->t[i].out[e];
 }
 
-void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
+void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
 			const uint8_t *skip, float *out)
@@ -163,13 +158,13 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
 		.xq = xq, .xq_stride = xq_stride, .n = n, .skip = skip,
 	};
 	const size_t len = (size_t)n * m->hp.n_embd;
-	int nth = hyb_pool_size(pool);
+	int nth = hyb_threadpool_size(pool);
 
 	atomic_init(&j.next, 0);
 	if (nth == 1)
 		dense_worker(&j, 0, 1);
 	else
-		hyb_pool_run(pool, dense_worker, &j);
+		hyb_threadpool_run(pool, dense_worker, &j);
 	sum_outputs(s, nth, len, out);
 }
 
@@ -207,19 +202,19 @@ static void down_t_worker(void *arg, int ith, int nth)
 	}
 }
 
-void hyb_ffn_down_t(struct hyb_pool *pool, struct hyb_ffn_plan_scratch *s,
+void hyb_ffn_down_t(struct hyb_threadpool *pool, struct hyb_ffn_plan_scratch *s,
 		    const struct hyb_weight *down_t, const float *act, uint32_t n, float *out)
 {
 	struct down_t_job j = {
 		.axpy = hyb_sparse_best()->axpy[down_t->type], .s = s, .w = down_t, .act = act,
 		.n_ff = (uint32_t)down_t->ne1, .n = n,
 	};
-	const int nth = hyb_pool_size(pool);
+	const int nth = hyb_threadpool_size(pool);
 
 	atomic_init(&j.next, 0);
 	if (nth == 1)
 		down_t_worker(&j, 0, 1);
 	else
-		hyb_pool_run(pool, down_t_worker, &j);
+		hyb_threadpool_run(pool, down_t_worker, &j);
 	sum_outputs(s, nth, (size_t)n * down_t->ne0, out);
 }

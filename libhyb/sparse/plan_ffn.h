@@ -22,7 +22,6 @@ struct hyb_ffn_plan_scratch;
 struct hyb_ffn_plan_scratch *hyb_ffn_plan_scratch_new(const struct hyb_model *m,
 						      uint32_t n_batch, int n_threads);
 void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s);
-size_t hyb_ffn_plan_scratch_bytes(const struct hyb_ffn_plan_scratch *s);
 
 /*
  * out[n][n_embd] = down(act(gate · x, up · x)) for layer L of a plan model.
@@ -30,7 +29,7 @@ size_t hyb_ffn_plan_scratch_bytes(const struct hyb_ffn_plan_scratch *s);
  * xq_stride bytes apart. skip (NULL: none): groups g with skip[g] != 0 are
  * left out (a hybrid prompt batch computes them on the device).
  */
-void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
+void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
 			const uint8_t *skip, float *out);
@@ -41,7 +40,7 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_pool *pool,
  * the sparse operator's axpy kernel, split over the pool by neuron chunks.
  * The scratch must come from hyb_ffn_plan_scratch_new for at least n tokens.
  */
-void hyb_ffn_down_t(struct hyb_pool *pool, struct hyb_ffn_plan_scratch *s,
+void hyb_ffn_down_t(struct hyb_threadpool *pool, struct hyb_ffn_plan_scratch *s,
 		    const struct hyb_weight *down_t, const float *act, uint32_t n, float *out);
 
 #endif

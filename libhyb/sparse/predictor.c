@@ -39,7 +39,7 @@
 
 #include "cpu_kernels.h"
 #include "hyb/threadpool.h"
-#include "plan_internal.h"
+#include "plan/plan_internal.h"
 
 static double now_s(void)
 {
@@ -49,10 +49,10 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void run_job(struct hyb_pool *pool, hyb_job_fn fn, void *arg)
+static void run_job(struct hyb_threadpool *pool, hyb_job_fn fn, void *arg)
 {
 	if (pool)
-		hyb_pool_run(pool, fn, arg);
+		hyb_threadpool_run(pool, fn, arg);
 	else
 		fn(arg, 0, 1);
 }
@@ -93,7 +93,7 @@ static void gemm_worker(void *arg, int ith, int nth)
 	}
 }
 
-static void gemm(struct hyb_pool *pool, hyb_gemm_fn fn, size_t elem, int64_t k, const void *w,
+static void gemm(struct hyb_threadpool *pool, hyb_gemm_fn fn, size_t elem, int64_t k, const void *w,
 		 int64_t rows, const void *x, int64_t cols, float *y, size_t ys)
 {
 	struct gemm_job j = { .fn = fn, .k = k, .w = w, .w_stride = (size_t)k * elem,
@@ -102,7 +102,7 @@ static void gemm(struct hyb_pool *pool, hyb_gemm_fn fn, size_t elem, int64_t k, 
 
 	atomic_init(&j.next, 0);
 	if (pool && rows > CHUNK_ROWS)
-		hyb_pool_run(pool, gemm_worker, &j);
+		hyb_threadpool_run(pool, gemm_worker, &j);
 	else
 		gemm_worker(&j, 0, 1);
 }
@@ -321,7 +321,7 @@ static size_t sgemm_pack_floats(int64_t rows, int nth)
 	return (panels * PANEL * KC + 15) & ~(size_t)15;
 }
 
-static void sgemm(struct hyb_pool *pool, float *pack, size_t pack_stride, int64_t k, struct mat w,
+static void sgemm(struct hyb_threadpool *pool, float *pack, size_t pack_stride, int64_t k, struct mat w,
 		  int64_t rows, struct mat x, int64_t cols, float *y, size_t ys)
 {
 	static enum simd level = (enum simd)-1;
@@ -332,7 +332,7 @@ static void sgemm(struct hyb_pool *pool, float *pack, size_t pack_stride, int64_
 		level = simd_level();
 	j.level = level;
 	if (pool && rows > PANEL)
-		hyb_pool_run(pool, sgemm_worker, &j);
+		hyb_threadpool_run(pool, sgemm_worker, &j);
 	else
 		sgemm_worker(&j, 0, 1);
 }
@@ -463,7 +463,7 @@ static void fc2_worker(void *arg, int ith, int nth)
 		fc2_scalar(j, lo, hi);
 }
 
-uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_pool *pool,
+uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_threadpool *pool,
 			   void *scratch, float *logits, uint32_t *active)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
@@ -486,7 +486,7 @@ uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct
 			nz[j.n_nz++] = u;
 	}
 	if (pool && p->n_out >= 4096)
-		hyb_pool_run(pool, fc2_worker, &j);
+		hyb_threadpool_run(pool, fc2_worker, &j);
 	else
 		fc2_worker(&j, 0, 1);
 	for (uint32_t r = 0; r < p->n_out; r++)
@@ -497,7 +497,7 @@ uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct
 
 /* ---- size rule ------------------------------------------------------------- */
 
-uint32_t plan_pred_hidden(const struct hyb_profile *p, uint32_t layer, uint32_t lo, uint32_t hi)
+uint32_t hyb_plan_pred_hidden(const struct hyb_profile *p, uint32_t layer, uint32_t lo, uint32_t hi)
 {
 	const uint64_t *cnt = p->layers[layer].count;
 	double bits = 0;
@@ -536,7 +536,7 @@ static float unif(uint64_t *s)
 struct trainer {
 	const struct hyb_profile *p;
 	uint32_t layer, n_in, H, n_out, B;
-	struct hyb_pool *pool;
+	struct hyb_threadpool *pool;
 	int nth;
 	hyb_dequantize_fn f16;  /* F16 -> F32 */
 	float pos_w;
@@ -754,7 +754,7 @@ static void trainer_free(struct trainer *t)
 	free(t->y);
 }
 
-void plan_predictor_free(struct plan_predictor *pr)
+void hyb_plan_predictor_free(struct hyb_plan_predictor *pr)
 {
 	if (!pr)
 		return;
@@ -851,9 +851,9 @@ static void collect_val(void *user, uint32_t sample, const float *z, const uint8
 	}
 }
 
-int plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden,
-		    const int32_t *perm, const struct plan_pred_opts *o,
-		    struct plan_predictor *out, struct plan_pred_stats *st, char *err,
+int hyb_plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden,
+		    const int32_t *perm, const struct hyb_plan_pred_opts *o,
+		    struct hyb_plan_predictor *out, struct hyb_plan_pred_stats *st, char *err,
 		    size_t errlen)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
@@ -902,7 +902,7 @@ int plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden
 	{
 		int64_t rows = t.n_in > t.n_out ? t.n_in : t.n_out;
 
-		t.nth = o->pool ? hyb_pool_size(o->pool) : 1;
+		t.nth = o->pool ? hyb_threadpool_size(o->pool) : 1;
 		t.pack_stride = sgemm_pack_floats(rows > t.H ? rows : t.H, t.nth);
 		t.pack = aligned_alloc(64, (size_t)t.nth * t.pack_stride * sizeof(float));
 	}
@@ -1041,7 +1041,7 @@ int plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden
 	out->fc2_w = malloc(t.n2 * 2);
 	out->fc2_b = malloc((size_t)t.n_out * 4);
 	if (!out->fc1_w || !out->fc1_b || !out->fc2_w || !out->fc2_b) {
-		plan_predictor_free(out);
+		hyb_plan_predictor_free(out);
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}

@@ -116,7 +116,7 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s)
 	free(s);
 }
 
-uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 				const float *in, uint32_t *active)
 {
 	return hyb_predictor_run(&s->pred[l], in, pool, s->pred_scratch, NULL, active);
@@ -125,11 +125,6 @@ uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_pool *pool,
 const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse *s, uint32_t l)
 {
 	return &s->bundles[l];
-}
-
-struct hyb_sparse_ffn_ctx *hyb_ffn_sparse_op(struct hyb_ffn_sparse *s)
-{
-	return s->op;
 }
 
 void hyb_ffn_sparse_set_oracle(struct hyb_ffn_sparse *s, bool on)
@@ -180,7 +175,7 @@ static int cpu_group_part(void *user, uint32_t g, const uint32_t *active, uint32
 	return 0;
 }
 
-int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 		       const float *xn, const uint32_t *active, uint32_t n_active, float *y,
 		       struct hyb_sparse_ffn_stats *st, char *err, size_t errlen)
 {
@@ -205,7 +200,7 @@ int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t
 	return rc;
 }
 
-int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, const float *xn, float *y, char *err,
 			 size_t errlen)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Sparse decode of a plan model's FFNs on the CPU (issue 5 item 5): per
+ * Sparse decode of a plan model's FFNs on the CPU: per
  * layer, the layer's predictor marks the neurons it expects to fire and the
  * neuron-aware operator (sparse_ffn.h, PowerInfer 5.4) computes only those.
  *
@@ -31,7 +31,7 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s);
  * x_attn is the residual stream after layer l's attention. Layers must be
  * called in order 0..n_layer-1 for each token. Returns 0, or -1 with err.
  */
-int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, const float *xn, float *y, char *err,
 			 size_t errlen);
 
@@ -44,14 +44,13 @@ void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stat
  * operator over a list (or, in oracle mode, group by group: see
  * hyb_ffn_sparse_set_oracle). bundles: layer l's bundle view.
  */
-uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 				const float *in, uint32_t *active);
-int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_pool *pool, uint32_t l,
+int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 		       const float *xn, const uint32_t *active, uint32_t n_active, float *y,
 		       struct hyb_sparse_ffn_stats *st, char *err, size_t errlen);
 const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse *s,
 						     uint32_t l);
-struct hyb_sparse_ffn_ctx *hyb_ffn_sparse_op(struct hyb_ffn_sparse *s);
 
 /*
  * Oracle mode (tests, hyb/hybrid.h): the FFN output is summed group by group

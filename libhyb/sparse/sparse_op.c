@@ -405,7 +405,7 @@ static int check_args(struct hyb_sparse_ffn_ctx *c, const struct hyb_ffn_bundles
 	return 0;
 }
 
-int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_pool *pool,
+int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 		   const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
 		   const uint32_t *active, uint32_t n_active, float *y,
 		   struct hyb_sparse_ffn_stats *st)
@@ -451,7 +451,7 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_pool *pool,
 			    hyb_type_name(b->type));
 
 	/* a few rows are not worth waking threads for (and each adds a partial y) */
-	nth = pool ? hyb_pool_size(pool) : 1;
+	nth = pool ? hyb_threadpool_size(pool) : 1;
 	if (nth > c->n_threads)
 		nth = c->n_threads;
 	if ((uint64_t)nth > j.total / 8)
@@ -464,14 +464,14 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_pool *pool,
 	if (nth == 1)
 		ffn_worker(&j, 0, 1);
 	else
-		hyb_pool_run(pool, ffn_worker, &j);
+		hyb_threadpool_run(pool, ffn_worker, &j);
 
 	if (nth > 1) {
 		struct reduce_job r = { .y = y, .parts = c->ypart, .slot = c->slot,
 					.stride = c->ystride, .n = b->n_embd, .nparts = nth };
 
 		if (nth > 2)
-			hyb_pool_run(pool, reduce_worker, &r);
+			hyb_threadpool_run(pool, reduce_worker, &r);
 		else
 			reduce_worker(&r, 0, 1);
 	}

@@ -76,7 +76,7 @@ const char *hyb_sparse_ffn_error(const struct hyb_sparse_ffn_ctx *c);
  * n_embd not a multiple of the block size, shapes beyond the ctx's, an
  * index >= n_ff or out of order, an unknown act).
  */
-int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_pool *pool,
+int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 		   const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
 		   const uint32_t *active, uint32_t n_active, float *y,
 		   struct hyb_sparse_ffn_stats *st);

@@ -27,7 +27,7 @@ __attribute__((format(printf, 1, 2))) static void warn(const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-int tok_ids_push(struct tok_ids *a, int32_t id)
+int hyb_tok_ids_push(struct tok_ids *a, int32_t id)
 {
 	if (a->n == a->cap) {
 		size_t cap = a->cap ? a->cap * 2 : 256;
@@ -44,7 +44,7 @@ int tok_ids_push(struct tok_ids *a, int32_t id)
 
 /* ---- hash tables ---- */
 
-uint64_t tok_hash(const char *s, size_t n)
+uint64_t hyb_tok_hash(const char *s, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
 
@@ -60,13 +60,13 @@ static const char *tok_text(const struct hyb_tokenizer *t, int32_t id)
 	return t->arena + t->tok[id].off;
 }
 
-int32_t tok_lookup(const struct hyb_tokenizer *t, const char *s, size_t n)
+int32_t hyb_tok_lookup(const struct hyb_tokenizer *t, const char *s, size_t n)
 {
 	uint32_t i;
 
 	if (n > t->max_token_len)
 		return -1;
-	for (i = (uint32_t)tok_hash(s, n) & t->map_mask;; i = (i + 1) & t->map_mask) {
+	for (i = (uint32_t)hyb_tok_hash(s, n) & t->map_mask;; i = (i + 1) & t->map_mask) {
 		uint32_t v = t->map[i];
 
 		if (!v)
@@ -78,12 +78,12 @@ int32_t tok_lookup(const struct hyb_tokenizer *t, const char *s, size_t n)
 
 static uint64_t pair_hash(const char *l, size_t ln, const char *r, size_t rn)
 {
-	uint64_t a = tok_hash(l, ln), b = tok_hash(r, rn);
+	uint64_t a = hyb_tok_hash(l, ln), b = hyb_tok_hash(r, rn);
 
 	return (a * 0x9e3779b97f4a7c15ull) ^ (b + 0x632be59bd9b4e019ull + (a >> 7));
 }
 
-int32_t tok_merge_rank(const struct hyb_tokenizer *t, const char *l, size_t ln, const char *r,
+int32_t hyb_tok_merge_rank(const struct hyb_tokenizer *t, const char *l, size_t ln, const char *r,
 		       size_t rn)
 {
 	uint32_t i;
@@ -92,7 +92,7 @@ int32_t tok_merge_rank(const struct hyb_tokenizer *t, const char *l, size_t ln, 
 		return -1;
 	for (i = (uint32_t)pair_hash(l, ln, r, rn) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
 		uint32_t v = t->merge_map[i];
-		const struct tok_merge *m;
+		const struct hyb_tok_merge *m;
 
 		if (!v)
 			return -1;
@@ -131,7 +131,7 @@ static uint32_t pair_slot(const struct tok_pair *p)
 }
 
 /* Characters are at most 4 bytes, so a pair always fits in 8. */
-bool tok_pair_possible(const struct hyb_tokenizer *t, const char *a, size_t na, size_t nb)
+bool hyb_tok_pair_possible(const struct hyb_tokenizer *t, const char *a, size_t na, size_t nb)
 {
 	struct tok_pair p;
 
@@ -207,7 +207,7 @@ static void map_insert(struct hyb_tokenizer *t, int32_t id)
 	const struct tok_entry *e = &t->tok[id];
 	uint32_t i;
 
-	for (i = (uint32_t)tok_hash(tok_text(t, id), e->len) & t->map_mask;;
+	for (i = (uint32_t)hyb_tok_hash(tok_text(t, id), e->len) & t->map_mask;;
 	     i = (i + 1) & t->map_mask) {
 		uint32_t v = t->map[i];
 
@@ -222,7 +222,7 @@ static void map_insert(struct hyb_tokenizer *t, int32_t id)
 /* The first occurrence of a pair keeps its rank (llama.cpp uses map::emplace). */
 static void merge_insert(struct hyb_tokenizer *t, int32_t rank)
 {
-	const struct tok_merge *m = &t->merges[rank];
+	const struct hyb_tok_merge *m = &t->merges[rank];
 	const char *l = t->arena + m->left_off, *r = t->arena + m->right_off;
 	uint32_t i;
 
@@ -234,17 +234,17 @@ static void merge_insert(struct hyb_tokenizer *t, int32_t rank)
 			t->merge_map[i] = (uint32_t)rank + 1;
 			return;
 		}
-		if (tok_merge_rank(t, l, m->left_len, r, m->right_len) >= 0)
+		if (hyb_tok_merge_rank(t, l, m->left_len, r, m->right_len) >= 0)
 			return;
 	}
 }
 
 /* ---- construction ---- */
 
-void tok_desc_init(struct hyb_tok_desc *d)
+void hyb_tok_desc_init(struct hyb_tok_desc *d)
 {
 	memset(d, 0, sizeof(*d));
-	d->scores_type = GGUF_VT_FLOAT32;
+	d->scores_type = HYB_GGUF_VT_FLOAT32;
 	for (int i = 0; i < TOK_SP_COUNT; i++)
 		d->special[i] = TOK_ID_ABSENT;
 	d->add_bos = d->add_eos = d->add_space_prefix = -1;
@@ -303,7 +303,7 @@ static float read_score(const struct hyb_tok_desc *d, uint32_t i)
 {
 	if (!d->scores)
 		return 0.0f;
-	if (d->scores_type == GGUF_VT_INT32) {
+	if (d->scores_type == HYB_GGUF_VT_INT32) {
 		int32_t v;
 
 		memcpy(&v, (const char *)d->scores + 4 * (size_t)i, 4);
@@ -335,7 +335,7 @@ static uint32_t read_attr(const struct hyb_tok_desc *d, uint32_t i)
 
 static int32_t find_text(const struct hyb_tokenizer *t, const char *s)
 {
-	return tok_lookup(t, s, strlen(s));
+	return hyb_tok_lookup(t, s, strlen(s));
 }
 
 /*
@@ -549,7 +549,7 @@ static int build_arena(struct hyb_tokenizer *t, const struct hyb_tok_desc *d, ch
 			t->max_token_len = e->len;
 	}
 	for (uint64_t i = 0; i < d->n_merges; i++) {
-		struct tok_merge *m = &t->merges[i];
+		struct hyb_tok_merge *m = &t->merges[i];
 		const char *s = d->merges[i].ptr;
 		uint64_t len = d->merges[i].len, sp;
 
@@ -564,7 +564,7 @@ static int build_arena(struct hyb_tokenizer *t, const struct hyb_tok_desc *d, ch
 		for (sp = 1; sp < len && s[sp] != ' '; sp++)
 			;
 		if (sp >= len) {
-			*m = (struct tok_merge){ 0 };
+			*m = (struct hyb_tok_merge){ 0 };
 		} else {
 			m->left_off = (uint32_t)off;
 			m->left_len = (uint32_t)sp;
@@ -686,7 +686,7 @@ struct hyb_tokenizer *hyb_tokenizer_from_desc(const struct hyb_tok_desc *d, char
 		if (t->byte_tok[b] < 0) {
 			char c = (char)b;
 
-			t->byte_tok[b] = tok_lookup(t, &c, 1);
+			t->byte_tok[b] = hyb_tok_lookup(t, &c, 1);
 		}
 	}
 	return t;
@@ -699,13 +699,13 @@ fail:
 
 /* ---- GGUF ---- */
 
-static const struct gguf_kv *find_arr(const struct gguf_file *f, const char *key, char *err,
+static const struct hyb_gguf_kv *find_arr(const struct hyb_gguf_file *f, const char *key, char *err,
 				      size_t errlen, bool *bad)
 {
-	const struct gguf_kv *kv = gguf_find(f, key);
+	const struct hyb_gguf_kv *kv = hyb_gguf_find(f, key);
 
 	*bad = false;
-	if (kv && kv->type != GGUF_VT_ARRAY) {
+	if (kv && kv->type != HYB_GGUF_VT_ARRAY) {
 		set_err(err, errlen, "tokenizer: %s is not an array", key);
 		*bad = true;
 		return NULL;
@@ -713,7 +713,7 @@ static const struct gguf_kv *find_arr(const struct gguf_file *f, const char *key
 	return kv;
 }
 
-struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, size_t errlen)
+struct hyb_tokenizer *hyb_tokenizer_load(const struct hyb_gguf_file *f, char *err, size_t errlen)
 {
 	static const char *const sp_keys[TOK_SP_COUNT] = {
 		"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
@@ -723,7 +723,7 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, s
 		"tokenizer.ggml.fim_sep_token_id",
 	};
 	struct hyb_tok_desc d;
-	const struct gguf_kv *kv;
+	const struct hyb_gguf_kv *kv;
 	char model[64], pre[128];
 	bool bad, b;
 
@@ -731,19 +731,19 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, s
 		set_err(err, errlen, "tokenizer: no GGUF file");
 		return NULL;
 	}
-	tok_desc_init(&d);
-	if (!gguf_get_str(f, "tokenizer.ggml.model", model, sizeof(model))) {
+	hyb_tok_desc_init(&d);
+	if (!hyb_gguf_get_str(f, "tokenizer.ggml.model", model, sizeof(model))) {
 		set_err(err, errlen, "tokenizer: missing or bad tokenizer.ggml.model");
 		return NULL;
 	}
 	d.model = model;
-	if (gguf_get_str(f, "tokenizer.ggml.pre", pre, sizeof(pre)))
+	if (hyb_gguf_get_str(f, "tokenizer.ggml.pre", pre, sizeof(pre)))
 		d.pre = pre;
-	else if (gguf_find(f, "tokenizer.ggml.pre"))
+	else if (hyb_gguf_find(f, "tokenizer.ggml.pre"))
 		warn("tokenizer.ggml.pre is not a short string, ignored");
 
 	kv = find_arr(f, "tokenizer.ggml.tokens", err, errlen, &bad);
-	if (!kv || kv->v.arr.type != GGUF_VT_STRING || kv->v.arr.n > UINT32_MAX) {
+	if (!kv || kv->v.arr.type != HYB_GGUF_VT_STRING || kv->v.arr.n > UINT32_MAX) {
 		if (!bad)
 			set_err(err, errlen, "tokenizer: missing or bad tokenizer.ggml.tokens");
 		return NULL;
@@ -755,11 +755,11 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, s
 	if (bad)
 		return NULL;
 	if (kv) {
-		if ((kv->v.arr.type != GGUF_VT_FLOAT32 && kv->v.arr.type != GGUF_VT_INT32) ||
+		if ((kv->v.arr.type != HYB_GGUF_VT_FLOAT32 && kv->v.arr.type != HYB_GGUF_VT_INT32) ||
 		    kv->v.arr.n < d.n_tokens) {
 			set_err(err, errlen,
 				"tokenizer: bad tokenizer.ggml.scores (type %s, %llu entries)",
-				gguf_vtype_name(kv->v.arr.type), (unsigned long long)kv->v.arr.n);
+				hyb_gguf_vtype_name(kv->v.arr.type), (unsigned long long)kv->v.arr.n);
 			return NULL;
 		}
 		d.scores = kv->v.arr.data;
@@ -769,10 +769,10 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, s
 	if (bad)
 		return NULL;
 	if (kv) {
-		if (kv->v.arr.type != GGUF_VT_INT32 || kv->v.arr.n < d.n_tokens) {
+		if (kv->v.arr.type != HYB_GGUF_VT_INT32 || kv->v.arr.n < d.n_tokens) {
 			set_err(err, errlen,
 				"tokenizer: bad tokenizer.ggml.token_type (type %s, %llu entries)",
-				gguf_vtype_name(kv->v.arr.type), (unsigned long long)kv->v.arr.n);
+				hyb_gguf_vtype_name(kv->v.arr.type), (unsigned long long)kv->v.arr.n);
 			return NULL;
 		}
 		d.types = kv->v.arr.data;
@@ -781,7 +781,7 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, s
 	if (bad)
 		return NULL;
 	if (kv) {
-		if (kv->v.arr.type != GGUF_VT_STRING) {
+		if (kv->v.arr.type != HYB_GGUF_VT_STRING) {
 			set_err(err, errlen,
 				"tokenizer: tokenizer.ggml.merges is not a string array");
 			return NULL;
@@ -792,16 +792,16 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct gguf_file *f, char *err, s
 	for (int i = 0; i < TOK_SP_COUNT; i++) {
 		int64_t v;
 
-		if (gguf_get_i64(f, sp_keys[i], &v))
+		if (hyb_gguf_get_i64(f, sp_keys[i], &v))
 			d.special[i] = v < 0 ? INT64_MAX : v;
-		else if (gguf_find(f, sp_keys[i]))
+		else if (hyb_gguf_find(f, sp_keys[i]))
 			warn("%s is not an integer, ignored", sp_keys[i]);
 	}
-	if (gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b))
+	if (hyb_gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b))
 		d.add_bos = b;
-	if (gguf_get_bool(f, "tokenizer.ggml.add_eos_token", &b))
+	if (hyb_gguf_get_bool(f, "tokenizer.ggml.add_eos_token", &b))
 		d.add_eos = b;
-	if (gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b))
+	if (hyb_gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b))
 		d.add_space_prefix = b;
 	return hyb_tokenizer_from_desc(&d, err, errlen);
 }
@@ -969,7 +969,7 @@ static int encode(const struct hyb_tokenizer *t, const char *text, size_t len, b
 	int rc = 0;
 
 	if (add_special && t->add_bos && t->special[TOK_SP_BOS] >= 0 &&
-	    tok_ids_push(ids, t->special[TOK_SP_BOS]) < 0)
+	    hyb_tok_ids_push(ids, t->special[TOK_SP_BOS]) < 0)
 		return -1;
 	if (len && partition(t, text, len, &frags) < 0)
 		return -1;
@@ -977,23 +977,23 @@ static int encode(const struct hyb_tokenizer *t, const char *text, size_t len, b
 		const struct frag *f = &frags.v[i];
 
 		if (f->tok >= 0) {
-			rc = tok_ids_push(ids, f->tok);
+			rc = hyb_tok_ids_push(ids, f->tok);
 			prev_special = true;
 		} else if (t->kind == HYB_TOK_SPM) {
 			size_t n;
 			char *s = spm_escape(text + f->off, f->len,
 					     t->add_space_prefix && prev_special, &n);
 
-			rc = s ? tok_spm_encode(t, s, n, ids) : -1;
+			rc = s ? hyb_tok_spm_encode(t, s, n, ids) : -1;
 			free(s);
 			prev_special = false;
 		} else {
-			rc = tok_bpe_encode(t, text + f->off, f->len, ids);
+			rc = hyb_tok_bpe_encode(t, text + f->off, f->len, ids);
 		}
 	}
 	free(frags.v);
 	if (rc == 0 && add_special && t->add_eos && t->special[TOK_SP_EOS] >= 0)
-		rc = tok_ids_push(ids, t->special[TOK_SP_EOS]);
+		rc = hyb_tok_ids_push(ids, t->special[TOK_SP_EOS]);
 	return rc;
 }
 
@@ -1073,7 +1073,7 @@ static void put_bpe_text(struct sink *s, const char *text, size_t len)
 
 	if (!cpts)
 		return;
-	n = tok_utf8_decode(text, len, cpts);
+	n = hyb_tok_utf8_decode(text, len, cpts);
 	for (size_t i = 0; i < n; i++) {
 		int b = unmap_byte(cpts[i]);
 		char u[4], hex[3];
@@ -1085,7 +1085,7 @@ static void put_bpe_text(struct sink *s, const char *text, size_t len)
 			put(s, &c, 1);
 			continue;
 		}
-		m = tok_utf8_encode(cpts[i], u);
+		m = hyb_tok_utf8_encode(cpts[i], u);
 		put(s, "[UNK_BYTE_0x", 12);
 		for (int k = 0; k < m; k++) {
 			snprintf(hex, sizeof(hex), "%02x", (unsigned char)u[k]);

@@ -22,7 +22,7 @@ struct bpe {
 static bool bpe_pair(void *ctx, const struct tok_sym *l, const struct tok_sym *r, float *prio)
 {
 	const struct bpe *s = ctx;
-	int32_t rank = tok_merge_rank(s->t, s->word + l->off, l->n, s->word + r->off, r->n);
+	int32_t rank = hyb_tok_merge_rank(s->t, s->word + l->off, l->n, s->word + r->off, r->n);
 
 	if (rank < 0)
 		return false;
@@ -48,7 +48,7 @@ static void byte_table(struct byte_enc tab[256])
 		uint32_t cpt = self ? (uint32_t)b : next++;
 		char buf[4];
 
-		tab[b].n = (unsigned char)tok_utf8_encode(cpt, buf);
+		tab[b].n = (unsigned char)hyb_tok_utf8_encode(cpt, buf);
 		memcpy(tab[b].s, buf, tab[b].n);
 	}
 }
@@ -61,10 +61,10 @@ static int encode_word(struct bpe *s, const char *w, size_t len, struct tok_ids 
 	int n_sym = 0;
 
 	if (t->ignore_merges) {
-		int32_t id = tok_lookup(t, w, len);
+		int32_t id = hyb_tok_lookup(t, w, len);
 
 		if (id >= 0)
-			return tok_ids_push(out, id);
+			return hyb_tok_ids_push(out, id);
 	}
 	if (len > s->cap_sym) {
 		struct tok_sym *p = realloc(s->mg.sym, len * sizeof(*p));
@@ -86,28 +86,28 @@ static int encode_word(struct bpe *s, const char *w, size_t len, struct tok_ids 
 		off += n;
 		n_sym++;
 	}
-	if (n_sym && tok_merge(&s->mg, 0))
+	if (n_sym && hyb_tok_merge(&s->mg, 0))
 		return -1;
 	for (int i = 0; i != -1 && n_sym; i = sym[i].next) {
 		const char *p = w + sym[i].off;
-		int32_t id = tok_lookup(t, p, sym[i].n);
+		int32_t id = hyb_tok_lookup(t, p, sym[i].n);
 
 		if (id >= 0) {
-			if (tok_ids_push(out, id) < 0)
+			if (hyb_tok_ids_push(out, id) < 0)
 				return -1;
 			continue;
 		}
 		/* llama.cpp looks the piece's raw bytes up one by one and drops misses. */
 		for (size_t k = 0; k < sym[i].n; k++) {
-			id = tok_lookup(t, p + k, 1);
-			if (id >= 0 && tok_ids_push(out, id) < 0)
+			id = hyb_tok_lookup(t, p + k, 1);
+			if (id >= 0 && hyb_tok_ids_push(out, id) < 0)
 				return -1;
 		}
 	}
 	return 0;
 }
 
-int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
+int hyb_tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 		   struct tok_ids *out)
 {
 	struct bpe s = { .t = t };
@@ -125,8 +125,8 @@ int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 	cpts = malloc(len * sizeof(*cpts));
 	if (!cpts)
 		return -1;
-	n_cpts = tok_utf8_decode(text, len, cpts);
-	if (tok_pretok_split(t->pre, cpts, n_cpts, &lens, &n_words) < 0) {
+	n_cpts = hyb_tok_utf8_decode(text, len, cpts);
+	if (hyb_tok_pretok_split(t->pre, cpts, n_cpts, &lens, &n_words) < 0) {
 		free(cpts);
 		return -1;
 	}
@@ -146,7 +146,7 @@ int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 		/* Invalid input was decoded to U+FFFD, so the word is re-encoded, as llama.cpp. */
 		for (size_t k = start; k < start + lens[i]; k++) {
 			char u[4];
-			int m = tok_utf8_encode(cpts[k], u);
+			int m = hyb_tok_utf8_encode(cpts[k], u);
 
 			for (int j = 0; j < m; j++) {
 				const struct byte_enc *e = &enc[(unsigned char)u[j]];
@@ -162,6 +162,6 @@ int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 	free(lens);
 	free(cpts);
 	free(s.mg.sym);
-	tok_merger_release(&s.mg);
+	hyb_tok_merger_release(&s.mg);
 	return rc;
 }

@@ -83,18 +83,18 @@ struct hyb_tok_desc {
 	const char *model;             /* "llama" (SPM) or "gpt2" (BPE) */
 	const char *pre;               /* tokenizer.ggml.pre; NULL when absent */
 	uint32_t n_tokens;
-	const struct gguf_str *tokens;
+	const struct hyb_gguf_str *tokens;
 	const void *scores;            /* n_tokens values or NULL (all 0) */
-	uint32_t scores_type;          /* GGUF_VT_FLOAT32 or GGUF_VT_INT32 */
+	uint32_t scores_type;          /* HYB_GGUF_VT_FLOAT32 or HYB_GGUF_VT_INT32 */
 	const void *types;             /* n_tokens int32 token types or NULL (all normal) */
 	uint64_t n_merges;
-	const struct gguf_str *merges; /* "left right" strings (BPE) */
+	const struct hyb_gguf_str *merges; /* "left right" strings (BPE) */
 	int64_t special[TOK_SP_COUNT]; /* ids from the metadata, TOK_ID_ABSENT if missing */
 	int8_t add_bos, add_eos, add_space_prefix; /* -1: key absent */
 };
 
 /* A description with every optional field absent. */
-void tok_desc_init(struct hyb_tok_desc *d);
+void hyb_tok_desc_init(struct hyb_tok_desc *d);
 struct hyb_tokenizer *hyb_tokenizer_from_desc(const struct hyb_tok_desc *d, char *err,
 					      size_t errlen);
 
@@ -105,7 +105,7 @@ struct tok_entry {
 	uint32_t attr;
 };
 
-struct tok_merge {
+struct hyb_tok_merge {
 	uint32_t left_off, left_len;   /* in t->arena */
 	uint32_t right_off, right_len;
 };
@@ -127,7 +127,7 @@ struct hyb_tokenizer {
 	uint32_t max_token_len;
 
 	int32_t n_merges;
-	struct tok_merge *merges;
+	struct hyb_tok_merge *merges;
 	uint32_t *merge_map;         /* rank + 1, 0 = empty */
 	uint32_t merge_mask;
 
@@ -154,21 +154,21 @@ struct tok_ids {
 	int32_t *v;
 	size_t n, cap;
 };
-int tok_ids_push(struct tok_ids *a, int32_t id);
+int hyb_tok_ids_push(struct tok_ids *a, int32_t id);
 
 /* Exact-text vocabulary lookup: the id or -1. */
-int32_t tok_lookup(const struct hyb_tokenizer *t, const char *s, size_t n);
-uint64_t tok_hash(const char *s, size_t n);
+int32_t hyb_tok_lookup(const struct hyb_tokenizer *t, const char *s, size_t n);
+uint64_t hyb_tok_hash(const char *s, size_t n);
 
 /* Encoders: append ids for one raw text fragment; 0 or -1 on allocation failure. */
-int tok_spm_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
+int hyb_tok_spm_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 		   struct tok_ids *out);
-int tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
+int hyb_tok_bpe_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 		   struct tok_ids *out);
 /* SPM: can a token contain characters a (na bytes) and b (nb bytes) side by side? */
-bool tok_pair_possible(const struct hyb_tokenizer *t, const char *a, size_t na, size_t nb);
+bool hyb_tok_pair_possible(const struct hyb_tokenizer *t, const char *a, size_t na, size_t nb);
 /* BPE merge rank of the pair (left, right), or -1. */
-int32_t tok_merge_rank(const struct hyb_tokenizer *t, const char *l, size_t ln, const char *r,
+int32_t hyb_tok_merge_rank(const struct hyb_tokenizer *t, const char *l, size_t ln, const char *r,
 		       size_t rn);
 
 /* ---- Unicode helpers (tokenizer_pretok.c) ---- */
@@ -186,16 +186,16 @@ static inline size_t tok_utf8_len(unsigned char c)
  * start a complete sequence becomes U+FFFD and decoding resumes at the next
  * byte, as llama.cpp's unicode_cpts_from_utf8 does. Returns the count.
  */
-size_t tok_utf8_decode(const char *s, size_t len, uint32_t *out);
+size_t hyb_tok_utf8_decode(const char *s, size_t len, uint32_t *out);
 /* Encode one code point (values past U+10FFFF encode as U+FFFD); returns 1..4. */
-int tok_utf8_encode(uint32_t cpt, char *buf);
-uint32_t tok_cpt_flags(uint32_t cpt);
+int hyb_tok_utf8_encode(uint32_t cpt, char *buf);
+uint32_t hyb_tok_cpt_flags(uint32_t cpt);
 
 /*
  * Split code points into pre-tokenizer words. On return *lens holds *n_words
  * word lengths (in code points), allocated with malloc. 0 or -1 (no memory).
  */
-int tok_pretok_split(enum tok_pre pre, const uint32_t *cpts, size_t n, size_t **lens,
+int hyb_tok_pretok_split(enum tok_pre pre, const uint32_t *cpts, size_t n, size_t **lens,
 		     size_t *n_words);
 
 #endif

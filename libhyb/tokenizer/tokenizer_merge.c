@@ -71,7 +71,7 @@ static void try_pair(struct tok_merger *m, int left, int right)
 		heap_push(m, (struct tok_bigram){ left, right, prio, l->n + r->n });
 }
 
-int tok_merge(struct tok_merger *m, int first)
+int hyb_tok_merge(struct tok_merger *m, int first)
 {
 	m->n_heap = 0;
 	m->oom = false;
@@ -95,7 +95,7 @@ int tok_merge(struct tok_merger *m, int first)
 	return m->oom ? -1 : 0;
 }
 
-void tok_merger_release(struct tok_merger *m)
+void hyb_tok_merger_release(struct tok_merger *m)
 {
 	free(m->heap);
 	m->heap = NULL;

@@ -41,7 +41,7 @@ struct tok_merger {
 };
 
 /* Merge the symbols linked from index first to the end of the list; -1 when out of memory. */
-int tok_merge(struct tok_merger *m, int first);
-void tok_merger_release(struct tok_merger *m);
+int hyb_tok_merge(struct tok_merger *m, int first);
+void hyb_tok_merger_release(struct tok_merger *m);
 
 #endif

@@ -13,7 +13,7 @@
 
 #include "tokenizer_internal.h"
 
-size_t tok_utf8_decode(const char *str, size_t len, uint32_t *out)
+size_t hyb_tok_utf8_decode(const char *str, size_t len, uint32_t *out)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	size_t i = 0, n = 0;
@@ -62,7 +62,7 @@ size_t tok_utf8_decode(const char *str, size_t len, uint32_t *out)
 	return n;
 }
 
-int tok_utf8_encode(uint32_t cpt, char *buf)
+int hyb_tok_utf8_encode(uint32_t cpt, char *buf)
 {
 	unsigned char *b = (unsigned char *)buf;
 
@@ -104,7 +104,7 @@ static bool is_space(uint32_t c)
 	}
 }
 
-uint32_t tok_cpt_flags(uint32_t cpt)
+uint32_t hyb_tok_cpt_flags(uint32_t cpt)
 {
 	uint32_t f;
 
@@ -190,7 +190,7 @@ static uint32_t ch_cpt(const struct chunk *c, size_t pos)
 /* Flags of the code point at pos; 0 (no class at all) outside the chunk. */
 static uint32_t ch_flags(const struct chunk *c, size_t pos)
 {
-	return pos >= c->beg && pos < c->end ? tok_cpt_flags(c->cpts[pos]) : 0;
+	return pos >= c->beg && pos < c->end ? hyb_tok_cpt_flags(c->cpts[pos]) : 0;
 }
 
 /* End the current word at `end`; returns end so scanners can continue from it. */
@@ -352,7 +352,7 @@ static bool in_number_class(uint32_t cpt)
 {
 	if (cpt < 0x80)
 		return cpt >= '0' && cpt <= '9';
-	return tok_cpt_flags(cpt) == TOK_CPT_NUMBER;
+	return hyb_tok_cpt_flags(cpt) == TOK_CPT_NUMBER;
 }
 
 /* [\p{P}\$\+<=>\^~\|] */
@@ -361,7 +361,7 @@ static bool in_punct_class(uint32_t cpt)
 	/* ASCII: llama.cpp's \p{P} subset (no backquote) plus $+<=>^~| */
 	if (cpt < 0x80)
 		return cpt && strchr("!\"#%&'()*,-./:;?@[\\]_{}$+<=>^~|", (int)cpt);
-	return tok_cpt_flags(cpt) == TOK_CPT_PUNCT;
+	return hyb_tok_cpt_flags(cpt) == TOK_CPT_PUNCT;
 }
 
 /*
@@ -434,7 +434,7 @@ static int run_pass(enum pass pass, const uint32_t *cpts, struct lens *in, struc
 	return out->oom ? -1 : 0;
 }
 
-int tok_pretok_split(enum tok_pre pre, const uint32_t *cpts, size_t n, size_t **lens,
+int hyb_tok_pretok_split(enum tok_pre pre, const uint32_t *cpts, size_t n, size_t **lens,
 		     size_t *n_words)
 {
 	static const enum pass p_default[] = { PASS_PUNCT_RUNS, PASS_GPT2, PASS_NUM_RUNS,

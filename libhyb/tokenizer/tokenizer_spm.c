@@ -22,7 +22,7 @@ struct spm {
 static bool spm_pair(void *ctx, const struct tok_sym *l, const struct tok_sym *r, float *prio)
 {
 	const struct spm *s = ctx;
-	int32_t id = tok_lookup(s->t, s->text + l->off, l->n + r->n);
+	int32_t id = hyb_tok_lookup(s->t, s->text + l->off, l->n + r->n);
 
 	if (id < 0)
 		return false;
@@ -33,15 +33,15 @@ static bool spm_pair(void *ctx, const struct tok_sym *l, const struct tok_sym *r
 /* A final piece: its id, or its bytes (a merged piece is always in the vocabulary). */
 static int emit_piece(const struct hyb_tokenizer *t, const char *p, size_t n, struct tok_ids *out)
 {
-	int32_t id = tok_lookup(t, p, n);
+	int32_t id = hyb_tok_lookup(t, p, n);
 
 	if (id >= 0)
-		return tok_ids_push(out, id);
+		return hyb_tok_ids_push(out, id);
 	for (size_t i = 0; i < n; i++) {
 		id = t->byte_tok[(unsigned char)p[i]];
 		if (id < 0)
 			id = t->special[TOK_SP_UNK];
-		if (id >= 0 && tok_ids_push(out, id) < 0)
+		if (id >= 0 && hyb_tok_ids_push(out, id) < 0)
 			return -1;
 	}
 	return 0;
@@ -55,14 +55,14 @@ static int encode_segment(struct spm *s, int beg, int end, struct tok_ids *out)
 
 	sym[beg].prev = -1;
 	sym[end - 1].next = -1;
-	if (tok_merge(&s->mg, beg))
+	if (hyb_tok_merge(&s->mg, beg))
 		return -1;
 	for (int i = beg; i != -1 && rc == 0; i = sym[i].next)
 		rc = emit_piece(s->t, s->text + sym[i].off, sym[i].n, out);
 	return rc;
 }
 
-int tok_spm_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
+int hyb_tok_spm_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 		   struct tok_ids *out)
 {
 	struct spm s = { .t = t, .text = text };
@@ -90,13 +90,13 @@ int tok_spm_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
 	 * the pieces come out exactly as from one pass over the whole text.
 	 */
 	for (int i = 1; i <= n_sym && rc == 0; i++) {
-		if (i < n_sym && tok_pair_possible(t, text + sym[i - 1].off, sym[i - 1].n,
+		if (i < n_sym && hyb_tok_pair_possible(t, text + sym[i - 1].off, sym[i - 1].n,
 						   sym[i].n))
 			continue;
 		rc = encode_segment(&s, beg, i, out);
 		beg = i;
 	}
 	free(sym);
-	tok_merger_release(&s.mg);
+	hyb_tok_merger_release(&s.mg);
 	return rc;
 }

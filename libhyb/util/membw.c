@@ -42,19 +42,19 @@ static int cmp_double(const void *a, const void *b)
 
 double hyb_measure_read_bw(int n_threads, size_t bytes, int reps)
 {
-	struct hyb_pool *pool = hyb_pool_new(n_threads);
+	struct hyb_threadpool *pool = hyb_threadpool_new(n_threads);
 	struct bw_job j = { 0 };
 	double *t = calloc(reps > 0 ? reps : 1, sizeof(double)), med;
 	void *buf;
 
 	if (!pool || !t) {
-		hyb_pool_free(pool);
+		hyb_threadpool_free(pool);
 		free(t);
 		return -1;
 	}
 	buf = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (buf == MAP_FAILED) {
-		hyb_pool_free(pool);
+		hyb_threadpool_free(pool);
 		free(t);
 		return -1;
 	}
@@ -62,17 +62,17 @@ double hyb_measure_read_bw(int n_threads, size_t bytes, int reps)
 	memset(buf, 1, bytes); /* fault every page in before timing */
 	j.buf = buf;
 	j.words = bytes / 8;
-	hyb_pool_run(pool, read_worker, &j); /* warm-up */
+	hyb_threadpool_run(pool, read_worker, &j); /* warm-up */
 	for (int r = 0; r < reps; r++) {
 		double t0 = hyb_now();
 
-		hyb_pool_run(pool, read_worker, &j);
+		hyb_threadpool_run(pool, read_worker, &j);
 		t[r] = hyb_now() - t0;
 	}
 	qsort(t, reps, sizeof(double), cmp_double);
 	med = t[reps / 2];
 	munmap(buf, bytes);
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	free(t);
 	return (double)(j.words / 8 * 64) / med;
 }

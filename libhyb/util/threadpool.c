@@ -14,7 +14,7 @@
  * between two matmuls of a decode step, far shorter than a human notices. */
 #define SPIN_LIMIT 20000
 
-struct hyb_pool {
+struct hyb_threadpool {
 	int n;
 	pthread_t *threads;
 	hyb_job_fn fn;
@@ -26,7 +26,7 @@ struct hyb_pool {
 };
 
 struct worker_arg {
-	struct hyb_pool *p;
+	struct hyb_threadpool *p;
 	int ith;
 };
 
@@ -50,7 +50,7 @@ static inline void cpu_relax(void)
 static void *worker_main(void *opaque)
 {
 	struct worker_arg wa = *(struct worker_arg *)opaque;
-	struct hyb_pool *p = wa.p;
+	struct hyb_threadpool *p = wa.p;
 	unsigned seen = 0;
 
 	free(opaque);
@@ -75,9 +75,9 @@ static void *worker_main(void *opaque)
 	}
 }
 
-struct hyb_pool *hyb_pool_new(int n_threads)
+struct hyb_threadpool *hyb_threadpool_new(int n_threads)
 {
-	struct hyb_pool *p;
+	struct hyb_threadpool *p;
 
 	if (n_threads <= 0) {
 		long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
@@ -99,7 +99,7 @@ struct hyb_pool *hyb_pool_new(int n_threads)
 
 		if (!wa) {
 			p->n = i;
-			hyb_pool_free(p);
+			hyb_threadpool_free(p);
 			errno = ENOMEM;
 			return NULL;
 		}
@@ -109,7 +109,7 @@ struct hyb_pool *hyb_pool_new(int n_threads)
 		if (rc) {
 			free(wa);
 			p->n = i;
-			hyb_pool_free(p);
+			hyb_threadpool_free(p);
 			errno = rc;
 			return NULL;
 		}
@@ -117,7 +117,7 @@ struct hyb_pool *hyb_pool_new(int n_threads)
 	return p;
 }
 
-void hyb_pool_run(struct hyb_pool *p, hyb_job_fn fn, void *arg)
+void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg)
 {
 	if (p->n == 1) {
 		fn(arg, 0, 1);
@@ -136,12 +136,12 @@ void hyb_pool_run(struct hyb_pool *p, hyb_job_fn fn, void *arg)
 		cpu_relax();
 }
 
-int hyb_pool_size(const struct hyb_pool *p)
+int hyb_threadpool_size(const struct hyb_threadpool *p)
 {
 	return p->n;
 }
 
-void hyb_pool_free(struct hyb_pool *p)
+void hyb_threadpool_free(struct hyb_threadpool *p)
 {
 	if (!p)
 		return;

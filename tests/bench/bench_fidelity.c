@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * bench_fidelity PLAN [N_GEN] [THREADS]: how often sparse decoding picks the
- * token dense decoding picks (issue 5: >= 95% of positions over 20 prompts x
- * 64 tokens). Per prompt, the dense context samples a continuation
+ * token dense decoding picks (the target: >= 95% of positions over 20
+ * prompts x 64 tokens). Per prompt, the dense context samples a continuation
  * (temperature 0.8, seeded: a synthetic model's greedy text falls into
  * loops that would make agreement trivial); then dense and sparse contexts
  * are fed the same tokens and their greedy choices compared at every

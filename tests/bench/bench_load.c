@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * Cold-load throughput of the io_uring streaming engine (issue 4, item 1 and
- * "Performance"): one load of FILE into a local pool, timed, either with the
+ * Cold-load throughput of the io_uring streaming engine (its
+ * performance figure): one load of FILE into a local pool, timed, either with the
  * engine or with a plain read() loop into the same memory. tests/bench/
  * bench_load.sh drops the page cache before each run and puts the figures
  * next to fio's on the same file.
@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "stream.h"
+#include "hyb/stream.h"
 #include "hyb/pool.h"
 
 static double now(void)

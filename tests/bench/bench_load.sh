@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cold-load throughput of the io_uring streaming engine (issue 4, "Performance"):
+# Cold-load throughput of the io_uring streaming engine:
 # the engine, fio (sequential read, io_uring, O_DIRECT, 1 MiB blocks, depth 32)
 # and a plain read() loop into the same pool memory, on the same file, in the
 # same run, the page cache dropped before every run; medians of $REPS (3).

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * bench_reload: reload op latency, queue -> data in pool (issue 4, item 3),
+ * bench_reload: reload op latency, queue -> data in pool,
  * by priority class, on an idle service and while a prefetch stream keeps
  * the storage lane busy, against the floor of one O_DIRECT pread() of the
  * same size measured in the same run.
@@ -17,8 +17,8 @@
  * completion reaped (the queue's wait + service, plus the app's wake-up).
  * Prints a table, then one "name value unit" line per figure.
  *
- * --upload cpu|cuda: the other half of the op (issue 4: "queue -> data in
- * pool / in GPU cache"): UPLOADs of bundle-sized pool ranges into neuron-
+ * --upload cpu|cuda: the other half of the op (queue -> data in
+ * pool / in GPU cache): UPLOADs of bundle-sized pool ranges into neuron-
  * cache slots of a copy device (daemon/copydev.h: hybd's CUDA engine, its
  * pool pinned, or the CPU device paced to --link-gbps), the busy phase with
  * prefetch uploads filling the link; the floor is one upload + sync on the
@@ -35,9 +35,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "copydev.h"
-#include "copydev_cuda.h"
-#include "reload.h"
+#include "daemon/copydev.h"
+#include "daemon/copydev_cuda.h"
+#include "daemon/reload.h"
 
 #define QID 11
 

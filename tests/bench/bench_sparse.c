@@ -43,8 +43,8 @@
 #include "hyb/generate.h"
 #include "hyb/membw.h"
 #include "hyb/threadpool.h"
-#include "ops.h"
-#include "sparse_op.h"
+#include "forward/ops.h"
+#include "sparse/sparse_op.h"
 #include "sparse_ffn_kernels.h"
 
 #define MAX_S 16
@@ -258,11 +258,11 @@ static void mm_worker(void *arg, int ith, int nth)
 }
 
 /* Y_i = W_i · x for nw weights of `rows` rows of kdim, row-chunked as forward.c's matmul(). */
-static void dense_mm(struct hyb_pool *pool, const struct hyb_cpu_kernels *k, uint32_t type,
+static void dense_mm(struct hyb_threadpool *pool, const struct hyb_cpu_kernels *k, uint32_t type,
 		     int nw, const uint8_t *const *w, uint64_t rows, uint64_t kdim, const void *x,
 		     float *const *y)
 {
-	const int nth = hyb_pool_size(pool);
+	const int nth = hyb_threadpool_size(pool);
 	struct mm_job j = { .k = k, .type = type, .nw = nw, .kdim = kdim, .x = x,
 			    .rb = hyb_row_bytes(type, kdim) };
 
@@ -277,7 +277,7 @@ static void dense_mm(struct hyb_pool *pool, const struct hyb_cpu_kernels *k, uin
 		j.total += j.chunks[i];
 	}
 	atomic_init(&j.next, 0);
-	hyb_pool_run(pool, mm_worker, &j);
+	hyb_threadpool_run(pool, mm_worker, &j);
 }
 
 struct dense {
@@ -287,7 +287,7 @@ struct dense {
 	float *g, *u;
 };
 
-static void dense_ffn(struct hyb_pool *pool, const struct hyb_cpu_kernels *k, struct dense *d,
+static void dense_ffn(struct hyb_threadpool *pool, const struct hyb_cpu_kernels *k, struct dense *d,
 		      const float *xn, float *y)
 {
 	const uint32_t vt = hyb_vec_dot_type(d->type);
@@ -323,9 +323,9 @@ static void flush_worker(void *arg, int ith, int nth)
 
 static struct flush_job g_flush;
 
-static void flush_caches(struct hyb_pool *pool)
+static void flush_caches(struct hyb_threadpool *pool)
 {
-	hyb_pool_run(pool, flush_worker, &g_flush);
+	hyb_threadpool_run(pool, flush_worker, &g_flush);
 }
 
 /* ---- how long the pool takes to run nothing ----------------------------------------- */
@@ -338,12 +338,12 @@ static void nop_job(void *arg, int ith, int nth)
 }
 
 /*
- * Median and 90th percentile of an empty hyb_pool_run: on a machine shared
+ * Median and 90th percentile of an empty hyb_threadpool_run: on a machine shared
  * with other work a worker thread is not always on a CPU when a job starts,
  * and every job (dense or sparse) then waits for it; short sparse jobs feel
  * it most.
  */
-static void pool_latency(struct hyb_pool *pool, double *med, double *p90)
+static void pool_latency(struct hyb_threadpool *pool, double *med, double *p90)
 {
 	enum { N = 200 };
 	double t[N];
@@ -351,7 +351,7 @@ static void pool_latency(struct hyb_pool *pool, double *med, double *p90)
 	for (int i = 0; i < N; i++) {
 		double t0 = hyb_now();
 
-		hyb_pool_run(pool, nop_job, NULL);
+		hyb_threadpool_run(pool, nop_job, NULL);
 		t[i] = hyb_now() - t0;
 		for (double t1 = hyb_now(); hyb_now() - t1 < 20e-6;)
 			; /* the gap between two jobs of a decode step */
@@ -432,13 +432,13 @@ struct opts {
 	const char *isa;
 };
 
-static int bench_type(struct hyb_pool *pool, const struct hyb_cpu_kernels *k, uint32_t type,
+static int bench_type(struct hyb_threadpool *pool, const struct hyb_cpu_kernels *k, uint32_t type,
 		      const struct opts *o, double dram)
 {
 	const uint32_t E = o->E, F = o->F, GS = o->GS, n_groups = (F + GS - 1) / GS;
 	const size_t rb = hyb_row_bytes(type, E), rbf = hyb_row_bytes(type, F);
 	struct dense d = { .type = type, .E = E, .F = F };
-	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, hyb_pool_size(pool));
+	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, hyb_threadpool_size(pool));
 	uint8_t *bundles = xalloc(hyb_bundles_bytes(type, E, F));
 	const void **ptrs = xalloc(sizeof(void *) * n_groups);
 	struct hyb_ffn_bundles b;
@@ -569,7 +569,7 @@ int main(int argc, char **argv)
 	uint32_t types[4] = { HYB_TYPE_Q4_0, HYB_TYPE_Q8_0, HYB_TYPE_F16 };
 	int ntypes = 3;
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
-	struct hyb_pool *pool;
+	struct hyb_threadpool *pool;
 	long l3;
 	size_t fbytes;
 
@@ -629,7 +629,7 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_sparse: --reps, --embd, --ff, --gs must be positive\n");
 		return 1;
 	}
-	pool = hyb_pool_new(o.threads);
+	pool = hyb_threadpool_new(o.threads);
 	if (!pool) {
 		fprintf(stderr, "bench_sparse: cannot start threads\n");
 		return 1;
@@ -642,20 +642,20 @@ int main(int argc, char **argv)
 	g_flush.words = fbytes / 8;
 	memset((void *)g_flush.buf, 1, fbytes);
 
-	const double dram = hyb_measure_read_bw(hyb_pool_size(pool), 256u << 20, 7);
+	const double dram = hyb_measure_read_bw(hyb_threadpool_size(pool), 256u << 20, 7);
 
 	printf("bench_sparse: FFN %u x %u, ReLU, groups of %u, %d threads, kernels %s, "
 	       "median of %d reps, caches flushed before each run\n", o.E, o.F, o.GS,
-	       hyb_pool_size(pool), k->name, o.reps);
+	       hyb_threadpool_size(pool), k->name, o.reps);
 	double lat_med, lat_p90;
 
 	pool_latency(pool, &lat_med, &lat_p90);
 	printf("DRAM read bandwidth (%d threads): %.2f GB/s; empty pool job: median %.1f us, "
-	       "p90 %.1f us\n", hyb_pool_size(pool), dram / 1e9, lat_med * 1e6, lat_p90 * 1e6);
+	       "p90 %.1f us\n", hyb_threadpool_size(pool), dram / 1e9, lat_med * 1e6, lat_p90 * 1e6);
 	for (int t = 0; t < ntypes; t++)
 		if (bench_type(pool, k, types[t], &o, dram))
 			return 1;
 	free((void *)g_flush.buf);
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	return 0;
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Time to first token (issue 4, "Performance"): `hyb run` from the start of
+# Time to first token: `hyb run` from the start of
 # its work to the first generated token on stdout, cold (page cache dropped
 # before the run) and warm (the file in the page cache), on the given models
 # (make bench: the 1.1 GB Q4_0 and 2.0 GB Q8_0 bench models). Three ways, in

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hybrid GPU-CPU decoding (issue 6): every balancer policy on the drift
+# Hybrid GPU-CPU decoding: every balancer policy on the drift
 # workload, GPU budgets of HYBRID_BUDGET (default "40% 60%") of the model, in the
 # same rounds as CPU-only sparse decoding of the same plan.
 #   make bench      runs it on the CPU-executed device (modelled PCIe and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench, sparse part (issue 5): the neuron-aware operator against the
+# make bench, sparse part: the neuron-aware operator against the
 # dense kernels, then the whole offline + online pipeline on ReLU models of
 # the issue's shape: synth -> profile -> plan -> dense vs sparse decode of
 # the plan in the same run (hyb bench) -> greedy fidelity over 20 prompts.

@@ -12,10 +12,10 @@
 
 #include "hyb/gguf.h"
 
-static const uint8_t elem_size[GGUF_VT_COUNT] = {
-	[GGUF_VT_UINT8] = 1, [GGUF_VT_INT8] = 1,   [GGUF_VT_UINT16] = 2,  [GGUF_VT_INT16] = 2,
-	[GGUF_VT_UINT32] = 4, [GGUF_VT_INT32] = 4, [GGUF_VT_FLOAT32] = 4, [GGUF_VT_BOOL] = 1,
-	[GGUF_VT_UINT64] = 8, [GGUF_VT_INT64] = 8, [GGUF_VT_FLOAT64] = 8,
+static const uint8_t elem_size[HYB_GGUF_VT_COUNT] = {
+	[HYB_GGUF_VT_UINT8] = 1, [HYB_GGUF_VT_INT8] = 1,   [HYB_GGUF_VT_UINT16] = 2,  [HYB_GGUF_VT_INT16] = 2,
+	[HYB_GGUF_VT_UINT32] = 4, [HYB_GGUF_VT_INT32] = 4, [HYB_GGUF_VT_FLOAT32] = 4, [HYB_GGUF_VT_BOOL] = 1,
+	[HYB_GGUF_VT_UINT64] = 8, [HYB_GGUF_VT_INT64] = 8, [HYB_GGUF_VT_FLOAT64] = 8,
 };
 
 static volatile unsigned sink;
@@ -27,14 +27,14 @@ static unsigned touch(const void *p, uint64_t n)
 	return n ? b[0] + b[n - 1] : 0;
 }
 
-static unsigned touch_str(struct gguf_str s)
+static unsigned touch_str(struct hyb_gguf_str s)
 {
 	return touch(s.ptr, s.len);
 }
 
 /* Looking a name up must find the entry it came from (names with a NUL cannot be asked for). */
-static void check_lookup(const struct gguf_file *f, struct gguf_str s, const struct gguf_kv *kv,
-			 const struct gguf_tensor *t)
+static void check_lookup(const struct hyb_gguf_file *f, struct hyb_gguf_str s, const struct hyb_gguf_kv *kv,
+			 const struct hyb_gguf_tensor *t)
 {
 	char name[128];
 
@@ -42,8 +42,8 @@ static void check_lookup(const struct gguf_file *f, struct gguf_str s, const str
 		return;
 	memcpy(name, s.ptr, s.len);
 	name[s.len] = 0;
-	if (!gguf_str_eq(s, name) || (kv && gguf_find(f, name) != kv) ||
-	    (t && gguf_find_tensor(f, name) != t))
+	if (!hyb_gguf_str_eq(s, name) || (kv && hyb_gguf_find(f, name) != kv) ||
+	    (t && hyb_gguf_find_tensor(f, name) != t))
 		abort();
 }
 
@@ -51,33 +51,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	char err[256];
 	unsigned sum = 0;
 
-	if (gguf_parse(data, size, &f, err, sizeof(err))) {
+	if (hyb_gguf_parse(data, size, &f, err, sizeof(err))) {
 		if (!err[0])
 			abort(); /* every refusal must say why */
 		return 0;
 	}
 	for (uint64_t i = 0; i < f->n_kv; i++) {
-		const struct gguf_kv *kv = &f->kv[i];
+		const struct hyb_gguf_kv *kv = &f->kv[i];
 
 		sum += touch_str(kv->key);
 		check_lookup(f, kv->key, kv, NULL);
-		if (kv->type == GGUF_VT_STRING) {
+		if (kv->type == HYB_GGUF_VT_STRING) {
 			sum += touch_str(kv->v.str);
-		} else if (kv->type == GGUF_VT_ARRAY && kv->v.arr.type == GGUF_VT_STRING) {
+		} else if (kv->type == HYB_GGUF_VT_ARRAY && kv->v.arr.type == HYB_GGUF_VT_STRING) {
 			for (uint64_t j = 0; j < kv->v.arr.n; j++)
 				sum += touch_str(kv->v.arr.strs[j]);
-		} else if (kv->type == GGUF_VT_ARRAY) {
-			if (kv->v.arr.type >= GGUF_VT_COUNT || !elem_size[kv->v.arr.type])
+		} else if (kv->type == HYB_GGUF_VT_ARRAY) {
+			if (kv->v.arr.type >= HYB_GGUF_VT_COUNT || !elem_size[kv->v.arr.type])
 				abort();
 			sum += touch(kv->v.arr.data, kv->v.arr.n * elem_size[kv->v.arr.type]);
 		}
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
 
 		sum += touch_str(t->name);
 		check_lookup(f, t->name, NULL, t);
@@ -86,6 +86,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 	}
 	sink = sum;
-	gguf_close(f);
+	hyb_gguf_close(f);
 	return 0;
 }

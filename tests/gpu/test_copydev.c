@@ -19,8 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "copydev_cuda.h"
-#include "reload.h"
+#include "daemon/copydev_cuda.h"
+#include "daemon/reload.h"
 #include "cuda_kernels.h"
 #include "hyb/pool.h"
 #include "test.h"

@@ -31,7 +31,7 @@
 #include "cuda_kernels.h"
 #include "gpu_test.h"
 #include "hyb/device.h"
-#include "sparse_op.h"
+#include "sparse/sparse_op.h"
 #include "test.h"
 
 #define MiB (1ull << 20)

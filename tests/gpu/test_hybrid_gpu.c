@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Hybrid decoding end to end on a GPU (issue 6, make test-gpu): the small
+ * Hybrid decoding end to end on a GPU: the small
  * plan model of the unit tests decoded with the CUDA device - attention, head
  * and predictors on the GPU, neuron groups moving - against the same run on
  * the CPU-executed device, which gives the CPU forward pass's bits. The two
@@ -16,7 +16,7 @@
 #include "cuda_kernels.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
-#include "dense.h"
+#include "hybrid/dense.h"
 #include "test.h"
 
 #define N_CTX 128

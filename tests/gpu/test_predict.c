@@ -23,7 +23,7 @@
 
 #include "cpu_kernels.h"
 #include "cuda_kernels.h"
-#include "sparse_layer.h"
+#include "sparse/sparse_layer.h"
 #include "gpu_test.h"
 #include "hyb/device.h"
 #include "hyb/plan.h"

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "hyb/balancer.h"
-#include "group_div.h"
+#include "sparse/group_div.h"
 #include "test.h"
 
 /* ---- helpers ---------------------------------------------------------------------- */

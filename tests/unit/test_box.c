@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Box mode on the host (issue 4, item 6; the VM bench runs the same with
+ * Box mode on the host (the VM bench runs the same with
  * hybd as its own process on hybpool.ko and the model on an emulated NVMe
  * drive): hybd runs in-process on the local backend, an "app" builds the
  * model from the manifest with hyb_model_load_manifest() and must generate
@@ -19,8 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "server.h"
+#include "daemon/config.h"
+#include "daemon/server.h"
 #include "cpu_kernels.h"
 #include "hyb/generate.h"
 #include "hyb/gguf.h"
@@ -46,21 +46,21 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 {
 	enum { E = 64, F = 192, V = 256, KV = 32 };
 	static char path[512];
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	void *bufs[64];
 	int nb = 0;
 	uint32_t seed = 12345;
 	char err[256], tn[64];
 
 	CHECK(w);
-	gguf_set_str(w, "general.architecture", "llama");
-	gguf_set_u32(w, "llama.block_count", layers);
-	gguf_set_u32(w, "llama.embedding_length", E);
-	gguf_set_u32(w, "llama.feed_forward_length", F);
-	gguf_set_u32(w, "llama.attention.head_count", 4);
-	gguf_set_u32(w, "llama.attention.head_count_kv", 2);
-	gguf_set_u32(w, "llama.context_length", 256);
-	gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+	hyb_gguf_set_str(w, "general.architecture", "llama");
+	hyb_gguf_set_u32(w, "llama.block_count", layers);
+	hyb_gguf_set_u32(w, "llama.embedding_length", E);
+	hyb_gguf_set_u32(w, "llama.feed_forward_length", F);
+	hyb_gguf_set_u32(w, "llama.attention.head_count", 4);
+	hyb_gguf_set_u32(w, "llama.attention.head_count_kv", 2);
+	hyb_gguf_set_u32(w, "llama.context_length", 256);
+	hyb_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
 #define T(nm, type, ne0, ne1)                                                          \
 	do {                                                                           \
 		uint64_t ne_[2] = { ne0, ne1 };                                        \
@@ -75,7 +75,7 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 			CHECK(!hyb_quantize_row_ref(type, row_, d_ + r_ * rb_, ne0));  \
 		}                                                                      \
 		bufs[nb++] = d_;                                                       \
-		CHECK(!gguf_writer_add_tensor(w, nm, type, ne1 > 1 ? 2 : 1, ne_, d_)); \
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, type, ne1 > 1 ? 2 : 1, ne_, d_)); \
 	} while (0)
 	T("token_embd.weight", HYB_TYPE_Q8_0, E, V);
 	for (uint32_t l = 0; l < layers; l++) {
@@ -95,8 +95,8 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 	T("output.weight", HYB_TYPE_Q8_0, E, V);
 #undef T
 	snprintf(path, sizeof(path), "%s/%s", hyb_test_tmpdir(), name);
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
-	gguf_writer_free(w);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	hyb_gguf_writer_free(w);
 	while (nb)
 		free(bufs[--nb]);
 	return path;

@@ -18,18 +18,19 @@
 #include <string.h>
 #include <time.h>
 
-#include "attention.h"
+#include "forward/attention.h"
 #include "cpu_kernels.h"
-#include "device_internal.h"
-#include "sparse_layer.h"
-#include "dense.h"
+#include "device/device_internal.h"
+#include "sparse/sparse_layer.h"
+#include "hybrid/dense.h"
 #include "hyb/device.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
 #include "hyb/tensor_type.h"
-#include "ops.h"
-#include "sparse_op.h"
+#include "hyb/testing.h"
+#include "forward/ops.h"
+#include "sparse/sparse_op.h"
 #include "test.h"
 
 #define EPS 20e-6 /* clock reads around the marks */
@@ -1869,7 +1870,7 @@ TEST(dev_hybrid_kquant_dense_bit_identical)
 	for (int side = 0; side < 3; side++) {
 		struct hyb_ctx_params p = {
 			.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
-			.hybrid = side ? &hy : NULL, .ffn_oracle = true,
+			.hybrid = side ? &hy : NULL, .testing = HYB_TESTING_FFN_ORACLE,
 		};
 		struct hyb_ctx *c;
 

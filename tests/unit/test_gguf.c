@@ -47,19 +47,19 @@ static uint8_t *slurp(const char *path, size_t *n)
 	return p;
 }
 
-static void write_ok(struct gguf_writer *w, const char *path)
+static void write_ok(struct hyb_gguf_writer *w, const char *path)
 {
 	char err[256];
 
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "write failed: %s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "write failed: %s", err);
 }
 
-static struct gguf_file *open_ok(const char *path)
+static struct hyb_gguf_file *open_ok(const char *path)
 {
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	char err[256];
 
-	CHECK_MSG(!gguf_open(path, &f, err, sizeof(err)), "open failed: %s", err);
+	CHECK_MSG(!hyb_gguf_open(path, &f, err, sizeof(err)), "open failed: %s", err);
 	return f;
 }
 
@@ -101,7 +101,7 @@ static void bb_str(struct bb *b, const char *s)
 static void bb_hdr(struct bb *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv)
 {
 	b->n = 0;
-	bb_u32(b, GGUF_MAGIC);
+	bb_u32(b, HYB_GGUF_MAGIC);
 	bb_u32(b, version);
 	bb_u64(b, n_tensors);
 	bb_u64(b, n_kv);
@@ -110,7 +110,7 @@ static void bb_hdr(struct bb *b, uint32_t version, uint64_t n_tensors, uint64_t 
 static void bb_kv_u32(struct bb *b, const char *key, uint32_t v)
 {
 	bb_str(b, key);
-	bb_u32(b, GGUF_VT_UINT32);
+	bb_u32(b, HYB_GGUF_VT_UINT32);
 	bb_u32(b, v);
 }
 
@@ -145,12 +145,12 @@ static void bb_data(struct bb *b, size_t align, size_t n)
 
 static void refused(const struct bb *b, const char *word, int line)
 {
-	struct gguf_file *f = NULL;
+	struct hyb_gguf_file *f = NULL;
 	char err[256] = "";
 	uint8_t *copy = malloc(b->n ? b->n : 1); /* exact size, for ASan/valgrind */
 
 	memcpy(copy, b->p, b->n);
-	if (!gguf_parse(copy, b->n, &f, err, sizeof(err)))
+	if (!hyb_gguf_parse(copy, b->n, &f, err, sizeof(err)))
 		hyb_test_fail(__FILE__, line, "malformed file accepted (expected '%s')", word);
 	if (!strstr(err, word))
 		hyb_test_fail(__FILE__, line, "message '%s' lacks '%s'", err, word);
@@ -160,172 +160,172 @@ static void refused(const struct bb *b, const char *word, int line)
 
 static void accepted(const struct bb *b)
 {
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	char err[256];
 
-	CHECK_MSG(!gguf_parse(b->p, b->n, &f, err, sizeof(err)), "refused: %s", err);
-	gguf_close(f);
+	CHECK_MSG(!hyb_gguf_parse(b->p, b->n, &f, err, sizeof(err)), "refused: %s", err);
+	hyb_gguf_close(f);
 }
 
 /* ---- round trips --------------------------------------------------------- */
 
 TEST(gguf_roundtrip_scalars)
 {
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *path = tmp_path("s.gguf");
-	const struct gguf_kv *kv;
-	struct gguf_file *f;
+	const struct hyb_gguf_kv *kv;
+	struct hyb_gguf_file *f;
 	char s[64];
 	uint32_t u;
 	int64_t i;
 	float x;
 	bool b;
 
-	gguf_set_u8(w, "u8", 250);
-	gguf_set_i8(w, "i8", -128);
-	gguf_set_u16(w, "u16", 65535);
-	gguf_set_i16(w, "i16", -32768);
-	gguf_set_u32(w, "u32", 4294967295u);
-	gguf_set_i32(w, "i32", -2147483647 - 1);
-	gguf_set_u64(w, "u64", UINT64_MAX);
-	gguf_set_i64(w, "i64", INT64_MIN);
-	gguf_set_f32(w, "f32", 1e-5f);
-	gguf_set_f64(w, "f64", 3.141592653589793);
-	gguf_set_bool(w, "bool", true);
-	gguf_set_bool(w, "false", false);
-	gguf_set_str(w, "str", "h\xc3\xa9llo \t world");
-	gguf_set_str(w, "empty", "");
-	gguf_set_i32(w, "neg", -1);
-	gguf_set_u64(w, "small64", 7);
+	hyb_gguf_set_u8(w, "u8", 250);
+	hyb_gguf_set_i8(w, "i8", -128);
+	hyb_gguf_set_u16(w, "u16", 65535);
+	hyb_gguf_set_i16(w, "i16", -32768);
+	hyb_gguf_set_u32(w, "u32", 4294967295u);
+	hyb_gguf_set_i32(w, "i32", -2147483647 - 1);
+	hyb_gguf_set_u64(w, "u64", UINT64_MAX);
+	hyb_gguf_set_i64(w, "i64", INT64_MIN);
+	hyb_gguf_set_f32(w, "f32", 1e-5f);
+	hyb_gguf_set_f64(w, "f64", 3.141592653589793);
+	hyb_gguf_set_bool(w, "bool", true);
+	hyb_gguf_set_bool(w, "false", false);
+	hyb_gguf_set_str(w, "str", "h\xc3\xa9llo \t world");
+	hyb_gguf_set_str(w, "empty", "");
+	hyb_gguf_set_i32(w, "neg", -1);
+	hyb_gguf_set_u64(w, "small64", 7);
 	write_ok(w, path);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 
 	f = open_ok(path);
 	CHECK_EQ_INT(f->version, 3);
 	CHECK_EQ_INT(f->n_kv, 16);
 	CHECK_EQ_INT(f->n_tensors, 0);
-	CHECK(gguf_str_eq(f->kv[0].key, "u8") && gguf_str_eq(f->kv[15].key, "small64"));
-	kv = gguf_find(f, "u8");
-	CHECK(kv && kv->type == GGUF_VT_UINT8 && kv->v.u64 == 250);
-	CHECK(gguf_find(f, "i8")->v.i64 == -128 && gguf_find(f, "i8")->type == GGUF_VT_INT8);
-	CHECK(gguf_find(f, "u16")->v.u64 == 65535);
-	CHECK(gguf_find(f, "i16")->v.i64 == -32768);
-	CHECK(gguf_find(f, "u32")->v.u64 == 4294967295u);
-	CHECK(gguf_find(f, "i32")->v.i64 == INT32_MIN);
-	CHECK(gguf_find(f, "u64")->v.u64 == UINT64_MAX);
-	CHECK(gguf_find(f, "i64")->v.i64 == INT64_MIN);
-	CHECK(gguf_find(f, "f32")->v.f64 == (double)1e-5f);
-	CHECK(gguf_find(f, "f64")->v.f64 == 3.141592653589793);
-	CHECK(gguf_find(f, "bool")->v.b && !gguf_find(f, "false")->v.b);
-	CHECK(gguf_str_eq(gguf_find(f, "str")->v.str, "h\xc3\xa9llo \t world"));
-	CHECK(gguf_find(f, "empty")->v.str.len == 0);
-	CHECK(!gguf_find(f, "nope") && !gguf_find(f, "u") && !gguf_find(f, "u88"));
+	CHECK(hyb_gguf_str_eq(f->kv[0].key, "u8") && hyb_gguf_str_eq(f->kv[15].key, "small64"));
+	kv = hyb_gguf_find(f, "u8");
+	CHECK(kv && kv->type == HYB_GGUF_VT_UINT8 && kv->v.u64 == 250);
+	CHECK(hyb_gguf_find(f, "i8")->v.i64 == -128 && hyb_gguf_find(f, "i8")->type == HYB_GGUF_VT_INT8);
+	CHECK(hyb_gguf_find(f, "u16")->v.u64 == 65535);
+	CHECK(hyb_gguf_find(f, "i16")->v.i64 == -32768);
+	CHECK(hyb_gguf_find(f, "u32")->v.u64 == 4294967295u);
+	CHECK(hyb_gguf_find(f, "i32")->v.i64 == INT32_MIN);
+	CHECK(hyb_gguf_find(f, "u64")->v.u64 == UINT64_MAX);
+	CHECK(hyb_gguf_find(f, "i64")->v.i64 == INT64_MIN);
+	CHECK(hyb_gguf_find(f, "f32")->v.f64 == (double)1e-5f);
+	CHECK(hyb_gguf_find(f, "f64")->v.f64 == 3.141592653589793);
+	CHECK(hyb_gguf_find(f, "bool")->v.b && !hyb_gguf_find(f, "false")->v.b);
+	CHECK(hyb_gguf_str_eq(hyb_gguf_find(f, "str")->v.str, "h\xc3\xa9llo \t world"));
+	CHECK(hyb_gguf_find(f, "empty")->v.str.len == 0);
+	CHECK(!hyb_gguf_find(f, "nope") && !hyb_gguf_find(f, "u") && !hyb_gguf_find(f, "u88"));
 
 	/* getters: widening and range checks */
-	CHECK(gguf_get_u32(f, "u8", &u) && u == 250);
-	CHECK(gguf_get_u32(f, "u32", &u) && u == 4294967295u);
-	CHECK(gguf_get_u32(f, "small64", &u) && u == 7);
-	CHECK(!gguf_get_u32(f, "u64", &u));
-	CHECK(!gguf_get_u32(f, "neg", &u));
-	CHECK(!gguf_get_u32(f, "f32", &u));
-	CHECK(!gguf_get_u32(f, "nope", &u));
-	CHECK(gguf_get_i64(f, "i8", &i) && i == -128);
-	CHECK(gguf_get_i64(f, "i64", &i) && i == INT64_MIN);
-	CHECK(gguf_get_i64(f, "u32", &i) && i == 4294967295ll);
-	CHECK(!gguf_get_i64(f, "u64", &i));
-	CHECK(!gguf_get_i64(f, "str", &i));
-	CHECK(gguf_get_f32(f, "f32", &x) && x == 1e-5f);
-	CHECK(gguf_get_f32(f, "f64", &x) && x == (float)3.141592653589793);
-	CHECK(!gguf_get_f32(f, "u8", &x));
-	CHECK(gguf_get_bool(f, "bool", &b) && b);
-	CHECK(!gguf_get_bool(f, "u8", &b));
-	CHECK(gguf_get_str(f, "str", s, sizeof(s)) && !strcmp(s, "h\xc3\xa9llo \t world"));
-	CHECK(gguf_get_str(f, "empty", s, 1) && !s[0]);
-	CHECK(!gguf_get_str(f, "str", s, 14)); /* 14 bytes + NUL do not fit */
-	CHECK(gguf_get_str(f, "str", s, 15));
-	CHECK(!gguf_get_str(f, "u8", s, sizeof(s)));
-	CHECK(!gguf_get_arr(f, "u8", -1));
-	CHECK(!strcmp(gguf_vtype_name(GGUF_VT_FLOAT64), "FLOAT64"));
-	gguf_close(f);
+	CHECK(hyb_gguf_get_u32(f, "u8", &u) && u == 250);
+	CHECK(hyb_gguf_get_u32(f, "u32", &u) && u == 4294967295u);
+	CHECK(hyb_gguf_get_u32(f, "small64", &u) && u == 7);
+	CHECK(!hyb_gguf_get_u32(f, "u64", &u));
+	CHECK(!hyb_gguf_get_u32(f, "neg", &u));
+	CHECK(!hyb_gguf_get_u32(f, "f32", &u));
+	CHECK(!hyb_gguf_get_u32(f, "nope", &u));
+	CHECK(hyb_gguf_get_i64(f, "i8", &i) && i == -128);
+	CHECK(hyb_gguf_get_i64(f, "i64", &i) && i == INT64_MIN);
+	CHECK(hyb_gguf_get_i64(f, "u32", &i) && i == 4294967295ll);
+	CHECK(!hyb_gguf_get_i64(f, "u64", &i));
+	CHECK(!hyb_gguf_get_i64(f, "str", &i));
+	CHECK(hyb_gguf_get_f32(f, "f32", &x) && x == 1e-5f);
+	CHECK(hyb_gguf_get_f32(f, "f64", &x) && x == (float)3.141592653589793);
+	CHECK(!hyb_gguf_get_f32(f, "u8", &x));
+	CHECK(hyb_gguf_get_bool(f, "bool", &b) && b);
+	CHECK(!hyb_gguf_get_bool(f, "u8", &b));
+	CHECK(hyb_gguf_get_str(f, "str", s, sizeof(s)) && !strcmp(s, "h\xc3\xa9llo \t world"));
+	CHECK(hyb_gguf_get_str(f, "empty", s, 1) && !s[0]);
+	CHECK(!hyb_gguf_get_str(f, "str", s, 14)); /* 14 bytes + NUL do not fit */
+	CHECK(hyb_gguf_get_str(f, "str", s, 15));
+	CHECK(!hyb_gguf_get_str(f, "u8", s, sizeof(s)));
+	CHECK(!hyb_gguf_get_arr(f, "u8", -1));
+	CHECK(!strcmp(hyb_gguf_vtype_name(HYB_GGUF_VT_FLOAT64), "FLOAT64"));
+	hyb_gguf_close(f);
 }
 
 TEST(gguf_roundtrip_arrays)
 {
 	static const uint32_t types[] = {
-		GGUF_VT_UINT8,	GGUF_VT_INT8,  GGUF_VT_UINT16, GGUF_VT_INT16,
-		GGUF_VT_UINT32, GGUF_VT_INT32, GGUF_VT_FLOAT32, GGUF_VT_BOOL,
-		GGUF_VT_UINT64, GGUF_VT_INT64, GGUF_VT_FLOAT64,
+		HYB_GGUF_VT_UINT8,	HYB_GGUF_VT_INT8,  HYB_GGUF_VT_UINT16, HYB_GGUF_VT_INT16,
+		HYB_GGUF_VT_UINT32, HYB_GGUF_VT_INT32, HYB_GGUF_VT_FLOAT32, HYB_GGUF_VT_BOOL,
+		HYB_GGUF_VT_UINT64, HYB_GGUF_VT_INT64, HYB_GGUF_VT_FLOAT64,
 	};
 	static const uint8_t sizes[] = { 1, 1, 2, 2, 4, 4, 4, 1, 8, 8, 8 };
 	const char *strs[] = { "<unk>", "", "\xe2\x96\x81the", "a\0b", "last" };
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *path = tmp_path("a.gguf");
 	uint8_t data[11][40];
-	const struct gguf_kv *kv;
-	struct gguf_file *f;
+	const struct hyb_gguf_kv *kv;
+	struct hyb_gguf_file *f;
 	char key[32];
 
 	for (int t = 0; t < 11; t++) {
 		fill(data[t], sizeof(data[t]), (unsigned)t);
-		if (types[t] == GGUF_VT_BOOL)
+		if (types[t] == HYB_GGUF_VT_BOOL)
 			for (int j = 0; j < 40; j++)
 				data[t][j] &= 1;
-		snprintf(key, sizeof(key), "arr.%s", gguf_vtype_name(types[t]));
-		gguf_set_arr(w, key, types[t], data[t], 40 / sizes[t]);
-		snprintf(key, sizeof(key), "empty.%s", gguf_vtype_name(types[t]));
-		gguf_set_arr(w, key, types[t], NULL, 0);
+		snprintf(key, sizeof(key), "arr.%s", hyb_gguf_vtype_name(types[t]));
+		hyb_gguf_set_arr(w, key, types[t], data[t], 40 / sizes[t]);
+		snprintf(key, sizeof(key), "empty.%s", hyb_gguf_vtype_name(types[t]));
+		hyb_gguf_set_arr(w, key, types[t], NULL, 0);
 	}
-	gguf_set_arr_str(w, "arr.STRING", strs, 5);
-	gguf_set_arr_str(w, "empty.STRING", strs, 0);
+	hyb_gguf_set_arr_str(w, "arr.STRING", strs, 5);
+	hyb_gguf_set_arr_str(w, "empty.STRING", strs, 0);
 	write_ok(w, path);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 
 	f = open_ok(path);
 	CHECK_EQ_INT(f->n_kv, 24);
 	for (int t = 0; t < 11; t++) {
-		snprintf(key, sizeof(key), "arr.%s", gguf_vtype_name(types[t]));
-		kv = gguf_get_arr(f, key, (int)types[t]);
+		snprintf(key, sizeof(key), "arr.%s", hyb_gguf_vtype_name(types[t]));
+		kv = hyb_gguf_get_arr(f, key, (int)types[t]);
 		CHECK_MSG(kv, "%s", key);
 		CHECK_EQ_INT(kv->v.arr.n, 40 / sizes[t]);
 		CHECK(!memcmp(kv->v.arr.data, data[t], 40));
-		CHECK(!gguf_get_arr(f, key, (int)types[(t + 1) % 11]));
-		CHECK(gguf_get_arr(f, key, -1) == kv);
-		snprintf(key, sizeof(key), "empty.%s", gguf_vtype_name(types[t]));
-		kv = gguf_get_arr(f, key, (int)types[t]);
+		CHECK(!hyb_gguf_get_arr(f, key, (int)types[(t + 1) % 11]));
+		CHECK(hyb_gguf_get_arr(f, key, -1) == kv);
+		snprintf(key, sizeof(key), "empty.%s", hyb_gguf_vtype_name(types[t]));
+		kv = hyb_gguf_get_arr(f, key, (int)types[t]);
 		CHECK_MSG(kv && kv->v.arr.n == 0, "%s", key);
 	}
-	kv = gguf_get_arr(f, "arr.STRING", GGUF_VT_STRING);
+	kv = hyb_gguf_get_arr(f, "arr.STRING", HYB_GGUF_VT_STRING);
 	CHECK(kv && kv->v.arr.n == 5);
-	CHECK(gguf_str_eq(kv->v.arr.strs[0], "<unk>"));
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[0], "<unk>"));
 	CHECK(kv->v.arr.strs[1].len == 0);
-	CHECK(gguf_str_eq(kv->v.arr.strs[2], "\xe2\x96\x81the"));
-	CHECK(gguf_str_eq(kv->v.arr.strs[3], "a")); /* C strings end at the NUL */
-	CHECK(gguf_str_eq(kv->v.arr.strs[4], "last"));
-	kv = gguf_get_arr(f, "empty.STRING", GGUF_VT_STRING);
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[2], "\xe2\x96\x81the"));
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[3], "a")); /* C strings end at the NUL */
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[4], "last"));
+	kv = hyb_gguf_get_arr(f, "empty.STRING", HYB_GGUF_VT_STRING);
 	CHECK(kv && kv->v.arr.n == 0);
-	gguf_close(f);
+	hyb_gguf_close(f);
 }
 
 TEST(gguf_replace_keeps_order)
 {
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *path = tmp_path("r.gguf");
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 
-	gguf_set_u32(w, "a", 1);
-	gguf_set_str(w, "b", "x");
-	gguf_set_str(w, "a", "now a string");
-	gguf_set_u8(w, "c", 3);
-	gguf_set_u8(w, "b", 9);
+	hyb_gguf_set_u32(w, "a", 1);
+	hyb_gguf_set_str(w, "b", "x");
+	hyb_gguf_set_str(w, "a", "now a string");
+	hyb_gguf_set_u8(w, "c", 3);
+	hyb_gguf_set_u8(w, "b", 9);
 	write_ok(w, path);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 	f = open_ok(path);
 	CHECK_EQ_INT(f->n_kv, 3);
-	CHECK(gguf_str_eq(f->kv[0].key, "a") && gguf_str_eq(f->kv[0].v.str, "now a string"));
-	CHECK(gguf_str_eq(f->kv[1].key, "b") && f->kv[1].type == GGUF_VT_UINT8);
+	CHECK(hyb_gguf_str_eq(f->kv[0].key, "a") && hyb_gguf_str_eq(f->kv[0].v.str, "now a string"));
+	CHECK(hyb_gguf_str_eq(f->kv[1].key, "b") && f->kv[1].type == HYB_GGUF_VT_UINT8);
 	CHECK(f->kv[1].v.u64 == 9);
-	CHECK(gguf_str_eq(f->kv[2].key, "c"));
-	gguf_close(f);
+	CHECK(hyb_gguf_str_eq(f->kv[2].key, "c"));
+	hyb_gguf_close(f);
 }
 
 /* Tensors of several types and ranks; v2/v3; default and custom alignment. */
@@ -344,23 +344,23 @@ static void tensors_roundtrip(uint32_t version, uint32_t align)
 		{ "q6_k", HYB_TYPE_Q6_K, 4, { 256, 1, 1, 2 } },
 		{ "bf16", HYB_TYPE_BF16, 4, { 3, 1, 2, 1 } },
 	};
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *path = tmp_path("t.gguf");
 	static uint8_t data[7][2048];
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 
 	if (version)
-		gguf_writer_set_version(w, version);
+		hyb_gguf_writer_set_version(w, version);
 	if (align)
-		gguf_writer_set_alignment(w, align);
-	gguf_set_str(w, "general.architecture", "test");
+		hyb_gguf_writer_set_alignment(w, align);
+	hyb_gguf_set_str(w, "general.architecture", "test");
 	for (int i = 0; i < 7; i++) {
 		fill(data[i], sizeof(data[i]), (unsigned)i + 100);
-		CHECK(!gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne,
+		CHECK(!hyb_gguf_writer_add_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne,
 					      data[i]));
 	}
 	write_ok(w, path);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 
 	f = open_ok(path);
 	CHECK_EQ_INT(f->version, version ? version : 3);
@@ -368,7 +368,7 @@ static void tensors_roundtrip(uint32_t version, uint32_t align)
 	CHECK_EQ_INT(f->n_tensors, 7);
 	CHECK_EQ_INT(f->data_offset % f->alignment, 0);
 	for (int i = 0; i < 7; i++) {
-		const struct gguf_tensor *t = gguf_find_tensor(f, ts[i].name);
+		const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(f, ts[i].name);
 		uint64_t rows = 1;
 
 		CHECK_MSG(t == &f->tensors[i], "%s", ts[i].name);
@@ -384,8 +384,8 @@ static void tensors_roundtrip(uint32_t version, uint32_t align)
 		CHECK((const uint8_t *)t->data == f->base + f->data_offset + t->offset);
 		CHECK(!memcmp(t->data, data[i], t->nbytes));
 	}
-	CHECK(!gguf_find_tensor(f, "f3") && !gguf_find_tensor(f, "q4_00"));
-	gguf_close(f);
+	CHECK(!hyb_gguf_find_tensor(f, "f3") && !hyb_gguf_find_tensor(f, "q4_00"));
+	hyb_gguf_close(f);
 }
 
 TEST(gguf_roundtrip_tensors_v3)
@@ -411,7 +411,7 @@ TEST(gguf_stream_writer)
 	static uint8_t a[4096], b[300 * 4], c[34 * 8];
 	const uint64_t ne_a[2] = { 32, 32 }, ne_b[1] = { 300 }, ne_c[2] = { 64, 4 };
 	const char *p1 = tmp_path("whole.gguf"), *p2 = tmp_path("stream.gguf");
-	struct gguf_writer *w;
+	struct hyb_gguf_writer *w;
 	uint8_t *x, *y;
 	size_t nx, ny;
 	char err[256];
@@ -422,24 +422,24 @@ TEST(gguf_stream_writer)
 	for (int pass = 0; pass < 2; pass++) {
 		bool stream = pass == 1;
 
-		w = gguf_writer_new();
-		gguf_set_str(w, "general.name", "stream");
-		gguf_writer_set_alignment(w, 64);
-		CHECK(!gguf_writer_add_tensor(w, "a", HYB_TYPE_F32, 2, ne_a, stream ? NULL : a));
-		CHECK(!gguf_writer_add_tensor(w, "b", HYB_TYPE_F32, 1, ne_b, b)); /* given */
-		CHECK(!gguf_writer_add_tensor(w, "c", HYB_TYPE_Q8_0, 2, ne_c, stream ? NULL : c));
+		w = hyb_gguf_writer_new();
+		hyb_gguf_set_str(w, "general.name", "stream");
+		hyb_gguf_writer_set_alignment(w, 64);
+		CHECK(!hyb_gguf_writer_add_tensor(w, "a", HYB_TYPE_F32, 2, ne_a, stream ? NULL : a));
+		CHECK(!hyb_gguf_writer_add_tensor(w, "b", HYB_TYPE_F32, 1, ne_b, b)); /* given */
+		CHECK(!hyb_gguf_writer_add_tensor(w, "c", HYB_TYPE_Q8_0, 2, ne_c, stream ? NULL : c));
 		if (!stream) {
 			write_ok(w, p1);
 		} else {
-			CHECK_MSG(!gguf_writer_begin(w, p2, err, sizeof(err)), "%s", err);
+			CHECK_MSG(!hyb_gguf_writer_begin(w, p2, err, sizeof(err)), "%s", err);
 			/* a in uneven chunks, b written by itself, c in one go */
-			CHECK(!gguf_writer_put_data(w, a, 1000));
-			CHECK(!gguf_writer_put_data(w, a + 1000, 0));
-			CHECK(!gguf_writer_put_data(w, a + 1000, 3096));
-			CHECK(!gguf_writer_put_data(w, c, sizeof(c)));
-			CHECK_MSG(!gguf_writer_finish(w, err, sizeof(err)), "%s", err);
+			CHECK(!hyb_gguf_writer_put_data(w, a, 1000));
+			CHECK(!hyb_gguf_writer_put_data(w, a + 1000, 0));
+			CHECK(!hyb_gguf_writer_put_data(w, a + 1000, 3096));
+			CHECK(!hyb_gguf_writer_put_data(w, c, sizeof(c)));
+			CHECK_MSG(!hyb_gguf_writer_finish(w, err, sizeof(err)), "%s", err);
 		}
-		gguf_writer_free(w);
+		hyb_gguf_writer_free(w);
 	}
 	x = slurp(p1, &nx);
 	y = slurp(p2, &ny);
@@ -447,11 +447,11 @@ TEST(gguf_stream_writer)
 	CHECK(!memcmp(x, y, nx));
 	free(x);
 	free(y);
-	struct gguf_file *f = open_ok(p2);
-	CHECK(!memcmp(gguf_find_tensor(f, "a")->data, a, sizeof(a)));
-	CHECK(!memcmp(gguf_find_tensor(f, "b")->data, b, sizeof(b)));
-	CHECK(!memcmp(gguf_find_tensor(f, "c")->data, c, sizeof(c)));
-	gguf_close(f);
+	struct hyb_gguf_file *f = open_ok(p2);
+	CHECK(!memcmp(hyb_gguf_find_tensor(f, "a")->data, a, sizeof(a)));
+	CHECK(!memcmp(hyb_gguf_find_tensor(f, "b")->data, b, sizeof(b)));
+	CHECK(!memcmp(hyb_gguf_find_tensor(f, "c")->data, c, sizeof(c)));
+	hyb_gguf_close(f);
 }
 
 TEST(gguf_writer_errors)
@@ -459,76 +459,76 @@ TEST(gguf_writer_errors)
 	static uint8_t a[256];
 	const uint64_t ne[2] = { 8, 8 }, ne33[1] = { 33 }, ne0[2] = { 8, 0 };
 	const char *path = tmp_path("e.gguf");
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	char err[256];
 
 	/* bad declarations */
-	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
-	CHECK(gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a) < 0);   /* duplicate */
-	CHECK(gguf_writer_add_tensor(w, "u", 3333, 2, ne, a) < 0);           /* type */
-	CHECK(gguf_writer_add_tensor(w, "u", 31, 2, ne, a) < 0);             /* removed type */
-	CHECK(gguf_writer_add_tensor(w, "u", HYB_TYPE_Q4_0, 1, ne33, a) < 0); /* block */
-	CHECK(gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 0, ne, a) < 0);
-	CHECK(gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 5, ne, a) < 0);
-	CHECK(gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 2, ne0, a) < 0);
-	CHECK(gguf_writer_add_tensor(w, "a-name-of-64-bytes-is-too-long-for-llama.cpp-"
+	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
+	CHECK(hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a) < 0);   /* duplicate */
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", 3333, 2, ne, a) < 0);           /* type */
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", 31, 2, ne, a) < 0);             /* removed type */
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_Q4_0, 1, ne33, a) < 0); /* block */
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 0, ne, a) < 0);
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 5, ne, a) < 0);
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 2, ne0, a) < 0);
+	CHECK(hyb_gguf_writer_add_tensor(w, "a-name-of-64-bytes-is-too-long-for-llama.cpp-"
 				     "...................", HYB_TYPE_F32, 2, ne, a) < 0);
-	CHECK(!gguf_writer_add_tensor(w, "s", HYB_TYPE_F32, 2, ne, NULL));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "s", HYB_TYPE_F32, 2, ne, NULL));
 
 	/* a tensor without data cannot be written whole */
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "'s'") && strstr(err, "no data"), "%s", err);
 	CHECK(access(path, F_OK) < 0);
 
 	/* streaming: too much data, then missing data: the partial file goes */
-	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
 	CHECK(access(path, F_OK) < 0); /* written under a temporary name */
-	CHECK(gguf_writer_put_data(w, a, 257) < 0);
-	CHECK(gguf_writer_finish(w, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_writer_put_data(w, a, 257) < 0);
+	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "257 bytes") && strstr(err, "'s'"), "%s", err);
 	CHECK(access(path, F_OK) < 0);
-	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
-	CHECK(gguf_writer_finish(w, err, sizeof(err)) < 0);
+	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "missing"), "%s", err);
 	CHECK(access(path, F_OK) < 0);
-	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
-	CHECK(!gguf_writer_put_data(w, a, 256));
-	CHECK(gguf_writer_put_data(w, a, 1) < 0); /* past the last tensor */
-	CHECK(gguf_writer_finish(w, err, sizeof(err)) < 0);
+	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_put_data(w, a, 256));
+	CHECK(hyb_gguf_writer_put_data(w, a, 1) < 0); /* past the last tensor */
+	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
 	CHECK(access(path, F_OK) < 0);
 	/* abandoning a stream removes its file too */
-	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
-	gguf_writer_free(w);
+	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	hyb_gguf_writer_free(w);
 	CHECK(access(path, F_OK) < 0);
 
 	/* cannot create */
-	w = gguf_writer_new();
-	CHECK(gguf_writer_write_file(w, "/nonexistent-dir/x.gguf", err, sizeof(err)) < 0);
+	w = hyb_gguf_writer_new();
+	CHECK(hyb_gguf_writer_write_file(w, "/nonexistent-dir/x.gguf", err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "/nonexistent-dir/x.gguf") && strstr(err, "No such file"), "%s",
 		  err);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 
 	/* setter errors surface at write time */
-	w = gguf_writer_new();
-	gguf_writer_set_alignment(w, 48);
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_writer_set_alignment(w, 48);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "power of two"), "%s", err);
-	gguf_writer_free(w);
-	w = gguf_writer_new();
-	gguf_set_arr(w, "nested", GGUF_VT_ARRAY, a, 1);
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	hyb_gguf_writer_free(w);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_set_arr(w, "nested", HYB_GGUF_VT_ARRAY, a, 1);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "nested"), "%s", err);
-	gguf_writer_free(w);
-	w = gguf_writer_new();
-	gguf_set_str(w, "general.alignment", "32");
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	hyb_gguf_writer_free(w);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_set_str(w, "general.alignment", "32");
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "alignment"), "%s", err);
-	gguf_writer_free(w);
-	w = gguf_writer_new();
-	gguf_writer_set_version(w, 1);
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	hyb_gguf_writer_free(w);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_writer_set_version(w, 1);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "version"), "%s", err);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 	CHECK(access(path, F_OK) < 0);
 }
 
@@ -539,16 +539,16 @@ TEST(gguf_writer_write_error)
 	const uint64_t ne[2] = { 1024, 256 };
 	const char *path = tmp_path("big.gguf");
 	struct rlimit rl = { 64 << 10, 64 << 10 };
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	char err[256];
 
 	signal(SIGXFSZ, SIG_IGN);
 	CHECK(!setrlimit(RLIMIT_FSIZE, &rl));
-	CHECK(!gguf_writer_add_tensor(w, "big", HYB_TYPE_F32, 2, ne, big));
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	CHECK(!hyb_gguf_writer_add_tensor(w, "big", HYB_TYPE_F32, 2, ne, big));
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, path) && strstr(err, strerror(EFBIG)), "%s", err);
 	CHECK(access(path, F_OK) < 0);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 }
 
 /* Files in dir whose name starts with prefix (the writer's leftovers). */
@@ -577,38 +577,38 @@ TEST(gguf_writer_replaces_atomically)
 	const uint64_t ne[2] = { 8, 8 }, neb[2] = { 1024, 256 };
 	const char *path = tmp_path("keep.gguf");
 	struct rlimit rl, rl0;
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	uint8_t *old, *now;
 	size_t n_old, n_now;
 	char err[256];
 
 	memset(a, 7, sizeof(a));
-	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
-	gguf_writer_free(w);
+	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	hyb_gguf_writer_free(w);
 	old = slurp(path, &n_old);
 
 	/* streamed, stopped short: the old file stays */
-	w = gguf_writer_new();
-	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, NULL));
-	gguf_set_u32(w, "x", 1);
-	CHECK(!gguf_writer_begin(w, path, err, sizeof(err)));
-	CHECK(!gguf_writer_put_data(w, a, 100));
-	CHECK(gguf_writer_finish(w, err, sizeof(err)) < 0);
+	w = hyb_gguf_writer_new();
+	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, NULL));
+	hyb_gguf_set_u32(w, "x", 1);
+	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_put_data(w, a, 100));
+	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
 	now = slurp(path, &n_now);
 	CHECK(n_now == n_old && !memcmp(now, old, n_old));
 	free(now);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 
 	/* the disk fills up: the old file stays */
-	w = gguf_writer_new();
-	CHECK(!gguf_writer_add_tensor(w, "big", HYB_TYPE_F32, 2, neb, big));
+	w = hyb_gguf_writer_new();
+	CHECK(!hyb_gguf_writer_add_tensor(w, "big", HYB_TYPE_F32, 2, neb, big));
 	signal(SIGXFSZ, SIG_IGN);
 	CHECK(!getrlimit(RLIMIT_FSIZE, &rl0));
 	rl = rl0;
 	rl.rlim_cur = 64 << 10; /* the soft limit only: it can be raised again */
 	CHECK(!setrlimit(RLIMIT_FSIZE, &rl));
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, path) && strstr(err, strerror(EFBIG)), "%s", err);
 	CHECK(!setrlimit(RLIMIT_FSIZE, &rl0));
 	now = slurp(path, &n_now);
@@ -616,18 +616,18 @@ TEST(gguf_writer_replaces_atomically)
 	free(now);
 
 	/* room again: replaced */
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
 	now = slurp(path, &n_now);
 	CHECK(n_now > sizeof(big) && !memcmp(now + n_now - sizeof(big), big, sizeof(big)));
 	free(now);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 	CHECK_EQ_INT(count_prefixed(hyb_test_tmpdir(), "keep.gguf.tmp-"), 0);
 
 	/* not a regular file: in place */
-	w = gguf_writer_new();
-	CHECK(!gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
-	CHECK_MSG(!gguf_writer_write_file(w, "/dev/null", err, sizeof(err)), "%s", err);
-	gguf_writer_free(w);
+	w = hyb_gguf_writer_new();
+	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, "/dev/null", err, sizeof(err)), "%s", err);
+	hyb_gguf_writer_free(w);
 	free(old);
 }
 
@@ -644,9 +644,9 @@ static double now_s(void)
 TEST(gguf_tiny_model)
 {
 	const char *path = hyb_test_shared("models/llama-2-tiny-random.gguf");
-	const struct gguf_tensor *t;
-	const struct gguf_kv *kv;
-	struct gguf_file *f, *g;
+	const struct hyb_gguf_tensor *t;
+	const struct hyb_gguf_kv *kv;
+	struct hyb_gguf_file *f, *g;
 	double best = 1e9;
 	char s[64];
 	uint32_t u;
@@ -660,72 +660,72 @@ TEST(gguf_tiny_model)
 	CHECK_EQ_INT(f->n_tensors, 12);
 	CHECK_EQ_INT(f->alignment, 32);
 	CHECK_EQ_INT(f->data_offset, 724416);
-	CHECK(gguf_get_str(f, "general.architecture", s, sizeof(s)) && !strcmp(s, "llama"));
-	CHECK(gguf_get_str(f, "general.name", s, sizeof(s)) && !strcmp(s, "LLaMA v2"));
-	CHECK(gguf_get_str(f, "tokenizer.ggml.model", s, sizeof(s)) && !strcmp(s, "llama"));
-	CHECK(gguf_get_u32(f, "llama.context_length", &u) && u == 4096);
-	CHECK(gguf_get_u32(f, "llama.embedding_length", &u) && u == 8);
-	CHECK(gguf_get_u32(f, "llama.feed_forward_length", &u) && u == 32);
-	CHECK(gguf_get_u32(f, "llama.attention.head_count", &u) && u == 2);
-	CHECK(gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &u) && u == 1);
-	CHECK(gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &eps));
+	CHECK(hyb_gguf_get_str(f, "general.architecture", s, sizeof(s)) && !strcmp(s, "llama"));
+	CHECK(hyb_gguf_get_str(f, "general.name", s, sizeof(s)) && !strcmp(s, "LLaMA v2"));
+	CHECK(hyb_gguf_get_str(f, "tokenizer.ggml.model", s, sizeof(s)) && !strcmp(s, "llama"));
+	CHECK(hyb_gguf_get_u32(f, "llama.context_length", &u) && u == 4096);
+	CHECK(hyb_gguf_get_u32(f, "llama.embedding_length", &u) && u == 8);
+	CHECK(hyb_gguf_get_u32(f, "llama.feed_forward_length", &u) && u == 32);
+	CHECK(hyb_gguf_get_u32(f, "llama.attention.head_count", &u) && u == 2);
+	CHECK(hyb_gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &u) && u == 1);
+	CHECK(hyb_gguf_get_f32(f, "llama.attention.layer_norm_rms_epsilon", &eps));
 	CHECK_NEAR(eps, 1e-5, 1e-9);
-	kv = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING);
+	kv = hyb_gguf_get_arr(f, "tokenizer.ggml.tokens", HYB_GGUF_VT_STRING);
 	CHECK(kv && kv->v.arr.n == 32000);
-	CHECK(gguf_str_eq(kv->v.arr.strs[0], "<unk>"));
-	CHECK(gguf_str_eq(kv->v.arr.strs[1], "<s>"));
-	CHECK(gguf_str_eq(kv->v.arr.strs[1000], "ied"));
-	CHECK(gguf_str_eq(kv->v.arr.strs[31999], "\xe7\xbb\x99"));
-	kv = gguf_get_arr(f, "tokenizer.ggml.scores", GGUF_VT_FLOAT32);
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[0], "<unk>"));
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[1], "<s>"));
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[1000], "ied"));
+	CHECK(hyb_gguf_str_eq(kv->v.arr.strs[31999], "\xe7\xbb\x99"));
+	kv = hyb_gguf_get_arr(f, "tokenizer.ggml.scores", HYB_GGUF_VT_FLOAT32);
 	CHECK(kv && kv->v.arr.n == 32000);
 	float score;
 	memcpy(&score, (const float *)kv->v.arr.data + 1000, 4);
 	CHECK(score == -741.0f);
-	CHECK(gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_VT_INT32)->v.arr.n == 32000);
+	CHECK(hyb_gguf_get_arr(f, "tokenizer.ggml.token_type", HYB_GGUF_VT_INT32)->v.arr.n == 32000);
 
-	t = gguf_find_tensor(f, "token_embd.weight");
+	t = hyb_gguf_find_tensor(f, "token_embd.weight");
 	CHECK(t && t->type == HYB_TYPE_F16 && t->n_dims == 2);
 	CHECK(t->ne[0] == 8 && t->ne[1] == 32000 && t->ne[2] == 1 && t->ne[3] == 1);
 	CHECK_EQ_INT(t->nbytes, 512000);
 	CHECK_EQ_INT(f->data_offset + t->offset, 724416);
-	t = gguf_find_tensor(f, "blk.0.ffn_down.weight");
+	t = hyb_gguf_find_tensor(f, "blk.0.ffn_down.weight");
 	CHECK(t && t->ne[0] == 32 && t->ne[1] == 8 && t->nbytes == 512);
 	CHECK_EQ_INT(f->data_offset + t->offset, 1237952);
-	t = gguf_find_tensor(f, "output_norm.weight");
+	t = hyb_gguf_find_tensor(f, "output_norm.weight");
 	CHECK(t && t->type == HYB_TYPE_F32 && t->n_dims == 1 && t->ne[0] == 8);
-	t = gguf_find_tensor(f, "output.weight");
+	t = hyb_gguf_find_tensor(f, "output.weight");
 	CHECK(t && (const uint8_t *)t->data + t->nbytes == f->base + f->size); /* ends the file */
 
 	/* parsing the 32000-entry vocabulary must be cheap: best of 20 */
 	for (int i = 0; i < 20; i++) {
 		double t0 = now_s();
 
-		CHECK(!gguf_parse(f->base, f->size, &g, NULL, 0));
-		gguf_close(g);
+		CHECK(!hyb_gguf_parse(f->base, f->size, &g, NULL, 0));
+		hyb_gguf_close(g);
 		if (now_s() - t0 < best)
 			best = now_s() - t0;
 	}
 	fprintf(stderr, "    tiny model parse: %.3f ms\n", best * 1e3);
 	CHECK_MSG(best < 10e-3, "parse took %.3f ms", best * 1e3);
-	gguf_close(f);
+	hyb_gguf_close(f);
 }
 
 /* Truncating the real model's header anywhere must fail cleanly. */
 TEST(gguf_tiny_model_truncated)
 {
 	const char *path = hyb_test_shared("models/llama-2-tiny-random.gguf");
-	struct gguf_file *f, *g;
+	struct hyb_gguf_file *f, *g;
 	char err[256];
 
 	if (access(path, R_OK))
 		SKIP("%s not found", path);
 	f = open_ok(path);
 	for (uint64_t n = 0; n < f->size; n += n < 4096 ? 1 : 4093) {
-		CHECK_MSG(gguf_parse(f->base, n, &g, err, sizeof(err)) < 0, "accepted at %llu",
+		CHECK_MSG(hyb_gguf_parse(f->base, n, &g, err, sizeof(err)) < 0, "accepted at %llu",
 			  (unsigned long long)n);
 		CHECK_MSG(strstr(err, "truncated"), "at %llu: %s", (unsigned long long)n, err);
 	}
-	gguf_close(f);
+	hyb_gguf_close(f);
 }
 
 /* ---- malformed files ------------------------------------------------------ */
@@ -737,28 +737,28 @@ TEST(gguf_truncated_everywhere)
 	const char *toks[] = { "a", "bb", "", "dddd" };
 	const uint64_t ne1[2] = { 8, 8 }, ne2[2] = { 32, 2 };
 	const char *path = tmp_path("small.gguf");
-	struct gguf_writer *w = gguf_writer_new();
-	struct gguf_file *f;
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
+	struct hyb_gguf_file *f;
 	uint64_t need;
 	uint8_t *img;
 	size_t n;
 	char err[256];
 	int32_t ia[3] = { 1, 2, 3 };
 
-	gguf_set_str(w, "general.architecture", "llama");
-	gguf_set_u32(w, "u32", 5);
-	gguf_set_f32(w, "f32", 0.5f);
-	gguf_set_bool(w, "b", true);
-	gguf_set_arr(w, "ia", GGUF_VT_INT32, ia, 3);
-	gguf_set_arr_str(w, "toks", toks, 4);
-	CHECK(!gguf_writer_add_tensor(w, "t1", HYB_TYPE_F32, 2, ne1, d1));
-	CHECK(!gguf_writer_add_tensor(w, "t2", HYB_TYPE_Q8_0, 2, ne2, d2));
+	hyb_gguf_set_str(w, "general.architecture", "llama");
+	hyb_gguf_set_u32(w, "u32", 5);
+	hyb_gguf_set_f32(w, "f32", 0.5f);
+	hyb_gguf_set_bool(w, "b", true);
+	hyb_gguf_set_arr(w, "ia", HYB_GGUF_VT_INT32, ia, 3);
+	hyb_gguf_set_arr_str(w, "toks", toks, 4);
+	CHECK(!hyb_gguf_writer_add_tensor(w, "t1", HYB_TYPE_F32, 2, ne1, d1));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "t2", HYB_TYPE_Q8_0, 2, ne2, d2));
 	write_ok(w, path);
-	gguf_writer_free(w);
+	hyb_gguf_writer_free(w);
 	img = slurp(path, &n);
-	CHECK(!gguf_parse(img, n, &f, err, sizeof(err)));
+	CHECK(!hyb_gguf_parse(img, n, &f, err, sizeof(err)));
 	need = f->data_offset + f->tensors[1].offset + f->tensors[1].nbytes;
-	gguf_close(f);
+	hyb_gguf_close(f);
 	CHECK(need < n); /* the writer pads the end, and the padding is optional */
 	for (size_t len = 0; len <= n; len++) {
 		uint8_t *copy = malloc(len ? len : 1);
@@ -766,10 +766,10 @@ TEST(gguf_truncated_everywhere)
 
 		memcpy(copy, img, len);
 		err[0] = 0;
-		rc = gguf_parse(copy, len, &f, err, sizeof(err));
+		rc = hyb_gguf_parse(copy, len, &f, err, sizeof(err));
 		if (len >= need) {
 			CHECK_MSG(rc == 0, "refused at %zu: %s", len, err);
-			gguf_close(f);
+			hyb_gguf_close(f);
 		} else {
 			CHECK_MSG(rc < 0 && f == NULL, "accepted at %zu", len);
 			CHECK_MSG(strstr(err, "truncated"), "at %zu: %s", len, err);
@@ -827,28 +827,28 @@ TEST(gguf_bad_metadata)
 	REFUSED(&b, "length 18446744073709551615 exceeds");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_STRING);
+	bb_u32(&b, HYB_GGUF_VT_STRING);
 	bb_u64(&b, 1ull << 62);
 	bb_raw(&b, "value", 5);
 	REFUSED(&b, "exceeds");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_ARRAY);
-	bb_u32(&b, GGUF_VT_UINT32);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_UINT32);
 	bb_u64(&b, UINT64_MAX / 2); /* times 4 wraps around */
 	bb_u64(&b, 0);
 	REFUSED(&b, "array of 9223372036854775807 UINT32 exceeds");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_ARRAY);
-	bb_u32(&b, GGUF_VT_STRING);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_STRING);
 	bb_u64(&b, 1ull << 61);
 	bb_u64(&b, 0);
 	REFUSED(&b, "strings exceeds");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_ARRAY);
-	bb_u32(&b, GGUF_VT_STRING);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_STRING);
 	bb_u64(&b, 2);
 	bb_str(&b, "one");
 	bb_u64(&b, 1000);
@@ -858,10 +858,10 @@ TEST(gguf_bad_metadata)
 	/* types */
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_ARRAY);
-	bb_u32(&b, GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
 	bb_u64(&b, 1);
-	bb_u32(&b, GGUF_VT_UINT8);
+	bb_u32(&b, HYB_GGUF_VT_UINT8);
 	bb_u64(&b, 1);
 	bb_raw(&b, "\x01", 1);
 	REFUSED(&b, "nested");
@@ -872,19 +872,19 @@ TEST(gguf_bad_metadata)
 	REFUSED(&b, "unknown value type 13");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
 	bb_u32(&b, 99);
 	bb_u64(&b, 0);
 	REFUSED(&b, "unknown array element type 99");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_BOOL);
+	bb_u32(&b, HYB_GGUF_VT_BOOL);
 	bb_raw(&b, "\x02", 1);
 	REFUSED(&b, "bool");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "k");
-	bb_u32(&b, GGUF_VT_ARRAY);
-	bb_u32(&b, GGUF_VT_BOOL);
+	bb_u32(&b, HYB_GGUF_VT_ARRAY);
+	bb_u32(&b, HYB_GGUF_VT_BOOL);
 	bb_u64(&b, 3);
 	bb_raw(&b, "\x01\x00\x07", 3);
 	REFUSED(&b, "bool");
@@ -911,7 +911,7 @@ TEST(gguf_bad_metadata)
 	REFUSED(&b, "power of two");
 	bb_hdr(&b, 3, 0, 1);
 	bb_str(&b, "general.alignment");
-	bb_u32(&b, GGUF_VT_UINT64);
+	bb_u32(&b, HYB_GGUF_VT_UINT64);
 	bb_u64(&b, 32);
 	REFUSED(&b, "must be UINT32");
 	bb_hdr(&b, 3, 0, 1);
@@ -1032,23 +1032,23 @@ TEST(gguf_bad_layout)
 TEST(gguf_open_errors)
 {
 	const char *empty = tmp_path("empty.gguf"), *junk = tmp_path("junk.gguf");
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	char err[512];
 	FILE *fp;
 
-	CHECK(gguf_open(tmp_path("missing.gguf"), &f, err, sizeof(err)) < 0 && !f);
+	CHECK(hyb_gguf_open(tmp_path("missing.gguf"), &f, err, sizeof(err)) < 0 && !f);
 	CHECK_MSG(strstr(err, "cannot open") && strstr(err, "missing.gguf: No such file"), "%s",
 		  err);
 	fp = fopen(empty, "wb");
 	fclose(fp);
-	CHECK(gguf_open(empty, &f, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_open(empty, &f, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "empty.gguf: empty file"), "%s", err);
-	CHECK(gguf_open(hyb_test_tmpdir(), &f, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_open(hyb_test_tmpdir(), &f, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "directory"), "%s", err);
 	fp = fopen(junk, "wb");
 	fputs("GGML this is not a gguf file", fp);
 	fclose(fp);
-	CHECK(gguf_open(junk, &f, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_open(junk, &f, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "junk.gguf: bad magic"), "%s", err);
-	CHECK(gguf_open(junk, &f, NULL, 0) < 0); /* no message buffer is fine */
+	CHECK(hyb_gguf_open(junk, &f, NULL, 0) < 0); /* no message buffer is fine */
 }

@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "copydev_cuda.h"
-#include "load.h"
-#include "server.h"
+#include "daemon/config.h"
+#include "daemon/copydev_cuda.h"
+#include "daemon/load.h"
+#include "daemon/server.h"
 #include "hyb/gguf.h"
 #include "hyb/manifest.h"
 #include "hyb/plan.h"
@@ -58,7 +58,7 @@ static const char *write_model(const char *name, uint32_t n_layers, uint32_t n_f
 	static char paths[4][512];
 	static int k;
 	char *path = paths[k++ % 4];
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	uint8_t *data = rand_bytes(64 << 20, 7 + n_ff);
 	size_t used = 0;
 	char err[256], tn[64];
@@ -68,18 +68,18 @@ static const char *write_model(const char *name, uint32_t n_layers, uint32_t n_f
 		uint64_t ne_[2] = { a, b };                                            \
 		uint64_t sz_ = hyb_row_bytes(type, a) * (nd == 2 ? b : 1);             \
 		CHECK(used + sz_ <= (64u << 20));                                      \
-		CHECK(!gguf_writer_add_tensor(w, nm, type, nd, ne_, data + used));     \
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, type, nd, ne_, data + used));     \
 		used += sz_;                                                           \
 	} while (0)
 	CHECK(w);
-	gguf_set_str(w, "general.architecture", "llama");
-	gguf_set_u32(w, "llama.block_count", n_layers);
-	gguf_set_u32(w, "llama.embedding_length", E);
-	gguf_set_u32(w, "llama.feed_forward_length", n_ff);
-	gguf_set_u32(w, "llama.attention.head_count", 4);
+	hyb_gguf_set_str(w, "general.architecture", "llama");
+	hyb_gguf_set_u32(w, "llama.block_count", n_layers);
+	hyb_gguf_set_u32(w, "llama.embedding_length", E);
+	hyb_gguf_set_u32(w, "llama.feed_forward_length", n_ff);
+	hyb_gguf_set_u32(w, "llama.attention.head_count", 4);
 	if (plan) {
-		gguf_set_u32(w, HYB_PLAN_KEY_VERSION, HYB_PLAN_VERSION);
-		gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, plan);
+		hyb_gguf_set_u32(w, HYB_PLAN_KEY_VERSION, HYB_PLAN_VERSION);
+		hyb_gguf_set_u32(w, HYB_PLAN_KEY_GROUP_SIZE, plan);
 	}
 	T("token_embd.weight", HYB_TYPE_F32, 2, E, V);
 	for (uint32_t l = 0; l < n_layers; l++) {
@@ -101,8 +101,8 @@ static const char *write_model(const char *name, uint32_t n_layers, uint32_t n_f
 	T("output.weight", HYB_TYPE_F16, 2, E, V);
 #undef T
 	snprintf(path, 512, "%s/%s", hyb_test_tmpdir(), name);
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
-	gguf_writer_free(w);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	hyb_gguf_writer_free(w);
 	free(data);
 	return path;
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Hybrid decoding end to end on the CPU-executed device (issue 6, CI part):
+ * Hybrid decoding end to end on the CPU-executed device:
  * a small plan model, every balancer policy, a drift workload.
  *   - Oracle mode: the hybrid output is bit-identical to CPU-only sparse
  *     decoding, whatever the policy moved where (every listed neuron
@@ -25,7 +25,8 @@
 
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
-#include "dense.h"
+#include "hyb/testing.h"
+#include "hybrid/dense.h"
 #include "test.h"
 
 #define N_PROMPT 12
@@ -38,7 +39,7 @@ static struct hyb_ctx *ctx_new(const struct hyb_model *m, const struct hyb_hybri
 {
 	struct hyb_ctx_params p = {
 		.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
-		.ffn_oracle = oracle,
+		.testing = oracle ? HYB_TESTING_FFN_ORACLE : 0,
 	};
 	char err[256];
 	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
@@ -364,7 +365,7 @@ TEST(hybrid_dense_kv_follows_prompts_and_resets)
 
 /*
  * Prompt batches with the placed attention blocks and head on the device
- * (issue 6 item 2), the FFN split by the cache. Oracle mode (FFN whole on
+ *, the FFN split by the cache. Oracle mode (FFN whole on
  * the CPU): with one attention block placed, or all of them, prompts and
  * decoded tokens interleaved, the logits are the CPU-only sparse decoder's
  * bit for bit (Q8_0 products add the same in one column as in a batch).

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Hybrid decoding in box mode (issue 6 item 4): the model is hybd's (served
+ * Hybrid decoding in box mode: the model is hybd's (served
  * from its pools, found through the manifest), the neuron cache is hybd's
  * (its CPU device's slots, a shared pool) and every group load is an UPLOAD
  * request on hybd's reload queue, carried out by hybd's copy engine. hybd
@@ -20,14 +20,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server.h"
+#include "daemon/server.h"
 #include "hyb/app_stats.h"
 #include "hyb/gpucache.h"
 #include "hyb/manifest.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
+#include "hyb/testing.h"
 #include "hyb/pool.h"
-#include "dense.h"
+#include "hybrid/dense.h"
 #include "test.h"
 
 #define N_PROMPT 8
@@ -98,7 +99,7 @@ static struct hyb_ctx *ctx_try(const struct hyb_model *m, const struct hyb_hybri
 {
 	struct hyb_ctx_params p = {
 		.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
-		.ffn_oracle = oracle,
+		.testing = oracle ? HYB_TESTING_FFN_ORACLE : 0,
 	};
 
 	return hyb_ctx_new(m, &p, err, errlen);
@@ -418,7 +419,7 @@ static void stalls_output(const char *name, bool json, char *buf, size_t len)
 	pclose(p);
 }
 
-/* What the app publishes for hybctl stalls (issue 6 item 5), and hybctl showing it. */
+/* What the app publishes for hybctl stalls, and hybctl showing it. */
 TEST(hybrid_box_app_stats_for_hybctl_stalls)
 {
 	struct hyb_model *mb;

@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "manifest_write.h"
-#include "placement.h"
+#include "daemon/manifest_write.h"
+#include "daemon/placement.h"
 #include "hyb/manifest.h"
 #include "test.h"
 

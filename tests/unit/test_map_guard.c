@@ -18,7 +18,7 @@
 
 #include "hyb/gguf.h"
 #include "hyb/model.h"
-#include "map_guard.h"
+#include "format/map_guard.h"
 #include "test.h"
 
 #define PAGE 4096u
@@ -79,7 +79,7 @@ static const char *tmp_path(const char *name)
 }
 
 /* where the truncation cuts: one page past the first page of tensor data */
-static uint64_t cut_of(const struct gguf_file *g)
+static uint64_t cut_of(const struct hyb_gguf_file *g)
 {
 	return (g->data_offset + PAGE - 1) / PAGE * PAGE + PAGE;
 }
@@ -118,7 +118,7 @@ TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 	const char *path = tmp_path("model.gguf"), *err_path = tmp_path("err");
 	char gerr[256], name[256];
 	unsigned long long byte, in_t;
-	struct gguf_file *g;
+	struct hyb_gguf_file *g;
 	const char *e, *t;
 	int st, k = 0;
 
@@ -133,9 +133,9 @@ TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 			      &byte, name, &in_t, &k) == 3 && k, "%s", e);
 
 	/* the named byte is in the named tensor, past the cut, in the original file */
-	CHECK_MSG(!gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
+	CHECK_MSG(!hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
 			     sizeof(gerr)), "%s", gerr);
-	const struct gguf_tensor *tt = gguf_find_tensor(g, name);
+	const struct hyb_gguf_tensor *tt = hyb_gguf_find_tensor(g, name);
 
 	CHECK_MSG(tt, "no tensor '%s' in the model", name);
 	CHECK_EQ_INT(byte, g->data_offset + tt->offset + in_t);
@@ -143,7 +143,7 @@ TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 	CHECK_MSG(byte >= cut_of(g), "byte %llu is before the cut %llu", byte,
 		  (unsigned long long)cut_of(g));
 	fprintf(stderr, "    %.*s", (int)strcspn(e, "\n") + 1, e);
-	gguf_close(g);
+	hyb_gguf_close(g);
 }
 
 /* a mapping of our own, outside every guard, of a file truncated under it: a real fault */
@@ -152,10 +152,10 @@ static void foreign_fault(const char *path)
 	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
 	volatile const char *p;
 	char gerr[256];
-	struct gguf_file *g;
+	struct hyb_gguf_file *g;
 
 	/* a guarded mapping exists, so the guard's handler is installed */
-	if (gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
+	if (hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
 		      sizeof(gerr)) || g->map_guard < 0)
 		_exit(3);
 	if (fd < 0 || ftruncate(fd, 2 * PAGE))
@@ -205,10 +205,10 @@ TEST(map_guard_slots_are_given_back)
 	char err[256];
 
 	for (int i = 0; i < 3 * HYB_MAP_GUARD_SLOTS; i++) {
-		struct gguf_file *g;
+		struct hyb_gguf_file *g;
 
-		CHECK_MSG(!gguf_open(path, &g, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_gguf_open(path, &g, err, sizeof(err)), "%s", err);
 		CHECK_MSG(g->map_guard >= 0, "open %d has no guard slot", i);
-		gguf_close(g);
+		hyb_gguf_close(g);
 	}
 }

@@ -201,39 +201,39 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 {
 	static char path[512];
 	static float zeros[64 * 64];
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *mats[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
 			       "ffn_down" };
 	char err[256], key[64];
 	uint64_t ne_mat[2] = { 32, 32 }, ne_vec[1] = { 32 }, ne_emb[2] = { 32, 64 };
 
 	snprintf(path, sizeof(path), "%s/m-%s-%u.gguf", hyb_test_tmpdir(), arch, mat_type);
-	gguf_set_str(w, "general.architecture", arch);
+	hyb_gguf_set_str(w, "general.architecture", arch);
 #define K(s, v)                                                     \
 	do {                                                        \
 		snprintf(key, sizeof(key), "%s." s, arch);          \
-		gguf_set_u32(w, key, v);                            \
+		hyb_gguf_set_u32(w, key, v);                            \
 	} while (0)
 	K("embedding_length", 32);
 	K("block_count", 1);
 	K("feed_forward_length", 32);
 	K("attention.head_count", 2);
 #undef K
-	CHECK(!gguf_writer_add_tensor(w, "token_embd.weight", HYB_TYPE_F32, 2, ne_emb, zeros));
-	CHECK(!gguf_writer_add_tensor(w, "output_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
-	CHECK(!gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
-	CHECK(!gguf_writer_add_tensor(w, "blk.0.ffn_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "token_embd.weight", HYB_TYPE_F32, 2, ne_emb, zeros));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "output_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.attn_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.ffn_norm.weight", HYB_TYPE_F32, 1, ne_vec, zeros));
 	for (int i = 0; i < 7; i++) {
 		char name[64];
 
 		if (drop_ffn_down && i == 6)
 			break;
 		snprintf(name, sizeof(name), "blk.0.%s.weight", mats[i]);
-		CHECK(!gguf_writer_add_tensor(w, name, i == 0 ? mat_type : HYB_TYPE_F32, 2, ne_mat,
+		CHECK(!hyb_gguf_writer_add_tensor(w, name, i == 0 ? mat_type : HYB_TYPE_F32, 2, ne_mat,
 					      zeros));
 	}
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
-	gguf_writer_free(w);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	hyb_gguf_writer_free(w);
 	return path;
 }
 

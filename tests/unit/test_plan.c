@@ -20,7 +20,7 @@
 #include "hyb/plan.h"
 #include "hyb/profile.h"
 #include "hyb/threadpool.h"
-#include "plan_internal.h"
+#include "plan/plan_internal.h"
 #include "test.h"
 
 /* ---- synthetic profiles (built in memory; freed here, not by profile.c) ---- */
@@ -149,20 +149,20 @@ static void check_perm(const int32_t *perm, uint32_t n)
 TEST(plan_group_size_rule)
 {
 	/* the link model fitted to KAIROX Table 2 (PCIe 4.0, 10 KB neurons) */
-	struct plan_link k = { 1.36e-6, 25.2e9 };
+	struct hyb_plan_link k = { 1.36e-6, 25.2e9 };
 	uint32_t gs;
 
-	CHECK_NEAR(plan_link_efficiency(&k, 10240) * 25.2, 5.8, 0.15);
-	CHECK_NEAR(plan_link_efficiency(&k, 32 * 10240) * 25.2, 22.8, 0.3);
+	CHECK_NEAR(hyb_plan_link_efficiency(&k, 10240) * 25.2, 5.8, 0.15);
+	CHECK_NEAR(hyb_plan_link_efficiency(&k, 32 * 10240) * 25.2, 22.8, 0.3);
 	/* 80%: b >= 4 * latency * bw = 137 KB; 7B Q4_0 neurons are 3 x 2304 bytes */
-	gs = plan_pick_group_size(&k, 6912, 11008, 0.8, 1024);
+	gs = hyb_plan_pick_group_size(&k, 6912, 11008, 0.8, 1024);
 	CHECK_EQ_INT(gs, 20);
-	CHECK(plan_link_efficiency(&k, gs * 6912ull) >= 0.8);
-	CHECK(plan_link_efficiency(&k, (gs - 1) * 6912ull) < 0.8);
+	CHECK(hyb_plan_link_efficiency(&k, gs * 6912ull) >= 0.8);
+	CHECK(hyb_plan_link_efficiency(&k, (gs - 1) * 6912ull) < 0.8);
 	/* F16 neurons are big enough alone-ish, but 1024 groups at most: 11 */
-	CHECK_EQ_INT(plan_pick_group_size(&k, 3 * 8192, 11008, 0.8, 1024), 11);
+	CHECK_EQ_INT(hyb_plan_pick_group_size(&k, 3 * 8192, 11008, 0.8, 1024), 11);
 	/* never more than the layer */
-	CHECK_EQ_INT(plan_pick_group_size(&k, 100, 64, 0.99, 1024), 64);
+	CHECK_EQ_INT(hyb_plan_pick_group_size(&k, 100, 64, 0.99, 1024), 64);
 }
 
 /* ---- grouping ----------------------------------------------------------------- */
@@ -171,19 +171,19 @@ TEST(plan_group_metis_beats_baselines)
 {
 	const uint32_t n = 1000, cs = 16, gs = 16; /* 63 groups, the last one short (8) */
 	struct hyb_profile *p = prof_new(1, 64, n, 2000);
-	struct plan_group_opts o = { .group_size = gs, .seed = 1 };
-	struct plan_group_quality q[3];
-	struct plan_group_info info;
+	struct hyb_plan_group_opts o = { .group_size = gs, .seed = 1 };
+	struct hyb_plan_group_quality q[3];
+	struct hyb_plan_group_info info;
 	int32_t *perm = malloc(n * sizeof(*perm));
 	char err[256];
 
 	CHECK(perm);
 	plant_clusters(p, 0, cs, 4, 7);
 	for (int how = 0; how < 3; how++) {
-		CHECK_MSG(!plan_group_layer(p, 0, (enum plan_grouping)how, &o, perm, &info, err,
+		CHECK_MSG(!hyb_plan_group_layer(p, 0, (enum hyb_plan_grouping)how, &o, perm, &info, err,
 					    sizeof(err)), "%s", err);
 		check_perm(perm, n);
-		plan_group_quality(p, 0, perm, gs, &q[how]);
+		hyb_plan_group_quality(p, 0, perm, gs, &q[how]);
 		printf("    %-10s inside %.3f  active groups %.1f / 63  (active neurons %.1f)\n",
 		       how == 0 ? "metis" : how == 1 ? "contiguous" : "random", q[how].inside,
 		       q[how].active_groups, q[how].active_neurons);
@@ -227,10 +227,10 @@ TEST(plan_group_exact_sizes)
 	CHECK(perm);
 	plant_clusters(p, 0, 5, 6, 3);
 	for (uint32_t gs = 2; gs <= 40; gs += 7) {
-		struct plan_group_opts o = { .group_size = gs, .seed = gs };
-		struct plan_group_info info;
+		struct hyb_plan_group_opts o = { .group_size = gs, .seed = gs };
+		struct hyb_plan_group_info info;
 
-		CHECK_MSG(!plan_group_layer(p, 0, PLAN_GROUP_METIS, &o, perm, &info, err,
+		CHECK_MSG(!hyb_plan_group_layer(p, 0, HYB_PLAN_GROUP_METIS, &o, perm, &info, err,
 					    sizeof(err)), "%s", err);
 		check_perm(perm, n);
 	}
@@ -310,7 +310,7 @@ static double brute_force(const struct place_case *c)
 }
 
 static void check_solution(const struct place_case *c, int8_t *const *gpu,
-			   const struct plan_place_result *r)
+			   const struct hyb_plan_place_result *r)
 {
 	uint64_t b = 0;
 	double v = 0;
@@ -342,19 +342,19 @@ TEST(plan_place_exact_on_small_cases)
 
 	for (int t = 0; t < n_cases; t++) {
 		struct place_case c;
-		struct plan_place_layer L[4];
+		struct hyb_plan_place_layer L[4];
 		int8_t gbuf[4][8], *gpu[4];
-		struct plan_place_result rg, rs;
+		struct hyb_plan_place_result rg, rs;
 		double opt;
 
 		random_case(&c, &seed);
 		for (uint32_t l = 0; l < c.n_layer; l++) {
-			L[l] = (struct plan_place_layer){ c.n[l], c.value[l], c.bytes[l],
+			L[l] = (struct hyb_plan_place_layer){ c.n[l], c.value[l], c.bytes[l],
 							  c.min_groups[l] };
 			gpu[l] = gbuf[l];
 		}
 		opt = brute_force(&c);
-		CHECK(!plan_place_greedy(L, c.n_layer, c.budget, gpu, &rg));
+		CHECK(!hyb_plan_place_greedy(L, c.n_layer, c.budget, gpu, &rg));
 		check_solution(&c, gpu, &rg);
 		CHECK(rg.value <= opt + 1e-9);
 		if (rg.value >= opt - 1e-9)
@@ -363,7 +363,7 @@ TEST(plan_place_exact_on_small_cases)
 			worst_gap = (opt - rg.value) / opt;
 		if (opt > 0)
 			sum_gap += (opt - rg.value) / opt;
-		CHECK(!plan_place_solve(L, c.n_layer, c.budget, 1000000, gpu, &rs));
+		CHECK(!hyb_plan_place_solve(L, c.n_layer, c.budget, 1000000, gpu, &rs));
 		check_solution(&c, gpu, &rs);
 		CHECK(rs.optimal);
 		CHECK_MSG(fabs(rs.value - opt) <= 1e-9, "case %d: solver %.9f, brute force %.9f",
@@ -381,9 +381,9 @@ TEST(plan_place_large_gap)
 	static double value[NL][NG];
 	static uint64_t bytes[NL][NG];
 	static int8_t gbuf[NL][NG];
-	struct plan_place_layer L[NL];
+	struct hyb_plan_place_layer L[NL];
 	int8_t *gpu[NL];
-	struct plan_place_result r;
+	struct hyb_plan_place_result r;
 	uint64_t seed = 99, total = 0;
 
 	for (uint32_t l = 0; l < NL; l++) {
@@ -394,10 +394,10 @@ TEST(plan_place_large_gap)
 			bytes[l][g] = g == NG - 1 ? 3 * 6912 : 11 * 6912;
 			total += bytes[l][g];
 		}
-		L[l] = (struct plan_place_layer){ NG, value[l], bytes[l], 14 };
+		L[l] = (struct hyb_plan_place_layer){ NG, value[l], bytes[l], 14 };
 		gpu[l] = gbuf[l];
 	}
-	CHECK(!plan_place_solve(L, NL, total / 3, 20000, gpu, &r));
+	CHECK(!hyb_plan_place_solve(L, NL, total / 3, 20000, gpu, &r));
 	printf("    32 x 1001 groups: value %.3f, LP bound %.3f (gap %.2e), %s after %llu nodes\n",
 	       r.value, r.bound, (r.bound - r.value) / r.bound, r.optimal ? "optimal" : "unproven",
 	       (unsigned long long)r.nodes);
@@ -408,13 +408,13 @@ TEST(plan_place_large_gap)
 TEST(plan_min_neurons_rule)
 {
 	/* 15 us sync, 50 GB/s CPU, 1 TB/s GPU, 6912-byte neurons: 15e-6 / 131.3e-9 */
-	struct plan_sync_model s = { 15e-6, 50e9, 1000e9 };
+	struct hyb_plan_sync_model s = { 15e-6, 50e9, 1000e9 };
 
-	CHECK_EQ_INT(plan_min_neurons(&s, 6912, 11008), 115);
+	CHECK_EQ_INT(hyb_plan_min_neurons(&s, 6912, 11008), 115);
 	s.t_sync = 0;
-	CHECK_EQ_INT(plan_min_neurons(&s, 6912, 11008), 1);
+	CHECK_EQ_INT(hyb_plan_min_neurons(&s, 6912, 11008), 1);
 	s.t_sync = 1;
-	CHECK_EQ_INT(plan_min_neurons(&s, 6912, 11008), 11008);
+	CHECK_EQ_INT(hyb_plan_min_neurons(&s, 6912, 11008), 11008);
 }
 
 /* ---- predictors --------------------------------------------------------------------- */
@@ -469,10 +469,10 @@ TEST(plan_predictor_learns_planted_rule)
 {
 	const uint32_t n_embd = 64, n_ff = 512, S = 4000;
 	struct hyb_profile *p = planted_predictor_profile(n_embd, n_ff, S);
-	struct hyb_pool *pool = hyb_pool_new(2);
-	struct plan_pred_opts o = { .target_recall = 0.95, .seed = 1, .pool = pool, .gflop = 20 };
-	struct plan_predictor pr;
-	struct plan_pred_stats st;
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
+	struct hyb_plan_pred_opts o = { .target_recall = 0.95, .seed = 1, .pool = pool, .gflop = 20 };
+	struct hyb_plan_predictor pr;
+	struct hyb_plan_pred_stats st;
 	int32_t *perm = malloc(n_ff * sizeof(*perm));
 	char err[256];
 
@@ -480,7 +480,7 @@ TEST(plan_predictor_learns_planted_rule)
 	/* a reversed output order: the predictor must follow perm */
 	for (uint32_t i = 0; i < n_ff; i++)
 		perm[i] = (int32_t)(n_ff - 1 - i);
-	CHECK_MSG(!plan_pred_train(p, 0, 64, perm, &o, &pr, &st, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_plan_pred_train(p, 0, 64, perm, &o, &pr, &st, err, sizeof(err)), "%s", err);
 	printf("    H %u, %.1f epochs, %.2f s: recall %.3f precision %.3f predicted %.3f "
 	       "(true %.3f), loss %.4f, threshold %.3f\n", st.hidden, st.epochs, st.seconds,
 	       st.recall, st.precision, st.pred_frac, st.true_frac, st.loss, st.threshold);
@@ -539,8 +539,8 @@ TEST(plan_predictor_learns_planted_rule)
 		free(act);
 		free(lg);
 	}
-	plan_predictor_free(&pr);
-	hyb_pool_free(pool);
+	hyb_plan_predictor_free(&pr);
+	hyb_threadpool_free(pool);
 	free(perm);
 	prof_drop(p);
 }
@@ -553,16 +553,16 @@ TEST(plan_predictor_hidden_rule)
 	/* all neurons at frequency 0.5: 4096 bits / 16 = 256 */
 	for (uint32_t i = 0; i < 4096; i++)
 		p->layers[0].count[i] = 500;
-	CHECK_EQ_INT(plan_pred_hidden(p, 0, 32, 1024), 256);
-	CHECK_EQ_INT(plan_pred_hidden(p, 0, 32, 128), 128);
+	CHECK_EQ_INT(hyb_plan_pred_hidden(p, 0, 32, 1024), 256);
+	CHECK_EQ_INT(hyb_plan_pred_hidden(p, 0, 32, 128), 128);
 	/* sparser: 0.02 -> 0.1414 bits each -> 579 bits -> 37 -> 64 */
 	for (uint32_t i = 0; i < 4096; i++)
 		p->layers[0].count[i] = 20;
-	CHECK_EQ_INT(plan_pred_hidden(p, 0, 32, 1024), 64);
+	CHECK_EQ_INT(hyb_plan_pred_hidden(p, 0, 32, 1024), 64);
 	/* never active or always active: no entropy, the lower bound */
 	for (uint32_t i = 0; i < 4096; i++)
 		p->layers[0].count[i] = i % 2 ? 0 : 1000;
-	CHECK_EQ_INT(plan_pred_hidden(p, 0, 32, 1024), 32);
+	CHECK_EQ_INT(hyb_plan_pred_hidden(p, 0, 32, 1024), 32);
 	prof_drop(p);
 }
 
@@ -607,9 +607,9 @@ static struct hyb_profile *model_profile(uint32_t n_layer, uint32_t n_embd, uint
 	return p;
 }
 
-static void quiet_opts(struct plan_opts *o, uint64_t budget)
+static void quiet_opts(struct hyb_plan_opts *o, uint64_t budget)
 {
-	plan_opts_default(o);
+	hyb_plan_opts_default(o);
 	o->gpu_budget = budget;
 	o->quiet = true;
 	o->n_threads = 2;
@@ -619,18 +619,18 @@ static void quiet_opts(struct plan_opts *o, uint64_t budget)
 	o->sync.t_sync = 2e-6;
 }
 
-static bool kv_same(const struct gguf_kv *a, const struct gguf_kv *b)
+static bool kv_same(const struct hyb_gguf_kv *a, const struct hyb_gguf_kv *b)
 {
 	if (a->type != b->type)
 		return false;
 	switch (a->type) {
-	case GGUF_VT_STRING:
+	case HYB_GGUF_VT_STRING:
 		return a->v.str.len == b->v.str.len &&
 		       !memcmp(a->v.str.ptr, b->v.str.ptr, a->v.str.len);
-	case GGUF_VT_ARRAY:
+	case HYB_GGUF_VT_ARRAY:
 		if (a->v.arr.type != b->v.arr.type || a->v.arr.n != b->v.arr.n)
 			return false;
-		if (a->v.arr.type == GGUF_VT_STRING) {
+		if (a->v.arr.type == HYB_GGUF_VT_STRING) {
 			for (uint64_t i = 0; i < a->v.arr.n; i++)
 				if (a->v.arr.strs[i].len != b->v.arr.strs[i].len ||
 				    memcmp(a->v.arr.strs[i].ptr, b->v.arr.strs[i].ptr,
@@ -639,22 +639,22 @@ static bool kv_same(const struct gguf_kv *a, const struct gguf_kv *b)
 			return true;
 		}
 		return true; /* element bytes compared by the caller's spot checks */
-	case GGUF_VT_FLOAT32:
-	case GGUF_VT_FLOAT64:
+	case HYB_GGUF_VT_FLOAT32:
+	case HYB_GGUF_VT_FLOAT64:
 		return a->v.f64 == b->v.f64;
-	case GGUF_VT_BOOL:
+	case HYB_GGUF_VT_BOOL:
 		return a->v.b == b->v.b;
 	default:
 		return a->v.u64 == b->v.u64;
 	}
 }
 
-static const struct gguf_tensor *tensor_of(const struct gguf_file *f, uint32_t l, const char *sfx)
+static const struct hyb_gguf_tensor *tensor_of(const struct hyb_gguf_file *f, uint32_t l, const char *sfx)
 {
 	char name[96];
 
 	snprintf(name, sizeof(name), "blk.%u.%s", l, sfx);
-	return gguf_find_tensor(f, name);
+	return hyb_gguf_find_tensor(f, name);
 }
 
 /*
@@ -692,8 +692,8 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 	char args[256], out[512], err[512];
 	const char *model;
 	struct hyb_profile *prof;
-	struct plan_opts o;
-	struct gguf_file *src, *pl;
+	struct hyb_plan_opts o;
+	struct hyb_gguf_file *src, *pl;
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	const uint32_t E = 256, F = 1024, NL = 2, GS = 48, NG = (F + GS - 1) / GS;
 	uint64_t dense = 0, preds = 0, groups_on_gpu = 0, budget;
@@ -713,36 +713,36 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 	}
 	quiet_opts(&o, budget);
 	o.group_size = GS; /* 21 groups of 48 and a short one of 16 */
-	CHECK_MSG(!plan_make(model, prof, &o, out, err, sizeof(err)), "plan_make: %s", err);
-	CHECK(!gguf_open(model, &src, err, sizeof(err)));
-	CHECK_MSG(!gguf_open(out, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_plan_make(model, prof, &o, out, err, sizeof(err)), "plan_make: %s", err);
+	CHECK(!hyb_gguf_open(model, &src, err, sizeof(err)));
+	CHECK_MSG(!hyb_gguf_open(out, &pl, err, sizeof(err)), "%s", err);
 
 	/* keys: the source's, unchanged, and the plan's */
 	for (uint64_t i = 0; i < src->n_kv; i++) {
 		char key[256];
-		const struct gguf_kv *b;
+		const struct hyb_gguf_kv *b;
 
 		snprintf(key, sizeof(key), "%.*s", (int)src->kv[i].key.len, src->kv[i].key.ptr);
-		b = gguf_find(pl, key);
+		b = hyb_gguf_find(pl, key);
 		CHECK_MSG(b && kv_same(&src->kv[i], b), "key %s not copied unchanged", key);
 	}
-	CHECK(gguf_get_u32(pl, HYB_PLAN_KEY_VERSION, &gs) && gs == HYB_PLAN_VERSION);
-	CHECK(gguf_get_u32(pl, HYB_PLAN_KEY_GROUP_SIZE, &gs) && gs == GS);
+	CHECK(hyb_gguf_get_u32(pl, HYB_PLAN_KEY_VERSION, &gs) && gs == HYB_PLAN_VERSION);
+	CHECK(hyb_gguf_get_u32(pl, HYB_PLAN_KEY_GROUP_SIZE, &gs) && gs == GS);
 	{
 		int64_t b;
 		char s[256];
 
-		CHECK(gguf_get_i64(pl, HYB_PLAN_KEY_GPU_BUDGET, &b) && (uint64_t)b == budget);
-		CHECK(gguf_get_str(pl, HYB_PLAN_KEY_SOURCE, s, sizeof(s)));
+		CHECK(hyb_gguf_get_i64(pl, HYB_PLAN_KEY_GPU_BUDGET, &b) && (uint64_t)b == budget);
+		CHECK(hyb_gguf_get_str(pl, HYB_PLAN_KEY_SOURCE, s, sizeof(s)));
 		CHECK(!strcmp(s, strrchr(model, '/') + 1));
 	}
 	/* every non-FFN tensor byte for byte; FFN matrices gone */
 	for (uint64_t i = 0; i < src->n_tensors; i++) {
-		const struct gguf_tensor *a = &src->tensors[i], *b;
+		const struct hyb_gguf_tensor *a = &src->tensors[i], *b;
 		char name[96];
 
 		snprintf(name, sizeof(name), "%.*s", (int)a->name.len, a->name.ptr);
-		b = gguf_find_tensor(pl, name);
+		b = hyb_gguf_find_tensor(pl, name);
 		if (strstr(name, "ffn_gate.") || strstr(name, "ffn_up.") ||
 		    strstr(name, "ffn_down.")) {
 			CHECK_MSG(!b, "%s should be replaced by bundles", name);
@@ -751,21 +751,21 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 		CHECK_MSG(b && b->type == a->type && b->n_dims == a->n_dims &&
 			  !memcmp(b->ne, a->ne, sizeof(a->ne)) && b->nbytes == a->nbytes &&
 			  !memcmp(b->data, a->data, a->nbytes), "%s not copied unchanged", name);
-		if (strcmp(name, "token_embd.weight") || !gguf_find_tensor(src, "output.weight"))
+		if (strcmp(name, "token_embd.weight") || !hyb_gguf_find_tensor(src, "output.weight"))
 			dense += a->nbytes;
 	}
 
 	for (uint32_t l = 0; l < NL; l++) {
 		char name[96];
-		const struct gguf_tensor *gate, *up, *down;
-		const struct gguf_tensor *bun = tensor_of(pl, l, HYB_PLAN_T_BUNDLES);
-		const struct gguf_tensor *perm_t = tensor_of(pl, l, HYB_PLAN_T_PERM);
-		const struct gguf_tensor *gpu_t = tensor_of(pl, l, HYB_PLAN_T_GPU);
-		const struct gguf_tensor *freq_t = tensor_of(pl, l, HYB_PLAN_T_FREQ);
-		const struct gguf_tensor *fc1 = tensor_of(pl, l, HYB_PLAN_T_FC1_W);
-		const struct gguf_tensor *fc1b = tensor_of(pl, l, HYB_PLAN_T_FC1_B);
-		const struct gguf_tensor *fc2 = tensor_of(pl, l, HYB_PLAN_T_FC2_W);
-		const struct gguf_tensor *fc2b = tensor_of(pl, l, HYB_PLAN_T_FC2_B);
+		const struct hyb_gguf_tensor *gate, *up, *down;
+		const struct hyb_gguf_tensor *bun = tensor_of(pl, l, HYB_PLAN_T_BUNDLES);
+		const struct hyb_gguf_tensor *perm_t = tensor_of(pl, l, HYB_PLAN_T_PERM);
+		const struct hyb_gguf_tensor *gpu_t = tensor_of(pl, l, HYB_PLAN_T_GPU);
+		const struct hyb_gguf_tensor *freq_t = tensor_of(pl, l, HYB_PLAN_T_FREQ);
+		const struct hyb_gguf_tensor *fc1 = tensor_of(pl, l, HYB_PLAN_T_FC1_W);
+		const struct hyb_gguf_tensor *fc1b = tensor_of(pl, l, HYB_PLAN_T_FC1_B);
+		const struct hyb_gguf_tensor *fc2 = tensor_of(pl, l, HYB_PLAN_T_FC2_W);
+		const struct hyb_gguf_tensor *fc2b = tensor_of(pl, l, HYB_PLAN_T_FC2_B);
 		float *downf = malloc((size_t)E * F * sizeof(float));
 		float *row = malloc(E * sizeof(float));
 		const int32_t *perm;
@@ -774,11 +774,11 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 
 		CHECK(downf && row);
 		snprintf(name, sizeof(name), "blk.%u.ffn_gate.weight", l);
-		gate = gguf_find_tensor(src, name);
+		gate = hyb_gguf_find_tensor(src, name);
 		snprintf(name, sizeof(name), "blk.%u.ffn_up.weight", l);
-		up = gguf_find_tensor(src, name);
+		up = hyb_gguf_find_tensor(src, name);
 		snprintf(name, sizeof(name), "blk.%u.ffn_down.weight", l);
-		down = gguf_find_tensor(src, name);
+		down = hyb_gguf_find_tensor(src, name);
 		CHECK(gate && up && down);
 		CHECK(bun && bun->type == gate->type && bun->ne[0] == E && bun->ne[1] == 3 * F);
 		CHECK(perm_t && perm_t->type == HYB_TYPE_I32 && perm_t->ne[0] == F);
@@ -823,7 +823,7 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 		}
 		{
 			/* the per-layer minimum: 0 groups or at least C_l */
-			uint32_t c_l = plan_min_neurons(&o.sync, 3 * rb, F);
+			uint32_t c_l = hyb_plan_min_neurons(&o.sync, 3 * rb, F);
 			uint32_t m = (c_l + GS - 1) / GS;
 			uint32_t on = 0;
 
@@ -877,8 +877,8 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 		free(la);
 		free(lb);
 	}
-	gguf_close(src);
-	gguf_close(pl);
+	hyb_gguf_close(src);
+	hyb_gguf_close(pl);
 	prof_drop(prof);
 }
 
@@ -923,11 +923,11 @@ static void check_no_leftovers(const char *out)
 static void expect_fail(const char *model, const struct hyb_profile *prof, uint64_t budget,
 			const char *out, const char *needle)
 {
-	struct plan_opts o;
+	struct hyb_plan_opts o;
 	char err[1024] = "";
 
 	quiet_opts(&o, budget);
-	CHECK_MSG(plan_make(model, prof, &o, out, err, sizeof(err)) != 0, "accepted (%s)", needle);
+	CHECK_MSG(hyb_plan_make(model, prof, &o, out, err, sizeof(err)) != 0, "accepted (%s)", needle);
 	printf("    %s\n", err);
 	CHECK_MSG(strstr(err, needle), "error '%s' does not say '%s'", err, needle);
 	CHECK(!strchr(err, '\n'));
@@ -944,7 +944,7 @@ TEST(plan_rejects_bad_input)
 	struct hyb_profile *wrong = model_profile(2, 256, 512, 100);
 	struct hyb_profile *few = model_profile(2, 256, 1024, 10);
 	char out[512], noffn[512], plan[512], err[1024];
-	struct plan_opts o;
+	struct hyb_plan_opts o;
 
 	snprintf(out, sizeof(out), "%s/out.gguf", hyb_test_tmpdir());
 	expect_fail(f32, wrong, 1ull << 30, out, "profile does not match the model");
@@ -962,54 +962,54 @@ TEST(plan_rejects_bad_input)
 
 		CHECK(!stat(f32, &a));
 		quiet_opts(&o, 1ull << 30);
-		CHECK(plan_make(f32, good, &o, f32, err, sizeof(err)) != 0);
+		CHECK(hyb_plan_make(f32, good, &o, f32, err, sizeof(err)) != 0);
 		CHECK_MSG(strstr(err, "is the model itself"), "%s", err);
 		CHECK(!stat(f32, &b) && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
 	}
 
 	/* a model without FFN tensors */
 	{
-		struct gguf_file *src;
-		struct gguf_writer *w = gguf_writer_new();
+		struct hyb_gguf_file *src;
+		struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 
-		CHECK(!gguf_open(f32, &src, err, sizeof(err)) && w);
+		CHECK(!hyb_gguf_open(f32, &src, err, sizeof(err)) && w);
 		for (uint64_t i = 0; i < src->n_kv; i++) {
 			char key[256];
 
 			snprintf(key, sizeof(key), "%.*s", (int)src->kv[i].key.len,
 				 src->kv[i].key.ptr);
-			if (src->kv[i].type == GGUF_VT_UINT32)
-				gguf_set_u32(w, key, (uint32_t)src->kv[i].v.u64);
-			else if (src->kv[i].type == GGUF_VT_STRING) {
+			if (src->kv[i].type == HYB_GGUF_VT_UINT32)
+				hyb_gguf_set_u32(w, key, (uint32_t)src->kv[i].v.u64);
+			else if (src->kv[i].type == HYB_GGUF_VT_STRING) {
 				char v[256];
 
 				snprintf(v, sizeof(v), "%.*s", (int)src->kv[i].v.str.len,
 					 src->kv[i].v.str.ptr);
-				gguf_set_str(w, key, v);
-			} else if (src->kv[i].type == GGUF_VT_FLOAT32)
-				gguf_set_f32(w, key, (float)src->kv[i].v.f64);
+				hyb_gguf_set_str(w, key, v);
+			} else if (src->kv[i].type == HYB_GGUF_VT_FLOAT32)
+				hyb_gguf_set_f32(w, key, (float)src->kv[i].v.f64);
 		}
 		for (uint64_t i = 0; i < src->n_tensors; i++) {
-			const struct gguf_tensor *t = &src->tensors[i];
+			const struct hyb_gguf_tensor *t = &src->tensors[i];
 			char name[96];
 
 			snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
 			if (strstr(name, ".ffn_gate.") || strstr(name, ".ffn_up.") ||
 			    strstr(name, ".ffn_down."))
 				continue;
-			CHECK(!gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data));
+			CHECK(!hyb_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data));
 		}
 		snprintf(noffn, sizeof(noffn), "%s/noffn.gguf", hyb_test_tmpdir());
-		CHECK_MSG(!gguf_writer_write_file(w, noffn, err, sizeof(err)), "%s", err);
-		gguf_writer_free(w);
-		gguf_close(src);
+		CHECK_MSG(!hyb_gguf_writer_write_file(w, noffn, err, sizeof(err)), "%s", err);
+		hyb_gguf_writer_free(w);
+		hyb_gguf_close(src);
 		expect_fail(noffn, good, 1ull << 30, out, "ffn_gate.weight is missing");
 	}
 
 	/* a plan is not a source model */
 	snprintf(plan, sizeof(plan), "%s/plan.gguf", hyb_test_tmpdir());
 	quiet_opts(&o, 1ull << 30);
-	CHECK_MSG(!plan_make(f32, good, &o, plan, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_plan_make(f32, good, &o, plan, err, sizeof(err)), "%s", err);
 	expect_fail(plan, good, 1ull << 30, out, "already a plan file");
 
 	prof_drop(good);
@@ -1078,9 +1078,9 @@ TEST(plan_group_degenerate)
 			prof_set(p, 1, s, i);
 	for (uint32_t l = 0; l < 2; l++)
 		for (size_t q = 0; q < sizeof(sizes) / sizeof(sizes[0]); q++) {
-			struct plan_group_opts o = { .group_size = sizes[q], .seed = 1 };
+			struct hyb_plan_group_opts o = { .group_size = sizes[q], .seed = 1 };
 
-			int rc = plan_group_layer(p, l, PLAN_GROUP_METIS, &o, perm, NULL, err,
+			int rc = hyb_plan_group_layer(p, l, HYB_PLAN_GROUP_METIS, &o, perm, NULL, err,
 						  sizeof(err));
 
 			CHECK_MSG(!rc, "layer %u gs %u: %s", l, sizes[q], err);
@@ -1142,20 +1142,20 @@ TEST(plan_group_deterministic)
 {
 	const uint32_t n = 700;
 	struct hyb_profile *p = prof_new(1, 16, n, 400);
-	struct hyb_pool *pool = hyb_pool_new(3);
+	struct hyb_threadpool *pool = hyb_threadpool_new(3);
 	int32_t *a = malloc(n * sizeof(*a)), *b = malloc(n * sizeof(*b));
-	struct plan_group_opts o = { .group_size = 24, .seed = 9 };
+	struct hyb_plan_group_opts o = { .group_size = 24, .seed = 9 };
 	char err[256];
 
 	CHECK(pool && a && b);
 	plant_clusters(p, 0, 12, 5, 11);
-	CHECK_MSG(!plan_group_layer(p, 0, PLAN_GROUP_METIS, &o, a, NULL, err, sizeof(err)), "%s",
+	CHECK_MSG(!hyb_plan_group_layer(p, 0, HYB_PLAN_GROUP_METIS, &o, a, NULL, err, sizeof(err)), "%s",
 		  err);
 	o.pool = pool;
-	CHECK_MSG(!plan_group_layer(p, 0, PLAN_GROUP_METIS, &o, b, NULL, err, sizeof(err)), "%s",
+	CHECK_MSG(!hyb_plan_group_layer(p, 0, HYB_PLAN_GROUP_METIS, &o, b, NULL, err, sizeof(err)), "%s",
 		  err);
 	CHECK(!memcmp(a, b, n * sizeof(*a)));
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	free(a);
 	free(b);
 	prof_drop(p);

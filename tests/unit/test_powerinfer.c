@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * PowerInfer's own files as input (issue 5, item 3). tests/oracle/
+ * PowerInfer's own files as input. tests/oracle/
  * powerinfer_gguf.py writes a small synthetic ReLU model out the way
  * PowerInfer's converter and export_split.py lay out theirs (ffn_down_t,
  * fc1/fc2 predictors, powerinfer.sparse_threshold; a PWRI GPU index), with
@@ -58,7 +58,7 @@ static void make_model(struct pi_files *f, const char *py_opts)
 }
 
 /* hybctl profile + plan of the PowerInfer model; the plan's exit status (log in *.log). */
-static int make_plan(struct pi_files *f, const char *plan_opts, char *log, size_t loglen)
+static int make_plan(struct pi_files *f, const char *hyb_plan_opts, char *log, size_t loglen)
 {
 	int rc;
 
@@ -70,7 +70,7 @@ static int make_plan(struct pi_files *f, const char *plan_opts, char *log, size_
 		CHECK_MSG(0, "hybctl profile of the PowerInfer model failed (exit %d)", rc);
 	}
 	return hyb_test_sh(log, "%s plan '%s' --profile '%s' -o '%s' -t 1 %s", hyb_test_hybctl(),
-			   f->model, f->profile, f->plan, plan_opts);
+			   f->model, f->profile, f->plan, hyb_plan_opts);
 }
 
 static struct hyb_model *load(const char *path)
@@ -82,13 +82,13 @@ static struct hyb_model *load(const char *path)
 	return m;
 }
 
-static const struct gguf_tensor *tensor(const struct gguf_file *g, uint32_t l, const char *sfx)
+static const struct hyb_gguf_tensor *tensor(const struct hyb_gguf_file *g, uint32_t l, const char *sfx)
 {
 	char name[96];
-	const struct gguf_tensor *t;
+	const struct hyb_gguf_tensor *t;
 
 	snprintf(name, sizeof(name), "blk.%u.%s", l, sfx);
-	t = gguf_find_tensor(g, name);
+	t = hyb_gguf_find_tensor(g, name);
 	CHECK_MSG(t, "%s is missing", name);
 	return t;
 }
@@ -147,21 +147,21 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 
 	struct hyb_model *pi = load(f.model), *p = load(f.plan);
 	const float bias = -nextafterf(t, -INFINITY);
-	struct gguf_file *gi;
+	struct hyb_gguf_file *gi;
 	char err[256];
 	uint32_t placed = 0;
 
 	CHECK_EQ_INT(p->pred_input, HYB_PRED_SAME_LAYER);
 	CHECK_EQ_INT(p->hp.act, HYB_ACT_RELU);
 	CHECK(!p->powerinfer);
-	CHECK_MSG(!gguf_open(f.gpuidx, &gi, err, sizeof(err)), "%s", err);
-	CHECK_EQ_INT(gi->magic, GGUF_MAGIC_PWRI);
+	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi, err, sizeof(err)), "%s", err);
+	CHECK_EQ_INT(gi->magic, HYB_GGUF_MAGIC_PWRI);
 	for (uint32_t l = 0; l < p->hp.n_layer; l++) {
 		const struct hyb_layer *L = &p->layers[l], *S = &pi->layers[l];
 		const struct hyb_ffn_plan *P = &L->plan;
-		const struct gguf_tensor *fc1 = tensor(pi->gguf, l, "fc1.weight");
-		const struct gguf_tensor *fc2 = tensor(pi->gguf, l, "fc2.weight");
-		const struct gguf_tensor *hot = tensor(gi, l, "gpu_idx");
+		const struct hyb_gguf_tensor *fc1 = tensor(pi->gguf, l, "fc1.weight");
+		const struct hyb_gguf_tensor *fc2 = tensor(pi->gguf, l, "fc2.weight");
+		const struct hyb_gguf_tensor *hot = tensor(gi, l, "gpu_idx");
 		const uint32_t F = p->hp.n_ff, H = (uint32_t)fc1->ne[1], GS = p->group_size;
 		const uint64_t rb = P->bundles.row_bytes;
 		const uint16_t *w2 = fc2->data;
@@ -212,7 +212,7 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 	       p->hp.n_layer * p->n_groups);
 	CHECK_MSG(placed > 0 && placed < p->hp.n_layer * p->n_groups - 2,
 		  "%u groups placed: the budget should fit some, not all", placed);
-	gguf_close(gi);
+	hyb_gguf_close(gi);
 	hyb_model_free(pi);
 	hyb_model_free(p);
 }
@@ -241,7 +241,7 @@ static void probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const f
 }
 
 /* PowerInfer's score of every neuron for x, in double from the file's F16 weights. */
-static void pi_scores(const struct gguf_tensor *fc1, const struct gguf_tensor *fc2,
+static void pi_scores(const struct hyb_gguf_tensor *fc1, const struct hyb_gguf_tensor *fc2,
 		      const float *x, uint32_t E, uint32_t F, double *score)
 {
 	const uint32_t H = (uint32_t)fc1->ne[1];

@@ -193,7 +193,7 @@ static const char *write_raw(const char *name, const char *arch, uint32_t versio
 			     uint64_t input_ne0)
 {
 	static char path[512];
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	static uint64_t count[64], active[4];
 	static uint16_t input[4 * 32];
 	static double stats[8];
@@ -206,24 +206,24 @@ static const char *write_raw(const char *name, const char *arch, uint32_t versio
 	};
 
 	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
-	gguf_set_str(w, "general.architecture", arch);
-	gguf_set_u32(w, "hyb.profile.version", version);
-	gguf_set_u32(w, "hyb.profile.n_layer", 1);
-	gguf_set_u32(w, "hyb.profile.n_embd", 16);
-	gguf_set_u32(w, "hyb.profile.n_ff", 64);
-	gguf_set_u64(w, "hyb.profile.n_tokens", 4);
-	gguf_set_u32(w, "hyb.profile.n_samples", 4);
-	gguf_set_u32(w, "hyb.profile.n_seqs", 1);
-	gguf_set_arr(w, "hyb.profile.seq_start", GGUF_VT_UINT32, &seq0, 1);
+	hyb_gguf_set_str(w, "general.architecture", arch);
+	hyb_gguf_set_u32(w, "hyb.profile.version", version);
+	hyb_gguf_set_u32(w, "hyb.profile.n_layer", 1);
+	hyb_gguf_set_u32(w, "hyb.profile.n_embd", 16);
+	hyb_gguf_set_u32(w, "hyb.profile.n_ff", 64);
+	hyb_gguf_set_u64(w, "hyb.profile.n_tokens", 4);
+	hyb_gguf_set_u32(w, "hyb.profile.n_samples", 4);
+	hyb_gguf_set_u32(w, "hyb.profile.n_seqs", 1);
+	hyb_gguf_set_arr(w, "hyb.profile.seq_start", HYB_GGUF_VT_UINT32, &seq0, 1);
 	for (int k = 0; k < 6; k++)
-		gguf_set_arr(w, keys[k], GGUF_VT_FLOAT64, stats, 1);
-	gguf_set_arr(w, "hyb.profile.reactivation", GGUF_VT_FLOAT64, stats, 8);
-	CHECK(gguf_writer_add_tensor(w, "blk.0.count", 27, 1, ne_c, count) == 0);
-	CHECK(gguf_writer_add_tensor(w, "blk.0.active", 27, 2, ne_a, active) == 0);
+		hyb_gguf_set_arr(w, keys[k], HYB_GGUF_VT_FLOAT64, stats, 1);
+	hyb_gguf_set_arr(w, "hyb.profile.reactivation", HYB_GGUF_VT_FLOAT64, stats, 8);
+	CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.count", 27, 1, ne_c, count) == 0);
+	CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.active", 27, 2, ne_a, active) == 0);
 	if (with_input)
-		CHECK(gguf_writer_add_tensor(w, "blk.0.input", HYB_TYPE_F16, 2, ne_i, input) == 0);
-	CHECK_MSG(gguf_writer_write_file(w, path, err, sizeof(err)) == 0, "%s", err);
-	gguf_writer_free(w);
+		CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.input", HYB_TYPE_F16, 2, ne_i, input) == 0);
+	CHECK_MSG(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0, "%s", err);
+	hyb_gguf_writer_free(w);
 	return path;
 }
 

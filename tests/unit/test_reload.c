@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "reload.h"
+#include "daemon/reload.h"
 #include "test.h"
 
 #define QID 3

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Sparse decoding end to end (issue 5 item 5): hybctl synth -> profile ->
+ * Sparse decoding end to end: hybctl synth -> profile ->
  * plan -> hyb_ctx with HYB_FFN_SPARSE, on a small ReLU model.
  *   - With a predictor forced to mark every neuron, sparse decoding must
  *     give dense decoding's logits (the operator path, minus prediction).

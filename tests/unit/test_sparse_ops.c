@@ -18,8 +18,8 @@
 
 #include "cpu_kernels.h"
 #include "hyb/threadpool.h"
-#include "ops.h"
-#include "sparse_op.h"
+#include "forward/ops.h"
+#include "sparse/sparse_op.h"
 #include "sparse_ffn_kernels.h"
 #include "test.h"
 
@@ -541,7 +541,7 @@ TEST(sparse_oracle_matches_reference)
 {
 	const uint32_t E = 256, F = 200; /* groups of 64: the last holds 8 */
 	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 2);
-	struct hyb_pool *pool = hyb_pool_new(2);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
 	float xn[256], y[256];
 
 	CHECK(c && pool);
@@ -569,7 +569,7 @@ TEST(sparse_oracle_matches_reference)
 		}
 		ffn_free(&f);
 	}
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	hyb_sparse_ffn_ctx_free(c);
 }
 
@@ -642,7 +642,7 @@ TEST(sparse_partial_list_matches_reference)
 {
 	const uint32_t E = 256, F = 200;
 	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 2);
-	struct hyb_pool *pool = hyb_pool_new(2);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
 	float xn[256], y[256], yall[256];
 	uint32_t list[200], n = 0;
 
@@ -671,7 +671,7 @@ TEST(sparse_partial_list_matches_reference)
 		}
 		ffn_free(&f);
 	}
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	hyb_sparse_ffn_ctx_free(c);
 }
 
@@ -679,7 +679,7 @@ TEST(sparse_null_bundles_skip_their_group)
 {
 	const uint32_t E = 128, F = 200, GS = 64;
 	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 2);
-	struct hyb_pool *pool = hyb_pool_new(2);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
 	const int present[4] = { 1, 0, 1, 0 };
 	float xn[128], y[128];
 	uint32_t list[60], n = 0;
@@ -710,7 +710,7 @@ TEST(sparse_null_bundles_skip_their_group)
 		CHECK_EQ_INT(st.n_gate, 0);
 		ffn_free(&f);
 	}
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	hyb_sparse_ffn_ctx_free(c);
 }
 
@@ -746,7 +746,7 @@ TEST(sparse_empty_list_gives_zero)
 {
 	const uint32_t E = 64, F = 40;
 	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 2);
-	struct hyb_pool *pool = hyb_pool_new(2);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
 	struct hyb_sparse_ffn_stats st;
 	struct ffn f;
 	float xn[64], y[64];
@@ -763,7 +763,7 @@ TEST(sparse_empty_list_gives_zero)
 	CHECK_EQ_INT(st.n_gate, 0);
 	CHECK_EQ_INT(st.n_nz, 0);
 	ffn_free(&f);
-	hyb_pool_free(pool);
+	hyb_threadpool_free(pool);
 	hyb_sparse_ffn_ctx_free(c);
 }
 
@@ -794,14 +794,14 @@ TEST(sparse_thread_counts_agree)
 			CHECK(hyb_sparse_ffn(c, NULL, &f.b, HYB_ACT_RELU, xn, l, n, y[0], NULL) ==
 			      0);
 			for (int nt = 1; nt <= 4; nt++) {
-				struct hyb_pool *pool = hyb_pool_new(nt);
+				struct hyb_threadpool *pool = hyb_threadpool_new(nt);
 				struct hyb_sparse_ffn_stats st;
 
 				CHECK(pool);
 				CHECK(hyb_sparse_ffn(c, pool, &f.b, HYB_ACT_RELU, xn, l, n, y[nt],
 						     &st) == 0);
 				CHECK_EQ_INT(st.n_gate, l ? n : F);
-				hyb_pool_free(pool);
+				hyb_threadpool_free(pool);
 			}
 			as_seen(f.type, xn, E, xs);
 			reference(&f, HYB_ACT_RELU, xs, xerr, l, n, NULL, ref, tol);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * hybd's reload statistics as `hybctl stalls` shows them
- * (daemon/stalls_fmt.c, tools/hybctl/stalls.c): a reload service on the
+ * (libhyb/box/stalls.c, tools/hybctl/stalls.c): a reload service on the
  * local backend serves requests of every class (one of them failing); its
  * statistics written to a file read back equal, and the text and JSON
  * formatters show them per class; a file whose writer is gone, no file, a
@@ -17,9 +17,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "config.h"
-#include "server.h"
-#include "stalls_fmt.h"
+#include "daemon/config.h"
+#include "daemon/server.h"
+#include "daemon/copydev.h"
+#include "daemon/reload.h"
+#include "hyb/stalls.h"
 #include "hyb/gguf.h"
 #include "hyb/tensor_type.h"
 #include "test.h"
@@ -294,7 +296,7 @@ TEST(stalls_no_hybd_is_one_line)
 static const char *write_model(void)
 {
 	static char path[512];
-	struct gguf_writer *w = gguf_writer_new();
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	uint8_t *data = calloc(1, 1 << 20);
 	char err[256], tn[64];
 	size_t used = 0;
@@ -302,15 +304,15 @@ static const char *write_model(void)
 #define T(nm, type, a, b)                                                              \
 	do {                                                                           \
 		uint64_t ne_[2] = { a, b };                                            \
-		CHECK(!gguf_writer_add_tensor(w, nm, type, 2, ne_, data + used));      \
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, type, 2, ne_, data + used));      \
 		used += hyb_row_bytes(type, a) * (b);                                  \
 	} while (0)
 	CHECK(w && data);
-	gguf_set_str(w, "general.architecture", "llama");
-	gguf_set_u32(w, "llama.block_count", 2);
-	gguf_set_u32(w, "llama.embedding_length", 64);
-	gguf_set_u32(w, "llama.feed_forward_length", 256);
-	gguf_set_u32(w, "llama.attention.head_count", 4);
+	hyb_gguf_set_str(w, "general.architecture", "llama");
+	hyb_gguf_set_u32(w, "llama.block_count", 2);
+	hyb_gguf_set_u32(w, "llama.embedding_length", 64);
+	hyb_gguf_set_u32(w, "llama.feed_forward_length", 256);
+	hyb_gguf_set_u32(w, "llama.attention.head_count", 4);
 	T("token_embd.weight", HYB_TYPE_F32, 64, 128);
 	for (int l = 0; l < 2; l++) {
 		snprintf(tn, sizeof(tn), "blk.%d.ffn_up.weight", l);
@@ -321,8 +323,8 @@ static const char *write_model(void)
 	T("output.weight", HYB_TYPE_F16, 64, 128);
 #undef T
 	snprintf(path, sizeof(path), "%s/m.gguf", hyb_test_tmpdir());
-	CHECK_MSG(!gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
-	gguf_writer_free(w);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	hyb_gguf_writer_free(w);
 	free(data);
 	return path;
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The io_uring streaming engine (issue 4, item 1): every byte it delivers is
+ * The io_uring streaming engine: every byte it delivers is
  * compared with a pread() of the same range, over ranges chosen to hit the
  * unaligned head and tail, mismatched destination alignment, tiny files and
  * the empty range; and each failure (pool too small, range past EOF, EIO)
@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "stream.h"
+#include "hyb/stream.h"
 #include "hyb/pool.h"
 #include "test.h"
 

@@ -28,15 +28,15 @@ static void count_worker(void *arg, int ith, int nth)
 TEST(pool_runs_each_job_on_every_thread)
 {
 	for (int nth = 1; nth <= 8; nth++) {
-		struct hyb_pool *p = hyb_pool_new(nth);
+		struct hyb_threadpool *p = hyb_threadpool_new(nth);
 
 		CHECK(p);
-		CHECK_EQ_INT(hyb_pool_size(p), nth);
+		CHECK_EQ_INT(hyb_threadpool_size(p), nth);
 		for (int rep = 0; rep < 200; rep++) {
 			struct count_job j;
 
 			memset(&j, 0, sizeof(j));
-			hyb_pool_run(p, count_worker, &j);
+			hyb_threadpool_run(p, count_worker, &j);
 			CHECK_EQ_INT(atomic_load(&j.calls), nth);
 			for (int t = 0; t < nth; t++)
 				CHECK_EQ_INT(atomic_load(&j.seen[t]), 1);
@@ -45,6 +45,6 @@ TEST(pool_runs_each_job_on_every_thread)
 			if (rep == 100)
 				usleep(20000); /* let workers fall asleep on the futex */
 		}
-		hyb_pool_free(p);
+		hyb_threadpool_free(p);
 	}
 }

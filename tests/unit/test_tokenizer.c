@@ -13,18 +13,18 @@
 #include "test.h"
 #include "hyb/gguf.h"
 #include "hyb/tokenizer.h"
-#include "tokenizer_internal.h"
+#include "tokenizer/tokenizer_internal.h"
 
 #define VOCAB_DIR ".cache/vocab"
 
-static struct gguf_file *open_file;
+static struct hyb_gguf_file *open_file;
 
 static struct hyb_tokenizer *load_path(const char *path)
 {
 	char err[256];
 	struct hyb_tokenizer *t;
 
-	CHECK_MSG(gguf_open(path, &open_file, err, sizeof(err)) == 0, "%s: %s", path, err);
+	CHECK_MSG(hyb_gguf_open(path, &open_file, err, sizeof(err)) == 0, "%s: %s", path, err);
 	t = hyb_tokenizer_load(open_file, err, sizeof(err));
 	CHECK_MSG(t, "%s: %s", path, err);
 	return t;
@@ -308,7 +308,7 @@ TEST(tok_roundtrip_bpe)
 		for (size_t i = 0; i < N_TEXTS; i++)
 			roundtrip(t, round_texts[i]);
 		hyb_tokenizer_free(t);
-		gguf_close(open_file);
+		hyb_gguf_close(open_file);
 	}
 }
 
@@ -329,7 +329,7 @@ TEST(tok_bpe_specials_and_bytes)
 	EXPECT(t, "Hello world", true, 128000, 9906, 1917);
 	CHECK_EQ_INT(hyb_token_to_piece(t, 128000, buf, sizeof(buf)), 0);
 	hyb_tokenizer_free(t);
-	gguf_close(open_file);
+	hyb_gguf_close(open_file);
 
 	/* gpt-2: ids 0..255 are the 256 single bytes, each decoding to one distinct byte */
 	t = load_path(vocab_path("gpt-2"));
@@ -353,15 +353,15 @@ TEST(tok_bpe_specials_and_bytes)
 
 /* ---- hand-made vocabularies ---- */
 
-static struct gguf_str S(const char *s)
+static struct hyb_gguf_str S(const char *s)
 {
-	return (struct gguf_str){ strlen(s), s };
+	return (struct hyb_gguf_str){ strlen(s), s };
 }
 
 TEST(tok_spm_merge_order)
 {
 	/* "▁" "a" "b" "ab" "ba" "<0x41>" ... */
-	struct gguf_str toks[] = { S("<unk>"), S("<s>"), S("</s>"), S("\xe2\x96\x81"), S("a"),
+	struct hyb_gguf_str toks[] = { S("<unk>"), S("<s>"), S("</s>"), S("\xe2\x96\x81"), S("a"),
 				   S("b"), S("ab"), S("ba"), S("<0x78>"), S("<0xC3>") };
 	float scores[] = { 0, 0, 0, -1, -2, -2, -5, -5, 0, 0 };
 	int32_t types[] = { 2, 3, 3, 1, 1, 1, 1, 1, 6, 6 };
@@ -370,7 +370,7 @@ TEST(tok_spm_merge_order)
 	char err[128];
 	char buf[8];
 
-	tok_desc_init(&d);
+	hyb_tok_desc_init(&d);
 	d.model = "llama";
 	d.n_tokens = 10;
 	d.tokens = toks;
@@ -441,7 +441,7 @@ static struct hyb_tokenizer *tiny_bpe(const char *pre, const char *const *extra,
 				      int n_merges)
 {
 	static char bytes[256][4];
-	static struct gguf_str toks[300], mg[16];
+	static struct hyb_gguf_str toks[300], mg[16];
 	static int32_t types[300];
 	struct hyb_tok_desc d;
 	char err[128];
@@ -452,9 +452,9 @@ static struct hyb_tokenizer *tiny_bpe(const char *pre, const char *const *extra,
 	/* token b is byte b's GPT-2 character */
 	for (int b = 0; b < 256; b++) {
 		bool self = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
-		int len = tok_utf8_encode(self ? (uint32_t)b : next++, bytes[b]);
+		int len = hyb_tok_utf8_encode(self ? (uint32_t)b : next++, bytes[b]);
 
-		toks[n] = (struct gguf_str){ (uint64_t)len, bytes[b] };
+		toks[n] = (struct hyb_gguf_str){ (uint64_t)len, bytes[b] };
 		types[n++] = TOK_TYPE_NORMAL;
 	}
 	for (int i = 0; i < n_extra; i++) {
@@ -463,7 +463,7 @@ static struct hyb_tokenizer *tiny_bpe(const char *pre, const char *const *extra,
 	}
 	for (int i = 0; i < n_merges; i++)
 		mg[i] = S(merges[i]);
-	tok_desc_init(&d);
+	hyb_tok_desc_init(&d);
 	d.model = "gpt2";
 	d.pre = pre;
 	d.n_tokens = (uint32_t)n;
@@ -526,16 +526,16 @@ TEST(tok_bpe_user_defined_split)
 static void check_split(enum tok_pre pre, const char *text, const char *const *want, int n_want)
 {
 	uint32_t cpts[256];
-	size_t n = tok_utf8_decode(text, strlen(text), cpts), *lens, n_words, at = 0;
+	size_t n = hyb_tok_utf8_decode(text, strlen(text), cpts), *lens, n_words, at = 0;
 	char word[256];
 
-	CHECK(tok_pretok_split(pre, cpts, n, &lens, &n_words) == 0);
+	CHECK(hyb_tok_pretok_split(pre, cpts, n, &lens, &n_words) == 0);
 	CHECK_MSG((int)n_words == n_want, "'%s': %zu words, want %d", text, n_words, n_want);
 	for (size_t i = 0; i < n_words; i++) {
 		size_t wl = 0;
 
 		for (size_t k = 0; k < lens[i]; k++)
-			wl += (size_t)tok_utf8_encode(cpts[at + k], word + wl);
+			wl += (size_t)hyb_tok_utf8_encode(cpts[at + k], word + wl);
 		word[wl] = '\0';
 		at += lens[i];
 		CHECK_MSG(!strcmp(word, want[i]), "'%s' word %zu: '%s', want '%s'", text, i, word,
@@ -591,12 +591,12 @@ TEST(tok_bad_input)
 
 TEST(tok_bad_metadata)
 {
-	struct gguf_str toks[] = { S("a"), S("b") };
+	struct hyb_gguf_str toks[] = { S("a"), S("b") };
 	float scores[] = { 0, 0 };
 	struct hyb_tok_desc d;
 	char err[160] = "";
 
-	tok_desc_init(&d);
+	hyb_tok_desc_init(&d);
 	d.tokens = toks;
 	d.n_tokens = 2;
 	d.model = "bert";
@@ -626,49 +626,49 @@ TEST(tok_gguf_errors)
 	char path[512], err[200];
 	const char *toks[] = { "a", "b", "c" };
 	float scores[] = { 0, 0 };
-	struct gguf_writer *w;
-	struct gguf_file *f;
+	struct hyb_gguf_writer *w;
+	struct hyb_gguf_file *f;
 
 	snprintf(path, sizeof(path), "%s/v.gguf", hyb_test_tmpdir());
 	/* no tokenizer.ggml.model */
-	w = gguf_writer_new();
-	gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
-	gguf_writer_free(w);
-	CHECK(gguf_open(path, &f, err, sizeof(err)) == 0);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	hyb_gguf_writer_free(w);
+	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
 	CHECK(!hyb_tokenizer_load(f, err, sizeof(err)));
 	CHECK_MSG(strstr(err, "tokenizer.ggml.model"), "%s", err);
-	gguf_close(f);
+	hyb_gguf_close(f);
 	/* scores shorter than the vocabulary */
-	w = gguf_writer_new();
-	gguf_set_str(w, "tokenizer.ggml.model", "llama");
-	gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
-	gguf_set_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, scores, 2);
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
-	gguf_writer_free(w);
-	CHECK(gguf_open(path, &f, err, sizeof(err)) == 0);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+	hyb_gguf_set_arr(w, "tokenizer.ggml.scores", HYB_GGUF_VT_FLOAT32, scores, 2);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	hyb_gguf_writer_free(w);
+	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
 	CHECK(!hyb_tokenizer_load(f, err, sizeof(err)));
 	CHECK_MSG(strstr(err, "scores"), "%s", err);
-	gguf_close(f);
+	hyb_gguf_close(f);
 	/* tokens not an array */
-	w = gguf_writer_new();
-	gguf_set_str(w, "tokenizer.ggml.model", "llama");
-	gguf_set_str(w, "tokenizer.ggml.tokens", "abc");
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
-	gguf_writer_free(w);
-	CHECK(gguf_open(path, &f, err, sizeof(err)) == 0);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+	hyb_gguf_set_str(w, "tokenizer.ggml.tokens", "abc");
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	hyb_gguf_writer_free(w);
+	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
 	CHECK(!hyb_tokenizer_load(f, err, sizeof(err)));
 	CHECK_MSG(strstr(err, "tokenizer.ggml.tokens"), "%s", err);
-	gguf_close(f);
+	hyb_gguf_close(f);
 	/* a good minimal one: add_bos_token false is honoured */
-	w = gguf_writer_new();
-	gguf_set_str(w, "tokenizer.ggml.model", "llama");
-	gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
-	gguf_set_bool(w, "tokenizer.ggml.add_bos_token", false);
-	gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 0);
-	CHECK(gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
-	gguf_writer_free(w);
-	CHECK(gguf_open(path, &f, err, sizeof(err)) == 0);
+	w = hyb_gguf_writer_new();
+	hyb_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
+	hyb_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", false);
+	hyb_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 0);
+	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	hyb_gguf_writer_free(w);
+	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
 	struct hyb_tokenizer *t = hyb_tokenizer_load(f, err, sizeof(err));
 
 	CHECK_MSG(t, "%s", err);
@@ -676,7 +676,7 @@ TEST(tok_gguf_errors)
 	CHECK_EQ_INT(hyb_tokenizer_eos(t), 0);
 	CHECK(hyb_tokenizer_is_eog(t, 0));
 	hyb_tokenizer_free(t);
-	gguf_close(f);
+	hyb_gguf_close(f);
 }
 
 /* ---- speed ---- */
@@ -724,11 +724,11 @@ TEST(tok_speed_1mb)
 
 	time_1mb(t, "llama spm");
 	hyb_tokenizer_free(t);
-	gguf_close(open_file);
+	hyb_gguf_close(open_file);
 	t = load_path(vocab_path("llama-bpe"));
 	time_1mb(t, "llama-bpe");
 	hyb_tokenizer_free(t);
-	gguf_close(open_file);
+	hyb_gguf_close(open_file);
 	t = load_path(vocab_path("gpt-2"));
 	time_1mb(t, "gpt-2");
 	hyb_tokenizer_free(t);

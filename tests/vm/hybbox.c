@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * hybbox: box mode end to end inside the VM bench (issue 4, item 6). The
+ * hybbox: box mode end to end inside the VM bench. The
  * model lies on an emulated NVMe drive; hybd (a separate process, kmod
  * backend) loads it into pools on both NUMA nodes; this program is the app.
  *
@@ -28,7 +28,7 @@
  *       "FILE_OFF BYTES" of a tensor's data (run.sh finds its sectors).
  *   hybbox ioerr HYBD CONF MODEL BAD_OFF [hyb=PATH]
  *       MODEL lies on a drive whose reads of the sector holding byte BAD_OFF
- *       fail in QEMU's block layer (issue 4, item 1). Embedded mode
+ *       fail in QEMU's block layer. Embedded mode
  *       (O_DIRECT and buffered), `hyb run -m`, hybd -f and daemonised hybd
  *       must each fail in bounded time naming the file, a failed read and
  *       the 4096-byte block holding BAD_OFF, and publish nothing (no manifest,
@@ -38,7 +38,7 @@
  *       hybd with that tensor left on storage (dram_budget) loads, fails an
  *       app's LOAD of it with -EIO (logged the same way) and keeps serving.
  *   hybbox hybrid HYBD CONF PLAN [hyb=PATH]
- *       hybrid decoding on hybd's cache (issue 6 item 4): hybd serves PLAN
+ *       hybrid decoding on hybd's cache: hybd serves PLAN
  *       (a hybctl plan model) with its CPU copy device, whose slots are a
  *       hybpool.ko pool; this process decodes in oracle mode on hybd's cache,
  *       every group load an UPLOAD on hybd's queue, and its logits must be
@@ -70,6 +70,7 @@
 #include "hyb/hybrid.h"
 #include "hyb/manifest.h"
 #include "hyb/model.h"
+#include "hyb/testing.h"
 #include "hyb/pool.h"
 #include "hyb/sampler.h"
 #include "hyb/tokenizer.h"
@@ -355,10 +356,10 @@ static void check_bytes(const struct hyb_model *m, const char *model)
 	hyb_manifest_info(mf, &mi);
 	for (uint32_t i = 0; i < mi.n_tensors; i++) {
 		const struct hyb_manifest_tensor *t = hyb_manifest_tensor(mf, i);
-		const struct gguf_tensor *gt = NULL;
+		const struct hyb_gguf_tensor *gt = NULL;
 
 		for (uint64_t k = 0; k < m->gguf->n_tensors && !gt; k++)
-			if (gguf_str_eq(m->gguf->tensors[k].name, t->name))
+			if (hyb_gguf_str_eq(m->gguf->tensors[k].name, t->name))
 				gt = &m->gguf->tensors[k];
 		if (!gt)
 			die("tensor %s: not in the model", t->name);
@@ -717,7 +718,7 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 	return 0;
 }
 
-/* -- a drive that fails reads (issue 4, item 1) ------------------------------ */
+/* -- a drive that fails reads ------------------------------ */
 
 /*
  * hybbox offset MODEL TENSOR: "FILE_OFF BYTES" of a tensor's data, for run.sh
@@ -725,18 +726,18 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
  */
 static int cmd_offset(const char *model, const char *name)
 {
-	struct gguf_file *f;
+	struct hyb_gguf_file *f;
 	char err[512];
 
-	if (gguf_open(model, &f, err, sizeof(err)))
+	if (hyb_gguf_open(model, &f, err, sizeof(err)))
 		die("%s", err);
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
-		const struct gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
 
-		if (gguf_str_eq(t->name, name)) {
+		if (hyb_gguf_str_eq(t->name, name)) {
 			printf("%llu %llu\n", (unsigned long long)(f->data_offset + t->offset),
 			       (unsigned long long)t->nbytes);
-			gguf_close(f);
+			hyb_gguf_close(f);
 			return 0;
 		}
 	}
@@ -1245,7 +1246,7 @@ static float *oracle_logits(const struct hyb_model *m, const struct hyb_hybrid_p
 {
 	struct hyb_ctx_params p = {
 		.n_ctx = 128, .n_threads = 1, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
-		.ffn_oracle = true,
+		.testing = HYB_TESTING_FFN_ORACLE,
 	};
 	const uint32_t V = m->hp.n_vocab;
 	float *lg = malloc(sizeof(float) * V * (HSTEPS + 1));

@@ -136,7 +136,7 @@ nvme_dev() {
 	return 1
 }
 
-# Box mode end to end (issue 4, item 6; tests/vm/hybbox.c): the model on an
+# Box mode end to end (tests/vm/hybbox.c): the model on an
 # emulated NVMe drive (ext4, mounted read-only), embedded mode's ids as the
 # reference, then hybd as its own process loading into pools on both nodes
 # and the app generating from them; SIGTERM and SIGKILL of hybd mid-run.
@@ -185,7 +185,7 @@ box() {
 	echo "HYBVM METRIC box_mode_tests_s $(awk -v t0="$t0" '{ print $1 - t0 }' /proc/uptime) s"
 }
 
-# A drive that fails reads (issue 4, item 1; hybbox ioerr): the model on an
+# A drive that fails reads (hybbox ioerr): the model on an
 # NVMe drive whose reads of one sector in blk.1.ffn_up.weight fail in QEMU's
 # block layer (blkdebug). Embedded mode (O_DIRECT and buffered), `hyb run`,
 # and hybd (foreground and daemonised) must each fail in bounded time naming

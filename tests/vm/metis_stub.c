@@ -3,7 +3,7 @@
  * The VM bench links its programs statically and Debian ships METIS as a
  * shared library only. Nothing in the VM partitions a graph (hybctl plan is
  * tested on the host), so these stand in for it: a call says METIS_ERROR and
- * plan_group.c reports "METIS failed" rather than the link failing.
+ * plan/group.c reports "METIS failed" rather than the link failing.
  */
 #include <metis.h>
 

@@ -103,7 +103,7 @@ done
 # libhyb's pool/queue backends: the host's conformance tests and queue bench.
 MP_SRCS="$ROOT/libhyb/box/lat_hist.c $ROOT/libhyb/box/mempool.c $ROOT/libhyb/box/mempool_kmod.c
 	 $ROOT/libhyb/box/mempool_local.c $ROOT/libhyb/box/rq_local.c"
-MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb -I$ROOT/libhyb/box"
+MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb"
 { $NICE gcc $MP_FLAGS "$ROOT/tests/unit/runner.c" "$ROOT/tests/unit/test_mempool.c" $MP_SRCS \
 	-lnuma -o "$OUT/hybmempool" &&
   $NICE gcc $MP_FLAGS "$ROOT/tests/bench/bench_queue.c" $MP_SRCS -lnuma -o "$OUT/bench_queue"
@@ -124,29 +124,31 @@ if [ -f "$HB/libhyb.a" ]; then
 		{ tail -5 "$OUT/build-hybctl.log"; fail "cannot build tests/vm/metis_stub.c"; }
 fi
 if [ -f "$HB/libhyb.a" ] && ls "$HB"/tools/hybctl/*.o >/dev/null 2>&1; then
-	$NICE gcc -static "$HB"/tools/hybctl/*.o "$OUT/metis_stub.o" "$HB/libhyb.a" $STATIC_LIBS \
+	$NICE gcc -static "$HB"/tools/hybctl/*.o "$OUT/metis_stub.o" "$HB/libhybplan.a" \
+		"$HB/libhyb.a" $STATIC_LIBS \
 		-o "$OUT/hybctl" >>"$OUT/build-hybctl.log" 2>&1 ||
 		{ tail -5 "$OUT/build-hybctl.log"; fail "cannot link a static hybctl from $HB"; }
 fi
 
-# Box mode (issue 4, item 6): hybd and the app (tests/vm/hybbox.c) linked
+# Box mode: hybd (libhybd.a) and the app (tests/vm/hybbox.c) linked
 # statically against libhyb.a; a small synthetic model (hybctl synth) on an
 # ext4 image that the VM sees as an NVMe drive; the nvme and ext4 modules of
 # the same Debian kernel (and what they depend on) for the initramfs.
 BOX=0
-if [ -f "$HB/libhyb.a" ] && [ -f "$HB/daemon/hybd.o" ] && [ -x "$HB/hybctl" ]; then
+if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ] &&
+   [ -x "$HB/hybctl" ]; then
 	BOX=1
-	{ $NICE gcc -static "$HB/daemon/hybd.o" "$OUT/metis_stub.o" "$HB/libhyb.a" $STATIC_LIBS \
+	{ $NICE gcc -static "$HB/daemon/hybd.o" "$HB/libhybd.a" "$HB/libhyb.a" $STATIC_LIBS \
 		-o "$OUT/hybd" &&
 	  $NICE gcc $CFLAGS -pthread -I"$ROOT/libhyb/include" -I"$ROOT/kernels/cpu" \
 		"$ROOT/tests/vm/hybbox.c" \
-		"$OUT/metis_stub.o" "$HB/libhyb.a" $STATIC_LIBS -o "$OUT/hybbox"
+		"$HB/libhyb.a" $STATIC_LIBS -o "$OUT/hybbox"
 	} >"$OUT/build-box.log" 2>&1 ||
 		{ tail -20 "$OUT/build-box.log"; fail "cannot link static hybd/hybbox from $HB"; }
 	# `hyb run --manifest` as a second app (tools/hyb/cli_manifest.c)
 	rm -f "$OUT/hyb"
 	if ls "$HB"/tools/hyb/*.o >/dev/null 2>&1; then
-		$NICE gcc -static "$HB"/tools/hyb/*.o "$OUT/metis_stub.o" "$HB/libhyb.a" \
+		$NICE gcc -static "$HB"/tools/hyb/*.o "$HB/libhyb.a" \
 			$STATIC_LIBS -o "$OUT/hyb" >>"$OUT/build-box.log" 2>&1 ||
 			{ tail -20 "$OUT/build-box.log"; fail "cannot link a static hyb from $HB"; }
 	fi
@@ -169,7 +171,7 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/daemon/hybd.o" ] && [ -x "$HB/hybctl" ]; t
 	mke2fs -q -F -t ext4 -O ^has_journal -E root_owner=0:0 -d "$OUT/nvme-root" \
 		"$OUT/nvme.img" 16M >"$OUT/box-mkfs.log" 2>&1 ||
 		{ cat "$OUT/box-mkfs.log"; fail "cannot make the NVMe image (mke2fs -d, e2fsprogs)"; }
-	# A drive that fails reads (issue 4, item 1): a copy of the image behind
+	# A drive that fails reads: a copy of the image behind
 	# QEMU's blkdebug, which fails (EIO) every read covering the sector that
 	# holds byte BAD_OFF of the model, the middle of blk.1.ffn_up.weight. The
 	# ext4 metadata reads fine, so the file opens and the loaders meet the

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Hybrid decoding in the `hyb` command: --gpu-budget, the per-token figures
- * of issue 6 item 5, and `hyb bench --gpu-budget`: every balancer policy on
+ * of a hybrid run, and `hyb bench --gpu-budget`: every balancer policy on
  * one drift workload, in the same rounds, against the CPU-only sparse decode.
  */
 #include <ctype.h>
@@ -224,8 +224,8 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_placem
 }
 
 /*
- * The link and device-memory bandwidths of this round (issue 6: each
- * bandwidth of the roofline measured in the same run), on a device of the
+ * The link and device-memory bandwidths of this round (each bandwidth of
+ * the roofline measured in the same run), on a device of the
  * kind and configuration the contexts use, opened after they let go of it.
  * On the CPU device they come back as its model's figures.
  */

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * `hyb run --manifest SRC`: box mode (issue 4, item 6). The model comes from
+ * `hyb run --manifest SRC`: box mode. The model comes from
  * the pools hybd loaded, found through its manifest (a manifest file, a
  * manifest pool "NAME.manifest" or an instance name), instead of the GGUF
  * file; generation is the same code on the same bytes, so the tokens are

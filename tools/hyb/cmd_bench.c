@@ -18,10 +18,11 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "cpu_kernels.h"
 #include "hyb/generate.h"
 #include "hyb/gguf.h"
+#include "hyb/tensor_type.h"
 #include "hyb/membw.h"
+#include "hyb/roofline.h"
 #include "hyb/threadpool.h"
 
 static const char usage[] =
@@ -108,76 +109,15 @@ static long vm_kib(const char *field)
 }
 
 /*
- * The GEMM ceiling for this weight type: the model's own largest matrix
- * (layer 0 FFN gate) times n_cols activations, rows split over the threads,
- * nothing else running. Prefill is held against this as well as against the
- * instruction peak: the gap between the two is the kernel's, the gap to
- * prefill is the rest of the forward pass.
+ * The GEMM ceiling for this weight type (hyb_roofline_gemm_macs) is measured
+ * on the model's own largest matrix. Prefill is held against it as well as
+ * against the instruction peak: the gap between the two is the kernel's, the
+ * gap to prefill is the rest of the forward pass.
  */
-struct gemm_job {
-	const struct hyb_cpu_kernels *k;
-	const struct hyb_weight *w;
-	const void *xq;
-	size_t xq_stride;
-	int n_cols;
-	float *y;
-};
-
-static void gemm_worker(void *arg, int ith, int nth)
-{
-	struct gemm_job *j = arg;
-	long lo, hi;
-
-	/* whole 16-row tiles per thread, as the forward pass hands them out */
-	hyb_split((long)(j->w->ne1 / 16), ith, nth, &lo, &hi);
-	lo *= 16;
-	hi = ith == nth - 1 ? (long)j->w->ne1 : hi * 16;
-	j->k->gemm[j->w->type]((int64_t)j->w->ne0, (const char *)j->w->data + lo * j->w->row_bytes,
-			       j->w->row_bytes, hi - lo, j->xq, j->xq_stride, j->n_cols,
-			       j->y + lo, j->w->ne1);
-}
-
 /* The largest FFN matrix of layer 0: gate, or a plan's bundle tensor. */
 static const struct hyb_weight *ffn_matrix(const struct hyb_model *m)
 {
 	return m->group_size ? &m->layers[0].plan.bundles : &m->layers[0].gate;
-}
-
-static double gemm_peak_macs(const struct hyb_model *m, const struct hyb_cpu_kernels *k,
-			     int nth, int n_cols, int reps)
-{
-	const struct hyb_weight *w = ffn_matrix(m);
-	uint32_t vt = hyb_vec_dot_type(w->type);
-	size_t stride = hyb_row_bytes(vt, w->ne0);
-	float *x = malloc(sizeof(float) * w->ne0), *y = malloc(sizeof(float) * w->ne1 * n_cols);
-	char *xq = malloc(stride * n_cols);
-	struct hyb_pool *pool = hyb_pool_new(nth);
-	double *t = calloc(reps, sizeof(double)), best;
-
-	if (!x || !y || !xq || !pool || !t)
-		cli_die("out of memory");
-	for (int c = 0; c < n_cols; c++) {
-		for (uint64_t i = 0; i < w->ne0; i++)
-			x[i] = (float)((i * 7 + c * 13) % 17) / 8.0f - 1.0f;
-		k->quantize_act[vt](x, xq + c * stride, (int64_t)w->ne0);
-	}
-	struct gemm_job j = { .k = k, .w = w, .xq = xq, .xq_stride = stride, .n_cols = n_cols,
-			      .y = y };
-
-	hyb_pool_run(pool, gemm_worker, &j);
-	for (int r = 0; r < reps; r++) {
-		double t0 = hyb_now();
-
-		hyb_pool_run(pool, gemm_worker, &j);
-		t[r] = hyb_now() - t0;
-	}
-	best = (double)w->ne0 * w->ne1 * n_cols / median(t, reps);
-	hyb_pool_free(pool);
-	free(x);
-	free(y);
-	free(xq);
-	free(t);
-	return best;
 }
 
 static void reset_peak_rss(void)
@@ -193,7 +133,6 @@ static void reset_peak_rss(void)
 int cmd_bench(int argc, char **argv)
 {
 	struct cli_opts o = { .n_gen_bench = 32, .reps = 3 };
-	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	struct hyb_model *m;
 	struct hyb_ctx *c, *cs = NULL, *cb = NULL;
 	struct hyb_model *mb = NULL;
@@ -251,9 +190,9 @@ int cmd_bench(int argc, char **argv)
 	printf("model       %s: %u layers, embd %u, ffn %u, vocab %u, mostly %s, %.2f GB\n",
 	       o.model, m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->hp.n_vocab,
 	       hyb_type_name(wtype), m->gguf->size / 1e9);
-	printf("kernels     %s, %d threads\n", k->name, nth);
+	printf("kernels     %s, %d threads\n", hyb_roofline_isa(), nth);
 
-	double peak = hyb_cpu_peak_macs(k, wtype) * nth;
+	double peak = hyb_roofline_peak_macs(wtype) * nth;
 	/* Mean bytes per decode step: weights + the KV cache at its mean length. */
 	double bytes_tok = (double)wbytes + kv_tok * (n_prompt + o.n_gen_bench / 2.0);
 	double *bw = calloc(o.reps, sizeof(double)), *gp = calloc(o.reps, sizeof(double));
@@ -277,7 +216,9 @@ int cmd_bench(int argc, char **argv)
 		/* the bandwidth buffer is gone: restart the peak-RSS count (VmHWM)
 		 * so the memory line is about the model, not the measurement */
 		reset_peak_rss();
-		gp[r] = gemm_peak_macs(m, k, nth, n_prompt, 3);
+		gp[r] = hyb_roofline_gemm_macs(ffn_matrix(m), nth, n_prompt, 3);
+		if (gp[r] < 0)
+			cli_die("out of memory");
 		hyb_ctx_reset(c);
 		t0 = hyb_now();
 		if (hyb_ctx_eval(c, toks, (uint32_t)n_prompt, logits, false, err, sizeof(err)))

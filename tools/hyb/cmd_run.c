@@ -4,11 +4,10 @@
 #include <stdlib.h>
 
 #include "cli.h"
-#include "cpu_kernels.h"
 #include "hyb/generate.h"
+#include "hyb/roofline.h"
 #include "hyb/tokenizer.h"
-#include "model_stream.h"
-#include "stream.h"
+#include "hyb/stream.h"
 
 static const char usage[] =
 	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"
@@ -91,7 +90,7 @@ int cmd_run(int argc, char **argv)
 
 	fprintf(stderr, "hyb: %s: %s, %u layers, embd %u, vocab %u; %s kernels; %s in %.2f s\n",
 		o.model, m->hp.arch, m->hp.n_layer, m->hp.n_embd, m->hp.n_vocab,
-		hyb_cpu_best()->name, hyb_model_loading(m) ? "streaming, started" : "loaded",
+		hyb_roofline_isa(), hyb_model_loading(m) ? "streaming, started" : "loaded",
 		t_load);
 	out.tok = m->tok;
 	out.n = 0;
@@ -114,7 +113,7 @@ int cmd_run(int argc, char **argv)
 		st.t_prompt, st.n_prompt / st.t_prompt);
 	fprintf(stderr, "decode: %u tokens in %.3f s (%.2f tokens/s)\n", st.n_decode, st.t_gen,
 		st.n_decode ? st.n_decode / st.t_gen : 0.0);
-	/* Time to first token (issue 4): from the start of `hyb run`'s work to the
+	/* Time to first token: from the start of `hyb run`'s work to the
 	 * first generated token on stdout; "setup" is tokenizing and the context. */
 	if (out.t_first)
 		fprintf(stderr, "first token: %.3f s (load %.3f s, setup %.3f s, prompt %.3f s)\n",

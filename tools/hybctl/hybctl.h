@@ -11,7 +11,7 @@
 #include "hyb/app_stats.h"
 #include "hyb/pool.h"
 
-struct gguf_writer;
+struct hyb_gguf_writer;
 
 int cmd_synth(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
@@ -27,9 +27,9 @@ int cmd_numa(int argc, char **argv);
  * pieces with their prefixes so greedy bigram merging can build them.
  * Returns -1 when n_vocab is too small to hold the fixed tokens.
  */
-int synth_vocab(struct gguf_writer *w, uint32_t n_vocab);
+int synth_vocab(struct hyb_gguf_writer *w, uint32_t n_vocab);
 /* Copy every tokenizer.ggml.* key of another GGUF file into w; -1 with a message. */
-int synth_vocab_from(struct gguf_writer *w, const char *path, uint32_t *n_vocab);
+int synth_vocab_from(struct hyb_gguf_writer *w, const char *path, uint32_t *n_vocab);
 
 /* args.c: a decimal option value in [lo, hi], or exit 2 naming cmd and opt. */
 uint32_t ctl_u32(const char *cmd, const char *opt, const char *s, uint32_t lo, uint32_t hi);

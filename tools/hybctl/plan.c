@@ -2,7 +2,7 @@
 /*
  * hybctl plan MODEL --profile PROFILE --gpu-budget BYTES -o PLAN: neuron
  * groups, initial GPU placement and predictors, written as a plan GGUF
- * (hyb/plan.h). The work is libhyb's plan_make (plan_write.c); this file
+ * (hyb/plan.h). The work is libhyb's hyb_plan_make (plan/write.c); this file
  * reads the options.
  */
 #include <errno.h>
@@ -15,7 +15,7 @@
 
 #include "hyb/profile.h"
 #include "hybctl.h"
-#include "plan_internal.h"
+#include "hyb/planner.h"
 
 static const char usage[] =
 	"usage: hybctl plan MODEL --profile PROFILE --gpu-budget BYTES -o PLAN [options]\n"
@@ -128,14 +128,14 @@ int cmd_plan(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *profile = NULL, *out = NULL, *model;
-	struct plan_opts o;
+	struct hyb_plan_opts o;
 	struct hyb_profile *prof;
 	bool have_budget = false;
 	char err[1024];
 	double v;
 	int c, rc;
 
-	plan_opts_default(&o);
+	hyb_plan_opts_default(&o);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "o:t:qh", longs, NULL)) != -1) {
 		switch (c) {
@@ -191,11 +191,11 @@ int cmd_plan(int argc, char **argv)
 			break;
 		case OPT_GROUPING:
 			if (!strcmp(optarg, "metis")) {
-				o.grouping = PLAN_GROUP_METIS;
+				o.grouping = HYB_PLAN_GROUP_METIS;
 			} else if (!strcmp(optarg, "contiguous")) {
-				o.grouping = PLAN_GROUP_CONTIGUOUS;
+				o.grouping = HYB_PLAN_GROUP_CONTIGUOUS;
 			} else if (!strcmp(optarg, "random")) {
-				o.grouping = PLAN_GROUP_RANDOM;
+				o.grouping = HYB_PLAN_GROUP_RANDOM;
 			} else {
 				fprintf(stderr, "hybctl plan: --grouping must be metis, "
 					"contiguous or random\n");
@@ -271,7 +271,7 @@ int cmd_plan(int argc, char **argv)
 		fprintf(stderr, "hybctl plan: %s\n", err);
 		return 1;
 	}
-	rc = plan_make(model, prof, &o, out, err, sizeof(err));
+	rc = hyb_plan_make(model, prof, &o, out, err, sizeof(err));
 	hyb_profile_free(prof);
 	if (rc) {
 		fprintf(stderr, "hybctl plan: %s\n", err);

@@ -324,7 +324,7 @@ int cmd_profile(int argc, char **argv)
 		fprintf(stderr, "hybctl profile: %s\n", err);
 		goto out;
 	}
-	if (!gguf_get_str(m->gguf, "general.name", name, sizeof(name)))
+	if (!hyb_gguf_get_str(m->gguf, "general.name", name, sizeof(name)))
 		snprintf(name, sizeof(name), "%s", o.model);
 	col = hyb_profile_collector_new(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, o.samples, name,
 					err, sizeof(err));

@@ -3,20 +3,21 @@
  * hybctl stalls: the reload queues and how long apps wait for them (the
  * backend's per-queue statistics), then hybd's reload service per class
  * (critical / reload / prefetch) from the statistics file hybd keeps
- * (daemon/stalls_fmt.h), then the box-mode hybrid apps decoding on hybd's
+ * (hyb/stalls.h), then the box-mode hybrid apps decoding on hybd's
  * cache (stalls_apps.c). With -w it refreshes every second and shows rates
  * since the last screen; with --json -w it prints one JSON object per
  * refresh (JSON Lines). Exit 1 only when neither part has anything to show
  * (no backend and no hybd).
  */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "stalls_fmt.h"
+#include "hyb/stalls.h"
 #include "hybctl.h"
 
 static const char usage[] =

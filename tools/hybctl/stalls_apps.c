@@ -4,7 +4,7 @@
  * from the files they publish (hyb/app_stats.h): per token, the device's
  * share of active neurons, group loads, bytes over the link, CPU FFN and
  * device FFN time, stalls, late neurons, and lambda of sampled layers
- * (issue 6 item 5). Per token since the last screen under -w, else over
+ *. Per token since the last screen under -w, else over
  * the app's run. Files of processes that are gone are skipped.
  */
 #include <dirent.h>

@@ -19,8 +19,8 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "cpu_kernels.h"
 #include "hyb/gguf.h"
+#include "hyb/tensor_type.h"
 #include "hyb/threadpool.h"
 #include "hybctl.h"
 #include "synth_sparse.h"
@@ -221,7 +221,7 @@ static int check(const struct spec *sp)
 	return 0;
 }
 
-static int add_tensors(struct gguf_writer *w, const struct spec *sp, struct tensor *t, int *nt)
+static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct tensor *t, int *nt)
 {
 	uint32_t hd = sp->hidden / sp->heads;
 	int n = 0;
@@ -263,7 +263,7 @@ static int add_tensors(struct gguf_writer *w, const struct spec *sp, struct tens
 	for (int i = 0; i < n; i++) {
 		uint64_t ne[2] = { t[i].ne0, t[i].ne1 };
 
-		if (gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].ne1 ? 2 : 1, ne, NULL))
+		if (hyb_gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].ne1 ? 2 : 1, ne, NULL))
 			return fprintf(stderr, "hybctl synth: cannot add tensor %s\n", t[i].name), -1;
 	}
 	*nt = n;
@@ -275,28 +275,28 @@ static bool sparse_design(const struct spec *sp)
 	return strcmp(sp->act, "silu") && !sp->random_weights;
 }
 
-static void set_metadata(struct gguf_writer *w, const struct spec *sp)
+static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 {
-	gguf_set_str(w, "general.architecture", "llama");
-	gguf_set_str(w, "general.name", "hyb-synth");
-	gguf_set_u32(w, "llama.context_length", sp->ctx);
-	gguf_set_u32(w, "llama.embedding_length", sp->hidden);
-	gguf_set_u32(w, "llama.block_count", sp->layers);
-	gguf_set_u32(w, "llama.feed_forward_length", sp->ffn);
-	gguf_set_u32(w, "llama.attention.head_count", sp->heads);
-	gguf_set_u32(w, "llama.attention.head_count_kv", sp->kv_heads);
-	gguf_set_u32(w, "llama.rope.dimension_count", sp->hidden / sp->heads);
-	gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-	gguf_set_f32(w, "llama.rope.freq_base", 10000.0f);
-	gguf_set_u64(w, "hyb.synth.seed", sp->seed);
+	hyb_gguf_set_str(w, "general.architecture", "llama");
+	hyb_gguf_set_str(w, "general.name", "hyb-synth");
+	hyb_gguf_set_u32(w, "llama.context_length", sp->ctx);
+	hyb_gguf_set_u32(w, "llama.embedding_length", sp->hidden);
+	hyb_gguf_set_u32(w, "llama.block_count", sp->layers);
+	hyb_gguf_set_u32(w, "llama.feed_forward_length", sp->ffn);
+	hyb_gguf_set_u32(w, "llama.attention.head_count", sp->heads);
+	hyb_gguf_set_u32(w, "llama.attention.head_count_kv", sp->kv_heads);
+	hyb_gguf_set_u32(w, "llama.rope.dimension_count", sp->hidden / sp->heads);
+	hyb_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+	hyb_gguf_set_f32(w, "llama.rope.freq_base", 10000.0f);
+	hyb_gguf_set_u64(w, "hyb.synth.seed", sp->seed);
 	if (strcmp(sp->act, "silu"))
-		gguf_set_str(w, "hyb.ffn_act", sp->act);
+		hyb_gguf_set_str(w, "hyb.ffn_act", sp->act);
 	if (sparse_design(sp)) {
-		gguf_set_str(w, "hyb.synth.design", "sparse-topics");
-		gguf_set_f32(w, "hyb.synth.sparsity", sp->sparsity);
+		hyb_gguf_set_str(w, "hyb.synth.design", "sparse-topics");
+		hyb_gguf_set_f32(w, "hyb.synth.sparsity", sp->sparsity);
 	}
 	if (sp->neox)
-		gguf_set_bool(w, "hyb.rope_neox", true);
+		hyb_gguf_set_bool(w, "hyb.rope_neox", true);
 }
 
 int cmd_synth(int argc, char **argv)
@@ -305,8 +305,8 @@ int cmd_synth(int argc, char **argv)
 			   .ctx = 4096, .type = HYB_TYPE_Q8_0, .act = "silu", .seed = 1,
 			   .sparsity = -1 };
 	struct synth_sparse *design = NULL;
-	struct gguf_writer *w;
-	struct hyb_pool *pool;
+	struct hyb_gguf_writer *w;
+	struct hyb_threadpool *pool;
 	struct tensor *t;
 	char err[512];
 	int nt, rc = 1;
@@ -316,9 +316,9 @@ int cmd_synth(int argc, char **argv)
 		return 2;
 	if (sparse_design(&sp) && sp.sparsity < 0)
 		sp.sparsity = 0.90f;
-	w = gguf_writer_new();
+	w = hyb_gguf_writer_new();
 	t = calloc(3 + 9ull * sp.layers, sizeof(*t));
-	pool = hyb_pool_new(sp.threads);
+	pool = hyb_threadpool_new(sp.threads);
 	if (!w || !t || !pool) {
 		fprintf(stderr, "hybctl synth: out of memory\n");
 		return 1;
@@ -338,14 +338,14 @@ int cmd_synth(int argc, char **argv)
 		design = synth_sparse_new(&sh);
 		if (!design)
 			goto out;
-		gguf_set_u32(w, "hyb.synth.topics", synth_sparse_topics(design));
+		hyb_gguf_set_u32(w, "hyb.synth.topics", synth_sparse_topics(design));
 	}
-	if (gguf_writer_begin(w, sp.out, err, sizeof(err))) {
+	if (hyb_gguf_writer_begin(w, sp.out, err, sizeof(err))) {
 		fprintf(stderr, "hybctl synth: %s\n", err);
 		goto out;
 	}
 	{
-		int nth = hyb_pool_size(pool);
+		int nth = hyb_threadpool_size(pool);
 		float **scratch = calloc(nth, sizeof(*scratch));
 		uint64_t widest = sp.hidden > sp.ffn ? sp.hidden : sp.ffn;
 		int failed = !scratch;
@@ -365,17 +365,17 @@ int cmd_synth(int argc, char **argv)
 				failed = 1;
 				break;
 			}
-			hyb_pool_run(pool, fill_worker, &j);
+			hyb_threadpool_run(pool, fill_worker, &j);
 			if (j.failed)
 				fprintf(stderr, "hybctl synth: cannot quantize %s to %s\n", t[i].name,
 					hyb_type_name(t[i].type));
-			failed = j.failed || gguf_writer_put_data(w, j.data, j.row_bytes * rows);
+			failed = j.failed || hyb_gguf_writer_put_data(w, j.data, j.row_bytes * rows);
 			free(j.data);
 		}
 		for (int i = 0; scratch && i < nth; i++)
 			free(scratch[i]);
 		free(scratch);
-		if (!failed && gguf_writer_finish(w, err, sizeof(err))) {
+		if (!failed && hyb_gguf_writer_finish(w, err, sizeof(err))) {
 			fprintf(stderr, "hybctl synth: %s\n", err);
 			failed = 1;
 		}
@@ -387,8 +387,8 @@ int cmd_synth(int argc, char **argv)
 	rc = 0;
 out:
 	synth_sparse_free(design);
-	hyb_pool_free(pool);
-	gguf_writer_free(w);
+	hyb_threadpool_free(pool);
+	hyb_gguf_writer_free(w);
 	free(t);
 	return rc;
 }

@@ -68,7 +68,7 @@ static void add_word(struct vocab *v, const char *w, int space)
 	}
 }
 
-int synth_vocab(struct gguf_writer *w, uint32_t n_vocab)
+int synth_vocab(struct hyb_gguf_writer *w, uint32_t n_vocab)
 {
 	struct vocab v = { .cap = n_vocab };
 	char buf[16];
@@ -115,15 +115,15 @@ int synth_vocab(struct gguf_writer *w, uint32_t n_vocab)
 			snprintf(buf, sizeof(buf), "<x%u>", i);
 		add(&v, buf, TT_NORMAL);
 	}
-	gguf_set_str(w, "tokenizer.ggml.model", "llama");
-	gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
-	gguf_set_arr(w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, v.score, v.n);
-	gguf_set_arr(w, "tokenizer.ggml.token_type", GGUF_VT_INT32, v.type, v.n);
-	gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
-	gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
-	gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
-	gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
-	gguf_set_bool(w, "tokenizer.ggml.add_eos_token", false);
+	hyb_gguf_set_str(w, "tokenizer.ggml.model", "llama");
+	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", (const char *const *)v.tok, v.n);
+	hyb_gguf_set_arr(w, "tokenizer.ggml.scores", HYB_GGUF_VT_FLOAT32, v.score, v.n);
+	hyb_gguf_set_arr(w, "tokenizer.ggml.token_type", HYB_GGUF_VT_INT32, v.type, v.n);
+	hyb_gguf_set_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+	hyb_gguf_set_u32(w, "tokenizer.ggml.bos_token_id", 1);
+	hyb_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 2);
+	hyb_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", true);
+	hyb_gguf_set_bool(w, "tokenizer.ggml.add_eos_token", false);
 	rc = 0;
 out:
 	for (uint32_t i = 0; i < v.n; i++)
@@ -134,27 +134,27 @@ out:
 	return rc;
 }
 
-int synth_vocab_from(struct gguf_writer *w, const char *path, uint32_t *n_vocab)
+int synth_vocab_from(struct hyb_gguf_writer *w, const char *path, uint32_t *n_vocab)
 {
-	struct gguf_file *f;
-	const struct gguf_kv *tokens;
+	struct hyb_gguf_file *f;
+	const struct hyb_gguf_kv *tokens;
 	char err[512];
 
-	if (gguf_open(path, &f, err, sizeof(err))) {
+	if (hyb_gguf_open(path, &f, err, sizeof(err))) {
 		fprintf(stderr, "hybctl: %s\n", err);
 		return -1;
 	}
-	tokens = gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_VT_STRING);
+	tokens = hyb_gguf_get_arr(f, "tokenizer.ggml.tokens", HYB_GGUF_VT_STRING);
 	if (!tokens) {
 		fprintf(stderr, "hybctl: %s has no tokenizer.ggml.tokens\n", path);
-		gguf_close(f);
+		hyb_gguf_close(f);
 		return -1;
 	}
 	*n_vocab = (uint32_t)tokens->v.arr.n;
 	for (uint64_t i = 0; i < f->n_kv; i++)
 		if (f->kv[i].key.len > 16 && !memcmp(f->kv[i].key.ptr, "tokenizer.ggml.", 15))
-			gguf_writer_copy_kv(w, &f->kv[i]);
-	gguf_close(f);
+			hyb_gguf_writer_copy_kv(w, &f->kv[i]);
+	hyb_gguf_close(f);
 	return 0;
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * What a box-mode hybrid app publishes about itself, for `hybctl stalls`
- * (issue 6 item 5: "hybctl stalls shows the same live in box mode"): its
+ * (what an embedded run prints per token, live, in box mode): its
  * hybrid decoding statistics (hyb/hybrid.h), cumulative, and lambda of a
  * few layers, rewritten about twice a second while it decodes on hybd's
  * cache (libhyb/ffn_hybrid.c) and removed when it lets the cache go.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Online neuron balancing (issue 6 item 4): which FFN neuron groups of each
+ * Online neuron balancing: which FFN neuron groups of each
  * layer live in the device cache, decided per layer per decode step from the
  * predicted-active neurons of that layer. Pure policy: no device, no I/O. The
  * hybrid engine (libhyb/ffn_hybrid.c) asks for a decision, carries out the

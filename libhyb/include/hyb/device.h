@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The device layer (DESIGN.md "Device backends", issue 6 item 1): what the
+ * The device layer (docs/DEVICE.md): what the
  * hybrid engine asks of an accelerator - memory with a capacity, three
  * streams of asynchronous work, events between them, and the kernels of a
  * hybrid decode step. Two implementations honour it:
@@ -207,8 +207,8 @@ int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct 
 int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
 
 /*
- * Dense kernels: the attention block and the head on the device (issue 6
- * item 2; PowerInfer 5.3 keeps dense layers on the GPU). Their arithmetic is
+ * Dense kernels: the attention block and the head on the device (PowerInfer
+ * 5.3 keeps dense layers on the GPU). Their arithmetic is
  * the CPU forward pass's (libhyb/forward.c): the CPU device runs the very
  * same code and gives the same bits (attention over 512+ positions excepted:
  * there the CPU pass splits positions between its threads as llama.cpp does,

@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The GPU neuron cache hybd shares with apps in box mode (DESIGN.md "Two
- * ways to run"; issue 6 item 4: "reload requests go through the reload
- * queue to the copy engine, hybd's in box mode").
+ * The GPU neuron cache hybd shares with apps in box mode (docs/BOX.md):
+ * reload requests go through the reload queue to the copy engine, hybd's.
  *
  * hybd owns one cache of n_slots slots of slot_bytes and the copy engine
  * that fills it (daemon/reload.c: HYB_RQ_UPLOAD pool range -> slot). It

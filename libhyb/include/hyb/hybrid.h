@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Hybrid GPU-CPU decoding of a plan model (issue 6 items 2-5): per layer, the
+ * Hybrid GPU-CPU decoding of a plan model: per layer, the
  * predicted-active neurons whose group is resident in the device's neuron
  * cache run on the device, the rest run on the CPU in place on pool memory,
  * concurrently, and the two partial results are merged (PowerInfer 5.3). A
@@ -38,11 +38,7 @@
  * (the plan's bundles as a GEMM); with prefill_cpu all of it runs on the CPU
  * and the prompt's KV rows go up before the first decoded token.
  *
- * Oracle mode (tests; hyb_ctx_params.ffn_oracle): both the hybrid path and the CPU-only sparse path sum
- * the FFN output group by group in group order, each group's partial from
- * one single-threaded operator call, so a correct schedule - every listed
- * neuron computed exactly once, from the right bytes - gives bit-identical
- * output whatever the policy moved where (on the CPU device).
+ * Tests check a schedule bit for bit in oracle mode (hyb/testing.h).
  */
 #ifndef HYB_HYBRID_H
 #define HYB_HYBRID_H

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The manifest of a loaded model (issue 4, item 2): where every tensor, and
+ * The manifest of a loaded model: where every tensor, and
  * for plan files every FFN bundle, lies in the neuron pools, so an app can
  * map the pools and find its weights without reading the GGUF file.
  *

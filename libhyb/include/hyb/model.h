@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-struct gguf_file;
+struct hyb_gguf_file;
 struct hyb_backend;
 struct hyb_mempool;
 struct hyb_tokenizer;
@@ -92,7 +92,7 @@ enum hyb_pred_input {
 
 struct hyb_model {
 	struct hyb_hparams hp;
-	struct gguf_file *gguf;
+	struct hyb_gguf_file *gguf;
 	struct hyb_tokenizer *tok;
 	struct hyb_weight tok_embd, out_norm, output;
 	struct hyb_layer *layers;
@@ -130,7 +130,7 @@ struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode,
 void hyb_model_free(struct hyb_model *m);
 
 /*
- * hyb_model_load with the weights still arriving when it returns (issue 4:
+ * hyb_model_load with the weights still arriving when it returns (for the
  * time to first token): the image fills on a thread of its own once the
  * header is in, and a context's prompt pass waits for each layer's bytes just
  * before it reads them, so the first layers compute while the last are read.
@@ -146,6 +146,9 @@ struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t e
 int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen);
 /* True while a streaming load is still reading. */
 bool hyb_model_loading(const struct hyb_model *m);
+/* The finished load's engine statistics (hyb/stream.h; zeros while it runs, or when nothing streamed). */
+struct hyb_stream_stats;
+void hyb_model_load_stats(const struct hyb_model *m, struct hyb_stream_stats *out);
 /* Bytes of weights one decode step reads (every matrix once + one embedding row). */
 uint64_t hyb_model_decode_bytes(const struct hyb_model *m);
 /* Multiply-adds per token in the weight matrices (attention scores excluded). */
@@ -166,9 +169,7 @@ struct hyb_ctx_params {
 	enum hyb_ffn_mode ffn;
 	/* Hybrid GPU-CPU decoding of a plan (hyb/hybrid.h); NULL: CPU only. */
 	const struct hyb_hybrid_params *hybrid;
-	/* Sparse and hybrid decoding sum FFN outputs group by group, in group
-	 * order (tests: bit-identical across schedules, hyb/hybrid.h). */
-	bool ffn_oracle;
+	uint32_t testing;   /* test-only switches (hyb/testing.h); 0 */
 };
 
 struct hyb_ctx;
@@ -221,7 +222,7 @@ typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
 
 /*
- * Box mode (DESIGN.md "Two ways to run", issue 4 item 6): a model hybd has
+ * Box mode (docs/BOX.md): a model hybd has
  * loaded into pools, found through its manifest (hyb/manifest.h) instead of
  * the file. src is a manifest file path (contains '/'; it names the instance
  * and backend, the manifest POOL is then what is used), a manifest pool name

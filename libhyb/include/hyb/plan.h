@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The plan GGUF: a model whose FFNs are reordered into neuron groups, with
- * predictors and an initial GPU placement (DESIGN.md "Weight layout in
- * pools"; written by `hybctl plan`, read by libhyb and hybd).
+ * predictors and an initial GPU placement (docs/PLAN.md; written by `hybctl plan`, read by libhyb and hybd).
  *
  * A plan file is a complete llama model: every tensor other than the FFN
  * matrices is copied from the source model unchanged (same name, type and
@@ -52,7 +51,7 @@
 #define HYB_PLAN_KEY_SOURCE "hyb.plan.source"
 #define HYB_PLAN_KEY_PRED_INPUT "hyb.plan.predictor_input"
 
-/* ---- additions (hybctl plan, issue 5) ---------------------------------- */
+/* ---- additions (hybctl plan) ---------------------------------- */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -67,7 +66,7 @@
 #define HYB_PLAN_T_FC2_W "fc2.weight"
 #define HYB_PLAN_T_FC2_B "fc2.bias"
 
-struct hyb_pool;
+struct hyb_threadpool;
 
 /*
  * One layer's predictor in place (e.g. pointing into a loaded plan: the
@@ -92,7 +91,7 @@ size_t hyb_predictor_scratch_bytes(const struct hyb_predictor *p);
  * active[n_out] in ascending order and returns their count. logits[n_out]
  * may be NULL. pool: rows split over its threads; NULL runs on the caller.
  */
-uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_pool *pool,
+uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_threadpool *pool,
 			   void *scratch, float *logits, uint32_t *active);
 
 #endif

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Neuron pools and the reload queue: one API, two backends (DESIGN.md, "Two
- * ways to run").
+ * Neuron pools and the reload queue: one API, two backends (docs/BOX.md).
  *
  *   kmod   box mode: /dev/hybpool (hybpool.ko). Pools are pinned kernel pages
  *          shared by every process on the box; the queue runs between apps
@@ -16,7 +15,7 @@
  * tests/unit/test_mempool.c, run against both, kmod inside the VM bench).
  *
  * Names: struct hyb_mempool is a memory pool and struct hyb_rq a reload queue
- * role. (struct hyb_pool in hyb/threadpool.h is the THREAD pool.)
+ * role.
  *
  * Errors: every call returns 0 (or a count) on success and a negative errno on
  * failure, and leaves a one-line message naming the problem that

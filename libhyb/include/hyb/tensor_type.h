@@ -47,6 +47,13 @@ const char *hyb_type_name(uint32_t type);
  */
 uint64_t hyb_row_bytes(uint32_t type, uint64_t n);
 
+/*
+ * Reference quantizers for weights (F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q6_K),
+ * bit-identical to llama.cpp's quantize_row_*_ref; the kernels are kernels/cpu/quant_ref.c.
+ * Returns -1 for a type it cannot produce.
+ */
+int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * A persistent pool of worker threads for the forward pass. hyb_pool_run()
+ * A persistent pool of worker threads for the forward pass. hyb_threadpool_run()
  * runs fn(arg, ith, nth) on every thread (the caller is thread 0) and
  * returns when all are done. Workers spin briefly between jobs and then
  * sleep on a futex, so a decode step (dozens of jobs per token) pays no
@@ -11,13 +11,13 @@
 
 typedef void (*hyb_job_fn)(void *arg, int ith, int nth);
 
-struct hyb_pool;
+struct hyb_threadpool;
 
 /* n_threads <= 0: one per online CPU. NULL on failure (errno set). */
-struct hyb_pool *hyb_pool_new(int n_threads);
-void hyb_pool_free(struct hyb_pool *p);
-int hyb_pool_size(const struct hyb_pool *p);
-void hyb_pool_run(struct hyb_pool *p, hyb_job_fn fn, void *arg);
+struct hyb_threadpool *hyb_threadpool_new(int n_threads);
+void hyb_threadpool_free(struct hyb_threadpool *p);
+int hyb_threadpool_size(const struct hyb_threadpool *p);
+void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg);
 
 /* Split [0, n) into nth near-equal contiguous parts; part ith is [*lo, *hi). */
 static inline void hyb_split(long n, int ith, int nth, long *lo, long *hi)

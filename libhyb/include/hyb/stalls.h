@@ -10,10 +10,62 @@
 #ifndef HYB_STALLS_FMT_H
 #define HYB_STALLS_FMT_H
 
-#include <limits.h>
 #include <stdio.h>
 
-#include "reload.h"
+#include <stdint.h>
+
+#include "hyb/pool.h"
+
+/* The reload service's classes (KAIROX 5.1/8): critical, reload, prefetch. */
+enum hyb_reload_class {
+	HYB_RELOAD_CRITICAL = 0,
+	HYB_RELOAD_RELOAD = 1,
+	HYB_RELOAD_PREFETCH = 2,
+	HYB_RELOAD_CLASSES
+};
+
+static inline enum hyb_reload_class hyb_reload_class_of(unsigned int prio)
+{
+	return prio == HYB_RQ_CRITICAL ? HYB_RELOAD_CRITICAL :
+	       prio >= HYB_RQ_LOW ? HYB_RELOAD_PREFETCH : HYB_RELOAD_RELOAD;
+}
+
+const char *hyb_reload_class_name(enum hyb_reload_class c);
+
+struct hyb_reload_class_stats {
+	uint64_t done;			/* status 0 */
+	uint64_t failed;
+	uint64_t bytes;			/* moved by successful requests */
+	uint64_t preemptions;		/* chunks of other requests run in their middle */
+	uint32_t max_slices_waited;
+	struct hyb_lat_stat wait;	/* queued -> started */
+	struct hyb_lat_stat service;	/* started -> done */
+	struct hyb_lat_stat total;	/* queued -> done */
+};
+
+struct hyb_reload_stats {
+	uint64_t fetched;		/* requests taken from the queue (NOPs included) */
+	uint64_t backlog;		/* fetched, not finished */
+	uint64_t slices;		/* chunks executed, both lanes */
+	struct hyb_reload_class_stats cls[HYB_RELOAD_CLASSES];
+};
+
+/*
+ * Write statistics as text (one "class=NAME key=value ..." line per class,
+ * after a header line) to path, atomically (written aside, renamed).
+ */
+int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, char *err,
+			   size_t errlen);
+/*
+ * Read such a file back (hybctl: hybd's per-class view next to the queue's).
+ * Percentiles and counts round-trip; sum and p90/p999 are not in the file
+ * (0). pid: the writer. 0, or -1 with a message.
+ */
+int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid, char *err,
+			  size_t errlen);
+
+/* Room for a statistics file's path (PATH_MAX on Linux, without needing limits.h's POSIX part). */
+#define HYB_STALLS_PATH_LEN 4096
 
 enum hyb_stalls_state {
 	HYB_STALLS_RUNNING,		/* the file's writer is alive */
@@ -25,8 +77,8 @@ enum hyb_stalls_state {
 struct hyb_stalls_hybd {
 	enum hyb_stalls_state state;
 	int pid;			/* the writer (RUNNING, GONE) */
-	char path[PATH_MAX];
-	char why[PATH_MAX + 160];	/* not RUNNING: the one line that says so */
+	char path[HYB_STALLS_PATH_LEN];
+	char why[HYB_STALLS_PATH_LEN + 160];	/* not RUNNING: the one line that says so */
 	struct hyb_reload_stats st;	/* RUNNING, GONE */
 };
 

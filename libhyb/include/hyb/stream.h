@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The streaming engine (issue 4, item 1): load a byte range of a file into
+ * The streaming engine: load a byte range of a file into
  * memory - a pool, or any buffer - with io_uring. hybd uses it in box mode and
- * libhyb's model loader in embedded mode (item 7), so both share one code path.
+ * libhyb's model loader in embedded mode, so both share one code path.
  *
  * How: the file is opened O_DIRECT and registered as a fixed file; up to
  * `depth` reads of `chunk` bytes are kept in flight, each landing straight in

@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The public API's boundary: libhyb.so exports hyb_* only, under its soname,
+ * and an application outside the tree builds against an installed copy with
+ * pkg-config alone (tests/api/app.c).
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "test.h"
+
+/* The build folder: where hybctl is ($HYB_TEST_HYBCTL or build/hybctl). */
+static void build_dir(char *buf, size_t len)
+{
+	const char *ctl = hyb_test_hybctl(), *slash = strrchr(ctl, '/');
+
+	snprintf(buf, len, "%.*s", slash ? (int)(slash - ctl) : 1, slash ? ctl : ".");
+}
+
+TEST(api_so_exports_hyb_only)
+{
+	char b[PATH_MAX], log[PATH_MAX + 64], line[512];
+	int bad = 0, n = 0;
+	FILE *f;
+
+	build_dir(b, sizeof(b));
+	snprintf(log, sizeof(log), "%s/nm.log", hyb_test_tmpdir());
+	if (hyb_test_sh(log, "test -f '%s/libhyb.so.0'", b))
+		SKIP("%s/libhyb.so.0 is not built", b);
+	CHECK_EQ_INT(hyb_test_sh(log, "nm -D --defined-only '%s/libhyb.so.0' | awk '{print $3}'",
+				 b), 0);
+	f = fopen(log, "r");
+	CHECK(f);
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = 0;
+		if (!strcmp(line, "HYB_0"))	/* the version node */
+			continue;
+		n++;
+		if (strncmp(line, "hyb_", 4)) {
+			if (bad++ < 10)
+				fprintf(stderr, "    exported without the prefix: %s\n", line);
+		}
+	}
+	fclose(f);
+	CHECK_MSG(n > 100, "only %d symbols exported", n);
+	CHECK_EQ_INT(bad, 0);
+	CHECK_EQ_INT(hyb_test_sh(log, "objdump -p '%s/libhyb.so.0' | grep -q 'SONAME *libhyb.so.0'",
+				 b), 0);
+}
+
+TEST(api_app_builds_with_pkg_config)
+{
+	const char *t = hyb_test_tmpdir();
+	char b[PATH_MAX], log[PATH_MAX + 64];
+
+	build_dir(b, sizeof(b));
+	snprintf(log, sizeof(log), "%s/app.log", t);
+	if (hyb_test_sh(log, "test -f '%s/libhyb.so.0' && test -f '%s/hyb.pc' && "
+			"command -v pkg-config", b, b))
+		SKIP("libhyb.so, hyb.pc or pkg-config missing");
+	/* an installed copy under a prefix of its own, as make install lays it out */
+	int rc = hyb_test_sh(log,
+		"set -e; p='%s/prefix'; mkdir -p \"$p/include\" \"$p/lib/pkgconfig\"; "
+		"cp -r libhyb/include/hyb \"$p/include/\"; cp -P '%s'/libhyb.so* \"$p/lib/\"; "
+		"cp '%s/hyb.pc' \"$p/lib/pkgconfig/\"; "
+		"export PKG_CONFIG_PATH=\"$p/lib/pkgconfig\"; "
+		"cc -std=c11 -Wall -Wextra -Werror tests/api/app.c -o '%s/app' "
+		"$(pkg-config --define-variable=prefix=\"$p\" --cflags --libs hyb); "
+		"LD_LIBRARY_PATH=\"$p/lib\" ldd '%s/app' | grep -q \"$p/lib/libhyb.so.0\"; "
+		"LD_LIBRARY_PATH=\"$p/lib\" '%s/app' '%s'",
+		t, b, b, t, t, t, hyb_test_plan());
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_EQ_INT(rc, 0);
+	/* a bad file: the library's error, no crash */
+	rc = hyb_test_sh(log, "LD_LIBRARY_PATH='%s/prefix/lib' '%s/app' /nonexistent.gguf", t, t);
+	CHECK_EQ_INT(rc, 1);
+}
