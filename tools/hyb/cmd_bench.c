@@ -109,12 +109,12 @@ static long vm_kib(const char *field)
 }
 
 /*
- * The GEMM ceiling for this weight type (hyb_roofline_gemm_macs) is measured
- * on the model's own largest matrix. Prefill is held against it as well as
- * against the instruction peak: the gap between the two is the kernel's, the
- * gap to prefill is the rest of the forward pass.
+ * The largest FFN matrix of layer 0 (gate, or a plan's bundle tensor): the
+ * GEMM ceiling (hyb_roofline_gemm_macs) is measured on it. Prefill is held
+ * against that ceiling as well as against the instruction peak: the gap
+ * between the two is the kernel's, the gap to prefill is the rest of the
+ * forward pass.
  */
-/* The largest FFN matrix of layer 0: gate, or a plan's bundle tensor. */
 static const struct hyb_weight *ffn_matrix(const struct hyb_model *m)
 {
 	return m->group_size ? &m->layers[0].plan.bundles : &m->layers[0].gate;
@@ -130,241 +130,297 @@ static void reset_peak_rss(void)
 	}
 }
 
-int cmd_bench(int argc, char **argv)
+/* One `hyb bench` run: its contexts, tokens and per-round figures. */
+struct bench {
+	struct cli_opts o;
+	struct hyb_model *m, *mb;	/* mb: --baseline's source model */
+	struct hyb_ctx *c, *cs, *cb;	/* dense; sparse (a plan); the baseline */
+	int n_prompt, nth;
+	uint32_t wtype;
+	uint64_t wbytes, macs;
+	double peak, bytes_tok;		/* instruction peak; mean bytes per decode step */
+	int32_t *toks;			/* the prompt, then the dense greedy continuation */
+	float *logits;
+	/* per round */
+	double *t_pre, *t_dec, *bw, *gp, *r_pre, *r_dec, *t_sp, *r_sp, *t_base, *r_base;
+	struct hyb_sparse_stats sst;	/* summed over the rounds */
+	uint64_t agree, compared;
+};
+
+/* The model, and for a plan its sparse twin and the --baseline source model. */
+static void bench_open(struct bench *b)
 {
-	struct cli_opts o = { .n_gen_bench = 32, .reps = 3 };
-	struct hyb_model *m;
-	struct hyb_ctx *c, *cs = NULL, *cb = NULL;
-	struct hyb_model *mb = NULL;
-	struct hyb_sparse_stats sst = { 0 };
+	struct cli_opts *o = &b->o;
+
+	b->m = cli_load_model(o);
+	o->n_ctx = (uint32_t)(b->n_prompt + o->n_gen_bench);
+	if (!b->m->group_size) {
+		b->c = cli_new_ctx(b->m, o);
+		return;
+	}
+	o->ffn = HYB_FFN_DENSE;
+	b->c = cli_new_ctx(b->m, o);
+	o->ffn = HYB_FFN_SPARSE;
+	b->cs = cli_new_ctx(b->m, o);
+	if (o->baseline) {
+		struct cli_opts ob = *o;
+
+		ob.model = o->baseline;
+		ob.manifest = NULL;
+		ob.ffn = HYB_FFN_AUTO;
+		b->mb = cli_load_model(&ob);
+		if (b->mb->hp.n_vocab != b->m->hp.n_vocab || b->mb->hp.n_embd != b->m->hp.n_embd)
+			cli_die("--baseline %s is not the model %s was made from", o->baseline,
+				o->model);
+		b->cb = cli_new_ctx(b->mb, &ob);
+	}
+}
+
+static double *per_round(const struct bench *b)
+{
+	double *v = calloc(b->o.reps, sizeof(double));
+
+	if (!v)
+		cli_die("out of memory");
+	return v;
+}
+
+static void eval(struct hyb_ctx *c, const int32_t *toks, uint32_t n, float *logits)
+{
 	char err[512];
-	int n_prompt = 64, nth;
 
-	cli_parse(argc, argv, &o, usage);
-	if (o.gpu_budget)
-		return cmd_bench_hybrid(&o);
-	if (o.prompt)
-		n_prompt = (int)cli_num("-p", o.prompt, 1, 65536);
-	if (o.n_gen_bench < 1)
-		cli_die("-n must be at least 1");
-	m = cli_load_model(&o);
-	o.n_ctx = (uint32_t)(n_prompt + o.n_gen_bench);
-	if (m->group_size) {
-		o.ffn = HYB_FFN_DENSE;
-		c = cli_new_ctx(m, &o);
-		o.ffn = HYB_FFN_SPARSE;
-		cs = cli_new_ctx(m, &o);
-		if (o.baseline) {
-			struct cli_opts ob = o;
+	if (hyb_ctx_eval(c, toks, n, logits, false, err, sizeof(err)))
+		cli_die("%s", err);
+}
 
-			ob.model = o.baseline;
-			ob.manifest = NULL;
-			ob.ffn = HYB_FFN_AUTO;
-			mb = cli_load_model(&ob);
-			if (mb->hp.n_vocab != m->hp.n_vocab || mb->hp.n_embd != m->hp.n_embd)
-				cli_die("--baseline %s is not the model %s was made from", o.baseline,
-					o.model);
-			cb = cli_new_ctx(mb, &ob);
-		}
-	} else {
-		c = cli_new_ctx(m, &o);
+/* The sparse context on the dense run's tokens: its time, and how often its greedy pick agrees. */
+static void round_sparse(struct bench *b, int r)
+{
+	const int n_prompt = b->n_prompt, n_gen = b->o.n_gen_bench;
+	struct hyb_sparse_stats one;
+	double t0;
+
+	hyb_ctx_reset(b->cs);
+	eval(b->cs, b->toks, (uint32_t)n_prompt, b->logits);
+	hyb_ctx_sparse_stats_reset(b->cs);
+	t0 = hyb_now();
+	for (int i = 0; i < n_gen; i++) {
+		b->agree += argmax(b->logits, b->m->hp.n_vocab) == b->toks[n_prompt + i];
+		b->compared++;
+		eval(b->cs, &b->toks[n_prompt + i], 1, b->logits);
 	}
-	nth = o.n_threads > 0 ? o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-	if (touch_weights(m) == 0xdeadbeef)
-		fputc(' ', stderr);
+	b->t_sp[r] = hyb_now() - t0;
+	b->r_sp[r] = b->t_dec[r] / b->t_sp[r];
+	hyb_ctx_sparse_stats(b->cs, &one);
+	b->sst.layer_steps += one.layer_steps;
+	b->sst.neurons += one.neurons;
+	b->sst.predicted += one.predicted;
+	b->sst.nonzero += one.nonzero;
+	b->sst.predictor_s += one.predictor_s;
+	b->sst.ffn_s += one.ffn_s;
+}
 
-	uint32_t wtype = dominant_type(m);
-	uint64_t wbytes = hyb_model_decode_bytes(m);
-	uint64_t macs = hyb_model_macs_per_token(m);
-	uint64_t kv_tok = 2ull * 2 * m->hp.n_layer * m->hp.n_head_kv * m->hp.head_dim;
-	int32_t *toks = malloc(sizeof(int32_t) * (n_prompt + o.n_gen_bench));
-	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
-	double *t_pre = calloc(o.reps, sizeof(double)), *t_dec = calloc(o.reps, sizeof(double));
+/* The source model, dense in its own layout, on the same tokens. */
+static void round_baseline(struct bench *b, int r)
+{
+	double t0;
 
-	if (!toks || !logits || !t_pre || !t_dec)
+	hyb_ctx_reset(b->cb);
+	eval(b->cb, b->toks, (uint32_t)b->n_prompt, b->logits);
+	t0 = hyb_now();
+	for (int i = 0; i < b->o.n_gen_bench; i++)
+		eval(b->cb, &b->toks[b->n_prompt + i], 1, b->logits);
+	b->t_base[r] = hyb_now() - t0;
+	b->r_base[r] = b->t_base[r] / b->t_sp[r];
+}
+
+/*
+ * One round: the baselines right next to the figures they divide. On a
+ * shared machine the bandwidth a thread gets moves by 2x from one second to
+ * the next, so a ratio of two medians taken minutes apart says little: the
+ * ratios printed are medians of per-round ratios.
+ */
+static void bench_round(struct bench *b, int r)
+{
+	const int n_prompt = b->n_prompt;
+	double t0;
+
+	b->bw[r] = hyb_measure_read_bw(b->nth, (size_t)512 << 20, 3);
+	/* the bandwidth buffer is gone: restart the peak-RSS count (VmHWM)
+	 * so the memory line is about the model, not the measurement */
+	reset_peak_rss();
+	b->gp[r] = hyb_roofline_gemm_macs(ffn_matrix(b->m), b->nth, n_prompt, 3);
+	if (b->gp[r] < 0)
 		cli_die("out of memory");
-	srand(1);
-	for (int i = 0; i < n_prompt + o.n_gen_bench; i++)
-		toks[i] = rand() % (int)m->hp.n_vocab;
-
-	printf("model       %s: %u layers, embd %u, ffn %u, vocab %u, mostly %s, %.2f GB\n",
-	       o.model, m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->hp.n_vocab,
-	       hyb_type_name(wtype), m->gguf->size / 1e9);
-	printf("kernels     %s, %d threads\n", hyb_roofline_isa(), nth);
-
-	double peak = hyb_roofline_peak_macs(wtype) * nth;
-	/* Mean bytes per decode step: weights + the KV cache at its mean length. */
-	double bytes_tok = (double)wbytes + kv_tok * (n_prompt + o.n_gen_bench / 2.0);
-	double *bw = calloc(o.reps, sizeof(double)), *gp = calloc(o.reps, sizeof(double));
-	double *r_pre = calloc(o.reps, sizeof(double)), *r_dec = calloc(o.reps, sizeof(double));
-	double *t_sp = calloc(o.reps, sizeof(double)), *r_sp = calloc(o.reps, sizeof(double));
-	double *t_base = calloc(o.reps, sizeof(double)), *r_base = calloc(o.reps, sizeof(double));
-	uint64_t agree = 0, compared = 0;
-
-	if (!bw || !gp || !r_pre || !r_dec || !t_sp || !r_sp || !t_base || !r_base)
-		cli_die("out of memory");
-	/*
-	 * Each round measures the baselines right next to the figures they
-	 * divide: on a shared machine the bandwidth a thread gets moves by 2x
-	 * from one second to the next, so a ratio of two medians taken minutes
-	 * apart says little. The ratios printed are medians of per-round ratios.
-	 */
-	for (int r = 0; r < o.reps; r++) {
-		double t0;
-
-		bw[r] = hyb_measure_read_bw(nth, (size_t)512 << 20, 3);
-		/* the bandwidth buffer is gone: restart the peak-RSS count (VmHWM)
-		 * so the memory line is about the model, not the measurement */
-		reset_peak_rss();
-		gp[r] = hyb_roofline_gemm_macs(ffn_matrix(m), nth, n_prompt, 3);
-		if (gp[r] < 0)
-			cli_die("out of memory");
-		hyb_ctx_reset(c);
-		t0 = hyb_now();
-		if (hyb_ctx_eval(c, toks, (uint32_t)n_prompt, logits, false, err, sizeof(err)))
-			cli_die("%s", err);
-		t_pre[r] = hyb_now() - t0;
-		/* decode the model's own greedy continuation (natural activations) */
-		t0 = hyb_now();
-		for (int i = 0; i < o.n_gen_bench; i++) {
-			toks[n_prompt + i] = argmax(logits, m->hp.n_vocab);
-			if (hyb_ctx_eval(c, &toks[n_prompt + i], 1, logits, false, err, sizeof(err)))
-				cli_die("%s", err);
-		}
-		t_dec[r] = hyb_now() - t0;
-		if (cs) {
-			/* the same tokens, sparse: speed, and how often its greedy pick
-			 * is the dense one */
-			hyb_ctx_reset(cs);
-			if (hyb_ctx_eval(cs, toks, (uint32_t)n_prompt, logits, false, err,
-					 sizeof(err)))
-				cli_die("%s", err);
-			hyb_ctx_sparse_stats_reset(cs);
-			t0 = hyb_now();
-			for (int i = 0; i < o.n_gen_bench; i++) {
-				agree += argmax(logits, m->hp.n_vocab) == toks[n_prompt + i];
-				compared++;
-				if (hyb_ctx_eval(cs, &toks[n_prompt + i], 1, logits, false, err,
-						 sizeof(err)))
-					cli_die("%s", err);
-			}
-			t_sp[r] = hyb_now() - t0;
-			r_sp[r] = t_dec[r] / t_sp[r];
-			struct hyb_sparse_stats one;
-
-			hyb_ctx_sparse_stats(cs, &one);
-			sst.layer_steps += one.layer_steps;
-			sst.neurons += one.neurons;
-			sst.predicted += one.predicted;
-			sst.nonzero += one.nonzero;
-			sst.predictor_s += one.predictor_s;
-			sst.ffn_s += one.ffn_s;
-		}
-		if (cb) {
-			/* the source model, dense in its own layout, on the same tokens */
-			hyb_ctx_reset(cb);
-			if (hyb_ctx_eval(cb, toks, (uint32_t)n_prompt, logits, false, err,
-					 sizeof(err)))
-				cli_die("%s", err);
-			t0 = hyb_now();
-			for (int i = 0; i < o.n_gen_bench; i++)
-				if (hyb_ctx_eval(cb, &toks[n_prompt + i], 1, logits, false, err,
-						 sizeof(err)))
-					cli_die("%s", err);
-			t_base[r] = hyb_now() - t0;
-			r_base[r] = t_base[r] / t_sp[r];
-		}
-		r_pre[r] = n_prompt * (double)macs / t_pre[r] / gp[r];
-		r_dec[r] = o.n_gen_bench * bytes_tok / t_dec[r] / bw[r];
+	hyb_ctx_reset(b->c);
+	t0 = hyb_now();
+	eval(b->c, b->toks, (uint32_t)n_prompt, b->logits);
+	b->t_pre[r] = hyb_now() - t0;
+	/* decode the model's own greedy continuation (natural activations) */
+	t0 = hyb_now();
+	for (int i = 0; i < b->o.n_gen_bench; i++) {
+		b->toks[n_prompt + i] = argmax(b->logits, b->m->hp.n_vocab);
+		eval(b->c, &b->toks[n_prompt + i], 1, b->logits);
 	}
+	b->t_dec[r] = hyb_now() - t0;
+	if (b->cs)
+		round_sparse(b, r);
+	if (b->cb)
+		round_baseline(b, r);
+	b->r_pre[r] = n_prompt * (double)b->macs / b->t_pre[r] / b->gp[r];
+	b->r_dec[r] = b->o.n_gen_bench * b->bytes_tok / b->t_dec[r] / b->bw[r];
+}
 
-	double pre_tps = n_prompt / median(t_pre, o.reps);
-	double dec_tps = o.n_gen_bench / median(t_dec, o.reps);
-	double bw_med = median(bw, o.reps), gp_med = median(gp, o.reps);
-	double pre_roof = peak / (double)macs;
+static void print_dense(struct bench *b)
+{
+	const int reps = b->o.reps, n_prompt = b->n_prompt;
+	double pre_tps = n_prompt / median(b->t_pre, reps);
+	double dec_tps = b->o.n_gen_bench / median(b->t_dec, reps);
+	double bw_med = median(b->bw, reps), gp_med = median(b->gp, reps);
+	double pre_roof = b->peak / (double)b->macs;
+	const struct hyb_weight *w = ffn_matrix(b->m);
 
 	printf("DRAM read   %.2f GB/s (%d threads, 512 MiB streaming read; median of %d rounds)\n",
-	       bw_med / 1e9, nth, o.reps);
-	printf("MAC peak    %.1f GMAC/s (%s kernel instruction mix x %d threads)\n", peak / 1e9,
-	       hyb_type_name(wtype), nth);
+	       bw_med / 1e9, b->nth, reps);
+	printf("MAC peak    %.1f GMAC/s (%s kernel instruction mix x %d threads)\n",
+	       b->peak / 1e9, hyb_type_name(b->wtype), b->nth);
 	printf("GEMM peak   %.1f GMAC/s (%s GEMM %llux%llu x %d columns, %d threads)\n",
-	       gp_med / 1e9, hyb_type_name(ffn_matrix(m)->type),
-	       (unsigned long long)ffn_matrix(m)->ne1, (unsigned long long)ffn_matrix(m)->ne0,
-	       n_prompt, nth);
+	       gp_med / 1e9, hyb_type_name(w->type), (unsigned long long)w->ne1,
+	       (unsigned long long)w->ne0, n_prompt, b->nth);
 	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  -> %.0f%% of GEMM peak "
 	       "(per-round median), %.0f%% of instruction peak\n", pre_tps, n_prompt,
-	       pre_tps * macs / 1e9, 100 * median(r_pre, o.reps), 100 * pre_tps / pre_roof);
+	       pre_tps * b->macs / 1e9, 100 * median(b->r_pre, reps), 100 * pre_tps / pre_roof);
 	printf("decode      %8.2f tokens/s  (%d tokens)  %.2f GB/s  roofline %.2f tokens/s  "
-	       "-> %.0f%% of DRAM bandwidth (per-round median)\n", dec_tps, o.n_gen_bench,
-	       dec_tps * bytes_tok / 1e9, bw_med / bytes_tok, 100 * median(r_dec, o.reps));
-	if (cs && sst.neurons) {
-		const struct hyb_hparams *hp = &m->hp;
-		const double fb = (double)m->layers[0].plan.bundles.row_bytes;
-		double pred_bytes = 0, t_sp_sum = 0;
+	       "-> %.0f%% of DRAM bandwidth (per-round median)\n", dec_tps, b->o.n_gen_bench,
+	       dec_tps * b->bytes_tok / 1e9, bw_med / b->bytes_tok, 100 * median(b->r_dec, reps));
+}
 
-		for (uint32_t l = 0; l < hp->n_layer; l++) {
-			const struct hyb_ffn_plan *P = &m->layers[l].plan;
+/* Sparse decoding against dense, and against the bytes it must read. */
+static void print_sparse(struct bench *b)
+{
+	const struct hyb_model *m = b->m;
+	const struct hyb_hparams *hp = &m->hp;
+	const struct hyb_sparse_stats *sst = &b->sst;
+	const int reps = b->o.reps, n_gen = b->o.n_gen_bench;
+	const double fb = (double)m->layers[0].plan.bundles.row_bytes;
+	const double bytes_tok = b->bytes_tok, bw_med = median(b->bw, reps);
+	double pred_bytes = 0, t_sp_sum = 0;
 
-			pred_bytes += P->fc1.row_bytes * P->fc1.ne1 + P->fc2.row_bytes * P->fc2.ne1;
-		}
-		for (int r = 0; r < o.reps; r++)
-			t_sp_sum += t_sp[r];
-		/* bytes a sparse step reads: everything but the FFN rows, the
-		 * predictors, a gate row per predicted neuron and up + down rows per
-		 * neuron that fired (a ReLU gate <= 0 skips both) */
-		double per_step = (double)sst.neurons / hp->n_layer / (o.reps * o.n_gen_bench);
-		double sp_bytes = bytes_tok - 3.0 * fb * hp->n_ff * hp->n_layer + pred_bytes +
-				  fb * ((double)sst.predicted + 2.0 * sst.nonzero) / sst.neurons *
-				  per_step * hp->n_layer;
-		double sp_tps = o.n_gen_bench / median(t_sp, o.reps);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct hyb_ffn_plan *P = &m->layers[l].plan;
 
-		printf("sparse      %8.2f tokens/s  (%d tokens)  %.2fx dense (per-round median); "
-		       "%.1f%% of FFN neurons predicted, %.1f%% fired; predictors %.1f%% of "
-		       "decode time; greedy token = dense on %.1f%%\n", sp_tps, o.n_gen_bench,
-		       median(r_sp, o.reps), 100.0 * sst.predicted / sst.neurons,
-		       100.0 * sst.nonzero / sst.neurons, 100 * sst.predictor_s / t_sp_sum,
-		       100.0 * agree / compared);
-		/* Amdahl in bytes: what sparsity can buy at most when the rest of
-		 * the model (attention, head) is read densely */
-		double ffn_bytes = 3.0 * fb * hp->n_ff * hp->n_layer;
-
-		printf("sparse      %.1f MB/token read (predictors %.1f MB) -> roofline %.2f tokens/s, "
-		       "%.0f%% of it\n", sp_bytes / 1e6, pred_bytes / 1e6, bw_med / sp_bytes,
-		       100 * sp_tps * sp_bytes / bw_med);
-		if (cb)
-			printf("baseline    %8.2f tokens/s  dense decode of %s: sparse is %.2fx it "
-			       "(per-round median)\n", o.n_gen_bench / median(t_base, o.reps),
-			       o.baseline, median(r_base, o.reps));
-		printf("sparse      bound from bytes: %.2fx dense at this sparsity, %.2fx with no FFN "
-		       "at all (the FFN is %.0f%% of a dense token's bytes)\n", bytes_tok / sp_bytes,
-		       bytes_tok / (bytes_tok - ffn_bytes), 100 * ffn_bytes / bytes_tok);
+		pred_bytes += P->fc1.row_bytes * P->fc1.ne1 + P->fc2.row_bytes * P->fc2.ne1;
 	}
-	free(bw);
-	free(gp);
-	free(r_pre);
-	free(r_dec);
-	free(t_sp);
-	free(r_sp);
-	free(t_base);
-	free(r_base);
-	printf("bytes/token %.1f MB (weights %.1f MB + KV), %.2f GMAC/token\n", bytes_tok / 1e6,
-	       wbytes / 1e6, macs / 1e9);
+	for (int r = 0; r < reps; r++)
+		t_sp_sum += b->t_sp[r];
+	/* bytes a sparse step reads: everything but the FFN rows, the
+	 * predictors, a gate row per predicted neuron and up + down rows per
+	 * neuron that fired (a ReLU gate <= 0 skips both) */
+	double per_step = (double)sst->neurons / hp->n_layer / (reps * n_gen);
+	double sp_bytes = bytes_tok - 3.0 * fb * hp->n_ff * hp->n_layer + pred_bytes +
+			  fb * ((double)sst->predicted + 2.0 * sst->nonzero) / sst->neurons *
+			  per_step * hp->n_layer;
+	double sp_tps = n_gen / median(b->t_sp, reps);
 
+	printf("sparse      %8.2f tokens/s  (%d tokens)  %.2fx dense (per-round median); "
+	       "%.1f%% of FFN neurons predicted, %.1f%% fired; predictors %.1f%% of "
+	       "decode time; greedy token = dense on %.1f%%\n", sp_tps, n_gen,
+	       median(b->r_sp, reps), 100.0 * sst->predicted / sst->neurons,
+	       100.0 * sst->nonzero / sst->neurons, 100 * sst->predictor_s / t_sp_sum,
+	       100.0 * b->agree / b->compared);
+	/* Amdahl in bytes: what sparsity can buy at most when the rest of
+	 * the model (attention, head) is read densely */
+	double ffn_bytes = 3.0 * fb * hp->n_ff * hp->n_layer;
+
+	printf("sparse      %.1f MB/token read (predictors %.1f MB) -> roofline %.2f tokens/s, "
+	       "%.0f%% of it\n", sp_bytes / 1e6, pred_bytes / 1e6, bw_med / sp_bytes,
+	       100 * sp_tps * sp_bytes / bw_med);
+	if (b->cb)
+		printf("baseline    %8.2f tokens/s  dense decode of %s: sparse is %.2fx it "
+		       "(per-round median)\n", n_gen / median(b->t_base, reps), b->o.baseline,
+		       median(b->r_base, reps));
+	printf("sparse      bound from bytes: %.2fx dense at this sparsity, %.2fx with no FFN "
+	       "at all (the FFN is %.0f%% of a dense token's bytes)\n", bytes_tok / sp_bytes,
+	       bytes_tok / (bytes_tok - ffn_bytes), 100 * ffn_bytes / bytes_tok);
+}
+
+static void print_memory(const struct bench *b)
+{
 	long hwm = vm_kib("VmHWM");
-	double budget = (double)m->gguf->size + hyb_ctx_kv_bytes(c);
+	double kv = (double)hyb_ctx_kv_bytes(b->c);
+	double budget = (double)b->m->gguf->size + kv;
 
+	printf("bytes/token %.1f MB (weights %.1f MB + KV), %.2f GMAC/token\n",
+	       b->bytes_tok / 1e6, b->wbytes / 1e6, b->macs / 1e9);
 	printf("memory      peak RSS %.1f MB; file %.1f MB + KV cache %.1f MB = %.1f MB "
-	       "(RSS is %.1f%% of it)\n", hwm / 1024.0 * 1.024, m->gguf->size / 1e6,
-	       hyb_ctx_kv_bytes(c) / 1e6, budget / 1e6, 100.0 * hwm * 1024 / budget);
+	       "(RSS is %.1f%% of it)\n", hwm / 1024.0 * 1.024, b->m->gguf->size / 1e6,
+	       kv / 1e6, budget / 1e6, 100.0 * hwm * 1024 / budget);
+}
 
-	free(toks);
-	free(logits);
-	free(t_pre);
-	free(t_dec);
-	hyb_ctx_free(c);
-	hyb_ctx_free(cs);
-	hyb_ctx_free(cb);
-	hyb_model_free(mb);
-	hyb_model_free(m);
+static void bench_free(struct bench *b)
+{
+	double *v[] = { b->t_pre, b->t_dec, b->bw, b->gp, b->r_pre, b->r_dec, b->t_sp, b->r_sp,
+			b->t_base, b->r_base };
+
+	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
+		free(v[i]);
+	free(b->toks);
+	free(b->logits);
+	hyb_ctx_free(b->c);
+	hyb_ctx_free(b->cs);
+	hyb_ctx_free(b->cb);
+	hyb_model_free(b->mb);
+	hyb_model_free(b->m);
+}
+
+int cmd_bench(int argc, char **argv)
+{
+	struct bench b = { .o = { .n_gen_bench = 32, .reps = 3 }, .n_prompt = 64 };
+	const struct hyb_hparams *hp;
+	uint64_t kv_tok;
+
+	cli_parse(argc, argv, &b.o, usage);
+	if (b.o.gpu_budget)
+		return cmd_bench_hybrid(&b.o);
+	if (b.o.prompt)
+		b.n_prompt = (int)cli_num("-p", b.o.prompt, 1, 65536);
+	if (b.o.n_gen_bench < 1)
+		cli_die("-n must be at least 1");
+	bench_open(&b);
+	hp = &b.m->hp;
+	b.nth = b.o.n_threads > 0 ? b.o.n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	if (touch_weights(b.m) == 0xdeadbeef)
+		fputc(' ', stderr);
+	b.wtype = dominant_type(b.m);
+	b.wbytes = hyb_model_decode_bytes(b.m);
+	b.macs = hyb_model_macs_per_token(b.m);
+	kv_tok = 2ull * 2 * hp->n_layer * hp->n_head_kv * hp->head_dim;
+	b.toks = malloc(sizeof(int32_t) * (b.n_prompt + b.o.n_gen_bench));
+	b.logits = malloc(sizeof(float) * hp->n_vocab);
+	if (!b.toks || !b.logits)
+		cli_die("out of memory");
+	srand(1);
+	for (int i = 0; i < b.n_prompt + b.o.n_gen_bench; i++)
+		b.toks[i] = rand() % (int)hp->n_vocab;
+
+	printf("model       %s: %u layers, embd %u, ffn %u, vocab %u, mostly %s, %.2f GB\n",
+	       b.o.model, hp->n_layer, hp->n_embd, hp->n_ff, hp->n_vocab,
+	       hyb_type_name(b.wtype), b.m->gguf->size / 1e9);
+	printf("kernels     %s, %d threads\n", hyb_roofline_isa(), b.nth);
+	b.peak = hyb_roofline_peak_macs(b.wtype) * b.nth;
+	/* Mean bytes per decode step: weights + the KV cache at its mean length. */
+	b.bytes_tok = (double)b.wbytes + kv_tok * (b.n_prompt + b.o.n_gen_bench / 2.0);
+	b.t_pre = per_round(&b), b.t_dec = per_round(&b), b.bw = per_round(&b);
+	b.gp = per_round(&b), b.r_pre = per_round(&b), b.r_dec = per_round(&b);
+	b.t_sp = per_round(&b), b.r_sp = per_round(&b), b.t_base = per_round(&b);
+	b.r_base = per_round(&b);
+
+	for (int r = 0; r < b.o.reps; r++)
+		bench_round(&b, r);
+	print_dense(&b);
+	if (b.cs && b.sst.neurons)
+		print_sparse(&b);
+	print_memory(&b);
+	bench_free(&b);
 	return 0;
 }
