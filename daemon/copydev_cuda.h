@@ -16,8 +16,8 @@
  *     with hyb_cuda_cache_open() and computes on the slots. Embedded mode:
  *     hyb_copydev_cuda_slot() is a plain device pointer.
  *
- * Built from kernels/cuda/copydev_cuda.cu when nvcc exists. Without CUDA,
- * daemon/copydev_cuda.c provides the same functions (weak) failing with
+ * Built from daemon/copydev_cuda.cu when nvcc exists. Without CUDA,
+ * daemon/copydev_nocuda.c provides the same functions (weak) failing with
  * "built without CUDA", so callers need no #ifdef and fall back to the CPU
  * device; hyb_copydev_cuda_built() says which one a program got. Every
  * function returns 0 or a negative errno (-ENODEV: no GPU or no CUDA in this
@@ -45,8 +45,8 @@ struct hyb_copydev_cuda_config {
 };
 
 /*
- * True when kernels/cuda/copydev_cuda.cu is linked into this program, false
- * when the calls below are copydev_cuda.c's stubs. Says nothing about a GPU.
+ * True when daemon/copydev_cuda.cu is linked into this program, false
+ * when the calls below are daemon/copydev_nocuda.c's stubs. Says nothing about a GPU.
  */
 bool hyb_copydev_cuda_built(void);
 

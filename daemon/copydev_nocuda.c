@@ -2,13 +2,13 @@
 /*
  * copydev_cuda.h in a build without CUDA: every call fails with -ENODEV and
  * says why, so hybd can ask for the CUDA device unconditionally and fall back
- * to the CPU one. The definitions are weak: when kernels/cuda/copydev_cuda.cu
+ * to the CPU one. The definitions are weak: when daemon/copydev_cuda.cu
  * is linked in (nvcc present), its definitions replace these.
  *
  * hyb_copydev_cuda_open is a weak alias of a static stub, so
  * hyb_copydev_cuda_built() can tell which one the link picked by comparing
  * addresses (a weak symbol may be replaced: the compiler cannot fold that
- * comparison). The descriptor file is libhyb/gpucache.c's.
+ * comparison). The descriptor file is libhyb/box/gpucache.c's.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  *   axpy: y += sum_i h[i] * row_i    (the down row of a neuron, stored
  *                                     transposed in the plan's bundles)
  *
- * Single-threaded; libhyb/sparse_ffn.c splits a layer's neurons across
+ * Single-threaded; libhyb/sparse/sparse_op.c splits a layer's neurons across
  * threads and owns the bundle layout. Like the dense kernels
  * (cpu_kernels.h) every ISA level has a full table whose entries fall back
  * to the level below, down to the scalar reference, and the weight types

@@ -2,7 +2,7 @@
 /*
  * The dense kernels of a decode step on CUDA (hyb/device.h: rmsnorm,
  * matvec, attention; PowerInfer 5.3 keeps the dense layers
- * on the GPU). The arithmetic is the CPU forward pass's (libhyb/forward.c,
+ * on the GPU). The arithmetic is the CPU forward pass's (libhyb/forward/forward.c,
  * ops.c, attention.c) up to float summation order; where a rounding step is
  * part of that arithmetic (x converted to the weight's dot format, q and
  * k and v rounded to F16) it is done here the same way.
@@ -916,7 +916,7 @@ extern "C" int hyb_cuda_rope_prepare(struct hyb_cuda_rope *r, uint32_t n_rot, ui
 	if (r->valid && r->n_rot == n_rot && r->pos == pos && r->freq_scale == freq_scale &&
 	    r->base == base)
 		return 0;
-	/* libhyb/ops.c hyb_rope, step for step (host libm: the CPU's bits) */
+	/* libhyb/forward/ops.c hyb_rope, step for step (host libm: the CPU's bits) */
 	theta_scale = powf(base, -2.0f / (float)n_rot);
 	theta = (float)pos;
 	for (uint32_t i = 0; i < n_rot / 2; i++) {

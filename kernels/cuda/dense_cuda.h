@@ -3,7 +3,7 @@
  * The CUDA dense kernels of a decode step (kernels/cuda/dense.cu):
  * RMSNorm, the matrix-vector product over GGUF weights and one token's
  * self-attention over an F16 KV cache, callable from C. The device layer
- * (kernels/cuda/device_cuda.cu) checks the arguments (hyb/device.h) and
+ * (libhyb/device/device_cuda.cu) checks the arguments (hyb/device.h) and
  * owns the workspace; these functions only size and launch. Every pointer
  * is device memory unless said otherwise. Streams are void * to keep this
  * header C. Launchers return 0, -EINVAL for a type or shape the kernels do
@@ -46,7 +46,7 @@ int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream);
 
 /*
  * RoPE's cos and sin for one position (host memory), computed on the host
- * with hyb_rope's very arithmetic (libhyb/ops.c: powf, the theta recurrence,
+ * with hyb_rope's very arithmetic (libhyb/forward/ops.c: powf, the theta recurrence,
  * cosf and sinf of libm), so the device rotates q and k to the CPU's bits.
  * Every layer of a token uses the same table: prepare recomputes it only
  * when n_rot, pos, freq_scale or base changed.

@@ -2,8 +2,8 @@
 /*
  * A layer's activation predictor on CUDA (hyb/device.h hyb_device_predict;
  * PowerInfer 4.3, KAIROX 5.1 runs it on the GPU beside the attention output
- * it reads). The arithmetic is libhyb's: hyb_unit_rms (libhyb/ffn_sparse.c)
- * then hyb_predictor_run (libhyb/predictor.c), and each sum is taken in the
+ * it reads). The arithmetic is libhyb's: hyb_unit_rms (libhyb/sparse/sparse_layer.c)
+ * then hyb_predictor_run (libhyb/sparse/predictor.c), and each sum is taken in the
  * order of the CPU's AVX-512 kernels, so on an AVX-512 host the logits are
  * the CPU device's to the bit but for the unit-RMS scale (below; with
  * raw_x, x is taken as it is: the scale is 1 and the sum of squares goes

@@ -2,7 +2,7 @@
 /*
  * The CUDA activation predictor (kernels/cuda/predict.cu), callable from C:
  * hyb/device.h's hyb_device_predict on a CUDA device. The device layer
- * (kernels/cuda/device_cuda.cu) checks the arguments and owns the
+ * (libhyb/device/device_cuda.cu) checks the arguments and owns the
  * workspace; these functions only size and launch. Streams are void * to
  * keep this header C.
  */

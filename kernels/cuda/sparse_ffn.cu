@@ -363,7 +363,7 @@ static __device__ __forceinline__ void row_dots(const char *const *row, const un
 		out[r] = __shfl_sync(FULL, warp_sum(acc[r]), 0);
 }
 
-/* the CPU operator's act_h (libhyb/sparse_ffn.c); the ReLU family only sees g > 0 */
+/* the CPU operator's act_h (libhyb/sparse/sparse_op.c); the ReLU family only sees g > 0 */
 static __device__ __forceinline__ float act_h(int act, float g, float u)
 {
 	switch (act) {

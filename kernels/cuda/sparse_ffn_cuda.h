@@ -2,7 +2,7 @@
 /*
  * The CUDA sparse FFN over cached neuron groups and the add kernel
  * (kernels/cuda/sparse_ffn.cu), callable from C. The device layer
- * (kernels/cuda/device_cuda.cu) checks the arguments and owns the scratch;
+ * (libhyb/device/device_cuda.cu) checks the arguments and owns the scratch;
  * these functions only size and launch. Streams are void * to keep this
  * header C.
  */

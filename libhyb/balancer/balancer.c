@@ -55,9 +55,10 @@
  * bound of the mean of min(1, .), close enough for a start).
  *
  * Group intensity (KAIROX 6: "normalized intra-group activation intensity",
- * normalisation not given): A_g = share of the group's neurons active, as
- * the lead chose; a_ref (default 1, i.e. A_g = share) rescales it for TAM
- * only, see hyb/balancer.h for why one may want it below 1.
+ * normalisation not given): A_g = share of the group's neurons active,
+ * chosen because it lies in [0, 1] like the frequencies it is mixed with;
+ * a_ref (default 1, i.e. A_g = share) rescales it for TAM only; see
+ * hyb/balancer.h for why one may want it below 1.
  *
  * dynamic (DynamicInfer 4.3, E.3). dyn_lambda = 1: v = a + lambda f adds two
  * estimates of the same thing (the chance the group is needed now), a from

@@ -860,7 +860,7 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 }
 
 /*
- * The dense kernels run the CPU forward pass's code (libhyb/forward.c) on
+ * The dense kernels run the CPU forward pass's code (libhyb/forward/forward.c) on
  * one thread, so their results are its bits: hyb/device.h promises that.
  */
 

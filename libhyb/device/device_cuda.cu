@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The "cuda" device (hyb/device.h): libhyb/device.c checks
+ * The "cuda" device (hyb/device.h): libhyb/device/device.c checks
  * the arguments and keeps the allocation table, these ops do the work.
  *
  * Memory: one cudaMalloc at open, of the whole capacity (0: 90% of the free

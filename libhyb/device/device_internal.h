@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * What a device implementation provides (hyb/device.h is the contract;
- * libhyb/device.c checks arguments, keeps the capacity accounting and the
+ * libhyb/device/device.c checks arguments, keeps the capacity accounting and the
  * error message, and calls these). Included from C and from CUDA C++.
  *
  * What device.c guarantees before calling an op (implementations need not

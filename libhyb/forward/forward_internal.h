@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The context and the CPU steps of the forward pass (libhyb/forward.c), for
- * the hybrid decode step (libhyb/decode_hybrid.c), which runs some of them on
+ * The context and the CPU steps of the forward pass (libhyb/forward/forward.c), for
+ * the hybrid decode step (libhyb/hybrid/decode.c), which runs some of them on
  * the CPU and the rest on a device.
  */
 #ifndef HYB_FORWARD_INTERNAL_H

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * The hybrid decode step (decode_hybrid.h). Per layer:
+ * The hybrid decode step (hybrid/decode.h). Per layer:
  *
- *   attention  on the device when placed there (hybrid_dense.c): the block
+ *   attention  on the device when placed there (hybrid/dense.c): the block
  *              runs on COMPUTE, then x and ffn_norm(x) come down on CRITICAL
  *              for the CPU's neurons, with the active sets of the
  *              predictors that read this output when they are on the

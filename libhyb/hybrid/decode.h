@@ -6,8 +6,8 @@
  * dense parts on the device. forward.c calls them for hybrid contexts, and
  * the KV hooks around the prompt batches it runs on the CPU (prefill_cpu).
  */
-#ifndef HYB_DECODE_HYBRID_H
-#define HYB_DECODE_HYBRID_H
+#ifndef HYB_HYBRID_DECODE_H
+#define HYB_HYBRID_DECODE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The dense part of a hybrid model in device memory: see hybrid_dense.h.
+ * The dense part of a hybrid model in device memory: see hybrid/dense.h.
  * Weights are copied from the model's mapping as they are (GGUF rows), so the
  * device kernels read the bytes the CPU would.
  */

@@ -3,7 +3,7 @@
  * The dense part of a hybrid model in device memory (PowerInfer 5.3 keeps
  * attention and the head on the GPU): per placed layer
  * the attention block's weights, its norms and its KV cache; the head; and
- * the residual stream's device copy. libhyb/decode_hybrid.c queues the
+ * the residual stream's device copy. libhyb/hybrid/decode.c queues the
  * work; this file owns the bytes, the placement arithmetic and the KV
  * cache's two copies.
  *

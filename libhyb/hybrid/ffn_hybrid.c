@@ -18,13 +18,13 @@
  *      is "late": the CPU computes it from the pool, nobody waits);
  *   4. the device list goes up on CRITICAL and the kernel runs on COMPUTE
  *      while the CPU computes its list in place on pool memory (PowerInfer
- *      5.3). Where the layer's attention ran on the device (hybrid_dense.c)
+ *      5.3). Where the layer's attention ran on the device (hybrid/dense.c)
  *      the residual stream is there: the CPU partial goes up and the two are
  *      added into it on the device, and nobody waits. Otherwise the device
  *      partial comes back on CRITICAL and the host adds the two.
  *
  * The layer policy (llama.cpp -ngl) has no predictor: a layer on the device
- * lists every neuron, a layer off it runs dense on the CPU (decode_hybrid.c).
+ * lists every neuron, a layer off it runs dense on the CPU (hybrid/decode.c).
  *
  * The device table (int32 per group: its slot or -1, PowerInfer 5.2's neuron
  * table) is mirrored on the host and uploaded with a layer's inputs when it
@@ -594,7 +594,7 @@ int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float
  * Layer j's active set, predicted from x_attn (the residual stream after the
  * previous layer's attention, or layer 0's own; same-layer: layer j's own,
  * read as it is): by the device where its predictor is there
- * (decode_hybrid.c queued it into `slot` and the list has come down), else
+ * (hybrid/decode.c queued it into `slot` and the list has come down), else
  * on the host.
  */
 static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t j, int slot,

@@ -2,7 +2,7 @@
 /*
  * Reads a llama-family model from GGUF metadata and points each weight at
  * its bytes in the loaded image (a local pool the io_uring streaming engine
- * filled, daemon/stream.c) or, with HYB_LOAD=mmap, in the file mapping.
+ * filled, libhyb/model/stream.c) or, with HYB_LOAD=mmap, in the file mapping.
  * Shapes and types are checked here, once, so the forward pass can trust them.
  */
 #include <errno.h>

@@ -6,8 +6,8 @@
  * long inputs activate almost every neuron, so prefill goes dense); decode
  * runs it when sparse mode is off.
  */
-#ifndef HYB_FFN_PLAN_H
-#define HYB_FFN_PLAN_H
+#ifndef HYB_PLAN_FFN_H
+#define HYB_PLAN_FFN_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,15 +2,15 @@
 /*
  * Sparse decode of a plan model's FFNs on the CPU: per
  * layer, the layer's predictor marks the neurons it expects to fire and the
- * neuron-aware operator (sparse_ffn.h, PowerInfer 5.4) computes only those.
+ * neuron-aware operator (sparse/sparse_op.h, PowerInfer 5.4) computes only those.
  *
  * Predictor input (hyb/profile.h): the residual stream after the previous
  * layer's attention at unit RMS — adjacent-layer prediction (KAIROX 5.1),
  * so the prediction for layer l can overlap layer l-1's FFN once a GPU is
  * involved. Layer 0 uses its own attention output.
  */
-#ifndef HYB_FFN_SPARSE_H
-#define HYB_FFN_SPARSE_H
+#ifndef HYB_SPARSE_LAYER_H
+#define HYB_SPARSE_LAYER_H
 
 #include <stdbool.h>
 #include <stddef.h>

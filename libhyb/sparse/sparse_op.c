@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The threaded sparse FFN operator (sparse_ffn.h) and the bundle builder.
+ * The threaded sparse FFN operator (sparse/sparse_op.h) and the bundle builder.
  *
  * PowerInfer §5.4 splits the neurons "into small batches across multiple
  * cores; each core checks activations and computes only the active

@@ -18,8 +18,8 @@
  * actually listed, not by bundles; each thread adds into its own partial y
  * and one reduction sums them.
  */
-#ifndef HYB_SPARSE_FFN_H
-#define HYB_SPARSE_FFN_H
+#ifndef HYB_SPARSE_OP_H
+#define HYB_SPARSE_OP_H
 
 #include <stddef.h>
 #include <stdint.h>

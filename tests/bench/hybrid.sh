@@ -21,7 +21,7 @@ f=models/sparse-$layers-$t.gguf
 # HYBRID_PREPARE_ONLY=1: the model and its plan, no benchmark (a GPU session
 # makes them while its GPU tests run: tests/gpu/device_run.sh)
 [ "${HYBRID_PREPARE_ONLY:-0}" = 1 ] && exit 0
-# 40% is the budget; at the 7B shape the attention blocks, head and
+# 40% is the benchmark's budget; at the 7B shape the attention blocks, head and
 # predictors (placed first) take nearly all of it, so 60% shows the policies
 # with room to move neuron groups.
 for budget in ${HYBRID_BUDGET:-40% 60%}; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make bench: the foundation benchmarks on generated models of the issue's
+# make bench: the foundation benchmarks on generated models of the 7B
 # shape (hidden 4096, FFN 11008, 8 layers, 32 heads, vocabulary 32000).
 # Every figure is printed next to its roofline, measured in the same run.
 set -euo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make bench, sparse part: the neuron-aware operator against the
 # dense kernels, then the whole offline + online pipeline on ReLU models of
-# the shape: synth -> profile -> plan -> dense vs sparse decode of
+# the 7B shape: synth -> profile -> plan -> dense vs sparse decode of
 # the plan in the same run (hyb bench) -> greedy fidelity over 20 prompts.
 # SPARSE_LAYERS (default 32) and SPARSE_TYPES (default "Q4_0 Q8_0") shrink it.
 set -euo pipefail

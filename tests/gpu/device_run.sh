@@ -10,7 +10,7 @@
 # do not stop it: it is the one build there is time for), then `make
 # test-gpu` while the benchmark's 32-layer model is made on the other cores
 # (synth, profile, plan: 3.8 GB cannot be carried), then `make bench-gpu` at
-# HYBRID_BUDGET (default 40%, the budget), REPS rounds (default 1:
+# HYBRID_BUDGET (default 40%, the benchmark's budget), REPS rounds (default 1:
 # one round of every policy at 256 tokens is what fits). Each step's log goes
 # to $OUT (the device tool brings that folder back; ./gpu-out elsewhere) as it
 # runs, so a call cut short by its time limit still returns what finished.

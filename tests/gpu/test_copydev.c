@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The CUDA copy device (kernels/cuda/copydev_cuda.cu, daemon/copydev_cuda.h)
+ * The CUDA copy device (daemon/copydev_cuda.cu, daemon/copydev_cuda.h)
  * on a real GPU: pool ranges uploaded at every priority land byte for byte in
  * the cache slots (pinned pool, odd offsets and lengths), bounds and evictions
  * behave as the CPU device's; the reload service drives it from the queue;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * The "cuda" device (kernels/cuda/device_cuda.cu, sparse_ffn.cu) against
- * the "cpu" device (libhyb/device_cpu.c) through hyb/device.h: the same op
+ * The "cuda" device (libhyb/device/device_cuda.cu, sparse_ffn.cu) against
+ * the "cpu" device (libhyb/device/device_cpu.c) through hyb/device.h: the same op
  * sequences on both - bundles built by hyb_bundles_build, uploaded to
  * scrambled cache slots, random lists of resident neurons, every activation,
  * F16 / Q8_0 / Q4_0, y = and y +=, the 4096 x 11008 layer and small odd
@@ -500,7 +500,7 @@ TEST(gpu_dev_events_order_streams)
 }
 
 /*
- * The roofline's bandwidths as hyb bench measures them (libhyb/device_bw.c):
+ * The roofline's bandwidths as hyb bench measures them (libhyb/device/device_bw.c):
  * a pinned upload and the add kernel. Loose bounds, any PCIe 3-6 link and
  * any GPU since Volta: they catch a unit slip or a copy that is not pinned.
  */

@@ -125,7 +125,7 @@ int main(int argc, char **argv)
 	/*
 	 * The CPU-executed device touches host memory when a copy completes, as
 	 * a GPU does, and faults a host that does not honour its events
-	 * (libhyb/device_cpu.c, "Strict mode"): every engine test then checks
+	 * (libhyb/device/device_cpu.c, "Strict mode"): every engine test then checks
 	 * what the first GPU run would otherwise find. HYB_DEVICE_STRICT=0 turns
 	 * it off.
 	 */

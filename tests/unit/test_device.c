@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The device layer on the CPU device (libhyb/device.c, device_cpu.c): memory
+ * The device layer on the CPU device (libhyb/device/device.c, device_cpu.c): memory
  * and capacity, argument checks, copies, the modelled clock (serialization,
  * full duplex, kernel/copy overlap, events, pre-emption of reloads), the
  * sparse FFN kernel against the CPU operator, and the dense kernels
@@ -554,7 +554,7 @@ TEST(dev_strict_mode_catches_host_races)
 	free(buf);
 }
 
-/* Strict mode's device-memory race detector (libhyb/device_race.h): ordering, not timing. */
+/* Strict mode's device-memory race detector (libhyb/device/device_race.h): ordering, not timing. */
 static struct hyb_device *race_dev(hyb_dptr *p, char **buf)
 {
 	struct hyb_device *d = open_cpu(&slow);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The SIGBUS guard of file mappings (libhyb/map_guard.h): a model computed
+ * The SIGBUS guard of file mappings (libhyb/format/map_guard.h): a model computed
  * in place (HYB_LOAD=mmap) whose file is truncated under it ends with a line
  * naming the file, the byte and the tensor, and exit status 1; faults that
  * are not in a guarded mapping still reach the application's own handler,

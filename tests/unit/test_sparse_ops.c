@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Sparse FFN operator tests (libhyb/sparse_ffn.c, kernels/cpu/sparse_ffn_*).
+ * Sparse FFN operator tests (libhyb/sparse/sparse_op.c, kernels/cpu/sparse_ffn_*).
  *
  * References are computed in double from the dequantized bundle rows. Two
  * tolerances, both per output element and derived, not tuned:

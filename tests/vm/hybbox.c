@@ -875,7 +875,7 @@ static void ioerr_hyb_run(const char *hyb, const char *model, uint64_t bad)
 /*
  * `HYB_LOAD=mmap hyb run -m MODEL`: the weights are computed in place, so the
  * failed read surfaces as SIGBUS when a kernel first touches the bad page.
- * The map guard (libhyb/map_guard.h) must turn it into exit 1 and a line
+ * The map guard (libhyb/format/map_guard.h) must turn it into exit 1 and a line
  * naming the file, a byte in the bad page and the tensor holding it - not a
  * death by signal.
  */

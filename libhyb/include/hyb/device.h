@@ -5,9 +5,9 @@
  * streams of asynchronous work, events between them, and the kernels of a
  * hybrid decode step. Two implementations honour it:
  *
- *   "cuda"  kernels/cuda/device_cuda.cu: the product path (cudaMallocAsync
+ *   "cuda"  libhyb/device/device_cuda.cu: the product path (cudaMallocAsync
  *           not used: allocations are made once at set-up).
- *   "cpu"   libhyb/device_cpu.c: a CPU-executed device with a capacity, a
+ *   "cpu"   libhyb/device/device_cpu.c: a CPU-executed device with a capacity, a
  *           modelled PCIe link (bandwidth + latency per copy) and a modelled
  *           memory bandwidth for kernels, so every scheduling and balancing
  *           path runs in CI without a GPU.
@@ -158,7 +158,7 @@ int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 
 /*
  * The link and device-memory bandwidths the engine's own copies and kernels
- * get (libhyb/device_bw.c): a host-to-device copy of bytes from pinned
+ * get (libhyb/device/device_bw.c): a host-to-device copy of bytes from pinned
  * memory, and hyb_device_add over bytes / 8 floats, each the best of reps
  * timed runs. Needs bytes of device memory free. The CPU device answers its
  * model's figures. 0, or a negative errno with hyb_device_error().
@@ -209,7 +209,7 @@ int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 /*
  * Dense kernels: the attention block and the head on the device (PowerInfer
  * 5.3 keeps dense layers on the GPU). Their arithmetic is
- * the CPU forward pass's (libhyb/forward.c): the CPU device runs the very
+ * the CPU forward pass's (libhyb/forward/forward.c): the CPU device runs the very
  * same code and gives the same bits (attention over 512+ positions excepted:
  * there the CPU pass splits positions between its threads as llama.cpp does,
  * the device does not); CUDA agrees up to float summation order and the F16

@@ -90,7 +90,7 @@ struct hyb_gguf_file {
 	/* private */
 	void *map;               /* non-NULL when hyb_gguf_open mapped the file */
 	uint64_t map_len;
-	int map_guard;           /* its SIGBUS guard slot (libhyb/map_guard.h), -1: none */
+	int map_guard;           /* its SIGBUS guard slot (libhyb/format/map_guard.h), -1: none */
 	uint32_t *kv_index;      /* open-addressing hash tables: slot = index + 1, 0 empty */
 	uint32_t *tensor_index;
 	uint64_t kv_mask, tensor_mask;

@@ -44,7 +44,8 @@ struct hyb_plan_sync_model {
 
 struct hyb_plan_pred_opts {
 	uint32_t hidden;       /* H; 0: hyb_plan_pred_hidden() */
-	double target_recall;  /* threshold chosen for it on validation samples (0.995) */
+	double target_recall;  /* the threshold is chosen for it on validation samples;
+	                        * 0: 0.95, hyb_plan_opts_default: 0.998 */
 	uint32_t max_epochs;   /* 0: 10 */
 	double gflop;          /* training compute cap per layer, GFLOP; 0: 200 */
 	uint32_t batch;        /* minibatch; 0: 128 */

@@ -7,8 +7,8 @@
  * come or finish, removed at shutdown), read back and formatted as text or
  * JSON. Here rather than in tools/hybctl so that tests link it (libhyb.a).
  */
-#ifndef HYB_STALLS_FMT_H
-#define HYB_STALLS_FMT_H
+#ifndef HYB_STALLS_H
+#define HYB_STALLS_H
 
 #include <stdio.h>
 
