@@ -257,90 +257,157 @@ struct policy_run {
 	double lambda[3];
 };
 
-int cmd_bench_hybrid(struct cli_opts *o)
+/* One `hyb bench --gpu-budget` run: the workload, the policies, per-round figures. */
+struct hbench {
+	struct cli_opts *o;
+	struct hyb_model *m;
+	struct workload w;
+	uint32_t n_prompt, n_gen, drift;
+	int nth, np;
+	struct policy_run *pr;
+	double *t_ref, *p_ref, *dram, *pcie, *hbm;	/* per round */
+	float *logits;
+};
+
+static double *per_round(const struct hbench *h)
+{
+	double *v = calloc(h->o->reps, sizeof(double));
+
+	if (!v)
+		cli_die("out of memory");
+	return v;
+}
+
+/* The model, the prompt, the policies to run; the header lines. */
+static void hbench_open(struct hbench *h, struct cli_opts *o)
 {
 	enum hyb_policy pol[HYB_N_POLICIES];
-	const int np = parse_policies(o->policies, pol);
-	struct hyb_model *m = cli_load_model(o);
-	const uint32_t n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 16;
-	const uint32_t n_gen = (uint32_t)o->n_gen_bench;
-	const uint32_t drift = o->drift ? o->drift : 32;
-	struct workload w = { .n_prompt = n_prompt, .n_gen = n_gen };
-	struct policy_run *pr = calloc(np, sizeof(*pr));
-	double *t_ref = calloc(o->reps, sizeof(double)), *dram = calloc(o->reps, sizeof(double));
-	double *pcie = calloc(o->reps, sizeof(double)), *hbm = calloc(o->reps, sizeof(double));
-	double *p_ref = calloc(o->reps, sizeof(double)), ps;
-	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
-	const int nth = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	uint64_t budget;
 
-	if (!m->group_size)
+	h->o = o;
+	h->np = parse_policies(o->policies, pol);
+	h->m = cli_load_model(o);
+	h->n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 16;
+	h->n_gen = (uint32_t)o->n_gen_bench;
+	h->drift = o->drift ? o->drift : 32;
+	h->w = (struct workload){ .n_prompt = h->n_prompt, .n_gen = h->n_gen };
+	h->nth = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	if (!h->m->group_size)
 		cli_die("hybrid decoding needs a plan model (hybctl plan)");
-	w.toks = malloc(sizeof(int32_t) * (n_prompt + n_gen));
-	if (!pr || !t_ref || !dram || !pcie || !hbm || !logits || !w.toks)
+	h->pr = calloc(h->np, sizeof(*h->pr));
+	h->logits = malloc(sizeof(float) * h->m->hp.n_vocab);
+	h->w.toks = malloc(sizeof(int32_t) * (h->n_prompt + h->n_gen));
+	if (!h->pr || !h->logits || !h->w.toks)
 		cli_die("out of memory");
+	h->t_ref = per_round(h), h->p_ref = per_round(h), h->dram = per_round(h);
+	h->pcie = per_round(h), h->hbm = per_round(h);
 	srand(1);
-	for (uint32_t i = 0; i < n_prompt; i++)
-		w.toks[i] = 3 + rand() % (int)(m->hp.n_vocab - 3);
-	o->n_ctx = n_prompt + n_gen;
-	const uint64_t budget = cli_gpu_budget(o->gpu_budget, m);
+	for (uint32_t i = 0; i < h->n_prompt; i++)
+		h->w.toks[i] = 3 + rand() % (int)(h->m->hp.n_vocab - 3);
+	o->n_ctx = h->n_prompt + h->n_gen;
+	budget = cli_gpu_budget(o->gpu_budget, h->m);
 
 	printf("model       %s: %u layers, embd %u, ffn %u (%u groups of %u), %.2f GB\n", o->model,
-	       m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, m->n_groups, m->group_size,
-	       m->weight_bytes / 1e9);
+	       h->m->hp.n_layer, h->m->hp.n_embd, h->m->hp.n_ff, h->m->n_groups,
+	       h->m->group_size, h->m->weight_bytes / 1e9);
 	printf("workload    %u prompt tokens, %u decoded, a forced topic change every %u; %d "
-	       "threads\n", n_prompt, n_gen, drift, nth);
+	       "threads\n", h->n_prompt, h->n_gen, h->drift, h->nth);
 	printf("device      %s, budget %.1f MB (%.0f%% of the model)\n",
-	       o->hy.device ? o->hy.device : "cpu", budget / 1e6, 100.0 * budget / m->weight_bytes);
-	for (int i = 0; i < np; i++) {
-		pr[i].p = pol[i];
-		pr[i].tps = calloc(o->reps, sizeof(double));
-		pr[i].pps = calloc(o->reps, sizeof(double));
-		if (!pr[i].tps || !pr[i].pps || !p_ref)
-			cli_die("out of memory");
+	       o->hy.device ? o->hy.device : "cpu", budget / 1e6,
+	       100.0 * budget / h->m->weight_bytes);
+	for (int i = 0; i < h->np; i++) {
+		h->pr[i].p = pol[i];
+		h->pr[i].tps = per_round(h);
+		h->pr[i].pps = per_round(h);
 	}
+}
 
-	for (int r = 0; r < o->reps; r++) {
-		struct cli_opts oc = *o;
+/* One policy on the round's workload: its speeds, and its statistics summed in. */
+static void run_policy(struct hbench *h, struct policy_run *pr, int r)
+{
+	struct cli_opts oc = *h->o;
+	struct hyb_hybrid_stats st;
+	struct hyb_ctx *c;
+	double t, ps;
 
-		/* the baseline of this round: CPU-only sparse decoding, which also fixes the tokens */
-		oc.gpu_budget = NULL;
-		oc.ffn = HYB_FFN_SPARSE;
-		struct hyb_ctx *c = cli_new_ctx(m, &oc);
-
-		t_ref[r] = n_gen / run_seq(c, m, &w, true, drift, logits, NULL, &ps);
-		p_ref[r] = n_prompt / ps;
-		hyb_ctx_free(c);
-		dram[r] = hyb_measure_read_bw(nth, 256u << 20, 3);
-		for (int i = 0; i < np; i++) {
-			oc = *o;
-			oc.hy.policy = pr[i].p;
-			c = cli_new_ctx(m, &oc);
-			double t = run_seq(c, m, &w, false, drift, logits, &pr[i].agree, &ps);
-			struct hyb_hybrid_stats st;
-
-			pr[i].compared += n_gen - n_gen / drift;
-			pr[i].tps[r] = n_gen / t;
-			pr[i].pps[r] = n_prompt / ps;
-			hyb_ctx_hybrid_stats(c, &st);
-#define ADD(f) pr[i].st.f += st.f
-			ADD(tokens); ADD(active); ADD(active_dev); ADD(late); ADD(loads);
-			ADD(bound_io); ADD(bound_cpu); ADD(dev_kernel_s);
-			ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
-			ADD(stall_s); ADD(predictor_s); ADD(balancer_s); ADD(attn_s); ADD(head_s);
+	oc.hy.policy = pr->p;
+	c = cli_new_ctx(h->m, &oc);
+	t = run_seq(c, h->m, &h->w, false, h->drift, h->logits, &pr->agree, &ps);
+	pr->compared += h->n_gen - h->n_gen / h->drift;
+	pr->tps[r] = h->n_gen / t;
+	pr->pps[r] = h->n_prompt / ps;
+	hyb_ctx_hybrid_stats(c, &st);
+#define ADD(f) pr->st.f += st.f
+	ADD(tokens); ADD(active); ADD(active_dev); ADD(late); ADD(loads);
+	ADD(bound_io); ADD(bound_cpu); ADD(dev_kernel_s);
+	ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
+	ADD(stall_s); ADD(predictor_s); ADD(balancer_s); ADD(attn_s); ADD(head_s);
 #undef ADD
-			hyb_ctx_hybrid_placement(c, &pr[i].pl);
-			pr[i].lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
-			pr[i].lambda[1] = hyb_ctx_hybrid_lambda(c, m->hp.n_layer / 2);
-			pr[i].lambda[2] = hyb_ctx_hybrid_lambda(c, m->hp.n_layer - 1);
-			hyb_ctx_free(c);
-		}
-		device_bw(o, &pcie[r], &hbm[r]);
-	}
+	hyb_ctx_hybrid_placement(c, &pr->pl);
+	pr->lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
+	pr->lambda[1] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer / 2);
+	pr->lambda[2] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer - 1);
+	hyb_ctx_free(c);
+}
 
-	const double ref = median(t_ref, o->reps);
-	const double bw_dram = median(dram, o->reps);
-	const double bw_pcie = median(pcie, o->reps), bw_hbm = median(hbm, o->reps);
-	const double mean_pos = n_prompt + n_gen / 2.0;
+/* One round: the CPU-only baseline (which also fixes the tokens), every policy, the bandwidths. */
+static void hbench_round(struct hbench *h, int r)
+{
+	struct cli_opts oc = *h->o;
+	struct hyb_ctx *c;
+	double ps;
+
+	oc.gpu_budget = NULL;
+	oc.ffn = HYB_FFN_SPARSE;
+	c = cli_new_ctx(h->m, &oc);
+	h->t_ref[r] = h->n_gen / run_seq(c, h->m, &h->w, true, h->drift, h->logits, NULL, &ps);
+	h->p_ref[r] = h->n_prompt / ps;
+	hyb_ctx_free(c);
+	h->dram[r] = hyb_measure_read_bw(h->nth, 256u << 20, 3);
+	for (int i = 0; i < h->np; i++)
+		run_policy(h, &h->pr[i], r);
+	device_bw(h->o, &h->pcie[r], &h->hbm[r]);
+}
+
+/* A policy's row: speed, the split, traffic, times, and its share of the hybrid roofline. */
+static double print_policy(const struct hbench *h, const struct policy_run *pr, double ref,
+			   double bw_dram, double bw_pcie, double bw_hbm)
+{
+	const struct hyb_hybrid_stats *s = &pr->st;
+	const double n = s->tokens ? (double)s->tokens : 1;
+	const double tps = median(pr->tps, h->o->reps);
+	const double io_b = (double)(s->load_bytes + s->critical_bytes) / n;
+	const double mean_pos = h->n_prompt + h->n_gen / 2.0;
+	double cpu_b, gpu_b, roof;
+	char dense[16];
+
+	step_bytes(h->m, &pr->pl, s, pr->p == HYB_POLICY_LAYER, mean_pos, &cpu_b, &gpu_b);
+	roof = cpu_b / bw_dram;
+	snprintf(dense, sizeof(dense), "%u%s%s", pr->pl.attn_layers, pr->pl.head ? "+h" : "",
+		 pr->pl.predictors ? "+p" : "");
+	if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
+		roof = gpu_b / bw_hbm;
+	if (bw_pcie > 0 && io_b / bw_pcie > roof)
+		roof = io_b / bw_pcie;
+	printf("%-13s %8.2f %6.2fx %8.2f %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f "
+	       "%5.0f%% %6.1f%%", hyb_policy_name(pr->p), tps, tps / ref,
+	       median(pr->pps, h->o->reps), dense,
+	       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
+	       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
+	       1e3 * s->dev_kernel_s / n, 1e3 * s->stall_s / n, 100.0 * tps * roof,
+	       pr->compared ? 100.0 * pr->agree / pr->compared : 0.0);
+	if (!isnan(pr->lambda[0]))
+		printf(" %.2f/%.2f/%.2f", pr->lambda[0], pr->lambda[1], pr->lambda[2]);
+	printf("\n");
+	return tps;
+}
+
+static void hbench_report(struct hbench *h)
+{
+	const struct cli_opts *o = h->o;
+	const double ref = median(h->t_ref, o->reps);
+	const double bw_dram = median(h->dram, o->reps);
+	const double bw_pcie = median(h->pcie, o->reps), bw_hbm = median(h->hbm, o->reps);
 	double base_layer = 0, base_static = 0;
 
 	printf("bandwidth   DRAM %.1f GB/s, PCIe %.1f GB/s, device memory %.0f GB/s (measured "
@@ -349,45 +416,22 @@ int cmd_bench_hybrid(struct cli_opts *o)
 		       ? "link: a pinned host-to-device copy, memory: the device's add kernel"
 		       : "the CPU device's link and memory are its model's");
 	printf("baseline    %8.2f tokens/s  CPU-only sparse decode; prompt %.2f tokens/s "
-	       "(%u tokens)\n", ref, median(p_ref, o->reps), n_prompt);
+	       "(%u tokens)\n", ref, median(h->p_ref, o->reps), h->n_prompt);
 	printf("%-13s %8s %7s %8s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy",
 	       "tok/s", "vs cpu", "prompt", "dense", "gpu%", "loads", "MB/tok", "attn ms",
 	       "cpu ms", "dev ms", "stall", "roof%", "agree", "lambda");
-	for (int i = 0; i < np; i++) {
-		const struct hyb_hybrid_stats *s = &pr[i].st;
-		const double n = s->tokens ? (double)s->tokens : 1;
-		const double tps = median(pr[i].tps, o->reps);
-		const double io_b = (double)(s->load_bytes + s->critical_bytes) / n;
-		double cpu_b, gpu_b, roof;
-		char dense[16];
+	for (int i = 0; i < h->np; i++) {
+		double tps = print_policy(h, &h->pr[i], ref, bw_dram, bw_pcie, bw_hbm);
 
-		step_bytes(m, &pr[i].pl, s, pr[i].p == HYB_POLICY_LAYER, mean_pos, &cpu_b, &gpu_b);
-		roof = cpu_b / bw_dram;
-		snprintf(dense, sizeof(dense), "%u%s%s", pr[i].pl.attn_layers,
-			 pr[i].pl.head ? "+h" : "", pr[i].pl.predictors ? "+p" : "");
-		if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
-			roof = gpu_b / bw_hbm;
-		if (bw_pcie > 0 && io_b / bw_pcie > roof)
-			roof = io_b / bw_pcie;
-		if (pr[i].p == HYB_POLICY_LAYER)
+		if (h->pr[i].p == HYB_POLICY_LAYER)
 			base_layer = tps;
-		if (pr[i].p == HYB_POLICY_STATIC)
+		if (h->pr[i].p == HYB_POLICY_STATIC)
 			base_static = tps;
-		printf("%-13s %8.2f %6.2fx %8.2f %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f "
-		       "%5.0f%% %6.1f%%", hyb_policy_name(pr[i].p), tps, tps / ref,
-		       median(pr[i].pps, o->reps), dense,
-		       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
-		       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
-		       1e3 * s->dev_kernel_s / n, 1e3 * s->stall_s / n, 100.0 * tps * roof,
-		       pr[i].compared ? 100.0 * pr[i].agree / pr[i].compared : 0.0);
-		if (!isnan(pr[i].lambda[0]))
-			printf(" %.2f/%.2f/%.2f", pr[i].lambda[0], pr[i].lambda[1], pr[i].lambda[2]);
-		printf("\n");
 	}
-	for (int i = 0; i < np; i++) {
-		const double tps = median(pr[i].tps, o->reps);
+	for (int i = 0; i < h->np; i++) {
+		const double tps = median(h->pr[i].tps, o->reps);
 
-		if (pr[i].p != HYB_POLICY_TAM_ADAPTIVE)
+		if (h->pr[i].p != HYB_POLICY_TAM_ADAPTIVE)
 			continue;
 		if (base_layer > 0)
 			printf("tam-adaptive vs layer-wise offload: %.2fx (target >= 3)\n",
@@ -404,18 +448,33 @@ int cmd_bench_hybrid(struct cli_opts *o)
 	       "layer runs its other layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
 	       "link bytes / PCIe) per token, each side's bytes where the placement put them\n");
-	for (int i = 0; i < np; i++) {
-		free(pr[i].tps);
-		free(pr[i].pps);
+}
+
+static void hbench_free(struct hbench *h)
+{
+	for (int i = 0; i < h->np; i++) {
+		free(h->pr[i].tps);
+		free(h->pr[i].pps);
 	}
-	free(pr);
-	free(t_ref);
-	free(p_ref);
-	free(dram);
-	free(pcie);
-	free(hbm);
-	free(logits);
-	free(w.toks);
-	hyb_model_free(m);
+	free(h->pr);
+	free(h->t_ref);
+	free(h->p_ref);
+	free(h->dram);
+	free(h->pcie);
+	free(h->hbm);
+	free(h->logits);
+	free(h->w.toks);
+	hyb_model_free(h->m);
+}
+
+int cmd_bench_hybrid(struct cli_opts *o)
+{
+	struct hbench h = { 0 };
+
+	hbench_open(&h, o);
+	for (int r = 0; r < o->reps; r++)
+		hbench_round(&h, r);
+	hbench_report(&h);
+	hbench_free(&h);
 	return 0;
 }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +103,86 @@ enum {
 	OPT_SEED, OPT_GPU_INDEX, OPT_TRAIN_PRED,
 };
 
-int cmd_plan(int argc, char **argv)
+/*
+ * The numeric options: the range a value must be in, the factor to the unit
+ * the planner takes (us -> s, GB/s -> B/s) and the field it sets.
+ */
+struct num_opt {
+	int id;
+	const char *name;
+	double lo, hi, scale;
+	size_t off;
+	enum { NUM_U32, NUM_U64, NUM_F64 } kind;
+};
+
+#define NUM(id, name, lo, hi, scale, field, kind) \
+	{ id, name, lo, hi, scale, offsetof(struct hyb_plan_opts, field), kind }
+static const struct num_opt nums[] = {
+	NUM(OPT_GS, "--group-size", 1, 1u << 24, 1, group_size, NUM_U32),
+	NUM(OPT_LAT, "--pcie-latency", 0, 1e6, 1e-6, link.latency_s, NUM_F64),
+	NUM(OPT_BW, "--pcie-bw", 1e-3, 1e6, 1e9, link.bw, NUM_F64),
+	NUM(OPT_TARGET, "--transfer-target", 0, 0.999, 1, target_efficiency, NUM_F64),
+	NUM(OPT_MAXG, "--max-groups", 1, 1u << 24, 1, max_groups, NUM_U32),
+	NUM(OPT_TSYNC, "--t-sync", 0, 1e6, 1e-6, sync.t_sync, NUM_F64),
+	NUM(OPT_CPUBW, "--cpu-bw", 1e-3, 1e6, 1e9, sync.bw_cpu, NUM_F64),
+	NUM(OPT_GPUBW, "--gpu-bw", 1e-3, 1e6, 1e9, sync.bw_gpu, NUM_F64),
+	NUM(OPT_RECALL, "--recall", 0.01, 1, 1, pred.target_recall, NUM_F64),
+	NUM(OPT_HIDDEN, "--hidden", 1, 65536, 1, pred.hidden, NUM_U32),
+	NUM(OPT_MAXH, "--max-hidden", 32, 65536, 1, pred_hidden_hi, NUM_U32),
+	NUM(OPT_GFLOP, "--train-gflop", 1e-3, 1e9, 1, pred.gflop, NUM_F64),
+	NUM(OPT_EPOCHS, "--epochs", 1, 1e6, 1, pred.max_epochs, NUM_U32),
+	NUM(OPT_SEED, "--seed", 0, 1e15, 1, group.seed, NUM_U64),
+};
+
+/* A numeric option into o: 0, -1 when not one, 2 (the exit status) when out of range. */
+static int set_num(struct hyb_plan_opts *o, int id, const char *arg)
+{
+	for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
+		const struct num_opt *n = &nums[i];
+		char *field = (char *)o + n->off;
+		double v;
+
+		if (n->id != id)
+			continue;
+		if (parse_num(n->name, arg, n->lo, n->hi, &v))
+			return 2;
+		v *= n->scale;
+		if (n->kind == NUM_U32)
+			*(uint32_t *)field = (uint32_t)v;
+		else if (n->kind == NUM_U64)
+			*(uint64_t *)field = (uint64_t)v;
+		else
+			*(double *)field = v;
+		if (id == OPT_SEED)	/* one seed for grouping and training */
+			o->pred.seed = o->group.seed;
+		return 0;
+	}
+	return -1;
+}
+
+static int set_grouping(struct hyb_plan_opts *o, const char *arg)
+{
+	if (!strcmp(arg, "metis")) {
+		o->grouping = HYB_PLAN_GROUP_METIS;
+	} else if (!strcmp(arg, "contiguous")) {
+		o->grouping = HYB_PLAN_GROUP_CONTIGUOUS;
+	} else if (!strcmp(arg, "random")) {
+		o->grouping = HYB_PLAN_GROUP_RANDOM;
+	} else {
+		fprintf(stderr, "hybctl plan: --grouping must be metis, contiguous or random\n");
+		return 2;
+	}
+	return 0;
+}
+
+struct plan_args {
+	struct hyb_plan_opts o;
+	const char *profile, *out, *model;
+	bool have_budget;
+};
+
+/* The command line into a: -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, struct plan_args *a)
 {
 	static const struct option longs[] = {
 		{ "profile", required_argument, NULL, OPT_PROFILE },
@@ -127,151 +207,84 @@ int cmd_plan(int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *profile = NULL, *out = NULL, *model;
-	struct hyb_plan_opts o;
-	struct hyb_profile *prof;
-	bool have_budget = false;
-	char err[1024];
 	double v;
 	int c, rc;
 
-	hyb_plan_opts_default(&o);
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "o:t:qh", longs, NULL)) != -1) {
+		if ((rc = set_num(&a->o, c, optarg)) >= 0) {
+			if (rc)
+				return rc;
+			continue;
+		}
 		switch (c) {
 		case 'o':
-			out = optarg;
+			a->out = optarg;
 			break;
 		case 't':
 			if (parse_num("-t", optarg, 1, 4096, &v))
 				return 2;
-			o.n_threads = (int)v;
+			a->o.n_threads = (int)v;
 			break;
 		case 'q':
-			o.quiet = true;
+			a->o.quiet = true;
 			break;
 		case 'h':
 			fputs(usage, stdout);
 			return 0;
 		case OPT_PROFILE:
-			profile = optarg;
+			a->profile = optarg;
 			break;
 		case OPT_BUDGET:
-			if (parse_bytes(optarg, &o.gpu_budget)) {
+			if (parse_bytes(optarg, &a->o.gpu_budget)) {
 				fprintf(stderr, "hybctl plan: --gpu-budget '%s' is not a byte "
 					"count (e.g. 8G, 512M, 1073741824)\n", optarg);
 				return 2;
 			}
-			have_budget = true;
-			break;
-		case OPT_GS:
-			if (parse_num("--group-size", optarg, 1, 1u << 24, &v))
-				return 2;
-			o.group_size = (uint32_t)v;
-			break;
-		case OPT_LAT:
-			if (parse_num("--pcie-latency", optarg, 0, 1e6, &v))
-				return 2;
-			o.link.latency_s = v * 1e-6;
-			break;
-		case OPT_BW:
-			if (parse_num("--pcie-bw", optarg, 1e-3, 1e6, &v))
-				return 2;
-			o.link.bw = v * 1e9;
-			break;
-		case OPT_TARGET:
-			if (parse_num("--transfer-target", optarg, 0, 0.999, &v))
-				return 2;
-			o.target_efficiency = v;
-			break;
-		case OPT_MAXG:
-			if (parse_num("--max-groups", optarg, 1, 1u << 24, &v))
-				return 2;
-			o.max_groups = (uint32_t)v;
+			a->have_budget = true;
 			break;
 		case OPT_GROUPING:
-			if (!strcmp(optarg, "metis")) {
-				o.grouping = HYB_PLAN_GROUP_METIS;
-			} else if (!strcmp(optarg, "contiguous")) {
-				o.grouping = HYB_PLAN_GROUP_CONTIGUOUS;
-			} else if (!strcmp(optarg, "random")) {
-				o.grouping = HYB_PLAN_GROUP_RANDOM;
-			} else {
-				fprintf(stderr, "hybctl plan: --grouping must be metis, "
-					"contiguous or random\n");
+			if (set_grouping(&a->o, optarg))
 				return 2;
-			}
-			break;
-		case OPT_TSYNC:
-			if (parse_num("--t-sync", optarg, 0, 1e6, &v))
-				return 2;
-			o.sync.t_sync = v * 1e-6;
-			break;
-		case OPT_CPUBW:
-			if (parse_num("--cpu-bw", optarg, 1e-3, 1e6, &v))
-				return 2;
-			o.sync.bw_cpu = v * 1e9;
-			break;
-		case OPT_GPUBW:
-			if (parse_num("--gpu-bw", optarg, 1e-3, 1e6, &v))
-				return 2;
-			o.sync.bw_gpu = v * 1e9;
-			break;
-		case OPT_RECALL:
-			if (parse_num("--recall", optarg, 0.01, 1, &v))
-				return 2;
-			o.pred.target_recall = v;
-			break;
-		case OPT_HIDDEN:
-			if (parse_num("--hidden", optarg, 1, 65536, &v))
-				return 2;
-			o.pred.hidden = (uint32_t)v;
-			break;
-		case OPT_MAXH:
-			if (parse_num("--max-hidden", optarg, 32, 65536, &v))
-				return 2;
-			o.pred_hidden_hi = (uint32_t)v;
-			break;
-		case OPT_GFLOP:
-			if (parse_num("--train-gflop", optarg, 1e-3, 1e9, &v))
-				return 2;
-			o.pred.gflop = v;
-			break;
-		case OPT_EPOCHS:
-			if (parse_num("--epochs", optarg, 1, 1e6, &v))
-				return 2;
-			o.pred.max_epochs = (uint32_t)v;
-			break;
-		case OPT_SEED:
-			if (parse_num("--seed", optarg, 0, 1e15, &v))
-				return 2;
-			o.group.seed = o.pred.seed = (uint64_t)v;
 			break;
 		case OPT_GPU_INDEX:
-			o.gpu_index = optarg;
+			a->o.gpu_index = optarg;
 			break;
 		case OPT_TRAIN_PRED:
-			o.train_predictors = true;
+			a->o.train_predictors = true;
 			break;
 		default:
 			fputs(usage, stderr);
 			return 2;
 		}
 	}
-	if (optind != argc - 1 || !profile || !out || !have_budget) {
+	if (optind != argc - 1 || !a->profile || !a->out || !a->have_budget) {
 		fprintf(stderr, "hybctl plan: %s\n%s",
 			optind != argc - 1 ? "give exactly one MODEL"
-			: !profile ? "--profile is required"
-			: !out ? "-o is required" : "--gpu-budget is required", usage);
+			: !a->profile ? "--profile is required"
+			: !a->out ? "-o is required" : "--gpu-budget is required", usage);
 		return 2;
 	}
-	model = argv[optind];
-	prof = hyb_profile_load(profile, err, sizeof(err));
+	a->model = argv[optind];
+	return -1;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+	struct plan_args a = { 0 };
+	struct hyb_profile *prof;
+	char err[1024];
+	int rc;
+
+	hyb_plan_opts_default(&a.o);
+	if ((rc = parse_args(argc, argv, &a)) >= 0)
+		return rc;
+	prof = hyb_profile_load(a.profile, err, sizeof(err));
 	if (!prof) {
 		fprintf(stderr, "hybctl plan: %s\n", err);
 		return 1;
 	}
-	rc = hyb_plan_make(model, prof, &o, out, err, sizeof(err));
+	rc = hyb_plan_make(a.model, prof, &a.o, a.out, err, sizeof(err));
 	hyb_profile_free(prof);
 	if (rc) {
 		fprintf(stderr, "hybctl plan: %s\n", err);
