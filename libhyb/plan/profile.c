@@ -23,6 +23,7 @@
 #include "hyb/profile.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -677,13 +678,23 @@ out:
 	return rc;
 }
 
-#define LOAD_FAIL(...)                                                          \
-	do {                                                                    \
-		int n_ = snprintf(err, errlen, "%s: ", path);                   \
-		if (n_ >= 0 && (size_t)n_ < errlen)                             \
-			snprintf(err + n_, errlen - (size_t)n_, __VA_ARGS__);   \
-		goto fail;                                                      \
-	} while (0)
+/* "path: what" into err; -1. */
+static int load_fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static int load_fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+{
+	int n = snprintf(err, errlen, "%s: ", path);
+	va_list ap;
+
+	if (n >= 0 && (size_t)n < errlen) {
+		va_start(ap, fmt);
+		vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
+		va_end(ap);
+	}
+	return -1;
+}
+
+#define LOAD_FAIL(...) return load_fail(err, errlen, path, __VA_ARGS__)
 
 static bool get_u32(const struct hyb_gguf_file *f, const char *key, uint32_t *v)
 {
@@ -704,76 +715,84 @@ static const struct hyb_gguf_tensor *tensor(const struct hyb_gguf_file *f, const
 	return t;
 }
 
-struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
-{
-	struct hyb_gguf_file *f = NULL;
-	struct hyb_profile *p = NULL;
-	const struct hyb_gguf_kv *kv;
-	uint32_t ver, n_layer, n_embd, n_ff, n_samples, n_seqs;
+/* What a profile's header says, checked against the limits. */
+struct load_hdr {
+	uint32_t n_layer, n_embd, n_ff, n_samples, n_seqs;
 	int64_t n_tokens;
+};
+
+static int load_header(const struct hyb_gguf_file *f, const char *path, struct load_hdr *h,
+		       char *err, size_t errlen)
+{
+	const struct hyb_gguf_kv *kv;
+	uint32_t ver;
 	char arch[32];
 
-	if (hyb_gguf_open(path, &f, err, errlen)) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", path, why);
-		return NULL;
-	}
 	if (!hyb_gguf_get_str(f, "general.architecture", arch, sizeof(arch)))
 		LOAD_FAIL("not a hyb profile (no general.architecture)");
 	if (strcmp(arch, "hyb-profile"))
 		LOAD_FAIL("not a hyb profile (general.architecture is '%s')", arch);
 	if (!get_u32(f, "hyb.profile.version", &ver) || ver != 1)
 		LOAD_FAIL("unsupported profile version (want hyb.profile.version = 1)");
-	if (!get_u32(f, "hyb.profile.n_layer", &n_layer) || !n_layer || n_layer > MAX_LAYERS)
+	if (!get_u32(f, "hyb.profile.n_layer", &h->n_layer) || !h->n_layer ||
+	    h->n_layer > MAX_LAYERS)
 		LOAD_FAIL("missing or bad hyb.profile.n_layer");
-	if (!get_u32(f, "hyb.profile.n_embd", &n_embd) || !n_embd || n_embd > MAX_EMBD)
+	if (!get_u32(f, "hyb.profile.n_embd", &h->n_embd) || !h->n_embd || h->n_embd > MAX_EMBD)
 		LOAD_FAIL("missing or bad hyb.profile.n_embd");
-	if (!get_u32(f, "hyb.profile.n_ff", &n_ff) || !n_ff || n_ff > MAX_FF)
+	if (!get_u32(f, "hyb.profile.n_ff", &h->n_ff) || !h->n_ff || h->n_ff > MAX_FF)
 		LOAD_FAIL("missing or bad hyb.profile.n_ff");
-	if (!get_u32(f, "hyb.profile.n_samples", &n_samples))
+	if (!get_u32(f, "hyb.profile.n_samples", &h->n_samples))
 		LOAD_FAIL("missing hyb.profile.n_samples");
-	if (!get_u32(f, "hyb.profile.n_seqs", &n_seqs) || n_seqs > n_samples ||
-	    (n_samples && !n_seqs))
-		LOAD_FAIL("missing or bad hyb.profile.n_seqs (%u samples)", n_samples);
+	if (!get_u32(f, "hyb.profile.n_seqs", &h->n_seqs) || h->n_seqs > h->n_samples ||
+	    (h->n_samples && !h->n_seqs))
+		LOAD_FAIL("missing or bad hyb.profile.n_seqs (%u samples)", h->n_samples);
 	kv = hyb_gguf_find(f, "hyb.profile.n_tokens");
-	if (!kv || kv->type != HYB_GGUF_VT_UINT64 || !hyb_gguf_get_i64(f, "hyb.profile.n_tokens", &n_tokens)
-	    || (uint64_t)n_tokens < n_samples)
+	if (!kv || kv->type != HYB_GGUF_VT_UINT64 ||
+	    !hyb_gguf_get_i64(f, "hyb.profile.n_tokens", &h->n_tokens) ||
+	    (uint64_t)h->n_tokens < h->n_samples)
 		LOAD_FAIL("missing or bad hyb.profile.n_tokens");
+	return 0;
+}
 
-	/* every tensor present and of the right shape before anything is allocated:
-	 * the sizes the header claims are then backed by the file's own bytes */
-	for (uint32_t l = 0; l < n_layer; l++) {
-		const char *const what[3] = { "count", "active", "input" };
+/*
+ * Every tensor present and of the right shape before anything is allocated:
+ * the sizes the header claims are then backed by the file's own bytes.
+ */
+static int load_check_tensors(const struct hyb_gguf_file *f, const char *path,
+			      const struct load_hdr *h, char *err, size_t errlen)
+{
+	const char *const what[3] = { "count", "active", "input" };
 
-		for (int k = 0; k < (n_samples ? 3 : 1); k++) {
+	for (uint32_t l = 0; l < h->n_layer; l++) {
+		for (int k = 0; k < (h->n_samples ? 3 : 1); k++) {
 			char name[64];
 			bool ok;
 
 			snprintf(name, sizeof(name), "blk.%u.%s", l, what[k]);
 			if (k == 0)
-				ok = tensor(f, name, TYPE_I64, 1, n_ff, 1);
+				ok = tensor(f, name, TYPE_I64, 1, h->n_ff, 1);
 			else if (k == 1)
-				ok = tensor(f, name, TYPE_I64, 2, words_of(n_ff), n_samples);
+				ok = tensor(f, name, TYPE_I64, 2, words_of(h->n_ff), h->n_samples);
 			else
-				ok = tensor(f, name, HYB_TYPE_F16, 2, n_embd, n_samples);
+				ok = tensor(f, name, HYB_TYPE_F16, 2, h->n_embd, h->n_samples);
 			if (!ok && k == 0)
-				LOAD_FAIL("tensor %s missing or not I64 [%u]", name, n_ff);
+				LOAD_FAIL("tensor %s missing or not I64 [%u]", name, h->n_ff);
 			if (!ok)
 				LOAD_FAIL("tensor %s missing or not %s [%u, %u]", name,
-					  k == 1 ? "I64" : "F16", k == 1 ? words_of(n_ff) : n_embd,
-					  n_samples);
+					  k == 1 ? "I64" : "F16",
+					  k == 1 ? words_of(h->n_ff) : h->n_embd, h->n_samples);
 		}
 	}
-	p = profile_alloc(n_layer, n_embd, n_ff, 0, n_seqs);
-	if (!p)
-		LOAD_FAIL("out of memory");
-	p->n_tokens = (uint64_t)n_tokens;
-	p->n_samples = n_samples;
-	p->n_seqs = n_seqs;
-	if (!hyb_gguf_get_str(f, "general.name", p->model_name, sizeof(p->model_name)))
-		p->model_name[0] = 0;
+	return 0;
+}
+
+/* The sequence starts, the per-layer statistics and the reactivation curves. */
+static int load_metadata(const struct hyb_gguf_file *f, const char *path, struct hyb_profile *p,
+			 char *err, size_t errlen)
+{
+	const uint32_t n_layer = p->n_layer, n_seqs = p->n_seqs, n_samples = p->n_samples;
+	const struct hyb_gguf_kv *kv;
+
 	if (n_seqs) {
 		kv = hyb_gguf_get_arr(f, "hyb.profile.seq_start", HYB_GGUF_VT_UINT32);
 		if (!kv || kv->v.arr.n != n_seqs)
@@ -802,51 +821,90 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 		memcpy(p->layers[l].reactivation,
 		       (const double *)kv->v.arr.data + (size_t)l * N_REACT,
 		       sizeof(double) * N_REACT);
+	return 0;
+}
 
-	for (uint32_t l = 0; l < n_layer; l++) {
-		struct hyb_profile_layer *ly = &p->layers[l];
-		const struct hyb_gguf_tensor *t;
-		char name[64];
-		uint64_t pad = p->n_ff % 64 ? ~0ull << (p->n_ff % 64) : 0;
+/* Layer l's counts, and with samples its activation bits and inputs. */
+static int load_layer(const struct hyb_gguf_file *f, const char *path, struct hyb_profile *p,
+		      uint32_t l, char *err, size_t errlen)
+{
+	struct hyb_profile_layer *ly = &p->layers[l];
+	const uint32_t n_ff = p->n_ff, n_samples = p->n_samples;
+	const uint64_t pad = n_ff % 64 ? ~0ull << (n_ff % 64) : 0;
+	const struct hyb_gguf_tensor *t;
+	char name[64];
 
-		snprintf(name, sizeof(name), "blk.%u.count", l);
-		t = tensor(f, name, TYPE_I64, 1, n_ff, 1);
-		if (!t)
-			LOAD_FAIL("tensor %s missing or not I64 [%u]", name, n_ff);
-		memcpy(ly->count, t->data, sizeof(uint64_t) * n_ff);
-		for (uint32_t i = 0; i < n_ff; i++)
-			if (ly->count[i] > p->n_tokens)
-				LOAD_FAIL("%s[%u] = %llu exceeds the %llu profiled tokens", name, i,
-					  (unsigned long long)ly->count[i],
-					  (unsigned long long)p->n_tokens);
-		free(ly->active);
-		free(ly->input);
-		ly->active = NULL;
-		ly->input = NULL;
-		if (!n_samples)
-			continue;
-		snprintf(name, sizeof(name), "blk.%u.active", l);
-		t = tensor(f, name, TYPE_I64, 2, p->active_words, n_samples);
-		if (!t)
-			LOAD_FAIL("tensor %s missing or not I64 [%u, %u]", name, p->active_words,
-				  n_samples);
-		ly->active = malloc(t->nbytes);
-		if (!ly->active)
-			LOAD_FAIL("out of memory");
-		memcpy(ly->active, t->data, t->nbytes);
-		for (uint32_t s = 0; pad && s < n_samples; s++)
-			if (ly->active[(size_t)s * p->active_words + p->active_words - 1] & pad)
-				LOAD_FAIL("%s: sample %u has bits set beyond neuron %u", name, s,
-					  n_ff - 1);
-		snprintf(name, sizeof(name), "blk.%u.input", l);
-		t = tensor(f, name, HYB_TYPE_F16, 2, n_embd, n_samples);
-		if (!t)
-			LOAD_FAIL("tensor %s missing or not F16 [%u, %u]", name, n_embd, n_samples);
-		ly->input = malloc(t->nbytes);
-		if (!ly->input)
-			LOAD_FAIL("out of memory");
-		memcpy(ly->input, t->data, t->nbytes);
+	snprintf(name, sizeof(name), "blk.%u.count", l);
+	t = tensor(f, name, TYPE_I64, 1, n_ff, 1);
+	if (!t)
+		LOAD_FAIL("tensor %s missing or not I64 [%u]", name, n_ff);
+	memcpy(ly->count, t->data, sizeof(uint64_t) * n_ff);
+	for (uint32_t i = 0; i < n_ff; i++)
+		if (ly->count[i] > p->n_tokens)
+			LOAD_FAIL("%s[%u] = %llu exceeds the %llu profiled tokens", name, i,
+				  (unsigned long long)ly->count[i],
+				  (unsigned long long)p->n_tokens);
+	free(ly->active);
+	free(ly->input);
+	ly->active = NULL;
+	ly->input = NULL;
+	if (!n_samples)
+		return 0;
+	snprintf(name, sizeof(name), "blk.%u.active", l);
+	t = tensor(f, name, TYPE_I64, 2, p->active_words, n_samples);
+	if (!t)
+		LOAD_FAIL("tensor %s missing or not I64 [%u, %u]", name, p->active_words,
+			  n_samples);
+	ly->active = malloc(t->nbytes);
+	if (!ly->active)
+		LOAD_FAIL("out of memory");
+	memcpy(ly->active, t->data, t->nbytes);
+	for (uint32_t s = 0; pad && s < n_samples; s++)
+		if (ly->active[(size_t)s * p->active_words + p->active_words - 1] & pad)
+			LOAD_FAIL("%s: sample %u has bits set beyond neuron %u", name, s,
+				  n_ff - 1);
+	snprintf(name, sizeof(name), "blk.%u.input", l);
+	t = tensor(f, name, HYB_TYPE_F16, 2, p->n_embd, n_samples);
+	if (!t)
+		LOAD_FAIL("tensor %s missing or not F16 [%u, %u]", name, p->n_embd, n_samples);
+	ly->input = malloc(t->nbytes);
+	if (!ly->input)
+		LOAD_FAIL("out of memory");
+	memcpy(ly->input, t->data, t->nbytes);
+	return 0;
+}
+
+struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
+{
+	struct hyb_gguf_file *f = NULL;
+	struct hyb_profile *p = NULL;
+	struct load_hdr h;
+
+	if (hyb_gguf_open(path, &f, err, errlen)) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", err);
+		snprintf(err, errlen, "%s: %s", path, why);
+		return NULL;
 	}
+	if (load_header(f, path, &h, err, errlen) ||
+	    load_check_tensors(f, path, &h, err, errlen))
+		goto fail;
+	p = profile_alloc(h.n_layer, h.n_embd, h.n_ff, 0, h.n_seqs);
+	if (!p) {
+		load_fail(err, errlen, path, "out of memory");
+		goto fail;
+	}
+	p->n_tokens = (uint64_t)h.n_tokens;
+	p->n_samples = h.n_samples;
+	p->n_seqs = h.n_seqs;
+	if (!hyb_gguf_get_str(f, "general.name", p->model_name, sizeof(p->model_name)))
+		p->model_name[0] = 0;
+	if (load_metadata(f, path, p, err, errlen))
+		goto fail;
+	for (uint32_t l = 0; l < h.n_layer; l++)
+		if (load_layer(f, path, p, l, err, errlen))
+			goto fail;
 	hyb_gguf_close(f);
 	return p;
 fail:
