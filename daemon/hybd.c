@@ -160,7 +160,16 @@ static int write_pid_file(const char *path, char *err, size_t errlen)
 	return 0;
 }
 
-int main(int argc, char **argv)
+/* The command line: flags, -o KEY=VALUE settings in order, the config file to read. */
+struct args {
+	const char *config;
+	bool check;
+	int nsets;
+	char sets[MAX_SETS][2][PATH_MAX];
+};
+
+/* -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, struct hybd_config *cfg, struct args *a)
 {
 	static const struct option opts[] = {
 		{ "foreground", 0, 0, 'f' }, { "config", 1, 0, 'c' }, { "model", 1, 0, 'm' },
@@ -168,24 +177,17 @@ int main(int argc, char **argv)
 		{ "queue", 1, 0, 'q' }, { "set", 1, 0, 'o' }, { "check", 0, 0, 'C' },
 		{ "help", 0, 0, 'h' }, { "version", 0, 0, 'V' }, { 0, 0, 0, 0 },
 	};
-	static struct hybd_config cfg;
-	static char sets[MAX_SETS][2][PATH_MAX];
-	char err[2 * PATH_MAX], log_path[PATH_MAX + 64], pid_path[PATH_MAX + 64];
-	const char *config = NULL, *key;
-	struct sigctx sc = { .fd = -1 };
-	int c, nsets = 0, check = 0, notify_fd = -1, sig;
-	struct hybd *d;
-	sigset_t mask;
+	const char *key;
+	int c;
 
-	hybd_config_defaults(&cfg);
 	while ((c = getopt_long(argc, argv, "fc:m:b:n:p:q:o:hV", opts, NULL)) != -1) {
 		char *eq;
 
 		key = NULL;
 		switch (c) {
-		case 'f': cfg.foreground = true; continue;
-		case 'c': config = optarg; continue;
-		case 'C': check = 1; continue;
+		case 'f': cfg->foreground = true; continue;
+		case 'c': a->config = optarg; continue;
+		case 'C': a->check = true; continue;
 		case 'm': key = "model"; break;
 		case 'b': key = "backend"; break;
 		case 'n': key = "name"; break;
@@ -211,77 +213,118 @@ int main(int argc, char **argv)
 			fputs(usage, stderr);
 			return 2;
 		}
-		if (nsets == MAX_SETS || strlen(key) >= PATH_MAX || strlen(optarg) >= PATH_MAX) {
+		if (a->nsets == MAX_SETS || strlen(key) >= PATH_MAX || strlen(optarg) >= PATH_MAX) {
 			fprintf(stderr, "hybd: too many or too long options\n");
 			return 2;
 		}
-		snprintf(sets[nsets][0], PATH_MAX, "%s", key);
-		snprintf(sets[nsets][1], PATH_MAX, "%s", optarg);
-		nsets++;
+		snprintf(a->sets[a->nsets][0], PATH_MAX, "%s", key);
+		snprintf(a->sets[a->nsets][1], PATH_MAX, "%s", optarg);
+		a->nsets++;
 	}
 	if (optind < argc) {
 		fprintf(stderr, "hybd: unexpected argument '%s'\n%s", argv[optind], usage);
 		return 2;
 	}
-	/* file first, flags over it, whatever their order on the command line */
-	if (config && hybd_config_load(&cfg, config, err, sizeof(err))) {
+	return -1;
+}
+
+/* The config file first, flags over it, whatever their order on the command line. */
+static int configure(struct hybd_config *cfg, const struct args *a)
+{
+	char err[2 * PATH_MAX];
+
+	if (a->config && hybd_config_load(cfg, a->config, err, sizeof(err))) {
 		fprintf(stderr, "hybd: %s\n", err);
 		return 2;
 	}
-	for (int i = 0; i < nsets; i++) {
-		if (hybd_config_set(&cfg, sets[i][0], sets[i][1], err, sizeof(err))) {
-			fprintf(stderr, "hybd: option %s: %s\n", sets[i][0], err);
+	for (int i = 0; i < a->nsets; i++) {
+		if (hybd_config_set(cfg, a->sets[i][0], a->sets[i][1], err, sizeof(err))) {
+			fprintf(stderr, "hybd: option %s: %s\n", a->sets[i][0], err);
 			return 2;
 		}
 	}
-	if (hybd_config_check(&cfg, err, sizeof(err))) {
+	if (hybd_config_check(cfg, err, sizeof(err))) {
 		fprintf(stderr, "hybd: %s\n", err);
 		return 2;
 	}
-	if (check) {
-		hybd_config_print(&cfg, stdout);
+	if (a->check) {
+		hybd_config_print(cfg, stdout);
 		return 0;
 	}
-	if (!cfg.foreground) {
-		absolute(cfg.model, sizeof(cfg.model));
-		absolute(cfg.state_dir, sizeof(cfg.state_dir));
-		absolute(cfg.log_file, sizeof(cfg.log_file));
-		absolute(cfg.pid_file, sizeof(cfg.pid_file));
+	return -1;
+}
+
+/* The state folder, the log and pid file paths; the log opened, then daemonised. */
+static int setup_process(struct hybd_config *cfg, char *log_path, size_t log_len,
+			 char *pid_path, size_t pid_len, int *notify_fd)
+{
+	char err[2 * PATH_MAX];
+
+	if (!cfg->foreground) {
+		absolute(cfg->model, sizeof(cfg->model));
+		absolute(cfg->state_dir, sizeof(cfg->state_dir));
+		absolute(cfg->log_file, sizeof(cfg->log_file));
+		absolute(cfg->pid_file, sizeof(cfg->pid_file));
 	}
-	if (hybd_mkdirs(cfg.state_dir)) {
-		fprintf(stderr, "hybd: state_dir %s: %s\n", cfg.state_dir, strerror(errno));
+	if (hybd_mkdirs(cfg->state_dir)) {
+		fprintf(stderr, "hybd: state_dir %s: %s\n", cfg->state_dir, strerror(errno));
 		return 1;
 	}
-	if (cfg.log_file[0])
-		snprintf(log_path, sizeof(log_path), "%s", cfg.log_file);
-	else if (cfg.foreground)
-		snprintf(log_path, sizeof(log_path), "-");
+	if (cfg->log_file[0])
+		snprintf(log_path, log_len, "%s", cfg->log_file);
+	else if (cfg->foreground)
+		snprintf(log_path, log_len, "-");
 	else
-		snprintf(log_path, sizeof(log_path), "%s/%s.log", cfg.state_dir, cfg.name);
-	if (cfg.pid_file[0])
-		snprintf(pid_path, sizeof(pid_path), "%s", cfg.pid_file);
+		snprintf(log_path, log_len, "%s/%s.log", cfg->state_dir, cfg->name);
+	if (cfg->pid_file[0])
+		snprintf(pid_path, pid_len, "%s", cfg->pid_file);
 	else
-		snprintf(pid_path, sizeof(pid_path), "%s/%s.pid", cfg.state_dir, cfg.name);
+		snprintf(pid_path, pid_len, "%s/%s.pid", cfg->state_dir, cfg->name);
 	/* open the log before daemonising: a bad path is reported on the terminal */
-	if (hlog_open(log_path, cfg.log_format, cfg.log_level, err, sizeof(err))) {
+	if (hlog_open(log_path, cfg->log_format, cfg->log_level, err, sizeof(err))) {
 		fprintf(stderr, "hybd: %s\n", err);
 		return 1;
 	}
-	if (!cfg.foreground && daemonise(&notify_fd, log_path)) {
+	if (!cfg->foreground && daemonise(notify_fd, log_path)) {
 		fprintf(stderr, "hybd: cannot daemonise: %s\n", strerror(errno));
 		return 1;
 	}
-	if (!cfg.foreground && !strcmp(log_path, "-"))
+	if (!cfg->foreground && !strcmp(log_path, "-"))
 		hlog_close();	/* stderr is /dev/null now */
+	return -1;
+}
 
-	/* every thread started from here inherits the mask: only the signalfd sees them */
+/* Every thread started from here inherits the mask: only the signalfd sees the signals. */
+static int block_signals(struct sigctx *sc)
+{
+	sigset_t mask;
+
 	sigemptyset(&mask);
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGHUP);
 	signal(SIGPIPE, SIG_IGN);
 	if (sigprocmask(SIG_BLOCK, &mask, NULL) ||
-	    (sc.fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0) {
+	    (sc->fd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK)) < 0)
+		return -1;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static struct hybd_config cfg;
+	static struct args a;
+	char err[2 * PATH_MAX], log_path[PATH_MAX + 64], pid_path[PATH_MAX + 64];
+	struct sigctx sc = { .fd = -1 };
+	int rc, notify_fd = -1, sig;
+	struct hybd *d;
+
+	hybd_config_defaults(&cfg);
+	if ((rc = parse_args(argc, argv, &cfg, &a)) >= 0 || (rc = configure(&cfg, &a)) >= 0 ||
+	    (rc = setup_process(&cfg, log_path, sizeof(log_path), pid_path, sizeof(pid_path),
+				&notify_fd)) >= 0)
+		return rc;
+	if (block_signals(&sc)) {
 		hlog_msg(HLOG_ERROR, "error", "signalfd: %s", strerror(errno));
 		notify(&notify_fd, 'F', "signalfd failed");
 		return 1;
