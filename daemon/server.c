@@ -500,36 +500,16 @@ static int start_device(struct hybd *d, char *err, size_t errlen)
 	return 0;
 }
 
-int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void *arg,
-	       struct hybd **out, char *err, size_t errlen)
+/* The backend, the state folder and its files, and no other daemon on the queue. */
+static int start_backend(struct hybd *d, char *err, size_t errlen)
 {
-	struct hybd *d = calloc(1, sizeof(*d));
-	struct hyb_reload_config rc = { 0 };
-	struct hyb_load_config lc = { 0 };
-	char pool[HYB_MEMPOOL_NAME_LEN + 16];
 	struct hyb_backend_info bi;
+	struct hyb_rq_stats qs;
 	struct hlog l;
-
-	*out = NULL;
-	if (!d) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
-	}
-	d->cfg = *cfg;
-	if (hybd_config_check(&d->cfg, err, errlen))
-		goto fail;
-	if (d->cfg.nodes_all)
-		resolve_nodes(&d->cfg.place);
-	hlog_begin(&l, HLOG_INFO, "start");
-	hlog_i64(&l, "pid", getpid());
-	hlog_str(&l, "model", d->cfg.model);
-	hlog_str(&l, "name", d->cfg.name);
-	hlog_u64(&l, "queue", d->cfg.queue);
-	hlog_end(&l);
 
 	d->b = hyb_backend_open(d->cfg.backend, err, errlen);
 	if (!d->b)
-		goto fail;
+		return -1;
 	hyb_backend_info(d->b, &bi);
 	hlog_begin(&l, HLOG_INFO, "backend");
 	hlog_str(&l, "kind", hyb_backend_name(bi.kind));
@@ -540,26 +520,29 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 	hlog_end(&l);
 	if (hybd_mkdirs(d->cfg.state_dir)) {
 		snprintf(err, errlen, "state_dir %s: %s", d->cfg.state_dir, strerror(errno));
-		goto fail;
+		return -1;
 	}
 	snprintf(d->manifest_path, sizeof(d->manifest_path), "%s/%s.manifest", d->cfg.state_dir,
 		 d->cfg.name);
 	snprintf(d->stats_path, sizeof(d->stats_path), "%s/%s.stats", d->cfg.state_dir,
 		 d->cfg.name);
 	if (check_stale(d, err, errlen))
-		goto fail;
+		return -1;
 	remove_dead_apps(d);
 	/* before minutes of loading: is the queue taken? (attaching decides, later) */
-	{
-		struct hyb_rq_stats qs;
-
-		if (!hyb_rq_stats(d->b, d->cfg.queue, &qs) && qs.live) {
-			snprintf(err, errlen, "reload queue %u has a daemon already (pid %d): set "
-				 "another queue", d->cfg.queue, qs.daemon_pid);
-			goto fail;
-		}
+	if (!hyb_rq_stats(d->b, d->cfg.queue, &qs) && qs.live) {
+		snprintf(err, errlen, "reload queue %u has a daemon already (pid %d): set "
+			 "another queue", d->cfg.queue, qs.daemon_pid);
+		return -1;
 	}
+	return 0;
+}
 
+/* The model into its pools (the minutes of a start). */
+static int start_load(struct hybd *d, char *err, size_t errlen)
+{
+	struct hyb_load_config lc = { 0 };
+	struct hlog l;
 
 	lc.backend = d->b;
 	lc.model_path = d->cfg.model;
@@ -567,8 +550,6 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 	lc.place = &d->cfg.place;
 	lc.io_depth = d->cfg.io_depth;
 	lc.io_chunk = d->cfg.io_chunk;
-	d->cancelled = cancelled;
-	d->cancel_arg = arg;
 	lc.cancelled = load_cancelled;
 	lc.progress = on_progress;
 	lc.arg = d;
@@ -577,7 +558,7 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 			   d->cfg.progress == HYBD_PROGRESS_QUIET ? 0 : isatty(2) ? 1 : 2;
 	d->last_quarter = 0;
 	if (hyb_load_model(&lc, &d->model, err, errlen))
-		goto fail;
+		return -1;
 	hlog_begin(&l, HLOG_INFO, "load_done");
 	hlog_str(&l, "model", d->cfg.model);
 	hlog_u64(&l, "tensors", d->model.gguf->n_tensors);
@@ -592,9 +573,18 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 	hlog_str(&l, "placement", d->model.placement.desc);
 	hlog_end(&l);
 	log_pools(d);
+	return 0;
+}
+
+/* The copy device and the reload service on the queue; the statistics file from the start. */
+static int start_reload(struct hybd *d, char *err, size_t errlen)
+{
+	struct hyb_reload_config rc = { 0 };
+	struct hyb_reload_stats st;
+	struct hlog l;
 
 	if (start_device(d, err, errlen))
-		goto fail;
+		return -1;
 	rc.backend = d->b;
 	rc.queue = d->cfg.queue;
 	rc.model_path = d->cfg.model;
@@ -603,32 +593,65 @@ int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void
 	rc.on_done = on_reload_done;
 	d->reload = hyb_reload_start(&rc, err, errlen);
 	if (!d->reload)
-		goto fail;
+		return -1;
 	hlog_begin(&l, HLOG_INFO, "reload_ready");
 	hlog_u64(&l, "queue", d->cfg.queue);
 	hlog_u64(&l, "chunk", d->cfg.chunk);
 	hlog_str(&l, "stats", d->stats_path);
 	hlog_end(&l);
 	/* hybctl stalls finds a running hybd by this file: there from the start */
-	{
-		struct hyb_reload_stats st;
-
-		hyb_reload_stats(d->reload, &st);
-		write_stats_file(d, &st);
-	}
+	hyb_reload_stats(d->reload, &st);
+	write_stats_file(d, &st);
 	d->last_log_ns = now_ns();
+	return 0;
+}
 
-	/* last: a published manifest means a model completely in its pools */
+/* Last: a published manifest means a model completely in its pools. */
+static int start_publish(struct hybd *d, char *err, size_t errlen)
+{
+	char pool[HYB_MEMPOOL_NAME_LEN + 16];
+	struct hlog l;
+
 	snprintf(pool, sizeof(pool), "%s.manifest", d->cfg.name);
 	if (hyb_mf_publish(d->b, pool, d->manifest_path, d->model.manifest,
 			   d->model.manifest_len, &d->pub, err, errlen))
-		goto fail;
+		return -1;
 	hlog_begin(&l, HLOG_INFO, "ready");
 	hlog_str(&l, "manifest", d->manifest_path);
 	hlog_str(&l, "manifest_pool", pool);
 	hlog_u64(&l, "manifest_bytes", d->model.manifest_len);
 	hlog_u64(&l, "pools", d->model.n_pools);
 	hlog_end(&l);
+	return 0;
+}
+
+int hybd_start(const struct hybd_config *cfg, bool (*cancelled)(void *arg), void *arg,
+	       struct hybd **out, char *err, size_t errlen)
+{
+	struct hybd *d = calloc(1, sizeof(*d));
+	struct hlog l;
+
+	*out = NULL;
+	if (!d) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	d->cfg = *cfg;
+	d->cancelled = cancelled;
+	d->cancel_arg = arg;
+	if (hybd_config_check(&d->cfg, err, errlen))
+		goto fail;
+	if (d->cfg.nodes_all)
+		resolve_nodes(&d->cfg.place);
+	hlog_begin(&l, HLOG_INFO, "start");
+	hlog_i64(&l, "pid", getpid());
+	hlog_str(&l, "model", d->cfg.model);
+	hlog_str(&l, "name", d->cfg.name);
+	hlog_u64(&l, "queue", d->cfg.queue);
+	hlog_end(&l);
+	if (start_backend(d, err, errlen) || start_load(d, err, errlen) ||
+	    start_reload(d, err, errlen) || start_publish(d, err, errlen))
+		goto fail;
 	*out = d;
 	return 0;
 
