@@ -67,14 +67,14 @@ void hybd_config_defaults(struct hybd_config *c)
 	c->stats_interval = 10;
 }
 
-const char *hybd_device_name(enum hybd_device d)
+static const char *hybd_device_name(enum hybd_device d)
 {
 	static const char *const names[] = { "cpu", "none", "cuda", "auto" };
 
 	return (unsigned int)d < 4 ? names[d] : "?";
 }
 
-int hybd_parse_size(const char *s, uint64_t *out)
+static int hybd_parse_size(const char *s, uint64_t *out)
 {
 	unsigned long long v;
 	unsigned int shift = 0;

@@ -63,10 +63,6 @@ int hybd_config_load(struct hybd_config *c, const char *path, char *err, size_t 
 int hybd_config_check(const struct hybd_config *c, char *err, size_t errlen);
 /* Effective configuration as a config file (hybd --check). */
 void hybd_config_print(const struct hybd_config *c, FILE *f);
-/* "64M", "2GiB", "4096": 0, or -1. Binary units (K = 1024). */
-int hybd_parse_size(const char *s, uint64_t *out);
-/* "cpu", "none", "cuda", "auto" */
-const char *hybd_device_name(enum hybd_device d);
 /* The keys and what they mean, for --help. */
 extern const char hybd_config_help[];
 

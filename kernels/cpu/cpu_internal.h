@@ -65,8 +65,6 @@ void hyb_dequantize_q8_k(const void *in, float *out, int64_t n);
 
 /* vec_ref.c: llama.cpp's AVX-512 vector primitives, lane by lane */
 void hyb_fill_vec_ref(struct hyb_cpu_kernels *k);
-float hyb_ref_reduce16(const float s[16]);  /* _mm512_reduce_add_ps */
-float hyb_ref_expf(float x);               /* one lane of ggml_v_expf */
 /*
  * The leftovers of llama.cpp's soft_max and swiglu past the last whole
  * 16-lane step, which its builds compute with libm's expf: elements [i, n)

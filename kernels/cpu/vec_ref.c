@@ -13,7 +13,7 @@
 #include "cpu_internal.h"
 
 /* _mm512_reduce_add_ps as GCC expands it: halves, quarters, then pairs */
-float hyb_ref_reduce16(const float s[16])
+static float hyb_ref_reduce16(const float s[16])
 {
 	float t8[8], t4[4];
 
@@ -29,7 +29,7 @@ float hyb_ref_reduce16(const float s[16])
  * the 1.5 * 2^23 trick, b = x - n ln 2 in two steps, p a degree-5
  * polynomial; |n| > 192 saturates to 0 or inf.
  */
-float hyb_ref_expf(float x)
+static float hyb_ref_expf(float x)
 {
 	const float r = 0x1.8p23f;
 	const float z = fmaf(x, 0x1.715476p+0f, r);

@@ -7,7 +7,7 @@
 #define SUB (1U << HYB_LAT_SUB_BITS)
 
 /* Bucket of a value: the power of two it falls in, then its top SUB_BITS below the leading one. */
-unsigned int hyb_lat_index(uint64_t ns)
+static unsigned int hyb_lat_index(uint64_t ns)
 {
 	unsigned int top;
 
@@ -20,7 +20,7 @@ unsigned int hyb_lat_index(uint64_t ns)
 	       (unsigned int)((ns >> (top - HYB_LAT_SUB_BITS)) & (SUB - 1));
 }
 
-uint64_t hyb_lat_bucket_low(unsigned int idx)
+static uint64_t hyb_lat_bucket_low(unsigned int idx)
 {
 	unsigned int top;
 
@@ -30,7 +30,7 @@ uint64_t hyb_lat_bucket_low(unsigned int idx)
 	return (1ULL << top) | ((uint64_t)(idx & (SUB - 1)) << (top - HYB_LAT_SUB_BITS));
 }
 
-uint64_t hyb_lat_bucket_mid(unsigned int idx)
+static uint64_t hyb_lat_bucket_mid(unsigned int idx)
 {
 	unsigned int top;
 

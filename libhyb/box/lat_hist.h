@@ -26,9 +26,6 @@ struct hyb_lat_hist {
 	uint64_t bucket[HYB_LAT_BUCKETS];
 };
 
-unsigned int hyb_lat_index(uint64_t ns);
-uint64_t hyb_lat_bucket_low(unsigned int idx);
-uint64_t hyb_lat_bucket_mid(unsigned int idx);
 void hyb_lat_add(struct hyb_lat_hist *h, uint64_t ns);
 void hyb_lat_summary(const struct hyb_lat_hist *h, struct hyb_lat_stat *out);
 

@@ -45,7 +45,7 @@ uint64_t hyb_mp_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
 }
 
-int hyb_mp_node_ok(int node)
+static int hyb_mp_node_ok(int node)
 {
 	if (numa_available() < 0)
 		return node == 0;

@@ -83,8 +83,6 @@ extern const struct hyb_mempool_ops hyb_mempool_local_ops;
 /* Set the calling thread's error message; returns err (a negative errno). */
 int hyb_mp_err(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 uint64_t hyb_mp_now_ns(void);
-/* 1 if node is a NUMA node with memory (node 0 where NUMA is unavailable). */
-int hyb_mp_node_ok(int node);
 /* The calling thread's node (for HYB_MEMPOOL_NODE_LOCAL). */
 int hyb_mp_local_node(void);
 /* Half of physical memory: the default pinned-memory cap, like hybpool.ko's. */

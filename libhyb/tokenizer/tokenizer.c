@@ -44,7 +44,7 @@ int hyb_tok_ids_push(struct tok_ids *a, int32_t id)
 
 /* ---- hash tables ---- */
 
-uint64_t hyb_tok_hash(const char *s, size_t n)
+static uint64_t hyb_tok_hash(const char *s, size_t n)
 {
 	uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
 

@@ -158,7 +158,6 @@ int hyb_tok_ids_push(struct tok_ids *a, int32_t id);
 
 /* Exact-text vocabulary lookup: the id or -1. */
 int32_t hyb_tok_lookup(const struct hyb_tokenizer *t, const char *s, size_t n);
-uint64_t hyb_tok_hash(const char *s, size_t n);
 
 /* Encoders: append ids for one raw text fragment; 0 or -1 on allocation failure. */
 int hyb_tok_spm_encode(const struct hyb_tokenizer *t, const char *text, size_t len,
@@ -189,7 +188,6 @@ static inline size_t tok_utf8_len(unsigned char c)
 size_t hyb_tok_utf8_decode(const char *s, size_t len, uint32_t *out);
 /* Encode one code point (values past U+10FFFF encode as U+FFFD); returns 1..4. */
 int hyb_tok_utf8_encode(uint32_t cpt, char *buf);
-uint32_t hyb_tok_cpt_flags(uint32_t cpt);
 
 /*
  * Split code points into pre-tokenizer words. On return *lens holds *n_words

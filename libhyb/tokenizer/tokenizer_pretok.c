@@ -104,7 +104,7 @@ static bool is_space(uint32_t c)
 	}
 }
 
-uint32_t hyb_tok_cpt_flags(uint32_t cpt)
+static uint32_t hyb_tok_cpt_flags(uint32_t cpt)
 {
 	uint32_t f;
 
