@@ -50,7 +50,7 @@ void hybd_config_defaults(struct hybd_config *c)
 	c->backend = HYB_BACKEND_AUTO;
 	snprintf(c->name, sizeof(c->name), "hyb");
 	c->nodes_all = true;
-	c->place.policy = HYB_PLACE_LAYER;
+	c->place.policy = HYB_NUMA_PLACE_LAYER;
 	c->place.pools_per_node = 1;
 	c->place.page_pool = 64ull << 20;
 	c->io_depth = 32;
@@ -192,19 +192,19 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 			c->place.n_nodes = 0;
 			return 0;
 		}
-		if (hyb_place_parse_nodes(&c->place, val, why, sizeof(why)))
+		if (hyb_numa_place_parse_nodes(&c->place, val, why, sizeof(why)))
 			return hyb_errf(err, errlen, "nodes: %s", why);
 		c->nodes_all = false;
 		return 0;
 	}
 	if (!strcmp(key, "placement")) {
-		if (hyb_place_parse_policy(val, &c->place.policy))
+		if (hyb_numa_place_parse_policy(val, &c->place.policy))
 			return hyb_errf(err, errlen, "placement: '%s' is not layer, interleave or "
 				    "explicit", val);
 		return 0;
 	}
 	if (!strcmp(key, "place")) {
-		if (hyb_place_parse_rules(&c->place, val, why, sizeof(why)))
+		if (hyb_numa_place_parse_rules(&c->place, val, why, sizeof(why)))
 			return hyb_errf(err, errlen, "place: %s", why);
 		return 0;
 	}
@@ -341,12 +341,12 @@ int hybd_config_check(const struct hybd_config *c, char *err, size_t errlen)
 	if (!c->model[0])
 		return hyb_errf(err, errlen, "no model: set 'model = PATH' in the config file or "
 			    "pass -m PATH");
-	if (c->place.policy == HYB_PLACE_EXPLICIT && !c->place.n_rules)
+	if (c->place.policy == HYB_NUMA_PLACE_EXPLICIT && !c->place.n_rules)
 		return hyb_errf(err, errlen, "placement = explicit needs 'place = PREFIX:NODE, ...' "
 			    "rules");
-	if (c->place.policy != HYB_PLACE_EXPLICIT && c->place.n_rules)
+	if (c->place.policy != HYB_NUMA_PLACE_EXPLICIT && c->place.n_rules)
 		return hyb_errf(err, errlen, "'place' rules are used by placement = explicit only "
-			    "(placement is %s)", hyb_place_policy_name(c->place.policy));
+			    "(placement is %s)", hyb_numa_place_policy_name(c->place.policy));
 	if (c->device != HYBD_DEV_NONE && (uint64_t)c->gpu_slots * c->slot_bytes > (1ull << 40))
 		return hyb_errf(err, errlen, "gpu_slots * slot_bytes is over 1 TiB");
 	return 0;
@@ -371,7 +371,7 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 			fprintf(f, "%s%d", i ? "," : "", c->place.nodes[i]);
 		fputc('\n', f);
 	}
-	fprintf(f, "placement = %s\n", hyb_place_policy_name(c->place.policy));
+	fprintf(f, "placement = %s\n", hyb_numa_place_policy_name(c->place.policy));
 	if (c->place.n_rules) {
 		fprintf(f, "place = ");
 		for (unsigned int i = 0; i < c->place.n_rules; i++)

@@ -16,7 +16,7 @@
 
 #include "hyb/pool.h"
 #include "log.h"
-#include "placement.h"
+#include "numa_place.h"
 
 /*
  * The copy device: cpu (host-memory slots), none, cuda (a GPU: fail when
@@ -32,7 +32,7 @@ struct hybd_config {
 	enum hyb_backend_kind backend;
 	char name[32];
 	bool nodes_all;			/* nodes = all: every node with memory */
-	struct hyb_place_config place;
+	struct hyb_numa_place_config place;
 	unsigned int queue;
 	unsigned int io_depth;		/* queue_depth */
 	uint32_t io_chunk;

@@ -49,22 +49,22 @@ void hyb_loaded_free(struct hyb_loaded *l)
 		hyb_mempool_close(l->pools[i]);
 	}
 	free(l->pools);
-	hyb_placement_free(&l->placement);
+	hyb_numa_placement_free(&l->placement);
 	if (l->gguf)
 		hyb_gguf_close(l->gguf);
 	free(l->manifest);
 	memset(l, 0, sizeof(*l));
 }
 
-static void pool_name(char *buf, size_t len, const char *name, const struct hyb_placement *pl,
+static void pool_name(char *buf, size_t len, const char *name, const struct hyb_numa_placement *pl,
 		      unsigned int i)
 {
-	const struct hyb_place_pool *p = &pl->pools[i];
+	const struct hyb_numa_place_pool *p = &pl->pools[i];
 	bool several = false;
 
 	for (unsigned int j = 0; j < pl->n_pools; j++)
 		several |= j != i && pl->pools[j].node == p->node && pl->pools[j].role == p->role;
-	if (p->role == HYB_PLACE_PAGE)
+	if (p->role == HYB_NUMA_PLACE_PAGE)
 		snprintf(buf, len, "%s.page.n%d", name, p->node);
 	else if (several)
 		snprintf(buf, len, "%s.n%d.%u", name, p->node, p->k);
@@ -75,7 +75,7 @@ static void pool_name(char *buf, size_t len, const char *name, const struct hyb_
 static int create_pools(const struct hyb_load_config *c, struct hyb_loaded *l, char *err,
 			size_t errlen)
 {
-	const struct hyb_placement *pl = &l->placement;
+	const struct hyb_numa_placement *pl = &l->placement;
 
 	l->pools = calloc(pl->n_pools + 1, sizeof(*l->pools));
 	if (!l->pools)
@@ -110,7 +110,7 @@ static int create_pools(const struct hyb_load_config *c, struct hyb_loaded *l, c
 static int stream_runs(const struct hyb_load_config *c, struct hyb_loaded *l, char *err,
 		       size_t errlen)
 {
-	const struct hyb_placement *pl = &l->placement;
+	const struct hyb_numa_placement *pl = &l->placement;
 	struct hyb_stream_opts o = {
 		.depth = c->io_depth,
 		.chunk = c->io_chunk,
@@ -121,7 +121,7 @@ static int stream_runs(const struct hyb_load_config *c, struct hyb_loaded *l, ch
 	for (unsigned int i = 0; i < pl->n_runs; i++)
 		total += pl->runs[i].len;
 	for (unsigned int i = 0; i < pl->n_runs; i++) {
-		const struct hyb_place_run *r = &pl->runs[i];
+		const struct hyb_numa_place_run *r = &pl->runs[i];
 
 		for (uint64_t x = 0; x < r->len; x += PIECE) {
 			uint64_t n = r->len - x < PIECE ? r->len - x : PIECE;
@@ -152,7 +152,7 @@ static char *tensor_name(const struct hyb_gguf_tensor *t)
 
 /* Bundles of a plan file's layer: groups of blk.L.ffn_bundles (hyb/plan.h). */
 static int add_bundles(struct hyb_mf_builder *mb, const struct hyb_loaded *l,
-		       const struct hyb_gguf_tensor *t, const struct hyb_place_tensor *pt,
+		       const struct hyb_gguf_tensor *t, const struct hyb_numa_place_tensor *pt,
 		       uint32_t layer)
 {
 	uint64_t rows = t->ne[1], row_bytes, n_ff, gs = l->group_size;
@@ -168,8 +168,8 @@ static int add_bundles(struct hyb_mf_builder *mb, const struct hyb_loaded *l,
 			.layer = layer,
 			.group = (uint32_t)g,
 			.n_neurons = (uint32_t)ng,
-			.pool = pt->pool == HYB_PLACE_NO_POOL ? HYB_MF_NO_POOL : pt->pool,
-			.pool_off = pt->pool == HYB_PLACE_NO_POOL ? 0 : pt->pool_off + off,
+			.pool = pt->pool == HYB_NUMA_PLACE_NO_POOL ? HYB_MF_NO_POOL : pt->pool,
+			.pool_off = pt->pool == HYB_NUMA_PLACE_NO_POOL ? 0 : pt->pool_off + off,
 			.bytes = 3 * ng * row_bytes,
 			.file_off = pt->file_off + off,
 		};
@@ -181,7 +181,7 @@ static int add_bundles(struct hyb_mf_builder *mb, const struct hyb_loaded *l,
 }
 
 static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
-			  const struct hyb_place_tensor *pt, char *err, size_t errlen)
+			  const struct hyb_numa_place_tensor *pt, char *err, size_t errlen)
 {
 	const struct hyb_gguf_file *f = l->gguf;
 	struct hyb_mf_model mm = {
@@ -232,9 +232,9 @@ static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 			.type = t->type,
 			.n_dims = t->n_dims,
 			.layer = pt[i].layer,
-			.pool = pt[i].pool == HYB_PLACE_NO_POOL ? HYB_MF_NO_POOL : pt[i].pool,
+			.pool = pt[i].pool == HYB_NUMA_PLACE_NO_POOL ? HYB_MF_NO_POOL : pt[i].pool,
 			.node = pt[i].node,
-			.pool_off = pt[i].pool == HYB_PLACE_NO_POOL ? 0 : pt[i].pool_off,
+			.pool_off = pt[i].pool == HYB_NUMA_PLACE_NO_POOL ? 0 : pt[i].pool_off,
 			.bytes = t->nbytes,
 			.file_off = pt[i].file_off,
 		};
@@ -263,7 +263,7 @@ static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 	return ret;
 }
 
-static void free_names(struct hyb_place_tensor *pt, uint64_t n)
+static void free_names(struct hyb_numa_place_tensor *pt, uint64_t n)
 {
 	for (uint64_t i = 0; i < n; i++)
 		free((char *)pt[i].name);
@@ -273,7 +273,7 @@ static void free_names(struct hyb_place_tensor *pt, uint64_t n)
 int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char *err,
 		   size_t errlen)
 {
-	struct hyb_place_tensor *pt = NULL;
+	struct hyb_numa_place_tensor *pt = NULL;
 	struct hyb_gguf_file *f;
 	char arch[64] = "llama", key[96];
 	uint64_t n;
@@ -315,13 +315,13 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 			hyb_errf(err, errlen, "out of memory");
 			goto out_fail;
 		}
-		pt[i].layer = hyb_place_layer_of(pt[i].name);
+		pt[i].layer = hyb_numa_place_layer_of(pt[i].name);
 		if (pt[i].layer >= 0 && (uint32_t)pt[i].layer >= out->n_layers)
 			out->n_layers = (uint32_t)pt[i].layer + 1;
 		pt[i].file_off = f->data_offset + t->offset;
 		pt[i].bytes = t->nbytes;
 	}
-	if (hyb_place(c->place, pt, (unsigned int)n, out->n_layers, &out->placement, err, errlen) ||
+	if (hyb_numa_place(c->place, pt, (unsigned int)n, out->n_layers, &out->placement, err, errlen) ||
 	    create_pools(c, out, err, errlen) || stream_runs(c, out, err, errlen) ||
 	    build_manifest(c, out, pt, err, errlen))
 		goto out_fail;

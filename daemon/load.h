@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "hyb/pool.h"
-#include "placement.h"
+#include "numa_place.h"
 
 #define HYB_LOAD_NAME_MAX 22
 
@@ -29,7 +29,7 @@ struct hyb_load_config {
 	struct hyb_backend *backend;
 	const char *model_path;
 	const char *name;
-	const struct hyb_place_config *place;
+	const struct hyb_numa_place_config *place;
 	unsigned int io_depth;		/* reads in flight; 0: 32 */
 	uint32_t io_chunk;		/* bytes per read; 0: 1 MiB */
 	/* between pieces of <= 256 MiB: true stops the load ("cancelled") */
@@ -43,7 +43,7 @@ struct hyb_loaded {
 	struct hyb_gguf_file *gguf;		/* the metadata (a mapping of the file) */
 	struct hyb_mempool **pools;	/* placement.pools order */
 	unsigned int n_pools;
-	struct hyb_placement placement;
+	struct hyb_numa_placement placement;
 	uint8_t *manifest;		/* the serialised manifest (READY) */
 	size_t manifest_len;
 	uint64_t bytes;			/* streamed */

@@ -65,11 +65,11 @@ int hybd_mkdirs(const char *dir)
 }
 
 /* nodes = all: every node with memory (node 0 where NUMA is unavailable). */
-static void resolve_nodes(struct hyb_place_config *pc)
+static void resolve_nodes(struct hyb_numa_place_config *pc)
 {
 	pc->n_nodes = 0;
 	if (numa_available() >= 0) {
-		for (int n = 0; n <= numa_max_node() && pc->n_nodes < HYB_PLACE_MAX_NODES; n++) {
+		for (int n = 0; n <= numa_max_node() && pc->n_nodes < HYB_NUMA_PLACE_MAX_NODES; n++) {
 			long long free_b;
 
 			if (numa_node_size64(n, &free_b) > 0)
@@ -217,7 +217,7 @@ static void log_pools(const struct hybd *d)
 		hlog_str(&l, "name", pi.name);
 		hlog_u64(&l, "id", pi.id);
 		hlog_i64(&l, "node", pi.node);
-		hlog_str(&l, "role", m->placement.pools[i].role == HYB_PLACE_PAGE ? "page" :
+		hlog_str(&l, "role", m->placement.pools[i].role == HYB_NUMA_PLACE_PAGE ? "page" :
 			 "weights");
 		hlog_u64(&l, "bytes", pi.bytes);
 		hlog_u64(&l, "used", m->placement.pools[i].used);

@@ -579,7 +579,7 @@ int hyb_ctx_hybrid_table(const struct hyb_ctx *c, int32_t *out)
 	return c->hybrid ? hyb_ffn_hybrid_table(c->hybrid, out) : -1;
 }
 
-void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out)
+void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *out)
 {
 	memset(out, 0, sizeof(*out));
 	if (c->hybrid)

@@ -69,7 +69,7 @@ struct hyb_ffn_hybrid {
 	bool oracle, layer_policy, prefill_cpu;
 	bool image_pinned;              /* m->image registered with the device */
 	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
-	struct hyb_hybrid_placement place;
+	struct hyb_hybrid_offload place;
 	uint32_t E, F, GS, NG, L;
 	uint64_t gs_recip;              /* hyb_group_recip(GS) (group_div.h) */
 	uint64_t slot_bytes;
@@ -690,7 +690,7 @@ struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h)
 	return h->hd;
 }
 
-void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out)
+void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_offload *out)
 {
 	*out = h->place;
 }

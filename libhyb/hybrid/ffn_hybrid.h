@@ -57,7 +57,7 @@ int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float
 			       float *y, char *err, size_t errlen);
 /* The dense part on the device (NULL when nothing dense was placed). */
 struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h);
-void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out);
+void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_offload *out);
 void hyb_ffn_hybrid_stats_add(struct hyb_ffn_hybrid *h, double attn_s, double head_s);
 
 struct hyb_device *hyb_ffn_hybrid_device(struct hyb_ffn_hybrid *h);

@@ -61,10 +61,10 @@ static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy
 		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, lg, false, err, sizeof(err)), "%s", err);
 	}
 	if (!strcmp(hy->device, "cuda")) {
-		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_offload pl;
 		struct hyb_hybrid_stats st;
 
-		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_offload(c, &pl);
 		hyb_ctx_hybrid_stats(c, &st);
 		if (hy->policy != HYB_POLICY_LAYER) {
 			CHECK_EQ_INT(pl.attn_layers, m->hp.n_layer);

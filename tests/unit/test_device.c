@@ -1844,7 +1844,7 @@ TEST(dev_hybrid_kquant_dense_bit_identical)
 	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM };
 	double worst = 0;
 	int agree = 0;
-	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_offload pl;
 	int32_t toks[N_PROMPT + N_GEN];
 
 	CHECK(m->output.data && m->hp.n_embd % 256 == 0);
@@ -1884,7 +1884,7 @@ TEST(dev_hybrid_kquant_dense_bit_identical)
 			CHECK_MSG(!hyb_ctx_eval(c, &toks[N_PROMPT + i], 1, lg[side] + (size_t)i * V,
 						false, err, sizeof(err)), "%s", err);
 		if (side) {
-			hyb_ctx_hybrid_placement(c, &pl);
+			hyb_ctx_hybrid_offload(c, &pl);
 			CHECK_EQ_INT(pl.attn_layers, L);
 			CHECK(pl.head);
 		}

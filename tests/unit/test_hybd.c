@@ -562,7 +562,7 @@ TEST(hybd_budget_leaves_ffn_on_storage_for_on_demand_loads)
 	for (uint32_t i = 0; i < mi.n_tensors && !t; i++)
 		if (hyb_manifest_tensor(m, i)->pool == HYB_MF_NO_POOL)
 			t = hyb_manifest_tensor(m, i);
-	CHECK(t && hyb_place_pageable(t->name));
+	CHECK(t && hyb_numa_place_pageable(t->name));
 	check_against_file(app, m, model);
 	/* page it in: a LOAD of its file range into the page pool */
 	CHECK(!hyb_rq_attach_client(app, 0, HYB_RQ_EVENTFD_NONE, &c));

@@ -157,12 +157,12 @@ TEST(hybrid_policies_keep_their_invariants)
 		struct hyb_hybrid_params hy = params(m, pol);
 		struct hyb_ctx *c = ctx_new(m, &hy, false);
 		struct hyb_hybrid_stats st;
-		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_offload pl;
 		uint64_t res, slots;
 
 		run(c, m, ids, ids2, NULL);
 		hyb_ctx_hybrid_stats(c, &st);
-		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_offload(c, &pl);
 		hyb_ctx_hybrid_cache(c, &res, &slots);
 		CHECK_MSG(res <= slots && slots > 0, "%s: %llu groups in %llu slots",
 			  hyb_policy_name(pol), (unsigned long long)res,
@@ -262,13 +262,13 @@ TEST(hybrid_dense_placement)
 	const uint32_t L = m->hp.n_layer;
 	const uint64_t attn = hyb_hdense_layer_bytes(m, 0, N_CTX);
 	struct hyb_hybrid_params hy = params(m, HYB_POLICY_TAM);
-	struct hyb_hybrid_placement pl, pc;
+	struct hyb_hybrid_offload pl, pc;
 	struct hyb_ctx *c;
 
 	CHECK(attn > 0 && hyb_hdense_head_bytes(m) > 0);
 	/* attention blocks and head first, the rest for groups */
 	c = ctx_new(m, &hy, false);
-	hyb_ctx_hybrid_placement(c, &pl);
+	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK_EQ_INT(pl.attn_layers, L);
 	CHECK(pl.head);
 	CHECK_EQ_INT(pl.predictors, L);
@@ -280,7 +280,7 @@ TEST(hybrid_dense_placement)
 	/* dense_on_cpu: all of it for groups */
 	hy.dense_on_cpu = true;
 	c = ctx_new(m, &hy, false);
-	hyb_ctx_hybrid_placement(c, &pc);
+	hyb_ctx_hybrid_offload(c, &pc);
 	CHECK(pc.attn_layers == 0 && !pc.head && pc.dense_bytes == 0);
 	CHECK(pc.cache_bytes > pl.cache_bytes);
 	hyb_ctx_free(c);
@@ -289,7 +289,7 @@ TEST(hybrid_dense_placement)
 	hy.dense_on_cpu = false;
 	hy.gpu_budget = attn + hyb_hdense_buffer_bytes(m, true, false, false) + 64 * 1024;
 	c = ctx_new(m, &hy, false);
-	hyb_ctx_hybrid_placement(c, &pc);
+	hyb_ctx_hybrid_offload(c, &pc);
 	CHECK_EQ_INT(pc.attn_layers, 1);
 	CHECK(!pc.head);
 	hyb_ctx_free(c);
@@ -297,7 +297,7 @@ TEST(hybrid_dense_placement)
 	/* layer: whole layers in order, the others dense on the CPU */
 	hy = params(m, HYB_POLICY_LAYER);
 	c = ctx_new(m, &hy, false);
-	hyb_ctx_hybrid_placement(c, &pc);
+	hyb_ctx_hybrid_offload(c, &pc);
 	CHECK(pc.attn_layers >= 1 && pc.attn_layers < L);
 	CHECK_EQ_INT(pc.dense_layers_cpu, L - pc.attn_layers);
 	CHECK(!pc.head); /* llama.cpp offloads the output layer last */
@@ -344,10 +344,10 @@ TEST(hybrid_dense_kv_follows_prompts_and_resets)
 	float *lr = calloc(n * V, sizeof(float)), *lh = calloc(n * V, sizeof(float));
 	struct hyb_hybrid_params hy = params(m, HYB_POLICY_TAM_ADAPTIVE);
 	struct hyb_ctx *ref = ctx_new(m, NULL, true), *c = ctx_new(m, &hy, true);
-	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_offload pl;
 
 	CHECK(lr && lh);
-	hyb_ctx_hybrid_placement(c, &pl);
+	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK_EQ_INT(pl.attn_layers, m->hp.n_layer);
 	run_mixed(ref, m, lr);
 	run_mixed(c, m, lh);
@@ -382,7 +382,7 @@ TEST(hybrid_prefill_on_the_device)
 	float *lr = calloc(n * V, sizeof(float)), *lh = calloc(n * V, sizeof(float));
 	struct hyb_hybrid_params hy = params(m, HYB_POLICY_LRU);
 	struct hyb_ctx *ref = ctx_new(m, NULL, true), *c;
-	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_offload pl;
 	struct hyb_device_stats ds;
 	char err[256];
 
@@ -394,7 +394,7 @@ TEST(hybrid_prefill_on_the_device)
 			hy.gpu_budget = hyb_hdense_layer_bytes(m, 0, N_CTX) +
 					hyb_hdense_buffer_bytes(m, true, false, false) + 64 * 1024;
 		c = ctx_new(m, &hy, true);
-		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_offload(c, &pl);
 		CHECK_EQ_INT(pl.attn_layers, k ? 1 : L);
 		CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
 		hyb_ctx_hybrid_device_stats(c, &ds);
@@ -459,7 +459,7 @@ TEST(hybrid_device_merge_equals_host_merge)
 	struct hyb_model *m = load_plan();
 	const uint32_t V = m->hp.n_vocab;
 	struct hyb_hybrid_params dev = params(m, HYB_POLICY_STATIC), host = dev;
-	struct hyb_hybrid_placement pd, ph;
+	struct hyb_hybrid_offload pd, ph;
 	struct hyb_hybrid_stats st;
 	float *ld = malloc(sizeof(float) * V * N_GEN), *lh = malloc(sizeof(float) * V * N_GEN);
 	int32_t ids[N_GEN], ids2[N_GEN];
@@ -467,12 +467,12 @@ TEST(hybrid_device_merge_equals_host_merge)
 
 	CHECK(ld && lh);
 	cd = ctx_new(m, &dev, false);
-	hyb_ctx_hybrid_placement(cd, &pd);
+	hyb_ctx_hybrid_offload(cd, &pd);
 	/* the same neuron cache, with attention and head on the CPU */
 	host.dense_on_cpu = true;
 	host.gpu_budget = dev.gpu_budget - pd.dense_bytes;
 	ch = ctx_new(m, &host, false);
-	hyb_ctx_hybrid_placement(ch, &ph);
+	hyb_ctx_hybrid_offload(ch, &ph);
 	CHECK_EQ_INT(ph.cache_bytes, pd.cache_bytes);
 	run(ch, m, NULL, ids, lh);
 	run(cd, m, ids, ids2, ld);
@@ -523,7 +523,7 @@ TEST(hybrid_layer_policy_agrees_with_cpu_dense)
  */
 static void check_same_layer_oracle(struct hyb_model *m, struct hyb_hybrid_params *hy,
 				    const int32_t *ids, const float *ref, uint64_t predicted,
-				    const char *what, struct hyb_hybrid_placement *pl,
+				    const char *what, struct hyb_hybrid_offload *pl,
 				    struct hyb_hybrid_stats *st)
 {
 	const uint32_t V = m->hp.n_vocab;
@@ -534,7 +534,7 @@ static void check_same_layer_oracle(struct hyb_model *m, struct hyb_hybrid_param
 	CHECK(lh);
 	c = ctx_new(m, hy, true);
 	run(c, m, ids, ids2, lh);
-	hyb_ctx_hybrid_placement(c, pl);
+	hyb_ctx_hybrid_offload(c, pl);
 	hyb_ctx_hybrid_stats(c, st);
 	CHECK_EQ_INT(st->layer_steps, (uint64_t)N_GEN * m->hp.n_layer);
 	CHECK_MSG(st->active == predicted, "%s: %llu neurons predicted, CPU-only %llu", what,
@@ -561,7 +561,7 @@ TEST(hybrid_same_layer_oracle_bit_identical)
 	float *ls = malloc(sizeof(float) * V * N_GEN);
 	int32_t ids[N_GEN], ids2[N_GEN];
 	struct hyb_sparse_stats sa, ss;
-	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_offload pl;
 	struct hyb_hybrid_stats st;
 	struct hyb_hybrid_params hy;
 	struct hyb_ctx *c;
@@ -629,7 +629,7 @@ TEST(hybrid_same_layer_oracle_bit_identical)
 	CHECK_EQ_INT(pl.predictors, 1);
 	m->pred_input = HYB_PRED_ADJACENT;
 	c = ctx_new(m, &hy, true);
-	hyb_ctx_hybrid_placement(c, &pl);
+	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK_EQ_INT(pl.attn_layers, 1);
 	CHECK_EQ_INT(pl.predictors, 2);
 	hyb_ctx_free(c);

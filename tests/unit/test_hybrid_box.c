@@ -186,12 +186,12 @@ TEST(hybrid_box_oracle_bit_identical_through_hybd)
 	for (unsigned int k = 0; k < sizeof(pol) / sizeof(pol[0]); k++) {
 		struct hyb_hybrid_params hy = params(mb, pol[k], HYB_CACHE_AUTO);
 		const uint64_t q0 = queue_submitted(mb->image_backend);
-		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_offload pl;
 		struct hyb_hybrid_stats st;
 		struct hyb_ctx *c = ctx_new(mb, &hy, true);
 		uint64_t resident, slots;
 
-		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_offload(c, &pl);
 		CHECK_MSG(pl.cache_hybd && strstr(pl.cache_note, "hybd's (pid") &&
 			  strstr(pl.cache_note, "host memory"), "%s", pl.cache_note);
 		CHECK_MSG(!run(c, mb, lbox, err, sizeof(err)), "%s", err);
@@ -294,24 +294,24 @@ TEST(hybrid_box_one_app_per_cache)
 		struct hyb_hybrid_params aut = params(mb, HYB_POLICY_LRU, HYB_CACHE_AUTO);
 		struct hyb_hybrid_params own = params(mb, HYB_POLICY_LRU, HYB_CACHE_OWN);
 		struct hyb_ctx *a = ctx_new(mb, &hyb, false), *b;
-		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_offload pl;
 
 		b = ctx_try(mb, &hyb, false, err, sizeof(err));
 		CHECK_MSG(!b && strstr(err, "in use by another app"), "%s", err);
 		b = ctx_new(mb, &aut, false);
-		hyb_ctx_hybrid_placement(b, &pl);
+		hyb_ctx_hybrid_offload(b, &pl);
 		CHECK_MSG(!pl.cache_hybd && strstr(pl.cache_note, "own (not hybd's") &&
 			  strstr(pl.cache_note, "in use"), "%s", pl.cache_note);
 		CHECK_MSG(!run(b, mb, NULL, err, sizeof(err)), "%s", err);
 		hyb_ctx_free(b);
 		b = ctx_new(mb, &own, false);
-		hyb_ctx_hybrid_placement(b, &pl);
+		hyb_ctx_hybrid_offload(b, &pl);
 		CHECK_MSG(!pl.cache_hybd && !strcmp(pl.cache_note, "own"), "%s", pl.cache_note);
 		hyb_ctx_free(b);
 		hyb_ctx_free(a);
 		/* the first one gone, the cache is free again */
 		b = ctx_new(mb, &hyb, false);
-		hyb_ctx_hybrid_placement(b, &pl);
+		hyb_ctx_hybrid_offload(b, &pl);
 		CHECK(pl.cache_hybd);
 		hyb_ctx_free(b);
 		/* the layer policy (-ngl) on hybd's cache: whole layers as far as its slots go */
@@ -321,7 +321,7 @@ TEST(hybrid_box_one_app_per_cache)
 			uint64_t resident, slots;
 
 			b = ctx_new(mb, &lay, false);
-			hyb_ctx_hybrid_placement(b, &pl);
+			hyb_ctx_hybrid_offload(b, &pl);
 			hyb_ctx_hybrid_cache(b, &resident, &slots);
 			CHECK_MSG(pl.cache_hybd && slots == (uint64_t)full * mb->n_groups &&
 				  pl.dense_layers_cpu == mb->hp.n_layer - full && full >= 1,
@@ -371,10 +371,10 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 	{
 		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_LRU, HYB_CACHE_HYBD);
 		struct hyb_ctx *c = ctx_new(mb, &hy, false);
-		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_offload pl;
 		uint64_t resident, slots;
 
-		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_offload(c, &pl);
 		hyb_ctx_hybrid_cache(c, &resident, &slots);
 		CHECK_MSG(pl.cache_hybd && slots == 6 && strstr(pl.cache_note, "6 slots of"),
 			  "%llu slots: %s", (unsigned long long)slots, pl.cache_note);

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The model manifest (hyb/manifest.h, daemon/manifest_write.c) and NUMA
- * placement (daemon/placement.c): a manifest round-trips through the builder
+ * placement (daemon/numa_place.c): a manifest round-trips through the builder
  * and the reader, is found by name in any order of insertion, is refused
  * whole when any byte is wrong (never read out of bounds), is published
  * complete or not at all (pool state, file rename) and retired on shutdown;
@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "daemon/manifest_write.h"
-#include "daemon/placement.h"
+#include "daemon/numa_place.h"
 #include "hyb/manifest.h"
 #include "test.h"
 
@@ -50,7 +50,7 @@ static uint8_t *build(size_t *len, uint32_t pool_id)
 	for (unsigned int i = 0; i < N_NAMES; i++) {
 		struct hyb_mf_tensor t = {
 			.type = i % 2, .n_dims = 2, .ne = { 8, i + 1, 1, 1 },
-			.layer = hyb_place_layer_of(names[i]), .node = i == 1 ? 1 : 0,
+			.layer = hyb_numa_place_layer_of(names[i]), .node = i == 1 ? 1 : 0,
 			.pool = i == 1 ? HYB_MF_NO_POOL : 0, .pool_off = 1000 * i, .bytes = 100 + i,
 			.file_off = 4096 + 1000 * i,
 		};
@@ -290,7 +290,7 @@ TEST(manifest_publish_pool_and_file_then_retire)
 #define NL 8
 
 /* A llama-like tensor list in file order: token_embd, 8 layers, output_norm, output. */
-static unsigned int model_tensors(struct hyb_place_tensor *t, char names_out[][48])
+static unsigned int model_tensors(struct hyb_numa_place_tensor *t, char names_out[][48])
 {
 	static const char *const per_layer[] = { "attn_norm.weight", "attn_q.weight",
 						 "ffn_gate.weight", "ffn_up.weight",
@@ -302,8 +302,8 @@ static unsigned int model_tensors(struct hyb_place_tensor *t, char names_out[][4
 #define ADD(nm, sz)                                                             \
 	do {                                                                    \
 		snprintf(names_out[n], 48, "%s", nm);                           \
-		t[n] = (struct hyb_place_tensor){ .name = names_out[n],         \
-						  .layer = hyb_place_layer_of(nm), \
+		t[n] = (struct hyb_numa_place_tensor){ .name = names_out[n],         \
+						  .layer = hyb_numa_place_layer_of(nm), \
 						  .file_off = off, .bytes = (sz) }; \
 		off += ((sz) + 31) / 32 * 32;                                   \
 		n++;                                                            \
@@ -324,11 +324,11 @@ static unsigned int model_tensors(struct hyb_place_tensor *t, char names_out[][4
 }
 
 /* Invariants of any placement: phase, no overlap, inside the pool, runs cover tensors. */
-static void check_layout(const struct hyb_placement *pl, const struct hyb_place_tensor *t,
+static void check_layout(const struct hyb_numa_placement *pl, const struct hyb_numa_place_tensor *t,
 			 unsigned int n)
 {
 	for (unsigned int i = 0; i < n; i++) {
-		if (t[i].pool == HYB_PLACE_NO_POOL)
+		if (t[i].pool == HYB_NUMA_PLACE_NO_POOL)
 			continue;
 		CHECK(t[i].pool < pl->n_pools);
 		CHECK_MSG(t[i].pool_off % 4096 == t[i].file_off % 4096, "%s: pool off %llu, file "
@@ -348,7 +348,7 @@ static void check_layout(const struct hyb_placement *pl, const struct hyb_place_
 			bool covered = false;
 
 			for (unsigned int r = 0; r < pl->n_runs && !covered; r++) {
-				const struct hyb_place_run *ru = &pl->runs[r];
+				const struct hyb_numa_place_run *ru = &pl->runs[r];
 
 				covered = ru->pool == t[i].pool && ru->file_off <= t[i].file_off &&
 					  t[i].file_off + t[i].bytes <= ru->file_off + ru->len &&
@@ -362,16 +362,16 @@ static void check_layout(const struct hyb_placement *pl, const struct hyb_place_
 
 TEST(manifest_placement_layer_and_interleave)
 {
-	struct hyb_place_config cfg = { .policy = HYB_PLACE_LAYER, .pools_per_node = 1 };
-	struct hyb_place_tensor t[64];
+	struct hyb_numa_place_config cfg = { .policy = HYB_NUMA_PLACE_LAYER, .pools_per_node = 1 };
+	struct hyb_numa_place_tensor t[64];
 	static char nm[64][48];
-	struct hyb_placement pl;
+	struct hyb_numa_placement pl;
 	unsigned int n = model_tensors(t, nm);
 	char err[256];
 
-	CHECK(!hyb_place_parse_nodes(&cfg, "0-1", err, sizeof(err)));
+	CHECK(!hyb_numa_place_parse_nodes(&cfg, "0-1", err, sizeof(err)));
 	CHECK_EQ_INT(cfg.n_nodes, 2);
-	CHECK_MSG(!hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
 	check_layout(&pl, t, n);
 	CHECK_EQ_INT(pl.n_pools, 2);
 	for (unsigned int i = 0; i < n; i++) {
@@ -383,24 +383,24 @@ TEST(manifest_placement_layer_and_interleave)
 	/* one run per pool: the file order is layer order */
 	CHECK_EQ_INT(pl.n_runs, 2);
 	CHECK(strstr(pl.desc, "layer nodes=0,1"));
-	hyb_placement_free(&pl);
+	hyb_numa_placement_free(&pl);
 
-	cfg.policy = HYB_PLACE_INTERLEAVE;
+	cfg.policy = HYB_NUMA_PLACE_INTERLEAVE;
 	n = model_tensors(t, nm);
-	CHECK_MSG(!hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
 	check_layout(&pl, t, n);
 	for (unsigned int i = 0; i < n; i++)
 		if (t[i].layer >= 0)
 			CHECK_EQ_INT(t[i].node, t[i].layer % 2);
 	/* embd + layer 0, then one run per layer (the head joins the last layer's) */
 	CHECK_EQ_INT(pl.n_runs, NL);
-	hyb_placement_free(&pl);
+	hyb_numa_placement_free(&pl);
 
 	/* two pools per node, about equal */
-	cfg.policy = HYB_PLACE_LAYER;
+	cfg.policy = HYB_NUMA_PLACE_LAYER;
 	cfg.pools_per_node = 2;
 	n = model_tensors(t, nm);
-	CHECK_MSG(!hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
 	check_layout(&pl, t, n);
 	CHECK_EQ_INT(pl.n_pools, 4);
 	for (unsigned int i = 0; i < 4; i++) {
@@ -408,25 +408,25 @@ TEST(manifest_placement_layer_and_interleave)
 		CHECK_MSG(pl.pools[i].used > 1500000 && pl.pools[i].used < 3500000,
 			  "pool %u holds %llu", i, (unsigned long long)pl.pools[i].used);
 	}
-	hyb_placement_free(&pl);
+	hyb_numa_placement_free(&pl);
 }
 
 TEST(manifest_placement_explicit_rules)
 {
-	struct hyb_place_config cfg = { .policy = HYB_PLACE_EXPLICIT, .pools_per_node = 1 };
-	struct hyb_place_tensor t[64];
+	struct hyb_numa_place_config cfg = { .policy = HYB_NUMA_PLACE_EXPLICIT, .pools_per_node = 1 };
+	struct hyb_numa_place_tensor t[64];
 	static char nm[64][48];
-	struct hyb_placement pl;
+	struct hyb_numa_placement pl;
 	unsigned int n = model_tensors(t, nm);
 	char err[256];
 
-	CHECK(!hyb_place_parse_rules(&cfg, "blk.:1, blk.3.:0", err, sizeof(err)));
-	CHECK(hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)) < 0);
+	CHECK(!hyb_numa_place_parse_rules(&cfg, "blk.:1, blk.3.:0", err, sizeof(err)));
+	CHECK(hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "token_embd.weight") && strstr(err, "'*:NODE'"), "%s", err);
-	CHECK(!hyb_place_parse_rules(&cfg, " * : 2 ,blk.3.ffn_:3", err, sizeof(err)));
+	CHECK(!hyb_numa_place_parse_rules(&cfg, " * : 2 ,blk.3.ffn_:3", err, sizeof(err)));
 	CHECK_EQ_INT(cfg.n_rules, 4);
 	n = model_tensors(t, nm);
-	CHECK_MSG(!hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
 	check_layout(&pl, t, n);
 	for (unsigned int i = 0; i < n; i++) {
 		int want = t[i].layer < 0 ? 2 : t[i].layer != 3 ? 1 :
@@ -436,62 +436,62 @@ TEST(manifest_placement_explicit_rules)
 			  want);
 	}
 	CHECK_EQ_INT(pl.n_pools, 4);
-	hyb_placement_free(&pl);
+	hyb_numa_placement_free(&pl);
 	/* bad input: clear messages */
-	CHECK(hyb_place_parse_rules(&cfg, "blk.0", err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place_parse_rules(&cfg, "blk.0", err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "PREFIX:NODE"), "%s", err);
-	CHECK(hyb_place_parse_rules(&cfg, "blk.0:x", err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place_parse_rules(&cfg, "blk.0:x", err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "'x' is not a node"), "%s", err);
-	CHECK(hyb_place_parse_nodes(&cfg, "0,0", err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place_parse_nodes(&cfg, "0,0", err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "twice"), "%s", err);
-	CHECK(hyb_place_parse_nodes(&cfg, "3-1", err, sizeof(err)) < 0);
-	CHECK(hyb_place_parse_nodes(&cfg, "", err, sizeof(err)) < 0);
-	CHECK(hyb_place_parse_policy("stripes", &cfg.policy) < 0);
+	CHECK(hyb_numa_place_parse_nodes(&cfg, "3-1", err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place_parse_nodes(&cfg, "", err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place_parse_policy("stripes", &cfg.policy) < 0);
 }
 
 TEST(manifest_placement_dram_budget_pages_ffn)
 {
-	struct hyb_place_config cfg = { .policy = HYB_PLACE_LAYER, .pools_per_node = 1,
+	struct hyb_numa_place_config cfg = { .policy = HYB_NUMA_PLACE_LAYER, .pools_per_node = 1,
 					.n_nodes = 1, .page_pool = 1 << 20 };
-	struct hyb_place_tensor t[64];
+	struct hyb_numa_place_tensor t[64];
 	static char nm[64][48];
-	struct hyb_placement pl;
+	struct hyb_numa_placement pl;
 	unsigned int n = model_tensors(t, nm), paged = 0;
 	uint64_t total = 0, dense = 0;
 	char err[256];
 
 	for (unsigned int i = 0; i < n; i++) {
 		total += t[i].bytes;
-		if (!hyb_place_pageable(t[i].name))
+		if (!hyb_numa_place_pageable(t[i].name))
 			dense += t[i].bytes;
 	}
 	cfg.dram_budget = total / 2;
-	CHECK_MSG(!hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)), "%s", err);
 	check_layout(&pl, t, n);
 	for (unsigned int i = 0; i < n; i++) {
-		if (t[i].pool != HYB_PLACE_NO_POOL)
+		if (t[i].pool != HYB_NUMA_PLACE_NO_POOL)
 			continue;
 		paged++;
-		CHECK_MSG(hyb_place_pageable(t[i].name), "%s paged", t[i].name);
+		CHECK_MSG(hyb_numa_place_pageable(t[i].name), "%s paged", t[i].name);
 	}
 	CHECK(paged > 0);
 	CHECK_EQ_INT(pl.n_pools, 2);
-	CHECK_EQ_INT(pl.pools[1].role, HYB_PLACE_PAGE);
+	CHECK_EQ_INT(pl.pools[1].role, HYB_NUMA_PLACE_PAGE);
 	CHECK_EQ_INT(pl.pools[1].bytes, 1 << 20);
 	CHECK(pl.resident + pl.paged == total);
 	CHECK(pl.pools[0].bytes + pl.pools[1].bytes <= cfg.dram_budget);
 	/* in file order: the early layers' FFNs stay, the late ones page */
-	CHECK(t[2].pool != HYB_PLACE_NO_POOL);
-	CHECK(t[n - 3].pool == HYB_PLACE_NO_POOL);
-	hyb_placement_free(&pl);
+	CHECK(t[2].pool != HYB_NUMA_PLACE_NO_POOL);
+	CHECK(t[n - 3].pool == HYB_NUMA_PLACE_NO_POOL);
+	hyb_numa_placement_free(&pl);
 
 	cfg.dram_budget = dense / 2;
 	cfg.page_pool = 65536;
 	n = model_tensors(t, nm);
-	CHECK(hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "dram_budget") && strstr(err, "too small"), "%s", err);
 	cfg.dram_budget = total / 2;
 	cfg.page_pool = 0;
-	CHECK(hyb_place(&cfg, t, n, NL, &pl, err, sizeof(err)) < 0);
+	CHECK(hyb_numa_place(&cfg, t, n, NL, &pl, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "page_pool"), "%s", err);
 }

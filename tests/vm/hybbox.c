@@ -1272,10 +1272,10 @@ static float *oracle_logits(const struct hyb_model *m, const struct hyb_hybrid_p
 			die("step %d: %s", i, err);
 	}
 	if (hy) {
-		struct hyb_hybrid_placement pl;
+		struct hyb_hybrid_offload pl;
 
 		hyb_ctx_hybrid_stats(c, st);
-		hyb_ctx_hybrid_placement(c, &pl);
+		hyb_ctx_hybrid_offload(c, &pl);
 		*on_hybd = pl.cache_hybd;
 		note("hybrid: neuron cache: %s", pl.cache_note);
 	}

@@ -44,14 +44,14 @@ uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m)
 void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 {
 	struct hyb_hybrid_stats st;
-	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_offload pl;
 	uint64_t res, slots;
 
 	if (!hyb_ctx_hybrid(c))
 		return;
 	hyb_ctx_hybrid_stats(c, &st);
 	hyb_ctx_hybrid_cache(c, &res, &slots);
-	hyb_ctx_hybrid_placement(c, &pl);
+	hyb_ctx_hybrid_offload(c, &pl);
 	if (!st.tokens)
 		return;
 	const double n = (double)st.tokens;
@@ -197,7 +197,7 @@ static double wbytes(const struct hyb_weight *w)
  * position; predictors, every fc2 row counted), the layer policy's whole FFNs
  * of its CPU layers; active neurons by where they ran.
  */
-static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_placement *pl,
+static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_offload *pl,
 		       const struct hyb_hybrid_stats *s, bool layer, double mean_pos,
 		       double *cpu_b, double *gpu_b)
 {
@@ -251,7 +251,7 @@ static void device_bw(const struct cli_opts *o, double *pcie, double *hbm)
 struct policy_run {
 	enum hyb_policy p;
 	double *tps, *pps;            /* decode and prompt tokens/s, per round */
-	struct hyb_hybrid_placement pl;
+	struct hyb_hybrid_offload pl;
 	struct hyb_hybrid_stats st;   /* summed over rounds */
 	uint64_t agree, compared;
 	double lambda[3];
@@ -343,7 +343,7 @@ static void run_policy(struct hbench *h, struct policy_run *pr, int r)
 	ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
 	ADD(stall_s); ADD(predictor_s); ADD(balancer_s); ADD(attn_s); ADD(head_s);
 #undef ADD
-	hyb_ctx_hybrid_placement(c, &pr->pl);
+	hyb_ctx_hybrid_offload(c, &pr->pl);
 	pr->lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
 	pr->lambda[1] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer / 2);
 	pr->lambda[2] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer - 1);

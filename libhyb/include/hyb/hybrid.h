@@ -103,7 +103,7 @@ struct hyb_hybrid_stats {
 };
 
 /* Where the dense parts went (after the placement). */
-struct hyb_hybrid_placement {
+struct hyb_hybrid_offload {
 	uint32_t attn_layers;     /* layers whose attention block is on the device */
 	uint32_t predictors;      /* layers whose activation predictor runs on the device */
 	bool head;                /* the head is on the device */
@@ -127,7 +127,7 @@ void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c);
 double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l);
 /* Cache slots in use / owned, over all layers. */
 void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots);
-void hyb_ctx_hybrid_placement(const struct hyb_ctx *c, struct hyb_hybrid_placement *out);
+void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *out);
 /*
  * The neuron table: out[l * n_groups + g] is the cache slot of group g of
  * layer l, or -1 (n_layer * n_groups entries). A slot whose load is still

@@ -28,76 +28,76 @@
  * reload requests (HYB_RQ_LOAD) into a page pool of page_pool bytes on their
  * node. Page pools count against the budget.
  */
-#ifndef HYB_PLACEMENT_H
-#define HYB_PLACEMENT_H
+#ifndef HYB_NUMA_PLACE_H
+#define HYB_NUMA_PLACE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define HYB_PLACE_MAX_NODES	64
-#define HYB_PLACE_MAX_RULES	64
-#define HYB_PLACE_PREFIX_LEN	64
-#define HYB_PLACE_NO_POOL	UINT32_MAX
+#define HYB_NUMA_PLACE_MAX_NODES	64
+#define HYB_NUMA_PLACE_MAX_RULES	64
+#define HYB_NUMA_PLACE_PREFIX_LEN	64
+#define HYB_NUMA_PLACE_NO_POOL	UINT32_MAX
 
-enum hyb_place_policy {
-	HYB_PLACE_LAYER = 0,
-	HYB_PLACE_INTERLEAVE = 1,
-	HYB_PLACE_EXPLICIT = 2,
+enum hyb_numa_place_policy {
+	HYB_NUMA_PLACE_LAYER = 0,
+	HYB_NUMA_PLACE_INTERLEAVE = 1,
+	HYB_NUMA_PLACE_EXPLICIT = 2,
 };
 
-enum hyb_place_role {
-	HYB_PLACE_WEIGHTS = 1,	/* = HYB_MF_ROLE_WEIGHTS */
-	HYB_PLACE_PAGE = 2,	/* = HYB_MF_ROLE_PAGE */
+enum hyb_numa_place_role {
+	HYB_NUMA_PLACE_WEIGHTS = 1,	/* = HYB_MF_ROLE_WEIGHTS */
+	HYB_NUMA_PLACE_PAGE = 2,	/* = HYB_MF_ROLE_PAGE */
 };
 
-struct hyb_place_rule {
-	char prefix[HYB_PLACE_PREFIX_LEN];	/* "*" matches every tensor */
+struct hyb_numa_place_rule {
+	char prefix[HYB_NUMA_PLACE_PREFIX_LEN];	/* "*" matches every tensor */
 	int node;
 };
 
-struct hyb_place_config {
-	enum hyb_place_policy policy;
-	int nodes[HYB_PLACE_MAX_NODES];		/* layer/interleave: the nodes to use */
+struct hyb_numa_place_config {
+	enum hyb_numa_place_policy policy;
+	int nodes[HYB_NUMA_PLACE_MAX_NODES];		/* layer/interleave: the nodes to use */
 	unsigned int n_nodes;			/* >= 1 */
-	struct hyb_place_rule rules[HYB_PLACE_MAX_RULES];	/* explicit */
+	struct hyb_numa_place_rule rules[HYB_NUMA_PLACE_MAX_RULES];	/* explicit */
 	unsigned int n_rules;
 	unsigned int pools_per_node;		/* >= 1 */
 	uint64_t dram_budget;			/* 0: everything resident */
 	uint64_t page_pool;			/* bytes per node with paged tensors */
 };
 
-/* One tensor: the caller fills the inputs, hyb_place() the outputs. */
-struct hyb_place_tensor {
+/* One tensor: the caller fills the inputs, hyb_numa_place() the outputs. */
+struct hyb_numa_place_tensor {
 	const char *name;	/* in */
 	int32_t layer;		/* in: N of "blk.N.", -1 otherwise */
 	uint64_t file_off;	/* in: absolute offset in the file */
 	uint64_t bytes;		/* in */
 	int node;		/* out */
-	uint32_t pool;		/* out: index into placement.pools, or HYB_PLACE_NO_POOL */
+	uint32_t pool;		/* out: index into placement.pools, or HYB_NUMA_PLACE_NO_POOL */
 	uint64_t pool_off;	/* out */
 };
 
-struct hyb_place_pool {
+struct hyb_numa_place_pool {
 	int node;
-	uint32_t role;		/* enum hyb_place_role */
+	uint32_t role;		/* enum hyb_numa_place_role */
 	uint32_t k;		/* index among the node's pools of this role */
 	uint64_t bytes;		/* needed (the backend rounds up to pages) */
 	uint64_t used;		/* bytes of tensors in it */
 };
 
 /* A file range streamed into one pool range in one go. */
-struct hyb_place_run {
+struct hyb_numa_place_run {
 	uint32_t pool;
 	uint64_t pool_off;
 	uint64_t file_off;
 	uint64_t len;
 };
 
-struct hyb_placement {
-	struct hyb_place_pool *pools;
+struct hyb_numa_placement {
+	struct hyb_numa_place_pool *pools;
 	unsigned int n_pools;
-	struct hyb_place_run *runs;	/* in file order */
+	struct hyb_numa_place_run *runs;	/* in file order */
 	unsigned int n_runs;
 	uint64_t resident;		/* tensor bytes in pools */
 	uint64_t paged;			/* tensor bytes left to on-demand loads */
@@ -108,23 +108,23 @@ struct hyb_placement {
  * Place n tensors (any order). n_layers: blocks of the model. 0, or -1 with
  * a one-line message (a rule that matches nothing, a budget too small...).
  */
-int hyb_place(const struct hyb_place_config *cfg, struct hyb_place_tensor *t, unsigned int n,
-	      uint32_t n_layers, struct hyb_placement *out, char *err, size_t errlen);
-void hyb_placement_free(struct hyb_placement *p);
+int hyb_numa_place(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t, unsigned int n,
+	      uint32_t n_layers, struct hyb_numa_placement *out, char *err, size_t errlen);
+void hyb_numa_placement_free(struct hyb_numa_placement *p);
 
 /* "layer", "interleave", "explicit": 0, or -1. */
-int hyb_place_parse_policy(const char *s, enum hyb_place_policy *out);
-const char *hyb_place_policy_name(enum hyb_place_policy p);
+int hyb_numa_place_parse_policy(const char *s, enum hyb_numa_place_policy *out);
+const char *hyb_numa_place_policy_name(enum hyb_numa_place_policy p);
 /*
  * Append rules "PREFIX:NODE[, PREFIX:NODE...]" to cfg. 0, or -1 with a
  * message naming the bad rule.
  */
-int hyb_place_parse_rules(struct hyb_place_config *cfg, const char *s, char *err, size_t errlen);
+int hyb_numa_place_parse_rules(struct hyb_numa_place_config *cfg, const char *s, char *err, size_t errlen);
 /* "0,1,3" or "0-3" into cfg->nodes: 0, or -1 with a message. */
-int hyb_place_parse_nodes(struct hyb_place_config *cfg, const char *s, char *err, size_t errlen);
+int hyb_numa_place_parse_nodes(struct hyb_numa_place_config *cfg, const char *s, char *err, size_t errlen);
 /* FFN weight matrices: what a DRAM budget may leave on storage. */
-bool hyb_place_pageable(const char *name);
+bool hyb_numa_place_pageable(const char *name);
 /* N of "blk.N." or -1. */
-int32_t hyb_place_layer_of(const char *name);
+int32_t hyb_numa_place_layer_of(const char *name);
 
 #endif

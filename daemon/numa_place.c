@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* NUMA placement of tensors into pools (see placement.h for the policies and why). */
+/* NUMA placement of tensors into pools (see numa_place.h for the policies and why). */
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -7,11 +7,11 @@
 #include <string.h>
 
 #include "log.h"
-#include "placement.h"
+#include "numa_place.h"
 
 #define BLK 4096u
 
-int32_t hyb_place_layer_of(const char *name)
+int32_t hyb_numa_place_layer_of(const char *name)
 {
 	char *end;
 	long l;
@@ -24,28 +24,28 @@ int32_t hyb_place_layer_of(const char *name)
 	return (int32_t)l;
 }
 
-bool hyb_place_pageable(const char *name)
+bool hyb_numa_place_pageable(const char *name)
 {
 	return strstr(name, "ffn_gate") || strstr(name, "ffn_up") || strstr(name, "ffn_down") ||
 	       strstr(name, "ffn_bundles");
 }
 
-int hyb_place_parse_policy(const char *s, enum hyb_place_policy *out)
+int hyb_numa_place_parse_policy(const char *s, enum hyb_numa_place_policy *out)
 {
 	if (!strcmp(s, "layer"))
-		*out = HYB_PLACE_LAYER;
+		*out = HYB_NUMA_PLACE_LAYER;
 	else if (!strcmp(s, "interleave") || !strcmp(s, "interleaved"))
-		*out = HYB_PLACE_INTERLEAVE;
+		*out = HYB_NUMA_PLACE_INTERLEAVE;
 	else if (!strcmp(s, "explicit"))
-		*out = HYB_PLACE_EXPLICIT;
+		*out = HYB_NUMA_PLACE_EXPLICIT;
 	else
 		return -1;
 	return 0;
 }
 
-const char *hyb_place_policy_name(enum hyb_place_policy p)
+const char *hyb_numa_place_policy_name(enum hyb_numa_place_policy p)
 {
-	return p == HYB_PLACE_LAYER ? "layer" : p == HYB_PLACE_INTERLEAVE ? "interleave" :
+	return p == HYB_NUMA_PLACE_LAYER ? "layer" : p == HYB_NUMA_PLACE_INTERLEAVE ? "interleave" :
 	       "explicit";
 }
 
@@ -76,7 +76,7 @@ static char *trim(char *s)
 	return s;
 }
 
-int hyb_place_parse_rules(struct hyb_place_config *cfg, const char *s, char *err, size_t errlen)
+int hyb_numa_place_parse_rules(struct hyb_numa_place_config *cfg, const char *s, char *err, size_t errlen)
 {
 	char buf[4096], *save = NULL, *tok;
 
@@ -85,31 +85,31 @@ int hyb_place_parse_rules(struct hyb_place_config *cfg, const char *s, char *err
 	snprintf(buf, sizeof(buf), "%s", s);
 	for (tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		char *r = trim(tok), *colon = strrchr(r, ':');
-		struct hyb_place_rule *rule;
+		struct hyb_numa_place_rule *rule;
 
 		if (!*r)
 			continue;
 		if (!colon || colon == r)
 			return hyb_errf(err, errlen, "placement rule '%s': expected PREFIX:NODE", r);
 		*colon = 0;
-		if (cfg->n_rules == HYB_PLACE_MAX_RULES)
+		if (cfg->n_rules == HYB_NUMA_PLACE_MAX_RULES)
 			return hyb_errf(err, errlen, "more than %d placement rules",
-				    HYB_PLACE_MAX_RULES);
+				    HYB_NUMA_PLACE_MAX_RULES);
 		rule = &cfg->rules[cfg->n_rules];
 		if (parse_node(trim(colon + 1), &rule->node))
 			return hyb_errf(err, errlen, "placement rule '%s:%s': '%s' is not a node "
 				    "number", r, colon + 1, trim(colon + 1));
 		r = trim(r);
-		if (strlen(r) >= HYB_PLACE_PREFIX_LEN)
+		if (strlen(r) >= HYB_NUMA_PLACE_PREFIX_LEN)
 			return hyb_errf(err, errlen, "placement rule prefix '%s' is longer than %d", r,
-				    HYB_PLACE_PREFIX_LEN - 1);
+				    HYB_NUMA_PLACE_PREFIX_LEN - 1);
 		snprintf(rule->prefix, sizeof(rule->prefix), "%s", r);
 		cfg->n_rules++;
 	}
 	return 0;
 }
 
-int hyb_place_parse_nodes(struct hyb_place_config *cfg, const char *s, char *err, size_t errlen)
+int hyb_numa_place_parse_nodes(struct hyb_numa_place_config *cfg, const char *s, char *err, size_t errlen)
 {
 	char buf[1024], *save = NULL, *tok;
 	unsigned int n = 0;
@@ -135,8 +135,8 @@ int hyb_place_parse_nodes(struct hyb_place_config *cfg, const char *s, char *err
 			for (unsigned int i = 0; i < n; i++)
 				if (cfg->nodes[i] == v)
 					return hyb_errf(err, errlen, "node %d listed twice", v);
-			if (n == HYB_PLACE_MAX_NODES)
-				return hyb_errf(err, errlen, "more than %d nodes", HYB_PLACE_MAX_NODES);
+			if (n == HYB_NUMA_PLACE_MAX_NODES)
+				return hyb_errf(err, errlen, "more than %d nodes", HYB_NUMA_PLACE_MAX_NODES);
 			cfg->nodes[n++] = v;
 		}
 	}
@@ -148,7 +148,7 @@ int hyb_place_parse_nodes(struct hyb_place_config *cfg, const char *s, char *err
 
 /* -- node per tensor ----------------------------------------------------- */
 
-static int rule_node(const struct hyb_place_config *cfg, const char *name)
+static int rule_node(const struct hyb_numa_place_config *cfg, const char *name)
 {
 	int best = -1;
 	size_t best_len = 0;
@@ -167,13 +167,13 @@ static int rule_node(const struct hyb_place_config *cfg, const char *name)
 	return best;
 }
 
-static int assign_nodes(const struct hyb_place_config *cfg, struct hyb_place_tensor *t,
+static int assign_nodes(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t,
 			unsigned int n, uint32_t n_layers, char *err, size_t errlen)
 {
 	uint64_t *lbytes, total = 0, acc = 0;
 	int *lnode, last;
 
-	if (cfg->policy == HYB_PLACE_EXPLICIT) {
+	if (cfg->policy == HYB_NUMA_PLACE_EXPLICIT) {
 		if (!cfg->n_rules)
 			return hyb_errf(err, errlen, "placement explicit needs rules (place = "
 				    "PREFIX:NODE, ...)");
@@ -203,7 +203,7 @@ static int assign_nodes(const struct hyb_place_config *cfg, struct hyb_place_ten
 	for (uint32_t l = 0; l < n_layers; l++) {
 		unsigned int k;
 
-		if (cfg->policy == HYB_PLACE_INTERLEAVE) {
+		if (cfg->policy == HYB_NUMA_PLACE_INTERLEAVE) {
 			k = l % cfg->n_nodes;
 		} else {
 			/* the node whose share of the bytes holds this layer's midpoint */
@@ -233,17 +233,17 @@ static int assign_nodes(const struct hyb_place_config *cfg, struct hyb_place_ten
 
 /* -- residency ----------------------------------------------------------- */
 
-static uint64_t padded(const struct hyb_place_tensor *t)
+static uint64_t padded(const struct hyb_numa_place_tensor *t)
 {
 	return t->bytes + BLK - 1;	/* worst case: a run start aligned to its file phase */
 }
 
 /* Mark paged tensors (pool = NO_POOL) when the budget is short; ord: file order. */
-static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_tensor *t,
+static int choose_resident(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t,
 			   const unsigned int *ord, unsigned int n, char *err, size_t errlen)
 {
 	uint64_t total = 0, avail, used = 0, dense = 0;
-	int nodes[HYB_PLACE_MAX_NODES];
+	int nodes[HYB_NUMA_PLACE_MAX_NODES];
 	unsigned int nn = 0;
 
 	for (unsigned int i = 0; i < n; i++) {
@@ -256,11 +256,11 @@ static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_
 	for (unsigned int i = 0; i < n; i++) {
 		unsigned int j;
 
-		if (!hyb_place_pageable(t[i].name))
+		if (!hyb_numa_place_pageable(t[i].name))
 			continue;
 		for (j = 0; j < nn && nodes[j] != t[i].node; j++)
 			;
-		if (j == nn && nn < HYB_PLACE_MAX_NODES)
+		if (j == nn && nn < HYB_NUMA_PLACE_MAX_NODES)
 			nodes[nn++] = t[i].node;
 	}
 	if (!cfg->page_pool)
@@ -273,7 +273,7 @@ static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_
 			    (unsigned long long)cfg->page_pool);
 	avail = cfg->dram_budget - cfg->page_pool * nn;
 	for (unsigned int i = 0; i < n; i++)
-		if (!hyb_place_pageable(t[i].name))
+		if (!hyb_numa_place_pageable(t[i].name))
 			dense += padded(&t[i]);
 	if (dense > avail)
 		return hyb_errf(err, errlen, "dram_budget %llu is too small: the non-FFN tensors need "
@@ -282,14 +282,14 @@ static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_
 			    (unsigned long long)cfg->page_pool);
 	used = dense;
 	for (unsigned int k = 0; k < n; k++) {
-		struct hyb_place_tensor *x = &t[ord[k]];
+		struct hyb_numa_place_tensor *x = &t[ord[k]];
 
-		if (!hyb_place_pageable(x->name))
+		if (!hyb_numa_place_pageable(x->name))
 			continue;
 		if (used + padded(x) <= avail)
 			used += padded(x);
 		else
-			x->pool = HYB_PLACE_NO_POOL;
+			x->pool = HYB_NUMA_PLACE_NO_POOL;
 	}
 	return 0;
 }
@@ -298,9 +298,9 @@ static int choose_resident(const struct hyb_place_config *cfg, struct hyb_place_
 
 static int cmp_file(const void *a, const void *b, void *base)
 {
-	const struct hyb_place_tensor *x = (const struct hyb_place_tensor *)base +
+	const struct hyb_numa_place_tensor *x = (const struct hyb_numa_place_tensor *)base +
 					   *(const unsigned int *)a;
-	const struct hyb_place_tensor *y = (const struct hyb_place_tensor *)base +
+	const struct hyb_numa_place_tensor *y = (const struct hyb_numa_place_tensor *)base +
 					   *(const unsigned int *)b;
 
 	if (x->file_off != y->file_off)
@@ -308,20 +308,20 @@ static int cmp_file(const void *a, const void *b, void *base)
 	return *(const unsigned int *)a < *(const unsigned int *)b ? -1 : 1;
 }
 
-static int add_pool(struct hyb_placement *p, int node, uint32_t role, uint32_t k)
+static int add_pool(struct hyb_numa_placement *p, int node, uint32_t role, uint32_t k)
 {
-	struct hyb_place_pool *np = realloc(p->pools, (p->n_pools + 1) * sizeof(*np));
+	struct hyb_numa_place_pool *np = realloc(p->pools, (p->n_pools + 1) * sizeof(*np));
 
 	if (!np)
 		return -1;
 	p->pools = np;
-	np[p->n_pools] = (struct hyb_place_pool){ .node = node, .role = role, .k = k };
+	np[p->n_pools] = (struct hyb_numa_place_pool){ .node = node, .role = role, .k = k };
 	return (int)p->n_pools++;
 }
 
-static int add_run(struct hyb_placement *p, const struct hyb_place_run *r)
+static int add_run(struct hyb_numa_placement *p, const struct hyb_numa_place_run *r)
 {
-	struct hyb_place_run *nr;
+	struct hyb_numa_place_run *nr;
 
 	if (p->n_runs % 64 == 0) {
 		nr = realloc(p->runs, (p->n_runs + 64) * sizeof(*nr));
@@ -334,7 +334,7 @@ static int add_run(struct hyb_placement *p, const struct hyb_place_run *r)
 }
 
 /* Nodes in first-use order of the placement (cfg order first). */
-static unsigned int used_nodes(const struct hyb_place_config *cfg, const struct hyb_place_tensor *t,
+static unsigned int used_nodes(const struct hyb_numa_place_config *cfg, const struct hyb_numa_place_tensor *t,
 			       unsigned int n, int *nodes)
 {
 	unsigned int nn = 0, j;
@@ -344,21 +344,21 @@ static unsigned int used_nodes(const struct hyb_place_config *cfg, const struct 
 	for (unsigned int i = 0; i < n; i++) {
 		for (j = 0; j < nn && nodes[j] != t[i].node; j++)
 			;
-		if (j == nn && nn < HYB_PLACE_MAX_NODES * 2)
+		if (j == nn && nn < HYB_NUMA_PLACE_MAX_NODES * 2)
 			nodes[nn++] = t[i].node;
 	}
 	return nn;
 }
 
-static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tensor *t,
-		       const unsigned int *ord, unsigned int n, struct hyb_placement *p)
+static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t,
+		       const unsigned int *ord, unsigned int n, struct hyb_numa_placement *p)
 {
-	int nodes[HYB_PLACE_MAX_NODES * 2];
+	int nodes[HYB_NUMA_PLACE_MAX_NODES * 2];
 	unsigned int nn = used_nodes(cfg, t, n, nodes);
 	unsigned int kmax = cfg->pools_per_node ? cfg->pools_per_node : 1;
 	uint64_t *cur;
-	uint32_t last_pool = HYB_PLACE_NO_POOL;
-	struct hyb_place_run run = { 0 };
+	uint32_t last_pool = HYB_NUMA_PLACE_NO_POOL;
+	struct hyb_numa_place_run run = { 0 };
 
 	/* split each node's resident tensors (file order) into kmax pools by bytes */
 	for (unsigned int j = 0; j < nn; j++) {
@@ -366,13 +366,13 @@ static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tens
 		int first = -1, prev_k = -1;
 
 		for (unsigned int i = 0; i < n; i++)
-			if (t[i].node == nodes[j] && t[i].pool != HYB_PLACE_NO_POOL)
+			if (t[i].node == nodes[j] && t[i].pool != HYB_NUMA_PLACE_NO_POOL)
 				node_total += t[i].bytes;
 		for (unsigned int k = 0; k < n; k++) {
-			struct hyb_place_tensor *x = &t[ord[k]];
+			struct hyb_numa_place_tensor *x = &t[ord[k]];
 			unsigned int pk;
 
-			if (x->node != nodes[j] || x->pool == HYB_PLACE_NO_POOL)
+			if (x->node != nodes[j] || x->pool == HYB_NUMA_PLACE_NO_POOL)
 				continue;
 			pk = node_total ?
 			     (unsigned int)((acc + x->bytes / 2.0) * kmax / node_total) : 0;
@@ -380,7 +380,7 @@ static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tens
 				pk = kmax - 1;
 			acc += x->bytes;
 			if ((int)pk != prev_k) {
-				int idx = add_pool(p, nodes[j], HYB_PLACE_WEIGHTS,
+				int idx = add_pool(p, nodes[j], HYB_NUMA_PLACE_WEIGHTS,
 						   first < 0 ? 0 : p->pools[p->n_pools - 1].k + 1);
 
 				if (idx < 0)
@@ -395,9 +395,9 @@ static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tens
 	/* page pools where something is left on storage */
 	for (unsigned int j = 0; j < nn; j++) {
 		for (unsigned int i = 0; i < n; i++) {
-			if (t[i].node != nodes[j] || t[i].pool != HYB_PLACE_NO_POOL)
+			if (t[i].node != nodes[j] || t[i].pool != HYB_NUMA_PLACE_NO_POOL)
 				continue;
-			if (add_pool(p, nodes[j], HYB_PLACE_PAGE, 0) < 0)
+			if (add_pool(p, nodes[j], HYB_NUMA_PLACE_PAGE, 0) < 0)
 				return -1;
 			p->pools[p->n_pools - 1].bytes = cfg->page_pool;
 			break;
@@ -408,13 +408,13 @@ static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tens
 	if (!cur)
 		return -1;
 	for (unsigned int k = 0; k < n; k++) {
-		struct hyb_place_tensor *x = &t[ord[k]];
-		struct hyb_place_pool *pp;
+		struct hyb_numa_place_tensor *x = &t[ord[k]];
+		struct hyb_numa_place_pool *pp;
 		uint64_t end;
 
-		if (x->pool == HYB_PLACE_NO_POOL) {
+		if (x->pool == HYB_NUMA_PLACE_NO_POOL) {
 			x->pool_off = 0;
-			last_pool = HYB_PLACE_NO_POOL;
+			last_pool = HYB_NUMA_PLACE_NO_POOL;
 			continue;
 		}
 		pp = &p->pools[x->pool];
@@ -428,7 +428,7 @@ static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tens
 			uint64_t c = cur[x->pool];
 
 			x->pool_off = c + ((x->file_off % BLK) + BLK - (c % BLK)) % BLK;
-			run = (struct hyb_place_run){ .pool = x->pool, .pool_off = x->pool_off,
+			run = (struct hyb_numa_place_run){ .pool = x->pool, .pool_off = x->pool_off,
 						      .file_off = x->file_off, .len = x->bytes };
 			if (add_run(p, &run)) {
 				free(cur);
@@ -443,18 +443,18 @@ static int build_pools(const struct hyb_place_config *cfg, struct hyb_place_tens
 		p->resident += x->bytes;
 	}
 	for (unsigned int i = 0; i < p->n_pools; i++)
-		if (p->pools[i].role == HYB_PLACE_WEIGHTS)
+		if (p->pools[i].role == HYB_NUMA_PLACE_WEIGHTS)
 			p->pools[i].bytes = cur[i] ? cur[i] : 1;
 	free(cur);
 	return 0;
 }
 
-static void describe(const struct hyb_place_config *cfg, struct hyb_placement *p)
+static void describe(const struct hyb_numa_place_config *cfg, struct hyb_numa_placement *p)
 {
 	size_t len = sizeof(p->desc), k;
 
-	k = (size_t)snprintf(p->desc, len, "%s", hyb_place_policy_name(cfg->policy));
-	if (cfg->policy == HYB_PLACE_EXPLICIT) {
+	k = (size_t)snprintf(p->desc, len, "%s", hyb_numa_place_policy_name(cfg->policy));
+	if (cfg->policy == HYB_NUMA_PLACE_EXPLICIT) {
 		for (unsigned int i = 0; i < cfg->n_rules && k < len; i++)
 			k += (size_t)snprintf(p->desc + k, len - k, "%s%s:%d", i ? "," : " rules=",
 					      cfg->rules[i].prefix, cfg->rules[i].node);
@@ -471,8 +471,8 @@ static void describe(const struct hyb_place_config *cfg, struct hyb_placement *p
 			 (unsigned long long)cfg->dram_budget, (unsigned long long)cfg->page_pool);
 }
 
-int hyb_place(const struct hyb_place_config *cfg, struct hyb_place_tensor *t, unsigned int n,
-	      uint32_t n_layers, struct hyb_placement *out, char *err, size_t errlen)
+int hyb_numa_place(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t, unsigned int n,
+	      uint32_t n_layers, struct hyb_numa_placement *out, char *err, size_t errlen)
 {
 	unsigned int *ord;
 
@@ -496,18 +496,18 @@ int hyb_place(const struct hyb_place_config *cfg, struct hyb_place_tensor *t, un
 	}
 	if (build_pools(cfg, t, ord, n, out)) {
 		free(ord);
-		hyb_placement_free(out);
+		hyb_numa_placement_free(out);
 		return hyb_errf(err, errlen, "out of memory");
 	}
 	for (unsigned int i = 0; i < n; i++)
-		if (t[i].pool == HYB_PLACE_NO_POOL)
+		if (t[i].pool == HYB_NUMA_PLACE_NO_POOL)
 			out->paged += t[i].bytes;
 	describe(cfg, out);
 	free(ord);
 	return 0;
 }
 
-void hyb_placement_free(struct hyb_placement *p)
+void hyb_numa_placement_free(struct hyb_numa_placement *p)
 {
 	free(p->pools);
 	free(p->runs);
