@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A context: the KV cache, scratch, threads and the FFN engine (dense,
+ * sparse or hybrid) that the forward pass (forward.c) runs a model with, and
+ * its accessors (hyb/model.h, hyb/hybrid.h).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "forward_internal.h"
+#include "attention.h"
+#include "hyb/testing.h"
+#include "hybrid/decode.h"
+#include "hybrid/ffn_hybrid.h"
+#include "sparse/plan_ffn.h"
+#include "sparse/sparse_layer.h"
+
+static void *alloc_zeroed(size_t bytes)
+{
+	/* Anonymous mappings: page-aligned, zeroed, and only touched pages
+	 * become resident (a large n_ctx costs nothing until it is used). */
+	void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void free_mapping(void *p, size_t bytes)
+{
+	if (p)
+		munmap(p, bytes ? bytes : 1);
+}
+
+static size_t scratch_bytes(const struct hyb_ctx *c)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	size_t nb = c->n_batch, wide = hp->n_ff > hp->n_vocab ? hp->n_ff : hp->n_vocab;
+
+	if (wide < hp->n_embd)
+		wide = hp->n_embd;
+	return sizeof(float) * nb * (2 * (size_t)hp->n_embd + 2 * (size_t)c->q_dim +
+				     2 * (size_t)c->kv_dim + 2 * (size_t)hp->n_ff) +
+	       /* xq: the widest row in any activation format (<= 4 bytes/elem) */
+	       nb * (4 * wide + 512);
+}
+
+struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p,
+			    char *err, size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_ctx *c = calloc(1, sizeof(*c));
+	const bool oracle = p && (p->testing & HYB_TESTING_FFN_ORACLE);
+	int nth;
+
+	if (!c) {
+		snprintf(err, errlen, "out of memory");
+		return NULL;
+	}
+	if (p && (p->testing & ~HYB_TESTING_FFN_ORACLE)) {
+		snprintf(err, errlen, "unknown testing switches 0x%x", p->testing);
+		free(c);
+		return NULL;
+	}
+	c->m = m;
+	c->k = hyb_cpu_best();
+	c->n_ctx = p && p->n_ctx ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+	c->n_batch = p && p->n_batch ? p->n_batch : 512;
+	c->q_dim = hp->n_head * hp->head_dim;
+	c->kv_dim = hp->n_head_kv * hp->head_dim;
+	if (c->n_ctx == 0 || c->n_ctx > (1u << 24)) {
+		snprintf(err, errlen, "bad context size %u", c->n_ctx);
+		goto fail;
+	}
+	c->pool = hyb_threadpool_new(p ? p->n_threads : 0);
+	if (!c->pool) {
+		snprintf(err, errlen, "cannot start threads: %s", strerror(errno));
+		goto fail;
+	}
+	nth = hyb_threadpool_size(c->pool);
+
+	c->kv_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx * c->kv_dim;
+	c->kcache = alloc_zeroed(c->kv_bytes / 2);
+	c->vcache = alloc_zeroed(c->kv_bytes / 2);
+	/* per thread scratch of attend(), a cache line apart from the next thread's */
+	c->attn_tmp_stride = (hyb_attend_tmp_bytes(hp->head_dim) + 63) & ~63ul;
+	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
+	c->x = alloc_zeroed(scratch_bytes(c));
+	if (!c->kcache || !c->vcache || !c->attn_tmp || !c->x) {
+		snprintf(err, errlen, "out of memory for a %u-token context (%.1f MiB KV cache)",
+			 c->n_ctx, c->kv_bytes / 1048576.0);
+		goto fail;
+	}
+	c->xn = c->x + (size_t)c->n_batch * hp->n_embd;
+	c->q = c->xn + (size_t)c->n_batch * hp->n_embd;
+	c->att = c->q + (size_t)c->n_batch * c->q_dim;
+	c->kk = c->att + (size_t)c->n_batch * c->q_dim;
+	c->vv = c->kk + (size_t)c->n_batch * c->kv_dim;
+	c->g = c->vv + (size_t)c->n_batch * c->kv_dim;
+	c->u = c->g + (size_t)c->n_batch * hp->n_ff;
+	c->xq = c->u + (size_t)c->n_batch * hp->n_ff;
+	if ((m->group_size || m->powerinfer) &&
+	    !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
+		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
+		goto fail;
+	}
+	/* A streaming model (only plain ones stream) is waited for piece by piece
+	 * by the CPU's prompt pass; the hybrid engine reads it all up front. */
+	if (p && p->hybrid && hyb_model_wait(m, err, errlen))
+		goto fail;
+	if (p && p->hybrid) {
+		if (p->ffn == HYB_FFN_DENSE) {
+			snprintf(err, errlen, "hybrid decoding is sparse; it cannot run dense");
+			goto fail;
+		}
+		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, oracle, nth, c->n_ctx,
+						     err, errlen)))
+			goto fail;
+	} else if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
+		   !(c->sparse = hyb_ffn_sparse_new(m, nth, err, errlen))) {
+		goto fail;
+	}
+	if (c->sparse)
+		hyb_ffn_sparse_set_oracle(c->sparse, oracle);
+	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
+		snprintf(err, errlen, "sparse decoding needs a plan (hybctl plan); this model has "
+			 "none");
+		goto fail;
+	}
+	return c;
+
+fail:
+	hyb_ctx_free(c);
+	return NULL;
+}
+
+void hyb_ctx_free(struct hyb_ctx *c)
+{
+	if (!c)
+		return;
+	if (c->pool) {
+		free_mapping(c->attn_tmp, c->attn_tmp_stride * hyb_threadpool_size(c->pool));
+		hyb_threadpool_free(c->pool);
+	}
+	free_mapping(c->kcache, c->kv_bytes / 2);
+	free_mapping(c->vcache, c->kv_bytes / 2);
+	free_mapping(c->x, scratch_bytes(c));
+	hyb_ffn_plan_scratch_free(c->plan);
+	hyb_ffn_sparse_free(c->sparse);
+	hyb_ffn_hybrid_free(c->hybrid);
+	free(c);
+}
+
+bool hyb_ctx_sparse(const struct hyb_ctx *c)
+{
+	return c->sparse != NULL;
+}
+
+void hyb_ctx_sparse_stats(const struct hyb_ctx *c, struct hyb_sparse_stats *out)
+{
+	if (c->sparse)
+		hyb_ffn_sparse_stats(c->sparse, out);
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c)
+{
+	if (c->sparse)
+		hyb_ffn_sparse_stats_reset(c->sparse);
+}
+
+bool hyb_ctx_hybrid(const struct hyb_ctx *c)
+{
+	return c->hybrid != NULL;
+}
+
+void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out)
+{
+	if (c->hybrid)
+		hyb_ffn_hybrid_stats(c->hybrid, out);
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c)
+{
+	if (c->hybrid) {
+		hyb_ffn_hybrid_stats_reset(c->hybrid);
+		hyb_device_stats_reset(hyb_ffn_hybrid_device(c->hybrid));
+	}
+}
+
+double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l)
+{
+	return c->hybrid ? hyb_ffn_hybrid_lambda(c->hybrid, l) : NAN;
+}
+
+void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots)
+{
+	*resident = *slots = 0;
+	if (c->hybrid)
+		hyb_ffn_hybrid_cache(c->hybrid, resident, slots);
+}
+
+int hyb_ctx_hybrid_table(const struct hyb_ctx *c, int32_t *out)
+{
+	return c->hybrid ? hyb_ffn_hybrid_table(c->hybrid, out) : -1;
+}
+
+void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (c->hybrid)
+		hyb_ffn_hybrid_placement(c->hybrid, out);
+}
+
+void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (c->hybrid)
+		hyb_device_get_config(hyb_ffn_hybrid_device(c->hybrid), out);
+}
+
+void hyb_ctx_hybrid_device_stats(const struct hyb_ctx *c, struct hyb_device_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (c->hybrid)
+		hyb_device_stats(hyb_ffn_hybrid_device(c->hybrid), out);
+}
+
+double hyb_ctx_clock(struct hyb_ctx *c)
+{
+	struct timespec ts;
+
+	if (c->hybrid)
+		return hyb_device_now(hyb_ffn_hybrid_device(c->hybrid));
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)
+{
+	c->probe = fn;
+	c->probe_user = user;
+}
+
+uint32_t hyb_ctx_n_past(const struct hyb_ctx *c)
+{
+	return c->n_past;
+}
+
+uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c)
+{
+	return c->n_ctx;
+}
+
+uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c)
+{
+	return c->kv_bytes;
+}
+
+void hyb_ctx_reset(struct hyb_ctx *c)
+{
+	c->n_past = 0;
+	if (c->hybrid)
+		hyb_decode_hybrid_reset(c);
+}
