@@ -71,7 +71,7 @@ struct hyb_rq {
 	uint32_t client_id;
 	int fd;				/* kmod: the role's own open file */
 	struct hyb_lq *lq;		/* local: the queue */
-	struct hyb_lq_client *lc;	/* local: this client */
+	struct hyb_rq_local_client *lc;	/* local: this client */
 	atomic_bool dead;		/* daemon: its thread exited */
 	pthread_t thread;		/* daemon: the thread that attached */
 	struct hyb_rq *dnext;		/* daemon: list of thread-bound daemons */
@@ -89,18 +89,18 @@ int hyb_mp_local_node(void);
 uint64_t hyb_mp_default_cap(void);
 
 /* rq_local.c: the in-process queue (the local ops call these). */
-int hyb_lq_attach(struct hyb_rq *rq);
-int hyb_lq_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n);
-int hyb_lq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, unsigned int min,
+int hyb_rq_local_attach(struct hyb_rq *rq);
+int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n);
+int hyb_rq_local_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, unsigned int min,
 		uint64_t timeout_ns);
-int hyb_lq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max);
-int hyb_lq_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n);
-void hyb_lq_kill(struct hyb_rq *rq);
-void hyb_lq_close(struct hyb_rq *rq);
-int hyb_lq_stats(unsigned int queue, struct hyb_rq_stats *out);
-unsigned int hyb_lq_nr_queues(void);
-uint64_t hyb_lq_nr_requests(void);
+int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max);
+int hyb_rq_local_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n);
+void hyb_rq_local_kill(struct hyb_rq *rq);
+void hyb_rq_local_close(struct hyb_rq *rq);
+int hyb_rq_local_stats(unsigned int queue, struct hyb_rq_stats *out);
+unsigned int hyb_rq_local_nr_queues(void);
+uint64_t hyb_rq_local_nr_requests(void);
 /* mempool_local.c: a pool range check for submit; counts a reload when count. */
-int hyb_lpool_check_range(uint32_t id, uint64_t off, uint64_t len, bool count);
+int hyb_mempool_local_check_range(uint32_t id, uint64_t off, uint64_t len, bool count);
 
 #endif

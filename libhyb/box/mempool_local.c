@@ -495,7 +495,7 @@ static void lp_destroy_locked(struct hyb_lpool *lp)
 	lp_settle(lp);
 }
 
-int hyb_lpool_check_range(uint32_t id, uint64_t off, uint64_t len, bool count)
+int hyb_mempool_local_check_range(uint32_t id, uint64_t off, uint64_t len, bool count)
 {
 	struct hyb_lpool *lp;
 	int ret = -ENOENT;
@@ -555,8 +555,8 @@ static int l_info(struct hyb_backend *b, struct hyb_backend_info *out)
 	out->pinned_bytes = lp_pinned;
 	out->pinned_cap = lp_cap;
 	pthread_mutex_unlock(&lp_lock);
-	out->nr_queues = hyb_lq_nr_queues();
-	out->nr_requests = hyb_lq_nr_requests();
+	out->nr_queues = hyb_rq_local_nr_queues();
+	out->nr_requests = hyb_rq_local_nr_requests();
 	return 0;
 }
 
@@ -862,7 +862,7 @@ fail:
 static int l_rq_stats(struct hyb_backend *b, unsigned int queue, struct hyb_rq_stats *out)
 {
 	(void)b;
-	return hyb_lq_stats(queue, out);
+	return hyb_rq_local_stats(queue, out);
 }
 
 const struct hyb_mempool_ops hyb_mempool_local_ops = {
@@ -879,12 +879,12 @@ const struct hyb_mempool_ops hyb_mempool_local_ops = {
 	.pool_destroy = l_pool_destroy,
 	.pool_move = l_pool_move,
 	.pool_close = l_pool_close,
-	.rq_attach = hyb_lq_attach,
-	.rq_submit = hyb_lq_submit,
-	.rq_reap = hyb_lq_reap,
-	.rq_fetch = hyb_lq_fetch,
-	.rq_complete = hyb_lq_complete,
-	.rq_kill = hyb_lq_kill,
-	.rq_close = hyb_lq_close,
+	.rq_attach = hyb_rq_local_attach,
+	.rq_submit = hyb_rq_local_submit,
+	.rq_reap = hyb_rq_local_reap,
+	.rq_fetch = hyb_rq_local_fetch,
+	.rq_complete = hyb_rq_local_complete,
+	.rq_kill = hyb_rq_local_kill,
+	.rq_close = hyb_rq_local_close,
 	.rq_stats = l_rq_stats,
 };

@@ -43,7 +43,7 @@ struct lq_slot {
 	uint64_t t_submit;
 	uint64_t t_fetch;
 	uint64_t t_done;
-	struct hyb_lq_client *client;	/* NULL once the client has left */
+	struct hyb_rq_local_client *client;	/* NULL once the client has left */
 	int32_t status;
 	uint32_t next;			/* pending, done or free list */
 	uint8_t state;
@@ -55,8 +55,8 @@ struct lq_list {
 	uint32_t tail;
 };
 
-struct hyb_lq_client {
-	struct hyb_lq_client *next;
+struct hyb_rq_local_client {
+	struct hyb_rq_local_client *next;
 	uint32_t id;
 	int efd;
 	bool signal;			/* a completion arrived during this batch */
@@ -78,7 +78,7 @@ struct hyb_lq {
 	uint32_t nslots;
 	uint32_t free_head;
 	uint64_t seq;
-	struct hyb_lq_client *clients;
+	struct hyb_rq_local_client *clients;
 	uint32_t next_client_id;
 	uint32_t nr_clients;
 	uint64_t nr_pending, nr_active, submitted, completed, failed, stalls;
@@ -175,7 +175,7 @@ static void queue_put(struct hyb_lq *q)
 static void finish(struct hyb_lq *q, uint32_t i, int32_t status, uint64_t now)
 {
 	struct lq_slot *s = slot(q, i);
-	struct hyb_lq_client *c = s->client;
+	struct hyb_rq_local_client *c = s->client;
 
 	s->status = status;
 	s->t_done = now;
@@ -196,7 +196,7 @@ static void finish(struct hyb_lq *q, uint32_t i, int32_t status, uint64_t now)
 /* Wake every client that got completions (once per batch, not per request). */
 static void signal_clients(struct hyb_lq *q)
 {
-	struct hyb_lq_client *c;
+	struct hyb_rq_local_client *c;
 
 	for (c = q->clients; c; c = c->next) {
 		if (!c->signal)
@@ -215,7 +215,7 @@ static void signal_clients(struct hyb_lq *q)
 static void queue_kill(struct hyb_lq *q)
 {
 	uint64_t now = hyb_mp_now_ns();
-	struct hyb_lq_client *c;
+	struct hyb_rq_local_client *c;
 	unsigned int p;
 	uint32_t i;
 
@@ -283,7 +283,7 @@ static int daemon_attach(struct hyb_rq *rq)
 
 static int client_attach(struct hyb_rq *rq)
 {
-	struct hyb_lq_client *c;
+	struct hyb_rq_local_client *c;
 	pthread_condattr_t ca;
 	struct hyb_lq *q;
 
@@ -320,15 +320,15 @@ static int client_attach(struct hyb_rq *rq)
 	return 0;
 }
 
-int hyb_lq_attach(struct hyb_rq *rq)
+int hyb_rq_local_attach(struct hyb_rq *rq)
 {
 	return rq->daemon ? daemon_attach(rq) : client_attach(rq);
 }
 
-int hyb_lq_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n)
+int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n)
 {
 	struct hyb_lq *q = rq->lq;
-	struct hyb_lq_client *c = rq->lc;
+	struct hyb_rq_local_client *c = rq->lc;
 	uint32_t idx[HYB_RQ_MAX_BATCH];
 	unsigned int i, k;
 	uint64_t now;
@@ -337,7 +337,7 @@ int hyb_lq_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int
 	for (i = 0; i < n; i++) {
 		if (reqs[i].op == HYB_RQ_NOP)
 			continue;
-		ret = hyb_lpool_check_range(reqs[i].pool_id, reqs[i].pool_off, reqs[i].len, false);
+		ret = hyb_mempool_local_check_range(reqs[i].pool_id, reqs[i].pool_off, reqs[i].len, false);
 		if (ret)
 			return ret;
 	}
@@ -390,11 +390,11 @@ int hyb_lq_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int
 	pthread_mutex_unlock(&q->lock);
 	for (i = 0; i < n; i++)
 		if (reqs[i].op != HYB_RQ_NOP)
-			hyb_lpool_check_range(reqs[i].pool_id, reqs[i].pool_off, reqs[i].len, true);
+			hyb_mempool_local_check_range(reqs[i].pool_id, reqs[i].pool_off, reqs[i].len, true);
 	return 0;
 }
 
-int hyb_lq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
+int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
 {
 	struct hyb_lq *q = rq->lq;
 	uint64_t now = hyb_mp_now_ns();
@@ -428,7 +428,7 @@ static uint32_t active_find(struct hyb_lq *q, uint64_t id)
 	return i;
 }
 
-int hyb_lq_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n)
+int hyb_rq_local_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n)
 {
 	struct hyb_lq *q = rq->lq;
 	uint32_t idx[HYB_RQ_MAX_BATCH];
@@ -462,16 +462,16 @@ int hyb_lq_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned 
 	return 0;
 }
 
-static bool reap_ready(struct hyb_lq *q, struct hyb_lq_client *c, unsigned int want)
+static bool reap_ready(struct hyb_lq *q, struct hyb_rq_local_client *c, unsigned int want)
 {
 	return c->nr_done >= want || c->nr_done >= c->outstanding || q->dead;
 }
 
-int hyb_lq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, unsigned int min,
+int hyb_rq_local_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, unsigned int min,
 		uint64_t timeout_ns)
 {
 	struct hyb_lq *q = rq->lq;
-	struct hyb_lq_client *c = rq->lc;
+	struct hyb_rq_local_client *c = rq->lc;
 	struct timespec dl;
 	uint64_t t0, t1, end;
 	unsigned int n = 0;
@@ -522,9 +522,9 @@ int hyb_lq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, uns
 }
 
 /* A client leaves: its queued requests are dropped, those in service orphaned. */
-static void client_detach(struct hyb_lq *q, struct hyb_lq_client *c)
+static void client_detach(struct hyb_lq *q, struct hyb_rq_local_client *c)
 {
-	struct hyb_lq_client **pp;
+	struct hyb_rq_local_client **pp;
 	struct lq_list keep;
 	unsigned int p;
 	uint32_t i;
@@ -561,12 +561,12 @@ static void client_detach(struct hyb_lq *q, struct hyb_lq_client *c)
 	queue_put(q);
 }
 
-void hyb_lq_kill(struct hyb_rq *rq)
+void hyb_rq_local_kill(struct hyb_rq *rq)
 {
 	queue_kill(rq->lq);
 }
 
-void hyb_lq_close(struct hyb_rq *rq)
+void hyb_rq_local_close(struct hyb_rq *rq)
 {
 	if (rq->daemon) {
 		queue_kill(rq->lq);
@@ -576,7 +576,7 @@ void hyb_lq_close(struct hyb_rq *rq)
 	}
 }
 
-int hyb_lq_stats(unsigned int queue, struct hyb_rq_stats *out)
+int hyb_rq_local_stats(unsigned int queue, struct hyb_rq_stats *out)
 {
 	struct hyb_lq *q;
 
@@ -603,7 +603,7 @@ int hyb_lq_stats(unsigned int queue, struct hyb_rq_stats *out)
 	return 0;
 }
 
-unsigned int hyb_lq_nr_queues(void)
+unsigned int hyb_rq_local_nr_queues(void)
 {
 	unsigned int i, n = 0;
 
@@ -614,7 +614,7 @@ unsigned int hyb_lq_nr_queues(void)
 	return n;
 }
 
-uint64_t hyb_lq_nr_requests(void)
+uint64_t hyb_rq_local_nr_requests(void)
 {
 	return atomic_load(&lq_total);
 }

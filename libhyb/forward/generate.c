@@ -11,14 +11,6 @@
 #include "hyb/sampler.h"
 #include "hyb/tokenizer.h"
 
-double hyb_now(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sampler *s,
 		 const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen, hyb_token_cb cb,
 		 void *arg, struct hyb_gen_stats *st, char *err, size_t errlen)

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hyb/clock.h"	/* hyb_now, which the stats are timed with */
+
 struct hyb_ctx;
 struct hyb_model;
 struct hyb_sampler;
@@ -31,6 +33,5 @@ int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sample
 		 const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen, hyb_token_cb cb,
 		 void *arg, struct hyb_gen_stats *st, char *err, size_t errlen);
 
-double hyb_now(void);
 
 #endif

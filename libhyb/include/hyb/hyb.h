@@ -18,6 +18,7 @@
 #include "hyb/sampler.h"
 #include "hyb/generate.h"	/* the generation loop */
 #include "hyb/threadpool.h"
+#include "hyb/clock.h"
 #include "hyb/plan.h"		/* the plan file: groups, predictors, placement */
 #include "hyb/hybrid.h"		/* hybrid GPU-CPU decoding of a plan */
 #include "hyb/balancer.h"	/* the online neuron balancer */
