@@ -144,48 +144,12 @@ static int size_in(const char *key, const char *val, uint64_t lo, uint64_t hi, u
 	return 0;
 }
 
-int hybd_config_set(struct hybd_config *c, const char *key, const char *val, char *err,
-		    size_t errlen)
+/* The keys of NUMA placement (numa_place.h); 1 when key is not one of them. */
+static int set_place_key(struct hybd_config *c, const char *key, const char *val, char *err,
+			 size_t errlen)
 {
-	unsigned long long u;
-	uint64_t sz;
 	char why[256];
 
-#define UINT_KEY(k, field, lo, hi)                                                    \
-	if (!strcmp(key, k)) {                                                        \
-		if (uint_in(key, val, lo, hi, &u, err, errlen))                       \
-			return -1;                                                    \
-		c->field = (__typeof__(c->field))u;                                   \
-		return 0;                                                             \
-	}
-#define SIZE_KEY(k, field, lo, hi, mult)                                              \
-	if (!strcmp(key, k)) {                                                        \
-		if (size_in(key, val, lo, hi, mult, &sz, err, errlen))                \
-			return -1;                                                    \
-		c->field = (__typeof__(c->field))sz;                                  \
-		return 0;                                                             \
-	}
-
-	if (!strcmp(key, "model"))
-		return set_path(c->model, sizeof(c->model), key, val, err, errlen);
-	if (!strcmp(key, "backend")) {
-		if (!strcmp(val, "auto"))
-			c->backend = HYB_BACKEND_AUTO;
-		else if (!strcmp(val, "kmod"))
-			c->backend = HYB_BACKEND_KMOD;
-		else if (!strcmp(val, "local"))
-			c->backend = HYB_BACKEND_LOCAL;
-		else
-			return hyb_errf(err, errlen, "backend: '%s' is not auto, kmod or local", val);
-		return 0;
-	}
-	if (!strcmp(key, "name")) {
-		if (!hyb_load_name_ok(val))
-			return hyb_errf(err, errlen, "name: '%s' must be 1..%d of [A-Za-z0-9._-]", val,
-				    HYB_LOAD_NAME_MAX);
-		snprintf(c->name, sizeof(c->name), "%s", val);
-		return 0;
-	}
 	if (!strcmp(key, "nodes")) {
 		if (!strcmp(val, "all")) {
 			c->nodes_all = true;
@@ -208,13 +172,26 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 			return hyb_errf(err, errlen, "place: %s", why);
 		return 0;
 	}
-	UINT_KEY("pools_per_node", place.pools_per_node, 1, 16)
-	SIZE_KEY("dram_budget", place.dram_budget, 0, UINT64_MAX, 1)
-	SIZE_KEY("page_pool", place.page_pool, 0, 1ull << 40, 1)
-	UINT_KEY("queue", queue, 0, HYB_RQ_MAX_QUEUES - 1)
-	UINT_KEY("queue_depth", io_depth, 1, 256)
-	SIZE_KEY("io_chunk", io_chunk, 4096, 64u << 20, 4096)
-	SIZE_KEY("chunk", chunk, 4096, 1ull << 30, 4096)
+	return 1;
+}
+
+/* The keys that name one of a few choices; 1 when key is not one of them. */
+static int set_choice_key(struct hybd_config *c, const char *key, const char *val, char *err,
+			  size_t errlen)
+{
+	static const char *const progress[] = { "auto", "bar", "lines", "quiet" };
+
+	if (!strcmp(key, "backend")) {
+		if (!strcmp(val, "auto"))
+			c->backend = HYB_BACKEND_AUTO;
+		else if (!strcmp(val, "kmod"))
+			c->backend = HYB_BACKEND_KMOD;
+		else if (!strcmp(val, "local"))
+			c->backend = HYB_BACKEND_LOCAL;
+		else
+			return hyb_errf(err, errlen, "backend: '%s' is not auto, kmod or local", val);
+		return 0;
+	}
 	if (!strcmp(key, "device")) {
 		/* cuda is a valid choice in every build: hybd_start says when it cannot be had */
 		for (int i = HYBD_DEV_CPU; i <= HYBD_DEV_AUTO; i++) {
@@ -225,15 +202,6 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 		}
 		return hyb_errf(err, errlen, "device: '%s' is not auto, cuda, cpu or none", val);
 	}
-	UINT_KEY("cuda_device", cuda_device, 0, 1023)
-	UINT_KEY("gpu_slots", gpu_slots, 1, 1u << 20)
-	SIZE_KEY("gpu_cache", gpu_cache, 0, 1ull << 40, 1)
-	if (!strcmp(key, "slot_bytes") && !strcmp(val, "auto")) {
-		c->slot_bytes = 0;
-		return 0;
-	}
-	SIZE_KEY("slot_bytes", slot_bytes, 4096, 1ull << 34, 1)
-	SIZE_KEY("copy_bandwidth", copy_bandwidth, 0, UINT64_MAX, 1)
 	if (!strcmp(key, "log_format")) {
 		if (hlog_parse_format(val, &c->log_format))
 			return hyb_errf(err, errlen, "log_format: '%s' is not kv or json", val);
@@ -245,27 +213,86 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 				    "error", val);
 		return 0;
 	}
-	if (!strcmp(key, "log_file"))
-		return set_path(c->log_file, sizeof(c->log_file), key, val, err, errlen);
-	if (!strcmp(key, "state_dir"))
-		return set_path(c->state_dir, sizeof(c->state_dir), key, val, err, errlen);
-	if (!strcmp(key, "pid_file"))
-		return set_path(c->pid_file, sizeof(c->pid_file), key, val, err, errlen);
 	if (!strcmp(key, "progress")) {
-		static const char *const names[] = { "auto", "bar", "lines", "quiet" };
-
 		for (int i = 0; i < 4; i++) {
-			if (!strcmp(val, names[i])) {
+			if (!strcmp(val, progress[i])) {
 				c->progress = (enum hybd_progress)i;
 				return 0;
 			}
 		}
 		return hyb_errf(err, errlen, "progress: '%s' is not auto, bar, lines or quiet", val);
 	}
+	return 1;
+}
+
+/* Numbers and sizes, each in its range; 1 when key is not one of them. */
+static int set_number_key(struct hybd_config *c, const char *key, const char *val, char *err,
+			  size_t errlen)
+{
+	unsigned long long u;
+	uint64_t sz;
+
+#define UINT_KEY(k, field, lo, hi)                                                    \
+	if (!strcmp(key, k)) {                                                        \
+		if (uint_in(key, val, lo, hi, &u, err, errlen))                       \
+			return -1;                                                    \
+		c->field = (__typeof__(c->field))u;                                   \
+		return 0;                                                             \
+	}
+#define SIZE_KEY(k, field, lo, hi, mult)                                              \
+	if (!strcmp(key, k)) {                                                        \
+		if (size_in(key, val, lo, hi, mult, &sz, err, errlen))                \
+			return -1;                                                    \
+		c->field = (__typeof__(c->field))sz;                                  \
+		return 0;                                                             \
+	}
+	UINT_KEY("pools_per_node", place.pools_per_node, 1, 16)
+	SIZE_KEY("dram_budget", place.dram_budget, 0, UINT64_MAX, 1)
+	SIZE_KEY("page_pool", place.page_pool, 0, 1ull << 40, 1)
+	UINT_KEY("queue", queue, 0, HYB_RQ_MAX_QUEUES - 1)
+	UINT_KEY("queue_depth", io_depth, 1, 256)
+	SIZE_KEY("io_chunk", io_chunk, 4096, 64u << 20, 4096)
+	SIZE_KEY("chunk", chunk, 4096, 1ull << 30, 4096)
+	UINT_KEY("cuda_device", cuda_device, 0, 1023)
+	UINT_KEY("gpu_slots", gpu_slots, 1, 1u << 20)
+	SIZE_KEY("gpu_cache", gpu_cache, 0, 1ull << 40, 1)
+	if (!strcmp(key, "slot_bytes") && !strcmp(val, "auto")) {
+		c->slot_bytes = 0;
+		return 0;
+	}
+	SIZE_KEY("slot_bytes", slot_bytes, 4096, 1ull << 34, 1)
+	SIZE_KEY("copy_bandwidth", copy_bandwidth, 0, UINT64_MAX, 1)
 	UINT_KEY("stats_interval", stats_interval, 0, 86400)
-	return hyb_errf(err, errlen, "unknown key '%s' (hybd --help lists the keys)", key);
+	return 1;
 #undef UINT_KEY
 #undef SIZE_KEY
+}
+
+int hybd_config_set(struct hybd_config *c, const char *key, const char *val, char *err,
+		    size_t errlen)
+{
+	int rc;
+
+	if (!strcmp(key, "model"))
+		return set_path(c->model, sizeof(c->model), key, val, err, errlen);
+	if (!strcmp(key, "log_file"))
+		return set_path(c->log_file, sizeof(c->log_file), key, val, err, errlen);
+	if (!strcmp(key, "state_dir"))
+		return set_path(c->state_dir, sizeof(c->state_dir), key, val, err, errlen);
+	if (!strcmp(key, "pid_file"))
+		return set_path(c->pid_file, sizeof(c->pid_file), key, val, err, errlen);
+	if (!strcmp(key, "name")) {
+		if (!hyb_load_name_ok(val))
+			return hyb_errf(err, errlen, "name: '%s' must be 1..%d of [A-Za-z0-9._-]", val,
+				    HYB_LOAD_NAME_MAX);
+		snprintf(c->name, sizeof(c->name), "%s", val);
+		return 0;
+	}
+	if ((rc = set_place_key(c, key, val, err, errlen)) <= 0 ||
+	    (rc = set_choice_key(c, key, val, err, errlen)) <= 0 ||
+	    (rc = set_number_key(c, key, val, err, errlen)) <= 0)
+		return rc;
+	return hyb_errf(err, errlen, "unknown key '%s' (hybd --help lists the keys)", key);
 }
 
 static char *trim(char *s)
