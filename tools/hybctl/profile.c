@@ -262,138 +262,185 @@ static void print_json(const struct hyb_profile *p, const struct hyb_profile_sum
 	printf("}\n}\n");
 }
 
-int cmd_profile(int argc, char **argv)
-{
-	struct opts o = { .gen = 64, .samples = 4096, .seed = 1, .temp = 0.8f };
-	struct hyb_profile_collector *col = NULL;
-	struct hyb_profile *prof = NULL;
-	struct hyb_model *m = NULL;
-	struct hyb_ctx *ctx = NULL;
-	struct hyb_profile_summary sum;
-	char **prompts = (char **)builtin_prompts, err[512], name[128] = "";
-	uint32_t n_prompts = sizeof(builtin_prompts) / sizeof(builtin_prompts[0]);
-	int32_t **ids = NULL;
-	int *n_ids = NULL, rc = 1, longest = 0;
-	double t0;
+/* One profiling run: the prompts as token ids, the model, its context, the collector. */
+struct run {
+	struct opts o;
+	char **prompts;
+	uint32_t n_prompts;
+	int32_t **ids;
+	int *n_ids, longest;
+	struct hyb_model *m;
+	struct hyb_ctx *ctx;
+	struct hyb_profile_collector *col;
+};
 
-	parse(argc, argv, &o);
-	if (o.prompts && !(prompts = read_prompts(o.prompts, &n_prompts)))
-		return 1;
-	m = hyb_model_load(o.model, err, sizeof(err));
-	if (!m) {
-		fprintf(stderr, "hybctl profile: %s\n", err);
-		goto out;
+/* Every prompt as token ids; the longest sets the context. 0 or -1 (said on stderr). */
+static int tokenize_prompts(struct run *r)
+{
+	r->ids = calloc(r->n_prompts, sizeof(*r->ids));
+	r->n_ids = calloc(r->n_prompts, sizeof(*r->n_ids));
+	if (!r->ids || !r->n_ids) {
+		fprintf(stderr, "hybctl profile: out of memory\n");
+		return -1;
 	}
+	for (uint32_t i = 0; i < r->n_prompts; i++) {
+		size_t len = strlen(r->prompts[i]);
+		int n = hyb_tokenize(r->m->tok, r->prompts[i], len, true, NULL, 0);
+
+		if (n <= 0 || !(r->ids[i] = malloc(sizeof(int32_t) * n)) ||
+		    hyb_tokenize(r->m->tok, r->prompts[i], len, true, r->ids[i], n) != n) {
+			fprintf(stderr, "hybctl profile: cannot tokenize prompt %u\n", i + 1);
+			return -1;
+		}
+		r->n_ids[i] = n;
+		r->longest = n > r->longest ? n : r->longest;
+	}
+	return 0;
+}
+
+/* The model, its prompts, a context that holds the longest, the collector on its FFN probe. */
+static int open_run(struct run *r)
+{
+	struct hyb_ctx_params cp = { .n_threads = r->o.threads };
+	const struct hyb_model *m;
+	char err[512], name[128] = "";
+
+	r->m = hyb_model_load(r->o.model, err, sizeof(err));
+	if (!r->m) {
+		fprintf(stderr, "hybctl profile: %s\n", err);
+		return -1;
+	}
+	m = r->m;
 	if (!m->tok) {
-		fprintf(stderr, "hybctl profile: %s has no tokenizer\n", o.model);
-		goto out;
+		fprintf(stderr, "hybctl profile: %s has no tokenizer\n", r->o.model);
+		return -1;
 	}
 	if (m->hp.act == HYB_ACT_SILU)
 		fprintf(stderr, "hybctl profile: note: %s uses SiLU, whose activations are never "
-			"exactly 0 (sparsity ~0)\n", o.model);
-	ids = calloc(n_prompts, sizeof(*ids));
-	n_ids = calloc(n_prompts, sizeof(*n_ids));
-	if (!ids || !n_ids)
-		goto oom;
-	for (uint32_t i = 0; i < n_prompts; i++) {
-		size_t len = strlen(prompts[i]);
-		int n = hyb_tokenize(m->tok, prompts[i], len, true, NULL, 0);
-
-		if (n <= 0 || !(ids[i] = malloc(sizeof(int32_t) * n)) ||
-		    hyb_tokenize(m->tok, prompts[i], len, true, ids[i], n) != n) {
-			fprintf(stderr, "hybctl profile: cannot tokenize prompt %u\n", i + 1);
-			goto out;
-		}
-		n_ids[i] = n;
-		longest = n > longest ? n : longest;
-	}
-	if ((uint64_t)longest + o.gen > m->hp.n_ctx_train) {
+			"exactly 0 (sparsity ~0)\n", r->o.model);
+	if (tokenize_prompts(r))
+		return -1;
+	if ((uint64_t)r->longest + r->o.gen > m->hp.n_ctx_train) {
 		fprintf(stderr, "hybctl profile: a prompt of %d tokens + %u generated exceed the "
-			"model's context of %u\n", longest, o.gen, m->hp.n_ctx_train);
-		goto out;
+			"model's context of %u\n", r->longest, r->o.gen, m->hp.n_ctx_train);
+		return -1;
 	}
-	{
-		struct hyb_ctx_params cp = { .n_ctx = (uint32_t)longest + o.gen + 1,
-					     .n_threads = o.threads };
-
-		if (cp.n_ctx > m->hp.n_ctx_train)
-			cp.n_ctx = m->hp.n_ctx_train;
-		ctx = hyb_ctx_new(m, &cp, err, sizeof(err));
-	}
-	if (!ctx) {
+	cp.n_ctx = (uint32_t)r->longest + r->o.gen + 1;
+	if (cp.n_ctx > m->hp.n_ctx_train)
+		cp.n_ctx = m->hp.n_ctx_train;
+	r->ctx = hyb_ctx_new(m, &cp, err, sizeof(err));
+	if (!r->ctx) {
 		fprintf(stderr, "hybctl profile: %s\n", err);
-		goto out;
+		return -1;
 	}
 	if (!hyb_gguf_get_str(m->gguf, "general.name", name, sizeof(name)))
-		snprintf(name, sizeof(name), "%s", o.model);
-	col = hyb_profile_collector_new(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, o.samples, name,
-					err, sizeof(err));
-	if (!col) {
+		snprintf(name, sizeof(name), "%s", r->o.model);
+	r->col = hyb_profile_collector_new(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, r->o.samples,
+					   name, err, sizeof(err));
+	if (!r->col) {
 		fprintf(stderr, "hybctl profile: %s\n", err);
-		goto out;
+		return -1;
 	}
-	hyb_ctx_set_ffn_probe(ctx, hyb_profile_probe, col);
-	t0 = hyb_now();
-	for (uint32_t i = 0; i < n_prompts; i++) {
+	hyb_ctx_set_ffn_probe(r->ctx, hyb_profile_probe, r->col);
+	return 0;
+}
+
+/* Each prompt and the model's own sampled continuation through the probed context. */
+static int generate_all(struct run *r)
+{
+	char err[512];
+
+	for (uint32_t i = 0; i < r->n_prompts; i++) {
 		struct hyb_sampler_params sp = hyb_sampler_defaults();
 		struct hyb_sampler *s;
 		struct hyb_gen_stats st;
-		int r;
+		int rc;
 
-		sp.temperature = o.temp;
+		sp.temperature = r->o.temp;
 		sp.top_k = 0;
 		sp.top_p = 1.0f;
 		sp.min_p = 0.0f;
 		sp.repeat_penalty = 1.0f;
-		sp.seed = o.seed + i;
-		s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
-		if (!s)
-			goto oom;
-		hyb_ctx_reset(ctx);
-		hyb_profile_collector_begin_seq(col, (o.samples + n_prompts - 1) / n_prompts);
-		r = hyb_generate(ctx, m, s, ids[i], (uint32_t)n_ids[i], o.gen, NULL, NULL, &st, err,
-				 sizeof(err));
+		sp.seed = r->o.seed + i;
+		s = hyb_sampler_new(&sp, (int32_t)r->m->hp.n_vocab);
+		if (!s) {
+			fprintf(stderr, "hybctl profile: out of memory\n");
+			return -1;
+		}
+		hyb_ctx_reset(r->ctx);
+		hyb_profile_collector_begin_seq(r->col,
+						(r->o.samples + r->n_prompts - 1) / r->n_prompts);
+		rc = hyb_generate(r->ctx, r->m, s, r->ids[i], (uint32_t)r->n_ids[i], r->o.gen, NULL,
+				  NULL, &st, err, sizeof(err));
 		hyb_sampler_free(s);
-		if (r) {
+		if (rc) {
 			fprintf(stderr, "hybctl profile: prompt %u: %s\n", i + 1, err);
-			goto out;
+			return -1;
 		}
 	}
-	hyb_ctx_set_ffn_probe(ctx, NULL, NULL);
-	prof = hyb_profile_collector_finish(col);
-	col = NULL;
-	if (!prof)
-		goto oom;
+	hyb_ctx_set_ffn_probe(r->ctx, NULL, NULL);
+	return 0;
+}
+
+static void close_run(struct run *r)
+{
+	hyb_profile_collector_free(r->col);
+	hyb_ctx_free(r->ctx);
+	hyb_model_free(r->m);
+	for (uint32_t i = 0; r->ids && i < r->n_prompts; i++)
+		free(r->ids[i]);
+	free(r->ids);
+	free(r->n_ids);
+	if (r->prompts != (char **)builtin_prompts) {
+		for (uint32_t i = 0; i < r->n_prompts; i++)
+			free(r->prompts[i]);
+		free(r->prompts);
+	}
+}
+
+int cmd_profile(int argc, char **argv)
+{
+	struct run r = { .o = { .gen = 64, .samples = 4096, .seed = 1, .temp = 0.8f },
+			 .prompts = (char **)builtin_prompts,
+			 .n_prompts = sizeof(builtin_prompts) / sizeof(builtin_prompts[0]) };
+	struct hyb_profile *prof = NULL;
+	struct hyb_profile_summary sum;
+	char err[512];
+	int rc = 1;
+	double t0;
+
+	parse(argc, argv, &r.o);
+	if (r.o.prompts && !(r.prompts = read_prompts(r.o.prompts, &r.n_prompts))) {
+		r.prompts = (char **)builtin_prompts;
+		return 1;
+	}
+	if (open_run(&r))
+		goto out;
+	t0 = hyb_now();
+	if (generate_all(&r))
+		goto out;
+	prof = hyb_profile_collector_finish(r.col);
+	r.col = NULL;
+	if (!prof) {
+		fprintf(stderr, "hybctl profile: out of memory\n");
+		goto out;
+	}
 	hyb_profile_summarize(prof, &sum);
 	t0 = hyb_now() - t0;
 	fprintf(stderr, "hybctl profile: %s: %u prompts, %llu tokens (%u sampled) in %.2f s "
-		"(%.1f tokens/s)\n", o.model, n_prompts, (unsigned long long)prof->n_tokens,
+		"(%.1f tokens/s)\n", r.o.model, r.n_prompts, (unsigned long long)prof->n_tokens,
 		prof->n_samples, t0, prof->n_tokens / t0);
-	if (o.json)
+	if (r.o.json)
 		print_json(prof, &sum, t0);
 	else
 		print_table(stdout, prof, &sum);
-	if (o.out && hyb_profile_save(prof, o.out, err, sizeof(err))) {
-		fprintf(stderr, "hybctl profile: %s: %s\n", o.out, err);
+	if (r.o.out && hyb_profile_save(prof, r.o.out, err, sizeof(err))) {
+		fprintf(stderr, "hybctl profile: %s: %s\n", r.o.out, err);
 		goto out;
 	}
 	rc = 0;
-	goto out;
-oom:
-	fprintf(stderr, "hybctl profile: out of memory\n");
 out:
-	hyb_profile_collector_free(col);
 	hyb_profile_free(prof);
-	hyb_ctx_free(ctx);
-	hyb_model_free(m);
-	for (uint32_t i = 0; ids && i < n_prompts; i++)
-		free(ids[i]);
-	free(ids);
-	free(n_ids);
-	if (prompts != (char **)builtin_prompts) {
-		for (uint32_t i = 0; i < n_prompts; i++)
-			free(prompts[i]);
-		free(prompts);
-	}
+	close_run(&r);
 	return rc;
 }
