@@ -137,40 +137,41 @@ static double now_s(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-int cmd_stalls(int argc, char **argv)
+struct stalls_args {
+	enum hyb_backend_kind kind;
+	int json, watch;
+	long count;
+	const char *name;
+	char stats_path[PATH_MAX];
+};
+
+/* -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, struct stalls_args *a)
 {
 	static const struct option opts[] = {
 		{ "json", 0, 0, 'j' }, { "backend", 1, 0, 'b' }, { "watch", 0, 0, 'w' },
 		{ "count", 1, 0, 'n' }, { "name", 1, 0, 'N' }, { "stats", 1, 0, 's' },
 		{ "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
 	};
-	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
-	struct hyb_rq_stats st[HYB_RQ_MAX_QUEUES], prev[HYB_RQ_MAX_QUEUES];
-	static struct hyb_stalls_hybd hs, hprev;
-	static struct ctl_apps apps, aprev;
-	int c, json = 0, watch = 0, have_prev = 0, ret = 0;
-	const char *name = "hyb", *stats_file = NULL;
-	char stats_path[PATH_MAX];
-	long count = 0, shown = 0;
-	struct hyb_backend *b;
-	double t, tprev = 0;
+	const char *stats_file = NULL;
 	char *end;
+	int c;
 
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "jwn:h", opts, NULL)) != -1) {
 		switch (c) {
-		case 'j': json = 1; break;
-		case 'w': watch = 1; break;
+		case 'j': a->json = 1; break;
+		case 'w': a->watch = 1; break;
 		case 'n':
-			count = strtol(optarg, &end, 10);
-			if (*end || count < 1) {
+			a->count = strtol(optarg, &end, 10);
+			if (*end || a->count < 1) {
 				fprintf(stderr, "hybctl stalls: --count '%s' is not a positive "
 					"number\n", optarg);
 				return 2;
 			}
 			break;
 		case 'b':
-			if (ctl_parse_backend("stalls", optarg, &kind))
+			if (ctl_parse_backend("stalls", optarg, &a->kind))
 				return 2;
 			break;
 		case 'N':
@@ -179,10 +180,10 @@ int cmd_stalls(int argc, char **argv)
 					"name\n", optarg);
 				return 2;
 			}
-			name = optarg;
+			a->name = optarg;
 			break;
 		case 's':
-			if (!*optarg || strlen(optarg) >= sizeof(stats_path)) {
+			if (!*optarg || strlen(optarg) >= sizeof(a->stats_path)) {
 				fprintf(stderr, "hybctl stalls: --stats: empty or too long a "
 					"path\n");
 				return 2;
@@ -198,57 +199,82 @@ int cmd_stalls(int argc, char **argv)
 		return 2;
 	}
 	if (stats_file)
-		snprintf(stats_path, sizeof(stats_path), "%s", stats_file);
+		snprintf(a->stats_path, sizeof(a->stats_path), "%s", stats_file);
 	else
-		hyb_stalls_path(stats_path, sizeof(stats_path), NULL, name);
-	memset(st, 0, sizeof(st));
+		hyb_stalls_path(a->stats_path, sizeof(a->stats_path), NULL, a->name);
+	return -1;
+}
+
+/* What one screen shows: the queues (with a backend), hybd's classes, the apps. */
+struct screen {
+	double t;
+	struct hyb_rq_stats st[HYB_RQ_MAX_QUEUES];
+	struct hyb_stalls_hybd hs;
+	struct ctl_apps apps;
+};
+
+static void print_screen(const struct stalls_args *a, struct hyb_backend *b,
+			 const struct screen *s, const struct screen *prev)
+{
+	if (a->json) {
+		print_json(b ? (int)hyb_backend_kind(b) : -1, s->st, &s->hs, &s->apps, s->t);
+		return;
+	}
+	if (a->watch && isatty(STDOUT_FILENO))
+		printf("\033[H\033[2J");
+	if (a->watch) {
+		time_t tt = (time_t)s->t;
+		char ts[32];
+
+		strftime(ts, sizeof(ts), "%H:%M:%S", localtime(&tt));
+		printf("%s  (every 1 s, Ctrl-C to stop)\n", ts);
+	}
+	if (b) {
+		print_text(hyb_backend_kind(b), s->st, prev ? prev->st : NULL,
+			   prev ? s->t - prev->t : s->t);
+		printf("\n");
+	}
+	hyb_stalls_print_text(stdout, &s->hs, prev ? &prev->hs : NULL,
+			      prev ? s->t - prev->t : s->t);
+	ctl_apps_print_text(a->name, &s->apps, prev ? &prev->apps : NULL);
+}
+
+int cmd_stalls(int argc, char **argv)
+{
+	static struct stalls_args a = { .kind = HYB_BACKEND_AUTO, .name = "hyb" };
+	static struct screen cur, prev;
+	int have_prev = 0, ret = 0;
+	struct hyb_backend *b;
+	long shown = 0;
+
+	if ((ret = parse_args(argc, argv, &a)) >= 0)
+		return ret;
+	ret = 0;
 	/* no backend (no module): hybd's part may still have something to show */
-	b = ctl_backend("stalls", kind, false);
-	hyb_stalls_read(stats_path, &hs);
-	if (!b && hs.state != HYB_STALLS_RUNNING) {
-		fprintf(stderr, "hybctl stalls: %s\n", hs.why);
+	b = ctl_backend("stalls", a.kind, false);
+	hyb_stalls_read(a.stats_path, &cur.hs);
+	if (!b && cur.hs.state != HYB_STALLS_RUNNING) {
+		fprintf(stderr, "hybctl stalls: %s\n", cur.hs.why);
 		return 1;
 	}
 	for (;;) {
-		t = now_s();
+		cur.t = now_s();
 		for (unsigned int q = 0; b && q < HYB_RQ_MAX_QUEUES; q++) {
-			if (hyb_rq_stats(b, q, &st[q])) {
+			if (hyb_rq_stats(b, q, &cur.st[q])) {
 				fprintf(stderr, "hybctl stalls: %s\n", hyb_backend_error());
 				ret = 1;
 				goto out;
 			}
 		}
 		if (shown)
-			hyb_stalls_read(stats_path, &hs);
-		ctl_apps_read(name, &apps);
-		if (json) {
-			print_json(b ? (int)hyb_backend_kind(b) : -1, st, &hs, &apps, t);
-		} else {
-			if (watch && isatty(STDOUT_FILENO))
-				printf("\033[H\033[2J");
-			if (watch) {
-				time_t tt = (time_t)t;
-				char ts[32];
-
-				strftime(ts, sizeof(ts), "%H:%M:%S", localtime(&tt));
-				printf("%s  (every 1 s, Ctrl-C to stop)\n", ts);
-			}
-			if (b) {
-				print_text(hyb_backend_kind(b), st, have_prev ? prev : NULL,
-					   t - tprev);
-				printf("\n");
-			}
-			hyb_stalls_print_text(stdout, &hs, have_prev ? &hprev : NULL, t - tprev);
-			ctl_apps_print_text(name, &apps, have_prev ? &aprev : NULL);
-		}
+			hyb_stalls_read(a.stats_path, &cur.hs);
+		ctl_apps_read(a.name, &cur.apps);
+		print_screen(&a, b, &cur, have_prev ? &prev : NULL);
 		fflush(stdout);
 		shown++;
-		if (!watch || (count && shown >= count))
+		if (!a.watch || (a.count && shown >= a.count))
 			break;
-		memcpy(prev, st, sizeof(st));
-		hprev = hs;
-		aprev = apps;
-		tprev = t;
+		prev = cur;
 		have_prev = 1;
 		sleep(1);
 	}
