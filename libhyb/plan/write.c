@@ -727,13 +727,128 @@ static int check_output(const char *model_path, const char *out, const char *tmp
 	return 0;
 }
 
+/* The per-layer arrays of the run. */
+static int plan_alloc(struct plan *P, char *err, size_t errlen)
+{
+	P->pool = hyb_threadpool_new(P->o->n_threads);
+	P->perm = calloc(P->n_layer, sizeof(*P->perm));
+	P->gpu = calloc(P->n_layer, sizeof(*P->gpu));
+	P->freq = calloc(P->n_layer, sizeof(*P->freq));
+	P->hidden = calloc(P->n_layer, sizeof(*P->hidden));
+	P->order = calloc(P->n_layer, sizeof(*P->order));
+	if (!P->pool || !P->perm || !P->gpu || !P->freq || !P->hidden || !P->order) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	return 0;
+}
+
+/* Per layer: the permutation, the groups on the GPU, their frequencies (once GS is known). */
+static int plan_alloc_layers(struct plan *P, char *err, size_t errlen)
+{
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		P->perm[l] = malloc((size_t)P->n_ff * sizeof(int32_t));
+		P->gpu[l] = calloc(P->n_groups, 1);
+		P->freq[l] = calloc(P->n_groups, sizeof(float));
+		if (!P->perm[l] || !P->gpu[l] || !P->freq[l]) {
+			snprintf(err, errlen, "out of memory");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static void plan_free(struct plan *P)
+{
+	for (uint32_t l = 0; l < P->n_layer; l++) {
+		if (P->perm)
+			free(P->perm[l]);
+		if (P->gpu)
+			free(P->gpu[l]);
+		if (P->freq)
+			free(P->freq[l]);
+	}
+	for (uint32_t l = 0; P->hot && l < P->n_layer; l++)
+		free(P->hot[l]);
+	free(P->hot);
+	free(P->perm);
+	free(P->gpu);
+	free(P->freq);
+	free(P->hidden);
+	free(P->order);
+	if (P->pool)
+		hyb_threadpool_free(P->pool);
+	hyb_model_free(P->m);
+}
+
+/* What comes from a PowerInfer model: its predictors (unless retrained), its GPU index. */
+static int plan_powerinfer(struct plan *P, char *err, size_t errlen)
+{
+	if (P->m->powerinfer && !P->o->train_predictors) {
+		int has = hyb_plan_pi_predictors(P->m, P->hidden, err, errlen);
+
+		if (has < 0)
+			return -1;
+		P->import = has == 1;
+		say(P, "PowerInfer model (ffn_down_t): down rows kept as they are; %s\n",
+		    P->import ? "its predictors are kept (input: the layer's own residual)"
+			      : "no fc1/fc2 predictors in it, so they are trained");
+	}
+	return P->o->gpu_index ? load_gpu_index(P, err, errlen) : 0;
+}
+
+/* The budget check needs only sizes: fail before the long stages. */
+static int check_budget(const struct plan *P, char *err, size_t errlen)
+{
+	char b1[32], b2[32], b3[32], b4[32];
+
+	if (P->o->gpu_budget >= P->dense_bytes + P->pred_bytes)
+		return 0;
+	snprintf(err, errlen, "GPU budget %s is too small for the dense part (%s: "
+		 "attention, norms, output head) and the predictors (%s): need at least %s",
+		 mib(P->o->gpu_budget, b1, sizeof(b1)), mib(P->dense_bytes, b2, sizeof(b2)),
+		 mib(P->pred_bytes, b3, sizeof(b3)),
+		 mib(P->dense_bytes + P->pred_bytes, b4, sizeof(b4)));
+	return -1;
+}
+
+/* The file: declared whole, then streamed layer by layer into PATH.tmp-PID, renamed when complete. */
+static int write_plan(struct plan *P, const char *model_path, const char *out_path, char *err,
+		      size_t errlen)
+{
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
+	int rc = -1;
+
+	if (!w) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	if (declare(P, w, model_path, err, errlen) ||
+	    hyb_gguf_writer_begin(w, out_path, err, errlen))
+		goto out;
+	if (P->import)
+		say(P, "predictors and bundles:\n");
+	else
+		say(P, "predictors (target recall %.3g, test samples) and bundles:\n",
+		    P->o->pred.target_recall);
+	for (uint32_t q = 0; q < P->n_layer; q++)
+		if (write_layer(P, w, P->order[q], err, errlen))
+			goto out;
+	if (hyb_gguf_writer_finish(w, err, errlen))
+		goto out;
+	rc = 0;
+out:
+	hyb_gguf_writer_free(w); /* removes the temporary file when not finished */
+	return rc;
+}
+
 int hyb_plan_make(const char *model_path, const struct hyb_profile *prof, const struct hyb_plan_opts *o,
 	      const char *out_path, char *err, size_t errlen)
 {
 	struct plan P = { .o = o, .prof = prof, .out = o->quiet ? NULL : stdout };
-	struct hyb_gguf_writer *w = NULL;
 	char tmp[4096], b1[32];
 	double t0 = now_s();
+	struct stat st;
 	int rc = -1;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof(tmp)) {
@@ -744,107 +859,22 @@ int hyb_plan_make(const char *model_path, const struct hyb_profile *prof, const 
 	if (!P.m)
 		return -1;
 	if (check_model(&P, model_path, err, errlen) || check_profile(&P, err, errlen) ||
-	    check_output(model_path, out_path, tmp, err, errlen))
+	    check_output(model_path, out_path, tmp, err, errlen) || plan_alloc(&P, err, errlen))
 		goto out;
-	P.pool = hyb_threadpool_new(o->n_threads);
-	P.perm = calloc(P.n_layer, sizeof(*P.perm));
-	P.gpu = calloc(P.n_layer, sizeof(*P.gpu));
-	P.freq = calloc(P.n_layer, sizeof(*P.freq));
-	P.hidden = calloc(P.n_layer, sizeof(*P.hidden));
-	P.order = calloc(P.n_layer, sizeof(*P.order));
-	if (!P.pool || !P.perm || !P.gpu || !P.freq || !P.hidden || !P.order) {
-		snprintf(err, errlen, "out of memory");
-		goto out;
-	}
 	say(&P, "hybctl plan: %s: %u layers, n_embd %u, n_ff %u, FFN %s; profile: %llu tokens, "
 	    "%u samples\n", model_path, P.n_layer, P.n_embd, P.n_ff, hyb_type_name(P.type),
 	    (unsigned long long)prof->n_tokens, prof->n_samples);
-	if (choose_group_size(&P, err, errlen))
-		goto out;
-	for (uint32_t l = 0; l < P.n_layer; l++) {
-		P.perm[l] = malloc((size_t)P.n_ff * sizeof(int32_t));
-		P.gpu[l] = calloc(P.n_groups, 1);
-		P.freq[l] = calloc(P.n_groups, sizeof(float));
-		if (!P.perm[l] || !P.gpu[l] || !P.freq[l]) {
-			snprintf(err, errlen, "out of memory");
-			goto out;
-		}
-	}
-	if (P.m->powerinfer && !o->train_predictors) {
-		int has = hyb_plan_pi_predictors(P.m, P.hidden, err, errlen);
-
-		if (has < 0)
-			goto out;
-		P.import = has == 1;
-		say(&P, "PowerInfer model (ffn_down_t): down rows kept as they are; %s\n",
-		    P.import ? "its predictors are kept (input: the layer's own residual)"
-			     : "no fc1/fc2 predictors in it, so they are trained");
-	}
-	if (o->gpu_index && load_gpu_index(&P, err, errlen))
+	if (choose_group_size(&P, err, errlen) || plan_alloc_layers(&P, err, errlen) ||
+	    plan_powerinfer(&P, err, errlen))
 		goto out;
 	reserve(&P);
-	/* the budget check needs only sizes: fail before the long stages */
-	if (o->gpu_budget < P.dense_bytes + P.pred_bytes) {
-		char b2[32], b3[32], b4[32];
-
-		snprintf(err, errlen, "GPU budget %s is too small for the dense part (%s: "
-			 "attention, norms, output head) and the predictors (%s): need at least %s",
-			 mib(o->gpu_budget, b1, sizeof(b1)), mib(P.dense_bytes, b2, sizeof(b2)),
-			 mib(P.pred_bytes, b3, sizeof(b3)),
-			 mib(P.dense_bytes + P.pred_bytes, b4, sizeof(b4)));
+	if (check_budget(&P, err, errlen) || group_all(&P, err, errlen) ||
+	    place_all(&P, err, errlen) || write_plan(&P, model_path, out_path, err, errlen))
 		goto out;
-	}
-	if (group_all(&P, err, errlen) || place_all(&P, err, errlen))
-		goto out;
-
-	w = hyb_gguf_writer_new();
-	if (!w) {
-		snprintf(err, errlen, "out of memory");
-		goto out;
-	}
-	if (declare(&P, w, model_path, err, errlen))
-		goto out;
-	/* the writer writes PATH.tmp-PID and renames it when complete */
-	if (hyb_gguf_writer_begin(w, out_path, err, errlen))
-		goto out;
-	if (P.import)
-		say(&P, "predictors and bundles:\n");
-	else
-		say(&P, "predictors (target recall %.3g, test samples) and bundles:\n",
-		    o->pred.target_recall);
-	for (uint32_t q = 0; q < P.n_layer; q++)
-		if (write_layer(&P, w, P.order[q], err, errlen))
-			goto out;
-	if (hyb_gguf_writer_finish(w, err, errlen))
-		goto out;
-	{
-		struct stat st;
-
-		say(&P, "wrote %s (%s) in %.1f s\n", out_path,
-		    mib(stat(out_path, &st) ? 0 : (uint64_t)st.st_size, b1, sizeof(b1)),
-		    now_s() - t0);
-	}
+	say(&P, "wrote %s (%s) in %.1f s\n", out_path,
+	    mib(stat(out_path, &st) ? 0 : (uint64_t)st.st_size, b1, sizeof(b1)), now_s() - t0);
 	rc = 0;
 out:
-	hyb_gguf_writer_free(w); /* removes the temporary file when not finished */
-	for (uint32_t l = 0; l < P.n_layer; l++) {
-		if (P.perm)
-			free(P.perm[l]);
-		if (P.gpu)
-			free(P.gpu[l]);
-		if (P.freq)
-			free(P.freq[l]);
-	}
-	for (uint32_t l = 0; P.hot && l < P.n_layer; l++)
-		free(P.hot[l]);
-	free(P.hot);
-	free(P.perm);
-	free(P.gpu);
-	free(P.freq);
-	free(P.hidden);
-	free(P.order);
-	if (P.pool)
-		hyb_threadpool_free(P.pool);
-	hyb_model_free(P.m);
+	plan_free(&P);
 	return rc;
 }
