@@ -109,82 +109,157 @@ static void result_of(const struct hyb_plan_place_layer *L, uint32_t n_layer, in
 			}
 }
 
+/* The greedy's state: per layer its groups by impact per byte, and how far it has taken them. */
+struct greedy {
+	const struct hyb_plan_place_layer *L;
+	uint32_t n_layer;
+	uint64_t left;         /* budget not yet spent */
+	struct item **ord;     /* [l]: groups, best impact per byte first */
+	uint32_t *ptr;         /* [l]: groups taken */
+	uint8_t *open, *dead;  /* [l]: has entered; can take nothing more */
+	uint32_t *short_in;    /* [l]: index in ord of the one smaller group, UINT32_MAX: none */
+};
+
+static int greedy_setup(struct greedy *G, int8_t *const *gpu)
+{
+	const uint32_t n = G->n_layer ? G->n_layer : 1;
+
+	G->ord = calloc(n, sizeof(*G->ord));
+	G->ptr = calloc(n, sizeof(*G->ptr));
+	G->open = calloc(n, 1);
+	G->dead = calloc(n, 1);
+	G->short_in = calloc(n, sizeof(*G->short_in));
+	if (!G->ord || !G->ptr || !G->open || !G->dead || !G->short_in)
+		return -1;
+	for (uint32_t l = 0; l < G->n_layer; l++) {
+		const struct hyb_plan_place_layer *L = &G->L[l];
+		uint32_t lo = 0, hi = 0;
+
+		memset(gpu[l], 0, L->n);
+		G->ord[l] = malloc((L->n ? L->n : 1) * sizeof(**G->ord));
+		if (!G->ord[l])
+			return -1;
+		for (uint32_t g = 0; g < L->n; g++)
+			G->ord[l][g] = (struct item){ L->value[g], L->bytes[g], g };
+		qsort(G->ord[l], L->n, sizeof(**G->ord), cmp_ratio);
+		G->dead[l] = L->n == 0;
+		/* the one group smaller than the others, if any (the short last group) */
+		G->short_in[l] = UINT32_MAX;
+		for (uint32_t q = 1; q < L->n; q++) {
+			if (G->ord[l][q].b < G->ord[l][lo].b)
+				lo = q;
+			if (G->ord[l][q].b > G->ord[l][hi].b)
+				hi = q;
+		}
+		if (L->n && G->ord[l][lo].b < G->ord[l][hi].b)
+			G->short_in[l] = lo;
+	}
+	return 0;
+}
+
+static void greedy_free(struct greedy *G)
+{
+	for (uint32_t l = 0; G->ord && l < G->n_layer; l++)
+		free(G->ord[l]);
+	free(G->ord);
+	free(G->ptr);
+	free(G->open);
+	free(G->dead);
+	free(G->short_in);
+}
+
+/*
+ * What layer l would take next, value v for b bytes: a closed layer its
+ * best min_groups groups at once (the short group in for a full one when
+ * that fits and they do not), an open one its next group that fits.
+ * false when nothing of it fits any more (it is then dead).
+ */
+static bool greedy_offer(struct greedy *G, uint32_t l, double *v, uint64_t *b)
+{
+	const struct hyb_plan_place_layer *L = &G->L[l];
+	const struct item *ord = G->ord[l];
+
+	*v = 0;
+	*b = 0;
+	if (!G->open[l]) {
+		for (uint32_t q = 0; q < min_of(L); q++) {
+			*v += ord[q].v;
+			*b += ord[q].b;
+		}
+		if (*b > G->left && G->short_in[l] != UINT32_MAX &&
+		    G->short_in[l] >= min_of(L)) {
+			const struct item *sh = &ord[G->short_in[l]];
+			uint32_t last = min_of(L) - 1;
+
+			*v += sh->v - ord[last].v;
+			*b += sh->b - ord[last].b;
+		}
+	} else {
+		/* the budget only shrinks: a group that does not fit never will */
+		while (G->ptr[l] < L->n && ord[G->ptr[l]].b > G->left)
+			G->ptr[l]++;
+		if (G->ptr[l] == L->n)
+			return false;
+		*v = ord[G->ptr[l]].v;
+		*b = ord[G->ptr[l]].b;
+	}
+	return *b <= G->left;
+}
+
+/* Layer l takes what greedy_offer offered. */
+static void greedy_take(struct greedy *G, uint32_t l, int8_t *const *gpu)
+{
+	struct item *ord = G->ord[l];
+
+	if (!G->open[l]) {
+		uint32_t m = min_of(&G->L[l]), sh = G->short_in[l];
+		uint64_t b = 0;
+
+		for (uint32_t q = 0; q < m; q++)
+			b += ord[q].b;
+		if (b > G->left && sh != UINT32_MAX && sh >= m) {
+			/* the short group replaces the m-th: move it into the block */
+			struct item t = ord[sh];
+
+			memmove(&ord[m], &ord[m - 1], (sh - m + 1) * sizeof(struct item));
+			ord[m - 1] = t;
+		}
+		for (uint32_t q = 0; q < m; q++) {
+			gpu[l][ord[q].g] = 1;
+			G->left -= ord[q].b;
+		}
+		G->ptr[l] = m;
+		G->open[l] = 1;
+	} else {
+		gpu[l][ord[G->ptr[l]].g] = 1;
+		G->left -= ord[G->ptr[l]].b;
+		G->ptr[l]++;
+	}
+	if (G->ptr[l] == G->L[l].n)
+		G->dead[l] = 1;
+}
+
 int hyb_plan_place_greedy(const struct hyb_plan_place_layer *L, uint32_t n_layer, uint64_t budget,
 		      int8_t *const *gpu, struct hyb_plan_place_result *r)
 {
-	struct item **ord = calloc(n_layer ? n_layer : 1, sizeof(*ord));
-	uint32_t *ptr = calloc(n_layer ? n_layer : 1, sizeof(*ptr));
-	uint8_t *open = calloc(n_layer ? n_layer : 1, 1), *dead = calloc(n_layer ? n_layer : 1, 1);
-	uint32_t *short_in = calloc(n_layer ? n_layer : 1, sizeof(*short_in));
-	uint64_t left = budget;
+	struct greedy G = { .L = L, .n_layer = n_layer, .left = budget };
 	int rc = -1;
 
 	memset(r, 0, sizeof(*r));
-	if (!ord || !ptr || !open || !dead || !short_in)
+	if (greedy_setup(&G, gpu))
 		goto out;
-	for (uint32_t l = 0; l < n_layer; l++) {
-		memset(gpu[l], 0, L[l].n);
-		ord[l] = malloc((L[l].n ? L[l].n : 1) * sizeof(**ord));
-		if (!ord[l])
-			goto out;
-		for (uint32_t g = 0; g < L[l].n; g++)
-			ord[l][g] = (struct item){ L[l].value[g], L[l].bytes[g], g };
-		qsort(ord[l], L[l].n, sizeof(**ord), cmp_ratio);
-		dead[l] = L[l].n == 0;
-		/* the one group smaller than the others, if any (the short last group) */
-		short_in[l] = UINT32_MAX;
-		{
-			uint32_t lo = 0, hi = 0;
-
-			for (uint32_t q = 1; q < L[l].n; q++) {
-				if (ord[l][q].b < ord[l][lo].b)
-					lo = q;
-				if (ord[l][q].b > ord[l][hi].b)
-					hi = q;
-			}
-			if (L[l].n && ord[l][lo].b < ord[l][hi].b)
-				short_in[l] = lo;
-		}
-	}
 	for (;;) {
 		int best = -1;
 		double bv = 0, bb = 1;
 
 		for (uint32_t l = 0; l < n_layer; l++) {
-			double v = 0;
-			uint64_t b = 0;
+			double v;
+			uint64_t b;
 
-			if (dead[l])
+			if (G.dead[l])
 				continue;
-			if (!open[l]) {
-				for (uint32_t q = 0; q < min_of(&L[l]); q++) {
-					v += ord[l][q].v;
-					b += ord[l][q].b;
-				}
-				/* too big: the same count, the short group in for a full one */
-				if (b > left && short_in[l] != UINT32_MAX) {
-					const struct item *sh = &ord[l][short_in[l]];
-
-					if (short_in[l] >= min_of(&L[l])) {
-						uint32_t last = min_of(&L[l]) - 1;
-
-						v += sh->v - ord[l][last].v;
-						b += sh->b - ord[l][last].b;
-					}
-				}
-			} else {
-				/* the budget only shrinks: a group that does not fit never will */
-				while (ptr[l] < L[l].n && ord[l][ptr[l]].b > left)
-					ptr[l]++;
-				if (ptr[l] == L[l].n) {
-					dead[l] = 1;
-					continue;
-				}
-				v = ord[l][ptr[l]].v;
-				b = ord[l][ptr[l]].b;
-			}
-			if (b > left) {
-				dead[l] = 1;
+			if (!greedy_offer(&G, l, &v, &b)) {
+				G.dead[l] = 1;
 				continue;
 			}
 			if (best < 0 || v * bb > bv * (double)b) {
@@ -195,45 +270,13 @@ int hyb_plan_place_greedy(const struct hyb_plan_place_layer *L, uint32_t n_layer
 		}
 		if (best < 0)
 			break;
-		if (!open[best]) {
-			uint32_t m = min_of(&L[best]), sh = short_in[best];
-			uint64_t b = 0;
-
-			for (uint32_t q = 0; q < m; q++)
-				b += ord[best][q].b;
-			if (b > left && sh != UINT32_MAX && sh >= m) {
-				/* the short group replaces the m-th: move it into the block */
-				struct item t = ord[best][sh];
-
-				memmove(&ord[best][m], &ord[best][m - 1],
-					(sh - m + 1) * sizeof(struct item));
-				ord[best][m - 1] = t;
-			}
-			for (uint32_t q = 0; q < m; q++) {
-				gpu[best][ord[best][q].g] = 1;
-				left -= ord[best][q].b;
-			}
-			ptr[best] = m;
-			open[best] = 1;
-		} else {
-			gpu[best][ord[best][ptr[best]].g] = 1;
-			left -= ord[best][ptr[best]].b;
-			ptr[best]++;
-		}
-		if (ptr[best] == L[best].n)
-			dead[best] = 1;
+		greedy_take(&G, (uint32_t)best, gpu);
 	}
 	result_of(L, n_layer, gpu, r);
 	r->bound = lp_root(L, n_layer, budget);
 	rc = 0;
 out:
-	for (uint32_t l = 0; ord && l < n_layer; l++)
-		free(ord[l]);
-	free(ord);
-	free(ptr);
-	free(open);
-	free(dead);
-	free(short_in);
+	greedy_free(&G);
 	return rc;
 }
 
