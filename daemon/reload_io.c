@@ -199,21 +199,16 @@ static void locate(struct hyb_rio *r, uint64_t off, uint64_t len, int e, char *m
 		 hyb_stream_device_error(e) ? hyb_stream_device_error(e) : "read alone", where);
 }
 
-int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, char *msg,
-		 size_t msglen)
+/*
+ * Cut [off, off + len) into pieces: straight into dst where O_DIRECT's
+ * alignment allows (a bounce block for an unaligned head and tail), else
+ * all through the staging area. Returns the number of pieces.
+ */
+static unsigned int plan_pieces(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst)
 {
 	uint64_t a = r->direct ? BLK : 1, end = off + len;
-	unsigned int n = 0, next = 0, in_flight = 0;
-	int status = 0, read_err = 0;
+	unsigned int n = 0;
 
-	if (!len)
-		return 0;
-	if (len > r->max_len || end > r->size) {
-		snprintf(msg, msglen, "%s: read [%llu, +%llu) is past the file end (%llu) or the "
-			 "reader's size", r->path, (unsigned long long)off,
-			 (unsigned long long)len, (unsigned long long)r->size);
-		return -ERANGE;
-	}
 	if (!r->direct) {
 		add_span(r, &n, off, end, dst, false);
 	} else if (((uintptr_t)dst - off) % BLK == 0 && up(off, BLK) < down(end, BLK)) {
@@ -236,10 +231,9 @@ int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, ch
 	} else {
 		/* alignments differ (or no whole block): all through the staging area */
 		uint64_t s0 = down(off, a), s1 = up(end, a);
-		unsigned int first = n;
 
 		add_span(r, &n, s0, s1, r->bounce + 2 * BLK, true);
-		for (unsigned int i = first; i < n; i++) {
+		for (unsigned int i = 0; i < n; i++) {
 			struct piece *p = &r->pieces[i];
 			uint64_t w0 = p->foff > off ? p->foff : off;
 			uint64_t w1 = p->foff + p->len < end ? p->foff + p->len : end;
@@ -249,7 +243,61 @@ int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, ch
 			p->copy_len = (uint32_t)(w1 - w0);
 		}
 	}
+	return n;
+}
 
+/*
+ * One completion of piece i: done, resubmitted (EINTR, EAGAIN, a short read)
+ * or the read's failure into *status and msg. Returns 1 when it went back to
+ * the ring.
+ */
+static int complete_piece(struct hyb_rio *r, unsigned int i, int res, int *status,
+			  int *read_err, char *msg, size_t msglen)
+{
+	struct piece *p = &r->pieces[i];
+
+	if (*status)
+		return 0;	/* draining */
+	if (res == -EINTR || res == -EAGAIN) {
+		submit_piece(r, p, i);
+		return 1;
+	}
+	if (res < 0) {
+		snprintf(msg, msglen, "%s: read of %u bytes at offset %llu failed: %s", r->path,
+			 p->len - p->done, (unsigned long long)(p->foff + p->done),
+			 strerror(-res));
+		*status = -EIO;
+		*read_err = -res;
+		return 0;
+	}
+	p->done += (uint32_t)res;
+	if (p->done >= p->need)
+		return 0;
+	if (!res) {
+		snprintf(msg, msglen, "%s: the file ends at %llu (changed on disk?)", r->path,
+			 (unsigned long long)(p->foff + p->done));
+		*status = -ERANGE;
+		return 0;
+	}
+	submit_piece(r, p, i);	/* a short read: the rest */
+	return 1;
+}
+
+int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, char *msg,
+		 size_t msglen)
+{
+	unsigned int n, next = 0, in_flight = 0;
+	int status = 0, read_err = 0;
+
+	if (!len)
+		return 0;
+	if (len > r->max_len || off + len > r->size) {
+		snprintf(msg, msglen, "%s: read [%llu, +%llu) is past the file end (%llu) or the "
+			 "reader's size", r->path, (unsigned long long)off,
+			 (unsigned long long)len, (unsigned long long)r->size);
+		return -ERANGE;
+	}
+	n = plan_pieces(r, off, len, dst);
 	while (next < n || in_flight) {
 		struct io_uring_cqe *cqe;
 		int ret;
@@ -268,38 +316,11 @@ int hyb_rio_read(struct hyb_rio *r, uint64_t off, uint64_t len, uint8_t *dst, ch
 		}
 		while (io_uring_peek_cqe(&r->ring, &cqe) == 0) {
 			unsigned int i = (unsigned int)io_uring_cqe_get_data64(cqe);
-			struct piece *p = &r->pieces[i];
 			int res = cqe->res;
 
 			io_uring_cqe_seen(&r->ring, cqe);
 			in_flight--;
-			if (status)
-				continue;	/* draining */
-			if (res == -EINTR || res == -EAGAIN) {
-				submit_piece(r, p, i);
-				in_flight++;
-				continue;
-			}
-			if (res < 0) {
-				snprintf(msg, msglen, "%s: read of %u bytes at offset %llu "
-					 "failed: %s", r->path, p->len - p->done,
-					 (unsigned long long)(p->foff + p->done), strerror(-res));
-				status = -EIO;
-				read_err = -res;
-				continue;
-			}
-			p->done += (uint32_t)res;
-			if (p->done >= p->need)
-				continue;
-			if (!res) {
-				snprintf(msg, msglen, "%s: the file ends at %llu (changed on "
-					 "disk?)", r->path,
-					 (unsigned long long)(p->foff + p->done));
-				status = -ERANGE;
-				continue;
-			}
-			submit_piece(r, p, i);	/* a short read: the rest */
-			in_flight++;
+			in_flight += complete_piece(r, i, res, &status, &read_err, msg, msglen);
 		}
 		if (in_flight)
 			io_uring_submit(&r->ring);

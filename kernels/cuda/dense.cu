@@ -964,6 +964,12 @@ static __device__ __forceinline__ uint32_t ld_pair(const unsigned short *row, ui
  * t % np and positions pl, pl + R, ... of each tile (pl = t / np, R =
  * AT_THREADS / np) for all nh heads, and the R partial sums are added at
  * the end in pl order.
+ *
+ * One body of ~160 lines on purpose: its phases (q load, scores, online
+ * softmax, V accumulation, the final reduction) share the block's shared
+ * arrays and the running max/sum between __syncthreads, and this code has
+ * not yet run on a GPU: splitting it into device functions waits until the
+ * result can be checked against the CPU device and timed there.
  */
 template <bool A4>
 static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)

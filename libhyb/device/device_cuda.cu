@@ -853,6 +853,12 @@ static struct hyb_device *open_fail(struct cudev *c, cudaError_t e, const char *
 	return NULL;
 }
 
+/*
+ * One function of ~120 lines: device choice, streams, events, the arena, the
+ * per-stream scratch, each failure closing what came before through
+ * open_fail. It has not run on a GPU yet; it is split once it can be
+ * exercised there (docs/DEVICE.md).
+ */
 extern "C" struct hyb_device *hyb_device_cuda_open(const struct hyb_device_config *cfg,
 						   char *err, size_t errlen)
 {
