@@ -101,7 +101,7 @@ static int create_pools(const struct hyb_load_config *c, struct hyb_loaded *l, c
 		if (ret)
 			return hyb_errf(err, errlen, "cannot create pool %s (%.1f MiB on node %d): %s",
 				    name, pl->pools[i].bytes / 1048576.0, pl->pools[i].node,
-				    hyb_backend_error());
+				    hyb_last_error());
 	}
 	return 0;
 }

@@ -301,7 +301,7 @@ int hyb_mf_publish(struct hyb_backend *be, const char *pool_name, const char *pa
 				       HYB_MEMPOOL_SHARED, &out->pool) ||
 		    hyb_mempool_map(out->pool, &addr, &plen)) {
 			snprintf(err, errlen, "manifest pool %s: %s", pool_name,
-				 hyb_backend_error());
+				 hyb_last_error());
 			if (out->pool) {
 				hyb_mempool_destroy(out->pool);
 				hyb_mempool_close(out->pool);

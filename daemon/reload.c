@@ -226,7 +226,7 @@ static int pool_get(struct hyb_reload *r, const struct hyb_rq_req *q, bool write
 			ret = hyb_mempool_info(ref->p, &pi);
 		if (ret) {
 			say(msg, ret == -ENOENT ? -ENXIO : ret, "pool %u: %s", q->pool_id,
-			    hyb_backend_error());
+			    hyb_last_error());
 			if (ref->p)
 				hyb_mempool_close(ref->p);
 			free(ref);
@@ -646,7 +646,7 @@ static void *dispatcher_main(void *arg)
 	/* the daemon role belongs to this thread: it ends when the thread does */
 	if (hyb_rq_attach_daemon(r->cfg.backend, r->cfg.queue, r->efd, &r->rq)) {
 		snprintf(why, sizeof(why), "reload queue %u: %s", r->cfg.queue,
-			 hyb_backend_error());
+			 hyb_last_error());
 		started(r, -1, why);
 		return NULL;
 	}

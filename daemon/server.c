@@ -330,7 +330,7 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 		if (!ret)
 			ret = hyb_copydev_pin(d->dev, base, len, false, why, sizeof(why));
 		else
-			snprintf(why, sizeof(why), "%s", hyb_backend_error());
+			snprintf(why, sizeof(why), "%s", hyb_last_error());
 		if (ret) {
 			hlog_msg(HLOG_WARN, "device", "pool %u not pinned for DMA (uploads from it "
 				 "go through CUDA's staging copy): %s", i, why);
@@ -422,7 +422,7 @@ static int start_cpu(struct hybd *d, char *err, size_t errlen)
 		ret = hyb_mempool_map(d->slots_pool, &mem, &len);
 	if (ret) {
 		hlog_msg(HLOG_WARN, "device", "cpu device: no shared pool for the slots (apps "
-			 "keep their own cache): %s", hyb_backend_error());
+			 "keep their own cache): %s", hyb_last_error());
 		if (d->slots_pool) {
 			hyb_mempool_destroy(d->slots_pool);
 			hyb_mempool_close(d->slots_pool);

@@ -309,9 +309,9 @@ struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *p
 		return fail(err, errlen, "manifest: NULL backend or pool name");
 	if (hyb_mempool_open(b, pool_name, &p))
 		return fail(err, errlen, "manifest pool '%s': %s", pool_name,
-			    hyb_backend_error());
+			    hyb_last_error());
 	if (hyb_mempool_map(p, &addr, &len)) {
-		fail(err, errlen, "manifest pool '%s': %s", pool_name, hyb_backend_error());
+		fail(err, errlen, "manifest pool '%s': %s", pool_name, hyb_last_error());
 		hyb_mempool_close(p);
 		return NULL;
 	}

@@ -17,24 +17,16 @@
 #include <unistd.h>
 
 #include "mempool_internal.h"
-
-static _Thread_local char err_msg[256];
-static _Thread_local unsigned int err_gen;
+#include "util/error.h"
 
 int hyb_mp_err(int err, const char *fmt, ...)
 {
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(err_msg, sizeof(err_msg), fmt, ap);
+	hyb_error_vset(err, fmt, ap);
 	va_end(ap);
-	err_gen++;
 	return err;
-}
-
-const char *hyb_backend_error(void)
-{
-	return err_msg;
 }
 
 uint64_t hyb_mp_now_ns(void)
@@ -89,12 +81,12 @@ static _Thread_local unsigned int err_mark;
 
 static int explain(const char *what, int r)
 {
-	if (r < 0 && err_mark == err_gen)
+	if (r < 0 && err_mark == hyb_error_count())
 		hyb_mp_err(r, "%s: %s", what, strerror(-r));
 	return r;
 }
 
-#define CALL(what, expr) explain((what), (err_mark = err_gen, (expr)))
+#define CALL(what, expr) explain((what), (err_mark = hyb_error_count(), (expr)))
 
 /* -- backends ------------------------------------------------------------ */
 
@@ -299,7 +291,7 @@ static int pool_open(struct hyb_backend *b, const char *name, uint32_t id,
 	p = pool_new(b);
 	if (!p)
 		return hyb_mp_err(-ENOMEM, "%s: out of memory", what);
-	err_mark = err_gen;
+	err_mark = hyb_error_count();
 	ret = b->ops->pool_open(p, name, id);
 	if (ret == -ENOENT) {
 		ret = hyb_mp_err(ret, "%s: no such pool", what);
@@ -364,7 +356,7 @@ int hyb_mempool_stat(struct hyb_backend *b, uint32_t id, struct hyb_mempool_info
 	if (!b || !out)
 		return hyb_mp_err(-EINVAL, "hyb_mempool_stat: NULL argument");
 	memset(out, 0, sizeof(*out));
-	err_mark = err_gen;
+	err_mark = hyb_error_count();
 	ret = b->ops->pool_stat(b, id, out);
 	if (ret == -ENOENT)
 		return hyb_mp_err(ret, "pool id %u: no such pool", id);
@@ -524,7 +516,7 @@ static int rq_attach(struct hyb_backend *b, bool daemon, unsigned int queue, int
 	} else if (efd >= 0) {
 		rq->efd = efd;
 	}
-	err_mark = err_gen;
+	err_mark = hyb_error_count();
 	ret = b->ops->rq_attach(rq);
 	if (ret == -EBUSY && daemon)
 		ret = hyb_mp_err(ret, "%s: the queue already has a daemon", what);
@@ -624,7 +616,7 @@ int hyb_rq_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int
 		ret = req_check(&reqs[i], i);
 	if (ret)
 		return ret;
-	err_mark = err_gen;
+	err_mark = hyb_error_count();
 	ret = rq->b->ops->rq_submit(rq, reqs, n);
 	switch (ret) {
 	case 0:
@@ -654,7 +646,7 @@ int hyb_rq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, uns
 		return ret;
 	if (min > max)
 		return hyb_mp_err(-EINVAL, "reap: min %u is more than max %u", min, max);
-	err_mark = err_gen;
+	err_mark = hyb_error_count();
 	ret = rq->b->ops->rq_reap(rq, out, max, min, min ? timeout_ns : 0);
 	if (ret == -EPIPE)
 		return hyb_mp_err(ret, "reap: the daemon of queue %u is gone", rq->queue);
@@ -719,7 +711,7 @@ int hyb_rq_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned 
 					  "negative errno (or reserved is not 0)", i,
 					  done[i].status);
 	}
-	err_mark = err_gen;
+	err_mark = hyb_error_count();
 	ret = rq->b->ops->rq_complete(rq, done, n);
 	if (ret == -ENOENT)
 		return hyb_mp_err(ret, "complete: an id is not in service (nothing completed)");

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "device_internal.h"
+#include "util/error.h"
 #include "hyb/tensor_type.h"
 
 /* Live allocations, sorted by base: a handful, made at set-up. */
@@ -34,11 +35,13 @@ int hyb_device_fail(struct hyb_device *d, int rc, const char *fmt, ...)
 {
 	va_list ap;
 
+	va_start(ap, fmt);
+	hyb_error_vset(rc, fmt, ap);
+	va_end(ap);
 	if (!d)
 		return rc;
-	va_start(ap, fmt);
-	vsnprintf(d->err, sizeof(d->err), fmt, ap);
-	va_end(ap);
+	/* the device keeps its own copy: a fault is sticky (hyb_device_error) */
+	snprintf(d->err, sizeof(d->err), "%s", hyb_last_error());
 	if (rc == -EIO)
 		d->faulted = true;
 	return rc;

@@ -102,7 +102,7 @@ static int map_slots(struct hyb_hybd_cache *c, const struct hyb_model *m, int or
 	if (!ret)
 		ret = hyb_mempool_map(c->slots, &base, &len);
 	if (ret) {
-		snprintf(err, errlen, "hybd's cache pool %s: %s", c->desc.pool, hyb_backend_error());
+		snprintf(err, errlen, "hybd's cache pool %s: %s", c->desc.pool, hyb_last_error());
 		return ret;
 	}
 	if (len < need) {
@@ -167,7 +167,7 @@ struct hyb_hybd_cache *hyb_hybd_cache_open(const struct hyb_model *m, const char
 	ret = hyb_rq_attach_client(m->image_backend, c->desc.queue, HYB_RQ_EVENTFD_NONE, &c->rq);
 	if (ret)
 		return fail(c, code, ret, err, errlen, "reload queue %u of hybd '%s': %s",
-			    c->desc.queue, mi.name, hyb_backend_error());
+			    c->desc.queue, mi.name, hyb_last_error());
 	c->info.n_slots = c->desc.n_slots;
 	c->info.slot_bytes = c->desc.slot_bytes;
 	c->info.queue = c->desc.queue;
@@ -223,7 +223,7 @@ int hyb_hybd_cache_upload(struct hyb_hybd_cache *c, uint32_t slot, uint32_t l, u
 	ret = hyb_rq_submit(c->rq, &r, 1);
 	if (ret < 0 && ret != -EAGAIN)
 		snprintf(c->err, sizeof(c->err), "reload queue %u: %s", c->info.queue,
-			 ret == -EPIPE ? "hybd went away" : hyb_backend_error());
+			 ret == -EPIPE ? "hybd went away" : hyb_last_error());
 	return ret < 0 ? ret : 0;
 }
 
@@ -237,7 +237,7 @@ int hyb_hybd_cache_reap(struct hyb_hybd_cache *c, uint64_t *tags, unsigned int m
 	n = hyb_rq_reap(c->rq, cqe, max, wait ? 1 : 0, 0);
 	if (n < 0) {
 		snprintf(c->err, sizeof(c->err), "reload queue %u: %s", c->info.queue,
-			 n == -EPIPE ? "hybd went away" : hyb_backend_error());
+			 n == -EPIPE ? "hybd went away" : hyb_last_error());
 		return n;
 	}
 	for (int i = 0; i < n; i++) {

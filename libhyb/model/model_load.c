@@ -439,7 +439,7 @@ static void *pool_image(struct hyb_model *m, uint64_t len, bool lazy, char *why,
 	if (!ret)
 		ret = hyb_mempool_map(m->image_pool, &image, &plen);
 	if (ret) {
-		snprintf(why, whylen, "%s", hyb_backend_error());
+		snprintf(why, whylen, "%s", hyb_last_error());
 		free_image(m);
 		return NULL;
 	}
@@ -796,7 +796,7 @@ static int box_open(struct box *bx, struct hyb_backend *b, const char *pool, cha
 	bx->pid = mi.pid;
 	snprintf(bx->mf_name, sizeof(bx->mf_name), "%s", pool);
 	if (hyb_mempool_open(b, pool, &bx->mf_pool) || hyb_mempool_map(bx->mf_pool, &addr, &len))
-		return box_fail(err, errlen, "manifest pool '%s': %s", pool, hyb_backend_error());
+		return box_fail(err, errlen, "manifest pool '%s': %s", pool, hyb_last_error());
 	bx->hdr = addr;
 	if (len < sizeof(*bx->hdr) || bx->hdr->created_ns != mi.created_ns ||
 	    bx->hdr->pid != mi.pid)
@@ -814,14 +814,14 @@ static int box_open(struct box *bx, struct hyb_backend *b, const char *pool, cha
 			continue;	/* page pools: room for on-demand loads, not mapped here */
 		if (hyb_mempool_open_id(b, p->id, &bp->p) || hyb_mempool_info(bp->p, &pi))
 			return box_fail(err, errlen, "pool %s (id %u) of %s: %s", p->name, p->id,
-					pool, hyb_backend_error());
+					pool, hyb_last_error());
 		if (strcmp(pi.name, p->name) || pi.bytes < p->used)
 			return box_fail(err, errlen, "pool id %u is '%s' of %llu bytes, %s says "
 					"'%s' (hybd restarted?)", p->id, pi.name,
 					(unsigned long long)pi.bytes, pool, p->name);
 		if (hyb_mempool_map(bp->p, &addr, &bp->len))
 			return box_fail(err, errlen, "map pool %s: %s", p->name,
-					hyb_backend_error());
+					hyb_last_error());
 		bp->base = addr;
 	}
 	return 0;

@@ -791,7 +791,7 @@ int hyb_stream_to_pool(struct hyb_mempool *p, uint64_t pool_off, const char *pat
 	if (!ret)
 		ret = hyb_mempool_map(p, &base, &plen);
 	if (ret) {
-		snprintf(err, errlen, "%s: pool: %s", path, hyb_backend_error());
+		snprintf(err, errlen, "%s: pool: %s", path, hyb_last_error());
 		return -1;
 	}
 	if (!hyb_mempool_writable(p)) {

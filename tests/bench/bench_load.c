@@ -80,7 +80,7 @@ int main(int argc, char **argv)
 	snprintf(name, sizeof(name), "bench-load-%d", (int)getpid());
 	if (!b || hyb_mempool_create(b, name, (uint64_t)sb.st_size, HYB_MEMPOOL_NODE_LOCAL, 0, 0,
 				     &p) || hyb_mempool_map(p, &dst, &len)) {
-		fprintf(stderr, "bench_load: pool: %s\n", b ? hyb_backend_error() : err);
+		fprintf(stderr, "bench_load: pool: %s\n", b ? hyb_last_error() : err);
 		return 1;
 	}
 	t = now();

@@ -45,7 +45,7 @@ static void *daemon_main(void *arg)
 
 	(void)arg;
 	if (hyb_rq_attach_daemon(be, QID, HYB_RQ_EVENTFD_NEW, &rq)) {
-		fprintf(stderr, "bench_queue: %s\n", hyb_backend_error());
+		fprintf(stderr, "bench_queue: %s\n", hyb_last_error());
 		atomic_store(&attached, -1);
 		return NULL;
 	}
@@ -89,7 +89,7 @@ static int bench_rtt(int n)
 		;
 	if (atomic_load(&attached) < 0 ||
 	    hyb_rq_attach_client(be, QID, HYB_RQ_EVENTFD_NONE, &c)) {
-		fprintf(stderr, "bench_queue: %s\n", hyb_backend_error());
+		fprintf(stderr, "bench_queue: %s\n", hyb_last_error());
 		return -1;
 	}
 	memset(&r, 0, sizeof(r));
@@ -99,7 +99,7 @@ static int bench_rtt(int n)
 		r.tag = (uint64_t)i;
 		t0 = now_ns();
 		if (hyb_rq_submit(c, &r, 1) || hyb_rq_reap(c, &e, 1, 1, 10000000000ULL) != 1) {
-			fprintf(stderr, "bench_queue: round trip %d: %s\n", i, hyb_backend_error());
+			fprintf(stderr, "bench_queue: round trip %d: %s\n", i, hyb_last_error());
 			return -1;
 		}
 		if (i >= 0)
@@ -137,13 +137,13 @@ static int bench_create(uint64_t mib, int node, unsigned int flags)
 
 	t0 = now_ns();
 	if (hyb_mempool_create(be, "bench-create", mib << 20, node, 0, flags, &p)) {
-		fprintf(stderr, "bench_queue: %s\n", hyb_backend_error());
+		fprintf(stderr, "bench_queue: %s\n", hyb_last_error());
 		return -1;
 	}
 	t1 = now_ns();
 	hyb_mempool_info(p, &pi);
 	if (hyb_mempool_map(p, (void **)&a, &len)) {
-		fprintf(stderr, "bench_queue: %s\n", hyb_backend_error());
+		fprintf(stderr, "bench_queue: %s\n", hyb_last_error());
 		return -1;
 	}
 	/* After map nothing may fault: one read per 4 KiB page, faults counted. */

@@ -112,7 +112,7 @@ static uint64_t pick(uint64_t *seed, uint64_t len)
 
 static void die(const char *what)
 {
-	fprintf(stderr, "bench_reload: %s: %s\n", what, hyb_backend_error());
+	fprintf(stderr, "bench_reload: %s: %s\n", what, hyb_last_error());
 	exit(1);
 }
 

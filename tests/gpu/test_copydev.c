@@ -44,7 +44,7 @@ static struct hyb_mempool *pattern_pool(struct hyb_backend *b, const char *name,
 	size_t len;
 
 	CHECK_MSG(!hyb_mempool_create(b, name, bytes, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &p), "%s",
-		  hyb_backend_error());
+		  hyb_last_error());
 	CHECK(!hyb_mempool_map(p, (void **)base, &len) && len >= bytes);
 	for (uint64_t i = 0; i < bytes; i++) {
 		s ^= s << 13, s ^= s >> 17, s ^= s << 5;
@@ -224,7 +224,7 @@ TEST(copydev_cuda_driven_by_the_reload_service)
 	rc.dev = d;
 	r = hyb_reload_start(&rc, err, sizeof(err));
 	CHECK_MSG(r, "%s", err);
-	CHECK_MSG(!hyb_rq_attach_client(b, 5, HYB_RQ_EVENTFD_NONE, &c), "%s", hyb_backend_error());
+	CHECK_MSG(!hyb_rq_attach_client(b, 5, HYB_RQ_EVENTFD_NONE, &c), "%s", hyb_last_error());
 	for (int i = 0; i < 8; i++)
 		q[i] = upload_req(id, (uint64_t)i * 777777, 2 * MiB - (uint64_t)i * 4099, (uint32_t)i,
 				  (uint8_t)(i % HYB_RQ_PRIO_LEVELS), (uint64_t)i);

@@ -5,9 +5,11 @@
  * pkg-config alone (tests/api/app.c).
  */
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "hyb/pool.h"
 #include "test.h"
 
 /* The build folder: where hybctl is ($HYB_TEST_HYBCTL or build/hybctl). */
@@ -76,4 +78,29 @@ TEST(api_app_builds_with_pkg_config)
 	/* a bad file: the library's error, no crash */
 	rc = hyb_test_sh(log, "LD_LIBRARY_PATH='%s/prefix/lib' '%s/app' /nonexistent.gguf", t, t);
 	CHECK_EQ_INT(rc, 1);
+}
+
+static void *read_last_error(void *arg)
+{
+	*(const char **)arg = hyb_last_error();
+	return NULL;
+}
+
+/* A failing call leaves its message for its own thread only (hyb/error.h). */
+TEST(api_last_error_per_thread)
+{
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_mempool *p = NULL;
+	const char *other = NULL;
+	pthread_t t;
+	int rc;
+
+	CHECK(b);
+	rc = hyb_mempool_create(b, "bad/name", 1 << 21, 0, 0, 0, &p);
+	CHECK_MSG(rc < 0 && rc != -1, "rc %d: a negative errno", rc);
+	CHECK_MSG(strstr(hyb_last_error(), "bad/name"), "message '%s'", hyb_last_error());
+	CHECK_EQ_INT(pthread_create(&t, NULL, read_last_error, &other), 0);
+	CHECK_EQ_INT(pthread_join(t, NULL), 0);
+	CHECK(other && !*other);
+	hyb_backend_close(b);
 }

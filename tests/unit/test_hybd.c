@@ -139,7 +139,7 @@ static void check_against_file(struct hyb_backend *app, const struct hyb_manifes
 		const struct hyb_mf_pool *p = hyb_manifest_pool(m, i);
 
 		CHECK_MSG(!hyb_mempool_open_id(app, p->id, &pools[i]), "pool %s: %s", p->name,
-			  hyb_backend_error());
+			  hyb_last_error());
 		CHECK(!hyb_mempool_map(pools[i], (void **)&base[i], &plen));
 		CHECK_EQ_INT(hyb_mempool_writable(pools[i]), 0);
 	}
@@ -397,7 +397,7 @@ TEST(hybd_serves_then_shuts_down_on_sigterm)
 	 * an error
 	 */
 	CHECK_MSG(!hyb_rq_attach_client(app, 0, HYB_RQ_EVENTFD_NONE, &c), "%s",
-		  hyb_backend_error());
+		  hyb_last_error());
 	q[n++] = req(HYB_RQ_LOAD, HYB_RQ_CRITICAL, t->pool_id, t->pool_off, t->bytes, t->file_off,
 		     0);
 	{

@@ -68,7 +68,7 @@ static void need_kmod(void)
 		int r_ = (expr);                                                       \
 		CHECK_MSG(r_ == (err), "%s = %d (%s), want %d (%s); message: %s", #expr, \
 			  r_, strerror(-r_), (err), strerror(-(err)),                  \
-			  hyb_backend_error());                                        \
+			  hyb_last_error());                                        \
 	} while (0)
 
 #define CHECK_OK(expr) CHECK_ERR(expr, 0)
@@ -77,8 +77,8 @@ static void need_kmod(void)
 #define CHECK_FAILS(expr, err, word)                                                   \
 	do {                                                                           \
 		CHECK_ERR(expr, err);                                                  \
-		CHECK_MSG(strstr(hyb_backend_error(), (word)), "%s: message '%s' lacks '%s'", \
-			  #expr, hyb_backend_error(), (word));                         \
+		CHECK_MSG(strstr(hyb_last_error(), (word)), "%s: message '%s' lacks '%s'", \
+			  #expr, hyb_last_error(), (word));                         \
 	} while (0)
 
 static struct hyb_backend *bopen(void)
@@ -984,7 +984,7 @@ static void daemon_start(struct daemon_ctx *x, pthread_t *t)
 	CHECK(pthread_create(t, NULL, daemon_main, x) == 0);
 	while (!atomic_load(&x->attached))
 		usleep(1000);
-	CHECK_MSG(atomic_load(&x->attached) == 1, "daemon attach: %s", hyb_backend_error());
+	CHECK_MSG(atomic_load(&x->attached) == 1, "daemon attach: %s", hyb_last_error());
 }
 
 BOTH(rq_round_trip)
@@ -1011,7 +1011,7 @@ BOTH(rq_round_trip)
 	CHECK_OK(hyb_rq_submit(c, r, 3));
 	while (got < 3) {
 		n = hyb_rq_reap(c, e + got, 8 - got, 3 - got, 5000000000ULL);
-		CHECK_MSG(n > 0, "reap: %d %s", n, hyb_backend_error());
+		CHECK_MSG(n > 0, "reap: %d %s", n, hyb_last_error());
 		got += n;
 	}
 	for (int i = 0; i < 3; i++)
@@ -1024,7 +1024,7 @@ BOTH(rq_round_trip)
 		r[0] = req(HYB_RQ_NOP, HYB_RQ_NORMAL, 0, 0, 0, (uint64_t)i << 1);
 		CHECK_OK(hyb_rq_submit(c, r, 1));
 		n = hyb_rq_reap(c, e, 1, 1, 5000000000ULL);
-		CHECK_MSG(n == 1, "round trip %d: reap %d: %s", i, n, hyb_backend_error());
+		CHECK_MSG(n == 1, "round trip %d: reap %d: %s", i, n, hyb_last_error());
 		CHECK_EQ_INT(e[0].tag, (uint64_t)i << 1);
 		fails += e[0].status != 0;
 		stalls_max++;

@@ -61,7 +61,7 @@ static struct hyb_mempool *make_pool(struct hyb_backend *b, const char *name, ui
 	size_t len;
 
 	CHECK_MSG(!hyb_mempool_create(b, name, bytes, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &p), "%s",
-		  hyb_backend_error());
+		  hyb_last_error());
 	CHECK(!hyb_mempool_map(p, (void **)base, &len));
 	return p;
 }
@@ -81,7 +81,7 @@ static void reap_n(struct hyb_rq *c, struct hyb_rq_cqe *cqe, int n)
 	while (got < n) {
 		int r = hyb_rq_reap(c, cqe + got, (unsigned int)(n - got), 1, 10000000000ull);
 
-		CHECK_MSG(r > 0, "reap: %d %s", r, hyb_backend_error());
+		CHECK_MSG(r > 0, "reap: %d %s", r, hyb_last_error());
 		got += r;
 	}
 	for (int i = 0; i < n; i++)
@@ -225,7 +225,7 @@ static void rig_start(struct rig *g, const char *model, uint64_t chunk, struct h
 	g->r = hyb_reload_start(&cfg, err, sizeof(err));
 	CHECK_MSG(g->r, "%s", err);
 	CHECK_MSG(!hyb_rq_attach_client(g->b, QID, HYB_RQ_EVENTFD_NONE, &g->c), "%s",
-		  hyb_backend_error());
+		  hyb_last_error());
 }
 
 static void rig_stop(struct rig *g)
@@ -262,7 +262,7 @@ static void load_bytes_match_file(void)
 	for (int i = 0; i < n; i++)
 		q[i] = req(HYB_RQ_LOAD, (uint8_t)(i % 4), hyb_mempool_id(p), r[i][0], r[i][2],
 			   r[i][1], (uint64_t)i);
-	CHECK_MSG(!hyb_rq_submit(g.c, q, (unsigned int)n), "%s", hyb_backend_error());
+	CHECK_MSG(!hyb_rq_submit(g.c, q, (unsigned int)n), "%s", hyb_last_error());
 	reap_n(g.c, cqe, n);
 	for (int i = 0; i < n; i++) {
 		CHECK_MSG(cqe[i].status == 0, "request %d: status %d (%s)", i, cqe[i].status,
@@ -415,7 +415,7 @@ TEST(reload_errors_are_per_request)
 	q[n++] = req(HYB_RQ_UPLOAD, HYB_RQ_LOW, hyb_mempool_id(p), 1 << 20, 8192, 2, 5);
 	q[n++] = req(HYB_RQ_NOP, HYB_RQ_LOW, 0, 0, 0, 0, 6);
 	q[n++] = req(HYB_RQ_LOAD, HYB_RQ_LOW, hyb_mempool_id(p), 65536, 4096, 8192, 7);
-	CHECK_MSG(!hyb_rq_submit(g.c, q, (unsigned int)n), "%s", hyb_backend_error());
+	CHECK_MSG(!hyb_rq_submit(g.c, q, (unsigned int)n), "%s", hyb_last_error());
 	reap_n(g.c, cqe, n);
 	CHECK_EQ_INT(cqe[0].status, 0);
 	CHECK_EQ_INT(cqe[1].status, -ERANGE);
@@ -440,10 +440,10 @@ TEST(reload_errors_are_per_request)
 	/* refused at submit, with a clear reason: no such pool, range past the pool */
 	q[0] = req(HYB_RQ_LOAD, HYB_RQ_NORMAL, 999999, 0, 4096, 0, 10);
 	CHECK_EQ_INT(hyb_rq_submit(g.c, q, 1), -ENOENT);
-	CHECK_MSG(strstr(hyb_backend_error(), "does not exist"), "%s", hyb_backend_error());
+	CHECK_MSG(strstr(hyb_last_error(), "does not exist"), "%s", hyb_last_error());
 	q[0] = req(HYB_RQ_LOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), (2 << 20) - 4096, 8192, 0, 11);
 	CHECK_EQ_INT(hyb_rq_submit(g.c, q, 1), -EINVAL);
-	CHECK_MSG(strstr(hyb_backend_error(), "outside its pool"), "%s", hyb_backend_error());
+	CHECK_MSG(strstr(hyb_last_error(), "outside its pool"), "%s", hyb_last_error());
 
 	/* evict empties the slot */
 	q[0] = req(HYB_RQ_EVICT, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 1, 2, 12);
@@ -494,7 +494,7 @@ TEST(reload_pins_its_pool_mappings)
 	CHECK_EQ_INT(dev->pinned, 0);
 	q[0] = req(HYB_RQ_LOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 8192, 0, 1);
 	q[1] = req(HYB_RQ_UPLOAD, HYB_RQ_HIGH, hyb_mempool_id(p), 0, 8192, 0, 2);
-	CHECK_MSG(!hyb_rq_submit(g.c, q, 2), "%s", hyb_backend_error());
+	CHECK_MSG(!hyb_rq_submit(g.c, q, 2), "%s", hyb_last_error());
 	reap_n(g.c, cqe, 2);
 	CHECK_EQ_INT(cqe[0].status, 0);
 	CHECK_EQ_INT(cqe[1].status, 0);

@@ -60,7 +60,7 @@ static void reap_n(struct hyb_rq *c, struct hyb_rq_cqe *cqe, int n)
 	for (int got = 0; got < n;) {
 		int r = hyb_rq_reap(c, cqe + got, (unsigned int)(n - got), 1, 10000000000ull);
 
-		CHECK_MSG(r > 0, "reap: %d %s", r, hyb_backend_error());
+		CHECK_MSG(r > 0, "reap: %d %s", r, hyb_last_error());
 		got += r;
 	}
 }
@@ -142,7 +142,7 @@ TEST(stalls_reload_classes_round_trip_and_format)
 	CHECK_MSG(r, "%s", err);
 	CHECK(!hyb_rq_attach_client(b, QID, HYB_RQ_EVENTFD_NONE, &c));
 	CHECK_MSG(!hyb_mempool_create(b, "st", 4 << 20, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &p), "%s",
-		  hyb_backend_error());
+		  hyb_last_error());
 	CHECK(!hyb_mempool_map(p, (void **)&base, &len));
 	for (int i = 0; i < 3; i++, n++)
 		q[n] = req(HYB_RQ_LOAD, HYB_RQ_CRITICAL, hyb_mempool_id(p), (uint64_t)i << 20,
@@ -369,7 +369,7 @@ TEST(stalls_hybd_publishes_and_hybctl_shows)
 	q[0] = req(HYB_RQ_EVICT, HYB_RQ_CRITICAL, 1, 0, 4096, 1, 1);
 	q[1] = req(HYB_RQ_EVICT, HYB_RQ_LOW, 1, 0, 4096, 0, 2);
 	q[2] = req(HYB_RQ_EVICT, HYB_RQ_LOW, 1, 0, 4096, 7, 3);	/* no slot 7: -EINVAL */
-	CHECK_MSG(!hyb_rq_submit(c, q, 3), "%s", hyb_backend_error());
+	CHECK_MSG(!hyb_rq_submit(c, q, 3), "%s", hyb_last_error());
 	reap_n(c, cqe, 3);
 	hybd_stats_tick(d);
 	hyb_stalls_read(path, &h);

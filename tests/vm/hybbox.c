@@ -398,7 +398,7 @@ static void check_placement(const struct hyb_model *m)
 		if (p->role != HYB_MF_ROLE_WEIGHTS || !p->used)
 			continue;
 		if (hyb_mempool_stat(m->image_backend, p->id, &pi))
-			die("pool %s: %s", p->name, hyb_backend_error());
+			die("pool %s: %s", p->name, hyb_last_error());
 		if (pi.node != p->node || pi.node < 0 || pi.node > 1)
 			die("pool %s is on node %d, the manifest says %d", p->name, pi.node,
 			    p->node);
@@ -631,7 +631,7 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 		compare_ids(want, n_want, &r, half, "box mode before the kill");
 		/* a request in service: a paced upload (1 MiB at copy_bandwidth 1M) */
 		if (!t || hyb_rq_attach_client(m->image_backend, QUEUE, HYB_RQ_EVENTFD_NONE, &rq))
-			die("attach to queue %d: %s", QUEUE, hyb_backend_error());
+			die("attach to queue %d: %s", QUEUE, hyb_last_error());
 		q.op = HYB_RQ_UPLOAD;
 		q.prio = HYB_RQ_LOW;
 		q.pool_id = t->pool_id;
@@ -640,12 +640,12 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 		q.aux = 0;
 		q.tag = 7;
 		if (hyb_rq_submit(rq, &q, 1))
-			die("submit: %s", hyb_backend_error());
+			die("submit: %s", hyb_last_error());
 		t0 = hyb_now();
 		do {
 			usleep(5000);
 			if (hyb_rq_stats(m->image_backend, QUEUE, &rs))
-				die("queue stats: %s", hyb_backend_error());
+				die("queue stats: %s", hyb_last_error());
 		} while (!rs.in_service && ms_since(t0) < 5000);
 		if (!rs.in_service)
 			die("hybd did not take the upload in 5 s");
@@ -924,7 +924,7 @@ static unsigned int pools_named(const char *prefix, char *names, size_t len)
 	names[0] = 0;
 	n = hyb_mempool_list(b, ids, HYB_MEMPOOL_MAX);
 	if (n < 0)
-		die("pool list: %s", hyb_backend_error());
+		die("pool list: %s", hyb_last_error());
 	for (int i = 0; i < n; i++) {
 		struct hyb_mempool_info pi;
 		size_t k = strlen(names);
@@ -996,7 +996,7 @@ static void ioerr_hybd(const char *bin, const char *conf, const char *model, uin
 		die("a manifest or pid file of the failed load is left in /tmp/hybd-bad");
 	b = hyb_backend_open(HYB_BACKEND_KMOD, err, sizeof(err));
 	if (!b || hyb_rq_stats(b, QUEUE, &qs))
-		die("queue %d stats: %s", QUEUE, b ? hyb_backend_error() : err);
+		die("queue %d stats: %s", QUEUE, b ? hyb_last_error() : err);
 	if (qs.live)
 		die("a daemon (pid %d) is still attached to queue %d", qs.daemon_pid, QUEUE);
 	hyb_backend_close(b);
@@ -1074,7 +1074,7 @@ static int reload(struct hyb_rq *rq, uint32_t pool_id, const struct hyb_manifest
 	int ret;
 
 	if (hyb_rq_submit(rq, &q, 1))
-		die("submit LOAD of %s: %s", t->name, hyb_backend_error());
+		die("submit LOAD of %s: %s", t->name, hyb_last_error());
 	ret = hyb_rq_reap(rq, &cqe, 1, 1, 30000000000ull);
 	if (ret != 1 || cqe.tag != tag)
 		die("LOAD of %s: no completion within 30 s (reap %d)", t->name, ret);
@@ -1142,7 +1142,7 @@ static void ioerr_reload(const char *bin, const char *conf, const char *model, u
 		if (p->role == HYB_MF_ROLE_PAGE && p->node == tb->node) {
 			page_id = p->id;
 			if (hyb_mempool_open(b, p->name, &pp) || hyb_mempool_map(pp, &base, &plen))
-				die("page pool %s: %s", p->name, hyb_backend_error());
+				die("page pool %s: %s", p->name, hyb_last_error());
 		}
 	}
 	if (!page_id)
@@ -1150,7 +1150,7 @@ static void ioerr_reload(const char *bin, const char *conf, const char *model, u
 	note("hybd ready in %.0f ms with %.2f MiB on demand (%s)", ms_since(t0),
 	     mi.paged_bytes / 1048576.0, mi.placement);
 	if (hyb_rq_attach_client(b, QUEUE, HYB_RQ_EVENTFD_NONE, &rq))
-		die("attach to queue %d: %s", QUEUE, hyb_backend_error());
+		die("attach to queue %d: %s", QUEUE, hyb_last_error());
 
 	ret = reload(rq, page_id, tb, 1, &ms);
 	if (ret != -EIO)
@@ -1331,7 +1331,7 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	mb = wait_ready(daemon_pid, "vmp", &ready_ms);
 	b = hyb_backend_open(HYB_BACKEND_KMOD, why, sizeof(why));
 	if (!b || hyb_rq_stats(b, HQUEUE, &q0))
-		die("queue %d stats: %s", HQUEUE, b ? hyb_backend_error() : why);
+		die("queue %d stats: %s", HQUEUE, b ? hyb_last_error() : why);
 
 	if (hyb) {
 		/* hybd's cache while this process holds it: refused, not shared */
@@ -1355,7 +1355,7 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	if (!on_hybd)
 		die("the context did not use hybd's cache");
 	if (hyb_rq_stats(b, HQUEUE, &q1))
-		die("queue %d stats: %s", HQUEUE, hyb_backend_error());
+		die("queue %d stats: %s", HQUEUE, hyb_last_error());
 	if (!st.loads || !st.active_dev || q1.submitted - q0.submitted < st.loads || q1.failed)
 		die("%llu loads, %llu neurons on the device, %llu requests on hybd's queue (%llu "
 		    "failed)", (unsigned long long)st.loads, (unsigned long long)st.active_dev,

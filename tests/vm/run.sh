@@ -102,7 +102,7 @@ for prog in hybtest hybfuzz; do
 done
 # libhyb's pool/queue backends: the host's conformance tests and queue bench.
 MP_SRCS="$ROOT/libhyb/box/lat_hist.c $ROOT/libhyb/box/mempool.c $ROOT/libhyb/box/mempool_kmod.c
-	 $ROOT/libhyb/box/mempool_local.c $ROOT/libhyb/box/rq_local.c"
+	 $ROOT/libhyb/box/mempool_local.c $ROOT/libhyb/box/rq_local.c $ROOT/libhyb/util/error.c"
 MP_FLAGS="$CFLAGS -pthread -I$ROOT/libhyb/include -I$ROOT/libhyb"
 { $NICE gcc $MP_FLAGS "$ROOT/tests/unit/runner.c" "$ROOT/tests/unit/test_mempool.c" $MP_SRCS \
 	-lnuma -o "$OUT/hybmempool" &&

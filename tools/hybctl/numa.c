@@ -400,7 +400,7 @@ static int do_move(enum hyb_backend_kind kind, const char *name, int node, int j
 	if (!b)
 		return 1;
 	if (hyb_mempool_open(b, name, &p)) {
-		fprintf(stderr, "hybctl numa: %s%s\n", hyb_backend_error(),
+		fprintf(stderr, "hybctl numa: %s%s\n", hyb_last_error(),
 			hyb_backend_kind(b) == HYB_BACKEND_LOCAL ? " (local pools live inside the "
 			"process that made them: it calls hyb_mempool_move)" : "");
 		hyb_backend_close(b);
@@ -413,9 +413,9 @@ static int do_move(enum hyb_backend_kind kind, const char *name, int node, int j
 	ret = hyb_mempool_move(p, node);
 	if (ret == -EOPNOTSUPP || ret == -EPERM)
 		fprintf(stderr, "hybctl numa: %s: ask its owner (pid %d) to move '%s' to node "
-			"%d\n", hyb_backend_error(), before.info.owner_pid, name, node);
+			"%d\n", hyb_last_error(), before.info.owner_pid, name, node);
 	else if (ret)
-		fprintf(stderr, "hybctl numa: %s\n", hyb_backend_error());
+		fprintf(stderr, "hybctl numa: %s\n", hyb_last_error());
 	if (ret) {
 		hyb_mempool_close(p);
 		hyb_backend_close(b);
@@ -522,7 +522,7 @@ int cmd_numa(int argc, char **argv)
 		snprintf(name, sizeof(name), "hybctl-probe-%d-%d", (int)getpid() % 100000, i);
 		if (hyb_mempool_create(b, name, probe << 20, i, 0, 0, &probes[nprobe])) {
 			fprintf(stderr, "hybctl numa: probe on node %d: %s\n", i,
-				hyb_backend_error());
+				hyb_last_error());
 			continue;
 		}
 		nprobe++;

@@ -100,13 +100,13 @@ int cmd_pools(int argc, char **argv)
 	if (!b)
 		return 1;
 	if (hyb_backend_info(b, &bi)) {
-		fprintf(stderr, "hybctl pools: %s\n", hyb_backend_error());
+		fprintf(stderr, "hybctl pools: %s\n", hyb_last_error());
 		hyb_backend_close(b);
 		return 1;
 	}
 	n = hyb_mempool_list(b, ids, HYB_MEMPOOL_MAX);
 	if (n < 0) {
-		fprintf(stderr, "hybctl pools: %s\n", hyb_backend_error());
+		fprintf(stderr, "hybctl pools: %s\n", hyb_last_error());
 		hyb_backend_close(b);
 		return 1;
 	}

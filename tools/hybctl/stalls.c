@@ -261,7 +261,7 @@ int cmd_stalls(int argc, char **argv)
 		cur.t = now_s();
 		for (unsigned int q = 0; b && q < HYB_RQ_MAX_QUEUES; q++) {
 			if (hyb_rq_stats(b, q, &cur.st[q])) {
-				fprintf(stderr, "hybctl stalls: %s\n", hyb_backend_error());
+				fprintf(stderr, "hybctl stalls: %s\n", hyb_last_error());
 				ret = 1;
 				goto out;
 			}

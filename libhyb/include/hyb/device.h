@@ -47,7 +47,9 @@
  *
  * Errors: every call returns 0 or a negative errno (-ENOMEM over capacity,
  * -EINVAL bad arguments, -EIO a device fault) and leaves a one-line message
- * in hyb_device_error(). A device fault is sticky: later calls fail too.
+ * in hyb_last_error() (hyb/error.h); the device keeps a copy of its last one
+ * in hyb_device_error(), since a device fault is sticky: later calls fail
+ * too, and the first fault says why.
  * Calls come from one host thread at a time.
  */
 #ifndef HYB_DEVICE_H
@@ -57,6 +59,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hyb/error.h"
 #include "hyb/model.h"
 
 typedef uint64_t hyb_dptr;

@@ -11,6 +11,7 @@
 #ifndef HYB_HYB_H
 #define HYB_HYB_H
 
+#include "hyb/error.h"		/* hyb_last_error */
 #include "hyb/tensor_type.h"	/* tensor element types */
 #include "hyb/gguf.h"		/* GGUF read and write */
 #include "hyb/model.h"		/* models and contexts: the forward pass */

@@ -19,7 +19,7 @@
  *
  * Errors: every call returns 0 (or a count) on success and a negative errno on
  * failure, and leaves a one-line message naming the problem that
- * hyb_backend_error() returns (per thread, until the next failing call).
+ * hyb_last_error() returns (per thread, until the next failing call).
  *
  * Local backend: the pools and queues of a process are shared by all its
  * backend handles; a forked child inherits pools made with HYB_MEMPOOL_SHARED
@@ -39,6 +39,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "hyb/error.h"
 
 /* -- backends ------------------------------------------------------------ */
 
@@ -83,8 +85,6 @@ void hyb_backend_close(struct hyb_backend *b);
 enum hyb_backend_kind hyb_backend_kind(const struct hyb_backend *b);
 const char *hyb_backend_name(enum hyb_backend_kind kind);	/* "auto" "kmod" "local" */
 int hyb_backend_info(struct hyb_backend *b, struct hyb_backend_info *out);
-/* The message of the calling thread's last failed call ("" if none). */
-const char *hyb_backend_error(void);
 
 /* -- pools --------------------------------------------------------------- */
 

@@ -1,0 +1,16 @@
+/* SPDX-License-Identifier: MIT */
+/* Setting the thread's last failure (hyb/error.h) from inside libhyb. */
+#ifndef HYB_UTIL_ERROR_H
+#define HYB_UTIL_ERROR_H
+
+#include <stdarg.h>
+
+#include "hyb/error.h"
+
+/* Format the thread's message; returns rc (a negative errno) for `return hyb_error_set(...)`. */
+int hyb_error_set(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int hyb_error_vset(int rc, const char *fmt, va_list ap);
+/* Counts the messages set on this thread: a caller can tell whether a call explained itself. */
+unsigned int hyb_error_count(void);
+
+#endif
