@@ -7,62 +7,7 @@
  * loads and evictions on the device's RELOAD stream, and reports back what it
  * measured (struct hyb_balancer_feedback) for the adaptive policies.
  *
- * Policies, all over the same cache of per-layer slot budgets:
- *   static    PowerInfer 6.2: the plan's offline placement re-solved for the
- *             run's budget, never changed.
- *   layer     llama.cpp -ngl: whole layers, the first ones, as many as fit.
- *   lru       KAIROX 3.2 strawman / Neuralink: every predicted-active group
- *             not resident is loaded, the least recently active evicted.
- *   topk      Q-Infer-like: the cache becomes the top-K groups of the current
- *             step's activation (KAIROX 9.3 "Top-K" reloading, Fig. 10).
- *   dynamic   DynamicInfer 4.3: importance v = a + lambda f, groups with
- *             profiled freq >= phi_high pinned, greedy under the per-layer budget and the
- *             communication window; load-aware thresholds (4.4) in
- *               hyb_balancer_select().
- *   tam       KAIROX 6: S <- lambda S + (1 - lambda) A, load threshold
- *             (1 - lambda) + eps, top-K by S; fixed lambda.
- *   tam-adaptive  KAIROX 7 Algorithm 1: tam with lambda per layer moved by the
- *             bottleneck test (below).
- *
- * Invariants every policy keeps (tests check them): a layer never holds more
- * than hyb_balancer_slots(l) groups; a load names a group not resident and an
- * evict one resident; after a step, resident = old - evict + load.
- *
- * Common rules (balancer.c says why):
- *   - Slots K_l: every policy but layer uses the same per-layer budgets, the
- *     placement re-solved for slot_budget (PowerInfer 6.2, value = expected
- *     active neurons of the group, one slot per group; the plan's placed
- *     groups first when placement is given). layer: whole layers from layer 0
- *     while n_groups slots fit; the remainder of the budget is unused.
- *   - Start: the groups that solve chose (top groups by freq within K_l, the
- *     plan's first); layer: every group of its layers.
- *   - A_g = active neurons of group g / neurons in group g (the last group may
- *     be short), in [0, 1]; tam* divide it by a_ref (capped at 1), below.
- *   - A step evicts only to make room for its loads: a resident group costs
- *     nothing to keep and slots are per layer, so no slot is freed for nothing.
- *   - Window cap (DynamicInfer 4.3 communication constraint), every moving
- *     policy: with group_load_s > 0 and fb->window_s > 0 a step loads at most
- *     max(1, floor(window_s / group_load_s)) groups, the highest priority first.
- *   - load[] is in priority order (most wanted first).
- *
- * Bottleneck test (KAIROX 7 leaves it open), from the feedback of the step:
- *   IO_BOUND   backlog_s > window_s (the reloads already queued outlast the
- *              window the new loads have), or late > 5% of n_active (loads
- *              regularly miss their window and the CPU computes their neurons);
- *   CPU_BOUND  not IO_BOUND, cpu_s > dev_s (the CPU was the slower side of the
- *              layer's split FFN) and stall_s < 5% of cpu_s (the host did not
- *              wait for the device beyond timer noise);
- *   NONE       otherwise, or fb == NULL.
- * Every policy records the verdict (hyb_balancer_bottleneck); only
- * tam-adaptive acts on it.
- *
- * Defaults (parameter 0; balancer.c gives the reasons): lambda0 0.5,
- * alpha 0.08, eps 0.05, lambda_min 0.2, lambda_max 0.9, a_ref 1; dyn_lambda 1,
- * phi_high 0.5 (pass a value > 1 to pin nothing); the running frequency f of
- * dynamic is an exponential average of A_g at rate 1/32 per step, starting
- * at the profiled freq.
- *
- * Not thread-safe: one call at a time per balancer (steps share scratch).
+ * docs/BALANCER.md has the rest: the policies, their rules, the defaults.
  */
 #ifndef HYB_BALANCER_H
 #define HYB_BALANCER_H

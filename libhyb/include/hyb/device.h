@@ -5,52 +5,7 @@
  * streams of asynchronous work, events between them, and the kernels of a
  * hybrid decode step. Two implementations honour it:
  *
- *   "cuda"  libhyb/device/device_cuda.cu: the product path (cudaMallocAsync
- *           not used: allocations are made once at set-up).
- *   "cpu"   libhyb/device/device_cpu.c: a CPU-executed device with a capacity, a
- *           modelled PCIe link (bandwidth + latency per copy) and a modelled
- *           memory bandwidth for kernels, so every scheduling and balancing
- *           path runs in CI without a GPU.
- *
- * Model of time. Work is queued on a stream and runs in stream order; work
- * on different streams runs concurrently unless ordered by an event
- * (hyb_device_wait). The CPU device executes each operation at once, inside
- * the call that queues it (results are exact and deterministic), and keeps a
- * *virtual* clock: every operation gets a modelled start and end time on its
- * stream, its engine (copy link, compute) and after the events it waits for;
- * an event completes at the modelled end of the work before it. The host's
- * own clock, hyb_device_now(), is real time minus the time spent executing
- * device work inline, plus the time the host would have waited
- * (hyb_device_sync() on an event whose modelled end lies in the host's
- * future moves the host clock there). Time measured with hyb_device_now()
- * is therefore the time the same schedule would take with a real device of
- * the configured speeds; on CUDA it is plain CLOCK_MONOTONIC.
- *
- * Streams (KAIROX 5.1/8): COMPUTE runs kernels; CRITICAL carries the copies
- * a kernel is waiting for (inputs, partial results); RELOAD carries neuron
- * group uploads. Copies on RELOAD are cut into chunks of chunk_bytes and a
- * CRITICAL copy waits for at most the chunk in flight (CUDA: stream
- * priorities; CPU device: the link schedules it before queued reload chunks).
- *
- * Addresses: hyb_dptr is an opaque device address (a CUDA device pointer, or
- * a host pointer into the CPU device's memory); arithmetic on it is allowed
- * within one allocation. Host memory the device copies from or to should be
- * registered (hyb_device_host_register) or come from hyb_device_host_alloc:
- * on CUDA only such memory is copied asynchronously. Copies read their source
- * when they run, not when they are queued: the host must not change a
- * source before an event after the copy has completed, nor read a
- * download's destination before then. With HYB_DEVICE_STRICT=1 (set for
- * every unit test) the CPU device holds the host to that: host memory is
- * read and written when the modelled copy completes, an upload's source
- * changed before then is a fault, and a download's destination reads NaN
- * until it lands.
- *
- * Errors: every call returns 0 or a negative errno (-ENOMEM over capacity,
- * -EINVAL bad arguments, -EIO a device fault) and leaves a one-line message
- * in hyb_last_error() (hyb/error.h); the device keeps a copy of its last one
- * in hyb_device_error(), since a device fault is sticky: later calls fail
- * too, and the first fault says why.
- * Calls come from one host thread at a time.
+ * docs/DEVICE.md has the rest: the details.
  */
 #ifndef HYB_DEVICE_H
 #define HYB_DEVICE_H

@@ -9,36 +9,7 @@
  * box mode through hybd's reload queue into hybd's cache (enum
  * hyb_cache_src below).
  *
- * Live pipeline (KAIROX 5.1): after layer l's attention, the predictor of
- * layer l+1 runs on its output and the balancer's loads for layer l+1 are
- * queued at once, so they overlap layer l's FFN and layer l+1's attention;
- * during the last layer, layer 0's groups for the next token are decided
- * from this token's layer-0 activity and queued the same way. A plan whose
- * predictors are PowerInfer's own ("same-layer", hyb/model.h) cannot look
- * ahead: layer l is predicted from its own attention output and balanced at
- * layer l, so the loads it starts serve the next tokens, not this one.
- *
- * Where the dense parts run (PowerInfer 5.3): the budget goes first to the
- * attention blocks (weights, norms, KV cache), layer by layer, then to the
- * head, and what is left to neuron groups - every byte of a dense layer is
- * read every token, no neuron is active more often than that, so a dense
- * byte on the device saves at least as much CPU traffic as a neuron byte.
- * Next the activation predictors whose input is on the device (KAIROX 5.1
- * runs them there): on the CPU their F16 GEMVs cost more than the neurons.
- * The "layer" policy (llama.cpp -ngl) instead places whole layers in order,
- * attention and all of the FFN, then the head, and runs the other layers
- * dense on the CPU. A layer whose attention is on the device keeps the
- * residual stream there: its output and ffn_norm come down for the
- * predictor and the CPU's neurons, the CPU partial goes up and is merged on
- * the device. A layer whose attention runs on the CPU (no room, or
- * dense_on_cpu) merges on the host. Oracle mode merges on the host always.
- * Prompt batches run the placed attention blocks (their KV rows land on the
- * device) and the head on the device, token after token, and the FFN dense:
- * the groups in the device cache there, the others on the CPU as one batch
- * (the plan's bundles as a GEMM); with prefill_cpu all of it runs on the CPU
- * and the prompt's KV rows go up before the first decoded token.
- *
- * Tests check a schedule bit for bit in oracle mode (hyb/testing.h).
+ * docs/HYBRID.md has the rest: the details.
  */
 #ifndef HYB_HYBRID_H
 #define HYB_HYBRID_H

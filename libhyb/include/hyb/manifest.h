@@ -4,31 +4,7 @@
  * for plan files every FFN bundle, lies in the neuron pools, so an app can
  * map the pools and find its weights without reading the GGUF file.
  *
- * hybd writes it after a load completes, and only then, to two places with
- * the same bytes:
- *   - a pool named "<name>.manifest" (box mode: apps reach it through
- *     /dev/hybpool like any pool; the header's state turns READY last);
- *   - a file "<state dir>/<name>.manifest" (written aside and renamed into
- *     place, so it is complete or absent; hybctl manifest reads it).
- * On shutdown the pool's state turns RETIRED before the pool is destroyed
- * and the file is removed: a manifest is never seen half written, and never
- * outlives the pools it names while hybd is alive to clean up.
- *
- * Binary format, version 1, little-endian, every struct naturally aligned:
- *
- *   struct hyb_mf_header                     at 0
- *   struct hyb_mf_pool   [n_pools]           at pools_off
- *   struct hyb_mf_tensor [n_tensors]         at tensors_off, sorted by name (bsearch)
- *   struct hyb_mf_bundle [n_bundles]         at bundles_off, sorted by (layer, group)
- *   char strings[strings_len]                at strings_off: NUL-terminated strings,
- *                                            referred to by offset from strings_off
- *   uint8_t meta[meta_len]                   at meta_off: the model file's bytes
- *                                            [0, data_offset): GGUF header, metadata
- *                                            (hyperparameters, tokenizer) and tensor infos
- *
- * Entry sizes are stored in the header so later versions may append fields:
- * a reader accepts entries at least as large as the ones it knows and
- * ignores the rest. checksum is FNV-1a 64 over [header_size, total_size).
+ * docs/BOX.md has the rest: the details.
  */
 #ifndef HYB_MANIFEST_H
 #define HYB_MANIFEST_H

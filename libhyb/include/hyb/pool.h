@@ -2,37 +2,7 @@
 /*
  * Neuron pools and the reload queue: one API, two backends (docs/BOX.md).
  *
- *   kmod   box mode: /dev/hybpool (hybpool.ko). Pools are pinned kernel pages
- *          shared by every process on the box; the queue runs between apps
- *          and the daemon (hybd) of another process.
- *   local  embedded mode, one process, no root: pools are huge-page memory of
- *          the process (memfd/MAP_HUGETLB when huge pages are reserved, else
- *          transparent huge pages), bound to the node with mbind and mlocked;
- *          the queue is an in-process ring signalled through eventfds.
- *
- * The rest of libhyb uses only this header and cannot tell the two apart: the
- * same calls, the same limits, the same errors (see the conformance tests in
- * tests/unit/test_mempool.c, run against both, kmod inside the VM bench).
- *
- * Names: struct hyb_mempool is a memory pool and struct hyb_rq a reload queue
- * role.
- *
- * Errors: every call returns 0 (or a count) on success and a negative errno on
- * failure, and leaves a one-line message naming the problem that
- * hyb_last_error() returns (per thread, until the next failing call).
- *
- * Local backend: the pools and queues of a process are shared by all its
- * backend handles; a forked child inherits pools made with HYB_MEMPOOL_SHARED
- * (the same memory) but not the queues (fork with no other thread inside the
- * library). The pinned-memory cap is half of RAM, or $HYB_LOCAL_MAX_PINNED_MB.
- * NUMA placement uses libnuma (link -lnuma; Debian package libnuma-dev).
- *
- * Ownership, the same in both backends: a pool belongs to the backend handle
- * that created it. Pool handles opened through that backend handle map it
- * read-write; every other backend handle (another hyb_backend_open(), another
- * process) maps it read-only, and writes fault. A pool lives until it is
- * destroyed or its owner's backend handle is closed; its memory returns once
- * the last mapping of it is gone.
+ * docs/BOX.md has the rest: the details.
  */
 #ifndef HYB_POOL_H
 #define HYB_POOL_H
