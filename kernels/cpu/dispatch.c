@@ -104,6 +104,7 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	k->dequantize[HYB_TYPE_Q6_K] = hyb_dequantize_q6_k;
 	k->dequantize[HYB_TYPE_Q8_K] = hyb_dequantize_q8_k;
 	hyb_fill_vec_ref(k);
+	hyb_fill_pred_ref(k);
 }
 
 static int isa_from_name(const char *s)

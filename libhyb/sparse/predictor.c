@@ -16,7 +16,7 @@
  *
  * Training: binary cross-entropy per neuron (positives optionally weighted),
  * Adam on minibatches of 128 (step 1e-2 decayed linearly to 1e-3), every
- * matrix product on a packed SIMD GEMM below, split over the thread pool.
+ * matrix product on the packed GEMM below, split over the thread pool.
  * The samples are split in sample order (sequences stay together): 80%
  * train, 10% validation, 10% test. Compute is capped per layer (200 GFLOP
  * and 10 epochs by default: about 4 s a layer on 2 cores, so 32 layers of
@@ -29,7 +29,6 @@
  * fc2.bias so the runtime tests logit > 0. Recall and precision are then
  * measured on the test samples.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -114,11 +113,10 @@ static void gemm(struct hyb_threadpool *pool, hyb_gemm_fn fn, size_t elem, int64
  * right for inference and slow for training; training needs no particular
  * order, so this is a packed outer-product kernel: W in panels of 32 rows
  * stored k-major, X broadcast one element at a time, 32 x NC outputs in
- * registers; blocked GotoBLAS-style (k blocks, column blocks kept in L2).
- * Compiled for AVX-512 / AVX2 by function attribute and chosen at run time;
- * other CPUs use a plain loop.
+ * registers (the panel_gemm of kernels/cpu, per ISA level); blocked
+ * GotoBLAS-style (k blocks, column blocks kept in L2).
  */
-#define PANEL 32
+#define PANEL HYB_PANEL
 #define KC 256   /* k per block */
 #define NCB 128  /* columns per block */
 
@@ -127,111 +125,8 @@ struct mat {
 	size_t rs, ks; /* element (row or column i, k) at p[i * rs + k * ks] */
 };
 
-#define MK512(NC)                                                                        \
-	__attribute__((target("avx512f,fma"))) static void mk512_##NC(                    \
-		int64_t K, const float *ap, const float *x, size_t xc, size_t xk, float *y, \
-		size_t ys, unsigned nr, int acc)                                         \
-	{                                                                                \
-		__m512 a0[NC], a1[NC];                                                   \
-		const __mmask16 m0 = nr >= 16 ? 0xFFFF : (__mmask16)((1u << nr) - 1);    \
-		const __mmask16 m1 = nr >= 32 ? 0xFFFF : nr <= 16 ? 0 :                  \
-				     (__mmask16)((1u << (nr - 16)) - 1);                 \
-		_Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)                    \
-		{                                                                        \
-			a0[c] = acc ? _mm512_maskz_loadu_ps(m0, y + c * ys)              \
-				    : _mm512_setzero_ps();                               \
-			a1[c] = acc ? _mm512_maskz_loadu_ps(m1, y + c * ys + 16)         \
-				    : _mm512_setzero_ps();                               \
-		}                                                                        \
-		for (int64_t k = 0; k < K; k++) {                                        \
-			const __m512 w0 = _mm512_load_ps(ap + k * PANEL);                \
-			const __m512 w1 = _mm512_load_ps(ap + k * PANEL + 16);           \
-			const float *xk_ = x + k * xk;                                   \
-			_Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)            \
-			{                                                                \
-				const __m512 xb = _mm512_set1_ps(xk_[c * xc]);           \
-				a0[c] = _mm512_fmadd_ps(w0, xb, a0[c]);                  \
-				a1[c] = _mm512_fmadd_ps(w1, xb, a1[c]);                  \
-			}                                                                \
-		}                                                                        \
-		_Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)                    \
-		{                                                                        \
-			_mm512_mask_storeu_ps(y + c * ys, m0, a0[c]);                    \
-			_mm512_mask_storeu_ps(y + c * ys + 16, m1, a1[c]);               \
-		}                                                                        \
-	}
-
-MK512(12)
-MK512(1)
-
-#define MK256(NC)                                                                        \
-	__attribute__((target("avx2,fma"))) static void mk256_##NC(                       \
-		int64_t K, const float *ap, const float *x, size_t xc, size_t xk, float *y, \
-		size_t ys, unsigned nr, int acc)                                         \
-	{                                                                                \
-		__m256 a[NC][4];                                                         \
-		float tmp[PANEL] __attribute__((aligned(32)));                           \
-		for (int c = 0; c < NC; c++) {                                           \
-			memset(tmp, 0, sizeof(tmp));                                     \
-			if (acc)                                                         \
-				memcpy(tmp, y + c * ys, nr * sizeof(float));             \
-			for (int q = 0; q < 4; q++)                                      \
-				a[c][q] = _mm256_load_ps(tmp + 8 * q);                   \
-		}                                                                        \
-		for (int64_t k = 0; k < K; k++) {                                        \
-			__m256 w[4];                                                     \
-			_Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)              \
-				w[q] = _mm256_load_ps(ap + k * PANEL + 8 * q);           \
-			_Pragma("GCC unroll 16") for (int c = 0; c < NC; c++)            \
-			{                                                                \
-				const __m256 xb = _mm256_broadcast_ss(x + k * xk + c * xc); \
-				_Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)      \
-					a[c][q] = _mm256_fmadd_ps(w[q], xb, a[c][q]);    \
-			}                                                                \
-		}                                                                        \
-		for (int c = 0; c < NC; c++) {                                           \
-			for (int q = 0; q < 4; q++)                                      \
-				_mm256_store_ps(tmp + 8 * q, a[c][q]);                   \
-			memcpy(y + c * ys, tmp, nr * sizeof(float));                     \
-		}                                                                        \
-	}
-
-MK256(3)
-MK256(1)
-
-/* Portable: the same blocking, no SIMD. */
-static void mk_plain(int64_t K, const float *ap, const float *x, size_t xc, size_t xk, float *y,
-		     size_t ys, unsigned nr, int acc, int nc)
-{
-	for (int c = 0; c < nc; c++) {
-		float s[PANEL];
-
-		for (unsigned i = 0; i < PANEL; i++)
-			s[i] = acc && i < nr ? y[c * ys + i] : 0.0f;
-		for (int64_t k = 0; k < K; k++) {
-			const float xv = x[k * xk + c * xc];
-
-			for (unsigned i = 0; i < PANEL; i++)
-				s[i] += ap[k * PANEL + i] * xv;
-		}
-		memcpy(y + c * ys, s, nr * sizeof(float));
-	}
-}
-
-enum simd { SIMD_NONE, SIMD_AVX2, SIMD_AVX512 };
-
-static enum simd simd_level(void)
-{
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx512f"))
-		return SIMD_AVX512;
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-		return SIMD_AVX2;
-	return SIMD_NONE;
-}
-
 struct sgemm_job {
-	enum simd level;
+	const struct hyb_cpu_kernels *kern;
 	int64_t k, rows, cols;
 	struct mat w, x;
 	float *y;
@@ -290,24 +185,9 @@ static void sgemm_worker(void *arg, int ith, int nth)
 				const unsigned nr = (unsigned)(j->rows - r0 < PANEL ? j->rows - r0
 										: PANEL);
 				const float *ap = pk + (size_t)(p - p0) * PANEL * kc;
-				float *yr = j->y + r0;
-				int64_t c = cb;
 
-#define MK_ARGS(nc_) kc, ap, xk + c * j->x.rs, j->x.rs, j->x.ks, yr + c * j->ys, j->ys, nr, kb > 0
-				if (j->level == SIMD_AVX512) {
-					for (; c + 12 <= ce; c += 12)
-						mk512_12(MK_ARGS(12));
-					for (; c < ce; c++)
-						mk512_1(MK_ARGS(1));
-				} else if (j->level == SIMD_AVX2) {
-					for (; c + 3 <= ce; c += 3)
-						mk256_3(MK_ARGS(3));
-					for (; c < ce; c++)
-						mk256_1(MK_ARGS(1));
-				} else {
-					mk_plain(MK_ARGS(0), (int)(ce - c));
-				}
-#undef MK_ARGS
+				j->kern->panel_gemm(kc, ap, xk + cb * j->x.rs, j->x.rs, j->x.ks,
+						    j->y + r0 + cb * j->ys, j->ys, nr, kb > 0, ce - cb);
 			}
 		}
 	}
@@ -324,13 +204,9 @@ static size_t sgemm_pack_floats(int64_t rows, int nth)
 static void sgemm(struct hyb_threadpool *pool, float *pack, size_t pack_stride, int64_t k, struct mat w,
 		  int64_t rows, struct mat x, int64_t cols, float *y, size_t ys)
 {
-	static enum simd level = (enum simd)-1;
-	struct sgemm_job j = { .k = k, .rows = rows, .cols = cols, .w = w, .x = x, .y = y,
-			       .ys = ys, .pack = pack, .pack_stride = pack_stride };
+	struct sgemm_job j = { .kern = hyb_cpu_best(), .k = k, .rows = rows, .cols = cols, .w = w,
+			       .x = x, .y = y, .ys = ys, .pack = pack, .pack_stride = pack_stride };
 
-	if (level == (enum simd)-1)
-		level = simd_level();
-	j.level = level;
 	if (pool && rows > PANEL)
 		hyb_threadpool_run(pool, sgemm_worker, &j);
 	else
@@ -365,6 +241,7 @@ size_t hyb_predictor_scratch_bytes(const struct hyb_predictor *p)
 }
 
 struct fc2_job {
+	const struct hyb_cpu_kernels *k;
 	const struct hyb_predictor *p;
 	const float *h;
 	const uint32_t *nz;   /* hidden units with h > 0 */
@@ -372,95 +249,19 @@ struct fc2_job {
 	float *lg;
 };
 
-/* lg[lo, hi) = b2 + sum over nz of h_j * fc2[j][lo, hi), four rows per pass. */
-__attribute__((target("avx512f"))) static void fc2_avx512(const struct fc2_job *j, long lo,
-							   long hi)
-{
-	const struct hyb_predictor *p = j->p;
-	long c;
-
-	memcpy(j->lg + lo, p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
-	for (uint32_t q = 0; q < j->n_nz; q += 4) {
-		const uint16_t *w[4];
-		__m512 v[4];
-		uint32_t nr = j->n_nz - q < 4 ? j->n_nz - q : 4;
-
-		for (uint32_t r = 0; r < 4; r++) {
-			uint32_t u = j->nz[q + (r < nr ? r : 0)];
-
-			w[r] = p->fc2_w + (size_t)u * p->n_out;
-			v[r] = _mm512_set1_ps(r < nr ? j->h[u] : 0.0f);
-		}
-		for (c = lo; c + 16 <= hi; c += 16) {
-			__m512 acc = _mm512_loadu_ps(j->lg + c);
-
-			for (uint32_t r = 0; r < 4; r++)
-				acc = _mm512_fmadd_ps(v[r], _mm512_cvtph_ps(_mm256_loadu_si256(
-							    (const __m256i *)(w[r] + c))), acc);
-			_mm512_storeu_ps(j->lg + c, acc);
-		}
-		for (; c < hi; c++)
-			for (uint32_t r = 0; r < nr; r++)
-				j->lg[c] += v[r][0] * hyb_f16_to_f32(w[r][c]);
-	}
-}
-
-__attribute__((target("avx2,fma,f16c"))) static void fc2_avx2(const struct fc2_job *j, long lo,
-							       long hi)
-{
-	const struct hyb_predictor *p = j->p;
-	long c;
-
-	memcpy(j->lg + lo, p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
-	for (uint32_t q = 0; q < j->n_nz; q++) {
-		const uint32_t u = j->nz[q];
-		const uint16_t *w = p->fc2_w + (size_t)u * p->n_out;
-		const __m256 v = _mm256_set1_ps(j->h[u]);
-
-		for (c = lo; c + 8 <= hi; c += 8)
-			_mm256_storeu_ps(j->lg + c, _mm256_fmadd_ps(v, _mm256_cvtph_ps(
-				_mm_loadu_si128((const __m128i *)(w + c))), _mm256_loadu_ps(j->lg + c)));
-		for (; c < hi; c++)
-			j->lg[c] += j->h[u] * hyb_f16_to_f32(w[c]);
-	}
-}
-
-static void fc2_scalar(const struct fc2_job *j, long lo, long hi)
-{
-	const struct hyb_predictor *p = j->p;
-
-	memcpy(j->lg + lo, p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
-	for (uint32_t q = 0; q < j->n_nz; q++) {
-		const uint32_t u = j->nz[q];
-		const uint16_t *w = p->fc2_w + (size_t)u * p->n_out;
-
-		for (long c = lo; c < hi; c++)
-			j->lg[c] += j->h[u] * hyb_f16_to_f32(w[c]);
-	}
-}
-
 static void fc2_worker(void *arg, int ith, int nth)
 {
 	const struct fc2_job *j = arg;
-	static int level = -1; /* 2: AVX-512, 1: AVX2, 0: scalar */
 	long lo, hi;
 
-	if (level < 0)
-		level = __builtin_cpu_supports("avx512f") ? 2 :
-			__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-			__builtin_cpu_supports("f16c") ? 1 : 0;
 	/* column slices of whole cache lines per thread */
 	hyb_split((long)(j->p->n_out + 15) / 16, ith, nth, &lo, &hi);
 	lo *= 16;
 	hi = hi * 16 < (long)j->p->n_out ? hi * 16 : (long)j->p->n_out;
 	if (lo >= hi)
 		return;
-	if (level == 2)
-		fc2_avx512(j, lo, hi);
-	else if (level == 1)
-		fc2_avx2(j, lo, hi);
-	else
-		fc2_scalar(j, lo, hi);
+	j->k->fc2_sparse(j->lg, j->p->fc2_b, j->p->fc2_w, j->p->n_out, j->h, j->nz, j->n_nz, lo,
+			 hi);
 }
 
 uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_threadpool *pool,
@@ -472,7 +273,7 @@ uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct
 	float *h = (float *)(s + ALIGN64((size_t)p->n_in * 2));
 	uint32_t *nz = (uint32_t *)((char *)h + ALIGN64((size_t)p->hidden * 4));
 	float *lg = logits ? logits : (float *)((char *)nz + ALIGN64((size_t)p->hidden * 4));
-	struct fc2_job j = { .p = p, .h = h, .nz = nz, .lg = lg };
+	struct fc2_job j = { .k = k, .p = p, .h = h, .nz = nz, .lg = lg };
 	uint32_t n = 0;
 
 	k->quantize_act[HYB_TYPE_F16](x, xh, p->n_in);
@@ -619,47 +420,13 @@ struct adam_job {
 	float lr, c1, c2;
 };
 
-__attribute__((target("avx512f"))) static void adam_avx512(struct adam_job *j, long lo, long hi)
-{
-	const __m512 b1 = _mm512_set1_ps(0.9f), b1c = _mm512_set1_ps(0.1f);
-	const __m512 b2 = _mm512_set1_ps(0.999f), b2c = _mm512_set1_ps(0.001f);
-	const __m512 lr = _mm512_set1_ps(j->lr), c1 = _mm512_set1_ps(j->c1);
-	const __m512 c2 = _mm512_set1_ps(j->c2), eps = _mm512_set1_ps(1e-8f);
-
-	for (long i = lo; i < hi; i += 16) {
-		const __mmask16 k = hi - i >= 16 ? 0xFFFF : (__mmask16)((1u << (hi - i)) - 1);
-		__m512 g = _mm512_maskz_loadu_ps(k, j->g + i);
-		__m512 m = _mm512_fmadd_ps(b1, _mm512_maskz_loadu_ps(k, j->m + i),
-					   _mm512_mul_ps(b1c, g));
-		__m512 v = _mm512_fmadd_ps(b2, _mm512_maskz_loadu_ps(k, j->v + i),
-					   _mm512_mul_ps(b2c, _mm512_mul_ps(g, g)));
-		__m512 d = _mm512_div_ps(_mm512_mul_ps(m, c1),
-					 _mm512_add_ps(_mm512_sqrt_ps(_mm512_mul_ps(v, c2)), eps));
-
-		_mm512_mask_storeu_ps(j->m + i, k, m);
-		_mm512_mask_storeu_ps(j->v + i, k, v);
-		_mm512_mask_storeu_ps(j->w + i, k,
-				      _mm512_fnmadd_ps(lr, d, _mm512_maskz_loadu_ps(k, j->w + i)));
-	}
-}
-
 static void adam_worker(void *arg, int ith, int nth)
 {
 	struct adam_job *j = arg;
 	long lo, hi;
 
 	hyb_split((long)j->n, ith, nth, &lo, &hi);
-	if (__builtin_cpu_supports("avx512f")) {
-		adam_avx512(j, lo, hi);
-		return;
-	}
-	for (long i = lo; i < hi; i++) {
-		float g = j->g[i];
-
-		j->m[i] = 0.9f * j->m[i] + 0.1f * g;
-		j->v[i] = 0.999f * j->v[i] + 0.001f * g * g;
-		j->w[i] -= j->lr * (j->m[i] * j->c1) / (sqrtf(j->v[i] * j->c2) + 1e-8f);
-	}
+	hyb_cpu_best()->adam(j->w, j->g, j->m, j->v, lo, hi, j->lr, j->c1, j->c2);
 }
 
 /* gather samples idx[0..nb) into t->x and t->y */
