@@ -89,10 +89,13 @@ void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_q_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_vec_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_vec_avx512(struct hyb_cpu_kernels *k);
-/* pred_*.c: predictor kernels, every level */
+/* pred_*.c and popcount_*.c: predictor and grouping kernels, every level */
 void hyb_fill_pred_ref(struct hyb_cpu_kernels *k);
 void hyb_fill_pred_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_pred_avx512(struct hyb_cpu_kernels *k);
+void hyb_fill_popcount_ref(struct hyb_cpu_kernels *k);
+void hyb_fill_popcount_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_popcount_avx512(struct hyb_cpu_kernels *k);
 
 /* peak_*.c: seconds-bounded register-only loops; multiply-adds per second */
 enum hyb_peak_kind { HYB_PEAK_FMA, HYB_PEAK_INT8 };

@@ -19,7 +19,7 @@
 
 enum hyb_isa {
 	HYB_ISA_SCALAR,
-	HYB_ISA_AVX2,        /* AVX2 + FMA + F16C */
+	HYB_ISA_AVX2,        /* AVX2 + FMA + F16C + POPCNT */
 	HYB_ISA_AVX512,      /* F + BW + VL + DQ */
 	HYB_ISA_AVX512_VNNI, /* + VNNI */
 	HYB_ISA_COUNT
@@ -83,9 +83,9 @@ struct hyb_cpu_kernels {
 
 	/*
 	 * Activation predictors (PowerInfer 5.1: run by libhyb/sparse/predictor.c,
-	 * trained by the planner). No llama.cpp order to keep here: each level
-	 * sums in its own way (with or without FMA), the same way on every run
-	 * (pred_*.c).
+	 * trained by the planner) and co-activation grouping (KAIROX 5.2). No
+	 * llama.cpp order to keep here: each level sums in its own way (with or
+	 * without FMA), the same way on every run (pred_*.c, popcount_*.c).
 	 */
 	/*
 	 * One panel of HYB_PANEL weight rows packed k-major, ap[k * HYB_PANEL + i]
@@ -105,6 +105,9 @@ struct hyb_cpu_kernels {
 	/* One Adam step (betas 0.9, 0.999, eps 1e-8) on [lo, hi); c1, c2: bias corrections */
 	void (*adam)(float *w, const float *g, float *m, float *v, long lo, long hi, float lr,
 		     float c1, float c2);
+	/* out[j] = popcount(a & b_j) over W words, b_j = cols + live[j] * W, for j < n */
+	void (*and_popcount)(const uint64_t *a, const uint64_t *cols, uint32_t W,
+			     const uint32_t *live, uint32_t n, uint32_t *out);
 };
 
 /* rows of a panel_gemm panel */

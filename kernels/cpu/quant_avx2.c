@@ -97,4 +97,5 @@ void hyb_cpu_fill_avx2(struct hyb_cpu_kernels *k)
 	hyb_fill_f_avx2(k);
 	hyb_fill_vec_avx2(k);
 	hyb_fill_pred_avx2(k);
+	hyb_fill_popcount_avx2(k);
 }

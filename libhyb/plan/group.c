@@ -21,7 +21,6 @@
  * quantity a grouping should shrink is the number of groups a token touches,
  * which for a pair is exactly its union |A_i | A_j|.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <metis.h>
 #include <stdio.h>
@@ -29,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu_kernels.h"
 #include "hyb/threadpool.h"
 #include "plan_internal.h"
 
@@ -83,74 +83,6 @@ static void shuffle_u32(uint32_t *a, uint32_t n, uint64_t seed)
 }
 
 /* ---- co-activation graph ------------------------------------------------ */
-
-/* popcount(a & b) for each live column: the hardware instruction when the CPU has it. */
-__attribute__((target("popcnt"))) static void inter_popcnt(const uint64_t *a,
-							   const uint64_t *cols, uint32_t W,
-							   const uint32_t *live, uint32_t n_live,
-							   uint32_t *out)
-{
-	for (uint32_t jj = 0; jj < n_live; jj++) {
-		const uint64_t *b = cols + (size_t)live[jj] * W;
-		uint64_t c = 0;
-
-		for (uint32_t w = 0; w < W; w++)
-			c += (uint64_t)__builtin_popcountll(a[w] & b[w]);
-		out[jj] = (uint32_t)c;
-	}
-}
-
-/* AVX-512BW: popcount by nibble lookup (vpshufb), bytes summed with vpsadbw */
-__attribute__((target("avx512f,avx512bw"))) static void inter_avx512(const uint64_t *a,
-								    const uint64_t *cols,
-								    uint32_t W,
-								    const uint32_t *live,
-								    uint32_t n_live,
-								    uint32_t *out)
-{
-	const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2,
-								 2, 3, 2, 3, 3, 4));
-	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	const uint32_t nv = (W + 7) / 8;
-	const __mmask8 tail = W % 8 ? (__mmask8)((1u << (W % 8)) - 1) : (__mmask8)0xFF;
-
-	for (uint32_t jj = 0; jj < n_live; jj++) {
-		const uint64_t *b = cols + (size_t)live[jj] * W;
-		__m512i acc = _mm512_setzero_si512(), tot = _mm512_setzero_si512();
-
-		for (uint32_t v = 0; v < nv; v++) {
-			const __mmask8 m = v + 1 < nv ? (__mmask8)0xFF : tail;
-			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi64(m, a + 8 * v),
-						     _mm512_maskz_loadu_epi64(m, b + 8 * v));
-			__m512i lo = _mm512_and_si512(x, m4);
-			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-
-			acc = _mm512_add_epi8(acc, _mm512_add_epi8(_mm512_shuffle_epi8(lut, lo),
-								   _mm512_shuffle_epi8(lut, hi)));
-			if ((v & 15) == 15) { /* a byte holds at most 16 * 8 */
-				const __m512i z = _mm512_setzero_si512();
-
-				tot = _mm512_add_epi64(tot, _mm512_sad_epu8(acc, z));
-				acc = _mm512_setzero_si512();
-			}
-		}
-		tot = _mm512_add_epi64(tot, _mm512_sad_epu8(acc, _mm512_setzero_si512()));
-		out[jj] = (uint32_t)_mm512_reduce_add_epi64(tot);
-	}
-}
-
-static void inter_generic(const uint64_t *a, const uint64_t *cols, uint32_t W,
-			  const uint32_t *live, uint32_t n_live, uint32_t *out)
-{
-	for (uint32_t jj = 0; jj < n_live; jj++) {
-		const uint64_t *b = cols + (size_t)live[jj] * W;
-		uint64_t c = 0;
-
-		for (uint32_t w = 0; w < W; w++)
-			c += (uint64_t)__builtin_popcountll(a[w] & b[w]);
-		out[jj] = (uint32_t)c;
-	}
-}
 
 /*
  * Top-k neighbours by Jaccard similarity, ties to the smaller index so the
@@ -215,17 +147,11 @@ struct knn_job {
 static void knn_worker(void *arg, int ith, int nth)
 {
 	struct knn_job *j = arg;
-	void (*inter)(const uint64_t *, const uint64_t *, uint32_t, const uint32_t *, uint32_t,
-		      uint32_t *) = inter_generic;
+	const struct hyb_cpu_kernels *kern = hyb_cpu_best();
 	const uint32_t n_blk = (j->n_live + KNN_BLK - 1) / KNN_BLK;
 	uint32_t *c = malloc((size_t)KNN_BLK * KNN_BLK * sizeof(*c));
 	struct topk *t = &j->part[ith];
 
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx512bw"))
-		inter = inter_avx512;
-	else if (__builtin_cpu_supports("popcnt"))
-		inter = inter_popcnt;
 	if (!c || ith >= j->nth) {
 		j->failed = 1;
 		free(c);
@@ -248,7 +174,7 @@ static void knn_worker(void *arg, int ith, int nth)
 
 				if (js >= j1)
 					continue;
-				inter(a, j->cols, j->W, j->live + js, j1 - js, ci);
+				kern->and_popcount(a, j->cols, j->W, j->live + js, j1 - js, ci);
 				for (uint32_t jj = js; jj < j1; jj++) {
 					uint32_t cc = ci[jj - js], v = j->live[jj];
 					float sim;

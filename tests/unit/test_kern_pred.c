@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: MIT
 /*
- * The predictor kernels of kernels/cpu (pred_*.c) on every ISA level this
- * CPU has, against the scalar level on random inputs. Exact where the
- * levels do the same operations: panel_gemm's SIMD levels are one fused
- * multiply-add per k in k order, so they equal an fmaf() loop bit for bit.
- * The rest fuse where the scalar level rounds twice, so they are held to a
- * bound on that rounding: 3 units of 2^-24 per term of the magnitude of
- * the terms summed.
+ * The predictor and grouping kernels of kernels/cpu (pred_*.c, popcount_*.c)
+ * on every ISA level this CPU has, against the scalar level on random
+ * inputs. Exact where the levels do the same operations: and_popcount is
+ * integer; panel_gemm's SIMD levels are one fused multiply-add per k in k
+ * order, so they equal an fmaf() loop bit for bit. The rest fuse where the
+ * scalar level rounds twice, so they are held to a bound on that rounding:
+ * 3 units of 2^-24 per term of the magnitude of the terms summed.
  */
 #include <math.h>
 #include <stdint.h>
@@ -60,20 +60,20 @@ TEST(kern_pred_tables)
 		const struct hyb_cpu_kernels *k = hyb_cpu_kernels((enum hyb_isa)isa);
 
 		if (k)
-			CHECK_MSG(k->panel_gemm && k->fc2_sparse && k->adam,
+			CHECK_MSG(k->panel_gemm && k->fc2_sparse && k->adam && k->and_popcount,
 				  "%s: a predictor kernel is missing", k->name);
 	}
-	/* AVX2 has its own matmuls but the scalar Adam */
+	/* AVX2 has its own matmuls and popcount but the scalar Adam */
 	if (a2)
 		CHECK(a2->panel_gemm != s->panel_gemm && a2->fc2_sparse != s->fc2_sparse &&
-		      a2->adam == s->adam);
+		      a2->and_popcount != s->and_popcount && a2->adam == s->adam);
 	if (a5)
 		CHECK(a5->panel_gemm != a2->panel_gemm && a5->fc2_sparse != a2->fc2_sparse &&
-		      a5->adam != s->adam);
+		      a5->and_popcount != a2->and_popcount && a5->adam != s->adam);
 	/* VNNI adds nothing here: AVX-512's */
 	if (vn)
 		CHECK(vn->panel_gemm == a5->panel_gemm && vn->fc2_sparse == a5->fc2_sparse &&
-		      vn->adam == a5->adam);
+		      vn->adam == a5->adam && vn->and_popcount == a5->and_popcount);
 }
 
 TEST(kern_pred_env_scalar)
@@ -86,7 +86,7 @@ TEST(kern_pred_env_scalar)
 	b = hyb_cpu_best();
 	CHECK_EQ_INT(b->isa, HYB_ISA_SCALAR);
 	CHECK(b->panel_gemm == s->panel_gemm && b->fc2_sparse == s->fc2_sparse &&
-	      b->adam == s->adam);
+	      b->adam == s->adam && b->and_popcount == s->and_popcount);
 }
 
 /* ---- panel_gemm ---- */
@@ -381,4 +381,58 @@ TEST(kern_pred_adam_vs_ref)
 	}
 	adam_free(&s0);
 	adam_free(&ref);
+}
+
+/* ---- and_popcount ---- */
+
+/* set bits of a & b over W words, one bit at a time */
+static uint32_t bits_and(const uint64_t *a, const uint64_t *b, uint32_t W)
+{
+	uint32_t n = 0;
+
+	for (uint32_t w = 0; w < W; w++)
+		for (uint64_t x = a[w] & b[w]; x; x &= x - 1)
+			n++;
+	return n;
+}
+
+TEST(kern_popcount_vs_ref)
+{
+	static const uint32_t Ws[] = { 1, 7, 8, 9, 64, 127, 128, 129, 256, 300 };
+	const uint32_t n_cols = 24;
+	const struct hyb_cpu_kernels *s = hyb_cpu_kernels(HYB_ISA_SCALAR);
+	const struct hyb_cpu_kernels *lv[HYB_ISA_COUNT];
+	const int n_lv = simd_levels(lv);
+	uint32_t live[24], ref[24], got[24];
+
+	g_rng = 4;
+	for (size_t t = 0; t < sizeof(Ws) / sizeof(Ws[0]); t++) {
+		const uint32_t W = Ws[t];
+		uint64_t *a = xmalloc(W * sizeof(*a)), *cols = xmalloc(W * n_cols * sizeof(*a));
+		uint32_t n = 0;
+
+		/* densities from empty to full: full words test the byte counters' range */
+		for (uint32_t w = 0; w < W; w++)
+			a[w] = t & 1 ? ~0ull : rnd64();
+		for (uint32_t c = 0; c < n_cols; c++)
+			for (uint32_t w = 0; w < W; w++)
+				cols[(size_t)c * W + w] = c % 4 == 0 ? ~0ull : c % 4 == 1 ? 0 :
+							  c % 4 == 2 ? rnd64() & rnd64() : rnd64();
+		for (uint32_t c = n_cols; c-- > 0;)
+			if (c % 3)
+				live[n++] = c;
+		s->and_popcount(a, cols, W, live, n, ref);
+		for (uint32_t j = 0; j < n; j++)
+			CHECK_MSG(ref[j] == bits_and(a, cols + (size_t)live[j] * W, W),
+				  "scalar: and_popcount W %u col %u: %u", W, live[j], ref[j]);
+		for (int l = 0; l < n_lv; l++) {
+			memset(got, 0xA5, sizeof(got));
+			lv[l]->and_popcount(a, cols, W, live, n, got);
+			CHECK_MSG(!memcmp(got, ref, n * sizeof(*ref)),
+				  "%s: and_popcount W %u differs", lv[l]->name, W);
+			CHECK(got[n] == 0xA5A5A5A5u);
+		}
+		free(a);
+		free(cols);
+	}
 }
