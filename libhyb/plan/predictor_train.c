@@ -134,9 +134,10 @@ static void sgemm_worker(void *arg, int ith, int nth)
 				const unsigned nr = (unsigned)(j->rows - r0 < PANEL ? j->rows - r0
 										: PANEL);
 				const float *ap = pk + (size_t)(p - p0) * PANEL * kc;
+				float *y = j->y + r0 + cb * j->ys;
 
-				j->kern->panel_gemm(kc, ap, xk + cb * j->x.rs, j->x.rs, j->x.ks,
-						    j->y + r0 + cb * j->ys, j->ys, nr, kb > 0, ce - cb);
+				j->kern->panel_gemm(kc, ap, xk + cb * j->x.rs, j->x.rs, j->x.ks, y,
+						    j->ys, nr, kb > 0, ce - cb);
 			}
 		}
 	}
@@ -495,20 +496,231 @@ static void collect_val(void *user, uint32_t sample, const float *z, const uint8
 	}
 }
 
+/*
+ * The trainer for one layer: shapes, the thread pool and every buffer of a
+ * minibatch of B samples (B at most the training samples). 0, or -1 when
+ * out of memory (trainer_free then frees what came).
+ */
+static int trainer_init(struct trainer *t, const struct hyb_profile *p, uint32_t layer,
+			uint32_t hidden, const struct hyb_plan_pred_opts *o, uint32_t n_train)
+{
+	int64_t rows;
+
+	t->p = p;
+	t->layer = layer;
+	t->n_in = p->n_embd;
+	t->H = hidden;
+	t->n_out = p->n_ff;
+	t->B = o->batch ? o->batch : 128;
+	if (t->B > n_train)
+		t->B = n_train;
+	t->pool = o->pool;
+	t->f16 = hyb_cpu_best()->dequantize[HYB_TYPE_F16];
+	t->n1 = (size_t)t->H * t->n_in;
+	t->n2 = (size_t)t->n_out * t->H;
+	t->np = t->n1 + t->H + t->n2 + t->n_out;
+	t->w = calloc(t->np, sizeof(float));
+	t->g = calloc(t->np, sizeof(float));
+	t->m = calloc(t->np, sizeof(float));
+	t->v = calloc(t->np, sizeof(float));
+	t->x = malloc((size_t)t->B * t->n_in * sizeof(float));
+	t->a = malloc((size_t)t->B * t->H * sizeof(float));
+	t->z2 = malloc((size_t)t->B * t->n_out * sizeof(float));
+	t->da = malloc((size_t)t->B * t->H * sizeof(float));
+	t->y = malloc((size_t)t->B * t->n_out);
+	/* packing space for the largest row count any of the products has */
+	rows = t->n_in > t->n_out ? t->n_in : t->n_out;
+	t->nth = o->pool ? hyb_threadpool_size(o->pool) : 1;
+	t->pack_stride = sgemm_pack_floats(rows > t->H ? rows : t->H, t->nth);
+	t->pack = aligned_alloc(64, (size_t)t->nth * t->pack_stride * sizeof(float));
+	return t->w && t->g && t->m && t->v && t->x && t->a && t->z2 && t->da && t->y && t->pack
+	       ? 0 : -1;
+}
+
+/*
+ * Initial weights: He-uniform fc1, small fc2, and b2 at each neuron's prior
+ * log-odds over the training samples, so training starts from the base
+ * rates rather than from 1/2 for every neuron.
+ */
+static void init_weights(struct trainer *t, uint32_t n_train, uint64_t *seed)
+{
+	const struct hyb_profile *p = t->p;
+	const float a1 = sqrtf(6.0f / (float)t->n_in);
+	const float a2 = sqrtf(6.0f / (float)(t->H + t->n_out));
+	float *b2 = B2(t, t->w);
+
+	for (size_t q = 0; q < t->n1; q++)
+		W1(t, t->w)[q] = a1 * unif(seed);
+	for (size_t q = 0; q < t->n2; q++)
+		W2(t, t->w)[q] = a2 * unif(seed);
+	/* b2 holds counts first */
+	for (uint32_t s = 0; s < n_train; s++) {
+		const uint64_t *a = p->layers[t->layer].active + (size_t)s * p->active_words;
+
+		for (uint32_t w = 0; w < p->active_words; w++)
+			for (uint64_t bits = a[w]; bits; bits &= bits - 1) {
+				uint32_t r = w * 64 + (uint32_t)__builtin_ctzll(bits);
+
+				if (r < t->n_out)
+					b2[r] += 1.0f;
+			}
+	}
+	for (uint32_t r = 0; r < t->n_out; r++) {
+		double pr = ((double)b2[r] + 0.5) / ((double)n_train + 1.0);
+
+		b2[r] = (float)log(pr / (1.0 - pr));
+	}
+}
+
+/* Steps within the compute cap: ~6 flops per weight per sample (forward 2, backward 4). */
+static uint64_t train_steps(const struct trainer *t, const struct hyb_plan_pred_opts *o,
+			    uint32_t n_train)
+{
+	const double flops = 6.0 * ((double)t->n1 + (double)t->n2);
+	const uint64_t max_epochs = o->max_epochs ? o->max_epochs : 10;
+	const uint64_t max_steps = max_epochs * (n_train / t->B);
+	uint64_t steps = (uint64_t)((o->gflop > 0 ? o->gflop : 200.0) * 1e9 / (flops * t->B));
+
+	if (steps > max_steps)
+		steps = max_steps;
+	return steps < 1 ? 1 : steps;
+}
+
+/*
+ * Adam on minibatches drawn without replacement, reshuffled every epoch,
+ * the step decayed linearly to 10% over the run. Returns the mean loss of
+ * the last few steps (computing it costs a log1p per output, so only those).
+ */
+static double train_loop(struct trainer *t, uint32_t *order, uint32_t n_train, uint64_t steps,
+			 float lr0, uint64_t *seed)
+{
+	uint32_t pos_in_epoch = n_train; /* reshuffle at the first step */
+	double loss_sum = 0;
+	uint64_t loss_n = 0, tail = n_train / t->B < 8 ? n_train / t->B : 8;
+
+	for (uint32_t s = 0; s < n_train; s++)
+		order[s] = s;
+	for (uint64_t it = 1; it <= steps; it++) {
+		float lr = lr0 * (1.0f - 0.9f * (float)(it - 1) / (float)steps);
+
+		if (pos_in_epoch + t->B > n_train) {
+			for (uint32_t s = n_train; s > 1; s--) {
+				uint32_t j = (uint32_t)(splitmix64(seed) % s);
+				uint32_t tmp = order[s - 1];
+
+				order[s - 1] = order[j];
+				order[j] = tmp;
+			}
+			pos_in_epoch = 0;
+		}
+		gather(t, order + pos_in_epoch, t->B);
+		pos_in_epoch += t->B;
+		step(t, t->B, lr, it, steps - it < tail);
+		if (steps - it < tail) {
+			loss_sum += t->loss;
+			loss_n++;
+		}
+	}
+	return loss_n ? loss_sum / loss_n : t->loss;
+}
+
+/* The weights as the plan stores them (F16), so the threshold is the runtime's. */
+static void round_to_f16(struct trainer *t)
+{
+	for (size_t q = 0; q < t->n1; q++)
+		W1(t, t->w)[q] = hyb_f16_to_f32(hyb_f32_to_f16(W1(t, t->w)[q]));
+	for (size_t q = 0; q < t->n2; q++)
+		W2(t, t->w)[q] = hyb_f16_to_f32(hyb_f32_to_f16(W2(t, t->w)[q]));
+}
+
+/*
+ * The logit threshold at which the validation samples [v0, v1) reach the
+ * target recall (PowerInfer 5.1 gives none), folded into b2 so the
+ * runtime tests logit > 0. 0, or -1 when out of memory.
+ */
+static int fold_threshold(struct trainer *t, uint32_t v0, uint32_t v1, double target, float *thr)
+{
+	struct val_collect vc = { .n_out = t->n_out };
+
+	*thr = 0;
+	eval_range(t, v0, v1, collect_val, &vc);
+	if (vc.oom) {
+		free(vc.v);
+		return -1;
+	}
+	if (vc.n) {
+		size_t miss = (size_t)floor((1.0 - target) * (double)vc.n);
+
+		qsort(vc.v, vc.n, sizeof(float), cmp_float);
+		if (miss >= vc.n)
+			miss = vc.n - 1;
+		/* every positive from index miss on must score above thr */
+		*thr = miss ? 0.5f * (vc.v[miss - 1] + vc.v[miss]) : vc.v[0] - 1e-3f;
+		if (!(*thr < vc.v[miss]))
+			*thr = nextafterf(vc.v[miss], -INFINITY);
+	}
+	free(vc.v);
+	for (uint32_t r = 0; r < t->n_out; r++)
+		B2(t, t->w)[r] -= *thr;
+	return 0;
+}
+
+/* Recall and precision on the test samples [s0, s1), threshold folded in. */
+static void test_metrics(struct trainer *t, uint32_t s0, uint32_t s1,
+			 struct hyb_plan_pred_stats *st)
+{
+	struct confusion c = { .n_out = t->n_out, .thr = 0 };
+	const double n = (double)(s1 - s0) * t->n_out;
+
+	eval_range(t, s0, s1, count_conf, &c);
+	st->recall = c.pos ? (double)c.tp / (double)c.pos : 1.0;
+	st->precision = c.tp + c.fp ? (double)c.tp / (double)(c.tp + c.fp) : 1.0;
+	st->pred_frac = (double)(c.tp + c.fp) / n;
+	st->true_frac = (double)c.pos / n;
+}
+
+/* The predictor in the plan's form: F16 weights, fc2 transposed, outputs in perm order. */
+static int export_predictor(struct trainer *t, const int32_t *perm,
+			    struct hyb_plan_predictor *out)
+{
+	out->n_in = t->n_in;
+	out->hidden = t->H;
+	out->n_out = t->n_out;
+	out->fc1_w = malloc(t->n1 * 2);
+	out->fc1_b = malloc((size_t)t->H * 4);
+	out->fc2_w = malloc(t->n2 * 2);
+	out->fc2_b = malloc((size_t)t->n_out * 4);
+	if (!out->fc1_w || !out->fc1_b || !out->fc2_w || !out->fc2_b) {
+		hyb_plan_predictor_free(out);
+		return -1;
+	}
+	for (size_t q = 0; q < t->n1; q++)
+		out->fc1_w[q] = hyb_f32_to_f16(W1(t, t->w)[q]);
+	memcpy(out->fc1_b, B1(t, t->w), (size_t)t->H * 4);
+	for (uint32_t i = 0; i < t->n_out; i++) {
+		uint32_t src = perm ? (uint32_t)perm[i] : i;
+		const float *row = W2(t, t->w) + (size_t)src * t->H;
+
+		for (uint32_t j = 0; j < t->H; j++) /* stored transposed: plan.h */
+			out->fc2_w[(size_t)j * t->n_out + i] = hyb_f32_to_f16(row[j]);
+		out->fc2_b[i] = B2(t, t->w)[src];
+	}
+	return 0;
+}
+
 int hyb_plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden,
 		    const int32_t *perm, const struct hyb_plan_pred_opts *o,
 		    struct hyb_plan_predictor *out, struct hyb_plan_pred_stats *st, char *err,
 		    size_t errlen)
 {
-	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	const uint32_t S = p->n_samples;
+	/* split in sample order (sequences stay together): 80% train, 10% validation, 10% test */
 	const uint32_t n_test = S / 10, n_val = S / 10, n_train = S - n_val - n_test;
 	const double t0 = now_s();
 	struct trainer t = { 0 };
 	uint32_t *order = NULL;
-	uint64_t steps, max_steps, seed = o->seed * 0x9e3779b97f4a7c15ull + layer + 1;
-	double flops, epochs;
-	float lr0 = o->lr > 0 ? o->lr : 1e-2f;
+	uint64_t steps, seed = o->seed * 0x9e3779b97f4a7c15ull + layer + 1;
+	float thr;
 	int rc = -1;
 
 	memset(out, 0, sizeof(*out));
@@ -521,187 +733,31 @@ int hyb_plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hi
 		snprintf(err, errlen, "predictor hidden size is 0");
 		return -1;
 	}
-	t.p = p;
-	t.layer = layer;
-	t.n_in = p->n_embd;
-	t.H = hidden;
-	t.n_out = p->n_ff;
-	t.B = o->batch ? o->batch : 128;
-	if (t.B > n_train)
-		t.B = n_train;
-	t.pool = o->pool;
-	t.f16 = k->dequantize[HYB_TYPE_F16];
-	t.n1 = (size_t)t.H * t.n_in;
-	t.n2 = (size_t)t.n_out * t.H;
-	t.np = t.n1 + t.H + t.n2 + t.n_out;
-	t.w = calloc(t.np, sizeof(float));
-	t.g = calloc(t.np, sizeof(float));
-	t.m = calloc(t.np, sizeof(float));
-	t.v = calloc(t.np, sizeof(float));
-	t.x = malloc((size_t)t.B * t.n_in * sizeof(float));
-	t.a = malloc((size_t)t.B * t.H * sizeof(float));
-	t.z2 = malloc((size_t)t.B * t.n_out * sizeof(float));
-	t.da = malloc((size_t)t.B * t.H * sizeof(float));
-	t.y = malloc((size_t)t.B * t.n_out);
-	{
-		int64_t rows = t.n_in > t.n_out ? t.n_in : t.n_out;
-
-		t.nth = o->pool ? hyb_threadpool_size(o->pool) : 1;
-		t.pack_stride = sgemm_pack_floats(rows > t.H ? rows : t.H, t.nth);
-		t.pack = aligned_alloc(64, (size_t)t.nth * t.pack_stride * sizeof(float));
-	}
 	order = malloc((size_t)n_train * sizeof(*order));
-	if (!t.w || !t.g || !t.m || !t.v || !t.x || !t.a || !t.z2 || !t.da || !t.y || !order ||
-	    !t.pack) {
+	if (trainer_init(&t, p, layer, hidden, o, n_train) || !order) {
 		snprintf(err, errlen, "out of memory for the layer %u predictor (H %u)", layer,
 			 hidden);
 		goto out;
 	}
-
-	/* init: He-uniform fc1, small fc2, b2 at each neuron's prior log-odds */
-	{
-		const float a1 = sqrtf(6.0f / (float)t.n_in);
-		const float a2 = sqrtf(6.0f / (float)(t.H + t.n_out));
-		float *b2 = B2(&t, t.w);
-
-		for (size_t q = 0; q < t.n1; q++)
-			W1(&t, t.w)[q] = a1 * unif(&seed);
-		for (size_t q = 0; q < t.n2; q++)
-			W2(&t, t.w)[q] = a2 * unif(&seed);
-		/* b2 holds counts first */
-		for (uint32_t s = 0; s < n_train; s++) {
-			const uint64_t *a = p->layers[layer].active + (size_t)s * p->active_words;
-
-			for (uint32_t w = 0; w < p->active_words; w++)
-				for (uint64_t bits = a[w]; bits; bits &= bits - 1) {
-					uint32_t r = w * 64 + (uint32_t)__builtin_ctzll(bits);
-
-					if (r < t.n_out)
-						b2[r] += 1.0f;
-				}
-		}
-		for (uint32_t r = 0; r < t.n_out; r++) {
-			double pr = ((double)b2[r] + 0.5) / ((double)n_train + 1.0);
-
-			b2[r] = (float)log(pr / (1.0 - pr));
-		}
-		/* auto: plain BCE; the recall target is met by the threshold, not the weight */
-		t.pos_w = o->pos_weight > 0 ? o->pos_weight : 1.0f;
-	}
-
-	/* compute cap: ~6 flops per weight per sample (forward 2, backward 4) */
-	flops = 6.0 * ((double)t.n1 + (double)t.n2);
-	max_steps = (uint64_t)(o->max_epochs ? o->max_epochs : 10) * (n_train / t.B);
-	steps = (uint64_t)((o->gflop > 0 ? o->gflop : 200.0) * 1e9 / (flops * t.B));
-	if (steps > max_steps)
-		steps = max_steps;
-	if (steps < 1)
-		steps = 1;
-	for (uint32_t s = 0; s < n_train; s++)
-		order[s] = s;
-	{
-		uint32_t pos_in_epoch = n_train; /* reshuffle at the first step */
-		double loss_sum = 0;
-		uint64_t loss_n = 0, tail = n_train / t.B < 8 ? n_train / t.B : 8;
-
-		for (uint64_t it = 1; it <= steps; it++) {
-			/* linear decay to 10% of the step over the run */
-			float lr = lr0 * (1.0f - 0.9f * (float)(it - 1) / (float)steps);
-
-			if (pos_in_epoch + t.B > n_train) {
-				for (uint32_t s = n_train; s > 1; s--) {
-					uint32_t j = (uint32_t)(splitmix64(&seed) % s);
-					uint32_t tmp = order[s - 1];
-
-					order[s - 1] = order[j];
-					order[j] = tmp;
-				}
-				pos_in_epoch = 0;
-			}
-			gather(&t, order + pos_in_epoch, t.B);
-			pos_in_epoch += t.B;
-			/* the loss (log1p per output) only for the reported last steps */
-			step(&t, t.B, lr, it, steps - it < tail);
-			if (steps - it < tail) {
-				loss_sum += t.loss;
-				loss_n++;
-			}
-		}
-		st->loss = loss_n ? loss_sum / loss_n : t.loss;
-	}
-	epochs = (double)steps * t.B / n_train;
-
-	/* the weights as stored: F16 */
-	for (size_t q = 0; q < t.n1; q++)
-		W1(&t, t.w)[q] = hyb_f16_to_f32(hyb_f32_to_f16(W1(&t, t.w)[q]));
-	for (size_t q = 0; q < t.n2; q++)
-		W2(&t, t.w)[q] = hyb_f16_to_f32(hyb_f32_to_f16(W2(&t, t.w)[q]));
-
-	/* threshold for the target recall on the validation samples */
-	{
-		struct val_collect vc = { .n_out = t.n_out };
-		double target = o->target_recall > 0 ? o->target_recall : 0.95;
-		float thr = 0;
-
-		eval_range(&t, n_train, n_train + n_val, collect_val, &vc);
-		if (vc.oom) {
-			free(vc.v);
-			snprintf(err, errlen, "out of memory");
-			goto out;
-		}
-		if (vc.n) {
-			size_t miss = (size_t)floor((1.0 - target) * (double)vc.n);
-
-			qsort(vc.v, vc.n, sizeof(float), cmp_float);
-			if (miss >= vc.n)
-				miss = vc.n - 1;
-			/* every positive from index miss on must score above thr */
-			thr = miss ? 0.5f * (vc.v[miss - 1] + vc.v[miss]) : vc.v[0] - 1e-3f;
-			if (!(thr < vc.v[miss]))
-				thr = nextafterf(vc.v[miss], -INFINITY);
-		}
-		free(vc.v);
-		for (uint32_t r = 0; r < t.n_out; r++)
-			B2(&t, t.w)[r] -= thr;
-		st->threshold = thr;
-	}
-	/* test metrics with the folded threshold */
-	{
-		struct confusion c = { .n_out = t.n_out, .thr = 0 };
-
-		eval_range(&t, n_train + n_val, S, count_conf, &c);
-		st->recall = c.pos ? (double)c.tp / (double)c.pos : 1.0;
-		st->precision = c.tp + c.fp ? (double)c.tp / (double)(c.tp + c.fp) : 1.0;
-		st->pred_frac = (double)(c.tp + c.fp) / ((double)n_test * t.n_out);
-		st->true_frac = (double)c.pos / ((double)n_test * t.n_out);
-	}
-
-	/* the predictor, outputs in perm order */
-	out->n_in = t.n_in;
-	out->hidden = t.H;
-	out->n_out = t.n_out;
-	out->fc1_w = malloc(t.n1 * 2);
-	out->fc1_b = malloc((size_t)t.H * 4);
-	out->fc2_w = malloc(t.n2 * 2);
-	out->fc2_b = malloc((size_t)t.n_out * 4);
-	if (!out->fc1_w || !out->fc1_b || !out->fc2_w || !out->fc2_b) {
-		hyb_plan_predictor_free(out);
+	init_weights(&t, n_train, &seed);
+	/* auto: plain BCE; the recall target is met by the threshold, not the weight */
+	t.pos_w = o->pos_weight > 0 ? o->pos_weight : 1.0f;
+	steps = train_steps(&t, o, n_train);
+	st->loss = train_loop(&t, order, n_train, steps, o->lr > 0 ? o->lr : 1e-2f, &seed);
+	round_to_f16(&t);
+	if (fold_threshold(&t, n_train, n_train + n_val,
+			   o->target_recall > 0 ? o->target_recall : 0.95, &thr)) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	for (size_t q = 0; q < t.n1; q++)
-		out->fc1_w[q] = hyb_f32_to_f16(W1(&t, t.w)[q]);
-	memcpy(out->fc1_b, B1(&t, t.w), (size_t)t.H * 4);
-	for (uint32_t i = 0; i < t.n_out; i++) {
-		uint32_t src = perm ? (uint32_t)perm[i] : i;
-		const float *row = W2(&t, t.w) + (size_t)src * t.H;
-
-		for (uint32_t j = 0; j < t.H; j++) /* stored transposed: plan.h */
-			out->fc2_w[(size_t)j * t.n_out + i] = hyb_f32_to_f16(row[j]);
-		out->fc2_b[i] = B2(&t, t.w)[src];
+	st->threshold = thr;
+	test_metrics(&t, n_train + n_val, S, st);
+	if (export_predictor(&t, perm, out)) {
+		snprintf(err, errlen, "out of memory");
+		goto out;
 	}
 	st->hidden = t.H;
-	st->epochs = epochs;
+	st->epochs = (double)steps * t.B / n_train;
 	st->n_train = n_train;
 	st->n_val = n_val;
 	st->n_test = n_test;
