@@ -230,6 +230,82 @@ static void knn_merge(void *arg, int ith, int nth)
 	free(m.s);
 }
 
+/* Column bitsets over an evenly spread subset of S samples: bit s of cols[i] is sample s. */
+static void sample_columns(const struct hyb_profile *p, uint32_t layer, uint32_t S, uint32_t W,
+			   uint64_t *cols)
+{
+	const uint32_t n = p->n_ff;
+
+	for (uint32_t s = 0; s < S; s++) {
+		uint32_t src = (uint32_t)((uint64_t)s * p->n_samples / S);
+		const uint64_t *a = p->layers[layer].active + (size_t)src * p->active_words;
+
+		for (uint32_t w = 0; w < p->active_words; w++)
+			for (uint64_t bits = a[w]; bits; bits &= bits - 1) {
+				uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(bits);
+
+				if (i < n)
+					cols[(size_t)i * W + s / 64] |= 1ull << (s % 64);
+			}
+	}
+}
+
+/* cnt[i]: the samples neuron i is active in; live: the neurons active in any (their count). */
+static uint32_t live_neurons(const uint64_t *cols, uint32_t n, uint32_t W, uint32_t *cnt,
+			     uint32_t *live)
+{
+	uint32_t n_live = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t w = 0; w < W; w++)
+			cnt[i] += (uint32_t)__builtin_popcountll(cols[(size_t)i * W + w]);
+		if (cnt[i])
+			live[n_live++] = i;
+	}
+	return n_live;
+}
+
+/*
+ * Every live neuron's top-k list (j->nbr, j->sim) over the pool: per-thread
+ * lists first (knn_worker), then merged (knn_merge). 0, or -1 when out of memory.
+ */
+static int knn_lists(struct knn_job *j, struct hyb_threadpool *pool)
+{
+	const size_t lists = (size_t)j->n_live * j->k;
+
+	j->part = calloc((size_t)j->nth, sizeof(*j->part));
+	for (int q = 0; j->part && q < j->nth; q++) {
+		j->part[q].id = malloc(lists * sizeof(uint32_t) + 1);
+		j->part[q].s = malloc(lists * sizeof(float) + 1);
+		j->part[q].kept = calloc((size_t)j->n_live + 1, sizeof(uint32_t));
+		j->part[q].worst = calloc((size_t)j->n_live + 1, sizeof(uint32_t));
+		if (!j->part[q].id || !j->part[q].s || !j->part[q].kept || !j->part[q].worst)
+			j->failed = 1;
+	}
+	if (!j->part)
+		j->failed = 1;
+	if (!j->failed) {
+		if (pool) {
+			hyb_threadpool_run(pool, knn_worker, j);
+			if (!j->failed)
+				hyb_threadpool_run(pool, knn_merge, j);
+		} else {
+			knn_worker(j, 0, 1);
+			if (!j->failed)
+				knn_merge(j, 0, 1);
+		}
+	}
+	for (int q = 0; j->part && q < j->nth; q++) {
+		free(j->part[q].id);
+		free(j->part[q].s);
+		free(j->part[q].kept);
+		free(j->part[q].worst);
+	}
+	free(j->part);
+	j->part = NULL;
+	return j->failed ? -1 : 0;
+}
+
 struct graph {
 	idx_t *xadj, *adjncy, *adjwgt;
 	uint64_t n_edges; /* undirected */
@@ -533,9 +609,74 @@ const char *hyb_plan_group_variant_name(int v)
 	return v >= 0 && v < N_VARIANTS ? names[v] : "none";
 }
 
-static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct hyb_plan_group_opts *o,
-		       uint32_t M, uint32_t gs, idx_t *part, uint32_t *last,
-		       struct hyb_plan_group_info *info, char *err, size_t errlen)
+/* One METIS try on the graph, with the buffers it works in and what it yields. */
+struct metis_try {
+	const struct graph *g;
+	uint32_t n, M, gs;
+	idx_t *part;            /* [n] */
+	uint32_t *size, *cap;   /* [M] */
+	uint32_t small;         /* the part that takes the short group, when GS does not divide n */
+	uint32_t moved;         /* neurons repair_sizes moved */
+	int64_t inside;         /* edge weight inside parts after the repair */
+};
+
+/*
+ * Partition with METIS setting v, then make the sizes exact (KAIROX 5.2
+ * wants groups of exactly GS): capacities GS each, the short remainder for
+ * the smallest METIS part, which disturbs the fewest neurons. 0, or -1 with
+ * a reason.
+ */
+static int metis_try(struct metis_try *t, int v, uint64_t seed, uint32_t layer, char *err,
+		     size_t errlen)
+{
+	const struct graph *g = t->g;
+	idx_t nv = (idx_t)t->n, ncon = 1, np = (idx_t)t->M, cut = 0;
+	idx_t opts[METIS_NOPTIONS];
+	int mrc;
+
+	METIS_SetDefaultOptions(opts);
+	opts[METIS_OPTION_SEED] = (idx_t)(seed & 0x7fffffff);
+	opts[METIS_OPTION_UFACTOR] = variants[v].ufactor;
+	opts[METIS_OPTION_NUMBERING] = 0;
+	mrc = (variants[v].kway ? METIS_PartGraphKway : METIS_PartGraphRecursive)(
+		&nv, &ncon, g->xadj, g->adjncy, NULL, NULL, g->adjwgt, &np, NULL, NULL, opts, &cut,
+		t->part);
+	if (mrc != METIS_OK) {
+		snprintf(err, errlen, "METIS failed on layer %u (code %d)", layer, mrc);
+		return -1;
+	}
+	memset(t->size, 0, (size_t)t->M * sizeof(*t->size));
+	for (uint32_t i = 0; i < t->n; i++)
+		t->size[t->part[i]]++;
+	t->small = 0;
+	for (uint32_t q = 0; q < t->M; q++) {
+		t->cap[q] = t->gs;
+		if (t->size[q] < t->size[t->small])
+			t->small = q;
+	}
+	if (t->n % t->gs)
+		t->cap[t->small] = t->n % t->gs;
+	t->moved = 0;
+	if (repair_sizes(t->n, t->M, g, t->part, t->cap, &t->moved)) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	t->inside = 0;
+	for (uint32_t i = 0; i < t->n; i++)
+		for (idx_t e = g->xadj[i]; e < g->xadj[i + 1]; e++)
+			if (t->part[g->adjncy[e]] == t->part[i])
+				t->inside += g->adjwgt[e];
+	return 0;
+}
+
+/*
+ * Exact-size groups of co-activated neurons (KAIROX 5.2): the top-k
+ * Jaccard graph of the sampled columns, partitioned by METIS under a few
+ * settings, keeping the repaired partition with the most weight inside.
+ */
+static int metis_parts(const struct hyb_profile *p, uint32_t layer,
+		       const struct hyb_plan_group_opts *o, uint32_t M, uint32_t gs, idx_t *part,
+		       uint32_t *last, struct hyb_plan_group_info *info, char *err, size_t errlen)
 {
 	const uint32_t n = p->n_ff, k = o->top_k ? o->top_k : 32;
 	const uint32_t max_s = o->max_samples ? o->max_samples : 16384;
@@ -543,11 +684,11 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	const uint32_t W = (S + 63) / 64;
 	uint64_t *cols = calloc((size_t)n * (W ? W : 1), sizeof(*cols));
 	uint32_t *cnt = calloc(n, sizeof(*cnt)), *live = malloc((size_t)n * sizeof(*live));
-	uint32_t *nbr = malloc((size_t)n * k * sizeof(*nbr)), n_live = 0, *cap = NULL;
+	uint32_t *nbr = malloc((size_t)n * k * sizeof(*nbr)), n_live;
 	float *sim = malloc((size_t)n * k * sizeof(*sim));
 	struct graph g = { 0 };
+	struct metis_try t = { .g = &g, .n = n, .M = M, .gs = gs, .part = part };
 	idx_t *best = NULL;
-	uint32_t *size = NULL;
 	int64_t best_inside = 0;
 	int rc = -1;
 
@@ -555,62 +696,16 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 		snprintf(err, errlen, "out of memory building the co-activation graph");
 		goto out;
 	}
-	/* column bitsets over an evenly spread subset of S samples */
-	for (uint32_t s = 0; s < S; s++) {
-		uint32_t src = (uint32_t)((uint64_t)s * p->n_samples / S);
-		const uint64_t *a = p->layers[layer].active + (size_t)src * p->active_words;
-
-		for (uint32_t w = 0; w < p->active_words; w++)
-			for (uint64_t bits = a[w]; bits; bits &= bits - 1) {
-				uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(bits);
-
-				if (i < n)
-					cols[(size_t)i * W + s / 64] |= 1ull << (s % 64);
-			}
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		for (uint32_t w = 0; w < W; w++)
-			cnt[i] += (uint32_t)__builtin_popcountll(cols[(size_t)i * W + w]);
-		if (cnt[i])
-			live[n_live++] = i;
-	}
+	sample_columns(p, layer, S, W, cols);
+	n_live = live_neurons(cols, n, W, cnt, live);
 	for (size_t q = 0; q < (size_t)n * k; q++)
 		nbr[q] = UINT32_MAX;
 	{
-		const int nth = o->pool ? hyb_threadpool_size(o->pool) : 1;
 		struct knn_job j = { .cols = cols, .W = W, .k = k, .n_live = n_live, .cnt = cnt,
-				     .live = live, .nbr = nbr, .sim = sim, .nth = nth };
+				     .live = live, .nbr = nbr, .sim = sim,
+				     .nth = o->pool ? hyb_threadpool_size(o->pool) : 1 };
 
-		j.part = calloc((size_t)nth, sizeof(*j.part));
-		for (int q = 0; j.part && q < nth; q++) {
-			j.part[q].id = malloc((size_t)n_live * k * sizeof(uint32_t) + 1);
-			j.part[q].s = malloc((size_t)n_live * k * sizeof(float) + 1);
-			j.part[q].kept = calloc((size_t)n_live + 1, sizeof(uint32_t));
-			j.part[q].worst = calloc((size_t)n_live + 1, sizeof(uint32_t));
-			if (!j.part[q].id || !j.part[q].s || !j.part[q].kept || !j.part[q].worst)
-				j.failed = 1;
-		}
-		if (!j.part)
-			j.failed = 1;
-		if (!j.failed) {
-			if (o->pool) {
-				hyb_threadpool_run(o->pool, knn_worker, &j);
-				if (!j.failed)
-					hyb_threadpool_run(o->pool, knn_merge, &j);
-			} else {
-				knn_worker(&j, 0, 1);
-				if (!j.failed)
-					knn_merge(&j, 0, 1);
-			}
-		}
-		for (int q = 0; j.part && q < nth; q++) {
-			free(j.part[q].id);
-			free(j.part[q].s);
-			free(j.part[q].kept);
-			free(j.part[q].worst);
-		}
-		free(j.part);
-		if (j.failed) {
+		if (knn_lists(&j, o->pool)) {
 			snprintf(err, errlen, "out of memory building the co-activation graph");
 			goto out;
 		}
@@ -623,9 +718,9 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	}
 	info->edges = g.n_edges;
 	best = malloc((size_t)n * sizeof(*best));
-	size = malloc((size_t)M * sizeof(*size));
-	cap = malloc((size_t)M * sizeof(*cap));
-	if (!best || !size || !cap) {
+	t.size = malloc((size_t)M * sizeof(*t.size));
+	t.cap = malloc((size_t)M * sizeof(*t.cap));
+	if (!best || !t.size || !t.cap) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
@@ -636,47 +731,13 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	 * exact-size repair keeps the most edge weight inside groups.
 	 */
 	for (int v = 0; v < N_VARIANTS; v++) {
-		idx_t nv = (idx_t)n, ncon = 1, np = (idx_t)M, cut = 0;
-		idx_t opts[METIS_NOPTIONS];
-		uint32_t moved = 0, small = 0;
-		int64_t inside = 0;
-		int mrc;
-
-		METIS_SetDefaultOptions(opts);
-		opts[METIS_OPTION_SEED] = (idx_t)(o->seed & 0x7fffffff);
-		opts[METIS_OPTION_UFACTOR] = variants[v].ufactor;
-		opts[METIS_OPTION_NUMBERING] = 0;
-		mrc = (variants[v].kway ? METIS_PartGraphKway : METIS_PartGraphRecursive)(
-			&nv, &ncon, g.xadj, g.adjncy, NULL, NULL, g.adjwgt, &np, NULL, NULL, opts,
-			&cut, part);
-		if (mrc != METIS_OK) {
-			snprintf(err, errlen, "METIS failed on layer %u (code %d)", layer, mrc);
+		if (metis_try(&t, v, o->seed, layer, err, errlen))
 			goto out;
-		}
-		/* capacities: GS each, the short remainder for the smallest METIS part */
-		memset(size, 0, (size_t)M * sizeof(*size));
-		for (uint32_t i = 0; i < n; i++)
-			size[part[i]]++;
-		for (uint32_t q = 0; q < M; q++) {
-			cap[q] = gs;
-			if (size[q] < size[small])
-				small = q;
-		}
-		if (n % gs)
-			cap[small] = n % gs;
-		if (repair_sizes(n, M, &g, part, cap, &moved)) {
-			snprintf(err, errlen, "out of memory");
-			goto out;
-		}
-		for (uint32_t i = 0; i < n; i++)
-			for (idx_t e = g.xadj[i]; e < g.xadj[i + 1]; e++)
-				if (part[g.adjncy[e]] == part[i])
-					inside += g.adjwgt[e];
-		if (v == 0 || inside > best_inside) {
-			best_inside = inside;
+		if (v == 0 || t.inside > best_inside) {
+			best_inside = t.inside;
 			memcpy(best, part, (size_t)n * sizeof(*best));
-			*last = n % gs ? small : M;
-			info->moved = moved;
+			*last = n % gs ? t.small : M;
+			info->moved = t.moved;
 			info->variant = v;
 		}
 	}
@@ -688,9 +749,9 @@ out:
 	free(live);
 	free(nbr);
 	free(sim);
-	free(cap);
+	free(t.cap);
 	free(best);
-	free(size);
+	free(t.size);
 	graph_free(&g);
 	return rc;
 }
