@@ -97,11 +97,11 @@ struct hyb_cpu_kernels {
 	void (*panel_gemm)(int64_t k, const float *ap, const float *x, size_t xc, size_t xk,
 			   float *y, size_t ys, unsigned nr, int acc, int64_t ncols);
 	/*
-	 * A predictor's second layer over output columns [lo, hi): lg[c] = b[c] +
-	 * the sum over q < n_nz of h[nz[q]] * w[nz[q] * n_out + c], w F16 rows.
+	 * A predictor's second layer over output columns [lo, hi): adds to lg[c]
+	 * h[nz[q]] * w[nz[q] * n_out + c] for q < n_nz in order, w F16 rows.
 	 */
-	void (*fc2_sparse)(float *lg, const float *b, const uint16_t *w, size_t n_out,
-			   const float *h, const uint32_t *nz, uint32_t n_nz, long lo, long hi);
+	void (*fc2_sparse)(float *lg, const uint16_t *w, size_t n_out, const float *h,
+			   const uint32_t *nz, uint32_t n_nz, long lo, long hi);
 	/* One Adam step (betas 0.9, 0.999, eps 1e-8) on [lo, hi); c1, c2: bias corrections */
 	void (*adam)(float *w, const float *g, float *m, float *v, long lo, long hi, float lr,
 		     float c1, float c2);

@@ -51,21 +51,15 @@ MK256(1)
 static void panel_gemm(int64_t K, const float *ap, const float *x, size_t xc, size_t xk,
 		       float *y, size_t ys, unsigned nr, int acc, int64_t nc)
 {
-	int64_t c = 0;
-
-	for (; c + 3 <= nc; c += 3)
-		mk256_3(K, ap, x + c * xc, xc, xk, y + c * ys, ys, nr, acc);
-	for (; c < nc; c++)
-		mk256_1(K, ap, x + c * xc, xc, xk, y + c * ys, ys, nr, acc);
+	hyb_panel_columns(mk256_3, 3, mk256_1, K, ap, x, xc, xk, y, ys, nr, acc, nc);
 }
 
 /* one hidden unit's row at a time, eight columns per fused multiply-add */
-static void fc2_sparse(float *lg, const float *b, const uint16_t *w, size_t n_out,
-		       const float *h, const uint32_t *nz, uint32_t n_nz, long lo, long hi)
+static void fc2_sparse(float *lg, const uint16_t *w, size_t n_out, const float *h,
+		       const uint32_t *nz, uint32_t n_nz, long lo, long hi)
 {
 	long c;
 
-	memcpy(lg + lo, b + lo, sizeof(float) * (size_t)(hi - lo));
 	for (uint32_t q = 0; q < n_nz; q++) {
 		const uint32_t u = nz[q];
 		const uint16_t *wu = w + (size_t)u * n_out;

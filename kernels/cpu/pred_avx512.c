@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* Predictor kernels (see cpu_kernels.h) with AVX-512: masked loads take the partial panels. */
 #include <immintrin.h>
-#include <string.h>
 
 #include "cpu_internal.h"
 
@@ -46,21 +45,15 @@ MK512(1)
 static void panel_gemm(int64_t K, const float *ap, const float *x, size_t xc, size_t xk,
 		       float *y, size_t ys, unsigned nr, int acc, int64_t nc)
 {
-	int64_t c = 0;
-
-	for (; c + 12 <= nc; c += 12)
-		mk512_12(K, ap, x + c * xc, xc, xk, y + c * ys, ys, nr, acc);
-	for (; c < nc; c++)
-		mk512_1(K, ap, x + c * xc, xc, xk, y + c * ys, ys, nr, acc);
+	hyb_panel_columns(mk512_12, 12, mk512_1, K, ap, x, xc, xk, y, ys, nr, acc, nc);
 }
 
 /* four hidden units' rows per pass over the columns: a quarter of the loads and stores of lg */
-static void fc2_sparse(float *lg, const float *b, const uint16_t *w, size_t n_out,
-		       const float *h, const uint32_t *nz, uint32_t n_nz, long lo, long hi)
+static void fc2_sparse(float *lg, const uint16_t *w, size_t n_out, const float *h,
+		       const uint32_t *nz, uint32_t n_nz, long lo, long hi)
 {
 	long c;
 
-	memcpy(lg + lo, b + lo, sizeof(float) * (size_t)(hi - lo));
 	for (uint32_t q = 0; q < n_nz; q += 4) {
 		const uint16_t *wr[4];
 		__m512 v[4];

@@ -28,10 +28,9 @@ static void panel_gemm(int64_t K, const float *ap, const float *x, size_t xc, si
 	}
 }
 
-static void fc2_sparse(float *lg, const float *b, const uint16_t *w, size_t n_out,
-		       const float *h, const uint32_t *nz, uint32_t n_nz, long lo, long hi)
+static void fc2_sparse(float *lg, const uint16_t *w, size_t n_out, const float *h,
+		       const uint32_t *nz, uint32_t n_nz, long lo, long hi)
 {
-	memcpy(lg + lo, b + lo, sizeof(float) * (size_t)(hi - lo));
 	for (uint32_t q = 0; q < n_nz; q++) {
 		const uint32_t u = nz[q];
 		const uint16_t *wu = w + (size_t)u * n_out;

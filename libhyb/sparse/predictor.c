@@ -8,6 +8,7 @@
  * fc2 on their fc2_sparse, over the hidden units the ReLU left nonzero.
  */
 #include <stdatomic.h>
+#include <string.h>
 
 #include "cpu_kernels.h"
 #include "hyb/plan.h"
@@ -99,8 +100,8 @@ static void fc2_worker(void *arg, int ith, int nth)
 	hi = hi * 16 < (long)j->p->n_out ? hi * 16 : (long)j->p->n_out;
 	if (lo >= hi)
 		return;
-	j->k->fc2_sparse(j->lg, j->p->fc2_b, j->p->fc2_w, j->p->n_out, j->h, j->nz, j->n_nz, lo,
-			 hi);
+	memcpy(j->lg + lo, j->p->fc2_b + lo, sizeof(float) * (size_t)(hi - lo));
+	j->k->fc2_sparse(j->lg, j->p->fc2_w, j->p->n_out, j->h, j->nz, j->n_nz, lo, hi);
 }
 
 uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct hyb_threadpool *pool,

@@ -221,11 +221,15 @@ struct fc2_case {
 	long lo, hi;
 };
 
-/* kt's logits against the scalar level's: n + 1 terms, each rounded at most 3 times */
+/* kt's logits from the biases against the scalar level's: n + 1 terms, each rounded <= 3 times */
 static void fc2_check(const struct hyb_cpu_kernels *kt, const struct fc2_case *f, float *got,
 		      const float *ref)
 {
-	kt->fc2_sparse(got, f->b, f->w, f->n_out, f->h, f->nz, f->n, f->lo, f->hi);
+	memcpy(got, f->b, f->n_out * sizeof(float));
+	kt->fc2_sparse(got, f->w, f->n_out, f->h, f->nz, f->n, f->lo, f->hi);
+	for (long c = 0; c < f->lo; c++) /* other threads' columns */
+		CHECK_MSG(got[c] == f->b[c], "%s: fc2_sparse wrote lg[%ld] outside [%ld, %ld)",
+			  kt->name, c, f->lo, f->hi);
 	for (long c = f->lo; c < f->hi; c++) {
 		double mag = fabsf(f->b[c]);
 
@@ -272,7 +276,8 @@ TEST(kern_pred_fc2_sparse_vs_ref)
 				.lo = n_out > 16 ? 16 : 0, .hi = (long)n_out,
 			};
 
-			s->fc2_sparse(ref, b, w, n_out, h, nz, f.n, f.lo, f.hi);
+			memcpy(ref, b, n_out * sizeof(float));
+			s->fc2_sparse(ref, w, n_out, h, nz, f.n, f.lo, f.hi);
 			for (int l = 0; l < n_lv; l++)
 				fc2_check(lv[l], &f, got, ref);
 		}
