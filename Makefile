@@ -25,7 +25,7 @@ LDLIBS   := -lm -pthread -lnuma -luring $(shell pkg-config --libs libutf8proc 2>
 PLAN_LIBS := -lmetis
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
-ISA_avx2       := -mavx2 -mfma -mf16c
+ISA_avx2       := -mavx2 -mfma -mf16c -mpopcnt
 ISA_avx512     := $(ISA_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512vnni := $(ISA_avx512) -mavx512vnni
 

@@ -87,6 +87,34 @@ void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_q_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_vec_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_vec_avx512(struct hyb_cpu_kernels *k);
+/* pred_*.c and popcount_*.c: predictor and grouping kernels, every level */
+void hyb_fill_pred_ref(struct hyb_cpu_kernels *k);
+void hyb_fill_pred_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_pred_avx512(struct hyb_cpu_kernels *k);
+void hyb_fill_popcount_ref(struct hyb_cpu_kernels *k);
+void hyb_fill_popcount_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_popcount_avx512(struct hyb_cpu_kernels *k);
+
+/*
+ * pred_avx*.c: panel_gemm from a register-tiled microkernel of nc_big
+ * columns and a one-column one for the rest (same arguments as panel_gemm
+ * less the column count).
+ */
+typedef void (*hyb_panel_mk_fn)(int64_t k, const float *ap, const float *x, size_t xc, size_t xk,
+				float *y, size_t ys, unsigned nr, int acc);
+
+static inline void hyb_panel_columns(hyb_panel_mk_fn big, int64_t nc_big, hyb_panel_mk_fn one,
+				     int64_t k, const float *ap, const float *x, size_t xc,
+				     size_t xk, float *y, size_t ys, unsigned nr, int acc,
+				     int64_t nc)
+{
+	int64_t c = 0;
+
+	for (; c + nc_big <= nc; c += nc_big)
+		big(k, ap, x + c * xc, xc, xk, y + c * ys, ys, nr, acc);
+	for (; c < nc; c++)
+		one(k, ap, x + c * xc, xc, xk, y + c * ys, ys, nr, acc);
+}
 
 /* peak_*.c: seconds-bounded register-only loops; multiply-adds per second */
 enum hyb_peak_kind { HYB_PEAK_FMA, HYB_PEAK_INT8 };

@@ -19,7 +19,7 @@
 
 enum hyb_isa {
 	HYB_ISA_SCALAR,
-	HYB_ISA_AVX2,        /* AVX2 + FMA + F16C */
+	HYB_ISA_AVX2,        /* AVX2 + FMA + F16C + POPCNT */
 	HYB_ISA_AVX512,      /* F + BW + VL + DQ */
 	HYB_ISA_AVX512_VNNI, /* + VNNI */
 	HYB_ISA_COUNT
@@ -80,7 +80,38 @@ struct hyb_cpu_kernels {
 	double (*soft_max)(int64_t n, float *y, const float *x, float max);
 	/* ggml_vec_swiglu_f32: y[i] = silu(x[i]) * g[i] (ggml_v_silu) */
 	void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
+
+	/*
+	 * Activation predictors (PowerInfer 5.1: run by libhyb/sparse/predictor.c,
+	 * trained by the planner) and co-activation grouping (KAIROX 5.2). No
+	 * llama.cpp order to keep here: each level sums in its own way (with or
+	 * without FMA), the same way on every run (pred_*.c, popcount_*.c).
+	 */
+	/*
+	 * One panel of HYB_PANEL weight rows packed k-major, ap[k * HYB_PANEL + i]
+	 * (64-byte aligned; rows from nr on zero), times ncols columns of X whose
+	 * element (c, k) is x[c * xc + k * xk]: for i < nr,
+	 * y[c * ys + i] = sum over k of ap[k * HYB_PANEL + i] * X(c, k), in k order,
+	 * added to y's old value when acc.
+	 */
+	void (*panel_gemm)(int64_t k, const float *ap, const float *x, size_t xc, size_t xk,
+			   float *y, size_t ys, unsigned nr, int acc, int64_t ncols);
+	/*
+	 * A predictor's second layer over output columns [lo, hi): adds to lg[c]
+	 * h[nz[q]] * w[nz[q] * n_out + c] for q < n_nz in order, w F16 rows.
+	 */
+	void (*fc2_sparse)(float *lg, const uint16_t *w, size_t n_out, const float *h,
+			   const uint32_t *nz, uint32_t n_nz, long lo, long hi);
+	/* One Adam step (betas 0.9, 0.999, eps 1e-8) on [lo, hi); c1, c2: bias corrections */
+	void (*adam)(float *w, const float *g, float *m, float *v, long lo, long hi, float lr,
+		     float c1, float c2);
+	/* out[j] = popcount(a & b_j) over W words, b_j = cols + live[j] * W, for j < n */
+	void (*and_popcount)(const uint64_t *a, const uint64_t *cols, uint32_t W,
+			     const uint32_t *live, uint32_t n, uint32_t *out);
 };
+
+/* rows of a panel_gemm panel */
+#define HYB_PANEL 32
 
 /* The matmul kernel for a weight of type `type` with ne1 rows (see gemm[] above). */
 static inline hyb_gemm_fn hyb_gemm_pick(const struct hyb_cpu_kernels *k, uint32_t type,

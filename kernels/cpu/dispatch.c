@@ -60,7 +60,7 @@ static void detect(void)
 	if (!__get_cpuid(1, &a, &b, &c, &d))
 		return;
 	const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
-	const int fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+	const int fma = (c >> 12) & 1, f16c = (c >> 29) & 1, popcnt = (c >> 23) & 1;
 
 	if (!osxsave || !avx)
 		return;
@@ -74,7 +74,7 @@ static void detect(void)
 			   ((b7 >> 31) & 1); /* F, DQ, BW, VL */
 	const int vnni = (c7 >> 11) & 1;
 
-	supported[HYB_ISA_AVX2] = os_ymm && avx2 && fma && f16c;
+	supported[HYB_ISA_AVX2] = os_ymm && avx2 && fma && f16c && popcnt;
 	supported[HYB_ISA_AVX512] = supported[HYB_ISA_AVX2] && os_zmm && avx512;
 	supported[HYB_ISA_AVX512_VNNI] = supported[HYB_ISA_AVX512] && vnni;
 }
@@ -104,6 +104,8 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	k->dequantize[HYB_TYPE_Q6_K] = hyb_dequantize_q6_k;
 	k->dequantize[HYB_TYPE_Q8_K] = hyb_dequantize_q8_k;
 	hyb_fill_vec_ref(k);
+	hyb_fill_pred_ref(k);
+	hyb_fill_popcount_ref(k);
 }
 
 static int isa_from_name(const char *s)

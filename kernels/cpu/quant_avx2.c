@@ -96,4 +96,6 @@ void hyb_cpu_fill_avx2(struct hyb_cpu_kernels *k)
 	hyb_fill_q_avx2(k);
 	hyb_fill_f_avx2(k);
 	hyb_fill_vec_avx2(k);
+	hyb_fill_pred_avx2(k);
+	hyb_fill_popcount_avx2(k);
 }

@@ -21,7 +21,6 @@
  * quantity a grouping should shrink is the number of groups a token touches,
  * which for a pair is exactly its union |A_i | A_j|.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <metis.h>
 #include <stdio.h>
@@ -29,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu_kernels.h"
 #include "hyb/threadpool.h"
 #include "plan_internal.h"
 
@@ -83,74 +83,6 @@ static void shuffle_u32(uint32_t *a, uint32_t n, uint64_t seed)
 }
 
 /* ---- co-activation graph ------------------------------------------------ */
-
-/* popcount(a & b) for each live column: the hardware instruction when the CPU has it. */
-__attribute__((target("popcnt"))) static void inter_popcnt(const uint64_t *a,
-							   const uint64_t *cols, uint32_t W,
-							   const uint32_t *live, uint32_t n_live,
-							   uint32_t *out)
-{
-	for (uint32_t jj = 0; jj < n_live; jj++) {
-		const uint64_t *b = cols + (size_t)live[jj] * W;
-		uint64_t c = 0;
-
-		for (uint32_t w = 0; w < W; w++)
-			c += (uint64_t)__builtin_popcountll(a[w] & b[w]);
-		out[jj] = (uint32_t)c;
-	}
-}
-
-/* AVX-512BW: popcount by nibble lookup (vpshufb), bytes summed with vpsadbw */
-__attribute__((target("avx512f,avx512bw"))) static void inter_avx512(const uint64_t *a,
-								    const uint64_t *cols,
-								    uint32_t W,
-								    const uint32_t *live,
-								    uint32_t n_live,
-								    uint32_t *out)
-{
-	const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2,
-								 2, 3, 2, 3, 3, 4));
-	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	const uint32_t nv = (W + 7) / 8;
-	const __mmask8 tail = W % 8 ? (__mmask8)((1u << (W % 8)) - 1) : (__mmask8)0xFF;
-
-	for (uint32_t jj = 0; jj < n_live; jj++) {
-		const uint64_t *b = cols + (size_t)live[jj] * W;
-		__m512i acc = _mm512_setzero_si512(), tot = _mm512_setzero_si512();
-
-		for (uint32_t v = 0; v < nv; v++) {
-			const __mmask8 m = v + 1 < nv ? (__mmask8)0xFF : tail;
-			__m512i x = _mm512_and_si512(_mm512_maskz_loadu_epi64(m, a + 8 * v),
-						     _mm512_maskz_loadu_epi64(m, b + 8 * v));
-			__m512i lo = _mm512_and_si512(x, m4);
-			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), m4);
-
-			acc = _mm512_add_epi8(acc, _mm512_add_epi8(_mm512_shuffle_epi8(lut, lo),
-								   _mm512_shuffle_epi8(lut, hi)));
-			if ((v & 15) == 15) { /* a byte holds at most 16 * 8 */
-				const __m512i z = _mm512_setzero_si512();
-
-				tot = _mm512_add_epi64(tot, _mm512_sad_epu8(acc, z));
-				acc = _mm512_setzero_si512();
-			}
-		}
-		tot = _mm512_add_epi64(tot, _mm512_sad_epu8(acc, _mm512_setzero_si512()));
-		out[jj] = (uint32_t)_mm512_reduce_add_epi64(tot);
-	}
-}
-
-static void inter_generic(const uint64_t *a, const uint64_t *cols, uint32_t W,
-			  const uint32_t *live, uint32_t n_live, uint32_t *out)
-{
-	for (uint32_t jj = 0; jj < n_live; jj++) {
-		const uint64_t *b = cols + (size_t)live[jj] * W;
-		uint64_t c = 0;
-
-		for (uint32_t w = 0; w < W; w++)
-			c += (uint64_t)__builtin_popcountll(a[w] & b[w]);
-		out[jj] = (uint32_t)c;
-	}
-}
 
 /*
  * Top-k neighbours by Jaccard similarity, ties to the smaller index so the
@@ -215,17 +147,11 @@ struct knn_job {
 static void knn_worker(void *arg, int ith, int nth)
 {
 	struct knn_job *j = arg;
-	void (*inter)(const uint64_t *, const uint64_t *, uint32_t, const uint32_t *, uint32_t,
-		      uint32_t *) = inter_generic;
+	const struct hyb_cpu_kernels *kern = hyb_cpu_best();
 	const uint32_t n_blk = (j->n_live + KNN_BLK - 1) / KNN_BLK;
 	uint32_t *c = malloc((size_t)KNN_BLK * KNN_BLK * sizeof(*c));
 	struct topk *t = &j->part[ith];
 
-	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx512bw"))
-		inter = inter_avx512;
-	else if (__builtin_cpu_supports("popcnt"))
-		inter = inter_popcnt;
 	if (!c || ith >= j->nth) {
 		j->failed = 1;
 		free(c);
@@ -248,7 +174,7 @@ static void knn_worker(void *arg, int ith, int nth)
 
 				if (js >= j1)
 					continue;
-				inter(a, j->cols, j->W, j->live + js, j1 - js, ci);
+				kern->and_popcount(a, j->cols, j->W, j->live + js, j1 - js, ci);
 				for (uint32_t jj = js; jj < j1; jj++) {
 					uint32_t cc = ci[jj - js], v = j->live[jj];
 					float sim;
@@ -302,6 +228,82 @@ static void knn_merge(void *arg, int ith, int nth)
 	}
 	free(m.id);
 	free(m.s);
+}
+
+/* Column bitsets over an evenly spread subset of S samples: bit s of cols[i] is sample s. */
+static void sample_columns(const struct hyb_profile *p, uint32_t layer, uint32_t S, uint32_t W,
+			   uint64_t *cols)
+{
+	const uint32_t n = p->n_ff;
+
+	for (uint32_t s = 0; s < S; s++) {
+		uint32_t src = (uint32_t)((uint64_t)s * p->n_samples / S);
+		const uint64_t *a = p->layers[layer].active + (size_t)src * p->active_words;
+
+		for (uint32_t w = 0; w < p->active_words; w++)
+			for (uint64_t bits = a[w]; bits; bits &= bits - 1) {
+				uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(bits);
+
+				if (i < n)
+					cols[(size_t)i * W + s / 64] |= 1ull << (s % 64);
+			}
+	}
+}
+
+/* cnt[i]: the samples neuron i is active in; live: the neurons active in any (their count). */
+static uint32_t live_neurons(const uint64_t *cols, uint32_t n, uint32_t W, uint32_t *cnt,
+			     uint32_t *live)
+{
+	uint32_t n_live = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		for (uint32_t w = 0; w < W; w++)
+			cnt[i] += (uint32_t)__builtin_popcountll(cols[(size_t)i * W + w]);
+		if (cnt[i])
+			live[n_live++] = i;
+	}
+	return n_live;
+}
+
+/*
+ * Every live neuron's top-k list (j->nbr, j->sim) over the pool: per-thread
+ * lists first (knn_worker), then merged (knn_merge). 0, or -1 when out of memory.
+ */
+static int knn_lists(struct knn_job *j, struct hyb_threadpool *pool)
+{
+	const size_t lists = (size_t)j->n_live * j->k;
+
+	j->part = calloc((size_t)j->nth, sizeof(*j->part));
+	for (int q = 0; j->part && q < j->nth; q++) {
+		j->part[q].id = malloc(lists * sizeof(uint32_t) + 1);
+		j->part[q].s = malloc(lists * sizeof(float) + 1);
+		j->part[q].kept = calloc((size_t)j->n_live + 1, sizeof(uint32_t));
+		j->part[q].worst = calloc((size_t)j->n_live + 1, sizeof(uint32_t));
+		if (!j->part[q].id || !j->part[q].s || !j->part[q].kept || !j->part[q].worst)
+			j->failed = 1;
+	}
+	if (!j->part)
+		j->failed = 1;
+	if (!j->failed) {
+		if (pool) {
+			hyb_threadpool_run(pool, knn_worker, j);
+			if (!j->failed)
+				hyb_threadpool_run(pool, knn_merge, j);
+		} else {
+			knn_worker(j, 0, 1);
+			if (!j->failed)
+				knn_merge(j, 0, 1);
+		}
+	}
+	for (int q = 0; j->part && q < j->nth; q++) {
+		free(j->part[q].id);
+		free(j->part[q].s);
+		free(j->part[q].kept);
+		free(j->part[q].worst);
+	}
+	free(j->part);
+	j->part = NULL;
+	return j->failed ? -1 : 0;
 }
 
 struct graph {
@@ -607,9 +609,74 @@ const char *hyb_plan_group_variant_name(int v)
 	return v >= 0 && v < N_VARIANTS ? names[v] : "none";
 }
 
-static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct hyb_plan_group_opts *o,
-		       uint32_t M, uint32_t gs, idx_t *part, uint32_t *last,
-		       struct hyb_plan_group_info *info, char *err, size_t errlen)
+/* One METIS try on the graph, with the buffers it works in and what it yields. */
+struct metis_try {
+	const struct graph *g;
+	uint32_t n, M, gs;
+	idx_t *part;            /* [n] */
+	uint32_t *size, *cap;   /* [M] */
+	uint32_t small;         /* the part that takes the short group, when GS does not divide n */
+	uint32_t moved;         /* neurons repair_sizes moved */
+	int64_t inside;         /* edge weight inside parts after the repair */
+};
+
+/*
+ * Partition with METIS setting v, then make the sizes exact (KAIROX 5.2
+ * wants groups of exactly GS): capacities GS each, the short remainder for
+ * the smallest METIS part, which disturbs the fewest neurons. 0, or -1 with
+ * a reason.
+ */
+static int metis_try(struct metis_try *t, int v, uint64_t seed, uint32_t layer, char *err,
+		     size_t errlen)
+{
+	const struct graph *g = t->g;
+	idx_t nv = (idx_t)t->n, ncon = 1, np = (idx_t)t->M, cut = 0;
+	idx_t opts[METIS_NOPTIONS];
+	int mrc;
+
+	METIS_SetDefaultOptions(opts);
+	opts[METIS_OPTION_SEED] = (idx_t)(seed & 0x7fffffff);
+	opts[METIS_OPTION_UFACTOR] = variants[v].ufactor;
+	opts[METIS_OPTION_NUMBERING] = 0;
+	mrc = (variants[v].kway ? METIS_PartGraphKway : METIS_PartGraphRecursive)(
+		&nv, &ncon, g->xadj, g->adjncy, NULL, NULL, g->adjwgt, &np, NULL, NULL, opts, &cut,
+		t->part);
+	if (mrc != METIS_OK) {
+		snprintf(err, errlen, "METIS failed on layer %u (code %d)", layer, mrc);
+		return -1;
+	}
+	memset(t->size, 0, (size_t)t->M * sizeof(*t->size));
+	for (uint32_t i = 0; i < t->n; i++)
+		t->size[t->part[i]]++;
+	t->small = 0;
+	for (uint32_t q = 0; q < t->M; q++) {
+		t->cap[q] = t->gs;
+		if (t->size[q] < t->size[t->small])
+			t->small = q;
+	}
+	if (t->n % t->gs)
+		t->cap[t->small] = t->n % t->gs;
+	t->moved = 0;
+	if (repair_sizes(t->n, t->M, g, t->part, t->cap, &t->moved)) {
+		snprintf(err, errlen, "out of memory");
+		return -1;
+	}
+	t->inside = 0;
+	for (uint32_t i = 0; i < t->n; i++)
+		for (idx_t e = g->xadj[i]; e < g->xadj[i + 1]; e++)
+			if (t->part[g->adjncy[e]] == t->part[i])
+				t->inside += g->adjwgt[e];
+	return 0;
+}
+
+/*
+ * Exact-size groups of co-activated neurons (KAIROX 5.2): the top-k
+ * Jaccard graph of the sampled columns, partitioned by METIS under a few
+ * settings, keeping the repaired partition with the most weight inside.
+ */
+static int metis_parts(const struct hyb_profile *p, uint32_t layer,
+		       const struct hyb_plan_group_opts *o, uint32_t M, uint32_t gs, idx_t *part,
+		       uint32_t *last, struct hyb_plan_group_info *info, char *err, size_t errlen)
 {
 	const uint32_t n = p->n_ff, k = o->top_k ? o->top_k : 32;
 	const uint32_t max_s = o->max_samples ? o->max_samples : 16384;
@@ -617,11 +684,11 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	const uint32_t W = (S + 63) / 64;
 	uint64_t *cols = calloc((size_t)n * (W ? W : 1), sizeof(*cols));
 	uint32_t *cnt = calloc(n, sizeof(*cnt)), *live = malloc((size_t)n * sizeof(*live));
-	uint32_t *nbr = malloc((size_t)n * k * sizeof(*nbr)), n_live = 0, *cap = NULL;
+	uint32_t *nbr = malloc((size_t)n * k * sizeof(*nbr)), n_live;
 	float *sim = malloc((size_t)n * k * sizeof(*sim));
 	struct graph g = { 0 };
+	struct metis_try t = { .g = &g, .n = n, .M = M, .gs = gs, .part = part };
 	idx_t *best = NULL;
-	uint32_t *size = NULL;
 	int64_t best_inside = 0;
 	int rc = -1;
 
@@ -629,62 +696,16 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 		snprintf(err, errlen, "out of memory building the co-activation graph");
 		goto out;
 	}
-	/* column bitsets over an evenly spread subset of S samples */
-	for (uint32_t s = 0; s < S; s++) {
-		uint32_t src = (uint32_t)((uint64_t)s * p->n_samples / S);
-		const uint64_t *a = p->layers[layer].active + (size_t)src * p->active_words;
-
-		for (uint32_t w = 0; w < p->active_words; w++)
-			for (uint64_t bits = a[w]; bits; bits &= bits - 1) {
-				uint32_t i = w * 64 + (uint32_t)__builtin_ctzll(bits);
-
-				if (i < n)
-					cols[(size_t)i * W + s / 64] |= 1ull << (s % 64);
-			}
-	}
-	for (uint32_t i = 0; i < n; i++) {
-		for (uint32_t w = 0; w < W; w++)
-			cnt[i] += (uint32_t)__builtin_popcountll(cols[(size_t)i * W + w]);
-		if (cnt[i])
-			live[n_live++] = i;
-	}
+	sample_columns(p, layer, S, W, cols);
+	n_live = live_neurons(cols, n, W, cnt, live);
 	for (size_t q = 0; q < (size_t)n * k; q++)
 		nbr[q] = UINT32_MAX;
 	{
-		const int nth = o->pool ? hyb_threadpool_size(o->pool) : 1;
 		struct knn_job j = { .cols = cols, .W = W, .k = k, .n_live = n_live, .cnt = cnt,
-				     .live = live, .nbr = nbr, .sim = sim, .nth = nth };
+				     .live = live, .nbr = nbr, .sim = sim,
+				     .nth = o->pool ? hyb_threadpool_size(o->pool) : 1 };
 
-		j.part = calloc((size_t)nth, sizeof(*j.part));
-		for (int q = 0; j.part && q < nth; q++) {
-			j.part[q].id = malloc((size_t)n_live * k * sizeof(uint32_t) + 1);
-			j.part[q].s = malloc((size_t)n_live * k * sizeof(float) + 1);
-			j.part[q].kept = calloc((size_t)n_live + 1, sizeof(uint32_t));
-			j.part[q].worst = calloc((size_t)n_live + 1, sizeof(uint32_t));
-			if (!j.part[q].id || !j.part[q].s || !j.part[q].kept || !j.part[q].worst)
-				j.failed = 1;
-		}
-		if (!j.part)
-			j.failed = 1;
-		if (!j.failed) {
-			if (o->pool) {
-				hyb_threadpool_run(o->pool, knn_worker, &j);
-				if (!j.failed)
-					hyb_threadpool_run(o->pool, knn_merge, &j);
-			} else {
-				knn_worker(&j, 0, 1);
-				if (!j.failed)
-					knn_merge(&j, 0, 1);
-			}
-		}
-		for (int q = 0; j.part && q < nth; q++) {
-			free(j.part[q].id);
-			free(j.part[q].s);
-			free(j.part[q].kept);
-			free(j.part[q].worst);
-		}
-		free(j.part);
-		if (j.failed) {
+		if (knn_lists(&j, o->pool)) {
 			snprintf(err, errlen, "out of memory building the co-activation graph");
 			goto out;
 		}
@@ -697,9 +718,9 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	}
 	info->edges = g.n_edges;
 	best = malloc((size_t)n * sizeof(*best));
-	size = malloc((size_t)M * sizeof(*size));
-	cap = malloc((size_t)M * sizeof(*cap));
-	if (!best || !size || !cap) {
+	t.size = malloc((size_t)M * sizeof(*t.size));
+	t.cap = malloc((size_t)M * sizeof(*t.cap));
+	if (!best || !t.size || !t.cap) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
@@ -710,47 +731,13 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer, const struct
 	 * exact-size repair keeps the most edge weight inside groups.
 	 */
 	for (int v = 0; v < N_VARIANTS; v++) {
-		idx_t nv = (idx_t)n, ncon = 1, np = (idx_t)M, cut = 0;
-		idx_t opts[METIS_NOPTIONS];
-		uint32_t moved = 0, small = 0;
-		int64_t inside = 0;
-		int mrc;
-
-		METIS_SetDefaultOptions(opts);
-		opts[METIS_OPTION_SEED] = (idx_t)(o->seed & 0x7fffffff);
-		opts[METIS_OPTION_UFACTOR] = variants[v].ufactor;
-		opts[METIS_OPTION_NUMBERING] = 0;
-		mrc = (variants[v].kway ? METIS_PartGraphKway : METIS_PartGraphRecursive)(
-			&nv, &ncon, g.xadj, g.adjncy, NULL, NULL, g.adjwgt, &np, NULL, NULL, opts,
-			&cut, part);
-		if (mrc != METIS_OK) {
-			snprintf(err, errlen, "METIS failed on layer %u (code %d)", layer, mrc);
+		if (metis_try(&t, v, o->seed, layer, err, errlen))
 			goto out;
-		}
-		/* capacities: GS each, the short remainder for the smallest METIS part */
-		memset(size, 0, (size_t)M * sizeof(*size));
-		for (uint32_t i = 0; i < n; i++)
-			size[part[i]]++;
-		for (uint32_t q = 0; q < M; q++) {
-			cap[q] = gs;
-			if (size[q] < size[small])
-				small = q;
-		}
-		if (n % gs)
-			cap[small] = n % gs;
-		if (repair_sizes(n, M, &g, part, cap, &moved)) {
-			snprintf(err, errlen, "out of memory");
-			goto out;
-		}
-		for (uint32_t i = 0; i < n; i++)
-			for (idx_t e = g.xadj[i]; e < g.xadj[i + 1]; e++)
-				if (part[g.adjncy[e]] == part[i])
-					inside += g.adjwgt[e];
-		if (v == 0 || inside > best_inside) {
-			best_inside = inside;
+		if (v == 0 || t.inside > best_inside) {
+			best_inside = t.inside;
 			memcpy(best, part, (size_t)n * sizeof(*best));
-			*last = n % gs ? small : M;
-			info->moved = moved;
+			*last = n % gs ? t.small : M;
+			info->moved = t.moved;
 			info->variant = v;
 		}
 	}
@@ -762,9 +749,9 @@ out:
 	free(live);
 	free(nbr);
 	free(sim);
-	free(cap);
+	free(t.cap);
 	free(best);
-	free(size);
+	free(t.size);
 	graph_free(&g);
 	return rc;
 }

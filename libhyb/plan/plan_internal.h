@@ -4,7 +4,9 @@
  *   plan/group.c    group size from a transfer model; co-activation grouping
  *                   of each layer's neurons (METIS, KAIROX 5.2)
  *   plan/place.c    which groups start on the GPU (PowerInfer 6.2-6.3 ILP)
- *   predictor.c     per-layer MLP predictors (PowerInfer 5.1), trained in C
+ *   plan/predictor_train.c
+ *                   per-layer MLP predictors (PowerInfer 5.1), trained in C;
+ *                   libhyb/sparse/predictor.c runs them at decode time
  *   plan/import.c   PowerInfer's predictors and GPU index, when the model is theirs
  *   plan/write.c    the driver: checks, the stages in order, the streamed file
  */
@@ -110,7 +112,7 @@ int hyb_plan_place_greedy(const struct hyb_plan_place_layer *L, uint32_t n_layer
 int hyb_plan_place_solve(const struct hyb_plan_place_layer *L, uint32_t n_layer, uint64_t budget,
 		     uint64_t max_nodes, int8_t *const *gpu, struct hyb_plan_place_result *r);
 
-/* ---- predictors (predictor.c) ---------------------------------------------- */
+/* ---- predictors (plan/predictor_train.c) ----------------------------------- */
 
 
 /*
