@@ -50,92 +50,11 @@
 #include "cache_hybd.h"
 #include "hyb/app_stats.h"
 #include "hyb/manifest.h"
-#include "ffn_hybrid.h"
+#include "ffn_hybrid_internal.h"
 #include "sparse/sparse_layer.h"
 #include "sparse/group_div.h"
 #include "dense.h"
 #include "sparse/sparse_op.h"
-
-struct hyb_ffn_hybrid {
-	const struct hyb_model *m;
-	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
-	struct hyb_device *dev;
-	struct hyb_hybd_cache *hc;      /* box mode: hybd's cache and queue, else NULL */
-	char stats_path[4200];          /* box mode: STATE_DIR/NAME.app.PID (hyb/app_stats.h) */
-	double stats_t;                 /* when it was last written (CLOCK_MONOTONIC) */
-	bool stats_written;
-	struct hyb_balancer *bal;
-	struct hyb_hdense *hd;          /* attention blocks and head on the device */
-	bool oracle, layer_policy, prefill_cpu;
-	bool image_pinned;              /* m->image registered with the device */
-	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
-	struct hyb_hybrid_placement place;
-	uint32_t E, F, GS, NG, L;
-	uint64_t gs_recip;              /* hyb_group_recip(GS) (group_div.h) */
-	uint64_t slot_bytes;
-
-	/* device memory */
-	hyb_dptr cache, tables, d_xn, d_list, d_y, d_ycpu;
-
-	/* host: the neuron table mirror (pinned), slots */
-	int32_t *table;                 /* [L][NG] global slot or -1 */
-	bool *dirty;                    /* [L] table changed since the last upload */
-	uint32_t *slot_base, *n_slots;  /* [L] */
-	uint32_t *free_slot, *n_free;   /* [total] stacks, per layer at slot_base; [L] */
-	uint32_t total_slots;
-	struct hyb_device_event **slot_ev; /* [total] the slot's last load */
-	/*
-	 * Loads in flight, in issue order. RELOAD runs its copies in order, so
-	 * polling the oldest one's event until one is not done gives every
-	 * completion with one event query each (a query per resident group
-	 * and layer would cost more than the FFN: cudaEventQuery is ~1 us).
-	 */
-	struct inflight { uint32_t slot, layer; uint64_t seq; bool done; } *fly;
-	uint32_t fly_cap, fly_head, fly_n;
-	uint64_t seq_issued, seq_done;   /* loads queued, loads known landed */
-	uint64_t *slot_seq;              /* [total] the slot's last load */
-	uint32_t *in_flight;             /* [L] loads of the layer in flight */
-
-	/* pinned staging */
-	float *h_xn, *h_y, *h_ycpu;     /* h_y: [E], oracle [NG][E] */
-	uint32_t *h_list;
-
-	/* per token */
-	uint32_t *act, *act_next, *act0; /* [F] this layer, next layer, layer 0 */
-	uint32_t *all;                   /* [F] 0..F-1: a layer-policy layer's list */
-	uint32_t n_act, n_act_next, n_act0;
-	uint32_t *cpu_list;              /* [F] */
-	uint32_t *dgroup;                /* [NG] oracle: k-th device group of the layer */
-	uint32_t *load, *evict;          /* [NG] */
-	int8_t *usable;                  /* [NG] scratch: -1 unknown, 0 no, 1 yes */
-	uint8_t *pre_skip;               /* [NG] prefill: groups the device computes */
-	uint32_t n_pre;                  /* prefill: their neurons, listed in h_list */
-	float *cur, *y_cpu, *part;       /* [E] */
-	struct hyb_balancer_feedback *fb; /* [L] */
-	struct hyb_device_event *ev_in, *ev_k, *ev_out;
-	struct hyb_device_event *ev_k0;  /* timed, as ev_k: the layer's kernels start */
-	double t_layer_in, window_s, group_load_s;
-	/*
-	 * Loads with a sequence number above this were issued by this layer's
-	 * own decision (same-layer mode; UINT64_MAX otherwise): late by
-	 * construction, so not a sign for the bottleneck test (split_ffn).
-	 */
-	uint64_t seq_fresh;
-	struct hyb_hybrid_stats st;
-};
-
-static uint32_t group_neurons(const struct hyb_ffn_hybrid *h, uint32_t g)
-{
-	const uint32_t g0 = g * h->GS;
-
-	return h->F - g0 < h->GS ? h->F - g0 : h->GS;
-}
-
-static int dev_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen, const char *what)
-{
-	snprintf(err, errlen, "%s: %s", what, hyb_device_error(h->dev));
-	return -1;
-}
 
 /* ---- loads and evictions ---------------------------------------------------- */
 
