@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The hybrid FFN engine's state, shared by its files:
- *   ffn_hybrid.c   creation and teardown: the budget split, box mode's
- *                  cache, the device, the balancer, buffers and slots; what
- *                  the set-up decided (placement, where a layer runs)
+ *   ffn_hybrid.c         creation and teardown: the budget split, box mode's
+ *                        cache, the device, the balancer, buffers and slots;
+ *                        what the set-up decided (placement, where a layer
+ *                        runs)
+ *   ffn_hybrid_cache.c   what is where in the device's neuron cache and how
+ *                        it moves: the balancer's decisions carried out as
+ *                        loads and evictions, loads followed until they land
  */
 #ifndef HYB_FFN_HYBRID_INTERNAL_H
 #define HYB_FFN_HYBRID_INTERNAL_H
@@ -94,5 +98,36 @@ static inline int dev_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen, c
 	snprintf(err, errlen, "%s: %s", what, hyb_device_error(h->dev));
 	return -1;
 }
+
+/*
+ * Group g of layer l can be computed on the device: resident and its load
+ * landed (h->usable caches the answer for one layer's split; -1 unknown).
+ */
+static inline bool group_usable(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
+{
+	if (h->usable[g] < 0) {
+		const int32_t s = h->table[(size_t)l * h->NG + g];
+
+		h->usable[g] = s >= 0 && h->slot_seq[s] <= h->seq_done;
+	}
+	return h->usable[g] > 0;
+}
+
+/* ---- ffn_hybrid_cache.c ---- */
+
+/* Take note of the loads that have landed since the last poll (0, or an errno < 0). */
+int hyb_ffn_hybrid_cache_poll(struct hyb_ffn_hybrid *h);
+/* Wait until every load in flight has landed. */
+int hyb_ffn_hybrid_cache_wait_all(struct hyb_ffn_hybrid *h);
+/* err: a load's failure, hybd's reason in box mode, else the device's; returns -1. */
+int hyb_ffn_hybrid_cache_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen, const char *what);
+/*
+ * The balancer's decision for layer l from its predicted set act[n], carried
+ * out: evictions, then loads. Returns 0, or -1 with err.
+ */
+int hyb_ffn_hybrid_cache_balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act,
+				 uint32_t n, char *err, size_t errlen);
+/* The starting cache, loaded before the first token; measures one group's load time. */
+int hyb_ffn_hybrid_cache_warm(struct hyb_ffn_hybrid *h, char *err, size_t errlen);
 
 #endif
