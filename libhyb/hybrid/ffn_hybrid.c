@@ -45,59 +45,6 @@
 
 /* ---- the split FFN -------------------------------------------------------------- */
 
-/* The device list and table go up; xn too unless it is on the device already (on_dev). */
-static int queue_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev,
-			bool on_dev)
-{
-	const uint64_t tb = sizeof(int32_t) * h->NG;
-
-	if (!on_dev) {
-		memcpy(h->h_xn, xn, sizeof(float) * h->E);
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_xn, h->h_xn,
-				   sizeof(float) * h->E))
-			return -1;
-		h->st.critical_bytes += sizeof(float) * h->E;
-	}
-	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_list, h->h_list,
-			   sizeof(uint32_t) * n_dev))
-		return -1;
-	h->st.critical_bytes += sizeof(uint32_t) * n_dev;
-	if (h->dirty[l]) {
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->tables + (uint64_t)l * tb,
-				   h->table + (size_t)l * h->NG, tb))
-			return -1;
-		h->st.critical_bytes += tb;
-		h->dirty[l] = false;
-	}
-	if (hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
-	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
-		return -1;
-	return 0;
-}
-
-static struct hyb_dev_ffn dev_ffn(const struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr xn,
-				  hyb_dptr list, uint32_t n, hyb_dptr y)
-{
-	return (struct hyb_dev_ffn){
-		.type = hyb_ffn_sparse_bundles(h->sp, l)->type,
-		.n_embd = h->E, .n_ff = h->F, .group_size = h->GS, .act = h->m->hp.act,
-		.table = h->tables + (uint64_t)l * h->NG * sizeof(int32_t),
-		.cache = h->cache, .slot_bytes = h->slot_bytes,
-		.xn = xn, .active = list, .n_active = n, .y = y,
-	};
-}
-
-static int queue_result(struct hyb_ffn_hybrid *h, uint64_t bytes)
-{
-	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
-	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
-	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, bytes) ||
-	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
-		return -1;
-	h->st.critical_bytes += bytes;
-	return 0;
-}
-
 /* Oracle mode: every group's partial apart, summed in group order. */
 struct oracle_sum {
 	struct hyb_ffn_hybrid *h;
@@ -118,33 +65,6 @@ static int oracle_part(void *user, uint32_t g, const uint32_t *active, uint32_t 
 	}
 	return hyb_ffn_sparse_run(h->sp, NULL, o->l, o->xn, active, n, part, &st, err,
 				  sizeof(err));
-}
-
-/*
- * The merge on the device (on_dev): y = y_dev + y_cpu, then x += y, in the
- * order the host merge adds them, so both give the same bits. Nothing
- * waits: the next layer's work follows on COMPUTE.
- */
-static int merge_on_device(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu)
-{
-	const hyb_dptr x = hyb_hdense_x(h->hd);
-	const uint64_t b = sizeof(float) * h->E;
-
-	if (n_cpu) {
-		memcpy(h->h_ycpu, h->y_cpu, b);
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_ycpu, h->h_ycpu, b) ||
-		    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
-		    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
-			return -1;
-		h->st.critical_bytes += b;
-	}
-	if (n_dev && n_cpu)
-		return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, h->d_y, h->d_ycpu, h->E) ||
-		       hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, h->d_y, h->E);
-	if (n_dev || n_cpu)
-		return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, n_dev ? h->d_y : h->d_ycpu,
-				      h->E);
-	return 0;
 }
 
 static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
@@ -174,15 +94,16 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 
 	tq = hyb_device_now(h->dev);
 	if (n_dev) {
-		if (queue_inputs(h, l, xn, n_dev, on_dev) ||
+		if (hyb_ffn_hybrid_dev_inputs(h, l, xn, n_dev, on_dev) ||
 		    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k0))
 			return dev_fail(h, err, errlen, "device inputs");
 		if (!h->oracle) {
-			struct hyb_dev_ffn f = dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
+			struct hyb_dev_ffn f =
+				hyb_ffn_hybrid_dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
 
 			if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
 			    (on_dev ? hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k)
-				    : queue_result(h, sizeof(float) * h->E)))
+				    : hyb_ffn_hybrid_dev_result(h, sizeof(float) * h->E)))
 				return dev_fail(h, err, errlen, "device FFN");
 		} else {
 			/* one kernel per device group, each into its own partial */
@@ -193,7 +114,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 
 				while (j < n_dev && h->h_list[j] / h->GS == g)
 					j++;
-				struct hyb_dev_ffn f = dev_ffn(h, l, d_xn,
+				struct hyb_dev_ffn f = hyb_ffn_hybrid_dev_ffn(h, l, d_xn,
 					h->d_list + sizeof(uint32_t) * i, j - i,
 					h->d_y + sizeof(float) * h->E * n_dgroups);
 
@@ -202,7 +123,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 				h->dgroup[g] = n_dgroups++;
 				i = j;
 			}
-			if (queue_result(h, sizeof(float) * h->E * n_dgroups))
+			if (hyb_ffn_hybrid_dev_result(h, sizeof(float) * h->E * n_dgroups))
 				return dev_fail(h, err, errlen, "device FFN");
 		}
 	}
@@ -225,7 +146,7 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 	const double te = hyb_device_now(h->dev);
 
 	if (on_dev) {
-		if (merge_on_device(h, n_dev, n_cpu))
+		if (hyb_ffn_hybrid_dev_merge(h, n_dev, n_cpu))
 			return dev_fail(h, err, errlen, "merge on the device");
 	} else if (h->oracle) {
 		struct oracle_sum o = { .h = h, .l = l, .xn = xn };
@@ -297,11 +218,13 @@ int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float
 	const size_t E = h->E;
 
 	for (uint32_t t = 0; t < n && h->n_pre; t++) {
-		struct hyb_dev_ffn f = dev_ffn(h, l, h->d_xn, h->d_list, h->n_pre, h->d_y);
+		struct hyb_dev_ffn f =
+			hyb_ffn_hybrid_dev_ffn(h, l, h->d_xn, h->d_list, h->n_pre, h->d_y);
 
-		if (queue_inputs(h, l, xn + t * E, h->n_pre, false) ||
+		if (hyb_ffn_hybrid_dev_inputs(h, l, xn + t * E, h->n_pre, false) ||
 		    hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
-		    queue_result(h, sizeof(float) * E) || hyb_device_sync(h->dev, h->ev_out))
+		    hyb_ffn_hybrid_dev_result(h, sizeof(float) * E) ||
+		    hyb_device_sync(h->dev, h->ev_out))
 			return dev_fail(h, err, errlen, "prompt FFN on the device");
 		memcpy(y + t * E, h->h_y, sizeof(float) * E);
 	}

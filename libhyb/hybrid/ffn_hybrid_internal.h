@@ -8,6 +8,8 @@
  *   ffn_hybrid_cache.c   what is where in the device's neuron cache and how
  *                        it moves: the balancer's decisions carried out as
  *                        loads and evictions, loads followed until they land
+ *   ffn_hybrid_dev.c     the device's half of a split: inputs up, the sparse
+ *                        FFN kernel, the partial down or merged on the device
  */
 #ifndef HYB_FFN_HYBRID_INTERNAL_H
 #define HYB_FFN_HYBRID_INTERNAL_H
@@ -129,5 +131,18 @@ int hyb_ffn_hybrid_cache_balance(struct hyb_ffn_hybrid *h, uint32_t l, const uin
 				 uint32_t n, char *err, size_t errlen);
 /* The starting cache, loaded before the first token; measures one group's load time. */
 int hyb_ffn_hybrid_cache_warm(struct hyb_ffn_hybrid *h, char *err, size_t errlen);
+
+/* ---- ffn_hybrid_dev.c: 0, or -1 on a device error (the caller says it: dev_fail) ---- */
+
+/* The device list h_list[n_dev] and layer l's table go up, xn too unless on_dev. */
+int hyb_ffn_hybrid_dev_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn,
+			      uint32_t n_dev, bool on_dev);
+/* The sparse FFN kernel of layer l on the cache: list[n] of xn into y. */
+struct hyb_dev_ffn hyb_ffn_hybrid_dev_ffn(const struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr xn,
+					  hyb_dptr list, uint32_t n, hyb_dptr y);
+/* After the kernels on COMPUTE: bytes of d_y down into h_y, ev_out recorded. */
+int hyb_ffn_hybrid_dev_result(struct hyb_ffn_hybrid *h, uint64_t bytes);
+/* on_dev: the CPU partial up, both partials added into the device's residual stream. */
+int hyb_ffn_hybrid_dev_merge(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu);
 
 #endif
