@@ -8,6 +8,7 @@
  *   ffn_hybrid_cache.c   what is where in the device's neuron cache and how
  *                        it moves: the balancer's decisions carried out as
  *                        loads and evictions, loads followed until they land
+ *   ffn_hybrid_stats.c   statistics, and box mode's statistics file
  *   ffn_hybrid_prefill.c a prompt batch's FFN: the cached groups' share on
  *                        the device
  *   ffn_hybrid_dev.c     the device's half of a split: inputs up, the sparse
