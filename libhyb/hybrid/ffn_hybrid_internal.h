@@ -8,6 +8,8 @@
  *   ffn_hybrid_cache.c   what is where in the device's neuron cache and how
  *                        it moves: the balancer's decisions carried out as
  *                        loads and evictions, loads followed until they land
+ *   ffn_hybrid_layer.c   one token's FFN of one layer: predict, balance,
+ *                        split, both halves, merge
  *   ffn_hybrid_stats.c   statistics, and box mode's statistics file
  *   ffn_hybrid_prefill.c a prompt batch's FFN: the cached groups' share on
  *                        the device
