@@ -90,3 +90,49 @@ int hyb_ffn_hybrid_dev_merge(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t 
 				      h->E);
 	return 0;
 }
+
+/* Oracle mode: one kernel per device group, each into its own partial (dgroup[g]: which). */
+static int run_by_group(struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr d_xn, uint32_t n_dev,
+			char *err, size_t errlen)
+{
+	uint32_t n_dgroups = 0;
+
+	memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
+	for (uint32_t i = 0; i < n_dev;) {
+		const uint32_t g = h->h_list[i] / h->GS;
+		uint32_t j = i + 1;
+
+		while (j < n_dev && h->h_list[j] / h->GS == g)
+			j++;
+		struct hyb_dev_ffn f = hyb_ffn_hybrid_dev_ffn(h, l, d_xn,
+			h->d_list + sizeof(uint32_t) * i, j - i,
+			h->d_y + sizeof(float) * h->E * n_dgroups);
+
+		if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f))
+			return dev_fail(h, err, errlen, "device FFN");
+		h->dgroup[g] = n_dgroups++;
+		i = j;
+	}
+	if (hyb_ffn_hybrid_dev_result(h, sizeof(float) * h->E * n_dgroups))
+		return dev_fail(h, err, errlen, "device FFN");
+	return 0;
+}
+
+int hyb_ffn_hybrid_dev_run(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev,
+			   bool on_dev, char *err, size_t errlen)
+{
+	const hyb_dptr d_xn = on_dev ? hyb_hdense_xn(h->hd) : h->d_xn;
+
+	if (hyb_ffn_hybrid_dev_inputs(h, l, xn, n_dev, on_dev) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k0))
+		return dev_fail(h, err, errlen, "device inputs");
+	if (h->oracle)
+		return run_by_group(h, l, d_xn, n_dev, err, errlen);
+	struct hyb_dev_ffn f = hyb_ffn_hybrid_dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
+
+	if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
+	    (on_dev ? hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k)
+		    : hyb_ffn_hybrid_dev_result(h, sizeof(float) * h->E)))
+		return dev_fail(h, err, errlen, "device FFN");
+	return 0;
+}

@@ -147,6 +147,13 @@ struct hyb_dev_ffn hyb_ffn_hybrid_dev_ffn(const struct hyb_ffn_hybrid *h, uint32
 					  hyb_dptr list, uint32_t n, hyb_dptr y);
 /* After the kernels on COMPUTE: bytes of d_y down into h_y, ev_out recorded. */
 int hyb_ffn_hybrid_dev_result(struct hyb_ffn_hybrid *h, uint64_t bytes);
+/*
+ * The device's half of layer l's split, queued: inputs up, the kernel over
+ * h_list[n_dev] (oracle mode: one a group, each into its own partial), the
+ * partial down unless on_dev. Returns 0, or -1 with err.
+ */
+int hyb_ffn_hybrid_dev_run(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev,
+			   bool on_dev, char *err, size_t errlen);
 /* on_dev: the CPU partial up, both partials added into the device's residual stream. */
 int hyb_ffn_hybrid_dev_merge(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu);
 

@@ -55,13 +55,23 @@ static int oracle_part(void *user, uint32_t g, const uint32_t *active, uint32_t 
 				  sizeof(err));
 }
 
-static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-		     const float *xn, float *y, bool on_dev, char *err, size_t errlen)
+/* One layer's split: the lists' sizes, the late neurons, the host clock at each phase. */
+struct split {
+	uint32_t n_dev, n_cpu;
+	uint32_t late;          /* resident but still loading: on the CPU */
+	uint32_t late_stale;    /* of those, loads decided before this layer (seq_fresh) */
+	double tq, tc, ts, te;  /* device queued, CPU starts, CPU done, device waited for */
+	bool dev_last;          /* the device finished after the CPU */
+};
+
+/*
+ * Step 3: an active neuron whose group has landed in a slot goes to the
+ * device list (h_list), any other to the CPU list.
+ */
+static int split_active(struct hyb_ffn_hybrid *h, uint32_t l, struct split *s, char *err,
+			size_t errlen)
 {
-	struct hyb_sparse_ffn_stats st;
-	const hyb_dptr d_xn = on_dev ? hyb_hdense_xn(h->hd) : h->d_xn;
-	uint32_t n_dev = 0, n_cpu = 0, late = 0, late_stale = 0, n_dgroups = 0;
-	double tq, tc, ts, kern_s;
+	uint32_t n_dev = 0, n_cpu = 0, late = 0, late_stale = 0;
 
 	memset(h->usable, -1, h->NG);
 	if (hyb_ffn_hybrid_cache_poll(h))
@@ -79,67 +89,42 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 			late_stale += slot >= 0 && h->slot_seq[slot] <= h->seq_fresh;
 		}
 	}
+	s->n_dev = n_dev;
+	s->n_cpu = n_cpu;
+	s->late = late;
+	s->late_stale = late_stale;
+	return 0;
+}
 
-	tq = hyb_device_now(h->dev);
-	if (n_dev) {
-		if (hyb_ffn_hybrid_dev_inputs(h, l, xn, n_dev, on_dev) ||
-		    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k0))
-			return dev_fail(h, err, errlen, "device inputs");
-		if (!h->oracle) {
-			struct hyb_dev_ffn f =
-				hyb_ffn_hybrid_dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
-
-			if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
-			    (on_dev ? hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k)
-				    : hyb_ffn_hybrid_dev_result(h, sizeof(float) * h->E)))
-				return dev_fail(h, err, errlen, "device FFN");
-		} else {
-			/* one kernel per device group, each into its own partial */
-			memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
-			for (uint32_t i = 0; i < n_dev;) {
-				const uint32_t g = h->h_list[i] / h->GS;
-				uint32_t j = i + 1;
-
-				while (j < n_dev && h->h_list[j] / h->GS == g)
-					j++;
-				struct hyb_dev_ffn f = hyb_ffn_hybrid_dev_ffn(h, l, d_xn,
-					h->d_list + sizeof(uint32_t) * i, j - i,
-					h->d_y + sizeof(float) * h->E * n_dgroups);
-
-				if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f))
-					return dev_fail(h, err, errlen, "device FFN");
-				h->dgroup[g] = n_dgroups++;
-				i = j;
-			}
-			if (hyb_ffn_hybrid_dev_result(h, sizeof(float) * h->E * n_dgroups))
-				return dev_fail(h, err, errlen, "device FFN");
-		}
-	}
-
-	/* the CPU's share, in place on pool memory, while the device works */
-	tc = hyb_device_now(h->dev);
-	if (!h->oracle &&
-	    hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, n_cpu, h->y_cpu, &st, err, errlen))
-		return -1;
-	ts = hyb_device_now(h->dev);
-	h->fb[l].cpu_s = ts - tc;
-	/* which side of the split finished last: the bottleneck test's input */
+/*
+ * The device's partial, waited for where the host merge needs it; the
+ * device merge only waits to time a device that finished last (it has
+ * nothing else to do meanwhile). Which side finished last is the
+ * bottleneck test's input.
+ */
+static int wait_device(struct hyb_ffn_hybrid *h, bool on_dev, struct split *s, char *err,
+		       size_t errlen)
+{
 	struct hyb_device_event *ev_dev = on_dev ? h->ev_k : h->ev_out;
-	const bool dev_last = n_dev && !hyb_device_done(h->dev, ev_dev);
 
-	/* the host merge needs the partial; the device merge only waits to time a
-	 * device that finished last (it has nothing else to do meanwhile) */
-	if ((!on_dev || dev_last) && n_dev && hyb_device_sync(h->dev, ev_dev))
+	s->dev_last = s->n_dev && !hyb_device_done(h->dev, ev_dev);
+	if ((!on_dev || s->dev_last) && s->n_dev && hyb_device_sync(h->dev, ev_dev))
 		return dev_fail(h, err, errlen, "device FFN");
-	const double te = hyb_device_now(h->dev);
+	s->te = hyb_device_now(h->dev);
+	return 0;
+}
 
+/* The two partials merged: on the device (on_dev), else into y on the host. */
+static int merge(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, float *y, bool on_dev,
+		 const struct split *s, char *err, size_t errlen)
+{
 	if (on_dev) {
-		if (hyb_ffn_hybrid_dev_merge(h, n_dev, n_cpu))
+		if (hyb_ffn_hybrid_dev_merge(h, s->n_dev, s->n_cpu))
 			return dev_fail(h, err, errlen, "merge on the device");
 	} else if (h->oracle) {
 		struct oracle_sum o = { .h = h, .l = l, .xn = xn };
 
-		if (!n_dev)
+		if (!s->n_dev)
 			memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
 		if (hyb_ffn_sum_by_group(h->E, h->GS, h->act, h->n_act, h->part, h->y_cpu,
 					 oracle_part, &o)) {
@@ -149,8 +134,15 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 		memcpy(y, h->y_cpu, sizeof(float) * h->E);
 	} else {
 		for (uint32_t e = 0; e < h->E; e++)
-			y[e] = h->y_cpu[e] + (n_dev ? h->h_y[e] : 0.0f);
+			y[e] = h->y_cpu[e] + (s->n_dev ? h->h_y[e] : 0.0f);
 	}
+	return 0;
+}
+
+/* The balancer's feedback on layer l's split and the statistics. */
+static void account(struct hyb_ffn_hybrid *h, uint32_t l, const struct split *s)
+{
+	double kern_s;
 
 	/*
 	 * The device's time is known from the host only when it finished last
@@ -158,24 +150,49 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 	 * 0 (the device was not what this layer waited for). The statistics
 	 * count the time the host saw in both cases.
 	 */
-	h->fb[l].dev_s = dev_last ? te - tq : 0;
-	h->fb[l].stall_s = te - ts;
+	h->fb[l].dev_s = s->dev_last ? s->te - s->tq : 0;
+	h->fb[l].stall_s = s->te - s->ts;
 	/*
 	 * The balancer hears of the late neurons whose load had a window and
 	 * missed it; the statistics count every late neuron. In same-layer mode
 	 * a load decided at this layer lands during its FFN at best: those
 	 * neurons are late on every link, so they say nothing of the link.
 	 */
-	h->fb[l].late = late_stale;
+	h->fb[l].late = s->late_stale;
 	h->st.active += h->n_act;
-	h->st.active_dev += n_dev;
-	h->st.late += late;
-	h->st.cpu_ffn_s += ts - tc;
-	h->st.dev_ffn_s += dev_last ? te - tq : 0;
+	h->st.active_dev += s->n_dev;
+	h->st.late += s->late;
+	h->st.cpu_ffn_s += s->ts - s->tc;
+	h->st.dev_ffn_s += s->dev_last ? s->te - s->tq : 0;
 	/* ev_k has completed by now (synced, or found done): the kernels' own time */
-	if (n_dev && !hyb_device_elapsed(h->dev, h->ev_k0, h->ev_k, &kern_s))
+	if (s->n_dev && !hyb_device_elapsed(h->dev, h->ev_k0, h->ev_k, &kern_s))
 		h->st.dev_kernel_s += kern_s;
-	h->st.stall_s += te - ts;
+	h->st.stall_s += s->te - s->ts;
+}
+
+/* Steps 3 and 4: the split, the device's half queued, the CPU's half meanwhile, the merge. */
+static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
+		     const float *xn, float *y, bool on_dev, char *err, size_t errlen)
+{
+	struct hyb_sparse_ffn_stats st;
+	struct split s = { 0 };
+
+	if (split_active(h, l, &s, err, errlen))
+		return -1;
+	s.tq = hyb_device_now(h->dev);
+	if (s.n_dev && hyb_ffn_hybrid_dev_run(h, l, xn, s.n_dev, on_dev, err, errlen))
+		return -1;
+
+	/* the CPU's share, in place on pool memory, while the device works */
+	s.tc = hyb_device_now(h->dev);
+	if (!h->oracle && hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, s.n_cpu, h->y_cpu,
+					     &st, err, errlen))
+		return -1;
+	s.ts = hyb_device_now(h->dev);
+	h->fb[l].cpu_s = s.ts - s.tc;
+	if (wait_device(h, on_dev, &s, err, errlen) || merge(h, l, xn, y, on_dev, &s, err, errlen))
+		return -1;
+	account(h, l, &s);
 	return 0;
 }
 
