@@ -88,10 +88,11 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->ev_k = hyb_device_event_new_timed(h->dev);
 	h->ev_k0 = hyb_device_event_new_timed(h->dev);
 	h->ev_out = hyb_device_event_new(h->dev);
-	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty || !h->slot_base ||
-	    !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 || !h->cpu_list ||
-	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip || !h->cur || !h->y_cpu ||
-	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 || !h->ev_out)
+	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty ||
+	    !h->slot_base || !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 ||
+	    !h->cpu_list || !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip ||
+	    !h->cur || !h->y_cpu || !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 ||
+	    !h->ev_out)
 		return -1;
 	for (size_t i = 0; i < L * NG; i++)
 		h->table[i] = -1;
@@ -285,27 +286,20 @@ static int use_hybd_cache(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_para
 	return 0;
 }
 
-struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
-					  const struct hyb_hybrid_params *p, bool oracle,
-					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
+/* err: out of memory; returns -1. */
+static int oom(char *err, size_t errlen)
+{
+	snprintf(err, errlen, "out of memory for hybrid decoding");
+	return -1;
+}
+
+/* The plan's shape, the CPU operator (predictors, bundles) and a cache slot's size. */
+static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
+		      const struct hyb_hybrid_params *p, bool oracle, int n_threads, char *err,
+		      size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
-	struct hyb_ffn_hybrid *h;
-	struct hyb_device_config dc;
-	struct hyb_balancer_params bp;
-	const float **freq = NULL;
-	const int8_t **place = NULL;
-	uint64_t fixed, slots = 0;
-	bool *on = NULL, *pred = NULL, head = false;
 
-	if (!m->group_size) {
-		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
-			 "none");
-		return NULL;
-	}
-	h = calloc(1, sizeof(*h));
-	if (!h)
-		goto oom;
 	h->m = m;
 	h->oracle = oracle;
 	h->prefill_cpu = p->prefill_cpu;
@@ -317,28 +311,45 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->L = hp->n_layer;
 	h->sp = hyb_ffn_sparse_new(m, n_threads, err, errlen);
 	if (!h->sp)
-		goto fail;
+		return -1;
 	hyb_ffn_sparse_set_oracle(h->sp, oracle);
 	h->slot_bytes = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
 	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
-
 	h->layer_policy = p->policy == HYB_POLICY_LAYER;
-	if (use_hybd_cache(h, p, err, errlen))
-		goto fail;
-	fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
-	on = calloc(h->L, sizeof(*on));
-	pred = calloc(h->L, sizeof(*pred));
-	if (!on || !pred)
-		goto oom;
+	return 0;
+}
+
+/* What the budget split decided, until the dense parts are on the device. */
+struct budget {
+	bool *on, *pred;        /* [L] the layer's attention block, its predictor on the device */
+	bool head;
+	uint64_t slots;         /* cache slots for neuron groups */
+};
+
+/*
+ * The budget split (place_dense) and its checks: the budget must hold this
+ * app's buffers in box mode, and something in any mode.
+ */
+static int split_budget(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			uint32_t n_ctx, struct budget *b, char *err, size_t errlen)
+{
+	const uint64_t fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
+
+	b->on = calloc(h->L, sizeof(*b->on));
+	b->pred = calloc(h->L, sizeof(*b->pred));
+	if (!b->on || !b->pred)
+		return oom(err, errlen);
 	if (p->gpu_budget > fixed)
-		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head, pred);
+		b->slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, b->on, &b->head,
+				       b->pred);
 	if (h->hc && p->gpu_budget <= fixed) {
 		snprintf(err, errlen, "GPU budget %llu bytes does not hold this app's device buffers "
 			 "(%llu bytes; the groups go to hybd's cache)",
 			 (unsigned long long)p->gpu_budget, (unsigned long long)fixed);
-		goto fail;
+		return -1;
 	}
 	if (h->hc && !h->layer_policy) {
+		const uint64_t all_groups = (uint64_t)h->L * h->NG;
 		struct hyb_hybd_cache_info ci;
 
 		/*
@@ -347,26 +358,35 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		 * is hybd's gpu_cache. The layer policy counted its whole layers.
 		 */
 		hyb_hybd_cache_info(h->hc, &ci);
-		slots = ci.n_slots < (uint64_t)h->L * h->NG ? ci.n_slots : (uint64_t)h->L * h->NG;
+		b->slots = ci.n_slots < all_groups ? ci.n_slots : all_groups;
 	}
 	for (uint32_t l = 0; l < h->L; l++) {
-		h->place.attn_layers += on[l];
-		h->place.predictors += pred[l];
+		h->place.attn_layers += b->on[l];
+		h->place.predictors += b->pred[l];
 	}
-	h->place.head = head;
-	if (!slots && !h->place.attn_layers && !head) {
+	h->place.head = b->head;
+	if (!b->slots && !h->place.attn_layers && !b->head) {
 		snprintf(err, errlen, "GPU budget %llu bytes holds nothing: no neuron group (%llu "
 			 "bytes each, plus %llu of buffers)%s", (unsigned long long)p->gpu_budget,
 			 (unsigned long long)h->slot_bytes, (unsigned long long)fixed,
 			 p->policy == HYB_POLICY_LAYER ? ", no whole layer" : "");
-		goto fail;
+		return -1;
 	}
-	dc = p->dev;
+	return 0;
+}
+
+/* The device, with the model's memory pinned for its uploads. */
+static int open_device(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p, char *err,
+		       size_t errlen)
+{
+	const struct hyb_model *m = h->m;
+	struct hyb_device_config dc = p->dev;
+
 	if (!dc.capacity)
 		dc.capacity = p->gpu_budget;
 	h->dev = hyb_device_open(p->device ? p->device : "cpu", &dc, err, errlen);
 	if (!h->dev)
-		goto fail;
+		return -1;
 	/*
 	 * Pin the memory the uploads read, for DMA straight from it. A box-mode
 	 * model's image holds only the GGUF header (its weights are hybd's pool
@@ -380,22 +400,32 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		if (rc == 0) {
 			h->image_pinned = true;
 		} else if (rc == -EIO) { /* the device faulted: nothing more runs on it */
-			dev_fail(h, err, errlen, "pinning the model's memory");
-			goto fail;
+			return dev_fail(h, err, errlen, "pinning the model's memory");
 		} else {
 			fprintf(stderr, "hyb: warning: the model's memory is not pinned (%s); "
 				"uploads go through the runtime's staging copy\n",
 				hyb_device_error(h->dev));
 		}
 	}
+	return 0;
+}
 
-	freq = calloc(h->L, sizeof(*freq));
-	place = calloc(h->L, sizeof(*place));
-	if (!freq || !place)
-		goto oom;
+/* The balancer over the budget's slots, from the plan's profiled frequencies and placement. */
+static int new_balancer(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			uint64_t slots, char *err, size_t errlen)
+{
+	const float **freq = calloc(h->L, sizeof(*freq));
+	const int8_t **place = calloc(h->L, sizeof(*place));
+	struct hyb_balancer_params bp;
+
+	if (!freq || !place) {
+		free(freq);
+		free(place);
+		return oom(err, errlen);
+	}
 	for (uint32_t l = 0; l < h->L; l++) {
-		freq[l] = m->layers[l].plan.freq;
-		place[l] = m->layers[l].plan.gpu;
+		freq[l] = h->m->layers[l].plan.freq;
+		place[l] = h->m->layers[l].plan.gpu;
 	}
 	bp = p->bal;
 	bp.policy = p->policy;
@@ -419,39 +449,67 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->bal = hyb_balancer_new(&bp, err, errlen);
 	free(freq);
 	free(place);
-	freq = NULL;
-	place = NULL;
-	if (!h->bal)
-		goto fail;
+	return h->bal ? 0 : -1;
+}
+
+/* Host buffers, slots and device memory, then the starting cache. */
+static int alloc_all(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
+{
 	if (alloc_host(h) || alloc_slots(h))
-		goto oom;
+		return oom(err, errlen);
 	if (alloc_device(h, err, errlen) || hyb_ffn_hybrid_cache_warm(h, err, errlen))
-		goto fail;
-	if ((h->place.attn_layers || head) &&
-	    !(h->hd = hyb_hdense_new(h->dev, m, n_ctx, on, head, pred, err, errlen)))
-		goto fail;
+		return -1;
+	return 0;
+}
+
+/* The dense parts the budget placed go up; the placement's byte counts. */
+static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct budget *b, char *err,
+		     size_t errlen)
+{
+	if ((h->place.attn_layers || b->head) &&
+	    !(h->hd = hyb_hdense_new(h->dev, h->m, n_ctx, b->on, b->head, b->pred, err, errlen)))
+		return -1;
 	h->place.dense_bytes = hyb_hdense_bytes(h->hd);
 	h->place.cache_bytes = (uint64_t)h->total_slots * h->slot_bytes;
 	for (uint32_t l = 0; l < h->L; l++)
 		h->place.dense_layers_cpu += hyb_ffn_hybrid_cpu_dense(h, l);
-	free(on);
-	free(pred);
-	on = pred = NULL;
+	return 0;
+}
+
+struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
+					  const struct hyb_hybrid_params *p, bool oracle,
+					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
+{
+	struct hyb_ffn_hybrid *h;
+	struct budget b = { 0 };
+	int rc;
+
+	if (!m->group_size) {
+		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
+			 "none");
+		return NULL;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h) {
+		oom(err, errlen);
+		return NULL;
+	}
+	rc = init_shape(h, m, p, oracle, n_threads, err, errlen) ||
+	     use_hybd_cache(h, p, err, errlen) || split_budget(h, p, n_ctx, &b, err, errlen) ||
+	     open_device(h, p, err, errlen) || new_balancer(h, p, b.slots, err, errlen) ||
+	     alloc_all(h, err, errlen) || new_dense(h, n_ctx, &b, err, errlen);
+	free(b.on);
+	free(b.pred);
+	if (rc) {
+		hyb_ffn_hybrid_free(h);
+		return NULL;
+	}
 	/* the balancer's load cap (a window's worth of loads) needs the measured load time */
 	if (h->group_load_s > 0)
 		hyb_balancer_set_group_load(h->bal, h->group_load_s);
 	memset(&h->st, 0, sizeof(h->st));
 	hyb_device_stats_reset(h->dev);
 	return h;
-oom:
-	snprintf(err, errlen, "out of memory for hybrid decoding");
-fail:
-	free(on);
-	free(pred);
-	free(freq);
-	free(place);
-	hyb_ffn_hybrid_free(h);
-	return NULL;
 }
 
 void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
