@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * The hybrid FFN engine (hyb/hybrid.h; ffn_hybrid_internal.h lists its
- * files): its creation - the budget split between dense parts and neuron
- * groups, box mode's cache, the device, the balancer, buffers and slots,
- * the starting cache - and teardown, and what the set-up decided.
+ * files): its creation - box mode's cache, the budget split
+ * (ffn_hybrid_place.c), the device, the balancer, buffers and slots, the
+ * starting cache, the dense parts - and teardown, and where a layer runs.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -19,20 +19,7 @@
 #include "sparse/group_div.h"
 #include "sparse/sparse_layer.h"
 
-/* Device bytes besides the cache: tables, inputs, partials (256-byte aligned each). */
-static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, bool oracle)
-{
-	const uint64_t a = 256;
-	uint64_t b = 0;
-
-	b += ((uint64_t)L * NG * sizeof(int32_t) + a - 1) / a * a;
-	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
-	b += ((uint64_t)F * sizeof(uint32_t) + a - 1) / a * a;
-	b += ((uint64_t)(oracle ? NG : 1) * E * sizeof(float) + a - 1) / a * a;
-	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
-	return b;
-}
-
+/* Device memory: the cache slots (box mode: hybd's, adopted), tables, inputs, partials. */
 static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 {
 	const uint64_t tb = (uint64_t)h->L * h->NG * sizeof(int32_t);
@@ -57,6 +44,7 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	return 0;
 }
 
+/* Host buffers: the pinned table mirror and staging, the per-token lists and scratch. */
 static int alloc_host(struct hyb_ffn_hybrid *h)
 {
 	const size_t E = h->E, F = h->F, NG = h->NG, L = h->L;
@@ -101,6 +89,7 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	return 0;
 }
 
+/* Slots per layer (the balancer's K_l) on free stacks, their events, the in-flight ring. */
 static int alloc_slots(struct hyb_ffn_hybrid *h)
 {
 	uint32_t base = 0;
@@ -129,92 +118,6 @@ static int alloc_slots(struct hyb_ffn_hybrid *h)
 		if (!(h->slot_ev[s] = hyb_device_event_new(h->dev)))
 			return -1;
 	return 0;
-}
-
-/*
- * Split the budget (hyb/hybrid.h "Where the dense parts run"): on[l] and
- * *head say which dense parts go to the device; returns the cache slots
- * left for neuron groups. `avail` is the budget less the FFN buffers.
- */
-static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred)
-{
-	const struct hyb_model *m = h->m;
-	/* box mode: groups live in hybd's cache, not in this app's budget */
-	const uint64_t layer_ffn = h->hc ? 0 : (uint64_t)h->NG * h->slot_bytes;
-	const uint64_t hb = hyb_hdense_head_bytes(m);
-	uint32_t n_on = 0, full = 0, max_full = h->L;
-
-	*head = false;
-	if (h->hc) {
-		struct hyb_hybd_cache_info ci;
-
-		hyb_hybd_cache_info(h->hc, &ci);
-		max_full = ci.n_slots / h->NG < h->L ? ci.n_slots / h->NG : h->L;
-	}
-	if (h->layer_policy) {
-		/* llama.cpp -ngl: whole layers in order, then the output layer */
-		for (uint32_t l = 0; l < max_full; l++) {
-			const uint64_t ab = p->dense_on_cpu ? 0 : hyb_hdense_layer_bytes(m, l, n_ctx);
-			const uint64_t need = ab + layer_ffn +
-				hyb_hdense_buffer_bytes(m, ab || n_on, false, false);
-
-			if ((!ab && !p->dense_on_cpu) || need > avail)
-				break;
-			on[l] = ab > 0;
-			n_on += on[l];
-			avail -= ab + layer_ffn;
-			full++;
-		}
-		if (!p->dense_on_cpu && full == h->L && hb &&
-		    hb + hyb_hdense_buffer_bytes(m, n_on, true, false) <= avail) {
-			*head = true;
-			avail -= hb;
-		}
-		return (uint64_t)full * h->NG;
-	}
-	if (!p->dense_on_cpu) {
-		uint32_t n_pred = 0;
-
-		/* attention blocks first, in layer order, then the head */
-		for (uint32_t l = 0; l < h->L; l++) {
-			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
-
-			/* a layer of types the device cannot run stays on the CPU */
-			if (!ab || ab + hyb_hdense_buffer_bytes(m, true, false, false) > avail)
-				continue;
-			on[l] = true;
-			n_on++;
-			avail -= ab;
-		}
-		if (hb && hb + hyb_hdense_buffer_bytes(m, n_on, true, false) <= avail) {
-			*head = true;
-			avail -= hb;
-		}
-		/*
-		 * Then the predictors whose input (the attention output they
-		 * read, hyb_hdense_pred_source) is on the device: fc1 is read
-		 * whole every token and fc2 by the hidden units that fire, and
-		 * on the CPU the F16 GEMVs cost more than their bytes (8-layer
-		 * 7B shape on 2 cores: 33 ms per token against 23 ms for the
-		 * CPU's neurons), so they come before any neuron group.
-		 */
-		const uint64_t buf = hyb_hdense_buffer_bytes(m, n_on, *head, false);
-		const uint64_t lists = hyb_hdense_buffer_bytes(m, n_on, *head, true) - buf;
-
-		for (uint32_t l = 0; l < h->L; l++) {
-			const uint64_t pb = hyb_hdense_pred_bytes(m, l);
-			const uint64_t need = pb + (n_pred ? 0 : lists);
-
-			if (!pb || !on[hyb_hdense_pred_source(m, l)] || need + buf > avail)
-				continue;
-			pred[l] = true;
-			n_pred++;
-			avail -= need;
-		}
-		avail -= buf < avail ? buf : avail;
-	}
-	return avail / h->slot_bytes;
 }
 
 /*
@@ -319,62 +222,6 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 	return 0;
 }
 
-/* What the budget split decided, until the dense parts are on the device. */
-struct budget {
-	bool *on, *pred;        /* [L] the layer's attention block, its predictor on the device */
-	bool head;
-	uint64_t slots;         /* cache slots for neuron groups */
-};
-
-/*
- * The budget split (place_dense) and its checks: the budget must hold this
- * app's buffers in box mode, and something in any mode.
- */
-static int split_budget(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			uint32_t n_ctx, struct budget *b, char *err, size_t errlen)
-{
-	const uint64_t fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
-
-	b->on = calloc(h->L, sizeof(*b->on));
-	b->pred = calloc(h->L, sizeof(*b->pred));
-	if (!b->on || !b->pred)
-		return oom(err, errlen);
-	if (p->gpu_budget > fixed)
-		b->slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, b->on, &b->head,
-				       b->pred);
-	if (h->hc && p->gpu_budget <= fixed) {
-		snprintf(err, errlen, "GPU budget %llu bytes does not hold this app's device buffers "
-			 "(%llu bytes; the groups go to hybd's cache)",
-			 (unsigned long long)p->gpu_budget, (unsigned long long)fixed);
-		return -1;
-	}
-	if (h->hc && !h->layer_policy) {
-		const uint64_t all_groups = (uint64_t)h->L * h->NG;
-		struct hyb_hybd_cache_info ci;
-
-		/*
-		 * Box mode: the budget is this app's device memory (dense parts,
-		 * buffers); the groups get every slot of hybd's cache, whose size
-		 * is hybd's gpu_cache. The layer policy counted its whole layers.
-		 */
-		hyb_hybd_cache_info(h->hc, &ci);
-		b->slots = ci.n_slots < all_groups ? ci.n_slots : all_groups;
-	}
-	for (uint32_t l = 0; l < h->L; l++) {
-		h->place.attn_layers += b->on[l];
-		h->place.predictors += b->pred[l];
-	}
-	h->place.head = b->head;
-	if (!b->slots && !h->place.attn_layers && !b->head) {
-		snprintf(err, errlen, "GPU budget %llu bytes holds nothing: no neuron group (%llu "
-			 "bytes each, plus %llu of buffers)%s", (unsigned long long)p->gpu_budget,
-			 (unsigned long long)h->slot_bytes, (unsigned long long)fixed,
-			 p->policy == HYB_POLICY_LAYER ? ", no whole layer" : "");
-		return -1;
-	}
-	return 0;
-}
-
 /* The device, with the model's memory pinned for its uploads. */
 static int open_device(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p, char *err,
 		       size_t errlen)
@@ -463,8 +310,8 @@ static int alloc_all(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 }
 
 /* The dense parts the budget placed go up; the placement's byte counts. */
-static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct budget *b, char *err,
-		     size_t errlen)
+static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct hyb_ffn_budget *b,
+		     char *err, size_t errlen)
 {
 	if ((h->place.attn_layers || b->head) &&
 	    !(h->hd = hyb_hdense_new(h->dev, h->m, n_ctx, b->on, b->head, b->pred, err, errlen)))
@@ -481,7 +328,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
 {
 	struct hyb_ffn_hybrid *h;
-	struct budget b = { 0 };
+	struct hyb_ffn_budget b = { 0 };
 	int rc;
 
 	if (!m->group_size) {
@@ -495,9 +342,12 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		return NULL;
 	}
 	rc = init_shape(h, m, p, oracle, n_threads, err, errlen) ||
-	     use_hybd_cache(h, p, err, errlen) || split_budget(h, p, n_ctx, &b, err, errlen) ||
-	     open_device(h, p, err, errlen) || new_balancer(h, p, b.slots, err, errlen) ||
-	     alloc_all(h, err, errlen) || new_dense(h, n_ctx, &b, err, errlen);
+	     use_hybd_cache(h, p, err, errlen) ||
+	     hyb_ffn_hybrid_place(h, p, n_ctx, &b, err, errlen) ||
+	     open_device(h, p, err, errlen) ||
+	     new_balancer(h, p, b.slots, err, errlen) ||
+	     alloc_all(h, err, errlen) ||
+	     new_dense(h, n_ctx, &b, err, errlen);
 	free(b.on);
 	free(b.pred);
 	if (rc) {
@@ -581,11 +431,6 @@ bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l)
 bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
 {
 	return h->layer_policy && h->n_slots[l] < h->NG;
-}
-
-void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_placement *out)
-{
-	*out = h->place;
 }
 
 struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h)

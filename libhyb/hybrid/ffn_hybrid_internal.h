@@ -1,20 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The hybrid FFN engine's state, shared by its files:
- *   ffn_hybrid.c         creation and teardown: the budget split, box mode's
- *                        cache, the device, the balancer, buffers and slots;
- *                        what the set-up decided (placement, where a layer
- *                        runs)
+ *   ffn_hybrid.c         creation and teardown: box mode's cache, the
+ *                        device, the balancer, buffers and slots; where a
+ *                        layer runs
+ *   ffn_hybrid_place.c   where the device budget goes: dense parts, then
+ *                        neuron groups
  *   ffn_hybrid_cache.c   what is where in the device's neuron cache and how
  *                        it moves: the balancer's decisions carried out as
  *                        loads and evictions, loads followed until they land
  *   ffn_hybrid_layer.c   one token's FFN of one layer: predict, balance,
  *                        split, both halves, merge
- *   ffn_hybrid_stats.c   statistics, and box mode's statistics file
- *   ffn_hybrid_prefill.c a prompt batch's FFN: the cached groups' share on
- *                        the device
  *   ffn_hybrid_dev.c     the device's half of a split: inputs up, the sparse
  *                        FFN kernel, the partial down or merged on the device
+ *   ffn_hybrid_prefill.c a prompt batch's FFN: the cached groups' share on
+ *                        the device
+ *   ffn_hybrid_stats.c   statistics, and box mode's statistics file
  */
 #ifndef HYB_FFN_HYBRID_INTERNAL_H
 #define HYB_FFN_HYBRID_INTERNAL_H
@@ -156,5 +157,21 @@ int hyb_ffn_hybrid_dev_run(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn
 			   bool on_dev, char *err, size_t errlen);
 /* on_dev: the CPU partial up, both partials added into the device's residual stream. */
 int hyb_ffn_hybrid_dev_merge(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu);
+
+/* ---- ffn_hybrid_place.c ---- */
+
+/* What the budget split decided, until the dense parts are on the device. */
+struct hyb_ffn_budget {
+	bool *on, *pred;        /* [L] the layer's attention block, its predictor on the device */
+	bool head;
+	uint64_t slots;         /* cache slots for neuron groups */
+};
+/*
+ * The budget split and its checks (the budget holds this app's buffers in
+ * box mode, and something in any mode): b->on and b->pred allocated, the
+ * caller frees them. Returns 0, or -1 with err.
+ */
+int hyb_ffn_hybrid_place(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			 uint32_t n_ctx, struct hyb_ffn_budget *b, char *err, size_t errlen);
 
 #endif
