@@ -964,152 +964,181 @@ static __device__ __forceinline__ uint32_t ld_pair(const unsigned short *row, ui
  * t % np and positions pl, pl + R, ... of each tile (pl = t / np, R =
  * AT_THREADS / np) for all nh heads, and the R partial sums are added at
  * the end in pl order.
- *
- * One body of ~160 lines on purpose: its phases (q load, scores, online
- * softmax, V accumulation, the final reduction) share the block's shared
- * arrays and the running max/sum between __syncthreads, and this code has
- * not yet run on a GPU: splitting it into device functions waits until the
- * result can be checked against the CPU device and timed there.
  */
-template <bool A4>
-static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
-{
-	__shared__ __align__(16) float qs[AT_HB][AT_HD];   /* q, rounded to F16 */
-	__shared__ float sc[AT_HB][AT_TILE];               /* scores, then weights */
-	__shared__ float alpha[AT_HB], mrun[AT_HB], lrun[AT_HB];
-	__shared__ __align__(16) float red[AT_THREADS * 2 * AT_HB]; /* [R][nh][hd] */
-	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-	const uint32_t hd = a.hd, np = hd / 2;
-	const uint32_t g = blockIdx.y / a.n_slices, slice = blockIdx.y % a.n_slices;
-	const uint32_t h0 = g * a.group + slice * a.hb;
-	const uint32_t nh = u32min(a.hb, a.group - slice * a.hb);
-	const uint32_t c = blockIdx.x, p0 = c * a.chunk, p1 = u32min(a.npos, p0 + a.chunk);
-	const unsigned short *kc = a.kc + (uint64_t)g * hd, *vc = a.vc + (uint64_t)g * hd;
+struct at_blk {
+	int lane, warp;
+	uint32_t hd, np;                /* head_dim, its F16 pairs */
+	uint32_t h0, nh;                /* query heads h0 .. h0 + nh */
+	uint32_t c, p0, p1;             /* chunk c: positions [p0, p1) */
+	const unsigned short *kc, *vc;  /* kv head g's columns of the caches */
 	/* scores: this lane's position group (4 a warp step) and its pairs dp = sub + 8j */
-	const uint32_t sub = lane % 8, grp = lane / 8;
+	uint32_t sub, grp;
 	/* V: this thread's pair and residue class of positions */
-	const uint32_t R = AT_THREADS / np, dpv = threadIdx.x % np, pl = threadIdx.x / np;
-	const bool vown = threadIdx.x < R * np;
-	float acc[AT_HB][2];
+	uint32_t R, dpv, pl;
+	bool vown;
+};
 
-	for (uint32_t e = threadIdx.x; e < nh * hd; e += AT_THREADS) {
-		const float v = a.q[(uint64_t)(h0 + e / hd) * hd + e % hd];
+/* The block's heads and positions, and this thread's share of each phase. */
+static __device__ __forceinline__ at_blk at_block(const at_k &a)
+{
+	at_blk b;
+
+	b.lane = threadIdx.x % WARP;
+	b.warp = threadIdx.x / WARP;
+	b.hd = a.hd;
+	b.np = b.hd / 2;
+	const uint32_t g = blockIdx.y / a.n_slices, slice = blockIdx.y % a.n_slices;
+	b.h0 = g * a.group + slice * a.hb;
+	b.nh = u32min(a.hb, a.group - slice * a.hb);
+	b.c = blockIdx.x;
+	b.p0 = b.c * a.chunk;
+	b.p1 = u32min(a.npos, b.p0 + a.chunk);
+	b.kc = a.kc + (uint64_t)g * b.hd;
+	b.vc = a.vc + (uint64_t)g * b.hd;
+	b.sub = b.lane % 8;
+	b.grp = b.lane / 8;
+	b.R = AT_THREADS / b.np;
+	b.dpv = threadIdx.x % b.np;
+	b.pl = threadIdx.x / b.np;
+	b.vown = threadIdx.x < b.R * b.np;
+	return b;
+}
+
+/* q into shared memory, rounded to F16 as the CPU has it; running max and sum cleared. */
+static __device__ __forceinline__ void at_begin(const at_k &a, const at_blk &b,
+						float (*qs)[AT_HD], float *mrun, float *lrun)
+{
+	for (uint32_t e = threadIdx.x; e < b.nh * b.hd; e += AT_THREADS) {
+		const float v = a.q[(uint64_t)(b.h0 + e / b.hd) * b.hd + e % b.hd];
 
 		/* the CPU rounds q to F16 for its K.q dot (attention.c, attend_row) */
-		qs[e / hd][e % hd] = __half2float(__float2half_rn(v));
+		qs[e / b.hd][e % b.hd] = __half2float(__float2half_rn(v));
 	}
 	if (threadIdx.x < AT_HB) {
 		mrun[threadIdx.x] = -INFINITY;
 		lrun[threadIdx.x] = 0.0f;
 	}
+}
+
+/* Scores of the tile's tn positions from t0 for every head; -inf past tn. */
+template <bool A4>
+static __device__ __forceinline__ void at_scores(const at_k &a, const at_blk &b, uint32_t t0,
+						 uint32_t tn, const float (*qs)[AT_HD],
+						 float (*sc)[AT_TILE])
+{
+	/* warp w, step s: position t0 + 8w + 4s + grp */
+	uint32_t kr[2][AT_KJ];
+
 #pragma unroll
-	for (int u = 0; u < AT_HB; u++)
-		acc[u][0] = acc[u][1] = 0.0f;
-	__syncthreads();
+	for (int s = 0; s < 2; s++) {
+		const uint32_t i = AT_PW * b.warp + 4 * s + b.grp;
+		const unsigned short *row = b.kc + (uint64_t)(t0 + i) * a.kv_stride;
 
-	for (uint32_t t0 = p0; t0 < p1; t0 += AT_TILE) {
-		const uint32_t tn = u32min(AT_TILE, p1 - t0);
+#pragma unroll
+		for (int j = 0; j < AT_KJ; j++) {
+			const uint32_t dp = b.sub + 8 * j;
 
-		/* ---- scores: warp w, step s: position t0 + 8w + 4s + grp ---- */
-		uint32_t kr[2][AT_KJ];
-
+			kr[s][j] = i < tn && dp < b.np ? ld_pair<A4>(row, dp) : 0u;
+		}
+	}
+	for (uint32_t hh = 0; hh < b.nh; hh++) {
 #pragma unroll
 		for (int s = 0; s < 2; s++) {
-			const uint32_t i = AT_PW * warp + 4 * s + grp;
-			const unsigned short *row = kc + (uint64_t)(t0 + i) * a.kv_stride;
+			const uint32_t i = AT_PW * b.warp + 4 * s + b.grp;
+			float d = 0;
 
 #pragma unroll
 			for (int j = 0; j < AT_KJ; j++) {
-				const uint32_t dp = sub + 8 * j;
+				const uint32_t dp = b.sub + 8 * j;
 
-				kr[s][j] = i < tn && dp < np ? ld_pair<A4>(row, dp) : 0u;
-			}
-		}
-		for (uint32_t hh = 0; hh < nh; hh++) {
-#pragma unroll
-			for (int s = 0; s < 2; s++) {
-				const uint32_t i = AT_PW * warp + 4 * s + grp;
-				float d = 0;
+				if (dp < b.np) {
+					const float2 qv = *(const float2 *)&qs[hh][2 * dp];
 
-#pragma unroll
-				for (int j = 0; j < AT_KJ; j++) {
-					const uint32_t dp = sub + 8 * j;
-
-					if (dp < np) {
-						const float2 qv = *(const float2 *)&qs[hh][2 * dp];
-
-						d = fmaf(f16_of(kr[s][j], 0), qv.x, d);
-						d = fmaf(f16_of(kr[s][j], 1), qv.y, d);
-					}
-				}
-				/* the 8 lanes of this position */
-				d += __shfl_xor_sync(FULL, d, 4);
-				d += __shfl_xor_sync(FULL, d, 2);
-				d += __shfl_xor_sync(FULL, d, 1);
-				if (sub == 0)
-					sc[hh][i] = i < tn ? d * a.scale : -INFINITY;
-			}
-		}
-		__syncthreads();
-
-		/* ---- online softmax: warp hh, lane owns positions lane, lane + 32 ---- */
-		if ((uint32_t)warp < nh) {
-			const int hh = warp;
-			const float s0 = sc[hh][lane], s1 = sc[hh][lane + WARP];
-			const float m_old = mrun[hh];
-			const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
-			const float e0 = expf(s0 - m_new), e1 = expf(s1 - m_new);
-			const float sum = warp_sum(e0 + e1);
-
-			sc[hh][lane] = e0;
-			sc[hh][lane + WARP] = e1;
-			__syncwarp(); /* every lane has read mrun[hh] before lane 0 writes it */
-			if (lane == 0) {
-				/* m_old = -inf on the first tile: alpha = 0, nothing to rescale */
-				const float al = expf(m_old - m_new);
-
-				alpha[hh] = al;
-				lrun[hh] = lrun[hh] * al + sum;
-				mrun[hh] = m_new;
-			}
-		}
-		__syncthreads();
-
-		/* ---- V: acc[hh] = acc[hh] * alpha[hh] + sum_p w[hh][p] V[p] ---- */
-		if (vown) {
-#pragma unroll
-			for (int u = 0; u < AT_HB; u++) {
-				if ((uint32_t)u < nh) {
-					acc[u][0] *= alpha[u];
-					acc[u][1] *= alpha[u];
+					d = fmaf(f16_of(kr[s][j], 0), qv.x, d);
+					d = fmaf(f16_of(kr[s][j], 1), qv.y, d);
 				}
 			}
-#pragma unroll 4
-			for (uint32_t i = pl; i < tn; i += R) {
-				const unsigned short *row = vc + (uint64_t)(t0 + i) * a.kv_stride;
-				const uint32_t vp = ld_pair<A4>(row, dpv);
-				const float v0 = f16_of(vp, 0), v1 = f16_of(vp, 1);
-
-#pragma unroll
-				for (int u = 0; u < AT_HB; u++) {
-					if ((uint32_t)u < nh) {
-						const float wgt = sc[u][i];
-
-						acc[u][0] = fmaf(wgt, v0, acc[u][0]);
-						acc[u][1] = fmaf(wgt, v1, acc[u][1]);
-					}
-				}
-			}
+			/* the 8 lanes of this position */
+			d += __shfl_xor_sync(FULL, d, 4);
+			d += __shfl_xor_sync(FULL, d, 2);
+			d += __shfl_xor_sync(FULL, d, 1);
+			if (b.sub == 0)
+				sc[hh][i] = i < tn ? d * a.scale : -INFINITY;
 		}
-		__syncthreads(); /* sc and alpha are rewritten by the next tile */
 	}
+}
 
-	/* ---- the R partial sums, in pl order; then out or the chunk's partial ---- */
-	if (vown) {
+/* Online softmax, warp hh for head hh, lane for positions lane and lane + 32: weights, alpha. */
+static __device__ __forceinline__ void at_softmax(const at_blk &b, float (*sc)[AT_TILE],
+						  float *alpha, float *mrun, float *lrun)
+{
+	if ((uint32_t)b.warp < b.nh) {
+		const int hh = b.warp, lane = b.lane;
+		const float s0 = sc[hh][lane], s1 = sc[hh][lane + WARP];
+		const float m_old = mrun[hh];
+		const float m_new = fmaxf(m_old, warp_max(fmaxf(s0, s1)));
+		const float e0 = expf(s0 - m_new), e1 = expf(s1 - m_new);
+		const float sum = warp_sum(e0 + e1);
+
+		sc[hh][lane] = e0;
+		sc[hh][lane + WARP] = e1;
+		__syncwarp(); /* every lane has read mrun[hh] before lane 0 writes it */
+		if (lane == 0) {
+			/* m_old = -inf on the first tile: alpha = 0, nothing to rescale */
+			const float al = expf(m_old - m_new);
+
+			alpha[hh] = al;
+			lrun[hh] = lrun[hh] * al + sum;
+			mrun[hh] = m_new;
+		}
+	}
+}
+
+/* V: acc[hh] = acc[hh] * alpha[hh] + sum_p w[hh][p] V[p] over this thread's positions. */
+template <bool A4>
+static __device__ __forceinline__ void at_values(const at_k &a, const at_blk &b, uint32_t t0,
+						 uint32_t tn, const float (*sc)[AT_TILE],
+						 const float *alpha, float (&acc)[AT_HB][2])
+{
+	if (!b.vown)
+		return;
+#pragma unroll
+	for (int u = 0; u < AT_HB; u++) {
+		if ((uint32_t)u < b.nh) {
+			acc[u][0] *= alpha[u];
+			acc[u][1] *= alpha[u];
+		}
+	}
+#pragma unroll 4
+	for (uint32_t i = b.pl; i < tn; i += b.R) {
+		const unsigned short *row = b.vc + (uint64_t)(t0 + i) * a.kv_stride;
+		const uint32_t vp = ld_pair<A4>(row, b.dpv);
+		const float v0 = f16_of(vp, 0), v1 = f16_of(vp, 1);
+
+#pragma unroll
+		for (int u = 0; u < AT_HB; u++) {
+			if ((uint32_t)u < b.nh) {
+				const float wgt = sc[u][i];
+
+				acc[u][0] = fmaf(wgt, v0, acc[u][0]);
+				acc[u][1] = fmaf(wgt, v1, acc[u][1]);
+			}
+		}
+	}
+}
+
+/* The R partial sums, in pl order; then out, or the chunk's partial with its m and l. */
+static __device__ __forceinline__ void at_end(const at_k &a, const at_blk &b, float *red,
+					      const float *mrun, const float *lrun,
+					      const float (&acc)[AT_HB][2])
+{
+	const uint32_t nh = b.nh, hd = b.hd;
+
+	if (b.vown) {
 #pragma unroll
 		for (int u = 0; u < AT_HB; u++) {
 			if ((uint32_t)u < nh) {
-				float *r = &red[((uint64_t)pl * nh + u) * hd + 2 * dpv];
+				float *r = &red[((uint64_t)b.pl * nh + u) * hd + 2 * b.dpv];
 
 				r[0] = acc[u][0];
 				r[1] = acc[u][1];
@@ -1118,15 +1147,15 @@ static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
 	}
 	__syncthreads();
 	for (uint32_t e = threadIdx.x; e < nh * hd; e += AT_THREADS) {
-		const uint32_t hh = e / hd, d = e % hd, h = h0 + hh;
+		const uint32_t hh = e / hd, d = e % hd, h = b.h0 + hh;
 		float s = 0;
 
-		for (uint32_t r = 0; r < R; r++)
+		for (uint32_t r = 0; r < b.R; r++)
 			s += red[((uint64_t)r * nh + hh) * hd + d];
 		if (a.n_chunks == 1) {
 			a.out[(uint64_t)h * hd + d] = s * (1.0f / lrun[hh]);
 		} else {
-			const uint64_t pc = (uint64_t)h * a.n_chunks + c;
+			const uint64_t pc = (uint64_t)h * a.n_chunks + b.c;
 
 			a.part[pc * hd + d] = s;
 			if (d == 0) {
@@ -1135,6 +1164,34 @@ static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
 			}
 		}
 	}
+}
+
+template <bool A4>
+static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
+{
+	__shared__ __align__(16) float qs[AT_HB][AT_HD];   /* q, rounded to F16 */
+	__shared__ float sc[AT_HB][AT_TILE];               /* scores, then weights */
+	__shared__ float alpha[AT_HB], mrun[AT_HB], lrun[AT_HB];
+	__shared__ __align__(16) float red[AT_THREADS * 2 * AT_HB]; /* [R][nh][hd] */
+	const at_blk b = at_block(a);
+	float acc[AT_HB][2];
+
+	at_begin(a, b, qs, mrun, lrun);
+#pragma unroll
+	for (int u = 0; u < AT_HB; u++)
+		acc[u][0] = acc[u][1] = 0.0f;
+	__syncthreads();
+	for (uint32_t t0 = b.p0; t0 < b.p1; t0 += AT_TILE) {
+		const uint32_t tn = u32min(AT_TILE, b.p1 - t0);
+
+		at_scores<A4>(a, b, t0, tn, qs, sc);
+		__syncthreads();
+		at_softmax(b, sc, alpha, mrun, lrun);
+		__syncthreads();
+		at_values<A4>(a, b, t0, tn, sc, alpha, acc);
+		__syncthreads(); /* sc and alpha are rewritten by the next tile */
+	}
+	at_end(a, b, red, mrun, lrun, acc);
 }
 
 /* ---- attention 3: the chunks' partials of each head merged ---------------------------- */

@@ -9,10 +9,11 @@
  *              device too (layer l+1's, or layer l's own for a same-layer
  *              model) - the only wait of the layer; otherwise on the
  *              CPU (forward.c's code);
- *   FFN        the split of ffn_hybrid.c, merged on the device when the
- *              attention was there (PowerInfer 5.3: the next layer's
- *              attention reads x where it was merged), else on the host; a
- *              layer-policy layer not on the device runs dense on the CPU;
+ *   FFN        the split of ffn_hybrid_layer.c, merged on the device
+ *              when the attention was there (PowerInfer 5.3: the next
+ *              layer's attention reads x where it was merged), else on the
+ *              host; a layer-policy layer not on the device runs dense on
+ *              the CPU;
  *   head       on the device when placed, else on the CPU.
  *
  * The residual stream lives where the last step left it (`where`); a step
@@ -85,9 +86,9 @@ static int attention(struct step *s, uint32_t l)
 		if (hyb_hdense_attention(s->hd, l, c->n_past))
 			return dev_err(s, "attention on the device");
 		/*
-		 * The predictors that read this output (ffn_hybrid.c picks them
-		 * up): adjacent, layer l+1's into slot 1 (and layer 0's own into
-		 * slot 0); same-layer, layer l's own into slot 0.
+		 * The predictors that read this output (ffn_hybrid_layer.c picks
+		 * them up): adjacent, layer l+1's into slot 1 (and layer 0's own
+		 * into slot 0); same-layer, layer l's own into slot 0.
 		 */
 		const bool same = c->m->pred_input == HYB_PRED_SAME_LAYER;
 

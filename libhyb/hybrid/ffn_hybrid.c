@@ -1,806 +1,25 @@
 // SPDX-License-Identifier: MIT
 /*
- * Hybrid FFN decode (hyb/hybrid.h): one layer at a time,
- *
- *   1. predict: layer l's active set was predicted at layer l-1 from its
- *      attention output (KAIROX 5.1 adjacent prediction; layer 0 predicts
- *      from its own); layer l+1's is predicted now, from layer l's;
- *   2. balance: the balancer decides layer l+1's cache from that set and the
- *      loads go on the RELOAD stream at once, so they overlap this layer's
- *      FFN and the next layer's attention; in the last layer the decision is
- *      for layer 0 of the next token, from this token's layer-0 set (KAIROX
- *      5.1, "Layer 0 special case");
- *      a same-layer model (HYB_PRED_SAME_LAYER: PowerInfer's predictors read
- *      layer l's own raw residual) predicts and balances layer l at layer
- *      l instead, see hyb_ffn_hybrid_layer;
- *   3. split: an active neuron whose group has landed in a cache slot goes
- *      to the device list, any other to the CPU list (a group still loading
- *      is "late": the CPU computes it from the pool, nobody waits);
- *   4. the device list goes up on CRITICAL and the kernel runs on COMPUTE
- *      while the CPU computes its list in place on pool memory (PowerInfer
- *      5.3). Where the layer's attention ran on the device (hybrid/dense.c)
- *      the residual stream is there: the CPU partial goes up and the two are
- *      added into it on the device, and nobody waits. Otherwise the device
- *      partial comes back on CRITICAL and the host adds the two.
- *
- * The layer policy (llama.cpp -ngl) has no predictor: a layer on the device
- * lists every neuron, a layer off it runs dense on the CPU (hybrid/decode.c).
- *
- * The device table (int32 per group: its slot or -1, PowerInfer 5.2's neuron
- * table) is mirrored on the host and uploaded with a layer's inputs when it
- * changed. Slots are per layer (the balancer's K_l), free lists per layer.
- * Every device kernel of a layer has completed before the next layer's
- * decisions - the host has waited for the partial result, or for the next
- * layer's attention output, which follows it on COMPUTE - so a slot freed by
- * an eviction can be reloaded at once.
- *
- * Box mode (cache_hybd.h): the slots are hybd's cache and a load is an
- * UPLOAD request on hybd's reload queue instead of a copy on RELOAD; it has
- * landed when its completion is reaped. hybd serves one priority in order,
- * so a reload of a slot lands after any earlier load of it still queued.
+ * The hybrid FFN engine (hyb/hybrid.h; ffn_hybrid_internal.h lists its
+ * files): its creation - box mode's cache, the budget split
+ * (ffn_hybrid_place.c), the device, the balancer, buffers and slots, the
+ * starting cache, the dense parts - and teardown, and where a layer runs.
  */
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "cache_hybd.h"
+#include "dense.h"
+#include "ffn_hybrid_internal.h"
 #include "hyb/app_stats.h"
 #include "hyb/manifest.h"
-#include "ffn_hybrid.h"
-#include "sparse/sparse_layer.h"
 #include "sparse/group_div.h"
-#include "dense.h"
-#include "sparse/sparse_op.h"
+#include "sparse/sparse_layer.h"
 
-struct hyb_ffn_hybrid {
-	const struct hyb_model *m;
-	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
-	struct hyb_device *dev;
-	struct hyb_hybd_cache *hc;      /* box mode: hybd's cache and queue, else NULL */
-	char stats_path[4200];          /* box mode: STATE_DIR/NAME.app.PID (hyb/app_stats.h) */
-	double stats_t;                 /* when it was last written (CLOCK_MONOTONIC) */
-	bool stats_written;
-	struct hyb_balancer *bal;
-	struct hyb_hdense *hd;          /* attention blocks and head on the device */
-	bool oracle, layer_policy, prefill_cpu;
-	bool image_pinned;              /* m->image registered with the device */
-	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
-	struct hyb_hybrid_offload place;
-	uint32_t E, F, GS, NG, L;
-	uint64_t gs_recip;              /* hyb_group_recip(GS) (group_div.h) */
-	uint64_t slot_bytes;
-
-	/* device memory */
-	hyb_dptr cache, tables, d_xn, d_list, d_y, d_ycpu;
-
-	/* host: the neuron table mirror (pinned), slots */
-	int32_t *table;                 /* [L][NG] global slot or -1 */
-	bool *dirty;                    /* [L] table changed since the last upload */
-	uint32_t *slot_base, *n_slots;  /* [L] */
-	uint32_t *free_slot, *n_free;   /* [total] stacks, per layer at slot_base; [L] */
-	uint32_t total_slots;
-	struct hyb_device_event **slot_ev; /* [total] the slot's last load */
-	/*
-	 * Loads in flight, in issue order. RELOAD runs its copies in order, so
-	 * polling the oldest one's event until one is not done gives every
-	 * completion with one event query each (a query per resident group
-	 * and layer would cost more than the FFN: cudaEventQuery is ~1 us).
-	 */
-	struct inflight { uint32_t slot, layer; uint64_t seq; bool done; } *fly;
-	uint32_t fly_cap, fly_head, fly_n;
-	uint64_t seq_issued, seq_done;   /* loads queued, loads known landed */
-	uint64_t *slot_seq;              /* [total] the slot's last load */
-	uint32_t *in_flight;             /* [L] loads of the layer in flight */
-
-	/* pinned staging */
-	float *h_xn, *h_y, *h_ycpu;     /* h_y: [E], oracle [NG][E] */
-	uint32_t *h_list;
-
-	/* per token */
-	uint32_t *act, *act_next, *act0; /* [F] this layer, next layer, layer 0 */
-	uint32_t *all;                   /* [F] 0..F-1: a layer-policy layer's list */
-	uint32_t n_act, n_act_next, n_act0;
-	uint32_t *cpu_list;              /* [F] */
-	uint32_t *dgroup;                /* [NG] oracle: k-th device group of the layer */
-	uint32_t *load, *evict;          /* [NG] */
-	int8_t *usable;                  /* [NG] scratch: -1 unknown, 0 no, 1 yes */
-	uint8_t *pre_skip;               /* [NG] prefill: groups the device computes */
-	uint32_t n_pre;                  /* prefill: their neurons, listed in h_list */
-	float *cur, *y_cpu, *part;       /* [E] */
-	struct hyb_balancer_feedback *fb; /* [L] */
-	struct hyb_device_event *ev_in, *ev_k, *ev_out;
-	struct hyb_device_event *ev_k0;  /* timed, as ev_k: the layer's kernels start */
-	double t_layer_in, window_s, group_load_s;
-	/*
-	 * Loads with a sequence number above this were issued by this layer's
-	 * own decision (same-layer mode; UINT64_MAX otherwise): late by
-	 * construction, so not a sign for the bottleneck test (split_ffn).
-	 */
-	uint64_t seq_fresh;
-	struct hyb_hybrid_stats st;
-};
-
-static uint32_t group_neurons(const struct hyb_ffn_hybrid *h, uint32_t g)
-{
-	const uint32_t g0 = g * h->GS;
-
-	return h->F - g0 < h->GS ? h->F - g0 : h->GS;
-}
-
-static int dev_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen, const char *what)
-{
-	snprintf(err, errlen, "%s: %s", what, hyb_device_error(h->dev));
-	return -1;
-}
-
-/* ---- loads and evictions ---------------------------------------------------- */
-
-static void fly_pop(struct hyb_ffn_hybrid *h)
-{
-	const struct inflight *f = &h->fly[h->fly_head];
-
-	h->seq_done = f->seq;
-	h->in_flight[f->layer]--;
-	h->fly_head = (h->fly_head + 1) % h->fly_cap;
-	h->fly_n--;
-}
-
-/*
- * Box mode: take the completions hybd has posted (wait: at least one).
- * Sequence numbers in the ring are consecutive, so a tag (a load's seq)
- * finds its entry by its distance from the oldest.
- */
-static int reap_hybd(struct hyb_ffn_hybrid *h, bool wait)
-{
-	uint64_t tags[64];
-	int n;
-
-	do {
-		n = hyb_hybd_cache_reap(h->hc, tags, 64, wait);
-		if (n < 0)
-			return n;
-		for (int i = 0; i < n; i++) {
-			const uint64_t d = tags[i] - h->fly[h->fly_head].seq;
-
-			if (h->fly_n && tags[i] >= h->fly[h->fly_head].seq && d < h->fly_n)
-				h->fly[(h->fly_head + d) % h->fly_cap].done = true;
-		}
-		wait = false;
-	} while (n == 64);
-	while (h->fly_n && h->fly[h->fly_head].done)
-		fly_pop(h);
-	return 0;
-}
-
-/* Take note of the loads that have landed since the last poll. */
-static int poll_loads(struct hyb_ffn_hybrid *h)
-{
-	if (h->hc)
-		return reap_hybd(h, false);
-	while (h->fly_n && hyb_device_done(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
-		fly_pop(h);
-	return 0;
-}
-
-/* Wait until the oldest load in flight has landed. */
-static int wait_oldest(struct hyb_ffn_hybrid *h)
-{
-	const uint64_t seq = h->fly[h->fly_head].seq;
-
-	if (!h->hc) {
-		if (hyb_device_sync(h->dev, h->slot_ev[h->fly[h->fly_head].slot]))
-			return -EIO;
-		fly_pop(h);
-		return 0;
-	}
-	while (h->fly_n && h->fly[h->fly_head].seq == seq) {
-		int rc = reap_hybd(h, true);
-
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-/* Wait until every load in flight has landed. */
-static int wait_all(struct hyb_ffn_hybrid *h)
-{
-	while (h->fly_n) {
-		int rc = wait_oldest(h);
-
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-static int load_fail(struct hyb_ffn_hybrid *h, int rc, char *err, size_t errlen,
-		     const char *what)
-{
-	if (h->hc) {
-		snprintf(err, errlen, "%s: %s", what, hyb_hybd_cache_error(h->hc));
-		return -1;
-	}
-	(void)rc;
-	return dev_fail(h, err, errlen, what);
-}
-
-/* Put group g of layer l in a free slot of the layer: one bundle, one copy. */
-static int load_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
-{
-	const struct hyb_ffn_bundles *b = hyb_ffn_sparse_bundles(h->sp, l);
-	const uint64_t bytes = 3ull * group_neurons(h, g) * b->row_bytes;
-	uint32_t slot;
-
-	if (!h->n_free[l])
-		return -ENOSPC;
-	slot = h->free_slot[h->slot_base[l] + --h->n_free[l]];
-	int rc;
-
-	h->table[(size_t)l * h->NG + g] = (int32_t)slot;
-	h->dirty[l] = true;
-	/* a full ring (a link far behind): wait for its oldest load */
-	if (h->fly_n == h->fly_cap && (rc = wait_oldest(h)))
-		return rc;
-	if (h->hc) {
-		/* hybd's queue is full: wait for its oldest of ours to come back */
-		while ((rc = hyb_hybd_cache_upload(h->hc, slot, l, g, h->seq_issued + 1)) ==
-		       -EAGAIN && h->fly_n)
-			if ((rc = wait_oldest(h)))
-				return rc;
-		if (rc)
-			return rc;
-	} else if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD,
-				  h->cache + (uint64_t)slot * h->slot_bytes, b->bundle[g], bytes) ||
-		   hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->slot_ev[slot])) {
-		return -EIO;
-	}
-	h->slot_seq[slot] = ++h->seq_issued;
-	h->fly[(h->fly_head + h->fly_n++) % h->fly_cap] =
-		(struct inflight){ .slot = slot, .layer = l, .seq = h->seq_issued };
-	h->in_flight[l]++;
-	h->st.loads++;
-	h->st.load_bytes += bytes;
-	return 0;
-}
-
-static void evict_group(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
-{
-	int32_t *t = &h->table[(size_t)l * h->NG + g];
-
-	if (*t < 0)
-		return;
-	h->free_slot[h->slot_base[l] + h->n_free[l]++] = (uint32_t)*t;
-	*t = -1;
-	h->dirty[l] = true;
-	h->st.evicts++;
-}
-
-/* The balancer's decision for layer l from its predicted set, carried out. */
-static int balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act, uint32_t n,
-		   char *err, size_t errlen)
-{
-	struct hyb_balancer_feedback *fb = &h->fb[l];
-	uint32_t nl = 0, ne = 0;
-
-	/* loads of this layer still in flight: the reload backlog it sees */
-	if (poll_loads(h))
-		return load_fail(h, -EIO, err, errlen, "reload");
-	fb->backlog_s = h->in_flight[l] * h->group_load_s;
-	fb->window_s = h->window_s;
-	fb->n_active = n;
-	if (hyb_balancer_step(h->bal, l, act, n, fb, h->load, &nl, h->evict, &ne)) {
-		snprintf(err, errlen, "layer %u: balancer rejected the active set", l);
-		return -1;
-	}
-	h->st.bound_io += hyb_balancer_bottleneck(h->bal, l) == HYB_BOUND_IO;
-	h->st.bound_cpu += hyb_balancer_bottleneck(h->bal, l) == HYB_BOUND_CPU;
-	for (uint32_t i = 0; i < ne; i++)
-		evict_group(h, l, h->evict[i]);
-	for (uint32_t i = 0; i < nl; i++) {
-		int rc = load_group(h, l, h->load[i]);
-
-		if (rc == -ENOSPC) {
-			snprintf(err, errlen, "layer %u: balancer loads beyond the layer's %u slots",
-				 l, h->n_slots[l]);
-			return -1;
-		}
-		if (rc)
-			return load_fail(h, rc, err, errlen, "reload");
-	}
-	return 0;
-}
-
-/* ---- the split FFN -------------------------------------------------------------- */
-
-static bool group_usable(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t g)
-{
-	if (h->usable[g] < 0) {
-		const int32_t s = h->table[(size_t)l * h->NG + g];
-
-		h->usable[g] = s >= 0 && h->slot_seq[s] <= h->seq_done;
-	}
-	return h->usable[g] > 0;
-}
-
-/* The device list and table go up; xn too unless it is on the device already (on_dev). */
-static int queue_inputs(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n_dev,
-			bool on_dev)
-{
-	const uint64_t tb = sizeof(int32_t) * h->NG;
-
-	if (!on_dev) {
-		memcpy(h->h_xn, xn, sizeof(float) * h->E);
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_xn, h->h_xn,
-				   sizeof(float) * h->E))
-			return -1;
-		h->st.critical_bytes += sizeof(float) * h->E;
-	}
-	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_list, h->h_list,
-			   sizeof(uint32_t) * n_dev))
-		return -1;
-	h->st.critical_bytes += sizeof(uint32_t) * n_dev;
-	if (h->dirty[l]) {
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->tables + (uint64_t)l * tb,
-				   h->table + (size_t)l * h->NG, tb))
-			return -1;
-		h->st.critical_bytes += tb;
-		h->dirty[l] = false;
-	}
-	if (hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
-	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
-		return -1;
-	return 0;
-}
-
-static struct hyb_dev_ffn dev_ffn(const struct hyb_ffn_hybrid *h, uint32_t l, hyb_dptr xn,
-				  hyb_dptr list, uint32_t n, hyb_dptr y)
-{
-	return (struct hyb_dev_ffn){
-		.type = hyb_ffn_sparse_bundles(h->sp, l)->type,
-		.n_embd = h->E, .n_ff = h->F, .group_size = h->GS, .act = h->m->hp.act,
-		.table = h->tables + (uint64_t)l * h->NG * sizeof(int32_t),
-		.cache = h->cache, .slot_bytes = h->slot_bytes,
-		.xn = xn, .active = list, .n_active = n, .y = y,
-	};
-}
-
-static int queue_result(struct hyb_ffn_hybrid *h, uint64_t bytes)
-{
-	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
-	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
-	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, bytes) ||
-	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
-		return -1;
-	h->st.critical_bytes += bytes;
-	return 0;
-}
-
-/* Oracle mode: every group's partial apart, summed in group order. */
-struct oracle_sum {
-	struct hyb_ffn_hybrid *h;
-	uint32_t l;
-	const float *xn;
-};
-
-static int oracle_part(void *user, uint32_t g, const uint32_t *active, uint32_t n, float *part)
-{
-	struct oracle_sum *o = user;
-	struct hyb_ffn_hybrid *h = o->h;
-	struct hyb_sparse_ffn_stats st;
-	char err[8];
-
-	if (h->dgroup[g] != UINT32_MAX) {
-		memcpy(part, h->h_y + (size_t)h->dgroup[g] * h->E, sizeof(float) * h->E);
-		return 0;
-	}
-	return hyb_ffn_sparse_run(h->sp, NULL, o->l, o->xn, active, n, part, &st, err,
-				  sizeof(err));
-}
-
-/*
- * The merge on the device (on_dev): y = y_dev + y_cpu, then x += y, in the
- * order the host merge adds them, so both give the same bits. Nothing
- * waits: the next layer's work follows on COMPUTE.
- */
-static int merge_on_device(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu)
-{
-	const hyb_dptr x = hyb_hdense_x(h->hd);
-	const uint64_t b = sizeof(float) * h->E;
-
-	if (n_cpu) {
-		memcpy(h->h_ycpu, h->y_cpu, b);
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_ycpu, h->h_ycpu, b) ||
-		    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
-		    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
-			return -1;
-		h->st.critical_bytes += b;
-	}
-	if (n_dev && n_cpu)
-		return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, h->d_y, h->d_ycpu, h->E) ||
-		       hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, h->d_y, h->E);
-	if (n_dev || n_cpu)
-		return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, n_dev ? h->d_y : h->d_ycpu,
-				      h->E);
-	return 0;
-}
-
-static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-		     const float *xn, float *y, bool on_dev, char *err, size_t errlen)
-{
-	struct hyb_sparse_ffn_stats st;
-	const hyb_dptr d_xn = on_dev ? hyb_hdense_xn(h->hd) : h->d_xn;
-	uint32_t n_dev = 0, n_cpu = 0, late = 0, late_stale = 0, n_dgroups = 0;
-	double tq, tc, ts, kern_s;
-
-	memset(h->usable, -1, h->NG);
-	if (poll_loads(h))
-		return load_fail(h, -EIO, err, errlen, "reload");
-	for (uint32_t i = 0; i < h->n_act; i++) {
-		const uint32_t g = hyb_group_of(h->act[i], h->gs_recip);
-
-		if (group_usable(h, l, g)) {
-			h->h_list[n_dev++] = h->act[i];
-		} else {
-			const int32_t slot = h->table[(size_t)l * h->NG + g];
-
-			h->cpu_list[n_cpu++] = h->act[i];
-			late += slot >= 0;
-			late_stale += slot >= 0 && h->slot_seq[slot] <= h->seq_fresh;
-		}
-	}
-
-	tq = hyb_device_now(h->dev);
-	if (n_dev) {
-		if (queue_inputs(h, l, xn, n_dev, on_dev) ||
-		    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k0))
-			return dev_fail(h, err, errlen, "device inputs");
-		if (!h->oracle) {
-			struct hyb_dev_ffn f = dev_ffn(h, l, d_xn, h->d_list, n_dev, h->d_y);
-
-			if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
-			    (on_dev ? hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k)
-				    : queue_result(h, sizeof(float) * h->E)))
-				return dev_fail(h, err, errlen, "device FFN");
-		} else {
-			/* one kernel per device group, each into its own partial */
-			memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
-			for (uint32_t i = 0; i < n_dev;) {
-				const uint32_t g = h->h_list[i] / h->GS;
-				uint32_t j = i + 1;
-
-				while (j < n_dev && h->h_list[j] / h->GS == g)
-					j++;
-				struct hyb_dev_ffn f = dev_ffn(h, l, d_xn,
-					h->d_list + sizeof(uint32_t) * i, j - i,
-					h->d_y + sizeof(float) * h->E * n_dgroups);
-
-				if (hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f))
-					return dev_fail(h, err, errlen, "device FFN");
-				h->dgroup[g] = n_dgroups++;
-				i = j;
-			}
-			if (queue_result(h, sizeof(float) * h->E * n_dgroups))
-				return dev_fail(h, err, errlen, "device FFN");
-		}
-	}
-
-	/* the CPU's share, in place on pool memory, while the device works */
-	tc = hyb_device_now(h->dev);
-	if (!h->oracle &&
-	    hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, n_cpu, h->y_cpu, &st, err, errlen))
-		return -1;
-	ts = hyb_device_now(h->dev);
-	h->fb[l].cpu_s = ts - tc;
-	/* which side of the split finished last: the bottleneck test's input */
-	struct hyb_device_event *ev_dev = on_dev ? h->ev_k : h->ev_out;
-	const bool dev_last = n_dev && !hyb_device_done(h->dev, ev_dev);
-
-	/* the host merge needs the partial; the device merge only waits to time a
-	 * device that finished last (it has nothing else to do meanwhile) */
-	if ((!on_dev || dev_last) && n_dev && hyb_device_sync(h->dev, ev_dev))
-		return dev_fail(h, err, errlen, "device FFN");
-	const double te = hyb_device_now(h->dev);
-
-	if (on_dev) {
-		if (merge_on_device(h, n_dev, n_cpu))
-			return dev_fail(h, err, errlen, "merge on the device");
-	} else if (h->oracle) {
-		struct oracle_sum o = { .h = h, .l = l, .xn = xn };
-
-		if (!n_dev)
-			memset(h->dgroup, 0xff, sizeof(*h->dgroup) * h->NG);
-		if (hyb_ffn_sum_by_group(h->E, h->GS, h->act, h->n_act, h->part, h->y_cpu,
-					 oracle_part, &o)) {
-			snprintf(err, errlen, "layer %u: oracle sum failed", l);
-			return -1;
-		}
-		memcpy(y, h->y_cpu, sizeof(float) * h->E);
-	} else {
-		for (uint32_t e = 0; e < h->E; e++)
-			y[e] = h->y_cpu[e] + (n_dev ? h->h_y[e] : 0.0f);
-	}
-
-	/*
-	 * The device's time is known from the host only when it finished last
-	 * (te); otherwise it was under the CPU's, and the feedback says so with
-	 * 0 (the device was not what this layer waited for). The statistics
-	 * count the time the host saw in both cases.
-	 */
-	h->fb[l].dev_s = dev_last ? te - tq : 0;
-	h->fb[l].stall_s = te - ts;
-	/*
-	 * The balancer hears of the late neurons whose load had a window and
-	 * missed it; the statistics count every late neuron. In same-layer mode
-	 * a load decided at this layer lands during its FFN at best: those
-	 * neurons are late on every link, so they say nothing of the link.
-	 */
-	h->fb[l].late = late_stale;
-	h->st.active += h->n_act;
-	h->st.active_dev += n_dev;
-	h->st.late += late;
-	h->st.cpu_ffn_s += ts - tc;
-	h->st.dev_ffn_s += dev_last ? te - tq : 0;
-	/* ev_k has completed by now (synced, or found done): the kernels' own time */
-	if (n_dev && !hyb_device_elapsed(h->dev, h->ev_k0, h->ev_k, &kern_s))
-		h->st.dev_kernel_s += kern_s;
-	h->st.stall_s += te - ts;
-	return 0;
-}
-
-/* ---- prompt batches -------------------------------------------------------------- */
-
-const uint8_t *hyb_ffn_hybrid_prefill_split(struct hyb_ffn_hybrid *h, uint32_t l)
-{
-	h->n_pre = 0;
-	memset(h->pre_skip, 0, h->NG);
-	/* oracle mode keeps the CPU batch's sums (tests compare bits) */
-	if (h->oracle || hyb_ffn_hybrid_cpu_dense(h, l))
-		return NULL;
-	memset(h->usable, -1, h->NG);
-	(void)poll_loads(h);	/* a failure shows at the next decode step */
-	for (uint32_t g = 0; g < h->NG; g++) {
-		if (!group_usable(h, l, g))
-			continue;
-		h->pre_skip[g] = 1;
-		for (uint32_t i = g * h->GS; i < g * h->GS + group_neurons(h, g); i++)
-			h->h_list[h->n_pre++] = i;
-	}
-	return h->n_pre ? h->pre_skip : NULL;
-}
-
-int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n,
-			       float *y, char *err, size_t errlen)
-{
-	const size_t E = h->E;
-
-	for (uint32_t t = 0; t < n && h->n_pre; t++) {
-		struct hyb_dev_ffn f = dev_ffn(h, l, h->d_xn, h->d_list, h->n_pre, h->d_y);
-
-		if (queue_inputs(h, l, xn + t * E, h->n_pre, false) ||
-		    hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
-		    queue_result(h, sizeof(float) * E) || hyb_device_sync(h->dev, h->ev_out))
-			return dev_fail(h, err, errlen, "prompt FFN on the device");
-		memcpy(y + t * E, h->h_y, sizeof(float) * E);
-	}
-	return 0;
-}
-
-/*
- * Layer j's active set, predicted from x_attn (the residual stream after the
- * previous layer's attention, or layer 0's own; same-layer: layer j's own,
- * read as it is): by the device where its predictor is there
- * (hybrid/decode.c queued it into `slot` and the list has come down), else
- * on the host.
- */
-static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t j, int slot,
-			const float *x_attn, uint32_t *out)
-{
-	if (hyb_hdense_pred_on(h->hd, j)) {
-		const uint32_t *list;
-		const uint32_t n = hyb_hdense_predicted(h->hd, slot, &list);
-
-		memcpy(out, list, sizeof(uint32_t) * n);
-		return n;
-	}
-	if (h->m->pred_input == HYB_PRED_SAME_LAYER)
-		return hyb_ffn_sparse_predict(h->sp, pool, j, x_attn, out);
-	if (!h->cur_ready) {
-		hyb_unit_rms(h->cur, x_attn, h->E);
-		h->cur_ready = true;
-	}
-	return hyb_ffn_sparse_predict(h->sp, pool, j, h->cur, out);
-}
-
-/* A layer-policy layer on the device: every neuron, nothing predicted or moved. */
-static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-		       const float *xn, float *y, bool on_dev, char *err, size_t errlen)
-{
-	const double t0 = hyb_device_now(h->dev);
-	uint32_t *t = h->act;
-	int rc;
-
-	h->act = h->all;
-	h->n_act = h->F;
-	rc = split_ffn(h, pool, l, xn, y, on_dev, err, errlen);
-	h->act = t;
-	h->st.layer_steps++;
-	h->st.ffn_s += hyb_device_now(h->dev) - t0;
-	return rc;
-}
-
-static double clock_s(clockid_t clk)
-{
-	struct timespec ts;
-
-	clock_gettime(clk, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/*
- * Box mode: this app's statistics for `hybctl stalls`, at most twice a
- * second. A write that fails (a full state dir) is skipped: decoding goes
- * on, and the file keeps its last whole version.
- */
-static void publish_stats(struct hyb_ffn_hybrid *h)
-{
-	const uint32_t pick[HYB_APP_STATS_LAMBDAS] = { 0, h->L / 4, h->L / 2, 3 * h->L / 4,
-						      h->L - 1 };
-	const double t = clock_s(CLOCK_MONOTONIC);
-	struct hyb_app_stats a = { .pid = (int32_t)getpid(), .n_layer = h->L };
-	char err[256];
-
-	/* the first once a decode step is whole (this call opens the next one) */
-	if (!h->stats_path[0] || h->st.tokens < 2 || (h->stats_written && t - h->stats_t < 0.5))
-		return;
-	a.time = clock_s(CLOCK_REALTIME);
-	a.st = h->st;
-	snprintf(a.policy, sizeof(a.policy), "%s", hyb_policy_name(hyb_balancer_policy(h->bal)));
-	for (int i = 0; i < HYB_APP_STATS_LAMBDAS; i++) {
-		const double lam = hyb_ffn_hybrid_lambda(h, pick[i]);
-
-		if (isnan(lam) || (a.n_lambda && a.lambda_layer[a.n_lambda - 1] == pick[i]))
-			continue;
-		a.lambda_layer[a.n_lambda] = pick[i];
-		a.lambda[a.n_lambda++] = lam;
-	}
-	if (!hyb_app_stats_write(h->stats_path, &a, err, sizeof(err)))
-		h->stats_written = true;
-	h->stats_t = t;
-}
-
-void hyb_ffn_hybrid_begin_token(struct hyb_ffn_hybrid *h)
-{
-	h->st.tokens++;
-	if (h->hc)
-		publish_stats(h);
-}
-
-bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l)
-{
-	return !h->oracle && hyb_hdense_layer_on(h->hd, l);
-}
-
-struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h)
-{
-	return h->hd;
-}
-
-void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_offload *out)
-{
-	*out = h->place;
-}
-
-bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h)
-{
-	return !h->prefill_cpu && h->hd && hyb_hdense_layers_on(h->hd) > 0;
-}
-
-bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
-{
-	return h->layer_policy && h->n_slots[l] < h->NG;
-}
-
-/*
- * Adjacent prediction (KAIROX 5.1): layer l's set was predicted at layer
- * l-1 (layer 0's now, from its own output); layer l+1's is predicted now and
- * its cache decided, so the loads overlap this layer's FFN and the next
- * layer's attention; the last layer decides layer 0 of the next token from
- * this token's layer-0 set. *t1: when the predictions were done.
- */
-static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-			 const float *x_attn, double *t1, char *err, size_t errlen)
-{
-	uint32_t *t;
-
-	if (l == 0) {
-		h->n_act = predict(h, pool, 0, 0, x_attn, h->act);
-		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
-		h->n_act0 = h->n_act;
-	} else {
-		t = h->act, h->act = h->act_next, h->act_next = t;
-		h->n_act = h->n_act_next;
-	}
-	if (l + 1 < h->L)
-		h->n_act_next = predict(h, pool, l + 1, 1, x_attn, h->act_next);
-	*t1 = hyb_device_now(h->dev);
-	return l + 1 < h->L ? balance(h, l + 1, h->act_next, h->n_act_next, err, errlen)
-			    : balance(h, 0, h->act0, h->n_act0, err, errlen);
-}
-
-/*
- * Same-layer prediction (HYB_PRED_SAME_LAYER), PowerInfer's own model (5.1:
- * a predictor per layer, run as the layer starts; its placement is mostly
- * static, 6.2): layer l's set comes from layer l's attention output, so
- * there is no look-ahead and the balancer decides layer l's cache here, at
- * layer l, just before its split. A load it starts now cannot hide behind
- * the previous layer's work: at best it lands during this layer's FFN (its
- * neurons are "late" this token and the CPU computes them) and it pays off
- * from the next token on. window_s stays one layer's period: this
- * decision's share of the link over a token.
- */
-static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-			   const float *x_attn, double *t1, char *err, size_t errlen)
-{
-	h->n_act = predict(h, pool, l, 0, x_attn, h->act);
-	*t1 = hyb_device_now(h->dev);
-	return balance(h, l, h->act, h->n_act, err, errlen);
-}
-
-int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-			 const float *x_attn, const float *xn, float *y, bool on_dev,
-			 char *err, size_t errlen)
-{
-	const double t0 = hyb_device_now(h->dev);
-	double t1;
-
-	if (h->layer_policy)
-		return whole_layer(h, pool, l, xn, y, on_dev, err, errlen);
-
-	/* the window a load decided at this layer has: one layer's period */
-	if (h->t_layer_in > 0 && t0 > h->t_layer_in)
-		h->window_s = t0 - h->t_layer_in;
-	h->t_layer_in = t0;
-
-	h->cur_ready = false;
-	h->seq_fresh = h->m->pred_input == HYB_PRED_SAME_LAYER ? h->seq_issued : UINT64_MAX;
-	if (h->m->pred_input == HYB_PRED_SAME_LAYER ?
-	    step_same_layer(h, pool, l, x_attn, &t1, err, errlen) :
-	    step_adjacent(h, pool, l, x_attn, &t1, err, errlen))
-		return -1;
-	const double t2 = hyb_device_now(h->dev);
-
-	if (split_ffn(h, pool, l, xn, y, on_dev, err, errlen))
-		return -1;
-	const double t3 = hyb_device_now(h->dev);
-
-	h->st.layer_steps++;
-	h->st.predictor_s += t1 - t0;
-	h->st.balancer_s += t2 - t1;
-	h->st.ffn_s += t3 - t0;
-	return 0;
-}
-
-/* ---- set-up --------------------------------------------------------------------- */
-
-/* Device bytes besides the cache: tables, inputs, partials (256-byte aligned each). */
-static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, bool oracle)
-{
-	const uint64_t a = 256;
-	uint64_t b = 0;
-
-	b += ((uint64_t)L * NG * sizeof(int32_t) + a - 1) / a * a;
-	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
-	b += ((uint64_t)F * sizeof(uint32_t) + a - 1) / a * a;
-	b += ((uint64_t)(oracle ? NG : 1) * E * sizeof(float) + a - 1) / a * a;
-	b += ((uint64_t)E * sizeof(float) + a - 1) / a * a;
-	return b;
-}
-
+/* Device memory: the cache slots (box mode: hybd's, adopted), tables, inputs, partials. */
 static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 {
 	const uint64_t tb = (uint64_t)h->L * h->NG * sizeof(int32_t);
@@ -825,6 +44,7 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	return 0;
 }
 
+/* Host buffers: the pinned table mirror and staging, the per-token lists and scratch. */
 static int alloc_host(struct hyb_ffn_hybrid *h)
 {
 	const size_t E = h->E, F = h->F, NG = h->NG, L = h->L;
@@ -856,10 +76,11 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->ev_k = hyb_device_event_new_timed(h->dev);
 	h->ev_k0 = hyb_device_event_new_timed(h->dev);
 	h->ev_out = hyb_device_event_new(h->dev);
-	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty || !h->slot_base ||
-	    !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 || !h->cpu_list ||
-	    !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip || !h->cur || !h->y_cpu ||
-	    !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 || !h->ev_out)
+	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty ||
+	    !h->slot_base || !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 ||
+	    !h->cpu_list || !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip ||
+	    !h->cur || !h->y_cpu || !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 ||
+	    !h->ev_out)
 		return -1;
 	for (size_t i = 0; i < L * NG; i++)
 		h->table[i] = -1;
@@ -868,6 +89,7 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	return 0;
 }
 
+/* Slots per layer (the balancer's K_l) on free stacks, their events, the in-flight ring. */
 static int alloc_slots(struct hyb_ffn_hybrid *h)
 {
 	uint32_t base = 0;
@@ -896,121 +118,6 @@ static int alloc_slots(struct hyb_ffn_hybrid *h)
 		if (!(h->slot_ev[s] = hyb_device_event_new(h->dev)))
 			return -1;
 	return 0;
-}
-
-/* The starting cache, loaded before the first token; also measures one group's load time. */
-static int warm_start(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
-{
-	struct hyb_device_event *ev = hyb_device_event_new(h->dev);
-	uint64_t n = 0;
-	double t0;
-	int rc = 0;
-
-	if (!ev)
-		return dev_fail(h, err, errlen, "device event");
-	t0 = hyb_device_now(h->dev);
-	for (uint32_t l = 0; l < h->L && !rc; l++) {
-		const uint32_t k = hyb_balancer_initial(h->bal, l, h->load);
-
-		for (uint32_t i = 0; i < k && !rc; i++, n++)
-			rc = load_group(h, l, h->load[i]);
-	}
-	if (!rc && h->hc)
-		rc = wait_all(h);
-	else if (!rc && (hyb_device_record(h->dev, HYB_STREAM_RELOAD, ev) ||
-			 hyb_device_sync(h->dev, ev)))
-		rc = -EIO;
-	hyb_device_event_free(h->dev, ev);
-	if (rc)
-		return load_fail(h, rc, err, errlen, "initial load");
-	h->group_load_s = n ? (hyb_device_now(h->dev) - t0) / n : 0;
-	return poll_loads(h);  /* all landed */
-}
-
-/*
- * Split the budget (hyb/hybrid.h "Where the dense parts run"): on[l] and
- * *head say which dense parts go to the device; returns the cache slots
- * left for neuron groups. `avail` is the budget less the FFN buffers.
- */
-static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred)
-{
-	const struct hyb_model *m = h->m;
-	/* box mode: groups live in hybd's cache, not in this app's budget */
-	const uint64_t layer_ffn = h->hc ? 0 : (uint64_t)h->NG * h->slot_bytes;
-	const uint64_t hb = hyb_hdense_head_bytes(m);
-	uint32_t n_on = 0, full = 0, max_full = h->L;
-
-	*head = false;
-	if (h->hc) {
-		struct hyb_hybd_cache_info ci;
-
-		hyb_hybd_cache_info(h->hc, &ci);
-		max_full = ci.n_slots / h->NG < h->L ? ci.n_slots / h->NG : h->L;
-	}
-	if (h->layer_policy) {
-		/* llama.cpp -ngl: whole layers in order, then the output layer */
-		for (uint32_t l = 0; l < max_full; l++) {
-			const uint64_t ab = p->dense_on_cpu ? 0 : hyb_hdense_layer_bytes(m, l, n_ctx);
-			const uint64_t need = ab + layer_ffn +
-				hyb_hdense_buffer_bytes(m, ab || n_on, false, false);
-
-			if ((!ab && !p->dense_on_cpu) || need > avail)
-				break;
-			on[l] = ab > 0;
-			n_on += on[l];
-			avail -= ab + layer_ffn;
-			full++;
-		}
-		if (!p->dense_on_cpu && full == h->L && hb &&
-		    hb + hyb_hdense_buffer_bytes(m, n_on, true, false) <= avail) {
-			*head = true;
-			avail -= hb;
-		}
-		return (uint64_t)full * h->NG;
-	}
-	if (!p->dense_on_cpu) {
-		uint32_t n_pred = 0;
-
-		/* attention blocks first, in layer order, then the head */
-		for (uint32_t l = 0; l < h->L; l++) {
-			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
-
-			/* a layer of types the device cannot run stays on the CPU */
-			if (!ab || ab + hyb_hdense_buffer_bytes(m, true, false, false) > avail)
-				continue;
-			on[l] = true;
-			n_on++;
-			avail -= ab;
-		}
-		if (hb && hb + hyb_hdense_buffer_bytes(m, n_on, true, false) <= avail) {
-			*head = true;
-			avail -= hb;
-		}
-		/*
-		 * Then the predictors whose input (the attention output they
-		 * read, hyb_hdense_pred_source) is on the device: fc1 is read
-		 * whole every token and fc2 by the hidden units that fire, and
-		 * on the CPU the F16 GEMVs cost more than their bytes (8-layer
-		 * 7B shape on 2 cores: 33 ms per token against 23 ms for the
-		 * CPU's neurons), so they come before any neuron group.
-		 */
-		const uint64_t buf = hyb_hdense_buffer_bytes(m, n_on, *head, false);
-		const uint64_t lists = hyb_hdense_buffer_bytes(m, n_on, *head, true) - buf;
-
-		for (uint32_t l = 0; l < h->L; l++) {
-			const uint64_t pb = hyb_hdense_pred_bytes(m, l);
-			const uint64_t need = pb + (n_pred ? 0 : lists);
-
-			if (!pb || !on[hyb_hdense_pred_source(m, l)] || need + buf > avail)
-				continue;
-			pred[l] = true;
-			n_pred++;
-			avail -= need;
-		}
-		avail -= buf < avail ? buf : avail;
-	}
-	return avail / h->slot_bytes;
 }
 
 /*
@@ -1082,27 +189,20 @@ static int use_hybd_cache(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_para
 	return 0;
 }
 
-struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
-					  const struct hyb_hybrid_params *p, bool oracle,
-					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
+/* err: out of memory; returns -1. */
+static int oom(char *err, size_t errlen)
+{
+	snprintf(err, errlen, "out of memory for hybrid decoding");
+	return -1;
+}
+
+/* The plan's shape, the CPU operator (predictors, bundles) and a cache slot's size. */
+static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
+		      const struct hyb_hybrid_params *p, bool oracle, int n_threads, char *err,
+		      size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
-	struct hyb_ffn_hybrid *h;
-	struct hyb_device_config dc;
-	struct hyb_balancer_params bp;
-	const float **freq = NULL;
-	const int8_t **place = NULL;
-	uint64_t fixed, slots = 0;
-	bool *on = NULL, *pred = NULL, head = false;
 
-	if (!m->group_size) {
-		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
-			 "none");
-		return NULL;
-	}
-	h = calloc(1, sizeof(*h));
-	if (!h)
-		goto oom;
 	h->m = m;
 	h->oracle = oracle;
 	h->prefill_cpu = p->prefill_cpu;
@@ -1114,56 +214,26 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->L = hp->n_layer;
 	h->sp = hyb_ffn_sparse_new(m, n_threads, err, errlen);
 	if (!h->sp)
-		goto fail;
+		return -1;
 	hyb_ffn_sparse_set_oracle(h->sp, oracle);
 	h->slot_bytes = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
 	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
-
 	h->layer_policy = p->policy == HYB_POLICY_LAYER;
-	if (use_hybd_cache(h, p, err, errlen))
-		goto fail;
-	fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
-	on = calloc(h->L, sizeof(*on));
-	pred = calloc(h->L, sizeof(*pred));
-	if (!on || !pred)
-		goto oom;
-	if (p->gpu_budget > fixed)
-		slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, on, &head, pred);
-	if (h->hc && p->gpu_budget <= fixed) {
-		snprintf(err, errlen, "GPU budget %llu bytes does not hold this app's device buffers "
-			 "(%llu bytes; the groups go to hybd's cache)",
-			 (unsigned long long)p->gpu_budget, (unsigned long long)fixed);
-		goto fail;
-	}
-	if (h->hc && !h->layer_policy) {
-		struct hyb_hybd_cache_info ci;
+	return 0;
+}
 
-		/*
-		 * Box mode: the budget is this app's device memory (dense parts,
-		 * buffers); the groups get every slot of hybd's cache, whose size
-		 * is hybd's gpu_cache. The layer policy counted its whole layers.
-		 */
-		hyb_hybd_cache_info(h->hc, &ci);
-		slots = ci.n_slots < (uint64_t)h->L * h->NG ? ci.n_slots : (uint64_t)h->L * h->NG;
-	}
-	for (uint32_t l = 0; l < h->L; l++) {
-		h->place.attn_layers += on[l];
-		h->place.predictors += pred[l];
-	}
-	h->place.head = head;
-	if (!slots && !h->place.attn_layers && !head) {
-		snprintf(err, errlen, "GPU budget %llu bytes holds nothing: no neuron group (%llu "
-			 "bytes each, plus %llu of buffers)%s", (unsigned long long)p->gpu_budget,
-			 (unsigned long long)h->slot_bytes, (unsigned long long)fixed,
-			 p->policy == HYB_POLICY_LAYER ? ", no whole layer" : "");
-		goto fail;
-	}
-	dc = p->dev;
+/* The device, with the model's memory pinned for its uploads. */
+static int open_device(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p, char *err,
+		       size_t errlen)
+{
+	const struct hyb_model *m = h->m;
+	struct hyb_device_config dc = p->dev;
+
 	if (!dc.capacity)
 		dc.capacity = p->gpu_budget;
 	h->dev = hyb_device_open(p->device ? p->device : "cpu", &dc, err, errlen);
 	if (!h->dev)
-		goto fail;
+		return -1;
 	/*
 	 * Pin the memory the uploads read, for DMA straight from it. A box-mode
 	 * model's image holds only the GGUF header (its weights are hybd's pool
@@ -1177,22 +247,32 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		if (rc == 0) {
 			h->image_pinned = true;
 		} else if (rc == -EIO) { /* the device faulted: nothing more runs on it */
-			dev_fail(h, err, errlen, "pinning the model's memory");
-			goto fail;
+			return dev_fail(h, err, errlen, "pinning the model's memory");
 		} else {
 			fprintf(stderr, "hyb: warning: the model's memory is not pinned (%s); "
 				"uploads go through the runtime's staging copy\n",
 				hyb_device_error(h->dev));
 		}
 	}
+	return 0;
+}
 
-	freq = calloc(h->L, sizeof(*freq));
-	place = calloc(h->L, sizeof(*place));
-	if (!freq || !place)
-		goto oom;
+/* The balancer over the budget's slots, from the plan's profiled frequencies and placement. */
+static int new_balancer(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			uint64_t slots, char *err, size_t errlen)
+{
+	const float **freq = calloc(h->L, sizeof(*freq));
+	const int8_t **place = calloc(h->L, sizeof(*place));
+	struct hyb_balancer_params bp;
+
+	if (!freq || !place) {
+		free(freq);
+		free(place);
+		return oom(err, errlen);
+	}
 	for (uint32_t l = 0; l < h->L; l++) {
-		freq[l] = m->layers[l].plan.freq;
-		place[l] = m->layers[l].plan.gpu;
+		freq[l] = h->m->layers[l].plan.freq;
+		place[l] = h->m->layers[l].plan.gpu;
 	}
 	bp = p->bal;
 	bp.policy = p->policy;
@@ -1216,39 +296,70 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	h->bal = hyb_balancer_new(&bp, err, errlen);
 	free(freq);
 	free(place);
-	freq = NULL;
-	place = NULL;
-	if (!h->bal)
-		goto fail;
+	return h->bal ? 0 : -1;
+}
+
+/* Host buffers, slots and device memory, then the starting cache. */
+static int alloc_all(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
+{
 	if (alloc_host(h) || alloc_slots(h))
-		goto oom;
-	if (alloc_device(h, err, errlen) || warm_start(h, err, errlen))
-		goto fail;
-	if ((h->place.attn_layers || head) &&
-	    !(h->hd = hyb_hdense_new(h->dev, m, n_ctx, on, head, pred, err, errlen)))
-		goto fail;
+		return oom(err, errlen);
+	if (alloc_device(h, err, errlen) || hyb_ffn_hybrid_cache_warm(h, err, errlen))
+		return -1;
+	return 0;
+}
+
+/* The dense parts the budget placed go up; the placement's byte counts. */
+static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct hyb_ffn_budget *b,
+		     char *err, size_t errlen)
+{
+	if ((h->place.attn_layers || b->head) &&
+	    !(h->hd = hyb_hdense_new(h->dev, h->m, n_ctx, b->on, b->head, b->pred, err, errlen)))
+		return -1;
 	h->place.dense_bytes = hyb_hdense_bytes(h->hd);
 	h->place.cache_bytes = (uint64_t)h->total_slots * h->slot_bytes;
 	for (uint32_t l = 0; l < h->L; l++)
 		h->place.dense_layers_cpu += hyb_ffn_hybrid_cpu_dense(h, l);
-	free(on);
-	free(pred);
-	on = pred = NULL;
+	return 0;
+}
+
+struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
+					  const struct hyb_hybrid_params *p, bool oracle,
+					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
+{
+	struct hyb_ffn_hybrid *h;
+	struct hyb_ffn_budget b = { 0 };
+	int rc;
+
+	if (!m->group_size) {
+		snprintf(err, errlen, "hybrid decoding needs a plan (hybctl plan); this model has "
+			 "none");
+		return NULL;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h) {
+		oom(err, errlen);
+		return NULL;
+	}
+	rc = init_shape(h, m, p, oracle, n_threads, err, errlen) ||
+	     use_hybd_cache(h, p, err, errlen) ||
+	     hyb_ffn_hybrid_place(h, p, n_ctx, &b, err, errlen) ||
+	     open_device(h, p, err, errlen) ||
+	     new_balancer(h, p, b.slots, err, errlen) ||
+	     alloc_all(h, err, errlen) ||
+	     new_dense(h, n_ctx, &b, err, errlen);
+	free(b.on);
+	free(b.pred);
+	if (rc) {
+		hyb_ffn_hybrid_free(h);
+		return NULL;
+	}
 	/* the balancer's load cap (a window's worth of loads) needs the measured load time */
 	if (h->group_load_s > 0)
 		hyb_balancer_set_group_load(h->bal, h->group_load_s);
 	memset(&h->st, 0, sizeof(h->st));
 	hyb_device_stats_reset(h->dev);
 	return h;
-oom:
-	snprintf(err, errlen, "out of memory for hybrid decoding");
-fail:
-	free(on);
-	free(pred);
-	free(freq);
-	free(place);
-	hyb_ffn_hybrid_free(h);
-	return NULL;
 }
 
 void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
@@ -1273,7 +384,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 			hyb_device_host_unregister(h->dev, h->m->image);
 		/* box mode: nothing of ours still in hybd's queue for the next app's slots */
 		if (h->hc && h->fly)
-			(void)wait_all(h);
+			(void)hyb_ffn_hybrid_cache_wait_all(h);
 		hyb_device_close(h->dev); /* device memory goes with it */
 	}
 	hyb_hybd_cache_close(h->hc);
@@ -1312,43 +423,17 @@ struct hyb_device *hyb_ffn_hybrid_device(struct hyb_ffn_hybrid *h)
 	return h->dev;
 }
 
-void hyb_ffn_hybrid_stats(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_stats *out)
+bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l)
 {
-	*out = h->st;
+	return !h->oracle && hyb_hdense_layer_on(h->hd, l);
 }
 
-void hyb_ffn_hybrid_stats_reset(struct hyb_ffn_hybrid *h)
+bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)
 {
-	memset(&h->st, 0, sizeof(h->st));
+	return h->layer_policy && h->n_slots[l] < h->NG;
 }
 
-double hyb_ffn_hybrid_lambda(const struct hyb_ffn_hybrid *h, uint32_t l)
+struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h)
 {
-	const enum hyb_policy p = hyb_balancer_policy(h->bal);
-
-	if (l >= h->L || (p != HYB_POLICY_TAM && p != HYB_POLICY_TAM_ADAPTIVE))
-		return NAN;
-	return hyb_balancer_lambda(h->bal, l);
-}
-
-void hyb_ffn_hybrid_cache(const struct hyb_ffn_hybrid *h, uint64_t *resident, uint64_t *slots)
-{
-	uint64_t r = 0;
-
-	for (uint32_t l = 0; l < h->L; l++)
-		r += h->n_slots[l] - h->n_free[l];
-	*resident = r;
-	*slots = h->total_slots;
-}
-
-int hyb_ffn_hybrid_table(const struct hyb_ffn_hybrid *h, int32_t *out)
-{
-	memcpy(out, h->table, sizeof(int32_t) * h->L * h->NG);
-	return 0;
-}
-
-void hyb_ffn_hybrid_stats_add(struct hyb_ffn_hybrid *h, double attn_s, double head_s)
-{
-	h->st.attn_s += attn_s;
-	h->st.head_s += head_s;
+	return h->hd;
 }
