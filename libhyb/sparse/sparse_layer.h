@@ -38,7 +38,7 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stats *out);
 
 /*
- * Pieces the hybrid engine (ffn_hybrid.c) composes differently. predict:
+ * Pieces the hybrid engine (hybrid/ffn_hybrid_layer.c) composes differently. predict:
  * the neurons layer l's predictor marks active for input `in` (already at
  * unit RMS), ascending, into active[n_ff]; returns their count. run: the CPU
  * operator over a list (or, in oracle mode, group by group: see

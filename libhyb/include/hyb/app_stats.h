@@ -4,7 +4,7 @@
  * (what an embedded run prints per token, live, in box mode): its
  * hybrid decoding statistics (hyb/hybrid.h), cumulative, and lambda of a
  * few layers, rewritten about twice a second while it decodes on hybd's
- * cache (libhyb/hybrid/ffn_hybrid.c) and removed when it lets the cache go.
+ * cache (libhyb/hybrid/ffn_hybrid_stats.c) and removed when it lets the cache go.
  *
  * The file is STATE_DIR/NAME.app.PID (NAME: the hybd instance): text, one
  * "key value" pair a line after a "hyb-app-stats 1" line, written aside

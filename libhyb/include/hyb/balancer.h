@@ -3,7 +3,7 @@
  * Online neuron balancing: which FFN neuron groups of each
  * layer live in the device cache, decided per layer per decode step from the
  * predicted-active neurons of that layer. Pure policy: no device, no I/O. The
- * hybrid engine (libhyb/hybrid/ffn_hybrid.c) asks for a decision, carries out the
+ * hybrid engine (libhyb/hybrid/ffn_hybrid_cache.c) asks for a decision, carries out the
  * loads and evictions on the device's RELOAD stream, and reports back what it
  * measured (struct hyb_balancer_feedback) for the adaptive policies.
  *
