@@ -239,10 +239,8 @@ static uint64_t now_ns(void)
 /* STATE_DIR/NAME.stats (reload.h: hyb_reload_stats_write); hybctl stalls reads it. */
 static void write_stats_file(struct hybd *d, const struct hyb_reload_stats *st)
 {
-	char err[256];
-
-	if (hyb_reload_stats_write(st, d->stats_path, err, sizeof(err))) {
-		hlog_msg(HLOG_WARN, "stats", "%s", err);
+	if (hyb_reload_stats_write(st, d->stats_path)) {
+		hlog_msg(HLOG_WARN, "stats", "%s", hyb_last_error());
 		return;
 	}
 	d->stats_written = true;
@@ -346,8 +344,8 @@ static int start_cuda(struct hybd *d, char *err, size_t errlen)
 		return -1;
 	}
 	desc.queue = d->cfg.queue;
-	if (hyb_gpucache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
-		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
+	if (hyb_gpucache_desc_write(d->gpucache_path, &desc)) {
+		snprintf(err, errlen, "cannot publish the GPU cache: %s", hyb_last_error());
 		return -1;
 	}
 	d->gpucache_written = true;
@@ -405,7 +403,6 @@ static int start_cpu(struct hybd *d, char *err, size_t errlen)
 		.pid = (int32_t)getpid(), .n_slots = d->cfg.gpu_slots, .kind = HYB_GPUCACHE_HOST,
 		.slot_bytes = d->cfg.slot_bytes, .queue = d->cfg.queue,
 	};
-	char why[512];
 	void *mem = NULL;
 	size_t len;
 	int ret;
@@ -438,8 +435,8 @@ static int start_cpu(struct hybd *d, char *err, size_t errlen)
 		return -1;
 	snprintf(d->gpucache_path, sizeof(d->gpucache_path), "%s/%s.gpucache", d->cfg.state_dir,
 		 d->cfg.name);
-	if (hyb_gpucache_desc_write(d->gpucache_path, &desc, why, sizeof(why))) {
-		snprintf(err, errlen, "cannot publish the GPU cache: %s", why);
+	if (hyb_gpucache_desc_write(d->gpucache_path, &desc)) {
+		snprintf(err, errlen, "cannot publish the GPU cache: %s", hyb_last_error());
 		return -1;
 	}
 	d->gpucache_written = true;

@@ -8,6 +8,7 @@
 
 #include "hyb/app_stats.h"
 #include "hyb/manifest.h"
+#include "util/error.h"
 
 #define MAGIC "hyb-app-stats 1"
 
@@ -25,8 +26,7 @@ void hyb_app_stats_path(const char *name, int pid, char *buf, size_t len)
 #define F64_FIELDS(X) X(predictor_s) X(balancer_s) X(cpu_ffn_s) X(dev_ffn_s) X(dev_kernel_s) \
 	X(stall_s) X(ffn_s) X(attn_s) X(head_s)
 
-int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s, char *err,
-			size_t errlen)
+int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s)
 {
 	char tmp[4200];
 	FILE *f;
@@ -36,8 +36,7 @@ int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s, char *e
 	f = fopen(tmp, "w");
 	if (!f) {
 		e = errno;
-		snprintf(err, errlen, "%s: %s", tmp, strerror(e));
-		return -e;
+		return hyb_error_set(-e, "%s: %s", tmp, strerror(e));
 	}
 	fprintf(f, MAGIC "\npid %d\nn_layer %u\npolicy %s\ntime %.6f\n", s->pid, s->n_layer,
 		s->policy[0] ? s->policy : "-", s->time);
@@ -55,13 +54,12 @@ int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s, char *e
 		e = errno;
 	if (e) {
 		unlink(tmp);
-		snprintf(err, errlen, "%s: %s", path, strerror(e));
-		return -e;
+		return hyb_error_set(-e, "%s: %s", path, strerror(e));
 	}
 	return 0;
 }
 
-int hyb_app_stats_read(const char *path, struct hyb_app_stats *s, char *err, size_t errlen)
+int hyb_app_stats_read(const char *path, struct hyb_app_stats *s)
 {
 	char line[256], key[64];
 	FILE *f = fopen(path, "r");
@@ -73,13 +71,11 @@ int hyb_app_stats_read(const char *path, struct hyb_app_stats *s, char *err, siz
 	memset(s, 0, sizeof(*s));
 	if (!f) {
 		e = errno;
-		snprintf(err, errlen, "%s: %s", path, strerror(e));
-		return -e;
+		return hyb_error_set(-e, "%s: %s", path, strerror(e));
 	}
 	if (!fgets(line, sizeof(line), f) || strcmp(line, MAGIC "\n")) {
 		fclose(f);
-		snprintf(err, errlen, "%s: not an app statistics file", path);
-		return -EINVAL;
+		return hyb_error_set(-EINVAL, "%s: not an app statistics file", path);
 	}
 	while (fgets(line, sizeof(line), f)) {
 		if (sscanf(line, "lambda %u %lf", &l, &d) == 2) {
@@ -105,9 +101,7 @@ int hyb_app_stats_read(const char *path, struct hyb_app_stats *s, char *err, siz
 		F64_FIELDS(R_F64)
 	}
 	fclose(f);
-	if (s->pid <= 0) {
-		snprintf(err, errlen, "%s: no pid", path);
-		return -EINVAL;
-	}
+	if (s->pid <= 0)
+		return hyb_error_set(-EINVAL, "%s: no pid", path);
 	return 0;
 }

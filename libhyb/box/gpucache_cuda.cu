@@ -11,13 +11,13 @@
 #include <string.h>
 
 #include "box/cuda_errno.h"
+#include "util/error.h"
 #include "hyb/gpucache.h"
 
 static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(((hyb_gpucache_desc *)0)->ipc_handle),
 	      "the descriptor must hold a CUDA IPC handle");
 
-extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
-				   char *err, size_t errlen)
+extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base)
 {
 	cudaIpcMemHandle_t h;
 	cudaError_t e;
@@ -27,10 +27,8 @@ extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ord
 	if (base)
 		*base = NULL;
 	if (!desc || !base || desc->magic != HYB_GPUCACHE_MAGIC ||
-	    desc->version != HYB_GPUCACHE_VERSION || desc->kind != HYB_GPUCACHE_CUDA || !desc->n_slots || !desc->slot_bytes) {
-		snprintf(err, errlen, "GPU cache descriptor: bad magic, version or size");
-		return -EINVAL;
-	}
+	    desc->version != HYB_GPUCACHE_VERSION || desc->kind != HYB_GPUCACHE_CUDA || !desc->n_slots || !desc->slot_bytes)
+		return hyb_error_set(-EINVAL, "GPU cache descriptor: bad magic, version or size");
 	memcpy(bus, desc->pci_bus_id, sizeof(desc->pci_bus_id));
 	bus[sizeof(desc->pci_bus_id)] = 0;
 	memcpy(&h, desc->ipc_handle, sizeof(h));
@@ -39,17 +37,17 @@ extern "C" int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ord
 
 		snprintf(what, sizeof(what), "GPU %s of hybd (pid %d) is not visible here", bus,
 			 desc->pid);
-		return hyb_cuda_fail(e, err, errlen, what);
+		return hyb_error_set(hyb_cuda_fail(e, NULL, 0, what), "%s: %s", what,
+				     cudaGetErrorString(e));
 	}
-	if (ordinal >= 0 && dev != ordinal) {
-		snprintf(err, errlen, "hybd's GPU %s is device %d in this process, which computes "
-			 "on device %d: use the same GPU", bus, dev, ordinal);
-		return -EXDEV;
-	}
+	if (ordinal >= 0 && dev != ordinal)
+		return hyb_error_set(-EXDEV, "hybd's GPU %s is device %d in this process, which "
+				     "computes on device %d: use the same GPU", bus, dev, ordinal);
 	if ((e = cudaSetDevice(dev)) != cudaSuccess ||
 	    (e = cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess)) != cudaSuccess) {
 		*base = NULL;
-		return hyb_cuda_fail(e, err, errlen, "open hybd's GPU cache (CUDA IPC)");
+		return hyb_error_set(hyb_cuda_fail(e, NULL, 0, NULL),
+				     "open hybd's GPU cache (CUDA IPC): %s", cudaGetErrorString(e));
 	}
 	return 0;
 }

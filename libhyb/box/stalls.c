@@ -11,6 +11,7 @@
 
 #include "hyb/manifest.h"
 #include "hyb/stalls.h"
+#include "util/error.h"
 
 void hyb_stalls_path(char *buf, size_t len, const char *state_dir, const char *name)
 {
@@ -25,8 +26,7 @@ void hyb_stalls_path(char *buf, size_t len, const char *state_dir, const char *n
 
 void hyb_stalls_read(const char *path, struct hyb_stalls_hybd *out)
 {
-	char err[PATH_MAX + 64] = "";
-	int e;
+	int e, rc;
 
 	memset(out, 0, sizeof(*out));
 	snprintf(out->path, sizeof(out->path), "%s", path);
@@ -41,10 +41,11 @@ void hyb_stalls_read(const char *path, struct hyb_stalls_hybd *out)
 				 strerror(e));
 		return;
 	}
-	if (hyb_reload_stats_read(path, &out->st, &out->pid, err, sizeof(err)) || out->pid <= 0) {
+	rc = hyb_reload_stats_read(path, &out->st, &out->pid);
+	if (rc || out->pid <= 0) {
 		out->state = HYB_STALLS_BAD;
 		snprintf(out->why, sizeof(out->why), "hybd statistics unreadable: %s",
-			 out->pid <= 0 && !err[0] ? "no writer pid" : err);
+			 rc ? hyb_last_error() : "no writer pid");
 		return;
 	}
 	/* EPERM: alive, another user's */
@@ -223,8 +224,7 @@ static void read_lat(const char *line, const char *name, struct hyb_lat_stat *s)
 #undef F
 }
 
-int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid, char *err,
-			  size_t errlen)
+int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid)
 {
 	char line[2048];
 	FILE *f = fopen(path, "r");
@@ -232,13 +232,13 @@ int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid
 
 	memset(s, 0, sizeof(*s));
 	if (!f) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
-		return -1;
+		int e = errno;
+
+		return hyb_error_set(-e, "%s: %s", path, strerror(e));
 	}
 	if (!fgets(line, sizeof(line), f) || strncmp(line, "hyb_reload_stats=1 ", 19)) {
 		fclose(f);
-		snprintf(err, errlen, "%s: not a reload statistics file (version 1)", path);
-		return -1;
+		return hyb_error_set(-EINVAL, "%s: not a reload statistics file (version 1)", path);
 	}
 	if (pid)
 		*pid = (int)kv_u64(line, "pid");
@@ -268,10 +268,9 @@ int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid
 		read_lat(line, "total", &cs->total);
 	}
 	fclose(f);
-	if (classes != HYB_RELOAD_CLASSES) {
-		snprintf(err, errlen, "%s: %d of %d classes", path, classes, HYB_RELOAD_CLASSES);
-		return -1;
-	}
+	if (classes != HYB_RELOAD_CLASSES)
+		return hyb_error_set(-EINVAL, "%s: %d of %d classes", path, classes,
+				     HYB_RELOAD_CLASSES);
 	return 0;
 }
 
@@ -282,8 +281,7 @@ static void write_lat(FILE *f, const char *name, const struct hyb_lat_stat *s)
 		(unsigned long long)s->p99_ns, name, (unsigned long long)s->max_ns);
 }
 
-int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, char *err,
-			   size_t errlen)
+int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path)
 {
 	char tmp[4200];
 	FILE *f;
@@ -291,8 +289,9 @@ int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, c
 	snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
 	f = fopen(tmp, "w");
 	if (!f) {
-		snprintf(err, errlen, "%s: %s", tmp, strerror(errno));
-		return -1;
+		int e = errno;
+
+		return hyb_error_set(-e, "%s: %s", tmp, strerror(e));
 	}
 	fprintf(f, "hyb_reload_stats=1 pid=%d fetched=%llu backlog=%llu slices=%llu\n",
 		(int)getpid(), (unsigned long long)s->fetched, (unsigned long long)s->backlog,
@@ -311,9 +310,10 @@ int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, c
 		fputc('\n', f);
 	}
 	if (fclose(f) || rename(tmp, path)) {
-		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		int e = errno;
+
 		unlink(tmp);
-		return -1;
+		return hyb_error_set(-e, "%s: %s", path, strerror(e));
 	}
 	return 0;
 }

@@ -94,7 +94,9 @@ static int map_slots(struct hyb_hybd_cache *c, const struct hyb_model *m, int or
 	int ret;
 
 	if (c->desc.kind == HYB_GPUCACHE_CUDA) {
-		ret = hyb_cuda_cache_open(&c->desc, ordinal, &c->cuda_base, err, errlen);
+		ret = hyb_cuda_cache_open(&c->desc, ordinal, &c->cuda_base);
+		if (ret)
+			snprintf(err, errlen, "%s", hyb_last_error());
 		c->info.base = (hyb_dptr)(uintptr_t)c->cuda_base;
 		return ret;
 	}
@@ -146,9 +148,9 @@ struct hyb_hybd_cache *hyb_hybd_cache_open(const struct hyb_model *m, const char
 		return fail(c, code, errno == EWOULDBLOCK ? -EBUSY : -errno, err, errlen,
 			    "hybd '%s''s GPU cache is in use by another app (%s is locked)",
 			    mi.name, c->info.path);
-	ret = hyb_gpucache_desc_read(c->info.path, &c->desc, why, sizeof(why));
+	ret = hyb_gpucache_desc_read(c->info.path, &c->desc);
 	if (ret)
-		return fail(c, code, ret, err, errlen, "%s", why);
+		return fail(c, code, ret, err, errlen, "%s", hyb_last_error());
 	if (c->desc.pid != mi.pid)
 		return fail(c, code, -EINVAL, err, errlen, "%s is of hybd pid %d, the manifest "
 			    "of pid %d (hybd restarted?)", c->info.path, c->desc.pid, mi.pid);

@@ -57,7 +57,6 @@ static void publish_stats(struct hyb_ffn_hybrid *h)
 						      h->L - 1 };
 	const double t = clock_s(CLOCK_MONOTONIC);
 	struct hyb_app_stats a = { .pid = (int32_t)getpid(), .n_layer = h->L };
-	char err[256];
 
 	/* the first once a decode step is whole (this call opens the next one) */
 	if (!h->stats_path[0] || h->st.tokens < 2 || (h->stats_written && t - h->stats_t < 0.5))
@@ -73,7 +72,7 @@ static void publish_stats(struct hyb_ffn_hybrid *h)
 		a.lambda_layer[a.n_lambda] = pick[i];
 		a.lambda[a.n_lambda++] = lam;
 	}
-	if (!hyb_app_stats_write(h->stats_path, &a, err, sizeof(err)))
+	if (!hyb_app_stats_write(h->stats_path, &a))
 		h->stats_written = true;
 	h->stats_t = t;
 }

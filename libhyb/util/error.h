@@ -7,10 +7,18 @@
 
 #include "hyb/error.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Format the thread's message; returns rc (a negative errno) for `return hyb_error_set(...)`. */
 int hyb_error_set(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int hyb_error_vset(int rc, const char *fmt, va_list ap);
 /* Counts the messages set on this thread: a caller can tell whether a call explained itself. */
 unsigned int hyb_error_count(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

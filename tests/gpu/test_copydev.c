@@ -279,7 +279,7 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (!pid) {
-		char err[256], verdict[300] = "ok";
+		char verdict[300] = "ok";
 		uint8_t *host = malloc(MiB);
 		uint8_t want[64];
 		void *base;
@@ -289,8 +289,8 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 		if (read(to_child[0], &desc, sizeof(desc)) != sizeof(desc) ||
 		    read(to_child[0], want, sizeof(want)) != sizeof(want))
 			_exit(0);	/* the parent skipped */
-		if (hyb_cuda_cache_open(&desc, -1, &base, err, sizeof(err)))
-			snprintf(verdict, sizeof(verdict), "open: %s", err);
+		if (hyb_cuda_cache_open(&desc, -1, &base))
+			snprintf(verdict, sizeof(verdict), "open: %s", hyb_last_error());
 		else if (cudaMemcpy(host, (uint8_t *)base + 3 * desc.slot_bytes, MiB,
 				    cudaMemcpyDeviceToHost) != cudaSuccess)
 			snprintf(verdict, sizeof(verdict), "copy from the shared cache failed");
@@ -333,17 +333,18 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 		{
 			void *base = &desc;
 
-			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, 1 << 20, &base, err, sizeof(err)),
+			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, 1 << 20, &base),
 				     -EXDEV);
-			CHECK_MSG(!base && strstr(err, "use the same GPU"), "%s", err);
+			CHECK_MSG(!base && strstr(hyb_last_error(), "use the same GPU"), "%s",
+				  hyb_last_error());
 		}
 		/* a bad descriptor is refused with a message */
 		desc.magic = 0;
 		{
 			void *base;
 
-			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, -1, &base, err, sizeof(err)), -EINVAL);
-			CHECK(!base && strstr(err, "descriptor"));
+			CHECK_EQ_INT(hyb_cuda_cache_open(&desc, -1, &base), -EINVAL);
+			CHECK(!base && strstr(hyb_last_error(), "descriptor"));
 		}
 		hyb_copydev_close(d);
 		hyb_mempool_close(p);

@@ -736,7 +736,7 @@ TEST(hybd_device_cuda_without_cuda_auto_and_cpu)
 		char gp[600];
 
 		snprintf(gp, sizeof(gp), "%s/dv.gpucache", hyb_test_tmpdir());
-		CHECK_MSG(!hyb_gpucache_desc_read(gp, &gc, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_gpucache_desc_read(gp, &gc), "%s", hyb_last_error());
 		CHECK(gc.kind == HYB_GPUCACHE_HOST && gc.n_slots == 4 && gc.slot_bytes == 65536 &&
 		      gc.pid == getpid() && !strcmp(gc.pool, "dv.gpucache") && gc.queue == cfg.queue);
 	}
@@ -771,7 +771,7 @@ TEST(hybd_gpu_cache_sets_the_slots)
 	CHECK(!hybd_config_set(&cfg, "gpu_cache", "1M", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
 	snprintf(gp, sizeof(gp), "%s/gc.gpucache", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_gpucache_desc_read(gp, &gc, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gpucache_desc_read(gp, &gc), "%s", hyb_last_error());
 	CHECK_EQ_INT(gc.n_slots, 16);	/* 1 MiB of 64 KiB slots */
 	hybd_stop(d, "test");
 	CHECK(!hybd_config_set(&cfg, "gpu_cache", "4K", err, sizeof(err)));
@@ -813,59 +813,59 @@ TEST(hybd_gpucache_descriptor_file)
 		.magic = HYB_GPUCACHE_MAGIC, .version = HYB_GPUCACHE_VERSION, .pid = 4242,
 		.n_slots = 64, .slot_bytes = 2 << 20, .pci_bus_id = "0000:3b:00.0",
 	}, b;
-	char path[600], err[1024];
+	char path[600];
 	FILE *f;
 
 	for (int i = 0; i < 64; i++)
 		a.ipc_handle[i] = (uint8_t)(i * 7 + 1);
 	snprintf(path, sizeof(path), "%s/x.gpucache", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)), "%s", err);
-	CHECK_MSG(!hyb_gpucache_desc_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gpucache_desc_write(path, &a), "%s", hyb_last_error());
+	CHECK_MSG(!hyb_gpucache_desc_read(path, &b), "%s", hyb_last_error());
 	CHECK(!memcmp(&a, &b, sizeof(a)));
 	/* wrong version, short, long, missing: one line each, nothing handed out */
 	a.version = 9;
-	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
-	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
-	CHECK_MSG(strstr(err, "version 9"), "%s", err);
+	CHECK(!hyb_gpucache_desc_write(path, &a));
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "version 9"), "%s", hyb_last_error());
 	CHECK_EQ_INT(b.magic, 0);
 	f = fopen(path, "w");
 	CHECK(f);
 	fwrite(&a, 1, 10, f);
 	fclose(f);
-	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
-	CHECK_MSG(strstr(err, "not a GPU cache descriptor"), "%s", err);
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "not a GPU cache descriptor"), "%s", hyb_last_error());
 	a.version = HYB_GPUCACHE_VERSION;
 	f = fopen(path, "w");
 	CHECK(f);
 	fwrite(&a, 1, sizeof(a), f);
 	fputc(0, f);
 	fclose(f);
-	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
-	CHECK_EQ_INT(hyb_gpucache_desc_read("/nonexistent/x.gpucache", &b, err, sizeof(err)),
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b), -EINVAL);
+	CHECK_EQ_INT(hyb_gpucache_desc_read("/nonexistent/x.gpucache", &b),
 		     -ENOENT);
-	CHECK_MSG(strstr(err, "/nonexistent/x.gpucache"), "%s", err);
-	CHECK(hyb_gpucache_desc_write("/nonexistent/x.gpucache", &a, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "/nonexistent/x.gpucache"), "%s", hyb_last_error());
+	CHECK(hyb_gpucache_desc_write("/nonexistent/x.gpucache", &a) < 0);
 	/* a host cache names its pool; an unknown kind is refused */
 	a.kind = HYB_GPUCACHE_HOST;
-	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
-	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
-	CHECK_MSG(strstr(err, "without a pool name"), "%s", err);
+	CHECK(!hyb_gpucache_desc_write(path, &a));
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "without a pool name"), "%s", hyb_last_error());
 	snprintf(a.pool, sizeof(a.pool), "hyb.gpucache");
-	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
-	CHECK_MSG(!hyb_gpucache_desc_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK(!hyb_gpucache_desc_write(path, &a));
+	CHECK_MSG(!hyb_gpucache_desc_read(path, &b), "%s", hyb_last_error());
 	CHECK(!strcmp(b.pool, "hyb.gpucache"));
 	a.kind = 7;
-	CHECK(!hyb_gpucache_desc_write(path, &a, err, sizeof(err)));
-	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b, err, sizeof(err)), -EINVAL);
-	CHECK_MSG(strstr(err, "unknown"), "%s", err);
+	CHECK(!hyb_gpucache_desc_write(path, &a));
+	CHECK_EQ_INT(hyb_gpucache_desc_read(path, &b), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "unknown"), "%s", hyb_last_error());
 	a.kind = HYB_GPUCACHE_CUDA;
 	/* without CUDA the app side says so */
 	if (!hyb_copydev_cuda_built()) {
 		void *base = &a;
 
-		CHECK_EQ_INT(hyb_cuda_cache_open(&a, -1, &base, err, sizeof(err)), -ENODEV);
+		CHECK_EQ_INT(hyb_cuda_cache_open(&a, -1, &base), -ENODEV);
 		CHECK(!base);
-		CHECK_MSG(strstr(err, "built without CUDA"), "%s", err);
+		CHECK_MSG(strstr(hyb_last_error(), "built without CUDA"), "%s", hyb_last_error());
 	}
 }
 

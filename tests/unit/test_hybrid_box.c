@@ -161,7 +161,7 @@ TEST(hybrid_box_oracle_bit_identical_through_hybd)
 
 	start_hybd("hbx", "auto", third_of_groups(), &d);
 	snprintf(path, sizeof(path), "%s/hbx.gpucache", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc), "%s", hyb_last_error());
 	mf = hyb_model_load(hyb_test_plan(), err, sizeof(err));
 	CHECK_MSG(mf, "%s", err);
 	/* slot_bytes = auto: one group per slot, rounded up to 256 bytes */
@@ -234,7 +234,7 @@ TEST(hybrid_box_slots_hold_the_bundles_the_table_names)
 
 	start_hybd("hbs", "auto", third_of_groups(), &d);
 	snprintf(path, sizeof(path), "%s/hbs.gpucache", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc), "%s", hyb_last_error());
 	mb = hyb_model_load_manifest("hbs", err, sizeof(err));
 	CHECK_MSG(mb, "%s", err);
 	CHECK(!hyb_mempool_open(mb->image_backend, desc.pool, &pool));
@@ -439,7 +439,7 @@ TEST(hybrid_box_app_stats_for_hybctl_stalls)
 		CHECK(access(path, F_OK));	/* nothing before the first token */
 		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
 		hyb_ctx_hybrid_stats(c, &st);
-		CHECK_MSG(!hyb_app_stats_read(path, &a, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_app_stats_read(path, &a), "%s", hyb_last_error());
 		CHECK(a.pid == getpid() && a.n_layer == mb->hp.n_layer &&
 		      !strcmp(a.policy, "tam-adaptive"));
 		/* a whole decode step at least */
@@ -473,7 +473,7 @@ TEST(hybrid_box_app_stats_for_hybctl_stalls)
 TEST(hybrid_box_app_stats_reader_takes_damage)
 {
 	struct hyb_app_stats a = { .pid = 77, .n_layer = 3, .time = 1.5 }, b;
-	char path[600], err[256], *good = NULL;
+	char path[600], *good = NULL;
 	size_t len = 0;
 	uint32_t rng = 12345;
 	FILE *f;
@@ -486,8 +486,8 @@ TEST(hybrid_box_app_stats_reader_takes_damage)
 	a.lambda[0] = 0.5;
 	a.lambda[1] = 0.75;
 	snprintf(path, sizeof(path), "%s/x.app.77", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_app_stats_write(path, &a, err, sizeof(err)), "%s", err);
-	CHECK_MSG(!hyb_app_stats_read(path, &b, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_app_stats_write(path, &a), "%s", hyb_last_error());
+	CHECK_MSG(!hyb_app_stats_read(path, &b), "%s", hyb_last_error());
 	CHECK(b.pid == 77 && b.n_layer == 3 && !strcmp(b.policy, "lru") && b.st.tokens == 9 &&
 	      b.st.cpu_ffn_s == 0.25 && b.n_lambda == 2 && b.lambda_layer[1] == 2 &&
 	      b.lambda[1] == 0.75 && b.time == 1.5);
@@ -497,7 +497,7 @@ TEST(hybrid_box_app_stats_reader_takes_damage)
 	CHECK(good);
 	len = fread(good, 1, 4096, f);
 	fclose(f);
-	CHECK_EQ_INT(hyb_app_stats_read("/nonexistent/x", &b, err, sizeof(err)), -ENOENT);
+	CHECK_EQ_INT(hyb_app_stats_read("/nonexistent/x", &b), -ENOENT);
 	for (int it = 0; it < 2000; it++) {
 		char buf[4200];
 		size_t n = len;
@@ -520,7 +520,7 @@ TEST(hybrid_box_app_stats_reader_takes_damage)
 		CHECK(f);
 		fwrite(buf, 1, n, f);
 		fclose(f);
-		rc = hyb_app_stats_read(path, &b, err, sizeof(err));
+		rc = hyb_app_stats_read(path, &b);
 		CHECK(rc == 0 || rc == -EINVAL);
 		CHECK(b.n_lambda <= HYB_APP_STATS_LAMBDAS && memchr(b.policy, 0, sizeof(b.policy)));
 		CHECK(rc || b.pid > 0);

@@ -654,7 +654,7 @@ TEST(reload_stats_file_and_cpu_device_bandwidth)
 	CHECK_EQ_INT(st.cls[HYB_RELOAD_RELOAD].bytes, 1 << 20);
 	CHECK(st.cls[HYB_RELOAD_RELOAD].service.p50_ns >= 18000000ull);
 	snprintf(path, sizeof(path), "%s/stats", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_reload_stats_write(&st, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_reload_stats_write(&st, path), "%s", hyb_last_error());
 	f = fopen(path, "r");
 	CHECK(f);
 	while (fgets(line, sizeof(line), f)) {
@@ -669,7 +669,7 @@ TEST(reload_stats_file_and_cpu_device_bandwidth)
 		struct hyb_reload_stats back;
 		int pid = 0;
 
-		CHECK_MSG(!hyb_reload_stats_read(path, &back, &pid, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_reload_stats_read(path, &back, &pid), "%s", hyb_last_error());
 		CHECK_EQ_INT(pid, getpid());
 		CHECK_EQ_INT(back.fetched, st.fetched);
 		CHECK_EQ_INT(back.slices, st.slices);
@@ -680,9 +680,9 @@ TEST(reload_stats_file_and_cpu_device_bandwidth)
 			CHECK_EQ_INT(back.cls[k].total.p99_ns, st.cls[k].total.p99_ns);
 			CHECK_EQ_INT(back.cls[k].wait.count, st.cls[k].wait.count);
 		}
-		CHECK(hyb_reload_stats_read("/nonexistent/s", &back, NULL, err, sizeof(err)));
-		CHECK(hyb_reload_stats_read(path_of_junk(), &back, NULL, err, sizeof(err)));
-		CHECK_MSG(strstr(err, "not a reload statistics file"), "%s", err);
+		CHECK(hyb_reload_stats_read("/nonexistent/s", &back, NULL));
+		CHECK(hyb_reload_stats_read(path_of_junk(), &back, NULL));
+		CHECK_MSG(strstr(hyb_last_error(), "not a reload statistics file"), "%s", hyb_last_error());
 	}
 	hyb_mempool_close(p);
 	rig_stop(&g);

@@ -169,7 +169,7 @@ TEST(stalls_reload_classes_round_trip_and_format)
 
 	/* the file hybd writes, read back as hybctl does */
 	snprintf(path, sizeof(path), "%s/s.stats", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_reload_stats_write(&st, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_reload_stats_write(&st, path), "%s", hyb_last_error());
 	hyb_stalls_read(path, &h);
 	CHECK_MSG(h.state == HYB_STALLS_RUNNING, "%s", h.why);
 	CHECK_EQ_INT(h.pid, getpid());
@@ -267,7 +267,7 @@ TEST(stalls_no_hybd_is_one_line)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (!pid)
-		_exit(hyb_reload_stats_write(&st, path, path, 8) ? 1 : 0);
+		_exit(hyb_reload_stats_write(&st, path) ? 1 : 0);
 	CHECK(waitpid(pid, &status, 0) == pid && WIFEXITED(status) && !WEXITSTATUS(status));
 	hyb_stalls_read(path, &h);
 	CHECK_EQ_INT(h.state, HYB_STALLS_GONE);

@@ -19,7 +19,7 @@
 
 void ctl_apps_read(const char *name, struct ctl_apps *out)
 {
-	char dir[4096], prefix[96], path[4400], err[256];
+	char dir[4096], prefix[96], path[4400];
 	struct dirent *e;
 	DIR *d;
 
@@ -33,7 +33,7 @@ void ctl_apps_read(const char *name, struct ctl_apps *out)
 		if (strncmp(e->d_name, prefix, strlen(prefix)) || strstr(e->d_name, ".tmp"))
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		if (hyb_app_stats_read(path, a, err, sizeof(err)))
+		if (hyb_app_stats_read(path, a))
 			continue;
 		if (kill(a->pid, 0) && errno == ESRCH)
 			continue;	/* the app died without removing its file */

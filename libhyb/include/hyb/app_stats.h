@@ -33,10 +33,9 @@ struct hyb_app_stats {
 
 /* STATE_DIR/NAME.app.PID (hyb_state_dir()). */
 void hyb_app_stats_path(const char *name, int pid, char *buf, size_t len);
-/* 0 or a negative errno with a one-line reason in err. */
-int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s, char *err,
-			size_t errlen);
-/* -ENOENT: no file; -EINVAL: not one of these files (err says why). */
-int hyb_app_stats_read(const char *path, struct hyb_app_stats *s, char *err, size_t errlen);
+/* 0 or a negative errno (hyb_last_error() says why). */
+int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s);
+/* -ENOENT: no file; -EINVAL: not one of these files (hyb_last_error() says why). */
+int hyb_app_stats_read(const char *path, struct hyb_app_stats *s);
 
 #endif

@@ -8,7 +8,15 @@
 #ifndef HYB_ERROR_H
 #define HYB_ERROR_H
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* The calling thread's last failure, "" before any. Never NULL. */
 const char *hyb_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -58,12 +58,10 @@ struct hyb_gpucache_desc {
  * The descriptor as a file: written aside, fsync'ed and renamed (mode
  * 0644), so a reader sees the old file or the whole new one. read checks
  * size, magic, version, kind and that the cache is not empty. 0 or a
- * negative errno with a one-line reason in err.
+ * negative errno (hyb_last_error() says why).
  */
-int hyb_gpucache_desc_write(const char *path, const struct hyb_gpucache_desc *desc, char *err,
-			    size_t errlen);
-int hyb_gpucache_desc_read(const char *path, struct hyb_gpucache_desc *desc, char *err,
-			   size_t errlen);
+int hyb_gpucache_desc_write(const char *path, const struct hyb_gpucache_desc *desc);
+int hyb_gpucache_desc_read(const char *path, struct hyb_gpucache_desc *desc);
 /* STATE_DIR/NAME.gpucache of instance `name` (hyb_state_dir()). */
 void hyb_gpucache_path(const char *name, char *buf, size_t len);
 
@@ -76,8 +74,7 @@ void hyb_gpucache_path(const char *name, char *buf, size_t len);
  * would reach the cache over peer access, if at all); -1: any. -ENODEV in a
  * build without CUDA.
  */
-int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base,
-			char *err, size_t errlen);
+int hyb_cuda_cache_open(const struct hyb_gpucache_desc *desc, int ordinal, void **base);
 int hyb_cuda_cache_close(void *base);
 
 #ifdef __cplusplus

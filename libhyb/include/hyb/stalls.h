@@ -54,15 +54,13 @@ struct hyb_reload_stats {
  * Write statistics as text (one "class=NAME key=value ..." line per class,
  * after a header line) to path, atomically (written aside, renamed).
  */
-int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path, char *err,
-			   size_t errlen);
+int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path);
 /*
  * Read such a file back (hybctl: hybd's per-class view next to the queue's).
  * Percentiles and counts round-trip; sum and p90/p999 are not in the file
- * (0). pid: the writer. 0, or -1 with a message.
+ * (0). pid: the writer. 0 or a negative errno (-EINVAL: not such a file).
  */
-int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid, char *err,
-			  size_t errlen);
+int hyb_reload_stats_read(const char *path, struct hyb_reload_stats *s, int *pid);
 
 /* Room for a statistics file's path (PATH_MAX on Linux, without needing limits.h's POSIX part). */
 #define HYB_STALLS_PATH_LEN 4096
