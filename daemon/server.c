@@ -504,9 +504,11 @@ static int start_backend(struct hybd *d, char *err, size_t errlen)
 	struct hyb_rq_stats qs;
 	struct hlog l;
 
-	d->b = hyb_backend_open(d->cfg.backend, err, errlen);
-	if (!d->b)
+	d->b = hyb_backend_open(d->cfg.backend);
+	if (!d->b) {
+		snprintf(err, errlen, "%s", hyb_last_error());
 		return -1;
+	}
 	hyb_backend_info(d->b, &bi);
 	hlog_begin(&l, HLOG_INFO, "backend");
 	hlog_str(&l, "kind", hyb_backend_name(bi.kind));

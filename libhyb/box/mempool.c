@@ -121,17 +121,13 @@ static struct hyb_backend *backend_try(const struct hyb_mempool_ops *ops, char *
 	return b;
 }
 
-struct hyb_backend *hyb_backend_open(enum hyb_backend_kind kind, char *err, size_t err_len)
+struct hyb_backend *hyb_backend_open(enum hyb_backend_kind kind)
 {
-	char buf[256], kerr[256];
+	char err[256] = "", kerr[256];
+	const size_t err_len = sizeof(err);
 	const char *env = getenv("HYB_BACKEND");
 	struct hyb_backend *b;
 
-	if (!err || !err_len) {
-		err = buf;
-		err_len = sizeof(buf);
-	}
-	err[0] = 0;
 	if (kind == HYB_BACKEND_AUTO && env && *env) {
 		if (!strcmp(env, "kmod")) {
 			kind = HYB_BACKEND_KMOD;

@@ -274,9 +274,9 @@ struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t err
 		return box_fail(err, errlen, "out of memory"), NULL;
 	}
 	bx->m = m;
-	m->image_backend = hyb_backend_open(kind, why, sizeof(why));
+	m->image_backend = hyb_backend_open(kind);
 	if (!m->image_backend) {
-		box_fail(err, errlen, "%s: %s", src, why);
+		box_fail(err, errlen, "%s: %s", src, hyb_last_error());
 		goto out_free;
 	}
 	/* (box_open's messages name the pool already) */

@@ -429,9 +429,11 @@ static void *pool_image(struct hyb_model *m, uint64_t len, bool lazy, char *why,
 	int ret;
 
 	snprintf(name, sizeof(name), "model-%d-%u", (int)getpid(), atomic_fetch_add(&seq, 1));
-	m->image_backend = hyb_backend_open(HYB_BACKEND_LOCAL, why, whylen);
-	if (!m->image_backend)
+	m->image_backend = hyb_backend_open(HYB_BACKEND_LOCAL);
+	if (!m->image_backend) {
+		snprintf(why, whylen, "%s", hyb_last_error());
 		return NULL;
+	}
 	ret = hyb_mempool_create(m->image_backend, name, len, HYB_MEMPOOL_NODE_LOCAL, 0,
 				 lazy ? HYB_MEMPOOL_LAZY : 0, &m->image_pool);
 	if (!ret)

@@ -76,11 +76,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_load: %s: %s\n", argv[2], strerror(errno));
 		return 1;
 	}
-	b = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	snprintf(name, sizeof(name), "bench-load-%d", (int)getpid());
 	if (!b || hyb_mempool_create(b, name, (uint64_t)sb.st_size, HYB_MEMPOOL_NODE_LOCAL, 0, 0,
 				     &p) || hyb_mempool_map(p, &dst, &len)) {
-		fprintf(stderr, "bench_load: pool: %s\n", b ? hyb_last_error() : err);
+		fprintf(stderr, "bench_load: pool: %s\n", hyb_last_error());
 		return 1;
 	}
 	t = now();

@@ -182,7 +182,6 @@ int main(int argc, char **argv)
 	enum hyb_backend_kind kind = HYB_BACKEND_LOCAL;
 	uint64_t mib = 1024;
 	int c, n = 20000, node = HYB_MEMPOOL_NODE_LOCAL, ret;
-	char err[256];
 
 	while ((c = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
 		switch (c) {
@@ -203,9 +202,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_queue: -n must be >= 10 and --pool-mib > 0\n");
 		return 2;
 	}
-	be = hyb_backend_open(kind, err, sizeof(err));
+	be = hyb_backend_open(kind);
 	if (!be) {
-		fprintf(stderr, "bench_queue: %s\n", err);
+		fprintf(stderr, "bench_queue: %s\n", hyb_last_error());
 		return 1;
 	}
 	printf("bench_queue: backend %s\n", hyb_backend_name(hyb_backend_kind(be)));

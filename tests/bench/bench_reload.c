@@ -339,9 +339,9 @@ int main(int argc, char **argv)
 		close(fd);
 	}
 	file_fd = opt.upload ? -2 : open(opt.file, O_RDONLY);
-	be = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	be = hyb_backend_open(HYB_BACKEND_LOCAL);
 	if (!be || file_fd == -1) {
-		fprintf(stderr, "bench_reload: %s\n", be ? strerror(errno) : err);
+		fprintf(stderr, "bench_reload: %s\n", be ? strerror(errno) : hyb_last_error());
 		return 1;
 	}
 	if (hyb_mempool_create(be, "bench-reload", opt.size, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &pool))

@@ -83,7 +83,7 @@ static struct hyb_copydev *open_dev(uint32_t slots, uint64_t slot_bytes)
 
 TEST(copydev_cuda_uploads_by_priority_land_exactly)
 {
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_copydev *d;
 	struct hyb_mempool *p;
 	uint8_t *pool;
@@ -146,7 +146,7 @@ TEST(copydev_cuda_uploads_by_priority_land_exactly)
 
 TEST(copydev_cuda_critical_upload_behind_prefetch_measured)
 {
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_copydev *d;
 	struct hyb_mempool *p;
 	uint8_t *pool;
@@ -198,7 +198,7 @@ static struct hyb_rq_req upload_req(uint32_t pool, uint64_t off, uint64_t len, u
 
 TEST(copydev_cuda_driven_by_the_reload_service)
 {
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_reload_config rc = { 0 };
 	struct hyb_reload_stats st;
 	struct hyb_rq_req q[8];
@@ -303,7 +303,7 @@ TEST(copydev_cuda_cache_shared_through_ipc)
 		_exit(0);
 	}
 	{
-		struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+		struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 		struct hyb_copydev *d;
 		struct hyb_mempool *p;
 		char err[256], verdict[300];

@@ -89,7 +89,7 @@ static void *read_last_error(void *arg)
 /* A failing call leaves its message for its own thread only (hyb/error.h). */
 TEST(api_last_error_per_thread)
 {
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_mempool *p = NULL;
 	const char *other = NULL;
 	pthread_t t;

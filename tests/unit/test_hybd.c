@@ -379,7 +379,7 @@ TEST(hybd_serves_then_shuts_down_on_sigterm)
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
 
 	/* an app: finds the model through the manifest, file or pool */
-	app = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	app = hyb_backend_open(HYB_BACKEND_LOCAL);
 	CHECK(app);
 	mf = hyb_manifest_open(hybd_manifest_path(d), err, sizeof(err));
 	CHECK_MSG(mf, "%s", err);
@@ -492,7 +492,7 @@ TEST(hybd_plan_bundles_and_interleaved_pools)
 	CHECK(!hybd_config_set(&cfg, "pools_per_node", "3", err, sizeof(err)));
 	CHECK(!hybd_config_set(&cfg, "placement", "interleave", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
-	app = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	app = hyb_backend_open(HYB_BACKEND_LOCAL);
 	m = hyb_manifest_open_pool(app, "p.manifest", err, sizeof(err));
 	CHECK_MSG(m, "%s", err);
 	hyb_manifest_info(m, &mi);
@@ -548,7 +548,7 @@ TEST(hybd_budget_leaves_ffn_on_storage_for_on_demand_loads)
 	CHECK(!hybd_config_set(&cfg, "dram_budget", "4M", err, sizeof(err)));
 	CHECK(!hybd_config_set(&cfg, "page_pool", "1M", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
-	app = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	app = hyb_backend_open(HYB_BACKEND_LOCAL);
 	m = hyb_manifest_open(hybd_manifest_path(d), err, sizeof(err));
 	CHECK_MSG(m, "%s", err);
 	hyb_manifest_info(m, &mi);
@@ -590,7 +590,7 @@ static bool cancel_now(void *arg)
 /* hybd_start failed: it said why, and left no pool, no manifest, no queue daemon. */
 static void check_nothing_left(const char *name)
 {
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_rq_stats st;
 	char path[600];
 	uint32_t ids[8];
@@ -1036,7 +1036,7 @@ TEST(hybd_program_kmod_backend)
 	conf = write_text("k.conf", conf_text);
 	snprintf(errp, sizeof(errp), "%s/stderr", dir);
 	pid = spawn(bin, conf, "-f", errp);
-	app = hyb_backend_open(HYB_BACKEND_KMOD, NULL, 0);
+	app = hyb_backend_open(HYB_BACKEND_KMOD);
 	CHECK(app);
 	for (int i = 0; i < 2000 && !m; i++) {
 		m = hyb_manifest_open_pool(app, "kt.manifest", NULL, 0);

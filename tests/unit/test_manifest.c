@@ -242,8 +242,8 @@ TEST(manifest_publish_pool_and_file_then_retire)
 	uint8_t *buf;
 	size_t len;
 
-	owner = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
-	app = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	owner = hyb_backend_open(HYB_BACKEND_LOCAL);
+	app = hyb_backend_open(HYB_BACKEND_LOCAL);
 	CHECK(owner && app);
 	buf = build(&len, 3);
 	snprintf(path, sizeof(path), "%s/hyb.manifest", hyb_test_tmpdir());

@@ -83,10 +83,9 @@ static void need_kmod(void)
 
 static struct hyb_backend *bopen(void)
 {
-	char err[256];
-	struct hyb_backend *b = hyb_backend_open(kind_of_test, err, sizeof(err));
+	struct hyb_backend *b = hyb_backend_open(kind_of_test);
 
-	CHECK_MSG(b, "open %s backend: %s", hyb_backend_name(kind_of_test), err);
+	CHECK_MSG(b, "open %s backend: %s", hyb_backend_name(kind_of_test), hyb_last_error());
 	CHECK_EQ_INT(hyb_backend_kind(b), kind_of_test);
 	return b;
 }
@@ -309,7 +308,7 @@ BOTH(mempool_share_fork)
 	CHECK(pid >= 0);
 	if (pid == 0) {
 		/* Another process, its own backend handle: reads the same bytes, cannot write. */
-		struct hyb_backend *cb = hyb_backend_open(kind_of_test, NULL, 0);
+		struct hyb_backend *cb = hyb_backend_open(kind_of_test);
 		struct hyb_mempool *cp;
 		struct hyb_mempool_info ci;
 		char *ca;
@@ -611,13 +610,12 @@ BOTH(mempool_bad_args)
 
 TEST(mempool_backend_open_errors)
 {
-	char err[256];
 
 	setenv("HYB_BACKEND", "bogus", 1);
-	CHECK(hyb_backend_open(HYB_BACKEND_AUTO, err, sizeof(err)) == NULL);
-	CHECK_MSG(strstr(err, "HYB_BACKEND='bogus'"), "message: %s", err);
+	CHECK(hyb_backend_open(HYB_BACKEND_AUTO) == NULL);
+	CHECK_MSG(strstr(hyb_last_error(), "HYB_BACKEND='bogus'"), "message: %s", hyb_last_error());
 	setenv("HYB_BACKEND", "local", 1);
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_AUTO, err, sizeof(err));
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_AUTO);
 
 	CHECK(b && hyb_backend_kind(b) == HYB_BACKEND_LOCAL);
 	hyb_backend_close(b);
@@ -625,9 +623,10 @@ TEST(mempool_backend_open_errors)
 	if (access("/dev/hybpool", F_OK) == 0)
 		return;
 	/* No module: kmod fails with the reason, AUTO falls back to local. */
-	CHECK(hyb_backend_open(HYB_BACKEND_KMOD, err, sizeof(err)) == NULL);
-	CHECK_MSG(strstr(err, "hybpool module not loaded"), "message: %s", err);
-	b = hyb_backend_open(HYB_BACKEND_AUTO, err, sizeof(err));
+	CHECK(hyb_backend_open(HYB_BACKEND_KMOD) == NULL);
+	CHECK_MSG(strstr(hyb_last_error(), "hybpool module not loaded"), "message: %s",
+		  hyb_last_error());
+	b = hyb_backend_open(HYB_BACKEND_AUTO);
 	CHECK(b && hyb_backend_kind(b) == HYB_BACKEND_LOCAL);
 	hyb_backend_close(b);
 }
@@ -1183,7 +1182,7 @@ BOTH(rq_daemon_killed)
 	pid = fork();
 	CHECK(pid >= 0);
 	if (pid == 0) {
-		struct hyb_backend *db = hyb_backend_open(kind_of_test, NULL, 0);
+		struct hyb_backend *db = hyb_backend_open(kind_of_test);
 		struct hyb_rq *d;
 		struct hyb_rq_req f[4];
 		int k = 0;

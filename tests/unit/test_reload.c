@@ -219,8 +219,8 @@ static void rig_start(struct rig *g, const char *model, uint64_t chunk, struct h
 	};
 	char err[256];
 
-	g->b = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
-	CHECK_MSG(g->b, "%s", err);
+	g->b = hyb_backend_open(HYB_BACKEND_LOCAL);
+	CHECK_MSG(g->b, "%s", hyb_last_error());
 	cfg.backend = g->b;
 	g->r = hyb_reload_start(&cfg, err, sizeof(err));
 	CHECK_MSG(g->r, "%s", err);
@@ -404,7 +404,7 @@ TEST(reload_errors_are_per_request)
 	CHECK_MSG(dev, "%s", err);
 	rig_start(&g, path, 64 << 10, dev);
 	p = make_pool(g.b, "t-err", 2 << 20, &base);
-	other = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	other = hyb_backend_open(HYB_BACKEND_LOCAL);
 	foreign = make_pool(other, "t-foreign", 2 << 20, &fbase);
 	memset(base + (1 << 20), 0x5a, 8192);
 	q[n++] = req(HYB_RQ_LOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 8192, 100, 0);

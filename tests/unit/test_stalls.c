@@ -133,8 +133,8 @@ TEST(stalls_reload_classes_round_trip_and_format)
 	uint8_t *base;
 	int n = 0, errors = 0;
 
-	b = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
-	CHECK_MSG(b, "%s", err);
+	b = hyb_backend_open(HYB_BACKEND_LOCAL);
+	CHECK_MSG(b, "%s", hyb_last_error());
 	rc.backend = b;
 	rc.dev = hyb_copydev_cpu_open(4, 256 << 10, 0, err, sizeof(err));
 	CHECK_MSG(rc.dev, "%s", err);
@@ -362,7 +362,7 @@ TEST(stalls_hybd_publishes_and_hybctl_shows)
 	hyb_stalls_read(path, &h);
 	CHECK_MSG(h.state == HYB_STALLS_RUNNING && h.st.fetched == 0, "%s", h.why);
 
-	app = hyb_backend_open(HYB_BACKEND_LOCAL, err, sizeof(err));
+	app = hyb_backend_open(HYB_BACKEND_LOCAL);
 	CHECK(app);
 	CHECK(!hyb_rq_attach_client(app, 0, HYB_RQ_EVENTFD_NONE, &c));
 	/* evictions: no pool is read, but a request names a range */

@@ -162,7 +162,7 @@ TEST(stream_warm_file_reads_buffered)
 TEST(stream_pool_load_and_too_small)
 {
 	const char *path = make_file(hyb_test_tmpdir(), "pool.bin", 3 << 20);
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL, NULL, 0);
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_mempool *p;
 	char err[256], name[32];
 	uint8_t *base, ref[4096];

@@ -913,14 +913,13 @@ static void ioerr_hyb_run_mmap(const char *hyb, const char *model, uint64_t bad)
 /* Pools of the kmod backend whose names start with prefix; listed in names. */
 static unsigned int pools_named(const char *prefix, char *names, size_t len)
 {
-	char berr[256];
-	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_KMOD, berr, sizeof(berr));
+	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_KMOD);
 	uint32_t ids[HYB_MEMPOOL_MAX];
 	unsigned int found = 0;
 	int n;
 
 	if (!b)
-		die("kmod backend: %s", berr);
+		die("kmod backend: %s", hyb_last_error());
 	names[0] = 0;
 	n = hyb_mempool_list(b, ids, HYB_MEMPOOL_MAX);
 	if (n < 0)
@@ -994,9 +993,9 @@ static void ioerr_hybd(const char *bin, const char *conf, const char *model, uin
 		die("pools of the failed load are left:%s", names);
 	if (!access("/tmp/hybd-bad/bad.manifest", F_OK) || !access("/tmp/hybd-bad/bad.pid", F_OK))
 		die("a manifest or pid file of the failed load is left in /tmp/hybd-bad");
-	b = hyb_backend_open(HYB_BACKEND_KMOD, err, sizeof(err));
+	b = hyb_backend_open(HYB_BACKEND_KMOD);
 	if (!b || hyb_rq_stats(b, QUEUE, &qs))
-		die("queue %d stats: %s", QUEUE, b ? hyb_last_error() : err);
+		die("queue %d stats: %s", QUEUE, hyb_last_error());
 	if (qs.live)
 		die("a daemon (pid %d) is still attached to queue %d", qs.daemon_pid, QUEUE);
 	hyb_backend_close(b);
@@ -1111,9 +1110,9 @@ static void ioerr_reload(const char *bin, const char *conf, const char *model, u
 	int st, fd, ret;
 
 	snprintf(set_model, sizeof(set_model), "model=%s", model);
-	b = hyb_backend_open(HYB_BACKEND_KMOD, err, sizeof(err));
+	b = hyb_backend_open(HYB_BACKEND_KMOD);
 	if (!b)
-		die("kmod backend: %s", err);
+		die("kmod backend: %s", hyb_last_error());
 	drop_caches();
 	daemon_pid = start_hybd_with(bin, conf, sets);
 	daemon_started = true;
@@ -1307,7 +1306,7 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	struct hyb_model *mf, *mb;
 	struct hyb_rq_stats q0, q1;
 	struct hyb_backend *b;
-	char err[512], why[512];
+	char err[512];
 	float *ref, *box;
 	bool on_hybd = false;
 	double ready_ms;
@@ -1329,9 +1328,9 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	daemon_pid = start_hybd_with(bin, conf, sets);
 	daemon_started = true;
 	mb = wait_ready(daemon_pid, "vmp", &ready_ms);
-	b = hyb_backend_open(HYB_BACKEND_KMOD, why, sizeof(why));
+	b = hyb_backend_open(HYB_BACKEND_KMOD);
 	if (!b || hyb_rq_stats(b, HQUEUE, &q0))
-		die("queue %d stats: %s", HQUEUE, b ? hyb_last_error() : why);
+		die("queue %d stats: %s", HQUEUE, hyb_last_error());
 
 	if (hyb) {
 		/* hybd's cache while this process holds it: refused, not shared */

@@ -26,11 +26,12 @@ int ctl_parse_backend(const char *cmd, const char *s, enum hyb_backend_kind *kin
 struct hyb_backend *ctl_backend(const char *cmd, enum hyb_backend_kind kind, bool quiet)
 {
 	struct hyb_backend *b;
-	char err[256];
+	const char *err;
 
 	if (kind == HYB_BACKEND_AUTO)
 		kind = HYB_BACKEND_KMOD;
-	b = hyb_backend_open(kind, err, sizeof(err));
+	b = hyb_backend_open(kind);
+	err = hyb_last_error();
 	if (!b && !quiet) {
 		if (strstr(err, "not loaded"))
 			fprintf(stderr, "hybctl %s: %s (embedded mode has no shared %s to show)\n",

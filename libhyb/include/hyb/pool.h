@@ -43,10 +43,10 @@ struct hyb_backend_info {
 /*
  * Open a backend. AUTO picks kmod when /dev/hybpool can be opened and local
  * otherwise; the environment variable HYB_BACKEND=kmod|local overrides AUTO.
- * NULL on failure with a one-line reason in err (when err is not NULL), e.g.
+ * NULL on failure with a one-line reason in hyb_last_error(), e.g.
  * "hybpool module not loaded: /dev/hybpool not found".
  */
-struct hyb_backend *hyb_backend_open(enum hyb_backend_kind kind, char *err, size_t err_len);
+struct hyb_backend *hyb_backend_open(enum hyb_backend_kind kind);
 /*
  * Pools this handle owns are destroyed (mappings stay valid until closed).
  * Pool and queue handles opened through it may only be closed afterwards.
