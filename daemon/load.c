@@ -131,8 +131,8 @@ static int stream_runs(const struct hyb_load_config *c, struct hyb_loaded *l, ch
 				return hyb_errf(err, errlen, "load cancelled after %llu of %llu bytes",
 					    (unsigned long long)done, (unsigned long long)total);
 			if (hyb_stream_to_pool(l->pools[r->pool], r->pool_off + x, c->model_path,
-					       r->file_off + x, n, &o, &st, err, errlen))
-				return -1;
+					       r->file_off + x, n, &o, &st))
+				return hyb_errf(err, errlen, "%s", hyb_last_error());
 			done += n;
 			l->runs++;
 			l->direct_runs += st.direct;

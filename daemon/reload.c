@@ -343,7 +343,6 @@ static int do_load(struct hyb_reload *r, struct lane *ln, struct op *op, uint64_
 		.buffered = r->buffered,
 	};
 	struct stat sb;
-	char err[MSG_LEN];
 
 	if (ln->rio) {
 		int ret = hyb_rio_read(ln->rio, q->aux + op->done, len,
@@ -357,12 +356,12 @@ static int do_load(struct hyb_reload *r, struct lane *ln, struct op *op, uint64_
 	/* pieces of 64 KiB .. 1 MiB: a chunk becomes several reads in flight */
 	o.chunk = (uint32_t)(piece < 65536 ? 65536 : piece > DEFAULT_CHUNK ? DEFAULT_CHUNK : piece);
 	if (!hyb_stream_to_pool(op->pool->p, q->pool_off + op->done, r->model_path,
-				q->aux + op->done, len, &o, NULL, err, sizeof(err)))
+				q->aux + op->done, len, &o, NULL))
 		return 0;
 	/* the engine says why in words; the status says what */
 	if (stat(r->model_path, &sb))
-		return say(msg, -errno, "%s", err);
-	return say(msg, -EIO, "%s", err);
+		return say(msg, -errno, "%s", hyb_last_error());
+	return say(msg, -EIO, "%s", hyb_last_error());
 }
 
 static int do_upload(struct hyb_reload *r, struct op *op, uint64_t len, char *msg)

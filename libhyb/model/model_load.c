@@ -503,7 +503,8 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 			return -1;
 		if (hyb_model_wait_bytes(m, header, err, errlen))
 			return -1;
-	} else if (hyb_stream_read(path, 0, size, buf, &o, NULL, err, errlen)) {
+	} else if (hyb_stream_read(path, 0, size, buf, &o, NULL)) {
+		snprintf(err, errlen, "%s", hyb_last_error());
 		free_image(m);
 		return -1;
 	}

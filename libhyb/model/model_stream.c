@@ -25,6 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "hyb/error.h"
 #include "hyb/stream.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
@@ -113,19 +114,17 @@ static void start_prefault(struct hyb_model_stream *s)
 static void *load_thread(void *arg)
 {
 	struct hyb_model_stream *s = arg;
-	char err[sizeof(s->err)];
 	int rc;
 
 	start_prefault(s);
-	rc = hyb_stream_read(s->path, 0, s->size, s->image, &s->opts, &s->stats, err,
-			     sizeof(err));
+	rc = hyb_stream_read(s->path, 0, s->size, s->image, &s->opts, &s->stats);
 	atomic_store(&s->cancel, true);	/* (helpers still going stop at their next piece) */
 	for (int i = 0; i < s->n_prefault; i++)
 		pthread_join(s->prefault[i], NULL);
 
 	pthread_mutex_lock(&s->lock);
 	if (rc)
-		snprintf(s->err, sizeof(s->err), "%s", err);
+		snprintf(s->err, sizeof(s->err), "%s", hyb_last_error());
 	atomic_store_explicit(&s->state, rc ? FAILED : LOADED, memory_order_release);
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);

@@ -34,6 +34,7 @@
 #include "hyb/pool.h"
 #include "hyb/stream.h"
 #include "hyb/testing.h"
+#include "util/error.h"
 
 #define BLK		4096u
 #define MAX_DEPTH	256u
@@ -82,6 +83,7 @@ struct streamer {
 	bool phase_ok, failed, lazy_dst;
 	int fd;
 	int read_err;		/* the reported failure is this errno of a read */
+	int rc;			/* the first failure's -errno */
 	struct fault fault;	/* HYB_STREAM_FAULT (tests) */
 	struct iovec iov[MAX_IOV];
 	unsigned int n_iov;
@@ -112,14 +114,16 @@ static uint64_t up(uint64_t x, uint64_t a)
 	return (x + a - 1) / a * a;
 }
 
-static int fail(struct streamer *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(struct streamer *s, const char *fmt, ...)
+static int fail(struct streamer *s, int rc, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int fail(struct streamer *s, int rc, const char *fmt, ...)
 {
 	va_list ap;
 
 	if (s->failed)
 		return -1;	/* keep the first reason */
 	s->failed = true;
+	s->rc = rc;
 	va_start(ap, fmt);
 	vsnprintf(s->err, s->errlen, fmt, ap);
 	va_end(ap);
@@ -202,7 +206,7 @@ static bool next_piece(struct streamer *s, struct slot *sl)
 		if (sl->bounce == MAP_FAILED) {
 			sl->bounce = NULL;
 			s->next = c0;	/* not cut: the landed prefix stops here */
-			fail(s, "%s: cannot allocate a bounce buffer: %s", s->path,
+			fail(s, -errno, "%s: cannot allocate a bounce buffer: %s", s->path,
 			     strerror(errno));
 			return false;
 		}
@@ -220,7 +224,7 @@ static int submit_slot(struct streamer *s, unsigned int idx)
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
 
 	if (!sqe)	/* cannot happen: the ring holds depth entries */
-		return fail(s, "%s: io_uring submission queue full", s->path);
+		return fail(s, -EAGAIN, "%s: io_uring submission queue full", s->path);
 	if (sl->buf_index >= 0)
 		io_uring_prep_read_fixed(sqe, 0, sl->buf + sl->done, sl->len - sl->done,
 					 sl->foff + sl->done, sl->buf_index);
@@ -315,7 +319,7 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 		return -2;
 	if (res < 0) {
 		why = hyb_stream_device_error(-res);
-		fail(s, "%s: read of %u bytes at offset %llu failed: %s%s%s%s", s->path,
+		fail(s, res, "%s: read of %u bytes at offset %llu failed: %s%s%s%s", s->path,
 		     sl->len - sl->done, (unsigned long long)(sl->foff + sl->done),
 		     strerror(-res), why ? " (" : "", why ? why : "", why ? ")" : "");
 		s->read_err = why ? -res : 0;
@@ -325,7 +329,7 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 	if (sl->done < sl->need) {
 		/* a short read: more to come, unless the file ended under us */
 		if (res == 0 || sl->done % s->align)
-			return fail(s, "%s: file ends at byte %llu, before the range end %llu "
+			return fail(s, -EIO, "%s: file ends at byte %llu, before the range end %llu "
 				    "(changed while loading?)", s->path,
 				    (unsigned long long)(sl->foff + sl->done),
 				    (unsigned long long)s->end);
@@ -364,7 +368,7 @@ static void report_landed(struct streamer *s)
 		return;
 	s->landed_bytes = bytes;
 	if (s->landed(s->landed_arg, bytes))
-		fail(s, "%s: loading was cancelled", s->path);
+		fail(s, -ECANCELED, "%s: loading was cancelled", s->path);
 }
 
 /* Fill the ring, reap, refill, until every piece is in or something failed. */
@@ -387,7 +391,7 @@ static int pump(struct streamer *s)
 			/* stop issuing and drain what the kernel took; give up if it fails again */
 			if (s->failed)
 				return -1;
-			fail(s, "%s: io_uring submit failed: %s", s->path, strerror(-ret));
+			fail(s, ret, "%s: io_uring submit failed: %s", s->path, strerror(-ret));
 		}
 		io_uring_for_each_cqe(&s->ring, head, cqe) {
 			int r = complete(s, (unsigned int)io_uring_cqe_get_data64(cqe), cqe->res);
@@ -578,14 +582,12 @@ static int run(struct streamer *s, int fd, bool direct)
 	s->st->direct = direct;
 	ret = io_uring_queue_init(s->depth, &s->ring, 0);
 	if (ret < 0) {
-		snprintf(s->err, s->errlen, "%s: io_uring unavailable: %s", s->path,
-			 strerror(-ret));
-		return -1;
+		return fail(s, ret, "%s: io_uring unavailable: %s", s->path, strerror(-ret));
 	}
 	ret = io_uring_register_files(&s->ring, &fd, 1);
 	if (ret < 0) {
-		snprintf(s->err, s->errlen, "%s: cannot register the file with io_uring: %s",
-			 s->path, strerror(-ret));
+		fail(s, ret, "%s: cannot register the file with io_uring: %s", s->path,
+		     strerror(-ret));
 		io_uring_queue_exit(&s->ring);
 		return -1;
 	}
@@ -679,12 +681,12 @@ static bool regular_file(const char *path)
 }
 
 int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst,
-		    const struct hyb_stream_opts *opts, struct hyb_stream_stats *stats,
-		    char *err, size_t errlen)
+		    const struct hyb_stream_opts *opts, struct hyb_stream_stats *stats)
 {
+	char msg[1024] = "";
 	struct hyb_stream_opts o = opts ? *opts : (struct hyb_stream_opts){ 0 };
 	struct hyb_stream_stats local;
-	struct streamer s = { .path = path, .err = err, .errlen = errlen, .dst = dst };
+	struct streamer s = { .path = path, .err = msg, .errlen = sizeof(msg), .dst = dst };
 	bool direct = !o.buffered;
 	uint64_t size = 0;
 	int fd, ret;
@@ -694,9 +696,8 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 	s.depth = o.depth ? (o.depth < MAX_DEPTH ? o.depth : MAX_DEPTH) : 32;
 	s.chunk = o.chunk ? o.chunk : 1u << 20;
 	if (s.chunk % BLK || s.chunk > MAX_CHUNK) {
-		snprintf(err, errlen, "stream chunk %u is not a multiple of %u up to %u", s.chunk,
-			 BLK, MAX_CHUNK);
-		return -1;
+		return hyb_error_set(-EINVAL, "stream chunk %u is not a multiple of %u up to %u",
+				     s.chunk, BLK, MAX_CHUNK);
 	}
 	s.label = o.label ? o.label : path;
 	s.lazy_dst = o.lazy_dst;
@@ -714,9 +715,8 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 	s.off = file_off;
 	s.end = file_off + len;
 	if (s.end < file_off) {
-		snprintf(err, errlen, "%s: range at offset %llu overflows", path,
-			 (unsigned long long)file_off);
-		return -1;
+		return hyb_error_set(-EINVAL, "%s: range at offset %llu overflows", path,
+				     (unsigned long long)file_off);
 	}
 	fd = open_file(&s, direct, &size);
 	if (fd < 0 && direct && errno == EINVAL && regular_file(path)) {
@@ -725,31 +725,25 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 		direct = false;
 		fd = open_file(&s, false, &size);
 	}
-	if (fd < 0) {
-		snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-		return -1;
-	}
+	if (fd < 0)
+		return hyb_error_set(-errno, "%s: cannot open: %s", path, strerror(errno));
 	if (s.end > size) {
-		snprintf(err, errlen, "%s: range [%llu, %llu) ends past the end of the file "
-			 "(%llu bytes)", path, (unsigned long long)s.off,
-			 (unsigned long long)s.end, (unsigned long long)size);
 		close(fd);
-		return -1;
+		return hyb_error_set(-ERANGE, "%s: range [%llu, %llu) ends past the end of the "
+				     "file (%llu bytes)", path, (unsigned long long)s.off,
+				     (unsigned long long)s.end, (unsigned long long)size);
 	}
 	if (direct && cached(fd, s.off, len)) {
 		close(fd);
 		direct = false;
 		fd = open_file(&s, false, &size);
-		if (fd < 0) {
-			snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-			return -1;
-		}
+		if (fd < 0)
+			return hyb_error_set(-errno, "%s: cannot open: %s", path, strerror(errno));
 	}
 	s.slots = calloc(s.depth, sizeof(*s.slots));
 	if (!s.slots) {
-		snprintf(err, errlen, "out of memory");
 		close(fd);
-		return -1;
+		return hyb_error_set(-ENOMEM, "out of memory");
 	}
 	s.t0 = now_ns();
 	ret = len ? run(&s, fd, direct) : 0;
@@ -758,7 +752,8 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 		close(fd);
 		fd = open_file(&s, false, &size);
 		if (fd < 0) {
-			snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+			s.rc = -errno;
+			snprintf(msg, sizeof(msg), "%s: cannot open: %s", path, strerror(errno));
 			ret = -1;
 		} else {
 			s.st->bytes = 0;
@@ -776,12 +771,12 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 	free(s.slots);
 	if (fd >= 0)
 		close(fd);
-	return ret ? -1 : 0;
+	return ret ? hyb_error_set(s.rc ? s.rc : -EIO, "%s", msg) : 0;
 }
 
 int hyb_stream_to_pool(struct hyb_mempool *p, uint64_t pool_off, const char *path,
 		       uint64_t file_off, uint64_t len, const struct hyb_stream_opts *opts,
-		       struct hyb_stream_stats *stats, char *err, size_t errlen)
+		       struct hyb_stream_stats *stats)
 {
 	struct hyb_mempool_info info;
 	void *base;
@@ -791,21 +786,18 @@ int hyb_stream_to_pool(struct hyb_mempool *p, uint64_t pool_off, const char *pat
 	if (!ret)
 		ret = hyb_mempool_map(p, &base, &plen);
 	if (ret) {
-		snprintf(err, errlen, "%s: pool: %s", path, hyb_last_error());
-		return -1;
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", hyb_last_error());
+		return hyb_error_set(ret, "%s: pool: %s", path, why);
 	}
-	if (!hyb_mempool_writable(p)) {
-		snprintf(err, errlen, "%s: pool '%s' is mapped read-only (not its owner)", path,
-			 info.name);
-		return -1;
-	}
-	if (pool_off > plen || len > plen - pool_off) {
-		snprintf(err, errlen, "%s: pool '%s' holds %zu bytes: cannot hold %llu bytes at "
-			 "offset %llu (file offset %llu)", path, info.name, plen,
-			 (unsigned long long)len, (unsigned long long)pool_off,
-			 (unsigned long long)file_off);
-		return -1;
-	}
-	return hyb_stream_read(path, file_off, len, (uint8_t *)base + pool_off, opts, stats,
-			       err, errlen);
+	if (!hyb_mempool_writable(p))
+		return hyb_error_set(-EPERM, "%s: pool '%s' is mapped read-only (not its owner)",
+				     path, info.name);
+	if (pool_off > plen || len > plen - pool_off)
+		return hyb_error_set(-ERANGE, "%s: pool '%s' holds %zu bytes: cannot hold %llu "
+				     "bytes at offset %llu (file offset %llu)", path, info.name,
+				     plen, (unsigned long long)len, (unsigned long long)pool_off,
+				     (unsigned long long)file_off);
+	return hyb_stream_read(path, file_off, len, (uint8_t *)base + pool_off, opts, stats);
 }

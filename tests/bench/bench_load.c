@@ -85,8 +85,7 @@ int main(int argc, char **argv)
 	}
 	t = now();
 	if (!strcmp(argv[1], "engine"))
-		ret = hyb_stream_read(argv[2], 0, (uint64_t)sb.st_size, dst, &o, &st, err,
-				      sizeof(err));
+		ret = hyb_stream_read(argv[2], 0, (uint64_t)sb.st_size, dst, &o, &st);
 	else
 		ret = read_loop(argv[2], dst, (uint64_t)sb.st_size);
 	t = now() - t;

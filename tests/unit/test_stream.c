@@ -59,7 +59,6 @@ static void check_range(const char *path, uint64_t off, uint64_t len, unsigned i
 	uint8_t *mem = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	uint8_t *ref = malloc(len ? len : 1), *dst = mem + 4096 + skew;
 	struct hyb_stream_stats st;
-	char err[256];
 	int fd = open(path, O_RDONLY);
 
 	CHECK(mem != MAP_FAILED && ref && fd >= 0);
@@ -67,9 +66,9 @@ static void check_range(const char *path, uint64_t off, uint64_t len, unsigned i
 	posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);	/* cold again: O_DIRECT */
 	close(fd);
 	memset(mem, CANARY, cap);
-	CHECK_MSG(!hyb_stream_read(path, off, len, dst, o, &st, err, sizeof(err)),
+	CHECK_MSG(!hyb_stream_read(path, off, len, dst, o, &st),
 		  "off %llu len %llu skew %u: %s", (unsigned long long)off,
-		  (unsigned long long)len, skew, err);
+		  (unsigned long long)len, skew, hyb_last_error());
 	CHECK_EQ_INT(st.bytes, len);
 	last_direct = st.direct;
 	CHECK_MSG(!memcmp(dst, ref, len), "off %llu len %llu skew %u: bytes differ",
@@ -126,10 +125,9 @@ TEST(stream_deep_queue_direct_fixed)
 	struct hyb_stream_opts o = { .progress = HYB_STREAM_QUIET, .chunk = 65536, .depth = 32 };
 	void *dst = mmap(NULL, 8 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	struct hyb_stream_stats st;
-	char err[256];
 
 	CHECK(dst != MAP_FAILED);
-	CHECK_MSG(!hyb_stream_read(path, 0, 8 << 20, dst, &o, &st, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_stream_read(path, 0, 8 << 20, dst, &o, &st), "%s", hyb_last_error());
 	CHECK_EQ_INT(st.max_in_flight, 32);	/* 128 pieces: the ring fills up */
 	CHECK_EQ_INT(st.bounced, 0);		/* aligned range: no bounce */
 	if (!st.direct)
@@ -145,14 +143,13 @@ TEST(stream_warm_file_reads_buffered)
 	const char *path = make_file(hyb_test_tmpdir(), "warm.bin", 1 << 20);
 	uint8_t *dst = malloc(1 << 20), *ref = malloc(1 << 20);
 	struct hyb_stream_stats st;
-	char err[256];
 	int fd = open(path, O_RDONLY);
 
 	CHECK(dst && ref && fd >= 0);
 	CHECK(pread(fd, ref, 1 << 20, 0) == 1 << 20);	/* now every page is cached */
 	close(fd);
-	CHECK_MSG(!hyb_stream_read(path, 0, 1 << 20, dst, &quiet, &st, err, sizeof(err)), "%s",
-		  err);
+	CHECK_MSG(!hyb_stream_read(path, 0, 1 << 20, dst, &quiet, &st), "%s",
+		  hyb_last_error());
 	CHECK_EQ_INT(st.direct, 0);
 	CHECK(!memcmp(dst, ref, 1 << 20));
 	free(dst);
@@ -164,7 +161,7 @@ TEST(stream_pool_load_and_too_small)
 	const char *path = make_file(hyb_test_tmpdir(), "pool.bin", 3 << 20);
 	struct hyb_backend *b = hyb_backend_open(HYB_BACKEND_LOCAL);
 	struct hyb_mempool *p;
-	char err[256], name[32];
+	char name[32];
 	uint8_t *base, ref[4096];
 	size_t plen;
 	int fd = open(path, O_RDONLY);
@@ -174,15 +171,13 @@ TEST(stream_pool_load_and_too_small)
 	CHECK_EQ_INT(hyb_mempool_create(b, name, 2 << 20, HYB_MEMPOOL_NODE_LOCAL, 0, 0, &p), 0);
 	CHECK_EQ_INT(hyb_mempool_map(p, (void **)&base, &plen), 0);
 	/* the whole file does not fit: refused before any I/O, nothing written */
-	CHECK(hyb_stream_to_pool(p, 0, path, 0, 3 << 20, &quiet, NULL, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "holds") && strstr(err, name) && strstr(err, "pool.bin"), "%s", err);
+	CHECK(hyb_stream_to_pool(p, 0, path, 0, 3 << 20, &quiet, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "holds") && strstr(hyb_last_error(), name) && strstr(hyb_last_error(), "pool.bin"), "%s", hyb_last_error());
 	CHECK_EQ_INT(base[0], 0);
-	CHECK(hyb_stream_to_pool(p, (2 << 20) - 10, path, 0, 11, &quiet, NULL, err,
-				 sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "offset 2097142"), "%s", err);
+	CHECK(hyb_stream_to_pool(p, (2 << 20) - 10, path, 0, 11, &quiet, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "offset 2097142"), "%s", hyb_last_error());
 	/* a range that fits lands at the pool offset */
-	CHECK_MSG(!hyb_stream_to_pool(p, 8192, path, 4096 + 17, 4096, &quiet, NULL, err,
-				      sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_stream_to_pool(p, 8192, path, 4096 + 17, 4096, &quiet, NULL), "%s", hyb_last_error());
 	CHECK(pread(fd, ref, 4096, 4096 + 17) == 4096);
 	CHECK(!memcmp(base + 8192, ref, 4096));
 	close(fd);
@@ -196,7 +191,6 @@ TEST(stream_tmpfs_and_buffered_fallback)
 	struct hyb_stream_opts buffered = { .progress = HYB_STREAM_QUIET, .buffered = 1 };
 	struct hyb_stream_stats st;
 	const char *path;
-	char err[256];
 	void *dst;
 
 	if (!mkdtemp(dir))
@@ -208,7 +202,7 @@ TEST(stream_tmpfs_and_buffered_fallback)
 	setenv("HYB_STREAM_REFUSE_DIRECT", "1", 1);
 	check_range(path, 0, 1048576 + 333, 0, &quiet);
 	dst = malloc(1048576 + 333);
-	CHECK(!hyb_stream_read(path, 0, 1048576 + 333, dst, &quiet, &st, err, sizeof(err)));
+	CHECK(!hyb_stream_read(path, 0, 1048576 + 333, dst, &quiet, &st));
 	CHECK_EQ_INT(st.direct, 0);
 	unsetenv("HYB_STREAM_REFUSE_DIRECT");
 	free(dst);
@@ -219,19 +213,17 @@ TEST(stream_tmpfs_and_buffered_fallback)
 TEST(stream_errors_name_file_and_offset)
 {
 	const char *path = make_file(hyb_test_tmpdir(), "short.bin", 10000);
-	char err[256];
 	uint8_t *dst = malloc(20000);
 
-	CHECK(hyb_stream_read(path, 0, 20000, dst, &quiet, NULL, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "short.bin") && strstr(err, "past the end") &&
-		  strstr(err, "10000 bytes"), "%s", err);
-	CHECK(hyb_stream_read(path, 9999, 2, dst, &quiet, NULL, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "[9999, 10001)"), "%s", err);
-	CHECK(hyb_stream_read("/nonexistent/x.gguf", 0, 1, dst, &quiet, NULL, err,
-			      sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "x.gguf") && strstr(err, "No such file"), "%s", err);
-	CHECK(hyb_stream_read(hyb_test_tmpdir(), 0, 1, dst, &quiet, NULL, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "directory"), "%s", err);
+	CHECK(hyb_stream_read(path, 0, 20000, dst, &quiet, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "short.bin") && strstr(hyb_last_error(), "past the end") &&
+		  strstr(hyb_last_error(), "10000 bytes"), "%s", hyb_last_error());
+	CHECK(hyb_stream_read(path, 9999, 2, dst, &quiet, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "[9999, 10001)"), "%s", hyb_last_error());
+	CHECK(hyb_stream_read("/nonexistent/x.gguf", 0, 1, dst, &quiet, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "x.gguf") && strstr(hyb_last_error(), "No such file"), "%s", hyb_last_error());
+	CHECK(hyb_stream_read(hyb_test_tmpdir(), 0, 1, dst, &quiet, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "directory"), "%s", hyb_last_error());
 	free(dst);
 }
 
@@ -265,7 +257,7 @@ TEST(stream_device_error_names_the_bad_block)
 	const char *spans[] = { "", ",1", ",300000", ",2000000" };
 	uint8_t *mem = mmap(NULL, size + 8192, PROT_READ | PROT_WRITE,
 			    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	char err[512], env[64];
+	char env[64], err[512];
 
 	CHECK(mem != MAP_FAILED);
 	for (size_t s = 0; s < sizeof(spans) / sizeof(spans[0]); s++) {
@@ -275,31 +267,29 @@ TEST(stream_device_error_names_the_bad_block)
 			for (unsigned int skew = 0; skew < 2; skew++) {
 				/* (skew 100: the phases differ, every chunk bounced) */
 				CHECK_MSG(hyb_stream_read(path, 100, size - 100,
-							  mem + 4096 + 100 * skew, opts[k], NULL,
-							  err, sizeof(err)) < 0,
+							  mem + 4096 + 100 * skew, opts[k], NULL) < 0,
 					  "fault %s: the read succeeded", env);
-				check_bad_read(err, path, bad);
-				CHECK_MSG(strstr(err, "Input/output error") &&
-					  strstr(err, "the device failed the read") &&
-					  strstr(err, "the first bad block is bytes "
+				check_bad_read(hyb_last_error(), path, bad);
+				CHECK_MSG(strstr(hyb_last_error(), "Input/output error") &&
+					  strstr(hyb_last_error(), "the device failed the read") &&
+					  strstr(hyb_last_error(), "the first bad block is bytes "
 						      "[1789952, 1794048) of the file"),
-					  "fault %s opts %zu skew %u: %s", env, k, skew, err);
+					  "fault %s opts %zu skew %u: %s", env, k, skew, hyb_last_error());
 			}
 		}
 	}
 	/* an intermittent fault: the reads fail in the ring, not alone */
 	setenv("HYB_STREAM_FAULT", "1793344,200000,1", 1);
-	CHECK(hyb_stream_read(path, 0, size, mem, &small, NULL, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "Input/output error") && strstr(err, "every block was readable") &&
-		  !strstr(err, "first bad block"), "%s", err);
+	CHECK(hyb_stream_read(path, 0, size, mem, &small, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "Input/output error") && strstr(hyb_last_error(), "every block was readable") &&
+		  !strstr(hyb_last_error(), "first bad block"), "%s", hyb_last_error());
 	/* the bad byte alone, at the end of the range */
 	setenv("HYB_STREAM_FAULT", "1793344", 1);
-	CHECK(hyb_stream_read(path, 1000, bad + 1 - 1000, mem, &quiet, NULL, err,
-			      sizeof(err)) < 0);
-	check_bad_read(err, path, bad);
-	CHECK_MSG(strstr(err, "[1789952, 1794048)"), "%s", err);
+	CHECK(hyb_stream_read(path, 1000, bad + 1 - 1000, mem, &quiet, NULL) < 0);
+	check_bad_read(hyb_last_error(), path, bad);
+	CHECK_MSG(strstr(hyb_last_error(), "[1789952, 1794048)"), "%s", hyb_last_error());
 	unsetenv("HYB_STREAM_FAULT");
-	CHECK(!hyb_stream_read(path, 0, size, mem, &quiet, NULL, err, sizeof(err)));
+	CHECK(!hyb_stream_read(path, 0, size, mem, &quiet, NULL));
 	munmap(mem, size + 8192);
 	/* the helper the reload reader shares: a sound file has no bad block */
 	{
@@ -350,7 +340,6 @@ TEST(stream_reports_the_landed_prefix)
 	uint8_t *ref = malloc(size);
 	struct landed_check lc = { .ref = ref };
 	struct hyb_stream_opts o = quiet;
-	char err[256];
 	int fd = open(path, O_RDONLY);
 
 	CHECK(dst != MAP_FAILED && ref && fd >= 0);
@@ -361,8 +350,8 @@ TEST(stream_reports_the_landed_prefix)
 	for (unsigned int skew = 0; skew <= 100; skew += 100) {	/* direct, then bounced */
 		lc = (struct landed_check){ .dst = dst + skew, .ref = ref };
 		memset(dst, 0, size + 4096);
-		CHECK_MSG(!hyb_stream_read(path, 0, size, dst + skew, &o, NULL, err, sizeof(err)),
-			  "%s", err);
+		CHECK_MSG(!hyb_stream_read(path, 0, size, dst + skew, &o, NULL),
+			  "%s", hyb_last_error());
 		CHECK_MSG(!lc.bad, "skew %u: %llu reports were not landed bytes", skew,
 			  (unsigned long long)lc.bad);
 		CHECK_EQ_INT(lc.last, size);
@@ -371,8 +360,8 @@ TEST(stream_reports_the_landed_prefix)
 	/* a nonzero return stops the load: drained, and reported as cancelled (so
 	 * reports also come before the end) */
 	lc = (struct landed_check){ .dst = dst, .ref = ref, .cancel_at = 8u << 20 };
-	CHECK(hyb_stream_read(path, 0, size, dst, &o, NULL, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "landed.bin") && strstr(err, "cancelled"), "%s", err);
+	CHECK(hyb_stream_read(path, 0, size, dst, &o, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "landed.bin") && strstr(hyb_last_error(), "cancelled"), "%s", hyb_last_error());
 	CHECK(lc.last >= 8u << 20 && lc.last < size && !lc.bad);
 	close(fd);
 	free(ref);

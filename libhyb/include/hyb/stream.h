@@ -15,8 +15,10 @@
  * is read buffered, with a one-line note; so is a range already wholly in
  * the page cache (a warm load: memory-speed copies beat going to the disk).
  *
- * Errors: -1 with a one-line message naming the file and the offset (EIO,
- * range past the end of file, pool too small...); after a device error also
+ * Errors: a negative errno (-EIO and the read's own errors, -ERANGE for a
+ * range past the end of the file or the pool, -ECANCELED, ...) and a
+ * one-line message in hyb_last_error() naming the file and the offset; after
+ * a device error also
  * the first 4096-byte block that fails when read alone (see
  * hyb_stream_find_bad_block). Every read is drained before returning, and on
  * failure the destination's content is undefined: callers publish ("mark
@@ -72,8 +74,7 @@ struct hyb_stream_stats {
 
 /* Read file [file_off, file_off + len) into dst[0, len). opts/stats may be NULL. */
 int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst,
-		    const struct hyb_stream_opts *opts, struct hyb_stream_stats *stats,
-		    char *err, size_t errlen);
+		    const struct hyb_stream_opts *opts, struct hyb_stream_stats *stats);
 
 /*
  * The same into pool [pool_off, pool_off + len) (mapped read-write: the owner).
@@ -81,7 +82,7 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
  */
 int hyb_stream_to_pool(struct hyb_mempool *p, uint64_t pool_off, const char *path,
 		       uint64_t file_off, uint64_t len, const struct hyb_stream_opts *opts,
-		       struct hyb_stream_stats *stats, char *err, size_t errlen);
+		       struct hyb_stream_stats *stats);
 
 /*
  * After a read of [off, off + len) of fd failed with a device error: read the
