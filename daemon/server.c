@@ -372,9 +372,8 @@ static uint64_t auto_slot_bytes(const struct hybd *d)
 	struct hyb_manifest *mf;
 	struct hyb_manifest_info mi;
 	uint64_t max = 0;
-	char why[256];
 
-	mf = hyb_manifest_parse(d->model.manifest, d->model.manifest_len, why, sizeof(why));
+	mf = hyb_manifest_parse(d->model.manifest, d->model.manifest_len);
 	if (!mf)
 		return 2ull << 20;
 	hyb_manifest_info(mf, &mi);

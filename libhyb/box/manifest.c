@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "hyb/manifest.h"
+#include "util/error.h"
 
 struct hyb_manifest {
 	uint8_t *buf;			/* private copy */
@@ -231,7 +232,8 @@ static struct hyb_manifest *adopt(uint8_t *buf, uint64_t len, char *err, size_t 
 	return m;
 }
 
-struct hyb_manifest *hyb_manifest_parse(const void *buf, size_t len, char *err, size_t errlen)
+static struct hyb_manifest *manifest_parse(const void *buf, size_t len, char *err,
+					   size_t errlen)
 {
 	uint8_t *copy;
 
@@ -247,7 +249,7 @@ struct hyb_manifest *hyb_manifest_parse(const void *buf, size_t len, char *err, 
 	return adopt(copy, len, err, errlen);
 }
 
-struct hyb_manifest *hyb_manifest_open(const char *path, char *err, size_t errlen)
+static struct hyb_manifest *manifest_open(const char *path, char *err, size_t errlen)
 {
 	struct hyb_manifest *m;
 	struct stat sb;
@@ -296,8 +298,8 @@ struct hyb_manifest *hyb_manifest_open(const char *path, char *err, size_t errle
 	return m;
 }
 
-struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *pool_name,
-					    char *err, size_t errlen)
+static struct hyb_manifest *manifest_open_pool(struct hyb_backend *b, const char *pool_name,
+					       char *err, size_t errlen)
 {
 	const struct hyb_mf_header *h;
 	struct hyb_mempool *p;
@@ -325,7 +327,7 @@ struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *p
 		hyb_mempool_close(p);
 		return NULL;
 	}
-	m = hyb_manifest_parse(addr, h->total_size, err, errlen);
+	m = manifest_parse(addr, h->total_size, err, errlen);
 	if (!m) {
 		hyb_mempool_close(p);
 		return NULL;
@@ -334,6 +336,35 @@ struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *p
 	m->pool = p;
 	m->live_state = &((const volatile struct hyb_mf_header *)addr)->state;
 	return m;
+}
+
+/* The public calls: the reason of a failure goes to hyb_last_error(). */
+static struct hyb_manifest *said(struct hyb_manifest *m, const char *msg)
+{
+	if (!m)
+		hyb_error_set(-EINVAL, "%s", msg);
+	return m;
+}
+
+struct hyb_manifest *hyb_manifest_parse(const void *buf, size_t len)
+{
+	char msg[1024] = "";
+
+	return said(manifest_parse(buf, len, msg, sizeof(msg)), msg);
+}
+
+struct hyb_manifest *hyb_manifest_open(const char *path)
+{
+	char msg[1024] = "";
+
+	return said(manifest_open(path, msg, sizeof(msg)), msg);
+}
+
+struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *pool_name)
+{
+	char msg[1024] = "";
+
+	return said(manifest_open_pool(b, pool_name, msg, sizeof(msg)), msg);
 }
 
 void hyb_manifest_close(struct hyb_manifest *m)

@@ -103,11 +103,11 @@ static int box_source(const char *src, char pool[HYB_MEMPOOL_NAME_LEN],
 	size_t n = strlen(src), ns = sizeof(sfx) - 1;
 
 	if (strchr(src, '/')) {
-		struct hyb_manifest *f = hyb_manifest_open(src, err, errlen);
+		struct hyb_manifest *f = hyb_manifest_open(src);
 		struct hyb_manifest_info mi;
 
 		if (!f)
-			return -1;
+			return box_fail(err, errlen, "%s", hyb_last_error());
 		hyb_manifest_info(f, &mi);
 		*kind = mi.backend;
 		n = (size_t)snprintf(pool, HYB_MEMPOOL_NAME_LEN, "%s%s", mi.name, sfx);
@@ -135,9 +135,9 @@ static int box_open(struct box *bx, struct hyb_backend *b, const char *pool, cha
 	size_t len;
 	void *addr;
 
-	bx->mf = hyb_manifest_open_pool(b, pool, err, errlen);
+	bx->mf = hyb_manifest_open_pool(b, pool);
 	if (!bx->mf)
-		return -1;
+		return box_fail(err, errlen, "%s", hyb_last_error());
 	hyb_manifest_info(bx->mf, &mi);
 	bx->pid = mi.pid;
 	snprintf(bx->mf_name, sizeof(bx->mf_name), "%s", pool);
@@ -257,7 +257,7 @@ static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t
 
 struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t errlen)
 {
-	enum hyb_backend_kind kind;
+	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
 	char pool[HYB_MEMPOOL_NAME_LEN], why[512];
 	struct hyb_model *m = NULL;
 	struct box *bx = NULL;

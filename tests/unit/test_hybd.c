@@ -381,10 +381,10 @@ TEST(hybd_serves_then_shuts_down_on_sigterm)
 	/* an app: finds the model through the manifest, file or pool */
 	app = hyb_backend_open(HYB_BACKEND_LOCAL);
 	CHECK(app);
-	mf = hyb_manifest_open(hybd_manifest_path(d), err, sizeof(err));
-	CHECK_MSG(mf, "%s", err);
-	mp = hyb_manifest_open_pool(app, "t.manifest", err, sizeof(err));
-	CHECK_MSG(mp, "%s", err);
+	mf = hyb_manifest_open(hybd_manifest_path(d));
+	CHECK_MSG(mf, "%s", hyb_last_error());
+	mp = hyb_manifest_open_pool(app, "t.manifest");
+	CHECK_MSG(mp, "%s", hyb_last_error());
 	check_against_file(app, mf, model);
 	check_against_file(app, mp, model);
 	t = hyb_manifest_find(mp, "blk.2.ffn_up.weight");
@@ -442,7 +442,7 @@ TEST(hybd_serves_then_shuts_down_on_sigterm)
 	CHECK_EQ_INT(hyb_rq_submit(c, q, 1), -EPIPE);
 	/* the manifest is gone from both places before the pools went */
 	CHECK_EQ_INT(hyb_manifest_live(mp), 0);
-	CHECK(!hyb_manifest_open_pool(app, "t.manifest", err, sizeof(err)));
+	CHECK(!hyb_manifest_open_pool(app, "t.manifest"));
 	{
 		char mpath[600];
 		uint32_t ids[8];
@@ -493,8 +493,8 @@ TEST(hybd_plan_bundles_and_interleaved_pools)
 	CHECK(!hybd_config_set(&cfg, "placement", "interleave", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
 	app = hyb_backend_open(HYB_BACKEND_LOCAL);
-	m = hyb_manifest_open_pool(app, "p.manifest", err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	m = hyb_manifest_open_pool(app, "p.manifest");
+	CHECK_MSG(m, "%s", hyb_last_error());
 	hyb_manifest_info(m, &mi);
 	CHECK(mi.flags & HYB_MF_F_PLAN);
 	CHECK_EQ_INT(mi.group_size, 16);
@@ -549,8 +549,8 @@ TEST(hybd_budget_leaves_ffn_on_storage_for_on_demand_loads)
 	CHECK(!hybd_config_set(&cfg, "page_pool", "1M", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
 	app = hyb_backend_open(HYB_BACKEND_LOCAL);
-	m = hyb_manifest_open(hybd_manifest_path(d), err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	m = hyb_manifest_open(hybd_manifest_path(d));
+	CHECK_MSG(m, "%s", hyb_last_error());
 	hyb_manifest_info(m, &mi);
 	CHECK(mi.flags & HYB_MF_F_PAGED || mi.paged_bytes);
 	CHECK(mi.paged_bytes > 0 && mi.resident_bytes > 0);
@@ -651,9 +651,9 @@ TEST(hybd_start_failures_leave_nothing)
 	CHECK(hybd_start(&cfg, NULL, NULL, &d2, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "another hybd"), "%s", err);
 	{
-		struct hyb_manifest *m = hyb_manifest_open(hybd_manifest_path(d), err, sizeof(err));
+		struct hyb_manifest *m = hyb_manifest_open(hybd_manifest_path(d));
 
-		CHECK_MSG(m, "%s", err);
+		CHECK_MSG(m, "%s", hyb_last_error());
 		hyb_manifest_close(m);
 	}
 	/* another name, same queue: the queue has its daemon */
@@ -939,7 +939,7 @@ TEST(hybd_program_foreground_daemon_and_bad_config)
 	/* foreground: JSON lines on stderr, SIGTERM -> exit 0, nothing left */
 	pid = spawn(bin, conf, "-f", errp);
 	CHECK_MSG(!wait_file(mpath, 20000), "no manifest after 20 s");
-	m = hyb_manifest_open(mpath, NULL, 0);
+	m = hyb_manifest_open(mpath);
 	CHECK(m);
 	hyb_manifest_info(m, &mi);
 	CHECK_EQ_INT(mi.pid, pid);
@@ -1039,7 +1039,7 @@ TEST(hybd_program_kmod_backend)
 	app = hyb_backend_open(HYB_BACKEND_KMOD);
 	CHECK(app);
 	for (int i = 0; i < 2000 && !m; i++) {
-		m = hyb_manifest_open_pool(app, "kt.manifest", NULL, 0);
+		m = hyb_manifest_open_pool(app, "kt.manifest");
 		if (!m)
 			usleep(10000);
 	}

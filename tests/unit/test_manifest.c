@@ -77,10 +77,9 @@ TEST(manifest_roundtrip_find_and_bundles)
 	const struct hyb_mf_bundle *bu;
 	size_t len;
 	uint8_t *buf = build(&len, 7);
-	char err[256];
 
-	m = hyb_manifest_parse(buf, len, err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	m = hyb_manifest_parse(buf, len);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	hyb_manifest_info(m, &mi);
 	CHECK_EQ_INT(mi.version, HYB_MF_VERSION);
 	CHECK_EQ_INT(mi.state, HYB_MF_READY);
@@ -142,20 +141,20 @@ TEST(manifest_refuses_bad_bytes_without_crashing)
 	struct hyb_mf_header *h = (struct hyb_mf_header *)b;
 	struct hyb_mf_tensor *t;
 	uint32_t x = 12345;
-	char err[256];
 	int accepted = 0;
 
 #define EXPECT_FAIL(what, l)                                                          \
 	do {                                                                          \
-		struct hyb_manifest *m_ = hyb_manifest_parse(b, l, err, sizeof(err)); \
+		struct hyb_manifest *m_ = hyb_manifest_parse(b, l);                   \
 		CHECK_MSG(!m_, "%s accepted", what);                                  \
-		CHECK_MSG(strstr(err, "manifest"), "%s: %s", what, err);              \
+		CHECK_MSG(strstr(hyb_last_error(), "manifest"), "%s: %s", what,       \
+			  hyb_last_error());                                          \
 	} while (0)
 
 	memcpy(b, good, len);
 	b[len - 3] ^= 1;
 	EXPECT_FAIL("flipped byte", len);
-	CHECK_MSG(strstr(err, "checksum"), "%s", err);
+	CHECK_MSG(strstr(hyb_last_error(), "checksum"), "%s", hyb_last_error());
 	memcpy(b, good, len);
 	EXPECT_FAIL("truncated", len - 8);
 	EXPECT_FAIL("header only", 40);
@@ -164,13 +163,13 @@ TEST(manifest_refuses_bad_bytes_without_crashing)
 	memcpy(b, good, len);
 	h->version = 2;
 	EXPECT_FAIL("version 2", len);
-	CHECK_MSG(strstr(err, "version 2"), "%s", err);
+	CHECK_MSG(strstr(hyb_last_error(), "version 2"), "%s", hyb_last_error());
 	memcpy(b, good, len);
 	h->state = HYB_MF_WRITING;
 	EXPECT_FAIL("writing", len);
 	h->state = HYB_MF_RETIRED;
 	EXPECT_FAIL("retired", len);
-	CHECK_MSG(strstr(err, "retired"), "%s", err);
+	CHECK_MSG(strstr(hyb_last_error(), "retired"), "%s", hyb_last_error());
 	/* structure, with a valid checksum */
 	memcpy(b, good, len);
 	t = (struct hyb_mf_tensor *)(b + h->tensors_off);
@@ -213,7 +212,7 @@ TEST(manifest_refuses_bad_bytes_without_crashing)
 			b[x % len] ^= (uint8_t)(1u << (x >> 29));
 		}
 		reseal(b, len);
-		m = hyb_manifest_parse(b, len, err, sizeof(err));
+		m = hyb_manifest_parse(b, len);
 		if (m) {
 			struct hyb_manifest_info mi;
 
@@ -225,8 +224,8 @@ TEST(manifest_refuses_bad_bytes_without_crashing)
 		}
 	}
 	CHECK(accepted < 3000);
-	CHECK(!hyb_manifest_open("/nonexistent/hyb.manifest", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "hyb.manifest") && strstr(err, "No such file"), "%s", err);
+	CHECK(!hyb_manifest_open("/nonexistent/hyb.manifest"));
+	CHECK_MSG(strstr(hyb_last_error(), "hyb.manifest") && strstr(hyb_last_error(), "No such file"), "%s", hyb_last_error());
 #undef EXPECT_FAIL
 	free(b);
 	free(good);
@@ -248,15 +247,15 @@ TEST(manifest_publish_pool_and_file_then_retire)
 	buf = build(&len, 3);
 	snprintf(path, sizeof(path), "%s/hyb.manifest", hyb_test_tmpdir());
 	/* not there yet: a clear answer, no crash */
-	CHECK(!hyb_manifest_open_pool(app, "t.manifest", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "t.manifest"), "%s", err);
+	CHECK(!hyb_manifest_open_pool(app, "t.manifest"));
+	CHECK_MSG(strstr(hyb_last_error(), "t.manifest"), "%s", hyb_last_error());
 	CHECK_MSG(!hyb_mf_publish(owner, "t.manifest", path, buf, len, &pub, err, sizeof(err)),
 		  "%s", err);
 	/* the app's handle maps the pool read-only */
-	mp = hyb_manifest_open_pool(app, "t.manifest", err, sizeof(err));
-	CHECK_MSG(mp, "%s", err);
-	mf = hyb_manifest_open(path, err, sizeof(err));
-	CHECK_MSG(mf, "%s", err);
+	mp = hyb_manifest_open_pool(app, "t.manifest");
+	CHECK_MSG(mp, "%s", hyb_last_error());
+	mf = hyb_manifest_open(path);
+	CHECK_MSG(mf, "%s", hyb_last_error());
 	hyb_manifest_info(mf, &mi);
 	CHECK_EQ_INT(mi.n_tensors, N_NAMES);
 	CHECK(hyb_manifest_find(mp, "token_embd.weight"));
@@ -274,7 +273,7 @@ TEST(manifest_publish_pool_and_file_then_retire)
 	hyb_mf_retire(&pub);
 	CHECK_EQ_INT(hyb_manifest_live(mp), 0);	/* retired, then destroyed */
 	CHECK(access(path, F_OK) && errno == ENOENT);
-	CHECK(!hyb_manifest_open_pool(app, "t.manifest", err, sizeof(err)));
+	CHECK(!hyb_manifest_open_pool(app, "t.manifest"));
 	/* the copy taken before stays readable */
 	CHECK(hyb_manifest_find(mp, "output.weight"));
 	hyb_mf_retire(&pub);	/* twice is fine */

@@ -1101,7 +1101,7 @@ static void ioerr_reload(const char *bin, const char *conf, const char *model, u
 	struct hyb_backend *b;
 	struct hyb_rq *rq;
 	uint32_t page_id = 0;
-	char err[512] = "", why[128], *log = NULL;
+	char why[128], *log = NULL;
 	const char *line = "";
 	uint8_t *ref;
 	void *base;
@@ -1122,12 +1122,12 @@ static void ioerr_reload(const char *bin, const char *conf, const char *model, u
 			die("hybd with layer 1 on demand exited (status %#x): its load should have "
 			    "missed the bad block", st);
 		}
-		mf = hyb_manifest_open_pool(b, "bad.manifest", err, sizeof(err));
+		mf = hyb_manifest_open_pool(b, "bad.manifest");
 		if (!mf)
 			usleep(20000);
 	}
 	if (!mf)
-		die("no manifest from hybd after 60 s: %s", err);
+		die("no manifest from hybd after 60 s: %s", hyb_last_error());
 	hyb_manifest_info(mf, &mi);
 	tb = hyb_manifest_find(mf, "blk.1.ffn_up.weight");
 	tg = hyb_manifest_find(mf, "blk.1.ffn_down.weight");

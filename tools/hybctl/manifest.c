@@ -297,7 +297,7 @@ int cmd_manifest(int argc, char **argv)
 	};
 	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
 	const char *name = "hyb", *pool = NULL, *find = NULL;
-	char path[4200], dir[4096], pname[64], err[512];
+	char path[4200], dir[4096], pname[64];
 	struct hyb_manifest_info mi;
 	struct hyb_backend *b = NULL;
 	struct hyb_manifest *m;
@@ -341,13 +341,13 @@ int cmd_manifest(int argc, char **argv)
 		b = ctl_backend("manifest", kind, false);
 		if (!b)
 			return 1;
-		m = hyb_manifest_open_pool(b, pname, err, sizeof(err));
+		m = hyb_manifest_open_pool(b, pname);
 		snprintf(path, sizeof(path), "pool %s", pname);
 	} else {
-		m = hyb_manifest_open(path, err, sizeof(err));
+		m = hyb_manifest_open(path);
 	}
 	if (!m) {
-		fprintf(stderr, "hybctl manifest: %s\n", err);
+		fprintf(stderr, "hybctl manifest: %s\n", hyb_last_error());
 		hyb_backend_close(b);
 		return 1;
 	}

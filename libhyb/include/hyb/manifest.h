@@ -139,14 +139,12 @@ struct hyb_manifest_info {
  * Open a manifest file, or the manifest pool `pool_name` of backend b (read
  * only; the pool must be READY). The bytes are copied and checked (magic,
  * version, sizes, every offset and string in bounds, checksum) before
- * anything is handed out. NULL with a one-line reason in err.
+ * anything is handed out. NULL with a one-line reason in hyb_last_error().
  */
-struct hyb_manifest *hyb_manifest_open(const char *path, char *err, size_t errlen);
-struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *pool_name,
-					    char *err, size_t errlen);
+struct hyb_manifest *hyb_manifest_open(const char *path);
+struct hyb_manifest *hyb_manifest_open_pool(struct hyb_backend *b, const char *pool_name);
 /* The same from bytes in memory (copied). */
-struct hyb_manifest *hyb_manifest_parse(const void *buf, size_t len, char *err,
-					size_t errlen);
+struct hyb_manifest *hyb_manifest_parse(const void *buf, size_t len);
 void hyb_manifest_close(struct hyb_manifest *m);
 
 void hyb_manifest_info(const struct hyb_manifest *m, struct hyb_manifest_info *out);
