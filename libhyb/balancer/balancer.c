@@ -71,6 +71,7 @@
  * the reload; the pins are the start set's groups with freq >= phi_high and
  * count against K_l.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,7 @@
 
 #include "balancer_internal.h"
 #include "sparse/group_div.h"
+#include "util/error.h"
 
 static const char *const policy_names[HYB_N_POLICIES] = {
 	[HYB_POLICY_STATIC] = "static",   [HYB_POLICY_LAYER] = "layer",
@@ -288,8 +290,8 @@ static void init_state(struct hyb_balancer *b)
 	}
 }
 
-struct hyb_balancer *hyb_balancer_new(const struct hyb_balancer_params *p, char *err,
-				      size_t errlen)
+static struct hyb_balancer *balancer_new(const struct hyb_balancer_params *p, char *err,
+					 size_t errlen)
 {
 	struct hyb_balancer *b;
 	size_t n;
@@ -339,6 +341,17 @@ oom:
 	snprintf(err, errlen, "balancer: out of memory");
 	hyb_balancer_free(b);
 	return NULL;
+}
+
+/* The reason of a failure goes to hyb_last_error() (hyb/error.h). */
+struct hyb_balancer *hyb_balancer_new(const struct hyb_balancer_params *p)
+{
+	char msg[512] = "";
+	struct hyb_balancer *r = balancer_new(p, msg, sizeof(msg));
+
+	if (!r)
+		hyb_error_set(-EINVAL, "%s", msg);
+	return r;
 }
 
 void hyb_balancer_free(struct hyb_balancer *b)

@@ -66,8 +66,8 @@ static bool bad_num(double v)
 	return !isfinite(v) || v < 0;
 }
 
-struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_config *cfg,
-				   char *err, size_t errlen)
+static struct hyb_device *device_open(const char *kind, const struct hyb_device_config *cfg,
+				      char *err, size_t errlen)
 {
 	struct hyb_device_config c = { 0 };
 	struct hyb_device *d;
@@ -126,6 +126,17 @@ struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_con
 	d->err[0] = 0;
 	memset(&d->st, 0, sizeof(d->st));
 	return d;
+}
+
+/* The reason of a failure goes to hyb_last_error() (hyb/error.h). */
+struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_config *cfg)
+{
+	char msg[512] = "";
+	struct hyb_device *r = device_open(kind, cfg, msg, sizeof(msg));
+
+	if (!r)
+		hyb_error_set(-EINVAL, "%s", msg);
+	return r;
 }
 
 void hyb_device_close(struct hyb_device *d)

@@ -231,9 +231,11 @@ static int open_device(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params 
 
 	if (!dc.capacity)
 		dc.capacity = p->gpu_budget;
-	h->dev = hyb_device_open(p->device ? p->device : "cpu", &dc, err, errlen);
-	if (!h->dev)
+	h->dev = hyb_device_open(p->device ? p->device : "cpu", &dc);
+	if (!h->dev) {
+		snprintf(err, errlen, "%s", hyb_last_error());
 		return -1;
+	}
 	/*
 	 * Pin the memory the uploads read, for DMA straight from it. A box-mode
 	 * model's image holds only the GGUF header (its weights are hybd's pool
@@ -293,7 +295,9 @@ static int new_balancer(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params
 	 */
 	if (bp.a_ref == 0)
 		bp.a_ref = 0.5;
-	h->bal = hyb_balancer_new(&bp, err, errlen);
+	h->bal = hyb_balancer_new(&bp);
+	if (!h->bal)
+		snprintf(err, errlen, "%s", hyb_last_error());
 	free(freq);
 	free(place);
 	return h->bal ? 0 : -1;

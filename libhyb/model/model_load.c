@@ -545,7 +545,6 @@ struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
 static int finish_model(struct loader *ld, const char *label)
 {
 	struct hyb_model *m = ld->m;
-	char tok_err[256];
 
 	if (read_hparams(ld) || bind_model(ld)) {
 		/* prefix the file name so the user knows which model is wrong */
@@ -557,7 +556,7 @@ static int finish_model(struct loader *ld, const char *label)
 	}
 	for (uint64_t i = 0; i < m->gguf->n_tensors; i++)
 		m->weight_bytes += m->gguf->tensors[i].nbytes;
-	m->tok = hyb_tokenizer_load(m->gguf, tok_err, sizeof(tok_err));
+	m->tok = hyb_tokenizer_load(m->gguf);
 	/* No tokenizer is fine for token-id use (hyb logits); callers check m->tok. */
 	return 0;
 }

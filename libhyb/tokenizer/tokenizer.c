@@ -6,6 +6,7 @@
  * llama.cpp's llama-vocab.cpp so ids and text match it; where llama.cpp
  * would abort on a malformed vocabulary we warn and carry on.
  */
+#include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "tokenizer_internal.h"
+#include "util/error.h"
 
 #define U2581 "\xe2\x96\x81" /* LOWER ONE EIGHTH BLOCK: SentencePiece's space */
 
@@ -713,7 +715,7 @@ static const struct hyb_gguf_kv *find_arr(const struct hyb_gguf_file *f, const c
 	return kv;
 }
 
-struct hyb_tokenizer *hyb_tokenizer_load(const struct hyb_gguf_file *f, char *err, size_t errlen)
+static struct hyb_tokenizer *tokenizer_load(const struct hyb_gguf_file *f, char *err, size_t errlen)
 {
 	static const char *const sp_keys[TOK_SP_COUNT] = {
 		"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
@@ -804,6 +806,17 @@ struct hyb_tokenizer *hyb_tokenizer_load(const struct hyb_gguf_file *f, char *er
 	if (hyb_gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b))
 		d.add_space_prefix = b;
 	return hyb_tokenizer_from_desc(&d, err, errlen);
+}
+
+/* The reason of a failure goes to hyb_last_error() (hyb/error.h). */
+struct hyb_tokenizer *hyb_tokenizer_load(const struct hyb_gguf_file *f)
+{
+	char msg[512] = "";
+	struct hyb_tokenizer *r = tokenizer_load(f, msg, sizeof(msg));
+
+	if (!r)
+		hyb_error_set(-EINVAL, "%s", msg);
+	return r;
 }
 
 void hyb_tokenizer_free(struct hyb_tokenizer *t)

@@ -41,10 +41,9 @@
 static struct hyb_device *open_kind(const char *kind, uint64_t capacity, uint64_t chunk)
 {
 	struct hyb_device_config cfg = { .capacity = capacity, .chunk_bytes = chunk };
-	char err[256];
-	struct hyb_device *d = hyb_device_open(kind, &cfg, err, sizeof(err));
+	struct hyb_device *d = hyb_device_open(kind, &cfg);
 
-	CHECK_MSG(d, "open %s: %s", kind, err);
+	CHECK_MSG(d, "open %s: %s", kind, hyb_last_error());
 	CHECK(!strcmp(hyb_device_kind(d), kind));
 	return d;
 }
@@ -525,11 +524,10 @@ TEST(gpu_dev_capacity)
 	struct hyb_device_config huge = { .capacity = 1ull << 50 };
 	struct hyb_device *d;
 	hyb_dptr p1, p2, p3;
-	char err[256];
 
 	need_gpu();
-	CHECK(!hyb_device_open("cuda", &huge, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "capacity"), "%s", err);
+	CHECK(!hyb_device_open("cuda", &huge));
+	CHECK_MSG(strstr(hyb_last_error(), "capacity"), "%s", hyb_last_error());
 	d = open_kind("cuda", 64 * MiB, 0);
 	CHECK_EQ_INT(hyb_device_capacity(d), 64 * MiB);
 	p1 = dalloc(d, 40 * MiB);

@@ -42,10 +42,9 @@ static bool small_run(void)
 static struct hyb_device *open_kind(const char *kind)
 {
 	struct hyb_device_config cfg = { .capacity = 512 * MiB };
-	char err[256];
-	struct hyb_device *d = hyb_device_open(kind, &cfg, err, sizeof(err));
+	struct hyb_device *d = hyb_device_open(kind, &cfg);
 
-	CHECK_MSG(d, "open %s: %s", kind, err);
+	CHECK_MSG(d, "open %s: %s", kind, hyb_last_error());
 	return d;
 }
 

@@ -257,7 +257,6 @@ static struct hyb_balancer *drift_balancer(const struct drift *d, float freq[][6
 {
 	const float *fp[DR_MAX_L];
 	struct hyb_balancer_params bp = { 0 };
-	char err[256] = "";
 	struct hyb_balancer *b;
 
 	if (extra)
@@ -271,8 +270,8 @@ static struct hyb_balancer *drift_balancer(const struct drift *d, float freq[][6
 	bp.slot_budget = budget;
 	bp.freq = fp;
 	bp.group_load_s = load_s;
-	b = hyb_balancer_new(&bp, err, sizeof(err));
-	CHECK_MSG(b, "hyb_balancer_new(%s): %s", hyb_policy_name(p), err);
+	b = hyb_balancer_new(&bp);
+	CHECK_MSG(b, "hyb_balancer_new(%s): %s", hyb_policy_name(p), hyb_last_error());
 	return b;
 }
 
@@ -299,12 +298,11 @@ TEST(bal_policy_names)
 
 static void expect_reject(const struct hyb_balancer_params *bp, const char *what)
 {
-	char err[256] = "";
-	struct hyb_balancer *b = hyb_balancer_new(bp, err, sizeof(err));
+	struct hyb_balancer *b = hyb_balancer_new(bp);
 
 	CHECK_MSG(!b, "accepted %s", what);
-	CHECK_MSG(err[0] && strstr(err, "balancer") && !strchr(err, '\n'),
-		  "%s: bad message '%s'", what, err);
+	CHECK_MSG(hyb_last_error()[0] && strstr(hyb_last_error(), "balancer") &&
+		  !strchr(hyb_last_error(), '\n'), "%s: bad message '%s'", what, hyb_last_error());
 }
 
 TEST(bal_new_rejects_bad_params)
@@ -316,10 +314,9 @@ TEST(bal_new_rejects_bad_params)
 		.policy = HYB_POLICY_TAM, .n_layer = 2, .n_ff = 64, .group_size = 8,
 		.slot_budget = 4, .freq = fp,
 	}, bp;
-	char err[256];
-	struct hyb_balancer *b = hyb_balancer_new(&ok, err, sizeof(err));
+	struct hyb_balancer *b = hyb_balancer_new(&ok);
 
-	CHECK_MSG(b, "%s", err);
+	CHECK_MSG(b, "%s", hyb_last_error());
 	hyb_balancer_free(b);
 	expect_reject(NULL, "NULL params");
 	bp = ok, bp.n_layer = 0, expect_reject(&bp, "n_layer 0");
@@ -357,15 +354,14 @@ TEST(bal_step_rejects_bad_input)
 	uint32_t load[8], evict[8], nl = 7, ne = 7;
 	const uint32_t unsorted[3] = { 5, 3, 40 }, dup[3] = { 3, 3, 40 }, big[2] = { 3, 60 };
 	const uint32_t good[4] = { 40, 41, 42, 59 };
-	char err[256];
 
 	for (int p = 0; p < HYB_N_POLICIES; p++) {
 		struct hyb_balancer *b;
 		bool before[8];
 
 		bp.policy = (enum hyb_policy)p;
-		b = hyb_balancer_new(&bp, err, sizeof(err));
-		CHECK_MSG(b, "%s", err);
+		b = hyb_balancer_new(&bp);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		CHECK_EQ_INT(hyb_balancer_n_groups(b), 8);
 		for (uint32_t g = 0; g < 8; g++)
 			before[g] = hyb_balancer_resident(b, 0, g);
@@ -404,7 +400,6 @@ TEST(bal_slots_follow_freq)
 	struct hyb_balancer_params bp = {
 		.n_layer = 2, .n_ff = 16 * 10 - 3, .group_size = 10, .slot_budget = 12, .freq = fp,
 	};
-	char err[256];
 
 	for (uint32_t g = 0; g < 16; g++) {
 		f0[g] = 0.05f + 0.03f * (float)((g * 7) % 16);     /* <= 0.5 */
@@ -418,8 +413,8 @@ TEST(bal_slots_follow_freq)
 		if (p == HYB_POLICY_LAYER)
 			continue;
 		bp.policy = (enum hyb_policy)p;
-		b = hyb_balancer_new(&bp, err, sizeof(err));
-		CHECK_MSG(b, "%s", err);
+		b = hyb_balancer_new(&bp);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		CHECK(hyb_balancer_slots(b, 0) + hyb_balancer_slots(b, 1) == 12);
 		CHECK(hyb_balancer_slots(b, 1) > hyb_balancer_slots(b, 0));
 		CHECK(hyb_balancer_slots(b, 0) > 0);
@@ -440,9 +435,9 @@ TEST(bal_slots_follow_freq)
 	bp.policy = HYB_POLICY_TAM;
 	bp.slot_budget = 1000;
 	{
-		struct hyb_balancer *b = hyb_balancer_new(&bp, err, sizeof(err));
+		struct hyb_balancer *b = hyb_balancer_new(&bp);
 
-		CHECK_MSG(b, "%s", err);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		CHECK_EQ_INT(hyb_balancer_slots(b, 0), 16);
 		CHECK_EQ_INT(hyb_balancer_slots(b, 1), 16);
 		hyb_balancer_free(b);
@@ -450,10 +445,10 @@ TEST(bal_slots_follow_freq)
 	/* budget 0: no slots, steps still valid and load nothing */
 	bp.slot_budget = 0;
 	{
-		struct hyb_balancer *b = hyb_balancer_new(&bp, err, sizeof(err));
+		struct hyb_balancer *b = hyb_balancer_new(&bp);
 		uint32_t a[3] = { 1, 2, 3 }, ld[16], ev[16], nl, ne;
 
-		CHECK_MSG(b, "%s", err);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		CHECK_EQ_INT(hyb_balancer_slots(b, 0) + hyb_balancer_slots(b, 1), 0);
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, a, 3, NULL, ld, &nl, ev, &ne), 0);
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, a, 3, NULL, ld, &nl, ev, &ne), 0);
@@ -472,10 +467,9 @@ TEST(bal_short_group_value)
 		.policy = HYB_POLICY_STATIC, .n_layer = 1, .n_ff = 18, .group_size = 8,
 		.slot_budget = 1, .freq = fp,
 	};
-	char err[256];
-	struct hyb_balancer *b = hyb_balancer_new(&bp, err, sizeof(err));
+	struct hyb_balancer *b = hyb_balancer_new(&bp);
 
-	CHECK_MSG(b, "%s", err);
+	CHECK_MSG(b, "%s", hyb_last_error());
 	CHECK(hyb_balancer_resident(b, 0, 0) && !hyb_balancer_resident(b, 0, 2));
 	hyb_balancer_free(b);
 }
@@ -490,11 +484,10 @@ TEST(bal_placement_first)
 		.policy = HYB_POLICY_STATIC, .n_layer = 1, .n_ff = 64, .group_size = 8,
 		.slot_budget = 3, .freq = fp, .placement = pp,
 	};
-	char err[256];
-	struct hyb_balancer *b = hyb_balancer_new(&bp, err, sizeof(err));
+	struct hyb_balancer *b = hyb_balancer_new(&bp);
 	uint32_t init[8], n;
 
-	CHECK_MSG(b, "%s", err);
+	CHECK_MSG(b, "%s", hyb_last_error());
 	n = hyb_balancer_initial(b, 0, init);
 	CHECK_EQ_INT(n, 3);
 	/* the plan's two groups, then the hottest other one */
@@ -503,8 +496,8 @@ TEST(bal_placement_first)
 	hyb_balancer_free(b);
 	/* budget below the plan's count: the plan's hottest */
 	bp.slot_budget = 1;
-	b = hyb_balancer_new(&bp, err, sizeof(err));
-	CHECK_MSG(b, "%s", err);
+	b = hyb_balancer_new(&bp);
+	CHECK_MSG(b, "%s", hyb_last_error());
 	CHECK(hyb_balancer_resident(b, 0, 5) && !hyb_balancer_resident(b, 0, 0));
 	hyb_balancer_free(b);
 }
@@ -610,7 +603,7 @@ TEST(bal_drift_tam_beats_static_and_reloads_less)
 /* ---- TAM ----------------------------------------------------------------------------- */
 
 static struct hyb_balancer *small_balancer(enum hyb_policy p, const float *f, uint64_t budget,
-					   double lambda0, char *err)
+					   double lambda0)
 {
 	static const float *fp[1];
 	struct hyb_balancer_params bp = {
@@ -620,7 +613,7 @@ static struct hyb_balancer *small_balancer(enum hyb_policy p, const float *f, ui
 
 	fp[0] = f;
 	bp.freq = fp;
-	return hyb_balancer_new(&bp, err, 256);
+	return hyb_balancer_new(&bp);
 }
 
 /* all neurons of groups in the mask active */
@@ -640,7 +633,7 @@ TEST(bal_tam_filters_one_hit_wonders)
 	const float f[8] = { 0.3f, 0.3f, 0.3f, 0.3f, 0, 0, 0, 0 };
 	uint32_t act[64], load[8], evict[8], nl, ne, n;
 	char err[256];
-	struct hyb_balancer *b = small_balancer(HYB_POLICY_TAM, f, 4, 0.5, err);
+	struct hyb_balancer *b = small_balancer(HYB_POLICY_TAM, f, 4, 0.5);
 
 	CHECK_MSG(b, "%s", err);
 	CHECK_NEAR(hyb_balancer_lambda(b, 0), 0.5, 0);
@@ -669,7 +662,7 @@ TEST(bal_tam_filters_one_hit_wonders)
 	{
 		const float f2[8] = { 0.4f, 0.4f, 0.4f, 0.4f, 0.3f, 0, 0, 0 };
 
-		b = small_balancer(HYB_POLICY_TAM, f2, 4, 0.5, err);
+		b = small_balancer(HYB_POLICY_TAM, f2, 4, 0.5);
 		CHECK_MSG(b, "%s", err);
 		n = groups_active(1u << 4, act);
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, NULL, load, &nl, evict, &ne), 0);
@@ -679,7 +672,7 @@ TEST(bal_tam_filters_one_hit_wonders)
 	}
 	/* lru and topk load the one-hit wonder at once */
 	for (int p = HYB_POLICY_LRU; p <= HYB_POLICY_TOPK; p++) {
-		b = small_balancer((enum hyb_policy)p, f, 4, 0, err);
+		b = small_balancer((enum hyb_policy)p, f, 4, 0);
 		CHECK_MSG(b, "%s", err);
 		n = groups_active(1u << 5, act);
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, NULL, load, &nl, evict, &ne), 0);
@@ -695,7 +688,7 @@ TEST(bal_tam_topk_by_score)
 	const float f[8] = { 0 };
 	uint32_t act[64], load[8], evict[8], nl, ne, n;
 	char err[256];
-	struct hyb_balancer *b = small_balancer(HYB_POLICY_TAM, f, 3, 0.5, err);
+	struct hyb_balancer *b = small_balancer(HYB_POLICY_TAM, f, 3, 0.5);
 
 	CHECK_MSG(b, "%s", err);
 	/* groups 3..7 fully active for 3 steps, then 5..7 once more (their S highest) */
@@ -721,7 +714,7 @@ TEST(bal_tam_adaptive_lambda)
 	const struct hyb_balancer_feedback fine = { .late = 5, .n_active = 100, .window_s = 1,
 						    .backlog_s = 0.5, .cpu_s = 1, .dev_s = 2 };
 	char err[256];
-	struct hyb_balancer *b = small_balancer(HYB_POLICY_TAM_ADAPTIVE, f, 4, 0, err);
+	struct hyb_balancer *b = small_balancer(HYB_POLICY_TAM_ADAPTIVE, f, 4, 0);
 	double prev = 0.5;
 
 	CHECK_MSG(b, "%s", err);
@@ -767,7 +760,7 @@ TEST(bal_tam_adaptive_lambda)
 	hyb_balancer_free(b);
 
 	/* fixed tam records the verdict but keeps its lambda */
-	b = small_balancer(HYB_POLICY_TAM, f, 4, 0.7, err);
+	b = small_balancer(HYB_POLICY_TAM, f, 4, 0.7);
 	CHECK_MSG(b, "%s", err);
 	CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, &io, load, &nl, evict, &ne), 0);
 	CHECK_EQ_INT(hyb_balancer_bottleneck(b, 0), HYB_BOUND_IO);
@@ -837,7 +830,6 @@ TEST(bal_window_caps_loads)
 	const float f[8] = { 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0, 0 };
 	const enum hyb_policy pols[] = { HYB_POLICY_LRU, HYB_POLICY_TOPK, HYB_POLICY_DYNAMIC };
 	uint32_t act[64], load[8], evict[8], nl, ne, n = 0;
-	char err[256];
 
 	/* groups 2..7 active with decreasing intensity: 8, 7, ..., 3 neurons */
 	for (uint32_t g = 2; g < 8; g++)
@@ -854,15 +846,15 @@ TEST(bal_window_caps_loads)
 
 		fp[0] = f;
 		bp.freq = fp;
-		b = hyb_balancer_new(&bp, err, sizeof(err));
-		CHECK_MSG(b, "%s", err);
+		b = hyb_balancer_new(&bp);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		/* resident 0..5; wanted 6 and 7; 2 fit the window */
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, &fb, load, &nl, evict, &ne), 0);
 		CHECK_EQ_INT(nl, 2);
 		CHECK_EQ_INT(ne, 2);
 		hyb_balancer_free(b);
 		/* a window under one load still allows one, the most active */
-		b = hyb_balancer_new(&bp, err, sizeof(err));
+		b = hyb_balancer_new(&bp);
 		fb.window_s = 1e-4;
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, &fb, load, &nl, evict, &ne), 0);
 		CHECK_EQ_INT(nl, 1);
@@ -870,12 +862,12 @@ TEST(bal_window_caps_loads)
 		hyb_balancer_free(b);
 		/* no transfer model: no cap; one set later: capped */
 		bp.group_load_s = 0;
-		b = hyb_balancer_new(&bp, err, sizeof(err));
+		b = hyb_balancer_new(&bp);
 		fb.window_s = 1e-3;
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, &fb, load, &nl, evict, &ne), 0);
 		CHECK_EQ_INT(nl, 2);
 		hyb_balancer_free(b);
-		b = hyb_balancer_new(&bp, err, sizeof(err));
+		b = hyb_balancer_new(&bp);
 		CHECK_EQ_INT(hyb_balancer_set_group_load(b, -1), -1);
 		CHECK_EQ_INT(hyb_balancer_set_group_load(b, NAN), -1);
 		CHECK_EQ_INT(hyb_balancer_set_group_load(b, 1e-3), 0);
@@ -890,7 +882,7 @@ TEST(bal_lru_evicts_least_recent)
 	const float f[8] = { 0.5f, 0.4f, 0.3f, 0.2f, 0, 0, 0, 0 };
 	uint32_t act[64], load[8], evict[8], nl, ne, n;
 	char err[256];
-	struct hyb_balancer *b = small_balancer(HYB_POLICY_LRU, f, 4, 0, err);
+	struct hyb_balancer *b = small_balancer(HYB_POLICY_LRU, f, 4, 0);
 
 	CHECK_MSG(b, "%s", err);
 	/* touch 0, then 2, then 1 (3 never): 3 goes first, then 0 */
@@ -922,7 +914,7 @@ TEST(bal_topk_follows_step)
 	const float f[8] = { 0.5f, 0.4f, 0.3f, 0.2f, 0, 0, 0, 0 };
 	uint32_t act[64], load[8], evict[8], nl, ne, n = 0;
 	char err[256];
-	struct hyb_balancer *b = small_balancer(HYB_POLICY_TOPK, f, 3, 0, err);
+	struct hyb_balancer *b = small_balancer(HYB_POLICY_TOPK, f, 3, 0);
 
 	CHECK_MSG(b, "%s", err);
 	/* intensities: g1 2/8, g4 5/8, g6 3/8, g7 2/8 -> top 3 = {4, 6, 1 (resident tie with 7)} */
@@ -973,7 +965,6 @@ TEST(bal_topk_matches_reference_1024_groups)
 	static uint8_t res[G];
 	const float *fp[1] = { f };
 	uint64_t rng = 3;
-	char err[256];
 	struct hyb_balancer_params bp = {
 		.policy = HYB_POLICY_TOPK, .n_layer = 1, .n_ff = F, .group_size = GS,
 		.slot_budget = K, .freq = fp, .group_load_s = 1,
@@ -982,8 +973,8 @@ TEST(bal_topk_matches_reference_1024_groups)
 
 	for (uint32_t g = 0; g < G; g++)
 		f[g] = (float)(rng_next(&rng) % 50) / 100; /* many ties */
-	b = hyb_balancer_new(&bp, err, sizeof(err));
-	CHECK_MSG(b, "%s", err);
+	b = hyb_balancer_new(&bp);
+	CHECK_MSG(b, "%s", hyb_last_error());
 	CHECK_EQ_INT(hyb_balancer_slots(b, 0), K);
 	for (int t = 0; t < 60; t++) {
 		/* per-group shares from a few levels: many ties in A too */
@@ -1086,7 +1077,6 @@ TEST(bal_select_constraint_and_objective)
 	float f[G], logits[F];
 	uint32_t sel[F], n_sel, cases_improved = 0;
 	uint64_t rng = 99;
-	char err[256];
 
 	for (uint32_t g = 0; g < G; g++)
 		f[g] = (float)(g % 7) / 8;
@@ -1109,8 +1099,8 @@ TEST(bal_select_constraint_and_objective)
 
 		fp[0] = f;
 		bp.freq = fp;
-		b = hyb_balancer_new(&bp, err, sizeof(err));
-		CHECK_MSG(b, "%s", err);
+		b = hyb_balancer_new(&bp);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		for (uint32_t i = 0; i < F; i++)
 			logits[i] = (float)(6 * rng_unit(&rng) - 4);
 		if (c % 5 == 0)
@@ -1174,7 +1164,7 @@ TEST(bal_select_cpu_bound_example)
 	struct hyb_select_cost cost = { .t_gpu = 1, .t_cpu = 4, .t_sync = 0 };
 	struct hyb_select_info info;
 	char err[256];
-	struct hyb_balancer *b = small_balancer(HYB_POLICY_STATIC, f, 2, 0, err);
+	struct hyb_balancer *b = small_balancer(HYB_POLICY_STATIC, f, 2, 0);
 
 	CHECK_MSG(b, "%s", err);
 	for (uint32_t i = 0; i < 64; i++)

@@ -91,10 +91,9 @@ static struct mark mark(struct hyb_device *d)
 
 static struct hyb_device *open_cpu(const struct hyb_device_config *cfg)
 {
-	char err[256];
-	struct hyb_device *d = hyb_device_open("cpu", cfg, err, sizeof(err));
+	struct hyb_device *d = hyb_device_open("cpu", cfg);
 
-	CHECK_MSG(d, "open: %s", err);
+	CHECK_MSG(d, "open: %s", hyb_last_error());
 	return d;
 }
 
@@ -134,26 +133,23 @@ TEST(dev_open_kinds)
 {
 	struct hyb_device_config bad = { .pcie_gbps = -1 };
 	struct hyb_device *d;
-	char err[256];
 
-	CHECK(!hyb_device_open("tpu", NULL, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "tpu"), "%s", err);
-	CHECK(!hyb_device_open(NULL, NULL, err, sizeof(err)) && err[0]);
-	CHECK(!hyb_device_open("cpu", &bad, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "config"), "%s", err);
-	CHECK(!hyb_device_open("tpu", NULL, NULL, 0)); /* no room for a message: no crash */
+	CHECK(!hyb_device_open("tpu", NULL));
+	CHECK_MSG(strstr(hyb_last_error(), "tpu"), "%s", hyb_last_error());
+	CHECK(!hyb_device_open(NULL, NULL) && hyb_last_error()[0]);
+	CHECK(!hyb_device_open("cpu", &bad));
+	CHECK_MSG(strstr(hyb_last_error(), "config"), "%s", hyb_last_error());
 
-	err[0] = 0;
-	d = hyb_device_open("cuda", NULL, err, sizeof(err));
+	d = hyb_device_open("cuda", NULL);
 	if (d) {
 		hyb_device_close(d);
 		SKIP("this test binary has a CUDA device");
 	}
-	CHECK_MSG(strstr(err, "without CUDA") || strstr(err, "CUDA") || strstr(err, "cuda"),
-		  "cuda open failed with '%s'", err);
+	CHECK_MSG(strstr(hyb_last_error(), "without CUDA") || strstr(hyb_last_error(), "CUDA") ||
+		  strstr(hyb_last_error(), "cuda"), "cuda open failed with '%s'", hyb_last_error());
 
-	d = hyb_device_open("cpu", NULL, err, sizeof(err));
-	CHECK_MSG(d, "%s", err);
+	d = hyb_device_open("cpu", NULL);
+	CHECK_MSG(d, "%s", hyb_last_error());
 	CHECK(!strcmp(hyb_device_kind(d), "cpu"));
 	CHECK(!strcmp(hyb_device_error(d), ""));
 	CHECK_EQ_INT(hyb_device_capacity(d), 1ull << 30);

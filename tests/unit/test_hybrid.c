@@ -656,8 +656,8 @@ TEST(hybrid_same_layer_predictor_follows_its_attention)
 		CHECK_EQ_INT(hyb_hdense_pred_source(m, 0), 0);
 		CHECK_EQ_INT(hyb_hdense_pred_source(m, 1), same ? 1 : 0);
 		CHECK_EQ_INT(hyb_hdense_pred_source(m, 2), same ? 2 : 1);
-		d = hyb_device_open("cpu", &dc, err, sizeof(err));
-		CHECK_MSG(d, "%s", err);
+		d = hyb_device_open("cpu", &dc);
+		CHECK_MSG(d, "%s", hyb_last_error());
 		hd = hyb_hdense_new(d, m, N_CTX, layers, false, preds, err, sizeof(err));
 		CHECK_MSG(hd, "%s", err);
 		CHECK(hyb_hdense_pred_on(hd, 0));

@@ -235,12 +235,11 @@ static void device_bw(const struct cli_opts *o, double *pcie, double *hbm)
 	struct hyb_device_config cfg = o->hy.dev;
 	struct hyb_device_bw bw;
 	struct hyb_device *d;
-	char err[256];
 
 	cfg.capacity = bytes + (16ull << 20);
-	d = hyb_device_open(o->hy.device ? o->hy.device : "cpu", &cfg, err, sizeof(err));
+	d = hyb_device_open(o->hy.device ? o->hy.device : "cpu", &cfg);
 	if (!d)
-		cli_die("measuring the device's bandwidths: %s", err);
+		cli_die("measuring the device's bandwidths: %s", hyb_last_error());
 	if (hyb_device_measure_bw(d, bytes, 3, &bw))
 		cli_die("measuring the device's bandwidths: %s", hyb_device_error(d));
 	hyb_device_close(d);

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hyb/error.h"
+
 enum hyb_policy {
 	HYB_POLICY_STATIC,
 	HYB_POLICY_LAYER,
@@ -61,9 +63,8 @@ struct hyb_balancer_params {
 
 struct hyb_balancer;
 
-/* NULL with a one-line reason in err (bad parameters, out of memory). */
-struct hyb_balancer *hyb_balancer_new(const struct hyb_balancer_params *p, char *err,
-				      size_t errlen);
+/* NULL with a one-line reason in hyb_last_error() (bad parameters, out of memory). */
+struct hyb_balancer *hyb_balancer_new(const struct hyb_balancer_params *p);
 void hyb_balancer_free(struct hyb_balancer *b);
 enum hyb_policy hyb_balancer_policy(const struct hyb_balancer *b);
 

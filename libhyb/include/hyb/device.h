@@ -41,11 +41,11 @@ struct hyb_device;
 struct hyb_device_event;
 
 /*
- * kind: "cpu" or "cuda". NULL with a one-line reason in err: unknown kind,
- * no CUDA device or libhyb built without CUDA, capacity not available.
+ * kind: "cpu" or "cuda". NULL with a one-line reason in hyb_last_error():
+ * unknown kind, no CUDA device or libhyb built without CUDA, capacity not
+ * available.
  */
-struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_config *cfg,
-				   char *err, size_t errlen);
+struct hyb_device *hyb_device_open(const char *kind, const struct hyb_device_config *cfg);
 /* Waits for all queued work, frees everything. NULL is a no-op. */
 void hyb_device_close(struct hyb_device *d);
 const char *hyb_device_kind(const struct hyb_device *d);   /* "cpu", "cuda" */

@@ -16,13 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hyb/error.h"
+
 struct hyb_gguf_file;
 struct hyb_tokenizer;
 
 enum hyb_tok_kind { HYB_TOK_SPM, HYB_TOK_BPE };
 
-/* NULL with a one-line message in err when the metadata is missing or invalid. */
-struct hyb_tokenizer *hyb_tokenizer_load(const struct hyb_gguf_file *f, char *err, size_t errlen);
+/* NULL with a one-line message in hyb_last_error() when the metadata is missing or invalid. */
+struct hyb_tokenizer *hyb_tokenizer_load(const struct hyb_gguf_file *f);
 void hyb_tokenizer_free(struct hyb_tokenizer *t);
 
 enum hyb_tok_kind hyb_tokenizer_kind(const struct hyb_tokenizer *t);
