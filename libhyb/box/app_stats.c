@@ -9,6 +9,7 @@
 #include "hyb/app_stats.h"
 #include "hyb/manifest.h"
 #include "util/error.h"
+#include "util/file.h"
 
 #define MAGIC "hyb-app-stats 1"
 
@@ -50,13 +51,7 @@ int hyb_app_stats_write(const char *path, const struct hyb_app_stats *s)
 		e = EIO;
 	if (fclose(f) && !e)
 		e = errno;
-	if (!e && rename(tmp, path))
-		e = errno;
-	if (e) {
-		unlink(tmp);
-		return hyb_error_set(-e, "%s: %s", path, strerror(e));
-	}
-	return 0;
+	return hyb_file_commit(tmp, path, e);
 }
 
 int hyb_app_stats_read(const char *path, struct hyb_app_stats *s)

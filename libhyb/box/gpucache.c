@@ -9,6 +9,7 @@
 #include "hyb/gpucache.h"
 #include "hyb/manifest.h"
 #include "util/error.h"
+#include "util/file.h"
 
 void hyb_gpucache_path(const char *name, char *buf, size_t len)
 {
@@ -34,13 +35,7 @@ int hyb_gpucache_desc_write(const char *path, const struct hyb_gpucache_desc *de
 	e = n < 0 ? errno : n != (ssize_t)sizeof(*desc) ? ENOSPC : fsync(fd) ? errno : 0;
 	if (close(fd) && !e)
 		e = errno;
-	if (!e && rename(tmp, path))
-		e = errno;
-	if (e) {
-		unlink(tmp);
-		return hyb_error_set(-e, "%s: %s", path, strerror(e));
-	}
-	return 0;
+	return hyb_file_commit(tmp, path, e);
 }
 
 int hyb_gpucache_desc_read(const char *path, struct hyb_gpucache_desc *desc)

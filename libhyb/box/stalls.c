@@ -12,6 +12,7 @@
 #include "hyb/manifest.h"
 #include "hyb/stalls.h"
 #include "util/error.h"
+#include "util/file.h"
 
 void hyb_stalls_path(char *buf, size_t len, const char *state_dir, const char *name)
 {
@@ -309,11 +310,5 @@ int hyb_reload_stats_write(const struct hyb_reload_stats *s, const char *path)
 		write_lat(f, "total", &cs->total);
 		fputc('\n', f);
 	}
-	if (fclose(f) || rename(tmp, path)) {
-		int e = errno;
-
-		unlink(tmp);
-		return hyb_error_set(-e, "%s: %s", path, strerror(e));
-	}
-	return 0;
+	return hyb_file_commit(tmp, path, fclose(f) ? errno : 0);
 }
