@@ -232,9 +232,27 @@ int hyb_model_wait_bytes(const struct hyb_model *m, uint64_t end, char *err, siz
 	return -1;
 }
 
+/*
+ * The whole load, not only its bytes: the last bytes land before the load
+ * thread has finished (its helpers joined, its statistics final), and a
+ * caller that waited for the model may ask hyb_model_loading() and
+ * hyb_model_load_stats() next.
+ */
 int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen)
 {
-	return hyb_model_wait_bytes(m, m->stream ? m->stream->size : 0, err, errlen);
+	struct hyb_model_stream *s = m->stream;
+	int state;
+
+	if (!s)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	while ((state = atomic_load(&s->state)) == LOADING)
+		pthread_cond_wait(&s->cond, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	if (state != FAILED)
+		return 0;
+	snprintf(err, errlen, "loading the model failed: %s", s->err);
+	return -1;
 }
 
 int hyb_model_wait_layer(const struct hyb_model *m, uint32_t l, char *err, size_t errlen)

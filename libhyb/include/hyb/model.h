@@ -142,7 +142,7 @@ void hyb_model_free(struct hyb_model *m);
  * freed, and freeing a model still loading cancels the load.
  */
 struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t errlen);
-/* 0 once every byte of the model is in memory (at once unless it streams); -1: the load failed. */
+/* 0 once the load has finished, all of it in memory (at once unless it streams); -1: it failed. */
 int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen);
 /* True while a streaming load is still reading. */
 bool hyb_model_loading(const struct hyb_model *m);
