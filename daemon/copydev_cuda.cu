@@ -43,6 +43,7 @@ struct cudadev {
 	cudaStream_t stream[N_PRIO];
 	struct region *regs;
 	unsigned int n_regs, cap_regs;
+	bool ro_ok;			/* cudaHostRegisterReadOnly is supported */
 };
 
 static int cu_upload(struct hyb_copydev *d, uint32_t slot, uint64_t slot_off, const void *src,
@@ -173,6 +174,15 @@ extern "C" struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cu
 		cu_close(&c->d);
 		return NULL;
 	}
+	/* without this attribute the read-only flag fails the whole registration */
+	{
+		int ro = 0;
+
+		if (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported,
+					   c->dev) != cudaSuccess)
+			cudaGetLastError(), ro = 0;
+		c->ro_ok = ro != 0;
+	}
 	/* critical (0) gets the greatest priority (numerically lowest), prefetch the least */
 	for (int p = 0; p < N_PRIO; p++) {
 		int v = greatest + (least - greatest) * p / (N_PRIO - 1);
@@ -219,7 +229,7 @@ extern "C" int hyb_copydev_cuda_register(struct hyb_copydev *d, void *addr, size
 		c->regs = r;
 		c->cap_regs = cap;
 	}
-	if (read_only)
+	if (read_only && c->ro_ok)
 		flags |= cudaHostRegisterReadOnly;
 	if ((e = cudaSetDevice(c->dev)) != cudaSuccess ||
 	    (e = cudaHostRegister(addr, len, flags)) != cudaSuccess) {

@@ -14,14 +14,6 @@
 extern "C" {
 #endif
 
-/*
- * y[r] = W[r] · x for nrows rows of k elements (F16, Q8_0, Q4_0), all in
- * device memory; x and y are float. Returns 0, or -1 for an unsupported
- * type or bad shape, or the CUDA error code of the launch.
- */
-int hyb_cuda_gemv(uint32_t type, const void *w, size_t row_bytes, int64_t k, int64_t nrows,
-		  const float *x, float *y, void *stream);
-
 /* Number of usable CUDA devices (0 when there is no GPU or driver). */
 int hyb_cuda_device_count(void);
 

@@ -1,48 +1,131 @@
-#!/bin/sh
+#!/bin/bash
 # SPDX-License-Identifier: MIT
-# Everything a GPU session runs, in one call of the device tool (a call
-# starts the machine, which costs minutes of a small budget, so there is one):
+# What a GPU session runs, through the device tool, after `sh tests/gpu/carry.sh`
+# here (carry: [".debs"]). Two parts, each well inside one call's 10 minutes:
 #
-#   run: timeout 590 sh tests/gpu/device_run.sh        carry: [".debs"]
+#   bash tests/gpu/device_run.sh test     (a) build, make test-gpu: ~4 min
+#   bash tests/gpu/device_run.sh bench    (b) the benchmarks: ~5 min
+#   bash tests/gpu/device_run.sh all      both in one call (the machine goes
+#                                         back 30 s after a call, and (b)
+#                                         needs the model (a) prepares)
 #
-# after `sh tests/gpu/carry.sh` here. In order: what the machine has, unpack
-# the libraries, build (Hopper code only, and another compiler's new warnings
-# do not stop it: it is the one build there is time for), then `make
-# test-gpu` while the benchmark's 32-layer model is made on the other cores
-# (synth, profile, plan: 3.8 GB cannot be carried), then `make bench-gpu` at
-# HYBRID_BUDGET (default 40%, the benchmark's budget), REPS rounds (default 1:
-# one round of every policy at 256 tokens is what fits). Each step's log goes
-# to $OUT (the device tool brings that folder back; ./gpu-out elsewhere) as it
-# runs, so a call cut short by its time limit still returns what finished.
+# The machine: GPU, driver, runtime (Firecracker, or gVisor, which reports
+# kernel 4.4.0 and may refuse io_uring: then the models load through their
+# file mapping, HYB_LOAD=mmap, and the test that needs io_uring says so),
+# libraries unpacked into a prefix (tests/gpu/setup.sh), Hopper code only.
+# (a) starts the benchmark's model (7B shape: 32 layers, Q4_0; 3.8 GB cannot
+# be carried, so synth -> profile -> plan run here on the other cores) while
+# the GPU tests run, each test limited to TEST_TIMEOUT s.
+# (b) each step under what is left of DEADLINE (s from the start, default
+# 570): the link and memory ceilings and reload latency (bench_reload), then
+# hybrid decoding at HYBRID_BUDGET (default 40%): the goal policies first
+# (layer, static, tam-adaptive) against CPU-only sparse decoding, then the
+# others, then the whole model on the device (8 GiB budget, static).
+# Each step's log lands in $OUT (the device tool brings it back; ./gpu-out
+# elsewhere) as it runs, so a call cut short still returns what finished.
 set -u
+what=${1:-all}
 out=${OUT:-gpu-out}
 mkdir -p "$out"
+t0=$(date +%s)
+deadline=${DEADLINE:-570}
 mk="make -j$(nproc) WERROR= CUDA_ARCH=-gencode=arch=compute_90,code=sm_90"
+left() { echo $((deadline - ($(date +%s) - t0))); }
 step() {
-	name=$1
+	local name=$1 start rc s
 	shift
+	s=$(left)
+	if [ "$s" -lt 15 ]; then
+		echo "== $name: skipped, $s s left before the deadline"
+		return 124
+	fi
 	start=$(date +%s)
-	"$@" > "$out/$name.log" 2>&1
+	# bash -c: a step may be one of the functions below (exported)
+	timeout -k 5 "$s" bash -c '"$@"' step "$@" > "$out/$name.log" 2>&1
 	rc=$?
-	echo "== $name: rc $rc, $(($(date +%s) - start)) s"
+	echo "== $name: rc $rc, $(($(date +%s) - start)) s$([ $rc = 124 ] && echo ' (deadline)')"
 	tail -n "${TAIL:-15}" "$out/$name.log"
 	return $rc
 }
 machine() {
-	nvidia-smi -L
-	command -v nvcc || ls /usr/local/cuda/bin/nvcc
-	nvcc --version 2>/dev/null | tail -n 1
+	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,pcie.link.gen.max,pcie.link.width.max --format=csv
+	echo "kernel $(uname -r): $(case $(uname -r) in 4.4.0*) echo gVisor;; *-fc-*) echo Firecracker;; *) echo unknown runtime;; esac)"
+	nvcc --version | tail -n 1
 	gcc --version | head -n 1
 	echo "$(nproc) CPUs, $(free -g | awk '/Mem:/ { print $2 }') GiB"
 }
-TAIL=8 step machine machine
-step setup sh tests/gpu/setup.sh || exit 1
-step build $mk all || exit 1
-(HYBRID_PREPARE_ONLY=1 HYBRID_LAYERS=32 bash tests/bench/hybrid.sh > "$out/model.log" 2>&1
- echo "== model: rc $?" >> "$out/model.log") &
-model=$!
-TAIL=25 step test-gpu env HYB_TEST_TIMEOUT=120 $mk test-gpu
-grep -q "no CUDA device" "$out/test-gpu.log" && echo "!! test-gpu: the tests saw no CUDA device"
-wait $model
-tail -n 8 "$out/model.log"
-TAIL=60 step bench-gpu env HYBRID_BUDGET="${HYBRID_BUDGET:-40%}" REPS="${REPS:-1}" $mk bench-gpu
+# 0: io_uring works; else the errno io_uring_setup gave
+uring_probe() {
+	cat > /tmp/uring_probe.c <<'C'
+#include <errno.h>
+#include <linux/io_uring.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void)
+{
+	struct io_uring_params p;
+	long fd;
+
+	memset(&p, 0, sizeof(p));
+	fd = syscall(__NR_io_uring_setup, 4, &p);
+	if (fd < 0) {
+		printf("io_uring_setup: %s\n", strerror(errno));
+		return errno;
+	}
+	printf("io_uring_setup: ok\n");
+	return 0;
+}
+C
+	gcc -o /tmp/uring_probe /tmp/uring_probe.c && /tmp/uring_probe
+}
+prepare() {
+	TAIL=8 step machine machine
+	. tests/gpu/setup.sh || exit 1
+	# (into machine.log: the device tool brings back 8 files at most)
+	uring_probe > /tmp/uring.log 2>&1
+	rc=$?
+	cat /tmp/uring.log >> "$out/machine.log"
+	if [ $rc != 0 ]; then
+		echo "!! $(cat /tmp/uring.log): models load through their mapping (HYB_LOAD=mmap)"
+		export HYB_LOAD=mmap
+	fi
+	[ -x build/hyb-gpu-tests ] && [ -x build/hyb ] || step build $mk all || exit 1
+}
+model() {
+	HYBRID_PREPARE_ONLY=1 HYBRID_LAYERS=32 bash tests/bench/hybrid.sh > "$out/model.log" 2>&1
+	echo "== model: rc $?, $(($(date +%s) - t0)) s from the start" >> "$out/model.log"
+}
+part_test() {
+	[ "$what" = all ] && { model & echo $! > /tmp/hyb_model_pid; }
+	TAIL=12 step test-gpu env HYB_TEST_TIMEOUT="${TEST_TIMEOUT:-90}" $mk test-gpu
+	grep -q "no CUDA device" "$out/test-gpu.log" && echo "!! test-gpu: the tests saw no CUDA device"
+	grep -E "^FAIL|killed by" "$out/test-gpu.log" | head -n 20
+}
+hybrid() {
+	build/hyb bench -m models/sparse-32-Q4_0.plan.gguf --device cuda --drift 32 -n "${HYBRID_TOKENS:-256}" -r "${REPS:-1}" "$@"
+}
+part_bench() {
+	if [ -f /tmp/hyb_model_pid ]; then
+		while kill -0 "$(cat /tmp/hyb_model_pid)" 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 2; done
+		tail -n 4 "$out/model.log"
+	else
+		step model model
+	fi
+	TAIL=30 step reload build/bench_reload --upload cuda
+	b=${HYBRID_BUDGET:-40%}
+	TAIL=25 step hybrid-goal hybrid --gpu-budget "$b" --policies layer,static,tam-adaptive
+	TAIL=25 step hybrid-device hybrid --gpu-budget 8G --policies static
+	TAIL=25 step hybrid-rest hybrid --gpu-budget "$b" --policies lru,topk,dynamic,tam
+}
+export out t0
+export -f machine model hybrid
+prepare
+case $what in
+test) part_test ;;
+bench) part_bench ;;
+all) part_test; part_bench ;;
+*) echo "usage: device_run.sh test|bench|all" >&2; exit 2 ;;
+esac
+echo "== done in $(($(date +%s) - t0)) s"
