@@ -11,8 +11,8 @@
  *   hyb_rmsnorm does, so y is the CPU's to the last bit but for the order
  *   of the double sum (which almost never shows after rounding to float).
  *
- * matvec: one warp per row (grid-stride over rows, 16 warps a block, about
- *   two blocks per multiprocessor). Each block first stages x in shared
+ * matvec: one warp per row (grid-stride over rows, 16 warps a block, as
+ *   many blocks as the occupancy API says fit: two per multiprocessor). Each block first stages x in shared
  *   memory in the weight's dot format, as the CPU converts it
  *   (hyb_vec_dot_type): Q8_0 blocks for Q4_0/Q8_0 weights, quantized as
  *   kernels/cpu/quant_act.c does (id = 127 / amax, round half to even; the
@@ -56,8 +56,9 @@
  *      chunk go to the workspace.
  *   3. attn_combine (only when there are several chunks): per head,
  *      out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M), M = max m_c.
- *   The number of chunks is chosen so that about 4 blocks per
- *   multiprocessor run (chunks of whole tiles), so long contexts spread
+ *   The number of chunks is chosen so that one full wave of blocks runs
+ *   (as many per multiprocessor as the occupancy API says fit, at most 4;
+ *   chunks of whole tiles), so long contexts spread
  *   over the whole GPU and short ones need no combine. The CPU keeps its V
  *   sum in F16 (llama.cpp's flash attention); here it is float: results
  *   differ by that rounding (hyb/device.h allows it). Every sum has a fixed
@@ -72,6 +73,7 @@
 
 #include "hyb/tensor_type.h"
 #include "dense_cuda.h"
+#include "occupancy.h"
 
 #define WARP 32
 #define FULL 0xffffffffu
@@ -739,8 +741,9 @@ static __device__ __forceinline__ float mv_dot_f32(const char *row, const unsign
 	return acc;
 }
 
+/* 2 blocks of 512 threads a multiprocessor: 64 registers at most (a 65th would leave 1) */
 template <uint32_t TY, bool VEC>
-static __global__ void __launch_bounds__(MV_THREADS) matvec_kernel(const mv_k a)
+static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_kernel(const mv_k a)
 {
 	extern __shared__ __align__(16) unsigned char sm[];
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -814,13 +817,24 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 	return 0;
 }
 
+/* a row per warp, grid-stride: as many blocks as fit on the multiprocessors at once */
+template <uint32_t TY, bool VEC>
+static void mv_launch(const mv_k &a, uint32_t sms, uint32_t smem, cudaStream_t s)
+{
+	static std::atomic<uint64_t> occ{0};
+	const uint32_t per_sm = hyb_occupancy(occ, (const void *)matvec_kernel<TY, VEC>,
+					      MV_THREADS, smem);
+	const uint32_t blocks = u32min((a.n_out + MV_WARPS - 1) / MV_WARPS, per_sm * sms);
+
+	matvec_kernel<TY, VEC><<<blocks, MV_THREADS, smem, s>>>(a);
+}
+
 extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
 {
 	const cudaStream_t s = (cudaStream_t)stream;
 	const uint64_t rb = hyb_row_bytes(m->type, m->n_in);
 	const uint32_t smem = hyb_cuda_matvec_smem(m->type, m->n_in);
 	const uint32_t sms = (uint32_t)(m->n_sm > 0 ? m->n_sm : 1);
-	const uint32_t blocks = u32min((m->n_out + MV_WARPS - 1) / MV_WARPS, 2 * sms);
 	/* 16-byte loads need every row 16-byte aligned */
 	const bool vec = (uintptr_t)m->w % 16 == 0 && rb % 16 == 0;
 	mv_k a;
@@ -842,27 +856,27 @@ extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
 	switch (m->type) {
 	case HYB_TYPE_F32:
 		if (vec)
-			matvec_kernel<HYB_TYPE_F32, true><<<blocks, MV_THREADS, smem, s>>>(a);
+			mv_launch<HYB_TYPE_F32, true>(a, sms, smem, s);
 		else
-			matvec_kernel<HYB_TYPE_F32, false><<<blocks, MV_THREADS, smem, s>>>(a);
+			mv_launch<HYB_TYPE_F32, false>(a, sms, smem, s);
 		break;
 	case HYB_TYPE_F16:
 		if (vec)
-			matvec_kernel<HYB_TYPE_F16, true><<<blocks, MV_THREADS, smem, s>>>(a);
+			mv_launch<HYB_TYPE_F16, true>(a, sms, smem, s);
 		else
-			matvec_kernel<HYB_TYPE_F16, false><<<blocks, MV_THREADS, smem, s>>>(a);
+			mv_launch<HYB_TYPE_F16, false>(a, sms, smem, s);
 		break;
 	case HYB_TYPE_Q8_0:
-		matvec_kernel<HYB_TYPE_Q8_0, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		mv_launch<HYB_TYPE_Q8_0, false>(a, sms, smem, s);
 		break;
 	case HYB_TYPE_Q4_0:
-		matvec_kernel<HYB_TYPE_Q4_0, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		mv_launch<HYB_TYPE_Q4_0, false>(a, sms, smem, s);
 		break;
 	case HYB_TYPE_Q4_K:
-		matvec_kernel<HYB_TYPE_Q4_K, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		mv_launch<HYB_TYPE_Q4_K, false>(a, sms, smem, s);
 		break;
 	case HYB_TYPE_Q6_K:
-		matvec_kernel<HYB_TYPE_Q6_K, false><<<blocks, MV_THREADS, smem, s>>>(a);
+		mv_launch<HYB_TYPE_Q6_K, false>(a, sms, smem, s);
 		break;
 	default:
 		return -EINVAL;
@@ -1257,6 +1271,22 @@ struct at_plan {
 	uint32_t group, hb, n_slices, chunk, n_chunks, max_chunks;
 };
 
+/*
+ * attn_part blocks that fit on one multiprocessor (both variants; at most
+ * AT_BLOCKS_PER_SM, the plan's aim). At 80 registers that is 3 on sm_90;
+ * a min-blocks of 4 in its __launch_bounds__ makes ptxas spill, so the
+ * grid follows the occupancy instead. The workspace (hyb_cuda_attn_work_bytes)
+ * and the launch both come from attn_plan, so they agree.
+ */
+static uint32_t at_per_sm(void)
+{
+	static std::atomic<uint64_t> occ4{0}, occ2{0};
+	const uint32_t a = hyb_occupancy(occ4, (const void *)attn_part<true>, AT_THREADS, 0);
+	const uint32_t b = hyb_occupancy(occ2, (const void *)attn_part<false>, AT_THREADS, 0);
+
+	return u32min(u32min(a, b), AT_BLOCKS_PER_SM);
+}
+
 static void attn_plan(uint32_t n_head, uint32_t n_head_kv, uint32_t npos, int n_sm,
 		      struct at_plan *p)
 {
@@ -1267,8 +1297,8 @@ static void attn_plan(uint32_t n_head, uint32_t n_head_kv, uint32_t npos, int n_
 	p->hb = u32min(p->group, AT_HB);
 	p->n_slices = (p->group + p->hb - 1) / p->hb;
 	per_chunk = n_head_kv * p->n_slices;  /* blocks per chunk of positions */
-	/* enough chunks for AT_BLOCKS_PER_SM blocks on every multiprocessor */
-	p->max_chunks = u32min((AT_BLOCKS_PER_SM * sms + per_chunk - 1) / per_chunk, AT_MAX_CHUNKS);
+	/* enough chunks for a full wave: every block that fits on every multiprocessor */
+	p->max_chunks = u32min((at_per_sm() * sms + per_chunk - 1) / per_chunk, AT_MAX_CHUNKS);
 	p->chunk = (npos + p->max_chunks - 1) / p->max_chunks;
 	p->chunk = (p->chunk + AT_TILE - 1) / AT_TILE * AT_TILE;
 	p->n_chunks = (npos + p->chunk - 1) / p->chunk;

@@ -5,7 +5,8 @@
  * are computed, reading their rows where the cache holds them). Two
  * kernels on the caller's stream:
  *
- * 1. ffn_up: one warp per listed neuron (grid-stride). The block first
+ * 1. ffn_up: one warp per listed neuron (grid-stride over a grid of as
+ *    many blocks as fit at once, from the occupancy API). The block first
  *    stages xn in shared memory converted as the CPU operator converts it
  *    (hyb_vec_dot_type: Q8_0 blocks for Q8_0/Q4_0 weights, quantized as
  *    kernels/cpu/quant_act.c does, bit for bit; F16 for F16), so both
@@ -47,6 +48,7 @@
 
 #include "hyb/model.h"
 #include "hyb/tensor_type.h"
+#include "occupancy.h"
 #include "sparse_ffn_cuda.h"
 
 #define WARP 32
@@ -117,7 +119,13 @@ static __device__ __forceinline__ float f16_of(uint32_t u, int e)
  * Q8_0 as quant_act.c's hyb_quantize_q8_0_scalar (and llama.cpp's x86
  * build): d = amax / 127 kept as f16, q = round-half-even(x * 127 / amax).
  * Shared layout: int8 q[k], then float d[k / 32] (d already rounded to f16).
+ * A warp quantizes a 32-element block (lane l holds element l) and loads
+ * XSTEPS blocks before the first reduction, as dense.cu's mv_stage_x does:
+ * the staging costs one trip to L2, not one per block (k = 4096 is 16
+ * blocks a warp, which a chain of load-then-reduce made a few microseconds).
  */
+#define XSTEPS 8
+
 template <uint32_t TY>
 static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigned char *sm)
 {
@@ -131,19 +139,34 @@ static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigne
 	} else {
 		int8_t *xq = (int8_t *)sm;
 		float *xd = (float *)(sm + k);
+		const uint32_t nb = k / QK;
 
-		for (uint32_t b = warp; b < k / QK; b += NWARP) {
-			const float v = xn[b * QK + lane];
-			float amax = fabsf(v);
+		for (uint32_t b0 = warp; b0 < nb; b0 += NWARP * XSTEPS) {
+			float v[XSTEPS];
 
-			for (int o = WARP / 2; o > 0; o /= 2)
-				amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
-			const float d = amax / 127.f;
-			const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+#pragma unroll
+			for (int u = 0; u < XSTEPS; u++) {
+				const uint32_t b = b0 + NWARP * u;
 
-			xq[b * QK + lane] = (int8_t)__float2int_rn(v * id);
-			if (lane == 0)
-				xd[b] = __half2float(__float2half_rn(d));
+				v[u] = b < nb ? __ldg(&xn[b * QK + lane]) : 0.0f;
+			}
+#pragma unroll
+			for (int u = 0; u < XSTEPS; u++) {
+				const uint32_t b = b0 + NWARP * u;
+
+				if (b >= nb) /* warp-uniform */
+					break;
+				float amax = fabsf(v[u]);
+
+				for (int o = WARP / 2; o > 0; o /= 2)
+					amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
+				const float d = amax / 127.f;
+				const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+
+				xq[b * QK + lane] = (int8_t)__float2int_rn(v[u] * id);
+				if (lane == 0)
+					xd[b] = __half2float(__float2half_rn(d));
+			}
 		}
 	}
 	__syncthreads();
@@ -380,8 +403,9 @@ static __device__ __forceinline__ float act_h(int act, float g, float u)
 
 /* ---- kernel 1: h and the down row of every listed neuron ------------------------ */
 
+/* 4 blocks of 256 threads a multiprocessor: 64 registers at most (a 65th would leave 3) */
 template <uint32_t TY, bool VEC>
-static __global__ void __launch_bounds__(NTHR) ffn_up(const ffn_k a)
+static __global__ void __launch_bounds__(NTHR, 4) ffn_up(const ffn_k a)
 {
 	extern __shared__ __align__(16) unsigned char sm[];
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
@@ -590,6 +614,23 @@ static __global__ void add_kernel(float *__restrict__ y, const float *__restrict
 		y[i] += x[i];
 }
 
+/* 16-byte accesses: the device-memory ceiling (device_bw.c) is measured with this one */
+static __global__ void add4_kernel(float4 *__restrict__ y, const float4 *__restrict__ x,
+				   uint32_t n4)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		float4 a = y[i];
+		const float4 b = x[i];
+
+		a.x += b.x;
+		a.y += b.y;
+		a.z += b.z;
+		a.w += b.w;
+		y[i] = a;
+	}
+}
+
 /* ---- host side -------------------------------------------------------------------- */
 
 struct plan {
@@ -668,8 +709,13 @@ extern "C" int hyb_cuda_ffn_setup(int smem_max)
 
 /* down reads what up wrote into the scratch: never launch it after a failed up */
 template <uint32_t TY, bool VEC>
-static cudaError_t launch(const ffn_k &a, uint32_t up_blocks, uint32_t smem, cudaStream_t s)
+static cudaError_t launch(const ffn_k &a, uint32_t n_sm, uint32_t smem, cudaStream_t s)
 {
+	static std::atomic<uint64_t> occ{0};
+	const uint32_t want = (a.n_active + NWARP - 1) / NWARP;
+	const uint32_t per_sm = hyb_occupancy(occ, (const void *)ffn_up<TY, VEC>, NTHR, smem);
+	const uint32_t up_blocks = min_u32(want, per_sm * n_sm);
+
 	ffn_up<TY, VEC><<<up_blocks, NTHR, smem, s>>>(a);
 	cudaError_t e = cudaGetLastError();
 
@@ -727,20 +773,19 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	a.chunk = p.chunk;
 	a.bad = f->bad;
 
-	const uint32_t want = (f->n_active + NWARP - 1) / NWARP;
-	const uint32_t up_blocks = min_u32(want, 4u * (uint32_t)(f->n_sm > 0 ? f->n_sm : 1));
+	const uint32_t n_sm = (uint32_t)(f->n_sm > 0 ? f->n_sm : 1);
 
 	/* 16-byte F16 loads need every row 16-byte aligned */
 	vec = ((uintptr_t)f->cache % 16 == 0) && (f->slot_bytes % 16 == 0) && (rb % 16 == 0);
 	switch (f->type) {
 	case HYB_TYPE_F16:
 		if (vec)
-			return (int)launch<HYB_TYPE_F16, true>(a, up_blocks, smem, s);
-		return (int)launch<HYB_TYPE_F16, false>(a, up_blocks, smem, s);
+			return (int)launch<HYB_TYPE_F16, true>(a, n_sm, smem, s);
+		return (int)launch<HYB_TYPE_F16, false>(a, n_sm, smem, s);
 	case HYB_TYPE_Q8_0:
-		return (int)launch<HYB_TYPE_Q8_0, false>(a, up_blocks, smem, s);
+		return (int)launch<HYB_TYPE_Q8_0, false>(a, n_sm, smem, s);
 	case HYB_TYPE_Q4_0:
-		return (int)launch<HYB_TYPE_Q4_0, false>(a, up_blocks, smem, s);
+		return (int)launch<HYB_TYPE_Q4_0, false>(a, n_sm, smem, s);
 	default:
 		return -EINVAL;
 	}
@@ -748,10 +793,17 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 
 extern "C" int hyb_cuda_add(float *y, const float *x, uint32_t n, void *stream)
 {
-	const uint32_t blocks = (uint32_t)(((uint64_t)n + 255) / 256 < 1024 ? ((uint64_t)n + 255) / 256 : 1024);
+	const cudaStream_t s = (cudaStream_t)stream;
+	const bool v4 = n % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)x % 16 == 0;
+	const uint64_t items = v4 ? n / 4 : n;
+	/* enough blocks to keep every SM's loads in flight; the loop covers the rest */
+	const uint32_t blocks = (uint32_t)((items + 255) / 256 < 8192 ? (items + 255) / 256 : 8192);
 
 	if (!n)
 		return 0;
-	add_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(y, x, n);
+	if (v4)
+		add4_kernel<<<blocks, 256, 0, s>>>((float4 *)y, (const float4 *)x, n / 4);
+	else
+		add_kernel<<<blocks, 256, 0, s>>>(y, x, n);
 	return (int)cudaGetLastError();
 }

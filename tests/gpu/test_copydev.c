@@ -242,7 +242,8 @@ TEST(copydev_cuda_driven_by_the_reload_service)
 	for (int i = 0; i < 8; i++)
 		check_slot(d, (uint32_t)i, 0, pool + q[i].pool_off, q[i].len);
 	/* an evict, then a slot out of range */
-	q[0] = upload_req(id, 0, 0, 2, HYB_RQ_HIGH, 100);
+	/* (an evict names its slot's pool range: an empty range is refused at submit) */
+	q[0] = upload_req(id, 0, 4096, 2, HYB_RQ_HIGH, 100);
 	q[0].op = HYB_RQ_EVICT;
 	q[1] = upload_req(id, 0, 4096, 99, HYB_RQ_CRITICAL, 101);
 	CHECK(!hyb_rq_submit(c, q, 2));

@@ -626,10 +626,16 @@ TEST(gpu_dev_ffn_nonresident_faults)
 
 /*
  * The sparse FFN at 10% active on the 4096 x 11008 layer, every group
- * resident: microseconds per call (200 calls queued back to back) and the
- * bandwidth of the bytes it reads (gate rows of the listed neurons, up and
- * down rows of those that pass the gate) against the device's HBM peak.
+ * resident: microseconds per call (200 calls queued back to back, over
+ * copies of the layer and 8 active lists, so the rows a cycle touches are
+ * several times the L2) and the bandwidth of the
+ * bytes it reads (gate rows of the listed neurons, up and down rows of those
+ * that pass the gate) against the device-memory ceiling measured in the
+ * same run (a device-to-device copy).
  */
+#define TIMING_COPIES 8
+#define TIMING_LISTS 8
+static void put(struct hyb_device *d, hyb_dptr dst, const void *src, uint64_t len);
 /*
  * Timed events on the GPU: a 256 MiB pinned upload measured by the device's
  * clock agrees with the host's wall time around it (within the launch and
@@ -683,82 +689,105 @@ TEST(gpu_dev_timing)
 {
 	static const uint32_t types[] = { HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0 };
 	const uint32_t n_embd = 4096, n_ff = 11008, gs = 32, iters = 200;
-	int clk_khz = 0, bus_bits = 0;
 	float *gate, *up, *down, *xn, *y;
-	uint32_t *active;
+	uint32_t *active, n[TIMING_LISTS];
 	struct hyb_device_event *ev;
 	struct hyb_device *d;
-	double peak;
+	hyb_dptr lists;
+	double ceil_gbps;
 
 	need_gpu();
-	CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess);
-	CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0) ==
-	      cudaSuccess);
-	peak = 2.0 * clk_khz * 1e3 * bus_bits / 8 / 1e9;
+	ceil_gbps = gpu_copy_gbps();
+	CHECK(ceil_gbps > 0);
 	d = open_kind("cuda", 1024 * MiB, 0);
 	ev = hyb_device_event_new(d);
 	CHECK(ev);
 	make_mats(n_embd, n_ff, &gate, &up, &down);
 	xn = malloc(4ull * n_embd);
 	y = malloc(4ull * n_embd);
-	active = malloc(4ull * n_ff);
+	active = malloc(4ull * n_ff * TIMING_LISTS);
 	CHECK(xn && y && active);
+	lists = dalloc(d, 4ull * n_ff * TIMING_LISTS);
 	for (uint32_t i = 0; i < n_embd; i++)
 		xn[i] = rndf();
 	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		struct hyb_dev_ffn f[TIMING_COPIES][TIMING_LISTS];
+		struct side s[TIMING_COPIES];
 		struct layer L;
-		struct side s;
-		uint32_t n;
+		uint64_t layer_bytes;
+		uint32_t copies;
 
 		make_layer(&L, types[t], n_embd, n_ff, gs, gate, up, down, 100, 0);
-		upload(&s, d, &L);
-		n = make_active(&L, 10, active);
-		OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, s.xn, xn, 4ull * n_embd));
-		OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, s.active, active, 4ull * n));
+		layer_bytes = (uint64_t)L.n_slots * L.slot_bytes;
+		copies = (uint32_t)((256ull * MiB + layer_bytes - 1) / layer_bytes);
+		copies = copies > TIMING_COPIES ? TIMING_COPIES : copies;
+		for (uint32_t r = 0; r < TIMING_LISTS; r++)
+			n[r] = make_active(&L, 10, active + (size_t)r * n_ff);
+		put(d, lists, active, 4ull * n_ff * TIMING_LISTS);
+		for (uint32_t c = 0; c < copies; c++) {
+			upload(&s[c], d, &L);
+			OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, s[c].xn, xn, 4ull * n_embd));
+		}
 		drain(d, HYB_STREAM_CRITICAL);
 		for (int a = 0; a < 2; a++) {
 			const enum hyb_ffn_act act = a ? HYB_ACT_RELU : HYB_ACT_SILU;
-			struct hyb_dev_ffn f = ffn_of(&s, &L, act, n, false);
-			uint32_t pass = 0;
-			double t0, dt, lat, bytes;
+			double t0, dt, lat, bytes = 0, n_mean = 0, pass_mean = 0;
 
-			/* neurons whose gate is positive (float weights: near enough for a count) */
-			for (uint32_t i = 0; i < n; i++) {
-				double g = 0;
-
-				for (uint32_t e = 0; e < n_embd; e++)
-					g += (double)gate[(size_t)active[i] * n_embd + e] * xn[e];
-				pass += act == HYB_ACT_SILU || g > 0;
+			for (uint32_t c = 0; c < copies; c++) {
+				for (uint32_t r = 0; r < TIMING_LISTS; r++) {
+					f[c][r] = ffn_of(&s[c], &L, act, n[r], false);
+					f[c][r].active = lists + 4ull * n_ff * r;
+				}
 			}
-			for (int w = 0; w < 10; w++)
-				OK(d, hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f));
+			/* neurons whose gate is positive (float weights: near enough for a count) */
+			for (uint32_t r = 0; r < TIMING_LISTS; r++) {
+				const uint32_t *al = active + (size_t)r * n_ff;
+				uint32_t pass = 0;
+
+				for (uint32_t i = 0; i < n[r]; i++) {
+					double g = 0;
+
+					for (uint32_t e = 0; e < n_embd; e++)
+						g += (double)gate[(size_t)al[i] * n_embd + e] * xn[e];
+					pass += act == HYB_ACT_SILU || g > 0;
+				}
+				n_mean += (double)n[r] / TIMING_LISTS;
+				pass_mean += (double)pass / TIMING_LISTS;
+			}
+#define CALL(i) (&f[(i) % copies][(i) / copies % TIMING_LISTS])
+			for (uint32_t w = 0; w < copies * TIMING_LISTS; w++)
+				OK(d, hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, CALL(w)));
 			drain(d, HYB_STREAM_COMPUTE);
 			t0 = hyb_device_now(d);
 			for (uint32_t i = 0; i < iters; i++)
-				OK(d, hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f));
+				OK(d, hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, CALL(i)));
 			drain(d, HYB_STREAM_COMPUTE);
 			dt = (hyb_device_now(d) - t0) / iters;
 			/* one call at a time: the latency a decode step sees, launches included */
 			t0 = hyb_device_now(d);
-			for (int i = 0; i < 50; i++) {
-				OK(d, hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f));
+			for (uint32_t i = 0; i < 50; i++) {
+				OK(d, hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, CALL(i)));
 				OK(d, hyb_device_record(d, HYB_STREAM_COMPUTE, ev));
 				OK(d, hyb_device_sync(d, ev));
 			}
+#undef CALL
 			lat = (hyb_device_now(d) - t0) / 50;
-			bytes = ((double)n + 2.0 * pass) * L.rb;
-			printf("    sparse ffn %-4s %-4s 4096x11008 %u active (%u pass the gate): "
-			       "%6.1f us/call queued, %6.1f us alone, %6.3f MB read, %5.0f GB/s "
-			       "(%4.1f%% of %.0f GB/s HBM)\n",
-			       hyb_type_name(L.type), a ? "relu" : "silu", n, pass, dt * 1e6,
-			       lat * 1e6, bytes / 1e6, bytes / dt / 1e9, 100 * bytes / dt / 1e9 / peak,
-			       peak);
-			OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, y, s.y, 4ull * n_embd));
+			bytes = (n_mean + 2.0 * pass_mean) * L.rb;
+			printf("    sparse ffn %-4s %-4s 4096x11008 %.0f active (%.0f pass the gate; "
+			       "%u copies x %d lists): %6.1f us/call queued, %6.1f us alone, %6.3f MB "
+			       "read, %5.0f GB/s (%4.1f%% of the %.0f GB/s copy; floor %.1f us)\n",
+			       hyb_type_name(L.type), a ? "relu" : "silu", n_mean, pass_mean, copies,
+			       TIMING_LISTS, dt * 1e6, lat * 1e6, bytes / 1e6, bytes / dt / 1e9,
+			       100 * bytes / dt / 1e9 / ceil_gbps, ceil_gbps,
+			       bytes / (ceil_gbps * 1e9) * 1e6);
+			OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, y, s[0].y, 4ull * n_embd));
 			drain(d, HYB_STREAM_COMPUTE);
 		}
-		release(&s);
+		for (uint32_t c = 0; c < copies; c++)
+			release(&s[c]);
 		free_layer(&L);
 	}
+	hyb_device_free(d, lists);
 	hyb_device_event_free(d, ev);
 	hyb_device_close(d);
 	free(gate);
@@ -1329,9 +1358,11 @@ TEST(gpu_dev_dense_bad_args)
 
 /*
  * Dense timing: microseconds per call (200 calls queued back to back) and
- * the bandwidth of the bytes each call must read, against the HBM peak: the
- * 4096 x 4096 matvec (an attention projection) and the 32000 x 4096 head in
- * Q4_0, Q4_K and Q6_K (a Q4_K_M file's attention and head), and attention
+ * the bandwidth of the bytes each call must read, against the device-memory
+ * ceiling measured in the same run (a device-to-device copy): the 4096 x
+ * 4096 matvec (an attention projection) and the 32000 x 4096 head in F16,
+ * Q8_0, Q4_0, Q4_K and Q6_K (copies called in turn, so the weights come
+ * from device memory, not the L2), and attention
  * over 2048 positions (32 heads of 128 over 8 and over 32 kv heads; K and V
  * rows 0..2047 are the bytes).
  */
@@ -1339,67 +1370,69 @@ TEST(gpu_dev_dense_timing)
 {
 	const bool sm = small_shapes();
 	const uint32_t iters = sm ? 2 : 200, n_embd = sm ? 256 : 4096;
-	int clk_khz = 0, bus_bits = 0;
 	struct hyb_device *d;
 	double peak;
 
 	need_gpu();
-	CHECK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess);
-	CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0) ==
-	      cudaSuccess);
-	peak = 2.0 * clk_khz * 1e3 * bus_bits / 8 / 1e9;
+	peak = gpu_copy_gbps();
+	CHECK(peak > 0);
 	d = open_kind("cuda", 1024 * MiB, 0);
-	for (int ti = 0; ti < 3; ti++) {
-		static const uint32_t types[3] = { HYB_TYPE_Q4_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+	for (int ti = 0; ti < 5; ti++) {
+		static const uint32_t types[5] = { HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0,
+						   HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
 		/* block bytes and where its f16 scales are (random bytes elsewhere): d, dmin */
-		static const uint32_t blk[3][3] = {
-			{ 18, 0, 0 }, { 144, 0, 2 }, { 210, 208, 208 },
+		static const uint32_t blk[5][3] = {
+			{ 2, 0, 0 }, { 34, 0, 0 }, { 18, 0, 0 }, { 144, 0, 2 }, { 210, 208, 208 },
 		};
 		const uint32_t type = types[ti];
 		const uint32_t rows[2] = { n_embd, sm ? 1000 : 32000 };
 		const uint64_t rb = hyb_row_bytes(type, n_embd);
 		uint8_t *w = malloc(rb * rows[1]);
 		float *x = malloc(4ull * n_embd);
-		hyb_dptr dw = dalloc(d, rb * rows[1]), dx = dalloc(d, 4ull * n_embd);
-		hyb_dptr dy = dalloc(d, 4ull * rows[1]);
+		hyb_dptr dx = dalloc(d, 4ull * n_embd), dy = dalloc(d, 4ull * rows[1]);
 
 		CHECK(w && x);
 		for (uint64_t i = 0; i < rb * rows[1]; i++)
 			w[i] = (uint8_t)rnd();
-		const uint16_t d16 = hyb_f32_to_f16(0.01f);
-
-		for (uint64_t r = 0; r < rows[1]; r++) { /* sane f16 scales */
+		for (uint64_t r = 0; r < rows[1]; r++) { /* sane f16 scales (F16: every weight) */
 			for (uint64_t o = 0; o < rb; o += blk[ti][0]) {
+				const uint16_t d16 = hyb_f32_to_f16(type == HYB_TYPE_F16 ? rndf() : 0.01f);
+
 				memcpy(w + r * rb + o + blk[ti][1], &d16, 2);
 				memcpy(w + r * rb + o + blk[ti][2], &d16, 2);
 			}
 		}
 		for (uint32_t i = 0; i < n_embd; i++)
 			x[i] = rndf();
-		put(d, dw, w, rb * rows[1]);
 		put(d, dx, x, 4ull * n_embd);
 		for (int t = 0; t < 2; t++) {
-			struct hyb_dev_matvec m = {
-				.type = type, .n_in = n_embd, .n_out = rows[t], .w = dw,
-				.x = dx, .y = dy,
-			};
-			const double bytes = (double)rb * rows[t] + 4.0 * n_embd;
+			/* copies called in turn, 256 MiB together at least: device memory, not L2 */
+			const uint64_t mb = rb * rows[t];
+			const uint32_t copies = sm ? 1 : (uint32_t)((256ull * MiB + mb - 1) / mb);
+			const double bytes = (double)mb + 4.0 * n_embd;
+			hyb_dptr dw = dalloc(d, mb * copies);
 			double t0, dt;
 
-			for (int i = 0; i < 10; i++)
-				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+			for (uint32_t c = 0; c < copies; c++)
+				put(d, dw + mb * c, w, mb);
+#define MV(i) (&(struct hyb_dev_matvec){ .type = type, .n_in = n_embd, .n_out = rows[t], \
+					  .w = dw + mb * ((i) % copies), .x = dx, .y = dy })
+			for (uint32_t i = 0; i < copies + 10; i++)
+				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, MV(i)));
 			drain(d, HYB_STREAM_COMPUTE);
 			t0 = hyb_device_now(d);
 			for (uint32_t i = 0; i < iters; i++)
-				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, MV(i)));
 			drain(d, HYB_STREAM_COMPUTE);
+#undef MV
 			dt = (hyb_device_now(d) - t0) / iters;
-			printf("    matvec %-4s %5u x %u: %7.1f us/call, %6.2f MB, %5.0f GB/s "
-			       "(%4.1f%% of %.0f GB/s HBM)\n", hyb_type_name(type), rows[t], n_embd,
-			       dt * 1e6, bytes / 1e6, bytes / dt / 1e9,
-			       100 * bytes / dt / 1e9 / peak, peak);
+			printf("    matvec %-4s %5u x %u (%2u copies): %7.1f us/call, %6.2f MB, %5.0f "
+			       "GB/s (%4.1f%% of the %.0f GB/s copy; floor %.1f us)\n",
+			       hyb_type_name(type), rows[t], n_embd, copies, dt * 1e6, bytes / 1e6,
+			       bytes / dt / 1e9, 100 * bytes / dt / 1e9 / peak, peak,
+			       bytes / (peak * 1e9) * 1e6);
+			hyb_device_free(d, dw);
 		}
-		hyb_device_free(d, dw);
 		hyb_device_free(d, dx);
 		hyb_device_free(d, dy);
 		free(w);
@@ -1445,7 +1478,7 @@ TEST(gpu_dev_dense_timing)
 		drain(d, HYB_STREAM_COMPUTE);
 		dt = (hyb_device_now(d) - t0) / iters;
 		printf("    attention %u/%u heads hd %u, %u positions: %7.1f us/call, %6.2f MB of "
-		       "K and V, %5.0f GB/s (%4.1f%% of HBM)\n", n_head, n_kv, hd, n_pos, dt * 1e6,
+		       "K and V, %5.0f GB/s (%4.1f%% of the copy)\n", n_head, n_kv, hd, n_pos, dt * 1e6,
 		       2.0 * cache / 1e6, 2.0 * cache / dt / 1e9,
 		       100 * 2.0 * cache / dt / 1e9 / peak);
 		attn_free(&s);
@@ -1453,4 +1486,115 @@ TEST(gpu_dev_dense_timing)
 		free(qkv);
 	}
 	hyb_device_close(d);
+}
+
+/*
+ * One attention block of the 7B shape as the hybrid decode step issues it
+ * (hybrid/dense.c: rmsnorm, q, k, v, attention at position 255, o into x,
+ * ffn_norm; Q4_0 weights, 8 layers' copies called in turn so they come from
+ * device memory): microseconds per block queued back to back (the kernels'
+ * own time and the gaps between them), alone (then an event and a host wait:
+ * what a layer pays before the CPU can start), and alone with x and xn
+ * copied down first (the hybrid step's wait). Against the floor of the bytes
+ * (the four matrices, once) at the measured copy bandwidth: where a layer's
+ * time goes, launches and waits or reads.
+ */
+TEST(gpu_dev_layer_chain_timing)
+{
+	const uint32_t E = small_shapes() ? 256 : 4096, H = small_shapes() ? 4 : 32, hd = E / H;
+	const uint32_t n_ctx = 512, pos = 255, copies = small_shapes() ? 1 : 8, iters = 100;
+	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q4_0, E), mb = rb * E;
+	struct hyb_dev_attn a = {
+		.n_head = H, .n_head_kv = H, .head_dim = hd, .n_rot = hd, .rope_base = 10000.0f,
+		.rope_scale = 1.0f, .pos = pos, .n_ctx = n_ctx,
+	};
+	struct hyb_device_event *ev;
+	struct attn_side as;
+	struct hyb_device *d;
+	hyb_dptr w, x, xn, norm;
+	uint8_t *hw = malloc(mb);
+	float *hx = malloc(8ull * E), *down;
+	uint16_t *c = malloc(2ull * E * n_ctx);
+	double peak, t0 = 0, dt[3];
+
+	need_gpu();
+	CHECK(hw && hx && c);
+	peak = gpu_copy_gbps();
+	CHECK(peak > 0);
+	d = open_kind("cuda", 1024 * MiB, 0);
+	down = hyb_device_host_alloc(d, 8ull * E); /* pinned, as the hybrid step's */
+	CHECK(down);
+	ev = hyb_device_event_new(d);
+	CHECK(ev);
+	for (uint64_t i = 0; i < mb; i++)
+		hw[i] = (uint8_t)rnd();
+	for (uint64_t o = 0; o < mb; o += 18) {
+		const uint16_t d16 = hyb_f32_to_f16(0.01f);
+
+		memcpy(hw + o, &d16, 2);
+	}
+	for (uint64_t i = 0; i < 2ull * E; i++)
+		hx[i] = rndf();
+	for (uint64_t i = 0; i < (uint64_t)E * n_ctx; i++)
+		c[i] = hyb_f32_to_f16(rndf());
+	w = dalloc(d, mb * 4 * copies);
+	for (uint32_t i = 0; i < 4 * copies; i++)
+		put(d, w + mb * i, hw, mb);
+	x = dalloc(d, 8ull * E); /* x, then xn: one copy down, as hybrid/dense.c lays them out */
+	xn = x + 4ull * E;
+	norm = dalloc(d, 4ull * E);
+	put(d, x, hx, 8ull * E);
+	put(d, norm, hx, 4ull * E);
+	attn_alloc(&as, d, &a, 0);
+	put(d, as.kc, c, 2ull * E * n_ctx);
+	put(d, as.vc, c, 2ull * E * n_ctx);
+	a.q = as.q, a.k = as.k, a.v = as.v, a.kcache = as.kc, a.vcache = as.vc, a.out = as.out;
+	for (int mode = 0; mode < 3; mode++) {
+		for (uint32_t i = 0; i < iters + copies; i++) {
+			const hyb_dptr lw = w + mb * 4 * (i % copies);
+			/* (x grows by o each block, linearly: far from overflow in these calls) */
+			const hyb_dptr in[4] = { xn, xn, xn, as.out };
+			const hyb_dptr out[4] = { as.q, as.k, as.v, x };
+
+			if (i == copies) {
+				drain(d, HYB_STREAM_COMPUTE);
+				t0 = hyb_device_now(d);
+			}
+			OK(d, hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, xn, x, norm, E, 1e-5f));
+			for (int m = 0; m < 4; m++) {
+				struct hyb_dev_matvec mv = {
+					.type = HYB_TYPE_Q4_0, .n_in = E, .n_out = E, .w = lw + mb * m,
+					.x = in[m], .y = out[m], .accumulate = m == 3,
+				};
+
+				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &mv));
+				if (m == 2)
+					OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+			}
+			OK(d, hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, xn, x, norm, E, 1e-5f));
+			if (mode == 2)
+				OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, down, x, 8ull * E));
+			if (mode > 0) {
+				OK(d, hyb_device_record(d, HYB_STREAM_COMPUTE, ev));
+				OK(d, hyb_device_sync(d, ev));
+			}
+		}
+		drain(d, HYB_STREAM_COMPUTE);
+		dt[mode] = (hyb_device_now(d) - t0) / iters;
+	}
+	printf("    attention block %u x %u Q4_0, position %u, %u copies: %.1f us queued, %.1f us "
+	       "alone, %.1f us with x down; floor %.1f us (%.1f MB of weights at the %.0f GB/s "
+	       "copy)\n", E, E, pos, copies, dt[0] * 1e6, dt[1] * 1e6, dt[2] * 1e6,
+	       4.0 * mb / (peak * 1e9) * 1e6, 4.0 * mb / 1e6, peak);
+	CHECK(dt[0] > 0 && dt[1] >= dt[0] * 0.5);
+	attn_free(&as);
+	hyb_device_free(d, w);
+	hyb_device_free(d, x);
+	hyb_device_free(d, norm);
+	hyb_device_event_free(d, ev);
+	hyb_device_host_free(d, down);
+	hyb_device_close(d);
+	free(hw);
+	free(hx);
+	free(c);
 }
