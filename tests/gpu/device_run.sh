@@ -17,10 +17,9 @@
 # be carried, so synth -> profile -> plan run here on the other cores) while
 # the GPU tests run, each test limited to TEST_TIMEOUT s.
 # (b) each step under what is left of DEADLINE (s from the start, default
-# 570): the link and memory ceilings and reload latency (bench_reload), then
-# hybrid decoding at HYBRID_BUDGET (default 40%): the goal policies first
-# (layer, static, tam-adaptive) against CPU-only sparse decoding, then the
-# others, then the whole model on the device (8 GiB budget, static).
+# 570): reload latency (bench_reload), then hybrid decoding against CPU-only
+# sparse decoding (hybrid_all below: budgets, policies, the whole model on
+# the device), each run with its own link and memory ceilings.
 # Each step's log lands in $OUT (the device tool brings it back; ./gpu-out
 # elsewhere) as it runs, so a call cut short still returns what finished.
 set -u
@@ -106,6 +105,20 @@ part_test() {
 hybrid() {
 	build/hyb bench -m models/sparse-32-Q4_0.plan.gguf --device cuda --drift 32 -n "${HYBRID_TOKENS:-256}" -r "${REPS:-1}" "$@"
 }
+# one log (the device tool brings back 8 files): the goal policies at the
+# benchmark's budget, the whole model on the device, every policy with room
+# to move groups (HYBRID_BUDGET2, default 60%), the other policies
+hybrid_all() {
+	b=${HYBRID_BUDGET:-40%}
+	echo "### goal policies, budget $b"
+	hybrid --gpu-budget "$b" --policies layer,static,tam-adaptive
+	echo "### the whole model on the device (8 GiB budget, static)"
+	hybrid --gpu-budget 8G --policies static
+	echo "### every policy, budget ${HYBRID_BUDGET2:-60%}"
+	hybrid --gpu-budget "${HYBRID_BUDGET2:-60%}" --policies all
+	echo "### the other policies, budget $b"
+	hybrid --gpu-budget "$b" --policies lru,topk,dynamic,tam
+}
 part_bench() {
 	if [ -f /tmp/hyb_model_pid ]; then
 		while kill -0 "$(cat /tmp/hyb_model_pid)" 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 2; done
@@ -114,13 +127,10 @@ part_bench() {
 		step model model
 	fi
 	TAIL=30 step reload build/bench_reload --upload cuda
-	b=${HYBRID_BUDGET:-40%}
-	TAIL=25 step hybrid-goal hybrid --gpu-budget "$b" --policies layer,static,tam-adaptive
-	TAIL=25 step hybrid-device hybrid --gpu-budget 8G --policies static
-	TAIL=25 step hybrid-rest hybrid --gpu-budget "$b" --policies lru,topk,dynamic,tam
+	TAIL=100 step hybrid hybrid_all
 }
 export out t0
-export -f machine model hybrid
+export -f machine model hybrid hybrid_all
 prepare
 case $what in
 test) part_test ;;
