@@ -11,6 +11,9 @@
  * stream priorities add that the GPU's copy engine itself prefers the
  * critical stream when both have work queued).
  *
+ * Unpinning a region (unregister, close) first drains every stream: a copy
+ * still reading pinned pages must not outlive their registration.
+ *
  * Calls other than open/close may come from another thread than open's (the
  * reload service's device lane): each one makes the device current first.
  */
@@ -79,6 +82,14 @@ static int cu_sync(struct hyb_copydev *d, unsigned int prio)
 	return 0;
 }
 
+/* Every copy issued so far has landed or failed: nothing reads host memory any more. */
+static void drain(struct cudadev *c)
+{
+	for (int p = 0; p < N_PRIO; p++)
+		if (c->stream[p] && cudaStreamSynchronize(c->stream[p]) != cudaSuccess)
+			cudaGetLastError();	/* that copy's own sync reports it */
+}
+
 static int cu_evict(struct hyb_copydev *d, uint32_t slot)
 {
 	struct cudadev *c = (struct cudadev *)d;
@@ -98,12 +109,10 @@ static void cu_close(struct hyb_copydev *d)
 	if (!c)
 		return;
 	cudaSetDevice(c->dev);
-	for (int p = 0; p < N_PRIO; p++) {
-		if (c->stream[p]) {
-			cudaStreamSynchronize(c->stream[p]);
+	drain(c);
+	for (int p = 0; p < N_PRIO; p++)
+		if (c->stream[p])
 			cudaStreamDestroy(c->stream[p]);
-		}
-	}
 	for (unsigned int i = 0; i < c->n_regs; i++)
 		cudaHostUnregister(c->regs[i].addr);
 	if (c->cache)
@@ -260,6 +269,7 @@ extern "C" int hyb_copydev_cuda_unregister(struct hyb_copydev *d, void *addr)
 			cudaError_t e;
 
 			cudaSetDevice(c->dev);
+			drain(c);	/* no copy from these pages may be left queued */
 			e = cudaHostUnregister(addr);
 			c->regs[i] = c->regs[--c->n_regs];
 			return e == cudaSuccess ? 0 : hyb_cuda_fail(e, NULL, 0, "unregister");
