@@ -11,11 +11,13 @@
  * for chunk k's mark, so the link is never idle for the host's round trip
  * (measured on an H200 with a sync after every 1 MiB chunk: prefetch
  * uploads ran at 34.9 GB/s where the pinned link does 55, i.e. ~11 us idle
- * per ~19 us chunk; a 256 KiB upload + sync alone took 13.8 us). Why two and not more: the copy engine runs DMA in
- * submission order whatever the stream priority, so every chunk queued is a
- * chunk a critical request queued later waits behind; two is the least that
- * hides the round trip (the link has the next chunk while the host hears of
- * the last one), and it keeps the pre-emption bound at two chunks. Chunks
+ * per ~19 us chunk; a 256 KiB upload + sync alone took 13.8 us).
+ *
+ * Why two and not more: the copy engine runs DMA in submission order
+ * whatever the stream priority, so every chunk queued is a chunk a critical
+ * request queued later waits behind; two is the least that hides the round
+ * trip (the link has the next chunk while the host hears of the last one),
+ * and it keeps the pre-emption bound at two chunks. Chunks
  * are retired (waited for) in the order issued; a request completes when its
  * last chunk is retired, so its CQE never precedes its bytes. An EVICT waits
  * until nothing is in flight, so it completes after the uploads ahead of it.

@@ -79,9 +79,11 @@ struct hyb_reload_event {
 	uint64_t started_ns;		/* its first chunk began (= done_ns if never) */
 	uint64_t done_ns;
 	uint32_t slices;		/* chunks executed */
-	uint32_t slices_waited;		/* chunks of others ahead of its first: in flight when
-					   it was queued, or picked since (<= lane depth +
-					   criticals ahead, for a critical request) */
+	/*
+	 * chunks of others ahead of its first: in flight when it was queued,
+	 * or picked since (critical: <= its lane's depth + criticals ahead)
+	 */
+	uint32_t slices_waited;
 	uint32_t preempted;		/* times a chunk of another request ran in its middle */
 };
 

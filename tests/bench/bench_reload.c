@@ -479,9 +479,9 @@ int main(int argc, char **argv)
 		       opt.inflight, (unsigned long long)(opt.prefetch >> 10), cls_names[k],
 		       pct(&busy[k], 0.5), pct(&busy[k], 0.99));
 	if (link_sync > 0)
-		printf("  the link alone, %llu KiB chunks: %.2f GB/s with a sync per chunk, %.2f GB/s "
-		       "with two in flight\n", (unsigned long long)(opt.chunk >> 10), link_sync,
-		       link_two);
+		printf("  the link alone, %llu KiB chunks: %.2f GB/s with a sync per chunk, "
+		       "%.2f GB/s with two in flight\n", (unsigned long long)(opt.chunk >> 10),
+		       link_sync, link_two);
 	printf("  prefetch throughput meanwhile: %.2f GB/s; critical waited at most %u chunk(s) "
 	       "of other requests (bound: %u, the chunks in flight in its lane)\n", bg_gbs,
 	       st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited, bound);
