@@ -11,9 +11,16 @@
  * [slot_off, slot_off + len) of slot; it may return before the bytes landed
  * (CUDA: cudaMemcpyAsync on the stream of prio); sync(prio) waits until every
  * upload started at prio has landed, and only then may the request complete.
- * The reload service calls upload+sync once per chunk, so a critical copy
- * waits for at most one chunk of a lower-priority one (KAIROX 5.1/8).
- * Calls come from one thread (the service's device lane).
+ * mark(prio) and wait(token) do the same for one point of a stream: what was
+ * uploaded at prio before the mark, and nothing started after it. The reload
+ * service uses them to keep two chunks in flight (upload + mark chunk k+1,
+ * then wait for chunk k's mark), so the link does not idle for the host's
+ * round trip between chunks; a critical copy then waits for at most the two
+ * chunks in flight ahead of it (reload.h, HYB_RELOAD_DEVICE_DEPTH). The bound
+ * has to come from what is queued, not from stream priorities: a GPU's copy
+ * engine runs DMA in submission order whatever the stream's priority.
+ * Calls come from one thread (the service's device lane), pin and unpin
+ * excepted.
  */
 #ifndef HYB_COPYDEV_H
 #define HYB_COPYDEV_H
@@ -22,6 +29,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "hyb/pool.h"
+
+/* Marks (mark/wait) a device keeps outstanding at once, at least. */
+#define HYB_COPYDEV_MARKS	8
 
 struct hyb_copydev;
 
@@ -42,6 +54,18 @@ struct hyb_copydev_ops {
 	int (*pin)(struct hyb_copydev *d, void *addr, size_t len, bool read_only, char *err,
 		   size_t errlen);
 	int (*unpin)(struct hyb_copydev *d, void *addr);
+	/*
+	 * Optional, both or neither (NULL: callers sync after every upload).
+	 * mark: *token marks the point of prio's stream after every upload
+	 * started at prio so far. wait: returns once the uploads before that
+	 * mark have landed; 0, or the error of one of them (CUDA reports an
+	 * asynchronous copy's failure here). Each token is waited exactly once
+	 * (that frees it; a wait of an unknown or freed token is -EINVAL); up to
+	 * HYB_COPYDEV_MARKS tokens may be outstanding, mark is -EBUSY beyond.
+	 * CUDA: an event recorded on the stream, cudaEventSynchronize.
+	 */
+	int (*mark)(struct hyb_copydev *d, unsigned int prio, uint32_t *token);
+	int (*wait)(struct hyb_copydev *d, uint32_t token);
 };
 
 struct hyb_copydev {
@@ -71,6 +95,22 @@ struct hyb_copydev *hyb_copydev_cpu_open_at(void *mem, uint32_t n_slots, uint64_
 					    uint64_t bytes_per_s, char *err, size_t errlen);
 /* CPU device: the slot's bytes and how many are valid (0 after an evict). */
 const void *hyb_copydev_cpu_slot(struct hyb_copydev *d, uint32_t slot, uint64_t *valid);
+
+/*
+ * CPU device: what it saw (tests). An upload is queued on the link behind
+ * everything issued before it that has not landed (submission order, whatever
+ * the priority: as a GPU's copy engine does). The link figures need a paced
+ * device (bytes_per_s > 0); unpaced copies land at once.
+ */
+struct hyb_copydev_cpu_stats {
+	uint32_t max_queued;		/* most uploads on the link at once, not landed */
+	uint32_t max_marks;		/* most marks outstanding at once */
+	/* per priority: most bytes still to cross the link ahead of an upload */
+	uint64_t max_ahead[HYB_RQ_PRIO_LEVELS];
+	uint64_t marks, waits;		/* marks made, marks waited for */
+};
+/* 0, or -EINVAL when d is not a CPU device. */
+int hyb_copydev_cpu_stats(struct hyb_copydev *d, struct hyb_copydev_cpu_stats *out);
 
 /* ops->pin with the statistics kept; -EOPNOTSUPP when the device pins nothing. */
 static inline int hyb_copydev_pin(struct hyb_copydev *d, void *addr, size_t len, bool read_only,

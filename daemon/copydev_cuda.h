@@ -57,6 +57,8 @@ struct hyb_copydev *hyb_copydev_cuda_open(const struct hyb_copydev_cuda_config *
  * Pin [addr, addr + len) (a pool mapping) for DMA. read_only: the mapping is
  * read-only (an app's view of hybd's pools). Unregistered source memory still
  * works, through CUDA's staging buffers. Regions are unpinned at close.
+ * Unregister (and close) first wait for every copy queued on the device's
+ * streams, so no DMA reads pages that are no longer pinned.
  */
 int hyb_copydev_cuda_register(struct hyb_copydev *d, void *addr, size_t len, bool read_only,
 			      char *err, size_t errlen);

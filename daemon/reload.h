@@ -25,12 +25,20 @@
  * as soon as it is submitted and files it in one FIFO per priority of its
  * lane (storage: LOAD; device: UPLOAD, EVICT - separate, like KAIROX's
  * separate streams, so a copy never waits behind a disk read). A lane
- * executes one chunk at a time and picks every chunk afresh from the highest
- * non-empty priority, so queued lower-priority work is reordered behind new
- * critical work and a large reload is pre-empted between two chunks: a
- * critical request waits for at most the one chunk in flight in its lane
- * (reported per request as slices_waited <= 1). Lower classes can starve
- * while higher ones keep a lane busy; that is the point of the classes.
+ * executes requests a chunk at a time and picks every chunk afresh from the
+ * highest non-empty priority, so queued lower-priority work is reordered
+ * behind new critical work and a large reload is pre-empted between two
+ * chunks. The storage lane has one chunk in flight; the device lane keeps
+ * HYB_RELOAD_DEVICE_DEPTH (2) in flight (copy devices with marks: CUDA and
+ * CPU; one otherwise): it queues chunk k+1 on the copy engine before it waits
+ * for chunk k, so the link does not idle for a host round trip per chunk.
+ * Bound: a critical request waits for at most the chunks in flight in its
+ * lane when it arrives - 1 (storage) or HYB_RELOAD_DEVICE_DEPTH (device) -
+ * plus the chunks of critical requests ahead of it; reported per request as
+ * slices_waited (chunks picked before its first one and not landed when it
+ * came). A request completes (its CQE is posted) only after its last chunk
+ * has landed. Lower classes can starve while higher ones keep a lane busy;
+ * that is the point of the classes.
  *
  * Errors are per request (status in its completion; one-line reason to
  * on_done): -ENXIO no such pool, -ENOSPC range past the end of the pool or
@@ -41,7 +49,7 @@
  * batch are independent; no order holds between requests of different
  * lanes or priorities (an app that uploads what it loads waits for the LOAD).
  *
- * Shutdown (hyb_reload_stop): stop taking work, let the chunk in flight in
+ * Shutdown (hyb_reload_stop): stop taking work, let the chunks in flight in
  * each lane finish (no I/O is abandoned into memory), fail everything else -
  * queued, partly done, and whatever is still in the queue - with -ESHUTDOWN,
  * then leave the queue (late submitters get -EPIPE).
@@ -55,6 +63,13 @@
 #include "hyb/pool.h"
 #include "hyb/stalls.h"
 
+/*
+ * Chunks the device lane keeps in flight (two: the least that hides the host
+ * round trip between chunks; each more is one more chunk a critical request
+ * may wait behind, since the copy engine runs DMA in submission order).
+ */
+#define HYB_RELOAD_DEVICE_DEPTH	2
+
 /* What on_done hears about every finished request (NOPs excepted). */
 struct hyb_reload_event {
 	const struct hyb_rq_req *req;
@@ -64,7 +79,11 @@ struct hyb_reload_event {
 	uint64_t started_ns;		/* its first chunk began (= done_ns if never) */
 	uint64_t done_ns;
 	uint32_t slices;		/* chunks executed */
-	uint32_t slices_waited;		/* chunks of others run between queued and started */
+	/*
+	 * chunks of others ahead of its first: in flight when it was queued,
+	 * or picked since (critical: <= its lane's depth + criticals ahead)
+	 */
+	uint32_t slices_waited;
 	uint32_t preempted;		/* times a chunk of another request ran in its middle */
 };
 

@@ -22,7 +22,16 @@
  * cache slots of a copy device (daemon/copydev.h: hybd's CUDA engine, its
  * pool pinned, or the CPU device paced to --link-gbps), the busy phase with
  * prefetch uploads filling the link; the floor is one upload + sync on the
- * device itself, without the queue, in the same run.
+ * device itself, without the queue, in the same run. Also on the device
+ * alone: the link's throughput in chunks, with a sync after every chunk (the
+ * service before it kept two in flight) and with two chunks in flight
+ * (mark/wait, as the service's device lane does, HYB_RELOAD_DEVICE_DEPTH).
+ *
+ * The bound: a critical request waits for at most the chunks in flight in
+ * its lane when it comes (1 for LOADs, HYB_RELOAD_DEVICE_DEPTH for UPLOADs
+ * on a device with marks); the foreground sends one request at a time, so
+ * no critical is ever ahead of another. Above it, the bench says so and
+ * exits 1 after printing its figures.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -211,6 +220,39 @@ static void raw_upload(struct lat *l, const uint8_t *base, uint64_t *seed)
 	}
 }
 
+/*
+ * Upload mode: the link's throughput, opt.chunk at a time through the pool
+ * (4 passes), on the device alone: inflight 1 syncs after every chunk,
+ * 2 marks every chunk and waits for the one before it. GB/s, 0 on failure.
+ */
+static double raw_stream(const uint8_t *base, int inflight)
+{
+	const uint64_t slot = dev->slot_bytes;
+	const uint64_t len = opt.chunk < slot ? opt.chunk : slot;
+	const uint64_t n = 4 * (opt.size / len);
+	uint32_t tok[2];
+	uint64_t t0 = now_ns();
+
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t src = i * len % (opt.size - len + 1), off = i * len % (slot / len * len);
+
+		if (dev->ops->upload(dev, (uint32_t)(i % N_SLOTS), off, base + src, len,
+				     HYB_RQ_LOW))
+			return 0;
+		if (inflight < 2) {
+			if (dev->ops->sync(dev, HYB_RQ_LOW))
+				return 0;
+			continue;
+		}
+		if (dev->ops->mark(dev, HYB_RQ_LOW, &tok[i % 2]) ||
+		    (i && dev->ops->wait(dev, tok[(i - 1) % 2])))
+			return 0;
+	}
+	if (inflight >= 2 && n && dev->ops->wait(dev, tok[(n - 1) % 2]))
+		return 0;
+	return (double)(n * len) / (double)(now_ns() - t0);
+}
+
 /* Upload mode: the copy device, the pool pinned for it and filled. */
 static void open_dev(void)
 {
@@ -284,6 +326,8 @@ int main(int argc, char **argv)
 		{ 0, 0, 0, 0 },
 	};
 	struct lat idle[3], busy[2], raw;
+	double link_sync = 0, link_two = 0;
+	unsigned int bound = 1;
 	struct hyb_reload_stats st0, st1;
 	struct hyb_reload_config rc = { .queue = QID };
 	struct hyb_reload *r;
@@ -356,6 +400,11 @@ int main(int argc, char **argv)
 			die("map");
 		raw = (struct lat){ calloc((size_t)opt.n, 8), 0 };
 		raw_upload(&raw, base, &seed); /* before the service: one thread calls the device */
+		link_sync = raw_stream(base, 1);
+		if (dev->ops->mark && dev->ops->wait) {
+			link_two = raw_stream(base, 2);
+			bound = HYB_RELOAD_DEVICE_DEPTH;
+		}
 	}
 	rc.backend = be;
 	rc.model_path = opt.file;
@@ -429,9 +478,13 @@ int main(int argc, char **argv)
 		printf("  with %d prefetches of %llu KiB in flight, %-8s %8.1f  %8.1f\n",
 		       opt.inflight, (unsigned long long)(opt.prefetch >> 10), cls_names[k],
 		       pct(&busy[k], 0.5), pct(&busy[k], 0.99));
+	if (link_sync > 0)
+		printf("  the link alone, %llu KiB chunks: %.2f GB/s with a sync per chunk, "
+		       "%.2f GB/s with two in flight\n", (unsigned long long)(opt.chunk >> 10),
+		       link_sync, link_two);
 	printf("  prefetch throughput meanwhile: %.2f GB/s; critical waited at most %u chunk(s) "
-	       "of other requests (bound: 1 + criticals ahead)\n", bg_gbs,
-	       st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited);
+	       "of other requests (bound: %u, the chunks in flight in its lane)\n", bg_gbs,
+	       st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited, bound);
 
 	if (raw.n)
 		printf("raw_%s_p50_us %.1f us\nraw_%s_p99_us %.1f us\n",
@@ -445,6 +498,11 @@ int main(int argc, char **argv)
 		       cls_names[k], pct(&busy[k], 0.5), pre, cls_names[k], pct(&busy[k], 0.99));
 	printf("%s_busy_prefetch_gbps %.2f GB/s\n%s_critical_max_chunks_waited %u chunks\n", pre,
 	       bg_gbs, pre, st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited);
+	printf("%s_critical_chunks_bound %u chunks\n", pre, bound);
+	if (link_sync > 0)
+		printf("raw_link_sync_per_chunk_gbps %.2f GB/s\n", link_sync);
+	if (link_two > 0)
+		printf("raw_link_two_in_flight_gbps %.2f GB/s\n", link_two);
 	(void)st0;
 
 	hyb_rq_close(c);
@@ -457,5 +515,10 @@ int main(int argc, char **argv)
 		close(file_fd);
 	if (made)
 		unlink(path);
+	if (st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited > bound) {
+		fprintf(stderr, "bench_reload: a critical request waited for %u chunks: above the "
+			"bound of %u\n", st1.cls[HYB_RELOAD_CRITICAL].max_slices_waited, bound);
+		return 1;
+	}
 	return 0;
 }

@@ -3,8 +3,11 @@
  * The reload service (daemon/reload.c) on the local backend: LOAD bytes equal
  * pread() of the file; completion order under mixed priorities with a gated
  * device lane (so the order is decided by the scheduler, not by timing);
- * the pre-emption bound (a critical request waits for at most one chunk);
- * per-request errors that leave the other requests of the batch intact;
+ * the pre-emption bound (a critical request waits for at most the chunks in
+ * flight in its lane: one on the storage lane, HYB_RELOAD_DEVICE_DEPTH on the
+ * device lane, which keeps that many in flight on a device with marks);
+ * per-request errors, a copy's failure reported by its mark's wait
+ * included, that leave the other requests of the batch intact;
  * shutdown failing queued and half-done work with -ESHUTDOWN and later
  * submits with -EPIPE.
  */
@@ -136,13 +139,19 @@ static void wait_fetched(struct hyb_reload *r, uint64_t n)
 		  (unsigned long long)n);
 }
 
-/* A device whose copies block until the test opens the gate. */
+/*
+ * A device whose copies block until the test opens the gate. With marks (the
+ * default) the device lane keeps two chunks in flight on it; gate_ops_sync
+ * has none, so the lane syncs every chunk.
+ */
 struct gate_dev {
 	struct hyb_copydev d;
 	pthread_mutex_t m;
 	pthread_cond_t cv;
 	int open;
 	int calls;
+	uint32_t next_token;
+	int marks, outstanding, max_outstanding;
 };
 
 static int gate_upload(struct hyb_copydev *d, uint32_t slot, uint64_t off, const void *src,
@@ -179,7 +188,35 @@ static void gate_close(struct hyb_copydev *d)
 	(void)d;
 }
 
+static int gate_mark(struct hyb_copydev *d, unsigned int prio, uint32_t *token)
+{
+	struct gate_dev *g = (struct gate_dev *)d;
+
+	(void)prio;
+	*token = g->next_token++;
+	g->marks++;
+	if (++g->outstanding > g->max_outstanding)
+		g->max_outstanding = g->outstanding;
+	return 0;
+}
+
+static int gate_wait(struct hyb_copydev *d, uint32_t token)
+{
+	struct gate_dev *g = (struct gate_dev *)d;
+
+	/* the lane waits in the order it marked */
+	CHECK_MSG(token + (uint32_t)g->outstanding == g->next_token, "token %u waited out of order",
+		  token);
+	g->outstanding--;
+	return 0;
+}
+
 static const struct hyb_copydev_ops gate_ops = {
+	.upload = gate_upload, .sync = gate_sync, .evict = gate_evict, .close = gate_close,
+	.mark = gate_mark, .wait = gate_wait,
+};
+
+static const struct hyb_copydev_ops gate_ops_sync = {
 	.upload = gate_upload, .sync = gate_sync, .evict = gate_evict, .close = gate_close,
 };
 
@@ -290,7 +327,14 @@ TEST(reload_load_bytes_match_file_stream_engine)
 	load_bytes_match_file();
 }
 
-TEST(reload_priority_order_and_preemption)
+/*
+ * The same completion order and bounds with one chunk in flight (sync per
+ * chunk) and with two (marks): the second chunk in flight is picked by the
+ * same rule, so a critical request that came while the LOW one's first chunk
+ * was held waited for that chunk alone, the second critical for it and the
+ * first critical's chunk.
+ */
+static void priority_order_and_preemption(const struct hyb_copydev_ops *ops)
 {
 	struct hyb_rq_cqe cqe[8];
 	struct hyb_rq_req q;
@@ -303,6 +347,7 @@ TEST(reload_priority_order_and_preemption)
 	const uint64_t want[] = { 2, 5, 3, 1, 100, 0, 4 };	/* completion order by tag */
 	struct hyb_reload_stats st;
 
+	gate.d.ops = ops;
 	rig_start(&g, NULL, 64 << 10, &gate.d);
 	p = make_pool(g.b, "t-order", 2 << 20, &base);
 	/* tag 100: a LOW upload of 4 chunks; its first chunk holds the lane */
@@ -335,8 +380,25 @@ TEST(reload_priority_order_and_preemption)
 	CHECK_EQ_INT(st.cls[HYB_RELOAD_CRITICAL].max_slices_waited, 2);
 	CHECK_EQ_INT(st.cls[HYB_RELOAD_PREFETCH].preemptions, 1);
 	CHECK_EQ_INT(st.slices, 3 + 4 + 3);
+	if (ops->mark) {	/* every chunk marked and waited for, two at a time */
+		CHECK_EQ_INT(gate.marks, 10);
+		CHECK_EQ_INT(gate.outstanding, 0);
+		CHECK_EQ_INT(gate.max_outstanding, HYB_RELOAD_DEVICE_DEPTH);
+	} else {
+		CHECK_EQ_INT(gate.marks, 0);
+	}
 	hyb_mempool_close(p);
 	rig_stop(&g);
+}
+
+TEST(reload_priority_order_and_preemption)
+{
+	priority_order_and_preemption(&gate_ops);
+}
+
+TEST(reload_priority_order_one_in_flight)
+{
+	priority_order_and_preemption(&gate_ops_sync);
 }
 
 TEST(reload_critical_load_waits_at_most_one_chunk)
@@ -383,6 +445,231 @@ TEST(reload_critical_load_waits_at_most_one_chunk)
 	CHECK(!memcmp(base + fsize - 65536, ref, 65536));
 	hyb_mempool_close(p);
 	rig_stop(&g);
+}
+
+/*
+ * The device lane on the CPU device paced to a slow link (50 MB/s: a 64 KiB
+ * chunk is ~1.3 ms on the link): it marks chunk k+1 before it waits for chunk
+ * k, so two chunks are on the link at once and two marks outstanding, never
+ * more; every mark is waited for once. A critical upload that comes in the
+ * middle waits for the two chunks in flight (slices_waited <= 2) and, on the
+ * link, finds at most one chunk still ahead of its own first chunk (the
+ * older one has landed before the lane picks the next chunk): the software
+ * bound that the copy engine's submission order needs.
+ */
+TEST(reload_device_lane_keeps_two_chunks_in_flight)
+{
+	const uint64_t chunk = 64 << 10;
+	struct hyb_copydev_cpu_stats ds;
+	struct hyb_reload_stats st;
+	struct hyb_copydev *dev;
+	struct hyb_rq_cqe cqe[2];
+	struct hyb_rq_req q;
+	struct hyb_mempool *p;
+	const uint8_t *slot;
+	uint64_t valid;
+	uint8_t *base;
+	char err[256];
+	struct rig g;
+	int ic, il;
+
+	dev = hyb_copydev_cpu_open(4, 2 << 20, 50000000, err, sizeof(err));
+	CHECK_MSG(dev, "%s", err);
+	rig_start(&g, NULL, chunk, dev);
+	p = make_pool(g.b, "t-flight", 4 << 20, &base);
+	for (uint32_t i = 0; i < (4 << 20); i++)
+		base[i] = (uint8_t)(i * 7 + (i >> 13));
+
+	/* alone: 16 chunks, two in flight from the second one on */
+	q = req(HYB_RQ_UPLOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 1 << 20, 0, 1);
+	CHECK(!hyb_rq_submit(g.c, &q, 1));
+	reap_n(g.c, cqe, 1);
+	CHECK_EQ_INT(cqe[0].status, 0);
+	CHECK(!hyb_copydev_cpu_stats(dev, &ds));
+	CHECK_EQ_INT(ds.marks, 16);
+	CHECK_EQ_INT(ds.waits, 16);
+	CHECK_EQ_INT(ds.max_marks, HYB_RELOAD_DEVICE_DEPTH);
+	CHECK_EQ_INT(ds.max_queued, HYB_RELOAD_DEVICE_DEPTH);
+	CHECK_EQ_INT(evs[event_of(1)].slices, 16);
+	/* 16 chunks of ~1.31 ms: the request completes after the last has landed */
+	CHECK_MSG(evs[event_of(1)].done_ns - evs[event_of(1)].started_ns >= 20000000ull,
+		  "1 MiB at 50 MB/s completed after %llu ns",
+		  (unsigned long long)(evs[event_of(1)].done_ns - evs[event_of(1)].started_ns));
+	slot = hyb_copydev_cpu_slot(dev, 0, &valid);
+	CHECK_EQ_INT(valid, 1 << 20);
+	CHECK(!memcmp(slot, base, 1 << 20));
+
+	/* a critical upload in the middle of a 2 MiB prefetch (32 chunks, ~42 ms) */
+	q = req(HYB_RQ_UPLOAD, HYB_RQ_LOW, hyb_mempool_id(p), 1 << 20, 2 << 20, 1, 2);
+	CHECK(!hyb_rq_submit(g.c, &q, 1));
+	do {	/* a few chunks in */
+		usleep(1000);
+		hyb_reload_stats(g.r, &st);
+	} while (st.slices < 16 + 4);
+	q = req(HYB_RQ_UPLOAD, HYB_RQ_CRITICAL, hyb_mempool_id(p), 3 << 20, chunk, 2, 3);
+	CHECK(!hyb_rq_submit(g.c, &q, 1));
+	reap_n(g.c, cqe, 2);
+	CHECK_EQ_INT(cqe[0].status, 0);
+	CHECK_EQ_INT(cqe[1].status, 0);
+	ic = event_of(3);
+	il = event_of(2);
+	CHECK(ic >= 0 && il >= 0);
+	if (evs[il].done_ns < evs[ic].queued_ns)
+		SKIP("the prefetch finished before the critical upload arrived (a stalled test)");
+	CHECK_MSG(ic < il, "the critical upload completed after the prefetch");
+	CHECK_MSG(evs[ic].slices_waited >= 1 && evs[ic].slices_waited <= HYB_RELOAD_DEVICE_DEPTH,
+		  "critical waited %u chunks", evs[ic].slices_waited);
+	CHECK_EQ_INT(evs[il].preempted, 1);
+	CHECK_EQ_INT(evs[il].slices, 32);
+	CHECK(!hyb_copydev_cpu_stats(dev, &ds));
+	CHECK_MSG(ds.max_ahead[HYB_RQ_CRITICAL] <= (HYB_RELOAD_DEVICE_DEPTH - 1) * chunk,
+		  "%llu bytes were still to cross the link ahead of the critical chunk",
+		  (unsigned long long)ds.max_ahead[HYB_RQ_CRITICAL]);
+	CHECK_EQ_INT(ds.max_marks, HYB_RELOAD_DEVICE_DEPTH);
+	CHECK_EQ_INT(ds.max_queued, HYB_RELOAD_DEVICE_DEPTH);
+	CHECK_EQ_INT(ds.marks, 16 + 32 + 1);
+	CHECK_EQ_INT(ds.waits, ds.marks);
+	slot = hyb_copydev_cpu_slot(dev, 1, &valid);
+	CHECK(valid == 2 << 20 && !memcmp(slot, base + (1 << 20), 2 << 20));
+	slot = hyb_copydev_cpu_slot(dev, 2, &valid);
+	CHECK(valid == chunk && !memcmp(slot, base + (3 << 20), chunk));
+	hyb_reload_stats(g.r, &st);
+	CHECK_MSG(st.cls[HYB_RELOAD_CRITICAL].max_slices_waited <= HYB_RELOAD_DEVICE_DEPTH, "%u",
+		  st.cls[HYB_RELOAD_CRITICAL].max_slices_waited);
+	hyb_mempool_close(p);
+	rig_stop(&g);
+	hyb_copydev_close(dev);
+}
+
+/*
+ * The CPU device with faults: an upload into slot bad_upload fails when it is
+ * issued, one into slot bad_wait when its mark is waited for (as CUDA reports
+ * an asynchronous copy's failure).
+ */
+struct faulty_dev {
+	struct hyb_copydev d;
+	struct hyb_copydev *cpu;
+	uint32_t bad_upload, bad_wait;
+	uint32_t last_slot;
+	uint32_t token_slot[HYB_COPYDEV_MARKS];
+};
+
+static int faulty_upload(struct hyb_copydev *d, uint32_t slot, uint64_t off, const void *src,
+			 uint64_t len, unsigned int prio)
+{
+	struct faulty_dev *f = (struct faulty_dev *)d;
+
+	if (slot == f->bad_upload)
+		return -EFAULT;
+	f->last_slot = slot;
+	return f->cpu->ops->upload(f->cpu, slot, off, src, len, prio);
+}
+
+static int faulty_sync(struct hyb_copydev *d, unsigned int prio)
+{
+	struct faulty_dev *f = (struct faulty_dev *)d;
+
+	return f->cpu->ops->sync(f->cpu, prio);
+}
+
+static int faulty_evict(struct hyb_copydev *d, uint32_t slot)
+{
+	struct faulty_dev *f = (struct faulty_dev *)d;
+
+	return f->cpu->ops->evict(f->cpu, slot);
+}
+
+static void faulty_close(struct hyb_copydev *d)
+{
+	(void)d;
+}
+
+static int faulty_mark(struct hyb_copydev *d, unsigned int prio, uint32_t *token)
+{
+	struct faulty_dev *f = (struct faulty_dev *)d;
+	int ret = f->cpu->ops->mark(f->cpu, prio, token);
+
+	if (!ret)
+		f->token_slot[*token % HYB_COPYDEV_MARKS] = f->last_slot;
+	return ret;
+}
+
+static int faulty_wait(struct hyb_copydev *d, uint32_t token)
+{
+	struct faulty_dev *f = (struct faulty_dev *)d;
+	int ret = f->cpu->ops->wait(f->cpu, token);
+
+	return ret ? ret : f->token_slot[token % HYB_COPYDEV_MARKS] == f->bad_wait ? -EIO : 0;
+}
+
+static const struct hyb_copydev_ops faulty_ops = {
+	.upload = faulty_upload, .sync = faulty_sync, .evict = faulty_evict,
+	.close = faulty_close, .mark = faulty_mark, .wait = faulty_wait,
+};
+
+/*
+ * A copy that fails - when issued or when waited for - fails its request
+ * alone, with the device's reason; the other requests, those with chunks in
+ * flight beside it included, land; the lane goes on serving; every mark is
+ * waited for, the failed request's chunk in flight too.
+ */
+TEST(reload_failed_copy_fails_its_request_only)
+{
+	const uint64_t chunk = 64 << 10;
+	struct hyb_copydev_cpu_stats ds;
+	struct faulty_dev fd = { .d = { .ops = &faulty_ops, .name = "faulty" },
+				 .bad_upload = 3, .bad_wait = 2 };
+	struct hyb_rq_cqe cqe[5];
+	struct hyb_rq_req q[5];
+	struct hyb_mempool *p;
+	const uint8_t *slot;
+	uint64_t valid;
+	uint8_t *base;
+	char err[256];
+	struct rig g;
+
+	fd.cpu = hyb_copydev_cpu_open(8, 1 << 20, 0, err, sizeof(err));
+	CHECK_MSG(fd.cpu, "%s", err);
+	fd.d.n_slots = fd.cpu->n_slots;
+	fd.d.slot_bytes = fd.cpu->slot_bytes;
+	rig_start(&g, NULL, chunk, &fd.d);
+	p = make_pool(g.b, "t-faulty", 4 << 20, &base);
+	for (uint32_t i = 0; i < (4 << 20); i++)
+		base[i] = (uint8_t)(i * 13 + (i >> 11));
+	/* one priority: their chunks follow each other through the ring */
+	q[0] = req(HYB_RQ_UPLOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 256 << 10, 1, 0);
+	q[1] = req(HYB_RQ_UPLOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 256 << 10, 2, 1);
+	q[2] = req(HYB_RQ_UPLOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 256 << 10, 3, 2);
+	q[3] = req(HYB_RQ_UPLOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 1 << 20, 200000, 4, 3);
+	CHECK_MSG(!hyb_rq_submit(g.c, q, 4), "%s", hyb_last_error());
+	reap_n(g.c, cqe, 4);
+	CHECK_EQ_INT(cqe[0].status, 0);
+	CHECK_EQ_INT(cqe[1].status, -EIO);
+	CHECK_MSG(strstr(ev_msgs[event_of(1)], "slot 2") &&
+		  strstr(ev_msgs[event_of(1)], strerror(EIO)), "%s", ev_msgs[event_of(1)]);
+	/* stopped at the failure: at most the chunk in flight beside it followed */
+	CHECK_MSG(evs[event_of(1)].slices <= 2, "%u chunks", evs[event_of(1)].slices);
+	CHECK_EQ_INT(cqe[2].status, -EFAULT);
+	CHECK_MSG(strstr(ev_msgs[event_of(2)], "slot 3"), "%s", ev_msgs[event_of(2)]);
+	CHECK_EQ_INT(evs[event_of(2)].slices, 1);
+	CHECK_EQ_INT(cqe[3].status, 0);
+	slot = hyb_copydev_cpu_slot(fd.cpu, 1, &valid);
+	CHECK(valid == 256 << 10 && !memcmp(slot, base, 256 << 10));
+	slot = hyb_copydev_cpu_slot(fd.cpu, 4, &valid);
+	CHECK(valid == 200000 && !memcmp(slot, base + (1 << 20), 200000));
+	/* the lane goes on */
+	q[4] = req(HYB_RQ_UPLOAD, HYB_RQ_CRITICAL, hyb_mempool_id(p), 2 << 20, 100000, 5, 4);
+	CHECK(!hyb_rq_submit(g.c, &q[4], 1));
+	reap_n(g.c, cqe, 1);
+	CHECK_EQ_INT(cqe[0].status, 0);
+	slot = hyb_copydev_cpu_slot(fd.cpu, 5, &valid);
+	CHECK(valid == 100000 && !memcmp(slot, base + (2 << 20), 100000));
+	rig_stop(&g);
+	CHECK(!hyb_copydev_cpu_stats(fd.cpu, &ds));
+	CHECK_EQ_INT(ds.waits, ds.marks);
+	CHECK(ds.max_marks <= HYB_RELOAD_DEVICE_DEPTH);
+	hyb_mempool_close(p);
+	hyb_copydev_close(fd.cpu);
 }
 
 TEST(reload_errors_are_per_request)
