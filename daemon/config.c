@@ -27,6 +27,7 @@ const char hybd_config_help[] =
 	"  queue_depth = 32         reads in flight while streaming (1..256)\n"
 	"  io_chunk = 1M            bytes per read (multiple of 4096, up to 64M)\n"
 	"  chunk = 1M               reload chunk: a critical request waits at most one\n"
+	"                           (two for uploads: the device lane keeps two in flight)\n"
 	"  device = auto            copy device for UPLOAD/EVICT: cuda (GPU cache, shared\n"
 	"                           with apps through CUDA IPC), cpu (host-memory slots),\n"
 	"                           none, auto (cuda when a GPU opens, else cpu)\n"

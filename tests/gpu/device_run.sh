@@ -119,6 +119,15 @@ hybrid_all() {
 	echo "### the other policies, budget $b"
 	hybrid --gpu-budget "$b" --policies lru,topk,dynamic,tam
 }
+# chunks of 1 MiB (hybd's default), then 512 and 256 KiB: with two in flight
+# the link stays busy, so smaller chunks may keep the throughput and halve
+# the wait a critical upload can see
+reload_all() {
+	for c in 1024 512 256; do
+		echo "### chunk $c KiB"
+		build/bench_reload --upload cuda --chunk "$c"
+	done
+}
 part_bench() {
 	if [ -f /tmp/hyb_model_pid ]; then
 		while kill -0 "$(cat /tmp/hyb_model_pid)" 2>/dev/null && [ "$(left)" -gt 60 ]; do sleep 2; done
@@ -126,11 +135,11 @@ part_bench() {
 	else
 		step model model
 	fi
-	TAIL=30 step reload build/bench_reload --upload cuda
+	TAIL=40 step reload reload_all
 	TAIL=100 step hybrid hybrid_all
 }
 export out t0
-export -f machine model hybrid hybrid_all
+export -f machine model hybrid hybrid_all reload_all
 prepare
 case $what in
 test) part_test ;;
