@@ -38,43 +38,81 @@ enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST };
 
+static const struct option longopts[] = {
+	{ "model", required_argument, 0, 'm' },
+	{ "prompt", required_argument, 0, 'p' },
+	{ "n-predict", required_argument, 0, 'n' },
+	{ "threads", required_argument, 0, 't' },
+	{ "ctx-size", required_argument, 0, 'c' },
+	{ "output", required_argument, 0, 'o' },
+	{ "reps", required_argument, 0, 'r' },
+	{ "temp", required_argument, 0, O_TEMP },
+	{ "top-k", required_argument, 0, O_TOPK },
+	{ "top-p", required_argument, 0, O_TOPP },
+	{ "min-p", required_argument, 0, O_MINP },
+	{ "repeat-penalty", required_argument, 0, O_PEN },
+	{ "repeat-last-n", required_argument, 0, O_PENN },
+	{ "seed", required_argument, 0, O_SEED },
+	{ "tokens", required_argument, 0, O_TOKENS },
+	{ "decode", no_argument, 0, O_DECODE },
+	{ "print-ids", no_argument, 0, O_IDS },
+	{ "dense", no_argument, 0, O_DENSE },
+	{ "sparse", no_argument, 0, O_SPARSE },
+	{ "manifest", required_argument, 0, O_MANIFEST },
+	{ "baseline", required_argument, 0, O_BASELINE },
+	{ "gpu-budget", required_argument, 0, O_BUDGET },
+	{ "policy", required_argument, 0, O_POLICY },
+	{ "policies", required_argument, 0, O_POLICIES },
+	{ "device", required_argument, 0, O_DEVICE },
+	{ "pcie-gbps", required_argument, 0, O_PCIE },
+	{ "drift", required_argument, 0, O_DRIFT },
+	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
+	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
+	{ "cache", required_argument, 0, O_CACHE },
+	{ "load-first", no_argument, 0, O_LOAD_FIRST },
+	{ "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 },
+};
+
+
+/* The hybrid options (hyb/hybrid.h); false: not one of them. */
+static bool parse_hybrid(int c, struct cli_opts *o)
+{
+	switch (c) {
+	case O_BUDGET: o->gpu_budget = optarg; break;
+	case O_POLICY:
+		if (hyb_policy_parse(optarg, &o->hy.policy))
+			cli_die("unknown policy '%s' (static, layer, lru, topk, dynamic, tam, "
+				"tam-adaptive)", optarg);
+		break;
+	case O_POLICIES: o->policies = optarg; break;
+	case O_DEVICE:
+		if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+			cli_die("unknown device '%s' (cpu, cuda)", optarg);
+		o->hy.device = optarg;
+		break;
+	case O_PCIE: o->hy.dev.pcie_gbps = cli_num("--pcie-gbps", optarg, 0.01, 1e4); break;
+	case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
+	case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
+	case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
+	case O_CACHE:
+		if (!strcmp(optarg, "auto"))
+			o->hy.cache = HYB_CACHE_AUTO;
+		else if (!strcmp(optarg, "own"))
+			o->hy.cache = HYB_CACHE_OWN;
+		else if (!strcmp(optarg, "hybd"))
+			o->hy.cache = HYB_CACHE_HYBD;
+		else
+			cli_die("unknown cache '%s' (auto, own, hybd)", optarg);
+		break;
+	default:
+		return false;
+	}
+	return true;
+}
+
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 {
-	static const struct option longopts[] = {
-		{ "model", required_argument, 0, 'm' },
-		{ "prompt", required_argument, 0, 'p' },
-		{ "n-predict", required_argument, 0, 'n' },
-		{ "threads", required_argument, 0, 't' },
-		{ "ctx-size", required_argument, 0, 'c' },
-		{ "output", required_argument, 0, 'o' },
-		{ "reps", required_argument, 0, 'r' },
-		{ "temp", required_argument, 0, O_TEMP },
-		{ "top-k", required_argument, 0, O_TOPK },
-		{ "top-p", required_argument, 0, O_TOPP },
-		{ "min-p", required_argument, 0, O_MINP },
-		{ "repeat-penalty", required_argument, 0, O_PEN },
-		{ "repeat-last-n", required_argument, 0, O_PENN },
-		{ "seed", required_argument, 0, O_SEED },
-		{ "tokens", required_argument, 0, O_TOKENS },
-		{ "decode", no_argument, 0, O_DECODE },
-		{ "print-ids", no_argument, 0, O_IDS },
-		{ "dense", no_argument, 0, O_DENSE },
-		{ "sparse", no_argument, 0, O_SPARSE },
-		{ "manifest", required_argument, 0, O_MANIFEST },
-		{ "baseline", required_argument, 0, O_BASELINE },
-		{ "gpu-budget", required_argument, 0, O_BUDGET },
-		{ "policy", required_argument, 0, O_POLICY },
-		{ "policies", required_argument, 0, O_POLICIES },
-		{ "device", required_argument, 0, O_DEVICE },
-		{ "pcie-gbps", required_argument, 0, O_PCIE },
-		{ "drift", required_argument, 0, O_DRIFT },
-		{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
-		{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
-		{ "cache", required_argument, 0, O_CACHE },
-		{ "load-first", no_argument, 0, O_LOAD_FIRST },
-		{ "help", no_argument, 0, 'h' },
-		{ 0, 0, 0, 0 },
-	};
 	int c;
 
 	o->sp = hyb_sampler_defaults();
@@ -104,34 +142,12 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
 		case O_MANIFEST: o->model = o->manifest = optarg; break;
 		case O_BASELINE: o->baseline = optarg; break;
-		case O_BUDGET: o->gpu_budget = optarg; break;
-		case O_POLICY:
-			if (hyb_policy_parse(optarg, &o->hy.policy))
-				cli_die("unknown policy '%s' (static, layer, lru, topk, dynamic, tam, "
-					"tam-adaptive)", optarg);
-			break;
-		case O_POLICIES: o->policies = optarg; break;
-		case O_DEVICE:
-			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
-				cli_die("unknown device '%s' (cpu, cuda)", optarg);
-			o->hy.device = optarg;
-			break;
-		case O_PCIE: o->hy.dev.pcie_gbps = cli_num("--pcie-gbps", optarg, 0.01, 1e4); break;
-		case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
-		case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
-		case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
-		case O_CACHE:
-			if (!strcmp(optarg, "auto"))
-				o->hy.cache = HYB_CACHE_AUTO;
-			else if (!strcmp(optarg, "own"))
-				o->hy.cache = HYB_CACHE_OWN;
-			else if (!strcmp(optarg, "hybd"))
-				o->hy.cache = HYB_CACHE_HYBD;
-			else
-				cli_die("unknown cache '%s' (auto, own, hybd)", optarg);
-			break;
 		case 'h': fputs(usage, stdout); exit(0);
-		default: fputs(usage, stderr); exit(2);
+		default:
+			if (!parse_hybrid(c, o)) {
+				fputs(usage, stderr);
+				exit(2);
+			}
 		}
 	}
 	if (optind < argc)

@@ -452,6 +452,44 @@ static int do_move(enum hyb_backend_kind kind, const char *name, int node, int j
 	return after.err ? 1 : 0;
 }
 
+/* --probe: a pool of `mib` MiB on every node with memory (the page counts show where it landed) */
+static int make_probes(struct hyb_backend *b, const struct node *nodes, int nn,
+		       unsigned long long mib, struct hyb_mempool **probes)
+{
+	int n = 0;
+
+	for (int i = 0; i < nn; i++) {
+		char name[HYB_MEMPOOL_NAME_LEN];
+
+		if (!nodes[i].present || nodes[i].mem <= 0)
+			continue;
+		snprintf(name, sizeof(name), "hybctl-probe-%d-%d", (int)getpid() % 100000, i);
+		if (hyb_mempool_create(b, name, mib << 20, i, 0, 0, &probes[n])) {
+			fprintf(stderr, "hybctl numa: probe on node %d: %s\n", i,
+				hyb_last_error());
+			continue;
+		}
+		n++;
+	}
+	return n;
+}
+
+/* Every pool of the backend with its pages per node; returns how many. */
+static int list_pools(struct hyb_backend *b, struct pool_pages *pp)
+{
+	uint32_t ids[HYB_MEMPOOL_MAX];
+	int n = hyb_mempool_list(b, ids, HYB_MEMPOOL_MAX), np = 0;
+
+	for (int i = 0; i < n && i < HYB_MEMPOOL_MAX; i++) {
+		memset(&pp[np], 0, sizeof(pp[np]));
+		if (hyb_mempool_stat(b, ids[i], &pp[np].info))
+			continue;
+		pool_pages(b, &pp[np]);
+		np++;
+	}
+	return np;
+}
+
 int cmd_numa(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -465,9 +503,8 @@ int cmd_numa(int argc, char **argv)
 	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
 	static struct node nodes[MAX_NODES];
 	static struct pool_pages pp[HYB_MEMPOOL_MAX];
-	uint32_t ids[HYB_MEMPOOL_MAX];
 	const char *move = NULL, *note = NULL, *backend = NULL;
-	int c, json = 0, node = -1, have_node = 0, nn, np = 0, n;
+	int c, json = 0, node = -1, have_node = 0, nn, np = 0;
 	struct hyb_backend *b;
 	char *end;
 
@@ -514,32 +551,13 @@ int cmd_numa(int argc, char **argv)
 	b = ctl_backend("numa", kind, kind == HYB_BACKEND_AUTO && !probe);
 	if (!b && (kind != HYB_BACKEND_AUTO || probe))
 		return 1;
-	for (int i = 0; probe && i < nn; i++) {
-		char name[HYB_MEMPOOL_NAME_LEN];
-
-		if (!nodes[i].present || nodes[i].mem <= 0)
-			continue;
-		snprintf(name, sizeof(name), "hybctl-probe-%d-%d", (int)getpid() % 100000, i);
-		if (hyb_mempool_create(b, name, probe << 20, i, 0, 0, &probes[nprobe])) {
-			fprintf(stderr, "hybctl numa: probe on node %d: %s\n", i,
-				hyb_last_error());
-			continue;
-		}
-		nprobe++;
-	}
+	nprobe = probe ? make_probes(b, nodes, nn, probe, probes) : 0;
 	if (!b) {
 		note = "hybpool module not loaded: no shared pools to show (embedded pools live "
 		       "inside the process that made them)";
 	} else {
 		backend = hyb_backend_name(hyb_backend_kind(b));
-		n = hyb_mempool_list(b, ids, HYB_MEMPOOL_MAX);
-		for (int i = 0; i < n && i < HYB_MEMPOOL_MAX; i++) {
-			memset(&pp[np], 0, sizeof(pp[np]));
-			if (hyb_mempool_stat(b, ids[i], &pp[np].info))
-				continue;
-			pool_pages(b, &pp[np]);
-			np++;
-		}
+		np = list_pools(b, pp);
 		if (hyb_backend_kind(b) == HYB_BACKEND_LOCAL && !np && !probe)
 			note = "local backend: pools live inside the process that made them; none "
 			       "here";
