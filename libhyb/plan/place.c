@@ -431,12 +431,54 @@ static void bb_free(struct bb *s)
 	free(s->best1);
 }
 
+/*
+ * The LP bounds' suffix lists: for each depth d, every group of the layers
+ * from d on (in the search's layer order) by value per byte, with prefix
+ * sums of bytes and values.
+ */
+static int bb_suffixes(struct bb *s, const struct hyb_plan_place_layer *L, uint32_t n_layer,
+		       uint32_t total)
+{
+	struct item *all = malloc((total ? total : 1) * sizeof(*all));
+
+	if (!all)
+		return -1;
+	for (uint32_t d = 0; d <= n_layer; d++) {
+		uint32_t k = 0;
+
+		for (uint32_t e = d; e < n_layer; e++) {
+			const struct hyb_plan_place_layer *src = &L[s->ly[e].id];
+
+			for (uint32_t g = 0; g < src->n; g++)
+				all[k++] = (struct item){ src->value[g], src->bytes[g], g };
+		}
+		qsort(all, k, sizeof(*all), cmp_ratio);
+		s->cn[d] = k;
+		s->cb[d] = malloc(((size_t)k + 1) * sizeof(uint64_t));
+		s->cv[d] = malloc(((size_t)k + 1) * sizeof(double));
+		s->ratio[d] = malloc(((size_t)k + 1) * sizeof(double));
+		if (!s->cb[d] || !s->cv[d] || !s->ratio[d]) {
+			free(all);
+			return -1;
+		}
+		s->cb[d][0] = 0;
+		s->cv[d][0] = 0;
+		for (uint32_t q = 0; q < k; q++) {
+			s->cb[d][q + 1] = s->cb[d][q] + all[q].b;
+			s->cv[d][q + 1] = s->cv[d][q] + all[q].v;
+			s->ratio[d][q] = all[q].v / (double)all[q].b;
+		}
+		s->ratio[d][k] = 0;
+	}
+	free(all);
+	return 0;
+}
+
 /* 1: a layer has more than two group sizes (not this solver's structure); -1: no memory */
 static int bb_setup(struct bb *s, const struct hyb_plan_place_layer *L, uint32_t n_layer)
 {
 	const size_t nl = n_layer ? n_layer : 1;
 	uint64_t total = 0;
-	struct item *all = NULL;
 
 	s->n_layer = n_layer;
 	s->ly = calloc(nl, sizeof(*s->ly));
@@ -505,39 +547,7 @@ static int bb_setup(struct bb *s, const struct hyb_plan_place_layer *L, uint32_t
 		if (!s->opts[d])
 			return -1;
 	}
-	/* suffix lists for the LP bounds */
-	all = malloc((total ? total : 1) * sizeof(*all));
-	if (!all)
-		return -1;
-	for (uint32_t d = 0; d <= n_layer; d++) {
-		uint32_t k = 0;
-
-		for (uint32_t e = d; e < n_layer; e++) {
-			const struct hyb_plan_place_layer *src = &L[s->ly[e].id];
-
-			for (uint32_t g = 0; g < src->n; g++)
-				all[k++] = (struct item){ src->value[g], src->bytes[g], g };
-		}
-		qsort(all, k, sizeof(*all), cmp_ratio);
-		s->cn[d] = k;
-		s->cb[d] = malloc(((size_t)k + 1) * sizeof(uint64_t));
-		s->cv[d] = malloc(((size_t)k + 1) * sizeof(double));
-		s->ratio[d] = malloc(((size_t)k + 1) * sizeof(double));
-		if (!s->cb[d] || !s->cv[d] || !s->ratio[d]) {
-			free(all);
-			return -1;
-		}
-		s->cb[d][0] = 0;
-		s->cv[d][0] = 0;
-		for (uint32_t q = 0; q < k; q++) {
-			s->cb[d][q + 1] = s->cb[d][q] + all[q].b;
-			s->cv[d][q + 1] = s->cv[d][q] + all[q].v;
-			s->ratio[d][q] = all[q].v / (double)all[q].b;
-		}
-		s->ratio[d][k] = 0;
-	}
-	free(all);
-	return 0;
+	return bb_suffixes(s, L, n_layer, total);
 }
 
 int hyb_plan_place_solve(const struct hyb_plan_place_layer *L, uint32_t n_layer, uint64_t budget,
