@@ -140,18 +140,9 @@ static uint64_t align8(uint64_t x)
 	return (x + 7) & ~7ull;
 }
 
-int hyb_mf_build(struct hyb_mf_builder *b, uint8_t **out, size_t *len, char *err,
-		 size_t errlen)
+/* Tensors by name, bundles by (layer, group), each once. */
+static int sort_unique(struct hyb_mf_builder *b, char *err, size_t errlen)
 {
-	struct hyb_mf_header h = { 0 };
-	uint64_t strings = 0, off, s;
-	struct timespec ts;
-	uint8_t *buf;
-
-	if (b->oom) {
-		snprintf(err, errlen, "manifest: out of memory");
-		return -1;
-	}
 	if (b->n_tensors)
 		qsort(b->tensors, b->n_tensors, sizeof(*b->tensors), cmp_tensor);
 	if (b->n_bundles)
@@ -170,44 +161,71 @@ int hyb_mf_build(struct hyb_mf_builder *b, uint8_t **out, size_t *len, char *err
 			return -1;
 		}
 	}
+	return 0;
+}
+
+/* The header: counts, entry sizes and the sections' offsets; returns the total size. */
+static uint64_t layout(const struct hyb_mf_builder *b, uint64_t strings,
+		       struct hyb_mf_header *h)
+{
+	struct timespec ts;
+	uint64_t off;
+
+	h->magic = HYB_MF_MAGIC;
+	h->version = HYB_MF_VERSION;
+	h->header_size = sizeof(*h);
+	h->state = HYB_MF_READY;
+	h->flags = (b->model.group_size ? HYB_MF_F_PLAN : 0);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	h->created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	h->pid = (int32_t)getpid();
+	h->backend = b->model.backend;
+	h->n_pools = b->n_pools;
+	h->pool_entry_size = sizeof(struct hyb_mf_pool);
+	h->n_tensors = b->n_tensors;
+	h->tensor_entry_size = sizeof(struct hyb_mf_tensor);
+	h->n_bundles = b->n_bundles;
+	h->bundle_entry_size = sizeof(struct hyb_mf_bundle);
+	h->n_layers = b->model.n_layers;
+	h->group_size = b->model.group_size;
+	h->model_size = b->model.size;
+	h->model_mtime_ns = b->model.mtime_ns;
+	h->alignment = b->model.alignment;
+	off = sizeof(*h);
+	h->pools_off = off;
+	off += (uint64_t)b->n_pools * sizeof(struct hyb_mf_pool);
+	h->tensors_off = off;
+	off += (uint64_t)b->n_tensors * sizeof(struct hyb_mf_tensor);
+	h->bundles_off = off;
+	off += (uint64_t)b->n_bundles * sizeof(struct hyb_mf_bundle);
+	h->strings_off = off;
+	h->strings_len = strings;
+	off = align8(off + strings);
+	h->meta_off = off;
+	h->meta_len = b->model.meta_len;
+	off = align8(off + b->model.meta_len);
+	h->total_size = off;
+	return off;
+}
+
+int hyb_mf_build(struct hyb_mf_builder *b, uint8_t **out, size_t *len, char *err,
+		 size_t errlen)
+{
+	struct hyb_mf_header h = { 0 };
+	uint64_t strings = 0, off, s;
+	uint8_t *buf;
+
+	if (b->oom) {
+		snprintf(err, errlen, "manifest: out of memory");
+		return -1;
+	}
+	if (sort_unique(b, err, errlen))
+		return -1;
 	strings = strlen(b->path) + strlen(b->name) + strlen(b->placement) + 3;
 	for (uint32_t i = 0; i < b->n_tensors; i++)
 		strings += strlen(b->tensors[i].name) + 1;
 
-	h.magic = HYB_MF_MAGIC;
-	h.version = HYB_MF_VERSION;
-	h.header_size = sizeof(h);
-	h.state = HYB_MF_READY;
-	h.flags = (b->model.group_size ? HYB_MF_F_PLAN : 0);
-	clock_gettime(CLOCK_REALTIME, &ts);
-	h.created_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-	h.pid = (int32_t)getpid();
-	h.backend = b->model.backend;
-	h.n_pools = b->n_pools;
-	h.pool_entry_size = sizeof(struct hyb_mf_pool);
-	h.n_tensors = b->n_tensors;
-	h.tensor_entry_size = sizeof(struct hyb_mf_tensor);
-	h.n_bundles = b->n_bundles;
-	h.bundle_entry_size = sizeof(struct hyb_mf_bundle);
-	h.n_layers = b->model.n_layers;
-	h.group_size = b->model.group_size;
-	h.model_size = b->model.size;
-	h.model_mtime_ns = b->model.mtime_ns;
-	h.alignment = b->model.alignment;
-	off = sizeof(h);
-	h.pools_off = off;
-	off += (uint64_t)b->n_pools * sizeof(struct hyb_mf_pool);
-	h.tensors_off = off;
-	off += (uint64_t)b->n_tensors * sizeof(struct hyb_mf_tensor);
-	h.bundles_off = off;
-	off += (uint64_t)b->n_bundles * sizeof(struct hyb_mf_bundle);
-	h.strings_off = off;
-	h.strings_len = strings;
-	off = align8(off + strings);
-	h.meta_off = off;
-	h.meta_len = b->model.meta_len;
-	off = align8(off + b->model.meta_len);
-	h.total_size = off;
+	off = layout(b, strings, &h);
 	if (off > HYB_MF_MAX_BYTES || strings > UINT32_MAX) {
 		snprintf(err, errlen, "manifest: %llu bytes is too large", (unsigned long long)off);
 		return -1;
