@@ -151,6 +151,37 @@ static int alloc(struct hyb_hdense *hd, uint64_t b, hyb_dptr *out)
 	return 0;
 }
 
+/*
+ * q, k and v as one matvec when they share a type and a row length: their
+ * rows lie back to back on the device, and so do their outputs (hd->q, k,
+ * v), so one launch does what three did. On a GPU each launch of a 4096-row
+ * matvec costs several microseconds beyond its bytes (tests/gpu/results/);
+ * every row's dot is the same either way.
+ */
+static bool qkv_fused(const struct hyb_layer *L)
+{
+	return L->wq.type == L->wk.type && L->wq.type == L->wv.type &&
+	       L->wq.ne0 == L->wk.ne0 && L->wq.ne0 == L->wv.ne0 &&
+	       L->wq.row_bytes == L->wk.row_bytes && L->wq.row_bytes == L->wv.row_bytes;
+}
+
+static int put_qkv(struct hyb_hdense *hd, const struct hyb_layer *L, struct dense_layer *d)
+{
+	const uint64_t bq = weight_bytes(&L->wq), bk = weight_bytes(&L->wk);
+	const uint64_t bv = weight_bytes(&L->wv);
+
+	if (!qkv_fused(L))
+		return put(hd, &L->wq, &d->wq) || put(hd, &L->wk, &d->wk) ||
+		       put(hd, &L->wv, &d->wv) ? -1 : 0;
+	if (alloc(hd, bq + bk + bv, &d->wq))
+		return -1;
+	d->wk = d->wq + bq;
+	d->wv = d->wk + bk;
+	return hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wq, L->wq.data, bq) ||
+	       hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wk, L->wk.data, bk) ||
+	       hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wv, L->wv.data, bv) ? -1 : 0;
+}
+
 static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 {
 	const uint64_t kvb = 2ull * hd->kv_dim * hd->n_ctx;
@@ -162,8 +193,7 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 		if (!d->on)
 			continue;
 		if (put(hd, &L->attn_norm, &d->attn_norm) || put(hd, &L->ffn_norm, &d->ffn_norm) ||
-		    put(hd, &L->wq, &d->wq) || put(hd, &L->wk, &d->wk) ||
-		    put(hd, &L->wv, &d->wv) || put(hd, &L->wo, &d->wo) ||
+		    put_qkv(hd, L, d) || put(hd, &L->wo, &d->wo) ||
 		    alloc(hd, kvb, &d->kc) || alloc(hd, kvb, &d->vc))
 			return fail(hd, err, errlen, "attention weights to the device");
 	}
@@ -186,11 +216,14 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 		if (alloc(hd, sizeof(float) * x_words(hd->m, hd->n_pred), &hd->x))
 			return fail(hd, err, errlen, "device buffers");
 	}
-	if (hd->n_on && (alloc(hd, sizeof(float) * hd->q_dim, &hd->q) ||
-			 alloc(hd, sizeof(float) * hd->q_dim, &hd->att) ||
-			 alloc(hd, sizeof(float) * hd->kv_dim, &hd->k) ||
-			 alloc(hd, sizeof(float) * hd->kv_dim, &hd->v)))
+	/* q, k, v back to back: the rows of a fused q/k/v matvec (qkv_fused) */
+	if (hd->n_on && (alloc(hd, sizeof(float) * (hd->q_dim + 2ull * hd->kv_dim), &hd->q) ||
+			 alloc(hd, sizeof(float) * hd->q_dim, &hd->att)))
 		return fail(hd, err, errlen, "device buffers");
+	if (hd->n_on) {
+		hd->k = hd->q + sizeof(float) * hd->q_dim;
+		hd->v = hd->k + sizeof(float) * hd->kv_dim;
+	}
 	if (hd->head && alloc(hd, sizeof(float) * hd->V, &hd->logits))
 		return fail(hd, err, errlen, "device buffers");
 	if (hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_up) ||
@@ -346,9 +379,10 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	struct hyb_device *dev = hd->dev;
 	const enum hyb_stream s = HYB_STREAM_COMPUTE;
 	const hyb_dptr xn = hyb_hdense_xn(hd);
-	const struct hyb_dev_matvec q = mv(&L->wq, d->wq, xn, hd->q, false);
+	struct hyb_dev_matvec q = mv(&L->wq, d->wq, xn, hd->q, false);
 	const struct hyb_dev_matvec k = mv(&L->wk, d->wk, xn, hd->k, false);
 	const struct hyb_dev_matvec v = mv(&L->wv, d->wv, xn, hd->v, false);
+	const bool fused = qkv_fused(L);
 	const struct hyb_dev_matvec o = mv(&L->wo, d->wo, hd->att, hd->x, true);
 	const struct hyb_dev_attn a = {
 		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
@@ -360,9 +394,11 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 
 	if (!d->on || d->dev_n < pos)
 		return -EINVAL;
+	if (fused)
+		q.n_out += k.n_out + v.n_out;
 	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
-	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
-	    hyb_device_matvec(dev, s, &v) || hyb_device_attention(dev, s, &a) ||
+	    hyb_device_matvec(dev, s, &q) || (!fused && hyb_device_matvec(dev, s, &k)) ||
+	    (!fused && hyb_device_matvec(dev, s, &v)) || hyb_device_attention(dev, s, &a) ||
 	    hyb_device_matvec(dev, s, &o) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
 		return -1;
