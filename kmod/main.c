@@ -27,6 +27,17 @@
 
 #include "hybpool.h"
 
+/* What the module needs of the kernel's configuration: a clear refusal, not a broken build. */
+#if !IS_ENABLED(CONFIG_64BIT)
+#error "hybpool needs a 64-bit kernel (CONFIG_64BIT): pool offsets and sizes are 64-bit"
+#endif
+#if !IS_ENABLED(CONFIG_TRANSPARENT_HUGEPAGE)
+#error "hybpool needs CONFIG_TRANSPARENT_HUGEPAGE: its pools are mapped in 2 MiB pages"
+#endif
+#if !IS_ENABLED(CONFIG_EVENTFD)
+#error "hybpool needs CONFIG_EVENTFD: the reload queue signals through eventfds"
+#endif
+
 unsigned long max_pinned_mb;
 module_param(max_pinned_mb, ulong, 0644);
 MODULE_PARM_DESC(max_pinned_mb,
@@ -284,7 +295,7 @@ static const struct file_operations hyb_fops = {
 	.compat_ioctl = compat_ptr_ioctl,
 	.mmap = hyb_mmap,
 	.get_unmapped_area = hyb_get_unmapped_area,
-	.llseek = no_llseek,
+	/* no .llseek: lseek fails with -ESPIPE (no_llseek's job before 6.12 removed it) */
 };
 
 /*

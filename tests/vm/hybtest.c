@@ -171,6 +171,9 @@ static void t_basic(void)
 	EXPECT(di.page_shifts & (1U << HYB_PAGE_SHIFT_2M));
 	EXPECT(di.nr_pools == 0 && di.pinned_bytes == 0);
 
+	/* The device has no file position (no .llseek: -ESPIPE on every kernel). */
+	errno = 0;
+	EXPECT(lseek(fd, 4096, SEEK_SET) == -1 && errno == ESPIPE);
 	/* Numbers the module does not know. */
 	EXPECT_ERR(hyb_ioctl(fd, _IO('x', 1), NULL), -ENOTTY);
 	EXPECT_ERR(hyb_ioctl(fd, _IOWR(HYB_IOC_MAGIC, 0x30, struct hyb_dev_info), &di), -ENOTTY);

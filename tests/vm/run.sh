@@ -10,7 +10,8 @@
 #
 # Environment: HYB_VM_OUT (work dir, default build/vm), HYB_VM_TIMEOUT (s, VM
 # wall limit, default 420), HYB_VM_FUZZ (fuzzer seconds, default 20),
-# HYB_VM_ACCEL (tcg|kvm, default tcg), HYB_VM_KVER (kernel version to use),
+# HYB_VM_ACCEL (tcg|kvm, default tcg), HYB_VM_KVER (kernel version to use;
+# `run.sh --kernels` lists those `make test` boots, installing 6.1 and 6.12),
 # HYB_VM_ONLY (comma-separated hybtest names to run, default all), HYB_VM_BUILD
 # (where `make` put libhyb.a and the hybctl objects, default build).
 #
@@ -20,7 +21,7 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-OUT=${HYB_VM_OUT:-$ROOT/build/vm}
+OUT=$(realpath -m "${HYB_VM_OUT:-$ROOT/build/vm}")  # absolute: a step runs in a subshell elsewhere
 VM_TIMEOUT=${HYB_VM_TIMEOUT:-420}
 FUZZ=${HYB_VM_FUZZ:-20}
 ACCEL=${HYB_VM_ACCEL:-tcg}
@@ -49,6 +50,19 @@ dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q "install ok in
 	need+=(busybox-static)
 command -v sparse >/dev/null || need+=(sparse)
 [ -n "$(kver_pick)" ] || need+=(linux-image-amd64 linux-headers-amd64)
+# --kernels: every kernel `make test` boots, one per line, newest first:
+# each image + headers pair installed, after installing Debian 12's default
+# (6.1) and the newest 6.12 the archive has (bookworm-security ships it, and
+# it is Debian 13's default) when they are missing.
+if [ "${1:-}" = --kernels ]; then
+	k612=$(apt-cache search --names-only '^linux-image-6\.12\.[0-9]+\+deb12-amd64$' 2>/dev/null |
+	       awk '{ print $1 }' | sed 's/^linux-image-//' | sort -V | tail -n 1)
+	if [ -n "$k612" ] && ! ls /boot/vmlinuz-6.12.* >/dev/null 2>&1; then
+		need+=("linux-image-$k612" "linux-headers-$k612")
+	fi
+	dpkg-query -W -f='${Status}' linux-image-amd64 2>/dev/null | grep -q "install ok installed" ||
+		ls /boot/vmlinuz-6.1.* >/dev/null 2>&1 || need+=(linux-image-amd64 linux-headers-amd64)
+fi
 if [ ${#need[@]} -gt 0 ]; then
 	say "installing ${need[*]}"
 	SUDO=
@@ -59,6 +73,12 @@ if [ ${#need[@]} -gt 0 ]; then
 		tail -5 "$OUT/apt.log"
 		fail "could not install ${need[*]} (log: $OUT/apt.log)"
 	fi
+fi
+if [ "${1:-}" = --kernels ]; then
+	for v in $(ls /boot/vmlinuz-*-amd64 2>/dev/null | sed 's|/boot/vmlinuz-||' | sort -rV); do
+		[ -d "/usr/src/linux-headers-$v" ] && echo "$v"
+	done
+	exit 0
 fi
 KVER=${HYB_VM_KVER:-$(kver_pick)}
 KDIR=/usr/src/linux-headers-$KVER
