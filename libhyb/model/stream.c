@@ -34,6 +34,7 @@
 #include "hyb/pool.h"
 #include "hyb/stream.h"
 #include "hyb/testing.h"
+#include "preader.h"
 #include "util/error.h"
 
 #define BLK		4096u
@@ -71,6 +72,7 @@ struct slot {
 
 struct streamer {
 	struct io_uring ring;
+	struct hyb_preader *pr;	/* io_uring refused: pread threads instead of the ring */
 	const char *path, *label;
 	char *err;
 	size_t errlen;
@@ -221,8 +223,15 @@ static bool next_piece(struct streamer *s, struct slot *sl)
 static int submit_slot(struct streamer *s, unsigned int idx)
 {
 	struct slot *sl = &s->slots[idx];
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&s->ring);
+	struct io_uring_sqe *sqe;
 
+	if (s->pr) {
+		if (hyb_preader_submit(s->pr, idx, sl->buf + sl->done, sl->len - sl->done,
+				       sl->foff + sl->done))	/* cannot happen: depth slots */
+			return fail(s, -EAGAIN, "%s: pread queue full", s->path);
+		goto queued;
+	}
+	sqe = io_uring_get_sqe(&s->ring);
 	if (!sqe)	/* cannot happen: the ring holds depth entries */
 		return fail(s, -EAGAIN, "%s: io_uring submission queue full", s->path);
 	if (sl->buf_index >= 0)
@@ -233,6 +242,7 @@ static int submit_slot(struct streamer *s, unsigned int idx)
 				   sl->foff + sl->done);
 	sqe->flags |= IOSQE_FIXED_FILE;
 	io_uring_sqe_set_data64(sqe, idx);
+queued:
 	sl->busy = true;
 	s->in_flight++;
 	s->st->reads++;
@@ -309,8 +319,12 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 		res = -EIO;
 	if (res < 0 && res != -EINTR && res != -EAGAIN)
 		sl->res = res;	/* (also while draining: the bad block may be in this one) */
-	if (s->failed)
-		return 1;	/* draining */
+	if (s->failed) {
+		/* draining: no bounce copy, maybe short - not landed, so the landed prefix stops here */
+		if (!sl->res)
+			sl->res = -ECANCELED;
+		return 1;
+	}
 	if (res == -EINTR || res == -EAGAIN) {
 		s->st->resubmits++;
 		return submit_slot(s, idx);
@@ -371,6 +385,22 @@ static void report_landed(struct streamer *s)
 		fail(s, -ECANCELED, "%s: loading was cancelled", s->path);
 }
 
+/* The pread threads' completions, as the ring's loop below takes them; rc: the first failure. */
+static int reap_preads(struct streamer *s, int rc)
+{
+	struct hyb_preader_cqe c[64];
+	unsigned int n = hyb_preader_reap(s->pr, c, 64);
+
+	for (unsigned int i = 0; i < n; i++) {
+		int r = complete(s, (unsigned int)c[i].tag, c[i].res);
+
+		if (r < 0 && rc == 0)
+			rc = r;
+		report_landed(s);	/* threads finish in bursts: report as each lands */
+	}
+	return rc;
+}
+
 /* Fill the ring, reap, refill, until every piece is in or something failed. */
 static int pump(struct streamer *s)
 {
@@ -386,6 +416,10 @@ static int pump(struct streamer *s)
 				submit_slot(s, i);
 		if (!s->in_flight)
 			break;
+		if (s->pr) {
+			rc = reap_preads(s, rc);
+			goto reaped;
+		}
 		ret = io_uring_submit_and_wait(&s->ring, 1);
 		if (ret < 0 && ret != -EINTR && ret != -EAGAIN && ret != -EBUSY) {
 			/* stop issuing and drain what the kernel took; give up if it fails again */
@@ -401,6 +435,7 @@ static int pump(struct streamer *s)
 			n++;
 		}
 		io_uring_cq_advance(&s->ring, n);
+reaped:
 		report_landed(s);
 		if (s->progress != HYB_STREAM_QUIET)
 			draw(s, false);
@@ -562,6 +597,34 @@ static void register_dst(struct streamer *s)
 	s->st->fixed_bufs = s->n_iov > 0;
 }
 
+/*
+ * Where the kernel refuses io_uring (a container's seccomp profile, gVisor,
+ * io_uring_disabled): the same pieces read by pread threads, a notice once
+ * per process, never a failure for that reason. Threads: enough to keep an
+ * NVMe drive's queue busy (its reads block), at most the depth.
+ */
+static int run_preads(struct streamer *s, int why)
+{
+	static bool told;
+	int ret;
+
+	if (!told) {
+		told = true;
+		fprintf(stderr, "hyb: io_uring unavailable (%s): reading with pread threads\n",
+			strerror(-why));
+	}
+	s->pr = hyb_preader_new(s->fd, s->depth < 16 ? s->depth : 16, s->depth);
+	if (!s->pr)
+		return fail(s, -ENOMEM, "%s: %s", s->path, hyb_last_error());
+	s->st->uring = 0;
+	ret = pump(s);
+	hyb_preader_free(s->pr);	/* after the drain: no read is in flight */
+	s->pr = NULL;
+	if (ret == -1 && locatable(s->read_err))
+		locate(s);
+	return ret;
+}
+
 /* One attempt with the given fd; -2: O_DIRECT refused at the first read. */
 static int run(struct streamer *s, int fd, bool direct)
 {
@@ -580,10 +643,11 @@ static int run(struct streamer *s, int fd, bool direct)
 	for (unsigned int i = 0; i < s->depth; i++)
 		s->slots[i].res = 0;	/* (from an attempt before) */
 	s->st->direct = direct;
-	ret = io_uring_queue_init(s->depth, &s->ring, 0);
-	if (ret < 0) {
-		return fail(s, ret, "%s: io_uring unavailable: %s", s->path, strerror(-ret));
-	}
+	ret = getenv(HYB_TESTING_ENV_NO_URING) ? -ENOSYS :
+	      io_uring_queue_init(s->depth, &s->ring, 0);
+	if (ret < 0)
+		return run_preads(s, ret);
+	s->st->uring = 1;
 	ret = io_uring_register_files(&s->ring, &fd, 1);
 	if (ret < 0) {
 		fail(s, ret, "%s: cannot register the file with io_uring: %s", s->path,

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "hyb/stream.h"
+#include "hyb/testing.h"
 #include "hyb/pool.h"
 #include "test.h"
 
@@ -132,7 +133,8 @@ TEST(stream_deep_queue_direct_fixed)
 	CHECK_EQ_INT(st.bounced, 0);		/* aligned range: no bounce */
 	if (!st.direct)
 		SKIP("the test directory's filesystem refuses O_DIRECT");
-	if (geteuid() == 0)	/* others may hit RLIMIT_MEMLOCK: plain reads then */
+	/* others may hit RLIMIT_MEMLOCK: plain reads then; pread threads have no fixed buffers */
+	if (geteuid() == 0 && st.uring)
 		CHECK_MSG(st.fixed_bufs, "anonymous memory was not registered as fixed buffers");
 	check_range(path, 0, 8 << 20, 0, &o);
 	munmap(dst, 8 << 20);
@@ -247,6 +249,40 @@ static void check_bad_read(const char *err, const char *path, uint64_t bad)
  * the 4096-byte block that fails alone, whichever neighbour failed first,
  * O_DIRECT or buffered, bounced or not.
  */
+/*
+ * Where the kernel refuses io_uring (HYB_STREAM_NO_URING stands in for a
+ * container's seccomp profile): pread threads read the same pieces, the bytes
+ * are the file's, the queue still fills, and a device error still names its
+ * bad block.
+ */
+TEST(stream_without_io_uring)
+{
+	const uint64_t size = 3 * 1048576 + 12345;
+	const char *path = make_file(hyb_test_tmpdir(), "nouring.bin", size);
+	struct hyb_stream_opts o = { .progress = HYB_STREAM_QUIET, .chunk = 65536, .depth = 16 };
+	uint8_t *mem = malloc(size + 4096);
+	struct hyb_stream_stats st;
+
+	CHECK(mem);
+	setenv(HYB_TESTING_ENV_NO_URING, "1", 1);
+	CHECK_MSG(!hyb_stream_read(path, 0, size, mem, &o, &st), "%s", hyb_last_error());
+	CHECK_EQ_INT(st.uring, 0);
+	CHECK_EQ_INT(st.max_in_flight, 16);
+	CHECK(st.bytes == size);
+	check_range(path, 0, size, 0, &o);
+	check_range(path, 100, size - 300, 7, &o);
+	check_range(path, 1, 4095, 1, &quiet);
+	setenv("HYB_STREAM_FAULT", "1793344,300000", 1);
+	CHECK(hyb_stream_read(path, 100, size - 100, mem + 100, &o, NULL) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "the first bad block is bytes [1789952, 1794048)"),
+		  "%s", hyb_last_error());
+	unsetenv("HYB_STREAM_FAULT");
+	unsetenv(HYB_TESTING_ENV_NO_URING);
+	CHECK(!hyb_stream_read(path, 0, size, mem, &o, &st) && st.uring);
+	free(mem);
+	unlink(path);
+}
+
 TEST(stream_device_error_names_the_bad_block)
 {
 	uint64_t size = 3 * 1048576 + 12345, bad = 1793344;
@@ -362,8 +398,35 @@ TEST(stream_reports_the_landed_prefix)
 	lc = (struct landed_check){ .dst = dst, .ref = ref, .cancel_at = 8u << 20 };
 	CHECK(hyb_stream_read(path, 0, size, dst, &o, NULL) < 0);
 	CHECK_MSG(strstr(hyb_last_error(), "landed.bin") && strstr(hyb_last_error(), "cancelled"), "%s", hyb_last_error());
-	CHECK(lc.last >= 8u << 20 && lc.last < size && !lc.bad);
+	CHECK_MSG(lc.last >= 8u << 20 && lc.last < size && !lc.bad, "last %llu of %llu, %d bad",
+		  (unsigned long long)lc.last, (unsigned long long)size, lc.bad);
 	close(fd);
 	free(ref);
 	munmap(dst, size + 4096);
+}
+
+/* `hyb run` where the kernel refuses io_uring: a one-line notice, then text, exit 0. */
+TEST(stream_hyb_run_without_io_uring)
+{
+	char model[512], cmd[1400], out[8192] = "";
+	size_t n;
+	FILE *p;
+	int fd;
+
+	snprintf(model, sizeof(model), "%s/nouring.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --hidden 256 --ffn 512 --layers 2 "
+		 "--heads 4 --type Q4_0 -t 2 >/dev/null", model);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	fd = open(model, O_RDONLY);	/* cold: the loader reads the file */
+	CHECK(fd >= 0 && !posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED));
+	close(fd);
+	snprintf(cmd, sizeof(cmd), "%s=1 build/hyb run -m %s -p 'Once upon a time' -n 8 2>&1",
+		 HYB_TESTING_ENV_NO_URING, model);
+	p = popen(cmd, "r");
+	CHECK(p);
+	n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = 0;
+	CHECK_MSG(pclose(p) == 0, "hyb run failed: %s", out);
+	CHECK_MSG(strstr(out, "io_uring unavailable") && strstr(out, "pread threads"), "%s", out);
+	CHECK_MSG(strstr(out, "Once upon a time") && strstr(out, "decode: "), "%s", out);
 }

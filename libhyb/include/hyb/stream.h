@@ -14,6 +14,9 @@
  * into an aligned bounce buffer and copied. Where O_DIRECT is refused the file
  * is read buffered, with a one-line note; so is a range already wholly in
  * the page cache (a warm load: memory-speed copies beat going to the disk).
+ * Where the kernel refuses io_uring (a container's seccomp profile, gVisor),
+ * the same reads go to a few pread threads, with a one-line note
+ * (stats.uring says which ran).
  *
  * Errors: a negative errno (-EIO and the read's own errors, -ERANGE for a
  * range past the end of the file or the pool, -ECANCELED, ...) and a
@@ -70,6 +73,7 @@ struct hyb_stream_stats {
 	unsigned int max_in_flight;
 	unsigned int direct;	/* 1: O_DIRECT */
 	unsigned int fixed_bufs; /* 1: the destination was registered as fixed buffers */
+	unsigned int uring;	/* 1: io_uring; 0: pread threads (io_uring refused here) */
 };
 
 /* Read file [file_off, file_off + len) into dst[0, len). opts/stats may be NULL. */

@@ -25,6 +25,8 @@
  *   covering file bytes [OFF, OFF + SPAN) fail with EIO (",1": once only).
  * HYB_TESTING_ENV_REFUSE_DIRECT: opening with O_DIRECT fails as on a
  *   filesystem without it, so the buffered fallback runs.
+ * HYB_TESTING_ENV_NO_URING: the streaming engine behaves as where the kernel
+ *   refuses io_uring (ENOSYS): its pread threads read instead.
  * HYB_TESTING_ENV_RELOAD_STREAM: hybd's reload service sends every LOAD chunk
  *   through the streaming engine instead of its batched reader.
  * HYB_TESTING_ENV_DEVICE_STRICT "1": the CPU device holds the host to a GPU's
@@ -34,6 +36,7 @@
 #define HYB_TESTING_ENV_STREAM_FAULT	"HYB_STREAM_FAULT"
 #define HYB_TESTING_ENV_REFUSE_DIRECT	"HYB_STREAM_REFUSE_DIRECT"
 #define HYB_TESTING_ENV_RELOAD_STREAM	"HYB_RELOAD_STREAM"
+#define HYB_TESTING_ENV_NO_URING	"HYB_STREAM_NO_URING"
 #define HYB_TESTING_ENV_DEVICE_STRICT	"HYB_DEVICE_STRICT"
 
 #endif
