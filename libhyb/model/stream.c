@@ -303,6 +303,18 @@ const char *hyb_stream_device_error(int e)
 	}
 }
 
+/* A whole read's wanted bytes into the destination (bounce pieces copied out). */
+static void land(struct streamer *s, struct slot *sl)
+{
+	if (sl->copy_dst) {
+		memcpy(sl->copy_dst, sl->buf + sl->copy_from, sl->copy_len);
+		s->st->bounced += sl->copy_len;
+		s->st->bytes += sl->copy_len;
+	} else {
+		s->st->bytes += sl->need;
+	}
+}
+
 /*
  * One completion. Returns 1 when the slot is free again, 0 when it was
  * resubmitted, -1 on error, -2 when O_DIRECT reads are refused (EINVAL on the
@@ -320,9 +332,17 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 	if (res < 0 && res != -EINTR && res != -EAGAIN)
 		sl->res = res;	/* (also while draining: the bad block may be in this one) */
 	if (s->failed) {
-		/* draining: no bounce copy, maybe short - not landed, so the landed prefix stops here */
-		if (!sl->res)
+		/*
+		 * Draining: a read that came back whole still lands (what landed
+		 * before the failure is good); a short or failed one is not read
+		 * again, and the landed prefix stops at it.
+		 */
+		if (res >= 0 && sl->done + (uint32_t)res >= sl->need) {
+			sl->done += (uint32_t)res;
+			land(s, sl);
+		} else if (!sl->res) {
 			sl->res = -ECANCELED;
+		}
 		return 1;
 	}
 	if (res == -EINTR || res == -EAGAIN) {
@@ -350,13 +370,7 @@ static int complete(struct streamer *s, unsigned int idx, int res)
 		s->st->resubmits++;
 		return submit_slot(s, idx);
 	}
-	if (sl->copy_dst) {
-		memcpy(sl->copy_dst, sl->buf + sl->copy_from, sl->copy_len);
-		s->st->bounced += sl->copy_len;
-		s->st->bytes += sl->copy_len;
-	} else {
-		s->st->bytes += sl->need;
-	}
+	land(s, sl);
 	return 1;
 }
 
@@ -371,8 +385,8 @@ static void report_landed(struct streamer *s)
 {
 	uint64_t lo = s->next, bytes;
 
-	if (!s->landed)
-		return;
+	if (!s->landed || (s->failed && s->rc == -ECANCELED))
+		return;	/* (the caller said stop: no more reports) */
 	for (unsigned int i = 0; i < s->depth; i++)
 		if ((s->slots[i].busy || s->slots[i].res) && s->slots[i].foff < lo)
 			lo = s->slots[i].foff;
