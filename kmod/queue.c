@@ -422,6 +422,13 @@ static int hyb_batch_check(const struct hyb_batch *b, u32 entry_size, bool may_w
 	return 0;
 }
 
+/* A NOP names no pool range; an EVICT may name none (its slot is in aux, uapi). */
+static bool hyb_req_has_range(const struct hyb_req *r)
+{
+	return r->op != HYB_OP_NOP &&
+	       !(r->op == HYB_OP_EVICT && !r->pool_id && !r->pool_off && !r->len);
+}
+
 static int hyb_req_check(const struct hyb_req *r)
 {
 	if (r->id || r->client_id || r->reserved || r->flags)
@@ -430,6 +437,8 @@ static int hyb_req_check(const struct hyb_req *r)
 		return -EINVAL;
 	if (r->op == HYB_OP_NOP)
 		return (r->pool_id || r->pool_off || r->len) ? -EINVAL : 0;
+	if (!hyb_req_has_range(r))
+		return 0;
 	return hyb_pool_check_range(r->pool_id, r->pool_off, r->len, false);
 }
 
@@ -508,7 +517,7 @@ int hyb_queue_ioctl_submit(struct hyb_file *hf, struct hyb_batch *b)
 	spin_unlock(&q->lock);
 	if (!ret) {
 		for (i = 0; i < n; i++)
-			if (reqs[i].op != HYB_OP_NOP)
+			if (hyb_req_has_range(&reqs[i]))
 				hyb_pool_check_range(reqs[i].pool_id, reqs[i].pool_off,
 						     reqs[i].len, true);
 		goto out;

@@ -594,6 +594,8 @@ static int req_check(const struct hyb_rq_req *r, unsigned int i)
 					  what, i);
 		return 0;
 	}
+	if (r->op == HYB_RQ_EVICT && !r->pool_id && !r->pool_off && !r->len)
+		return 0;	/* the slot alone (aux): an evict's pool range is optional */
 	if (!r->len || r->pool_off + r->len < r->pool_off)
 		return hyb_mp_err(-EINVAL, "%s: request %u: empty or overflowing pool range",
 				  what, i);

@@ -325,6 +325,13 @@ int hyb_rq_local_attach(struct hyb_rq *rq)
 	return rq->daemon ? daemon_attach(rq) : client_attach(rq);
 }
 
+/* A NOP names no pool range; an EVICT may name none (its slot is in aux), as the module's. */
+static bool has_range(const struct hyb_rq_req *r)
+{
+	return r->op != HYB_RQ_NOP &&
+	       !(r->op == HYB_RQ_EVICT && !r->pool_id && !r->pool_off && !r->len);
+}
+
 int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n)
 {
 	struct hyb_lq *q = rq->lq;
@@ -335,7 +342,7 @@ int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsign
 	int ret = 0;
 
 	for (i = 0; i < n; i++) {
-		if (reqs[i].op == HYB_RQ_NOP)
+		if (!has_range(&reqs[i]))
 			continue;
 		ret = hyb_mempool_local_check_range(reqs[i].pool_id, reqs[i].pool_off, reqs[i].len, false);
 		if (ret)
@@ -389,7 +396,7 @@ int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsign
 	efd_signal(q->efd);
 	pthread_mutex_unlock(&q->lock);
 	for (i = 0; i < n; i++)
-		if (reqs[i].op != HYB_RQ_NOP)
+		if (has_range(&reqs[i]))
 			hyb_mempool_local_check_range(reqs[i].pool_id, reqs[i].pool_off, reqs[i].len, true);
 	return 0;
 }

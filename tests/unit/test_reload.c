@@ -741,13 +741,22 @@ TEST(reload_errors_are_per_request)
 	CHECK_EQ_INT(hyb_rq_submit(g.c, q, 1), -EINVAL);
 	CHECK_MSG(strstr(hyb_last_error(), "outside its pool"), "%s", hyb_last_error());
 
-	/* evict empties the slot */
+	/* evict empties the slot, with a pool range or without one (it is optional) */
 	q[0] = req(HYB_RQ_EVICT, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 1, 2, 12);
 	CHECK(!hyb_rq_submit(g.c, q, 1));
 	reap_n(g.c, cqe, 1);
 	CHECK_EQ_INT(cqe[0].status, 0);
 	hyb_copydev_cpu_slot(dev, 2, &valid);
 	CHECK_EQ_INT(valid, 0);
+	q[0] = req(HYB_RQ_UPLOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 4096, 3, 15);
+	q[1] = req(HYB_RQ_EVICT, HYB_RQ_NORMAL, 0, 0, 0, 3, 16);
+	CHECK_MSG(!hyb_rq_submit(g.c, q, 2), "%s", hyb_last_error());
+	reap_n(g.c, cqe, 2);
+	CHECK(cqe[0].status == 0 && cqe[1].status == 0);
+	hyb_copydev_cpu_slot(dev, 3, &valid);
+	CHECK_EQ_INT(valid, 0);
+	q[0] = req(HYB_RQ_EVICT, HYB_RQ_NORMAL, 0, 4096, 0, 3, 17);	/* half a range */
+	CHECK_EQ_INT(hyb_rq_submit(g.c, q, 1), -EINVAL);
 
 	/* the file is gone: -ENOENT for that request, the next one still served */
 	CHECK(!unlink(path));

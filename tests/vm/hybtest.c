@@ -693,6 +693,24 @@ static void t_queue(void)
 	metric("kernel_stall_p50_us", qs.stall.p50_ns / 1e3, "us");
 	metric("kernel_stall_p99_us", qs.stall.p99_ns / 1e3, "us");
 
+	/* An EVICT names its slot (aux) alone, its pool range optional; half a range is not one. */
+	memset(r, 0, sizeof(r[0]));
+	r[0].op = HYB_OP_EVICT;
+	r[0].aux = 5;
+	r[0].tag = 2;
+	EXPECT_OK(hyb_submit(fd, r, 1));
+	EXPECT_OK(hyb_reap(fd, cq, 1, 1, 1, 5000000000ULL, &got));
+	EXPECT(got == 1 && cq[0].tag == 2 && cq[0].status == 0);
+	r[0].len = 4096;	/* a length in no pool (ids start at 1) */
+	EXPECT_ERR(hyb_submit(fd, r, 1), -ENOENT);
+	r[0].pool_id = pc.pool_id;
+	r[0].len = 0;		/* a pool with an empty range */
+	EXPECT_ERR(hyb_submit(fd, r, 1), -EINVAL);
+	r[0].len = 4096;	/* a whole range: accepted as before */
+	EXPECT_OK(hyb_submit(fd, r, 1));
+	EXPECT_OK(hyb_reap(fd, cq, 1, 1, 1, 5000000000ULL, &got));
+	EXPECT(got == 1 && cq[0].status == 0);
+
 	/* The same numbers in debugfs. */
 	{
 		char buf[8192];

@@ -157,7 +157,7 @@ enum hyb_rq_op {
 	HYB_RQ_NOP = 0,		/* no pool; a round trip only */
 	HYB_RQ_LOAD = 1,	/* fill pool [off, off + len) from storage at aux */
 	HYB_RQ_UPLOAD = 2,	/* copy pool [off, off + len) to GPU cache slot aux */
-	HYB_RQ_EVICT = 3,	/* drop GPU cache slot aux */
+	HYB_RQ_EVICT = 3,	/* drop GPU cache slot aux (pool range optional: all zero) */
 	HYB_RQ_OP_MAX
 };
 
