@@ -36,7 +36,7 @@ DEFINE_SHOW_ATTRIBUTE(pools);
 static int queues_show(struct seq_file *m, void *unused)
 {
 	seq_printf(m, "requests %d max_requests %u\n", atomic_read(&hyb_nr_reqs),
-		   READ_ONCE(max_requests));
+		   READ_ONCE(hybpool_max_requests));
 	hyb_queue_debugfs_show(m);
 	return 0;
 }

@@ -105,8 +105,8 @@ u64 hyb_hist_bucket_low(unsigned int idx);
 
 /* main.c */
 extern struct mutex hyb_lock;
-extern unsigned long max_pinned_mb;
-extern unsigned int max_requests;
+extern unsigned long hybpool_max_pinned_mb;
+extern unsigned int hybpool_max_requests;
 extern atomic64_t hyb_pinned_bytes;
 extern atomic_t hyb_nr_zombies;
 extern atomic_t hyb_nr_reqs;

@@ -38,14 +38,35 @@
 #error "hybpool needs CONFIG_EVENTFD: the reload queue signals through eventfds"
 #endif
 
-unsigned long max_pinned_mb;
-module_param(max_pinned_mb, ulong, 0644);
+unsigned long hybpool_max_pinned_mb;
+module_param_named(max_pinned_mb, hybpool_max_pinned_mb, ulong, 0644);
 MODULE_PARM_DESC(max_pinned_mb,
 		 "cap on memory pinned by all pools, MiB (0 at load: half of RAM)");
 
-unsigned int max_requests = 65536;
-module_param(max_requests, uint, 0644);
-MODULE_PARM_DESC(max_requests, "cap on reload requests alive in the kernel, all queues");
+/* 1..HYB_MAX_REQUESTS_CAP: 0 would refuse every request, more could exhaust memory */
+#define HYB_MAX_REQUESTS_CAP	(1u << 22)
+unsigned int hybpool_max_requests = 65536;
+
+static int hyb_set_max_requests(const char *val, const struct kernel_param *kp)
+{
+	unsigned int v;
+	int ret = kstrtouint(val, 0, &v);
+
+	if (ret)
+		return ret;
+	if (v < 1 || v > HYB_MAX_REQUESTS_CAP)
+		return -EINVAL;
+	WRITE_ONCE(*(unsigned int *)kp->arg, v);
+	return 0;
+}
+
+static const struct kernel_param_ops hyb_max_requests_ops = {
+	.set = hyb_set_max_requests,
+	.get = param_get_uint,
+};
+module_param_cb(max_requests, &hyb_max_requests_ops, &hybpool_max_requests, 0644);
+MODULE_PARM_DESC(max_requests, "cap on reload requests alive in the kernel, all queues "
+		 "(1..4194304)");
 
 DEFINE_MUTEX(hyb_lock);
 atomic64_t hyb_pinned_bytes = ATOMIC64_INIT(0);
@@ -96,10 +117,10 @@ static void hyb_fs_exit(void)
 	kern_unmount(hyb_mnt);
 }
 
-/* The cap in bytes; a huge max_pinned_mb saturates instead of wrapping. */
+/* The cap in bytes; a huge hybpool_max_pinned_mb saturates instead of wrapping. */
 u64 hyb_cap_bytes(void)
 {
-	unsigned long mb = READ_ONCE(max_pinned_mb);
+	unsigned long mb = READ_ONCE(hybpool_max_pinned_mb);
 
 	return mb > (U64_MAX >> 20) ? U64_MAX : (u64)mb << 20;
 }
@@ -313,8 +334,8 @@ static int __init hyb_init(void)
 {
 	int ret;
 
-	if (!max_pinned_mb)
-		max_pinned_mb = (totalram_pages() >> (20 - PAGE_SHIFT)) / 2;
+	if (!hybpool_max_pinned_mb)
+		hybpool_max_pinned_mb = (totalram_pages() >> (20 - PAGE_SHIFT)) / 2;
 	ret = hyb_fs_init();
 	if (ret)
 		return ret;
@@ -330,7 +351,7 @@ static int __init hyb_init(void)
 		return ret;
 	}
 	hyb_debugfs_init();
-	pr_info("ready: /dev/hybpool, cap %lu MiB, abi %d\n", max_pinned_mb, HYB_ABI_VERSION);
+	pr_info("ready: /dev/hybpool, cap %lu MiB, abi %d\n", hybpool_max_pinned_mb, HYB_ABI_VERSION);
 	return 0;
 }
 

@@ -18,7 +18,6 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/capability.h>
-#include <linux/ctype.h>
 #include <linux/delay.h>
 #include <linux/fs.h>
 #include <linux/gfp.h>
@@ -48,10 +47,12 @@ static bool hyb_name_valid(const char *name)
 
 	if (n == 0 || n == HYB_NAME_LEN)
 		return false;
+	/* ASCII only: the kernel's isalnum() also takes Latin-1 letters (0xc0..0xff) */
 	for (i = 0; i < n; i++) {
-		char ch = name[i];
+		unsigned char ch = name[i];
 
-		if (!isalnum(ch) && ch != '.' && ch != '_' && ch != '-')
+		if (!(ch >= 'a' && ch <= 'z') && !(ch >= 'A' && ch <= 'Z') &&
+		    !(ch >= '0' && ch <= '9') && ch != '.' && ch != '_' && ch != '-')
 			return false;
 	}
 	/* Bytes after the terminator are reserved too. */

@@ -299,7 +299,7 @@ int hyb_queue_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 	}
 	kref_init(&q->ref);
 	spin_lock_init(&q->lock);
-	q->id = a->queue_id;
+	q->id = array_index_nospec(a->queue_id, HYB_MAX_QUEUES);
 	q->ev = ev;
 	q->daemon_pid = task_tgid_nr(current);
 	for (p = 0; p < HYB_PRIO_LEVELS; p++)
@@ -363,7 +363,7 @@ int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 		goto out_unlock;
 	}
 	mutex_lock(&hyb_lock);
-	q = hyb_queues[a->queue_id];
+	q = hyb_queues[array_index_nospec(a->queue_id, HYB_MAX_QUEUES)];
 	if (!q) {
 		mutex_unlock(&hyb_lock);
 		ret = -ENOTCONN;
@@ -470,7 +470,7 @@ int hyb_queue_ioctl_submit(struct hyb_file *hf, struct hyb_batch *b)
 		if (ret)
 			goto out;
 	}
-	if (atomic_add_return(n, &hyb_nr_reqs) > READ_ONCE(max_requests)) {
+	if (atomic_add_return(n, &hyb_nr_reqs) > READ_ONCE(hybpool_max_requests)) {
 		atomic_sub(n, &hyb_nr_reqs);
 		ret = -EAGAIN;
 		goto out;
@@ -791,7 +791,7 @@ int hyb_queue_ioctl_stats(struct hyb_queue_stats *s)
 	s->size = sizeof(*s);
 	s->queue_id = qid;
 	mutex_lock(&hyb_lock);
-	q = hyb_queues[qid];
+	q = hyb_queues[array_index_nospec(qid, HYB_MAX_QUEUES)];
 	if (q)
 		kref_get(&q->ref);
 	mutex_unlock(&hyb_lock);

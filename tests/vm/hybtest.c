@@ -204,6 +204,7 @@ static void t_basic(void)
 	/* Pool arguments. */
 	EXPECT_ERR(hyb_pool_create(fd, "", MiB, 0, &pc), -EINVAL);
 	EXPECT_ERR(hyb_pool_create(fd, "bad name", MiB, 0, &pc), -EINVAL);
+	EXPECT_ERR(hyb_pool_create(fd, "caf\xe9", MiB, 0, &pc), -EINVAL);	/* Latin-1: not ASCII */
 	EXPECT_ERR(hyb_pool_create(fd, "bad/name", MiB, 0, &pc), -EINVAL);
 	fill_create(&pc, "x");
 	memset(pc.name, 'a', sizeof(pc.name));	/* no terminator */
@@ -1122,6 +1123,22 @@ static void t_memory(void)
 
 /* -- cap: the pinned-memory limit --------------------------------------- */
 
+/* A module parameter written as root does through sysfs; 0 or -errno of the write. */
+static int write_param(const char *name, const char *val)
+{
+	char path[128];
+	int fd, ret = 0;
+
+	snprintf(path, sizeof(path), "/sys/module/hybpool/parameters/%s", name);
+	fd = open(path, O_WRONLY);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, val, strlen(val)) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
 static void set_cap(unsigned long mb)
 {
 	FILE *f = fopen("/sys/module/hybpool/parameters/max_pinned_mb", "w");
@@ -1137,6 +1154,11 @@ static void t_cap(void)
 	struct hyb_dev_info di = devinfo(fd);
 	double t0;
 
+	/* max_requests: 1..4194304, anything else refused and the old value kept */
+	EXPECT_ERR(write_param("max_requests", "0"), -EINVAL);
+	EXPECT_ERR(write_param("max_requests", "99999999"), -EINVAL);
+	EXPECT_ERR(write_param("max_requests", "many"), -EINVAL);
+	EXPECT_OK(write_param("max_requests", "65536"));
 	EXPECT(di.pinned_cap == 384 * MiB);
 	EXPECT_OK(hyb_pool_create(fd, "cap-a", 256 * MiB, 0, &a));
 	EXPECT_ERR(hyb_pool_create(fd, "cap-b", 192 * MiB, 1, &b), -ENOSPC);
