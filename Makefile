@@ -79,7 +79,8 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc+
 endif
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
-.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda fuzz module module-clean
+.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda fuzz module module-clean \
+	dkms-install dkms-uninstall
 all: $(LIB) $(SOLIB) $(BUILD)/hyb.pc $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
 
 deps:
@@ -161,6 +162,29 @@ module:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) W=1 modules
 module-clean:
 	$(MAKE) -C $(KDIR) M=$(CURDIR) clean
+
+# DKMS (dkms.conf): the module rebuilt for every installed kernel and on upgrades.
+# Version: the module's ABI version (.0); DKMS_KERNEL=KVER builds for that
+# kernel only (default: the running one).
+DKMS_VERSION := $(shell sed -n 's/^\#define HYB_ABI_VERSION[[:space:]]*\([0-9]*\).*/\1/p' \
+		  kmod/include/uapi/linux/hybpool.h).0
+DKMS_SRC := /usr/src/hybpool-$(DKMS_VERSION)
+DKMS_K := $(if $(DKMS_KERNEL),-k $(DKMS_KERNEL))
+dkms-install:
+	@command -v dkms >/dev/null || { echo "hyb: dkms is not installed (apt-get install dkms)" >&2; exit 1; }
+	-dkms remove -m hybpool -v $(DKMS_VERSION) --all >/dev/null 2>&1
+	rm -rf $(DKMS_SRC)
+	mkdir -p $(DKMS_SRC)/kmod
+	cp Kbuild $(DKMS_SRC)/
+	cp kmod/Kbuild kmod/*.c kmod/*.h kmod/60-hybpool.rules $(DKMS_SRC)/kmod/
+	cp -r kmod/include $(DKMS_SRC)/kmod/
+	sed 's/@VERSION@/$(DKMS_VERSION)/' dkms.conf > $(DKMS_SRC)/dkms.conf
+	dkms add -m hybpool -v $(DKMS_VERSION)
+	dkms build -m hybpool -v $(DKMS_VERSION) $(DKMS_K)
+	dkms install -m hybpool -v $(DKMS_VERSION) $(DKMS_K)
+dkms-uninstall:
+	-dkms remove -m hybpool -v $(DKMS_VERSION) --all
+	rm -rf $(DKMS_SRC)
 
 models/demo.gguf: $(BUILD)/hybctl
 	@mkdir -p models
