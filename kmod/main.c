@@ -272,7 +272,8 @@ union hyb_args {
  * The size in the ioctl number must cover this module's struct, and the
  * struct's own size field must say the same: a newer userspace may pass a
  * longer struct whose extra bytes are zero (copy_struct_from_user checks).
- * Results are copied back only when the call succeeds.
+ * Results are copied back only when the call succeeds, into a struct that
+ * was seen writable before the call.
  */
 static long hyb_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 {
@@ -300,6 +301,14 @@ static long hyb_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	ret = copy_struct_from_user(&k, d->ksize, uarg, usize);
 	if (ret)
 		return ret;
+	/*
+	 * Results copied back after the call changed state (a pool made,
+	 * requests fetched or reaped) would be lost if the copy failed: the
+	 * struct must take the write first (the same bytes). Only a caller that
+	 * unmaps or write-protects it during the call can still lose its own.
+	 */
+	if ((_IOC_DIR(d->cmd) & _IOC_READ) && copy_to_user(uarg, &k, d->ksize))
+		return -EFAULT;
 	ret = d->fn(hf, file, &k);
 	if (ret)
 		return ret;

@@ -171,6 +171,23 @@ static void t_basic(void)
 	EXPECT(di.page_shifts & (1U << HYB_PAGE_SHIFT_2M));
 	EXPECT(di.nr_pools == 0 && di.pinned_bytes == 0);
 
+	/* A result struct that cannot be written back: refused before anything happens. */
+	{
+		struct hyb_pool_create *ro = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+						  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		uint32_t before = devinfo(fd).nr_pools;
+
+		EXPECT(ro != MAP_FAILED);
+		memset(ro, 0, sizeof(*ro));
+		ro->size = sizeof(*ro);
+		snprintf(ro->name, sizeof(ro->name), "ro-result");
+		ro->bytes = 2 * MiB;
+		ro->page_shift = HYB_PAGE_SHIFT_2M;
+		EXPECT(!mprotect(ro, 4096, PROT_READ));
+		EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_CREATE, ro), -EFAULT);
+		EXPECT(devinfo(fd).nr_pools == before);	/* no pool made whose id was lost */
+		munmap(ro, 4096);
+	}
 	/* The device has no file position (no .llseek: -ESPIPE on every kernel). */
 	errno = 0;
 	EXPECT(lseek(fd, 4096, SEEK_SET) == -1 && errno == ESPIPE);
@@ -711,6 +728,25 @@ static void t_queue(void)
 	EXPECT_OK(hyb_submit(fd, r, 1));
 	EXPECT_OK(hyb_reap(fd, cq, 1, 1, 1, 5000000000ULL, &got));
 	EXPECT(got == 1 && cq[0].status == 0);
+
+	/* A REAP whose batch struct cannot be written back takes nothing: the next one gets it. */
+	{
+		struct hyb_batch *ro = mmap(NULL, 4096, PROT_READ | PROT_WRITE,
+					    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+		EXPECT(ro != MAP_FAILED);
+		memset(r, 0, sizeof(r[0]));
+		r[0].tag = 4;
+		EXPECT_OK(hyb_submit(fd, r, 1));
+		*ro = (struct hyb_batch){ .size = sizeof(*ro), .flags = HYB_REAP_WAIT, .count = 16,
+					  .entry_size = sizeof(cq[0]), .min_count = 1,
+					  .timeout_ns = 5000000000ULL, .ptr = (uintptr_t)cq };
+		EXPECT(!mprotect(ro, 4096, PROT_READ));
+		EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_REAP, ro), -EFAULT);
+		EXPECT_OK(hyb_reap(fd, cq, 16, 1, 1, 5000000000ULL, &got));
+		EXPECT(got == 1 && cq[0].tag == 4 && cq[0].status == 0);
+		munmap(ro, 4096);
+	}
 
 	/* The same numbers in debugfs. */
 	{
