@@ -185,7 +185,6 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 {
 	struct hyb_manifest_info mi;
 	uint64_t len, page = (uint64_t)sysconf(_SC_PAGESIZE);
-	char why[256];
 	void *img;
 
 	hyb_manifest_info(mf, &mi);
@@ -203,8 +202,8 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 	mprotect(img, len, PROT_READ);
 	m->image = img;
 	m->image_len = len;
-	if (hyb_gguf_parse(img, mi.model_size, &m->gguf, why, sizeof(why)))
-		return box_fail(err, errlen, "the GGUF header it holds: %s", why);
+	if (hyb_gguf_parse(img, mi.model_size, &m->gguf))
+		return box_fail(err, errlen, "the GGUF header it holds: %s", hyb_last_error());
 	return 0;
 }
 

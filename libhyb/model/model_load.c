@@ -510,8 +510,11 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 	}
 	hyb_gguf_close(m->gguf);
 	m->gguf = NULL;
-	if (hyb_gguf_parse(buf, size, &m->gguf, err, errlen))
-		return -1; /* the file changed between the two reads */
+	if (hyb_gguf_parse(buf, size, &m->gguf)) {
+		/* the file changed between the two reads */
+		snprintf(err, errlen, "%s", hyb_last_error());
+		return -1;
+	}
 	return 0;
 }
 
@@ -578,8 +581,10 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 		snprintf(err, errlen, "out of memory");
 		return NULL;
 	}
-	if (hyb_gguf_open(path, &m->gguf, err, errlen))
+	if (hyb_gguf_open(path, &m->gguf)) {
+		snprintf(err, errlen, "%s", hyb_last_error());
 		goto out_free;
+	}
 	/* Check the metadata on the mapping first: a bad file fails before any copy. */
 	if (!read_hparams(&ld) && mode == HYB_LOAD_HUGEPAGE) {
 		/*

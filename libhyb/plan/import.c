@@ -184,8 +184,10 @@ int hyb_plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uin
 	uint32_t layers = 0;
 	int rc = -1;
 
-	if (hyb_gguf_open(path, &f, err, errlen))
+	if (hyb_gguf_open(path, &f)) {
+		snprintf(err, errlen, "%s", hyb_last_error());
 		return -1;
+	}
 	if (f->magic != HYB_GGUF_MAGIC_PWRI) {
 		snprintf(err, errlen, "%s is not a PowerInfer GPU index (magic GGUF, not PWRI)",
 			 path);

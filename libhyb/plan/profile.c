@@ -671,7 +671,9 @@ bad_tensor:
 		snprintf(err, errlen, "cannot add tensor %s", name);
 		goto out;
 	}
-	rc = hyb_gguf_writer_write_file(w, path, err, errlen);
+	rc = hyb_gguf_writer_write_file(w, path);
+	if (rc)
+		snprintf(err, errlen, "%s", hyb_last_error());
 out:
 	hyb_gguf_writer_free(w);
 	free(vals);
@@ -880,11 +882,8 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 	struct hyb_profile *p = NULL;
 	struct load_hdr h;
 
-	if (hyb_gguf_open(path, &f, err, errlen)) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", path, why);
+	if (hyb_gguf_open(path, &f)) {
+		snprintf(err, errlen, "%s: %s", path, hyb_last_error());
 		return NULL;
 	}
 	if (load_header(f, path, &h, err, errlen) ||

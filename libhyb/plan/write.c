@@ -664,7 +664,8 @@ bundles:
 	bad |= hyb_gguf_writer_put_data(w, pr.fc2_b, (uint64_t)pr.n_out * 4);
 	if (bad) {
 		/* the writer kept the reason; finish reports it and removes the file */
-		hyb_gguf_writer_finish(w, err, errlen);
+		hyb_gguf_writer_finish(w);
+		snprintf(err, errlen, "%s", hyb_last_error());
 		goto out;
 	}
 	rc = 0;
@@ -823,9 +824,12 @@ static int write_plan(struct plan *P, const char *model_path, const char *out_pa
 		snprintf(err, errlen, "out of memory");
 		return -1;
 	}
-	if (declare(P, w, model_path, err, errlen) ||
-	    hyb_gguf_writer_begin(w, out_path, err, errlen))
+	if (declare(P, w, model_path, err, errlen))
 		goto out;
+	if (hyb_gguf_writer_begin(w, out_path)) {
+		snprintf(err, errlen, "%s", hyb_last_error());
+		goto out;
+	}
 	if (P->import)
 		say(P, "predictors and bundles:\n");
 	else
@@ -834,8 +838,10 @@ static int write_plan(struct plan *P, const char *model_path, const char *out_pa
 	for (uint32_t q = 0; q < P->n_layer; q++)
 		if (write_layer(P, w, P->order[q], err, errlen))
 			goto out;
-	if (hyb_gguf_writer_finish(w, err, errlen))
+	if (hyb_gguf_writer_finish(w)) {
+		snprintf(err, errlen, "%s", hyb_last_error());
 		goto out;
+	}
 	rc = 0;
 out:
 	hyb_gguf_writer_free(w); /* removes the temporary file when not finished */

@@ -4,11 +4,13 @@
  * and an application outside the tree builds against an installed copy with
  * pkg-config alone (tests/api/app.c).
  */
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "hyb/gguf.h"
 #include "hyb/pool.h"
 #include "test.h"
 
@@ -103,4 +105,22 @@ TEST(api_last_error_per_thread)
 	CHECK_EQ_INT(pthread_join(t, NULL), 0);
 	CHECK(other && !*other);
 	hyb_backend_close(b);
+}
+
+/*
+ * Each header family follows the convention (docs/API.md, "Errors"): bad
+ * input gives a negative errno that says what went wrong, not -1, and a
+ * message that names the culprit.
+ */
+TEST(api_families_return_errno_and_message)
+{
+	char path[PATH_MAX];
+	struct hyb_gguf_file *f = (struct hyb_gguf_file *)1;
+
+	snprintf(path, sizeof(path), "%s/no-such-model.gguf", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_gguf_open(path, &f), -ENOENT);
+	CHECK(!f);
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
+	CHECK_EQ_INT(hyb_gguf_parse("GGML", 4, &f), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "magic"), "message '%s'", hyb_last_error());
 }

@@ -50,7 +50,7 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 	void *bufs[64];
 	int nb = 0;
 	uint32_t seed = 12345;
-	char err[256], tn[64];
+	char tn[64];
 
 	CHECK(w);
 	hyb_gguf_set_str(w, "general.architecture", "llama");
@@ -95,7 +95,7 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 	T("output.weight", HYB_TYPE_Q8_0, E, V);
 #undef T
 	snprintf(path, sizeof(path), "%s/%s", hyb_test_tmpdir(), name);
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	while (nb)
 		free(bufs[--nb]);

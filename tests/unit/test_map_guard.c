@@ -116,7 +116,7 @@ static void decode_truncated(const char *path)
 TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 {
 	const char *path = tmp_path("model.gguf"), *err_path = tmp_path("err");
-	char gerr[256], name[256];
+	char name[256];
 	unsigned long long byte, in_t;
 	struct hyb_gguf_file *g;
 	const char *e, *t;
@@ -133,8 +133,8 @@ TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 			      &byte, name, &in_t, &k) == 3 && k, "%s", e);
 
 	/* the named byte is in the named tensor, past the cut, in the original file */
-	CHECK_MSG(!hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
-			     sizeof(gerr)), "%s", gerr);
+	CHECK_MSG(!hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g), "%s",
+		  hyb_last_error());
 	const struct hyb_gguf_tensor *tt = hyb_gguf_find_tensor(g, name);
 
 	CHECK_MSG(tt, "no tensor '%s' in the model", name);
@@ -151,12 +151,11 @@ static void foreign_fault(const char *path)
 {
 	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
 	volatile const char *p;
-	char gerr[256];
 	struct hyb_gguf_file *g;
 
 	/* a guarded mapping exists, so the guard's handler is installed */
-	if (hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
-		      sizeof(gerr)) || g->map_guard < 0)
+	if (hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g) ||
+	    g->map_guard < 0)
 		_exit(3);
 	if (fd < 0 || ftruncate(fd, 2 * PAGE))
 		_exit(3);
@@ -202,12 +201,11 @@ TEST(map_guard_leaves_other_faults_to_their_owner)
 TEST(map_guard_slots_are_given_back)
 {
 	const char *path = hyb_test_shared("models/llama-2-tiny-random.gguf");
-	char err[256];
 
 	for (int i = 0; i < 3 * HYB_MAP_GUARD_SLOTS; i++) {
 		struct hyb_gguf_file *g;
 
-		CHECK_MSG(!hyb_gguf_open(path, &g, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_gguf_open(path, &g), "%s", hyb_last_error());
 		CHECK_MSG(g->map_guard >= 0, "open %d has no guard slot", i);
 		hyb_gguf_close(g);
 	}

@@ -204,7 +204,7 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *mats[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
 			       "ffn_down" };
-	char err[256], key[64];
+	char key[64];
 	uint64_t ne_mat[2] = { 32, 32 }, ne_vec[1] = { 32 }, ne_emb[2] = { 32, 64 };
 
 	snprintf(path, sizeof(path), "%s/m-%s-%u.gguf", hyb_test_tmpdir(), arch, mat_type);
@@ -232,7 +232,7 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 		CHECK(!hyb_gguf_writer_add_tensor(w, name, i == 0 ? mat_type : HYB_TYPE_F32, 2, ne_mat,
 					      zeros));
 	}
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	return path;
 }

@@ -714,8 +714,8 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 	quiet_opts(&o, budget);
 	o.group_size = GS; /* 21 groups of 48 and a short one of 16 */
 	CHECK_MSG(!hyb_plan_make(model, prof, &o, out, err, sizeof(err)), "plan_make: %s", err);
-	CHECK(!hyb_gguf_open(model, &src, err, sizeof(err)));
-	CHECK_MSG(!hyb_gguf_open(out, &pl, err, sizeof(err)), "%s", err);
+	CHECK(!hyb_gguf_open(model, &src));
+	CHECK_MSG(!hyb_gguf_open(out, &pl), "%s", hyb_last_error());
 
 	/* keys: the source's, unchanged, and the plan's */
 	for (uint64_t i = 0; i < src->n_kv; i++) {
@@ -972,7 +972,7 @@ TEST(plan_rejects_bad_input)
 		struct hyb_gguf_file *src;
 		struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 
-		CHECK(!hyb_gguf_open(f32, &src, err, sizeof(err)) && w);
+		CHECK(!hyb_gguf_open(f32, &src) && w);
 		for (uint64_t i = 0; i < src->n_kv; i++) {
 			char key[256];
 
@@ -1000,7 +1000,7 @@ TEST(plan_rejects_bad_input)
 			CHECK(!hyb_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data));
 		}
 		snprintf(noffn, sizeof(noffn), "%s/noffn.gguf", hyb_test_tmpdir());
-		CHECK_MSG(!hyb_gguf_writer_write_file(w, noffn, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_gguf_writer_write_file(w, noffn), "%s", hyb_last_error());
 		hyb_gguf_writer_free(w);
 		hyb_gguf_close(src);
 		expect_fail(noffn, good, 1ull << 30, out, "ffn_gate.weight is missing");

@@ -148,13 +148,12 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 	struct hyb_model *pi = load(f.model), *p = load(f.plan);
 	const float bias = -nextafterf(t, -INFINITY);
 	struct hyb_gguf_file *gi;
-	char err[256];
 	uint32_t placed = 0;
 
 	CHECK_EQ_INT(p->pred_input, HYB_PRED_SAME_LAYER);
 	CHECK_EQ_INT(p->hp.act, HYB_ACT_RELU);
 	CHECK(!p->powerinfer);
-	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi), "%s", hyb_last_error());
 	CHECK_EQ_INT(gi->magic, HYB_GGUF_MAGIC_PWRI);
 	for (uint32_t l = 0; l < p->hp.n_layer; l++) {
 		const struct hyb_layer *L = &p->layers[l], *S = &pi->layers[l];

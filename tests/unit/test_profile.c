@@ -198,7 +198,6 @@ static const char *write_raw(const char *name, const char *arch, uint32_t versio
 	static uint16_t input[4 * 32];
 	static double stats[8];
 	static const uint32_t seq0 = 0;
-	char err[256];
 	uint64_t ne_c[1] = { 64 }, ne_a[2] = { 1, 4 }, ne_i[2] = { input_ne0, 4 };
 	static const char *const keys[] = {
 		"hyb.profile.sparsity", "hyb.profile.hot_share_80", "hyb.profile.jaccard_adjacent",
@@ -222,7 +221,7 @@ static const char *write_raw(const char *name, const char *arch, uint32_t versio
 	CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.active", 27, 2, ne_a, active) == 0);
 	if (with_input)
 		CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.input", HYB_TYPE_F16, 2, ne_i, input) == 0);
-	CHECK_MSG(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0, "%s", err);
+	CHECK_MSG(hyb_gguf_writer_write_file(w, path) == 0, "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	return path;
 }

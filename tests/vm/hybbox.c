@@ -727,10 +727,9 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 static int cmd_offset(const char *model, const char *name)
 {
 	struct hyb_gguf_file *f;
-	char err[512];
 
-	if (hyb_gguf_open(model, &f, err, sizeof(err)))
-		die("%s", err);
+	if (hyb_gguf_open(model, &f))
+		die("%s", hyb_last_error());
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct hyb_gguf_tensor *t = &f->tensors[i];
 
