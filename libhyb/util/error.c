@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The thread's last failure (hyb/error.h). */
 #include <stdio.h>
+#include <string.h>
 
 #include "util/error.h"
 
@@ -14,7 +15,11 @@ const char *hyb_last_error(void)
 
 int hyb_error_vset(int rc, const char *fmt, va_list ap)
 {
-	vsnprintf(msg, sizeof(msg), fmt, ap);
+	char buf[sizeof(msg)];
+
+	/* through a copy: the arguments may include hyb_last_error() itself */
+	vsnprintf(buf, sizeof(buf), fmt, ap);
+	memcpy(msg, buf, sizeof(msg));
 	count++;
 	return rc;
 }

@@ -11,7 +11,9 @@
 #include <string.h>
 
 #include "hyb/gguf.h"
+#include "hyb/planner.h"
 #include "hyb/pool.h"
+#include "hyb/profile.h"
 #include "test.h"
 
 /* The build folder: where hybctl is ($HYB_TEST_HYBCTL or build/hybctl). */
@@ -114,13 +116,34 @@ TEST(api_last_error_per_thread)
  */
 TEST(api_families_return_errno_and_message)
 {
-	char path[PATH_MAX];
+	char path[PATH_MAX], out[PATH_MAX];
 	struct hyb_gguf_file *f = (struct hyb_gguf_file *)1;
+	/* more sequences than samples */
+	struct hyb_profile prof = { .n_layer = 1, .n_embd = 8, .n_ff = 64, .active_words = 1,
+				    .n_seqs = 1 };
+	struct hyb_plan_opts o;
+	int rc;
 
+	/* gguf.h */
 	snprintf(path, sizeof(path), "%s/no-such-model.gguf", hyb_test_tmpdir());
 	CHECK_EQ_INT(hyb_gguf_open(path, &f), -ENOENT);
 	CHECK(!f);
 	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
 	CHECK_EQ_INT(hyb_gguf_parse("GGML", 4, &f), -EINVAL);
 	CHECK_MSG(strstr(hyb_last_error(), "magic"), "message '%s'", hyb_last_error());
+
+	/* profile.h */
+	CHECK(!hyb_profile_load(path));
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
+	snprintf(out, sizeof(out), "%s/api-profile.gguf", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_profile_save(&prof, out), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "inconsistent"), "message '%s'", hyb_last_error());
+
+	/* planner.h */
+	hyb_plan_opts_default(&o);
+	o.quiet = true;
+	snprintf(out, sizeof(out), "%s/api-plan.gguf", hyb_test_tmpdir());
+	rc = hyb_plan_make(path, &prof, &o, out);
+	CHECK_MSG(rc < 0 && rc != -1, "rc %d: a negative errno", rc);
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
 }

@@ -5,6 +5,7 @@
  * the source FFN, the plan model computes what the source model computes)
  * and bad inputs.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -713,7 +714,7 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 	}
 	quiet_opts(&o, budget);
 	o.group_size = GS; /* 21 groups of 48 and a short one of 16 */
-	CHECK_MSG(!hyb_plan_make(model, prof, &o, out, err, sizeof(err)), "plan_make: %s", err);
+	CHECK_MSG(!hyb_plan_make(model, prof, &o, out), "plan_make: %s", hyb_last_error());
 	CHECK(!hyb_gguf_open(model, &src));
 	CHECK_MSG(!hyb_gguf_open(out, &pl), "%s", hyb_last_error());
 
@@ -924,13 +925,15 @@ static void expect_fail(const char *model, const struct hyb_profile *prof, uint6
 			const char *out, const char *needle)
 {
 	struct hyb_plan_opts o;
-	char err[1024] = "";
+	int rc;
 
 	quiet_opts(&o, budget);
-	CHECK_MSG(hyb_plan_make(model, prof, &o, out, err, sizeof(err)) != 0, "accepted (%s)", needle);
-	printf("    %s\n", err);
-	CHECK_MSG(strstr(err, needle), "error '%s' does not say '%s'", err, needle);
-	CHECK(!strchr(err, '\n'));
+	rc = hyb_plan_make(model, prof, &o, out);
+	CHECK_MSG(rc < 0 && rc != -1, "accepted or not an errno (%d: %s)", rc, needle);
+	printf("    %s\n", hyb_last_error());
+	CHECK_MSG(strstr(hyb_last_error(), needle), "error '%s' does not say '%s'",
+		  hyb_last_error(), needle);
+	CHECK(!strchr(hyb_last_error(), '\n'));
 	check_no_leftovers(out);
 }
 
@@ -943,7 +946,7 @@ TEST(plan_rejects_bad_input)
 	struct hyb_profile *good = model_profile(2, 256, 1024, 100);
 	struct hyb_profile *wrong = model_profile(2, 256, 512, 100);
 	struct hyb_profile *few = model_profile(2, 256, 1024, 10);
-	char out[512], noffn[512], plan[512], err[1024];
+	char out[512], noffn[512], plan[512];
 	struct hyb_plan_opts o;
 
 	snprintf(out, sizeof(out), "%s/out.gguf", hyb_test_tmpdir());
@@ -962,8 +965,8 @@ TEST(plan_rejects_bad_input)
 
 		CHECK(!stat(f32, &a));
 		quiet_opts(&o, 1ull << 30);
-		CHECK(hyb_plan_make(f32, good, &o, f32, err, sizeof(err)) != 0);
-		CHECK_MSG(strstr(err, "is the model itself"), "%s", err);
+		CHECK(hyb_plan_make(f32, good, &o, f32) == -EINVAL);
+		CHECK_MSG(strstr(hyb_last_error(), "is the model itself"), "%s", hyb_last_error());
 		CHECK(!stat(f32, &b) && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
 	}
 
@@ -1009,7 +1012,7 @@ TEST(plan_rejects_bad_input)
 	/* a plan is not a source model */
 	snprintf(plan, sizeof(plan), "%s/plan.gguf", hyb_test_tmpdir());
 	quiet_opts(&o, 1ull << 30);
-	CHECK_MSG(!hyb_plan_make(f32, good, &o, plan, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_plan_make(f32, good, &o, plan), "%s", hyb_last_error());
 	expect_fail(plan, good, 1ull << 30, out, "already a plan file");
 
 	prof_drop(good);
@@ -1104,8 +1107,8 @@ TEST(plan_cli_end_to_end)
 
 	snprintf(ppath, sizeof(ppath), "%s/prof.gguf", hyb_test_tmpdir());
 	snprintf(out, sizeof(out), "%s/plan.gguf", hyb_test_tmpdir());
-	if (hyb_profile_save(prof, ppath, err, sizeof(err)))
-		SKIP("hyb_profile_save: %s", err);
+	if (hyb_profile_save(prof, ppath))
+		SKIP("hyb_profile_save: %s", hyb_last_error());
 	snprintf(cmd, sizeof(cmd), "%s plan %s --profile %s --gpu-budget 1.5M -o %s -t 2 "
 		 "--train-gflop 0.2 --t-sync 2 2>&1", hybctl_bin(), model, ppath, out);
 	f = popen(cmd, "r");
@@ -1126,7 +1129,7 @@ TEST(plan_cli_end_to_end)
 	unlink(out);
 	prof_drop(prof);
 	prof = model_profile(2, 256, 512, 200);
-	CHECK(!hyb_profile_save(prof, ppath, err, sizeof(err)));
+	CHECK(!hyb_profile_save(prof, ppath));
 	f = popen(cmd, "r");
 	CHECK(f && fgets(line, sizeof(line), f));
 	CHECK_MSG(strstr(line, "profile does not match"), "%s", line);

@@ -336,9 +336,9 @@ static int open_run(struct run *r)
 	if (!hyb_gguf_get_str(m->gguf, "general.name", name, sizeof(name)))
 		snprintf(name, sizeof(name), "%s", r->o.model);
 	r->col = hyb_profile_collector_new(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, r->o.samples,
-					   name, err, sizeof(err));
+					   name);
 	if (!r->col) {
-		fprintf(stderr, "hybctl profile: %s\n", err);
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		return -1;
 	}
 	hyb_ctx_set_ffn_probe(r->ctx, hyb_profile_probe, r->col);
@@ -405,7 +405,6 @@ int cmd_profile(int argc, char **argv)
 			 .n_prompts = sizeof(builtin_prompts) / sizeof(builtin_prompts[0]) };
 	struct hyb_profile *prof = NULL;
 	struct hyb_profile_summary sum;
-	char err[512];
 	int rc = 1;
 	double t0;
 
@@ -434,8 +433,8 @@ int cmd_profile(int argc, char **argv)
 		print_json(prof, &sum, t0);
 	else
 		print_table(stdout, prof, &sum);
-	if (r.o.out && hyb_profile_save(prof, r.o.out, err, sizeof(err))) {
-		fprintf(stderr, "hybctl profile: %s: %s\n", r.o.out, err);
+	if (r.o.out && hyb_profile_save(prof, r.o.out)) {
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		goto out;
 	}
 	rc = 0;
