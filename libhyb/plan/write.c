@@ -832,14 +832,13 @@ int hyb_plan_make(const char *model_path, const struct hyb_profile *prof,
 	char tmp[4096], b1[32];
 	double t0 = now_s();
 	struct stat st;
-	char why[1024];
 	int rc;
 
 	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof(tmp))
 		return hyb_error_set(-ENAMETOOLONG, "output path is too long");
-	P.m = hyb_model_load_mode(model_path, HYB_LOAD_MMAP, why, sizeof(why));
-	if (!P.m)
-		return hyb_error_set(-EINVAL, "%s", why);
+	P.m = hyb_model_load_mode(model_path, HYB_LOAD_MMAP);
+	if (!P.m) /* the load said why, and with which errno */
+		return hyb_error_rc() < 0 ? hyb_error_rc() : -EINVAL;
 	if ((rc = check_model(&P, model_path)) || (rc = check_profile(&P)) ||
 	    (rc = check_output(model_path, out_path, tmp)) || (rc = plan_alloc(&P)))
 		goto out;

@@ -87,28 +87,27 @@ static uint64_t cut_of(const struct hyb_gguf_file *g)
 /* child: load in place, truncate the file, decode a token (which must not return) */
 static void decode_truncated(const char *path)
 {
-	char err[256];
-	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP);
 	const struct hyb_ctx_params p = { .n_ctx = 16, .n_threads = 1 };
 	struct hyb_ctx *c;
 	const int32_t tok = 1;
 	float *logits;
 
 	if (!m) {
-		fprintf(stderr, "load: %s\n", err);
+		fprintf(stderr, "load: %s\n", hyb_last_error());
 		_exit(3);
 	}
 	if (truncate(path, (off_t)cut_of(m->gguf))) {
 		perror("truncate");
 		_exit(3);
 	}
-	c = hyb_ctx_new(m, &p, err, sizeof(err));
+	c = hyb_ctx_new(m, &p);
 	logits = malloc(sizeof(float) * m->hp.n_vocab);
 	if (!c || !logits) {
-		fprintf(stderr, "ctx: %s\n", err);
+		fprintf(stderr, "ctx: %s\n", hyb_last_error());
 		_exit(3);
 	}
-	hyb_ctx_eval(c, &tok, 1, logits, false, err, sizeof(err));
+	hyb_ctx_eval(c, &tok, 1, logits, false);
 	fprintf(stderr, "the decode returned after its file was truncated\n");
 	_exit(4);
 }

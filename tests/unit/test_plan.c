@@ -690,7 +690,7 @@ static void check_down_column(const float *row, const float *downf, uint32_t E, 
  */
 static void roundtrip(const char *type, double down_tol, double logit_tol)
 {
-	char args[256], out[512], err[512];
+	char args[256], out[512];
 	const char *model;
 	struct hyb_profile *prof;
 	struct hyb_plan_opts o;
@@ -849,21 +849,21 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 
 	/* the plan is a model that computes what the source computes */
 	{
-		struct hyb_model *ms = hyb_model_load_mode(model, HYB_LOAD_MMAP, err, sizeof(err));
-		struct hyb_model *mp = hyb_model_load_mode(out, HYB_LOAD_MMAP, err, sizeof(err));
+		struct hyb_model *ms = hyb_model_load_mode(model, HYB_LOAD_MMAP);
+		struct hyb_model *mp = hyb_model_load_mode(out, HYB_LOAD_MMAP);
 		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 1 };
 		struct hyb_ctx *cs, *cpn;
 		int32_t toks[5] = { 1, 17, 300, 42, 7 };
 		float *la = malloc(512 * 5 * sizeof(float)), *lb = malloc(512 * 5 * sizeof(float));
 		double num = 0, den = 0;
 
-		CHECK_MSG(ms && mp, "load: %s", err);
+		CHECK_MSG(ms && mp, "load: %s", hyb_last_error());
 		CHECK_EQ_INT(mp->group_size, GS);
-		cs = hyb_ctx_new(ms, &cp, err, sizeof(err));
-		cpn = hyb_ctx_new(mp, &cp, err, sizeof(err));
+		cs = hyb_ctx_new(ms, &cp);
+		cpn = hyb_ctx_new(mp, &cp);
 		CHECK(cs && cpn && la && lb);
-		CHECK(!hyb_ctx_eval(cs, toks, 5, la, true, err, sizeof(err)));
-		CHECK(!hyb_ctx_eval(cpn, toks, 5, lb, true, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(cs, toks, 5, la, true));
+		CHECK(!hyb_ctx_eval(cpn, toks, 5, lb, true));
 		for (int q = 0; q < 512 * 5; q++) {
 			num += (la[q] - lb[q]) * (double)(la[q] - lb[q]);
 			den += (double)la[q] * la[q];
@@ -1099,7 +1099,7 @@ TEST(plan_cli_end_to_end)
 	const char *model = synth_model("e2e", "--hidden 256 --ffn 768 --layers 2 --act relu "
 					"--type Q8_0 --vocab 512");
 	struct hyb_profile *prof = model_profile(2, 256, 768, 200);
-	char ppath[512], out[512], cmd[2048], err[512], line[512];
+	char ppath[512], out[512], cmd[2048], line[512];
 	bool saw_gs = false, saw_place = false, saw_pred = false;
 	struct hyb_model *m;
 	FILE *f;
@@ -1121,8 +1121,8 @@ TEST(plan_cli_end_to_end)
 	st = pclose(f);
 	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d", cmd, st);
 	CHECK(saw_gs && saw_place && saw_pred);
-	m = hyb_model_load_mode(out, HYB_LOAD_MMAP, err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	m = hyb_model_load_mode(out, HYB_LOAD_MMAP);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->group_size > 0 && m->layers[1].plan.hidden > 0);
 	hyb_model_free(m);
 	/* a profile of another shape: one line, status 1, nothing written */
