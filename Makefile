@@ -134,8 +134,8 @@ $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBD
 
 # libFuzzer target for the GGUF parser (clang); `make test` runs it briefly.
 FUZZ_SRCS := tests/fuzz/fuzz_gguf.c libhyb/format/gguf_read.c libhyb/format/map_guard.c \
-	     libhyb/format/tensor_type.c
-$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/format/map_guard.h
+	     libhyb/format/tensor_type.c libhyb/util/error.c
+$(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/format/map_guard.h libhyb/util/error.h
 	@mkdir -p $(@D)
 	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@

@@ -284,8 +284,8 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 	if (!hyb_load_name_ok(c->name))
 		return hyb_errf(err, errlen, "name '%s' must be 1..%d of [A-Za-z0-9._-]", c->name,
 			    HYB_LOAD_NAME_MAX);
-	if (hyb_gguf_open(c->model_path, &out->gguf, err, errlen))
-		return -1;
+	if (hyb_gguf_open(c->model_path, &out->gguf))
+		return hyb_errf(err, errlen, "%s", hyb_last_error());
 	f = out->gguf;
 	n = f->n_tensors;
 	if (!n || n > (1u << 24)) {

@@ -6,12 +6,13 @@
  * multiple of its own size. Tensor data pointers are computed only once the
  * whole geometry (alignment, bounds, overlap) has been validated.
  *
- * This file depends on nothing in libhyb but tensor_type.c, so that the
- * fuzzer can be built from it alone.
+ * This file depends on nothing in libhyb but tensor_type.c, map_guard.c and
+ * util/error.c, so that the fuzzer can be built from them alone.
  */
 #include "hyb/gguf.h"
 #include "hyb/tensor_type.h"
 #include "map_guard.h"
+#include "util/error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -58,6 +59,7 @@ struct cursor {
 	struct hyb_gguf_str name;
 	char *err;
 	size_t errlen;
+	int rc;		/* the first failure's errno, negated: -EINVAL but for -ENOMEM */
 };
 
 /* A name fit for a one-line message: at most 64 bytes, odd bytes as '?'. */
@@ -79,12 +81,13 @@ static const char *show(char out[72], struct hyb_gguf_str s)
 	return out;
 }
 
-__attribute__((format(printf, 2, 3))) static int fail(struct cursor *c, const char *fmt, ...)
+__attribute__((format(printf, 3, 0))) static int vfail(struct cursor *c, int rc, const char *fmt,
+							va_list ap)
 {
 	char name[72];
-	va_list ap;
 	int n = 0;
 
+	c->rc = rc;
 	if (!c->errlen)
 		return -1;
 	if (c->scope && c->name.ptr)
@@ -94,8 +97,27 @@ __attribute__((format(printf, 2, 3))) static int fail(struct cursor *c, const ch
 		n = snprintf(c->err, c->errlen, "%s %llu: ", c->scope, (ull)c->idx);
 	if (n < 0 || (size_t)n >= c->errlen)
 		return -1;
-	va_start(ap, fmt);
 	vsnprintf(c->err + n, c->errlen - (size_t)n, fmt, ap);
+	return -1;
+}
+
+/* A malformed file (-EINVAL); the parse returns c->rc. */
+__attribute__((format(printf, 2, 3))) static int fail(struct cursor *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfail(c, -EINVAL, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+__attribute__((format(printf, 2, 3))) static int nomem(struct cursor *c, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vfail(c, -ENOMEM, fmt, ap);
 	va_end(ap);
 	return -1;
 }
@@ -247,7 +269,7 @@ static int read_string_array(struct cursor *c, struct hyb_gguf_kv *kv, uint64_t 
 			    "bytes left", (ull)c->pos, (ull)n, (ull)left(c));
 	strs = malloc(n ? n * sizeof(*strs) : 1);
 	if (!strs)
-		return fail(c, "out of memory for %llu strings", (ull)n);
+		return nomem(c, "out of memory for %llu strings", (ull)n);
 	kv->v.arr.strs = strs;
 	for (uint64_t i = 0; i < n; i++) {
 		uint64_t len;
@@ -430,7 +452,7 @@ static int check_overlap(struct cursor *c, struct hyb_gguf_file *f)
 		sorted = f->tensors[i].offset >= f->tensors[i - 1].offset;
 	s = malloc(n * sizeof(*s));
 	if (!s)
-		return fail(c, "out of memory");
+		return nomem(c, "out of memory");
 	for (uint64_t i = 0; i < n; i++)
 		s[i] = (struct span){ f->tensors[i].offset,
 				      f->tensors[i].offset + f->tensors[i].nbytes, i };
@@ -524,92 +546,95 @@ static int parse_header(struct cursor *c, struct hyb_gguf_file *f)
 	f->kv_index = index_new(f->n_kv, &f->kv_mask);
 	f->tensor_index = index_new(f->n_tensors, &f->tensor_mask);
 	if (!f->kv || !f->tensors || !f->kv_index || !f->tensor_index)
-		return fail(c, "out of memory");
+		return nomem(c, "out of memory");
 	return 0;
 }
 
-int hyb_gguf_parse(const void *buf, uint64_t size, struct hyb_gguf_file **out, char *err, size_t errlen)
+/* Parse into *out; a negative errno with the reason in err. */
+static int gguf_parse(const void *buf, uint64_t size, struct hyb_gguf_file **out, char *err,
+		      size_t errlen)
 {
-	struct cursor c = { .buf = buf, .size = size, .err = err, .errlen = err ? errlen : 0 };
+	struct cursor c = { .buf = buf, .size = size, .err = err, .errlen = errlen };
 	struct hyb_gguf_file *f;
 
 	*out = NULL;
-	if (c.errlen)
-		err[0] = 0;
+	err[0] = 0;
 	f = calloc(1, sizeof(*f));
-	if (!f)
-		return fail(&c, "out of memory");
+	if (!f) {
+		nomem(&c, "out of memory");
+		return c.rc;
+	}
 	f->base = buf;
 	f->size = size;
 	f->map_guard = -1;
 	if (parse_header(&c, f) || parse_kvs(&c, f) || parse_alignment(&c, f)) {
 		hyb_gguf_close(f);
-		return -1;
+		return c.rc;
 	}
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		if (parse_tensor_info(&c, f, i)) {
 			hyb_gguf_close(f);
-			return -1;
+			return c.rc;
 		}
 	}
 	if (place_tensors(&c, f)) {
 		hyb_gguf_close(f);
-		return -1;
+		return c.rc;
 	}
 	*out = f;
 	return 0;
 }
 
-__attribute__((format(printf, 3, 4))) static int say(char *err, size_t errlen, const char *fmt,
-						      ...)
+int hyb_gguf_parse(const void *buf, uint64_t size, struct hyb_gguf_file **out)
 {
-	va_list ap;
+	char msg[1024];
+	int rc = gguf_parse(buf, size, out, msg, sizeof(msg));
 
-	if (err && errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return -1;
+	return rc ? hyb_error_set(rc, "%s", msg) : 0;
 }
 
-int hyb_gguf_open(const char *path, struct hyb_gguf_file **out, char *err, size_t errlen)
+int hyb_gguf_open(const char *path, struct hyb_gguf_file **out)
 {
-	char sub[512];
+	char sub[1024];
 	struct stat st;
 	void *map;
-	int fd, guard;
+	int fd, guard, rc;
 
 	*out = NULL;
 	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return say(err, errlen, "cannot open %s: %s", path, strerror(errno));
+	if (fd < 0) {
+		rc = -errno;
+		return hyb_error_set(rc, "cannot open %s: %s", path, strerror(-rc));
+	}
 	if (fstat(fd, &st)) {
 		int e = errno;
 
 		close(fd);
-		return say(err, errlen, "cannot stat %s: %s", path, strerror(e));
+		return hyb_error_set(-e, "cannot stat %s: %s", path, strerror(e));
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(fd);
-		return say(err, errlen, "%s: %s", path,
-			   S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
+		if (S_ISDIR(st.st_mode))
+			return hyb_error_set(-EISDIR, "%s: is a directory", path);
+		return hyb_error_set(-EINVAL, "%s: not a regular file", path);
 	}
 	if (st.st_size == 0) {
 		close(fd);
-		return say(err, errlen, "%s: empty file", path);
+		return hyb_error_set(-EINVAL, "%s: empty file", path);
 	}
 	/* Lazy private mapping: pages come in as the tensors are touched. */
 	map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	rc = -errno;
 	close(fd);
 	if (map == MAP_FAILED)
-		return say(err, errlen, "cannot map %s: %s", path, strerror(errno));
+		return hyb_error_set(rc, "cannot map %s: %s", path, strerror(-rc));
 	/* a page that cannot be read in is reported, not dumped (map_guard.h) */
 	guard = hyb_map_guard_add(map, (uint64_t)st.st_size, path);
-	if (hyb_gguf_parse(map, (uint64_t)st.st_size, out, sub, sizeof(sub))) {
+	rc = gguf_parse(map, (uint64_t)st.st_size, out, sub, sizeof(sub));
+	if (rc) {
 		hyb_map_guard_remove(guard);
 		munmap(map, (size_t)st.st_size);
-		return say(err, errlen, "%s: %s", path, sub);
+		return hyb_error_set(rc, "%s: %s", path, sub);
 	}
 	(*out)->map = map;
 	(*out)->map_len = (uint64_t)st.st_size;

@@ -4,10 +4,12 @@
  * a free + copy), tensors are laid out when the file is begun, and the
  * data goes out either all at once or streamed tensor by tensor (for tools
  * that quantize a model larger than memory). The setters cannot fail
- * visibly; their first error is kept and reported by the write.
+ * visibly; their first error is kept and reported by the write. Failures
+ * return a negative errno with the message in hyb_last_error().
  */
 #include "hyb/gguf.h"
 #include "hyb/tensor_type.h"
+#include "util/error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -48,6 +50,7 @@ struct hyb_gguf_writer {
 	size_t n_t, cap_t;
 	uint32_t version;
 	char bad[200]; /* first error of a setter */
+	int bad_rc;    /* its errno, negated */
 
 	/* an open file */
 	FILE *fp;
@@ -65,6 +68,7 @@ struct hyb_gguf_writer {
 	size_t cur;        /* tensor whose data comes next */
 	uint64_t cur_done; /* bytes of it already written */
 	char werr[512];    /* first write error */
+	int werr_rc;       /* its errno, negated */
 };
 
 static const uint8_t elem_size[HYB_GGUF_VT_COUNT] = {
@@ -73,16 +77,32 @@ static const uint8_t elem_size[HYB_GGUF_VT_COUNT] = {
 	[HYB_GGUF_VT_UINT64] = 8, [HYB_GGUF_VT_INT64] = 8, [HYB_GGUF_VT_FLOAT64] = 8,
 };
 
-__attribute__((format(printf, 2, 3))) static void setter_error(struct hyb_gguf_writer *w,
+__attribute__((format(printf, 3, 4))) static void setter_error(struct hyb_gguf_writer *w, int rc,
 							       const char *fmt, ...)
 {
 	va_list ap;
 
 	if (w->bad[0])
 		return;
+	w->bad_rc = rc;
 	va_start(ap, fmt);
 	vsnprintf(w->bad, sizeof(w->bad), fmt, ap);
 	va_end(ap);
+}
+
+/* The first write error: kept for finish, which reports it again. */
+__attribute__((format(printf, 3, 4))) static int write_error(struct hyb_gguf_writer *w, int rc,
+							     const char *fmt, ...)
+{
+	va_list ap;
+
+	if (w->werr[0])
+		return w->werr_rc;
+	w->werr_rc = rc;
+	va_start(ap, fmt);
+	vsnprintf(w->werr, sizeof(w->werr), fmt, ap);
+	va_end(ap);
+	return hyb_error_set(rc, "%s", w->werr);
 }
 
 struct hyb_gguf_writer *hyb_gguf_writer_new(void)
@@ -133,7 +153,8 @@ void hyb_gguf_writer_free(struct hyb_gguf_writer *w)
 void hyb_gguf_writer_set_version(struct hyb_gguf_writer *w, uint32_t version)
 {
 	if (version != 2 && version != 3)
-		setter_error(w, "GGUF version %u cannot be written (only 2 and 3)", version);
+		setter_error(w, -EINVAL, "GGUF version %u cannot be written (only 2 and 3)",
+			     version);
 	else
 		w->version = version;
 }
@@ -142,7 +163,7 @@ void hyb_gguf_writer_set_version(struct hyb_gguf_writer *w, uint32_t version)
 void hyb_gguf_writer_set_alignment(struct hyb_gguf_writer *w, uint32_t alignment)
 {
 	if (!alignment || (alignment & (alignment - 1)))
-		setter_error(w, "alignment %u is not a power of two", alignment);
+		setter_error(w, -EINVAL, "alignment %u is not a power of two", alignment);
 	else
 		hyb_gguf_set_u32(w, "general.alignment", alignment);
 }
@@ -156,9 +177,9 @@ static void set_kv(struct hyb_gguf_writer *w, const char *key, uint32_t type, ui
 
 	if (!val || !*key) {
 		if (val)
-			setter_error(w, "empty key");
+			setter_error(w, -EINVAL, "empty key");
 		else
-			setter_error(w, "out of memory setting '%s'", key);
+			setter_error(w, -ENOMEM, "out of memory setting '%s'", key);
 		free(val);
 		return;
 	}
@@ -173,7 +194,7 @@ static void set_kv(struct hyb_gguf_writer *w, const char *key, uint32_t type, ui
 			struct wkv *p = realloc(w->kv, cap * sizeof(*p));
 
 			if (!p) {
-				setter_error(w, "out of memory setting '%s'", key);
+				setter_error(w, -ENOMEM, "out of memory setting '%s'", key);
 				free(val);
 				return;
 			}
@@ -183,7 +204,7 @@ static void set_kv(struct hyb_gguf_writer *w, const char *key, uint32_t type, ui
 		kv = &w->kv[w->n_kv];
 		kv->key = strdup(key);
 		if (!kv->key) {
-			setter_error(w, "out of memory setting '%s'", key);
+			setter_error(w, -ENOMEM, "out of memory setting '%s'", key);
 			free(val);
 			return;
 		}
@@ -251,12 +272,12 @@ void hyb_gguf_set_arr(struct hyb_gguf_writer *w, const char *key, uint32_t elem_
 	uint64_t bytes;
 
 	if (elem_type >= HYB_GGUF_VT_COUNT || !elem_size[elem_type]) {
-		setter_error(w, "'%s': hyb_gguf_set_arr takes scalar elements, not %s", key,
-			     hyb_gguf_vtype_name(elem_type));
+		setter_error(w, -EINVAL, "'%s': hyb_gguf_set_arr takes scalar elements, not %s",
+			     key, hyb_gguf_vtype_name(elem_type));
 		return;
 	}
 	if (n > (SIZE_MAX - 12) / elem_size[elem_type]) {
-		setter_error(w, "'%s': array of %llu elements is too large", key, (ull)n);
+		setter_error(w, -EINVAL, "'%s': array of %llu elements is too large", key, (ull)n);
 		return;
 	}
 	bytes = n * elem_size[elem_type];
@@ -297,25 +318,34 @@ int hyb_gguf_writer_add_tensor(struct hyb_gguf_writer *w, const char *name, uint
 	struct wtensor *t;
 	uint64_t rows = 1, rb;
 
-	if (w->fp || n_dims < 1 || n_dims > HYB_GGUF_MAX_DIMS || strlen(name) >= MAX_NAME)
-		return -1;
+	if (w->fp)
+		return hyb_error_set(-EINVAL, "tensor '%s' declared while %s is being written",
+				     name, w->path);
+	if (n_dims < 1 || n_dims > HYB_GGUF_MAX_DIMS)
+		return hyb_error_set(-EINVAL, "tensor '%s': n_dims %u is not in 1..%d", name,
+				     n_dims, HYB_GGUF_MAX_DIMS);
+	if (strlen(name) >= MAX_NAME)
+		return hyb_error_set(-ENAMETOOLONG, "tensor '%s': a name of %zu bytes (llama.cpp "
+				     "takes at most %d)", name, strlen(name), MAX_NAME - 1);
 	for (size_t i = 0; i < w->n_t; i++)
 		if (!strcmp(w->t[i].name, name))
-			return -1;
+			return hyb_error_set(-EEXIST, "tensor '%s' declared twice", name);
 	for (uint32_t d = 1; d < n_dims; d++) {
 		if (!ne[d] || ne[d] > INT64_MAX / rows)
-			return -1;
+			return hyb_error_set(-EINVAL, "tensor '%s': dimension %u is %llu", name, d,
+					     (ull)ne[d]);
 		rows *= ne[d];
 	}
 	rb = hyb_row_bytes(type, ne[0]);
 	if (!ne[0] || ne[0] > INT64_MAX / rows || !rb || rows > UINT64_MAX / 2 / rb)
-		return -1;
+		return hyb_error_set(-EINVAL, "tensor '%s': type %u cannot hold rows of %llu "
+				     "elements (%llu rows)", name, type, (ull)ne[0], (ull)rows);
 	if (w->n_t == w->cap_t) {
 		size_t cap = w->cap_t ? 2 * w->cap_t : 64;
 		struct wtensor *p = realloc(w->t, cap * sizeof(*p));
 
 		if (!p)
-			return -1;
+			return hyb_error_set(-ENOMEM, "tensor '%s': out of memory", name);
 		w->t = p;
 		w->cap_t = cap;
 	}
@@ -323,7 +353,7 @@ int hyb_gguf_writer_add_tensor(struct hyb_gguf_writer *w, const char *name, uint
 	*t = (struct wtensor){ .name = strdup(name), .type = type, .n_dims = n_dims,
 			       .data = data, .nbytes = rb * rows };
 	if (!t->name)
-		return -1;
+		return hyb_error_set(-ENOMEM, "tensor '%s': out of memory", name);
 	for (uint32_t d = 0; d < HYB_GGUF_MAX_DIMS; d++)
 		t->ne[d] = d < n_dims ? ne[d] : 1;
 	w->n_t++;
@@ -335,11 +365,11 @@ int hyb_gguf_writer_add_tensor(struct hyb_gguf_writer *w, const char *name, uint
 static int wr(struct hyb_gguf_writer *w, const void *p, uint64_t n)
 {
 	if (w->werr[0])
-		return -1;
+		return w->werr_rc;
 	if (n && fwrite(p, 1, n, w->fp) != n) {
-		snprintf(w->werr, sizeof(w->werr), "%s: write failed: %s", w->path,
-			 strerror(errno));
-		return -1;
+		int e = errno ? errno : EIO;
+
+		return write_error(w, -e, "%s: write failed: %s", w->path, strerror(e));
 	}
 	w->pos += n;
 	return 0;
@@ -363,8 +393,10 @@ static int pad(struct hyb_gguf_writer *w)
 	while (n) {
 		uint64_t k = n < sizeof(zeros) ? n : sizeof(zeros);
 
-		if (wr(w, zeros, k))
-			return -1;
+		int rc = wr(w, zeros, k);
+
+		if (rc)
+			return rc;
 		n -= k;
 	}
 	return 0;
@@ -374,15 +406,17 @@ static int pad(struct hyb_gguf_writer *w)
 static int write_given(struct hyb_gguf_writer *w)
 {
 	while (w->cur < w->n_t && w->t[w->cur].data) {
-		if (wr(w, w->t[w->cur].data, w->t[w->cur].nbytes) || pad(w))
-			return -1;
+		int rc = wr(w, w->t[w->cur].data, w->t[w->cur].nbytes);
+
+		if (rc || (rc = pad(w)))
+			return rc;
 		w->cur++;
 	}
 	return 0;
 }
 
 /* Alignment from general.alignment, then every tensor's offset. */
-static int layout(struct hyb_gguf_writer *w, char *err, size_t errlen)
+static int layout(struct hyb_gguf_writer *w, const char *path)
 {
 	uint64_t off = 0;
 
@@ -399,16 +433,14 @@ static int layout(struct hyb_gguf_writer *w, char *err, size_t errlen)
 				break;
 			}
 		}
-		snprintf(err, errlen, "general.alignment must be a UINT32 power of two");
-		return -1;
+		return hyb_error_set(-EINVAL, "%s: general.alignment must be a UINT32 power of two",
+				     path);
 	}
 	for (size_t i = 0; i < w->n_t; i++) {
 		uint64_t padded = (w->t[i].nbytes + w->alignment - 1) & ~(w->alignment - 1);
 
-		if (off > UINT64_MAX / 2 - padded) {
-			snprintf(err, errlen, "tensor data too large");
-			return -1;
-		}
+		if (off > UINT64_MAX / 2 - padded)
+			return hyb_error_set(-EFBIG, "%s: tensor data too large", path);
 		w->t[i].offset = off;
 		off += padded;
 	}
@@ -443,62 +475,58 @@ static int write_header(struct hyb_gguf_writer *w)
 	return pad(w);
 }
 
-int hyb_gguf_writer_begin(struct hyb_gguf_writer *w, const char *path, char *err, size_t errlen)
+int hyb_gguf_writer_begin(struct hyb_gguf_writer *w, const char *path)
 {
 	struct stat st;
-	int fd;
+	int fd, rc;
 
-	if (w->fp) {
-		snprintf(err, errlen, "%s: a file is already being written (%s)", path, w->path);
-		return -1;
-	}
-	if (w->bad[0]) {
-		snprintf(err, errlen, "%s: %s", path, w->bad);
-		return -1;
-	}
-	if (layout(w, err, errlen))
-		return -1;
+	if (w->fp)
+		return hyb_error_set(-EBUSY, "%s: a file is already being written (%s)", path,
+				     w->path);
+	if (w->bad[0])
+		return hyb_error_set(w->bad_rc, "%s: %s", path, w->bad);
+	rc = layout(w, path);
+	if (rc)
+		return rc;
 	w->path = strdup(path);
-	if (!w->path) {
-		snprintf(err, errlen, "%s: out of memory", path);
-		return -1;
-	}
+	if (!w->path)
+		return hyb_error_set(-ENOMEM, "%s: out of memory", path);
 	if (lstat(path, &st) ? errno == ENOENT : S_ISREG(st.st_mode)) {
 		const size_t n = strlen(path) + 32;
 
 		w->tmp = malloc(n);
 		if (!w->tmp) {
-			snprintf(err, errlen, "%s: out of memory", path);
 			abandon(w);
-			return -1;
+			return hyb_error_set(-ENOMEM, "%s: out of memory", path);
 		}
 		snprintf(w->tmp, n, "%s.tmp-%d", path, (int)getpid());
 	}
 	fd = open(target(w), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0) {
-		snprintf(err, errlen, "cannot create %s: %s", target(w), strerror(errno));
+		rc = hyb_error_set(-errno, "cannot create %s: %s", target(w), strerror(errno));
 		abandon(w);
-		return -1;
+		return rc;
 	}
 	w->regular = !fstat(fd, &st) && S_ISREG(st.st_mode);
 	w->fp = fdopen(fd, "wb");
 	if (!w->fp) {
-		snprintf(err, errlen, "cannot create %s: %s", target(w), strerror(errno));
+		rc = hyb_error_set(-errno, "cannot create %s: %s", target(w), strerror(errno));
 		close(fd);
 		if (w->regular)
 			unlink(target(w));
 		abandon(w);
-		return -1;
+		return rc;
 	}
 	setvbuf(w->fp, NULL, _IOFBF, 1 << 20);
 	w->pos = 0;
 	w->cur = 0;
 	w->cur_done = 0;
 	w->werr[0] = 0;
-	if (write_header(w) || write_given(w)) {
-		snprintf(err, errlen, "%s", w->werr);
-		abandon(w);
-		return -1;
+	w->werr_rc = 0;
+	rc = write_header(w);
+	if (rc || (rc = write_given(w))) {
+		abandon(w);	/* wr set the message */
+		return rc;
 	}
 	return 0;
 }
@@ -506,45 +534,45 @@ int hyb_gguf_writer_begin(struct hyb_gguf_writer *w, const char *path, char *err
 int hyb_gguf_writer_put_data(struct hyb_gguf_writer *w, const void *data, uint64_t nbytes)
 {
 	struct wtensor *t;
+	int rc;
 
-	if (!w->fp || w->werr[0])
-		return -1;
-	if (w->cur >= w->n_t) {
-		snprintf(w->werr, sizeof(w->werr), "%s: data put after the last tensor", w->path);
-		return -1;
-	}
+	if (!w->fp)
+		return hyb_error_set(-EINVAL, "gguf_writer_put_data: no file is being written");
+	if (w->werr[0])
+		return hyb_error_set(w->werr_rc, "%s", w->werr);
+	if (w->cur >= w->n_t)
+		return write_error(w, -EINVAL, "%s: data put after the last tensor", w->path);
 	t = &w->t[w->cur];
-	if (nbytes > t->nbytes - w->cur_done) {
-		snprintf(w->werr, sizeof(w->werr),
-			 "%s: %llu bytes put for tensor '%s', which has %llu bytes left", w->path,
-			 (ull)nbytes, t->name, (ull)(t->nbytes - w->cur_done));
-		return -1;
-	}
-	if (wr(w, data, nbytes))
-		return -1;
+	if (nbytes > t->nbytes - w->cur_done)
+		return write_error(w, -EINVAL,
+				   "%s: %llu bytes put for tensor '%s', which has %llu bytes left",
+				   w->path, (ull)nbytes, t->name, (ull)(t->nbytes - w->cur_done));
+	rc = wr(w, data, nbytes);
+	if (rc)
+		return rc;
 	w->cur_done += nbytes;
 	if (w->cur_done < t->nbytes)
 		return 0;
 	w->cur++;
 	w->cur_done = 0;
-	return pad(w) || write_given(w) ? -1 : 0;
+	rc = pad(w);
+	return rc ? rc : write_given(w);
 }
 
-int hyb_gguf_writer_finish(struct hyb_gguf_writer *w, char *err, size_t errlen)
+int hyb_gguf_writer_finish(struct hyb_gguf_writer *w)
 {
 	FILE *fp = w->fp;
+	int rc;
 
-	if (!fp) {
-		snprintf(err, errlen, "gguf_writer_finish: no file is being written");
-		return -1;
-	}
+	if (!fp)
+		return hyb_error_set(-EINVAL, "gguf_writer_finish: no file is being written");
 	if (!w->werr[0] && w->cur < w->n_t)
-		snprintf(w->werr, sizeof(w->werr), "%s: the data of tensor '%s' is missing",
-			 w->path, w->t[w->cur].name);
+		write_error(w, -EINVAL, "%s: the data of tensor '%s' is missing", w->path,
+			    w->t[w->cur].name);
 	if (w->werr[0]) {
-		snprintf(err, errlen, "%s", w->werr);
+		rc = hyb_error_set(w->werr_rc, "%s", w->werr);
 		abandon(w);
-		return -1;
+		return rc;
 	}
 	/*
 	 * Buffered bytes meet ENOSPC/EFBIG only now. A file that will replace
@@ -553,41 +581,43 @@ int hyb_gguf_writer_finish(struct hyb_gguf_writer *w, char *err, size_t errlen)
 	 */
 	w->fp = NULL;
 	if (fflush(fp) || ferror(fp) || (w->tmp && fsync(fileno(fp)))) {
-		snprintf(err, errlen, "%s: write failed: %s", w->path, strerror(errno));
+		int e = errno ? errno : EIO;
+
+		rc = hyb_error_set(-e, "%s: write failed: %s", w->path, strerror(e));
 		w->fp = fp;
 		abandon(w);
-		return -1;
+		return rc;
 	}
 	if (fclose(fp)) {
-		snprintf(err, errlen, "%s: write failed: %s", w->path, strerror(errno));
+		rc = hyb_error_set(-errno, "%s: write failed: %s", w->path, strerror(errno));
 		if (w->regular)
 			unlink(target(w));
 		abandon(w);
-		return -1;
+		return rc;
 	}
 	if (w->tmp && rename(w->tmp, w->path)) {
-		snprintf(err, errlen, "cannot rename %s to %s: %s", w->tmp, w->path,
-			 strerror(errno));
+		rc = hyb_error_set(-errno, "cannot rename %s to %s: %s", w->tmp, w->path,
+				   strerror(errno));
 		unlink(w->tmp);
 		abandon(w);
-		return -1;
+		return rc;
 	}
 	abandon(w); /* only frees the names now */
 	return 0;
 }
 
-int hyb_gguf_writer_write_file(struct hyb_gguf_writer *w, const char *path, char *err, size_t errlen)
+int hyb_gguf_writer_write_file(struct hyb_gguf_writer *w, const char *path)
 {
+	int rc;
+
 	for (size_t i = 0; i < w->n_t; i++) {
-		if (!w->t[i].data) {
-			snprintf(err, errlen, "%s: tensor '%s' has no data (give it to "
-				 "gguf_writer_add_tensor or stream it)", path, w->t[i].name);
-			return -1;
-		}
+		if (!w->t[i].data)
+			return hyb_error_set(-EINVAL, "%s: tensor '%s' has no data (give it to "
+					     "gguf_writer_add_tensor or stream it)", path,
+					     w->t[i].name);
 	}
-	if (hyb_gguf_writer_begin(w, path, err, errlen))
-		return -1;
-	return hyb_gguf_writer_finish(w, err, errlen);
+	rc = hyb_gguf_writer_begin(w, path);
+	return rc ? rc : hyb_gguf_writer_finish(w);
 }
 
 void hyb_gguf_writer_copy_kv(struct hyb_gguf_writer *w, const struct hyb_gguf_kv *kv)

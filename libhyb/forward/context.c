@@ -19,6 +19,7 @@
 #include "hybrid/ffn_hybrid.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
+#include "util/error.h"
 
 static void *alloc_zeroed(size_t bytes)
 {
@@ -49,20 +50,21 @@ static size_t scratch_bytes(const struct hyb_ctx *c)
 	       nb * (4 * wide + 512);
 }
 
-struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p,
-			    char *err, size_t errlen)
+struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_ctx *c = calloc(1, sizeof(*c));
 	const bool oracle = p && (p->testing & HYB_TESTING_FFN_ORACLE);
+	unsigned int since = hyb_error_count();
+	char err[1024] = "";
 	int nth;
 
 	if (!c) {
-		snprintf(err, errlen, "out of memory");
+		hyb_error_set(-ENOMEM, "out of memory");
 		return NULL;
 	}
 	if (p && (p->testing & ~HYB_TESTING_FFN_ORACLE)) {
-		snprintf(err, errlen, "unknown testing switches 0x%x", p->testing);
+		hyb_error_set(-EINVAL, "unknown testing switches 0x%x", p->testing);
 		free(c);
 		return NULL;
 	}
@@ -73,12 +75,12 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->q_dim = hp->n_head * hp->head_dim;
 	c->kv_dim = hp->n_head_kv * hp->head_dim;
 	if (c->n_ctx == 0 || c->n_ctx > (1u << 24)) {
-		snprintf(err, errlen, "bad context size %u", c->n_ctx);
+		hyb_error_set(-EINVAL, "bad context size %u", c->n_ctx);
 		goto fail;
 	}
 	c->pool = hyb_threadpool_new(p ? p->n_threads : 0);
 	if (!c->pool) {
-		snprintf(err, errlen, "cannot start threads: %s", strerror(errno));
+		hyb_error_set(-errno, "cannot start threads: %s", strerror(errno));
 		goto fail;
 	}
 	nth = hyb_threadpool_size(c->pool);
@@ -91,8 +93,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
 	c->x = alloc_zeroed(scratch_bytes(c));
 	if (!c->kcache || !c->vcache || !c->attn_tmp || !c->x) {
-		snprintf(err, errlen, "out of memory for a %u-token context (%.1f MiB KV cache)",
-			 c->n_ctx, c->kv_bytes / 1048576.0);
+		hyb_error_set(-ENOMEM, "out of memory for a %u-token context (%.1f MiB KV cache)",
+			      c->n_ctx, c->kv_bytes / 1048576.0);
 		goto fail;
 	}
 	c->xn = c->x + (size_t)c->n_batch * hp->n_embd;
@@ -105,34 +107,37 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->xq = c->u + (size_t)c->n_batch * hp->n_ff;
 	if ((m->group_size || m->powerinfer) &&
 	    !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
-		snprintf(err, errlen, "out of memory for the FFN scratch of a plan");
+		hyb_error_set(-ENOMEM, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
 	/* A streaming model (only plain ones stream) is waited for piece by piece
 	 * by the CPU's prompt pass; the hybrid engine reads it all up front. */
-	if (p && p->hybrid && hyb_model_wait(m, err, errlen))
+	if (p && p->hybrid && hyb_model_wait(m))
 		goto fail;
 	if (p && p->hybrid) {
 		if (p->ffn == HYB_FFN_DENSE) {
-			snprintf(err, errlen, "hybrid decoding is sparse; it cannot run dense");
+			hyb_error_set(-EINVAL, "hybrid decoding is sparse; it cannot run dense");
 			goto fail;
 		}
 		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, oracle, nth, c->n_ctx,
-						     err, errlen)))
-			goto fail;
+						     err, sizeof(err))))
+			goto fail_engine;
 	} else if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
-		   !(c->sparse = hyb_ffn_sparse_new(m, nth, err, errlen))) {
-		goto fail;
+		   !(c->sparse = hyb_ffn_sparse_new(m, nth, err, sizeof(err)))) {
+		goto fail_engine;
 	}
 	if (c->sparse)
 		hyb_ffn_sparse_set_oracle(c->sparse, oracle);
 	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
-		snprintf(err, errlen, "sparse decoding needs a plan (hybctl plan); this model has "
-			 "none");
+		hyb_error_set(-EINVAL, "sparse decoding needs a plan (hybctl plan); this model "
+			      "has none");
 		goto fail;
 	}
 	return c;
 
+fail_engine:
+	/* the device, pool or cache call underneath that failed says which errno */
+	hyb_error_set(hyb_error_cause(since, -EINVAL), "%s", err);
 fail:
 	hyb_ctx_free(c);
 	return NULL;

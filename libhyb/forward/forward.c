@@ -13,6 +13,7 @@
  * matmul, the KV cache is F16, and attention is its flash-attention loop
  * (the default on CPU).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "model/model_stream.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
+#include "util/error.h"
 
 #define MAX_MATS 3
 
@@ -297,6 +299,7 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 {
 	const struct hyb_hparams *hp = &c->m->hp;
 	const uint32_t E = hp->n_embd;
+	int rc;
 
 	if (c->hybrid && n == 1)
 		return hyb_decode_hybrid(c, tokens[0], logits, err, errlen);
@@ -306,12 +309,14 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	if (c->hybrid && hyb_decode_hybrid_kv_to_host(c, err, errlen))
 		return -1;
 	/* A model still streaming in (model_stream.c): each piece waits for its bytes. */
-	if (hyb_model_wait_embd(c->m, err, errlen))
-		return -1;
+	rc = hyb_model_wait_embd(c->m, err, errlen);
+	if (rc)
+		return rc;
 	hyb_fwd_embed(c, tokens, n);
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		if (hyb_model_wait_layer(c->m, l, err, errlen))
-			return -1;
+		rc = hyb_model_wait_layer(c->m, l, err, errlen);
+		if (rc)
+			return rc;
 		hyb_fwd_attention(c, l, n);
 
 		/* llama.cpp drops the rows it returns no logits for before the last
@@ -334,8 +339,9 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	}
 
 	/* Head: every token's logits, or only the last token's. */
-	if (hyb_model_wait_head(c->m, err, errlen))
-		return -1;
+	rc = hyb_model_wait_head(c->m, err, errlen);
+	if (rc)
+		return rc;
 	hyb_fwd_head(c, all_logits ? 0 : n - 1, n, logits);
 	c->n_past += n;
 	if (c->hybrid)
@@ -344,24 +350,22 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 }
 
 int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-		 bool all_logits, char *err, size_t errlen)
+		 bool all_logits)
 {
 	const uint32_t V = c->m->hp.n_vocab;
+	unsigned int since = hyb_error_count();
+	char err[1024] = "";
+	int rc;
 
-	if (n == 0) {
-		snprintf(err, errlen, "no tokens to evaluate");
-		return -1;
-	}
-	if ((uint64_t)c->n_past + n > c->n_ctx) {
-		snprintf(err, errlen, "context full: %u + %u tokens exceed n_ctx %u", c->n_past, n,
-			 c->n_ctx);
-		return -1;
-	}
+	if (n == 0)
+		return hyb_error_set(-EINVAL, "no tokens to evaluate");
+	if ((uint64_t)c->n_past + n > c->n_ctx)
+		return hyb_error_set(-ENOSPC, "context full: %u + %u tokens exceed n_ctx %u",
+				     c->n_past, n, c->n_ctx);
 	for (uint32_t i = 0; i < n; i++) {
-		if (tokens[i] < 0 || (uint32_t)tokens[i] >= V) {
-			snprintf(err, errlen, "token id %d out of range [0, %u)", tokens[i], V);
-			return -1;
-		}
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= V)
+			return hyb_error_set(-EINVAL, "token id %d out of range [0, %u)",
+					     tokens[i], V);
 	}
 	for (uint32_t done = 0; done < n;) {
 		uint32_t nb = n - done < c->n_batch ? n - done : c->n_batch;
@@ -369,8 +373,14 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
 
 		/* Without all_logits each batch writes its last row to the same
 		 * place; the final batch's is the one returned. */
-		if (eval_batch(c, tokens + done, nb, dst, all_logits, err, errlen))
-			return -1;
+		rc = eval_batch(c, tokens + done, nb, dst, all_logits, err, sizeof(err));
+		if (rc) {
+			/* -1: a step that kept no errno; the device, read or allocation
+			 * that failed underneath has one (a fault: -EIO) */
+			if (rc == -1)
+				rc = hyb_error_cause(since, -EIO);
+			return hyb_error_set(rc, "%s", err[0] ? err : "evaluation failed");
+		}
 		done += nb;
 	}
 	return 0;

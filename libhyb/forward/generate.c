@@ -2,6 +2,7 @@
 #include "hyb/generate.h"
 #include "hyb/hybrid.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -10,27 +11,27 @@
 #include "hyb/model.h"
 #include "hyb/sampler.h"
 #include "hyb/tokenizer.h"
+#include "util/error.h"
 
 int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sampler *s,
 		 const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen, hyb_token_cb cb,
-		 void *arg, struct hyb_gen_stats *st, char *err, size_t errlen)
+		 void *arg, struct hyb_gen_stats *st)
 {
 	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
 	double t0;
-	int rc = -1;
+	int rc;
 
 	memset(st, 0, sizeof(*st));
-	if (!logits) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
-	}
+	if (!logits)
+		return hyb_error_set(-ENOMEM, "out of memory");
 	if (n_prompt == 0) {
-		snprintf(err, errlen, "empty prompt");
+		rc = hyb_error_set(-EINVAL, "empty prompt");
 		goto out;
 	}
 	/* the context's clock: modelled time when a CPU-executed device stands in for a GPU */
 	t0 = hyb_ctx_clock(c);
-	if (hyb_ctx_eval(c, prompt, n_prompt, logits, false, err, errlen))
+	rc = hyb_ctx_eval(c, prompt, n_prompt, logits, false);
+	if (rc)
 		goto out;
 	st->t_prompt = hyb_ctx_clock(c) - t0;
 	st->n_prompt = n_prompt;
@@ -49,7 +50,8 @@ int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sample
 			break;
 		if (i + 1 == n_gen)
 			break;
-		if (hyb_ctx_eval(c, &tok, 1, logits, false, err, errlen))
+		rc = hyb_ctx_eval(c, &tok, 1, logits, false);
+		if (rc)
 			goto out;
 		st->n_decode++;
 	}

@@ -19,6 +19,7 @@
 #include "hyb/model.h"
 #include "hyb/pool.h"
 #include "model_internal.h"
+#include "util/error.h"
 
 /*
  * What a box-mode model holds besides struct hyb_model (a layout other code
@@ -185,7 +186,6 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 {
 	struct hyb_manifest_info mi;
 	uint64_t len, page = (uint64_t)sysconf(_SC_PAGESIZE);
-	char why[256];
 	void *img;
 
 	hyb_manifest_info(mf, &mi);
@@ -203,8 +203,8 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 	mprotect(img, len, PROT_READ);
 	m->image = img;
 	m->image_len = len;
-	if (hyb_gguf_parse(img, mi.model_size, &m->gguf, why, sizeof(why)))
-		return box_fail(err, errlen, "the GGUF header it holds: %s", why);
+	if (hyb_gguf_parse(img, mi.model_size, &m->gguf))
+		return box_fail(err, errlen, "the GGUF header it holds: %s", hyb_last_error());
 	return 0;
 }
 
@@ -255,13 +255,16 @@ static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t
 	return 0;
 }
 
-struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t errlen)
+/* The model, or NULL with the reason in err (the failure's errno in *rc). */
+static struct hyb_model *load_manifest(const char *src, int *rc, char *err, size_t errlen)
 {
 	enum hyb_backend_kind kind = HYB_BACKEND_AUTO;
 	char pool[HYB_MEMPOOL_NAME_LEN], why[512];
 	struct hyb_model *m = NULL;
 	struct box *bx = NULL;
+	int ret;
 
+	*rc = -EINVAL;
 	if (!src)
 		return box_fail(err, errlen, "no manifest given"), NULL;
 	if (box_source(src, pool, &kind, err, errlen))
@@ -271,6 +274,7 @@ struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t err
 	if (!m || !bx) {
 		free(m);
 		free(bx);
+		*rc = -ENOMEM;
 		return box_fail(err, errlen, "out of memory"), NULL;
 	}
 	bx->m = m;
@@ -286,8 +290,11 @@ struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t err
 		box_fail(err, errlen, "%s: %s", pool, why);
 		goto out_free;
 	}
-	if (hyb_model_finish(m, pool, err, errlen))
+	ret = hyb_model_finish(m, pool, err, errlen);
+	if (ret) {
+		*rc = ret;
 		goto out_free;
+	}
 	pthread_mutex_lock(&box_lock);
 	bx->next = boxes;
 	boxes = bx;
@@ -298,6 +305,20 @@ out_free:
 	box_free(bx);		/* pool handles before the backend (closed by hyb_model_free) */
 	hyb_model_free(m);
 	return NULL;
+}
+
+struct hyb_model *hyb_model_load_manifest(const char *src)
+{
+	unsigned int since = hyb_error_count();
+	char msg[1024] = "";
+	struct hyb_model *m;
+	int rc;
+
+	m = load_manifest(src, &rc, msg, sizeof(msg));
+	if (!m)
+		/* a pool, manifest or device call underneath says which errno */
+		hyb_error_set(rc == -EINVAL ? hyb_error_cause(since, rc) : rc, "%s", msg);
+	return m;
 }
 
 const struct hyb_manifest *hyb_model_manifest(const struct hyb_model *m)
@@ -325,7 +346,7 @@ const void *hyb_model_box_addr(const struct hyb_model *m, uint32_t pool, uint64_
 	return p;
 }
 
-int hyb_model_box_check(const struct hyb_model *m, char *err, size_t errlen)
+int hyb_model_box_check(const struct hyb_model *m)
 {
 	struct hyb_mempool_info pi;
 	struct box *bx;
@@ -337,9 +358,7 @@ int hyb_model_box_check(const struct hyb_model *m, char *err, size_t errlen)
 	bx = box_find(m);
 	if (!bx) {
 		pthread_mutex_unlock(&box_lock);
-		if (err && errlen)
-			box_fail(err, errlen, "not a box-mode model (loaded from a file)");
-		return -EINVAL;
+		return hyb_error_set(-EINVAL, "not a box-mode model (loaded from a file)");
 	}
 	/* hybd stores RETIRED before it destroys the pool; a death leaves READY */
 	state = __atomic_load_n(&bx->hdr->state, __ATOMIC_ACQUIRE);
@@ -348,17 +367,13 @@ int hyb_model_box_check(const struct hyb_model *m, char *err, size_t errlen)
 		ret = -ESHUTDOWN;
 	else if (gone)
 		ret = -EPIPE;
-	if (ret && err && errlen) {
-		if (ret == -ESHUTDOWN)
-			box_fail(err, errlen, "hybd (pid %d) shut down: manifest %s retired; "
-				 "nothing more can be loaded or uploaded for this model", bx->pid,
-				 bx->mf_name);
-		else
-			box_fail(err, errlen, "hybd (pid %d) is gone: manifest pool %s was "
-				 "destroyed without being retired (the daemon died); weights "
-				 "mapped here stay readable, nothing more can be loaded", bx->pid,
-				 bx->mf_name);
-	}
+	if (ret == -ESHUTDOWN)
+		hyb_error_set(ret, "hybd (pid %d) shut down: manifest %s retired; nothing more "
+			      "can be loaded or uploaded for this model", bx->pid, bx->mf_name);
+	else if (ret)
+		hyb_error_set(ret, "hybd (pid %d) is gone: manifest pool %s was destroyed "
+			      "without being retired (the daemon died); weights mapped here stay "
+			      "readable, nothing more can be loaded", bx->pid, bx->mf_name);
 	pthread_mutex_unlock(&box_lock);
 	return ret;
 }

@@ -25,13 +25,16 @@
 #include "hyb/tokenizer.h"
 #include "model_internal.h"
 #include "model_stream.h"
+#include "util/error.h"
 
 struct loader {
 	struct hyb_model *m;
 	char *err;
 	size_t errlen;
+	int rc;		/* the failure's errno, negated */
 };
 
+/* A model the loader cannot take (-EINVAL); the reason goes to ld->err. */
 static int fail(struct loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int fail(struct loader *ld, const char *fmt, ...)
 {
@@ -40,6 +43,14 @@ static int fail(struct loader *ld, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(ld->err, ld->errlen, fmt, ap);
 	va_end(ap);
+	ld->rc = -EINVAL;
+	return -1;
+}
+
+static int nomem(struct loader *ld)
+{
+	fail(ld, "out of memory");
+	ld->rc = -ENOMEM;
 	return -1;
 }
 
@@ -265,7 +276,7 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 		return -1;
 	seen = calloc(hp->n_ff, 1);
 	if (!seen)
-		return fail(ld, "out of memory");
+		return nomem(ld);
 	for (uint32_t i = 0; i < hp->n_ff; i++) {
 		int32_t v = P->perm[i];
 
@@ -338,7 +349,7 @@ static int bind_layers(struct loader *ld)
 		return -1;
 	ld->m->layers = calloc(hp->n_layer, sizeof(*ld->m->layers));
 	if (!ld->m->layers)
-		return fail(ld, "out of memory");
+		return nomem(ld);
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		struct hyb_layer *L = &ld->m->layers[l];
 #define B(field, nm, a, b)                                                   \
@@ -482,6 +493,7 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 	char why[256];
 	/* in the background the zeroing of the pages overlaps the reads too */
 	void *buf = pool_image(m, len, background, why, sizeof(why));
+	int rc;
 
 	if (!buf) {
 		fprintf(stderr, "hyb: %s: no memory pool (%s): loading into process memory\n",
@@ -489,9 +501,10 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 		buf = anon_image(len);
 	}
 	if (!buf) {
+		rc = -errno;
 		snprintf(err, errlen, "%s: cannot allocate %.1f MiB for the weights: %s", path,
-			 len / 1048576.0, strerror(errno));
-		return -1;
+			 len / 1048576.0, strerror(-rc));
+		return rc;
 	}
 	m->image = buf;
 	m->image_len = len;
@@ -499,42 +512,43 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 		/* the header is what hyb_gguf_parse reads: wait for it alone */
 		uint64_t header = m->gguf->data_offset;
 
-		if (hyb_model_stream_start(m, path, buf, size, err, errlen))
-			return -1;
-		if (hyb_model_wait_bytes(m, header, err, errlen))
-			return -1;
-	} else if (hyb_stream_read(path, 0, size, buf, &o, NULL)) {
-		snprintf(err, errlen, "%s", hyb_last_error());
-		free_image(m);
-		return -1;
+		rc = hyb_model_stream_start(m, path, buf, size, err, errlen);
+		if (rc || (rc = hyb_model_wait_bytes(m, header, err, errlen)))
+			return rc;
+	} else {
+		rc = hyb_stream_read(path, 0, size, buf, &o, NULL);
+		if (rc) {
+			snprintf(err, errlen, "%s", hyb_last_error());
+			free_image(m);
+			return rc;
+		}
 	}
 	hyb_gguf_close(m->gguf);
 	m->gguf = NULL;
-	if (hyb_gguf_parse(buf, size, &m->gguf, err, errlen))
-		return -1; /* the file changed between the two reads */
-	return 0;
+	rc = hyb_gguf_parse(buf, size, &m->gguf);
+	if (rc) /* the file changed between the two reads */
+		snprintf(err, errlen, "%s", hyb_last_error());
+	return rc;
 }
 
 /* HYB_LOAD=hugepage|mmap (unset: hugepage). */
-static int load_mode_env(enum hyb_load_mode *mode, char *err, size_t errlen)
+static int load_mode_env(enum hyb_load_mode *mode)
 {
 	const char *v = getenv("HYB_LOAD");
 
-	if (v && strcmp(v, "mmap") && strcmp(v, "hugepage")) {
-		snprintf(err, errlen, "HYB_LOAD=%s: expected hugepage or mmap", v);
-		return -1;
-	}
+	if (v && strcmp(v, "mmap") && strcmp(v, "hugepage"))
+		return hyb_error_set(-EINVAL, "HYB_LOAD=%s: expected hugepage or mmap", v);
 	*mode = v && !strcmp(v, "mmap") ? HYB_LOAD_MMAP : HYB_LOAD_HUGEPAGE;
 	return 0;
 }
 
-struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen)
+struct hyb_model *hyb_model_load(const char *path)
 {
 	enum hyb_load_mode mode;
 
-	if (load_mode_env(&mode, err, errlen))
+	if (load_mode_env(&mode))
 		return NULL;
-	return hyb_model_load_mode(path, mode, err, errlen);
+	return hyb_model_load_mode(path, mode);
 }
 
 /*
@@ -565,21 +579,25 @@ int hyb_model_finish(struct hyb_model *m, const char *label, char *err, size_t e
 {
 	struct loader ld = { .m = m, .err = err, .errlen = errlen };
 
-	return finish_model(&ld, label);
+	return finish_model(&ld, label) ? ld.rc : 0;
 }
 
-static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool background,
-			      char *err, size_t errlen)
+/* The model, or NULL with the reason in hyb_last_error(). */
+static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool background)
 {
 	struct hyb_model *m = calloc(1, sizeof(*m));
-	struct loader ld = { .m = m, .err = err, .errlen = errlen };
+	char err[1024] = "";
+	struct loader ld = { .m = m, .err = err, .errlen = sizeof(err) };
+	int rc;
 
 	if (!m) {
-		snprintf(err, errlen, "out of memory");
+		hyb_error_set(-ENOMEM, "%s: out of memory", path);
 		return NULL;
 	}
-	if (hyb_gguf_open(path, &m->gguf, err, errlen))
-		goto out_free;
+	if (hyb_gguf_open(path, &m->gguf)) {
+		hyb_model_free(m);
+		return NULL; /* its message names the file */
+	}
 	/* Check the metadata on the mapping first: a bad file fails before any copy. */
 	if (!read_hparams(&ld) && mode == HYB_LOAD_HUGEPAGE) {
 		/*
@@ -591,13 +609,19 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 
 		free(m->layers);
 		m->layers = NULL;
-		if (load_image(m, path, background && plain, err, errlen))
+		rc = load_image(m, path, background && plain, err, sizeof(err));
+		if (rc)
 			goto out_free;
 	}
-	if (finish_model(&ld, path))
+	if (finish_model(&ld, path)) {
+		rc = ld.rc;
 		goto out_free;
-	if (m->stream && hyb_model_stream_index(m, err, errlen))
-		goto out_free;
+	}
+	if (m->stream) {
+		rc = hyb_model_stream_index(m, err, sizeof(err));
+		if (rc)
+			goto out_free;
+	}
 
 	/* Weights are read in place; ask for read-ahead of the whole mapping. */
 	if (!m->image && m->gguf->map)
@@ -606,13 +630,13 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 
 out_free:
 	hyb_model_free(m);
+	hyb_error_set(rc, "%s", err);
 	return NULL;
 }
 
-struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode, char *err,
-				      size_t errlen)
+struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode)
 {
-	return load(path, mode, false, err, errlen);
+	return load(path, mode, false);
 }
 
 /*
@@ -621,13 +645,13 @@ struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode,
  * the prompt needs, so overlapping hides little and the two contend (on 2
  * vCPUs it made the first token later; tests/bench/bench_ttft.sh).
  */
-struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t errlen)
+struct hyb_model *hyb_model_load_streaming(const char *path)
 {
 	enum hyb_load_mode mode;
 
-	if (load_mode_env(&mode, err, errlen))
+	if (load_mode_env(&mode))
 		return NULL;
-	return load(path, mode, !hyb_stream_cached(path), err, errlen);
+	return load(path, mode, !hyb_stream_cached(path));
 }
 
 void hyb_model_free(struct hyb_model *m)

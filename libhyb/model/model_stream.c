@@ -17,6 +17,7 @@
  * model is then unusable but freeing it is safe. Freeing a model still
  * loading cancels the load and joins the thread.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -30,6 +31,7 @@
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "model_stream.h"
+#include "util/error.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
@@ -56,6 +58,7 @@ struct hyb_model_stream {
 	struct hyb_stream_opts opts;
 	struct hyb_stream_stats stats;
 	char err[512];
+	int rc;		/* the failed read's errno, negated */
 	/* helpers zeroing the image's pages ahead of the reads */
 	pthread_t prefault[PREFAULT_MAX];
 	int n_prefault;
@@ -123,6 +126,7 @@ static void *load_thread(void *arg)
 		pthread_join(s->prefault[i], NULL);
 
 	pthread_mutex_lock(&s->lock);
+	s->rc = rc;
 	if (rc)
 		snprintf(s->err, sizeof(s->err), "%s", hyb_last_error());
 	atomic_store_explicit(&s->state, rc ? FAILED : LOADED, memory_order_release);
@@ -135,11 +139,12 @@ int hyb_model_stream_start(struct hyb_model *m, const char *path, void *image, u
 			   char *err, size_t errlen)
 {
 	struct hyb_model_stream *s = calloc(1, sizeof(*s));
+	int rc;
 
 	if (!s || !(s->path = strdup(path))) {
 		free(s);
 		snprintf(err, errlen, "out of memory");
-		return -1;
+		return -ENOMEM;
 	}
 	s->image = image;
 	s->size = size;
@@ -148,13 +153,15 @@ int hyb_model_stream_start(struct hyb_model *m, const char *path, void *image, u
 					    .lazy_dst = 1, .landed = landed, .landed_arg = s };
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
-	if (pthread_create(&s->thread, NULL, load_thread, s)) {
-		snprintf(err, errlen, "%s: cannot start the loading thread", path);
+	rc = pthread_create(&s->thread, NULL, load_thread, s);
+	if (rc) {
+		snprintf(err, errlen, "%s: cannot start the loading thread: %s", path,
+			 strerror(rc));
 		pthread_cond_destroy(&s->cond);
 		pthread_mutex_destroy(&s->lock);
 		free(s->path);
 		free(s);
-		return -1;
+		return -rc;
 	}
 	m->stream = s;
 	return 0;
@@ -185,7 +192,7 @@ int hyb_model_stream_index(struct hyb_model *m, char *err, size_t errlen)
 	s->layer_end = calloc(s->n_layer ? s->n_layer : 1, sizeof(*s->layer_end));
 	if (!s->layer_end) {
 		snprintf(err, errlen, "out of memory");
-		return -1;
+		return -ENOMEM;
 	}
 	s->embd_end = tensors_end(m->gguf, "token_embd.");
 	s->head_end = tensors_end(m->gguf, "output");	/* output_norm. and output. */
@@ -229,7 +236,7 @@ int hyb_model_wait_bytes(const struct hyb_model *m, uint64_t end, char *err, siz
 	if (state != FAILED || atomic_load_explicit(&s->landed, memory_order_acquire) >= end)
 		return 0;
 	snprintf(err, errlen, "loading the model failed: %s", s->err);
-	return -1;
+	return s->rc;
 }
 
 /*
@@ -238,7 +245,7 @@ int hyb_model_wait_bytes(const struct hyb_model *m, uint64_t end, char *err, siz
  * caller that waited for the model may ask hyb_model_loading() and
  * hyb_model_load_stats() next.
  */
-int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen)
+int hyb_model_wait(const struct hyb_model *m)
 {
 	struct hyb_model_stream *s = m->stream;
 	int state;
@@ -251,8 +258,7 @@ int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen)
 	pthread_mutex_unlock(&s->lock);
 	if (state != FAILED)
 		return 0;
-	snprintf(err, errlen, "loading the model failed: %s", s->err);
-	return -1;
+	return hyb_error_set(s->rc, "loading the model failed: %s", s->err);
 }
 
 int hyb_model_wait_layer(const struct hyb_model *m, uint32_t l, char *err, size_t errlen)

@@ -10,7 +10,10 @@
 struct hyb_model;
 struct hyb_stream_stats;
 
-/* Start reading the file's [0, size) into image on a thread, quietly; m->stream is set. */
+/*
+ * Start reading the file's [0, size) into image on a thread, quietly;
+ * m->stream is set. These return 0 or a negative errno with the reason in err.
+ */
 int hyb_model_stream_start(struct hyb_model *m, const char *path, void *image, uint64_t size,
 			   char *err, size_t errlen);
 /* After binding: where the embeddings, each layer and the head end in the file. */
@@ -18,7 +21,7 @@ int hyb_model_stream_index(struct hyb_model *m, char *err, size_t errlen);
 /* Cancel a load still running, join its thread, free; m->stream is NULL after. */
 void hyb_model_stream_stop(struct hyb_model *m);
 
-/* 0 once file bytes [0, end) are in memory; -1 with the load's error. */
+/* 0 once file bytes [0, end) are in memory; the failed load's errno and message. */
 int hyb_model_wait_bytes(const struct hyb_model *m, uint64_t end, char *err, size_t errlen);
 /* The same for the bytes of the token embeddings, layer l, the head (norm and output). */
 int hyb_model_wait_embd(const struct hyb_model *m, char *err, size_t errlen);

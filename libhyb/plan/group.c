@@ -21,6 +21,7 @@
  * quantity a grouping should shrink is the number of groups a token touches,
  * which for a pair is exactly its union |A_i | A_j|.
  */
+#include <errno.h>
 #include <math.h>
 #include <metis.h>
 #include <stdio.h>
@@ -643,7 +644,8 @@ static int metis_try(struct metis_try *t, int v, uint64_t seed, uint32_t layer, 
 		t->part);
 	if (mrc != METIS_OK) {
 		snprintf(err, errlen, "METIS failed on layer %u (code %d)", layer, mrc);
-		return -1;
+		return mrc == METIS_ERROR_MEMORY ? -ENOMEM :
+		       mrc == METIS_ERROR_INPUT ? -EINVAL : -EIO;
 	}
 	memset(t->size, 0, (size_t)t->M * sizeof(*t->size));
 	for (uint32_t i = 0; i < t->n; i++)
@@ -659,7 +661,7 @@ static int metis_try(struct metis_try *t, int v, uint64_t seed, uint32_t layer, 
 	t->moved = 0;
 	if (repair_sizes(t->n, t->M, g, t->part, t->cap, &t->moved)) {
 		snprintf(err, errlen, "out of memory");
-		return -1;
+		return -ENOMEM;
 	}
 	t->inside = 0;
 	for (uint32_t i = 0; i < t->n; i++)
@@ -690,7 +692,7 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer,
 	struct metis_try t = { .g = &g, .n = n, .M = M, .gs = gs, .part = part };
 	idx_t *best = NULL;
 	int64_t best_inside = 0;
-	int rc = -1;
+	int rc = -ENOMEM;
 
 	if (!cols || !cnt || !live || !nbr || !sim) {
 		snprintf(err, errlen, "out of memory building the co-activation graph");
@@ -731,8 +733,12 @@ static int metis_parts(const struct hyb_profile *p, uint32_t layer,
 	 * exact-size repair keeps the most edge weight inside groups.
 	 */
 	for (int v = 0; v < N_VARIANTS; v++) {
-		if (metis_try(&t, v, o->seed, layer, err, errlen))
+		int r = metis_try(&t, v, o->seed, layer, err, errlen);
+
+		if (r) {
+			rc = r;
 			goto out;
+		}
 		if (v == 0 || t.inside > best_inside) {
 			best_inside = t.inside;
 			memcpy(best, part, (size_t)n * sizeof(*best));
@@ -765,7 +771,7 @@ int hyb_plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum hyb_p
 	uint32_t M, last;
 	idx_t *part;
 	double t0 = now_s();
-	int rc = -1;
+	int rc;
 
 	if (!info)
 		info = &dummy;
@@ -773,23 +779,25 @@ int hyb_plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum hyb_p
 	info->variant = -1;
 	if (!gs || gs > n || layer >= p->n_layer) {
 		snprintf(err, errlen, "bad group size %u for %u neurons", gs, n);
-		return -1;
+		return -EINVAL;
 	}
 	M = (n + gs - 1) / gs;
 	last = n % gs ? M - 1 : M;
 	part = malloc((size_t)n * sizeof(*part));
 	if (!part) {
 		snprintf(err, errlen, "out of memory");
-		return -1;
+		return -ENOMEM;
 	}
 	if (how == HYB_PLAN_GROUP_METIS && M > 1 && gs > 1 && p->n_samples > 0) {
-		if (metis_parts(p, layer, o, M, gs, part, &last, info, err, errlen))
+		rc = metis_parts(p, layer, o, M, gs, part, &last, info, err, errlen);
+		if (rc)
 			goto out;
 	} else if (how == HYB_PLAN_GROUP_RANDOM) {
 		uint32_t *rp = malloc((size_t)n * sizeof(*rp));
 
 		if (!rp) {
 			snprintf(err, errlen, "out of memory");
+			rc = -ENOMEM;
 			goto out;
 		}
 		for (uint32_t i = 0; i < n; i++)
@@ -808,7 +816,7 @@ int hyb_plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum hyb_p
 			snprintf(err, errlen, "layer %u: group sizes not exact (internal)", layer);
 		else
 			snprintf(err, errlen, "out of memory");
-		rc = -1;
+		rc = rc == -2 ? -EINVAL : -ENOMEM;
 		goto out;
 	}
 	info->seconds = now_s() - t0;

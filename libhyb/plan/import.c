@@ -30,6 +30,7 @@
  * plan places groups to cover as many of its GPU neurons as the budget allows
  * (plan/write.c place_all).
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -93,9 +94,9 @@ int hyb_plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *er
 		fc1 = matrix(m, l, "fc1.weight", hp->n_embd, 0, err, errlen);
 
 		if (!fc1)
-			return -1;
+			return -EINVAL;
 		if (!matrix(m, l, "fc2.weight", fc1->ne[1], hp->n_ff, err, errlen))
-			return -1;
+			return -EINVAL;
 		hidden[l] = (uint32_t)fc1->ne[1];
 	}
 	return 1;
@@ -114,11 +115,11 @@ int hyb_plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *
 	memset(out, 0, sizeof(*out));
 	fc1 = matrix(m, l, "fc1.weight", E, 0, err, errlen);
 	if (!fc1)
-		return -1;
+		return -EINVAL;
 	H = (uint32_t)fc1->ne[1];
 	fc2 = matrix(m, l, "fc2.weight", H, F, err, errlen);
 	if (!fc2)
-		return -1;
+		return -EINVAL;
 	/* score >= t is score > the float below t: with that folded in, a
 	 * score exactly at the threshold counts as PowerInfer counts it */
 	bias = -nextafterf(m->powerinfer_threshold, -INFINITY);
@@ -133,7 +134,7 @@ int hyb_plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *
 		free(row);
 		hyb_plan_predictor_free(out);
 		snprintf(err, errlen, "out of memory importing layer %u's predictor", l);
-		return -1;
+		return -ENOMEM;
 	}
 	out->n_in = E;
 	out->hidden = H;
@@ -182,10 +183,14 @@ int hyb_plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uin
 {
 	struct hyb_gguf_file *f;
 	uint32_t layers = 0;
-	int rc = -1;
+	int rc;
 
-	if (hyb_gguf_open(path, &f, err, errlen))
-		return -1;
+	rc = hyb_gguf_open(path, &f);
+	if (rc) {
+		snprintf(err, errlen, "%s", hyb_last_error());
+		return rc;
+	}
+	rc = -EINVAL; /* a malformed index, until it is all read */
 	if (f->magic != HYB_GGUF_MAGIC_PWRI) {
 		snprintf(err, errlen, "%s is not a PowerInfer GPU index (magic GGUF, not PWRI)",
 			 path);

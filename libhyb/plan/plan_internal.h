@@ -13,6 +13,7 @@
 #ifndef HYB_PLAN_INTERNAL_H
 #define HYB_PLAN_INTERNAL_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -52,7 +53,8 @@ const char *hyb_plan_group_variant_name(int variant);
  * perm[n_ff]: source neuron of each bundle-order neuron. Groups are ordered
  * by mean activation frequency (descending; the short group, when GS does
  * not divide n_ff, is last as the format requires) and neurons within a
- * group by frequency. 0, or -1 with a one-line reason.
+ * group by frequency. 0, or a negative errno (-EINVAL, -ENOMEM, ...) with a
+ * one-line reason in err.
  */
 int hyb_plan_group_layer(const struct hyb_profile *p, uint32_t layer, enum hyb_plan_grouping how,
 		     const struct hyb_plan_group_opts *o, int32_t *perm, struct hyb_plan_group_info *info,
@@ -144,7 +146,8 @@ struct hyb_plan_pred_stats {
  * Train layer `layer`'s predictor on the profile's samples: the first 80%
  * (in sample order) train, the next 10% pick the threshold for the target
  * recall, the last 10% measure. Outputs in the order of perm (output i
- * predicts source neuron perm[i]; NULL: source order). 0, or -1 with a reason.
+ * predicts source neuron perm[i]; NULL: source order). 0, or a negative
+ * errno with a reason in err.
  */
 int hyb_plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hidden,
 		    const int32_t *perm, const struct hyb_plan_pred_opts *o,
@@ -163,17 +166,22 @@ struct hyb_model;
 /*
  * Whether a PowerInfer model carries its predictors: 1 when every layer has
  * a readable fc1/fc2 pair (hidden sizes in hidden[n_layer]), 0 when no layer
- * has one, -1 with the reason otherwise.
+ * has one, -EINVAL with the reason in err otherwise.
  */
 int hyb_plan_pi_predictors(const struct hyb_model *m, uint32_t *hidden, char *err, size_t errlen);
 
-/* Layer l's PowerInfer predictor as a plan predictor, outputs in bundle order (perm). */
+/*
+ * Layer l's PowerInfer predictor as a plan predictor, outputs in bundle order
+ * (perm). 0, or a negative errno with the reason in err.
+ */
 int hyb_plan_pi_predictor(const struct hyb_model *m, uint32_t l, const int32_t *perm,
 		      struct hyb_plan_predictor *out, char *err, size_t errlen);
 
 /*
  * Read a PowerInfer GPU index: hot[l][i] = 1 when it puts neuron i of layer l
- * on the GPU; *vram_capacity its split.vram_capacity (0 when absent).
+ * on the GPU; *vram_capacity its split.vram_capacity (0 when absent). 0, or
+ * a negative errno (hyb_gguf_open's, -EINVAL for a malformed index) with the
+ * reason in err.
  */
 int hyb_plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uint8_t **hot,
 		      uint64_t *vram_capacity, char *err, size_t errlen);

@@ -29,6 +29,7 @@
  * fc2.bias so the runtime tests logit > 0. Recall and precision are then
  * measured on the test samples.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -721,17 +722,17 @@ int hyb_plan_pred_train(const struct hyb_profile *p, uint32_t layer, uint32_t hi
 	uint32_t *order = NULL;
 	uint64_t steps, seed = o->seed * 0x9e3779b97f4a7c15ull + layer + 1;
 	float thr;
-	int rc = -1;
+	int rc = -ENOMEM;
 
 	memset(out, 0, sizeof(*out));
 	memset(st, 0, sizeof(*st));
 	if (S < 20 || n_val == 0 || n_test == 0) {
 		snprintf(err, errlen, "profile has %u samples; predictors need at least 20", S);
-		return -1;
+		return -EINVAL;
 	}
 	if (!hidden) {
 		snprintf(err, errlen, "predictor hidden size is 0");
-		return -1;
+		return -EINVAL;
 	}
 	order = malloc((size_t)n_train * sizeof(*order));
 	if (trainer_init(&t, p, layer, hidden, o, n_train) || !order) {

@@ -22,6 +22,7 @@
  */
 #include "hyb/profile.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -32,6 +33,7 @@
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/tensor_type.h"
+#include "util/error.h"
 
 #define TYPE_I64 27u /* ggml's GGML_TYPE_I64 */
 #define N_REACT 8
@@ -303,7 +305,7 @@ int hyb_profile_stats(struct hyb_profile *p)
 {
 	uint32_t *seq = malloc(sizeof(uint32_t) * (p->n_samples ? p->n_samples : 1));
 	uint64_t *sorted = malloc(sizeof(uint64_t) * p->n_ff);
-	int rc = -1;
+	int rc = -ENOMEM;
 
 	if (!seq || !sorted)
 		goto out;
@@ -332,6 +334,9 @@ int hyb_profile_stats(struct hyb_profile *p)
 out:
 	free(seq);
 	free(sorted);
+	if (rc)
+		hyb_error_set(rc, "out of memory for the statistics of a profile of %u samples, "
+			      "n_ff %u", p->n_samples, p->n_ff);
 	return rc;
 }
 
@@ -394,15 +399,14 @@ struct hyb_profile_collector {
 
 struct hyb_profile_collector *hyb_profile_collector_new(uint32_t n_layer, uint32_t n_embd,
 							uint32_t n_ff, uint32_t max_samples,
-							const char *model_name, char *err,
-							size_t errlen)
+							const char *model_name)
 {
 	struct hyb_profile_collector *c;
 
 	if (!n_layer || n_layer > MAX_LAYERS || !n_embd || n_embd > MAX_EMBD || !n_ff ||
 	    n_ff > MAX_FF) {
-		snprintf(err, errlen, "cannot profile a model of %u layers, n_embd %u, n_ff %u",
-			 n_layer, n_embd, n_ff);
+		hyb_error_set(-EINVAL, "cannot profile a model of %u layers, n_embd %u, n_ff %u",
+			      n_layer, n_embd, n_ff);
 		return NULL;
 	}
 	c = calloc(1, sizeof(*c));
@@ -420,8 +424,8 @@ struct hyb_profile_collector *hyb_profile_collector_new(uint32_t n_layer, uint32
 	return c;
 oom:
 	hyb_profile_collector_free(c);
-	snprintf(err, errlen, "out of memory for a profile of %u samples (%.1f MiB of inputs)",
-		 max_samples, 2.0 * max_samples * n_embd * n_layer / 1048576.0);
+	hyb_error_set(-ENOMEM, "out of memory for a profile of %u samples (%.1f MiB of inputs)",
+		      max_samples, 2.0 * max_samples * n_embd * n_layer / 1048576.0);
 	return NULL;
 }
 
@@ -566,6 +570,7 @@ struct hyb_profile *hyb_profile_collector_finish(struct hyb_profile_collector *c
 
 	if (c->failed) {
 		hyb_profile_collector_free(c);
+		hyb_error_set(-ENOMEM, "out of memory while collecting the profile");
 		return NULL;
 	}
 	/* give back what the unused samples reserved */
@@ -611,20 +616,20 @@ static double *stat_field(struct hyb_profile_layer *ly, int id)
 	}
 }
 
-int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, size_t errlen)
+int hyb_profile_save(const struct hyb_profile *p, const char *path)
 {
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	double *vals = malloc(sizeof(double) * p->n_layer * N_REACT);
-	int rc = -1;
+	int rc;
 
 	if (!w || !vals) {
-		snprintf(err, errlen, "out of memory");
+		rc = hyb_error_set(-ENOMEM, "%s: out of memory", path);
 		goto out;
 	}
 	if (p->n_seqs > p->n_samples || (p->n_samples && !p->n_seqs) ||
 	    p->active_words != words_of(p->n_ff)) {
-		snprintf(err, errlen, "inconsistent profile (%u samples, %u sequences)",
-			 p->n_samples, p->n_seqs);
+		rc = hyb_error_set(-EINVAL, "%s: inconsistent profile (%u samples, %u sequences)",
+				   path, p->n_samples, p->n_seqs);
 		goto out;
 	}
 	hyb_gguf_set_str(w, "general.architecture", "hyb-profile");
@@ -656,45 +661,43 @@ int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, s
 		char name[64];
 
 		snprintf(name, sizeof(name), "blk.%u.count", l);
-		if (hyb_gguf_writer_add_tensor(w, name, TYPE_I64, 1, ne_c, ly->count))
-			goto bad_tensor;
+		rc = hyb_gguf_writer_add_tensor(w, name, TYPE_I64, 1, ne_c, ly->count);
+		if (rc)
+			goto out; /* the message names the tensor */
 		if (!p->n_samples)
 			continue;
 		snprintf(name, sizeof(name), "blk.%u.active", l);
-		if (hyb_gguf_writer_add_tensor(w, name, TYPE_I64, 2, ne_a, ly->active))
-			goto bad_tensor;
+		rc = hyb_gguf_writer_add_tensor(w, name, TYPE_I64, 2, ne_a, ly->active);
+		if (rc)
+			goto out;
 		snprintf(name, sizeof(name), "blk.%u.input", l);
-		if (hyb_gguf_writer_add_tensor(w, name, HYB_TYPE_F16, 2, ne_i, ly->input))
-			goto bad_tensor;
-		continue;
-bad_tensor:
-		snprintf(err, errlen, "cannot add tensor %s", name);
-		goto out;
+		rc = hyb_gguf_writer_add_tensor(w, name, HYB_TYPE_F16, 2, ne_i, ly->input);
+		if (rc)
+			goto out;
 	}
-	rc = hyb_gguf_writer_write_file(w, path, err, errlen);
+	rc = hyb_gguf_writer_write_file(w, path);
 out:
 	hyb_gguf_writer_free(w);
 	free(vals);
 	return rc;
 }
 
-/* "path: what" into err; -1. */
-static int load_fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-static int load_fail(char *err, size_t errlen, const char *path, const char *fmt, ...)
+/* "path: what" for hyb_last_error(); returns rc. */
+static int load_fail(int rc, const char *path, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int load_fail(int rc, const char *path, const char *fmt, ...)
 {
-	int n = snprintf(err, errlen, "%s: ", path);
+	char what[768];
 	va_list ap;
 
-	if (n >= 0 && (size_t)n < errlen) {
-		va_start(ap, fmt);
-		vsnprintf(err + n, errlen - (size_t)n, fmt, ap);
-		va_end(ap);
-	}
-	return -1;
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	return hyb_error_set(rc, "%s: %s", path, what);
 }
 
-#define LOAD_FAIL(...) return load_fail(err, errlen, path, __VA_ARGS__)
+/* A malformed profile. */
+#define LOAD_FAIL(...) return load_fail(-EINVAL, path, __VA_ARGS__)
 
 static bool get_u32(const struct hyb_gguf_file *f, const char *key, uint32_t *v)
 {
@@ -721,8 +724,7 @@ struct load_hdr {
 	int64_t n_tokens;
 };
 
-static int load_header(const struct hyb_gguf_file *f, const char *path, struct load_hdr *h,
-		       char *err, size_t errlen)
+static int load_header(const struct hyb_gguf_file *f, const char *path, struct load_hdr *h)
 {
 	const struct hyb_gguf_kv *kv;
 	uint32_t ver;
@@ -759,7 +761,7 @@ static int load_header(const struct hyb_gguf_file *f, const char *path, struct l
  * the sizes the header claims are then backed by the file's own bytes.
  */
 static int load_check_tensors(const struct hyb_gguf_file *f, const char *path,
-			      const struct load_hdr *h, char *err, size_t errlen)
+			      const struct load_hdr *h)
 {
 	const char *const what[3] = { "count", "active", "input" };
 
@@ -787,8 +789,7 @@ static int load_check_tensors(const struct hyb_gguf_file *f, const char *path,
 }
 
 /* The sequence starts, the per-layer statistics and the reactivation curves. */
-static int load_metadata(const struct hyb_gguf_file *f, const char *path, struct hyb_profile *p,
-			 char *err, size_t errlen)
+static int load_metadata(const struct hyb_gguf_file *f, const char *path, struct hyb_profile *p)
 {
 	const uint32_t n_layer = p->n_layer, n_seqs = p->n_seqs, n_samples = p->n_samples;
 	const struct hyb_gguf_kv *kv;
@@ -826,7 +827,7 @@ static int load_metadata(const struct hyb_gguf_file *f, const char *path, struct
 
 /* Layer l's counts, and with samples its activation bits and inputs. */
 static int load_layer(const struct hyb_gguf_file *f, const char *path, struct hyb_profile *p,
-		      uint32_t l, char *err, size_t errlen)
+		      uint32_t l)
 {
 	struct hyb_profile_layer *ly = &p->layers[l];
 	const uint32_t n_ff = p->n_ff, n_samples = p->n_samples;
@@ -857,7 +858,7 @@ static int load_layer(const struct hyb_gguf_file *f, const char *path, struct hy
 			  n_samples);
 	ly->active = malloc(t->nbytes);
 	if (!ly->active)
-		LOAD_FAIL("out of memory");
+		return load_fail(-ENOMEM, path, "out of memory");
 	memcpy(ly->active, t->data, t->nbytes);
 	for (uint32_t s = 0; pad && s < n_samples; s++)
 		if (ly->active[(size_t)s * p->active_words + p->active_words - 1] & pad)
@@ -869,30 +870,24 @@ static int load_layer(const struct hyb_gguf_file *f, const char *path, struct hy
 		LOAD_FAIL("tensor %s missing or not F16 [%u, %u]", name, p->n_embd, n_samples);
 	ly->input = malloc(t->nbytes);
 	if (!ly->input)
-		LOAD_FAIL("out of memory");
+		return load_fail(-ENOMEM, path, "out of memory");
 	memcpy(ly->input, t->data, t->nbytes);
 	return 0;
 }
 
-struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
+struct hyb_profile *hyb_profile_load(const char *path)
 {
 	struct hyb_gguf_file *f = NULL;
 	struct hyb_profile *p = NULL;
 	struct load_hdr h;
 
-	if (hyb_gguf_open(path, &f, err, errlen)) {
-		char why[256];
-
-		snprintf(why, sizeof(why), "%s", err);
-		snprintf(err, errlen, "%s: %s", path, why);
-		return NULL;
-	}
-	if (load_header(f, path, &h, err, errlen) ||
-	    load_check_tensors(f, path, &h, err, errlen))
+	if (hyb_gguf_open(path, &f))
+		return NULL; /* its message names the file */
+	if (load_header(f, path, &h) || load_check_tensors(f, path, &h))
 		goto fail;
 	p = profile_alloc(h.n_layer, h.n_embd, h.n_ff, 0, h.n_seqs);
 	if (!p) {
-		load_fail(err, errlen, path, "out of memory");
+		load_fail(-ENOMEM, path, "out of memory");
 		goto fail;
 	}
 	p->n_tokens = (uint64_t)h.n_tokens;
@@ -900,10 +895,10 @@ struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen)
 	p->n_seqs = h.n_seqs;
 	if (!hyb_gguf_get_str(f, "general.name", p->model_name, sizeof(p->model_name)))
 		p->model_name[0] = 0;
-	if (load_metadata(f, path, p, err, errlen))
+	if (load_metadata(f, path, p))
 		goto fail;
 	for (uint32_t l = 0; l < h.n_layer; l++)
-		if (load_layer(f, path, p, l, err, errlen))
+		if (load_layer(f, path, p, l))
 			goto fail;
 	hyb_gguf_close(f);
 	return p;

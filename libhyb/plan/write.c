@@ -38,6 +38,7 @@
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
 #include "plan_internal.h"
+#include "util/error.h"
 
 void hyb_plan_opts_default(struct hyb_plan_opts *o)
 {
@@ -134,7 +135,7 @@ static bool ffn_matrix(const struct hyb_gguf_str name, uint32_t *l)
 
 /* ---- checks ------------------------------------------------------------------ */
 
-static int check_model(struct plan *P, const char *path, char *err, size_t errlen)
+static int check_model(struct plan *P, const char *path)
 {
 	const struct hyb_gguf_file *f = P->m->gguf;
 	const struct hyb_layer *L0 = &P->m->layers[0];
@@ -142,74 +143,63 @@ static int check_model(struct plan *P, const char *path, char *err, size_t errle
 	P->n_layer = P->m->hp.n_layer;
 	P->n_embd = P->m->hp.n_embd;
 	P->n_ff = P->m->hp.n_ff;
-	if (hyb_gguf_find(f, HYB_PLAN_KEY_VERSION)) {
-		snprintf(err, errlen, "%s is already a plan file (plan the source model)", path);
-		return -1;
-	}
+	if (hyb_gguf_find(f, HYB_PLAN_KEY_VERSION))
+		return hyb_error_set(-EINVAL, "%s is already a plan file (plan the source model)",
+				     path);
 	P->type = L0->gate.type;
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		const struct hyb_layer *L = &P->m->layers[l];
 
-		if (L->gate.type != P->type || L->up.type != P->type) {
-			snprintf(err, errlen, "%s: layer %u FFN has gate %s / up %s; a plan "
-				 "needs one type for every gate and up", path, l,
-				 hyb_type_name(L->gate.type), hyb_type_name(L->up.type));
-			return -1;
-		}
+		if (L->gate.type != P->type || L->up.type != P->type)
+			return hyb_error_set(-EINVAL, "%s: layer %u FFN has gate %s / up %s; a "
+					     "plan needs one type for every gate and up", path, l,
+					     hyb_type_name(L->gate.type),
+					     hyb_type_name(L->up.type));
 	}
 	if (P->type != HYB_TYPE_F32 && P->type != HYB_TYPE_F16 && P->type != HYB_TYPE_Q8_0 &&
 	    P->type != HYB_TYPE_Q4_0) {
-		snprintf(err, errlen, "%s: FFN type %s is not supported for plans (supported: "
-			 "F32 F16 Q8_0 Q4_0, the bundle types the sparse FFN runs)", path,
-			 hyb_type_name(P->type));
-		return -1;
+		return hyb_error_set(-EINVAL, "%s: FFN type %s is not supported for plans "
+				     "(supported: F32 F16 Q8_0 Q4_0, the bundle types the sparse "
+				     "FFN runs)", path, hyb_type_name(P->type));
 	}
 	P->row_bytes = hyb_row_bytes(P->type, P->n_embd);
-	if (!P->row_bytes) {
-		snprintf(err, errlen, "%s: n_embd %u is not a multiple of the %s block", path,
-			 P->n_embd, hyb_type_name(P->type));
-		return -1;
-	}
+	if (!P->row_bytes)
+		return hyb_error_set(-EINVAL, "%s: n_embd %u is not a multiple of the %s block",
+				     path, P->n_embd, hyb_type_name(P->type));
 	return 0;
 }
 
-static int check_profile(struct plan *P, char *err, size_t errlen)
+static int check_profile(struct plan *P)
 {
 	const struct hyb_profile *p = P->prof;
 
-	if (p->n_layer != P->n_layer || p->n_embd != P->n_embd || p->n_ff != P->n_ff) {
-		snprintf(err, errlen, "profile does not match the model: profile has %u layers, "
-			 "n_embd %u, n_ff %u; model has %u, %u, %u", p->n_layer, p->n_embd,
-			 p->n_ff, P->n_layer, P->n_embd, P->n_ff);
-		return -1;
-	}
-	if (p->active_words != (p->n_ff + 63) / 64 || !p->layers) {
-		snprintf(err, errlen, "profile is malformed (active_words %u for n_ff %u)",
-			 p->active_words, p->n_ff);
-		return -1;
-	}
-	if (!p->n_tokens || p->n_samples < 20) {
-		snprintf(err, errlen, "profile has %llu tokens and %u samples; a plan needs at "
-			 "least 20 samples", (unsigned long long)p->n_tokens, p->n_samples);
-		return -1;
-	}
+	if (p->n_layer != P->n_layer || p->n_embd != P->n_embd || p->n_ff != P->n_ff)
+		return hyb_error_set(-EINVAL, "profile does not match the model: profile has %u "
+				     "layers, n_embd %u, n_ff %u; model has %u, %u, %u",
+				     p->n_layer, p->n_embd, p->n_ff, P->n_layer, P->n_embd,
+				     P->n_ff);
+	if (p->active_words != (p->n_ff + 63) / 64 || !p->layers)
+		return hyb_error_set(-EINVAL, "profile is malformed (active_words %u for n_ff %u)",
+				     p->active_words, p->n_ff);
+	if (!p->n_tokens || p->n_samples < 20)
+		return hyb_error_set(-EINVAL, "profile has %llu tokens and %u samples; a plan "
+				     "needs at least 20 samples", (unsigned long long)p->n_tokens,
+				     p->n_samples);
 	return 0;
 }
 
 /* ---- the stages ---------------------------------------------------------------------- */
 
-static int choose_group_size(struct plan *P, char *err, size_t errlen)
+static int choose_group_size(struct plan *P)
 {
 	const struct hyb_plan_opts *o = P->o;
 	const uint64_t nb = 3 * P->row_bytes;
 	char b1[32];
 
 	if (o->group_size) {
-		if (o->group_size > P->n_ff) {
-			snprintf(err, errlen, "--group-size %u is larger than n_ff %u",
-				 o->group_size, P->n_ff);
-			return -1;
-		}
+		if (o->group_size > P->n_ff)
+			return hyb_error_set(-EINVAL, "--group-size %u is larger than n_ff %u",
+					     o->group_size, P->n_ff);
 		P->gs = o->group_size;
 		say(P, "group size %u (given): a bundle is %s, %.1f%% of the link\n", P->gs,
 		    mib(P->gs * nb, b1, sizeof(b1)),
@@ -239,7 +229,7 @@ static int choose_group_size(struct plan *P, char *err, size_t errlen)
 	return 0;
 }
 
-static int group_all(struct plan *P, char *err, size_t errlen)
+static int group_all(struct plan *P)
 {
 	struct hyb_plan_group_opts go = P->o->group;
 	static const char *const names[] = { "metis", "contiguous", "random" };
@@ -254,15 +244,16 @@ static int group_all(struct plan *P, char *err, size_t errlen)
 		struct hyb_plan_group_quality q[3];
 		struct hyb_plan_group_info info;
 		int32_t *tmp = malloc((size_t)P->n_ff * sizeof(*tmp));
+		char why[512];
+		int rc;
 
-		if (!tmp) {
-			snprintf(err, errlen, "out of memory");
-			return -1;
-		}
-		if (hyb_plan_group_layer(P->prof, l, P->o->grouping, &go, P->perm[l], &info, err,
-				     errlen)) {
+		if (!tmp)
+			return hyb_error_set(-ENOMEM, "out of memory");
+		rc = hyb_plan_group_layer(P->prof, l, P->o->grouping, &go, P->perm[l], &info, why,
+					  sizeof(why));
+		if (rc) {
 			free(tmp);
-			return -1;
+			return hyb_error_set(rc, "%s", why);
 		}
 		hyb_plan_group_quality(P->prof, l, P->perm[l], P->gs, &q[0]);
 		for (int b = 1; b < 3; b++) {
@@ -293,7 +284,7 @@ static uint64_t group_rows(const struct plan *P, uint32_t g)
 	return end - g * P->gs;
 }
 
-static int place_all(struct plan *P, char *err, size_t errlen)
+static int place_all(struct plan *P)
 {
 	const struct hyb_plan_opts *o = P->o;
 	const struct hyb_profile *prof = P->prof;
@@ -304,10 +295,10 @@ static int place_all(struct plan *P, char *err, size_t errlen)
 	uint32_t m_g = (c_l + P->gs - 1) / P->gs;
 	struct hyb_plan_place_result r;
 	char b1[32], b2[32], b3[32], b4[32], b5[32];
-	int rc = -1;
+	int rc = -ENOMEM;
 
 	if (!L || !val || !bytes) {
-		snprintf(err, errlen, "out of memory");
+		hyb_error_set(rc, "out of memory");
 		goto out;
 	}
 	if (m_g > P->n_groups)
@@ -317,7 +308,7 @@ static int place_all(struct plan *P, char *err, size_t errlen)
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		val[l] = calloc(P->n_groups, sizeof(double));
 		if (!val[l]) {
-			snprintf(err, errlen, "out of memory");
+			hyb_error_set(rc, "out of memory");
 			goto out;
 		}
 		for (uint32_t i = 0; i < P->n_ff; i++) {
@@ -343,7 +334,7 @@ static int place_all(struct plan *P, char *err, size_t errlen)
 	}
 	budget = o->gpu_budget - P->dense_bytes - P->pred_bytes;
 	if (hyb_plan_place_solve(L, P->n_layer, budget, o->place_nodes, P->gpu, &r)) {
-		snprintf(err, errlen, "out of memory in the placement solver");
+		hyb_error_set(rc, "out of memory in the placement solver");
 		goto out;
 	}
 	say(P, "placement: budget %s = dense %s + predictors %s + groups %s of %s\n",
@@ -407,14 +398,16 @@ static int add_layer_tensors(struct plan *P, struct hyb_gguf_writer *w, uint32_t
 {
 	char name[96];
 	uint64_t ne[2];
-	int bad = 0;
+	int rc = 0;
 
+	/* the first failure's errno; its message names the tensor */
 #define ADD(suffix, type, nd, a, b, data)                                              \
 	do {                                                                           \
 		snprintf(name, sizeof(name), "blk.%u." suffix, l);                     \
 		ne[0] = (a);                                                           \
 		ne[1] = (b);                                                           \
-		bad |= hyb_gguf_writer_add_tensor(w, name, type, nd, ne, data);            \
+		if (!rc)                                                               \
+			rc = hyb_gguf_writer_add_tensor(w, name, type, nd, ne, data);  \
 	} while (0)
 	ADD(HYB_PLAN_T_BUNDLES, P->type, 2, P->n_embd, 3ull * P->n_ff, NULL);
 	ADD(HYB_PLAN_T_PERM, HYB_TYPE_I32, 1, P->n_ff, 1, P->perm[l]);
@@ -425,22 +418,20 @@ static int add_layer_tensors(struct plan *P, struct hyb_gguf_writer *w, uint32_t
 	ADD(HYB_PLAN_T_FC2_W, HYB_TYPE_F16, 2, P->n_ff, P->hidden[l], NULL);
 	ADD(HYB_PLAN_T_FC2_B, HYB_TYPE_F32, 1, P->n_ff, 1, NULL);
 #undef ADD
-	return bad ? -1 : 0;
+	return rc;
 }
 
 /* Metadata and tensor table: the source's, FFN matrices replaced by plan tensors. */
-static int declare(struct plan *P, struct hyb_gguf_writer *w, const char *model_path, char *err,
-		   size_t errlen)
+static int declare(struct plan *P, struct hyb_gguf_writer *w, const char *model_path)
 {
 	const struct hyb_gguf_file *f = P->m->gguf;
 	const char *base = strrchr(model_path, '/');
 	uint8_t *done = calloc(P->n_layer, 1);
 	uint32_t n_order = 0;
+	int rc;
 
-	if (!done) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
-	}
+	if (!done)
+		return hyb_error_set(-ENOMEM, "out of memory");
 	hyb_gguf_writer_set_version(w, f->version == 2 ? 2 : 3);
 	for (uint64_t i = 0; i < f->n_kv; i++)
 		hyb_gguf_writer_copy_kv(w, &f->kv[i]);
@@ -463,26 +454,26 @@ static int declare(struct plan *P, struct hyb_gguf_writer *w, const char *model_
 				continue;
 			done[l] = 1;
 			P->order[n_order++] = l;
-			if (add_layer_tensors(P, w, l)) {
-				snprintf(err, errlen, "cannot declare layer %u's plan tensors", l);
+			rc = add_layer_tensors(P, w, l);
+			if (rc) {
 				free(done);
-				return -1;
+				return hyb_error_set(rc, "cannot declare layer %u's plan "
+						     "tensors: %s", l, hyb_last_error());
 			}
 			continue;
 		}
 		snprintf(name, sizeof(name), "%.*s", (int)t->name.len, t->name.ptr);
-		if (hyb_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data)) {
-			snprintf(err, errlen, "cannot copy tensor %s", name);
+		rc = hyb_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data);
+		if (rc) {
 			free(done);
-			return -1;
+			return hyb_error_set(rc, "cannot copy tensor %s: %s", name,
+					     hyb_last_error());
 		}
 	}
 	free(done);
-	if (n_order != P->n_layer) {
-		snprintf(err, errlen, "model has FFN tensors for %u of %u layers", n_order,
-			 P->n_layer);
-		return -1;
-	}
+	if (n_order != P->n_layer)
+		return hyb_error_set(-EINVAL, "model has FFN tensors for %u of %u layers", n_order,
+				     P->n_layer);
 	return 0;
 }
 
@@ -577,8 +568,7 @@ static void down_worker(void *arg, int ith, int nth)
 	}
 }
 
-static int write_layer(struct plan *P, struct hyb_gguf_writer *w, uint32_t l, char *err,
-		       size_t errlen)
+static int write_layer(struct plan *P, struct hyb_gguf_writer *w, uint32_t l)
 {
 	const struct hyb_layer *L = &P->m->layers[l];
 	struct down_job dj = { .k = hyb_cpu_best(), .down = &L->down, .perm = P->perm[l],
@@ -590,21 +580,24 @@ static int write_layer(struct plan *P, struct hyb_gguf_writer *w, uint32_t l, ch
 	struct hyb_plan_predictor pr = { 0 };
 	struct hyb_plan_pred_stats st;
 	double e2 = 0, r2 = 0, mx = 0;
-	int rc = -1, bad = 0;
+	char why[512];
+	int rc, bad = 0;
 
 	/* the predictor first: outputs in bundle order */
 	po.pool = P->pool;
 	if (P->import) {
-		if (hyb_plan_pi_predictor(P->m, l, P->perm[l], &pr, err, errlen))
-			return -1;
+		rc = hyb_plan_pi_predictor(P->m, l, P->perm[l], &pr, why, sizeof(why));
+		if (rc)
+			return hyb_error_set(rc, "%s", why);
 		/* the profile's samples hold the adjacent input, not the raw
 		 * same-layer one these read: nothing to measure them on here */
 		say(P, "  %5u  H %4u  PowerInfer's own (score >= %g), not re-measured", l,
 		    pr.hidden, P->m->powerinfer_threshold);
 	} else {
-		if (hyb_plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, err,
-				    errlen))
-			return -1;
+		rc = hyb_plan_pred_train(P->prof, l, P->hidden[l], P->perm[l], &po, &pr, &st, why,
+					 sizeof(why));
+		if (rc)
+			return hyb_error_set(rc, "%s", why);
 		say(P, "  %5u  H %4u  %5.1f epochs  recall %.3f  precision %.3f  predicted %.3f "
 		    "(true %.3f)  %.1fs", l, st.hidden, st.epochs, st.recall, st.precision,
 		    st.pred_frac, st.true_frac, st.seconds);
@@ -618,13 +611,13 @@ static int write_layer(struct plan *P, struct hyb_gguf_writer *w, uint32_t l, ch
 	dj.dt = malloc((size_t)P->n_ff * P->n_embd * sizeof(float));
 	dj.q = malloc((size_t)P->n_ff * P->row_bytes);
 	if (!dj.dt || !dj.q) {
-		snprintf(err, errlen, "out of memory transposing layer %u's down matrix", l);
+		rc = hyb_error_set(-ENOMEM, "out of memory transposing layer %u's down matrix", l);
 		goto out;
 	}
 	for (dj.phase = 0; dj.phase < 2; dj.phase++)
 		hyb_threadpool_run(P->pool, down_worker, &dj);
 	if (dj.failed) {
-		snprintf(err, errlen, "out of memory requantizing layer %u's down matrix", l);
+		rc = hyb_error_set(-ENOMEM, "out of memory requantizing layer %u's down matrix", l);
 		goto out;
 	}
 	for (int q = 0; q < 64; q++) {
@@ -664,7 +657,7 @@ bundles:
 	bad |= hyb_gguf_writer_put_data(w, pr.fc2_b, (uint64_t)pr.n_out * 4);
 	if (bad) {
 		/* the writer kept the reason; finish reports it and removes the file */
-		hyb_gguf_writer_finish(w, err, errlen);
+		rc = hyb_gguf_writer_finish(w);
 		goto out;
 	}
 	rc = 0;
@@ -676,10 +669,11 @@ out:
 }
 
 /* PowerInfer's GPU index: what place_all covers. */
-static int load_gpu_index(struct plan *P, char *err, size_t errlen)
+static int load_gpu_index(struct plan *P)
 {
 	uint64_t cap, n_hot = 0;
-	char b1[32];
+	char b1[32], why[512];
+	int rc;
 
 	P->hot = calloc(P->n_layer, sizeof(*P->hot));
 	if (!P->hot)
@@ -687,8 +681,10 @@ static int load_gpu_index(struct plan *P, char *err, size_t errlen)
 	for (uint32_t l = 0; l < P->n_layer; l++)
 		if (!(P->hot[l] = calloc(P->n_ff, 1)))
 			goto oom;
-	if (hyb_plan_pi_gpu_index(P->o->gpu_index, P->n_layer, P->n_ff, P->hot, &cap, err, errlen))
-		return -1;
+	rc = hyb_plan_pi_gpu_index(P->o->gpu_index, P->n_layer, P->n_ff, P->hot, &cap, why,
+				   sizeof(why));
+	if (rc)
+		return hyb_error_set(rc, "%s", why);
 	for (uint32_t l = 0; l < P->n_layer; l++)
 		for (uint32_t i = 0; i < P->n_ff; i++)
 			n_hot += P->hot[l][i];
@@ -698,37 +694,32 @@ static int load_gpu_index(struct plan *P, char *err, size_t errlen)
 	    cap ? mib(cap, b1, sizeof(b1)) : "an unknown VRAM capacity");
 	return 0;
 oom:
-	snprintf(err, errlen, "out of memory");
-	return -1;
+	return hyb_error_set(-ENOMEM, "out of memory");
 }
 
 /*
  * Before the long stages: the output is not the model, and its directory
  * takes a file (tmp, the writer's temporary name, created and removed).
  */
-static int check_output(const char *model_path, const char *out, const char *tmp, char *err,
-			size_t errlen)
+static int check_output(const char *model_path, const char *out, const char *tmp)
 {
 	struct stat a, b;
 	int fd;
 
 	if (!stat(model_path, &a) && !stat(out, &b) && a.st_dev == b.st_dev &&
 	    a.st_ino == b.st_ino) {
-		snprintf(err, errlen, "output %s is the model itself", out);
-		return -1;
+		return hyb_error_set(-EINVAL, "output %s is the model itself", out);
 	}
 	fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		snprintf(err, errlen, "cannot write %s: %s", out, strerror(errno));
-		return -1;
-	}
+	if (fd < 0)
+		return hyb_error_set(-errno, "cannot write %s: %s", out, strerror(errno));
 	close(fd);
 	unlink(tmp);
 	return 0;
 }
 
 /* The per-layer arrays of the run. */
-static int plan_alloc(struct plan *P, char *err, size_t errlen)
+static int plan_alloc(struct plan *P)
 {
 	P->pool = hyb_threadpool_new(P->o->n_threads);
 	P->perm = calloc(P->n_layer, sizeof(*P->perm));
@@ -736,24 +727,20 @@ static int plan_alloc(struct plan *P, char *err, size_t errlen)
 	P->freq = calloc(P->n_layer, sizeof(*P->freq));
 	P->hidden = calloc(P->n_layer, sizeof(*P->hidden));
 	P->order = calloc(P->n_layer, sizeof(*P->order));
-	if (!P->pool || !P->perm || !P->gpu || !P->freq || !P->hidden || !P->order) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
-	}
+	if (!P->pool || !P->perm || !P->gpu || !P->freq || !P->hidden || !P->order)
+		return hyb_error_set(-ENOMEM, "out of memory");
 	return 0;
 }
 
 /* Per layer: the permutation, the groups on the GPU, their frequencies (once GS is known). */
-static int plan_alloc_layers(struct plan *P, char *err, size_t errlen)
+static int plan_alloc_layers(struct plan *P)
 {
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		P->perm[l] = malloc((size_t)P->n_ff * sizeof(int32_t));
 		P->gpu[l] = calloc(P->n_groups, 1);
 		P->freq[l] = calloc(P->n_groups, sizeof(float));
-		if (!P->perm[l] || !P->gpu[l] || !P->freq[l]) {
-			snprintf(err, errlen, "out of memory");
-			return -1;
-		}
+		if (!P->perm[l] || !P->gpu[l] || !P->freq[l])
+			return hyb_error_set(-ENOMEM, "out of memory");
 	}
 	return 0;
 }
@@ -782,98 +769,91 @@ static void plan_free(struct plan *P)
 }
 
 /* What comes from a PowerInfer model: its predictors (unless retrained), its GPU index. */
-static int plan_powerinfer(struct plan *P, char *err, size_t errlen)
+static int plan_powerinfer(struct plan *P)
 {
 	if (P->m->powerinfer && !P->o->train_predictors) {
-		int has = hyb_plan_pi_predictors(P->m, P->hidden, err, errlen);
+		char why[512];
+		int has = hyb_plan_pi_predictors(P->m, P->hidden, why, sizeof(why));
 
 		if (has < 0)
-			return -1;
+			return hyb_error_set(has, "%s", why);
 		P->import = has == 1;
 		say(P, "PowerInfer model (ffn_down_t): down rows kept as they are; %s\n",
 		    P->import ? "its predictors are kept (input: the layer's own residual)"
 			      : "no fc1/fc2 predictors in it, so they are trained");
 	}
-	return P->o->gpu_index ? load_gpu_index(P, err, errlen) : 0;
+	return P->o->gpu_index ? load_gpu_index(P) : 0;
 }
 
 /* The budget check needs only sizes: fail before the long stages. */
-static int check_budget(const struct plan *P, char *err, size_t errlen)
+static int check_budget(const struct plan *P)
 {
 	char b1[32], b2[32], b3[32], b4[32];
 
 	if (P->o->gpu_budget >= P->dense_bytes + P->pred_bytes)
 		return 0;
-	snprintf(err, errlen, "GPU budget %s is too small for the dense part (%s: "
-		 "attention, norms, output head) and the predictors (%s): need at least %s",
-		 mib(P->o->gpu_budget, b1, sizeof(b1)), mib(P->dense_bytes, b2, sizeof(b2)),
-		 mib(P->pred_bytes, b3, sizeof(b3)),
-		 mib(P->dense_bytes + P->pred_bytes, b4, sizeof(b4)));
-	return -1;
+	return hyb_error_set(-EINVAL, "GPU budget %s is too small for the dense part (%s: "
+			     "attention, norms, output head) and the predictors (%s): need at "
+			     "least %s", mib(P->o->gpu_budget, b1, sizeof(b1)),
+			     mib(P->dense_bytes, b2, sizeof(b2)),
+			     mib(P->pred_bytes, b3, sizeof(b3)),
+			     mib(P->dense_bytes + P->pred_bytes, b4, sizeof(b4)));
 }
 
 /* The file: declared whole, then streamed layer by layer into PATH.tmp-PID, renamed when complete. */
-static int write_plan(struct plan *P, const char *model_path, const char *out_path, char *err,
-		      size_t errlen)
+static int write_plan(struct plan *P, const char *model_path, const char *out_path)
 {
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
-	int rc = -1;
+	int rc;
 
-	if (!w) {
-		snprintf(err, errlen, "out of memory");
-		return -1;
-	}
-	if (declare(P, w, model_path, err, errlen) ||
-	    hyb_gguf_writer_begin(w, out_path, err, errlen))
+	if (!w)
+		return hyb_error_set(-ENOMEM, "out of memory");
+	rc = declare(P, w, model_path);
+	if (rc || (rc = hyb_gguf_writer_begin(w, out_path)))
 		goto out;
 	if (P->import)
 		say(P, "predictors and bundles:\n");
 	else
 		say(P, "predictors (target recall %.3g, test samples) and bundles:\n",
 		    P->o->pred.target_recall);
-	for (uint32_t q = 0; q < P->n_layer; q++)
-		if (write_layer(P, w, P->order[q], err, errlen))
-			goto out;
-	if (hyb_gguf_writer_finish(w, err, errlen))
-		goto out;
-	rc = 0;
+	for (uint32_t q = 0; q < P->n_layer && !rc; q++)
+		rc = write_layer(P, w, P->order[q]);
+	if (!rc)
+		rc = hyb_gguf_writer_finish(w);
 out:
 	hyb_gguf_writer_free(w); /* removes the temporary file when not finished */
 	return rc;
 }
 
-int hyb_plan_make(const char *model_path, const struct hyb_profile *prof, const struct hyb_plan_opts *o,
-	      const char *out_path, char *err, size_t errlen)
+int hyb_plan_make(const char *model_path, const struct hyb_profile *prof,
+		  const struct hyb_plan_opts *o, const char *out_path)
 {
 	struct plan P = { .o = o, .prof = prof, .out = o->quiet ? NULL : stdout };
 	char tmp[4096], b1[32];
 	double t0 = now_s();
 	struct stat st;
-	int rc = -1;
+	int rc;
 
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof(tmp)) {
-		snprintf(err, errlen, "output path is too long");
-		return -1;
-	}
-	P.m = hyb_model_load_mode(model_path, HYB_LOAD_MMAP, err, errlen);
-	if (!P.m)
-		return -1;
-	if (check_model(&P, model_path, err, errlen) || check_profile(&P, err, errlen) ||
-	    check_output(model_path, out_path, tmp, err, errlen) || plan_alloc(&P, err, errlen))
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d", out_path, (int)getpid()) >= (int)sizeof(tmp))
+		return hyb_error_set(-ENAMETOOLONG, "output path is too long");
+	P.m = hyb_model_load_mode(model_path, HYB_LOAD_MMAP);
+	if (!P.m) /* the load said why, and with which errno */
+		return hyb_error_rc() < 0 ? hyb_error_rc() : -EINVAL;
+	if ((rc = check_model(&P, model_path)) || (rc = check_profile(&P)) ||
+	    (rc = check_output(model_path, out_path, tmp)) || (rc = plan_alloc(&P)))
 		goto out;
 	say(&P, "hybctl plan: %s: %u layers, n_embd %u, n_ff %u, FFN %s; profile: %llu tokens, "
 	    "%u samples\n", model_path, P.n_layer, P.n_embd, P.n_ff, hyb_type_name(P.type),
 	    (unsigned long long)prof->n_tokens, prof->n_samples);
-	if (choose_group_size(&P, err, errlen) || plan_alloc_layers(&P, err, errlen) ||
-	    plan_powerinfer(&P, err, errlen))
+	if ((rc = choose_group_size(&P)) || (rc = plan_alloc_layers(&P)) ||
+	    (rc = plan_powerinfer(&P)))
 		goto out;
 	reserve(&P);
-	if (check_budget(&P, err, errlen) || group_all(&P, err, errlen) ||
-	    place_all(&P, err, errlen) || write_plan(&P, model_path, out_path, err, errlen))
+	if ((rc = check_budget(&P)) || (rc = group_all(&P)) || (rc = place_all(&P)) ||
+	    (rc = write_plan(&P, model_path, out_path)))
 		goto out;
 	say(&P, "wrote %s (%s) in %.1f s\n", out_path,
 	    mib(stat(out_path, &st) ? 0 : (uint64_t)st.st_size, b1, sizeof(b1)), now_s() - t0);
-	rc = 0;
 out:
 	plan_free(&P);
 	return rc;

@@ -6,21 +6,24 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <hyb/hyb.h>
 
 int main(int argc, char **argv)
 {
 	struct hyb_gguf_file *f;
-	char err[256];
+	int rc;
 
 	if (argc != 2) {
 		fprintf(stderr, "usage: app MODEL.gguf\n");
 		return 2;
 	}
-	if (hyb_gguf_open(argv[1], &f, err, sizeof(err))) {
-		fprintf(stderr, "app: %s\n", err);
-		return 1;
+	rc = hyb_gguf_open(argv[1], &f);
+	if (rc) {
+		/* the convention (hyb/error.h): a negative errno and a message naming the file */
+		fprintf(stderr, "app: %s\n", hyb_last_error());
+		return rc < 0 && rc != -1 && strstr(hyb_last_error(), argv[1]) ? 1 : 3;
 	}
 	printf("tensors %llu kernels %s\n", (unsigned long long)f->n_tensors, hyb_roofline_isa());
 	hyb_gguf_close(f);

@@ -62,7 +62,6 @@ int main(int argc, char **argv)
 	const uint32_t n_prompts = sizeof(prompts) / sizeof(prompts[0]);
 	uint32_t n_gen = argc > 2 ? (uint32_t)atoi(argv[2]) : 64;
 	int nth = argc > 3 ? atoi(argv[3]) : 0;
-	char err[512];
 	struct hyb_model *m;
 	struct hyb_ctx *dense, *sparse;
 	uint64_t agree = 0, total = 0;
@@ -72,18 +71,18 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: bench_fidelity PLAN [N_GEN] [THREADS]\n");
 		return 2;
 	}
-	m = hyb_model_load(argv[1], err, sizeof(err));
+	m = hyb_model_load(argv[1]);
 	if (!m)
-		die(argv[1], err);
+		die(argv[1], hyb_last_error());
 	if (!m->group_size || !m->tok)
 		die(argv[1], "not a plan with a tokenizer (hybctl plan)");
 	struct hyb_ctx_params pd = { .n_ctx = 512, .n_threads = nth, .ffn = HYB_FFN_DENSE };
 	struct hyb_ctx_params ps = { .n_ctx = 512, .n_threads = nth, .ffn = HYB_FFN_SPARSE };
 
-	dense = hyb_ctx_new(m, &pd, err, sizeof(err));
-	sparse = dense ? hyb_ctx_new(m, &ps, err, sizeof(err)) : NULL;
+	dense = hyb_ctx_new(m, &pd);
+	sparse = dense ? hyb_ctx_new(m, &ps) : NULL;
 	if (!sparse)
-		die("context", err);
+		die("context", hyb_last_error());
 	float *ld = malloc(sizeof(float) * m->hp.n_vocab), *ls = malloc(sizeof(float) * m->hp.n_vocab);
 	int32_t *toks = malloc(sizeof(int32_t) * 512);
 
@@ -108,9 +107,9 @@ int main(int argc, char **argv)
 			die("sampler", "out of memory");
 		hyb_ctx_reset(dense);
 		hyb_ctx_reset(sparse);
-		if (hyb_ctx_eval(dense, toks, (uint32_t)n, ld, false, err, sizeof(err)) ||
-		    hyb_ctx_eval(sparse, toks, (uint32_t)n, ls, false, err, sizeof(err)))
-			die("prefill", err);
+		if (hyb_ctx_eval(dense, toks, (uint32_t)n, ld, false) ||
+		    hyb_ctx_eval(sparse, toks, (uint32_t)n, ls, false))
+			die("prefill", hyb_last_error());
 		for (uint32_t i = 0; i < n_gen; i++) {
 			int32_t next;
 
@@ -121,9 +120,9 @@ int main(int argc, char **argv)
 			}
 			next = hyb_sampler_sample(s, ld);
 			hyb_sampler_accept(s, next);
-			if (hyb_ctx_eval(dense, &next, 1, ld, false, err, sizeof(err)) ||
-			    hyb_ctx_eval(sparse, &next, 1, ls, false, err, sizeof(err)))
-				die("decode", err);
+			if (hyb_ctx_eval(dense, &next, 1, ld, false) ||
+			    hyb_ctx_eval(sparse, &next, 1, ls, false))
+				die("decode", hyb_last_error());
 		}
 		printf("%6u  %6u  %5.1f%%\n", p, (unsigned)(total - t0),
 		       100.0 * (agree - a0) / (total - t0));

@@ -6,11 +6,13 @@
  * pointer the validation let through out of bounds. The input buffer is
  * exactly the size given, so one byte too far is a heap overflow.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hyb/gguf.h"
+#include "util/error.h"
 
 static const uint8_t elem_size[HYB_GGUF_VT_COUNT] = {
 	[HYB_GGUF_VT_UINT8] = 1, [HYB_GGUF_VT_INT8] = 1,   [HYB_GGUF_VT_UINT16] = 2,  [HYB_GGUF_VT_INT16] = 2,
@@ -52,12 +54,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct hyb_gguf_file *f;
-	char err[256];
+	unsigned int said = hyb_error_count();
 	unsigned sum = 0;
+	int rc = hyb_gguf_parse(data, size, &f);
 
-	if (hyb_gguf_parse(data, size, &f, err, sizeof(err))) {
-		if (!err[0])
-			abort(); /* every refusal must say why */
+	if (rc) {
+		/* every refusal says why, with the errno of a malformed file or of no memory */
+		if (hyb_error_count() == said || !hyb_last_error()[0] || f ||
+		    (rc != -EINVAL && rc != -ENOMEM))
+			abort();
 		return 0;
 	}
 	for (uint64_t i = 0; i < f->n_kv; i++) {

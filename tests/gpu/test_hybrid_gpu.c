@@ -46,19 +46,18 @@ static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy
 	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
 				    .hybrid = hy };
 	static const int32_t prompt[6] = { 11, 200, 37, 99, 4, 310 };
-	char err[256];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 	float *lg = malloc(sizeof(float) * V);
 
-	CHECK_MSG(c, "%s", err);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	CHECK(lg);
-	CHECK_MSG(!hyb_ctx_eval(c, prompt, 6, lg, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt, 6, lg, false), "%s", hyb_last_error());
 	for (int i = 0; i < N_GEN; i++) {
 		if (!follow)
 			toks[i] = i % DRIFT == DRIFT - 1 ? (int32_t)(3 + (i * 7919) % (V - 3)) :
 							    hyb_test_argmax(lg, V);
 		memcpy(logits + (size_t)i * V, lg, sizeof(float) * V);
-		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, lg, false, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, lg, false), "%s", hyb_last_error());
 	}
 	if (!strcmp(hy->device, "cuda")) {
 		struct hyb_hybrid_offload pl;
@@ -82,13 +81,12 @@ static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy
 
 static void compare(enum hyb_policy pol)
 {
-	char err[256];
 	struct hyb_model *m;
 
 	if (hyb_cuda_device_count() == 0)
 		SKIP("no CUDA device");
-	m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	m = hyb_model_load(hyb_test_plan());
+	CHECK_MSG(m, "%s", hyb_last_error());
 
 	const uint32_t V = m->hp.n_vocab;
 	struct hyb_hybrid_params cpu = params(m, "cpu", pol), gpu = params(m, "cuda", pol);

@@ -55,15 +55,14 @@ void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, u
 {
 	float *la = malloc(sizeof(float) * V), *lb = malloc(sizeof(float) * V);
 	int32_t toks[64];
-	char err[256];
 
 	CHECK(la && lb && n_prompt <= 64);
 	for (uint32_t i = 0; i < n_prompt; i++)
 		toks[i] = (int32_t)(3 + (seed * 2654435761u + i * 40503u) % (V - 3));
 	hyb_ctx_reset(a);
 	hyb_ctx_reset(b);
-	CHECK_MSG(!hyb_ctx_eval(a, toks, n_prompt, la, false, err, sizeof(err)), "%s", err);
-	CHECK_MSG(!hyb_ctx_eval(b, toks, n_prompt, lb, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(a, toks, n_prompt, la, false), "%s", hyb_last_error());
+	CHECK_MSG(!hyb_ctx_eval(b, toks, n_prompt, lb, false), "%s", hyb_last_error());
 	for (uint32_t i = 0; i < n_gen; i++) {
 		int32_t next = hyb_test_argmax(la, V);
 
@@ -79,8 +78,8 @@ void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, u
 			r->max_diff = fmax(r->max_diff, diff);
 			r->max_rel = fmax(r->max_rel, top > 0 ? diff / top : diff);
 		}
-		CHECK_MSG(!hyb_ctx_eval(a, &next, 1, la, false, err, sizeof(err)), "%s", err);
-		CHECK_MSG(!hyb_ctx_eval(b, &next, 1, lb, false, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(a, &next, 1, la, false), "%s", hyb_last_error());
+		CHECK_MSG(!hyb_ctx_eval(b, &next, 1, lb, false), "%s", hyb_last_error());
 	}
 	free(la);
 	free(lb);
@@ -89,9 +88,8 @@ void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, u
 struct hyb_ctx *hyb_test_ctx(const struct hyb_model *m, int ffn)
 {
 	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 1, .ffn = (enum hyb_ffn_mode)ffn };
-	char err[256];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 
-	CHECK_MSG(c, "%s", err);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	return c;
 }

@@ -4,12 +4,20 @@
  * and an application outside the tree builds against an installed copy with
  * pkg-config alone (tests/api/app.c).
  */
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "hyb/generate.h"
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/planner.h"
 #include "hyb/pool.h"
+#include "hyb/profile.h"
+#include "hyb/sampler.h"
 #include "test.h"
 
 /* The build folder: where hybctl is ($HYB_TEST_HYBCTL or build/hybctl). */
@@ -103,4 +111,95 @@ TEST(api_last_error_per_thread)
 	CHECK_EQ_INT(pthread_join(t, NULL), 0);
 	CHECK(other && !*other);
 	hyb_backend_close(b);
+}
+
+/*
+ * Each header family follows the convention (docs/API.md, "Errors"): bad
+ * input gives a negative errno that says what went wrong, not -1, and a
+ * message that names the culprit.
+ */
+TEST(api_families_return_errno_and_message)
+{
+	char path[PATH_MAX], out[PATH_MAX];
+	struct hyb_gguf_file *f = (struct hyb_gguf_file *)1;
+	/* more sequences than samples */
+	struct hyb_profile prof = { .n_layer = 1, .n_embd = 8, .n_ff = 64, .active_words = 1,
+				    .n_seqs = 1 };
+	struct hyb_plan_opts o;
+	int rc;
+
+	/* gguf.h */
+	snprintf(path, sizeof(path), "%s/no-such-model.gguf", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_gguf_open(path, &f), -ENOENT);
+	CHECK(!f);
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
+	CHECK_EQ_INT(hyb_gguf_parse("GGML", 4, &f), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "magic"), "message '%s'", hyb_last_error());
+
+	/* profile.h */
+	CHECK(!hyb_profile_load(path));
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
+	snprintf(out, sizeof(out), "%s/api-profile.gguf", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_profile_save(&prof, out), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "inconsistent"), "message '%s'", hyb_last_error());
+
+	/* planner.h: the model's load says why */
+	hyb_plan_opts_default(&o);
+	o.quiet = true;
+	snprintf(out, sizeof(out), "%s/api-plan.gguf", hyb_test_tmpdir());
+	rc = hyb_plan_make(path, &prof, &o, out);
+	CHECK_EQ_INT(rc, -ENOENT);
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
+
+	/* model.h */
+	CHECK(!hyb_model_load(path));
+	CHECK_MSG(strstr(hyb_last_error(), path), "message '%s'", hyb_last_error());
+	CHECK(!hyb_model_load_manifest(""));
+	CHECK_MSG(strstr(hyb_last_error(), "empty"), "message '%s'", hyb_last_error());
+}
+
+/* The same for a model that loads: contexts, evaluation, generation. */
+TEST(api_model_calls_return_errno_and_message)
+{
+	struct hyb_model *m = hyb_model_load(hyb_test_shared("models/llama-2-tiny-random.gguf"));
+	struct hyb_ctx_params p = { .n_ctx = 4, .n_threads = 1 };
+	struct hyb_sampler_params sp = hyb_sampler_defaults();
+	struct hyb_sampler *s;
+	struct hyb_gen_stats st;
+	struct hyb_ctx *c;
+	int32_t bad, toks[5] = { 1, 2, 3, 4, 5 };
+	float *logits;
+
+	if (!m)
+		SKIP("%s", hyb_last_error());
+	logits = malloc(sizeof(float) * m->hp.n_vocab);
+	s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
+	CHECK(logits && s);
+	CHECK_EQ_INT(hyb_model_box_check(m), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "not a box-mode model"), "message '%s'",
+		  hyb_last_error());
+	p.testing = 0x80000000u;
+	CHECK(!hyb_ctx_new(m, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "testing switches"), "message '%s'", hyb_last_error());
+	p.testing = 0;
+	c = hyb_ctx_new(m, &p);
+	CHECK_MSG(c, "%s", hyb_last_error());
+
+	/* generate.h */
+	CHECK_EQ_INT(hyb_generate(c, m, s, toks, 0, 1, NULL, NULL, &st), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "empty prompt"), "message '%s'", hyb_last_error());
+
+	bad = (int32_t)m->hp.n_vocab;
+	CHECK_EQ_INT(hyb_ctx_eval(c, &bad, 1, logits, false), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "out of range"), "message '%s'", hyb_last_error());
+	CHECK_EQ_INT(hyb_ctx_eval(c, toks, 5, logits, false), -ENOSPC);
+	CHECK_MSG(strstr(hyb_last_error(), "context full"), "message '%s'", hyb_last_error());
+	CHECK_EQ_INT(hyb_ctx_eval(c, toks, 4, logits, false), 0);
+	hyb_ctx_reset(c);
+	CHECK_EQ_INT(hyb_generate(c, m, s, toks, 3, 5, NULL, NULL, &st), -ENOSPC);
+	CHECK_MSG(strstr(hyb_last_error(), "context full"), "message '%s'", hyb_last_error());
+	hyb_sampler_free(s);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	free(logits);
 }

@@ -50,7 +50,7 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 	void *bufs[64];
 	int nb = 0;
 	uint32_t seed = 12345;
-	char err[256], tn[64];
+	char tn[64];
 
 	CHECK(w);
 	hyb_gguf_set_str(w, "general.architecture", "llama");
@@ -95,7 +95,7 @@ static const char *write_q8_model(const char *name, uint32_t layers)
 	T("output.weight", HYB_TYPE_Q8_0, E, V);
 #undef T
 	snprintf(path, sizeof(path), "%s/%s", hyb_test_tmpdir(), name);
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	while (nb)
 		free(bufs[--nb]);
@@ -149,15 +149,14 @@ static struct ids generate(const struct hyb_model *m, const int32_t *prompt, uin
 	struct ids o = { .n = 0 };
 	struct hyb_sampler *s;
 	struct hyb_ctx *c;
-	char err[512];
 
 	sp.temperature = 0;
-	c = hyb_ctx_new(m, &cp, err, sizeof(err));
-	CHECK_MSG(c, "%s", err);
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
 	CHECK(s);
-	CHECK_MSG(!hyb_generate(c, m, s, prompt, np, N_GEN, keep, &o, &st, err, sizeof(err)),
-		  "%s", err);
+	CHECK_MSG(!hyb_generate(c, m, s, prompt, np, N_GEN, keep, &o, &st),
+		  "%s", hyb_last_error());
 	hyb_sampler_free(s);
 	hyb_ctx_free(c);
 	return o;
@@ -220,21 +219,21 @@ TEST(box_tiny_llama_from_manifest_generates_the_file_ids)
 	struct hybd *d;
 	struct ids want, got;
 	int32_t pa[64], pb[64];
-	char err[512], mpath[600];
+	char mpath[600];
 	const char *prompt = "Once upon a time, in a box";
 	int na, nbx;
 
 	if (access(model, R_OK))
 		SKIP("%s not found", model);
 	start_hybd(model, "bt", "interleave", "2", &d);
-	f = hyb_model_load(model, err, sizeof(err));
-	CHECK_MSG(f, "%s", err);
-	b = hyb_model_load_manifest("bt", err, sizeof(err));
-	CHECK_MSG(b, "%s", err);
+	f = hyb_model_load(model);
+	CHECK_MSG(f, "%s", hyb_last_error());
+	b = hyb_model_load_manifest("bt");
+	CHECK_MSG(b, "%s", hyb_last_error());
 	snprintf(mpath, sizeof(mpath), "%s/bt.manifest", hyb_test_tmpdir());
 	CHECK(!strcmp(hybd_manifest_path(d), mpath));
-	bf = hyb_model_load_manifest(mpath, err, sizeof(err));
-	CHECK_MSG(bf, "%s", err);
+	bf = hyb_model_load_manifest(mpath);
+	CHECK_MSG(bf, "%s", hyb_last_error());
 
 	CHECK(!memcmp(&f->hp, &b->hp, sizeof(f->hp)));
 	CHECK_EQ_INT(f->weight_bytes, b->weight_bytes);
@@ -254,9 +253,9 @@ TEST(box_tiny_llama_from_manifest_generates_the_file_ids)
 	check_in_pool(b, "blk.0.ffn_down.weight", b->layers[0].down.data);
 	check_read_only(b, "blk.0.attn_q.weight", b->layers[0].wq.data);
 	CHECK(!hyb_model_manifest(f) && hyb_model_manifest(b));
-	CHECK_EQ_INT(hyb_model_box_check(b, err, sizeof(err)), 0);
-	CHECK_EQ_INT(hyb_model_box_check(f, err, sizeof(err)), -EINVAL);
-	CHECK(strstr(err, "not a box-mode model"));
+	CHECK_EQ_INT(hyb_model_box_check(b), 0);
+	CHECK_EQ_INT(hyb_model_box_check(f), -EINVAL);
+	CHECK(strstr(hyb_last_error(), "not a box-mode model"));
 	hyb_model_free(bf);
 	hyb_model_free(b);
 	hyb_model_free(f);
@@ -271,13 +270,12 @@ TEST(box_q8_model_in_several_pools_generates_the_file_ids)
 	struct hyb_manifest_info mi;
 	struct hybd *d;
 	struct ids want, got;
-	char err[512];
 
 	start_hybd(model, "bq", "layer", "3", &d);
-	f = hyb_model_load(model, err, sizeof(err));
-	CHECK_MSG(f, "%s", err);
-	b = hyb_model_load_manifest("bq.manifest", err, sizeof(err));
-	CHECK_MSG(b, "%s", err);
+	f = hyb_model_load(model);
+	CHECK_MSG(f, "%s", hyb_last_error());
+	b = hyb_model_load_manifest("bq.manifest");
+	CHECK_MSG(b, "%s", hyb_last_error());
 	hyb_manifest_info(hyb_model_manifest(b), &mi);
 	CHECK_MSG(mi.n_pools >= 3, "%u pools", mi.n_pools);
 	CHECK(!b->tok);	/* no tokenizer metadata: ids only, as from the file */
@@ -301,24 +299,24 @@ TEST(box_check_reports_shutdown_and_death_weights_stay_readable)
 	struct hyb_mempool *mp;
 	struct hybd *d1, *d2;
 	struct ids want, got;
-	char err[512];
 
-	f = hyb_model_load(model, err, sizeof(err));
-	CHECK_MSG(f, "%s", err);
+	f = hyb_model_load(model);
+	CHECK_MSG(f, "%s", hyb_last_error());
 	want = generate(f, prompt, 3);
 
 	/* a clean shutdown: the manifest is retired, then the pools destroyed */
 	start_hybd(model, "bs", "interleave", "1", &d1);
-	b1 = hyb_model_load_manifest("bs", err, sizeof(err));
-	CHECK_MSG(b1, "%s", err);
-	CHECK_EQ_INT(hyb_model_box_check(b1, err, sizeof(err)), 0);
+	b1 = hyb_model_load_manifest("bs");
+	CHECK_MSG(b1, "%s", hyb_last_error());
+	CHECK_EQ_INT(hyb_model_box_check(b1), 0);
 	hybd_stop(d1, "test");
-	CHECK_EQ_INT(hyb_model_box_check(b1, err, sizeof(err)), -ESHUTDOWN);
-	CHECK_MSG(strstr(err, "shut down") && strstr(err, "bs.manifest"), "%s", err);
+	CHECK_EQ_INT(hyb_model_box_check(b1), -ESHUTDOWN);
+	CHECK_MSG(strstr(hyb_last_error(), "shut down") && strstr(hyb_last_error(), "bs.manifest"),
+		  "%s", hyb_last_error());
 	got = generate(b1, prompt, 3);	/* the mappings outlive the pools */
 	check_same_ids(&want, &got, "after hybd stopped");
-	CHECK(!hyb_model_load_manifest("bs", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "bs.manifest"), "%s", err);
+	CHECK(!hyb_model_load_manifest("bs"));
+	CHECK_MSG(strstr(hyb_last_error(), "bs.manifest"), "%s", hyb_last_error());
 
 	/*
 	 * A death: the pools go without a retirement (what the kernel does when
@@ -326,13 +324,14 @@ TEST(box_check_reports_shutdown_and_death_weights_stay_readable)
 	 * destroying the manifest pool through hybd's own backend handle.
 	 */
 	start_hybd(model, "bk", "layer", "1", &d2);
-	b2 = hyb_model_load_manifest("bk", err, sizeof(err));
-	CHECK_MSG(b2, "%s", err);
+	b2 = hyb_model_load_manifest("bk");
+	CHECK_MSG(b2, "%s", hyb_last_error());
 	CHECK(!hyb_mempool_open(hybd_backend(d2), "bk.manifest", &mp));
 	CHECK(!hyb_mempool_destroy(mp));
 	hyb_mempool_close(mp);
-	CHECK_EQ_INT(hyb_model_box_check(b2, err, sizeof(err)), -EPIPE);
-	CHECK_MSG(strstr(err, "is gone") && strstr(err, "without being retired"), "%s", err);
+	CHECK_EQ_INT(hyb_model_box_check(b2), -EPIPE);
+	CHECK_MSG(strstr(hyb_last_error(), "is gone") &&
+		  strstr(hyb_last_error(), "without being retired"), "%s", hyb_last_error());
 	got = generate(b2, prompt, 3);
 	check_same_ids(&want, &got, "after the manifest pool went");
 	hybd_stop(d2, "test");
@@ -349,16 +348,16 @@ TEST(box_load_errors_are_clear)
 	char err[512], path[600];
 
 	setenv("HYB_BACKEND", "local", 1);
-	CHECK(!hyb_model_load_manifest("nope", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "nope.manifest"), "%s", err);
-	CHECK(!hyb_model_load_manifest("", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "empty"), "%s", err);
-	CHECK(!hyb_model_load_manifest("a-name-much-too-long-for-a-pool", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "too long"), "%s", err);
+	CHECK(!hyb_model_load_manifest("nope"));
+	CHECK_MSG(strstr(hyb_last_error(), "nope.manifest"), "%s", hyb_last_error());
+	CHECK(!hyb_model_load_manifest(""));
+	CHECK_MSG(strstr(hyb_last_error(), "empty"), "%s", hyb_last_error());
+	CHECK(!hyb_model_load_manifest("a-name-much-too-long-for-a-pool"));
+	CHECK_MSG(strstr(hyb_last_error(), "too long"), "%s", hyb_last_error());
 	snprintf(path, sizeof(path), "%s/none.manifest", hyb_test_tmpdir());
-	CHECK(!hyb_model_load_manifest(path, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "none.manifest"), "%s", err);
-	CHECK(!hyb_model_load_manifest(NULL, err, sizeof(err)));
+	CHECK(!hyb_model_load_manifest(path));
+	CHECK_MSG(strstr(hyb_last_error(), "none.manifest"), "%s", hyb_last_error());
+	CHECK(!hyb_model_load_manifest(NULL));
 
 	/* a DRAM budget leaves FFN weights on storage: refused, naming one */
 	hybd_config_defaults(&c);
@@ -371,7 +370,8 @@ TEST(box_load_errors_are_clear)
 	CHECK(!hybd_config_set(&c, "dram_budget", "160K", err, sizeof(err)));
 	CHECK(!hybd_config_set(&c, "page_pool", "8K", err, sizeof(err)));
 	CHECK_MSG(!hybd_start(&c, NULL, NULL, &d, err, sizeof(err)), "hybd: %s", err);
-	CHECK(!hyb_model_load_manifest("bp", err, sizeof(err)));
-	CHECK_MSG(strstr(err, "not resident") && strstr(err, "ffn_"), "%s", err);
+	CHECK(!hyb_model_load_manifest("bp"));
+	CHECK_MSG(strstr(hyb_last_error(), "not resident") && strstr(hyb_last_error(), "ffn_"),
+		  "%s", hyb_last_error());
 	hybd_stop(d, "test");
 }

@@ -1830,9 +1830,8 @@ static void *requant(struct hyb_weight *w, uint32_t type)
 TEST(dev_hybrid_kquant_dense_bit_identical)
 {
 	enum { N_CTX = 64, N_PROMPT = 9, N_GEN = 12 };
-	char err[256];
-	struct hyb_model *m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	struct hyb_model *m = hyb_model_load(hyb_test_plan());
+	CHECK_MSG(m, "%s", hyb_last_error());
 	const uint32_t L = m->hp.n_layer, V = m->hp.n_vocab;
 	void **bufs = xmalloc(sizeof(void *) * (4 * L + 1));
 	float *lg[3] = { xmalloc(4ull * V * N_GEN), xmalloc(4ull * V * N_GEN),
@@ -1871,14 +1870,14 @@ TEST(dev_hybrid_kquant_dense_bit_identical)
 		struct hyb_ctx *c;
 
 		hy.prefill_cpu = side == 1;
-		c = hyb_ctx_new(m, &p, err, sizeof(err));
+		c = hyb_ctx_new(m, &p);
 
-		CHECK_MSG(c, "%s", err);
-		CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, lg[side], false, err, sizeof(err)), "%s",
-			  err);
+		CHECK_MSG(c, "%s", hyb_last_error());
+		CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, lg[side], false), "%s",
+			  hyb_last_error());
 		for (int i = 1; i < N_GEN; i++)
 			CHECK_MSG(!hyb_ctx_eval(c, &toks[N_PROMPT + i], 1, lg[side] + (size_t)i * V,
-						false, err, sizeof(err)), "%s", err);
+						false), "%s", hyb_last_error());
 		if (side) {
 			hyb_ctx_hybrid_offload(c, &pl);
 			CHECK_EQ_INT(pl.attn_layers, L);

@@ -103,7 +103,7 @@ static uint64_t fnv1a(const void *p, size_t n)
 static void run_case(const struct golden *g)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
-	char path[512], cmd[1024], err[256];
+	char path[512], cmd[1024];
 	struct hyb_ctx_params cp = { .n_ctx = 512, .n_threads = 2, .n_batch = 512 };
 	int32_t toks[200];
 	float *lg;
@@ -119,18 +119,18 @@ static void run_case(const struct golden *g)
 		 g->vocab, hyb_type_name(g->type));
 	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
 
-	struct hyb_model *m = hyb_model_load(path, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load(path);
 
-	CHECK_MSG(m, "%s: %s", path, err);
-	struct hyb_ctx *c = hyb_ctx_new(m, &cp, err, sizeof(err));
+	CHECK_MSG(m, "%s: %s", path, hyb_last_error());
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
 
-	CHECK_MSG(c, "%s", err);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	toks[0] = 1;
 	for (uint32_t i = 1; i < g->n_prompt; i++)
 		toks[i] = (int32_t)((i * 37 + 11) % 497 + 3);
 	lg = malloc(sizeof(float) * g->vocab * g->n_prompt);
 	CHECK(lg);
-	CHECK(!hyb_ctx_eval(c, toks, g->n_prompt, lg, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(c, toks, g->n_prompt, lg, true));
 	const uint64_t h = fnv1a(lg, sizeof(float) * g->vocab * g->n_prompt);
 
 	CHECK_MSG(h == g->hash, "%s: prompt logits hash %016llx, llama.cpp %016llx", g->name,
@@ -140,7 +140,7 @@ static void run_case(const struct golden *g)
 	for (int i = 0; i < g->n_ids; i++) {
 		CHECK_MSG(next == g->ids[i], "%s: greedy token %d is %d, llama.cpp's %d", g->name, i,
 			  next, g->ids[i]);
-		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false));
 		next = hyb_test_argmax(lg, g->vocab);
 	}
 	free(lg);

@@ -49,17 +49,14 @@ static uint8_t *slurp(const char *path, size_t *n)
 
 static void write_ok(struct hyb_gguf_writer *w, const char *path)
 {
-	char err[256];
-
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "write failed: %s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "write failed: %s", hyb_last_error());
 }
 
 static struct hyb_gguf_file *open_ok(const char *path)
 {
 	struct hyb_gguf_file *f;
-	char err[256];
 
-	CHECK_MSG(!hyb_gguf_open(path, &f, err, sizeof(err)), "open failed: %s", err);
+	CHECK_MSG(!hyb_gguf_open(path, &f), "open failed: %s", hyb_last_error());
 	return f;
 }
 
@@ -140,20 +137,23 @@ static void bb_data(struct bb *b, size_t align, size_t n)
 	}
 }
 
-/* Parse must fail with a message containing `word`. */
+/* Parse must fail with -EINVAL and a message containing `word`. */
 #define REFUSED(b, word) refused(b, word, __LINE__)
 
 static void refused(const struct bb *b, const char *word, int line)
 {
 	struct hyb_gguf_file *f = NULL;
-	char err[256] = "";
 	uint8_t *copy = malloc(b->n ? b->n : 1); /* exact size, for ASan/valgrind */
+	int rc;
 
 	memcpy(copy, b->p, b->n);
-	if (!hyb_gguf_parse(copy, b->n, &f, err, sizeof(err)))
+	rc = hyb_gguf_parse(copy, b->n, &f);
+	if (!rc)
 		hyb_test_fail(__FILE__, line, "malformed file accepted (expected '%s')", word);
-	if (!strstr(err, word))
-		hyb_test_fail(__FILE__, line, "message '%s' lacks '%s'", err, word);
+	else if (rc != -EINVAL)
+		hyb_test_fail(__FILE__, line, "refused with %d, not -EINVAL", rc);
+	if (!strstr(hyb_last_error(), word))
+		hyb_test_fail(__FILE__, line, "message '%s' lacks '%s'", hyb_last_error(), word);
 	CHECK(f == NULL);
 	free(copy);
 }
@@ -161,9 +161,8 @@ static void refused(const struct bb *b, const char *word, int line)
 static void accepted(const struct bb *b)
 {
 	struct hyb_gguf_file *f;
-	char err[256];
 
-	CHECK_MSG(!hyb_gguf_parse(b->p, b->n, &f, err, sizeof(err)), "refused: %s", err);
+	CHECK_MSG(!hyb_gguf_parse(b->p, b->n, &f), "refused: %s", hyb_last_error());
 	hyb_gguf_close(f);
 }
 
@@ -414,7 +413,6 @@ TEST(gguf_stream_writer)
 	struct hyb_gguf_writer *w;
 	uint8_t *x, *y;
 	size_t nx, ny;
-	char err[256];
 
 	fill(a, sizeof(a), 1);
 	fill(b, sizeof(b), 2);
@@ -431,13 +429,13 @@ TEST(gguf_stream_writer)
 		if (!stream) {
 			write_ok(w, p1);
 		} else {
-			CHECK_MSG(!hyb_gguf_writer_begin(w, p2, err, sizeof(err)), "%s", err);
+			CHECK_MSG(!hyb_gguf_writer_begin(w, p2), "%s", hyb_last_error());
 			/* a in uneven chunks, b written by itself, c in one go */
 			CHECK(!hyb_gguf_writer_put_data(w, a, 1000));
 			CHECK(!hyb_gguf_writer_put_data(w, a + 1000, 0));
 			CHECK(!hyb_gguf_writer_put_data(w, a + 1000, 3096));
 			CHECK(!hyb_gguf_writer_put_data(w, c, sizeof(c)));
-			CHECK_MSG(!hyb_gguf_writer_finish(w, err, sizeof(err)), "%s", err);
+			CHECK_MSG(!hyb_gguf_writer_finish(w), "%s", hyb_last_error());
 		}
 		hyb_gguf_writer_free(w);
 	}
@@ -460,74 +458,79 @@ TEST(gguf_writer_errors)
 	const uint64_t ne[2] = { 8, 8 }, ne33[1] = { 33 }, ne0[2] = { 8, 0 };
 	const char *path = tmp_path("e.gguf");
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
-	char err[256];
 
 	/* bad declarations */
 	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
-	CHECK(hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a) < 0);   /* duplicate */
-	CHECK(hyb_gguf_writer_add_tensor(w, "u", 3333, 2, ne, a) < 0);           /* type */
-	CHECK(hyb_gguf_writer_add_tensor(w, "u", 31, 2, ne, a) < 0);             /* removed type */
-	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_Q4_0, 1, ne33, a) < 0); /* block */
-	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 0, ne, a) < 0);
-	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 5, ne, a) < 0);
-	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 2, ne0, a) < 0);
+	CHECK(hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a) == -EEXIST); /* twice */
+	CHECK_MSG(strstr(hyb_last_error(), "'t' declared twice"), "%s", hyb_last_error());
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", 3333, 2, ne, a) == -EINVAL);           /* type */
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", 31, 2, ne, a) == -EINVAL);     /* removed type */
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_Q4_0, 1, ne33, a) == -EINVAL); /* block */
+	CHECK_MSG(strstr(hyb_last_error(), "'u'"), "%s", hyb_last_error());
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 0, ne, a) == -EINVAL);
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 5, ne, a) == -EINVAL);
+	CHECK(hyb_gguf_writer_add_tensor(w, "u", HYB_TYPE_F32, 2, ne0, a) == -EINVAL);
 	CHECK(hyb_gguf_writer_add_tensor(w, "a-name-of-64-bytes-is-too-long-for-llama.cpp-"
-				     "...................", HYB_TYPE_F32, 2, ne, a) < 0);
+				     "...................", HYB_TYPE_F32, 2, ne, a) ==
+	      -ENAMETOOLONG);
 	CHECK(!hyb_gguf_writer_add_tensor(w, "s", HYB_TYPE_F32, 2, ne, NULL));
 
 	/* a tensor without data cannot be written whole */
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "'s'") && strstr(err, "no data"), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "'s'") && strstr(hyb_last_error(), "no data"), "%s",
+		  hyb_last_error());
 	CHECK(access(path, F_OK) < 0);
 
 	/* streaming: too much data, then missing data: the partial file goes */
-	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_begin(w, path));
 	CHECK(access(path, F_OK) < 0); /* written under a temporary name */
-	CHECK(hyb_gguf_writer_put_data(w, a, 257) < 0);
-	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "257 bytes") && strstr(err, "'s'"), "%s", err);
+	CHECK(hyb_gguf_writer_put_data(w, a, 257) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "257 bytes"), "%s", hyb_last_error());
+	CHECK(hyb_gguf_writer_finish(w) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "257 bytes") && strstr(hyb_last_error(), "'s'"), "%s",
+		  hyb_last_error());
 	CHECK(access(path, F_OK) < 0);
-	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
-	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "missing"), "%s", err);
+	CHECK(!hyb_gguf_writer_begin(w, path));
+	CHECK(hyb_gguf_writer_finish(w) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "missing"), "%s", hyb_last_error());
 	CHECK(access(path, F_OK) < 0);
-	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_begin(w, path));
 	CHECK(!hyb_gguf_writer_put_data(w, a, 256));
-	CHECK(hyb_gguf_writer_put_data(w, a, 1) < 0); /* past the last tensor */
-	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_writer_put_data(w, a, 1) == -EINVAL); /* past the last tensor */
+	CHECK(hyb_gguf_writer_finish(w) < 0);
 	CHECK(access(path, F_OK) < 0);
 	/* abandoning a stream removes its file too */
-	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_begin(w, path));
 	hyb_gguf_writer_free(w);
 	CHECK(access(path, F_OK) < 0);
 
 	/* cannot create */
 	w = hyb_gguf_writer_new();
-	CHECK(hyb_gguf_writer_write_file(w, "/nonexistent-dir/x.gguf", err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "/nonexistent-dir/x.gguf") && strstr(err, "No such file"), "%s",
-		  err);
+	CHECK(hyb_gguf_writer_write_file(w, "/nonexistent-dir/x.gguf") == -ENOENT);
+	CHECK_MSG(strstr(hyb_last_error(), "/nonexistent-dir/x.gguf") &&
+		  strstr(hyb_last_error(), "No such file"), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 
 	/* setter errors surface at write time */
 	w = hyb_gguf_writer_new();
 	hyb_gguf_writer_set_alignment(w, 48);
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "power of two"), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "power of two"), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	w = hyb_gguf_writer_new();
 	hyb_gguf_set_arr(w, "nested", HYB_GGUF_VT_ARRAY, a, 1);
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "nested"), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "nested"), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	w = hyb_gguf_writer_new();
 	hyb_gguf_set_str(w, "general.alignment", "32");
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "alignment"), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "alignment"), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	w = hyb_gguf_writer_new();
 	hyb_gguf_writer_set_version(w, 1);
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "version"), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "version"), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	CHECK(access(path, F_OK) < 0);
 }
@@ -540,13 +543,13 @@ TEST(gguf_writer_write_error)
 	const char *path = tmp_path("big.gguf");
 	struct rlimit rl = { 64 << 10, 64 << 10 };
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
-	char err[256];
 
 	signal(SIGXFSZ, SIG_IGN);
 	CHECK(!setrlimit(RLIMIT_FSIZE, &rl));
 	CHECK(!hyb_gguf_writer_add_tensor(w, "big", HYB_TYPE_F32, 2, ne, big));
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, path) && strstr(err, strerror(EFBIG)), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EFBIG);
+	CHECK_MSG(strstr(hyb_last_error(), path) && strstr(hyb_last_error(), strerror(EFBIG)),
+		  "%s", hyb_last_error());
 	CHECK(access(path, F_OK) < 0);
 	hyb_gguf_writer_free(w);
 }
@@ -580,11 +583,10 @@ TEST(gguf_writer_replaces_atomically)
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	uint8_t *old, *now;
 	size_t n_old, n_now;
-	char err[256];
 
 	memset(a, 7, sizeof(a));
 	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	old = slurp(path, &n_old);
 
@@ -592,9 +594,9 @@ TEST(gguf_writer_replaces_atomically)
 	w = hyb_gguf_writer_new();
 	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, NULL));
 	hyb_gguf_set_u32(w, "x", 1);
-	CHECK(!hyb_gguf_writer_begin(w, path, err, sizeof(err)));
+	CHECK(!hyb_gguf_writer_begin(w, path));
 	CHECK(!hyb_gguf_writer_put_data(w, a, 100));
-	CHECK(hyb_gguf_writer_finish(w, err, sizeof(err)) < 0);
+	CHECK(hyb_gguf_writer_finish(w) < 0);
 	now = slurp(path, &n_now);
 	CHECK(n_now == n_old && !memcmp(now, old, n_old));
 	free(now);
@@ -608,15 +610,16 @@ TEST(gguf_writer_replaces_atomically)
 	rl = rl0;
 	rl.rlim_cur = 64 << 10; /* the soft limit only: it can be raised again */
 	CHECK(!setrlimit(RLIMIT_FSIZE, &rl));
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, path) && strstr(err, strerror(EFBIG)), "%s", err);
+	CHECK(hyb_gguf_writer_write_file(w, path) == -EFBIG);
+	CHECK_MSG(strstr(hyb_last_error(), path) && strstr(hyb_last_error(), strerror(EFBIG)),
+		  "%s", hyb_last_error());
 	CHECK(!setrlimit(RLIMIT_FSIZE, &rl0));
 	now = slurp(path, &n_now);
 	CHECK(n_now == n_old && !memcmp(now, old, n_old));
 	free(now);
 
 	/* room again: replaced */
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	now = slurp(path, &n_now);
 	CHECK(n_now > sizeof(big) && !memcmp(now + n_now - sizeof(big), big, sizeof(big)));
 	free(now);
@@ -626,7 +629,7 @@ TEST(gguf_writer_replaces_atomically)
 	/* not a regular file: in place */
 	w = hyb_gguf_writer_new();
 	CHECK(!hyb_gguf_writer_add_tensor(w, "t", HYB_TYPE_F32, 2, ne, a));
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, "/dev/null", err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, "/dev/null"), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	free(old);
 }
@@ -700,7 +703,7 @@ TEST(gguf_tiny_model)
 	for (int i = 0; i < 20; i++) {
 		double t0 = now_s();
 
-		CHECK(!hyb_gguf_parse(f->base, f->size, &g, NULL, 0));
+		CHECK(!hyb_gguf_parse(f->base, f->size, &g));
 		hyb_gguf_close(g);
 		if (now_s() - t0 < best)
 			best = now_s() - t0;
@@ -715,15 +718,15 @@ TEST(gguf_tiny_model_truncated)
 {
 	const char *path = hyb_test_shared("models/llama-2-tiny-random.gguf");
 	struct hyb_gguf_file *f, *g;
-	char err[256];
 
 	if (access(path, R_OK))
 		SKIP("%s not found", path);
 	f = open_ok(path);
 	for (uint64_t n = 0; n < f->size; n += n < 4096 ? 1 : 4093) {
-		CHECK_MSG(hyb_gguf_parse(f->base, n, &g, err, sizeof(err)) < 0, "accepted at %llu",
+		CHECK_MSG(hyb_gguf_parse(f->base, n, &g) == -EINVAL, "accepted at %llu",
 			  (unsigned long long)n);
-		CHECK_MSG(strstr(err, "truncated"), "at %llu: %s", (unsigned long long)n, err);
+		CHECK_MSG(strstr(hyb_last_error(), "truncated"), "at %llu: %s",
+			  (unsigned long long)n, hyb_last_error());
 	}
 	hyb_gguf_close(f);
 }
@@ -742,7 +745,6 @@ TEST(gguf_truncated_everywhere)
 	uint64_t need;
 	uint8_t *img;
 	size_t n;
-	char err[256];
 	int32_t ia[3] = { 1, 2, 3 };
 
 	hyb_gguf_set_str(w, "general.architecture", "llama");
@@ -756,7 +758,7 @@ TEST(gguf_truncated_everywhere)
 	write_ok(w, path);
 	hyb_gguf_writer_free(w);
 	img = slurp(path, &n);
-	CHECK(!hyb_gguf_parse(img, n, &f, err, sizeof(err)));
+	CHECK(!hyb_gguf_parse(img, n, &f));
 	need = f->data_offset + f->tensors[1].offset + f->tensors[1].nbytes;
 	hyb_gguf_close(f);
 	CHECK(need < n); /* the writer pads the end, and the padding is optional */
@@ -765,14 +767,14 @@ TEST(gguf_truncated_everywhere)
 		int rc;
 
 		memcpy(copy, img, len);
-		err[0] = 0;
-		rc = hyb_gguf_parse(copy, len, &f, err, sizeof(err));
+		rc = hyb_gguf_parse(copy, len, &f);
 		if (len >= need) {
-			CHECK_MSG(rc == 0, "refused at %zu: %s", len, err);
+			CHECK_MSG(rc == 0, "refused at %zu: %s", len, hyb_last_error());
 			hyb_gguf_close(f);
 		} else {
-			CHECK_MSG(rc < 0 && f == NULL, "accepted at %zu", len);
-			CHECK_MSG(strstr(err, "truncated"), "at %zu: %s", len, err);
+			CHECK_MSG(rc == -EINVAL && f == NULL, "accepted at %zu (%d)", len, rc);
+			CHECK_MSG(strstr(hyb_last_error(), "truncated"), "at %zu: %s", len,
+				  hyb_last_error());
 		}
 		free(copy);
 	}
@@ -1033,22 +1035,20 @@ TEST(gguf_open_errors)
 {
 	const char *empty = tmp_path("empty.gguf"), *junk = tmp_path("junk.gguf");
 	struct hyb_gguf_file *f;
-	char err[512];
 	FILE *fp;
 
-	CHECK(hyb_gguf_open(tmp_path("missing.gguf"), &f, err, sizeof(err)) < 0 && !f);
-	CHECK_MSG(strstr(err, "cannot open") && strstr(err, "missing.gguf: No such file"), "%s",
-		  err);
+	CHECK(hyb_gguf_open(tmp_path("missing.gguf"), &f) == -ENOENT && !f);
+	CHECK_MSG(strstr(hyb_last_error(), "cannot open") &&
+		  strstr(hyb_last_error(), "missing.gguf: No such file"), "%s", hyb_last_error());
 	fp = fopen(empty, "wb");
 	fclose(fp);
-	CHECK(hyb_gguf_open(empty, &f, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "empty.gguf: empty file"), "%s", err);
-	CHECK(hyb_gguf_open(hyb_test_tmpdir(), &f, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "directory"), "%s", err);
+	CHECK(hyb_gguf_open(empty, &f) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "empty.gguf: empty file"), "%s", hyb_last_error());
+	CHECK(hyb_gguf_open(hyb_test_tmpdir(), &f) == -EISDIR);
+	CHECK_MSG(strstr(hyb_last_error(), "directory"), "%s", hyb_last_error());
 	fp = fopen(junk, "wb");
 	fputs("GGML this is not a gguf file", fp);
 	fclose(fp);
-	CHECK(hyb_gguf_open(junk, &f, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "junk.gguf: bad magic"), "%s", err);
-	CHECK(hyb_gguf_open(junk, &f, NULL, 0) < 0); /* no message buffer is fine */
+	CHECK(hyb_gguf_open(junk, &f) == -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "junk.gguf: bad magic"), "%s", hyb_last_error());
 }

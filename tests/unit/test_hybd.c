@@ -61,7 +61,7 @@ static const char *write_model(const char *name, uint32_t n_layers, uint32_t n_f
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	uint8_t *data = rand_bytes(64 << 20, 7 + n_ff);
 	size_t used = 0;
-	char err[256], tn[64];
+	char tn[64];
 
 #define T(nm, type, nd, a, b)                                                          \
 	do {                                                                           \
@@ -101,7 +101,7 @@ static const char *write_model(const char *name, uint32_t n_layers, uint32_t n_f
 	T("output.weight", HYB_TYPE_F16, 2, E, V);
 #undef T
 	snprintf(path, 512, "%s/%s", hyb_test_tmpdir(), name);
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	free(data);
 	return path;

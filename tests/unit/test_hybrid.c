@@ -41,10 +41,9 @@ static struct hyb_ctx *ctx_new(const struct hyb_model *m, const struct hyb_hybri
 		.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
 		.testing = oracle ? HYB_TESTING_FFN_ORACLE : 0,
 	};
-	char err[256];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 
-	CHECK_MSG(c, "%s", err);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	return c;
 }
 
@@ -55,12 +54,11 @@ static void run(struct hyb_ctx *c, const struct hyb_model *m, const int32_t *for
 	const uint32_t V = m->hp.n_vocab;
 	float *lg = malloc(sizeof(float) * V);
 	int32_t prompt[N_PROMPT];
-	char err[256];
 
 	CHECK(lg);
 	for (int i = 0; i < N_PROMPT; i++)
 		prompt[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u) % (V - 3));
-	CHECK_MSG(!hyb_ctx_eval(c, prompt, N_PROMPT, lg, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt, N_PROMPT, lg, false), "%s", hyb_last_error());
 	for (int i = 0; i < N_GEN; i++) {
 		int32_t t = force ? force[i] : (i % DRIFT == DRIFT - 1 ?
 				(int32_t)(3 + (uint32_t)(i * 40503u + 7) % (V - 3)) :
@@ -69,17 +67,16 @@ static void run(struct hyb_ctx *c, const struct hyb_model *m, const int32_t *for
 		ids[i] = t;
 		if (logits_out)
 			memcpy(logits_out + (size_t)i * V, lg, sizeof(float) * V);
-		CHECK_MSG(!hyb_ctx_eval(c, &t, 1, lg, false, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(c, &t, 1, lg, false), "%s", hyb_last_error());
 	}
 	free(lg);
 }
 
 static struct hyb_model *load_plan(void)
 {
-	char err[256];
-	struct hyb_model *m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
+	struct hyb_model *m = hyb_model_load(hyb_test_plan());
 
-	CHECK_MSG(m, "%s", err);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->group_size > 0);
 	return m;
 }
@@ -227,31 +224,29 @@ TEST(hybrid_refuses_bad_setups)
 	struct hyb_model *m = load_plan();
 	struct hyb_hybrid_params hy = params(m, HYB_POLICY_TAM);
 	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .hybrid = &hy };
-	char err[256] = "";
 	struct hyb_model *dense;
 
 	hy.gpu_budget = 4096;
-	CHECK(!hyb_ctx_new(m, &p, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "holds nothing"), "%s", err);
+	CHECK(!hyb_ctx_new(m, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "holds nothing"), "%s", hyb_last_error());
 
 	hy = params(m, HYB_POLICY_TAM);
 	hy.device = "cuda";
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 
 	/* this test binary links no CUDA: a clear refusal, never a crash */
-	CHECK_MSG(!c && strstr(err, "CUDA"), "%s", err);
+	CHECK_MSG(!c && strstr(hyb_last_error(), "CUDA"), "%s", hyb_last_error());
 
 	hy = params(m, HYB_POLICY_TAM);
 	p.ffn = HYB_FFN_DENSE;
-	CHECK(!hyb_ctx_new(m, &p, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "dense"), "%s", err);
+	CHECK(!hyb_ctx_new(m, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "dense"), "%s", hyb_last_error());
 
-	dense = hyb_model_load(hyb_test_shared("models/llama-2-tiny-random.gguf"), err,
-			       sizeof(err));
-	CHECK_MSG(dense, "%s", err);
+	dense = hyb_model_load(hyb_test_shared("models/llama-2-tiny-random.gguf"));
+	CHECK_MSG(dense, "%s", hyb_last_error());
 	p.ffn = HYB_FFN_AUTO;
-	CHECK(!hyb_ctx_new(dense, &p, err, sizeof(err)));
-	CHECK_MSG(strstr(err, "plan"), "%s", err);
+	CHECK(!hyb_ctx_new(dense, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "plan"), "%s", hyb_last_error());
 	hyb_model_free(dense);
 	hyb_model_free(m);
 }
@@ -312,25 +307,24 @@ static void run_mixed(struct hyb_ctx *c, const struct hyb_model *m, float *out)
 {
 	const uint32_t V = m->hp.n_vocab;
 	static const int32_t p1[5] = { 7, 99, 23, 301, 42 }, p2[4] = { 5, 77, 13, 400 };
-	char err[256];
 	size_t k = 0;
 
 	for (int round = 0; round < 2; round++) {
-		CHECK_MSG(!hyb_ctx_eval(c, p1, 5, out + k++ * V, false, err, sizeof(err)), "%s",
-			  err);
+		CHECK_MSG(!hyb_ctx_eval(c, p1, 5, out + k++ * V, false), "%s",
+			  hyb_last_error());
 		for (int i = 0; i < 6; i++) {
 			int32_t t = hyb_test_argmax(out + (k - 1) * V, V);
 
-			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false, err, sizeof(err)),
-				  "%s", err);
+			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false),
+				  "%s", hyb_last_error());
 		}
-		CHECK_MSG(!hyb_ctx_eval(c, p2, 4, out + k++ * V, false, err, sizeof(err)), "%s",
-			  err);
+		CHECK_MSG(!hyb_ctx_eval(c, p2, 4, out + k++ * V, false), "%s",
+			  hyb_last_error());
 		for (int i = 0; i < 6; i++) {
 			int32_t t = hyb_test_argmax(out + (k - 1) * V, V);
 
-			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false, err, sizeof(err)),
-				  "%s", err);
+			CHECK_MSG(!hyb_ctx_eval(c, &t, 1, out + k++ * V, false),
+				  "%s", hyb_last_error());
 		}
 		hyb_ctx_reset(c);
 	}
@@ -384,7 +378,6 @@ TEST(hybrid_prefill_on_the_device)
 	struct hyb_ctx *ref = ctx_new(m, NULL, true), *c;
 	struct hyb_hybrid_offload pl;
 	struct hyb_device_stats ds;
-	char err[256];
 
 	CHECK(lr && lh);
 	run_mixed(ref, m, lr);
@@ -396,7 +389,7 @@ TEST(hybrid_prefill_on_the_device)
 		c = ctx_new(m, &hy, true);
 		hyb_ctx_hybrid_offload(c, &pl);
 		CHECK_EQ_INT(pl.attn_layers, k ? 1 : L);
-		CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false));
 		hyb_ctx_hybrid_device_stats(c, &ds);
 		/* per token and placed layer: two norms, q/k/v as one matvec (the plan's
 		 * three share a type), o, the attention */
@@ -421,9 +414,9 @@ TEST(hybrid_prefill_on_the_device)
 		hy = params(m, HYB_POLICY_LRU);
 		c = ctx_new(m, &hy, false);
 		o = ctx_new(m, &hy, true);
-		CHECK(lc && !hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
-		CHECK(!hyb_ctx_eval(o, prompt, 6, lr, false, err, sizeof(err)));
-		CHECK(!hyb_ctx_eval(cpu, prompt, 6, lc, false, err, sizeof(err)));
+		CHECK(lc && !hyb_ctx_eval(c, prompt, 6, lh, false));
+		CHECK(!hyb_ctx_eval(o, prompt, 6, lr, false));
+		CHECK(!hyb_ctx_eval(cpu, prompt, 6, lc, false));
 		hyb_ctx_hybrid_device_stats(c, &ds);
 		hyb_ctx_hybrid_device_stats(o, &dso);
 		/* (the last layer's FFN runs for the one row that gives logits) */
@@ -445,7 +438,7 @@ TEST(hybrid_prefill_on_the_device)
 	hy = params(m, HYB_POLICY_LRU);
 	hy.prefill_cpu = true;
 	c = ctx_new(m, &hy, true);
-	CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(c, prompt, 6, lh, false));
 	hyb_ctx_hybrid_device_stats(c, &ds);
 	CHECK_EQ_INT(ds.kernels, 0);
 	hyb_ctx_free(c);
@@ -495,13 +488,12 @@ TEST(hybrid_layer_policy_agrees_with_cpu_dense)
 	const uint32_t V = m->hp.n_vocab;
 	struct hyb_hybrid_params hy = params(m, HYB_POLICY_LAYER);
 	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_DENSE };
-	char err[256];
-	struct hyb_ctx *ref = hyb_ctx_new(m, &p, err, sizeof(err)), *c = ctx_new(m, &hy, false);
+	struct hyb_ctx *ref = hyb_ctx_new(m, &p), *c = ctx_new(m, &hy, false);
 	float *lr = malloc(sizeof(float) * V * N_GEN), *lh = malloc(sizeof(float) * V * N_GEN);
 	int32_t ids[N_GEN], ids2[N_GEN];
 	int agree = 0;
 
-	CHECK_MSG(ref, "%s", err);
+	CHECK_MSG(ref, "%s", hyb_last_error());
 	CHECK(lr && lh);
 	run(ref, m, NULL, ids, lr);
 	run(c, m, ids, ids2, lh);

@@ -70,10 +70,9 @@ static uint64_t group_bytes(const struct hyb_model *m)
 static const char *third_of_groups(void)
 {
 	static char v[16];
-	char err[256];
-	struct hyb_model *m = hyb_model_load(hyb_test_plan(), err, sizeof(err));
+	struct hyb_model *m = hyb_model_load(hyb_test_plan());
 
-	CHECK_MSG(m, "%s", err);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	snprintf(v, sizeof(v), "%u", m->hp.n_layer * m->n_groups / 3);
 	hyb_model_free(m);
 	return v;
@@ -95,29 +94,27 @@ static struct hyb_hybrid_params params(const struct hyb_model *m, enum hyb_polic
 }
 
 static struct hyb_ctx *ctx_try(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
-			       bool oracle, char *err, size_t errlen)
+			       bool oracle)
 {
 	struct hyb_ctx_params p = {
 		.n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE, .hybrid = hy,
 		.testing = oracle ? HYB_TESTING_FFN_ORACLE : 0,
 	};
 
-	return hyb_ctx_new(m, &p, err, errlen);
+	return hyb_ctx_new(m, &p);
 }
 
 static struct hyb_ctx *ctx_new(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
 			       bool oracle)
 {
-	char err[512];
-	struct hyb_ctx *c = ctx_try(m, hy, oracle, err, sizeof(err));
+	struct hyb_ctx *c = ctx_try(m, hy, oracle);
 
-	CHECK_MSG(c, "%s", err);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	return c;
 }
 
 /* A prompt, then greedy with a forced token every 5 steps (drift); the logits of each step. */
-static int run(struct hyb_ctx *c, const struct hyb_model *m, float *logits, char *err,
-	       size_t errlen)
+static int run(struct hyb_ctx *c, const struct hyb_model *m, float *logits)
 {
 	const uint32_t V = m->hp.n_vocab;
 	float *lg = malloc(sizeof(float) * V);
@@ -127,14 +124,14 @@ static int run(struct hyb_ctx *c, const struct hyb_model *m, float *logits, char
 	CHECK(lg);
 	for (int i = 0; i < N_PROMPT; i++)
 		prompt[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u) % (V - 3));
-	rc = hyb_ctx_eval(c, prompt, N_PROMPT, lg, false, err, errlen);
+	rc = hyb_ctx_eval(c, prompt, N_PROMPT, lg, false);
 	for (int i = 0; i < N_GEN && !rc; i++) {
 		int32_t t = i % 5 == 4 ? (int32_t)(3 + (uint32_t)(i * 40503u + 7) % (V - 3)) :
 					 hyb_test_argmax(lg, V);
 
 		if (logits)
 			memcpy(logits + (size_t)i * V, lg, sizeof(float) * V);
-		rc = hyb_ctx_eval(c, &t, 1, lg, false, err, errlen);
+		rc = hyb_ctx_eval(c, &t, 1, lg, false);
 	}
 	free(lg);
 	return rc;
@@ -155,22 +152,22 @@ TEST(hybrid_box_oracle_bit_identical_through_hybd)
 	struct hyb_model *mf, *mb;
 	struct hybd *d;
 	struct hyb_gpucache_desc desc;
-	char err[512], path[600];
+	char path[600];
 	uint32_t V;
 	float *lref, *lbox;
 
 	start_hybd("hbx", "auto", third_of_groups(), &d);
 	snprintf(path, sizeof(path), "%s/hbx.gpucache", hyb_test_tmpdir());
 	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc), "%s", hyb_last_error());
-	mf = hyb_model_load(hyb_test_plan(), err, sizeof(err));
-	CHECK_MSG(mf, "%s", err);
+	mf = hyb_model_load(hyb_test_plan());
+	CHECK_MSG(mf, "%s", hyb_last_error());
 	/* slot_bytes = auto: one group per slot, rounded up to 256 bytes */
 	CHECK_MSG(desc.kind == HYB_GPUCACHE_HOST &&
 		  desc.slot_bytes == (group_bytes(mf) + 255) / 256 * 256,
 		  "kind %u, %llu-byte slots for %llu-byte groups", desc.kind,
 		  (unsigned long long)desc.slot_bytes, (unsigned long long)group_bytes(mf));
-	mb = hyb_model_load_manifest("hbx", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hbx");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	V = mf->hp.n_vocab;
 	lref = malloc(sizeof(float) * V * N_GEN);
 	lbox = malloc(sizeof(float) * V * N_GEN);
@@ -178,7 +175,7 @@ TEST(hybrid_box_oracle_bit_identical_through_hybd)
 	{
 		struct hyb_ctx *ref = ctx_new(mf, NULL, true);
 
-		CHECK_MSG(!run(ref, mf, lref, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!run(ref, mf, lref), "%s", hyb_last_error());
 		hyb_ctx_free(ref);
 	}
 	const enum hyb_policy pol[] = { HYB_POLICY_LRU, HYB_POLICY_TAM_ADAPTIVE };
@@ -194,7 +191,7 @@ TEST(hybrid_box_oracle_bit_identical_through_hybd)
 		hyb_ctx_hybrid_offload(c, &pl);
 		CHECK_MSG(pl.cache_hybd && strstr(pl.cache_note, "hybd's (pid") &&
 			  strstr(pl.cache_note, "host memory"), "%s", pl.cache_note);
-		CHECK_MSG(!run(c, mb, lbox, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!run(c, mb, lbox), "%s", hyb_last_error());
 		hyb_ctx_hybrid_stats(c, &st);
 		hyb_ctx_hybrid_cache(c, &resident, &slots);
 		CHECK_MSG(st.active_dev > 0 && st.loads > 0, "%s: %llu on the device, %llu loads",
@@ -227,7 +224,7 @@ TEST(hybrid_box_slots_hold_the_bundles_the_table_names)
 	struct hybd *d;
 	struct hyb_gpucache_desc desc;
 	struct hyb_mempool *pool;
-	char err[512], path[600];
+	char path[600];
 	const uint8_t *base;
 	void *addr;
 	size_t len;
@@ -235,8 +232,8 @@ TEST(hybrid_box_slots_hold_the_bundles_the_table_names)
 	start_hybd("hbs", "auto", third_of_groups(), &d);
 	snprintf(path, sizeof(path), "%s/hbs.gpucache", hyb_test_tmpdir());
 	CHECK_MSG(!hyb_gpucache_desc_read(path, &desc), "%s", hyb_last_error());
-	mb = hyb_model_load_manifest("hbs", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hbs");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	CHECK(!hyb_mempool_open(mb->image_backend, desc.pool, &pool));
 	CHECK(!hyb_mempool_map(pool, &addr, &len));
 	CHECK(!hyb_mempool_writable(pool));
@@ -248,7 +245,7 @@ TEST(hybrid_box_slots_hold_the_bundles_the_table_names)
 		int32_t *table;
 		uint32_t n = 0;
 
-		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!run(c, mb, NULL), "%s", hyb_last_error());
 		table = malloc(sizeof(int32_t) * mb->hp.n_layer * mb->n_groups);
 		CHECK(table);
 		CHECK(!hyb_ctx_hybrid_table(c, table));
@@ -284,11 +281,10 @@ TEST(hybrid_box_one_app_per_cache)
 {
 	struct hyb_model *mb;
 	struct hybd *d;
-	char err[512];
 
 	start_hybd("hb1", "auto", third_of_groups(), &d);
-	mb = hyb_model_load_manifest("hb1", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hb1");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	{
 		struct hyb_hybrid_params hyb = params(mb, HYB_POLICY_LRU, HYB_CACHE_HYBD);
 		struct hyb_hybrid_params aut = params(mb, HYB_POLICY_LRU, HYB_CACHE_AUTO);
@@ -296,13 +292,14 @@ TEST(hybrid_box_one_app_per_cache)
 		struct hyb_ctx *a = ctx_new(mb, &hyb, false), *b;
 		struct hyb_hybrid_offload pl;
 
-		b = ctx_try(mb, &hyb, false, err, sizeof(err));
-		CHECK_MSG(!b && strstr(err, "in use by another app"), "%s", err);
+		b = ctx_try(mb, &hyb, false);
+		CHECK_MSG(!b && strstr(hyb_last_error(), "in use by another app"), "%s",
+			  hyb_last_error());
 		b = ctx_new(mb, &aut, false);
 		hyb_ctx_hybrid_offload(b, &pl);
 		CHECK_MSG(!pl.cache_hybd && strstr(pl.cache_note, "own (not hybd's") &&
 			  strstr(pl.cache_note, "in use"), "%s", pl.cache_note);
-		CHECK_MSG(!run(b, mb, NULL, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!run(b, mb, NULL), "%s", hyb_last_error());
 		hyb_ctx_free(b);
 		b = ctx_new(mb, &own, false);
 		hyb_ctx_hybrid_offload(b, &pl);
@@ -327,7 +324,7 @@ TEST(hybrid_box_one_app_per_cache)
 				  pl.dense_layers_cpu == mb->hp.n_layer - full && full >= 1,
 				  "%llu slots, %u layers dense on the CPU, %u whole layers",
 				  (unsigned long long)slots, pl.dense_layers_cpu, full);
-			CHECK_MSG(!run(b, mb, NULL, err, sizeof(err)), "%s", err);
+			CHECK_MSG(!run(b, mb, NULL), "%s", hyb_last_error());
 			hyb_ctx_free(b);
 		}
 	}
@@ -339,35 +336,35 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 {
 	struct hyb_model *mf, *mb;
 	struct hybd *d;
-	char err[512];
 
 	/* a model from a file has no hybd cache */
-	mf = hyb_model_load(hyb_test_plan(), err, sizeof(err));
-	CHECK_MSG(mf, "%s", err);
+	mf = hyb_model_load(hyb_test_plan());
+	CHECK_MSG(mf, "%s", hyb_last_error());
 	{
 		struct hyb_hybrid_params hy = params(mf, HYB_POLICY_LRU, HYB_CACHE_HYBD);
-		struct hyb_ctx *c = ctx_try(mf, &hy, false, err, sizeof(err));
+		struct hyb_ctx *c = ctx_try(mf, &hy, false);
 
-		CHECK_MSG(!c && strstr(err, "not served by hybd"), "%s", err);
+		CHECK_MSG(!c && strstr(hyb_last_error(), "not served by hybd"), "%s",
+			  hyb_last_error());
 	}
 	/* slots too small for a group */
 	start_hybd("hbt", "4096", "64", &d);
-	mb = hyb_model_load_manifest("hbt", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hbt");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	if (group_bytes(mb) > 4096) {
 		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_LRU, HYB_CACHE_HYBD);
-		struct hyb_ctx *c = ctx_try(mb, &hy, false, err, sizeof(err));
+		struct hyb_ctx *c = ctx_try(mb, &hy, false);
 
-		CHECK_MSG(!c && strstr(err, "4096-byte slots cannot hold a group") &&
-			  strstr(err, "slot_bytes = auto"), "%s", err);
+		CHECK_MSG(!c && strstr(hyb_last_error(), "4096-byte slots cannot hold a group") &&
+			  strstr(hyb_last_error(), "slot_bytes = auto"), "%s", hyb_last_error());
 	}
 	hyb_model_free(mb);
 	hybd_stop(d, "test");
 
 	/* box mode: the groups get hybd's slots whatever the budget (here: 6 for a larger budget) */
 	start_hybd("hbc", "auto", "6", &d);
-	mb = hyb_model_load_manifest("hbc", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hbc");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	{
 		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_LRU, HYB_CACHE_HYBD);
 		struct hyb_ctx *c = ctx_new(mb, &hy, false);
@@ -378,7 +375,7 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 		hyb_ctx_hybrid_cache(c, &resident, &slots);
 		CHECK_MSG(pl.cache_hybd && slots == 6 && strstr(pl.cache_note, "6 slots of"),
 			  "%llu slots: %s", (unsigned long long)slots, pl.cache_note);
-		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!run(c, mb, NULL), "%s", hyb_last_error());
 		hyb_ctx_free(c);
 	}
 	hyb_model_free(mb);
@@ -386,8 +383,8 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 
 	/* hybd goes away mid-run: the next load fails with one line, nothing crashes */
 	start_hybd("hbg", "auto", "512", &d);
-	mb = hyb_model_load_manifest("hbg", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hbg");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	{
 		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_TAM_ADAPTIVE, HYB_CACHE_HYBD);
 		struct hyb_ctx *c = ctx_new(mb, &hy, false);
@@ -395,8 +392,10 @@ TEST(hybrid_box_refusals_and_hybd_gone)
 
 		hybd_stop(d, "test");
 		/* the first step's poll of the queue finds hybd gone */
-		rc = run(c, mb, NULL, err, sizeof(err));
-		CHECK_MSG(rc && strstr(err, "reload queue 0: hybd went away"), "rc %d: %s", rc, err);
+		rc = run(c, mb, NULL);
+		CHECK_MSG(rc < 0 && rc != -1 &&
+			  strstr(hyb_last_error(), "reload queue 0: hybd went away"), "rc %d: %s",
+			  rc, hyb_last_error());
 		hyb_ctx_free(c);
 	}
 	hyb_model_free(mb);
@@ -425,11 +424,11 @@ TEST(hybrid_box_app_stats_for_hybctl_stalls)
 	struct hyb_model *mb;
 	struct hybd *d;
 	struct hyb_app_stats a;
-	char err[512], path[600], out[8192], want[96];
+	char path[600], out[8192], want[96];
 
 	start_hybd("hbp", "auto", third_of_groups(), &d);
-	mb = hyb_model_load_manifest("hbp", err, sizeof(err));
-	CHECK_MSG(mb, "%s", err);
+	mb = hyb_model_load_manifest("hbp");
+	CHECK_MSG(mb, "%s", hyb_last_error());
 	snprintf(path, sizeof(path), "%s/hbp.app.%d", hyb_test_tmpdir(), (int)getpid());
 	{
 		struct hyb_hybrid_params hy = params(mb, HYB_POLICY_TAM_ADAPTIVE, HYB_CACHE_HYBD);
@@ -437,7 +436,7 @@ TEST(hybrid_box_app_stats_for_hybctl_stalls)
 		struct hyb_hybrid_stats st;
 
 		CHECK(access(path, F_OK));	/* nothing before the first token */
-		CHECK_MSG(!run(c, mb, NULL, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!run(c, mb, NULL), "%s", hyb_last_error());
 		hyb_ctx_hybrid_stats(c, &st);
 		CHECK_MSG(!hyb_app_stats_read(path, &a), "%s", hyb_last_error());
 		CHECK(a.pid == getpid() && a.n_layer == mb->hp.n_layer &&

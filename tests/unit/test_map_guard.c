@@ -87,28 +87,27 @@ static uint64_t cut_of(const struct hyb_gguf_file *g)
 /* child: load in place, truncate the file, decode a token (which must not return) */
 static void decode_truncated(const char *path)
 {
-	char err[256];
-	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP);
 	const struct hyb_ctx_params p = { .n_ctx = 16, .n_threads = 1 };
 	struct hyb_ctx *c;
 	const int32_t tok = 1;
 	float *logits;
 
 	if (!m) {
-		fprintf(stderr, "load: %s\n", err);
+		fprintf(stderr, "load: %s\n", hyb_last_error());
 		_exit(3);
 	}
 	if (truncate(path, (off_t)cut_of(m->gguf))) {
 		perror("truncate");
 		_exit(3);
 	}
-	c = hyb_ctx_new(m, &p, err, sizeof(err));
+	c = hyb_ctx_new(m, &p);
 	logits = malloc(sizeof(float) * m->hp.n_vocab);
 	if (!c || !logits) {
-		fprintf(stderr, "ctx: %s\n", err);
+		fprintf(stderr, "ctx: %s\n", hyb_last_error());
 		_exit(3);
 	}
-	hyb_ctx_eval(c, &tok, 1, logits, false, err, sizeof(err));
+	hyb_ctx_eval(c, &tok, 1, logits, false);
 	fprintf(stderr, "the decode returned after its file was truncated\n");
 	_exit(4);
 }
@@ -116,7 +115,7 @@ static void decode_truncated(const char *path)
 TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 {
 	const char *path = tmp_path("model.gguf"), *err_path = tmp_path("err");
-	char gerr[256], name[256];
+	char name[256];
 	unsigned long long byte, in_t;
 	struct hyb_gguf_file *g;
 	const char *e, *t;
@@ -133,8 +132,8 @@ TEST(map_guard_truncated_model_names_file_byte_and_tensor)
 			      &byte, name, &in_t, &k) == 3 && k, "%s", e);
 
 	/* the named byte is in the named tensor, past the cut, in the original file */
-	CHECK_MSG(!hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
-			     sizeof(gerr)), "%s", gerr);
+	CHECK_MSG(!hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g), "%s",
+		  hyb_last_error());
 	const struct hyb_gguf_tensor *tt = hyb_gguf_find_tensor(g, name);
 
 	CHECK_MSG(tt, "no tensor '%s' in the model", name);
@@ -151,12 +150,11 @@ static void foreign_fault(const char *path)
 {
 	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
 	volatile const char *p;
-	char gerr[256];
 	struct hyb_gguf_file *g;
 
 	/* a guarded mapping exists, so the guard's handler is installed */
-	if (hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g, gerr,
-		      sizeof(gerr)) || g->map_guard < 0)
+	if (hyb_gguf_open(hyb_test_shared("models/llama-2-tiny-random.gguf"), &g) ||
+	    g->map_guard < 0)
 		_exit(3);
 	if (fd < 0 || ftruncate(fd, 2 * PAGE))
 		_exit(3);
@@ -202,12 +200,11 @@ TEST(map_guard_leaves_other_faults_to_their_owner)
 TEST(map_guard_slots_are_given_back)
 {
 	const char *path = hyb_test_shared("models/llama-2-tiny-random.gguf");
-	char err[256];
 
 	for (int i = 0; i < 3 * HYB_MAP_GUARD_SLOTS; i++) {
 		struct hyb_gguf_file *g;
 
-		CHECK_MSG(!hyb_gguf_open(path, &g, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_gguf_open(path, &g), "%s", hyb_last_error());
 		CHECK_MSG(g->map_guard >= 0, "open %d has no guard slot", i);
 		hyb_gguf_close(g);
 	}

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 /* The model loader and forward pass: real files, generated files, bad files. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,23 +19,21 @@
 
 static struct hyb_model *load_or_skip(const char *path)
 {
-	char err[512];
 	struct hyb_model *m;
 
 	if (access(path, R_OK))
 		SKIP("%s not present", path);
-	m = hyb_model_load(path, err, sizeof(err));
-	CHECK_MSG(m, "load %s: %s", path, err);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "load %s: %s", path, hyb_last_error());
 	return m;
 }
 
 static struct hyb_ctx *ctx_threads(const struct hyb_model *m, int nth, uint32_t n_ctx)
 {
 	struct hyb_ctx_params p = { .n_ctx = n_ctx, .n_threads = nth };
-	char err[512];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 
-	CHECK_MSG(c, "ctx: %s", err);
+	CHECK_MSG(c, "ctx: %s", hyb_last_error());
 	return c;
 }
 
@@ -85,16 +84,15 @@ TEST(model_tiny_greedy_matches_llamacpp)
 	struct hyb_sampler *s = hyb_sampler_new(&sp, (int32_t)m->hp.n_vocab);
 	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
 	int32_t ids[64];
-	char err[256];
 	int n = hyb_tokenize(m->tok, prompt, strlen(prompt), true, ids, 64);
 
 	CHECK(n > 1 && n < 64);
-	CHECK_MSG(!hyb_ctx_eval(c, ids, (uint32_t)n, logits, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(c, ids, (uint32_t)n, logits, false), "%s", hyb_last_error());
 	for (int i = 0; i < n_want; i++) {
 		int32_t tok = hyb_sampler_sample(s, logits);
 
 		CHECK_MSG(tok == want[i], "token %d: hyb %d, llama.cpp %d", i, tok, want[i]);
-		CHECK(!hyb_ctx_eval(c, &tok, 1, logits, false, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(c, &tok, 1, logits, false));
 	}
 	free(logits);
 	hyb_sampler_free(s);
@@ -110,14 +108,13 @@ static void prefill_vs_decode(const char *args, double tol)
 	struct hyb_ctx *a = ctx_threads(m, 2, 64), *b = ctx_threads(m, 2, 64);
 	float *la = malloc(sizeof(float) * V * n), *lb = malloc(sizeof(float) * V * n);
 	int32_t toks[12];
-	char err[256];
 	double maxdiff = 0, scale = 0;
 
 	for (uint32_t i = 0; i < n; i++)
 		toks[i] = (int32_t)((i * 7919u + 3) % V);
-	CHECK(!hyb_ctx_eval(a, toks, n, la, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(a, toks, n, la, true));
 	for (uint32_t i = 0; i < n; i++)
-		CHECK(!hyb_ctx_eval(b, &toks[i], 1, lb + (size_t)i * V, false, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(b, &toks[i], 1, lb + (size_t)i * V, false));
 	for (size_t i = 0; i < (size_t)V * n; i++) {
 		double d = fabs((double)la[i] - lb[i]);
 
@@ -161,10 +158,9 @@ TEST(model_thread_count_does_not_change_logits)
 	struct hyb_ctx *a = ctx_threads(m, 1, 16), *b = ctx_threads(m, 2, 16);
 	float *la = malloc(sizeof(float) * V * 5), *lb = malloc(sizeof(float) * V * 5);
 	int32_t toks[5] = { 1, 50, 300, 7, 411 };
-	char err[256];
 
-	CHECK(!hyb_ctx_eval(a, toks, 5, la, true, err, sizeof(err)));
-	CHECK(!hyb_ctx_eval(b, toks, 5, lb, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(a, toks, 5, la, true));
+	CHECK(!hyb_ctx_eval(b, toks, 5, lb, true));
 	CHECK(!memcmp(la, lb, sizeof(float) * V * 5));
 	free(la);
 	free(lb);
@@ -180,17 +176,17 @@ TEST(model_eval_rejects_bad_tokens_and_full_context)
 	struct hyb_ctx *c = ctx_threads(m, 2, 4);
 	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
 	int32_t toks[5] = { 1, 2, 3, 4, 5 }, bad = (int32_t)m->hp.n_vocab, neg = -1;
-	char err[256];
 
-	CHECK(hyb_ctx_eval(c, &bad, 1, logits, false, err, sizeof(err)) < 0);
-	CHECK(strstr(err, "out of range"));
-	CHECK(hyb_ctx_eval(c, &neg, 1, logits, false, err, sizeof(err)) < 0);
-	CHECK(hyb_ctx_eval(c, toks, 5, logits, false, err, sizeof(err)) < 0);
-	CHECK(strstr(err, "context full"));
-	CHECK(hyb_ctx_eval(c, toks, 4, logits, false, err, sizeof(err)) == 0);
-	CHECK(hyb_ctx_eval(c, toks, 1, logits, false, err, sizeof(err)) < 0);
+	CHECK_EQ_INT(hyb_ctx_eval(c, &bad, 1, logits, false), -EINVAL);
+	CHECK(strstr(hyb_last_error(), "out of range"));
+	CHECK_EQ_INT(hyb_ctx_eval(c, &neg, 1, logits, false), -EINVAL);
+	CHECK_EQ_INT(hyb_ctx_eval(c, toks, 0, logits, false), -EINVAL);
+	CHECK_EQ_INT(hyb_ctx_eval(c, toks, 5, logits, false), -ENOSPC);
+	CHECK(strstr(hyb_last_error(), "context full"));
+	CHECK(hyb_ctx_eval(c, toks, 4, logits, false) == 0);
+	CHECK_EQ_INT(hyb_ctx_eval(c, toks, 1, logits, false), -ENOSPC);
 	hyb_ctx_reset(c);
-	CHECK(hyb_ctx_eval(c, toks, 1, logits, false, err, sizeof(err)) == 0);
+	CHECK(hyb_ctx_eval(c, toks, 1, logits, false) == 0);
 	free(logits);
 	hyb_ctx_free(c);
 	hyb_model_free(m);
@@ -204,7 +200,7 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *mats[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
 			       "ffn_down" };
-	char err[256], key[64];
+	char key[64];
 	uint64_t ne_mat[2] = { 32, 32 }, ne_vec[1] = { 32 }, ne_emb[2] = { 32, 64 };
 
 	snprintf(path, sizeof(path), "%s/m-%s-%u.gguf", hyb_test_tmpdir(), arch, mat_type);
@@ -232,27 +228,25 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 		CHECK(!hyb_gguf_writer_add_tensor(w, name, i == 0 ? mat_type : HYB_TYPE_F32, 2, ne_mat,
 					      zeros));
 	}
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	return path;
 }
 
 static void expect_load_error(const char *path, const char *needle)
 {
-	char err[512] = "";
-	struct hyb_model *m = hyb_model_load(path, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load(path);
 
 	CHECK_MSG(!m, "%s loaded but should not", path);
-	CHECK_MSG(strstr(err, needle), "error '%s' does not mention '%s'", err, needle);
+	CHECK_MSG(strstr(hyb_last_error(), needle), "error '%s' does not mention '%s'",
+		  hyb_last_error(), needle);
 }
 
 TEST(model_loads_minimal_file)
 {
-	char err[512];
-	struct hyb_model *m = hyb_model_load(write_model("llama", HYB_TYPE_F32, false), err,
-					     sizeof(err));
+	struct hyb_model *m = hyb_model_load(write_model("llama", HYB_TYPE_F32, false));
 
-	CHECK_MSG(m, "%s", err);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->output.data == m->tok_embd.data); /* tied head */
 	hyb_model_free(m);
 }
@@ -329,9 +323,8 @@ TEST(model_cli_run_generates)
 TEST(model_load_modes_agree)
 {
 	const char *path = synth("modes", "--hidden 256 --ffn 512 --layers 2 --heads 4 --type Q6_K");
-	char err[512];
-	struct hyb_model *a = hyb_model_load_mode(path, HYB_LOAD_HUGEPAGE, err, sizeof(err));
-	struct hyb_model *b = hyb_model_load_mode(path, HYB_LOAD_MMAP, err, sizeof(err));
+	struct hyb_model *a = hyb_model_load_mode(path, HYB_LOAD_HUGEPAGE);
+	struct hyb_model *b = hyb_model_load_mode(path, HYB_LOAD_MMAP);
 	int32_t toks[4] = { 1, 17, 99, 5 };
 
 	CHECK(a && b);
@@ -340,11 +333,11 @@ TEST(model_load_modes_agree)
 	struct hyb_ctx *ca = ctx_threads(a, 2, 8), *cb = ctx_threads(b, 2, 8);
 	float *la = malloc(sizeof(float) * a->hp.n_vocab * 4), *lb = malloc(sizeof(float) * b->hp.n_vocab * 4);
 
-	CHECK(!hyb_ctx_eval(ca, toks, 4, la, true, err, sizeof(err)));
-	CHECK(!hyb_ctx_eval(cb, toks, 4, lb, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(ca, toks, 4, la, true));
+	CHECK(!hyb_ctx_eval(cb, toks, 4, lb, true));
 	CHECK(!memcmp(la, lb, sizeof(float) * a->hp.n_vocab * 4));
 	setenv("HYB_LOAD", "bogus", 1);
-	CHECK(!hyb_model_load(path, err, sizeof(err)) && strstr(err, "HYB_LOAD"));
+	CHECK(!hyb_model_load(path) && strstr(hyb_last_error(), "HYB_LOAD"));
 	free(la);
 	free(lb);
 	hyb_ctx_free(ca);
@@ -375,33 +368,32 @@ TEST(model_streaming_load_gives_the_same_logits)
 {
 	const char *path = synth("stream", "--hidden 512 --ffn 1376 --layers 6 --heads 8 "
 				 "--vocab 8000 --type Q8_0");
-	char err[512];
 	int32_t toks[5] = { 1, 17, 99, 5, 4000 };
-	struct hyb_model *a = hyb_model_load(path, err, sizeof(err));
+	struct hyb_model *a = hyb_model_load(path);
 
-	CHECK_MSG(a, "%s", err);
+	CHECK_MSG(a, "%s", hyb_last_error());
 	CHECK(!a->stream);
 	struct hyb_ctx *ca = ctx_threads(a, 2, 8);
 	float *la = malloc(sizeof(float) * a->hp.n_vocab * 5),
 	      *lb = malloc(sizeof(float) * a->hp.n_vocab * 5);
 
-	CHECK(!hyb_ctx_eval(ca, toks, 5, la, true, err, sizeof(err)));
+	CHECK(!hyb_ctx_eval(ca, toks, 5, la, true));
 	for (int cold = 1; cold >= 0; cold--) {
 		if (cold)
 			evict(path);
 		else
 			warm(path);
-		struct hyb_model *b = hyb_model_load_streaming(path, err, sizeof(err));
+		struct hyb_model *b = hyb_model_load_streaming(path);
 
-		CHECK_MSG(b, "%s", err);
+		CHECK_MSG(b, "%s", hyb_last_error());
 		CHECK_MSG(!b->stream == !cold && b->image, "%s load: streaming %d",
 			  cold ? "cold" : "warm", b->stream != NULL);
 		struct hyb_ctx *cb = ctx_threads(b, 2, 8);
 
-		CHECK_MSG(!hyb_ctx_eval(cb, toks, 5, lb, true, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_ctx_eval(cb, toks, 5, lb, true), "%s", hyb_last_error());
 		CHECK_MSG(!memcmp(la, lb, sizeof(float) * a->hp.n_vocab * 5),
 			  "%s logits differ from a whole load", cold ? "cold" : "warm");
-		CHECK(!hyb_model_wait(b, err, sizeof(err)) && !hyb_model_loading(b));
+		CHECK(!hyb_model_wait(b) && !hyb_model_loading(b));
 		hyb_ctx_free(cb);
 		hyb_model_free(b);
 	}
@@ -421,11 +413,11 @@ TEST(model_streaming_load_errors_reach_the_prompt)
 {
 	const char *path = synth("streamfail", "--hidden 512 --ffn 1376 --layers 4 --heads 8 "
 				 "--vocab 8000 --type Q8_0");
-	char err[512], env[64];
+	char env[64];
 	int32_t toks[3] = { 1, 2, 3 };
-	struct hyb_model *a = hyb_model_load(path, err, sizeof(err));
+	struct hyb_model *a = hyb_model_load(path);
 
-	CHECK_MSG(a, "%s", err);
+	CHECK_MSG(a, "%s", hyb_last_error());
 	uint64_t bad = (uint64_t)((const uint8_t *)a->layers[3].down.data -
 				  (const uint8_t *)a->image) + 1000;
 
@@ -433,24 +425,28 @@ TEST(model_streaming_load_errors_reach_the_prompt)
 	snprintf(env, sizeof(env), "%llu", (unsigned long long)bad);
 	setenv("HYB_STREAM_FAULT", env, 1);
 	evict(path);
-	struct hyb_model *m = hyb_model_load_streaming(path, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load_streaming(path);
 
-	CHECK_MSG(m, "the header was fine: %s", err);
+	CHECK_MSG(m, "the header was fine: %s", hyb_last_error());
 	struct hyb_ctx *c = ctx_threads(m, 2, 8);
 	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
 
-	CHECK(hyb_ctx_eval(c, toks, 3, logits, false, err, sizeof(err)) < 0);
-	CHECK_MSG(strstr(err, "loading the model failed") && strstr(err, "streamfail.gguf") &&
-		  strstr(err, "offset") && strstr(err, "Input/output error"), "%s", err);
-	CHECK(hyb_model_wait(m, err, sizeof(err)) < 0 && !hyb_model_loading(m));
+	CHECK_EQ_INT(hyb_ctx_eval(c, toks, 3, logits, false), -EIO);
+	CHECK_MSG(strstr(hyb_last_error(), "loading the model failed") &&
+		  strstr(hyb_last_error(), "streamfail.gguf") &&
+		  strstr(hyb_last_error(), "offset") &&
+		  strstr(hyb_last_error(), "Input/output error"), "%s", hyb_last_error());
+	CHECK_EQ_INT(hyb_model_wait(m), -EIO);
+	CHECK(!hyb_model_loading(m));
+	CHECK_MSG(strstr(hyb_last_error(), "loading the model failed"), "%s", hyb_last_error());
 	hyb_ctx_free(c);
 	hyb_model_free(m);
 	unsetenv("HYB_STREAM_FAULT");
 
 	for (int i = 0; i < 4; i++) {	/* freed at once, mid-load or not */
 		evict(path);
-		m = hyb_model_load_streaming(path, err, sizeof(err));
-		CHECK_MSG(m, "%s", err);
+		m = hyb_model_load_streaming(path);
+		CHECK_MSG(m, "%s", hyb_last_error());
 		hyb_model_free(m);
 	}
 	free(logits);

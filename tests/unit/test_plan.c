@@ -5,6 +5,7 @@
  * the source FFN, the plan model computes what the source model computes)
  * and bad inputs.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -689,7 +690,7 @@ static void check_down_column(const float *row, const float *downf, uint32_t E, 
  */
 static void roundtrip(const char *type, double down_tol, double logit_tol)
 {
-	char args[256], out[512], err[512];
+	char args[256], out[512];
 	const char *model;
 	struct hyb_profile *prof;
 	struct hyb_plan_opts o;
@@ -713,9 +714,9 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 	}
 	quiet_opts(&o, budget);
 	o.group_size = GS; /* 21 groups of 48 and a short one of 16 */
-	CHECK_MSG(!hyb_plan_make(model, prof, &o, out, err, sizeof(err)), "plan_make: %s", err);
-	CHECK(!hyb_gguf_open(model, &src, err, sizeof(err)));
-	CHECK_MSG(!hyb_gguf_open(out, &pl, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_plan_make(model, prof, &o, out), "plan_make: %s", hyb_last_error());
+	CHECK(!hyb_gguf_open(model, &src));
+	CHECK_MSG(!hyb_gguf_open(out, &pl), "%s", hyb_last_error());
 
 	/* keys: the source's, unchanged, and the plan's */
 	for (uint64_t i = 0; i < src->n_kv; i++) {
@@ -848,21 +849,21 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 
 	/* the plan is a model that computes what the source computes */
 	{
-		struct hyb_model *ms = hyb_model_load_mode(model, HYB_LOAD_MMAP, err, sizeof(err));
-		struct hyb_model *mp = hyb_model_load_mode(out, HYB_LOAD_MMAP, err, sizeof(err));
+		struct hyb_model *ms = hyb_model_load_mode(model, HYB_LOAD_MMAP);
+		struct hyb_model *mp = hyb_model_load_mode(out, HYB_LOAD_MMAP);
 		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 1 };
 		struct hyb_ctx *cs, *cpn;
 		int32_t toks[5] = { 1, 17, 300, 42, 7 };
 		float *la = malloc(512 * 5 * sizeof(float)), *lb = malloc(512 * 5 * sizeof(float));
 		double num = 0, den = 0;
 
-		CHECK_MSG(ms && mp, "load: %s", err);
+		CHECK_MSG(ms && mp, "load: %s", hyb_last_error());
 		CHECK_EQ_INT(mp->group_size, GS);
-		cs = hyb_ctx_new(ms, &cp, err, sizeof(err));
-		cpn = hyb_ctx_new(mp, &cp, err, sizeof(err));
+		cs = hyb_ctx_new(ms, &cp);
+		cpn = hyb_ctx_new(mp, &cp);
 		CHECK(cs && cpn && la && lb);
-		CHECK(!hyb_ctx_eval(cs, toks, 5, la, true, err, sizeof(err)));
-		CHECK(!hyb_ctx_eval(cpn, toks, 5, lb, true, err, sizeof(err)));
+		CHECK(!hyb_ctx_eval(cs, toks, 5, la, true));
+		CHECK(!hyb_ctx_eval(cpn, toks, 5, lb, true));
 		for (int q = 0; q < 512 * 5; q++) {
 			num += (la[q] - lb[q]) * (double)(la[q] - lb[q]);
 			den += (double)la[q] * la[q];
@@ -924,13 +925,15 @@ static void expect_fail(const char *model, const struct hyb_profile *prof, uint6
 			const char *out, const char *needle)
 {
 	struct hyb_plan_opts o;
-	char err[1024] = "";
+	int rc;
 
 	quiet_opts(&o, budget);
-	CHECK_MSG(hyb_plan_make(model, prof, &o, out, err, sizeof(err)) != 0, "accepted (%s)", needle);
-	printf("    %s\n", err);
-	CHECK_MSG(strstr(err, needle), "error '%s' does not say '%s'", err, needle);
-	CHECK(!strchr(err, '\n'));
+	rc = hyb_plan_make(model, prof, &o, out);
+	CHECK_MSG(rc < 0 && rc != -1, "accepted or not an errno (%d: %s)", rc, needle);
+	printf("    %s\n", hyb_last_error());
+	CHECK_MSG(strstr(hyb_last_error(), needle), "error '%s' does not say '%s'",
+		  hyb_last_error(), needle);
+	CHECK(!strchr(hyb_last_error(), '\n'));
 	check_no_leftovers(out);
 }
 
@@ -943,7 +946,7 @@ TEST(plan_rejects_bad_input)
 	struct hyb_profile *good = model_profile(2, 256, 1024, 100);
 	struct hyb_profile *wrong = model_profile(2, 256, 512, 100);
 	struct hyb_profile *few = model_profile(2, 256, 1024, 10);
-	char out[512], noffn[512], plan[512], err[1024];
+	char out[512], noffn[512], plan[512];
 	struct hyb_plan_opts o;
 
 	snprintf(out, sizeof(out), "%s/out.gguf", hyb_test_tmpdir());
@@ -962,8 +965,8 @@ TEST(plan_rejects_bad_input)
 
 		CHECK(!stat(f32, &a));
 		quiet_opts(&o, 1ull << 30);
-		CHECK(hyb_plan_make(f32, good, &o, f32, err, sizeof(err)) != 0);
-		CHECK_MSG(strstr(err, "is the model itself"), "%s", err);
+		CHECK(hyb_plan_make(f32, good, &o, f32) == -EINVAL);
+		CHECK_MSG(strstr(hyb_last_error(), "is the model itself"), "%s", hyb_last_error());
 		CHECK(!stat(f32, &b) && a.st_size == b.st_size && a.st_mtime == b.st_mtime);
 	}
 
@@ -972,7 +975,7 @@ TEST(plan_rejects_bad_input)
 		struct hyb_gguf_file *src;
 		struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 
-		CHECK(!hyb_gguf_open(f32, &src, err, sizeof(err)) && w);
+		CHECK(!hyb_gguf_open(f32, &src) && w);
 		for (uint64_t i = 0; i < src->n_kv; i++) {
 			char key[256];
 
@@ -1000,7 +1003,7 @@ TEST(plan_rejects_bad_input)
 			CHECK(!hyb_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, t->data));
 		}
 		snprintf(noffn, sizeof(noffn), "%s/noffn.gguf", hyb_test_tmpdir());
-		CHECK_MSG(!hyb_gguf_writer_write_file(w, noffn, err, sizeof(err)), "%s", err);
+		CHECK_MSG(!hyb_gguf_writer_write_file(w, noffn), "%s", hyb_last_error());
 		hyb_gguf_writer_free(w);
 		hyb_gguf_close(src);
 		expect_fail(noffn, good, 1ull << 30, out, "ffn_gate.weight is missing");
@@ -1009,7 +1012,7 @@ TEST(plan_rejects_bad_input)
 	/* a plan is not a source model */
 	snprintf(plan, sizeof(plan), "%s/plan.gguf", hyb_test_tmpdir());
 	quiet_opts(&o, 1ull << 30);
-	CHECK_MSG(!hyb_plan_make(f32, good, &o, plan, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_plan_make(f32, good, &o, plan), "%s", hyb_last_error());
 	expect_fail(plan, good, 1ull << 30, out, "already a plan file");
 
 	prof_drop(good);
@@ -1096,7 +1099,7 @@ TEST(plan_cli_end_to_end)
 	const char *model = synth_model("e2e", "--hidden 256 --ffn 768 --layers 2 --act relu "
 					"--type Q8_0 --vocab 512");
 	struct hyb_profile *prof = model_profile(2, 256, 768, 200);
-	char ppath[512], out[512], cmd[2048], err[512], line[512];
+	char ppath[512], out[512], cmd[2048], line[512];
 	bool saw_gs = false, saw_place = false, saw_pred = false;
 	struct hyb_model *m;
 	FILE *f;
@@ -1104,8 +1107,8 @@ TEST(plan_cli_end_to_end)
 
 	snprintf(ppath, sizeof(ppath), "%s/prof.gguf", hyb_test_tmpdir());
 	snprintf(out, sizeof(out), "%s/plan.gguf", hyb_test_tmpdir());
-	if (hyb_profile_save(prof, ppath, err, sizeof(err)))
-		SKIP("hyb_profile_save: %s", err);
+	if (hyb_profile_save(prof, ppath))
+		SKIP("hyb_profile_save: %s", hyb_last_error());
 	snprintf(cmd, sizeof(cmd), "%s plan %s --profile %s --gpu-budget 1.5M -o %s -t 2 "
 		 "--train-gflop 0.2 --t-sync 2 2>&1", hybctl_bin(), model, ppath, out);
 	f = popen(cmd, "r");
@@ -1118,15 +1121,15 @@ TEST(plan_cli_end_to_end)
 	st = pclose(f);
 	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s: status %d", cmd, st);
 	CHECK(saw_gs && saw_place && saw_pred);
-	m = hyb_model_load_mode(out, HYB_LOAD_MMAP, err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
+	m = hyb_model_load_mode(out, HYB_LOAD_MMAP);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->group_size > 0 && m->layers[1].plan.hidden > 0);
 	hyb_model_free(m);
 	/* a profile of another shape: one line, status 1, nothing written */
 	unlink(out);
 	prof_drop(prof);
 	prof = model_profile(2, 256, 512, 200);
-	CHECK(!hyb_profile_save(prof, ppath, err, sizeof(err)));
+	CHECK(!hyb_profile_save(prof, ppath));
 	f = popen(cmd, "r");
 	CHECK(f && fgets(line, sizeof(line), f));
 	CHECK_MSG(strstr(line, "profile does not match"), "%s", line);

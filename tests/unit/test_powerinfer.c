@@ -75,10 +75,9 @@ static int make_plan(struct pi_files *f, const char *hyb_plan_opts, char *log, s
 
 static struct hyb_model *load(const char *path)
 {
-	char err[512];
-	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load_mode(path, HYB_LOAD_MMAP);
 
-	CHECK_MSG(m, "%s: %s", path, err);
+	CHECK_MSG(m, "%s: %s", path, hyb_last_error());
 	return m;
 }
 
@@ -148,13 +147,12 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 	struct hyb_model *pi = load(f.model), *p = load(f.plan);
 	const float bias = -nextafterf(t, -INFINITY);
 	struct hyb_gguf_file *gi;
-	char err[256];
 	uint32_t placed = 0;
 
 	CHECK_EQ_INT(p->pred_input, HYB_PRED_SAME_LAYER);
 	CHECK_EQ_INT(p->hp.act, HYB_ACT_RELU);
 	CHECK(!p->powerinfer);
-	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi), "%s", hyb_last_error());
 	CHECK_EQ_INT(gi->magic, HYB_GGUF_MAGIC_PWRI);
 	for (uint32_t l = 0; l < p->hp.n_layer; l++) {
 		const struct hyb_layer *L = &p->layers[l], *S = &pi->layers[l];
@@ -284,7 +282,6 @@ TEST(pi_imported_predictor_reads_the_layers_own_residual)
 	float *logit = malloc(sizeof(float) * F), *xr = malloc(sizeof(float) * E);
 	uint32_t *active = malloc(sizeof(uint32_t) * F), decided = 0, agree = 0;
 	int32_t toks[12];
-	char err[256];
 	void *scratch;
 
 	cap.x = malloc(sizeof(float) * cap.cap * NL * E);
@@ -295,7 +292,7 @@ TEST(pi_imported_predictor_reads_the_layers_own_residual)
 	float *lg = malloc(sizeof(float) * pi->hp.n_vocab);
 
 	CHECK(lg);
-	CHECK_MSG(!hyb_ctx_eval(c, toks, 12, lg, false, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_ctx_eval(c, toks, 12, lg, false), "%s", hyb_last_error());
 	free(lg);
 	CHECK_EQ_INT(cap.n, 12);
 	for (uint32_t l = 0; l < NL; l++) {
@@ -406,15 +403,15 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 TEST(pi_rejects_bad_files)
 {
 	struct pi_files f;
-	char log[512], err[512], buf[512] = "";
+	char log[512], buf[512] = "";
 	struct hyb_model *m;
 	FILE *lf;
 
 	make_model(&f, "--predictor random --hidden 32 --break fc2-shape");
 	/* the GPU index is not a model */
-	m = hyb_model_load_mode(f.gpuidx, HYB_LOAD_MMAP, err, sizeof(err));
+	m = hyb_model_load_mode(f.gpuidx, HYB_LOAD_MMAP);
 	CHECK(!m);
-	CHECK_MSG(strstr(err, "PowerInfer GPU index"), "%s", err);
+	CHECK_MSG(strstr(hyb_last_error(), "PowerInfer GPU index"), "%s", hyb_last_error());
 	/* a predictor of the wrong shape: the plan names it */
 	CHECK(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)) != 0);
 	lf = fopen(log, "r");

@@ -100,12 +100,12 @@ static int same_double(double a, double b)
 TEST(prof_save_load_round_trip)
 {
 	struct hyb_profile *p = random_profile(), *q;
-	char path[512], err[256];
+	char path[512];
 
 	snprintf(path, sizeof(path), "%s/p.gguf", hyb_test_tmpdir());
-	CHECK_MSG(hyb_profile_save(p, path, err, sizeof(err)) == 0, "save: %s", err);
-	q = hyb_profile_load(path, err, sizeof(err));
-	CHECK_MSG(q, "load: %s", err);
+	CHECK_MSG(hyb_profile_save(p, path) == 0, "save: %s", hyb_last_error());
+	q = hyb_profile_load(path);
+	CHECK_MSG(q, "load: %s", hyb_last_error());
 	CHECK(!strcmp(q->model_name, "hand-made"));
 	CHECK_EQ_INT(q->n_layer, 3);
 	CHECK_EQ_INT(q->n_embd, 24);
@@ -140,15 +140,15 @@ TEST(prof_save_load_round_trip)
 TEST(prof_save_load_no_samples)
 {
 	struct hyb_profile *p = make_profile(1, 8, 64, 0, 0), *q;
-	char path[512], err[256];
+	char path[512];
 
 	p->n_tokens = 5;
 	p->layers[0].count[63] = 5;
 	CHECK_EQ_INT(hyb_profile_stats(p), 0);
 	snprintf(path, sizeof(path), "%s/p0.gguf", hyb_test_tmpdir());
-	CHECK_MSG(hyb_profile_save(p, path, err, sizeof(err)) == 0, "save: %s", err);
-	q = hyb_profile_load(path, err, sizeof(err));
-	CHECK_MSG(q, "load: %s", err);
+	CHECK_MSG(hyb_profile_save(p, path) == 0, "save: %s", hyb_last_error());
+	q = hyb_profile_load(path);
+	CHECK_MSG(q, "load: %s", hyb_last_error());
 	CHECK_EQ_INT(q->n_samples, 0);
 	CHECK_EQ_INT(q->layers[0].count[63], 5);
 	CHECK_NEAR(q->layers[0].sparsity, 1.0 - 5.0 / (5 * 64), 1e-12);
@@ -159,15 +159,15 @@ TEST(prof_save_load_no_samples)
 /* Save p (already broken by the caller) and expect load to fail naming `what`. */
 static void expect_rejected(struct hyb_profile *p, const char *name, const char *what)
 {
-	char path[512], err[256];
+	char path[512];
 	struct hyb_profile *q;
 
 	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
-	CHECK_MSG(hyb_profile_save(p, path, err, sizeof(err)) == 0, "save %s: %s", name, err);
-	err[0] = 0;
-	q = hyb_profile_load(path, err, sizeof(err));
+	CHECK_MSG(hyb_profile_save(p, path) == 0, "save %s: %s", name, hyb_last_error());
+	q = hyb_profile_load(path);
 	CHECK_MSG(!q, "%s: a malformed profile was accepted", name);
-	CHECK_MSG(strstr(err, what), "%s: error '%s' does not mention '%s'", name, err, what);
+	CHECK_MSG(strstr(hyb_last_error(), what), "%s: error '%s' does not mention '%s'", name,
+		  hyb_last_error(), what);
 	hyb_profile_free(p);
 }
 
@@ -198,7 +198,6 @@ static const char *write_raw(const char *name, const char *arch, uint32_t versio
 	static uint16_t input[4 * 32];
 	static double stats[8];
 	static const uint32_t seq0 = 0;
-	char err[256];
 	uint64_t ne_c[1] = { 64 }, ne_a[2] = { 1, 4 }, ne_i[2] = { input_ne0, 4 };
 	static const char *const keys[] = {
 		"hyb.profile.sparsity", "hyb.profile.hot_share_80", "hyb.profile.jaccard_adjacent",
@@ -222,30 +221,28 @@ static const char *write_raw(const char *name, const char *arch, uint32_t versio
 	CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.active", 27, 2, ne_a, active) == 0);
 	if (with_input)
 		CHECK(hyb_gguf_writer_add_tensor(w, "blk.0.input", HYB_TYPE_F16, 2, ne_i, input) == 0);
-	CHECK_MSG(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0, "%s", err);
+	CHECK_MSG(hyb_gguf_writer_write_file(w, path) == 0, "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	return path;
 }
 
 static void expect_load_error(const char *path, const char *what)
 {
-	char err[256] = "";
-	struct hyb_profile *q = hyb_profile_load(path, err, sizeof(err));
+	struct hyb_profile *q = hyb_profile_load(path);
 
 	CHECK_MSG(!q, "%s accepted", path);
-	CHECK_MSG(strstr(err, what), "%s: error '%s' does not mention '%s'", path, err, what);
+	CHECK_MSG(strstr(hyb_last_error(), what), "%s: error '%s' does not mention '%s'", path,
+		  hyb_last_error(), what);
 }
 
 TEST(prof_load_rejects_bad_files)
 {
-	char err[256];
-	struct hyb_profile *q = hyb_profile_load(write_raw("ok", "hyb-profile", 1, true, 16), err,
-						 sizeof(err));
+	struct hyb_profile *q = hyb_profile_load(write_raw("ok", "hyb-profile", 1, true, 16));
 	char path[512];
 	FILE *f;
 	long size;
 
-	CHECK_MSG(q, "the well-formed hand-written file: %s", err);
+	CHECK_MSG(q, "the well-formed hand-written file: %s", hyb_last_error());
 	hyb_profile_free(q);
 	expect_load_error(write_raw("arch", "llama", 1, true, 16), "not a hyb profile");
 	expect_load_error(write_raw("ver", "hyb-profile", 2, true, 16), "version");
@@ -260,7 +257,7 @@ TEST(prof_load_rejects_bad_files)
 	size = ftell(f);
 	fclose(f);
 	CHECK(truncate(path, size / 2) == 0);
-	q = hyb_profile_load(path, err, sizeof(err));
+	q = hyb_profile_load(path);
 	CHECK_MSG(!q, "a truncated profile was accepted");
 }
 
@@ -344,13 +341,11 @@ TEST(prof_stats_coactivation_lift)
 /* The collector fed through its probe by hand: counts, bits, inputs, quotas, cosines. */
 TEST(prof_collector_probe)
 {
-	char err[256];
-	struct hyb_profile_collector *c = hyb_profile_collector_new(2, 4, 70, 5, "fake", err,
-								    sizeof(err));
+	struct hyb_profile_collector *c = hyb_profile_collector_new(2, 4, 70, 5, "fake");
 	struct hyb_profile *p;
 	float x0[3 * 4], x1[3 * 4], act[3 * 70];
 
-	CHECK_MSG(c, "%s", err);
+	CHECK_MSG(c, "%s", hyb_last_error());
 	for (int t = 0; t < 3; t++) {
 		for (int e = 0; e < 4; e++) {
 			x0[t * 4 + e] = (float)(t + 1) * (e == 0 ? 2.0f : 0.0f);
@@ -391,8 +386,8 @@ TEST(prof_collector_probe)
 	CHECK(isnan(p->layers[1].cos_next));
 	hyb_profile_free(p);
 
-	CHECK(!hyb_profile_collector_new(0, 4, 70, 5, "x", err, sizeof(err)));
-	CHECK(strstr(err, "0 layers"));
+	CHECK(!hyb_profile_collector_new(0, 4, 70, 5, "x"));
+	CHECK(strstr(hyb_last_error(), "0 layers"));
 }
 
 /* ---- end to end ---------------------------------------------------------- */
@@ -407,7 +402,7 @@ static int run(const char *fmt, const char *a, const char *b)
 
 static struct hyb_profile *synth_and_profile(const char *name, const char *args)
 {
-	char model[512], prof[512], err[256];
+	char model[512], prof[512];
 	struct hyb_profile *p;
 
 	snprintf(model, sizeof(model), "%s/%s.gguf", hyb_test_tmpdir(), name);
@@ -417,8 +412,8 @@ static struct hyb_profile *synth_and_profile(const char *name, const char *args)
 	/* one thread: the machine may be shared, and the statistics do not depend on it */
 	CHECK_MSG(run("%s/hybctl profile %s -t 1 -o %s >/dev/null 2>&1", model, prof) == 0,
 		  "profile of %s failed", name);
-	p = hyb_profile_load(prof, err, sizeof(err));
-	CHECK_MSG(p, "%s", err);
+	p = hyb_profile_load(prof);
+	CHECK_MSG(p, "%s", hyb_last_error());
 	return p;
 }
 

@@ -19,10 +19,9 @@
 TEST(sparse_decode_all_predicted_equals_dense)
 {
 	const char *plan = hyb_test_plan();
-	char err[256];
-	struct hyb_model *m = hyb_model_load_mode(plan, HYB_LOAD_MMAP, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load_mode(plan, HYB_LOAD_MMAP);
 
-	CHECK_MSG(m, "%s", err);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->group_size > 0);
 	/* A private writable copy of the mapping would be needed to patch the
 	 * biases in place; instead point each layer's fc2 bias at a buffer
@@ -56,10 +55,9 @@ TEST(sparse_decode_all_predicted_equals_dense)
 TEST(sparse_decode_trained_predictors_agree_with_dense)
 {
 	const char *plan = hyb_test_plan();
-	char err[256];
-	struct hyb_model *m = hyb_model_load(plan, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load(plan);
 
-	CHECK_MSG(m, "%s", err);
+	CHECK_MSG(m, "%s", hyb_last_error());
 	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
 	struct hyb_test_agreement r = { 0 };
 	struct hyb_sparse_stats st;
@@ -83,7 +81,7 @@ TEST(sparse_decode_trained_predictors_agree_with_dense)
 
 TEST(sparse_decode_needs_a_plan)
 {
-	char path[512], cmd[1024], err[256];
+	char path[512], cmd[1024];
 	struct hyb_model *m;
 	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .ffn = HYB_FFN_SPARSE };
 
@@ -92,14 +90,14 @@ TEST(sparse_decode_needs_a_plan)
 	snprintf(path, sizeof(path), "%s/dense.gguf", hyb_test_tmpdir());
 	snprintf(cmd, sizeof(cmd), "%s synth -o %s --act relu -t 1 >/dev/null", hyb_test_hybctl(), path);
 	CHECK(system(cmd) == 0);
-	m = hyb_model_load(path, err, sizeof(err));
-	CHECK_MSG(m, "%s", err);
-	CHECK(hyb_ctx_new(m, &p, err, sizeof(err)) == NULL);
-	CHECK_MSG(strstr(err, "plan"), "message: %s", err);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(hyb_ctx_new(m, &p) == NULL);
+	CHECK_MSG(strstr(hyb_last_error(), "plan"), "message: %s", hyb_last_error());
 	p.ffn = HYB_FFN_AUTO;
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 
-	CHECK_MSG(c && !hyb_ctx_sparse(c), "%s", err);
+	CHECK_MSG(c && !hyb_ctx_sparse(c), "%s", hyb_last_error());
 	hyb_ctx_free(c);
 	hyb_model_free(m);
 }

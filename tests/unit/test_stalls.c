@@ -298,7 +298,7 @@ static const char *write_model(void)
 	static char path[512];
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	uint8_t *data = calloc(1, 1 << 20);
-	char err[256], tn[64];
+	char tn[64];
 	size_t used = 0;
 
 #define T(nm, type, a, b)                                                              \
@@ -323,7 +323,7 @@ static const char *write_model(void)
 	T("output.weight", HYB_TYPE_F16, 64, 128);
 #undef T
 	snprintf(path, sizeof(path), "%s/m.gguf", hyb_test_tmpdir());
-	CHECK_MSG(!hyb_gguf_writer_write_file(w, path, err, sizeof(err)), "%s", err);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	free(data);
 	return path;

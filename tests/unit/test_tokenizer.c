@@ -21,10 +21,9 @@ static struct hyb_gguf_file *open_file;
 
 static struct hyb_tokenizer *load_path(const char *path)
 {
-	char err[256];
 	struct hyb_tokenizer *t;
 
-	CHECK_MSG(hyb_gguf_open(path, &open_file, err, sizeof(err)) == 0, "%s: %s", path, err);
+	CHECK_MSG(hyb_gguf_open(path, &open_file) == 0, "%s: %s", path, hyb_last_error());
 	t = hyb_tokenizer_load(open_file);
 	CHECK_MSG(t, "%s: %s", path, hyb_last_error());
 	return t;
@@ -623,7 +622,7 @@ TEST(tok_bad_metadata)
 
 TEST(tok_gguf_errors)
 {
-	char path[512], err[200];
+	char path[512];
 	const char *toks[] = { "a", "b", "c" };
 	float scores[] = { 0, 0 };
 	struct hyb_gguf_writer *w;
@@ -633,9 +632,9 @@ TEST(tok_gguf_errors)
 	/* no tokenizer.ggml.model */
 	w = hyb_gguf_writer_new();
 	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_writer_write_file(w, path) == 0);
 	hyb_gguf_writer_free(w);
-	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_open(path, &f) == 0);
 	CHECK(!hyb_tokenizer_load(f));
 	CHECK_MSG(strstr(hyb_last_error(), "tokenizer.ggml.model"), "%s", hyb_last_error());
 	hyb_gguf_close(f);
@@ -644,9 +643,9 @@ TEST(tok_gguf_errors)
 	hyb_gguf_set_str(w, "tokenizer.ggml.model", "llama");
 	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
 	hyb_gguf_set_arr(w, "tokenizer.ggml.scores", HYB_GGUF_VT_FLOAT32, scores, 2);
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_writer_write_file(w, path) == 0);
 	hyb_gguf_writer_free(w);
-	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_open(path, &f) == 0);
 	CHECK(!hyb_tokenizer_load(f));
 	CHECK_MSG(strstr(hyb_last_error(), "scores"), "%s", hyb_last_error());
 	hyb_gguf_close(f);
@@ -654,9 +653,9 @@ TEST(tok_gguf_errors)
 	w = hyb_gguf_writer_new();
 	hyb_gguf_set_str(w, "tokenizer.ggml.model", "llama");
 	hyb_gguf_set_str(w, "tokenizer.ggml.tokens", "abc");
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_writer_write_file(w, path) == 0);
 	hyb_gguf_writer_free(w);
-	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_open(path, &f) == 0);
 	CHECK(!hyb_tokenizer_load(f));
 	CHECK_MSG(strstr(hyb_last_error(), "tokenizer.ggml.tokens"), "%s", hyb_last_error());
 	hyb_gguf_close(f);
@@ -666,9 +665,9 @@ TEST(tok_gguf_errors)
 	hyb_gguf_set_arr_str(w, "tokenizer.ggml.tokens", toks, 3);
 	hyb_gguf_set_bool(w, "tokenizer.ggml.add_bos_token", false);
 	hyb_gguf_set_u32(w, "tokenizer.ggml.eos_token_id", 0);
-	CHECK(hyb_gguf_writer_write_file(w, path, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_writer_write_file(w, path) == 0);
 	hyb_gguf_writer_free(w);
-	CHECK(hyb_gguf_open(path, &f, err, sizeof(err)) == 0);
+	CHECK(hyb_gguf_open(path, &f) == 0);
 	struct hyb_tokenizer *t = hyb_tokenizer_load(f);
 
 	CHECK_MSG(t, "%s", hyb_last_error());

@@ -139,7 +139,7 @@ struct run {
 	uint32_t stop_after;	/* 0: never */
 	bool check_box;
 	int box_err;		/* what hyb_model_box_check said when it stopped us */
-	char box_msg[512];
+	char box_msg[512];	/* and its message (hyb_last_error) */
 };
 
 static int on_token(void *arg, int32_t tok)
@@ -149,9 +149,11 @@ static int on_token(void *arg, int32_t tok)
 	if (r->n < MAX_IDS)
 		r->ids[r->n++] = tok;
 	if (r->check_box) {
-		r->box_err = hyb_model_box_check(r->m, r->box_msg, sizeof(r->box_msg));
-		if (r->box_err)
+		r->box_err = hyb_model_box_check(r->m);
+		if (r->box_err) {
+			snprintf(r->box_msg, sizeof(r->box_msg), "%s", hyb_last_error());
 			return 1;
+		}
 	}
 	return r->stop_after && r->n >= r->stop_after;
 }
@@ -171,11 +173,10 @@ static int32_t *prompt_ids(const struct hyb_model *m, int *n)
 static struct hyb_ctx *new_ctx(const struct hyb_model *m)
 {
 	struct hyb_ctx_params p = { .n_ctx = 512, .n_threads = 1 };
-	char err[512];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 
 	if (!c)
-		die("context: %s", err);
+		die("context: %s", hyb_last_error());
 	return c;
 }
 
@@ -186,30 +187,27 @@ static void generate(struct hyb_ctx *c, struct run *r, const int32_t *prompt, in
 	struct hyb_sampler_params sp = hyb_sampler_defaults();
 	struct hyb_gen_stats st;
 	struct hyb_sampler *s;
-	char err[512];
 
 	sp.temperature = 0;
 	s = hyb_sampler_new(&sp, (int32_t)r->m->hp.n_vocab);
 	if (!s)
 		die("sampler");
-	if (hyb_generate(c, r->m, s, prompt, (uint32_t)n_prompt, n, on_token, r, &st, err,
-			 sizeof(err)))
-		die("generate: %s", err);
+	if (hyb_generate(c, r->m, s, prompt, (uint32_t)n_prompt, n, on_token, r, &st))
+		die("generate: %s", hyb_last_error());
 	hyb_sampler_free(s);
 }
 
 static int cmd_gen(const char *model, uint32_t n)
 {
-	char err[512];
 	double t0 = hyb_now(), t1, t2;
-	struct hyb_model *m = hyb_model_load(model, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load(model);
 	struct run r = { .m = m };
 	struct hyb_ctx *c;
 	int32_t *p;
 	int np;
 
 	if (!m)
-		die("%s", err);
+		die("%s", hyb_last_error());
 	t1 = hyb_now();
 	p = prompt_ids(m, &np);
 	c = new_ctx(m);
@@ -321,7 +319,6 @@ static void show_log(void)
 static struct hyb_model *wait_ready(pid_t pid, const char *name, double *ready_ms)
 {
 	double t0 = hyb_now();
-	char err[512] = "";
 	struct hyb_model *m = NULL;
 	int st;
 
@@ -330,12 +327,12 @@ static struct hyb_model *wait_ready(pid_t pid, const char *name, double *ready_m
 			daemon_pid = 0;
 			die("hybd exited (status %#x) before it was ready", st);
 		}
-		m = hyb_model_load_manifest(name, err, sizeof(err));
+		m = hyb_model_load_manifest(name);
 		if (!m)
 			usleep(20000);
 	}
 	if (!m) {
-		die("no model from the manifest after 60 s: %s", err);
+		die("no model from the manifest after 60 s: %s", hyb_last_error());
 	}
 	*ready_ms = ms_since(t0);
 	return m;
@@ -563,7 +560,6 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 	struct hyb_ctx *c;
 	struct run r = { .check_box = true };
 	double ready_ms, t0;
-	char err[512];
 	int np, st;
 
 	/* a cold start: hybd must read the drive (O_DIRECT), not the page cache */
@@ -608,9 +604,9 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 		if (!WIFEXITED(st) || WEXITSTATUS(st)) {
 			die("hybd exited with status %#x after SIGTERM, want 0", st);
 		}
-		if (hyb_model_box_check(m, err, sizeof(err)) != -ESHUTDOWN)
+		if (hyb_model_box_check(m) != -ESHUTDOWN)
 			die("after SIGTERM hyb_model_box_check did not say -ESHUTDOWN");
-		note("SIGTERM: hybd exited 0; the app is told: %s", err);
+		note("SIGTERM: hybd exited 0; the app is told: %s", hyb_last_error());
 	} else {
 		struct hyb_rq_req q = { 0 };
 		struct hyb_rq_cqe cqe;
@@ -659,7 +655,9 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 		/* (an end-of-generation token may end the run first: then poll) */
 		while (!r.box_err && ms_since(t0) < 5000) {
 			usleep(1000);
-			r.box_err = hyb_model_box_check(m, r.box_msg, sizeof(r.box_msg));
+			r.box_err = hyb_model_box_check(m);
+			if (r.box_err)
+				snprintf(r.box_msg, sizeof(r.box_msg), "%s", hyb_last_error());
 		}
 		if (r.box_err != -EPIPE)
 			die("after SIGKILL the run %s (box check %d: %s)",
@@ -686,9 +684,9 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 		note("the upload in flight failed with -EPIPE (%.1f ms after the kill); new "
 		     "submits get -EPIPE", ms_since(t0));
 		hyb_rq_close(rq);
-		if (hyb_model_load_manifest("vm", err, sizeof(err)))
+		if (hyb_model_load_manifest("vm"))
 			die("the manifest of a dead hybd still loads");
-		note("loading it again: %s", err);
+		note("loading it again: %s", hyb_last_error());
 		st = wait_exit(daemon_pid, 5000);
 		daemon_pid = 0;
 		if (st < 0 || !WIFSIGNALED(st) || WTERMSIG(st) != SIGKILL)
@@ -727,10 +725,9 @@ static int cmd_box(const char *bin, const char *conf, const char *model, const c
 static int cmd_offset(const char *model, const char *name)
 {
 	struct hyb_gguf_file *f;
-	char err[512];
 
-	if (hyb_gguf_open(model, &f, err, sizeof(err)))
-		die("%s", err);
+	if (hyb_gguf_open(model, &f))
+		die("%s", hyb_last_error());
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		const struct hyb_gguf_tensor *t = &f->tensors[i];
 
@@ -825,7 +822,7 @@ static const char *line_with(const char *text, const char *key)
 /* Embedded mode, hyb_model_load(): no model, and the reason names the bad read. */
 static void ioerr_embedded(const char *model, uint64_t bad, bool buffered)
 {
-	char err[1024] = "", why[128];
+	char why[128];
 	struct hyb_model *m;
 	double t0;
 
@@ -834,17 +831,17 @@ static void ioerr_embedded(const char *model, uint64_t bad, bool buffered)
 		setenv("HYB_STREAM_REFUSE_DIRECT", "1", 1);
 	drop_caches();
 	t0 = hyb_now();
-	m = hyb_model_load(model, err, sizeof(err));
+	m = hyb_model_load(model);
 	unsetenv("HYB_STREAM_REFUSE_DIRECT");
 	if (m)
 		die("embedded mode (%s): the model loaded although the drive fails byte %llu",
 		    buffered ? "buffered" : "O_DIRECT", (unsigned long long)bad);
-	if (!names_bad_read(err, model, bad, why, sizeof(why)))
+	if (!names_bad_read(hyb_last_error(), model, bad, why, sizeof(why)))
 		die("embedded mode (%s): the error does not name %s, a read and the block holding "
 		    "byte %llu with EIO/ENODATA: %s", buffered ? "buffered" : "O_DIRECT", model,
-		    (unsigned long long)bad, err);
+		    (unsigned long long)bad, hyb_last_error());
 	note("embedded mode, %s reads: no model after %.0f ms: %s",
-	     buffered ? "buffered" : "O_DIRECT", ms_since(t0), err);
+	     buffered ? "buffered" : "O_DIRECT", ms_since(t0), hyb_last_error());
 	metric(buffered ? "ioerr_embedded_buffered_fail_ms" : "ioerr_embedded_direct_fail_ms",
 	       ms_since(t0), "ms");
 }
@@ -947,7 +944,7 @@ static void ioerr_hybd(const char *bin, const char *conf, const char *model, uin
 {
 	static char set_model[600];
 	const char *sets[] = { set_model, "name=bad", "state_dir=/tmp/hybd-bad", NULL };
-	char err[512] = "", why[128], names[512];
+	char why[128], names[512];
 	struct hyb_backend *b;
 	struct hyb_rq_stats qs;
 	double t0 = hyb_now();
@@ -965,7 +962,7 @@ static void ioerr_hybd(const char *bin, const char *conf, const char *model, uin
 			break;
 		st = -1;
 		/* what an app waiting for the box sees meanwhile */
-		m = hyb_model_load_manifest("bad", err, sizeof(err));
+		m = hyb_model_load_manifest("bad");
 		if (m)
 			die("the app got a model from the manifest although hybd's load failed");
 		polls++;
@@ -987,7 +984,7 @@ static void ioerr_hybd(const char *bin, const char *conf, const char *model, uin
 	     "model); its log: %s", ms_since(t0), polls, line_with(log, "read of"));
 	metric("ioerr_hybd_exit_ms", ms_since(t0), "ms");
 
-	if (hyb_model_load_manifest("bad", err, sizeof(err)))
+	if (hyb_model_load_manifest("bad"))
 		die("a manifest of the failed load can be loaded");
 	if (pools_named("bad.", names, sizeof(names)))
 		die("pools of the failed load are left:%s", names);
@@ -999,9 +996,9 @@ static void ioerr_hybd(const char *bin, const char *conf, const char *model, uin
 	if (qs.live)
 		die("a daemon (pid %d) is still attached to queue %d", qs.daemon_pid, QUEUE);
 	hyb_backend_close(b);
-	hyb_model_load_manifest("bad", err, sizeof(err));
+	hyb_model_load_manifest("bad");
 	note("nothing published: no pools bad.*, no manifest file, queue %d free; an app asking "
-	     "now is told: %s", QUEUE, err);
+	     "now is told: %s", QUEUE, hyb_last_error());
 }
 
 /* Is a process named hybd alive (a zombie counts: nobody reaped it yet)? */
@@ -1249,15 +1246,14 @@ static float *oracle_logits(const struct hyb_model *m, const struct hyb_hybrid_p
 	};
 	const uint32_t V = m->hp.n_vocab;
 	float *lg = malloc(sizeof(float) * V * (HSTEPS + 1));
-	char err[512];
-	struct hyb_ctx *c = hyb_ctx_new(m, &p, err, sizeof(err));
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
 	int n_prompt;
 	const int32_t *prompt = prompt_ids(m, &n_prompt);
 
 	if (!c || !lg)
-		die("context: %s", c ? "out of memory" : err);
-	if (hyb_ctx_eval(c, prompt, (uint32_t)n_prompt, lg, false, err, sizeof(err)))
-		die("prompt: %s", err);
+		die("context: %s", c ? "out of memory" : hyb_last_error());
+	if (hyb_ctx_eval(c, prompt, (uint32_t)n_prompt, lg, false))
+		die("prompt: %s", hyb_last_error());
 	for (int i = 0; i < HSTEPS; i++) {
 		const float *l = lg + (size_t)i * V;
 		int32_t t = 0;
@@ -1267,8 +1263,8 @@ static float *oracle_logits(const struct hyb_model *m, const struct hyb_hybrid_p
 				t = (int32_t)v;
 		if (i % 5 == 4)
 			t = (int32_t)(3 + (uint32_t)(i * 40503u + 7) % (V - 3));
-		if (hyb_ctx_eval(c, &t, 1, lg + (size_t)(i + 1) * V, false, err, sizeof(err)))
-			die("step %d: %s", i, err);
+		if (hyb_ctx_eval(c, &t, 1, lg + (size_t)(i + 1) * V, false))
+			die("step %d: %s", i, hyb_last_error());
 	}
 	if (hy) {
 		struct hyb_hybrid_offload pl;
@@ -1306,7 +1302,6 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	struct hyb_model *mf, *mb;
 	struct hyb_rq_stats q0, q1;
 	struct hyb_backend *b;
-	char err[512];
 	float *ref, *box;
 	bool on_hybd = false;
 	double ready_ms;
@@ -1316,9 +1311,9 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	if (strcmp(plan, "/mnt/plan.gguf"))
 		die("the plan must be /mnt/plan.gguf (the hybd settings name it)");
 	setenv("HYB_STATE_DIR", "/tmp/hybd", 1);	/* the config's state_dir: the .gpucache */
-	mf = hyb_model_load(plan, err, sizeof(err));
+	mf = hyb_model_load(plan);
 	if (!mf)
-		die("%s", err);
+		die("%s", hyb_last_error());
 	V = mf->hp.n_vocab;
 	ref = oracle_logits(mf, NULL, NULL, NULL);
 	snprintf(slots, sizeof(slots), "gpu_slots=%u", mf->hp.n_layer * mf->n_groups / 3);
@@ -1336,10 +1331,10 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 		/* hybd's cache while this process holds it: refused, not shared */
 		struct hyb_ctx_params p = { .n_ctx = 128, .n_threads = 1, .ffn = HYB_FFN_SPARSE,
 					    .hybrid = &hy };
-		struct hyb_ctx *hold = hyb_ctx_new(mb, &p, err, sizeof(err));
+		struct hyb_ctx *hold = hyb_ctx_new(mb, &p);
 
 		if (!hold)
-			die("context on hybd's cache: %s", err);
+			die("context on hybd's cache: %s", hyb_last_error());
 		rc = hyb_run_on_cache(hyb);
 		if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 ||
 		    !strstr(slurp("/tmp/hyb.err"), "in use by another app"))

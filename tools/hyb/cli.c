@@ -158,16 +158,15 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 
 struct hyb_model *cli_load_model(const struct cli_opts *o)
 {
-	char err[512];
 	struct hyb_model *m;
 
 	if (o->manifest)
 		return cli_load_manifest(o->manifest);
 	/* hyb run computes its prompt while the weights still stream in */
-	m = o->stream_load ? hyb_model_load_streaming(o->model, err, sizeof(err)) :
-			     hyb_model_load(o->model, err, sizeof(err));
+	m = o->stream_load ? hyb_model_load_streaming(o->model) :
+			     hyb_model_load(o->model);
 	if (!m)
-		cli_die("%s", err);
+		cli_die("%s", hyb_last_error());
 	return m;
 }
 
@@ -175,17 +174,16 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 {
 	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads, .ffn = o->ffn };
 	struct hyb_hybrid_params hy = o->hy;
-	char err[512];
 	struct hyb_ctx *c;
 
 	if (o->gpu_budget) {
 		hy.gpu_budget = cli_gpu_budget(o->gpu_budget, m);
 		p.hybrid = &hy;
 	}
-	c = hyb_ctx_new(m, &p, err, sizeof(err));
+	c = hyb_ctx_new(m, &p);
 
 	if (!c)
-		cli_die("%s", err);
+		cli_die("%s", hyb_last_error());
 	return c;
 }
 

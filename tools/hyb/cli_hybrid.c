@@ -134,14 +134,13 @@ static double run_seq(struct hyb_ctx *c, const struct hyb_model *m, struct workl
 		      double *prompt_s)
 {
 	const uint32_t V = m->hp.n_vocab;
-	char err[512];
 	uint64_t rng = 0x9e3779b97f4a7c15ull;
 	double t0;
 
 	hyb_ctx_reset(c);
 	t0 = hyb_ctx_clock(c);
-	if (hyb_ctx_eval(c, w->toks, w->n_prompt, logits, false, err, sizeof(err)))
-		cli_die("%s", err);
+	if (hyb_ctx_eval(c, w->toks, w->n_prompt, logits, false))
+		cli_die("%s", hyb_last_error());
 	*prompt_s = hyb_ctx_clock(c) - t0;
 	hyb_ctx_hybrid_stats_reset(c);
 	t0 = hyb_ctx_clock(c);
@@ -156,8 +155,8 @@ static double run_seq(struct hyb_ctx *c, const struct hyb_model *m, struct workl
 		} else if (!(drift && (i + 1) % drift == 0)) {
 			*agree += pick == w->toks[pos];
 		}
-		if (hyb_ctx_eval(c, &w->toks[pos], 1, logits, false, err, sizeof(err)))
-			cli_die("%s", err);
+		if (hyb_ctx_eval(c, &w->toks[pos], 1, logits, false))
+			cli_die("%s", hyb_last_error());
 	}
 	return hyb_ctx_clock(c) - t0;
 }

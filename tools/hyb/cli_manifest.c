@@ -30,16 +30,15 @@ static void *watch_daemon(void *arg)
 {
 	const struct hyb_model *m = arg;
 	const struct timespec tick = { .tv_sec = 0, .tv_nsec = 20 * 1000 * 1000 };
-	char err[512];
 
 	for (;;) {
-		int ret = hyb_model_box_check(m, err, sizeof(err));
+		int ret = hyb_model_box_check(m);
 
 		if (ret == -EINVAL)
 			return NULL;	/* the model was freed: the run is over */
 		if (ret) {
 			fflush(stdout);
-			fprintf(stderr, "\nhyb: %s\n", err);
+			fprintf(stderr, "\nhyb: %s\n", hyb_last_error());
 			_exit(CLI_BOX_EXIT);
 		}
 		nanosleep(&tick, NULL);
@@ -48,12 +47,11 @@ static void *watch_daemon(void *arg)
 
 struct hyb_model *cli_load_manifest(const char *src)
 {
-	char err[512];
-	struct hyb_model *m = hyb_model_load_manifest(src, err, sizeof(err));
+	struct hyb_model *m = hyb_model_load_manifest(src);
 	pthread_t t;
 
 	if (!m)
-		cli_die("%s", err);
+		cli_die("%s", hyb_last_error());
 	if (pthread_create(&t, NULL, watch_daemon, m))
 		cli_die("cannot start the hybd watcher thread");
 	pthread_detach(t);

@@ -187,10 +187,8 @@ static double *per_round(const struct bench *b)
 
 static void eval(struct hyb_ctx *c, const int32_t *toks, uint32_t n, float *logits)
 {
-	char err[512];
-
-	if (hyb_ctx_eval(c, toks, n, logits, false, err, sizeof(err)))
-		cli_die("%s", err);
+	if (hyb_ctx_eval(c, toks, n, logits, false))
+		cli_die("%s", hyb_last_error());
 }
 
 /* The sparse context on the dense run's tokens: its time, and how often its greedy pick agrees. */

@@ -41,7 +41,6 @@ int cmd_logits(int argc, char **argv)
 	struct cli_opts o = { 0 };
 	struct hyb_model *m;
 	struct hyb_ctx *c;
-	char err[512];
 	int32_t *ids;
 	float *logits;
 	int n;
@@ -65,11 +64,10 @@ int cmd_logits(int argc, char **argv)
 		cli_die("out of memory for %d x %u logits", n, m->hp.n_vocab);
 	if (o.decode) {
 		for (int i = 0; i < n; i++)
-			if (hyb_ctx_eval(c, &ids[i], 1, logits + (size_t)i * m->hp.n_vocab, false, err,
-					 sizeof(err)))
-				cli_die("%s", err);
-	} else if (hyb_ctx_eval(c, ids, (uint32_t)n, logits, true, err, sizeof(err))) {
-		cli_die("%s", err);
+			if (hyb_ctx_eval(c, &ids[i], 1, logits + (size_t)i * m->hp.n_vocab, false))
+				cli_die("%s", hyb_last_error());
+	} else if (hyb_ctx_eval(c, ids, (uint32_t)n, logits, true)) {
+		cli_die("%s", hyb_last_error());
 	}
 	f = fopen(o.out, "wb");
 	if (!f)

@@ -64,7 +64,6 @@ int cmd_run(int argc, char **argv)
 	struct hyb_ctx *c;
 	struct hyb_sampler *s;
 	struct stream out;
-	char err[512];
 	int32_t *ids;
 	int n_ids;
 
@@ -99,8 +98,8 @@ int cmd_run(int argc, char **argv)
 	fputs(o.prompt, stdout);
 	fflush(stdout);
 	if (hyb_generate(c, m, s, ids, (uint32_t)n_ids, (uint32_t)o.n_predict, print_token, &out,
-			 &st, err, sizeof(err)))
-		cli_die("%s", err);
+			 &st))
+		cli_die("%s", hyb_last_error());
 	printf("\n");
 	if (out.ids) {
 		fprintf(stderr, "ids:");
@@ -122,8 +121,8 @@ int cmd_run(int argc, char **argv)
 		/* the load returned with the header; the weights streamed behind the prompt */
 		struct hyb_stream_stats ls;
 
-		if (hyb_model_wait(m, err, sizeof(err)))
-			cli_die("%s", err);
+		if (hyb_model_wait(m))
+			cli_die("%s", hyb_last_error());
 		hyb_model_load_stats(m, &ls);
 		fprintf(stderr, "weights: %.0f MiB streamed in %.3f s (%.2f GB/s%s) behind the "
 			"prompt\n", ls.bytes / 1048576.0, ls.ns / 1e9,

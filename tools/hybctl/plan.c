@@ -273,21 +273,20 @@ int cmd_plan(int argc, char **argv)
 {
 	struct plan_args a = { 0 };
 	struct hyb_profile *prof;
-	char err[1024];
 	int rc;
 
 	hyb_plan_opts_default(&a.o);
 	if ((rc = parse_args(argc, argv, &a)) >= 0)
 		return rc;
-	prof = hyb_profile_load(a.profile, err, sizeof(err));
+	prof = hyb_profile_load(a.profile);
 	if (!prof) {
-		fprintf(stderr, "hybctl plan: %s\n", err);
+		fprintf(stderr, "hybctl plan: %s\n", hyb_last_error());
 		return 1;
 	}
-	rc = hyb_plan_make(a.model, prof, &a.o, a.out, err, sizeof(err));
+	rc = hyb_plan_make(a.model, prof, &a.o, a.out);
 	hyb_profile_free(prof);
 	if (rc) {
-		fprintf(stderr, "hybctl plan: %s\n", err);
+		fprintf(stderr, "hybctl plan: %s\n", hyb_last_error());
 		return 1;
 	}
 	return 0;

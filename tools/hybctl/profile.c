@@ -303,11 +303,11 @@ static int open_run(struct run *r)
 {
 	struct hyb_ctx_params cp = { .n_threads = r->o.threads };
 	const struct hyb_model *m;
-	char err[512], name[128] = "";
+	char name[128] = "";
 
-	r->m = hyb_model_load(r->o.model, err, sizeof(err));
+	r->m = hyb_model_load(r->o.model);
 	if (!r->m) {
-		fprintf(stderr, "hybctl profile: %s\n", err);
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		return -1;
 	}
 	m = r->m;
@@ -328,17 +328,17 @@ static int open_run(struct run *r)
 	cp.n_ctx = (uint32_t)r->longest + r->o.gen + 1;
 	if (cp.n_ctx > m->hp.n_ctx_train)
 		cp.n_ctx = m->hp.n_ctx_train;
-	r->ctx = hyb_ctx_new(m, &cp, err, sizeof(err));
+	r->ctx = hyb_ctx_new(m, &cp);
 	if (!r->ctx) {
-		fprintf(stderr, "hybctl profile: %s\n", err);
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		return -1;
 	}
 	if (!hyb_gguf_get_str(m->gguf, "general.name", name, sizeof(name)))
 		snprintf(name, sizeof(name), "%s", r->o.model);
 	r->col = hyb_profile_collector_new(m->hp.n_layer, m->hp.n_embd, m->hp.n_ff, r->o.samples,
-					   name, err, sizeof(err));
+					   name);
 	if (!r->col) {
-		fprintf(stderr, "hybctl profile: %s\n", err);
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		return -1;
 	}
 	hyb_ctx_set_ffn_probe(r->ctx, hyb_profile_probe, r->col);
@@ -348,8 +348,6 @@ static int open_run(struct run *r)
 /* Each prompt and the model's own sampled continuation through the probed context. */
 static int generate_all(struct run *r)
 {
-	char err[512];
-
 	for (uint32_t i = 0; i < r->n_prompts; i++) {
 		struct hyb_sampler_params sp = hyb_sampler_defaults();
 		struct hyb_sampler *s;
@@ -371,10 +369,10 @@ static int generate_all(struct run *r)
 		hyb_profile_collector_begin_seq(r->col,
 						(r->o.samples + r->n_prompts - 1) / r->n_prompts);
 		rc = hyb_generate(r->ctx, r->m, s, r->ids[i], (uint32_t)r->n_ids[i], r->o.gen, NULL,
-				  NULL, &st, err, sizeof(err));
+				  NULL, &st);
 		hyb_sampler_free(s);
 		if (rc) {
-			fprintf(stderr, "hybctl profile: prompt %u: %s\n", i + 1, err);
+			fprintf(stderr, "hybctl profile: prompt %u: %s\n", i + 1, hyb_last_error());
 			return -1;
 		}
 	}
@@ -405,7 +403,6 @@ int cmd_profile(int argc, char **argv)
 			 .n_prompts = sizeof(builtin_prompts) / sizeof(builtin_prompts[0]) };
 	struct hyb_profile *prof = NULL;
 	struct hyb_profile_summary sum;
-	char err[512];
 	int rc = 1;
 	double t0;
 
@@ -434,8 +431,8 @@ int cmd_profile(int argc, char **argv)
 		print_json(prof, &sum, t0);
 	else
 		print_table(stdout, prof, &sum);
-	if (r.o.out && hyb_profile_save(prof, r.o.out, err, sizeof(err))) {
-		fprintf(stderr, "hybctl profile: %s: %s\n", r.o.out, err);
+	if (r.o.out && hyb_profile_save(prof, r.o.out)) {
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		goto out;
 	}
 	rc = 0;

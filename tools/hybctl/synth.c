@@ -308,7 +308,6 @@ int cmd_synth(int argc, char **argv)
 	struct hyb_gguf_writer *w;
 	struct hyb_threadpool *pool;
 	struct tensor *t;
-	char err[512];
 	int nt, rc = 1;
 
 	parse(argc, argv, &sp);
@@ -340,8 +339,8 @@ int cmd_synth(int argc, char **argv)
 			goto out;
 		hyb_gguf_set_u32(w, "hyb.synth.topics", synth_sparse_topics(design));
 	}
-	if (hyb_gguf_writer_begin(w, sp.out, err, sizeof(err))) {
-		fprintf(stderr, "hybctl synth: %s\n", err);
+	if (hyb_gguf_writer_begin(w, sp.out)) {
+		fprintf(stderr, "hybctl synth: %s\n", hyb_last_error());
 		goto out;
 	}
 	{
@@ -369,14 +368,18 @@ int cmd_synth(int argc, char **argv)
 			if (j.failed)
 				fprintf(stderr, "hybctl synth: cannot quantize %s to %s\n", t[i].name,
 					hyb_type_name(t[i].type));
-			failed = j.failed || hyb_gguf_writer_put_data(w, j.data, j.row_bytes * rows);
+			if (!j.failed && hyb_gguf_writer_put_data(w, j.data, j.row_bytes * rows)) {
+				fprintf(stderr, "hybctl synth: %s\n", hyb_last_error());
+				j.failed = 1;
+			}
+			failed = j.failed;
 			free(j.data);
 		}
 		for (int i = 0; scratch && i < nth; i++)
 			free(scratch[i]);
 		free(scratch);
-		if (!failed && hyb_gguf_writer_finish(w, err, sizeof(err))) {
-			fprintf(stderr, "hybctl synth: %s\n", err);
+		if (!failed && hyb_gguf_writer_finish(w)) {
+			fprintf(stderr, "hybctl synth: %s\n", hyb_last_error());
 			failed = 1;
 		}
 		if (failed) {

@@ -138,10 +138,9 @@ int synth_vocab_from(struct hyb_gguf_writer *w, const char *path, uint32_t *n_vo
 {
 	struct hyb_gguf_file *f;
 	const struct hyb_gguf_kv *tokens;
-	char err[512];
 
-	if (hyb_gguf_open(path, &f, err, sizeof(err))) {
-		fprintf(stderr, "hybctl: %s\n", err);
+	if (hyb_gguf_open(path, &f)) {
+		fprintf(stderr, "hybctl: %s\n", hyb_last_error());
 		return -1;
 	}
 	tokens = hyb_gguf_get_arr(f, "tokenizer.ggml.tokens", HYB_GGUF_VT_STRING);

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "hyb/clock.h"	/* hyb_now, which the stats are timed with */
+#include "hyb/error.h"
 
 struct hyb_ctx;
 struct hyb_model;
@@ -27,11 +28,13 @@ typedef int (*hyb_token_cb)(void *arg, int32_t token);
 /*
  * Generates up to n_gen tokens after the prompt (which is evaluated first
  * and fed to the sampler's repetition window). The end-of-generation token
- * stops the loop and is not passed to cb. Returns 0 or -1 with err.
+ * stops the loop and is not passed to cb. Returns 0, -EINVAL for an empty
+ * prompt, -ENOMEM, or hyb_ctx_eval's errno, with the message in
+ * hyb_last_error().
  */
 int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sampler *s,
 		 const int32_t *prompt, uint32_t n_prompt, uint32_t n_gen, hyb_token_cb cb,
-		 void *arg, struct hyb_gen_stats *st, char *err, size_t errlen);
+		 void *arg, struct hyb_gen_stats *st);
 
 
 #endif

@@ -3,8 +3,10 @@
  * GGUF reader and writer (GGUF v2 and v3, as specified in ggml's
  * docs/gguf.md). The reader validates everything before it hands out a
  * pointer: a malformed file is refused with a message naming the problem,
- * never dereferenced out of bounds. Strings, arrays and tensor data point
- * into the caller's buffer (usually the mmap of the file): nothing is copied.
+ * never dereferenced out of bounds. Failures return a negative errno with
+ * the message in hyb_last_error() (hyb/error.h). Strings, arrays and tensor
+ * data point into the caller's buffer (usually the mmap of the file):
+ * nothing is copied.
  */
 #ifndef HYB_GGUF_H
 #define HYB_GGUF_H
@@ -13,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+
+#include "hyb/error.h"
 
 #define HYB_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 /*
@@ -98,12 +102,16 @@ struct hyb_gguf_file {
 
 /*
  * Parse a GGUF image held in memory (size bytes at buf; buf must outlive the
- * result). Returns 0 or -1 with a one-line message in err ("truncated at
- * byte N while reading tensor 3 name", "bad magic 0x...", ...).
+ * result). Returns 0, -EINVAL for a malformed image or -ENOMEM, with a
+ * one-line message in hyb_last_error() ("tensor 3 'x': truncated at offset
+ * N reading name ...", "bad magic 0x...", ...).
  */
-int hyb_gguf_parse(const void *buf, uint64_t size, struct hyb_gguf_file **out, char *err, size_t errlen);
-/* mmap a file read-only and parse it. */
-int hyb_gguf_open(const char *path, struct hyb_gguf_file **out, char *err, size_t errlen);
+int hyb_gguf_parse(const void *buf, uint64_t size, struct hyb_gguf_file **out);
+/*
+ * mmap a file read-only and parse it: also the errno of a failed open, stat
+ * or mmap (-ENOENT...), -EISDIR; the message starts with the path.
+ */
+int hyb_gguf_open(const char *path, struct hyb_gguf_file **out);
 void hyb_gguf_close(struct hyb_gguf_file *f);
 
 /* Lookup; NULL when absent. Keys and names compare as exact byte strings. */
@@ -154,9 +162,10 @@ void hyb_gguf_set_arr_str(struct hyb_gguf_writer *w, const char *key, const char
 /*
  * Declare a tensor. data (nbytes = hyb_row_bytes(type, ne[0]) * rows) is
  * borrowed until the file is written; pass NULL to stream the data later
- * with hyb_gguf_writer_put_data in declaration order. Returns -1 on a bad
- * type/shape, a duplicate name, or a name of 64 bytes or more (llama.cpp's
- * GGML_MAX_NAME: its loader refuses longer ones).
+ * with hyb_gguf_writer_put_data in declaration order. Returns -EINVAL on a
+ * bad type/shape, -EEXIST on a duplicate name, -ENAMETOOLONG on a name of
+ * 64 bytes or more (llama.cpp's GGML_MAX_NAME: its loader refuses longer
+ * ones), -ENOMEM.
  */
 /* Copy one key/value of an opened file (type, value and arrays as they are). */
 void hyb_gguf_writer_copy_kv(struct hyb_gguf_writer *w, const struct hyb_gguf_kv *kv);
@@ -164,23 +173,24 @@ int hyb_gguf_writer_add_tensor(struct hyb_gguf_writer *w, const char *name, uint
 			   uint32_t n_dims, const uint64_t *ne, const void *data);
 
 /* Write header + metadata + tensor infos, and every tensor whose data was given. */
-int hyb_gguf_writer_write_file(struct hyb_gguf_writer *w, const char *path, char *err, size_t errlen);
+int hyb_gguf_writer_write_file(struct hyb_gguf_writer *w, const char *path);
 /*
  * Streaming: open the file and write the header; then put each tensor's data
  * in declaration order (padding handled; a tensor may come in several
  * chunks; tensors declared with data are written without being put); then
- * finish. put_data returns -1 on a write error or on more bytes than the
- * current tensor has left; finish then reports the error. On any error the
- * partial file is removed (also when the writer is freed before finish).
- * Setter errors (out of memory, bad array type...) are reported by begin.
+ * finish. put_data returns the write's errno, or -EINVAL on more bytes than
+ * the current tensor has left; finish then reports the error again. On any
+ * error the partial file is removed (also when the writer is freed before
+ * finish). Setter errors (out of memory, bad array type...) are reported by
+ * begin.
  * The bytes go to PATH.tmp-PID, renamed over PATH by a successful finish:
  * PATH never holds a partial file, and an existing one stays as it was
  * until the new one is complete (PATH that exists and is not a regular
  * file, such as /dev/null, is written in place).
  */
-int hyb_gguf_writer_begin(struct hyb_gguf_writer *w, const char *path, char *err, size_t errlen);
+int hyb_gguf_writer_begin(struct hyb_gguf_writer *w, const char *path);
 int hyb_gguf_writer_put_data(struct hyb_gguf_writer *w, const void *data, uint64_t nbytes);
-int hyb_gguf_writer_finish(struct hyb_gguf_writer *w, char *err, size_t errlen);
+int hyb_gguf_writer_finish(struct hyb_gguf_writer *w);
 
 /*
  * Set the file's version (2 or 3; default 3) and alignment (power of two;

@@ -6,6 +6,9 @@
  * the mapping: weights are never copied. hyb_ctx holds what one sequence
  * needs (KV cache, scratch, thread pool); hyb_ctx_eval() runs a batch of
  * tokens (prefill: one batched GEMM per weight; decode: n == 1).
+ *
+ * Failures return a negative errno (or NULL) with a one-line message in
+ * hyb_last_error() (hyb/error.h).
  */
 #ifndef HYB_MODEL_H
 #define HYB_MODEL_H
@@ -13,6 +16,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "hyb/error.h"
 
 struct hyb_gguf_file;
 struct hyb_backend;
@@ -123,10 +128,14 @@ struct hyb_model {
  */
 enum hyb_load_mode { HYB_LOAD_HUGEPAGE, HYB_LOAD_MMAP };
 
-/* NULL with a one-line reason in err. The load mode comes from HYB_LOAD=hugepage|mmap. */
-struct hyb_model *hyb_model_load(const char *path, char *err, size_t errlen);
-struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode, char *err,
-				      size_t errlen);
+/*
+ * NULL with the reason in hyb_last_error(), which names the file: it cannot
+ * be read, is no GGUF, or holds a model hyb cannot run (the architecture,
+ * tensor or key that is wrong). The load mode comes from
+ * HYB_LOAD=hugepage|mmap.
+ */
+struct hyb_model *hyb_model_load(const char *path);
+struct hyb_model *hyb_model_load_mode(const char *path, enum hyb_load_mode mode);
 void hyb_model_free(struct hyb_model *m);
 
 /*
@@ -138,12 +147,16 @@ void hyb_model_free(struct hyb_model *m);
  * file wholly in the page cache, a plan or PowerInfer file and HYB_LOAD=mmap
  * load as hyb_model_load does.
  * Whatever else reads weights must call hyb_model_wait first (hybrid contexts
- * do). A failed load fails every wait with its error; the model can still be
- * freed, and freeing a model still loading cancels the load.
+ * do). A failed load fails every wait with its error (the read's errno,
+ * "loading the model failed: ..."); the model can still be freed, and freeing
+ * a model still loading cancels the load.
  */
-struct hyb_model *hyb_model_load_streaming(const char *path, char *err, size_t errlen);
-/* 0 once the load has finished, all of it in memory (at once unless it streams); -1: it failed. */
-int hyb_model_wait(const struct hyb_model *m, char *err, size_t errlen);
+struct hyb_model *hyb_model_load_streaming(const char *path);
+/*
+ * 0 once the load has finished, all of it in memory (at once unless it
+ * streams); the failed read's errno (-EIO...) when it failed.
+ */
+int hyb_model_wait(const struct hyb_model *m);
 /* True while a streaming load is still reading. */
 bool hyb_model_loading(const struct hyb_model *m);
 /* The finished load's engine statistics (hyb/stream.h; zeros while it runs, or when nothing streamed). */
@@ -174,8 +187,8 @@ struct hyb_ctx_params {
 
 struct hyb_ctx;
 
-struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p,
-			    char *err, size_t errlen);
+/* NULL with the reason in hyb_last_error() (bad parameters, out of memory, the device). */
+struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p);
 void hyb_ctx_free(struct hyb_ctx *c);
 uint32_t hyb_ctx_n_past(const struct hyb_ctx *c);
 uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c);
@@ -186,11 +199,13 @@ void hyb_ctx_reset(struct hyb_ctx *c);
 /*
  * Append n tokens at the current position. logits: n_vocab floats for the
  * last token, or n * n_vocab (one row per token) when all_logits. Batches
- * longer than n_batch are split. Returns 0, or -1 with a reason in err
- * (context full, bad token id).
+ * longer than n_batch are split. Returns 0, -EINVAL for no tokens or a bad
+ * token id, -ENOSPC when the context is full, the streaming load's errno when
+ * it failed (hyb_model_wait), or the errno of a device or hybd failure (a
+ * device fault: -EIO; hybd gone: hyb_model_box_check's).
  */
 int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-		 bool all_logits, char *err, size_t errlen);
+		 bool all_logits);
 
 /*
  * Watch every layer's FFN (hybctl profile, predictor training data). Called
@@ -234,10 +249,11 @@ void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
  * validation as hyb_model_load. Every tensor must be resident (a manifest
  * with dram_budget-paged tensors is refused). m->image_backend is the backend
  * the pools were opened through (for reload-queue clients); m->gguf->base
- * holds only the header, zeros after it. NULL with a one-line reason in err.
+ * holds only the header, zeros after it. NULL with a one-line reason in
+ * hyb_last_error().
  */
 struct hyb_manifest;
-struct hyb_model *hyb_model_load_manifest(const char *src, char *err, size_t errlen);
+struct hyb_model *hyb_model_load_manifest(const char *src);
 /* The manifest of a box-mode model (NULL for a model loaded from a file). */
 const struct hyb_manifest *hyb_model_manifest(const struct hyb_model *m);
 /*
@@ -252,9 +268,10 @@ const void *hyb_model_box_addr(const struct hyb_model *m, uint32_t pool, uint64_
  * the manifest (clean shutdown). -EPIPE: hybd died (its pools were destroyed
  * without a retirement, e.g. SIGKILL). The weights mapped here stay readable
  * either way (the kernel keeps destroyed pools while mapped), but nothing can
- * be loaded, uploaded or reloaded any more: apps should stop with err's
- * message. -EINVAL: not a box-mode model. One cheap ioctl: call it per token.
+ * be loaded, uploaded or reloaded any more: apps should stop with the
+ * message in hyb_last_error(). -EINVAL: not a box-mode model. One cheap
+ * ioctl: call it per token.
  */
-int hyb_model_box_check(const struct hyb_model *m, char *err, size_t errlen);
+int hyb_model_box_check(const struct hyb_model *m);
 
 #endif

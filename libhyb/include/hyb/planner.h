@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hyb/error.h"
+
 struct hyb_threadpool;
 struct hyb_profile;
 
@@ -81,9 +83,12 @@ void hyb_plan_opts_default(struct hyb_plan_opts *o);
  * Read model `model_path` (mapped, layer by layer), group, place, train and
  * write the plan to out_path (through a temporary file renamed at the end:
  * nothing is left behind on failure). Prints its choices and per-layer
- * numbers on stdout unless quiet. 0, or -1 with a one-line reason in err.
+ * numbers on stdout unless quiet. 0, or a negative errno with a one-line
+ * reason in hyb_last_error() (hyb/error.h): -EINVAL for a model, profile or
+ * option the plan cannot be made from (a budget too small, a profile of
+ * another model...), -ENOMEM, or the errno of a failed read or write.
  */
-int hyb_plan_make(const char *model_path, const struct hyb_profile *prof, const struct hyb_plan_opts *o,
-	      const char *out_path, char *err, size_t errlen);
+int hyb_plan_make(const char *model_path, const struct hyb_profile *prof,
+		  const struct hyb_plan_opts *o, const char *out_path);
 
 #endif

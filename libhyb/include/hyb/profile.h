@@ -20,6 +20,9 @@
  * Saved as a GGUF file (general.architecture = "hyb-profile"); see profile.c
  * for the key and tensor names.
  *
+ * Failures return a negative errno (or NULL) with the message in
+ * hyb_last_error() (hyb/error.h).
+ *
  * Statistics (hyb_profile_stats; NaN where a statistic has no data, e.g.
  * cos_next of the last layer, which has no next layer):
  *   sparsity        1 - sum(count) / (n_tokens * n_ff)              (all tokens)
@@ -47,6 +50,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "hyb/error.h"
 
 struct hyb_profile_layer {
 	uint64_t *count;   /* [n_ff] */
@@ -83,14 +88,18 @@ static inline int hyb_profile_active(const struct hyb_profile *p, uint32_t layer
 }
 
 void hyb_profile_free(struct hyb_profile *p);
-/* 0, or -1 with a one-line reason in err. */
-int hyb_profile_save(const struct hyb_profile *p, const char *path, char *err, size_t errlen);
-/* Statistics come from the file; every size is validated (NULL with a reason). */
-struct hyb_profile *hyb_profile_load(const char *path, char *err, size_t errlen);
+/* 0, -EINVAL for an inconsistent profile, or the write's errno (hyb_gguf_writer_write_file). */
+int hyb_profile_save(const struct hyb_profile *p, const char *path);
+/*
+ * Statistics come from the file; every size is validated. NULL when the file
+ * cannot be read (hyb_gguf_open), is no profile or a malformed one, or when
+ * out of memory; the message names the file.
+ */
+struct hyb_profile *hyb_profile_load(const char *path);
 
 /*
  * Compute every layer's statistics (all but cos_next, which only the collector
- * can measure) from count, active and seq_start. 0, or -1 when out of memory.
+ * can measure) from count, active and seq_start. 0, or -ENOMEM.
  */
 int hyb_profile_stats(struct hyb_profile *p);
 
@@ -115,10 +124,10 @@ void hyb_profile_summarize(const struct hyb_profile *p, struct hyb_profile_summa
  */
 struct hyb_profile_collector;
 
+/* NULL for sizes out of range or out of memory. */
 struct hyb_profile_collector *hyb_profile_collector_new(uint32_t n_layer, uint32_t n_embd,
 							uint32_t n_ff, uint32_t max_samples,
-							const char *model_name, char *err,
-							size_t errlen);
+							const char *model_name);
 void hyb_profile_collector_begin_seq(struct hyb_profile_collector *c, uint32_t seq_quota);
 /* A hyb_ffn_probe_fn; user is the collector. */
 void hyb_profile_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
