@@ -488,7 +488,7 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 	/* a bar for big models on a terminal; `hyb run` prints the load time itself */
 	struct hyb_stream_opts o = {
 		.progress = isatty(2) && size >= (256u << 20) ? HYB_STREAM_BAR : HYB_STREAM_QUIET,
-		.label = path,
+		.label = path, .pread = hyb_model_load_pread(),
 	};
 	char why[256];
 	/* in the background the zeroing of the pages overlaps the reads too */
@@ -531,15 +531,22 @@ static int load_image(struct hyb_model *m, const char *path, bool background, ch
 	return rc;
 }
 
-/* HYB_LOAD=hugepage|mmap (unset: hugepage). */
+/* HYB_LOAD=hugepage|mmap|pread (unset: hugepage; pread: hugepage, read by pread threads). */
 static int load_mode_env(enum hyb_load_mode *mode)
 {
 	const char *v = getenv("HYB_LOAD");
 
-	if (v && strcmp(v, "mmap") && strcmp(v, "hugepage"))
-		return hyb_error_set(-EINVAL, "HYB_LOAD=%s: expected hugepage or mmap", v);
+	if (v && strcmp(v, "mmap") && strcmp(v, "hugepage") && strcmp(v, "pread"))
+		return hyb_error_set(-EINVAL, "HYB_LOAD=%s: expected hugepage, mmap or pread", v);
 	*mode = v && !strcmp(v, "mmap") ? HYB_LOAD_MMAP : HYB_LOAD_HUGEPAGE;
 	return 0;
+}
+
+bool hyb_model_load_pread(void)
+{
+	const char *v = getenv("HYB_LOAD");
+
+	return v && !strcmp(v, "pread");
 }
 
 struct hyb_model *hyb_model_load(const char *path)

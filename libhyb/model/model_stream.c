@@ -150,7 +150,8 @@ int hyb_model_stream_start(struct hyb_model *m, const char *path, void *image, u
 	s->size = size;
 	/* no bar: the prompt's output shares the terminal with it */
 	s->opts = (struct hyb_stream_opts){ .progress = HYB_STREAM_QUIET, .label = s->path,
-					    .lazy_dst = 1, .landed = landed, .landed_arg = s };
+					    .lazy_dst = 1, .landed = landed, .landed_arg = s,
+					    .pread = hyb_model_load_pread() };
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->cond, NULL);
 	rc = pthread_create(&s->thread, NULL, load_thread, s);

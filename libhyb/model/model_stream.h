@@ -18,6 +18,8 @@ int hyb_model_stream_start(struct hyb_model *m, const char *path, void *image, u
 			   char *err, size_t errlen);
 /* After binding: where the embeddings, each layer and the head end in the file. */
 int hyb_model_stream_index(struct hyb_model *m, char *err, size_t errlen);
+/* HYB_LOAD=pread: the weights are read by pread threads, not io_uring (model_load.c). */
+bool hyb_model_load_pread(void);
 /* Cancel a load still running, join its thread, free; m->stream is NULL after. */
 void hyb_model_stream_stop(struct hyb_model *m);
 

@@ -73,6 +73,7 @@ struct slot {
 struct streamer {
 	struct io_uring ring;
 	struct hyb_preader *pr;	/* io_uring refused: pread threads instead of the ring */
+	bool force_pread;	/* opts.pread */
 	const char *path, *label;
 	char *err;
 	size_t errlen;
@@ -622,7 +623,7 @@ static int run_preads(struct streamer *s, int why)
 	static bool told;
 	int ret;
 
-	if (!told) {
+	if (!told && why) {	/* (why 0: asked for, nothing to tell) */
 		told = true;
 		fprintf(stderr, "hyb: io_uring unavailable (%s): reading with pread threads\n",
 			strerror(-why));
@@ -657,6 +658,8 @@ static int run(struct streamer *s, int fd, bool direct)
 	for (unsigned int i = 0; i < s->depth; i++)
 		s->slots[i].res = 0;	/* (from an attempt before) */
 	s->st->direct = direct;
+	if (s->force_pread)
+		return run_preads(s, 0);
 	ret = getenv(HYB_TESTING_ENV_NO_URING) ? -ENOSYS :
 	      io_uring_queue_init(s->depth, &s->ring, 0);
 	if (ret < 0)
@@ -779,6 +782,7 @@ int hyb_stream_read(const char *path, uint64_t file_off, uint64_t len, void *dst
 	}
 	s.label = o.label ? o.label : path;
 	s.lazy_dst = o.lazy_dst;
+	s.force_pread = o.pread;
 	s.landed = o.landed;
 	s.landed_arg = o.landed_arg;
 	if (getenv(HYB_TESTING_ENV_STREAM_FAULT)) {

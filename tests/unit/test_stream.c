@@ -279,6 +279,9 @@ TEST(stream_without_io_uring)
 	unsetenv("HYB_STREAM_FAULT");
 	unsetenv(HYB_TESTING_ENV_NO_URING);
 	CHECK(!hyb_stream_read(path, 0, size, mem, &o, &st) && st.uring);
+	o.pread = 1;	/* asked for (HYB_LOAD=pread): the threads, where io_uring works too */
+	CHECK(!hyb_stream_read(path, 0, size, mem, &o, &st) && !st.uring && st.bytes == size);
+	check_range(path, 3, size - 3, 5, &o);
 	free(mem);
 	unlink(path);
 }
@@ -429,4 +432,32 @@ TEST(stream_hyb_run_without_io_uring)
 	CHECK_MSG(pclose(p) == 0, "hyb run failed: %s", out);
 	CHECK_MSG(strstr(out, "io_uring unavailable") && strstr(out, "pread threads"), "%s", out);
 	CHECK_MSG(strstr(out, "Once upon a time") && strstr(out, "decode: "), "%s", out);
+}
+
+/* HYB_LOAD=pread: the threads by choice, quietly; a bad value is one clear error. */
+TEST(stream_hyb_load_pread)
+{
+	char model[512], cmd[1400], out[8192] = "";
+	size_t n;
+	FILE *p;
+
+	snprintf(model, sizeof(model), "%s/pread.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --hidden 256 --ffn 512 --layers 2 "
+		 "--heads 4 --type Q8_0 -t 2 >/dev/null", model);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	snprintf(cmd, sizeof(cmd), "HYB_LOAD=pread build/hyb run -m %s -p 'Once upon a time' "
+		 "-n 8 2>&1", model);
+	p = popen(cmd, "r");
+	CHECK(p);
+	n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = 0;
+	CHECK_MSG(pclose(p) == 0, "hyb run failed: %s", out);
+	CHECK_MSG(!strstr(out, "io_uring unavailable") && strstr(out, "decode: "), "%s", out);
+	snprintf(cmd, sizeof(cmd), "HYB_LOAD=uring build/hyb run -m %s -p 'x' -n 1 2>&1", model);
+	p = popen(cmd, "r");
+	CHECK(p);
+	n = fread(out, 1, sizeof(out) - 1, p);
+	out[n] = 0;
+	CHECK_MSG(pclose(p) != 0 && strstr(out, "HYB_LOAD=uring") &&
+		  strstr(out, "hugepage, mmap or pread"), "%s", out);
 }

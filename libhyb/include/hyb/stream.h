@@ -49,6 +49,7 @@ struct hyb_stream_opts {
 	int progress;		/* enum hyb_stream_progress */
 	int buffered;		/* 1: no O_DIRECT (page-cache reads, still io_uring);
 				 * 0: O_DIRECT unless the range is all cached */
+	int pread;		/* 1: pread threads even where io_uring works (HYB_LOAD=pread) */
 	const char *label;	/* shown by the progress output; NULL: the file name */
 	int lazy_dst;		/* 1: the destination is not faulted in yet (a lazy
 				 * pool): no fixed buffers, whose registration would
