@@ -100,7 +100,8 @@ int hyb_policy_parse(const char *name, enum hyb_policy *out)
 			*out = (enum hyb_policy)p;
 			return 0;
 		}
-	return -1;
+	return hyb_error_set(-EINVAL, "unknown policy '%s' (static, layer, lru, topk, dynamic, "
+			     "tam, tam-adaptive)", name ? name : "(null)");
 }
 
 /* ---- parameters --------------------------------------------------------------- */
@@ -393,7 +394,8 @@ uint32_t hyb_balancer_n_groups(const struct hyb_balancer *b)
 int hyb_balancer_set_group_load(struct hyb_balancer *b, double group_load_s)
 {
 	if (!b || !(group_load_s >= 0 && isfinite(group_load_s)))
-		return -1;
+		return hyb_error_set(-EINVAL, "balancer: group load time %g s is not a time",
+				     group_load_s);
 	b->group_load_s = group_load_s;
 	return 0;
 }
@@ -504,7 +506,8 @@ int hyb_balancer_step(struct hyb_balancer *b, uint32_t l, const uint32_t *active
 		*n_evict = 0;
 	if (!b || l >= b->L || (!active && n_active) || !load || !n_load || !evict || !n_evict ||
 	    n_active > b->F)
-		return -1;
+		return hyb_error_set(-EINVAL, "balancer step: bad layer %u, %u active or no output "
+				     "lists", l, n_active);
 	/*
 	 * A_g (checked before any state changes). The list is sorted, so a
 	 * group's count is the distance between the last listed positions of
@@ -518,11 +521,13 @@ int hyb_balancer_step(struct hyb_balancer *b, uint32_t l, const uint32_t *active
 	const uint64_t recip = b->gs_recip;
 
 	if (n_active && active[n_active - 1] >= b->F)
-		return -1;
+		return hyb_error_set(-EINVAL, "balancer step: neuron %u is outside 0..%u",
+				     active[n_active - 1], b->F - 1);
 	memset(count, 0, b->G * sizeof(*count));
 	for (uint32_t i = 0; i < n_active; i++) {
 		if (i && active[i] <= active[i - 1])
-			return -1;
+			return hyb_error_set(-EINVAL, "balancer step: the active list is not "
+					     "increasing at position %u", i);
 		count[hyb_group_of(active[i], recip)] = i + 1;
 	}
 	for (uint32_t g = 0, prev = 0; g < b->G; g++) {

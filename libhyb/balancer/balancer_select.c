@@ -35,11 +35,13 @@
  * Cost: one pass over the logits, two O(n) heap builds, O(log n) per move;
  * the error sums (one exp per inactive neuron) only when info is asked for.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
 #include "balancer_internal.h"
+#include "util/error.h"
 
 enum { MARK_NONE, MARK_ADDED, MARK_DROPPED };
 
@@ -119,7 +121,8 @@ int hyb_balancer_select(struct hyb_balancer *b, uint32_t l, const float *logits,
 	    !cost_ok(cost->t_cpu) || !cost_ok(cost->t_sync) ||
 	    (cost->err_model != HYB_SELECT_ERR_PAPER &&
 	     cost->err_model != HYB_SELECT_ERR_EXPECTED))
-		return -1;
+		return hyb_error_set(-EINVAL, "balancer select: bad layer %u, missing lists or "
+				     "costs", l);
 	m = cost->err_model;
 	res = &b->res[(size_t)l * b->G];
 	/* adds grow from the front of pairs[], drops from the back: na + nd <= n_ff */

@@ -42,6 +42,10 @@ int hyb_generate(struct hyb_ctx *c, const struct hyb_model *m, struct hyb_sample
 	for (uint32_t i = 0; i < n_gen; i++) {
 		int32_t tok = hyb_sampler_sample(s, logits);
 
+		if (tok < 0) {
+			rc = tok;	/* (the sampler said why) */
+			goto out;
+		}
 		if (m->tok && hyb_tokenizer_is_eog(m->tok, tok))
 			break;
 		hyb_sampler_accept(s, tok);

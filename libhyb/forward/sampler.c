@@ -6,6 +6,7 @@
  * on sort stability. The random numbers come from xoshiro256** seeded
  * through splitmix64: the same seed gives the same draws on every platform.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include "hyb/sampler.h"
+#include "util/error.h"
 
 struct cand {
 	int32_t id;
@@ -83,20 +85,22 @@ struct hyb_sampler *hyb_sampler_new(const struct hyb_sampler_params *p, int32_t 
 	uint64_t x;
 
 	if (!p || n_vocab <= 0) {
-		fprintf(stderr, "hyb: sampler: %s\n", p ? "vocabulary size must be positive"
-							: "no parameters");
+		hyb_error_set(-EINVAL, "sampler: %s", p ? "vocabulary size must be positive"
+							 : "no parameters");
 		return NULL;
 	}
 	if (isnan(p->temperature) || isnan(p->top_p) || isnan(p->min_p) ||
 	    !(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty)) {
-		fprintf(stderr, "hyb: sampler: bad parameters (temperature %g, top_p %g, min_p %g, "
-			"repeat_penalty %g)\n", (double)p->temperature, (double)p->top_p,
-			(double)p->min_p, (double)p->repeat_penalty);
+		hyb_error_set(-EINVAL, "sampler: bad parameters (temperature %g, top_p %g, "
+			      "min_p %g, repeat_penalty %g)", (double)p->temperature,
+			      (double)p->top_p, (double)p->min_p, (double)p->repeat_penalty);
 		return NULL;
 	}
 	s = calloc(1, sizeof(*s));
-	if (!s)
+	if (!s) {
+		hyb_error_set(-ENOMEM, "sampler: out of memory");
 		return NULL;
+	}
 	s->p = *p;
 	s->n_vocab = n_vocab;
 	s->count = calloc((size_t)n_vocab, sizeof(*s->count));
@@ -106,7 +110,7 @@ struct hyb_sampler *hyb_sampler_new(const struct hyb_sampler_params *p, int32_t 
 		s->ring = malloc((size_t)s->ring_cap * sizeof(*s->ring));
 	}
 	if (!s->count || !s->cand || (s->ring_cap && !s->ring)) {
-		fprintf(stderr, "hyb: sampler: out of memory\n");
+		hyb_error_set(-ENOMEM, "sampler: out of memory for %d candidates", n_vocab);
 		hyb_sampler_free(s);
 		return NULL;
 	}
@@ -385,7 +389,7 @@ int32_t hyb_sampler_sample(struct hyb_sampler *s, float *logits)
 	double sum, target, run = 0.0;
 
 	if (!s || !logits)
-		return -1;
+		return hyb_error_set(-EINVAL, "sample: no sampler or logits");
 	apply_penalty(s, logits);
 	if (!(s->p.temperature > 0.0f))
 		return argmax(logits, s->n_vocab);

@@ -1016,11 +1016,15 @@ int hyb_tokenize(const struct hyb_tokenizer *t, const char *text, size_t len, bo
 	struct tok_ids ids = { 0 };
 	int n;
 
-	if (!t || (!text && len) || cap < 0 || (!out && cap > 0) || len > INT_MAX / 2)
-		return -1;
+	if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
+		return hyb_error_set(-EINVAL, "tokenize: no tokenizer, text or output buffer");
+	if (len > INT_MAX / 2)
+		return hyb_error_set(-E2BIG, "tokenize: %zu bytes of text is more than %d", len,
+				     INT_MAX / 2);
 	if (encode(t, text, len, add_special, &ids) < 0 || ids.n > INT_MAX) {
 		free(ids.v);
-		return -1;
+		return hyb_error_set(-ENOMEM, "tokenize: out of memory for %zu bytes of text",
+				     len);
 	}
 	n = (int)ids.n;
 	if (n && cap)
@@ -1183,8 +1187,10 @@ int hyb_token_to_piece(const struct hyb_tokenizer *t, int32_t id, char *buf, int
 {
 	struct sink s = { buf, cap > 0 ? (size_t)cap : 0, 0, 0, -1 };
 
-	if (!t || id < 0 || id >= t->n_vocab || cap < 0 || (!buf && cap > 0))
-		return -1;
+	if (!t || cap < 0 || (!buf && cap > 0))
+		return hyb_error_set(-EINVAL, "token to piece: no tokenizer or buffer");
+	if (id < 0 || id >= t->n_vocab)
+		return hyb_error_set(-EINVAL, "token id %d is outside 0..%d", id, t->n_vocab - 1);
 	put_piece(t, id, &s);
 	if (s.n < s.cap)
 		buf[s.n] = '\0';
@@ -1241,10 +1247,11 @@ int hyb_detokenize(const struct hyb_tokenizer *t, const int32_t *ids, int n_ids,
 	size_t total;
 
 	if (!t || n_ids < 0 || (!ids && n_ids) || cap < 0 || (!buf && cap > 0))
-		return -1;
+		return hyb_error_set(-EINVAL, "detokenize: no tokenizer, ids or buffer");
 	for (int i = 0; i < n_ids; i++)
 		if (ids[i] < 0 || ids[i] >= t->n_vocab)
-			return -1;
+			return hyb_error_set(-EINVAL, "detokenize: id %d (position %d) is outside "
+					     "0..%d", ids[i], i, t->n_vocab - 1);
 	/* First pass counts, second writes: the space cleanup needs the whole text. */
 	for (int pass = 0; pass < 2; pass++) {
 		bool strip = t->add_space_prefix;

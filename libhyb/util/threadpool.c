@@ -7,8 +7,11 @@
 #include <stdbool.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "util/error.h"
 
 /* Spin this many times before sleeping: about 50-100 us, longer than the gap
  * between two matmuls of a decode step, far shorter than a human notices. */
@@ -85,12 +88,15 @@ struct hyb_threadpool *hyb_threadpool_new(int n_threads)
 		n_threads = ncpu > 0 ? (int)ncpu : 1;
 	}
 	p = calloc(1, sizeof(*p));
-	if (!p)
+	if (!p) {
+		hyb_error_set(-ENOMEM, "thread pool: out of memory");
 		return NULL;
+	}
 	p->n = n_threads;
 	p->threads = calloc(n_threads, sizeof(*p->threads));
 	if (!p->threads) {
 		free(p);
+		hyb_error_set(-ENOMEM, "thread pool: out of memory for %d threads", n_threads);
 		return NULL;
 	}
 	for (int i = 1; i < n_threads; i++) {
@@ -100,7 +106,7 @@ struct hyb_threadpool *hyb_threadpool_new(int n_threads)
 		if (!wa) {
 			p->n = i;
 			hyb_threadpool_free(p);
-			errno = ENOMEM;
+			hyb_error_set(-ENOMEM, "thread pool: out of memory");
 			return NULL;
 		}
 		wa->p = p;
@@ -110,7 +116,8 @@ struct hyb_threadpool *hyb_threadpool_new(int n_threads)
 			free(wa);
 			p->n = i;
 			hyb_threadpool_free(p);
-			errno = rc;
+			hyb_error_set(-rc, "thread pool: cannot start thread %d of %d: %s", i,
+				      n_threads, strerror(rc));
 			return NULL;
 		}
 	}

@@ -9,6 +9,7 @@
  *
  * Build with -DBAL_REPORT to print the drift workload's per-policy numbers.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -288,9 +289,11 @@ TEST(bal_policy_names)
 	{
 		enum hyb_policy q = HYB_POLICY_LRU;
 
-		CHECK_EQ_INT(hyb_policy_parse("tam_adaptive", &q), -1);
-		CHECK_EQ_INT(hyb_policy_parse("", &q), -1);
-		CHECK_EQ_INT(hyb_policy_parse(NULL, &q), -1);
+		CHECK_EQ_INT(hyb_policy_parse("tam_adaptive", &q), -EINVAL);
+		CHECK_MSG(strstr(hyb_last_error(), "'tam_adaptive'") &&
+			  strstr(hyb_last_error(), "tam-adaptive"), "%s", hyb_last_error());
+		CHECK_EQ_INT(hyb_policy_parse("", &q), -EINVAL);
+		CHECK_EQ_INT(hyb_policy_parse(NULL, &q), -EINVAL);
 		CHECK_EQ_INT(q, HYB_POLICY_LRU);
 	}
 	CHECK(!strcmp(hyb_policy_name(HYB_POLICY_TAM_ADAPTIVE), "tam-adaptive"));
@@ -366,13 +369,15 @@ TEST(bal_step_rejects_bad_input)
 		for (uint32_t g = 0; g < 8; g++)
 			before[g] = hyb_balancer_resident(b, 0, g);
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, unsorted, 3, NULL, load, &nl, evict, &ne),
-			     -1);
+			     -EINVAL);
+		CHECK_MSG(strstr(hyb_last_error(), "not increasing"), "%s", hyb_last_error());
 		CHECK(nl == 0 && ne == 0);
-		CHECK_EQ_INT(hyb_balancer_step(b, 0, dup, 3, NULL, load, &nl, evict, &ne), -1);
-		CHECK_EQ_INT(hyb_balancer_step(b, 0, big, 2, NULL, load, &nl, evict, &ne), -1);
-		CHECK_EQ_INT(hyb_balancer_step(b, 1, good, 4, NULL, load, &nl, evict, &ne), -1);
-		CHECK_EQ_INT(hyb_balancer_step(b, 0, NULL, 4, NULL, load, &nl, evict, &ne), -1);
-		CHECK_EQ_INT(hyb_balancer_step(b, 0, good, 4, NULL, NULL, &nl, evict, &ne), -1);
+		CHECK_EQ_INT(hyb_balancer_step(b, 0, dup, 3, NULL, load, &nl, evict, &ne), -EINVAL);
+		CHECK_MSG(strstr(hyb_last_error(), "not increasing"), "%s", hyb_last_error());
+		CHECK_EQ_INT(hyb_balancer_step(b, 0, big, 2, NULL, load, &nl, evict, &ne), -EINVAL);
+		CHECK_EQ_INT(hyb_balancer_step(b, 1, good, 4, NULL, load, &nl, evict, &ne), -EINVAL);
+		CHECK_EQ_INT(hyb_balancer_step(b, 0, NULL, 4, NULL, load, &nl, evict, &ne), -EINVAL);
+		CHECK_EQ_INT(hyb_balancer_step(b, 0, good, 4, NULL, NULL, &nl, evict, &ne), -EINVAL);
 		for (uint32_t g = 0; g < 8; g++)
 			CHECK_EQ_INT(hyb_balancer_resident(b, 0, g), before[g]);
 		/* the short last group (neurons 56..59) is a valid target */
@@ -868,8 +873,8 @@ TEST(bal_window_caps_loads)
 		CHECK_EQ_INT(nl, 2);
 		hyb_balancer_free(b);
 		b = hyb_balancer_new(&bp);
-		CHECK_EQ_INT(hyb_balancer_set_group_load(b, -1), -1);
-		CHECK_EQ_INT(hyb_balancer_set_group_load(b, NAN), -1);
+		CHECK_EQ_INT(hyb_balancer_set_group_load(b, -1), -EINVAL);
+		CHECK_EQ_INT(hyb_balancer_set_group_load(b, NAN), -EINVAL);
 		CHECK_EQ_INT(hyb_balancer_set_group_load(b, 1e-3), 0);
 		CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, &fb, load, &nl, evict, &ne), 0);
 		CHECK_EQ_INT(nl, 1);
@@ -1184,15 +1189,15 @@ TEST(bal_select_cpu_bound_example)
 	CHECK(info.added >= 12 * info.dropped);
 	/* bad arguments */
 	cost.t_cpu = -1;
-	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -1);
+	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -EINVAL);
 	cost.t_cpu = NAN;
-	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -1);
+	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -EINVAL);
 	cost.t_cpu = 1;
-	CHECK_EQ_INT(hyb_balancer_select(b, 1, logits, &cost, sel, &n_sel, &info), -1);
-	CHECK_EQ_INT(hyb_balancer_select(b, 0, NULL, &cost, sel, &n_sel, &info), -1);
-	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, NULL, sel, &n_sel, &info), -1);
+	CHECK_EQ_INT(hyb_balancer_select(b, 1, logits, &cost, sel, &n_sel, &info), -EINVAL);
+	CHECK_EQ_INT(hyb_balancer_select(b, 0, NULL, &cost, sel, &n_sel, &info), -EINVAL);
+	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, NULL, sel, &n_sel, &info), -EINVAL);
 	cost.err_model = (enum hyb_select_err)7;
-	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -1);
+	CHECK_EQ_INT(hyb_balancer_select(b, 0, logits, &cost, sel, &n_sel, &info), -EINVAL);
 	hyb_balancer_free(b);
 }
 

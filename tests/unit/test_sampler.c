@@ -4,11 +4,13 @@
  * exactly the tokens they must, draws follow the softmax, seeds reproduce,
  * and the repetition penalty changes exactly the penalised logits.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "test.h"
+#include "hyb/error.h"
 #include "hyb/sampler.h"
 
 static struct hyb_sampler_params plain(float temp)
@@ -347,16 +349,18 @@ TEST(samp_bad_input)
 
 	CHECK(!hyb_sampler_new(NULL, 10));
 	CHECK(!hyb_sampler_new(&p, 0));
+	CHECK_MSG(strstr(hyb_last_error(), "vocabulary size"), "%s", hyb_last_error());
 	p.temperature = NAN;
 	CHECK(!hyb_sampler_new(&p, 10));
+	CHECK_MSG(strstr(hyb_last_error(), "temperature nan"), "%s", hyb_last_error());
 	p = hyb_sampler_defaults();
 	p.repeat_penalty = 0.0f;
 	CHECK(!hyb_sampler_new(&p, 10));
 	p = plain(1.0f);
 	s = hyb_sampler_new(&p, 4);
 	CHECK(s);
-	CHECK_EQ_INT(hyb_sampler_sample(s, NULL), -1);
-	CHECK_EQ_INT(hyb_sampler_sample(NULL, l), -1);
+	CHECK_EQ_INT(hyb_sampler_sample(s, NULL), -EINVAL);
+	CHECK_EQ_INT(hyb_sampler_sample(NULL, l), -EINVAL);
 	/* degenerate logits still give a token in range */
 	id = hyb_sampler_sample(s, l);
 	CHECK(id >= 0 && id < 4);

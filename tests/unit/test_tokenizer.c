@@ -5,6 +5,7 @@
  * shared LLaMA-2 vocabulary), the merge rules on tiny hand-made vocabularies,
  * decoding, bad input and speed.
  */
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -567,10 +568,10 @@ TEST(tok_bad_input)
 	int32_t ids[8], bad[] = { 1, 32000 };
 	char buf[8];
 
-	CHECK_EQ_INT(hyb_tokenize(t, NULL, 3, false, ids, 8), -1);
-	CHECK_EQ_INT(hyb_tokenize(t, "abc", 3, false, ids, -1), -1);
-	CHECK_EQ_INT(hyb_tokenize(t, "abc", 3, false, NULL, 8), -1);
-	CHECK_EQ_INT(hyb_tokenize(NULL, "abc", 3, false, ids, 8), -1);
+	CHECK_EQ_INT(hyb_tokenize(t, NULL, 3, false, ids, 8), -EINVAL);
+	CHECK_EQ_INT(hyb_tokenize(t, "abc", 3, false, ids, -1), -EINVAL);
+	CHECK_EQ_INT(hyb_tokenize(t, "abc", 3, false, NULL, 8), -EINVAL);
+	CHECK_EQ_INT(hyb_tokenize(NULL, "abc", 3, false, ids, 8), -EINVAL);
 	CHECK_EQ_INT(hyb_tokenize(t, NULL, 0, true, ids, 8), 1);
 	/* counting only, and a short output buffer */
 	CHECK_EQ_INT(hyb_tokenize(t, "Hello world", 11, true, NULL, 0), 3);
@@ -578,10 +579,13 @@ TEST(tok_bad_input)
 	CHECK_EQ_INT(hyb_tokenize(t, "Hello world", 11, true, ids, 1), 3);
 	CHECK_EQ_INT(ids[0], 1);
 	CHECK_EQ_INT(ids[1], -7);
-	CHECK_EQ_INT(hyb_token_to_piece(t, -1, buf, 8), -1);
-	CHECK_EQ_INT(hyb_token_to_piece(t, 32000, buf, 8), -1);
-	CHECK_EQ_INT(hyb_token_to_piece(t, 5, buf, -1), -1);
-	CHECK_EQ_INT(hyb_detokenize(t, bad, 2, buf, 8), -1);
+	CHECK_EQ_INT(hyb_token_to_piece(t, -1, buf, 8), -EINVAL);
+	CHECK_EQ_INT(hyb_token_to_piece(t, 32000, buf, 8), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "token id 32000 is outside 0..31999"), "%s",
+		  hyb_last_error());
+	CHECK_EQ_INT(hyb_token_to_piece(t, 5, buf, -1), -EINVAL);
+	CHECK_EQ_INT(hyb_detokenize(t, bad, 2, buf, 8), -EINVAL);
+	CHECK_MSG(strstr(hyb_last_error(), "id 32000 (position 1)"), "%s", hyb_last_error());
 	/* invalid UTF-8 goes through byte tokens (U+2581, then <0xFF>) */
 	EXPECT(t, "\xff", false, 29871, 258);
 	EXPECT(t, "\xe2\x82", false, 29871, 229, 133);

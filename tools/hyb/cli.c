@@ -216,7 +216,7 @@ int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n)
 		cli_die("out of memory");
 	got = hyb_tokenize(m->tok, text, len, true, ids, cap);
 	if (got < 0)
-		cli_die("cannot tokenize the prompt");
+		cli_die("cannot tokenize the prompt: %s", hyb_last_error());
 	if (got > cap)
 		cli_die("prompt tokenizes to more tokens than expected");
 	*n = got;

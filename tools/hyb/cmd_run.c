@@ -84,7 +84,7 @@ int cmd_run(int argc, char **argv)
 	c = cli_new_ctx(m, &o);
 	s = hyb_sampler_new(&o.sp, (int32_t)m->hp.n_vocab);
 	if (!s)
-		cli_die("out of memory");
+		cli_die("%s", hyb_last_error());
 	t_setup = hyb_now() - t_start - t_load;
 
 	fprintf(stderr, "hyb: %s: %s, %u layers, embd %u, vocab %u; %s kernels; %s in %.2f s\n",

@@ -362,7 +362,7 @@ static int generate_all(struct run *r)
 		sp.seed = r->o.seed + i;
 		s = hyb_sampler_new(&sp, (int32_t)r->m->hp.n_vocab);
 		if (!s) {
-			fprintf(stderr, "hybctl profile: out of memory\n");
+			fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 			return -1;
 		}
 		hyb_ctx_reset(r->ctx);

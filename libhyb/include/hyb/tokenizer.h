@@ -41,7 +41,7 @@ bool hyb_tokenizer_is_eog(const struct hyb_tokenizer *t, int32_t id);
  * (and append EOS when tokenizer.ggml.add_eos_token asks for it). Invalid
  * UTF-8 is tokenized as llama.cpp does (byte tokens for SPM, U+FFFD for BPE).
  * Writes at most cap ids; returns the total count needed (may exceed cap),
- * or -1 on invalid input.
+ * or a negative errno (hyb_last_error()) on invalid input.
  */
 int hyb_tokenize(const struct hyb_tokenizer *t, const char *text, size_t len, bool add_special,
 		 int32_t *out, int cap);
@@ -50,7 +50,8 @@ int hyb_tokenize(const struct hyb_tokenizer *t, const char *text, size_t len, bo
  * The bytes token `id` contributes to the output text (leading-space rules
  * as llama_token_to_piece with special=false, lstrip=0: control and unknown
  * tokens give nothing, SPM's U+2581 becomes a space and is kept at the
- * start). Returns length written (< cap truncates), or -1 for an invalid id.
+ * start). Returns length written (< cap truncates), or -EINVAL for an invalid
+ * id (hyb_last_error() names it).
  * The piece is NUL-terminated when it is shorter than cap. Streaming callers
  * concatenate pieces; pieces may be partial UTF-8 sequences (byte tokens).
  */
@@ -61,8 +62,8 @@ int hyb_token_to_piece(const struct hyb_tokenizer *t, int32_t id, char *buf, int
  * unparse_special = false): pieces concatenated, the first one's leading
  * space dropped when the model adds one (SPM), and for most BPE models
  * Hugging Face's clean_up_tokenization_spaces applied. Writes at most cap
- * bytes (NUL-terminated when there is room); returns the full length, or -1
- * for an invalid id.
+ * bytes (NUL-terminated when there is room); returns the full length, or
+ * -EINVAL for an invalid id (hyb_last_error() names it).
  */
 int hyb_detokenize(const struct hyb_tokenizer *t, const int32_t *ids, int n_ids, char *buf,
 		   int cap);
