@@ -74,6 +74,7 @@
 #include "hyb/tensor_type.h"
 #include "dense_cuda.h"
 #include "occupancy.h"
+#include "stage_q8_0.h"
 
 #define WARP 32
 #define FULL 0xffffffffu
@@ -319,34 +320,7 @@ static __device__ void mv_stage_x(const float *__restrict__ x, uint32_t k, unsig
 		for (uint32_t e = threadIdx.x; e < k; e += MV_THREADS)
 			xh[e] = __float2half_rn(x[e]);
 	} else {
-		int8_t *xq = (int8_t *)sm;
-		float *xd = (float *)(sm + k);
-		const uint32_t nb = k / QK;
-
-		for (uint32_t b0 = warp; b0 < nb; b0 += MV_WARPS * MV_STEPS) {
-			float v[MV_STEPS];
-
-#pragma unroll
-			for (int u = 0; u < MV_STEPS; u++) {
-				const uint32_t b = b0 + MV_WARPS * u;
-
-				v[u] = b < nb ? x[b * QK + lane] : 0.0f;
-			}
-#pragma unroll
-			for (int u = 0; u < MV_STEPS; u++) {
-				const uint32_t b = b0 + MV_WARPS * u;
-
-				if (b >= nb) /* warp-uniform */
-					break;
-				const float amax = warp_max(fabsf(v[u]));
-				const float d = amax / 127.f;
-				const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-
-				xq[b * QK + lane] = (int8_t)__float2int_rn(v[u] * id);
-				if (lane == 0)
-					xd[b] = __half2float(__float2half_rn(d));
-			}
-		}
+		hyb_stage_q8_0<MV_WARPS, MV_STEPS>(x, k, sm, warp, lane);
 	}
 	__syncthreads();
 }

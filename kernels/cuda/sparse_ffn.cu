@@ -49,6 +49,7 @@
 #include "hyb/model.h"
 #include "hyb/tensor_type.h"
 #include "occupancy.h"
+#include "stage_q8_0.h"
 #include "sparse_ffn_cuda.h"
 
 #define WARP 32
@@ -115,16 +116,8 @@ static __device__ __forceinline__ float f16_of(uint32_t u, int e)
 
 /* ---- xn in shared memory ------------------------------------------------------- */
 
-/*
- * Q8_0 as quant_act.c's hyb_quantize_q8_0_scalar (and llama.cpp's x86
- * build): d = amax / 127 kept as f16, q = round-half-even(x * 127 / amax).
- * Shared layout: int8 q[k], then float d[k / 32] (d already rounded to f16).
- * A warp quantizes a 32-element block (lane l holds element l) and loads
- * XSTEPS blocks before the first reduction, as dense.cu's mv_stage_x does:
- * the staging costs one trip to L2, not one per block (k = 4096 is 16
- * blocks a warp, which a chain of load-then-reduce made a few microseconds).
- */
-#define XSTEPS 8
+/* xn in the dot format: Q8_0 blocks (stage_q8_0.h) for Q8_0/Q4_0, F16 for F16 */
+#define XSTEPS 8          /* ffn_up: x blocks a warp loads before quantizing any */
 
 template <uint32_t TY>
 static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigned char *sm)
@@ -137,37 +130,7 @@ static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigne
 		for (uint32_t e = threadIdx.x; e < k; e += NTHR)
 			xh[e] = __float2half_rn(xn[e]);
 	} else {
-		int8_t *xq = (int8_t *)sm;
-		float *xd = (float *)(sm + k);
-		const uint32_t nb = k / QK;
-
-		for (uint32_t b0 = warp; b0 < nb; b0 += NWARP * XSTEPS) {
-			float v[XSTEPS];
-
-#pragma unroll
-			for (int u = 0; u < XSTEPS; u++) {
-				const uint32_t b = b0 + NWARP * u;
-
-				v[u] = b < nb ? __ldg(&xn[b * QK + lane]) : 0.0f;
-			}
-#pragma unroll
-			for (int u = 0; u < XSTEPS; u++) {
-				const uint32_t b = b0 + NWARP * u;
-
-				if (b >= nb) /* warp-uniform */
-					break;
-				float amax = fabsf(v[u]);
-
-				for (int o = WARP / 2; o > 0; o /= 2)
-					amax = fmaxf(amax, __shfl_xor_sync(FULL, amax, o));
-				const float d = amax / 127.f;
-				const float id = amax != 0.0f ? 127.f / amax : 0.0f;
-
-				xq[b * QK + lane] = (int8_t)__float2int_rn(v[u] * id);
-				if (lane == 0)
-					xd[b] = __half2float(__float2half_rn(d));
-			}
-		}
+		hyb_stage_q8_0<NWARP, XSTEPS>(xn, k, sm, warp, lane);
 	}
 	__syncthreads();
 }
