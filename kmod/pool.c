@@ -38,7 +38,8 @@ DEFINE_XARRAY_ALLOC1(hyb_pools);
 static u32 hyb_pool_next_id;
 static unsigned int hyb_pool_slots;	/* table entries, creating ones included */
 
-#define HYB_POOL_GFP	(GFP_KERNEL | __GFP_COMP | __GFP_ZERO | __GFP_THISNODE | \
+/* __GFP_ACCOUNT: a pool's pages count against its creator's memory cgroup */
+#define HYB_POOL_GFP	(GFP_KERNEL_ACCOUNT | __GFP_COMP | __GFP_ZERO | __GFP_THISNODE | \
 			 __GFP_NOWARN | __GFP_RETRY_MAYFAIL)
 
 static bool hyb_name_valid(const char *name)
@@ -191,7 +192,7 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 		return -EINVAL;
 	bytes = round_up(a->bytes, HYB_CHUNK_SIZE);
 
-	pool = kzalloc(sizeof(*pool), GFP_KERNEL);
+	pool = kzalloc(sizeof(*pool), GFP_KERNEL_ACCOUNT);
 	if (!pool)
 		return -ENOMEM;
 	pool->nr_chunks = bytes >> HYB_CHUNK_SHIFT;

@@ -97,7 +97,8 @@ static struct kmem_cache *hyb_kreq_cache;
 
 int hyb_queue_init(void)
 {
-	hyb_kreq_cache = KMEM_CACHE(hyb_kreq, 0);
+	/* SLAB_ACCOUNT: requests count against the submitter's memory cgroup */
+	hyb_kreq_cache = KMEM_CACHE(hyb_kreq, SLAB_ACCOUNT);
 	return hyb_kreq_cache ? 0 : -ENOMEM;
 }
 
@@ -347,7 +348,7 @@ int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 		if (IS_ERR(ev))
 			return PTR_ERR(ev);
 	}
-	c = kzalloc(sizeof(*c), GFP_KERNEL);
+	c = kzalloc(sizeof(*c), GFP_KERNEL_ACCOUNT);
 	if (!c) {
 		ret = -ENOMEM;
 		goto out_ev;

@@ -12,6 +12,8 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -1585,6 +1587,61 @@ static void t_ctlmove(void)
 
 /* -- final: nothing left behind ------------------------------------------ */
 
+/* -- memcg: a pool's pages are charged to its creator's memory cgroup ---- */
+
+static long long cg_read(const char *path)
+{
+	char buf[64] = "";
+	int fd = open(path, O_RDONLY);
+	ssize_t n = fd >= 0 ? read(fd, buf, sizeof(buf) - 1) : -1;
+
+	if (fd >= 0)
+		close(fd);
+	return n > 0 ? atoll(buf) : -1;
+}
+
+static int cg_write(const char *path, const char *val)
+{
+	int fd = open(path, O_WRONLY), ret = 0;
+
+	if (fd < 0 || write(fd, val, strlen(val)) < 0)
+		ret = -errno;
+	if (fd >= 0)
+		close(fd);
+	return ret;
+}
+
+static void t_memcg(void)
+{
+	const char *cur = "/sys/fs/cgroup/hybt/memory.current";
+	int fd = xopen(O_RDWR);
+	struct hyb_pool_create pc;
+	long long before, made, gone;
+	char pid[32];
+
+	if (mount("cgroup2", "/sys/fs/cgroup", "cgroup2", 0, NULL) && errno != EBUSY) {
+		note("no cgroup2 here (%s): skipped", strerror(errno));
+		close(fd);
+		return;
+	}
+	EXPECT_OK(cg_write("/sys/fs/cgroup/cgroup.subtree_control", "+memory"));
+	EXPECT(!mkdir("/sys/fs/cgroup/hybt", 0755) || errno == EEXIST);
+	snprintf(pid, sizeof(pid), "%d", (int)getpid());
+	EXPECT_OK(cg_write("/sys/fs/cgroup/hybt/cgroup.procs", pid));
+	before = cg_read(cur);
+	EXPECT_OK(hyb_pool_create(fd, "memcg", 64 * MiB, 0, &pc));
+	made = cg_read(cur);
+	EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	gone = cg_read(cur);
+	note("memory.current of the creator's cgroup: %lld MiB, %lld with a 64 MiB pool, "
+	     "%lld after it", before >> 20, made >> 20, gone >> 20);
+	EXPECT(before >= 0 && made - before >= 60 * (long long)MiB);
+	EXPECT(gone - before < 8 * (long long)MiB);
+	EXPECT_OK(cg_write("/sys/fs/cgroup/cgroup.procs", pid));
+	rmdir("/sys/fs/cgroup/hybt");
+	close(fd);
+}
+
 static void t_idle(void)
 {
 	int fd = xopen(O_RDONLY);
@@ -1605,7 +1662,7 @@ static const struct {
 	{ "share", t_share }, { "queue", t_queue }, { "prio", t_prio },
 	{ "death", t_death }, { "memory", t_memory }, { "cap", t_cap },
 	{ "perm", t_perm }, { "migrate", t_migrate },
-	{ "ctlmove", t_ctlmove }, { "idle", t_idle },
+	{ "ctlmove", t_ctlmove }, { "memcg", t_memcg }, { "idle", t_idle },
 };
 
 int main(int argc, char **argv)
