@@ -25,7 +25,7 @@ static int pools_show(struct seq_file *m, void *unused)
 		seq_printf(m, "pool %u name %s node %d bytes %llu mappers %d faults %lld reloads %lld owner %d create_ns %llu\n",
 			   pool->id, pool->name, READ_ONCE(pool->node), pool->bytes,
 			   atomic_read(&pool->mappers), (long long)atomic64_read(&pool->faults),
-			   (long long)atomic64_read(&pool->reloads), pool->owner_pid,
+			   (long long)atomic64_read(&pool->reloads), pid_vnr(pool->owner_pid),
 			   pool->create_ns);
 	}
 	rcu_read_unlock();

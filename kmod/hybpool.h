@@ -55,7 +55,6 @@ struct hyb_file {
 	struct hyb_queue *queue;	/* daemon: the queue it serves */
 	struct hyb_client *client;	/* client: its state */
 	struct list_head pools;		/* pools it owns, under hyb_lock */
-	pid_t pid;
 };
 
 enum {
@@ -79,7 +78,7 @@ struct hyb_pool {
 	bool destroyed;		/* out of the table; under hyb_lock */
 	struct hyb_file *owner;	/* NULL once destroyed; written under hyb_lock */
 	struct list_head owner_node;
-	pid_t owner_pid;
+	struct pid *owner_pid;	/* reported as the reader's namespace numbers it (pid_vnr) */
 	u64 create_ns;
 	atomic_t mappers;
 	atomic64_t faults;

@@ -134,7 +134,6 @@ static int hyb_open(struct inode *inode, struct file *file)
 		return -ENOMEM;
 	mutex_init(&hf->role_lock);
 	INIT_LIST_HEAD(&hf->pools);
-	hf->pid = task_tgid_nr(current);
 	file->private_data = hf;
 	file->f_mapping = hyb_mapping;
 	return nonseekable_open(inode, file);

@@ -120,6 +120,7 @@ static void hyb_pool_free(struct kref *ref)
 	atomic64_sub(pool->bytes, &hyb_pinned_bytes);
 	if (pool->destroyed)
 		atomic_dec(&hyb_nr_zombies);
+	put_pid(pool->owner_pid);
 	kfree_rcu(pool, rcu);
 }
 
@@ -209,7 +210,7 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 	pool->node = node;
 	pool->bytes = bytes;
 	pool->owner = hf;
-	pool->owner_pid = task_tgid_nr(current);
+	pool->owner_pid = get_pid(task_tgid(current));
 
 	/*
 	 * Reserve the name, an id and the pinned bytes, then allocate without
@@ -236,6 +237,7 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 	if (ret) {
 		kvfree(pool->chunks);
 		mutex_destroy(&pool->migrate_lock);
+		put_pid(pool->owner_pid);
 		kfree(pool);
 		return ret;
 	}
@@ -317,7 +319,7 @@ static void hyb_pool_fill_info(struct hyb_pool *pool, struct hyb_file *hf,
 	a->mappers = atomic_read(&pool->mappers);
 	a->faults = atomic64_read(&pool->faults);
 	a->reloads = atomic64_read(&pool->reloads);
-	a->owner_pid = pool->owner_pid;
+	a->owner_pid = pid_vnr(pool->owner_pid);	/* 0: not in the caller's namespace */
 	a->owned = READ_ONCE(pool->owner) == hf;
 	a->create_ns = pool->create_ns;
 }

@@ -50,7 +50,7 @@ struct hyb_client {
 	struct list_head node;		/* queue->clients */
 	struct list_head done;		/* completed, not reaped */
 	u32 id;
-	pid_t pid;
+	struct pid *pid;		/* reported with pid_vnr: the reader's namespace */
 	u32 outstanding;		/* submitted, not reaped */
 	u32 nr_done;
 	u64 submitted;
@@ -80,7 +80,7 @@ struct hyb_queue {
 	spinlock_t lock;
 	u32 id;
 	bool dead;
-	pid_t daemon_pid;
+	struct pid *daemon_pid;		/* reported with pid_vnr */
 	struct eventfd_ctx *ev;		/* the daemon's; NULL once dead */
 	struct list_head pending[HYB_PRIO_LEVELS];
 	DECLARE_HASHTABLE(active, HYB_ACTIVE_BITS);
@@ -112,6 +112,7 @@ static void hyb_queue_free(struct kref *ref)
 	struct hyb_queue *q = container_of(ref, struct hyb_queue, ref);
 
 	atomic_dec(&hyb_nr_queues_alive);
+	put_pid(q->daemon_pid);
 	kvfree(q);
 }
 
@@ -246,6 +247,7 @@ static void hyb_client_detach(struct hyb_client *c)
 	hyb_kreq_free_list(&dead);
 	if (c->ev)
 		eventfd_ctx_put(c->ev);
+	put_pid(c->pid);
 	kfree(c);
 	hyb_queue_put(q);
 }
@@ -302,7 +304,7 @@ int hyb_queue_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 	spin_lock_init(&q->lock);
 	q->id = array_index_nospec(a->queue_id, HYB_MAX_QUEUES);
 	q->ev = ev;
-	q->daemon_pid = task_tgid_nr(current);
+	q->daemon_pid = get_pid(task_tgid(current));
 	for (p = 0; p < HYB_PRIO_LEVELS; p++)
 		INIT_LIST_HEAD(&q->pending[p]);
 	hash_init(q->active);
@@ -328,6 +330,7 @@ int hyb_queue_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 	mutex_unlock(&hf->role_lock);
 	if (ret) {
 		eventfd_ctx_put(ev);
+		put_pid(q->daemon_pid);
 		kvfree(q);
 	}
 	return ret;
@@ -354,7 +357,7 @@ int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 		goto out_ev;
 	}
 	c->ev = ev;
-	c->pid = task_tgid_nr(current);
+	c->pid = get_pid(task_tgid(current));
 	init_waitqueue_head(&c->wq);
 	INIT_LIST_HEAD(&c->done);
 
@@ -387,6 +390,7 @@ int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 
 out_unlock:
 	mutex_unlock(&hf->role_lock);
+	put_pid(c->pid);
 	kfree(c);
 out_ev:
 	if (ev)
@@ -801,7 +805,7 @@ int hyb_queue_ioctl_stats(struct hyb_queue_stats *s)
 
 	spin_lock(&q->lock);
 	s->state = q->dead ? HYB_QUEUE_ABSENT : HYB_QUEUE_LIVE;
-	s->daemon_pid = q->daemon_pid;
+	s->daemon_pid = pid_vnr(q->daemon_pid);
 	s->clients = q->nr_clients;
 	s->submitted = q->st.submitted;
 	s->completed = q->st.completed;
@@ -848,13 +852,13 @@ void hyb_queue_debugfs_show(struct seq_file *m)
 		q = hyb_queues[qid];
 		if (!q)
 			continue;
-		seq_printf(m, "queue %u daemon %d\n", qid, q->daemon_pid);
+		seq_printf(m, "queue %u daemon %d\n", qid, pid_vnr(q->daemon_pid));
 		spin_lock(&q->lock);
 		*snap = q->st;
 		/* Clients are few; printing into the seq buffer does not sleep. */
 		list_for_each_entry(c, &q->clients, node)
 			seq_printf(m, "  client %u pid %d submitted %llu completed %llu failed %llu outstanding %u stalls %llu stall_ns %llu\n",
-				   c->id, c->pid, c->submitted, c->completed, c->failed,
+				   c->id, pid_vnr(c->pid), c->submitted, c->completed, c->failed,
 				   c->outstanding, c->stalls, c->stall_ns);
 		spin_unlock(&q->lock);
 		seq_printf(m, "  submitted %llu completed %llu failed %llu queued %llu in_service %llu stalls %llu\n",

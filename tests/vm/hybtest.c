@@ -7,6 +7,7 @@
  */
 #include <grp.h>
 #include <poll.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -1642,6 +1643,60 @@ static void t_memcg(void)
 	close(fd);
 }
 
+/*
+ * -- pidns: a pool made in a container's PID namespace reports its owner as
+ * each reader numbers it: pid 1 inside, the process's own pid outside.
+ */
+static void t_pidns(void)
+{
+	int fd = xopen(O_RDWR), up[2], go[2], st;
+	struct hyb_pool_info pi;
+	uint32_t id = 0;
+	pid_t child, inner = 0;
+
+	EXPECT(!pipe(up) && !pipe(go));
+	child = fork();
+	if (child == 0) {
+		pid_t g;
+
+		close(go[1]);	/* (or the grandchild's read would never see the end) */
+		close(up[0]);
+		if (unshare(CLONE_NEWPID))
+			_exit(2);
+		g = fork();
+		if (g == 0) {
+			int f = hyb_open(O_RDWR);
+			struct hyb_pool_create pc;
+			struct hyb_pool_info in;
+			char c;
+
+			if (f < 0 || hyb_pool_create(f, "pidns", 2 * MiB, 0, &pc) ||
+			    hyb_pool_info(f, pc.pool_id, &in) || in.owner_pid != 1 ||
+			    write(up[1], &pc.pool_id, 4) != 4)
+				_exit(3);
+			if (read(go[0], &c, 1) < 0)	/* the pool lives until told */
+				_exit(4);
+			_exit(0);
+		}
+		if (g < 0 || write(up[1], &g, sizeof(g)) != sizeof(g) || waitpid(g, &st, 0) < 0)
+			_exit(5);
+		_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 6);
+	}
+	close(go[0]);
+	EXPECT(read(up[0], &inner, sizeof(inner)) == sizeof(inner) && inner > 1);
+	EXPECT(read(up[0], &id, 4) == 4);
+	EXPECT_OK(hyb_pool_info(fd, id, &pi));
+	note("a pool made by pid 1 of a new PID namespace: owner %d here (its pid %d)",
+	     pi.owner_pid, (int)inner);
+	EXPECT(pi.owner_pid == inner);
+	close(go[1]);
+	st = wait_child(child);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	close(up[0]);
+	close(up[1]);
+	close(fd);
+}
+
 static void t_idle(void)
 {
 	int fd = xopen(O_RDONLY);
@@ -1662,7 +1717,8 @@ static const struct {
 	{ "share", t_share }, { "queue", t_queue }, { "prio", t_prio },
 	{ "death", t_death }, { "memory", t_memory }, { "cap", t_cap },
 	{ "perm", t_perm }, { "migrate", t_migrate },
-	{ "ctlmove", t_ctlmove }, { "memcg", t_memcg }, { "idle", t_idle },
+	{ "ctlmove", t_ctlmove }, { "memcg", t_memcg }, { "pidns", t_pidns },
+	{ "idle", t_idle },
 };
 
 int main(int argc, char **argv)

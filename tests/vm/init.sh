@@ -13,7 +13,7 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 export PATH=/bin
 
 FUZZ=20
-TESTS="basic numa rofault share queue prio death memory cap perm migrate ctlmove memcg mempool box
+TESTS="basic numa rofault share queue prio death memory cap perm migrate ctlmove memcg pidns mempool box
 	ioerr"
 for a in $(cat /proc/cmdline); do
 	case $a in
