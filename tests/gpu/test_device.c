@@ -1495,7 +1495,8 @@ TEST(gpu_dev_dense_timing)
  * device memory): microseconds per block queued back to back (the kernels'
  * own time and the gaps between them), alone (then an event and a host wait:
  * what a layer pays before the CPU can start), and alone with x and xn
- * copied down first (the hybrid step's wait). Against the floor of the bytes
+ * copied down first (the hybrid step's wait); each with q, k and v as three
+ * matvecs and as one (hybrid/dense.c fuses them). Against the floor of the bytes
  * (the four matrices, once) at the measured copy bandwidth: where a layer's
  * time goes, launches and waits or reads.
  */
@@ -1511,11 +1512,11 @@ TEST(gpu_dev_layer_chain_timing)
 	struct hyb_device_event *ev;
 	struct attn_side as;
 	struct hyb_device *d;
-	hyb_dptr w, x, xn, norm;
+	hyb_dptr w, x, xn, norm, qkv;
 	uint8_t *hw = malloc(mb);
 	float *hx = malloc(8ull * E), *down;
 	uint16_t *c = malloc(2ull * E * n_ctx);
-	double peak, t0 = 0, dt[3];
+	double peak, t0 = 0, dt[6];
 
 	need_gpu();
 	CHECK(hw && hx && c);
@@ -1546,35 +1547,46 @@ TEST(gpu_dev_layer_chain_timing)
 	put(d, x, hx, 8ull * E);
 	put(d, norm, hx, 4ull * E);
 	attn_alloc(&as, d, &a, 0);
+	qkv = dalloc(d, 12ull * E);	/* q | k | v, the fused matvec's rows */
 	put(d, as.kc, c, 2ull * E * n_ctx);
 	put(d, as.vc, c, 2ull * E * n_ctx);
-	a.q = as.q, a.k = as.k, a.v = as.v, a.kcache = as.kc, a.vcache = as.vc, a.out = as.out;
-	for (int mode = 0; mode < 3; mode++) {
+	a.kcache = as.kc, a.vcache = as.vc, a.out = as.out;
+	/* modes 0-2: q, k, v as three matvecs (queued, alone, with x down); 3-5: as one
+	 * (hybrid/dense.c does that when the three share a type: rows and outputs back to back) */
+	for (int mode = 0; mode < 6; mode++) {
+		const bool fused = mode >= 3;
+
+		a.q = fused ? qkv : as.q;
+		a.k = fused ? qkv + 4ull * E : as.k;
+		a.v = fused ? qkv + 8ull * E : as.v;
 		for (uint32_t i = 0; i < iters + copies; i++) {
 			const hyb_dptr lw = w + mb * 4 * (i % copies);
 			/* (x grows by o each block, linearly: far from overflow in these calls) */
 			const hyb_dptr in[4] = { xn, xn, xn, as.out };
-			const hyb_dptr out[4] = { as.q, as.k, as.v, x };
+			const hyb_dptr out[4] = { a.q, a.k, a.v, x };
 
 			if (i == copies) {
 				drain(d, HYB_STREAM_COMPUTE);
 				t0 = hyb_device_now(d);
 			}
 			OK(d, hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, xn, x, norm, E, 1e-5f));
-			for (int m = 0; m < 4; m++) {
+			for (int m = fused ? 2 : 0; m < 4; m++) {
 				struct hyb_dev_matvec mv = {
-					.type = HYB_TYPE_Q4_0, .n_in = E, .n_out = E, .w = lw + mb * m,
-					.x = in[m], .y = out[m], .accumulate = m == 3,
+					.type = HYB_TYPE_Q4_0, .n_in = E, .n_out = E,
+					.w = lw + mb * (fused && m == 2 ? 0 : m), .x = in[m],
+					.y = fused && m == 2 ? a.q : out[m], .accumulate = m == 3,
 				};
 
+				if (fused && m == 2)
+					mv.n_out = 3 * E;
 				OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &mv));
 				if (m == 2)
 					OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
 			}
 			OK(d, hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, xn, x, norm, E, 1e-5f));
-			if (mode == 2)
+			if (mode % 3 == 2)
 				OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, down, x, 8ull * E));
-			if (mode > 0) {
+			if (mode % 3 > 0) {
 				OK(d, hyb_device_record(d, HYB_STREAM_COMPUTE, ev));
 				OK(d, hyb_device_sync(d, ev));
 			}
@@ -1582,12 +1594,15 @@ TEST(gpu_dev_layer_chain_timing)
 		drain(d, HYB_STREAM_COMPUTE);
 		dt[mode] = (hyb_device_now(d) - t0) / iters;
 	}
-	printf("    attention block %u x %u Q4_0, position %u, %u copies: %.1f us queued, %.1f us "
-	       "alone, %.1f us with x down; floor %.1f us (%.1f MB of weights at the %.0f GB/s "
-	       "copy)\n", E, E, pos, copies, dt[0] * 1e6, dt[1] * 1e6, dt[2] * 1e6,
-	       4.0 * mb / (peak * 1e9) * 1e6, 4.0 * mb / 1e6, peak);
+	for (int f = 0; f < 2; f++)
+		printf("    attention block %u x %u Q4_0, position %u, %u copies, q/k/v in %s: "
+		       "%.1f us queued, %.1f us alone, %.1f us with x down; floor %.1f us "
+		       "(%.1f MB of weights at the %.0f GB/s copy)\n", E, E, pos, copies,
+		       f ? "one matvec" : "three", dt[3 * f] * 1e6, dt[3 * f + 1] * 1e6,
+		       dt[3 * f + 2] * 1e6, 4.0 * mb / (peak * 1e9) * 1e6, 4.0 * mb / 1e6, peak);
 	CHECK(dt[0] > 0 && dt[1] >= dt[0] * 0.5);
 	attn_free(&as);
+	hyb_device_free(d, qkv);
 	hyb_device_free(d, w);
 	hyb_device_free(d, x);
 	hyb_device_free(d, norm);
