@@ -894,34 +894,6 @@ static __global__ void __launch_bounds__(128) rope_store(const rope_k a)
 	}
 }
 
-extern "C" int hyb_cuda_rope_prepare(struct hyb_cuda_rope *r, uint32_t n_rot, uint32_t pos,
-				     float freq_scale, float base)
-{
-	float theta, theta_scale;
-
-	if (n_rot % 2 || n_rot / 2 > HYB_CUDA_ROPE_MAX)
-		return -EINVAL;
-	if (r->valid && r->n_rot == n_rot && r->pos == pos && r->freq_scale == freq_scale &&
-	    r->base == base)
-		return 0;
-	/* libhyb/forward/ops.c hyb_rope, step for step (host libm: the CPU's bits) */
-	theta_scale = powf(base, -2.0f / (float)n_rot);
-	theta = (float)pos;
-	for (uint32_t i = 0; i < n_rot / 2; i++) {
-		const float t = freq_scale * theta;
-
-		r->cs[i] = cosf(t);
-		r->sn[i] = sinf(t);
-		theta *= theta_scale;
-	}
-	r->n_rot = n_rot;
-	r->pos = pos;
-	r->freq_scale = freq_scale;
-	r->base = base;
-	r->valid = true;
-	return 0;
-}
-
 /* ---- attention 2: partial softmax-weighted sums over chunks of positions ------------- */
 
 struct at_k {
@@ -1299,8 +1271,7 @@ extern "C" int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream)
 	at_k k;
 
 	if (!a->n_head || !a->n_head_kv || a->n_head % a->n_head_kv || !hd || hd % 2 ||
-	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd || !a->rope || !a->rope->valid ||
-	    a->rope->n_rot != a->n_rot || a->rope->pos != a->pos ||
+	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd || !a->rope ||
 	    ((uintptr_t)a->kcache | (uintptr_t)a->vcache) % 2)
 		return -EINVAL;
 	attn_plan(a->n_head, a->n_head_kv, a->pos + 1, a->n_sm, &p);

@@ -45,30 +45,22 @@ int hyb_cuda_dense_setup(int smem_max);
 int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream);
 
 /*
- * RoPE's cos and sin for one position (host memory), computed on the host
- * with hyb_rope's very arithmetic (libhyb/forward/ops.c: powf, the theta recurrence,
- * cosf and sinf of libm), so the device rotates q and k to the CPU's bits.
- * Every layer of a token uses the same table: prepare recomputes it only
- * when n_rot, pos, freq_scale or base changed.
+ * RoPE's cos and sin for one position (host memory), which the caller
+ * computes on the host with the CPU's own arithmetic (libhyb's
+ * hyb_rope_table: libm's powf, cosf and sinf), so the device rotates q and
+ * k to the CPU's bits.
  */
 #define HYB_CUDA_ROPE_MAX 128 /* n_rot / 2 for head_dim <= 256 */
 struct hyb_cuda_rope {
-	bool valid;
-	uint32_t n_rot, pos;
-	float freq_scale, base;
 	float cs[HYB_CUDA_ROPE_MAX], sn[HYB_CUDA_ROPE_MAX];
 };
-
-/* -EINVAL when n_rot is odd or above 2 * HYB_CUDA_ROPE_MAX. */
-int hyb_cuda_rope_prepare(struct hyb_cuda_rope *r, uint32_t n_rot, uint32_t pos,
-			  float freq_scale, float base);
 
 /* One decode token's attention (hyb/device.h struct hyb_dev_attn, checks done). */
 struct hyb_cuda_attn {
 	uint32_t n_head, n_head_kv, head_dim, n_rot;  /* head_dim even, <= 256 */
 	bool neox;
 	uint32_t pos;
-	const struct hyb_cuda_rope *rope;  /* host memory, prepared for n_rot and pos */
+	const struct hyb_cuda_rope *rope;  /* host memory, the table for n_rot and pos */
 	float *q, *k;                      /* roped in place */
 	const float *v;
 	uint16_t *kcache, *vcache;         /* F16 [n_ctx][n_head_kv * head_dim], 2-byte aligned */

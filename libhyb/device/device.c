@@ -768,9 +768,12 @@ static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 	if (a->pos >= a->n_ctx)
 		return hyb_device_fail(d, -EINVAL, "attention: pos %u outside a cache of %u rows",
 				       a->pos, a->n_ctx);
-	if (!isfinite(a->rope_base) || !(a->rope_base > 0) || !isfinite(a->rope_scale))
+	if (!a->rope)
+		return hyb_device_fail(d, -EINVAL, "attention: no rope parameters");
+	if (!isfinite(a->rope->base) || !(a->rope->base > 0) || !isfinite(a->rope->freq_scale) ||
+	    !isfinite(a->rope->ext_factor) || !isfinite(a->rope->attn_factor))
 		return hyb_device_fail(d, -EINVAL, "attention: bad rope base %g or scale %g",
-				       (double)a->rope_base, (double)a->rope_scale);
+				       (double)a->rope->base, (double)a->rope->freq_scale);
 	if (cache == UINT64_MAX)
 		return hyb_device_fail(d, -EINVAL, "attention: a cache of %u rows of %llu is too big",
 				       a->n_ctx, (unsigned long long)kv_dim);

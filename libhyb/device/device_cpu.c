@@ -971,10 +971,8 @@ static int run_attention(struct cpu_dev *c, const struct hyb_dev_attn *a, uint64
 
 	if (!tmp)
 		return hyb_device_fail(&c->base, -ENOMEM, "attention: out of host memory");
-	hyb_rope(q, a->n_head, a->head_dim, a->n_rot, a->pos, a->rope_scale, a->rope_base,
-		 a->rope_neox);
-	hyb_rope(k, a->n_head_kv, a->head_dim, a->n_rot, a->pos, a->rope_scale, a->rope_base,
-		 a->rope_neox);
+	hyb_rope(q, a->n_head, a->head_dim, a->n_rot, a->pos, a->rope, a->rope_neox);
+	hyb_rope(k, a->n_head_kv, a->head_dim, a->n_rot, a->pos, a->rope, a->rope_neox);
 	c->ck->quantize_act[HYB_TYPE_F16](k, kc + a->pos * kv_dim, (int64_t)kv_dim);
 	c->ck->quantize_act[HYB_TYPE_F16]((const float *)(uintptr_t)a->v, vc + a->pos * kv_dim,
 					  (int64_t)kv_dim);

@@ -89,6 +89,10 @@ struct cudev {
 	void *wk[HYB_N_STREAMS];          /* attention workspace (dense.cu), outside capacity */
 	uint64_t wk_bytes[HYB_N_STREAMS];
 	struct hyb_cuda_rope rope;        /* the last position's cos/sin table (host) */
+	/* what it was computed for: every layer of a token shares it */
+	bool rope_valid;
+	uint32_t rope_n_rot, rope_pos;
+	struct hyb_rope rope_key;
 	volatile uint32_t *bad;   /* mapped pinned host memory: [0] set, [1] the neuron */
 	uint32_t *bad_dev;        /* the same, as the device sees it; NULL: not reported */
 	struct hostbuf *reg, *hb; /* pinned regions, host_alloc buffers */
@@ -707,9 +711,17 @@ static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hy
 	    (rc = workspace(c, s, hyb_cuda_attn_work_bytes(a->n_head, a->n_head_kv, a->head_dim,
 							    c->n_sm))))
 		return rc;
-	if (hyb_cuda_rope_prepare(&c->rope, a->n_rot, a->pos, a->rope_scale, a->rope_base))
+	if (a->n_rot / 2 > HYB_CUDA_ROPE_MAX)
 		return hyb_device_fail(d, -EINVAL, "cuda attention: n_rot %u not supported",
 				       a->n_rot);
+	if (!c->rope_valid || c->rope_n_rot != a->n_rot || c->rope_pos != a->pos ||
+	    memcmp(&c->rope_key, a->rope, sizeof(c->rope_key))) {
+		hyb_rope_table(a->rope, a->n_rot, a->pos, c->rope.cs, c->rope.sn);
+		c->rope_key = *a->rope;
+		c->rope_n_rot = a->n_rot;
+		c->rope_pos = a->pos;
+		c->rope_valid = true;
+	}
 	memset(&k, 0, sizeof(k));
 	k.n_head = a->n_head;
 	k.n_head_kv = a->n_head_kv;

@@ -18,7 +18,7 @@
  * sizes > 0, n_in a multiple of the block, w aligned to its element (4 F32,
  * else 2), y disjoint from x and w; attention: sizes > 0, n_head_kv divides
  * n_head, head_dim even and <= 256, n_rot even and <= head_dim, pos <
- * n_ctx, rope_base finite > 0, rope_scale finite, q, k, v, kcache, vcache
+ * n_ctx, rope given, its base finite > 0, its scales finite, q, k, v, kcache, vcache
  * and out pairwise disjoint; predict: sizes > 0, n_in a multiple of 32,
  * weights 2-byte aligned, active and count disjoint from each other and from
  * every input; alloc: 0 < bytes <= capacity - used.
@@ -96,6 +96,10 @@ struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char
 				       size_t errlen);
 struct hyb_device *hyb_device_cuda_open(const struct hyb_device_config *cfg, char *err,
 					size_t errlen);
+
+/* libhyb/forward/ops.c: RoPE's cos and sin for one position, which the CUDA device uploads */
+void hyb_rope_table(const struct hyb_rope *r, uint32_t n_rot, uint32_t pos, float *cs,
+		    float *sn);
 
 #ifdef __cplusplus
 }

@@ -49,6 +49,12 @@ static uint32_t kv_padded(const struct hyb_attn *a)
 	return used < cap ? used : cap;
 }
 
+/* The first position a query at pos sees: a sliding window masks the older ones. */
+static uint32_t first_visible(const struct hyb_attn *a, uint32_t pos)
+{
+	return a->n_swa && pos + 1 > a->n_swa ? pos + 1 - a->n_swa : 0;
+}
+
 static int tiled(const struct hyb_attn *a)
 {
 	return a->n_tokens >= TILE;
@@ -123,7 +129,7 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 	float *out = a->out + (size_t)t * a->q_stride + (size_t)h * hd;
 	uint16_t *q16 = align64(tmp), *acc16 = align64(q16 + hd);
 	float *vf = align64(acc16 + hd), *vc32 = align64(vf + hd);
-	const uint32_t n_kv = kv_padded(a);
+	const uint32_t n_kv = kv_padded(a), p_min = first_visible(a, pos);
 	struct partial part = { .v = vc32 };
 
 	a->k->quantize_act[HYB_TYPE_F16](a->q + (size_t)t * a->q_stride + (size_t)h * hd, q16, hd);
@@ -139,9 +145,10 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 
 			if (p1 > pos + 1)
 				p1 = pos + 1;
-			if (p0 >= p1)
+			/* masked positions are skipped one by one: start past them */
+			if (p0 < p_min ? p_min >= p1 : p0 >= p1)
 				continue; /* every position masked: S == 0, skipped */
-			one_chunk(a, q16, kc, vc, p0, p1, acc16, &part);
+			one_chunk(a, q16, kc, vc, p0 < p_min ? p_min : p0, p1, acc16, &part);
 			if (part.S == 0.0f)
 				continue;
 			const float m_new = fmaxf(M, part.M);
@@ -157,7 +164,7 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 		memcpy(out, vf, sizeof(float) * hd);
 		return;
 	}
-	one_chunk(a, q16, kc, vc, 0, pos + 1, acc16, &part);
+	one_chunk(a, q16, kc, vc, p_min, pos + 1, acc16, &part);
 	scale_f32(part.v, hd, part.S == 0.0f ? 0.0f : 1.0f / part.S);
 	memcpy(out, part.v, sizeof(float) * hd);
 }
@@ -201,12 +208,14 @@ static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, voi
 		k->gemm_acc(kq, qt, kt, (int)nq, (int)hd, TILE);
 		for (uint32_t i = 0; i < nq; i++) {
 			float *row = kq + (size_t)i * TILE;
-			const uint32_t pos = a->n_past + t0 + i;
+			const uint32_t pos = a->n_past + t0 + i, p_min = first_visible(a, pos);
 			float mx = -INFINITY;
 
 			for (uint32_t tk = 0; tk < TILE; tk++) {
-				/* scale, then the mask: + 0 where visible, -inf after pos */
-				row[tk] = ic + tk <= pos ? row[tk] * a->scale + 0.0f : -INFINITY;
+				/* scale, then the mask: + 0 where visible, -inf after pos
+				 * (and before a sliding window) */
+				row[tk] = ic + tk <= pos && ic + tk >= p_min ?
+					  row[tk] * a->scale + 0.0f : -INFINITY;
 				mx = mx > row[tk] ? mx : row[tk];
 			}
 			if (mx == -INFINITY) {

@@ -25,6 +25,8 @@ struct hyb_attn {
 	 */
 	int n_split;
 	float scale;
+	/* a sliding-window layer: a query at p sees p - n_swa + 1 .. p (0: all) */
+	uint32_t n_swa;
 };
 
 /* Scratch bytes one worker needs for head dimension hd. */

@@ -173,6 +173,7 @@ static void attn_worker(void *arg, int ith, int nth)
 static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
+	const bool swa = c->m->layers[l].swa;
 	struct attn_job j = {
 		.c = c,
 		.a = {
@@ -183,7 +184,9 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			.hd = hp->head_dim, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
 			.n_tokens = n, .n_past = c->n_past, .n_ctx = c->n_ctx,
 			.n_split = hyb_threadpool_size(c->pool),
-			.scale = 1.0f / sqrtf((float)hp->head_dim),
+			/* a q scaled beforehand (Gemma) is attended with scale 1 */
+			.scale = hp->q_scale ? 1.0f : 1.0f / sqrtf((float)hp->head_dim),
+			.n_swa = swa ? hp->n_swa : 0,
 		},
 	};
 
@@ -214,6 +217,34 @@ void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
 	for (uint32_t t = 0; t < n; t++)
 		c->k->dequantize[e->type]((const char *)e->data + (uint64_t)tokens[t] * e->row_bytes,
 					  c->x + (size_t)t * e->ne0, (int64_t)e->ne0);
+	if (c->m->hp.embd_scale) /* ggml_scale */
+		for (size_t i = 0; i < (size_t)n * e->ne0; i++)
+			c->x[i] *= c->m->hp.embd_scale;
+}
+
+/* y[t][i] += b[i] for n rows of d (ggml_add of a bias) */
+static void add_bias(float *y, const float *b, uint32_t n, size_t d)
+{
+	for (uint32_t t = 0; b && t < n; t++)
+		for (size_t i = 0; i < d; i++)
+			y[t * d + i] += b[i];
+}
+
+/* RMS norm of each head_dim slice of n rows of heads heads, in place (Q/K norms) */
+static void norm_heads(float *x, const struct hyb_weight *w, uint32_t n, uint32_t heads,
+		       uint32_t hd, float eps)
+{
+	for (size_t h = 0; w->data && h < (size_t)n * heads; h++)
+		hyb_rmsnorm(x + h * hd, x + h * hd, w->data, hd, eps);
+}
+
+/* The norm some architectures put on a block's output before the residual add. */
+void hyb_fwd_post_norm(struct hyb_ctx *c, const struct hyb_weight *w, float *y, uint32_t n)
+{
+	const uint32_t E = c->m->hp.n_embd;
+
+	for (uint32_t t = 0; w->data && t < n; t++)
+		hyb_rmsnorm(y + (size_t)t * E, y + (size_t)t * E, w->data, E, c->m->hp.rms_eps);
 }
 
 void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
@@ -229,15 +260,27 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 		hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->attn_norm.data, E,
 			    hp->rms_eps);
 	matmul(c, c->xn, n, 3, qkv, qkv_out);
+	add_bias(c->q, L->bq, n, c->q_dim);
+	add_bias(c->kk, L->bk, n, c->kv_dim);
+	add_bias(c->vv, L->bv, n, c->kv_dim);
+	norm_heads(c->q, &L->q_norm, n, hp->n_head, hp->head_dim, hp->rms_eps);
+	norm_heads(c->kk, &L->k_norm, n, hp->n_head_kv, hp->head_dim, hp->rms_eps);
 	for (uint32_t t = 0; t < n; t++) {
-		hyb_rope(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
-			 c->n_past + t, hp->rope_scale, hp->rope_base, hp->rope_neox);
-		hyb_rope(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim, hp->n_rot,
-			 c->n_past + t, hp->rope_scale, hp->rope_base, hp->rope_neox);
+		float cs[512], sn[512];
+
+		hyb_rope_table(L->swa ? &hp->rope_swa : &hp->rope, hp->n_rot, c->n_past + t, cs, sn);
+		hyb_rope_apply(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
+			       hp->rope_neox, cs, sn);
+		hyb_rope_apply(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
+			       hp->n_rot, hp->rope_neox, cs, sn);
 	}
+	if (hp->q_scale)
+		for (size_t i = 0; i < (size_t)n * c->q_dim; i++)
+			c->q[i] *= hp->q_scale;
 	store_kv(c, l, n);
 	attend(c, l, n);
 	matmul(c, c->att, n, 1, &wo, &c->xn);
+	hyb_fwd_post_norm(c, &L->post_attn_norm, c->xn, n);
 	for (size_t i = 0; i < (size_t)n * E; i++)
 		c->x[i] += c->xn[i];
 }
@@ -334,6 +377,7 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		} else {
 			hyb_fwd_ffn_dense(c, l, nf);
 		}
+		hyb_fwd_post_norm(c, &c->m->layers[l].post_ffn_norm, c->xn, nf);
 		for (size_t i = 0; i < (size_t)nf * E; i++)
 			xf[i] += c->xn[i];
 	}

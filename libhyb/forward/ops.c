@@ -2,6 +2,7 @@
 #include "ops.h"
 
 #include <math.h>
+#include <pthread.h>
 
 #include "cpu_kernels.h"
 
@@ -17,25 +18,66 @@ void hyb_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps
 		y[i] = (x[i] * scale) * w[i];
 }
 
-void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-	      float freq_scale, float base, bool neox)
+static float yarn_corr_dim(uint32_t n_rot, uint32_t n_ctx_orig, float rot, float base)
+{
+	return (float)n_rot * logf((float)n_ctx_orig / (rot * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+void hyb_rope_yarn_corr_dims(uint32_t n_rot, uint32_t n_ctx_orig, float base, float beta_fast,
+			     float beta_slow, float dims[2])
+{
+	const float start = floorf(yarn_corr_dim(n_rot, n_ctx_orig, beta_fast, base));
+	const float end = ceilf(yarn_corr_dim(n_rot, n_ctx_orig, beta_slow, base));
+
+	dims[0] = fmaxf(0, start);
+	dims[1] = fminf((float)n_rot - 1, end);
+}
+
+void hyb_rope_table(const struct hyb_rope *r, uint32_t n_rot, uint32_t pos, float *cs,
+		    float *sn)
 {
 	/*
-	 * ggml_rope_cache_init: theta_i = pos * base^(-2i/n_rot) by the
-	 * recurrence theta *= theta_scale, then scaled by freq_scale (its
-	 * theta_interp) before cos and sin.
+	 * ggml_rope_cache_init and rope_yarn: theta_i = pos * base^(-2i/n_rot)
+	 * by the recurrence theta *= theta_scale, divided by the frequency
+	 * factor, interpolated by freq_scale (theta_interp), for YaRN mixed
+	 * with the extrapolated angle by the ramp between corr_dims, and cos
+	 * and sin scaled by the magnitude (mscale).
 	 */
-	const float theta_scale = powf(base, -2.0f / (float)n_rot);
-	float cs[512], sn[512];
+	const float theta_scale = powf(r->base, -2.0f / (float)n_rot);
 	float theta = (float)pos;
 
 	for (uint32_t i = 0; i < n_rot / 2; i++) {
-		const float t = freq_scale * theta;
+		const float ff = r->freq_factors ? r->freq_factors[i] : 1.0f;
+		const float extrap = theta / ff;
+		float t = r->freq_scale * extrap, mscale = r->attn_factor;
 
-		cs[i] = cosf(t);
-		sn[i] = sinf(t);
+		if (r->ext_factor != 0.0f) {
+			const float y = ((float)i - r->corr_dims[0]) /
+					fmaxf(0.001f, r->corr_dims[1] - r->corr_dims[0]);
+			const float mix = (1 - fminf(1, fmaxf(0, y))) * r->ext_factor;
+
+			/* contracted as llama.cpp's -march=native build contracts them */
+			t = fmaf(t, 1 - mix, extrap * mix);
+			mscale *= fmaf(logf(1.0f / r->freq_scale), 0.1f, 1.0f);
+		}
+		cs[i] = cosf(t) * mscale;
+		sn[i] = sinf(t) * mscale;
 		theta *= theta_scale;
 	}
+}
+
+void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
+	      const struct hyb_rope *r, bool neox)
+{
+	float cs[512], sn[512];
+
+	hyb_rope_table(r, n_rot, pos, cs, sn);
+	hyb_rope_apply(x, n_heads, head_dim, n_rot, neox, cs, sn);
+}
+
+void hyb_rope_apply(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, bool neox,
+		    const float *cs, const float *sn)
+{
 	for (uint32_t h = 0; h < n_heads; h++) {
 		float *v = x + (uint64_t)h * head_dim;
 
@@ -48,6 +90,41 @@ void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uin
 			v[a] = fmaf(x0, cs[i], -(x1 * sn[i]));
 			v[b] = fmaf(x0, sn[i], x1 * cs[i]);
 		}
+	}
+}
+
+/*
+ * ggml's GELU (tanh form), as its -march=native build contracts it: one
+ * fused multiply-add inside (ggml-cpu vec.h ggml_gelu_f32).
+ */
+static float gelu_tanh(float x)
+{
+	const float a = 0.044715f, s = 0.79788456080286535587989211986876f;
+
+	return (0.5f * x) * (1.0f + tanhf((s * x) * fmaf(a * x, x, 1.0f)));
+}
+
+/* ggml_table_gelu_f16: GELU of every F16 value, rounded to F16 (ggml_cpu_init) */
+static uint16_t gelu_table[1 << 16];
+static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
+
+static void gelu_init(void)
+{
+	for (uint32_t i = 0; i < 1u << 16; i++)
+		gelu_table[i] = hyb_f32_to_f16(gelu_tanh(hyb_f16_to_f32((uint16_t)i)));
+}
+
+/* ggml_vec_geglu_f32 with GGML_GELU_FP16: the table between -10 and 10 */
+static void geglu(float *g, const float *u, uint64_t n)
+{
+	pthread_once(&gelu_once, gelu_init);
+	for (uint64_t i = 0; i < n; i++) {
+		if (g[i] <= -10.0f)
+			g[i] = 0.0f;
+		else if (g[i] >= 10.0f)
+			g[i] = g[i] * u[i];
+		else
+			g[i] = hyb_f16_to_f32(gelu_table[hyb_f32_to_f16(g[i])]) * u[i];
 	}
 }
 
@@ -74,6 +151,9 @@ void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act)
 	case HYB_ACT_DRELU:
 		for (uint64_t i = 0; i < n; i++)
 			g[i] = relu(g[i]) * relu(u[i]);
+		break;
+	case HYB_ACT_GELU:
+		geglu(g, u, n);
 		break;
 	}
 }

@@ -15,12 +15,21 @@
 
 /* y = x / rms(x) * w */
 void hyb_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps);
-/*
- * Rotate the first n_rot dims of each of n_heads vectors of head_dim at
- * position pos; freq_scale multiplies the angles (1 / linear scaling factor).
- */
+/* The cos and sin of RoPE's n_rot / 2 angles at position pos (hyb/model.h struct hyb_rope). */
+void hyb_rope_table(const struct hyb_rope *r, uint32_t n_rot, uint32_t pos, float *cs,
+		    float *sn);
+/* Rotate the first n_rot dims of each of n_heads vectors of head_dim by a hyb_rope_table. */
+void hyb_rope_apply(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, bool neox,
+		    const float *cs, const float *sn);
+/* Both: x rotated to position pos (n_rot <= 1024). */
 void hyb_rope(float *x, uint32_t n_heads, uint32_t head_dim, uint32_t n_rot, uint32_t pos,
-	      float freq_scale, float base, bool neox);
+	      const struct hyb_rope *r, bool neox);
+/*
+ * YaRN's correction dims for n_rot rotary dims trained on n_ctx_orig
+ * positions (ggml_rope_yarn_corr_dims).
+ */
+void hyb_rope_yarn_corr_dims(uint32_t n_rot, uint32_t n_ctx_orig, float base, float beta_fast,
+			     float beta_slow, float dims[2]);
 /* g = act(g, u): the gated FFN nonlinearity, in place in g. */
 void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act);
 

@@ -386,7 +386,7 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	const struct hyb_dev_matvec o = mv(&L->wo, d->wo, hd->att, hd->x, true);
 	const struct hyb_dev_attn a = {
 		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-		.n_rot = hp->n_rot, .rope_base = hp->rope_base, .rope_scale = hp->rope_scale,
+		.n_rot = hp->n_rot, .rope = &hp->rope,
 		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
 		.q = hd->q, .k = hd->k, .v = hd->v, .kcache = d->kc, .vcache = d->vc,
 		.out = hd->att,

@@ -24,19 +24,13 @@
 #include "hyb/plan.h"
 #include "hyb/tokenizer.h"
 #include "model_internal.h"
+#include "arch.h"
 #include "model_stream.h"
+#include "forward/ops.h"
 #include "util/error.h"
 
-struct loader {
-	struct hyb_model *m;
-	char *err;
-	size_t errlen;
-	int rc;		/* the failure's errno, negated */
-};
-
 /* A model the loader cannot take (-EINVAL); the reason goes to ld->err. */
-static int fail(struct loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(struct loader *ld, const char *fmt, ...)
+int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -47,15 +41,15 @@ static int fail(struct loader *ld, const char *fmt, ...)
 	return -1;
 }
 
-static int nomem(struct loader *ld)
+static int nomem(struct hyb_loader *ld)
 {
-	fail(ld, "out of memory");
+	hyb_ld_fail(ld, "out of memory");
 	ld->rc = -ENOMEM;
 	return -1;
 }
 
 /* "{arch}.suffix" as an unsigned; missing keys take def (< 0: required). */
-static int arch_u32(struct loader *ld, const char *suffix, long def, uint32_t *out)
+int hyb_ld_u32(struct hyb_loader *ld, const char *suffix, long def, uint32_t *out)
 {
 	char key[128];
 
@@ -63,14 +57,14 @@ static int arch_u32(struct loader *ld, const char *suffix, long def, uint32_t *o
 	if (hyb_gguf_get_u32(ld->m->gguf, key, out))
 		return 0;
 	if (hyb_gguf_find(ld->m->gguf, key))
-		return fail(ld, "metadata %s is not a valid unsigned integer", key);
+		return hyb_ld_fail(ld, "metadata %s is not a valid unsigned integer", key);
 	if (def < 0)
-		return fail(ld, "metadata %s is missing", key);
+		return hyb_ld_fail(ld, "metadata %s is missing", key);
 	*out = (uint32_t)def;
 	return 0;
 }
 
-static int arch_f32(struct loader *ld, const char *suffix, float def, float *out)
+int hyb_ld_f32(struct hyb_loader *ld, const char *suffix, float def, float *out)
 {
 	char key[128];
 
@@ -78,69 +72,147 @@ static int arch_f32(struct loader *ld, const char *suffix, float def, float *out
 	if (hyb_gguf_get_f32(ld->m->gguf, key, out))
 		return 0;
 	if (hyb_gguf_find(ld->m->gguf, key))
-		return fail(ld, "metadata %s is not a number", key);
+		return hyb_ld_fail(ld, "metadata %s is not a number", key);
 	*out = def;
 	return 0;
 }
 
-static int read_hparams(struct loader *ld)
+/*
+ * RoPE scaling as llama.cpp's llama_model::load_hparams and llama_context
+ * read it (docs/MODELS.md): rope.scaling.type none, linear (the default),
+ * yarn, or llama3 (Llama 3.1+, whose converter writes the frequency factors
+ * as rope_freqs.weight and no type); rope.scaling.factor (or the older
+ * rope.scale_linear); YaRN's original_context_length and attn_factor. The
+ * rope_freqs tensor is bound by bind_rope_freqs() with the other tensors.
+ */
+static int read_rope(struct hyb_loader *ld)
 {
 	struct hyb_hparams *hp = &ld->m->hp;
+	struct hyb_rope *r = &hp->rope;
+	char key[128], type[32] = "linear";
+	float factor = 0, attn = 1.0f;
+	uint32_t n_ctx_orig;
+
+	snprintf(key, sizeof(key), "%s.rope.scaling.type", hp->arch);
+	if (hyb_gguf_find(ld->m->gguf, key) && !hyb_gguf_get_str(ld->m->gguf, key, type, sizeof(type)))
+		return hyb_ld_fail(ld, "metadata %s is not a short string", key);
+	if (strcmp(type, "none") && strcmp(type, "linear") && strcmp(type, "yarn") &&
+	    strcmp(type, "llama3"))
+		return hyb_ld_fail(ld, "metadata %s: RoPE scaling '%s' is not supported "
+			    "(supported: none, linear, yarn, llama3)", key, type);
+	if (hyb_ld_f32(ld, "rope.scaling.factor", 0, &factor) ||
+	    (!factor && hyb_ld_f32(ld, "rope.scale_linear", 0, &factor)) ||
+	    hyb_ld_f32(ld, "rope.scaling.attn_factor", 1.0f, &attn) ||
+	    hyb_ld_u32(ld, "rope.scaling.original_context_length", hp->n_ctx_train, &n_ctx_orig))
+		return -1;
+	if (!isfinite(factor) || factor < 0 || !isfinite(attn) || !(attn > 0) || !n_ctx_orig)
+		return hyb_ld_fail(ld, "metadata %s.rope.scaling.*: factor %g, attn_factor %g and "
+			    "original_context_length %u must be positive", hp->arch,
+			    (double)factor, (double)attn, n_ctx_orig);
+	r->freq_scale = factor == 0 || !strcmp(type, "none") ? 1.0f : 1.0f / factor;
+	r->ext_factor = 0;
+	r->attn_factor = 1.0f;
+	if (!strcmp(type, "yarn")) {
+		/*
+		 * llama_context's constructor: ext_factor 1; the magnitude
+		 * get_mscale(1 / freq_scale) cancelled by rope_yarn's own factor,
+		 * in the same float steps (llama.cpp builds that file without FMA).
+		 */
+		const float f = 1.0f / r->freq_scale;
+		float m = f <= 1.0f ? 1.0f : 0.1f * 1.0f * logf(f) + 1.0f;
+
+		r->ext_factor = 1.0f;
+		m *= 1.0f / (1.0f + 0.1f * logf(f));
+		r->attn_factor = m;
+		/* beta_fast 32 and beta_slow 1: llama_hparams' defaults */
+		hyb_rope_yarn_corr_dims(hp->n_rot, n_ctx_orig, r->base, 32.0f, 1.0f,
+					r->corr_dims);
+	}
+	r->attn_factor *= attn;
+	ld->rope_llama3 = !strcmp(type, "llama3");
+	hp->n_ctx_orig = n_ctx_orig;
+	return 0;
+}
+
+static const struct hyb_arch_desc *const archs[] = {
+	&hyb_arch_llama, &hyb_arch_qwen2, &hyb_arch_qwen3, &hyb_arch_gemma3,
+};
+
+static const char *arch_names(void)
+{
+	static char buf[128];
+
+	if (!buf[0])
+		for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+			snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf), "%s%s",
+				 i ? ", " : "", archs[i]->name);
+	return buf;
+}
+
+static const struct hyb_arch_desc *arch_of(const struct hyb_hparams *hp)
+{
+	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)
+		if (archs[i]->id == hp->arch_id)
+			return archs[i];
+	return &hyb_arch_llama;
+}
+
+static int read_hparams(struct hyb_loader *ld)
+{
+	struct hyb_hparams *hp = &ld->m->hp;
+	const struct hyb_arch_desc *arch = NULL;
+	uint32_t v_dim;
 	char act[32] = "silu";
-	char scaling[32] = "";
-	float factor = 0;
 
 	if (ld->m->gguf->magic == HYB_GGUF_MAGIC_PWRI)
-		return fail(ld, "this is a PowerInfer GPU index (PWRI magic), not a model: give it "
+		return hyb_ld_fail(ld, "this is a PowerInfer GPU index (PWRI magic), not a model: give it "
 			    "to hybctl plan --gpu-index");
 	if (!hyb_gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
-		return fail(ld, "metadata general.architecture is missing");
-	if (strcmp(hp->arch, "llama") != 0)
-		return fail(ld, "architecture '%s' is not supported (supported: llama)", hp->arch);
+		return hyb_ld_fail(ld, "metadata general.architecture is missing");
+	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]) && !arch; i++)
+		if (!strcmp(hp->arch, archs[i]->name))
+			arch = archs[i];
+	if (!arch)
+		return hyb_ld_fail(ld, "architecture '%s' is not supported (supported: %s)",
+				   hp->arch, arch_names());
+	hp->arch_id = arch->id;
 
-	if (arch_u32(ld, "embedding_length", -1, &hp->n_embd) ||
-	    arch_u32(ld, "block_count", -1, &hp->n_layer) ||
-	    arch_u32(ld, "feed_forward_length", -1, &hp->n_ff) ||
-	    arch_u32(ld, "attention.head_count", -1, &hp->n_head) ||
-	    arch_u32(ld, "attention.head_count_kv", hp->n_head, &hp->n_head_kv) ||
-	    arch_u32(ld, "context_length", 2048, &hp->n_ctx_train) ||
-	    arch_f32(ld, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps) ||
-	    arch_f32(ld, "rope.freq_base", 10000.0f, &hp->rope_base))
+	if (hyb_ld_u32(ld, "embedding_length", -1, &hp->n_embd) ||
+	    hyb_ld_u32(ld, "block_count", -1, &hp->n_layer) ||
+	    hyb_ld_u32(ld, "feed_forward_length", -1, &hp->n_ff) ||
+	    hyb_ld_u32(ld, "attention.head_count", -1, &hp->n_head) ||
+	    hyb_ld_u32(ld, "attention.head_count_kv", hp->n_head, &hp->n_head_kv) ||
+	    hyb_ld_u32(ld, "context_length", 2048, &hp->n_ctx_train) ||
+	    hyb_ld_f32(ld, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps) ||
+	    hyb_ld_f32(ld, "rope.freq_base", 10000.0f, &hp->rope.base))
 		return -1;
 	if (!hp->n_embd || !hp->n_layer || !hp->n_ff || !hp->n_head || !hp->n_head_kv)
-		return fail(ld, "model dimensions must be nonzero");
+		return hyb_ld_fail(ld, "model dimensions must be nonzero");
 	if (hp->n_head % hp->n_head_kv)
-		return fail(ld, "head_count %u is not a multiple of head_count_kv %u",
+		return hyb_ld_fail(ld, "head_count %u is not a multiple of head_count_kv %u",
 			    hp->n_head, hp->n_head_kv);
 	if (hp->n_layer > 4096 || hp->n_head > 4096)
-		return fail(ld, "implausible shape: %u layers, %u heads", hp->n_layer, hp->n_head);
-	if (hp->n_embd % hp->n_head && !hyb_gguf_find(ld->m->gguf, "llama.attention.key_length"))
-		return fail(ld, "embedding_length %u is not a multiple of head_count %u",
-			    hp->n_embd, hp->n_head);
-	if (arch_u32(ld, "attention.key_length", hp->n_embd / hp->n_head, &hp->head_dim) ||
-	    arch_u32(ld, "rope.dimension_count", hp->head_dim, &hp->n_rot))
+		return hyb_ld_fail(ld, "implausible shape: %u layers, %u heads", hp->n_layer, hp->n_head);
+	if (hyb_ld_u32(ld, "attention.key_length", hp->n_embd % hp->n_head ? 0 :
+		       hp->n_embd / hp->n_head, &hp->head_dim) ||
+	    hyb_ld_u32(ld, "attention.value_length", hp->head_dim, &v_dim) ||
+	    hyb_ld_u32(ld, "rope.dimension_count", hp->head_dim, &hp->n_rot))
 		return -1;
+	if (!hp->head_dim)
+		return hyb_ld_fail(ld, "embedding_length %u is not a multiple of head_count %u "
+				   "and %s.attention.key_length is missing", hp->n_embd, hp->n_head,
+				   hp->arch);
+	if (v_dim != hp->head_dim)
+		return hyb_ld_fail(ld, "%s.attention.value_length %u differs from key_length %u",
+				   hp->arch, v_dim, hp->head_dim);
 	if (!hp->head_dim || hp->head_dim > 1024 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
-		return fail(ld, "bad head_dim %u / rope.dimension_count %u", hp->head_dim, hp->n_rot);
-	if (!(hp->rms_eps > 0) || !(hp->rope_base > 0))
-		return fail(ld, "rms epsilon and rope.freq_base must be positive");
+		return hyb_ld_fail(ld, "bad head_dim %u / rope.dimension_count %u", hp->head_dim, hp->n_rot);
+	if (!(hp->rms_eps > 0) || !(hp->rope.base > 0) || !isfinite(hp->rope.base))
+		return hyb_ld_fail(ld, "rms epsilon and rope.freq_base must be positive");
 
-	/* Linear RoPE scaling: positions are multiplied by 1/factor (llama.cpp freq_scale). */
-	hp->rope_scale = 1.0f;
-	{
-		char key[128];
-
-		snprintf(key, sizeof(key), "%s.rope.scaling.type", hp->arch);
-		hyb_gguf_get_str(ld->m->gguf, key, scaling, sizeof(scaling));
-		if (arch_f32(ld, "rope.scaling.factor", 0, &factor) ||
-		    (!factor && arch_f32(ld, "rope.scale_linear", 0, &factor)))
-			return -1;
-		if (scaling[0] && strcmp(scaling, "linear") && strcmp(scaling, "none"))
-			return fail(ld, "rope scaling '%s' is not supported (supported: linear)",
-				    scaling);
-		if (factor > 0 && strcmp(scaling, "none"))
-			hp->rope_scale = 1.0f / factor;
-	}
+	hp->rope_neox = arch->rope_neox;
+	if (read_rope(ld))
+		return -1;
 
 	/*
 	 * A PowerInfer model file (its convert-hf-to-powerinfer-gguf.py): down is
@@ -155,15 +227,15 @@ static int read_hparams(struct loader *ld)
 		if (hyb_gguf_find(ld->m->gguf, "powerinfer.sparse_threshold") &&
 		    !hyb_gguf_get_f32(ld->m->gguf, "powerinfer.sparse_threshold",
 				  &ld->m->powerinfer_threshold))
-			return fail(ld, "metadata powerinfer.sparse_threshold is not a number");
+			return hyb_ld_fail(ld, "metadata powerinfer.sparse_threshold is not a number");
 		if (!isfinite(ld->m->powerinfer_threshold))
-			return fail(ld, "metadata powerinfer.sparse_threshold is not finite");
+			return hyb_ld_fail(ld, "metadata powerinfer.sparse_threshold is not finite");
 	}
 	/* hyb.* keys are written by `hybctl synth` for the sparse (ReLU-family) models. */
 	hyb_gguf_get_bool(ld->m->gguf, "hyb.rope_neox", &hp->rope_neox);
 	if (hyb_gguf_find(ld->m->gguf, "hyb.ffn_act") &&
 	    !hyb_gguf_get_str(ld->m->gguf, "hyb.ffn_act", act, sizeof(act)))
-		return fail(ld, "metadata hyb.ffn_act is not a short string");
+		return hyb_ld_fail(ld, "metadata hyb.ffn_act is not a short string");
 	if (!strcmp(act, "silu"))
 		hp->act = HYB_ACT_SILU;
 	else if (!strcmp(act, "relu"))
@@ -173,8 +245,11 @@ static int read_hparams(struct loader *ld)
 	else if (!strcmp(act, "dlrelu") || !strcmp(act, "drelu"))
 		hp->act = HYB_ACT_DRELU;
 	else
-		return fail(ld, "FFN activation '%s' is not supported (silu, relu, relu2, dlrelu)",
+		return hyb_ld_fail(ld, "FFN activation '%s' is not supported (silu, relu, relu2, dlrelu)",
 			    act);
+	/* last: the architecture's traits override the llama defaults above */
+	if (arch->hparams && arch->hparams(ld, hp))
+		return -1;
 	return 0;
 }
 
@@ -188,7 +263,7 @@ static const char *supported_types(void)
  * Matrices must have a type the kernels compute; 1-D norm weights must be F32
  * (every llama.cpp converter writes them so).
  */
-static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
+int hyb_ld_bind(struct hyb_loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
 		uint64_t ne1, bool optional)
 {
 	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(ld->m->gguf, name);
@@ -197,29 +272,29 @@ static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint6
 	if (!t) {
 		if (optional)
 			return 1;
-		return fail(ld, "tensor %s is missing", name);
+		return hyb_ld_fail(ld, "tensor %s is missing", name);
 	}
 	ti = hyb_type_info(t->type);
 	if (ne1 == 0) {
 		if (t->n_dims != 1 || t->ne[0] != ne0)
-			return fail(ld, "tensor %s: expected shape [%llu], found %u-D [%llu, ...]",
+			return hyb_ld_fail(ld, "tensor %s: expected shape [%llu], found %u-D [%llu, ...]",
 				    name, (unsigned long long)ne0, t->n_dims,
 				    (unsigned long long)t->ne[0]);
 		if (t->type != HYB_TYPE_F32)
-			return fail(ld, "tensor %s has type %s; norm weights must be F32", name,
+			return hyb_ld_fail(ld, "tensor %s has type %s; norm weights must be F32", name,
 				    hyb_type_name(t->type));
 	} else {
 		if (t->n_dims != 2 || t->ne[0] != ne0 || t->ne[1] != ne1)
-			return fail(ld, "tensor %s: expected shape [%llu, %llu], found [%llu, %llu]"
+			return hyb_ld_fail(ld, "tensor %s: expected shape [%llu, %llu], found [%llu, %llu]"
 				    " (%u-D)", name, (unsigned long long)ne0,
 				    (unsigned long long)ne1, (unsigned long long)t->ne[0],
 				    (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1), t->n_dims);
 		if (!ti || !ti->computable || t->type == HYB_TYPE_Q8_K)
-			return fail(ld, "tensor %s has type %s, which hyb does not support "
+			return hyb_ld_fail(ld, "tensor %s has type %s, which hyb does not support "
 				    "(supported: %s)", name, hyb_type_name(t->type),
 				    supported_types());
 		if (ne0 % hyb_type_info(hyb_vec_dot_type(t->type))->blck)
-			return fail(ld, "tensor %s: row length %llu is not a multiple of the %s "
+			return hyb_ld_fail(ld, "tensor %s: row length %llu is not a multiple of the %s "
 				    "block", name, (unsigned long long)ne0,
 				    hyb_type_name(hyb_vec_dot_type(t->type)));
 	}
@@ -231,17 +306,36 @@ static int bind(struct loader *ld, struct hyb_weight *w, const char *name, uint6
 	return 0;
 }
 
+int hyb_ld_bind_layer(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, const char *what,
+		      uint64_t ne0, uint64_t ne1, bool optional)
+{
+	char name[96];
+
+	snprintf(name, sizeof(name), "blk.%u.%s", l, what);
+	return hyb_ld_bind(ld, w, name, ne0, ne1, optional);
+}
+
+int hyb_ld_bias(struct hyb_loader *ld, const float **out, uint32_t l, const char *what,
+		uint64_t n, bool optional)
+{
+	struct hyb_weight w;
+	int rc = hyb_ld_bind_layer(ld, &w, l, what, n, 0, optional);
+
+	*out = rc ? NULL : w.data;
+	return rc < 0 ? -1 : 0;
+}
+
 /* A 1-D tensor of n elements of `type` (plan metadata and biases). */
-static const void *bind_vec(struct loader *ld, const char *name, uint32_t type, uint64_t n)
+static const void *bind_vec(struct hyb_loader *ld, const char *name, uint32_t type, uint64_t n)
 {
 	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(ld->m->gguf, name);
 
 	if (!t) {
-		fail(ld, "plan tensor %s is missing", name);
+		hyb_ld_fail(ld, "plan tensor %s is missing", name);
 		return NULL;
 	}
 	if (t->n_dims != 1 || t->ne[0] != n || t->type != type) {
-		fail(ld, "plan tensor %s: expected %s [%llu], found %s %u-D [%llu, ...]", name,
+		hyb_ld_fail(ld, "plan tensor %s: expected %s [%llu], found %s %u-D [%llu, ...]", name,
 		     hyb_type_name(type), (unsigned long long)n, hyb_type_name(t->type),
 		     t->n_dims, (unsigned long long)t->ne[0]);
 		return NULL;
@@ -254,7 +348,7 @@ static const void *bind_vec(struct loader *ld, const char *name, uint32_t type, 
  * The permutation is checked to be one, since bundle order is what the
  * sparse path and the balancer index by.
  */
-static int bind_plan_layer(struct loader *ld, uint32_t l)
+static int bind_plan_layer(struct hyb_loader *ld, uint32_t l)
 {
 	const struct hyb_hparams *hp = &ld->m->hp;
 	struct hyb_ffn_plan *P = &ld->m->layers[l].plan;
@@ -264,11 +358,11 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 	uint8_t *seen;
 
 #define N(nm) (snprintf(name, sizeof(name), "blk.%u." nm, l), name)
-	if (bind(ld, &P->bundles, N("ffn_bundles"), hp->n_embd, 3ull * hp->n_ff, false))
+	if (hyb_ld_bind(ld, &P->bundles, N("ffn_bundles"), hp->n_embd, 3ull * hp->n_ff, false))
 		return -1;
 	if (P->bundles.type != HYB_TYPE_F32 && P->bundles.type != HYB_TYPE_F16 &&
 	    P->bundles.type != HYB_TYPE_Q8_0 && P->bundles.type != HYB_TYPE_Q4_0)
-		return fail(ld, "%s has type %s; sparse FFNs are F32, F16, Q8_0 or Q4_0", name,
+		return hyb_ld_fail(ld, "%s has type %s; sparse FFNs are F32, F16, Q8_0 or Q4_0", name,
 			    hyb_type_name(P->bundles.type));
 	if (!(P->perm = bind_vec(ld, N("ffn_perm"), HYB_TYPE_I32, hp->n_ff)) ||
 	    !(P->gpu = bind_vec(ld, N("ffn_gpu"), HYB_TYPE_I8, ng)) ||
@@ -282,7 +376,7 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 
 		if (v < 0 || (uint32_t)v >= hp->n_ff || seen[v]) {
 			free(seen);
-			return fail(ld, "blk.%u.ffn_perm is not a permutation of 0..%u", l,
+			return hyb_ld_fail(ld, "blk.%u.ffn_perm is not a permutation of 0..%u", l,
 				    hp->n_ff - 1);
 		}
 		seen[v] = 1;
@@ -291,13 +385,13 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 
 	fc1 = hyb_gguf_find_tensor(ld->m->gguf, N("fc1.weight"));
 	if (!fc1 || fc1->n_dims != 2 || fc1->ne[1] == 0 || fc1->ne[1] > (1u << 20))
-		return fail(ld, "plan tensor %s is missing or has a bad shape", name);
+		return hyb_ld_fail(ld, "plan tensor %s is missing or has a bad shape", name);
 	P->hidden = (uint32_t)fc1->ne[1];
-	if (bind(ld, &P->fc1, name, hp->n_embd, P->hidden, false) ||
-	    bind(ld, &P->fc2, N("fc2.weight"), hp->n_ff, P->hidden, false))
+	if (hyb_ld_bind(ld, &P->fc1, name, hp->n_embd, P->hidden, false) ||
+	    hyb_ld_bind(ld, &P->fc2, N("fc2.weight"), hp->n_ff, P->hidden, false))
 		return -1;
 	if (P->fc1.type != HYB_TYPE_F16 || P->fc2.type != HYB_TYPE_F16)
-		return fail(ld, "blk.%u predictor weights must be F16", l);
+		return hyb_ld_fail(ld, "blk.%u predictor weights must be F16", l);
 	if (!(P->fc1_bias = bind_vec(ld, N("fc1.bias"), HYB_TYPE_F32, P->hidden)) ||
 	    !(P->fc2_bias = bind_vec(ld, N("fc2.bias"), HYB_TYPE_F32, hp->n_ff)))
 		return -1;
@@ -306,7 +400,7 @@ static int bind_plan_layer(struct loader *ld, uint32_t l)
 }
 
 /* hyb.plan.* keys: a plan file has them all, a plain model none. */
-static int read_plan_keys(struct loader *ld)
+static int read_plan_keys(struct hyb_loader *ld)
 {
 	struct hyb_model *m = ld->m;
 	uint32_t version, gs;
@@ -314,12 +408,12 @@ static int read_plan_keys(struct loader *ld)
 	if (!hyb_gguf_find(m->gguf, HYB_PLAN_KEY_VERSION))
 		return 0;
 	if (!hyb_gguf_get_u32(m->gguf, HYB_PLAN_KEY_VERSION, &version))
-		return fail(ld, "metadata %s must be a u32", HYB_PLAN_KEY_VERSION);
+		return hyb_ld_fail(ld, "metadata %s must be a u32", HYB_PLAN_KEY_VERSION);
 	if (version != HYB_PLAN_VERSION)
-		return fail(ld, "plan version %u is not supported (this build reads %u)", version,
+		return hyb_ld_fail(ld, "plan version %u is not supported (this build reads %u)", version,
 			    HYB_PLAN_VERSION);
 	if (!hyb_gguf_get_u32(m->gguf, HYB_PLAN_KEY_GROUP_SIZE, &gs) || gs == 0 || gs > m->hp.n_ff)
-		return fail(ld, "metadata %s is missing or out of range", HYB_PLAN_KEY_GROUP_SIZE);
+		return hyb_ld_fail(ld, "metadata %s is missing or out of range", HYB_PLAN_KEY_GROUP_SIZE);
 	m->group_size = gs;
 	m->n_groups = (m->hp.n_ff + gs - 1) / gs;
 	m->pred_input = HYB_PRED_ADJACENT;
@@ -327,18 +421,18 @@ static int read_plan_keys(struct loader *ld)
 		char in[32];
 
 		if (!hyb_gguf_get_str(m->gguf, HYB_PLAN_KEY_PRED_INPUT, in, sizeof(in)))
-			return fail(ld, "metadata %s is not a short string",
+			return hyb_ld_fail(ld, "metadata %s is not a short string",
 				    HYB_PLAN_KEY_PRED_INPUT);
 		if (!strcmp(in, "same-layer"))
 			m->pred_input = HYB_PRED_SAME_LAYER;
 		else if (strcmp(in, "adjacent"))
-			return fail(ld, "metadata %s '%s' is not supported (adjacent, same-layer)",
+			return hyb_ld_fail(ld, "metadata %s '%s' is not supported (adjacent, same-layer)",
 				    HYB_PLAN_KEY_PRED_INPUT, in);
 	}
 	return 0;
 }
 
-static int bind_layers(struct loader *ld)
+static int bind_layers(struct hyb_loader *ld)
 {
 	const struct hyb_hparams *hp = &ld->m->hp;
 	uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
@@ -355,7 +449,7 @@ static int bind_layers(struct loader *ld)
 #define B(field, nm, a, b)                                                   \
 	do {                                                                 \
 		snprintf(name, sizeof(name), "blk.%u." nm ".weight", l);     \
-		if (bind(ld, &L->field, name, a, b, false))                  \
+		if (hyb_ld_bind(ld, &L->field, name, a, b, false))                  \
 			return -1;                                           \
 	} while (0)
 		B(attn_norm, "attn_norm", hp->n_embd, 0);
@@ -364,6 +458,12 @@ static int bind_layers(struct loader *ld)
 		B(wv, "attn_v", hp->n_embd, kv_dim);
 		B(wo, "attn_output", q_dim, hp->n_embd);
 		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
+		/* llama.cpp's build_qkv adds Q/K/V biases wherever a file has them */
+		if (hyb_ld_bias(ld, &L->bq, l, "attn_q.bias", q_dim, true) ||
+		    hyb_ld_bias(ld, &L->bk, l, "attn_k.bias", kv_dim, true) ||
+		    hyb_ld_bias(ld, &L->bv, l, "attn_v.bias", kv_dim, true) ||
+		    (arch_of(hp)->layer && arch_of(hp)->layer(ld, L, l)))
+			return -1;
 		if (ld->m->group_size) {
 			if (bind_plan_layer(ld, l))
 				return -1;
@@ -379,33 +479,63 @@ static int bind_layers(struct loader *ld)
 		if (ld->m->powerinfer && L->down_t.type != HYB_TYPE_F32 &&
 		    L->down_t.type != HYB_TYPE_F16 && L->down_t.type != HYB_TYPE_Q8_0 &&
 		    L->down_t.type != HYB_TYPE_Q4_0)
-			return fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is "
+			return hyb_ld_fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is "
 				    "F32, F16, Q8_0 or Q4_0", l, hyb_type_name(L->down_t.type));
 	}
 	return 0;
 }
 
-static int bind_model(struct loader *ld)
+/*
+ * Llama 3.1+'s RoPE frequency factors: one F32 divisor per rotary pair,
+ * which llama.cpp applies to every layer whatever rope.scaling.type says.
+ */
+static int bind_rope_freqs(struct hyb_loader *ld)
+{
+	struct hyb_hparams *hp = &ld->m->hp;
+	const char *name = "rope_freqs.weight";
+	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(ld->m->gguf, name);
+	const float *f;
+
+	if (!t) {
+		if (ld->rope_llama3)
+			return hyb_ld_fail(ld, "tensor %s is missing: %s.rope.scaling.type llama3 needs "
+				    "its frequency factors", name, hp->arch);
+		return 0;
+	}
+	if (t->type != HYB_TYPE_F32 || t->n_dims != 1 || t->ne[0] < hp->n_rot / 2)
+		return hyb_ld_fail(ld, "tensor %s: expected F32 [%u], found %s %u-D [%llu, ...]", name,
+			    hp->n_rot / 2, hyb_type_name(t->type), t->n_dims,
+			    (unsigned long long)t->ne[0]);
+	f = t->data;
+	for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+		if (!(f[i] > 0) || !isfinite(f[i]))
+			return hyb_ld_fail(ld, "tensor %s: factor %u is %g, not a positive number", name,
+				    i, (double)f[i]);
+	hp->rope.freq_factors = f;
+	return 0;
+}
+
+static int bind_model(struct hyb_loader *ld)
 {
 	struct hyb_model *m = ld->m;
 	const struct hyb_gguf_tensor *emb = hyb_gguf_find_tensor(m->gguf, "token_embd.weight");
 	int rc;
 
 	if (!emb)
-		return fail(ld, "tensor token_embd.weight is missing");
+		return hyb_ld_fail(ld, "tensor token_embd.weight is missing");
 	if (emb->n_dims != 2 || emb->ne[0] != m->hp.n_embd || emb->ne[1] == 0 ||
 	    emb->ne[1] > INT32_MAX)
-		return fail(ld, "tensor token_embd.weight has a bad shape");
+		return hyb_ld_fail(ld, "tensor token_embd.weight has a bad shape");
 	m->hp.n_vocab = (uint32_t)emb->ne[1];
-	if (bind(ld, &m->tok_embd, "token_embd.weight", m->hp.n_embd, m->hp.n_vocab, false) ||
-	    bind(ld, &m->out_norm, "output_norm.weight", m->hp.n_embd, 0, false))
+	if (hyb_ld_bind(ld, &m->tok_embd, "token_embd.weight", m->hp.n_embd, m->hp.n_vocab, false) ||
+	    hyb_ld_bind(ld, &m->out_norm, "output_norm.weight", m->hp.n_embd, 0, false))
 		return -1;
-	rc = bind(ld, &m->output, "output.weight", m->hp.n_embd, m->hp.n_vocab, true);
+	rc = hyb_ld_bind(ld, &m->output, "output.weight", m->hp.n_embd, m->hp.n_vocab, true);
 	if (rc < 0)
 		return -1;
 	if (rc == 1) /* tied embeddings: the head reuses token_embd */
 		m->output = m->tok_embd;
-	return bind_layers(ld);
+	return bind_rope_freqs(ld) || bind_layers(ld) ? -1 : 0;
 }
 
 #define HUGE_PAGE (2ul << 20)
@@ -563,7 +693,7 @@ struct hyb_model *hyb_model_load(const char *path)
  * tensor's data points at its bytes: hyperparameters, binding and shape
  * checks, the tokenizer. label prefixes errors (the file or manifest).
  */
-static int finish_model(struct loader *ld, const char *label)
+static int finish_model(struct hyb_loader *ld, const char *label)
 {
 	struct hyb_model *m = ld->m;
 
@@ -584,7 +714,7 @@ static int finish_model(struct loader *ld, const char *label)
 
 int hyb_model_finish(struct hyb_model *m, const char *label, char *err, size_t errlen)
 {
-	struct loader ld = { .m = m, .err = err, .errlen = errlen };
+	struct hyb_loader ld = { .m = m, .err = err, .errlen = errlen };
 
 	return finish_model(&ld, label) ? ld.rc : 0;
 }
@@ -594,7 +724,7 @@ static struct hyb_model *load(const char *path, enum hyb_load_mode mode, bool ba
 {
 	struct hyb_model *m = calloc(1, sizeof(*m));
 	char err[1024] = "";
-	struct loader ld = { .m = m, .err = err, .errlen = sizeof(err) };
+	struct hyb_loader ld = { .m = m, .err = err, .errlen = sizeof(err) };
 	int rc;
 
 	if (!m) {

@@ -146,6 +146,11 @@ static int check_model(struct plan *P, const char *path)
 	if (hyb_gguf_find(f, HYB_PLAN_KEY_VERSION))
 		return hyb_error_set(-EINVAL, "%s is already a plan file (plan the source model)",
 				     path);
+	/* the sparse and hybrid engines compute llama's block: no biases, extra norms, GeGLU */
+	if (P->m->hp.arch_id != HYB_ARCH_LLAMA)
+		return hyb_error_set(-EINVAL, "%s: architecture '%s' cannot be planned yet "
+				     "(sparse and hybrid decoding run llama models)", path,
+				     P->m->hp.arch);
 	P->type = L0->gate.type;
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		const struct hyb_layer *L = &P->m->layers[l];

@@ -36,6 +36,13 @@
 
 #define MiB (1ull << 20)
 
+static const struct hyb_rope plain_rope = { .base = 10000.0f, .freq_scale = 1.0f,
+					    .attn_factor = 1.0f };
+/* YaRN-scaled angles (the host computes the table the device rotates with) */
+static const struct hyb_rope yarn_rope = { .base = 10000.0f, .freq_scale = 0.25f,
+					   .ext_factor = 1.0f, .attn_factor = 0.9f,
+					   .corr_dims = { 4, 24 } };
+
 /* ---- helpers --------------------------------------------------------------------- */
 
 static struct hyb_device *open_kind(const char *kind, uint64_t capacity, uint64_t chunk)
@@ -1203,7 +1210,7 @@ static void attn_case(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t
 {
 	struct hyb_dev_attn a = {
 		.n_head = n_head, .n_head_kv = n_head_kv, .head_dim = hd, .n_rot = n_rot,
-		.rope_base = 10000.0f, .rope_scale = 1.0f, .rope_neox = neox, .n_ctx = n_ctx,
+		.rope = neox ? &yarn_rope : &plain_rope, .rope_neox = neox, .n_ctx = n_ctx,
 	};
 	const uint64_t qd = (uint64_t)n_head * hd, kvd = (uint64_t)n_head_kv * hd;
 	struct hyb_device *gpu, *cpu;
@@ -1443,7 +1450,7 @@ TEST(gpu_dev_dense_timing)
 		const uint32_t n_pos = sm ? 200 : 2048;
 		struct hyb_dev_attn a = {
 			.n_head = n_head, .n_head_kv = n_kv, .head_dim = hd, .n_rot = hd,
-			.rope_base = 10000.0f, .rope_scale = 1.0f, .pos = n_pos - 1,
+			.rope = &plain_rope, .pos = n_pos - 1,
 			.n_ctx = n_pos,
 		};
 		const uint64_t kvd = (uint64_t)n_kv * hd, cache = 2 * kvd * n_pos;
@@ -1506,8 +1513,8 @@ TEST(gpu_dev_layer_chain_timing)
 	const uint32_t n_ctx = 512, pos = 255, copies = small_shapes() ? 1 : 8, iters = 100;
 	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q4_0, E), mb = rb * E;
 	struct hyb_dev_attn a = {
-		.n_head = H, .n_head_kv = H, .head_dim = hd, .n_rot = hd, .rope_base = 10000.0f,
-		.rope_scale = 1.0f, .pos = pos, .n_ctx = n_ctx,
+		.n_head = H, .n_head_kv = H, .head_dim = hd, .n_rot = hd, .rope = &plain_rope,
+		.pos = pos, .n_ctx = n_ctx,
 	};
 	struct hyb_device_event *ev;
 	struct attn_side as;

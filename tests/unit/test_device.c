@@ -1468,6 +1468,7 @@ static void naive_rope(float *x, const struct attn_cfg *c, uint32_t n_heads, uin
 static void attn_case(const struct attn_cfg *c, double *max_err)
 {
 	const float base = 10000.0f, scale = 0.5f;
+	const struct hyb_rope rope = { .base = base, .freq_scale = scale, .attn_factor = 1.0f };
 	const uint32_t hd = c->head_dim, qd = c->n_head * hd, kvd = c->n_head_kv * hd;
 	const uint64_t cache = 2ull * c->n_ctx * kvd;
 	const struct hyb_cpu_kernels *ck = hyb_cpu_best();
@@ -1483,7 +1484,7 @@ static void attn_case(const struct attn_cfg *c, double *max_err)
 	hyb_dptr pkc = dalloc(d, cache), pvc = dalloc(d, cache), po = dalloc(d, 4ull * qd);
 	struct hyb_dev_attn a = {
 		.n_head = c->n_head, .n_head_kv = c->n_head_kv, .head_dim = hd, .n_rot = c->n_rot,
-		.rope_base = base, .rope_scale = scale, .rope_neox = c->neox, .n_ctx = c->n_ctx,
+		.rope = &rope, .rope_neox = c->neox, .n_ctx = c->n_ctx,
 		.q = pq, .k = pk, .v = pv, .kcache = pkc, .vcache = pvc, .out = po,
 	};
 
@@ -1527,8 +1528,8 @@ static void attn_case(const struct attn_cfg *c, double *max_err)
 		/* the host: forward.c's steps */
 		memcpy(hq, q, 4ull * qd);
 		memcpy(hk, k, 4ull * kvd);
-		hyb_rope(hq, c->n_head, hd, c->n_rot, pos, scale, base, c->neox);
-		hyb_rope(hk, c->n_head_kv, hd, c->n_rot, pos, scale, base, c->neox);
+		hyb_rope(hq, c->n_head, hd, c->n_rot, pos, &rope, c->neox);
+		hyb_rope(hk, c->n_head_kv, hd, c->n_rot, pos, &rope, c->neox);
 		ck->quantize_act[HYB_TYPE_F16](hk, kc + (size_t)pos * kvd, kvd);
 		ck->quantize_act[HYB_TYPE_F16](v, vc + (size_t)pos * kvd, kvd);
 		hyb_attend_run(&ha, 0, hyb_attend_jobs(&ha), tmp);
@@ -1646,6 +1647,8 @@ TEST(dev_dense_rejects)
 	struct hyb_dev_attn a, e;
 	struct hyb_device_stats st0, st1;
 	struct hyb_device_ops ops;
+	const struct hyb_rope plain = { .base = 10000, .freq_scale = 1, .attn_factor = 1 };
+	const struct hyb_rope bad_base = { .base = NAN, .freq_scale = 1, .attn_factor = 1 };
 	const struct hyb_device_ops *ops0 = d->ops;
 
 	g_rng = 61;
@@ -1711,7 +1714,7 @@ TEST(dev_dense_rejects)
 
 	/* attention: caches of 8 rows of 2 x 16 in buf, the vectors after them */
 	a = (struct hyb_dev_attn){ .n_head = 4, .n_head_kv = 2, .head_dim = 16, .n_rot = 16,
-				   .rope_base = 10000, .rope_scale = 1, .pos = 3, .n_ctx = 8,
+				   .rope = &plain, .pos = 3, .n_ctx = 8,
 				   .q = buf + 8192, .k = buf + 12288, .v = buf + 16384,
 				   .kcache = buf, .vcache = buf + 2048, .out = buf + 20480 };
 	e = a;
@@ -1735,7 +1738,9 @@ TEST(dev_dense_rejects)
 	e.n_rot = 7;
 	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "n_rot 7");
 	e = a;
-	e.rope_base = NAN;
+	e.rope = &bad_base;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "rope");
+	e.rope = NULL;
 	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "rope");
 	e = a;
 	e.out = a.q + 32;

@@ -39,6 +39,10 @@ struct golden {
 	int32_t ids[80];    /* greedy continuation */
 };
 
+/* RoPE variants: 96-wide heads (key_length != embd/heads), scaled 4x from 32 positions */
+#define ROPE_ARGS "--head-dim 96 --rope-factor 4 --rope-orig-ctx 32 --rope-scaling "
+
+
 static const struct golden cases[] = {
 	{ "F32", HYB_TYPE_F32, 500, 12, 0xc5145f454b3c7690ull, 48,
 	  { 172, 235, 180, 111, 288, 240, 350, 371, 297, 158, 82, 30, 488, 211, 84, 462, 117,
@@ -88,6 +92,41 @@ static const struct golden cases[] = {
 	  { 250, 279, 304, 458, 469, 94, 143, 13, 438, 341, 340, 68, 227, 93, 54, 165 } },
 };
 
+/*
+ * The same with more hybctl synth options: RoPE variants of the F16 model,
+ * and the other architectures (gemma3: 6 layers, so five sliding-window
+ * layers (window 16, under the 70-token prompt) and a global one).
+ */
+static const struct {
+	struct golden g;
+	const char *synth;
+} rope_cases[] = {
+	{ { "F16_rope_linear", HYB_TYPE_F16, 500, 70, 0x046ad497597d9a97ull, 40,
+	  { 250, 279, 304, 67, 185, 412, 355, 302, 122, 27, 314, 230, 426, 100, 85, 284, 282, 153,
+	    237, 419, 284, 282, 153, 237, 100, 100, 339, 38, 259, 66, 486, 217, 351, 121, 389, 423,
+	    436, 280, 70, 424 } }, ROPE_ARGS "linear" },
+	{ { "F16_rope_yarn", HYB_TYPE_F16, 500, 70, 0xef84190a4a4087acull, 40,
+	  { 250, 279, 304, 458, 496, 342, 99, 101, 90, 220, 127, 111, 66, 486, 217, 351, 121, 177,
+	    21, 246, 22, 161, 220, 127, 341, 33, 289, 284, 282, 153, 237, 100, 339, 38, 259, 66,
+	    486, 217, 351, 121 } }, ROPE_ARGS "yarn" },
+	{ { "F16_rope_llama3", HYB_TYPE_F16, 500, 70, 0x51044672eced6586ull, 40,
+	  { 368, 102, 104, 477, 166, 75, 408, 283, 463, 310, 134, 282, 391, 355, 208, 283, 463,
+	    310, 134, 282, 391, 207, 463, 310, 134, 282, 391, 355, 208, 189, 84, 269, 249, 196, 13,
+	    40, 419, 438, 273, 403 } }, ROPE_ARGS "llama3" },
+	{ { "F16_qwen2", HYB_TYPE_F16, 500, 70, 0x6226ac8ce91c5ebbull, 40,
+	  { 307, 406, 239, 268, 430, 128, 325, 208, 155, 468, 222, 324, 348, 372, 409, 30, 54, 257,
+	    468, 222, 324, 348, 372, 409, 30, 428, 182, 384, 318, 219, 440, 325, 208, 155, 468, 222,
+	    324, 348, 372, 372 } }, "--arch qwen2" },
+	{ { "F16_qwen3", HYB_TYPE_F16, 500, 70, 0x58a318f01fd394bbull, 40,
+	  { 194, 444, 109, 371, 206, 367, 222, 81, 72, 358, 348, 438, 62, 121, 326, 368, 334, 20,
+	    249, 340, 153, 411, 445, 320, 230, 366, 185, 36, 20, 283, 488, 460, 456, 37, 428, 472,
+	    333, 228, 454, 364 } }, "--arch qwen3" },
+	{ { "F16_gemma3", HYB_TYPE_F16, 500, 70, 0xbe5884299c9822dfull, 40,
+	  { 194, 496, 249, 234, 307, 37, 391, 152, 253, 153, 237, 103, 86, 344, 242, 420, 479, 62,
+	    121, 96, 336, 334, 98, 464, 77, 416, 385, 49, 262, 356, 450, 135, 218, 220, 389, 423,
+	    17, 119, 75, 21 } }, "--arch gemma3 --layers 6" },
+};
+
 static uint64_t fnv1a(const void *p, size_t n)
 {
 	const uint8_t *b = p;
@@ -100,7 +139,7 @@ static uint64_t fnv1a(const void *p, size_t n)
 	return h;
 }
 
-static void run_case(const struct golden *g)
+static void run_case_with(const struct golden *g, const char *synth)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	char path[512], cmd[1024];
@@ -115,8 +154,8 @@ static void run_case(const struct golden *g)
 		SKIP("build/hybctl not built (run from the repository root after make)");
 	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), g->name);
 	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --hidden 256 --ffn 512 --layers 2 "
-		 "--heads 4 --kv-heads 2 --vocab %u --type %s --seed 5 -t 2 >/dev/null", path,
-		 g->vocab, hyb_type_name(g->type));
+		 "--heads 4 --kv-heads 2 --vocab %u --type %s --seed 5 -t 2 %s >/dev/null", path,
+		 g->vocab, hyb_type_name(g->type), synth);
 	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
 
 	struct hyb_model *m = hyb_model_load(path);
@@ -148,6 +187,11 @@ static void run_case(const struct golden *g)
 	hyb_model_free(m);
 }
 
+static void run_case(const struct golden *g)
+{
+	run_case_with(g, "");
+}
+
 TEST(exact_f32) { run_case(&cases[0]); }
 TEST(exact_f16) { run_case(&cases[1]); }
 TEST(exact_bf16) { run_case(&cases[2]); }
@@ -160,3 +204,9 @@ TEST(exact_q4_k_unrepacked_head) { run_case(&cases[8]); }
 TEST(exact_f16_long_context) { run_case(&cases[9]); }
 TEST(exact_q4_k_tiled_attention) { run_case(&cases[10]); }
 TEST(exact_q8_0_tiled_attention) { run_case(&cases[11]); }
+TEST(exact_rope_linear_head_dim) { run_case_with(&rope_cases[0].g, rope_cases[0].synth); }
+TEST(exact_rope_yarn) { run_case_with(&rope_cases[1].g, rope_cases[1].synth); }
+TEST(exact_rope_llama3_freqs) { run_case_with(&rope_cases[2].g, rope_cases[2].synth); }
+TEST(exact_arch_qwen2) { run_case_with(&rope_cases[3].g, rope_cases[3].synth); }
+TEST(exact_arch_qwen3) { run_case_with(&rope_cases[4].g, rope_cases[4].synth); }
+TEST(exact_arch_gemma3_sliding_window) { run_case_with(&rope_cases[5].g, rope_cases[5].synth); }

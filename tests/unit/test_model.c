@@ -192,10 +192,10 @@ TEST(model_eval_rejects_bad_tokens_and_full_context)
 	hyb_model_free(m);
 }
 
-/* A minimal llama file with the given architecture and matrix type, written in-process. */
-static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ffn_down)
+/* A minimal llama model with the given architecture and matrix type, for more keys or tensors. */
+static struct hyb_gguf_writer *model_writer(const char *arch, uint32_t mat_type,
+					    bool drop_ffn_down)
 {
-	static char path[512];
 	static float zeros[64 * 64];
 	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
 	const char *mats[] = { "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
@@ -203,7 +203,7 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 	char key[64];
 	uint64_t ne_mat[2] = { 32, 32 }, ne_vec[1] = { 32 }, ne_emb[2] = { 32, 64 };
 
-	snprintf(path, sizeof(path), "%s/m-%s-%u.gguf", hyb_test_tmpdir(), arch, mat_type);
+	CHECK(w);
 	hyb_gguf_set_str(w, "general.architecture", arch);
 #define K(s, v)                                                     \
 	do {                                                        \
@@ -228,9 +228,26 @@ static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ff
 		CHECK(!hyb_gguf_writer_add_tensor(w, name, i == 0 ? mat_type : HYB_TYPE_F32, 2, ne_mat,
 					      zeros));
 	}
+	return w;
+}
+
+static const char *write_writer(struct hyb_gguf_writer *w, const char *name)
+{
+	static char path[512];
+
+	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
 	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
 	hyb_gguf_writer_free(w);
 	return path;
+}
+
+/* A minimal llama file with the given architecture and matrix type, written in-process. */
+static const char *write_model(const char *arch, uint32_t mat_type, bool drop_ffn_down)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "m-%s-%u", arch, mat_type);
+	return write_writer(model_writer(arch, mat_type, drop_ffn_down), name);
 }
 
 static void expect_load_error(const char *path, const char *needle)
@@ -265,6 +282,55 @@ TEST(model_refuses_unsupported_type_by_name)
 TEST(model_refuses_missing_tensor_by_name)
 {
 	expect_load_error(write_model("llama", HYB_TYPE_F32, true), "blk.0.ffn_down.weight");
+}
+
+/* RoPE scaling (docs/MODELS.md): what llama.cpp reads, and clear errors for the rest. */
+TEST(model_rope_scaling_keys)
+{
+	static const float freqs[8] = { 1, 1, 2, 4, 8, 8, 8, 8 }, bad[8] = { 1, 0 };
+	const uint64_t ne8[1] = { 8 }, ne4[1] = { 4 };
+	struct hyb_gguf_writer *w;
+	struct hyb_model *m;
+
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_str(w, "llama.rope.scaling.type", "yarn");
+	hyb_gguf_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+	m = hyb_model_load(write_writer(w, "yarn"));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.rope.freq_scale == 0.25f && m->hp.rope.ext_factor == 1.0f);
+	/* get_mscale(4) cancelled by rope_yarn's own factor: 1 give or take rounding */
+	CHECK_NEAR(m->hp.rope.attn_factor, 1.0, 1e-6);
+	CHECK(m->hp.rope.corr_dims[1] > m->hp.rope.corr_dims[0]);
+	hyb_model_free(m);
+
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_str(w, "llama.rope.scaling.type", "none");
+	hyb_gguf_set_f32(w, "llama.rope.scaling.factor", 4.0f);
+	CHECK(!hyb_gguf_writer_add_tensor(w, "rope_freqs.weight", HYB_TYPE_F32, 1, ne8, freqs));
+	m = hyb_model_load(write_writer(w, "none-freqs"));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.rope.freq_scale == 1.0f && m->hp.rope.ext_factor == 0);
+	CHECK(m->hp.rope.freq_factors && m->hp.rope.freq_factors[3] == 4.0f);
+	hyb_model_free(m);
+
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_str(w, "llama.rope.scaling.type", "longrope");
+	expect_load_error(write_writer(w, "longrope"), "'longrope' is not supported");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_str(w, "llama.rope.scaling.type", "llama3");
+	expect_load_error(write_writer(w, "llama3-nofreqs"), "rope_freqs.weight is missing");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	CHECK(!hyb_gguf_writer_add_tensor(w, "rope_freqs.weight", HYB_TYPE_F32, 1, ne4, freqs));
+	expect_load_error(write_writer(w, "short-freqs"), "expected F32 [8]");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	CHECK(!hyb_gguf_writer_add_tensor(w, "rope_freqs.weight", HYB_TYPE_F32, 1, ne8, bad));
+	expect_load_error(write_writer(w, "zero-freq"), "not a positive number");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_f32(w, "llama.rope.scaling.factor", -2.0f);
+	expect_load_error(write_writer(w, "neg-factor"), "must be positive");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_u32(w, "llama.rope.scaling.type", 3);
+	expect_load_error(write_writer(w, "type-u32"), "not a short string");
 }
 
 TEST(model_missing_file_is_one_clear_error)

@@ -44,6 +44,15 @@ static const char usage[] =
 	"  --random-weights  ReLU family: plain random weights, no sparse design\n"
 	"  --rope-neox     rotate halves instead of pairs\n"
 	"  --tied          no output.weight: the head reuses token_embd\n"
+	"  --head-dim N    attention head size (default hidden/heads; else written as\n"
+	"                  attention.key_length and value_length)\n"
+	"  --rope-scaling S  linear, yarn (rope.scaling.* keys) or llama3 (a Llama 3.1\n"
+	"                  rope_freqs.weight tensor, as its converter writes it)\n"
+	"  --rope-factor F scaling factor (default 8)\n"
+	"  --rope-orig-ctx N  original context length (yarn, llama3; default 8192)\n"
+	"  --arch A        llama (default), qwen2 (Q/K/V biases), qwen3 (Q/K norms),\n"
+	"                  gemma3 (Q/K norms, post-norms, GeGLU, sliding-window layers)\n"
+	"  --swa N         gemma3: sliding window of the local layers (default 16)\n"
 	"  --seed N        (default 1)\n"
 	"  -t N            threads (default: all CPUs)\n";
 
@@ -54,6 +63,12 @@ struct spec {
 	bool neox, tied, random_weights;
 	float sparsity;     /* < 0: not given */
 	uint32_t topics;
+	uint32_t head_dim;  /* 0: hidden / heads */
+	const char *rope_scaling;
+	const char *arch;
+	uint32_t swa;
+	float rope_factor;
+	uint32_t rope_orig_ctx;
 	uint64_t seed;
 	int threads;
 };
@@ -62,7 +77,9 @@ struct tensor {
 	char name[64];
 	uint32_t type;
 	uint64_t ne0, ne1; /* ne1 == 0: 1-D */
-	float std;         /* 0: norm weight, 1 +- 0.05 */
+	float std;         /* 0: norm weight, 1 +- 0.05; < 0: RoPE frequency factors */
+	float rope_factor;
+	uint32_t rope_orig_ctx;
 };
 
 static uint64_t splitmix64(uint64_t *s)
@@ -87,6 +104,24 @@ static void fill_row(const struct tensor *t, uint64_t seed, uint64_t tidx, uint6
 	float a = t->std * 1.7320508f; /* uniform [-a, a] has std a/sqrt(3) */
 
 	splitmix64(&s);
+	if (t->std < 0) {
+		/*
+		 * Llama 3.1's frequency factors, as its converter computes them
+		 * (low/high frequency factors 1 and 4): 1 for short wavelengths,
+		 * the factor for long ones, a smooth mix between.
+		 */
+		const double lo_wl = t->rope_orig_ctx / 1.0, hi_wl = t->rope_orig_ctx / 4.0;
+
+		for (uint64_t i = 0; i < t->ne0; i++) {
+			const double freq = pow(10000.0, -(double)(2 * i) / (double)(2 * t->ne0));
+			const double wl = 2 * M_PI / freq;
+			const double sm = (t->rope_orig_ctx / wl - 1.0) / (4.0 - 1.0);
+
+			out[i] = wl < hi_wl ? 1.0f : wl > lo_wl ? t->rope_factor :
+			      (float)(1.0 / ((1 - sm) / t->rope_factor + sm));
+		}
+		return;
+	}
 	for (uint64_t i = 0; i < t->ne0; i++)
 		out[i] = t->std ? a * uniform(&s) : 1.0f + 0.05f * uniform(&s);
 }
@@ -140,7 +175,9 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "output-type", 1, 0, 'O' }, { "act", 1, 0, 'a' }, { "rope-neox", 0, 0, 'n' },
 		{ "tied", 0, 0, 'y' }, { "seed", 1, 0, 's' }, { "help", 0, 0, 'h' },
 		{ "sparsity", 1, 0, 'S' }, { "topics", 1, 0, 'k' },
-		{ "random-weights", 0, 0, 'r' },
+		{ "random-weights", 0, 0, 'r' }, { "head-dim", 1, 0, 'D' },
+		{ "rope-scaling", 1, 0, 'R' }, { "rope-factor", 1, 0, 'X' },
+		{ "rope-orig-ctx", 1, 0, 'C' }, { "arch", 1, 0, 'G' }, { "swa", 1, 0, 'W' },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -184,6 +221,24 @@ static void parse(int argc, char **argv, struct spec *sp)
 		}
 		case 'k': sp->topics = ctl_u32("synth", "--topics", optarg, 2, 1024); break;
 		case 'r': sp->random_weights = true; break;
+		case 'D': sp->head_dim = ctl_u32("synth", "--head-dim", optarg, 2, 256); break;
+		case 'R': sp->rope_scaling = optarg; break;
+		case 'G': sp->arch = optarg; break;
+		case 'W': sp->swa = ctl_u32("synth", "--swa", optarg, 1, 1 << 20); break;
+		case 'X': {
+			char *end;
+
+			sp->rope_factor = strtof(optarg, &end);
+			if (end == optarg || *end || !(sp->rope_factor >= 1 && sp->rope_factor <= 64)) {
+				fprintf(stderr, "hybctl synth: bad value '%s' for --rope-factor "
+					"(1..64)\n", optarg);
+				exit(2);
+			}
+			break;
+		}
+		case 'C':
+			sp->rope_orig_ctx = ctl_u32("synth", "--rope-orig-ctx", optarg, 16, 1 << 24);
+			break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -192,6 +247,11 @@ static void parse(int argc, char **argv, struct spec *sp)
 		sp->out_type = sp->type;
 	if (!sp->kv_heads)
 		sp->kv_heads = sp->heads;
+}
+
+static bool sparse_design(const struct spec *sp)
+{
+	return strcmp(sp->act, "silu") && !sp->random_weights;
 }
 
 static int check(const struct spec *sp)
@@ -210,7 +270,24 @@ static int check(const struct spec *sp)
 	if ((sp->sparsity >= 0 || sp->topics) && (!strcmp(sp->act, "silu") || sp->random_weights))
 		return fprintf(stderr, "hybctl synth: --sparsity and --topics need --act relu, "
 			       "relu2 or dlrelu (without --random-weights)\n"), -1;
-	if (sp->hidden % sp->heads || (sp->hidden / sp->heads) % 2)
+	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
+	    strcmp(sp->arch, "gemma3"))
+		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
+			       "gemma3)\n", sp->arch), -1;
+	if (strcmp(sp->arch, "llama") && (strcmp(sp->act, "silu") || sp->neox))
+		return fprintf(stderr, "hybctl synth: --arch %s has its own activation and RoPE "
+			       "(no --act, --rope-neox)\n", sp->arch), -1;
+	if (sp->rope_scaling && strcmp(sp->rope_scaling, "linear") &&
+	    strcmp(sp->rope_scaling, "yarn") && strcmp(sp->rope_scaling, "llama3"))
+		return fprintf(stderr, "hybctl synth: unknown --rope-scaling '%s' (linear, yarn, "
+			       "llama3)\n", sp->rope_scaling), -1;
+	if (sp->head_dim && (sp->head_dim % 2 || sparse_design(sp)))
+		return fprintf(stderr, "hybctl synth: --head-dim must be even, and needs --act "
+			       "silu or --random-weights\n"), -1;
+	if (sp->head_dim && ((uint64_t)sp->heads * sp->head_dim) % blk)
+		return fprintf(stderr, "hybctl synth: %s needs heads x --head-dim a multiple "
+			       "of %u\n", hyb_type_name(sp->type), blk), -1;
+	if (!sp->head_dim && (sp->hidden % sp->heads || (sp->hidden / sp->heads) % 2))
 		return fprintf(stderr, "hybctl synth: --hidden %u must split into %u heads of even "
 			       "size\n", sp->hidden, sp->heads), -1;
 	if (sp->heads % sp->kv_heads)
@@ -221,9 +298,14 @@ static int check(const struct spec *sp)
 	return 0;
 }
 
+static uint32_t head_dim(const struct spec *sp)
+{
+	return sp->head_dim ? sp->head_dim : sp->hidden / sp->heads;
+}
+
 static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct tensor *t, int *nt)
 {
-	uint32_t hd = sp->hidden / sp->heads;
+	const uint32_t hd = head_dim(sp), qd = sp->heads * hd;
 	int n = 0;
 
 #define ADD(nm, ty, a, b, sd)                                                      \
@@ -233,10 +315,14 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 		t[n].ne0 = a;                                                      \
 		t[n].ne1 = b;                                                      \
 		t[n].std = sd;                                                     \
+		t[n].rope_factor = sp->rope_factor;                                \
+		t[n].rope_orig_ctx = sp->rope_orig_ctx;                            \
 		n++;                                                               \
 	} while (0)
 	ADD("token_embd.weight", sp->tied ? sp->out_type : sp->type, sp->hidden, sp->vocab, 1.0f);
 	ADD("output_norm.weight", HYB_TYPE_F32, sp->hidden, 0, 0);
+	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "llama3"))
+		ADD("rope_freqs.weight", HYB_TYPE_F32, hd / 2, 0, -1.0f);
 	if (!sp->tied)
 		ADD("output.weight", sp->out_type, sp->hidden, sp->vocab, 1.0f / sqrtf(sp->hidden));
 	for (uint32_t l = 0; l < sp->layers; l++) {
@@ -249,11 +335,28 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 		ADD(nm, ty, a, b, sd);                                             \
 	} while (0)
 		BLK("attn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
-		BLK("attn_q", sp->type, sp->hidden, sp->hidden, s_h);
+		BLK("attn_q", sp->type, sp->hidden, qd, s_h);
 		BLK("attn_k", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
 		BLK("attn_v", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
-		BLK("attn_output", sp->type, sp->hidden, sp->hidden, s_h);
+		BLK("attn_output", sp->type, qd, sp->hidden, 1.0f / sqrtf((float)qd));
 		BLK("ffn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
+		if (!strcmp(sp->arch, "qwen2")) {
+			/* biases: 1-D, random like the weights (BLK names end in .weight) */
+			snprintf(nm, sizeof(nm), "blk.%u.attn_q.bias", l);
+			ADD(nm, HYB_TYPE_F32, qd, 0, 0.5f);
+			snprintf(nm, sizeof(nm), "blk.%u.attn_k.bias", l);
+			ADD(nm, HYB_TYPE_F32, sp->kv_heads * hd, 0, 0.5f);
+			snprintf(nm, sizeof(nm), "blk.%u.attn_v.bias", l);
+			ADD(nm, HYB_TYPE_F32, sp->kv_heads * hd, 0, 0.5f);
+		}
+		if (!strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "gemma3")) {
+			BLK("attn_q_norm", HYB_TYPE_F32, hd, 0, 0);
+			BLK("attn_k_norm", HYB_TYPE_F32, hd, 0, 0);
+		}
+		if (!strcmp(sp->arch, "gemma3")) {
+			BLK("post_attention_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
+			BLK("post_ffw_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
+		}
 		BLK("ffn_gate", sp->type, sp->hidden, sp->ffn, s_h);
 		BLK("ffn_up", sp->type, sp->hidden, sp->ffn, s_h);
 		BLK("ffn_down", sp->type, sp->ffn, sp->hidden, s_f);
@@ -270,24 +373,37 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 	return 0;
 }
 
-static bool sparse_design(const struct spec *sp)
-{
-	return strcmp(sp->act, "silu") && !sp->random_weights;
-}
-
 static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 {
-	hyb_gguf_set_str(w, "general.architecture", "llama");
+	char key[128];
+
+#define KEY(kind, suffix, ...)                                                     \
+	do {                                                                       \
+		snprintf(key, sizeof(key), "%s.%s", sp->arch, suffix);            \
+		hyb_gguf_set_##kind(w, key, __VA_ARGS__);                           \
+	} while (0)
+	hyb_gguf_set_str(w, "general.architecture", sp->arch);
 	hyb_gguf_set_str(w, "general.name", "hyb-synth");
-	hyb_gguf_set_u32(w, "llama.context_length", sp->ctx);
-	hyb_gguf_set_u32(w, "llama.embedding_length", sp->hidden);
-	hyb_gguf_set_u32(w, "llama.block_count", sp->layers);
-	hyb_gguf_set_u32(w, "llama.feed_forward_length", sp->ffn);
-	hyb_gguf_set_u32(w, "llama.attention.head_count", sp->heads);
-	hyb_gguf_set_u32(w, "llama.attention.head_count_kv", sp->kv_heads);
-	hyb_gguf_set_u32(w, "llama.rope.dimension_count", sp->hidden / sp->heads);
-	hyb_gguf_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-	hyb_gguf_set_f32(w, "llama.rope.freq_base", 10000.0f);
+	KEY(u32, "context_length", sp->ctx);
+	KEY(u32, "embedding_length", sp->hidden);
+	KEY(u32, "block_count", sp->layers);
+	KEY(u32, "feed_forward_length", sp->ffn);
+	KEY(u32, "attention.head_count", sp->heads);
+	KEY(u32, "attention.head_count_kv", sp->kv_heads);
+	KEY(u32, "rope.dimension_count", head_dim(sp));
+	if (sp->head_dim) {
+		KEY(u32, "attention.key_length", sp->head_dim);
+		KEY(u32, "attention.value_length", sp->head_dim);
+	}
+	/* llama3 scaling is the rope_freqs tensor alone: its converter writes no type */
+	if (sp->rope_scaling && strcmp(sp->rope_scaling, "llama3")) {
+		KEY(str, "rope.scaling.type", sp->rope_scaling);
+		KEY(f32, "rope.scaling.factor", sp->rope_factor);
+		if (!strcmp(sp->rope_scaling, "yarn"))
+			KEY(u32, "rope.scaling.original_context_length", sp->rope_orig_ctx);
+	}
+	KEY(f32, "attention.layer_norm_rms_epsilon", 1e-5f);
+	KEY(f32, "rope.freq_base", 10000.0f);
 	hyb_gguf_set_u64(w, "hyb.synth.seed", sp->seed);
 	if (strcmp(sp->act, "silu"))
 		hyb_gguf_set_str(w, "hyb.ffn_act", sp->act);
@@ -297,13 +413,19 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 	}
 	if (sp->neox)
 		hyb_gguf_set_bool(w, "hyb.rope_neox", true);
+	if (!strcmp(sp->arch, "gemma3")) {
+		KEY(u32, "attention.sliding_window", sp->swa);
+		KEY(f32, "rope.freq_base_swa", 1000.0f);
+	}
+#undef KEY
 }
 
 int cmd_synth(int argc, char **argv)
 {
 	struct spec sp = { .hidden = 256, .ffn = 768, .layers = 2, .heads = 4, .vocab = 512,
 			   .ctx = 4096, .type = HYB_TYPE_Q8_0, .act = "silu", .seed = 1,
-			   .sparsity = -1 };
+			   .sparsity = -1, .rope_factor = 8, .rope_orig_ctx = 8192,
+			   .arch = "llama", .swa = 16 };
 	struct synth_sparse *design = NULL;
 	struct hyb_gguf_writer *w;
 	struct hyb_threadpool *pool;
@@ -316,7 +438,7 @@ int cmd_synth(int argc, char **argv)
 	if (sparse_design(&sp) && sp.sparsity < 0)
 		sp.sparsity = 0.90f;
 	w = hyb_gguf_writer_new();
-	t = calloc(3 + 9ull * sp.layers, sizeof(*t));
+	t = calloc(4 + 13ull * sp.layers, sizeof(*t)); /* + rope_freqs, biases or norms */
 	pool = hyb_threadpool_new(sp.threads);
 	if (!w || !t || !pool) {
 		fprintf(stderr, "hybctl synth: out of memory\n");

