@@ -20,6 +20,34 @@ struct hyb_block_q4_0 {
 	uint8_t qs[HYB_QK4_0 / 2];
 };
 
+/* x = d * q + m; nibbles as Q4_0 */
+struct hyb_block_q4_1 {
+	uint16_t d;
+	uint16_t m;
+	uint8_t qs[HYB_QK4_0 / 2];
+};
+
+/* x = d * (q - 16), q 5-bit: the low 4 bits as Q4_0, bit 4 of element j in bit j of qh */
+struct hyb_block_q5_0 {
+	uint16_t d;
+	uint8_t qh[4];
+	uint8_t qs[HYB_QK4_0 / 2];
+};
+
+/* x = d * q + m, q 5-bit as Q5_0 */
+struct hyb_block_q5_1 {
+	uint16_t d;
+	uint16_t m;
+	uint8_t qh[4];
+	uint8_t qs[HYB_QK4_0 / 2];
+};
+
+/* x = d * hyb_kvalues_iq4nl[q]; nibbles as Q4_0 */
+struct hyb_block_iq4_nl {
+	uint16_t d;
+	uint8_t qs[HYB_QK4_0 / 2];
+};
+
 /* x = d * q */
 struct hyb_block_q8_0 {
 	uint16_t d;
@@ -46,6 +74,13 @@ struct hyb_block_q6_k {
 	uint16_t d;
 };
 
+/* Activations of Q4_1/Q5_1: x = d * q, and s = d * sum(q) (half) */
+struct hyb_block_q8_1 {
+	uint16_t d;
+	uint16_t s;
+	int8_t qs[HYB_QK8_0];
+};
+
 /* Activations of the K-quants: x = d * q, with the sums of each 16 quants */
 struct hyb_block_q8_k {
 	float d;
@@ -54,10 +89,28 @@ struct hyb_block_q8_k {
 };
 
 _Static_assert(sizeof(struct hyb_block_q4_0) == 18, "q4_0 block layout");
+_Static_assert(sizeof(struct hyb_block_q4_1) == 20, "q4_1 block layout");
+_Static_assert(sizeof(struct hyb_block_q5_0) == 22, "q5_0 block layout");
+_Static_assert(sizeof(struct hyb_block_q5_1) == 24, "q5_1 block layout");
+_Static_assert(sizeof(struct hyb_block_iq4_nl) == 18, "iq4_nl block layout");
 _Static_assert(sizeof(struct hyb_block_q8_0) == 34, "q8_0 block layout");
+_Static_assert(sizeof(struct hyb_block_q8_1) == 36, "q8_1 block layout");
 _Static_assert(sizeof(struct hyb_block_q4_k) == 144, "q4_K block layout");
 _Static_assert(sizeof(struct hyb_block_q6_k) == 210, "q6_K block layout");
 _Static_assert(sizeof(struct hyb_block_q8_k) == 292, "q8_K block layout");
+
+/* IQ4_NL's 16 levels (ggml-common.h kvalues_iq4nl) */
+static const int8_t hyb_kvalues_iq4nl[16] = {
+	-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+};
+
+/* The 5-bit quant of element j (0..31) of a Q5_0/Q5_1 block. */
+static inline int hyb_q5_quant(const uint8_t qs[16], const uint8_t qh[4], int j)
+{
+	const int lo = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+
+	return lo | (((qh[j / 8] >> (j % 8)) & 1) << 4);
+}
 
 /* Unpack the eight 6-bit scales and mins of a Q4_K super-block. */
 static inline void hyb_q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t m[8])

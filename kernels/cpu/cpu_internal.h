@@ -43,6 +43,10 @@ void hyb_gemm_f16_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_bf16_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q4_0_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q8_0_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q4_1_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q5_0_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q5_1_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_iq4_nl_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q6_k_scalar(HYB_GEMM_ARGS);
 
@@ -51,6 +55,7 @@ void hyb_quantize_f32_scalar(const float *x, void *out, int64_t n);
 void hyb_quantize_f16_scalar(const float *x, void *out, int64_t n);
 void hyb_quantize_bf16_scalar(const float *x, void *out, int64_t n);
 void hyb_quantize_q8_0_scalar(const float *x, void *out, int64_t n);
+void hyb_quantize_q8_1_scalar(const float *x, void *out, int64_t n);
 void hyb_quantize_q8_k_scalar(const float *x, void *out, int64_t n);
 
 /* dequant.c */
@@ -59,6 +64,11 @@ void hyb_dequantize_f16(const void *in, float *out, int64_t n);
 void hyb_dequantize_bf16(const void *in, float *out, int64_t n);
 void hyb_dequantize_q4_0(const void *in, float *out, int64_t n);
 void hyb_dequantize_q8_0(const void *in, float *out, int64_t n);
+void hyb_dequantize_q4_1(const void *in, float *out, int64_t n);
+void hyb_dequantize_q5_0(const void *in, float *out, int64_t n);
+void hyb_dequantize_q5_1(const void *in, float *out, int64_t n);
+void hyb_dequantize_iq4_nl(const void *in, float *out, int64_t n);
+void hyb_dequantize_q8_1(const void *in, float *out, int64_t n);
 void hyb_dequantize_q4_k(const void *in, float *out, int64_t n);
 void hyb_dequantize_q6_k(const void *in, float *out, int64_t n);
 void hyb_dequantize_q8_k(const void *in, float *out, int64_t n);

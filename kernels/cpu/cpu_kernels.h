@@ -41,7 +41,7 @@ enum hyb_isa {
 typedef void (*hyb_gemm_fn)(int64_t k, const void *w, size_t w_stride, int64_t nrows,
 			    const void *x, size_t x_stride, int64_t ncols,
 			    float *y, size_t y_stride);
-/* Convert n floats to the activation format (F32 copy, F16, BF16, Q8_0, Q8_K). */
+/* Convert n floats to the activation format (F32 copy, F16, BF16, Q8_0, Q8_1, Q8_K). */
 typedef void (*hyb_quantize_fn)(const float *x, void *out, int64_t n);
 typedef void (*hyb_dequantize_fn)(const void *in, float *out, int64_t n);
 

@@ -39,9 +39,75 @@ void hyb_dequantize_q4_0(const void *in, float *out, int64_t n)
 	}
 }
 
+/* x0*d + m in this order, as dequantize_row_q4_1 (this file is compiled without FMA) */
+void hyb_dequantize_q4_1(const void *in, float *out, int64_t n)
+{
+	const struct hyb_block_q4_1 *b = in;
+
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, out += HYB_QK4_0) {
+		const float d = hyb_f16_to_f32(b[i].d), m = hyb_f16_to_f32(b[i].m);
+
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			out[j] = (b[i].qs[j] & 0xF) * d + m;
+			out[j + HYB_QK4_0 / 2] = (b[i].qs[j] >> 4) * d + m;
+		}
+	}
+}
+
+void hyb_dequantize_q5_0(const void *in, float *out, int64_t n)
+{
+	const struct hyb_block_q5_0 *b = in;
+
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, out += HYB_QK4_0) {
+		const float d = hyb_f16_to_f32(b[i].d);
+
+		for (int j = 0; j < HYB_QK4_0; j++)
+			out[j] = (hyb_q5_quant(b[i].qs, b[i].qh, j) - 16) * d;
+	}
+}
+
+void hyb_dequantize_q5_1(const void *in, float *out, int64_t n)
+{
+	const struct hyb_block_q5_1 *b = in;
+
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, out += HYB_QK4_0) {
+		const float d = hyb_f16_to_f32(b[i].d), m = hyb_f16_to_f32(b[i].m);
+
+		for (int j = 0; j < HYB_QK4_0; j++)
+			out[j] = hyb_q5_quant(b[i].qs, b[i].qh, j) * d + m;
+	}
+}
+
+void hyb_dequantize_iq4_nl(const void *in, float *out, int64_t n)
+{
+	const struct hyb_block_iq4_nl *b = in;
+
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, out += HYB_QK4_0) {
+		const float d = hyb_f16_to_f32(b[i].d);
+
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			out[j] = d * hyb_kvalues_iq4nl[b[i].qs[j] & 0xF];
+			out[j + HYB_QK4_0 / 2] = d * hyb_kvalues_iq4nl[b[i].qs[j] >> 4];
+		}
+	}
+}
+
 void hyb_dequantize_q8_0(const void *in, float *out, int64_t n)
 {
 	const struct hyb_block_q8_0 *b = in;
+
+	for (int64_t i = 0; i < n / HYB_QK8_0; i++, out += HYB_QK8_0) {
+		const float d = hyb_f16_to_f32(b[i].d);
+
+		for (int j = 0; j < HYB_QK8_0; j++)
+			out[j] = b[i].qs[j] * d;
+	}
+}
+
+/* Q8_1 activations (for tests and tools): s is a by-product, not needed */
+void hyb_dequantize_q8_1(const void *in, float *out, int64_t n)
+{
+	const struct hyb_block_q8_1 *b = in;
 
 	for (int64_t i = 0; i < n / HYB_QK8_0; i++, out += HYB_QK8_0) {
 		const float d = hyb_f16_to_f32(b[i].d);

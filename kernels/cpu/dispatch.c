@@ -33,8 +33,13 @@ uint32_t hyb_vec_dot_type(uint32_t weight_type)
 {
 	switch (weight_type) {
 	case HYB_TYPE_Q4_0:
+	case HYB_TYPE_Q5_0:
 	case HYB_TYPE_Q8_0:
+	case HYB_TYPE_IQ4_NL:
 		return HYB_TYPE_Q8_0;
+	case HYB_TYPE_Q4_1:
+	case HYB_TYPE_Q5_1:
+		return HYB_TYPE_Q8_1;
 	case HYB_TYPE_Q4_K:
 	case HYB_TYPE_Q6_K:
 		return HYB_TYPE_Q8_K;
@@ -88,18 +93,28 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	hyb_set_gemm(k, HYB_TYPE_BF16, hyb_gemm_bf16_scalar);
 	hyb_set_gemm(k, HYB_TYPE_Q4_0, hyb_gemm_q4_0_scalar);
 	hyb_set_gemm(k, HYB_TYPE_Q8_0, hyb_gemm_q8_0_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q4_1, hyb_gemm_q4_1_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q5_0, hyb_gemm_q5_0_scalar);
+	hyb_set_gemm(k, HYB_TYPE_Q5_1, hyb_gemm_q5_1_scalar);
+	hyb_set_gemm(k, HYB_TYPE_IQ4_NL, hyb_gemm_iq4_nl_scalar);
 	hyb_set_gemm(k, HYB_TYPE_Q4_K, hyb_gemm_q4_k_scalar);
 	hyb_set_gemm(k, HYB_TYPE_Q6_K, hyb_gemm_q6_k_scalar);
 	k->quantize_act[HYB_TYPE_F32] = hyb_quantize_f32_scalar;
 	k->quantize_act[HYB_TYPE_F16] = hyb_quantize_f16_scalar;
 	k->quantize_act[HYB_TYPE_BF16] = hyb_quantize_bf16_scalar;
 	k->quantize_act[HYB_TYPE_Q8_0] = hyb_quantize_q8_0_scalar;
+	k->quantize_act[HYB_TYPE_Q8_1] = hyb_quantize_q8_1_scalar;
 	k->quantize_act[HYB_TYPE_Q8_K] = hyb_quantize_q8_k_scalar;
 	k->dequantize[HYB_TYPE_F32] = hyb_dequantize_f32;
 	k->dequantize[HYB_TYPE_F16] = hyb_dequantize_f16;
 	k->dequantize[HYB_TYPE_BF16] = hyb_dequantize_bf16;
 	k->dequantize[HYB_TYPE_Q4_0] = hyb_dequantize_q4_0;
 	k->dequantize[HYB_TYPE_Q8_0] = hyb_dequantize_q8_0;
+	k->dequantize[HYB_TYPE_Q4_1] = hyb_dequantize_q4_1;
+	k->dequantize[HYB_TYPE_Q5_0] = hyb_dequantize_q5_0;
+	k->dequantize[HYB_TYPE_Q5_1] = hyb_dequantize_q5_1;
+	k->dequantize[HYB_TYPE_IQ4_NL] = hyb_dequantize_iq4_nl;
+	k->dequantize[HYB_TYPE_Q8_1] = hyb_dequantize_q8_1;
 	k->dequantize[HYB_TYPE_Q4_K] = hyb_dequantize_q4_k;
 	k->dequantize[HYB_TYPE_Q6_K] = hyb_dequantize_q6_k;
 	k->dequantize[HYB_TYPE_Q8_K] = hyb_dequantize_q8_k;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * AVX-512 quantized matrix kernels (Q4_0, Q8_0, Q4_K, Q6_K), written once and
+ * AVX-512 quantized matrix kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
+ * Q4_K, Q6_K), written once and
  * compiled twice: by gemm_q_avx512.c with HYB_VNNI 0 and by
  * gemm_q_avx512vnni.c with HYB_VNNI 1. Only those two files include it; the
  * kernels themselves are in gemm_q_avx512_direct_q0.h, gemm_q_avx512_direct_k.h
@@ -249,8 +250,56 @@ static void SFX(gemm_q6_k)(HYB_GEMM_ARGS)
 	      y_stride, hyb_gemm_q6_k_scalar);
 }
 
+/* Q5_0, Q4_1, Q5_1 (never repacked on x86): one summation for every column count */
+static void SFX(gemm_q5_0)(HYB_GEMM_ARGS)
+{
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	dgemm(D_Q5_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_q5_0_scalar);
+}
+
+static void SFX(gemm_q4_1)(HYB_GEMM_ARGS)
+{
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	dgemm(D_Q4_1, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_q4_1_scalar);
+}
+
+static void SFX(gemm_q5_1)(HYB_GEMM_ARGS)
+{
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	dgemm(D_Q5_1, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_q5_1_scalar);
+}
+
+/* unrepacked IQ4_NL: its vec_dot (two chains) for one column, tinyBLAS_Q0 from 2 */
+static void SFX(gemm_iq4_nl_m1)(HYB_GEMM_ARGS)
+{
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	dgemm(ncols == 1 ? D_NL_DOT : D_NL, k, w, w_stride, nrows, x, x_stride, ncols, y,
+	      y_stride, hyb_gemm_iq4_nl_scalar);
+}
+
+/* repacked IQ4_NL (iq4_nl_8x8): GEMM and GEMV add alike, one tile for all */
+static void SFX(gemm_iq4_nl)(HYB_GEMM_ARGS)
+{
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	dgemm(D_NLR, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
+	      hyb_gemm_iq4_nl_scalar);
+}
+
 static void SFX(fill_q)(struct hyb_cpu_kernels *kt)
 {
+	hyb_set_gemm(kt, HYB_TYPE_Q5_0, SFX(gemm_q5_0));
+	hyb_set_gemm(kt, HYB_TYPE_Q4_1, SFX(gemm_q4_1));
+	hyb_set_gemm(kt, HYB_TYPE_Q5_1, SFX(gemm_q5_1));
+	hyb_set_gemm(kt, HYB_TYPE_IQ4_NL, SFX(gemm_iq4_nl_m1));
+	kt->gemm[HYB_TYPE_IQ4_NL] = SFX(gemm_iq4_nl);
 	hyb_set_gemm(kt, HYB_TYPE_Q8_0, SFX(gemm_q8_0));
 	hyb_set_gemm(kt, HYB_TYPE_Q6_K, SFX(gemm_q6_k));
 	hyb_set_gemm(kt, HYB_TYPE_Q4_0, SFX(gemm_q4_0_m1));

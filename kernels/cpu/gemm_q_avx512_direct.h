@@ -9,21 +9,38 @@
 /* direct driver                                                            */
 
 enum dtype { D_Q8_0, D_Q4_0, D_Q4R, D_Q4K_DOT, D_Q4K_GEMV, D_Q4K_TILED, D_Q6K_DOT,
-	     D_Q6K_TILED, D_COUNT };
+	     D_Q6K_TILED, D_Q5_0, D_Q4_1, D_Q5_1, D_NL, D_NL_DOT, D_NLR, D_COUNT };
+
+/* the q0_tile kind of a dtype, -1 for the others */
+static inline int dtype_q0(enum dtype t)
+{
+	switch (t) {
+	case D_Q8_0: return Q0_Q8;
+	case D_Q4_0: return Q0_Q4;
+	case D_Q5_0: return Q0_Q5;
+	case D_Q4_1: return Q0_Q41;
+	case D_Q5_1: return Q0_Q51;
+	case D_NL: return Q0_NL;
+	case D_NL_DOT: return Q0_NL2;
+	default: return -1;
+	}
+}
 
 ALWAYS_INLINE void direct_tile(const enum dtype t, const int NC, int64_t k,
 			       const uint8_t *const *wr, const uint8_t *const *nx,
 			       const void *const *xc, float *y, size_t ys, int nr)
 {
 	switch (t) {
-	case D_Q8_0:
-		q0_tile(0, NC, k / 32, wr, nx, (const struct q0_col *const *)xc, y, ys, nr);
-		break;
-	case D_Q4_0:
-		q0_tile(1, NC, k / 32, wr, nx, (const struct q0_col *const *)xc, y, ys, nr);
-		break;
+#define Q0(T, KD) case T: \
+		q0_tile(KD, NC, k / 32, wr, nx, (const struct q0_col *const *)xc, y, ys, nr); break;
+	Q0(D_Q8_0, Q0_Q8) Q0(D_Q4_0, Q0_Q4) Q0(D_Q5_0, Q0_Q5) Q0(D_Q4_1, Q0_Q41)
+	Q0(D_Q5_1, Q0_Q51) Q0(D_NL, Q0_NL) Q0(D_NL_DOT, Q0_NL2)
+#undef Q0
 	case D_Q4R:
-		q4r_tile(NC, k / 32, wr, nx, (const struct q4r_col *const *)xc, y, ys, nr);
+		q4r_tile(0, NC, k / 32, wr, nx, (const struct q4r_col *const *)xc, y, ys, nr);
+		break;
+	case D_NLR:
+		q4r_tile(1, NC, k / 32, wr, nx, (const struct q4r_col *const *)xc, y, ys, nr);
 		break;
 	case D_Q4K_DOT:
 		kq_tile(0, KV_DOT, NC, k / 256, wr, nx, (const uint8_t *const *)xc, y, ys, nr);
@@ -68,7 +85,8 @@ static void direct_any(const enum dtype t, int64_t k, const uint8_t *w, size_t w
 #define CASE(T, N) case T * DC + N - 1: direct_run(T, N, k, w, ws, nrows, xc, y, ys); break;
 #define CASES(T) CASE(T, 1) CASE(T, 2) CASE(T, 3) CASE(T, 4)
 	CASES(D_Q8_0) CASES(D_Q4_0) CASES(D_Q4R) CASES(D_Q4K_DOT) CASES(D_Q4K_GEMV)
-	CASES(D_Q4K_TILED) CASES(D_Q6K_DOT) CASES(D_Q6K_TILED)
+	CASES(D_Q4K_TILED) CASES(D_Q6K_DOT) CASES(D_Q6K_TILED) CASES(D_Q5_0) CASES(D_Q4_1)
+	CASES(D_Q5_1) CASES(D_NL) CASES(D_NL_DOT) CASES(D_NLR)
 #undef CASES
 #undef CASE
 	}
@@ -78,7 +96,7 @@ static void direct_any(const enum dtype t, int64_t k, const uint8_t *w, size_t w
 #define SUPER_BYTES (256 * 1024)
 
 /*
- * Direct path for any ncols. Q8_0/Q4_0 need per-column repacked
+ * Direct path for any ncols. The 32-element block types need per-column repacked
  * activations (in scratch, all columns at once); the K-quants read Q8_K in
  * place. Rows go in super-tiles of about SUPER_BYTES of weights, each
  * passed by every group of DC columns while it sits in L2, so that a
@@ -94,9 +112,9 @@ static int direct_gemm(const enum dtype t, HYB_GEMM_ARGS)
 
 	if (rs < DR)
 		rs = DR;
-	if (t == D_Q8_0 || t == D_Q4_0)
+	if (dtype_q0(t) >= 0)
 		per_col = (size_t)nb * sizeof(struct q0_col);
-	else if (t == D_Q4R)
+	else if (t == D_Q4R || t == D_NLR)
 		per_col = (size_t)(nb + 3) / 4 * sizeof(struct q4r_col);
 	if (per_col) {
 		xs = hyb_cpu_scratch(HYB_SCRATCH_X, per_col * (size_t)ncols);
@@ -105,10 +123,10 @@ static int direct_gemm(const enum dtype t, HYB_GEMM_ARGS)
 		for (int64_t c = 0; c < ncols; c++) {
 			const uint8_t *xcol = (const uint8_t *)x + (size_t)c * x_stride;
 
-			if (t == D_Q4R)
-				q4r_prepack(xcol, nb, (struct q4r_col *)(xs + c * per_col));
+			if (t == D_Q4R || t == D_NLR)
+				q4r_prepack(t == D_NLR, xcol, nb, (struct q4r_col *)(xs + c * per_col));
 			else
-				q0_prepack(t == D_Q4_0, xcol, nb, (struct q0_col *)(xs + c * per_col));
+				q0_prepack(dtype_q0(t), xcol, nb, (struct q0_col *)(xs + c * per_col));
 		}
 	}
 	for (int64_t r0 = 0; r0 < nrows; r0 += rs) {

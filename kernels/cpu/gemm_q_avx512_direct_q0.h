@@ -51,102 +51,198 @@ static inline __m128i hsum4_epi32(__m512i a, __m512i b, __m512i c, __m512i d)
 }
 
 /* ------------------------------------------------------------------------ */
-/* Q8_0 and unrepacked Q4_0: ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_0_q8_0 */
+/* the 32-element block types: ggml_vec_dot_{q8_0,q4_0,q5_0}_q8_0,          */
+/* ggml_vec_dot_{q4_1,q5_1}_q8_1, ggml_vec_dot_iq4_nl_q8_0, tinyBLAS_Q0_AVX */
 
 /*
- * One summation for every column count: llama.cpp's tinyBLAS_Q0_AVX (2+
- * columns) adds exactly what its vec_dot does (1 column). Per output 8
- * float lanes; lane l of block b is the exact sum of products 4l..4l+3,
- * added as fma(dw*dx, float(sum), acc) block after block; then
- * hsum_float_8. Here a zmm holds two rows' eight lanes, so the float chain
- * of each lane is the same one.
+ * One summation for every column count, except IQ4_NL's vec_dot: llama.cpp's
+ * tinyBLAS_Q0_AVX (2+ columns; Q8_0, Q4_0, Q5_0, IQ4_NL) adds exactly what
+ * the x86 vec_dot does (1 column), and Q4_1/Q5_1 have only their vec_dot
+ * (llamafile_sgemm declines Q8_1 activations). Per output 8 float lanes;
+ * lane l of block b is the exact sum of products 4l..4l+3, added as
+ * fma(dw*dx, float(sum), acc) block after block; then hsum_float_8. Here
+ * a zmm holds two rows' eight lanes, so the float chain of each lane is
+ * the same one.
+ *
+ * - Q4_1/Q5_1 add m*s per block in a scalar float chain (summs) and
+ *   return hsum_float_8(acc) + summs: lanes 0 and 8 of a second zmm.
+ * - ggml_vec_dot_iq4_nl_q8_0 keeps two chains, even and odd blocks, adds
+ *   them lane by lane before the hsum, and an odd last block in scalar
+ *   code: sumf += d * sumi (Q0_NL2).
  */
+enum q0k { Q0_Q8, Q0_Q4, Q0_Q5, Q0_NL, Q0_NL2, Q0_Q41, Q0_Q51 };
+
+ALWAYS_INLINE int q0_bsz(const int kd)
+{
+	return kd == Q0_Q8 ? 34 : kd == Q0_Q5 ? 22 : kd == Q0_Q41 ? 20 : kd == Q0_Q51 ? 24 : 18;
+}
+
+/* byte offsets of the quants' low nibbles (or int8) and of qh in a block */
+ALWAYS_INLINE int q0_qs(const int kd)
+{
+	return kd == Q0_Q5 ? 6 : kd == Q0_Q41 ? 4 : kd == Q0_Q51 ? 8 : 2;
+}
+
+ALWAYS_INLINE int q0_qh(const int kd)
+{
+	return kd == Q0_Q5 ? 2 : 4;
+}
+
+/* signed weights (Q8_0 codes, IQ4_NL levels): vpdpbusd takes them xor 0x80 */
+ALWAYS_INLINE int q0_signed(const int kd)
+{
+	return kd == Q0_Q8 || kd == Q0_NL || kd == Q0_NL2;
+}
+
+ALWAYS_INLINE int q0_min(const int kd)
+{
+	return kd == Q0_Q41 || kd == Q0_Q51;
+}
+
+/* the zero point paid back through the activation sums: dot(q - z, x) = dot(q, x) - z*sum(x) */
+ALWAYS_INLINE int q0_zero(const int kd)
+{
+	if (q0_signed(kd))
+		return HYB_VNNI ? 128 : 0; /* without VNNI: the sign trick, no zero point */
+	return kd == Q0_Q4 ? 8 : kd == Q0_Q5 ? 16 : 0;
+}
+
 struct q0_col {
 	int8_t q[32];
-	int32_t corr[8]; /* VNNI: minus the zero point times each lane's 4 quants */
+	int32_t corr[8]; /* minus the zero point times each lane's 4 quants */
 	float d;
+	float s; /* Q8_1: the block's s */
 };
 
-static void q0_prepack(int q40, const void *x, int64_t nb, struct q0_col *out)
+static void q0_prepack(const int kd, const void *x, int64_t nb, struct q0_col *out)
 {
-	const struct hyb_block_q8_0 *b = x;
-	/* weights as unsigned bytes: Q8_0 xor 0x80 (zero point 128), Q4_0 nibbles (8) */
-	const __m256i z = _mm256_set1_epi8(q40 ? 8 : (char)0x80);
+	/* Q8_0 blocks, or Q8_1 (d, s, then the quants) for Q4_1/Q5_1 */
+	const size_t bs = q0_min(kd) ? sizeof(struct hyb_block_q8_1) : sizeof(struct hyb_block_q8_0);
+	const size_t qo = q0_min(kd) ? 4 : 2;
+	const __m256i z = _mm256_set1_epi8((char)q0_zero(kd));
 
 	for (int64_t i = 0; i < nb; i++) {
-		const __m256i q = _mm256_loadu_si256((const __m256i *)b[i].qs);
+		const uint8_t *b = (const uint8_t *)x + (size_t)i * bs;
+		const __m256i q = _mm256_loadu_si256((const __m256i *)(b + qo));
 		__m256i corr = _mm256_setzero_si256();
 
-		if (HYB_VNNI || q40)
+		if (q0_zero(kd))
 			corr = _mm256_sub_epi32(corr, _mm256_madd_epi16(_mm256_maddubs_epi16(z, q),
 									_mm256_set1_epi16(1)));
 		_mm256_storeu_si256((__m256i *)out[i].q, q);
 		_mm256_storeu_si256((__m256i *)out[i].corr, corr);
-		out[i].d = f16_scalar(b[i].d);
+		out[i].d = f16_scalar(ld16(b));
+		out[i].s = q0_min(kd) ? f16_scalar(ld16(b + 2)) : 0.0f;
 	}
 }
 
-/* rows 2p and 2p+1 of block b as unsigned bytes, [row | row] */
-ALWAYS_INLINE __m512i q0_weights(int q40, const uint8_t *r0, const uint8_t *r1, int64_t b)
+/* IQ4_NL's levels in every 128-bit lane, xor 0x80 where vpdpbusd takes them unsigned */
+static inline __m512i nl_lut(void)
 {
-	if (q40) {
-		const __m128i a = _mm_loadu_si128((const __m128i *)(r0 + b * 18 + 2));
-		const __m128i c = _mm_loadu_si128((const __m128i *)(r1 + b * 18 + 2));
+	const __m128i v = _mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl);
+
+	return _mm512_broadcast_i32x4(HYB_VNNI ? _mm_xor_si128(v, _mm_set1_epi8((char)0x80)) : v);
+}
+
+/*
+ * rows r0 and r1 of block b, [row | row], element j of a row in byte j:
+ * unsigned codes (with the zero point), or for the signed kinds IQ4_NL's
+ * levels (xor 0x80 with VNNI) and Q8_0's int8 (raw)
+ */
+ALWAYS_INLINE __m512i q0_weights(const int kd, const uint8_t *r0, const uint8_t *r1, int64_t b)
+{
+	const size_t bsz = (size_t)q0_bsz(kd), qs = (size_t)q0_qs(kd);
+
+	if (kd != Q0_Q8) {
+		const __m128i a = _mm_loadu_si128((const __m128i *)(r0 + b * bsz + qs));
+		const __m128i c = _mm_loadu_si128((const __m128i *)(r1 + b * bsz + qs));
 		__m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(a, a)),
 					       _mm256_set_m128i(c, c), 1);
 
 		/* 128-bit lanes 1 and 3 take the high nibbles: elements 16-31 */
 		z = _mm512_mask_srli_epi16(z, 0xFF00FF00, z, 4);
-		return _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+		z = _mm512_and_si512(z, _mm512_set1_epi8(0x0F));
+		if (kd == Q0_NL || kd == Q0_NL2)
+			return _mm512_shuffle_epi8(nl_lut(), z);
+		if (kd == Q0_Q5 || kd == Q0_Q51) {
+			/* bit j of qh is bit 4 of element j */
+			const uint64_t h = (uint32_t)ld32(r0 + b * bsz + q0_qh(kd)) |
+					   (uint64_t)(uint32_t)ld32(r1 + b * bsz + q0_qh(kd)) << 32;
+
+			z = _mm512_mask_add_epi8(z, _cvtu64_mask64(h), z, _mm512_set1_epi8(16));
+		}
+		return z;
 	}
 	return load_pair256(r0 + b * 34 + 2, r1 + b * 34 + 2);
 }
 
-ALWAYS_INLINE void q0_tile(const int q40, const int NC, int64_t nb, const uint8_t *const *wr,
+/* the 16 int32 lanes of one row pair and column for block b */
+ALWAYS_INLINE __m512i q0_dot(const int kd, __m512i w, __mmask64 neg, const struct q0_col *xb)
+{
+	__m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
+	const __m512i corr = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->corr));
+
+#if HYB_VNNI
+	(void)neg;
+	(void)kd;
+	return _mm512_dpbusd_epi32(corr, w, x);
+#else
+	if (q0_signed(kd))
+		x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+	return _mm512_add_epi32(corr, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x),
+							_mm512_set1_epi16(1)));
+#endif
+}
+
+ALWAYS_INLINE void q0_tile(const int kd, const int NC, int64_t nb, const uint8_t *const *wr,
 			   const uint8_t *const *nx, const struct q0_col *const *xc, float *y,
 			   size_t ys, int nr)
 {
-	const size_t bsz = q40 ? 18 : 34;
-	__m512 acc[DR / 2][DC];
-	float out[16];
+	const size_t bsz = (size_t)q0_bsz(kd);
+	const int two = kd == Q0_NL2;
+	/* the blocks the vector chains take: all but an odd last one for Q0_NL2 */
+	const int64_t nbv = two ? nb & ~(int64_t)1 : nb;
+	__m512 acc[2][DR / 2][DC], sm[DR / 2][DC];
+	float out[16], ms[16];
 
 	for (int p = 0; p < DR / 2; p++)
-		for (int c = 0; c < NC; c++)
-			acc[p][c] = _mm512_setzero_ps();
-	for (int64_t b = 0; b < nb; b++) {
+		for (int c = 0; c < NC; c++) {
+			acc[0][p][c] = _mm512_setzero_ps();
+			if (two)
+				acc[two][p][c] = _mm512_setzero_ps();
+			sm[p][c] = _mm512_setzero_ps();
+		}
+	for (int64_t b = 0; b < nbv; b++) {
 		if ((b & 1) == 0)
 			prefetch_rows(nx, b * bsz, 1);
 #pragma GCC unroll 2
 		for (int p = 0; p < DR / 2; p++) {
 			const uint8_t *r0 = wr[2 * p], *r1 = wr[2 * p + 1];
-			__m512i w = q0_weights(q40, r0, r1, b);
+			__m512i w = q0_weights(kd, r0, r1, b);
 			const __m512 dw = pair_f16(ld16(r0 + b * bsz), ld16(r1 + b * bsz));
+			__mmask64 neg = 0;
 #if HYB_VNNI
-			if (!q40)
+			if (kd == Q0_Q8)
 				w = _mm512_xor_si512(w, _mm512_set1_epi8((char)0x80));
 #else
-			const __mmask64 neg = q40 ? 0 : _mm512_movepi8_mask(w);
-
-			if (!q40)
+			if (q0_signed(kd)) {
+				neg = _mm512_movepi8_mask(w);
 				w = _mm512_abs_epi8(w);
+			}
 #endif
 #pragma GCC unroll 4
 			for (int c = 0; c < NC; c++) {
 				const struct q0_col *xb = &xc[c][b];
-				__m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)xb->q));
-				const __m512i corr = _mm512_broadcast_i64x4(
-					_mm256_loadu_si256((const __m256i *)xb->corr));
-				__m512i d;
-#if HYB_VNNI
-				d = _mm512_dpbusd_epi32(corr, w, x);
-#else
-				if (!q40)
-					x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
-				d = _mm512_add_epi32(corr, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x),
-									     _mm512_set1_epi16(1)));
-#endif
-				acc[p][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)),
-							    _mm512_cvtepi32_ps(d), acc[p][c]);
+				const __m512i d = q0_dot(kd, w, neg, xb);
+				const int ch = two ? (int)(b & 1) : 0;
+
+				acc[ch][p][c] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xb->d)),
+								_mm512_cvtepi32_ps(d), acc[ch][p][c]);
+				/* summs += m * s: ggml's C, contracted to one fma by its build */
+				if (q0_min(kd))
+					sm[p][c] = _mm512_fmadd_ps(pair_f16(ld16(r0 + b * bsz + 2),
+									    ld16(r1 + b * bsz + 2)),
+								   _mm512_set1_ps(xb->s), sm[p][c]);
 			}
 		}
 	}
@@ -154,7 +250,37 @@ ALWAYS_INLINE void q0_tile(const int q40, const int NC, int64_t nb, const uint8_
 	for (int c = 0; c < NC; c++) {
 #pragma GCC unroll 2
 		for (int p = 0; p < DR / 2; p++) {
-			_mm512_storeu_ps(out, hsum8_pairs(acc[p][c]));
+			__m512 a = acc[0][p][c];
+
+			if (two)
+				a = _mm512_add_ps(a, acc[two][p][c]);
+			_mm512_storeu_ps(out, hsum8_pairs(a));
+			if (q0_min(kd)) {
+				_mm512_storeu_ps(ms, sm[p][c]);
+				out[0] += ms[0];
+				out[8] += ms[8];
+			}
+			if (two && nbv < nb) {
+				/* the odd last block: sumf += d * sumi, d = dx * dw (not contracted there) */
+				const struct q0_col *xb = &xc[c][nbv];
+				const uint8_t *r0 = wr[2 * p], *r1 = wr[2 * p + 1];
+				__m512i w = q0_weights(kd, r0, r1, nbv);
+				__mmask64 neg = 0;
+				int32_t si[16];
+#if !HYB_VNNI
+				neg = _mm512_movepi8_mask(w);
+				w = _mm512_abs_epi8(w);
+#endif
+				_mm512_storeu_si512(si, q0_dot(kd, w, neg, xb));
+				for (int h = 0; h < 2; h++) {
+					int32_t t = 0;
+
+					for (int l = 0; l < 8; l++)
+						t += si[8 * h + l];
+					out[8 * h] += xb->d * f16_scalar(ld16((h ? r1 : r0) + nbv * bsz)) *
+						      (float)t;
+				}
+			}
 			if (2 * p < nr)
 				y[(size_t)c * ys + 2 * p] = out[0];
 			if (2 * p + 1 < nr)
@@ -164,7 +290,8 @@ ALWAYS_INLINE void q0_tile(const int q40, const int NC, int64_t nb, const uint8_
 }
 
 /* ------------------------------------------------------------------------ */
-/* repacked Q4_0, one to three columns: ggml_gemv_q4_0_8x8_q8_0            */
+/* repacked Q4_0 (1-3 columns) and IQ4_NL (any): ggml_gemv_q4_0_8x8_q8_0, */
+/* ggml_{gemv,gemm}_iq4_nl_8x8_q8_0 (gemv/gemm_q4_b32_8x8_q8_0_lut_avx)     */
 
 /*
  * Per output one float chain: acc = fma(float(dot of block b), dw*dx, acc)
@@ -172,6 +299,11 @@ ALWAYS_INLINE void q0_tile(const int q40, const int NC, int64_t nb, const uint8_
  * The integer dots of a quad of blocks come as 4 lanes per block per row;
  * a transposing add gives lane 4j + r = block j of row r, and the chain
  * then runs on 4 rows at once, one block (128-bit lane) after the other.
+ * IQ4_NL's repacked kernels are Q4_0's with another table of levels
+ * (arch/x86/repack.cpp), so the same tile serves it (nl): the nibbles go
+ * through the table, xor 0x80 with VNNI (zero point 128); without VNNI
+ * the products of levels up to 127 need the sign trick and one vpmaddwd
+ * per half (an int16 sum of both halves could overflow).
  */
 struct q4r_col {
 	__m512i lo, hi;  /* elements 0-15 / 16-31 of 4 blocks, one 128-bit lane each */
@@ -179,8 +311,11 @@ struct q4r_col {
 	__m512 d;        /* dx per block, 4 lanes each */
 };
 
-static void q4r_prepack(const void *x, int64_t nb, struct q4r_col *out)
+static void q4r_prepack(int nl, const void *x, int64_t nb, struct q4r_col *out)
 {
+	/* the zero point over a block's 4 lanes: 8 / 4, or 128 / 4 (none without VNNI) */
+	const int32_t zl = nl ? (HYB_VNNI ? 32 : 0) : 2;
+
 	const struct hyb_block_q8_0 *b = x;
 
 	for (int64_t q = 0; q < (nb + 3) / 4; q++) {
@@ -191,7 +326,7 @@ static void q4r_prepack(const void *x, int64_t nb, struct q4r_col *out)
 		for (int i = 0; i < 4; i++) {
 			const int64_t bi = 4 * q + i;
 			const int have = bi < nb;
-			const int32_t s = have ? -2 * q8_block_sum(&b[bi]) : 0;
+			const int32_t s = have ? -zl * q8_block_sum(&b[bi]) : 0;
 			const float dx = have ? f16_scalar(b[bi].d) : 0.0f;
 
 			for (int l = 0; l < 4; l++) {
@@ -236,7 +371,7 @@ static const uint16_t q4d_didx[32] = {
 	0, 0, 0, 0, 9, 9, 9, 9, 18, 18, 18, 18, 27, 27, 27, 27,
 };
 
-ALWAYS_INLINE void q4r_tile(const int NC, int64_t nb, const uint8_t *const *wr,
+ALWAYS_INLINE void q4r_tile(const int nl, const int NC, int64_t nb, const uint8_t *const *wr,
 			    const uint8_t *const *nx, const struct q4r_col *const *xc, float *y,
 			    size_t ys, int nr)
 {
@@ -260,8 +395,22 @@ ALWAYS_INLINE void q4r_tile(const int NC, int64_t nb, const uint8_t *const *wr,
 #pragma GCC unroll 4
 		for (int r = 0; r < DR; r++) {
 			const __m512i w = q4_quad(wr[r] + off, n);
-			const __m512i lo = _mm512_and_si512(w, m4);
-			const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+			__m512i lo = _mm512_and_si512(w, m4);
+			__m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+#if !HYB_VNNI
+			__mmask64 nlo = 0, nhi = 0;
+#endif
+
+			if (nl) {
+				lo = _mm512_shuffle_epi8(nl_lut(), lo);
+				hi = _mm512_shuffle_epi8(nl_lut(), hi);
+#if !HYB_VNNI
+				nlo = _mm512_movepi8_mask(lo);
+				nhi = _mm512_movepi8_mask(hi);
+				lo = _mm512_abs_epi8(lo);
+				hi = _mm512_abs_epi8(hi);
+#endif
+			}
 
 			d[r] = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(
 				didx, _mm512_maskz_loadu_epi16(dm, wr[r] + off))));
@@ -272,11 +421,21 @@ ALWAYS_INLINE void q4r_tile(const int NC, int64_t nb, const uint8_t *const *wr,
 				sr[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xp->init, lo, xp->lo),
 							       hi, xp->hi);
 #else
-				const __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(lo, xp->lo),
-								     _mm512_maddubs_epi16(hi, xp->hi));
+				if (nl) {
+					const __m512i z = _mm512_setzero_si512();
+					const __m512i xl = _mm512_mask_sub_epi8(xp->lo, nlo, z, xp->lo);
+					const __m512i xh = _mm512_mask_sub_epi8(xp->hi, nhi, z, xp->hi);
 
-				sr[r][c] = _mm512_add_epi32(_mm512_madd_epi16(p16, _mm512_set1_epi16(1)),
-							    xp->init);
+					sr[r][c] = _mm512_add_epi32(
+						_mm512_madd_epi16(_mm512_maddubs_epi16(lo, xl), _mm512_set1_epi16(1)),
+						_mm512_madd_epi16(_mm512_maddubs_epi16(hi, xh), _mm512_set1_epi16(1)));
+				} else {
+					const __m512i p16 = _mm512_add_epi16(_mm512_maddubs_epi16(lo, xp->lo),
+									     _mm512_maddubs_epi16(hi, xp->hi));
+
+					sr[r][c] = _mm512_add_epi32(_mm512_madd_epi16(p16, _mm512_set1_epi16(1)),
+								    xp->init);
+				}
 #endif
 			}
 		}

@@ -85,6 +85,77 @@ static float dot_q8_0(int64_t k, const void *w, const void *x)
 	return s;
 }
 
+/* ggml_vec_dot_q4_1_q8_1_generic: sum d*dx*dot + m*s, s = dx * sum(x) */
+static float dot_q4_1(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q4_1 *a = w;
+	const struct hyb_block_q8_1 *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK4_0; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			sumi += (a[i].qs[j] & 0xF) * b[i].qs[j];
+			sumi += (a[i].qs[j] >> 4) * b[i].qs[j + HYB_QK4_0 / 2];
+		}
+		s += (hyb_f16_to_f32(a[i].d) * hyb_f16_to_f32(b[i].d)) * sumi +
+		     hyb_f16_to_f32(a[i].m) * hyb_f16_to_f32(b[i].s);
+	}
+	return s;
+}
+
+static float dot_q5_0(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q5_0 *a = w;
+	const struct hyb_block_q8_0 *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK4_0; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < HYB_QK4_0; j++)
+			sumi += (hyb_q5_quant(a[i].qs, a[i].qh, j) - 16) * b[i].qs[j];
+		s += (hyb_f16_to_f32(a[i].d) * hyb_f16_to_f32(b[i].d)) * sumi;
+	}
+	return s;
+}
+
+static float dot_q5_1(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_q5_1 *a = w;
+	const struct hyb_block_q8_1 *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK4_0; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < HYB_QK4_0; j++)
+			sumi += hyb_q5_quant(a[i].qs, a[i].qh, j) * b[i].qs[j];
+		s += (hyb_f16_to_f32(a[i].d) * hyb_f16_to_f32(b[i].d)) * sumi +
+		     hyb_f16_to_f32(a[i].m) * hyb_f16_to_f32(b[i].s);
+	}
+	return s;
+}
+
+static float dot_iq4_nl(int64_t k, const void *w, const void *x)
+{
+	const struct hyb_block_iq4_nl *a = w;
+	const struct hyb_block_q8_0 *b = x;
+	float s = 0;
+
+	for (int64_t i = 0; i < k / HYB_QK4_0; i++) {
+		int sumi = 0;
+
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			sumi += hyb_kvalues_iq4nl[a[i].qs[j] & 0xF] * b[i].qs[j];
+			sumi += hyb_kvalues_iq4nl[a[i].qs[j] >> 4] * b[i].qs[j + HYB_QK4_0 / 2];
+		}
+		s += (hyb_f16_to_f32(b[i].d) * hyb_f16_to_f32(a[i].d)) * sumi;
+	}
+	return s;
+}
+
 static float dot_q4_k(int64_t k, const void *w, const void *x)
 {
 	const struct hyb_block_q4_k *a = w;
@@ -167,6 +238,26 @@ void hyb_gemm_q4_0_scalar(HYB_GEMM_ARGS)
 void hyb_gemm_q8_0_scalar(HYB_GEMM_ARGS)
 {
 	gemm_loop(dot_q8_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q4_1_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q4_1, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q5_0_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q5_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_q5_1_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_q5_1, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+void hyb_gemm_iq4_nl_scalar(HYB_GEMM_ARGS)
+{
+	gemm_loop(dot_iq4_nl, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
 }
 
 void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS)

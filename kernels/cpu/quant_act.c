@@ -3,7 +3,8 @@
  * Activation converters (the vec_dot types), scalar. Q8_0 follows what
  * llama.cpp's x86 build runs (quantize_row_q8_0 in ggml-cpu/arch/x86):
  * id = 127/amax and round-half-even, which differs from the weight
- * reference (1/d and roundf) in the last bit now and then. Q8_K is
+ * reference (1/d and roundf) in the last bit now and then; Q8_1 likewise
+ * (quantize_row_q8_1 there), with its sum. Q8_K is
  * llama.cpp's quantize_row_q8_K_ref, which its x86 build also uses.
  */
 #include <math.h>
@@ -57,6 +58,33 @@ void hyb_quantize_q8_0_scalar(const float *x, void *out, int64_t n)
 		y[i].d = hyb_f32_to_f16(d);
 		for (int j = 0; j < HYB_QK8_0; j++)
 			y[i].qs[j] = (int8_t)round_even(x[j] * id);
+	}
+}
+
+/*
+ * llama.cpp's x86 quantize_row_q8_1 (AVX2 branch, which its AVX-512 builds
+ * run): the quants as Q8_0's, and s = f16(d * float(sum of the quants)),
+ * d the unrounded float scale.
+ */
+void hyb_quantize_q8_1_scalar(const float *x, void *out, int64_t n)
+{
+	struct hyb_block_q8_1 *y = out;
+
+	for (int64_t i = 0; i < n / HYB_QK8_0; i++, x += HYB_QK8_0) {
+		float amax = 0.0f;
+		int sum = 0;
+
+		for (int j = 0; j < HYB_QK8_0; j++)
+			amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+		const float d = amax / 127.f;
+		const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+
+		y[i].d = hyb_f32_to_f16(d);
+		for (int j = 0; j < HYB_QK8_0; j++) {
+			y[i].qs[j] = (int8_t)round_even(x[j] * id);
+			sum += y[i].qs[j];
+		}
+		y[i].s = hyb_f32_to_f16(d * (float)sum);
 	}
 }
 

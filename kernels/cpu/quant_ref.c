@@ -6,6 +6,7 @@
  * llama.cpp's evaluation order, and this file is compiled without FMA, as
  * ggml-base is, so nothing gets contracted.
  */
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -57,6 +58,154 @@ static void quantize_q4_0(const float *x, struct hyb_block_q4_0 *y, int64_t n)
 
 			y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
 		}
+	}
+}
+
+/* quantize_row_q4_1_ref: 16 levels from the block's min to its max */
+static void quantize_q4_1(const float *x, struct hyb_block_q4_1 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, x += HYB_QK4_0) {
+		float min = FLT_MAX, max = -FLT_MAX;
+
+		for (int j = 0; j < HYB_QK4_0; j++) {
+			if (x[j] < min)
+				min = x[j];
+			if (x[j] > max)
+				max = x[j];
+		}
+		const float d = (max - min) / ((1 << 4) - 1);
+		const float id = d ? 1.0f / d : 0.0f;
+
+		y[i].d = hyb_f32_to_f16(d);
+		y[i].m = hyb_f32_to_f16(min);
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			const float x0 = (x[j] - min) * id;
+			const float x1 = (x[HYB_QK4_0 / 2 + j] - min) * id;
+			const int xi0 = imin(15, (int8_t)(x0 + 0.5f));
+			const int xi1 = imin(15, (int8_t)(x1 + 0.5f));
+
+			y[i].qs[j] = (uint8_t)(xi0 | (xi1 << 4));
+		}
+	}
+}
+
+/* element j's 5-bit quant q into a Q5 block's nibbles and high bits, j in order */
+static inline void q5_put(uint8_t *qs, uint32_t *qh, int j, unsigned q)
+{
+	if (j < 16)
+		qs[j] = (uint8_t)(q & 0xF);
+	else
+		qs[j - 16] = (uint8_t)((qs[j - 16] & 0x0F) | ((q & 0xF) << 4));
+	*qh |= ((q & 0x10u) >> 4) << j;
+}
+
+/* quantize_row_q5_0_ref: as Q4_0 with 32 levels */
+static void quantize_q5_0(const float *x, struct hyb_block_q5_0 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, x += HYB_QK4_0) {
+		float amax = 0.0f, max = 0.0f;
+		uint32_t qh = 0;
+
+		for (int j = 0; j < HYB_QK4_0; j++) {
+			if (amax < fabsf(x[j])) {
+				amax = fabsf(x[j]);
+				max = x[j];
+			}
+		}
+		const float d = max / -16;
+		const float id = d ? 1.0f / d : 0.0f;
+
+		y[i].d = hyb_f32_to_f16(d);
+		for (int j = 0; j < HYB_QK4_0; j++)
+			q5_put(y[i].qs, &qh, j, (unsigned)imin(31, (int8_t)(x[j] * id + 16.5f)));
+		memcpy(y[i].qh, &qh, 4);
+	}
+}
+
+/* quantize_row_q5_1_ref: as Q4_1 with 32 levels (and no clamp, as there) */
+static void quantize_q5_1(const float *x, struct hyb_block_q5_1 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, x += HYB_QK4_0) {
+		float min = FLT_MAX, max = -FLT_MAX;
+		uint32_t qh = 0;
+
+		for (int j = 0; j < HYB_QK4_0; j++) {
+			if (x[j] < min)
+				min = x[j];
+			if (x[j] > max)
+				max = x[j];
+		}
+		const float d = (max - min) / ((1 << 5) - 1);
+		const float id = d ? 1.0f / d : 0.0f;
+
+		y[i].d = hyb_f32_to_f16(d);
+		y[i].m = hyb_f32_to_f16(min);
+		for (int j = 0; j < HYB_QK4_0; j++)
+			q5_put(y[i].qs, &qh, j, (uint8_t)((x[j] - min) * id + 0.5f));
+		memcpy(y[i].qh, &qh, 4);
+	}
+}
+
+/* best_index_int8: the level of `val` (ascending) nearest x, the lower on ties */
+static int best_index_int8(int n, const int8_t *val, float x)
+{
+	int ml = 0, mu = n - 1;
+
+	if (x <= val[0])
+		return 0;
+	if (x >= val[n - 1])
+		return n - 1;
+	while (mu - ml > 1) {
+		const int mav = (ml + mu) / 2;
+
+		if (x < val[mav])
+			mu = mav;
+		else
+			ml = mav;
+	}
+	return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+}
+
+/*
+ * quantize_row_iq4_nl_ref = quantize_row_iq4_nl_impl(32, 32, ..., no
+ * importance, ntry -1): the levels nearest x / (max / -127), max the
+ * extreme value, then the least-squares scale for them (weights x^2); no
+ * trial scales. A block with max |x| < 1e-15 gets scale 0 and, as there,
+ * the previous block's levels (L lives across the row's blocks; zeros
+ * before the first).
+ */
+static void quantize_iq4_nl(const float *x, struct hyb_block_iq4_nl *y, int64_t n)
+{
+	const int8_t *values = hyb_kvalues_iq4nl;
+	uint8_t L[HYB_QK4_0] = { 0 };
+
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, x += HYB_QK4_0) {
+		float amax = 0, max = 0, d = 0;
+
+		for (int j = 0; j < HYB_QK4_0; j++) {
+			if (fabsf(x[j]) > amax) {
+				amax = fabsf(x[j]);
+				max = x[j];
+			}
+		}
+		if (amax >= GROUP_MAX_EPS) {
+			const float id = 1 / (max / values[0]);
+			float sumqx = 0, sumq2 = 0;
+
+			for (int j = 0; j < HYB_QK4_0; j++) {
+				const int l = best_index_int8(16, values, id * x[j]);
+				const float q = values[l];
+				const float w = x[j] * x[j];
+
+				L[j] = (uint8_t)l;
+				sumqx += w * q * x[j];
+				sumq2 += w * q * q;
+			}
+			d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+		}
+		y[i].d = hyb_f32_to_f16(d);
+		for (int j = 0; j < HYB_QK4_0 / 2; j++)
+			y[i].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
 	}
 }
 
@@ -405,6 +554,18 @@ int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n)
 		return 0;
 	case HYB_TYPE_Q4_0:
 		quantize_q4_0(x, out, n);
+		return 0;
+	case HYB_TYPE_Q4_1:
+		quantize_q4_1(x, out, n);
+		return 0;
+	case HYB_TYPE_Q5_0:
+		quantize_q5_0(x, out, n);
+		return 0;
+	case HYB_TYPE_Q5_1:
+		quantize_q5_1(x, out, n);
+		return 0;
+	case HYB_TYPE_IQ4_NL:
+		quantize_iq4_nl(x, out, n);
 		return 0;
 	case HYB_TYPE_Q8_0:
 		quantize_q8_0(x, out, n);

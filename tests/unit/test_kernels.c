@@ -159,6 +159,37 @@ static const uint8_t g_act_q8_K_first[16] = {
 	0x6d, 0xeb, 0x00, 0xbc, 0x63, 0x3c, 0x9e, 0xab, 0x2c, 0xf1, 0xb5, 0x1c,
 	0xb0, 0x4f, 0x83, 0x85,
 };
+/* Q4_1, Q5_0, Q5_1, IQ4_NL (quantize_row_*_ref; IQ4_NL's is ntry -1) */
+#define G_Q4_1_HASH 0xa66e4776dd156bf2ULL
+static const uint8_t g_q4_1_first[20] = {
+	0x1a, 0x30, 0x89, 0xbb, 0xa1, 0x54, 0x5d, 0x5d, 0x05, 0x18, 0x3c, 0x86,
+	0xac, 0x82, 0xdf, 0x4f, 0x42, 0x7c, 0xe7, 0x05,
+};
+#define G_DEQ_Q4_1_HASH 0x14a991c4c3b7649bULL
+#define G_Q5_0_HASH 0x969e820b5b302c1cULL
+static const uint8_t g_q5_0_first[22] = {
+	0xd7, 0xab, 0x93, 0xd2, 0x7e, 0xba, 0xbd, 0x48, 0x43, 0x45, 0xf6, 0xde,
+	0x96, 0xf4, 0xb6, 0x0a, 0x40, 0x80, 0x7b, 0x25, 0x11, 0xf5,
+};
+#define G_DEQ_Q5_0_HASH 0xbfc9421a22c09defULL
+#define G_Q5_1_HASH 0xdc7b91beebc3f206ULL
+static const uint8_t g_q5_1_first[24] = {
+	0xef, 0x2b, 0x89, 0xbb, 0x6c, 0x2d, 0x81, 0x47, 0x43, 0xb8, 0xbc, 0xba,
+	0x0a, 0x21, 0x69, 0x1c, 0x49, 0x05, 0xbf, 0x7f, 0x94, 0xea, 0xee, 0x0a,
+};
+#define G_DEQ_Q5_1_HASH 0xa0cd1fdb9cf6c4a8ULL
+#define G_IQ4_NL_HASH 0x346d3e37f1e2b92bULL
+static const uint8_t g_iq4_nl_first[18] = {
+	0xd5, 0x9f, 0x5f, 0xbc, 0xa1, 0xb2, 0xfb, 0xf7, 0xd2, 0x7a, 0x52, 0x8e,
+	0x20, 0xd0, 0xce, 0x92, 0x08, 0xfb,
+};
+#define G_DEQ_IQ4_NL_HASH 0xd16b4104b30b7715ULL
+/* x86 quantize_row_q8_1, s included */
+#define G_ACT_Q8_1_HASH 0x4ef870179f61d78aULL
+#define G_DOT_Q4_1 -1760496.0
+#define G_DOT_Q5_0 -1831874.0
+#define G_DOT_Q5_1 -1641296.0
+#define G_DOT_IQ4_NL -1482299.75
 #define G_DOT_Q4_0 -1842475.0
 #define G_DOT_Q8_0 -1576551.75
 #define G_DOT_Q4_K -1513541.0
@@ -309,6 +340,11 @@ struct golden {
 
 static const struct golden goldens[] = {
 	{ HYB_TYPE_Q4_0, G_Q4_0_HASH, g_q4_0_first, sizeof(g_q4_0_first), G_DEQ_Q4_0_HASH },
+	{ HYB_TYPE_Q4_1, G_Q4_1_HASH, g_q4_1_first, sizeof(g_q4_1_first), G_DEQ_Q4_1_HASH },
+	{ HYB_TYPE_Q5_0, G_Q5_0_HASH, g_q5_0_first, sizeof(g_q5_0_first), G_DEQ_Q5_0_HASH },
+	{ HYB_TYPE_Q5_1, G_Q5_1_HASH, g_q5_1_first, sizeof(g_q5_1_first), G_DEQ_Q5_1_HASH },
+	{ HYB_TYPE_IQ4_NL, G_IQ4_NL_HASH, g_iq4_nl_first, sizeof(g_iq4_nl_first),
+	  G_DEQ_IQ4_NL_HASH },
 	{ HYB_TYPE_Q8_0, G_Q8_0_HASH, g_q8_0_first, sizeof(g_q8_0_first), G_DEQ_Q8_0_HASH },
 	{ HYB_TYPE_Q4_K, G_Q4_K_HASH, g_q4_K_first, sizeof(g_q4_K_first), G_DEQ_Q4_K_HASH },
 	{ HYB_TYPE_Q6_K, G_Q6_K_HASH, g_q6_K_first, sizeof(g_q6_K_first), G_DEQ_Q6_K_HASH },
@@ -375,7 +411,8 @@ TEST(kern_quantize_ref_ties_and_errors)
 
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q4_0, x, &b4, 31), -1);
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q4_K, x, &b4, 32), -1);
-	CHECK_EQ_INT(hyb_quantize_row_ref(3 /* Q4_1 */, x, &b4, 32), -1);
+	CHECK_EQ_INT(hyb_quantize_row_ref(13 /* Q5_K */, x, &b4, 256), -1);
+	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q8_1, x, &b4, 32), -1); /* activations only */
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q8_K, x, &b4, 256), -1); /* activations only */
 	CHECK_EQ_INT(hyb_quantize_row_ref(1000, x, &b4, 32), -1);
 }
@@ -403,6 +440,9 @@ TEST(kern_quantize_act_matches_llama)
 		k->quantize_act[HYB_TYPE_Q8_0](x, q, NGOLD);
 		CHECK_MSG(fnv(q, hyb_row_bytes(HYB_TYPE_Q8_0, NGOLD)) == G_ACT_Q8_0_HASH,
 			  "%s: Q8_0 activations differ from llama.cpp", k->name);
+		k->quantize_act[HYB_TYPE_Q8_1](x, q, NGOLD);
+		CHECK_MSG(fnv(q, hyb_row_bytes(HYB_TYPE_Q8_1, NGOLD)) == G_ACT_Q8_1_HASH,
+			  "%s: Q8_1 activations differ from llama.cpp", k->name);
 		k->quantize_act[HYB_TYPE_Q8_K](x, q, NGOLD);
 		CHECK_MSG(!memcmp(q, g_act_q8_K_first, sizeof(g_act_q8_K_first)) &&
 			  fnv(q, hyb_row_bytes(HYB_TYPE_Q8_K, NGOLD)) == G_ACT_Q8_K_HASH,
@@ -424,8 +464,9 @@ TEST(kern_isa_converters_match_scalar)
 	uint8_t *qa = xmalloc(n * 4 + 64), *qb = xmalloc(n * 4 + 64), *w = xmalloc(n * 4);
 	const struct hyb_cpu_kernels *s = hyb_cpu_kernels(HYB_ISA_SCALAR);
 	static const uint32_t act[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_BF16, HYB_TYPE_Q8_0,
-					HYB_TYPE_Q8_K };
+					HYB_TYPE_Q8_1, HYB_TYPE_Q8_K };
 	static const uint32_t wt[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_BF16, HYB_TYPE_Q4_0,
+				       HYB_TYPE_Q4_1, HYB_TYPE_Q5_0, HYB_TYPE_Q5_1, HYB_TYPE_IQ4_NL,
 				       HYB_TYPE_Q8_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
 
 	for (int seed = 1; seed <= 3; seed++) {
@@ -475,6 +516,13 @@ TEST(kern_quantize_roundtrip_error)
 		{ HYB_TYPE_Q8_0, 0.5 / 127 + 127.0 / 127 * 0x1p-11 },
 		/* Q4_0: levels -8..7 of amax/8: the +amax end clamps to 7, one full step */
 		{ HYB_TYPE_Q4_0, 1.0 / 8 + 8 * 0x1p-11 },
+		/* Q5_0: levels -16..15 of amax/16, the same clamp */
+		{ HYB_TYPE_Q5_0, 1.0 / 16 + 16 * 0x1p-11 },
+		/* Q4_1/Q5_1: half a step of (max - min) <= 2 amax, plus f16 d and m */
+		{ HYB_TYPE_Q4_1, 1.0 / 15 + 18 * 0x1p-11 },
+		{ HYB_TYPE_Q5_1, 1.0 / 31 + 34 * 0x1p-11 },
+		/* IQ4_NL: fitted non-linear levels; worst seen 0.096, with margin */
+		{ HYB_TYPE_IQ4_NL, 0.12 },
 		/* K-quants: fitted, not max-scaled; worst seen 0.073 / 0.016, with margin */
 		{ HYB_TYPE_Q4_K, 0.1 },
 		{ HYB_TYPE_Q6_K, 0.025 },
@@ -488,9 +536,7 @@ TEST(kern_quantize_roundtrip_error)
 
 	gen_data(x, n, 4242);
 	for (size_t t = 0; t < sizeof(fmt) / sizeof(fmt[0]); t++) {
-		const int64_t blk = fmt[t].type == HYB_TYPE_Q8_0 || fmt[t].type == HYB_TYPE_Q4_0 ? 32
-				    : fmt[t].type == HYB_TYPE_F16 || fmt[t].type == HYB_TYPE_BF16 ? 1
-				    : 256;
+		const int64_t blk = hyb_type_info(fmt[t].type)->blck;
 		double worst = 0;
 
 		CHECK_EQ_INT(hyb_quantize_row_ref(fmt[t].type, x, q, n), 0);
@@ -578,9 +624,14 @@ static void make_wrow(uint32_t type, int64_t k, enum wmode mode, uint8_t *out)
 		for (size_t off = 0; off < bytes;) {
 			uint16_t d = mode == W_HUGE ? 0x7bff : mode == W_TINY ? 0x0001 : rnd_f16_scale();
 
-			if (type == HYB_TYPE_Q8_0 || type == HYB_TYPE_Q4_0) {
+			if (hyb_type_info(type)->blck == 32) {
+				/* Q4_1/Q5_1: the min after d */
+				uint16_t m = mode == W_RAW ? rnd_f16_scale() : d;
+
 				memcpy(out + off, &d, 2);
-				off += type == HYB_TYPE_Q8_0 ? 34 : 18;
+				if (type == HYB_TYPE_Q4_1 || type == HYB_TYPE_Q5_1)
+					memcpy(out + off + 2, &m, 2);
+				off += hyb_type_info(type)->size;
 			} else if (type == HYB_TYPE_Q4_K) {
 				uint16_t dm = mode == W_RAW ? rnd_f16_scale() : d;
 
@@ -612,15 +663,29 @@ static void make_xcol(uint32_t wtype, int64_t k, enum wmode mode, uint8_t *out)
 	free(f);
 	if (mode != W_HUGE && mode != W_RAW)
 		return;
-	if (at == HYB_TYPE_Q8_0) {
-		for (int64_t b = 0; b < k / 32; b++) {
-			struct hyb_block_q8_0 *blk = (struct hyb_block_q8_0 *)out + b;
-			uint16_t d = mode == W_HUGE ? 0x7bff : rnd_f16_scale();
+	if (at == HYB_TYPE_Q8_0 || at == HYB_TYPE_Q8_1) {
+		const size_t bs = hyb_row_bytes(at, 32), qo = at == HYB_TYPE_Q8_1 ? 4 : 2;
 
-			memcpy(&blk->d, &d, 2);
-			for (int i = 0; i < 32; i++)
-				blk->qs[i] = mode == W_HUGE ? ((i & 2) ? 127 : -127)
-							    : (int8_t)(rnd() % 255 - 127);
+		for (int64_t b = 0; b < k / 32; b++) {
+			uint8_t *blk = out + b * bs;
+			/* huge: for Q8_1 small enough that s = d * sum stays finite */
+			uint16_t d = mode != W_HUGE ? rnd_f16_scale() : at == HYB_TYPE_Q8_1 ? 0x4bff : 0x7bff;
+			int sum = 0;
+
+			memcpy(blk, &d, 2);
+			for (int i = 0; i < 32; i++) {
+				const int8_t q = mode == W_HUGE ? ((i & 2) ? 127 : -127)
+								: (int8_t)(rnd() % 255 - 127);
+
+				blk[qo + i] = (uint8_t)q;
+				sum += q;
+			}
+			if (at == HYB_TYPE_Q8_1) {
+				/* s = d * sum, as the quantizer makes it */
+				const uint16_t sh = hyb_f32_to_f16(hyb_f16_to_f32(d) * (float)sum);
+
+				memcpy(blk + 2, &sh, 2);
+			}
 		}
 	} else if (at == HYB_TYPE_Q8_K) {
 		for (int64_t b = 0; b < k / 256; b++) {
@@ -646,6 +711,13 @@ struct mat {
 	size_t ws, xs, ys;
 	uint8_t *w, *x;
 	float *wf, *xf; /* dequantized, row/column major */
+	/*
+	 * Q4_1/Q5_1: what the f16 s of Q8_1 adds to an output's error beyond
+	 * its dequantized values: m * s stands for m * d * sum(q) with s
+	 * rounded to half and d unrounded, 2^-11 each, sum over blocks of
+	 * |m s| 2^-10 (NULL for the other types)
+	 */
+	double *slack;
 };
 
 static void mat_make(struct mat *m, uint32_t type, int64_t k, int64_t nrows, int64_t ncols,
@@ -674,6 +746,24 @@ static void mat_make(struct mat *m, uint32_t type, int64_t k, int64_t nrows, int
 		make_xcol(type, k, mode, m->x + c * m->xs);
 		s->dequantize[at](m->x + c * m->xs, m->xf + c * k, k);
 	}
+	m->slack = NULL;
+	if (at != HYB_TYPE_Q8_1)
+		return;
+	m->slack = xmalloc((size_t)(nrows * ncols) * sizeof(double));
+	for (int64_t c = 0; c < ncols; c++)
+		for (int64_t r = 0; r < nrows; r++) {
+			const struct hyb_block_q8_1 *xb = (const void *)(m->x + c * m->xs);
+			double e = 0;
+
+			for (int64_t b = 0; b < k / 32; b++) {
+				uint16_t mh;
+
+				/* m follows d in both Q4_1 and Q5_1 blocks */
+				memcpy(&mh, m->w + r * m->ws + b * hyb_type_info(type)->size + 2, 2);
+				e += fabs((double)hyb_f16_to_f32(mh) * hyb_f16_to_f32(xb[b].s)) * 0x1p-10;
+			}
+			m->slack[c * nrows + r] = e;
+		}
 }
 
 static void mat_free(struct mat *m)
@@ -682,6 +772,7 @@ static void mat_free(struct mat *m)
 	free(m->x);
 	free(m->wf);
 	free(m->xf);
+	free(m->slack);
 }
 
 static float *run_gemm(const struct hyb_cpu_kernels *kt, uint32_t type, const struct mat *m)
@@ -724,7 +815,9 @@ static void check_close(const char *what, const struct mat *m, const float *y, c
 			const double want = ref ? ref[c * m->ys + r] : exact;
 			const double got = y[c * m->ys + r];
 
-			CHECK_MSG(fabs(got - want) <= rel * scale, "%s: k %lld rows %lld cols %lld:"
+			const double slack = m->slack && !ref ? m->slack[c * m->nrows + r] : 0;
+
+			CHECK_MSG(fabs(got - want) <= rel * scale + slack, "%s: k %lld rows %lld cols %lld:"
 				  " y[%lld][%lld] = %.9g, want %.9g (scale %g)", what,
 				  (long long)m->k, (long long)m->nrows, (long long)m->ncols,
 				  (long long)c, (long long)r, got, want, scale);
@@ -733,8 +826,8 @@ static void check_close(const char *what, const struct mat *m, const float *y, c
 }
 
 static const uint32_t all_wtypes[] = {
-	HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_BF16, HYB_TYPE_Q4_0, HYB_TYPE_Q8_0, HYB_TYPE_Q4_K,
-	HYB_TYPE_Q6_K,
+	HYB_TYPE_F32,  HYB_TYPE_F16,  HYB_TYPE_BF16, HYB_TYPE_Q4_0, HYB_TYPE_Q4_1,   HYB_TYPE_Q5_0,
+	HYB_TYPE_Q5_1, HYB_TYPE_Q8_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_NL,
 };
 
 static void test_gemm_type(uint32_t type)
@@ -792,6 +885,10 @@ TEST(kern_gemm_f16_vs_scalar) { test_gemm_type(HYB_TYPE_F16); }
 TEST(kern_gemm_bf16_vs_scalar) { test_gemm_type(HYB_TYPE_BF16); }
 TEST(kern_gemm_q4_0_vs_scalar) { test_gemm_type(HYB_TYPE_Q4_0); }
 TEST(kern_gemm_q8_0_vs_scalar) { test_gemm_type(HYB_TYPE_Q8_0); }
+TEST(kern_gemm_q4_1_vs_scalar) { test_gemm_type(HYB_TYPE_Q4_1); }
+TEST(kern_gemm_q5_0_vs_scalar) { test_gemm_type(HYB_TYPE_Q5_0); }
+TEST(kern_gemm_q5_1_vs_scalar) { test_gemm_type(HYB_TYPE_Q5_1); }
+TEST(kern_gemm_iq4_nl_vs_scalar) { test_gemm_type(HYB_TYPE_IQ4_NL); }
 TEST(kern_gemm_q4_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q4_K); }
 TEST(kern_gemm_q6_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q6_K); }
 
@@ -890,9 +987,12 @@ TEST(kern_gemm_empty_shapes)
 /* llama.cpp's ggml_vec_dot_* (AVX-512 build) on the golden data */
 TEST(kern_gemm_matches_llama_dot)
 {
-	static const struct { uint32_t type; double want; } dots[] = {
-		{ HYB_TYPE_Q4_0, G_DOT_Q4_0 }, { HYB_TYPE_Q8_0, G_DOT_Q8_0 },
-		{ HYB_TYPE_Q4_K, G_DOT_Q4_K }, { HYB_TYPE_Q6_K, G_DOT_Q6_K },
+	/* Q4_1/Q5_1: sum(d dx dot) and sum(m s) cancel to 1/20 of their size */
+	static const struct { uint32_t type; double want, rel; } dots[] = {
+		{ HYB_TYPE_Q4_0, G_DOT_Q4_0, 1e-6 }, { HYB_TYPE_Q8_0, G_DOT_Q8_0, 1e-6 },
+		{ HYB_TYPE_Q4_1, G_DOT_Q4_1, 1e-5 }, { HYB_TYPE_Q5_0, G_DOT_Q5_0, 1e-6 },
+		{ HYB_TYPE_Q5_1, G_DOT_Q5_1, 1e-5 }, { HYB_TYPE_IQ4_NL, G_DOT_IQ4_NL, 1e-6 },
+		{ HYB_TYPE_Q4_K, G_DOT_Q4_K, 1e-6 }, { HYB_TYPE_Q6_K, G_DOT_Q6_K, 1e-6 },
 	};
 	float *w = xmalloc(NGOLD * sizeof(float)), *a = xmalloc(NGOLD * sizeof(float));
 	uint8_t *qw = xmalloc(NGOLD * 2), *qa = xmalloc(NGOLD * 2);
@@ -911,7 +1011,7 @@ TEST(kern_gemm_matches_llama_dot)
 			kt->quantize_act[hyb_vec_dot_type(dots[i].type)](a, qa, NGOLD);
 			kt->gemm[dots[i].type](NGOLD, qw, 0, 1, qa, 0, 1, &y, 1);
 			/* the integer parts are exact; float sums differ by a few ulps */
-			CHECK_MSG(fabs(y - dots[i].want) <= 1e-6 * fabs(dots[i].want),
+			CHECK_MSG(fabs(y - dots[i].want) <= dots[i].rel * fabs(dots[i].want),
 				  "%s %s: %.9g, llama.cpp %.9g", kt->name,
 				  hyb_type_name(dots[i].type), y, dots[i].want);
 		}
@@ -920,6 +1020,101 @@ TEST(kern_gemm_matches_llama_dot)
 	free(a);
 	free(qw);
 	free(qa);
+}
+
+/*
+ * llama.cpp's whole matmul (ggml_mul_mat on its CPU backend, 1 thread, the
+ * weight in the CPU_REPACK buffer where llama.cpp's loader puts it: IQ4_NL
+ * with rows % 8 == 0 runs as iq4_nl_8x8) on gen_data weights through
+ * quantize_row_*_ref and gen_data activations, k 416 (13 blocks: IQ4_NL's
+ * vec_dot leftover block), rows for each of gemm / gemm_m4 / gemm_m1,
+ * columns for vec_dot, tinyBLAS_Q0_AVX and the repacked GEMM: FNV-1a of
+ * its output, bit for bit on the AVX-512 levels.
+ */
+static const struct {
+	uint32_t type;
+	int64_t rows, cols;
+	uint64_t hash;
+} g_matmul[] = {
+	{ HYB_TYPE_Q4_1, 64, 1, 0x56b31b8e204e6b61ull },
+	{ HYB_TYPE_Q4_1, 64, 3, 0xa6db6a2cfa1243b8ull },
+	{ HYB_TYPE_Q4_1, 64, 8, 0xba728c7b9bc63243ull },
+	{ HYB_TYPE_Q4_1, 36, 1, 0x25da490b88f30862ull },
+	{ HYB_TYPE_Q4_1, 36, 3, 0xfff1d8b97d3ecb12ull },
+	{ HYB_TYPE_Q4_1, 36, 8, 0xfb25c1cc6c5538a9ull },
+	{ HYB_TYPE_Q4_1, 33, 1, 0x7ec56cdbc19976d9ull },
+	{ HYB_TYPE_Q4_1, 33, 3, 0xc6b1c8a8f97480dfull },
+	{ HYB_TYPE_Q4_1, 33, 8, 0x48a8959e382f248cull },
+	{ HYB_TYPE_Q5_0, 64, 1, 0x401e91a5b47a1e29ull },
+	{ HYB_TYPE_Q5_0, 64, 3, 0x17aa2b6c2150a384ull },
+	{ HYB_TYPE_Q5_0, 64, 8, 0x1663483e37219a87ull },
+	{ HYB_TYPE_Q5_0, 36, 1, 0x4bbb29ec1b5d5484ull },
+	{ HYB_TYPE_Q5_0, 36, 3, 0x6e24d0485a00a30full },
+	{ HYB_TYPE_Q5_0, 36, 8, 0x326291f7c72999caull },
+	{ HYB_TYPE_Q5_0, 33, 1, 0x03cf7c9e18634d70ull },
+	{ HYB_TYPE_Q5_0, 33, 3, 0x0c9f5a2b58da08ceull },
+	{ HYB_TYPE_Q5_0, 33, 8, 0xe35cd09be7ee9a6bull },
+	{ HYB_TYPE_Q5_1, 64, 1, 0x018b632e46885889ull },
+	{ HYB_TYPE_Q5_1, 64, 3, 0xe9591f9cc1285975ull },
+	{ HYB_TYPE_Q5_1, 64, 8, 0x37e70d861ecd2ba7ull },
+	{ HYB_TYPE_Q5_1, 36, 1, 0x20e28266bd503fa2ull },
+	{ HYB_TYPE_Q5_1, 36, 3, 0x65c864962de3b17eull },
+	{ HYB_TYPE_Q5_1, 36, 8, 0xed30f62ecfa587a9ull },
+	{ HYB_TYPE_Q5_1, 33, 1, 0x15ceec557c2b0f3bull },
+	{ HYB_TYPE_Q5_1, 33, 3, 0x0c3bc88b45a9293dull },
+	{ HYB_TYPE_Q5_1, 33, 8, 0x0e17e7c2eae5466bull },
+	{ HYB_TYPE_IQ4_NL, 64, 1, 0x1c4300c8f17eb4b9ull },
+	{ HYB_TYPE_IQ4_NL, 64, 3, 0x9ebfab7951b2b224ull },
+	{ HYB_TYPE_IQ4_NL, 64, 8, 0xabcc2ce7beacc01bull },
+	{ HYB_TYPE_IQ4_NL, 36, 1, 0x7edd557d5351f479ull },
+	{ HYB_TYPE_IQ4_NL, 36, 3, 0x11d0c4e8971d707eull },
+	{ HYB_TYPE_IQ4_NL, 36, 8, 0x37c971ceff8503c5ull },
+	{ HYB_TYPE_IQ4_NL, 33, 1, 0x6efadc5c60756755ull },
+	{ HYB_TYPE_IQ4_NL, 33, 3, 0xb06f5e92121b4a4bull },
+	{ HYB_TYPE_IQ4_NL, 33, 8, 0x2386116adaf4600aull },
+};
+
+TEST(kern_gemm_matches_llama_matmul)
+{
+	const int64_t k = 416;
+	int exact_levels = 0;
+
+	for (size_t g = 0; g < sizeof(g_matmul) / sizeof(g_matmul[0]); g++) {
+		const uint32_t type = g_matmul[g].type, at = hyb_vec_dot_type(type);
+		const int64_t nr = g_matmul[g].rows, nc = g_matmul[g].cols;
+		const int ir = nr == 64 ? 0 : nr == 36 ? 1 : 2, ic = nc == 1 ? 0 : nc == 3 ? 1 : 2;
+		const size_t ws = hyb_row_bytes(type, (uint64_t)k), xs = hyb_row_bytes(at, (uint64_t)k);
+		float *wf = xmalloc((size_t)(k * nr) * sizeof(float));
+		float *xf = xmalloc((size_t)(k * nc) * sizeof(float));
+		float *y = xmalloc((size_t)(nr * nc) * sizeof(float));
+		uint8_t *w = xmalloc(ws * nr), *x = xmalloc(xs * nc);
+
+		gen_data(wf, k * nr, (uint64_t)(1000 + 10 * ir + ic));
+		gen_data(xf, k * nc, (uint64_t)(2000 + 10 * ir + ic));
+		CHECK_EQ_INT(hyb_quantize_row_ref(type, wf, w, k * nr), 0);
+		for (int isa = 0; isa < HYB_ISA_COUNT; isa++) {
+			const struct hyb_cpu_kernels *kt = hyb_cpu_kernels((enum hyb_isa)isa);
+
+			if (!kt)
+				continue;
+			for (int64_t c = 0; c < nc; c++)
+				kt->quantize_act[at](xf + c * k, x + c * xs, k);
+			hyb_gemm_pick(kt, type, (uint64_t)nr)(k, w, ws, nr, x, xs, nc, y, (size_t)nr);
+			if (isa < HYB_ISA_AVX512)
+				continue; /* other orders: kern_gemm_*_vs_scalar */
+			exact_levels += g == 0;
+			CHECK_MSG(fnv(y, (size_t)(nr * nc) * sizeof(float)) == g_matmul[g].hash,
+				  "%s %s rows %lld cols %lld: not llama.cpp's bits", kt->name,
+				  hyb_type_name(type), (long long)nr, (long long)nc);
+		}
+		free(wf);
+		free(xf);
+		free(y);
+		free(w);
+		free(x);
+	}
+	if (!exact_levels)
+		SKIP("no AVX-512 level on this CPU: only closeness to the scalar reference checked");
 }
 
 /* ---- dispatch ---- */
@@ -933,6 +1128,10 @@ TEST(kern_dispatch_tables)
 	CHECK(!strcmp(hyb_isa_name(HYB_ISA_COUNT), "unknown"));
 	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q4_0), HYB_TYPE_Q8_0);
 	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q8_0), HYB_TYPE_Q8_0);
+	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q5_0), HYB_TYPE_Q8_0);
+	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_IQ4_NL), HYB_TYPE_Q8_0);
+	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q4_1), HYB_TYPE_Q8_1);
+	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q5_1), HYB_TYPE_Q8_1);
 	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q4_K), HYB_TYPE_Q8_K);
 	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_Q6_K), HYB_TYPE_Q8_K);
 	CHECK_EQ_INT(hyb_vec_dot_type(HYB_TYPE_F16), HYB_TYPE_F16);
@@ -957,7 +1156,8 @@ TEST(kern_dispatch_tables)
 		}
 		CHECK(kt->dot_f16 && kt->mad_f16 && kt->scale_f16 && kt->gemm_acc && kt->soft_max &&
 		      kt->swiglu);
-		CHECK(kt->gemm[HYB_TYPE_Q8_K] == NULL && kt->gemm[3] == NULL);
+		CHECK(kt->gemm[HYB_TYPE_Q8_K] == NULL && kt->gemm[HYB_TYPE_Q8_1] == NULL &&
+		      kt->gemm[13 /* Q5_K */] == NULL);
 	}
 	/* best is the highest supported level when HYB_ISA is unset */
 	unsetenv("HYB_ISA");

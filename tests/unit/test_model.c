@@ -275,8 +275,8 @@ TEST(model_refuses_unknown_architecture_by_name)
 
 TEST(model_refuses_unsupported_type_by_name)
 {
-	/* Q5_1: a real ggml type hyb has no kernels for (block 32, 24 bytes) */
-	expect_load_error(write_model("llama", 7, false), "Q5_1");
+	/* MXFP4: a real ggml type hyb has no kernels for (block 32, 17 bytes) */
+	expect_load_error(write_model("llama", 39, false), "MXFP4");
 }
 
 TEST(model_refuses_missing_tensor_by_name)
