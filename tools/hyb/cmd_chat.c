@@ -235,6 +235,11 @@ static void reply(struct chat *ch)
 	{
 		char *content = valid_utf8(text ? text : "", text_len);
 
+		/* The cache keeps the model's own tokens for the reply and the text
+		 * says what the template will write, U+FFFD for its stray bytes, so
+		 * the next turn still starts where this one ended. */
+		ch->cached_len -= text_len;
+		append_cached(ch, content, strlen(content));
 		push(ch, "assistant", content);
 		free(content);
 	}
