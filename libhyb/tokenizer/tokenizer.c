@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
  * Tokenizer common part: building the vocabulary from GGUF metadata (or from
- * plain arrays), the special-token rules, splitting out user-defined tokens
- * before encoding, and decoding ids back to text. The rules mirror
+ * plain arrays), the special-token rules, splitting special tokens out of
+ * the text before encoding, and decoding ids back to text. The rules mirror
  * llama.cpp's llama-vocab.cpp so ids and text match it; where llama.cpp
  * would abort on a malformed vocabulary we warn and carry on.
  */
@@ -448,7 +448,7 @@ static void detect_special(struct hyb_tokenizer *t)
 	}
 }
 
-static int cmp_user_tokens(const void *a, const void *b, void *ctx)
+static int cmp_split_tokens(const void *a, const void *b, void *ctx)
 {
 	const struct hyb_tokenizer *t = ctx;
 	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -458,25 +458,58 @@ static int cmp_user_tokens(const void *a, const void *b, void *ctx)
 	return x < y ? -1 : x > y;
 }
 
-static int build_user_tokens(struct hyb_tokenizer *t)
+#define SPLIT_ATTRS (TOK_ATTR_CONTROL | TOK_ATTR_USER_DEFINED | TOK_ATTR_UNKNOWN)
+
+static int build_split_tokens(struct hyb_tokenizer *t)
 {
 	int32_t n = 0;
 
 	for (int32_t i = 0; i < t->n_vocab; i++)
-		if ((t->tok[i].attr & TOK_ATTR_USER_DEFINED) &&
-		    !(t->tok[i].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
+		if (t->tok[i].attr & SPLIT_ATTRS)
 			n++;
 	if (!n)
 		return 0;
-	t->user_tokens = malloc(n * sizeof(*t->user_tokens));
-	if (!t->user_tokens)
+	t->split_tokens = malloc(n * sizeof(*t->split_tokens));
+	if (!t->split_tokens)
 		return -1;
 	for (int32_t i = 0; i < t->n_vocab; i++)
-		if ((t->tok[i].attr & TOK_ATTR_USER_DEFINED) &&
-		    !(t->tok[i].attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
-			t->user_tokens[t->n_user_tokens++] = i;
-	qsort_r(t->user_tokens, n, sizeof(*t->user_tokens), cmp_user_tokens, t);
+		if (t->tok[i].attr & SPLIT_ATTRS)
+			t->split_tokens[t->n_split_tokens++] = i;
+	qsort_r(t->split_tokens, n, sizeof(*t->split_tokens), cmp_split_tokens, t);
 	return 0;
+}
+
+static void set_attr(struct hyb_tokenizer *t, const char *text, uint32_t attr, bool on)
+{
+	int32_t id = find_text(t, text);
+
+	if (id >= 0)
+		t->tok[id].attr = on ? t->tok[id].attr | attr : t->tok[id].attr & ~attr;
+}
+
+/*
+ * Attributes GGUF files do not carry, set by model name as llama.cpp does:
+ * Phi-3's special tokens eat the whitespace after them (its template puts a
+ * newline after <|user|> that the model never saw as a token).
+ */
+static void model_attrs(struct hyb_tokenizer *t, const char *name)
+{
+	char low[256];
+	size_t n = 0;
+
+	if (!name)
+		return;
+	for (; name[n] && n + 1 < sizeof(low); n++)
+		low[n] = (char)((name[n] >= 'A' && name[n] <= 'Z') ? name[n] - 'A' + 'a' : name[n]);
+	low[n] = 0;
+	if (!strstr(low, "phi-3") && !strstr(low, "phi3"))
+		return;
+	for (int32_t i = 0; i < t->n_split_tokens; i++)
+		t->tok[t->split_tokens[i]].attr |= TOK_ATTR_RSTRIP;
+	set_attr(t, "</s>", TOK_ATTR_RSTRIP, true);
+	set_attr(t, "<unk>", TOK_ATTR_RSTRIP, false);
+	set_attr(t, "<s>", TOK_ATTR_RSTRIP, false);
+	set_attr(t, "<|endoftext|>", TOK_ATTR_RSTRIP, false);
 }
 
 static void set_specials(struct hyb_tokenizer *t, const struct hyb_tok_desc *d)
@@ -673,8 +706,9 @@ struct hyb_tokenizer *hyb_tokenizer_from_desc(const struct hyb_tok_desc *d, char
 	if (d->add_eos >= 0)
 		t->add_eos = d->add_eos;
 	detect_special(t);
-	if (build_user_tokens(t) < 0)
+	if (build_split_tokens(t) < 0)
 		goto oom;
+	model_attrs(t, d->name);
 	if (t->kind == HYB_TOK_SPM && build_pairs(t) < 0)
 		goto oom;
 	for (int b = 0; b < 256; b++) {
@@ -726,7 +760,7 @@ static struct hyb_tokenizer *tokenizer_load(const struct hyb_gguf_file *f, char 
 	};
 	struct hyb_tok_desc d;
 	const struct hyb_gguf_kv *kv;
-	char model[64], pre[128];
+	char model[64], pre[128], name[256];
 	bool bad, b;
 
 	if (!f) {
@@ -743,6 +777,9 @@ static struct hyb_tokenizer *tokenizer_load(const struct hyb_gguf_file *f, char 
 		d.pre = pre;
 	else if (hyb_gguf_find(f, "tokenizer.ggml.pre"))
 		warn("tokenizer.ggml.pre is not a short string, ignored");
+
+	if (hyb_gguf_get_str(f, "general.name", name, sizeof(name)))
+		d.name = name;
 
 	kv = find_arr(f, "tokenizer.ggml.tokens", err, errlen, &bad);
 	if (!kv || kv->v.arr.type != HYB_GGUF_VT_STRING || kv->v.arr.n > UINT32_MAX) {
@@ -829,7 +866,7 @@ void hyb_tokenizer_free(struct hyb_tokenizer *t)
 	free(t->merges);
 	free(t->merge_map);
 	free(t->is_eog);
-	free(t->user_tokens);
+	free(t->split_tokens);
 	free(t->pairs);
 	free(t);
 }
@@ -867,7 +904,7 @@ bool hyb_tokenizer_is_eog(const struct hyb_tokenizer *t, int32_t id)
 /* ---- encoding ---- */
 
 struct frag {
-	int32_t tok;    /* >= 0: a user-defined token; -1: raw text */
+	int32_t tok;    /* >= 0: a special token split out; -1: raw text */
 	size_t off, len;
 };
 
@@ -893,23 +930,34 @@ static int frags_push(struct frags *f, struct frag x)
 	return 0;
 }
 
+static bool is_space(char c)
+{
+	return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
 /*
- * Split user-defined tokens out of the text before encoding, longest text
- * first, as llama.cpp's tokenizer_st_partition does with parse_special off
- * (control tokens are then ordinary text).
+ * Split special tokens out of the text before encoding, longest text first,
+ * as llama.cpp's tokenizer_st_partition does: with parse_special control and
+ * unknown tokens too, without it only user-defined ones (control tokens are
+ * then ordinary text). LSTRIP/RSTRIP tokens drop the whitespace beside them.
  */
 static int partition(const struct hyb_tokenizer *t, const char *text, size_t len,
-		     struct frags *out)
+		     bool parse_special, struct frags *out)
 {
 	struct frags cur = { 0 }, next = { 0 };
 
 	if (frags_push(&cur, (struct frag){ -1, 0, len }) < 0)
 		return -1;
-	for (int32_t u = 0; u < t->n_user_tokens; u++) {
-		int32_t id = t->user_tokens[u];
+	for (int32_t u = 0; u < t->n_split_tokens; u++) {
+		int32_t id = t->split_tokens[u];
 		const char *s = tok_text(t, id);
 		size_t n = t->tok[id].len;
+		uint32_t attr = t->tok[id].attr;
 
+		if (!parse_special && (attr & (TOK_ATTR_CONTROL | TOK_ATTR_UNKNOWN)))
+			continue;
+		if (!n)
+			continue;
 		next.n = 0;
 		for (size_t i = 0; i < cur.n; i++) {
 			struct frag f = cur.v[i];
@@ -922,12 +970,18 @@ static int partition(const struct hyb_tokenizer *t, const char *text, size_t len
 				continue;
 			}
 			while ((m = memmem(text + pos, end - pos, s, n))) {
-				size_t at = (size_t)(m - text);
+				size_t at = (size_t)(m - text), left = at;
 
-				if (frags_push(&next, (struct frag){ -1, pos, at - pos }) < 0 ||
+				if (attr & TOK_ATTR_LSTRIP)
+					while (left > pos && is_space(text[left - 1]))
+						left--;
+				if (frags_push(&next, (struct frag){ -1, pos, left - pos }) < 0 ||
 				    frags_push(&next, (struct frag){ id, at, n }) < 0)
 					goto oom;
 				pos = at + n;
+				if (attr & TOK_ATTR_RSTRIP)
+					while (pos < end && is_space(text[pos]))
+						pos++;
 			}
 			if (frags_push(&next, (struct frag){ -1, pos, end - pos }) < 0)
 				goto oom;
@@ -975,7 +1029,7 @@ static char *spm_escape(const char *s, size_t len, bool lead, size_t *out_len)
 }
 
 static int encode(const struct hyb_tokenizer *t, const char *text, size_t len, bool add_special,
-		  struct tok_ids *ids)
+		  bool parse_special, struct tok_ids *ids)
 {
 	struct frags frags = { 0 };
 	bool prev_special = true; /* SPM: a space goes before the first text fragment */
@@ -984,7 +1038,7 @@ static int encode(const struct hyb_tokenizer *t, const char *text, size_t len, b
 	if (add_special && t->add_bos && t->special[TOK_SP_BOS] >= 0 &&
 	    hyb_tok_ids_push(ids, t->special[TOK_SP_BOS]) < 0)
 		return -1;
-	if (len && partition(t, text, len, &frags) < 0)
+	if (len && partition(t, text, len, parse_special, &frags) < 0)
 		return -1;
 	for (size_t i = 0; i < frags.n && rc == 0; i++) {
 		const struct frag *f = &frags.v[i];
@@ -1013,15 +1067,27 @@ static int encode(const struct hyb_tokenizer *t, const char *text, size_t len, b
 int hyb_tokenize(const struct hyb_tokenizer *t, const char *text, size_t len, bool add_special,
 		 int32_t *out, int cap)
 {
+	return hyb_tokenize_flags(t, text, len, add_special ? HYB_TOKENIZE_ADD_SPECIAL : 0, out,
+				  cap);
+}
+
+int hyb_tokenize_flags(const struct hyb_tokenizer *t, const char *text, size_t len,
+		       unsigned int flags, int32_t *out, int cap)
+{
+	const unsigned int known = HYB_TOKENIZE_ADD_SPECIAL | HYB_TOKENIZE_PARSE_SPECIAL;
 	struct tok_ids ids = { 0 };
 	int n;
 
 	if (!t || (!text && len) || cap < 0 || (!out && cap > 0))
 		return hyb_error_set(-EINVAL, "tokenize: no tokenizer, text or output buffer");
+	if (flags & ~known)
+		return hyb_error_set(-EINVAL, "tokenize: unknown flags 0x%x", flags & ~known);
 	if (len > INT_MAX / 2)
 		return hyb_error_set(-E2BIG, "tokenize: %zu bytes of text is more than %d", len,
 				     INT_MAX / 2);
-	if (encode(t, text, len, add_special, &ids) < 0 || ids.n > INT_MAX) {
+	if (encode(t, text, len, flags & HYB_TOKENIZE_ADD_SPECIAL,
+		   flags & HYB_TOKENIZE_PARSE_SPECIAL, &ids) < 0 ||
+	    ids.n > INT_MAX) {
 		free(ids.v);
 		return hyb_error_set(-ENOMEM, "tokenize: out of memory for %zu bytes of text",
 				     len);

@@ -23,6 +23,9 @@ enum {
 	TOK_ATTR_CONTROL = 1 << 3,
 	TOK_ATTR_USER_DEFINED = 1 << 4,
 	TOK_ATTR_BYTE = 1 << 5,
+	/* Whitespace next to the token is dropped when it is split out of text. */
+	TOK_ATTR_LSTRIP = 1 << 7,
+	TOK_ATTR_RSTRIP = 1 << 8,
 };
 
 /* GGUF token_type values. */
@@ -91,6 +94,7 @@ struct hyb_tok_desc {
 	const struct hyb_gguf_str *merges; /* "left right" strings (BPE) */
 	int64_t special[TOK_SP_COUNT]; /* ids from the metadata, TOK_ID_ABSENT if missing */
 	int8_t add_bos, add_eos, add_space_prefix; /* -1: key absent */
+	const char *name;              /* general.name (per-model token attributes); NULL when absent */
 };
 
 /* A description with every optional field absent. */
@@ -133,8 +137,13 @@ struct hyb_tokenizer {
 
 	int32_t special[TOK_SP_COUNT];
 	uint8_t *is_eog;             /* n_vocab flags */
-	int32_t *user_tokens;        /* user-defined tokens split out before encoding, */
-	int32_t n_user_tokens;       /* longest text first */
+	/*
+	 * Tokens split out of text before encoding, longest text first: control,
+	 * user-defined and unknown ones (llama.cpp's cache_special_tokens);
+	 * without parse_special only the user-defined ones among them.
+	 */
+	int32_t *split_tokens;
+	int32_t n_split_tokens;
 	int32_t byte_tok[256];       /* SPM byte fallback ids (<0xXX>), -1 when missing */
 	/*
 	 * SPM: every pair of adjacent characters found inside some token. No

@@ -36,7 +36,8 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST };
+       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
+       O_CHAT_TEMPLATE, O_SYSTEM };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -70,6 +71,9 @@ static const struct option longopts[] = {
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
 	{ "cache", required_argument, 0, O_CACHE },
 	{ "load-first", no_argument, 0, O_LOAD_FIRST },
+	{ "chat", no_argument, 0, O_CHAT },
+	{ "chat-template", required_argument, 0, O_CHAT_TEMPLATE },
+	{ "system", required_argument, 0, O_SYSTEM },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -142,6 +146,9 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_SPARSE: o->ffn = HYB_FFN_SPARSE; break;
 		case O_MANIFEST: o->model = o->manifest = optarg; break;
 		case O_BASELINE: o->baseline = optarg; break;
+		case O_CHAT: o->chat = true; break;
+		case O_CHAT_TEMPLATE: o->chat_template = optarg; break;
+		case O_SYSTEM: o->system = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default:
 			if (!parse_hybrid(c, o)) {

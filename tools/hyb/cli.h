@@ -33,6 +33,10 @@ struct cli_opts {
 	uint32_t drift;        /* bench --drift N: a forced topic change every N tokens */
 	struct hyb_hybrid_params hy;
 	struct hyb_sampler_params sp;
+	/* chat: run --chat, and hyb chat */
+	bool chat;
+	const char *chat_template; /* --chat-template NAME: instead of the model's */
+	const char *system;        /* --system TEXT: a system message first */
 };
 
 /* Parse argv after the subcommand; exits with a message on a bad option. */
@@ -54,7 +58,16 @@ int cmd_bench_hybrid(struct cli_opts *o);
 /* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);
 
+/* cli_chat.c: the chat template for the model (--chat-template or its own); exits on failure. */
+struct hyb_chat_msg;
+int cli_chat_template(const struct hyb_model *m, const char *name);
+/* The conversation in template tmpl, allocated; NULL with hyb_last_error() (invalid UTF-8...). */
+char *cli_chat_format(int tmpl, const struct hyb_chat_msg *msgs, size_t n, bool add_assistant);
+/* Tokens of a chat prompt (special tokens parsed; bos: BOS as the model wants); exits on failure. */
+int32_t *cli_tokenize_chat(const struct hyb_model *m, const char *text, bool bos, int *n);
+
 int cmd_run(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "cli.h"
+#include "hyb/chat.h"
 #include "hyb/generate.h"
 #include "hyb/roofline.h"
 #include "hyb/tokenizer.h"
@@ -13,9 +14,15 @@ static const char usage[] =
 	"usage: hyb run -m MODEL -p PROMPT [-n N] [-t THREADS] [-c CTX] [--temp T] [--top-k K]\n"
 	"               [--top-p P] [--min-p P] [--repeat-penalty R] [--repeat-last-n N] [--seed S]\n"
 	"               [--print-ids] [--dense | --sparse] [--load-first]\n"
+	"               [--chat [--chat-template NAME] [--system TEXT]]\n"
 	"       hyb run --manifest NAME|PATH -p PROMPT ...   (box mode: the model hybd serves)\n"
 	"               [--gpu-budget BYTES|N%] [--policy P] [--device cpu|cuda] [--pcie-gbps G]\n"
 	"               [--dense-cpu] [--prefill-cpu] [--cache auto|own|hybd]\n"
+	"  --chat: PROMPT is one user message in the model's chat template (its\n"
+	"    tokenizer.chat_template); only the reply is printed, up to the end of its turn.\n"
+	"    --chat-template NAME instead of the model's (chatml, llama3, gemma, ...: a\n"
+	"    wrong name lists them); --system TEXT: a system message first. hyb chat: a\n"
+	"    conversation.\n"
 	"  --dense/--sparse: how a plan model (hybctl plan) decodes its FFNs (default sparse)\n"
 	"  --load-first: read every weight before the prompt starts; by default the prompt\n"
 	"    computes each layer as soon as its weights are in (a plain model)\n"
@@ -70,11 +77,25 @@ int cmd_run(int argc, char **argv)
 	cli_parse(argc, argv, &o, usage);
 	if (!o.prompt)
 		cli_die("no prompt given (-p PROMPT)");
+	if (!o.chat && (o.chat_template || o.system))
+		cli_die("--chat-template and --system are for --chat (or hyb chat)");
 	double t_start = hyb_now(), t_load, t_setup;
 
 	m = cli_load_model(&o);
 	t_load = hyb_now() - t_start;
-	ids = cli_tokenize(m, o.prompt, &n_ids);
+	if (o.chat) {
+		struct hyb_chat_msg msgs[2] = { { "system", o.system }, { "user", o.prompt } };
+		int tmpl = cli_chat_template(m, o.chat_template);
+		char *text = cli_chat_format(tmpl, o.system ? msgs : msgs + 1, o.system ? 2 : 1,
+					     true);
+
+		if (!text)
+			cli_die("%s", hyb_last_error());
+		ids = cli_tokenize_chat(m, text, true, &n_ids);
+		free(text);
+	} else {
+		ids = cli_tokenize(m, o.prompt, &n_ids);
+	}
 	if (!o.n_ctx)
 		o.n_ctx = (uint32_t)(n_ids + o.n_predict) < m->hp.n_ctx_train ?
 				  (uint32_t)(n_ids + o.n_predict) : m->hp.n_ctx_train;
@@ -95,8 +116,11 @@ int cmd_run(int argc, char **argv)
 	out.n = 0;
 	out.t_first = 0;
 	out.ids = o.print_ids ? malloc(sizeof(int32_t) * (o.n_predict + 1)) : NULL;
-	fputs(o.prompt, stdout);
-	fflush(stdout);
+	/* a chat prints the reply alone; a plain prompt is continued, so it shows */
+	if (!o.chat) {
+		fputs(o.prompt, stdout);
+		fflush(stdout);
+	}
 	if (hyb_generate(c, m, s, ids, (uint32_t)n_ids, (uint32_t)o.n_predict, print_token, &out,
 			 &st))
 		cli_die("%s", hyb_last_error());

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* hyb: run GGUF models. Subcommands: run, bench, logits, tokenize. */
+/* hyb: run GGUF models. Subcommands: run, chat, bench, logits, tokenize. */
 #include <stdio.h>
 #include <string.h>
 
@@ -8,6 +8,9 @@
 static const char usage[] =
 	"usage: hyb <command> [options]\n"
 	"  run      -m MODEL -p PROMPT [-n N] [sampling]   generate text, print tokens/s\n"
+	"           [--chat [--chat-template NAME] [--system TEXT]]  PROMPT as a chat message\n"
+	"  chat     -m MODEL [-n N] [--chat-template NAME] [--system TEXT] [sampling]\n"
+	"                                                  a conversation on stdin\n"
 	"  bench    -m MODEL [-p N] [-n N] [-r REPS]        prefill/decode speed vs rooflines\n"
 	"  logits   -m MODEL --tokens IDS -o FILE [--decode] every position's logits (float32)\n"
 	"  tokenize -m MODEL -p TEXT                         print token ids\n"
@@ -23,6 +26,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "run"))
 		return cmd_run(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "chat"))
+		return cmd_chat(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "bench"))
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "logits"))

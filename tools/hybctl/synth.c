@@ -34,6 +34,9 @@ static const char usage[] =
 	"  --kv-heads N    key/value heads (default = heads)\n"
 	"  --vocab N       vocabulary size (default 512; generated SentencePiece vocab)\n"
 	"  --vocab-from F  copy the tokenizer of GGUF file F (sets the vocabulary size)\n"
+	"                  and its tokenizer.chat_template\n"
+	"  --chat-template T  tokenizer.chat_template: T as it is (a template text, or a\n"
+	"                  name hyb knows: chatml, llama3, ...), or @FILE for a file's text\n"
 	"  --ctx N         context length (default 4096)\n"
 	"  --type T        F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q6_K\n"
 	"                  (default Q8_0)\n"
@@ -61,6 +64,7 @@ struct spec {
 	uint32_t hidden, ffn, layers, heads, kv_heads, vocab, ctx;
 	uint32_t type, out_type;
 	const char *act, *vocab_from, *out;
+	const char *chat_template; /* --chat-template: text, or @FILE */
 	bool neox, tied, random_weights;
 	float sparsity;     /* < 0: not given */
 	uint32_t topics;
@@ -181,6 +185,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "random-weights", 0, 0, 'r' }, { "head-dim", 1, 0, 'D' },
 		{ "rope-scaling", 1, 0, 'R' }, { "rope-factor", 1, 0, 'X' },
 		{ "rope-orig-ctx", 1, 0, 'C' }, { "arch", 1, 0, 'G' }, { "swa", 1, 0, 'W' },
+		{ "chat-template", 1, 0, 'M' },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -242,6 +247,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		case 'C':
 			sp->rope_orig_ctx = ctl_u32("synth", "--rope-orig-ctx", optarg, 16, 1 << 24);
 			break;
+		case 'M': sp->chat_template = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -423,6 +429,38 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 #undef KEY
 }
 
+/* tokenizer.chat_template from --chat-template: the text itself, or @FILE's. */
+static int set_chat_template(struct hyb_gguf_writer *w, const char *arg)
+{
+	FILE *f;
+	char *text;
+	long n;
+
+	if (arg[0] != '@') {
+		hyb_gguf_set_str(w, "tokenizer.chat_template", arg);
+		return 0;
+	}
+	f = fopen(arg + 1, "rb");
+	if (!f || fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) {
+		fprintf(stderr, "hybctl synth: --chat-template %s: %s\n", arg + 1, strerror(errno));
+		if (f)
+			fclose(f);
+		return -1;
+	}
+	text = malloc((size_t)n + 1);
+	if (!text || fread(text, 1, (size_t)n, f) != (size_t)n) {
+		fprintf(stderr, "hybctl synth: --chat-template %s: cannot read it\n", arg + 1);
+		free(text);
+		fclose(f);
+		return -1;
+	}
+	text[n] = 0;
+	fclose(f);
+	hyb_gguf_set_str(w, "tokenizer.chat_template", text);
+	free(text);
+	return 0;
+}
+
 int cmd_synth(int argc, char **argv)
 {
 	struct spec sp = { .hidden = 256, .ffn = 768, .layers = 2, .heads = 4, .vocab = 512,
@@ -449,6 +487,8 @@ int cmd_synth(int argc, char **argv)
 	}
 	set_metadata(w, &sp);
 	if (sp.vocab_from ? synth_vocab_from(w, sp.vocab_from, &sp.vocab) : synth_vocab(w, sp.vocab))
+		goto out;
+	if (sp.chat_template && set_chat_template(w, sp.chat_template))
 		goto out;
 	if (add_tensors(w, &sp, t, &nt))
 		goto out;

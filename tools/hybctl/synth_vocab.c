@@ -150,8 +150,11 @@ int synth_vocab_from(struct hyb_gguf_writer *w, const char *path, uint32_t *n_vo
 		return -1;
 	}
 	*n_vocab = (uint32_t)tokens->v.arr.n;
+	/* the tokenizer and, when it has one, its chat template */
 	for (uint64_t i = 0; i < f->n_kv; i++)
-		if (f->kv[i].key.len > 16 && !memcmp(f->kv[i].key.ptr, "tokenizer.ggml.", 15))
+		if ((f->kv[i].key.len > 16 && !memcmp(f->kv[i].key.ptr, "tokenizer.ggml.", 15)) ||
+		    (f->kv[i].key.len == 23 &&
+		     !memcmp(f->kv[i].key.ptr, "tokenizer.chat_template", 23)))
 			hyb_gguf_writer_copy_kv(w, &f->kv[i]);
 	hyb_gguf_close(f);
 	return 0;

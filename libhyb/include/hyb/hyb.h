@@ -16,6 +16,7 @@
 #include "hyb/gguf.h"		/* GGUF read and write */
 #include "hyb/model.h"		/* models and contexts: the forward pass */
 #include "hyb/tokenizer.h"
+#include "hyb/chat.h"		/* chat templates */
 #include "hyb/sampler.h"
 #include "hyb/generate.h"	/* the generation loop */
 #include "hyb/threadpool.h"

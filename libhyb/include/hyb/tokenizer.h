@@ -46,6 +46,22 @@ bool hyb_tokenizer_is_eog(const struct hyb_tokenizer *t, int32_t id);
 int hyb_tokenize(const struct hyb_tokenizer *t, const char *text, size_t len, bool add_special,
 		 int32_t *out, int cap);
 
+/* hyb_tokenize_flags' flags. */
+enum {
+	HYB_TOKENIZE_ADD_SPECIAL = 1u << 0,   /* BOS/EOS as the model wants: add_special above */
+	/*
+	 * Special tokens written in the text become their ids, as llama.cpp's
+	 * parse_special = true: "<|im_start|>" is its one control token, not
+	 * characters. For prompts made by a chat template (hyb/chat.h), never for
+	 * text a user typed into a plain prompt.
+	 */
+	HYB_TOKENIZE_PARSE_SPECIAL = 1u << 1,
+};
+
+/* hyb_tokenize with flags (HYB_TOKENIZE_*; an unknown bit is -EINVAL). */
+int hyb_tokenize_flags(const struct hyb_tokenizer *t, const char *text, size_t len,
+		       unsigned int flags, int32_t *out, int cap);
+
 /*
  * The bytes token `id` contributes to the output text (leading-space rules
  * as llama_token_to_piece with special=false, lstrip=0: control and unknown
