@@ -64,3 +64,32 @@ void hyb_test_need_venv(void)
 	hyb_test_show_log(log);
 	CHECK_MSG(0, "tests/oracle/venv.sh failed (exit %d)", rc);
 }
+
+const char *hyb_test_real_model(const char *name)
+{
+	static char paths[4][512];
+	static const char *names[4];
+	char log[512];
+	FILE *f;
+	int rc, i;
+
+	for (i = 0; i < 4 && names[i]; i++)
+		if (!strcmp(names[i], name))
+			return paths[i];
+	CHECK_MSG(i < 4, "too many real models");
+	snprintf(log, sizeof(log), "%s/fetch-%s.log", hyb_test_tmpdir(), name);
+	rc = hyb_test_sh(log, "bash tests/data/fetch-models.sh %s", name);
+	if (rc == 3)
+		SKIP("%s cannot be fetched here (offline?)", name);
+	if (rc) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "tests/data/fetch-models.sh %s failed (exit %d)", name, rc);
+	}
+	f = fopen(log, "r");
+	CHECK(f);
+	CHECK(fgets(paths[i], sizeof(paths[i]), f));
+	fclose(f);
+	paths[i][strcspn(paths[i], "\n")] = 0;
+	names[i] = name;
+	return paths[i];
+}

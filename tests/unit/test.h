@@ -66,6 +66,12 @@ int hyb_test_sh(const char *log, const char *fmt, ...) __attribute__((format(pri
 void hyb_test_show_log(const char *log);
 /* .venv for the Python oracles (tests/oracle/venv.sh); SKIPs when it cannot exist here. */
 void hyb_test_need_venv(void);
+/*
+ * A real model file (tests/data/fetch-models.sh NAME: smollm2, gemma3),
+ * fetched once into models/; SKIPs when it cannot be had (offline). The
+ * path stays valid for the process. shell_fixture.c
+ */
+const char *hyb_test_real_model(const char *name);
 
 #define TEST(fn_name)                                                                  \
 	static void fn_name(void);                                                     \

@@ -258,10 +258,7 @@ TEST(chat_template_for_model)
 	CHECK_EQ_INT(hyb_chat_template_for_model(NULL, NULL, NULL), -EINVAL);
 
 	/* Gemma 3 ships without a template: its vocabulary's <start_of_turn> picks gemma */
-	gemma = getenv("HYB_GEMMA3") ? getenv("HYB_GEMMA3")
-				      : "../models/gemma/gemma-3-270m-q4_k_m.gguf";
-	if (access(gemma, R_OK))
-		SKIP("%s not found (set HYB_GEMMA3)", gemma);
+	gemma = hyb_test_real_model("gemma3");
 	CHECK_MSG(hyb_gguf_open(gemma, &gf) == 0, "%s", hyb_last_error());
 	gt = hyb_tokenizer_load(gf);
 	CHECK(gt);

