@@ -82,14 +82,15 @@ static const uint16_t sh_iq4[32] = {
 };
 
 /* vpermw indices: word w of chunk j uses the scale of sub-block of 16 number 4j + w/8 */
-static inline __m512i scale16_idx(int j)
-{
-	uint16_t idx[32];
-
-	for (int i = 0; i < 32; i++)
-		idx[i] = (uint16_t)(4 * j + i / 8);
-	return _mm512_loadu_si512(idx);
-}
+static const uint16_t scale16_idx[4][32] = {
+#define IDX(j) { 4 * j, 4 * j, 4 * j, 4 * j, 4 * j, 4 * j, 4 * j, 4 * j,                 \
+		 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, \
+		 4 * j + 1, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, \
+		 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3, \
+		 4 * j + 3, 4 * j + 3, 4 * j + 3 }
+	IDX(0), IDX(1), IDX(2), IDX(3),
+#undef IDX
+};
 
 /* pshufb controls: int16 scale j of a 128-bit lane for the low 256 bits, j + 1 for the high */
 static inline __m512i pick_pair(int j)
@@ -134,7 +135,7 @@ AI void unpack_q2(const struct hyb_block_q2_k *b, struct xrow *o)
 		const __m512i sh = _mm512_loadu_si512(sh_pairs[j % 2]);
 
 		o->q[j] = _mm512_and_si512(_mm512_srlv_epi16(bcast256(b->qs + 32 * (j / 2)), sh), m3);
-		o->s[j] = _mm512_permutexvar_epi16(scale16_idx(j), sc);
+		o->s[j] = _mm512_permutexvar_epi16(_mm512_loadu_si512(scale16_idx[j]), sc);
 	}
 	o->d = _cvtsh_ss(b->d);
 	o->dmin = _cvtsh_ss(b->dmin);
@@ -144,18 +145,20 @@ AI void unpack_q3(const struct hyb_block_q3_k *b, struct xrow *o)
 {
 	const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
 	const __m512i hm = bcast256(b->hmask);
-	uint32_t aux[4];
+	uint32_t a0, a1, a2;
 	const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
 
-	/* the 16 6-bit scales, as dequantize_row_q3_K unpacks them */
-	memcpy(aux, b->scales, 12);
-	const uint32_t tmp = aux[2];
-
-	aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
-	aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
-	aux[0] = (aux[0] & k2) | (((tmp >> 0) & k1) << 4);
-	aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
-	const __m128i s8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)aux), _mm_set1_epi8(32));
+	/*
+	 * the 16 6-bit scales, as dequantize_row_q3_K unpacks them; built in
+	 * registers (a store-and-reload of the words would stall store forwarding)
+	 */
+	memcpy(&a0, b->scales, 4);
+	memcpy(&a1, b->scales + 4, 4);
+	memcpy(&a2, b->scales + 8, 4);
+	const __m128i s8 = _mm_sub_epi8(_mm_setr_epi32(
+		(int)((a0 & k2) | ((a2 & k1) << 4)), (int)((a1 & k2) | (((a2 >> 2) & k1) << 4)),
+		(int)(((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4)),
+		(int)(((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))), _mm_set1_epi8(32));
 	const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
 
 	for (int j = 0; j < 4; j++) {
@@ -165,7 +168,7 @@ AI void unpack_q3(const struct hyb_block_q3_k *b, struct xrow *o)
 			_mm512_loadu_si512(sh_hbit[j])), one);
 
 		o->q[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 2));
-		o->s[j] = _mm512_permutexvar_epi16(scale16_idx(j), sc);
+		o->s[j] = _mm512_permutexvar_epi16(_mm512_loadu_si512(scale16_idx[j]), sc);
 	}
 	o->d = _cvtsh_ss(b->d);
 	o->dmin = 0.0f;
@@ -175,12 +178,16 @@ AI void unpack_q5(const struct hyb_block_q5_k *b, struct xrow *o)
 {
 	const __m512i m4 = _mm512_set1_epi8(0xF), one = _mm512_set1_epi8(1);
 	const __m512i qh = bcast256(b->qh);
-	uint8_t sc8[8], mn8[8];
-	uint64_t s64, m64;
+	uint32_t u0, u1, u2;
 
-	hyb_q4k_scales(b->scales, sc8, mn8);
-	memcpy(&s64, sc8, 8);
-	memcpy(&m64, mn8, 8);
+	/* the 8 scales and 8 mins as bytes, hyb_q4k_scales() on 32-bit words */
+	memcpy(&u0, b->scales, 4);
+	memcpy(&u1, b->scales + 4, 4);
+	memcpy(&u2, b->scales + 8, 4);
+	const uint64_t s64 = (uint64_t)(u0 & 0x3f3f3f3f) |
+		(uint64_t)((u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4)) << 32;
+	const uint64_t m64 = (uint64_t)(u1 & 0x3f3f3f3f) |
+		(uint64_t)(((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4)) << 32;
 	const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s64)));
 
 	o->mins = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64)));
@@ -202,11 +209,18 @@ AI void unpack_iq4(const struct hyb_block_iq4_xs *b, struct xrow *o)
 	const __m512i m4 = _mm512_set1_epi8(0xF);
 	const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl));
 	const __m512i sh = _mm512_loadu_si512(sh_iq4);
-	int16_t ls[8];
+	uint32_t sl;
 
-	for (int ib = 0; ib < 8; ib++)
-		ls[ib] = (int16_t)hyb_iq4xs_scale(b, ib);
-	const __m512i sc = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)ls));
+	/* ls - 32 as int16: nibble ib of scales_l, bits 2ib..2ib+1 of scales_h above */
+	memcpy(&sl, b->scales_l, 4);
+	const __m128i v = _mm_cvtsi32_si128((int)sl), m4s = _mm_set1_epi8(0xF);
+	const __m128i lo = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(v, m4s),
+							       _mm_and_si128(_mm_srli_epi16(v, 4), m4s)));
+	const __m128i hi = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h),
+							_mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)),
+					 _mm_set1_epi16(3));
+	const __m512i sc = _mm512_broadcast_i32x4(_mm_sub_epi16(
+		_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32)));
 
 	for (int j = 0; j < 4; j++) {
 		/* 128-bit lanes [A, A, B, B] of the 32 bytes A|B of sub-blocks 2j, 2j + 1 */
