@@ -180,7 +180,7 @@ static int read_hparams(struct loader *ld)
 
 static const char *supported_types(void)
 {
-	return "F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K";
+	return "F32 F16 BF16 Q8_0 Q4_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS";
 }
 
 /*

@@ -35,7 +35,8 @@ static const char usage[] =
 	"  --vocab N       vocabulary size (default 512; generated SentencePiece vocab)\n"
 	"  --vocab-from F  copy the tokenizer of GGUF file F (sets the vocabulary size)\n"
 	"  --ctx N         context length (default 4096)\n"
-	"  --type T        F32 F16 BF16 Q8_0 Q4_0 Q4_K Q6_K (default Q8_0)\n"
+	"  --type T        F32 F16 BF16 Q8_0 Q4_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS\n"
+	"                  (default Q8_0)\n"
 	"  --output-type T type of output.weight (default: --type)\n"
 	"  --act A         silu relu relu2 dlrelu (default silu)\n"
 	"  --sparsity F    ReLU family: target fraction of inactive FFN neurons per\n"
@@ -121,7 +122,9 @@ static void fill_worker(void *arg, int ith, int nth)
 static int parse_type(const char *s, uint32_t *out)
 {
 	static const uint32_t ok[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_BF16, HYB_TYPE_Q8_0,
-				       HYB_TYPE_Q4_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+				       HYB_TYPE_Q4_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K,
+				       HYB_TYPE_Q2_K, HYB_TYPE_Q3_K, HYB_TYPE_Q5_K,
+				       HYB_TYPE_IQ4_XS };
 
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
 		if (!strcasecmp(s, hyb_type_name(ok[i]))) {
