@@ -81,6 +81,55 @@ struct hyb_block_q8_1 {
 	int8_t qs[HYB_QK8_0];
 };
 
+/*
+ * Super-block of 16 sub-blocks of 16: x = d * (scales[j] & 15) * q -
+ * dmin * (scales[j] >> 4), q 2-bit: element 128h + 32p + l is bits 2p..2p+1
+ * of qs[32h + l]
+ */
+struct hyb_block_q2_k {
+	uint8_t scales[HYB_QK_K / 16];
+	uint8_t qs[HYB_QK_K / 4];
+	uint16_t d;
+	uint16_t dmin;
+};
+
+/*
+ * Super-block of 16 sub-blocks of 16: x = d * (sc[j] - 32) * (q - 4), q 3-bit:
+ * low 2 bits as Q2_K's qs, the high bit of element 128h + 32p + l is bit
+ * 4h + p of hmask[l]; sc 6-bit, packed in `scales` (hyb_q3k_scale())
+ */
+struct hyb_block_q3_k {
+	uint8_t hmask[HYB_QK_K / 8];
+	uint8_t qs[HYB_QK_K / 4];
+	uint8_t scales[12];
+	uint16_t d;
+};
+
+/*
+ * Super-block of 8 sub-blocks of 32, scales and mins as Q4_K's, 5-bit q: the
+ * low 4 bits as Q4_K's qs, the high bit of element 64c + 32h + l is bit
+ * 2c + h of qh[l]
+ */
+struct hyb_block_q5_k {
+	uint16_t d;
+	uint16_t dmin;
+	uint8_t scales[HYB_K_SCALE_SIZE];
+	uint8_t qh[HYB_QK_K / 8];
+	uint8_t qs[HYB_QK_K / 2];
+};
+
+/*
+ * Super-block of 8 sub-blocks of 32: x = d * (ls[j] - 32) *
+ * hyb_kvalues_iq4nl[q], q 4-bit as Q4_0's per sub-block (qs[16j ..]), ls
+ * 6-bit: low 4 bits in scales_l, high 2 in scales_h
+ */
+struct hyb_block_iq4_xs {
+	uint16_t d;
+	uint16_t scales_h;
+	uint8_t scales_l[HYB_QK_K / 64];
+	uint8_t qs[HYB_QK_K / 2];
+};
+
 /* Activations of the K-quants: x = d * q, with the sums of each 16 quants */
 struct hyb_block_q8_k {
 	float d;
@@ -98,8 +147,12 @@ _Static_assert(sizeof(struct hyb_block_q8_1) == 36, "q8_1 block layout");
 _Static_assert(sizeof(struct hyb_block_q4_k) == 144, "q4_K block layout");
 _Static_assert(sizeof(struct hyb_block_q6_k) == 210, "q6_K block layout");
 _Static_assert(sizeof(struct hyb_block_q8_k) == 292, "q8_K block layout");
+_Static_assert(sizeof(struct hyb_block_q2_k) == 84, "q2_K block layout");
+_Static_assert(sizeof(struct hyb_block_q3_k) == 110, "q3_K block layout");
+_Static_assert(sizeof(struct hyb_block_q5_k) == 176, "q5_K block layout");
+_Static_assert(sizeof(struct hyb_block_iq4_xs) == 136, "iq4_xs block layout");
 
-/* IQ4_NL's 16 levels (ggml-common.h kvalues_iq4nl) */
+/* The non-linear 4-bit levels of IQ4_NL and IQ4_XS (ggml-common.h kvalues_iq4nl) */
 static const int8_t hyb_kvalues_iq4nl[16] = {
 	-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 };

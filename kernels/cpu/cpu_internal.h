@@ -49,6 +49,22 @@ void hyb_gemm_q5_1_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_iq4_nl_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q6_k_scalar(HYB_GEMM_ARGS);
+/* kquant_extra.c: Q2_K, Q3_K, Q5_K, IQ4_XS (gemm and dequantize, scalar level) */
+void hyb_gemm_q2_k_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q3_k_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_q5_k_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_iq4_xs_scalar(HYB_GEMM_ARGS);
+void hyb_fill_k_extra_scalar(struct hyb_cpu_kernels *k);
+/* gemm_k_extra_*.c: their SIMD levels */
+void hyb_fill_k_extra_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_k_extra_avx512(struct hyb_cpu_kernels *k);
+void hyb_fill_k_extra_avx512vnni(struct hyb_cpu_kernels *k);
+/* quant_ref_k_extra.c: their reference quantizers; -1 for another type */
+int hyb_quantize_k_extra_ref(uint32_t type, const float *x, void *out, int64_t n);
+/* quant_ref.c: llama.cpp's make_qkx2_quants, for quant_ref_k_extra.c */
+float hyb_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+			   float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+			   int use_mad);
 
 /* quant_act.c: activation converters */
 void hyb_quantize_f32_scalar(const float *x, void *out, int64_t n);

@@ -40,8 +40,12 @@ uint32_t hyb_vec_dot_type(uint32_t weight_type)
 	case HYB_TYPE_Q4_1:
 	case HYB_TYPE_Q5_1:
 		return HYB_TYPE_Q8_1;
+	case HYB_TYPE_Q2_K:
+	case HYB_TYPE_Q3_K:
 	case HYB_TYPE_Q4_K:
+	case HYB_TYPE_Q5_K:
 	case HYB_TYPE_Q6_K:
+	case HYB_TYPE_IQ4_XS:
 		return HYB_TYPE_Q8_K;
 	default:
 		return weight_type; /* F32, F16, BF16 multiply in their own format */
@@ -118,6 +122,7 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	k->dequantize[HYB_TYPE_Q4_K] = hyb_dequantize_q4_k;
 	k->dequantize[HYB_TYPE_Q6_K] = hyb_dequantize_q6_k;
 	k->dequantize[HYB_TYPE_Q8_K] = hyb_dequantize_q8_k;
+	hyb_fill_k_extra_scalar(k);
 	hyb_fill_vec_ref(k);
 	hyb_fill_pred_ref(k);
 	hyb_fill_popcount_ref(k);
@@ -141,12 +146,16 @@ static void init(void)
 		tables[i].isa = (enum hyb_isa)i;
 		if (!supported[i])
 			continue;
-		if (i == HYB_ISA_AVX2)
+		if (i == HYB_ISA_AVX2) {
 			hyb_cpu_fill_avx2(&tables[i]);
-		else if (i == HYB_ISA_AVX512)
+			hyb_fill_k_extra_avx2(&tables[i]);
+		} else if (i == HYB_ISA_AVX512) {
 			hyb_cpu_fill_avx512(&tables[i]);
-		else
+			hyb_fill_k_extra_avx512(&tables[i]);
+		} else {
 			hyb_cpu_fill_avx512vnni(&tables[i]);
+			hyb_fill_k_extra_avx512vnni(&tables[i]);
+		}
 	}
 	for (int i = 0; i < HYB_ISA_COUNT; i++)
 		tables[i].name = isa_names[i];

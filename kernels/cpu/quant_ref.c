@@ -534,6 +534,14 @@ static void quantize_q6_k(const float *x, struct hyb_block_q6_k *y, int64_t n)
 	}
 }
 
+float hyb_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
+			   float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+			   int use_mad)
+{
+	return make_qkx2_quants(n, nmax, x, weights, L, the_min, Laux, rmin, rdelta, nstep,
+				use_mad);
+}
+
 int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n)
 {
 	const struct hyb_type_info *ti = hyb_type_info(type);
@@ -577,6 +585,6 @@ int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n)
 		quantize_q6_k(x, out, n);
 		return 0;
 	default:
-		return -1;
+		return hyb_quantize_k_extra_ref(type, x, out, n);
 	}
 }

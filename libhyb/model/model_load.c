@@ -255,7 +255,7 @@ static int read_hparams(struct hyb_loader *ld)
 
 static const char *supported_types(void)
 {
-	return "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q6_K";
+	return "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_XS";
 }
 
 /*

@@ -190,10 +190,38 @@ static const uint8_t g_iq4_nl_first[18] = {
 #define G_DOT_Q5_0 -1831874.0
 #define G_DOT_Q5_1 -1641296.0
 #define G_DOT_IQ4_NL -1482299.75
+#define G_Q2_K_HASH 0x378615d57df1ae82ULL
+static const uint8_t g_q2_K_first[16] = {
+	0xab, 0xee, 0xec, 0xdc, 0xbc, 0xdd, 0xcd, 0xcc, 0xde, 0xac, 0xff, 0xcd,
+	0xdd, 0xbd, 0xb9, 0xac,
+};
+#define G_DEQ_Q2_K_HASH 0x06e62ee1a6e3be43ULL
+#define G_Q3_K_HASH 0x57c5508faed653faULL
+static const uint8_t g_q3_K_first[16] = {
+	0x0d, 0x43, 0xfe, 0x18, 0x6f, 0xe9, 0xd8, 0x55, 0x1a, 0x7d, 0x74, 0xc8,
+	0x6b, 0xa8, 0xf3, 0x95,
+};
+#define G_DEQ_Q3_K_HASH 0xff3fdcdff740a39fULL
+#define G_Q5_K_HASH 0x729aa39ee84393dfULL
+static const uint8_t g_q5_K_first[16] = {
+	0x32, 0x14, 0x06, 0x24, 0xfc, 0xf9, 0xfb, 0xfb, 0xfc, 0xfe, 0xfc, 0xfc,
+	0xab, 0xfd, 0xef, 0x59,
+};
+#define G_DEQ_Q5_K_HASH 0x2f58c7a865c8707fULL
+#define G_IQ4_XS_HASH 0xa7cee6167bc500b1ULL
+static const uint8_t g_iq4_xs_first[16] = {
+	0x24, 0x8c, 0x33, 0xc3, 0x3f, 0x1e, 0x0d, 0xd0, 0x5e, 0xbc, 0xa1, 0xb2,
+	0xfb, 0xf7, 0xd2, 0x7a,
+};
+#define G_DEQ_IQ4_XS_HASH 0x3a94fa8bffbed372ULL
 #define G_DOT_Q4_0 -1842475.0
 #define G_DOT_Q8_0 -1576551.75
 #define G_DOT_Q4_K -1513541.0
 #define G_DOT_Q6_K -1448687.0
+#define G_DOT_Q2_K -2340809.5
+#define G_DOT_Q3_K -282660.75
+#define G_DOT_Q5_K -1611757.0
+#define G_DOT_IQ4_XS -1236772.25
 
 #define NGOLD 4096
 
@@ -348,6 +376,11 @@ static const struct golden goldens[] = {
 	{ HYB_TYPE_Q8_0, G_Q8_0_HASH, g_q8_0_first, sizeof(g_q8_0_first), G_DEQ_Q8_0_HASH },
 	{ HYB_TYPE_Q4_K, G_Q4_K_HASH, g_q4_K_first, sizeof(g_q4_K_first), G_DEQ_Q4_K_HASH },
 	{ HYB_TYPE_Q6_K, G_Q6_K_HASH, g_q6_K_first, sizeof(g_q6_K_first), G_DEQ_Q6_K_HASH },
+	{ HYB_TYPE_Q2_K, G_Q2_K_HASH, g_q2_K_first, sizeof(g_q2_K_first), G_DEQ_Q2_K_HASH },
+	{ HYB_TYPE_Q3_K, G_Q3_K_HASH, g_q3_K_first, sizeof(g_q3_K_first), G_DEQ_Q3_K_HASH },
+	{ HYB_TYPE_Q5_K, G_Q5_K_HASH, g_q5_K_first, sizeof(g_q5_K_first), G_DEQ_Q5_K_HASH },
+	{ HYB_TYPE_IQ4_XS, G_IQ4_XS_HASH, g_iq4_xs_first, sizeof(g_iq4_xs_first),
+	  G_DEQ_IQ4_XS_HASH },
 	{ HYB_TYPE_F16, G_F16_HASH, g_f16_first, sizeof(g_f16_first), 0 },
 	{ HYB_TYPE_BF16, G_BF16_HASH, g_bf16_first, sizeof(g_bf16_first), 0 },
 };
@@ -411,7 +444,7 @@ TEST(kern_quantize_ref_ties_and_errors)
 
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q4_0, x, &b4, 31), -1);
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q4_K, x, &b4, 32), -1);
-	CHECK_EQ_INT(hyb_quantize_row_ref(13 /* Q5_K */, x, &b4, 256), -1);
+	CHECK_EQ_INT(hyb_quantize_row_ref(16 /* IQ2_XXS */, x, &b4, 256), -1);
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q8_1, x, &b4, 32), -1); /* activations only */
 	CHECK_EQ_INT(hyb_quantize_row_ref(HYB_TYPE_Q8_K, x, &b4, 256), -1); /* activations only */
 	CHECK_EQ_INT(hyb_quantize_row_ref(1000, x, &b4, 32), -1);
@@ -526,6 +559,11 @@ TEST(kern_quantize_roundtrip_error)
 		/* K-quants: fitted, not max-scaled; worst seen 0.073 / 0.016, with margin */
 		{ HYB_TYPE_Q4_K, 0.1 },
 		{ HYB_TYPE_Q6_K, 0.025 },
+		/* worst seen 0.33 / 0.24 / 0.045 / 0.11 */
+		{ HYB_TYPE_Q2_K, 0.4 },
+		{ HYB_TYPE_Q3_K, 0.3 },
+		{ HYB_TYPE_Q5_K, 0.06 },
+		{ HYB_TYPE_IQ4_XS, 0.15 },
 		{ HYB_TYPE_F16, 0x1p-11 },
 		{ HYB_TYPE_BF16, 0x1p-8 },
 	};
@@ -632,12 +670,24 @@ static void make_wrow(uint32_t type, int64_t k, enum wmode mode, uint8_t *out)
 				if (type == HYB_TYPE_Q4_1 || type == HYB_TYPE_Q5_1)
 					memcpy(out + off + 2, &m, 2);
 				off += hyb_type_info(type)->size;
-			} else if (type == HYB_TYPE_Q4_K) {
+			} else if (type == HYB_TYPE_Q4_K || type == HYB_TYPE_Q5_K) {
 				uint16_t dm = mode == W_RAW ? rnd_f16_scale() : d;
 
 				memcpy(out + off, &d, 2);
 				memcpy(out + off + 2, &dm, 2);
-				off += 144;
+				off += type == HYB_TYPE_Q4_K ? 144 : 176;
+			} else if (type == HYB_TYPE_Q2_K) {
+				uint16_t dm = mode == W_RAW ? rnd_f16_scale() : d;
+
+				memcpy(out + off + 80, &d, 2);
+				memcpy(out + off + 82, &dm, 2);
+				off += 84;
+			} else if (type == HYB_TYPE_Q3_K) {
+				memcpy(out + off + 108, &d, 2);
+				off += 110;
+			} else if (type == HYB_TYPE_IQ4_XS) {
+				memcpy(out + off, &d, 2);
+				off += 136;
 			} else {
 				memcpy(out + off + 208, &d, 2);
 				off += 210;
@@ -827,7 +877,8 @@ static void check_close(const char *what, const struct mat *m, const float *y, c
 
 static const uint32_t all_wtypes[] = {
 	HYB_TYPE_F32,  HYB_TYPE_F16,  HYB_TYPE_BF16, HYB_TYPE_Q4_0, HYB_TYPE_Q4_1,   HYB_TYPE_Q5_0,
-	HYB_TYPE_Q5_1, HYB_TYPE_Q8_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_NL,
+	HYB_TYPE_Q5_1, HYB_TYPE_Q8_0, HYB_TYPE_Q4_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_NL, HYB_TYPE_Q2_K,
+	HYB_TYPE_Q3_K, HYB_TYPE_Q5_K, HYB_TYPE_IQ4_XS,
 };
 
 static void test_gemm_type(uint32_t type)
@@ -891,6 +942,10 @@ TEST(kern_gemm_q5_1_vs_scalar) { test_gemm_type(HYB_TYPE_Q5_1); }
 TEST(kern_gemm_iq4_nl_vs_scalar) { test_gemm_type(HYB_TYPE_IQ4_NL); }
 TEST(kern_gemm_q4_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q4_K); }
 TEST(kern_gemm_q6_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q6_K); }
+TEST(kern_gemm_q2_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q2_K); }
+TEST(kern_gemm_q3_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q3_K); }
+TEST(kern_gemm_q5_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q5_K); }
+TEST(kern_gemm_iq4_xs_vs_scalar) { test_gemm_type(HYB_TYPE_IQ4_XS); }
 
 /* the reference itself against double precision on the dequantized values */
 TEST(kern_gemm_scalar_vs_f64)
@@ -987,12 +1042,15 @@ TEST(kern_gemm_empty_shapes)
 /* llama.cpp's ggml_vec_dot_* (AVX-512 build) on the golden data */
 TEST(kern_gemm_matches_llama_dot)
 {
-	/* Q4_1/Q5_1: sum(d dx dot) and sum(m s) cancel to 1/20 of their size */
+	/* relative: Q4_1/Q5_1's sum(d dx dot) and sum(m s) cancel to 1/20 of their size,
+	 * Q3_K's terms are ~10x its sum */
 	static const struct { uint32_t type; double want, rel; } dots[] = {
 		{ HYB_TYPE_Q4_0, G_DOT_Q4_0, 1e-6 }, { HYB_TYPE_Q8_0, G_DOT_Q8_0, 1e-6 },
 		{ HYB_TYPE_Q4_1, G_DOT_Q4_1, 1e-5 }, { HYB_TYPE_Q5_0, G_DOT_Q5_0, 1e-6 },
 		{ HYB_TYPE_Q5_1, G_DOT_Q5_1, 1e-5 }, { HYB_TYPE_IQ4_NL, G_DOT_IQ4_NL, 1e-6 },
 		{ HYB_TYPE_Q4_K, G_DOT_Q4_K, 1e-6 }, { HYB_TYPE_Q6_K, G_DOT_Q6_K, 1e-6 },
+		{ HYB_TYPE_Q2_K, G_DOT_Q2_K, 1e-6 }, { HYB_TYPE_Q3_K, G_DOT_Q3_K, 1e-5 },
+		{ HYB_TYPE_Q5_K, G_DOT_Q5_K, 1e-6 }, { HYB_TYPE_IQ4_XS, G_DOT_IQ4_XS, 1e-6 },
 	};
 	float *w = xmalloc(NGOLD * sizeof(float)), *a = xmalloc(NGOLD * sizeof(float));
 	uint8_t *qw = xmalloc(NGOLD * 2), *qa = xmalloc(NGOLD * 2);
@@ -1117,6 +1175,86 @@ TEST(kern_gemm_matches_llama_matmul)
 		SKIP("no AVX-512 level on this CPU: only closeness to the scalar reference checked");
 }
 
+/*
+ * Q2_K, Q3_K, Q5_K, IQ4_XS bit for bit: FNV-1a of the outputs of llama.cpp's
+ * CPU backend (AVX-512 VNNI build, one thread) for ggml_mul_mat of a
+ * k = 1024 weight of 64 rows (Q2_K repacked to q2_K_8x8) and of 36 rows
+ * (not repacked), times 1, 7 (ggml_vec_dot; repacked Q2_K: gemm on 4
+ * columns, gemv on 3) and 70 columns (the tiled K-quant matmul; repacked
+ * Q2_K: gemm on 68, gemv on 2). Weights quantized by the reference
+ * quantizer, activations F32 (gen_data seeds 1000 + rows, 2000 + columns).
+ */
+static const struct {
+	uint32_t type;
+	uint64_t hash[6]; /* rows 64, 36 x columns 1, 7, 70 */
+} g_mm_bits[] = {
+	{ HYB_TYPE_Q2_K, {
+		0x4d66802746a5d730ULL, 0x875845aecc6c12caULL,
+		0x8983deb521272f41ULL, 0xea370a24ddb01a30ULL,
+		0x97e32ca0f28c004dULL, 0xa9ced728caffc862ULL, } },
+	{ HYB_TYPE_Q3_K, {
+		0x858467006a9f864aULL, 0x3dab16e57e0995e3ULL,
+		0x7be1773bd34666d0ULL, 0x14cbcf0f7fb6a5ebULL,
+		0x58f384cf08c0a200ULL, 0x36f6ac2b882a0831ULL, } },
+	{ HYB_TYPE_Q5_K, {
+		0xca036ed34bc86ea5ULL, 0x4991692d0ed7e285ULL,
+		0x2f683f3f3cbd4b38ULL, 0x3a95a0dcc7365e7aULL,
+		0xd6258ffa7ac65e98ULL, 0x20f8730d9d110fc9ULL, } },
+	{ HYB_TYPE_IQ4_XS, {
+		0xf7d8acb5f2b8cc9eULL, 0xfd8cf6b9df8ab574ULL,
+		0x4503ebe555838499ULL, 0x05f5204e4ff5fdb9ULL,
+		0xf1cc86c352e3260eULL, 0x05791dd4bf76b39eULL, } },
+};
+
+TEST(kern_gemm_k_extra_bits_match_llama)
+{
+	static const int64_t rows[] = { 64, 36 }, cols[] = { 1, 7, 70 };
+	const int64_t k = 1024;
+	int levels = 0;
+
+	for (int isa = HYB_ISA_AVX512; isa < HYB_ISA_COUNT; isa++) {
+		const struct hyb_cpu_kernels *kt = hyb_cpu_kernels((enum hyb_isa)isa);
+
+		if (!kt)
+			continue;
+		levels++;
+		for (size_t t = 0; t < sizeof(g_mm_bits) / sizeof(g_mm_bits[0]); t++) {
+			const uint32_t type = g_mm_bits[t].type;
+			const size_t rb = hyb_row_bytes(type, k), xb = hyb_row_bytes(HYB_TYPE_Q8_K, k);
+
+			for (int ir = 0; ir < 2; ir++)
+				for (int ic = 0; ic < 3; ic++) {
+					const int64_t nr = rows[ir], nc = cols[ic];
+					float *wf = xmalloc(k * nr * sizeof(float));
+					float *xf = xmalloc(k * nc * sizeof(float));
+					float *y = xmalloc(nr * nc * sizeof(float));
+					uint8_t *wq = xmalloc(rb * nr), *xq = xmalloc(xb * nc);
+
+					gen_data(wf, k * nr, 1000 + (uint64_t)nr);
+					gen_data(xf, k * nc, 2000 + (uint64_t)nc);
+					for (int64_t r = 0; r < nr; r++)
+						CHECK_EQ_INT(hyb_quantize_row_ref(type, wf + r * k,
+										  wq + r * rb, k), 0);
+					for (int64_t c = 0; c < nc; c++)
+						kt->quantize_act[HYB_TYPE_Q8_K](xf + c * k, xq + c * xb, k);
+					hyb_gemm_pick(kt, type, (uint64_t)nr)(k, wq, rb, nr, xq, xb, nc, y,
+									      (size_t)nr);
+					CHECK_MSG(fnv(y, nr * nc * sizeof(float)) == g_mm_bits[t].hash[ir * 3 + ic],
+						  "%s %s: rows %lld cols %lld differ from llama.cpp",
+						  kt->name, hyb_type_name(type), (long long)nr,
+						  (long long)nc);
+					free(wf);
+					free(xf);
+					free(y);
+					free(wq);
+					free(xq);
+				}
+		}
+	}
+	if (!levels)
+		SKIP("this CPU has no AVX-512");
+}
+
 /* ---- dispatch ---- */
 
 TEST(kern_dispatch_tables)
@@ -1157,7 +1295,7 @@ TEST(kern_dispatch_tables)
 		CHECK(kt->dot_f16 && kt->mad_f16 && kt->scale_f16 && kt->gemm_acc && kt->soft_max &&
 		      kt->swiglu);
 		CHECK(kt->gemm[HYB_TYPE_Q8_K] == NULL && kt->gemm[HYB_TYPE_Q8_1] == NULL &&
-		      kt->gemm[13 /* Q5_K */] == NULL);
+		      kt->gemm[16 /* IQ2_XXS */] == NULL);
 	}
 	/* best is the highest supported level when HYB_ISA is unset */
 	unsetenv("HYB_ISA");

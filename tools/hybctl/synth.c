@@ -38,8 +38,8 @@ static const char usage[] =
 	"  --chat-template T  tokenizer.chat_template: T as it is (a template text, or a\n"
 	"                  name hyb knows: chatml, llama3, ...), or @FILE for a file's text\n"
 	"  --ctx N         context length (default 4096)\n"
-	"  --type T        F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q4_K Q6_K\n"
-	"                  (default Q8_0)\n"
+	"  --type T        F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 IQ4_NL Q2_K Q3_K Q4_K\n"
+	"                  Q5_K Q6_K IQ4_XS (default Q8_0)\n"
 	"  --output-type T type of output.weight (default: --type)\n"
 	"  --act A         silu relu relu2 dlrelu (default silu)\n"
 	"  --sparsity F    ReLU family: target fraction of inactive FFN neurons per\n"
@@ -163,7 +163,8 @@ static int parse_type(const char *s, uint32_t *out)
 	static const uint32_t ok[] = { HYB_TYPE_F32,  HYB_TYPE_F16,  HYB_TYPE_BF16,
 				       HYB_TYPE_Q8_0, HYB_TYPE_Q4_0, HYB_TYPE_Q4_1,
 				       HYB_TYPE_Q5_0, HYB_TYPE_Q5_1, HYB_TYPE_IQ4_NL,
-				       HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+				       HYB_TYPE_Q2_K, HYB_TYPE_Q3_K, HYB_TYPE_Q4_K,
+				       HYB_TYPE_Q5_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_XS };
 
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
 		if (!strcasecmp(s, hyb_type_name(ok[i]))) {

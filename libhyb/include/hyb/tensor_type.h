@@ -25,10 +25,14 @@ enum hyb_type {
 	HYB_TYPE_Q5_1 = 7,
 	HYB_TYPE_Q8_0 = 8,
 	HYB_TYPE_Q8_1 = 9,  /* activations only (vec_dot type of Q4_1 and Q5_1) */
+	HYB_TYPE_Q2_K = 10,
+	HYB_TYPE_Q3_K = 11,
 	HYB_TYPE_Q4_K = 12,
+	HYB_TYPE_Q5_K = 13,
 	HYB_TYPE_Q6_K = 14,
 	HYB_TYPE_Q8_K = 15, /* activations only (llama.cpp's vec_dot type of the K-quants) */
 	HYB_TYPE_IQ4_NL = 20,
+	HYB_TYPE_IQ4_XS = 23,
 	HYB_TYPE_I8 = 24,   /* plan metadata (placement flags) */
 	HYB_TYPE_I32 = 26,  /* plan metadata (neuron permutations) */
 	HYB_TYPE_BF16 = 30,
@@ -54,7 +58,7 @@ uint64_t hyb_row_bytes(uint32_t type, uint64_t n);
 
 /*
  * Reference quantizers for weights (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0, Q4_K, Q6_K, IQ4_NL),
+ * Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS),
  * bit-identical to llama.cpp's quantize_row_*_ref; the kernels are kernels/cpu/quant_ref.c.
  * Returns -1 for a type it cannot produce.
  */

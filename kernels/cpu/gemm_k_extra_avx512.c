@@ -1,0 +1,4 @@
+// SPDX-License-Identifier: MIT
+/* AVX-512 (no VNNI) Q2_K, Q3_K, Q5_K, IQ4_XS kernels: gemm_k_extra_avx512_body.h */
+#define HYB_VNNI 0
+#include "gemm_k_extra_avx512_body.h"

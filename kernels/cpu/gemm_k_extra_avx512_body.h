@@ -1,0 +1,509 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * AVX-512 Q2_K, Q3_K, Q5_K and IQ4_XS kernels, written once and compiled
+ * twice: by gemm_k_extra_avx512.c (HYB_VNNI 0) and gemm_k_extra_avx512vnni.c
+ * (HYB_VNNI 1, vpdpwssd for the scale multiply-add). Only those include it.
+ *
+ * Every output is summed as llama.cpp's x86 AVX-512 build sums it. Which of
+ * its kernels runs depends on the weight's row count and the column count
+ * (ggml-cpu.c ggml_compute_forward_mul_mat, tiled/tiled.cpp, repack.cpp):
+ *
+ * - fewer than 8 columns, not repacked: ggml_vec_dot_*_q8_K per (row,
+ *   column), AVX2 branch of arch/x86/quants.c (M_DOT);
+ * - 8 or more columns, not repacked: the tiled K-quant matmul, VNNI
+ *   microkernel (tiled-kernel.cpp tiled_run_micro_vnni_8x16) (M_TILED);
+ * - Q2_K with a row count divisible by 8 is repacked to q2_K_8x8 on
+ *   AVX-512 (repack.cpp ggml_repack_get_optimal_repack_type): the first
+ *   ncols - ncols % 4 columns go through ggml_gemm_q2_K_8x8_q8_K (M_GEMM),
+ *   the others through ggml_gemv_q2_K_8x8_q8_K (M_GEMV).
+ *
+ * The integer dot products are exact in any grouping; what has to match is
+ * which integer sums are converted to float and how those are scaled and
+ * added. All four vec_dots sum 32 consecutive elements per 256-bit product,
+ * so their 8 int32 lanes hold elements e with (e % 32) / 4 == lane; here a
+ * 512-bit product holds 64 consecutive elements and lanes l and l + 8 fold
+ * into llama.cpp's lane l. The offsets that llama.cpp applies per element
+ * (Q3_K's -4) stay per element here too, so each lane's integer is the same.
+ *
+ * One kernel shape, direct: XR rows x up to XC columns per tile, straight
+ * from the GGUF blocks, each row's unpacked block reused by every column of
+ * the tile; the next tile's rows are prefetched (decode is memory-bound).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+#include "kquant_extra.h"
+
+#ifndef HYB_VNNI
+#error "define HYB_VNNI before including gemm_k_extra_avx512_body.h"
+#endif
+
+#define XR 4 /* rows of a tile */
+#define XC 4 /* columns of a tile */
+#define XSUPER_BYTES (256 * 1024) /* weight rows that stay in L2 while every column group passes */
+
+#define AI static inline __attribute__((always_inline))
+
+enum xt { X_Q2, X_Q3, X_Q5, X_IQ4 };
+enum xm { M_DOT, M_TILED, M_GEMV, M_GEMM };
+
+static const size_t xt_bytes[] = { 84, 110, 176, 136 };
+
+/* acc += a.lo*b.lo + a.hi*b.hi over int16 pairs */
+AI __m512i dot_ww(__m512i acc, __m512i a, __m512i b)
+{
+#if HYB_VNNI
+	return _mm512_dpwssd_epi32(acc, a, b);
+#else
+	return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+/* per-word shift counts: words 0-15 (elements 0-31 of a 64) by a, words 16-31 by b */
+static const uint16_t sh_pairs[5][32] = {
+#define SH(a, b) { a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+		   b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b }
+	SH(0, 2), SH(4, 6), SH(0, 1), SH(2, 3), SH(0, 4),
+#undef SH
+};
+/* 2-bit codes of chunk j: (j % 2 ? 4,6 : 0,2); high bits of Q3_K/Q5_K chunk j: 2j, 2j+1 */
+static const uint16_t sh_hbit[4][32] = {
+#define SH(a, b) { a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+		   b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b }
+	SH(0, 1), SH(2, 3), SH(4, 5), SH(6, 7),
+#undef SH
+};
+/* IQ4_XS nibbles: per 128-bit lane low, high, low, high */
+static const uint16_t sh_iq4[32] = {
+	0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
+	0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
+};
+
+/* vpermw indices: word w of chunk j uses the scale of sub-block of 16 number 4j + w/8 */
+static const uint16_t scale16_idx[4][32] = {
+#define IDX(j) { 4 * j, 4 * j, 4 * j, 4 * j, 4 * j, 4 * j, 4 * j, 4 * j,                 \
+		 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, 4 * j + 1, \
+		 4 * j + 1, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, 4 * j + 2, \
+		 4 * j + 2, 4 * j + 2, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3, 4 * j + 3, \
+		 4 * j + 3, 4 * j + 3, 4 * j + 3 }
+	IDX(0), IDX(1), IDX(2), IDX(3),
+#undef IDX
+};
+
+/* pshufb controls: int16 scale j of a 128-bit lane for the low 256 bits, j + 1 for the high */
+static inline __m512i pick_pair(int j)
+{
+	const __m256i a = _mm256_set1_epi16((short)(2 * j | (2 * j + 1) << 8));
+	const __m256i b = _mm256_set1_epi16((short)((2 * j + 2) | (2 * j + 3) << 8));
+
+	return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+}
+
+AI __m512i bcast256(const uint8_t *p)
+{
+	return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+
+static inline uint16_t ld16(const void *p)
+{
+	uint16_t v;
+
+	memcpy(&v, p, 2);
+	return v;
+}
+
+/* one weight row's super-block, unpacked: 4 chunks of 64 elements in order */
+struct xrow {
+	__m512i q[4];      /* codes as vpmaddubsw's unsigned operand (IQ4_XS: |value|) */
+	__m512i s[4];      /* int16 scale of each word's two elements */
+	__mmask64 neg[4];  /* IQ4_XS: negative values */
+	__m256i mins;      /* Q2_K: 16 mins; Q5_K: 8 mins in the low half (int16) */
+	float d, dmin;
+};
+
+AI void unpack_q2(const struct hyb_block_q2_k *b, struct xrow *o)
+{
+	const __m512i m3 = _mm512_set1_epi8(3);
+	const __m128i raw = _mm_loadu_si128((const __m128i *)b->scales);
+	const __m128i m4 = _mm_set1_epi8(0xF);
+	const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(_mm_and_si128(raw, m4)));
+
+	o->mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4));
+	for (int j = 0; j < 4; j++) {
+		const __m512i sh = _mm512_loadu_si512(sh_pairs[j % 2]);
+
+		o->q[j] = _mm512_and_si512(_mm512_srlv_epi16(bcast256(b->qs + 32 * (j / 2)), sh), m3);
+		o->s[j] = _mm512_permutexvar_epi16(_mm512_loadu_si512(scale16_idx[j]), sc);
+	}
+	o->d = _cvtsh_ss(b->d);
+	o->dmin = _cvtsh_ss(b->dmin);
+}
+
+AI void unpack_q3(const struct hyb_block_q3_k *b, struct xrow *o)
+{
+	const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+	const __m512i hm = bcast256(b->hmask);
+	uint32_t a0, a1, a2;
+	const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
+
+	/*
+	 * the 16 6-bit scales, as dequantize_row_q3_K unpacks them; built in
+	 * registers (a store-and-reload of the words would stall store forwarding)
+	 */
+	memcpy(&a0, b->scales, 4);
+	memcpy(&a1, b->scales + 4, 4);
+	memcpy(&a2, b->scales + 8, 4);
+	const __m128i s8 = _mm_sub_epi8(_mm_setr_epi32(
+		(int)((a0 & k2) | ((a2 & k1) << 4)), (int)((a1 & k2) | (((a2 >> 2) & k1) << 4)),
+		(int)(((a0 >> 4) & k2) | (((a2 >> 4) & k1) << 4)),
+		(int)(((a1 >> 4) & k2) | (((a2 >> 6) & k1) << 4))), _mm_set1_epi8(32));
+	const __m512i sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(s8));
+
+	for (int j = 0; j < 4; j++) {
+		const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(bcast256(b->qs + 32 * (j / 2)),
+			_mm512_loadu_si512(sh_pairs[j % 2])), m3);
+		const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(hm,
+			_mm512_loadu_si512(sh_hbit[j])), one);
+
+		o->q[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 2));
+		o->s[j] = _mm512_permutexvar_epi16(_mm512_loadu_si512(scale16_idx[j]), sc);
+	}
+	o->d = _cvtsh_ss(b->d);
+	o->dmin = 0.0f;
+}
+
+AI void unpack_q5(const struct hyb_block_q5_k *b, struct xrow *o)
+{
+	const __m512i m4 = _mm512_set1_epi8(0xF), one = _mm512_set1_epi8(1);
+	const __m512i qh = bcast256(b->qh);
+	uint32_t u0, u1, u2;
+
+	/* the 8 scales and 8 mins as bytes, hyb_q4k_scales() on 32-bit words */
+	memcpy(&u0, b->scales, 4);
+	memcpy(&u1, b->scales + 4, 4);
+	memcpy(&u2, b->scales + 8, 4);
+	const uint64_t s64 = (uint64_t)(u0 & 0x3f3f3f3f) |
+		(uint64_t)((u2 & 0x0f0f0f0f) | (((u0 >> 6) & 0x03030303) << 4)) << 32;
+	const uint64_t m64 = (uint64_t)(u1 & 0x3f3f3f3f) |
+		(uint64_t)(((u2 >> 4) & 0x0f0f0f0f) | (((u1 >> 6) & 0x03030303) << 4)) << 32;
+	const __m512i sc = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)s64)));
+
+	o->mins = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)m64)));
+	for (int j = 0; j < 4; j++) {
+		const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(bcast256(b->qs + 32 * j),
+			_mm512_loadu_si512(sh_pairs[4])), m4);
+		const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(qh,
+			_mm512_loadu_si512(sh_hbit[j])), one);
+
+		o->q[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 4));
+		o->s[j] = _mm512_shuffle_epi8(sc, pick_pair(2 * j));
+	}
+	o->d = _cvtsh_ss(b->d);
+	o->dmin = _cvtsh_ss(b->dmin);
+}
+
+AI void unpack_iq4(const struct hyb_block_iq4_xs *b, struct xrow *o)
+{
+	const __m512i m4 = _mm512_set1_epi8(0xF);
+	const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl));
+	const __m512i sh = _mm512_loadu_si512(sh_iq4);
+	uint32_t sl;
+
+	/* ls - 32 as int16: nibble ib of scales_l, bits 2ib..2ib+1 of scales_h above */
+	memcpy(&sl, b->scales_l, 4);
+	const __m128i v = _mm_cvtsi32_si128((int)sl), m4s = _mm_set1_epi8(0xF);
+	const __m128i lo = _mm_cvtepu8_epi16(_mm_unpacklo_epi8(_mm_and_si128(v, m4s),
+							       _mm_and_si128(_mm_srli_epi16(v, 4), m4s)));
+	const __m128i hi = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h),
+							_mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)),
+					 _mm_set1_epi16(3));
+	const __m512i sc = _mm512_broadcast_i32x4(_mm_sub_epi16(
+		_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32)));
+
+	for (int j = 0; j < 4; j++) {
+		/* 128-bit lanes [A, A, B, B] of the 32 bytes A|B of sub-blocks 2j, 2j + 1 */
+		const __m512i v = bcast256(b->qs + 32 * j);
+		const __m512i idx = _mm512_and_si512(_mm512_srlv_epi16(
+			_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0)), sh), m4);
+		const __m512i val = _mm512_shuffle_epi8(kv, idx);
+
+		o->neg[j] = _mm512_movepi8_mask(val);
+		o->q[j] = _mm512_abs_epi8(val);
+		o->s[j] = _mm512_shuffle_epi8(sc, pick_pair(2 * j));
+	}
+	o->d = _cvtsh_ss(b->d);
+	o->dmin = 0.0f;
+}
+
+AI void unpack(const enum xt t, const uint8_t *blk, struct xrow *o)
+{
+	switch (t) {
+	case X_Q2: unpack_q2((const struct hyb_block_q2_k *)blk, o); break;
+	case X_Q3: unpack_q3((const struct hyb_block_q3_k *)blk, o); break;
+	case X_Q5: unpack_q5((const struct hyb_block_q5_k *)blk, o); break;
+	default: unpack_iq4((const struct hyb_block_iq4_xs *)blk, o); break;
+	}
+}
+
+/* the scaled integer dot of a row block and a Q8_K block, elements 0-127 and 128-255 */
+AI void xdot(const enum xt t, const struct xrow *w, const struct hyb_block_q8_k *xb,
+	     __m512i *lo, __m512i *hi)
+{
+	__m512i acc[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
+
+	for (int j = 0; j < 4; j++) {
+		__m512i x = _mm512_loadu_si512(xb->qs + 64 * j);
+		__m512i p;
+
+		if (t == X_IQ4) /* x with the sign of the value (ggml's mul_add_epi8) */
+			x = _mm512_mask_sub_epi8(x, w->neg[j], _mm512_setzero_si512(), x);
+		p = _mm512_maddubs_epi16(w->q[j], x);
+		if (t == X_Q3) /* code - 4 per element: less 4 * x pair by pair */
+			p = _mm512_sub_epi16(p, _mm512_slli_epi16(
+				_mm512_maddubs_epi16(_mm512_set1_epi8(1), x), 2));
+		acc[j / 2] = dot_ww(acc[j / 2], p, w->s[j]);
+	}
+	*lo = acc[0];
+	*hi = acc[1];
+}
+
+static inline __m256i fold8(__m512i v)
+{
+	return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+}
+
+/* hsum_float_8 (x86 quants.c): ((x0+x4) + (x2+x6)) + ((x1+x5) + (x3+x7)) */
+static inline float hsum8(__m256 x)
+{
+	__m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+
+	r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+	r = _mm_add_ss(r, _mm_movehdup_ps(r));
+	return _mm_cvtss_f32(r);
+}
+
+static inline int32_t hsum_i32(__m256i v)
+{
+	__m128i t = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+
+	t = _mm_add_epi32(t, _mm_unpackhi_epi64(t, t));
+	t = _mm_add_epi32(t, _mm_shuffle_epi32(t, _MM_SHUFFLE(2, 3, 0, 1)));
+	return _mm_cvtsi128_si32(t);
+}
+
+/*
+ * The mins' integer: Q2_K per pair of sub-blocks of 16 (8 lanes, as its
+ * vec_dot's madd); Q5_K its 4-lane madd of pairs of bsums (summed to one).
+ */
+AI __m256i xmins(const enum xt t, const struct xrow *w, const struct hyb_block_q8_k *xb)
+{
+	const __m256i bs = _mm256_loadu_si256((const __m256i *)xb->bsums);
+
+	if (t == X_Q2)
+		return _mm256_madd_epi16(w->mins, bs);
+	const __m128i s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+
+	return _mm256_castsi128_si256(_mm_madd_epi16(_mm256_castsi256_si128(w->mins), s));
+}
+
+/*
+ * XR rows (wr; nx: the next tile's, to prefetch) x NC columns, nb super-blocks.
+ * Float parts by mode:
+ * M_DOT: acc (8 lanes) per super-block: Q2_K acc = fma(-yd*dmin, float(mins
+ *   madd), acc) first; then acc = fma(yd*d, float(sumi), acc); result
+ *   hsum_float_8(acc), Q5_K plus summs = fma(-yd*dmin, float(mins), summs).
+ * M_TILED: r = float(s1)*d, less dmin*float(s2) fused (Q2_K, Q5_K);
+ *   acc = fma(r, yd, acc).
+ * M_GEMV: acc = fma(float(isum), d*yd, acc), accm = fma(float(imin),
+ *   dmin*yd, accm) per super-block; acc - accm.
+ * M_GEMM: the same per half super-block (128 elements).
+ */
+AI void xtile(const enum xt t, const enum xm m, const int NC, int64_t nb,
+	      const uint8_t *const *wr, const uint8_t *const *nx,
+	      const struct hyb_block_q8_k *const *xc, float *y, size_t ys, int nr)
+{
+	const size_t bsz = xt_bytes[t];
+	const int lines = (int)((bsz + 63) / 64);
+	__m256 acc[XR][XC];
+	float fa[XR][XC], fm[XR][XC];
+
+	for (int r = 0; r < XR; r++)
+		for (int c = 0; c < NC; c++) {
+			acc[r][c] = _mm256_setzero_ps();
+			fa[r][c] = fm[r][c] = 0.0f;
+		}
+	for (int64_t s = 0; s < nb; s++) {
+		for (int r = 0; r < XR; r++)
+			for (int l = 0; l < lines; l++)
+				_mm_prefetch((const char *)nx[r] + s * (int64_t)bsz + 64 * l, _MM_HINT_T1);
+#pragma GCC unroll 4
+		for (int r = 0; r < XR; r++) {
+			struct xrow w;
+
+			unpack(t, wr[r] + s * (int64_t)bsz, &w);
+#pragma GCC unroll 4
+			for (int c = 0; c < NC; c++) {
+				const struct hyb_block_q8_k *xb = xc[c] + s;
+				const float yd = xb->d;
+				__m512i lo, hi;
+				__m256i mi = _mm256_setzero_si256();
+
+				xdot(t, &w, xb, &lo, &hi);
+				if (t == X_Q2 || t == X_Q5)
+					mi = xmins(t, &w, xb);
+				if (m == M_DOT) {
+					if (t == X_Q2)
+						acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(-yd * w.dmin),
+							_mm256_cvtepi32_ps(mi), acc[r][c]);
+					if (t == X_Q5)
+						fm[r][c] = fmaf(-yd * w.dmin, (float)hsum_i32(mi), fm[r][c]);
+					acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(yd * w.d),
+						_mm256_cvtepi32_ps(fold8(_mm512_add_epi32(lo, hi))),
+						acc[r][c]);
+				} else if (m == M_TILED) {
+					float v = (float)_mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi)) *
+						  w.d;
+
+					if (t == X_Q2 || t == X_Q5)
+						v = fmaf(-w.dmin, (float)hsum_i32(mi), v);
+					fa[r][c] = fmaf(v, yd, fa[r][c]);
+				} else if (m == M_GEMV) {
+					fa[r][c] = fmaf((float)_mm512_reduce_add_epi32(
+						_mm512_add_epi32(lo, hi)), w.d * yd, fa[r][c]);
+					fm[r][c] = fmaf((float)hsum_i32(mi), w.dmin * yd, fm[r][c]);
+				} else {
+					const __m128i m0 = _mm256_castsi256_si128(mi);
+					const __m128i m1 = _mm256_extracti128_si256(mi, 1);
+					const float dy = w.d * yd, my = w.dmin * yd;
+
+					fa[r][c] = fmaf((float)_mm512_reduce_add_epi32(lo), dy, fa[r][c]);
+					fm[r][c] = fmaf((float)hsum_i32(_mm256_castsi128_si256(m0)) , my,
+							fm[r][c]);
+					fa[r][c] = fmaf((float)_mm512_reduce_add_epi32(hi), dy, fa[r][c]);
+					fm[r][c] = fmaf((float)hsum_i32(_mm256_castsi128_si256(m1)), my,
+							fm[r][c]);
+				}
+			}
+		}
+	}
+	for (int c = 0; c < NC; c++)
+		for (int r = 0; r < nr; r++) {
+			float v;
+
+			if (m == M_DOT)
+				v = t == X_Q5 ? hsum8(acc[r][c]) + fm[r][c] : hsum8(acc[r][c]);
+			else if (m == M_TILED)
+				v = fa[r][c];
+			else
+				v = fa[r][c] - fm[r][c];
+			y[(size_t)c * ys + r] = v;
+		}
+}
+
+static inline int64_t xmin64(int64_t a, int64_t b)
+{
+	return a < b ? a : b;
+}
+
+AI void xrun(const enum xt t, const enum xm m, const int NC, int64_t k, const uint8_t *w,
+	     size_t ws, int64_t nrows, const struct hyb_block_q8_k *const *xc, float *y, size_t ys)
+{
+	for (int64_t r0 = 0; r0 < nrows; r0 += XR) {
+		const uint8_t *wr[XR], *nx[XR];
+
+		/* a short last tile repeats its last row rather than reading past it */
+		for (int r = 0; r < XR; r++) {
+			wr[r] = w + (size_t)xmin64(r0 + r, nrows - 1) * ws;
+			nx[r] = w + (size_t)xmin64(r0 + XR + r, nrows - 1) * ws;
+		}
+		xtile(t, m, NC, k / HYB_QK_K, wr, nx, xc, y + r0, ys, (int)xmin64(XR, nrows - r0));
+	}
+}
+
+#define XCASES(T, M)                                                              \
+	case (T * 4 + M) * XC + 0: xrun(T, M, 1, k, w, ws, nrows, xc, y, ys); break; \
+	case (T * 4 + M) * XC + 1: xrun(T, M, 2, k, w, ws, nrows, xc, y, ys); break; \
+	case (T * 4 + M) * XC + 2: xrun(T, M, 3, k, w, ws, nrows, xc, y, ys); break; \
+	case (T * 4 + M) * XC + 3: xrun(T, M, 4, k, w, ws, nrows, xc, y, ys); break;
+
+static void xany(enum xt t, enum xm m, int nc, int64_t k, const uint8_t *w, size_t ws,
+		 int64_t nrows, const struct hyb_block_q8_k *const *xc, float *y, size_t ys)
+{
+	switch (((int)t * 4 + (int)m) * XC + nc - 1) {
+	XCASES(X_Q2, M_DOT) XCASES(X_Q2, M_TILED) XCASES(X_Q2, M_GEMV) XCASES(X_Q2, M_GEMM)
+	XCASES(X_Q3, M_DOT) XCASES(X_Q3, M_TILED)
+	XCASES(X_Q5, M_DOT) XCASES(X_Q5, M_TILED)
+	XCASES(X_IQ4, M_DOT) XCASES(X_IQ4, M_TILED)
+	default: break;
+	}
+}
+#undef XCASES
+
+/* rows in super-tiles of about XSUPER_BYTES, each passed by every group of XC columns */
+static void xgemm(enum xt t, enum xm m, HYB_GEMM_ARGS)
+{
+	int64_t rs = w_stride ? (int64_t)(XSUPER_BYTES / w_stride) / XR * XR : nrows;
+
+	if (rs < XR)
+		rs = XR;
+	for (int64_t r0 = 0; r0 < nrows; r0 += rs) {
+		const int64_t nr = xmin64(rs, nrows - r0);
+
+		for (int64_t c0 = 0; c0 < ncols; c0 += XC) {
+			const int nc = (int)xmin64(XC, ncols - c0);
+			const struct hyb_block_q8_k *xc[XC];
+
+			for (int c = 0; c < nc; c++)
+				xc[c] = (const struct hyb_block_q8_k *)((const uint8_t *)x +
+									(size_t)(c0 + c) * x_stride);
+			xany(t, m, nc, k, (const uint8_t *)w + (size_t)r0 * w_stride, w_stride, nr, xc,
+			     y + (size_t)c0 * y_stride + r0, y_stride);
+		}
+	}
+}
+
+#if HYB_VNNI
+#define XSFX(name) name##_avx512vnni
+#else
+#define XSFX(name) name##_avx512
+#endif
+
+/* not repacked: vec_dot below 8 columns, the tiled matmul from 8 (tiled.cpp ggml_tiled_min_batch) */
+#define XENTRY(name, T)                                                                  \
+	static void XSFX(name)(HYB_GEMM_ARGS)                                            \
+	{                                                                                \
+		if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))                      \
+			return;                                                          \
+		xgemm(T, ncols < 8 ? M_DOT : M_TILED, k, w, w_stride, nrows, x, x_stride, \
+		      ncols, y, y_stride);                                               \
+	}
+XENTRY(gemm_q2_k_m1, X_Q2)
+XENTRY(gemm_q3_k, X_Q3)
+XENTRY(gemm_q5_k, X_Q5)
+XENTRY(gemm_iq4_xs, X_IQ4)
+#undef XENTRY
+
+/* repacked Q2_K (rows % 8 == 0): GEMM on ncols - ncols % 4 columns, GEMV on the rest */
+static void XSFX(gemm_q2_k)(HYB_GEMM_ARGS)
+{
+	const int64_t n4 = ncols - ncols % 4;
+
+	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	if (n4)
+		xgemm(X_Q2, M_GEMM, k, w, w_stride, nrows, x, x_stride, n4, y, y_stride);
+	if (n4 < ncols)
+		xgemm(X_Q2, M_GEMV, k, w, w_stride, nrows, (const uint8_t *)x + (size_t)n4 * x_stride,
+		      x_stride, ncols - n4, y + (size_t)n4 * y_stride, y_stride);
+}
+
+void XSFX(hyb_fill_k_extra)(struct hyb_cpu_kernels *kt)
+{
+	hyb_set_gemm(kt, HYB_TYPE_Q2_K, XSFX(gemm_q2_k_m1));
+	kt->gemm[HYB_TYPE_Q2_K] = XSFX(gemm_q2_k);
+	hyb_set_gemm(kt, HYB_TYPE_Q3_K, XSFX(gemm_q3_k));
+	hyb_set_gemm(kt, HYB_TYPE_Q5_K, XSFX(gemm_q5_k));
+	hyb_set_gemm(kt, HYB_TYPE_IQ4_XS, XSFX(gemm_iq4_xs));
+}
