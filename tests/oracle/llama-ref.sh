@@ -7,15 +7,18 @@
 #
 #   tests/oracle/llama-ref.sh          prints the path of the llama_ref binary
 #
+# (llama_speed, the benchmark baseline of tests/bench/real.sh, beside it)
+#
 # Stock CPU build, GGML_NATIVE (the goldens are per ISA level: they were
 # recorded on AVX-512 VNNI machines). Takes ~10 minutes on 2 cores the first
-# time; a developer's tool for recording goldens, not run by make test.
+# time; a developer's tool for recording goldens and for make bench, not run by make test.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dest=$root/.cache/llama-ref
 bin=$dest/llama_ref
-if [[ -x $bin && $bin -nt $root/tests/oracle/llama_ref.c ]]; then
+if [[ -x $bin && $bin -nt $root/tests/oracle/llama_ref.c &&
+	$dest/llama_speed -nt $root/tests/oracle/llama_speed.c ]]; then
 	echo "$bin"
 	exit 0
 fi
@@ -38,7 +41,9 @@ cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=O
 	-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
 	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DBUILD_SHARED_LIBS=ON >&2
 cmake --build "$dest/build" -j"$(nproc)" --target llama >&2
-cc -O2 -std=c11 -Wall -Wextra -I"$dest/src/include" -I"$dest/src/ggml/include" \
-	"$root/tests/oracle/llama_ref.c" -L"$dest/build/bin" -Wl,-rpath,"$dest/build/bin" \
-	-lllama -lggml -lggml-base -o "$bin"
+for prog in llama_ref llama_speed; do
+	cc -O2 -std=c11 -Wall -Wextra -I"$dest/src/include" -I"$dest/src/ggml/include" \
+		"$root/tests/oracle/$prog.c" -L"$dest/build/bin" -Wl,-rpath,"$dest/build/bin" \
+		-lllama -lggml -lggml-base -o "$dest/$prog"
+done
 echo "$bin"

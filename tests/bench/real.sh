@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Real models against llama.cpp (the llama-cpp-python 0.3.36 llama.cpp that
+# the exactness goldens come from, built by tests/oracle/llama-ref.sh):
+# SmolLM2-135M-Instruct as shipped (Q4_1) and in every type the tests derive,
+# and Gemma 3 270M. Per model, ROUNDS rounds alternate `hyb bench` and
+# llama_speed (same threads, same prompt and decode lengths); medians and
+# their ratio, with hyb's DRAM roofline for decode.
+#
+#   tests/bench/real.sh [ROUNDS]     (THREADS, N_PROMPT, N_GEN from the environment)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/bench/common.sh
+
+rounds=${1:-5}
+threads=${THREADS:-$(nproc)}
+np=${N_PROMPT:-128}
+ng=${N_GEN:-64}
+
+if ! ref=$(bash tests/oracle/llama-ref.sh 2>/tmp/hyb-llama-ref.log); then
+	echo "real.sh: llama.cpp could not be built (tail of /tmp/hyb-llama-ref.log):"
+	tail -n 3 /tmp/hyb-llama-ref.log
+	exit 0
+fi
+speed=$(dirname "$ref")/llama_speed
+smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "real.sh: models unavailable"; exit 0; }
+gemma=$(bash tests/data/fetch-models.sh gemma3) || { echo "real.sh: models unavailable"; exit 0; }
+bash tests/oracle/venv.sh >/dev/null 2>&1 || true
+models=("$smol")
+for t in F16 Q8_0 Q4_0 Q5_0 Q5_1; do
+	d=models/derived/SmolLM2-135M-Instruct.$t.gguf
+	if [[ ! -f $d && -x .venv/bin/python ]]; then
+		mkdir -p models/derived
+		.venv/bin/python tests/oracle/requant.py "$smol" "$d.tmp" "$t" && mv "$d.tmp" "$d"
+	fi
+	[[ -f $d ]] && models+=("$d")
+done
+models+=("$gemma")
+
+printf '%-40s %9s %9s %6s   %9s %9s %6s %9s\n' model "hyb pp" "llama pp" ratio "hyb tg" \
+	"llama tg" ratio roofline
+for m in "${models[@]}"; do
+	hp=() ht=() lp=() lt=() roof=
+	for ((r = 0; r < rounds; r++)); do
+		out=$(build/hyb bench -m "$m" -p "$np" -n "$ng" -r 1 -t "$threads" 2>/dev/null)
+		hp+=("$(awk '/^prefill/ {print $2}' <<<"$out")")
+		ht+=("$(awk '/^decode/ {print $2}' <<<"$out")")
+		roof=$(awk '/^decode/ {for (i = 1; i <= NF; i++) if ($i == "roofline") print $(i + 1)}' <<<"$out")
+		read -r _ p _ t < <("$speed" "$m" "$threads" "$np" "$ng" 1)
+		lp+=("$p")
+		lt+=("$t")
+	done
+	HP=$(printf '%s\n' "${hp[@]}" | median)
+	HT=$(printf '%s\n' "${ht[@]}" | median)
+	LP=$(printf '%s\n' "${lp[@]}" | median)
+	LT=$(printf '%s\n' "${lt[@]}" | median)
+	printf '%-40s %9.1f %9.1f %5.2fx   %9.1f %9.1f %5.2fx %9.1f\n' "$(basename "$m" .gguf)" \
+		"$HP" "$LP" "$(awk -v a="$HP" -v b="$LP" 'BEGIN {print a / b}')" \
+		"$HT" "$LT" "$(awk -v a="$HT" -v b="$LT" 'BEGIN {print a / b}')" "$roof"
+done
+echo "(tokens/s; pp: a $np-token prompt in one batch, tg: $ng decode steps; $threads threads;"
+echo " medians of $rounds alternating rounds; roofline: hyb's bytes per token at its measured DRAM read)"
