@@ -139,7 +139,16 @@ $(FUZZ): $(FUZZ_SRCS) libhyb/include/hyb/gguf.h libhyb/format/map_guard.h libhyb
 	@mkdir -p $(@D)
 	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_SRCS) -o $@
-fuzz: $(FUZZ)
+# ... and for the model loader over it: the loader's files instrumented, the
+# rest of libhyb as built (the linker takes the instrumented copies first).
+FUZZ_MODEL_SRCS := tests/fuzz/fuzz_model.c $(FUZZ_SRCS:tests/fuzz/fuzz_gguf.c=) \
+	     libhyb/model/model_load.c $(wildcard libhyb/model/arch_*.c) \
+	     $(wildcard libhyb/tokenizer/*.c)
+$(BUILD)/fuzz_model: $(FUZZ_MODEL_SRCS) $(LIB)
+	@mkdir -p $(@D)
+	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined $(FUZZ_MODEL_SRCS) $(LIB) $(LDLIBS) -o $@
+fuzz: $(FUZZ) $(BUILD)/fuzz_model
 
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu

@@ -69,7 +69,7 @@ static void matmul_worker(void *arg, int ith, int nth)
 		uint64_t nr = w->ne1 - r0 < j->chunk_rows ? w->ne1 - r0 : j->chunk_rows;
 
 		/* llama.cpp's summation order depends on the whole weight's rows */
-		hyb_gemm_pick(j->k, w->type, w->ne1)((int64_t)w->ne0,
+		hyb_gemm_pick(j->k, w->type, w->fused_rows ? w->fused_rows : w->ne1)((int64_t)w->ne0,
 						     (const char *)w->data + r0 * w->row_bytes,
 						     w->row_bytes, (int64_t)nr, j->xq, j->xq_stride,
 						     j->n, j->y[i] + r0, w->ne1);
@@ -263,12 +263,16 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 	add_bias(c->q, L->bq, n, c->q_dim);
 	add_bias(c->kk, L->bk, n, c->kv_dim);
 	add_bias(c->vv, L->bv, n, c->kv_dim);
+	struct hyb_rope rope = L->swa ? hp->rope_swa : hp->rope;
+
+	if (hp->rope_short) /* LongRoPE: long factors for a context past the trained one */
+		rope.freq_factors = c->n_ctx > hp->n_ctx_orig ? hp->rope_long : hp->rope_short;
 	norm_heads(c->q, &L->q_norm, n, hp->n_head, hp->head_dim, hp->rms_eps);
 	norm_heads(c->kk, &L->k_norm, n, hp->n_head_kv, hp->head_dim, hp->rms_eps);
 	for (uint32_t t = 0; t < n; t++) {
 		float cs[512], sn[512];
 
-		hyb_rope_table(L->swa ? &hp->rope_swa : &hp->rope, hp->n_rot, c->n_past + t, cs, sn);
+		hyb_rope_table(&rope, hp->n_rot, c->n_past + t, cs, sn);
 		hyb_rope_apply(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
 			       hp->rope_neox, cs, sn);
 		hyb_rope_apply(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,

@@ -27,6 +27,7 @@ struct hyb_arch_desc {
 	const char *name;     /* general.architecture */
 	enum hyb_arch id;
 	bool rope_neox;       /* rotates halves (llama.cpp LLAMA_ROPE_TYPE_NEOX) */
+	bool fused_gate_up;   /* ffn_up holds gate then up (n_ff rows each), no ffn_gate */
 	/* after the common keys and RoPE: the architecture's own; 0 or -1 (failed) */
 	int (*hparams)(struct hyb_loader *ld, struct hyb_hparams *hp);
 	/* after layer l's common tensors: its own; 0 or -1 */
@@ -34,7 +35,7 @@ struct hyb_arch_desc {
 };
 
 extern const struct hyb_arch_desc hyb_arch_llama, hyb_arch_qwen2, hyb_arch_qwen3,
-	hyb_arch_gemma3;
+	hyb_arch_gemma3, hyb_arch_phi3;
 
 /* The loader's services for the arch files (model_load.c). */
 int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -49,5 +50,12 @@ int hyb_ld_bind_layer(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, c
 		      uint64_t ne0, uint64_t ne1, bool optional);
 int hyb_ld_bias(struct hyb_loader *ld, const float **out, uint32_t l, const char *what,
 		uint64_t n, bool optional);
+/*
+ * blk.{l}.{what}, a fused tensor of rows[0] + ... + rows[n-1] rows of ne0,
+ * as n consecutive slices (out[i]: rows[i] rows, fused_rows the total);
+ * 1 when optional and absent.
+ */
+int hyb_ld_bind_fused(struct hyb_loader *ld, uint32_t l, const char *what, uint64_t ne0, int n,
+		      const uint64_t *rows, struct hyb_weight *const *out, bool optional);
 
 #endif

@@ -97,9 +97,9 @@ static int read_rope(struct hyb_loader *ld)
 	if (hyb_gguf_find(ld->m->gguf, key) && !hyb_gguf_get_str(ld->m->gguf, key, type, sizeof(type)))
 		return hyb_ld_fail(ld, "metadata %s is not a short string", key);
 	if (strcmp(type, "none") && strcmp(type, "linear") && strcmp(type, "yarn") &&
-	    strcmp(type, "llama3"))
+	    strcmp(type, "llama3") && (strcmp(type, "longrope") || hp->arch_id != HYB_ARCH_PHI3))
 		return hyb_ld_fail(ld, "metadata %s: RoPE scaling '%s' is not supported "
-			    "(supported: none, linear, yarn, llama3)", key, type);
+			    "(supported: none, linear, yarn, llama3; longrope for phi3)", key, type);
 	if (hyb_ld_f32(ld, "rope.scaling.factor", 0, &factor) ||
 	    (!factor && hyb_ld_f32(ld, "rope.scale_linear", 0, &factor)) ||
 	    hyb_ld_f32(ld, "rope.scaling.attn_factor", 1.0f, &attn) ||
@@ -135,7 +135,7 @@ static int read_rope(struct hyb_loader *ld)
 }
 
 static const struct hyb_arch_desc *const archs[] = {
-	&hyb_arch_llama, &hyb_arch_qwen2, &hyb_arch_qwen3, &hyb_arch_gemma3,
+	&hyb_arch_llama, &hyb_arch_qwen2, &hyb_arch_qwen3, &hyb_arch_gemma3, &hyb_arch_phi3,
 };
 
 static const char *arch_names(void)
@@ -315,6 +315,28 @@ int hyb_ld_bind_layer(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, c
 	return hyb_ld_bind(ld, w, name, ne0, ne1, optional);
 }
 
+int hyb_ld_bind_fused(struct hyb_loader *ld, uint32_t l, const char *what, uint64_t ne0, int n,
+		      const uint64_t *rows, struct hyb_weight *const *out, bool optional)
+{
+	struct hyb_weight all;
+	uint64_t total = 0, off = 0;
+	int rc;
+
+	for (int i = 0; i < n; i++)
+		total += rows[i];
+	rc = hyb_ld_bind_layer(ld, &all, l, what, ne0, total, optional);
+	if (rc)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		*out[i] = all;
+		out[i]->ne1 = rows[i];
+		out[i]->data = (const char *)all.data + off * all.row_bytes;
+		out[i]->fused_rows = total;
+		off += rows[i];
+	}
+	return 0;
+}
+
 int hyb_ld_bias(struct hyb_loader *ld, const float **out, uint32_t l, const char *what,
 		uint64_t n, bool optional)
 {
@@ -453,9 +475,18 @@ static int bind_layers(struct hyb_loader *ld)
 			return -1;                                           \
 	} while (0)
 		B(attn_norm, "attn_norm", hp->n_embd, 0);
-		B(wq, "attn_q", hp->n_embd, q_dim);
-		B(wk, "attn_k", hp->n_embd, kv_dim);
-		B(wv, "attn_v", hp->n_embd, kv_dim);
+		/* Q, K and V in one tensor (llama.cpp's build_qkv takes either) */
+		const uint64_t qkv_rows[3] = { q_dim, kv_dim, kv_dim };
+		struct hyb_weight *const qkv[3] = { &L->wq, &L->wk, &L->wv };
+		int rc = hyb_ld_bind_fused(ld, l, "attn_qkv.weight", hp->n_embd, 3, qkv_rows, qkv, true);
+
+		if (rc < 0)
+			return -1;
+		if (rc) {
+			B(wq, "attn_q", hp->n_embd, q_dim);
+			B(wk, "attn_k", hp->n_embd, kv_dim);
+			B(wv, "attn_v", hp->n_embd, kv_dim);
+		}
 		B(wo, "attn_output", q_dim, hp->n_embd);
 		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
 		/* llama.cpp's build_qkv adds Q/K/V biases wherever a file has them */
@@ -469,8 +500,16 @@ static int bind_layers(struct hyb_loader *ld)
 				return -1;
 			continue;
 		}
-		B(gate, "ffn_gate", hp->n_embd, hp->n_ff);
-		B(up, "ffn_up", hp->n_embd, hp->n_ff);
+		if (arch_of(hp)->fused_gate_up) {
+			const uint64_t gu_rows[2] = { hp->n_ff, hp->n_ff };
+			struct hyb_weight *const gu[2] = { &L->gate, &L->up };
+
+			if (hyb_ld_bind_fused(ld, l, "ffn_up.weight", hp->n_embd, 2, gu_rows, gu, false))
+				return -1;
+		} else {
+			B(gate, "ffn_gate", hp->n_embd, hp->n_ff);
+			B(up, "ffn_up", hp->n_embd, hp->n_ff);
+		}
 		if (ld->m->powerinfer)
 			B(down_t, "ffn_down_t", hp->n_embd, hp->n_ff);
 		else

@@ -36,5 +36,7 @@ for t in Q8_0 Q4_0; do
 	echo "== end to end: $t =="
 	build/hyb bench -m models/bench-$t.gguf -p 64 -n 32 -r ${REPS:-5}
 done
+echo "== real models against llama.cpp (SmolLM2 in every type, Gemma 3) =="
+bash tests/bench/real.sh "${REPS:-5}"
 bash tests/bench/sparse.sh
 bash tests/bench/hybrid.sh

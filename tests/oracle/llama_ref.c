@@ -41,6 +41,13 @@ static int argmax(const float *l, int n)
 	return best;
 }
 
+static bool no_progress(float progress, void *arg)
+{
+	(void)progress;
+	(void)arg;
+	return true;
+}
+
 static void quiet(enum ggml_log_level level, const char *text, void *arg)
 {
 	(void)arg;
@@ -62,6 +69,7 @@ int main(int argc, char **argv)
 	llama_log_set(quiet, NULL);
 	llama_backend_init();
 	struct llama_model_params mp = llama_model_default_params();
+	mp.progress_callback = no_progress; /* no dots on stderr */
 	struct llama_model *model = llama_model_load_from_file(argv[1], mp);
 	if (!model) {
 		fprintf(stderr, "llama_ref: cannot load %s\n", argv[1]);

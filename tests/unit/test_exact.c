@@ -125,6 +125,19 @@ static const struct {
 	  { 194, 496, 249, 234, 307, 37, 391, 152, 253, 153, 237, 103, 86, 344, 242, 420, 479, 62,
 	    121, 96, 336, 334, 98, 464, 77, 416, 385, 49, 262, 356, 450, 135, 218, 220, 389, 423,
 	    17, 119, 75, 21 } }, "--arch gemma3 --layers 6" },
+	{ { "F16_phi3", HYB_TYPE_F16, 500, 70, 0xb231216bc03c9a5aull, 40,
+	  { 98, 137, 21, 246, 466, 491, 384, 491, 384, 491, 384, 491, 384, 108, 406, 418, 479, 93,
+	    271, 202, 481, 331, 358, 321, 246, 42, 134, 164, 60, 203, 121, 96, 263, 354, 331, 358,
+	    321, 246, 42, 134 } }, "--arch phi3" },
+	{ { "F16_phi3_longrope", HYB_TYPE_F16, 500, 70, 0x36e14acfd2bc7e82ull, 40,
+	  { 440, 327, 155, 468, 241, 447, 400, 97, 473, 102, 405, 425, 192, 203, 407, 476, 97, 255,
+	    118, 134, 132, 330, 294, 405, 425, 192, 203, 425, 192, 203, 425, 192, 203, 407, 328, 265,
+	    175, 115, 47, 28 } }, "--arch phi3 --rope-scaling longrope --rope-orig-ctx 32" },
+	/* fused QKV and gate/up sliced from repacked Q4_0 tensors */
+	{ { "Q4_0_phi3", HYB_TYPE_Q4_0, 500, 70, 0xbf157d881f0a460full, 40,
+	  { 98, 137, 439, 234, 343, 30, 334, 27, 93, 294, 428, 358, 321, 380, 369, 159, 296, 42,
+	    134, 164, 272, 84, 257, 184, 0, 263, 172, 323, 293, 63, 172, 323, 293, 224, 112, 74, 461,
+	    71, 57, 466 } }, "--arch phi3" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -210,3 +223,6 @@ TEST(exact_rope_llama3_freqs) { run_case_with(&rope_cases[2].g, rope_cases[2].sy
 TEST(exact_arch_qwen2) { run_case_with(&rope_cases[3].g, rope_cases[3].synth); }
 TEST(exact_arch_qwen3) { run_case_with(&rope_cases[4].g, rope_cases[4].synth); }
 TEST(exact_arch_gemma3_sliding_window) { run_case_with(&rope_cases[5].g, rope_cases[5].synth); }
+TEST(exact_arch_phi3) { run_case_with(&rope_cases[6].g, rope_cases[6].synth); }
+TEST(exact_arch_phi3_longrope) { run_case_with(&rope_cases[7].g, rope_cases[7].synth); }
+TEST(exact_arch_phi3_fused_q4_0) { run_case_with(&rope_cases[8].g, rope_cases[8].synth); }

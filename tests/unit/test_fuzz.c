@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
- * A short run of the GGUF parser's libFuzzer target (built by `make fuzz`
- * with clang's ASan and UBSan) on a copy of the seed corpus: any crash, leak
- * or sanitizer report fails the test. Crash inputs are kept as
- * build/fuzz-crash-* for reproduction: build/fuzz_gguf <file>.
+ * Short runs of the libFuzzer targets (built by `make fuzz` with clang's
+ * ASan and UBSan) on copies of their seed corpora: the GGUF parser, and the
+ * model loader on top of it (every architecture's metadata and tensors).
+ * Any crash, leak or sanitizer report fails the test. Crash inputs are kept
+ * as build/fuzz-crash-* for reproduction: build/fuzz_gguf <file>.
  */
 #include <string.h>
 #include <sys/wait.h>
@@ -11,9 +12,8 @@
 
 #include "test.h"
 
-TEST(gguf_fuzz_smoke)
+static void run_fuzzer(const char *fuzzer, const char *seeds)
 {
-	const char *fuzzer = "build/fuzz_gguf", *seeds = "tests/fuzz/corpus";
 	const char *tmp = hyb_test_tmpdir();
 	char cmd[2048], line[512], last[512] = "";
 	FILE *fp;
@@ -43,4 +43,14 @@ TEST(gguf_fuzz_smoke)
 		  WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
 	if (last[0])
 		fprintf(stderr, "    %s", last);
+}
+
+TEST(gguf_fuzz_smoke)
+{
+	run_fuzzer("build/fuzz_gguf", "tests/fuzz/corpus");
+}
+
+TEST(model_fuzz_smoke)
+{
+	run_fuzzer("build/fuzz_model", "tests/fuzz/corpus-model");
 }

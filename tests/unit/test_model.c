@@ -333,6 +333,32 @@ TEST(model_rope_scaling_keys)
 	expect_load_error(write_writer(w, "type-u32"), "not a short string");
 }
 
+/* Each architecture's own tensors and keys, refused by name when missing or wrong. */
+TEST(model_arch_errors_name_the_tensor)
+{
+	struct hyb_gguf_writer *w;
+
+	expect_load_error(write_model("qwen2", HYB_TYPE_F32, false),
+			  "blk.0.attn_q.bias is missing");
+	expect_load_error(write_model("qwen3", HYB_TYPE_F32, false),
+			  "blk.0.attn_q_norm.weight is missing");
+	expect_load_error(write_model("gemma3", HYB_TYPE_F32, false),
+			  "blk.0.attn_q_norm.weight is missing");
+	/* phi3's ffn_up holds gate and up: 2 n_ff rows */
+	expect_load_error(write_model("phi3", HYB_TYPE_F32, false), "blk.0.ffn_up.weight");
+	expect_load_error(write_model("mamba", HYB_TYPE_F32, false),
+			  "supported: llama, qwen2, qwen3, gemma3, phi3");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_u32(w, "llama.attention.value_length", 8);
+	expect_load_error(write_writer(w, "vlen"), "value_length 8 differs from key_length 16");
+	w = model_writer("gemma3", HYB_TYPE_F32, false);
+	hyb_gguf_set_f32(w, "gemma3.final_logit_softcapping", 30.0f);
+	expect_load_error(write_writer(w, "softcap"), "soft-capping is not supported");
+	w = model_writer("llama", HYB_TYPE_F32, false);
+	hyb_gguf_set_str(w, "llama.rope.scaling.type", "longrope");
+	expect_load_error(write_writer(w, "llama-longrope"), "longrope for phi3");
+}
+
 TEST(model_missing_file_is_one_clear_error)
 {
 	expect_load_error("/nonexistent/model.gguf", "No such file");

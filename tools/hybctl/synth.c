@@ -55,7 +55,8 @@ static const char usage[] =
 	"  --rope-factor F scaling factor (default 8)\n"
 	"  --rope-orig-ctx N  original context length (yarn, llama3; default 8192)\n"
 	"  --arch A        llama (default), qwen2 (Q/K/V biases), qwen3 (Q/K norms),\n"
-	"                  gemma3 (Q/K norms, post-norms, GeGLU, sliding-window layers)\n"
+	"                  gemma3 (Q/K norms, post-norms, GeGLU, sliding-window layers),\n"
+	"                  phi3 (fused QKV and gate/up; --rope-scaling longrope)\n"
 	"  --swa N         gemma3: sliding window of the local layers (default 16)\n"
 	"  --seed N        (default 1)\n"
 	"  -t N            threads (default: all CPUs)\n";
@@ -82,7 +83,8 @@ struct tensor {
 	char name[64];
 	uint32_t type;
 	uint64_t ne0, ne1; /* ne1 == 0: 1-D */
-	float std;         /* 0: norm weight, 1 +- 0.05; < 0: RoPE frequency factors */
+	float std;         /* 0: norm weight, 1 +- 0.05; < 0: RoPE frequency factors
+			    * (-1 Llama 3.1's, -2 and -3 LongRoPE's short and long) */
 	float rope_factor;
 	uint32_t rope_orig_ctx;
 };
@@ -109,6 +111,11 @@ static void fill_row(const struct tensor *t, uint64_t seed, uint64_t tidx, uint6
 	float a = t->std * 1.7320508f; /* uniform [-a, a] has std a/sqrt(3) */
 
 	splitmix64(&s);
+	if (t->std <= -2.0f) { /* LongRoPE-like ramps: short 1..1.5, long 1..8 */
+		for (uint64_t i = 0; i < t->ne0; i++)
+			out[i] = 1.0f + (t->std < -2.5f ? 7.0f : 0.5f) * (float)i / (float)t->ne0;
+		return;
+	}
 	if (t->std < 0) {
 		/*
 		 * Llama 3.1's frequency factors, as its converter computes them
@@ -281,14 +288,17 @@ static int check(const struct spec *sp)
 		return fprintf(stderr, "hybctl synth: --sparsity and --topics need --act relu, "
 			       "relu2 or dlrelu (without --random-weights)\n"), -1;
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
-	    strcmp(sp->arch, "gemma3"))
+	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3"))
 		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
-			       "gemma3)\n", sp->arch), -1;
+			       "gemma3, phi3)\n", sp->arch), -1;
+	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "longrope") && strcmp(sp->arch, "phi3"))
+		return fprintf(stderr, "hybctl synth: --rope-scaling longrope is phi3's\n"), -1;
 	if (strcmp(sp->arch, "llama") && (strcmp(sp->act, "silu") || sp->neox))
 		return fprintf(stderr, "hybctl synth: --arch %s has its own activation and RoPE "
 			       "(no --act, --rope-neox)\n", sp->arch), -1;
 	if (sp->rope_scaling && strcmp(sp->rope_scaling, "linear") &&
-	    strcmp(sp->rope_scaling, "yarn") && strcmp(sp->rope_scaling, "llama3"))
+	    strcmp(sp->rope_scaling, "yarn") && strcmp(sp->rope_scaling, "llama3") &&
+	    strcmp(sp->rope_scaling, "longrope"))
 		return fprintf(stderr, "hybctl synth: unknown --rope-scaling '%s' (linear, yarn, "
 			       "llama3)\n", sp->rope_scaling), -1;
 	if (sp->head_dim && (sp->head_dim % 2 || sparse_design(sp)))
@@ -316,6 +326,7 @@ static uint32_t head_dim(const struct spec *sp)
 static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct tensor *t, int *nt)
 {
 	const uint32_t hd = head_dim(sp), qd = sp->heads * hd;
+	const bool phi3 = !strcmp(sp->arch, "phi3");
 	int n = 0;
 
 #define ADD(nm, ty, a, b, sd)                                                      \
@@ -333,6 +344,10 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 	ADD("output_norm.weight", HYB_TYPE_F32, sp->hidden, 0, 0);
 	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "llama3"))
 		ADD("rope_freqs.weight", HYB_TYPE_F32, hd / 2, 0, -1.0f);
+	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "longrope")) {
+		ADD("rope_factors_short.weight", HYB_TYPE_F32, hd / 2, 0, -2.0f);
+		ADD("rope_factors_long.weight", HYB_TYPE_F32, hd / 2, 0, -3.0f);
+	}
 	if (!sp->tied)
 		ADD("output.weight", sp->out_type, sp->hidden, sp->vocab, 1.0f / sqrtf(sp->hidden));
 	for (uint32_t l = 0; l < sp->layers; l++) {
@@ -345,9 +360,13 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 		ADD(nm, ty, a, b, sd);                                             \
 	} while (0)
 		BLK("attn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
-		BLK("attn_q", sp->type, sp->hidden, qd, s_h);
-		BLK("attn_k", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
-		BLK("attn_v", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
+		if (phi3) { /* Q, K and V fused */
+			BLK("attn_qkv", sp->type, sp->hidden, qd + 2 * sp->kv_heads * hd, s_h);
+		} else {
+			BLK("attn_q", sp->type, sp->hidden, qd, s_h);
+			BLK("attn_k", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
+			BLK("attn_v", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
+		}
 		BLK("attn_output", sp->type, qd, sp->hidden, 1.0f / sqrtf((float)qd));
 		BLK("ffn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 		if (!strcmp(sp->arch, "qwen2")) {
@@ -367,8 +386,12 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			BLK("post_attention_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 			BLK("post_ffw_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 		}
-		BLK("ffn_gate", sp->type, sp->hidden, sp->ffn, s_h);
-		BLK("ffn_up", sp->type, sp->hidden, sp->ffn, s_h);
+		if (phi3) { /* gate then up in one tensor */
+			BLK("ffn_up", sp->type, sp->hidden, 2 * sp->ffn, s_h);
+		} else {
+			BLK("ffn_gate", sp->type, sp->hidden, sp->ffn, s_h);
+			BLK("ffn_up", sp->type, sp->hidden, sp->ffn, s_h);
+		}
 		BLK("ffn_down", sp->type, sp->ffn, sp->hidden, s_f);
 #undef BLK
 	}
@@ -406,7 +429,12 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 		KEY(u32, "attention.value_length", sp->head_dim);
 	}
 	/* llama3 scaling is the rope_freqs tensor alone: its converter writes no type */
-	if (sp->rope_scaling && strcmp(sp->rope_scaling, "llama3")) {
+	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "longrope")) {
+		/* Phi-3 128k's keys: the type, the original context, the magnitude */
+		KEY(str, "rope.scaling.type", "longrope");
+		KEY(u32, "rope.scaling.original_context_length", sp->rope_orig_ctx);
+		KEY(f32, "rope.scaling.attn_factor", 1.1902381f);
+	} else if (sp->rope_scaling && strcmp(sp->rope_scaling, "llama3")) {
 		KEY(str, "rope.scaling.type", sp->rope_scaling);
 		KEY(f32, "rope.scaling.factor", sp->rope_factor);
 		if (!strcmp(sp->rope_scaling, "yarn"))

@@ -39,6 +39,7 @@ enum hyb_arch {
 	HYB_ARCH_QWEN3,  /* + Q/K RMS norms per head, NeoX RoPE */
 	HYB_ARCH_GEMMA3, /* + norms after attention and FFN, GeGLU, scaled embeddings,
 			  * Q/K norms, sliding-window layers with their own RoPE */
+	HYB_ARCH_PHI3,   /* fused QKV and gate/up tensors, LongRoPE factors, NeoX RoPE */
 };
 
 /*
@@ -84,6 +85,10 @@ struct hyb_hparams {
 	uint32_t n_swa, swa_pattern;
 	struct hyb_rope rope_swa;
 	uint32_t n_ctx_orig;   /* rope.scaling.original_context_length (YaRN) */
+	/* Phi-3 LongRoPE: frequency factors for contexts up to n_ctx_orig and
+	 * beyond (rope_factors_short/long.weight; llama_model::get_rope_factors
+	 * picks by the context's size), or NULL */
+	const float *rope_short, *rope_long;
 	bool rope_neox;        /* rotate halves (NeoX) instead of adjacent pairs */
 	enum hyb_ffn_act act;
 };
@@ -94,6 +99,9 @@ struct hyb_weight {
 	uint64_t ne0, ne1;
 	uint64_t row_bytes;
 	const void *data;
+	/* rows of the whole tensor when this is a slice of a fused one (Phi-3's
+	 * QKV and gate/up): llama.cpp's summation order follows them; 0: ne1 */
+	uint64_t fused_rows;
 };
 
 /*
