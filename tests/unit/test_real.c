@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cpu_kernels.h"
+#include "hyb/chat.h"
 #include "hyb/model.h"
 #include "hyb/tokenizer.h"
 #include "test.h"
@@ -202,4 +203,57 @@ TEST(real_gemma3_270m)
 {
 	run_golden(hyb_test_real_model("gemma3"), &gemma3, gemma3_prompt_ids,
 		   (int)(sizeof(gemma3_prompt_ids) / sizeof(gemma3_prompt_ids[0])));
+}
+
+/*
+ * A chat turn end to end: the model's own template (detected from its
+ * tokenizer.chat_template), special tokens parsed, greedy reply until the
+ * end of turn: llama.cpp's ids for the same formatted text
+ * (llama_ref FILE 2 4096 48 1 "<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n").
+ */
+TEST(real_smollm2_chat_turn)
+{
+	static const int32_t want_prompt[] = { 1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47,
+					       19842, 281, 582, 6330, 30, 2, 198, 1, 520, 9531, 198 };
+	static const int32_t want_reply[] = { 504, 3575, 282, 4649, 314, 7042, 30 };
+	const struct hyb_chat_msg msg = { "user", "What is the capital of France? Answer in one sentence." };
+	struct hyb_ctx_params cp = { .n_ctx = 256, .n_threads = 2, .n_batch = 256 };
+	struct hyb_model *m = hyb_model_load(hyb_test_real_model("smollm2"));
+	char text[512];
+	int32_t ids[64];
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	const int tmpl = hyb_chat_template_for_model(m->gguf, m->tok, NULL);
+
+	CHECK_EQ_INT(tmpl, HYB_CHAT_CHATML);
+	CHECK(hyb_chat_format(tmpl, &msg, 1, true, text, sizeof(text)) < (int)sizeof(text));
+	const int n = hyb_tokenize_flags(m->tok, text, strlen(text),
+					 HYB_TOKENIZE_ADD_SPECIAL | HYB_TOKENIZE_PARSE_SPECIAL, ids, 64);
+
+	CHECK_EQ_INT(n, (int)(sizeof(want_prompt) / sizeof(want_prompt[0])));
+	for (int i = 0; i < n; i++)
+		CHECK_MSG(ids[i] == want_prompt[i], "chat prompt token %d is %d, llama.cpp's %d", i,
+			  ids[i], want_prompt[i]);
+	if (hyb_cpu_best()->isa < HYB_ISA_AVX512) {
+		hyb_model_free(m);
+		SKIP("the reply is llama.cpp's on AVX-512; this run uses %s", hyb_cpu_best()->name);
+	}
+	const uint32_t V = (uint32_t)hyb_tokenizer_n_vocab(m->tok);
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+	float *lg = malloc(sizeof(float) * V);
+	int32_t next;
+	size_t k = 0;
+
+	CHECK(c && lg);
+	CHECK(!hyb_ctx_eval(c, ids, (uint32_t)n, lg, false));
+	for (next = hyb_test_argmax(lg, V); !hyb_tokenizer_is_eog(m->tok, next) && k < 48; k++) {
+		CHECK_MSG(k < sizeof(want_reply) / sizeof(want_reply[0]) && next == want_reply[k],
+			  "reply token %zu is %d", k, next);
+		CHECK(!hyb_ctx_eval(c, &next, 1, lg, false));
+		next = hyb_test_argmax(lg, V);
+	}
+	CHECK_EQ_INT((int)k, (int)(sizeof(want_reply) / sizeof(want_reply[0])));
+	free(lg);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
 }
