@@ -207,7 +207,7 @@ run: deps
 	@$(MAKE) --no-print-directory -j$$(nproc) all
 	@if [ -n "$(MODEL)" ]; then \
 		set -x; $(BUILD)/hyb run -m "$(MODEL)" -p "$(or $(PROMPT),Once upon a time)" -n $(N); \
-	elif m=$$(bash tests/data/fetch-models.sh smollm2); then \
+	elif m=$$(bash tests/data/fetch-models.sh smollm2 2>/dev/null); then \
 		set -x; $(BUILD)/hyb run -m "$$m" --chat -p "$(or $(PROMPT),$(RUN_QUESTION))" -n $(N); \
 	else \
 		echo "hyb: SmolLM2 cannot be fetched (offline?): the synthetic demo model instead"; \
