@@ -455,14 +455,18 @@ class Model:
                 k = self._rmsnorm(k, p + "attn_k_norm.weight")
             q = self._rope(q, pos, neox, local, omit)
             k = self._rope(k, pos, neox, local, omit)
-            q = q * self.q_scale
+            # gemma3 scales q before attention, which then scales by 1 (matters
+            # only for emulate's rounding of q)
+            pre = self.arch == "gemma3"
+            if pre:
+                q = q * self.q_scale
             if emulate and emulate != "act":  # F16 KV cache; FA converts Q to F16 for the dots
                 k, v, q = _round_f16(k), _round_f16(v), _round_f16(q)
             # GQA: consecutive query heads share one KV head
             kk = np.repeat(k, nh // nkv, axis=1)
             vv = np.repeat(v, nh // nkv, axis=1)
             mask = window if local and "swa" not in omit else causal
-            s = np.einsum("qhd,khd->hqk", q, kk) + mask[None]
+            s = np.einsum("qhd,khd->hqk", q, kk) * (1.0 if pre else self.q_scale) + mask[None]
             s -= s.max(axis=-1, keepdims=True)
             pr = np.exp(s)
             pr /= pr.sum(axis=-1, keepdims=True)
