@@ -3,6 +3,8 @@
 
     check_logits.py MODEL --hyb build/hyb --tokens 1,2,3 [--decode] [-t N]
                     [--tol-rel X] [--atol A] [--self-test] [--expect]
+                    [--ref-rope norm|neox] [--ref-act A] [--ref-omit FEATURE,...]
+                    [--ref-llama3 FACTOR,ORIG_CTX[,LOW,HIGH]]
 
 Runs `hyb logits -m MODEL --tokens ... -o OUT [--decode] [-t N]`, reads the
 float32 [n_tokens][n_vocab] logits and checks, at every position p:
@@ -34,7 +36,16 @@ activations, and 2.4-3x the largest the real engine showed.  For other models
 pass --tol-rel.  --self-test proves that the check can fail: a corrupted
 logit must fail it, and so must a reference with the other RoPE type or
 another FFN activation, wherever those move the logits by more than the
-bound (on the tiny llama the RoPE type does not: its attention is too flat).
+bound (on the tiny llama the RoPE type does not: its attention is too flat),
+and so must a reference without any one of the model's architectural
+features (reference.FEATURES: Q/K norms, biases, post norms, embedding
+scale, sliding window, local RoPE, YaRN, RoPE scaling, rope_freqs).
+
+--ref-rope, --ref-act and --ref-omit give the reference a deliberately wrong
+model, for tests that the check fails then.  --ref-llama3 replaces the
+file's rope_freqs.weight by the factors HF's llama3 rope type computes
+(low_freq_factor 1, high_freq_factor 4 unless given), so that the tensor
+itself is checked against the published formula.
 """
 
 import argparse
@@ -142,7 +153,7 @@ def print_rows(rows, tokens):
               f"  {'ok' if r['ok'] else 'FAIL'}")
 
 
-def self_test(model, tokens, ref, got, tol_rel, atol, neox, act):
+def self_test(model, tokens, ref, got, tol_rel, atol, neox, act, omit):
     """Controls that must fail; returns False when one of them passes."""
     ok = True
     # 1. one corrupted logit, moved just past the bound at the middle position
@@ -156,8 +167,12 @@ def self_test(model, tokens, ref, got, tol_rel, atol, neox, act):
     ok &= not passed
     # 2. and 3. a reference with the other RoPE type / another activation
     other_act = "relu" if act != "relu" else "silu"
-    for what, kw in (("other RoPE type", dict(rope_neox=not neox, act=act)),
-                     (f"activation {other_act}", dict(rope_neox=neox, act=other_act))):
+    controls = [("other RoPE type", dict(rope_neox=not neox, act=act, omit=omit)),
+                (f"activation {other_act}", dict(rope_neox=neox, act=other_act, omit=omit))]
+    # 4. a reference without one of the model's features
+    controls += [(f"no {f}", dict(rope_neox=neox, act=act, omit=set(omit) | {f}))
+                 for f in model.features() if f not in omit]
+    for what, kw in controls:
         wrong = model.forward(tokens, **kw)
         effect = max(float(np.abs(wrong[i] - ref[i]).max() / (tol_rel * ref[i].std() + atol))
                      for i in range(len(tokens)))
@@ -174,6 +189,21 @@ def self_test(model, tokens, ref, got, tol_rel, atol, neox, act):
     return ok
 
 
+def set_llama3(model, spec):
+    """--ref-llama3: rope_freqs recomputed with reference.llama3_freq_factors()."""
+    try:
+        v = [float(x) for x in spec.split(",")]
+    except ValueError:
+        v = []
+    if len(v) not in (2, 4) or v[0] <= 0 or v[1] <= 0:
+        raise ModelError(f"--ref-llama3 '{spec}': want FACTOR,ORIG_CTX[,LOW,HIGH]")
+    lo, hi = (v[2], v[3]) if len(v) == 4 else (1.0, 4.0)
+    if model.freq_factors is None:
+        raise ModelError("--ref-llama3: the model has no rope_freqs.weight to replace")
+    model.freq_factors = reference.llama3_freq_factors(model.n_rot, model.freq_base, v[0], v[1],
+                                                       lo, hi)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="compare hyb's logits with the reference")
     ap.add_argument("model")
@@ -187,6 +217,11 @@ def main(argv=None):
     ap.add_argument("--ref-rope", choices=("file", "norm", "neox"), default="file",
                     help="RoPE type of the reference (default: the file's)")
     ap.add_argument("--ref-act", choices=reference.ACTS, help="FFN activation of the reference")
+    ap.add_argument("--ref-omit", default="",
+                    help="comma-separated features the reference leaves out: "
+                    + ", ".join(reference.FEATURES))
+    ap.add_argument("--ref-llama3", metavar="FACTOR,ORIG_CTX[,LOW,HIGH]",
+                    help="the reference's rope_freqs from HF's llama3 formula, not the file")
     ap.add_argument("--self-test", action="store_true", help="also check that the check can fail")
     ap.add_argument("--expect", action="store_true",
                     help="also print the error that llama.cpp-like rounding alone gives")
@@ -204,11 +239,14 @@ def main(argv=None):
             tol_rel = a.tol_rel
         neox = model.rope_neox if a.ref_rope == "file" else a.ref_rope == "neox"
         act = a.ref_act or model.ffn_act
+        omit = reference.parse_features(a.ref_omit)
+        if a.ref_llama3:
+            set_llama3(model, a.ref_llama3)
         if a.logits:
             got = load_logits(a.logits, len(tokens), model.n_vocab)
         else:
             got = run_hyb(a.hyb, a.model, tokens, a.decode, a.threads, model.n_vocab, a.timeout)
-        ref = model.forward(tokens, rope_neox=neox, act=act)
+        ref = model.forward(tokens, rope_neox=neox, act=act, omit=omit)
     except ModelError as e:
         print(f"check_logits.py: {e}", file=sys.stderr)
         return 2
@@ -216,8 +254,12 @@ def main(argv=None):
         print(f"check_logits.py: {a.model}: reference failed: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 2
-    print(f"model {os.path.basename(a.model)}: weights {','.join(types)}, "
-          f"rope {'neox' if neox else 'norm'}, act {act}, {len(tokens)} tokens, "
+    print(f"model {os.path.basename(a.model)}: {model.arch}, weights {','.join(types)}, "
+          f"rope {'neox' if neox else 'norm'} (scaling {model.rope_scaling}"
+          f"{'' if model.rope_factor == 1 else f' x{model.rope_factor:g}'}"
+          f"{', rope_freqs' if model.freq_factors is not None else ''}), act {act}, "
+          f"features [{' '.join(model.features())}]"
+          f"{' without ' + ','.join(omit) if omit else ''}, {len(tokens)} tokens, "
           f"{'decode' if a.decode else 'prefill'}; tol_rel {tol_rel:g}, atol {a.atol:g}")
     rows, ok = compare(ref, got, tol_rel, a.atol)
     print_rows(rows, tokens)
@@ -226,10 +268,11 @@ def main(argv=None):
     print(f"worst max|diff|/std {worst:.3e} (allowed {tol_rel:g}), "
           f"top-1 agrees at {agree}/{len(rows)} positions")
     if a.expect:
-        emu = model.forward(tokens, rope_neox=neox, act=act, emulate=True)
+        emu = model.forward(tokens, rope_neox=neox, act=act, emulate=True, omit=omit)
         e = max(float(np.abs(emu[i] - ref[i]).max() / ref[i].std()) for i in range(len(tokens)))
         print(f"expected from llama.cpp-like rounding alone: max|diff|/std {e:.3e}")
-    if a.self_test and not self_test(model, tokens, ref, got, tol_rel, a.atol, neox, act):
+    if a.self_test and not self_test(model, tokens, ref, got, tol_rel, a.atol, neox, act,
+                                     omit):
         print("check_logits.py: a self-test control passed: the check is too loose")
         return 1
     print("PASS" if ok else "FAIL")

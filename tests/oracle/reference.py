@@ -3,20 +3,52 @@
 
 A test oracle only (hyb never runs Python): it computes the logits of every
 position of a token sequence in float64 from the dequantized weights, the way
-llama.cpp's llama graph defines the model:
+the published model definitions (Hugging Face transformers' modeling_llama,
+modeling_qwen2, modeling_qwen3, modeling_gemma3 and modeling_rope_utils)
+define them, reading the hyperparameters from the GGUF keys llama.cpp's
+converter writes:
 
-    x = token_embd[tokens]
+    x = token_embd[tokens]                      (gemma3: times sqrt(n_embd))
     per layer:  h = rmsnorm(x) * attn_norm
-                q, k, v = h Wq, h Wk, h Wv;  rope(q), rope(k)  (positions 0..n-1)
-                x += Wo . softmax(q k^T / sqrt(head_dim) + causal mask) v   (GQA)
+                q, k, v = h Wq (+bq), h Wk (+bk), h Wv (+bv)     (qwen2: biases)
+                q, k = rmsnorm per head * attn_q_norm, attn_k_norm   (qwen3, gemma3)
+                rope(q), rope(k)  (positions 0..n-1)
+                a = Wo . softmax(q k^T * scale + mask) v   (GQA; scale 1/sqrt(head_dim))
+                x += a                          (gemma3: x += rmsnorm(a) * post_attention_norm)
                 h = rmsnorm(x) * ffn_norm
-                x += Wdown . act(Wgate h, Wup h)
+                f = Wdown . act(Wgate h, Wup h)
+                x += f                          (gemma3: x += rmsnorm(f) * post_ffw_norm)
     logits = output . (rmsnorm(x) * output_norm)      (output tied to token_embd if absent)
 
+Architectures ("general.architecture"): llama, qwen2 (biases on Q, K, V),
+qwen3 (Q/K norms), gemma3 (scaled embeddings, Q/K norms, the two post norms,
+GeGLU with GELU's tanh form; layer l is a sliding-window layer when
+attention.sliding_window W > 0 and l % P < P - 1, P =
+attention.sliding_window_pattern (6): it sees positions p-W+1..p and rotates
+with rope.freq_base_swa (10000), unscaled, like HF's rotary_emb_local).  The
+converter stores Gemma's RMS norm weights with the +1 already added, so every
+norm here is x / rms(x) * w.  Others are refused.
+
 RoPE is NORM (rotate adjacent pairs (x[2i], x[2i+1]), what llama.cpp uses for
-arch "llama", whose converter permutes Wq/Wk for it) or NeoX (rotate
-(x[i], x[i + n_rot/2])), chosen by the key "hyb.rope_neox" or a parameter.
-The FFN activation comes from "hyb.ffn_act" (silu, relu, relu2, dlrelu).
+arch "llama", whose converter permutes Wq/Wk for it; chosen by the key
+"hyb.rope_neox" or a parameter) or NeoX (rotate (x[i], x[i + n_rot/2]), HF's
+rotate_half: qwen2, qwen3, gemma3).  Its inverse frequencies are
+base^(-2i/n_rot), then (modeling_rope_utils):
+  - rope.scaling.type linear (or absent) with rope.scaling.factor F (or the
+    older rope.scale_linear): divided by F; type none: unscaled;
+  - yarn: _compute_yarn_parameters with beta_fast 32, beta_slow 1 and
+    rope.scaling.original_context_length (default context_length): the
+    ramp between the correction dims mixes 1/F interpolation with
+    extrapolation, and cos and sin are scaled by 0.1 ln F + 1;
+  - rope_freqs.weight (Llama 3.1: the converter's rendering of HF's llama3
+    rope type) divides each inverse frequency; llama3_freq_factors()
+    recomputes it from HF's formula;
+  - rope.scaling.attn_factor multiplies cos and sin.
+The FFN activation comes from "hyb.ffn_act" (silu, relu, relu2, dlrelu)
+except for gemma3 (gelu, tanh form).
+
+Each architectural feature can be left out on purpose (forward(omit=...),
+FEATURES) so that the tests can prove the check fails without it.
 
 `emulate=True` additionally rounds what llama.cpp's CPU backend rounds (each
 matmul's input to its weight's vec_dot type: F16, BF16, Q8_0 or Q8_K; the KV
@@ -45,7 +77,8 @@ another order, its approximate expf/silu); such flips cost up to a few
 from its decode.
 
 Usable as a module (Model(path).forward(tokens)) or as a CLI:
-    reference.py MODEL --tokens 1,2,3 [-o OUT.bin] [--greedy N] [--neox yes|no] [--act A] [--emulate]
+    reference.py MODEL --tokens 1,2,3 [-o OUT.bin] [--greedy N] [--neox yes|no] [--act A]
+                 [--omit FEATURE,...] [--emulate]
 """
 
 import argparse
@@ -61,7 +94,20 @@ except ImportError:  # pragma: no cover - reported to the user
     sys.stderr.write("reference.py: the gguf package is missing (run tests/oracle/venv.sh)\n")
     raise
 
-ACTS = ("silu", "relu", "relu2", "dlrelu")
+ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+# what forward(omit=...) can leave out, to prove a check fails without it
+FEATURES = (
+    "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
+    "bias",          # qwen2: the Q, K, V biases (any bias tensor)
+    "post_norms",    # gemma3: post_attention_norm and post_ffw_norm
+    "embd_scale",    # gemma3: embeddings times sqrt(n_embd)
+    "swa",           # gemma3: the window of the local layers (they see every position)
+    "swa_rope",      # gemma3: local layers rotate like the global ones
+    "yarn",          # YaRN computed as plain linear interpolation
+    "rope_scaling",  # linear / yarn factor ignored
+    "rope_freqs",    # rope_freqs.weight ignored
+)
 
 
 class ModelError(Exception):
@@ -140,6 +186,9 @@ class Model:
         self.arch = _field(r, "general.architecture")
         if self.arch is None:
             raise ModelError(f"{path}: no general.architecture")
+        if self.arch not in ARCHS:
+            raise ModelError(f"{path}: architecture '{self.arch}' is not supported by the "
+                             f"reference (supported: {', '.join(ARCHS)})")
         a = self.arch
 
         def need(key):
@@ -148,37 +197,114 @@ class Model:
                 raise ModelError(f"{path}: missing {a}.{key}")
             return v
 
+        def opt(key, default):
+            return _field(r, f"{a}.{key}", default)
+
         self.n_embd = int(need("embedding_length"))
         self.n_layer = int(need("block_count"))
         self.n_ff = int(need("feed_forward_length"))
         self.n_head = int(need("attention.head_count"))
-        self.n_head_kv = int(_field(r, f"{a}.attention.head_count_kv", self.n_head))
-        self.eps = float(_field(r, f"{a}.attention.layer_norm_rms_epsilon", 1e-5))
-        self.head_dim = int(_field(r, f"{a}.attention.key_length", self.n_embd // self.n_head))
-        self.n_rot = int(_field(r, f"{a}.rope.dimension_count", self.head_dim))
-        self.freq_base = float(_field(r, f"{a}.rope.freq_base", 10000.0))
-        self.n_ctx_train = int(_field(r, f"{a}.context_length", 0))
-        scaling = _field(r, f"{a}.rope.scaling.type", "none")
-        factor = float(_field(r, f"{a}.rope.scaling.factor", 0.0) or 0.0)
-        if scaling == "linear" and factor > 0:
-            self.freq_scale = 1.0 / factor
-        elif scaling in ("none", "linear"):
-            self.freq_scale = 1.0
-        else:
-            raise ModelError(f"{path}: rope scaling '{scaling}' is not supported by the reference")
-        self.rope_neox = bool(_field(r, "hyb.rope_neox", False))
-        self.ffn_act = _field(r, "hyb.ffn_act", "silu")
-        if self.ffn_act not in ACTS:
-            raise ModelError(f"{path}: hyb.ffn_act '{self.ffn_act}' is not one of {ACTS}")
+        self.n_head_kv = int(opt("attention.head_count_kv", self.n_head))
+        self.eps = float(opt("attention.layer_norm_rms_epsilon", 1e-5))
+        self.head_dim = int(opt("attention.key_length", self.n_embd // self.n_head))
+        if int(opt("attention.value_length", self.head_dim)) != self.head_dim:
+            raise ModelError(f"{path}: {a}.attention.value_length differs from key_length")
+        self.n_rot = int(opt("rope.dimension_count", self.head_dim))
+        self.freq_base = float(opt("rope.freq_base", 10000.0))
+        self.n_ctx_train = int(opt("context_length", 0))
         if self.n_head % self.n_head_kv or self.n_rot > self.head_dim or self.n_rot % 2:
             raise ModelError(f"{path}: inconsistent heads ({self.n_head}/{self.n_head_kv}) "
                              f"or rope dims ({self.n_rot} of {self.head_dim})")
 
+        # RoPE scaling (see the module comment)
+        self.rope_scaling = opt("rope.scaling.type", "linear")
+        if self.rope_scaling not in ("none", "linear", "yarn", "llama3"):
+            raise ModelError(f"{path}: rope scaling '{self.rope_scaling}' is not supported by "
+                             "the reference (none, linear, yarn, llama3)")
+        factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
+        if not factor:
+            factor = float(opt("rope.scale_linear", 0.0) or 0.0)
+        self.rope_factor = 1.0 if self.rope_scaling == "none" or factor <= 0 else factor
+        self.rope_attn_factor = float(opt("rope.scaling.attn_factor", 1.0))
+        self.n_ctx_orig = int(opt("rope.scaling.original_context_length", self.n_ctx_train))
+        if self.rope_scaling == "yarn" and self.n_ctx_orig <= 0:
+            raise ModelError(f"{path}: yarn needs {a}.rope.scaling.original_context_length")
+        ff = self.tensors.get("rope_freqs.weight")
+        self.freq_factors = self.deq("rope_freqs.weight").reshape(-1) if ff is not None else None
+        if self.freq_factors is not None and self.freq_factors.size < self.n_rot // 2:
+            raise ModelError(f"{path}: rope_freqs.weight has {self.freq_factors.size} values, "
+                             f"want {self.n_rot // 2}")
+        if self.rope_scaling == "llama3" and self.freq_factors is None:
+            raise ModelError(f"{path}: rope scaling llama3 without rope_freqs.weight")
+
+        # the architecture's traits
+        self.rope_neox = bool(_field(r, "hyb.rope_neox", False)) if a == "llama" else True
+        self.ffn_act = _field(r, "hyb.ffn_act", "silu") if a == "llama" else "silu"
+        self.qk_norm = a in ("qwen3", "gemma3")
+        self.qkv_bias = a == "qwen2"  # required; other archs use biases when present
+        self.post_norms = a == "gemma3"
+        self.embd_scale = math.sqrt(self.n_embd) if a == "gemma3" else 1.0
+        self.n_swa, self.swa_pattern, self.freq_base_swa = 0, 0, self.freq_base
+        self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        if a == "gemma3":
+            self.ffn_act = "gelu"
+            # HF: query_pre_attn_scalar ** -0.5, which is head_dim but for the 27B
+            # (62 layers), whose scalar is hidden_size / num_attention_heads
+            if self.n_layer == 62:
+                self.q_scale = 1.0 / math.sqrt(self.n_embd // self.n_head)
+            self.n_swa = int(opt("attention.sliding_window", 0))
+            self.swa_pattern = opt("attention.sliding_window_pattern", 6)
+            if not isinstance(self.swa_pattern, int):
+                raise ModelError(f"{path}: {a}.attention.sliding_window_pattern: only a number "
+                                 "is supported by the reference")
+            self.freq_base_swa = float(opt("rope.freq_base_swa", 10000.0))
+            if opt("final_logit_softcapping", None) is not None:
+                raise ModelError(f"{path}: final logit soft-capping is not supported by the "
+                                 "reference")
+        if self.ffn_act not in ACTS:
+            raise ModelError(f"{path}: hyb.ffn_act '{self.ffn_act}' is not one of {ACTS}")
+
         emb = self._tensor("token_embd.weight")
         self.n_vocab = int(emb.shape[-1])  # GGUF ne1: rows of the [vocab][embd] matrix
         self.output_name = "output.weight" if "output.weight" in self.tensors else "token_embd.weight"
-        ff = self.tensors.get("rope_freqs.weight")
-        self.freq_factors = self.deq("rope_freqs.weight").reshape(-1) if ff is not None else None
+        for il in range(self.n_layer):
+            p = f"blk.{il}."
+            need_t = []
+            if self.qkv_bias:
+                need_t += [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"]
+            if self.qk_norm:
+                need_t += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
+            if self.post_norms:
+                need_t += [p + "post_attention_norm.weight", p + "post_ffw_norm.weight"]
+            for t in need_t:
+                self._tensor(t)
+
+    def features(self):
+        """The FEATURES of this model that forward(omit=...) can leave out."""
+        f = []
+        if self.qk_norm:
+            f.append("qk_norm")
+        if any(n.endswith(".bias") for n in self.tensors):
+            f.append("bias")
+        if self.post_norms:
+            f.append("post_norms")
+        if self.embd_scale != 1.0:
+            f.append("embd_scale")
+        if self.n_swa > 0 and any(self.is_swa(il) for il in range(self.n_layer)):
+            f += ["swa", "swa_rope"]
+        if self.rope_scaling == "yarn" and self.rope_factor != 1.0:
+            f.append("yarn")
+        if self.rope_scaling in ("linear", "yarn") and self.rope_factor != 1.0:
+            f.append("rope_scaling")
+        if self.freq_factors is not None:
+            f.append("rope_freqs")
+        return f
+
+    def is_swa(self, il):
+        """Whether layer il is a sliding-window (local) layer (HF Gemma3's layer_types)."""
+        if self.n_swa <= 0:
+            return False
+        return self.swa_pattern == 0 or il % self.swa_pattern < self.swa_pattern - 1
 
     # --- weights ---
 
@@ -218,20 +344,46 @@ class Model:
                 x = rnd(x)
         return x @ w.T
 
+    def _bias(self, y, name, omit):
+        if "bias" in omit or name not in self.tensors:
+            return y
+        b = self.deq(name).reshape(-1)
+        if b.shape[0] != y.shape[-1]:
+            raise ModelError(f"{name}: {b.shape[0]} values for width {y.shape[-1]}")
+        return y + b
+
     def _rmsnorm(self, x, name):
+        """x / rms(x) * w over the last axis (w: one value per element of that axis)."""
         w = self.deq(name).reshape(-1)
+        if w.shape[0] != x.shape[-1]:
+            raise ModelError(f"{name}: {w.shape[0]} values for width {x.shape[-1]}")
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * w
 
-    def _rope(self, x, pos, neox):
+    def inv_freq(self, local=False, omit=()):
+        """Per rotary pair: (inverse frequency, cos/sin magnitude), HF modeling_rope_utils."""
+        d = self.n_rot
+        base = self.freq_base_swa if local and "swa_rope" not in omit else self.freq_base
+        inv = base ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+        if local and "swa_rope" not in omit:
+            return inv, 1.0  # Gemma 3's rotary_emb_local: the default rope type
+        if self.freq_factors is not None and "rope_freqs" not in omit:
+            inv = inv / self.freq_factors[: d // 2]
+        f = 1.0 if "rope_scaling" in omit else self.rope_factor
+        mag = self.rope_attn_factor
+        if self.rope_scaling == "yarn" and "yarn" not in omit and "rope_scaling" not in omit:
+            r = _yarn(inv, d, base, f, self.n_ctx_orig, beta_fast=32.0, beta_slow=1.0)
+            inv, mag = r[0], mag * r[1]
+        else:
+            inv = inv / f
+        return inv, mag
+
+    def _rope(self, x, pos, neox, local=False, omit=()):
         """Rotary embedding of x [n, heads, head_dim] at positions pos [n]."""
         n_rot = self.n_rot
-        i = np.arange(n_rot // 2, dtype=np.float64)
-        inv = self.freq_scale * self.freq_base ** (-2.0 * i / n_rot)
-        if self.freq_factors is not None:
-            inv = inv / self.freq_factors[: n_rot // 2]
+        inv, mag = self.inv_freq(local, omit)
         theta = pos[:, None].astype(np.float64) * inv[None, :]  # [n, n_rot/2]
-        c = np.cos(theta)[:, None, :]
-        s = np.sin(theta)[:, None, :]
+        c = (np.cos(theta) * mag)[:, None, :]
+        s = (np.sin(theta) * mag)[:, None, :]
         out = x.copy()
         if neox:
             a = x[..., : n_rot // 2]
@@ -248,6 +400,9 @@ class Model:
     def _ffn_act(self, g, u, act):
         if act == "silu":
             return g / (1.0 + np.exp(-g)) * u
+        if act == "gelu":  # gelu_pytorch_tanh
+            c = math.sqrt(2.0 / math.pi)
+            return 0.5 * g * (1.0 + np.tanh(c * (g + 0.044715 * g**3))) * u
         if act == "relu":
             return np.maximum(g, 0.0) * u
         if act == "relu2":
@@ -258,49 +413,78 @@ class Model:
 
     # --- the forward pass ---
 
-    def forward(self, tokens, rope_neox=None, act=None, emulate=False):
+    def forward(self, tokens, rope_neox=None, act=None, emulate=False, omit=()):
         """Logits [len(tokens), n_vocab] (float64) for every position, causal attention.
 
-        rope_neox / act override the file's hyb.rope_neox / hyb.ffn_act (None: use the file).
+        rope_neox / act override the file's RoPE type / FFN activation (None: the file's).
         emulate: False (exact), True (llama.cpp's roundings), "act" (matmul inputs only).
+        omit: FEATURES to leave out (deliberately wrong references for the tests).
         """
         toks = np.asarray(tokens, dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
             raise ModelError("need at least one token")
         if toks.min() < 0 or toks.max() >= self.n_vocab:
             raise ModelError(f"token id out of range 0..{self.n_vocab - 1}")
+        omit = set(omit)
+        if omit - set(FEATURES):
+            raise ModelError(f"unknown feature(s) {sorted(omit - set(FEATURES))} "
+                             f"(known: {', '.join(FEATURES)})")
         neox = self.rope_neox if rope_neox is None else bool(rope_neox)
         act = self.ffn_act if act is None else act
         n, hd, nh, nkv = len(toks), self.head_dim, self.n_head, self.n_head_kv
         pos = np.arange(n)
         # the embedding rows are exact (get_rows dequantizes, no rounding)
         x = self.deq("token_embd.weight", rows=toks)
+        if "embd_scale" not in omit:
+            x = x * self.embd_scale
         causal = np.triu(np.full((n, n), -np.inf), k=1)
+        # key j is outside query i's window when j <= i - W (HF: kv_idx > q_idx - W is kept)
+        window = causal.copy()
+        if self.n_swa > 0:
+            window[np.tril(np.ones((n, n), dtype=bool), k=-self.n_swa)] = -np.inf
         for il in range(self.n_layer):
             p = f"blk.{il}."
+            local = self.is_swa(il)
             h = self._rmsnorm(x, p + "attn_norm.weight")
-            q = self._matmul(h, p + "attn_q.weight", emulate).reshape(n, nh, hd)
-            k = self._matmul(h, p + "attn_k.weight", emulate).reshape(n, nkv, hd)
-            v = self._matmul(h, p + "attn_v.weight", emulate).reshape(n, nkv, hd)
-            q = self._rope(q, pos, neox)
-            k = self._rope(k, pos, neox)
+            q = self._bias(self._matmul(h, p + "attn_q.weight", emulate), p + "attn_q.bias", omit)
+            k = self._bias(self._matmul(h, p + "attn_k.weight", emulate), p + "attn_k.bias", omit)
+            v = self._bias(self._matmul(h, p + "attn_v.weight", emulate), p + "attn_v.bias", omit)
+            q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+            if self.qk_norm and "qk_norm" not in omit:
+                q = self._rmsnorm(q, p + "attn_q_norm.weight")
+                k = self._rmsnorm(k, p + "attn_k_norm.weight")
+            q = self._rope(q, pos, neox, local, omit)
+            k = self._rope(k, pos, neox, local, omit)
+            # gemma3 scales q before attention, which then scales by 1 (matters
+            # only for emulate's rounding of q)
+            pre = self.arch == "gemma3"
+            if pre:
+                q = q * self.q_scale
             if emulate and emulate != "act":  # F16 KV cache; FA converts Q to F16 for the dots
                 k, v, q = _round_f16(k), _round_f16(v), _round_f16(q)
             # GQA: consecutive query heads share one KV head
             kk = np.repeat(k, nh // nkv, axis=1)
             vv = np.repeat(v, nh // nkv, axis=1)
-            s = np.einsum("qhd,khd->hqk", q, kk) / math.sqrt(hd) + causal[None]
+            mask = window if local and "swa" not in omit else causal
+            s = np.einsum("qhd,khd->hqk", q, kk) * (1.0 if pre else self.q_scale) + mask[None]
             s -= s.max(axis=-1, keepdims=True)
             pr = np.exp(s)
             pr /= pr.sum(axis=-1, keepdims=True)
             if emulate and emulate != "act":  # without FA, V·p takes p as F16
                 pr = _round_f16(pr)
             o = np.einsum("hqk,khd->qhd", pr, vv).reshape(n, nh * hd)
-            x = x + self._matmul(o, p + "attn_output.weight", emulate)
+            o = self._bias(self._matmul(o, p + "attn_output.weight", emulate),
+                           p + "attn_output.bias", omit)
+            if self.post_norms and "post_norms" not in omit:
+                o = self._rmsnorm(o, p + "post_attention_norm.weight")
+            x = x + o
             h = self._rmsnorm(x, p + "ffn_norm.weight")
             g = self._matmul(h, p + "ffn_gate.weight", emulate)
             u = self._matmul(h, p + "ffn_up.weight", emulate)
-            x = x + self._matmul(self._ffn_act(g, u, act), p + "ffn_down.weight", emulate)
+            f = self._matmul(self._ffn_act(g, u, act), p + "ffn_down.weight", emulate)
+            if self.post_norms and "post_norms" not in omit:
+                f = self._rmsnorm(f, p + "post_ffw_norm.weight")
+            x = x + f
         h = self._rmsnorm(x, "output_norm.weight")
         return self._matmul(h, self.output_name, emulate)
 
@@ -315,6 +499,40 @@ class Model:
         return out
 
 
+def _yarn(inv_freq, dim, base, factor, orig_ctx, beta_fast, beta_slow):
+    """HF's _compute_yarn_parameters: (inverse frequencies, attention factor).
+
+    inv_freq: the unscaled inverse frequencies (after any frequency factors)."""
+
+    def correction_dim(n_rotations):
+        return dim * math.log(orig_ctx / (n_rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # HF's linear_ramp_factor: no singularity
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0.0, 1.0)
+    extrapolation = 1.0 - ramp  # 1: keep the original frequency (the fast dims)
+    inv = inv_freq / factor * (1.0 - extrapolation) + inv_freq * extrapolation
+    mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inv, mscale
+
+
+def llama3_freq_factors(n_rot, base, factor, orig_ctx, low_freq_factor=1.0, high_freq_factor=4.0):
+    """Per rotary pair, what HF's llama3 rope type divides the inverse frequency by
+    (_compute_llama3_parameters); llama.cpp's converter stores it as rope_freqs.weight."""
+    inv = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
+    low_wavelen = orig_ctx / low_freq_factor
+    high_wavelen = orig_ctx / high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > low_wavelen, inv / factor, inv)
+    smooth = (orig_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    scaled = np.where(medium, smoothed, scaled)
+    return inv / scaled
+
+
 def parse_tokens(s):
     try:
         toks = [int(t) for t in s.replace(" ", "").split(",") if t != ""]
@@ -325,6 +543,14 @@ def parse_tokens(s):
     return toks
 
 
+def parse_features(s):
+    feats = [f for f in s.replace(" ", "").split(",") if f]
+    bad = [f for f in feats if f not in FEATURES]
+    if bad:
+        raise ModelError(f"unknown feature(s) {','.join(bad)} (known: {', '.join(FEATURES)})")
+    return feats
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description="reference llama forward pass (test oracle)")
     ap.add_argument("model")
@@ -333,18 +559,22 @@ def main(argv=None):
     ap.add_argument("--greedy", type=int, default=0, help="print N greedy tokens")
     ap.add_argument("--neox", choices=("file", "yes", "no"), default="file")
     ap.add_argument("--act", choices=ACTS)
+    ap.add_argument("--omit", default="", help="comma-separated FEATURES to leave out: "
+                    + ", ".join(FEATURES))
     ap.add_argument("--emulate", action="store_true", help="round like llama.cpp's CPU backend")
     a = ap.parse_args(argv)
     try:
         m = Model(a.model)
         toks = parse_tokens(a.tokens)
         neox = None if a.neox == "file" else a.neox == "yes"
-        logits = m.forward(toks, rope_neox=neox, act=a.act, emulate=a.emulate)
+        omit = parse_features(a.omit)
+        logits = m.forward(toks, rope_neox=neox, act=a.act, emulate=a.emulate, omit=omit)
         if a.out:
             logits.astype("<f4").tofile(a.out)
         print("top1:", ",".join(str(int(i)) for i in logits.argmax(axis=1)))
         if a.greedy:
-            g = m.greedy(toks, a.greedy, rope_neox=neox, act=a.act, emulate=a.emulate)
+            g = m.greedy(toks, a.greedy, rope_neox=neox, act=a.act, emulate=a.emulate,
+                         omit=omit)
             print("greedy:", ",".join(map(str, g)))
     except ModelError as e:
         sys.stderr.write(f"reference.py: {e}\n")

@@ -9,6 +9,14 @@
  * that its tolerance is tight enough to fail on a corrupted logit, the wrong
  * RoPE type or the wrong activation.
  *
+ * The other architectures (qwen2, qwen3, gemma3 with its sliding window)
+ * and the RoPE variants (linear, YaRN, Llama 3.1 rope_freqs, a head size
+ * other than embd/heads) are checked the same way on a 40-token prompt,
+ * longer than gemma3's window; there --self-test also proves that a
+ * reference without each of the model's features fails, and the
+ * oracle_rejects_* tests show end to end that check_logits.py exits 1 when
+ * its reference is told to leave one out (--ref-omit).
+ *
  * Skips (saying why) when the Python environment cannot be built, e.g. with
  * no network for PyPI.
  */
@@ -166,4 +174,194 @@ TEST(oracle_rejects_wrong_rope)
 	model = synth("wrong_rope", "--type F32 --seed 18");
 	rc = oracle(model, synth_tokens, false, "--ref-rope neox", false);
 	CHECK_MSG(rc == 1, "check_logits.py with the wrong RoPE type exited %d, want 1", rc);
+}
+
+/*
+ * 40 ids, (37 i + 1) mod 512: longer than the window of the gemma3 models
+ * (--swa 8), so that their local layers mask keys the global ones see.
+ */
+static const char long_tokens[] = "1,38,75,112,149,186,223,260,297,334,371,408,445,482,7,44,81,"
+				  "118,155,192,229,266,303,340,377,414,451,488,13,50,87,124,"
+				  "161,198,235,272,309,346,383,420";
+
+/* Prefill and decode of long_tokens against the reference, with --self-test and EXTRA. */
+static void check_long(const char *name, const char *opts, const char *extra)
+{
+	const char *model;
+	char args[256];
+	int rc;
+
+	need_tools();
+	hyb_test_need_venv();
+	model = synth(name, opts);
+	snprintf(args, sizeof(args), "--self-test %s", extra);
+	rc = oracle(model, long_tokens, false, args, true);
+	CHECK_MSG(rc == 0, "prefill logits differ from the reference (%s, exit %d)", opts, rc);
+	rc = oracle(model, long_tokens, true, args, true);
+	CHECK_MSG(rc == 0, "decode logits differ from the reference (%s, exit %d)", opts, rc);
+}
+
+#define GEMMA3 "--arch gemma3 --layers 6 --swa 8"
+
+TEST(oracle_qwen2)
+{
+	check_long("qwen2", "--arch qwen2 --type F16 --seed 21", "");
+}
+
+TEST(oracle_qwen3)
+{
+	check_long("qwen3", "--arch qwen3 --type Q8_0 --seed 22", "");
+}
+
+/* 6 layers: 0-4 local (window 8, rope.freq_base_swa), 5 global */
+TEST(oracle_gemma3)
+{
+	check_long("gemma3", GEMMA3 " --type F32 --seed 23", "");
+}
+
+/* as Gemma 3 4B+: linear scaling on the global layers only */
+TEST(oracle_gemma3_rope_linear)
+{
+	check_long("gemma3_linear", GEMMA3 " --type Q4_K --seed 24 --rope-scaling linear", "");
+}
+
+TEST(oracle_rope_linear)
+{
+	check_long("rope_linear", "--type F32 --seed 25 --rope-scaling linear --rope-factor 4", "");
+}
+
+/* original context 256: the ramp spans rotary pairs 0..13 of 32 */
+TEST(oracle_rope_yarn)
+{
+	check_long("rope_yarn", "--type F16 --seed 26 --rope-scaling yarn --rope-orig-ctx 256", "");
+}
+
+/*
+ * The file's rope_freqs.weight, and then instead the factors the reference
+ * computes from HF's llama3 formula (factor 8, original context 64, so that
+ * most pairs are scaled within 40 positions): both must pass.
+ */
+TEST(oracle_rope_llama3)
+{
+	check_long("rope_llama3", "--type Q8_0 --seed 27 --rope-scaling llama3 --rope-orig-ctx 64",
+		   "");
+	check_long("rope_llama3", "--type Q8_0 --seed 27 --rope-scaling llama3 --rope-orig-ctx 64",
+		   "--ref-llama3 8,64");
+}
+
+/* attention.key_length 96 with 256 / 4 heads: Q is 384 wide */
+TEST(oracle_head_dim_96)
+{
+	check_long("head_dim_96", "--type BF16 --seed 28 --head-dim 96 --rope-neox", "");
+}
+
+/*
+ * A reference told to leave WRONG's feature out must make check_logits.py
+ * exit 1 (mismatch, not 2: error), on a model the right reference passes.
+ */
+static void check_rejects(const char *name, const char *opts, const char *wrong)
+{
+	const char *model;
+	int rc;
+
+	need_tools();
+	hyb_test_need_venv();
+	model = synth(name, opts);
+	rc = oracle(model, long_tokens, false, "", true);
+	CHECK_MSG(rc == 0, "the right reference fails (%s, exit %d)", opts, rc);
+	rc = oracle(model, long_tokens, false, wrong, false);
+	CHECK_MSG(rc == 1, "check_logits.py %s exited %d, want 1 (%s)", wrong, rc, opts);
+}
+
+TEST(oracle_rejects_qwen2_without_biases)
+{
+	check_rejects("no_bias", "--arch qwen2 --type F32 --seed 41", "--ref-omit bias");
+}
+
+TEST(oracle_rejects_qwen3_without_qk_norms)
+{
+	check_rejects("no_qk_norm", "--arch qwen3 --type F32 --seed 42", "--ref-omit qk_norm");
+}
+
+TEST(oracle_rejects_gemma3_without_post_norms)
+{
+	check_rejects("no_post_norms", GEMMA3 " --type F32 --seed 43", "--ref-omit post_norms");
+}
+
+TEST(oracle_rejects_gemma3_without_window)
+{
+	check_rejects("no_window", GEMMA3 " --type F32 --seed 44", "--ref-omit swa");
+}
+
+TEST(oracle_rejects_gemma3_global_rope_on_local_layers)
+{
+	check_rejects("no_swa_rope", GEMMA3 " --type F32 --seed 45", "--ref-omit swa_rope");
+}
+
+TEST(oracle_rejects_gemma3_without_embd_scale)
+{
+	check_rejects("no_embd_scale", GEMMA3 " --type F32 --seed 46", "--ref-omit embd_scale");
+}
+
+TEST(oracle_rejects_gemma3_without_qk_norms)
+{
+	check_rejects("g3_no_qk_norm", GEMMA3 " --type F32 --seed 47", "--ref-omit qk_norm");
+}
+
+TEST(oracle_rejects_yarn_as_linear)
+{
+	check_rejects("yarn_linear", "--type F32 --seed 48 --rope-scaling yarn --rope-orig-ctx 256",
+		      "--ref-omit yarn");
+}
+
+TEST(oracle_rejects_unscaled_linear)
+{
+	check_rejects("linear_none", "--type F32 --seed 49 --rope-scaling linear --rope-factor 4",
+		      "--ref-omit rope_scaling");
+}
+
+TEST(oracle_rejects_llama3_without_freqs)
+{
+	check_rejects("llama3_none", "--type F32 --seed 50 --rope-scaling llama3 --rope-orig-ctx 64",
+		      "--ref-omit rope_freqs");
+}
+
+/* HF's llama3 factors for another original context (128, not 64) */
+TEST(oracle_rejects_llama3_wrong_context)
+{
+	check_rejects("llama3_ctx", "--type F32 --seed 51 --rope-scaling llama3 --rope-orig-ctx 64",
+		      "--ref-llama3 8,128");
+}
+
+/* linear scaling applied to gemma3's local layers too */
+TEST(oracle_rejects_gemma3_scaled_local_layers)
+{
+	check_rejects("g3_local_scaled", GEMMA3 " --type F32 --seed 52 --rope-scaling linear",
+		      "--ref-omit swa_rope");
+}
+
+/* An architecture the reference does not know is refused by name (exit 2). */
+TEST(oracle_refuses_unknown_arch)
+{
+	char model[512], log[512], grep_log[512];
+	int rc;
+
+	hyb_test_need_venv();
+	snprintf(grep_log, sizeof(grep_log), "%s/grep.log", hyb_test_tmpdir());
+	snprintf(model, sizeof(model), "%s/mamba.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/unknown-arch.log", hyb_test_tmpdir());
+	rc = hyb_test_sh(log, ".venv/bin/python -c \"import gguf, numpy as np; "
+			 "w = gguf.GGUFWriter('%s', 'mamba'); w.add_block_count(1); "
+			 "w.add_tensor('token_embd.weight', np.zeros((4, 8), dtype=np.float32)); "
+			 "w.write_header_to_file(); w.write_kv_data_to_file(); "
+			 "w.write_tensors_to_file(); w.close()\"", model);
+	if (rc != 0)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "writing a mamba GGUF failed (exit %d)", rc);
+	rc = hyb_test_sh(log, ".venv/bin/python tests/oracle/reference.py '%s' --tokens 1,2", model);
+	CHECK_MSG(rc == 2, "reference.py on a mamba model exited %d, want 2", rc);
+	rc = hyb_test_sh(grep_log, "grep -q \"architecture 'mamba' is not supported\" '%s'", log);
+	if (rc != 0)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "reference.py did not name the unsupported architecture");
 }
