@@ -19,6 +19,7 @@
 #include "cpu_kernels.h"
 #include "hyb/threadpool.h"
 #include "forward/ops.h"
+#include "sparse/plan_ffn.h"
 #include "sparse/sparse_op.h"
 #include "sparse_ffn_kernels.h"
 #include "test.h"
@@ -763,6 +764,70 @@ TEST(sparse_matches_dense_gemv_every_type)
 	free(xq);
 	hyb_threadpool_free(pool);
 	hyb_sparse_ffn_ctx_free(c);
+}
+
+/*
+ * PowerInfer's transposed down (ffn_down_t, a row per neuron) through
+ * hyb_ffn_down_t, for every type: out[t] = sum over neurons of act[t][i] *
+ * row i, against the sum in double of the dequantized rows. Some
+ * activations are 0, as after a ReLU; 2 tokens, 2 threads.
+ */
+TEST(sparse_down_t_every_type)
+{
+	const uint32_t E = 512, F = 200, NT = 2;
+	struct hyb_model m;
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
+	struct hyb_ffn_plan_scratch *sc;
+	float *act = xmalloc(4 * NT * F), *out = xmalloc(4 * NT * E), *wr = xmalloc(4 * E);
+	float *src = xmalloc(4 * E);
+	double *ref = xmalloc(8 * NT * E), *mag = xmalloc(8 * NT * E);
+
+	memset(&m, 0, sizeof(m));
+	m.hp.n_embd = E;
+	sc = hyb_ffn_plan_scratch_new(&m, NT, 2);
+	CHECK(pool && sc);
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		const uint32_t t = all_types[ti];
+		const uint64_t rb = hyb_row_bytes(t, E);
+		uint8_t *w = xmalloc(rb * F);
+		struct hyb_weight dt = { .type = t, .ne0 = E, .ne1 = F, .row_bytes = rb, .data = w };
+
+		if (hyb_sparse_best()->axpy_rounds[t]) { /* AVX2's Q4_0: its bound is axpy_round_tol() */
+			free(w);
+			continue;
+		}
+		g_rng = 1300 + ti;
+		for (uint32_t i = 0; i < F; i++) {
+			rand_x(src, E);
+			CHECK(hyb_quantize_row_ref(t, src, w + i * rb, E) == 0);
+		}
+		for (uint32_t q = 0; q < NT * F; q++)
+			act[q] = rnd() % 3 ? urand() : 0.0f;
+		memset(ref, 0, 8 * NT * E);
+		memset(mag, 0, 8 * NT * E);
+		for (uint32_t i = 0; i < F; i++) {
+			hyb_cpu_kernels(HYB_ISA_SCALAR)->dequantize[t](w + i * rb, wr, E);
+			for (uint32_t tok = 0; tok < NT; tok++)
+				for (uint32_t e = 0; e < E; e++) {
+					ref[tok * E + e] += (double)act[tok * F + i] * wr[e];
+					mag[tok * E + e] += fabs((double)act[tok * F + i] * wr[e]);
+				}
+		}
+		hyb_ffn_down_t(pool, sc, &dt, act, NT, out);
+		for (uint32_t q = 0; q < NT * E; q++)
+			CHECK_MSG(fabs(out[q] - ref[q]) <= 3 * ACC_REL * mag[q] + 1e-30,
+				  "%s down_t out[%u] %.9g vs %.9g", hyb_type_name(t), q, out[q],
+				  ref[q]);
+		free(w);
+	}
+	hyb_ffn_plan_scratch_free(sc);
+	hyb_threadpool_free(pool);
+	free(act);
+	free(out);
+	free(wr);
+	free(src);
+	free(ref);
+	free(mag);
 }
 
 /* K-quant rows of several super-blocks, groups and lists as the other tests. */
