@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "sparse_ffn_generic.h"
 #include "sparse_ffn_kernels.h"
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -596,4 +597,5 @@ void hyb_sparse_fill_avx2(struct hyb_sparse_kernels *k)
 	k->axpy_pf[HYB_TYPE_Q8_0] = axpyp_q8_0;
 	k->axpy_pf[HYB_TYPE_Q4_0] = axpyp_q4_0;
 	k->axpy_rounds[HYB_TYPE_Q4_0] = true; /* q4_axpy_rows() */
+	sgen_fill(k); /* the other types, their float loops compiled for AVX2 */
 }

@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "blocks.h"
+#include "sparse_ffn_generic.h"
 #include "sparse_ffn_kernels.h"
 
 #ifndef HYB_SPARSE_VNNI
@@ -565,4 +566,5 @@ static void fill_sparse_avx512(struct hyb_sparse_kernels *k)
 	k->axpy_pf[HYB_TYPE_Q4_0] = axpyp_q4_0;
 	/* the table below (AVX2) rounds in its Q4_0 axpy; these float axpys do not */
 	memset(k->axpy_rounds, 0, sizeof(k->axpy_rounds));
+	sgen_fill(k); /* the other types, their float loops compiled for AVX-512 */
 }

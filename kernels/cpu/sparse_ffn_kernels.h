@@ -12,14 +12,18 @@
  * Single-threaded; libhyb/sparse/sparse_op.c splits a layer's neurons across
  * threads and owns the bundle layout. Like the dense kernels
  * (cpu_kernels.h) every ISA level has a full table whose entries fall back
- * to the level below, down to the scalar reference, and the weight types
- * are F32, F16, Q8_0 and Q4_0 (block layouts of blocks.h).
+ * to the level below, down to the scalar reference. F32, F16, Q8_0 and
+ * Q4_0 have hand-written kernels per level; the types of
+ * HYB_SPARSE_GEN_TYPES go through sparse_ffn_generic.h (the dot is the
+ * dense GEMV on each row, the axpy dequantizes and adds). Block layouts
+ * are blocks.h's.
  *
  * Arithmetic: x is xn converted once per call exactly as the dense matmul
- * converts it (hyb_vec_dot_type(): F16 for F16, Q8_0 for Q4_0/Q8_0), and a
- * quantized dot is an exact integer dot per 32-block scaled by the two
- * block scales, as in the dense kernels; the summation order across blocks
- * differs between levels (tests compare them with tolerances, not bits).
+ * converts it (hyb_vec_dot_type(): F16 for F16, Q8_0 for Q4_0/Q8_0, Q8_1
+ * or Q8_K for the others), and a quantized dot is an exact integer dot per
+ * block scaled by the block scales, as in the dense kernels; the summation
+ * order across blocks differs between levels (tests compare them with
+ * tolerances, not bits).
  * The axpy dequantizes block by block and adds h * w into y in float,
  * except where a level says axpy_rounds (below): then it rounds h times
  * the block scale to int8, as the dense down GEMV rounds h to Q8_0.
@@ -32,6 +36,23 @@
 #include <stdint.h>
 
 #include "cpu_kernels.h"
+
+/*
+ * The weight types whose kernels are sparse_ffn_generic.h's, as X(name,
+ * type id): the 32-element blocks, then the K-quants (256-element blocks:
+ * a row of n_embd needs n_embd % 256 == 0, which hyb_row_bytes() checks).
+ */
+#define HYB_SPARSE_GEN_TYPES(X)                                                             \
+	X(q4_1, HYB_TYPE_Q4_1)                                                              \
+	X(q5_0, HYB_TYPE_Q5_0)                                                              \
+	X(q5_1, HYB_TYPE_Q5_1)                                                              \
+	X(iq4_nl, HYB_TYPE_IQ4_NL)                                                          \
+	X(q2_k, HYB_TYPE_Q2_K)                                                              \
+	X(q3_k, HYB_TYPE_Q3_K)                                                              \
+	X(q4_k, HYB_TYPE_Q4_K)                                                              \
+	X(q5_k, HYB_TYPE_Q5_K)                                                              \
+	X(q6_k, HYB_TYPE_Q6_K)                                                              \
+	X(iq4_xs, HYB_TYPE_IQ4_XS)
 
 /* Most rows one dot/axpy call computes (callers batch neurons in chunks of this). */
 #define HYB_SPARSE_MAX_ROWS 64
@@ -75,6 +96,11 @@ struct hyb_sparse_x {
 	const struct hyb_sparse_xblk *blk;  /* Q8_0 activations only, else NULL */
 	const float *xd;                    /* Q8_0: blk[i].d again, contiguous (+16 zeros) */
 	const struct hyb_sparse_xquad *quad; /* Q8_0: blocks 4i..4i+3, k / 128 of them */
+	/*
+	 * The dense GEMV of the level whose converter prepared x (its
+	 * gemm_m1[type]): the generic dots run each row through it.
+	 */
+	hyb_gemm_fn gemv;
 };
 
 /* rows[0..n) (n <= HYB_SPARSE_MAX_ROWS), k elements each (k a multiple of the block size). */
@@ -123,8 +149,10 @@ const struct hyb_sparse_kernels *hyb_sparse_kernels(enum hyb_isa isa);
 /* The level of hyb_cpu_best() (which honours HYB_ISA). */
 const struct hyb_sparse_kernels *hyb_sparse_best(void);
 
-/* F32, F16, Q8_0, Q4_0. */
+/* The weight types the sparse kernels take: those the scalar table has a dot and an axpy for. */
 bool hyb_sparse_type_ok(uint32_t type);
+/* Their names, space separated ("F32 F16 Q8_0 ..."), for error messages. */
+const char *hyb_sparse_type_list(void);
 
 /* Bytes of scratch hyb_sparse_prep_x() needs for k elements (any supported type). */
 size_t hyb_sparse_x_bytes(int64_t k);
@@ -133,7 +161,8 @@ size_t hyb_sparse_x_bytes(int64_t k);
  * Convert xn (k floats) for the dot kernels of weight type `type` with the
  * activation converter of `ck` (the dense path's: hyb_cpu_best()), into buf
  * (hyb_sparse_x_bytes(k) bytes, 64-byte aligned). Returns -1 for an
- * unsupported type or a k that is not a multiple of the block size.
+ * unsupported type, a k that is not a multiple of the block size (256 for
+ * the K-quants) or a level without that type's activation converter or GEMV.
  */
 int hyb_sparse_prep_x(const struct hyb_cpu_kernels *ck, uint32_t type, const float *xn,
 		      int64_t k, void *buf, struct hyb_sparse_x *out);

@@ -5,12 +5,16 @@
  * tables (same levels and fallback rule as dispatch.c's).
  *
  * The reference sums like gemm_scalar.c: float rows in double, quantized
- * rows as an exact integer dot per block times the two block scales.
+ * rows as an exact integer dot per block times the two block scales. The
+ * types of HYB_SPARSE_GEN_TYPES have one code for every level
+ * (sparse_ffn_generic.h): here it is their reference too.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "blocks.h"
+#include "sparse_ffn_generic.h"
 #include "sparse_ffn_kernels.h"
 
 #define UNUSED __attribute__((unused))
@@ -167,9 +171,28 @@ WRAP(q4_0)
 
 bool hyb_sparse_type_ok(uint32_t type)
 {
-	return type == HYB_TYPE_F32 || type == HYB_TYPE_F16 || type == HYB_TYPE_Q8_0 ||
-	       type == HYB_TYPE_Q4_0;
+	const struct hyb_sparse_kernels *t = hyb_sparse_kernels(HYB_ISA_SCALAR);
+
+	return type < HYB_TYPE_COUNT && t->dot_pf[type] && t->axpy_pf[type];
 }
+
+static char type_list[256];
+
+const char *hyb_sparse_type_list(void)
+{
+	(void)hyb_sparse_kernels(HYB_ISA_SCALAR); /* init() fills type_list */
+	return type_list;
+}
+
+/*
+ * The zero point that struct hyb_sparse_xblk's corr pays back, for the
+ * types whose own kernels read the unpacked Q8_0 activation (Q4_0's 8,
+ * Q8_0's 128 made unsigned); 0: the type reads x->q only, nothing to unpack.
+ */
+static const int32_t xblk_zero[HYB_TYPE_COUNT] = {
+	[HYB_TYPE_Q4_0] = 8,
+	[HYB_TYPE_Q8_0] = 128,
+};
 
 /* the converted row (<= 4 bytes an element), then the unpacked Q8_0 blocks */
 static size_t xq_bytes(int64_t k)
@@ -228,7 +251,7 @@ int hyb_sparse_prep_x(const struct hyb_cpu_kernels *ck, uint32_t type, const flo
 	struct hyb_sparse_xblk *blk = (struct hyb_sparse_xblk *)((char *)buf + xq_bytes(k));
 
 	if (!hyb_sparse_type_ok(type) || k <= 0 || !hyb_row_bytes(type, (uint64_t)k) ||
-	    !ck || !ck->quantize_act[vt])
+	    !ck || !ck->quantize_act[vt] || !ck->gemm_m1[type])
 		return -1;
 	ck->quantize_act[vt](xn, buf, k);
 	out->type = type;
@@ -236,10 +259,11 @@ int hyb_sparse_prep_x(const struct hyb_cpu_kernels *ck, uint32_t type, const flo
 	out->blk = NULL;
 	out->xd = NULL;
 	out->quad = NULL;
-	if (vt != HYB_TYPE_Q8_0)
+	out->gemv = ck->gemm_m1[type];
+	if (!xblk_zero[type])
 		return 0;
 	const struct hyb_block_q8_0 *b = buf;
-	const int32_t z = type == HYB_TYPE_Q4_0 ? 8 : 128;
+	const int32_t z = xblk_zero[type];
 
 	for (int64_t i = 0; i < k / HYB_QK8_0; i++) {
 		memcpy(blk[i].q, b[i].qs, 32);
@@ -286,6 +310,11 @@ static void init(void)
 	t->axpy_pf[HYB_TYPE_F16] = axpyp_f16;
 	t->axpy_pf[HYB_TYPE_Q8_0] = axpyp_q8_0;
 	t->axpy_pf[HYB_TYPE_Q4_0] = axpyp_q4_0;
+	sgen_fill(t);
+	for (uint32_t ty = 0, len = 0; ty < HYB_TYPE_COUNT; ty++)
+		if (t->dot_pf[ty] && t->axpy_pf[ty] && len < sizeof(type_list))
+			len += (uint32_t)snprintf(type_list + len, sizeof(type_list) - len, "%s%s",
+						  len ? " " : "", hyb_type_name(ty));
 	/* each level starts as a copy of the one below: unspecialised entries fall back */
 	for (int i = 0; i < HYB_ISA_COUNT; i++) {
 		if (i > 0)

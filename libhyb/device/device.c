@@ -516,13 +516,18 @@ int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 
 /* ---- kernels -------------------------------------------------------------------- */
 
+bool hyb_device_ffn_type_ok(uint32_t t)
+{
+	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 || t == HYB_TYPE_Q4_0;
+}
+
 static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
 {
 	const uint32_t t = f->type;
 	uint64_t rb, n_groups;
 	int rc;
 
-	if (t != HYB_TYPE_F32 && t != HYB_TYPE_F16 && t != HYB_TYPE_Q8_0 && t != HYB_TYPE_Q4_0)
+	if (!hyb_device_ffn_type_ok(t))
 		return hyb_device_fail(d, -EINVAL,
 				       "sparse ffn: weight type %s not supported (F32, F16, Q8_0, "
 				       "Q4_0)", hyb_type_name(t));

@@ -216,6 +216,21 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 	if (!h->sp)
 		return -1;
 	hyb_ffn_sparse_set_oracle(h->sp, oracle);
+	/*
+	 * The CPU operator runs more bundle types than the device kernels: a
+	 * plan of another type decodes on the CPU alone (no GPU budget), so
+	 * refuse here rather than at the first device FFN.
+	 */
+	for (uint32_t l = 0; l < h->L; l++) {
+		const uint32_t t = hyb_ffn_sparse_bundles(h->sp, l)->type;
+
+		if (!hyb_device_ffn_type_ok(t)) {
+			snprintf(err, errlen, "hybrid decoding: the device's sparse FFN does not run "
+				 "%s bundles (F32 F16 Q8_0 Q4_0); decode this plan on the CPU "
+				 "(sparse, without a GPU budget)", hyb_type_name(t));
+			return -1;
+		}
+	}
 	h->slot_bytes = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
 	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
 	h->layer_policy = p->policy == HYB_POLICY_LAYER;

@@ -18,6 +18,7 @@
 
 #include "hyb/stream.h"
 #include "cpu_kernels.h"
+#include "sparse_ffn_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/manifest.h"
 #include "hyb/model.h"
@@ -382,10 +383,9 @@ static int bind_plan_layer(struct hyb_loader *ld, uint32_t l)
 #define N(nm) (snprintf(name, sizeof(name), "blk.%u." nm, l), name)
 	if (hyb_ld_bind(ld, &P->bundles, N("ffn_bundles"), hp->n_embd, 3ull * hp->n_ff, false))
 		return -1;
-	if (P->bundles.type != HYB_TYPE_F32 && P->bundles.type != HYB_TYPE_F16 &&
-	    P->bundles.type != HYB_TYPE_Q8_0 && P->bundles.type != HYB_TYPE_Q4_0)
-		return hyb_ld_fail(ld, "%s has type %s; sparse FFNs are F32, F16, Q8_0 or Q4_0", name,
-			    hyb_type_name(P->bundles.type));
+	if (!hyb_sparse_type_ok(P->bundles.type))
+		return hyb_ld_fail(ld, "%s has type %s; sparse FFNs are %s", name,
+			    hyb_type_name(P->bundles.type), hyb_sparse_type_list());
 	if (!(P->perm = bind_vec(ld, N("ffn_perm"), HYB_TYPE_I32, hp->n_ff)) ||
 	    !(P->gpu = bind_vec(ld, N("ffn_gpu"), HYB_TYPE_I8, ng)) ||
 	    !(P->freq = bind_vec(ld, N("ffn_freq"), HYB_TYPE_F32, ng)))
@@ -515,11 +515,11 @@ static int bind_layers(struct hyb_loader *ld)
 		else
 			B(down, "ffn_down", hp->n_ff, hp->n_embd);
 #undef B
-		if (ld->m->powerinfer && L->down_t.type != HYB_TYPE_F32 &&
-		    L->down_t.type != HYB_TYPE_F16 && L->down_t.type != HYB_TYPE_Q8_0 &&
-		    L->down_t.type != HYB_TYPE_Q4_0)
+		/* its rows go through the sparse axpy (hyb_ffn_down_t) */
+		if (ld->m->powerinfer && !hyb_sparse_type_ok(L->down_t.type))
 			return hyb_ld_fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is "
-				    "F32, F16, Q8_0 or Q4_0", l, hyb_type_name(L->down_t.type));
+				    "%s", l, hyb_type_name(L->down_t.type),
+				    hyb_sparse_type_list());
 	}
 	return 0;
 }

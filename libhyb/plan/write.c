@@ -9,11 +9,13 @@
  * one contiguous block, here one block per group): gate and up rows are the
  * source rows' bytes in the new order. Down is stored transposed, so its
  * columns are dequantized, gathered and requantized with the reference
- * quantizer in the bundle type. F32 and F16 round-trip exactly; for Q8_0 and
- * Q4_0 the new blocks run along n_embd instead of n_ff and pick new scales,
+ * quantizer in the bundle type. F32 and F16 round-trip exactly; for the
+ * quantized types (every type the sparse FFN takes: hyb_sparse_type_ok())
+ * the new blocks run along n_embd instead of n_ff and pick new scales,
  * which adds a small error (measured and printed per layer; on synthetic
  * weights 0.36% RMS of the weights for Q8_0 and 4.4% for Q4_0, at most half
- * a quantization step, one step at Q4_0's clipped end).
+ * a quantization step, one step at Q4_0's clipped end). The K-quants need
+ * n_embd % 256 == 0 for that (their rows are whole super-blocks).
  *
  * What is reserved on the GPU before groups are placed (PowerInfer keeps the
  * dense part of the model on the GPU and gives predictors priority, 8.3.4):
@@ -34,6 +36,7 @@
 #include <unistd.h>
 
 #include "cpu_kernels.h"
+#include "sparse_ffn_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
@@ -161,16 +164,17 @@ static int check_model(struct plan *P, const char *path)
 					     hyb_type_name(L->gate.type),
 					     hyb_type_name(L->up.type));
 	}
-	if (P->type != HYB_TYPE_F32 && P->type != HYB_TYPE_F16 && P->type != HYB_TYPE_Q8_0 &&
-	    P->type != HYB_TYPE_Q4_0) {
+	/* bundles keep the source type: it must be one the sparse FFN runs */
+	if (!hyb_sparse_type_ok(P->type)) {
 		return hyb_error_set(-EINVAL, "%s: FFN type %s is not supported for plans "
-				     "(supported: F32 F16 Q8_0 Q4_0, the bundle types the sparse "
-				     "FFN runs)", path, hyb_type_name(P->type));
+				     "(supported: %s, the bundle types the sparse FFN runs)", path,
+				     hyb_type_name(P->type), hyb_sparse_type_list());
 	}
 	P->row_bytes = hyb_row_bytes(P->type, P->n_embd);
 	if (!P->row_bytes)
-		return hyb_error_set(-EINVAL, "%s: n_embd %u is not a multiple of the %s block",
-				     path, P->n_embd, hyb_type_name(P->type));
+		return hyb_error_set(-EINVAL, "%s: n_embd %u is not a multiple of the %s block "
+				     "(%u elements): bundle rows are n_embd long", path, P->n_embd,
+				     hyb_type_name(P->type), hyb_type_info(P->type)->blck);
 	return 0;
 }
 

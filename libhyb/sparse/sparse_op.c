@@ -370,14 +370,14 @@ static int check_args(struct hyb_sparse_ffn_ctx *c, const struct hyb_ffn_bundles
 	if (!b || !xn || !y || !b->bundle)
 		return fail(c, "sparse ffn: NULL argument");
 	if (!hyb_sparse_type_ok(b->type))
-		return fail(c, "sparse ffn: weight type %s not supported (F32, F16, Q8_0, Q4_0)",
-			    hyb_type_name(b->type));
+		return fail(c, "sparse ffn: weight type %s not supported (%s)",
+			    hyb_type_name(b->type), hyb_sparse_type_list());
 	if (b->n_embd == 0 || b->n_ff == 0 || b->group_size == 0)
 		return fail(c, "sparse ffn: zero size (n_embd %u, n_ff %u, group size %u)",
 			    b->n_embd, b->n_ff, b->group_size);
 	if (!hyb_row_bytes(b->type, b->n_embd))
-		return fail(c, "sparse ffn: n_embd %u is not a multiple of the %s block size",
-			    b->n_embd, hyb_type_name(b->type));
+		return fail(c, "sparse ffn: n_embd %u is not a multiple of the %s block size (%u)",
+			    b->n_embd, hyb_type_name(b->type), hyb_type_info(b->type)->blck);
 	if (b->row_bytes != hyb_row_bytes(b->type, b->n_embd))
 		return fail(c, "sparse ffn: row_bytes %llu, expected %llu for %u %s",
 			    (unsigned long long)b->row_bytes,

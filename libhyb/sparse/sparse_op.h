@@ -36,7 +36,7 @@
  * neurons are skipped (the hybrid engine computes them elsewhere).
  */
 struct hyb_ffn_bundles {
-	uint32_t type;         /* F32, F16, Q8_0, Q4_0 */
+	uint32_t type;         /* hyb_sparse_type_ok() (sparse_ffn_kernels.h) */
 	uint32_t n_embd, n_ff;
 	uint32_t group_size;   /* GS */
 	uint64_t row_bytes;    /* hyb_row_bytes(type, n_embd) */

@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include "cpu_kernels.h"
+#include "hyb/device.h"
 #include "hyb/gguf.h"
+#include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
 #include "hyb/profile.h"
@@ -683,12 +685,73 @@ static void check_down_column(const float *row, const float *downf, uint32_t E, 
 }
 
 /*
+ * The plan decodes sparsely on the CPU: with every neuron predicted (fc2
+ * biases forced up) the sparse operator gives the dense FFN over the same
+ * bundles, token for token, up to summation order. A hybrid context takes
+ * the plan where the device kernels run its type and refuses it by name
+ * where they do not.
+ */
+static void sparse_and_hybrid(const char *plan, const char *type)
+{
+	struct hyb_model *m = hyb_model_load_mode(plan, HYB_LOAD_MMAP);
+	float *bias;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	bias = malloc(sizeof(float) * m->hp.n_ff);
+	CHECK(bias);
+	for (uint32_t i = 0; i < m->hp.n_ff; i++)
+		bias[i] = 1e30f;
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		m->layers[l].plan.fc2_bias = bias;
+	{
+		struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
+		struct hyb_test_agreement r = { 0 };
+
+		CHECK(hyb_ctx_sparse(s) && !hyb_ctx_sparse(d));
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 1, 8, 12, 1, &r);
+		printf("    %s: sparse decode, all neurons, vs dense over the bundles: %u/%u, "
+		       "largest logit difference %.2g\n", type, r.agree, r.total, r.max_diff);
+		CHECK_EQ_INT(r.agree, r.total);
+		CHECK_MSG(r.max_diff < 1e-3, "largest logit difference %g", r.max_diff);
+		hyb_ctx_free(d);
+		hyb_ctx_free(s);
+	}
+	{
+		struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM,
+						.gpu_budget = 1ull << 30 };
+		struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .hybrid = &hy };
+		struct hyb_ctx *c = hyb_ctx_new(m, &p);
+		const uint32_t t = m->layers[0].plan.bundles.type;
+
+		if (hyb_device_ffn_type_ok(t)) {
+			CHECK_MSG(c, "%s", hyb_last_error());
+		} else {
+			CHECK(!c);
+			printf("    %s: hybrid refused: %s\n", type, hyb_last_error());
+			CHECK_MSG(strstr(hyb_last_error(), "does not run") &&
+				  strstr(hyb_last_error(), hyb_type_name(t)), "%s", hyb_last_error());
+		}
+		hyb_ctx_free(c);
+	}
+	hyb_model_free(m);
+	free(bias);
+}
+
+static void roundtrip_share(const char *type, double down_tol, double logit_tol,
+			    double share);
+
+static void roundtrip(const char *type, double down_tol, double logit_tol)
+{
+	roundtrip_share(type, down_tol, logit_tol, 0.5);
+}
+
+/*
  * Make a plan of a synthetic model of `type` and check the file against the
  * source: keys, copied tensors, permutation, bundles (gate/up rows exact,
  * down columns within the requantization tolerance), placement, predictor
  * shapes; then load it and compare logits with the source model.
  */
-static void roundtrip(const char *type, double down_tol, double logit_tol)
+static void roundtrip_share(const char *type, double down_tol, double logit_tol, double share)
 {
 	char args[256], out[512];
 	const char *model;
@@ -708,9 +771,9 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 	{
 		struct stat st;
 
-		/* half the model's size: the dense part, predictors and some groups */
+		/* a share of the model's size (half): the dense part, predictors and some groups */
 		CHECK(!stat(model, &st));
-		budget = (uint64_t)st.st_size / 2;
+		budget = (uint64_t)((double)st.st_size * share);
 	}
 	quiet_opts(&o, budget);
 	o.group_size = GS; /* 21 groups of 48 and a short one of 16 */
@@ -878,6 +941,7 @@ static void roundtrip(const char *type, double down_tol, double logit_tol)
 		free(la);
 		free(lb);
 	}
+	sparse_and_hybrid(out, type);
 	hyb_gguf_close(src);
 	hyb_gguf_close(pl);
 	prof_drop(prof);
@@ -903,6 +967,63 @@ TEST(plan_file_roundtrip_q4_0)
 {
 	/* Q4_0 maps [-amax, amax] to -8..7 steps of amax / 8: the clipped end is a step off */
 	roundtrip("Q4_0", 1.0 / 7.9, 0.3);
+}
+
+/*
+ * The types with generic sparse kernels. Down tolerances, as a share of the
+ * source column's 32-block maximum: half a step of the new blocks, a step at
+ * a clipped end, plus for the K-quants the rounding of the sub-block
+ * scales (6 bits; Q2_K's 4) on the super-block's.
+ */
+TEST(plan_file_roundtrip_q4_1)
+{
+	roundtrip("Q4_1", 1.0 / 7, 0.3); /* (max - min) / 15: at most 2 amax / 15 */
+}
+
+TEST(plan_file_roundtrip_q5_0)
+{
+	roundtrip("Q5_0", 1.0 / 15, 0.15);
+}
+
+TEST(plan_file_roundtrip_q5_1)
+{
+	roundtrip("Q5_1", 1.0 / 15, 0.15);
+}
+
+TEST(plan_file_roundtrip_iq4_nl)
+{
+	roundtrip("IQ4_NL", 1.0 / 4, 0.3); /* the widest gap of its levels, 24 / 127 of amax */
+}
+
+TEST(plan_file_roundtrip_q4_k)
+{
+	roundtrip("Q4_K", 1.0 / 5, 0.3);
+}
+
+TEST(plan_file_roundtrip_q5_k)
+{
+	roundtrip("Q5_K", 1.0 / 10, 0.15);
+}
+
+TEST(plan_file_roundtrip_q6_k)
+{
+	roundtrip("Q6_K", 1.0 / 20, 0.1);
+}
+
+TEST(plan_file_roundtrip_q3_k)
+{
+	/* 3 and 2 bits: half the file leaves the fixed-size F16 predictors no room for groups */
+	roundtrip_share("Q3_K", 1.0 / 2.5, 0.5, 0.75);
+}
+
+TEST(plan_file_roundtrip_q2_k)
+{
+	roundtrip_share("Q2_K", 1.0 / 1.2, 1.0, 0.75);
+}
+
+TEST(plan_file_roundtrip_iq4_xs)
+{
+	roundtrip("IQ4_XS", 1.0 / 3.5, 0.3);
 }
 
 /* ---- bad input ------------------------------------------------------------------------- */
@@ -941,8 +1062,8 @@ TEST(plan_rejects_bad_input)
 {
 	const char *f32 = synth_model("m32", "--hidden 256 --ffn 1024 --layers 2 --act relu "
 				      "--type F32 --vocab 512");
-	const char *q4k = synth_model("m4k", "--hidden 256 --ffn 1024 --layers 2 --act relu "
-				      "--type Q4_K --vocab 512");
+	const char *bf16 = synth_model("mbf16", "--hidden 256 --ffn 1024 --layers 2 --act relu "
+				       "--type BF16 --vocab 512");
 	struct hyb_profile *good = model_profile(2, 256, 1024, 100);
 	struct hyb_profile *wrong = model_profile(2, 256, 512, 100);
 	struct hyb_profile *few = model_profile(2, 256, 1024, 10);
@@ -953,7 +1074,7 @@ TEST(plan_rejects_bad_input)
 	expect_fail(f32, wrong, 1ull << 30, out, "profile does not match the model");
 	expect_fail(f32, few, 1ull << 30, out, "at least 20 samples");
 	expect_fail(f32, good, 100000, out, "too small for the dense part");
-	expect_fail(q4k, good, 1ull << 30, out, "FFN type Q4_K is not supported");
+	expect_fail(bf16, good, 1ull << 30, out, "FFN type BF16 is not supported");
 	{
 		char bad[600];
 

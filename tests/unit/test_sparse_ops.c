@@ -19,12 +19,17 @@
 #include "cpu_kernels.h"
 #include "hyb/threadpool.h"
 #include "forward/ops.h"
+#include "sparse/plan_ffn.h"
 #include "sparse/sparse_op.h"
 #include "sparse_ffn_kernels.h"
 #include "test.h"
 
+/* the hand-written kernels' types, then the generic ones (sparse_ffn_generic.h) */
+#define GEN_ID(name, T) T,
 static const uint32_t all_types[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_Q8_0,
-				      HYB_TYPE_Q4_0 };
+				      HYB_TYPE_Q4_0, HYB_SPARSE_GEN_TYPES(GEN_ID) };
+#undef GEN_ID
+#define N_TYPES (sizeof(all_types) / sizeof(*all_types))
 static const enum hyb_ffn_act all_acts[] = { HYB_ACT_SILU, HYB_ACT_RELU, HYB_ACT_RELU2,
 					     HYB_ACT_DRELU };
 
@@ -39,6 +44,20 @@ static uint32_t rnd(void)
 static float urand(void)
 {
 	return (float)(rnd() >> 8) * 0x1p-22f - 1.0f;
+}
+
+/* elements per block of the type: a row of n_embd needs n_embd a multiple of it */
+static uint32_t blck(uint32_t type)
+{
+	return hyb_type_info(type)->blck;
+}
+
+/* the type's dots run through the dense GEMV (sparse_ffn_generic.h) */
+static int generic_type(uint32_t type)
+{
+#define GEN_IS(name, T) || type == T
+	return 0 HYB_SPARSE_GEN_TYPES(GEN_IS);
+#undef GEN_IS
 }
 
 static void *xmalloc(size_t n)
@@ -168,22 +187,54 @@ static double d_act_err(enum hyb_ffn_act act, double g, double u, double eg, dou
 	}
 }
 
-/* the activation's conversion error per element for the type (0: as given) */
+/*
+ * The activation's conversion error per element for the type (0: as
+ * given): Q8_0 and Q8_1 0.6 of the step of their 32-block, Q8_K of its
+ * 256-block (amax / 128, rounded to nearest: half of it).
+ */
 static void conv_err(uint32_t type, const float *x, uint32_t E, double *xerr)
 {
+	const uint32_t vt = hyb_vec_dot_type(type);
+	const uint32_t qb = vt == HYB_TYPE_Q8_K ? 256 : 32;
+
 	for (uint32_t j = 0; j < E; j++) {
-		if (type == HYB_TYPE_F16) {
+		if (vt == HYB_TYPE_F16) {
 			xerr[j] = fabs(x[j]) * 0x1p-11;
-		} else if (type == HYB_TYPE_Q8_0 || type == HYB_TYPE_Q4_0) {
+		} else if (vt == HYB_TYPE_Q8_0 || vt == HYB_TYPE_Q8_1 || vt == HYB_TYPE_Q8_K) {
 			double amax = 0;
 
-			for (uint32_t t = j / 32 * 32; t < j / 32 * 32 + 32; t++)
+			for (uint32_t t = j / qb * qb; t < j / qb * qb + qb; t++)
 				amax = fabs(x[t]) > amax ? fabs(x[t]) : amax;
 			xerr[j] = 0.6 * amax / 127;
 		} else {
 			xerr[j] = 0;
 		}
 	}
+}
+
+/*
+ * Q4_1 and Q5_1 dots add m * s per block, s = d * sum(q) of the Q8_1
+ * activation stored as F16 (llama.cpp's block_q8_1): off by half an F16
+ * ulp, which the dequantized activation (d * q) does not show. Bounded
+ * with margin by 2^-10 |m| sum |x|, per block of the row.
+ */
+static double q8_1_sum_err(uint32_t type, const uint8_t *row, const float *x, uint32_t E)
+{
+	double e = 0;
+
+	if (hyb_vec_dot_type(type) != HYB_TYPE_Q8_1)
+		return 0;
+	for (uint32_t b = 0; b < E / 32; b++) {
+		uint16_t m;
+		double sx = 0;
+
+		/* d then m open both block layouts */
+		memcpy(&m, row + b * hyb_row_bytes(type, 32) + 2, 2);
+		for (uint32_t j = 32 * b; j < 32 * b + 32; j++)
+			sx += fabs(x[j]);
+		e += fabs(hyb_f16_to_f32(m)) * sx * 0x1p-10;
+	}
+	return e;
 }
 
 /* xn as the operator's dots see it: converted by the dense path's converter and back */
@@ -228,6 +279,8 @@ static void reference(const struct ffn *f, enum hyb_ffn_act act, const float *x,
 			eg += fabs(gw[j]) * (xerr[j] + ACC_REL * fabs(x[j]));
 			eu += fabs(uw[j]) * (xerr[j] + ACC_REL * fabs(x[j]));
 		}
+		eg += q8_1_sum_err(f->type, ffn_row_raw(f, 0, i), x, f->E);
+		eu += q8_1_sum_err(f->type, ffn_row_raw(f, 1, i), x, f->E);
 		hs[t] = d_act(act, g, u);
 		dhs[t] = d_act_err(act, g, u, eg, eu) + ACC_REL * fabs(hs[t]);
 	}
@@ -320,7 +373,9 @@ static uint8_t *rand_rows(uint32_t type, int64_t k, int n, size_t *rb)
 	*rb = hyb_row_bytes(type, (uint64_t)k);
 	uint8_t *w = xmalloc(*rb * (size_t)n);
 
-	if (type == HYB_TYPE_F32 || type == HYB_TYPE_F16) {
+	/* random codes for the hand-written int8 kernels; the others (scales anywhere in
+	 * their blocks) from random floats */
+	if (type != HYB_TYPE_Q8_0 && type != HYB_TYPE_Q4_0) {
 		float *t = xmalloc(4 * (size_t)k);
 
 		for (int r = 0; r < n; r++) {
@@ -386,15 +441,22 @@ static void check_kernels(const struct hyb_sparse_kernels *sk, uint32_t t, int64
 	float *o1 = xmalloc(4 * nmax), *o2 = xmalloc(4 * nmax);
 	float *y1 = xmalloc(4 * k), *y2 = xmalloc(4 * k);
 	double *ytol = xmalloc(8 * k);
-	void *xb = xmalloc(hyb_sparse_x_bytes(k));
+	void *xb = xmalloc(hyb_sparse_x_bytes(k)), *xb2 = xmalloc(hyb_sparse_x_bytes(k));
 	const void *rows[HYB_SPARSE_MAX_ROWS];
-	struct hyb_sparse_x x;
+	struct hyb_sparse_x x, xl;
 	size_t rb;
 	uint8_t *w = rand_rows(t, k, nmax, &rb);
 
 	rand_x(xf, (uint32_t)k);
 	rand_x(h, nmax);
 	CHECK(hyb_sparse_prep_x(hyb_cpu_kernels(HYB_ISA_SCALAR), t, xf, k, xb, &x) == 0);
+	/*
+	 * The generic dots run the GEMV of the level that prepared x: prepared by
+	 * this level, they test its GEMV against the scalar one.
+	 */
+	CHECK(hyb_sparse_prep_x(generic_type(t) ? hyb_cpu_kernels(sk->isa)
+						: hyb_cpu_kernels(HYB_ISA_SCALAR),
+				t, xf, k, xb2, &xl) == 0);
 	for (int r = 0; r < nmax; r++) { /* scattered order */
 		rows[r] = w + (size_t)((r * 37) % nmax) * rb;
 		hyb_cpu_kernels(HYB_ISA_SCALAR)->dequantize[t](rows[r], wf + r * k, k);
@@ -404,9 +466,9 @@ static void check_kernels(const struct hyb_sparse_kernels *sk, uint32_t t, int64
 
 		ref->dot[t](k, rows, n, &x, o1);
 		if (npf)
-			sk->dot_pf[t](k, rows, n, npf, &x, o2);
+			sk->dot_pf[t](k, rows, n, npf, &xl, o2);
 		else
-			sk->dot[t](k, rows, n, &x, o2);
+			sk->dot[t](k, rows, n, &xl, o2);
 		for (int r = 0; r < n; r++) {
 			double s = 0;
 
@@ -444,6 +506,7 @@ static void check_kernels(const struct hyb_sparse_kernels *sk, uint32_t t, int64
 	free(y2);
 	free(ytol);
 	free(xb);
+	free(xb2);
 }
 
 TEST(sparse_kernels_every_isa_vs_scalar)
@@ -460,9 +523,11 @@ TEST(sparse_kernels_every_isa_vs_scalar)
 			const uint32_t t = all_types[ti];
 			/* whole slices of 16 blocks, quads of 4, what is left; float tails */
 			const int64_t ks[] = { 256, 96, t <= HYB_TYPE_F16 ? 200 : 32,
-					       t <= HYB_TYPE_F16 ? 7 : 64, 672, 4096 };
+					       t <= HYB_TYPE_F16 ? 7 : 64, 672, 1280, 4096 };
 
 			for (size_t ki = 0; ki < sizeof(ks) / sizeof(*ks); ki++) {
+				if (ks[ki] % blck(t))
+					continue; /* K-quants: whole super-blocks */
 				g_rng = 1000 + 17 * ti + ki;
 				check_kernels(sk, t, ks[ki]);
 			}
@@ -518,7 +583,7 @@ TEST(sparse_ops_every_isa_vs_scalar)
 		if (!hyb_sparse_kernels(lv))
 			continue;
 		levels++;
-		for (size_t ti = 0; ti < 4; ti++) {
+		for (size_t ti = 0; ti < N_TYPES; ti++) {
 			struct ffn f;
 
 			ffn_make(&f, all_types[ti], E, F, 64, 7 + ti);
@@ -545,7 +610,7 @@ TEST(sparse_oracle_matches_reference)
 	float xn[256], y[256];
 
 	CHECK(c && pool);
-	for (size_t ti = 0; ti < 4; ti++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
 		struct ffn f;
 
 		ffn_make(&f, all_types[ti], E, F, 64, 100 + ti);
@@ -637,6 +702,165 @@ TEST(sparse_f16_matches_dense_path)
 	hyb_sparse_ffn_ctx_free(c);
 }
 
+/*
+ * Every type against the dense computation on the same bundle: gate and up
+ * by the dense GEMV over all rows (one group: they are a matrix), h, and
+ * down summed in double over the listed neurons (all, or a subset: the
+ * dense FFN restricted to them), within twice the tight tolerance.
+ */
+TEST(sparse_matches_dense_gemv_every_type)
+{
+	const uint32_t E = 256, F = 200;
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 2);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
+	float xn[256], xs[256], y[256], g[200], u[200], dw[256];
+	double yd[256], ref[256], tol[256], xerr[256] = { 0 };
+	uint32_t list[200], n = 0;
+	void *xq = xmalloc(4 * E);
+
+	CHECK(c && pool);
+	g_rng = 31;
+	for (uint32_t i = 0; i < F; i++)
+		if (rnd() % 4 == 0)
+			list[n++] = i;
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		const uint32_t t = all_types[ti];
+		struct ffn f;
+
+		ffn_make(&f, t, E, F, F, 1100 + ti);
+		rand_x(xn, E);
+		as_seen(t, xn, E, xs);
+		k->quantize_act[hyb_vec_dot_type(t)](xn, xq, E);
+		hyb_gemm_pick(k, t, F)(E, f.data, f.b.row_bytes, F, xq, 0, 1, g, F);
+		hyb_gemm_pick(k, t, F)(E, f.data + (size_t)F * f.b.row_bytes, f.b.row_bytes, F, xq,
+				       0, 1, u, F);
+		for (size_t ai = 0; ai < 4; ai++) {
+			for (int part = 0; part < 2; part++) {
+				const uint32_t *l = part ? list : NULL, nl = part ? n : F;
+
+				for (uint32_t e = 0; e < E; e++)
+					yd[e] = 0;
+				for (uint32_t q = 0; q < nl; q++) {
+					const uint32_t i = l ? l[q] : q;
+					const double h = d_act(all_acts[ai], g[i], u[i]);
+
+					ffn_row(&f, 2, i, dw);
+					for (uint32_t e = 0; e < E; e++)
+						yd[e] += h * dw[e];
+				}
+				CHECK(hyb_sparse_ffn(c, pool, &f.b, all_acts[ai], xn, l, nl, y, NULL) ==
+				      0);
+				reference(&f, all_acts[ai], xs, xerr, l, nl, NULL, ref, tol);
+				for (uint32_t e = 0; e < E; e++)
+					CHECK_MSG(fabs(y[e] - yd[e]) <= 2 * tol[e],
+						  "%s act %d %s: y[%u] sparse %.9g dense %.9g tol %.3g",
+						  hyb_type_name(t), all_acts[ai], l ? "subset" : "all",
+						  e, y[e], yd[e], 2 * tol[e]);
+			}
+		}
+		ffn_free(&f);
+	}
+	free(xq);
+	hyb_threadpool_free(pool);
+	hyb_sparse_ffn_ctx_free(c);
+}
+
+/*
+ * PowerInfer's transposed down (ffn_down_t, a row per neuron) through
+ * hyb_ffn_down_t, for every type: out[t] = sum over neurons of act[t][i] *
+ * row i, against the sum in double of the dequantized rows. Some
+ * activations are 0, as after a ReLU; 2 tokens, 2 threads.
+ */
+TEST(sparse_down_t_every_type)
+{
+	const uint32_t E = 512, F = 200, NT = 2;
+	struct hyb_model m;
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
+	struct hyb_ffn_plan_scratch *sc;
+	float *act = xmalloc(4 * NT * F), *out = xmalloc(4 * NT * E), *wr = xmalloc(4 * E);
+	float *src = xmalloc(4 * E);
+	double *ref = xmalloc(8 * NT * E), *mag = xmalloc(8 * NT * E);
+
+	memset(&m, 0, sizeof(m));
+	m.hp.n_embd = E;
+	sc = hyb_ffn_plan_scratch_new(&m, NT, 2);
+	CHECK(pool && sc);
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		const uint32_t t = all_types[ti];
+		const uint64_t rb = hyb_row_bytes(t, E);
+		uint8_t *w = xmalloc(rb * F);
+		struct hyb_weight dt = { .type = t, .ne0 = E, .ne1 = F, .row_bytes = rb, .data = w };
+
+		if (hyb_sparse_best()->axpy_rounds[t]) { /* AVX2's Q4_0: its bound is axpy_round_tol() */
+			free(w);
+			continue;
+		}
+		g_rng = 1300 + ti;
+		for (uint32_t i = 0; i < F; i++) {
+			rand_x(src, E);
+			CHECK(hyb_quantize_row_ref(t, src, w + i * rb, E) == 0);
+		}
+		for (uint32_t q = 0; q < NT * F; q++)
+			act[q] = rnd() % 3 ? urand() : 0.0f;
+		memset(ref, 0, 8 * NT * E);
+		memset(mag, 0, 8 * NT * E);
+		for (uint32_t i = 0; i < F; i++) {
+			hyb_cpu_kernels(HYB_ISA_SCALAR)->dequantize[t](w + i * rb, wr, E);
+			for (uint32_t tok = 0; tok < NT; tok++)
+				for (uint32_t e = 0; e < E; e++) {
+					ref[tok * E + e] += (double)act[tok * F + i] * wr[e];
+					mag[tok * E + e] += fabs((double)act[tok * F + i] * wr[e]);
+				}
+		}
+		hyb_ffn_down_t(pool, sc, &dt, act, NT, out);
+		for (uint32_t q = 0; q < NT * E; q++)
+			CHECK_MSG(fabs(out[q] - ref[q]) <= 3 * ACC_REL * mag[q] + 1e-30,
+				  "%s down_t out[%u] %.9g vs %.9g", hyb_type_name(t), q, out[q],
+				  ref[q]);
+		free(w);
+	}
+	hyb_ffn_plan_scratch_free(sc);
+	hyb_threadpool_free(pool);
+	free(act);
+	free(out);
+	free(wr);
+	free(src);
+	free(ref);
+	free(mag);
+}
+
+/* K-quant rows of several super-blocks, groups and lists as the other tests. */
+TEST(sparse_kquant_wide_rows)
+{
+	const uint32_t E = 768, F = 96;
+	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 2);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
+	float *xn = xmalloc(4 * E), *y = xmalloc(4 * E);
+	uint32_t list[96], n = 0;
+
+	CHECK(c && pool);
+	for (uint32_t i = 1; i < F; i += 3)
+		list[n++] = i;
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
+		struct ffn f;
+
+		if (blck(all_types[ti]) != 256)
+			continue;
+		ffn_make(&f, all_types[ti], E, F, 40, 1200 + ti); /* 40 + 40 + 16 */
+		rand_x(xn, E);
+		CHECK(hyb_sparse_ffn(c, pool, &f.b, HYB_ACT_SILU, xn, NULL, 0, y, NULL) == 0);
+		check_ref(&f, HYB_ACT_SILU, xn, NULL, 0, NULL, y, "wide oracle");
+		CHECK(hyb_sparse_ffn(c, pool, &f.b, HYB_ACT_RELU, xn, list, n, y, NULL) == 0);
+		check_ref(&f, HYB_ACT_RELU, xn, list, n, NULL, y, "wide list");
+		ffn_free(&f);
+	}
+	free(xn);
+	free(y);
+	hyb_threadpool_free(pool);
+	hyb_sparse_ffn_ctx_free(c);
+}
+
 /* A partial list is the reference restricted to it, and differs from the full FFN. */
 TEST(sparse_partial_list_matches_reference)
 {
@@ -651,7 +875,7 @@ TEST(sparse_partial_list_matches_reference)
 	for (uint32_t i = 0; i < F; i++)
 		if (rnd() % 10 < 3 || i == F - 1)
 			list[n++] = i;
-	for (size_t ti = 0; ti < 4; ti++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
 		struct ffn f;
 
 		ffn_make(&f, all_types[ti], E, F, 64, 200 + ti);
@@ -687,10 +911,12 @@ TEST(sparse_null_bundles_skip_their_group)
 	CHECK(c && pool);
 	for (uint32_t i = 0; i < F; i += 7)
 		list[n++] = i;
-	for (size_t ti = 0; ti < 4; ti++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
 		struct ffn f;
 		struct hyb_sparse_ffn_stats st;
 
+		if (E % blck(all_types[ti]))
+			continue; /* the K-quants: rows of 256 and more (sparse_kquant_*) */
 		ffn_make(&f, all_types[ti], E, F, GS, 300 + ti);
 		f.ptrs[1] = NULL;
 		f.ptrs[3] = NULL;
@@ -722,9 +948,11 @@ TEST(sparse_short_last_group)
 	const uint32_t tail[] = { 64, 66, 67, 69 };
 
 	CHECK(c);
-	for (size_t ti = 0; ti < 4; ti++) {
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
 		struct ffn f;
 
+		if (E % blck(all_types[ti]))
+			continue; /* the K-quants: rows of 256 and more (sparse_kquant_*) */
 		/* 70 = 64 + 6 */
 		ffn_make(&f, all_types[ti], E, 70, 64, 400 + ti);
 		rand_x(xn, E);
@@ -780,7 +1008,7 @@ TEST(sparse_thread_counts_agree)
 	for (uint32_t i = 0; i < F; i++)
 		if (rnd() % 2)
 			list[n++] = i;
-	for (size_t ti = 0; ti < 4; ti += 1) {
+	for (size_t ti = 0; ti < N_TYPES; ti++) {
 		struct ffn f;
 
 		ffn_make(&f, all_types[ti], E, F, 32, 700 + ti);
@@ -872,10 +1100,19 @@ TEST(sparse_bad_arguments_fail_cleanly)
 	BAD(hyb_sparse_ffn(c, NULL, NULL, HYB_ACT_SILU, xn, NULL, 0, y, NULL));
 	BAD(hyb_sparse_ffn(c, NULL, &f.b, HYB_ACT_SILU, NULL, NULL, 0, y, NULL));
 	b = f.b;
-	b.type = HYB_TYPE_Q4_K;
+	b.type = HYB_TYPE_Q4_K; /* rows of 64: not a whole super-block */
 	BAD(hyb_sparse_ffn(c, NULL, &b, HYB_ACT_SILU, xn, NULL, 0, y, NULL));
-	b.type = HYB_TYPE_BF16;
+	CHECK_MSG(strstr(hyb_sparse_ffn_error(c), "block size (256)"), "%s",
+		  hyb_sparse_ffn_error(c));
+	b.type = HYB_TYPE_BF16; /* no sparse kernels: refused by name, with the list */
 	BAD(hyb_sparse_ffn(c, NULL, &b, HYB_ACT_SILU, xn, NULL, 0, y, NULL));
+	CHECK_MSG(strstr(hyb_sparse_ffn_error(c), "weight type BF16 not supported") &&
+		  strstr(hyb_sparse_ffn_error(c), "Q4_1") && strstr(hyb_sparse_ffn_error(c), "Q6_K"),
+		  "%s", hyb_sparse_ffn_error(c));
+	CHECK(!hyb_sparse_type_ok(HYB_TYPE_BF16) && !hyb_sparse_type_ok(HYB_TYPE_Q8_K) &&
+	      !hyb_sparse_type_ok(HYB_TYPE_COUNT));
+	for (size_t ti = 0; ti < N_TYPES; ti++)
+		CHECK(hyb_sparse_type_ok(all_types[ti]));
 	b.type = 1000;
 	BAD(hyb_sparse_ffn(c, NULL, &b, HYB_ACT_SILU, xn, NULL, 0, y, NULL));
 	b = f.b;

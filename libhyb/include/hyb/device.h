@@ -160,6 +160,12 @@ struct hyb_dev_ffn {
 	bool accumulate;        /* y += instead of y = */
 };
 int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
+/*
+ * Whether hyb_device_sparse_ffn takes bundles of `type` (F32, F16, Q8_0,
+ * Q4_0; the CUDA device not F32). The CPU sparse operator takes more: the
+ * hybrid engine refuses a plan whose type no device runs.
+ */
+bool hyb_device_ffn_type_ok(uint32_t type);
 
 /* y[i] += x[i] for i < n (float): the merge of a CPU partial result (PowerInfer 5.3). */
 int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sparse FFN kernels for the weight types that have no hand-written ones
+ * (HYB_SPARSE_GEN_TYPES: Q4_1, Q5_0, Q5_1, IQ4_NL and the 256-element
+ * K-quants). Written once and included by every level's file
+ * (sparse_ffn_ref.c, sparse_ffn_avx2.c, sparse_ffn_avx512_body.h), so each
+ * is compiled with its level's flags; only those files include it.
+ *
+ * dot: a sparse row dot is a GEMV on one row, so every row goes through
+ * the dense GEMV of the level that prepared x (x->gemv, set by
+ * hyb_sparse_prep_x() from that level's gemm_m1[], which takes any row
+ * count): the dense path's arithmetic and SIMD code, no second kernel per
+ * type to keep right. Rows are scattered, so the next one (the caller's
+ * look-ahead included) is prefetched while this one runs.
+ *
+ * axpy: y += h * w needs w in float. Rows are dequantized (the dense
+ * path's dequantize[]) a piece of SGEN_PIECE elements at a time - one
+ * K-quant super-block, eight 32-blocks - into a stack buffer and added;
+ * pieces outer, rows inner, so the piece of y stays in L1 across the rows,
+ * and each row's next piece is prefetched before the other rows come
+ * round. Per element the rows are added in order and nothing is rounded
+ * (axpy_rounds stays false), so every level gives the same floats.
+ */
+#ifndef HYB_SPARSE_FFN_GENERIC_H
+#define HYB_SPARSE_FFN_GENERIC_H
+
+#include "sparse_ffn_kernels.h"
+
+#define SGEN_PIECE 256 /* a multiple of every block size */
+
+/* into L2, as the hand-written kernels prefetch */
+static inline void sgen_prefetch(const void *p, uint64_t bytes)
+{
+	for (uint64_t off = 0; off < bytes; off += 64)
+		__builtin_prefetch((const char *)p + off, 0, 2);
+}
+
+static void sgen_dot_pf(int64_t k, const void *const *rows, int n, int n_pf,
+			const struct hyb_sparse_x *x, float *out)
+{
+	const uint64_t rb = hyb_row_bytes(x->type, (uint64_t)k);
+
+	for (int r = 0; r < n; r++) {
+		if (r + 1 < n + n_pf)
+			sgen_prefetch(rows[r + 1], rb);
+		x->gemv(k, rows[r], rb, 1, x->q, 0, 1, out + r, 1);
+	}
+}
+
+static void sgen_dot(int64_t k, const void *const *rows, int n, const struct hyb_sparse_x *x,
+		     float *out)
+{
+	sgen_dot_pf(k, rows, n, 0, x, out);
+}
+
+static inline void sgen_axpy(uint32_t type, int64_t k, const void *const *rows, const float *h,
+			     int n, int n_pf, float *y)
+{
+	/* every level's dequantize[] of these types is the scalar one */
+	const hyb_dequantize_fn dq = hyb_cpu_kernels(HYB_ISA_SCALAR)->dequantize[type];
+	const uint64_t pb = hyb_row_bytes(type, SGEN_PIECE);
+	float w[SGEN_PIECE];
+
+	for (int64_t e0 = 0; e0 < k; e0 += SGEN_PIECE) {
+		const int64_t m = k - e0 < SGEN_PIECE ? k - e0 : SGEN_PIECE;
+		const int64_t left = k - e0 - m; /* elements after this piece */
+		const uint64_t next = hyb_row_bytes(type, (uint64_t)(left < SGEN_PIECE ? left
+										     : SGEN_PIECE));
+		const uint64_t off = (uint64_t)(e0 / SGEN_PIECE) * pb;
+		float *yp = y + e0;
+
+		if (!left) /* the caller's next rows, while the last piece runs */
+			for (int r = n; r < n + n_pf; r++)
+				sgen_prefetch(rows[r], 2 * pb);
+		for (int r = 0; r < n; r++) {
+			const uint8_t *p = (const uint8_t *)rows[r] + off;
+			const float hr = h[r];
+
+			sgen_prefetch(p + pb, next);
+			dq(p, w, m);
+			for (int64_t i = 0; i < m; i++)
+				yp[i] += hr * w[i];
+		}
+	}
+}
+
+/* the table entries of one type: dot and dot_pf are shared, the axpys know their type */
+#define SGEN_AXPY(name, T)                                                                  \
+	static void sgen_axpyp_##name(int64_t k, const void *const *rows, const float *h,   \
+				      int n, int n_pf, float *y)                             \
+	{                                                                                   \
+		sgen_axpy(T, k, rows, h, n, n_pf, y);                                       \
+	}                                                                                   \
+	static void sgen_axpy_##name(int64_t k, const void *const *rows, const float *h,    \
+				     int n, float *y)                                       \
+	{                                                                                   \
+		sgen_axpy(T, k, rows, h, n, 0, y);                                          \
+	}
+HYB_SPARSE_GEN_TYPES(SGEN_AXPY)
+#undef SGEN_AXPY
+
+static void sgen_fill(struct hyb_sparse_kernels *k)
+{
+#define SGEN_SET(name, T)                                                                   \
+	k->dot[T] = sgen_dot;                                                               \
+	k->dot_pf[T] = sgen_dot_pf;                                                         \
+	k->axpy[T] = sgen_axpy_##name;                                                      \
+	k->axpy_pf[T] = sgen_axpyp_##name;                                                  \
+	k->axpy_rounds[T] = false;
+	HYB_SPARSE_GEN_TYPES(SGEN_SET)
+#undef SGEN_SET
+}
+
+#endif
