@@ -4,7 +4,8 @@
 A test oracle only (hyb never runs Python): it computes the logits of every
 position of a token sequence in float64 from the dequantized weights, the way
 the published model definitions (Hugging Face transformers' modeling_llama,
-modeling_qwen2, modeling_qwen3, modeling_gemma3 and modeling_rope_utils)
+modeling_qwen2, modeling_qwen3, modeling_gemma3, modeling_phi3 and
+modeling_rope_utils)
 define them, reading the hyperparameters from the GGUF keys llama.cpp's
 converter writes:
 
@@ -25,14 +26,16 @@ qwen3 (Q/K norms), gemma3 (scaled embeddings, Q/K norms, the two post norms,
 GeGLU with GELU's tanh form; layer l is a sliding-window layer when
 attention.sliding_window W > 0 and l % P < P - 1, P =
 attention.sliding_window_pattern (6): it sees positions p-W+1..p and rotates
-with rope.freq_base_swa (10000), unscaled, like HF's rotary_emb_local).  The
+with rope.freq_base_swa (10000), unscaled, like HF's rotary_emb_local), phi3
+(qkv_proj: Q, K, V in one attn_qkv tensor; gate_up_proj: gate then up in one
+ffn_up; LongRoPE is refused).  The
 converter stores Gemma's RMS norm weights with the +1 already added, so every
 norm here is x / rms(x) * w.  Others are refused.
 
 RoPE is NORM (rotate adjacent pairs (x[2i], x[2i+1]), what llama.cpp uses for
 arch "llama", whose converter permutes Wq/Wk for it; chosen by the key
 "hyb.rope_neox" or a parameter) or NeoX (rotate (x[i], x[i + n_rot/2]), HF's
-rotate_half: qwen2, qwen3, gemma3).  Its inverse frequencies are
+rotate_half: qwen2, qwen3, gemma3, phi3).  Its inverse frequencies are
 base^(-2i/n_rot), then (modeling_rope_utils):
   - rope.scaling.type linear (or absent) with rope.scaling.factor F (or the
     older rope.scale_linear): divided by F; type none: unscaled;
@@ -95,7 +98,7 @@ except ImportError:  # pragma: no cover - reported to the user
     raise
 
 ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 # what forward(omit=...) can leave out, to prove a check fails without it
 FEATURES = (
     "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
@@ -446,18 +449,25 @@ class Model:
             p = f"blk.{il}."
             local = self.is_swa(il)
             h = self._rmsnorm(x, p + "attn_norm.weight")
-            q = self._bias(self._matmul(h, p + "attn_q.weight", emulate), p + "attn_q.bias", omit)
-            k = self._bias(self._matmul(h, p + "attn_k.weight", emulate), p + "attn_k.bias", omit)
-            v = self._bias(self._matmul(h, p + "attn_v.weight", emulate), p + "attn_v.bias", omit)
+            if p + "attn_qkv.weight" in self.tensors:  # Phi-3's qkv_proj: q, k, v in order
+                qkv = self._matmul(h, p + "attn_qkv.weight", emulate)
+                q, k, v = np.split(qkv, [nh * hd, (nh + nkv) * hd], axis=1)
+            else:
+                q = self._matmul(h, p + "attn_q.weight", emulate)
+                k = self._matmul(h, p + "attn_k.weight", emulate)
+                v = self._matmul(h, p + "attn_v.weight", emulate)
+            q = self._bias(q, p + "attn_q.bias", omit)
+            k = self._bias(k, p + "attn_k.bias", omit)
+            v = self._bias(v, p + "attn_v.bias", omit)
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
             if self.qk_norm and "qk_norm" not in omit:
                 q = self._rmsnorm(q, p + "attn_q_norm.weight")
                 k = self._rmsnorm(k, p + "attn_k_norm.weight")
             q = self._rope(q, pos, neox, local, omit)
             k = self._rope(k, pos, neox, local, omit)
-            # gemma3 scales q before attention, which then scales by 1 (matters
-            # only for emulate's rounding of q)
-            pre = self.arch == "gemma3"
+            # gemma3 and phi3 scale q before attention, which then scales by 1
+            # (matters only for emulate's rounding of q)
+            pre = self.arch in ("gemma3", "phi3")
             if pre:
                 q = q * self.q_scale
             if emulate and emulate != "act":  # F16 KV cache; FA converts Q to F16 for the dots
@@ -479,8 +489,11 @@ class Model:
                 o = self._rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o
             h = self._rmsnorm(x, p + "ffn_norm.weight")
-            g = self._matmul(h, p + "ffn_gate.weight", emulate)
-            u = self._matmul(h, p + "ffn_up.weight", emulate)
+            if self.arch == "phi3":  # gate_up_proj: gate, then up (HF's chunk(2))
+                g, u = np.split(self._matmul(h, p + "ffn_up.weight", emulate), 2, axis=1)
+            else:
+                g = self._matmul(h, p + "ffn_gate.weight", emulate)
+                u = self._matmul(h, p + "ffn_up.weight", emulate)
             f = self._matmul(self._ffn_act(g, u, act), p + "ffn_down.weight", emulate)
             if self.post_norms and "post_norms" not in omit:
                 f = self._rmsnorm(f, p + "post_ffw_norm.weight")

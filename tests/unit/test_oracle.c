@@ -213,6 +213,12 @@ TEST(oracle_qwen3)
 	check_long("qwen3", "--arch qwen3 --type Q8_0 --seed 22", "");
 }
 
+/* Q, K, V in one attn_qkv and gate, up in one ffn_up, sliced */
+TEST(oracle_phi3)
+{
+	check_long("phi3", "--arch phi3 --type Q4_0 --seed 24", "");
+}
+
 /* 6 layers: 0-4 local (window 8, rope.freq_base_swa), 5 global */
 TEST(oracle_gemma3)
 {
