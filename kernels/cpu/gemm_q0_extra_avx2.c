@@ -10,8 +10,8 @@
  * __AVX2__ branch in both, tinyBLAS_Q0_AVX works on 256-bit vectors in
  * both, the repacked IQ4_NL kernels convert whole-block integer dots in
  * both; VNNI only changes how the exact integers are formed), so these
- * kernels give the AVX-512 levels' results bit for bit (tested where the
- * CPU has both):
+ * kernels give llama.cpp's bits (tests/unit/test_kernels.c: its matmul
+ * goldens, and the AVX-512 levels' results over more shapes):
  *
  * - Q4_1, Q5_1 (ggml_vec_dot_{q4_1,q5_1}_q8_1, every column count): lane l
  *   of block b is the exact dot of elements 4l..4l+3, acc = fma(float(lane),
@@ -23,7 +23,8 @@
  *   llama.cpp's integer.
  * - IQ4_NL with rows % 8 != 0: one column is ggml_vec_dot_iq4_nl_q8_0 (two
  *   chains, even and odd blocks, added lane by lane before the hsum; an odd
- *   last block added in scalar code), more columns tinyBLAS_Q0_AVX (one
+ *   last block added in scalar code, unfused as GCC leaves it when tuning
+ *   for Zen; a generic-tuned build fuses it), more columns tinyBLAS_Q0_AVX (one
  *   chain). With rows % 8 == 0 llama.cpp repacks it (iq4_nl_8x8): per output
  *   acc = fma(float(dot of the whole block), dw*dx, acc), no lanes.
  *
@@ -271,7 +272,7 @@ ALWAYS_INLINE void lane_tile(const enum kind t, const int NC, int64_t nb,
 				out[r][c] += ms[4 * c + r];
 		}
 	if (two && nbv < nb) {
-		/* the odd last block: sumf += dx * dw * sumi, in scalar code */
+		/* the odd last block: sumf += dx * dw * sumi in scalar code, unfused */
 		const int64_t b = nbv;
 
 		for (int r = 0; r < TR; r++) {
