@@ -111,6 +111,7 @@ void hyb_cpu_fill_avx512vnni(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_q_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_q0_extra_avx2(struct hyb_cpu_kernels *k); /* gemm_q0_extra_avx2.c */
 void hyb_fill_vec_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_vec_avx512(struct hyb_cpu_kernels *k);
 /* pred_*.c and popcount_*.c: predictor and grouping kernels, every level */

@@ -1087,7 +1087,15 @@ TEST(kern_gemm_matches_llama_dot)
  * quantize_row_*_ref and gen_data activations, k 416 (13 blocks: IQ4_NL's
  * vec_dot leftover block), rows for each of gemm / gemm_m4 / gemm_m1,
  * columns for vec_dot, tinyBLAS_Q0_AVX and the repacked GEMM: FNV-1a of
- * its output, bit for bit on the AVX-512 levels.
+ * its output, bit for bit on the AVX-512 levels, and on AVX2: for these
+ * types llama.cpp's AVX2 build adds what its AVX-512 build does (the same
+ * __AVX2__ vec_dot branches and 256-bit tinyBLAS_Q0_AVX, whole-block dots
+ * in the repacked kernels; see gemm_q0_extra_avx2.c). Checked against an
+ * AVX2-only build (-mavx2 -mfma -mf16c, no AVX-512): all 36 equal when GCC
+ * tunes for Zen (-mtune=znver3, what -march=native picks on Zen 2/3); with
+ * generic tuning GCC fuses the add of IQ4_NL's vec_dot odd last block
+ * (sumf += d * sumi) into an fma, which changes IQ4_NL rows 36 and 33 at
+ * 1 column (0x96dec346b238b37e, 0x30eae01c8c1d4944 there).
  */
 static const struct {
 	uint32_t type;
@@ -1158,7 +1166,7 @@ TEST(kern_gemm_matches_llama_matmul)
 			for (int64_t c = 0; c < nc; c++)
 				kt->quantize_act[at](xf + c * k, x + c * xs, k);
 			hyb_gemm_pick(kt, type, (uint64_t)nr)(k, w, ws, nr, x, xs, nc, y, (size_t)nr);
-			if (isa < HYB_ISA_AVX512)
+			if (isa < HYB_ISA_AVX2)
 				continue; /* other orders: kern_gemm_*_vs_scalar */
 			exact_levels += g == 0;
 			CHECK_MSG(fnv(y, (size_t)(nr * nc) * sizeof(float)) == g_matmul[g].hash,
@@ -1173,6 +1181,56 @@ TEST(kern_gemm_matches_llama_matmul)
 	}
 	if (!exact_levels)
 		SKIP("no AVX-512 level on this CPU: only closeness to the scalar reference checked");
+}
+
+/*
+ * Q4_1, Q5_0, Q5_1, IQ4_NL: the AVX2 level adds what the AVX-512 levels add
+ * (llama.cpp's orders are the same on both builds, see above), over shapes
+ * the goldens leave out: partial row and column tiles, odd block counts,
+ * wide batches, each of gemm / gemm_m4 / gemm_m1.
+ */
+TEST(kern_gemm_q0_extra_avx2_bits_as_avx512)
+{
+	static const uint32_t types[] = { HYB_TYPE_Q4_1, HYB_TYPE_Q5_0, HYB_TYPE_Q5_1,
+					  HYB_TYPE_IQ4_NL };
+	static const int64_t ks[] = { 32, 96, 1312 }, rows[] = { 1, 5, 36, 64 };
+	static const int64_t cols[] = { 1, 2, 3, 13 };
+	const struct hyb_cpu_kernels *a2 = hyb_cpu_kernels(HYB_ISA_AVX2);
+	const struct hyb_cpu_kernels *a5 = hyb_cpu_kernels(HYB_ISA_AVX512);
+	uint64_t seed = 1;
+
+	if (!a2 || !a5)
+		SKIP("needs AVX2 and AVX-512");
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++)
+		for (int ik = 0; ik < 3; ik++)
+			for (int ir = 0; ir < 4; ir++)
+				for (int ic = 0; ic < 4; ic++) {
+					const uint32_t type = types[t];
+					struct mat m;
+
+					mat_make(&m, type, ks[ik], rows[ir], cols[ic], W_RAW, seed++);
+					for (int tab = 0; tab < 3; tab++) {
+						const size_t n = m.ys * (size_t)m.ncols;
+						float *ya = xmalloc(n * sizeof(float));
+						float *yb = xmalloc(n * sizeof(float));
+						const hyb_gemm_fn fa = tab == 0 ? a2->gemm[type] : tab == 1 ?
+							a2->gemm_m4[type] : a2->gemm_m1[type];
+						const hyb_gemm_fn fb = tab == 0 ? a5->gemm[type] : tab == 1 ?
+							a5->gemm_m4[type] : a5->gemm_m1[type];
+
+						memset(ya, 0, n * sizeof(float));
+						memset(yb, 0, n * sizeof(float));
+						fa(m.k, m.w, m.ws, m.nrows, m.x, m.xs, m.ncols, ya, m.ys);
+						fb(m.k, m.w, m.ws, m.nrows, m.x, m.xs, m.ncols, yb, m.ys);
+						CHECK_MSG(!memcmp(ya, yb, n * sizeof(float)),
+							  "%s k %lld rows %lld cols %lld table %d: avx2 != avx512",
+							  hyb_type_name(type), (long long)m.k,
+							  (long long)m.nrows, (long long)m.ncols, tab);
+						free(ya);
+						free(yb);
+					}
+					mat_free(&m);
+				}
 }
 
 /*
