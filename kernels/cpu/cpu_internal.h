@@ -65,6 +65,15 @@ int hyb_quantize_k_extra_ref(uint32_t type, const float *x, void *out, int64_t n
 float hyb_make_qkx2_quants(int n, int nmax, const float *x, const float *weights, uint8_t *L,
 			   float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
 			   int use_mad);
+/* quant_ref.c: ggml-quants.c best_index_int8, the level of val (n ascending) nearest x */
+int hyb_best_index_int8(int n, const int8_t *val, float x);
+/*
+ * quant_ref.c: a Q4_K/Q5_K super-block's scales and mins (6-bit packed into
+ * s, d, dmin) and its elements' levels 0..nmax into L; rmin and nstep are
+ * make_qkx2_quants' search (Q4_K: 15, -1, 20; Q5_K: 31, -0.5, 15).
+ */
+void hyb_quantize_q45k_levels(const float *x, int nmax, float rmin, int nstep, uint8_t s[12],
+			      uint16_t *d, uint16_t *dmin, uint8_t L[HYB_QK_K]);
 
 /* quant_act.c: activation converters */
 void hyb_quantize_f32_scalar(const float *x, void *out, int64_t n);

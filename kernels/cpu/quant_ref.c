@@ -147,7 +147,7 @@ static void quantize_q5_1(const float *x, struct hyb_block_q5_1 *y, int64_t n)
 }
 
 /* best_index_int8: the level of `val` (ascending) nearest x, the lower on ties */
-static int best_index_int8(int n, const int8_t *val, float x)
+int hyb_best_index_int8(int n, const int8_t *val, float x)
 {
 	int ml = 0, mu = n - 1;
 
@@ -193,7 +193,7 @@ static void quantize_iq4_nl(const float *x, struct hyb_block_iq4_nl *y, int64_t 
 			float sumqx = 0, sumq2 = 0;
 
 			for (int j = 0; j < HYB_QK4_0; j++) {
-				const int l = best_index_int8(16, values, id * x[j]);
+				const int l = hyb_best_index_int8(16, values, id * x[j]);
 				const float q = values[l];
 				const float w = x[j] * x[j];
 
@@ -407,69 +407,82 @@ static float make_qx_quants(int n, int nmax, const float *x, int8_t *L, int rmse
 	return scale;
 }
 
+/*
+ * A Q4_K or Q5_K super-block's levels (quantize_row_q4_K_ref and q5_K_ref):
+ * make_qkx2_quants per sub-block of 32 with levels 0..nmax (rmin and nstep
+ * its search), the eight scales and mins packed in 6 bits into s with d and
+ * dmin, and every element's level, from those rounded scales, into L.
+ */
+void hyb_quantize_q45k_levels(const float *x, int nmax, float rmin, int nstep, uint8_t s[12],
+			      uint16_t *d_out, uint16_t *dmin_out, uint8_t L[HYB_QK_K])
+{
+	uint8_t Laux[32];
+	float weights[32], mins[HYB_QK_K / 32], scales[HYB_QK_K / 32];
+	float max_scale = 0, max_min = 0; /* the min is subtracted: scales are >= 0 */
+
+	for (int j = 0; j < HYB_QK_K / 32; j++) {
+		float sum_x2 = 0;
+
+		for (int l = 0; l < 32; l++)
+			sum_x2 += x[32 * j + l] * x[32 * j + l];
+		float av_x = sqrtf(sum_x2 / 32);
+
+		for (int l = 0; l < 32; l++)
+			weights[l] = av_x + fabsf(x[32 * j + l]);
+		scales[j] = make_qkx2_quants(32, nmax, x + 32 * j, weights, L + 32 * j, &mins[j],
+					     Laux, rmin, 0.1f, nstep, 0);
+		if (scales[j] > max_scale)
+			max_scale = scales[j];
+		if (mins[j] > max_min)
+			max_min = mins[j];
+	}
+	float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+	float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+
+	for (int j = 0; j < HYB_QK_K / 32; j++) {
+		/* the uint8_t truncation is llama.cpp's, before the clamp */
+		uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
+		uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
+
+		ls = ls < 63 ? ls : 63;
+		lm = lm < 63 ? lm : 63;
+		if (j < 4) {
+			s[j] = ls;
+			s[j + 4] = lm;
+		} else {
+			s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+			s[j - 4] |= (uint8_t)((ls >> 4) << 6);
+			s[j] |= (uint8_t)((lm >> 4) << 6);
+		}
+	}
+	*d_out = hyb_f32_to_f16(max_scale / 63.f);
+	*dmin_out = hyb_f32_to_f16(max_min / 63.f);
+
+	uint8_t sc[8], m[8];
+
+	hyb_q4k_scales(s, sc, m);
+	for (int j = 0; j < HYB_QK_K / 32; j++) {
+		const float d = hyb_f16_to_f32(*d_out) * sc[j];
+
+		if (!d)
+			continue;
+		const float dm = hyb_f16_to_f32(*dmin_out) * m[j];
+
+		for (int ii = 0; ii < 32; ii++) {
+			int l = nearest_int((x[32 * j + ii] + dm) / d);
+
+			L[32 * j + ii] = (uint8_t)imax(0, imin(nmax, l));
+		}
+	}
+}
+
 static void quantize_q4_k(const float *x, struct hyb_block_q4_k *y, int64_t n)
 {
-	uint8_t L[HYB_QK_K], Laux[32];
-	float weights[32], mins[HYB_QK_K / 32], scales[HYB_QK_K / 32];
+	uint8_t L[HYB_QK_K];
 
 	for (int64_t i = 0; i < n / HYB_QK_K; i++, x += HYB_QK_K) {
-		float max_scale = 0, max_min = 0; /* the min is subtracted: scales are >= 0 */
+		hyb_quantize_q45k_levels(x, 15, -1.f, 20, y[i].scales, &y[i].d, &y[i].dmin, L);
 
-		for (int j = 0; j < HYB_QK_K / 32; j++) {
-			float sum_x2 = 0;
-
-			for (int l = 0; l < 32; l++)
-				sum_x2 += x[32 * j + l] * x[32 * j + l];
-			float av_x = sqrtf(sum_x2 / 32);
-
-			for (int l = 0; l < 32; l++)
-				weights[l] = av_x + fabsf(x[32 * j + l]);
-			scales[j] = make_qkx2_quants(32, 15, x + 32 * j, weights, L + 32 * j,
-						     &mins[j], Laux, -1.f, 0.1f, 20, 0);
-			if (scales[j] > max_scale)
-				max_scale = scales[j];
-			if (mins[j] > max_min)
-				max_min = mins[j];
-		}
-		float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-		float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-		uint8_t *s = y[i].scales;
-
-		for (int j = 0; j < HYB_QK_K / 32; j++) {
-			/* the uint8_t truncation is llama.cpp's, before the clamp */
-			uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
-			uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
-
-			ls = ls < 63 ? ls : 63;
-			lm = lm < 63 ? lm : 63;
-			if (j < 4) {
-				s[j] = ls;
-				s[j + 4] = lm;
-			} else {
-				s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-				s[j - 4] |= (uint8_t)((ls >> 4) << 6);
-				s[j] |= (uint8_t)((lm >> 4) << 6);
-			}
-		}
-		y[i].d = hyb_f32_to_f16(max_scale / 63.f);
-		y[i].dmin = hyb_f32_to_f16(max_min / 63.f);
-
-		uint8_t sc[8], m[8];
-
-		hyb_q4k_scales(s, sc, m);
-		for (int j = 0; j < HYB_QK_K / 32; j++) {
-			const float d = hyb_f16_to_f32(y[i].d) * sc[j];
-
-			if (!d)
-				continue;
-			const float dm = hyb_f16_to_f32(y[i].dmin) * m[j];
-
-			for (int ii = 0; ii < 32; ii++) {
-				int l = nearest_int((x[32 * j + ii] + dm) / d);
-
-				L[32 * j + ii] = (uint8_t)imax(0, imin(15, l));
-			}
-		}
 		uint8_t *q = y[i].qs;
 
 		for (int j = 0; j < HYB_QK_K; j += 64, q += 32)

@@ -219,67 +219,11 @@ static void quantize_q3_k(const float *x, struct hyb_block_q3_k *y, int64_t n)
 
 static void quantize_q5_k(const float *x, struct hyb_block_q5_k *y, int64_t n)
 {
-	uint8_t L[HYB_QK_K], Laux[32];
-	float weights[32], mins[HYB_QK_K / 32], scales[HYB_QK_K / 32];
+	uint8_t L[HYB_QK_K];
 
 	for (int64_t i = 0; i < n / HYB_QK_K; i++, x += HYB_QK_K) {
-		float max_scale = 0, max_min = 0;
-
-		for (int j = 0; j < HYB_QK_K / 32; j++) {
-			float sum_x2 = 0;
-
-			for (int l = 0; l < 32; l++)
-				sum_x2 += x[32 * j + l] * x[32 * j + l];
-			const float av_x = sqrtf(sum_x2 / 32);
-
-			for (int l = 0; l < 32; l++)
-				weights[l] = av_x + fabsf(x[32 * j + l]);
-			scales[j] = hyb_make_qkx2_quants(32, 31, x + 32 * j, weights, L + 32 * j,
-							 &mins[j], Laux, -0.5f, 0.1f, 15, 0);
-			if (scales[j] > max_scale)
-				max_scale = scales[j];
-			if (mins[j] > max_min)
-				max_min = mins[j];
-		}
-		const float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
-		const float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
-		uint8_t *s = y[i].scales;
-
-		for (int j = 0; j < HYB_QK_K / 32; j++) {
-			/* the uint8_t truncation is llama.cpp's, before the clamp */
-			uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]);
-			uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
-
-			ls = ls < 63 ? ls : 63;
-			lm = lm < 63 ? lm : 63;
-			if (j < 4) {
-				s[j] = ls;
-				s[j + 4] = lm;
-			} else {
-				s[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
-				s[j - 4] |= (uint8_t)((ls >> 4) << 6);
-				s[j] |= (uint8_t)((lm >> 4) << 6);
-			}
-		}
-		y[i].d = hyb_f32_to_f16(max_scale / 63.f);
-		y[i].dmin = hyb_f32_to_f16(max_min / 63.f);
-
-		uint8_t sc[8], m[8];
-
-		hyb_q4k_scales(s, sc, m);
-		for (int j = 0; j < HYB_QK_K / 32; j++) {
-			const float d = hyb_f16_to_f32(y[i].d) * sc[j];
-
-			if (!d)
-				continue;
-			const float dm = hyb_f16_to_f32(y[i].dmin) * m[j];
-
-			for (int ii = 0; ii < 32; ii++) {
-				const int l = nearest_int((x[32 * j + ii] + dm) / d);
-
-				L[32 * j + ii] = (uint8_t)imax(0, imin(31, l));
-			}
-		}
+		/* Q4_K's scales and mins, levels 0..31 (quantize_row_q5_K_ref) */
+		hyb_quantize_q45k_levels(x, 31, -0.5f, 15, y[i].scales, &y[i].d, &y[i].dmin, L);
 		memset(y[i].qh, 0, sizeof(y[i].qh));
 		for (int c = 0; c < HYB_QK_K / 64; c++) {
 			for (int l = 0; l < 32; l++) {
@@ -299,25 +243,10 @@ static void quantize_q5_k(const float *x, struct hyb_block_q5_k *y, int64_t n)
 	}
 }
 
-/* the level of hyb_kvalues_iq4nl nearest to x (ggml-quants.c best_index_int8) */
+/* the level of hyb_kvalues_iq4nl nearest to x */
 static int best_index_iq4(float x)
 {
-	const int8_t *val = hyb_kvalues_iq4nl;
-	int ml = 0, mu = 15;
-
-	if (x <= val[0])
-		return 0;
-	if (x >= val[15])
-		return 15;
-	while (mu - ml > 1) {
-		const int mav = (ml + mu) / 2;
-
-		if (x < val[mav])
-			mu = mav;
-		else
-			ml = mav;
-	}
-	return x - val[mu - 1] < val[mu] - x ? mu - 1 : mu;
+	return hyb_best_index_int8(16, hyb_kvalues_iq4nl, x);
 }
 
 /*
