@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "llama.h"
+#include "llama_oracle.h"
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 {
@@ -29,30 +30,6 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 	for (size_t i = 0; i < n; i++)
 		h = (h ^ b[i]) * 0x100000001b3ull;
 	return h;
-}
-
-static int argmax(const float *l, int n)
-{
-	int best = 0;
-
-	for (int i = 1; i < n; i++)
-		if (l[i] > l[best])
-			best = i;
-	return best;
-}
-
-static bool no_progress(float progress, void *arg)
-{
-	(void)progress;
-	(void)arg;
-	return true;
-}
-
-static void quiet(enum ggml_log_level level, const char *text, void *arg)
-{
-	(void)arg;
-	if (level >= GGML_LOG_LEVEL_ERROR)
-		fputs(text, stderr);
 }
 
 int main(int argc, char **argv)

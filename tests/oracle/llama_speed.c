@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "llama.h"
+#include "llama_oracle.h"
 
 static double now(void)
 {
@@ -27,30 +28,6 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static bool no_progress(float progress, void *arg)
-{
-	(void)progress;
-	(void)arg;
-	return true;
-}
-
-static void quiet(enum ggml_log_level level, const char *text, void *arg)
-{
-	(void)arg;
-	if (level >= GGML_LOG_LEVEL_ERROR)
-		fputs(text, stderr);
-}
-
-static int argmax(const float *l, int n)
-{
-	int best = 0;
-
-	for (int i = 1; i < n; i++)
-		if (l[i] > l[best])
-			best = i;
-	return best;
 }
 
 int main(int argc, char **argv)
