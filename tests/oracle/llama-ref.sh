@@ -18,6 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dest=$root/.cache/llama-ref
 bin=$dest/llama_ref
 if [[ -x $bin && $bin -nt $root/tests/oracle/llama_ref.c &&
+	$bin -nt $root/tests/oracle/llama_oracle.h &&
 	$dest/llama_speed -nt $root/tests/oracle/llama_speed.c ]]; then
 	echo "$bin"
 	exit 0
