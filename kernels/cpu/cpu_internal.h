@@ -108,6 +108,8 @@ void hyb_fill_vec_ref(struct hyb_cpu_kernels *k);
 double hyb_soft_max_tail(int64_t i, int64_t n, float *y, const float *x, float max,
 			 double sum);
 void hyb_swiglu_tail(int64_t i, int64_t n, float *y, const float *x, const float *g);
+void hyb_geglu_tail(int64_t i, int64_t n, float *y, const float *x, const float *g,
+		    const uint16_t *table);
 
 /*
  * Per-ISA table fillers: each overrides the entries its level specialises

@@ -80,6 +80,12 @@ struct hyb_cpu_kernels {
 	double (*soft_max)(int64_t n, float *y, const float *x, float max);
 	/* ggml_vec_swiglu_f32: y[i] = silu(x[i]) * g[i] (ggml_v_silu) */
 	void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
+	/*
+	 * ggml_vec_geglu_f32 (GGML_GELU_FP16): y[i] = 0 for x[i] <= -10,
+	 * x[i] * g[i] for x[i] >= 10, else f32(table[f16(x[i])]) * g[i];
+	 * table: GELU of every F16 value, with one padding entry after the 65536
+	 */
+	void (*geglu)(int64_t n, float *y, const float *x, const float *g, const uint16_t *table);
 
 	/*
 	 * Activation predictors (PowerInfer 5.1: run by libhyb/sparse/predictor.c,

@@ -163,6 +163,32 @@ static void swiglu(int64_t n, float *y, const float *x, const float *g)
 	hyb_swiglu_tail(i, n, y, x, g);
 }
 
+/*
+ * The lookup 16 lanes at a time: F16 indices by vcvtps2ph (round to nearest
+ * even, as hyb_f32_to_f16 and ggml's F16C build), a 32-bit gather of the
+ * table's bytes at 2 * index (the padding entry covers index 65535's upper
+ * half), its low halves widened back.
+ */
+static void geglu(int64_t n, float *y, const float *x, const float *g, const uint16_t *table)
+{
+	int64_t i = 0;
+
+	for (; i + 16 <= n; i += 16) {
+		const __m512 xv = _mm512_loadu_ps(x + i), gv = _mm512_loadu_ps(g + i);
+		const __m256i h = _mm512_cvtps_ph(xv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		const __m512i t = _mm512_i32gather_epi32(_mm512_cvtepu16_epi32(h), (const void *)table,
+							 2);
+		__m512 r = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(t)), gv);
+
+		r = _mm512_mask_mul_ps(r, _mm512_cmp_ps_mask(xv, _mm512_set1_ps(10.0f), _CMP_GE_OQ),
+				       xv, gv);
+		r = _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(xv, _mm512_set1_ps(-10.0f), _CMP_LE_OQ),
+				       _mm512_setzero_ps());
+		_mm512_storeu_ps(y + i, r);
+	}
+	hyb_geglu_tail(i, n, y, x, g, table);
+}
+
 /* exact widening of F16 (the KV cache's rows in attention) */
 static void dequantize_f16(const void *in, float *out, int64_t n)
 {
@@ -184,4 +210,5 @@ void hyb_fill_vec_avx512(struct hyb_cpu_kernels *k)
 	k->gemm_acc = gemm_acc;
 	k->soft_max = soft_max;
 	k->swiglu = swiglu;
+	k->geglu = geglu;
 }

@@ -126,6 +126,11 @@ static void swiglu(int64_t n, float *y, const float *x, const float *g)
 	hyb_swiglu_tail(i, n, y, x, g);
 }
 
+static void geglu(int64_t n, float *y, const float *x, const float *g, const uint16_t *table)
+{
+	hyb_geglu_tail(0, n, y, x, g, table);
+}
+
 double hyb_soft_max_tail(int64_t i, int64_t n, float *y, const float *x, float max,
 			 double sum)
 {
@@ -142,6 +147,19 @@ void hyb_swiglu_tail(int64_t i, int64_t n, float *y, const float *x, const float
 		y[i] = x[i] / (1.0f + expf(-x[i])) * g[i];
 }
 
+void hyb_geglu_tail(int64_t i, int64_t n, float *y, const float *x, const float *g,
+		    const uint16_t *table)
+{
+	for (; i < n; i++) {
+		if (x[i] <= -10.0f)
+			y[i] = 0.0f;
+		else if (x[i] >= 10.0f)
+			y[i] = x[i] * g[i];
+		else
+			y[i] = hyb_f16_to_f32(table[hyb_f32_to_f16(x[i])]) * g[i];
+	}
+}
+
 void hyb_fill_vec_ref(struct hyb_cpu_kernels *k)
 {
 	k->dot_f16 = dot_f16;
@@ -150,4 +168,5 @@ void hyb_fill_vec_ref(struct hyb_cpu_kernels *k)
 	k->gemm_acc = gemm_acc;
 	k->soft_max = soft_max;
 	k->swiglu = swiglu;
+	k->geglu = geglu;
 }

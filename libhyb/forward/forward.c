@@ -48,7 +48,9 @@ struct matmul_job {
 
 /*
  * Threads take row chunks from a shared counter: contiguous rows stream well
- * and a thread that the OS delays does not hold the others up.
+ * and a thread that the OS delays does not hold the others up (the job runs
+ * on hyb_threadpool_run_dynamic: a worker that has not started when the
+ * caller runs out of chunks is not waited for).
  */
 static void matmul_worker(void *arg, int ith, int nth)
 {
@@ -150,7 +152,7 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 	if (nth == 1)
 		matmul_worker(&j, 0, 1);
 	else
-		hyb_threadpool_run(c->pool, matmul_worker, &j);
+		hyb_threadpool_run_dynamic(c->pool, matmul_worker, &j);
 }
 
 /* ---- attention --------------------------------------------------------- */
@@ -158,15 +160,25 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 struct attn_job {
 	struct hyb_ctx *c;
 	struct hyb_attn a;
+	long n_jobs, per_claim;
+	atomic_long next;
 };
 
+/* Jobs (token x head, or tiles) are independent: threads claim them as they go. */
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_job *j = arg;
-	long lo, hi;
+	void *tmp = (char *)j->c->attn_tmp + (size_t)ith * j->c->attn_tmp_stride;
 
-	hyb_split(hyb_attend_jobs(&j->a), ith, nth, &lo, &hi);
-	hyb_attend_run(&j->a, lo, hi, (char *)j->c->attn_tmp + (size_t)ith * j->c->attn_tmp_stride);
+	(void)nth;
+	for (;;) {
+		long lo = atomic_fetch_add_explicit(&j->next, j->per_claim, memory_order_relaxed);
+
+		if (lo >= j->n_jobs)
+			return;
+		hyb_attend_run(&j->a, lo, lo + j->per_claim < j->n_jobs ? lo + j->per_claim : j->n_jobs,
+			       tmp);
+	}
 }
 
 /* The attention of layer l for a batch of n tokens, in llama.cpp's arithmetic. */
@@ -189,8 +201,13 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			.n_swa = swa ? hp->n_swa : 0,
 		},
 	};
+	const int nth = hyb_threadpool_size(c->pool);
 
-	hyb_threadpool_run(c->pool, attn_worker, &j);
+	j.n_jobs = hyb_attend_jobs(&j.a);
+	/* about 4 claims per thread */
+	j.per_claim = (j.n_jobs + 4 * nth - 1) / (4 * nth);
+	atomic_init(&j.next, 0);
+	hyb_threadpool_run_dynamic(c->pool, attn_worker, &j);
 }
 
 /* ---- the layer loop ---------------------------------------------------- */

@@ -104,8 +104,9 @@ static float gelu_tanh(float x)
 	return (0.5f * x) * (1.0f + tanhf((s * x) * fmaf(a * x, x, 1.0f)));
 }
 
-/* ggml_table_gelu_f16: GELU of every F16 value, rounded to F16 (ggml_cpu_init) */
-static uint16_t gelu_table[1 << 16];
+/* ggml_table_gelu_f16: GELU of every F16 value, rounded to F16 (ggml_cpu_init);
+ * one padding entry for the kernels' 32-bit gathers */
+static uint16_t gelu_table[(1 << 16) + 1];
 static pthread_once_t gelu_once = PTHREAD_ONCE_INIT;
 
 static void gelu_init(void)
@@ -118,14 +119,7 @@ static void gelu_init(void)
 static void geglu(float *g, const float *u, uint64_t n)
 {
 	pthread_once(&gelu_once, gelu_init);
-	for (uint64_t i = 0; i < n; i++) {
-		if (g[i] <= -10.0f)
-			g[i] = 0.0f;
-		else if (g[i] >= 10.0f)
-			g[i] = g[i] * u[i];
-		else
-			g[i] = hyb_f16_to_f32(gelu_table[hyb_f32_to_f16(g[i])]) * u[i];
-	}
+	hyb_cpu_best()->geglu((int64_t)n, g, g, u, gelu_table);
 }
 
 static inline float relu(float v)

@@ -4,8 +4,10 @@
 #include <errno.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -16,6 +18,16 @@
 /* Spin this many times before sleeping: about 50-100 us, longer than the gap
  * between two matmuls of a decode step, far shorter than a human notices. */
 #define SPIN_LIMIT 20000
+/* The caller's wait for the workers: a thread that is running finishes its
+ * share within microseconds; one that another process has displaced may not
+ * run for a whole time slice. Spin about 10-20 us, then yield the CPU
+ * between looks (sleeping on a futex measured no better, see
+ * docs/PERFORMANCE.md). */
+#define WAIT_SPIN_LIMIT 4000
+
+/* join word: generation << 32 | CLOSED | workers that joined */
+#define JOIN_CLOSED (1ull << 31)
+#define JOIN_COUNT 0x7fffffffull
 
 struct hyb_threadpool {
 	int n;
@@ -23,7 +35,8 @@ struct hyb_threadpool {
 	hyb_job_fn fn;
 	void *arg;
 	_Atomic unsigned generation; /* bumped to start a job; futex word */
-	atomic_int pending;          /* workers still running the current job */
+	_Atomic uint64_t join;       /* the job's generation, closed bit, joined workers */
+	atomic_uint done;            /* workers that finished the job */
 	atomic_int sleepers;         /* workers in futex_wait: only then is a wake needed */
 	atomic_bool stop;
 };
@@ -38,9 +51,9 @@ static void futex_wait(_Atomic unsigned *addr, unsigned val)
 	syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
 }
 
-static void futex_wake_all(_Atomic unsigned *addr)
+static void futex_wake(_Atomic unsigned *addr, int n)
 {
-	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, 0x7fffffff, NULL, NULL, 0);
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
 static inline void cpu_relax(void)
@@ -48,6 +61,23 @@ static inline void cpu_relax(void)
 #if defined(__x86_64__) || defined(__i386__)
 	__builtin_ia32_pause();
 #endif
+}
+
+/*
+ * Join the job of generation gen, unless the caller closed it (a dynamic
+ * job done without this worker) or has already moved on to a later one.
+ */
+static bool join_job(struct hyb_threadpool *p, unsigned gen)
+{
+	uint64_t j = atomic_load_explicit(&p->join, memory_order_acquire);
+
+	for (;;) {
+		if ((unsigned)(j >> 32) != gen || (j & JOIN_CLOSED))
+			return false;
+		if (atomic_compare_exchange_weak_explicit(&p->join, &j, j + 1, memory_order_acq_rel,
+							  memory_order_acquire))
+			return true;
+	}
 }
 
 static void *worker_main(void *opaque)
@@ -73,8 +103,10 @@ static void *worker_main(void *opaque)
 		seen = gen;
 		if (atomic_load_explicit(&p->stop, memory_order_acquire))
 			return NULL;
+		if (!join_job(p, gen))
+			continue;
 		p->fn(p->arg, wa.ith, p->n);
-		atomic_fetch_sub_explicit(&p->pending, 1, memory_order_release);
+		atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
 	}
 }
 
@@ -124,23 +156,59 @@ struct hyb_threadpool *hyb_threadpool_new(int n_threads)
 	return p;
 }
 
-void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg)
+/* Wait until `target` workers have finished the job. */
+static void wait_done(struct hyb_threadpool *p, unsigned target)
 {
+	int spins = 0;
+
+	while (atomic_load_explicit(&p->done, memory_order_acquire) < target) {
+		if (++spins < WAIT_SPIN_LIMIT)
+			cpu_relax();
+		else
+			sched_yield();
+	}
+}
+
+static void run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg, bool dynamic)
+{
+	unsigned gen;
+
 	if (p->n == 1) {
 		fn(arg, 0, 1);
 		return;
 	}
+	/* every worker that joined the last job has finished it: nothing reads these */
 	p->fn = fn;
 	p->arg = arg;
-	atomic_store_explicit(&p->pending, p->n - 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&p->generation, 1, memory_order_seq_cst);
+	atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+	gen = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+	atomic_store_explicit(&p->join, (uint64_t)gen << 32, memory_order_relaxed);
+	atomic_store_explicit(&p->generation, gen, memory_order_seq_cst);
 	/* A worker that registers as a sleeper after this load finds the
 	 * generation changed inside futex_wait and returns at once. */
 	if (atomic_load(&p->sleepers))
-		futex_wake_all(&p->generation);
+		futex_wake(&p->generation, 0x7fffffff);
 	fn(arg, 0, p->n);
-	while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0)
-		cpu_relax();
+	if (dynamic) {
+		/* the work is shared out as it goes: a worker that has not joined
+		 * yet (asleep, or displaced by another process) has nothing left to
+		 * do, and may not start now */
+		uint64_t j = atomic_fetch_or_explicit(&p->join, JOIN_CLOSED, memory_order_acq_rel);
+
+		wait_done(p, (unsigned)(j & JOIN_COUNT));
+	} else {
+		wait_done(p, (unsigned)p->n - 1);
+	}
+}
+
+void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg)
+{
+	run(p, fn, arg, false);
+}
+
+void hyb_threadpool_run_dynamic(struct hyb_threadpool *p, hyb_job_fn fn, void *arg)
+{
+	run(p, fn, arg, true);
 }
 
 int hyb_threadpool_size(const struct hyb_threadpool *p)
@@ -154,7 +222,7 @@ void hyb_threadpool_free(struct hyb_threadpool *p)
 		return;
 	atomic_store_explicit(&p->stop, true, memory_order_release);
 	atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-	futex_wake_all(&p->generation);
+	futex_wake(&p->generation, 0x7fffffff);
 	for (int i = 1; i < p->n; i++)
 		pthread_join(p->threads[i], NULL);
 	free(p->threads);

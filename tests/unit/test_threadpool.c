@@ -48,3 +48,62 @@ TEST(pool_runs_each_job_on_every_thread)
 		hyb_threadpool_free(p);
 	}
 }
+
+struct dyn_job {
+	atomic_long next;
+	atomic_int seen[8];
+	atomic_int covered[1000];
+	int slow; /* the caller dawdles so that the workers take part */
+};
+
+static void dyn_worker(void *arg, int ith, int nth)
+{
+	struct dyn_job *j = arg;
+
+	CHECK(ith >= 0 && ith < nth);
+	CHECK_EQ_INT(atomic_fetch_add(&j->seen[ith], 1), 0);
+	if (ith == 0 && j->slow)
+		usleep(2000);
+	for (long i; (i = atomic_fetch_add(&j->next, 1)) < 1000;)
+		atomic_fetch_add(&j->covered[i], 1);
+}
+
+/*
+ * Dynamic jobs: every item done exactly once, each thread at most once per
+ * job, whichever workers join, mixed with jobs every thread must run (a
+ * worker that skipped a dynamic job must still run the next static one).
+ */
+TEST(pool_dynamic_jobs_share_out_the_work)
+{
+	for (int nth = 1; nth <= 8; nth++) {
+		struct hyb_threadpool *p = hyb_threadpool_new(nth);
+
+		int joined = 0;
+
+		CHECK(p);
+		for (int rep = 0; rep < 300; rep++) {
+			struct dyn_job d;
+			struct count_job s;
+
+			memset(&d, 0, sizeof(d));
+			d.slow = rep % 50 == 0;
+			hyb_threadpool_run_dynamic(p, dyn_worker, &d);
+			for (int i = 0; i < 1000; i++)
+				CHECK_EQ_INT(atomic_load(&d.covered[i]), 1);
+			for (int t = 1; d.slow && t < nth; t++)
+				joined += atomic_load(&d.seen[t]);
+			if (rep % 3 == 0) {
+				memset(&s, 0, sizeof(s));
+				hyb_threadpool_run(p, count_worker, &s);
+				CHECK_EQ_INT(atomic_load(&s.calls), nth);
+				for (int i = 0; i < 1000; i++)
+					CHECK_EQ_INT(s.covered[i], 1);
+			}
+			if (rep == 150)
+				usleep(20000); /* let workers fall asleep on the futex */
+		}
+		/* the caller's 2 ms naps leave the workers time to join */
+		CHECK(nth == 1 || joined > 0);
+		hyb_threadpool_free(p);
+	}
+}

@@ -255,3 +255,32 @@ TEST(vec_simd_expf_sweep)
 	if (!levels)
 		SKIP("this CPU has no SIMD level to compare");
 }
+
+/* geglu's table lookup: every level as the scalar one, bounds (+-10) and odd lengths included */
+TEST(vec_geglu_simd_matches_ref)
+{
+	const struct hyb_cpu_kernels *s = hyb_cpu_kernels(HYB_ISA_SCALAR);
+	static uint16_t table[(1 << 16) + 1];
+	static const int ns[] = { 1, 15, 16, 17, 64, 100, 1000 };
+	float x[1000], g[1000], fa[1000], fb[1000];
+
+	for (uint32_t i = 0; i < (1u << 16) + 1; i++)
+		table[i] = hyb_f32_to_f16(val(i, 11) * 8.0f);
+	for (int i = 0; i < 1000; i++) {
+		/* -12..12, the bounds themselves, and values that round to F16 ties */
+		x[i] = i % 50 == 0 ? (i % 100 ? 10.0f : -10.0f) : val((uint32_t)i, 12) * 3.0f;
+		if (i % 7 == 3)
+			x[i] = 1.0f + (float)(2 * (i % 64) + 1) * 0x1p-11f;
+		g[i] = val((uint32_t)i, 13);
+	}
+	for (int isa = 1; isa < HYB_ISA_COUNT; isa++) {
+		const struct hyb_cpu_kernels *k = hyb_cpu_kernels((enum hyb_isa)isa);
+
+		for (size_t t = 0; k && t < sizeof(ns) / sizeof(ns[0]); t++) {
+			s->geglu(ns[t], fa, x, g, table);
+			k->geglu(ns[t], fb, x, g, table);
+			CHECK_MSG(!memcmp(fa, fb, sizeof(float) * ns[t]), "%s geglu n %d", k->name,
+				  ns[t]);
+		}
+	}
+}
