@@ -184,6 +184,29 @@ static uint64_t tensors_end(const struct hyb_gguf_file *f, const char *prefix)
 	return end;
 }
 
+/*
+ * The end of the model-wide tensors the layers read (rope_freqs,
+ * rope_factors_*: anything not a layer's, the embedding's or the head's).
+ */
+static uint64_t other_tensors_end(const struct hyb_gguf_file *f)
+{
+	uint64_t end = 0;
+
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
+		const struct hyb_gguf_str nm = t->name;
+		uint64_t e = (uint64_t)((const uint8_t *)t->data - f->base) + t->nbytes;
+
+		if ((nm.len >= 4 && !memcmp(nm.ptr, "blk.", 4)) ||
+		    (nm.len >= 11 && !memcmp(nm.ptr, "token_embd.", 11)) ||
+		    (nm.len >= 6 && !memcmp(nm.ptr, "output", 6)))
+			continue;
+		if (e > end)
+			end = e;
+	}
+	return end;
+}
+
 int hyb_model_stream_index(struct hyb_model *m, char *err, size_t errlen)
 {
 	struct hyb_model_stream *s = m->stream;
@@ -203,6 +226,9 @@ int hyb_model_stream_index(struct hyb_model *m, char *err, size_t errlen)
 		snprintf(prefix, sizeof(prefix), "blk.%u.", l);
 		s->layer_end[l] = tensors_end(m->gguf, prefix);
 	}
+	/* layer 0 is the first to read the model-wide RoPE factors */
+	if (s->n_layer && other_tensors_end(m->gguf) > s->layer_end[0])
+		s->layer_end[0] = other_tensors_end(m->gguf);
 	return 0;
 }
 
