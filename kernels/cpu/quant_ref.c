@@ -11,28 +11,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-
-#define GROUP_MAX_EPS 1e-15f
-
-static inline int imin(int a, int b)
-{
-	return a < b ? a : b;
-}
-
-static inline int imax(int a, int b)
-{
-	return a > b ? a : b;
-}
-
-/* Round to nearest (ties to even) by the 1.5*2^23 trick; |fval| < 2^22. */
-static inline int nearest_int(float fval)
-{
-	float val = fval + 12582912.f;
-	int i;
-
-	memcpy(&i, &val, sizeof(int));
-	return (i & 0x007fffff) - 0x00400000;
-}
+#include "quant_common.h"
 
 static void quantize_q4_0(const float *x, struct hyb_block_q4_0 *y, int64_t n)
 {

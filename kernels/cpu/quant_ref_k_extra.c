@@ -11,28 +11,7 @@
 
 #include "cpu_internal.h"
 #include "kquant_extra.h"
-
-#define GROUP_MAX_EPS 1e-15f
-
-static inline int imin(int a, int b)
-{
-	return a < b ? a : b;
-}
-
-static inline int imax(int a, int b)
-{
-	return a > b ? a : b;
-}
-
-/* round to nearest, ties to even, by the 1.5*2^23 trick (ggml-quants.c nearest_int) */
-static inline int nearest_int(float fval)
-{
-	float val = fval + 12582912.f;
-	int i;
-
-	memcpy(&i, &val, sizeof(int));
-	return (i & 0x007fffff) - 0x00400000;
-}
+#include "quant_common.h"
 
 static void pack_2bit(const uint8_t *L, uint8_t *qs)
 {
