@@ -43,7 +43,9 @@ const char hybd_config_help[] =
 	"  pid_file = PATH          default STATE_DIR/NAME.pid\n"
 	"  progress = auto          load progress: auto|bar|lines|quiet\n"
 	"  stats_interval = 10      seconds between statistics log lines (0: none); the\n"
-	"                           statistics file STATE_DIR/NAME.stats is kept anyway\n";
+	"                           statistics file STATE_DIR/NAME.stats is kept anyway\n"
+	"  clients = any            who may ask for LOAD/UPLOAD/EVICT: any (whoever may\n"
+	"                           open the device), or uid:N,gid:N,... (effective ids)\n";
 
 void hybd_config_defaults(struct hybd_config *c)
 {
@@ -269,6 +271,43 @@ static int set_number_key(struct hybd_config *c, const char *key, const char *va
 #undef SIZE_KEY
 }
 
+/* clients = any | uid:N,gid:N,... */
+static int set_clients(struct hybd_config *c, const char *val, char *err, size_t errlen)
+{
+	struct hyb_reload_clients cl = { 0 };
+	const char *p = val;
+
+	if (!strcmp(val, "any")) {
+		c->clients = cl;
+		return 0;
+	}
+	while (*p) {
+		bool gid = !strncmp(p, "gid:", 4);
+		unsigned long long id;
+		char *end;
+
+		if (!gid && strncmp(p, "uid:", 4))
+			return hyb_errf(err, errlen, "clients: '%s': want any, or uid:N and gid:N "
+					"separated by commas", val);
+		if (cl.n == HYB_RELOAD_MAX_CLIENTS)
+			return hyb_errf(err, errlen, "clients: more than %d ids",
+					HYB_RELOAD_MAX_CLIENTS);
+		errno = 0;
+		id = strtoull(p + 4, &end, 10);
+		if (end == p + 4 || errno || id >= UINT32_MAX || (*end && *end != ','))
+			return hyb_errf(err, errlen, "clients: '%s': bad id after %.4s", val, p);
+		cl.ids[cl.n].gid = gid;
+		cl.ids[cl.n++].id = (uint32_t)id;
+		if (*end == ',' && !end[1])
+			return hyb_errf(err, errlen, "clients: empty entry after the last comma");
+		p = *end ? end + 1 : end;
+	}
+	if (!cl.n)
+		return hyb_errf(err, errlen, "clients: empty (any, or uid:N,gid:N,...)");
+	c->clients = cl;
+	return 0;
+}
+
 int hybd_config_set(struct hybd_config *c, const char *key, const char *val, char *err,
 		    size_t errlen)
 {
@@ -282,6 +321,8 @@ int hybd_config_set(struct hybd_config *c, const char *key, const char *val, cha
 		return set_path(c->state_dir, sizeof(c->state_dir), key, val, err, errlen);
 	if (!strcmp(key, "pid_file"))
 		return set_path(c->pid_file, sizeof(c->pid_file), key, val, err, errlen);
+	if (!strcmp(key, "clients"))
+		return set_clients(c, val, err, errlen);
 	if (!strcmp(key, "name")) {
 		if (!hyb_load_name_ok(val))
 			return hyb_errf(err, errlen, "name: '%s' must be 1..%d of [A-Za-z0-9._-]", val,
@@ -423,4 +464,9 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 		c->state_dir, c->pid_file[0] ? "" : "# (default) ",
 		c->pid_file[0] ? c->pid_file : "STATE_DIR/NAME.pid", progress[c->progress],
 		c->stats_interval);
+	fprintf(f, "clients = ");
+	for (unsigned int i = 0; i < c->clients.n; i++)
+		fprintf(f, "%s%s:%u", i ? "," : "", c->clients.ids[i].gid ? "gid" : "uid",
+			c->clients.ids[i].id);
+	fprintf(f, "%s\n", c->clients.n ? "" : "any");
 }

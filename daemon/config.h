@@ -17,6 +17,7 @@
 #include "hyb/pool.h"
 #include "log.h"
 #include "numa_place.h"
+#include "reload.h"
 
 /*
  * The copy device: cpu (host-memory slots), none, cuda (a GPU: fail when
@@ -50,6 +51,7 @@ struct hybd_config {
 	char pid_file[PATH_MAX];	/* "" default: <state_dir>/<name>.pid */
 	enum hybd_progress progress;
 	unsigned int stats_interval;	/* seconds, 0: no periodic statistics */
+	struct hyb_reload_clients clients;	/* who may ask for work; n == 0: anyone */
 	bool foreground;		/* flag only (-f) */
 };
 

@@ -696,14 +696,48 @@ static void file_op(struct hyb_reload *r, const struct hyb_rq_req *q, uint64_t n
 	pthread_mutex_unlock(&r->lock);
 }
 
+bool hyb_reload_client_ok(const struct hyb_reload_clients *c, const struct hyb_rq_sender *s)
+{
+	if (!c->n)
+		return true;
+	for (unsigned int i = 0; i < c->n; i++)
+		if (c->ids[i].id == (c->ids[i].gid ? s->gid : s->uid))
+			return true;
+	return false;
+}
+
+/* A request from a sender the policy does not admit: -EACCES, said why. */
+static void refuse(struct hyb_reload *r, const struct hyb_rq_req *q,
+		   const struct hyb_rq_sender *s, uint64_t now)
+{
+	struct op *op = calloc(1, sizeof(*op));
+	char msg[MSG_LEN];
+
+	if (!op) {
+		struct hyb_rq_done d = { .id = q->id, .status = -EACCES };
+
+		hyb_rq_complete(r->rq, &d, 1);
+		return;
+	}
+	op->req = *q;
+	op->t_queued = now;
+	pthread_mutex_lock(&r->lock);
+	r->st.backlog++;	/* finish() counts it out */
+	pthread_mutex_unlock(&r->lock);
+	snprintf(msg, sizeof(msg), "client %u (uid %u gid %u pid %d) is not in clients",
+		 q->client_id, s->uid, s->gid, s->pid);
+	finish(r, op, -EACCES, msg);
+}
+
 /* Everything submitted so far: NOPs answered, the rest to the lanes (or failed). */
 static int fetch_all(struct hyb_reload *r, int fail_status)
 {
 	struct hyb_rq_req reqs[HYB_RQ_MAX_BATCH];
+	struct hyb_rq_sender from[HYB_RQ_MAX_BATCH];
 	struct hyb_rq_done nops[HYB_RQ_MAX_BATCH];
 	int n;
 
-	while ((n = hyb_rq_fetch(r->rq, reqs, HYB_RQ_MAX_BATCH)) > 0) {
+	while ((n = hyb_rq_fetch_from(r->rq, reqs, from, HYB_RQ_MAX_BATCH)) > 0) {
 		uint64_t now = now_ns();
 		unsigned int nn = 0;
 
@@ -717,7 +751,10 @@ static int fetch_all(struct hyb_reload *r, int fail_status)
 				nops[nn++].reserved = 0;
 				continue;
 			}
-			file_op(r, &reqs[i], now);
+			if (hyb_reload_client_ok(&r->cfg.clients, &from[i]))
+				file_op(r, &reqs[i], now);
+			else
+				refuse(r, &reqs[i], &from[i], now);
 		}
 		if (nn)
 			hyb_rq_complete(r->rq, nops, nn);

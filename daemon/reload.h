@@ -57,6 +57,7 @@
 #ifndef HYB_RELOAD_H
 #define HYB_RELOAD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "copydev.h"
@@ -87,6 +88,24 @@ struct hyb_reload_event {
 	uint32_t preempted;		/* times a chunk of another request ran in its middle */
 };
 
+/*
+ * Who may ask for LOAD, UPLOAD and EVICT (hybd.conf `clients`): the
+ * sender's effective uid or gid must be one of these (the queue says who
+ * sent each request: hyb_rq_fetch_from). n == 0: anyone the device admits.
+ * Others' requests fail with -EACCES; NOPs are always answered.
+ */
+#define HYB_RELOAD_MAX_CLIENTS	16
+struct hyb_reload_clients {
+	unsigned int n;
+	struct {
+		bool gid;		/* else a uid */
+		uint32_t id;
+	} ids[HYB_RELOAD_MAX_CLIENTS];
+};
+
+/* Does the policy admit this sender? */
+bool hyb_reload_client_ok(const struct hyb_reload_clients *c, const struct hyb_rq_sender *s);
+
 struct hyb_reload_config {
 	struct hyb_backend *backend;	/* pools are opened through it (LOAD: its own pools) */
 	unsigned int queue;		/* the reload queue to serve */
@@ -94,6 +113,7 @@ struct hyb_reload_config {
 	uint64_t chunk;			/* pre-emption unit (multiple of 4096); 0: 1 MiB */
 	unsigned int io_depth;		/* reads in flight within a chunk; 0: 8 */
 	struct hyb_copydev *dev;	/* UPLOAD/EVICT target; NULL: they fail with -ENODEV */
+	struct hyb_reload_clients clients;	/* who may ask (n == 0: anyone) */
 	void (*on_done)(const struct hyb_reload_event *ev, void *arg);	/* any thread */
 	void *arg;
 };

@@ -588,6 +588,7 @@ static int start_reload(struct hybd *d, char *err, size_t errlen)
 	rc.model_path = d->cfg.model;
 	rc.chunk = d->cfg.chunk;
 	rc.dev = d->dev;
+	rc.clients = d->cfg.clients;
 	rc.on_done = on_reload_done;
 	d->reload = hyb_reload_start(&rc, err, errlen);
 	if (!d->reload)

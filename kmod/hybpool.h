@@ -28,6 +28,7 @@
 #include <linux/rwsem.h>
 #include <linux/spinlock.h>
 #include <linux/types.h>
+#include <linux/uidgid.h>
 #include <linux/version.h>
 #include <linux/wait.h>
 #include <linux/xarray.h>
@@ -79,6 +80,7 @@ struct hyb_pool {
 	struct hyb_file *owner;	/* NULL once destroyed; written under hyb_lock */
 	struct list_head owner_node;
 	struct pid *owner_pid;	/* reported as the reader's namespace numbers it (pid_vnr) */
+	kuid_t owner_uid;	/* creator's euid: who may ask for a LOAD into it */
 	u64 create_ns;
 	atomic_t mappers;
 	atomic64_t faults;
@@ -117,12 +119,16 @@ extern struct address_space *hyb_mapping;
 /* pool.c */
 extern struct xarray hyb_pools;
 int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_pool_create *a);
+u64 hyb_pinned_now(void);
 int hyb_pool_ioctl_destroy(struct hyb_file *hf, struct hyb_pool_ref *a);
 int hyb_pool_ioctl_info(struct hyb_file *hf, struct hyb_pool_info *a);
 int hyb_pool_ioctl_list(struct hyb_pool_list *a);
 int hyb_pool_ioctl_migrate(struct hyb_file *hf, struct hyb_pool_migrate *a);
 void hyb_pool_release_owned(struct hyb_file *hf);
 int hyb_pool_check_range(u32 id, u64 off, u64 len, bool count);
+bool hyb_pool_writable_by(u32 id, kuid_t uid);
+void hyb_pool_destroy_own(struct hyb_file *hf, u32 id);
+void hyb_linger_exit(void);
 u32 hyb_pool_count(void);
 int hyb_mmap(struct file *file, struct vm_area_struct *vma);
 unsigned long hyb_get_unmapped_area(struct file *file, unsigned long addr, unsigned long len,
@@ -132,11 +138,11 @@ unsigned long hyb_get_unmapped_area(struct file *file, unsigned long addr, unsig
 int hyb_queue_init(void);
 void hyb_queue_exit(void);
 int hyb_queue_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a);
-int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a);
+int hyb_client_ioctl_attach(struct hyb_file *hf, struct file *file, struct hyb_attach *a);
 int hyb_queue_ioctl_submit(struct hyb_file *hf, struct hyb_batch *b);
-int hyb_queue_ioctl_fetch(struct hyb_file *hf, struct hyb_batch *b);
+int hyb_queue_ioctl_fetch(struct hyb_file *hf, struct hyb_batch *b, u32 __user *ucount);
 int hyb_queue_ioctl_complete(struct hyb_file *hf, struct hyb_batch *b);
-int hyb_queue_ioctl_reap(struct hyb_file *hf, struct hyb_batch *b);
+int hyb_queue_ioctl_reap(struct hyb_file *hf, struct hyb_batch *b, u32 __user *ucount);
 int hyb_queue_ioctl_stats(struct hyb_queue_stats *s);
 u32 hyb_queue_count(void);
 void hyb_file_detach(struct hyb_file *hf);
@@ -160,6 +166,13 @@ void hyb_queue_debugfs_show(struct seq_file *m);
 #define hyb_eventfd_signal(ctx)		eventfd_signal(ctx)
 #else
 #define hyb_eventfd_signal(ctx)		eventfd_signal(ctx, 1)
+#endif
+
+/* The lock a fault came in with: mmap_lock, or (6.7+, read faults) the VMA's own. */
+#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 7, 0)
+#define hyb_release_fault_lock(vmf)	release_fault_lock(vmf)
+#else
+#define hyb_release_fault_lock(vmf)	mmap_read_unlock((vmf)->vma->vm_mm)
 #endif
 
 #endif /* HYBPOOL_H */

@@ -14,6 +14,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/capability.h>
+#include <linux/compat.h>
 #include <linux/fs.h>
 #include <linux/fs_context.h>
 #include <linux/mount.h>
@@ -125,9 +126,27 @@ u64 hyb_cap_bytes(void)
 	return mb > (U64_MAX >> 20) ? U64_MAX : (u64)mb << 20;
 }
 
+/*
+ * 32-bit processes are refused, clearly and at once: mmap2() carries a
+ * 32-bit page offset, which reaches only pools 1..15 of the id << 40
+ * offsets, and pools of many GiB do not fit a 32-bit address space anyway.
+ */
+static int hyb_compat_refused(void)
+{
+	if (!in_compat_syscall())
+		return 0;
+	pr_notice_ratelimited("%s[%d]: 32-bit processes cannot use /dev/hybpool\n",
+			      current->comm, task_pid_nr(current));
+	return -EOPNOTSUPP;
+}
+
 static int hyb_open(struct inode *inode, struct file *file)
 {
 	struct hyb_file *hf;
+	int ret = hyb_compat_refused();
+
+	if (ret)
+		return ret;
 
 	hf = kzalloc(sizeof(*hf), GFP_KERNEL);
 	if (!hf)
@@ -151,7 +170,8 @@ static int hyb_release(struct inode *inode, struct file *file)
 	return 0;
 }
 
-static int hyb_ioc_dev_info(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_dev_info(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	struct hyb_dev_info *a = arg;
 
@@ -161,71 +181,93 @@ static int hyb_ioc_dev_info(struct hyb_file *hf, struct file *file, void *arg)
 	a->nr_pools = hyb_pool_count();
 	a->nr_zombies = atomic_read(&hyb_nr_zombies);
 	a->nr_queues = hyb_queue_count();
-	a->pinned_bytes = atomic64_read(&hyb_pinned_bytes);
+	a->pinned_bytes = hyb_pinned_now();
 	a->pinned_cap = hyb_cap_bytes();
 	a->nr_requests = atomic_read(&hyb_nr_reqs);
 	a->page_shifts = 1U << HYB_PAGE_SHIFT_2M;
 	return 0;
 }
 
-static int hyb_ioc_pool_create(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_pool_create(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
-	return hyb_pool_ioctl_create(hf, file, arg);
+	struct hyb_pool_create *a = arg;
+	int ret = hyb_pool_ioctl_create(hf, file, a);
+
+	if (ret)
+		return ret;
+	/* A pool its creator cannot learn of goes again (the caller unmapped the struct). */
+	if (copy_to_user(uarg, a, sizeof(*a))) {
+		hyb_pool_destroy_own(hf, a->pool_id);
+		return -EFAULT;
+	}
+	return 0;
 }
 
-static int hyb_ioc_pool_destroy(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_pool_destroy(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_pool_ioctl_destroy(hf, arg);
 }
 
-static int hyb_ioc_pool_info(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_pool_info(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_pool_ioctl_info(hf, arg);
 }
 
-static int hyb_ioc_pool_list(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_pool_list(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_pool_ioctl_list(arg);
 }
 
-static int hyb_ioc_pool_migrate(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_pool_migrate(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_pool_ioctl_migrate(hf, arg);
 }
 
-static int hyb_ioc_queue_attach(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_queue_attach(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	if (!(file->f_mode & FMODE_WRITE))
 		return -EBADF;
 	return hyb_queue_ioctl_attach(hf, arg);
 }
 
-static int hyb_ioc_client_attach(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_client_attach(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
-	return hyb_client_ioctl_attach(hf, arg);
+	return hyb_client_ioctl_attach(hf, file, arg);
 }
 
-static int hyb_ioc_submit(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_submit(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_queue_ioctl_submit(hf, arg);
 }
 
-static int hyb_ioc_fetch(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_fetch(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
-	return hyb_queue_ioctl_fetch(hf, arg);
+	return hyb_queue_ioctl_fetch(hf, arg, &((struct hyb_batch __user *)uarg)->count);
 }
 
-static int hyb_ioc_complete(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_complete(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_queue_ioctl_complete(hf, arg);
 }
 
-static int hyb_ioc_reap(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_reap(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
-	return hyb_queue_ioctl_reap(hf, arg);
+	return hyb_queue_ioctl_reap(hf, arg, &((struct hyb_batch __user *)uarg)->count);
 }
 
-static int hyb_ioc_queue_stats(struct hyb_file *hf, struct file *file, void *arg)
+static int hyb_ioc_queue_stats(struct hyb_file *hf, struct file *file, void *arg,
+			void __user *uarg)
 {
 	return hyb_queue_ioctl_stats(arg);
 }
@@ -233,14 +275,17 @@ static int hyb_ioc_queue_stats(struct hyb_file *hf, struct file *file, void *arg
 struct hyb_ioctl_desc {
 	unsigned int cmd;
 	unsigned int ksize;
-	int (*fn)(struct hyb_file *hf, struct file *file, void *arg);
+	int (*fn)(struct hyb_file *hf, struct file *file, void *arg, void __user *uarg);
+	bool self_copy;		/* the handler writes its results back itself */
 };
 
 #define HYB_IOCTL(c, type, f) [_IOC_NR(c)] = { .cmd = (c), .ksize = sizeof(type), .fn = (f) }
+#define HYB_IOCTL_SELF(c, type, f) \
+	[_IOC_NR(c)] = { .cmd = (c), .ksize = sizeof(type), .fn = (f), .self_copy = true }
 
 static const struct hyb_ioctl_desc hyb_ioctls[] = {
 	HYB_IOCTL(HYB_IOC_DEV_INFO, struct hyb_dev_info, hyb_ioc_dev_info),
-	HYB_IOCTL(HYB_IOC_POOL_CREATE, struct hyb_pool_create, hyb_ioc_pool_create),
+	HYB_IOCTL_SELF(HYB_IOC_POOL_CREATE, struct hyb_pool_create, hyb_ioc_pool_create),
 	HYB_IOCTL(HYB_IOC_POOL_DESTROY, struct hyb_pool_ref, hyb_ioc_pool_destroy),
 	HYB_IOCTL(HYB_IOC_POOL_INFO, struct hyb_pool_info, hyb_ioc_pool_info),
 	HYB_IOCTL(HYB_IOC_POOL_LIST, struct hyb_pool_list, hyb_ioc_pool_list),
@@ -248,9 +293,9 @@ static const struct hyb_ioctl_desc hyb_ioctls[] = {
 	HYB_IOCTL(HYB_IOC_QUEUE_ATTACH, struct hyb_attach, hyb_ioc_queue_attach),
 	HYB_IOCTL(HYB_IOC_CLIENT_ATTACH, struct hyb_attach, hyb_ioc_client_attach),
 	HYB_IOCTL(HYB_IOC_SUBMIT, struct hyb_batch, hyb_ioc_submit),
-	HYB_IOCTL(HYB_IOC_FETCH, struct hyb_batch, hyb_ioc_fetch),
+	HYB_IOCTL_SELF(HYB_IOC_FETCH, struct hyb_batch, hyb_ioc_fetch),
 	HYB_IOCTL(HYB_IOC_COMPLETE, struct hyb_batch, hyb_ioc_complete),
-	HYB_IOCTL(HYB_IOC_REAP, struct hyb_batch, hyb_ioc_reap),
+	HYB_IOCTL_SELF(HYB_IOC_REAP, struct hyb_batch, hyb_ioc_reap),
 	HYB_IOCTL(HYB_IOC_QUEUE_STATS, struct hyb_queue_stats, hyb_ioc_queue_stats),
 };
 
@@ -304,16 +349,29 @@ static long hyb_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
 	 * Results copied back after the call changed state (a pool made,
 	 * requests fetched or reaped) would be lost if the copy failed: the
 	 * struct must take the write first (the same bytes). Only a caller that
-	 * unmaps or write-protects it during the call can still lose its own.
+	 * unmaps or write-protects it during the call is caught by the
+	 * handlers that change state (self_copy): they write their results
+	 * back before the change is final and undo it if they cannot.
 	 */
 	if ((_IOC_DIR(d->cmd) & _IOC_READ) && copy_to_user(uarg, &k, d->ksize))
 		return -EFAULT;
-	ret = d->fn(hf, file, &k);
-	if (ret)
+	ret = d->fn(hf, file, &k, uarg);
+	if (ret || d->self_copy)
 		return ret;
 	if ((_IOC_DIR(d->cmd) & _IOC_READ) && copy_to_user(uarg, &k, d->ksize))
 		return -EFAULT;
 	return 0;
+}
+
+/* A file a 64-bit process passed to a 32-bit one: refused the same way. */
+static long hyb_compat_ioctl(struct file *file, unsigned int cmd, unsigned long arg)
+{
+	return hyb_compat_refused();
+}
+
+static int hyb_mmap_checked(struct file *file, struct vm_area_struct *vma)
+{
+	return hyb_compat_refused() ?: hyb_mmap(file, vma);
 }
 
 static const struct file_operations hyb_fops = {
@@ -321,8 +379,8 @@ static const struct file_operations hyb_fops = {
 	.open = hyb_open,
 	.release = hyb_release,
 	.unlocked_ioctl = hyb_ioctl,
-	.compat_ioctl = compat_ptr_ioctl,
-	.mmap = hyb_mmap,
+	.compat_ioctl = hyb_compat_ioctl,
+	.mmap = hyb_mmap_checked,
 	.get_unmapped_area = hyb_get_unmapped_area,
 	/* no .llseek: lseek fails with -ESPIPE (no_llseek's job before 6.12 removed it) */
 };
@@ -367,6 +425,7 @@ static void __exit hyb_exit(void)
 {
 	hyb_debugfs_exit();
 	misc_deregister(&hyb_misc);
+	hyb_linger_exit();
 	/*
 	 * Open files and mappings hold the module, so everything must be gone
 	 * by now; say so loudly if not (the VM bench greps for "leak").

@@ -63,17 +63,99 @@ static bool hyb_name_valid(const char *name)
 	return true;
 }
 
-/* Frees the chunks allocated so far (a failed allocation leaves NULLs) and the array. */
+/*
+ * Pinned memory is accounted by page lifetime, not pool lifetime: a chunk
+ * of a dead pool that something still references (a pipe holding
+ * vmsplice()d pages, a get_user_pages() pin, I/O in flight) stays counted
+ * against the cap until that reference is gone. The module keeps its own
+ * reference on such a chunk and parks it here (through the head page's lru,
+ * unused: the page is on no LRU); nobody can take a new reference (no
+ * mapping or pool reaches it), so once the count is back to ours alone the
+ * chunk is freed and uncharged. Reaped on every charge, DEV_INFO, and once
+ * a second while any chunk waits.
+ */
+static LIST_HEAD(hyb_linger);
+static DEFINE_SPINLOCK(hyb_linger_lock);
+static void hyb_linger_work_fn(struct work_struct *work);
+static DECLARE_DELAYED_WORK(hyb_linger_work, hyb_linger_work_fn);
+
+/* Frees the chunks nothing else holds; true while others still wait. */
+static bool hyb_linger_reap(void)
+{
+	struct page *page, *tmp;
+	LIST_HEAD(freed);
+	bool more;
+
+	spin_lock(&hyb_linger_lock);
+	list_for_each_entry_safe(page, tmp, &hyb_linger, lru)
+		if (page_count(page) == 1)
+			list_move(&page->lru, &freed);
+	more = !list_empty(&hyb_linger);
+	spin_unlock(&hyb_linger_lock);
+	list_for_each_entry_safe(page, tmp, &freed, lru) {
+		list_del(&page->lru);
+		__free_pages(page, HYB_CHUNK_ORDER);
+		atomic64_sub(HYB_CHUNK_SIZE, &hyb_pinned_bytes);
+	}
+	return more;
+}
+
+static void hyb_linger_work_fn(struct work_struct *work)
+{
+	if (hyb_linger_reap())
+		schedule_delayed_work(&hyb_linger_work, HZ);
+}
+
+/* Pinned bytes now, after freeing what no one holds any more. */
+u64 hyb_pinned_now(void)
+{
+	hyb_linger_reap();
+	return atomic64_read(&hyb_pinned_bytes);
+}
+
+/*
+ * Unload: the module's references go (a chunk still held elsewhere is freed
+ * by its last holder's put_page) and so does its charge.
+ */
+void hyb_linger_exit(void)
+{
+	struct page *page, *tmp;
+
+	cancel_delayed_work_sync(&hyb_linger_work);
+	list_for_each_entry_safe(page, tmp, &hyb_linger, lru) {
+		list_del(&page->lru);
+		__free_pages(page, HYB_CHUNK_ORDER);
+		atomic64_sub(HYB_CHUNK_SIZE, &hyb_pinned_bytes);
+	}
+}
+
+/*
+ * Gives back every chunk slot of an array and the array: each slot carries
+ * one chunk's charge, released now when the slot is empty (a failed
+ * allocation) or the pool held the only reference, later otherwise.
+ */
 static void hyb_chunks_free(struct page **chunks, unsigned long nr)
 {
-	unsigned long i;
+	unsigned long i, parked = 0;
 
 	for (i = 0; i < nr; i++) {
-		if (chunks[i])
-			__free_pages(chunks[i], HYB_CHUNK_ORDER);
+		struct page *page = chunks[i];
+
+		if (page && page_count(page) != 1) {
+			spin_lock(&hyb_linger_lock);
+			list_add_tail(&page->lru, &hyb_linger);
+			spin_unlock(&hyb_linger_lock);
+			parked++;
+			continue;
+		}
+		if (page)
+			__free_pages(page, HYB_CHUNK_ORDER);
+		atomic64_sub(HYB_CHUNK_SIZE, &hyb_pinned_bytes);
 		cond_resched();
 	}
 	kvfree(chunks);
+	if (parked)
+		schedule_delayed_work(&hyb_linger_work, HZ);
 }
 
 /* Fills chunks[0..nr) on node; 0, -ENOMEM, or -EINTR when the caller is being killed. */
@@ -101,6 +183,7 @@ static int hyb_charge(u64 bytes)
 	u64 cap;
 	int ret = 0;
 
+	hyb_linger_reap();
 	mutex_lock(&hyb_lock);
 	cap = hyb_cap_bytes();
 	if (bytes > cap || (u64)atomic64_read(&hyb_pinned_bytes) > cap - bytes)
@@ -115,9 +198,8 @@ static void hyb_pool_free(struct kref *ref)
 {
 	struct hyb_pool *pool = container_of(ref, struct hyb_pool, ref);
 
-	hyb_chunks_free(pool->chunks, pool->nr_chunks);
+	hyb_chunks_free(pool->chunks, pool->nr_chunks);	/* uncharges, now or when unheld */
 	mutex_destroy(&pool->migrate_lock);
-	atomic64_sub(pool->bytes, &hyb_pinned_bytes);
 	if (pool->destroyed)
 		atomic_dec(&hyb_nr_zombies);
 	put_pid(pool->owner_pid);
@@ -211,12 +293,14 @@ int hyb_pool_ioctl_create(struct hyb_file *hf, struct file *file, struct hyb_poo
 	pool->bytes = bytes;
 	pool->owner = hf;
 	pool->owner_pid = get_pid(task_tgid(current));
+	pool->owner_uid = current_euid();
 
 	/*
 	 * Reserve the name, an id and the pinned bytes, then allocate without
 	 * the lock (a big pool takes seconds); until ready is set, lookups do
 	 * not see the pool.
 	 */
+	hyb_linger_reap();
 	mutex_lock(&hyb_lock);
 	cap = hyb_cap_bytes();
 	if (hyb_pool_name_taken(a->name)) {
@@ -287,6 +371,22 @@ int hyb_pool_ioctl_destroy(struct hyb_file *hf, struct hyb_pool_ref *a)
 	if (!ret)
 		hyb_pool_put(pool);
 	return ret;
+}
+
+/* CREATE could not tell the caller: its new pool goes again (it owns it). */
+void hyb_pool_destroy_own(struct hyb_file *hf, u32 id)
+{
+	struct hyb_pool *pool;
+
+	mutex_lock(&hyb_lock);
+	pool = xa_load(&hyb_pools, id);
+	if (pool && pool->ready && pool->owner == hf)
+		hyb_pool_unlink(pool);
+	else
+		pool = NULL;
+	mutex_unlock(&hyb_lock);
+	if (pool)
+		hyb_pool_put(pool);
 }
 
 /* The owner file is closing: its pools die (memory stays while mapped). */
@@ -472,8 +572,9 @@ int hyb_pool_ioctl_migrate(struct hyb_file *hf, struct hyb_pool_migrate *a)
 		goto out_unlock;
 	fresh = kvcalloc(pool->nr_chunks, sizeof(*fresh), GFP_KERNEL);
 	if (!fresh) {
+		atomic64_sub(pool->bytes, &hyb_pinned_bytes);
 		ret = -ENOMEM;
-		goto out_uncharge;
+		goto out_unlock;
 	}
 	/* No __GFP_ZERO: every byte is copied over. */
 	ret = hyb_chunks_alloc(fresh, pool->nr_chunks, node, HYB_POOL_GFP & ~__GFP_ZERO);
@@ -494,10 +595,12 @@ int hyb_pool_ioctl_migrate(struct hyb_file *hf, struct hyb_pool_migrate *a)
 	a->blocked_ns = ktime_get_ns() - t0;
 	up_write(&pool->chunks_sem);
 out_free:
-	/* The old pages have no other reference: this returns them to the system. */
+	/*
+	 * The old pages (or, on failure, the new ones) go, and with them the
+	 * second charge: the old ones had no other reference when they were
+	 * looked at under chunks_sem and none can have been taken since.
+	 */
 	hyb_chunks_free(fresh, pool->nr_chunks);
-out_uncharge:
-	atomic64_sub(pool->bytes, &hyb_pinned_bytes);
 out_unlock:
 	mutex_unlock(&pool->migrate_lock);
 out_put:
@@ -543,6 +646,20 @@ int hyb_pool_check_range(u32 id, u64 off, u64 len, bool count)
 	return ret;
 }
 
+/* May a client with effective uid @uid ask for a LOAD (a write) into pool @id? */
+bool hyb_pool_writable_by(u32 id, kuid_t uid)
+{
+	struct hyb_pool *pool;
+	bool ok = false;
+
+	rcu_read_lock();
+	pool = xa_load(&hyb_pools, id);
+	if (pool && smp_load_acquire(&pool->ready))
+		ok = uid_eq(pool->owner_uid, uid);
+	rcu_read_unlock();
+	return ok;
+}
+
 /* -- mapping ------------------------------------------------------------ */
 
 static void hyb_vm_open(struct vm_area_struct *vma)
@@ -559,6 +676,32 @@ static void hyb_vm_close(struct vm_area_struct *vma)
 
 	atomic_dec(&pool->mappers);
 	hyb_pool_put(pool);
+}
+
+/*
+ * A migration holds chunks_sem for its whole unmap and copy (a second per
+ * GiB). A fault must not wait for it in D state with the mmap lock held:
+ * like filemap_fault() waiting for I/O, it drops the fault lock, waits
+ * killably and asks the core to retry (VM_FAULT_RETRY); a killed task
+ * leaves at once. Where a retry is not allowed (the retry itself, or
+ * FAULT_FLAG_RETRY_NOWAIT callers) it waits killably with the lock held;
+ * a fatal signal then fails the access (SIGBUS: the task is dying anyway;
+ * get_user_pages() returns -EFAULT). 0: chunks_sem is held for read.
+ */
+static vm_fault_t hyb_fault_wait(struct vm_fault *vmf, struct hyb_pool *pool)
+{
+	if (fault_flag_allow_retry_first(vmf->flags)) {
+		if (vmf->flags & FAULT_FLAG_RETRY_NOWAIT)
+			return VM_FAULT_RETRY;
+		/* The VMA, and with it the pool, may go once the lock is dropped. */
+		kref_get(&pool->ref);
+		hyb_release_fault_lock(vmf);
+		if (!down_read_killable(&pool->chunks_sem))
+			up_read(&pool->chunks_sem);
+		hyb_pool_put(pool);
+		return VM_FAULT_RETRY;
+	}
+	return down_read_killable(&pool->chunks_sem) ? VM_FAULT_SIGBUS : 0;
 }
 
 /*
@@ -580,7 +723,12 @@ static vm_fault_t hyb_vm_fault(struct vm_fault *vmf)
 	idx = vmf->pgoff - base;
 	if (idx >= pool->bytes >> PAGE_SHIFT)
 		return VM_FAULT_SIGBUS;
-	down_read(&pool->chunks_sem);
+	if (!down_read_trylock(&pool->chunks_sem)) {
+		vm_fault_t ret = hyb_fault_wait(vmf, pool);
+
+		if (ret)
+			return ret;
+	}
 	page = pool->chunks[idx >> HYB_CHUNK_ORDER] + (idx & (HYB_CHUNK_PAGES - 1));
 	get_page(page);
 	up_read(&pool->chunks_sem);

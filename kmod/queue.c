@@ -19,6 +19,7 @@
 #define pr_fmt(fmt) KBUILD_MODNAME ": " fmt
 
 #include <linux/capability.h>
+#include <linux/cred.h>
 #include <linux/errno.h>
 #include <linux/eventfd.h>
 #include <linux/jiffies.h>
@@ -51,6 +52,10 @@ struct hyb_client {
 	struct list_head done;		/* completed, not reaped */
 	u32 id;
 	struct pid *pid;		/* reported with pid_vnr: the reader's namespace */
+	kuid_t euid;			/* who attached: what FETCH tells the daemon */
+	kgid_t egid;
+	bool writable;			/* the file was opened for writing: may ask for work */
+	bool admin;			/* CAP_SYS_ADMIN when it attached: may LOAD any pool */
 	u32 outstanding;		/* submitted, not reaped */
 	u32 nr_done;
 	u64 submitted;
@@ -336,7 +341,7 @@ int hyb_queue_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 	return ret;
 }
 
-int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
+int hyb_client_ioctl_attach(struct hyb_file *hf, struct file *file, struct hyb_attach *a)
 {
 	struct eventfd_ctx *ev = NULL;
 	struct hyb_client *c;
@@ -358,6 +363,10 @@ int hyb_client_ioctl_attach(struct hyb_file *hf, struct hyb_attach *a)
 	}
 	c->ev = ev;
 	c->pid = get_pid(task_tgid(current));
+	c->euid = current_euid();
+	c->egid = current_egid();
+	c->writable = file->f_mode & FMODE_WRITE;
+	c->admin = capable(CAP_SYS_ADMIN);
 	init_waitqueue_head(&c->wq);
 	INIT_LIST_HEAD(&c->done);
 
@@ -434,17 +443,33 @@ static bool hyb_req_has_range(const struct hyb_req *r)
 	       !(r->op == HYB_OP_EVICT && !r->pool_id && !r->pool_off && !r->len);
 }
 
-static int hyb_req_check(const struct hyb_req *r)
+/*
+ * Well-formed, and may this client ask for it (uapi: who may ask for what)?
+ * Only NOPs from a file opened read-only; a LOAD writes the pool, so only
+ * into pools of the client's own euid (or with CAP_SYS_ADMIN). What UPLOAD
+ * and EVICT touch (the daemon's GPU slots) is the daemon's to judge, from
+ * the sender FETCH gives it.
+ */
+static int hyb_req_check(const struct hyb_client *c, const struct hyb_req *r)
 {
+	int ret;
+
 	if (r->id || r->client_id || r->reserved || r->flags)
 		return -EINVAL;
 	if (r->op >= HYB_OP_MAX || r->prio >= HYB_PRIO_LEVELS)
 		return -EINVAL;
 	if (r->op == HYB_OP_NOP)
 		return (r->pool_id || r->pool_off || r->len) ? -EINVAL : 0;
+	if (!c->writable)
+		return -EBADF;
 	if (!hyb_req_has_range(r))
 		return 0;
-	return hyb_pool_check_range(r->pool_id, r->pool_off, r->len, false);
+	ret = hyb_pool_check_range(r->pool_id, r->pool_off, r->len, false);
+	if (ret)
+		return ret;
+	if (r->op == HYB_OP_LOAD && !c->admin && !hyb_pool_writable_by(r->pool_id, c->euid))
+		return -EACCES;
+	return 0;
 }
 
 int hyb_queue_ioctl_submit(struct hyb_file *hf, struct hyb_batch *b)
@@ -471,7 +496,7 @@ int hyb_queue_ioctl_submit(struct hyb_file *hf, struct hyb_batch *b)
 		goto out;
 	}
 	for (i = 0; i < n; i++) {
-		ret = hyb_req_check(&reqs[i]);
+		ret = hyb_req_check(c, &reqs[i]);
 		if (ret)
 			goto out;
 	}
@@ -538,14 +563,14 @@ out:
 	return ret;
 }
 
-/* FETCH copied nothing out: put the batch back at the head, in order. */
-static void hyb_fetch_undo(struct hyb_queue *q, const struct hyb_req *buf, u32 n)
+/* FETCH delivered nothing: put the batch back at the head, in order. */
+static void hyb_fetch_undo(struct hyb_queue *q, const struct hyb_req_from *buf, u32 n)
 {
 	struct hyb_kreq *kr;
 
 	spin_lock(&q->lock);
 	while (n--) {
-		kr = hyb_active_find(q, buf[n].id);
+		kr = hyb_active_find(q, buf[n].req.id);
 		if (!kr || kr->completing)
 			continue;
 		hash_del(&kr->hnode);
@@ -556,16 +581,39 @@ static void hyb_fetch_undo(struct hyb_queue *q, const struct hyb_req *buf, u32 n
 	spin_unlock(&q->lock);
 }
 
-int hyb_queue_ioctl_fetch(struct hyb_file *hf, struct hyb_batch *b)
+/*
+ * Who sent a request, as the fetching daemon sees it: ids through its user
+ * namespace, the pid in its PID namespace. Under q->lock (the client is
+ * alive while its request is pending).
+ */
+static void hyb_req_sender(const struct hyb_client *c, struct hyb_req_from *f)
+{
+	struct user_namespace *ns = current_user_ns();
+
+	f->uid = from_kuid_munged(ns, c->euid);
+	f->gid = from_kgid_munged(ns, c->egid);
+	f->pid = pid_vnr(c->pid);
+	f->reserved = 0;
+}
+
+/*
+ * Entries are struct hyb_req or, with the sender, struct hyb_req_from
+ * (entry_size says which). The batch only leaves the queue once the
+ * entries and the count are both written to the caller: a copy that fails
+ * (the caller unmapped its buffer meanwhile) puts it back.
+ */
+int hyb_queue_ioctl_fetch(struct hyb_file *hf, struct hyb_batch *b, u32 __user *ucount)
 {
 	struct hyb_queue *q = hyb_file_daemon_queue(hf);
-	struct hyb_req *buf;
+	bool from = b->entry_size == sizeof(struct hyb_req_from);
+	struct hyb_req_from *buf;
 	struct hyb_kreq *kr;
-	u32 n = 0, p;
+	u32 n = 0, p, i;
 	int ret;
 	u64 now;
 
-	ret = hyb_batch_check(b, sizeof(struct hyb_req), false);
+	ret = hyb_batch_check(b, from ? sizeof(struct hyb_req_from) : sizeof(struct hyb_req),
+			      false);
 	if (ret)
 		return ret;
 	if (!q)
@@ -583,16 +631,32 @@ int hyb_queue_ioctl_fetch(struct hyb_file *hf, struct hyb_batch *b)
 			list_del_init(&kr->node);
 			kr->t_fetch = now;
 			hash_add(q->active, &kr->hnode, kr->req.id);
-			buf[n++] = kr->req;
+			buf[n].req = kr->req;
+			hyb_req_sender(kr->client, &buf[n]);
+			n++;
 		}
 	}
 	q->st.nr_pending -= n;
 	q->st.nr_active += n;
 	spin_unlock(&q->lock);
-	if (n && copy_to_user(u64_to_user_ptr(b->ptr), buf, (size_t)n * sizeof(*buf))) {
-		hyb_fetch_undo(q, buf, n);
+	if (n && !from) {
+		/* the plain format: the requests alone */
+		struct hyb_req *plain = kvmalloc_array(n, sizeof(*plain), GFP_KERNEL);
+
+		for (i = 0; plain && i < n; i++)
+			plain[i] = buf[i].req;
+		if (!plain)
+			ret = -ENOMEM;
+		else if (copy_to_user(u64_to_user_ptr(b->ptr), plain, (size_t)n * sizeof(*plain)))
+			ret = -EFAULT;
+		kvfree(plain);
+	} else if (n && copy_to_user(u64_to_user_ptr(b->ptr), buf, (size_t)n * sizeof(*buf))) {
 		ret = -EFAULT;
 	}
+	if (!ret && put_user(n, ucount))
+		ret = -EFAULT;
+	if (ret && n)
+		hyb_fetch_undo(q, buf, n);
 	b->count = ret ? 0 : n;
 	kvfree(buf);
 	return ret;
@@ -705,7 +769,7 @@ static int hyb_reap_wait(struct hyb_client *c, u32 want, u64 timeout_ns)
 	return left ? 0 : -ETIMEDOUT;
 }
 
-int hyb_queue_ioctl_reap(struct hyb_file *hf, struct hyb_batch *b)
+int hyb_queue_ioctl_reap(struct hyb_file *hf, struct hyb_batch *b, u32 __user *ucount)
 {
 	struct hyb_client *c = hyb_file_client(hf);
 	struct hyb_kreq **krs = NULL, *kr;
@@ -759,8 +823,12 @@ int hyb_queue_ioctl_reap(struct hyb_file *hf, struct hyb_batch *b)
 			cqe[i].wait_ns = kr->t_done - kr->t_submit;
 		}
 	}
-	if (n && copy_to_user(u64_to_user_ptr(b->ptr), cqe, (size_t)n * sizeof(*cqe))) {
-		/* Nothing was delivered: keep them for the next REAP. */
+	if ((n && copy_to_user(u64_to_user_ptr(b->ptr), cqe, (size_t)n * sizeof(*cqe))) ||
+	    put_user(n, ucount)) {
+		/*
+		 * Nothing was delivered (the entries or the count could not
+		 * be written): keep them for the next REAP.
+		 */
 		spin_lock(&q->lock);
 		for (i = n; i-- > 0;)
 			list_add(&krs[i]->node, &c->done);

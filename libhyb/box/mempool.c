@@ -681,7 +681,8 @@ int hyb_rq_wait_work(struct hyb_rq *rq, uint64_t timeout_ns)
 	return 1;
 }
 
-int hyb_rq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
+int hyb_rq_fetch_from(struct hyb_rq *rq, struct hyb_rq_req *out, struct hyb_rq_sender *from,
+		      unsigned int max)
 {
 	int ret;
 
@@ -690,7 +691,12 @@ int hyb_rq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
 		ret = batch_check("fetch", out, max);
 	if (ret)
 		return ret;
-	return CALL("fetch", rq->b->ops->rq_fetch(rq, out, max));
+	return CALL("fetch", rq->b->ops->rq_fetch(rq, out, from, max));
+}
+
+int hyb_rq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
+{
+	return hyb_rq_fetch_from(rq, out, NULL, max);
 }
 
 int hyb_rq_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n)

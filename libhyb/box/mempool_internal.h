@@ -36,7 +36,9 @@ struct hyb_mempool_ops {
 	int (*rq_submit)(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n);
 	int (*rq_reap)(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max,
 		       unsigned int min, uint64_t timeout_ns);
-	int (*rq_fetch)(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max);
+	/* from: NULL, or the sender of each request */
+	int (*rq_fetch)(struct hyb_rq *rq, struct hyb_rq_req *out, struct hyb_rq_sender *from,
+			unsigned int max);
 	int (*rq_complete)(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n);
 	void (*rq_kill)(struct hyb_rq *rq);	/* the daemon's thread exited */
 	void (*rq_close)(struct hyb_rq *rq);
@@ -93,7 +95,8 @@ int hyb_rq_local_attach(struct hyb_rq *rq);
 int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n);
 int hyb_rq_local_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, unsigned int min,
 		uint64_t timeout_ns);
-int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max);
+int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, struct hyb_rq_sender *from,
+		       unsigned int max);
 int hyb_rq_local_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n);
 void hyb_rq_local_kill(struct hyb_rq *rq);
 void hyb_rq_local_close(struct hyb_rq *rq);

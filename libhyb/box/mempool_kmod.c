@@ -84,7 +84,11 @@ static int k_open(struct hyb_backend *b, char *err, size_t err_len)
 	if (ret)
 		return ret;
 	ret = dev_info(b->fd, &di);
-	if (ret)
+	if (ret == -ENOTTY)	/* ABI 1 used another ioctl magic */
+		snprintf(err, err_len, "%s is a hybpool.ko of another ABI than this library's "
+			 "(%d): rebuild and reload the module of this hyb", HYB_DEVICE_PATH,
+			 HYB_ABI_VERSION);
+	else if (ret)
 		snprintf(err, err_len, "cannot query %s: %s", HYB_DEVICE_PATH, strerror(-ret));
 	else if (di.abi_version != HYB_ABI_VERSION)
 		snprintf(err, err_len, "%s speaks ABI %u, this library ABI %d", HYB_DEVICE_PATH,
@@ -371,11 +375,31 @@ static int k_rq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max
 	return ret ? ret : (int)got;
 }
 
-static int k_rq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
-{
-	unsigned int got;
-	int ret = k_batch(rq->fd, HYB_IOC_FETCH, out, max, sizeof(*out), 0, 0, &got);
+_Static_assert(sizeof(struct hyb_rq_sender) == sizeof(struct hyb_req_from) -
+	       offsetof(struct hyb_req_from, uid) &&
+	       offsetof(struct hyb_rq_sender, pid) == offsetof(struct hyb_req_from, pid) -
+	       offsetof(struct hyb_req_from, uid), "hyb_rq_sender layout");
 
+static int k_rq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, struct hyb_rq_sender *from,
+		      unsigned int max)
+{
+	struct hyb_req_from *buf;
+	unsigned int got, i;
+	int ret;
+
+	if (!from) {
+		ret = k_batch(rq->fd, HYB_IOC_FETCH, out, max, sizeof(*out), 0, 0, &got);
+		return ret ? ret : (int)got;
+	}
+	buf = malloc((size_t)max * sizeof(*buf));
+	if (!buf)
+		return hyb_mp_err(-ENOMEM, "fetch: out of memory");
+	ret = k_batch(rq->fd, HYB_IOC_FETCH, buf, max, sizeof(*buf), 0, 0, &got);
+	for (i = 0; !ret && i < got; i++) {
+		memcpy(&out[i], &buf[i].req, sizeof(out[i]));
+		memcpy(&from[i], &buf[i].uid, sizeof(from[i]));
+	}
+	free(buf);
 	return ret ? ret : (int)got;
 }
 

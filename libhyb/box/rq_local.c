@@ -401,7 +401,8 @@ int hyb_rq_local_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsign
 	return 0;
 }
 
-int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max)
+int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, struct hyb_rq_sender *from,
+		       unsigned int max)
 {
 	struct hyb_lq *q = rq->lq;
 	uint64_t now = hyb_mp_now_ns();
@@ -421,6 +422,11 @@ int hyb_rq_local_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int m
 	q->nr_pending -= n;
 	q->nr_active += n;
 	pthread_mutex_unlock(&q->lock);
+	/* every client of an in-process queue is this process */
+	for (i = 0; from && i < n; i++)
+		from[i] = (struct hyb_rq_sender){ .uid = (uint32_t)geteuid(),
+						  .gid = (uint32_t)getegid(),
+						  .pid = (int32_t)getpid() };
 	return (int)n;
 }
 

@@ -245,6 +245,25 @@ TEST(hybd_config_file_and_errors)
 	/* flags after the file win */
 	CHECK(!hybd_config_set(&c, "chunk", "1M", err, sizeof(err)));
 	CHECK_EQ_INT(c.chunk, 1 << 20);
+	/* who may ask: any (the default), or effective uids and gids */
+	CHECK_EQ_INT(c.clients.n, 0);
+	CHECK_MSG(!hybd_config_set(&c, "clients", "uid:0,gid:990,uid:1000", err, sizeof(err)),
+		  "%s", err);
+	CHECK_EQ_INT(c.clients.n, 3);
+	CHECK(!c.clients.ids[0].gid && c.clients.ids[0].id == 0);
+	CHECK(c.clients.ids[1].gid && c.clients.ids[1].id == 990);
+	CHECK(!c.clients.ids[2].gid && c.clients.ids[2].id == 1000);
+	{
+		struct hyb_rq_sender s = { .uid = 1001, .gid = 990, .pid = 7 };
+
+		CHECK(hyb_reload_client_ok(&c.clients, &s));	/* by its group */
+		s.gid = 1001;
+		CHECK(!hyb_reload_client_ok(&c.clients, &s));
+		s.uid = 1000;
+		CHECK(hyb_reload_client_ok(&c.clients, &s));	/* by its uid */
+	}
+	CHECK(!hybd_config_set(&c, "clients", "any", err, sizeof(err)));
+	CHECK_EQ_INT(c.clients.n, 0);
 
 	/* each bad line: file:line and the reason */
 	{
@@ -265,6 +284,10 @@ TEST(hybd_config_file_and_errors)
 			{ "log_level = loud\n", "log_level" },
 			{ "name = way-too-long-instance-name\n", "name:" },
 			{ "queue_depth = 0\n", "queue_depth" },
+			{ "clients = root\n", "clients: 'root'" },
+			{ "clients = uid:5,\n", "clients: empty" },
+			{ "clients = uid:5,gid:x\n", "bad id after gid:" },
+			{ "clients = uid:4294967295\n", "bad id after uid:" },
 		};
 
 		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {

@@ -901,6 +901,67 @@ TEST(reload_shutdown_fails_waiters)
 	hyb_backend_close(g.b);
 }
 
+/*
+ * hybd.conf `clients`: requests of a sender the policy does not name fail
+ * with -EACCES and say who sent them; NOPs are answered; a policy naming
+ * the sender's group admits it. (The local queue's sender is this process.)
+ */
+TEST(reload_clients_policy_refuses_others)
+{
+	const char *path = make_file("c.bin", 1 << 20);
+	struct hyb_reload_config cfg = { .queue = QID, .model_path = path, .on_done = on_done };
+	struct hyb_rq_cqe cqe[2];
+	struct hyb_rq_req q[2];
+	struct hyb_mempool *p;
+	struct hyb_backend *b;
+	struct hyb_reload *r;
+	struct hyb_rq *c;
+	uint8_t *base, ref[4096];
+	char err[256], want[64];
+
+	b = hyb_backend_open(HYB_BACKEND_LOCAL);
+	CHECK_MSG(b, "%s", hyb_last_error());
+	p = make_pool(b, "t-clients", 2 << 20, &base);
+	cfg.backend = b;
+	cfg.clients.n = 1;
+	cfg.clients.ids[0].id = (uint32_t)geteuid() + 1;	/* someone else */
+	r = hyb_reload_start(&cfg, err, sizeof(err));
+	CHECK_MSG(r, "%s", err);
+	CHECK_MSG(!hyb_rq_attach_client(b, QID, HYB_RQ_EVENTFD_NONE, &c), "%s", hyb_last_error());
+	n_evs = 0;
+	q[0] = req(HYB_RQ_LOAD, HYB_RQ_NORMAL, hyb_mempool_id(p), 0, 4096, 0, 1);
+	q[1] = req(HYB_RQ_NOP, HYB_RQ_NORMAL, 0, 0, 0, 0, 2);
+	CHECK_MSG(!hyb_rq_submit(c, q, 2), "%s", hyb_last_error());
+	reap_n(c, cqe, 2);
+	CHECK_EQ_INT(cqe[0].status, -EACCES);
+	CHECK_EQ_INT(cqe[1].status, 0);
+	snprintf(want, sizeof(want), "uid %u gid %u pid %d", (unsigned int)geteuid(),
+		 (unsigned int)getegid(), (int)getpid());
+	CHECK_MSG(event_of(1) >= 0 && strstr(ev_msgs[event_of(1)], want) &&
+		  strstr(ev_msgs[event_of(1)], "not in clients"), "%s",
+		  event_of(1) >= 0 ? ev_msgs[event_of(1)] : "no event");
+	CHECK_EQ_INT(base[0], 0);	/* nothing was loaded */
+	hyb_rq_close(c);
+	hyb_reload_stop(r, NULL);
+
+	/* the sender's group named: admitted, and the bytes arrive */
+	cfg.clients.n = 2;
+	cfg.clients.ids[1].gid = true;
+	cfg.clients.ids[1].id = (uint32_t)getegid();
+	r = hyb_reload_start(&cfg, err, sizeof(err));
+	CHECK_MSG(r, "%s", err);
+	CHECK_MSG(!hyb_rq_attach_client(b, QID, HYB_RQ_EVENTFD_NONE, &c), "%s", hyb_last_error());
+	CHECK_MSG(!hyb_rq_submit(c, q, 1), "%s", hyb_last_error());
+	reap_n(c, cqe, 1);
+	CHECK_EQ_INT(cqe[0].status, 0);
+	file_bytes(path, 0, 4096, ref);
+	CHECK(!memcmp(base, ref, 4096));
+	hyb_rq_close(c);
+	hyb_reload_stop(r, NULL);
+	hyb_mempool_close(p);
+	hyb_backend_close(b);
+}
+
 TEST(reload_second_service_on_a_queue_is_refused)
 {
 	struct rig g;

@@ -1697,6 +1697,306 @@ static void t_pidns(void)
 	close(fd);
 }
 
+/* -- auth: who may ask for what ------------------------------------------- */
+
+static struct hyb_req mkreq(uint16_t op, uint32_t pool, uint64_t off, uint64_t len, uint64_t aux,
+			    uint64_t tag)
+{
+	struct hyb_req r;
+
+	memset(&r, 0, sizeof(r));
+	r.op = op;
+	r.pool_id = pool;
+	r.pool_off = off;
+	r.len = len;
+	r.aux = aux;
+	r.tag = tag;
+	r.prio = HYB_PRIO_NORMAL;
+	return r;
+}
+
+/*
+ * A member of group hyb (uid 1000, no capabilities) may not ask for a LOAD
+ * into root's pool (it would rewrite memory others compute on), and a file
+ * opened read-only asks for nothing but NOPs; what it may ask for reaches
+ * the daemon with its uid, gid and pid, so the daemon can apply its policy.
+ */
+static void t_auth(void)
+{
+	int fd = xopen(O_RDWR), d = xopen(O_RDWR), efd = eventfd(0, EFD_CLOEXEC);
+	int up[2], go[2], st, seen_rw = 0, seen_ro = 0;
+	struct hyb_req_from from[8];
+	struct hyb_pool_create pc;
+	struct hyb_req r[4];
+	uint32_t got;
+	pid_t pid;
+
+	EXPECT_OK(hyb_pool_create(fd, "auth", 4 * MiB, 0, &pc));
+	EXPECT_OK(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 6, efd));
+	EXPECT(!pipe(up) && !pipe(go));
+	pid = fork();
+	if (pid == 0) {
+		gid_t g = HYB_GID;
+		int rw, ro;
+
+		cur = "auth(hyb member)";
+		close(up[0]);
+		close(go[1]);
+		if (setgroups(1, &g) || setgid(HYB_GID) || setuid(1000))
+			FAIL("cannot drop privileges: %s", strerror(errno));
+		rw = xopen(O_RDWR);
+		ro = xopen(O_RDONLY);
+		EXPECT_OK(hyb_attach(rw, HYB_IOC_CLIENT_ATTACH, 6, -1));
+		EXPECT_OK(hyb_attach(ro, HYB_IOC_CLIENT_ATTACH, 6, -1));
+		/* LOAD into root's pool: refused, alone or in a batch (all or nothing) */
+		r[0] = mkreq(HYB_OP_LOAD, pc.pool_id, 0, 4096, 0, 1);
+		EXPECT_ERR(hyb_submit(rw, r, 1), -EACCES);
+		r[1] = mkreq(HYB_OP_NOP, 0, 0, 0, 0, 2);
+		EXPECT_ERR(hyb_submit(rw, r, 2), -EACCES);
+		/* UPLOAD (reads the pool) and EVICT: the daemon's to judge */
+		r[0] = mkreq(HYB_OP_UPLOAD, pc.pool_id, 0, 4096, 1, 3);
+		r[1] = mkreq(HYB_OP_EVICT, 0, 0, 0, 1, 4);
+		r[2] = mkreq(HYB_OP_NOP, 0, 0, 0, 0, 5);
+		EXPECT_OK(hyb_submit(rw, r, 3));
+		/* read-only file: NOPs only */
+		r[0] = mkreq(HYB_OP_EVICT, 0, 0, 0, 1, 6);
+		EXPECT_ERR(hyb_submit(ro, r, 1), -EBADF);
+		r[0] = mkreq(HYB_OP_UPLOAD, pc.pool_id, 0, 4096, 1, 7);
+		EXPECT_ERR(hyb_submit(ro, r, 1), -EBADF);
+		r[0] = mkreq(HYB_OP_LOAD, pc.pool_id, 0, 4096, 0, 8);
+		EXPECT_ERR(hyb_submit(ro, r, 1), -EBADF);
+		r[0] = mkreq(HYB_OP_NOP, 0, 0, 0, 0, 9);
+		EXPECT_OK(hyb_submit(ro, r, 1));
+		write_byte(up[1], 's');
+		(void)read_byte(go[0]);	/* clients stay attached while the daemon looks */
+		_exit(0);
+	}
+	close(up[1]);
+	close(go[0]);
+	EXPECT(read_byte(up[0]) == 's');
+
+	/* root's own client may LOAD into root's pool */
+	{
+		int c = xopen(O_RDWR);
+
+		EXPECT_OK(hyb_attach(c, HYB_IOC_CLIENT_ATTACH, 6, -1));
+		r[0] = mkreq(HYB_OP_LOAD, pc.pool_id, 0, 4096, 0, 10);
+		EXPECT_OK(hyb_submit(c, r, 1));
+		close(c);	/* drops its queued LOAD */
+	}
+
+	/* the old format still works: one request, no sender */
+	EXPECT_OK(hyb_fetch(d, r, 1, &got));
+	EXPECT(got == 1 && r[0].tag == 3 && r[0].op == HYB_OP_UPLOAD);
+	/* with senders: uid, gid and pid of the member, as this namespace sees them */
+	EXPECT_OK(hyb_batch(d, HYB_IOC_FETCH, from, 8, sizeof(from[0]), 0, 0, 0, &got));
+	EXPECT(got == 3);
+	for (uint32_t i = 0; i < got; i++) {
+		note("fetched tag %llu op %u from uid %u gid %u pid %d (member pid %d)",
+		     (unsigned long long)from[i].req.tag, from[i].req.op, from[i].uid, from[i].gid,
+		     from[i].pid, (int)pid);
+		EXPECT(from[i].uid == 1000 && from[i].gid == HYB_GID && from[i].pid == pid);
+		EXPECT(from[i].reserved == 0 && from[i].req.id);
+		seen_rw += from[i].req.tag == 4 || from[i].req.tag == 5;
+		seen_ro += from[i].req.tag == 9;
+	}
+	EXPECT(seen_rw == 2 && seen_ro == 1);
+	/* a wrong entry size is refused */
+	EXPECT_ERR(hyb_batch(d, HYB_IOC_FETCH, from, 8, sizeof(from[0]) - 4, 0, 0, 0, &got),
+		   -EINVAL);
+	write_byte(go[1], 'g');
+	st = wait_child(pid);
+	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	note("member: LOAD into root's pool EACCES, read-only file EBADF but for NOPs; the "
+	     "daemon sees uid/gid/pid of each request");
+	close(d);
+	close(fd);
+	close(efd);
+	close(up[0]);
+	close(go[1]);
+}
+
+/* -- linger: pinned memory counted until its last reference goes ------------ */
+
+static void t_linger(void)
+{
+	int fd = xopen(O_RDWR), pv[2];
+	struct hyb_pool_create pc, again;
+	struct hyb_dev_info di;
+	static uint64_t got[64 * 1024 / 8];
+	struct iovec iov;
+	uint64_t *w;
+
+	EXPECT(devinfo(fd).pinned_bytes == 0);
+	EXPECT_OK(hyb_pool_create(fd, "linger", 4 * MiB, 0, &pc));
+	w = map_pool(fd, pc.mmap_offset, 4 * MiB, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE);
+	EXPECT(w);
+	fill(w, 4 * MiB / 8, 11);
+	EXPECT(!pipe(pv));
+	iov.iov_base = (unsigned char *)w + 3 * MiB;	/* in the second chunk */
+	iov.iov_len = sizeof(got);
+	if (vmsplice(pv[1], &iov, 1, 0) != (ssize_t)iov.iov_len)
+		FAIL("vmsplice: %s", strerror(errno));
+	EXPECT(!munmap(w, 4 * MiB));
+	EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	/* the pool is gone; the chunk the pipe holds is still pinned and counted */
+	di = devinfo(fd);
+	note("pool destroyed and unmapped, 64 KiB of it in a pipe: %llu bytes pinned, %u pools, "
+	     "%u zombies", (unsigned long long)di.pinned_bytes, di.nr_pools, di.nr_zombies);
+	EXPECT(di.nr_pools == 0 && di.nr_zombies == 0);
+	EXPECT(di.pinned_bytes == HUGE);
+	/* and the cap sees it: 4 MiB more do not fit under 5 */
+	set_cap(5);
+	EXPECT_ERR(hyb_pool_create(fd, "linger2", 4 * MiB, 0, &again), -ENOSPC);
+	/* the pipe still reads what the pool held */
+	if (read(pv[0], got, sizeof(got)) != (ssize_t)sizeof(got))
+		FAIL("pipe read: %s", strerror(errno));
+	for (size_t i = 0; i < sizeof(got) / 8; i++) {
+		uint64_t k = 3 * MiB / 8 + i;	/* the word's index in the pool (fill()) */
+
+		if (got[i] != k * 11 + 11)
+			FAIL("pipe word %zu: %llx, the pool held %llx", i,
+			     (unsigned long long)got[i], (unsigned long long)(k * 11 + 11));
+	}
+	close(pv[0]);
+	close(pv[1]);
+	/* last reference gone: the chunk is freed and uncharged */
+	di = devinfo(fd);
+	EXPECT(di.pinned_bytes == 0);
+	EXPECT_OK(hyb_pool_create(fd, "linger2", 4 * MiB, 0, &again));
+	EXPECT_OK(hyb_pool_destroy(fd, again.pool_id));
+	set_cap(384);
+	EXPECT(devinfo(fd).pinned_bytes == 0);
+	note("counted until the pipe closed, then 0; the cap honoured it meanwhile");
+	close(fd);
+}
+
+/* -- killfault: a reader waiting out a migration can be killed ------------- */
+
+/* The state letter of /proc/PID/stat (R, S, D, Z...), or 0. */
+static char proc_state(pid_t pid)
+{
+	char path[64], buf[512], *p;
+	ssize_t n;
+	int f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	f = open(path, O_RDONLY);
+	if (f < 0)
+		return 0;
+	n = read(f, buf, sizeof(buf) - 1);
+	close(f);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/*
+ * A migration holds the pool for its whole unmap and copy. A reader that
+ * faults meanwhile waits; SIGKILL must end it at once (before the move is
+ * over), not when the migration lets go. Passes when, in one of a few
+ * rounds, the reader was seen waiting (D), killed, and reaped while the
+ * migration was still running; the pool and module are fine afterwards.
+ */
+static void t_killfault(void)
+{
+	const size_t len = 128 * MiB;
+	int fd = xopen(O_RDWR), rounds, caught = 0, st;
+	struct hyb_pool_create pc;
+	struct hyb_pool_info pi;
+	uint64_t *w;
+
+	if (access("/sys/devices/system/node/node1", F_OK))
+		FAIL("the VM has no NUMA node 1");
+	set_cap(300);
+	EXPECT_OK(hyb_pool_create(fd, "killfault", len, 0, &pc));
+	w = map_pool(fd, pc.mmap_offset, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE);
+	EXPECT(w);
+	fill(w, len / 8, 3);
+	for (rounds = 0; rounds < 6 && !caught; rounds++) {
+		int node = (rounds + 1) & 1, done[2], ready[2];
+		double t0, t_dead, t_done, t_seen = 0;
+		pid_t rd, mig;
+		char c;
+
+		EXPECT(!pipe(done) && !pipe(ready));
+		rd = fork();
+		if (rd == 0) {
+			int f = xopen(O_RDONLY);
+			volatile const unsigned char *p = map_pool(f, pc.mmap_offset, len, PROT_READ,
+								  MAP_SHARED);
+			unsigned long sum = 0;
+
+			cur = "killfault(reader)";
+			EXPECT(p);
+			write_byte(ready[1], 'r');
+			for (;;)	/* faults again on every chunk once the move unmaps it */
+				for (size_t off = 0; off < len; off += HUGE)
+					sum += p[off];
+		}
+		EXPECT(read_byte(ready[0]) == 'r');
+		mig = fork();
+		if (mig == 0) {
+			int f = xopen(O_RDWR);
+
+			cur = "killfault(migrate)";
+			EXPECT_OK(hyb_pool_migrate(f, pc.pool_id, node, NULL));
+			write_byte(done[1], 'd');
+			_exit(0);
+		}
+		close(done[1]);
+		t0 = hyb_now();
+		/* the reader blocks in a fault while the move holds the pool */
+		while (hyb_now() - t0 < 20) {
+			struct pollfd pf = { .fd = done[0], .events = POLLIN };
+
+			if (proc_state(rd) == 'D') {
+				t_seen = hyb_now();
+				break;
+			}
+			if (poll(&pf, 1, 0) > 0)
+				break;	/* the move is over: this round saw nothing */
+		}
+		kill(rd, SIGKILL);
+		st = wait_child(rd);
+		t_dead = hyb_now();
+		EXPECT(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+		EXPECT(read(done[0], &c, 1) == 1 && c == 'd');
+		t_done = hyb_now();
+		/*
+		 * Killable: the reader is gone long before the move is over.
+		 * An uninterruptible wait ends only when the move lets go of
+		 * the pool, just before it returns (freeing the old pages).
+		 */
+		if (t_seen) {
+			note("round %d: reader waiting in its fault (D) reaped %.1f ms after "
+			     "SIGKILL; the move ended %.1f ms after that", rounds,
+			     (t_dead - t_seen) * 1e3, (t_done - t_dead) * 1e3);
+			caught |= t_dead - t_seen < 0.5 * (t_done - t_seen);
+		}
+		st = wait_child(mig);
+		EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		note("round %d: move to node %d done %.0f ms after it began", rounds, node,
+		     (hyb_now() - t0) * 1e3);
+		close(done[0]);
+		close(ready[0]);
+		close(ready[1]);
+	}
+	if (!caught)
+		FAIL("in %d rounds no killed reader left before the migration ended", rounds);
+	/* everything as it should be: the bytes, the node, the module */
+	EXPECT_OK(hyb_pool_info(fd, pc.pool_id, &pi));
+	EXPECT(check(w, len / 8, 3));
+	EXPECT(pi.mappers == 1);
+	munmap(w, len);
+	EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	set_cap(384);
+	EXPECT(devinfo(fd).pinned_bytes == 0);
+	close(fd);
+}
+
 static void t_idle(void)
 {
 	int fd = xopen(O_RDONLY);
@@ -1718,6 +2018,7 @@ static const struct {
 	{ "death", t_death }, { "memory", t_memory }, { "cap", t_cap },
 	{ "perm", t_perm }, { "migrate", t_migrate },
 	{ "ctlmove", t_ctlmove }, { "memcg", t_memcg }, { "pidns", t_pidns },
+	{ "auth", t_auth }, { "linger", t_linger }, { "killfault", t_killfault },
 	{ "idle", t_idle },
 };
 

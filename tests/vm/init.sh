@@ -13,8 +13,8 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 export PATH=/bin
 
 FUZZ=20
-TESTS="basic numa rofault share queue prio death memory cap perm migrate ctlmove memcg pidns mempool box
-	ioerr"
+TESTS="basic numa rofault share queue prio death memory cap perm migrate ctlmove memcg pidns auth linger
+	killfault mempool box ioerr"
 for a in $(cat /proc/cmdline); do
 	case $a in
 	hybvm.fuzz=*) FUZZ=${a#hybvm.fuzz=} ;;

@@ -265,6 +265,20 @@ int hyb_rq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max, uns
 int hyb_rq_wait_work(struct hyb_rq *rq, uint64_t timeout_ns);
 /* Daemon: up to max requests, highest priority first; 0 when none (never blocks). */
 int hyb_rq_fetch(struct hyb_rq *rq, struct hyb_rq_req *out, unsigned int max);
+/*
+ * Who submitted a request, as the daemon's namespaces see it (kmod: the
+ * module's struct hyb_req_from; local: this process): effective uid and gid
+ * when the client attached (65534 when unmapped), pid (0 when not visible).
+ */
+struct hyb_rq_sender {
+	uint32_t uid;
+	uint32_t gid;
+	int32_t pid;
+	uint32_t reserved;
+};
+/* hyb_rq_fetch, and from[i] = the sender of out[i] (for a policy on who may ask). */
+int hyb_rq_fetch_from(struct hyb_rq *rq, struct hyb_rq_req *out, struct hyb_rq_sender *from,
+		      unsigned int max);
 /* Daemon: verdicts, all or nothing (-ENOENT if an id is not in service). */
 int hyb_rq_complete(struct hyb_rq *rq, const struct hyb_rq_done *done, unsigned int n);
 /* Counters and histograms of a queue (live 0 and zeros when it has no daemon). */

@@ -19,7 +19,17 @@
  *    (HYB_IOC_CLIENT_ATTACH). Pools are owned by the open file that created
  *    them: it may map them read-write, every other file only read-only. A
  *    pool dies when it is destroyed or its owner file is closed, and its
- *    memory returns once the last mapping of it is gone.
+ *    memory returns once the last mapping or other reference (a pipe
+ *    holding vmsplice()d pages, I/O in flight) to its pages is gone.
+ *  - Who may ask for what (the device's mode and group are the outer
+ *    boundary): a client file opened read-only may submit only NOPs (LOAD,
+ *    UPLOAD, EVICT: -EBADF); a LOAD rewrites pool memory, so it may name
+ *    only pools created by a process with the client's effective uid (or
+ *    the client holds CAP_SYS_ADMIN): -EACCES otherwise. UPLOAD and EVICT
+ *    only read pools and act on the daemon's GPU slots, which the module
+ *    cannot judge: FETCH with struct hyb_req_from entries tells the daemon
+ *    who submitted each request (uid, gid, pid as the daemon sees them) so
+ *    that it can refuse by its own policy.
  *
  * mmap: offset = hyb_pool_info.mmap_offset (pool id << HYB_MMAP_SHIFT) plus
  * a multiple of the pool page size; the length is a multiple of the pool
@@ -32,7 +42,7 @@
 #include <linux/types.h>
 
 #define HYB_DEVICE_PATH		"/dev/hybpool"
-#define HYB_ABI_VERSION		1
+#define HYB_ABI_VERSION		2	/* 2: ioctl magic 0xD6, FETCH with senders, request rules */
 
 #define HYB_NAME_LEN		32	/* pool name, NUL included: [A-Za-z0-9._-]+ */
 #define HYB_NODE_LOCAL		(-1)	/* create: the caller's NUMA node */
@@ -60,7 +70,10 @@ struct hyb_dev_info {
 	__u32 reserved;		/* 0 */
 };
 
-/* HYB_IOC_POOL_CREATE: needs CAP_IPC_LOCK and a file opened for writing. */
+/*
+ * HYB_IOC_POOL_CREATE: needs CAP_IPC_LOCK and a file opened for writing.
+ * If the result cannot be written back the pool is destroyed again (-EFAULT).
+ */
 struct hyb_pool_create {
 	__u32 size;
 	__u32 flags;		/* 0 */
@@ -178,6 +191,21 @@ struct hyb_req {
 	__u32 reserved;		/* 0 */
 };
 
+/*
+ * A request as FETCH hands it out with entry_size = sizeof(struct
+ * hyb_req_from): the request and who submitted it, fixed when the client
+ * attached (CLIENT_ATTACH): its effective uid and gid as the daemon's user
+ * namespace maps them (the overflow id, 65534, when it does not), and its
+ * process id in the daemon's PID namespace (0 when not visible there).
+ */
+struct hyb_req_from {
+	struct hyb_req req;
+	__u32 uid;
+	__u32 gid;
+	__s32 pid;
+	__u32 reserved;		/* written as 0 */
+};
+
 /* The daemon's verdict on one fetched request. */
 struct hyb_done {
 	__u64 id;
@@ -200,7 +228,8 @@ struct hyb_cqe {
 /*
  * SUBMIT (client; hyb_req[], all or nothing, never blocks: -EAGAIN when the
  * client or the module is at its request limit, -EPIPE when the daemon is
- * gone), FETCH (daemon; hyb_req[], highest priority first, count 0 when
+ * gone, -EBADF/-EACCES by the rules above), FETCH (daemon; hyb_req[] or
+ * hyb_req_from[] by entry_size, highest priority first, count 0 when
  * empty), COMPLETE (daemon; hyb_done[], all or nothing: -ENOENT if an id is
  * not in service), REAP (client; hyb_cqe[]; with HYB_REAP_WAIT blocks until
  * min_count completions are ready or nothing more can come, and the time
@@ -252,7 +281,11 @@ struct hyb_queue_stats {
 	struct hyb_hist_stat stall;		/* time apps spent blocked */
 };
 
-#define HYB_IOC_MAGIC		0xB8
+/*
+ * 0xD6: free in Documentation/userspace-api/ioctl/ioctl-number.rst (checked
+ * against Linux 6.18's list); ABI 1 used 0xB8, which is /dev/mshv's.
+ */
+#define HYB_IOC_MAGIC		0xD6
 
 #define HYB_IOC_DEV_INFO	_IOWR(HYB_IOC_MAGIC, 0x00, struct hyb_dev_info)
 #define HYB_IOC_POOL_CREATE	_IOWR(HYB_IOC_MAGIC, 0x01, struct hyb_pool_create)
