@@ -22,6 +22,7 @@
 #include <linux/miscdevice.h>
 #include <linux/module.h>
 #include <linux/nospec.h>
+#include <linux/pagemap.h>
 #include <linux/sched.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
@@ -109,6 +110,17 @@ static int hyb_fs_init(void)
 		return PTR_ERR(hyb_inode);
 	}
 	hyb_mapping = hyb_inode->i_mapping;
+	/*
+	 * Nothing is ever allocated through this address space (faults hand
+	 * out the pools' own pages), so its gfp mask only tells the core what
+	 * the mappings are: vma_migratable() calls a file mapping whose
+	 * memory comes from below policy_zone unmigratable, and automatic NUMA
+	 * balancing (task_numa_work) and mbind(MPOL_MF_MOVE) then skip pool
+	 * mappings instead of making their PTEs PROT_NONE for hinting faults
+	 * that end in a migration that cannot happen (pool pages are on no
+	 * LRU). VM_IO/VM_PFNMAP would do it too, but also stop get_user_pages().
+	 */
+	mapping_set_gfp_mask(hyb_mapping, IS_ENABLED(CONFIG_ZONE_DMA) ? GFP_DMA : GFP_DMA32);
 	return 0;
 }
 

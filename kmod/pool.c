@@ -780,6 +780,10 @@ int hyb_mmap(struct file *file, struct vm_area_struct *vma)
 	/*
 	 * DONTEXPAND makes the VMA "special": no mremap growth, no mlock of
 	 * pages that are not on an LRU, no khugepaged or MADV_COLLAPSE.
+	 * (NUMA balancing is kept away through the address space's gfp
+	 * mask, see hyb_fs_init(): VM_IO or VM_PFNMAP would also stop
+	 * get_user_pages(), VM_MIXEDMAP makes zap_huge_pmd() leave PMD-mapped
+	 * pages referenced.)
 	 */
 	hyb_vm_flags_set(vma, VM_DONTEXPAND | VM_DONTDUMP);
 	vma->vm_ops = &hyb_vm_ops;

@@ -7,6 +7,7 @@
  */
 #include <grp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -1997,6 +1998,255 @@ static void t_killfault(void)
 	close(fd);
 }
 
+/* -- undo: results that cannot be written back change nothing ------------- */
+
+static void *volatile undo_page;
+static volatile int undo_stop;
+static pthread_mutex_t undo_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Flips the page that holds the ioctl's struct between writable and read-only. */
+static void *undo_racer(void *arg)
+{
+	(void)arg;
+	while (!undo_stop) {
+		pthread_mutex_lock(&undo_lock);
+		mprotect(undo_page, 4096, PROT_READ);
+		pthread_mutex_unlock(&undo_lock);
+		sched_yield();
+		pthread_mutex_lock(&undo_lock);
+		mprotect(undo_page, 4096, PROT_READ | PROT_WRITE);
+		pthread_mutex_unlock(&undo_lock);
+		sched_yield();
+	}
+	return NULL;
+}
+
+/* Writes the struct into the page (the racer waits meanwhile); the ioctl then races. */
+static void undo_put(void *dst, const void *src, size_t n)
+{
+	pthread_mutex_lock(&undo_lock);
+	if (mprotect(undo_page, 4096, PROT_READ | PROT_WRITE))
+		FAIL("mprotect: %s", strerror(errno));
+	memcpy(dst, src, n);
+	pthread_mutex_unlock(&undo_lock);
+}
+
+/*
+ * FETCH, REAP and CREATE change state and then tell the caller; a caller
+ * whose struct turns read-only (or unmapped) meanwhile must lose nothing:
+ * every request is fetched and reaped exactly once, and a pool whose
+ * creation could not be reported is not left behind. A racing thread
+ * write-protects the struct's page on and off while the calls run.
+ */
+static void t_undo(void)
+{
+	enum { K = 1500, P = 150 };
+	int fd = xopen(O_RDWR), d = xopen(O_RDWR), c = xopen(O_RDWR), efd = eventfd(0, EFD_CLOEXEC);
+	static unsigned char seen_f[K], seen_r[K];
+	unsigned long efault[3] = { 0 }, calls[3] = { 0 };
+	struct hyb_req r[8];
+	struct hyb_done dn[8];
+	struct hyb_cqe cq[8];
+	struct hyb_batch *b;
+	struct hyb_pool_create *pc;
+	struct hyb_pool_info pi;
+	pthread_t th;
+	int nf = 0, nr = 0, ret;
+
+	undo_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	EXPECT(undo_page != MAP_FAILED);
+	b = undo_page;
+	pc = (struct hyb_pool_create *)((char *)undo_page + 256);
+	EXPECT_OK(hyb_attach(d, HYB_IOC_QUEUE_ATTACH, 7, efd));
+	EXPECT_OK(hyb_attach(c, HYB_IOC_CLIENT_ATTACH, 7, -1));
+	for (int i = 0; i < K; i += 8) {
+		for (int j = 0; j < 8; j++)
+			r[j] = mkreq(HYB_OP_NOP, 0, 0, 0, 0, (uint64_t)(i + j));
+		EXPECT_OK(hyb_submit(c, r, (uint32_t)(K - i < 8 ? K - i : 8)));
+	}
+	EXPECT(!pthread_create(&th, NULL, undo_racer, NULL));
+	/* FETCH: each request out exactly once; complete what arrives */
+	while (nf < K) {
+		uint32_t n;
+
+		struct hyb_batch v = { .size = sizeof(v), .count = 3, .entry_size = sizeof(r[0]),
+				       .ptr = (uintptr_t)r };
+
+		memset(r, 0, sizeof(r));
+		undo_put(b, &v, sizeof(v));
+		calls[0]++;
+		ret = hyb_ioctl(d, HYB_IOC_FETCH, b);
+		if (ret == -EFAULT) {
+			efault[0]++;
+			continue;
+		}
+		EXPECT_OK(ret);
+		n = b->count;
+		EXPECT(n >= 1 && n <= 3);
+		for (uint32_t j = 0; j < n; j++) {
+			if (r[j].tag >= K || seen_f[r[j].tag]++)
+				FAIL("request tag %llu fetched twice or unknown",
+				     (unsigned long long)r[j].tag);
+			dn[j] = (struct hyb_done){ .id = r[j].id };
+		}
+		nf += (int)n;
+		EXPECT_OK(hyb_complete(d, dn, n));
+	}
+	/* REAP: each completion out exactly once */
+	while (nr < K) {
+		uint32_t n;
+
+		struct hyb_batch v = { .size = sizeof(v), .count = 3, .entry_size = sizeof(cq[0]),
+				       .ptr = (uintptr_t)cq };
+
+		undo_put(b, &v, sizeof(v));
+		calls[1]++;
+		ret = hyb_ioctl(c, HYB_IOC_REAP, b);
+		if (ret == -EFAULT) {
+			efault[1]++;
+			continue;
+		}
+		EXPECT_OK(ret);
+		n = b->count;
+		EXPECT(n >= 1 && n <= 3);
+		for (uint32_t j = 0; j < n; j++)
+			if (cq[j].tag >= K || seen_r[cq[j].tag]++ || cq[j].status)
+				FAIL("completion tag %llu reaped twice, unknown or failed",
+				     (unsigned long long)cq[j].tag);
+		nr += (int)n;
+	}
+	/* CREATE: a pool is there if and only if its creator heard of it */
+	for (int i = 0; i < P; i++) {
+		struct hyb_pool_create v = { .size = sizeof(v), .bytes = HUGE,
+					     .page_shift = HYB_PAGE_SHIFT_2M };
+
+		snprintf(v.name, sizeof(v.name), "undo%d", i);
+		undo_put(pc, &v, sizeof(v));
+		calls[2]++;
+		ret = hyb_ioctl(fd, HYB_IOC_POOL_CREATE, pc);
+		memset(&pi, 0, sizeof(pi));
+		pi.size = sizeof(pi);
+		pi.flags = HYB_POOL_BY_NAME;
+		snprintf(pi.name, sizeof(pi.name), "undo%d", i);
+		if (ret == -EFAULT) {
+			efault[2]++;
+			EXPECT_ERR(hyb_ioctl(fd, HYB_IOC_POOL_INFO, &pi), -ENOENT);
+			continue;
+		}
+		EXPECT_OK(ret);
+		EXPECT_OK(hyb_ioctl(fd, HYB_IOC_POOL_INFO, &pi));
+		EXPECT_OK(hyb_pool_destroy(fd, pi.pool_id));
+	}
+	undo_stop = 1;
+	pthread_join(th, NULL);
+	{
+		struct hyb_queue_stats qs;
+		struct hyb_dev_info di = devinfo(fd);
+
+		EXPECT_OK(hyb_queue_stats(fd, 7, &qs));
+		EXPECT(qs.in_flight == 0 && qs.completed == K);
+		EXPECT(di.nr_pools == 0 && di.nr_zombies == 0 && di.pinned_bytes == 0);
+	}
+	note("with the struct's page write-protected on and off: FETCH %lu calls %lu EFAULT, "
+	     "REAP %lu/%lu, CREATE %lu/%lu; %d requests fetched and reaped exactly once, no "
+	     "pool left behind", calls[0], efault[0], calls[1], efault[1], calls[2], efault[2], K);
+	munmap(undo_page, 4096);
+	close(c);
+	close(d);
+	close(fd);
+	close(efd);
+}
+
+/* -- numascan: NUMA balancing leaves pools alone ---------------------------- */
+
+static long long vmstat(const char *name)
+{
+	char line[256];
+	long long v = -1, x;
+	size_t n = strlen(name);
+	FILE *f = fopen("/proc/vmstat", "r");
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (!strncmp(line, name, n) && line[n] == ' ' && sscanf(line + n, "%lld", &x) == 1)
+			v = x;
+	fclose(f);
+	return v;
+}
+
+static int write_file(const char *path, const char *val)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f)
+		return -errno;
+	fputs(val, f);
+	return fclose(f) ? -errno : 0;
+}
+
+/* Reads every 2 MiB of [p, p + len) for secs seconds; the huge PMDs NUMA balancing marked. */
+static long long numa_scan_delta(volatile const unsigned char *p, size_t len, double secs)
+{
+	long long v0 = vmstat("numa_huge_pte_updates");
+	double t0 = hyb_now();
+	unsigned long sum = 0;
+
+	while (hyb_now() - t0 < secs)
+		for (size_t off = 0; off < len; off += HUGE)
+			sum += p[off];
+	(void)sum;
+	return vmstat("numa_huge_pte_updates") - v0;
+}
+
+/*
+ * Automatic NUMA balancing makes the pages of scanned mappings PROT_NONE to
+ * see who touches them, then tries to migrate them: for pool pages (on no
+ * LRU) that can never succeed, so every hinting fault on a pool would be
+ * wasted. The pool's mappings carry VM_MIXEDMAP, which task_numa_work()
+ * skips. Checked with the scanner at full speed: an anonymous THP region
+ * gets huge PMDs marked (the scanner runs), the owner's read-write pool
+ * mapping gets none.
+ */
+static void t_numascan(void)
+{
+	const size_t len = 16 * MiB;
+	int fd = xopen(O_RDWR);
+	struct hyb_pool_create pc;
+	long long anon, pool;
+	unsigned char *a, *w;
+
+	if (vmstat("numa_huge_pte_updates") < 0)
+		FAIL("no numa_huge_pte_updates in /proc/vmstat");
+	EXPECT_OK(write_file("/proc/sys/kernel/numa_balancing", "1"));
+	write_file("/sys/kernel/debug/sched/numa_balancing/scan_delay_ms", "0");
+	write_file("/sys/kernel/debug/sched/numa_balancing/scan_period_min_ms", "100");
+	write_file("/sys/kernel/debug/sched/numa_balancing/scan_size_mb", "256");
+	/* control: anonymous memory in huge pages (THP) */
+	a = mmap(NULL, len + HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	EXPECT(a != MAP_FAILED);
+	a = (unsigned char *)(((uintptr_t)a + HUGE - 1) & ~(uintptr_t)(HUGE - 1));
+	madvise(a, len, MADV_HUGEPAGE);
+	memset(a, 1, len);
+	anon = numa_scan_delta(a, len, 4);
+	munmap(a, len);
+	/* the pool, mapped read-write (a read-only file mapping is skipped anyway) */
+	EXPECT_OK(hyb_pool_create(fd, "numascan", len, 0, &pc));
+	w = map_pool(fd, pc.mmap_offset, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE);
+	EXPECT(w);
+	memset(w, 2, len);
+	pool = numa_scan_delta(w, len, 4);
+	write_file("/proc/sys/kernel/numa_balancing", "0");
+	note("NUMA balancing, 4 s each: %lld huge PMDs of anonymous THP marked, %lld of the "
+	     "pool's", anon, pool);
+	if (anon <= 0)
+		FAIL("the NUMA scanner did not run (no anonymous huge PMD marked)");
+	EXPECT(pool == 0);
+	munmap(w, len);
+	EXPECT_OK(hyb_pool_destroy(fd, pc.pool_id));
+	close(fd);
+}
+
 static void t_idle(void)
 {
 	int fd = xopen(O_RDONLY);
@@ -2019,6 +2269,7 @@ static const struct {
 	{ "perm", t_perm }, { "migrate", t_migrate },
 	{ "ctlmove", t_ctlmove }, { "memcg", t_memcg }, { "pidns", t_pidns },
 	{ "auth", t_auth }, { "linger", t_linger }, { "killfault", t_killfault },
+	{ "undo", t_undo }, { "numascan", t_numascan },
 	{ "idle", t_idle },
 };
 

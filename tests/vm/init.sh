@@ -14,7 +14,7 @@ export PATH=/bin
 
 FUZZ=20
 TESTS="basic numa rofault share queue prio death memory cap perm migrate ctlmove memcg pidns auth linger
-	killfault mempool box ioerr"
+	killfault undo numascan mempool box ioerr"
 for a in $(cat /proc/cmdline); do
 	case $a in
 	hybvm.fuzz=*) FUZZ=${a#hybvm.fuzz=} ;;
