@@ -14,7 +14,7 @@ export PATH=/bin
 
 FUZZ=20
 TESTS="basic numa rofault share queue prio death memory cap perm migrate ctlmove memcg pidns auth linger
-	killfault undo numascan mempool box ioerr"
+	killfault undo numascan compat mempool box ioerr"
 for a in $(cat /proc/cmdline); do
 	case $a in
 	hybvm.fuzz=*) FUZZ=${a#hybvm.fuzz=} ;;
@@ -224,9 +224,26 @@ ioerr() {
 	echo "HYBVM METRIC ioerr_tests_s $(awk -v t0="$t0" '{ print $1 - t0 }' /proc/uptime) s"
 }
 
+# A 32-bit process (tests/vm/hyb32.c): open, ioctl on a file a 64-bit
+# process opened, and mmap2 all fail with EOPNOTSUPP (exit 0).
+compat() {
+	if [ ! -x /hyb32 ]; then
+		echo "HYBVM NOTE compat not run: no 32-bit test program (gcc -m32)"
+		return
+	fi
+	/hyb32 3</dev/hybpool
+	rc=$?
+	case $rc in
+	0) pass "compat: a 32-bit process gets EOPNOTSUPP from open, ioctl and mmap2" ;;
+	126 | 127) echo "HYBVM NOTE compat not run: this kernel runs no 32-bit programs" ;;
+	*) fail "compat: hyb32 exit $rc (1 open, 2 ioctl, 3 mmap2 did not fail with EOPNOTSUPP)" ;;
+	esac
+}
+
 for t in $TESTS; do
 	case $t in
 	mempool) mempool ;;
+	compat) compat ;;
 	box) box ;;
 	ioerr) ioerr ;;
 	*) run "$t" 90 /hybtest "$t" ;;

@@ -120,6 +120,12 @@ for prog in hybtest hybfuzz; do
 	$NICE gcc $CFLAGS "$ROOT/tests/vm/$prog.c" -o "$OUT/$prog" >>"$OUT/build.log" 2>&1 ||
 		{ tail -20 "$OUT/build.log"; fail "cannot build tests/vm/$prog.c"; }
 done
+# A 32-bit process against the device (freestanding i386, no 32-bit libc
+# needed); without a compiler for it the compat check says it was skipped.
+rm -f "$OUT/hyb32"
+$NICE gcc -m32 -std=c11 -O2 -Wall -Wextra -Werror -ffreestanding -fno-pic -fno-stack-protector \
+	-nostdlib -static "$ROOT/tests/vm/hyb32.c" -o "$OUT/hyb32" >>"$OUT/build.log" 2>&1 ||
+	rm -f "$OUT/hyb32"
 # libhyb's pool/queue backends: the host's conformance tests and queue bench.
 MP_SRCS="$ROOT/libhyb/box/lat_hist.c $ROOT/libhyb/box/mempool.c $ROOT/libhyb/box/mempool_kmod.c
 	 $ROOT/libhyb/box/mempool_local.c $ROOT/libhyb/box/rq_local.c $ROOT/libhyb/util/error.c"
@@ -232,6 +238,7 @@ rm -rf "$IR" && mkdir -p "$IR"/{bin,dev,proc,sys,tmp,etc}
 cp "$BUSYBOX" "$IR/bin/busybox"
 cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$OUT/hybmempool" "$OUT/bench_queue" "$IR/"
 [ -x "$OUT/hybctl" ] && cp "$OUT/hybctl" "$IR/"
+[ -x "$OUT/hyb32" ] && cp "$OUT/hyb32" "$IR/"
 if [ "$BOX" = 1 ]; then
 	[ -x "$OUT/hyb" ] && cp "$OUT/hyb" "$IR/"
 	cp "$OUT/hybd" "$OUT/hybbox" "$IR/" && cp -r "$OUT/kmods" "$IR/kmods" &&
