@@ -263,6 +263,8 @@ static void build_arg(unsigned long cmd, void *arg, size_t size)
 		u.b.count = rand_count(cmd == HYB_IOC_SUBMIT ? 4 : cmd == HYB_IOC_COMPLETE ? 3 : 64);
 		u.b.entry_size = cmd == HYB_IOC_COMPLETE ? sizeof(struct hyb_done) :
 				 cmd == HYB_IOC_REAP ? sizeof(struct hyb_cqe) : sizeof(struct hyb_req);
+		if (cmd == HYB_IOC_FETCH && chance(40))	/* with the senders */
+			u.b.entry_size = sizeof(struct hyb_req_from);
 		if (chance(5))
 			u.b.entry_size = (uint32_t)interesting();
 		u.b.ptr = (uintptr_t)(chance(80) ? (void *)reqs : rand_ptr(u.b.count * 64ULL));
@@ -363,15 +365,18 @@ static void do_ioctl(void)
 				role[i] = cmd == HYB_IOC_QUEUE_ATTACH ? 1 : 2;
 		if (cmd == HYB_IOC_FETCH && arg == (void *)arena) {
 			struct hyb_batch *b = (struct hyb_batch *)arena;
-			const struct hyb_req *r = (const struct hyb_req *)(uintptr_t)b->ptr;
+			const unsigned char *r = (const unsigned char *)(uintptr_t)b->ptr;
 
 			if (b->ptr == (uintptr_t)(arena + 1024))
 				for (uint32_t i = 0; i < b->count && i < 64; i++) {
+					const struct hyb_req *q =
+						(const void *)(r + (size_t)i * b->entry_size);
+
 					if (nids == 64) {
 						memmove(ids, ids + 1, 63 * sizeof(ids[0]));
 						nids--;
 					}
-					ids[nids++] = r[i].id;
+					ids[nids++] = q->id;
 				}
 		}
 		if (cmd == HYB_IOC_POOL_LIST && arg == (void *)arena) {

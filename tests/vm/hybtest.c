@@ -1808,8 +1808,70 @@ static void t_auth(void)
 	write_byte(go[1], 'g');
 	st = wait_child(pid);
 	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+
+	/*
+	 * A daemon in a PID namespace of its own (a container): a client
+	 * outside it has no pid there (0); a client inside has its own.
+	 */
+	{
+		int ns[2];
+		pid_t ch;
+
+		EXPECT(!pipe(ns));
+		ch = fork();
+		if (ch == 0) {
+			pid_t g;
+
+			if (unshare(CLONE_NEWPID))
+				_exit(2);
+			g = fork();
+			if (g == 0) {
+				int dd = hyb_open(O_RDWR), e = eventfd(0, 0), cc;
+				struct hyb_req_from f[2];
+				struct hyb_req q = mkreq(HYB_OP_NOP, 0, 0, 0, 0, 1);
+				uint32_t n = 0;
+				uint64_t v;
+
+				if (dd < 0 || e < 0 || hyb_attach(dd, HYB_IOC_QUEUE_ATTACH, 8, e))
+					_exit(3);
+				write_byte(ns[1], 'a');
+				if (read(e, &v, 8) != 8)
+					_exit(4);
+				if (hyb_batch(dd, HYB_IOC_FETCH, f, 2, sizeof(f[0]), 0, 0, 0, &n) ||
+				    n != 1 || f[0].pid != 0 || f[0].uid != 0)
+					_exit(5);
+				/* and a client in the namespace: its pid as seen there (1 is us) */
+				cc = hyb_open(O_RDWR);
+				if (cc < 0 || hyb_attach(cc, HYB_IOC_CLIENT_ATTACH, 8, -1) ||
+				    hyb_submit(cc, &q, 1) ||
+				    hyb_batch(dd, HYB_IOC_FETCH, f, 2, sizeof(f[0]), 0, 0, 0, &n) ||
+				    n != 1 || f[0].pid != 1)
+					_exit(6);
+				_exit(0);
+			}
+			if (g < 0 || waitpid(g, &st, 0) < 0)
+				_exit(7);
+			_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 8);
+		}
+		EXPECT(read_byte(ns[0]) == 'a');
+		{
+			int c2 = xopen(O_RDWR);
+
+			EXPECT_OK(hyb_attach(c2, HYB_IOC_CLIENT_ATTACH, 8, -1));
+			r[0] = mkreq(HYB_OP_NOP, 0, 0, 0, 0, 1);
+			EXPECT_OK(hyb_submit(c2, r, 1));
+			st = wait_child(ch);
+			if (!WIFEXITED(st) || WEXITSTATUS(st))
+				FAIL("daemon in a PID namespace: exit %d (5: outside client's pid "
+				     "not 0, 6: inside client's pid not 1)", WEXITSTATUS(st));
+			close(c2);
+		}
+		close(ns[0]);
+		close(ns[1]);
+	}
 	note("member: LOAD into root's pool EACCES, read-only file EBADF but for NOPs; the "
-	     "daemon sees uid/gid/pid of each request");
+	     "daemon sees uid/gid/pid of each request (a daemon in its own PID namespace: "
+	     "0 for a client outside, the namespace's pid for one inside)");
 	close(d);
 	close(fd);
 	close(efd);
