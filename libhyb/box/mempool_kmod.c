@@ -358,7 +358,16 @@ static int k_batch(int fd, unsigned long cmd, const void *ptr, unsigned int n, s
 
 static int k_rq_submit(struct hyb_rq *rq, const struct hyb_rq_req *reqs, unsigned int n)
 {
-	return k_batch(rq->fd, HYB_IOC_SUBMIT, reqs, n, sizeof(*reqs), 0, 0, NULL);
+	int ret = k_batch(rq->fd, HYB_IOC_SUBMIT, reqs, n, sizeof(*reqs), 0, 0, NULL);
+
+	/* the module's request rules (kmod/README.md, who may ask for what) */
+	if (ret == -EBADF)
+		return hyb_mp_err(ret, "submit: %s is open read-only here: only NOPs may be "
+				  "submitted", HYB_DEVICE_PATH);
+	if (ret == -EACCES)
+		return hyb_mp_err(ret, "submit: a LOAD may name only pools created by this user "
+				  "(effective uid)");
+	return ret;
 }
 
 static int k_rq_reap(struct hyb_rq *rq, struct hyb_rq_cqe *out, unsigned int max,

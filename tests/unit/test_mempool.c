@@ -986,6 +986,46 @@ static void daemon_start(struct daemon_ctx *x, pthread_t *t)
 	CHECK_MSG(atomic_load(&x->attached) == 1, "daemon attach: %s", hyb_last_error());
 }
 
+/* The daemon learns who sent each request (hybd's `clients` policy reads it). */
+BOTH(rq_fetch_from_names_the_sender)
+{
+	struct hyb_backend *b = bopen();
+	struct hyb_rq *d, *c;
+	struct hyb_rq_req r[2], f[4];
+	struct hyb_rq_sender s[4];
+	struct hyb_rq_done dn[2];
+	struct hyb_rq_cqe e[4];
+	struct hyb_mempool *p;
+	int got = 0, n;
+
+	CHECK_OK(hyb_mempool_create(b, "t-from", 2 * MiB, 0, 0, 0, &p));
+	CHECK_OK(hyb_rq_attach_daemon(b, QID, HYB_RQ_EVENTFD_NEW, &d));
+	CHECK_OK(hyb_rq_attach_client(b, QID, HYB_RQ_EVENTFD_NONE, &c));
+	r[0] = req(HYB_RQ_NOP, HYB_RQ_NORMAL, 0, 0, 0, 20);
+	r[1] = req(HYB_RQ_LOAD, HYB_RQ_HIGH, hyb_mempool_id(p), 0, 4096, 21);	/* our own pool */
+	CHECK_OK(hyb_rq_submit(c, r, 2));
+	memset(s, 0xff, sizeof(s));
+	CHECK_EQ_INT(hyb_rq_fetch_from(d, f, s, 4), 2);
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ_INT(s[i].uid, (uint32_t)geteuid());
+		CHECK_EQ_INT(s[i].gid, (uint32_t)getegid());
+		CHECK_EQ_INT(s[i].pid, (int32_t)getpid());
+		CHECK_EQ_INT(s[i].reserved, 0);
+		CHECK_EQ_INT(f[i].client_id, hyb_rq_client_id(c));
+		dn[i] = (struct hyb_rq_done){ .id = f[i].id };
+	}
+	CHECK_OK(hyb_rq_complete(d, dn, 2));
+	while (got < 2) {
+		n = hyb_rq_reap(c, e + got, 4 - got, 2 - got, 5000000000ULL);
+		CHECK_MSG(n > 0, "reap: %d %s", n, hyb_last_error());
+		got += n;
+	}
+	hyb_rq_close(c);
+	hyb_rq_close(d);
+	hyb_mempool_close(p);
+	hyb_backend_close(b);
+}
+
 BOTH(rq_round_trip)
 {
 	struct hyb_backend *b = bopen();
