@@ -2302,7 +2302,7 @@ static void t_numascan(void)
 	pool = numa_scan_delta(w, len, 4);
 	write_file("/proc/sys/kernel/numa_balancing", "0");
 	note("NUMA balancing, 4 s each: %lld huge PMDs of anonymous THP marked, %lld of the "
-	     "pool's (same scan)", anon, pool);
+	     "pool's", anon, pool);
 	if (anon <= 0)
 		FAIL("the NUMA scanner did not run (no anonymous huge PMD marked)");
 	EXPECT(pool == 0);
