@@ -1650,12 +1650,12 @@ static void t_memcg(void)
  */
 static void t_pidns(void)
 {
-	int fd = xopen(O_RDWR), up[2], go[2], st;
+	int fd = xopen(O_RDWR), up[2], idp[2], go[2], st;
 	struct hyb_pool_info pi;
 	uint32_t id = 0;
 	pid_t child, inner = 0;
 
-	EXPECT(!pipe(up) && !pipe(go));
+	EXPECT(!pipe(up) && !pipe(idp) && !pipe(go));
 	child = fork();
 	if (child == 0) {
 		pid_t g;
@@ -1665,6 +1665,8 @@ static void t_pidns(void)
 		if (unshare(CLONE_NEWPID))
 			_exit(2);
 		g = fork();
+		if (g > 0 && write(up[1], &g, sizeof(g)) != sizeof(g))
+			_exit(5);
 		if (g == 0) {
 			int f = hyb_open(O_RDWR);
 			struct hyb_pool_create pc;
@@ -1673,19 +1675,19 @@ static void t_pidns(void)
 
 			if (f < 0 || hyb_pool_create(f, "pidns", 2 * MiB, 0, &pc) ||
 			    hyb_pool_info(f, pc.pool_id, &in) || in.owner_pid != 1 ||
-			    write(up[1], &pc.pool_id, 4) != 4)
+			    write(idp[1], &pc.pool_id, 4) != 4)	/* own pipe: no race with g */
 				_exit(3);
 			if (read(go[0], &c, 1) < 0)	/* the pool lives until told */
 				_exit(4);
 			_exit(0);
 		}
-		if (g < 0 || write(up[1], &g, sizeof(g)) != sizeof(g) || waitpid(g, &st, 0) < 0)
+		if (g < 0 || waitpid(g, &st, 0) < 0)
 			_exit(5);
 		_exit(WIFEXITED(st) ? WEXITSTATUS(st) : 6);
 	}
 	close(go[0]);
 	EXPECT(read(up[0], &inner, sizeof(inner)) == sizeof(inner) && inner > 1);
-	EXPECT(read(up[0], &id, 4) == 4);
+	EXPECT(read(idp[0], &id, 4) == 4);
 	EXPECT_OK(hyb_pool_info(fd, id, &pi));
 	note("a pool made by pid 1 of a new PID namespace: owner %d here (its pid %d)",
 	     pi.owner_pid, (int)inner);
@@ -1695,6 +1697,8 @@ static void t_pidns(void)
 	EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 	close(up[0]);
 	close(up[1]);
+	close(idp[0]);
+	close(idp[1]);
 	close(fd);
 }
 
