@@ -23,6 +23,10 @@ INTERNAL := -Ilibhyb -Ikernels/cpu
 LDLIBS   := -lm -pthread -lnuma -luring $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
 # METIS partitions the co-activation graph: the offline planner's alone
 PLAN_LIBS := -lmetis
+# hyb serve's HTTP server and JSON (docs/SERVE.md): the hyb tool's alone, never libhyb's
+SERVE_PKGS   := libmicrohttpd jansson
+SERVE_CFLAGS := $(shell pkg-config --cflags $(SERVE_PKGS) 2>/dev/null)
+SERVE_LIBS   := $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null || echo -lmicrohttpd -ljansson)
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
 ISA_avx2       := -mavx2 -mfma -mf16c -mpopcnt
@@ -54,6 +58,7 @@ $(LIB_OBJS) $(PLAN_OBJS) $(HYBD_OBJS): CPPFLAGS += $(INTERNAL)
 # tests reach every layer: hybd's files by their path from the root ("daemon/reload.h")
 $(TEST_OBJS) $(BUILD)/tests/bench/%.o: CPPFLAGS += $(INTERNAL) -I.
 $(BUILD)/daemon/hybd.o: CPPFLAGS += $(INTERNAL)
+$(HYB_OBJS): CPPFLAGS += $(SERVE_CFLAGS)
 # libhyb.so is made of the same objects as libhyb.a
 $(LIB_OBJS): CFLAGS += -fPIC
 
@@ -121,7 +126,7 @@ $(BUILD)/hyb.pc: libhyb/hyb.pc.in Makefile
 		-e 's|@LIBS@|$(strip $(LDLIBS))|' $< > $@
 
 $(BUILD)/hyb: $(HYB_OBJS) $(LIB_CUDA) $(LIB)
-	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(SERVE_LIBS) $(LDLIBS) -o $@
 $(BUILD)/hybctl: $(CTL_OBJS) $(PLANLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
 $(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
