@@ -58,7 +58,7 @@ $(LIB_OBJS) $(PLAN_OBJS) $(HYBD_OBJS): CPPFLAGS += $(INTERNAL)
 # tests reach every layer: hybd's files by their path from the root ("daemon/reload.h")
 $(TEST_OBJS) $(BUILD)/tests/bench/%.o: CPPFLAGS += $(INTERNAL) -I.
 $(BUILD)/daemon/hybd.o: CPPFLAGS += $(INTERNAL)
-$(HYB_OBJS): CPPFLAGS += $(SERVE_CFLAGS)
+$(HYB_OBJS) $(TEST_OBJS): CPPFLAGS += $(SERVE_CFLAGS)
 # libhyb.so is made of the same objects as libhyb.a
 $(LIB_OBJS): CFLAGS += -fPIC
 
@@ -132,7 +132,7 @@ $(BUILD)/hybctl: $(CTL_OBJS) $(PLANLIB) $(LIB)
 $(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
 $(TESTBIN): $(TEST_OBJS) $(HYBDLIB) $(PLANLIB) $(LIB)
-	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(SERVE_LIBS) $(LDLIBS) -o $@
 # bench_reload --upload cuda times hybd's CUDA copy engine: the benches carry it too
 $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(PLANLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(PLAN_LIBS) $(LDLIBS) -o $@

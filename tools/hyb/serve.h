@@ -40,8 +40,11 @@ void sb_free(struct sbuf *b);
 
 /* Trailing bytes of s[0..n) that start a UTF-8 sequence not yet complete (0..3). */
 size_t serve_utf8_tail(const char *s, size_t n);
-/* s[0..n) with every byte that is not valid UTF-8 as U+FFFD; malloc'd, NULL when out of memory. */
-char *serve_utf8_clean(const char *s, size_t n);
+/*
+ * s[0..n) with every byte that is not valid UTF-8 as U+FFFD; malloc'd (NUL
+ * after *len bytes; the text may hold NULs of its own), NULL when out of memory.
+ */
+char *serve_utf8_clean(const char *s, size_t n, size_t *len);
 /*
  * The first occurrence of any stop string in text[0..n) that ends at or
  * after `from` (earlier ones were looked for before); n when none. *hold:

@@ -129,15 +129,16 @@ static bool next_events(struct stream *s)
 			return true;
 		}
 		if (v.len) {
-			clean = serve_utf8_clean(v.text, v.len);
+			size_t len;
+
+			clean = serve_utf8_clean(v.text, v.len, &len);
 			s->sent += v.len;
 			free(v.text);
 			if (!clean) {
 				s->out.oom = true;
 				return true;
 			}
-			event(s, serve_json_chunk(&s->rep, clean, strlen(clean), false,
-						  FINISH_NONE));
+			event(s, serve_json_chunk(&s->rep, clean, len, false, FINISH_NONE));
 			free(clean);
 		}
 		if (v.done) {
@@ -242,6 +243,7 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 	struct serve_out out = { 200, "application/json", NULL, 0, NULL };
 	struct serve_err e;
 	char *clean;
+	size_t len;
 
 	while (!serve_job_wait(&sv->q, j, SIZE_MAX, CHECK_S)) {
 		if (serve_http_peer_gone(conn)) {
@@ -262,10 +264,9 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 			      "server_error", NULL, NULL, "%s", v.error);
 		return serve_http_error(sv, conn, route_of(rep->chat), &e);
 	}
-	clean = serve_utf8_clean(v.text ? v.text : "", v.len);
+	clean = serve_utf8_clean(v.text ? v.text : "", v.len, &len);
 	free(v.text);
-	out.body = clean ? serve_json_completion(rep, clean, strlen(clean), v.finish, v.n_gen) :
-			   NULL;
+	out.body = clean ? serve_json_completion(rep, clean, len, v.finish, v.n_gen) : NULL;
 	free(clean);
 	if (!out.body) {
 		serve_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");

@@ -89,7 +89,7 @@ size_t serve_utf8_tail(const char *s, size_t n)
 	return 0;
 }
 
-char *serve_utf8_clean(const char *s, size_t n)
+char *serve_utf8_clean(const char *s, size_t n, size_t *len)
 {
 	char *out = malloc(3 * n + 1);
 	size_t o = 0;
@@ -121,6 +121,7 @@ char *serve_utf8_clean(const char *s, size_t n)
 		}
 	}
 	out[o] = 0;
+	*len = o;
 	return out;
 }
 
