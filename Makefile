@@ -257,6 +257,8 @@ install: all
 	install -m 644 $(BUILD)/hyb.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 644 libhyb/include/hyb/*.h $(DESTDIR)$(PREFIX)/include/hyb/
 	install -D -m 644 daemon/hybd.service $(DESTDIR)$(PREFIX)/lib/systemd/system/hybd.service
+	install -D -m 644 daemon/hyb-serve.service \
+		$(DESTDIR)$(PREFIX)/lib/systemd/system/hyb-serve.service
 
 clean:
 	rm -rf $(BUILD)
