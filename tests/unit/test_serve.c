@@ -766,4 +766,19 @@ TEST(serve_sigterm_finishes_or_cancels)
 	free(got);
 	CHECK_EQ_INT(srv_stop(&s, 10), 0);
 	CHECK_MSG(mono() - t0 < 5, "SIGTERM took %.1f s", mono() - t0);
+
+	/* a second signal ends the grace period */
+	srv_start(&s, syn_model(), "--grace 60");
+	fd = request(s.port, "POST", "/v1/completions", NULL, long_stream);
+	free(read_until(fd, "data: {"));
+	t0 = mono();
+	kill(s.pid, SIGTERM);
+	usleep(200000);
+	kill(s.pid, SIGINT);
+	got = read_all(fd);
+	CHECK_MSG(strstr(got, "shutting down") && !strstr(got, "[DONE]"), "%s",
+		  got + (strlen(got) > 500 ? strlen(got) - 500 : 0));
+	free(got);
+	CHECK_EQ_INT(srv_stop(&s, 10), 0);
+	CHECK_MSG(mono() - t0 < 5, "SIGTERM + SIGINT took %.1f s", mono() - t0);
 }

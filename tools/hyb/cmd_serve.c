@@ -5,7 +5,9 @@
  * seconds, cancel what is left and exit 0. docs/SERVE.md.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +40,8 @@ static const char usage[] =
 	"  --idle-timeout S: a connection silent this long, or a body slower than this,\n"
 	"    is closed (30)\n"
 	"  --max-body BYTES: largest request body (4194304); --max-conns N (256)\n"
-	"  --grace S: on SIGTERM running requests may finish for S seconds (30)\n"
+	"  --grace S: on SIGTERM running requests may finish for S seconds (30); a\n"
+	"    second SIGTERM or SIGINT cancels them at once\n"
 	"  --alias NAME: the model's name in the API (default: the file name)\n"
 	"  --chat-template NAME: instead of the model's tokenizer.chat_template\n";
 
@@ -134,9 +137,35 @@ static char *model_id(const struct serve_opts *o)
 	return id;
 }
 
+/*
+ * SIGTERM and SIGINT reach the main thread through a pipe: it is the one
+ * thread that leaves them unblocked, and should a library's thread take one
+ * all the same, the handler there only writes the pipe too.
+ */
+static int sig_pipe[2];
+
+static void on_signal(int sig)
+{
+	char c = (char)sig;
+	ssize_t rc = write(sig_pipe[1], &c, 1);
+
+	(void)rc;
+}
+
+static int wait_signal(void)
+{
+	char c;
+
+	while (read(sig_pipe[0], &c, 1) != 1)
+		if (errno != EINTR)
+			return SIGTERM;
+	return c;
+}
+
 int cmd_serve(int argc, char **argv)
 {
 	static struct serve sv;
+	struct sigaction sa;
 	sigset_t sigs;
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	int port, sig;
@@ -148,7 +177,14 @@ int cmd_serve(int argc, char **argv)
 		sv.api_key = read_key(sv.o.api_key_file);
 	if (!sv.o.n_threads)
 		sv.o.n_threads = ncpu > sv.o.parallel ? (int)(ncpu / sv.o.parallel) : 1;
-	/* the signals are taken by sigwait below: every thread started from here blocks them */
+	/* every thread started from here blocks the signals; the main thread takes them */
+	if (pipe2(sig_pipe, O_CLOEXEC))
+		cli_die("pipe: %s", strerror(errno));
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
 	sigaddset(&sigs, SIGINT);
@@ -182,15 +218,24 @@ int cmd_serve(int argc, char **argv)
 		strchr(sv.o.host, ':') ? "[" : "", sv.o.host, strchr(sv.o.host, ':') ? "]" : "",
 		port);
 
-	do {
-		if (sigwait(&sigs, &sig))
-			sig = SIGTERM;
-	} while (sig != SIGTERM && sig != SIGINT);
+	pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+	sig = wait_signal();
 	fprintf(stderr, "hyb serve: %s: no new requests; %d running, %d queued (grace %g s)\n",
-		sig == SIGTERM ? "SIGTERM" : "SIGINT", sv.q.running, sv.q.depth, sv.o.grace_s);
+		strsignal(sig), serve_queue_running(&sv.q), sv.q.depth, sv.o.grace_s);
 	atomic_store(&sv.stopping, true);
 	serve_http_quiesce(&sv);
-	serve_queue_stop(&sv.q, sv.o.grace_s);
+	serve_queue_drain(&sv.q);
+	/* running requests may finish within the grace period; a second signal cuts it short */
+	for (double t = hyb_now(); serve_queue_running(&sv.q) && hyb_now() - t < sv.o.grace_s;) {
+		struct pollfd pfd = { .fd = sig_pipe[0], .events = POLLIN };
+
+		if (poll(&pfd, 1, 100) == 1) {
+			fprintf(stderr, "hyb serve: %s again: cancelling what runs\n",
+				strsignal(wait_signal()));
+			break;
+		}
+	}
+	serve_queue_stop(&sv.q);
 	/* the answers of finished and cancelled requests still go out */
 	for (int i = 0; i < 50 && atomic_load(&sv.active) > 0; i++)
 		usleep(100 * 1000);

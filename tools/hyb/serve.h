@@ -126,7 +126,6 @@ struct serve_slot {
 struct serve_queue {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;          /* workers wait here for jobs */
-	pthread_cond_t idle;          /* signalled when a running job ends */
 	struct serve_job *head, *tail;
 	int depth, max_depth, running;
 	bool stopping, abort;         /* no new jobs; cancel running ones */
@@ -140,8 +139,11 @@ struct serve_queue {
 /* n_slots decoding threads, each with a context of n_ctx positions and n_threads threads. */
 int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct serve_metrics *mt,
 		      int n_slots, int max_depth, uint32_t n_ctx, int n_threads);
-/* Finish running jobs for up to grace seconds, then cancel the rest; joins the workers. */
-void serve_queue_stop(struct serve_queue *q, double grace);
+/* No new jobs; queued ones are answered 503 (shutting down). Running ones go on. */
+void serve_queue_drain(struct serve_queue *q);
+int serve_queue_running(struct serve_queue *q);
+/* Cancel whatever still runs or waits, and join the workers. */
+void serve_queue_stop(struct serve_queue *q);
 uint32_t serve_queue_n_ctx(const struct serve_queue *q);
 
 /* A new job (one reference, the caller's); NULL when out of memory. Takes prompt and stop. */

@@ -286,7 +286,6 @@ static void run_job(struct serve_slot *sl, struct serve_job *j)
 done:
 	job_done(q, j);
 	q->running--;
-	pthread_cond_broadcast(&q->idle);
 	pthread_mutex_unlock(&q->lock);
 	serve_job_put(j);
 }
@@ -323,7 +322,6 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 	memset(q, 0, sizeof(*q));
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_cond_init(&q->cond, NULL);
-	pthread_cond_init(&q->idle, NULL);
 	q->m = m;
 	q->mt = mt;
 	q->max_depth = max_depth;
@@ -355,24 +353,33 @@ uint32_t serve_queue_n_ctx(const struct serve_queue *q)
 	return q->n_ctx;
 }
 
-void serve_queue_stop(struct serve_queue *q, double grace)
+void serve_queue_drain(struct serve_queue *q)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ts.tv_sec += (time_t)grace;
-	ts.tv_nsec += (long)((grace - (double)(time_t)grace) * 1e9);
-	ts.tv_sec += ts.tv_nsec / 1000000000;
-	ts.tv_nsec %= 1000000000;
 	pthread_mutex_lock(&q->lock);
 	q->stopping = true;
 	/* nothing queued will start: those requests are answered 503 now */
 	while (q->head)
 		cancel_locked(q, q->head, CANCEL_SHUTDOWN);
-	while (q->running)
-		if (pthread_cond_timedwait(&q->idle, &q->lock, &ts))
-			break;
-	/* past the grace period running jobs stop at their next token */
+	pthread_mutex_unlock(&q->lock);
+}
+
+int serve_queue_running(struct serve_queue *q)
+{
+	int n;
+
+	pthread_mutex_lock(&q->lock);
+	n = q->running;
+	pthread_mutex_unlock(&q->lock);
+	return n;
+}
+
+void serve_queue_stop(struct serve_queue *q)
+{
+	pthread_mutex_lock(&q->lock);
+	q->stopping = true;
+	while (q->head)
+		cancel_locked(q, q->head, CANCEL_SHUTDOWN);
+	/* running jobs stop at their next token */
 	q->abort = true;
 	pthread_cond_broadcast(&q->cond);
 	pthread_mutex_unlock(&q->lock);
