@@ -201,6 +201,7 @@ int cmd_serve(int argc, char **argv)
 	id = model_id(&sv.o);
 	sv.model_id = id;
 	sv.created = (long long)time(NULL);
+	serve_json_init();
 	serve_metrics_init(&sv.mt);
 	if (serve_queue_start(&sv.q, sv.m, &sv.mt, sv.o.parallel, sv.o.queue, sv.o.n_ctx,
 			      sv.o.n_threads))

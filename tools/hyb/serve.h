@@ -178,6 +178,9 @@ int serve_job_view(struct serve_queue *q, struct serve_job *j, size_t from,
 
 /* ---- serve_json.c ---- */
 
+/* Once, before the server's threads start. */
+void serve_json_init(void);
+
 struct serve_err {
 	int status;             /* HTTP status */
 	const char *type;       /* invalid_request_error, ... */

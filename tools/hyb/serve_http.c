@@ -80,6 +80,7 @@ int serve_http_error(struct serve *sv, struct MHD_Connection *conn, const char *
 	static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}";
 	struct serve_out out = { e->status, "application/json", serve_json_error(e), 0, NULL };
 
+	fprintf(stderr, "hyb serve: %s %d: %s\n", route, e->status, e->message);
 	if (!out.body) {
 		out.status = 500;
 		out.body = strdup(oom);

@@ -20,6 +20,12 @@
 /* OpenAI's limit on stop strings */
 #define MAX_STOP 4
 
+void serve_json_init(void)
+{
+	/* jansson seeds its hash function on first use; do it before any thread can race there */
+	json_object_seed(0);
+}
+
 int serve_err_set(struct serve_err *e, int status, const char *type, const char *code,
 		  const char *param, const char *fmt, ...)
 {

@@ -283,6 +283,10 @@ static void run_job(struct serve_slot *sl, struct serve_job *j)
 	if (st.n_decode && st.t_gen > 0)
 		q->mt->last_tps = st.n_decode / st.t_gen;
 	pthread_mutex_unlock(&q->mt->lock);
+	fprintf(stderr, "hyb serve: slot %d: %u prompt tokens in %.3f s, %u generated in %.3f s%s%s\n",
+		(int)(sl - q->slots), st.n_prompt, st.t_prompt, st.n_gen, st.t_gen,
+		j->error_status ? ": " : j->finish == FINISH_STOP ? " (stop)" : " (length)",
+		j->error_status ? j->error : "");
 done:
 	job_done(q, j);
 	q->running--;
