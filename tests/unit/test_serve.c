@@ -677,6 +677,17 @@ TEST(serve_queue_full_503)
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
 			  "{\"prompt\": \"hi\", \"max_tokens\": 4}", NULL), 200);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+
+	/* no waiting room: requests take idle slots, the one past them is refused */
+	srv_start(&s, syn_model(), "--parallel 2 --queue 0");
+	a = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	b = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 2, 10));
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, long_plain, NULL), 503);
+	close(a);
+	close(b);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 0, 10));
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 }
 
 TEST(serve_api_key)

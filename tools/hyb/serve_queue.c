@@ -126,7 +126,8 @@ int serve_queue_submit(struct serve_queue *q, struct serve_job *j)
 	pthread_mutex_lock(&q->lock);
 	if (q->stopping) {
 		rc = -ESHUTDOWN;
-	} else if (q->depth >= q->max_depth) {
+	} else if (q->depth >= q->max_depth + (q->n_slots - q->running)) {
+		/* the limit counts requests that wait: one an idle slot is about to take does not */
 		rc = -EBUSY;
 	} else {
 		atomic_fetch_add(&j->refs, 1);
