@@ -266,7 +266,7 @@ static bool metric_becomes(int port, const char *name, double want, double max_s
 	return false;
 }
 
-/* The text of choice 0 of a completion answer (chat: message.content), malloc'd; *len its length. */
+/* Choice 0's text of a completion answer (chat: message.content), malloc'd; *len: its length. */
 static char *completion_text(const char *resp, size_t *len)
 {
 	json_error_t je;

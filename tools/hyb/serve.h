@@ -191,7 +191,7 @@ struct serve_err {
 /* Fill e and return -1. */
 int serve_err_set(struct serve_err *e, int status, const char *type, const char *code,
 		  const char *param, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* {"error": {...}} as text (malloc'd; a fixed text when out of memory is never freed: see serve_http.c) */
+/* {"error": {...}} as text, malloc'd; NULL when out of memory. */
 char *serve_json_error(const struct serve_err *e);
 
 struct serve_request {
@@ -221,7 +221,7 @@ struct serve_reply {
 	long long created;
 	uint32_t n_prompt;
 };
-/* A whole completion object (the non-streamed reply), text being valid UTF-8; NULL: out of memory. */
+/* A whole completion object (the reply not streamed); text is valid UTF-8. NULL: out of memory. */
 char *serve_json_completion(const struct serve_reply *r, const char *text, size_t len,
 			    enum serve_finish finish, uint32_t n_gen);
 /*
@@ -269,7 +269,7 @@ struct serve {
 	atomic_ulong next_id;
 };
 
-/* Start listening (port 0: any free one); the port is returned, or -errno with a message on stderr. */
+/* Start listening (port 0: any free one); the port, or -errno with a message on stderr. */
 int serve_http_start(struct serve *sv);
 void serve_http_quiesce(struct serve *sv);
 void serve_http_stop(struct serve *sv);
