@@ -648,6 +648,22 @@ TEST(serve_slow_loris)
 	close(body);
 	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, NULL), 200);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+
+	/* many of them from one address: past --max-conns-per-ip they are turned away */
+	srv_start(&s, syn_model(), "--max-conns-per-ip 2");
+	hdr = conn_open(s.port);
+	body = conn_open(s.port);
+	CHECK(hdr >= 0 && body >= 0);
+	send_all(hdr, "GET /health HTTP/1.1\r\n", 24);
+	send_all(body, "GET /health HTTP/1.1\r\n", 24);
+	usleep(200000);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, &resp), 0);
+	free(resp);
+	close(hdr);
+	close(body);
+	usleep(200000);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, NULL), 200);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 }
 
 TEST(serve_queue_full_503)

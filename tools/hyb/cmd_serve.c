@@ -26,7 +26,7 @@ static const char usage[] =
 	"usage: hyb serve -m MODEL [--host ADDR] [--port PORT] [-c CTX] [--parallel N]\n"
 	"                 [-t THREADS] [--api-key-file FILE] [--queue N] [--timeout S]\n"
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
-	"                 [--alias NAME] [--chat-template NAME]\n"
+	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --host (127.0.0.1) --port (8080; 0: any free port, printed at start)\n"
@@ -41,13 +41,14 @@ static const char usage[] =
 	"  --idle-timeout S: a connection silent this long, or a body slower than this,\n"
 	"    is closed (30)\n"
 	"  --max-body BYTES: largest request body (4194304); --max-conns N (256)\n"
+	"  --max-conns-per-ip N: connections one client address may hold (0: no limit)\n"
 	"  --grace S: on SIGTERM running requests may finish for S seconds (30); a\n"
 	"    second SIGTERM or SIGINT cancels them at once\n"
 	"  --alias NAME: the model's name in the API (default: the file name)\n"
 	"  --chat-template NAME: instead of the model's tokenizer.chat_template\n";
 
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
-       O_GRACE, O_MAXCONNS, O_ALIAS, O_TEMPLATE };
+       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -63,6 +64,7 @@ static const struct option longopts[] = {
 	{ "max-body", required_argument, 0, O_MAXBODY },
 	{ "grace", required_argument, 0, O_GRACE },
 	{ "max-conns", required_argument, 0, O_MAXCONNS },
+	{ "max-conns-per-ip", required_argument, 0, O_PERIP },
 	{ "alias", required_argument, 0, O_ALIAS },
 	{ "chat-template", required_argument, 0, O_TEMPLATE },
 	{ "help", no_argument, 0, 'h' },
@@ -92,6 +94,9 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_MAXBODY: o->max_body = (size_t)cli_num("--max-body", optarg, 1, 1 << 30); break;
 		case O_GRACE: o->grace_s = cli_num("--grace", optarg, 0, 86400); break;
 		case O_MAXCONNS: o->max_conns = (int)cli_num("--max-conns", optarg, 1, 65536); break;
+		case O_PERIP:
+			o->max_conns_per_ip = (int)cli_num("--max-conns-per-ip", optarg, 0, 65536);
+			break;
 		case O_ALIAS: o->alias = optarg; break;
 		case O_TEMPLATE: o->chat_template = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);

@@ -252,6 +252,7 @@ struct serve_opts {
 	size_t max_body;
 	double grace_s;         /* SIGTERM: how long running requests may finish */
 	int max_conns;
+	int max_conns_per_ip;   /* 0: no limit per client address */
 };
 
 struct serve {

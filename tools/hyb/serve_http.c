@@ -325,6 +325,8 @@ int serve_http_start(struct serve *sv)
 				 MHD_OPTION_LISTEN_SOCKET, fd,
 				 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)sv->o.idle_timeout_s,
 				 MHD_OPTION_CONNECTION_LIMIT, (unsigned int)sv->o.max_conns,
+				 MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+				 (unsigned int)sv->o.max_conns_per_ip,
 				 MHD_OPTION_NOTIFY_COMPLETED, completed, sv,
 				 MHD_OPTION_END);
 	if (!sv->d) {
