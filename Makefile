@@ -23,6 +23,10 @@ INTERNAL := -Ilibhyb -Ikernels/cpu
 LDLIBS   := -lm -pthread -lnuma -luring $(shell pkg-config --libs libutf8proc 2>/dev/null || echo -lutf8proc)
 # METIS partitions the co-activation graph: the offline planner's alone
 PLAN_LIBS := -lmetis
+# hyb serve's HTTP server and JSON (docs/SERVE.md): the hyb tool's alone, never libhyb's
+SERVE_PKGS   := libmicrohttpd jansson
+SERVE_CFLAGS := $(shell pkg-config --cflags $(SERVE_PKGS) 2>/dev/null)
+SERVE_LIBS   := $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null || echo -lmicrohttpd -ljansson)
 
 # Kernels are compiled once per ISA level (file suffix) and picked at run time.
 ISA_avx2       := -mavx2 -mfma -mf16c -mpopcnt
@@ -54,6 +58,7 @@ $(LIB_OBJS) $(PLAN_OBJS) $(HYBD_OBJS): CPPFLAGS += $(INTERNAL)
 # tests reach every layer: hybd's files by their path from the root ("daemon/reload.h")
 $(TEST_OBJS) $(BUILD)/tests/bench/%.o: CPPFLAGS += $(INTERNAL) -I.
 $(BUILD)/daemon/hybd.o: CPPFLAGS += $(INTERNAL)
+$(HYB_OBJS) $(TEST_OBJS): CPPFLAGS += $(SERVE_CFLAGS)
 # libhyb.so is made of the same objects as libhyb.a
 $(LIB_OBJS): CFLAGS += -fPIC
 
@@ -121,13 +126,14 @@ $(BUILD)/hyb.pc: libhyb/hyb.pc.in Makefile
 		-e 's|@LIBS@|$(strip $(LDLIBS))|' $< > $@
 
 $(BUILD)/hyb: $(HYB_OBJS) $(LIB_CUDA) $(LIB)
-	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
+	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(SERVE_LIBS) $(LDLIBS) -o $@
 $(BUILD)/hybctl: $(CTL_OBJS) $(PLANLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
 $(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
-$(TESTBIN): $(TEST_OBJS) $(HYBDLIB) $(PLANLIB) $(LIB)
-	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
+# hyb serve's text rules are tested alone (test_serve_text.c)
+$(TESTBIN): $(TEST_OBJS) $(BUILD)/tools/hyb/serve_text.o $(HYBDLIB) $(PLANLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(SERVE_LIBS) $(LDLIBS) -o $@
 # bench_reload --upload cuda times hybd's CUDA copy engine: the benches carry it too
 $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(PLANLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(PLAN_LIBS) $(LDLIBS) -o $@
@@ -252,6 +258,8 @@ install: all
 	install -m 644 $(BUILD)/hyb.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 	install -m 644 libhyb/include/hyb/*.h $(DESTDIR)$(PREFIX)/include/hyb/
 	install -D -m 644 daemon/hybd.service $(DESTDIR)$(PREFIX)/lib/systemd/system/hybd.service
+	install -D -m 644 daemon/hyb-serve.service \
+		$(DESTDIR)$(PREFIX)/lib/systemd/system/hyb-serve.service
 
 clean:
 	rm -rf $(BUILD)

@@ -10,6 +10,9 @@ pkgs=(
 	libnuma-dev                  # NUMA placement of pools
 	libmetis-dev                 # co-activation grouping (hybctl plan)
 	libutf8proc-dev              # Unicode categories for the BPE pre-tokenizer
+	libmicrohttpd-dev            # hyb serve's HTTP server
+	libjansson-dev               # hyb serve's JSON
+	curl                         # hyb serve's tests (a plain HTTP client)
 	clang libclang-rt-dev        # libFuzzer for the parser fuzz targets
 	python3 python3-venv         # test oracles only (numpy + gguf in .venv)
 )

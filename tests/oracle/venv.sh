@@ -52,8 +52,8 @@ if ! PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip install -q --no-i
 	exit 3
 fi
 rm -f "$failed"
-if ! "$venv/bin/python" -c "import numpy, gguf" >"$log" 2>&1; then
-	echo "venv.sh: numpy/gguf installed but do not import:" >&2
+if ! "$venv/bin/python" -c "import numpy, gguf, openai" >"$log" 2>&1; then
+	echo "venv.sh: numpy/gguf/openai installed but do not import:" >&2
 	tail -n 3 "$log" >&2
 	exit 3
 fi

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* hyb: run GGUF models. Subcommands: run, chat, bench, logits, tokenize. */
+/* hyb: run GGUF models. Subcommands: run, chat, serve, bench, logits, tokenize. */
 #include <stdio.h>
 #include <string.h>
 
@@ -11,6 +11,8 @@ static const char usage[] =
 	"           [--chat [--chat-template NAME] [--system TEXT]]  PROMPT as a chat message\n"
 	"  chat     -m MODEL [-n N] [--chat-template NAME] [--system TEXT] [sampling]\n"
 	"                                                  a conversation on stdin\n"
+	"  serve    -m MODEL [--host H] [--port P] [--parallel N] [--api-key-file F]\n"
+	"                                                  an OpenAI-compatible HTTP server\n"
 	"  bench    -m MODEL [-p N] [-n N] [-r REPS]        prefill/decode speed vs rooflines\n"
 	"  logits   -m MODEL --tokens IDS -o FILE [--decode] every position's logits (float32)\n"
 	"  tokenize -m MODEL -p TEXT                         print token ids\n"
@@ -28,6 +30,8 @@ int main(int argc, char **argv)
 		return cmd_run(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "chat"))
 		return cmd_chat(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "serve"))
+		return cmd_serve(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "bench"))
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "logits"))

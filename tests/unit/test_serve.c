@@ -1,0 +1,814 @@
+// SPDX-License-Identifier: MIT
+/*
+ * `hyb serve` end to end on loopback: the real OpenAI client
+ * (tests/serve/openai_check.py) and curl against it, greedy text equal to
+ * `hyb run`'s alone and under concurrent requests, bad input, clients that
+ * go away or send slowly, a full queue, the API key, timeouts and SIGTERM.
+ * Each server binds port 0 and prints the port it got, so parallel runs do
+ * not collide; it dies with the test (PR_SET_PDEATHSIG).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+
+#define HYB "build/hyb"
+
+static double mono(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static char *slurp(const char *path, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *buf;
+	long n;
+
+	if (!f)
+		return NULL;
+	fseek(f, 0, SEEK_END);
+	n = ftell(f);
+	rewind(f);
+	buf = malloc((size_t)n + 1);
+	CHECK(buf);
+	n = (long)fread(buf, 1, (size_t)n, f);
+	buf[n] = 0;
+	fclose(f);
+	if (len)
+		*len = (size_t)n;
+	return buf;
+}
+
+/* A synthetic model with a chat template: 256/512, 4 layers, ~1000 tokens/s on one thread. */
+static const char *syn_model(void)
+{
+	static char path[512];
+	char log[600];
+
+	snprintf(path, sizeof(path), "%s/syn.gguf", hyb_test_tmpdir());
+	if (!access(path, R_OK))
+		return path;
+	snprintf(log, sizeof(log), "%s/synth.log", hyb_test_tmpdir());
+	if (hyb_test_sh(log, "%s synth -o %s --hidden 256 --ffn 512 --layers 4 --heads 4 "
+			"--vocab 512 --chat-template chatml -t 1", hyb_test_hybctl(), path)) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "hybctl synth failed");
+	}
+	return path;
+}
+
+struct srv {
+	pid_t pid;
+	int port;
+	char log[600];
+};
+
+static void srv_start(struct srv *s, const char *model, const char *extra)
+{
+	static int n;
+	char cmd[2048];
+	double t0 = mono();
+
+	if (access(HYB, X_OK))
+		SKIP(HYB " is not built (make all builds it)");
+	snprintf(s->log, sizeof(s->log), "%s/serve-%d.log", hyb_test_tmpdir(), n++);
+	snprintf(cmd, sizeof(cmd), "exec " HYB " serve -m '%s' --port 0 -t 1 %s", model,
+		 extra ? extra : "");
+	fflush(NULL);
+	s->pid = fork();
+	CHECK(s->pid >= 0);
+	if (!s->pid) {
+		int fd = open(s->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+		_exit(127);
+	}
+	for (;;) {
+		char *text = slurp(s->log, NULL), *p;
+		int st;
+
+		p = text ? strstr(text, "listening on http://127.0.0.1:") : NULL;
+		if (p) {
+			s->port = atoi(p + strlen("listening on http://127.0.0.1:"));
+			free(text);
+			CHECK(s->port > 0);
+			return;
+		}
+		free(text);
+		if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
+			hyb_test_show_log(s->log);
+			CHECK_MSG(0, "hyb serve exited before listening");
+		}
+		CHECK_MSG(mono() - t0 < 60, "hyb serve did not start in 60 s");
+		usleep(20000);
+	}
+}
+
+/* SIGTERM, then its exit status (-1: killed or still running after max_s). */
+static int srv_stop(struct srv *s, double max_s)
+{
+	double t0 = mono();
+	int st;
+
+	kill(s->pid, SIGTERM);
+	while (waitpid(s->pid, &st, WNOHANG) != s->pid) {
+		if (mono() - t0 > max_s) {
+			kill(s->pid, SIGKILL);
+			waitpid(s->pid, &st, 0);
+			hyb_test_show_log(s->log);
+			return -1;
+		}
+		usleep(20000);
+	}
+	if (!WIFEXITED(st) || WEXITSTATUS(st))
+		hyb_test_show_log(s->log);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int conn_open(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct timeval tv = { 60, 0 };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	CHECK(fd >= 0);
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static void send_all(int fd, const char *s, size_t n)
+{
+	while (n) {
+		ssize_t k = send(fd, s, n, MSG_NOSIGNAL);
+
+		CHECK_MSG(k > 0, "send: %s", strerror(errno));
+		s += k;
+		n -= (size_t)k;
+	}
+}
+
+/* Send one request (Connection: close); the socket, for reading its answer. */
+static int request(int port, const char *method, const char *path, const char *headers,
+		   const char *body)
+{
+	char head[1024];
+	int fd = conn_open(port);
+
+	CHECK_MSG(fd >= 0, "connect to port %d: %s", port, strerror(errno));
+	snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+		 "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n", method, path,
+		 body ? strlen(body) : 0, headers ? headers : "");
+	send_all(fd, head, strlen(head));
+	if (body)
+		send_all(fd, body, strlen(body));
+	return fd;
+}
+
+/* Everything until the server closes (or until it stops sending for 60 s). */
+static char *read_all(int fd)
+{
+	size_t len = 0, cap = 4096;
+	char *buf = malloc(cap);
+	ssize_t k;
+
+	CHECK(buf);
+	while ((k = recv(fd, buf + len, cap - len - 1, 0)) > 0) {
+		len += (size_t)k;
+		if (cap - len < 1024) {
+			cap *= 2;
+			buf = realloc(buf, cap);
+			CHECK(buf);
+		}
+	}
+	buf[len] = 0;
+	close(fd);
+	return buf;
+}
+
+static int status_of(const char *resp)
+{
+	int st = 0;
+
+	return sscanf(resp, "HTTP/1.%*d %d", &st) == 1 ? st : 0;
+}
+
+static const char *body_of(const char *resp)
+{
+	const char *p = strstr(resp, "\r\n\r\n");
+
+	return p ? p + 4 : "";
+}
+
+/* One request, its status; *out (may be NULL) the whole answer, malloc'd. */
+static int http(int port, const char *method, const char *path, const char *headers,
+		const char *body, char **out)
+{
+	char *resp = read_all(request(port, method, path, headers, body));
+	int st = status_of(resp);
+
+	if (out)
+		*out = resp;
+	else
+		free(resp);
+	return st;
+}
+
+/* The Authorization header line metric() sends ("" without a key). */
+static char metric_auth[128] = "";
+
+/* A sample of GET /metrics: name with its labels, as the line starts. */
+static double metric(int port, const char *name)
+{
+	char *resp, key[256], *p;
+	double v = -1;
+
+	CHECK_EQ_INT(http(port, "GET", "/metrics", metric_auth, NULL, &resp), 200);
+	snprintf(key, sizeof(key), "\n%s ", name);
+	p = strstr(resp, key);
+	CHECK_MSG(p, "no %s in /metrics", name);
+	v = strtod(p + strlen(key), NULL);
+	free(resp);
+	return v;
+}
+
+/* Wait up to max_s for a metric to reach a value. */
+static bool metric_becomes(int port, const char *name, double want, double max_s)
+{
+	double t0 = mono();
+
+	while (mono() - t0 < max_s) {
+		if (metric(port, name) == want)
+			return true;
+		usleep(20000);
+	}
+	return false;
+}
+
+/* Choice 0's text of a completion answer (chat: message.content), malloc'd; *len: its length. */
+static char *completion_text(const char *resp, size_t *len)
+{
+	json_error_t je;
+	json_t *j = json_loads(body_of(resp), JSON_ALLOW_NUL, &je), *c;
+	char *s = NULL;
+
+	CHECK_MSG(j, "not JSON (%s): %.300s", je.text, body_of(resp));
+	c = json_array_get(json_object_get(j, "choices"), 0);
+	if (json_object_get(c, "message"))
+		c = json_object_get(json_object_get(c, "message"), "content");
+	else
+		c = json_object_get(c, "text");
+	CHECK_MSG(json_is_string(c), "no text in %.300s", body_of(resp));
+	*len = json_string_length(c);
+	s = malloc(*len + 1);
+	CHECK(s);
+	memcpy(s, json_string_value(c), *len + 1);
+	json_decref(j);
+	return s;
+}
+
+/* A JSON error object with a message: {"error": {"message": ...}}. */
+static void check_error_body(const char *resp, const char *needle)
+{
+	json_error_t je;
+	json_t *j = json_loads(body_of(resp), 0, &je);
+	json_t *m = json_object_get(json_object_get(j, "error"), "message");
+
+	CHECK_MSG(json_is_string(m), "not a JSON error: %.300s", body_of(resp));
+	CHECK_MSG(!needle || strstr(json_string_value(m), needle) ||
+		  strstr(body_of(resp), needle), "'%s' not in %.300s", needle, body_of(resp));
+	json_decref(j);
+}
+
+/*
+ * Text as a client sees it: bytes that are not UTF-8 (the synthetic
+ * vocabulary's byte tokens, which hyb run prints raw and the server sends as
+ * U+FFFD) and U+FFFD itself become one '?' per run.
+ */
+static char *as_seen(const char *s, size_t n)
+{
+	char *out = malloc(n + 1);
+	size_t o = 0;
+	bool bad_run = false;
+
+	CHECK(out);
+	for (size_t i = 0; i < n;) {
+		unsigned char c = (unsigned char)s[i];
+		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 :
+			     (c & 0xf8) == 0xf0 ? 4 : 0;
+		bool ok = len && i + len <= n;
+
+		for (size_t k = 1; ok && k < len; k++)
+			ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
+		if (ok && !(len == 3 && !memcmp(s + i, "\xef\xbf\xbd", 3))) {
+			memcpy(out + o, s + i, len);
+			o += len;
+			i += len;
+			bad_run = false;
+			continue;
+		}
+		if (!bad_run)
+			out[o++] = '?';
+		bad_run = true;
+		i += ok ? len : 1;
+	}
+	out[o] = 0;
+	return out;
+}
+
+/* hyb run's greedy text for prompt (chat: the reply), as a client sees it. */
+static char *run_text(const char *model, const char *prompt, int n, bool chat)
+{
+	char out[600], err[600], *text;
+	size_t len, skip = chat ? 0 : strlen(prompt);
+
+	snprintf(out, sizeof(out), "%s/run-%d.out", hyb_test_tmpdir(), chat);
+	snprintf(err, sizeof(err), "%s/run.err", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(err, "{ " HYB " run -m '%s' %s -p '%s' -n %d -t 1 >%s; }", model,
+				 chat ? "--chat" : "", prompt, n, out), 0);
+	text = slurp(out, &len);
+	CHECK(text && len > skip && text[len - 1] == '\n');
+	char *seen = as_seen(text + skip, len - skip - 1);
+
+	free(text);
+	return seen;
+}
+
+static void openai_client(const char *model, const char *prompt, int n, const char *extra,
+			  const char *key)
+{
+	char log[600], run_out[600], chat_out[600], err[600], args[1024];
+	struct srv s;
+	int rc;
+
+	hyb_test_need_venv();
+	snprintf(run_out, sizeof(run_out), "%s/run.out", hyb_test_tmpdir());
+	snprintf(chat_out, sizeof(chat_out), "%s/chat.out", hyb_test_tmpdir());
+	snprintf(err, sizeof(err), "%s/run.err", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(err, "{ " HYB " run -m '%s' -p '%s' -n %d -t 1 >%s; }", model,
+				 prompt, n, run_out), 0);
+	CHECK_EQ_INT(hyb_test_sh(err, "{ " HYB " run -m '%s' --chat -p '%s' -n %d -t 1 >%s; }",
+				 model, prompt, n, chat_out), 0);
+	srv_start(&s, model, extra);
+	snprintf(log, sizeof(log), "%s/openai.log", hyb_test_tmpdir());
+	snprintf(args, sizeof(args), "%s%s", key ? "--key " : "", key ? key : "");
+	if (key)
+		strcat(args, " --wrong-key not-the-key");
+	rc = hyb_test_sh(log, ".venv/bin/python tests/serve/openai_check.py --base "
+			 "http://127.0.0.1:%d/v1 --prompt '%s' -n %d --run-out %s --chat-out %s "
+			 "--load 32 8 %s", s.port, prompt, n, run_out, chat_out, args);
+	hyb_test_show_log(log);
+	if (rc)
+		hyb_test_show_log(s.log);
+	CHECK_EQ_INT(rc, 0);
+	if (key)
+		snprintf(metric_auth, sizeof(metric_auth), "Authorization: Bearer %s\r\n", key);
+	/* the load is over: nothing in flight or queued, nothing refused or cancelled */
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_in_flight"), 0);
+	CHECK_EQ_INT(metric(s.port, "hyb_queue_depth"), 0);
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_rejected_total"), 0);
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_cancelled_total{reason=\"disconnect\"}"), 0);
+	CHECK(metric(s.port, "hyb_time_to_first_token_seconds_count") >= 40);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+TEST(serve_openai_client_synthetic)
+{
+	openai_client(syn_model(), "hello there", 24, "--parallel 2", NULL);
+}
+
+TEST(serve_openai_client_smollm2)
+{
+	const char *m = hyb_test_real_model("smollm2");
+	char keyfile[600], extra[700];
+	FILE *f;
+
+	/* the real model behind an API key: the client sends it, a wrong one is refused */
+	snprintf(keyfile, sizeof(keyfile), "%s/key", hyb_test_tmpdir());
+	f = fopen(keyfile, "w");
+	CHECK(f);
+	fputs("sk-test-0123456789\n", f);
+	fclose(f);
+	snprintf(extra, sizeof(extra), "--parallel 2 --api-key-file %s", keyfile);
+	openai_client(m, "The capital of France is", 16, extra, "sk-test-0123456789");
+}
+
+/* curl: greedy text equal to hyb run's, one request alone and 8 at once on 2 slots. */
+static void curl_greedy(const char *model, const char *prompt, int n)
+{
+	char *want = run_text(model, prompt, n, false), *want_chat = run_text(model, prompt, n, true);
+	char log[600], path[700], body[512];
+	struct srv s;
+
+	srv_start(&s, model, "--parallel 2");
+	snprintf(log, sizeof(log), "%s/curl.log", hyb_test_tmpdir());
+	snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0}",
+		 prompt, n);
+	CHECK_EQ_INT(hyb_test_sh(log, "curl -sS -f -o %s/alone.json http://127.0.0.1:%d/v1/"
+				 "completions -H 'Content-Type: application/json' -d '%s'",
+				 hyb_test_tmpdir(), s.port, body), 0);
+	/* 8 at once, completions and chats, on 2 slots */
+	CHECK_EQ_INT(hyb_test_sh(log, "for i in 0 1 2 3; do "
+				 "curl -sS -f -o %s/c$i.json http://127.0.0.1:%d/v1/completions "
+				 "-d '%s' & "
+				 "curl -sS -f -o %s/h$i.json http://127.0.0.1:%d/v1/chat/completions "
+				 "-d '{\"messages\": [{\"role\": \"user\", \"content\": \"%s\"}], "
+				 "\"max_tokens\": %d, \"temperature\": 0}' & "
+				 "done; wait",
+				 hyb_test_tmpdir(), s.port, body, hyb_test_tmpdir(), s.port, prompt, n),
+		     0);
+	for (int i = -1; i < 8; i++) {
+		char *resp, *text, *seen;
+		size_t len;
+
+		if (i < 0)
+			snprintf(path, sizeof(path), "%s/alone.json", hyb_test_tmpdir());
+		else
+			snprintf(path, sizeof(path), "%s/%c%d.json", hyb_test_tmpdir(),
+				 i & 1 ? 'h' : 'c', i / 2);
+		resp = slurp(path, NULL);
+		CHECK_MSG(resp, "%s missing", path);
+		/* completion_text reads a body: give it one after a blank line */
+		char *wrapped = malloc(strlen(resp) + 8);
+
+		CHECK(wrapped);
+		sprintf(wrapped, "\r\n\r\n%s", resp);
+		text = completion_text(wrapped, &len);
+		seen = as_seen(text, len);
+		const char *ref = i >= 0 && i & 1 ? want_chat : want;
+
+		CHECK_MSG(!strcmp(seen, ref), "%s: \"%s\" vs hyb run's \"%s\"", path, seen, ref);
+		free(seen);
+		free(text);
+		free(wrapped);
+		free(resp);
+	}
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_in_flight"), 0);
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_total{route=\"/v1/completions\",status=\"200\"}"),
+		     5);
+	CHECK_EQ_INT(metric(s.port,
+			    "hyb_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"), 4);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	free(want);
+	free(want_chat);
+}
+
+TEST(serve_curl_greedy_synthetic)
+{
+	curl_greedy(syn_model(), "hello there", 32);
+}
+
+TEST(serve_curl_greedy_smollm2)
+{
+	curl_greedy(hyb_test_real_model("smollm2"), "The capital of France is", 16);
+}
+
+TEST(serve_bad_input)
+{
+	static const struct {
+		const char *path, *body;
+		int status;
+		const char *needle;
+	} cases[] = {
+		{ "/v1/completions", "{\"prompt\": \"hi\", ", 400, "not valid JSON" },
+		{ "/v1/completions", "[1, 2]", 400, "must be a JSON object" },
+		{ "/v1/completions", "", 400, "no body" },
+		{ "/v1/completions", "{\"prompt\": 5}", 400, "'prompt'" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 400,
+		  "'temperature' must be a number" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 1.5}", 400,
+		  "'max_tokens' must be an integer" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"stream\": \"yes\"}", 400, "'stream'" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"stop\": [1]}", 400, "'stop'" },
+		{ "/v1/completions", "{\"prompt\": [99999]}", 400, "past the vocabulary" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"top_p\": 7}", 400, "'top_p' must be in" },
+		{ "/v1/chat/completions", "{\"messages\": \"hi\"}", 400, "'messages'" },
+		{ "/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}", 400, "content" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"model\": \"gpt-9\"}", 404, "gpt-9" },
+		{ "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 5000}", 400,
+		  "context_length_exceeded" },
+		{ "/v1/chat/completions",
+		  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"max_tokens\": 4096}",
+		  400, "exceed the context" },
+		{ "/v1/nothing", "{}", 404, "no endpoint" },
+	};
+	char log[600], big[600], *resp;
+	struct srv s;
+
+	srv_start(&s, syn_model(), "-c 4096");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int st = http(s.port, "POST", cases[i].path, NULL, cases[i].body, &resp);
+
+		CHECK_MSG(st == cases[i].status, "%s %s: %d, not %d", cases[i].path, cases[i].body,
+			  st, cases[i].status);
+		check_error_body(resp, cases[i].needle);
+		free(resp);
+	}
+	CHECK_EQ_INT(http(s.port, "GET", "/v1/completions", NULL, NULL, &resp), 405);
+	check_error_body(resp, "wrong method");
+	free(resp);
+	/* curl: a 10 MB body is refused before it is read */
+	snprintf(big, sizeof(big), "%s/big.json", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/curl.out", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "head -c 10485760 /dev/zero | tr '\\0' 'a' > %s && "
+				 "curl -sS -w '\\n%%{http_code}' http://127.0.0.1:%d/v1/completions "
+				 "-H 'Content-Type: application/json' --data-binary @%s", big, s.port,
+				 big), 0);
+	resp = slurp(log, NULL);
+	CHECK_MSG(strstr(resp, "\n413") && strstr(resp, "larger than"), "%s", resp);
+	free(resp);
+	/* the server still serves, and ran nothing for the refused requests */
+	CHECK_EQ_INT(metric(s.port, "hyb_prompt_tokens_total"), 0);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"max_tokens\": 4}", &resp), 200);
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, &resp), 200);
+	CHECK(strstr(body_of(resp), "\"ok\""));
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+static const char long_stream[] =
+	"{\"prompt\": \"hello there\", \"max_tokens\": 4000, \"temperature\": 0, \"stream\": true}";
+static const char long_plain[] =
+	"{\"prompt\": \"hello there\", \"max_tokens\": 4000, \"temperature\": 0}";
+
+/* Read from fd until needle has arrived; what came, malloc'd. */
+static char *read_until(int fd, const char *needle)
+{
+	size_t len = 0, cap = 65536;
+	char *buf = malloc(cap);
+	ssize_t k;
+
+	CHECK(buf);
+	buf[0] = 0;
+	while (!strstr(buf, needle)) {
+		CHECK_MSG(len + 1 < cap, "no '%s' in the first %zu bytes", needle, cap);
+		k = recv(fd, buf + len, cap - len - 1, 0);
+		CHECK_MSG(k > 0, "the stream ended before '%s': %s", needle, buf);
+		len += (size_t)k;
+		buf[len] = 0;
+	}
+	return buf;
+}
+
+TEST(serve_client_disconnects)
+{
+	struct srv s;
+	char *resp;
+	int fd;
+
+	srv_start(&s, syn_model(), "--parallel 1");
+	/* mid-stream: two content events, then the client is gone */
+	fd = request(s.port, "POST", "/v1/completions", NULL, long_stream);
+	free(read_until(fd, "data: {"));
+	close(fd);
+	CHECK_MSG(metric_becomes(s.port, "hyb_requests_in_flight", 0, 10),
+		  "the request still decodes after its client left");
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_cancelled_total{reason=\"disconnect\"}"), 1);
+	CHECK(metric(s.port, "hyb_completion_tokens_total") < 4000);
+	/* a plain request whose client leaves while it decodes */
+	fd = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 1, 10));
+	close(fd);
+	CHECK_MSG(metric_becomes(s.port, "hyb_requests_in_flight", 0, 10),
+		  "the request still decodes after its client left");
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_cancelled_total{reason=\"disconnect\"}"), 2);
+	CHECK(metric(s.port, "hyb_completion_tokens_total") < 8000);
+	/* everyone else is still served */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"max_tokens\": 4}", &resp), 200);
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+TEST(serve_slow_loris)
+{
+	struct srv s;
+	char *resp, buf[256];
+	int hdr, body;
+	double t0;
+
+	srv_start(&s, syn_model(), "--idle-timeout 2");
+	/* headers that never end, and a body that trickles in */
+	hdr = conn_open(s.port);
+	CHECK(hdr >= 0);
+	send_all(hdr, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n", 40);
+	body = conn_open(s.port);
+	CHECK(body >= 0);
+	send_all(body, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{", 67);
+	t0 = mono();
+	/* meanwhile others are served */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"max_tokens\": 4}", &resp), 200);
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, NULL), 200);
+	/* the trickle: a byte every 0.3 s gets a 408 (or the door) after about 2 s */
+	for (int i = 0; i < 40; i++) {
+		ssize_t k;
+
+		usleep(300000);
+		if (send(body, " ", 1, MSG_NOSIGNAL) != 1)
+			break;
+		k = recv(body, buf, sizeof(buf) - 1, MSG_DONTWAIT);
+		if (k == 0 || (k < 0 && errno != EAGAIN))
+			break;
+		if (k > 0) {
+			buf[k] = 0;
+			CHECK_MSG(status_of(buf) == 408, "%s", buf);
+			break;
+		}
+	}
+	CHECK_MSG(mono() - t0 < 8, "the trickling body was allowed %.1f s", mono() - t0);
+	/* the unfinished headers: the connection is closed after 2 s of silence */
+	CHECK_MSG(recv(hdr, buf, sizeof(buf), 0) <= 0, "an answer to half a request");
+	CHECK_MSG(mono() - t0 < 10, "the silent client was kept %.1f s", mono() - t0);
+	close(hdr);
+	close(body);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, NULL), 200);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+
+	/* many of them from one address: past --max-conns-per-ip they are turned away */
+	srv_start(&s, syn_model(), "--max-conns-per-ip 2");
+	hdr = conn_open(s.port);
+	body = conn_open(s.port);
+	CHECK(hdr >= 0 && body >= 0);
+	send_all(hdr, "GET /health HTTP/1.1\r\n", 24);
+	send_all(body, "GET /health HTTP/1.1\r\n", 24);
+	usleep(200000);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, &resp), 0);
+	free(resp);
+	close(hdr);
+	close(body);
+	usleep(200000);
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, NULL), 200);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+TEST(serve_queue_full_503)
+{
+	struct srv s;
+	char *resp;
+	int a, b;
+
+	srv_start(&s, syn_model(), "--parallel 1 --queue 1");
+	a = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 1, 10));
+	b = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	CHECK(metric_becomes(s.port, "hyb_queue_depth", 1, 10));
+	/* one running, one waiting, no room: 503 with Retry-After, and nothing runs */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
+			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}", &resp), 503);
+	CHECK_MSG(strstr(resp, "Retry-After: 1\r\n"), "%s", resp);
+	check_error_body(resp, "busy");
+	free(resp);
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_rejected_total"), 1);
+	/* both clients leave: the queued one is dropped, the running one stops */
+	close(b);
+	close(a);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 0, 10));
+	CHECK(metric_becomes(s.port, "hyb_queue_depth", 0, 10));
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_cancelled_total{reason=\"disconnect\"}"), 2);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"max_tokens\": 4}", NULL), 200);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+
+	/* no waiting room: requests take idle slots, the one past them is refused */
+	srv_start(&s, syn_model(), "--parallel 2 --queue 0");
+	a = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	b = request(s.port, "POST", "/v1/completions", NULL, long_plain);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 2, 10));
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, long_plain, NULL), 503);
+	close(a);
+	close(b);
+	CHECK(metric_becomes(s.port, "hyb_requests_in_flight", 0, 10));
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+TEST(serve_api_key)
+{
+	char keyfile[600], extra[700], *resp;
+	const char *good = "{\"prompt\": \"hi\", \"max_tokens\": 3}";
+	struct srv s;
+	FILE *f;
+
+	snprintf(keyfile, sizeof(keyfile), "%s/key", hyb_test_tmpdir());
+	f = fopen(keyfile, "w");
+	CHECK(f);
+	fputs("s3cret\n", f);
+	fclose(f);
+	snprintf(extra, sizeof(extra), "--api-key-file %s", keyfile);
+	srv_start(&s, syn_model(), extra);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, good, &resp), 401);
+	CHECK(strstr(resp, "WWW-Authenticate: Bearer"));
+	check_error_body(resp, "API key");
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", "Authorization: Bearer s3cre\r\n", good,
+			  NULL), 401);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", "Authorization: Bearer s3cret!\r\n",
+			  good, NULL), 401);
+	CHECK_EQ_INT(http(s.port, "GET", "/v1/models", NULL, NULL, NULL), 401);
+	CHECK_EQ_INT(http(s.port, "GET", "/metrics", NULL, NULL, NULL), 401);
+	/* health checks need no key */
+	CHECK_EQ_INT(http(s.port, "GET", "/health", NULL, NULL, NULL), 200);
+	/* with the key: nothing had run before this one */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", "Authorization: Bearer s3cret\r\n",
+			  good, &resp), 200);
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "GET", "/metrics", "Authorization: Bearer s3cret\r\n", NULL,
+			  &resp), 200);
+	CHECK_MSG(strstr(resp, "\nhyb_completion_tokens_total 3\n") &&
+		  strstr(resp, "\nhyb_requests_total{route=\"/v1/completions\",status=\"401\"} 3\n"),
+		  "%s", resp);
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+TEST(serve_request_timeout)
+{
+	struct srv s;
+	char *resp;
+
+	srv_start(&s, syn_model(), "--timeout 0.3");
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, long_plain, &resp), 504);
+	check_error_body(resp, "timed out");
+	free(resp);
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_cancelled_total{reason=\"timeout\"}"), 1);
+	CHECK_EQ_INT(metric(s.port, "hyb_requests_in_flight"), 0);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+}
+
+TEST(serve_sigterm_finishes_or_cancels)
+{
+	struct srv s;
+	char *got;
+	int fd;
+	double t0;
+
+	/* with time to finish, the running stream ends normally; new clients are refused */
+	srv_start(&s, syn_model(), "--grace 60");
+	fd = request(s.port, "POST", "/v1/completions", NULL,
+		     "{\"prompt\": \"hello there\", \"max_tokens\": 1500, \"temperature\": 0, "
+		     "\"stream\": true}");
+	free(read_until(fd, "data: {"));
+	kill(s.pid, SIGTERM);
+	usleep(300000);
+	CHECK_MSG(conn_open(s.port) < 0, "a new connection after SIGTERM");
+	got = read_all(fd);
+	CHECK_MSG(strstr(got, "\"finish_reason\":\"length\"") && strstr(got, "data: [DONE]"),
+		  "%s", got + (strlen(got) > 500 ? strlen(got) - 500 : 0));
+	free(got);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+
+	/* with none, it is cancelled at once with an error event, and the server exits 0 */
+	srv_start(&s, syn_model(), "--grace 0");
+	fd = request(s.port, "POST", "/v1/completions", NULL, long_stream);
+	free(read_until(fd, "data: {"));
+	t0 = mono();
+	kill(s.pid, SIGTERM);
+	got = read_all(fd);
+	CHECK_MSG(strstr(got, "shutting down") && !strstr(got, "[DONE]"), "%s",
+		  got + (strlen(got) > 500 ? strlen(got) - 500 : 0));
+	free(got);
+	CHECK_EQ_INT(srv_stop(&s, 10), 0);
+	CHECK_MSG(mono() - t0 < 5, "SIGTERM took %.1f s", mono() - t0);
+
+	/* a second signal ends the grace period */
+	srv_start(&s, syn_model(), "--grace 60");
+	fd = request(s.port, "POST", "/v1/completions", NULL, long_stream);
+	free(read_until(fd, "data: {"));
+	t0 = mono();
+	kill(s.pid, SIGTERM);
+	usleep(200000);
+	kill(s.pid, SIGINT);
+	got = read_all(fd);
+	CHECK_MSG(strstr(got, "shutting down") && !strstr(got, "[DONE]"), "%s",
+		  got + (strlen(got) > 500 ? strlen(got) - 500 : 0));
+	free(got);
+	CHECK_EQ_INT(srv_stop(&s, 10), 0);
+	CHECK_MSG(mono() - t0 < 5, "SIGTERM + SIGINT took %.1f s", mono() - t0);
+}

@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hyb serve: the model behind an OpenAI-compatible HTTP API until SIGTERM or
+ * SIGINT, which stop new work, let running requests finish for --grace
+ * seconds, cancel what is left and exit 0. docs/SERVE.md.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "hyb/chat.h"
+#include "hyb/clock.h"
+#include "hyb/model.h"
+#include "hyb/roofline.h"
+#include "serve.h"
+
+static const char usage[] =
+	"usage: hyb serve -m MODEL [--host ADDR] [--port PORT] [-c CTX] [--parallel N]\n"
+	"                 [-t THREADS] [--api-key-file FILE] [--queue N] [--timeout S]\n"
+	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
+	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
+	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
+	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
+	"  --host (127.0.0.1) --port (8080; 0: any free port, printed at start)\n"
+	"  -c: context positions of each slot (default min(training context, 4096))\n"
+	"  --parallel N: requests decoded at once, each slot with its own context (1)\n"
+	"  -t: threads per slot (default: the CPUs shared among the slots)\n"
+	"  --api-key-file FILE: requests need 'Authorization: Bearer KEY' (KEY: the\n"
+	"    file's first line); GET /health does not\n"
+	"  --queue N: requests that may wait for a busy slot (32; 0: none wait); more get\n"
+	"    503 with Retry-After\n"
+	"  --timeout S: a request's time from arrival to its last token (600)\n"
+	"  --idle-timeout S: a connection silent this long, or a body slower than this,\n"
+	"    is closed (30)\n"
+	"  --max-body BYTES: largest request body (4194304); --max-conns N (256)\n"
+	"  --max-conns-per-ip N: connections one client address may hold (0: no limit)\n"
+	"  --grace S: on SIGTERM running requests may finish for S seconds (30); a\n"
+	"    second SIGTERM or SIGINT cancels them at once\n"
+	"  --alias NAME: the model's name in the API (default: the file name)\n"
+	"  --chat-template NAME: instead of the model's tokenizer.chat_template\n";
+
+enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
+       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE };
+
+static const struct option longopts[] = {
+	{ "model", required_argument, 0, 'm' },
+	{ "threads", required_argument, 0, 't' },
+	{ "ctx-size", required_argument, 0, 'c' },
+	{ "host", required_argument, 0, O_HOST },
+	{ "port", required_argument, 0, O_PORT },
+	{ "parallel", required_argument, 0, O_PARALLEL },
+	{ "api-key-file", required_argument, 0, O_KEYFILE },
+	{ "queue", required_argument, 0, O_QUEUE },
+	{ "timeout", required_argument, 0, O_TIMEOUT },
+	{ "idle-timeout", required_argument, 0, O_IDLE },
+	{ "max-body", required_argument, 0, O_MAXBODY },
+	{ "grace", required_argument, 0, O_GRACE },
+	{ "max-conns", required_argument, 0, O_MAXCONNS },
+	{ "max-conns-per-ip", required_argument, 0, O_PERIP },
+	{ "alias", required_argument, 0, O_ALIAS },
+	{ "chat-template", required_argument, 0, O_TEMPLATE },
+	{ "help", no_argument, 0, 'h' },
+	{ 0, 0, 0, 0 },
+};
+
+static void parse(int argc, char **argv, struct serve_opts *o)
+{
+	int c;
+
+	*o = (struct serve_opts){ .host = "127.0.0.1", .port = 8080, .parallel = 1, .queue = 32,
+				  .timeout_s = 600, .idle_timeout_s = 30, .max_body = 4 << 20,
+				  .grace_s = 30, .max_conns = 256 };
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'm': o->model = optarg; break;
+		case 't': o->n_threads = (int)cli_num("-t", optarg, 1, 1024); break;
+		case 'c': o->n_ctx = (uint32_t)cli_num("-c", optarg, 1, 1 << 24); break;
+		case O_HOST: o->host = optarg; break;
+		case O_PORT: o->port = (int)cli_num("--port", optarg, 0, 65535); break;
+		case O_PARALLEL: o->parallel = (int)cli_num("--parallel", optarg, 1, 256); break;
+		case O_KEYFILE: o->api_key_file = optarg; break;
+		case O_QUEUE: o->queue = (int)cli_num("--queue", optarg, 0, 1 << 20); break;
+		case O_TIMEOUT: o->timeout_s = cli_num("--timeout", optarg, 0.001, 1e7); break;
+		case O_IDLE: o->idle_timeout_s = (int)cli_num("--idle-timeout", optarg, 1, 86400); break;
+		case O_MAXBODY: o->max_body = (size_t)cli_num("--max-body", optarg, 1, 1 << 30); break;
+		case O_GRACE: o->grace_s = cli_num("--grace", optarg, 0, 86400); break;
+		case O_MAXCONNS: o->max_conns = (int)cli_num("--max-conns", optarg, 1, 65536); break;
+		case O_PERIP:
+			o->max_conns_per_ip = (int)cli_num("--max-conns-per-ip", optarg, 0, 65536);
+			break;
+		case O_ALIAS: o->alias = optarg; break;
+		case O_TEMPLATE: o->chat_template = optarg; break;
+		case 'h': fputs(usage, stdout); exit(0);
+		default: fputs(usage, stderr); exit(2);
+		}
+	}
+	if (optind < argc)
+		cli_die("unexpected argument '%s'", argv[optind]);
+	if (!o->model)
+		cli_die("no model given (-m MODEL)");
+}
+
+/* The key: the file's first line without its end; exits when there is none. */
+static char *read_key(const char *path)
+{
+	char line[4096];
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	if (!f)
+		cli_die("--api-key-file %s: %s", path, strerror(errno));
+	if (!fgets(line, sizeof(line), f))
+		line[0] = 0;
+	fclose(f);
+	n = strcspn(line, "\r\n");
+	while (n && (line[n - 1] == ' ' || line[n - 1] == '\t'))
+		n--;
+	line[n] = 0;
+	if (!n)
+		cli_die("--api-key-file %s: the first line (the key) is empty", path);
+	return strdup(line);
+}
+
+/* The model's name in the API: --alias, else the file name without .gguf. */
+static char *model_id(const struct serve_opts *o)
+{
+	const char *b = o->alias ? o->alias : strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 :
+		o->model;
+	char *id = strdup(b);
+	size_t n = strlen(id);
+
+	if (!o->alias && n > 5 && !strcmp(id + n - 5, ".gguf"))
+		id[n - 5] = 0;
+	return id;
+}
+
+/*
+ * SIGTERM and SIGINT reach the main thread through a pipe: it is the one
+ * thread that leaves them unblocked, and should a library's thread take one
+ * all the same, the handler there only writes the pipe too.
+ */
+static int sig_pipe[2];
+
+static void on_signal(int sig)
+{
+	char c = (char)sig;
+	ssize_t rc = write(sig_pipe[1], &c, 1);
+
+	(void)rc;
+}
+
+static int wait_signal(void)
+{
+	char c;
+
+	while (read(sig_pipe[0], &c, 1) != 1)
+		if (errno != EINTR)
+			return SIGTERM;
+	return c;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+	static struct serve sv;
+	struct sigaction sa;
+	sigset_t sigs;
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	int port, sig;
+	double t0 = hyb_now();
+	char *id;
+
+	parse(argc, argv, &sv.o);
+	if (sv.o.api_key_file)
+		sv.api_key = read_key(sv.o.api_key_file);
+	if (!sv.o.n_threads)
+		sv.o.n_threads = ncpu > sv.o.parallel ? (int)(ncpu / sv.o.parallel) : 1;
+	/* every thread started from here blocks the signals; the main thread takes them */
+	if (pipe2(sig_pipe, O_CLOEXEC))
+		cli_die("pipe: %s", strerror(errno));
+	sa.sa_handler = on_signal;
+	sa.sa_flags = SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sigemptyset(&sigs);
+	sigaddset(&sigs, SIGTERM);
+	sigaddset(&sigs, SIGINT);
+	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+	signal(SIGPIPE, SIG_IGN);
+
+	sv.m = hyb_model_load(sv.o.model);
+	if (!sv.m)
+		cli_die("%s", hyb_last_error());
+	if (!sv.m->tok)
+		cli_die("%s: the model has no usable tokenizer (tokenizer.ggml.* metadata)",
+			sv.o.model);
+	sv.tmpl = cli_chat_template(sv.m, sv.o.chat_template);
+	id = model_id(&sv.o);
+	sv.model_id = id;
+	sv.created = (long long)time(NULL);
+	serve_json_init();
+	serve_metrics_init(&sv.mt);
+	if (serve_queue_start(&sv.q, sv.m, &sv.mt, sv.o.parallel, sv.o.queue, sv.o.n_ctx,
+			      sv.o.n_threads))
+		cli_die("cannot make %d decoding slots of %u positions", sv.o.parallel, sv.o.n_ctx);
+	port = serve_http_start(&sv);
+	if (port < 0)
+		exit(1);
+	fprintf(stderr, "hyb serve: %s (%s, %u layers, %s kernels) as '%s': %d slot%s of %u "
+		"positions, %d thread%s each, queue %d%s; loaded in %.2f s\n", sv.o.model,
+		sv.m->hp.arch, sv.m->hp.n_layer, hyb_roofline_isa(), id, sv.o.parallel,
+		sv.o.parallel > 1 ? "s" : "", serve_queue_n_ctx(&sv.q), sv.o.n_threads,
+		sv.o.n_threads > 1 ? "s" : "", sv.o.queue, sv.api_key ? "; API key required" : "",
+		hyb_now() - t0);
+	fprintf(stderr, "hyb serve: listening on http://%s%s%s:%d\n",
+		strchr(sv.o.host, ':') ? "[" : "", sv.o.host, strchr(sv.o.host, ':') ? "]" : "",
+		port);
+
+	pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+	sig = wait_signal();
+	fprintf(stderr, "hyb serve: %s: no new requests; %d running, %d queued (grace %g s)\n",
+		strsignal(sig), serve_queue_running(&sv.q), sv.q.depth, sv.o.grace_s);
+	atomic_store(&sv.stopping, true);
+	serve_http_quiesce(&sv);
+	serve_queue_drain(&sv.q);
+	/* running requests may finish within the grace period; a second signal cuts it short */
+	for (double t = hyb_now(); serve_queue_running(&sv.q) && hyb_now() - t < sv.o.grace_s;) {
+		struct pollfd pfd = { .fd = sig_pipe[0], .events = POLLIN };
+
+		if (poll(&pfd, 1, 100) == 1) {
+			fprintf(stderr, "hyb serve: %s again: cancelling what runs\n",
+				strsignal(wait_signal()));
+			break;
+		}
+	}
+	serve_queue_stop(&sv.q);
+	/* the answers of finished and cancelled requests still go out */
+	for (int i = 0; i < 50 && atomic_load(&sv.active) > 0; i++)
+		usleep(100 * 1000);
+	serve_http_stop(&sv);
+	fprintf(stderr, "hyb serve: stopped (%llu prompt and %llu generated tokens served)\n",
+		(unsigned long long)sv.mt.prompt_tokens, (unsigned long long)sv.mt.completion_tokens);
+	hyb_model_free((struct hyb_model *)sv.m);
+	free(id);
+	free(sv.api_key);
+	return 0;
+}

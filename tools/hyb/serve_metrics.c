@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hyb serve's counters and GET /metrics in the Prometheus text format
+ * (version 0.0.4): requests by route and status, tokens in and out, decode
+ * speed, queue depth, requests in flight, rejections, cancellations, and a
+ * histogram of the time to first token.
+ */
+#include <string.h>
+
+#include "serve.h"
+
+/* time to first token bucket bounds, seconds (the last bucket is +Inf) */
+static const double ttft_le[SERVE_TTFT_BUCKETS] = { 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+						    1,    2.5,   5,    10,  30 };
+
+void serve_metrics_init(struct serve_metrics *mt)
+{
+	memset(mt, 0, sizeof(*mt));
+	pthread_mutex_init(&mt->lock, NULL);
+}
+
+void serve_metrics_request(struct serve_metrics *mt, const char *route, int status)
+{
+	int i;
+
+	pthread_mutex_lock(&mt->lock);
+	for (i = 0; i < mt->n_requests; i++)
+		if (mt->requests[i].status == status && !strcmp(mt->requests[i].route, route))
+			break;
+	if (i == mt->n_requests && i < (int)(sizeof(mt->requests) / sizeof(mt->requests[0]))) {
+		mt->requests[i].route = route;
+		mt->requests[i].status = status;
+		mt->n_requests++;
+	}
+	if (i < mt->n_requests)
+		mt->requests[i].n++;
+	pthread_mutex_unlock(&mt->lock);
+}
+
+void serve_metrics_ttft(struct serve_metrics *mt, double s)
+{
+	int b = 0;
+
+	while (b < SERVE_TTFT_BUCKETS && s > ttft_le[b])
+		b++;
+	pthread_mutex_lock(&mt->lock);
+	mt->ttft[b]++;
+	mt->ttft_sum += s;
+	mt->ttft_n++;
+	pthread_mutex_unlock(&mt->lock);
+}
+
+static void counter(struct sbuf *b, const char *name, const char *help, const char *type)
+{
+	sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struct sbuf *b)
+{
+	static const char *const why[] = { "none", "disconnect", "timeout", "shutdown" };
+	struct serve_metrics s;
+	int depth, running, slots = q->n_slots;
+	uint64_t cum = 0;
+
+	pthread_mutex_lock(&q->lock);
+	depth = q->depth;
+	running = q->running;
+	pthread_mutex_unlock(&q->lock);
+	pthread_mutex_lock(&mt->lock);
+	s = *mt;
+	pthread_mutex_unlock(&mt->lock);
+
+	counter(b, "hyb_requests_total", "HTTP requests answered, by route and status.", "counter");
+	for (int i = 0; i < s.n_requests; i++)
+		sb_printf(b, "hyb_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
+			  s.requests[i].route, s.requests[i].status,
+			  (unsigned long long)s.requests[i].n);
+	counter(b, "hyb_prompt_tokens_total", "Prompt tokens evaluated.", "counter");
+	sb_printf(b, "hyb_prompt_tokens_total %llu\n", (unsigned long long)s.prompt_tokens);
+	counter(b, "hyb_completion_tokens_total", "Tokens generated.", "counter");
+	sb_printf(b, "hyb_completion_tokens_total %llu\n", (unsigned long long)s.completion_tokens);
+	counter(b, "hyb_prompt_seconds_total", "Seconds spent evaluating prompts.", "counter");
+	sb_printf(b, "hyb_prompt_seconds_total %.6f\n", s.prompt_s);
+	counter(b, "hyb_decode_seconds_total", "Seconds spent generating tokens.", "counter");
+	sb_printf(b, "hyb_decode_seconds_total %.6f\n", s.decode_s);
+	counter(b, "hyb_decode_tokens_per_second",
+		"Generated tokens per second over all finished requests.", "gauge");
+	sb_printf(b, "hyb_decode_tokens_per_second %.3f\n",
+		  s.decode_s > 0 ? s.completion_tokens / s.decode_s : 0.0);
+	counter(b, "hyb_last_decode_tokens_per_second",
+		"Decode speed of the last finished request.", "gauge");
+	sb_printf(b, "hyb_last_decode_tokens_per_second %.3f\n", s.last_tps);
+	counter(b, "hyb_queue_depth", "Requests waiting for a decoding slot.", "gauge");
+	sb_printf(b, "hyb_queue_depth %d\n", depth);
+	counter(b, "hyb_requests_in_flight", "Requests being decoded now.", "gauge");
+	sb_printf(b, "hyb_requests_in_flight %d\n", running);
+	counter(b, "hyb_batch_size",
+		"Sequences decoded together in one step (one per slot in this version).", "gauge");
+	sb_printf(b, "hyb_batch_size %d\n", running ? 1 : 0);
+	counter(b, "hyb_slots", "Decoding slots (--parallel).", "gauge");
+	sb_printf(b, "hyb_slots %d\n", slots);
+	counter(b, "hyb_requests_rejected_total", "Requests refused with 503: the queue was full.",
+		"counter");
+	sb_printf(b, "hyb_requests_rejected_total %llu\n", (unsigned long long)s.rejected);
+	counter(b, "hyb_requests_cancelled_total", "Requests stopped before they finished.",
+		"counter");
+	for (int i = CANCEL_DISCONNECT; i <= CANCEL_SHUTDOWN; i++)
+		sb_printf(b, "hyb_requests_cancelled_total{reason=\"%s\"} %llu\n", why[i],
+			  (unsigned long long)s.cancelled[i]);
+	counter(b, "hyb_time_to_first_token_seconds",
+		"From a request's arrival to its first generated token.", "histogram");
+	for (int i = 0; i <= SERVE_TTFT_BUCKETS; i++) {
+		cum += s.ttft[i];
+		if (i < SERVE_TTFT_BUCKETS)
+			sb_printf(b, "hyb_time_to_first_token_seconds_bucket{le=\"%g\"} %llu\n",
+				  ttft_le[i], (unsigned long long)cum);
+		else
+			sb_printf(b, "hyb_time_to_first_token_seconds_bucket{le=\"+Inf\"} %llu\n",
+				  (unsigned long long)cum);
+	}
+	sb_printf(b, "hyb_time_to_first_token_seconds_sum %.6f\n", s.ttft_sum);
+	sb_printf(b, "hyb_time_to_first_token_seconds_count %llu\n", (unsigned long long)s.ttft_n);
+}
