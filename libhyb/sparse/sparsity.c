@@ -33,11 +33,30 @@ int hyb_sparsity_thresholds(const char *path, double s, float *thr, uint32_t n_l
 	float q[HYB_SPARSITY_N_QUANTILES];
 	int rc = 0;
 
-	if (!(s > 0 && s < 1))
+	if (!(s >= 0 && s < 1))
 		return hyb_error_set(-EINVAL, "sparsity %g is outside (0, 1)", s);
 	rc = hyb_gguf_open(path, &f);
 	if (rc)
 		return rc; /* the message names path */
+	if (s == 0) { /* the file's own thresholds */
+		kv = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32);
+		if (!kv)
+			rc = hyb_error_set(-EINVAL, "%s holds no CATS thresholds (%s): make it with "
+					   "hybctl profile --sparsity S", path,
+					   HYB_SPARSITY_KEY_THRESHOLD);
+		else if (kv->v.arr.n != n_layer)
+			rc = hyb_error_set(-EINVAL, "%s: thresholds of %llu layers, the model has "
+					   "%u: made for another model", path,
+					   (unsigned long long)kv->v.arr.n, n_layer);
+		else
+			memcpy(thr, kv->v.arr.data, sizeof(float) * n_layer);
+		for (uint32_t l = 0; l < n_layer && !rc; l++)
+			if (!(thr[l] >= 0) || !isfinite(thr[l]))
+				rc = hyb_error_set(-EINVAL, "%s: threshold of layer %u is %g", path,
+						   l, (double)thr[l]);
+		hyb_gguf_close(f);
+		return rc;
+	}
 	kv = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32);
 	if (!kv) {
 		rc = hyb_error_set(-EINVAL, "%s holds no activation quantiles (%s): make it with "

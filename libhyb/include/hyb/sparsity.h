@@ -38,9 +38,10 @@ float hyb_sparsity_quantile_at(const float *q, double s);
 
 /*
  * thr[n_layer] for sparsity s in (0, 1) from a profile's quantile table at
- * path. -EINVAL: s out of range, no quantiles (a profile made without
- * --sparsity, or not a profile), or another layer count; or the reader's
- * errno.
+ * path; s == 0: the file's own thresholds (a profile's or a plan's).
+ * -EINVAL: s out of range, no quantiles or thresholds (a profile made
+ * without --sparsity, or not a profile), or another layer count; or the
+ * reader's errno.
  */
 int hyb_sparsity_thresholds(const char *path, double s, float *thr, uint32_t n_layer);
 
