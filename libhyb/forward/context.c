@@ -128,6 +128,13 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	}
 	if (c->sparse)
 		hyb_ffn_sparse_set_oracle(c->sparse, oracle);
+	if (m->ffn_thr && c->hybrid) {
+		hyb_error_set(-EOPNOTSUPP, "hybrid decoding with CATS thresholds is not built yet: "
+			      "decode this plan on the CPU (docs/SPARSITY.md)");
+		goto fail;
+	}
+	if (m->ffn_thr && hyb_ctx_set_ffn_thresholds(c, m->ffn_thr))
+		goto fail;
 	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
 		hyb_error_set(-EINVAL, "sparse decoding needs a plan (hybctl plan); this model "
 			      "has none");
@@ -157,6 +164,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_ffn_plan_scratch_free(c->plan);
 	hyb_ffn_sparse_free(c->sparse);
 	hyb_ffn_hybrid_free(c->hybrid);
+	free(c->ffn_thr);
 	free(c);
 }
 
@@ -252,6 +260,49 @@ void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)
 {
 	c->probe = fn;
 	c->probe_user = user;
+}
+
+void hyb_ctx_set_ffn_probe_gate(struct hyb_ctx *c, bool on)
+{
+	c->probe_gate = on;
+}
+
+int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	float *t;
+
+	if (!thr) {
+		if (c->sparse)
+			hyb_ffn_sparse_set_thresholds(c->sparse, NULL);
+		free(c->ffn_thr);
+		c->ffn_thr = NULL;
+		return 0;
+	}
+	if (c->hybrid)
+		return hyb_error_set(-EOPNOTSUPP, "hybrid decoding with CATS thresholds is not "
+				     "built yet (docs/SPARSITY.md)");
+	if (hp->act != HYB_ACT_SILU && hp->act != HYB_ACT_GELU)
+		return hyb_error_set(-EINVAL, "this model's FFN is ReLU-family and sparse as it "
+				     "is: thresholds are for SiLU and GELU FFNs");
+	for (uint32_t l = 0; l < hp->n_layer; l++)
+		if (!(thr[l] >= 0) || !isfinite(thr[l]))
+			return hyb_error_set(-EINVAL, "threshold of layer %u is %g: must be finite "
+					     "and >= 0", l, (double)thr[l]);
+	t = malloc(sizeof(float) * hp->n_layer);
+	if (!t)
+		return hyb_error_set(-ENOMEM, "out of memory");
+	memcpy(t, thr, sizeof(float) * hp->n_layer);
+	if (c->sparse)
+		hyb_ffn_sparse_set_thresholds(c->sparse, t);
+	free(c->ffn_thr);
+	c->ffn_thr = t;
+	return 0;
+}
+
+const float *hyb_ctx_ffn_thresholds(const struct hyb_ctx *c)
+{
+	return c->ffn_thr;
 }
 
 uint32_t hyb_ctx_n_past(const struct hyb_ctx *c)

@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "forward_internal.h"
 #include "attention.h"
@@ -316,6 +317,21 @@ void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf
 			    E, hp->rms_eps);
 }
 
+/* The probe's view for calibration: act(gate) alone (hyb_ctx_set_ffn_probe_gate). */
+static void probe_gate(struct hyb_ctx *c, uint32_t l, uint32_t nf)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const size_t n = (size_t)nf * hp->n_ff;
+	float *a = malloc(sizeof(float) * n);
+
+	if (!a)
+		return; /* the collector sees this batch missing: it counts tokens per layer */
+	for (size_t i = 0; i < n; i++)
+		a[i] = hyb_act_gate(hp->act, c->g[i]);
+	c->probe(c->probe_user, l, c->n_past, nf, c->x, a);
+	free(a);
+}
+
 void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 {
 	hyb_fwd_ffn_dense_skip(c, l, nf, NULL);
@@ -330,15 +346,19 @@ void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const ui
 	float *gu_out[2] = { c->g, c->u };
 	const struct hyb_weight *down = &L->down;
 
+	const float thr = c->ffn_thr ? c->ffn_thr[l] : 0.0f;
+
 	if (m->group_size) {
 		convert_input(c, L->plan.bundles.type, c->xn, hp->n_embd, nf);
 		hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf, skip,
-				   c->xn);
+				   thr, c->xn);
 		return;
 	}
 	matmul(c, c->xn, nf, 2, gu, gu_out);
-	hyb_ffn_act(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act);
-	if (c->probe)
+	if (c->probe && c->probe_gate)
+		probe_gate(c, l, nf);
+	hyb_ffn_act_cats(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act, thr);
+	if (c->probe && !c->probe_gate)
 		c->probe(c->probe_user, l, c->n_past, nf, c->x, c->g);
 	if (L->down_t.data)
 		hyb_ffn_down_t(c->pool, c->plan, &L->down_t, c->g, nf, c->xn);

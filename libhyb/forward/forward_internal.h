@@ -7,6 +7,7 @@
 #ifndef HYB_FORWARD_INTERNAL_H
 #define HYB_FORWARD_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -34,6 +35,8 @@ struct hyb_ctx {
 
 	hyb_ffn_probe_fn probe;
 	void *probe_user;
+	bool probe_gate;   /* the probe sees act(gate) alone (calibration) */
+	float *ffn_thr;    /* [n_layer] CATS thresholds (hyb/sparsity.h), or NULL */
 
 	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
 	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */

@@ -127,6 +127,41 @@ static inline float relu(float v)
 	return v > 0 ? v : 0;
 }
 
+float hyb_act_gate(enum hyb_ffn_act act, float g)
+{
+	switch (act) {
+	case HYB_ACT_SILU:
+		return g / (1.0f + expf(-g));
+	case HYB_ACT_GELU:
+		return gelu_tanh(g);
+	case HYB_ACT_RELU2:
+		return relu(g) * relu(g);
+	default:
+		return relu(g);
+	}
+}
+
+void hyb_ffn_act_cats(float *g, const float *u, uint64_t n, enum hyb_ffn_act act, float thr)
+{
+	enum { CHUNK = 1024 }; /* a multiple of the kernels' 16 lanes: the same rounding as one call */
+	uint8_t keep[CHUNK];
+
+	if (!(thr > 0)) {
+		hyb_ffn_act(g, u, n, act);
+		return;
+	}
+	for (uint64_t i0 = 0; i0 < n; i0 += CHUNK) {
+		const uint64_t m = n - i0 < CHUNK ? n - i0 : CHUNK;
+
+		for (uint64_t i = 0; i < m; i++)
+			keep[i] = fabsf(hyb_act_gate(act, g[i0 + i])) > thr;
+		hyb_ffn_act(g + i0, u + i0, m, act);
+		for (uint64_t i = 0; i < m; i++)
+			if (!keep[i])
+				g[i0 + i] = 0.0f;
+	}
+}
+
 void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act)
 {
 	switch (act) {

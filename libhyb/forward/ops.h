@@ -32,5 +32,12 @@ void hyb_rope_yarn_corr_dims(uint32_t n_rot, uint32_t n_ctx_orig, float base, fl
 			     float beta_slow, float dims[2]);
 /* g = act(g, u): the gated FFN nonlinearity, in place in g. */
 void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act);
+/* act(gate) alone for one value: what a CATS threshold compares (docs/SPARSITY.md). */
+float hyb_act_gate(enum hyb_ffn_act act, float g);
+/*
+ * hyb_ffn_act, then h = 0 wherever |act(g)| <= thr (CATS): the neurons a
+ * sparse step skips. thr <= 0 is hyb_ffn_act itself.
+ */
+void hyb_ffn_act_cats(float *g, const float *u, uint64_t n, enum hyb_ffn_act act, float thr);
 
 #endif

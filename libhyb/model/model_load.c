@@ -23,6 +23,7 @@
 #include "hyb/manifest.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
+#include "hyb/sparsity.h"
 #include "hyb/tokenizer.h"
 #include "model_internal.h"
 #include "arch.h"
@@ -454,6 +455,40 @@ static int read_plan_keys(struct hyb_loader *ld)
 	return 0;
 }
 
+/* CATS thresholds a file carries (hyb/sparsity.h): every context starts with them. */
+static int read_sparsity_keys(struct hyb_loader *ld)
+{
+	struct hyb_model *m = ld->m;
+	const struct hyb_gguf_kv *kv;
+	char mode[16];
+
+	if (!hyb_gguf_find(m->gguf, HYB_SPARSITY_KEY_MODE))
+		return 0;
+	if (!hyb_gguf_get_str(m->gguf, HYB_SPARSITY_KEY_MODE, mode, sizeof(mode)) ||
+	    strcmp(mode, HYB_SPARSITY_MODE_CATS))
+		return hyb_ld_fail(ld, "metadata %s is not '%s'", HYB_SPARSITY_KEY_MODE,
+				   HYB_SPARSITY_MODE_CATS);
+	if (m->hp.act != HYB_ACT_SILU && m->hp.act != HYB_ACT_GELU)
+		return hyb_ld_fail(ld, "CATS thresholds on a ReLU-family FFN");
+	kv = hyb_gguf_get_arr(m->gguf, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32);
+	if (!kv || kv->v.arr.n != m->hp.n_layer)
+		return hyb_ld_fail(ld, "metadata %s must be %u f32 values", HYB_SPARSITY_KEY_THRESHOLD,
+				   m->hp.n_layer);
+	if (!hyb_gguf_get_f32(m->gguf, HYB_SPARSITY_KEY_TARGET, &m->ffn_sparsity) ||
+	    !(m->ffn_sparsity > 0 && m->ffn_sparsity < 1))
+		return hyb_ld_fail(ld, "metadata %s must be an f32 in (0, 1)", HYB_SPARSITY_KEY_TARGET);
+	free(m->ffn_thr); /* a load binds twice when it copies the file (load_image) */
+	m->ffn_thr = malloc(sizeof(float) * m->hp.n_layer);
+	if (!m->ffn_thr)
+		return nomem(ld);
+	memcpy(m->ffn_thr, kv->v.arr.data, sizeof(float) * m->hp.n_layer);
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		if (!(m->ffn_thr[l] >= 0) || !isfinite(m->ffn_thr[l]))
+			return hyb_ld_fail(ld, "%s of layer %u is %g", HYB_SPARSITY_KEY_THRESHOLD, l,
+					   (double)m->ffn_thr[l]);
+	return 0;
+}
+
 static int bind_layers(struct hyb_loader *ld)
 {
 	const struct hyb_hparams *hp = &ld->m->hp;
@@ -461,7 +496,7 @@ static int bind_layers(struct hyb_loader *ld)
 	uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
 	char name[96];
 
-	if (read_plan_keys(ld))
+	if (read_plan_keys(ld) || read_sparsity_keys(ld))
 		return -1;
 	ld->m->layers = calloc(hp->n_layer, sizeof(*ld->m->layers));
 	if (!ld->m->layers)
@@ -838,6 +873,7 @@ void hyb_model_free(struct hyb_model *m)
 	if (m->tok)
 		hyb_tokenizer_free(m->tok);
 	free(m->layers);
+	free(m->ffn_thr);
 	if (m->gguf)
 		hyb_gguf_close(m->gguf);
 	hyb_model_box_release(m);	/* pool handles go before the backend free_image closes */

@@ -32,6 +32,7 @@
 
 #include "cpu_kernels.h"
 #include "hyb/gguf.h"
+#include "hyb/sparsity.h"
 #include "hyb/tensor_type.h"
 #include "util/error.h"
 
@@ -62,6 +63,8 @@ void hyb_profile_free(struct hyb_profile *p)
 	}
 	free(p->layers);
 	free(p->seq_start);
+	free(p->cats_threshold);
+	free(p->cats_quantiles);
 	free(p);
 }
 
@@ -653,6 +656,14 @@ int hyb_profile_save(const struct hyb_profile *p, const char *path)
 		       sizeof(double) * N_REACT);
 	hyb_gguf_set_arr(w, "hyb.profile.reactivation", HYB_GGUF_VT_FLOAT64, vals,
 		     (uint64_t)p->n_layer * N_REACT);
+	if (p->cats_threshold) {
+		hyb_gguf_set_str(w, HYB_SPARSITY_KEY_MODE, HYB_SPARSITY_MODE_CATS);
+		hyb_gguf_set_f32(w, HYB_SPARSITY_KEY_TARGET, p->target_sparsity);
+		hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32,
+				 p->cats_threshold, p->n_layer);
+		hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32,
+				 p->cats_quantiles, (uint64_t)p->n_layer * HYB_SPARSITY_N_QUANTILES);
+	}
 	for (uint32_t l = 0; l < p->n_layer; l++) {
 		const struct hyb_profile_layer *ly = &p->layers[l];
 		uint64_t ne_c[1] = { p->n_ff };
@@ -698,6 +709,46 @@ static int load_fail(int rc, const char *path, const char *fmt, ...)
 
 /* A malformed profile. */
 #define LOAD_FAIL(...) return load_fail(-EINVAL, path, __VA_ARGS__)
+
+/* The CATS keys (hyb/sparsity.h): all four, sizes and values checked. */
+static int load_cats(const struct hyb_gguf_file *f, const char *path, struct hyb_profile *p)
+{
+	const uint32_t NQ = HYB_SPARSITY_N_QUANTILES;
+	const struct hyb_gguf_kv *t, *q;
+	char mode[16];
+
+	if (!hyb_gguf_get_str(f, HYB_SPARSITY_KEY_MODE, mode, sizeof(mode)) ||
+	    strcmp(mode, HYB_SPARSITY_MODE_CATS))
+		LOAD_FAIL("%s is not '%s'", HYB_SPARSITY_KEY_MODE, HYB_SPARSITY_MODE_CATS);
+	if (!hyb_gguf_get_f32(f, HYB_SPARSITY_KEY_TARGET, &p->target_sparsity) ||
+	    !(p->target_sparsity > 0 && p->target_sparsity < 1))
+		LOAD_FAIL("%s must be an f32 in (0, 1)", HYB_SPARSITY_KEY_TARGET);
+	t = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32);
+	q = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32);
+	if (!t || t->v.arr.n != p->n_layer || !q || q->v.arr.n != (uint64_t)p->n_layer * NQ)
+		LOAD_FAIL("%s and %s must be %u and %u f32 values", HYB_SPARSITY_KEY_THRESHOLD,
+			  HYB_SPARSITY_KEY_QUANTILES, p->n_layer, p->n_layer * NQ);
+	p->cats_threshold = malloc(sizeof(float) * p->n_layer);
+	p->cats_quantiles = malloc(sizeof(float) * p->n_layer * NQ);
+	if (!p->cats_threshold || !p->cats_quantiles)
+		return load_fail(-ENOMEM, path, "out of memory");
+	memcpy(p->cats_threshold, t->v.arr.data, sizeof(float) * p->n_layer);
+	memcpy(p->cats_quantiles, q->v.arr.data, sizeof(float) * p->n_layer * NQ);
+	for (uint32_t l = 0; l < p->n_layer; l++) {
+		if (!(p->cats_threshold[l] >= 0) || !isfinite(p->cats_threshold[l]))
+			LOAD_FAIL("%s[%u] = %g", HYB_SPARSITY_KEY_THRESHOLD, l,
+				  (double)p->cats_threshold[l]);
+		for (uint32_t k = 0; k < NQ; k++) {
+			const float v = p->cats_quantiles[(size_t)l * NQ + k];
+
+			if (!(v >= 0) || !isfinite(v) ||
+			    (k && v < p->cats_quantiles[(size_t)l * NQ + k - 1]))
+				LOAD_FAIL("%s: layer %u's quantiles are not rising magnitudes",
+					  HYB_SPARSITY_KEY_QUANTILES, l);
+		}
+	}
+	return 0;
+}
 
 static bool get_u32(const struct hyb_gguf_file *f, const char *key, uint32_t *v)
 {
@@ -815,6 +866,8 @@ static int load_metadata(const struct hyb_gguf_file *f, const char *path, struct
 			memcpy(stat_field(&p->layers[l], id), (const double *)kv->v.arr.data + l,
 			       sizeof(double));
 	}
+	if (hyb_gguf_find(f, HYB_SPARSITY_KEY_MODE) && load_cats(f, path, p))
+		return -1;
 	kv = hyb_gguf_get_arr(f, "hyb.profile.reactivation", HYB_GGUF_VT_FLOAT64);
 	if (!kv || kv->v.arr.n != (uint64_t)n_layer * N_REACT)
 		LOAD_FAIL("hyb.profile.reactivation must be %u f64 values", n_layer * N_REACT);

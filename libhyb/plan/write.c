@@ -39,6 +39,7 @@
 #include "sparse_ffn_kernels.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
+#include "hyb/sparsity.h"
 #include "hyb/threadpool.h"
 #include "plan_internal.h"
 #include "util/error.h"
@@ -190,6 +191,16 @@ static int check_profile(struct plan *P)
 	if (p->active_words != (p->n_ff + 63) / 64 || !p->layers)
 		return hyb_error_set(-EINVAL, "profile is malformed (active_words %u for n_ff %u)",
 				     p->active_words, p->n_ff);
+	/* CATS (hyb/sparsity.h): a SiLU FFN is sparse only under thresholds */
+	if (P->m->hp.act == HYB_ACT_SILU && !p->cats_threshold)
+		return hyb_error_set(-EINVAL, "the profile has no CATS thresholds and this SiLU "
+				     "model's activations are never 0: profile it with hybctl "
+				     "profile --sparsity S (docs/SPARSITY.md)");
+	if (P->m->hp.act != HYB_ACT_SILU && p->cats_threshold)
+		return hyb_error_set(-EINVAL, "the profile has CATS thresholds, made for a SiLU "
+				     "model; this model's FFN is %s and sparse as it is: profile "
+				     "it without --sparsity",
+				     P->m->hp.act == HYB_ACT_GELU ? "GELU" : "ReLU-family");
 	if (!p->n_tokens || p->n_samples < 20)
 		return hyb_error_set(-EINVAL, "profile has %llu tokens and %u samples; a plan "
 				     "needs at least 20 samples", (unsigned long long)p->n_tokens,
@@ -450,6 +461,12 @@ static int declare(struct plan *P, struct hyb_gguf_writer *w, const char *model_
 	hyb_gguf_set_str(w, HYB_PLAN_KEY_SOURCE, base ? base + 1 : model_path);
 	if (P->import)
 		hyb_gguf_set_str(w, HYB_PLAN_KEY_PRED_INPUT, "same-layer");
+	if (P->prof->cats_threshold) {
+		hyb_gguf_set_str(w, HYB_SPARSITY_KEY_MODE, HYB_SPARSITY_MODE_CATS);
+		hyb_gguf_set_f32(w, HYB_SPARSITY_KEY_TARGET, P->prof->target_sparsity);
+		hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32,
+				 P->prof->cats_threshold, P->n_layer);
+	}
 	/* the loader gives a PowerInfer model ReLU; the plan has to say so */
 	if (P->m->powerinfer && !hyb_gguf_find(f, "hyb.ffn_act"))
 		hyb_gguf_set_str(w, "hyb.ffn_act", "relu");

@@ -80,6 +80,7 @@ struct dense_job {
 	size_t xq_stride;
 	uint32_t n;
 	const uint8_t *skip; /* groups computed elsewhere (NULL: none) */
+	float thr;           /* CATS threshold (0: none) */
 	atomic_uint next;
 };
 
@@ -118,7 +119,7 @@ static void dense_group(const struct dense_job *j, struct thread_scratch *t, uin
 
 	gemm((int64_t)E, gate, b->row_bytes, ng, j->xq, j->xq_stride, n, t->g, ng);
 	gemm((int64_t)E, up, b->row_bytes, ng, j->xq, j->xq_stride, n, t->u, ng);
-	hyb_ffn_act(t->g, t->u, (uint64_t)n * ng, m->hp.act);
+	hyb_ffn_act_cats(t->g, t->u, (uint64_t)n * ng, m->hp.act, j->thr);
 	down_rows(j->sk->axpy[b->type], E, down, b->row_bytes, ng, t->g, ng, n, t->out);
 }
 
@@ -151,11 +152,11 @@ static void sum_outputs(const struct hyb_ffn_plan_scratch *s, int nth, size_t le
 void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
-			const uint8_t *skip, float *out)
+			const uint8_t *skip, float thr, float *out)
 {
 	struct dense_job j = {
 		.k = k, .sk = hyb_sparse_best(), .s = s, .m = m, .P = &L->plan,
-		.xq = xq, .xq_stride = xq_stride, .n = n, .skip = skip,
+		.xq = xq, .xq_stride = xq_stride, .n = n, .skip = skip, .thr = thr,
 	};
 	const size_t len = (size_t)n * m->hp.n_embd;
 	int nth = hyb_threadpool_size(pool);

@@ -27,12 +27,13 @@ void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s);
  * out[n][n_embd] = down(act(gate · x, up · x)) for layer L of a plan model.
  * xq: the n normalised inputs converted to hyb_vec_dot_type(bundle type),
  * xq_stride bytes apart. skip (NULL: none): groups g with skip[g] != 0 are
- * left out (a hybrid prompt batch computes them on the device).
+ * left out (a hybrid prompt batch computes them on the device). thr > 0:
+ * a CATS threshold (hyb/sparsity.h), h = 0 where |act(gate)| <= thr.
  */
 void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
-			const uint8_t *skip, float *out);
+			const uint8_t *skip, float thr, float *out);
 
 /*
  * out[n][n_embd] = the down projection of act[n][n_ff] (activations) through

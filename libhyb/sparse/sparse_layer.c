@@ -25,6 +25,7 @@ struct hyb_ffn_sparse {
 	float *prev;                     /* [n_embd] predictor input for the next layer */
 	float *cur;                      /* [n_embd] */
 	float *part;                     /* [n_embd] oracle mode: one group's partial */
+	const float *thr;                /* [n_layer] CATS thresholds (the context's), or NULL */
 	bool oracle;
 	struct hyb_sparse_stats st;
 };
@@ -127,6 +128,11 @@ const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse
 	return &s->bundles[l];
 }
 
+void hyb_ffn_sparse_set_thresholds(struct hyb_ffn_sparse *s, const float *thr)
+{
+	s->thr = thr;
+}
+
 void hyb_ffn_sparse_set_oracle(struct hyb_ffn_sparse *s, bool on)
 {
 	s->oracle = on;
@@ -166,8 +172,8 @@ static int cpu_group_part(void *user, uint32_t g, const uint32_t *active, uint32
 	struct hyb_sparse_ffn_stats one;
 
 	(void)g;
-	if (hyb_sparse_ffn(c->s->op, NULL, &c->s->bundles[c->l], c->s->m->hp.act, c->xn, active,
-			   n, part, &one))
+	if (hyb_sparse_ffn_cats(c->s->op, NULL, &c->s->bundles[c->l], c->s->m->hp.act, c->xn,
+				active, n, c->s->thr ? c->s->thr[c->l] : 0.0f, part, &one))
 		return -1;
 	c->st->n_gate += one.n_gate;
 	c->st->n_up += one.n_up;
@@ -192,8 +198,8 @@ int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, ui
 		if (!rc && out != y)
 			memcpy(y, out, sizeof(float) * E);
 	} else {
-		rc = hyb_sparse_ffn(s->op, pool, &s->bundles[l], s->m->hp.act, xn, active, n_active,
-				    y, st);
+		rc = hyb_sparse_ffn_cats(s->op, pool, &s->bundles[l], s->m->hp.act, xn, active,
+					 n_active, s->thr ? s->thr[l] : 0.0f, y, st);
 	}
 	if (rc)
 		snprintf(err, errlen, "layer %u: %s", l, hyb_sparse_ffn_error(s->op));
@@ -211,7 +217,13 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 	double t0, t1, t2;
 
 	t0 = now_s();
-	if (m->pred_input == HYB_PRED_SAME_LAYER) {
+	if (s->thr) {
+		/* CATS computes every gate and thresholds it exactly (docs/SPARSITY.md):
+		 * no prediction, the operator skips the up and down rows */
+		n_active = m->hp.n_ff;
+		for (uint32_t i = 0; i < n_active; i++)
+			s->active[i] = i;
+	} else if (m->pred_input == HYB_PRED_SAME_LAYER) {
 		/* PowerInfer's predictors read this layer's residual as it is */
 		n_active = hyb_ffn_sparse_predict(s, pool, l, x_attn, s->active);
 	} else {

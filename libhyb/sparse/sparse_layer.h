@@ -59,6 +59,12 @@ const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse
  * listed neuron once from the right bytes gives bit-identical results.
  */
 void hyb_ffn_sparse_set_oracle(struct hyb_ffn_sparse *s, bool on);
+/*
+ * CATS thresholds (hyb/sparsity.h; [n_layer], kept by the caller; NULL:
+ * none): layers then list every neuron and the operator skips the up and
+ * down rows of those at or below the threshold, instead of predicting.
+ */
+void hyb_ffn_sparse_set_thresholds(struct hyb_ffn_sparse *s, const float *thr);
 /* y = sum over runs of active by group, in group order, of part(run) (oracle mode). */
 typedef int (*hyb_group_part_fn)(void *user, uint32_t g, const uint32_t *active, uint32_t n,
 				 float *part);

@@ -66,6 +66,7 @@ struct job {
 	uint64_t unit;          /* positions per work unit */
 	atomic_ullong next;     /* the next unit to take */
 	int nth;
+	float thr;              /* CATS threshold (0: none) */
 	float *y;
 };
 
@@ -190,6 +191,7 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 	const uint32_t t = j->b->type;
 	const int64_t k = j->b->n_embd;
 	const int relu = j->act != HYB_ACT_SILU;
+	const int cats = !relu && j->thr > 0;
 	const int n = ch->n;
 	const void *rows[CH + HYB_SPARSE_PF_ROWS];
 	float gv[CH], uv[CH], hv[CH];
@@ -201,6 +203,11 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 	for (int i = 0; i < n; i++) {
 		if (relu && !(gv[i] > 0))
 			continue; /* relu(gate) == 0: h == 0 whatever up is */
+		if (cats) { /* CATS: |silu(gate)| at or below the threshold counts as 0 */
+			gv[i] = gv[i] / (1.0f + expf(-gv[i]));
+			if (!(fabsf(gv[i]) > j->thr))
+				continue;
+		}
 		sel[m] = i;
 		rows[m++] = ch->up[i];
 	}
@@ -213,7 +220,7 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 		sk->dot_pf[t](k, rows, m, npf, &j->x, uv);
 	}
 	for (int i = 0; i < m; i++) {
-		const float h = act_h(j->act, gv[sel[i]], uv[i]);
+		const float h = cats ? gv[sel[i]] * uv[i] : act_h(j->act, gv[sel[i]], uv[i]);
 
 		if (h == 0.0f)
 			continue;
@@ -410,7 +417,15 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 		   const uint32_t *active, uint32_t n_active, float *y,
 		   struct hyb_sparse_ffn_stats *st)
 {
-	struct job j = { .c = c, .b = b, .act = act, .active = active, .y = y };
+	return hyb_sparse_ffn_cats(c, pool, b, act, xn, active, n_active, 0.0f, y, st);
+}
+
+int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
+			const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
+			const uint32_t *active, uint32_t n_active, float thr, float *y,
+			struct hyb_sparse_ffn_stats *st)
+{
+	struct job j = { .c = c, .b = b, .act = act, .active = active, .y = y, .thr = thr };
 	int nth;
 
 	if (!c)
@@ -418,6 +433,9 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 	c->err[0] = 0;
 	if (check_args(c, b, act, xn, active, n_active, y))
 		return -1;
+	if (!(thr >= 0) || !isfinite(thr) || (thr > 0 && act != HYB_ACT_SILU))
+		return fail(c, "sparse ffn: a threshold (%g) is for SiLU FFNs, finite and >= 0",
+			    (double)thr);
 	j.n_groups = (uint32_t)(((uint64_t)b->n_ff + b->group_size - 1) / b->group_size);
 
 	/* where each group's neurons start in the list, and the listed work before it */

@@ -81,6 +81,17 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 		   const uint32_t *active, uint32_t n_active, float *y,
 		   struct hyb_sparse_ffn_stats *st);
 
+/*
+ * The same with a CATS threshold (hyb/sparsity.h) for a SiLU FFN: a listed
+ * neuron whose |silu(gate)| <= thr reads neither its up nor its down row
+ * (h is taken as 0). thr == 0 is hyb_sparse_ffn; -1 for a negative or
+ * non-finite thr, or thr > 0 with another act.
+ */
+int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
+			const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
+			const uint32_t *active, uint32_t n_active, float thr, float *y,
+			struct hyb_sparse_ffn_stats *st);
+
 /* Bytes of a layer's bundle tensor (3 * n_ff rows); 0 on bad arguments. */
 uint64_t hyb_bundles_bytes(uint32_t type, uint32_t n_embd, uint32_t n_ff);
 

@@ -7,7 +7,8 @@
 #
 #   tests/oracle/llama-ref.sh          prints the path of the llama_ref binary
 #
-# (llama_speed, the benchmark baseline of tests/bench/real.sh, beside it)
+# (llama_speed, the benchmark baseline of tests/bench/real.sh, beside it, and
+# llama.cpp's own llama-perplexity in build/bin, the reference of hyb perplexity)
 #
 # Stock CPU build, GGML_NATIVE (the goldens are per ISA level: they were
 # recorded on AVX-512 VNNI machines). Takes ~10 minutes on 2 cores the first
@@ -19,7 +20,8 @@ dest=$root/.cache/llama-ref
 bin=$dest/llama_ref
 if [[ -x $bin && $bin -nt $root/tests/oracle/llama_ref.c &&
 	$bin -nt $root/tests/oracle/llama_oracle.h &&
-	$dest/llama_speed -nt $root/tests/oracle/llama_speed.c ]]; then
+	$dest/llama_speed -nt $root/tests/oracle/llama_speed.c &&
+	-x $dest/build/bin/llama-perplexity ]]; then
 	echo "$bin"
 	exit 0
 fi
@@ -40,8 +42,8 @@ if [[ ! -d $dest/src ]]; then
 fi
 cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 	-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DBUILD_SHARED_LIBS=ON >&2
-cmake --build "$dest/build" -j"$(nproc)" --target llama >&2
+	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON >&2
+cmake --build "$dest/build" -j"$(nproc)" --target llama llama-perplexity >&2
 for prog in llama_ref llama_speed; do
 	cc -O2 -std=c11 -Wall -Wextra -I"$dest/src/include" -I"$dest/src/ggml/include" \
 		"$root/tests/oracle/$prog.c" -L"$dest/build/bin" -Wl,-rpath,"$dest/build/bin" \

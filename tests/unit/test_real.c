@@ -16,6 +16,7 @@
  * are: the logits are checked on hyb's AVX-512 levels, the tokenizer
  * everywhere.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,3 +258,40 @@ TEST(real_smollm2_chat_turn)
 	hyb_ctx_free(c);
 	hyb_model_free(m);
 }
+
+/*
+ * hyb perplexity against llama.cpp's llama-perplexity (built by
+ * tests/oracle/llama-ref.sh) on the same held-out text: the GPL-3 text of
+ * Debian's base-files, which no calibration prompt overlaps:
+ *   llama-perplexity -m FILE -f /usr/share/common-licenses/GPL-3 -c 128 --chunks 8 -t 2 -b 128
+ * prints "Final estimate: PPL = X +/- Y"; within 0.5% (the method is the
+ * same, so on AVX-512 the numbers agree to their last printed digit).
+ */
+static void run_perplexity(const char *model, double want)
+{
+	static const char text[] = "/usr/share/common-licenses/GPL-3";
+	const char *b = getenv("HYB_BUILD");
+	char log[512], line[256] = "";
+	double got = 0;
+	FILE *f;
+
+	if (access(text, R_OK))
+		SKIP("%s (Debian's base-files) is not here", text);
+	snprintf(log, sizeof(log), "%s/ppl.log", hyb_test_tmpdir());
+	if (hyb_test_sh(log, "%s/hyb perplexity -m %s -f %s -c 128 --chunks 8 -t 2",
+			b && *b ? b : "build", model, text)) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "hyb perplexity failed");
+	}
+	f = fopen(log, "r");
+	CHECK(f);
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Final estimate: PPL = %lf", &got) == 1)
+			break;
+	fclose(f);
+	fprintf(stderr, "PPL %.4f, llama-perplexity %.4f\n", got, want);
+	CHECK_MSG(fabs(got - want) <= 0.005 * want, "PPL %g, llama.cpp's %g", got, want);
+}
+
+TEST(real_smollm2_perplexity) { run_perplexity(hyb_test_real_model("smollm2"), 22.8763); }
+TEST(real_gemma3_perplexity) { run_perplexity(hyb_test_real_model("gemma3"), 17.4796); }

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyb/sparsity.h"
 #include "hyb/tokenizer.h"
 
 void cli_die(const char *fmt, ...)
@@ -37,7 +38,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
-       O_CHAT_TEMPLATE, O_SYSTEM };
+       O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -74,6 +75,10 @@ static const struct option longopts[] = {
 	{ "chat", no_argument, 0, O_CHAT },
 	{ "chat-template", required_argument, 0, O_CHAT_TEMPLATE },
 	{ "system", required_argument, 0, O_SYSTEM },
+	{ "cats", required_argument, 0, O_CATS },
+	{ "sparsity", required_argument, 0, O_SPARSITY },
+	{ "chunks", required_argument, 0, O_CHUNKS },
+	{ "file", required_argument, 0, 'f' },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -120,9 +125,10 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 	int c;
 
 	o->sp = hyb_sampler_defaults();
+	o->sparsity = -1;
 	o->hy.policy = HYB_POLICY_TAM_ADAPTIVE;
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "m:p:n:t:c:o:r:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:p:n:t:c:o:r:f:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'm': o->model = optarg; break;
 		case 'p': o->prompt = optarg; break;
@@ -149,6 +155,15 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_CHAT: o->chat = true; break;
 		case O_CHAT_TEMPLATE: o->chat_template = optarg; break;
 		case O_SYSTEM: o->system = optarg; break;
+		case O_CATS: o->cats = optarg; break;
+		case O_SPARSITY:
+			o->sparsity = cli_num("--sparsity", optarg, 0, 1);
+			if (o->sparsity >= 1)
+				cli_die("--sparsity %s: the fraction of FFN neurons to skip, below 1",
+					optarg);
+			break;
+		case O_CHUNKS: o->n_chunks = (int)cli_num("--chunks", optarg, 1, 1 << 30); break;
+		case 'f': o->text_file = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default:
 			if (!parse_hybrid(c, o)) {
@@ -161,6 +176,31 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		cli_die("unexpected argument '%s'", argv[optind]);
 	if (!o->model)
 		cli_die("no model given (-m MODEL)");
+	if (o->sparsity > 0 && !o->cats)
+		cli_die("--sparsity %g needs --cats PROFILE (thresholds for it come from a "
+			"profile's quantiles)", o->sparsity);
+}
+
+/* --cats / --sparsity onto a new context (hyb/sparsity.h); exits on failure. */
+static void apply_cats(struct hyb_ctx *c, const struct hyb_model *m, const struct cli_opts *o)
+{
+	float *thr;
+
+	if (o->sparsity == 0) { /* explicitly dense, a plan's own thresholds too */
+		if (hyb_ctx_set_ffn_thresholds(c, NULL))
+			cli_die("%s", hyb_last_error());
+		return;
+	}
+	if (!o->cats)
+		return;
+	thr = malloc(sizeof(float) * m->hp.n_layer);
+	if (!thr)
+		cli_die("out of memory");
+	if (hyb_sparsity_thresholds(o->cats, o->sparsity > 0 ? o->sparsity : 0, thr,
+				    m->hp.n_layer) ||
+	    hyb_ctx_set_ffn_thresholds(c, thr))
+		cli_die("--cats %s: %s", o->cats, hyb_last_error());
+	free(thr);
 }
 
 struct hyb_model *cli_load_model(const struct cli_opts *o)
@@ -191,6 +231,7 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 
 	if (!c)
 		cli_die("%s", hyb_last_error());
+	apply_cats(c, m, o);
 	return c;
 }
 

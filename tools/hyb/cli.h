@@ -37,6 +37,11 @@ struct cli_opts {
 	bool chat;
 	const char *chat_template; /* --chat-template NAME: instead of the model's */
 	const char *system;        /* --system TEXT: a system message first */
+	/* CATS (hyb/sparsity.h): --cats PROFILE [--sparsity S]; sparsity < 0: not given */
+	const char *cats;
+	double sparsity;
+	const char *text_file;     /* perplexity -f FILE */
+	int n_chunks;              /* perplexity --chunks N */
 };
 
 /* Parse argv after the subcommand; exits with a message on a bad option. */
@@ -72,5 +77,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
 
 #endif

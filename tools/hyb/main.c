@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-/* hyb: run GGUF models. Subcommands: run, chat, serve, bench, logits, tokenize. */
+/* hyb: run GGUF models. Subcommands: run, chat, serve, bench, logits, tokenize, perplexity. */
 #include <stdio.h>
 #include <string.h>
 
@@ -16,6 +16,9 @@ static const char usage[] =
 	"  bench    -m MODEL [-p N] [-n N] [-r REPS]        prefill/decode speed vs rooflines\n"
 	"  logits   -m MODEL --tokens IDS -o FILE [--decode] every position's logits (float32)\n"
 	"  tokenize -m MODEL -p TEXT                         print token ids\n"
+	"  perplexity -m MODEL -f TEXT [-c 512] [--chunks N] perplexity as llama-perplexity\n"
+	"           computes it\n"
+	"common: --cats PROFILE [--sparsity S]  CATS activation sparsity (docs/SPARSITY.md)\n"
 	"common: -t THREADS  -c CONTEXT\n"
 	"sampling: --temp T (0 = greedy, default)  --top-k K  --top-p P  --min-p P\n"
 	"          --repeat-penalty R  --repeat-last-n N  --seed S\n";
@@ -36,6 +39,8 @@ int main(int argc, char **argv)
 		return cmd_bench(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "logits"))
 		return cmd_logits(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "perplexity"))
+		return cmd_perplexity(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "tokenize"))
 		return cmd_tokenize(argc - 1, argv + 1);
 	fprintf(stderr, "hyb: unknown command '%s'\n%s", argv[1], usage);

@@ -24,13 +24,18 @@
 #include "hyb/model.h"
 #include "hyb/profile.h"
 #include "hyb/sampler.h"
+#include "hyb/sparsity.h"
 #include "hyb/tokenizer.h"
 #include "hybctl.h"
 
 static const char usage[] =
 	"usage: hybctl profile MODEL [-o PROFILE.gguf] [--prompts FILE] [--gen N]\n"
 	"                      [--samples N] [-t N] [--seed N] [--temp T] [--json]\n"
+	"                      [--sparsity S]\n"
 	"  -o FILE        save the profile (GGUF, read by hybctl plan)\n"
+	"  --sparsity S   SiLU/GELU models: calibrate CATS thresholds for sparsity S\n"
+	"                 in (0, 1) on the prompts, then profile with them\n"
+	"                 (docs/SPARSITY.md)\n"
 	"  --prompts FILE one prompt per line (default: 20 built-in prompts)\n"
 	"  --gen N        tokens sampled after each prompt (default 64)\n"
 	"  --samples N    tokens whose active sets and predictor inputs are kept\n"
@@ -69,6 +74,7 @@ struct opts {
 	int threads;
 	uint64_t seed;
 	float temp;
+	double sparsity; /* 0: none */
 	bool json;
 };
 
@@ -77,7 +83,7 @@ static void parse(int argc, char **argv, struct opts *o)
 	static const struct option opts[] = {
 		{ "prompts", 1, 0, 'p' }, { "gen", 1, 0, 'g' }, { "samples", 1, 0, 'S' },
 		{ "seed", 1, 0, 's' }, { "temp", 1, 0, 'T' }, { "json", 0, 0, 'j' },
-		{ "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "sparsity", 1, 0, 'y' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
 	};
 	int c;
 
@@ -102,6 +108,17 @@ static void parse(int argc, char **argv, struct opts *o)
 			break;
 		}
 		case 'j': o->json = true; break;
+		case 'y': {
+			char *end;
+
+			o->sparsity = strtod(optarg, &end);
+			if (end == optarg || *end || !(o->sparsity > 0 && o->sparsity < 1)) {
+				fprintf(stderr, "hybctl profile: --sparsity '%s' is outside (0, 1): "
+					"the fraction of FFN neurons to skip\n", optarg);
+				exit(2);
+			}
+			break;
+		}
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -205,6 +222,13 @@ static void print_table(FILE *f, const struct hyb_profile *p, const struct hyb_p
 		fmt(b[1], s->hot_share_80, 3), fmt(b[2], s->jaccard_adjacent, 3),
 		fmt(b[3], s->cos_next_min, 4), fmt(b[4], s->reactivation_cold_max, 3),
 		fmt(b[5], s->coact_lift, 2), fmt(b[6], s->coact_lift_random, 2));
+	if (p->cats_threshold) {
+		fprintf(f, "CATS thresholds for sparsity %.2f (|act(gate)| at or below skips the "
+			"neuron):", (double)p->target_sparsity);
+		for (uint32_t l = 0; l < p->n_layer; l++)
+			fprintf(f, " %.4g", (double)p->cats_threshold[l]);
+		fputc('\n', f);
+	}
 }
 
 static void json_arr(const struct hyb_profile *p, const char *key, size_t off)
@@ -245,7 +269,14 @@ static void print_json(const struct hyb_profile *p, const struct hyb_profile_sum
 		}
 		printf("]");
 	}
-	printf("],\n  \"summary\": {\"sparsity\": ");
+	printf("],\n");
+	if (p->cats_threshold) {
+		printf("  \"target_sparsity\": %.6g, \"threshold\": [", (double)p->target_sparsity);
+		for (uint32_t l = 0; l < p->n_layer; l++)
+			printf(l ? ", %.6g" : "%.6g", (double)p->cats_threshold[l]);
+		printf("],\n");
+	}
+	printf("  \"summary\": {\"sparsity\": ");
 	print_num(stdout, s->sparsity, "%.6g");
 	printf(", \"hot_share_80\": ");
 	print_num(stdout, s->hot_share_80, "%.6g");
@@ -272,6 +303,7 @@ struct run {
 	struct hyb_model *m;
 	struct hyb_ctx *ctx;
 	struct hyb_profile_collector *col;
+	float *thr, *quant; /* CATS: thresholds [n_layer], quantiles [n_layer][101] */
 };
 
 /* Every prompt as token ids; the longest sets the context. 0 or -1 (said on stderr). */
@@ -315,9 +347,16 @@ static int open_run(struct run *r)
 		fprintf(stderr, "hybctl profile: %s has no tokenizer\n", r->o.model);
 		return -1;
 	}
-	if (m->hp.act == HYB_ACT_SILU)
-		fprintf(stderr, "hybctl profile: note: %s uses SiLU, whose activations are never "
-			"exactly 0 (sparsity ~0)\n", r->o.model);
+	if (r->o.sparsity && m->hp.act != HYB_ACT_SILU && m->hp.act != HYB_ACT_GELU) {
+		fprintf(stderr, "hybctl profile: note: %s's FFN is ReLU-family and sparse as it is: "
+			"--sparsity is ignored, its natural sparsity is profiled\n", r->o.model);
+		r->o.sparsity = 0;
+	} else if (!r->o.sparsity && (m->hp.act == HYB_ACT_SILU || m->hp.act == HYB_ACT_GELU)) {
+		fprintf(stderr, "hybctl profile: note: %s uses %s, whose activations are never "
+			"exactly 0 (sparsity ~0): --sparsity S calibrates thresholds that make "
+			"them sparse (docs/SPARSITY.md)\n", r->o.model,
+			m->hp.act == HYB_ACT_SILU ? "SiLU" : "GELU");
+	}
 	if (tokenize_prompts(r))
 		return -1;
 	if ((uint64_t)r->longest + r->o.gen > m->hp.n_ctx_train) {
@@ -345,8 +384,9 @@ static int open_run(struct run *r)
 	return 0;
 }
 
-/* Each prompt and the model's own sampled continuation through the probed context. */
-static int generate_all(struct run *r)
+/* Each prompt and the model's own sampled continuation through the probed context
+ * (with calib, the calibration pass: no collector). */
+static int generate_all(struct run *r, bool calib)
 {
 	for (uint32_t i = 0; i < r->n_prompts; i++) {
 		struct hyb_sampler_params sp = hyb_sampler_defaults();
@@ -366,8 +406,9 @@ static int generate_all(struct run *r)
 			return -1;
 		}
 		hyb_ctx_reset(r->ctx);
-		hyb_profile_collector_begin_seq(r->col,
-						(r->o.samples + r->n_prompts - 1) / r->n_prompts);
+		if (!calib)
+			hyb_profile_collector_begin_seq(r->col, (r->o.samples + r->n_prompts - 1) /
+							r->n_prompts);
 		rc = hyb_generate(r->ctx, r->m, s, r->ids[i], (uint32_t)r->n_ids[i], r->o.gen, NULL,
 				  NULL, &st);
 		hyb_sampler_free(s);
@@ -380,9 +421,52 @@ static int generate_all(struct run *r)
 	return 0;
 }
 
+/*
+ * CATS calibration (CATS §3.2): the prompts through the dense model with the
+ * probe on act(gate), each layer's threshold the quantile of |act(gate)| at
+ * the target sparsity; the context then runs with them, so the profile that
+ * follows sees the activations sparse decoding will compute.
+ */
+static int calibrate(struct run *r)
+{
+	const struct hyb_hparams *hp = &r->m->hp;
+	struct hyb_calib *cal = hyb_calib_new(hp->n_layer, hp->n_ff);
+	int rc = -1;
+
+	r->thr = malloc(sizeof(float) * hp->n_layer);
+	r->quant = malloc(sizeof(float) * hp->n_layer * HYB_SPARSITY_N_QUANTILES);
+	if (!cal || !r->thr || !r->quant) {
+		fprintf(stderr, "hybctl profile: out of memory\n");
+		goto out;
+	}
+	hyb_ctx_set_ffn_probe(r->ctx, hyb_calib_probe, cal);
+	hyb_ctx_set_ffn_probe_gate(r->ctx, true);
+	if (generate_all(r, true))
+		goto out;
+	hyb_ctx_set_ffn_probe_gate(r->ctx, false);
+	if (hyb_calib_quantiles(cal, r->quant)) {
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
+		goto out;
+	}
+	for (uint32_t l = 0; l < hp->n_layer; l++)
+		r->thr[l] = hyb_sparsity_quantile_at(r->quant + (size_t)l * HYB_SPARSITY_N_QUANTILES,
+						     r->o.sparsity);
+	if (hyb_ctx_set_ffn_thresholds(r->ctx, r->thr)) {
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
+		goto out;
+	}
+	hyb_ctx_set_ffn_probe(r->ctx, hyb_profile_probe, r->col);
+	rc = 0;
+out:
+	hyb_calib_free(cal);
+	return rc;
+}
+
 static void close_run(struct run *r)
 {
 	hyb_profile_collector_free(r->col);
+	free(r->thr);
+	free(r->quant);
 	hyb_ctx_free(r->ctx);
 	hyb_model_free(r->m);
 	for (uint32_t i = 0; r->ids && i < r->n_prompts; i++)
@@ -414,13 +498,21 @@ int cmd_profile(int argc, char **argv)
 	if (open_run(&r))
 		goto out;
 	t0 = hyb_now();
-	if (generate_all(&r))
+	if (r.o.sparsity && calibrate(&r))
+		goto out;
+	if (generate_all(&r, false))
 		goto out;
 	prof = hyb_profile_collector_finish(r.col);
 	r.col = NULL;
 	if (!prof) {
 		fprintf(stderr, "hybctl profile: out of memory\n");
 		goto out;
+	}
+	if (r.thr) {
+		prof->target_sparsity = (float)r.o.sparsity;
+		prof->cats_threshold = r.thr;
+		prof->cats_quantiles = r.quant;
+		r.thr = r.quant = NULL;
 	}
 	hyb_profile_summarize(prof, &sum);
 	t0 = hyb_now() - t0;

@@ -162,6 +162,10 @@ struct hyb_model {
 	 * powerinfer.sparse_threshold (0 when absent), for `hybctl plan`. */
 	bool powerinfer;
 	float powerinfer_threshold;
+	/* CATS thresholds the file carries (hyb/sparsity.h; NULL: none): every
+	 * context starts with them. ffn_sparsity: the target they were set for. */
+	float *ffn_thr;
+	float ffn_sparsity;
 	/* Huge-page copy of the file the weights point into (NULL: the file's mmap). */
 	void *image;
 	uint64_t image_len;
@@ -288,6 +292,24 @@ void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c);
 typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
 				 const float *x_attn, const float *act);
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
+/*
+ * The probe receives act(gate) alone, before the product with up and before
+ * any threshold (what CATS calibrates on, hyb/sparsity.h), instead of the
+ * activation.
+ */
+void hyb_ctx_set_ffn_probe_gate(struct hyb_ctx *c, bool on);
+
+/*
+ * CATS thresholds (hyb/sparsity.h): thr[n_layer] (copied; NULL: none, dense).
+ * Every FFN of this context, prompt and decode, then treats a neuron with
+ * |act(gate)| <= thr[l] as inactive; sparse decoding reads neither its up
+ * row nor its down column. A context starts with the model's own
+ * (hyb_model.ffn_thr). -EINVAL: a ReLU-family model (sparse already) or a
+ * threshold that is negative or not finite; -ENOMEM.
+ */
+int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr);
+/* The thresholds in use (n_layer values), or NULL. */
+const float *hyb_ctx_ffn_thresholds(const struct hyb_ctx *c);
 
 /*
  * Box mode (docs/BOX.md): a model hybd has

@@ -70,6 +70,11 @@ struct hyb_profile_layer {
 
 struct hyb_profile {
 	char model_name[128];
+	/* CATS (hyb/sparsity.h; 0 and NULL for a profile of natural sparsity):
+	 * the statistics above are then of the thresholded activations */
+	float target_sparsity;
+	float *cats_threshold;  /* [n_layer] */
+	float *cats_quantiles;  /* [n_layer][HYB_SPARSITY_N_QUANTILES] of |act(gate)|, dense model */
 	uint32_t n_layer, n_embd, n_ff;
 	uint32_t active_words;  /* (n_ff + 63) / 64 */
 	uint64_t n_tokens;      /* tokens behind count[] */
@@ -135,5 +140,19 @@ void hyb_profile_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
 /* The profile with its statistics computed; frees the collector. NULL: out of memory. */
 struct hyb_profile *hyb_profile_collector_finish(struct hyb_profile_collector *c);
 void hyb_profile_collector_free(struct hyb_profile_collector *c);
+
+/*
+ * CATS calibration (hyb/sparsity.h): install hyb_calib_probe with the
+ * calibrator as user pointer on a context whose probe sees act(gate)
+ * (hyb_ctx_set_ffn_probe_gate), run the calibration text, then read each
+ * layer's quantiles of |act(gate)| into q[n_layer * HYB_SPARSITY_N_QUANTILES]
+ * (-ENODATA when a layer saw nothing).
+ */
+struct hyb_calib;
+struct hyb_calib *hyb_calib_new(uint32_t n_layer, uint32_t n_ff);
+void hyb_calib_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const float *x_attn,
+		     const float *act);
+int hyb_calib_quantiles(const struct hyb_calib *c, float *q);
+void hyb_calib_free(struct hyb_calib *c);
 
 #endif
