@@ -4,11 +4,13 @@
  *
  * PowerInfer §5.4 splits the neurons "into small batches across multiple
  * cores; each core checks activations and computes only the active
- * neurons of its batch". Here a batch is a unit of consecutive listed
- * neurons (bundle order, 16-64 of them) taken from a shared counter, so
- * threads are balanced by listed work, not by bundles, and a thread the OS
- * delays leaves its units to the others. Each thread adds into its own
- * partial y (thread 0 into y itself); one reduction sums them.
+ * neurons of its batch". Here thread i of n takes the i-th n-th of the
+ * listed neurons (bundle order), so threads are balanced by listed work,
+ * not by bundles. The split is static: which thread sums which neurons, and
+ * so every float sum, is the same in every run with n threads (a shared
+ * counter would make the output change run to run; docs/DETERMINISM.md).
+ * Each thread adds into its own partial y (thread 0 into y itself); one
+ * reduction sums them in thread order.
  *
  * A thread cuts its neurons into chunks of HYB_SPARSE_MAX_ROWS (across
  * groups and units) and runs each chunk in three kernel calls: gate dots;
@@ -24,7 +26,6 @@
 
 #include <math.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +64,6 @@ struct job {
 	const uint32_t *active; /* NULL: every neuron */
 	uint32_t n_groups;
 	uint64_t total;         /* listed neurons of present groups */
-	uint64_t unit;          /* positions per work unit */
-	atomic_ullong next;     /* the next unit to take */
 	int nth;
 	float *y;
 };
@@ -246,12 +245,10 @@ static uint32_t group_of(const struct hyb_sparse_ffn_ctx *c, uint32_t n_groups, 
 }
 
 /*
- * Threads take units of consecutive positions (bundle order) from a shared
- * counter, as the dense matmul takes row chunks: balanced by listed work,
- * and a thread the OS delays leaves its share to the others. Positions go
- * into chunks of CH neurons whatever their group or unit; two chunks in
- * turn, so that a chunk's first gate rows are requested when it is filled
- * and it runs after the one before it.
+ * Thread ith takes positions [total * ith / nth, total * (ith + 1) / nth)
+ * (bundle order). Positions go into chunks of CH neurons whatever their
+ * group; two chunks in turn, so that a chunk's first gate rows are
+ * requested when it is filled and it runs after the one before it.
  */
 static void ffn_worker(void *arg, int ith, int nth)
 {
@@ -262,6 +259,8 @@ static void ffn_worker(void *arg, int ith, int nth)
 	const uint64_t rb = b->row_bytes;
 	struct tslot *st = &c->slot[ith];
 	struct chunk ch[2];
+	uint64_t lo, hi;
+	uint32_t g;
 	float *y;
 	int cur = 0;
 
@@ -274,41 +273,35 @@ static void ffn_worker(void *arg, int ith, int nth)
 		memset(y, 0, sizeof(float) * b->n_embd);
 		st->used = 1;
 	}
+	lo = j->total * (uint64_t)ith / (uint64_t)j->nth;
+	hi = j->total * (uint64_t)(ith + 1) / (uint64_t)j->nth;
+	if (lo >= hi)
+		return;
+	if (!st->used) {
+		memset(y, 0, sizeof(float) * b->n_embd);
+		st->used = 1;
+	}
 	ch[0].n = ch[1].n = 0;
-	for (;;) {
-		const uint64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-		const uint64_t lo = u * j->unit;
+	g = group_of(c, j->n_groups, lo);
+	for (uint64_t p = lo; p < hi; p++) {
+		while (p >= c->cum[g + 1])
+			g++; /* absent and empty groups have cum[g + 1] == cum[g] */
+		const uint32_t g0 = g * gs, ng = b->n_ff - g0 < gs ? b->n_ff - g0 : gs;
+		const uint64_t at = p - c->cum[g];
+		const uint32_t l = j->active ? j->active[c->gstart[g] + at] - g0 : (uint32_t)at;
+		const uint8_t *base = b->bundle[g];
+		struct chunk *f = &ch[cur];
 
-		if (lo >= j->total)
-			break;
-		const uint64_t hi = lo + j->unit < j->total ? lo + j->unit : j->total;
-		uint32_t g = group_of(c, j->n_groups, lo);
-
-		if (!st->used) {
-			memset(y, 0, sizeof(float) * b->n_embd);
-			st->used = 1;
-		}
-		for (uint64_t p = lo; p < hi; p++) {
-			while (p >= c->cum[g + 1])
-				g++; /* absent and empty groups have cum[g + 1] == cum[g] */
-			const uint32_t g0 = g * gs, ng = b->n_ff - g0 < gs ? b->n_ff - g0 : gs;
-			const uint64_t at = p - c->cum[g];
-			const uint32_t l = j->active ? j->active[c->gstart[g] + at] - g0
-						     : (uint32_t)at;
-			const uint8_t *base = b->bundle[g];
-			struct chunk *f = &ch[cur];
-
-			f->gate[f->n] = base + (uint64_t)l * rb;
-			f->up[f->n] = base + (uint64_t)(ng + l) * rb;
-			f->down[f->n] = base + (uint64_t)(2 * ng + l) * rb;
-			if (++f->n == CH) {
-				cur ^= 1;
-				if (ch[cur].n) /* the chunk before: it prefetches f's first rows */
-					run_chunk(j, &ch[cur], f, y, st);
-				else /* the first: nothing ran before it to fetch its rows */
-					prefetch_first(f->gate, f->n, rb);
-				ch[cur].n = 0;
-			}
+		f->gate[f->n] = base + (uint64_t)l * rb;
+		f->up[f->n] = base + (uint64_t)(ng + l) * rb;
+		f->down[f->n] = base + (uint64_t)(2 * ng + l) * rb;
+		if (++f->n == CH) {
+			cur ^= 1;
+			if (ch[cur].n) /* the chunk before: it prefetches f's first rows */
+				run_chunk(j, &ch[cur], f, y, st);
+			else /* the first: nothing ran before it to fetch its rows */
+				prefetch_first(f->gate, f->n, rb);
+			ch[cur].n = 0;
 		}
 	}
 	if (ch[cur ^ 1].n) {
@@ -457,10 +450,6 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 	if ((uint64_t)nth > j.total / 8)
 		nth = j.total / 8 > 0 ? (int)(j.total / 8) : 1;
 	j.nth = nth;
-	/* about 8 units a thread, 16..CH positions each */
-	j.unit = j.total / ((uint64_t)nth * 8);
-	j.unit = j.unit < 16 ? 16 : j.unit > CH ? CH : j.unit;
-	atomic_init(&j.next, 0);
 	if (nth == 1)
 		ffn_worker(&j, 0, 1);
 	else
