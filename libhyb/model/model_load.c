@@ -165,9 +165,10 @@ static int read_hparams(struct hyb_loader *ld)
 	uint32_t v_dim;
 	char act[32] = "silu";
 
-	if (ld->m->gguf->magic == HYB_GGUF_MAGIC_PWRI)
-		return hyb_ld_fail(ld, "this is a PowerInfer GPU index (PWRI magic), not a model: give it "
-			    "to hybctl plan --gpu-index");
+	/* PowerInfer writes PWRI into models and GPU indexes alike (hyb/gguf.h) */
+	if (hyb_gguf_is_gpu_index(ld->m->gguf))
+		return hyb_ld_fail(ld, "this is a PowerInfer GPU index (only gpu_idx/gpu_bucket "
+				   "tensors), not a model: give it to hybctl plan --gpu-index");
 	if (!hyb_gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
 		return hyb_ld_fail(ld, "metadata general.architecture is missing");
 	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]) && !arch; i++)

@@ -501,3 +501,84 @@ TEST(pi_q4_0_plan_copies_quantized_down_rows)
 	hyb_model_free(pi);
 	hyb_model_free(m);
 }
+
+/* the type number stored in the file for tensor name (its tensor info entry) */
+static uint32_t raw_type(const char *path, const char *name)
+{
+	FILE *fp = fopen(path, "rb");
+	static char buf[1 << 16];
+	size_t n, nl = strlen(name);
+	uint32_t nd, type = UINT32_MAX;
+
+	CHECK(fp);
+	n = fread(buf, 1, sizeof(buf), fp);
+	fclose(fp);
+	for (size_t i = 8; i + nl + 8 <= n; i++) {
+		uint64_t len;
+
+		memcpy(&len, buf + i - 8, 8);
+		if (len != nl || memcmp(buf + i, name, nl))
+			continue;
+		memcpy(&nd, buf + i + nl, 4);
+		CHECK(nd >= 1 && nd <= 4 && i + nl + 4 + 8 * nd + 4 <= n);
+		memcpy(&type, buf + i + nl + 4 + 8 * nd, 4);
+		break;
+	}
+	CHECK_MSG(type != UINT32_MAX, "%s: no tensor %s in the header", path, name);
+	return type;
+}
+
+/*
+ * The files as PowerInfer's tools write them: a model with PWRI magic
+ * (convert.py), a GPU index with I32 numbered 18 and an empty gpu_bucket
+ * for a layer without GPU neurons (export_split.py with PowerInfer's
+ * gguf-py). hyb reads both and tells them apart by content; a GGUF-magic
+ * model loads too. The index the oracle writes carries 18, the number
+ * PowerInfer's ggml knows (the gguf package's 26 makes its reader divide by
+ * a zero block size).
+ */
+TEST(pi_files_as_powerinfer_writes_them)
+{
+	struct pi_files f;
+	char gg[600], log[512];
+	struct hyb_gguf_file *gi, *mf;
+	struct hyb_model *m;
+	int rc;
+
+	make_model(&f, "--predictor random --hidden 32 --gpu-none 1");
+	CHECK_MSG(!hyb_gguf_open(f.model, &mf), "%s", hyb_last_error());
+	CHECK_EQ_INT(mf->magic, HYB_GGUF_MAGIC_PWRI);
+	CHECK(!hyb_gguf_is_gpu_index(mf));
+	hyb_gguf_close(mf);
+	m = load(f.model);
+	CHECK(m->powerinfer);
+	hyb_model_free(m);
+	snprintf(gg, sizeof(gg), "%s/pi-gguf.gguf", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, PI_PY " '%s' '%s' --predictor random --hidden 32 "
+				 "--magic gguf", f.src, gg), 0);
+	m = load(gg);
+	CHECK(m->powerinfer && m->gguf->magic == HYB_GGUF_MAGIC);
+	hyb_model_free(m);
+
+	CHECK_EQ_INT(raw_type(f.gpuidx, "blk.0.gpu_idx"), 18);
+	CHECK_EQ_INT(raw_type(f.gpuidx, "blk.1.gpu_bucket"), 18);
+	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi), "%s", hyb_last_error());
+	CHECK(hyb_gguf_is_gpu_index(gi));
+	CHECK_EQ_INT(tensor(gi, 0, "gpu_idx")->type, HYB_TYPE_I32);
+	CHECK_EQ_INT(tensor(gi, 0, "gpu_bucket")->type, HYB_TYPE_I32);
+	CHECK(tensor(gi, 0, "gpu_bucket")->ne[0] > 0);
+	CHECK_EQ_INT(tensor(gi, 1, "gpu_bucket")->ne[0], 0);
+	CHECK_EQ_INT(tensor(gi, 1, "gpu_bucket")->nbytes, 0);
+	hyb_gguf_close(gi);
+
+	rc = make_plan(&f, "--gpu-budget 16M --group-size 32 --gpu-index", log, sizeof(log));
+	CHECK(rc != 0); /* (no path: a usage error) */
+	snprintf(gg, sizeof(gg), "--gpu-budget 16M --group-size 32 --gpu-index '%s'", f.gpuidx);
+	rc = make_plan(&f, gg, log, sizeof(log));
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "hybctl plan with PowerInfer's GPU index failed (exit %d)", rc);
+	m = load(f.plan);
+	CHECK(m->group_size > 0);
+	hyb_model_free(m);
+}
