@@ -13,10 +13,12 @@
  * no dense<->sparse conversion, no temporary matrix.
  *
  * Threads (§5.4: "split the neurons into small batches across cores"):
- * the listed neurons of the groups present here are cut into nth runs of
- * equal count, in bundle order, so threads are balanced by the work
- * actually listed, not by bundles; each thread adds into its own partial y
- * and one reduction sums them.
+ * the listed neurons of the groups present here are cut into at most 16
+ * units of whole kernel chunks, in bundle order, which threads take as they
+ * go, so threads are balanced by the work actually listed, not by bundles;
+ * each unit adds into its own partial y and one reduction sums them in unit
+ * order. The units depend on the list alone: the same list gives the same
+ * bits with any thread count and any scheduling (docs/DETERMINISM.md).
  */
 #ifndef HYB_SPARSE_OP_H
 #define HYB_SPARSE_OP_H
