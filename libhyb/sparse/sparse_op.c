@@ -306,12 +306,21 @@ static void ffn_worker(void *arg, int ith, int nth)
 			const uint64_t at = p - c->cum[g];
 			const uint32_t l = j->active ? j->active[c->gstart[g] + at] - g0
 						     : (uint32_t)at;
-			const uint8_t *base = b->bundle[g];
 			struct chunk *f = &ch[cur];
 
-			f->gate[f->n] = base + (uint64_t)l * rb;
-			f->up[f->n] = base + (uint64_t)(ng + l) * rb;
-			f->down[f->n] = base + (uint64_t)(2 * ng + l) * rb;
+			if (b->bundle) {
+				const uint8_t *base = b->bundle[g];
+
+				f->gate[f->n] = base + (uint64_t)l * rb;
+				f->up[f->n] = base + (uint64_t)(ng + l) * rb;
+				f->down[f->n] = base + (uint64_t)(2 * ng + l) * rb;
+			} else {
+				const uint64_t off = (uint64_t)(g0 + l) * rb;
+
+				f->gate[f->n] = (const uint8_t *)b->rows[0] + off;
+				f->up[f->n] = (const uint8_t *)b->rows[1] + off;
+				f->down[f->n] = (const uint8_t *)b->rows[2] + off;
+			}
 			if (++f->n == CH) {
 				chunk_done(j, ch, &cur, st, rb);
 				ch[cur].y = y;
@@ -368,7 +377,8 @@ static int check_args(struct hyb_sparse_ffn_ctx *c, const struct hyb_ffn_bundles
 		      enum hyb_ffn_act act, const float *xn, const uint32_t *active,
 		      uint32_t n_active, const float *y)
 {
-	if (!b || !xn || !y || !b->bundle)
+	if (!b || !xn || !y ||
+	    (!b->bundle && (!b->rows[0] || !b->rows[1] || !b->rows[2])))
 		return fail(c, "sparse ffn: NULL argument");
 	if (!hyb_sparse_type_ok(b->type))
 		return fail(c, "sparse ffn: weight type %s not supported (%s)",
@@ -443,7 +453,7 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 			c->gstart[g] = (uint32_t)g0;
 			n = g1 - g0;
 		}
-		c->cum[g + 1] = c->cum[g] + (b->bundle[g] ? n : 0);
+		c->cum[g + 1] = c->cum[g] + (!b->bundle || b->bundle[g] ? n : 0);
 	}
 	j.total = c->cum[j.n_groups];
 

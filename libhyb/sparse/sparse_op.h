@@ -36,6 +36,9 @@
  * transposed, each row n_embd elements of `type` (row_bytes apart), from
  * bundle[g]. bundle[g] == NULL: the group is not on this device and its
  * neurons are skipped (the hybrid engine computes them elsewhere).
+ * bundle == NULL: the three matrices of a PowerInfer file as they are
+ * instead (rows[0] gate, rows[1] up, rows[2] ffn_down_t; neuron i's row at
+ * + i * row_bytes in each), every group present.
  */
 struct hyb_ffn_bundles {
 	uint32_t type;         /* hyb_sparse_type_ok() (sparse_ffn_kernels.h) */
@@ -43,6 +46,7 @@ struct hyb_ffn_bundles {
 	uint32_t group_size;   /* GS */
 	uint64_t row_bytes;    /* hyb_row_bytes(type, n_embd) */
 	const void *const *bundle; /* [ceil(n_ff / GS)] */
+	const void *rows[3];   /* bundle == NULL */
 };
 
 /* Counts of one call, over the groups present. */

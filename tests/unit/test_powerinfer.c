@@ -24,6 +24,7 @@
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
+#include "sparse/sparse_layer.h"
 #include "test.h"
 
 #define PI_PY ".venv/bin/python tests/oracle/powerinfer_gguf.py"
@@ -412,15 +413,24 @@ TEST(pi_rejects_bad_files)
 	m = hyb_model_load_mode(f.gpuidx, HYB_LOAD_MMAP);
 	CHECK(!m);
 	CHECK_MSG(strstr(hyb_last_error(), "PowerInfer GPU index"), "%s", hyb_last_error());
-	/* a predictor of the wrong shape: the plan names it */
-	CHECK(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)) != 0);
+	/* a predictor of the wrong shape: loading names it */
+	m = hyb_model_load_mode(f.model, HYB_LOAD_MMAP);
+	CHECK(!m);
+	CHECK_MSG(strstr(hyb_last_error(), "blk.1.fc2.weight") &&
+		  strstr(hyb_last_error(), "expected shape"), "%s", hyb_last_error());
+	/* so does hybctl profile, the plan's first step */
+	CHECK(hyb_test_sh(log, "%s profile '%s' -o '%s' --gen 4 -t 1", hyb_test_hybctl(), f.model,
+			  f.profile) != 0);
 	lf = fopen(log, "r");
 	CHECK(lf);
 	while (fgets(buf, sizeof(buf), lf) && !strstr(buf, "expected shape"))
 		;
 	fclose(lf);
 	CHECK_MSG(strstr(buf, "blk.1.fc2.weight") && strstr(buf, "expected shape"), "%s", buf);
-	CHECK(access(f.plan, F_OK) != 0);
+	/* the bad GPU indexes below need a profile: of the model with good predictors */
+	CHECK_EQ_INT(hyb_test_sh(log, PI_PY " '%s' '%s' --predictor random --hidden 32", f.src,
+				 f.model), 0);
+	CHECK(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)) == 0);
 	/* bad GPU indexes */
 	static const struct {
 		const char *brk, *want;
@@ -580,5 +590,132 @@ TEST(pi_files_as_powerinfer_writes_them)
 	CHECK_MSG(rc == 0, "hybctl plan with PowerInfer's GPU index failed (exit %d)", rc);
 	m = load(f.plan);
 	CHECK(m->group_size > 0);
+	hyb_model_free(m);
+}
+
+/*
+ * `hyb run` on a PowerInfer file decodes as PowerInfer does: its own
+ * predictors pick every token's neurons, the prompt's included, on its own
+ * matrices (no plan). With exact predictors it agrees with dense decoding.
+ */
+TEST(pi_file_decodes_sparse_every_token)
+{
+	struct pi_files f;
+
+	make_model(&f, "--predictor exact --threshold 1e-6");
+	struct hyb_model *m = load(f.model);
+	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_AUTO);
+	const uint32_t L = m->hp.n_layer, n_prompt = 12, n_gen = 20;
+	struct hyb_sparse_stats st;
+	struct hyb_test_agreement r = { 0 };
+
+	CHECK(m->powerinfer && !m->group_size && m->layers[0].fc1.data);
+	CHECK(!hyb_ctx_sparse(d) && hyb_ctx_sparse(s));
+	for (uint32_t q = 0; q < 3; q++) {
+		hyb_ctx_sparse_stats_reset(s);
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 30 + q, n_prompt, n_gen, 0, &r);
+		hyb_ctx_sparse_stats(s, &st);
+		/* the prompt's tokens too (the last layer sees only the last one's) */
+		CHECK_EQ_INT(st.layer_steps, (L - 1) * n_prompt + 1 + (uint64_t)n_gen * L);
+	}
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%, logits within %.2g\n",
+	       r.agree, r.total, 100.0 * st.predicted / st.neurons,
+	       100.0 * st.nonzero / st.neurons, r.max_rel);
+	CHECK_MSG(r.agree * 100 >= r.total * 95, "greedy agreement %u/%u", r.agree, r.total);
+	CHECK_MSG(st.predicted < st.neurons / 2, "predicted %llu of %llu",
+		  (unsigned long long)st.predicted, (unsigned long long)st.neurons);
+	hyb_ctx_free(d);
+	hyb_ctx_free(s);
+	hyb_model_free(m);
+}
+
+/*
+ * PowerInfer's predictor arithmetic: ggml's mul_mat converts its input to
+ * the weight's dot type, so with F16 predictors x and relu(fc1 · x) are
+ * rounded to F16 before each product, and neuron i runs when its score is
+ * >= powerinfer.sparse_threshold. hyb_pi_predictor_run against that in
+ * double precision: every decision equal but where the score is within
+ * float rounding of the threshold, among them some that an fp32 hidden
+ * layer would flip (PowerInfer's tokens depend on them).
+ */
+TEST(pi_predictor_rounds_as_ggml)
+{
+	const float thr = 0.05f;
+	struct pi_files f;
+	char opts[128];
+
+	snprintf(opts, sizeof(opts), "--predictor random --hidden 64 --threshold %g", thr);
+	make_model(&f, opts);
+	struct hyb_model *m = load(f.model);
+	const uint32_t E = m->hp.n_embd, F = m->hp.n_ff;
+	uint32_t *act = malloc(4 * F), n_near = 0, n_flip = 0, n_dec = 0;
+	float *x = malloc(4 * E);
+	double *h = NULL, *score = malloc(8 * F), *score32 = malloc(8 * F);
+	uint8_t *on = malloc(F);
+
+	CHECK(act && x && score && score32 && on);
+	CHECK_NEAR(m->powerinfer_threshold, thr, 0);
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		const struct hyb_weight *w1 = &m->layers[l].fc1, *w2 = &m->layers[l].fc2;
+		const uint32_t H = (uint32_t)w1->ne1;
+		const uint16_t *a = w1->data, *b = w2->data;
+		void *scratch = malloc(hyb_pi_predictor_scratch_bytes(w1, w2));
+
+		CHECK(w1->type == HYB_TYPE_F16 && w2->type == HYB_TYPE_F16 && scratch);
+		h = realloc(h, 8 * H);
+		CHECK(h);
+		for (uint32_t rep = 0; rep < 48; rep++) {
+			uint32_t n;
+
+			for (uint32_t e = 0; e < E; e++)
+				x[e] = (float)sin(0.37 * (e + 1) * (rep + 1) + l) * 2.0f;
+			n = hyb_pi_predictor_run(w1, w2, thr, x, NULL, scratch, act);
+			for (uint32_t j = 0; j < H; j++) {
+				double s = 0;
+
+				for (uint32_t e = 0; e < E; e++)
+					s += (double)hyb_f16_to_f32(a[(size_t)j * E + e]) *
+					     hyb_f16_to_f32(hyb_f32_to_f16(x[e]));
+				h[j] = s > 0 ? s : 0;
+			}
+			for (uint32_t i = 0; i < F; i++) {
+				double s = 0, s32 = 0;
+
+				for (uint32_t j = 0; j < H; j++) {
+					const double w = hyb_f16_to_f32(b[(size_t)i * H + j]);
+
+					s += w * hyb_f16_to_f32(hyb_f32_to_f16((float)h[j]));
+					s32 += w * (float)h[j];
+				}
+				score[i] = s;
+				score32[i] = s32;
+				on[i] = 0;
+			}
+			for (uint32_t k = 0; k < n; k++)
+				on[act[k]] = 1;
+			for (uint32_t i = 0; i < F; i++) {
+				/* float sums differ from double by ~1e-6 here */
+				const bool ref = score[i] >= thr, near = fabs(score[i] - thr) < 1e-5;
+
+				n_dec++;
+				n_near += near;
+				CHECK_MSG(near || on[i] == ref, "layer %u neuron %u: score %.9g, "
+					  "threshold %g, hyb says %s", l, i, score[i], thr,
+					  on[i] ? "active" : "inactive");
+				n_flip += !near && (score32[i] >= thr) != ref;
+			}
+		}
+		free(scratch);
+	}
+	printf("    %u decisions, %u within 1e-5 of the threshold; an fp32 hidden layer "
+	       "would flip %u others\n", n_dec, n_near, n_flip);
+	/* so this test tells the rounding from its absence */
+	CHECK(n_flip > 0);
+	free(act);
+	free(x);
+	free(h);
+	free(score);
+	free(score32);
+	free(on);
 	hyb_model_free(m);
 }

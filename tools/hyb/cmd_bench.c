@@ -154,7 +154,7 @@ static void bench_open(struct bench *b)
 
 	b->m = cli_load_model(o);
 	o->n_ctx = (uint32_t)(b->n_prompt + o->n_gen_bench);
-	if (!b->m->group_size) {
+	if (!b->m->group_size && !(b->m->powerinfer && b->m->layers[0].fc1.data)) {
 		b->c = cli_new_ctx(b->m, o);
 		return;
 	}
