@@ -419,6 +419,7 @@ TEST(pi_rejects_bad_files)
 	CHECK_MSG(strstr(hyb_last_error(), "blk.1.fc2.weight") &&
 		  strstr(hyb_last_error(), "expected shape"), "%s", hyb_last_error());
 	/* so does hybctl profile, the plan's first step */
+	snprintf(log, sizeof(log), "%s/profile.log", hyb_test_tmpdir());
 	CHECK(hyb_test_sh(log, "%s profile '%s' -o '%s' --gen 4 -t 1", hyb_test_hybctl(), f.model,
 			  f.profile) != 0);
 	lf = fopen(log, "r");
