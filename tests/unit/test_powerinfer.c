@@ -720,3 +720,96 @@ TEST(pi_predictor_rounds_as_ggml)
 	free(on);
 	hyb_model_free(m);
 }
+
+/*
+ * PowerInfer's tokens. Goldens from PowerInfer's own CPU build
+ * (tests/oracle/powerinfer-ref.sh --record: commit d3ebd7c, GGML_NATIVE on an
+ * AVX-512 VNNI Xeon, one thread) on the models below, which it loads for
+ * sparse inference: its greedy ids after each prompt. hyb decodes the same
+ * files (sparse, its predictors on every token) to the same ids: with exact
+ * predictors on every prompt; with random ones wherever no score lands
+ * within summation-order rounding of the threshold.
+ */
+struct pi_golden {
+	int exact; /* predictors: exact, or random (hidden 64, threshold 0) */
+	int n_prompt;
+	int32_t prompt[16];
+	int32_t ids[32];
+};
+
+static const struct pi_golden pi_goldens[] = {
+	{ 1, 13, { 1, 353, 414, 392, 396, 429, 418, 491, 389, 427, 404, 412, 396 }, { 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114 } },
+	{ 1, 15, { 1, 363, 497, 421, 428, 404, 392, 408, 391, 422, 416, 432, 414, 468, 434 }, { 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428 } },
+	{ 1, 16, { 1, 341, 414, 389, 403, 416, 410, 396, 460, 449, 401, 422, 416, 428, 414, 394 }, { 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106 } },
+	{ 1, 12, { 1, 496, 410, 410, 416, 433, 507, 410, 394, 282, 499, 462 }, { 487, 284, 358, 284, 358, 284, 293, 293, 293, 293, 293, 284, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 284, 293, 284 } },
+	{ 1, 12, { 1, 355, 504, 463, 462, 449, 393, 388, 418, 473, 388, 410 }, { 53, 117, 53, 117, 53, 286, 286, 286, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53 } },
+	{ 0, 13, { 1, 353, 414, 392, 396, 429, 418, 491, 389, 427, 404, 412, 396 }, { 501, 152, 38, 152, 501, 320, 485, 114, 152, 38, 152, 38, 152, 38, 152, 38, 152, 38, 152, 38, 152, 38, 152, 38, 152, 38, 152, 152, 152, 152, 152, 38 } },
+	{ 0, 15, { 1, 363, 497, 421, 428, 404, 392, 408, 391, 422, 416, 432, 414, 468, 434 }, { 317, 373, 373, 373, 373, 373, 373, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428 } },
+	{ 0, 16, { 1, 341, 414, 389, 403, 416, 410, 396, 460, 449, 401, 422, 416, 428, 414, 394 }, { 394, 394, 394, 394, 444, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106 } },
+	{ 0, 12, { 1, 496, 410, 410, 416, 433, 507, 410, 394, 282, 499, 462 }, { 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293 } },
+	{ 0, 12, { 1, 355, 504, 463, 462, 449, 393, 388, 418, 473, 388, 410 }, { 286, 286, 117, 53, 286, 286, 286, 286, 117, 53, 286, 286, 286, 117, 53, 286, 117, 53, 286, 117, 53, 286, 117, 53, 286, 117, 53, 286, 117, 53, 286, 117 } },
+};
+
+TEST(pi_tokens_are_powerinfers)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const size_t n_cases = sizeof(pi_goldens) / sizeof(pi_goldens[0]);
+	char src[512], path[2][512], log[512];
+	uint32_t full[2] = { 0 }, same[2] = { 0 }, cases[2] = { 0 };
+	float *lg;
+	int rc;
+
+	if (k->isa != HYB_ISA_AVX512_VNNI && k->isa != HYB_ISA_AVX512)
+		SKIP("goldens are PowerInfer's on AVX-512; this run uses %s", k->name);
+	hyb_test_need_venv();
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(src, sizeof(src), "%s/src.gguf", hyb_test_tmpdir());
+	snprintf(path[0], sizeof(path[0]), "%s/random.gguf", hyb_test_tmpdir());
+	snprintf(path[1], sizeof(path[1]), "%s/exact.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/make.log", hyb_test_tmpdir());
+	rc = hyb_test_sh(log, "%s synth -o '%s' --hidden 256 --ffn 1024 --layers 2 --heads 4 "
+			 "--vocab 512 --act relu --type F16 -t 1 && " PI_PY " '%s' '%s' --predictor "
+			 "exact --threshold 1e-6 && " PI_PY " '%s' '%s' --predictor random "
+			 "--hidden 64", hyb_test_hybctl(), src, src, path[1], src, path[0]);
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "making the PowerInfer models failed (exit %d)", rc);
+	for (int e = 0; e < 2; e++) {
+		struct hyb_model *m = load(path[e]);
+		struct hyb_ctx *c = hyb_test_ctx(m, HYB_FFN_AUTO);
+
+		CHECK(hyb_ctx_sparse(c) && m->gguf->magic == HYB_GGUF_MAGIC_PWRI);
+		lg = malloc(sizeof(float) * m->hp.n_vocab);
+		CHECK(lg);
+		for (size_t i = 0; i < n_cases; i++) {
+			const struct pi_golden *g = &pi_goldens[i];
+			uint32_t eq = 0;
+
+			if (g->exact != e)
+				continue;
+			hyb_ctx_reset(c);
+			CHECK_MSG(!hyb_ctx_eval(c, g->prompt, (uint32_t)g->n_prompt, lg, false), "%s",
+				  hyb_last_error());
+			for (int t = 0; t < 32; t++) {
+				int32_t id = hyb_test_argmax(lg, m->hp.n_vocab);
+
+				eq += id == g->ids[t];
+				CHECK_MSG(!hyb_ctx_eval(c, &id, 1, lg, false), "%s", hyb_last_error());
+			}
+			cases[e]++;
+			same[e] += eq;
+			full[e] += eq == 32;
+		}
+		free(lg);
+		hyb_ctx_free(c);
+		hyb_model_free(m);
+	}
+	printf("    exact predictors: %u/%u prompts token for token (%u/%u tokens); random: "
+	       "%u/%u (%u/%u tokens)\n", full[1], cases[1], same[1], 32 * cases[1], full[0],
+	       cases[0], same[0], 32 * cases[0]);
+	CHECK_EQ_INT(full[1], cases[1]);
+	/* random predictors: a score within rounding of the threshold may go either way */
+	CHECK_MSG(full[0] + 1 >= cases[0], "random predictors: %u of %u prompts equal", full[0],
+		  cases[0]);
+}
