@@ -7,6 +7,8 @@
 #
 #   tests/oracle/powerinfer-ref.sh           builds it into .cache/powerinfer-ref
 #                                            and prints the path of powerinfer_ids
+#                                            (its main beside the build: bin/main)
+#   tests/oracle/powerinfer-ref.sh --main    ... and prints the path of its main
 #   tests/oracle/powerinfer-ref.sh --record  prints the goldens
 #
 # Source: $HYB_POWERINFER_SRC (a checkout), else a clone of
@@ -36,12 +38,16 @@ if [[ ! -f $build/libllama.a ]]; then
 	fi
 	cmake -S "$src" -B "$build" -DLLAMA_CUBLAS=OFF -DLLAMA_BUILD_TESTS=OFF \
 		-DCMAKE_BUILD_TYPE=Release >"$dest/cmake.log"
-	cmake --build "$build" --target llama -j"$(nproc)" >"$dest/build.log"
+	cmake --build "$build" --target llama main -j"$(nproc)" >"$dest/build.log"
 fi
 bin=$dest/powerinfer_ids
 if [[ ! -x $bin || $root/tests/oracle/powerinfer_ids.c -nt $bin ]]; then
 	cc -O2 -I "$src" "$root/tests/oracle/powerinfer_ids.c" "$build/libllama.a" \
 		-lstdc++ -lm -lpthread -o "$bin"
+fi
+if [[ ${1:-} == --main ]]; then
+	echo "$build/bin/main"
+	exit 0
 fi
 if [[ ${1:-} != --record ]]; then
 	echo "$bin"
