@@ -9,6 +9,8 @@
 #                                            and prints the path of powerinfer_ids
 #                                            (its main beside the build: bin/main)
 #   tests/oracle/powerinfer-ref.sh --main    ... and prints the path of its main
+#   tests/oracle/powerinfer-ref.sh --check-index F.gpuidx
+#                                            reads a GPU index with PowerInfer's reader
 #   tests/oracle/powerinfer-ref.sh --record  prints the goldens
 #
 # Source: $HYB_POWERINFER_SRC (a checkout), else a clone of
@@ -44,6 +46,12 @@ bin=$dest/powerinfer_ids
 if [[ ! -x $bin || $root/tests/oracle/powerinfer_ids.c -nt $bin ]]; then
 	cc -O2 -I "$src" "$root/tests/oracle/powerinfer_ids.c" "$build/libllama.a" \
 		-lstdc++ -lm -lpthread -o "$bin"
+fi
+if [[ ${1:-} == --check-index ]]; then
+	# (verified: the index powerinfer_gguf.py writes, empty bucket included)
+	cc -O2 -I "$src" "$root/tests/oracle/powerinfer_idx.c" "$build/libllama.a" \
+		-lstdc++ -lm -lpthread -o "$dest/powerinfer_idx"
+	exec "$dest/powerinfer_idx" "$2"
 fi
 if [[ ${1:-} == --main ]]; then
 	echo "$build/bin/main"

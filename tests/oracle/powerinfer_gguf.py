@@ -26,6 +26,9 @@ Predictors (--predictor):
           ties, for checking the arithmetic and the input they are fed
 
 --type Q4_0|Q8_0 quantizes every layer matrix (the predictors stay F16).
+PowerInfer's CPU axpy reads ffn_down_t as F16 or Q4_0 only: it loads a
+Q8_0 file but computes it wrongly (hyb computes it right); its own tools
+(tests/oracle/powerinfer-ref.sh) take the F16 and Q4_0 files.
 
 --break names a defect to write instead (bad input tests): fc2-shape,
 gpu-idx-value, gpu-bucket.
