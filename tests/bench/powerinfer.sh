@@ -31,7 +31,7 @@ for t in ${THREADS:-1 2}; do
 	pa=() ha=()
 	for ((r = 0; r < ${REPS:-5}; r++)); do
 		pa+=("$("$main" -m "$pi" -p "$prompt" -n 64 --temp 0 --repeat-penalty 1.0 -t "$t" \
-			--seed 1 2>&1 | sed -n 's/.*eval time.*, *\([0-9.]*\) tokens per second.*/\1/p' |
+			--seed 1 --log-disable 2>&1 | sed -n 's/.*eval time.*, *\([0-9.]*\) tokens per second.*/\1/p' |
 			tail -1)")
 		ha+=("$(build/hyb run -m "$pi" -p "$prompt" -n 64 -t "$t" 2>&1 |
 			sed -n 's/^decode:.*(\([0-9.]*\) tokens\/s)/\1/p')")

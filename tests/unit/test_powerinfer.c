@@ -565,6 +565,7 @@ TEST(pi_files_as_powerinfer_writes_them)
 	CHECK(m->powerinfer);
 	hyb_model_free(m);
 	snprintf(gg, sizeof(gg), "%s/pi-gguf.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/gguf-magic.log", hyb_test_tmpdir());
 	CHECK_EQ_INT(hyb_test_sh(log, PI_PY " '%s' '%s' --predictor random --hidden 32 "
 				 "--magic gguf", f.src, gg), 0);
 	m = load(gg);
