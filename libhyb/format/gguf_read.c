@@ -378,6 +378,38 @@ static int parse_alignment(struct cursor *c, struct hyb_gguf_file *f)
 
 /* ---- tensors ----------------------------------------------------------- */
 
+/* blk.N.<suffix>, N decimal */
+static bool is_layer_tensor(const char *p, uint64_t len, const char *suffix)
+{
+	const uint64_t sl = strlen(suffix);
+	uint64_t d = 4;
+
+	if (len <= 4 + sl || memcmp(p, "blk.", 4) || memcmp(p + len - sl, suffix, sl))
+		return false;
+	while (d < len - sl && p[d] >= '0' && p[d] <= '9')
+		d++;
+	return d > 4 && d == len - sl;
+}
+
+/* a tensor of PowerInfer's GPU index (hyb/gguf.h) */
+static bool is_gpu_index_tensor(const struct hyb_gguf_str *n)
+{
+	return is_layer_tensor(n->ptr, n->len, ".gpu_idx") ||
+	       is_layer_tensor(n->ptr, n->len, ".gpu_bucket");
+}
+
+bool hyb_gguf_is_gpu_index(const struct hyb_gguf_file *f)
+{
+	if (!f || !f->n_tensors)
+		return false;
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		if (!is_gpu_index_tensor(&f->tensors[i].name))
+			return false;
+	return true;
+}
+
+#define PI_TYPE_I32 18 /* PowerInfer's gguf-py (hyb/gguf.h) */
+
 static int parse_tensor_info(struct cursor *c, struct hyb_gguf_file *f, uint64_t i)
 {
 	struct hyb_gguf_tensor *t = &f->tensors[i];
@@ -404,22 +436,28 @@ static int parse_tensor_info(struct cursor *c, struct hyb_gguf_file *f, uint64_t
 			continue;
 		if (get_u64(c, &t->ne[d], "dimension"))
 			return -1;
-		if (!t->ne[d])
+		if (!t->ne[d] && !(t->n_dims == 1 && is_gpu_index_tensor(&t->name)))
 			return fail(c, "dimension %u is 0", d);
 		if (t->ne[d] > INT64_MAX)
 			return fail(c, "dimension %u is negative (%lld)", d, (long long)t->ne[d]);
-		if (nel > INT64_MAX / t->ne[d])
+		if (t->ne[d] && nel > INT64_MAX / t->ne[d])
 			return fail(c, "element count overflows int64 at dimension %u", d);
 		nel *= t->ne[d];
 	}
 	if (get_u32(c, &t->type, "type"))
 		return -1;
+	if (t->type == PI_TYPE_I32 && is_gpu_index_tensor(&t->name))
+		t->type = HYB_TYPE_I32;
 	ti = hyb_type_info(t->type);
 	if (!ti)
 		return fail(c, "unknown tensor type %u", t->type);
 	if (t->ne[0] % ti->blck)
 		return fail(c, "row of %llu elements is not a multiple of the %s block size %u",
 			    (ull)t->ne[0], ti->name, ti->blck);
+	if (!nel) { /* an empty gpu_bucket */
+		t->nbytes = 0;
+		return get_u64(c, &t->offset, "data offset");
+	}
 	rb = hyb_row_bytes(t->type, t->ne[0]);
 	if (!rb || nel / t->ne[0] > UINT64_MAX / rb)
 		return fail(c, "byte size overflows");

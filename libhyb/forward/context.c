@@ -122,7 +122,9 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, oracle, nth, c->n_ctx,
 						     err, sizeof(err))))
 			goto fail_engine;
-	} else if (m->group_size && (!p || p->ffn != HYB_FFN_DENSE) &&
+	} else if ((m->group_size || (m->powerinfer && (m->layers[0].fc1.data ||
+							 (p && p->ffn == HYB_FFN_SPARSE)))) &&
+		   (!p || p->ffn != HYB_FFN_DENSE) &&
 		   !(c->sparse = hyb_ffn_sparse_new(m, nth, err, sizeof(err)))) {
 		goto fail_engine;
 	}
@@ -135,7 +137,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	}
 	if (m->ffn_thr && hyb_ctx_set_ffn_thresholds(c, m->ffn_thr))
 		goto fail;
-	if (!m->group_size && p && p->ffn == HYB_FFN_SPARSE) {
+	if (!m->group_size && !m->powerinfer && p && p->ffn == HYB_FFN_SPARSE) {
 		hyb_error_set(-EINVAL, "sparse decoding needs a plan (hybctl plan); this model "
 			      "has none");
 		goto fail;

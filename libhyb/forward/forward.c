@@ -411,10 +411,14 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		float *xf = c->x + (size_t)f0 * E;
 
 		hyb_fwd_ffn_norm(c, l, xf, nf);
-		if (c->sparse && n == 1) {
-			if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf, c->xn, c->xn, err,
-						 errlen))
-				return -1;
+		if (c->sparse && !c->probe && (n == 1 || c->m->powerinfer)) {
+			/* PowerInfer's predictors choose every token's neurons, the
+			 * prompt's too (a plan's prompt runs dense: hyb/model.h) */
+			for (uint32_t t = 0; t < nf; t++)
+				if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf + (size_t)t * E,
+							 c->xn + (size_t)t * E,
+							 c->xn + (size_t)t * E, err, errlen))
+					return -1;
 		} else {
 			hyb_fwd_ffn_dense(c, l, nf);
 		}

@@ -166,9 +166,10 @@ static int read_hparams(struct hyb_loader *ld)
 	uint32_t v_dim;
 	char act[32] = "silu";
 
-	if (ld->m->gguf->magic == HYB_GGUF_MAGIC_PWRI)
-		return hyb_ld_fail(ld, "this is a PowerInfer GPU index (PWRI magic), not a model: give it "
-			    "to hybctl plan --gpu-index");
+	/* PowerInfer writes PWRI into models and GPU indexes alike (hyb/gguf.h) */
+	if (hyb_gguf_is_gpu_index(ld->m->gguf))
+		return hyb_ld_fail(ld, "this is a PowerInfer GPU index (only gpu_idx/gpu_bucket "
+				   "tensors), not a model: give it to hybctl plan --gpu-index");
 	if (!hyb_gguf_get_str(ld->m->gguf, "general.architecture", hp->arch, sizeof(hp->arch)))
 		return hyb_ld_fail(ld, "metadata general.architecture is missing");
 	for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]) && !arch; i++)
@@ -367,6 +368,32 @@ static const void *bind_vec(struct hyb_loader *ld, const char *name, uint32_t ty
 	return t->data;
 }
 
+
+/* A PowerInfer layer's fc1/fc2 (hyb/model.h), when the file has them: both or neither. */
+static int bind_pi_predictor(struct hyb_loader *ld, uint32_t l)
+{
+	const struct hyb_hparams *hp = &ld->m->hp;
+	struct hyb_layer *L = &ld->m->layers[l];
+	const struct hyb_gguf_tensor *t;
+	char name[96];
+	uint64_t H;
+
+	snprintf(name, sizeof(name), "blk.%u.fc1.weight", l);
+	t = hyb_gguf_find_tensor(ld->m->gguf, name);
+	if (!t) {
+		snprintf(name, sizeof(name), "blk.%u.fc2.weight", l);
+		if (hyb_gguf_find_tensor(ld->m->gguf, name))
+			return hyb_ld_fail(ld, "blk.%u has fc2 but no fc1", l);
+		return 0;
+	}
+	H = t->n_dims == 2 ? t->ne[1] : 0;
+	if (!H || H > (1u << 20))
+		return hyb_ld_fail(ld, "tensor %s: expected shape [%u, H], found %u-D", name,
+				   hp->n_embd, t->n_dims);
+	return hyb_ld_bind_layer(ld, &L->fc1, l, "fc1.weight", hp->n_embd, H, false) ||
+	       hyb_ld_bind_layer(ld, &L->fc2, l, "fc2.weight", H, hp->n_ff, false) ? -1 : 0;
+}
+
 /*
  * A plan layer (hyb/plan.h): bundles, permutation, placement and predictor.
  * The permutation is checked to be one, since bundle order is what the
@@ -550,6 +577,8 @@ static int bind_layers(struct hyb_loader *ld)
 		else
 			B(down, "ffn_down", hp->n_ff, hp->n_embd);
 #undef B
+		if (ld->m->powerinfer && bind_pi_predictor(ld, l))
+			return -1;
 		/* its rows go through the sparse axpy (hyb_ffn_down_t) */
 		if (ld->m->powerinfer && !hyb_sparse_type_ok(L->down_t.type))
 			return hyb_ld_fail(ld, "blk.%u.ffn_down_t has type %s; transposed down is "

@@ -26,7 +26,9 @@
  * A PowerInfer GPU index (powerinfer-py export_split.py, *.gpuidx): GGUF
  * whose magic is overwritten with "PWRI", per layer blk.L.gpu_idx (I32
  * [n_ff], 1 = the neuron sits on the GPU) and blk.L.gpu_bucket (I32, the
- * indices of those neurons in ascending order), and split.vram_capacity. The
+ * indices of those neurons in ascending order; empty for a layer without
+ * any), and split.vram_capacity; I32 as PowerInfer's gguf-py numbers it, 18
+ * (hyb/gguf.h). Told from a model by its tensors, not its magic. The
  * plan places groups to cover as many of its GPU neurons as the budget allows
  * (plan/write.c place_all).
  */
@@ -191,9 +193,9 @@ int hyb_plan_pi_gpu_index(const char *path, uint32_t n_layer, uint32_t n_ff, uin
 		return rc;
 	}
 	rc = -EINVAL; /* a malformed index, until it is all read */
-	if (f->magic != HYB_GGUF_MAGIC_PWRI) {
-		snprintf(err, errlen, "%s is not a PowerInfer GPU index (magic GGUF, not PWRI)",
-			 path);
+	if (!hyb_gguf_is_gpu_index(f)) {
+		snprintf(err, errlen, "%s is not a PowerInfer GPU index (it has tensors other "
+			 "than blk.N.gpu_idx and blk.N.gpu_bucket)", path);
 		goto out;
 	}
 	if (hyb_gguf_find(f, "generic.gpu_index.block_count") &&

@@ -1,14 +1,15 @@
 // SPDX-License-Identifier: MIT
 /*
- * Dense FFN over a plan's bundles. Each thread takes whole groups from a
- * shared counter (a group is one contiguous bundle: its gate rows, up rows
- * and down columns stored as rows), runs gate and up as a small GEMM over
- * the group's rows, applies the activation, and adds the group's down rows
+ * Dense FFN over a plan's bundles. Each thread takes a fixed share of whole
+ * groups (a group is one contiguous bundle: its gate rows, up rows and down
+ * columns stored as rows), runs gate and up as a small GEMM over the
+ * group's rows, applies the activation, and adds the group's down rows
  * times their activations into the thread's own output rows (the sparse
  * operator's axpy kernel: down is stored transposed in bundles). The thread
- * outputs are summed at the end.
+ * outputs are summed at the end, in thread order. The shares are static so
+ * that every run with the same thread count sums in the same order
+ * (docs/DETERMINISM.md).
  */
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,7 +82,7 @@ struct dense_job {
 	uint32_t n;
 	const uint8_t *skip; /* groups computed elsewhere (NULL: none) */
 	float thr;           /* CATS threshold (0: none) */
-	atomic_uint next;
+	uint32_t n_run;      /* groups computed here */
 };
 
 /*
@@ -123,19 +124,21 @@ static void dense_group(const struct dense_job *j, struct thread_scratch *t, uin
 	down_rows(j->sk->axpy[b->type], E, down, b->row_bytes, ng, t->g, ng, n, t->out);
 }
 
+/* Thread ith computes the groups of rank [n_run * ith / nth, n_run * (ith + 1) / nth)
+ * among those not skipped. */
 static void dense_worker(void *arg, int ith, int nth)
 {
 	struct dense_job *j = arg;
 	struct thread_scratch *t = &j->s->t[ith];
-	(void)nth;
+	const uint32_t lo = (uint32_t)((uint64_t)j->n_run * ith / nth);
+	const uint32_t hi = (uint32_t)((uint64_t)j->n_run * (ith + 1) / nth);
+	uint32_t rank = 0;
 
 	memset(t->out, 0, (size_t)j->n * j->m->hp.n_embd * sizeof(float));
-	for (;;) {
-		uint32_t g = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-
-		if (g >= j->m->n_groups)
-			return;
-		if (!j->skip || !j->skip[g])
+	for (uint32_t g = 0; g < j->m->n_groups && rank < hi; g++) {
+		if (j->skip && j->skip[g])
+			continue;
+		if (rank++ >= lo)
 			dense_group(j, t, g);
 	}
 }
@@ -161,7 +164,8 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *
 	const size_t len = (size_t)n * m->hp.n_embd;
 	int nth = hyb_threadpool_size(pool);
 
-	atomic_init(&j.next, 0);
+	for (uint32_t g = 0; g < m->n_groups; g++)
+		j.n_run += !skip || !skip[g];
 	if (nth == 1)
 		dense_worker(&j, 0, 1);
 	else
@@ -171,36 +175,27 @@ void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *
 
 /* ---- a PowerInfer model's down: ffn_down_t, a row per neuron --------------- */
 
-#define DOWN_T_CHUNK 64 /* neurons a thread takes at a time */
-
 struct down_t_job {
 	hyb_sparse_axpy_fn axpy;
 	struct hyb_ffn_plan_scratch *s;
 	const struct hyb_weight *w;
 	const float *act;
 	uint32_t n_ff, n;
-	atomic_uint next;
 };
 
+/* Thread ith adds the rows [n_ff * ith / nth, n_ff * (ith + 1) / nth): a static split,
+ * so the sums are the same every run. */
 static void down_t_worker(void *arg, int ith, int nth)
 {
 	struct down_t_job *j = arg;
 	float *out = j->s->t[ith].out;
 	const uint32_t E = (uint32_t)j->w->ne0;
-	(void)nth;
+	const uint32_t i0 = (uint32_t)((uint64_t)j->n_ff * ith / nth);
+	const uint32_t i1 = (uint32_t)((uint64_t)j->n_ff * (ith + 1) / nth);
 
 	memset(out, 0, (size_t)j->n * E * sizeof(float));
-	for (;;) {
-		const uint32_t i0 = atomic_fetch_add_explicit(&j->next, DOWN_T_CHUNK,
-							      memory_order_relaxed);
-
-		if (i0 >= j->n_ff)
-			return;
-		const uint32_t nr = j->n_ff - i0 < DOWN_T_CHUNK ? j->n_ff - i0 : DOWN_T_CHUNK;
-
-		down_rows(j->axpy, E, (const char *)j->w->data + (uint64_t)i0 * j->w->row_bytes,
-			  j->w->row_bytes, nr, j->act + i0, j->n_ff, j->n, out);
-	}
+	down_rows(j->axpy, E, (const char *)j->w->data + (uint64_t)i0 * j->w->row_bytes,
+		  j->w->row_bytes, i1 - i0, j->act + i0, j->n_ff, j->n, out);
 }
 
 void hyb_ffn_down_t(struct hyb_threadpool *pool, struct hyb_ffn_plan_scratch *s,
@@ -212,7 +207,6 @@ void hyb_ffn_down_t(struct hyb_threadpool *pool, struct hyb_ffn_plan_scratch *s,
 	};
 	const int nth = hyb_threadpool_size(pool);
 
-	atomic_init(&j.next, 0);
 	if (nth == 1)
 		down_t_worker(&j, 0, 1);
 	else

@@ -6,13 +6,17 @@
  * fc2.bias). The planner trains them (plan/predictor_train.c) and the plan
  * stores them in F16 (hyb/plan.h). fc1 runs on the CPU kernels' F16 GEMV,
  * fc2 on their fc2_sparse, over the hidden units the ReLU left nonzero.
+ * A PowerInfer file's predictors run as its llama.cpp runs them (the end).
  */
 #include <stdatomic.h>
 #include <string.h>
 
 #include "cpu_kernels.h"
+#include "hyb/model.h"
 #include "hyb/plan.h"
+#include "hyb/tensor_type.h"
 #include "hyb/threadpool.h"
+#include "sparse_layer.h"
 
 /* ---- parallel GEMM: y[c*ys + r] = W[r] · X[c] ---------------------------- */
 
@@ -133,5 +137,63 @@ uint32_t hyb_predictor_run(const struct hyb_predictor *p, const float *x, struct
 	for (uint32_t r = 0; r < p->n_out; r++)
 		if (lg[r] > 0)
 			active[n++] = r;
+	return n;
+}
+
+/* ---- a PowerInfer file's predictor, as its llama.cpp runs it ----------------- */
+
+/* y[r] = W[r] · xq for rows [0, rows) of w (x already in w's dot type) */
+static void gemv(struct hyb_threadpool *pool, const struct hyb_weight *w, const void *xq,
+		 size_t xq_bytes, float *y)
+{
+	struct gemm_job j = { .fn = hyb_gemm_pick(hyb_cpu_best(), w->type, w->ne1),
+			      .k = (int64_t)w->ne0, .w = w->data, .w_stride = w->row_bytes,
+			      .rows = (int64_t)w->ne1, .x = xq, .x_stride = xq_bytes, .cols = 1,
+			      .y = y, .ys = w->ne1 };
+
+	atomic_init(&j.next, 0);
+	if (pool && j.rows > CHUNK_ROWS)
+		hyb_threadpool_run(pool, gemm_worker, &j);
+	else
+		gemm_worker(&j, 0, 1);
+}
+
+size_t hyb_pi_predictor_scratch_bytes(const struct hyb_weight *fc1, const struct hyb_weight *fc2)
+{
+	return ALIGN64(hyb_row_bytes(hyb_vec_dot_type(fc1->type), fc1->ne0)) +
+	       ALIGN64(fc1->ne1 * 4) +
+	       ALIGN64(hyb_row_bytes(hyb_vec_dot_type(fc2->type), fc2->ne0)) +
+	       ALIGN64(fc2->ne1 * 4) + 64;
+}
+
+/*
+ * score = fc2 · relu(fc1 · x), each product as ggml's mul_mat computes it:
+ * its input converted to the weight's dot type first (F16 weights: x and
+ * the hidden activation rounded to F16), the dot per row. Neuron i is
+ * active when score_i >= threshold (ggml skips score < threshold).
+ */
+uint32_t hyb_pi_predictor_run(const struct hyb_weight *fc1, const struct hyb_weight *fc2,
+			      float threshold, const float *x, struct hyb_threadpool *pool,
+			      void *scratch, uint32_t *active)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const uint32_t t1 = hyb_vec_dot_type(fc1->type), t2 = hyb_vec_dot_type(fc2->type);
+	const size_t b1 = hyb_row_bytes(t1, fc1->ne0), b2 = hyb_row_bytes(t2, fc2->ne0);
+	char *s = (char *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+	void *xq = s;
+	float *h = (float *)(s + ALIGN64(b1));
+	void *hq = (char *)h + ALIGN64(fc1->ne1 * 4);
+	float *score = (float *)((char *)hq + ALIGN64(b2));
+	uint32_t n = 0;
+
+	k->quantize_act[t1](x, xq, (int64_t)fc1->ne0);
+	gemv(pool, fc1, xq, b1, h);
+	for (uint64_t u = 0; u < fc1->ne1; u++)
+		h[u] = h[u] > 0 ? h[u] : 0;
+	k->quantize_act[t2](h, hq, (int64_t)fc2->ne0);
+	gemv(pool, fc2, hq, b2, score);
+	for (uint32_t i = 0; i < fc2->ne1; i++)
+		if (score[i] >= threshold)
+			active[n++] = i;
 	return n;
 }

@@ -13,6 +13,7 @@
 #include "sparse_layer.h"
 #include "hyb/plan.h"
 #include "sparse_op.h"
+#include "sparse_ffn_kernels.h"
 
 struct hyb_ffn_sparse {
 	const struct hyb_model *m;
@@ -27,6 +28,7 @@ struct hyb_ffn_sparse {
 	float *part;                     /* [n_embd] oracle mode: one group's partial */
 	const float *thr;                /* [n_layer] CATS thresholds (the context's), or NULL */
 	bool oracle;
+	bool pi;                         /* a PowerInfer model file (hyb_pi_predictor_run) */
 	struct hyb_sparse_stats st;
 };
 
@@ -50,6 +52,53 @@ void hyb_unit_rms(float *y, const float *x, uint32_t n)
 		y[i] = x[i] * scale;
 }
 
+/* Group size of a PowerInfer model's matrices seen as bundles (any: no group is absent). */
+#define PI_GROUP 64
+
+/*
+ * A PowerInfer model file: its gate, up and ffn_down_t as they are (one type,
+ * one the sparse operator computes) and its predictors; *scratch raised to
+ * what they need.
+ */
+static int pi_layers(struct hyb_ffn_sparse *s, size_t *scratch, char *err, size_t errlen)
+{
+	const struct hyb_model *m = s->m;
+	const struct hyb_hparams *hp = &m->hp;
+
+	if (!m->powerinfer) {
+		snprintf(err, errlen, "sparse decoding needs a plan or a PowerInfer model file");
+		return -1;
+	}
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+		size_t b;
+
+		if (!L->fc1.data || !L->fc2.data) {
+			snprintf(err, errlen, "blk.%u has no predictor (fc1, fc2): this PowerInfer "
+				 "file decodes densely only (--dense)", l);
+			return -1;
+		}
+		if (L->gate.type != L->down_t.type || L->up.type != L->down_t.type ||
+		    !hyb_sparse_type_ok(L->down_t.type)) {
+			snprintf(err, errlen, "blk.%u: ffn_gate %s, ffn_up %s, ffn_down_t %s: sparse "
+				 "decoding takes one type of %s (--dense decodes it)", l,
+				 hyb_type_name(L->gate.type), hyb_type_name(L->up.type),
+				 hyb_type_name(L->down_t.type), hyb_sparse_type_list());
+			return -1;
+		}
+		s->bundles[l] = (struct hyb_ffn_bundles){
+			.type = L->down_t.type, .n_embd = hp->n_embd, .n_ff = hp->n_ff,
+			.group_size = PI_GROUP, .row_bytes = L->down_t.row_bytes,
+			.rows = { L->gate.data, L->up.data, L->down_t.data },
+		};
+		b = hyb_pi_predictor_scratch_bytes(&L->fc1, &L->fc2);
+		if (b > *scratch)
+			*scratch = b;
+	}
+	s->pi = true;
+	return 0;
+}
+
 struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threads, char *err,
 					  size_t errlen)
 {
@@ -68,9 +117,16 @@ struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threa
 	s->prev = malloc(sizeof(float) * hp->n_embd);
 	s->cur = malloc(sizeof(float) * hp->n_embd);
 	s->part = malloc(sizeof(float) * hp->n_embd);
-	if (!s->op || !s->pred || !s->bundles || !s->ptrs || !s->active || !s->prev || !s->cur ||
-	    !s->part)
+	if (!s->op || !s->pred || !s->bundles || !s->active || !s->prev || !s->cur || !s->part ||
+	    (m->group_size && !s->ptrs))
 		goto oom;
+	if (!m->group_size) {
+		if (pi_layers(s, &scratch, err, errlen)) {
+			hyb_ffn_sparse_free(s);
+			return NULL;
+		}
+		goto scratch;
+	}
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct hyb_ffn_plan *P = &m->layers[l].plan;
 		struct hyb_predictor *pr = &s->pred[l];
@@ -92,6 +148,7 @@ struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threa
 			return NULL;
 		}
 	}
+scratch:
 	if (posix_memalign(&s->pred_scratch, 64, scratch ? scratch : 64))
 		goto oom;
 	return s;
@@ -120,6 +177,10 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s)
 uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 				const float *in, uint32_t *active)
 {
+	if (s->pi)
+		return hyb_pi_predictor_run(&s->m->layers[l].fc1, &s->m->layers[l].fc2,
+					    s->m->powerinfer_threshold, in, pool, s->pred_scratch,
+					    active);
 	return hyb_predictor_run(&s->pred[l], in, pool, s->pred_scratch, NULL, active);
 }
 
@@ -193,7 +254,7 @@ int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, ui
 		float *out = y == xn ? s->cur : y; /* y may alias xn: sum aside */
 
 		memset(st, 0, sizeof(*st));
-		rc = hyb_ffn_sum_by_group(E, s->m->group_size, active, n_active, s->part, out,
+		rc = hyb_ffn_sum_by_group(E, s->bundles[l].group_size, active, n_active, s->part, out,
 					  cpu_group_part, &c);
 		if (!rc && out != y)
 			memcpy(y, out, sizeof(float) * E);
@@ -223,7 +284,7 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 		n_active = m->hp.n_ff;
 		for (uint32_t i = 0; i < n_active; i++)
 			s->active[i] = i;
-	} else if (m->pred_input == HYB_PRED_SAME_LAYER) {
+	} else if (s->pi || m->pred_input == HYB_PRED_SAME_LAYER) {
 		/* PowerInfer's predictors read this layer's residual as it is */
 		n_active = hyb_ffn_sparse_predict(s, pool, l, x_attn, s->active);
 	} else {

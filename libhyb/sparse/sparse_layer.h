@@ -3,6 +3,9 @@
  * Sparse decode of a plan model's FFNs on the CPU: per
  * layer, the layer's predictor marks the neurons it expects to fire and the
  * neuron-aware operator (sparse/sparse_op.h, PowerInfer 5.4) computes only those.
+ * A PowerInfer model file decodes the same way on its own matrices, with its
+ * own predictors as its llama.cpp runs them, fed the layer's residual after
+ * attention as it is, every token (the prompt's too: forward.c).
  *
  * Predictor input (hyb/profile.h): the residual stream after the previous
  * layer's attention at unit RMS — adjacent-layer prediction (KAIROX 5.1),
@@ -72,6 +75,17 @@ int hyb_ffn_sum_by_group(uint32_t n_embd, uint32_t group_size, const uint32_t *a
 			 uint32_t n_active, float *part, float *y, hyb_group_part_fn fn,
 			 void *user);
 void hyb_ffn_sparse_stats_reset(struct hyb_ffn_sparse *s);
+
+/*
+ * A PowerInfer file's predictor of one layer (hyb_layer fc1, fc2) as its
+ * llama.cpp computes it (predictor.c): the neurons whose score is >=
+ * threshold into active[fc2->ne1], ascending; returns their count. scratch:
+ * hyb_pi_predictor_scratch_bytes().
+ */
+size_t hyb_pi_predictor_scratch_bytes(const struct hyb_weight *fc1, const struct hyb_weight *fc2);
+uint32_t hyb_pi_predictor_run(const struct hyb_weight *fc1, const struct hyb_weight *fc2,
+			      float threshold, const float *x, struct hyb_threadpool *pool,
+			      void *scratch, uint32_t *active);
 
 /* y = x at unit RMS (no weight): the predictor input of hyb/profile.h. */
 void hyb_unit_rms(float *y, const float *x, uint32_t n);

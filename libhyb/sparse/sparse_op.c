@@ -5,10 +5,13 @@
  * PowerInfer §5.4 splits the neurons "into small batches across multiple
  * cores; each core checks activations and computes only the active
  * neurons of its batch". Here a batch is a unit of consecutive listed
- * neurons (bundle order, 16-64 of them) taken from a shared counter, so
- * threads are balanced by listed work, not by bundles, and a thread the OS
- * delays leaves its units to the others. Each thread adds into its own
- * partial y (thread 0 into y itself); one reduction sums them.
+ * neurons (bundle order) taken from a shared counter, so threads are
+ * balanced by listed work, not by bundles, and a thread the OS delays
+ * leaves its units to the others. Each unit adds into its own partial y,
+ * and one reduction sums the partials in unit order. The units depend on
+ * the list alone (at most UNITS of them, whole chunks each), so which
+ * thread ran which unit changes nothing: every call with the same list
+ * gives the same bits, with any number of threads (docs/DETERMINISM.md).
  *
  * A thread cuts its neurons into chunks of HYB_SPARSE_MAX_ROWS (across
  * groups and units) and runs each chunk in three kernel calls: gate dots;
@@ -33,12 +36,14 @@
 #include "sparse_ffn_kernels.h"
 
 #define CH HYB_SPARSE_MAX_ROWS
+/* Work units of a call at most: enough for a few threads to balance, few
+ * enough that their partial outputs stay in L2 and their sum costs little. */
+#define UNITS 16
 
 /* per thread counters, a cache line each */
 struct tslot {
 	uint64_t n_gate, n_up, n_nz;
-	uint64_t used; /* the thread's partial y holds work (thread 0's is y itself) */
-	uint64_t pad[4];
+	uint64_t pad[5];
 };
 
 struct hyb_sparse_ffn_ctx {
@@ -47,7 +52,7 @@ struct hyb_sparse_ffn_ctx {
 	const struct hyb_cpu_kernels *ck;
 	const struct hyb_sparse_kernels *sk;
 	void *xbuf;       /* xn prepared for the dots */
-	float *ypart;     /* partial y of threads 1..n-1 (thread 0 adds into y) */
+	float *ypart;     /* partial y of units 1..UNITS-1 (unit 0 adds into y) */
 	size_t ystride;   /* floats between two partials, a multiple of 16 */
 	uint32_t *gstart; /* [n_ff + 1] first position in the active list of group g */
 	uint64_t *cum;    /* [n_ff + 1] listed neurons of present groups before group g */
@@ -63,7 +68,8 @@ struct job {
 	const uint32_t *active; /* NULL: every neuron */
 	uint32_t n_groups;
 	uint64_t total;         /* listed neurons of present groups */
-	uint64_t unit;          /* positions per work unit */
+	uint64_t unit;          /* positions per work unit, a multiple of CH */
+	uint64_t n_units;
 	atomic_ullong next;     /* the next unit to take */
 	int nth;
 	float thr;              /* CATS threshold (0: none) */
@@ -94,7 +100,7 @@ struct hyb_sparse_ffn_ctx *hyb_sparse_ffn_ctx_new(uint32_t n_embd, uint32_t n_ff
 	c->sk = hyb_sparse_best();
 	c->ystride = ((size_t)n_embd + 15) & ~(size_t)15;
 	c->xbuf = aligned_alloc(64, (hyb_sparse_x_bytes(n_embd) + 63) & ~(size_t)63);
-	c->ypart = aligned_alloc(64, sizeof(float) * c->ystride * (size_t)n_threads);
+	c->ypart = aligned_alloc(64, sizeof(float) * c->ystride * UNITS);
 	c->gstart = malloc(sizeof(uint32_t) * ((size_t)n_ff + 1));
 	c->cum = malloc(sizeof(uint64_t) * ((size_t)n_ff + 1));
 	c->slot = aligned_alloc(64, sizeof(struct tslot) * (size_t)n_threads);
@@ -149,9 +155,10 @@ static inline float act_h(enum hyb_ffn_act act, float g, float u)
 	}
 }
 
-/* Rows of the neurons of one chunk, which may span groups. */
+/* Rows of the neurons of one chunk, which may span groups; y: its unit's partial. */
 struct chunk {
 	int n;
+	float *y;
 	const void *gate[CH], *up[CH], *down[CH];
 };
 
@@ -252,13 +259,25 @@ static uint32_t group_of(const struct hyb_sparse_ffn_ctx *c, uint32_t n_groups, 
 	return g;
 }
 
+/* f = ch[*cur] is complete: run the chunk before it (which prefetches f's first rows). */
+static void chunk_done(const struct job *j, struct chunk *ch, int *cur, struct tslot *st,
+		       uint64_t rb)
+{
+	struct chunk *f = &ch[*cur];
+
+	*cur ^= 1;
+	if (ch[*cur].n)
+		run_chunk(j, &ch[*cur], f, ch[*cur].y, st);
+	else /* the first: nothing ran before it to fetch its rows */
+		prefetch_first(f->gate, f->n, rb);
+	ch[*cur].n = 0;
+}
+
 /*
  * Threads take units of consecutive positions (bundle order) from a shared
- * counter, as the dense matmul takes row chunks: balanced by listed work,
- * and a thread the OS delays leaves its share to the others. Positions go
- * into chunks of CH neurons whatever their group or unit; two chunks in
- * turn, so that a chunk's first gate rows are requested when it is filled
- * and it runs after the one before it.
+ * counter. A unit's positions go into chunks of CH neurons whatever their
+ * group; two chunks in turn, so that a chunk's first gate rows are
+ * requested when it is filled and it runs after the one before it.
  */
 static void ffn_worker(void *arg, int ith, int nth)
 {
@@ -269,32 +288,24 @@ static void ffn_worker(void *arg, int ith, int nth)
 	const uint64_t rb = b->row_bytes;
 	struct tslot *st = &c->slot[ith];
 	struct chunk ch[2];
-	float *y;
 	int cur = 0;
 
 	(void)nth;
 	if (ith >= j->nth)
 		return;
-	y = ith == 0 ? j->y : c->ypart + (size_t)ith * c->ystride;
-	memset(st, 0, sizeof(*st));
-	if (ith == 0) {
-		memset(y, 0, sizeof(float) * b->n_embd);
-		st->used = 1;
-	}
 	ch[0].n = ch[1].n = 0;
 	for (;;) {
 		const uint64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-		const uint64_t lo = u * j->unit;
 
-		if (lo >= j->total)
+		if (u >= j->n_units)
 			break;
+		const uint64_t lo = u * j->unit;
 		const uint64_t hi = lo + j->unit < j->total ? lo + j->unit : j->total;
+		float *y = u == 0 ? j->y : c->ypart + (size_t)u * c->ystride;
 		uint32_t g = group_of(c, j->n_groups, lo);
 
-		if (!st->used) {
-			memset(y, 0, sizeof(float) * b->n_embd);
-			st->used = 1;
-		}
+		memset(y, 0, sizeof(float) * b->n_embd);
+		ch[cur].y = y;
 		for (uint64_t p = lo; p < hi; p++) {
 			while (p >= c->cum[g + 1])
 				g++; /* absent and empty groups have cum[g + 1] == cum[g] */
@@ -302,35 +313,36 @@ static void ffn_worker(void *arg, int ith, int nth)
 			const uint64_t at = p - c->cum[g];
 			const uint32_t l = j->active ? j->active[c->gstart[g] + at] - g0
 						     : (uint32_t)at;
-			const uint8_t *base = b->bundle[g];
 			struct chunk *f = &ch[cur];
 
-			f->gate[f->n] = base + (uint64_t)l * rb;
-			f->up[f->n] = base + (uint64_t)(ng + l) * rb;
-			f->down[f->n] = base + (uint64_t)(2 * ng + l) * rb;
+			if (b->bundle) {
+				const uint8_t *base = b->bundle[g];
+
+				f->gate[f->n] = base + (uint64_t)l * rb;
+				f->up[f->n] = base + (uint64_t)(ng + l) * rb;
+				f->down[f->n] = base + (uint64_t)(2 * ng + l) * rb;
+			} else {
+				const uint64_t off = (uint64_t)(g0 + l) * rb;
+
+				f->gate[f->n] = (const uint8_t *)b->rows[0] + off;
+				f->up[f->n] = (const uint8_t *)b->rows[1] + off;
+				f->down[f->n] = (const uint8_t *)b->rows[2] + off;
+			}
 			if (++f->n == CH) {
-				cur ^= 1;
-				if (ch[cur].n) /* the chunk before: it prefetches f's first rows */
-					run_chunk(j, &ch[cur], f, y, st);
-				else /* the first: nothing ran before it to fetch its rows */
-					prefetch_first(f->gate, f->n, rb);
-				ch[cur].n = 0;
+				chunk_done(j, ch, &cur, st, rb);
+				ch[cur].y = y;
 			}
 		}
+		if (ch[cur].n) /* the unit's last, short chunk (only the last unit has one) */
+			chunk_done(j, ch, &cur, st, rb);
 	}
-	if (ch[cur ^ 1].n) {
-		run_chunk(j, &ch[cur ^ 1], ch[cur].n ? &ch[cur] : NULL, y, st);
-	} else if (ch[cur].n) {
-		prefetch_first(ch[cur].gate, ch[cur].n, rb);
-	}
-	if (ch[cur].n)
-		run_chunk(j, &ch[cur], NULL, y, st);
+	if (ch[cur ^ 1].n)
+		run_chunk(j, &ch[cur ^ 1], NULL, ch[cur ^ 1].y, st);
 }
 
 struct reduce_job {
 	float *y;
 	const float *parts;
-	const struct tslot *slot;
 	size_t stride;
 	uint32_t n;
 	int nparts;
@@ -348,8 +360,6 @@ static void reduce_worker(void *arg, int ith, int nth)
 	for (int p = 1; p < r->nparts; p++) {
 		const float *src = r->parts + (size_t)p * r->stride;
 
-		if (!r->slot[p].used)
-			continue;
 		for (long i = lo; i < hi; i++)
 			r->y[i] += src[i];
 	}
@@ -374,7 +384,8 @@ static int check_args(struct hyb_sparse_ffn_ctx *c, const struct hyb_ffn_bundles
 		      enum hyb_ffn_act act, const float *xn, const uint32_t *active,
 		      uint32_t n_active, const float *y)
 {
-	if (!b || !xn || !y || !b->bundle)
+	if (!b || !xn || !y ||
+	    (!b->bundle && (!b->rows[0] || !b->rows[1] || !b->rows[2])))
 		return fail(c, "sparse ffn: NULL argument");
 	if (!hyb_sparse_type_ok(b->type))
 		return fail(c, "sparse ffn: weight type %s not supported (%s)",
@@ -460,7 +471,7 @@ int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *poo
 			c->gstart[g] = (uint32_t)g0;
 			n = g1 - g0;
 		}
-		c->cum[g + 1] = c->cum[g] + (b->bundle[g] ? n : 0);
+		c->cum[g + 1] = c->cum[g] + (!b->bundle || b->bundle[g] ? n : 0);
 	}
 	j.total = c->cum[j.n_groups];
 
@@ -468,26 +479,35 @@ int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *poo
 		return fail(c, "sparse ffn: cannot convert the input for %s",
 			    hyb_type_name(b->type));
 
-	/* a few rows are not worth waking threads for (and each adds a partial y) */
+	/* units of whole chunks, UNITS at most, from the list alone (not the thread count) */
+	j.unit = (j.total + (uint64_t)CH * UNITS - 1) / ((uint64_t)CH * UNITS) * CH;
+	if (!j.unit)
+		j.unit = CH;
+	j.n_units = (j.total + j.unit - 1) / j.unit;
+	if (!j.n_units)
+		memset(y, 0, sizeof(float) * b->n_embd);
+	/* a few rows are not worth waking threads for */
 	nth = pool ? hyb_threadpool_size(pool) : 1;
 	if (nth > c->n_threads)
 		nth = c->n_threads;
 	if ((uint64_t)nth > j.total / 8)
 		nth = j.total / 8 > 0 ? (int)(j.total / 8) : 1;
+	if ((uint64_t)nth > j.n_units)
+		nth = j.n_units ? (int)j.n_units : 1;
 	j.nth = nth;
-	/* about 8 units a thread, 16..CH positions each */
-	j.unit = j.total / ((uint64_t)nth * 8);
-	j.unit = j.unit < 16 ? 16 : j.unit > CH ? CH : j.unit;
+	memset(c->slot, 0, sizeof(*c->slot) * (size_t)nth);
 	atomic_init(&j.next, 0);
+	/* a thread that has not started when the units run out is not waited for */
 	if (nth == 1)
 		ffn_worker(&j, 0, 1);
 	else
-		hyb_threadpool_run(pool, ffn_worker, &j);
+		hyb_threadpool_run_dynamic(pool, ffn_worker, &j);
 
-	if (nth > 1) {
-		struct reduce_job r = { .y = y, .parts = c->ypart, .slot = c->slot,
-					.stride = c->ystride, .n = b->n_embd, .nparts = nth };
+	if (j.n_units > 1) {
+		struct reduce_job r = { .y = y, .parts = c->ypart, .stride = c->ystride,
+					.n = b->n_embd, .nparts = (int)j.n_units };
 
+		/* each slice of y summed by one thread, in unit order */
 		if (nth > 2)
 			hyb_threadpool_run(pool, reduce_worker, &r);
 		else

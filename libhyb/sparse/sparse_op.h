@@ -13,10 +13,12 @@
  * no dense<->sparse conversion, no temporary matrix.
  *
  * Threads (§5.4: "split the neurons into small batches across cores"):
- * the listed neurons of the groups present here are cut into nth runs of
- * equal count, in bundle order, so threads are balanced by the work
- * actually listed, not by bundles; each thread adds into its own partial y
- * and one reduction sums them.
+ * the listed neurons of the groups present here are cut into at most 16
+ * units of whole kernel chunks, in bundle order, which threads take as they
+ * go, so threads are balanced by the work actually listed, not by bundles;
+ * each unit adds into its own partial y and one reduction sums them in unit
+ * order. The units depend on the list alone: the same list gives the same
+ * bits with any thread count and any scheduling (docs/DETERMINISM.md).
  */
 #ifndef HYB_SPARSE_OP_H
 #define HYB_SPARSE_OP_H
@@ -34,6 +36,9 @@
  * transposed, each row n_embd elements of `type` (row_bytes apart), from
  * bundle[g]. bundle[g] == NULL: the group is not on this device and its
  * neurons are skipped (the hybrid engine computes them elsewhere).
+ * bundle == NULL: the three matrices of a PowerInfer file as they are
+ * instead (rows[0] gate, rows[1] up, rows[2] ffn_down_t; neuron i's row at
+ * + i * row_bytes in each), every group present.
  */
 struct hyb_ffn_bundles {
 	uint32_t type;         /* hyb_sparse_type_ok() (sparse_ffn_kernels.h) */
@@ -41,6 +46,7 @@ struct hyb_ffn_bundles {
 	uint32_t group_size;   /* GS */
 	uint64_t row_bytes;    /* hyb_row_bytes(type, n_embd) */
 	const void *const *bundle; /* [ceil(n_ff / GS)] */
+	const void *rows[3];   /* bundle == NULL */
 };
 
 /* Counts of one call, over the groups present. */

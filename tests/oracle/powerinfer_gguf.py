@@ -7,11 +7,14 @@ The model file follows convert-hf-to-powerinfer-gguf.py: the per-layer
 predictors (ReluMLP, no biases) come first as blk.N.fc1.weight (torch shape
 [H, n_embd]) and blk.N.fc2.weight ([n_ff, H]); every ffn_down becomes
 ffn_down_t, transposed ([n_ff, n_embd]: a row per neuron); the optional
-threshold is powerinfer.sparse_threshold. The GPU index follows
+threshold is powerinfer.sparse_threshold; like convert.py, "PWRI" is
+written over the magic (--magic gguf keeps GGUF's). The GPU index follows
 powerinfer-py export_split.py: GGUF of architecture "generic.gpu_index" with
 blk.N.gpu_idx (I32 [n_ff], 1 = on the GPU) and blk.N.gpu_bucket (those
-indices, ascending), split.vram_capacity, and then "PWRI" and version 3
-written over the first 8 bytes.
+indices, ascending; empty for a layer without GPU neurons, --gpu-none L),
+split.vram_capacity, I32 numbered 18 as PowerInfer's own gguf-py numbers it
+(the gguf package's 26 is a type PowerInfer's ggml does not know), and then
+"PWRI" and version 3 written over the first 8 bytes.
 
 Predictors (--predictor):
   exact   fc1 = ffn_gate rows times ffn_norm's weight (H = n_ff), fc2 = the
@@ -23,6 +26,9 @@ Predictors (--predictor):
           ties, for checking the arithmetic and the input they are fed
 
 --type Q4_0|Q8_0 quantizes every layer matrix (the predictors stay F16).
+PowerInfer's CPU axpy reads ffn_down_t as F16 or Q4_0 only: it loads a
+Q8_0 file but computes it wrongly (hyb computes it right); its own tools
+(tests/oracle/powerinfer-ref.sh) take the F16 and Q4_0 files.
 
 --break names a defect to write instead (bad input tests): fc2-shape,
 gpu-idx-value, gpu-bucket.
@@ -108,6 +114,27 @@ def write_model(args):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if args.magic == "pwri":
+        set_magic(args.out, 3)
+
+
+def set_magic(path, version):
+    with open(path, "r+b") as f:
+        f.write(struct.pack("<I", int.from_bytes(b"PWRI", "little")))
+        f.write(struct.pack("<I", version))
+
+
+PI_I32 = 18  # PowerInfer's gguf-py: I8 16, I16 17, I32 18
+
+
+def pi_int_types(path):
+    """Renumber the I32 tensors as PowerInfer's gguf-py writes them."""
+    r = gguf.GGUFReader(path, "r+")
+    for t in r.tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.I32:
+            t.field.parts[4][0] = PI_I32
+    r.data.flush()
+    del r
 
 
 def write_gpu_index(args):
@@ -118,7 +145,7 @@ def write_gpu_index(args):
     rng = np.random.default_rng(args.seed + 1)
     w = gguf.GGUFWriter(args.gpu_index, "generic.gpu_index")
     for l in range(n_layer):
-        k = int(round(args.gpu_frac * n_ff))
+        k = 0 if l in args.gpu_none else int(round(args.gpu_frac * n_ff))
         hot = np.sort(rng.choice(n_ff, size=k, replace=False)).astype(np.int32)
         idx = np.zeros(n_ff, dtype=np.int32)
         idx[hot] = 1
@@ -134,9 +161,8 @@ def write_gpu_index(args):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with open(args.gpu_index, "r+b") as f:
-        f.write(struct.pack("<I", int.from_bytes(b"PWRI", "little")))
-        f.write(struct.pack("<I", 3))
+    pi_int_types(args.gpu_index)
+    set_magic(args.gpu_index, 3)
 
 
 def main(argv=None):
@@ -151,6 +177,9 @@ def main(argv=None):
     p.add_argument("--gpu-index")
     p.add_argument("--gpu-frac", type=float, default=0.25)
     p.add_argument("--vram", type=int, default=1 << 30)
+    p.add_argument("--gpu-none", type=int, action="append", default=[],
+                   help="a layer with no GPU neurons (an empty gpu_bucket)")
+    p.add_argument("--magic", choices=("pwri", "gguf"), default="pwri")
     p.add_argument("--break", dest="break_", choices=("fc2-shape", "gpu-idx-value", "gpu-bucket"))
     args = p.parse_args(argv)
     write_model(args)

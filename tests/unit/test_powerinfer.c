@@ -24,6 +24,7 @@
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
+#include "sparse/sparse_layer.h"
 #include "test.h"
 
 #define PI_PY ".venv/bin/python tests/oracle/powerinfer_gguf.py"
@@ -412,15 +413,25 @@ TEST(pi_rejects_bad_files)
 	m = hyb_model_load_mode(f.gpuidx, HYB_LOAD_MMAP);
 	CHECK(!m);
 	CHECK_MSG(strstr(hyb_last_error(), "PowerInfer GPU index"), "%s", hyb_last_error());
-	/* a predictor of the wrong shape: the plan names it */
-	CHECK(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)) != 0);
+	/* a predictor of the wrong shape: loading names it */
+	m = hyb_model_load_mode(f.model, HYB_LOAD_MMAP);
+	CHECK(!m);
+	CHECK_MSG(strstr(hyb_last_error(), "blk.1.fc2.weight") &&
+		  strstr(hyb_last_error(), "expected shape"), "%s", hyb_last_error());
+	/* so does hybctl profile, the plan's first step */
+	snprintf(log, sizeof(log), "%s/profile.log", hyb_test_tmpdir());
+	CHECK(hyb_test_sh(log, "%s profile '%s' -o '%s' --gen 4 -t 1", hyb_test_hybctl(), f.model,
+			  f.profile) != 0);
 	lf = fopen(log, "r");
 	CHECK(lf);
 	while (fgets(buf, sizeof(buf), lf) && !strstr(buf, "expected shape"))
 		;
 	fclose(lf);
 	CHECK_MSG(strstr(buf, "blk.1.fc2.weight") && strstr(buf, "expected shape"), "%s", buf);
-	CHECK(access(f.plan, F_OK) != 0);
+	/* the bad GPU indexes below need a profile: of the model with good predictors */
+	CHECK_EQ_INT(hyb_test_sh(log, PI_PY " '%s' '%s' --predictor random --hidden 32", f.src,
+				 f.model), 0);
+	CHECK(make_plan(&f, "--gpu-budget 16M", log, sizeof(log)) == 0);
 	/* bad GPU indexes */
 	static const struct {
 		const char *brk, *want;
@@ -500,4 +511,336 @@ TEST(pi_q4_0_plan_copies_quantized_down_rows)
 	hyb_ctx_free(s);
 	hyb_model_free(pi);
 	hyb_model_free(m);
+}
+
+/* the type number stored in the file for tensor name (its tensor info entry) */
+static uint32_t raw_type(const char *path, const char *name)
+{
+	FILE *fp = fopen(path, "rb");
+	static char buf[1 << 16];
+	size_t n, nl = strlen(name);
+	uint32_t nd, type = UINT32_MAX;
+
+	CHECK(fp);
+	n = fread(buf, 1, sizeof(buf), fp);
+	fclose(fp);
+	for (size_t i = 8; i + nl + 8 <= n; i++) {
+		uint64_t len;
+
+		memcpy(&len, buf + i - 8, 8);
+		if (len != nl || memcmp(buf + i, name, nl))
+			continue;
+		memcpy(&nd, buf + i + nl, 4);
+		CHECK(nd >= 1 && nd <= 4 && i + nl + 4 + 8 * nd + 4 <= n);
+		memcpy(&type, buf + i + nl + 4 + 8 * nd, 4);
+		break;
+	}
+	CHECK_MSG(type != UINT32_MAX, "%s: no tensor %s in the header", path, name);
+	return type;
+}
+
+/*
+ * The files as PowerInfer's tools write them: a model with PWRI magic
+ * (convert.py), a GPU index with I32 numbered 18 and an empty gpu_bucket
+ * for a layer without GPU neurons (export_split.py with PowerInfer's
+ * gguf-py). hyb reads both and tells them apart by content; a GGUF-magic
+ * model loads too. The index the oracle writes carries 18, the number
+ * PowerInfer's ggml knows (the gguf package's 26 makes its reader divide by
+ * a zero block size).
+ */
+TEST(pi_files_as_powerinfer_writes_them)
+{
+	struct pi_files f;
+	char gg[600], log[512];
+	struct hyb_gguf_file *gi, *mf;
+	struct hyb_model *m;
+	int rc;
+
+	make_model(&f, "--predictor random --hidden 32 --gpu-none 1");
+	CHECK_MSG(!hyb_gguf_open(f.model, &mf), "%s", hyb_last_error());
+	CHECK_EQ_INT(mf->magic, HYB_GGUF_MAGIC_PWRI);
+	CHECK(!hyb_gguf_is_gpu_index(mf));
+	hyb_gguf_close(mf);
+	m = load(f.model);
+	CHECK(m->powerinfer);
+	hyb_model_free(m);
+	snprintf(gg, sizeof(gg), "%s/pi-gguf.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/gguf-magic.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, PI_PY " '%s' '%s' --predictor random --hidden 32 "
+				 "--magic gguf", f.src, gg), 0);
+	m = load(gg);
+	CHECK(m->powerinfer && m->gguf->magic == HYB_GGUF_MAGIC);
+	hyb_model_free(m);
+
+	CHECK_EQ_INT(raw_type(f.gpuidx, "blk.0.gpu_idx"), 18);
+	CHECK_EQ_INT(raw_type(f.gpuidx, "blk.1.gpu_bucket"), 18);
+	CHECK_MSG(!hyb_gguf_open(f.gpuidx, &gi), "%s", hyb_last_error());
+	CHECK(hyb_gguf_is_gpu_index(gi));
+	CHECK_EQ_INT(tensor(gi, 0, "gpu_idx")->type, HYB_TYPE_I32);
+	CHECK_EQ_INT(tensor(gi, 0, "gpu_bucket")->type, HYB_TYPE_I32);
+	CHECK(tensor(gi, 0, "gpu_bucket")->ne[0] > 0);
+	CHECK_EQ_INT(tensor(gi, 1, "gpu_bucket")->ne[0], 0);
+	CHECK_EQ_INT(tensor(gi, 1, "gpu_bucket")->nbytes, 0);
+	hyb_gguf_close(gi);
+
+	rc = make_plan(&f, "--gpu-budget 16M --group-size 32 --gpu-index", log, sizeof(log));
+	CHECK(rc != 0); /* (no path: a usage error) */
+	snprintf(gg, sizeof(gg), "--gpu-budget 16M --group-size 32 --gpu-index '%s'", f.gpuidx);
+	rc = make_plan(&f, gg, log, sizeof(log));
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "hybctl plan with PowerInfer's GPU index failed (exit %d)", rc);
+	m = load(f.plan);
+	CHECK(m->group_size > 0);
+	hyb_model_free(m);
+}
+
+/*
+ * `hyb run` on a PowerInfer file decodes as PowerInfer does: its own
+ * predictors pick every token's neurons, the prompt's included, on its own
+ * matrices (no plan). With exact predictors it agrees with dense decoding.
+ */
+TEST(pi_file_decodes_sparse_every_token)
+{
+	struct pi_files f;
+
+	make_model(&f, "--predictor exact --threshold 1e-6");
+	struct hyb_model *m = load(f.model);
+	struct hyb_ctx *d = hyb_test_ctx(m, HYB_FFN_DENSE), *s = hyb_test_ctx(m, HYB_FFN_AUTO);
+	const uint32_t L = m->hp.n_layer, n_prompt = 12, n_gen = 20;
+	struct hyb_sparse_stats st;
+	struct hyb_test_agreement r = { 0 };
+
+	CHECK(m->powerinfer && !m->group_size && m->layers[0].fc1.data);
+	CHECK(!hyb_ctx_sparse(d) && hyb_ctx_sparse(s));
+	for (uint32_t q = 0; q < 3; q++) {
+		hyb_ctx_sparse_stats_reset(s);
+		hyb_test_greedy_compare(d, s, m->hp.n_vocab, 30 + q, n_prompt, n_gen, 0, &r);
+		hyb_ctx_sparse_stats(s, &st);
+		/* the prompt's tokens too (the last layer sees only the last one's) */
+		CHECK_EQ_INT(st.layer_steps, (L - 1) * n_prompt + 1 + (uint64_t)n_gen * L);
+	}
+	printf("    agreement %u/%u, predicted %.1f%%, fired %.1f%%, logits within %.2g\n",
+	       r.agree, r.total, 100.0 * st.predicted / st.neurons,
+	       100.0 * st.nonzero / st.neurons, r.max_rel);
+	CHECK_MSG(r.agree * 100 >= r.total * 95, "greedy agreement %u/%u", r.agree, r.total);
+	CHECK_MSG(st.predicted < st.neurons / 2, "predicted %llu of %llu",
+		  (unsigned long long)st.predicted, (unsigned long long)st.neurons);
+	hyb_ctx_free(d);
+	hyb_ctx_free(s);
+	hyb_model_free(m);
+}
+
+/*
+ * PowerInfer's predictor arithmetic: ggml's mul_mat converts its input to
+ * the weight's dot type, so with F16 predictors x and relu(fc1 · x) are
+ * rounded to F16 before each product, and neuron i runs when its score is
+ * >= powerinfer.sparse_threshold. hyb_pi_predictor_run against that in
+ * double precision: every decision equal but where the score is within
+ * float rounding of the threshold, among them some that an fp32 hidden
+ * layer would flip (PowerInfer's tokens depend on them).
+ */
+TEST(pi_predictor_rounds_as_ggml)
+{
+	const float thr = 0.05f;
+	struct pi_files f;
+	char opts[128];
+
+	snprintf(opts, sizeof(opts), "--predictor random --hidden 64 --threshold %g", thr);
+	make_model(&f, opts);
+	struct hyb_model *m = load(f.model);
+	const uint32_t E = m->hp.n_embd, F = m->hp.n_ff;
+	uint32_t *act = malloc(4 * F), n_near = 0, n_flip = 0, n_dec = 0;
+	float *x = malloc(4 * E);
+	double *h = NULL, *score = malloc(8 * F), *score32 = malloc(8 * F);
+	uint8_t *on = malloc(F);
+
+	CHECK(act && x && score && score32 && on);
+	CHECK_NEAR(m->powerinfer_threshold, thr, 0);
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		const struct hyb_weight *w1 = &m->layers[l].fc1, *w2 = &m->layers[l].fc2;
+		const uint32_t H = (uint32_t)w1->ne1;
+		const uint16_t *a = w1->data, *b = w2->data;
+		void *scratch = malloc(hyb_pi_predictor_scratch_bytes(w1, w2));
+
+		CHECK(w1->type == HYB_TYPE_F16 && w2->type == HYB_TYPE_F16 && scratch);
+		h = realloc(h, 8 * H);
+		CHECK(h);
+		for (uint32_t rep = 0; rep < 48; rep++) {
+			uint32_t n;
+
+			for (uint32_t e = 0; e < E; e++)
+				x[e] = (float)sin(0.37 * (e + 1) * (rep + 1) + l) * 2.0f;
+			n = hyb_pi_predictor_run(w1, w2, thr, x, NULL, scratch, act);
+			for (uint32_t j = 0; j < H; j++) {
+				double s = 0;
+
+				for (uint32_t e = 0; e < E; e++)
+					s += (double)hyb_f16_to_f32(a[(size_t)j * E + e]) *
+					     hyb_f16_to_f32(hyb_f32_to_f16(x[e]));
+				h[j] = s > 0 ? s : 0;
+			}
+			for (uint32_t i = 0; i < F; i++) {
+				double s = 0, s32 = 0;
+
+				for (uint32_t j = 0; j < H; j++) {
+					const double w = hyb_f16_to_f32(b[(size_t)i * H + j]);
+
+					s += w * hyb_f16_to_f32(hyb_f32_to_f16((float)h[j]));
+					s32 += w * (float)h[j];
+				}
+				score[i] = s;
+				score32[i] = s32;
+				on[i] = 0;
+			}
+			for (uint32_t k = 0; k < n; k++)
+				on[act[k]] = 1;
+			for (uint32_t i = 0; i < F; i++) {
+				/* float sums differ from double by ~1e-6 here */
+				const bool ref = score[i] >= thr, near = fabs(score[i] - thr) < 1e-5;
+
+				n_dec++;
+				n_near += near;
+				CHECK_MSG(near || on[i] == ref, "layer %u neuron %u: score %.9g, "
+					  "threshold %g, hyb says %s", l, i, score[i], thr,
+					  on[i] ? "active" : "inactive");
+				n_flip += !near && (score32[i] >= thr) != ref;
+			}
+		}
+		free(scratch);
+	}
+	printf("    %u decisions, %u within 1e-5 of the threshold; an fp32 hidden layer "
+	       "would flip %u others\n", n_dec, n_near, n_flip);
+	/* so this test tells the rounding from its absence */
+	CHECK(n_flip > 0);
+	free(act);
+	free(x);
+	free(h);
+	free(score);
+	free(score32);
+	free(on);
+	hyb_model_free(m);
+}
+
+/*
+ * PowerInfer's tokens. Goldens from PowerInfer's own CPU build
+ * (tests/oracle/powerinfer-ref.sh --record: commit d3ebd7c, GGML_NATIVE on an
+ * AVX-512 VNNI Xeon, one thread) on the models below, which it loads for
+ * sparse inference: its greedy ids after each prompt. hyb decodes the same
+ * files (sparse, its predictors on every token) to the same ids: with exact
+ * predictors on every prompt; with random ones wherever no score lands
+ * within summation-order rounding of the threshold.
+ */
+struct pi_golden {
+	int exact; /* predictors: exact, or random (hidden 64, threshold 0) */
+	int n_prompt;
+	int32_t prompt[16];
+	int32_t ids[32];
+};
+
+static const struct pi_golden pi_goldens[] = {
+	{ 1, 13,
+	  { 1, 353, 414, 392, 396, 429, 418, 491, 389, 427, 404, 412, 396 },
+	  { 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114,
+	    114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114, 114 } },
+	{ 1, 15,
+	  { 1, 363, 497, 421, 428, 404, 392, 408, 391, 422, 416, 432, 414, 468, 434 },
+	  { 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428,
+	    428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428 } },
+	{ 1, 16,
+	  { 1, 341, 414, 389, 403, 416, 410, 396, 460, 449, 401, 422, 416, 428, 414, 394 },
+	  { 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106,
+	    106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106 } },
+	{ 1, 12,
+	  { 1, 496, 410, 410, 416, 433, 507, 410, 394, 282, 499, 462 },
+	  { 487, 284, 358, 284, 358, 284, 293, 293, 293, 293, 293, 284, 293, 293, 293, 293,
+	    293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 284, 293, 284 } },
+	{ 1, 12,
+	  { 1, 355, 504, 463, 462, 449, 393, 388, 418, 473, 388, 410 },
+	  { 53, 117, 53, 117, 53, 286, 286, 286, 117, 53, 117, 53, 117, 53, 117, 53,
+	    117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53, 117, 53 } },
+	{ 0, 13,
+	  { 1, 353, 414, 392, 396, 429, 418, 491, 389, 427, 404, 412, 396 },
+	  { 501, 152, 38, 152, 501, 320, 485, 114, 152, 38, 152, 38, 152, 38, 152, 38,
+	    152, 38, 152, 38, 152, 38, 152, 38, 152, 38, 152, 152, 152, 152, 152, 38 } },
+	{ 0, 15,
+	  { 1, 363, 497, 421, 428, 404, 392, 408, 391, 422, 416, 432, 414, 468, 434 },
+	  { 317, 373, 373, 373, 373, 373, 373, 428, 428, 428, 428, 428, 428, 428, 428, 428,
+	    428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428, 428 } },
+	{ 0, 16,
+	  { 1, 341, 414, 389, 403, 416, 410, 396, 460, 449, 401, 422, 416, 428, 414, 394 },
+	  { 394, 394, 394, 394, 444, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106,
+	    106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106, 106 } },
+	{ 0, 12,
+	  { 1, 496, 410, 410, 416, 433, 507, 410, 394, 282, 499, 462 },
+	  { 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293,
+	    293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293, 293 } },
+	{ 0, 12,
+	  { 1, 355, 504, 463, 462, 449, 393, 388, 418, 473, 388, 410 },
+	  { 286, 286, 117, 53, 286, 286, 286, 286, 117, 53, 286, 286, 286, 117, 53, 286,
+	    117, 53, 286, 117, 53, 286, 117, 53, 286, 117, 53, 286, 117, 53, 286, 117 } },
+};
+
+TEST(pi_tokens_are_powerinfers)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const size_t n_cases = sizeof(pi_goldens) / sizeof(pi_goldens[0]);
+	char src[512], path[2][512], log[512];
+	uint32_t full[2] = { 0 }, same[2] = { 0 }, cases[2] = { 0 };
+	float *lg;
+	int rc;
+
+	if (k->isa != HYB_ISA_AVX512_VNNI && k->isa != HYB_ISA_AVX512)
+		SKIP("goldens are PowerInfer's on AVX-512; this run uses %s", k->name);
+	hyb_test_need_venv();
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(src, sizeof(src), "%s/src.gguf", hyb_test_tmpdir());
+	snprintf(path[0], sizeof(path[0]), "%s/random.gguf", hyb_test_tmpdir());
+	snprintf(path[1], sizeof(path[1]), "%s/exact.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/make.log", hyb_test_tmpdir());
+	rc = hyb_test_sh(log, "%s synth -o '%s' --hidden 256 --ffn 1024 --layers 2 --heads 4 "
+			 "--vocab 512 --act relu --type F16 -t 1 && " PI_PY " '%s' '%s' --predictor "
+			 "exact --threshold 1e-6 && " PI_PY " '%s' '%s' --predictor random "
+			 "--hidden 64", hyb_test_hybctl(), src, src, path[1], src, path[0]);
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "making the PowerInfer models failed (exit %d)", rc);
+	for (int e = 0; e < 2; e++) {
+		struct hyb_model *m = load(path[e]);
+		struct hyb_ctx *c = hyb_test_ctx(m, HYB_FFN_AUTO);
+
+		CHECK(hyb_ctx_sparse(c) && m->gguf->magic == HYB_GGUF_MAGIC_PWRI);
+		lg = malloc(sizeof(float) * m->hp.n_vocab);
+		CHECK(lg);
+		for (size_t i = 0; i < n_cases; i++) {
+			const struct pi_golden *g = &pi_goldens[i];
+			uint32_t eq = 0;
+
+			if (g->exact != e)
+				continue;
+			hyb_ctx_reset(c);
+			CHECK_MSG(!hyb_ctx_eval(c, g->prompt, (uint32_t)g->n_prompt, lg, false), "%s",
+				  hyb_last_error());
+			for (int t = 0; t < 32; t++) {
+				int32_t id = hyb_test_argmax(lg, m->hp.n_vocab);
+
+				eq += id == g->ids[t];
+				CHECK_MSG(!hyb_ctx_eval(c, &id, 1, lg, false), "%s", hyb_last_error());
+			}
+			cases[e]++;
+			same[e] += eq;
+			full[e] += eq == 32;
+		}
+		free(lg);
+		hyb_ctx_free(c);
+		hyb_model_free(m);
+	}
+	printf("    exact predictors: %u/%u prompts token for token (%u/%u tokens); random: "
+	       "%u/%u (%u/%u tokens)\n", full[1], cases[1], same[1], 32 * cases[1], full[0],
+	       cases[0], same[0], 32 * cases[0]);
+	CHECK_EQ_INT(full[1], cases[1]);
+	/* random predictors: a score within rounding of the threshold may go either way */
+	CHECK_MSG(full[0] + 1 >= cases[0], "random predictors: %u of %u prompts equal", full[0],
+		  cases[0]);
 }

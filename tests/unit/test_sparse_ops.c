@@ -1164,3 +1164,69 @@ TEST(sparse_bad_arguments_fail_cleanly)
 	ffn_free(&f);
 	hyb_sparse_ffn_ctx_free(c);
 }
+
+/*
+ * The threaded operators give the same bits on every call with the same
+ * thread count, whichever thread gets to which neurons first: every float
+ * sum is in a fixed order (the sparse operator's units each add into their
+ * own partial, summed in unit order; down_t splits its rows statically).
+ * Many back-to-back calls on 3 threads keep every worker awake and racing.
+ */
+TEST(sparse_same_bits_every_call)
+{
+	const uint32_t E = 256, F = 4096, GS = 32, CALLS = 60;
+	struct hyb_threadpool *pool = hyb_threadpool_new(3);
+	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 3);
+	struct hyb_ffn_plan_scratch *sc;
+	struct hyb_model m;
+	struct ffn f;
+	float *xn = xmalloc(4 * E), *y0 = xmalloc(4 * E), *y = xmalloc(4 * E);
+	float *act = xmalloc(4 * F);
+	uint32_t *list = xmalloc(4 * F), n = 0;
+
+	CHECK(pool && c);
+	memset(&m, 0, sizeof(m));
+	m.hp.n_embd = E;
+	sc = hyb_ffn_plan_scratch_new(&m, 1, 3);
+	CHECK(sc);
+	ffn_make(&f, HYB_TYPE_Q8_0, E, F, GS, 4242);
+	rand_x(xn, E);
+	for (uint32_t i = 0; i < F; i++) {
+		if (rnd() % 3 == 0)
+			list[n++] = i;
+		act[i] = rnd() % 4 ? 0.0f : urand();
+	}
+	/* the operator over a list, over every neuron, and a PowerInfer down_t */
+	for (int kind = 0; kind < 3; kind++) {
+		const struct hyb_weight dt = { .type = f.type, .ne0 = E, .ne1 = F,
+					       .row_bytes = f.b.row_bytes, .data = f.data };
+
+		for (uint32_t k = 0; k < CALLS; k++) {
+			float *out = k ? y : y0;
+
+			if (kind == 2)
+				hyb_ffn_down_t(pool, sc, &dt, act, 1, out);
+			else
+				CHECK(hyb_sparse_ffn(c, pool, &f.b, HYB_ACT_RELU, xn,
+						     kind ? NULL : list, n, out, NULL) == 0);
+			CHECK_MSG(!k || !memcmp(y, y0, 4 * E), "%s: call %u differs from call 0",
+				  kind == 2 ? "down_t" : kind ? "every neuron" : "list", k);
+		}
+		/* the operator's units do not depend on the thread count: one thread agrees */
+		if (kind < 2) {
+			CHECK(hyb_sparse_ffn(c, NULL, &f.b, HYB_ACT_RELU, xn, kind ? NULL : list, n,
+					     y, NULL) == 0);
+			CHECK_MSG(!memcmp(y, y0, 4 * E), "%s: 1 thread differs from 3",
+				  kind ? "every neuron" : "list");
+		}
+	}
+	ffn_free(&f);
+	hyb_ffn_plan_scratch_free(sc);
+	hyb_sparse_ffn_ctx_free(c);
+	hyb_threadpool_free(pool);
+	free(xn);
+	free(y0);
+	free(y);
+	free(act);
+	free(list);
+}

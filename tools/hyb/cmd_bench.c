@@ -154,7 +154,7 @@ static void bench_open(struct bench *b)
 
 	b->m = cli_load_model(o);
 	o->n_ctx = (uint32_t)(b->n_prompt + o->n_gen_bench);
-	if (!b->m->group_size) {
+	if (!b->m->group_size && !(b->m->powerinfer && b->m->layers[0].fc1.data)) {
 		b->c = cli_new_ctx(b->m, o);
 		return;
 	}
@@ -300,14 +300,18 @@ static void print_sparse(struct bench *b)
 	const struct hyb_hparams *hp = &m->hp;
 	const struct hyb_sparse_stats *sst = &b->sst;
 	const int reps = b->o.reps, n_gen = b->o.n_gen_bench;
-	const double fb = (double)m->layers[0].plan.bundles.row_bytes;
+	/* a plan's bundle rows, or a PowerInfer file's own rows and predictors */
+	const double fb = (double)(m->group_size ? m->layers[0].plan.bundles.row_bytes
+						 : m->layers[0].down_t.row_bytes);
 	const double bytes_tok = b->bytes_tok, bw_med = median(b->bw, reps);
 	double pred_bytes = 0, t_sp_sum = 0;
 
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		const struct hyb_ffn_plan *P = &m->layers[l].plan;
+		const struct hyb_layer *L = &m->layers[l];
+		const struct hyb_weight *f1 = m->group_size ? &L->plan.fc1 : &L->fc1;
+		const struct hyb_weight *f2 = m->group_size ? &L->plan.fc2 : &L->fc2;
 
-		pred_bytes += P->fc1.row_bytes * P->fc1.ne1 + P->fc2.row_bytes * P->fc2.ne1;
+		pred_bytes += f1->row_bytes * f1->ne1 + f2->row_bytes * f2->ne1;
 	}
 	for (int r = 0; r < reps; r++)
 		t_sp_sum += b->t_sp[r];

@@ -45,6 +45,7 @@ struct stream {
 	int32_t *ids; /* generated ids, for --print-ids */
 	uint32_t n;
 	double t_first; /* hyb_now() when the first generated token was printed */
+	struct hyb_ctx *c;
 };
 
 static int print_token(void *arg, int32_t token)
@@ -58,8 +59,11 @@ static int print_token(void *arg, int32_t token)
 	if (n > 0)
 		fwrite(piece, 1, n < (int)sizeof(piece) ? n : (int)sizeof(piece), stdout);
 	fflush(stdout);
-	if (!s->t_first)
+	if (!s->t_first) {
 		s->t_first = hyb_now();
+		/* a PowerInfer file's prompt ran sparse too: count decode steps alone */
+		hyb_ctx_sparse_stats_reset(s->c);
+	}
 	return 0;
 }
 
@@ -113,6 +117,7 @@ int cmd_run(int argc, char **argv)
 		hyb_roofline_isa(), hyb_model_loading(m) ? "streaming, started" : "loaded",
 		t_load);
 	out.tok = m->tok;
+	out.c = c;
 	out.n = 0;
 	out.t_first = 0;
 	out.ids = o.print_ids ? malloc(sizeof(int32_t) * (o.n_predict + 1)) : NULL;

@@ -20,9 +20,16 @@
 
 #define HYB_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 /*
- * PowerInfer's GPU index files (powerinfer-py export_split.py: *.gpuidx) are
- * GGUF with this magic written over GGUF's, so llama.cpp never mistakes one
- * for a model. hyb_gguf_parse accepts both and says which in hyb_gguf_file.magic.
+ * PowerInfer writes this magic over GGUF's in its model files (its
+ * convert.py: PowerInfer enables sparse inference only for it) and in its
+ * GPU index files (powerinfer-py export_split.py: *.gpuidx). hyb_gguf_parse
+ * accepts both and says which in hyb_gguf_file.magic; what a file is, model
+ * or GPU index, is told by its content (hyb_gguf_is_gpu_index).
+ *
+ * PowerInfer's gguf-py numbers I8, I16, I32 16, 17, 18 (GGUF's IQ2_XXS,
+ * IQ2_XS, IQ3_XXS) and export_split.py writes a layer without GPU neurons as
+ * an empty gpu_bucket: the parser reads a tensor named *.gpu_idx or
+ * *.gpu_bucket of type 18 as I32, and lets a 1-D one be empty.
  */
 #define HYB_GGUF_MAGIC_PWRI 0x49525750u /* "PWRI" little-endian */
 #define HYB_GGUF_DEFAULT_ALIGNMENT 32
@@ -117,6 +124,9 @@ void hyb_gguf_close(struct hyb_gguf_file *f);
 /* Lookup; NULL when absent. Keys and names compare as exact byte strings. */
 const struct hyb_gguf_kv *hyb_gguf_find(const struct hyb_gguf_file *f, const char *key);
 const struct hyb_gguf_tensor *hyb_gguf_find_tensor(const struct hyb_gguf_file *f, const char *name);
+/* true when f is a PowerInfer GPU index: it has tensors, all named blk.N.gpu_idx or
+ * blk.N.gpu_bucket (either magic). */
+bool hyb_gguf_is_gpu_index(const struct hyb_gguf_file *f);
 
 /*
  * Typed getters: true when the key exists and converts without loss

@@ -131,6 +131,10 @@ struct hyb_layer {
 	/* PowerInfer model files store down transposed (ffn_down_t: ne0 = n_embd,
 	 * ne1 = n_ff, row i = what neuron i adds); then down.data is NULL. */
 	struct hyb_weight down_t;
+	/* ... and the layer's predictor as stored (PowerInfer 5.1, no biases):
+	 * fc1 ne0 = n_embd, ne1 = H; fc2 ne0 = H, ne1 = n_ff (a row per neuron);
+	 * data NULL when the file has none. */
+	struct hyb_weight fc1, fc2;
 	struct hyb_ffn_plan plan;
 };
 
@@ -159,7 +163,8 @@ struct hyb_model {
 	uint32_t n_groups;       /* groups per layer (plan) */
 	enum hyb_pred_input pred_input; /* plan: what the predictors read */
 	/* A PowerInfer model file (ffn_down_t, fc1/fc2 predictors): its
-	 * powerinfer.sparse_threshold (0 when absent), for `hybctl plan`. */
+	 * powerinfer.sparse_threshold (0 when absent): neuron i runs when its
+	 * predictor score is >= it. */
 	bool powerinfer;
 	float powerinfer_threshold;
 	/* CATS thresholds the file carries (hyb/sparsity.h; NULL: none): every
@@ -226,7 +231,9 @@ uint64_t hyb_model_macs_per_token(const struct hyb_model *m);
 
 /*
  * How a plan model's FFNs decode (prefill is always dense: PowerInfer 5.3,
- * long inputs activate nearly every neuron). AUTO: sparse for plan models.
+ * long inputs activate nearly every neuron). AUTO: sparse for plan models
+ * and for PowerInfer model files with predictors; those run their
+ * predictors on every token, the prompt's too, as PowerInfer does.
  */
 enum hyb_ffn_mode { HYB_FFN_AUTO, HYB_FFN_DENSE, HYB_FFN_SPARSE };
 

@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Every decode path gives the same logits, bit for bit, run after run with
+ * the same thread count (docs/DETERMINISM.md): dense, a plan's FFN computed
+ * densely, a plan decoded sparsely, hybrid decoding on the CPU-executed
+ * device, and a PowerInfer file decoded densely (ffn_down_t) and sparsely
+ * (its predictors on every token). Each runs a prompt batch and greedy
+ * decode steps RUNS times with 2 and with 3 threads (more threads than this
+ * machine may have cores, so the OS interleaves them differently every run)
+ * and compares the bytes of every logit.
+ * Whether 2 and 3 threads agree with each other is printed; the paths
+ * docs/DETERMINISM.md says agree are checked.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyb/hybrid.h"
+#include "hyb/model.h"
+#include "hybrid/dense.h"
+#include "test.h"
+
+#define N_PROMPT 20
+#define N_GEN 12
+#define N_CTX 64
+#define RUNS 3
+
+/* every position's logits of the prompt, then those of each greedy step */
+static float *run_once(const struct hyb_model *m, enum hyb_ffn_mode ffn,
+		       const struct hyb_hybrid_params *hy, int nth, size_t *len)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = nth, .ffn = ffn, .hybrid = hy };
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+	float *lg = malloc(sizeof(float) * V * (N_PROMPT + N_GEN));
+	int32_t toks[N_PROMPT];
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(lg);
+	for (int i = 0; i < N_PROMPT; i++)
+		toks[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u + 11) % (V - 3));
+	CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, lg, true), "%s", hyb_last_error());
+	for (int i = 0; i < N_GEN; i++) {
+		float *cur = lg + (size_t)V * (N_PROMPT + i);
+		int32_t t = hyb_test_argmax(cur - V, V);
+
+		CHECK_MSG(!hyb_ctx_eval(c, &t, 1, cur, false), "%s", hyb_last_error());
+	}
+	hyb_ctx_free(c);
+	*len = sizeof(float) * V * (N_PROMPT + N_GEN);
+	return lg;
+}
+
+/*
+ * RUNS runs with 2 and with 3 threads each give the bytes of their thread
+ * count's first run; returns whether 2 and 3 threads agreed too.
+ */
+static bool check_path(const char *what, const struct hyb_model *m, enum hyb_ffn_mode ffn,
+		       const struct hyb_hybrid_params *hy)
+{
+	float *first[2] = { NULL, NULL };
+	size_t len = 0;
+	bool across;
+
+	for (int k = 0; k < 2; k++) {
+		const int nth = 2 + k;
+
+		for (int r = 0; r < RUNS; r++) {
+			float *lg = run_once(m, ffn, hy, nth, &len);
+
+			if (!first[k]) {
+				first[k] = lg;
+				continue;
+			}
+			for (size_t i = 0; i < len / sizeof(float); i++)
+				CHECK_MSG(!memcmp(&lg[i], &first[k][i], sizeof(float)),
+					  "%s, %d threads: run %d differs from run 0 at logit %zu of "
+					  "token %zu (%.9g vs %.9g)", what, nth, r,
+					  i % m->hp.n_vocab, i / m->hp.n_vocab, lg[i], first[k][i]);
+			free(lg);
+		}
+	}
+	across = !memcmp(first[0], first[1], len);
+	printf("    %s: %d runs each bit-identical with 2 and 3 threads; 2 vs 3 threads: %s\n",
+	       what, RUNS, across ? "identical" : "differ");
+	free(first[0]);
+	free(first[1]);
+	return across;
+}
+
+static struct hyb_model *load(const char *path)
+{
+	struct hyb_model *m = hyb_model_load(path);
+
+	CHECK_MSG(m, "%s: %s", path, hyb_last_error());
+	return m;
+}
+
+/*
+ * A plan of many small groups (the shared fixture's few large ones leave a
+ * thread split little to reorder) and its source model in *src.
+ */
+static const char *plan_of_many_groups(char *src, size_t len)
+{
+	static char plan[512];
+	char prof[512], log[512];
+	const char *d = hyb_test_tmpdir();
+	int rc;
+
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(src, len, "%s/det.gguf", d);
+	snprintf(prof, sizeof(prof), "%s/det.profile.gguf", d);
+	snprintf(plan, sizeof(plan), "%s/det.plan.gguf", d);
+	snprintf(log, sizeof(log), "%s/det.log", d);
+	rc = hyb_test_sh(log, "%s synth -o '%s' --hidden 256 --ffn 4096 --layers 2 --heads 4 "
+			 "--vocab 512 --act relu --type Q8_0 -t 1 && %s profile '%s' -o '%s' "
+			 "--gen 16 -t 1 && %s plan '%s' --profile '%s' --gpu-budget 4M "
+			 "--group-size 32 --train-gflop 2 -o '%s' -t 1", hyb_test_hybctl(), src,
+			 hyb_test_hybctl(), src, prof, hyb_test_hybctl(), src, prof, plan);
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "making the plan failed (exit %d)", rc);
+	return plan;
+}
+
+TEST(determinism_dense)
+{
+	char src[512];
+	struct hyb_model *m;
+
+	plan_of_many_groups(src, sizeof(src));
+	m = load(src);
+	CHECK(!m->group_size && !m->powerinfer);
+	/* rows are independent and attention splits by nth only past 512 positions */
+	CHECK_MSG(check_path("dense", m, HYB_FFN_DENSE, NULL),
+		  "dense decoding differs between 2 and 3 threads");
+	hyb_model_free(m);
+}
+
+TEST(determinism_plan_dense)
+{
+	char src[512];
+	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
+
+	check_path("plan, FFN dense", m, HYB_FFN_DENSE, NULL);
+	hyb_model_free(m);
+}
+
+TEST(determinism_plan_sparse)
+{
+	char src[512];
+	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
+
+	check_path("plan, sparse", m, HYB_FFN_SPARSE, NULL);
+	hyb_model_free(m);
+}
+
+TEST(determinism_hybrid_cpu_device)
+{
+	char src[512];
+	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
+	uint64_t dense = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
+	const uint64_t slot = 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		dense += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
+	/* room for about a third of the groups; a policy that reads no clock (the
+	 * adaptive ones weigh measured times: docs/DETERMINISM.md) */
+	struct hyb_hybrid_params hy = {
+		.device = "cpu", .policy = HYB_POLICY_STATIC,
+		.gpu_budget = dense + slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20),
+	};
+
+	check_path("hybrid, CPU device", m, HYB_FFN_SPARSE, &hy);
+	hyb_model_free(m);
+}
+
+TEST(determinism_powerinfer_file)
+{
+	char src[512], pi[512], log[512];
+	struct hyb_model *m;
+	int rc;
+
+	hyb_test_need_venv();
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(src, sizeof(src), "%s/src.gguf", hyb_test_tmpdir());
+	snprintf(pi, sizeof(pi), "%s/pi.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/make.log", hyb_test_tmpdir());
+	/* wide enough that both threads are at work in each down_t call */
+	rc = hyb_test_sh(log, "%s synth -o '%s' --hidden 512 --ffn 8192 --layers 2 --heads 8 "
+			 "--vocab 512 --act relu --type F16 -t 1 && .venv/bin/python "
+			 "tests/oracle/powerinfer_gguf.py '%s' '%s' --predictor random --hidden 32 "
+			 "--type Q8_0", hyb_test_hybctl(), src, src, pi);
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "making the PowerInfer model failed (exit %d)", rc);
+	m = load(pi);
+	CHECK(m->powerinfer);
+	check_path("PowerInfer file, dense", m, HYB_FFN_DENSE, NULL);
+	/* its predictors on every token, the prompt's too, and the sparse operator */
+	CHECK_MSG(check_path("PowerInfer file, sparse", m, HYB_FFN_SPARSE, NULL),
+		  "a PowerInfer file's sparse decoding differs between 2 and 3 threads");
+	hyb_model_free(m);
+}
