@@ -306,7 +306,8 @@ static void print_sparse(struct bench *b)
 	const double bytes_tok = b->bytes_tok, bw_med = median(b->bw, reps);
 	double pred_bytes = 0, t_sp_sum = 0;
 
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
+	/* CATS computes every gate instead of predicting (docs/SPARSITY.md): no predictor bytes */
+	for (uint32_t l = 0; l < hp->n_layer && !hyb_ctx_ffn_thresholds(b->cs); l++) {
 		const struct hyb_layer *L = &m->layers[l];
 		const struct hyb_weight *f1 = m->group_size ? &L->plan.fc1 : &L->fc1;
 		const struct hyb_weight *f2 = m->group_size ? &L->plan.fc2 : &L->fc2;
