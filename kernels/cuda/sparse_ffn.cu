@@ -78,6 +78,7 @@ struct ffn_k {
 	const uint32_t *active;
 	uint32_t n_active, k, n_ff, gs;
 	int act;
+	float thr;                /* CATS: |silu(gate)| <= thr counts as 0 (0: none) */
 	float *h;                 /* [n_active] */
 	const char **dptr;        /* [n_active] down row, NULL when h == 0 */
 	float *part;              /* [n_chunks][n_tiles * TILE] */
@@ -393,7 +394,16 @@ static __global__ void __launch_bounds__(NTHR, 4) ffn_up(const ffn_k a)
 				const char *rows[2] = { base + r * a.rb, base + (ng + r) * a.rb };
 				float v[2];
 
-				if (a.act == HYB_ACT_SILU) {
+				if (a.act == HYB_ACT_SILU && a.thr > 0.0f) {
+					/* CATS: the gate decides whether up and down are read */
+					row_dots<TY, VEC, 1>(rows, sm, a.k, lane, v);
+					const float sg = v[0] / (1.0f + expf(-v[0]));
+
+					if (fabsf(sg) > a.thr) {
+						row_dots<TY, VEC, 1>(rows + 1, sm, a.k, lane, v + 1);
+						h = sg * v[1];
+					}
+				} else if (a.act == HYB_ACT_SILU) {
 					row_dots<TY, VEC, 2>(rows, sm, a.k, lane, v);
 					h = act_h(a.act, v[0], v[1]);
 				} else {
@@ -725,6 +735,7 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	a.n_ff = f->n_ff;
 	a.gs = f->group_size;
 	a.act = f->act;
+	a.thr = f->thr;
 	a.cnt = (unsigned int *)f->scratch;
 	a.h = (float *)((char *)f->scratch + p.h_off);
 	a.dptr = (const char **)((char *)f->scratch + p.dptr_off);

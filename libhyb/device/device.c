@@ -543,6 +543,9 @@ static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
 	if ((unsigned)f->act > HYB_ACT_DRELU)
 		return hyb_device_fail(d, -EINVAL, "sparse ffn: unknown activation %d",
 				       (int)f->act);
+	if (!(f->thr >= 0) || !isfinite(f->thr) || (f->thr > 0 && f->act != HYB_ACT_SILU))
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: a threshold (%g) is for SiLU "
+				       "FFNs, finite and >= 0", (double)f->thr);
 	if (f->slot_bytes / 3 / f->group_size < rb)
 		return hyb_device_fail(d, -EINVAL,
 				       "sparse ffn: slot of %llu bytes < 3 x %u rows of %llu bytes",

@@ -801,8 +801,8 @@ static int run_ffn(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t *byt
 	b = (struct hyb_ffn_bundles){ .type = f->type, .n_embd = f->n_embd, .n_ff = f->n_ff,
 				      .group_size = f->group_size, .row_bytes = rb,
 				      .bundle = c->bundle };
-	if (hyb_sparse_ffn(c->ffn, NULL, &b, f->act, (const float *)(uintptr_t)f->xn, act,
-			   f->n_active, f->accumulate ? c->ytmp : y, &st))
+	if (hyb_sparse_ffn_cats(c->ffn, NULL, &b, f->act, (const float *)(uintptr_t)f->xn, act,
+				f->n_active, f->thr, f->accumulate ? c->ytmp : y, &st))
 		return hyb_device_fail(d, -EINVAL, "%s", hyb_sparse_ffn_error(c->ffn));
 	if (f->accumulate)
 		for (uint32_t e = 0; e < f->n_embd; e++)

@@ -571,6 +571,7 @@ static int cu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct h
 	a.n_ff = f->n_ff;
 	a.group_size = f->group_size;
 	a.act = (int)f->act;
+	a.thr = f->thr;
 	a.table = (const int32_t *)(uintptr_t)f->table;
 	a.cache = (const void *)(uintptr_t)f->cache;
 	a.cache_span = f->n_active ? hyb_device_span(d, f->cache) : 0;

@@ -130,11 +130,6 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	}
 	if (c->sparse)
 		hyb_ffn_sparse_set_oracle(c->sparse, oracle);
-	if (m->ffn_thr && c->hybrid) {
-		hyb_error_set(-EOPNOTSUPP, "hybrid decoding with CATS thresholds is not built yet: "
-			      "decode this plan on the CPU (docs/SPARSITY.md)");
-		goto fail;
-	}
 	if (m->ffn_thr && hyb_ctx_set_ffn_thresholds(c, m->ffn_thr))
 		goto fail;
 	if (!m->group_size && !m->powerinfer && p && p->ffn == HYB_FFN_SPARSE) {
@@ -277,13 +272,12 @@ int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr)
 	if (!thr) {
 		if (c->sparse)
 			hyb_ffn_sparse_set_thresholds(c->sparse, NULL);
+		if (c->hybrid)
+			hyb_ffn_hybrid_set_thresholds(c->hybrid, NULL);
 		free(c->ffn_thr);
 		c->ffn_thr = NULL;
 		return 0;
 	}
-	if (c->hybrid)
-		return hyb_error_set(-EOPNOTSUPP, "hybrid decoding with CATS thresholds is not "
-				     "built yet (docs/SPARSITY.md)");
 	if (hp->act != HYB_ACT_SILU && hp->act != HYB_ACT_GELU)
 		return hyb_error_set(-EINVAL, "this model's FFN is ReLU-family and sparse as it "
 				     "is: thresholds are for SiLU and GELU FFNs");
@@ -297,6 +291,8 @@ int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr)
 	memcpy(t, thr, sizeof(float) * hp->n_layer);
 	if (c->sparse)
 		hyb_ffn_sparse_set_thresholds(c->sparse, t);
+	if (c->hybrid)
+		hyb_ffn_hybrid_set_thresholds(c->hybrid, t);
 	free(c->ffn_thr);
 	c->ffn_thr = t;
 	return 0;

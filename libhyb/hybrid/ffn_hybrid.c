@@ -381,6 +381,12 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	return h;
 }
 
+void hyb_ffn_hybrid_set_thresholds(struct hyb_ffn_hybrid *h, const float *thr)
+{
+	h->thr = thr;
+	hyb_ffn_sparse_set_thresholds(h->sp, thr);
+}
+
 void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 {
 	if (!h)

@@ -23,6 +23,12 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, bool oracle,
 					  int n_threads, uint32_t n_ctx, char *err, size_t errlen);
 void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h);
+/*
+ * CATS thresholds ([n_layer], kept by the caller; NULL: none): the device
+ * and the CPU operator skip up and down of the predicted neurons at or
+ * below them (docs/SPARSITY.md).
+ */
+void hyb_ffn_hybrid_set_thresholds(struct hyb_ffn_hybrid *h, const float *thr);
 
 /*
  * One token's FFN of layer l: y[n_embd] from xn (the ffn_norm'ed input);

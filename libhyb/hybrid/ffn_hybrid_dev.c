@@ -47,6 +47,7 @@ struct hyb_dev_ffn hyb_ffn_hybrid_dev_ffn(const struct hyb_ffn_hybrid *h, uint32
 	return (struct hyb_dev_ffn){
 		.type = hyb_ffn_sparse_bundles(h->sp, l)->type,
 		.n_embd = h->E, .n_ff = h->F, .group_size = h->GS, .act = h->m->hp.act,
+		.thr = h->thr ? h->thr[l] : 0.0f,
 		.table = h->tables + (uint64_t)l * h->NG * sizeof(int32_t),
 		.cache = h->cache, .slot_bytes = h->slot_bytes,
 		.xn = xn, .active = list, .n_active = n, .y = y,

@@ -27,6 +27,7 @@
 struct hyb_ffn_hybrid {
 	const struct hyb_model *m;
 	struct hyb_ffn_sparse *sp;      /* predictors and the CPU operator */
+	const float *thr;               /* [n_layer] CATS thresholds (the context's), or NULL */
 	struct hyb_device *dev;
 	struct hyb_hybd_cache *hc;      /* box mode: hybd's cache and queue, else NULL */
 	char stats_path[4200];          /* box mode: STATE_DIR/NAME.app.PID (hyb/app_stats.h) */

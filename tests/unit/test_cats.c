@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "forward/ops.h"
+#include "hyb/gguf.h"
+#include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
 #include "hyb/profile.h"
@@ -344,4 +346,41 @@ TEST(cats_bad_input)
 	CHECK(!hyb_test_sh(glog, "grep -q 'needs --cats' %s", log));
 	CHECK(hyb_test_sh(log, "%s/hyb run -m %s -p hi -n 2 --cats %s", bin(), relu, prof) == 1);
 	CHECK(!hyb_test_sh(glog, "grep -q 'ReLU-family' %s", log));
+}
+
+/*
+ * Hybrid decoding of a CATS plan on the CPU-executed device: the predictor
+ * lists neurons, the device and the CPU operator each skip up and down of
+ * those at or below the threshold. Greedy tokens follow the CPU's exact
+ * CATS decode (the predictor misses a few neurons above the threshold).
+ */
+TEST(cats_hybrid_cpu_device)
+{
+	char model[512], prof[512], plan[512];
+	struct hyb_model *m;
+	struct hyb_ctx *cp, *ch;
+	struct hyb_test_agreement a = { 0 };
+	struct hyb_hybrid_stats hs;
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
+	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
+				    .hybrid = &hy };
+
+	make_silu(model, prof, plan, sizeof(model));
+	m = hyb_model_load(plan);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	hy.gpu_budget = m->gguf->size * 2 / 3; /* the dense parts and some groups */
+	ch = hyb_ctx_new(m, &p);
+	CHECK_MSG(ch, "%s", hyb_last_error());
+	CHECK(hyb_ctx_ffn_thresholds(ch));
+	cp = hyb_test_ctx(m, HYB_FFN_SPARSE);
+	hyb_test_greedy_compare(cp, ch, m->hp.n_vocab, 11, 16, 40, 0, &a);
+	hyb_ctx_hybrid_stats(ch, &hs);
+	fprintf(stderr, "hybrid vs CPU CATS: %u/%u greedy, max rel %.2g; %.1f%% of predicted "
+		"neurons on the device\n", a.agree, a.total, a.max_rel,
+		100.0 * hs.active_dev / (hs.active ? hs.active : 1));
+	CHECK(hs.active_dev > 0 && hs.active_dev < hs.active); /* both sides computed */
+	CHECK(a.agree >= a.total - 3);
+	hyb_ctx_free(cp);
+	hyb_ctx_free(ch);
+	hyb_model_free(m);
 }

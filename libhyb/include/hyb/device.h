@@ -150,6 +150,8 @@ struct hyb_dev_ffn {
 	uint32_t type;          /* F16, Q8_0, Q4_0 (F32 on the CPU device) */
 	uint32_t n_embd, n_ff, group_size;
 	enum hyb_ffn_act act;
+	float thr;              /* CATS threshold (hyb/sparsity.h; SiLU only): a listed neuron with
+				 * |silu(gate)| <= thr reads neither up nor down; 0: none */
 	hyb_dptr table;         /* int32 [ceil(n_ff / group_size)]: slot of group g, or -1 */
 	hyb_dptr cache;         /* slot s at cache + s * slot_bytes */
 	uint64_t slot_bytes;    /* >= 3 * group_size * row bytes */
