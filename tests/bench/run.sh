@@ -39,4 +39,6 @@ done
 echo "== real models against llama.cpp (SmolLM2 in every type, Gemma 3) =="
 bash tests/bench/real.sh "${REPS:-5}"
 bash tests/bench/sparse.sh
+echo "== CATS activation sparsity on real weights: quality and speed =="
+bash tests/bench/sparsity.sh "${REPS:-5}"
 bash tests/bench/hybrid.sh
