@@ -6,7 +6,8 @@
  * slices, the tokenizer), as hyb_model_load does for a file. A refusal must
  * say why; a model it takes has every weight inside the input, which the
  * target touches (first and last byte) so AddressSanitizer sees any that is
- * not. Seeds: tests/fuzz/corpus-model (tiny models of each architecture).
+ * not. Seeds: tests/fuzz/corpus-model (tiny models of each architecture; seed-cats
+ * is seed-llama with CATS threshold keys, hyb/sparsity.h).
  */
 #include <errno.h>
 #include <stdint.h>
