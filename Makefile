@@ -131,8 +131,8 @@ $(BUILD)/hybctl: $(CTL_OBJS) $(PLANLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(LDLIBS) -o $@
 $(BUILD)/hybd: $(BUILD)/daemon/hybd.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
-# hyb serve's text rules are tested alone (test_serve_text.c)
-$(TESTBIN): $(TEST_OBJS) $(BUILD)/tools/hyb/serve_text.o $(HYBDLIB) $(PLANLIB) $(LIB)
+# hyb serve's text rules (and the UTF-8 helpers they use) are tested alone (test_serve_text.c)
+$(TESTBIN): $(TEST_OBJS) $(BUILD)/tools/hyb/serve_text.o $(BUILD)/tools/hyb/cli_utf8.o $(HYBDLIB) $(PLANLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(SERVE_LIBS) $(LDLIBS) -o $@
 # bench_reload --upload cuda times hybd's CUDA copy engine: the benches carry it too
 $(BUILD)/bench_%: $(BUILD)/tests/bench/bench_%.o $(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(PLANLIB) $(LIB)

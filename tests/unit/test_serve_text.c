@@ -41,28 +41,28 @@ TEST(serve_text_utf8)
 	char *s;
 
 	/* "é" is C3 A9, "€" E2 82 AC, U+1F600 F0 9F 98 80 */
-	CHECK_EQ_INT(serve_utf8_tail("ab", 2), 0);
-	CHECK_EQ_INT(serve_utf8_tail("a\xc3", 2), 1);
-	CHECK_EQ_INT(serve_utf8_tail("a\xc3\xa9", 3), 0);
-	CHECK_EQ_INT(serve_utf8_tail("\xe2\x82", 2), 2);
-	CHECK_EQ_INT(serve_utf8_tail("\xe2\x82\xac", 3), 0);
-	CHECK_EQ_INT(serve_utf8_tail("x\xf0\x9f\x98", 4), 3);
-	CHECK_EQ_INT(serve_utf8_tail("\xf0\x9f\x98\x80", 4), 0);
+	CHECK_EQ_INT(cli_utf8_tail("ab", 2), 0);
+	CHECK_EQ_INT(cli_utf8_tail("a\xc3", 2), 1);
+	CHECK_EQ_INT(cli_utf8_tail("a\xc3\xa9", 3), 0);
+	CHECK_EQ_INT(cli_utf8_tail("\xe2\x82", 2), 2);
+	CHECK_EQ_INT(cli_utf8_tail("\xe2\x82\xac", 3), 0);
+	CHECK_EQ_INT(cli_utf8_tail("x\xf0\x9f\x98", 4), 3);
+	CHECK_EQ_INT(cli_utf8_tail("\xf0\x9f\x98\x80", 4), 0);
 	/* a stray continuation byte is not a sequence to wait for */
-	CHECK_EQ_INT(serve_utf8_tail("a\xa9", 2), 0);
+	CHECK_EQ_INT(cli_utf8_tail("a\xa9", 2), 0);
 
-	s = serve_utf8_clean("a\xc3\xa9\xe2\x82\xac", 6, &len);
+	s = cli_utf8_clean("a\xc3\xa9\xe2\x82\xac", 6, &len);
 	CHECK(s && len == 6 && !memcmp(s, "a\xc3\xa9\xe2\x82\xac", 6));
 	free(s);
 	/* invalid bytes, overlong forms and surrogates: one U+FFFD each; NULs kept */
-	s = serve_utf8_clean("a\xff" "b\xc0\xaf" "c\xed\xa0\x80" "\0d", 11, &len);
+	s = cli_utf8_clean("a\xff" "b\xc0\xaf" "c\xed\xa0\x80" "\0d", 11, &len);
 	CHECK(s);
 	CHECK_EQ_INT(len, 1 + 3 + 1 + 6 + 1 + 9 + 2);
 	CHECK(!memcmp(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd\xef\xbf\xbd"
 		      "\xef\xbf\xbd" "\0d", len));
 	free(s);
 	/* a sequence cut at the end */
-	s = serve_utf8_clean("x\xe2\x82", 3, &len);
+	s = cli_utf8_clean("x\xe2\x82", 3, &len);
 	CHECK(s && len == 7 && !memcmp(s, "x\xef\xbf\xbd\xef\xbf\xbd", 7));
 	free(s);
 }

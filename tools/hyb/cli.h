@@ -4,6 +4,7 @@
 #define HYB_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hyb/hybrid.h"
@@ -70,6 +71,14 @@ int cli_chat_template(const struct hyb_model *m, const char *name);
 char *cli_chat_format(int tmpl, const struct hyb_chat_msg *msgs, size_t n, bool add_assistant);
 /* Tokens of a chat prompt (special tokens parsed; bos: BOS as the model wants); exits on failure. */
 int32_t *cli_tokenize_chat(const struct hyb_model *m, const char *text, bool bos, int *n);
+
+/* cli_utf8.c: trailing bytes of s[0..n) that start a UTF-8 sequence not yet complete (0..3). */
+size_t cli_utf8_tail(const char *s, size_t n);
+/*
+ * s[0..n) with every byte that is not valid UTF-8 as U+FFFD; malloc'd (NUL
+ * after *len bytes; the text may hold NULs of its own), NULL when out of memory.
+ */
+char *cli_utf8_clean(const char *s, size_t n, size_t *len);
 
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);

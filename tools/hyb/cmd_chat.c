@@ -98,34 +98,11 @@ static void append_cached(struct chat *ch, const char *s, size_t n)
  */
 static char *valid_utf8(const char *s, size_t n)
 {
-	char *out = xrealloc(NULL, 3 * n + 1);
-	size_t o = 0;
+	size_t len;
+	char *out = cli_utf8_clean(s, n, &len);
 
-	for (size_t i = 0; i < n;) {
-		unsigned char c = (unsigned char)s[i];
-		size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3
-			   : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
-		int ok = len && i + len <= n;
-		uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1f : len == 3 ? c & 0x0f : c & 0x07;
-
-		for (size_t k = 1; ok && k < len; k++) {
-			ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
-			cp = cp << 6 | ((unsigned char)s[i + k] & 0x3f);
-		}
-		if (ok && len > 1)
-			ok = cp >= (len == 2 ? 0x80u : len == 3 ? 0x800u : 0x10000u) &&
-			     cp <= 0x10ffff && !(cp >= 0xd800 && cp <= 0xdfff);
-		if (ok) {
-			memcpy(out + o, s + i, len);
-			o += len;
-			i += len;
-		} else {
-			memcpy(out + o, "\xef\xbf\xbd", 3);
-			o += 3;
-			i++;
-		}
-	}
-	out[o] = 0;
+	if (!out)
+		cli_die("out of memory");
 	return out;
 }
 

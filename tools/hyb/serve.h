@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cli.h"
 #include "hyb/generate.h"
 #include "hyb/sampler.h"
 
@@ -38,13 +39,6 @@ void sb_add(struct sbuf *b, const void *p, size_t n);
 void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sb_free(struct sbuf *b);
 
-/* Trailing bytes of s[0..n) that start a UTF-8 sequence not yet complete (0..3). */
-size_t serve_utf8_tail(const char *s, size_t n);
-/*
- * s[0..n) with every byte that is not valid UTF-8 as U+FFFD; malloc'd (NUL
- * after *len bytes; the text may hold NULs of its own), NULL when out of memory.
- */
-char *serve_utf8_clean(const char *s, size_t n, size_t *len);
 /*
  * The first occurrence of any stop string in text[0..n) that ends at or
  * after `from` (earlier ones were looked for before); n when none. *hold:

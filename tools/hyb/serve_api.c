@@ -131,7 +131,7 @@ static bool next_events(struct stream *s)
 		if (v.len) {
 			size_t len;
 
-			clean = serve_utf8_clean(v.text, v.len, &len);
+			clean = cli_utf8_clean(v.text, v.len, &len);
 			s->sent += v.len;
 			free(v.text);
 			if (!clean) {
@@ -264,7 +264,7 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 			      "server_error", NULL, NULL, "%s", v.error);
 		return serve_http_error(sv, conn, route_of(rep->chat), &e);
 	}
-	clean = serve_utf8_clean(v.text ? v.text : "", v.len, &len);
+	clean = cli_utf8_clean(v.text ? v.text : "", v.len, &len);
 	free(v.text);
 	out.body = clean ? serve_json_completion(rep, clean, len, v.finish, v.n_gen) : NULL;
 	free(clean);

@@ -60,7 +60,7 @@ static int bad(struct serve_err *e, const char *param, const char *fmt, ...)
 char *serve_json_error(const struct serve_err *e)
 {
 	size_t len;
-	char *msg = serve_utf8_clean(e->message, strlen(e->message), &len);
+	char *msg = cli_utf8_clean(e->message, strlen(e->message), &len);
 	json_t *j = msg ? json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
 				    e->type ? e->type : "server_error", "param", e->param, "code",
 				    e->code) : NULL;

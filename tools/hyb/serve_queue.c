@@ -235,7 +235,7 @@ static int on_token(void *arg, int32_t token)
 		stop = 1;
 	}
 	if (!stop) {
-		size_t tail = serve_utf8_tail(j->text.s, j->text.len);
+		size_t tail = cli_utf8_tail(j->text.s, j->text.len);
 
 		j->ready = j->text.len - (hold > tail ? hold : tail);
 		pthread_cond_broadcast(&j->cond);
