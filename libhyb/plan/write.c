@@ -196,11 +196,14 @@ static int check_profile(struct plan *P)
 		return hyb_error_set(-EINVAL, "the profile has no CATS thresholds and this SiLU "
 				     "model's activations are never 0: profile it with hybctl "
 				     "profile --sparsity S (docs/SPARSITY.md)");
+	if (P->m->hp.act == HYB_ACT_GELU && p->cats_threshold)
+		return hyb_error_set(-EINVAL, "the profile has CATS thresholds, and CATS plans "
+				     "run SiLU FFNs only (the sparse operator has no GELU path): "
+				     "use hyb --cats on the model itself (docs/SPARSITY.md)");
 	if (P->m->hp.act != HYB_ACT_SILU && p->cats_threshold)
 		return hyb_error_set(-EINVAL, "the profile has CATS thresholds, made for a SiLU "
-				     "model; this model's FFN is %s and sparse as it is: profile "
-				     "it without --sparsity",
-				     P->m->hp.act == HYB_ACT_GELU ? "GELU" : "ReLU-family");
+				     "model; this model's FFN is ReLU-family and sparse as it is: "
+				     "profile it without --sparsity");
 	if (!p->n_tokens || p->n_samples < 20)
 		return hyb_error_set(-EINVAL, "profile has %llu tokens and %u samples; a plan "
 				     "needs at least 20 samples", (unsigned long long)p->n_tokens,
