@@ -173,8 +173,10 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ]
 		{ tail -20 "$OUT/build-box.log"; fail "cannot link static hybd/hybbox from $HB"; }
 	# `hyb run --manifest` as a second app (tools/hyb/cli_manifest.c)
 	rm -f "$OUT/hyb"
+	# without hyb serve, whose HTTP library has no static build (serve_stub.c)
 	if ls "$HB"/tools/hyb/*.o >/dev/null 2>&1; then
-		$NICE gcc -static "$HB"/tools/hyb/*.o "$HB/libhyb.a" \
+		$NICE gcc -static $(ls "$HB"/tools/hyb/*.o | grep -v -e /serve_ -e /cmd_serve.o) \
+			"$ROOT/tests/vm/serve_stub.c" "$HB/libhyb.a" \
 			$STATIC_LIBS -o "$OUT/hyb" >>"$OUT/build-box.log" 2>&1 ||
 			{ tail -20 "$OUT/build-box.log"; fail "cannot link a static hyb from $HB"; }
 	fi
