@@ -16,6 +16,7 @@
 #include "attention.h"
 #include "hyb/testing.h"
 #include "hybrid/decode.h"
+#include "moe.h"
 #include "hybrid/ffn_hybrid.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
@@ -110,6 +111,21 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		hyb_error_set(-ENOMEM, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
+	if (hp->n_expert) {
+		/* experts are computed on the CPU as they are (docs/MOE.md) */
+		if (p && (p->hybrid || p->ffn == HYB_FFN_SPARSE)) {
+			hyb_error_set(-EINVAL, "%s decoding of a mixture-of-experts model is not "
+				      "supported yet: its experts run on the CPU",
+				      p->hybrid ? "hybrid" : "sparse");
+			goto fail;
+		}
+		c->moe = hyb_moe_scratch_new(m, c->n_batch);
+		if (!c->moe) {
+			hyb_error_set(-ENOMEM, "out of memory for the expert scratch of a %u-token "
+				      "batch", c->n_batch);
+			goto fail;
+		}
+	}
 	/* A streaming model (only plain ones stream) is waited for piece by piece
 	 * by the CPU's prompt pass; the hybrid engine reads it all up front. */
 	if (p && p->hybrid && hyb_model_wait(m))
@@ -161,6 +177,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_ffn_plan_scratch_free(c->plan);
 	hyb_ffn_sparse_free(c->sparse);
 	hyb_ffn_hybrid_free(c->hybrid);
+	hyb_moe_scratch_free(c->moe);
 	free(c->ffn_thr);
 	free(c);
 }
@@ -259,6 +276,12 @@ void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)
 	c->probe_user = user;
 }
 
+void hyb_ctx_set_moe_probe(struct hyb_ctx *c, hyb_moe_probe_fn fn, void *user)
+{
+	c->moe_probe = fn;
+	c->moe_probe_user = user;
+}
+
 void hyb_ctx_set_ffn_probe_gate(struct hyb_ctx *c, bool on)
 {
 	c->probe_gate = on;
@@ -278,6 +301,9 @@ int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr)
 		c->ffn_thr = NULL;
 		return 0;
 	}
+	if (hp->n_expert)
+		return hyb_error_set(-EINVAL, "CATS thresholds are for dense FFNs; this model's "
+				     "are mixtures of experts");
 	if (hp->act != HYB_ACT_SILU && hp->act != HYB_ACT_GELU)
 		return hyb_error_set(-EINVAL, "this model's FFN is ReLU-family and sparse as it "
 				     "is: thresholds are for SiLU and GELU FFNs");

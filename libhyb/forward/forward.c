@@ -21,6 +21,7 @@
 
 #include "forward_internal.h"
 #include "attention.h"
+#include "moe.h"
 #include "ops.h"
 #include "hybrid/decode.h"
 #include "hybrid/ffn_hybrid.h"
@@ -154,6 +155,12 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 		matmul_worker(&j, 0, 1);
 	else
 		hyb_threadpool_run_dynamic(c->pool, matmul_worker, &j);
+}
+
+void hyb_fwd_matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
+		    const struct hyb_weight *const *w, float *const *y)
+{
+	matmul(c, x, n, nw, w, y);
 }
 
 /* ---- attention --------------------------------------------------------- */
@@ -406,12 +413,19 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		/* llama.cpp drops the rows it returns no logits for before the last
 		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
 		 * matmuls add in their one-column order. Same here (and less work). */
-		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits && !c->probe ? n - 1 : 0;
+		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits && !c->probe &&
+				    !c->moe_probe ? n - 1 : 0;
 		const uint32_t nf = n - f0;
 		float *xf = c->x + (size_t)f0 * E;
 
 		hyb_fwd_ffn_norm(c, l, xf, nf);
-		if (c->sparse && !c->probe && (n == 1 || c->m->powerinfer)) {
+		if (c->moe) {
+			rc = hyb_fwd_ffn_moe(c, l, nf);
+			if (rc) {
+				snprintf(err, errlen, "%s", hyb_last_error());
+				return rc;
+			}
+		} else if (c->sparse && !c->probe && (n == 1 || c->m->powerinfer)) {
 			/* PowerInfer's predictors choose every token's neurons, the
 			 * prompt's too (a plan's prompt runs dense: hyb/model.h) */
 			for (uint32_t t = 0; t < nf; t++)

@@ -36,13 +36,19 @@ struct hyb_ctx {
 	hyb_ffn_probe_fn probe;
 	void *probe_user;
 	bool probe_gate;   /* the probe sees act(gate) alone (calibration) */
+	hyb_moe_probe_fn moe_probe;
+	void *moe_probe_user;
 	float *ffn_thr;    /* [n_layer] CATS thresholds (hyb/sparsity.h), or NULL */
 
 	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
 	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
 	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
+	struct hyb_moe_scratch *moe;       /* mixture-of-experts models (moe.c) */
 };
 
+/* Y_i[n][ne1_i] = W_i . X[n][ne0] for up to three weights sharing X, in llama.cpp's order. */
+void hyb_fwd_matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
+		    const struct hyb_weight *const *w, float *const *y);
 /* c->x[t] = the embedding of tokens[t]. */
 void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n);
 /* Layer l's attention block for n tokens at c->n_past: c->x += attention. */

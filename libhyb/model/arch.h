@@ -28,6 +28,10 @@ struct hyb_arch_desc {
 	enum hyb_arch id;
 	bool rope_neox;       /* rotates halves (llama.cpp LLAMA_ROPE_TYPE_NEOX) */
 	bool fused_gate_up;   /* ffn_up holds gate then up (n_ff rows each), no ffn_gate */
+	/* mixture of experts: HYB_MOE_NONE, _OPTIONAL (llama: Mixtral's layout
+	 * when expert_count is set), _REQUIRED */
+	enum { HYB_MOE_NONE, HYB_MOE_OPTIONAL, HYB_MOE_REQUIRED } moe;
+	bool expert_norm;     /* renormalise the chosen experts' weights (hyb_hparams) */
 	/* after the common keys and RoPE: the architecture's own; 0 or -1 (failed) */
 	int (*hparams)(struct hyb_loader *ld, struct hyb_hparams *hp);
 	/* after layer l's common tensors: its own; 0 or -1 */
@@ -35,7 +39,7 @@ struct hyb_arch_desc {
 };
 
 extern const struct hyb_arch_desc hyb_arch_llama, hyb_arch_qwen2, hyb_arch_qwen3,
-	hyb_arch_gemma3, hyb_arch_phi3;
+	hyb_arch_gemma3, hyb_arch_phi3, hyb_arch_qwen2moe, hyb_arch_qwen3moe;
 
 /* The loader's services for the arch files (model_load.c). */
 int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -50,6 +54,18 @@ int hyb_ld_bind_layer(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, c
 		      uint64_t ne0, uint64_t ne1, bool optional);
 int hyb_ld_bias(struct hyb_loader *ld, const float **out, uint32_t l, const char *what,
 		uint64_t n, bool optional);
+/*
+ * blk.{l}.{what}, a 3-D expert tensor [ne0, ne1, ne2] (ne2 experts), bound
+ * as w with w->ne2 = ne2; the shape error names what it expected.
+ */
+int hyb_ld_bind_experts(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, const char *what,
+			uint64_t ne0, uint64_t ne1, uint64_t ne2);
+/* MoE keys (arch_moe.c): expert counts and sizes, checked; after the common keys. */
+int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
+		       struct hyb_hparams *hp);
+/* Layer l's router, experts and shared expert, instead of a dense FFN. */
+int hyb_ld_moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l);
+
 /*
  * blk.{l}.{what}, a fused tensor of rows[0] + ... + rows[n-1] rows of ne0,
  * as n consecutive slices (out[i]: rows[i] rows, fused_rows the total);

@@ -137,7 +137,8 @@ static int read_rope(struct hyb_loader *ld)
 }
 
 static const struct hyb_arch_desc *const archs[] = {
-	&hyb_arch_llama, &hyb_arch_qwen2, &hyb_arch_qwen3, &hyb_arch_gemma3, &hyb_arch_phi3,
+	&hyb_arch_llama, &hyb_arch_qwen2,    &hyb_arch_qwen3,    &hyb_arch_gemma3,
+	&hyb_arch_phi3,  &hyb_arch_qwen2moe, &hyb_arch_qwen3moe,
 };
 
 static const char *arch_names(void)
@@ -214,7 +215,7 @@ static int read_hparams(struct hyb_loader *ld)
 		return hyb_ld_fail(ld, "rms epsilon and rope.freq_base must be positive");
 
 	hp->rope_neox = arch->rope_neox;
-	if (read_rope(ld))
+	if (read_rope(ld) || hyb_ld_moe_hparams(ld, arch, hp))
 		return -1;
 
 	/*
@@ -262,15 +263,17 @@ static const char *supported_types(void)
 }
 
 /*
- * Point w at tensor `name` and check its shape [ne0, ne1] (ne1 == 0: 1-D).
- * Matrices must have a type the kernels compute; 1-D norm weights must be F32
- * (every llama.cpp converter writes them so).
+ * Point w at tensor `name` and check its shape [ne0, ne1] (ne1 == 0: 1-D;
+ * ne2 != 0: 3-D [ne0, ne1, ne2], experts). Matrices must have a type the
+ * kernels compute; 1-D norm weights must be F32 (every llama.cpp converter
+ * writes them so).
  */
-int hyb_ld_bind(struct hyb_loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
-		uint64_t ne1, bool optional)
+static int bind_nd(struct hyb_loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
+		   uint64_t ne1, uint64_t ne2, bool optional)
 {
 	const struct hyb_gguf_tensor *t = hyb_gguf_find_tensor(ld->m->gguf, name);
 	const struct hyb_type_info *ti;
+	typedef unsigned long long ull;
 
 	if (!t) {
 		if (optional)
@@ -281,32 +284,51 @@ int hyb_ld_bind(struct hyb_loader *ld, struct hyb_weight *w, const char *name, u
 	if (ne1 == 0) {
 		if (t->n_dims != 1 || t->ne[0] != ne0)
 			return hyb_ld_fail(ld, "tensor %s: expected shape [%llu], found %u-D [%llu, ...]",
-				    name, (unsigned long long)ne0, t->n_dims,
-				    (unsigned long long)t->ne[0]);
+				    name, (ull)ne0, t->n_dims, (ull)t->ne[0]);
 		if (t->type != HYB_TYPE_F32)
 			return hyb_ld_fail(ld, "tensor %s has type %s; norm weights must be F32", name,
 				    hyb_type_name(t->type));
 	} else {
-		if (t->n_dims != 2 || t->ne[0] != ne0 || t->ne[1] != ne1)
+		if (ne2 && (t->n_dims != 3 || t->ne[0] != ne0 || t->ne[1] != ne1 || t->ne[2] != ne2))
+			return hyb_ld_fail(ld, "tensor %s: expected shape [%llu, %llu, %llu] (experts "
+				    "last), found %u-D [%llu, %llu, %llu]", name, (ull)ne0, (ull)ne1,
+				    (ull)ne2, t->n_dims, (ull)t->ne[0], (ull)t->ne[1],
+				    (ull)t->ne[2]);
+		if (!ne2 && (t->n_dims != 2 || t->ne[0] != ne0 || t->ne[1] != ne1))
 			return hyb_ld_fail(ld, "tensor %s: expected shape [%llu, %llu], found [%llu, %llu]"
-				    " (%u-D)", name, (unsigned long long)ne0,
-				    (unsigned long long)ne1, (unsigned long long)t->ne[0],
-				    (unsigned long long)(t->n_dims > 1 ? t->ne[1] : 1), t->n_dims);
+				    " (%u-D)", name, (ull)ne0, (ull)ne1, (ull)t->ne[0],
+				    (ull)(t->n_dims > 1 ? t->ne[1] : 1), t->n_dims);
 		if (!ti || !ti->computable || t->type == HYB_TYPE_Q8_K)
 			return hyb_ld_fail(ld, "tensor %s has type %s, which hyb does not support "
 				    "(supported: %s)", name, hyb_type_name(t->type),
 				    supported_types());
 		if (ne0 % hyb_type_info(hyb_vec_dot_type(t->type))->blck)
 			return hyb_ld_fail(ld, "tensor %s: row length %llu is not a multiple of the %s "
-				    "block", name, (unsigned long long)ne0,
+				    "block", name, (ull)ne0,
 				    hyb_type_name(hyb_vec_dot_type(t->type)));
 	}
 	w->type = t->type;
 	w->ne0 = ne0;
 	w->ne1 = ne1 ? ne1 : 1;
+	w->ne2 = ne2;
 	w->row_bytes = hyb_row_bytes(t->type, ne0);
 	w->data = t->data;
 	return 0;
+}
+
+int hyb_ld_bind(struct hyb_loader *ld, struct hyb_weight *w, const char *name, uint64_t ne0,
+		uint64_t ne1, bool optional)
+{
+	return bind_nd(ld, w, name, ne0, ne1, 0, optional);
+}
+
+int hyb_ld_bind_experts(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, const char *what,
+			uint64_t ne0, uint64_t ne1, uint64_t ne2)
+{
+	char name[96];
+
+	snprintf(name, sizeof(name), "blk.%u.%s", l, what);
+	return bind_nd(ld, w, name, ne0, ne1, ne2, false);
 }
 
 int hyb_ld_bind_layer(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l, const char *what,
@@ -551,12 +573,25 @@ static int bind_layers(struct hyb_loader *ld)
 		}
 		B(wo, "attn_output", q_dim, hp->n_embd);
 		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
+		if (hp->n_expert) {
+			if (ld->m->group_size || ld->m->powerinfer)
+				return hyb_ld_fail(ld, "a mixture-of-experts model cannot be a %s file",
+						   ld->m->group_size ? "plan" : "PowerInfer");
+			if (hyb_ld_moe_layer(ld, L, l))
+				return -1;
+		}
 		/* llama.cpp's build_qkv adds Q/K/V biases wherever a file has them */
 		if (hyb_ld_bias(ld, &L->bq, l, "attn_q.bias", q_dim, true) ||
 		    hyb_ld_bias(ld, &L->bk, l, "attn_k.bias", kv_dim, true) ||
 		    hyb_ld_bias(ld, &L->bv, l, "attn_v.bias", kv_dim, true) ||
 		    (arch_of(hp)->layer && arch_of(hp)->layer(ld, L, l)))
 			return -1;
+		if (hp->n_expert)
+			continue;
+		snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", l);
+		if (hyb_gguf_find_tensor(ld->m->gguf, name))
+			return hyb_ld_fail(ld, "tensor %s holds experts, but metadata %s.expert_count "
+					   "is missing or 0", name, hp->arch);
 		if (ld->m->group_size) {
 			if (bind_plan_layer(ld, l))
 				return -1;
@@ -912,7 +947,16 @@ void hyb_model_free(struct hyb_model *m)
 
 static uint64_t weight_bytes(const struct hyb_weight *w)
 {
-	return w->row_bytes * w->ne1;
+	return w->row_bytes * w->ne1 * (w->ne2 ? w->ne2 : 1);
+}
+
+/* The bytes of n_expert_used of a layer's experts: what a token reads of them. */
+static uint64_t routed_bytes(const struct hyb_hparams *hp, const struct hyb_layer *L)
+{
+	if (!hp->n_expert)
+		return 0;
+	return (weight_bytes(&L->gate_exps) + weight_bytes(&L->up_exps) +
+		weight_bytes(&L->down_exps)) / hp->n_expert * hp->n_expert_used;
 }
 
 uint64_t hyb_model_decode_bytes(const struct hyb_model *m)
@@ -926,6 +970,9 @@ uint64_t hyb_model_decode_bytes(const struct hyb_model *m)
 		     weight_bytes(&L->wo) + weight_bytes(&L->gate) + weight_bytes(&L->up) +
 		     weight_bytes(&L->down) + weight_bytes(&L->down_t) +
 		     2 * m->hp.n_embd * sizeof(float);
+		b += weight_bytes(&L->gate_inp) + routed_bytes(&m->hp, L) +
+		     weight_bytes(&L->gate_shexp) + weight_bytes(&L->up_shexp) +
+		     weight_bytes(&L->down_shexp) + weight_bytes(&L->gate_inp_shexp);
 		if (m->group_size) /* every neuron once: the dense pass over bundles */
 			b += weight_bytes(&L->plan.bundles);
 	}
@@ -937,7 +984,11 @@ uint64_t hyb_model_macs_per_token(const struct hyb_model *m)
 	const struct hyb_hparams *hp = &m->hp;
 	uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
 	uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
-	uint64_t per_layer = hp->n_embd * (2 * q_dim + 2 * kv_dim) + 3ull * hp->n_embd * hp->n_ff;
+	/* a MoE layer: the router, n_expert_used experts and the shared one */
+	uint64_t ffn = hp->n_expert ? (uint64_t)hp->n_expert + 3ull * hp->n_expert_used * hp->n_ff_exp +
+					      3ull * hp->n_ff_shexp
+				    : 3ull * hp->n_ff;
+	uint64_t per_layer = hp->n_embd * (2 * q_dim + 2 * kv_dim + ffn);
 
 	return per_layer * hp->n_layer + (uint64_t)hp->n_embd * hp->n_vocab;
 }

@@ -39,6 +39,8 @@ struct golden {
 	int32_t ids[80];    /* greedy continuation */
 };
 
+#define QWEN3MOE "--arch qwen3moe --experts 32 --experts-used 8 --expert-ffn "
+
 /* RoPE variants: 96-wide heads (key_length != embd/heads), scaled 4x from 32 positions */
 #define ROPE_ARGS "--head-dim 96 --rope-factor 4 --rope-orig-ctx 32 --rope-scaling "
 
@@ -138,6 +140,41 @@ static const struct {
 	  { 98, 137, 439, 234, 343, 30, 334, 27, 93, 294, 428, 358, 321, 380, 369, 159, 296, 42,
 	    134, 164, 272, 84, 257, 184, 0, 263, 172, 323, 293, 63, 172, 323, 293, 224, 112, 74, 461,
 	    71, 57, 466 } }, "--arch phi3" },
+	/*
+	 * Mixtures of experts (docs/MOE.md): 70 tokens over 32 experts, 8 each,
+	 * give most experts 8+ tokens, so K-quant experts take llama.cpp's tiled
+	 * path while the others sum column by column; F16 is qwen2moe's gated
+	 * shared expert; llama with experts is Mixtral's layout.
+	 */
+	{ { "Q8_0_qwen3moe", HYB_TYPE_Q8_0, 500, 70, 0x6ab279776fcad14dull, 40,
+	  { 98, 438, 63, 368, 337, 14, 271, 114, 232, 81, 199, 424, 139, 316, 461, 462, 206, 117,
+	  44, 180, 466, 56, 87, 0, 312, 153, 302, 175, 341, 419, 373, 15, 377, 459, 39, 304, 458,
+	  299, 247, 178 } }, QWEN3MOE "128" },
+	{ { "Q4_0_qwen3moe", HYB_TYPE_Q4_0, 500, 70, 0x377e714917ef6712ull, 40,
+	  { 98, 438, 262, 356, 358, 257, 38, 259, 478, 409, 201, 294, 351, 121, 52, 409, 201, 294,
+	  443, 379, 233, 348, 438, 50, 408, 234, 307, 37, 391, 389, 88, 453, 433, 49, 262, 356,
+	  450, 135, 392, 207 } }, QWEN3MOE "128" },
+	{ { "Q4_K_qwen3moe", HYB_TYPE_Q4_K, 500, 70, 0x77143e017cf5c77cull, 40,
+	  { 113, 241, 95, 331, 64, 22, 481, 419, 335, 33, 393, 137, 236, 138, 469, 240, 148, 112,
+	  215, 355, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29, 29
+	  } }, QWEN3MOE "256" },
+	{ { "Q6_K_qwen3moe", HYB_TYPE_Q6_K, 500, 70, 0x3b3523cab227d99cull, 40,
+	  { 113, 241, 303, 14, 271, 240, 89, 24, 274, 209, 15, 128, 90, 340, 68, 227, 202, 481,
+	  234, 307, 3, 228, 425, 249, 340, 68, 227, 202, 481, 234, 95, 482, 211, 438, 262, 356,
+	  450, 135, 25, 349 } }, QWEN3MOE "256" },
+	{ { "F16_qwen2moe", HYB_TYPE_F16, 500, 70, 0xcebaffce104ec86bull, 40,
+	  { 403, 381, 17, 142, 182, 342, 259, 17, 142, 259, 211, 92, 17, 142, 182, 342, 259, 492,
+	  240, 403, 376, 204, 368, 334, 497, 6, 381, 17, 142, 174, 224, 421, 240, 390, 222, 17,
+	  142, 174, 224, 421 } },
+	  "--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 64 --shared-experts 2" },
+	{ { "Q4_0_mixtral", HYB_TYPE_Q4_0, 500, 70, 0xe52450192231481aull, 40,
+	  { 219, 86, 392, 233, 426, 454, 390, 77, 186, 381, 416, 395, 353, 214, 327, 487, 339,
+	  178, 233, 426, 94, 377, 387, 100, 171, 254, 275, 190, 443, 168, 79, 461, 462, 98, 35,
+	  318, 219, 86, 392, 233 } }, "--experts 8 --experts-used 2" },
+	{ { "IQ4_XS_mixtral", HYB_TYPE_IQ4_XS, 500, 70, 0xbbe421eeac73ecdbull, 40,
+	  { 219, 86, 392, 233, 253, 7, 58, 119, 75, 21, 246, 104, 349, 234, 307, 414, 428, 472,
+	  292, 193, 454, 139, 196, 256, 181, 9, 216, 491, 490, 107, 428, 160, 286, 144, 298, 325,
+	  208, 49, 57, 428 } }, "--experts 8 --experts-used 2" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -226,3 +263,10 @@ TEST(exact_arch_gemma3_sliding_window) { run_case_with(&rope_cases[5].g, rope_ca
 TEST(exact_arch_phi3) { run_case_with(&rope_cases[6].g, rope_cases[6].synth); }
 TEST(exact_arch_phi3_longrope) { run_case_with(&rope_cases[7].g, rope_cases[7].synth); }
 TEST(exact_arch_phi3_fused_q4_0) { run_case_with(&rope_cases[8].g, rope_cases[8].synth); }
+TEST(exact_moe_qwen3moe_q8_0) { run_case_with(&rope_cases[9].g, rope_cases[9].synth); }
+TEST(exact_moe_qwen3moe_q4_0_repacked) { run_case_with(&rope_cases[10].g, rope_cases[10].synth); }
+TEST(exact_moe_qwen3moe_q4_k) { run_case_with(&rope_cases[11].g, rope_cases[11].synth); }
+TEST(exact_moe_qwen3moe_q6_k_tiled) { run_case_with(&rope_cases[12].g, rope_cases[12].synth); }
+TEST(exact_moe_qwen2moe_shared_expert) { run_case_with(&rope_cases[13].g, rope_cases[13].synth); }
+TEST(exact_moe_mixtral_q4_0) { run_case_with(&rope_cases[14].g, rope_cases[14].synth); }
+TEST(exact_moe_mixtral_iq4_xs) { run_case_with(&rope_cases[15].g, rope_cases[15].synth); }

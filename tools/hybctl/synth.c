@@ -56,7 +56,14 @@ static const char usage[] =
 	"  --rope-orig-ctx N  original context length (yarn, llama3; default 8192)\n"
 	"  --arch A        llama (default), qwen2 (Q/K/V biases), qwen3 (Q/K norms),\n"
 	"                  gemma3 (Q/K norms, post-norms, GeGLU, sliding-window layers),\n"
-	"                  phi3 (fused QKV and gate/up; --rope-scaling longrope)\n"
+	"                  phi3 (fused QKV and gate/up; --rope-scaling longrope),\n"
+	"                  qwen3moe, qwen2moe (mixtures of experts: --experts)\n"
+	"  --experts E     routed experts per layer (llama: Mixtral's layout, experts of\n"
+	"                  --ffn neurons; qwen2moe, qwen3moe: required)\n"
+	"  --experts-used K  experts per token (default 2)\n"
+	"  --expert-ffn N  qwen*moe: neurons per expert (default --ffn / K)\n"
+	"  --shared-experts S  qwen2moe: a shared expert of S x --expert-ffn neurons\n"
+	"                  (default 1)\n"
 	"  --swa N         gemma3: sliding window of the local layers (default 16)\n"
 	"  --seed N        (default 1)\n"
 	"  -t N            threads (default: all CPUs)\n";
@@ -73,6 +80,7 @@ struct spec {
 	const char *rope_scaling;
 	const char *arch;
 	uint32_t swa;
+	uint32_t experts, experts_used, expert_ffn, shared_experts;
 	float rope_factor;
 	uint32_t rope_orig_ctx;
 	uint64_t seed;
@@ -83,6 +91,7 @@ struct tensor {
 	char name[64];
 	uint32_t type;
 	uint64_t ne0, ne1; /* ne1 == 0: 1-D */
+	uint64_t ne2;      /* experts of a 3-D tensor; 0: not one */
 	float std;         /* 0: norm weight, 1 +- 0.05; < 0: RoPE frequency factors
 			    * (-1 Llama 3.1's, -2 and -3 LongRoPE's short and long) */
 	float rope_factor;
@@ -151,7 +160,7 @@ struct fill_job {
 static void fill_worker(void *arg, int ith, int nth)
 {
 	struct fill_job *j = arg;
-	uint64_t rows = j->t->ne1 ? j->t->ne1 : 1;
+	uint64_t rows = (j->t->ne1 ? j->t->ne1 : 1) * (j->t->ne2 ? j->t->ne2 : 1);
 	long lo, hi;
 
 	hyb_split((long)rows, ith, nth, &lo, &hi);
@@ -193,7 +202,9 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "random-weights", 0, 0, 'r' }, { "head-dim", 1, 0, 'D' },
 		{ "rope-scaling", 1, 0, 'R' }, { "rope-factor", 1, 0, 'X' },
 		{ "rope-orig-ctx", 1, 0, 'C' }, { "arch", 1, 0, 'G' }, { "swa", 1, 0, 'W' },
-		{ "chat-template", 1, 0, 'M' },
+		{ "chat-template", 1, 0, 'M' }, { "experts", 1, 0, 'E' },
+		{ "experts-used", 1, 0, 'U' }, { "expert-ffn", 1, 0, 'P' },
+		{ "shared-experts", 1, 0, 'Z' },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -256,6 +267,12 @@ static void parse(int argc, char **argv, struct spec *sp)
 			sp->rope_orig_ctx = ctl_u32("synth", "--rope-orig-ctx", optarg, 16, 1 << 24);
 			break;
 		case 'M': sp->chat_template = optarg; break;
+		case 'E': sp->experts = ctl_u32("synth", "--experts", optarg, 1, 512); break;
+		case 'U': sp->experts_used = ctl_u32("synth", "--experts-used", optarg, 1, 512); break;
+		case 'P': sp->expert_ffn = ctl_u32("synth", "--expert-ffn", optarg, 1, 1 << 18); break;
+		case 'Z':
+			sp->shared_experts = ctl_u32("synth", "--shared-experts", optarg, 0, 64);
+			break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -264,6 +281,17 @@ static void parse(int argc, char **argv, struct spec *sp)
 		sp->out_type = sp->type;
 	if (!sp->kv_heads)
 		sp->kv_heads = sp->heads;
+	if (!sp->experts_used)
+		sp->experts_used = 2;
+	if (!sp->expert_ffn)
+		sp->expert_ffn = strcmp(sp->arch, "llama") ? sp->ffn / sp->experts_used : sp->ffn;
+	if (sp->shared_experts == UINT32_MAX)
+		sp->shared_experts = !strcmp(sp->arch, "qwen2moe");
+}
+
+static bool moe(const struct spec *sp)
+{
+	return sp->experts > 0;
 }
 
 static bool sparse_design(const struct spec *sp)
@@ -288,9 +316,21 @@ static int check(const struct spec *sp)
 		return fprintf(stderr, "hybctl synth: --sparsity and --topics need --act relu, "
 			       "relu2 or dlrelu (without --random-weights)\n"), -1;
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
-	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3"))
+	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3") &&
+	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe"))
 		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
-			       "gemma3, phi3)\n", sp->arch), -1;
+			       "gemma3, phi3, qwen2moe, qwen3moe)\n", sp->arch), -1;
+	const bool moe_arch = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "qwen3moe");
+
+	if (moe_arch != moe(sp) && (!moe(sp) || strcmp(sp->arch, "llama")))
+		return fprintf(stderr, "hybctl synth: --experts goes with --arch llama, qwen2moe or "
+			       "qwen3moe (the last two need it)\n"), -1;
+	if (moe(sp) && (sp->experts_used > sp->experts || sparse_design(sp) ||
+			sp->expert_ffn % blk || !sp->expert_ffn ||
+			(sp->shared_experts && strcmp(sp->arch, "qwen2moe"))))
+		return fprintf(stderr, "hybctl synth: experts need --experts-used <= --experts, "
+			       "--act silu, --expert-ffn a multiple of %u and --shared-experts only "
+			       "with qwen2moe\n", blk), -1;
 	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "longrope") && strcmp(sp->arch, "phi3"))
 		return fprintf(stderr, "hybctl synth: --rope-scaling longrope is phi3's\n"), -1;
 	if (strcmp(sp->arch, "llama") && (strcmp(sp->act, "silu") || sp->neox))
@@ -369,7 +409,7 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 		}
 		BLK("attn_output", sp->type, qd, sp->hidden, 1.0f / sqrtf((float)qd));
 		BLK("ffn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
-		if (!strcmp(sp->arch, "qwen2")) {
+		if (!strcmp(sp->arch, "qwen2") || !strcmp(sp->arch, "qwen2moe")) {
 			/* biases: 1-D, random like the weights (BLK names end in .weight) */
 			snprintf(nm, sizeof(nm), "blk.%u.attn_q.bias", l);
 			ADD(nm, HYB_TYPE_F32, qd, 0, 0.5f);
@@ -378,7 +418,8 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			snprintf(nm, sizeof(nm), "blk.%u.attn_v.bias", l);
 			ADD(nm, HYB_TYPE_F32, sp->kv_heads * hd, 0, 0.5f);
 		}
-		if (!strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "gemma3")) {
+		if (!strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "gemma3") ||
+		    !strcmp(sp->arch, "qwen3moe")) {
 			BLK("attn_q_norm", HYB_TYPE_F32, hd, 0, 0);
 			BLK("attn_k_norm", HYB_TYPE_F32, hd, 0, 0);
 		}
@@ -386,20 +427,40 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			BLK("post_attention_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 			BLK("post_ffw_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 		}
-		if (phi3) { /* gate then up in one tensor */
+		if (moe(sp)) {
+			const uint64_t F = sp->expert_ffn, S = (uint64_t)sp->shared_experts * F;
+
+			/* routers stay F32, as llama.cpp's converters and quantizer keep them */
+			BLK("ffn_gate_inp", HYB_TYPE_F32, sp->hidden, sp->experts, 2.0f * s_h);
+			BLK("ffn_gate_exps", sp->type, sp->hidden, F, s_h);
+			t[n - 1].ne2 = sp->experts;
+			BLK("ffn_up_exps", sp->type, sp->hidden, F, s_h);
+			t[n - 1].ne2 = sp->experts;
+			BLK("ffn_down_exps", sp->type, F, sp->hidden, 1.0f / sqrtf((float)F));
+			t[n - 1].ne2 = sp->experts;
+			if (S) {
+				BLK("ffn_gate_inp_shexp", HYB_TYPE_F32, sp->hidden, 0, s_h);
+				BLK("ffn_gate_shexp", sp->type, sp->hidden, S, s_h);
+				BLK("ffn_up_shexp", sp->type, sp->hidden, S, s_h);
+				BLK("ffn_down_shexp", sp->type, S, sp->hidden,
+				    1.0f / sqrtf((float)S));
+			}
+		} else if (phi3) { /* gate then up in one tensor */
 			BLK("ffn_up", sp->type, sp->hidden, 2 * sp->ffn, s_h);
 		} else {
 			BLK("ffn_gate", sp->type, sp->hidden, sp->ffn, s_h);
 			BLK("ffn_up", sp->type, sp->hidden, sp->ffn, s_h);
 		}
-		BLK("ffn_down", sp->type, sp->ffn, sp->hidden, s_f);
+		if (!moe(sp))
+			BLK("ffn_down", sp->type, sp->ffn, sp->hidden, s_f);
 #undef BLK
 	}
 #undef ADD
 	for (int i = 0; i < n; i++) {
-		uint64_t ne[2] = { t[i].ne0, t[i].ne1 };
+		uint64_t ne[3] = { t[i].ne0, t[i].ne1, t[i].ne2 };
 
-		if (hyb_gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].ne1 ? 2 : 1, ne, NULL))
+		if (hyb_gguf_writer_add_tensor(w, t[i].name, t[i].type,
+					       t[i].ne2 ? 3 : t[i].ne1 ? 2 : 1, ne, NULL))
 			return fprintf(stderr, "hybctl synth: cannot add tensor %s\n", t[i].name), -1;
 	}
 	*nt = n;
@@ -451,6 +512,15 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 	}
 	if (sp->neox)
 		hyb_gguf_set_bool(w, "hyb.rope_neox", true);
+	if (moe(sp)) {
+		KEY(u32, "expert_count", sp->experts);
+		KEY(u32, "expert_used_count", sp->experts_used);
+		if (strcmp(sp->arch, "llama")) /* Mixtral's experts are feed_forward_length */
+			KEY(u32, "expert_feed_forward_length", sp->expert_ffn);
+		if (sp->shared_experts)
+			KEY(u32, "expert_shared_feed_forward_length",
+			    sp->shared_experts * sp->expert_ffn);
+	}
 	if (!strcmp(sp->arch, "gemma3")) {
 		KEY(u32, "attention.sliding_window", sp->swa);
 		KEY(f32, "rope.freq_base_swa", 1000.0f);
@@ -495,7 +565,7 @@ int cmd_synth(int argc, char **argv)
 	struct spec sp = { .hidden = 256, .ffn = 768, .layers = 2, .heads = 4, .vocab = 512,
 			   .ctx = 4096, .type = HYB_TYPE_Q8_0, .act = "silu", .seed = 1,
 			   .sparsity = -1, .rope_factor = 8, .rope_orig_ctx = 8192,
-			   .arch = "llama", .swa = 16 };
+			   .arch = "llama", .swa = 16, .shared_experts = UINT32_MAX };
 	struct synth_sparse *design = NULL;
 	struct hyb_gguf_writer *w;
 	struct hyb_threadpool *pool;
@@ -508,7 +578,7 @@ int cmd_synth(int argc, char **argv)
 	if (sparse_design(&sp) && sp.sparsity < 0)
 		sp.sparsity = 0.90f;
 	w = hyb_gguf_writer_new();
-	t = calloc(4 + 13ull * sp.layers, sizeof(*t)); /* + rope_freqs, biases or norms */
+	t = calloc(4 + 20ull * sp.layers, sizeof(*t)); /* + rope_freqs, biases, norms, experts */
 	pool = hyb_threadpool_new(sp.threads);
 	if (!w || !t || !pool) {
 		fprintf(stderr, "hybctl synth: out of memory\n");
@@ -546,7 +616,7 @@ int cmd_synth(int argc, char **argv)
 		for (int i = 0; !failed && i < nth; i++)
 			failed = !(scratch[i] = malloc(sizeof(float) * widest));
 		for (int i = 0; !failed && i < nt; i++) {
-			uint64_t rows = t[i].ne1 ? t[i].ne1 : 1;
+			uint64_t rows = (t[i].ne1 ? t[i].ne1 : 1) * (t[i].ne2 ? t[i].ne2 : 1);
 			struct fill_job j = { .t = &t[i], .design = design, .seed = sp.seed,
 					      .tidx = (uint64_t)i,
 					      .row_bytes = hyb_row_bytes(t[i].type, t[i].ne0),

@@ -40,6 +40,8 @@ enum hyb_arch {
 	HYB_ARCH_GEMMA3, /* + norms after attention and FFN, GeGLU, scaled embeddings,
 			  * Q/K norms, sliding-window layers with their own RoPE */
 	HYB_ARCH_PHI3,   /* fused QKV and gate/up tensors, LongRoPE factors, NeoX RoPE */
+	HYB_ARCH_QWEN2MOE, /* qwen2 attention, routed experts + a gated shared expert */
+	HYB_ARCH_QWEN3MOE, /* qwen3 attention, routed experts, normalised top-k weights */
 };
 
 /*
@@ -91,6 +93,15 @@ struct hyb_hparams {
 	const float *rope_short, *rope_long;
 	bool rope_neox;        /* rotate halves (NeoX) instead of adjacent pairs */
 	enum hyb_ffn_act act;
+	/*
+	 * Mixture of experts (docs/MOE.md; n_expert 0: every FFN is dense): a
+	 * router picks n_expert_used of n_expert experts of n_ff_exp neurons
+	 * per token, by softmax probability; their outputs are summed weighted
+	 * by those probabilities, renormalised to sum 1 when expert_norm. A
+	 * shared expert of n_ff_shexp neurons (0: none) runs for every token.
+	 */
+	uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
+	bool expert_norm;
 };
 
 /* A weight matrix in place: rows of ne0 elements, ne1 rows. */
@@ -102,7 +113,20 @@ struct hyb_weight {
 	/* rows of the whole tensor when this is a slice of a fused one (Phi-3's
 	 * QKV and gate/up): llama.cpp's summation order follows them; 0: ne1 */
 	uint64_t fused_rows;
+	/* experts of a 3-D expert tensor, expert e's matrix at data + e * ne1 *
+	 * row_bytes (hyb_weight_expert); 0: a plain matrix */
+	uint64_t ne2;
 };
+
+/* Expert e of a 3-D expert tensor, as a matrix. */
+static inline struct hyb_weight hyb_weight_expert(const struct hyb_weight *w, uint32_t e)
+{
+	struct hyb_weight x = *w;
+
+	x.data = (const char *)w->data + (uint64_t)e * w->ne1 * w->row_bytes;
+	x.ne2 = 0;
+	return x;
+}
 
 /*
  * A layer's FFN as a plan file stores it (hyb/plan.h): neuron groups in
@@ -136,6 +160,14 @@ struct hyb_layer {
 	 * data NULL when the file has none. */
 	struct hyb_weight fc1, fc2;
 	struct hyb_ffn_plan plan;
+	/*
+	 * A MoE layer (hparams n_expert > 0; gate, up, down have no data): the
+	 * router [n_embd -> n_expert], the experts' gate and up [n_embd ->
+	 * n_ff_exp] and down [n_ff_exp -> n_embd] (ne2 = n_expert); the shared
+	 * expert and, when it is gated (qwen2moe), its gate [n_embd -> 1].
+	 */
+	struct hyb_weight gate_inp, gate_exps, up_exps, down_exps;
+	struct hyb_weight gate_shexp, up_shexp, down_shexp, gate_inp_shexp;
 };
 
 /*
@@ -299,6 +331,16 @@ void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c);
 typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
 				 const float *x_attn, const float *act);
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
+/*
+ * Watch every mixture-of-experts layer's routing (hybctl profile): called on
+ * the calling thread once per layer per batch of n tokens at positions
+ * pos0.., with sel [n][n_expert_used] the experts chosen for each token,
+ * best first, and w [n][n_expert_used] their weights. While it is set every
+ * token of a batch goes through every layer's FFN. fn == NULL removes it.
+ */
+typedef void (*hyb_moe_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
+				 const int32_t *sel, const float *w);
+void hyb_ctx_set_moe_probe(struct hyb_ctx *c, hyb_moe_probe_fn fn, void *user);
 /*
  * The probe receives act(gate) alone, before the product with up and before
  * any threshold (what CATS calibrates on, hyb/sparsity.h), instead of the

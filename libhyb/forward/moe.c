@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A mixture-of-experts FFN on the CPU (docs/MOE.md), in llama.cpp's
+ * arithmetic (llm_graph_context::build_moe_ffn and ggml-cpu's mul_mat_id):
+ *
+ *   router logits -> softmax -> the n_expert_used largest, descending ->
+ *   their probabilities (renormalised: qwen3moe, Mixtral) -> per expert,
+ *   gate and up over the tokens routed to it -> SwiGLU -> down -> each
+ *   output times its weight, summed in rank order [+ gated shared expert].
+ *
+ * The experts run as one work queue over (expert, matrix, row chunk) units,
+ * gate and up of every chosen expert in one pass and down in a second:
+ * threads take units as they free up, so an expert many tokens chose does
+ * not leave the others idle behind a per-expert barrier (KTransformers
+ * section 3's dynamic scheduling).
+ *
+ * llama.cpp sums each output of an expert matrix column by column (vec_dot,
+ * or the repacked gemv) except where it tiles K-quants (8+ columns): the
+ * same split here keeps the logits bit-identical to its own.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_internal.h"
+#include "moe.h"
+#include "ops.h"
+#include "util/error.h"
+
+struct hyb_moe_scratch {
+	uint32_t nb;       /* tokens per batch */
+	float *logits;     /* [nb][n_expert], then the probabilities */
+	int32_t *sel;      /* [nb][K] chosen experts, by rank */
+	float *wt;         /* [nb][K] their weights */
+	uint32_t *start;   /* [n_expert + 1] first pair of each expert (expert-major order) */
+	uint32_t *fill;    /* [n_expert] */
+	uint32_t *active;  /* [n_expert] experts with pairs, ascending */
+	uint32_t *tok;     /* [nb * K] token of pair j */
+	uint32_t *pos;     /* [nb * K] pair j of (token t, rank k) at t * K + k */
+	void *xg;          /* [nb * K] the pairs' inputs in gate's dot type */
+	void *xu;          /* ... in up's, when it differs (same_dot) */
+	void *hq;          /* [nb * K] activations in down's dot type */
+	size_t xg_stride, xu_stride, hq_stride;
+	float *h, *u;      /* [nb * K][n_ff_exp] gate (then the activation) and up */
+	float *out;        /* [nb * K][n_embd] expert outputs */
+	float *sg, *su;    /* [nb][n_ff_shexp] shared expert's gate and up */
+	float *so, *sgi;   /* [nb][n_embd] its output, [nb] its gate's logit */
+};
+
+static size_t dot_row(uint32_t type, uint64_t n)
+{
+	return hyb_row_bytes(hyb_vec_dot_type(type), n);
+}
+
+struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t nb)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	const struct hyb_layer *L0 = &m->layers[0];
+	const size_t X = hp->n_expert, K = hp->n_expert_used, P = (size_t)nb * K;
+	const size_t E = hp->n_embd, F = hp->n_ff_exp, S = hp->n_ff_shexp ? hp->n_ff_shexp
+					: L0->up_shexp.ne1 * !!L0->up_shexp.data;
+	struct hyb_moe_scratch *s = calloc(1, sizeof(*s));
+	size_t xg = 0, xu = 0, hq = 0;
+
+	if (!s)
+		return NULL;
+	s->nb = nb;
+	/* the widest row any layer's types need */
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+
+		if (dot_row(L->gate_exps.type, E) > xg)
+			xg = dot_row(L->gate_exps.type, E);
+		if (dot_row(L->up_exps.type, E) > xu)
+			xu = dot_row(L->up_exps.type, E);
+		if (dot_row(L->down_exps.type, F) > hq)
+			hq = dot_row(L->down_exps.type, F);
+	}
+	s->xg_stride = xg;
+	s->xu_stride = xu;
+	s->hq_stride = hq;
+	s->logits = malloc(sizeof(float) * nb * X);
+	s->sel = malloc(sizeof(int32_t) * P);
+	s->wt = malloc(sizeof(float) * P);
+	s->start = malloc(sizeof(uint32_t) * (X + 1));
+	s->fill = malloc(sizeof(uint32_t) * X);
+	s->active = malloc(sizeof(uint32_t) * X);
+	s->tok = malloc(sizeof(uint32_t) * P);
+	s->pos = malloc(sizeof(uint32_t) * P);
+	s->xg = malloc(xg * P);
+	s->xu = malloc(xu * P);
+	s->hq = malloc(hq * P);
+	s->h = malloc(sizeof(float) * P * F);
+	s->u = malloc(sizeof(float) * P * F);
+	s->out = malloc(sizeof(float) * P * E);
+	if (S) {
+		s->sg = malloc(sizeof(float) * nb * S);
+		s->su = malloc(sizeof(float) * nb * S);
+		s->so = malloc(sizeof(float) * nb * E);
+		s->sgi = malloc(sizeof(float) * nb);
+	}
+	if (!s->logits || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
+	    !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
+	    (S && (!s->sg || !s->su || !s->so || !s->sgi))) {
+		hyb_moe_scratch_free(s);
+		return NULL;
+	}
+	return s;
+}
+
+void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
+{
+	if (!s)
+		return;
+	free(s->logits);
+	free(s->sel);
+	free(s->wt);
+	free(s->start);
+	free(s->fill);
+	free(s->active);
+	free(s->tok);
+	free(s->pos);
+	free(s->xg);
+	free(s->xu);
+	free(s->hq);
+	free(s->h);
+	free(s->u);
+	free(s->out);
+	free(s->sg);
+	free(s->su);
+	free(s->so);
+	free(s->sgi);
+	free(s);
+}
+
+/* ---- routing ------------------------------------------------------------ */
+
+/*
+ * Softmax (ggml_soft_max: ggml_v_expf, a double sum, one float scale), the
+ * K largest by probability, descending (ggml_argsort_top_k; ties, which its
+ * unstable sort leaves open, go to the lower expert), their weights.
+ */
+static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	struct hyb_moe_scratch *s = c->moe;
+	const uint32_t X = hp->n_expert, K = hp->n_expert_used;
+
+	for (uint32_t t = 0; t < nf; t++) {
+		float *p = s->logits + (size_t)t * X, mx = -INFINITY;
+		int32_t *sel = s->sel + (size_t)t * K;
+		float *wt = s->wt + (size_t)t * K;
+
+		for (uint32_t e = 0; e < X; e++) {
+			if (!isfinite(p[e]))
+				return hyb_error_set(-EDOM, "blk.%u.ffn_gate_inp.weight: the router's "
+						     "logit for expert %u is %g (weights or input "
+						     "not finite)", l, e, (double)p[e]);
+			mx = p[e] > mx ? p[e] : mx;
+		}
+		const float scale = (float)(1.0 / c->k->soft_max(X, p, p, mx));
+
+		for (uint32_t e = 0; e < X; e++)
+			p[e] *= scale;
+		for (uint32_t k = 0; k < K; k++) {
+			int32_t best = -1;
+
+			for (uint32_t e = 0; e < X; e++) {
+				bool taken = false;
+
+				for (uint32_t q = 0; q < k && !taken; q++)
+					taken = sel[q] == (int32_t)e;
+				if (!taken && (best < 0 || p[e] > p[best]))
+					best = (int32_t)e;
+			}
+			sel[k] = best;
+			wt[k] = p[best];
+		}
+		if (hp->expert_norm) {
+			double sum = 0; /* ggml_sum_rows, clamped to F16's smallest normal */
+			float f;
+
+			for (uint32_t k = 0; k < K; k++)
+				sum += (double)wt[k];
+			f = (float)sum;
+			f = f < 6.103515625e-5f ? 6.103515625e-5f : f;
+			for (uint32_t k = 0; k < K; k++)
+				wt[k] = wt[k] / f;
+		}
+	}
+	return 0;
+}
+
+/* Pairs (token, rank) grouped by expert, tokens ascending within each (mul_mat_id's order). */
+static uint32_t group_pairs(struct hyb_moe_scratch *s, uint32_t X, uint32_t K, uint32_t nf)
+{
+	uint32_t n_active = 0;
+
+	memset(s->fill, 0, sizeof(uint32_t) * X);
+	for (uint32_t i = 0; i < nf * K; i++)
+		s->fill[s->sel[i]]++;
+	s->start[0] = 0;
+	for (uint32_t e = 0; e < X; e++) {
+		s->start[e + 1] = s->start[e] + s->fill[e];
+		if (s->fill[e])
+			s->active[n_active++] = e;
+		s->fill[e] = s->start[e];
+	}
+	for (uint32_t t = 0; t < nf; t++)
+		for (uint32_t k = 0; k < K; k++) {
+			uint32_t j = s->fill[s->sel[t * K + k]]++;
+
+			s->tok[j] = t;
+			s->pos[t * K + k] = j;
+		}
+	return n_active;
+}
+
+/* ---- the experts --------------------------------------------------------- */
+
+/*
+ * Does llama.cpp (x86) sum this expert matrix's outputs one column at a time?
+ * Yes for vec_dot and the repacked gemv (Q4_0, Q4_K, IQ4_NL and, on AVX-512,
+ * Q2_K with rows % 8 == 0); no for the K-quants its tiled matmul takes at 8+
+ * columns, where the kernels' batch order is its order (below 8 both are
+ * vec_dot).
+ */
+static bool per_column(uint32_t type, uint64_t rows)
+{
+	switch (type) {
+	case HYB_TYPE_Q3_K:
+	case HYB_TYPE_Q5_K:
+	case HYB_TYPE_Q6_K:
+	case HYB_TYPE_IQ4_XS:
+		return false;
+	case HYB_TYPE_Q2_K:
+	case HYB_TYPE_Q4_K:
+		return rows % 8 == 0;
+	default:
+		return true;
+	}
+}
+
+/* One pass over chosen experts: units of (expert, matrix, row chunk). */
+struct expert_job {
+	const struct hyb_cpu_kernels *k;
+	const struct hyb_moe_scratch *s;
+	const struct hyb_weight *w[2];
+	const void *x[2];
+	size_t x_stride[2];
+	float *y[2];
+	int nw;
+	uint64_t chunk, n_chunks;
+	uint32_t n_units;
+	atomic_uint next;
+};
+
+static void expert_worker(void *arg, int ith, int nth)
+{
+	struct expert_job *j = arg;
+	const struct hyb_moe_scratch *s = j->s;
+
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		if (u >= j->n_units)
+			return;
+		const uint32_t per_expert = (uint32_t)(j->nw * j->n_chunks);
+		const uint32_t e = s->active[u / per_expert], rem = u % per_expert;
+		const int m = (int)(rem / j->n_chunks);
+		const struct hyb_weight w = hyb_weight_expert(j->w[m], e);
+		const uint64_t r0 = (rem % j->n_chunks) * j->chunk;
+		const uint64_t nr = w.ne1 - r0 < j->chunk ? w.ne1 - r0 : j->chunk;
+		const uint32_t j0 = s->start[e], nj = s->start[e + 1] - j0;
+		const char *wr = (const char *)w.data + r0 * w.row_bytes;
+		const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w.type, w.ne1);
+		const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
+		float *y = j->y[m] + (size_t)j0 * w.ne1 + r0;
+
+		if (per_column(w.type, w.ne1))
+			for (uint32_t q = 0; q < nj; q++)
+				fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr,
+				   x + (size_t)q * j->x_stride[m], j->x_stride[m], 1,
+				   y + (size_t)q * w.ne1, w.ne1);
+		else
+			fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y,
+			   w.ne1);
+	}
+}
+
+static void run_experts(struct hyb_ctx *c, uint32_t n_active, int nw,
+			const struct hyb_weight *const *w, const void *const *x,
+			const size_t *x_stride, float *const *y)
+{
+	const int nth = hyb_threadpool_size(c->pool);
+	struct expert_job j = { .k = c->k, .s = c->moe, .nw = nw };
+	const uint64_t rows = w[0]->ne1;
+
+	for (int i = 0; i < nw; i++) {
+		j.w[i] = w[i];
+		j.x[i] = x[i];
+		j.x_stride[i] = x_stride[i];
+		j.y[i] = y[i];
+	}
+	/* ~8 units per thread, chunks a multiple of 16 rows (the kernels' tiles) */
+	j.chunk = ((uint64_t)n_active * nw * rows / ((uint64_t)nth * 8) + 15) & ~15ull;
+	if (j.chunk < 16)
+		j.chunk = 16;
+	if (j.chunk > rows)
+		j.chunk = rows;
+	j.n_chunks = (rows + j.chunk - 1) / j.chunk;
+	j.n_units = (uint32_t)(n_active * nw * j.n_chunks);
+	atomic_init(&j.next, 0);
+	if (nth == 1)
+		expert_worker(&j, 0, 1);
+	else
+		hyb_threadpool_run_dynamic(c->pool, expert_worker, &j);
+}
+
+/* Do gate and up take their input in the same format? (They do in every real file.) */
+static bool same_dot(const struct hyb_layer *L)
+{
+	return hyb_vec_dot_type(L->up_exps.type) == hyb_vec_dot_type(L->gate_exps.type);
+}
+
+/* The pairs' inputs in the experts' dot types, and then their activations. */
+struct pair_job {
+	struct hyb_ctx *c;
+	const struct hyb_layer *L;
+	const float *xn;
+	uint32_t n_pairs;
+	int stage; /* 0: inputs, 1: activations */
+};
+
+static void pair_worker(void *arg, int ith, int nth)
+{
+	struct pair_job *pj = arg;
+	const struct hyb_cpu_kernels *k = pj->c->k;
+	struct hyb_moe_scratch *s = pj->c->moe;
+	const struct hyb_layer *L = pj->L;
+	const uint64_t E = L->gate_exps.ne0, F = L->gate_exps.ne1;
+	long lo, hi;
+
+	hyb_split(pj->n_pairs, ith, nth, &lo, &hi);
+	for (long j = lo; j < hi; j++) {
+		if (pj->stage == 0) {
+			const float *x = pj->xn + (size_t)s->tok[j] * E;
+
+			k->quantize_act[hyb_vec_dot_type(L->gate_exps.type)](
+				x, (char *)s->xg + j * s->xg_stride, (int64_t)E);
+			if (!same_dot(L))
+				k->quantize_act[hyb_vec_dot_type(L->up_exps.type)](
+					x, (char *)s->xu + j * s->xu_stride, (int64_t)E);
+		} else {
+			float *h = s->h + (size_t)j * F;
+
+			/* ggml_swiglu runs row by row: its vector tail is per row */
+			hyb_ffn_act(h, s->u + (size_t)j * F, F, HYB_ACT_SILU);
+			k->quantize_act[hyb_vec_dot_type(L->down_exps.type)](
+				h, (char *)s->hq + j * s->hq_stride, (int64_t)F);
+		}
+	}
+}
+
+static void run_pairs(struct hyb_ctx *c, const struct hyb_layer *L, const float *xn,
+		      uint32_t n_pairs, int stage)
+{
+	struct pair_job pj = { .c = c, .L = L, .xn = xn, .n_pairs = n_pairs, .stage = stage };
+
+	if (n_pairs < 4 || hyb_threadpool_size(c->pool) == 1)
+		pair_worker(&pj, 0, 1);
+	else
+		hyb_threadpool_run(c->pool, pair_worker, &pj);
+}
+
+/* The shared expert: a dense SwiGLU FFN, scaled by silu(g)/g = sigmoid(g) when gated. */
+static void shared_expert(struct hyb_ctx *c, const struct hyb_layer *L, uint32_t nf)
+{
+	struct hyb_moe_scratch *s = c->moe;
+	const struct hyb_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
+	float *gu_out[2] = { s->sg, s->su };
+	const struct hyb_weight *down = &L->down_shexp, *gi = &L->gate_inp_shexp;
+	const uint64_t S = L->up_shexp.ne1, E = L->down_shexp.ne1;
+
+	hyb_fwd_matmul(c, c->xn, nf, 2, gu, gu_out);
+	for (uint32_t t = 0; t < nf; t++)
+		hyb_ffn_act(s->sg + (size_t)t * S, s->su + (size_t)t * S, S, HYB_ACT_SILU);
+	hyb_fwd_matmul(c, s->sg, nf, 1, &down, &s->so);
+	if (!gi->data)
+		return;
+	hyb_fwd_matmul(c, c->xn, nf, 1, &gi, &s->sgi);
+	for (uint32_t t = 0; t < nf; t++) {
+		/* qwen2moe's graph: ggml_div(ggml_silu(g), g), one element per row */
+		const float g = s->sgi[t], gate = g / (1.0f + expf(-g)) / g;
+
+		for (uint64_t i = 0; i < E; i++)
+			s->so[t * E + i] *= gate;
+	}
+}
+
+int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const struct hyb_layer *L = &c->m->layers[l];
+	struct hyb_moe_scratch *s = c->moe;
+	const uint32_t K = hp->n_expert_used, E = hp->n_embd;
+	const struct hyb_weight *router = &L->gate_inp;
+	uint32_t n_active;
+	int rc;
+
+	hyb_fwd_matmul(c, c->xn, nf, 1, &router, &s->logits);
+	rc = route(c, l, nf);
+	if (rc)
+		return rc;
+	if (c->moe_probe)
+		c->moe_probe(c->moe_probe_user, l, c->n_past, nf, s->sel, s->wt);
+	n_active = group_pairs(s, hp->n_expert, K, nf);
+
+	/* gate and up of every chosen expert, one queue */
+	run_pairs(c, L, c->xn, nf * K, 0);
+	{
+		const struct hyb_weight *w[2] = { &L->gate_exps, &L->up_exps };
+		const void *x[2] = { s->xg, same_dot(L) ? s->xg : s->xu };
+		const size_t xs[2] = { s->xg_stride, same_dot(L) ? s->xg_stride : s->xu_stride };
+		float *y[2] = { s->h, s->u };
+
+		run_experts(c, n_active, 2, w, x, xs, y);
+	}
+	run_pairs(c, L, c->xn, nf * K, 1);
+	{
+		const struct hyb_weight *w[1] = { &L->down_exps };
+		const void *x[1] = { s->hq };
+		const size_t xs[1] = { s->hq_stride };
+		float *y[1] = { s->out };
+
+		run_experts(c, n_active, 1, w, x, xs, y);
+	}
+	if (L->up_shexp.data)
+		shared_expert(c, L, nf);
+
+	/* ggml_mul by the weights, then ggml_add in rank order (two roundings each) */
+	for (uint32_t t = 0; t < nf; t++) {
+		float *y = c->xn + (size_t)t * E;
+
+		for (uint32_t k = 0; k < K; k++) {
+			const float *o = s->out + (size_t)s->pos[t * K + k] * E;
+			const float w = s->wt[t * K + k];
+
+			for (uint32_t i = 0; i < E; i++) {
+				const float v = o[i] * w;
+
+				y[i] = k ? y[i] + v : v;
+			}
+		}
+		if (L->up_shexp.data)
+			for (uint32_t i = 0; i < E; i++)
+				y[i] += s->so[(size_t)t * E + i];
+	}
+	return 0;
+}

@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: MIT */
+/* The mixture-of-experts FFN on the CPU (moe.c, docs/MOE.md). */
+#ifndef HYB_MOE_H
+#define HYB_MOE_H
+
+#include <stdint.h>
+
+struct hyb_ctx;
+struct hyb_model;
+struct hyb_moe_scratch;
+
+/* Scratch for batches of up to nb tokens of model m (n_expert > 0); NULL: out of memory. */
+struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t nb);
+void hyb_moe_scratch_free(struct hyb_moe_scratch *s);
+/*
+ * c->xn = layer l's MoE FFN of the nf rows of c->xn (in place). 0, or a
+ * negative errno with the reason in hyb_last_error() (a router logit that
+ * is not finite: -EDOM).
+ */
+int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf);
+
+#endif

@@ -1,0 +1,301 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Mixture-of-experts models (docs/MOE.md): files that are wrong are refused
+ * naming the key or tensor, a router gone non-finite is an error and not a
+ * crash, the routing probe sees what the forward pass chose, and what MoE
+ * cannot do yet (sparse, hybrid, CATS) says so. Exactness against llama.cpp
+ * is in test_exact.c (exact_moe_*).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyb/gguf.h"
+#include "hyb/model.h"
+#include "hyb/tensor_type.h"
+#include "test.h"
+
+#define E 32   /* n_embd */
+#define F 32   /* n_ff_exp */
+#define V 64   /* vocab */
+
+struct moe_file {
+	const char *arch;
+	uint32_t meta_experts, used;   /* keys (0: no key) */
+	uint32_t tensor_experts;       /* ne2 of the expert tensors */
+	uint32_t router_rows;          /* ne1 of ffn_gate_inp */
+	bool used_array;               /* expert_used_count as a per-layer array */
+	bool nan_router;
+};
+
+/* A one-layer Mixtral-layout file (F32 weights, small random values) as described. */
+static const char *write_moe(const char *name, const struct moe_file *d)
+{
+	static char path[512];
+	static float buf[E * F * 16 + E * V];
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
+	const uint64_t ne_emb[2] = { E, V }, ne_vec[1] = { E }, ne_mat[2] = { E, E };
+	const uint64_t ne_router[2] = { E, d->router_rows };
+	const uint64_t ne_gu[3] = { E, F, d->tensor_experts }, ne_dn[3] = { F, E, d->tensor_experts };
+	const char *mats[] = { "attn_q", "attn_k", "attn_v", "attn_output" };
+	char key[96], nm[64];
+	uint32_t seed = 7;
+
+	CHECK(w);
+	for (size_t i = 0; i < sizeof(buf) / sizeof(buf[0]); i++) {
+		seed = seed * 1664525u + 1013904223u;
+		buf[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * 0.2f;
+	}
+	hyb_gguf_set_str(w, "general.architecture", d->arch);
+#define K(s, v)                                                       \
+	do {                                                          \
+		snprintf(key, sizeof(key), "%s." s, d->arch);         \
+		hyb_gguf_set_u32(w, key, v);                          \
+	} while (0)
+	K("embedding_length", E);
+	K("block_count", 1);
+	K("feed_forward_length", F);
+	K("attention.head_count", 2);
+	if (d->meta_experts)
+		K("expert_count", d->meta_experts);
+	if (d->used && !d->used_array)
+		K("expert_used_count", d->used);
+#undef K
+	if (d->used_array) {
+		const uint32_t per_layer[1] = { d->used };
+
+		snprintf(key, sizeof(key), "%s.expert_used_count", d->arch);
+		hyb_gguf_set_arr(w, key, HYB_GGUF_VT_UINT32, per_layer, 1);
+	}
+	CHECK(!hyb_gguf_writer_add_tensor(w, "token_embd.weight", HYB_TYPE_F32, 2, ne_emb, buf));
+	for (int i = 0; i < 3; i++) {
+		const char *norms[] = { "output_norm", "blk.0.attn_norm", "blk.0.ffn_norm" };
+		static const float ones[E] = { [0 ... E - 1] = 1.0f };
+
+		snprintf(nm, sizeof(nm), "%s.weight", norms[i]);
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, HYB_TYPE_F32, 1, ne_vec, ones));
+	}
+	for (int i = 0; i < 4; i++) {
+		snprintf(nm, sizeof(nm), "blk.0.%s.weight", mats[i]);
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, HYB_TYPE_F32, 2, ne_mat, buf));
+	}
+	if (d->nan_router) {
+		static float nan_router[E * 64];
+
+		memcpy(nan_router, buf, sizeof(nan_router));
+		nan_router[3] = NAN;
+		CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.ffn_gate_inp.weight", HYB_TYPE_F32, 2,
+						  ne_router, nan_router));
+	} else {
+		CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.ffn_gate_inp.weight", HYB_TYPE_F32, 2,
+						  ne_router, buf));
+	}
+	CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.ffn_gate_exps.weight", HYB_TYPE_F32, 3, ne_gu, buf));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.ffn_up_exps.weight", HYB_TYPE_F32, 3, ne_gu, buf));
+	CHECK(!hyb_gguf_writer_add_tensor(w, "blk.0.ffn_down_exps.weight", HYB_TYPE_F32, 3, ne_dn,
+					  buf));
+	snprintf(path, sizeof(path), "%s/moe-%s.gguf", hyb_test_tmpdir(), name);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
+	hyb_gguf_writer_free(w);
+	return path;
+}
+
+static const struct moe_file good = {
+	.arch = "llama", .meta_experts = 8, .used = 2, .tensor_experts = 8, .router_rows = 8,
+};
+
+static void expect_refused(const char *name, const struct moe_file *d, const char *needle)
+{
+	struct hyb_model *m = hyb_model_load(write_moe(name, d));
+
+	CHECK_MSG(!m, "%s loaded but should not", name);
+	hyb_model_free(m);
+	CHECK_MSG(strstr(hyb_last_error(), needle), "%s: error '%s' does not mention '%s'", name,
+		  hyb_last_error(), needle);
+}
+
+TEST(moe_loads_mixtral_layout)
+{
+	struct hyb_model *m = hyb_model_load(write_moe("good", &good));
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.n_expert == 8 && m->hp.n_expert_used == 2 && m->hp.n_ff_exp == F);
+	CHECK(m->hp.expert_norm); /* Mixtral renormalises its top-k weights */
+	CHECK(m->layers[0].gate_exps.ne2 == 8 && !m->layers[0].gate.data);
+	/* a token reads 2 of the 8 experts: decode bytes count 2 */
+	CHECK(hyb_model_decode_bytes(m) < (uint64_t)3 * 8 * E * F * sizeof(float));
+	hyb_model_free(m);
+}
+
+TEST(moe_refuses_bad_counts_and_shapes_by_name)
+{
+	struct moe_file d;
+
+	d = good;
+	d.used = 9;
+	expect_refused("used-over", &d, "expert_used_count 9 must be in 1..8");
+	d = good;
+	d.tensor_experts = 4; /* metadata says 8 */
+	expect_refused("count-mismatch", &d, "blk.0.ffn_gate_exps.weight: expected shape [32, 32, 8]");
+	d = good;
+	d.router_rows = 6;
+	expect_refused("router-shape", &d, "blk.0.ffn_gate_inp.weight: expected shape [32, 8]");
+	d = good;
+	d.meta_experts = 0;
+	d.used = 0;
+	expect_refused("no-count", &d, "ffn_gate_exps.weight holds experts");
+	d = good;
+	d.used_array = true;
+	expect_refused("used-array", &d, "a count per layer is not supported");
+	d = good;
+	d.used = 0;
+	expect_refused("used-zero", &d, "expert_used_count 0 must be in 1..8");
+	d = good;
+	d.meta_experts = 1000; /* refused before any tensor is read */
+	expect_refused("too-many", &d, "expert_count 1000 is over 512");
+	d = good;
+	d.arch = "qwen3moe";
+	d.meta_experts = 0;
+	expect_refused("qwen3moe-dense", &d, "qwen3moe is a mixture of experts");
+	d = good;
+	d.arch = "qwen3";
+	expect_refused("qwen3-experts", &d, "experts are not supported in qwen3");
+}
+
+TEST(moe_nan_router_is_an_error_not_a_crash)
+{
+	struct moe_file d = good;
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2 };
+	struct hyb_model *m;
+	struct hyb_ctx *c;
+	int32_t toks[3] = { 1, 5, 9 };
+	float *lg = malloc(sizeof(float) * V * 3);
+
+	d.nan_router = true;
+	m = hyb_model_load(write_moe("nan", &d));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(hyb_ctx_eval(c, toks, 3, lg, false) == -EDOM);
+	CHECK_MSG(strstr(hyb_last_error(), "blk.0.ffn_gate_inp.weight") &&
+		  strstr(hyb_last_error(), "not finite"), "error '%s'", hyb_last_error());
+	/* the context stays usable for what comes next: the same answer, no crash */
+	CHECK(hyb_ctx_eval(c, toks, 1, lg, false) == -EDOM);
+	free(lg);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+TEST(moe_refuses_what_it_cannot_do_yet)
+{
+	struct hyb_model *m = hyb_model_load(write_moe("modes", &good));
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 1, .ffn = HYB_FFN_SPARSE };
+	struct hyb_ctx *c;
+	float thr[1] = { 0.1f };
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "mixture-of-experts"), "%s", hyb_last_error());
+	cp.ffn = HYB_FFN_AUTO;
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(hyb_ctx_set_ffn_thresholds(c, thr) == -EINVAL);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+struct routing {
+	uint32_t calls, tokens, layer_seen;
+	int32_t sel[16][2];
+	float w[16][2];
+};
+
+static void probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const int32_t *sel,
+		  const float *w)
+{
+	struct routing *r = user;
+
+	r->calls++;
+	r->layer_seen |= 1u << layer;
+	for (uint32_t t = 0; t < n && pos0 + t < 16; t++) {
+		memcpy(r->sel[pos0 + t], sel + 2 * t, sizeof(r->sel[0]));
+		memcpy(r->w[pos0 + t], w + 2 * t, sizeof(r->w[0]));
+	}
+	r->tokens += n;
+}
+
+/* The probe sees every token's choice: two distinct experts, best first, weights summing to 1. */
+TEST(moe_probe_sees_the_routing)
+{
+	struct hyb_model *m = hyb_model_load(write_moe("probe", &good));
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2 };
+	struct routing r = { 0 };
+	int32_t toks[6] = { 1, 5, 9, 13, 40, 2 };
+	float *lg = malloc(sizeof(float) * V);
+	struct hyb_ctx *c;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	c = hyb_ctx_new(m, &cp);
+	CHECK(c && lg);
+	hyb_ctx_set_moe_probe(c, probe, &r);
+	CHECK(!hyb_ctx_eval(c, toks, 5, lg, false));
+	CHECK(!hyb_ctx_eval(c, toks + 5, 1, lg, false));
+	CHECK(r.calls == 2 && r.tokens == 6 && r.layer_seen == 1);
+	for (int t = 0; t < 6; t++) {
+		CHECK(r.sel[t][0] >= 0 && r.sel[t][0] < 8 && r.sel[t][1] >= 0 && r.sel[t][1] < 8);
+		CHECK(r.sel[t][0] != r.sel[t][1]);
+		CHECK(r.w[t][0] >= r.w[t][1] && r.w[t][1] > 0);
+		CHECK_NEAR(r.w[t][0] + r.w[t][1], 1.0, 1e-6);
+	}
+	free(lg);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+/* Prefill and decode route and compute the same: batch of 12 vs one at a time. */
+TEST(moe_prefill_equals_decode)
+{
+	char path[512], cmd[1024];
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2 };
+	int32_t toks[12];
+	struct hyb_model *m;
+	struct hyb_ctx *a, *b;
+	float *la, *lb;
+	double worst = 0;
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(path, sizeof(path), "%s/moe-pd.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch qwen3moe --experts 16 "
+		 "--experts-used 4 --expert-ffn 64 --hidden 128 --heads 4 --layers 2 --type Q8_0 "
+		 "-t 2 >/dev/null", path);
+	CHECK(system(cmd) == 0);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	a = hyb_ctx_new(m, &cp);
+	b = hyb_ctx_new(m, &cp);
+	la = malloc(sizeof(float) * m->hp.n_vocab * 12);
+	lb = malloc(sizeof(float) * m->hp.n_vocab);
+	CHECK(a && b && la && lb);
+	for (int i = 0; i < 12; i++)
+		toks[i] = (i * 37 + 11) % 500 + 1;
+	CHECK(!hyb_ctx_eval(a, toks, 12, la, true));
+	for (int i = 0; i < 12; i++) {
+		CHECK(!hyb_ctx_eval(b, &toks[i], 1, lb, false));
+		for (uint32_t v = 0; v < m->hp.n_vocab; v++) {
+			double d = fabs(la[(size_t)i * m->hp.n_vocab + v] - lb[v]);
+
+			worst = d > worst ? d : worst;
+		}
+	}
+	/* only the summation order of batched matmuls differs */
+	CHECK_MSG(worst < 2e-3, "prefill and decode logits differ by %g", worst);
+	free(la);
+	free(lb);
+	hyb_ctx_free(a);
+	hyb_ctx_free(b);
+	hyb_model_free(m);
+}
