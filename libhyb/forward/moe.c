@@ -29,6 +29,9 @@
 #include "ops.h"
 #include "util/error.h"
 
+/* weight rows a per-column pass keeps in L2 while its columns go by */
+#define SUB_BYTES (192 * 1024)
+
 struct hyb_moe_scratch {
 	uint32_t nb;       /* tokens per batch */
 	float *logits;     /* [nb][n_expert], then the probabilities */
@@ -221,20 +224,32 @@ static uint32_t group_pairs(struct hyb_moe_scratch *s, uint32_t X, uint32_t K, u
 /* ---- the experts --------------------------------------------------------- */
 
 /*
- * Does llama.cpp (x86) sum this expert matrix's outputs one column at a time?
- * Yes for vec_dot and the repacked gemv (Q4_0, Q4_K, IQ4_NL and, on AVX-512,
- * Q2_K with rows % 8 == 0); no for the K-quants its tiled matmul takes at 8+
- * columns, where the kernels' batch order is its order (below 8 both are
- * vec_dot).
+ * Must this expert matrix be computed one column at a time to sum like
+ * llama.cpp's mul_mat_id (x86), which takes each expert's columns through
+ * vec_dot, or through the repacked gemv (Q4_0, Q4_K, IQ4_NL and, on
+ * AVX-512, Q2_K with rows % 8 == 0), except the K-quants it tiles at 8+
+ * columns? No wherever the kernels' batch order is that order anyway: the
+ * 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL when
+ * repacked) sum each output alone in any batch (tests/unit/test_moe.c
+ * checks it), and the tiled K-quants' batch order is llama.cpp's (below 8
+ * columns both are vec_dot). Yes for float weights (tinyBLAS is not vec_dot)
+ * and the repacked K-quants (their batch kernel is not the gemv).
  */
-static bool per_column(uint32_t type, uint64_t rows)
+bool hyb_moe_per_column(uint32_t type, uint64_t rows)
 {
 	switch (type) {
+	case HYB_TYPE_Q8_0:
+	case HYB_TYPE_Q4_0:
+	case HYB_TYPE_Q4_1:
+	case HYB_TYPE_Q5_0:
+	case HYB_TYPE_Q5_1:
 	case HYB_TYPE_Q3_K:
 	case HYB_TYPE_Q5_K:
 	case HYB_TYPE_Q6_K:
 	case HYB_TYPE_IQ4_XS:
 		return false;
+	case HYB_TYPE_IQ4_NL:
+		return rows % 8 != 0;
 	case HYB_TYPE_Q2_K:
 	case HYB_TYPE_Q4_K:
 		return rows % 8 == 0;
@@ -281,14 +296,21 @@ static void expert_worker(void *arg, int ith, int nth)
 		const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
 		float *y = j->y[m] + (size_t)j0 * w.ne1 + r0;
 
-		if (per_column(w.type, w.ne1))
-			for (uint32_t q = 0; q < nj; q++)
-				fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr,
-				   x + (size_t)q * j->x_stride[m], j->x_stride[m], 1,
-				   y + (size_t)q * w.ne1, w.ne1);
-		else
+		if (hyb_moe_per_column(w.type, w.ne1)) {
+			/* rows in L2-sized blocks, each block reused by every column */
+			uint64_t sub = (SUB_BYTES / w.row_bytes) & ~15ull;
+
+			sub = sub < 16 ? 16 : sub;
+			for (uint64_t b = 0; b < nr; b += sub)
+				for (uint32_t q = 0; q < nj; q++)
+					fn((int64_t)w.ne0, wr + b * w.row_bytes, w.row_bytes,
+					   (int64_t)(nr - b < sub ? nr - b : sub),
+					   x + (size_t)q * j->x_stride[m], j->x_stride[m], 1,
+					   y + (size_t)q * w.ne1 + b, w.ne1);
+		} else {
 			fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y,
 			   w.ne1);
+		}
 	}
 }
 
@@ -371,7 +393,8 @@ static void run_pairs(struct hyb_ctx *c, const struct hyb_layer *L, const float 
 {
 	struct pair_job pj = { .c = c, .L = L, .xn = xn, .n_pairs = n_pairs, .stage = stage };
 
-	if (n_pairs < 4 || hyb_threadpool_size(c->pool) == 1)
+	/* a decode step's few rows cost less than waking the threads */
+	if ((uint64_t)n_pairs * L->gate_exps.ne0 < 65536 || hyb_threadpool_size(c->pool) == 1)
 		pair_worker(&pj, 0, 1);
 	else
 		hyb_threadpool_run(c->pool, pair_worker, &pj);

@@ -3,6 +3,7 @@
 #ifndef HYB_MOE_H
 #define HYB_MOE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct hyb_ctx;
@@ -18,5 +19,10 @@ void hyb_moe_scratch_free(struct hyb_moe_scratch *s);
  * is not finite: -EDOM).
  */
 int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf);
+/*
+ * Does an expert matrix of this type and row count go one column at a time
+ * (llama.cpp's summation order, moe.c), or all its columns in one batch?
+ */
+bool hyb_moe_per_column(uint32_t type, uint64_t rows);
 
 #endif

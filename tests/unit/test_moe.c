@@ -13,6 +13,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu_kernels.h"
+#include "forward/moe.h"
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "hyb/tensor_type.h"
@@ -298,4 +300,66 @@ TEST(moe_prefill_equals_decode)
 	hyb_ctx_free(a);
 	hyb_ctx_free(b);
 	hyb_model_free(m);
+}
+
+/*
+ * hyb_moe_per_column() lets the 32-element block types take all of an
+ * expert's columns in one kernel call because each output is then summed
+ * exactly as alone (llama.cpp's mul_mat_id order): hold the kernels to it.
+ */
+TEST(moe_batched_columns_sum_like_single_columns)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	const uint32_t types[] = { HYB_TYPE_Q8_0, HYB_TYPE_Q4_0, HYB_TYPE_Q4_1, HYB_TYPE_Q5_0,
+				   HYB_TYPE_Q5_1, HYB_TYPE_IQ4_NL };
+	const uint64_t rows[] = { 64, 36, 13, 768 };
+	enum { KD = 512, C = 12 };
+	float *w = malloc(sizeof(float) * KD * 768), *x = malloc(sizeof(float) * KD * C);
+	float *y1 = malloc(sizeof(float) * 768 * C), *y2 = malloc(sizeof(float) * 768 * C);
+	uint32_t s = 3, checked = 0;
+
+	CHECK(w && x && y1 && y2);
+	for (size_t i = 0; i < (size_t)KD * 768; i++) {
+		s = s * 1664525u + 1013904223u;
+		w[i] = (float)(s >> 8) / 16777216.0f - 0.5f;
+	}
+	for (size_t i = 0; i < (size_t)KD * C; i++) {
+		s = s * 1664525u + 1013904223u;
+		x[i] = (float)(s >> 8) / 16777216.0f - 0.5f;
+	}
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+		for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++) {
+			const uint32_t t = types[ti], vt = hyb_vec_dot_type(t);
+			const uint64_t R = rows[ri];
+			const size_t rb = hyb_row_bytes(t, KD), xb = hyb_row_bytes(vt, KD);
+			char *wq = malloc(rb * R), *xq = malloc(xb * C);
+			hyb_gemm_fn fn = hyb_gemm_pick(k, t, R);
+
+			if (hyb_moe_per_column(t, R)) {
+				free(wq);
+				free(xq);
+				continue;
+			}
+			CHECK(wq && xq);
+			for (uint64_t r = 0; r < R; r++)
+				CHECK(!hyb_quantize_row_ref(t, w + r * KD, wq + r * rb, KD));
+			for (int c = 0; c < C; c++)
+				k->quantize_act[vt](x + (size_t)c * KD, xq + c * xb, KD);
+			for (int nc = 2; nc <= C; nc++) {
+				fn(KD, wq, rb, (int64_t)R, xq, xb, nc, y1, R);
+				for (int c = 0; c < nc; c++)
+					fn(KD, wq, rb, (int64_t)R, xq + c * xb, xb, 1, y2 + c * R, R);
+				CHECK_MSG(!memcmp(y1, y2, sizeof(float) * R * nc),
+					  "%s, %llu rows: %d columns in one call sum differently from "
+					  "one at a time", hyb_type_name(t), (unsigned long long)R, nc);
+			}
+			checked++;
+			free(wq);
+			free(xq);
+		}
+	CHECK(checked >= 20); /* IQ4_NL unrepacked goes one at a time */
+	free(w);
+	free(x);
+	free(y1);
+	free(y2);
 }

@@ -68,12 +68,14 @@ static uint32_t dominant_type(const struct hyb_model *m)
 
 	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
 		const struct hyb_layer *L = &m->layers[l];
-		const struct hyb_weight *w[] = { &L->wq, &L->wk, &L->wv, &L->wo,
-						 &L->gate, &L->up, &L->down, &L->down_t,
-						 &L->plan.bundles };
+		const struct hyb_weight *w[] = { &L->wq,        &L->wk,        &L->wv,
+						 &L->wo,        &L->gate,      &L->up,
+						 &L->down,      &L->down_t,    &L->plan.bundles,
+						 &L->gate_exps, &L->up_exps,   &L->down_exps };
 
 		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
-			bytes[w[i]->type] += w[i]->row_bytes * w[i]->ne1;
+			bytes[w[i]->type] += w[i]->row_bytes * w[i]->ne1 *
+					     (w[i]->ne2 ? w[i]->ne2 : 1);
 	}
 	for (uint32_t t = 0; t < HYB_TYPE_COUNT; t++)
 		if (bytes[t] > bytes[best])
@@ -109,15 +111,26 @@ static long vm_kib(const char *field)
 }
 
 /*
- * The largest FFN matrix of layer 0 (gate, or a plan's bundle tensor): the
- * GEMM ceiling (hyb_roofline_gemm_macs) is measured on it. Prefill is held
- * against that ceiling as well as against the instruction peak: the gap
- * between the two is the kernel's, the gap to prefill is the rest of the
- * forward pass.
+ * The largest FFN matrix of layer 0 (gate, a plan's bundle tensor or the
+ * first expert's gate): the GEMM ceiling (hyb_roofline_gemm_macs) is
+ * measured on it. Prefill is held against that ceiling as well as against
+ * the instruction peak: the gap between the two is the kernel's, the gap to
+ * prefill is the rest of the forward pass.
  */
-static const struct hyb_weight *ffn_matrix(const struct hyb_model *m)
+static struct hyb_weight ffn_matrix(const struct hyb_model *m)
 {
-	return m->group_size ? &m->layers[0].plan.bundles : &m->layers[0].gate;
+	if (m->hp.n_expert)
+		return hyb_weight_expert(&m->layers[0].gate_exps, 0);
+	return m->group_size ? m->layers[0].plan.bundles : m->layers[0].gate;
+}
+
+/* The columns an FFN matrix sees in a prompt of n tokens: an expert, its share of them. */
+static int ffn_columns(const struct hyb_model *m, int n)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	int64_t c = hp->n_expert ? (int64_t)n * hp->n_expert_used / hp->n_expert : n;
+
+	return c < 1 ? 1 : (int)c;
 }
 
 static void reset_peak_rss(void)
@@ -247,7 +260,9 @@ static void bench_round(struct bench *b, int r)
 	/* the bandwidth buffer is gone: restart the peak-RSS count (VmHWM)
 	 * so the memory line is about the model, not the measurement */
 	reset_peak_rss();
-	b->gp[r] = hyb_roofline_gemm_macs(ffn_matrix(b->m), b->nth, n_prompt, 3);
+	const struct hyb_weight fw = ffn_matrix(b->m);
+
+	b->gp[r] = hyb_roofline_gemm_macs(&fw, b->nth, ffn_columns(b->m, n_prompt), 3);
 	if (b->gp[r] < 0)
 		cli_die("out of memory");
 	hyb_ctx_reset(b->c);
@@ -276,7 +291,7 @@ static void print_dense(struct bench *b)
 	double dec_tps = b->o.n_gen_bench / median(b->t_dec, reps);
 	double bw_med = median(b->bw, reps), gp_med = median(b->gp, reps);
 	double pre_roof = b->peak / (double)b->macs;
-	const struct hyb_weight *w = ffn_matrix(b->m);
+	const struct hyb_weight fw = ffn_matrix(b->m), *w = &fw;
 
 	printf("DRAM read   %.2f GB/s (%d threads, 512 MiB streaming read; median of %d rounds)\n",
 	       bw_med / 1e9, b->nth, reps);
@@ -284,7 +299,7 @@ static void print_dense(struct bench *b)
 	       b->peak / 1e9, hyb_type_name(b->wtype), b->nth);
 	printf("GEMM peak   %.1f GMAC/s (%s GEMM %llux%llu x %d columns, %d threads)\n",
 	       gp_med / 1e9, hyb_type_name(w->type), (unsigned long long)w->ne1,
-	       (unsigned long long)w->ne0, n_prompt, b->nth);
+	       (unsigned long long)w->ne0, ffn_columns(b->m, n_prompt), b->nth);
 	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  -> %.0f%% of GEMM peak "
 	       "(per-round median), %.0f%% of instruction peak\n", pre_tps, n_prompt,
 	       pre_tps * b->macs / 1e9, 100 * median(b->r_pre, reps), 100 * pre_tps / pre_roof);
