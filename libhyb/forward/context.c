@@ -276,6 +276,21 @@ void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user)
 	c->probe_user = user;
 }
 
+void hyb_ctx_moe_stats(const struct hyb_ctx *c, struct hyb_moe_stats *out)
+{
+	hyb_moe_stats_get(c->moe, out);
+}
+
+void hyb_ctx_moe_stats_reset(struct hyb_ctx *c)
+{
+	hyb_moe_stats_reset(c->moe);
+}
+
+const uint64_t *hyb_ctx_moe_counts(const struct hyb_ctx *c, uint32_t layer)
+{
+	return hyb_moe_counts(c->moe, layer);
+}
+
 void hyb_ctx_set_moe_probe(struct hyb_ctx *c, hyb_moe_probe_fn fn, void *user)
 {
 	c->moe_probe = fn;

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "forward_internal.h"
+#include "hyb/clock.h"
 #include "moe.h"
 #include "ops.h"
 #include "util/error.h"
@@ -50,6 +51,9 @@ struct hyb_moe_scratch {
 	float *out;        /* [nb * K][n_embd] expert outputs */
 	float *sg, *su;    /* [nb][n_ff_shexp] shared expert's gate and up */
 	float *so, *sgi;   /* [nb][n_embd] its output, [nb] its gate's logit */
+	uint32_t n_layer, n_expert;
+	uint64_t *counts;  /* [n_layer][n_expert] times chosen */
+	struct hyb_moe_stats stats;
 };
 
 static size_t dot_row(uint32_t type, uint64_t n)
@@ -70,6 +74,9 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	if (!s)
 		return NULL;
 	s->nb = nb;
+	s->n_layer = hp->n_layer;
+	s->n_expert = hp->n_expert;
+	s->counts = calloc((size_t)hp->n_layer * X, sizeof(uint64_t));
 	/* the widest row any layer's types need */
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const struct hyb_layer *L = &m->layers[l];
@@ -104,7 +111,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 		s->so = malloc(sizeof(float) * nb * E);
 		s->sgi = malloc(sizeof(float) * nb);
 	}
-	if (!s->logits || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
+	if (!s->counts || !s->logits || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
 	    !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
 	    (S && (!s->sg || !s->su || !s->so || !s->sgi))) {
 		hyb_moe_scratch_free(s);
@@ -113,10 +120,32 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	return s;
 }
 
+void hyb_moe_stats_get(const struct hyb_moe_scratch *s, struct hyb_moe_stats *out)
+{
+	if (s)
+		*out = s->stats;
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+void hyb_moe_stats_reset(struct hyb_moe_scratch *s)
+{
+	if (!s)
+		return;
+	memset(&s->stats, 0, sizeof(s->stats));
+	memset(s->counts, 0, sizeof(uint64_t) * s->n_layer * s->n_expert);
+}
+
+const uint64_t *hyb_moe_counts(const struct hyb_moe_scratch *s, uint32_t layer)
+{
+	return s && layer < s->n_layer ? s->counts + (size_t)layer * s->n_expert : NULL;
+}
+
 void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
 {
 	if (!s)
 		return;
+	free(s->counts);
 	free(s->logits);
 	free(s->sel);
 	free(s->wt);
@@ -432,6 +461,9 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	struct hyb_moe_scratch *s = c->moe;
 	const uint32_t K = hp->n_expert_used, E = hp->n_embd;
 	const struct hyb_weight *router = &L->gate_inp;
+	const double t0 = hyb_now();
+	uint64_t *counts = s->counts + (size_t)l * hp->n_expert;
+	double t1;
 	uint32_t n_active;
 	int rc;
 
@@ -442,6 +474,15 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	if (c->moe_probe)
 		c->moe_probe(c->moe_probe_user, l, c->n_past, nf, s->sel, s->wt);
 	n_active = group_pairs(s, hp->n_expert, K, nf);
+	for (uint32_t i = 0; i < n_active; i++)
+		counts[s->active[i]] += s->start[s->active[i] + 1] - s->start[s->active[i]];
+	t1 = hyb_now();
+	s->stats.router_s += t1 - t0;
+	s->stats.layer_steps += nf;
+	s->stats.expert_runs += n_active;
+	s->stats.expert_bytes += n_active * (L->gate_exps.ne1 * L->gate_exps.row_bytes +
+					     L->up_exps.ne1 * L->up_exps.row_bytes +
+					     L->down_exps.ne1 * L->down_exps.row_bytes);
 
 	/* gate and up of every chosen expert, one queue */
 	run_pairs(c, L, c->xn, nf * K, 0);
@@ -462,8 +503,12 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 
 		run_experts(c, n_active, 1, w, x, xs, y);
 	}
+	const double t2 = hyb_now();
+
+	s->stats.experts_s += t2 - t1;
 	if (L->up_shexp.data)
 		shared_expert(c, L, nf);
+	s->stats.shared_s += hyb_now() - t2;
 
 	/* ggml_mul by the weights, then ggml_add in rank order (two roundings each) */
 	for (uint32_t t = 0; t < nf; t++) {

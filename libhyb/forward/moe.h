@@ -13,6 +13,11 @@ struct hyb_moe_scratch;
 /* Scratch for batches of up to nb tokens of model m (n_expert > 0); NULL: out of memory. */
 struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t nb);
 void hyb_moe_scratch_free(struct hyb_moe_scratch *s);
+/* hyb_ctx_moe_stats and friends (hyb/model.h); s may be NULL (no experts) */
+struct hyb_moe_stats;
+void hyb_moe_stats_get(const struct hyb_moe_scratch *s, struct hyb_moe_stats *out);
+void hyb_moe_stats_reset(struct hyb_moe_scratch *s);
+const uint64_t *hyb_moe_counts(const struct hyb_moe_scratch *s, uint32_t layer);
 /*
  * c->xn = layer l's MoE FFN of the nf rows of c->xn (in place). 0, or a
  * negative errno with the reason in hyb_last_error() (a router logit that

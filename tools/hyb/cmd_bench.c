@@ -157,6 +157,8 @@ struct bench {
 	/* per round */
 	double *t_pre, *t_dec, *bw, *gp, *r_pre, *r_dec, *t_sp, *r_sp, *t_base, *r_base;
 	struct hyb_sparse_stats sst;	/* summed over the rounds */
+	struct hyb_moe_stats moe;	/* decode steps of every round */
+	uint64_t *moe_counts;		/* [n_layer][n_expert] choices in them */
 	uint64_t agree, compared;
 };
 
@@ -245,6 +247,68 @@ static void round_baseline(struct bench *b, int r)
 	b->r_base[r] = b->t_base[r] / b->t_sp[r];
 }
 
+/* A round's decode-step MoE statistics, added to the others'. */
+static void add_moe(struct bench *b)
+{
+	const struct hyb_hparams *hp = &b->m->hp;
+	struct hyb_moe_stats st;
+
+	hyb_ctx_moe_stats(b->c, &st);
+	b->moe.layer_steps += st.layer_steps;
+	b->moe.expert_runs += st.expert_runs;
+	b->moe.expert_bytes += st.expert_bytes;
+	b->moe.router_s += st.router_s;
+	b->moe.experts_s += st.experts_s;
+	b->moe.shared_s += st.shared_s;
+	if (!b->moe_counts && !(b->moe_counts = calloc((size_t)hp->n_layer * hp->n_expert,
+						       sizeof(uint64_t))))
+		cli_die("out of memory");
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const uint64_t *c = hyb_ctx_moe_counts(b->c, l);
+
+		for (uint32_t e = 0; e < hp->n_expert; e++)
+			b->moe_counts[(size_t)l * hp->n_expert + e] += c[e];
+	}
+}
+
+/*
+ * Where a MoE decode step's time goes, and the routed experts held to the
+ * bytes they read: at a token per step every chosen expert is one GEMV pass
+ * over its three matrices, so their roofline is DRAM bandwidth.
+ */
+static void print_moe(const struct bench *b)
+{
+	const struct hyb_hparams *hp = &b->m->hp;
+	const struct hyb_moe_stats *st = &b->moe;
+	double t_dec = 0, bw = median(b->bw, b->o.reps);
+
+	for (int r = 0; r < b->o.reps; r++)
+		t_dec += b->t_dec[r];
+	printf("experts     %u of %u per token, %u of %u layers; decode: %.2f experts run per "
+	       "layer step\n", hp->n_expert_used, hp->n_expert, hp->n_layer, hp->n_layer,
+	       (double)st->expert_runs / (double)st->layer_steps);
+	printf("experts     decode time: routed experts %.0f%%, routers %.1f%%, shared experts "
+	       "%.1f%%, the rest %.0f%%\n", 100 * st->experts_s / t_dec,
+	       100 * st->router_s / t_dec, 100 * st->shared_s / t_dec,
+	       100 * (t_dec - st->experts_s - st->router_s - st->shared_s) / t_dec);
+	printf("experts     routed experts read at %.2f GB/s: %.0f%% of DRAM bandwidth (their "
+	       "bytes-bound roofline)\n", st->expert_bytes / st->experts_s / 1e9,
+	       100 * st->expert_bytes / st->experts_s / bw);
+	printf("experts     load per layer (most chosen expert's share of choices / uniform "
+	       "share):");
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const uint64_t *c = b->moe_counts + (size_t)l * hp->n_expert;
+		uint64_t top = 0, sum = 0;
+
+		for (uint32_t e = 0; e < hp->n_expert; e++) {
+			top = c[e] > top ? c[e] : top;
+			sum += c[e];
+		}
+		printf(" %.1fx", sum ? (double)top * hp->n_expert / (double)sum : 0.0);
+	}
+	printf("\n");
+}
+
 /*
  * One round: the baselines right next to the figures they divide. On a
  * shared machine the bandwidth a thread gets moves by 2x from one second to
@@ -270,12 +334,15 @@ static void bench_round(struct bench *b, int r)
 	eval(b->c, b->toks, (uint32_t)n_prompt, b->logits);
 	b->t_pre[r] = hyb_now() - t0;
 	/* decode the model's own greedy continuation (natural activations) */
+	hyb_ctx_moe_stats_reset(b->c);
 	t0 = hyb_now();
 	for (int i = 0; i < b->o.n_gen_bench; i++) {
 		b->toks[n_prompt + i] = argmax(b->logits, b->m->hp.n_vocab);
 		eval(b->c, &b->toks[n_prompt + i], 1, b->logits);
 	}
 	b->t_dec[r] = hyb_now() - t0;
+	if (b->m->hp.n_expert)
+		add_moe(b);
 	if (b->cs)
 		round_sparse(b, r);
 	if (b->cb)
@@ -384,6 +451,7 @@ static void bench_free(struct bench *b)
 		free(v[i]);
 	free(b->toks);
 	free(b->logits);
+	free(b->moe_counts);
 	hyb_ctx_free(b->c);
 	hyb_ctx_free(b->cs);
 	hyb_ctx_free(b->cb);
@@ -436,6 +504,8 @@ int cmd_bench(int argc, char **argv)
 	for (int r = 0; r < b.o.reps; r++)
 		bench_round(&b, r);
 	print_dense(&b);
+	if (b.m->hp.n_expert)
+		print_moe(&b);
 	if (b.cs && b.sst.neurons)
 		print_sparse(&b);
 	print_memory(&b);

@@ -331,6 +331,24 @@ void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c);
 typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
 				 const float *x_attn, const float *act);
 void hyb_ctx_set_ffn_probe(struct hyb_ctx *c, hyb_ffn_probe_fn fn, void *user);
+/* Mixture-of-experts work since the context was made or the stats were reset. */
+struct hyb_moe_stats {
+	uint64_t layer_steps;  /* MoE layer evaluations of one token (tokens x layers) */
+	uint64_t expert_runs;  /* experts computed: per layer batch, each chosen one once */
+	uint64_t expert_bytes; /* expert weight bytes those runs read */
+	double router_s;       /* seconds in routers (logits, softmax, top-k) */
+	double experts_s;      /* ... in the routed experts */
+	double shared_s;       /* ... in shared experts */
+};
+
+void hyb_ctx_moe_stats(const struct hyb_ctx *c, struct hyb_moe_stats *out);
+void hyb_ctx_moe_stats_reset(struct hyb_ctx *c);
+/*
+ * How many times each expert of layer l was chosen since the last reset
+ * (n_expert counts), or NULL for a model without experts.
+ */
+const uint64_t *hyb_ctx_moe_counts(const struct hyb_ctx *c, uint32_t layer);
+
 /*
  * Watch every mixture-of-experts layer's routing (hybctl profile): called on
  * the calling thread once per layer per batch of n tokens at positions
