@@ -38,6 +38,8 @@ for t in Q8_0 Q4_0; do
 done
 echo "== real models against llama.cpp (SmolLM2 in every type, Gemma 3) =="
 bash tests/bench/real.sh "${REPS:-5}"
+echo "== mixtures of experts on the CPU against llama.cpp =="
+bash tests/bench/moe.sh "${REPS:-5}"
 bash tests/bench/sparse.sh
 echo "== CATS activation sparsity on real weights: quality and speed =="
 bash tests/bench/sparsity.sh "${REPS:-5}"

@@ -6,8 +6,9 @@
  * slices, the tokenizer), as hyb_model_load does for a file. A refusal must
  * say why; a model it takes has every weight inside the input, which the
  * target touches (first and last byte) so AddressSanitizer sees any that is
- * not. Seeds: tests/fuzz/corpus-model (tiny models of each architecture; seed-cats
- * is seed-llama with CATS threshold keys, hyb/sparsity.h).
+ * not. Seeds: tests/fuzz/corpus-model (tiny models of each architecture, the
+ * mixtures of experts included; seed-cats is seed-llama with CATS threshold
+ * keys, hyb/sparsity.h).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -23,7 +24,7 @@ static volatile unsigned sink;
 static unsigned touch(const struct hyb_weight *w)
 {
 	const volatile uint8_t *b = w->data;
-	const uint64_t n = w->row_bytes * w->ne1;
+	const uint64_t n = w->row_bytes * w->ne1 * (w->ne2 ? w->ne2 : 1);
 
 	return b && n ? b[0] + b[n - 1] : 0;
 }
@@ -71,6 +72,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		       touch(&L->down) + touch(&L->down_t) + touch(&L->q_norm) + touch(&L->k_norm) +
 		       touch(&L->post_attn_norm) + touch(&L->post_ffn_norm);
 		sum += touch_vec(L->bq, q) + touch_vec(L->bk, kv) + touch_vec(L->bv, kv);
+		sum += touch(&L->gate_inp) + touch(&L->gate_exps) + touch(&L->up_exps) +
+		       touch(&L->down_exps) + touch(&L->gate_shexp) + touch(&L->up_shexp) +
+		       touch(&L->down_shexp) + touch(&L->gate_inp_shexp);
+		/* what the MoE forward pass indexes without checks (arch_moe.c) */
+		if (hp->n_expert &&
+		    (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert ||
+		     L->gate_inp.ne0 != hp->n_embd || L->gate_inp.ne1 != hp->n_expert ||
+		     L->gate_exps.ne2 != hp->n_expert || L->up_exps.ne2 != hp->n_expert ||
+		     L->down_exps.ne2 != hp->n_expert || L->gate_exps.ne1 != hp->n_ff_exp ||
+		     L->up_exps.ne1 != hp->n_ff_exp || L->down_exps.ne0 != hp->n_ff_exp ||
+		     L->down_exps.ne1 != hp->n_embd || L->gate.data))
+			abort();
 		/* the shapes the forward pass relies on */
 		if (L->wq.ne0 != hp->n_embd || L->wq.ne1 != q || L->wk.ne1 != kv ||
 		    L->wo.ne0 != q || (L->gate.data && L->gate.ne1 != hp->n_ff))

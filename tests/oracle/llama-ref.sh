@@ -42,7 +42,8 @@ if [[ ! -d $dest/src ]]; then
 fi
 cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 	-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON >&2
+	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON \
+	-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON >&2
 cmake --build "$dest/build" -j"$(nproc)" --target llama llama-perplexity >&2
 for prog in llama_ref llama_speed; do
 	cc -O2 -std=c11 -Wall -Wextra -I"$dest/src/include" -I"$dest/src/ggml/include" \

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Mixture-of-experts models on the CPU against llama.cpp (the llama-cpp-python
+# 0.3.36 llama.cpp the exactness goldens come from; docs/MOE.md): a file of
+# Qwen3-30B-A3B's shape (2048 wide, 32/4 heads of 128, 128 experts of 768,
+# 8 per token) with 8 of its 48 layers and a 32000-token vocabulary, in Q8_0
+# and Q4_0, and Mixtral 8x7B's layer shape (4096 wide, 8 experts of 14336,
+# 2 per token) with 2 layers. Per model, ROUNDS rounds alternate `hyb bench`
+# and llama_speed (same threads, prompt and decode lengths); medians, their
+# ratio, hyb's DRAM roofline for decode and the routed experts' share of it.
+#
+#   tests/bench/moe.sh [ROUNDS]     (THREADS, N_PROMPT, N_GEN from the environment)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/bench/common.sh
+
+rounds=${1:-5}
+threads=${THREADS:-$(nproc)}
+np=${N_PROMPT:-128}
+ng=${N_GEN:-64}
+
+if ! ref=$(bash tests/oracle/llama-ref.sh 2>/tmp/hyb-llama-ref.log); then
+	echo "moe.sh: llama.cpp could not be built (tail of /tmp/hyb-llama-ref.log):"
+	tail -n 3 /tmp/hyb-llama-ref.log
+	exit 0
+fi
+speed=$(dirname "$ref")/llama_speed
+mkdir -p models/moe
+qwen3="--arch qwen3moe --hidden 2048 --heads 32 --kv-heads 4 --head-dim 128 --layers 8 \
+--experts 128 --experts-used 8 --expert-ffn 768 --ffn 6144 --vocab 32000 --ctx 40960"
+mixtral="--hidden 4096 --heads 32 --kv-heads 8 --layers 2 --experts 8 --experts-used 2 \
+--ffn 14336 --vocab 32000"
+models=()
+for t in Q8_0 Q4_0; do
+	f=models/moe/qwen3moe-30b-a3b-8l.$t.gguf
+	[[ -f $f ]] || build/hybctl synth -o "$f" $qwen3 --type "$t" --seed 3 >/dev/null
+	models+=("$f")
+done
+f=models/moe/mixtral-8x7b-2l.Q4_0.gguf
+[[ -f $f ]] || build/hybctl synth -o "$f" $mixtral --type Q4_0 --seed 3 >/dev/null
+models+=("$f")
+
+printf '%-28s %8s %8s %6s   %8s %8s %6s %8s %8s\n' model "hyb pp" "llama pp" ratio "hyb tg" \
+	"llama tg" ratio roofline experts
+for m in "${models[@]}"; do
+	hp=() ht=() lp=() lt=() ex=() roof=
+	for ((r = 0; r < rounds; r++)); do
+		out=$(build/hyb bench -m "$m" -p "$np" -n "$ng" -r 1 -t "$threads" 2>/dev/null)
+		hp+=("$(awk '/^prefill/ {print $2}' <<<"$out")")
+		ht+=("$(awk '/^decode/ {print $2}' <<<"$out")")
+		ex+=("$(awk '/routed experts read at/ {sub("%", "", $8); print $8}' <<<"$out")")
+		roof=$(awk '/^decode/ {for (i = 1; i <= NF; i++) if ($i == "roofline") print $(i + 1)}' <<<"$out")
+		read -r _ p _ t < <("$speed" "$m" "$threads" "$np" "$ng" 1)
+		lp+=("$p")
+		lt+=("$t")
+	done
+	HP=$(printf '%s\n' "${hp[@]}" | median)
+	HT=$(printf '%s\n' "${ht[@]}" | median)
+	LP=$(printf '%s\n' "${lp[@]}" | median)
+	LT=$(printf '%s\n' "${lt[@]}" | median)
+	EX=$(printf '%s\n' "${ex[@]}" | median)
+	printf '%-28s %8.1f %8.1f %5.2fx   %8.1f %8.1f %5.2fx %8.1f %7.0f%%\n' \
+		"$(basename "$m" .gguf)" "$HP" "$LP" "$(awk -v a="$HP" -v b="$LP" 'BEGIN {print a / b}')" \
+		"$HT" "$LT" "$(awk -v a="$HT" -v b="$LT" 'BEGIN {print a / b}')" "$roof" "$EX"
+done
+echo "(tokens/s; pp: a $np-token prompt in one batch, tg: $ng decode steps; $threads threads;"
+echo " medians of $rounds alternating rounds; roofline: hyb's bytes per token at its measured"
+echo " DRAM read; experts: the routed experts' read rate in decode as a share of it)"
