@@ -253,18 +253,19 @@ static uint32_t group_pairs(struct hyb_moe_scratch *s, uint32_t X, uint32_t K, u
 /* ---- the experts --------------------------------------------------------- */
 
 /*
- * Must this expert matrix be computed one column at a time to sum like
- * llama.cpp's mul_mat_id (x86), which takes each expert's columns through
- * vec_dot, or through the repacked gemv (Q4_0, Q4_K, IQ4_NL and, on
- * AVX-512, Q2_K with rows % 8 == 0), except the K-quants it tiles at 8+
- * columns? No wherever the kernels' batch order is that order anyway: the
- * 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL when
- * repacked) sum each output alone in any batch (tests/unit/test_moe.c
- * checks it), and the tiled K-quants' batch order is llama.cpp's (below 8
- * columns both are vec_dot). Yes for float weights (tinyBLAS is not vec_dot)
- * and the repacked K-quants (their batch kernel is not the gemv).
+ * How many of an expert matrix's columns one kernel call may take and still
+ * sum each output as llama.cpp's mul_mat_id (x86) does: it takes each
+ * expert's columns one at a time through vec_dot, or through the repacked
+ * gemv (Q4_0, Q4_K, IQ4_NL and, on AVX-512, Q2_K with rows % 8 == 0),
+ * except the K-quants it tiles at 8+ columns. hyb's kernels sum every output
+ * of the 32-element block types (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1; IQ4_NL
+ * repacked) the same way in a batch of any size, and of the repacked
+ * K-quants in batches of up to 3 (llama.cpp's gemv order; from 4 its repacked
+ * gemm's); the tiled K-quants' batch order is llama.cpp's own (below 8
+ * columns both are vec_dot). tests/unit/test_moe.c holds the kernels to it.
+ * Float weights go one at a time (tinyBLAS is not vec_dot). 0: no limit.
  */
-bool hyb_moe_per_column(uint32_t type, uint64_t rows)
+uint32_t hyb_moe_max_columns(uint32_t type, uint64_t rows)
 {
 	switch (type) {
 	case HYB_TYPE_Q8_0:
@@ -276,14 +277,14 @@ bool hyb_moe_per_column(uint32_t type, uint64_t rows)
 	case HYB_TYPE_Q5_K:
 	case HYB_TYPE_Q6_K:
 	case HYB_TYPE_IQ4_XS:
-		return false;
+		return 0;
 	case HYB_TYPE_IQ4_NL:
-		return rows % 8 != 0;
+		return rows % 8 ? 1 : 0;
 	case HYB_TYPE_Q2_K:
 	case HYB_TYPE_Q4_K:
-		return rows % 8 == 0;
+		return rows % 8 ? 0 : 3;
 	default:
-		return true;
+		return 1;
 	}
 }
 
@@ -324,22 +325,23 @@ static void expert_worker(void *arg, int ith, int nth)
 		const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w.type, w.ne1);
 		const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
 		float *y = j->y[m] + (size_t)j0 * w.ne1 + r0;
+		const uint32_t mc = hyb_moe_max_columns(w.type, w.ne1);
 
-		if (hyb_moe_per_column(w.type, w.ne1)) {
-			/* rows in L2-sized blocks, each block reused by every column */
-			uint64_t sub = (SUB_BYTES / w.row_bytes) & ~15ull;
-
-			sub = sub < 16 ? 16 : sub;
-			for (uint64_t b = 0; b < nr; b += sub)
-				for (uint32_t q = 0; q < nj; q++)
-					fn((int64_t)w.ne0, wr + b * w.row_bytes, w.row_bytes,
-					   (int64_t)(nr - b < sub ? nr - b : sub),
-					   x + (size_t)q * j->x_stride[m], j->x_stride[m], 1,
-					   y + (size_t)q * w.ne1 + b, w.ne1);
-		} else {
+		if (!mc || mc >= nj) {
 			fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y,
 			   w.ne1);
+			continue;
 		}
+		/* rows in L2-sized blocks, each block reused by every column */
+		uint64_t sub = (SUB_BYTES / w.row_bytes) & ~15ull;
+
+		sub = sub < 16 ? 16 : sub;
+		for (uint64_t b = 0; b < nr; b += sub)
+			for (uint32_t q = 0; q < nj; q += mc)
+				fn((int64_t)w.ne0, wr + b * w.row_bytes, w.row_bytes,
+				   (int64_t)(nr - b < sub ? nr - b : sub),
+				   x + (size_t)q * j->x_stride[m], j->x_stride[m],
+				   nj - q < mc ? nj - q : mc, y + (size_t)q * w.ne1 + b, w.ne1);
 	}
 }
 

@@ -3,7 +3,6 @@
 #ifndef HYB_MOE_H
 #define HYB_MOE_H
 
-#include <stdbool.h>
 #include <stdint.h>
 
 struct hyb_ctx;
@@ -25,9 +24,9 @@ const uint64_t *hyb_moe_counts(const struct hyb_moe_scratch *s, uint32_t layer);
  */
 int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf);
 /*
- * Does an expert matrix of this type and row count go one column at a time
- * (llama.cpp's summation order, moe.c), or all its columns in one batch?
+ * The most columns of an expert matrix of this type and row count one
+ * kernel call may take and keep llama.cpp's summation order (moe.c); 0: any.
  */
-bool hyb_moe_per_column(uint32_t type, uint64_t rows);
+uint32_t hyb_moe_max_columns(uint32_t type, uint64_t rows);
 
 #endif
