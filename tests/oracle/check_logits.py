@@ -39,7 +39,16 @@ another FFN activation, wherever those move the logits by more than the
 bound (on the tiny llama the RoPE type does not: its attention is too flat),
 and so must a reference without any one of the model's architectural
 features (reference.FEATURES: Q/K norms, biases, post norms, embedding
-scale, sliding window, local RoPE, YaRN, RoPE scaling, rope_freqs).
+scale, sliding window, local RoPE, YaRN, RoPE scaling, rope_freqs, the
+experts' top-K choice and renormalisation, the shared expert and its gate).
+
+Mixtures of experts: the same table applies (the router is F32 and the
+experts are matmuls like any other), but routing is discrete: where a
+token's K-th and (K+1)-th router logits are closer than the engine's error
+there, the engine may legitimately choose another expert and miss by far
+more than any tolerance.  The smallest such gap is printed, and each failing
+position's, and --expect names the positions where llama.cpp-like rounding
+alone changes the choice, so that such a failure can be told from a bug.
 
 --ref-rope, --ref-act and --ref-omit give the reference a deliberately wrong
 model, for tests that the check fails then.  --ref-llama3 replaces the
@@ -85,7 +94,9 @@ TOL_REL_OTHER = 0.5  # types the table does not know yet
 ATOL = 1e-5          # floor for positions whose logits are all (nearly) equal
 
 MATMUL_SUFFIXES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                   "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+                   "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+                   "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+                   "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
 
 
 def default_tol_rel(model):
@@ -263,6 +274,16 @@ def main(argv=None):
           f"{'decode' if a.decode else 'prefill'}; tol_rel {tol_rel:g}, atol {a.atol:g}")
     rows, ok = compare(ref, got, tol_rel, a.atol)
     print_rows(rows, tokens)
+    routes, gap = model.routes, model.route_gap
+    if routes:
+        p = int(np.argmin(gap))
+        print(f"experts: {model.n_expert_used} of {model.n_expert} per token"
+              f"{', renormalised' if model.expert_norm else ''}; smallest gap between a "
+              f"token's K-th and (K+1)-th router logits {gap[p]:.3e} (position {p})")
+        for r in rows:
+            if not r["ok"]:
+                print(f"  position {r['pos']} fails with a routing gap of {gap[r['pos']]:.3e}: "
+                      "a small one means the engine may have chosen another expert")
     worst = max(r["rel"] for r in rows)
     agree = sum(r["g_top"] == r["r_top"] for r in rows)
     print(f"worst max|diff|/std {worst:.3e} (allowed {tol_rel:g}), "
@@ -271,6 +292,11 @@ def main(argv=None):
         emu = model.forward(tokens, rope_neox=neox, act=act, emulate=True, omit=omit)
         e = max(float(np.abs(emu[i] - ref[i]).max() / ref[i].std()) for i in range(len(tokens)))
         print(f"expected from llama.cpp-like rounding alone: max|diff|/std {e:.3e}")
+        if routes:
+            moved = sorted({int(i) for exact, emul in zip(routes, model.routes)
+                            for i in np.nonzero((exact != emul).any(axis=1))[0]})
+            print("llama.cpp-like rounding changes the experts chosen at positions "
+                  f"{','.join(map(str, moved)) if moved else 'none'}")
     if a.self_test and not self_test(model, tokens, ref, got, tol_rel, a.atol, neox, act,
                                      omit):
         print("check_logits.py: a self-test control passed: the check is too loose")

@@ -4,10 +4,10 @@
 A test oracle only (hyb never runs Python): it computes the logits of every
 position of a token sequence in float64 from the dequantized weights, the way
 the published model definitions (Hugging Face transformers' modeling_llama,
-modeling_qwen2, modeling_qwen3, modeling_gemma3, modeling_phi3 and
-modeling_rope_utils)
-define them, reading the hyperparameters from the GGUF keys llama.cpp's
-converter writes:
+modeling_qwen2, modeling_qwen3, modeling_gemma3, modeling_phi3,
+modeling_mixtral, modeling_qwen2_moe, modeling_qwen3_moe and
+modeling_rope_utils) define them, reading the hyperparameters from the GGUF
+keys llama.cpp's converter writes:
 
     x = token_embd[tokens]                      (gemma3: times sqrt(n_embd))
     per layer:  h = rmsnorm(x) * attn_norm
@@ -17,7 +17,7 @@ converter writes:
                 a = Wo . softmax(q k^T * scale + mask) v   (GQA; scale 1/sqrt(head_dim))
                 x += a                          (gemma3: x += rmsnorm(a) * post_attention_norm)
                 h = rmsnorm(x) * ffn_norm
-                f = Wdown . act(Wgate h, Wup h)
+                f = Wdown . act(Wgate h, Wup h)            (or the experts, below)
                 x += f                          (gemma3: x += rmsnorm(f) * post_ffw_norm)
     logits = output . (rmsnorm(x) * output_norm)      (output tied to token_embd if absent)
 
@@ -28,7 +28,9 @@ attention.sliding_window W > 0 and l % P < P - 1, P =
 attention.sliding_window_pattern (6): it sees positions p-W+1..p and rotates
 with rope.freq_base_swa (10000), unscaled, like HF's rotary_emb_local), phi3
 (qkv_proj: Q, K, V in one attn_qkv tensor; gate_up_proj: gate then up in one
-ffn_up; LongRoPE is refused).  The
+ffn_up; LongRoPE is refused), and the mixtures of experts: llama with
+{arch}.expert_count (Mixtral), qwen2moe (qwen2's attention), qwen3moe
+(qwen3's).  The
 converter stores Gemma's RMS norm weights with the +1 already added, so every
 norm here is x / rms(x) * w.  Others are refused.
 
@@ -49,6 +51,30 @@ base^(-2i/n_rot), then (modeling_rope_utils):
   - rope.scaling.attn_factor multiplies cos and sin.
 The FFN activation comes from "hyb.ffn_act" (silu, relu, relu2, dlrelu)
 except for gemma3 (gelu, tanh form).
+
+Mixture-of-experts layers (those with blk.L.ffn_gate_inp.weight) replace the
+FFN by the sparse blocks of HF's MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock
+and Qwen3MoeSparseMoeBlock; E = expert_count, K = expert_used_count:
+
+    p = softmax(ffn_gate_inp . h)                     (over all E experts)
+    S = the K experts of largest p                    (torch.topk)
+    w_e = p_e for e in S, divided by sum_S p when norm_topk_prob: Mixtral
+          (its softmax over the top-K logits is the same thing) and the
+          released Qwen3-MoE configs (true); Qwen2-MoE's are false.  The key
+          {arch}.expert_weights_norm overrides, where a file has it.
+    f = sum_S w_e * down_e . act(gate_e h, up_e h)
+    qwen2moe (any file with ffn_up_shexp): f += sigmoid(ffn_gate_inp_shexp . h)
+          * down_shexp . act(gate_shexp h, up_shexp h)   (shared_expert_gate,
+          a [n_embd] vector; ungated if the file has none)
+
+The expert tensors are 3-D, GGUF ne [in, out, E]: numpy [E][out][in], so
+expert e's matrix is w[e] like any 2-D weight.  Each expert's width is
+{arch}.expert_feed_forward_length (Mixtral: feed_forward_length), the shared
+expert's {arch}.expert_shared_feed_forward_length.  Routing is a discrete
+choice: an engine computing in float32 can pick another expert where the K-th
+and (K+1)-th router logits of a token are nearly equal; forward() records the
+choices and those gaps (routes, route_gap) so that a mismatch can be told
+from a bug.
 
 Each architectural feature can be left out on purpose (forward(omit=...),
 FEATURES) so that the tests can prove the check fails without it.
@@ -98,7 +124,8 @@ except ImportError:  # pragma: no cover - reported to the user
     raise
 
 ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe")
+MOE_ARCHS = ("qwen2moe", "qwen3moe")  # llama is one when it has expert_count
 # what forward(omit=...) can leave out, to prove a check fails without it
 FEATURES = (
     "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
@@ -110,6 +137,10 @@ FEATURES = (
     "yarn",          # YaRN computed as plain linear interpolation
     "rope_scaling",  # linear / yarn factor ignored
     "rope_freqs",    # rope_freqs.weight ignored
+    "topk_norm",     # MoE with norm_topk_prob: the top-K weights not renormalised
+    "topk",          # MoE: every expert weighted by its probability (no top-K choice)
+    "shexp_gate",    # qwen2moe: the shared expert added without its sigmoid gate
+    "shexp",         # qwen2moe: no shared expert
 )
 
 
@@ -205,7 +236,12 @@ class Model:
 
         self.n_embd = int(need("embedding_length"))
         self.n_layer = int(need("block_count"))
-        self.n_ff = int(need("feed_forward_length"))
+        self.n_expert = int(opt("expert_count", 0))
+        if a in MOE_ARCHS and self.n_expert <= 0:
+            raise ModelError(f"{path}: {a} needs {a}.expert_count > 0")
+        # a mixture of experts may have no dense FFN width
+        self.n_ff = int(opt("feed_forward_length", 0) if self.n_expert else
+                        need("feed_forward_length"))
         self.n_head = int(need("attention.head_count"))
         self.n_head_kv = int(opt("attention.head_count_kv", self.n_head))
         self.eps = float(opt("attention.layer_norm_rms_epsilon", 1e-5))
@@ -240,11 +276,23 @@ class Model:
         if self.rope_scaling == "llama3" and self.freq_factors is None:
             raise ModelError(f"{path}: rope scaling llama3 without rope_freqs.weight")
 
+        # the experts (HF: num_experts, num_experts_per_tok, moe_intermediate_size,
+        # shared_expert_intermediate_size, norm_topk_prob)
+        self.n_expert_used = int(opt("expert_used_count", 0))
+        self.n_ff_exp = int(opt("expert_feed_forward_length", self.n_ff))
+        self.n_ff_shexp = int(opt("expert_shared_feed_forward_length", 0))
+        self.expert_norm = bool(opt("expert_weights_norm", a != "qwen2moe"))
+        if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
+            raise ModelError(f"{path}: {a}.expert_used_count {self.n_expert_used} must be in "
+                             f"1..{self.n_expert} (expert_count)")
+        if self.n_expert and self.n_ff_exp <= 0:
+            raise ModelError(f"{path}: {a}: no expert width (expert_feed_forward_length)")
+
         # the architecture's traits
         self.rope_neox = bool(_field(r, "hyb.rope_neox", False)) if a == "llama" else True
         self.ffn_act = _field(r, "hyb.ffn_act", "silu") if a == "llama" else "silu"
-        self.qk_norm = a in ("qwen3", "gemma3")
-        self.qkv_bias = a == "qwen2"  # required; other archs use biases when present
+        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe")
+        self.qkv_bias = a in ("qwen2", "qwen2moe")  # required; others use biases when present
         self.post_norms = a == "gemma3"
         self.embd_scale = math.sqrt(self.n_embd) if a == "gemma3" else 1.0
         self.n_swa, self.swa_pattern, self.freq_base_swa = 0, 0, self.freq_base
@@ -279,8 +327,20 @@ class Model:
                 need_t += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
             if self.post_norms:
                 need_t += [p + "post_attention_norm.weight", p + "post_ffw_norm.weight"]
+            if self.is_moe(il):
+                if not self.n_expert:
+                    raise ModelError(f"{path}: {p}ffn_gate_inp.weight without "
+                                     f"{a}.expert_count")
+                need_t += [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight",
+                           p + "ffn_down_exps.weight"]
+                if a == "qwen2moe":
+                    need_t += [p + "ffn_up_shexp.weight", p + "ffn_gate_inp_shexp.weight"]
+            elif self.n_expert and a in MOE_ARCHS:
+                raise ModelError(f"{path}: missing tensor {p}ffn_gate_inp.weight")
             for t in need_t:
                 self._tensor(t)
+            if self.is_moe(il):
+                self._check_experts(p)
 
     def features(self):
         """The FEATURES of this model that forward(omit=...) can leave out."""
@@ -301,7 +361,39 @@ class Model:
             f.append("rope_scaling")
         if self.freq_factors is not None:
             f.append("rope_freqs")
+        moe = [il for il in range(self.n_layer) if self.is_moe(il)]
+        if moe and self.expert_norm and self.n_expert_used > 1:
+            f.append("topk_norm")
+        if moe and self.n_expert_used < self.n_expert:
+            f.append("topk")
+        if any(f"blk.{il}.ffn_gate_inp_shexp.weight" in self.tensors for il in moe):
+            f.append("shexp_gate")
+        if any(f"blk.{il}.ffn_up_shexp.weight" in self.tensors for il in moe):
+            f.append("shexp")
         return f
+
+    def is_moe(self, il):
+        """Whether layer il's FFN is a mixture of experts (it has a router)."""
+        return f"blk.{il}.ffn_gate_inp.weight" in self.tensors
+
+    def _check_experts(self, p):
+        """The router's and experts' GGUF shapes (ne order) against the keys."""
+        E, X, F = self.n_embd, self.n_expert, self.n_ff_exp
+        want = {"ffn_gate_inp.weight": (E, X), "ffn_gate_exps.weight": (E, F, X),
+                "ffn_up_exps.weight": (E, F, X), "ffn_down_exps.weight": (F, E, X)}
+        up = self.tensors.get(p + "ffn_up_shexp.weight")
+        if up is not None:
+            S = self.n_ff_shexp or int(up.shape[1])
+            want.update({"ffn_gate_shexp.weight": (E, S), "ffn_up_shexp.weight": (E, S),
+                         "ffn_down_shexp.weight": (S, E)})
+        if p + "ffn_gate_inp_shexp.weight" in self.tensors:
+            want["ffn_gate_inp_shexp.weight"] = (E,)
+        for name, ne in want.items():
+            got = tuple(int(d) for d in self._tensor(p + name).shape.tolist())
+            while len(got) > len(ne) and got[-1] == 1:  # trailing 1s are the same shape
+                got = got[:-1]
+            if got != ne:
+                raise ModelError(f"{p}{name}: shape {list(got)}, want {list(ne)}")
 
     def is_swa(self, il):
         """Whether layer il is a sliding-window (local) layer (HF Gemma3's layer_types)."""
@@ -336,9 +428,12 @@ class Model:
 
     # --- building blocks ---
 
-    def _matmul(self, x, name, emulate):
-        """x [n, in] times weight [out, in]^T, with llama.cpp's input rounding if emulating."""
-        w = self.deq(name)
+    def _matmul(self, x, name, emulate, w=None):
+        """x [n, in] times weight [out, in]^T, with llama.cpp's input rounding if emulating.
+
+        w: the (dequantized) matrix when it is a slice of tensor name (one expert)."""
+        if w is None:
+            w = self.deq(name)
         if w.ndim != 2 or w.shape[1] != x.shape[1]:
             raise ModelError(f"{name}: shape {w.shape} does not fit input width {x.shape[1]}")
         if emulate:
@@ -346,6 +441,45 @@ class Model:
             if rnd is not None:
                 x = rnd(x)
         return x @ w.T
+
+    def _moe(self, h, p, act, emulate, omit):
+        """The sparse MoE block of layer prefix p on h [n, n_embd] (see the module comment)."""
+        K, X = self.n_expert_used, self.n_expert
+        logits = self._matmul(h, p + "ffn_gate_inp.weight", emulate)  # [n, E]
+        pr = np.exp(logits - logits.max(axis=1, keepdims=True))
+        pr /= pr.sum(axis=1, keepdims=True)
+        # stable descending sort: on an exact tie the lower index first, like torch.topk
+        order = np.argsort(-pr, axis=1, kind="stable")
+        if K < X:  # how close each token came to another choice
+            srt = np.take_along_axis(logits, order, axis=1)
+            self.route_gap = np.minimum(self.route_gap, srt[:, K - 1] - srt[:, K])
+        self.routes.append(np.sort(order[:, :K], axis=1))
+        chosen = order if "topk" in omit else order[:, :K]
+        w = np.take_along_axis(pr, chosen, axis=1)
+        if self.expert_norm and "topk_norm" not in omit:
+            w = w / w.sum(axis=1, keepdims=True)
+        gate = self.deq(p + "ffn_gate_exps.weight")  # [E][n_ff_exp][n_embd]
+        up = self.deq(p + "ffn_up_exps.weight")
+        down = self.deq(p + "ffn_down_exps.weight")  # [E][n_embd][n_ff_exp]
+        f = np.zeros_like(h)
+        for e in np.unique(chosen):
+            rows, slot = np.nonzero(chosen == e)  # the tokens that chose e, and where
+            he = h[rows]
+            g = self._matmul(he, p + "ffn_gate_exps.weight", emulate, gate[e])
+            u = self._matmul(he, p + "ffn_up_exps.weight", emulate, up[e])
+            y = self._matmul(self._ffn_act(g, u, act), p + "ffn_down_exps.weight", emulate,
+                             down[e])
+            f[rows] += w[rows, slot][:, None] * y
+        if p + "ffn_up_shexp.weight" in self.tensors and "shexp" not in omit:
+            g = self._matmul(h, p + "ffn_gate_shexp.weight", emulate)
+            u = self._matmul(h, p + "ffn_up_shexp.weight", emulate)
+            y = self._matmul(self._ffn_act(g, u, act), p + "ffn_down_shexp.weight", emulate)
+            gname = p + "ffn_gate_inp_shexp.weight"
+            if gname in self.tensors and "shexp_gate" not in omit:
+                s = self._matmul(h, gname, emulate, self.deq(gname).reshape(1, -1))
+                y = y / (1.0 + np.exp(-s))  # HF: sigmoid(shared_expert_gate(h)) * y
+            f += y
+        return f
 
     def _bias(self, y, name, omit):
         if "bias" in omit or name not in self.tensors:
@@ -422,6 +556,9 @@ class Model:
         rope_neox / act override the file's RoPE type / FFN activation (None: the file's).
         emulate: False (exact), True (llama.cpp's roundings), "act" (matmul inputs only).
         omit: FEATURES to leave out (deliberately wrong references for the tests).
+        Sets, for mixtures of experts, self.routes: per MoE layer the K experts each
+        position chose [n, K] (ascending), and self.route_gap [n]: per position the
+        smallest gap between its K-th and (K+1)-th router logits (inf: none).
         """
         toks = np.asarray(tokens, dtype=np.int64)
         if toks.ndim != 1 or len(toks) == 0:
@@ -433,6 +570,7 @@ class Model:
             raise ModelError(f"unknown feature(s) {sorted(omit - set(FEATURES))} "
                              f"(known: {', '.join(FEATURES)})")
         neox = self.rope_neox if rope_neox is None else bool(rope_neox)
+        self.routes, self.route_gap = [], np.full(len(toks), math.inf)
         act = self.ffn_act if act is None else act
         n, hd, nh, nkv = len(toks), self.head_dim, self.n_head, self.n_head_kv
         pos = np.arange(n)
@@ -489,12 +627,15 @@ class Model:
                 o = self._rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o
             h = self._rmsnorm(x, p + "ffn_norm.weight")
-            if self.arch == "phi3":  # gate_up_proj: gate, then up (HF's chunk(2))
-                g, u = np.split(self._matmul(h, p + "ffn_up.weight", emulate), 2, axis=1)
+            if self.is_moe(il):
+                f = self._moe(h, p, act, emulate, omit)
             else:
-                g = self._matmul(h, p + "ffn_gate.weight", emulate)
-                u = self._matmul(h, p + "ffn_up.weight", emulate)
-            f = self._matmul(self._ffn_act(g, u, act), p + "ffn_down.weight", emulate)
+                if self.arch == "phi3":  # gate_up_proj: gate, then up (HF's chunk(2))
+                    g, u = np.split(self._matmul(h, p + "ffn_up.weight", emulate), 2, axis=1)
+                else:
+                    g = self._matmul(h, p + "ffn_gate.weight", emulate)
+                    u = self._matmul(h, p + "ffn_up.weight", emulate)
+                f = self._matmul(self._ffn_act(g, u, act), p + "ffn_down.weight", emulate)
             if self.post_norms and "post_norms" not in omit:
                 f = self._rmsnorm(f, p + "post_ffw_norm.weight")
             x = x + f

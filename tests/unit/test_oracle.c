@@ -17,6 +17,21 @@
  * oracle_rejects_* tests show end to end that check_logits.py exits 1 when
  * its reference is told to leave one out (--ref-omit).
  *
+ * The mixtures of experts (Mixtral-layout llama, qwen2moe, qwen3moe) are
+ * checked the same way, with one caveat: routing is a discrete choice, so
+ * wherever a token's K-th and (K+1)-th router logits are closer than the
+ * engine's legitimate error, the engine may pick another expert and miss by
+ * 0.5-1.2 std, far beyond any tolerance (seen: Q4_K Mixtral, seed 63, 40
+ * tokens: at position 29 the gap was 3.6e-3, llama.cpp-like rounding moves
+ * those logits by ~2e-2 and picks expert 1 for 7, and hyb missed by 0.72
+ * std, as the emulated reference did). Such near-ties are common where
+ * activations are quantized (Q8_0 / Q8_K rounding moves router logits by
+ * 1e-2..5e-2: most seeds of a 40-token prompt have one), so each MoE model
+ * here uses a seed where every token's gap is at least 1.8x twice the
+ * largest change the emulated roundings make to its router logits
+ * (check_logits.py --expect names positions where they change the choice),
+ * and quantized experts get the 12-token prompt.
+ *
  * Skips (saying why) when the Python environment cannot be built, e.g. with
  * no network for PyPI.
  */
@@ -262,6 +277,46 @@ TEST(oracle_head_dim_96)
 }
 
 /*
+ * Mixtral's layout: arch llama with 8 experts, 2 per token, renormalised.
+ * Seeds chosen for decisive routing (see the top comment): the smallest
+ * router gap is 22x (F32, 40 tokens), 3.3x (Q8_0) and 1.8x (Q4_K, 12 tokens)
+ * twice the router-logit change of llama.cpp-like rounding.
+ */
+#define MIXTRAL "--experts 8 --experts-used 2"
+
+TEST(oracle_mixtral)
+{
+	check_long("mixtral", MIXTRAL " --type F32 --seed 311", "");
+	check_synth("mixtral_q8_0", MIXTRAL " --type Q8_0 --seed 249");
+	check_synth("mixtral_q4_k", MIXTRAL " --type Q4_K --seed 227");
+}
+
+/*
+ * 32 experts, 8 per token, renormalised; Q/K norms. Router gaps >= 2.7x. F16,
+ * not qwen3's Q8_0: the 8th and 9th of 32 logits are close, and Q8_0 rounding
+ * changed some token's choice on 18 of 20 seeds.
+ */
+#define QWEN3MOE "--arch qwen3moe --experts 32 --experts-used 8 --expert-ffn 128 --type F16 " \
+		 "--seed 72"
+
+TEST(oracle_qwen3moe)
+{
+	check_long("qwen3moe", QWEN3MOE, "");
+}
+
+/*
+ * 16 experts, 4 per token, not renormalised, and a gated shared expert of
+ * 256 neurons; Q/K/V biases. Router gaps >= 7x.
+ */
+#define QWEN2MOE "--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 128 " \
+		 "--shared-experts 2 --type F16 --seed 85"
+
+TEST(oracle_qwen2moe)
+{
+	check_long("qwen2moe", QWEN2MOE, "");
+}
+
+/*
  * A reference told to leave WRONG's feature out must make check_logits.py
  * exit 1 (mismatch, not 2: error), on a model the right reference passes.
  */
@@ -344,6 +399,24 @@ TEST(oracle_rejects_gemma3_scaled_local_layers)
 {
 	check_rejects("g3_local_scaled", GEMMA3 " --type F32 --seed 52 --rope-scaling linear",
 		      "--ref-omit swa_rope");
+}
+
+/* The top-K weights used as they are, as Qwen2-MoE does. */
+TEST(oracle_rejects_qwen3moe_without_renormalisation)
+{
+	check_rejects("no_topk_norm", QWEN3MOE, "--ref-omit topk_norm");
+}
+
+/* The shared expert added in full, without its sigmoid gate. */
+TEST(oracle_rejects_qwen2moe_without_shared_expert_gate)
+{
+	check_rejects("no_shexp_gate", QWEN2MOE, "--ref-omit shexp_gate");
+}
+
+/* Every expert weighted by its probability: no top-K choice. */
+TEST(oracle_rejects_mixtral_without_top_k)
+{
+	check_rejects("no_topk", MIXTRAL " --type F32 --seed 311", "--ref-omit topk");
 }
 
 /* An architecture the reference does not know is refused by name (exit 2). */
