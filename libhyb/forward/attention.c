@@ -76,7 +76,7 @@ static void *align64(void *p)
 
 struct partial {
 	float M, S;
-	float *v;  /* hd floats: the F16 sum widened, not yet divided by S */
+	float *v;  /* hd_v floats: the F16 sum widened, not yet divided by S */
 };
 
 /* Positions [p0, p1) for query q16: M, S and the F16 V sum, as one_chunk. */
@@ -85,13 +85,13 @@ static void one_chunk(const struct hyb_attn *a, const uint16_t *q16, const uint1
 		      struct partial *out)
 {
 	const struct hyb_cpu_kernels *k = a->k;
-	const uint32_t hd = a->hd;
+	const uint32_t hd = a->hd, hv = a->hd_v;
 	float S = 0.0f, M = -INFINITY;
 
-	memset(acc16, 0, sizeof(uint16_t) * hd);
+	memset(acc16, 0, sizeof(uint16_t) * hv);
 	for (uint32_t p = p0; p < p1; p++) {
 		const uint16_t *kr = kc + (size_t)p * a->kv_stride;
-		const uint16_t *vr = vc + (size_t)p * a->kv_stride;
+		const uint16_t *vr = vc + (size_t)p * a->v_stride;
 		/* + 0.0f: the mask value of a visible position (it makes -0 +0) */
 		const float s = k->dot_f16(hd, kr, q16) * a->scale + 0.0f;
 		float ms = 1.0f, vs = 1.0f;
@@ -101,16 +101,16 @@ static void one_chunk(const struct hyb_attn *a, const uint16_t *q16, const uint1
 
 			M = s;
 			ms = expf(m_old - M);
-			k->scale_f16(hd, acc16, ms);
+			k->scale_f16(hv, acc16, ms);
 		} else {
 			vs = expf(s - M);
 		}
-		k->mad_f16(hd, acc16, vr, vs);
+		k->mad_f16(hv, acc16, vr, vs);
 		S = fmaf(S, ms, vs); /* S*ms + vs, contracted by llama.cpp's compiler */
 	}
 	out->M = M;
 	out->S = S;
-	k->dequantize[HYB_TYPE_F16](acc16, out->v, hd);
+	k->dequantize[HYB_TYPE_F16](acc16, out->v, hv);
 }
 
 static void scale_f32(float *v, uint32_t n, float s)
@@ -122,13 +122,13 @@ static void scale_f32(float *v, uint32_t n, float s)
 /* One (token, head) row under 64-token batches, split or not. */
 static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *tmp)
 {
-	const uint32_t hd = a->hd, group = a->n_head / a->n_head_kv;
+	const uint32_t hd = a->hd, hv = a->hd_v, group = a->n_head / a->n_head_kv;
 	const uint32_t pos = a->n_past + t;
-	const size_t kv_off = (size_t)(h / group) * hd;
-	const uint16_t *kc = a->kc + kv_off, *vc = a->vc + kv_off;
-	float *out = a->out + (size_t)t * a->q_stride + (size_t)h * hd;
+	const uint16_t *kc = a->kc + (size_t)(h / group) * hd;
+	const uint16_t *vc = a->vc + (size_t)(h / group) * hv;
+	float *out = a->out + (size_t)t * a->out_stride + (size_t)h * hv;
 	uint16_t *q16 = align64(tmp), *acc16 = align64(q16 + hd);
-	float *vf = align64(acc16 + hd), *vc32 = align64(vf + hd);
+	float *vf = align64(acc16 + hv), *vc32 = align64(vf + hv);
 	const uint32_t n_kv = kv_padded(a), p_min = first_visible(a, pos);
 	struct partial part = { .v = vc32 };
 
@@ -138,7 +138,7 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 		const uint32_t cs = (n_kv + (uint32_t)a->n_split - 1) / (uint32_t)a->n_split;
 		float M = -INFINITY, S = 0.0f;
 
-		memset(vf, 0, sizeof(float) * hd);
+		memset(vf, 0, sizeof(float) * hv);
 		for (int c = 0; c < a->n_split; c++) {
 			const uint32_t p0 = (uint32_t)c * cs;
 			uint32_t p1 = p0 + cs < n_kv ? p0 + cs : n_kv;
@@ -154,19 +154,19 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 			const float m_new = fmaxf(M, part.M);
 			const float so = expf(M - m_new), sn = expf(part.M - m_new);
 
-			for (uint32_t d = 0; d < hd; d++)
+			for (uint32_t d = 0; d < hv; d++)
 				vf[d] = fmaf(vf[d], so, part.v[d] * sn);
 			S = fmaf(S, so, part.S * sn);
 			M = m_new;
 		}
 		if (S != 0.0f)
-			scale_f32(vf, hd, 1.0f / S);
-		memcpy(out, vf, sizeof(float) * hd);
+			scale_f32(vf, hv, 1.0f / S);
+		memcpy(out, vf, sizeof(float) * hv);
 		return;
 	}
 	one_chunk(a, q16, kc, vc, p_min, pos + 1, acc16, &part);
-	scale_f32(part.v, hd, part.S == 0.0f ? 0.0f : 1.0f / part.S);
-	memcpy(out, part.v, sizeof(float) * hd);
+	scale_f32(part.v, hv, part.S == 0.0f ? 0.0f : 1.0f / part.S);
+	memcpy(out, part.v, sizeof(float) * hv);
 }
 
 /* ---- tiled: batches of 64 tokens or more --------------------------------- */
@@ -174,11 +174,11 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, void *tmp)
 {
 	const struct hyb_cpu_kernels *k = a->k;
-	const uint32_t hd = a->hd, group = a->n_head / a->n_head_kv;
+	const uint32_t hd = a->hd, hv = a->hd_v, group = a->n_head / a->n_head_kv;
 	const uint32_t t0 = tile * TILE;
 	const uint32_t nq = a->n_tokens - t0 < TILE ? a->n_tokens - t0 : TILE;
 	const uint32_t last = a->n_past + t0 + nq - 1; /* the tile's last visible position */
-	const size_t kv_off = (size_t)(h / group) * hd;
+	const size_t kv_off = (size_t)(h / group) * hd, v_off = (size_t)(h / group) * hv;
 	float *qt = align64(tmp), *kt = align64(qt + (size_t)TILE * hd);
 	float *vt = align64(kt + (size_t)TILE * hd), *acc = align64(vt + (size_t)TILE * hd);
 	float *kq = align64(acc + (size_t)TILE * hd), *M = align64(kq + TILE * TILE);
@@ -190,7 +190,7 @@ static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, voi
 		M[i] = -INFINITY;
 		S[i] = 0.0f;
 	}
-	memset(acc, 0, sizeof(float) * nq * hd);
+	memset(acc, 0, sizeof(float) * nq * hv);
 	/* KV tiles from position 0; those past every row's position are skipped */
 	for (uint32_t ic = 0; ic <= last; ic += TILE) {
 		const uint32_t nv = last - ic + 1 < TILE ? last - ic + 1 : TILE;
@@ -227,28 +227,35 @@ static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, voi
 			if (m_new > M[i]) {
 				const float ms = expf(M[i] - m_new);
 
-				scale_f32(acc + (size_t)i * hd, hd, ms);
+				scale_f32(acc + (size_t)i * hv, hv, ms);
 				S[i] *= ms;
 			}
 			M[i] = m_new;
 			S[i] = (float)((double)S[i] + k->soft_max(TILE, row, row, m_new));
 		}
-		memset(vt, 0, sizeof(float) * TILE * hd);
+		memset(vt, 0, sizeof(float) * TILE * hv);
 		for (uint32_t tk = 0; tk < nv; tk++)
-			k->dequantize[HYB_TYPE_F16](a->vc + (size_t)(ic + tk) * a->kv_stride + kv_off,
-						    vt + (size_t)tk * hd, hd);
-		k->gemm_acc(acc, kq, vt, (int)nq, TILE, (int)hd);
+			k->dequantize[HYB_TYPE_F16](a->vc + (size_t)(ic + tk) * a->v_stride + v_off,
+						    vt + (size_t)tk * hv, hv);
+		k->gemm_acc(acc, kq, vt, (int)nq, TILE, (int)hv);
 	}
 	for (uint32_t i = 0; i < nq; i++) {
-		float *o = a->out + (size_t)(t0 + i) * a->q_stride + (size_t)h * hd;
+		float *o = a->out + (size_t)(t0 + i) * a->out_stride + (size_t)h * hv;
 
-		memcpy(o, acc + (size_t)i * hd, sizeof(float) * hd);
-		scale_f32(o, hd, S[i] == 0.0f ? 0.0f : 1.0f / S[i]);
+		memcpy(o, acc + (size_t)i * hv, sizeof(float) * hv);
+		scale_f32(o, hv, S[i] == 0.0f ? 0.0f : 1.0f / S[i]);
 	}
 }
 
-void hyb_attend_run(const struct hyb_attn *a, long lo, long hi, void *tmp)
+void hyb_attend_run(const struct hyb_attn *attn, long lo, long hi, void *tmp)
 {
+	struct hyb_attn b = *attn;
+	const struct hyb_attn *a = &b;
+
+	/* V as wide as K, outputs laid out as q, V rows as K's: unless told otherwise */
+	b.hd_v = b.hd_v ? b.hd_v : b.hd;
+	b.out_stride = b.out_stride ? b.out_stride : b.q_stride;
+	b.v_stride = b.v_stride ? b.v_stride : b.kv_stride;
 	for (long j = lo; j < hi; j++) {
 		if (tiled(a))
 			attend_tile(a, (uint32_t)(j / a->n_head), (uint32_t)(j % a->n_head), tmp);

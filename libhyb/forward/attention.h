@@ -12,10 +12,14 @@
 struct hyb_attn {
 	const struct hyb_cpu_kernels *k;
 	const float *q;           /* token t, head h at q + t * q_stride + h * hd */
-	float *out;               /* same layout as q */
-	const uint16_t *kc, *vc;  /* position p, kv head g at kc + p * kv_stride + g * hd */
-	size_t q_stride, kv_stride;
-	uint32_t hd, n_head, n_head_kv;
+	float *out;               /* token t, head h at out + t * out_stride + h * hd_v */
+	const uint16_t *kc, *vc;  /* position p, kv head g at kc + p * kv_stride + g * hd,
+				   * vc + p * v_stride + g * hd_v */
+	size_t q_stride, kv_stride, out_stride, v_stride;
+	/* K and V widths: V narrower than K where it is a view of the K cache
+	 * (DeepSeek's latent attention, attention_mla.c). 0 in hd_v, out_stride
+	 * and v_stride: hd, q_stride and kv_stride. */
+	uint32_t hd, hd_v, n_head, n_head_kv;
 	uint32_t n_tokens, n_past;
 	uint32_t n_ctx;           /* positions the cache holds */
 	/*

@@ -201,7 +201,9 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			.kc = c->kcache + (size_t)l * c->n_ctx * c->kv_dim,
 			.vc = c->vcache + (size_t)l * c->n_ctx * c->kv_dim,
 			.q_stride = c->q_dim, .kv_stride = c->kv_dim,
-			.hd = hp->head_dim, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+			.out_stride = c->q_dim, .v_stride = c->kv_dim,
+			.hd = hp->head_dim, .hd_v = hp->head_dim,
+			.n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
 			.n_tokens = n, .n_past = c->n_past, .n_ctx = c->n_ctx,
 			.n_split = hyb_threadpool_size(c->pool),
 			/* a q scaled beforehand (Gemma) is attended with scale 1 */
