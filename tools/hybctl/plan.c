@@ -14,6 +14,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "hyb/gguf.h"
 #include "hyb/profile.h"
 #include "hybctl.h"
 #include "hyb/planner.h"
@@ -269,6 +270,44 @@ static int parse_args(int argc, char **argv, struct plan_args *a)
 	return -1;
 }
 
+/*
+ * Plans place neurons of dense FFNs; mixtures of experts (a routing profile,
+ * or a model with experts) have none yet: said plainly rather than failing
+ * somewhere inside the planner. 1 when refused.
+ */
+static int refuse_moe(const struct plan_args *a)
+{
+	struct hyb_gguf_file *f;
+	char arch[64] = "", key[96];
+	uint32_t n_expert = 0;
+	bool moe_prof;
+
+	if (!hyb_gguf_open(a->profile, &f)) {
+		moe_prof = hyb_gguf_get_str(f, "general.architecture", arch, sizeof(arch)) &&
+			   !strcmp(arch, "hyb-moe-profile");
+		hyb_gguf_close(f);
+		if (moe_prof) {
+			fprintf(stderr, "hybctl plan: %s is a mixture-of-experts routing profile: "
+				"plans for MoE models do not exist yet (docs/MOE.md)\n", a->profile);
+			return 1;
+		}
+	}
+	if (!hyb_gguf_open(a->model, &f)) {
+		if (hyb_gguf_get_str(f, "general.architecture", arch, sizeof(arch))) {
+			snprintf(key, sizeof(key), "%s.expert_count", arch);
+			if (!hyb_gguf_get_u32(f, key, &n_expert))
+				n_expert = 0;
+		}
+		hyb_gguf_close(f);
+		if (n_expert) {
+			fprintf(stderr, "hybctl plan: %s is a mixture of %u experts: plans for MoE "
+				"models do not exist yet (docs/MOE.md)\n", a->model, n_expert);
+			return 1;
+		}
+	}
+	return 0;
+}
+
 int cmd_plan(int argc, char **argv)
 {
 	struct plan_args a = { 0 };
@@ -278,6 +317,8 @@ int cmd_plan(int argc, char **argv)
 	hyb_plan_opts_default(&a.o);
 	if ((rc = parse_args(argc, argv, &a)) >= 0)
 		return rc;
+	if (refuse_moe(&a))
+		return 1;
 	prof = hyb_profile_load(a.profile);
 	if (!prof) {
 		fprintf(stderr, "hybctl plan: %s\n", hyb_last_error());

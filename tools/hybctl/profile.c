@@ -10,6 +10,9 @@
  * general text rather than on a task). Samples (active sets and predictor
  * inputs) are spread evenly over the prompts: each sequence gives its first
  * --samples / n_prompts tokens.
+ *
+ * A mixture-of-experts model is profiled for its routing instead
+ * (profile_moe.c): the same prompts and sampling, through the routing probe.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -27,6 +30,7 @@
 #include "hyb/sparsity.h"
 #include "hyb/tokenizer.h"
 #include "hybctl.h"
+#include "profile_moe.h"
 
 static const char usage[] =
 	"usage: hybctl profile MODEL [-o PROFILE.gguf] [--prompts FILE] [--gen N]\n"
@@ -43,7 +47,10 @@ static const char usage[] =
 	"  --temp T       sampling temperature (default 0.8)\n"
 	"  --seed N       sampler seed of the first prompt (default 1)\n"
 	"  -t N           threads (default: all CPUs)\n"
-	"  --json         print the statistics as JSON on stdout\n";
+	"  --json         print the statistics as JSON on stdout\n"
+	"Mixtures of experts: the routing is profiled (expert popularity, reuse,\n"
+	"co-selection, drift; -o saves it for expert placement, docs/MOE.md);\n"
+	"--samples and --sparsity do not apply.\n";
 
 static const char *const builtin_prompts[] = {
 	"Once upon a time there was a little girl who lived in a village near the forest.",
@@ -304,6 +311,7 @@ struct run {
 	struct hyb_ctx *ctx;
 	struct hyb_profile_collector *col;
 	float *thr, *quant; /* CATS: thresholds [n_layer], quantiles [n_layer][101] */
+	bool moe;           /* a mixture of experts: profile_moe.c profiles it */
 };
 
 /* Every prompt as token ids; the longest sets the context. 0 or -1 (said on stderr). */
@@ -346,6 +354,16 @@ static int open_run(struct run *r)
 	if (!m->tok) {
 		fprintf(stderr, "hybctl profile: %s has no tokenizer\n", r->o.model);
 		return -1;
+	}
+	if (m->hp.n_expert) {
+		if (r->o.sparsity) {
+			fprintf(stderr, "hybctl profile: %s is a mixture of experts: --sparsity "
+				"(CATS thresholds) does not apply to it yet (docs/MOE.md)\n",
+				r->o.model);
+			return -1;
+		}
+		r->moe = true;
+		return tokenize_prompts(r);
 	}
 	if (r->o.sparsity && m->hp.act != HYB_ACT_SILU && m->hp.act != HYB_ACT_GELU) {
 		fprintf(stderr, "hybctl profile: note: %s's FFN is ReLU-family and sparse as it is: "
@@ -497,6 +515,14 @@ int cmd_profile(int argc, char **argv)
 	}
 	if (open_run(&r))
 		goto out;
+	if (r.moe) {
+		struct profile_moe_opts mo = { .model = r.o.model, .out = r.o.out, .gen = r.o.gen,
+					       .threads = r.o.threads, .seed = r.o.seed,
+					       .temp = r.o.temp, .json = r.o.json };
+
+		rc = profile_moe(r.m, &mo, r.ids, r.n_ids, r.n_prompts);
+		goto out;
+	}
 	t0 = hyb_now();
 	if (r.o.sparsity && calibrate(&r))
 		goto out;

@@ -9,6 +9,11 @@
  * weights follow instead the sparse design of synth_sparse.c: the model's own
  * forward pass then activates its neurons like a real sparse model does
  * (--sparsity; --random-weights keeps the plain random weights).
+ *
+ * Mixtures of experts follow the routing design of synth_moe.c: routers,
+ * embeddings and head chosen so that the model's own text is routed like a
+ * real MoE model's (skewed, local, co-selected, drifting); --routing random
+ * (or --random-weights) keeps the plain random weights.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -23,6 +28,7 @@
 #include "hyb/tensor_type.h"
 #include "hyb/threadpool.h"
 #include "hybctl.h"
+#include "synth_moe.h"
 #include "synth_sparse.h"
 
 static const char usage[] =
@@ -44,7 +50,8 @@ static const char usage[] =
 	"  --act A         silu relu relu2 dlrelu (default silu)\n"
 	"  --sparsity F    ReLU family: target fraction of inactive FFN neurons per\n"
 	"                  token, 0.5..0.99 (default 0.90; OPT-like: 0.97)\n"
-	"  --topics N      ReLU family: topic clusters (default min(16, vocab/16))\n"
+	"  --topics N      ReLU family, and experts with --routing real: topic clusters\n"
+	"                  (default min(16, vocab/16))\n"
 	"  --random-weights  ReLU family: plain random weights, no sparse design\n"
 	"  --rope-neox     rotate halves instead of pairs\n"
 	"  --tied          no output.weight: the head reuses token_embd\n"
@@ -64,6 +71,10 @@ static const char usage[] =
 	"  --expert-ffn N  qwen*moe: neurons per expert (default --ffn / K)\n"
 	"  --shared-experts S  qwen2moe: a shared expert of S x --expert-ffn neurons\n"
 	"                  (default 1)\n"
+	"  --routing R     experts: real (default; routers and embeddings designed so\n"
+	"                  the model's own text is routed like a trained MoE model's:\n"
+	"                  skewed, local, co-selected, drifting; --topics applies) or\n"
+	"                  random (plain random weights, near-uniform routing)\n"
 	"  --swa N         gemma3: sliding window of the local layers (default 16)\n"
 	"  --seed N        (default 1)\n"
 	"  -t N            threads (default: all CPUs)\n";
@@ -79,6 +90,7 @@ struct spec {
 	uint32_t head_dim;  /* 0: hidden / heads */
 	const char *rope_scaling;
 	const char *arch;
+	const char *routing; /* experts: real, random */
 	uint32_t swa;
 	uint32_t experts, experts_used, expert_ffn, shared_experts;
 	float rope_factor;
@@ -150,6 +162,7 @@ static void fill_row(const struct tensor *t, uint64_t seed, uint64_t tidx, uint6
 struct fill_job {
 	const struct tensor *t;
 	const struct synth_sparse *design;
+	const struct synth_moe *moe;
 	uint64_t seed, tidx;
 	uint64_t row_bytes;
 	uint8_t *data;
@@ -165,8 +178,9 @@ static void fill_worker(void *arg, int ith, int nth)
 
 	hyb_split((long)rows, ith, nth, &lo, &hi);
 	for (long r = lo; r < hi; r++) {
-		if (!j->design || !synth_sparse_row(j->design, j->t->name, (uint64_t)r,
-						    j->scratch[ith]))
+		if ((!j->design || !synth_sparse_row(j->design, j->t->name, (uint64_t)r,
+						     j->scratch[ith])) &&
+		    (!j->moe || !synth_moe_row(j->moe, j->t->name, (uint64_t)r, j->scratch[ith])))
 			fill_row(j->t, j->seed, j->tidx, (uint64_t)r, j->scratch[ith]);
 		if (hyb_quantize_row_ref(j->t->type, j->scratch[ith], j->data + r * j->row_bytes,
 					 (int64_t)j->t->ne0))
@@ -204,7 +218,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "rope-orig-ctx", 1, 0, 'C' }, { "arch", 1, 0, 'G' }, { "swa", 1, 0, 'W' },
 		{ "chat-template", 1, 0, 'M' }, { "experts", 1, 0, 'E' },
 		{ "experts-used", 1, 0, 'U' }, { "expert-ffn", 1, 0, 'P' },
-		{ "shared-experts", 1, 0, 'Z' },
+		{ "shared-experts", 1, 0, 'Z' }, { "routing", 1, 0, 'Q' },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -273,6 +287,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		case 'Z':
 			sp->shared_experts = ctl_u32("synth", "--shared-experts", optarg, 0, 64);
 			break;
+		case 'Q': sp->routing = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -299,6 +314,11 @@ static bool sparse_design(const struct spec *sp)
 	return strcmp(sp->act, "silu") && !sp->random_weights;
 }
 
+static bool moe_design(const struct spec *sp)
+{
+	return moe(sp) && !sp->random_weights && (!sp->routing || !strcmp(sp->routing, "real"));
+}
+
 static int check(const struct spec *sp)
 {
 	uint32_t blk = hyb_type_info(sp->type)->blck;
@@ -312,9 +332,17 @@ static int check(const struct spec *sp)
 		return fprintf(stderr, "hybctl synth: no output file (-o FILE)\n"), -1;
 	if (!act_ok)
 		return fprintf(stderr, "hybctl synth: unknown --act '%s'\n", sp->act), -1;
-	if ((sp->sparsity >= 0 || sp->topics) && (!strcmp(sp->act, "silu") || sp->random_weights))
-		return fprintf(stderr, "hybctl synth: --sparsity and --topics need --act relu, "
-			       "relu2 or dlrelu (without --random-weights)\n"), -1;
+	if (sp->routing && strcmp(sp->routing, "real") && strcmp(sp->routing, "random"))
+		return fprintf(stderr, "hybctl synth: unknown --routing '%s' (real, random)\n",
+			       sp->routing), -1;
+	if (sp->routing && !moe(sp))
+		return fprintf(stderr, "hybctl synth: --routing goes with --experts\n"), -1;
+	if (sp->sparsity >= 0 && (!strcmp(sp->act, "silu") || sp->random_weights))
+		return fprintf(stderr, "hybctl synth: --sparsity needs --act relu, relu2 or dlrelu "
+			       "(without --random-weights)\n"), -1;
+	if (sp->topics && !sparse_design(sp) && !moe_design(sp))
+		return fprintf(stderr, "hybctl synth: --topics needs --act relu, relu2 or dlrelu, "
+			       "or --experts with --routing real (without --random-weights)\n"), -1;
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
 	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3") &&
 	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe"))
@@ -567,6 +595,7 @@ int cmd_synth(int argc, char **argv)
 			   .sparsity = -1, .rope_factor = 8, .rope_orig_ctx = 8192,
 			   .arch = "llama", .swa = 16, .shared_experts = UINT32_MAX };
 	struct synth_sparse *design = NULL;
+	struct synth_moe *moe_d = NULL;
 	struct hyb_gguf_writer *w;
 	struct hyb_threadpool *pool;
 	struct tensor *t;
@@ -603,6 +632,21 @@ int cmd_synth(int argc, char **argv)
 			goto out;
 		hyb_gguf_set_u32(w, "hyb.synth.topics", synth_sparse_topics(design));
 	}
+	if (moe_design(&sp)) {
+		struct synth_moe_shape sh = {
+			.hidden = sp.hidden, .layers = sp.layers, .heads = sp.heads,
+			.head_dim = head_dim(&sp), .kv_heads = sp.kv_heads, .vocab = sp.vocab,
+			.experts = sp.experts, .experts_used = sp.experts_used,
+			.expert_ffn = sp.expert_ffn, .shared_ffn = sp.shared_experts * sp.expert_ffn,
+			.topics = sp.topics, .type = sp.type, .seed = sp.seed,
+		};
+
+		moe_d = synth_moe_new(&sh);
+		if (!moe_d)
+			goto out;
+		hyb_gguf_set_str(w, "hyb.synth.design", "moe-routing");
+		hyb_gguf_set_u32(w, "hyb.synth.topics", synth_moe_topics(moe_d));
+	}
 	if (hyb_gguf_writer_begin(w, sp.out)) {
 		fprintf(stderr, "hybctl synth: %s\n", hyb_last_error());
 		goto out;
@@ -610,14 +654,17 @@ int cmd_synth(int argc, char **argv)
 	{
 		int nth = hyb_threadpool_size(pool);
 		float **scratch = calloc(nth, sizeof(*scratch));
-		uint64_t widest = sp.hidden > sp.ffn ? sp.hidden : sp.ffn;
+		uint64_t widest = 1;
 		int failed = !scratch;
 
+		for (int i = 0; i < nt; i++) /* expert and head widths may exceed --ffn */
+			widest = t[i].ne0 > widest ? t[i].ne0 : widest;
 		for (int i = 0; !failed && i < nth; i++)
 			failed = !(scratch[i] = malloc(sizeof(float) * widest));
 		for (int i = 0; !failed && i < nt; i++) {
 			uint64_t rows = (t[i].ne1 ? t[i].ne1 : 1) * (t[i].ne2 ? t[i].ne2 : 1);
-			struct fill_job j = { .t = &t[i], .design = design, .seed = sp.seed,
+			struct fill_job j = { .t = &t[i], .design = design, .moe = moe_d,
+					      .seed = sp.seed,
 					      .tidx = (uint64_t)i,
 					      .row_bytes = hyb_row_bytes(t[i].type, t[i].ne0),
 					      .scratch = scratch };
@@ -654,6 +701,7 @@ int cmd_synth(int argc, char **argv)
 	rc = 0;
 out:
 	synth_sparse_free(design);
+	synth_moe_free(moe_d);
 	hyb_threadpool_free(pool);
 	hyb_gguf_writer_free(w);
 	free(t);

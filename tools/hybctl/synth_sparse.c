@@ -520,6 +520,49 @@ int synth_sparse_row(const struct synth_sparse *d, const char *name, uint64_t ro
 	return 1;
 }
 
+/* ---- for other designs ---------------------------------------------------- */
+
+void synth_sparse_geometry(const struct synth_sparse *d, struct synth_sparse_geometry *g)
+{
+	g->topics = d->K;
+	g->perp_dim = d->d_perp;
+	g->rho_t = RHO_T;
+	g->rho_b = RHO_B;
+	g->rho_n = d->rho_n;
+	g->layer_add = d->eps;
+}
+
+const float *synth_sparse_direction(const struct synth_sparse *d, uint32_t i)
+{
+	return d->basis + (size_t)i * d->E;
+}
+
+int synth_sparse_scratch_coord(uint32_t j)
+{
+	return scratch_coord(j);
+}
+
+void synth_sparse_perp(const struct synth_sparse *d, uint64_t tag, uint64_t a, uint64_t b,
+		       float *out)
+{
+	rand_perp(d, stream(d->seed, tag, a, b), out);
+}
+
+uint64_t synth_sparse_stream(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b)
+{
+	return stream(seed, tag, a, b);
+}
+
+uint64_t synth_sparse_next(uint64_t *s)
+{
+	return splitmix(s);
+}
+
+double synth_sparse_gauss(uint64_t *s)
+{
+	return gauss(s);
+}
+
 /* ---- set-up -------------------------------------------------------------- */
 
 uint32_t synth_sparse_topics(const struct synth_sparse *d)
