@@ -128,6 +128,13 @@ static inline hyb_gemm_fn hyb_gemm_pick(const struct hyb_cpu_kernels *k, uint32_
 	return ne1 % 4 == 0 ? k->gemm_m4[type] : k->gemm_m1[type];
 }
 
+/* ... for a weight llama.cpp does not repack whatever its rows (hyb_weight.flat). */
+static inline hyb_gemm_fn hyb_gemm_pick_flat(const struct hyb_cpu_kernels *k, uint32_t type,
+					     uint64_t ne1)
+{
+	return ne1 % 4 == 0 ? k->gemm_m4[type] : k->gemm_m1[type];
+}
+
 /* NULL when this CPU cannot run that level. */
 const struct hyb_cpu_kernels *hyb_cpu_kernels(enum hyb_isa isa);
 const struct hyb_cpu_kernels *hyb_cpu_best(void);

@@ -16,6 +16,7 @@
 #include "attention.h"
 #include "hyb/testing.h"
 #include "hybrid/decode.h"
+#include "attention_mla.h"
 #include "moe.h"
 #include "hybrid/ffn_hybrid.h"
 #include "sparse/plan_ffn.h"
@@ -111,7 +112,16 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		hyb_error_set(-ENOMEM, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
-	if (hp->n_expert) {
+	if (hp->kv_lora && !(c->mla = hyb_mla_scratch_new(m, c->n_batch))) {
+		hyb_error_set(-ENOMEM, "out of memory for the latent attention scratch");
+		goto fail;
+	}
+	if (hp->kv_lora && p && p->hybrid) {
+		hyb_error_set(-EINVAL, "hybrid decoding of latent attention (deepseek2) is not "
+			      "supported yet");
+		goto fail;
+	}
+	if (hp->n_expert && hp->n_dense_lead < hp->n_layer) {
 		/* experts are computed on the CPU as they are (docs/MOE.md) */
 		if (p && (p->hybrid || p->ffn == HYB_FFN_SPARSE)) {
 			hyb_error_set(-EINVAL, "%s decoding of a mixture-of-experts model is not "
@@ -178,6 +188,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_ffn_sparse_free(c->sparse);
 	hyb_ffn_hybrid_free(c->hybrid);
 	hyb_moe_scratch_free(c->moe);
+	hyb_mla_scratch_free(c->mla);
 	free(c->ffn_thr);
 	free(c);
 }

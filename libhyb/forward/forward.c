@@ -21,6 +21,7 @@
 
 #include "forward_internal.h"
 #include "attention.h"
+#include "attention_mla.h"
 #include "moe.h"
 #include "ops.h"
 #include "hybrid/decode.h"
@@ -73,10 +74,12 @@ static void matmul_worker(void *arg, int ith, int nth)
 		uint64_t nr = w->ne1 - r0 < j->chunk_rows ? w->ne1 - r0 : j->chunk_rows;
 
 		/* llama.cpp's summation order depends on the whole weight's rows */
-		hyb_gemm_pick(j->k, w->type, w->fused_rows ? w->fused_rows : w->ne1)((int64_t)w->ne0,
-						     (const char *)w->data + r0 * w->row_bytes,
-						     w->row_bytes, (int64_t)nr, j->xq, j->xq_stride,
-						     j->n, j->y[i] + r0, w->ne1);
+		const uint64_t rows = w->fused_rows ? w->fused_rows : w->ne1;
+		const hyb_gemm_fn fn = w->flat ? hyb_gemm_pick_flat(j->k, w->type, rows)
+					       : hyb_gemm_pick(j->k, w->type, rows);
+
+		fn((int64_t)w->ne0, (const char *)w->data + r0 * w->row_bytes, w->row_bytes,
+		   (int64_t)nr, j->xq, j->xq_stride, j->n, j->y[i] + r0, w->ne1);
 	}
 }
 
@@ -189,6 +192,18 @@ static void attn_worker(void *arg, int ith, int nth)
 	}
 }
 
+void hyb_fwd_attend(struct hyb_ctx *c, const struct hyb_attn *a)
+{
+	struct attn_job j = { .c = c, .a = *a };
+	const int nth = hyb_threadpool_size(c->pool);
+
+	j.n_jobs = hyb_attend_jobs(&j.a);
+	/* about 4 claims per thread */
+	j.per_claim = (j.n_jobs + 4 * nth - 1) / (4 * nth);
+	atomic_init(&j.next, 0);
+	hyb_threadpool_run_dynamic(c->pool, attn_worker, &j);
+}
+
 /* The attention of layer l for a batch of n tokens, in llama.cpp's arithmetic. */
 static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 {
@@ -211,13 +226,8 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			.n_swa = swa ? hp->n_swa : 0,
 		},
 	};
-	const int nth = hyb_threadpool_size(c->pool);
 
-	j.n_jobs = hyb_attend_jobs(&j.a);
-	/* about 4 claims per thread */
-	j.per_claim = (j.n_jobs + 4 * nth - 1) / (4 * nth);
-	atomic_init(&j.next, 0);
-	hyb_threadpool_run_dynamic(c->pool, attn_worker, &j);
+	hyb_fwd_attend(c, &j.a);
 }
 
 /* ---- the layer loop ---------------------------------------------------- */
@@ -410,7 +420,10 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		rc = hyb_model_wait_layer(c->m, l, err, errlen);
 		if (rc)
 			return rc;
-		hyb_fwd_attention(c, l, n);
+		if (hp->kv_lora)
+			hyb_fwd_attention_mla(c, l, n);
+		else
+			hyb_fwd_attention(c, l, n);
 
 		/* llama.cpp drops the rows it returns no logits for before the last
 		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
@@ -421,7 +434,7 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		float *xf = c->x + (size_t)f0 * E;
 
 		hyb_fwd_ffn_norm(c, l, xf, nf);
-		if (c->moe) {
+		if (c->moe && l >= hp->n_dense_lead) {
 			rc = hyb_fwd_ffn_moe(c, l, nf);
 			if (rc) {
 				snprintf(err, errlen, "%s", hyb_last_error());

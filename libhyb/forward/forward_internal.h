@@ -44,11 +44,15 @@ struct hyb_ctx {
 	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
 	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
 	struct hyb_moe_scratch *moe;       /* mixture-of-experts models (moe.c) */
+	struct hyb_mla_scratch *mla;       /* latent attention (attention_mla.c) */
 };
 
 /* Y_i[n][ne1_i] = W_i . X[n][ne0] for up to three weights sharing X, in llama.cpp's order. */
 void hyb_fwd_matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 		    const struct hyb_weight *const *w, float *const *y);
+/* Run an attention batch on the context's threads. */
+struct hyb_attn;
+void hyb_fwd_attend(struct hyb_ctx *c, const struct hyb_attn *a);
 /* c->x[t] = the embedding of tokens[t]. */
 void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n);
 /* Layer l's attention block for n tokens at c->n_past: c->x += attention. */

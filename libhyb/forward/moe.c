@@ -36,6 +36,7 @@
 struct hyb_moe_scratch {
 	uint32_t nb;       /* tokens per batch */
 	float *logits;     /* [nb][n_expert], then the probabilities */
+	float *scores;     /* [n_expert] one token's selection scores (bias, groups) */
 	int32_t *sel;      /* [nb][K] chosen experts, by rank */
 	float *wt;         /* [nb][K] their weights */
 	uint32_t *start;   /* [n_expert + 1] first pair of each expert (expert-major order) */
@@ -64,7 +65,7 @@ static size_t dot_row(uint32_t type, uint64_t n)
 struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t nb)
 {
 	const struct hyb_hparams *hp = &m->hp;
-	const struct hyb_layer *L0 = &m->layers[0];
+	const struct hyb_layer *L0 = &m->layers[hp->n_dense_lead];
 	const size_t X = hp->n_expert, K = hp->n_expert_used, P = (size_t)nb * K;
 	const size_t E = hp->n_embd, F = hp->n_ff_exp, S = hp->n_ff_shexp ? hp->n_ff_shexp
 					: L0->up_shexp.ne1 * !!L0->up_shexp.data;
@@ -78,7 +79,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	s->n_expert = hp->n_expert;
 	s->counts = calloc((size_t)hp->n_layer * X, sizeof(uint64_t));
 	/* the widest row any layer's types need */
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
+	for (uint32_t l = hp->n_dense_lead; l < hp->n_layer; l++) {
 		const struct hyb_layer *L = &m->layers[l];
 
 		if (dot_row(L->gate_exps.type, E) > xg)
@@ -92,6 +93,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	s->xu_stride = xu;
 	s->hq_stride = hq;
 	s->logits = malloc(sizeof(float) * nb * X);
+	s->scores = malloc(sizeof(float) * X);
 	s->sel = malloc(sizeof(int32_t) * P);
 	s->wt = malloc(sizeof(float) * P);
 	s->start = malloc(sizeof(uint32_t) * (X + 1));
@@ -111,7 +113,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 		s->so = malloc(sizeof(float) * nb * E);
 		s->sgi = malloc(sizeof(float) * nb);
 	}
-	if (!s->counts || !s->logits || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
+	if (!s->counts || !s->logits || !s->scores || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
 	    !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
 	    (S && (!s->sg || !s->su || !s->so || !s->sgi))) {
 		hyb_moe_scratch_free(s);
@@ -147,6 +149,7 @@ void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
 		return;
 	free(s->counts);
 	free(s->logits);
+	free(s->scores);
 	free(s->sel);
 	free(s->wt);
 	free(s->start);
@@ -169,19 +172,64 @@ void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
 
 /* ---- routing ------------------------------------------------------------ */
 
+/* The k best of v[0..n) (-INFINITY: never), best first; ties to the lower index. */
+static void top_k(const float *v, uint32_t n, uint32_t k, int32_t *out)
+{
+	for (uint32_t i = 0; i < k; i++) {
+		int32_t best = -1;
+
+		for (uint32_t e = 0; e < n; e++) {
+			bool taken = false;
+
+			for (uint32_t q = 0; q < i && !taken; q++)
+				taken = out[q] == (int32_t)e;
+			if (!taken && (best < 0 || v[e] > v[best]))
+				best = (int32_t)e;
+		}
+		out[i] = best;
+	}
+}
+
 /*
- * Softmax (ggml_soft_max: ggml_v_expf, a double sum, one float scale), the
- * K largest by probability, descending (ggml_argsort_top_k; ties, which its
- * unstable sort leaves open, go to the lower expert), their weights.
+ * DeepSeek V3's group limit (llm_graph_context::build_moe_ffn): a group's
+ * score is the sum of its two best selection scores (ggml_sum_rows: a double
+ * sum); the experts of all but the n_group_used best groups are out.
+ */
+static void limit_groups(const struct hyb_hparams *hp, float *sp)
+{
+	const uint32_t G = hp->n_expert_groups, per = hp->n_expert / G;
+	float score[512];
+	int32_t best[512], top2[2];
+	bool keep[512] = { false };
+
+	for (uint32_t g = 0; g < G; g++) {
+		top_k(sp + g * per, per, 2, top2);
+		score[g] = (float)((double)sp[g * per + top2[0]] + (double)sp[g * per + top2[1]]);
+	}
+	top_k(score, G, hp->n_group_used, best);
+	for (uint32_t i = 0; i < hp->n_group_used; i++)
+		keep[best[i]] = true;
+	for (uint32_t e = 0; e < hp->n_expert; e++)
+		if (!keep[e / per])
+			sp[e] = -INFINITY;
+}
+
+/*
+ * Scores: softmax (ggml_soft_max: ggml_v_expf, a double sum, one float
+ * scale) or sigmoid (V3); plus the selection bias where the layer has one;
+ * the K best, descending (ggml_argsort_top_k; ties, which its unstable sort
+ * leaves open, go to the lower expert); their unbiased scores as weights,
+ * renormalised and scaled where the model says so.
  */
 static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
+	const struct hyb_layer *L = &c->m->layers[l];
 	struct hyb_moe_scratch *s = c->moe;
 	const uint32_t X = hp->n_expert, K = hp->n_expert_used;
 
 	for (uint32_t t = 0; t < nf; t++) {
-		float *p = s->logits + (size_t)t * X, mx = -INFINITY;
+		float *p = s->logits + (size_t)t * X, mx = -INFINITY, *sp = p;
 		int32_t *sel = s->sel + (size_t)t * K;
 		float *wt = s->wt + (size_t)t * K;
 
@@ -192,24 +240,25 @@ static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 						     "not finite)", l, e, (double)p[e]);
 			mx = p[e] > mx ? p[e] : mx;
 		}
-		const float scale = (float)(1.0 / c->k->soft_max(X, p, p, mx));
+		if (hp->expert_sigmoid) {
+			for (uint32_t e = 0; e < X; e++)
+				p[e] = 1.0f / (1.0f + expf(-p[e]));
+		} else {
+			const float scale = (float)(1.0 / c->k->soft_max(X, p, p, mx));
 
-		for (uint32_t e = 0; e < X; e++)
-			p[e] *= scale;
-		for (uint32_t k = 0; k < K; k++) {
-			int32_t best = -1;
-
-			for (uint32_t e = 0; e < X; e++) {
-				bool taken = false;
-
-				for (uint32_t q = 0; q < k && !taken; q++)
-					taken = sel[q] == (int32_t)e;
-				if (!taken && (best < 0 || p[e] > p[best]))
-					best = (int32_t)e;
-			}
-			sel[k] = best;
-			wt[k] = p[best];
+			for (uint32_t e = 0; e < X; e++)
+				p[e] *= scale;
 		}
+		if (L->exp_probs_b || hp->n_expert_groups > 1) {
+			sp = s->scores;
+			for (uint32_t e = 0; e < X; e++)
+				sp[e] = L->exp_probs_b ? p[e] + L->exp_probs_b[e] : p[e];
+			if (hp->n_expert_groups > 1)
+				limit_groups(hp, sp);
+		}
+		top_k(sp, X, K, sel);
+		for (uint32_t k = 0; k < K; k++)
+			wt[k] = p[sel[k]];
 		if (hp->expert_norm) {
 			double sum = 0; /* ggml_sum_rows, clamped to F16's smallest normal */
 			float f;
@@ -221,6 +270,9 @@ static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 			for (uint32_t k = 0; k < K; k++)
 				wt[k] = wt[k] / f;
 		}
+		if (hp->expert_scale != 0.0f && hp->expert_scale != 1.0f)
+			for (uint32_t k = 0; k < K; k++)
+				wt[k] *= hp->expert_scale;
 	}
 	return 0;
 }

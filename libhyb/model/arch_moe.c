@@ -28,7 +28,9 @@ int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
 	if (hyb_ld_u32(ld, "expert_count", 0, &hp->n_expert) ||
 	    hyb_ld_u32(ld, "expert_used_count", 0, &hp->n_expert_used) ||
 	    hyb_ld_u32(ld, "expert_feed_forward_length", hp->n_ff, &hp->n_ff_exp) ||
-	    hyb_ld_u32(ld, "expert_shared_feed_forward_length", 0, &hp->n_ff_shexp))
+	    hyb_ld_u32(ld, "expert_shared_feed_forward_length", 0, &hp->n_ff_shexp) ||
+	    hyb_ld_u32(ld, "expert_group_count", 0, &hp->n_expert_groups) ||
+	    hyb_ld_u32(ld, "expert_group_used_count", 0, &hp->n_group_used))
 		return -1;
 	if (!hp->n_expert) {
 		if (arch->moe == HYB_MOE_REQUIRED)
@@ -51,6 +53,15 @@ int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
 		return hyb_ld_fail(ld, "metadata %s.expert_feed_forward_length %u / "
 				   "expert_shared_feed_forward_length %u out of range", hp->arch,
 				   hp->n_ff_exp, hp->n_ff_shexp);
+	/* llama.cpp's groups: E / G experts each, the best n_group_used eligible */
+	if (hp->n_expert_groups > 1 &&
+	    (hp->n_expert % hp->n_expert_groups || hp->n_expert / hp->n_expert_groups < 2 ||
+	     !hp->n_group_used || hp->n_group_used > hp->n_expert_groups ||
+	     hp->n_group_used * (hp->n_expert / hp->n_expert_groups) < hp->n_expert_used))
+		return hyb_ld_fail(ld, "metadata %s.expert_group_count %u / expert_group_used_count "
+				   "%u do not divide %u experts so that %u can be chosen", hp->arch,
+				   hp->n_expert_groups, hp->n_group_used, hp->n_expert,
+				   hp->n_expert_used);
 	hp->expert_norm = arch->expert_norm;
 	return 0;
 }
@@ -65,6 +76,8 @@ int hyb_ld_moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l)
 	    hyb_ld_bind_experts(ld, &L->gate_exps, l, "ffn_gate_exps.weight", E, F, X) ||
 	    hyb_ld_bind_experts(ld, &L->up_exps, l, "ffn_up_exps.weight", E, F, X) ||
 	    hyb_ld_bind_experts(ld, &L->down_exps, l, "ffn_down_exps.weight", F, E, X))
+		return -1;
+	if (hyb_ld_bias(ld, &L->exp_probs_b, l, "exp_probs_b.bias", X, true))
 		return -1;
 	/* a shared expert wherever the file has one: its size is a key of its own */
 	rc = hyb_ld_bind_layer(ld, &L->up_shexp, l, "ffn_up_shexp.weight", E,

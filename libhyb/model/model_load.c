@@ -138,7 +138,7 @@ static int read_rope(struct hyb_loader *ld)
 
 static const struct hyb_arch_desc *const archs[] = {
 	&hyb_arch_llama, &hyb_arch_qwen2,    &hyb_arch_qwen3,    &hyb_arch_gemma3,
-	&hyb_arch_phi3,  &hyb_arch_qwen2moe, &hyb_arch_qwen3moe,
+	&hyb_arch_phi3,  &hyb_arch_qwen2moe, &hyb_arch_qwen3moe, &hyb_arch_deepseek2,
 };
 
 static const char *arch_names(void)
@@ -206,7 +206,7 @@ static int read_hparams(struct hyb_loader *ld)
 		return hyb_ld_fail(ld, "embedding_length %u is not a multiple of head_count %u "
 				   "and %s.attention.key_length is missing", hp->n_embd, hp->n_head,
 				   hp->arch);
-	if (v_dim != hp->head_dim)
+	if (v_dim != hp->head_dim && !arch->mla)
 		return hyb_ld_fail(ld, "%s.attention.value_length %u differs from key_length %u",
 				   hp->arch, v_dim, hp->head_dim);
 	if (!hp->head_dim || hp->head_dim > 1024 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
@@ -307,6 +307,7 @@ static int bind_nd(struct hyb_loader *ld, struct hyb_weight *w, const char *name
 				    "block", name, (ull)ne0,
 				    hyb_type_name(hyb_vec_dot_type(t->type)));
 	}
+	*w = (struct hyb_weight){ 0 };
 	w->type = t->type;
 	w->ne0 = ne0;
 	w->ne1 = ne1 ? ne1 : 1;
@@ -558,11 +559,16 @@ static int bind_layers(struct hyb_loader *ld)
 		if (hyb_ld_bind(ld, &L->field, name, a, b, false))                  \
 			return -1;                                           \
 	} while (0)
+		/* the layer's FFN: experts, or dense (DeepSeek's first layers) */
+		const bool moe = hp->n_expert && l >= hp->n_dense_lead;
+
 		B(attn_norm, "attn_norm", hp->n_embd, 0);
-		/* Q, K and V in one tensor (llama.cpp's build_qkv takes either) */
+		/* Q, K and V in one tensor (llama.cpp's build_qkv takes either);
+		 * latent attention binds its own (arch_deepseek2.c) */
 		const uint64_t qkv_rows[3] = { q_dim, kv_dim, kv_dim };
 		struct hyb_weight *const qkv[3] = { &L->wq, &L->wk, &L->wv };
-		int rc = hyb_ld_bind_fused(ld, l, "attn_qkv.weight", hp->n_embd, 3, qkv_rows, qkv, true);
+		int rc = arch_of(hp)->mla ? 0 : hyb_ld_bind_fused(ld, l, "attn_qkv.weight", hp->n_embd,
+								  3, qkv_rows, qkv, true);
 
 		if (rc < 0)
 			return -1;
@@ -571,9 +577,10 @@ static int bind_layers(struct hyb_loader *ld)
 			B(wk, "attn_k", hp->n_embd, kv_dim);
 			B(wv, "attn_v", hp->n_embd, kv_dim);
 		}
-		B(wo, "attn_output", q_dim, hp->n_embd);
+		if (!arch_of(hp)->mla)
+			B(wo, "attn_output", q_dim, hp->n_embd);
 		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
-		if (hp->n_expert) {
+		if (moe) {
 			if (ld->m->group_size || ld->m->powerinfer)
 				return hyb_ld_fail(ld, "a mixture-of-experts model cannot be a %s file",
 						   ld->m->group_size ? "plan" : "PowerInfer");
@@ -581,12 +588,13 @@ static int bind_layers(struct hyb_loader *ld)
 				return -1;
 		}
 		/* llama.cpp's build_qkv adds Q/K/V biases wherever a file has them */
-		if (hyb_ld_bias(ld, &L->bq, l, "attn_q.bias", q_dim, true) ||
-		    hyb_ld_bias(ld, &L->bk, l, "attn_k.bias", kv_dim, true) ||
-		    hyb_ld_bias(ld, &L->bv, l, "attn_v.bias", kv_dim, true) ||
+		if ((!arch_of(hp)->mla &&
+		     (hyb_ld_bias(ld, &L->bq, l, "attn_q.bias", q_dim, true) ||
+		      hyb_ld_bias(ld, &L->bk, l, "attn_k.bias", kv_dim, true) ||
+		      hyb_ld_bias(ld, &L->bv, l, "attn_v.bias", kv_dim, true))) ||
 		    (arch_of(hp)->layer && arch_of(hp)->layer(ld, L, l)))
 			return -1;
-		if (hp->n_expert)
+		if (moe)
 			continue;
 		snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", l);
 		if (hyb_gguf_find_tensor(ld->m->gguf, name))
@@ -970,6 +978,8 @@ uint64_t hyb_model_decode_bytes(const struct hyb_model *m)
 		     weight_bytes(&L->wo) + weight_bytes(&L->gate) + weight_bytes(&L->up) +
 		     weight_bytes(&L->down) + weight_bytes(&L->down_t) +
 		     2 * m->hp.n_embd * sizeof(float);
+		b += weight_bytes(&L->wq_a) + weight_bytes(&L->wq_b) + weight_bytes(&L->wkv_a) +
+		     weight_bytes(&L->wk_b) + weight_bytes(&L->wv_b);
 		b += weight_bytes(&L->gate_inp) + routed_bytes(&m->hp, L) +
 		     weight_bytes(&L->gate_shexp) + weight_bytes(&L->up_shexp) +
 		     weight_bytes(&L->down_shexp) + weight_bytes(&L->gate_inp_shexp);
@@ -989,6 +999,17 @@ uint64_t hyb_model_macs_per_token(const struct hyb_model *m)
 					      3ull * hp->n_ff_shexp
 				    : 3ull * hp->n_ff;
 	uint64_t per_layer = hp->n_embd * (2 * q_dim + 2 * kv_dim + ffn);
+
+	if (hp->kv_lora) { /* latent attention: its own matrices, each weight once */
+		const struct hyb_layer *L = &m->layers[hp->n_layer - 1];
+		const struct hyb_weight *w[] = { &L->wq, &L->wq_a, &L->wq_b, &L->wkv_a,
+						 &L->wk_b, &L->wv_b, &L->wo };
+
+		per_layer = hp->n_embd * ffn;
+		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+			per_layer += w[i]->data ? w[i]->ne0 * w[i]->ne1 * (w[i]->ne2 ? w[i]->ne2 : 1)
+						: 0;
+	}
 
 	return per_layer * hp->n_layer + (uint64_t)hp->n_embd * hp->n_vocab;
 }

@@ -41,6 +41,8 @@ struct golden {
 
 /* --routing random: the goldens were made on synth's plain random MoE weights */
 #define QWEN3MOE "--routing random --arch qwen3moe --experts 32 --experts-used 8 --expert-ffn "
+#define DEEPSEEK2 "--arch deepseek2 --layers 3 --experts 16 --experts-used 4 --expert-ffn 64 " \
+		  "--head-dim 96 "
 
 /* RoPE variants: 96-wide heads (key_length != embd/heads), scaled 4x from 32 positions */
 #define ROPE_ARGS "--head-dim 96 --rope-factor 4 --rope-orig-ctx 32 --rope-scaling "
@@ -177,6 +179,36 @@ static const struct {
 	  { 219, 86, 392, 233, 253, 7, 58, 119, 75, 21, 246, 104, 349, 234, 307, 414, 428, 472,
 	  292, 193, 454, 139, 196, 256, 181, 9, 216, 491, 490, 107, 428, 160, 286, 144, 298, 325,
 	  208, 49, 57, 428 } }, "--routing random --experts 8 --experts-used 2" },
+	/*
+	 * DeepSeek's latent attention (arch_deepseek2.c, attention_mla.c): V2
+	 * with a q bottleneck; V3's routing (sigmoid scores, selection bias,
+	 * expert groups, renormalised and scaled weights) in Q4_0, whose 3-D
+	 * per-head tensors llama.cpp leaves unrepacked; V2-Lite (27 layers, no q
+	 * bottleneck) with YaRN and its log multiplier; K-quant heads of 256.
+	 * Every file has one dense layer first and two shared experts (synth's
+	 * plain random weights: its routing design does not cover deepseek2).
+	 */
+	{ { "Q8_0_deepseek2", HYB_TYPE_Q8_0, 500, 70, 0x7a886b44f6881866ull, 40,
+	  { 394, 273, 358, 279, 207, 267, 112, 258, 98, 238, 254, 414, 427, 101, 37, 121, 229,
+	  185, 27, 56, 284, 388, 299, 143, 14, 413, 400, 115, 443, 293, 292, 459, 238, 254, 414,
+	  471, 497, 185, 369, 213 } },
+	  DEEPSEEK2 "--q-lora 64" },
+	{ { "Q4_0_deepseek2_v3", HYB_TYPE_Q4_0, 500, 70, 0x78e170969aae9294ull, 40,
+	  { 394, 408, 367, 211, 59, 484, 171, 396, 81, 340, 466, 47, 71, 98, 363, 264, 363, 424,
+	  290, 247, 25, 350, 178, 233, 264, 363, 264, 92, 341, 374, 309, 211, 57, 291, 280, 70,
+	  370, 73, 179, 133 } },
+	  DEEPSEEK2 "--q-lora 64 --v3 --expert-groups 4:2" },
+	{ { "F16_deepseek2_lite_yarn", HYB_TYPE_F16, 500, 70, 0x0339ab3f04ac3a67ull, 40,
+	  { 314, 123, 412, 13, 342, 428, 278, 19, 331, 342, 159, 428, 278, 19, 201, 82, 120, 133,
+	  304, 412, 210, 159, 428, 160, 27, 163, 27, 179, 464, 377, 201, 82, 120, 415, 345, 4,
+	  340, 119, 304, 331 } },
+	  DEEPSEEK2 "--layers 27 --rope-scaling yarn --rope-factor 40 --rope-orig-ctx 64" },
+	{ { "Q4_K_deepseek2", HYB_TYPE_Q4_K, 500, 70, 0x04dec8bff19362a7ull, 40,
+	  { 194, 444, 27, 69, 352, 311, 409, 14, 49, 226, 11, 66, 441, 87, 27, 268, 421, 55, 396,
+	  497, 257, 38, 259, 66, 441, 87, 27, 98, 464, 72, 109, 229, 87, 27, 268, 421, 116, 73,
+	  142, 100 } },
+	  "--arch deepseek2 --experts 8 --experts-used 2 --expert-ffn 256 --heads 2 "
+	  "--head-dim 320 --mla-rope 64 --q-lora 256 --kv-lora 256" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -272,3 +304,7 @@ TEST(exact_moe_qwen3moe_q6_k_tiled) { run_case_with(&rope_cases[12].g, rope_case
 TEST(exact_moe_qwen2moe_shared_expert) { run_case_with(&rope_cases[13].g, rope_cases[13].synth); }
 TEST(exact_moe_mixtral_q4_0) { run_case_with(&rope_cases[14].g, rope_cases[14].synth); }
 TEST(exact_moe_mixtral_iq4_xs) { run_case_with(&rope_cases[15].g, rope_cases[15].synth); }
+TEST(exact_deepseek2_mla_q8_0) { run_case_with(&rope_cases[16].g, rope_cases[16].synth); }
+TEST(exact_deepseek2_v3_routing_q4_0) { run_case_with(&rope_cases[17].g, rope_cases[17].synth); }
+TEST(exact_deepseek2_lite_yarn_f16) { run_case_with(&rope_cases[18].g, rope_cases[18].synth); }
+TEST(exact_deepseek2_q4_k) { run_case_with(&rope_cases[19].g, rope_cases[19].synth); }

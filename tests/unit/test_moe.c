@@ -369,3 +369,84 @@ TEST(moe_batched_columns_sum_like_single_columns)
 	free(y1);
 	free(y2);
 }
+
+/*
+ * A copy of src with one key dropped or set to a u32 and one tensor renamed
+ * (NULL: none), through the public GGUF reader and writer.
+ */
+static const char *rewrite(const char *src, const char *name, const char *key, long u32,
+			   const char *from, const char *to)
+{
+	static char path[512];
+	struct hyb_gguf_file *f;
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
+
+	CHECK(w);
+	CHECK_MSG(!hyb_gguf_open(src, &f), "%s", hyb_last_error());
+	for (uint64_t i = 0; i < f->n_kv; i++)
+		if (!key || !hyb_gguf_str_eq(f->kv[i].key, key))
+			hyb_gguf_writer_copy_kv(w, &f->kv[i]);
+	if (key && u32 >= 0)
+		hyb_gguf_set_u32(w, key, (uint32_t)u32);
+	for (uint64_t i = 0; i < f->n_tensors; i++) {
+		const struct hyb_gguf_tensor *t = &f->tensors[i];
+		char nm[128];
+
+		snprintf(nm, sizeof(nm), "%.*s", (int)t->name.len, t->name.ptr);
+		if (from && !strcmp(nm, from))
+			snprintf(nm, sizeof(nm), "%s", to);
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, t->type, t->n_dims, t->ne, t->data));
+	}
+	snprintf(path, sizeof(path), "%s/moe-%s.gguf", hyb_test_tmpdir(), name);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
+	hyb_gguf_writer_free(w);
+	hyb_gguf_close(f);
+	return path;
+}
+
+static void expect_load_error(const char *path, const char *needle)
+{
+	struct hyb_model *m = hyb_model_load(path);
+
+	CHECK_MSG(!m, "%s loaded but should not", path);
+	hyb_model_free(m);
+	CHECK_MSG(strstr(hyb_last_error(), needle), "error '%s' does not mention '%s'",
+		  hyb_last_error(), needle);
+}
+
+/* deepseek2 files that are wrong or of the older converter: refused by name. */
+TEST(moe_deepseek2_refuses_bad_files_by_name)
+{
+	char src[512], cmd[1024];
+	struct hyb_model *m;
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(src, sizeof(src), "%s/ds2.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch deepseek2 --layers 2 "
+		 "--experts 8 --experts-used 2 --expert-ffn 64 --head-dim 96 --q-lora 64 "
+		 "--expert-groups 4:2 --hidden 128 --heads 2 --vocab 300 -t 2 >/dev/null", src);
+	CHECK(system(cmd) == 0);
+	m = hyb_model_load(src);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.kv_lora == 192 && m->hp.n_rot == 32 && m->hp.mla_nope == 64 &&
+	      m->hp.mla_v == 64 && m->hp.n_head_kv == 1 && m->hp.n_dense_lead == 1);
+	CHECK(m->layers[0].gate.data && !m->layers[0].gate_exps.data); /* dense first layer */
+	CHECK(m->layers[1].gate_exps.ne2 == 8 && m->layers[1].up_shexp.ne1 == 64);
+	hyb_model_free(m);
+
+	expect_load_error(rewrite(src, "ds-old", "deepseek2.attention.key_length_mla", -1, NULL,
+				  NULL), "older converter");
+	expect_load_error(rewrite(src, "ds-kvb", NULL, -1, "blk.0.attn_k_b.weight",
+				  "blk.0.attn_kv_b.weight"), "blk.0.attn_kv_b.weight");
+	expect_load_error(rewrite(src, "ds-kvheads", "deepseek2.attention.head_count_kv", 2, NULL,
+				  NULL), "head_count_kv 1");
+	expect_load_error(rewrite(src, "ds-gating", "deepseek2.expert_gating_func", 7, NULL, NULL),
+			  "expert_gating_func 7 is not supported");
+	expect_load_error(rewrite(src, "ds-lead", "deepseek2.leading_dense_block_count", 9, NULL,
+				  NULL), "leading_dense_block_count 9");
+	expect_load_error(rewrite(src, "ds-groups", "deepseek2.expert_group_count", 3, NULL, NULL),
+			  "expert_group_count 3");
+	expect_load_error(rewrite(src, "ds-vb", NULL, -1, "blk.1.attn_v_b.weight", "blk.1.x.weight"),
+			  "blk.1.attn_v_b.weight is missing");
+}

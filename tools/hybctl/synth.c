@@ -69,7 +69,16 @@ static const char usage[] =
 	"                  --ffn neurons; qwen2moe, qwen3moe: required)\n"
 	"  --experts-used K  experts per token (default 2)\n"
 	"  --expert-ffn N  qwen*moe: neurons per expert (default --ffn / K)\n"
-	"  --shared-experts S  qwen2moe: a shared expert of S x --expert-ffn neurons\n"
+	"  --shared-experts S  qwen2moe, deepseek2: shared experts of --expert-ffn\n"
+	"                  neurons, S of them (default 1)\n"
+	"  deepseek2 (latent attention; --head-dim: the q/k head, nope + rope dims):\n"
+	"  --kv-lora N     latent dims of the KV cache row (default 2 x --head-dim)\n"
+	"  --q-lora N      q through a rank-N bottleneck (default 0: none)\n"
+	"  --mla-rope N    RoPE dims of a head (default --head-dim / 3, even)\n"
+	"  --dense-lead N  dense layers before the expert layers (default 1)\n"
+	"  --v3            DeepSeek-V3 routing: sigmoid scores, a selection bias,\n"
+	"                  weights renormalised and scaled by 2.5\n"
+	"  --expert-groups G:U  experts in G groups, the U best eligible\n"
 	"                  (default 1)\n"
 	"  --routing R     experts: real (default; routers and embeddings designed so\n"
 	"                  the model's own text is routed like a trained MoE model's:\n"
@@ -93,6 +102,8 @@ struct spec {
 	const char *routing; /* experts: real, random */
 	uint32_t swa;
 	uint32_t experts, experts_used, expert_ffn, shared_experts;
+	uint32_t kv_lora, q_lora, mla_rope, dense_lead, groups, groups_used;
+	bool v3;
 	float rope_factor;
 	uint32_t rope_orig_ctx;
 	uint64_t seed;
@@ -219,6 +230,8 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "chat-template", 1, 0, 'M' }, { "experts", 1, 0, 'E' },
 		{ "experts-used", 1, 0, 'U' }, { "expert-ffn", 1, 0, 'P' },
 		{ "shared-experts", 1, 0, 'Z' }, { "routing", 1, 0, 'Q' },
+		{ "kv-lora", 1, 0, 1001 }, { "q-lora", 1, 0, 1002 }, { "mla-rope", 1, 0, 1003 },
+		{ "dense-lead", 1, 0, 1004 }, { "v3", 0, 0, 1005 }, { "expert-groups", 1, 0, 1006 },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -262,7 +275,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		}
 		case 'k': sp->topics = ctl_u32("synth", "--topics", optarg, 2, 1024); break;
 		case 'r': sp->random_weights = true; break;
-		case 'D': sp->head_dim = ctl_u32("synth", "--head-dim", optarg, 2, 256); break;
+		case 'D': sp->head_dim = ctl_u32("synth", "--head-dim", optarg, 2, 512); break;
 		case 'R': sp->rope_scaling = optarg; break;
 		case 'G': sp->arch = optarg; break;
 		case 'W': sp->swa = ctl_u32("synth", "--swa", optarg, 1, 1 << 20); break;
@@ -288,6 +301,19 @@ static void parse(int argc, char **argv, struct spec *sp)
 			sp->shared_experts = ctl_u32("synth", "--shared-experts", optarg, 0, 64);
 			break;
 		case 'Q': sp->routing = optarg; break;
+		case 1001: sp->kv_lora = ctl_u32("synth", "--kv-lora", optarg, 2, 4096); break;
+		case 1002: sp->q_lora = ctl_u32("synth", "--q-lora", optarg, 1, 8192); break;
+		case 1003: sp->mla_rope = ctl_u32("synth", "--mla-rope", optarg, 2, 256); break;
+		case 1004: sp->dense_lead = ctl_u32("synth", "--dense-lead", optarg, 0, 1024); break;
+		case 1005: sp->v3 = true; break;
+		case 1006:
+			if (sscanf(optarg, "%u:%u", &sp->groups, &sp->groups_used) != 2 ||
+			    sp->groups < 2 || !sp->groups_used || sp->groups_used > sp->groups) {
+				fprintf(stderr, "hybctl synth: bad value '%s' for --expert-groups "
+					"(G:U, 2 <= G, 1 <= U <= G)\n", optarg);
+				exit(2);
+			}
+			break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -301,7 +327,25 @@ static void parse(int argc, char **argv, struct spec *sp)
 	if (!sp->expert_ffn)
 		sp->expert_ffn = strcmp(sp->arch, "llama") ? sp->ffn / sp->experts_used : sp->ffn;
 	if (sp->shared_experts == UINT32_MAX)
-		sp->shared_experts = !strcmp(sp->arch, "qwen2moe");
+		sp->shared_experts = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "deepseek2");
+	if (!strcmp(sp->arch, "deepseek2")) {
+		const uint32_t hd = sp->head_dim ? sp->head_dim : sp->hidden / sp->heads;
+
+		if (!sp->mla_rope)
+			sp->mla_rope = hd / 3 & ~1u;
+		if (!sp->kv_lora)
+			sp->kv_lora = 2 * hd;
+		if (sp->dense_lead == UINT32_MAX)
+			sp->dense_lead = 1;
+		sp->kv_heads = 1; /* one latent row for every head */
+	} else if (sp->dense_lead == UINT32_MAX) {
+		sp->dense_lead = 0;
+	}
+}
+
+static bool mla(const struct spec *sp)
+{
+	return !strcmp(sp->arch, "deepseek2");
 }
 
 static bool moe(const struct spec *sp)
@@ -316,7 +360,9 @@ static bool sparse_design(const struct spec *sp)
 
 static bool moe_design(const struct spec *sp)
 {
-	return moe(sp) && !sp->random_weights && (!sp->routing || !strcmp(sp->routing, "real"));
+	/* deepseek2's latent attention is not in the routing design: plain random */
+	return moe(sp) && !sp->random_weights && (!sp->routing || !strcmp(sp->routing, "real")) &&
+	       !mla(sp);
 }
 
 static int check(const struct spec *sp)
@@ -345,20 +391,38 @@ static int check(const struct spec *sp)
 			       "or --experts with --routing real (without --random-weights)\n"), -1;
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
 	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3") &&
-	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe"))
+	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe") && !mla(sp))
 		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
-			       "gemma3, phi3, qwen2moe, qwen3moe)\n", sp->arch), -1;
-	const bool moe_arch = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "qwen3moe");
+			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2)\n", sp->arch), -1;
+	const bool moe_arch = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "qwen3moe") ||
+			      mla(sp);
 
 	if (moe_arch != moe(sp) && (!moe(sp) || strcmp(sp->arch, "llama")))
-		return fprintf(stderr, "hybctl synth: --experts goes with --arch llama, qwen2moe or "
-			       "qwen3moe (the last two need it)\n"), -1;
+		return fprintf(stderr, "hybctl synth: --experts goes with --arch llama, qwen2moe, "
+			       "qwen3moe or deepseek2 (the last three need it)\n"), -1;
 	if (moe(sp) && (sp->experts_used > sp->experts || sparse_design(sp) ||
 			sp->expert_ffn % blk || !sp->expert_ffn ||
-			(sp->shared_experts && strcmp(sp->arch, "qwen2moe"))))
+			(sp->shared_experts && strcmp(sp->arch, "qwen2moe") && !mla(sp))))
 		return fprintf(stderr, "hybctl synth: experts need --experts-used <= --experts, "
 			       "--act silu, --expert-ffn a multiple of %u and --shared-experts only "
-			       "with qwen2moe\n", blk), -1;
+			       "with qwen2moe or deepseek2\n", blk), -1;
+	if (!mla(sp) && (sp->kv_lora || sp->q_lora || sp->mla_rope || sp->dense_lead || sp->v3))
+		return fprintf(stderr, "hybctl synth: --kv-lora, --q-lora, --mla-rope, --dense-lead "
+			       "and --v3 are deepseek2's\n"), -1;
+	if (sp->groups && (!moe(sp) || sp->experts % sp->groups ||
+			   sp->groups_used * (sp->experts / sp->groups) < sp->experts_used))
+		return fprintf(stderr, "hybctl synth: --expert-groups G:U needs G to divide "
+			       "--experts and U groups to hold --experts-used\n"), -1;
+	if (mla(sp)) {
+		const uint32_t hd = sp->head_dim ? sp->head_dim : sp->hidden / sp->heads;
+
+		if (sp->mla_rope >= hd || sp->mla_rope % 2 || (hd - sp->mla_rope) % blk ||
+		    sp->kv_lora % blk || sp->q_lora % blk || (sp->heads * (hd - sp->mla_rope)) % blk ||
+		    sp->dense_lead > sp->layers)
+			return fprintf(stderr, "hybctl synth: deepseek2 needs --mla-rope even and under "
+				       "--head-dim, the rest of the head, --kv-lora and --q-lora "
+				       "multiples of %u, --dense-lead <= --layers\n", blk), -1;
+	}
 	if (sp->rope_scaling && !strcmp(sp->rope_scaling, "longrope") && strcmp(sp->arch, "phi3"))
 		return fprintf(stderr, "hybctl synth: --rope-scaling longrope is phi3's\n"), -1;
 	if (strcmp(sp->arch, "llama") && (strcmp(sp->act, "silu") || sp->neox))
@@ -372,7 +436,7 @@ static int check(const struct spec *sp)
 	if (sp->head_dim && (sp->head_dim % 2 || sparse_design(sp)))
 		return fprintf(stderr, "hybctl synth: --head-dim must be even, and needs --act "
 			       "silu or --random-weights\n"), -1;
-	if (sp->head_dim && ((uint64_t)sp->heads * sp->head_dim) % blk)
+	if (sp->head_dim && !mla(sp) && ((uint64_t)sp->heads * sp->head_dim) % blk)
 		return fprintf(stderr, "hybctl synth: %s needs heads x --head-dim a multiple "
 			       "of %u\n", hyb_type_name(sp->type), blk), -1;
 	if (!sp->head_dim && (sp->hidden % sp->heads || (sp->hidden / sp->heads) % 2))
@@ -428,14 +492,34 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 		ADD(nm, ty, a, b, sd);                                             \
 	} while (0)
 		BLK("attn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
-		if (phi3) { /* Q, K and V fused */
+		if (mla(sp)) { /* latent attention: arch_deepseek2.c */
+			const uint32_t P = sp->mla_rope, N = hd - P, R = sp->kv_lora;
+
+			if (sp->q_lora) {
+				BLK("attn_q_a", sp->type, sp->hidden, sp->q_lora, s_h);
+				BLK("attn_q_a_norm", HYB_TYPE_F32, sp->q_lora, 0, 0);
+				BLK("attn_q_b", sp->type, sp->q_lora, qd,
+				    1.0f / sqrtf((float)sp->q_lora));
+			} else {
+				BLK("attn_q", sp->type, sp->hidden, qd, s_h);
+			}
+			BLK("attn_kv_a_mqa", sp->type, sp->hidden, R + P, s_h);
+			BLK("attn_kv_a_norm", HYB_TYPE_F32, R, 0, 0);
+			BLK("attn_k_b", sp->type, N, R, 1.0f / sqrtf((float)N));
+			t[n - 1].ne2 = sp->heads;
+			BLK("attn_v_b", sp->type, R, N, 1.0f / sqrtf((float)R));
+			t[n - 1].ne2 = sp->heads;
+			BLK("attn_output", sp->type, sp->heads * N, sp->hidden,
+			    1.0f / sqrtf((float)(sp->heads * N)));
+		} else if (phi3) { /* Q, K and V fused */
 			BLK("attn_qkv", sp->type, sp->hidden, qd + 2 * sp->kv_heads * hd, s_h);
 		} else {
 			BLK("attn_q", sp->type, sp->hidden, qd, s_h);
 			BLK("attn_k", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
 			BLK("attn_v", sp->type, sp->hidden, sp->kv_heads * hd, s_h);
 		}
-		BLK("attn_output", sp->type, qd, sp->hidden, 1.0f / sqrtf((float)qd));
+		if (!mla(sp))
+			BLK("attn_output", sp->type, qd, sp->hidden, 1.0f / sqrtf((float)qd));
 		BLK("ffn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 		if (!strcmp(sp->arch, "qwen2") || !strcmp(sp->arch, "qwen2moe")) {
 			/* biases: 1-D, random like the weights (BLK names end in .weight) */
@@ -455,7 +539,9 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			BLK("post_attention_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 			BLK("post_ffw_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 		}
-		if (moe(sp)) {
+		const bool moe_layer = moe(sp) && l >= sp->dense_lead;
+
+		if (moe_layer) {
 			const uint64_t F = sp->expert_ffn, S = (uint64_t)sp->shared_experts * F;
 
 			/* routers stay F32, as llama.cpp's converters and quantizer keep them */
@@ -466,8 +552,13 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			t[n - 1].ne2 = sp->experts;
 			BLK("ffn_down_exps", sp->type, F, sp->hidden, 1.0f / sqrtf((float)F));
 			t[n - 1].ne2 = sp->experts;
-			if (S) {
+			if (sp->v3) { /* the selection bias: scores are sigmoids in (0, 1) */
+				snprintf(nm, sizeof(nm), "blk.%u.exp_probs_b.bias", l);
+				ADD(nm, HYB_TYPE_F32, sp->experts, 0, 0.1f);
+			}
+			if (S && !mla(sp))
 				BLK("ffn_gate_inp_shexp", HYB_TYPE_F32, sp->hidden, 0, s_h);
+			if (S) {
 				BLK("ffn_gate_shexp", sp->type, sp->hidden, S, s_h);
 				BLK("ffn_up_shexp", sp->type, sp->hidden, S, s_h);
 				BLK("ffn_down_shexp", sp->type, S, sp->hidden,
@@ -479,7 +570,7 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			BLK("ffn_gate", sp->type, sp->hidden, sp->ffn, s_h);
 			BLK("ffn_up", sp->type, sp->hidden, sp->ffn, s_h);
 		}
-		if (!moe(sp))
+		if (!moe_layer)
 			BLK("ffn_down", sp->type, sp->ffn, sp->hidden, s_f);
 #undef BLK
 	}
@@ -512,8 +603,26 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 	KEY(u32, "feed_forward_length", sp->ffn);
 	KEY(u32, "attention.head_count", sp->heads);
 	KEY(u32, "attention.head_count_kv", sp->kv_heads);
-	KEY(u32, "rope.dimension_count", head_dim(sp));
-	if (sp->head_dim) {
+	if (mla(sp)) { /* the cached row: latent + rope; the heads' own sizes in *_mla */
+		KEY(u32, "rope.dimension_count", sp->mla_rope);
+		KEY(u32, "attention.key_length", sp->kv_lora + sp->mla_rope);
+		KEY(u32, "attention.value_length", sp->kv_lora);
+		KEY(u32, "attention.key_length_mla", head_dim(sp));
+		KEY(u32, "attention.value_length_mla", head_dim(sp) - sp->mla_rope);
+		KEY(u32, "attention.kv_lora_rank", sp->kv_lora);
+		if (sp->q_lora)
+			KEY(u32, "attention.q_lora_rank", sp->q_lora);
+		KEY(u32, "leading_dense_block_count", sp->dense_lead);
+		KEY(u32, "expert_shared_count", sp->shared_experts);
+		KEY(u32, "expert_gating_func", sp->v3 ? 2 : 1);
+		KEY(f32, "expert_weights_scale", sp->v3 ? 2.5f : 1.0f);
+		KEY(bool, "expert_weights_norm", sp->v3);
+		if (sp->rope_scaling && !strcmp(sp->rope_scaling, "yarn"))
+			KEY(f32, "rope.scaling.yarn_log_multiplier", 0.0707f);
+	} else {
+		KEY(u32, "rope.dimension_count", head_dim(sp));
+	}
+	if (sp->head_dim && !mla(sp)) {
 		KEY(u32, "attention.key_length", sp->head_dim);
 		KEY(u32, "attention.value_length", sp->head_dim);
 	}
@@ -545,9 +654,13 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 		KEY(u32, "expert_used_count", sp->experts_used);
 		if (strcmp(sp->arch, "llama")) /* Mixtral's experts are feed_forward_length */
 			KEY(u32, "expert_feed_forward_length", sp->expert_ffn);
-		if (sp->shared_experts)
+		if (sp->shared_experts && !mla(sp))
 			KEY(u32, "expert_shared_feed_forward_length",
 			    sp->shared_experts * sp->expert_ffn);
+		if (sp->groups) {
+			KEY(u32, "expert_group_count", sp->groups);
+			KEY(u32, "expert_group_used_count", sp->groups_used);
+		}
 	}
 	if (!strcmp(sp->arch, "gemma3")) {
 		KEY(u32, "attention.sliding_window", sp->swa);
@@ -593,7 +706,8 @@ int cmd_synth(int argc, char **argv)
 	struct spec sp = { .hidden = 256, .ffn = 768, .layers = 2, .heads = 4, .vocab = 512,
 			   .ctx = 4096, .type = HYB_TYPE_Q8_0, .act = "silu", .seed = 1,
 			   .sparsity = -1, .rope_factor = 8, .rope_orig_ctx = 8192,
-			   .arch = "llama", .swa = 16, .shared_experts = UINT32_MAX };
+			   .arch = "llama", .swa = 16, .shared_experts = UINT32_MAX,
+			   .dense_lead = UINT32_MAX };
 	struct synth_sparse *design = NULL;
 	struct synth_moe *moe_d = NULL;
 	struct hyb_gguf_writer *w;

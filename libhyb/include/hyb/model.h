@@ -42,6 +42,7 @@ enum hyb_arch {
 	HYB_ARCH_PHI3,   /* fused QKV and gate/up tensors, LongRoPE factors, NeoX RoPE */
 	HYB_ARCH_QWEN2MOE, /* qwen2 attention, routed experts + a gated shared expert */
 	HYB_ARCH_QWEN3MOE, /* qwen3 attention, routed experts, normalised top-k weights */
+	HYB_ARCH_DEEPSEEK2, /* latent attention, shared + routed experts, dense first layers */
 };
 
 /*
@@ -102,6 +103,23 @@ struct hyb_hparams {
 	 */
 	uint32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
 	bool expert_norm;
+	/* DeepSeek V3's routing (0 / false: not used): scores by sigmoid instead
+	 * of softmax, chosen weights times expert_scale, experts in groups of
+	 * which the n_group_used best (by their top two scores) are eligible;
+	 * the first n_dense_lead layers have a dense FFN */
+	bool expert_sigmoid;
+	float expert_scale;
+	uint32_t n_expert_groups, n_group_used, n_dense_lead;
+	/*
+	 * DeepSeek's multi-head latent attention (attention_mla.c; kv_lora 0:
+	 * none). Per head q has mla_nope + n_rot dims (q_lora > 0: through a
+	 * rank-q_lora bottleneck), K and V come from one cached latent row of
+	 * kv_lora dims + n_rot shared RoPE dims: head_dim = kv_lora + n_rot is
+	 * the cached K row, V its first kv_lora dims; a head's output goes up to
+	 * mla_v dims. The scores are scaled by mla_scale.
+	 */
+	uint32_t kv_lora, q_lora, mla_nope, mla_v;
+	float mla_scale;
 };
 
 /* A weight matrix in place: rows of ne0 elements, ne1 rows. */
@@ -116,6 +134,9 @@ struct hyb_weight {
 	/* experts of a 3-D expert tensor, expert e's matrix at data + e * ne1 *
 	 * row_bytes (hyb_weight_expert); 0: a plain matrix */
 	uint64_t ne2;
+	/* llama.cpp leaves it as stored where its 8x8 repacking would apply (a
+	 * 3-D tensor in a plain matmul): the kernels then sum in that order */
+	bool flat;
 };
 
 /* Expert e of a 3-D expert tensor, as a matrix. */
@@ -168,6 +189,14 @@ struct hyb_layer {
 	 */
 	struct hyb_weight gate_inp, gate_exps, up_exps, down_exps;
 	struct hyb_weight gate_shexp, up_shexp, down_shexp, gate_inp_shexp;
+	const float *exp_probs_b; /* [n_expert] added to the scores to choose (V3) */
+	/*
+	 * Latent attention (hparams kv_lora > 0; wq then holds q when q_lora is
+	 * 0, wk, wv are unused): q through wq_a, q_a_norm, wq_b; wkv_a [n_embd ->
+	 * kv_lora + n_rot] and kv_a_norm; per head wk_b [mla_nope -> kv_lora]
+	 * and wv_b [kv_lora -> mla_v] (ne2 = n_head); wo [n_head * mla_v -> n_embd].
+	 */
+	struct hyb_weight wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b;
 };
 
 /*
