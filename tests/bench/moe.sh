@@ -5,8 +5,12 @@
 # 0.3.36 llama.cpp the exactness goldens come from; docs/MOE.md): a file of
 # Qwen3-30B-A3B's shape (2048 wide, 32/4 heads of 128, 128 experts of 768,
 # 8 per token) with 8 of its 48 layers and a 32000-token vocabulary, in Q8_0
-# and Q4_0, and Mixtral 8x7B's layer shape (4096 wide, 8 experts of 14336,
-# 2 per token) with 2 layers. Per model, ROUNDS rounds alternate `hyb bench`
+# and Q4_0, DeepSeek-V2-Lite's (2048 wide, 16 heads of latent attention with
+# a 512-dim cache row, one dense layer, 64 experts of 1408, 6 per token, 2
+# shared) with 8 of its 27 layers in Q4_0, and Mixtral 8x7B's layer shape
+# (4096 wide, 8 experts of 14336, 2 per token) with 2 layers. Routing is
+# synth's plain random (--routing random): speed does not depend on it, and
+# the figures stay comparable from run to run. Per model, ROUNDS rounds alternate `hyb bench`
 # and llama_speed (same threads, prompt and decode lengths); medians, their
 # ratio, hyb's DRAM roofline for decode and the routed experts' share of it.
 #
@@ -29,16 +33,23 @@ speed=$(dirname "$ref")/llama_speed
 mkdir -p models/moe
 qwen3="--arch qwen3moe --hidden 2048 --heads 32 --kv-heads 4 --head-dim 128 --layers 8 \
 --experts 128 --experts-used 8 --expert-ffn 768 --ffn 6144 --vocab 32000 --ctx 40960"
+dsv2lite="--arch deepseek2 --hidden 2048 --heads 16 --head-dim 192 --mla-rope 64 --kv-lora 512 \
+--layers 8 --dense-lead 1 --ffn 10944 --experts 64 --experts-used 6 --expert-ffn 1408 \
+--shared-experts 2 --vocab 32000 --ctx 32768"
 mixtral="--hidden 4096 --heads 32 --kv-heads 8 --layers 2 --experts 8 --experts-used 2 \
 --ffn 14336 --vocab 32000"
 models=()
 for t in Q8_0 Q4_0; do
 	f=models/moe/qwen3moe-30b-a3b-8l.$t.gguf
-	[[ -f $f ]] || build/hybctl synth -o "$f" $qwen3 --type "$t" --seed 3 >/dev/null
+	[[ -f $f ]] || build/hybctl synth -o "$f" $qwen3 --type "$t" --seed 3 --routing random \
+		>/dev/null
 	models+=("$f")
 done
+f=models/moe/deepseek-v2-lite-8l.Q4_0.gguf
+[[ -f $f ]] || build/hybctl synth -o "$f" $dsv2lite --type Q4_0 --seed 3 >/dev/null
+models+=("$f")
 f=models/moe/mixtral-8x7b-2l.Q4_0.gguf
-[[ -f $f ]] || build/hybctl synth -o "$f" $mixtral --type Q4_0 --seed 3 >/dev/null
+[[ -f $f ]] || build/hybctl synth -o "$f" $mixtral --type Q4_0 --seed 3 --routing random >/dev/null
 models+=("$f")
 
 printf '%-28s %8s %8s %6s   %8s %8s %6s %8s %8s\n' model "hyb pp" "llama pp" ratio "hyb tg" \

@@ -72,11 +72,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		       touch(&L->down) + touch(&L->down_t) + touch(&L->q_norm) + touch(&L->k_norm) +
 		       touch(&L->post_attn_norm) + touch(&L->post_ffn_norm);
 		sum += touch_vec(L->bq, q) + touch_vec(L->bk, kv) + touch_vec(L->bv, kv);
+		sum += touch(&L->wq_a) + touch(&L->q_a_norm) + touch(&L->wq_b) + touch(&L->wkv_a) +
+		       touch(&L->kv_a_norm) + touch(&L->wk_b) + touch(&L->wv_b);
+		sum += touch_vec(L->exp_probs_b, hp->n_expert);
+		/* latent attention: one cached row per token, heads from 3-D tensors */
+		if (hp->kv_lora &&
+		    (hp->n_head_kv != 1 || hp->head_dim != hp->kv_lora + hp->n_rot ||
+		     L->wk_b.ne2 != hp->n_head || L->wk_b.ne0 != hp->mla_nope ||
+		     L->wk_b.ne1 != hp->kv_lora || L->wv_b.ne2 != hp->n_head ||
+		     L->wv_b.ne0 != hp->kv_lora || L->wv_b.ne1 != hp->mla_v ||
+		     L->wkv_a.ne1 != (uint64_t)hp->kv_lora + hp->n_rot ||
+		     L->wo.ne0 != (uint64_t)hp->n_head * hp->mla_v))
+			abort();
 		sum += touch(&L->gate_inp) + touch(&L->gate_exps) + touch(&L->up_exps) +
 		       touch(&L->down_exps) + touch(&L->gate_shexp) + touch(&L->up_shexp) +
 		       touch(&L->down_shexp) + touch(&L->gate_inp_shexp);
 		/* what the MoE forward pass indexes without checks (arch_moe.c) */
-		if (hp->n_expert &&
+		if (hp->n_expert && l >= hp->n_dense_lead &&
 		    (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert ||
 		     L->gate_inp.ne0 != hp->n_embd || L->gate_inp.ne1 != hp->n_expert ||
 		     L->gate_exps.ne2 != hp->n_expert || L->up_exps.ne2 != hp->n_expert ||
@@ -85,8 +97,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		     L->down_exps.ne1 != hp->n_embd || L->gate.data))
 			abort();
 		/* the shapes the forward pass relies on */
-		if (L->wq.ne0 != hp->n_embd || L->wq.ne1 != q || L->wk.ne1 != kv ||
-		    L->wo.ne0 != q || (L->gate.data && L->gate.ne1 != hp->n_ff))
+		if ((!hp->kv_lora && (L->wq.ne0 != hp->n_embd || L->wq.ne1 != q ||
+				      L->wk.ne1 != kv || L->wo.ne0 != q)) ||
+		    (L->gate.data && L->gate.ne1 != hp->n_ff))
 			abort();
 	}
 	sink = sum;

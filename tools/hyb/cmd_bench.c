@@ -285,7 +285,8 @@ static void print_moe(const struct bench *b)
 	for (int r = 0; r < b->o.reps; r++)
 		t_dec += b->t_dec[r];
 	printf("experts     %u of %u per token, %u of %u layers; decode: %.2f experts run per "
-	       "layer step\n", hp->n_expert_used, hp->n_expert, hp->n_layer, hp->n_layer,
+	       "layer step\n", hp->n_expert_used, hp->n_expert, hp->n_layer - hp->n_dense_lead,
+	       hp->n_layer,
 	       (double)st->expert_runs / (double)st->layer_steps);
 	printf("experts     decode time: routed experts %.0f%%, routers %.1f%%, shared experts "
 	       "%.1f%%, the rest %.0f%%\n", 100 * st->experts_s / t_dec,
@@ -296,7 +297,7 @@ static void print_moe(const struct bench *b)
 	       100 * st->expert_bytes / st->experts_s / bw);
 	printf("experts     load per layer (most chosen expert's share of choices / uniform "
 	       "share):");
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
+	for (uint32_t l = hp->n_dense_lead; l < hp->n_layer; l++) {
 		const uint64_t *c = b->moe_counts + (size_t)l * hp->n_expert;
 		uint64_t top = 0, sum = 0;
 
