@@ -7,7 +7,8 @@
 # 8 per token) with 8 of its 48 layers and a 32000-token vocabulary, in Q8_0
 # and Q4_0, DeepSeek-V2-Lite's (2048 wide, 16 heads of latent attention with
 # a 512-dim cache row, one dense layer, 64 experts of 1408, 6 per token, 2
-# shared) with 8 of its 27 layers in Q4_0, and Mixtral 8x7B's layer shape
+# shared) with 8 of its 27 layers in Q4_0 (and V2's q bottleneck of 1536:
+# llama.cpp takes a file without one only at V2-Lite's 26 or 27 layers), and Mixtral 8x7B's layer shape
 # (4096 wide, 8 experts of 14336, 2 per token) with 2 layers. Routing is
 # synth's plain random (--routing random): speed does not depend on it, and
 # the figures stay comparable from run to run. Per model, ROUNDS rounds alternate `hyb bench`
@@ -34,6 +35,7 @@ mkdir -p models/moe
 qwen3="--arch qwen3moe --hidden 2048 --heads 32 --kv-heads 4 --head-dim 128 --layers 8 \
 --experts 128 --experts-used 8 --expert-ffn 768 --ffn 6144 --vocab 32000 --ctx 40960"
 dsv2lite="--arch deepseek2 --hidden 2048 --heads 16 --head-dim 192 --mla-rope 64 --kv-lora 512 \
+--q-lora 1536 \
 --layers 8 --dense-lead 1 --ffn 10944 --experts 64 --experts-used 6 --expert-ffn 1408 \
 --shared-experts 2 --vocab 32000 --ctx 32768"
 mixtral="--hidden 4096 --heads 32 --kv-heads 8 --layers 2 --experts 8 --experts-used 2 \

@@ -120,7 +120,7 @@ static long vm_kib(const char *field)
 static struct hyb_weight ffn_matrix(const struct hyb_model *m)
 {
 	if (m->hp.n_expert)
-		return hyb_weight_expert(&m->layers[0].gate_exps, 0);
+		return hyb_weight_expert(&m->layers[m->hp.n_dense_lead].gate_exps, 0);
 	return m->group_size ? m->layers[0].plan.bundles : m->layers[0].gate;
 }
 
