@@ -87,9 +87,11 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	}
 	nth = hyb_threadpool_size(c->pool);
 
-	c->kv_bytes = 2 * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx * c->kv_dim;
-	c->kcache = alloc_zeroed(c->kv_bytes / 2);
-	c->vcache = alloc_zeroed(c->kv_bytes / 2);
+	/* latent attention reads V from the K rows (attention_mla.c): no V cache */
+	c->kv_bytes = (hp->kv_lora ? 1 : 2) * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx *
+		      c->kv_dim;
+	c->kcache = alloc_zeroed(hp->kv_lora ? c->kv_bytes : c->kv_bytes / 2);
+	c->vcache = hp->kv_lora ? c->kcache : alloc_zeroed(c->kv_bytes / 2);
 	/* per thread scratch of attend(), a cache line apart from the next thread's */
 	c->attn_tmp_stride = (hyb_attend_tmp_bytes(hp->head_dim) + 63) & ~63ul;
 	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
@@ -181,8 +183,12 @@ void hyb_ctx_free(struct hyb_ctx *c)
 		free_mapping(c->attn_tmp, c->attn_tmp_stride * hyb_threadpool_size(c->pool));
 		hyb_threadpool_free(c->pool);
 	}
-	free_mapping(c->kcache, c->kv_bytes / 2);
-	free_mapping(c->vcache, c->kv_bytes / 2);
+	if (c->m && c->m->hp.kv_lora) {
+		free_mapping(c->kcache, c->kv_bytes);
+	} else {
+		free_mapping(c->kcache, c->kv_bytes / 2);
+		free_mapping(c->vcache, c->kv_bytes / 2);
+	}
 	free_mapping(c->x, scratch_bytes(c));
 	hyb_ffn_plan_scratch_free(c->plan);
 	hyb_ffn_sparse_free(c->sparse);

@@ -278,11 +278,11 @@ TEST(oracle_head_dim_96)
 
 /*
  * Mixtral's layout: arch llama with 8 experts, 2 per token, renormalised.
- * Seeds chosen for decisive routing (see the top comment): the smallest
+ * synth's plain random routing (the seeds were chosen on it). Seeds chosen for decisive routing (see the top comment): the smallest
  * router gap is 22x (F32, 40 tokens), 3.3x (Q8_0) and 1.8x (Q4_K, 12 tokens)
  * twice the router-logit change of llama.cpp-like rounding.
  */
-#define MIXTRAL "--experts 8 --experts-used 2"
+#define MIXTRAL "--routing random --experts 8 --experts-used 2"
 
 TEST(oracle_mixtral)
 {
@@ -296,7 +296,8 @@ TEST(oracle_mixtral)
  * not qwen3's Q8_0: the 8th and 9th of 32 logits are close, and Q8_0 rounding
  * changed some token's choice on 18 of 20 seeds.
  */
-#define QWEN3MOE "--arch qwen3moe --experts 32 --experts-used 8 --expert-ffn 128 --type F16 " \
+#define QWEN3MOE "--routing random --arch qwen3moe --experts 32 --experts-used 8 " \
+		 "--expert-ffn 128 --type F16 " \
 		 "--seed 72"
 
 TEST(oracle_qwen3moe)
@@ -308,7 +309,8 @@ TEST(oracle_qwen3moe)
  * 16 experts, 4 per token, not renormalised, and a gated shared expert of
  * 256 neurons; Q/K/V biases. Router gaps >= 7x.
  */
-#define QWEN2MOE "--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 128 " \
+#define QWEN2MOE "--routing random --arch qwen2moe --experts 16 --experts-used 4 " \
+		 "--expert-ffn 128 " \
 		 "--shared-experts 2 --type F16 --seed 85"
 
 TEST(oracle_qwen2moe)
