@@ -96,7 +96,9 @@ ATOL = 1e-5          # floor for positions whose logits are all (nearly) equal
 MATMUL_SUFFIXES = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                    "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
                    "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
-                   "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
+                   "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight",
+                   "attn_q_a.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight",
+                   "attn_k_b.weight", "attn_v_b.weight")
 
 
 def default_tol_rel(model):

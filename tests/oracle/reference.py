@@ -76,6 +76,20 @@ and (K+1)-th router logits of a token are nearly equal; forward() records the
 choices and those gaps (routes, route_gap) so that a mismatch can be told
 from a bug.
 
+deepseek2 (HF modeling_deepseek, DeepSeek-V2/V3): multi-head latent
+attention computed as HF writes it, K and V decompressed per head from the
+normed latent c = rmsnorm(kv_a_mqa . h)[:kv_lora] (k_nope = c . attn_k_b[h],
+v = attn_v_b[h] . c: the converter's split of kv_b_proj), q = attn_q . h or
+attn_q_b . rmsnorm(attn_q_a . h), RoPE (adjacent pairs) on q's last
+rope.dimension_count dims and on the shared k_pe, scores scaled by
+key_length_mla^-0.5 times yarn_get_mscale(factor, mscale_all_dim)^2 (YaRN;
+the cos/sin magnitude is then 1); routing by softmax or sigmoid
+(expert_gating_func 2) scores, chosen by score + exp_probs_b (V3's
+e_score_correction_bias) among the expert_group_used_count groups of best
+top-2 sum, weighted by the unbiased score, renormalised when
+expert_weights_norm, times expert_weights_scale; expert_shared_count
+ungated shared experts; leading_dense_block_count dense layers first.
+
 Each architectural feature can be left out on purpose (forward(omit=...),
 FEATURES) so that the tests can prove the check fails without it.
 
@@ -124,8 +138,8 @@ except ImportError:  # pragma: no cover - reported to the user
     raise
 
 ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe")
-MOE_ARCHS = ("qwen2moe", "qwen3moe")  # llama is one when it has expert_count
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "deepseek2")
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2")  # llama is one when it has expert_count
 # what forward(omit=...) can leave out, to prove a check fails without it
 FEATURES = (
     "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
@@ -141,6 +155,9 @@ FEATURES = (
     "topk",          # MoE: every expert weighted by its probability (no top-K choice)
     "shexp_gate",    # qwen2moe: the shared expert added without its sigmoid gate
     "shexp",         # qwen2moe: no shared expert
+    "exp_bias",      # deepseek2 (V3): experts chosen without the selection bias
+    "groups",        # deepseek2 (V3): experts chosen from every group
+    "mla_rope",      # deepseek2: no RoPE on the shared rope part of q and k
 )
 
 
@@ -246,7 +263,7 @@ class Model:
         self.n_head_kv = int(opt("attention.head_count_kv", self.n_head))
         self.eps = float(opt("attention.layer_norm_rms_epsilon", 1e-5))
         self.head_dim = int(opt("attention.key_length", self.n_embd // self.n_head))
-        if int(opt("attention.value_length", self.head_dim)) != self.head_dim:
+        if int(opt("attention.value_length", self.head_dim)) != self.head_dim and a != "deepseek2":
             raise ModelError(f"{path}: {a}.attention.value_length differs from key_length")
         self.n_rot = int(opt("rope.dimension_count", self.head_dim))
         self.freq_base = float(opt("rope.freq_base", 10000.0))
@@ -281,7 +298,27 @@ class Model:
         self.n_expert_used = int(opt("expert_used_count", 0))
         self.n_ff_exp = int(opt("expert_feed_forward_length", self.n_ff))
         self.n_ff_shexp = int(opt("expert_shared_feed_forward_length", 0))
-        self.expert_norm = bool(opt("expert_weights_norm", a != "qwen2moe"))
+        self.expert_norm = bool(opt("expert_weights_norm", a not in ("qwen2moe", "deepseek2")))
+        # DeepSeek (HF modeling_deepseek MoEGate): scoring_func, routed_scaling_factor,
+        # n_group / topk_group, e_score_correction_bias; first_k_dense_replace dense layers
+        self.expert_sigmoid = int(opt("expert_gating_func", 1)) == 2
+        self.expert_scale = float(opt("expert_weights_scale", 0.0) or 0.0)
+        self.n_group = int(opt("expert_group_count", 0))
+        self.n_group_used = int(opt("expert_group_used_count", 0))
+        if a == "deepseek2":
+            # multi-head latent attention, as HF's DeepseekV2Attention (q_lora_rank,
+            # kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+            self.kv_lora = int(need("attention.kv_lora_rank"))
+            self.q_lora = int(opt("attention.q_lora_rank", 0))
+            self.qk_dim = int(need("attention.key_length_mla"))
+            self.v_dim = int(need("attention.value_length_mla"))
+            self.qk_nope = self.qk_dim - self.n_rot
+            self.n_ff_shexp = int(opt("expert_shared_count", 0)) * self.n_ff_exp
+            self.n_dense_lead = int(opt("leading_dense_block_count", 0))
+            # YaRN's mscale_all_dim (the converter writes 0.1 x it)
+            self.yarn_log_mul = float(opt("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+            if self.qk_nope <= 0 or self.kv_lora <= 0:
+                raise ModelError(f"{path}: bad latent attention dims")
         if self.n_expert and not 0 < self.n_expert_used <= self.n_expert:
             raise ModelError(f"{path}: {a}.expert_used_count {self.n_expert_used} must be in "
                              f"1..{self.n_expert} (expert_count)")
@@ -293,6 +330,8 @@ class Model:
         self.ffn_act = _field(r, "hyb.ffn_act", "silu") if a == "llama" else "silu"
         self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe")
         self.qkv_bias = a in ("qwen2", "qwen2moe")  # required; others use biases when present
+        if a == "deepseek2":
+            self.rope_neox = False  # HF's interleaved rotary = llama.cpp's adjacent pairs
         self.post_norms = a == "gemma3"
         self.embd_scale = math.sqrt(self.n_embd) if a == "gemma3" else 1.0
         self.n_swa, self.swa_pattern, self.freq_base_swa = 0, 0, self.freq_base
@@ -327,6 +366,12 @@ class Model:
                 need_t += [p + "attn_q_norm.weight", p + "attn_k_norm.weight"]
             if self.post_norms:
                 need_t += [p + "post_attention_norm.weight", p + "post_ffw_norm.weight"]
+            if a == "deepseek2":
+                need_t += [p + "attn_kv_a_mqa.weight", p + "attn_kv_a_norm.weight",
+                           p + "attn_k_b.weight", p + "attn_v_b.weight",
+                           p + "attn_output.weight"]
+                need_t += ([p + "attn_q_a.weight", p + "attn_q_a_norm.weight",
+                            p + "attn_q_b.weight"] if self.q_lora else [p + "attn_q.weight"])
             if self.is_moe(il):
                 if not self.n_expert:
                     raise ModelError(f"{path}: {p}ffn_gate_inp.weight without "
@@ -335,7 +380,8 @@ class Model:
                            p + "ffn_down_exps.weight"]
                 if a == "qwen2moe":
                     need_t += [p + "ffn_up_shexp.weight", p + "ffn_gate_inp_shexp.weight"]
-            elif self.n_expert and a in MOE_ARCHS:
+            elif self.n_expert and a in MOE_ARCHS and not (
+                    a == "deepseek2" and il < getattr(self, "n_dense_lead", 0)):
                 raise ModelError(f"{path}: missing tensor {p}ffn_gate_inp.weight")
             for t in need_t:
                 self._tensor(t)
@@ -370,6 +416,12 @@ class Model:
             f.append("shexp_gate")
         if any(f"blk.{il}.ffn_up_shexp.weight" in self.tensors for il in moe):
             f.append("shexp")
+        if any(f"blk.{il}.exp_probs_b.bias" in self.tensors for il in moe):
+            f.append("exp_bias")
+        if moe and self.n_group > 1:
+            f.append("groups")
+        if self.arch == "deepseek2":
+            f.append("mla_rope")
         return f
 
     def is_moe(self, il):
@@ -446,18 +498,38 @@ class Model:
         """The sparse MoE block of layer prefix p on h [n, n_embd] (see the module comment)."""
         K, X = self.n_expert_used, self.n_expert
         logits = self._matmul(h, p + "ffn_gate_inp.weight", emulate)  # [n, E]
-        pr = np.exp(logits - logits.max(axis=1, keepdims=True))
-        pr /= pr.sum(axis=1, keepdims=True)
+        if self.expert_sigmoid:  # DeepSeek-V3's scoring_func "sigmoid"
+            pr = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            pr = np.exp(logits - logits.max(axis=1, keepdims=True))
+            pr /= pr.sum(axis=1, keepdims=True)
+        choose = pr  # V3: chosen by score + e_score_correction_bias, weighted by score
+        bname = p + "exp_probs_b.bias"
+        if bname in self.tensors and "exp_bias" not in omit:
+            choose = pr + self.deq(bname).reshape(1, -1)
+        if self.n_group > 1 and "groups" not in omit:
+            # V3's noaux_tc: a group scores the sum of its two best; the topk_group best
+            n = choose.shape[0]
+            grp = choose.reshape(n, self.n_group, -1)
+            gscore = np.sort(grp, axis=2)[:, :, -2:].sum(axis=2)  # [n, n_group]
+            keep = np.argsort(-gscore, axis=1, kind="stable")[:, : self.n_group_used]
+            mask = np.zeros_like(gscore, dtype=bool)
+            np.put_along_axis(mask, keep, True, axis=1)
+            choose = np.where(np.repeat(mask, grp.shape[2], axis=1), choose, -np.inf)
         # stable descending sort: on an exact tie the lower index first, like torch.topk
-        order = np.argsort(-pr, axis=1, kind="stable")
+        order = np.argsort(-choose, axis=1, kind="stable")
         if K < X:  # how close each token came to another choice
-            srt = np.take_along_axis(logits, order, axis=1)
+            # (in what chose: the logits, or V3's biased scores)
+            srt = np.take_along_axis(logits if choose is pr and not self.expert_sigmoid
+                                     else choose, order, axis=1)
             self.route_gap = np.minimum(self.route_gap, srt[:, K - 1] - srt[:, K])
         self.routes.append(np.sort(order[:, :K], axis=1))
         chosen = order if "topk" in omit else order[:, :K]
         w = np.take_along_axis(pr, chosen, axis=1)
         if self.expert_norm and "topk_norm" not in omit:
             w = w / w.sum(axis=1, keepdims=True)
+        if self.expert_scale not in (0.0, 1.0):  # routed_scaling_factor
+            w = w * self.expert_scale
         gate = self.deq(p + "ffn_gate_exps.weight")  # [E][n_ff_exp][n_embd]
         up = self.deq(p + "ffn_up_exps.weight")
         down = self.deq(p + "ffn_down_exps.weight")  # [E][n_embd][n_ff_exp]
@@ -480,6 +552,46 @@ class Model:
                 y = y / (1.0 + np.exp(-s))  # HF: sigmoid(shared_expert_gate(h)) * y
             f += y
         return f
+
+    def _mla(self, h, p, pos, causal, emulate, omit):
+        """DeepseekV2Attention as HF writes it, without the absorption trick: K and V
+        are decompressed per head from the normed latent (k_b, v_b: the converter's
+        split of kv_b_proj, GGUF [nope, R, H] and [R, v, H]: numpy [H][R][nope] and
+        [H][v][R])."""
+        n, H, P, N, R = h.shape[0], self.n_head, self.n_rot, self.qk_nope, self.kv_lora
+        if self.q_lora:
+            qa = self._rmsnorm(self._matmul(h, p + "attn_q_a.weight", emulate),
+                               p + "attn_q_a_norm.weight")
+            q = self._matmul(qa, p + "attn_q_b.weight", emulate)
+        else:
+            q = self._matmul(h, p + "attn_q.weight", emulate)
+        q = q.reshape(n, H, N + P)
+        q_nope, q_pe = q[..., :N], q[..., N:]
+        ckv = self._matmul(h, p + "attn_kv_a_mqa.weight", emulate)  # [n, R + P]
+        c = self._rmsnorm(ckv[:, :R], p + "attn_kv_a_norm.weight")
+        k_pe = ckv[:, None, R:]  # [n, 1, P], one for all heads
+        if "mla_rope" not in omit:
+            q_pe = self._rope(q_pe, pos, False, False, omit)
+            k_pe = self._rope(k_pe, pos, False, False, omit)
+        if emulate and emulate != "act":  # the cache row [c | k_pe] is F16
+            c, k_pe = _round_f16(c), _round_f16(k_pe)
+        kb = self.deq(p + "attn_k_b.weight")  # [H][R][N]
+        vb = self.deq(p + "attn_v_b.weight")  # [H][v][R]
+        k_nope = np.einsum("tr,hrn->thn", c, kb)  # [n, H, N]
+        v = np.einsum("tr,hvr->thv", c, vb)  # [n, H, v]
+        qq = np.concatenate([q_nope, q_pe], axis=-1)
+        kk = np.concatenate([k_nope, np.repeat(k_pe, H, axis=1)], axis=-1)
+        # softmax_scale: qk_head_dim^-0.5, times yarn_get_mscale(factor, mscale_all_dim)^2
+        scale = 1.0 / math.sqrt(self.qk_dim)
+        if self.rope_scaling == "yarn" and self.rope_factor > 1 and self.yarn_log_mul:
+            m = 0.1 * self.yarn_log_mul * math.log(self.rope_factor) + 1.0
+            scale *= m * m
+        sc = np.einsum("qhd,khd->hqk", qq, kk) * scale + causal[None]
+        sc -= sc.max(axis=-1, keepdims=True)
+        pr = np.exp(sc)
+        pr /= pr.sum(axis=-1, keepdims=True)
+        o = np.einsum("hqk,khv->qhv", pr, v).reshape(n, H * self.v_dim)
+        return self._matmul(o, p + "attn_output.weight", emulate)
 
     def _bias(self, y, name, omit):
         if "bias" in omit or name not in self.tensors:
@@ -509,7 +621,10 @@ class Model:
         mag = self.rope_attn_factor
         if self.rope_scaling == "yarn" and "yarn" not in omit and "rope_scaling" not in omit:
             r = _yarn(inv, d, base, f, self.n_ctx_orig, beta_fast=32.0, beta_slow=1.0)
-            inv, mag = r[0], mag * r[1]
+            # DeepSeek's yarn: cos/sin times mscale(f, mscale) / mscale(f, mscale_all_dim),
+            # 1 as its configs set both alike (the score scale takes the factor instead)
+            deepseek = self.arch == "deepseek2" and getattr(self, "yarn_log_mul", 0.0)
+            inv, mag = r[0], mag * (1.0 if deepseek else r[1])
         else:
             inv = inv / f
         return inv, mag
@@ -587,6 +702,17 @@ class Model:
             p = f"blk.{il}."
             local = self.is_swa(il)
             h = self._rmsnorm(x, p + "attn_norm.weight")
+            if self.arch == "deepseek2":
+                x = x + self._mla(h, p, pos, causal, emulate, omit)
+                h = self._rmsnorm(x, p + "ffn_norm.weight")
+                if self.is_moe(il):
+                    f = self._moe(h, p, act, emulate, omit)
+                else:
+                    g = self._matmul(h, p + "ffn_gate.weight", emulate)
+                    u = self._matmul(h, p + "ffn_up.weight", emulate)
+                    f = self._matmul(self._ffn_act(g, u, act), p + "ffn_down.weight", emulate)
+                x = x + f
+                continue
             if p + "attn_qkv.weight" in self.tensors:  # Phi-3's qkv_proj: q, k, v in order
                 qkv = self._matmul(h, p + "attn_qkv.weight", emulate)
                 q, k, v = np.split(qkv, [nh * hd, (nh + nkv) * hd], axis=1)

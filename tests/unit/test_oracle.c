@@ -319,6 +319,25 @@ TEST(oracle_qwen2moe)
 }
 
 /*
+ * DeepSeek's latent attention against HF's DeepseekV2Attention, which
+ * decompresses K and V per head (the reference never absorbs): V2 with a q
+ * bottleneck; V3's sigmoid scores, selection bias, expert groups and scaled
+ * weights; V2-Lite's straight q with YaRN x40 and its log multiplier (the
+ * score scale mscale^2). One dense layer first, two shared experts. Seeds
+ * with routing gaps of 1e-2 or more (F16).
+ */
+#define DEEPSEEK2 "--arch deepseek2 --layers 3 --experts 16 --experts-used 4 --expert-ffn 64 " \
+		  "--head-dim 96 --type F16 "
+
+TEST(oracle_deepseek2)
+{
+	check_synth("deepseek2", DEEPSEEK2 "--q-lora 64 --seed 34");
+	check_synth("deepseek2_v3", DEEPSEEK2 "--q-lora 64 --v3 --expert-groups 4:2 --seed 37");
+	check_synth("deepseek2_yarn", DEEPSEEK2 "--rope-scaling yarn --rope-factor 40 "
+		    "--rope-orig-ctx 16 --seed 34");
+}
+
+/*
  * A reference told to leave WRONG's feature out must make check_logits.py
  * exit 1 (mismatch, not 2: error), on a model the right reference passes.
  */
