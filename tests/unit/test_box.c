@@ -375,3 +375,35 @@ TEST(box_load_errors_are_clear)
 		  "%s", hyb_last_error());
 	hybd_stop(d, "test");
 }
+
+/* A mixture of experts and latent attention from hybd's pools: the file's ids. */
+TEST(box_moe_model_generates_the_file_ids)
+{
+	static const int32_t prompt[] = { 1, 17, 200, 3, 99, 42 };
+	char model[512], cmd[1024];
+	struct hyb_model *f, *b;
+	struct hybd *d;
+	struct ids want, got;
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(model, sizeof(model), "%s/moe.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch deepseek2 --experts 8 "
+		 "--experts-used 2 --expert-ffn 64 --head-dim 96 --q-lora 64 --hidden 128 --heads 2 "
+		 "--layers 3 --vocab 300 -t 2 >/dev/null", model);
+	CHECK(system(cmd) == 0);
+	start_hybd(model, "bm", "layer", "2", &d);
+	f = hyb_model_load(model);
+	CHECK_MSG(f, "%s", hyb_last_error());
+	b = hyb_model_load_manifest("bm.manifest");
+	CHECK_MSG(b, "%s", hyb_last_error());
+	CHECK(b->hp.n_expert == 8 && b->hp.kv_lora == 192 && b->layers[1].gate_exps.ne2 == 8);
+	want = generate(f, prompt, 6);
+	got = generate(b, prompt, 6);
+	CHECK_EQ_INT(want.n, N_GEN);
+	check_same_ids(&want, &got, "deepseek2 MoE from pools");
+	check_read_only(b, "blk.1.ffn_gate_exps.weight", b->layers[1].gate_exps.data);
+	hyb_model_free(b);
+	hyb_model_free(f);
+	hybd_stop(d, "test");
+}
