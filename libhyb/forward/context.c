@@ -114,6 +114,13 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		hyb_error_set(-ENOMEM, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
+	if (p && p->moe_defer && (!hp->n_expert || p->moe_defer >= hp->n_expert_used)) {
+		hyb_error_set(-EINVAL, "expert deferral of %u experts needs a mixture of experts "
+			      "choosing more than that (%u of %u)", p->moe_defer, hp->n_expert_used,
+			      hp->n_expert);
+		goto fail;
+	}
+	c->moe_defer = p ? p->moe_defer : 0;
 	if (hp->kv_lora && !(c->mla = hyb_mla_scratch_new(m, c->n_batch))) {
 		hyb_error_set(-ENOMEM, "out of memory for the latent attention scratch");
 		goto fail;

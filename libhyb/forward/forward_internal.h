@@ -45,6 +45,7 @@ struct hyb_ctx {
 	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
 	struct hyb_moe_scratch *moe;       /* mixture-of-experts models (moe.c) */
 	struct hyb_mla_scratch *mla;       /* latent attention (attention_mla.c) */
+	uint32_t moe_defer;                /* hyb_ctx_params.moe_defer */
 };
 
 /* Y_i[n][ne1_i] = W_i . X[n][ne0] for up to three weights sharing X, in llama.cpp's order. */

@@ -52,6 +52,9 @@ struct hyb_moe_scratch {
 	float *out;        /* [nb * K][n_embd] expert outputs */
 	float *sg, *su;    /* [nb][n_ff_shexp] shared expert's gate and up */
 	float *so, *sgi;   /* [nb][n_embd] its output, [nb] its gate's logit */
+	float *defer;      /* [n_embd] this layer's deferred experts' sum */
+	float *pending;    /* [n_embd] the layer before's, due at this one */
+	bool deferred;     /* defer holds one */
 	uint32_t n_layer, n_expert;
 	uint64_t *counts;  /* [n_layer][n_expert] times chosen */
 	struct hyb_moe_stats stats;
@@ -94,6 +97,8 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	s->hq_stride = hq;
 	s->logits = malloc(sizeof(float) * nb * X);
 	s->scores = malloc(sizeof(float) * X);
+	s->defer = malloc(sizeof(float) * E);
+	s->pending = malloc(sizeof(float) * E);
 	s->sel = malloc(sizeof(int32_t) * P);
 	s->wt = malloc(sizeof(float) * P);
 	s->start = malloc(sizeof(uint32_t) * (X + 1));
@@ -113,7 +118,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 		s->so = malloc(sizeof(float) * nb * E);
 		s->sgi = malloc(sizeof(float) * nb);
 	}
-	if (!s->counts || !s->logits || !s->scores || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
+	if (!s->counts || !s->logits || !s->scores || !s->defer || !s->pending || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
 	    !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
 	    (S && (!s->sg || !s->su || !s->so || !s->sgi))) {
 		hyb_moe_scratch_free(s);
@@ -150,6 +155,8 @@ void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
 	free(s->counts);
 	free(s->logits);
 	free(s->scores);
+	free(s->defer);
+	free(s->pending);
 	free(s->sel);
 	free(s->wt);
 	free(s->start);
@@ -516,6 +523,9 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	const uint32_t K = hp->n_expert_used, E = hp->n_embd;
 	const struct hyb_weight *router = &L->gate_inp;
 	const double t0 = hyb_now();
+
+	if (l == hp->n_dense_lead) /* a step's first MoE layer: nothing is due */
+		s->deferred = false;
 	uint64_t *counts = s->counts + (size_t)l * hp->n_expert;
 	double t1;
 	uint32_t n_active;
@@ -564,6 +574,14 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 		shared_expert(c, L, nf);
 	s->stats.shared_s += hyb_now() - t2;
 
+	/*
+	 * Deferral (decode only, not in the last layer): the lowest-ranked
+	 * experts' sum waits for the next MoE layer; the one due from the layer
+	 * before joins this layer's output. Their weights stay those of all K.
+	 */
+	const uint32_t Ki = nf == 1 && l + 1 < hp->n_layer ? K - c->moe_defer : K;
+	const bool due = nf == 1 && s->deferred;
+
 	/* ggml_mul by the weights, then ggml_add in rank order (two roundings each) */
 	for (uint32_t t = 0; t < nf; t++) {
 		float *y = c->xn + (size_t)t * E;
@@ -571,16 +589,24 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 		for (uint32_t k = 0; k < K; k++) {
 			const float *o = s->out + (size_t)s->pos[t * K + k] * E;
 			const float w = s->wt[t * K + k];
+			float *d = k < Ki ? y : s->defer;
+			const uint32_t first = k < Ki ? 0 : Ki;
 
 			for (uint32_t i = 0; i < E; i++) {
 				const float v = o[i] * w;
 
-				y[i] = k ? y[i] + v : v;
+				d[i] = k != first ? d[i] + v : v;
 			}
 		}
 		if (L->up_shexp.data)
 			for (uint32_t i = 0; i < E; i++)
 				y[i] += s->so[(size_t)t * E + i];
 	}
+	if (due)
+		for (uint32_t i = 0; i < E; i++)
+			c->xn[i] += s->pending[i];
+	s->deferred = Ki < K;
+	if (s->deferred)
+		memcpy(s->pending, s->defer, sizeof(float) * E);
 	return 0;
 }

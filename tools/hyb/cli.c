@@ -38,7 +38,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
-       O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS };
+       O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -77,6 +77,7 @@ static const struct option longopts[] = {
 	{ "system", required_argument, 0, O_SYSTEM },
 	{ "cats", required_argument, 0, O_CATS },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
+	{ "defer", required_argument, 0, O_DEFER },
 	{ "chunks", required_argument, 0, O_CHUNKS },
 	{ "file", required_argument, 0, 'f' },
 	{ "help", no_argument, 0, 'h' },
@@ -156,6 +157,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_CHAT_TEMPLATE: o->chat_template = optarg; break;
 		case O_SYSTEM: o->system = optarg; break;
 		case O_CATS: o->cats = optarg; break;
+		case O_DEFER: o->moe_defer = (uint32_t)cli_num("--defer", optarg, 0, 512); break;
 		case O_SPARSITY:
 			o->sparsity = cli_num("--sparsity", optarg, 0, 1);
 			if (o->sparsity >= 1)
@@ -219,7 +221,8 @@ struct hyb_model *cli_load_model(const struct cli_opts *o)
 
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 {
-	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads, .ffn = o->ffn };
+	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads, .ffn = o->ffn,
+				    .moe_defer = o->moe_defer };
 	struct hyb_hybrid_params hy = o->hy;
 	struct hyb_ctx *c;
 

@@ -43,6 +43,7 @@ struct cli_opts {
 	double sparsity;
 	const char *text_file;     /* perplexity -f FILE */
 	int n_chunks;              /* perplexity --chunks N */
+	uint32_t moe_defer;        /* --defer N: expert deferral (hyb_ctx_params.moe_defer) */
 };
 
 /* Parse argv after the subcommand; exits with a message on a bad option. */

@@ -304,6 +304,14 @@ struct hyb_ctx_params {
 	uint32_t n_ctx;     /* 0: min(n_ctx_train, 4096) */
 	int n_threads;      /* <= 0: all online CPUs */
 	uint32_t n_batch;   /* prompt tokens per pass; 0: 512 */
+	/*
+	 * Expert deferral (KTransformers section 5; docs/MOE.md): in decode
+	 * steps the moe_defer lowest-ranked of each layer's chosen experts join
+	 * the residual one MoE layer later (the last layer defers nothing), so
+	 * that a hybrid engine can compute them while the next layer runs. 0:
+	 * none; at most n_expert_used - 1.
+	 */
+	uint32_t moe_defer;
 	enum hyb_ffn_mode ffn;
 	/* Hybrid GPU-CPU decoding of a plan (hyb/hybrid.h); NULL: CPU only. */
 	const struct hyb_hybrid_params *hybrid;
