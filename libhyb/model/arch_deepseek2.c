@@ -14,7 +14,9 @@
  *     weights optionally renormalised and scaled) plus
  *     expert_shared_count ungated shared experts (arch_moe.c).
  * Files of the older converter (one attn_kv_b tensor) are refused: llama.cpp
- * runs those as plain multi-head attention.
+ * runs those as plain multi-head attention. V3's multi-token-prediction
+ * layers (nextn_predict_layers, the last ones) are left out, as llama.cpp
+ * leaves them out of a normal pass.
  */
 #include <math.h>
 #include <stdio.h>
@@ -24,7 +26,7 @@
 
 static int deepseek2_hparams(struct hyb_loader *ld, struct hyb_hparams *hp)
 {
-	uint32_t k_mla = 0, v_mla = 0, shared = 0, gating = 0;
+	uint32_t k_mla = 0, v_mla = 0, shared = 0, gating = 0, nextn = 0;
 	bool norm = false;
 	float log_mul = 0;
 	char key[128];
@@ -37,8 +39,15 @@ static int deepseek2_hparams(struct hyb_loader *ld, struct hyb_hparams *hp)
 	    hyb_ld_u32(ld, "expert_shared_count", 0, &shared) ||
 	    hyb_ld_u32(ld, "expert_gating_func", 0, &gating) ||
 	    hyb_ld_f32(ld, "expert_weights_scale", 0.0f, &hp->expert_scale) ||
-	    hyb_ld_f32(ld, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul))
+	    hyb_ld_f32(ld, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul) ||
+	    hyb_ld_u32(ld, "nextn_predict_layers", 0, &nextn))
 		return -1;
+	/* V3's multi-token prediction layers come last and are not part of the
+	 * model's own pass (llama.cpp's n_layer() leaves them out too) */
+	if (nextn >= hp->n_layer)
+		return hyb_ld_fail(ld, "metadata %s.nextn_predict_layers %u leaves none of the %u "
+				   "layers", hp->arch, nextn, hp->n_layer);
+	hp->n_layer -= nextn;
 	snprintf(key, sizeof(key), "%s.expert_weights_norm", hp->arch);
 	if (hyb_gguf_find(ld->m->gguf, key) && !hyb_gguf_get_bool(ld->m->gguf, key, &norm))
 		return hyb_ld_fail(ld, "metadata %s is not a boolean", key);

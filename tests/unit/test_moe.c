@@ -449,6 +449,14 @@ TEST(moe_deepseek2_refuses_bad_files_by_name)
 			  "expert_group_count 3");
 	expect_load_error(rewrite(src, "ds-vb", NULL, -1, "blk.1.attn_v_b.weight", "blk.1.x.weight"),
 			  "blk.1.attn_v_b.weight is missing");
+	expect_load_error(rewrite(src, "ds-nextn-all", "deepseek2.nextn_predict_layers", 2, NULL,
+				  NULL), "nextn_predict_layers 2 leaves none");
+	/* the last layer as V3's multi-token prediction layer: left out of the pass */
+	m = hyb_model_load(rewrite(src, "ds-nextn", "deepseek2.nextn_predict_layers", 1, NULL,
+				   NULL));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.n_layer == 1);
+	hyb_model_free(m);
 }
 
 /*
