@@ -381,10 +381,12 @@ static void expert_worker(void *arg, int ith, int nth)
 		const uint64_t nr = w.ne1 - r0 < j->chunk ? w.ne1 - r0 : j->chunk;
 		const uint32_t j0 = s->start[e], nj = s->start[e + 1] - j0;
 		const char *wr = (const char *)w.data + r0 * w.row_bytes;
-		const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w.type, w.ne1);
+		/* llama.cpp picks its kernel by the whole tensor's rows (fused gate/up) */
+		const uint64_t rows = w.fused_rows ? w.fused_rows : w.ne1;
+		const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w.type, rows);
 		const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
 		float *y = j->y[m] + (size_t)j0 * w.ne1 + r0;
-		const uint32_t mc = hyb_moe_max_columns(w.type, w.ne1);
+		const uint32_t mc = hyb_moe_max_columns(w.type, rows);
 
 		if (!mc || mc >= nj) {
 			fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y,

@@ -72,10 +72,27 @@ int hyb_ld_moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l)
 	const uint64_t E = hp->n_embd, F = hp->n_ff_exp, X = hp->n_expert;
 	int rc;
 
-	if (hyb_ld_bind_layer(ld, &L->gate_inp, l, "ffn_gate_inp.weight", E, X, false) ||
-	    hyb_ld_bind_experts(ld, &L->gate_exps, l, "ffn_gate_exps.weight", E, F, X) ||
-	    hyb_ld_bind_experts(ld, &L->up_exps, l, "ffn_up_exps.weight", E, F, X) ||
-	    hyb_ld_bind_experts(ld, &L->down_exps, l, "ffn_down_exps.weight", F, E, X))
+	char name[96];
+
+	if (hyb_ld_bind_layer(ld, &L->gate_inp, l, "ffn_gate_inp.weight", E, X, false))
+		return -1;
+	/* gate and up in one tensor, gate's rows first in each expert (llama.cpp's
+	 * create_tensor_gate_up_exps takes either form) */
+	snprintf(name, sizeof(name), "blk.%u.ffn_gate_up_exps.weight", l);
+	if (hyb_gguf_find_tensor(ld->m->gguf, name)) {
+		struct hyb_weight gu;
+
+		if (hyb_ld_bind_experts(ld, &gu, l, "ffn_gate_up_exps.weight", E, 2 * F, X))
+			return -1;
+		L->gate_exps = L->up_exps = gu;
+		L->gate_exps.ne1 = L->up_exps.ne1 = F;
+		L->gate_exps.fused_rows = L->up_exps.fused_rows = 2 * F;
+		L->up_exps.data = (const char *)gu.data + F * gu.row_bytes;
+	} else if (hyb_ld_bind_experts(ld, &L->gate_exps, l, "ffn_gate_exps.weight", E, F, X) ||
+		   hyb_ld_bind_experts(ld, &L->up_exps, l, "ffn_up_exps.weight", E, F, X)) {
+		return -1;
+	}
+	if (hyb_ld_bind_experts(ld, &L->down_exps, l, "ffn_down_exps.weight", F, E, X))
 		return -1;
 	if (hyb_ld_bias(ld, &L->exp_probs_b, l, "exp_probs_b.bias", X, true))
 		return -1;

@@ -209,6 +209,12 @@ static const struct {
 	  142, 100 } },
 	  "--arch deepseek2 --experts 8 --experts-used 2 --expert-ffn 256 --heads 2 "
 	  "--head-dim 320 --mla-rope 64 --q-lora 256 --kv-lora 256" },
+	/* gate and up of the experts in one tensor (ffn_gate_up_exps) */
+	{ { "Q4_0_deepseek2_gate_up", HYB_TYPE_Q4_0, 500, 70, 0x99bb6732725fad78ull, 40,
+	  { 394, 84, 283, 453, 63, 235, 215, 292, 483, 215, 292, 483, 453, 242, 358, 69, 55, 396,
+	  46, 3, 403, 367, 211, 438, 117, 161, 360, 432, 256, 394, 419, 335, 19, 192, 52, 290,
+	  450, 135, 204, 443 } },
+	  DEEPSEEK2 "--q-lora 64 --gate-up-exps" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -308,3 +314,4 @@ TEST(exact_deepseek2_mla_q8_0) { run_case_with(&rope_cases[16].g, rope_cases[16]
 TEST(exact_deepseek2_v3_routing_q4_0) { run_case_with(&rope_cases[17].g, rope_cases[17].synth); }
 TEST(exact_deepseek2_lite_yarn_f16) { run_case_with(&rope_cases[18].g, rope_cases[18].synth); }
 TEST(exact_deepseek2_q4_k) { run_case_with(&rope_cases[19].g, rope_cases[19].synth); }
+TEST(exact_deepseek2_gate_up_exps) { run_case_with(&rope_cases[20].g, rope_cases[20].synth); }

@@ -79,6 +79,7 @@ static const char usage[] =
 	"  --v3            DeepSeek-V3 routing: sigmoid scores, a selection bias,\n"
 	"                  weights renormalised and scaled by 2.5\n"
 	"  --expert-groups G:U  experts in G groups, the U best eligible\n"
+	"  --gate-up-exps  experts' gate and up in one tensor (ffn_gate_up_exps)\n"
 	"                  (default 1)\n"
 	"  --routing R     experts: real (default; routers and embeddings designed so\n"
 	"                  the model's own text is routed like a trained MoE model's:\n"
@@ -103,7 +104,7 @@ struct spec {
 	uint32_t swa;
 	uint32_t experts, experts_used, expert_ffn, shared_experts;
 	uint32_t kv_lora, q_lora, mla_rope, dense_lead, groups, groups_used;
-	bool v3;
+	bool v3, gate_up;
 	float rope_factor;
 	uint32_t rope_orig_ctx;
 	uint64_t seed;
@@ -232,6 +233,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		{ "shared-experts", 1, 0, 'Z' }, { "routing", 1, 0, 'Q' },
 		{ "kv-lora", 1, 0, 1001 }, { "q-lora", 1, 0, 1002 }, { "mla-rope", 1, 0, 1003 },
 		{ "dense-lead", 1, 0, 1004 }, { "v3", 0, 0, 1005 }, { "expert-groups", 1, 0, 1006 },
+		{ "gate-up-exps", 0, 0, 1007 },
 		{ 0, 0, 0, 0 },
 	};
 	int c, out_type_set = 0;
@@ -306,6 +308,7 @@ static void parse(int argc, char **argv, struct spec *sp)
 		case 1003: sp->mla_rope = ctl_u32("synth", "--mla-rope", optarg, 2, 256); break;
 		case 1004: sp->dense_lead = ctl_u32("synth", "--dense-lead", optarg, 0, 1024); break;
 		case 1005: sp->v3 = true; break;
+		case 1007: sp->gate_up = true; break;
 		case 1006:
 			if (sscanf(optarg, "%u:%u", &sp->groups, &sp->groups_used) != 2 ||
 			    sp->groups < 2 || !sp->groups_used || sp->groups_used > sp->groups) {
@@ -546,10 +549,15 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 
 			/* routers stay F32, as llama.cpp's converters and quantizer keep them */
 			BLK("ffn_gate_inp", HYB_TYPE_F32, sp->hidden, sp->experts, 2.0f * s_h);
-			BLK("ffn_gate_exps", sp->type, sp->hidden, F, s_h);
-			t[n - 1].ne2 = sp->experts;
-			BLK("ffn_up_exps", sp->type, sp->hidden, F, s_h);
-			t[n - 1].ne2 = sp->experts;
+			if (sp->gate_up) {
+				BLK("ffn_gate_up_exps", sp->type, sp->hidden, 2 * F, s_h);
+				t[n - 1].ne2 = sp->experts;
+			} else {
+				BLK("ffn_gate_exps", sp->type, sp->hidden, F, s_h);
+				t[n - 1].ne2 = sp->experts;
+				BLK("ffn_up_exps", sp->type, sp->hidden, F, s_h);
+				t[n - 1].ne2 = sp->experts;
+			}
 			BLK("ffn_down_exps", sp->type, F, sp->hidden, 1.0f / sqrtf((float)F));
 			t[n - 1].ne2 = sp->experts;
 			if (sp->v3) { /* the selection bias: scores are sigmoids in (0, 1) */

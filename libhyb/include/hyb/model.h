@@ -139,12 +139,13 @@ struct hyb_weight {
 	bool flat;
 };
 
-/* Expert e of a 3-D expert tensor, as a matrix. */
+/* Expert e of a 3-D expert tensor (or of a slice of a fused one), as a matrix. */
 static inline struct hyb_weight hyb_weight_expert(const struct hyb_weight *w, uint32_t e)
 {
 	struct hyb_weight x = *w;
 
-	x.data = (const char *)w->data + (uint64_t)e * w->ne1 * w->row_bytes;
+	x.data = (const char *)w->data +
+		 (uint64_t)e * (w->fused_rows ? w->fused_rows : w->ne1) * w->row_bytes;
 	x.ne2 = 0;
 	return x;
 }
