@@ -32,6 +32,7 @@ struct hyb_arch_desc {
 	 * when expert_count is set), _REQUIRED */
 	enum { HYB_MOE_NONE, HYB_MOE_OPTIONAL, HYB_MOE_REQUIRED } moe;
 	bool expert_norm;     /* renormalise the chosen experts' weights (hyb_hparams) */
+	const char *ffn_norm; /* the FFN input norm's tensor name (NULL: "ffn_norm") */
 	bool mla;             /* its own attention tensors (latent attention): the layer
 			       * hook binds them, not the common Q/K/V/O */
 	/* after the common keys and RoPE: the architecture's own; 0 or -1 (failed) */
@@ -41,7 +42,8 @@ struct hyb_arch_desc {
 };
 
 extern const struct hyb_arch_desc hyb_arch_llama, hyb_arch_qwen2, hyb_arch_qwen3,
-	hyb_arch_gemma3, hyb_arch_phi3, hyb_arch_qwen2moe, hyb_arch_qwen3moe, hyb_arch_deepseek2;
+	hyb_arch_gemma3, hyb_arch_phi3, hyb_arch_qwen2moe, hyb_arch_qwen3moe, hyb_arch_deepseek2,
+	hyb_arch_glm4moe;
 
 /* The loader's services for the arch files (model_load.c). */
 int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -139,6 +139,7 @@ static int read_rope(struct hyb_loader *ld)
 static const struct hyb_arch_desc *const archs[] = {
 	&hyb_arch_llama, &hyb_arch_qwen2,    &hyb_arch_qwen3,    &hyb_arch_gemma3,
 	&hyb_arch_phi3,  &hyb_arch_qwen2moe, &hyb_arch_qwen3moe, &hyb_arch_deepseek2,
+	&hyb_arch_glm4moe,
 };
 
 static const char *arch_names(void)
@@ -579,7 +580,10 @@ static int bind_layers(struct hyb_loader *ld)
 		}
 		if (!arch_of(hp)->mla)
 			B(wo, "attn_output", q_dim, hp->n_embd);
-		B(ffn_norm, "ffn_norm", hp->n_embd, 0);
+		snprintf(name, sizeof(name), "blk.%u.%s.weight", l,
+			 arch_of(hp)->ffn_norm ? arch_of(hp)->ffn_norm : "ffn_norm");
+		if (hyb_ld_bind(ld, &L->ffn_norm, name, hp->n_embd, 0, false))
+			return -1;
 		if (moe) {
 			if (ld->m->group_size || ld->m->powerinfer)
 				return hyb_ld_fail(ld, "a mixture-of-experts model cannot be a %s file",

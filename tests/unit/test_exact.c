@@ -215,6 +215,17 @@ static const struct {
 	  46, 3, 403, 367, 211, 438, 117, 161, 360, 432, 256, 394, 419, 335, 19, 192, 52, 290,
 	  450, 135, 204, 443 } },
 	  DEEPSEEK2 "--q-lora 64 --gate-up-exps" },
+	/*
+	 * GLM-4.5 (arch_glm4moe.c): biased GQA, NeoX RoPE on half of each head,
+	 * post_attention_norm before the FFN, one dense layer, sigmoid routing
+	 * with a selection bias and renormalised weights, a shared expert.
+	 */
+	{ { "Q4_K_glm4moe", HYB_TYPE_Q4_K, 500, 70, 0xc91fed2ec4c453e6ull, 40,
+	  { 201, 410, 159, 22, 384, 477, 201, 410, 159, 22, 384, 457, 145, 133, 281, 404, 415,
+	  281, 404, 415, 281, 404, 415, 281, 404, 415, 213, 141, 282, 254, 121, 404, 415, 281,
+	  404, 186, 201, 2, 342, 331 } },
+	  "--routing random --arch glm4moe --layers 3 --experts 16 --experts-used 4 "
+	  "--expert-ffn 256" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -315,3 +326,4 @@ TEST(exact_deepseek2_v3_routing_q4_0) { run_case_with(&rope_cases[17].g, rope_ca
 TEST(exact_deepseek2_lite_yarn_f16) { run_case_with(&rope_cases[18].g, rope_cases[18].synth); }
 TEST(exact_deepseek2_q4_k) { run_case_with(&rope_cases[19].g, rope_cases[19].synth); }
 TEST(exact_deepseek2_gate_up_exps) { run_case_with(&rope_cases[20].g, rope_cases[20].synth); }
+TEST(exact_glm4moe_q4_k) { run_case_with(&rope_cases[21].g, rope_cases[21].synth); }

@@ -605,3 +605,34 @@ TEST(moe_expert_deferral)
 	free(lb);
 	hyb_model_free(m);
 }
+
+/* glm4moe files that are wrong: refused by name; its MTP layers left out. */
+TEST(moe_glm4moe_keys)
+{
+	char src[512], cmd[1024];
+	struct hyb_model *m;
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(src, sizeof(src), "%s/glm.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch glm4moe --layers 3 "
+		 "--experts 8 --experts-used 2 --expert-ffn 64 --hidden 128 --heads 2 --vocab 300 "
+		 "-t 2 >/dev/null", src);
+	CHECK(system(cmd) == 0);
+	m = hyb_model_load(src);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.n_rot == m->hp.head_dim / 2 && m->hp.rope_neox && m->hp.expert_sigmoid &&
+	      m->hp.expert_norm && m->hp.n_dense_lead == 1 && m->hp.n_ff_shexp == 64);
+	CHECK(m->layers[1].exp_probs_b && m->layers[0].gate.data && m->layers[1].bq);
+	hyb_model_free(m);
+	expect_load_error(rewrite(src, "glm-gating", "glm4moe.expert_gating_func", 9, NULL, NULL),
+			  "expert_gating_func 9 is not supported");
+	expect_load_error(rewrite(src, "glm-nextn", "glm4moe.nextn_predict_layers", 3, NULL, NULL),
+			  "nextn_predict_layers 3 leaves none");
+	expect_load_error(rewrite(src, "glm-norm", NULL, -1, "blk.1.post_attention_norm.weight",
+				  "blk.1.ffn_norm.weight"), "blk.1.post_attention_norm.weight is missing");
+	m = hyb_model_load(rewrite(src, "glm-mtp", "glm4moe.nextn_predict_layers", 1, NULL, NULL));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.n_layer == 2);
+	hyb_model_free(m);
+}

@@ -43,6 +43,7 @@ enum hyb_arch {
 	HYB_ARCH_QWEN2MOE, /* qwen2 attention, routed experts + a gated shared expert */
 	HYB_ARCH_QWEN3MOE, /* qwen3 attention, routed experts, normalised top-k weights */
 	HYB_ARCH_DEEPSEEK2, /* latent attention, shared + routed experts, dense first layers */
+	HYB_ARCH_GLM4MOE,   /* biased GQA, partial NeoX RoPE, V3-style routing, shared experts */
 };
 
 /*
