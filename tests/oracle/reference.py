@@ -76,6 +76,12 @@ and (K+1)-th router logits of a token are nearly equal; forward() records the
 choices and those gaps (routes, route_gap) so that a mismatch can be told
 from a bug.
 
+glm4moe (HF Glm4Moe, GLM-4.5): qwen2's biased attention with NeoX RoPE on
+the first rope.dimension_count dims of a head (partial_rotary_factor), Q/K
+norms where the file has them, post_attention_norm before the FFN
+(post_attention_layernorm), leading_dense_block_count dense layers, then
+V3's routing below (sigmoid unless expert_gating_func says 1) with
+expert_shared_count ungated shared experts.
 deepseek2 (HF modeling_deepseek, DeepSeek-V2/V3): multi-head latent
 attention computed as HF writes it, K and V decompressed per head from the
 normed latent c = rmsnorm(kv_a_mqa . h)[:kv_lora] (k_nope = c . attn_k_b[h],
@@ -138,8 +144,9 @@ except ImportError:  # pragma: no cover - reported to the user
     raise
 
 ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "deepseek2")
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2")  # llama is one when it has expert_count
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "deepseek2",
+         "glm4moe")
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe")  # llama: when it has expert_count
 # what forward(omit=...) can leave out, to prove a check fails without it
 FEATURES = (
     "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
@@ -253,6 +260,8 @@ class Model:
 
         self.n_embd = int(need("embedding_length"))
         self.n_layer = int(need("block_count"))
+        # DeepSeek-V3 / GLM-4.5 multi-token-prediction layers: not part of the model's pass
+        self.n_layer -= int(opt("nextn_predict_layers", 0))
         self.n_expert = int(opt("expert_count", 0))
         if a in MOE_ARCHS and self.n_expert <= 0:
             raise ModelError(f"{path}: {a} needs {a}.expert_count > 0")
@@ -298,10 +307,14 @@ class Model:
         self.n_expert_used = int(opt("expert_used_count", 0))
         self.n_ff_exp = int(opt("expert_feed_forward_length", self.n_ff))
         self.n_ff_shexp = int(opt("expert_shared_feed_forward_length", 0))
-        self.expert_norm = bool(opt("expert_weights_norm", a not in ("qwen2moe", "deepseek2")))
+        self.expert_norm = bool(opt("expert_weights_norm",
+                                    a not in ("qwen2moe", "deepseek2", "glm4moe")))
         # DeepSeek (HF modeling_deepseek MoEGate): scoring_func, routed_scaling_factor,
         # n_group / topk_group, e_score_correction_bias; first_k_dense_replace dense layers
-        self.expert_sigmoid = int(opt("expert_gating_func", 1)) == 2
+        self.expert_sigmoid = int(opt("expert_gating_func", 2 if a == "glm4moe" else 1)) == 2
+        self.n_dense_lead = int(opt("leading_dense_block_count", 0))
+        if a == "glm4moe":  # HF Glm4Moe: n_shared_experts of moe_intermediate_size each
+            self.n_ff_shexp = int(opt("expert_shared_count", 0)) * self.n_ff_exp
         self.expert_scale = float(opt("expert_weights_scale", 0.0) or 0.0)
         self.n_group = int(opt("expert_group_count", 0))
         self.n_group_used = int(opt("expert_group_used_count", 0))
@@ -328,8 +341,11 @@ class Model:
         # the architecture's traits
         self.rope_neox = bool(_field(r, "hyb.rope_neox", False)) if a == "llama" else True
         self.ffn_act = _field(r, "hyb.ffn_act", "silu") if a == "llama" else "silu"
-        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe")
-        self.qkv_bias = a in ("qwen2", "qwen2moe")  # required; others use biases when present
+        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe") or (
+            a == "glm4moe" and "blk.0.attn_q_norm.weight" in self.tensors)  # use_qk_norm
+        self.qkv_bias = a in ("qwen2", "qwen2moe", "glm4moe")  # required; others: when present
+        # the FFN's input norm (HF's post_attention_layernorm), GLM's GGUF name for it
+        self.ffn_norm = "post_attention_norm.weight" if a == "glm4moe" else "ffn_norm.weight"
         if a == "deepseek2":
             self.rope_neox = False  # HF's interleaved rotary = llama.cpp's adjacent pairs
         self.post_norms = a == "gemma3"
@@ -381,7 +397,7 @@ class Model:
                 if a == "qwen2moe":
                     need_t += [p + "ffn_up_shexp.weight", p + "ffn_gate_inp_shexp.weight"]
             elif self.n_expert and a in MOE_ARCHS and not (
-                    a == "deepseek2" and il < getattr(self, "n_dense_lead", 0)):
+                    a in ("deepseek2", "glm4moe") and il < self.n_dense_lead):
                 raise ModelError(f"{path}: missing tensor {p}ffn_gate_inp.weight")
             for t in need_t:
                 self._tensor(t)
@@ -752,7 +768,7 @@ class Model:
             if self.post_norms and "post_norms" not in omit:
                 o = self._rmsnorm(o, p + "post_attention_norm.weight")
             x = x + o
-            h = self._rmsnorm(x, p + "ffn_norm.weight")
+            h = self._rmsnorm(x, p + self.ffn_norm)
             if self.is_moe(il):
                 f = self._moe(h, p, act, emulate, omit)
             else:
