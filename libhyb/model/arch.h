@@ -43,7 +43,7 @@ struct hyb_arch_desc {
 
 extern const struct hyb_arch_desc hyb_arch_llama, hyb_arch_qwen2, hyb_arch_qwen3,
 	hyb_arch_gemma3, hyb_arch_phi3, hyb_arch_qwen2moe, hyb_arch_qwen3moe, hyb_arch_deepseek2,
-	hyb_arch_glm4moe;
+	hyb_arch_glm4moe, hyb_arch_dots1;
 
 /* The loader's services for the arch files (model_load.c). */
 int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -67,6 +67,13 @@ int hyb_ld_bind_experts(struct hyb_loader *ld, struct hyb_weight *w, uint32_t l,
 /* MoE keys (arch_moe.c): expert counts and sizes, checked; after the common keys. */
 int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
 		       struct hyb_hparams *hp);
+/*
+ * The keys DeepSeek-V3-style MoE architectures share (deepseek2, glm4moe,
+ * dots1): leading_dense_block_count, expert_shared_count (shared experts of
+ * n_ff_exp each), expert_gating_func (def_gating when absent),
+ * expert_weights_scale and _norm; trailing nextn_predict_layers left out.
+ */
+int hyb_ld_moe_v3_keys(struct hyb_loader *ld, struct hyb_hparams *hp, uint32_t def_gating);
 /* Layer l's router, experts and shared expert, instead of a dense FFN. */
 int hyb_ld_moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l);
 

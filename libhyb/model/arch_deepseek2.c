@@ -26,31 +26,17 @@
 
 static int deepseek2_hparams(struct hyb_loader *ld, struct hyb_hparams *hp)
 {
-	uint32_t k_mla = 0, v_mla = 0, shared = 0, gating = 0, nextn = 0;
-	bool norm = false;
+	uint32_t k_mla = 0, v_mla = 0;
 	float log_mul = 0;
-	char key[128];
 
+	/* V2's files have no gating function: softmax (llama.cpp's default) */
 	if (hyb_ld_u32(ld, "attention.kv_lora_rank", -1, &hp->kv_lora) ||
 	    hyb_ld_u32(ld, "attention.q_lora_rank", 0, &hp->q_lora) ||
 	    hyb_ld_u32(ld, "attention.key_length_mla", 0, &k_mla) ||
 	    hyb_ld_u32(ld, "attention.value_length_mla", 0, &v_mla) ||
-	    hyb_ld_u32(ld, "leading_dense_block_count", 0, &hp->n_dense_lead) ||
-	    hyb_ld_u32(ld, "expert_shared_count", 0, &shared) ||
-	    hyb_ld_u32(ld, "expert_gating_func", 0, &gating) ||
-	    hyb_ld_f32(ld, "expert_weights_scale", 0.0f, &hp->expert_scale) ||
 	    hyb_ld_f32(ld, "rope.scaling.yarn_log_multiplier", 0.0f, &log_mul) ||
-	    hyb_ld_u32(ld, "nextn_predict_layers", 0, &nextn))
+	    hyb_ld_moe_v3_keys(ld, hp, 1))
 		return -1;
-	/* V3's multi-token prediction layers come last and are not part of the
-	 * model's own pass (llama.cpp's n_layer() leaves them out too) */
-	if (nextn >= hp->n_layer)
-		return hyb_ld_fail(ld, "metadata %s.nextn_predict_layers %u leaves none of the %u "
-				   "layers", hp->arch, nextn, hp->n_layer);
-	hp->n_layer -= nextn;
-	snprintf(key, sizeof(key), "%s.expert_weights_norm", hp->arch);
-	if (hyb_gguf_find(ld->m->gguf, key) && !hyb_gguf_get_bool(ld->m->gguf, key, &norm))
-		return hyb_ld_fail(ld, "metadata %s is not a boolean", key);
 	if (!k_mla || !v_mla)
 		return hyb_ld_fail(ld, "metadata %s.attention.key_length_mla / value_length_mla "
 				   "missing: a file of the older converter (attn_kv_b), which hyb "
@@ -64,19 +50,9 @@ static int deepseek2_hparams(struct hyb_loader *ld, struct hyb_hparams *hp)
 				   hp->head_dim, hp->kv_lora, hp->n_rot, k_mla, hp->n_head_kv);
 	hp->mla_nope = k_mla - hp->n_rot;
 	hp->mla_v = v_mla;
-	if (gating > 2)
-		return hyb_ld_fail(ld, "metadata %s.expert_gating_func %u is not supported "
-				   "(1 softmax, 2 sigmoid)", hp->arch, gating);
-	hp->expert_sigmoid = gating == 2;
-	hp->expert_norm = norm;
-	if (!isfinite(hp->expert_scale) || hp->expert_scale < 0 || !isfinite(log_mul))
-		return hyb_ld_fail(ld, "metadata %s.expert_weights_scale / yarn_log_multiplier "
-				   "must be finite", hp->arch);
-	if (hp->n_dense_lead > hp->n_layer)
-		return hyb_ld_fail(ld, "metadata %s.leading_dense_block_count %u is over the %u "
-				   "layers", hp->arch, hp->n_dense_lead, hp->n_layer);
-	if (hp->n_expert)
-		hp->n_ff_shexp = shared * hp->n_ff_exp;
+	if (!isfinite(log_mul))
+		return hyb_ld_fail(ld, "metadata %s.rope.scaling.yarn_log_multiplier must be finite",
+				   hp->arch);
 	/*
 	 * llama_context's YaRN magnitude with DeepSeek's log multiplier (the
 	 * converter writes it times 0.1), then deepseek2.cpp's score scale from

@@ -18,42 +18,16 @@
 
 static int glm4moe_hparams(struct hyb_loader *ld, struct hyb_hparams *hp)
 {
-	uint32_t shared = 0, gating = 0, nextn = 0;
-	bool norm = false;
-	char key[128];
 	const struct hyb_gguf_kv *sec;
+	char key[128];
 
-	if (hyb_ld_u32(ld, "expert_shared_count", 0, &shared) ||
-	    hyb_ld_u32(ld, "leading_dense_block_count", 0, &hp->n_dense_lead) ||
-	    hyb_ld_u32(ld, "expert_gating_func", 0, &gating) ||
-	    hyb_ld_f32(ld, "expert_weights_scale", 0.0f, &hp->expert_scale) ||
-	    hyb_ld_u32(ld, "nextn_predict_layers", 0, &nextn))
-		return -1;
-	snprintf(key, sizeof(key), "%s.expert_weights_norm", hp->arch);
-	if (hyb_gguf_find(ld->m->gguf, key) && !hyb_gguf_get_bool(ld->m->gguf, key, &norm))
-		return hyb_ld_fail(ld, "metadata %s is not a boolean", key);
 	snprintf(key, sizeof(key), "%s.rope.dimension_sections", hp->arch);
 	sec = hyb_gguf_get_arr(ld->m->gguf, key, HYB_GGUF_VT_INT32);
 	if (sec && sec->v.arr.n >= 2 && ((const int32_t *)sec->v.arr.data)[0] > 0 &&
 	    ((const int32_t *)sec->v.arr.data)[1] > 0)
 		return hyb_ld_fail(ld, "metadata %s: multimodal RoPE (GLM-4.5V) is not supported", key);
 	/* llama.cpp: no gating function given is sigmoid for GLM-4.5 */
-	if (gating > 2)
-		return hyb_ld_fail(ld, "metadata %s.expert_gating_func %u is not supported "
-				   "(1 softmax, 2 sigmoid)", hp->arch, gating);
-	hp->expert_sigmoid = gating != 1;
-	hp->expert_norm = norm;
-	if (!(hp->expert_scale >= 0))
-		return hyb_ld_fail(ld, "metadata %s.expert_weights_scale must be >= 0", hp->arch);
-	if (nextn >= hp->n_layer)
-		return hyb_ld_fail(ld, "metadata %s.nextn_predict_layers %u leaves none of the %u "
-				   "layers", hp->arch, nextn, hp->n_layer);
-	hp->n_layer -= nextn;
-	if (hp->n_dense_lead > hp->n_layer)
-		return hyb_ld_fail(ld, "metadata %s.leading_dense_block_count %u is over the %u "
-				   "layers", hp->arch, hp->n_dense_lead, hp->n_layer);
-	hp->n_ff_shexp = shared * hp->n_ff_exp;
-	return 0;
+	return hyb_ld_moe_v3_keys(ld, hp, 2);
 }
 
 static int glm4moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l)

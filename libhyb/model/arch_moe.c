@@ -6,6 +6,7 @@
  * Counts are checked against each other and the tensors here, so that the
  * forward pass can index experts without checks.
  */
+#include <math.h>
 #include <stdio.h>
 
 #include "arch.h"
@@ -41,7 +42,7 @@ int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
 	}
 	if (arch->moe == HYB_MOE_NONE)
 		return hyb_ld_fail(ld, "metadata %s.expert_count is %u: experts are not supported "
-				   "in %s (supported: llama, qwen2moe, qwen3moe, deepseek2, glm4moe)", hp->arch,
+				   "in %s (supported: llama, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1)", hp->arch,
 				   hp->n_expert, hp->arch);
 	if (hp->n_expert > MAX_EXPERTS)
 		return hyb_ld_fail(ld, "metadata %s.expert_count %u is over %u", hp->arch,
@@ -63,6 +64,46 @@ int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
 				   hp->n_expert_groups, hp->n_group_used, hp->n_expert,
 				   hp->n_expert_used);
 	hp->expert_norm = arch->expert_norm;
+	return 0;
+}
+
+int hyb_ld_moe_v3_keys(struct hyb_loader *ld, struct hyb_hparams *hp, uint32_t def_gating)
+{
+	uint32_t shared = 0, gating = 0, nextn = 0;
+	bool norm = false;
+	char key[128];
+
+	if (hyb_ld_u32(ld, "leading_dense_block_count", 0, &hp->n_dense_lead) ||
+	    hyb_ld_u32(ld, "expert_shared_count", 0, &shared) ||
+	    hyb_ld_u32(ld, "expert_gating_func", 0, &gating) ||
+	    hyb_ld_f32(ld, "expert_weights_scale", 0.0f, &hp->expert_scale) ||
+	    hyb_ld_u32(ld, "nextn_predict_layers", 0, &nextn))
+		return -1;
+	snprintf(key, sizeof(key), "%s.expert_weights_norm", hp->arch);
+	if (hyb_gguf_find(ld->m->gguf, key) && !hyb_gguf_get_bool(ld->m->gguf, key, &norm))
+		return hyb_ld_fail(ld, "metadata %s is not a boolean", key);
+	/* llama.cpp's gating functions: 1 softmax, 2 sigmoid; none (0 or no key):
+	 * the architecture's own (def_gating; 0: it has none to offer) */
+	gating = gating ? gating : def_gating;
+	if (gating < 1 || gating > 2)
+		return hyb_ld_fail(ld, "metadata %s.expert_gating_func %u is not supported "
+				   "(1 softmax, 2 sigmoid)", hp->arch, gating);
+	if (!isfinite(hp->expert_scale) || hp->expert_scale < 0)
+		return hyb_ld_fail(ld, "metadata %s.expert_weights_scale must be finite and >= 0",
+				   hp->arch);
+	/* multi-token-prediction layers come last and are not part of the model's
+	 * own pass (llama.cpp's n_layer() leaves them out too) */
+	if (nextn >= hp->n_layer)
+		return hyb_ld_fail(ld, "metadata %s.nextn_predict_layers %u leaves none of the %u "
+				   "layers", hp->arch, nextn, hp->n_layer);
+	hp->n_layer -= nextn;
+	if (hp->n_dense_lead > hp->n_layer)
+		return hyb_ld_fail(ld, "metadata %s.leading_dense_block_count %u is over the %u "
+				   "layers", hp->arch, hp->n_dense_lead, hp->n_layer);
+	hp->expert_sigmoid = gating == 2;
+	hp->expert_norm = norm;
+	if (hp->n_expert)
+		hp->n_ff_shexp = shared * hp->n_ff_exp;
 	return 0;
 }
 

@@ -226,6 +226,13 @@ static const struct {
 	  404, 186, 201, 2, 342, 331 } },
 	  "--routing random --arch glm4moe --layers 3 --experts 16 --experts-used 4 "
 	  "--expert-ffn 256" },
+	/* dots.llm1: qwen3's attention, sigmoid routing scaled by 2.5, a shared expert */
+	{ { "Q8_0_dots1", HYB_TYPE_Q8_0, 500, 70, 0xa936cedda8d46f07ull, 40,
+	  { 456, 72, 353, 199, 433, 346, 468, 474, 355, 260, 341, 89, 431, 401, 411, 487, 132, 21,
+	  96, 490, 278, 15, 184, 0, 295, 51, 198, 197, 358, 207, 214, 313, 382, 382, 382, 382,
+	  424, 164, 132, 304 } },
+	  "--routing random --arch dots1 --layers 3 --experts 16 --experts-used 4 "
+	  "--expert-ffn 64" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -327,3 +334,4 @@ TEST(exact_deepseek2_lite_yarn_f16) { run_case_with(&rope_cases[18].g, rope_case
 TEST(exact_deepseek2_q4_k) { run_case_with(&rope_cases[19].g, rope_cases[19].synth); }
 TEST(exact_deepseek2_gate_up_exps) { run_case_with(&rope_cases[20].g, rope_cases[20].synth); }
 TEST(exact_glm4moe_q4_k) { run_case_with(&rope_cases[21].g, rope_cases[21].synth); }
+TEST(exact_dots1_q8_0) { run_case_with(&rope_cases[22].g, rope_cases[22].synth); }

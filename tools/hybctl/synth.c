@@ -331,9 +331,12 @@ static void parse(int argc, char **argv, struct spec *sp)
 		sp->expert_ffn = strcmp(sp->arch, "llama") ? sp->ffn / sp->experts_used : sp->ffn;
 	if (sp->shared_experts == UINT32_MAX)
 		sp->shared_experts = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "deepseek2") ||
-				     !strcmp(sp->arch, "glm4moe");
-	if (!strcmp(sp->arch, "glm4moe") && sp->dense_lead == UINT32_MAX)
+				     !strcmp(sp->arch, "glm4moe") || !strcmp(sp->arch, "dots1");
+	if ((!strcmp(sp->arch, "glm4moe") || !strcmp(sp->arch, "dots1")) &&
+	    sp->dense_lead == UINT32_MAX)
 		sp->dense_lead = 1;
+	if (!strcmp(sp->arch, "dots1"))
+		sp->kv_heads = sp->heads; /* llama.cpp's dots1 has K and V for every head */
 	if (!strcmp(sp->arch, "deepseek2")) {
 		const uint32_t hd = sp->head_dim ? sp->head_dim : sp->hidden / sp->heads;
 
@@ -358,6 +361,18 @@ static bool mla(const struct spec *sp)
 static bool glm(const struct spec *sp)
 {
 	return !strcmp(sp->arch, "glm4moe");
+}
+
+/* dots.llm1: qwen3's attention (all heads with K and V), V3-style routing */
+static bool dots(const struct spec *sp)
+{
+	return !strcmp(sp->arch, "dots1");
+}
+
+/* the architectures with DeepSeek-V3's expert keys (arch_moe.c) */
+static bool v3_keys(const struct spec *sp)
+{
+	return glm(sp) || dots(sp);
 }
 
 static bool moe(const struct spec *sp)
@@ -403,23 +418,26 @@ static int check(const struct spec *sp)
 			       "or --experts with --routing real (without --random-weights)\n"), -1;
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
 	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3") &&
-	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe") && !mla(sp) && !glm(sp))
+	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe") && !mla(sp) &&
+	    !v3_keys(sp))
 		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
-			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2, glm4moe)\n", sp->arch), -1;
+			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1)\n",
+			       sp->arch), -1;
 	const bool moe_arch = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "qwen3moe") ||
-			      mla(sp) || glm(sp);
+			      mla(sp) || v3_keys(sp);
 
 	if (moe_arch != moe(sp) && (!moe(sp) || strcmp(sp->arch, "llama")))
 		return fprintf(stderr, "hybctl synth: --experts goes with --arch llama, qwen2moe, "
 			       "qwen3moe or deepseek2 (the last three need it)\n"), -1;
 	if (moe(sp) && (sp->experts_used > sp->experts || sparse_design(sp) ||
 			sp->expert_ffn % blk || !sp->expert_ffn ||
-			(sp->shared_experts && strcmp(sp->arch, "qwen2moe") && !mla(sp) && !glm(sp))))
+			(sp->shared_experts && strcmp(sp->arch, "qwen2moe") && !mla(sp) &&
+			 !v3_keys(sp))))
 		return fprintf(stderr, "hybctl synth: experts need --experts-used <= --experts, "
 			       "--act silu, --expert-ffn a multiple of %u and --shared-experts only "
 			       "with qwen2moe or deepseek2\n", blk), -1;
 	if (!mla(sp) && (sp->kv_lora || sp->q_lora || sp->mla_rope || sp->v3 ||
-			 (sp->dense_lead && !glm(sp))))
+			 (sp->dense_lead && !v3_keys(sp))))
 		return fprintf(stderr, "hybctl synth: --kv-lora, --q-lora, --mla-rope, --dense-lead "
 			       "and --v3 are deepseek2's\n"), -1;
 	if (sp->groups && (!moe(sp) || sp->experts % sp->groups ||
@@ -545,7 +563,7 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			ADD(nm, HYB_TYPE_F32, sp->kv_heads * hd, 0, 0.5f);
 		}
 		if (!strcmp(sp->arch, "qwen3") || !strcmp(sp->arch, "gemma3") ||
-		    !strcmp(sp->arch, "qwen3moe")) {
+		    !strcmp(sp->arch, "qwen3moe") || dots(sp)) {
 			BLK("attn_q_norm", HYB_TYPE_F32, hd, 0, 0);
 			BLK("attn_k_norm", HYB_TYPE_F32, hd, 0, 0);
 		}
@@ -571,11 +589,11 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			}
 			BLK("ffn_down_exps", sp->type, F, sp->hidden, 1.0f / sqrtf((float)F));
 			t[n - 1].ne2 = sp->experts;
-			if (sp->v3 || glm(sp)) { /* the selection bias: scores are sigmoids in (0, 1) */
+			if (sp->v3 || v3_keys(sp)) { /* the selection bias: scores are sigmoids in (0, 1) */
 				snprintf(nm, sizeof(nm), "blk.%u.exp_probs_b.bias", l);
 				ADD(nm, HYB_TYPE_F32, sp->experts, 0, 0.1f);
 			}
-			if (S && !mla(sp) && !glm(sp))
+			if (S && !mla(sp) && !v3_keys(sp))
 				BLK("ffn_gate_inp_shexp", HYB_TYPE_F32, sp->hidden, 0, s_h);
 			if (S) {
 				BLK("ffn_gate_shexp", sp->type, sp->hidden, S, s_h);
@@ -638,12 +656,12 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 		KEY(bool, "expert_weights_norm", sp->v3);
 		if (sp->rope_scaling && !strcmp(sp->rope_scaling, "yarn"))
 			KEY(f32, "rope.scaling.yarn_log_multiplier", 0.0707f);
-	} else if (glm(sp)) { /* GLM-4.5: partial_rotary_factor 0.5, V3-style routing */
-		KEY(u32, "rope.dimension_count", head_dim(sp) / 2);
+	} else if (v3_keys(sp)) { /* V3-style routing; GLM-4.5: partial_rotary_factor 0.5 */
+		KEY(u32, "rope.dimension_count", glm(sp) ? head_dim(sp) / 2 : head_dim(sp));
 		KEY(u32, "leading_dense_block_count", sp->dense_lead);
 		KEY(u32, "expert_shared_count", sp->shared_experts);
 		KEY(u32, "expert_gating_func", 2);
-		KEY(f32, "expert_weights_scale", 1.0f);
+		KEY(f32, "expert_weights_scale", glm(sp) ? 1.0f : 2.5f);
 		KEY(bool, "expert_weights_norm", true);
 	} else {
 		KEY(u32, "rope.dimension_count", head_dim(sp));
@@ -680,7 +698,7 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 		KEY(u32, "expert_used_count", sp->experts_used);
 		if (strcmp(sp->arch, "llama")) /* Mixtral's experts are feed_forward_length */
 			KEY(u32, "expert_feed_forward_length", sp->expert_ffn);
-		if (sp->shared_experts && !mla(sp) && !glm(sp))
+		if (sp->shared_experts && !mla(sp) && !v3_keys(sp))
 			KEY(u32, "expert_shared_feed_forward_length",
 			    sp->shared_experts * sp->expert_ffn);
 		if (sp->groups) {

@@ -44,6 +44,7 @@ enum hyb_arch {
 	HYB_ARCH_QWEN3MOE, /* qwen3 attention, routed experts, normalised top-k weights */
 	HYB_ARCH_DEEPSEEK2, /* latent attention, shared + routed experts, dense first layers */
 	HYB_ARCH_GLM4MOE,   /* biased GQA, partial NeoX RoPE, V3-style routing, shared experts */
+	HYB_ARCH_DOTS1,     /* qwen3 attention, V3-style routing, shared experts */
 };
 
 /*
