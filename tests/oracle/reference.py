@@ -76,6 +76,7 @@ and (K+1)-th router logits of a token are nearly equal; forward() records the
 choices and those gaps (routes, route_gap) so that a mismatch can be told
 from a bug.
 
+dots1 (HF Dots1, dots.llm1): qwen3's attention with the routing below.
 glm4moe (HF Glm4Moe, GLM-4.5): qwen2's biased attention with NeoX RoPE on
 the first rope.dimension_count dims of a head (partial_rotary_factor), Q/K
 norms where the file has them, post_attention_norm before the FFN
@@ -145,8 +146,9 @@ except ImportError:  # pragma: no cover - reported to the user
 
 ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "deepseek2",
-         "glm4moe")
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe")  # llama: when it has expert_count
+         "glm4moe", "dots1")
+# llama is one when it has expert_count
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe", "dots1")
 # what forward(omit=...) can leave out, to prove a check fails without it
 FEATURES = (
     "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
@@ -308,12 +310,12 @@ class Model:
         self.n_ff_exp = int(opt("expert_feed_forward_length", self.n_ff))
         self.n_ff_shexp = int(opt("expert_shared_feed_forward_length", 0))
         self.expert_norm = bool(opt("expert_weights_norm",
-                                    a not in ("qwen2moe", "deepseek2", "glm4moe")))
+                                    a not in ("qwen2moe", "deepseek2", "glm4moe", "dots1")))
         # DeepSeek (HF modeling_deepseek MoEGate): scoring_func, routed_scaling_factor,
         # n_group / topk_group, e_score_correction_bias; first_k_dense_replace dense layers
         self.expert_sigmoid = int(opt("expert_gating_func", 2 if a == "glm4moe" else 1)) == 2
         self.n_dense_lead = int(opt("leading_dense_block_count", 0))
-        if a == "glm4moe":  # HF Glm4Moe: n_shared_experts of moe_intermediate_size each
+        if a in ("glm4moe", "dots1"):  # n_shared_experts of moe_intermediate_size each
             self.n_ff_shexp = int(opt("expert_shared_count", 0)) * self.n_ff_exp
         self.expert_scale = float(opt("expert_weights_scale", 0.0) or 0.0)
         self.n_group = int(opt("expert_group_count", 0))
@@ -341,7 +343,7 @@ class Model:
         # the architecture's traits
         self.rope_neox = bool(_field(r, "hyb.rope_neox", False)) if a == "llama" else True
         self.ffn_act = _field(r, "hyb.ffn_act", "silu") if a == "llama" else "silu"
-        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe") or (
+        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe", "dots1") or (
             a == "glm4moe" and "blk.0.attn_q_norm.weight" in self.tensors)  # use_qk_norm
         self.qkv_bias = a in ("qwen2", "qwen2moe", "glm4moe")  # required; others: when present
         # the FFN's input norm (HF's post_attention_layernorm), GLM's GGUF name for it
@@ -397,7 +399,7 @@ class Model:
                 if a == "qwen2moe":
                     need_t += [p + "ffn_up_shexp.weight", p + "ffn_gate_inp_shexp.weight"]
             elif self.n_expert and a in MOE_ARCHS and not (
-                    a in ("deepseek2", "glm4moe") and il < self.n_dense_lead):
+                    a in ("deepseek2", "glm4moe", "dots1") and il < self.n_dense_lead):
                 raise ModelError(f"{path}: missing tensor {p}ffn_gate_inp.weight")
             for t in need_t:
                 self._tensor(t)
