@@ -3,10 +3,12 @@
  * A mixture-of-experts FFN on the CPU (docs/MOE.md), in llama.cpp's
  * arithmetic (llm_graph_context::build_moe_ffn and ggml-cpu's mul_mat_id):
  *
- *   router logits -> softmax -> the n_expert_used largest, descending ->
- *   their probabilities (renormalised: qwen3moe, Mixtral) -> per expert,
- *   gate and up over the tokens routed to it -> SwiGLU -> down -> each
- *   output times its weight, summed in rank order [+ gated shared expert].
+ *   router logits -> softmax or sigmoid scores [+ selection bias, expert
+ *   groups] -> the n_expert_used best, descending -> their scores as
+ *   weights (renormalised, scaled: as the model says) -> per expert, gate
+ *   and up over the tokens routed to it -> SwiGLU -> down -> each output
+ *   times its weight, summed in rank order [+ shared experts] [a decode
+ *   step's lowest-ranked ones a layer later: deferral].
  *
  * The experts run as one work queue over (expert, matrix, row chunk) units,
  * gate and up of every chosen expert in one pass and down in a second:
@@ -16,7 +18,8 @@
  *
  * llama.cpp sums each output of an expert matrix column by column (vec_dot,
  * or the repacked gemv) except where it tiles K-quants (8+ columns): the
- * same split here keeps the logits bit-identical to its own.
+ * same sums here (hyb_moe_max_columns) keep the logits bit-identical to its
+ * own.
  */
 #include <errno.h>
 #include <math.h>
