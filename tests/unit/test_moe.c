@@ -24,6 +24,21 @@
 #define F 32   /* n_ff_exp */
 #define V 64   /* vocab */
 
+/* hybctl synth -o TMP/NAME.gguf ARGS; its path (two in use at a time). */
+static const char *synth_file(const char *name, const char *args)
+{
+	static char paths[2][512];
+	static int next;
+	char *path = paths[next++ % 2], cmd[1536];
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(path, sizeof(paths[0]), "%s/%s.gguf", hyb_test_tmpdir(), name);
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s %s -t 2 >/dev/null", path, args);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	return path;
+}
+
 struct moe_file {
 	const char *arch;
 	uint32_t meta_experts, used;   /* keys (0: no key) */
@@ -260,7 +275,6 @@ TEST(moe_probe_sees_the_routing)
 /* Prefill and decode route and compute the same: batch of 12 vs one at a time. */
 TEST(moe_prefill_equals_decode)
 {
-	char path[512], cmd[1024];
 	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2 };
 	int32_t toks[12];
 	struct hyb_model *m;
@@ -268,14 +282,8 @@ TEST(moe_prefill_equals_decode)
 	float *la, *lb;
 	double worst = 0;
 
-	if (access("build/hybctl", X_OK))
-		SKIP("build/hybctl not built (run from the repository root after make)");
-	snprintf(path, sizeof(path), "%s/moe-pd.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch qwen3moe --experts 16 "
-		 "--experts-used 4 --expert-ffn 64 --hidden 128 --heads 4 --layers 2 --type Q8_0 "
-		 "-t 2 >/dev/null", path);
-	CHECK(system(cmd) == 0);
-	m = hyb_model_load(path);
+	m = hyb_model_load(synth_file("moe-pd", "--arch qwen3moe --experts 16 --experts-used 4 "
+				      "--expert-ffn 64 --hidden 128 --heads 4 --layers 2 --type Q8_0"));
 	CHECK_MSG(m, "%s", hyb_last_error());
 	a = hyb_ctx_new(m, &cp);
 	b = hyb_ctx_new(m, &cp);
@@ -417,16 +425,12 @@ static void expect_load_error(const char *path, const char *needle)
 /* deepseek2 files that are wrong or of the older converter: refused by name. */
 TEST(moe_deepseek2_refuses_bad_files_by_name)
 {
-	char src[512], cmd[1024];
+	char src[512];
 	struct hyb_model *m;
 
-	if (access("build/hybctl", X_OK))
-		SKIP("build/hybctl not built (run from the repository root after make)");
-	snprintf(src, sizeof(src), "%s/ds2.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch deepseek2 --layers 2 "
+	snprintf(src, sizeof(src), "%s", synth_file("ds2", "--arch deepseek2 --layers 2 "
 		 "--experts 8 --experts-used 2 --expert-ffn 64 --head-dim 96 --q-lora 64 "
-		 "--expert-groups 4:2 --hidden 128 --heads 2 --vocab 300 -t 2 >/dev/null", src);
-	CHECK(system(cmd) == 0);
+		 "--expert-groups 4:2 --hidden 128 --heads 2 --vocab 300"));
 	m = hyb_model_load(src);
 	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->hp.kv_lora == 192 && m->hp.n_rot == 32 && m->hp.mla_nope == 64 &&
@@ -467,19 +471,13 @@ TEST(moe_deepseek2_refuses_bad_files_by_name)
  */
 TEST(moe_threads_and_batches_do_not_change_results)
 {
-	char path[512], cmd[1024];
 	int32_t toks[12];
 	float *ref = NULL, *lg;
 	struct hyb_model *m;
 
-	if (access("build/hybctl", X_OK))
-		SKIP("build/hybctl not built (run from the repository root after make)");
-	snprintf(path, sizeof(path), "%s/moe-thr.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch deepseek2 --experts 16 "
-		 "--experts-used 4 --expert-ffn 64 --head-dim 96 --q-lora 64 --hidden 128 --heads 2 "
-		 "--layers 3 --type Q4_0 -t 2 >/dev/null", path);
-	CHECK(system(cmd) == 0);
-	m = hyb_model_load(path);
+	m = hyb_model_load(synth_file("moe-thr", "--arch deepseek2 --experts 16 --experts-used 4 "
+				      "--expert-ffn 64 --head-dim 96 --q-lora 64 --hidden 128 "
+				      "--heads 2 --layers 3 --type Q4_0"));
 	CHECK_MSG(m, "%s", hyb_last_error());
 	for (int i = 0; i < 12; i++)
 		toks[i] = (i * 37 + 11) % 500 + 1;
@@ -543,25 +541,19 @@ static void greedy(struct hyb_model *m, uint32_t defer, const int32_t *prompt, i
  * agreement with and without it is printed (on synthetic routing: a figure,
  * not a claim about trained models).
  */
+#define DEFER_ARGS "--arch qwen3moe --experts 16 --experts-used 4 --expert-ffn 64 " \
+		   "--hidden 128 --heads 4 --vocab 300 --layers "
+
 TEST(moe_expert_deferral)
 {
-	char p1[512], p2[512], cmd[2048];
+	const char *p1 = synth_file("defer1", DEFER_ARGS "1"), *p2 = synth_file("defer4",
+										 DEFER_ARGS "4");
 	int32_t prompt[8], a[48], b[48];
 	float *la, *lb;
 	struct hyb_model *m;
 
-	if (access("build/hybctl", X_OK))
-		SKIP("build/hybctl not built (run from the repository root after make)");
 	for (int i = 0; i < 8; i++)
 		prompt[i] = (i * 37 + 11) % 290 + 1;
-	snprintf(p1, sizeof(p1), "%s/defer1.gguf", hyb_test_tmpdir());
-	snprintf(p2, sizeof(p2), "%s/defer4.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch qwen3moe --experts 16 "
-		 "--experts-used 4 --expert-ffn 64 --hidden 128 --heads 4 --layers 1 --vocab 300 "
-		 "-t 2 >/dev/null && build/hybctl synth -o %s --arch qwen3moe --experts 16 "
-		 "--experts-used 4 --expert-ffn 64 --hidden 128 --heads 4 --layers 4 --vocab 300 "
-		 "-t 2 >/dev/null", p1, p2);
-	CHECK(system(cmd) == 0);
 	m = hyb_model_load(p1);
 	CHECK_MSG(m, "%s", hyb_last_error());
 	la = malloc(sizeof(float) * m->hp.n_vocab);
@@ -609,16 +601,11 @@ TEST(moe_expert_deferral)
 /* glm4moe files that are wrong: refused by name; its MTP layers left out. */
 TEST(moe_glm4moe_keys)
 {
-	char src[512], cmd[1024];
+	char src[512];
 	struct hyb_model *m;
 
-	if (access("build/hybctl", X_OK))
-		SKIP("build/hybctl not built (run from the repository root after make)");
-	snprintf(src, sizeof(src), "%s/glm.gguf", hyb_test_tmpdir());
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch glm4moe --layers 3 "
-		 "--experts 8 --experts-used 2 --expert-ffn 64 --hidden 128 --heads 2 --vocab 300 "
-		 "-t 2 >/dev/null", src);
-	CHECK(system(cmd) == 0);
+	snprintf(src, sizeof(src), "%s", synth_file("glm", "--arch glm4moe --layers 3 --experts 8 "
+		 "--experts-used 2 --expert-ffn 64 --hidden 128 --heads 2 --vocab 300"));
 	m = hyb_model_load(src);
 	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->hp.n_rot == m->hp.head_dim / 2 && m->hp.rope_neox && m->hp.expert_sigmoid &&
