@@ -613,7 +613,10 @@ int profile_moe(const struct hyb_model *m, const struct profile_moe_opts *o, int
 			fprintf(stderr, "hybctl profile: out of memory\n");
 			goto out;
 		}
-	n_tok = p.L ? p.ly[0].n_tok : 0;
+	/* the first MoE layer's count (DeepSeek's and GLM's first layers are dense) */
+	n_tok = 0;
+	for (uint32_t l = 0; l < p.L && !n_tok; l++)
+		n_tok = p.ly[l].n_tok;
 	fprintf(stderr, "hybctl profile: %s: %u prompts, %llu tokens routed in %.2f s "
 		"(%.1f tokens/s), mixture of %u experts (%u per token)\n", o->model, n_prompts,
 		(unsigned long long)n_tok, t0, n_tok / t0, p.X, p.K);
