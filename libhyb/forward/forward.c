@@ -267,10 +267,17 @@ static void add_bias(float *y, const float *b, uint32_t n, size_t d)
 			y[t * d + i] += b[i];
 }
 
-/* RMS norm of each head_dim slice of n rows of heads heads, in place (Q/K norms) */
+/*
+ * RMS norm of each head_dim slice of n rows of heads heads, in place (Q/K
+ * norms); a weight as wide as the row norms the row as a whole (OLMoE).
+ */
 static void norm_heads(float *x, const struct hyb_weight *w, uint32_t n, uint32_t heads,
 		       uint32_t hd, float eps)
 {
+	if (w->data && heads > 1 && w->ne0 == (uint64_t)heads * hd) {
+		hd *= heads;
+		heads = 1;
+	}
 	for (size_t h = 0; w->data && h < (size_t)n * heads; h++)
 		hyb_rmsnorm(x + h * hd, x + h * hd, w->data, hd, eps);
 }

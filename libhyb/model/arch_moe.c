@@ -42,7 +42,7 @@ int hyb_ld_moe_hparams(struct hyb_loader *ld, const struct hyb_arch_desc *arch,
 	}
 	if (arch->moe == HYB_MOE_NONE)
 		return hyb_ld_fail(ld, "metadata %s.expert_count is %u: experts are not supported "
-				   "in %s (supported: llama, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1)", hp->arch,
+				   "in %s (supported: llama, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1, olmoe)", hp->arch,
 				   hp->n_expert, hp->arch);
 	if (hp->n_expert > MAX_EXPERTS)
 		return hyb_ld_fail(ld, "metadata %s.expert_count %u is over %u", hp->arch,

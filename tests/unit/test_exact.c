@@ -233,6 +233,12 @@ static const struct {
 	  424, 164, 132, 304 } },
 	  "--routing random --arch dots1 --layers 3 --experts 16 --experts-used 4 "
 	  "--expert-ffn 64" },
+	/* OLMoE: Q and K normed over their whole projections, experts of --ffn */
+	{ { "Q8_0_olmoe", HYB_TYPE_Q8_0, 500, 70, 0xe3510d54af3c6423ull, 40,
+	  { 390, 419, 373, 66, 486, 299, 247, 178, 347, 29, 89, 406, 163, 57, 337, 326, 368, 337,
+	  326, 293, 298, 325, 43, 99, 484, 171, 57, 337, 14, 271, 240, 458, 299, 247, 237, 103,
+	  439, 340, 420, 370 } },
+	  "--routing random --arch olmoe --experts 16 --experts-used 4 --ffn 128" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -335,3 +341,4 @@ TEST(exact_deepseek2_q4_k) { run_case_with(&rope_cases[19].g, rope_cases[19].syn
 TEST(exact_deepseek2_gate_up_exps) { run_case_with(&rope_cases[20].g, rope_cases[20].synth); }
 TEST(exact_glm4moe_q4_k) { run_case_with(&rope_cases[21].g, rope_cases[21].synth); }
 TEST(exact_dots1_q8_0) { run_case_with(&rope_cases[22].g, rope_cases[22].synth); }
+TEST(exact_olmoe_q8_0) { run_case_with(&rope_cases[23].g, rope_cases[23].synth); }

@@ -327,8 +327,12 @@ static void parse(int argc, char **argv, struct spec *sp)
 		sp->kv_heads = sp->heads;
 	if (!sp->experts_used)
 		sp->experts_used = 2;
+	/* Mixtral's and OLMoE's experts are feed_forward_length wide */
 	if (!sp->expert_ffn)
-		sp->expert_ffn = strcmp(sp->arch, "llama") ? sp->ffn / sp->experts_used : sp->ffn;
+		sp->expert_ffn = strcmp(sp->arch, "llama") && strcmp(sp->arch, "olmoe") ?
+				 sp->ffn / sp->experts_used : sp->ffn;
+	if (!strcmp(sp->arch, "olmoe"))
+		sp->kv_heads = sp->heads; /* its K norm spans n_embd: K for every head */
 	if (sp->shared_experts == UINT32_MAX)
 		sp->shared_experts = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "deepseek2") ||
 				     !strcmp(sp->arch, "glm4moe") || !strcmp(sp->arch, "dots1");
@@ -367,6 +371,12 @@ static bool glm(const struct spec *sp)
 static bool dots(const struct spec *sp)
 {
 	return !strcmp(sp->arch, "dots1");
+}
+
+/* OLMoE: Q/K norms over the whole projections */
+static bool olmoe(const struct spec *sp)
+{
+	return !strcmp(sp->arch, "olmoe");
 }
 
 /* the architectures with DeepSeek-V3's expert keys (arch_moe.c) */
@@ -419,12 +429,12 @@ static int check(const struct spec *sp)
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
 	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3") &&
 	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe") && !mla(sp) &&
-	    !v3_keys(sp))
+	    !v3_keys(sp) && !olmoe(sp))
 		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
-			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1)\n",
+			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1, olmoe)\n",
 			       sp->arch), -1;
 	const bool moe_arch = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "qwen3moe") ||
-			      mla(sp) || v3_keys(sp);
+			      mla(sp) || v3_keys(sp) || olmoe(sp);
 
 	if (moe_arch != moe(sp) && (!moe(sp) || strcmp(sp->arch, "llama")))
 		return fprintf(stderr, "hybctl synth: --experts goes with --arch llama, qwen2moe, "
@@ -567,6 +577,10 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			BLK("attn_q_norm", HYB_TYPE_F32, hd, 0, 0);
 			BLK("attn_k_norm", HYB_TYPE_F32, hd, 0, 0);
 		}
+		if (olmoe(sp)) {
+			BLK("attn_q_norm", HYB_TYPE_F32, qd, 0, 0);
+			BLK("attn_k_norm", HYB_TYPE_F32, sp->kv_heads * hd, 0, 0);
+		}
 		if (!strcmp(sp->arch, "gemma3")) {
 			BLK("post_attention_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
 			BLK("post_ffw_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
@@ -696,7 +710,7 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 	if (moe(sp)) {
 		KEY(u32, "expert_count", sp->experts);
 		KEY(u32, "expert_used_count", sp->experts_used);
-		if (strcmp(sp->arch, "llama")) /* Mixtral's experts are feed_forward_length */
+		if (strcmp(sp->arch, "llama") && !olmoe(sp)) /* else feed_forward_length */
 			KEY(u32, "expert_feed_forward_length", sp->expert_ffn);
 		if (sp->shared_experts && !mla(sp) && !v3_keys(sp))
 			KEY(u32, "expert_shared_feed_forward_length",

@@ -45,6 +45,7 @@ enum hyb_arch {
 	HYB_ARCH_DEEPSEEK2, /* latent attention, shared + routed experts, dense first layers */
 	HYB_ARCH_GLM4MOE,   /* biased GQA, partial NeoX RoPE, V3-style routing, shared experts */
 	HYB_ARCH_DOTS1,     /* qwen3 attention, V3-style routing, shared experts */
+	HYB_ARCH_OLMOE,     /* Q/K norms over the whole projection, routed experts */
 };
 
 /*
@@ -170,7 +171,8 @@ struct hyb_ffn_plan {
 struct hyb_layer {
 	struct hyb_weight attn_norm, wq, wk, wv, wo;
 	/* optional (NULL / data NULL when the architecture has none): Q/K/V
-	 * biases; Q and K RMS norms per head [head_dim]; norms of the attention
+	 * biases; Q and K RMS norms per head [head_dim] (or over the whole
+	 * projection, [n_head * head_dim] / [n_head_kv * head_dim]: OLMoE); norms of the attention
 	 * and FFN outputs before they join the residual */
 	const float *bq, *bk, *bv;
 	struct hyb_weight q_norm, k_norm, post_attn_norm, post_ffn_norm;
