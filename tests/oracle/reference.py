@@ -77,6 +77,9 @@ choices and those gaps (routes, route_gap) so that a mismatch can be told
 from a bug.
 
 dots1 (HF Dots1, dots.llm1): qwen3's attention with the routing below.
+olmoe (HF Olmoe): RMS norms over the whole q and k projections (before the
+split into heads), NeoX RoPE, softmax routing without renormalisation
+(norm_topk_prob false), experts of feed_forward_length.
 glm4moe (HF Glm4Moe, GLM-4.5): qwen2's biased attention with NeoX RoPE on
 the first rope.dimension_count dims of a head (partial_rotary_factor), Q/K
 norms where the file has them, post_attention_norm before the FFN
@@ -146,9 +149,9 @@ except ImportError:  # pragma: no cover - reported to the user
 
 ACTS = ("silu", "relu", "relu2", "dlrelu", "gelu")
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen2moe", "qwen3moe", "deepseek2",
-         "glm4moe", "dots1")
+         "glm4moe", "dots1", "olmoe")
 # llama is one when it has expert_count
-MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe", "dots1")
+MOE_ARCHS = ("qwen2moe", "qwen3moe", "deepseek2", "glm4moe", "dots1", "olmoe")
 # what forward(omit=...) can leave out, to prove a check fails without it
 FEATURES = (
     "qk_norm",       # qwen3, gemma3: the per-head RMS norms of Q and K
@@ -310,7 +313,8 @@ class Model:
         self.n_ff_exp = int(opt("expert_feed_forward_length", self.n_ff))
         self.n_ff_shexp = int(opt("expert_shared_feed_forward_length", 0))
         self.expert_norm = bool(opt("expert_weights_norm",
-                                    a not in ("qwen2moe", "deepseek2", "glm4moe", "dots1")))
+                                    a not in ("qwen2moe", "deepseek2", "glm4moe", "dots1",
+                                              "olmoe")))
         # DeepSeek (HF modeling_deepseek MoEGate): scoring_func, routed_scaling_factor,
         # n_group / topk_group, e_score_correction_bias; first_k_dense_replace dense layers
         self.expert_sigmoid = int(opt("expert_gating_func", 2 if a == "glm4moe" else 1)) == 2
@@ -343,7 +347,7 @@ class Model:
         # the architecture's traits
         self.rope_neox = bool(_field(r, "hyb.rope_neox", False)) if a == "llama" else True
         self.ffn_act = _field(r, "hyb.ffn_act", "silu") if a == "llama" else "silu"
-        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe", "dots1") or (
+        self.qk_norm = a in ("qwen3", "gemma3", "qwen3moe", "dots1", "olmoe") or (
             a == "glm4moe" and "blk.0.attn_q_norm.weight" in self.tensors)  # use_qk_norm
         self.qkv_bias = a in ("qwen2", "qwen2moe", "glm4moe")  # required; others: when present
         # the FFN's input norm (HF's post_attention_layernorm), GLM's GGUF name for it
@@ -741,8 +745,11 @@ class Model:
             q = self._bias(q, p + "attn_q.bias", omit)
             k = self._bias(k, p + "attn_k.bias", omit)
             v = self._bias(v, p + "attn_v.bias", omit)
+            if self.arch == "olmoe" and "qk_norm" not in omit:  # OlmoeAttention: whole rows
+                q = self._rmsnorm(q, p + "attn_q_norm.weight")
+                k = self._rmsnorm(k, p + "attn_k_norm.weight")
             q, k, v = q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
-            if self.qk_norm and "qk_norm" not in omit:
+            if self.qk_norm and "qk_norm" not in omit and self.arch != "olmoe":
                 q = self._rmsnorm(q, p + "attn_q_norm.weight")
                 k = self._rmsnorm(k, p + "attn_k_norm.weight")
             q = self._rope(q, pos, neox, local, omit)

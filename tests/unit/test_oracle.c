@@ -349,6 +349,13 @@ TEST(oracle_dots1)
 		    "--experts-used 4 --expert-ffn 64 --type F16 --seed 53");
 }
 
+/* OLMoE against HF's Olmoe: Q and K normed over whole rows. Router gap 1.6e-2. */
+TEST(oracle_olmoe)
+{
+	check_synth("olmoe", "--routing random --arch olmoe --experts 16 --experts-used 4 "
+		    "--ffn 128 --type F16 --seed 61");
+}
+
 TEST(oracle_deepseek2)
 {
 	check_synth("deepseek2", DEEPSEEK2 "--q-lora 64 --seed 34");
