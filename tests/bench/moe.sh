@@ -25,12 +25,7 @@ threads=${THREADS:-$(nproc)}
 np=${N_PROMPT:-128}
 ng=${N_GEN:-64}
 
-if ! ref=$(bash tests/oracle/llama-ref.sh 2>/tmp/hyb-llama-ref.log); then
-	echo "moe.sh: llama.cpp could not be built (tail of /tmp/hyb-llama-ref.log):"
-	tail -n 3 /tmp/hyb-llama-ref.log
-	exit 0
-fi
-speed=$(dirname "$ref")/llama_speed
+need_llama_speed moe.sh
 mkdir -p models/moe
 qwen3="--arch qwen3moe --hidden 2048 --heads 32 --kv-heads 4 --head-dim 128 --layers 8 \
 --experts 128 --experts-used 8 --expert-ffn 768 --ffn 6144 --vocab 32000 --ctx 40960"
@@ -57,25 +52,14 @@ models+=("$f")
 printf '%-28s %8s %8s %6s   %8s %8s %6s %8s %8s\n' model "hyb pp" "llama pp" ratio "hyb tg" \
 	"llama tg" ratio roofline experts
 for m in "${models[@]}"; do
-	hp=() ht=() lp=() lt=() ex=() roof=
-	for ((r = 0; r < rounds; r++)); do
-		out=$(build/hyb bench -m "$m" -p "$np" -n "$ng" -r 1 -t "$threads" 2>/dev/null)
-		hp+=("$(awk '/^prefill/ {print $2}' <<<"$out")")
-		ht+=("$(awk '/^decode/ {print $2}' <<<"$out")")
-		ex+=("$(awk '/routed experts read at/ {sub("%", "", $8); print $8}' <<<"$out")")
-		roof=$(awk '/^decode/ {for (i = 1; i <= NF; i++) if ($i == "roofline") print $(i + 1)}' <<<"$out")
-		read -r _ p _ t < <("$speed" "$m" "$threads" "$np" "$ng" 1)
-		lp+=("$p")
-		lt+=("$t")
-	done
-	HP=$(printf '%s\n' "${hp[@]}" | median)
-	HT=$(printf '%s\n' "${ht[@]}" | median)
-	LP=$(printf '%s\n' "${lp[@]}" | median)
-	LT=$(printf '%s\n' "${lt[@]}" | median)
-	EX=$(printf '%s\n' "${ex[@]}" | median)
+	alternate "$m"
+	# the routed experts' decode read rate, % of DRAM (hyb bench's experts line)
+	EX=$(for out in "${HYB_OUT[@]}"; do
+		awk '/routed experts read at/ {sub("%", "", $8); print $8}' <<<"$out"
+	done | median)
 	printf '%-28s %8.1f %8.1f %5.2fx   %8.1f %8.1f %5.2fx %8.1f %7.0f%%\n' \
-		"$(basename "$m" .gguf)" "$HP" "$LP" "$(awk -v a="$HP" -v b="$LP" 'BEGIN {print a / b}')" \
-		"$HT" "$LT" "$(awk -v a="$HT" -v b="$LT" 'BEGIN {print a / b}')" "$roof" "$EX"
+		"$(basename "$m" .gguf)" "$HP" "$LP" "$(ratio "$HP" "$LP")" "$HT" "$LT" \
+		"$(ratio "$HT" "$LT")" "$ROOF" "$EX"
 done
 echo "(tokens/s; pp: a $np-token prompt in one batch, tg: $ng decode steps; $threads threads;"
 echo " medians of $rounds alternating rounds; roofline: hyb's bytes per token at its measured"

@@ -19,12 +19,7 @@ threads=${THREADS:-$(nproc)}
 np=${N_PROMPT:-128}
 ng=${N_GEN:-64}
 
-if ! ref=$(bash tests/oracle/llama-ref.sh 2>/tmp/hyb-llama-ref.log); then
-	echo "real.sh: llama.cpp could not be built (tail of /tmp/hyb-llama-ref.log):"
-	tail -n 3 /tmp/hyb-llama-ref.log
-	exit 0
-fi
-speed=$(dirname "$ref")/llama_speed
+need_llama_speed real.sh
 smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "real.sh: models unavailable"; exit 0; }
 gemma=$(bash tests/data/fetch-models.sh gemma3) || { echo "real.sh: models unavailable"; exit 0; }
 bash tests/oracle/venv.sh >/dev/null 2>&1 || true
@@ -53,23 +48,9 @@ done
 printf '%-40s %9s %9s %6s   %9s %9s %6s %9s\n' model "hyb pp" "llama pp" ratio "hyb tg" \
 	"llama tg" ratio roofline
 for m in "${models[@]}"; do
-	hp=() ht=() lp=() lt=() roof=
-	for ((r = 0; r < rounds; r++)); do
-		out=$(build/hyb bench -m "$m" -p "$np" -n "$ng" -r 1 -t "$threads" 2>/dev/null)
-		hp+=("$(awk '/^prefill/ {print $2}' <<<"$out")")
-		ht+=("$(awk '/^decode/ {print $2}' <<<"$out")")
-		roof=$(awk '/^decode/ {for (i = 1; i <= NF; i++) if ($i == "roofline") print $(i + 1)}' <<<"$out")
-		read -r _ p _ t < <("$speed" "$m" "$threads" "$np" "$ng" 1)
-		lp+=("$p")
-		lt+=("$t")
-	done
-	HP=$(printf '%s\n' "${hp[@]}" | median)
-	HT=$(printf '%s\n' "${ht[@]}" | median)
-	LP=$(printf '%s\n' "${lp[@]}" | median)
-	LT=$(printf '%s\n' "${lt[@]}" | median)
+	alternate "$m"
 	printf '%-40s %9.1f %9.1f %5.2fx   %9.1f %9.1f %5.2fx %9.1f\n' "$(basename "$m" .gguf)" \
-		"$HP" "$LP" "$(awk -v a="$HP" -v b="$LP" 'BEGIN {print a / b}')" \
-		"$HT" "$LT" "$(awk -v a="$HT" -v b="$LT" 'BEGIN {print a / b}')" "$roof"
+		"$HP" "$LP" "$(ratio "$HP" "$LP")" "$HT" "$LT" "$(ratio "$HT" "$LT")" "$ROOF"
 done
 echo "(tokens/s; pp: a $np-token prompt in one batch, tg: $ng decode steps; $threads threads;"
 echo " medians of $rounds alternating rounds; roofline: hyb's bytes per token at its measured DRAM read)"
