@@ -12,6 +12,7 @@
 #ifndef HYB_CPU_KERNELS_H
 #define HYB_CPU_KERNELS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -134,6 +135,17 @@ static inline hyb_gemm_fn hyb_gemm_pick_flat(const struct hyb_cpu_kernels *k, ui
 {
 	return ne1 % 4 == 0 ? k->gemm_m4[type] : k->gemm_m1[type];
 }
+
+/*
+ * Batch invariance: how many columns one call of the kernel that
+ * hyb_gemm_pick (flat: hyb_gemm_pick_flat) gives for this type and row
+ * count may take while summing every output exactly as a one-column call
+ * does; 0: any number. Where llama.cpp's order changes with the column
+ * count (tinyBLAS for floats, repacked or tiled K-quant GEMMs), so do the
+ * kernels that match it (tests/unit/test_kernels.c checks every level).
+ */
+uint32_t hyb_gemm_invariant_cols(const struct hyb_cpu_kernels *k, uint32_t type, uint64_t ne1,
+				 bool flat);
 
 /* NULL when this CPU cannot run that level. */
 const struct hyb_cpu_kernels *hyb_cpu_kernels(enum hyb_isa isa);

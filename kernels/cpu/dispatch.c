@@ -217,3 +217,44 @@ double hyb_cpu_peak_macs(const struct hyb_cpu_kernels *k, uint32_t weight_type)
 		return hyb_peak_scalar(kind);
 	}
 }
+
+uint32_t hyb_gemm_invariant_cols(const struct hyb_cpu_kernels *k, uint32_t type, uint64_t ne1,
+				 bool flat)
+{
+	/* which of gemm[], gemm_m4[], gemm_m1[] runs (hyb_gemm_pick) */
+	const int cls = !flat && ne1 % 8 == 0 ? 0 : ne1 % 4 == 0 ? 1 : 2;
+	const bool is_float = type == HYB_TYPE_F32 || type == HYB_TYPE_F16 ||
+			      type == HYB_TYPE_BF16;
+
+	switch (k->isa) {
+	case HYB_ISA_SCALAR:
+		return 0; /* one order for every column count */
+	case HYB_ISA_AVX2:
+		/* tinyBLAS tiles float columns by 4 and sums a tile in its own order;
+		 * IQ4_NL's unrepacked GEMM is not its GEMV */
+		if (is_float)
+			return 3;
+		return type == HYB_TYPE_IQ4_NL && cls ? 1 : 0;
+	default:
+		/* AVX-512: tinyBLAS's float tiles (rows % 4 == 0), the repacked
+		 * Q4_K/Q2_K GEMM from 4 columns, the tiled K-quants from 8 */
+		switch (type) {
+		case HYB_TYPE_F32:
+		case HYB_TYPE_F16:
+		case HYB_TYPE_BF16:
+			return cls < 2 ? 1 : 0;
+		case HYB_TYPE_Q4_K:
+		case HYB_TYPE_Q2_K:
+			return cls == 0 ? 3 : 7;
+		case HYB_TYPE_Q3_K:
+		case HYB_TYPE_Q5_K:
+		case HYB_TYPE_Q6_K:
+		case HYB_TYPE_IQ4_XS:
+			return 7;
+		case HYB_TYPE_IQ4_NL:
+			return cls ? 1 : 0;
+		default:
+			return 0;
+		}
+	}
+}

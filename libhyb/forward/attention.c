@@ -90,8 +90,9 @@ static void one_chunk(const struct hyb_attn *a, const uint16_t *q16, const uint1
 
 	memset(acc16, 0, sizeof(uint16_t) * hv);
 	for (uint32_t p = p0; p < p1; p++) {
-		const uint16_t *kr = kc + (size_t)p * a->kv_stride;
-		const uint16_t *vr = vc + (size_t)p * a->v_stride;
+		const size_t row = hyb_kv_row(a->blocks, p);
+		const uint16_t *kr = kc + row * a->kv_stride;
+		const uint16_t *vr = vc + row * a->v_stride;
 		/* + 0.0f: the mask value of a visible position (it makes -0 +0) */
 		const float s = k->dot_f16(hd, kr, q16) * a->scale + 0.0f;
 		float ms = 1.0f, vs = 1.0f;
@@ -199,7 +200,8 @@ static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, voi
 		memset(kt, 0, sizeof(float) * TILE * hd);
 		for (uint32_t tk = 0; tk < nv; tk++) {
 			/* widened into the V tile's space first: it is filled after the scores */
-			k->dequantize[HYB_TYPE_F16](a->kc + (size_t)(ic + tk) * a->kv_stride + kv_off,
+			k->dequantize[HYB_TYPE_F16](a->kc + hyb_kv_row(a->blocks, ic + tk) *
+							    a->kv_stride + kv_off,
 						    vt, hd);
 			for (uint32_t d = 0; d < hd; d++)
 				kt[(size_t)d * TILE + tk] = vt[d];
@@ -235,7 +237,8 @@ static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, voi
 		}
 		memset(vt, 0, sizeof(float) * TILE * hv);
 		for (uint32_t tk = 0; tk < nv; tk++)
-			k->dequantize[HYB_TYPE_F16](a->vc + (size_t)(ic + tk) * a->v_stride + v_off,
+			k->dequantize[HYB_TYPE_F16](a->vc + hyb_kv_row(a->blocks, ic + tk) *
+							    a->v_stride + v_off,
 						    vt + (size_t)tk * hv, hv);
 		k->gemm_acc(acc, kq, vt, (int)nq, TILE, (int)hv);
 	}

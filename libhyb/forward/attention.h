@@ -31,7 +31,25 @@ struct hyb_attn {
 	float scale;
 	/* a sliding-window layer: a query at p sees p - n_swa + 1 .. p (0: all) */
 	uint32_t n_swa;
+	/*
+	 * A paged cache (kv_pages.h): position p is cache row
+	 * blocks[p / HYB_KV_BLOCK] * HYB_KV_BLOCK + p % HYB_KV_BLOCK. NULL: row p.
+	 */
+	const uint32_t *blocks;
 };
+
+/* Positions per block of a paged KV cache: vLLM's default (PagedAttention 4.2). */
+#define HYB_KV_BLOCK_SHIFT 4
+#define HYB_KV_BLOCK (1u << HYB_KV_BLOCK_SHIFT)
+
+/* The cache row that holds position p under a block table (NULL: contiguous). */
+static inline size_t hyb_kv_row(const uint32_t *blocks, uint32_t p)
+{
+	if (!blocks)
+		return p;
+	return ((size_t)blocks[p >> HYB_KV_BLOCK_SHIFT] << HYB_KV_BLOCK_SHIFT) |
+	       (p & (HYB_KV_BLOCK - 1));
+}
 
 /* Scratch bytes one worker needs for head dimension hd. */
 size_t hyb_attend_tmp_bytes(uint32_t hd);

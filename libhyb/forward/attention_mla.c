@@ -116,16 +116,21 @@ void hyb_fwd_attention_mla(struct hyb_ctx *c, uint32_t l, uint32_t n)
 
 		hyb_fwd_matmul(c, c->xn, n, 1, &wkv, &kv);
 	}
-	for (uint32_t t = 0; t < n; t++) {
-		float cs[512], sn[512];
-		float *row = kv + (size_t)t * D, *q = s->q + (size_t)t * H * QK;
+	struct hyb_fwd_run one;
+	uint32_t nr;
+	const struct hyb_fwd_run *r = hyb_fwd_runs(c, n, &one, &nr);
 
-		hyb_rope_table(&hp->rope, P, c->n_past + t, cs, sn);
-		hyb_rope_apply(row + R, 1, P, P, false, cs, sn);
-		hyb_rmsnorm(row, row, L->kv_a_norm.data, R, hp->rms_eps);
-		for (uint32_t h = 0; h < H; h++)
-			hyb_rope_apply(q + (size_t)h * QK + N, 1, P, P, false, cs, sn);
-	}
+	for (uint32_t i = 0; i < nr; i++)
+		for (uint32_t t = r[i].t0; t < r[i].t0 + r[i].n; t++) {
+			float cs[512], sn[512];
+			float *row = kv + (size_t)t * D, *q = s->q + (size_t)t * H * QK;
+
+			hyb_rope_table(&hp->rope, P, r[i].pos + t - r[i].t0, cs, sn);
+			hyb_rope_apply(row + R, 1, P, P, false, cs, sn);
+			hyb_rmsnorm(row, row, L->kv_a_norm.data, R, hp->rms_eps);
+			for (uint32_t h = 0; h < H; h++)
+				hyb_rope_apply(q + (size_t)h * QK + N, 1, P, P, false, cs, sn);
+		}
 	/* Q rows of the cache's shape: [latent from wk_b | rope] per head */
 	for (uint32_t h = 0; h < H; h++) {
 		per_head(c, &L->wk_b, h, n, s->q, (size_t)H * QK, (size_t)h * QK, c->q,
@@ -135,20 +140,21 @@ void hyb_fwd_attention_mla(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			       s->q + (size_t)t * H * QK + (size_t)h * QK + N, sizeof(float) * P);
 	}
 	{
-		uint16_t *kc = c->kcache + (size_t)l * c->n_ctx * c->kv_dim;
-		struct hyb_attn a = {
+		uint16_t *kc = c->kcache + (size_t)l * c->kv_rows * c->kv_dim;
+		const struct hyb_attn a = {
 			.k = c->k, .q = c->q, .out = c->att, .kc = kc, .vc = kc,
 			.q_stride = (size_t)H * D, .kv_stride = D,
 			.out_stride = (size_t)H * R, .v_stride = D,
-			.hd = D, .hd_v = R, .n_head = H, .n_head_kv = 1,
-			.n_tokens = n, .n_past = c->n_past, .n_ctx = c->n_ctx,
+			.hd = D, .hd_v = R, .n_head = H, .n_head_kv = 1, .n_ctx = c->n_ctx,
 			.n_split = hyb_threadpool_size(c->pool), .scale = hp->mla_scale,
 		};
 
-		for (uint32_t t = 0; t < n; t++)
-			c->k->quantize_act[HYB_TYPE_F16](kv + (size_t)t * D,
-							 kc + (size_t)(c->n_past + t) * D, D);
-		hyb_fwd_attend(c, &a);
+		for (uint32_t i = 0; i < nr; i++)
+			for (uint32_t t = 0; t < r[i].n; t++)
+				c->k->quantize_act[HYB_TYPE_F16](
+					kv + (size_t)(r[i].t0 + t) * D,
+					kc + hyb_kv_row(r[i].blocks, r[i].pos + t) * D, D);
+		hyb_fwd_attend_runs(c, &a, n);
 	}
 	for (uint32_t h = 0; h < H; h++)
 		per_head(c, &L->wv_b, h, n, c->att, (size_t)H * R, (size_t)h * R, s->vo,

@@ -17,6 +17,7 @@
 #include "hyb/testing.h"
 #include "hybrid/decode.h"
 #include "attention_mla.h"
+#include "kv_pages.h"
 #include "moe.h"
 #include "hybrid/ffn_hybrid.h"
 #include "sparse/plan_ffn.h"
@@ -26,9 +27,10 @@
 static void *alloc_zeroed(size_t bytes)
 {
 	/* Anonymous mappings: page-aligned, zeroed, and only touched pages
-	 * become resident (a large n_ctx costs nothing until it is used). */
+	 * become resident (a large n_ctx costs nothing until it is used; a
+	 * paged cache touches the blocks its sequences take). */
 	void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE,
-		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 
 	return p == MAP_FAILED ? NULL : p;
 }
@@ -42,7 +44,7 @@ static void free_mapping(void *p, size_t bytes)
 static size_t scratch_bytes(const struct hyb_ctx *c)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
-	size_t nb = c->n_batch, wide = hp->n_ff > hp->n_vocab ? hp->n_ff : hp->n_vocab;
+	size_t nb = c->n_rows, wide = hp->n_ff > hp->n_vocab ? hp->n_ff : hp->n_vocab;
 
 	if (wide < hp->n_embd)
 		wide = hp->n_embd;
@@ -76,10 +78,55 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->n_batch = p && p->n_batch ? p->n_batch : 512;
 	c->q_dim = hp->n_head * hp->head_dim;
 	c->kv_dim = hp->n_head_kv * hp->head_dim;
+	c->n_seq = p && p->n_seq > 1 ? p->n_seq : 1;
+	c->invariant = !(p && p->batch_variant);
 	if (c->n_ctx == 0 || c->n_ctx > (1u << 24)) {
 		hyb_error_set(-EINVAL, "bad context size %u", c->n_ctx);
 		goto fail;
 	}
+	if (c->n_batch > (1u << 16) || c->n_seq > 4096) {
+		hyb_error_set(-EINVAL, "bad batch (%u tokens) or sequence count (%u)", c->n_batch,
+			      c->n_seq);
+		goto fail;
+	}
+	/* a whole prompt piece beside one token of every other sequence */
+	c->n_rows = c->n_batch + c->n_seq - 1;
+	c->kv_rows = c->n_ctx;
+	if (c->n_seq > 1) {
+		const uint64_t kv = p->kv_size ? p->kv_size : (uint64_t)c->n_seq * c->n_ctx;
+		const uint64_t blocks = (kv + HYB_KV_BLOCK - 1) / HYB_KV_BLOCK;
+
+		if (p->hybrid || m->group_size || m->powerinfer || p->moe_defer ||
+		    p->ffn == HYB_FFN_SPARSE) {
+			hyb_error_set(-EINVAL, "several sequences (n_seq %u) run dense on the CPU: "
+				      "not with %s yet", c->n_seq,
+				      p->hybrid ? "hybrid decoding" : p->moe_defer ?
+				      "expert deferral" : "a plan's sparse FFNs");
+			goto fail;
+		}
+		if (blocks * HYB_KV_BLOCK > (1u << 26) || kv < c->n_ctx) {
+			hyb_error_set(-EINVAL, "bad KV cache size %llu positions for %u-position "
+				      "sequences (at most %u)", (unsigned long long)kv, c->n_ctx,
+				      1u << 26);
+			goto fail;
+		}
+		c->kv_rows = (uint32_t)(blocks * HYB_KV_BLOCK);
+		c->kv = hyb_kv_pages_new(c->n_seq, (uint32_t)blocks, c->n_ctx);
+		c->attn_runs = calloc(c->n_seq, sizeof(*c->attn_runs));
+		c->run_cols = calloc(c->n_seq, sizeof(uint32_t));
+		if (!c->kv || !c->attn_runs || !c->run_cols) {
+			hyb_error_set(-ENOMEM, "out of memory");
+			goto fail;
+		}
+	}
+	c->ones = malloc(sizeof(uint32_t) * c->n_rows);
+	c->seg = malloc(sizeof(uint32_t) * 6 * c->n_rows);
+	if (!c->ones || !c->seg) {
+		hyb_error_set(-ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < c->n_rows; i++)
+		c->ones[i] = 1;
 	c->pool = hyb_threadpool_new(p ? p->n_threads : 0);
 	if (!c->pool) {
 		hyb_error_set(-errno, "cannot start threads: %s", strerror(errno));
@@ -88,7 +135,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	nth = hyb_threadpool_size(c->pool);
 
 	/* latent attention reads V from the K rows (attention_mla.c): no V cache */
-	c->kv_bytes = (hp->kv_lora ? 1 : 2) * sizeof(uint16_t) * (size_t)hp->n_layer * c->n_ctx *
+	c->kv_bytes = (hp->kv_lora ? 1 : 2) * sizeof(uint16_t) * (size_t)hp->n_layer * c->kv_rows *
 		      c->kv_dim;
 	c->kcache = alloc_zeroed(hp->kv_lora ? c->kv_bytes : c->kv_bytes / 2);
 	c->vcache = hp->kv_lora ? c->kcache : alloc_zeroed(c->kv_bytes / 2);
@@ -101,16 +148,16 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 			      c->n_ctx, c->kv_bytes / 1048576.0);
 		goto fail;
 	}
-	c->xn = c->x + (size_t)c->n_batch * hp->n_embd;
-	c->q = c->xn + (size_t)c->n_batch * hp->n_embd;
-	c->att = c->q + (size_t)c->n_batch * c->q_dim;
-	c->kk = c->att + (size_t)c->n_batch * c->q_dim;
-	c->vv = c->kk + (size_t)c->n_batch * c->kv_dim;
-	c->g = c->vv + (size_t)c->n_batch * c->kv_dim;
-	c->u = c->g + (size_t)c->n_batch * hp->n_ff;
-	c->xq = c->u + (size_t)c->n_batch * hp->n_ff;
+	c->xn = c->x + (size_t)c->n_rows * hp->n_embd;
+	c->q = c->xn + (size_t)c->n_rows * hp->n_embd;
+	c->att = c->q + (size_t)c->n_rows * c->q_dim;
+	c->kk = c->att + (size_t)c->n_rows * c->q_dim;
+	c->vv = c->kk + (size_t)c->n_rows * c->kv_dim;
+	c->g = c->vv + (size_t)c->n_rows * c->kv_dim;
+	c->u = c->g + (size_t)c->n_rows * hp->n_ff;
+	c->xq = c->u + (size_t)c->n_rows * hp->n_ff;
 	if ((m->group_size || m->powerinfer) &&
-	    !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_batch, nth))) {
+	    !(c->plan = hyb_ffn_plan_scratch_new(m, c->n_rows, nth))) {
 		hyb_error_set(-ENOMEM, "out of memory for the FFN scratch of a plan");
 		goto fail;
 	}
@@ -121,7 +168,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		goto fail;
 	}
 	c->moe_defer = p ? p->moe_defer : 0;
-	if (hp->kv_lora && !(c->mla = hyb_mla_scratch_new(m, c->n_batch))) {
+	if (hp->kv_lora && !(c->mla = hyb_mla_scratch_new(m, c->n_rows))) {
 		hyb_error_set(-ENOMEM, "out of memory for the latent attention scratch");
 		goto fail;
 	}
@@ -138,10 +185,10 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 				      p->hybrid ? "hybrid" : "sparse");
 			goto fail;
 		}
-		c->moe = hyb_moe_scratch_new(m, c->n_batch);
+		c->moe = hyb_moe_scratch_new(m, c->n_rows);
 		if (!c->moe) {
 			hyb_error_set(-ENOMEM, "out of memory for the expert scratch of a %u-token "
-				      "batch", c->n_batch);
+				      "batch", c->n_rows);
 			goto fail;
 		}
 	}
@@ -202,6 +249,11 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_ffn_hybrid_free(c->hybrid);
 	hyb_moe_scratch_free(c->moe);
 	hyb_mla_scratch_free(c->mla);
+	hyb_kv_pages_free(c->kv);
+	free(c->attn_runs);
+	free(c->run_cols);
+	free(c->ones);
+	free(c->seg);
 	free(c->ffn_thr);
 	free(c);
 }
@@ -376,6 +428,11 @@ uint32_t hyb_ctx_n_past(const struct hyb_ctx *c)
 uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c)
 {
 	return c->n_ctx;
+}
+
+int hyb_ctx_n_threads(const struct hyb_ctx *c)
+{
+	return hyb_threadpool_size(c->pool);
 }
 
 uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c)

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "forward_internal.h"
 #include "attention.h"
@@ -32,6 +33,8 @@
 #include "util/error.h"
 
 #define MAX_MATS 3
+/* weight rows a column-group pass keeps in L2 while the groups go by */
+#define INV_SUB_BYTES (192 * 1024)
 
 /* ---- matmul: Y_i = W_i · X for up to three weights sharing X ---------- */
 
@@ -46,6 +49,8 @@ struct matmul_job {
 	uint64_t chunk_rows;
 	uint64_t chunks[MAX_MATS]; /* per weight */
 	uint64_t total_chunks;
+	const uint32_t *seg[MAX_MATS]; /* (first column, columns) per kernel call (segments()) */
+	uint32_t n_seg[MAX_MATS];      /* 0: every column in one call */
 	atomic_ullong next;
 };
 
@@ -78,9 +83,61 @@ static void matmul_worker(void *arg, int ith, int nth)
 		const hyb_gemm_fn fn = w->flat ? hyb_gemm_pick_flat(j->k, w->type, rows)
 					       : hyb_gemm_pick(j->k, w->type, rows);
 
-		fn((int64_t)w->ne0, (const char *)w->data + r0 * w->row_bytes, w->row_bytes,
-		   (int64_t)nr, j->xq, j->xq_stride, j->n, j->y[i] + r0, w->ne1);
+		const char *wr = (const char *)w->data + r0 * w->row_bytes;
+
+		if (!j->n_seg[i]) {
+			fn((int64_t)w->ne0, wr, w->row_bytes, (int64_t)nr, j->xq, j->xq_stride, j->n,
+			   j->y[i] + r0, w->ne1);
+			continue;
+		}
+		/* batch invariance: column segments, over rows in L2-sized blocks */
+		uint64_t sub = (INV_SUB_BYTES / w->row_bytes) & ~15ull;
+
+		sub = sub < 16 ? 16 : sub;
+		for (uint64_t b = 0; b < nr; b += sub)
+			for (uint32_t q = 0; q < j->n_seg[i]; q++) {
+				const uint32_t c0 = j->seg[i][2 * q], nc = j->seg[i][2 * q + 1];
+
+				fn((int64_t)w->ne0, wr + b * w->row_bytes, w->row_bytes,
+				   (int64_t)(nr - b < sub ? nr - b : sub),
+				   (const char *)j->xq + (size_t)c0 * j->xq_stride, j->xq_stride, nc,
+				   j->y[i] + (size_t)c0 * w->ne1 + r0 + b, w->ne1);
+			}
 	}
+}
+
+/*
+ * Batch invariance (hyb_ctx_params.batch_variant false): the kernel calls
+ * that give every column of a pass the sums it would get in a pass of its
+ * sequence alone. A run of several tokens (a prompt piece) is one call, as
+ * alone; single tokens are grouped up to g columns, g being how many columns
+ * the kernel sums exactly as one (hyb_gemm_invariant_cols; 0: any, and
+ * then the whole pass is one call). Returns the segment count, 0: one call.
+ */
+static uint32_t segments(const struct hyb_ctx *c, const struct hyb_weight *w, uint32_t n,
+			 uint32_t *seg)
+{
+	const uint32_t g = hyb_gemm_invariant_cols(c->k, w->type,
+						   w->fused_rows ? w->fused_rows : w->ne1, w->flat);
+	uint32_t ns = 0, c0 = 0;
+	bool singles = false; /* the last segment groups single tokens */
+
+	if (!c->invariant || !c->cols || !g)
+		return 0;
+	for (uint32_t r = 0; r < c->n_cols; r++) {
+		const uint32_t len = c->cols[r];
+
+		if (len == 1 && singles && seg[2 * ns - 1] < g) {
+			seg[2 * ns - 1]++;
+		} else {
+			seg[2 * ns] = c0;
+			seg[2 * ns + 1] = len;
+			ns++;
+			singles = len == 1;
+		}
+		c0 += len;
+	}
+	return c0 == n ? ns : 0;
 }
 
 struct quant_job {
@@ -144,6 +201,10 @@ static void matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 		j.w[i] = w[i];
 		j.y[i] = y[i];
 		rows += w[i]->ne1;
+		if (n > 1) {
+			j.seg[i] = c->seg + (size_t)i * 2 * c->n_rows;
+			j.n_seg[i] = segments(c, w[i], n, c->seg + (size_t)i * 2 * c->n_rows);
+		}
 	}
 	/* ~8 chunks per thread, multiples of 16 rows (the kernels' row tiles). */
 	j.chunk_rows = (rows / ((uint64_t)nth * 8) + 15) & ~15ull;
@@ -170,12 +231,16 @@ void hyb_fwd_matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 
 struct attn_job {
 	struct hyb_ctx *c;
-	struct hyb_attn a;
+	const struct hyb_attn *a;   /* one per run */
+	uint32_t n_a;
 	long n_jobs, per_claim;
 	atomic_long next;
 };
 
-/* Jobs (token x head, or tiles) are independent: threads claim them as they go. */
+/*
+ * Jobs (token x head, or tiles) are independent: threads claim them as they
+ * go; job numbers run through the runs in order.
+ */
 static void attn_worker(void *arg, int ith, int nth)
 {
 	struct attn_job *j = arg;
@@ -184,67 +249,118 @@ static void attn_worker(void *arg, int ith, int nth)
 	(void)nth;
 	for (;;) {
 		long lo = atomic_fetch_add_explicit(&j->next, j->per_claim, memory_order_relaxed);
+		long hi = lo + j->per_claim < j->n_jobs ? lo + j->per_claim : j->n_jobs;
 
 		if (lo >= j->n_jobs)
 			return;
-		hyb_attend_run(&j->a, lo, lo + j->per_claim < j->n_jobs ? lo + j->per_claim : j->n_jobs,
-			       tmp);
+		long base = 0;
+
+		for (uint32_t r = 0; r < j->n_a && lo < hi; r++) {
+			const long nr = hyb_attend_jobs(&j->a[r]);
+
+			if (lo < base + nr) {
+				const long e = hi < base + nr ? hi : base + nr;
+
+				hyb_attend_run(&j->a[r], lo - base, e - base, tmp);
+				lo = e;
+			}
+			base += nr;
+		}
 	}
 }
 
-void hyb_fwd_attend(struct hyb_ctx *c, const struct hyb_attn *a)
+static void attend_all(struct hyb_ctx *c, const struct hyb_attn *a, uint32_t n_a)
 {
-	struct attn_job j = { .c = c, .a = *a };
+	struct attn_job j = { .c = c, .a = a, .n_a = n_a };
 	const int nth = hyb_threadpool_size(c->pool);
 
-	j.n_jobs = hyb_attend_jobs(&j.a);
+	for (uint32_t r = 0; r < n_a; r++)
+		j.n_jobs += hyb_attend_jobs(&a[r]);
 	/* about 4 claims per thread */
 	j.per_claim = (j.n_jobs + 4 * nth - 1) / (4 * nth);
 	atomic_init(&j.next, 0);
 	hyb_threadpool_run_dynamic(c->pool, attn_worker, &j);
 }
 
-/* The attention of layer l for a batch of n tokens, in llama.cpp's arithmetic. */
+void hyb_fwd_attend(struct hyb_ctx *c, const struct hyb_attn *a)
+{
+	attend_all(c, a, 1);
+}
+
+const struct hyb_fwd_run *hyb_fwd_runs(const struct hyb_ctx *c, uint32_t n,
+				       struct hyb_fwd_run *one, uint32_t *n_runs)
+{
+	if (c->runs) {
+		*n_runs = c->n_runs;
+		return c->runs;
+	}
+	*one = (struct hyb_fwd_run){ .t0 = 0, .n = n, .pos = c->n_past };
+	*n_runs = 1;
+	return one;
+}
+
+void hyb_fwd_attend_runs(struct hyb_ctx *c, const struct hyb_attn *a, uint32_t n)
+{
+	struct hyb_fwd_run one;
+	uint32_t nr;
+	const struct hyb_fwd_run *r = hyb_fwd_runs(c, n, &one, &nr);
+	struct hyb_attn single, *as = nr == 1 ? &single : c->attn_runs;
+	const size_t os = a->out_stride ? a->out_stride : a->q_stride;
+
+	for (uint32_t i = 0; i < nr; i++) {
+		as[i] = *a;
+		as[i].q = a->q + (size_t)r[i].t0 * a->q_stride;
+		as[i].out = a->out + (size_t)r[i].t0 * os;
+		as[i].n_tokens = r[i].n;
+		as[i].n_past = r[i].pos;
+		as[i].blocks = r[i].blocks;
+	}
+	attend_all(c, as, nr);
+}
+
+/* The attention of layer l for a pass of n tokens, in llama.cpp's arithmetic. */
 static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
 	const bool swa = c->m->layers[l].swa;
-	struct attn_job j = {
-		.c = c,
-		.a = {
-			.k = c->k, .q = c->q, .out = c->att,
-			.kc = c->kcache + (size_t)l * c->n_ctx * c->kv_dim,
-			.vc = c->vcache + (size_t)l * c->n_ctx * c->kv_dim,
-			.q_stride = c->q_dim, .kv_stride = c->kv_dim,
-			.out_stride = c->q_dim, .v_stride = c->kv_dim,
-			.hd = hp->head_dim, .hd_v = hp->head_dim,
-			.n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
-			.n_tokens = n, .n_past = c->n_past, .n_ctx = c->n_ctx,
-			.n_split = hyb_threadpool_size(c->pool),
-			/* a q scaled beforehand (Gemma) is attended with scale 1 */
-			.scale = hp->q_scale ? 1.0f : 1.0f / sqrtf((float)hp->head_dim),
-			.n_swa = swa ? hp->n_swa : 0,
-		},
+	const struct hyb_attn a = {
+		.k = c->k, .q = c->q, .out = c->att,
+		.kc = c->kcache + (size_t)l * c->kv_rows * c->kv_dim,
+		.vc = c->vcache + (size_t)l * c->kv_rows * c->kv_dim,
+		.q_stride = c->q_dim, .kv_stride = c->kv_dim,
+		.out_stride = c->q_dim, .v_stride = c->kv_dim,
+		.hd = hp->head_dim, .hd_v = hp->head_dim,
+		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
+		.n_ctx = c->n_ctx,
+		.n_split = hyb_threadpool_size(c->pool),
+		/* a q scaled beforehand (Gemma) is attended with scale 1 */
+		.scale = hp->q_scale ? 1.0f : 1.0f / sqrtf((float)hp->head_dim),
+		.n_swa = swa ? hp->n_swa : 0,
 	};
 
-	hyb_fwd_attend(c, &j.a);
+	hyb_fwd_attend_runs(c, &a, n);
 }
 
 /* ---- the layer loop ---------------------------------------------------- */
 
 static void store_kv(struct hyb_ctx *c, uint32_t layer, uint32_t n)
 {
-	uint16_t *kc = c->kcache + (size_t)layer * c->n_ctx * c->kv_dim;
-	uint16_t *vc = c->vcache + (size_t)layer * c->n_ctx * c->kv_dim;
+	uint16_t *kc = c->kcache + (size_t)layer * c->kv_rows * c->kv_dim;
+	uint16_t *vc = c->vcache + (size_t)layer * c->kv_rows * c->kv_dim;
+	struct hyb_fwd_run one;
+	uint32_t nr;
+	const struct hyb_fwd_run *r = hyb_fwd_runs(c, n, &one, &nr);
 
-	for (uint32_t t = 0; t < n; t++) {
-		uint32_t pos = c->n_past + t;
+	for (uint32_t i = 0; i < nr; i++)
+		for (uint32_t t = 0; t < r[i].n; t++) {
+			const size_t row = hyb_kv_row(r[i].blocks, r[i].pos + t);
+			const size_t src = (size_t)(r[i].t0 + t) * c->kv_dim;
 
-		c->k->quantize_act[HYB_TYPE_F16](c->kk + (size_t)t * c->kv_dim,
-						 kc + (size_t)pos * c->kv_dim, c->kv_dim);
-		c->k->quantize_act[HYB_TYPE_F16](c->vv + (size_t)t * c->kv_dim,
-						 vc + (size_t)pos * c->kv_dim, c->kv_dim);
-	}
+			c->k->quantize_act[HYB_TYPE_F16](c->kk + src, kc + row * c->kv_dim,
+							 c->kv_dim);
+			c->k->quantize_act[HYB_TYPE_F16](c->vv + src, vc + row * c->kv_dim,
+							 c->kv_dim);
+		}
 }
 
 void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n)
@@ -313,15 +429,20 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 		rope.freq_factors = c->n_ctx > hp->n_ctx_orig ? hp->rope_long : hp->rope_short;
 	norm_heads(c->q, &L->q_norm, n, hp->n_head, hp->head_dim, hp->rms_eps);
 	norm_heads(c->kk, &L->k_norm, n, hp->n_head_kv, hp->head_dim, hp->rms_eps);
-	for (uint32_t t = 0; t < n; t++) {
-		float cs[512], sn[512];
+	struct hyb_fwd_run one;
+	uint32_t nr;
+	const struct hyb_fwd_run *r = hyb_fwd_runs(c, n, &one, &nr);
 
-		hyb_rope_table(&rope, hp->n_rot, c->n_past + t, cs, sn);
-		hyb_rope_apply(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim, hp->n_rot,
-			       hp->rope_neox, cs, sn);
-		hyb_rope_apply(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
-			       hp->n_rot, hp->rope_neox, cs, sn);
-	}
+	for (uint32_t i = 0; i < nr; i++)
+		for (uint32_t t = r[i].t0; t < r[i].t0 + r[i].n; t++) {
+			float cs[512], sn[512];
+
+			hyb_rope_table(&rope, hp->n_rot, r[i].pos + t - r[i].t0, cs, sn);
+			hyb_rope_apply(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim,
+				       hp->n_rot, hp->rope_neox, cs, sn);
+			hyb_rope_apply(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
+				       hp->n_rot, hp->rope_neox, cs, sn);
+		}
 	if (hp->q_scale)
 		for (size_t i = 0; i < (size_t)n * c->q_dim; i++)
 			c->q[i] *= hp->q_scale;
@@ -404,6 +525,46 @@ void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits)
 	matmul(c, c->xn, n - first, 1, &out, &logits);
 }
 
+/* Layer l's FFN for the nf rows at xf (c->x + row), added to them. */
+static int layer_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, uint32_t n, char *err,
+		     size_t errlen)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const uint32_t E = hp->n_embd;
+	int rc;
+
+	hyb_fwd_ffn_norm(c, l, xf, nf);
+	if (c->moe && l >= hp->n_dense_lead) {
+		rc = hyb_fwd_ffn_moe(c, l, nf);
+		if (rc) {
+			snprintf(err, errlen, "%s", hyb_last_error());
+			return rc;
+		}
+	} else if (c->sparse && !c->probe && (n == 1 || c->m->powerinfer)) {
+		/* PowerInfer's predictors choose every token's neurons, the
+		 * prompt's too (a plan's prompt runs dense: hyb/model.h) */
+		for (uint32_t t = 0; t < nf; t++)
+			if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf + (size_t)t * E,
+						 c->xn + (size_t)t * E, c->xn + (size_t)t * E, err,
+						 errlen))
+				return -1;
+	} else {
+		hyb_fwd_ffn_dense(c, l, nf);
+	}
+	hyb_fwd_post_norm(c, &c->m->layers[l].post_ffn_norm, c->xn, nf);
+	for (size_t i = 0; i < (size_t)nf * E; i++)
+		xf[i] += c->xn[i];
+	return 0;
+}
+
+static void layer_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
+{
+	if (c->m->hp.kv_lora)
+		hyb_fwd_attention_mla(c, l, n);
+	else
+		hyb_fwd_attention(c, l, n);
+}
+
 static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		      bool all_logits, char *err, size_t errlen)
 {
@@ -427,40 +588,17 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		rc = hyb_model_wait_layer(c->m, l, err, errlen);
 		if (rc)
 			return rc;
-		if (hp->kv_lora)
-			hyb_fwd_attention_mla(c, l, n);
-		else
-			hyb_fwd_attention(c, l, n);
+		layer_attention(c, l, n);
 
 		/* llama.cpp drops the rows it returns no logits for before the last
 		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
 		 * matmuls add in their one-column order. Same here (and less work). */
 		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits && !c->probe &&
 				    !c->moe_probe ? n - 1 : 0;
-		const uint32_t nf = n - f0;
-		float *xf = c->x + (size_t)f0 * E;
 
-		hyb_fwd_ffn_norm(c, l, xf, nf);
-		if (c->moe && l >= hp->n_dense_lead) {
-			rc = hyb_fwd_ffn_moe(c, l, nf);
-			if (rc) {
-				snprintf(err, errlen, "%s", hyb_last_error());
-				return rc;
-			}
-		} else if (c->sparse && !c->probe && (n == 1 || c->m->powerinfer)) {
-			/* PowerInfer's predictors choose every token's neurons, the
-			 * prompt's too (a plan's prompt runs dense: hyb/model.h) */
-			for (uint32_t t = 0; t < nf; t++)
-				if (hyb_ffn_sparse_layer(c->sparse, c->pool, l, xf + (size_t)t * E,
-							 c->xn + (size_t)t * E,
-							 c->xn + (size_t)t * E, err, errlen))
-					return -1;
-		} else {
-			hyb_fwd_ffn_dense(c, l, nf);
-		}
-		hyb_fwd_post_norm(c, &c->m->layers[l].post_ffn_norm, c->xn, nf);
-		for (size_t i = 0; i < (size_t)nf * E; i++)
-			xf[i] += c->xn[i];
+		rc = layer_ffn(c, l, c->x + (size_t)f0 * E, n - f0, n, err, errlen);
+		if (rc)
+			return rc;
 	}
 
 	/* Head: every token's logits, or only the last token's. */
@@ -471,6 +609,48 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	c->n_past += n;
 	if (c->hybrid)
 		hyb_decode_hybrid_kv_host_wrote(c);
+	return 0;
+}
+
+int hyb_fwd_eval_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
+		      const uint32_t *out, uint32_t n_out, float *logits, char *err,
+		      size_t errlen)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const uint32_t E = hp->n_embd;
+	int rc = hyb_model_wait_embd(c->m, err, errlen);
+
+	if (rc)
+		return rc;
+	hyb_fwd_embed(c, tokens, n);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		rc = hyb_model_wait_layer(c->m, l, err, errlen);
+		if (rc)
+			return rc;
+		layer_attention(c, l, n);
+		if (l + 1 == hp->n_layer && !n_out)
+			return 0; /* prompt pieces that give no logits yet */
+		/* as above: the last FFN sees only the rows that give logits, gathered,
+		 * each as the one row of its sequence's pass */
+		if (l + 1 == hp->n_layer) {
+			for (uint32_t i = 0; i < n_out; i++)
+				if (out[i] != i)
+					memcpy(c->x + (size_t)i * E, c->x + (size_t)out[i] * E,
+					       sizeof(float) * E);
+			if (c->cols) {
+				c->cols = c->ones;
+				c->n_cols = n_out;
+			}
+		}
+		rc = l + 1 == hp->n_layer ? layer_ffn(c, l, c->x, n_out, n, err, errlen) :
+					    layer_ffn(c, l, c->x, n, n, err, errlen);
+		if (rc)
+			return rc;
+	}
+	rc = hyb_model_wait_head(c->m, err, errlen);
+	if (rc)
+		return rc;
+	hyb_fwd_head(c, 0, n_out, logits);
 	return 0;
 }
 

@@ -15,18 +15,55 @@
 #include "hyb/model.h"
 #include "hyb/threadpool.h"
 
+/*
+ * A pass's tokens of one sequence: rows t0 .. t0 + n - 1 of the pass, at
+ * positions pos.. of their sequence, whose cache rows a block table maps
+ * (hyb_kv_row; NULL: row = position).
+ */
+struct hyb_fwd_run {
+	uint32_t t0, n, pos;
+	const uint32_t *blocks;
+};
+
+struct hyb_attn;
+
 struct hyb_ctx {
 	const struct hyb_model *m;
 	const struct hyb_cpu_kernels *k;
 	struct hyb_threadpool *pool;
 	uint32_t n_ctx, n_past, n_batch;
+	uint32_t n_rows;   /* tokens a pass may hold: n_batch, + n_seq - 1 with sequences */
 	uint32_t q_dim, kv_dim;
 
-	uint16_t *kcache;  /* [layer][pos][kv_dim] F16 */
-	uint16_t *vcache;  /* [layer][pos][kv_dim] F16 */
+	uint16_t *kcache;  /* [layer][row][kv_dim] F16: row = position, or paged (kv) */
+	uint16_t *vcache;  /* [layer][row][kv_dim] F16 */
 	size_t kv_bytes;
+	uint32_t kv_rows;  /* rows per layer */
 
-	/* scratch for a batch of n_batch tokens */
+	/*
+	 * Several sequences (n_seq > 1, batch.c): a paged cache and the runs of
+	 * the pass in flight. With one sequence runs is NULL: the pass is its
+	 * tokens at n_past, rows = positions.
+	 */
+	uint32_t n_seq;
+	struct hyb_kv_pages *kv;
+	const struct hyb_fwd_run *runs;
+	uint32_t n_runs;
+	struct hyb_attn *attn_runs;  /* [n_seq] scratch of hyb_fwd_attend_runs */
+	bool seq0_open;              /* one sequence: hyb_ctx_seq_open's state */
+	/*
+	 * Every output of a matmul summed as a one-column product sums it, at
+	 * any batch size (batch invariance: hyb_gemm_invariant_cols).
+	 */
+	bool invariant;
+	/* the pass's columns by sequence, for matmuls (runs, or single rows) */
+	const uint32_t *cols;
+	uint32_t n_cols;
+	uint32_t *run_cols;  /* [n_seq] */
+	uint32_t *ones;      /* [n_rows] all 1 */
+	uint32_t *seg;       /* [3][2 * n_rows] scratch of matmul's segments */
+
+	/* scratch for a pass of n_rows tokens */
 	float *x, *xn, *q, *kk, *vv, *att, *g, *u;
 	void *xq;          /* activations converted for the matmul in flight */
 	size_t xq_stride;  /* bytes per token in xq */
@@ -52,8 +89,26 @@ struct hyb_ctx {
 void hyb_fwd_matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 		    const struct hyb_weight *const *w, float *const *y);
 /* Run an attention batch on the context's threads. */
-struct hyb_attn;
 void hyb_fwd_attend(struct hyb_ctx *c, const struct hyb_attn *a);
+/*
+ * The runs of the pass in flight: c->runs, or the one sequence's n tokens
+ * at c->n_past (filled into *one).
+ */
+const struct hyb_fwd_run *hyb_fwd_runs(const struct hyb_ctx *c, uint32_t n,
+				       struct hyb_fwd_run *one, uint32_t *n_runs);
+/*
+ * Attention of every run of the pass, as one parallel job: a is the
+ * layer's attention for the pass's first token (q, out, cache bases of the
+ * layer, strides, heads); each run gets its rows, positions and blocks.
+ */
+void hyb_fwd_attend_runs(struct hyb_ctx *c, const struct hyb_attn *a, uint32_t n);
+/*
+ * The pass of c->runs (several sequences): tokens[n] in run order; logits
+ * row i for pass row out[i] (i < n_out, rows ascending). 0, or -1 with err.
+ */
+int hyb_fwd_eval_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
+		      const uint32_t *out, uint32_t n_out, float *logits, char *err,
+		      size_t errlen);
 /* c->x[t] = the embedding of tokens[t]. */
 void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n);
 /* Layer l's attention block for n tokens at c->n_past: c->x += attention. */

@@ -361,6 +361,7 @@ struct expert_job {
 	int nw;
 	uint64_t chunk, n_chunks;
 	uint32_t n_units;
+	bool invariant;
 	atomic_uint next;
 };
 
@@ -389,7 +390,9 @@ static void expert_worker(void *arg, int ith, int nth)
 		const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w.type, rows);
 		const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
 		float *y = j->y[m] + (size_t)j0 * w.ne1 + r0;
-		const uint32_t mc = hyb_moe_max_columns(w.type, rows);
+		/* batch invariance: columns grouped as the kernel sums them alike (forward.c) */
+		const uint32_t mc = j->invariant ? hyb_gemm_invariant_cols(j->k, w.type, rows, false) :
+				    hyb_moe_max_columns(w.type, rows);
 
 		if (!mc || mc >= nj) {
 			fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y,
@@ -414,7 +417,8 @@ static void run_experts(struct hyb_ctx *c, uint32_t n_active, int nw,
 			const size_t *x_stride, float *const *y)
 {
 	const int nth = hyb_threadpool_size(c->pool);
-	struct expert_job j = { .k = c->k, .s = c->moe, .nw = nw };
+	struct expert_job j = { .k = c->k, .s = c->moe, .nw = nw,
+				.invariant = c->invariant && c->cols };
 	const uint64_t rows = w[0]->ne1;
 
 	for (int i = 0; i < nw; i++) {

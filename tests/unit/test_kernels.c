@@ -1395,3 +1395,73 @@ TEST(kern_peak_rates)
 	}
 	CHECK(hyb_cpu_peak_macs(hyb_cpu_kernels(HYB_ISA_SCALAR), 1000) == 0);
 }
+
+/*
+ * Batch invariance (hyb_gemm_invariant_cols): a call of up to the declared
+ * number of columns (any number: up to 24 here) sums every output exactly as
+ * a call of that column alone does, on every level this CPU runs, for every
+ * weight type, each row-count class and a flat weight, at two depths.
+ */
+TEST(kern_gemm_invariant_cols_hold)
+{
+	static const uint32_t types[] = {
+		HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_BF16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0,
+		HYB_TYPE_Q4_1, HYB_TYPE_Q5_0, HYB_TYPE_Q5_1, HYB_TYPE_IQ4_NL, HYB_TYPE_Q2_K,
+		HYB_TYPE_Q3_K, HYB_TYPE_Q4_K, HYB_TYPE_Q5_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_XS,
+	};
+	enum { NC = 24, RMAX = 72 };
+	static const int64_t rows[] = { 64, 68, 66 }, depth[] = { 256, 2048 };
+	float *wf = malloc(sizeof(float) * 2048 * RMAX), *xf = malloc(sizeof(float) * 2048 * NC);
+	float *y1 = malloc(sizeof(float) * RMAX * NC), *yn = malloc(sizeof(float) * RMAX * NC);
+	char *w = malloc(2048 * 4 * RMAX), *xq = malloc(2048 * 4 * NC + 4096);
+	uint32_t seed = 5, checked = 0;
+
+	CHECK(wf && xf && y1 && yn && w && xq);
+	for (int i = 0; i < 2048 * RMAX; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		wf[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+	}
+	for (int i = 0; i < 2048 * NC; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		xf[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+	}
+	for (int isa = 0; isa < HYB_ISA_COUNT; isa++) {
+		const struct hyb_cpu_kernels *k = hyb_cpu_kernels(isa);
+
+		if (!k)
+			continue;
+		for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++)
+		for (int di = 0; di < 2; di++)
+		for (int ri = 0; ri < 4; ri++) {
+			const uint32_t t = types[ti], vt = hyb_vec_dot_type(t);
+			const int64_t K = depth[di], R = rows[ri < 3 ? ri : 0];
+			const bool flat = ri == 3;
+			const size_t rb = hyb_row_bytes(t, K), xs = hyb_row_bytes(vt, K);
+			const hyb_gemm_fn fn = flat ? hyb_gemm_pick_flat(k, t, R) : hyb_gemm_pick(k, t, R);
+			const uint32_t g = hyb_gemm_invariant_cols(k, t, R, flat);
+			const int n = g ? (int)g : NC;
+
+			for (int64_t r = 0; r < R; r++)
+				CHECK_EQ_INT(hyb_quantize_row_ref(t, wf + r * K, w + r * rb, K), 0);
+			for (int c = 0; c < n; c++) {
+				k->quantize_act[vt](xf + (size_t)c * K, xq + (size_t)c * xs, K);
+				fn(K, w, rb, R, xq + (size_t)c * xs, xs, 1, y1 + (size_t)c * R, R);
+			}
+			for (int nc = 2; nc <= n; nc++) {
+				fn(K, w, rb, R, xq, xs, nc, yn, R);
+				CHECK_MSG(!memcmp(y1, yn, sizeof(float) * R * nc),
+					  "%s %s rows %lld%s k %lld: %d columns are not summed as one "
+					  "(declared %u)", k->name, hyb_type_name(t), (long long)R,
+					  flat ? " flat" : "", (long long)K, nc, g);
+				checked++;
+			}
+		}
+	}
+	CHECK(checked > 1000);
+	free(wf);
+	free(xf);
+	free(y1);
+	free(yn);
+	free(w);
+	free(xq);
+}

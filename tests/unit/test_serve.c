@@ -380,7 +380,7 @@ static void openai_client(const char *model, const char *prompt, int n, const ch
 		strcat(args, " --wrong-key not-the-key");
 	rc = hyb_test_sh(log, ".venv/bin/python tests/serve/openai_check.py --base "
 			 "http://127.0.0.1:%d/v1 --prompt '%s' -n %d --run-out %s --chat-out %s "
-			 "--load 32 8 %s", s.port, prompt, n, run_out, chat_out, args);
+			 "--load 64 16 %s", s.port, prompt, n, run_out, chat_out, args);
 	hyb_test_show_log(log);
 	if (rc)
 		hyb_test_show_log(s.log);
@@ -392,13 +392,20 @@ static void openai_client(const char *model, const char *prompt, int n, const ch
 	CHECK_EQ_INT(metric(s.port, "hyb_queue_depth"), 0);
 	CHECK_EQ_INT(metric(s.port, "hyb_requests_rejected_total"), 0);
 	CHECK_EQ_INT(metric(s.port, "hyb_requests_cancelled_total{reason=\"disconnect\"}"), 0);
-	CHECK(metric(s.port, "hyb_time_to_first_token_seconds_count") >= 40);
+	CHECK(metric(s.port, "hyb_time_to_first_token_seconds_count") >= 72);
+	/* no KV block leaked: every request's came back */
+	CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_used"), 0);
+	CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_reserved"), 0);
+	/* and they were batched: far fewer passes than tokens */
+	CHECK_MSG(metric(s.port, "hyb_steps_total") * 2 < metric(s.port, "hyb_completion_tokens_total"),
+		  "%lld passes for %lld tokens", (long long)metric(s.port, "hyb_steps_total"),
+		  (long long)metric(s.port, "hyb_completion_tokens_total"));
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 }
 
 TEST(serve_openai_client_synthetic)
 {
-	openai_client(syn_model(), "hello there", 24, "--parallel 2", NULL);
+	openai_client(syn_model(), "hello there", 24, "--parallel 16", NULL);
 }
 
 TEST(serve_openai_client_smollm2)
@@ -413,26 +420,26 @@ TEST(serve_openai_client_smollm2)
 	CHECK(f);
 	fputs("sk-test-0123456789\n", f);
 	fclose(f);
-	snprintf(extra, sizeof(extra), "--parallel 2 --api-key-file %s", keyfile);
+	snprintf(extra, sizeof(extra), "--parallel 16 --api-key-file %s", keyfile);
 	openai_client(m, "The capital of France is", 16, extra, "sk-test-0123456789");
 }
 
-/* curl: greedy text equal to hyb run's, one request alone and 8 at once on 2 slots. */
+/* curl: greedy text equal to hyb run's, one request alone and 16 at once, batched. */
 static void curl_greedy(const char *model, const char *prompt, int n)
 {
 	char *want = run_text(model, prompt, n, false), *want_chat = run_text(model, prompt, n, true);
 	char log[600], path[700], body[512];
 	struct srv s;
 
-	srv_start(&s, model, "--parallel 2");
+	srv_start(&s, model, "--parallel 16");
 	snprintf(log, sizeof(log), "%s/curl.log", hyb_test_tmpdir());
 	snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": %d, \"temperature\": 0}",
 		 prompt, n);
 	CHECK_EQ_INT(hyb_test_sh(log, "curl -sS -f -o %s/alone.json http://127.0.0.1:%d/v1/"
 				 "completions -H 'Content-Type: application/json' -d '%s'",
 				 hyb_test_tmpdir(), s.port, body), 0);
-	/* 8 at once, completions and chats, on 2 slots */
-	CHECK_EQ_INT(hyb_test_sh(log, "for i in 0 1 2 3; do "
+	/* 16 at once, completions and chats */
+	CHECK_EQ_INT(hyb_test_sh(log, "for i in 0 1 2 3 4 5 6 7; do "
 				 "curl -sS -f -o %s/c$i.json http://127.0.0.1:%d/v1/completions "
 				 "-d '%s' & "
 				 "curl -sS -f -o %s/h$i.json http://127.0.0.1:%d/v1/chat/completions "
@@ -441,7 +448,7 @@ static void curl_greedy(const char *model, const char *prompt, int n)
 				 "done; wait",
 				 hyb_test_tmpdir(), s.port, body, hyb_test_tmpdir(), s.port, prompt, n),
 		     0);
-	for (int i = -1; i < 8; i++) {
+	for (int i = -1; i < 16; i++) {
 		char *resp, *text, *seen;
 		size_t len;
 
@@ -469,9 +476,10 @@ static void curl_greedy(const char *model, const char *prompt, int n)
 	}
 	CHECK_EQ_INT(metric(s.port, "hyb_requests_in_flight"), 0);
 	CHECK_EQ_INT(metric(s.port, "hyb_requests_total{route=\"/v1/completions\",status=\"200\"}"),
-		     5);
+		     9);
 	CHECK_EQ_INT(metric(s.port,
-			    "hyb_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"), 4);
+			    "hyb_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"), 8);
+	CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_used"), 0);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	free(want);
 	free(want_chat);

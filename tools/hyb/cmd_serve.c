@@ -27,12 +27,19 @@ static const char usage[] =
 	"                 [-t THREADS] [--api-key-file FILE] [--queue N] [--timeout S]\n"
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
+	"                 [--kv-size N] [--batch-variant] [--no-batch]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --host (127.0.0.1) --port (8080; 0: any free port, printed at start)\n"
-	"  -c: context positions of each slot (default min(training context, 4096))\n"
-	"  --parallel N: requests decoded at once, each slot with its own context (1)\n"
-	"  -t: threads per slot (default: the CPUs shared among the slots)\n"
+	"  -c: positions of each request, prompt and reply (default min(training\n"
+	"    context, 4096))\n"
+	"  --parallel N: requests decoded at once, batched in one pass per step (1)\n"
+	"  -t: threads (default: the CPUs)\n"
+	"  --kv-size N: positions of the paged KV cache the requests share (default\n"
+	"    parallel x ctx); a request waits until its prompt and max_tokens fit\n"
+	"  --batch-variant: let a request's sums depend on its batch (faster for F16\n"
+	"    and K-quant weights; default: the same tokens alone or batched)\n"
+	"  --no-batch: --parallel engines of one request each instead of one batch\n"
 	"  --api-key-file FILE: requests need 'Authorization: Bearer KEY' (KEY: the\n"
 	"    file's first line); GET /health does not\n"
 	"  --queue N: requests that may wait for a busy slot (32; 0: none wait); more get\n"
@@ -48,7 +55,7 @@ static const char usage[] =
 	"  --chat-template NAME: instead of the model's tokenizer.chat_template\n";
 
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
-       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE };
+       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -67,6 +74,9 @@ static const struct option longopts[] = {
 	{ "max-conns-per-ip", required_argument, 0, O_PERIP },
 	{ "alias", required_argument, 0, O_ALIAS },
 	{ "chat-template", required_argument, 0, O_TEMPLATE },
+	{ "kv-size", required_argument, 0, O_KVSIZE },
+	{ "batch-variant", no_argument, 0, O_VARIANT },
+	{ "no-batch", no_argument, 0, O_NOBATCH },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -99,6 +109,9 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 			break;
 		case O_ALIAS: o->alias = optarg; break;
 		case O_TEMPLATE: o->chat_template = optarg; break;
+		case O_KVSIZE: o->kv_size = (uint32_t)cli_num("--kv-size", optarg, 1, 1 << 26); break;
+		case O_VARIANT: o->batch_variant = true; break;
+		case O_NOBATCH: o->no_batch = true; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -173,7 +186,6 @@ int cmd_serve(int argc, char **argv)
 	static struct serve sv;
 	struct sigaction sa;
 	sigset_t sigs;
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	int port, sig;
 	double t0 = hyb_now();
 	char *id;
@@ -181,8 +193,6 @@ int cmd_serve(int argc, char **argv)
 	parse(argc, argv, &sv.o);
 	if (sv.o.api_key_file)
 		sv.api_key = read_key(sv.o.api_key_file);
-	if (!sv.o.n_threads)
-		sv.o.n_threads = ncpu > sv.o.parallel ? (int)(ncpu / sv.o.parallel) : 1;
 	/* every thread started from here blocks the signals; the main thread takes them */
 	if (pipe2(sig_pipe, O_CLOEXEC))
 		cli_die("pipe: %s", strerror(errno));
@@ -209,18 +219,38 @@ int cmd_serve(int argc, char **argv)
 	sv.created = (long long)time(NULL);
 	serve_json_init();
 	serve_metrics_init(&sv.mt);
-	if (serve_queue_start(&sv.q, sv.m, &sv.mt, sv.o.parallel, sv.o.queue, sv.o.n_ctx,
-			      sv.o.n_threads))
-		cli_die("cannot make %d decoding slots of %u positions", sv.o.parallel, sv.o.n_ctx);
+	{
+		const struct serve_engine_opts eo = {
+			.parallel = sv.o.parallel, .max_depth = sv.o.queue, .n_ctx = sv.o.n_ctx,
+			.n_threads = sv.o.n_threads, .kv_size = sv.o.kv_size,
+			.batch_variant = sv.o.batch_variant, .no_batch = sv.o.no_batch,
+		};
+
+		if (serve_queue_start(&sv.q, sv.m, &sv.mt, &eo))
+			cli_die("cannot start %d decoding engine%s", sv.o.parallel,
+				sv.o.parallel > 1 ? "s" : "");
+	}
 	port = serve_http_start(&sv);
 	if (port < 0)
 		exit(1);
-	fprintf(stderr, "hyb serve: %s (%s, %u layers, %s kernels) as '%s': %d slot%s of %u "
-		"positions, %d thread%s each, queue %d%s; loaded in %.2f s\n", sv.o.model,
-		sv.m->hp.arch, sv.m->hp.n_layer, hyb_roofline_isa(), id, sv.o.parallel,
-		sv.o.parallel > 1 ? "s" : "", serve_queue_n_ctx(&sv.q), sv.o.n_threads,
-		sv.o.n_threads > 1 ? "s" : "", sv.o.queue, sv.api_key ? "; API key required" : "",
-		hyb_now() - t0);
+	{
+		struct hyb_kv_stats kv;
+
+		hyb_ctx_kv_stats(sv.q.slots[0].ctx, &kv);
+		fprintf(stderr, "hyb serve: %s (%s, %u layers, %s kernels) as '%s': %d request%s "
+			"at once (%s), %u positions each, %d thread%s%s, queue %d%s; loaded in "
+			"%.2f s\n", sv.o.model, sv.m->hp.arch, sv.m->hp.n_layer, hyb_roofline_isa(),
+			id, sv.o.parallel, sv.o.parallel > 1 ? "s" : "",
+			sv.q.batched ? "batched" : sv.o.parallel > 1 ? "one engine each" : "one engine",
+			serve_queue_n_ctx(&sv.q), hyb_ctx_n_threads(sv.q.slots[0].ctx),
+			hyb_ctx_n_threads(sv.q.slots[0].ctx) > 1 ? "s" : "",
+			sv.q.batched ? "" : " each", sv.o.queue,
+			sv.api_key ? "; API key required" : "", hyb_now() - t0);
+		if (sv.q.batched)
+			fprintf(stderr, "hyb serve: paged KV cache of %u blocks of %u positions "
+				"(%s)\n", kv.blocks, kv.block_pos,
+				sv.o.batch_variant ? "batch-variant sums" : "batch invariant");
+	}
 	fprintf(stderr, "hyb serve: listening on http://%s%s%s:%d\n",
 		strchr(sv.o.host, ':') ? "[" : "", sv.o.host, strchr(sv.o.host, ':') ? "]" : "",
 		port);

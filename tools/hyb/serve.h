@@ -23,8 +23,9 @@
 #include "hyb/generate.h"
 #include "hyb/sampler.h"
 
-struct hyb_model;
-struct hyb_ctx;
+#include "hyb/model.h"
+
+struct hyb_sampler;
 struct MHD_Connection;
 
 /* ---- serve_text.c ---- */
@@ -110,29 +111,68 @@ struct serve_job {
 	struct serve_job *next;
 };
 
+/* A running job in an engine: its sequence, sampler and where it stands. */
+struct serve_seq {
+	struct serve_job *j;
+	int seq;                  /* the context's sequence */
+	struct hyb_sampler *s;
+	bool started;             /* its prompt has been evaluated */
+	bool stopped;             /* a stop string or a cancellation ended it */
+	int32_t next;             /* the token to evaluate next */
+	double t_admit, t_gen0;
+	struct hyb_gen_stats st;
+};
+
+/*
+ * An engine: a thread and a context that decodes up to n_seq jobs together
+ * (continuous batching: one hyb_ctx_eval_seqs pass per step, jobs joining
+ * and leaving between steps). Models that cannot batch yet get --parallel
+ * engines of one sequence each.
+ */
 struct serve_slot {
 	struct serve_queue *q;
 	struct hyb_ctx *ctx;
 	pthread_t thread;
 	bool started;
+	int n_seq;
+	struct serve_seq *act;    /* [n_seq], n_act running */
+	int n_act;
+	float *logits;            /* [n_seq][n_vocab] */
+	struct hyb_seq_tokens *b; /* [n_seq] */
+	/* under the queue's lock, for /metrics */
+	struct hyb_kv_stats kv;
+	int last_batch;
+	uint64_t steps;
 };
 
 struct serve_queue {
 	pthread_mutex_t lock;
-	pthread_cond_t cond;          /* workers wait here for jobs */
+	pthread_cond_t cond;          /* engines wait here for jobs */
 	struct serve_job *head, *tail;
 	int depth, max_depth, running;
 	bool stopping, abort;         /* no new jobs; cancel running ones */
 	const struct hyb_model *m;
 	struct serve_metrics *mt;
-	struct serve_slot *slots;
+	struct serve_slot *slots;     /* engines */
 	int n_slots;
-	uint32_t n_ctx;               /* positions of each slot's context */
+	int capacity;                 /* jobs that may run at once, all engines together */
+	bool batched;                 /* one engine of capacity sequences */
+	uint32_t n_ctx;               /* positions of each sequence */
 };
 
-/* n_slots decoding threads, each with a context of n_ctx positions and n_threads threads. */
+struct serve_engine_opts {
+	int parallel;                 /* jobs at once */
+	int max_depth;                /* queued jobs beyond those */
+	uint32_t n_ctx;
+	int n_threads;                /* 0: the CPUs (shared among engines when not batched) */
+	uint32_t kv_size;             /* batched: positions of the shared cache (0: parallel x n_ctx) */
+	bool batch_variant;           /* hyb_ctx_params.batch_variant */
+	bool no_batch;                /* one engine per job even when the model batches */
+};
+
+/* The engines, and their threads. 0, or a negative errno (the reason on stderr). */
 int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct serve_metrics *mt,
-		      int n_slots, int max_depth, uint32_t n_ctx, int n_threads);
+		      const struct serve_engine_opts *o);
 /* No new jobs; queued ones are answered 503 (shutting down). Running ones go on. */
 void serve_queue_drain(struct serve_queue *q);
 int serve_queue_running(struct serve_queue *q);
@@ -247,6 +287,9 @@ struct serve_opts {
 	double grace_s;         /* SIGTERM: how long running requests may finish */
 	int max_conns;
 	int max_conns_per_ip;   /* 0: no limit per client address */
+	uint32_t kv_size;       /* positions of the shared KV cache (0: parallel x n_ctx) */
+	bool batch_variant;
+	bool no_batch;
 };
 
 struct serve {

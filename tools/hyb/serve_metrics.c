@@ -59,12 +59,23 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 {
 	static const char *const why[] = { "none", "disconnect", "timeout", "shutdown" };
 	struct serve_metrics s;
-	int depth, running, slots = q->n_slots;
-	uint64_t cum = 0;
+	int depth, running, batch = 0;
+	uint64_t cum = 0, steps = 0;
+	struct hyb_kv_stats kv = { 0 };
 
 	pthread_mutex_lock(&q->lock);
 	depth = q->depth;
 	running = q->running;
+	for (int i = 0; i < q->n_slots; i++) {
+		const struct serve_slot *sl = &q->slots[i];
+
+		batch += sl->last_batch;
+		steps += sl->steps;
+		kv.blocks += sl->kv.blocks;
+		kv.used += sl->kv.used;
+		kv.reserved += sl->kv.reserved;
+		kv.block_pos = sl->kv.block_pos;
+	}
 	pthread_mutex_unlock(&q->lock);
 	pthread_mutex_lock(&mt->lock);
 	s = *mt;
@@ -95,10 +106,22 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 	counter(b, "hyb_requests_in_flight", "Requests being decoded now.", "gauge");
 	sb_printf(b, "hyb_requests_in_flight %d\n", running);
 	counter(b, "hyb_batch_size",
-		"Sequences decoded together in one step (one per slot in this version).", "gauge");
-	sb_printf(b, "hyb_batch_size %d\n", running ? 1 : 0);
-	counter(b, "hyb_slots", "Decoding slots (--parallel).", "gauge");
-	sb_printf(b, "hyb_slots %d\n", slots);
+		"Requests in the last step's pass (all engines; 0 when idle).", "gauge");
+	sb_printf(b, "hyb_batch_size %d\n", batch);
+	counter(b, "hyb_steps_total", "Batched passes run.", "counter");
+	sb_printf(b, "hyb_steps_total %llu\n", (unsigned long long)steps);
+	counter(b, "hyb_slots", "Requests that may be decoded at once (--parallel).", "gauge");
+	sb_printf(b, "hyb_slots %d\n", q->capacity);
+	counter(b, "hyb_kv_blocks", "Blocks of the paged KV cache.", "gauge");
+	sb_printf(b, "hyb_kv_blocks %u\n", kv.blocks);
+	counter(b, "hyb_kv_block_positions", "Positions per KV block.", "gauge");
+	sb_printf(b, "hyb_kv_block_positions %u\n", kv.block_pos);
+	counter(b, "hyb_kv_blocks_used", "KV blocks holding positions of running requests.",
+		"gauge");
+	sb_printf(b, "hyb_kv_blocks_used %u\n", kv.used);
+	counter(b, "hyb_kv_blocks_reserved",
+		"KV blocks promised to running requests (prompt plus max_tokens).", "gauge");
+	sb_printf(b, "hyb_kv_blocks_reserved %u\n", kv.reserved);
 	counter(b, "hyb_requests_rejected_total", "Requests refused with 503: the queue was full.",
 		"counter");
 	sb_printf(b, "hyb_requests_rejected_total %llu\n", (unsigned long long)s.rejected);

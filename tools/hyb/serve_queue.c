@@ -1,20 +1,24 @@
 // SPDX-License-Identifier: MIT
 /*
- * hyb serve's request queue and decoding slots. Each slot is a thread with a
- * context (its own KV cache) that takes the oldest queued job and runs
- * hyb_generate on it; between tokens it checks the job's cancellation and
- * deadline. The queue has a limit: a full queue refuses a job (503 with
- * Retry-After in serve_api.c). Slots decode independently; continuous
- * batching over one shared GEMM is not here yet (docs/SERVE.md).
+ * hyb serve's request queue and its engines (continuous batching, Orca's
+ * iteration-level scheduling: docs/SERVE.md). An engine is a thread with a
+ * context of several sequences over one paged KV cache. Each step it admits
+ * queued jobs while a sequence is free and the cache can promise a job its
+ * prompt plus max_tokens, then runs one hyb_ctx_eval_seqs pass over every
+ * running job (new ones' prompts beside the others' next tokens), samples
+ * each job's token, and lets finished or cancelled jobs leave. Models that
+ * cannot batch yet run --parallel engines of one sequence each.
  *
- * One mutex (the queue's) guards the queue and every job's output: tokens
- * come at tens per second per slot, so it is never contended.
+ * The queue has a limit: a full queue refuses a job (503 with Retry-After in
+ * serve_api.c). One mutex (the queue's) guards the queue and every job's
+ * output: it is taken a few times per step, never while a pass computes.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hyb/clock.h"
 #include "hyb/model.h"
@@ -126,8 +130,8 @@ int serve_queue_submit(struct serve_queue *q, struct serve_job *j)
 	pthread_mutex_lock(&q->lock);
 	if (q->stopping) {
 		rc = -ESHUTDOWN;
-	} else if (q->depth >= q->max_depth + (q->n_slots - q->running)) {
-		/* the limit counts requests that wait: one an idle slot is about to take does not */
+	} else if (q->depth >= q->max_depth + (q->capacity - q->running)) {
+		/* the limit counts requests that wait: one a free sequence is about to take does not */
 		rc = -EBUSY;
 	} else {
 		atomic_fetch_add(&j->refs, 1);
@@ -191,23 +195,15 @@ int serve_job_view(struct serve_queue *q, struct serve_job *j, size_t from,
 	return rc;
 }
 
-struct run {
-	struct serve_queue *q;
-	struct serve_job *j;
-	bool stopped;  /* we stopped it: a stop string or a cancellation */
-};
-
-/* hyb_generate's token callback: the text so far, stop strings, cancellation. */
-static int on_token(void *arg, int32_t token)
+/* A new token of a running job: the text so far, stop strings, cancellation. Stop: true. */
+static bool on_token(struct serve_queue *q, struct serve_seq *a, int32_t token)
 {
-	struct run *r = arg;
-	struct serve_queue *q = r->q;
-	struct serve_job *j = r->j;
+	struct serve_job *j = a->j;
 	char piece[256];
 	int n = hyb_token_to_piece(q->m->tok, token, piece, sizeof(piece));
 	double now = hyb_now();
 	size_t hold = 0, at;
-	int stop = 0;
+	bool stop = false;
 
 	pthread_mutex_lock(&q->lock);
 	if (!j->t_first) {
@@ -219,7 +215,7 @@ static int on_token(void *arg, int32_t token)
 		sb_add(&j->text, piece, n < (int)sizeof(piece) ? (size_t)n : sizeof(piece));
 	if (j->text.oom) {
 		job_fail(j, 500, "out of memory for the reply");
-		stop = 1;
+		stop = true;
 	}
 	at = serve_stop_find(j->text.s, j->text.len, j->stop_from, j->stop, j->n_stop, &hold);
 	j->stop_from = j->text.len;
@@ -227,12 +223,7 @@ static int on_token(void *arg, int32_t token)
 		j->text.len = at;
 		j->finish = FINISH_STOP;
 		hold = 0;
-		stop = 1;
-	}
-	if (!stop && (j->cancel || q->abort || now > j->deadline)) {
-		if (!j->cancel)
-			cancel_locked(q, j, now > j->deadline ? CANCEL_TIMEOUT : CANCEL_SHUTDOWN);
-		stop = 1;
+		stop = true;
 	}
 	if (!stop) {
 		size_t tail = cli_utf8_tail(j->text.s, j->text.len);
@@ -240,59 +231,169 @@ static int on_token(void *arg, int32_t token)
 		j->ready = j->text.len - (hold > tail ? hold : tail);
 		pthread_cond_broadcast(&j->cond);
 	}
-	r->stopped = stop;
+	a->stopped = stop;
 	pthread_mutex_unlock(&q->lock);
 	return stop;
 }
 
-static void run_job(struct serve_slot *sl, struct serve_job *j)
+/* Cancelled, timed out or aborted: the job stops before its next step. */
+static bool should_stop(struct serve_queue *q, struct serve_seq *a, double now)
+{
+	struct serve_job *j = a->j;
+	bool stop;
+
+	pthread_mutex_lock(&q->lock);
+	if (!j->cancel && (q->abort || now > j->deadline))
+		cancel_locked(q, j, now > j->deadline ? CANCEL_TIMEOUT : CANCEL_SHUTDOWN);
+	stop = j->cancel != CANCEL_NONE;
+	pthread_mutex_unlock(&q->lock);
+	a->stopped |= stop;
+	return stop;
+}
+
+/* Job a leaves the engine: its answer is complete (or failed); its sequence is freed. */
+static void finish(struct serve_slot *sl, int k)
 {
 	struct serve_queue *q = sl->q;
-	struct run r = { q, j, false };
-	struct hyb_gen_stats st;
-	struct hyb_sampler *s;
-	int rc;
+	struct serve_seq *a = &sl->act[k];
+	struct serve_job *j = a->j;
 
-	hyb_ctx_reset(sl->ctx);
-	s = hyb_sampler_new(&j->sp, (int32_t)q->m->hp.n_vocab);
-	if (!s) {
-		pthread_mutex_lock(&q->lock);
-		job_fail(j, 500, "cannot make the sampler");
-		goto done;
-	}
-	rc = hyb_generate(sl->ctx, q->m, s, j->prompt, j->n_prompt, j->max_tokens, on_token, &r,
-			  &st);
-	hyb_sampler_free(s);
+	if (a->started)
+		a->st.t_gen = hyb_now() - a->t_gen0;
+	hyb_ctx_seq_close(sl->ctx, a->seq);
+	hyb_sampler_free(a->s);
 	pthread_mutex_lock(&q->lock);
-	j->st = st;
-	if (rc) {
-		char msg[256];
-
-		snprintf(msg, sizeof(msg), "generation failed: %s", hyb_last_error());
-		job_fail(j, 500, msg);
-	} else if (j->cancel && !j->error_status) {
+	j->st = a->st;
+	if (j->cancel && !j->error_status)
 		job_fail(j, j->cancel == CANCEL_TIMEOUT ? 504 : 503, cancel_text(j->cancel));
-	} else if (!r.stopped) {
-		/* the loop ended on its own: the token budget, or an end-of-generation token */
-		j->finish = st.n_gen >= j->max_tokens ? FINISH_LENGTH : FINISH_STOP;
-	}
+	else if (!a->stopped && !j->error_status)
+		/* it ended on its own: the token budget, or an end-of-generation token */
+		j->finish = a->st.n_gen >= j->max_tokens ? FINISH_LENGTH : FINISH_STOP;
 	pthread_mutex_lock(&q->mt->lock);
-	q->mt->prompt_tokens += st.n_prompt;
-	q->mt->completion_tokens += st.n_gen;
-	q->mt->prompt_s += st.t_prompt;
-	q->mt->decode_s += st.t_gen;
-	if (st.n_decode && st.t_gen > 0)
-		q->mt->last_tps = st.n_decode / st.t_gen;
+	q->mt->prompt_tokens += a->st.n_prompt;
+	q->mt->completion_tokens += a->st.n_gen;
+	q->mt->prompt_s += a->st.t_prompt;
+	q->mt->decode_s += a->st.t_gen;
+	if (a->st.n_decode && a->st.t_gen > 0)
+		q->mt->last_tps = a->st.n_decode / a->st.t_gen;
 	pthread_mutex_unlock(&q->mt->lock);
-	fprintf(stderr, "hyb serve: slot %d: %u prompt tokens in %.3f s, %u generated in %.3f s%s%s\n",
-		(int)(sl - q->slots), st.n_prompt, st.t_prompt, st.n_gen, st.t_gen,
+	fprintf(stderr, "hyb serve: engine %d seq %d: %u prompt tokens in %.3f s, %u generated "
+		"in %.3f s%s%s\n", (int)(sl - q->slots), a->seq, a->st.n_prompt, a->st.t_prompt,
+		a->st.n_gen, a->st.t_gen,
 		j->error_status ? ": " : j->finish == FINISH_STOP ? " (stop)" : " (length)",
 		j->error_status ? j->error : "");
-done:
 	job_done(q, j);
 	q->running--;
+	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
 	pthread_mutex_unlock(&q->lock);
 	serve_job_put(j);
+	sl->act[k] = sl->act[--sl->n_act];
+}
+
+static void fail(struct serve_slot *sl, int k, const char *msg)
+{
+	pthread_mutex_lock(&sl->q->lock);
+	job_fail(sl->act[k].j, 500, msg);
+	pthread_mutex_unlock(&sl->q->lock);
+	finish(sl, k);
+}
+
+/* One pass over every running job, then each job's next token (hyb_generate's loop). */
+static void step(struct serve_slot *sl)
+{
+	struct serve_queue *q = sl->q;
+	const uint32_t V = q->m->hp.n_vocab;
+	double now = hyb_now(), t0;
+	int nb = 0, rc;
+
+	for (int k = 0; k < sl->n_act;) {
+		struct serve_seq *a = &sl->act[k];
+
+		if (should_stop(q, a, now)) {
+			finish(sl, k);
+			continue;
+		}
+		if (!a->s && !(a->s = hyb_sampler_new(&a->j->sp, (int32_t)V))) {
+			fail(sl, k, "cannot make the sampler");
+			continue;
+		}
+		sl->b[nb++] = a->started ?
+			(struct hyb_seq_tokens){ a->seq, &a->next, 1 } :
+			(struct hyb_seq_tokens){ a->seq, a->j->prompt, a->j->n_prompt };
+		k++;
+	}
+	if (!nb)
+		return;
+	t0 = hyb_now();
+	rc = hyb_ctx_eval_seqs(sl->ctx, sl->b, (uint32_t)nb, sl->logits);
+	now = hyb_now();
+	pthread_mutex_lock(&q->lock);
+	sl->last_batch = nb;
+	sl->steps++;
+	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
+	pthread_mutex_unlock(&q->lock);
+	/* finish() moves the last job into a freed place: go from the end */
+	for (int k = nb - 1; k >= 0; k--) {
+		struct serve_seq *a = &sl->act[k];
+		float *lg = sl->logits + (size_t)k * V;
+		int32_t tok;
+
+		if (rc) {
+			char msg[256];
+
+			snprintf(msg, sizeof(msg), "generation failed: %s", hyb_last_error());
+			fail(sl, k, msg);
+			continue;
+		}
+		if (!a->started) {
+			a->started = true;
+			a->st.n_prompt = a->j->n_prompt;
+			a->st.t_prompt = now - t0;
+			a->t_gen0 = now;
+			for (uint32_t i = 0; i < a->j->n_prompt; i++)
+				hyb_sampler_accept(a->s, a->j->prompt[i]);
+		} else {
+			a->st.n_decode++;
+		}
+		if (a->st.n_gen >= a->j->max_tokens) {
+			finish(sl, k);
+			continue;
+		}
+		tok = hyb_sampler_sample(a->s, lg);
+		if (tok < 0) {
+			fail(sl, k, "sampling failed");
+			continue;
+		}
+		if (hyb_tokenizer_is_eog(q->m->tok, tok)) {
+			finish(sl, k);
+			continue;
+		}
+		hyb_sampler_accept(a->s, tok);
+		a->st.n_gen++;
+		if (on_token(q, a, tok) || a->st.n_gen >= a->j->max_tokens) {
+			finish(sl, k);
+			continue;
+		}
+		a->next = tok;
+	}
+}
+
+/* Under q->lock: take queued jobs while a sequence is free and the cache can promise them. */
+static void admit(struct serve_slot *sl)
+{
+	struct serve_queue *q = sl->q;
+
+	while (sl->n_act < sl->n_seq && q->head && !q->abort) {
+		struct serve_job *j = q->head;
+		int s = hyb_ctx_seq_open(sl->ctx, j->n_prompt + j->max_tokens);
+
+		if (s < 0)
+			break; /* the cache is promised: a finishing job frees it */
+		unqueue(q, j);
+		j->state = JOB_RUNNING;
+		q->running++;
+		sl->act[sl->n_act++] = (struct serve_seq){ .j = j, .seq = s, .t_admit = hyb_now() };
+	}
 }
 
 static void *worker(void *arg)
@@ -301,53 +402,93 @@ static void *worker(void *arg)
 	struct serve_queue *q = sl->q;
 
 	for (;;) {
-		struct serve_job *j;
-
 		pthread_mutex_lock(&q->lock);
-		while (!q->head && !q->stopping)
+		admit(sl);
+		if (!sl->n_act) {
+			sl->last_batch = 0;
+			if (q->stopping && !q->head) {
+				pthread_mutex_unlock(&q->lock);
+				return NULL;
+			}
 			pthread_cond_wait(&q->cond, &q->lock);
-		if (!q->head) {
 			pthread_mutex_unlock(&q->lock);
-			return NULL;
+			continue;
 		}
-		j = q->head;
-		unqueue(q, j);
-		j->state = JOB_RUNNING;
-		q->running++;
 		pthread_mutex_unlock(&q->lock);
-		run_job(sl, j);
+		step(sl);
 	}
 }
 
-int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct serve_metrics *mt,
-		      int n_slots, int max_depth, uint32_t n_ctx, int n_threads)
+static int engine_new(struct serve_queue *q, struct serve_slot *sl, int n_seq,
+		      const struct hyb_ctx_params *p)
 {
-	struct hyb_ctx_params p = { .n_ctx = n_ctx, .n_threads = n_threads };
+	sl->q = q;
+	sl->n_seq = n_seq;
+	sl->ctx = hyb_ctx_new(q->m, p);
+	if (!sl->ctx)
+		return -1;
+	sl->act = calloc((size_t)n_seq, sizeof(*sl->act));
+	sl->b = calloc((size_t)n_seq, sizeof(*sl->b));
+	sl->logits = malloc(sizeof(float) * q->m->hp.n_vocab * (size_t)n_seq);
+	if (!sl->act || !sl->b || !sl->logits)
+		return -ENOMEM;
+	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
+	return 0;
+}
+
+int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct serve_metrics *mt,
+		      const struct serve_engine_opts *o)
+{
+	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads,
+				    .n_seq = (uint32_t)o->parallel, .kv_size = o->kv_size,
+				    .batch_variant = o->batch_variant };
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
 	memset(q, 0, sizeof(*q));
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_cond_init(&q->cond, NULL);
 	q->m = m;
 	q->mt = mt;
-	q->max_depth = max_depth;
-	q->slots = calloc((size_t)n_slots, sizeof(*q->slots));
+	q->max_depth = o->max_depth;
+	q->capacity = o->parallel;
+	q->slots = calloc((size_t)o->parallel, sizeof(*q->slots));
 	if (!q->slots)
 		return -ENOMEM;
-	q->n_slots = n_slots;
-	for (int i = 0; i < n_slots; i++) {
-		struct serve_slot *sl = &q->slots[i];
-
-		sl->q = q;
-		sl->ctx = hyb_ctx_new(m, &p);
-		if (!sl->ctx) {
-			fprintf(stderr, "hyb serve: slot %d: %s\n", i, hyb_last_error());
-			return -ENOMEM;
+	if (o->parallel > 1 && !o->no_batch) {
+		/* one engine batching every job, if the model can */
+		q->n_slots = 1;
+		if (engine_new(q, &q->slots[0], o->parallel, &p) == 0) {
+			q->batched = true;
+		} else {
+			fprintf(stderr, "hyb serve: no batching (%s): %d engines of one "
+				"sequence\n", hyb_last_error(), o->parallel);
+			hyb_ctx_free(q->slots[0].ctx);
+			free(q->slots[0].act);
+			free(q->slots[0].b);
+			free(q->slots[0].logits);
+			memset(&q->slots[0], 0, sizeof(q->slots[0]));
 		}
-		if (pthread_create(&sl->thread, NULL, worker, sl)) {
-			fprintf(stderr, "hyb serve: cannot start slot %d's thread\n", i);
+	}
+	if (!q->batched) {
+		/* one sequence per engine; the CPUs shared among them unless told */
+		p.n_seq = 0;
+		p.kv_size = 0;
+		if (!o->n_threads)
+			p.n_threads = ncpu > o->parallel ? (int)(ncpu / o->parallel) : 1;
+		q->n_slots = o->parallel;
+		for (int i = 0; i < o->parallel; i++) {
+			if (engine_new(q, &q->slots[i], 1, &p)) {
+				fprintf(stderr, "hyb serve: engine %d: %s\n", i, hyb_last_error());
+				return -ENOMEM;
+			}
+		}
+	}
+	for (int i = 0; i < q->n_slots; i++) {
+		if (pthread_create(&q->slots[i].thread, NULL, worker, &q->slots[i])) {
+			fprintf(stderr, "hyb serve: cannot start engine %d's thread\n", i);
 			return -EAGAIN;
 		}
-		sl->started = true;
+		q->slots[i].started = true;
 	}
 	q->n_ctx = hyb_ctx_n_ctx(q->slots[0].ctx);
 	return 0;
@@ -365,6 +506,7 @@ void serve_queue_drain(struct serve_queue *q)
 	/* nothing queued will start: those requests are answered 503 now */
 	while (q->head)
 		cancel_locked(q, q->head, CANCEL_SHUTDOWN);
+	pthread_cond_broadcast(&q->cond);
 	pthread_mutex_unlock(&q->lock);
 }
 
@@ -384,14 +526,19 @@ void serve_queue_stop(struct serve_queue *q)
 	q->stopping = true;
 	while (q->head)
 		cancel_locked(q, q->head, CANCEL_SHUTDOWN);
-	/* running jobs stop at their next token */
+	/* running jobs stop at their next step */
 	q->abort = true;
 	pthread_cond_broadcast(&q->cond);
 	pthread_mutex_unlock(&q->lock);
 	for (int i = 0; i < q->n_slots; i++) {
-		if (q->slots[i].started)
-			pthread_join(q->slots[i].thread, NULL);
-		hyb_ctx_free(q->slots[i].ctx);
+		struct serve_slot *sl = &q->slots[i];
+
+		if (sl->started)
+			pthread_join(sl->thread, NULL);
+		hyb_ctx_free(sl->ctx);
+		free(sl->act);
+		free(sl->b);
+		free(sl->logits);
 	}
 	free(q->slots);
 	q->slots = NULL;

@@ -320,6 +320,21 @@ struct hyb_ctx_params {
 	enum hyb_ffn_mode ffn;
 	/* Hybrid GPU-CPU decoding of a plan (hyb/hybrid.h); NULL: CPU only. */
 	const struct hyb_hybrid_params *hybrid;
+	/*
+	 * Sequences decoded together (hyb_ctx_eval_seqs below), each of up to
+	 * n_ctx positions, over one paged KV cache of kv_size positions (0:
+	 * n_seq * n_ctx; only what sequences use is touched). 0 or 1: one
+	 * sequence, hyb_ctx_eval's.
+	 */
+	uint32_t n_seq;
+	uint32_t kv_size;
+	/*
+	 * Batched passes sum each token's products as a pass of that token
+	 * alone does, so a sequence's logits do not depend on what else is in
+	 * its batch (free for the 32-element block types; F16 and K-quant
+	 * weights cost more: docs/SERVE.md). true: let them depend on it.
+	 */
+	bool batch_variant;
 	uint32_t testing;   /* test-only switches (hyb/testing.h); 0 */
 };
 
@@ -330,6 +345,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 void hyb_ctx_free(struct hyb_ctx *c);
 uint32_t hyb_ctx_n_past(const struct hyb_ctx *c);
 uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c);
+int hyb_ctx_n_threads(const struct hyb_ctx *c);
 uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c);
 /* Forget the sequence (the KV cache is reused). */
 void hyb_ctx_reset(struct hyb_ctx *c);
@@ -344,6 +360,51 @@ void hyb_ctx_reset(struct hyb_ctx *c);
  */
 int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		 bool all_logits);
+
+/*
+ * Several sequences at once (continuous batching; hyb_ctx_params.n_seq).
+ *
+ * hyb_ctx_seq_open: a sequence that may hold n_pos positions (prompt plus
+ * tokens to generate, at most n_ctx); its id, or -ENOSPC when every
+ * sequence is open or the KV cache cannot promise n_pos more positions
+ * (retry after a close), -EINVAL for n_pos 0 or past n_ctx. A one-sequence
+ * context has sequence 0 (opening it starts it afresh).
+ * hyb_ctx_seq_close: its KV blocks go back; 0 or -EINVAL.
+ */
+int hyb_ctx_seq_open(struct hyb_ctx *c, uint32_t n_pos);
+int hyb_ctx_seq_close(struct hyb_ctx *c, int seq);
+/* Positions a sequence holds (0 for one that is not open). */
+uint32_t hyb_ctx_seq_pos(const struct hyb_ctx *c, int seq);
+
+struct hyb_seq_tokens {
+	int seq;
+	const int32_t *tokens;
+	uint32_t n;
+};
+
+/*
+ * Append each b[i].n tokens to its sequence (distinct sequences) in as few
+ * passes as the batch allows: every token through each weight once per
+ * pass, each sequence attending to its own cache. logits: n_b rows of
+ * n_vocab, row i for the last token of b[i]. A sequence's tokens go in
+ * n_batch pieces from its first, as hyb_ctx_eval cuts them, so with
+ * batch invariance its logits equal a one-sequence context's bit for bit.
+ * 0, or -EINVAL (bad sequence, token or count), -ENOSPC (past what the
+ * sequence was opened for), or a failure's errno; after a failure the
+ * sequences in b are in an undefined state: close them.
+ */
+int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_t n_b,
+		      float *logits);
+
+struct hyb_kv_stats {
+	uint32_t block_pos;  /* positions per block */
+	uint32_t blocks;     /* in the cache */
+	uint32_t used;       /* holding positions of open sequences */
+	uint32_t reserved;   /* promised to open sequences */
+	uint32_t seqs, max_seqs;
+};
+/* The paged cache's state (one sequence: its context as one reservation). */
+void hyb_ctx_kv_stats(const struct hyb_ctx *c, struct hyb_kv_stats *out);
 
 /*
  * Watch every layer's FFN (hybctl profile, predictor training data). Called
