@@ -40,6 +40,8 @@ echo "== real models against llama.cpp (SmolLM2 in every type, Gemma 3) =="
 bash tests/bench/real.sh "${REPS:-5}"
 echo "== mixtures of experts on the CPU against llama.cpp =="
 bash tests/bench/moe.sh "${REPS:-5}"
+echo "== hyb serve against llama-server: continuous batching at concurrency 1, 4, 16 =="
+bash tests/bench/serve.sh
 bash tests/bench/sparse.sh
 echo "== CATS activation sparsity on real weights: quality and speed =="
 bash tests/bench/sparsity.sh "${REPS:-5}"

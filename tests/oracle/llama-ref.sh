@@ -8,7 +8,8 @@
 #   tests/oracle/llama-ref.sh          prints the path of the llama_ref binary
 #
 # (llama_speed, the benchmark baseline of tests/bench/real.sh, beside it, and
-# llama.cpp's own llama-perplexity in build/bin, the reference of hyb perplexity)
+# llama.cpp's own llama-perplexity and llama-server in build/bin, the
+# references of hyb perplexity and of tests/bench/serve.sh)
 #
 # Stock CPU build, GGML_NATIVE (the goldens are per ISA level: they were
 # recorded on AVX-512 VNNI machines). Takes ~10 minutes on 2 cores the first
@@ -21,7 +22,7 @@ bin=$dest/llama_ref
 if [[ -x $bin && $bin -nt $root/tests/oracle/llama_ref.c &&
 	$bin -nt $root/tests/oracle/llama_oracle.h &&
 	$dest/llama_speed -nt $root/tests/oracle/llama_speed.c &&
-	-x $dest/build/bin/llama-perplexity ]]; then
+	-x $dest/build/bin/llama-perplexity && -x $dest/build/bin/llama-server ]]; then
 	echo "$bin"
 	exit 0
 fi
@@ -42,9 +43,9 @@ if [[ ! -d $dest/src ]]; then
 fi
 cmake -S "$dest/src" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
 	-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-	-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON \
+	-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DBUILD_SHARED_LIBS=ON \
 	-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON >&2
-cmake --build "$dest/build" -j"$(nproc)" --target llama llama-perplexity >&2
+cmake --build "$dest/build" -j"$(nproc)" --target llama llama-perplexity llama-server >&2
 for prog in llama_ref llama_speed; do
 	cc -O2 -std=c11 -Wall -Wextra -I"$dest/src/include" -I"$dest/src/ggml/include" \
 		"$root/tests/oracle/$prog.c" -L"$dest/build/bin" -Wl,-rpath,"$dest/build/bin" \
