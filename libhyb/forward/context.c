@@ -120,13 +120,16 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		}
 	}
 	c->ones = malloc(sizeof(uint32_t) * c->n_rows);
+	c->rows = malloc(sizeof(uint32_t) * c->n_rows);
 	c->seg = malloc(sizeof(uint32_t) * 6 * c->n_rows);
-	if (!c->ones || !c->seg) {
+	if (!c->ones || !c->rows || !c->seg) {
 		hyb_error_set(-ENOMEM, "out of memory");
 		goto fail;
 	}
-	for (uint32_t i = 0; i < c->n_rows; i++)
+	for (uint32_t i = 0; i < c->n_rows; i++) {
 		c->ones[i] = 1;
+		c->rows[i] = i;
+	}
 	c->pool = hyb_threadpool_new(p ? p->n_threads : 0);
 	if (!c->pool) {
 		hyb_error_set(-errno, "cannot start threads: %s", strerror(errno));
@@ -253,6 +256,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free(c->attn_runs);
 	free(c->run_cols);
 	free(c->ones);
+	free(c->rows);
 	free(c->seg);
 	free(c->ffn_thr);
 	free(c);

@@ -557,6 +557,23 @@ static int layer_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, uint
 	return 0;
 }
 
+/*
+ * Rows out[i] of c->x to row i (out ascending), each then the one row of its
+ * sequence for the matmuls that follow (batch invariance: forward.c segments).
+ */
+static void gather(struct hyb_ctx *c, const uint32_t *out, uint32_t n_out)
+{
+	const uint32_t E = c->m->hp.n_embd;
+
+	for (uint32_t i = 0; i < n_out; i++)
+		if (out[i] != i)
+			memcpy(c->x + (size_t)i * E, c->x + (size_t)out[i] * E, sizeof(float) * E);
+	if (c->cols) {
+		c->cols = c->ones;
+		c->n_cols = n_out;
+	}
+}
+
 static void layer_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 {
 	if (c->m->hp.kv_lora)
@@ -565,11 +582,52 @@ static void layer_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 		hyb_fwd_attention(c, l, n);
 }
 
+/*
+ * A pass of n tokens (one sequence at c->n_past, or c->runs): embed, the
+ * layers, and logits row i for pass row out[i] (i < n_out, rows ascending).
+ * llama.cpp drops the rows it returns no logits for before the last layer's
+ * FFN (inp_out_ids): that FFN then sees only them and its matmuls add in
+ * their one-column order. Same here (and less work), gathered to the front;
+ * keep_all: every row goes through every FFN (a probe watches them all).
+ */
+static int pass(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, const uint32_t *out,
+		uint32_t n_out, bool keep_all, float *logits, char *err, size_t errlen)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	/* A model still streaming in (model_stream.c): each piece waits for its bytes. */
+	int rc = hyb_model_wait_embd(c->m, err, errlen);
+
+	if (rc)
+		return rc;
+	hyb_fwd_embed(c, tokens, n);
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		const bool last = l + 1 == hp->n_layer;
+
+		rc = hyb_model_wait_layer(c->m, l, err, errlen);
+		if (rc)
+			return rc;
+		layer_attention(c, l, n);
+		if (last && !keep_all && !n_out)
+			return 0; /* prompt pieces that give no logits yet */
+		if (last && !keep_all)
+			gather(c, out, n_out);
+		rc = layer_ffn(c, l, c->x, last && !keep_all ? n_out : n, n, err, errlen);
+		if (rc)
+			return rc;
+	}
+	rc = hyb_model_wait_head(c->m, err, errlen);
+	if (rc)
+		return rc;
+	if (keep_all)
+		gather(c, out, n_out);
+	hyb_fwd_head(c, 0, n_out, logits);
+	return 0;
+}
+
 static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		      bool all_logits, char *err, size_t errlen)
 {
-	const struct hyb_hparams *hp = &c->m->hp;
-	const uint32_t E = hp->n_embd;
+	uint32_t last = n - 1;
 	int rc;
 
 	if (c->hybrid && n == 1)
@@ -579,33 +637,11 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	/* a prompt batch on the CPU alone needs the rows decoded on the device */
 	if (c->hybrid && hyb_decode_hybrid_kv_to_host(c, err, errlen))
 		return -1;
-	/* A model still streaming in (model_stream.c): each piece waits for its bytes. */
-	rc = hyb_model_wait_embd(c->m, err, errlen);
+	/* every token's logits, or only the last token's */
+	rc = pass(c, tokens, n, all_logits ? c->rows : &last, all_logits ? n : 1,
+		  all_logits || c->probe || c->moe_probe, logits, err, errlen);
 	if (rc)
 		return rc;
-	hyb_fwd_embed(c, tokens, n);
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		rc = hyb_model_wait_layer(c->m, l, err, errlen);
-		if (rc)
-			return rc;
-		layer_attention(c, l, n);
-
-		/* llama.cpp drops the rows it returns no logits for before the last
-		 * layer's FFN (inp_out_ids): that FFN then sees one token and its
-		 * matmuls add in their one-column order. Same here (and less work). */
-		const uint32_t f0 = l + 1 == hp->n_layer && !all_logits && !c->probe &&
-				    !c->moe_probe ? n - 1 : 0;
-
-		rc = layer_ffn(c, l, c->x + (size_t)f0 * E, n - f0, n, err, errlen);
-		if (rc)
-			return rc;
-	}
-
-	/* Head: every token's logits, or only the last token's. */
-	rc = hyb_model_wait_head(c->m, err, errlen);
-	if (rc)
-		return rc;
-	hyb_fwd_head(c, all_logits ? 0 : n - 1, n, logits);
 	c->n_past += n;
 	if (c->hybrid)
 		hyb_decode_hybrid_kv_host_wrote(c);
@@ -616,42 +652,7 @@ int hyb_fwd_eval_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
 		      const uint32_t *out, uint32_t n_out, float *logits, char *err,
 		      size_t errlen)
 {
-	const struct hyb_hparams *hp = &c->m->hp;
-	const uint32_t E = hp->n_embd;
-	int rc = hyb_model_wait_embd(c->m, err, errlen);
-
-	if (rc)
-		return rc;
-	hyb_fwd_embed(c, tokens, n);
-	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		rc = hyb_model_wait_layer(c->m, l, err, errlen);
-		if (rc)
-			return rc;
-		layer_attention(c, l, n);
-		if (l + 1 == hp->n_layer && !n_out)
-			return 0; /* prompt pieces that give no logits yet */
-		/* as above: the last FFN sees only the rows that give logits, gathered,
-		 * each as the one row of its sequence's pass */
-		if (l + 1 == hp->n_layer) {
-			for (uint32_t i = 0; i < n_out; i++)
-				if (out[i] != i)
-					memcpy(c->x + (size_t)i * E, c->x + (size_t)out[i] * E,
-					       sizeof(float) * E);
-			if (c->cols) {
-				c->cols = c->ones;
-				c->n_cols = n_out;
-			}
-		}
-		rc = l + 1 == hp->n_layer ? layer_ffn(c, l, c->x, n_out, n, err, errlen) :
-					    layer_ffn(c, l, c->x, n, n, err, errlen);
-		if (rc)
-			return rc;
-	}
-	rc = hyb_model_wait_head(c->m, err, errlen);
-	if (rc)
-		return rc;
-	hyb_fwd_head(c, 0, n_out, logits);
-	return 0;
+	return pass(c, tokens, n, out, n_out, false, logits, err, errlen);
 }
 
 int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,

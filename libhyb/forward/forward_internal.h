@@ -61,6 +61,7 @@ struct hyb_ctx {
 	uint32_t n_cols;
 	uint32_t *run_cols;  /* [n_seq] */
 	uint32_t *ones;      /* [n_rows] all 1 */
+	uint32_t *rows;      /* [n_rows] 0, 1, 2, ... (every row's logits) */
 	uint32_t *seg;       /* [3][2 * n_rows] scratch of matmul's segments */
 
 	/* scratch for a pass of n_rows tokens */
