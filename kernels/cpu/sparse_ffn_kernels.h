@@ -142,6 +142,14 @@ struct hyb_sparse_kernels {
 	hyb_sparse_axpy_fn axpy[HYB_TYPE_COUNT];
 	hyb_sparse_dot_pf_fn dot_pf[HYB_TYPE_COUNT];
 	hyb_sparse_axpy_pf_fn axpy_pf[HYB_TYPE_COUNT];
+	/*
+	 * By weight type, NULL where the level has none: axpys that round
+	 * every level's way of axpy_rounds (int8 products, a scale per tile of
+	 * HYB_SPARSE_AXPY_TILE rows and block), faster where the float axpy is
+	 * compute-bound; for callers held to that rounding (TEAL's GEMV,
+	 * libhyb/sparse/teal.c).
+	 */
+	hyb_sparse_axpy_pf_fn axpy_i8_pf[HYB_TYPE_COUNT];
 };
 
 /* NULL when this CPU cannot run that level. */

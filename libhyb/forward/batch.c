@@ -91,7 +91,7 @@ static int check(const struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32
 
 	if (!b || n_b == 0)
 		return hyb_error_set(-EINVAL, "no sequences to evaluate");
-	if (c->probe || c->moe_probe)
+	if (c->probe || c->moe_probe || c->in_probe)
 		return hyb_error_set(-EINVAL, "probes watch one sequence: use hyb_ctx_eval");
 	if (n_b > (c->kv ? c->n_seq : 1))
 		return hyb_error_set(-EINVAL, "%u sequences in one call: the context has %u",

@@ -22,6 +22,7 @@
 #include "hybrid/ffn_hybrid.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
+#include "sparse/teal.h"
 #include "util/error.h"
 
 static void *alloc_zeroed(size_t bytes)
@@ -259,6 +260,10 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free(c->rows);
 	free(c->seg);
 	free(c->ffn_thr);
+	free(c->teal_thr);
+	free(c->teal_idx);
+	free(c->teal_val);
+	free(c->teal_y);
 	free(c);
 }
 
@@ -396,6 +401,8 @@ int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr)
 		c->ffn_thr = NULL;
 		return 0;
 	}
+	if (c->teal_thr)
+		return hyb_error_set(-EINVAL, "CATS thresholds do not combine with TEAL's");
 	if (hp->n_expert)
 		return hyb_error_set(-EINVAL, "CATS thresholds are for dense FFNs; this model's "
 				     "are mixtures of experts");
@@ -422,6 +429,67 @@ int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr)
 const float *hyb_ctx_ffn_thresholds(const struct hyb_ctx *c)
 {
 	return c->ffn_thr;
+}
+
+int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
+{
+	const size_t n = (size_t)c->m->hp.n_layer * HYB_TEAL_INPUTS;
+	int rc;
+
+	if (!thr) {
+		free(c->teal_thr);
+		c->teal_thr = NULL;
+		return 0;
+	}
+	rc = hyb_teal_check(c->m);
+	if (rc)
+		return rc;
+	if (c->ffn_thr || c->hybrid)
+		return hyb_error_set(-EINVAL, "TEAL thresholds do not combine with %s",
+				     c->hybrid ? "a hybrid context" : "CATS thresholds");
+	for (size_t i = 0; i < n; i++)
+		if (!(thr[i] >= 0) || !isfinite(thr[i]))
+			return hyb_error_set(-EINVAL, "TEAL threshold of layer %zu's %s input is "
+					     "%g: must be finite and >= 0", i / HYB_TEAL_INPUTS,
+					     hyb_teal_input_name((uint32_t)(i % HYB_TEAL_INPUTS)),
+					     (double)thr[i]);
+	if (!c->teal) {
+		const uint32_t ni = hyb_teal_max_in(c->m), no = hyb_teal_max_out(c->m);
+
+		c->teal_idx = malloc(sizeof(uint32_t) * ni);
+		c->teal_val = malloc(sizeof(float) * ni);
+		c->teal_y = malloc(sizeof(float) * no);
+		if (!c->teal_idx || !c->teal_val || !c->teal_y)
+			return hyb_error_set(-ENOMEM, "out of memory");
+		c->teal = hyb_teal_layout(c->m, c->pool);
+		if (!c->teal)
+			return hyb_error_rc();
+	}
+	if (!c->teal_thr && !(c->teal_thr = malloc(sizeof(float) * n)))
+		return hyb_error_set(-ENOMEM, "out of memory");
+	memcpy(c->teal_thr, thr, sizeof(float) * n);
+	return 0;
+}
+
+const float *hyb_ctx_teal_thresholds(const struct hyb_ctx *c)
+{
+	return c->teal_thr;
+}
+
+void hyb_ctx_teal_stats(const struct hyb_ctx *c, struct hyb_teal_stats *out)
+{
+	*out = c->teal_st;
+}
+
+void hyb_ctx_teal_stats_reset(struct hyb_ctx *c)
+{
+	memset(&c->teal_st, 0, sizeof(c->teal_st));
+}
+
+void hyb_ctx_set_input_probe(struct hyb_ctx *c, hyb_input_probe_fn fn, void *user)
+{
+	c->in_probe = fn;
+	c->in_probe_user = user;
 }
 
 uint32_t hyb_ctx_n_past(const struct hyb_ctx *c)

@@ -30,6 +30,7 @@
 #include "model/model_stream.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
+#include "sparse/teal.h"
 #include "util/error.h"
 
 #define MAX_MATS 3
@@ -227,6 +228,56 @@ void hyb_fwd_matmul(struct hyb_ctx *c, const float *x, uint32_t n, int nw,
 	matmul(c, x, n, nw, w, y);
 }
 
+/* ---- TEAL: input-sparse projections (docs/SPARSITY.md#teal) ------------ */
+
+/*
+ * The input x[n][ne] of layer l's projection group `in`: shown to the
+ * calibration probe, then thresholded. Returns the transposed matrix that
+ * computes one token's projections; otherwise x is masked in place for the
+ * dense kernels (the same function) and NULL returned.
+ */
+static const struct hyb_teal_mat *teal_input(struct hyb_ctx *c, uint32_t l, uint32_t in, float *x,
+					     uint32_t n, uint32_t ne)
+{
+	const size_t at = (size_t)l * HYB_TEAL_INPUTS + in;
+
+	if (c->in_probe)
+		c->in_probe(c->in_probe_user, l, in, n, x, ne);
+	if (!c->teal_thr)
+		return NULL;
+	if (n == 1 && c->teal)
+		return &c->teal->mat[at];
+	hyb_teal_mask(x, (uint64_t)n * ne, c->teal_thr[at]);
+	return NULL;
+}
+
+/* Y_i = W_i · X for the nw weights of input `in` (as matmul), TEAL's way when it applies. */
+static void project(struct hyb_ctx *c, uint32_t l, uint32_t in, float *x, uint32_t n, int nw,
+		    const struct hyb_weight *const *w, float *const *y)
+{
+	const struct hyb_teal_mat *t = teal_input(c, l, in, x, n, (uint32_t)w[0]->ne0);
+	float *out = nw == 1 ? y[0] : c->teal_y;
+	size_t off = 0;
+
+	if (!t) {
+		matmul(c, x, n, nw, w, y);
+		return;
+	}
+	const uint32_t act = hyb_teal_gemv(c->pool, t, x,
+					   c->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in],
+					   c->teal_idx, c->teal_val, out);
+	const uint64_t row = hyb_row_bytes(t->type, t->n_out);
+
+	c->teal_st.inputs += t->n_in;
+	c->teal_st.active += act;
+	c->teal_st.bytes += act * row;
+	c->teal_st.dense_bytes += t->n_in * row;
+	for (int i = 0; nw > 1 && i < nw; i++) {
+		memcpy(y[i], out + off, sizeof(float) * w[i]->ne1);
+		off += w[i]->ne1;
+	}
+}
+
 /* ---- attention --------------------------------------------------------- */
 
 struct attn_job {
@@ -419,7 +470,7 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 	for (uint32_t t = 0; t < n; t++)
 		hyb_rmsnorm(c->xn + (size_t)t * E, c->x + (size_t)t * E, L->attn_norm.data, E,
 			    hp->rms_eps);
-	matmul(c, c->xn, n, 3, qkv, qkv_out);
+	project(c, l, HYB_TEAL_QKV, c->xn, n, 3, qkv, qkv_out);
 	add_bias(c->q, L->bq, n, c->q_dim);
 	add_bias(c->kk, L->bk, n, c->kv_dim);
 	add_bias(c->vv, L->bv, n, c->kv_dim);
@@ -448,7 +499,7 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 			c->q[i] *= hp->q_scale;
 	store_kv(c, l, n);
 	attend(c, l, n);
-	matmul(c, c->att, n, 1, &wo, &c->xn);
+	project(c, l, HYB_TEAL_O, c->att, n, 1, &wo, &c->xn);
 	hyb_fwd_post_norm(c, &L->post_attn_norm, c->xn, n);
 	for (size_t i = 0; i < (size_t)n * E; i++)
 		c->x[i] += c->xn[i];
@@ -501,7 +552,7 @@ void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const ui
 				   thr, c->xn);
 		return;
 	}
-	matmul(c, c->xn, nf, 2, gu, gu_out);
+	project(c, l, HYB_TEAL_GU, c->xn, nf, 2, gu, gu_out);
 	if (c->probe && c->probe_gate)
 		probe_gate(c, l, nf);
 	hyb_ffn_act_cats(c->g, c->u, (uint64_t)nf * hp->n_ff, hp->act, thr);
@@ -510,7 +561,7 @@ void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const ui
 	if (L->down_t.data)
 		hyb_ffn_down_t(c->pool, c->plan, &L->down_t, c->g, nf, c->xn);
 	else
-		matmul(c, c->g, nf, 1, &down, &c->xn);
+		project(c, l, HYB_TEAL_DOWN, c->g, nf, 1, &down, &c->xn);
 }
 
 void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits)
@@ -639,7 +690,7 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		return -1;
 	/* every token's logits, or only the last token's */
 	rc = pass(c, tokens, n, all_logits ? c->rows : &last, all_logits ? n : 1,
-		  all_logits || c->probe || c->moe_probe, logits, err, errlen);
+		  all_logits || c->probe || c->moe_probe || c->in_probe, logits, err, errlen);
 	if (rc)
 		return rc;
 	c->n_past += n;

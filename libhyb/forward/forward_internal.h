@@ -77,6 +77,15 @@ struct hyb_ctx {
 	hyb_moe_probe_fn moe_probe;
 	void *moe_probe_user;
 	float *ffn_thr;    /* [n_layer] CATS thresholds (hyb/sparsity.h), or NULL */
+	/* TEAL (hyb/sparsity.h): [n_layer][HYB_TEAL_INPUTS] thresholds or NULL;
+	 * the model's transposed layout; scratch of its GEMV */
+	float *teal_thr;
+	const struct hyb_teal *teal;
+	uint32_t *teal_idx;
+	float *teal_val, *teal_y;
+	struct hyb_teal_stats teal_st;
+	hyb_input_probe_fn in_probe;
+	void *in_probe_user;
 
 	struct hyb_ffn_plan_scratch *plan; /* plan models: the FFN over bundles */
 	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */

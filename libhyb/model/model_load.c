@@ -29,6 +29,7 @@
 #include "arch.h"
 #include "model_stream.h"
 #include "forward/ops.h"
+#include "sparse/teal.h"
 #include "util/error.h"
 
 /* A model the loader cannot take (-EINVAL); the reason goes to ld->err. */
@@ -950,6 +951,7 @@ void hyb_model_free(struct hyb_model *m)
 		hyb_tokenizer_free(m->tok);
 	free(m->layers);
 	free(m->ffn_thr);
+	hyb_teal_free(m->teal);
 	if (m->gguf)
 		hyb_gguf_close(m->gguf);
 	hyb_model_box_release(m);	/* pool handles go before the backend free_image closes */

@@ -85,27 +85,43 @@ static double bin_lo(uint32_t b)
 	return exp2((double)(b - 1) / PER_OCT + OCT_LO);
 }
 
-void hyb_calib_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const float *x_attn,
-		     const float *act)
+/* Values v[0..n) into slot s's histogram. */
+static void add(struct hyb_calib *c, uint32_t s, const float *v, size_t n)
 {
-	struct hyb_calib *c = user;
-	uint64_t *h;
+	uint64_t *h = c->hist + (size_t)s * N_BINS;
 
-	(void)pos0;
-	(void)x_attn;
-	if (layer >= c->n_layer)
-		return;
-	h = c->hist + (size_t)layer * N_BINS;
-	for (size_t i = 0; i < (size_t)n * c->n_ff; i++) {
-		const float a = fabsf(act[i]);
+	for (size_t i = 0; i < n; i++) {
+		const float a = fabsf(v[i]);
 
 		if (!(a <= INFINITY))
 			continue; /* NaN: no magnitude to rank */
 		h[bin_of(a)]++;
-		c->lo[layer] = a < c->lo[layer] ? a : c->lo[layer];
-		c->hi[layer] = a > c->hi[layer] ? a : c->hi[layer];
+		c->lo[s] = a < c->lo[s] ? a : c->lo[s];
+		c->hi[s] = a > c->hi[s] ? a : c->hi[s];
 	}
-	c->n[layer] += (uint64_t)n * c->n_ff;
+	c->n[s] += n;
+}
+
+void hyb_calib_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const float *x_attn,
+		     const float *act)
+{
+	struct hyb_calib *c = user;
+
+	(void)pos0;
+	(void)x_attn;
+	if (layer < c->n_layer)
+		add(c, layer, act, (size_t)n * c->n_ff);
+}
+
+/* TEAL: slot layer * HYB_TEAL_INPUTS + input of a calibrator of n_layer * HYB_TEAL_INPUTS slots. */
+void hyb_calib_input_probe(void *user, uint32_t layer, uint32_t input, uint32_t n, const float *x,
+			   uint32_t ne)
+{
+	struct hyb_calib *c = user;
+	const uint64_t s = (uint64_t)layer * HYB_TEAL_INPUTS + input;
+
+	if (input < HYB_TEAL_INPUTS && s < c->n_layer)
+		add(c, (uint32_t)s, x, (size_t)n * ne);
 }
 
 /* The value below which a fraction p of layer l's magnitudes lie. */

@@ -933,9 +933,16 @@ struct hyb_profile *hyb_profile_load(const char *path)
 	struct hyb_gguf_file *f = NULL;
 	struct hyb_profile *p = NULL;
 	struct load_hdr h;
+	char mode[16];
 
 	if (hyb_gguf_open(path, &f))
 		return NULL; /* its message names the file */
+	if (hyb_gguf_get_str(f, HYB_SPARSITY_KEY_MODE, mode, sizeof(mode)) &&
+	    !strcmp(mode, HYB_SPARSITY_MODE_TEAL)) {
+		load_fail(-EINVAL, path, "a TEAL profile: TEAL runs on the model as it is, with "
+			  "no plan (hyb --teal PROFILE)");
+		goto fail;
+	}
 	if (load_header(f, path, &h) || load_check_tensors(f, path, &h))
 		goto fail;
 	p = profile_alloc(h.n_layer, h.n_embd, h.n_ff, 0, h.n_seqs);

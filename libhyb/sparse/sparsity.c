@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 /*
- * CATS thresholds from a profile's quantile table (hyb/sparsity.h): what
- * `hyb perplexity --cats` and `hyb run --cats` read to sweep sparsities
- * without a plan per sparsity.
+ * CATS and TEAL thresholds from a profile's quantile table (hyb/sparsity.h):
+ * what `hyb perplexity --cats/--teal` and `hyb run --cats/--teal` read to
+ * sweep sparsities without a plan per sparsity.
  */
 #include "hyb/sparsity.h"
 
@@ -25,11 +25,27 @@ float hyb_sparsity_quantile_at(const float *q, double s)
 	return (float)(q[i] + (pos - i) * (q[i + 1] - q[i]));
 }
 
-int hyb_sparsity_thresholds(const char *path, double s, float *thr, uint32_t n_layer)
+const char *hyb_teal_input_name(uint32_t input)
+{
+	static const char *const names[HYB_TEAL_INPUTS] = { "qkv", "o", "gate_up", "down" };
+
+	return input < HYB_TEAL_INPUTS ? names[input] : "?";
+}
+
+/*
+ * thr[n_layer * per_layer] of a profile made in `mode`: its own (s == 0) or
+ * from its quantiles at s. A file of the other mode is refused by name.
+ */
+static int thresholds(const char *path, const char *mode, double s, float *thr,
+		      uint32_t n_layer, uint32_t per_layer)
 {
 	const uint32_t NQ = HYB_SPARSITY_N_QUANTILES;
+	const uint64_t n = (uint64_t)n_layer * per_layer;
+	const char *how = per_layer == 1 ? "hybctl profile --sparsity S"
+					 : "hybctl profile --teal --sparsity S";
 	struct hyb_gguf_file *f;
 	const struct hyb_gguf_kv *kv;
+	char fmode[32] = "";
 	float q[HYB_SPARSITY_N_QUANTILES];
 	int rc = 0;
 
@@ -38,42 +54,63 @@ int hyb_sparsity_thresholds(const char *path, double s, float *thr, uint32_t n_l
 	rc = hyb_gguf_open(path, &f);
 	if (rc)
 		return rc; /* the message names path */
+	if (hyb_gguf_find(f, HYB_SPARSITY_KEY_MODE) &&
+	    (!hyb_gguf_get_str(f, HYB_SPARSITY_KEY_MODE, fmode, sizeof(fmode)) ||
+	     strcmp(fmode, mode))) {
+		rc = hyb_error_set(-EINVAL, "%s is a %s profile, not %s: make one with %s", path,
+				   fmode[0] ? fmode : "(unreadable mode)", mode, how);
+		goto out;
+	}
 	if (s == 0) { /* the file's own thresholds */
 		kv = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32);
-		if (!kv)
-			rc = hyb_error_set(-EINVAL, "%s holds no CATS thresholds (%s): make it with "
-					   "hybctl profile --sparsity S", path,
-					   HYB_SPARSITY_KEY_THRESHOLD);
-		else if (kv->v.arr.n != n_layer)
+		if (!kv) {
+			rc = hyb_error_set(-EINVAL, "%s holds no %s thresholds (%s): make it with "
+					   "%s", path, mode, HYB_SPARSITY_KEY_THRESHOLD, how);
+			goto out;
+		}
+		if (kv->v.arr.n != n) {
 			rc = hyb_error_set(-EINVAL, "%s: thresholds of %llu layers, the model has "
 					   "%u: made for another model", path,
-					   (unsigned long long)kv->v.arr.n, n_layer);
-		else
-			memcpy(thr, kv->v.arr.data, sizeof(float) * n_layer);
-		for (uint32_t l = 0; l < n_layer && !rc; l++)
-			if (!(thr[l] >= 0) || !isfinite(thr[l]))
-				rc = hyb_error_set(-EINVAL, "%s: threshold of layer %u is %g", path,
-						   l, (double)thr[l]);
-		hyb_gguf_close(f);
-		return rc;
+					   (unsigned long long)(kv->v.arr.n / per_layer), n_layer);
+			goto out;
+		}
+		memcpy(thr, kv->v.arr.data, sizeof(float) * n);
+		for (uint64_t i = 0; i < n && !rc; i++)
+			if (!(thr[i] >= 0) || !isfinite(thr[i]))
+				rc = hyb_error_set(-EINVAL, "%s: threshold of layer %llu is %g",
+						   path, (unsigned long long)(i / per_layer),
+						   (double)thr[i]);
+		goto out;
 	}
 	kv = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32);
 	if (!kv) {
 		rc = hyb_error_set(-EINVAL, "%s holds no activation quantiles (%s): make it with "
-				   "hybctl profile --sparsity S", path, HYB_SPARSITY_KEY_QUANTILES);
-	} else if (kv->v.arr.n != (uint64_t)n_layer * NQ) {
+				   "%s", path, HYB_SPARSITY_KEY_QUANTILES, how);
+	} else if (kv->v.arr.n != n * NQ) {
 		rc = hyb_error_set(-EINVAL, "%s: quantiles of %llu layers, the model has %u: a "
 				   "profile of another model", path,
-				   (unsigned long long)(kv->v.arr.n / NQ), n_layer);
+				   (unsigned long long)(kv->v.arr.n / NQ / per_layer), n_layer);
 	} else {
-		for (uint32_t l = 0; l < n_layer && !rc; l++) {
-			memcpy(q, (const float *)kv->v.arr.data + (size_t)l * NQ, sizeof(q));
-			thr[l] = hyb_sparsity_quantile_at(q, s);
-			if (!(thr[l] >= 0) || !isfinite(thr[l]))
-				rc = hyb_error_set(-EINVAL, "%s: layer %u's quantiles are not "
-						   "finite magnitudes", path, l);
+		for (uint64_t i = 0; i < n && !rc; i++) {
+			memcpy(q, (const float *)kv->v.arr.data + i * NQ, sizeof(q));
+			thr[i] = hyb_sparsity_quantile_at(q, s);
+			if (!(thr[i] >= 0) || !isfinite(thr[i]))
+				rc = hyb_error_set(-EINVAL, "%s: layer %llu's quantiles are not "
+						   "finite magnitudes", path,
+						   (unsigned long long)(i / per_layer));
 		}
 	}
+out:
 	hyb_gguf_close(f);
 	return rc;
+}
+
+int hyb_sparsity_thresholds(const char *path, double s, float *thr, uint32_t n_layer)
+{
+	return thresholds(path, HYB_SPARSITY_MODE_CATS, s, thr, n_layer, 1);
+}
+
+int hyb_sparsity_teal_thresholds(const char *path, double s, float *thr, uint32_t n_layer)
+{
+	return thresholds(path, HYB_SPARSITY_MODE_TEAL, s, thr, n_layer, HYB_TEAL_INPUTS);
 }

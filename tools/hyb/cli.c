@@ -38,7 +38,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
-       O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER };
+       O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -76,6 +76,7 @@ static const struct option longopts[] = {
 	{ "chat-template", required_argument, 0, O_CHAT_TEMPLATE },
 	{ "system", required_argument, 0, O_SYSTEM },
 	{ "cats", required_argument, 0, O_CATS },
+	{ "teal", required_argument, 0, O_TEAL },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "defer", required_argument, 0, O_DEFER },
 	{ "chunks", required_argument, 0, O_CHUNKS },
@@ -157,6 +158,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_CHAT_TEMPLATE: o->chat_template = optarg; break;
 		case O_SYSTEM: o->system = optarg; break;
 		case O_CATS: o->cats = optarg; break;
+		case O_TEAL: o->teal = optarg; break;
 		case O_DEFER: o->moe_defer = (uint32_t)cli_num("--defer", optarg, 0, 512); break;
 		case O_SPARSITY:
 			o->sparsity = cli_num("--sparsity", optarg, 0, 1);
@@ -178,9 +180,11 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		cli_die("unexpected argument '%s'", argv[optind]);
 	if (!o->model)
 		cli_die("no model given (-m MODEL)");
-	if (o->sparsity > 0 && !o->cats)
-		cli_die("--sparsity %g needs --cats PROFILE (thresholds for it come from a "
-			"profile's quantiles)", o->sparsity);
+	if (o->sparsity > 0 && !o->cats && !o->teal)
+		cli_die("--sparsity %g needs --cats PROFILE or --teal PROFILE (thresholds for it "
+			"come from a profile's quantiles)", o->sparsity);
+	if (o->cats && o->teal)
+		cli_die("--cats and --teal: one kind of activation sparsity at a time");
 }
 
 /* --cats / --sparsity onto a new context (hyb/sparsity.h); exits on failure. */
@@ -202,6 +206,23 @@ static void apply_cats(struct hyb_ctx *c, const struct hyb_model *m, const struc
 				    m->hp.n_layer) ||
 	    hyb_ctx_set_ffn_thresholds(c, thr))
 		cli_die("--cats %s: %s", o->cats, hyb_last_error());
+	free(thr);
+}
+
+/* --teal / --sparsity onto a new context (hyb/sparsity.h); exits on failure. */
+static void apply_teal(struct hyb_ctx *c, const struct hyb_model *m, const struct cli_opts *o)
+{
+	float *thr;
+
+	if (!o->teal || o->sparsity == 0)
+		return;
+	thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
+	if (!thr)
+		cli_die("out of memory");
+	if (hyb_sparsity_teal_thresholds(o->teal, o->sparsity > 0 ? o->sparsity : 0, thr,
+					 m->hp.n_layer) ||
+	    hyb_ctx_set_teal_thresholds(c, thr))
+		cli_die("--teal %s: %s", o->teal, hyb_last_error());
 	free(thr);
 }
 
@@ -235,6 +256,7 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 	if (!c)
 		cli_die("%s", hyb_last_error());
 	apply_cats(c, m, o);
+	apply_teal(c, m, o);
 	return c;
 }
 

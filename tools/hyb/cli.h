@@ -41,6 +41,7 @@ struct cli_opts {
 	/* CATS (hyb/sparsity.h): --cats PROFILE [--sparsity S]; sparsity < 0: not given */
 	const char *cats;
 	double sparsity;
+	const char *teal;          /* TEAL: --teal PROFILE [--sparsity S] */
 	const char *text_file;     /* perplexity -f FILE */
 	int n_chunks;              /* perplexity --chunks N */
 	uint32_t moe_defer;        /* --defer N: expert deferral (hyb_ctx_params.moe_defer) */

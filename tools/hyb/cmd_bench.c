@@ -29,7 +29,8 @@ static const char usage[] =
 	"usage: hyb bench -m MODEL [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [-t THREADS]\n"
 	"                 [--baseline SOURCE.gguf]\n"
 	"  a plan model decodes densely and sparsely in every round; --baseline also\n"
-	"  decodes the model the plan was made from (dense, its own layout) each round\n"
+	"  decodes the model the plan was made from (dense, its own layout) each round;\n"
+	"  --teal PROFILE [--sparsity S]: TEAL decoding against dense, every round\n"
 	"       hyb bench -m PLAN --gpu-budget BYTES|N% [--policies all|P,P,...] [--drift N]\n"
 	"                 [--device cpu|cuda] [--pcie-gbps G] [--dense-cpu] [--prefill-cpu]\n"
 	"                 [-n DECODE_TOKENS]\n"
@@ -148,6 +149,10 @@ struct bench {
 	struct cli_opts o;
 	struct hyb_model *m, *mb;	/* mb: --baseline's source model */
 	struct hyb_ctx *c, *cs, *cb;	/* dense; sparse (a plan); the baseline */
+	struct hyb_ctx *ct;		/* --teal: TEAL decoding */
+	struct hyb_teal_stats tst;	/* its decode steps, all rounds */
+	double *t_teal, *r_teal;
+	uint64_t teal_agree;
 	int n_prompt, nth;
 	uint32_t wtype;
 	uint64_t wbytes, macs;
@@ -169,6 +174,15 @@ static void bench_open(struct bench *b)
 
 	b->m = cli_load_model(o);
 	o->n_ctx = (uint32_t)(b->n_prompt + o->n_gen_bench);
+	if (o->teal) { /* dense, and TEAL on the same weights */
+		struct cli_opts od = *o;
+
+		od.teal = NULL;
+		od.sparsity = -1;
+		b->c = cli_new_ctx(b->m, &od);
+		b->ct = cli_new_ctx(b->m, o);
+		return;
+	}
 	if (!b->m->group_size && !(b->m->powerinfer && b->m->layers[0].fc1.data)) {
 		b->c = cli_new_ctx(b->m, o);
 		return;
@@ -231,6 +245,59 @@ static void round_sparse(struct bench *b, int r)
 	b->sst.nonzero += one.nonzero;
 	b->sst.predictor_s += one.predictor_s;
 	b->sst.ffn_s += one.ffn_s;
+}
+
+/* TEAL decoding of the dense run's tokens: its time, its reads, its greedy agreement. */
+static void round_teal(struct bench *b, int r)
+{
+	const int n_prompt = b->n_prompt, n_gen = b->o.n_gen_bench;
+	struct hyb_teal_stats one;
+	double t0;
+
+	hyb_ctx_reset(b->ct);
+	eval(b->ct, b->toks, (uint32_t)n_prompt, b->logits);
+	hyb_ctx_teal_stats_reset(b->ct);
+	t0 = hyb_now();
+	for (int i = 0; i < n_gen; i++) {
+		b->teal_agree += argmax(b->logits, b->m->hp.n_vocab) == b->toks[n_prompt + i];
+		eval(b->ct, &b->toks[n_prompt + i], 1, b->logits);
+	}
+	b->t_teal[r] = hyb_now() - t0;
+	b->r_teal[r] = b->t_dec[r] / b->t_teal[r];
+	hyb_ctx_teal_stats(b->ct, &one);
+	b->tst.inputs += one.inputs;
+	b->tst.active += one.active;
+	b->tst.bytes += one.bytes;
+	b->tst.dense_bytes += one.dense_bytes;
+}
+
+/* TEAL against dense decoding of the same weights, and against the bytes it reads. */
+static void print_teal(const struct bench *b)
+{
+	const int reps = b->o.reps, n_gen = b->o.n_gen_bench, steps = reps * n_gen;
+	const struct hyb_teal_stats *st = &b->tst;
+	const double bw_med = median(b->bw, reps);
+	double t[64];
+	/* a step reads what dense reads, less the rows of inputs under their thresholds */
+	const double saved = (double)(st->dense_bytes - st->bytes) / steps;
+	const double tb = b->bytes_tok - saved;
+	double tps;
+
+	for (int r = 0; r < reps && r < 64; r++)
+		t[r] = b->t_teal[r];
+	tps = n_gen / median(t, reps < 64 ? reps : 64);
+	for (int r = 0; r < reps && r < 64; r++)
+		t[r] = b->r_teal[r];
+	printf("teal        %8.2f tokens/s  (%d tokens)  %.2fx dense (per-round median); "
+	       "%.1f%% of projection inputs skipped, %.1f%% of their bytes; greedy token = "
+	       "dense on %.1f%%\n", tps, n_gen, median(t, reps < 64 ? reps : 64),
+	       100.0 * (1.0 - (double)st->active / (double)st->inputs),
+	       100.0 * (double)(st->dense_bytes - st->bytes) / (double)st->dense_bytes,
+	       100.0 * b->teal_agree / steps);
+	printf("teal        %.1f MB/token read -> roofline %.2f tokens/s, %.0f%% of it; bound "
+	       "from bytes: %.2fx dense (the projections are %.0f%% of a dense token's "
+	       "bytes)\n", tb / 1e6, bw_med / tb, 100 * tps * tb / bw_med, b->bytes_tok / tb,
+	       100.0 * st->dense_bytes / steps / b->bytes_tok);
 }
 
 /* The source model, dense in its own layout, on the same tokens. */
@@ -348,6 +415,8 @@ static void bench_round(struct bench *b, int r)
 		round_sparse(b, r);
 	if (b->cb)
 		round_baseline(b, r);
+	if (b->ct)
+		round_teal(b, r);
 	b->r_pre[r] = n_prompt * (double)b->macs / b->t_pre[r] / b->gp[r];
 	b->r_dec[r] = b->o.n_gen_bench * b->bytes_tok / b->t_dec[r] / b->bw[r];
 }
@@ -491,7 +560,7 @@ static void print_memory(const struct bench *b)
 static void bench_free(struct bench *b)
 {
 	double *v[] = { b->t_pre, b->t_dec, b->bw, b->gp, b->r_pre, b->r_dec, b->t_sp, b->r_sp,
-			b->t_base, b->r_base };
+			b->t_base, b->r_base, b->t_teal, b->r_teal };
 
 	for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++)
 		free(v[i]);
@@ -501,6 +570,7 @@ static void bench_free(struct bench *b)
 	hyb_ctx_free(b->c);
 	hyb_ctx_free(b->cs);
 	hyb_ctx_free(b->cb);
+	hyb_ctx_free(b->ct);
 	hyb_model_free(b->mb);
 	hyb_model_free(b->m);
 }
@@ -546,6 +616,7 @@ int cmd_bench(int argc, char **argv)
 	b.gp = per_round(&b), b.r_pre = per_round(&b), b.r_dec = per_round(&b);
 	b.t_sp = per_round(&b), b.r_sp = per_round(&b), b.t_base = per_round(&b);
 	b.r_base = per_round(&b);
+	b.t_teal = per_round(&b), b.r_teal = per_round(&b);
 
 	for (int r = 0; r < b.o.reps; r++)
 		bench_round(&b, r);
@@ -556,6 +627,8 @@ int cmd_bench(int argc, char **argv)
 		print_defer(&b);
 	if (b.cs && b.sst.neurons)
 		print_sparse(&b);
+	if (b.ct && b.tst.inputs)
+		print_teal(&b);
 	print_memory(&b);
 	bench_free(&b);
 	return 0;

@@ -19,6 +19,7 @@ static const char usage[] =
 	"  perplexity -m MODEL -f TEXT [-c 512] [--chunks N] perplexity as llama-perplexity\n"
 	"           computes it\n"
 	"common: --cats PROFILE [--sparsity S]  CATS activation sparsity (docs/SPARSITY.md)\n"
+	"common: --teal PROFILE [--sparsity S]  TEAL: every projection's input sparse\n"
 	"common: --defer N  MoE decode: the N lowest-ranked experts join a layer later\n"
 	"        (KTransformers' expert deferral, docs/MOE.md)\n"
 	"common: -t THREADS  -c CONTEXT\n"

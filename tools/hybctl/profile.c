@@ -35,11 +35,14 @@
 static const char usage[] =
 	"usage: hybctl profile MODEL [-o PROFILE.gguf] [--prompts FILE] [--gen N]\n"
 	"                      [--samples N] [-t N] [--seed N] [--temp T] [--json]\n"
-	"                      [--sparsity S]\n"
+	"                      [--sparsity S] [--teal]\n"
 	"  -o FILE        save the profile (GGUF, read by hybctl plan)\n"
 	"  --sparsity S   SiLU/GELU models: calibrate CATS thresholds for sparsity S\n"
 	"                 in (0, 1) on the prompts, then profile with them\n"
 	"                 (docs/SPARSITY.md)\n"
+	"  --teal         SiLU/GELU models: calibrate TEAL instead, the magnitudes of\n"
+	"                 every projection's input; -o saves their quantiles and the\n"
+	"                 thresholds for --sparsity S (default 0.4) for hyb --teal\n"
 	"  --prompts FILE one prompt per line (default: 20 built-in prompts)\n"
 	"  --gen N        tokens sampled after each prompt (default 64)\n"
 	"  --samples N    tokens whose active sets and predictor inputs are kept\n"
@@ -83,6 +86,7 @@ struct opts {
 	float temp;
 	double sparsity; /* 0: none */
 	bool json;
+	bool teal;
 };
 
 static void parse(int argc, char **argv, struct opts *o)
@@ -90,7 +94,8 @@ static void parse(int argc, char **argv, struct opts *o)
 	static const struct option opts[] = {
 		{ "prompts", 1, 0, 'p' }, { "gen", 1, 0, 'g' }, { "samples", 1, 0, 'S' },
 		{ "seed", 1, 0, 's' }, { "temp", 1, 0, 'T' }, { "json", 0, 0, 'j' },
-		{ "sparsity", 1, 0, 'y' }, { "help", 0, 0, 'h' }, { 0, 0, 0, 0 },
+		{ "sparsity", 1, 0, 'y' }, { "teal", 0, 0, 'E' }, { "help", 0, 0, 'h' },
+		{ 0, 0, 0, 0 },
 	};
 	int c;
 
@@ -115,6 +120,7 @@ static void parse(int argc, char **argv, struct opts *o)
 			break;
 		}
 		case 'j': o->json = true; break;
+		case 'E': o->teal = true; break;
 		case 'y': {
 			char *end;
 
@@ -355,6 +361,14 @@ static int open_run(struct run *r)
 		fprintf(stderr, "hybctl profile: %s has no tokenizer\n", r->o.model);
 		return -1;
 	}
+	if (r->o.teal && (m->hp.n_expert || (m->hp.act != HYB_ACT_SILU &&
+					       m->hp.act != HYB_ACT_GELU))) {
+		fprintf(stderr, "hybctl profile: --teal: %s\n",
+			m->hp.n_expert ? "TEAL covers dense FFNs; this model's are mixtures of "
+			"experts" : "this model's FFN is ReLU-family and sparse as it is: profile "
+			"its natural sparsity without --teal");
+		return -1;
+	}
 	if (m->hp.n_expert) {
 		if (r->o.sparsity) {
 			fprintf(stderr, "hybctl profile: %s is a mixture of experts: --sparsity "
@@ -369,7 +383,8 @@ static int open_run(struct run *r)
 		fprintf(stderr, "hybctl profile: note: %s's FFN is ReLU-family and sparse as it is: "
 			"--sparsity is ignored, its natural sparsity is profiled\n", r->o.model);
 		r->o.sparsity = 0;
-	} else if (!r->o.sparsity && (m->hp.act == HYB_ACT_SILU || m->hp.act == HYB_ACT_GELU)) {
+	} else if (!r->o.sparsity && !r->o.teal &&
+		   (m->hp.act == HYB_ACT_SILU || m->hp.act == HYB_ACT_GELU)) {
 		fprintf(stderr, "hybctl profile: note: %s uses %s, whose activations are never "
 			"exactly 0 (sparsity ~0): --sparsity S calibrates thresholds that make "
 			"them sparse (docs/SPARSITY.md)\n", r->o.model,
@@ -480,6 +495,69 @@ out:
 	return rc;
 }
 
+/*
+ * TEAL calibration (TEAL §4.1): the prompts and continuations through the
+ * dense model with the probe on every projection's input; each input's
+ * threshold the quantile of its magnitudes at the target sparsity, the same
+ * target for all (the uniform allocation; docs/SPARSITY.md#teal says why).
+ * Saves the quantiles and thresholds, and prints the thresholds.
+ */
+static int teal_profile(struct run *r)
+{
+	const uint32_t L = r->m->hp.n_layer, NI = HYB_TEAL_INPUTS, NQ = HYB_SPARSITY_N_QUANTILES;
+	const double s = r->o.sparsity ? r->o.sparsity : 0.4;
+	struct hyb_calib *cal = hyb_calib_new(L * NI, 1);
+	float *q = malloc(sizeof(float) * L * NI * NQ), *thr = malloc(sizeof(float) * L * NI);
+	struct hyb_gguf_writer *w = NULL;
+	int rc = -1;
+
+	if (!cal || !q || !thr) {
+		fprintf(stderr, "hybctl profile: out of memory\n");
+		goto out;
+	}
+	hyb_ctx_set_input_probe(r->ctx, hyb_calib_input_probe, cal);
+	if (generate_all(r, true))
+		goto out;
+	hyb_ctx_set_input_probe(r->ctx, NULL, NULL);
+	if (hyb_calib_quantiles(cal, q)) {
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
+		goto out;
+	}
+	for (uint32_t i = 0; i < L * NI; i++)
+		thr[i] = hyb_sparsity_quantile_at(q + (size_t)i * NQ, s);
+	printf("TEAL thresholds for sparsity %.2f (|input| at or below counts as 0):\n", s);
+	printf("layer %10s %10s %10s %10s\n", hyb_teal_input_name(0), hyb_teal_input_name(1),
+	       hyb_teal_input_name(2), hyb_teal_input_name(3));
+	for (uint32_t l = 0; l < L; l++)
+		printf("%5u %10.4g %10.4g %10.4g %10.4g\n", l, (double)thr[l * NI],
+		       (double)thr[l * NI + 1], (double)thr[l * NI + 2], (double)thr[l * NI + 3]);
+	rc = 0;
+	if (!r->o.out)
+		goto out;
+	w = hyb_gguf_writer_new();
+	if (!w) {
+		fprintf(stderr, "hybctl profile: out of memory\n");
+		rc = -1;
+		goto out;
+	}
+	hyb_gguf_set_u32(w, "hyb.profile.version", 1);
+	hyb_gguf_set_u32(w, "hyb.profile.n_layer", L);
+	hyb_gguf_set_str(w, HYB_SPARSITY_KEY_MODE, HYB_SPARSITY_MODE_TEAL);
+	hyb_gguf_set_f32(w, HYB_SPARSITY_KEY_TARGET, (float)s);
+	hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32, thr, (uint64_t)L * NI);
+	hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32, q,
+			 (uint64_t)L * NI * NQ);
+	rc = hyb_gguf_writer_write_file(w, r->o.out);
+	if (rc)
+		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
+out:
+	hyb_gguf_writer_free(w);
+	hyb_calib_free(cal);
+	free(q);
+	free(thr);
+	return rc ? -1 : 0;
+}
+
 static void close_run(struct run *r)
 {
 	hyb_profile_collector_free(r->col);
@@ -521,6 +599,10 @@ int cmd_profile(int argc, char **argv)
 					       .temp = r.o.temp, .json = r.o.json };
 
 		rc = profile_moe(r.m, &mo, r.ids, r.n_ids, r.n_prompts);
+		goto out;
+	}
+	if (r.o.teal) {
+		rc = teal_profile(&r) ? 1 : 0;
 		goto out;
 	}
 	t0 = hyb_now();

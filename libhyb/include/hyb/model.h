@@ -237,6 +237,9 @@ struct hyb_model {
 	 * context starts with them. ffn_sparsity: the target they were set for. */
 	float *ffn_thr;
 	float ffn_sparsity;
+	/* TEAL's transposed weights (libhyb/sparse/teal.h), made when a context
+	 * first decodes with TEAL thresholds; NULL until then. */
+	struct hyb_teal *teal;
 	/* Huge-page copy of the file the weights point into (NULL: the file's mmap). */
 	void *image;
 	uint64_t image_len;
@@ -480,6 +483,41 @@ void hyb_ctx_set_ffn_probe_gate(struct hyb_ctx *c, bool on);
 int hyb_ctx_set_ffn_thresholds(struct hyb_ctx *c, const float *thr);
 /* The thresholds in use (n_layer values), or NULL. */
 const float *hyb_ctx_ffn_thresholds(const struct hyb_ctx *c);
+
+/*
+ * TEAL thresholds (hyb/sparsity.h): thr[n_layer * HYB_TEAL_INPUTS], layer
+ * l's input i at thr[l * HYB_TEAL_INPUTS + i] (copied; NULL: none). Every
+ * projection input x then counts as 0 where |x| <= its threshold, in the
+ * prompt and in decoding. A one-token step computes the projections on
+ * their transposed layout (made on the first call, once per model: the
+ * weights' size again in memory), reading only the rows of inputs above
+ * the threshold. -EINVAL: a mixture-of-experts, latent-attention, plan,
+ * PowerInfer or ReLU-family model, a weight type the layout does not take
+ * (F32, F16, Q8_0 and Q4_0 it does), a negative or non-finite threshold;
+ * -ENOMEM. Not with CATS thresholds or a hybrid context.
+ */
+int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr);
+/* The thresholds in use (n_layer * HYB_TEAL_INPUTS values), or NULL. */
+const float *hyb_ctx_teal_thresholds(const struct hyb_ctx *c);
+/* What one-token steps on the transposed layout read, since the last reset. */
+struct hyb_teal_stats {
+	uint64_t inputs;      /* projection inputs seen */
+	uint64_t active;      /* ... above their thresholds: rows read */
+	uint64_t bytes;       /* bytes of those rows */
+	uint64_t dense_bytes; /* what the same projections read dense */
+};
+void hyb_ctx_teal_stats(const struct hyb_ctx *c, struct hyb_teal_stats *out);
+void hyb_ctx_teal_stats_reset(struct hyb_ctx *c);
+
+/*
+ * Calibration of TEAL (hybctl profile --teal): fn sees the input of every
+ * projection group (enum hyb_teal_input) of every layer before any
+ * threshold, n rows of ne values; NULL removes it. While set, every row of
+ * a batch goes through every layer, as with the FFN probe.
+ */
+typedef void (*hyb_input_probe_fn)(void *user, uint32_t layer, uint32_t input, uint32_t n,
+				   const float *x, uint32_t ne);
+void hyb_ctx_set_input_probe(struct hyb_ctx *c, hyb_input_probe_fn fn, void *user);
 
 /*
  * Box mode (docs/BOX.md): a model hybd has

@@ -147,11 +147,17 @@ void hyb_profile_collector_free(struct hyb_profile_collector *c);
  * (hyb_ctx_set_ffn_probe_gate), run the calibration text, then read each
  * layer's quantiles of |act(gate)| into q[n_layer * HYB_SPARSITY_N_QUANTILES]
  * (-ENODATA when a layer saw nothing).
+ *
+ * TEAL calibration: a calibrator of n_layer * HYB_TEAL_INPUTS slots (n_ff
+ * unused but > 0) with hyb_calib_input_probe as the context's input probe
+ * (hyb_ctx_set_input_probe); the quantiles come out per slot, layer-major.
  */
 struct hyb_calib;
 struct hyb_calib *hyb_calib_new(uint32_t n_layer, uint32_t n_ff);
 void hyb_calib_probe(void *user, uint32_t layer, uint32_t pos0, uint32_t n, const float *x_attn,
 		     const float *act);
+void hyb_calib_input_probe(void *user, uint32_t layer, uint32_t input, uint32_t n, const float *x,
+			   uint32_t ne);
 int hyb_calib_quantiles(const struct hyb_calib *c, float *q);
 void hyb_calib_free(struct hyb_calib *c);
 

@@ -17,6 +17,16 @@
  * made from it holds the first three, and a model with them (hyb_model
  * .ffn_thr) runs every context with them.
  *
+ * TEAL (Liu et al., "Training-Free Activation Sparsity in Large Language
+ * Models", ICLR 2025; docs/SPARSITY.md#teal) thresholds the *input* of every
+ * projection instead: x_i counts as 0 when |x_i| <= t, so the weight
+ * column x_i multiplies is not read. Four inputs per layer (enum
+ * hyb_teal_input), each with its threshold; a TEAL profile holds
+ *   hyb.sparsity.mode       str        "teal"
+ *   hyb.sparsity.target     f32
+ *   hyb.sparsity.threshold  f32[n_layer * 4]        (layer-major)
+ *   hyb.sparsity.quantiles  f32[n_layer * 4 * 101]  of |input|
+ *
  * Failures return a negative errno with the message in hyb_last_error().
  */
 #ifndef HYB_SPARSITY_H
@@ -31,6 +41,7 @@
 #define HYB_SPARSITY_KEY_THRESHOLD "hyb.sparsity.threshold"
 #define HYB_SPARSITY_KEY_QUANTILES "hyb.sparsity.quantiles"
 #define HYB_SPARSITY_MODE_CATS "cats"
+#define HYB_SPARSITY_MODE_TEAL "teal"
 #define HYB_SPARSITY_N_QUANTILES 101
 
 /* The value at fraction s (0..1) of a layer's quantile table, interpolated linearly. */
@@ -44,5 +55,27 @@ float hyb_sparsity_quantile_at(const float *q, double s);
  * reader's errno.
  */
 int hyb_sparsity_thresholds(const char *path, double s, float *thr, uint32_t n_layer);
+
+/*
+ * The projection inputs TEAL thresholds, per layer: one threshold for the
+ * projections that share an input (docs/SPARSITY.md#teal says why).
+ */
+enum hyb_teal_input {
+	HYB_TEAL_QKV,   /* attn_norm(x): Q, K and V */
+	HYB_TEAL_O,     /* the attention's output: O */
+	HYB_TEAL_GU,    /* ffn_norm(x): gate and up */
+	HYB_TEAL_DOWN,  /* act(gate) * up: down */
+	HYB_TEAL_INPUTS
+};
+
+/* The name of an input ("qkv", "o", "gate_up", "down"). */
+const char *hyb_teal_input_name(uint32_t input);
+
+/*
+ * TEAL thresholds thr[n_layer * HYB_TEAL_INPUTS] for sparsity s in (0, 1)
+ * from a TEAL profile's quantiles (s == 0: its own thresholds). The same
+ * errors as hyb_sparsity_thresholds, and -EINVAL for a CATS profile.
+ */
+int hyb_sparsity_teal_thresholds(const char *path, double s, float *thr, uint32_t n_layer);
 
 #endif
