@@ -453,9 +453,14 @@ int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
 					     "%g: must be finite and >= 0", i / HYB_TEAL_INPUTS,
 					     hyb_teal_input_name((uint32_t)(i % HYB_TEAL_INPUTS)),
 					     (double)thr[i]);
-	if (!c->teal) {
+	/* the transposed layout where the weights can have it (made once per
+	 * model, here rather than in the first decode step that needs it) */
+	if (!c->teal && !hyb_teal_layout_check(c->m)) {
 		const uint32_t ni = hyb_teal_max_in(c->m), no = hyb_teal_max_out(c->m);
 
+		free(c->teal_idx);
+		free(c->teal_val);
+		free(c->teal_y);
 		c->teal_idx = malloc(sizeof(uint32_t) * ni);
 		c->teal_val = malloc(sizeof(float) * ni);
 		c->teal_y = malloc(sizeof(float) * no);

@@ -675,6 +675,92 @@ static int pass(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, const uint
 	return 0;
 }
 
+/* ---- single blocks, for calibration (TEAL's allocation) ------------------ */
+
+/* Layer l's attention and FFN over the n rows of c->x, one sequence from position 0. */
+static int block(struct hyb_ctx *c, uint32_t l, uint32_t n)
+{
+	char err[256] = "";
+	int rc;
+
+	c->n_past = 0;
+	layer_attention(c, l, n);
+	rc = layer_ffn(c, l, c->x, n, n, err, sizeof(err));
+	if (rc)
+		return hyb_error_set(rc == -1 ? -EIO : rc, "%s", err);
+	return 0;
+}
+
+static int block_check(const struct hyb_ctx *c, uint32_t n)
+{
+	if (!n || n > c->n_batch || n > c->n_ctx)
+		return hyb_error_set(-EINVAL, "%u tokens: a block takes 1 to %u", n,
+				     c->n_batch < c->n_ctx ? c->n_batch : c->n_ctx);
+	if (c->hybrid || c->runs || c->m->hp.n_expert || c->m->group_size || c->m->powerinfer ||
+	    c->m->stream)
+		return hyb_error_set(-EINVAL, "blocks are evaluated on a plain dense model's "
+				     "CPU context");
+	return 0;
+}
+
+int hyb_ctx_block_inputs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *x)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const size_t rows = (size_t)n * hp->n_embd;
+	float *saved = c->teal_thr;
+	int rc = block_check(c, n);
+
+	for (uint32_t i = 0; !rc && i < n; i++)
+		if (tokens[i] < 0 || (uint32_t)tokens[i] >= hp->n_vocab)
+			rc = hyb_error_set(-EINVAL, "token id %d out of range [0, %u)", tokens[i],
+					   hp->n_vocab);
+	if (rc)
+		return rc;
+	c->teal_thr = NULL; /* the dense model's states */
+	hyb_fwd_embed(c, tokens, n);
+	for (uint32_t l = 0; l < hp->n_layer && !rc; l++) {
+		memcpy(x + l * rows, c->x, sizeof(float) * rows);
+		rc = block(c, l, n);
+	}
+	if (!rc)
+		memcpy(x + hp->n_layer * rows, c->x, sizeof(float) * rows);
+	c->teal_thr = saved;
+	c->n_past = 0;
+	return rc;
+}
+
+int hyb_ctx_eval_block(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t n,
+		       const float *teal_thr, float *out)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const size_t rows = (size_t)n * hp->n_embd;
+	float *saved = c->teal_thr, *thr = NULL;
+	int rc = block_check(c, n);
+
+	if (!rc && l >= hp->n_layer)
+		rc = hyb_error_set(-EINVAL, "layer %u of %u", l, hp->n_layer);
+	if (!rc && teal_thr) {
+		rc = hyb_teal_check(c->m);
+		thr = rc ? NULL : calloc((size_t)hp->n_layer * HYB_TEAL_INPUTS, sizeof(float));
+		if (!rc && !thr)
+			rc = hyb_error_set(-ENOMEM, "out of memory");
+		if (thr)
+			memcpy(thr + (size_t)l * HYB_TEAL_INPUTS, teal_thr,
+			       sizeof(float) * HYB_TEAL_INPUTS);
+	}
+	if (rc)
+		return rc;
+	c->teal_thr = thr;
+	memcpy(c->x, x, sizeof(float) * rows);
+	rc = block(c, l, n);
+	if (!rc)
+		memcpy(out, c->x, sizeof(float) * rows);
+	c->teal_thr = saved;
+	c->n_past = 0;
+	free(thr);
+	return rc;
+}
+
 static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		      bool all_logits, char *err, size_t errlen)
 {

@@ -33,6 +33,54 @@ const char *hyb_teal_input_name(uint32_t input)
 }
 
 /*
+ * A TEAL profile's allocation table (HYB_SPARSITY_KEY_TEAL_ALLOC), checked;
+ * *alloc NULL when it has none (uniform).
+ */
+static int teal_alloc(const struct hyb_gguf_file *f, const char *path, double s, uint32_t n_layer,
+		      const float **alloc)
+{
+	const uint64_t n = (uint64_t)n_layer * HYB_TEAL_LEVELS * HYB_TEAL_INPUTS;
+	const struct hyb_gguf_kv *kv = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_TEAL_ALLOC,
+							HYB_GGUF_VT_FLOAT32);
+	const double top = (HYB_TEAL_LEVELS - 1) * HYB_TEAL_STEP;
+
+	*alloc = NULL;
+	if (!hyb_gguf_find(f, HYB_SPARSITY_KEY_TEAL_ALLOC))
+		return 0;
+	if (!kv || kv->v.arr.n != n)
+		return hyb_error_set(-EINVAL, "%s: %s must be %llu f32 values", path,
+				     HYB_SPARSITY_KEY_TEAL_ALLOC, (unsigned long long)n);
+	for (uint64_t i = 0; i < n; i++) {
+		const float a = ((const float *)kv->v.arr.data)[i];
+
+		if (!(a >= 0 && a < 1))
+			return hyb_error_set(-EINVAL, "%s: allocation %g of layer %llu is outside "
+					     "[0, 1)", path, (double)a,
+					     (unsigned long long)(i / (HYB_TEAL_LEVELS *
+								       HYB_TEAL_INPUTS)));
+	}
+	if (s > top + 1e-9)
+		return hyb_error_set(-EINVAL, "%s allocates sparsity up to %.2f, not %g", path, top,
+				     s);
+	*alloc = kv->v.arr.data;
+	return 0;
+}
+
+double hyb_teal_alloc_at(const float *alloc, uint32_t layer, uint32_t input, double s)
+{
+	const float *a = alloc + (size_t)layer * HYB_TEAL_LEVELS * HYB_TEAL_INPUTS + input;
+	const double pos = s / HYB_TEAL_STEP;
+	int k = (int)floor(pos);
+
+	if (k < 0)
+		return 0;
+	if (k >= HYB_TEAL_LEVELS - 1)
+		return a[(HYB_TEAL_LEVELS - 1) * HYB_TEAL_INPUTS];
+	return a[k * HYB_TEAL_INPUTS] +
+	       (pos - k) * (a[(k + 1) * HYB_TEAL_INPUTS] - a[k * HYB_TEAL_INPUTS]);
+}
+
+/*
  * thr[n_layer * per_layer] of a profile made in `mode`: its own (s == 0) or
  * from its quantiles at s. A file of the other mode is refused by name.
  */
@@ -91,9 +139,19 @@ static int thresholds(const char *path, const char *mode, double s, float *thr,
 				   "profile of another model", path,
 				   (unsigned long long)(kv->v.arr.n / NQ / per_layer), n_layer);
 	} else {
+		const float *alloc = NULL;
+
+		if (per_layer == HYB_TEAL_INPUTS) {
+			rc = teal_alloc(f, path, s, n_layer, &alloc);
+			if (rc)
+				goto out;
+		}
 		for (uint64_t i = 0; i < n && !rc; i++) {
 			memcpy(q, (const float *)kv->v.arr.data + i * NQ, sizeof(q));
-			thr[i] = hyb_sparsity_quantile_at(q, s);
+			thr[i] = hyb_sparsity_quantile_at(
+				q, alloc ? hyb_teal_alloc_at(alloc, (uint32_t)(i / per_layer),
+							     (uint32_t)(i % per_layer), s)
+					 : s);
 			if (!(thr[i] >= 0) || !isfinite(thr[i]))
 				rc = hyb_error_set(-EINVAL, "%s: layer %llu's quantiles are not "
 						   "finite magnitudes", path,

@@ -61,7 +61,14 @@ int hyb_teal_check(const struct hyb_model *m)
 	if (hp->act != HYB_ACT_SILU && hp->act != HYB_ACT_GELU)
 		return hyb_error_set(-EINVAL, "TEAL thresholds are for SiLU and GELU models; this "
 				     "model's FFN is ReLU-family, sparse as it is");
-	for (uint32_t l = 0; l < hp->n_layer; l++)
+	return 0;
+}
+
+int hyb_teal_layout_check(const struct hyb_model *m)
+{
+	int rc = hyb_teal_check(m);
+
+	for (uint32_t l = 0; !rc && l < m->hp.n_layer; l++)
 		for (uint32_t in = 0; in < HYB_TEAL_INPUTS; in++) {
 			const struct hyb_weight *w[3];
 			const int nw = sources(&m->layers[l], in, w);
@@ -85,7 +92,7 @@ int hyb_teal_check(const struct hyb_model *m)
 							     hyb_type_name(w[i]->type), TILE);
 			}
 		}
-	return 0;
+	return rc;
 }
 
 static uint32_t mat_out(const struct hyb_layer *L, uint32_t in)
@@ -269,7 +276,7 @@ const struct hyb_teal *hyb_teal_layout(const struct hyb_model *m, struct hyb_thr
 	struct hyb_model *mm = (struct hyb_model *)m;
 	struct hyb_teal *t;
 
-	if (hyb_teal_check(m))
+	if (hyb_teal_layout_check(m))
 		return NULL;
 	pthread_mutex_lock(&layout_lock);
 	if (!mm->teal)

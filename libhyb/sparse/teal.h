@@ -42,7 +42,7 @@ struct hyb_teal {
 const struct hyb_teal *hyb_teal_layout(const struct hyb_model *m, struct hyb_threadpool *pool);
 void hyb_teal_free(struct hyb_teal *t);
 
-/* Whether the model could have one; -EINVAL with the reason when not. */
+/* Whether TEAL thresholds apply to the model; -EINVAL with the reason when not. */
 int hyb_teal_check(const struct hyb_model *m);
 
 /* The largest n_in and n_out of the model's projections (scratch sizes). */

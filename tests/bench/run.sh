@@ -45,4 +45,6 @@ bash tests/bench/serve.sh
 bash tests/bench/sparse.sh
 echo "== CATS activation sparsity on real weights: quality and speed =="
 bash tests/bench/sparsity.sh "${REPS:-5}"
+echo "== TEAL input sparsity on real weights: quality and speed =="
+bash tests/bench/teal.sh "${REPS:-5}"
 bash tests/bench/hybrid.sh

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cpu_kernels.h"
+#include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "hyb/sparsity.h"
 #include "hyb/tensor_type.h"
@@ -367,6 +368,36 @@ TEST(teal_bad_input)
 	CHECK(strstr(hyb_last_error(), "ReLU-family"));
 	hyb_ctx_free(c);
 	hyb_model_free(m);
+	/* a weight type without the transposed layout: the thresholds still apply, dense */
+	{
+		char q5[600];
+		float l1[512], l2[512];
+		int32_t tk[4] = { 5, 9, 33, 7 };
+		struct hyb_ctx *c2;
+		struct hyb_teal_stats st;
+
+		snprintf(q5, sizeof(q5), "%s/q5.gguf", hyb_test_tmpdir());
+		CHECK(!hyb_test_sh(log, "%s synth -o %s --hidden 128 --ffn 512 --layers 3 "
+				   "--heads 4 --vocab 512 --act silu --type Q5_0 -t 1",
+				   hyb_test_hybctl(), q5));
+		m = hyb_model_load(q5);
+		CHECK(m && m->hp.n_vocab == 512);
+		CHECK(hyb_teal_layout_check(m) == -EINVAL);
+		CHECK(strstr(hyb_last_error(), "Q5_0"));
+		c = hyb_test_ctx(m, HYB_FFN_AUTO);
+		c2 = hyb_test_ctx(m, HYB_FFN_AUTO);
+		for (int i = 0; i < 3 * HYB_TEAL_INPUTS; i++)
+			thr[i] = 0.05f;
+		CHECK_MSG(!hyb_ctx_set_teal_thresholds(c, thr), "%s", hyb_last_error());
+		CHECK(!hyb_ctx_eval(c, tk, 3, l1, false) && !hyb_ctx_eval(c, tk + 3, 1, l1, false));
+		CHECK(!hyb_ctx_eval(c2, tk, 3, l2, false) && !hyb_ctx_eval(c2, tk + 3, 1, l2, false));
+		CHECK(memcmp(l1, l2, sizeof(l1))); /* masked: not the dense logits */
+		hyb_ctx_teal_stats(c, &st);
+		CHECK(st.inputs == 0); /* and no transposed layout */
+		hyb_ctx_free(c);
+		hyb_ctx_free(c2);
+		hyb_model_free(m);
+	}
 	/* a plan needs no TEAL profile */
 	CHECK(hyb_test_sh(log, "%s plan %s --profile %s --gpu-budget 64M -o %s/x.gguf",
 			  hyb_test_hybctl(), model, prof, hyb_test_tmpdir()) != 0);
@@ -380,4 +411,113 @@ TEST(teal_bad_input)
 	CHECK(!hyb_test_sh(glog, "grep -q 'not teal' %s", log));
 	CHECK(!hyb_test_sh(log, "%s/hyb run -m %s -p hi -n 4 --teal %s --sparsity 0.3", bin(),
 			   model, prof));
+}
+
+/*
+ * Single blocks for calibration: a layer evaluated alone on the dense
+ * inputs gives the next layer's dense input, bit for bit; thresholds change
+ * it; bad calls are refused.
+ */
+TEST(teal_block_eval_chains)
+{
+	enum { N = 12 };
+	char model[512], prof[512];
+	struct hyb_model *m;
+	struct hyb_ctx *c;
+	int32_t tk[N];
+	float *x, *out, thr[HYB_TEAL_INPUTS] = { 0.05f, 0.05f, 0.05f, 0.05f };
+
+	make_model("F16", model, prof, sizeof(model));
+	m = hyb_model_load(model);
+	CHECK(m);
+	c = hyb_test_ctx(m, HYB_FFN_AUTO);
+	const size_t rows = (size_t)N * m->hp.n_embd;
+
+	x = malloc(sizeof(float) * (m->hp.n_layer + 1) * rows);
+	out = malloc(sizeof(float) * rows);
+	CHECK(x && out);
+	for (int i = 0; i < N; i++)
+		tk[i] = 3 + 37 * i;
+	CHECK_MSG(!hyb_ctx_block_inputs(c, tk, N, x), "%s", hyb_last_error());
+	for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+		CHECK(!hyb_ctx_eval_block(c, l, x + l * rows, N, NULL, out));
+		CHECK_MSG(!memcmp(out, x + (l + 1) * rows, sizeof(float) * rows), "layer %u", l);
+		CHECK(!hyb_ctx_eval_block(c, l, x + l * rows, N, thr, out));
+		CHECK(memcmp(out, x + (l + 1) * rows, sizeof(float) * rows));
+	}
+	CHECK(hyb_ctx_eval_block(c, m->hp.n_layer, x, N, NULL, out) == -EINVAL);
+	CHECK(hyb_ctx_eval_block(c, 0, x, 0, NULL, out) == -EINVAL);
+	tk[3] = -1;
+	CHECK(hyb_ctx_block_inputs(c, tk, N, x) == -EINVAL);
+	free(x);
+	free(out);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
+
+/*
+ * TEAL's greedy allocation: every layer's weighted sparsity is the level's,
+ * each input within [0, 0.95]; thresholds follow the allocation; a sparsity
+ * past the last level is refused.
+ */
+TEST(teal_greedy_allocation)
+{
+	char model[512], prof[512], greedy[600], log[600];
+	struct hyb_model *m;
+	struct hyb_gguf_file *f;
+	const struct hyb_gguf_kv *a, *q;
+	float thr[3 * HYB_TEAL_INPUTS];
+
+	make_model("F16", model, prof, sizeof(model));
+	snprintf(greedy, sizeof(greedy), "%s/greedy.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/greedy.log", hyb_test_tmpdir());
+	if (hyb_test_sh(log, "%s profile %s --teal --greedy --alloc-tokens 48 --sparsity 0.5 "
+			"--gen 24 -t 1 -o %s", hyb_test_hybctl(), model, greedy)) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "hybctl profile --teal --greedy failed");
+	}
+	m = hyb_model_load(model);
+	CHECK(m);
+	CHECK(!hyb_gguf_open(greedy, &f));
+	a = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_TEAL_ALLOC, HYB_GGUF_VT_FLOAT32);
+	q = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32);
+	CHECK(a && q && a->v.arr.n == 3ull * HYB_TEAL_LEVELS * HYB_TEAL_INPUTS);
+	for (uint32_t l = 0; l < 3; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+		const double p[4] = {
+			(double)L->wq.ne0 * (L->wq.ne1 + L->wk.ne1 + L->wv.ne1),
+			(double)L->wo.ne0 * L->wo.ne1,
+			(double)L->gate.ne0 * (L->gate.ne1 + L->up.ne1),
+			(double)L->down.ne0 * L->down.ne1,
+		};
+		const double tot = p[0] + p[1] + p[2] + p[3];
+		bool uneven = false;
+
+		for (int k = 0; k < HYB_TEAL_LEVELS; k++) {
+			const float *v = (const float *)a->v.arr.data +
+					 ((size_t)l * HYB_TEAL_LEVELS + k) * HYB_TEAL_INPUTS;
+			double w = 0;
+
+			for (int i = 0; i < HYB_TEAL_INPUTS; i++) {
+				CHECK(v[i] >= 0 && v[i] <= 0.95f + 1e-6f);
+				w += p[i] * v[i] / tot;
+				uneven |= fabsf(v[i] - v[0]) > 1e-3f;
+			}
+			CHECK_MSG(fabs(w - k * HYB_TEAL_STEP) < 1e-4, "layer %u level %d: %g", l, k, w);
+		}
+		CHECK(uneven); /* a search, not the uniform split */
+	}
+	/* thresholds: each input's quantile at its allocated sparsity */
+	CHECK(!hyb_sparsity_teal_thresholds(greedy, 0.3, thr, 3));
+	for (uint32_t i = 0; i < 3 * HYB_TEAL_INPUTS; i++) {
+		const float *qq = (const float *)q->v.arr.data + (size_t)i * HYB_SPARSITY_N_QUANTILES;
+		const double s = hyb_teal_alloc_at(a->v.arr.data, i / HYB_TEAL_INPUTS,
+						   i % HYB_TEAL_INPUTS, 0.3);
+
+		CHECK_NEAR(thr[i], hyb_sparsity_quantile_at(qq, s), 1e-6 * (thr[i] + 1e-6));
+	}
+	CHECK(hyb_sparsity_teal_thresholds(greedy, 0.85, thr, 3) == -EINVAL);
+	CHECK(strstr(hyb_last_error(), "up to 0.80"));
+	hyb_gguf_close(f);
+	hyb_model_free(m);
 }

@@ -224,6 +224,9 @@ static void apply_teal(struct hyb_ctx *c, const struct hyb_model *m, const struc
 	    hyb_ctx_set_teal_thresholds(c, thr))
 		cli_die("--teal %s: %s", o->teal, hyb_last_error());
 	free(thr);
+	if (hyb_teal_layout_check(m))
+		fprintf(stderr, "hyb: note: --teal: %s: the thresholds apply, the speed does not\n",
+			hyb_last_error());
 }
 
 struct hyb_model *cli_load_model(const struct cli_opts *o)

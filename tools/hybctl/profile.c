@@ -35,7 +35,7 @@
 static const char usage[] =
 	"usage: hybctl profile MODEL [-o PROFILE.gguf] [--prompts FILE] [--gen N]\n"
 	"                      [--samples N] [-t N] [--seed N] [--temp T] [--json]\n"
-	"                      [--sparsity S] [--teal]\n"
+	"                      [--sparsity S] [--teal [--greedy] [--alloc-tokens N]]\n"
 	"  -o FILE        save the profile (GGUF, read by hybctl plan)\n"
 	"  --sparsity S   SiLU/GELU models: calibrate CATS thresholds for sparsity S\n"
 	"                 in (0, 1) on the prompts, then profile with them\n"
@@ -43,6 +43,10 @@ static const char usage[] =
 	"  --teal         SiLU/GELU models: calibrate TEAL instead, the magnitudes of\n"
 	"                 every projection's input; -o saves their quantiles and the\n"
 	"                 thresholds for --sparsity S (default 0.4) for hyb --teal\n"
+	"  --greedy       with --teal: share each layer's sparsity among its inputs\n"
+	"                 by TEAL's greedy search instead of evenly (docs/SPARSITY.md)\n"
+	"  --alloc-tokens N  with --greedy: calibration tokens the search evaluates\n"
+	"                 layers on (default 256)\n"
 	"  --prompts FILE one prompt per line (default: 20 built-in prompts)\n"
 	"  --gen N        tokens sampled after each prompt (default 64)\n"
 	"  --samples N    tokens whose active sets and predictor inputs are kept\n"
@@ -86,7 +90,8 @@ struct opts {
 	float temp;
 	double sparsity; /* 0: none */
 	bool json;
-	bool teal;
+	bool teal, greedy;
+	uint32_t alloc_tokens;
 };
 
 static void parse(int argc, char **argv, struct opts *o)
@@ -94,7 +99,8 @@ static void parse(int argc, char **argv, struct opts *o)
 	static const struct option opts[] = {
 		{ "prompts", 1, 0, 'p' }, { "gen", 1, 0, 'g' }, { "samples", 1, 0, 'S' },
 		{ "seed", 1, 0, 's' }, { "temp", 1, 0, 'T' }, { "json", 0, 0, 'j' },
-		{ "sparsity", 1, 0, 'y' }, { "teal", 0, 0, 'E' }, { "help", 0, 0, 'h' },
+		{ "sparsity", 1, 0, 'y' }, { "teal", 0, 0, 'E' }, { "greedy", 0, 0, 'U' },
+		{ "alloc-tokens", 1, 0, 'A' }, { "help", 0, 0, 'h' },
 		{ 0, 0, 0, 0 },
 	};
 	int c;
@@ -121,6 +127,10 @@ static void parse(int argc, char **argv, struct opts *o)
 		}
 		case 'j': o->json = true; break;
 		case 'E': o->teal = true; break;
+		case 'U': o->greedy = true; break;
+		case 'A':
+			o->alloc_tokens = ctl_u32("profile", "--alloc-tokens", optarg, 1, 1 << 20);
+			break;
 		case 'y': {
 			char *end;
 
@@ -318,7 +328,19 @@ struct run {
 	struct hyb_profile_collector *col;
 	float *thr, *quant; /* CATS: thresholds [n_layer], quantiles [n_layer][101] */
 	bool moe;           /* a mixture of experts: profile_moe.c profiles it */
+	/* TEAL: each prompt with its sampled continuation, for the allocation */
+	int32_t **seq;
+	uint32_t *seq_len, cur;
 };
+
+/* hyb_generate's callback: the token joins the current sequence. */
+static int keep_token(void *arg, int32_t tok)
+{
+	struct run *r = arg;
+
+	r->seq[r->cur][r->seq_len[r->cur]++] = tok;
+	return 0;
+}
 
 /* Every prompt as token ids; the longest sets the context. 0 or -1 (said on stderr). */
 static int tokenize_prompts(struct run *r)
@@ -442,8 +464,13 @@ static int generate_all(struct run *r, bool calib)
 		if (!calib)
 			hyb_profile_collector_begin_seq(r->col, (r->o.samples + r->n_prompts - 1) /
 							r->n_prompts);
-		rc = hyb_generate(r->ctx, r->m, s, r->ids[i], (uint32_t)r->n_ids[i], r->o.gen, NULL,
-				  NULL, &st);
+		if (r->seq) { /* the prompt, then what is generated after it */
+			r->cur = i;
+			memcpy(r->seq[i], r->ids[i], sizeof(int32_t) * (size_t)r->n_ids[i]);
+			r->seq_len[i] = (uint32_t)r->n_ids[i];
+		}
+		rc = hyb_generate(r->ctx, r->m, s, r->ids[i], (uint32_t)r->n_ids[i], r->o.gen,
+				  r->seq ? keep_token : NULL, r, &st);
 		hyb_sampler_free(s);
 		if (rc) {
 			fprintf(stderr, "hybctl profile: prompt %u: %s\n", i + 1, hyb_last_error());
@@ -497,10 +524,11 @@ out:
 
 /*
  * TEAL calibration (TEAL §4.1): the prompts and continuations through the
- * dense model with the probe on every projection's input; each input's
- * threshold the quantile of its magnitudes at the target sparsity, the same
- * target for all (the uniform allocation; docs/SPARSITY.md#teal says why).
- * Saves the quantiles and thresholds, and prints the thresholds.
+ * dense model with the probe on every projection's input; an input's
+ * threshold is the quantile of its magnitudes at its sparsity: the model's
+ * (uniform), or with --greedy from TEAL's greedy allocation (§4.2,
+ * teal_alloc.c) on the first --alloc-tokens of those sequences.
+ * Saves quantiles, allocation and the thresholds at --sparsity; prints them.
  */
 static int teal_profile(struct run *r)
 {
@@ -508,13 +536,23 @@ static int teal_profile(struct run *r)
 	const double s = r->o.sparsity ? r->o.sparsity : 0.4;
 	struct hyb_calib *cal = hyb_calib_new(L * NI, 1);
 	float *q = malloc(sizeof(float) * L * NI * NQ), *thr = malloc(sizeof(float) * L * NI);
+	float *alloc = !r->o.greedy ? NULL
+				    : malloc(sizeof(float) * L * HYB_TEAL_LEVELS * NI);
 	struct hyb_gguf_writer *w = NULL;
+	uint32_t n_seq = 0, left = r->o.alloc_tokens, *lens = NULL;
+	const int32_t **seqs = NULL;
 	int rc = -1;
 
-	if (!cal || !q || !thr) {
-		fprintf(stderr, "hybctl profile: out of memory\n");
-		goto out;
-	}
+	r->seq = calloc(r->n_prompts, sizeof(*r->seq));
+	r->seq_len = calloc(r->n_prompts, sizeof(*r->seq_len));
+	lens = calloc(r->n_prompts, sizeof(*lens));
+	seqs = calloc(r->n_prompts, sizeof(*seqs));
+	if (!cal || !q || !thr || (r->o.greedy && !alloc) || !r->seq || !r->seq_len || !lens ||
+	    !seqs)
+		goto nomem;
+	for (uint32_t i = 0; i < r->n_prompts; i++)
+		if (!(r->seq[i] = malloc(sizeof(int32_t) * ((size_t)r->n_ids[i] + r->o.gen))))
+			goto nomem;
 	hyb_ctx_set_input_probe(r->ctx, hyb_calib_input_probe, cal);
 	if (generate_all(r, true))
 		goto out;
@@ -523,23 +561,48 @@ static int teal_profile(struct run *r)
 		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
 		goto out;
 	}
+	if (alloc) {
+		const double t0 = hyb_now();
+		uint32_t used = 0;
+
+		/* whole sequences (each within a pass) until --alloc-tokens */
+		for (uint32_t i = 0; i < r->n_prompts && left; i++) {
+			uint32_t n = r->seq_len[i] < 512 ? r->seq_len[i] : 512;
+
+			n = n < left ? n : left;
+			seqs[n_seq] = r->seq[i];
+			lens[n_seq++] = n;
+			left -= n;
+			used += n;
+		}
+		if (hyb_teal_allocate(r->ctx, r->m, seqs, lens, n_seq, q, alloc)) {
+			fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
+			goto out;
+		}
+		fprintf(stderr, "hybctl profile: TEAL's greedy allocation on %u tokens in %.1f s\n",
+			used, hyb_now() - t0);
+	}
 	for (uint32_t i = 0; i < L * NI; i++)
-		thr[i] = hyb_sparsity_quantile_at(q + (size_t)i * NQ, s);
-	printf("TEAL thresholds for sparsity %.2f (|input| at or below counts as 0):\n", s);
-	printf("layer %10s %10s %10s %10s\n", hyb_teal_input_name(0), hyb_teal_input_name(1),
-	       hyb_teal_input_name(2), hyb_teal_input_name(3));
-	for (uint32_t l = 0; l < L; l++)
-		printf("%5u %10.4g %10.4g %10.4g %10.4g\n", l, (double)thr[l * NI],
-		       (double)thr[l * NI + 1], (double)thr[l * NI + 2], (double)thr[l * NI + 3]);
+		thr[i] = hyb_sparsity_quantile_at(q + (size_t)i * NQ,
+						  alloc ? hyb_teal_alloc_at(alloc, i / NI, i % NI, s)
+							: s);
+	printf("TEAL at sparsity %.2f (%s): |input| at or below the threshold counts as 0\n", s,
+	       alloc ? "greedy allocation, TEAL 4.2" : "uniform");
+	printf("layer %16s %16s %16s %16s   (sparsity threshold)\n", hyb_teal_input_name(0),
+	       hyb_teal_input_name(1), hyb_teal_input_name(2), hyb_teal_input_name(3));
+	for (uint32_t l = 0; l < L; l++) {
+		printf("%5u", l);
+		for (uint32_t i = 0; i < NI; i++)
+			printf("  %5.3f %9.4g", alloc ? hyb_teal_alloc_at(alloc, l, i, s) : s,
+			       (double)thr[l * NI + i]);
+		printf("\n");
+	}
 	rc = 0;
 	if (!r->o.out)
 		goto out;
 	w = hyb_gguf_writer_new();
-	if (!w) {
-		fprintf(stderr, "hybctl profile: out of memory\n");
-		rc = -1;
-		goto out;
-	}
+	if (!w)
+		goto nomem;
 	hyb_gguf_set_u32(w, "hyb.profile.version", 1);
 	hyb_gguf_set_u32(w, "hyb.profile.n_layer", L);
 	hyb_gguf_set_str(w, HYB_SPARSITY_KEY_MODE, HYB_SPARSITY_MODE_TEAL);
@@ -547,19 +610,33 @@ static int teal_profile(struct run *r)
 	hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_THRESHOLD, HYB_GGUF_VT_FLOAT32, thr, (uint64_t)L * NI);
 	hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_QUANTILES, HYB_GGUF_VT_FLOAT32, q,
 			 (uint64_t)L * NI * NQ);
+	if (alloc)
+		hyb_gguf_set_arr(w, HYB_SPARSITY_KEY_TEAL_ALLOC, HYB_GGUF_VT_FLOAT32, alloc,
+				 (uint64_t)L * HYB_TEAL_LEVELS * NI);
 	rc = hyb_gguf_writer_write_file(w, r->o.out);
 	if (rc)
 		fprintf(stderr, "hybctl profile: %s\n", hyb_last_error());
+	goto out;
+nomem:
+	fprintf(stderr, "hybctl profile: out of memory\n");
+	rc = -1;
 out:
 	hyb_gguf_writer_free(w);
 	hyb_calib_free(cal);
 	free(q);
 	free(thr);
+	free(alloc);
+	free(lens);
+	free(seqs);
 	return rc ? -1 : 0;
 }
 
 static void close_run(struct run *r)
 {
+	for (uint32_t i = 0; r->seq && i < r->n_prompts; i++)
+		free(r->seq[i]);
+	free(r->seq);
+	free(r->seq_len);
 	hyb_profile_collector_free(r->col);
 	free(r->thr);
 	free(r->quant);
@@ -578,7 +655,8 @@ static void close_run(struct run *r)
 
 int cmd_profile(int argc, char **argv)
 {
-	struct run r = { .o = { .gen = 64, .samples = 4096, .seed = 1, .temp = 0.8f },
+	struct run r = { .o = { .gen = 64, .samples = 4096, .seed = 1, .temp = 0.8f,
+				.alloc_tokens = 256 },
 			 .prompts = (char **)builtin_prompts,
 			 .n_prompts = sizeof(builtin_prompts) / sizeof(builtin_prompts[0]) };
 	struct hyb_profile *prof = NULL;

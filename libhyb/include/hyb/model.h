@@ -488,12 +488,12 @@ const float *hyb_ctx_ffn_thresholds(const struct hyb_ctx *c);
  * TEAL thresholds (hyb/sparsity.h): thr[n_layer * HYB_TEAL_INPUTS], layer
  * l's input i at thr[l * HYB_TEAL_INPUTS + i] (copied; NULL: none). Every
  * projection input x then counts as 0 where |x| <= its threshold, in the
- * prompt and in decoding. A one-token step computes the projections on
- * their transposed layout (made on the first call, once per model: the
+ * prompt and in decoding. Where the weights can have it
+ * (hyb_teal_layout_check), a one-token step computes the projections on
+ * their transposed layout (made by the first call, once per model: the
  * weights' size again in memory), reading only the rows of inputs above
  * the threshold. -EINVAL: a mixture-of-experts, latent-attention, plan,
- * PowerInfer or ReLU-family model, a weight type the layout does not take
- * (F32, F16, Q8_0 and Q4_0 it does), a negative or non-finite threshold;
+ * PowerInfer or ReLU-family model, a negative or non-finite threshold;
  * -ENOMEM. Not with CATS thresholds or a hybrid context.
  */
 int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr);
@@ -518,6 +518,20 @@ void hyb_ctx_teal_stats_reset(struct hyb_ctx *c);
 typedef void (*hyb_input_probe_fn)(void *user, uint32_t layer, uint32_t input, uint32_t n,
 				   const float *x, uint32_t ne);
 void hyb_ctx_set_input_probe(struct hyb_ctx *c, hyb_input_probe_fn fn, void *user);
+
+/*
+ * Single blocks, for calibration (TEAL's allocation, hybctl profile --teal)
+ * on a dense model's CPU context. hyb_ctx_block_inputs: n tokens (one
+ * sequence from position 0, n <= n_batch) through the dense model, x =
+ * every layer's input and the last layer's output, [n_layer + 1][n][n_embd].
+ * hyb_ctx_eval_block: layer l alone on n rows x of its input, out = its
+ * output [n][n_embd]; teal_thr: its HYB_TEAL_INPUTS input thresholds (NULL:
+ * dense). Both overwrite the KV cache: the context starts over afterwards.
+ * -EINVAL: n out of range, a bad token, a model or context of another kind.
+ */
+int hyb_ctx_block_inputs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *x);
+int hyb_ctx_eval_block(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t n,
+		       const float *teal_thr, float *out);
 
 /*
  * Box mode (docs/BOX.md): a model hybd has

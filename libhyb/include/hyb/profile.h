@@ -161,4 +161,18 @@ void hyb_calib_input_probe(void *user, uint32_t layer, uint32_t input, uint32_t 
 int hyb_calib_quantiles(const struct hyb_calib *c, float *q);
 void hyb_calib_free(struct hyb_calib *c);
 
+/*
+ * TEAL's block-wise greedy allocation (TEAL §4.2; libhyb/plan/teal_alloc.c):
+ * alloc[n_layer][HYB_TEAL_LEVELS][HYB_TEAL_INPUTS] (hyb/sparsity.h), each
+ * layer's input sparsities at model sparsity k * HYB_TEAL_STEP, chosen by
+ * evaluating the layer alone (hyb_ctx_eval_block) on the dense states of
+ * n_seqs calibration sequences (each at most the context's n_batch tokens)
+ * with thresholds from quant (hyb_calib_quantiles of the input probe). c: a
+ * dense CPU context of m; its cache is overwritten.
+ */
+struct hyb_ctx;
+struct hyb_model;
+int hyb_teal_allocate(struct hyb_ctx *c, const struct hyb_model *m, const int32_t *const *seqs,
+		      const uint32_t *lens, uint32_t n_seqs, const float *quant, float *alloc);
+
 #endif

@@ -26,6 +26,11 @@
  *   hyb.sparsity.target     f32
  *   hyb.sparsity.threshold  f32[n_layer * 4]        (layer-major)
  *   hyb.sparsity.quantiles  f32[n_layer * 4 * 101]  of |input|
+ *   hyb.sparsity.teal_alloc f32[n_layer * HYB_TEAL_LEVELS * 4]  optional:
+ *                           layer l's sparsity per input at model sparsity
+ *                           k * HYB_TEAL_STEP (TEAL's greedy allocation);
+ *                           without it every input gets the model's
+ *                           sparsity (the uniform allocation)
  *
  * Failures return a negative errno with the message in hyb_last_error().
  */
@@ -42,6 +47,10 @@
 #define HYB_SPARSITY_KEY_QUANTILES "hyb.sparsity.quantiles"
 #define HYB_SPARSITY_MODE_CATS "cats"
 #define HYB_SPARSITY_MODE_TEAL "teal"
+#define HYB_SPARSITY_KEY_TEAL_ALLOC "hyb.sparsity.teal_alloc"
+/* TEAL allocations at model sparsity 0, 0.05, ..., 0.8 */
+#define HYB_TEAL_LEVELS 17
+#define HYB_TEAL_STEP 0.05
 #define HYB_SPARSITY_N_QUANTILES 101
 
 /* The value at fraction s (0..1) of a layer's quantile table, interpolated linearly. */
@@ -73,9 +82,23 @@ const char *hyb_teal_input_name(uint32_t input);
 
 /*
  * TEAL thresholds thr[n_layer * HYB_TEAL_INPUTS] for sparsity s in (0, 1)
- * from a TEAL profile's quantiles (s == 0: its own thresholds). The same
- * errors as hyb_sparsity_thresholds, and -EINVAL for a CATS profile.
+ * from a TEAL profile's quantiles (s == 0: its own thresholds), each
+ * input's at its allocated sparsity where the profile has an allocation
+ * (interpolated between levels; then s is at most the last level). The
+ * same errors as hyb_sparsity_thresholds, and -EINVAL for a CATS profile.
  */
 int hyb_sparsity_teal_thresholds(const char *path, double s, float *thr, uint32_t n_layer);
+
+/* An allocation's (HYB_SPARSITY_KEY_TEAL_ALLOC's) sparsity for one input at model sparsity s. */
+double hyb_teal_alloc_at(const float *alloc, uint32_t layer, uint32_t input, double s);
+
+/*
+ * 0 when the model's weights can take TEAL's transposed layout (F32, F16,
+ * Q8_0, Q4_0, outputs in whole blocks), which is what makes TEAL decoding
+ * read less; -EINVAL with the reason otherwise: its thresholds then still
+ * apply (the same function, dense kernels), the speed does not.
+ */
+struct hyb_model;
+int hyb_teal_layout_check(const struct hyb_model *m);
 
 #endif

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# TEAL input sparsity on real weights (docs/SPARSITY.md#teal): what each
+# sparsity costs in quality and buys in decode speed, all in one run.
+#
+#  1. Calibration: `hybctl profile --teal --sparsity 0.5` on its built-in
+#     prompts (its quantiles give every other sparsity's thresholds).
+#  2. Quality: `hyb perplexity` on the GPL-3 text of Debian's base-files
+#     (held out: no calibration prompt comes from it) at sparsity 0 to 0.5,
+#     as a ratio to dense; and greedy agreement: of 64 tokens decoded from
+#     each of 3 prompts, how many equal dense decoding's before the first
+#     difference. SmolLM2-135M in F16 (the trained weights) and Gemma 3
+#     270M (Q4_K_M: thresholds on the dense kernels, no transposed layout).
+#  3. Speed: `hyb bench --teal` alternates dense and TEAL decoding of the
+#     same weights every round, at the largest sparsity whose perplexity
+#     rose by at most 2% and at 0.5, on SmolLM2 F16 and Q8_0 and a synthetic
+#     4096/11008 SiLU model (Q8_0); with the bytes each reads and the
+#     roofline they are held against.
+#
+#   tests/bench/teal.sh [ROUNDS]   (THREADS from the environment; QUICK=1
+#                                   skips the synthetic 4096/11008 model)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+rounds=${1:-5}
+threads=${THREADS:-$(nproc)}
+text=/usr/share/common-licenses/GPL-3
+out=models/sparsity
+hyb=build/hyb
+ctl=build/hybctl
+mkdir -p "$out"
+
+smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "teal.sh: models unavailable"; exit 0; }
+gemma=$(bash tests/data/fetch-models.sh gemma3) || { echo "teal.sh: models unavailable"; exit 0; }
+[[ -r $text ]] || { echo "teal.sh: $text (base-files) is missing"; exit 0; }
+bash tests/oracle/venv.sh >/dev/null 2>&1 || true
+for t in F16 Q8_0; do
+	d=models/derived/SmolLM2-135M-Instruct.$t.gguf
+	if [[ ! -f $d && -x .venv/bin/python ]]; then
+		mkdir -p models/derived
+		.venv/bin/python tests/oracle/requant.py "$smol" "$d.tmp" "$t" && mv "$d.tmp" "$d"
+	fi
+done
+f16=models/derived/SmolLM2-135M-Instruct.F16.gguf
+q8=models/derived/SmolLM2-135M-Instruct.Q8_0.gguf
+[[ -f $f16 && -f $q8 ]] || { echo "teal.sh: SmolLM2 F16/Q8_0 could not be made"; exit 0; }
+
+profile() { # MODEL PROFILE [profile args]
+	local m=$1 p=$2
+	shift 2
+	[[ -f $p && $p -nt $m && $p -nt $ctl ]] ||
+		$ctl profile "$m" --teal --sparsity 0.5 -t "$threads" -o "$p" "$@" >/dev/null
+}
+ppl() { # MODEL PROFILE SPARSITY
+	local a=()
+	[[ $3 == 0 ]] || a=(--teal "$2" --sparsity "$3")
+	$hyb perplexity -m "$1" -f "$text" -c 512 -t "$threads" "${a[@]}" 2>/dev/null |
+		sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p'
+}
+prompts=("The history of the Roman Empire spans" "def quicksort(arr):"
+	 "The three most important inventions of the twentieth century are")
+ids() { # MODEL PROFILE SPARSITY PROMPT
+	local a=()
+	[[ $3 == 0 ]] || a=(--teal "$2" --sparsity "$3")
+	$hyb run -m "$1" -p "$4" -n 64 -t "$threads" "${a[@]}" --print-ids \
+		2>&1 >/dev/null | sed -n 's/^ids://p'
+}
+# tokens equal before the first difference, summed over the prompts, of 64 each
+agree() { # MODEL PROFILE SPARSITY
+	local total=0 p a b
+	for p in "${prompts[@]}"; do
+		a=$(ids "$1" "$2" 0 "$p")
+		b=$(ids "$1" "$2" "$3" "$p")
+		total=$((total + $(python3 -c 'import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+n = 0
+while n < min(len(a), len(b)) and a[n] == b[n]: n += 1
+print(n)' "$a" "$b")))
+	done
+	echo "$total/$((64 * ${#prompts[@]}))"
+}
+
+declare -A best
+echo "== quality: perplexity on $text (-c 512), TEAL thresholds from hybctl profile --teal"
+for model in "$f16" "$gemma"; do
+	name=$(basename "$model" .gguf)
+	prof=$out/$name.teal.gguf
+	profile "$model" "$prof"
+	dense=$(ppl "$model" "$prof" 0)
+	best[$name]=0
+	printf "%-34s sparsity  PPL       vs dense  greedy agreement (tokens before the first difference)\n" "$name"
+	for s in 0 0.1 0.2 0.25 0.3 0.35 0.4 0.5; do
+		p=$([[ $s == 0 ]] && echo "$dense" || ppl "$model" "$prof" "$s")
+		r=$(python3 -c "print(f'{$p / $dense:.4f}')")
+		a=$([[ $s == 0 ]] && echo "-" || agree "$model" "$prof" "$s")
+		printf "%-34s %-9s %-9s %-9s %s\n" "" "$s" "$p" "${r}x" "$a"
+		if python3 -c "import sys; sys.exit(0 if $p <= 1.02 * $dense else 1)"; then
+			best[$name]=$s
+		fi
+	done
+	echo "$name: largest sparsity with perplexity within 2% of dense: ${best[$name]}"
+done
+
+echo
+echo "== allocation: uniform against TEAL's greedy search (hybctl profile --teal --greedy)"
+name=$(basename "$f16" .gguf)
+gprof=$out/$name.teal-greedy.gguf
+[[ -f $gprof && $gprof -nt $f16 && $gprof -nt $ctl ]] ||
+	$ctl profile "$f16" --teal --greedy --sparsity 0.5 -t "$threads" -o "$gprof" >/dev/null
+for s in 0.3 0.4; do
+	echo "$name sparsity $s: PPL uniform $(ppl "$f16" "$out/$name.teal.gguf" "$s"), greedy $(ppl "$f16" "$gprof" "$s")"
+done
+
+bench() { # MODEL PROFILE SPARSITY
+	$hyb bench -m "$1" --teal "$2" --sparsity "$3" -p 16 -n 64 -r "$rounds" -t "$threads" \
+		2>/dev/null | grep -E "^(DRAM|decode|teal) "
+}
+echo
+echo "== speed: decode, TEAL against dense of the same weights, $rounds rounds, $threads threads"
+models=("$f16" "$q8")
+if [[ -z ${QUICK:-} ]]; then
+	synth=$out/silu-4096x11008.Q8_0.gguf
+	[[ -f $synth ]] || $ctl synth -o "$synth" --hidden 4096 --ffn 11008 --layers 4 --heads 32 \
+		--vocab 512 --act silu --type Q8_0 -t "$threads" >/dev/null
+	models+=("$synth")
+fi
+s_ok=${best[$(basename "$f16" .gguf)]}
+for model in "${models[@]}"; do
+	name=$(basename "$model" .gguf)
+	prof=$out/$name.teal.gguf
+	if [[ $model == "${synth:-}" ]]; then
+		profile "$model" "$prof" --gen 16
+	else
+		profile "$model" "$prof"
+	fi
+	for s in $(printf "%s\n" "$s_ok" 0.5 | sort -u); do
+		[[ $s == 0 ]] && continue
+		echo "-- $name, sparsity $s"
+		bench "$model" "$prof" "$s"
+	done
+done
