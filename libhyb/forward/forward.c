@@ -696,11 +696,10 @@ static int block_check(const struct hyb_ctx *c, uint32_t n)
 	if (!n || n > c->n_batch || n > c->n_ctx)
 		return hyb_error_set(-EINVAL, "%u tokens: a block takes 1 to %u", n,
 				     c->n_batch < c->n_ctx ? c->n_batch : c->n_ctx);
-	if (c->hybrid || c->runs || c->m->hp.n_expert || c->m->group_size || c->m->powerinfer ||
-	    c->m->stream)
+	if (c->hybrid || c->runs || c->m->hp.n_expert || c->m->group_size || c->m->powerinfer)
 		return hyb_error_set(-EINVAL, "blocks are evaluated on a plain dense model's "
 				     "CPU context");
-	return 0;
+	return hyb_model_wait(c->m); /* a block reads its layer's weights */
 }
 
 int hyb_ctx_block_inputs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *x)

@@ -278,6 +278,9 @@ const struct hyb_teal *hyb_teal_layout(const struct hyb_model *m, struct hyb_thr
 
 	if (hyb_teal_layout_check(m))
 		return NULL;
+	/* a model still streaming in: the transposition reads every weight */
+	if (hyb_model_wait(m))
+		return NULL; /* the load's errno and message */
 	pthread_mutex_lock(&layout_lock);
 	if (!mm->teal)
 		mm->teal = build(m, pool);

@@ -521,3 +521,49 @@ TEST(teal_greedy_allocation)
 	hyb_gguf_close(f);
 	hyb_model_free(m);
 }
+
+/* TEAL decoding (Q8_0, the integer axpy) gives the same bytes every run and at 2 and 3 threads. */
+TEST(teal_deterministic)
+{
+	enum { P = 10, G = 12 };
+	char model[512], prof[512];
+	struct hyb_model *m;
+	float *thr, *first = NULL;
+	size_t len;
+
+	make_model("Q8_0", model, prof, sizeof(model));
+	m = hyb_model_load_streaming(model);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
+	CHECK(thr && !hyb_sparsity_teal_thresholds(prof, 0.4, thr, m->hp.n_layer));
+	len = sizeof(float) * m->hp.n_vocab * G;
+	for (int run = 0; run < 4; run++) {
+		struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 2 + run % 2 };
+		struct hyb_ctx *c = hyb_ctx_new(m, &p);
+		float *lg = malloc(len);
+		int32_t tk[P];
+
+		CHECK(c && lg);
+		CHECK_MSG(!hyb_ctx_set_teal_thresholds(c, thr), "%s", hyb_last_error());
+		for (int i = 0; i < P; i++)
+			tk[i] = 5 + 31 * i;
+		CHECK(!hyb_ctx_eval(c, tk, P, lg, false));
+		for (int i = 1; i < G; i++) {
+			int32_t t = hyb_test_argmax(lg + (size_t)(i - 1) * m->hp.n_vocab,
+						    m->hp.n_vocab);
+
+			CHECK(!hyb_ctx_eval(c, &t, 1, lg + (size_t)i * m->hp.n_vocab, false));
+		}
+		if (!first)
+			first = lg;
+		else
+			CHECK_MSG(!memcmp(first, lg, len), "run %d (%d threads) differs", run,
+				  p.n_threads);
+		if (lg != first)
+			free(lg);
+		hyb_ctx_free(c);
+	}
+	free(first);
+	free(thr);
+	hyb_model_free(m);
+}
