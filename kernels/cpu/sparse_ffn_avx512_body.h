@@ -566,7 +566,7 @@ ENTRY(q4_0, K_Q4_0)
  * elements 4v..4v+3 of each lane: y is kept in that order in a local
  * buffer (IX_CHUNK blocks at a time) and put back at the end of the call.
  */
-#define IX_CHUNK 128 /* blocks of y the local buffer holds (16 KiB) */
+#define IX_CHUNK 512 /* blocks of y the local buffer holds (64 KiB, in L2): rows are read in runs this long */
 
 /* a_rb of blocks b0 .. b0+nbs-1 as four bytes per block (rows 0-3), S_b, off += -z S_b sum_r a_rb */
 ALWAYS_INLINE void ix_tile_acts(const int R, const float *h, uint16_t (*dh)[SB], float z,

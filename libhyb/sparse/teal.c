@@ -26,6 +26,7 @@
 
 #define TILE 32 /* output rows transposed at a time: a block of every block type here */
 #define HUGE (2u << 20)
+#define UNIT_MIN 128 /* outputs a GEMV thread takes at a time, at least */
 
 static pthread_mutex_t layout_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -313,24 +314,18 @@ struct gemv_job {
 	const struct hyb_teal_mat *w;
 	const uint32_t *idx;
 	const float *val;
-	uint32_t n_act, n_units;
+	uint32_t n_act, unit, n_units;
 	float *y;
+	atomic_uint next;
 };
 
-/* Thread ith: outputs of units [n_units * ith / nth, ...), a unit TILE outputs. */
-static void gemv_worker(void *arg, int ith, int nth)
+/* Outputs [o0, o1): every listed row's slice, added in list order. */
+static void gemv_slice(const struct gemv_job *j, uint32_t o0, uint32_t o1)
 {
-	const struct gemv_job *j = arg;
 	const struct hyb_teal_mat *w = j->w;
-	const uint32_t u0 = (uint32_t)((uint64_t)j->n_units * ith / nth);
-	const uint32_t u1 = (uint32_t)((uint64_t)j->n_units * (ith + 1) / nth);
-	const uint32_t o0 = u0 * TILE, o1 = u1 * TILE < w->n_out ? u1 * TILE : w->n_out;
+	const char *base = (const char *)w->data + hyb_row_bytes(w->type, o0);
 	const void *rows[HYB_SPARSE_MAX_ROWS + HYB_SPARSE_PF_ROWS];
-	const char *base;
 
-	if (o0 >= o1)
-		return;
-	base = (const char *)w->data + hyb_row_bytes(w->type, o0);
 	memset(j->y + o0, 0, sizeof(float) * (o1 - o0));
 	for (uint32_t a0 = 0; a0 < j->n_act; a0 += HYB_SPARSE_MAX_ROWS) {
 		const uint32_t n = j->n_act - a0 < HYB_SPARSE_MAX_ROWS ? j->n_act - a0
@@ -344,28 +339,54 @@ static void gemv_worker(void *arg, int ith, int nth)
 	}
 }
 
+/*
+ * Threads claim units of outputs as they come (a thread the OS wakes late
+ * is not waited for: on a shared machine that is tens of microseconds, as
+ * long as a small projection takes); which thread computes a unit does not
+ * change its sums.
+ */
+static void gemv_worker(void *arg, int ith, int nth)
+{
+	struct gemv_job *j = arg;
+
+	(void)ith;
+	(void)nth;
+	for (;;) {
+		const uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		if (u >= j->n_units)
+			return;
+		gemv_slice(j, u * j->unit,
+			   (u + 1) * j->unit < j->w->n_out ? (u + 1) * j->unit : j->w->n_out);
+	}
+}
+
 uint32_t hyb_teal_gemv(struct hyb_threadpool *pool, const struct hyb_teal_mat *w, const float *x,
 		       float thr, uint32_t *idx, float *val, float *y)
 {
 	const struct hyb_sparse_kernels *sk = hyb_sparse_best();
+	const int nth = hyb_threadpool_size(pool);
 	struct gemv_job j = {
 		/* the rounding axpy where a level has one: TEAL's inputs are already
 		 * cut to a threshold, and the dense path rounds x to Q8_0 likewise */
 		.axpy = sk->axpy_i8_pf[w->type] ? sk->axpy_i8_pf[w->type] : sk->axpy_pf[w->type],
-		.w = w, .idx = idx, .val = val,
-		.n_units = (w->n_out + TILE - 1) / TILE, .y = y,
+		.w = w, .idx = idx, .val = val, .y = y,
 	};
-	const int nth = hyb_threadpool_size(pool);
 
 	for (uint32_t i = 0; i < w->n_in; i++)
 		if (fabsf(x[i]) > thr) {
 			idx[j.n_act] = i;
 			val[j.n_act++] = x[i];
 		}
-	/* a thread per unit at most: a slice is at least TILE outputs */
+	/* a unit a thread, whole blocks: the longer the slice of a row, the
+	 * closer its reads come to streaming (tests/bench/bench_teal.c) */
+	j.unit = (w->n_out / (uint32_t)nth + TILE - 1) / TILE * TILE;
+	j.unit = j.unit < UNIT_MIN ? UNIT_MIN : j.unit;
+	j.n_units = (w->n_out + j.unit - 1) / j.unit;
+	atomic_init(&j.next, 0);
 	if (nth == 1 || j.n_units == 1)
 		gemv_worker(&j, 0, 1);
 	else
-		hyb_threadpool_run(pool, gemv_worker, &j);
+		hyb_threadpool_run_dynamic(pool, gemv_worker, &j);
 	return j.n_act;
 }

@@ -51,9 +51,9 @@ uint32_t hyb_teal_max_out(const struct hyb_model *m);
 
 /*
  * y[n_out] = sum over inputs i with |x[i]| > thr of x[i] * row_i, on the
- * pool; idx and val: scratch of n_in entries. Each thread owns a slice of
- * the outputs and adds the rows in input order: the same sums on every run
- * and at every thread count. Returns the inputs used.
+ * pool; idx and val: scratch of n_in entries. Threads take slices of the
+ * outputs and add the rows in input order: the same sums on every run and
+ * at every thread count. Returns the inputs used.
  */
 uint32_t hyb_teal_gemv(struct hyb_threadpool *pool, const struct hyb_teal_mat *w, const float *x,
 		       float thr, uint32_t *idx, float *val, float *y);
