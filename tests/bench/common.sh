@@ -1,4 +1,5 @@
-# Helpers the benchmarks share (sourced by bench_load.sh, bench_ttft.sh, real.sh, moe.sh).
+# Helpers the benchmarks share (sourced by bench_load.sh, bench_ttft.sh, real.sh, moe.sh, serve.sh,
+# sparsity.sh, teal.sh).
 
 # Drop the page cache (needs root): the next read of a file goes to the drive.
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
@@ -49,3 +50,56 @@ alternate() {
 
 # a / b
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {print a / b}'; }
+
+# --- activation sparsity (sparsity.sh, teal.sh): hyb, text, threads and kind
+# (--cats or --teal) set by the caller ---
+
+sparse_prompts=("The history of the Roman Empire spans" "def quicksort(arr):"
+		"The three most important inventions of the twentieth century are")
+# The flags for PROFILE at SPARSITY (none at 0: the dense model).
+sparse_args() { [[ $2 == 0 ]] || echo "$kind $1 --sparsity $2"; }
+# MODEL's perplexity on $text (-c 512) with PROFILE's thresholds at SPARSITY.
+sparse_ppl() { # MODEL PROFILE SPARSITY
+	# shellcheck disable=SC2046
+	$hyb perplexity -m "$1" -f "$text" -c 512 -t "$threads" $(sparse_args "$2" "$3") \
+		2>/dev/null | sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p'
+}
+sparse_ids() { # MODEL PROFILE SPARSITY PROMPT
+	# shellcheck disable=SC2046
+	$hyb run -m "$1" -p "$4" -n 64 -t "$threads" $(sparse_args "$2" "$3") --print-ids \
+		2>&1 >/dev/null | sed -n 's/^ids://p'
+}
+# Tokens equal to dense decoding's before the first difference, summed over the prompts, of 64 each.
+sparse_agree() { # MODEL PROFILE SPARSITY
+	local total=0 p a b
+	for p in "${sparse_prompts[@]}"; do
+		a=$(sparse_ids "$1" "$2" 0 "$p")
+		b=$(sparse_ids "$1" "$2" "$3" "$p")
+		total=$((total + $(python3 -c 'import sys
+a, b = sys.argv[1].split(), sys.argv[2].split()
+n = 0
+while n < min(len(a), len(b)) and a[n] == b[n]: n += 1
+print(n)' "$a" "$b")))
+	done
+	echo "$total/$((64 * ${#sparse_prompts[@]}))"
+}
+# The table of perplexity and greedy agreement at each SPARSITY; SPARSE_BEST: the
+# largest whose perplexity is within 2% of dense.
+sparse_quality() { # MODEL PROFILE SPARSITY...
+	local model=$1 prof=$2 dense s p r a
+	shift 2
+	dense=$(sparse_ppl "$model" "$prof" 0)
+	SPARSE_BEST=0
+	printf "%-34s sparsity  PPL       vs dense  greedy agreement (tokens before the first difference)\n" \
+		"$(basename "$model" .gguf)"
+	for s in 0 "$@"; do
+		p=$([[ $s == 0 ]] && echo "$dense" || sparse_ppl "$model" "$prof" "$s")
+		r=$(python3 -c "print(f'{$p / $dense:.4f}')")
+		a=$([[ $s == 0 ]] && echo "-" || sparse_agree "$model" "$prof" "$s")
+		printf "%-34s %-9s %-9s %-9s %s\n" "" "$s" "$p" "${r}x" "$a"
+		if python3 -c "import sys; sys.exit(0 if $p <= 1.02 * $dense else 1)"; then
+			SPARSE_BEST=$s
+		fi
+	done
+	echo "$(basename "$model" .gguf): largest sparsity with perplexity within 2% of dense: $SPARSE_BEST"
+}

@@ -20,6 +20,7 @@
 #                                       skips the synthetic 4096/11008 model)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/bench/common.sh
 
 rounds=${1:-5}
 threads=${THREADS:-$(nproc)}
@@ -27,6 +28,7 @@ text=/usr/share/common-licenses/GPL-3
 out=models/sparsity
 hyb=build/hyb
 ctl=build/hybctl
+kind=--cats
 mkdir -p "$out"
 
 smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "sparsity.sh: models unavailable"; exit 0; }
@@ -45,50 +47,14 @@ profile() { # MODEL PROFILE
 	[[ -f $2 && $2 -nt $1 && $2 -nt $ctl ]] ||
 		$ctl profile "$1" --sparsity 0.5 -t "$threads" -o "$2" >/dev/null
 }
-ppl() { # MODEL PROFILE SPARSITY
-	$hyb perplexity -m "$1" -f "$text" -c 512 -t "$threads" --cats "$2" --sparsity "$3" \
-		2>/dev/null | sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p'
-}
-prompts=("The history of the Roman Empire spans" "def quicksort(arr):"
-	 "The three most important inventions of the twentieth century are")
-ids() { # MODEL PROFILE SPARSITY PROMPT
-	$hyb run -m "$1" -p "$4" -n 64 -t "$threads" --cats "$2" --sparsity "$3" --print-ids \
-		2>&1 >/dev/null | sed -n 's/^ids://p'
-}
-# tokens equal before the first difference, summed over the prompts, of 64 each
-agree() { # MODEL PROFILE SPARSITY
-	local total=0 p a b
-	for p in "${prompts[@]}"; do
-		a=$(ids "$1" "$2" 0 "$p")
-		b=$(ids "$1" "$2" "$3" "$p")
-		total=$((total + $(python3 -c 'import sys
-a, b = sys.argv[1].split(), sys.argv[2].split()
-n = 0
-while n < min(len(a), len(b)) and a[n] == b[n]: n += 1
-print(n)' "$a" "$b")))
-	done
-	echo "$total/$((64 * ${#prompts[@]}))"
-}
-
 declare -A best
 echo "== quality: perplexity on $text (-c 512), CATS thresholds from hybctl profile --sparsity 0.5"
 for model in "$smol" "$gemma"; do
 	name=$(basename "$model" .gguf)
 	prof=$out/$name.profile.gguf
 	profile "$model" "$prof"
-	dense=$(ppl "$model" "$prof" 0)
-	best[$name]=0
-	printf "%-34s sparsity  PPL       vs dense  greedy agreement (tokens before the first difference)\n" "$name"
-	for s in 0 0.1 0.2 0.3 0.4 0.5; do
-		p=$([[ $s == 0 ]] && echo "$dense" || ppl "$model" "$prof" "$s")
-		r=$(python3 -c "print(f'{$p / $dense:.4f}')")
-		a=$([[ $s == 0 ]] && echo "-" || agree "$model" "$prof" "$s")
-		printf "%-34s %-9s %-9s %-9s %s\n" "" "$s" "$p" "${r}x" "$a"
-		if python3 -c "import sys; sys.exit(0 if $p <= 1.02 * $dense else 1)"; then
-			best[$name]=$s
-		fi
-	done
-	echo "$name: largest sparsity with perplexity within 2% of dense: ${best[$name]}"
+	sparse_quality "$model" "$prof" 0.1 0.2 0.3 0.4 0.5
+	best[$name]=$SPARSE_BEST
 done
 
 bench() { # SOURCE PROFILE PLAN SPARSITY

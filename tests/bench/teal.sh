@@ -14,7 +14,7 @@
 #     270M (Q4_K_M: thresholds on the dense kernels, no transposed layout).
 #  3. Speed: `hyb bench --teal` alternates dense and TEAL decoding of the
 #     same weights every round, at the largest sparsity whose perplexity
-#     rose by at most 2% and at 0.5, on SmolLM2 F16 and Q8_0 and a synthetic
+#     rose by at most 2%, at 0.3 and at 0.5, on SmolLM2 F16 and Q8_0 and a synthetic
 #     4096/11008 SiLU model (Q8_0); with the bytes each reads and the
 #     roofline they are held against.
 #
@@ -22,6 +22,7 @@
 #                                   skips the synthetic 4096/11008 model)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. tests/bench/common.sh
 
 rounds=${1:-5}
 threads=${THREADS:-$(nproc)}
@@ -29,6 +30,7 @@ text=/usr/share/common-licenses/GPL-3
 out=models/sparsity
 hyb=build/hyb
 ctl=build/hybctl
+kind=--teal
 mkdir -p "$out"
 
 smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "teal.sh: models unavailable"; exit 0; }
@@ -52,54 +54,14 @@ profile() { # MODEL PROFILE [profile args]
 	[[ -f $p && $p -nt $m && $p -nt $ctl ]] ||
 		$ctl profile "$m" --teal --sparsity 0.5 -t "$threads" -o "$p" "$@" >/dev/null
 }
-ppl() { # MODEL PROFILE SPARSITY
-	local a=()
-	[[ $3 == 0 ]] || a=(--teal "$2" --sparsity "$3")
-	$hyb perplexity -m "$1" -f "$text" -c 512 -t "$threads" "${a[@]}" 2>/dev/null |
-		sed -n 's/^Final estimate: PPL = \([0-9.]*\).*/\1/p'
-}
-prompts=("The history of the Roman Empire spans" "def quicksort(arr):"
-	 "The three most important inventions of the twentieth century are")
-ids() { # MODEL PROFILE SPARSITY PROMPT
-	local a=()
-	[[ $3 == 0 ]] || a=(--teal "$2" --sparsity "$3")
-	$hyb run -m "$1" -p "$4" -n 64 -t "$threads" "${a[@]}" --print-ids \
-		2>&1 >/dev/null | sed -n 's/^ids://p'
-}
-# tokens equal before the first difference, summed over the prompts, of 64 each
-agree() { # MODEL PROFILE SPARSITY
-	local total=0 p a b
-	for p in "${prompts[@]}"; do
-		a=$(ids "$1" "$2" 0 "$p")
-		b=$(ids "$1" "$2" "$3" "$p")
-		total=$((total + $(python3 -c 'import sys
-a, b = sys.argv[1].split(), sys.argv[2].split()
-n = 0
-while n < min(len(a), len(b)) and a[n] == b[n]: n += 1
-print(n)' "$a" "$b")))
-	done
-	echo "$total/$((64 * ${#prompts[@]}))"
-}
-
 declare -A best
 echo "== quality: perplexity on $text (-c 512), TEAL thresholds from hybctl profile --teal"
 for model in "$f16" "$gemma"; do
 	name=$(basename "$model" .gguf)
 	prof=$out/$name.teal.gguf
 	profile "$model" "$prof"
-	dense=$(ppl "$model" "$prof" 0)
-	best[$name]=0
-	printf "%-34s sparsity  PPL       vs dense  greedy agreement (tokens before the first difference)\n" "$name"
-	for s in 0 0.1 0.2 0.25 0.3 0.35 0.4 0.5; do
-		p=$([[ $s == 0 ]] && echo "$dense" || ppl "$model" "$prof" "$s")
-		r=$(python3 -c "print(f'{$p / $dense:.4f}')")
-		a=$([[ $s == 0 ]] && echo "-" || agree "$model" "$prof" "$s")
-		printf "%-34s %-9s %-9s %-9s %s\n" "" "$s" "$p" "${r}x" "$a"
-		if python3 -c "import sys; sys.exit(0 if $p <= 1.02 * $dense else 1)"; then
-			best[$name]=$s
-		fi
-	done
-	echo "$name: largest sparsity with perplexity within 2% of dense: ${best[$name]}"
+	sparse_quality "$model" "$prof" 0.1 0.2 0.25 0.3 0.35 0.4 0.5
+	best[$name]=$SPARSE_BEST
 done
 
 echo
@@ -109,7 +71,7 @@ gprof=$out/$name.teal-greedy.gguf
 [[ -f $gprof && $gprof -nt $f16 && $gprof -nt $ctl ]] ||
 	$ctl profile "$f16" --teal --greedy --sparsity 0.5 -t "$threads" -o "$gprof" >/dev/null
 for s in 0.3 0.4; do
-	echo "$name sparsity $s: PPL uniform $(ppl "$f16" "$out/$name.teal.gguf" "$s"), greedy $(ppl "$f16" "$gprof" "$s")"
+	echo "$name sparsity $s: PPL uniform $(sparse_ppl "$f16" "$out/$name.teal.gguf" "$s"), greedy $(sparse_ppl "$f16" "$gprof" "$s")"
 done
 
 bench() { # MODEL PROFILE SPARSITY
@@ -134,7 +96,7 @@ for model in "${models[@]}"; do
 	else
 		profile "$model" "$prof"
 	fi
-	for s in $(printf "%s\n" "$s_ok" 0.5 | sort -u); do
+	for s in $(printf "%s\n" "$s_ok" 0.3 0.5 | sort -u); do
 		[[ $s == 0 ]] && continue
 		echo "-- $name, sparsity $s"
 		bench "$model" "$prof" "$s"
