@@ -820,3 +820,22 @@ TEST(serve_sigterm_finishes_or_cancels)
 	CHECK_EQ_INT(srv_stop(&s, 10), 0);
 	CHECK_MSG(mono() - t0 < 5, "SIGTERM + SIGINT took %.1f s", mono() - t0);
 }
+
+/*
+ * Box mode's refusals on the host (the VM bench serves from a real hybd:
+ * tests/vm/hybbox.c serve): no hybd under that name, and two models.
+ */
+TEST(serve_manifest_errors)
+{
+	char log[600], glog[600];
+
+	if (access(HYB, X_OK))
+		SKIP(HYB " is not built (make all builds it)");
+	snprintf(log, sizeof(log), "%s/m.log", hyb_test_tmpdir());
+	snprintf(glog, sizeof(glog), "%s/g.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, HYB " serve --manifest %s/none.manifest --port 0",
+				 hyb_test_tmpdir()), 1);
+	CHECK(!hyb_test_sh(glog, "grep -q 'none.manifest' %s", log));
+	CHECK_EQ_INT(hyb_test_sh(log, HYB " serve -m %s --manifest x --port 0", syn_model()), 1);
+	CHECK(!hyb_test_sh(glog, "grep -q 'one model' %s", log));
+}

@@ -37,6 +37,13 @@
  *       is a SIGBUS) exits 1 naming a byte of that page and its tensor. Then
  *       hybd with that tensor left on storage (dram_budget) loads, fails an
  *       app's LOAD of it with -EIO (logged the same way) and keeps serving.
+ *   hybbox serve HYBD CONF HYB_SERVE HYB
+ *       hyb serve --manifest vm (HYB_SERVE: a dynamically linked hyb, with
+ *       its HTTP library) on hybd's pools: a greedy completion over HTTP is
+ *       the text `HYB run --manifest vm` prints; then hybd gets SIGTERM while
+ *       a streamed completion runs: the stream still ends with [DONE] (the
+ *       weights stay mapped), and the server exits 3 naming hybd's
+ *       shutdown, in bounded time.
  *   hybbox hybrid HYBD CONF PLAN [hyb=PATH]
  *       hybrid decoding on hybd's cache: hybd serves PLAN
  *       (a hybctl plan model) with its CPU copy device, whose slots are a
@@ -50,7 +57,11 @@
  * Exit 0 when every check holds; details indented on stdout, measurements as
  * "HYBVM METRIC" lines.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -1391,6 +1402,172 @@ static int cmd_hybrid(const char *bin, const char *conf, const char *plan, const
 	return 0;
 }
 
+/* -- hyb serve --manifest (tools/hyb/cmd_serve.c) -------------------------------- */
+
+#define SERVE_PORT 18080
+
+static int http_open(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(SERVE_PORT) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct timeval tv = { .tv_sec = 60 };
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a))) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return fd;
+}
+
+/* Sends a request (body NULL: GET); the connection, to read the answer from. */
+static int http_send(const char *method, const char *path, const char *body)
+{
+	char req[1024];
+	int fd = http_open(), n;
+
+	if (fd < 0)
+		die("cannot connect to hyb serve on port %d: %s", SERVE_PORT, strerror(errno));
+	n = snprintf(req, sizeof(req), "%s %s HTTP/1.1\r\nHost: vm\r\nConnection: close\r\n"
+		     "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s", method,
+		     path, body ? strlen(body) : 0, body ? body : "");
+	if (write(fd, req, (size_t)n) != n)
+		die("cannot send to hyb serve: %s", strerror(errno));
+	return fd;
+}
+
+/* Everything until the server closes (malloc'd). */
+static char *http_read(int fd)
+{
+	size_t cap = 1 << 16, n = 0;
+	char *buf = malloc(cap);
+	ssize_t r;
+
+	while (buf && (r = read(fd, buf + n, cap - n - 1)) > 0) {
+		n += (size_t)r;
+		if (n + 1 == cap && !(buf = realloc(buf, cap *= 2)))
+			break;
+	}
+	if (!buf)
+		die("out of memory");
+	buf[n] = 0;
+	close(fd);
+	return buf;
+}
+
+/*
+ * Text as a client sees it: bytes that are not UTF-8 (byte tokens, which
+ * hyb run prints raw and the server sends as U+FFFD) and U+FFFD itself
+ * become one '?' per run (as tests/unit/test_serve.c compares them).
+ */
+static void as_seen(const char *s, size_t n, char *out)
+{
+	size_t o = 0;
+	bool bad_run = false;
+
+	for (size_t i = 0; i < n;) {
+		unsigned char c = (unsigned char)s[i];
+		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 :
+			     (c & 0xf8) == 0xf0 ? 4 : 0;
+		bool ok = len && i + len <= n;
+
+		for (size_t k = 1; ok && k < len; k++)
+			ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
+		if (ok && !(len == 3 && !memcmp(s + i, "\xef\xbf\xbd", 3))) {
+			memcpy(out + o, s + i, len);
+			o += len;
+			i += len;
+			bad_run = false;
+			continue;
+		}
+		if (!bad_run)
+			out[o++] = '?';
+		bad_run = true;
+		i += ok ? len : 1;
+	}
+	out[o] = 0;
+}
+
+static int cmd_serve(const char *bin, const char *conf, const char *serve, const char *hyb)
+{
+	const char *run_argv[] = { hyb, "run", "--manifest", "vm", "-p", PROMPT, "-n", "16", "-t",
+				   "1", NULL };
+	const char *serve_argv[] = { serve, "serve", "--manifest", "vm", "--port", "18080", "-t",
+				     "1", "--parallel", "2", NULL };
+	char want[4096], got[4096], out[8192], *resp, *body;
+	struct hyb_model *m;
+	json_error_t je;
+	json_t *j, *t;
+	double ready_ms, t0;
+	pid_t sp;
+	int st, fd;
+
+	daemon_pid = start_hybd(bin, conf);
+	daemon_started = true;
+	m = wait_ready(daemon_pid, "vm", &ready_ms);
+	hyb_model_free(m);
+	/* the reference: hyb run --manifest's text after the prompt */
+	st = spawn_wait(run_argv, "/tmp/run.out", "/tmp/run.err", 60000, "hyb run --manifest");
+	snprintf(out, sizeof(out), "%s", slurp("/tmp/run.out"));
+	if (!WIFEXITED(st) || WEXITSTATUS(st) || strncmp(out, PROMPT, strlen(PROMPT)))
+		die("hyb run --manifest: status %#x: %s%s", st, out, slurp("/tmp/run.err"));
+	as_seen(out + strlen(PROMPT), strlen(out) - strlen(PROMPT) - 1, want);
+
+	sp = spawn(serve_argv, "/tmp/serve.out", "/tmp/serve.err");
+	hyb_pid = sp;
+	for (t0 = hyb_now(); !strstr(slurp("/tmp/serve.err"), "listening on"); usleep(50000)) {
+		if (waitpid(sp, &st, WNOHANG) == sp) {
+			hyb_pid = 0;
+			die("hyb serve exited (status %#x) before listening: %s", st,
+			    slurp("/tmp/serve.err"));
+		}
+		if (ms_since(t0) > 60000)
+			die("hyb serve not listening after 60 s: %s", slurp("/tmp/serve.err"));
+	}
+	note("hyb serve --manifest vm listening after %.0f ms", ms_since(t0));
+	resp = http_read(http_send("POST", "/v1/completions", "{\"prompt\": \"" PROMPT "\", "
+				   "\"max_tokens\": 16, \"temperature\": 0}"));
+	body = strstr(resp, "\r\n\r\n");
+	j = body ? json_loads(body + 4, JSON_ALLOW_NUL, &je) : NULL;
+	t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
+	if (strncmp(resp, "HTTP/1.1 200", 12) || !json_is_string(t))
+		die("hyb serve's completion: %.500s", resp);
+	as_seen(json_string_value(t), json_string_length(t), got);
+	if (strcmp(got, want))
+		die("hyb serve --manifest answered \"%s\", hyb run --manifest printed \"%s\"", got,
+		    want);
+	note("a greedy completion over HTTP is hyb run --manifest's text: \"%s\"", got);
+	json_decref(j);
+	free(resp);
+
+	/* hybd stops under a running stream */
+	fd = http_send("POST", "/v1/completions", "{\"prompt\": \"" PROMPT "\", \"max_tokens\": "
+		       "400, \"temperature\": 0, \"stream\": true}");
+	usleep(300000);
+	t0 = hyb_now();
+	kill(daemon_pid, SIGTERM);
+	if (wait_exit(daemon_pid, 30000) < 0)
+		die("hybd did not exit 30 s after SIGTERM");
+	daemon_pid = 0;
+	resp = http_read(fd);
+	if (!strstr(resp, "\"finish_reason\":\"length\"") || !strstr(resp, "data: [DONE]"))
+		die("the stream running when hybd stopped did not finish: ...%s",
+		    resp + (strlen(resp) > 400 ? strlen(resp) - 400 : 0));
+	free(resp);
+	st = wait_exit(sp, 30000);
+	if (st < 0)
+		die("hyb serve still runs 30 s after hybd stopped: %s", slurp("/tmp/serve.err"));
+	hyb_pid = 0;
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 3 || !strstr(slurp("/tmp/serve.err"), "shut down"))
+		die("hyb serve: status %#x (want exit 3 naming hybd's shutdown): %s", st,
+		    slurp("/tmp/serve.err"));
+	note("hybd stopped: the running stream finished, hyb serve exited 3 %.0f ms later: \"%s\"",
+	     ms_since(t0), line_with(slurp("/tmp/serve.err"), "shut down"));
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *hyb = NULL;
@@ -1407,6 +1584,8 @@ int main(int argc, char **argv)
 		return cmd_ioerr(argv[2], argv[3], argv[4], strtoull(argv[5], NULL, 10),
 				 argc == 7 ? argv[6] + 4 : NULL);
 	}
+	if (argc == 6 && !strcmp(argv[1], "serve"))
+		return cmd_serve(argv[2], argv[3], argv[4], argv[5]);
 	if ((argc == 5 || argc == 6) && !strcmp(argv[1], "hybrid")) {
 		if (argc == 6 && strncmp(argv[5], "hyb=", 4))
 			die("unknown argument '%s'", argv[5]);
@@ -1425,6 +1604,7 @@ int main(int argc, char **argv)
 	}
 	fprintf(stderr, "usage: hybbox gen MODEL N | hybbox box HYBD CONF MODEL IDS [kill] "
 		"[hyb=PATH]\n       hybbox offset MODEL TENSOR | hybbox ioerr HYBD CONF MODEL "
-		"BAD_OFF [hyb=PATH]\n       hybbox hybrid HYBD CONF PLAN [hyb=PATH]\n");
+		"BAD_OFF [hyb=PATH]\n       hybbox hybrid HYBD CONF PLAN [hyb=PATH]\n"
+		"       hybbox serve HYBD CONF HYB_SERVE HYB\n");
 	return 2;
 }

@@ -175,6 +175,12 @@ box() {
 		/hybbox box /hybd /etc/hybd.conf /mnt/model.gguf /tmp/box.ids $hyb
 	run "box: hybd SIGKILLed mid-run: app stops with -EPIPE, no hang" 120 \
 		/hybbox box /hybd /etc/hybd.conf /mnt/model.gguf /tmp/box.ids kill $hyb
+	if [ -x /hyb-serve ] && [ -x /hyb ]; then
+		run "box: hyb serve --manifest answers as hyb run; hybd stops: the stream finishes, exit 3" \
+			180 /hybbox serve /hybd /etc/hybd.conf /hyb-serve /hyb
+	else
+		echo "HYBVM NOTE box: hyb serve --manifest not run (no dynamic build/hyb to stage)"
+	fi
 	if [ -r /mnt/plan.gguf ]; then
 		run "box: hybrid decoding on hybd's cache, loads through its queue, one app" 240 \
 			/hybbox hybrid /hybd /etc/hybd.conf /mnt/plan.gguf $hyb

@@ -168,7 +168,7 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ]
 		-o "$OUT/hybd" &&
 	  $NICE gcc $CFLAGS -pthread -I"$ROOT/libhyb/include" -I"$ROOT/kernels/cpu" \
 		"$ROOT/tests/vm/hybbox.c" \
-		"$HB/libhyb.a" $STATIC_LIBS -o "$OUT/hybbox"
+		"$HB/libhyb.a" $STATIC_LIBS -ljansson -o "$OUT/hybbox"
 	} >"$OUT/build-box.log" 2>&1 ||
 		{ tail -20 "$OUT/build-box.log"; fail "cannot link static hybd/hybbox from $HB"; }
 	# `hyb run --manifest` as a second app (tools/hyb/cli_manifest.c)
@@ -179,6 +179,18 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ]
 			"$ROOT/tests/vm/serve_stub.c" "$HB/libhyb.a" \
 			$STATIC_LIBS -o "$OUT/hyb" >>"$OUT/build-box.log" 2>&1 ||
 			{ tail -20 "$OUT/build-box.log"; fail "cannot link a static hyb from $HB"; }
+	fi
+	# hyb serve as make built it, dynamically linked, with the libraries it
+	# loads (ldd), for `hyb serve --manifest` (hybbox serve)
+	rm -rf "$OUT/dyn" && mkdir -p "$OUT/dyn"
+	if [ -x "$HB/hyb" ] && ldd "$HB/hyb" >"$OUT/hyb.ldd" 2>&1 &&
+	   grep -q libmicrohttpd "$OUT/hyb.ldd"; then
+		cp "$HB/hyb" "$OUT/dyn/hyb-serve" &&
+		awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' "$OUT/hyb.ldd" |
+			while read -r lib; do
+				mkdir -p "$OUT/dyn$(dirname "$lib")" &&
+					cp -L "$lib" "$OUT/dyn$lib" || exit 1
+			done || fail "cannot stage hyb serve's libraries ($OUT/hyb.ldd)"
 	fi
 	rm -rf "$OUT/nvme-root" && mkdir -p "$OUT/nvme-root"
 	"$HB/hybctl" synth -o "$OUT/nvme-root/model.gguf" --hidden 256 --ffn 768 --layers 2 \
@@ -243,6 +255,7 @@ cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$OUT/hybmempool" "$OUT/bench_queue" "$IR
 [ -x "$OUT/hyb32" ] && cp "$OUT/hyb32" "$IR/"
 if [ "$BOX" = 1 ]; then
 	[ -x "$OUT/hyb" ] && cp "$OUT/hyb" "$IR/"
+	[ -x "$OUT/dyn/hyb-serve" ] && cp -a "$OUT/dyn/." "$IR/"
 	cp "$OUT/hybd" "$OUT/hybbox" "$IR/" && cp -r "$OUT/kmods" "$IR/kmods" &&
 		cp "$ROOT/tests/vm/hybd.conf" "$IR/etc/hybd.conf" || fail "cannot stage box mode"
 	[ -f "$OUT/box.host_ids" ] && cp "$OUT/box.host_ids" "$IR/box.host_ids"

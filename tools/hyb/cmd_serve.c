@@ -3,7 +3,13 @@
  * hyb serve: the model behind an OpenAI-compatible HTTP API until SIGTERM or
  * SIGINT, which stop new work, let running requests finish for --grace
  * seconds, cancel what is left and exit 0. docs/SERVE.md.
+ *
+ * Box mode (--manifest): the weights are hybd's pools. When hybd shuts down
+ * or dies, the server stops the same way (the mapped weights stay readable,
+ * so running requests can finish) and exits 3, for a supervisor to start it
+ * again against the next hybd.
  */
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -23,13 +29,16 @@
 #include "serve.h"
 
 static const char usage[] =
-	"usage: hyb serve -m MODEL [--host ADDR] [--port PORT] [-c CTX] [--parallel N]\n"
+	"usage: hyb serve -m MODEL|--manifest NAME [--host ADDR] [--port PORT] [-c CTX]\n"
+	"                 [--parallel N]\n"
 	"                 [-t THREADS] [--api-key-file FILE] [--queue N] [--timeout S]\n"
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
 	"                 [--kv-size N] [--batch-variant] [--no-batch]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
+	"  --manifest NAME: box mode, hybd's copy of the model (docs/BOX.md); when hybd\n"
+	"    goes, running requests finish (--grace) and the server exits 3\n"
 	"  --host (127.0.0.1) --port (8080; 0: any free port, printed at start)\n"
 	"  -c: positions of each request, prompt and reply (default min(training\n"
 	"    context, 4096))\n"
@@ -55,7 +64,8 @@ static const char usage[] =
 	"  --chat-template NAME: instead of the model's tokenizer.chat_template\n";
 
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
-       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH };
+       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
+       O_MANIFEST };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -77,6 +87,7 @@ static const struct option longopts[] = {
 	{ "kv-size", required_argument, 0, O_KVSIZE },
 	{ "batch-variant", no_argument, 0, O_VARIANT },
 	{ "no-batch", no_argument, 0, O_NOBATCH },
+	{ "manifest", required_argument, 0, O_MANIFEST },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -112,14 +123,17 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_KVSIZE: o->kv_size = (uint32_t)cli_num("--kv-size", optarg, 1, 1 << 26); break;
 		case O_VARIANT: o->batch_variant = true; break;
 		case O_NOBATCH: o->no_batch = true; break;
+		case O_MANIFEST: o->manifest = optarg; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
 	}
 	if (optind < argc)
 		cli_die("unexpected argument '%s'", argv[optind]);
-	if (!o->model)
-		cli_die("no model given (-m MODEL)");
+	if (o->model && o->manifest)
+		cli_die("-m %s and --manifest %s: one model", o->model, o->manifest);
+	if (!o->model && !o->manifest)
+		cli_die("no model given (-m MODEL or --manifest NAME)");
 }
 
 /* The key: the file's first line without its end; exits when there is none. */
@@ -143,16 +157,17 @@ static char *read_key(const char *path)
 	return strdup(line);
 }
 
-/* The model's name in the API: --alias, else the file name without .gguf. */
+/* The model's name in the API: --alias, else the file (or manifest) name without .gguf (.manifest). */
 static char *model_id(const struct serve_opts *o)
 {
-	const char *b = o->alias ? o->alias : strrchr(o->model, '/') ? strrchr(o->model, '/') + 1 :
-		o->model;
+	const char *src = o->manifest ? o->manifest : o->model;
+	const char *b = o->alias ? o->alias : strrchr(src, '/') ? strrchr(src, '/') + 1 : src;
+	const char *ext = o->manifest ? ".manifest" : ".gguf";
 	char *id = strdup(b);
-	size_t n = strlen(id);
+	size_t n = strlen(id), e = strlen(ext);
 
-	if (!o->alias && n > 5 && !strcmp(id + n - 5, ".gguf"))
-		id[n - 5] = 0;
+	if (!o->alias && n > e && !strcmp(id + n - e, ext))
+		id[n - e] = 0;
 	return id;
 }
 
@@ -169,6 +184,29 @@ static void on_signal(int sig)
 	ssize_t rc = write(sig_pipe[1], &c, 1);
 
 	(void)rc;
+}
+
+/* Box mode: hybd's state, polled; its going is told to the main thread as SIG_HYBD. */
+#define SIG_HYBD 0
+static char hybd_gone[512];
+
+static void *watch_hybd(void *arg)
+{
+	const struct hyb_model *m = arg;
+	const struct timespec tick = { .tv_sec = 0, .tv_nsec = 100 * 1000 * 1000 };
+	char c = SIG_HYBD;
+
+	while (!hyb_model_box_check(m))
+		nanosleep(&tick, NULL);
+	snprintf(hybd_gone, sizeof(hybd_gone), "%s", hyb_last_error());
+	if (write(sig_pipe[1], &c, 1) != 1)
+		return NULL;
+	return NULL;
+}
+
+static const char *why(int sig)
+{
+	return sig == SIG_HYBD ? hybd_gone : strsignal(sig);
 }
 
 static int wait_signal(void)
@@ -207,12 +245,12 @@ int cmd_serve(int argc, char **argv)
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
-	sv.m = hyb_model_load(sv.o.model);
+	sv.m = sv.o.manifest ? hyb_model_load_manifest(sv.o.manifest) : hyb_model_load(sv.o.model);
 	if (!sv.m)
 		cli_die("%s", hyb_last_error());
 	if (!sv.m->tok)
 		cli_die("%s: the model has no usable tokenizer (tokenizer.ggml.* metadata)",
-			sv.o.model);
+			sv.o.manifest ? sv.o.manifest : sv.o.model);
 	sv.tmpl = cli_chat_template(sv.m, sv.o.chat_template);
 	id = model_id(&sv.o);
 	sv.model_id = id;
@@ -239,7 +277,8 @@ int cmd_serve(int argc, char **argv)
 		hyb_ctx_kv_stats(sv.q.slots[0].ctx, &kv);
 		fprintf(stderr, "hyb serve: %s (%s, %u layers, %s kernels) as '%s': %d request%s "
 			"at once (%s), %u positions each, %d thread%s%s, queue %d%s; loaded in "
-			"%.2f s\n", sv.o.model, sv.m->hp.arch, sv.m->hp.n_layer, hyb_roofline_isa(),
+			"%.2f s\n", sv.o.manifest ? sv.o.manifest : sv.o.model, sv.m->hp.arch,
+			sv.m->hp.n_layer, hyb_roofline_isa(),
 			id, sv.o.parallel, sv.o.parallel > 1 ? "s" : "",
 			sv.q.batched ? "batched" : sv.o.parallel > 1 ? "one engine each" : "one engine",
 			serve_queue_n_ctx(&sv.q), hyb_ctx_n_threads(sv.q.slots[0].ctx),
@@ -255,10 +294,17 @@ int cmd_serve(int argc, char **argv)
 		strchr(sv.o.host, ':') ? "[" : "", sv.o.host, strchr(sv.o.host, ':') ? "]" : "",
 		port);
 
+	if (sv.o.manifest) {
+		pthread_t t;
+
+		if (pthread_create(&t, NULL, watch_hybd, (void *)sv.m))
+			cli_die("cannot start the hybd watcher thread");
+		pthread_detach(t);
+	}
 	pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
 	sig = wait_signal();
 	fprintf(stderr, "hyb serve: %s: no new requests; %d running, %d queued (grace %g s)\n",
-		strsignal(sig), serve_queue_running(&sv.q), sv.q.depth, sv.o.grace_s);
+		why(sig), serve_queue_running(&sv.q), sv.q.depth, sv.o.grace_s);
 	atomic_store(&sv.stopping, true);
 	serve_http_quiesce(&sv);
 	serve_queue_drain(&sv.q);
@@ -267,8 +313,13 @@ int cmd_serve(int argc, char **argv)
 		struct pollfd pfd = { .fd = sig_pipe[0], .events = POLLIN };
 
 		if (poll(&pfd, 1, 100) == 1) {
-			fprintf(stderr, "hyb serve: %s again: cancelling what runs\n",
-				strsignal(wait_signal()));
+			const int again = wait_signal();
+
+			if (again == SIG_HYBD) { /* the weights stay mapped: finishing goes on */
+				fprintf(stderr, "hyb serve: %s\n", why(again));
+				continue;
+			}
+			fprintf(stderr, "hyb serve: %s again: cancelling what runs\n", why(again));
 			break;
 		}
 	}
@@ -279,8 +330,10 @@ int cmd_serve(int argc, char **argv)
 	serve_http_stop(&sv);
 	fprintf(stderr, "hyb serve: stopped (%llu prompt and %llu generated tokens served)\n",
 		(unsigned long long)sv.mt.prompt_tokens, (unsigned long long)sv.mt.completion_tokens);
-	hyb_model_free((struct hyb_model *)sv.m);
+	/* the watcher may still poll the model: a box model is left to the exit */
+	if (!sv.o.manifest)
+		hyb_model_free((struct hyb_model *)sv.m);
 	free(id);
 	free(sv.api_key);
-	return 0;
+	return sig == SIG_HYBD ? 3 : 0;
 }

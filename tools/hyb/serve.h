@@ -272,6 +272,7 @@ char *serve_json_models(const char *model_id, long long created, uint32_t n_ctx)
 
 struct serve_opts {
 	const char *model;
+	const char *manifest;   /* box mode: hybd's model (docs/BOX.md) instead of a file */
 	const char *host;
 	int port;
 	uint32_t n_ctx;
