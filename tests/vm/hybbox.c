@@ -1544,7 +1544,7 @@ static int cmd_serve(const char *bin, const char *conf, const char *serve, const
 
 	/* hybd stops under a running stream */
 	fd = http_send("POST", "/v1/completions", "{\"prompt\": \"" PROMPT "\", \"max_tokens\": "
-		       "400, \"temperature\": 0, \"stream\": true}");
+		       "96, \"temperature\": 0, \"stream\": true}");
 	usleep(300000);
 	t0 = hyb_now();
 	kill(daemon_pid, SIGTERM);
@@ -1553,8 +1553,9 @@ static int cmd_serve(const char *bin, const char *conf, const char *serve, const
 	daemon_pid = 0;
 	resp = http_read(fd);
 	if (!strstr(resp, "\"finish_reason\":\"length\"") || !strstr(resp, "data: [DONE]"))
-		die("the stream running when hybd stopped did not finish: ...%s",
-		    resp + (strlen(resp) > 400 ? strlen(resp) - 400 : 0));
+		die("the stream running when hybd stopped did not finish (%.0f ms): ...%s\n"
+		    "  hyb serve: %s", ms_since(t0),
+		    resp + (strlen(resp) > 400 ? strlen(resp) - 400 : 0), slurp("/tmp/serve.err"));
 	free(resp);
 	st = wait_exit(sp, 30000);
 	if (st < 0)

@@ -175,11 +175,12 @@ box() {
 		/hybbox box /hybd /etc/hybd.conf /mnt/model.gguf /tmp/box.ids $hyb
 	run "box: hybd SIGKILLed mid-run: app stops with -EPIPE, no hang" 120 \
 		/hybbox box /hybd /etc/hybd.conf /mnt/model.gguf /tmp/box.ids kill $hyb
-	if [ -x /hyb-serve ] && [ -x /hyb ]; then
+	if [ -x /mnt/dyn/hyb-serve ] && [ -x /hyb ]; then
+		ip link set lo up	# the HTTP test talks over loopback
 		run "box: hyb serve --manifest answers as hyb run; hybd stops: the stream finishes, exit 3" \
-			180 /hybbox serve /hybd /etc/hybd.conf /hyb-serve /hyb
+			180 /hybbox serve /hybd /etc/hybd.conf /mnt/dyn/hyb-serve /hyb
 	else
-		echo "HYBVM NOTE box: hyb serve --manifest not run (no dynamic build/hyb to stage)"
+		echo "HYBVM NOTE box: hyb serve --manifest not run (no dynamic build/hyb on the drive)"
 	fi
 	if [ -r /mnt/plan.gguf ]; then
 		run "box: hybrid decoding on hybd's cache, loads through its queue, one app" 240 \

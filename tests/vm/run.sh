@@ -180,19 +180,22 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ]
 			$STATIC_LIBS -o "$OUT/hyb" >>"$OUT/build-box.log" 2>&1 ||
 			{ tail -20 "$OUT/build-box.log"; fail "cannot link a static hyb from $HB"; }
 	fi
-	# hyb serve as make built it, dynamically linked, with the libraries it
-	# loads (ldd), for `hyb serve --manifest` (hybbox serve)
-	rm -rf "$OUT/dyn" && mkdir -p "$OUT/dyn"
+	rm -rf "$OUT/nvme-root" && mkdir -p "$OUT/nvme-root"
+	# hyb serve as make built it (dynamically linked: its HTTP library has no
+	# static build), stripped, with the libraries it loads (ldd) and their
+	# loader, on the drive rather than in the initramfs (whose memory the
+	# pool tests need); dyn/hyb-serve runs it (hybbox serve)
 	if [ -x "$HB/hyb" ] && ldd "$HB/hyb" >"$OUT/hyb.ldd" 2>&1 &&
 	   grep -q libmicrohttpd "$OUT/hyb.ldd"; then
-		cp "$HB/hyb" "$OUT/dyn/hyb-serve" &&
+		d=$OUT/nvme-root/dyn
+		mkdir -p "$d/lib" && strip -o "$d/hyb" "$HB/hyb" &&
 		awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' "$OUT/hyb.ldd" |
-			while read -r lib; do
-				mkdir -p "$OUT/dyn$(dirname "$lib")" &&
-					cp -L "$lib" "$OUT/dyn$lib" || exit 1
-			done || fail "cannot stage hyb serve's libraries ($OUT/hyb.ldd)"
+			while read -r lib; do cp -L "$lib" "$d/lib/" || exit 1; done &&
+		printf '#!/bin/sh\nexec /mnt/dyn/lib/%s --library-path /mnt/dyn/lib /mnt/dyn/hyb "$@"\n' \
+			"$(basename "$(awk '$1 ~ /^\// { print $1 }' "$OUT/hyb.ldd")")" >"$d/hyb-serve" &&
+		chmod 755 "$d/hyb-serve" ||
+			fail "cannot stage hyb serve and its libraries ($OUT/hyb.ldd)"
 	fi
-	rm -rf "$OUT/nvme-root" && mkdir -p "$OUT/nvme-root"
 	"$HB/hybctl" synth -o "$OUT/nvme-root/model.gguf" --hidden 256 --ffn 768 --layers 2 \
 		--vocab 512 --type Q8_0 --seed 7 >"$OUT/box-synth.log" 2>&1 ||
 		{ tail -5 "$OUT/box-synth.log"; fail "hybctl synth failed"; }
@@ -209,7 +212,7 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ]
 		rm -f "$OUT/box.host_ids"
 	command -v mke2fs >/dev/null || PATH=$PATH:/sbin:/usr/sbin
 	mke2fs -q -F -t ext4 -O ^has_journal -E root_owner=0:0 -d "$OUT/nvme-root" \
-		"$OUT/nvme.img" 16M >"$OUT/box-mkfs.log" 2>&1 ||
+		"$OUT/nvme.img" 48M >"$OUT/box-mkfs.log" 2>&1 ||
 		{ cat "$OUT/box-mkfs.log"; fail "cannot make the NVMe image (mke2fs -d, e2fsprogs)"; }
 	# A drive that fails reads: a copy of the image behind
 	# QEMU's blkdebug, which fails (EIO) every read covering the sector that
@@ -255,7 +258,6 @@ cp "$KO" "$OUT/hybtest" "$OUT/hybfuzz" "$OUT/hybmempool" "$OUT/bench_queue" "$IR
 [ -x "$OUT/hyb32" ] && cp "$OUT/hyb32" "$IR/"
 if [ "$BOX" = 1 ]; then
 	[ -x "$OUT/hyb" ] && cp "$OUT/hyb" "$IR/"
-	[ -x "$OUT/dyn/hyb-serve" ] && cp -a "$OUT/dyn/." "$IR/"
 	cp "$OUT/hybd" "$OUT/hybbox" "$IR/" && cp -r "$OUT/kmods" "$IR/kmods" &&
 		cp "$ROOT/tests/vm/hybd.conf" "$IR/etc/hybd.conf" || fail "cannot stage box mode"
 	[ -f "$OUT/box.host_ids" ] && cp "$OUT/box.host_ids" "$IR/box.host_ids"
