@@ -54,6 +54,25 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN {print a / b}'; }
 # --- activation sparsity (sparsity.sh, teal.sh): hyb, text, threads and kind
 # (--cats or --teal) set by the caller ---
 
+# The real models, the held-out text and SmolLM2 in F16 and Q8_0: smol, gemma,
+# f16, q8 (sets them; says why and ends the caller with 0 when they cannot be had).
+sparse_models() { # SCRIPT
+	smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "$1: models unavailable"; exit 0; }
+	gemma=$(bash tests/data/fetch-models.sh gemma3) || { echo "$1: models unavailable"; exit 0; }
+	[[ -r $text ]] || { echo "$1: $text (base-files) is missing"; exit 0; }
+	bash tests/oracle/venv.sh >/dev/null 2>&1 || true
+	local t d
+	for t in F16 Q8_0; do
+		d=models/derived/SmolLM2-135M-Instruct.$t.gguf
+		if [[ ! -f $d && -x .venv/bin/python ]]; then
+			mkdir -p models/derived
+			.venv/bin/python tests/oracle/requant.py "$smol" "$d.tmp" "$t" && mv "$d.tmp" "$d"
+		fi
+	done
+	f16=models/derived/SmolLM2-135M-Instruct.F16.gguf
+	q8=models/derived/SmolLM2-135M-Instruct.Q8_0.gguf
+}
+
 sparse_prompts=("The history of the Roman Empire spans" "def quicksort(arr):"
 		"The three most important inventions of the twentieth century are")
 # The flags for PROFILE at SPARSITY (none at 0: the dense model).

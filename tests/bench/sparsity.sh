@@ -31,17 +31,7 @@ ctl=build/hybctl
 kind=--cats
 mkdir -p "$out"
 
-smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "sparsity.sh: models unavailable"; exit 0; }
-gemma=$(bash tests/data/fetch-models.sh gemma3) || { echo "sparsity.sh: models unavailable"; exit 0; }
-[[ -r $text ]] || { echo "sparsity.sh: $text (base-files) is missing"; exit 0; }
-bash tests/oracle/venv.sh >/dev/null 2>&1 || true
-for t in F16 Q8_0; do
-	d=models/derived/SmolLM2-135M-Instruct.$t.gguf
-	if [[ ! -f $d && -x .venv/bin/python ]]; then
-		mkdir -p models/derived
-		.venv/bin/python tests/oracle/requant.py "$smol" "$d.tmp" "$t" && mv "$d.tmp" "$d"
-	fi
-done
+sparse_models sparsity.sh
 
 profile() { # MODEL PROFILE
 	[[ -f $2 && $2 -nt $1 && $2 -nt $ctl ]] ||
@@ -64,7 +54,7 @@ bench() { # SOURCE PROFILE PLAN SPARSITY
 echo
 echo "== speed: plan decode, sparse against dense of the same weights, $rounds rounds, $threads threads"
 sname=$(basename "$smol" .gguf)
-models=(models/derived/SmolLM2-135M-Instruct.F16.gguf models/derived/SmolLM2-135M-Instruct.Q8_0.gguf)
+models=("$f16" "$q8")
 if [[ -z ${QUICK:-} ]]; then
 	synth=$out/silu-4096x11008.Q8_0.gguf
 	[[ -f $synth ]] || $ctl synth -o "$synth" --hidden 4096 --ffn 11008 --layers 4 --heads 32 \

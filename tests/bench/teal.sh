@@ -33,19 +33,7 @@ ctl=build/hybctl
 kind=--teal
 mkdir -p "$out"
 
-smol=$(bash tests/data/fetch-models.sh smollm2) || { echo "teal.sh: models unavailable"; exit 0; }
-gemma=$(bash tests/data/fetch-models.sh gemma3) || { echo "teal.sh: models unavailable"; exit 0; }
-[[ -r $text ]] || { echo "teal.sh: $text (base-files) is missing"; exit 0; }
-bash tests/oracle/venv.sh >/dev/null 2>&1 || true
-for t in F16 Q8_0; do
-	d=models/derived/SmolLM2-135M-Instruct.$t.gguf
-	if [[ ! -f $d && -x .venv/bin/python ]]; then
-		mkdir -p models/derived
-		.venv/bin/python tests/oracle/requant.py "$smol" "$d.tmp" "$t" && mv "$d.tmp" "$d"
-	fi
-done
-f16=models/derived/SmolLM2-135M-Instruct.F16.gguf
-q8=models/derived/SmolLM2-135M-Instruct.Q8_0.gguf
+sparse_models teal.sh
 [[ -f $f16 && -f $q8 ]] || { echo "teal.sh: SmolLM2 F16/Q8_0 could not be made"; exit 0; }
 
 profile() { # MODEL PROFILE [profile args]

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "as_seen.h"
 #include "test.h"
 
 #define HYB "build/hyb"
@@ -304,43 +305,16 @@ static void check_error_body(const char *resp, const char *needle)
 	json_decref(j);
 }
 
-/*
- * Text as a client sees it: bytes that are not UTF-8 (the synthetic
- * vocabulary's byte tokens, which hyb run prints raw and the server sends as
- * U+FFFD) and U+FFFD itself become one '?' per run.
- */
+/* Text as a client sees it (as_seen.h), malloc'd. */
 static char *as_seen(const char *s, size_t n)
 {
 	char *out = malloc(n + 1);
-	size_t o = 0;
-	bool bad_run = false;
 
 	CHECK(out);
-	for (size_t i = 0; i < n;) {
-		unsigned char c = (unsigned char)s[i];
-		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 :
-			     (c & 0xf8) == 0xf0 ? 4 : 0;
-		bool ok = len && i + len <= n;
-
-		for (size_t k = 1; ok && k < len; k++)
-			ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
-		if (ok && !(len == 3 && !memcmp(s + i, "\xef\xbf\xbd", 3))) {
-			memcpy(out + o, s + i, len);
-			o += len;
-			i += len;
-			bad_run = false;
-			continue;
-		}
-		if (!bad_run)
-			out[o++] = '?';
-		bad_run = true;
-		i += ok ? len : 1;
-	}
-	out[o] = 0;
+	hyb_as_seen(s, n, out);
 	return out;
 }
 
-/* hyb run's greedy text for prompt (chat: the reply), as a client sees it. */
 static char *run_text(const char *model, const char *prompt, int n, bool chat)
 {
 	char out[600], err[600], *text;

@@ -85,6 +85,7 @@
 #include "hyb/pool.h"
 #include "hyb/sampler.h"
 #include "hyb/tokenizer.h"
+#include "../unit/as_seen.h"
 
 #define PROMPT "Once upon a time in a box"
 #define MAX_IDS 256
@@ -1457,39 +1458,6 @@ static char *http_read(int fd)
 	return buf;
 }
 
-/*
- * Text as a client sees it: bytes that are not UTF-8 (byte tokens, which
- * hyb run prints raw and the server sends as U+FFFD) and U+FFFD itself
- * become one '?' per run (as tests/unit/test_serve.c compares them).
- */
-static void as_seen(const char *s, size_t n, char *out)
-{
-	size_t o = 0;
-	bool bad_run = false;
-
-	for (size_t i = 0; i < n;) {
-		unsigned char c = (unsigned char)s[i];
-		size_t len = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 :
-			     (c & 0xf8) == 0xf0 ? 4 : 0;
-		bool ok = len && i + len <= n;
-
-		for (size_t k = 1; ok && k < len; k++)
-			ok = ((unsigned char)s[i + k] & 0xc0) == 0x80;
-		if (ok && !(len == 3 && !memcmp(s + i, "\xef\xbf\xbd", 3))) {
-			memcpy(out + o, s + i, len);
-			o += len;
-			i += len;
-			bad_run = false;
-			continue;
-		}
-		if (!bad_run)
-			out[o++] = '?';
-		bad_run = true;
-		i += ok ? len : 1;
-	}
-	out[o] = 0;
-}
-
 static int cmd_serve(const char *bin, const char *conf, const char *serve, const char *hyb)
 {
 	const char *run_argv[] = { hyb, "run", "--manifest", "vm", "-p", PROMPT, "-n", "16", "-t",
@@ -1513,7 +1481,7 @@ static int cmd_serve(const char *bin, const char *conf, const char *serve, const
 	snprintf(out, sizeof(out), "%s", slurp("/tmp/run.out"));
 	if (!WIFEXITED(st) || WEXITSTATUS(st) || strncmp(out, PROMPT, strlen(PROMPT)))
 		die("hyb run --manifest: status %#x: %s%s", st, out, slurp("/tmp/run.err"));
-	as_seen(out + strlen(PROMPT), strlen(out) - strlen(PROMPT) - 1, want);
+	hyb_as_seen(out + strlen(PROMPT), strlen(out) - strlen(PROMPT) - 1, want);
 
 	sp = spawn(serve_argv, "/tmp/serve.out", "/tmp/serve.err");
 	hyb_pid = sp;
@@ -1534,7 +1502,7 @@ static int cmd_serve(const char *bin, const char *conf, const char *serve, const
 	t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
 	if (strncmp(resp, "HTTP/1.1 200", 12) || !json_is_string(t))
 		die("hyb serve's completion: %.500s", resp);
-	as_seen(json_string_value(t), json_string_length(t), got);
+	hyb_as_seen(json_string_value(t), json_string_length(t), got);
 	if (strcmp(got, want))
 		die("hyb serve --manifest answered \"%s\", hyb run --manifest printed \"%s\"", got,
 		    want);
