@@ -264,6 +264,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free(c->teal_idx);
 	free(c->teal_val);
 	free(c->teal_y);
+	free(c->teal_layer_st);
 	free(c);
 }
 
@@ -470,6 +471,8 @@ int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
 		if (!c->teal)
 			return hyb_error_rc();
 	}
+	if (!c->teal_layer_st && !(c->teal_layer_st = calloc(n, sizeof(*c->teal_layer_st))))
+		return hyb_error_set(-ENOMEM, "out of memory");
 	if (!c->teal_thr && !(c->teal_thr = malloc(sizeof(float) * n)))
 		return hyb_error_set(-ENOMEM, "out of memory");
 	memcpy(c->teal_thr, thr, sizeof(float) * n);
@@ -486,9 +489,25 @@ void hyb_ctx_teal_stats(const struct hyb_ctx *c, struct hyb_teal_stats *out)
 	*out = c->teal_st;
 }
 
+int hyb_ctx_teal_layer_stats(const struct hyb_ctx *c, uint32_t layer, uint32_t input,
+			     struct hyb_teal_stats *out)
+{
+	if (layer >= c->m->hp.n_layer || input >= HYB_TEAL_INPUTS)
+		return hyb_error_set(-EINVAL, "layer %u input %u: the model has %u layers of %d "
+				     "inputs", layer, input, c->m->hp.n_layer, HYB_TEAL_INPUTS);
+	if (!c->teal_layer_st)
+		memset(out, 0, sizeof(*out));
+	else
+		*out = c->teal_layer_st[(size_t)layer * HYB_TEAL_INPUTS + input];
+	return 0;
+}
+
 void hyb_ctx_teal_stats_reset(struct hyb_ctx *c)
 {
 	memset(&c->teal_st, 0, sizeof(c->teal_st));
+	if (c->teal_layer_st)
+		memset(c->teal_layer_st, 0,
+		       sizeof(*c->teal_layer_st) * c->m->hp.n_layer * HYB_TEAL_INPUTS);
 }
 
 void hyb_ctx_set_input_probe(struct hyb_ctx *c, hyb_input_probe_fn fn, void *user)

@@ -268,10 +268,17 @@ static void project(struct hyb_ctx *c, uint32_t l, uint32_t in, float *x, uint32
 					   c->teal_idx, c->teal_val, out);
 	const uint64_t row = hyb_row_bytes(t->type, t->n_out);
 
-	c->teal_st.inputs += t->n_in;
-	c->teal_st.active += act;
-	c->teal_st.bytes += act * row;
-	c->teal_st.dense_bytes += t->n_in * row;
+	struct hyb_teal_stats *st[2] = {
+		&c->teal_st,
+		c->teal_layer_st ? &c->teal_layer_st[(size_t)l * HYB_TEAL_INPUTS + in] : NULL,
+	};
+
+	for (int i = 0; i < 2 && st[i]; i++) {
+		st[i]->inputs += t->n_in;
+		st[i]->active += act;
+		st[i]->bytes += act * row;
+		st[i]->dense_bytes += t->n_in * row;
+	}
 	for (int i = 0; nw > 1 && i < nw; i++) {
 		memcpy(y[i], out + off, sizeof(float) * w[i]->ne1);
 		off += w[i]->ne1;

@@ -84,6 +84,7 @@ struct hyb_ctx {
 	uint32_t *teal_idx;
 	float *teal_val, *teal_y;
 	struct hyb_teal_stats teal_st;
+	struct hyb_teal_stats *teal_layer_st; /* [n_layer][HYB_TEAL_INPUTS] */
 	hyb_input_probe_fn in_probe;
 	void *in_probe_user;
 

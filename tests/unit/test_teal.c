@@ -259,6 +259,22 @@ TEST(teal_decode_matches_masked_prompt)
 		1.0 - (double)st.bytes / st.dense_bytes);
 	CHECK_MSG(fabs(1.0 - (double)st.active / st.inputs - 0.5) < 0.15, "skipped %g",
 		  1.0 - (double)st.active / st.inputs);
+	{
+		struct hyb_teal_stats sum = { 0 }, one;
+
+		/* per layer and input, adding up to the whole */
+		for (uint32_t l = 0; l < m->hp.n_layer; l++)
+			for (uint32_t i = 0; i < HYB_TEAL_INPUTS; i++) {
+				CHECK(!hyb_ctx_teal_layer_stats(cd, l, i, &one));
+				CHECK(one.inputs > 0 && one.active <= one.inputs);
+				sum.inputs += one.inputs;
+				sum.active += one.active;
+				sum.bytes += one.bytes;
+			}
+		CHECK(sum.inputs == st.inputs && sum.active == st.active && sum.bytes == st.bytes);
+		CHECK(hyb_ctx_teal_layer_stats(cd, m->hp.n_layer, 0, &one) == -EINVAL);
+		CHECK(hyb_ctx_teal_layer_stats(cd, 0, HYB_TEAL_INPUTS, &one) == -EINVAL);
+	}
 	hyb_ctx_teal_stats_reset(cd);
 	hyb_ctx_teal_stats(cd, &st);
 	CHECK(!st.inputs && !st.bytes);

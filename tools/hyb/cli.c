@@ -279,6 +279,33 @@ void cli_print_sparse(const struct hyb_ctx *c, double t_decode)
 		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
 }
 
+void cli_print_teal(const struct hyb_ctx *c, const struct hyb_model *m)
+{
+	struct hyb_teal_stats st, in[HYB_TEAL_INPUTS] = { { 0 } };
+
+	hyb_ctx_teal_stats(c, &st);
+	if (!st.inputs)
+		return;
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		for (uint32_t i = 0; i < HYB_TEAL_INPUTS; i++) {
+			struct hyb_teal_stats one;
+
+			if (hyb_ctx_teal_layer_stats(c, l, i, &one))
+				return;
+			in[i].inputs += one.inputs;
+			in[i].active += one.active;
+		}
+	fprintf(stderr, "teal: decode skipped %.1f%% of projection inputs (", 100.0 *
+		(double)(st.inputs - st.active) / (double)st.inputs);
+	for (uint32_t i = 0; i < HYB_TEAL_INPUTS; i++)
+		fprintf(stderr, "%s%s %.1f%%", i ? ", " : "", hyb_teal_input_name(i),
+			in[i].inputs ? 100.0 * (double)(in[i].inputs - in[i].active) /
+					       (double)in[i].inputs
+				     : 0.0);
+	fprintf(stderr, "), %.1f%% of their bytes\n",
+		100.0 * (double)(st.dense_bytes - st.bytes) / (double)st.dense_bytes);
+}
+
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n)
 {
 	size_t len = strlen(text);

@@ -59,6 +59,8 @@ struct hyb_model *cli_load_manifest(const char *src);
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o);
 /* One stderr line on sparse decoding (nothing for a dense context). */
 void cli_print_sparse(const struct hyb_ctx *c, double t_decode);
+/* TEAL's decode steps: the share of inputs skipped, per input kind, and of bytes. */
+void cli_print_teal(const struct hyb_ctx *c, const struct hyb_model *m);
 /* cli_hybrid.c: --gpu-budget resolved against the model (bytes); stats lines. */
 uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m);
 void cli_print_hybrid(struct hyb_ctx *c, double t_decode);

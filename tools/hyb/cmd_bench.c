@@ -23,6 +23,7 @@
 #include "hyb/tensor_type.h"
 #include "hyb/membw.h"
 #include "hyb/roofline.h"
+#include "hyb/sparsity.h"
 #include "hyb/threadpool.h"
 
 static const char usage[] =
@@ -151,6 +152,7 @@ struct bench {
 	struct hyb_ctx *c, *cs, *cb;	/* dense; sparse (a plan); the baseline */
 	struct hyb_ctx *ct;		/* --teal: TEAL decoding */
 	struct hyb_teal_stats tst;	/* its decode steps, all rounds */
+	struct hyb_teal_stats *tls;	/* ... per layer and input [n_layer][HYB_TEAL_INPUTS] */
 	double *t_teal, *r_teal;
 	uint64_t teal_agree;
 	int n_prompt, nth;
@@ -265,6 +267,17 @@ static void round_teal(struct bench *b, int r)
 	b->t_teal[r] = hyb_now() - t0;
 	b->r_teal[r] = b->t_dec[r] / b->t_teal[r];
 	hyb_ctx_teal_stats(b->ct, &one);
+	if (!b->tls && !(b->tls = calloc((size_t)b->m->hp.n_layer * HYB_TEAL_INPUTS,
+					 sizeof(*b->tls))))
+		cli_die("out of memory");
+	for (uint32_t i = 0; i < b->m->hp.n_layer * HYB_TEAL_INPUTS; i++) {
+		struct hyb_teal_stats ls;
+
+		if (hyb_ctx_teal_layer_stats(b->ct, i / HYB_TEAL_INPUTS, i % HYB_TEAL_INPUTS, &ls))
+			cli_die("%s", hyb_last_error());
+		b->tls[i].inputs += ls.inputs;
+		b->tls[i].active += ls.active;
+	}
 	b->tst.inputs += one.inputs;
 	b->tst.active += one.active;
 	b->tst.bytes += one.bytes;
@@ -294,6 +307,19 @@ static void print_teal(const struct bench *b)
 	       100.0 * (1.0 - (double)st->active / (double)st->inputs),
 	       100.0 * (double)(st->dense_bytes - st->bytes) / (double)st->dense_bytes,
 	       100.0 * b->teal_agree / steps);
+	/* the sparsity each layer's inputs reached, as the calibration set it */
+	printf("teal        skipped per layer (%s/%s/%s/%s, %%):", hyb_teal_input_name(0),
+	       hyb_teal_input_name(1), hyb_teal_input_name(2), hyb_teal_input_name(3));
+	for (uint32_t l = 0; b->tls && l < b->m->hp.n_layer; l++) {
+		printf("%s %u", l % 8 ? "," : "\nteal         ", l);
+		for (uint32_t i = 0; i < HYB_TEAL_INPUTS; i++) {
+			const struct hyb_teal_stats *ls = &b->tls[l * HYB_TEAL_INPUTS + i];
+
+			printf("%s%.0f", i ? "/" : " ", ls->inputs ? 100.0 * (double)(ls->inputs -
+							ls->active) / (double)ls->inputs : 0.0);
+		}
+	}
+	printf("\n");
 	printf("teal        %.1f MB/token read -> roofline %.2f tokens/s, %.0f%% of it; bound "
 	       "from bytes: %.2fx dense (the projections are %.0f%% of a dense token's "
 	       "bytes)\n", tb / 1e6, bw_med / tb, 100 * tps * tb / bw_med, b->bytes_tok / tb,
@@ -567,6 +593,7 @@ static void bench_free(struct bench *b)
 	free(b->toks);
 	free(b->logits);
 	free(b->moe_counts);
+	free(b->tls);
 	hyb_ctx_free(b->c);
 	hyb_ctx_free(b->cs);
 	hyb_ctx_free(b->cb);

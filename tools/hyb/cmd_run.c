@@ -158,6 +158,7 @@ int cmd_run(int argc, char **argv)
 			ls.ns ? ls.bytes / (double)ls.ns : 0.0, ls.direct ? ", O_DIRECT" : ", cached");
 	}
 	cli_print_sparse(c, st.t_gen);
+	cli_print_teal(c, m);
 	cli_print_hybrid(c, st.t_gen);
 	hyb_sampler_free(s);
 	hyb_ctx_free(c);

@@ -507,6 +507,9 @@ struct hyb_teal_stats {
 	uint64_t dense_bytes; /* what the same projections read dense */
 };
 void hyb_ctx_teal_stats(const struct hyb_ctx *c, struct hyb_teal_stats *out);
+/* The same for one input (enum hyb_teal_input) of one layer; -EINVAL out of range. */
+int hyb_ctx_teal_layer_stats(const struct hyb_ctx *c, uint32_t layer, uint32_t input,
+			     struct hyb_teal_stats *out);
 void hyb_ctx_teal_stats_reset(struct hyb_ctx *c);
 
 /*
