@@ -315,21 +315,27 @@ static char *as_seen(const char *s, size_t n)
 	return out;
 }
 
-static char *run_text(const char *model, const char *prompt, int n, bool chat)
+static char *run_text_args(const char *model, const char *prompt, int n, bool chat,
+			   const char *extra)
 {
 	char out[600], err[600], *text;
 	size_t len, skip = chat ? 0 : strlen(prompt);
 
 	snprintf(out, sizeof(out), "%s/run-%d.out", hyb_test_tmpdir(), chat);
 	snprintf(err, sizeof(err), "%s/run.err", hyb_test_tmpdir());
-	CHECK_EQ_INT(hyb_test_sh(err, "{ " HYB " run -m '%s' %s -p '%s' -n %d -t 1 >%s; }", model,
-				 chat ? "--chat" : "", prompt, n, out), 0);
+	CHECK_EQ_INT(hyb_test_sh(err, "{ " HYB " run -m '%s' %s %s -p '%s' -n %d -t 1 >%s; }",
+				 model, chat ? "--chat" : "", extra, prompt, n, out), 0);
 	text = slurp(out, &len);
 	CHECK(text && len > skip && text[len - 1] == '\n');
 	char *seen = as_seen(text + skip, len - skip - 1);
 
 	free(text);
 	return seen;
+}
+
+static char *run_text(const char *model, const char *prompt, int n, bool chat)
+{
+	return run_text_args(model, prompt, n, chat, "");
 }
 
 static void openai_client(const char *model, const char *prompt, int n, const char *extra,
@@ -812,4 +818,53 @@ TEST(serve_manifest_errors)
 	CHECK(!hyb_test_sh(glog, "grep -q 'none.manifest' %s", log));
 	CHECK_EQ_INT(hyb_test_sh(log, HYB " serve -m %s --manifest x --port 0", syn_model()), 1);
 	CHECK(!hyb_test_sh(glog, "grep -q 'one model' %s", log));
+}
+
+/*
+ * TEAL (docs/SPARSITY.md#teal): each request decodes on an engine of its
+ * own, the same steps as `hyb run --teal`, so the same greedy text, alone
+ * and with several requests at once.
+ */
+TEST(serve_teal_greedy)
+{
+	const char *model = syn_model();
+	char prof[600], log[600], extra[800], body[256], *want, *resp, *text, *seen;
+	struct srv s;
+	size_t len;
+	int fds[4];
+
+	snprintf(prof, sizeof(prof), "%s/syn.teal.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --gen 16 -t 1 -o %s",
+				 hyb_test_hybctl(), model, prof), 0);
+	snprintf(extra, sizeof(extra), "--teal %s --sparsity 0.4", prof);
+	want = run_text_args(model, "sparse hello", 24, false, extra);
+	snprintf(extra, sizeof(extra), "--teal %s --sparsity 0.4 --parallel 2", prof);
+	srv_start(&s, model, extra);
+	snprintf(body, sizeof(body), "{\"prompt\": \"sparse hello\", \"max_tokens\": 24, "
+		 "\"temperature\": 0}");
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	text = completion_text(resp, &len);
+	seen = as_seen(text, len);
+	CHECK_MSG(!strcmp(seen, want), "TEAL serve \"%s\" vs hyb run's \"%s\"", seen, want);
+	free(seen);
+	free(text);
+	free(resp);
+	for (int i = 0; i < 4; i++)
+		fds[i] = request(s.port, "POST", "/v1/completions", NULL, body);
+	for (int i = 0; i < 4; i++) {
+		resp = read_all(fds[i]);
+		CHECK_EQ_INT(status_of(resp), 200);
+		text = completion_text(resp, &len);
+		seen = as_seen(text, len);
+		CHECK_MSG(!strcmp(seen, want), "request %d: \"%s\" vs \"%s\"", i, seen, want);
+		free(seen);
+		free(text);
+		free(resp);
+	}
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	text = slurp(s.log, NULL);
+	CHECK(text && strstr(text, "TEAL: 2 engines of one sequence"));
+	free(text);
+	free(want);
 }

@@ -26,6 +26,7 @@
 #include "hyb/clock.h"
 #include "hyb/model.h"
 #include "hyb/roofline.h"
+#include "hyb/sparsity.h"
 #include "serve.h"
 
 static const char usage[] =
@@ -35,6 +36,7 @@ static const char usage[] =
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
 	"                 [--kv-size N] [--batch-variant] [--no-batch]\n"
+	"                 [--teal PROFILE [--sparsity S]]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --manifest NAME: box mode, hybd's copy of the model (docs/BOX.md); when hybd\n"
@@ -49,6 +51,8 @@ static const char usage[] =
 	"  --batch-variant: let a request's sums depend on its batch (faster for F16\n"
 	"    and K-quant weights; default: the same tokens alone or batched)\n"
 	"  --no-batch: --parallel engines of one request each instead of one batch\n"
+	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); each\n"
+	"    request then decodes on an engine of its own\n"
 	"  --api-key-file FILE: requests need 'Authorization: Bearer KEY' (KEY: the\n"
 	"    file's first line); GET /health does not\n"
 	"  --queue N: requests that may wait for a busy slot (32; 0: none wait); more get\n"
@@ -65,7 +69,7 @@ static const char usage[] =
 
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
-       O_MANIFEST };
+       O_MANIFEST, O_TEAL, O_SPARSITY };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -88,6 +92,8 @@ static const struct option longopts[] = {
 	{ "batch-variant", no_argument, 0, O_VARIANT },
 	{ "no-batch", no_argument, 0, O_NOBATCH },
 	{ "manifest", required_argument, 0, O_MANIFEST },
+	{ "teal", required_argument, 0, O_TEAL },
+	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
 };
@@ -98,7 +104,7 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 
 	*o = (struct serve_opts){ .host = "127.0.0.1", .port = 8080, .parallel = 1, .queue = 32,
 				  .timeout_s = 600, .idle_timeout_s = 30, .max_body = 4 << 20,
-				  .grace_s = 30, .max_conns = 256 };
+				  .grace_s = 30, .max_conns = 256, .sparsity = -1 };
 	optind = 1;
 	while ((c = getopt_long(argc, argv, "m:t:c:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -124,12 +130,21 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_VARIANT: o->batch_variant = true; break;
 		case O_NOBATCH: o->no_batch = true; break;
 		case O_MANIFEST: o->manifest = optarg; break;
+		case O_TEAL: o->teal = optarg; break;
+		case O_SPARSITY:
+			o->sparsity = cli_num("--sparsity", optarg, 0, 1);
+			if (o->sparsity >= 1)
+				cli_die("--sparsity %s: the fraction of inputs to skip, below 1",
+					optarg);
+			break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
 	}
 	if (optind < argc)
 		cli_die("unexpected argument '%s'", argv[optind]);
+	if (o->sparsity >= 0 && !o->teal)
+		cli_die("--sparsity needs --teal PROFILE");
 	if (o->model && o->manifest)
 		cli_die("-m %s and --manifest %s: one model", o->model, o->manifest);
 	if (!o->model && !o->manifest)
@@ -257,11 +272,20 @@ int cmd_serve(int argc, char **argv)
 	sv.created = (long long)time(NULL);
 	serve_json_init();
 	serve_metrics_init(&sv.mt);
+	if (sv.o.teal) {
+		sv.teal_thr = malloc(sizeof(float) * sv.m->hp.n_layer * HYB_TEAL_INPUTS);
+		if (!sv.teal_thr)
+			cli_die("out of memory");
+		if (hyb_sparsity_teal_thresholds(sv.o.teal, sv.o.sparsity > 0 ? sv.o.sparsity : 0,
+						 sv.teal_thr, sv.m->hp.n_layer))
+			cli_die("--teal %s: %s", sv.o.teal, hyb_last_error());
+	}
 	{
 		const struct serve_engine_opts eo = {
 			.parallel = sv.o.parallel, .max_depth = sv.o.queue, .n_ctx = sv.o.n_ctx,
 			.n_threads = sv.o.n_threads, .kv_size = sv.o.kv_size,
 			.batch_variant = sv.o.batch_variant, .no_batch = sv.o.no_batch,
+			.teal_thr = sv.teal_thr,
 		};
 
 		if (serve_queue_start(&sv.q, sv.m, &sv.mt, &eo))
@@ -335,5 +359,6 @@ int cmd_serve(int argc, char **argv)
 		hyb_model_free((struct hyb_model *)sv.m);
 	free(id);
 	free(sv.api_key);
+	free(sv.teal_thr);
 	return sig == SIG_HYBD ? 3 : 0;
 }

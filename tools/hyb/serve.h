@@ -158,6 +158,7 @@ struct serve_queue {
 	int capacity;                 /* jobs that may run at once, all engines together */
 	bool batched;                 /* one engine of capacity sequences */
 	uint32_t n_ctx;               /* positions of each sequence */
+	const float *teal_thr;        /* serve_engine_opts.teal_thr */
 };
 
 struct serve_engine_opts {
@@ -168,6 +169,9 @@ struct serve_engine_opts {
 	uint32_t kv_size;             /* batched: positions of the shared cache (0: parallel x n_ctx) */
 	bool batch_variant;           /* hyb_ctx_params.batch_variant */
 	bool no_batch;                /* one engine per job even when the model batches */
+	/* TEAL thresholds (hyb/sparsity.h) for every engine, or NULL; with them
+	 * each job gets an engine of its own (docs/SERVE.md) */
+	const float *teal_thr;
 };
 
 /* The engines, and their threads. 0, or a negative errno (the reason on stderr). */
@@ -273,6 +277,8 @@ char *serve_json_models(const char *model_id, long long created, uint32_t n_ctx)
 struct serve_opts {
 	const char *model;
 	const char *manifest;   /* box mode: hybd's model (docs/BOX.md) instead of a file */
+	const char *teal;       /* TEAL profile (hyb/sparsity.h), or NULL */
+	double sparsity;        /* its sparsity; < 0: the profile's own */
 	const char *host;
 	int port;
 	uint32_t n_ctx;
@@ -298,6 +304,7 @@ struct serve {
 	const struct hyb_model *m;
 	const char *model_id;
 	char *api_key;           /* NULL: no auth */
+	float *teal_thr;         /* --teal's thresholds, or NULL */
 	int tmpl;                /* chat template */
 	long long created;
 	struct serve_queue q;

@@ -425,7 +425,7 @@ static int engine_new(struct serve_queue *q, struct serve_slot *sl, int n_seq,
 	sl->q = q;
 	sl->n_seq = n_seq;
 	sl->ctx = hyb_ctx_new(q->m, p);
-	if (!sl->ctx)
+	if (!sl->ctx || (q->teal_thr && hyb_ctx_set_teal_thresholds(sl->ctx, q->teal_thr)))
 		return -1;
 	sl->act = calloc((size_t)n_seq, sizeof(*sl->act));
 	sl->b = calloc((size_t)n_seq, sizeof(*sl->b));
@@ -454,7 +454,11 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 	q->slots = calloc((size_t)o->parallel, sizeof(*q->slots));
 	if (!q->slots)
 		return -ENOMEM;
-	if (o->parallel > 1 && !o->no_batch) {
+	q->teal_thr = o->teal_thr;
+	if (o->teal_thr && o->parallel > 1 && !o->no_batch)
+		fprintf(stderr, "hyb serve: TEAL: %d engines of one sequence (a batched pass runs "
+			"the thresholds on the dense kernels: docs/SERVE.md)\n", o->parallel);
+	if (o->parallel > 1 && !o->no_batch && !o->teal_thr) {
 		/* one engine batching every job, if the model can */
 		q->n_slots = 1;
 		if (engine_new(q, &q->slots[0], o->parallel, &p) == 0) {
