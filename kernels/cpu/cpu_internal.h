@@ -59,6 +59,9 @@ void hyb_fill_k_extra_scalar(struct hyb_cpu_kernels *k);
 void hyb_fill_k_extra_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_k_extra_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_k_extra_avx512vnni(struct hyb_cpu_kernels *k);
+/* the packed prefill of Q2_K/Q3_K/Q5_K/IQ4_XS (gemm_q_avx512_body.h): 0 done, -1 not */
+int hyb_gemm_kx_packed_avx512(uint32_t type, int repacked, HYB_GEMM_ARGS);
+int hyb_gemm_kx_packed_avx512vnni(uint32_t type, int repacked, HYB_GEMM_ARGS);
 /* quant_ref_k_extra.c: their reference quantizers; -1 for another type */
 int hyb_quantize_k_extra_ref(uint32_t type, const float *x, void *out, int64_t n);
 /* quant_ref.c: llama.cpp's make_qkx2_quants, for quant_ref_k_extra.c */

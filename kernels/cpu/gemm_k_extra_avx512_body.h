@@ -25,9 +25,11 @@
  * into llama.cpp's lane l. The offsets that llama.cpp applies per element
  * (Q3_K's -4) stay per element here too, so each lane's integer is the same.
  *
- * One kernel shape, direct: XR rows x up to XC columns per tile, straight
- * from the GGUF blocks, each row's unpacked block reused by every column of
- * the tile; the next tile's rows are prefetched (decode is memory-bound).
+ * Here one kernel shape, direct: XR rows x up to XC columns per tile,
+ * straight from the GGUF blocks, each row's unpacked block reused by every
+ * column of the tile; the next tile's rows are prefetched (decode is
+ * memory-bound). Prefill (M_TILED, M_GEMM) goes to the packed panels of
+ * gemm_q_avx512_packed.h first, which sum alike.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -470,19 +472,26 @@ static void xgemm(enum xt t, enum xm m, HYB_GEMM_ARGS)
 #define XSFX(name) name##_avx512
 #endif
 
-/* not repacked: vec_dot below 8 columns, the tiled matmul from 8 (tiled.cpp ggml_tiled_min_batch) */
-#define XENTRY(name, T)                                                                  \
+/*
+ * not repacked: vec_dot below 8 columns, the tiled matmul from 8 (tiled.cpp
+ * ggml_tiled_min_batch), whose sums the packed prefill kernel of
+ * gemm_q_avx512_packed.h forms too, faster where it applies
+ */
+#define XENTRY(name, T, TYPE)                                                            \
 	static void XSFX(name)(HYB_GEMM_ARGS)                                            \
 	{                                                                                \
 		if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))                      \
 			return;                                                          \
+		if (!XSFX(hyb_gemm_kx_packed)(TYPE, 0, k, w, w_stride, nrows, x, x_stride, \
+					      ncols, y, y_stride))                       \
+			return;                                                          \
 		xgemm(T, ncols < 8 ? M_DOT : M_TILED, k, w, w_stride, nrows, x, x_stride, \
 		      ncols, y, y_stride);                                               \
 	}
-XENTRY(gemm_q2_k_m1, X_Q2)
-XENTRY(gemm_q3_k, X_Q3)
-XENTRY(gemm_q5_k, X_Q5)
-XENTRY(gemm_iq4_xs, X_IQ4)
+XENTRY(gemm_q2_k_m1, X_Q2, HYB_TYPE_Q2_K)
+XENTRY(gemm_q3_k, X_Q3, HYB_TYPE_Q3_K)
+XENTRY(gemm_q5_k, X_Q5, HYB_TYPE_Q5_K)
+XENTRY(gemm_iq4_xs, X_IQ4, HYB_TYPE_IQ4_XS)
 #undef XENTRY
 
 /* repacked Q2_K (rows % 8 == 0): GEMM on ncols - ncols % 4 columns, GEMV on the rest */
@@ -492,7 +501,8 @@ static void XSFX(gemm_q2_k)(HYB_GEMM_ARGS)
 
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
 		return;
-	if (n4)
+	if (n4 && XSFX(hyb_gemm_kx_packed)(HYB_TYPE_Q2_K, 1, k, w, w_stride, nrows, x, x_stride, n4,
+					    y, y_stride))
 		xgemm(X_Q2, M_GEMM, k, w, w_stride, nrows, x, x_stride, n4, y, y_stride);
 	if (n4 < ncols)
 		xgemm(X_Q2, M_GEMV, k, w, w_stride, nrows, (const uint8_t *)x + (size_t)n4 * x_stride,

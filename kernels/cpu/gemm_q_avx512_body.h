@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * AVX-512 quantized matrix kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
- * Q4_K, Q6_K), written once and
+ * Q4_K, Q6_K; the packed prefill of Q2_K, Q3_K, Q5_K, IQ4_XS), written once and
  * compiled twice: by gemm_q_avx512.c with HYB_VNNI 0 and by
  * gemm_q_avx512vnni.c with HYB_VNNI 1. Only those two files include it; the
  * kernels themselves are in gemm_q_avx512_direct_q0.h, gemm_q_avx512_direct_k.h
@@ -248,6 +248,33 @@ static void SFX(gemm_q6_k)(HYB_GEMM_ARGS)
 		return;
 	dgemm(ncols < 8 ? D_Q6K_DOT : D_Q6K_TILED, k, w, w_stride, nrows, x, x_stride, ncols, y,
 	      y_stride, hyb_gemm_q6_k_scalar);
+}
+
+/*
+ * The packed prefill of the types gemm_k_extra_avx512_body.h serves, which
+ * asks here first: Q3_K, Q5_K, IQ4_XS from 8 columns (the tiled K-quant
+ * matmul, as Q6_K's); repacked Q2_K on a multiple of 4 columns (its
+ * q2_K_8x8 GEMM, as Q4_K's). IQ4_XS needs VNNI (its codes are 0..241).
+ * Returns -1, nothing written, where it does not apply or scratch memory is
+ * short.
+ */
+int SFX(hyb_gemm_kx_packed)(uint32_t type, int repacked, HYB_GEMM_ARGS)
+{
+	enum ptype t;
+
+	if (repacked && type == HYB_TYPE_Q2_K && ncols >= 4 && ncols % 4 == 0)
+		t = P_Q2_K;
+	else if (repacked || ncols < 8)
+		return -1;
+	else if (type == HYB_TYPE_Q3_K)
+		t = P_Q3_K;
+	else if (type == HYB_TYPE_Q5_K)
+		t = P_Q5_K;
+	else if (type == HYB_TYPE_IQ4_XS && HYB_VNNI)
+		t = P_IQ4_XS;
+	else
+		return -1;
+	return packed_gemm(t, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
 }
 
 /* Q5_0, Q4_1, Q5_1 (never repacked on x86): one summation for every column count */

@@ -22,19 +22,54 @@
 #define NCP 4  /* columns per micro-tile (xpack_q8 reduces exactly 4) */
 #define PF_CHUNKS 1 /* packed chunks ahead that software prefetch reads */
 
-/* Q4_K: 8 scales, 4 min pairs (int16 x 2), d, dmin; Q6_K: 16 scales, d (scales as floats) */
+/*
+ * Per 16 rows of a packed super-block, scales as floats: Q4_K and Q5_K 8
+ * scales, 4 min pairs (int16 x 2), d, dmin; Q6_K and Q3_K 16 scales, d;
+ * IQ4_XS 8 scales, d; Q2_K 16 scales, 8 min pairs, d, dmin.
+ */
 #define Q4K_SCALE_BYTES ((8 + 4 + 2) * 64)
 #define Q6K_SCALE_BYTES (17 * 64)
+#define IQ4XS_SCALE_BYTES (9 * 64)
+#define Q2K_SCALE_BYTES ((16 + 8 + 2) * 64)
 
 /* bytes of one unit (Q8 family) or one super-block (K) in a packed chunk */
 #define UW8(G) ((G) * 576)
 #define SBW(G, SCB) (8 * (G) * 512 + (G) * (SCB))
 
-/* bytes of one unit / super-block of a packed activation tile */
+/* bytes of one unit / super-block of a packed activation tile (K: quants, extra, scale) */
 #define UX8 (NCP * 40)
 #define UX0 (NCP * 68)
-#define SX4K (NCP * (256 + 16 + 4))
-#define SX6K (NCP * (256 + 64 + 4))
+#define SXK(EXTRA) (NCP * (256 + (EXTRA) + 4))
+#define SX4K SXK(16)
+
+enum ptype { P_Q8_0, P_Q4_0, P_Q4_K, P_Q6_K, P_Q3_K, P_Q5_K, P_IQ4_XS, P_Q2_K };
+
+/* K-quants: super-blocks of 256 elements, Q8_K activations */
+static inline int ptype_k(const enum ptype t)
+{
+	return t >= P_Q4_K;
+}
+
+/* bytes of a raw GGUF block (32 elements, or 256 for the K-quants) */
+static inline size_t raw_block(const enum ptype t)
+{
+	static const size_t b[] = { 34, 18, 144, 210, 110, 176, 136, 84 };
+
+	return b[t];
+}
+
+/* scale bytes per 16 rows of a packed K super-block (see the top) */
+static inline size_t scale_bytes(const enum ptype t)
+{
+	return t == P_Q6_K || t == P_Q3_K ? Q6K_SCALE_BYTES :
+	       t == P_IQ4_XS ? IQ4XS_SCALE_BYTES : t == P_Q2_K ? Q2K_SCALE_BYTES : Q4K_SCALE_BYTES;
+}
+
+/* per-column extra of a packed activation super-block (xpack_k) */
+static inline size_t x_extra(const enum ptype t)
+{
+	return t == P_Q6_K || t == P_Q3_K ? 64 : t == P_IQ4_XS || t == P_Q2_K ? 32 : 16;
+}
 
 /*
  * z[i] = [row i | row i+8], 32 bytes each (eight 4-byte groups). Returns
@@ -178,12 +213,48 @@ ALWAYS_INLINE void pack_q4_0(const struct panel *p, const int G, int64_t u0, int
 	}
 }
 
+/*
+ * Q4_K's and Q5_K's header (d, dmin, 12 bytes of 6-bit scales and mins) of
+ * 16 rows at once, one 32-bit lane per row: scales as floats, min pairs
+ * as int16 x 2 for vpdpwssd, d, dmin (Q4K_SCALE_BYTES).
+ */
+ALWAYS_INLINE void pack_k4_scales(const uint8_t *const *rp, int64_t off, uint8_t *sg)
+{
+	const __m512i m6 = _mm512_set1_epi32(63), m2 = _mm512_set1_epi32(3);
+	const __m512i m4d = _mm512_set1_epi32(0xF);
+	__m512i hdr[4], mn[8];
+
+	rows_tr16x4(rp, off, hdr);
+	const __m512i dd = hdr[0], u0v = hdr[1], u1v = hdr[2], u2v = hdr[3];
+
+	for (int j = 0; j < 4; j++) {
+		__m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(u0v, 8 * j), m6);
+		__m512i m_lo = _mm512_and_si512(_mm512_srli_epi32(u1v, 8 * j), m6);
+		__m512i sc_hi = _mm512_or_si512(
+			_mm512_and_si512(_mm512_srli_epi32(u2v, 8 * j), m4d),
+			_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0v, 8 * j + 6), m2), 4));
+		__m512i m_hi = _mm512_or_si512(
+			_mm512_and_si512(_mm512_srli_epi32(u2v, 8 * j + 4), m4d),
+			_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1v, 8 * j + 6), m2), 4));
+
+		_mm512_store_ps(sg + j * 64, _mm512_cvtepi32_ps(sc_lo));
+		_mm512_store_ps(sg + (j + 4) * 64, _mm512_cvtepi32_ps(sc_hi));
+		mn[j] = m_lo;
+		mn[j + 4] = m_hi;
+	}
+	for (int i = 0; i < 4; i++)
+		_mm512_store_si512(sg + (8 + i) * 64,
+				   _mm512_or_si512(mn[2 * i], _mm512_slli_epi32(mn[2 * i + 1], 16)));
+	_mm512_store_ps(sg + 12 * 64, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+	_mm512_store_ps(sg + 13 * 64,
+			_mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+}
+
 /* nu is a multiple of 8: whole super-blocks */
 ALWAYS_INLINE void pack_q4_k(const struct panel *p, const int G, int64_t u0, int nu,
 			     uint8_t *dst)
 {
-	const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi32(63);
-	const __m512i m2 = _mm512_set1_epi32(3), m4d = _mm512_set1_epi32(0xF);
+	const __m512i m4 = _mm512_set1_epi8(0x0F);
 
 	for (int s = 0; s < nu / 8; s++) {
 		const int64_t off = (u0 / 8 + s) * 144;
@@ -208,39 +279,7 @@ ALWAYS_INLINE void pack_q4_k(const struct panel *p, const int G, int64_t u0, int
 				tr16x8(zh, o);
 				store8(ds + (2 * jj + 1) * G * 512 + 512 * g, o);
 			}
-			/* scales of 16 rows at once, one 32-bit lane per row */
-			__m512i hdr[4];
-
-			rows_tr16x4(rp, off, hdr);
-			const __m512i dd = hdr[0], u0v = hdr[1], u1v = hdr[2], u2v = hdr[3];
-			const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-			const __m512 dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-				_mm512_srli_epi32(dd, 16)));
-			__m512i mn[8];
-
-			for (int j = 0; j < 4; j++) {
-				__m512i sc_lo = _mm512_and_si512(_mm512_srli_epi32(u0v, 8 * j), m6);
-				__m512i m_lo = _mm512_and_si512(_mm512_srli_epi32(u1v, 8 * j), m6);
-				__m512i sc_hi = _mm512_or_si512(
-					_mm512_and_si512(_mm512_srli_epi32(u2v, 8 * j), m4d),
-					_mm512_slli_epi32(_mm512_and_si512(
-						_mm512_srli_epi32(u0v, 8 * j + 6), m2), 4));
-				__m512i m_hi = _mm512_or_si512(
-					_mm512_and_si512(_mm512_srli_epi32(u2v, 8 * j + 4), m4d),
-					_mm512_slli_epi32(_mm512_and_si512(
-						_mm512_srli_epi32(u1v, 8 * j + 6), m2), 4));
-
-				_mm512_store_ps(sg + j * 64, _mm512_cvtepi32_ps(sc_lo));
-				_mm512_store_ps(sg + (j + 4) * 64, _mm512_cvtepi32_ps(sc_hi));
-				mn[j] = m_lo;
-				mn[j + 4] = m_hi;
-			}
-			for (int i = 0; i < 4; i++)
-				_mm512_store_si512(sg + (8 + i) * 64,
-						   _mm512_or_si512(mn[2 * i],
-								   _mm512_slli_epi32(mn[2 * i + 1], 16)));
-			_mm512_store_ps(sg + 12 * 64, d);
-			_mm512_store_ps(sg + 13 * 64, dmin);
+			pack_k4_scales(rp, off, sg);
 		}
 	}
 }
@@ -300,6 +339,233 @@ ALWAYS_INLINE void pack_q6_k(const struct panel *p, const int G, int64_t u0, int
 				}
 			}
 			_mm512_store_ps(sg + 16 * 16, d);
+		}
+	}
+}
+
+/* codes 0..31: the low nibbles of qs (or high), bit 4 from qh (dequantize_row_q5_K) */
+ALWAYS_INLINE void pack_q5_k(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0F), one = _mm512_set1_epi8(1);
+
+	for (int s = 0; s < nu / 8; s++) {
+		const int64_t off = (u0 / 8 + s) * 176;
+		uint8_t *ds = dst + (size_t)s * SBW(G, Q4K_SCALE_BYTES);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			__m512i qh[8];
+
+			for (int i = 0; i < 8; i++)
+				qh[i] = load_pair256(rp[i] + off + 16, rp[i + 8] + off + 16);
+			for (int jj = 0; jj < 4; jj++) {
+				__m512i zl[8], zh[8], o[8];
+
+				for (int i = 0; i < 8; i++) {
+					const __m512i v = load_pair256(rp[i] + off + 48 + 32 * jj,
+								       rp[i + 8] + off + 48 + 32 * jj);
+					/* bits 2jj, 2jj + 1 of each qh byte (word shifts: the & keeps the byte's own) */
+					const __m512i h0 = _mm512_and_si512(
+						_mm512_srli_epi16(qh[i], 2 * jj), one);
+					const __m512i h1 = _mm512_and_si512(
+						_mm512_srli_epi16(qh[i], 2 * jj + 1), one);
+
+					zl[i] = _mm512_or_si512(_mm512_and_si512(v, m4),
+								_mm512_slli_epi16(h0, 4));
+					zh[i] = _mm512_or_si512(
+						_mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+						_mm512_slli_epi16(h1, 4));
+				}
+				tr16x8(zl, o);
+				store8(ds + (2 * jj) * G * 512 + 512 * g, o);
+				tr16x8(zh, o);
+				store8(ds + (2 * jj + 1) * G * 512 + 512 * g, o);
+			}
+			pack_k4_scales(rp, off, ds + 8 * G * 512 + g * Q4K_SCALE_BYTES);
+		}
+	}
+}
+
+/*
+ * codes 0..7: two bits of qs and the hmask bit (dequantize_row_q3_K),
+ * value = code - 4; the 16 signed 6-bit scales as Q6_K's floats
+ */
+ALWAYS_INLINE void pack_q3_k(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+	const __m512i k1 = _mm512_set1_epi32(0x03030303), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+
+	for (int s = 0; s < nu / 8; s++) {
+		const int64_t off = (u0 / 8 + s) * 110;
+		uint8_t *ds = dst + (size_t)s * SBW(G, Q6K_SCALE_BYTES);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			float *sg = (float *)(ds + 8 * G * 512 + g * Q6K_SCALE_BYTES);
+			__m512i hm[8];
+
+			for (int i = 0; i < 8; i++)
+				hm[i] = load_pair256(rp[i] + off, rp[i + 8] + off);
+			for (int h = 0; h < 2; h++) {
+				__m512i q[8];
+
+				for (int i = 0; i < 8; i++)
+					q[i] = load_pair256(rp[i] + off + 32 + 32 * h,
+							    rp[i + 8] + off + 32 + 32 * h);
+				for (int j = 0; j < 4; j++) {
+					__m512i z[8], o[8];
+
+					for (int i = 0; i < 8; i++)
+						z[i] = _mm512_or_si512(
+							_mm512_and_si512(_mm512_srli_epi16(q[i], 2 * j), m3),
+							_mm512_slli_epi16(_mm512_and_si512(
+								_mm512_srli_epi16(hm[i], 4 * h + j), one), 2));
+					tr16x8(z, o);
+					store8(ds + (4 * h + j) * G * 512 + 512 * g, o);
+				}
+			}
+			/* bytes 94..109: the scales (96..107) straddle the lanes by two bytes */
+			__m512i t[4], a[3], w[4];
+
+			rows_tr16x4(rp, off + 94, t);
+			for (int i = 0; i < 3; i++)
+				a[i] = _mm512_or_si512(_mm512_srli_epi32(t[i], 16),
+						       _mm512_slli_epi32(t[i + 1], 16));
+			w[0] = _mm512_or_si512(_mm512_and_si512(a[0], k2),
+					       _mm512_slli_epi32(_mm512_and_si512(a[2], k1), 4));
+			w[1] = _mm512_or_si512(_mm512_and_si512(a[1], k2), _mm512_slli_epi32(
+				_mm512_and_si512(_mm512_srli_epi32(a[2], 2), k1), 4));
+			w[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a[0], 4), k2),
+					       _mm512_slli_epi32(_mm512_and_si512(
+						       _mm512_srli_epi32(a[2], 4), k1), 4));
+			w[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(a[1], 4), k2),
+					       _mm512_slli_epi32(_mm512_and_si512(
+						       _mm512_srli_epi32(a[2], 6), k1), 4));
+			for (int q = 0; q < 4; q++)
+				for (int j = 0; j < 4; j++) {
+					const __m512i b = _mm512_and_si512(_mm512_srli_epi32(w[q], 8 * j),
+									   _mm512_set1_epi32(0xFF));
+
+					_mm512_store_ps(sg + (4 * q + j) * 16, _mm512_cvtepi32_ps(
+						_mm512_sub_epi32(b, _mm512_set1_epi32(32))));
+				}
+			_mm512_store_ps(sg + 16 * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+				_mm512_srli_epi32(t[3], 16))));
+		}
+	}
+}
+
+/*
+ * codes: the non-linear level + 128 (0..241, unsigned for vpdpbusd; VNNI
+ * only, vpmaddubsw's pair sums would saturate); scales ls - 32 as floats
+ */
+ALWAYS_INLINE void pack_iq4_xs(const struct panel *p, const int G, int64_t u0, int nu,
+			       uint8_t *dst)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0F);
+	__m128i kv = _mm_xor_si128(_mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl),
+				   _mm_set1_epi8((char)0x80));
+	const __m512i kv4 = _mm512_broadcast_i32x4(kv);
+
+	for (int s = 0; s < nu / 8; s++) {
+		const int64_t off = (u0 / 8 + s) * 136;
+		uint8_t *ds = dst + (size_t)s * SBW(G, IQ4XS_SCALE_BYTES);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			float *sg = (float *)(ds + 8 * G * 512 + g * IQ4XS_SCALE_BYTES);
+
+			for (int pr = 0; pr < 4; pr++) {
+				__m512i za[8], zb[8], o[8];
+
+				for (int i = 0; i < 8; i++) {
+					/* 128-bit lanes: unit 2pr, unit 2pr + 1 of row i, the same of row i + 8 */
+					const __m512i v = load_pair256(rp[i] + off + 8 + 32 * pr,
+								       rp[i + 8] + off + 8 + 32 * pr);
+					/* [A, A] per row, low nibbles (elements 0..15) then high (16..31) */
+					const __m512i ua = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(2, 2, 0, 0));
+					const __m512i ub = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 3, 1, 1));
+
+					za[i] = _mm512_shuffle_epi8(kv4, _mm512_and_si512(
+						_mm512_mask_blend_epi64(0xCC, ua, _mm512_srli_epi16(ua, 4)), m4));
+					zb[i] = _mm512_shuffle_epi8(kv4, _mm512_and_si512(
+						_mm512_mask_blend_epi64(0xCC, ub, _mm512_srli_epi16(ub, 4)), m4));
+				}
+				tr16x8(za, o);
+				store8(ds + (2 * pr) * G * 512 + 512 * g, o);
+				tr16x8(zb, o);
+				store8(ds + (2 * pr + 1) * G * 512 + 512 * g, o);
+			}
+			/* lane: d | scales_h << 16, then scales_l */
+			__m512i t[4];
+
+			rows_tr16x4(rp, off, t);
+			for (int ib = 0; ib < 8; ib++) {
+				const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(t[1], 4 * ib),
+								    _mm512_set1_epi32(0xF));
+				const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(t[0], 16 + 2 * ib),
+								    _mm512_set1_epi32(3));
+
+				_mm512_store_ps(sg + 16 * ib, _mm512_cvtepi32_ps(_mm512_sub_epi32(
+					_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)),
+					_mm512_set1_epi32(32))));
+			}
+			_mm512_store_ps(sg + 16 * 8, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(t[0])));
+		}
+	}
+}
+
+/* codes 0..3 as Q3_K's without the high bit; scales and mins are nibbles of one byte */
+ALWAYS_INLINE void pack_q2_k(const struct panel *p, const int G, int64_t u0, int nu,
+			     uint8_t *dst)
+{
+	const __m512i m3 = _mm512_set1_epi8(3), m4 = _mm512_set1_epi32(0xF);
+
+	for (int s = 0; s < nu / 8; s++) {
+		const int64_t off = (u0 / 8 + s) * 84;
+		uint8_t *ds = dst + (size_t)s * SBW(G, Q2K_SCALE_BYTES);
+
+		for (int g = 0; g < G; g++) {
+			const uint8_t *const *rp = p->rp + 16 * g;
+			uint8_t *sg = ds + 8 * G * 512 + g * Q2K_SCALE_BYTES;
+
+			for (int h = 0; h < 2; h++) {
+				__m512i q[8];
+
+				for (int i = 0; i < 8; i++)
+					q[i] = load_pair256(rp[i] + off + 16 + 32 * h,
+							    rp[i + 8] + off + 16 + 32 * h);
+				for (int j = 0; j < 4; j++) {
+					__m512i z[8], o[8];
+
+					for (int i = 0; i < 8; i++)
+						z[i] = _mm512_and_si512(_mm512_srli_epi16(q[i], 2 * j), m3);
+					tr16x8(z, o);
+					store8(ds + (4 * h + j) * G * 512 + 512 * g, o);
+				}
+			}
+			/* lane: bytes 4q..4q+3 of the 16 scale bytes (scale low nibble, min high) */
+			__m512i t[4], mn[16], hdr[4];
+
+			rows_tr16x4(rp, off, t);
+			for (int q = 0; q < 4; q++)
+				for (int b = 0; b < 4; b++) {
+					const __m512i v = _mm512_srli_epi32(t[q], 8 * b);
+
+					_mm512_store_ps(sg + (4 * q + b) * 64,
+							_mm512_cvtepi32_ps(_mm512_and_si512(v, m4)));
+					mn[4 * q + b] = _mm512_and_si512(_mm512_srli_epi32(v, 4), m4);
+				}
+			for (int i = 0; i < 8; i++)
+				_mm512_store_si512(sg + (16 + i) * 64, _mm512_or_si512(
+					mn[2 * i], _mm512_slli_epi32(mn[2 * i + 1], 16)));
+			/* d, dmin: bytes 80..83, the last lane of bytes 68..83 */
+			rows_tr16x4(rp, off + 68, hdr);
+			_mm512_store_ps(sg + 24 * 64, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(hdr[3])));
+			_mm512_store_ps(sg + 25 * 64, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+				_mm512_srli_epi32(hdr[3], 16))));
 		}
 	}
 }
@@ -391,13 +657,15 @@ static void xpack_q0(const uint8_t *const *cols, int64_t nu, uint8_t *out)
 
 /*
  * Q8_K columns into [super-block][quants NCP x 256 | extra | scale NCP x
- * float]. Extra for Q4_K: per column 4 int32 = sums of sub-blocks (2i, 2i+1)
- * as int16 pairs (for vpdpwssd with the mins); for Q6_K: per column 16 int32
- * = -32 * bsum (the codes' offset).
+ * float]. Extra per column, by weight type: Q4_K, Q5_K 4 int32 = sums of
+ * sub-blocks (2i, 2i+1) as int16 pairs (for vpdpwssd with the mins); Q6_K,
+ * Q3_K 16 int32 = -z * bsum (the codes' zero point z: 32, 4); IQ4_XS 8
+ * int32 = -128 * the sums of sub-blocks of 32; Q2_K 8 int32 = bsum pairs as
+ * int16 x 2 (for its mins).
  */
-static void xpack_k(const uint8_t *const *cols, int64_t nsb, int q6, uint8_t *out)
+static void xpack_k(const enum ptype t, const uint8_t *const *cols, int64_t nsb, uint8_t *out)
 {
-	const size_t sbx = q6 ? SX6K : SX4K, extra = q6 ? 64 : 16;
+	const size_t extra = x_extra(t), sbx = SXK(extra);
 
 	for (int64_t s = 0; s < nsb; s++, out += sbx) {
 		float *d = (float *)(out + NCP * (256 + extra));
@@ -406,6 +674,7 @@ static void xpack_k(const uint8_t *const *cols, int64_t nsb, int q6, uint8_t *ou
 			const struct hyb_block_q8_k *b = cols[c] ?
 				(const struct hyb_block_q8_k *)cols[c] + s : NULL;
 			int32_t *ex = (int32_t *)(out + NCP * 256 + extra * c);
+			const int16_t *bs = b ? b->bsums : NULL;
 
 			if (!b) {
 				memset(out + 256 * c, 0, 256);
@@ -415,14 +684,20 @@ static void xpack_k(const uint8_t *const *cols, int64_t nsb, int q6, uint8_t *ou
 			}
 			memcpy(out + 256 * c, b->qs, 256);
 			d[c] = b->d;
-			if (q6) {
+			if (t == P_Q6_K || t == P_Q3_K) {
 				for (int j = 0; j < 16; j++)
-					ex[j] = -32 * b->bsums[j];
+					ex[j] = (t == P_Q6_K ? -32 : -4) * bs[j];
+			} else if (t == P_IQ4_XS) {
+				for (int j = 0; j < 8; j++)
+					ex[j] = -128 * (bs[2 * j] + bs[2 * j + 1]);
+			} else if (t == P_Q2_K) {
+				for (int j = 0; j < 8; j++)
+					ex[j] = (int32_t)((uint32_t)(uint16_t)bs[2 * j] |
+							  (uint32_t)(uint16_t)bs[2 * j + 1] << 16);
 			} else {
 				for (int i = 0; i < 4; i++) {
-					const int16_t *bs = b->bsums + 4 * i;
-					const uint16_t lo = (uint16_t)(bs[0] + bs[1]);
-					const uint16_t hi = (uint16_t)(bs[2] + bs[3]);
+					const uint16_t lo = (uint16_t)(bs[4 * i] + bs[4 * i + 1]);
+					const uint16_t hi = (uint16_t)(bs[4 * i + 2] + bs[4 * i + 3]);
 
 					ex[i] = (int32_t)((uint32_t)lo | (uint32_t)hi << 16);
 				}
@@ -588,68 +863,77 @@ ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uin
 }
 
 /*
- * Q4_K (repacked arithmetic of ggml_gemm_q4_K_8x8_q8_K): per pair of
- * sub-blocks (sb) the exact sum sc0*dot0 + sc1*dot1 (float-exact: below
- * 2^24), acc = fma(it, dw*yd, acc); the mins likewise per pair into
- * their own chain (kept in `mins` between k chunks); y = acc - mins at
- * the end.
+ * Repacked Q4_K and Q2_K (the arithmetic of ggml_gemm_q4_K_8x8_q8_K and
+ * ggml_gemm_q2_K_8x8_q8_K): per group of sub-blocks (Q4_K a pair of 32,
+ * Q2_K a half super-block of 8 x 16) the exact sum of sc_j * dot_j
+ * (float-exact: below 2^24), acc = fma(it, dw*yd, acc); the mins likewise
+ * per group into their own chain (kept in `mins` between k chunks); y =
+ * acc - mins at the end.
  */
-ALWAYS_INLINE void mk_q4k(const int G, const int NC, const uint8_t *wp, const uint8_t *xp,
-			  int nsb, struct pf_rows pf, float *const *y, float *const *mins,
-			  const __mmask16 *m, int first, int last)
+ALWAYS_INLINE void mk_rep(const enum ptype t, const int G, const int NC, const uint8_t *wp,
+			  const uint8_t *xp, int nsb, struct pf_rows pf, float *const *y,
+			  float *const *mins, const __mmask16 *m, int first, int last)
 {
+	const int q2 = t == P_Q2_K;
+	const int sbe = q2 ? 16 : 32, nsg = q2 ? 8 : 2; /* sub-block elements, per group */
+	const int mpg = q2 ? 4 : 1;                     /* min pair vectors per group */
+	const size_t scb = scale_bytes(t), exb = x_extra(t), sx = SXK(exb);
+	const size_t mn_at = (q2 ? 16 : 8) * 64, d_at = (q2 ? 24 : 12) * 64;
 	__m512 acc[GMAX][NCP];
 
 	for (int g = 0; g < G; g++)
 		for (int c = 0; c < NC; c++)
 			acc[g][c] = acc_start(y[c] + 16 * g, m[g], first);
 	for (int s = 0; s < nsb; s++) {
-		const uint8_t *ws = wp + (size_t)s * SBW(G, Q4K_SCALE_BYTES);
-		const uint8_t *xs = xp + (size_t)s * SX4K;
+		const uint8_t *ws = wp + (size_t)s * SBW(G, scb);
+		const uint8_t *xs = xp + (size_t)s * sx;
 		const uint8_t *sc = ws + 8 * G * 512;
 
-		for (int sb = 0; sb < 4; sb++) {
+		for (int grp = 0; grp < 256 / (sbe * nsg); grp++) {
 			__m512 f[GMAX][NCP];
 
-			for (int h = 0; h < 2; h++) {
-				const int j = 2 * sb + h;
-				const uint8_t *wu = ws + (size_t)j * G * 512;
+			for (int jj = 0; jj < nsg; jj++) {
+				const int j = grp * nsg + jj;
+				/* a sub-block of 16 is half a unit: its dwords 0-3 or 4-7 */
+				const uint8_t *wu = ws + (size_t)(j * sbe / 32) * G * 512 +
+						    (j * sbe % 32) * 16;
 				__m512i ia[GMAX][NCP];
 
-				pf_step(pf, s * 8 + j);
+				if (j * sbe % 32 == 0)
+					pf_step(pf, s * 8 + j * sbe / 32);
 				for (int g = 0; g < G; g++)
 					for (int c = 0; c < NC; c++)
 						ia[g][c] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-				for (int t = 0; t < 8; t++) {
+				for (int q = 0; q < sbe / 4; q++) {
 					__m512i wv[GMAX];
 
 					for (int g = 0; g < G; g++)
-						wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
+						wv[g] = _mm512_load_si512(wu + 512 * g + 64 * q);
 #pragma GCC unroll 4
 					for (int c = 0; c < NC; c++) {
 						const __m512i xb = _mm512_set1_epi32(
-							ld32(xs + 256 * c + 32 * j + 4 * t));
+							ld32(xs + 256 * c + sbe * j + 4 * q));
 
 						for (int g = 0; g < G; g++)
 							ia[g][c] = dot_us(ia[g][c], wv[g], xb);
 					}
 				}
 				for (int g = 0; g < G; g++) {
-					const __m512 sj = _mm512_load_ps(sc + g * Q4K_SCALE_BYTES + 64 * j);
+					const __m512 sj = _mm512_load_ps(sc + g * scb + 64 * j);
 
 					for (int c = 0; c < NC; c++)
-						f[g][c] = h ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
-									      f[g][c])
-							    : _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][c]), sj);
+						f[g][c] = jj ? _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
+									       f[g][c])
+							     : _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][c]), sj);
 				}
 			}
 			for (int g = 0; g < G; g++) {
-				const __m512 dw = _mm512_load_ps(sc + g * Q4K_SCALE_BYTES + 12 * 64);
+				const __m512 dw = _mm512_load_ps(sc + g * scb + d_at);
 
 				for (int c = 0; c < NC; c++) {
 					const __m512 yd = _mm512_set1_ps(
-						((const float *)(xs + NCP * 272))[c]);
+						((const float *)(xs + NCP * (256 + exb)))[c]);
 
 					acc[g][c] = _mm512_fmadd_ps(f[g][c], _mm512_mul_ps(dw, yd),
 								    acc[g][c]);
@@ -664,20 +948,20 @@ ALWAYS_INLINE void mk_q4k(const int G, const int NC, const uint8_t *wp, const ui
 		for (int c = 0; c < NC; c++)
 			am[c] = first ? _mm512_setzero_ps() : _mm512_load_ps(mins[c] + 16 * g);
 		for (int s = 0; s < nsb; s++) {
-			const uint8_t *sg = wp + (size_t)s * SBW(G, Q4K_SCALE_BYTES) + 8 * G * 512 +
-					    g * Q4K_SCALE_BYTES;
-			const uint8_t *xs = xp + (size_t)s * SX4K;
-			const __m512 dm = _mm512_load_ps(sg + 13 * 64);
+			const uint8_t *sg = wp + (size_t)s * SBW(G, scb) + 8 * G * 512 + g * scb;
+			const uint8_t *xs = xp + (size_t)s * sx;
+			const __m512 dm = _mm512_load_ps(sg + d_at + 64);
 
-			for (int sb = 0; sb < 4; sb++) {
-				const __m512i mn = _mm512_load_si512(sg + (8 + sb) * 64);
-
+			for (int grp = 0; grp < 256 / (sbe * nsg); grp++) {
 				for (int c = 0; c < NC; c++) {
-					const __m512i im = dot_ww(_mm512_setzero_si512(), mn,
-						_mm512_set1_epi32(ld32(xs + NCP * 256 + 16 * c + 4 * sb)));
 					const __m512 yd = _mm512_set1_ps(
-						((const float *)(xs + NCP * 272))[c]);
+						((const float *)(xs + NCP * (256 + exb)))[c]);
+					__m512i im = _mm512_setzero_si512();
 
+					for (int i = grp * mpg; i < (grp + 1) * mpg; i++)
+						im = dot_ww(im, _mm512_load_si512(sg + mn_at + 64 * i),
+							    _mm512_set1_epi32(ld32(xs + NCP * 256 +
+										   exb * c + 4 * i)));
 					am[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(im),
 								_mm512_mul_ps(dm, yd), am[c]);
 				}
@@ -696,20 +980,30 @@ ALWAYS_INLINE void mk_q4k(const int G, const int NC, const uint8_t *wp, const ui
 }
 
 /*
- * Q6_K (the tiled K-quant matmul): per super-block the exact s1 = sum of
- * sc_j * (dot_j - 32 bsum_j) over its 16 sub-blocks, then acc =
- * fma(float(s1)*dw, yd, acc). Two sub-blocks' sc*dot are below 2^24, so
- * their sum is formed exactly in float (cvt, mul, fma: no 512-bit integer
- * multiply, which only one port of this CPU class has) and added as int.
- * acc lives in y between super-blocks: the registers hold s1 and the pair.
+ * The tiled K-quant matmul (Q6_K, Q3_K, Q5_K, IQ4_XS): per super-block the
+ * exact integer s1 = sum over sub-blocks of sc_j * dot_j (dot_j net of the
+ * codes' zero point, which the accumulator starts from), v = float(s1)*dw,
+ * less dmin * float(mins' integer) fused for Q5_K, then acc = fma(v, yd,
+ * acc). sc*dot is formed in float (cvt, mul, fma: no 512-bit integer
+ * multiply, which only one port of this CPU class has), exact below 2^24:
+ * two sub-blocks at a time where their sum stays below (16 elements, or
+ * Q5_K's 32 with 5-bit codes), one at a time for IQ4_XS (32 elements of up
+ * to 128 x 128). acc lives in y between super-blocks: the registers hold s1
+ * and the pair.
  */
-ALWAYS_INLINE void mk_q6k(const int G, const int NC, const uint8_t *wp, const uint8_t *xp,
-			  int nsb, struct pf_rows pf, float *const *y, const __mmask16 *m,
-			  int first)
+ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const uint8_t *wp,
+			    const uint8_t *xp, int nsb, struct pf_rows pf, float *const *y,
+			    const __mmask16 *m, int first)
 {
+	const int sbe = t == P_Q6_K || t == P_Q3_K ? 16 : 32; /* elements per sub-block */
+	const int pair = t != P_IQ4_XS, zp = t != P_Q5_K, mins = t == P_Q5_K;
+	const size_t scb = scale_bytes(t), exb = x_extra(t), sx = SXK(exb);
+	/* offsets in a super-block's scales: d (and dmin, the min pairs for Q5_K) */
+	const size_t d_at = t == P_Q5_K ? 12 * 64 : (size_t)(256 / sbe) * 64;
+
 	for (int s = 0; s < nsb; s++) {
-		const uint8_t *ws = wp + (size_t)s * SBW(G, Q6K_SCALE_BYTES);
-		const uint8_t *xs = xp + (size_t)s * SX6K;
+		const uint8_t *ws = wp + (size_t)s * SBW(G, scb);
+		const uint8_t *xs = xp + (size_t)s * sx;
 		const uint8_t *sc = ws + 8 * G * 512;
 		__m512i s1[GMAX][NCP];
 		__m512 f[GMAX][NCP];
@@ -719,45 +1013,51 @@ ALWAYS_INLINE void mk_q6k(const int G, const int NC, const uint8_t *wp, const ui
 				s1[g][c] = _mm512_setzero_si512();
 				f[g][c] = _mm512_setzero_ps();
 			}
-		for (int j = 0; j < 16; j++) {
-			const uint8_t *wu = ws + (size_t)(j / 2) * G * 512 + 256 * (j & 1);
+		for (int j = 0; j < 256 / sbe; j++) {
+			/* a sub-block of 16 is half a unit: its dwords 0-3 or 4-7 */
+			const uint8_t *wu = ws + (size_t)(j * sbe / 32) * G * 512 + (j * sbe % 32) * 16;
 			__m512i ia[GMAX][NCP];
 
-			if (!(j & 1))
-				pf_step(pf, s * 8 + j / 2);
+			if (j * sbe % 32 == 0)
+				pf_step(pf, s * 8 + j * sbe / 32);
 
 #pragma GCC unroll 4
 			for (int c = 0; c < NC; c++) {
-				const __m512i init = _mm512_set1_epi32(
-					ld32(xs + NCP * 256 + 64 * c + 4 * j));
+				const __m512i init = zp ? _mm512_set1_epi32(ld32(xs + NCP * 256 +
+										 exb * c + 4 * j))
+							: _mm512_setzero_si512();
 
 				for (int g = 0; g < G; g++)
 					ia[g][c] = init;
 			}
-#pragma GCC unroll 4
-			for (int t = 0; t < 4; t++) {
+#pragma GCC unroll 8
+			for (int q = 0; q < sbe / 4; q++) {
 				__m512i wv[GMAX];
 
 				for (int g = 0; g < G; g++)
-					wv[g] = _mm512_load_si512(wu + 512 * g + 64 * t);
+					wv[g] = _mm512_load_si512(wu + 512 * g + 64 * q);
 #pragma GCC unroll 4
 				for (int c = 0; c < NC; c++) {
 					const __m512i xb = _mm512_set1_epi32(
-						ld32(xs + 256 * c + 16 * j + 4 * t));
+						ld32(xs + 256 * c + sbe * j + 4 * q));
 
 					for (int g = 0; g < G; g++)
 						ia[g][c] = dot_us(ia[g][c], wv[g], xb);
 				}
 			}
 			for (int g = 0; g < G; g++) {
-				const __m512 sj = _mm512_load_ps(sc + g * Q6K_SCALE_BYTES + 64 * j);
+				const __m512 sj = _mm512_load_ps(sc + g * scb + 64 * j);
 
 				for (int c = 0; c < NC; c++) {
-					if (!(j & 1)) {
-						f[g][c] = _mm512_mul_ps(_mm512_cvtepi32_ps(ia[g][c]), sj);
+					const __m512 fi = _mm512_cvtepi32_ps(ia[g][c]);
+
+					if (!pair) {
+						s1[g][c] = _mm512_add_epi32(s1[g][c], _mm512_cvtps_epi32(
+							_mm512_mul_ps(fi, sj)));
+					} else if (!(j & 1)) {
+						f[g][c] = _mm512_mul_ps(fi, sj);
 					} else {
-						f[g][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ia[g][c]), sj,
-									  f[g][c]);
+						f[g][c] = _mm512_fmadd_ps(fi, sj, f[g][c]);
 						s1[g][c] = _mm512_add_epi32(s1[g][c],
 									    _mm512_cvtps_epi32(f[g][c]));
 					}
@@ -765,20 +1065,29 @@ ALWAYS_INLINE void mk_q6k(const int G, const int NC, const uint8_t *wp, const ui
 			}
 		}
 		for (int g = 0; g < G; g++) {
-			const __m512 dw = _mm512_load_ps(sc + g * Q6K_SCALE_BYTES + 16 * 64);
+			const uint8_t *sg = sc + g * scb;
+			const __m512 dw = _mm512_load_ps(sg + d_at);
 
 			for (int c = 0; c < NC; c++) {
-				const __m512 yd = _mm512_set1_ps(((const float *)(xs + NCP * 320))[c]);
+				const __m512 yd = _mm512_set1_ps(((const float *)(xs + NCP * (256 + exb)))[c]);
 				const __m512 a = acc_start(y[c] + 16 * g, m[g], first && s == 0);
+				__m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(s1[g][c]), dw);
 
-				_mm512_mask_storeu_ps(y[c] + 16 * g, m[g], _mm512_fmadd_ps(
-					_mm512_mul_ps(_mm512_cvtepi32_ps(s1[g][c]), dw), yd, a));
+				if (mins) {
+					__m512i im = _mm512_setzero_si512();
+
+					for (int i = 0; i < 4; i++)
+						im = dot_ww(im, _mm512_load_si512(sg + (8 + i) * 64),
+							    _mm512_set1_epi32(ld32(xs + NCP * 256 +
+										   exb * c + 4 * i)));
+					v = _mm512_fnmadd_ps(_mm512_load_ps(sg + 13 * 64),
+							     _mm512_cvtepi32_ps(im), v);
+				}
+				_mm512_mask_storeu_ps(y[c] + 16 * g, m[g], _mm512_fmadd_ps(v, yd, a));
 			}
 		}
 	}
 }
-
-enum ptype { P_Q8_0, P_Q4_0, P_Q4_K, P_Q6_K };
 
 static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t *xp, int nu,
 		   struct pf_rows pf, float *const *y, float *const *mins, const __mmask16 *m,
@@ -800,18 +1109,24 @@ static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t 
 		CASE(1) CASE(2) CASE(3) CASE(4)
 #undef CASE
 		}
-	} else if (t == P_Q4_K) {
-		switch (nc) {
-#define CASE(N) case N: mk_q4k(GK, N, wp, xp, nu / 8, pf, y, mins, m, first, last); break;
-		CASE(1) CASE(2) CASE(3) CASE(4)
-#undef CASE
+	} else if (t == P_Q4_K || t == P_Q2_K) {
+#define CASE(T, N) case N: mk_rep(T, GK, N, wp, xp, nu / 8, pf, y, mins, m, first, last); break;
+#define TYPE(T) case T: switch (nc) { CASE(T, 1) CASE(T, 2) CASE(T, 3) CASE(T, 4) } break;
+		switch (t) {
+		TYPE(P_Q4_K) TYPE(P_Q2_K)
+		default: break;
 		}
+#undef TYPE
+#undef CASE
 	} else {
-		switch (nc) {
-#define CASE(N) case N: mk_q6k(GK, N, wp, xp, nu / 8, pf, y, m, first); break;
-		CASE(1) CASE(2) CASE(3) CASE(4)
-#undef CASE
+#define CASE(T, N) case N: mk_tiled(T, GK, N, wp, xp, nu / 8, pf, y, m, first); break;
+#define TYPE(T) case T: switch (nc) { CASE(T, 1) CASE(T, 2) CASE(T, 3) CASE(T, 4) } break;
+		switch (t) {
+		TYPE(P_Q6_K) TYPE(P_Q3_K) TYPE(P_Q5_K) TYPE(P_IQ4_XS)
+		default: break;
 		}
+#undef TYPE
+#undef CASE
 	}
 }
 
@@ -830,6 +1145,18 @@ static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int 
 	case P_Q6_K:
 		pack_q6_k(p, GK, u0, nu, dst);
 		break;
+	case P_Q3_K:
+		pack_q3_k(p, GK, u0, nu, dst);
+		break;
+	case P_Q5_K:
+		pack_q5_k(p, GK, u0, nu, dst);
+		break;
+	case P_IQ4_XS:
+		pack_iq4_xs(p, GK, u0, nu, dst);
+		break;
+	case P_Q2_K:
+		pack_q2_k(p, GK, u0, nu, dst);
+		break;
 	}
 }
 
@@ -843,17 +1170,17 @@ static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int 
  */
 static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 {
-	const int kq = t == P_Q4_K || t == P_Q6_K;
+	const int kq = ptype_k(t);
 	const int G = kq ? GK : t == P_Q8_0 ? G0 : G8, rows = 16 * G;
 	const int KCU = kq ? KCUK : t == P_Q8_0 ? KCU0 : KCU8;
 	const int64_t nu = k / 32, ntile = (ncols + NCP - 1) / NCP;
-	/* bytes per unit of k: packed activations of a tile, raw weight row */
-	const size_t xunit = t == P_Q4_K ? SX4K / 8 : t == P_Q6_K ? SX6K / 8 : t == P_Q8_0 ? UX0 : UX8;
-	const size_t wunit = t == P_Q6_K ? 27 : t == P_Q8_0 ? 34 : 18;
-	/* per column of the chunk state kept between k chunks (Q4_K mins, Q8_0 chains) */
-	const size_t st_col = t == P_Q4_K ? (size_t)rows : t == P_Q8_0 ? (size_t)8 * rows : 0;
-	const size_t chunk = kq ? KCU / 8 * SBW(G, t == P_Q4_K ? Q4K_SCALE_BYTES : Q6K_SCALE_BYTES)
-			     : KCU * UW8(G);
+	/* bytes per unit of k: packed activations of a tile; raw weight row per 8 units */
+	const size_t xunit = kq ? SXK(x_extra(t)) / 8 : t == P_Q8_0 ? UX0 : UX8;
+	const size_t w8 = kq ? raw_block(t) : 8 * raw_block(t);
+	/* per column of the chunk state kept between k chunks (Q4_K/Q2_K mins, Q8_0 chains) */
+	const size_t st_col = t == P_Q4_K || t == P_Q2_K ? (size_t)rows :
+			      t == P_Q8_0 ? (size_t)8 * rows : 0;
+	const size_t chunk = kq ? KCU / 8 * SBW(G, scale_bytes(t)) : (size_t)KCU * UW8(G);
 	const size_t tile_bytes = (size_t)nu * xunit;
 	/* rows of the next chunk each column tile prefetches */
 	const int64_t pf_per = (rows + ntile - 1) / ntile;
@@ -874,7 +1201,7 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 			cols[c] = tt * NCP + c < ncols ?
 				  (const uint8_t *)x + (size_t)(tt * NCP + c) * x_stride : NULL;
 		if (kq)
-			xpack_k(cols, k / 256, t == P_Q6_K, xs + tt * tile_bytes);
+			xpack_k(t, cols, k / 256, xs + tt * tile_bytes);
 		else if (t == P_Q8_0)
 			xpack_q0(cols, nu, xs + tt * tile_bytes);
 		else
@@ -901,8 +1228,8 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 			}
 			if (pr < nrows && pu < nu) {
 				nxt.r0 = pr;
-				nxt.off = (size_t)pu * wunit;
-				nxt.len = (size_t)min64(KCU, nu - pu) * wunit;
+				nxt.off = (size_t)pu * w8 / 8;
+				nxt.len = (size_t)min64(KCU, nu - pu) * w8 / 8;
 			}
 			pack_any(t, &p, u0, cu, ws);
 			for (int64_t tt = 0; tt < ntile; tt++) {

@@ -130,14 +130,16 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t bytes)
 		return;
 	}
 	const size_t bs = hyb_type_info(type)->size;
-	const size_t doff = type == HYB_TYPE_Q6_K ? 208 : 0;
+	/* where d (and Q4_K/Q5_K/Q2_K's dmin after it) sits in the block */
+	const size_t doff = type == HYB_TYPE_Q6_K ? 208 : type == HYB_TYPE_Q3_K ? 108 :
+			    type == HYB_TYPE_Q2_K ? 80 : 0;
 
 	for (size_t off = 0; off + bs <= bytes; off += bs) {
 		uint16_t d = (uint16_t)(0x2000 | (rnd() & 0x3ff));
 
 		memcpy(w + off + doff, &d, 2);
-		if (type == HYB_TYPE_Q4_K)
-			memcpy(w + off + 2, &d, 2);
+		if (type == HYB_TYPE_Q4_K || type == HYB_TYPE_Q5_K || type == HYB_TYPE_Q2_K)
+			memcpy(w + off + doff + 2, &d, 2);
 	}
 }
 
@@ -396,8 +398,9 @@ static void bench_gemm(const struct hyb_cpu_kernels *k, uint32_t type, int64_t k
 int main(int argc, char **argv)
 {
 	static const uint32_t types[] = { HYB_TYPE_Q8_0, HYB_TYPE_Q4_0, HYB_TYPE_Q4_K,
-					  HYB_TYPE_Q6_K, HYB_TYPE_F16, HYB_TYPE_BF16,
-					  HYB_TYPE_F32 };
+					  HYB_TYPE_Q6_K, HYB_TYPE_Q5_K, HYB_TYPE_Q3_K,
+					  HYB_TYPE_Q2_K, HYB_TYPE_IQ4_XS, HYB_TYPE_F16,
+					  HYB_TYPE_BF16, HYB_TYPE_F32 };
 	struct opts o = { .reps = 7, .cols = 64, .gemv = 1, .gemm = 1 };
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	pthread_t th[MAX_THREADS];

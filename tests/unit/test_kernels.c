@@ -1313,6 +1313,93 @@ TEST(kern_gemm_k_extra_bits_match_llama)
 		SKIP("this CPU has no AVX-512");
 }
 
+/*
+ * The packed prefill kernels (K-quants from 4 or 8 columns) sum each output
+ * as llama.cpp does, whatever panel, k chunk or column tile it falls in:
+ * a window of rows and columns gives the bits of the whole product, and
+ * the AVX-512 levels agree (IQ4_XS without VNNI takes the direct kernel).
+ * Raw random blocks with every other row at its largest codes, times
+ * every other column at 127 (126 once per 32), reach the sums the exactness
+ * bounds of gemm_q_avx512_packed.h are written for.
+ */
+static void k_extremes(struct mat *m, uint32_t type)
+{
+	/* the codes of a block: offset, length, the byte of the largest magnitude */
+	static const struct { uint32_t type; int off, len, byte; } ext[] = {
+		{ HYB_TYPE_Q2_K, 16, 64, 0xFF }, { HYB_TYPE_Q3_K, 0, 96, 0x00 },
+		{ HYB_TYPE_Q4_K, 16, 128, 0xFF }, { HYB_TYPE_Q5_K, 16, 160, 0xFF },
+		{ HYB_TYPE_Q6_K, 0, 192, 0x00 }, { HYB_TYPE_IQ4_XS, 8, 128, 0x00 },
+	};
+	const size_t bs = hyb_type_info(type)->size;
+
+	for (size_t e = 0; e < sizeof(ext) / sizeof(ext[0]); e++)
+		for (int64_t r = 0; r < m->nrows && ext[e].type == type; r += 2)
+			for (int64_t b = 0; b < m->k / 256; b++)
+				memset(m->w + r * m->ws + b * bs + ext[e].off, ext[e].byte,
+				       (size_t)ext[e].len);
+	for (int64_t c = 0; c < m->ncols; c += 2)
+		for (int64_t b = 0; b < m->k / 256; b++) {
+			struct hyb_block_q8_k *xb = (struct hyb_block_q8_k *)(m->x + c * m->xs) + b;
+
+			/* odd sums of 32: products rounded in float if summed beyond 2^24 */
+			memset(xb->qs, 127, 256);
+			for (int j = 0; j < 16; j++) {
+				xb->qs[16 * j] = (int8_t)(j % 2 ? 127 : 126);
+				xb->bsums[j] = (int16_t)(16 * 127 - (j % 2 ? 0 : 1));
+			}
+		}
+}
+TEST(kern_gemm_k_packed_windows_same_bits)
+{
+	static const uint32_t types[] = { HYB_TYPE_Q2_K, HYB_TYPE_Q3_K, HYB_TYPE_Q4_K,
+					  HYB_TYPE_Q5_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_XS };
+	static const int64_t win[][4] = { /* first row, rows, first column, columns */
+		{ 0, 104, 0, 16 }, { 16, 88, 3, 8 }, { 5, 99, 8, 8 }, { 40, 64, 0, 12 },
+	};
+	int levels = 0;
+
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		struct mat m;
+		float *ref = NULL;
+
+		mat_make(&m, types[t], 1280, 104, 16, W_RAW, 77 + t);
+		k_extremes(&m, types[t]);
+		for (int isa = HYB_ISA_AVX512; isa < HYB_ISA_COUNT; isa++) {
+			const struct hyb_cpu_kernels *kt = hyb_cpu_kernels((enum hyb_isa)isa);
+			const hyb_gemm_fn f = kt ? hyb_gemm_pick(kt, types[t], 104) : NULL;
+
+			if (!kt)
+				continue;
+			levels += t == 0;
+			for (size_t wi = 0; wi < sizeof(win) / sizeof(win[0]); wi++) {
+				const int64_t r0 = win[wi][0], nr = win[wi][1];
+				const int64_t c0 = win[wi][2], nc = win[wi][3];
+				float *y = xmalloc((size_t)(nr * nc) * sizeof(float));
+				int bad = 0;
+
+				f(m.k, m.w + r0 * m.ws, m.ws, nr, m.x + c0 * m.xs, m.xs, nc, y,
+				  (size_t)nr);
+				if (!ref) {
+					ref = y; /* the whole product, first level */
+					continue;
+				}
+				for (int64_t c = 0; c < nc && !bad; c++)
+					for (int64_t r = 0; r < nr && !bad; r++)
+						bad = memcmp(&y[c * nr + r], &ref[(c0 + c) * 104 + r0 + r],
+							     sizeof(float)) != 0;
+				CHECK_MSG(!bad, "%s %s rows %lld+%lld cols %lld+%lld: bits differ from "
+					  "the whole product", kt->name, hyb_type_name(types[t]),
+					  (long long)r0, (long long)nr, (long long)c0, (long long)nc);
+				free(y);
+			}
+		}
+		free(ref);
+		mat_free(&m);
+	}
+	if (!levels)
+		SKIP("this CPU has no AVX-512");
+}
+
 /* ---- dispatch ---- */
 
 TEST(kern_dispatch_tables)
