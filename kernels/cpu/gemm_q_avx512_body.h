@@ -311,10 +311,17 @@ static void SFX(gemm_iq4_nl_m1)(HYB_GEMM_ARGS)
 	      y_stride, hyb_gemm_iq4_nl_scalar);
 }
 
-/* repacked IQ4_NL (iq4_nl_8x8): GEMM and GEMV add alike, one tile for all */
+/*
+ * repacked IQ4_NL (iq4_nl_8x8): GEMM and GEMV add alike (as repacked
+ * Q4_0's); the packed kernel from 4 columns (VNNI: levels + 128 are
+ * unsigned bytes), the direct tile below
+ */
 static void SFX(gemm_iq4_nl)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	if (HYB_VNNI && ncols >= 4 &&
+	    !packed_gemm(P_IQ4_NL, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
 		return;
 	dgemm(D_NLR, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride,
 	      hyb_gemm_iq4_nl_scalar);

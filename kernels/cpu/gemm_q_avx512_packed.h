@@ -42,7 +42,7 @@
 #define SXK(EXTRA) (NCP * (256 + (EXTRA) + 4))
 #define SX4K SXK(16)
 
-enum ptype { P_Q8_0, P_Q4_0, P_Q4_K, P_Q6_K, P_Q3_K, P_Q5_K, P_IQ4_XS, P_Q2_K };
+enum ptype { P_Q8_0, P_Q4_0, P_IQ4_NL, P_Q4_K, P_Q6_K, P_Q3_K, P_Q5_K, P_IQ4_XS, P_Q2_K };
 
 /* K-quants: super-blocks of 256 elements, Q8_K activations */
 static inline int ptype_k(const enum ptype t)
@@ -53,7 +53,7 @@ static inline int ptype_k(const enum ptype t)
 /* bytes of a raw GGUF block (32 elements, or 256 for the K-quants) */
 static inline size_t raw_block(const enum ptype t)
 {
-	static const size_t b[] = { 34, 18, 144, 210, 110, 176, 136, 84 };
+	static const size_t b[] = { 34, 18, 18, 144, 210, 110, 176, 136, 84 };
 
 	return b[t];
 }
@@ -184,8 +184,9 @@ ALWAYS_INLINE void pack_q8_0(const struct panel *p, const int G, int64_t u0, int
 	}
 }
 
-ALWAYS_INLINE void pack_q4_0(const struct panel *p, const int G, int64_t u0, int nu,
-			     uint8_t *dst)
+/* IQ4_NL (nl): the nibbles through its levels + 128 (VNNI only: codes up to 241) */
+ALWAYS_INLINE void pack_q4_0(const int nl, const struct panel *p, const int G, int64_t u0,
+			     int nu, uint8_t *dst)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0F);
 
@@ -204,9 +205,15 @@ ALWAYS_INLINE void pack_q4_0(const struct panel *p, const int G, int64_t u0, int
 			 */
 			rows_tr16x4(rp, off + 2, t);
 			for (int j = 0; j < 4; j++) {
-				_mm512_store_si512(du + 512 * g + 64 * j, _mm512_and_si512(t[j], m4));
-				_mm512_store_si512(du + 512 * g + 64 * (j + 4),
-						   _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4));
+				__m512i lo = _mm512_and_si512(t[j], m4);
+				__m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4);
+
+				if (nl) {
+					lo = _mm512_shuffle_epi8(nl_lut(), lo);
+					hi = _mm512_shuffle_epi8(nl_lut(), hi);
+				}
+				_mm512_store_si512(du + 512 * g + 64 * j, lo);
+				_mm512_store_si512(du + 512 * g + 64 * (j + 4), hi);
 			}
 			_mm512_store_ps(du + 512 * G + 64 * g, rows_f16(rp, off, 0));
 		}
@@ -464,10 +471,7 @@ ALWAYS_INLINE void pack_q3_k(const struct panel *p, const int G, int64_t u0, int
 ALWAYS_INLINE void pack_iq4_xs(const struct panel *p, const int G, int64_t u0, int nu,
 			       uint8_t *dst)
 {
-	const __m512i m4 = _mm512_set1_epi8(0x0F);
-	__m128i kv = _mm_xor_si128(_mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl),
-				   _mm_set1_epi8((char)0x80));
-	const __m512i kv4 = _mm512_broadcast_i32x4(kv);
+	const __m512i m4 = _mm512_set1_epi8(0x0F), kv4 = nl_lut(); /* VNNI: levels + 128 */
 
 	for (int s = 0; s < nu / 8; s++) {
 		const int64_t off = (u0 / 8 + s) * 136;
@@ -576,7 +580,7 @@ ALWAYS_INLINE void pack_q2_k(const struct panel *p, const int G, int64_t u0, int
 /*
  * Q8_0 columns (NULL: a zero column) into [unit][quants NCP x 32 | start
  * NCP x int32 | scale NCP x float]; start = -z * sum, z the weights' zero
- * point (128 for xor-flipped Q8_0, 8 for Q4_0).
+ * point (128 for IQ4_NL levels + 128, 8 for Q4_0).
  */
 static void xpack_q8(const uint8_t *const *cols, int64_t nu, int32_t z, uint8_t *out)
 {
@@ -1103,7 +1107,7 @@ static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t 
 			else
 				mk_q0(1, wp, xp, nu, pf, c0, y, st, m[0], first, last);
 		}
-	} else if (t == P_Q4_0) {
+	} else if (t == P_Q4_0 || t == P_IQ4_NL) {
 		switch (nc) {
 #define CASE(N) case N: mk_q8(G8, N, wp, xp, nu, pf, y, m, first); break;
 		CASE(1) CASE(2) CASE(3) CASE(4)
@@ -1137,7 +1141,10 @@ static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int 
 		pack_q8_0(p, G0, u0, nu, dst);
 		break;
 	case P_Q4_0:
-		pack_q4_0(p, G8, u0, nu, dst);
+		pack_q4_0(0, p, G8, u0, nu, dst);
+		break;
+	case P_IQ4_NL:
+		pack_q4_0(1, p, G8, u0, nu, dst);
 		break;
 	case P_Q4_K:
 		pack_q4_k(p, GK, u0, nu, dst);
@@ -1205,7 +1212,7 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 		else if (t == P_Q8_0)
 			xpack_q0(cols, nu, xs + tt * tile_bytes);
 		else
-			xpack_q8(cols, nu, 8, xs + tt * tile_bytes);
+			xpack_q8(cols, nu, t == P_IQ4_NL ? 128 : 8, xs + tt * tile_bytes);
 	}
 	for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
 		__mmask16 m[GMAX];
