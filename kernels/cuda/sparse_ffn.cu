@@ -765,6 +765,27 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	}
 }
 
+static __global__ void swiglu_kernel(float *__restrict__ g, const float *__restrict__ u,
+				     uint32_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		const float v = g[i];
+
+		g[i] = v / (1.0f + expf(-v)) * u[i];
+	}
+}
+
+extern "C" int hyb_cuda_swiglu(float *g, const float *u, uint32_t n, void *stream)
+{
+	const uint32_t blocks = (uint32_t)((n + 255ull) / 256 < 8192 ? (n + 255ull) / 256 : 8192);
+
+	if (!n)
+		return 0;
+	swiglu_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(g, u, n);
+	return (int)cudaGetLastError();
+}
+
 extern "C" int hyb_cuda_add(float *y, const float *x, uint32_t n, void *stream)
 {
 	const cudaStream_t s = (cudaStream_t)stream;

@@ -68,6 +68,9 @@ int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream);
 /* y[i] += x[i], i < n. 0 or a cudaError_t. */
 int hyb_cuda_add(float *y, const float *x, uint32_t n, void *stream);
 
+/* g[i] = silu(g[i]) * u[i], i < n. 0 or a cudaError_t. */
+int hyb_cuda_swiglu(float *g, const float *u, uint32_t n, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -600,6 +600,27 @@ int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	return rc;
 }
 
+int hyb_device_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		      uint32_t n)
+{
+	int rc = check_dev(d, (int)s, "swiglu");
+
+	if (rc || !n)
+		return rc;
+	if (!d->ops->swiglu)
+		return hyb_device_fail(d, -ENOSYS, "%s device: no swiglu kernel", d->ops->kind);
+	rc = check_array(d, g, 4ull * n, "swiglu g");
+	if (!rc)
+		rc = check_array(d, u, 4ull * n, "swiglu u");
+	if (!rc && g < u + 4ull * n && u < g + 4ull * n)
+		rc = hyb_device_fail(d, -EINVAL, "swiglu: g and u overlap");
+	if (!rc)
+		rc = d->ops->swiglu(d, s, g, u, n);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
 /*
  * The dense kernels (rmsnorm, matvec, attention). Besides the ranges, the
  * arrays an op writes must not overlap what it reads (rmsnorm: y may equal
@@ -680,7 +701,7 @@ int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
 }
 
 /* The weight types the dense kernels take (hyb/device.h struct hyb_dev_matvec). */
-static bool matvec_type_ok(uint32_t t)
+bool hyb_device_matvec_type_ok(uint32_t t)
 {
 	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 ||
 	       t == HYB_TYPE_Q4_0 || t == HYB_TYPE_Q4_K || t == HYB_TYPE_Q6_K;
@@ -700,7 +721,7 @@ static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
 	uint64_t rb;
 	int rc;
 
-	if (!matvec_type_ok(t))
+	if (!hyb_device_matvec_type_ok(t))
 		return hyb_device_fail(d, -EINVAL,
 				       "matvec: weight type %s not supported (F32, F16, Q8_0, "
 				       "Q4_0, Q4_K, Q6_K)", hyb_type_name(t));

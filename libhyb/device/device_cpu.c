@@ -859,6 +859,26 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	return rc;
 }
 
+/* the CPU forward pass's activation (hyb_ffn_act), as the experts' CPU path runs it */
+static int cpu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		      uint32_t n)
+{
+	struct cpu_dev *c = cpu(d);
+	float *gp = (float *)(uintptr_t)g;
+	const float *up = (const float *)(uintptr_t)u;
+	double r0;
+	int rc;
+
+	enter(c, &r0);
+	hyb_ffn_act(gp, up, n, HYB_ACT_SILU);
+	op_begin(c, "a swiglu kernel");
+	span(c, up, 4ull * n, false);
+	span(c, gp, 4ull * n, true);
+	rc = kernel_done(c, s, 12ull * n); /* reads g and u, writes g */
+	leave(c, r0);
+	return rc;
+}
+
 /*
  * The dense kernels run the CPU forward pass's code (libhyb/forward/forward.c) on
  * one thread, so their results are its bits: hyb/device.h promises that.
@@ -1176,6 +1196,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.elapsed = cpu_elapsed,
 	.sparse_ffn = cpu_sparse_ffn,
 	.add = cpu_add,
+	.swiglu = cpu_swiglu,
 	.rmsnorm = cpu_rmsnorm,
 	.matvec = cpu_matvec,
 	.attention = cpu_attention,

@@ -614,6 +614,21 @@ static int cu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr 
 	return 0;
 }
 
+static int cu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		     uint32_t n)
+{
+	struct cudev *c = cu(d);
+	int rc = use(c);
+
+	if (rc)
+		return rc;
+	rc = hyb_cuda_swiglu((float *)(uintptr_t)g, (const float *)(uintptr_t)u, n, c->st[s]);
+	if (rc)
+		return fault(c, (cudaError_t)rc, "swiglu kernel launch");
+	d->st.kernel_bytes += 12ull * n;
+	return 0;
+}
+
 static int cu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
 		      hyb_dptr w, uint32_t n, float eps)
 {
@@ -849,6 +864,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_elapsed,
 	cu_sparse_ffn,
 	cu_add,
+	cu_swiglu,
 	cu_rmsnorm,
 	cu_matvec,
 	cu_attention,

@@ -20,6 +20,7 @@
 #include "kv_pages.h"
 #include "moe.h"
 #include "hybrid/ffn_hybrid.h"
+#include "hybrid/moe_hybrid.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
 #include "sparse/teal.h"
@@ -182,11 +183,11 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		goto fail;
 	}
 	if (hp->n_expert && hp->n_dense_lead < hp->n_layer) {
-		/* experts are computed on the CPU as they are (docs/MOE.md) */
-		if (p && (p->hybrid || p->ffn == HYB_FFN_SPARSE)) {
-			hyb_error_set(-EINVAL, "%s decoding of a mixture-of-experts model is not "
-				      "supported yet: its experts run on the CPU",
-				      p->hybrid ? "hybrid" : "sparse");
+		/* experts are computed on the CPU as they are (docs/MOE.md), hot ones of
+		 * a hybrid context's decode steps on its device (the expert cache) */
+		if (p && p->ffn == HYB_FFN_SPARSE) {
+			hyb_error_set(-EINVAL, "sparse decoding of a mixture-of-experts model is not "
+				      "supported: its experts run whole (docs/MOE.md)");
 			goto fail;
 		}
 		c->moe = hyb_moe_scratch_new(m, c->n_rows);
@@ -195,12 +196,18 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 				      "batch", c->n_rows);
 			goto fail;
 		}
+		if (p && p->hybrid) {
+			if (hyb_model_wait(m))
+				goto fail;
+			if (!(c->moe_hybrid = hyb_moe_hybrid_new(m, p->hybrid, err, sizeof(err))))
+				goto fail_engine;
+		}
 	}
 	/* A streaming model (only plain ones stream) is waited for piece by piece
 	 * by the CPU's prompt pass; the hybrid engine reads it all up front. */
-	if (p && p->hybrid && hyb_model_wait(m))
+	if (p && p->hybrid && !c->moe_hybrid && hyb_model_wait(m))
 		goto fail;
-	if (p && p->hybrid) {
+	if (p && p->hybrid && !c->moe_hybrid) {
 		if (p->ffn == HYB_FFN_DENSE) {
 			hyb_error_set(-EINVAL, "hybrid decoding is sparse; it cannot run dense");
 			goto fail;
@@ -251,6 +258,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_ffn_plan_scratch_free(c->plan);
 	hyb_ffn_sparse_free(c->sparse);
 	hyb_ffn_hybrid_free(c->hybrid);
+	hyb_moe_hybrid_free(c->moe_hybrid);
 	hyb_moe_scratch_free(c->moe);
 	hyb_mla_scratch_free(c->mla);
 	hyb_kv_pages_free(c->kv);
@@ -289,28 +297,40 @@ void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c)
 
 bool hyb_ctx_hybrid(const struct hyb_ctx *c)
 {
-	return c->hybrid != NULL;
+	return c->hybrid != NULL || c->moe_hybrid != NULL;
+}
+
+/* the device of either engine, or NULL */
+static struct hyb_device *ctx_device(const struct hyb_ctx *c)
+{
+	return c->hybrid ? hyb_ffn_hybrid_device(c->hybrid) :
+	       c->moe_hybrid ? hyb_moe_hybrid_device(c->moe_hybrid) : NULL;
 }
 
 void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out)
 {
 	if (c->hybrid)
 		hyb_ffn_hybrid_stats(c->hybrid, out);
+	else if (c->moe_hybrid)
+		hyb_moe_hybrid_stats(c->moe_hybrid, out);
 	else
 		memset(out, 0, sizeof(*out));
 }
 
 void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c)
 {
-	if (c->hybrid) {
+	if (c->hybrid)
 		hyb_ffn_hybrid_stats_reset(c->hybrid);
-		hyb_device_stats_reset(hyb_ffn_hybrid_device(c->hybrid));
-	}
+	if (c->moe_hybrid)
+		hyb_moe_hybrid_stats_reset(c->moe_hybrid);
+	if (ctx_device(c))
+		hyb_device_stats_reset(ctx_device(c));
 }
 
 double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l)
 {
-	return c->hybrid ? hyb_ffn_hybrid_lambda(c->hybrid, l) : NAN;
+	return c->hybrid ? hyb_ffn_hybrid_lambda(c->hybrid, l) :
+	       c->moe_hybrid ? hyb_moe_hybrid_lambda(c->moe_hybrid, l) : NAN;
 }
 
 void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots)
@@ -318,11 +338,14 @@ void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t 
 	*resident = *slots = 0;
 	if (c->hybrid)
 		hyb_ffn_hybrid_cache(c->hybrid, resident, slots);
+	else if (c->moe_hybrid)
+		hyb_moe_hybrid_cache(c->moe_hybrid, resident, slots);
 }
 
 int hyb_ctx_hybrid_table(const struct hyb_ctx *c, int32_t *out)
 {
-	return c->hybrid ? hyb_ffn_hybrid_table(c->hybrid, out) : -1;
+	return c->hybrid ? hyb_ffn_hybrid_table(c->hybrid, out) :
+	       c->moe_hybrid ? hyb_moe_hybrid_table(c->moe_hybrid, out) : -1;
 }
 
 void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *out)
@@ -330,28 +353,30 @@ void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *
 	memset(out, 0, sizeof(*out));
 	if (c->hybrid)
 		hyb_ffn_hybrid_placement(c->hybrid, out);
+	else if (c->moe_hybrid)
+		hyb_moe_hybrid_offload(c->moe_hybrid, out);
 }
 
 void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out)
 {
 	memset(out, 0, sizeof(*out));
-	if (c->hybrid)
-		hyb_device_get_config(hyb_ffn_hybrid_device(c->hybrid), out);
+	if (ctx_device(c))
+		hyb_device_get_config(ctx_device(c), out);
 }
 
 void hyb_ctx_hybrid_device_stats(const struct hyb_ctx *c, struct hyb_device_stats *out)
 {
 	memset(out, 0, sizeof(*out));
-	if (c->hybrid)
-		hyb_device_stats(hyb_ffn_hybrid_device(c->hybrid), out);
+	if (ctx_device(c))
+		hyb_device_stats(ctx_device(c), out);
 }
 
 double hyb_ctx_clock(struct hyb_ctx *c)
 {
 	struct timespec ts;
 
-	if (c->hybrid)
-		return hyb_device_now(hyb_ffn_hybrid_device(c->hybrid));
+	if (ctx_device(c))
+		return hyb_device_now(ctx_device(c));
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }

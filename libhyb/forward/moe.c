@@ -30,6 +30,7 @@
 #include "forward_internal.h"
 #include "hyb/clock.h"
 #include "moe.h"
+#include "hybrid/moe_hybrid.h"
 #include "ops.h"
 #include "util/error.h"
 
@@ -557,26 +558,48 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 					     L->up_exps.ne1 * L->up_exps.row_bytes +
 					     L->down_exps.ne1 * L->down_exps.row_bytes);
 
+	/*
+	 * A decode step with an expert cache: the device takes the resident
+	 * experts (moe_hybrid.c), s->active is reordered with the CPU's first
+	 */
+	uint32_t n_cpu = n_active;
+	double tc = t1;
+	char err[256];
+
+	if (c->moe_hybrid && nf == 1) {
+		const int r = hyb_moe_hybrid_begin(c->moe_hybrid, l, c->xn, s->active, n_active,
+						   err, sizeof(err));
+
+		if (r < 0)
+			return hyb_error_set(-EIO, "%s", err);
+		n_cpu = (uint32_t)r;
+		tc = hyb_now(); /* the CPU device ran the kernels inside begin */
+	}
 	/* gate and up of every chosen expert, one queue */
 	run_pairs(c, L, c->xn, nf * K, 0);
-	{
+	if (n_cpu) {
 		const struct hyb_weight *w[2] = { &L->gate_exps, &L->up_exps };
 		const void *x[2] = { s->xg, same_dot(L) ? s->xg : s->xu };
 		const size_t xs[2] = { s->xg_stride, same_dot(L) ? s->xg_stride : s->xu_stride };
 		float *y[2] = { s->h, s->u };
 
-		run_experts(c, n_active, 2, w, x, xs, y);
+		run_experts(c, n_cpu, 2, w, x, xs, y);
 	}
 	run_pairs(c, L, c->xn, nf * K, 1);
-	{
+	if (n_cpu) {
 		const struct hyb_weight *w[1] = { &L->down_exps };
 		const void *x[1] = { s->hq };
 		const size_t xs[1] = { s->hq_stride };
 		float *y[1] = { s->out };
 
-		run_experts(c, n_active, 1, w, x, xs, y);
+		run_experts(c, n_cpu, 1, w, x, xs, y);
 	}
 	const double t2 = hyb_now();
+
+	if (c->moe_hybrid && nf == 1 &&
+	    hyb_moe_hybrid_end(c->moe_hybrid, l, s->active, n_cpu, n_active, s->start, s->out,
+			       t2 - tc, err, sizeof(err)))
+		return hyb_error_set(-EIO, "%s", err);
 
 	s->stats.experts_s += t2 - t1;
 	if (L->up_shexp.data)

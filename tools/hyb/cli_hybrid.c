@@ -56,6 +56,20 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		return;
 	const double n = (double)st.tokens;
 
+	if (pl.experts) {
+		fprintf(stderr, "hybrid: expert cache: %s\n", pl.cache_note);
+		fprintf(stderr, "hybrid: %.1f%% of routed experts on the device, %.1f%% late "
+			"(loading, computed on the CPU); %.2f expert loads and %.2f MB moved per "
+			"token; cache %llu/%llu experts\n",
+			st.active ? 100.0 * st.active_dev / st.active : 0.0,
+			st.active ? 100.0 * st.late / st.active : 0.0, st.loads / n,
+			(st.load_bytes + st.critical_bytes) / n / 1e6, (unsigned long long)res,
+			(unsigned long long)slots);
+		fprintf(stderr, "hybrid: per token: CPU experts %.3f ms, device expert kernels "
+			"%.3f ms, stalls %.3f ms, balancer %.3f ms\n", 1e3 * st.cpu_ffn_s / n,
+			1e3 * st.dev_kernel_s / n, 1e3 * st.stall_s / n, 1e3 * st.balancer_s / n);
+		return;
+	}
 	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %u predictors, %.1f MB "
 		"dense + %.1f MB neuron cache%s\n", pl.attn_layers,
 		pl.head ? "the head" : "not the head", pl.predictors, pl.dense_bytes / 1e6,

@@ -173,6 +173,14 @@ bool hyb_device_ffn_type_ok(uint32_t type);
 int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
 
 /*
+ * g[i] = silu(g[i]) * u[i] for i < n (float; g and u disjoint): an
+ * expert's activation between its gate/up and down matvecs (hyb_ffn_act's
+ * arithmetic; docs/MOE.md, the expert cache).
+ */
+int hyb_device_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		      uint32_t n);
+
+/*
  * Dense kernels: the attention block and the head on the device (PowerInfer
  * 5.3 keeps dense layers on the GPU). Their arithmetic is
  * the CPU forward pass's (libhyb/forward/forward.c): the CPU device runs the very
@@ -202,6 +210,8 @@ struct hyb_dev_matvec {
 	bool accumulate;
 };
 int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
+/* Whether hyb_device_matvec takes weights of `type`. */
+bool hyb_device_matvec_type_ok(uint32_t type);
 
 /*
  * One decode token's self-attention over a KV cache in device memory:

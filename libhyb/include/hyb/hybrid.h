@@ -82,6 +82,8 @@ struct hyb_hybrid_offload {
 	uint64_t dense_bytes;     /* device bytes of attention blocks, KV and head */
 	uint64_t cache_bytes;     /* device bytes of neuron cache slots */
 	bool cache_hybd;          /* the slots are hybd's (box mode) */
+	bool experts;             /* the cache holds a MoE model's experts (docs/MOE.md): the
+				   * stats' neurons and groups are its routed experts */
 	char cache_note[256];     /* whose cache and why, one line */
 };
 

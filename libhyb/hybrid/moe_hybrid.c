@@ -1,0 +1,589 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The expert cache (moe_hybrid.h; docs/MOE.md, "The expert cache").
+ *
+ * An expert is a cache unit the way a neuron group is one of a plan
+ * (KTransformers keeps its hot experts on the GPU; KAIROX and DynamicInfer
+ * move units as they drift): the balancer runs unchanged with a layer's
+ * experts as its groups (group size 1; frequencies from a routing profile,
+ * "active" = chosen by the router, exact rather than predicted). A slot
+ * holds an expert's gate, up and down matrices as they lie in the model
+ * file, so a load is three copies from the pool and the device computes the
+ * expert with its matvec kernel (x rounded to the dot type as the CPU
+ * rounds it), its SwiGLU and matvec again: on the CPU device the very bits
+ * of moe.c's CPU path. Per layer and token:
+ *
+ *   begin  xn up on CRITICAL; on COMPUTE, per resident expert that has
+ *          landed (its load's event done), gate, up, swiglu, down into row i
+ *          of y; the rows down on CRITICAL;
+ *          the CPU computes the other experts meanwhile (moe.c);
+ *   end    wait for the rows, hand them to moe.c's weighted sum (which is
+ *          then the CPU path's, rank order and all), and ask the policy for
+ *          the layer's loads and evictions: loads go on RELOAD (KAIROX 5.1:
+ *          critical copies pass queued reload chunks) and are used from the
+ *          next token on, once landed; until then the CPU computes the
+ *          expert ("late").
+ *
+ * A slot is rewritten only after the host has seen every kernel that read
+ * it complete (end waits for the layer's rows before any load is issued),
+ * and read only once the host has seen its load complete: the ordering the
+ * CPU device's strict mode checks.
+ *
+ * The prompt runs on the CPU (moe.c's batched queue): each expert's matrix
+ * is read once per batch there, and the device path is a decode path.
+ */
+#include "moe_hybrid.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyb/balancer.h"
+#include "hyb/device.h"
+#include "hyb/tensor_type.h"
+
+#define SLOT_ALIGN 256 /* offsets of the three matrices in a slot (kernels need 2-4 bytes) */
+
+struct slot {
+	int32_t layer, expert;           /* -1: free */
+	struct hyb_device_event *ev;     /* its load, when one was issued */
+};
+
+struct hyb_moe_hybrid {
+	const struct hyb_model *m;
+	struct hyb_device *dev;
+	struct hyb_balancer *bal;
+	enum hyb_policy policy;
+	uint32_t lead, n_moe, X, K, E, F;
+	uint64_t off_up, off_down, slot_bytes;
+	uint32_t n_slots, n_free;
+	hyb_dptr cache, d_x, d_g, d_u, d_y;
+	float *h_x, *h_y;                /* host staging (device host memory) */
+	int32_t *table;                  /* [n_moe * X]: slot or -1 */
+	struct slot *slots;
+	uint32_t *free;
+	float *freq_data;                /* [n_moe * X] */
+	const float **freq;
+	uint32_t *sorted, *load, *evict, *dev_e;
+	struct hyb_device_event *ev_in, *ev_k, *ev_out;
+	uint32_t n_dev;                  /* experts queued on the device this layer */
+	double t_begin, t_queued;        /* device clock at begin, after queueing */
+	double t_token_last;             /* for the loads' window */
+	double token_s;
+	double group_load_s;             /* one expert's three copies over the link */
+	struct hyb_balancer_feedback *fb;/* [n_moe] */
+	struct hyb_hybrid_stats st;
+};
+
+static int dev_fail(struct hyb_moe_hybrid *h, char *err, size_t errlen, const char *what)
+{
+	snprintf(err, errlen, "expert cache: %s: %s", what, hyb_device_error(h->dev));
+	return -1;
+}
+
+static const struct hyb_layer *layer(const struct hyb_moe_hybrid *h, uint32_t lm)
+{
+	return &h->m->layers[h->lead + lm];
+}
+
+/* Expert e's three matrices of layer lm into slot s, on RELOAD. */
+static int load_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t s)
+{
+	const struct hyb_layer *L = layer(h, lm);
+	const struct hyb_weight *w[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
+	const uint64_t off[3] = { 0, h->off_up, h->off_down };
+	struct slot *sl = &h->slots[s];
+
+	for (int i = 0; i < 3; i++) {
+		const struct hyb_weight x = hyb_weight_expert(w[i], e);
+		const uint64_t bytes = x.ne1 * x.row_bytes;
+
+		if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->cache + s * h->slot_bytes + off[i],
+				   x.data, bytes))
+			return -1;
+		h->st.load_bytes += bytes;
+	}
+	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, sl->ev))
+		return -1;
+	sl->layer = (int32_t)lm;
+	sl->expert = (int32_t)e;
+	h->table[(size_t)lm * h->X + e] = (int32_t)s;
+	h->st.loads++;
+	return 0;
+}
+
+static void evict_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e)
+{
+	int32_t *t = &h->table[(size_t)lm * h->X + e];
+
+	if (*t < 0)
+		return;
+	h->slots[*t].layer = h->slots[*t].expert = -1;
+	h->free[h->n_free++] = (uint32_t)*t;
+	*t = -1;
+	h->st.evicts++;
+}
+
+/* ---- creation -------------------------------------------------------------------- */
+
+static int check_model(const struct hyb_model *m, char *err, size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+
+	if (!hp->n_expert || hp->n_dense_lead >= hp->n_layer) {
+		snprintf(err, errlen, "expert cache: the model has no expert layers");
+		return -1;
+	}
+	for (uint32_t l = hp->n_dense_lead; l < hp->n_layer; l++) {
+		const struct hyb_layer *L = &m->layers[l];
+		const struct hyb_weight *w[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
+
+		for (int i = 0; i < 3; i++)
+			if (!hyb_device_matvec_type_ok(w[i]->type)) {
+				snprintf(err, errlen, "expert cache: layer %u's experts are %s, which "
+					 "the device's matvec does not take (F32, F16, Q8_0, Q4_0, "
+					 "Q4_K, Q6_K): decode this model on the CPU", l,
+					 hyb_type_name(w[i]->type));
+				return -1;
+			}
+		if (L->gate_exps.ne1 != m->layers[hp->n_dense_lead].gate_exps.ne1 ||
+		    L->gate_exps.type != m->layers[hp->n_dense_lead].gate_exps.type ||
+		    L->up_exps.type != m->layers[hp->n_dense_lead].up_exps.type ||
+		    L->down_exps.type != m->layers[hp->n_dense_lead].down_exps.type) {
+			snprintf(err, errlen, "expert cache: layer %u's experts differ in shape or "
+				 "type from layer %u's (one slot size serves every layer)", l,
+				 hp->n_dense_lead);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static uint64_t up_align(uint64_t v)
+{
+	return (v + SLOT_ALIGN - 1) / SLOT_ALIGN * SLOT_ALIGN;
+}
+
+/* Frequencies by MoE layer: the caller's (by model layer), or K / X each. */
+static int set_freq(struct hyb_moe_hybrid *h, const float *const *freq, char *err, size_t errlen)
+{
+	h->freq_data = malloc(sizeof(float) * h->n_moe * h->X);
+	h->freq = malloc(sizeof(float *) * h->n_moe);
+	if (!h->freq_data || !h->freq) {
+		snprintf(err, errlen, "expert cache: out of memory");
+		return -1;
+	}
+	for (uint32_t lm = 0; lm < h->n_moe; lm++) {
+		float *f = h->freq_data + (size_t)lm * h->X;
+
+		for (uint32_t e = 0; e < h->X; e++) {
+			const float v = freq ? freq[h->lead + lm][e] : (float)h->K / (float)h->X;
+
+			if (!(v >= 0 && v <= 1)) {
+				snprintf(err, errlen, "expert cache: layer %u expert %u: frequency %g "
+					 "outside [0, 1]", h->lead + lm, e, (double)v);
+				return -1;
+			}
+			f[e] = v;
+		}
+		h->freq[lm] = f;
+	}
+	return 0;
+}
+
+static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, size_t errlen)
+{
+	const uint64_t bufs = up_align(4ull * h->E) + 2 * up_align(4ull * h->F) +
+			      up_align(4ull * h->K * h->E);
+
+	if (budget <= bufs || (budget - bufs) / h->slot_bytes == 0) {
+		snprintf(err, errlen, "expert cache: a budget of %.1f MB holds no expert (one is "
+			 "%.1f MB, buffers %.2f MB)", budget / 1e6, h->slot_bytes / 1e6,
+			 bufs / 1e6);
+		return -1;
+	}
+	h->n_slots = (uint32_t)((budget - bufs) / h->slot_bytes);
+	if (h->n_slots > h->n_moe * h->X)
+		h->n_slots = h->n_moe * h->X;
+	if (hyb_device_alloc(h->dev, (uint64_t)h->n_slots * h->slot_bytes, &h->cache) ||
+	    hyb_device_alloc(h->dev, 4ull * h->E, &h->d_x) ||
+	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_g) ||
+	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_u) ||
+	    hyb_device_alloc(h->dev, 4ull * h->K * h->E, &h->d_y))
+		return dev_fail(h, err, errlen, "device memory");
+	h->h_x = hyb_device_host_alloc(h->dev, 4ull * h->E);
+	h->h_y = hyb_device_host_alloc(h->dev, 4ull * h->K * h->E);
+	h->slots = calloc(h->n_slots, sizeof(*h->slots));
+	h->free = malloc(sizeof(uint32_t) * h->n_slots);
+	if (!h->h_x || !h->h_y || !h->slots || !h->free) {
+		snprintf(err, errlen, "expert cache: out of (host) memory");
+		return -1;
+	}
+	for (uint32_t s = 0; s < h->n_slots; s++) {
+		h->slots[s].layer = h->slots[s].expert = -1;
+		if (!(h->slots[s].ev = hyb_device_event_new(h->dev)))
+			return dev_fail(h, err, errlen, "events");
+		h->free[s] = h->n_slots - 1 - s;
+	}
+	h->n_free = h->n_slots;
+	if (!(h->ev_in = hyb_device_event_new_timed(h->dev)) ||
+	    !(h->ev_k = hyb_device_event_new_timed(h->dev)) ||
+	    !(h->ev_out = hyb_device_event_new(h->dev)))
+		return dev_fail(h, err, errlen, "events");
+	return 0;
+}
+
+/* The policy's initial experts, loaded and waited for. */
+static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
+{
+	for (uint32_t lm = 0; lm < h->n_moe; lm++) {
+		const uint32_t n = hyb_balancer_initial(h->bal, lm, h->load);
+
+		for (uint32_t i = 0; i < n; i++) {
+			if (!h->n_free)
+				break;
+			if (load_expert(h, lm, h->load[i], h->free[--h->n_free]))
+				return dev_fail(h, err, errlen, "loading the initial experts");
+		}
+	}
+	for (uint32_t s = 0; s < h->n_slots; s++)
+		if (h->slots[s].layer >= 0 && hyb_device_sync(h->dev, h->slots[s].ev))
+			return dev_fail(h, err, errlen, "loading the initial experts");
+	memset(&h->st, 0, sizeof(h->st));
+	return 0;
+}
+
+struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
+					  const struct hyb_hybrid_params *p, char *err,
+					  size_t errlen)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_moe_hybrid *h;
+	struct hyb_device_config cfg;
+	struct hyb_balancer_params bp;
+
+	if (check_model(m, err, errlen))
+		return NULL;
+	h = calloc(1, sizeof(*h));
+	if (!h) {
+		snprintf(err, errlen, "expert cache: out of memory");
+		return NULL;
+	}
+	h->m = m;
+	h->policy = p->policy;
+	h->lead = hp->n_dense_lead;
+	h->n_moe = hp->n_layer - hp->n_dense_lead;
+	h->X = hp->n_expert;
+	h->K = hp->n_expert_used;
+	h->E = hp->n_embd;
+	{
+		const struct hyb_layer *L = layer(h, 0);
+
+		h->F = (uint32_t)L->gate_exps.ne1;
+		h->off_up = up_align(L->gate_exps.ne1 * L->gate_exps.row_bytes);
+		h->off_down = h->off_up + up_align(L->up_exps.ne1 * L->up_exps.row_bytes);
+		h->slot_bytes = h->off_down + up_align(L->down_exps.ne1 * L->down_exps.row_bytes);
+	}
+	cfg = p->dev;
+	if (!cfg.capacity)
+		cfg.capacity = p->gpu_budget;
+	h->dev = hyb_device_open(p->device ? p->device : "cpu", &cfg);
+	if (!h->dev) {
+		snprintf(err, errlen, "expert cache: %s", hyb_last_error());
+		goto fail;
+	}
+	h->sorted = malloc(sizeof(uint32_t) * h->X);
+	h->load = malloc(sizeof(uint32_t) * h->X);
+	h->evict = malloc(sizeof(uint32_t) * h->X);
+	h->dev_e = malloc(sizeof(uint32_t) * h->K);
+	h->table = malloc(sizeof(int32_t) * h->n_moe * h->X);
+	h->fb = calloc(h->n_moe, sizeof(*h->fb));
+	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->table || !h->fb) {
+		snprintf(err, errlen, "expert cache: out of memory");
+		goto fail;
+	}
+	for (size_t i = 0; i < (size_t)h->n_moe * h->X; i++)
+		h->table[i] = -1;
+	if (set_freq(h, p->bal.freq, err, errlen) ||
+	    alloc_device(h, p->gpu_budget, err, errlen))
+		goto fail;
+	bp = p->bal;
+	bp.policy = p->policy;
+	bp.n_layer = h->n_moe;
+	bp.n_ff = h->X;
+	bp.group_size = 1;
+	bp.slot_budget = h->n_slots;
+	bp.freq = h->freq;
+	bp.placement = NULL;
+	/* one expert over the modelled or measured link: its three copies */
+	hyb_device_get_config(h->dev, &cfg);
+	h->group_load_s = cfg.pcie_gbps > 0 ?
+		(double)h->slot_bytes / (cfg.pcie_gbps * 1e9) + 3 * cfg.pcie_lat_us * 1e-6 : 0;
+	bp.group_load_s = h->group_load_s;
+	if (!(h->bal = hyb_balancer_new(&bp))) {
+		snprintf(err, errlen, "expert cache: %s", hyb_last_error());
+		goto fail;
+	}
+	if (warm_start(h, err, errlen))
+		goto fail;
+	return h;
+fail:
+	hyb_moe_hybrid_free(h);
+	return NULL;
+}
+
+void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
+{
+	if (!h)
+		return;
+	if (h->dev) {
+		for (uint32_t s = 0; h->slots && s < h->n_slots; s++)
+			if (h->slots[s].ev)
+				hyb_device_event_free(h->dev, h->slots[s].ev);
+		if (h->ev_in)
+			hyb_device_event_free(h->dev, h->ev_in);
+		if (h->ev_k)
+			hyb_device_event_free(h->dev, h->ev_k);
+		if (h->ev_out)
+			hyb_device_event_free(h->dev, h->ev_out);
+		hyb_device_host_free(h->dev, h->h_x);
+		hyb_device_host_free(h->dev, h->h_y);
+		hyb_device_close(h->dev); /* waits for queued work, frees its memory */
+	}
+	hyb_balancer_free(h->bal);
+	free(h->slots);
+	free(h->free);
+	free(h->freq_data);
+	free(h->freq);
+	free(h->sorted);
+	free(h->load);
+	free(h->evict);
+	free(h->dev_e);
+	free(h->table);
+	free(h->fb);
+	free(h);
+}
+
+/* ---- a decode step ----------------------------------------------------------------- */
+
+/* Whether expert e of layer lm can be computed on the device now: resident and landed. */
+static bool ready(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, bool *late)
+{
+	const int32_t s = h->table[(size_t)lm * h->X + e];
+
+	*late = false;
+	if (s < 0)
+		return false;
+	if (hyb_device_done(h->dev, h->slots[s].ev))
+		return true;
+	*late = true;
+	return false;
+}
+
+static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t row)
+{
+	const struct hyb_layer *L = layer(h, lm);
+	const hyb_dptr base = h->cache + (uint64_t)h->table[(size_t)lm * h->X + e] * h->slot_bytes;
+	const struct hyb_dev_matvec gate = {
+		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = h->d_x,
+		.y = h->d_g,
+	};
+	const struct hyb_dev_matvec up = {
+		.type = L->up_exps.type, .n_in = h->E, .n_out = h->F, .w = base + h->off_up,
+		.x = h->d_x, .y = h->d_u,
+	};
+	const struct hyb_dev_matvec down = {
+		.type = L->down_exps.type, .n_in = h->F, .n_out = h->E, .w = base + h->off_down,
+		.x = h->d_g, .y = h->d_y + 4ull * row * h->E,
+	};
+
+	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F))
+		return -1;
+	return hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down);
+}
+
+int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
+			 uint32_t *active, uint32_t n, char *err, size_t errlen)
+{
+	const uint32_t lm = l - h->lead;
+	uint32_t n_cpu = 0;
+
+	if (n > h->K) {
+		snprintf(err, errlen, "expert cache: %u experts in one token's layer %u (K = %u)",
+			 n, l, h->K);
+		return -1;
+	}
+	if (l == h->lead) {
+		const double now = hyb_device_now(h->dev);
+
+		if (h->t_token_last > 0)
+			h->token_s = now - h->t_token_last;
+		h->t_token_last = now;
+		h->st.tokens++;
+	}
+	h->t_begin = hyb_device_now(h->dev);
+	h->n_dev = 0;
+	h->fb[lm].late = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		bool late;
+
+		if (ready(h, lm, active[i], &late))
+			h->dev_e[h->n_dev++] = active[i];
+		else
+			active[n_cpu++] = active[i];
+		h->fb[lm].late += late;
+	}
+	memcpy(active + n_cpu, h->dev_e, sizeof(uint32_t) * h->n_dev);
+	h->st.layer_steps++;
+	h->st.active += n;
+	h->st.active_dev += h->n_dev;
+	h->st.late += h->fb[lm].late;
+	if (!h->n_dev)
+		return (int)n_cpu;
+	memcpy(h->h_x, xn, 4ull * h->E);
+	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, 4ull * h->E) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+		return dev_fail(h, err, errlen, "expert input");
+	for (uint32_t i = 0; i < h->n_dev; i++)
+		if (queue_expert(h, lm, h->dev_e[i], i))
+			return dev_fail(h, err, errlen, "expert kernels");
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * h->n_dev * h->E) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
+		return dev_fail(h, err, errlen, "expert outputs");
+	h->st.critical_bytes += 4ull * h->E * (1 + h->n_dev);
+	h->t_queued = hyb_device_now(h->dev);
+	return (int)n_cpu;
+}
+
+/* Pending reloads, in expert loads of the model of the link (the policies' backlog). */
+static uint32_t loads_in_flight(struct hyb_moe_hybrid *h)
+{
+	uint32_t n = 0;
+
+	for (uint32_t s = 0; s < h->n_slots; s++)
+		if (h->slots[s].layer >= 0 && !hyb_device_done(h->dev, h->slots[s].ev))
+			n++;
+	return n;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	const uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *active,
+		       uint32_t n_cpu, uint32_t n, const uint32_t *start, float *out, double cpu_s,
+		       char *err, size_t errlen)
+{
+	const uint32_t lm = l - h->lead;
+	struct hyb_balancer_feedback *fb = &h->fb[lm];
+	uint32_t n_load = 0, n_evict = 0;
+	double t0 = hyb_device_now(h->dev), t1;
+
+	if (h->n_dev) {
+		double k_s;
+
+		if (hyb_device_sync(h->dev, h->ev_out))
+			return dev_fail(h, err, errlen, "waiting for the experts");
+		t1 = hyb_device_now(h->dev);
+		h->st.stall_s += t1 - t0;
+		fb->stall_s = t1 - t0;
+		fb->dev_s = t1 - h->t_begin;
+		if (t1 - t0 > 0)
+			h->st.dev_ffn_s += t1 - t0;
+		if (!hyb_device_elapsed(h->dev, h->ev_in, h->ev_k, &k_s))
+			h->st.dev_kernel_s += k_s;
+		for (uint32_t i = 0; i < n - n_cpu; i++)
+			memcpy(out + (size_t)start[active[n_cpu + i]] * h->E, h->h_y + (size_t)i * h->E,
+			       4ull * h->E);
+	} else {
+		fb->stall_s = fb->dev_s = 0;
+	}
+	h->st.cpu_ffn_s += cpu_s;
+	fb->cpu_s = cpu_s;
+	fb->n_active = n;
+	fb->backlog_s = loads_in_flight(h) * h->group_load_s;
+	fb->window_s = h->token_s;
+	t0 = hyb_device_now(h->dev);
+	memcpy(h->sorted, active, sizeof(uint32_t) * n);
+	qsort(h->sorted, n, sizeof(uint32_t), cmp_u32);
+	if (hyb_balancer_step(h->bal, lm, h->sorted, n, fb, h->load, &n_load, h->evict,
+			      &n_evict)) {
+		snprintf(err, errlen, "expert cache: %s", hyb_last_error());
+		return -1;
+	}
+	switch (hyb_balancer_bottleneck(h->bal, lm)) {
+	case HYB_BOUND_IO: h->st.bound_io++; break;
+	case HYB_BOUND_CPU: h->st.bound_cpu++; break;
+	default: break;
+	}
+	for (uint32_t i = 0; i < n_evict; i++)
+		evict_expert(h, lm, h->evict[i]);
+	for (uint32_t i = 0; i < n_load && h->n_free; i++)
+		if (h->table[(size_t)lm * h->X + h->load[i]] < 0 &&
+		    load_expert(h, lm, h->load[i], h->free[--h->n_free]))
+			return dev_fail(h, err, errlen, "loading experts");
+	h->st.balancer_s += hyb_device_now(h->dev) - t0;
+	return 0;
+}
+
+/* ---- what it did ---------------------------------------------------------------------- */
+
+struct hyb_device *hyb_moe_hybrid_device(const struct hyb_moe_hybrid *h)
+{
+	return h->dev;
+}
+
+void hyb_moe_hybrid_stats(const struct hyb_moe_hybrid *h, struct hyb_hybrid_stats *out)
+{
+	*out = h->st;
+}
+
+void hyb_moe_hybrid_stats_reset(struct hyb_moe_hybrid *h)
+{
+	memset(&h->st, 0, sizeof(h->st));
+}
+
+void hyb_moe_hybrid_cache(const struct hyb_moe_hybrid *h, uint64_t *resident, uint64_t *slots)
+{
+	*slots = h->n_slots;
+	*resident = h->n_slots - h->n_free;
+}
+
+void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_offload *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->cache_bytes = (uint64_t)h->n_slots * h->slot_bytes;
+	out->experts = true;
+	snprintf(out->cache_note, sizeof(out->cache_note),
+		 "%u expert slots of %.2f MB (%.1f%% of the %u x %u routed experts); attention, "
+		 "routers and shared experts on the CPU", h->n_slots, h->slot_bytes / 1e6,
+		 100.0 * h->n_slots / ((double)h->n_moe * h->X), h->n_moe, h->X);
+}
+
+int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out)
+{
+	for (uint32_t l = 0; l < h->m->hp.n_layer; l++)
+		for (uint32_t e = 0; e < h->X; e++)
+			out[(size_t)l * h->X + e] = l < h->lead ? -1 :
+				h->table[(size_t)(l - h->lead) * h->X + e];
+	return 0;
+}
+
+double hyb_moe_hybrid_lambda(const struct hyb_moe_hybrid *h, uint32_t l)
+{
+	if (l < h->lead || l >= h->m->hp.n_layer ||
+	    (h->policy != HYB_POLICY_TAM && h->policy != HYB_POLICY_TAM_ADAPTIVE &&
+			    h->policy != HYB_POLICY_DYNAMIC))
+		return NAN;
+	return hyb_balancer_lambda(h->bal, l - h->lead);
+}

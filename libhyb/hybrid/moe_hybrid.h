@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The expert cache of a mixture-of-experts model (docs/MOE.md, "The expert
+ * cache"): hot experts live in device slots and are computed there, the
+ * others in place on the CPU (moe.c), each decode step; a balancer policy
+ * (hyb/balancer.h, a layer's experts as its groups) moves experts between
+ * the two through the device's RELOAD stream. moe.c calls it once per MoE
+ * layer per decoded token, in layer order.
+ */
+#ifndef HYB_MOE_HYBRID_H
+#define HYB_MOE_HYBRID_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyb/hybrid.h"
+
+struct hyb_moe_hybrid;
+
+/*
+ * NULL with a one-line reason in err: a type the device's matvec does not
+ * take, a budget that holds no expert, the device not opening. p->bal.freq
+ * (may be NULL: uniform) gives each layer's expert frequencies, [n_layer]
+ * [n_expert] by model layer (a routing profile's blk.L.expert_freq). The
+ * policy's initial experts are loaded before it returns.
+ */
+struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
+					  const struct hyb_hybrid_params *p, char *err,
+					  size_t errlen);
+void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h);
+
+/*
+ * Layer l of a decode step (one token), experts active[0..n) chosen by the
+ * router (ascending): the resident ones that have landed are queued on the
+ * device with xn (n_embd floats), and active[] is reordered so that the
+ * CPU's come first; returns how many those are (the device has the rest).
+ * -1 with err on a device error.
+ */
+int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
+			 uint32_t *active, uint32_t n, char *err, size_t errlen);
+/*
+ * After the CPU's experts: waits for the device's, writes expert e =
+ * active[n_cpu + i]'s output (n_embd floats) to out + start[e] * n_embd
+ * (moe.c's row of its pair), and lets the policy decide the layer's loads.
+ * cpu_s: host seconds the CPU's experts took. 0, or -1 with err.
+ */
+int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *active,
+		       uint32_t n_cpu, uint32_t n, const uint32_t *start, float *out, double cpu_s,
+		       char *err, size_t errlen);
+
+struct hyb_device *hyb_moe_hybrid_device(const struct hyb_moe_hybrid *h);
+void hyb_moe_hybrid_stats(const struct hyb_moe_hybrid *h, struct hyb_hybrid_stats *out);
+void hyb_moe_hybrid_stats_reset(struct hyb_moe_hybrid *h);
+void hyb_moe_hybrid_cache(const struct hyb_moe_hybrid *h, uint64_t *resident, uint64_t *slots);
+void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_offload *out);
+/* out[l * n_expert + e]: the slot of expert e of layer l, or -1 */
+int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out);
+double hyb_moe_hybrid_lambda(const struct hyb_moe_hybrid *h, uint32_t l);
+
+#endif

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The expert cache (libhyb/hybrid/moe_hybrid.c, docs/MOE.md): a MoE
+ * model's hot experts computed on a device during decode. On the CPU
+ * device the device runs the CPU's kernels, so the logits are the CPU-only
+ * decode's bit for bit, whatever the policy moved; the runner's strict
+ * device mode checks that no slot is read before its load is seen complete
+ * or rewritten while a kernel may read it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyb/hyb.h"
+#include "test.h"
+
+/* hybctl synth -o TMP/NAME.gguf ARGS: the path */
+static const char *synth(const char *name, const char *args)
+{
+	static char path[512];
+	char cmd[1536];
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s %s -t 2 >/dev/null", path, args);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	return path;
+}
+
+#define SMALL "--arch qwen3moe --experts 16 --experts-used 4 --expert-ffn 64 --hidden 128 " \
+	      "--heads 4 --layers 3 --seed 5"
+#define N_PROMPT 6
+#define N_GEN 12
+
+/* A prompt, then N_GEN greedy steps; every step's logits into lg[N_GEN][n_vocab]. */
+static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float *lg,
+		  struct hyb_hybrid_stats *st)
+{
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy };
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+	const uint32_t V = m->hp.n_vocab;
+	float *last = malloc(sizeof(float) * V);
+	int32_t toks[N_PROMPT];
+
+	if (!c) {
+		free(last);
+		return -1;
+	}
+	CHECK(last != NULL);
+	for (int i = 0; i < N_PROMPT; i++)
+		toks[i] = (i * 53 + 7) % 400 + 3;
+	CHECK(!hyb_ctx_eval(c, toks, N_PROMPT, last, false));
+	for (int t = 0; t < N_GEN; t++) {
+		const float *p = t ? lg + (size_t)(t - 1) * V : last;
+		int32_t best = 0;
+
+		for (uint32_t v = 1; v < V; v++)
+			best = p[v] > p[best] ? (int32_t)v : best;
+		CHECK_MSG(!hyb_ctx_eval(c, &best, 1, lg + (size_t)t * V, false), "%s",
+			  hyb_last_error());
+	}
+	free(last);
+	if (st)
+		hyb_ctx_hybrid_stats(c, st);
+	hyb_ctx_free(c);
+	return 0;
+}
+
+TEST(moe_hybrid_cpu_device_decodes_the_cpu_bits)
+{
+	static const enum hyb_policy pol[] = { HYB_POLICY_STATIC, HYB_POLICY_LRU,
+					       HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_LAYER };
+	struct hyb_model *m = hyb_model_load(synth("mh", SMALL " --type Q8_0"));
+	float *ref, *lg;
+	size_t n;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	n = (size_t)N_GEN * m->hp.n_vocab;
+	ref = malloc(sizeof(float) * n);
+	lg = malloc(sizeof(float) * n);
+	CHECK(ref && lg);
+	CHECK(!decode(m, NULL, ref, NULL));
+	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
+		/* about a third of the experts' bytes */
+		struct hyb_hybrid_params hy = { .device = "cpu", .policy = pol[i],
+						.gpu_budget = m->weight_bytes / 3 };
+		struct hyb_hybrid_stats st;
+		int first = -1;
+
+		CHECK_MSG(!decode(m, &hy, lg, &st), "%s: %s", hyb_policy_name(pol[i]),
+			  hyb_last_error());
+		for (size_t j = 0; j < n && first < 0; j++)
+			if (memcmp(&ref[j], &lg[j], sizeof(float)))
+				first = (int)(j / m->hp.n_vocab);
+		CHECK_MSG(first < 0, "%s: step %d's logits differ from the CPU's",
+			  hyb_policy_name(pol[i]), first);
+		/* (a prompt's last layer runs for its last row alone, so the cache serves it too) */
+		CHECK_MSG(st.tokens == N_GEN && st.active >= (uint64_t)N_GEN * 3 * 4,
+			  "%s: %llu tokens, %llu routed experts", hyb_policy_name(pol[i]),
+			  (unsigned long long)st.tokens, (unsigned long long)st.active);
+		CHECK_MSG(st.active_dev > 0 && st.active_dev < st.active, "%s: %llu of %llu on the "
+			  "device", hyb_policy_name(pol[i]), (unsigned long long)st.active_dev,
+			  (unsigned long long)st.active);
+		if (pol[i] == HYB_POLICY_STATIC || pol[i] == HYB_POLICY_LAYER)
+			CHECK_MSG(st.loads == 0, "%s moved %llu experts", hyb_policy_name(pol[i]),
+				  (unsigned long long)st.loads);
+		if (pol[i] == HYB_POLICY_LRU)
+			CHECK_MSG(st.loads > 0 && st.load_bytes > 0, "lru loaded nothing");
+	}
+	free(ref);
+	free(lg);
+	hyb_model_free(m);
+}
+
+/* The profile's hottest experts are the static policy's: a profile naming two experts puts those. */
+TEST(moe_hybrid_static_follows_the_frequencies)
+{
+	struct hyb_model *m = hyb_model_load(synth("mhf", SMALL " --type Q8_0"));
+	const uint32_t L = m ? m->hp.n_layer : 0, X = m ? m->hp.n_expert : 0;
+	struct hyb_ctx_params cp = { .n_ctx = 32, .n_threads = 1 };
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
+	float *f;
+	const float **freq;
+	int32_t *table;
+	uint64_t res, slots;
+	struct hyb_ctx *c;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	f = calloc((size_t)L * X, sizeof(float));
+	freq = malloc(sizeof(*freq) * L);
+	table = malloc(sizeof(int32_t) * L * X);
+	CHECK(f && freq && table);
+	for (uint32_t l = 0; l < L; l++) {
+		freq[l] = f + (size_t)l * X;
+		f[(size_t)l * X + (3 + l) % X] = 0.9f;
+		f[(size_t)l * X + (11 + l) % X] = 0.8f;
+	}
+	hy.bal.freq = freq;
+	/* room for two experts per layer and the buffers, not three */
+	hy.gpu_budget = 2ull * L * 3 * (64 * 136 + 256) + 65536;
+	cp.hybrid = &hy;
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_cache(c, &res, &slots);
+	CHECK_MSG(res == slots && slots >= L * 2, "%llu of %llu slots used",
+		  (unsigned long long)res, (unsigned long long)slots);
+	CHECK(!hyb_ctx_hybrid_table(c, table));
+	for (uint32_t l = 0; l < L; l++) {
+		CHECK_MSG(table[l * X + (3 + l) % X] >= 0 && table[l * X + (11 + l) % X] >= 0,
+			  "layer %u: the hot experts are not resident", l);
+	}
+	hyb_ctx_free(c);
+	/* a frequency outside [0, 1] is refused, naming it */
+	f[5] = 1.5f;
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "frequency 1.5"), "%s", hyb_last_error());
+	free(f);
+	free(freq);
+	free(table);
+	hyb_model_free(m);
+}
+
+TEST(moe_hybrid_refuses_what_it_cannot_do)
+{
+	struct hyb_model *m = hyb_model_load(synth("mhr", SMALL " --type Q8_0"));
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
+					.gpu_budget = 20000 };
+	struct hyb_ctx_params cp = { .n_ctx = 32, .n_threads = 1, .hybrid = &hy };
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	/* a budget below one expert and the buffers */
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "holds no expert"), "%s", hyb_last_error());
+	hyb_model_free(m);
+	/* experts of a type the device's matvec does not take */
+	m = hyb_model_load(synth("mhq", SMALL " --type Q5_0"));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	hy.gpu_budget = m->weight_bytes;
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "Q5_0") && strstr(hyb_last_error(), "on the CPU"),
+		  "%s", hyb_last_error());
+	hyb_model_free(m);
+}
