@@ -40,6 +40,8 @@ echo "== real models against llama.cpp (SmolLM2 in every type, Gemma 3) =="
 bash tests/bench/real.sh "${REPS:-5}"
 echo "== mixtures of experts on the CPU against llama.cpp =="
 bash tests/bench/moe.sh "${REPS:-5}"
+echo "== the expert cache: hot experts on the (CPU-executed) device, every policy =="
+bash tests/bench/moe_cache.sh "${REPS:-5}"
 echo "== hyb serve against llama-server: continuous batching at concurrency 1, 4, 16 =="
 bash tests/bench/serve.sh
 bash tests/bench/sparse.sh

@@ -24,6 +24,7 @@
  */
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 #include "cuda_kernels.h"
 #include "gpu_test.h"
 #include "hyb/device.h"
+#include "forward/ops.h"
 #include "sparse/sparse_op.h"
 #include "test.h"
 
@@ -589,6 +591,42 @@ TEST(gpu_dev_add)
 	hyb_device_close(d);
 	free(x);
 	free(y);
+	free(out);
+}
+
+/* The experts' activation: silu(g) * u, against the CPU's hyb_ffn_act within float rounding. */
+TEST(gpu_dev_swiglu)
+{
+	const uint32_t n = 100003;
+	struct hyb_device *d;
+	float *g = malloc(4ull * n), *u = malloc(4ull * n), *out = malloc(4ull * n);
+	hyb_dptr dg, du;
+	double worst = 0;
+
+	need_gpu();
+	CHECK(g && u && out);
+	d = open_kind("cuda", 64 * MiB, 0);
+	dg = dalloc(d, 4ull * n);
+	du = dalloc(d, 4ull * n);
+	for (uint32_t i = 0; i < n; i++) {
+		g[i] = 8 * rndf();
+		u[i] = rndf();
+	}
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, dg, g, 4ull * n));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, du, u, 4ull * n));
+	drain(d, HYB_STREAM_CRITICAL);
+	OK(d, hyb_device_swiglu(d, HYB_STREAM_COMPUTE, dg, du, n));
+	OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, out, dg, 4ull * n));
+	drain(d, HYB_STREAM_COMPUTE);
+	hyb_ffn_act(g, u, n, HYB_ACT_SILU);
+	for (uint32_t i = 0; i < n; i++)
+		worst = fmax(worst, fabs((double)out[i] - g[i]) / (fabs((double)g[i]) + 1e-6));
+	printf("    worst relative difference %.2e\n", worst);
+	CHECK_MSG(worst < 1e-5, "swiglu differs by %.2e", worst);
+	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, dg, dg + 8, 16), -EINVAL);
+	hyb_device_close(d);
+	free(g);
+	free(u);
 	free(out);
 }
 

@@ -79,6 +79,35 @@ static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy
 	hyb_ctx_free(c);
 }
 
+/* decode() for a MoE model: experts, not a plan (no sparse FFN mode) */
+static void moe_decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+		       int32_t *toks, bool follow, float *logits)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .hybrid = hy };
+	static const int32_t prompt[6] = { 11, 200, 37, 99, 4, 310 };
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+	float *lg = malloc(sizeof(float) * V);
+	struct hyb_hybrid_stats st;
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(lg);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt, 6, lg, false), "%s", hyb_last_error());
+	for (int i = 0; i < N_GEN; i++) {
+		if (!follow)
+			toks[i] = i % DRIFT == DRIFT - 1 ? (int32_t)(3 + (i * 7919) % (V - 3)) :
+							    hyb_test_argmax(lg, V);
+		memcpy(logits + (size_t)i * V, lg, sizeof(float) * V);
+		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, lg, false), "%s", hyb_last_error());
+	}
+	hyb_ctx_hybrid_stats(c, &st);
+	CHECK(st.active_dev > 0);
+	printf("    %s: %.1f%% of routed experts on the device, %llu loads\n", hy->device,
+	       100.0 * st.active_dev / st.active, (unsigned long long)st.loads);
+	free(lg);
+	hyb_ctx_free(c);
+}
+
 static void compare(enum hyb_policy pol)
 {
 	struct hyb_model *m;
@@ -126,4 +155,46 @@ TEST(gpu_hybrid_tam_adaptive_matches_cpu_device)
 TEST(gpu_hybrid_layer_matches_cpu_device)
 {
 	compare(HYB_POLICY_LAYER);
+}
+
+/*
+ * The expert cache on the GPU (docs/MOE.md): a small routing-design MoE
+ * decoded greedily with LRU moving experts, against the CPU device's run,
+ * which is the CPU's bits (test_moe_hybrid.c): the same tokens but for
+ * near-ties, logits close.
+ */
+TEST(gpu_moe_expert_cache_matches_cpu_device)
+{
+	char path[512], cmd[1024];
+	struct hyb_model *m;
+
+	if (hyb_cuda_device_count() == 0)
+		SKIP("no CUDA device");
+	snprintf(path, sizeof(path), "%s/moe-gpu.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch qwen3moe --experts 32 "
+		 "--experts-used 4 --expert-ffn 256 --hidden 512 --heads 8 --layers 4 --type Q4_0 "
+		 "-t 2 >/dev/null", path);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "%s", hyb_last_error());
+
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params cpu = { .device = "cpu", .policy = HYB_POLICY_LRU,
+					 .gpu_budget = m->weight_bytes / 3 };
+	struct hyb_hybrid_params gpu = cpu;
+	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
+	int32_t toks[N_GEN];
+	int agree = 0;
+
+	gpu.device = "cuda";
+	CHECK(lc && lg);
+	moe_decode(m, &cpu, toks, false, lc);
+	moe_decode(m, &gpu, toks, true, lg);
+	for (int i = 0; i < N_GEN; i++)
+		agree += hyb_test_argmax(lc + (size_t)i * V, V) == hyb_test_argmax(lg + (size_t)i * V, V);
+	printf("    greedy agreement %d/%d\n", agree, N_GEN);
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	free(lc);
+	free(lg);
+	hyb_model_free(m);
 }

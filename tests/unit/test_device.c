@@ -874,6 +874,41 @@ TEST(dev_add_exact)
 	hyb_device_close(d);
 }
 
+/* The experts' activation: hyb_ffn_act's bits; overlapping or short arrays refused. */
+TEST(dev_swiglu_exact)
+{
+	struct hyb_device *d = open_cpu(NULL);
+	const uint32_t n = 1003;
+	float *g = xmalloc(4 * n), *u = xmalloc(4 * n), *r = xmalloc(4 * n);
+	hyb_dptr pg = dalloc(d, 4 * n), pu = dalloc(d, 4 * n);
+	struct hyb_device_stats st;
+
+	g_rng = 9;
+	for (uint32_t i = 0; i < n; i++) {
+		g[i] = 8 * rndf();
+		u[i] = rndf();
+	}
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pg, g, 4 * n) == 0);
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pu, u, 4 * n) == 0);
+	sync_stream(d, HYB_STREAM_CRITICAL);
+	CHECK(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pu, n) == 0);
+	CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, r, pg, 4 * n) == 0);
+	sync_stream(d, HYB_STREAM_COMPUTE);
+	hyb_ffn_act(g, u, n, HYB_ACT_SILU);
+	CHECK(!memcmp(r, g, 4 * n));
+	hyb_device_stats(d, &st);
+	CHECK_EQ_INT(st.kernels, 1);
+	CHECK_EQ_INT(st.kernel_bytes, 12 * n);
+	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pg + 64, 100), -EINVAL);
+	CHECK_MSG(strstr(hyb_device_error(d), "overlap"), "%s", hyb_device_error(d));
+	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pu, n + 1), -EINVAL);
+	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pu, 0), 0);
+	free(g);
+	free(u);
+	free(r);
+	hyb_device_close(d);
+}
+
 /* A layer's FFN with some groups in device cache slots, in a scrambled order. */
 struct layer {
 	uint32_t type, E, F, GS, n_groups, n_slots;

@@ -37,7 +37,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
+       O_PCIE, O_DRIFT, O_ROUTING, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
        O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
 
 static const struct option longopts[] = {
@@ -68,6 +68,7 @@ static const struct option longopts[] = {
 	{ "device", required_argument, 0, O_DEVICE },
 	{ "pcie-gbps", required_argument, 0, O_PCIE },
 	{ "drift", required_argument, 0, O_DRIFT },
+	{ "routing", required_argument, 0, O_ROUTING },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
 	{ "cache", required_argument, 0, O_CACHE },
@@ -104,6 +105,7 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 		break;
 	case O_PCIE: o->hy.dev.pcie_gbps = cli_num("--pcie-gbps", optarg, 0.01, 1e4); break;
 	case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
+	case O_ROUTING: o->routing = optarg; break;
 	case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 	case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
 	case O_CACHE:
@@ -253,6 +255,11 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 	if (o->gpu_budget) {
 		hy.gpu_budget = cli_gpu_budget(o->gpu_budget, m);
 		p.hybrid = &hy;
+		if (o->routing)
+			hy.bal.freq = cli_routing_freq(m, o->routing);
+	} else if (o->routing) {
+		cli_die("--routing places experts for --gpu-budget; without it experts run on "
+			"the CPU");
 	}
 	c = hyb_ctx_new(m, &p);
 

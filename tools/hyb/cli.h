@@ -31,6 +31,7 @@ struct cli_opts {
 	/* hybrid decoding: --gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] */
 	const char *gpu_budget;
 	const char *policies;  /* bench --policies a,b,... | all */
+	const char *routing;   /* --routing P: a MoE routing profile (hybctl profile -o) */
 	uint32_t drift;        /* bench --drift N: a forced topic change every N tokens */
 	struct hyb_hybrid_params hy;
 	struct hyb_sampler_params sp;
@@ -64,6 +65,8 @@ void cli_print_teal(const struct hyb_ctx *c, const struct hyb_model *m);
 /* cli_hybrid.c: --gpu-budget resolved against the model (bytes); stats lines. */
 uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m);
 void cli_print_hybrid(struct hyb_ctx *c, double t_decode);
+/* A routing profile's expert frequencies for the expert cache ([n_layer][n_expert]); dies with the reason. */
+const float *const *cli_routing_freq(const struct hyb_model *m, const char *path);
 int cmd_bench_hybrid(struct cli_opts *o);
 /* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);

@@ -13,6 +13,8 @@
 
 #include "cli.h"
 #include "hyb/device.h"
+#include "hyb/gguf.h"
+#include "hyb/tensor_type.h"
 #include "hyb/membw.h"
 
 uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m)
@@ -102,6 +104,63 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 			fprintf(stderr, " %.2f", hyb_ctx_hybrid_lambda(c, l));
 		fprintf(stderr, "\n");
 	}
+}
+
+/*
+ * The expert frequencies of a routing profile (hybctl profile -o, on this
+ * model: general.architecture "hyb-moe-profile", blk.L.expert_freq F32
+ * [n_expert] per layer), read once per path. Dies naming what does not fit.
+ */
+const float *const *cli_routing_freq(const struct hyb_model *m, const char *path)
+{
+	static const float **freq;
+	static float *data;
+	const struct hyb_hparams *hp = &m->hp;
+	struct hyb_gguf_file *f;
+	char arch[64] = "";
+	uint32_t L = 0, X = 0;
+
+	if (freq)
+		return freq;
+	if (!hp->n_expert)
+		cli_die("--routing %s: the model has no experts", path);
+	if (hyb_gguf_open(path, &f))
+		cli_die("--routing: %s", hyb_last_error());
+	if (!hyb_gguf_get_str(f, "general.architecture", arch, sizeof(arch)) ||
+	    strcmp(arch, "hyb-moe-profile"))
+		cli_die("--routing %s: not a routing profile (general.architecture '%s'; "
+			"hybctl profile -o writes one)", path, arch);
+	if (!hyb_gguf_get_u32(f, "hyb.moe_profile.n_layer", &L) ||
+	    !hyb_gguf_get_u32(f, "hyb.moe_profile.n_expert", &X) || L != hp->n_layer ||
+	    X != hp->n_expert)
+		cli_die("--routing %s: a profile of %u layers x %u experts; the model has %u x %u",
+			path, L, X, hp->n_layer, hp->n_expert);
+	freq = malloc(sizeof(*freq) * L);
+	data = calloc((size_t)L * X, sizeof(float));
+	if (!freq || !data)
+		cli_die("out of memory");
+	for (uint32_t l = 0; l < L; l++) {
+		char nm[64];
+		const struct hyb_gguf_tensor *t;
+
+		freq[l] = data + (size_t)l * X;
+		snprintf(nm, sizeof(nm), "blk.%u.expert_freq", l);
+		t = hyb_gguf_find_tensor(f, nm);
+		if (!t) {
+			if (l < hp->n_dense_lead)
+				continue; /* a dense layer: no experts to count */
+			cli_die("--routing %s: no tensor %s", path, nm);
+		}
+		if (t->type != HYB_TYPE_F32 || t->n_dims != 1 || t->ne[0] != X)
+			cli_die("--routing %s: %s is not F32 [%u]", path, nm, X);
+		memcpy(data + (size_t)l * X, t->data, sizeof(float) * X);
+		for (uint32_t e = 0; e < X; e++)
+			if (!(data[(size_t)l * X + e] >= 0 && data[(size_t)l * X + e] <= 1))
+				cli_die("--routing %s: %s[%u] = %g is not a frequency", path, nm, e,
+					(double)data[(size_t)l * X + e]);
+	}
+	hyb_gguf_close(f);
+	return freq;
 }
 
 /* ---- hyb bench --gpu-budget ----------------------------------------------------- */
@@ -214,6 +273,29 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_offloa
 		       const struct hyb_hybrid_stats *s, bool layer, double mean_pos,
 		       double *cpu_b, double *gpu_b)
 {
+	if (pl->experts) {
+		/* the expert cache: attention, routers, shared experts and the head on the CPU */
+		const struct hyb_hparams *hp = &m->hp;
+		const double n = s->tokens ? (double)s->tokens : 1;
+		double expert = 0, rest = wbytes(&m->output) + m->tok_embd.row_bytes;
+
+		for (uint32_t l = 0; l < hp->n_layer; l++) {
+			const struct hyb_layer *L = &m->layers[l];
+
+			rest += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) +
+				4.0 * hp->n_head_kv * hp->head_dim * mean_pos + wbytes(&L->gate_inp) +
+				wbytes(&L->gate_shexp) + wbytes(&L->up_shexp) +
+				wbytes(&L->down_shexp) + wbytes(&L->gate) + wbytes(&L->up) +
+				wbytes(&L->down);
+			if (L->gate_exps.data && !expert)
+				expert = wbytes(&L->gate_exps) + wbytes(&L->up_exps) +
+					 wbytes(&L->down_exps);
+		}
+		*cpu_b = rest + expert * (s->active - s->active_dev) / n;
+		*gpu_b = expert * s->active_dev / n;
+		(void)layer;
+		return;
+	}
 	const struct hyb_hparams *hp = &m->hp;
 	const struct hyb_layer *L0 = &m->layers[0];
 	const double n = s->tokens ? (double)s->tokens : 1;
@@ -277,6 +359,7 @@ struct hbench {
 	uint32_t n_prompt, n_gen, drift;
 	int nth, np;
 	struct policy_run *pr;
+	bool moe;                                       /* the expert cache (docs/MOE.md) */
 	double *t_ref, *p_ref, *dram, *pcie, *hbm;	/* per round */
 	float *logits;
 };
@@ -304,8 +387,9 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 	h->drift = o->drift ? o->drift : 32;
 	h->w = (struct workload){ .n_prompt = h->n_prompt, .n_gen = h->n_gen };
 	h->nth = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-	if (!h->m->group_size)
-		cli_die("hybrid decoding needs a plan model (hybctl plan)");
+	h->moe = h->m->hp.n_expert > 0;
+	if (!h->m->group_size && !h->moe)
+		cli_die("hybrid decoding needs a plan model (hybctl plan) or a mixture of experts");
 	h->pr = calloc(h->np, sizeof(*h->pr));
 	h->logits = malloc(sizeof(float) * h->m->hp.n_vocab);
 	h->w.toks = malloc(sizeof(int32_t) * (h->n_prompt + h->n_gen));
@@ -319,9 +403,16 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 	o->n_ctx = h->n_prompt + h->n_gen;
 	budget = cli_gpu_budget(o->gpu_budget, h->m);
 
-	printf("model       %s: %u layers, embd %u, ffn %u (%u groups of %u), %.2f GB\n", o->model,
-	       h->m->hp.n_layer, h->m->hp.n_embd, h->m->hp.n_ff, h->m->n_groups,
-	       h->m->group_size, h->m->weight_bytes / 1e9);
+	if (h->moe)
+		printf("model       %s: %u layers, embd %u, %u experts (%u used) of ffn %llu, %.2f "
+		       "GB%s\n", o->model, h->m->hp.n_layer, h->m->hp.n_embd, h->m->hp.n_expert,
+		       h->m->hp.n_expert_used,
+		       (unsigned long long)h->m->layers[h->m->hp.n_layer - 1].gate_exps.ne1,
+		       h->m->weight_bytes / 1e9, o->routing ? "; routing profile given" : "");
+	else
+		printf("model       %s: %u layers, embd %u, ffn %u (%u groups of %u), %.2f GB\n",
+		       o->model, h->m->hp.n_layer, h->m->hp.n_embd, h->m->hp.n_ff,
+		       h->m->n_groups, h->m->group_size, h->m->weight_bytes / 1e9);
 	printf("workload    %u prompt tokens, %u decoded, a forced topic change every %u; %d "
 	       "threads\n", h->n_prompt, h->n_gen, h->drift, h->nth);
 	printf("device      %s, budget %.1f MB (%.0f%% of the model)\n",
@@ -370,7 +461,8 @@ static void hbench_round(struct hbench *h, int r)
 	double ps;
 
 	oc.gpu_budget = NULL;
-	oc.ffn = HYB_FFN_SPARSE;
+	oc.routing = NULL;
+	oc.ffn = h->moe ? HYB_FFN_AUTO : HYB_FFN_SPARSE;
 	c = cli_new_ctx(h->m, &oc);
 	h->t_ref[r] = h->n_gen / run_seq(c, h->m, &h->w, true, h->drift, h->logits, NULL, &ps);
 	h->p_ref[r] = h->n_prompt / ps;
@@ -427,8 +519,9 @@ static void hbench_report(struct hbench *h)
 	       o->hy.device && !strcmp(o->hy.device, "cuda")
 		       ? "link: a pinned host-to-device copy, memory: the device's add kernel"
 		       : "the CPU device's link and memory are its model's");
-	printf("baseline    %8.2f tokens/s  CPU-only sparse decode; prompt %.2f tokens/s "
-	       "(%u tokens)\n", ref, median(h->p_ref, o->reps), h->n_prompt);
+	printf("baseline    %8.2f tokens/s  CPU-only %s decode; prompt %.2f tokens/s "
+	       "(%u tokens)\n", ref, h->moe ? "expert" : "sparse", median(h->p_ref, o->reps),
+	       h->n_prompt);
 	printf("%-13s %8s %7s %8s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy",
 	       "tok/s", "vs cpu", "prompt", "dense", "gpu%", "loads", "MB/tok", "attn ms",
 	       "cpu ms", "dev ms", "stall", "roof%", "agree", "lambda");
@@ -445,6 +538,11 @@ static void hbench_report(struct hbench *h)
 
 		if (h->pr[i].p != HYB_POLICY_TAM_ADAPTIVE)
 			continue;
+		if (h->moe) {
+			if (base_static > 0)
+				printf("tam-adaptive vs static placement: %.2fx\n", tps / base_static);
+			continue;
+		}
 		if (base_layer > 0)
 			printf("tam-adaptive vs layer-wise offload: %.2fx (target >= 3)\n",
 			       tps / base_layer);

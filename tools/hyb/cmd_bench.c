@@ -34,6 +34,7 @@ static const char usage[] =
 	"  --teal PROFILE [--sparsity S]: TEAL decoding against dense, every round\n"
 	"       hyb bench -m PLAN --gpu-budget BYTES|N% [--policies all|P,P,...] [--drift N]\n"
 	"                 [--device cpu|cuda] [--pcie-gbps G] [--dense-cpu] [--prefill-cpu]\n"
+	"                 [--routing P] (a MoE model: its expert cache against CPU-only)\n"
 	"                 [-n DECODE_TOKENS]\n"
 	"                 [-r REPS]\n"
 	"  hybrid: every policy on the drift workload (a forced topic change every N\n"
