@@ -199,7 +199,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		if (p && p->hybrid) {
 			if (hyb_model_wait(m))
 				goto fail;
-			if (!(c->moe_hybrid = hyb_moe_hybrid_new(m, p->hybrid, err, sizeof(err))))
+			if (!(c->moe_hybrid = hyb_moe_hybrid_new(m, p->hybrid, c->n_ctx, err,
+								  sizeof(err))))
 				goto fail_engine;
 		}
 	}
@@ -566,4 +567,6 @@ void hyb_ctx_reset(struct hyb_ctx *c)
 	c->n_past = 0;
 	if (c->hybrid)
 		hyb_decode_hybrid_reset(c);
+	if (c->moe_hybrid)
+		hyb_moe_decode_reset(c);
 }

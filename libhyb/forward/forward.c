@@ -27,6 +27,7 @@
 #include "ops.h"
 #include "hybrid/decode.h"
 #include "hybrid/ffn_hybrid.h"
+#include "hybrid/moe_hybrid.h"
 #include "model/model_stream.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
@@ -775,6 +776,12 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 
 	if (c->hybrid && n == 1)
 		return hyb_decode_hybrid(c, tokens[0], logits, err, errlen);
+	if (c->moe_hybrid && hyb_moe_hybrid_dense(c->moe_hybrid)) {
+		if (n == 1)
+			return hyb_moe_decode_hybrid(c, tokens[0], logits, err, errlen);
+		if (hyb_moe_decode_kv_to_host(c, err, errlen))
+			return -1;
+	}
 	if (c->hybrid && hyb_ffn_hybrid_prefill_on_device(c->hybrid))
 		return hyb_prefill_hybrid(c, tokens, n, logits, all_logits, err, errlen);
 	/* a prompt batch on the CPU alone needs the rows decoded on the device */
@@ -788,6 +795,8 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	c->n_past += n;
 	if (c->hybrid)
 		hyb_decode_hybrid_kv_host_wrote(c);
+	if (c->moe_hybrid)
+		hyb_moe_decode_kv_host_wrote(c);
 	return 0;
 }
 

@@ -43,6 +43,7 @@
 #include "hyb/balancer.h"
 #include "hyb/device.h"
 #include "hyb/tensor_type.h"
+#include "dense.h"
 
 #define SLOT_ALIGN 256 /* offsets of the three matrices in a slot (kernels need 2-4 bytes) */
 
@@ -54,6 +55,7 @@ struct slot {
 struct hyb_moe_hybrid {
 	const struct hyb_model *m;
 	struct hyb_device *dev;
+	struct hyb_hdense *hd;           /* attention blocks and head on the device, or NULL */
 	struct hyb_balancer *bal;
 	enum hyb_policy policy;
 	uint32_t lead, n_moe, X, K, E, F;
@@ -69,6 +71,7 @@ struct hyb_moe_hybrid {
 	uint32_t *sorted, *load, *evict, *dev_e;
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
 	uint32_t n_dev;                  /* experts queued on the device this layer */
+	bool xn_dev;                     /* the device's xn is this layer's (moe_decode.c) */
 	double t_begin, t_queued;        /* device clock at begin, after queueing */
 	double t_token_last;             /* for the loads' window */
 	double token_s;
@@ -235,6 +238,55 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
 	return 0;
 }
 
+/*
+ * The dense parts (PowerInfer 5.3, KTransformers: attention and the head on
+ * the GPU): every layer's attention block and the head when together they
+ * take at most half the budget, else the head alone if it does, else
+ * nothing; the rest is for experts. The device's attention block is
+ * llama's (dense.c): other architectures (Q/K norms, biases) keep
+ * attention on the CPU. Returns the bytes placed; -1 with err.
+ */
+static int64_t place_dense(struct hyb_moe_hybrid *h, const struct hyb_hybrid_params *p,
+			   uint32_t n_ctx, char *err, size_t errlen)
+{
+	const struct hyb_model *m = h->m;
+	const uint32_t L = m->hp.n_layer;
+	bool *on = calloc(L, sizeof(bool));
+	uint64_t layers = 0, head = hyb_hdense_head_bytes(m);
+	bool all = m->hp.arch_id == HYB_ARCH_LLAMA && !p->dense_on_cpu;
+	bool use_head;
+	int64_t rc = 0;
+
+	if (!on) {
+		snprintf(err, errlen, "expert cache: out of memory");
+		return -1;
+	}
+	for (uint32_t l = 0; l < L && all; l++) {
+		const uint64_t b = hyb_hdense_layer_bytes(m, l, n_ctx);
+
+		all = b > 0;
+		layers += b;
+		on[l] = true;
+	}
+	if (!all || layers + head + hyb_hdense_buffer_bytes(m, true, head > 0, false) >
+			    p->gpu_budget / 2) {
+		memset(on, 0, sizeof(bool) * L);
+		layers = 0;
+		all = false;
+	}
+	use_head = !p->dense_on_cpu && head &&
+		   layers + head + hyb_hdense_buffer_bytes(m, all, true, false) <= p->gpu_budget / 2;
+	if (all || use_head) {
+		h->hd = hyb_hdense_new(h->dev, m, n_ctx, on, use_head, NULL, err, errlen);
+		if (!h->hd)
+			rc = -1;
+		else
+			rc = (int64_t)hyb_hdense_bytes(h->hd);
+	}
+	free(on);
+	return rc;
+}
+
 /* The policy's initial experts, loaded and waited for. */
 static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
 {
@@ -256,13 +308,14 @@ static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
 }
 
 struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
-					  const struct hyb_hybrid_params *p, char *err,
-					  size_t errlen)
+					  const struct hyb_hybrid_params *p, uint32_t n_ctx,
+					  char *err, size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_moe_hybrid *h;
 	struct hyb_device_config cfg;
 	struct hyb_balancer_params bp;
+	int64_t dense;
 
 	if (check_model(m, err, errlen))
 		return NULL;
@@ -306,8 +359,10 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	}
 	for (size_t i = 0; i < (size_t)h->n_moe * h->X; i++)
 		h->table[i] = -1;
-	if (set_freq(h, p->bal.freq, err, errlen) ||
-	    alloc_device(h, p->gpu_budget, err, errlen))
+	if (set_freq(h, p->bal.freq, err, errlen))
+		goto fail;
+	dense = place_dense(h, p, n_ctx, err, errlen);
+	if (dense < 0 || alloc_device(h, p->gpu_budget - (uint64_t)dense, err, errlen))
 		goto fail;
 	bp = p->bal;
 	bp.policy = p->policy;
@@ -338,6 +393,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 {
 	if (!h)
 		return;
+	hyb_hdense_free(h->hd);
 	if (h->dev) {
 		for (uint32_t s = 0; h->slots && s < h->n_slots; s++)
 			if (h->slots[s].ev)
@@ -382,17 +438,18 @@ static bool ready(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, bool *late)
 	return false;
 }
 
-static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t row)
+static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t row,
+			hyb_dptr x)
 {
 	const struct hyb_layer *L = layer(h, lm);
 	const hyb_dptr base = h->cache + (uint64_t)h->table[(size_t)lm * h->X + e] * h->slot_bytes;
 	const struct hyb_dev_matvec gate = {
-		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = h->d_x,
+		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = x,
 		.y = h->d_g,
 	};
 	const struct hyb_dev_matvec up = {
 		.type = L->up_exps.type, .n_in = h->E, .n_out = h->F, .w = base + h->off_up,
-		.x = h->d_x, .y = h->d_u,
+		.x = x, .y = h->d_u,
 	};
 	const struct hyb_dev_matvec down = {
 		.type = L->down_exps.type, .n_in = h->F, .n_out = h->E, .w = base + h->off_down,
@@ -409,6 +466,9 @@ static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint3
 int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
 			 uint32_t *active, uint32_t n, char *err, size_t errlen)
 {
+	/* after attention on the device in a decode step, xn is there already (dense.c's
+	 * ffn_norm); in a prompt pass on the CPU it is not */
+	const bool xn_on_dev = h->xn_dev;
 	const uint32_t lm = l - h->lead;
 	uint32_t n_cpu = 0;
 
@@ -444,20 +504,26 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
 	h->st.late += h->fb[lm].late;
 	if (!h->n_dev)
 		return (int)n_cpu;
-	memcpy(h->h_x, xn, 4ull * h->E);
-	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, 4ull * h->E) ||
-	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
-	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
-		return dev_fail(h, err, errlen, "expert input");
+	if (xn_on_dev) {
+		if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+			return dev_fail(h, err, errlen, "expert input");
+	} else {
+		memcpy(h->h_x, xn, 4ull * h->E);
+		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, 4ull * h->E) ||
+		    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+		    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+			return dev_fail(h, err, errlen, "expert input");
+		h->st.critical_bytes += 4ull * h->E;
+	}
 	for (uint32_t i = 0; i < h->n_dev; i++)
-		if (queue_expert(h, lm, h->dev_e[i], i))
+		if (queue_expert(h, lm, h->dev_e[i], i, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))
 			return dev_fail(h, err, errlen, "expert kernels");
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
 	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * h->n_dev * h->E) ||
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
 		return dev_fail(h, err, errlen, "expert outputs");
-	h->st.critical_bytes += 4ull * h->E * (1 + h->n_dev);
+	h->st.critical_bytes += 4ull * h->E * h->n_dev;
 	h->t_queued = hyb_device_now(h->dev);
 	return (int)n_cpu;
 }
@@ -543,6 +609,22 @@ struct hyb_device *hyb_moe_hybrid_device(const struct hyb_moe_hybrid *h)
 	return h->dev;
 }
 
+struct hyb_hdense *hyb_moe_hybrid_dense(const struct hyb_moe_hybrid *h)
+{
+	return h->hd;
+}
+
+void hyb_moe_hybrid_xn_on_device(struct hyb_moe_hybrid *h, bool on)
+{
+	h->xn_dev = on;
+}
+
+void hyb_moe_hybrid_add_dense_time(struct hyb_moe_hybrid *h, double attn_s, double head_s)
+{
+	h->st.attn_s += attn_s;
+	h->st.head_s += head_s;
+}
+
 void hyb_moe_hybrid_stats(const struct hyb_moe_hybrid *h, struct hyb_hybrid_stats *out)
 {
 	*out = h->st;
@@ -564,10 +646,16 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	memset(out, 0, sizeof(*out));
 	out->cache_bytes = (uint64_t)h->n_slots * h->slot_bytes;
 	out->experts = true;
+	if (h->hd) {
+		out->attn_layers = hyb_hdense_layers_on(h->hd);
+		out->head = hyb_hdense_head_on(h->hd);
+		out->dense_bytes = hyb_hdense_bytes(h->hd);
+	}
 	snprintf(out->cache_note, sizeof(out->cache_note),
-		 "%u expert slots of %.2f MB (%.1f%% of the %u x %u routed experts); attention, "
-		 "routers and shared experts on the CPU", h->n_slots, h->slot_bytes / 1e6,
-		 100.0 * h->n_slots / ((double)h->n_moe * h->X), h->n_moe, h->X);
+		 "%u expert slots of %.2f MB (%.1f%% of the %u x %u routed experts); on the "
+		 "device too: attention of %u layers, %s; routers and shared experts on the CPU",
+		 h->n_slots, h->slot_bytes / 1e6, 100.0 * h->n_slots / ((double)h->n_moe * h->X),
+		 h->n_moe, h->X, out->attn_layers, out->head ? "the head" : "not the head");
 }
 
 int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out)

@@ -10,11 +10,14 @@
 #ifndef HYB_MOE_HYBRID_H
 #define HYB_MOE_HYBRID_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "hyb/hybrid.h"
 
+struct hyb_hdense;
+struct hyb_ctx;
 struct hyb_moe_hybrid;
 
 /*
@@ -25,8 +28,8 @@ struct hyb_moe_hybrid;
  * policy's initial experts are loaded before it returns.
  */
 struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
-					  const struct hyb_hybrid_params *p, char *err,
-					  size_t errlen);
+					  const struct hyb_hybrid_params *p, uint32_t n_ctx,
+					  char *err, size_t errlen);
 void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h);
 
 /*
@@ -49,10 +52,31 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 		       char *err, size_t errlen);
 
 struct hyb_device *hyb_moe_hybrid_device(const struct hyb_moe_hybrid *h);
+/*
+ * The attention blocks and head it placed on the device (dense.c), NULL when
+ * none: then a decode step is forward.c's with moe.c asking the cache, else
+ * moe_decode.c's.
+ */
+struct hyb_hdense *hyb_moe_hybrid_dense(const struct hyb_moe_hybrid *h);
+void hyb_moe_hybrid_add_dense_time(struct hyb_moe_hybrid *h, double attn_s, double head_s);
+/* The next layer's xn is the device's too (its attention ran there): begin need not send it. */
+void hyb_moe_hybrid_xn_on_device(struct hyb_moe_hybrid *h, bool on);
 void hyb_moe_hybrid_stats(const struct hyb_moe_hybrid *h, struct hyb_hybrid_stats *out);
 void hyb_moe_hybrid_stats_reset(struct hyb_moe_hybrid *h);
 void hyb_moe_hybrid_cache(const struct hyb_moe_hybrid *h, uint64_t *resident, uint64_t *slots);
 void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_offload *out);
+/*
+ * A decode step with the dense parts on the device (moe_decode.c): each
+ * placed attention block there, x and xn back for the router and the CPU's
+ * experts, the head there. 0, or -1 with err.
+ */
+int hyb_moe_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err,
+			  size_t errlen);
+/* KV rows: the device's to the host before a CPU prompt pass, the host's written after it. */
+int hyb_moe_decode_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen);
+void hyb_moe_decode_kv_host_wrote(struct hyb_ctx *c);
+void hyb_moe_decode_reset(struct hyb_ctx *c);
+
 /* out[l * n_expert + e]: the slot of expert e of layer l, or -1 */
 int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out);
 double hyb_moe_hybrid_lambda(const struct hyb_moe_hybrid *h, uint32_t l);

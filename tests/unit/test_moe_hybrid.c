@@ -32,12 +32,18 @@ static const char *synth(const char *name, const char *args)
 
 #define SMALL "--arch qwen3moe --experts 16 --experts-used 4 --expert-ffn 64 --hidden 128 " \
 	      "--heads 4 --layers 3 --seed 5"
+/* Mixtral's layout: llama's attention, which the device runs too */
+#define SMALL_LLAMA "--arch llama --experts 16 --experts-used 4 --ffn 64 --hidden 128 --heads 4 " \
+		    "--layers 3 --seed 5"
 #define N_PROMPT 6
 #define N_GEN 12
 
-/* A prompt, then N_GEN greedy steps; every step's logits into lg[N_GEN][n_vocab]. */
+/*
+ * A prompt, then N_GEN greedy steps, then a second prompt: every step's
+ * logits into lg[N_GEN + 2][n_vocab], the two prompts' in the last rows.
+ */
 static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float *lg,
-		  struct hyb_hybrid_stats *st)
+		  struct hyb_hybrid_stats *st, struct hyb_hybrid_offload *pl)
 {
 	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy };
 	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
@@ -53,6 +59,7 @@ static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float
 	for (int i = 0; i < N_PROMPT; i++)
 		toks[i] = (i * 53 + 7) % 400 + 3;
 	CHECK(!hyb_ctx_eval(c, toks, N_PROMPT, last, false));
+	memcpy(lg + (size_t)N_GEN * V, last, sizeof(float) * V);
 	for (int t = 0; t < N_GEN; t++) {
 		const float *p = t ? lg + (size_t)(t - 1) * V : last;
 		int32_t best = 0;
@@ -62,41 +69,51 @@ static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float
 		CHECK_MSG(!hyb_ctx_eval(c, &best, 1, lg + (size_t)t * V, false), "%s",
 			  hyb_last_error());
 	}
-	free(last);
 	if (st)
 		hyb_ctx_hybrid_stats(c, st);
+	if (pl)
+		hyb_ctx_hybrid_offload(c, pl);
+	/* a second prompt after decoding */
+	CHECK(!hyb_ctx_eval(c, toks, 3, lg + (size_t)(N_GEN + 1) * V, false));
+	free(last);
 	hyb_ctx_free(c);
 	return 0;
 }
 
-TEST(moe_hybrid_cpu_device_decodes_the_cpu_bits)
+/*
+ * Every policy, experts alone on the device (qwen3moe: its attention's Q/K
+ * norms stay on the CPU) and with attention and head there too (llama's
+ * layout), a second prompt after decoding (the KV rows come back first).
+ */
+static void cpu_bits(const char *name, const char *args, bool dense)
 {
 	static const enum hyb_policy pol[] = { HYB_POLICY_STATIC, HYB_POLICY_LRU,
 					       HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_LAYER };
-	struct hyb_model *m = hyb_model_load(synth("mh", SMALL " --type Q8_0"));
+	struct hyb_model *m = hyb_model_load(synth(name, args));
 	float *ref, *lg;
 	size_t n;
 
 	CHECK_MSG(m, "%s", hyb_last_error());
-	n = (size_t)N_GEN * m->hp.n_vocab;
+	n = (size_t)(N_GEN + 2) * m->hp.n_vocab;
 	ref = malloc(sizeof(float) * n);
 	lg = malloc(sizeof(float) * n);
 	CHECK(ref && lg);
-	CHECK(!decode(m, NULL, ref, NULL));
+	CHECK(!decode(m, NULL, ref, NULL, NULL));
 	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
-		/* about a third of the experts' bytes */
+		/* two thirds of the model's bytes: the dense parts take half of it where they go */
 		struct hyb_hybrid_params hy = { .device = "cpu", .policy = pol[i],
-						.gpu_budget = m->weight_bytes / 3 };
+						.gpu_budget = m->weight_bytes / 3 * 2 };
 		struct hyb_hybrid_stats st;
+		struct hyb_hybrid_offload pl;
 		int first = -1;
 
-		CHECK_MSG(!decode(m, &hy, lg, &st), "%s: %s", hyb_policy_name(pol[i]),
+		CHECK_MSG(!decode(m, &hy, lg, &st, &pl), "%s: %s", hyb_policy_name(pol[i]),
 			  hyb_last_error());
 		for (size_t j = 0; j < n && first < 0; j++)
 			if (memcmp(&ref[j], &lg[j], sizeof(float)))
 				first = (int)(j / m->hp.n_vocab);
-		CHECK_MSG(first < 0, "%s: step %d's logits differ from the CPU's",
-			  hyb_policy_name(pol[i]), first);
+		CHECK_MSG(first < 0, "%s %s: row %d's logits differ from the CPU's (%d, %d: the "
+			  "prompts)", name, hyb_policy_name(pol[i]), first, N_GEN, N_GEN + 1);
 		/* (a prompt's last layer runs for its last row alone, so the cache serves it too) */
 		CHECK_MSG(st.tokens == N_GEN && st.active >= (uint64_t)N_GEN * 3 * 4,
 			  "%s: %llu tokens, %llu routed experts", hyb_policy_name(pol[i]),
@@ -104,15 +121,39 @@ TEST(moe_hybrid_cpu_device_decodes_the_cpu_bits)
 		CHECK_MSG(st.active_dev > 0 && st.active_dev < st.active, "%s: %llu of %llu on the "
 			  "device", hyb_policy_name(pol[i]), (unsigned long long)st.active_dev,
 			  (unsigned long long)st.active);
+		CHECK_MSG(pl.experts && pl.attn_layers == (dense ? m->hp.n_layer : 0) &&
+			  (pl.head || !dense), "%s: attention of %u layers, head %d on the device",
+			  name, pl.attn_layers, pl.head);
 		if (pol[i] == HYB_POLICY_STATIC || pol[i] == HYB_POLICY_LAYER)
 			CHECK_MSG(st.loads == 0, "%s moved %llu experts", hyb_policy_name(pol[i]),
 				  (unsigned long long)st.loads);
 		if (pol[i] == HYB_POLICY_LRU)
 			CHECK_MSG(st.loads > 0 && st.load_bytes > 0, "lru loaded nothing");
 	}
+	/* every expert resident: a prompt's last layer, on the CPU, must not take xn from the device */
+	{
+		struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC,
+						.gpu_budget = m->weight_bytes * 2 };
+		struct hyb_hybrid_stats st;
+
+		CHECK_MSG(!decode(m, &hy, lg, &st, NULL), "%s", hyb_last_error());
+		CHECK_MSG(!memcmp(ref, lg, sizeof(float) * n), "%s: every expert resident: the "
+			  "logits differ from the CPU's", name);
+		CHECK_EQ_INT(st.active_dev, st.active);
+	}
 	free(ref);
 	free(lg);
 	hyb_model_free(m);
+}
+
+TEST(moe_hybrid_cpu_device_decodes_the_cpu_bits)
+{
+	cpu_bits("mh", SMALL " --type Q8_0", false);
+}
+
+TEST(moe_hybrid_dense_on_device_decodes_the_cpu_bits)
+{
+	cpu_bits("mhl", SMALL_LLAMA " --type Q4_0", true);
 }
 
 /* The profile's hottest experts are the static policy's: a profile naming two experts puts those. */
@@ -121,7 +162,8 @@ TEST(moe_hybrid_static_follows_the_frequencies)
 	struct hyb_model *m = hyb_model_load(synth("mhf", SMALL " --type Q8_0"));
 	const uint32_t L = m ? m->hp.n_layer : 0, X = m ? m->hp.n_expert : 0;
 	struct hyb_ctx_params cp = { .n_ctx = 32, .n_threads = 1 };
-	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC,
+					.dense_on_cpu = true };
 	float *f;
 	const float **freq;
 	int32_t *table;

@@ -274,25 +274,32 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_offloa
 		       double *cpu_b, double *gpu_b)
 {
 	if (pl->experts) {
-		/* the expert cache: attention, routers, shared experts and the head on the CPU */
+		/*
+		 * the expert cache: routers and shared experts on the CPU, attention
+		 * and the head where the placement put them (every layer's attention
+		 * or none), routed experts by where they ran (wbytes of a 3-D
+		 * expert tensor: one expert's matrix)
+		 */
 		const struct hyb_hparams *hp = &m->hp;
 		const double n = s->tokens ? (double)s->tokens : 1;
-		double expert = 0, rest = wbytes(&m->output) + m->tok_embd.row_bytes;
+		double expert = 0, attn = 0, rest = m->tok_embd.row_bytes;
 
 		for (uint32_t l = 0; l < hp->n_layer; l++) {
 			const struct hyb_layer *L = &m->layers[l];
 
-			rest += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) +
-				4.0 * hp->n_head_kv * hp->head_dim * mean_pos + wbytes(&L->gate_inp) +
-				wbytes(&L->gate_shexp) + wbytes(&L->up_shexp) +
-				wbytes(&L->down_shexp) + wbytes(&L->gate) + wbytes(&L->up) +
-				wbytes(&L->down);
+			attn += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) +
+				4.0 * hp->n_head_kv * hp->head_dim * mean_pos;
+			rest += wbytes(&L->gate_inp) + wbytes(&L->gate_shexp) +
+				wbytes(&L->up_shexp) + wbytes(&L->down_shexp) + wbytes(&L->gate) +
+				wbytes(&L->up) + wbytes(&L->down);
 			if (L->gate_exps.data && !expert)
 				expert = wbytes(&L->gate_exps) + wbytes(&L->up_exps) +
 					 wbytes(&L->down_exps);
 		}
-		*cpu_b = rest + expert * (s->active - s->active_dev) / n;
-		*gpu_b = expert * s->active_dev / n;
+		*cpu_b = rest + (pl->attn_layers ? 0 : attn) + (pl->head ? 0 : wbytes(&m->output)) +
+			 expert * (s->active - s->active_dev) / n;
+		*gpu_b = (pl->attn_layers ? attn : 0) + (pl->head ? wbytes(&m->output) : 0) +
+			 expert * s->active_dev / n;
 		(void)layer;
 		return;
 	}
