@@ -41,6 +41,9 @@ struct hyb_moe_scratch {
 	uint32_t nb;       /* tokens per batch */
 	float *logits;     /* [nb][n_expert], then the probabilities */
 	float *scores;     /* [n_expert] one token's selection scores (bias, groups) */
+	float *plogits;    /* [n_expert] the next layer's router on this layer's input */
+	int32_t *psel;     /* [K] the experts it would choose (the expert cache's prefetch) */
+	float *pwt;        /* [K] */
 	int32_t *sel;      /* [nb][K] chosen experts, by rank */
 	float *wt;         /* [nb][K] their weights */
 	uint32_t *start;   /* [n_expert + 1] first pair of each expert (expert-major order) */
@@ -101,6 +104,9 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	s->hq_stride = hq;
 	s->logits = malloc(sizeof(float) * nb * X);
 	s->scores = malloc(sizeof(float) * X);
+	s->plogits = malloc(sizeof(float) * X);
+	s->psel = malloc(sizeof(int32_t) * K);
+	s->pwt = malloc(sizeof(float) * K);
 	s->defer = malloc(sizeof(float) * E);
 	s->pending = malloc(sizeof(float) * E);
 	s->sel = malloc(sizeof(int32_t) * P);
@@ -122,7 +128,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 		s->so = malloc(sizeof(float) * nb * E);
 		s->sgi = malloc(sizeof(float) * nb);
 	}
-	if (!s->counts || !s->logits || !s->scores || !s->defer || !s->pending || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
+	if (!s->counts || !s->logits || !s->scores || !s->plogits || !s->psel || !s->pwt || !s->defer || !s->pending || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
 	    !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
 	    (S && (!s->sg || !s->su || !s->so || !s->sgi))) {
 		hyb_moe_scratch_free(s);
@@ -159,6 +165,9 @@ void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
 	free(s->counts);
 	free(s->logits);
 	free(s->scores);
+	free(s->plogits);
+	free(s->psel);
+	free(s->pwt);
 	free(s->defer);
 	free(s->pending);
 	free(s->sel);
@@ -232,7 +241,8 @@ static void limit_groups(const struct hyb_hparams *hp, float *sp)
  * leaves open, go to the lower expert); their unbiased scores as weights,
  * renormalised and scaled where the model says so.
  */
-static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
+static int route_into(struct hyb_ctx *c, uint32_t l, uint32_t nf, float *logits,
+		      int32_t *sel_out, float *wt_out)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
 	const struct hyb_layer *L = &c->m->layers[l];
@@ -240,9 +250,9 @@ static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	const uint32_t X = hp->n_expert, K = hp->n_expert_used;
 
 	for (uint32_t t = 0; t < nf; t++) {
-		float *p = s->logits + (size_t)t * X, mx = -INFINITY, *sp = p;
-		int32_t *sel = s->sel + (size_t)t * K;
-		float *wt = s->wt + (size_t)t * K;
+		float *p = logits + (size_t)t * X, mx = -INFINITY, *sp = p;
+		int32_t *sel = sel_out + (size_t)t * K;
+		float *wt = wt_out + (size_t)t * K;
 
 		for (uint32_t e = 0; e < X; e++) {
 			if (!isfinite(p[e]))
@@ -286,6 +296,37 @@ static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 				wt[k] *= hp->expert_scale;
 	}
 	return 0;
+}
+
+static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
+{
+	return route_into(c, l, nf, c->moe->logits, c->moe->sel, c->moe->wt);
+}
+
+/*
+ * The expert cache's prefetch (KAIROX 5.1's adjacent-layer prediction, at
+ * expert granularity): layer l + 1's router on layer l's input, its K
+ * choices into psel. Returns how many (0: no next expert layer, or a
+ * router that is not finite - then nothing is prefetched).
+ */
+static uint32_t predict_next(struct hyb_ctx *c, uint32_t l)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	struct hyb_moe_scratch *s = c->moe;
+	const struct hyb_weight *router;
+
+	if (l + 1 >= hp->n_layer)
+		return 0;
+	router = &c->m->layers[l + 1].gate_inp;
+	hyb_fwd_matmul(c, c->xn, 1, 1, &router, &s->plogits);
+	if (route_into(c, l + 1, 1, s->plogits, s->psel, s->pwt))
+		return 0; /* layer l + 1 itself reports it */
+	uint32_t n = 0;
+
+	for (uint32_t k = 0; k < hp->n_expert_used; k++)
+		if (s->psel[k] >= 0) /* group limits can leave fewer than K */
+			s->psel[n++] = s->psel[k];
+	return n;
 }
 
 /* Pairs (token, rank) grouped by expert, tokens ascending within each (mul_mat_id's order). */
@@ -596,10 +637,16 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	}
 	const double t2 = hyb_now();
 
-	if (c->moe_hybrid && nf == 1 &&
-	    hyb_moe_hybrid_end(c->moe_hybrid, l, s->active, n_cpu, n_active, s->start, s->out,
-			       t2 - tc, err, sizeof(err)))
-		return hyb_error_set(-EIO, "%s", err);
+	if (c->moe_hybrid && nf == 1) {
+		/* while the device works: which experts the next layer will want */
+		const uint32_t n_pred = hyb_moe_hybrid_prefetching(c->moe_hybrid) ?
+					predict_next(c, l) : 0;
+
+		if (hyb_moe_hybrid_end(c->moe_hybrid, l, s->active, n_cpu, n_active, s->start,
+				       s->out, t2 - tc, (const uint32_t *)s->psel, n_pred, err,
+				       sizeof(err)))
+			return hyb_error_set(-EIO, "%s", err);
+	}
 
 	s->stats.experts_s += t2 - t1;
 	if (L->up_shexp.data)

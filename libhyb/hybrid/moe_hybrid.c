@@ -72,6 +72,8 @@ struct hyb_moe_hybrid {
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
 	uint32_t n_dev;                  /* experts queued on the device this layer */
 	bool xn_dev;                     /* the device's xn is this layer's (moe_decode.c) */
+	bool prefetch;                   /* decide layer l + 1's loads at layer l, from a prediction */
+	bool *predicted;                 /* [n_moe] this token's decision for the layer is taken */
 	double t_begin, t_queued;        /* device clock at begin, after queueing */
 	double t_token_last;             /* for the loads' window */
 	double token_s;
@@ -353,7 +355,11 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	h->dev_e = malloc(sizeof(uint32_t) * h->K);
 	h->table = malloc(sizeof(int32_t) * h->n_moe * h->X);
 	h->fb = calloc(h->n_moe, sizeof(*h->fb));
-	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->table || !h->fb) {
+	h->predicted = calloc(h->n_moe, sizeof(bool));
+	h->prefetch = !p->no_prefetch && p->policy != HYB_POLICY_STATIC &&
+		      p->policy != HYB_POLICY_LAYER && h->n_moe > 1;
+	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->table || !h->fb ||
+	    !h->predicted) {
 		snprintf(err, errlen, "expert cache: out of memory");
 		goto fail;
 	}
@@ -419,6 +425,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->dev_e);
 	free(h->table);
 	free(h->fb);
+	free(h->predicted);
 	free(h);
 }
 
@@ -546,13 +553,51 @@ static int cmp_u32(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+/* v[0..n) ascending without repeats (the balancer wants a strictly increasing list) */
+static size_t dedup(uint32_t *v, size_t n)
+{
+	size_t m = 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (!m || v[i] != v[m - 1])
+			v[m++] = v[i];
+	return m;
+}
+
+/* One decision for layer lm (hyb_balancer_step) from the experts in act[0..n), carried out. */
+static int decide(struct hyb_moe_hybrid *h, uint32_t lm, const uint32_t *act, uint32_t n,
+		  const struct hyb_balancer_feedback *fb, char *err, size_t errlen)
+{
+	uint32_t n_load = 0, n_evict = 0;
+
+	memcpy(h->sorted, act, sizeof(uint32_t) * n);
+	qsort(h->sorted, n, sizeof(uint32_t), cmp_u32);
+	n = (uint32_t)dedup(h->sorted, n);
+	if (hyb_balancer_step(h->bal, lm, h->sorted, n, fb, h->load, &n_load, h->evict,
+			      &n_evict)) {
+		snprintf(err, errlen, "expert cache: %s", hyb_last_error());
+		return -1;
+	}
+	switch (hyb_balancer_bottleneck(h->bal, lm)) {
+	case HYB_BOUND_IO: h->st.bound_io++; break;
+	case HYB_BOUND_CPU: h->st.bound_cpu++; break;
+	default: break;
+	}
+	for (uint32_t i = 0; i < n_evict; i++)
+		evict_expert(h, lm, h->evict[i]);
+	for (uint32_t i = 0; i < n_load && h->n_free; i++)
+		if (h->table[(size_t)lm * h->X + h->load[i]] < 0 &&
+		    load_expert(h, lm, h->load[i], h->free[--h->n_free]))
+			return dev_fail(h, err, errlen, "loading experts");
+	return 0;
+}
+
 int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *active,
 		       uint32_t n_cpu, uint32_t n, const uint32_t *start, float *out, double cpu_s,
-		       char *err, size_t errlen)
+		       const uint32_t *next, uint32_t n_next, char *err, size_t errlen)
 {
 	const uint32_t lm = l - h->lead;
 	struct hyb_balancer_feedback *fb = &h->fb[lm];
-	uint32_t n_load = 0, n_evict = 0;
 	double t0 = hyb_device_now(h->dev), t1;
 
 	if (h->n_dev) {
@@ -578,26 +623,27 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 	fb->cpu_s = cpu_s;
 	fb->n_active = n;
 	fb->backlog_s = loads_in_flight(h) * h->group_load_s;
-	fb->window_s = h->token_s;
 	t0 = hyb_device_now(h->dev);
-	memcpy(h->sorted, active, sizeof(uint32_t) * n);
-	qsort(h->sorted, n, sizeof(uint32_t), cmp_u32);
-	if (hyb_balancer_step(h->bal, lm, h->sorted, n, fb, h->load, &n_load, h->evict,
-			      &n_evict)) {
-		snprintf(err, errlen, "expert cache: %s", hyb_last_error());
-		return -1;
+	/*
+	 * This layer for the next token, unless the layer before decided it for
+	 * this one from its prediction; the next layer for this token from
+	 * this one's (its loads then have the time until that layer runs).
+	 */
+	if (!h->predicted[lm]) {
+		fb->window_s = h->token_s;
+		if (decide(h, lm, active, n, fb, err, errlen))
+			return -1;
 	}
-	switch (hyb_balancer_bottleneck(h->bal, lm)) {
-	case HYB_BOUND_IO: h->st.bound_io++; break;
-	case HYB_BOUND_CPU: h->st.bound_cpu++; break;
-	default: break;
+	h->predicted[lm] = false;
+	if (h->prefetch && n_next && lm + 1 < h->n_moe) {
+		struct hyb_balancer_feedback *nf = &h->fb[lm + 1];
+
+		nf->window_s = h->token_s / h->m->hp.n_layer;
+		nf->backlog_s = fb->backlog_s;
+		if (decide(h, lm + 1, next, n_next, nf, err, errlen))
+			return -1;
+		h->predicted[lm + 1] = true;
 	}
-	for (uint32_t i = 0; i < n_evict; i++)
-		evict_expert(h, lm, h->evict[i]);
-	for (uint32_t i = 0; i < n_load && h->n_free; i++)
-		if (h->table[(size_t)lm * h->X + h->load[i]] < 0 &&
-		    load_expert(h, lm, h->load[i], h->free[--h->n_free]))
-			return dev_fail(h, err, errlen, "loading experts");
 	h->st.balancer_s += hyb_device_now(h->dev) - t0;
 	return 0;
 }
@@ -665,6 +711,11 @@ int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out)
 			out[(size_t)l * h->X + e] = l < h->lead ? -1 :
 				h->table[(size_t)(l - h->lead) * h->X + e];
 	return 0;
+}
+
+bool hyb_moe_hybrid_prefetching(const struct hyb_moe_hybrid *h)
+{
+	return h->prefetch;
 }
 
 double hyb_moe_hybrid_lambda(const struct hyb_moe_hybrid *h, uint32_t l)

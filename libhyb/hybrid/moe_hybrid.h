@@ -44,12 +44,17 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
 /*
  * After the CPU's experts: waits for the device's, writes expert e =
  * active[n_cpu + i]'s output (n_embd floats) to out + start[e] * n_embd
- * (moe.c's row of its pair), and lets the policy decide the layer's loads.
+ * (moe.c's row of its pair), and lets the policy decide loads: this
+ * layer's for the next token, unless they were decided from a prediction;
+ * with next[0..n_next) (the next layer's router on this layer's input,
+ * when hyb_moe_hybrid_prefetching), the next layer's for this token.
  * cpu_s: host seconds the CPU's experts took. 0, or -1 with err.
  */
 int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *active,
 		       uint32_t n_cpu, uint32_t n, const uint32_t *start, float *out, double cpu_s,
-		       char *err, size_t errlen);
+		       const uint32_t *next, uint32_t n_next, char *err, size_t errlen);
+/* Whether end wants the next layer's predicted experts (a moving policy, prefetch not off). */
+bool hyb_moe_hybrid_prefetching(const struct hyb_moe_hybrid *h);
 
 struct hyb_device *hyb_moe_hybrid_device(const struct hyb_moe_hybrid *h);
 /*

@@ -87,8 +87,11 @@ static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float
  */
 static void cpu_bits(const char *name, const char *args, bool dense)
 {
+	/* the last: lru deciding each layer after it ran (no prefetch from the layer before) */
 	static const enum hyb_policy pol[] = { HYB_POLICY_STATIC, HYB_POLICY_LRU,
-					       HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_LAYER };
+					       HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_LAYER,
+					       HYB_POLICY_LRU };
+	const size_t n_pol = sizeof(pol) / sizeof(pol[0]);
 	struct hyb_model *m = hyb_model_load(synth(name, args));
 	float *ref, *lg;
 	size_t n;
@@ -99,10 +102,11 @@ static void cpu_bits(const char *name, const char *args, bool dense)
 	lg = malloc(sizeof(float) * n);
 	CHECK(ref && lg);
 	CHECK(!decode(m, NULL, ref, NULL, NULL));
-	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
+	for (size_t i = 0; i < n_pol; i++) {
 		/* two thirds of the model's bytes: the dense parts take half of it where they go */
 		struct hyb_hybrid_params hy = { .device = "cpu", .policy = pol[i],
-						.gpu_budget = m->weight_bytes / 3 * 2 };
+						.gpu_budget = m->weight_bytes / 3 * 2,
+						.no_prefetch = i + 1 == n_pol };
 		struct hyb_hybrid_stats st;
 		struct hyb_hybrid_offload pl;
 		int first = -1;

@@ -37,7 +37,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_ROUTING, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
+       O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
        O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
 
 static const struct option longopts[] = {
@@ -69,6 +69,7 @@ static const struct option longopts[] = {
 	{ "pcie-gbps", required_argument, 0, O_PCIE },
 	{ "drift", required_argument, 0, O_DRIFT },
 	{ "routing", required_argument, 0, O_ROUTING },
+	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
 	{ "cache", required_argument, 0, O_CACHE },
@@ -106,6 +107,7 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 	case O_PCIE: o->hy.dev.pcie_gbps = cli_num("--pcie-gbps", optarg, 0.01, 1e4); break;
 	case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
 	case O_ROUTING: o->routing = optarg; break;
+	case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
 	case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 	case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
 	case O_CACHE:

@@ -44,6 +44,9 @@ struct hyb_hybrid_params {
 	struct hyb_balancer_params bal;/* tuning only: policy/shape/budget/freq are set here */
 	bool dense_on_cpu;             /* attention and head stay on the CPU (the budget is
 					* all for neuron groups) */
+	bool no_prefetch;              /* MoE (the expert cache): decide a layer's loads after it
+					* ran, for the next token, instead of from the layer
+					* before's input through this layer's router (docs/MOE.md) */
 	bool prefill_cpu;              /* prompt batches run on the CPU alone (by default the
 					* placed attention blocks, the head and the cached
 					* groups' FFN share run on the device) */
