@@ -13,16 +13,18 @@
  * rounds it), its SwiGLU and matvec again: on the CPU device the very bits
  * of moe.c's CPU path. Per layer and token:
  *
- *   begin  xn up on CRITICAL; on COMPUTE, per resident expert that has
+ *   begin  xn up on CRITICAL (unless the layer's attention left it on the
+ *          device: moe_decode.c); on COMPUTE, per resident expert that has
  *          landed (its load's event done), gate, up, swiglu, down into row i
  *          of y; the rows down on CRITICAL;
  *          the CPU computes the other experts meanwhile (moe.c);
  *   end    wait for the rows, hand them to moe.c's weighted sum (which is
  *          then the CPU path's, rank order and all), and ask the policy for
- *          the layer's loads and evictions: loads go on RELOAD (KAIROX 5.1:
- *          critical copies pass queued reload chunks) and are used from the
- *          next token on, once landed; until then the CPU computes the
- *          expert ("late").
+ *          loads and evictions: the next layer's for this token from its
+ *          router on this layer's input (prefetch, KAIROX 5.1), this layer's
+ *          for the next token where no prediction decided them. Loads go on
+ *          RELOAD (critical copies pass queued reload chunks) and are used
+ *          once landed; until then the CPU computes the expert ("late").
  *
  * A slot is rewritten only after the host has seen every kernel that read
  * it complete (end waits for the layer's rows before any load is issued),

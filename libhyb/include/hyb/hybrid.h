@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Hybrid GPU-CPU decoding of a plan model: per layer, the
+ * Hybrid GPU-CPU decoding of a plan model (and, with the same parameters
+ * and statistics, a mixture of experts' expert cache: docs/MOE.md): per layer, the
  * predicted-active neurons whose group is resident in the device's neuron
  * cache run on the device, the rest run on the CPU in place on pool memory,
  * concurrently, and the two partial results are merged (PowerInfer 5.3). A
