@@ -76,9 +76,8 @@ struct hyb_moe_hybrid {
 	bool xn_dev;                     /* the device's xn is this layer's (moe_decode.c) */
 	bool prefetch;                   /* decide layer l + 1's loads at layer l, from a prediction */
 	bool *predicted;                 /* [n_moe] this token's decision for the layer is taken */
-	double t_begin, t_queued;        /* device clock at begin, after queueing */
-	double t_token_last;             /* for the loads' window */
-	double token_s;
+	double t_begin;                  /* device clock at begin */
+	double t_token_last, token_s;    /* the last step's start and length: the loads' window */
 	double group_load_s;             /* one expert's three copies over the link */
 	struct hyb_balancer_feedback *fb;/* [n_moe] */
 	struct hyb_hybrid_stats st;
@@ -533,7 +532,6 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
 		return dev_fail(h, err, errlen, "expert outputs");
 	h->st.critical_bytes += 4ull * h->E * h->n_dev;
-	h->t_queued = hyb_device_now(h->dev);
 	return (int)n_cpu;
 }
 
