@@ -876,3 +876,45 @@ TEST(serve_teal_greedy)
 	free(text);
 	free(want);
 }
+
+/*
+ * --gpu-budget: the expert cache of a mixture of experts behind the API (the
+ * CPU device, so the CPU's bits: hyb run's text without a device), twice in
+ * a row on the one engine; more than one request at a time is refused.
+ */
+TEST(serve_expert_cache_greedy)
+{
+	char path[600], log[600], body[256], *want, *resp, *text, *seen;
+	struct srv s;
+	size_t len;
+
+	snprintf(path, sizeof(path), "%s/moe-serve.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/moe-serve.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s synth -o %s --arch llama --experts 16 --experts-used 4 "
+				 "--ffn 64 --hidden 128 --heads 4 --layers 3 --vocab 512 --type Q8_0 "
+				 "-t 1", hyb_test_hybctl(), path), 0);
+	want = run_text(path, "experts hello", 16, false);
+	srv_start(&s, path, "--gpu-budget 66% --policy lru");
+	snprintf(body, sizeof(body), "{\"prompt\": \"experts hello\", \"max_tokens\": 16, "
+		 "\"temperature\": 0}");
+	for (int i = 0; i < 2; i++) {
+		CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
+		text = completion_text(resp, &len);
+		seen = as_seen(text, len);
+		CHECK_MSG(!strcmp(seen, want), "request %d: \"%s\" vs hyb run's \"%s\"", i, seen,
+			  want);
+		free(seen);
+		free(text);
+		free(resp);
+	}
+	resp = slurp(s.log, NULL);
+	CHECK_MSG(resp && strstr(resp, "hybrid decoding on the cpu device") &&
+		  strstr(resp, "expert slots"), "%s", resp ? resp : "(no log)");
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	free(want);
+	CHECK(hyb_test_sh(log, HYB " serve -m %s --gpu-budget 66%% --parallel 2", path) != 0);
+	resp = slurp(log, NULL);
+	CHECK_MSG(resp && strstr(resp, "one request at a time"), "%s", resp ? resp : "(no log)");
+	free(resp);
+}

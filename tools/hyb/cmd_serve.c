@@ -37,6 +37,8 @@ static const char usage[] =
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
 	"                 [--kv-size N] [--batch-variant] [--no-batch]\n"
 	"                 [--teal PROFILE [--sparsity S]]\n"
+	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
+	"                  [--no-prefetch] [--dense-cpu]]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --manifest NAME: box mode, hybd's copy of the model (docs/BOX.md); when hybd\n"
@@ -53,6 +55,8 @@ static const char usage[] =
 	"  --no-batch: --parallel engines of one request each instead of one batch\n"
 	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); each\n"
 	"    request then decodes on an engine of its own\n"
+	"  --gpu-budget: hybrid decoding as hyb run's (a plan's neuron cache, a mixture\n"
+	"    of experts' expert cache: docs/MOE.md), one request at a time (--parallel 1)\n"
 	"  --api-key-file FILE: requests need 'Authorization: Bearer KEY' (KEY: the\n"
 	"    file's first line); GET /health does not\n"
 	"  --queue N: requests that may wait for a busy slot (32; 0: none wait); more get\n"
@@ -69,7 +73,8 @@ static const char usage[] =
 
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
-       O_MANIFEST, O_TEAL, O_SPARSITY };
+       O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
+       O_NO_PREFETCH, O_DENSE_CPU };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -93,6 +98,12 @@ static const struct option longopts[] = {
 	{ "no-batch", no_argument, 0, O_NOBATCH },
 	{ "manifest", required_argument, 0, O_MANIFEST },
 	{ "teal", required_argument, 0, O_TEAL },
+	{ "gpu-budget", required_argument, 0, O_BUDGET },
+	{ "policy", required_argument, 0, O_POLICY },
+	{ "device", required_argument, 0, O_DEVICE },
+	{ "routing", required_argument, 0, O_ROUTING },
+	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
+	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
@@ -137,6 +148,19 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 				cli_die("--sparsity %s: the fraction of inputs to skip, below 1",
 					optarg);
 			break;
+		case O_BUDGET: o->gpu_budget = optarg; break;
+		case O_POLICY:
+			if (hyb_policy_parse(optarg, &o->hy.policy))
+				cli_die("%s", hyb_last_error());
+			break;
+		case O_DEVICE:
+			if (strcmp(optarg, "cpu") && strcmp(optarg, "cuda"))
+				cli_die("unknown device '%s' (cpu, cuda)", optarg);
+			o->hy.device = optarg;
+			break;
+		case O_ROUTING: o->routing = optarg; break;
+		case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
+		case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -147,6 +171,11 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		cli_die("--sparsity needs --teal PROFILE");
 	if (o->model && o->manifest)
 		cli_die("-m %s and --manifest %s: one model", o->model, o->manifest);
+	if (o->gpu_budget && (o->parallel > 1 || o->teal))
+		cli_die("--gpu-budget: hybrid decoding serves one request at a time, on its own "
+			"(--parallel 1, no --teal)");
+	if (!o->gpu_budget && (o->routing || o->hy.no_prefetch || o->hy.dense_on_cpu))
+		cli_die("--routing, --no-prefetch and --dense-cpu go with --gpu-budget");
 	if (!o->model && !o->manifest)
 		cli_die("no model given (-m MODEL or --manifest NAME)");
 }
@@ -272,6 +301,11 @@ int cmd_serve(int argc, char **argv)
 	sv.created = (long long)time(NULL);
 	serve_json_init();
 	serve_metrics_init(&sv.mt);
+	if (sv.o.gpu_budget) {
+		sv.o.hy.gpu_budget = cli_gpu_budget(sv.o.gpu_budget, sv.m);
+		if (sv.o.routing)
+			sv.o.hy.bal.freq = cli_routing_freq(sv.m, sv.o.routing);
+	}
 	if (sv.o.teal) {
 		sv.teal_thr = malloc(sizeof(float) * sv.m->hp.n_layer * HYB_TEAL_INPUTS);
 		if (!sv.teal_thr)
@@ -285,12 +319,19 @@ int cmd_serve(int argc, char **argv)
 			.parallel = sv.o.parallel, .max_depth = sv.o.queue, .n_ctx = sv.o.n_ctx,
 			.n_threads = sv.o.n_threads, .kv_size = sv.o.kv_size,
 			.batch_variant = sv.o.batch_variant, .no_batch = sv.o.no_batch,
-			.teal_thr = sv.teal_thr,
+			.teal_thr = sv.teal_thr, .hybrid = sv.o.gpu_budget ? &sv.o.hy : NULL,
 		};
 
 		if (serve_queue_start(&sv.q, sv.m, &sv.mt, &eo))
 			cli_die("cannot start %d decoding engine%s", sv.o.parallel,
 				sv.o.parallel > 1 ? "s" : "");
+		if (eo.hybrid) {
+			struct hyb_hybrid_offload pl;
+
+			hyb_ctx_hybrid_offload(sv.q.slots[0].ctx, &pl);
+			fprintf(stderr, "hyb serve: hybrid decoding on the %s device: %s\n",
+				sv.o.hy.device ? sv.o.hy.device : "cpu", pl.cache_note);
+		}
 	}
 	port = serve_http_start(&sv);
 	if (port < 0)

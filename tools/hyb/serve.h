@@ -172,6 +172,8 @@ struct serve_engine_opts {
 	/* TEAL thresholds (hyb/sparsity.h) for every engine, or NULL; with them
 	 * each job gets an engine of its own (docs/SERVE.md) */
 	const float *teal_thr;
+	/* hybrid decoding for the engine (one: --parallel 1), or NULL */
+	const struct hyb_hybrid_params *hybrid;
 };
 
 /* The engines, and their threads. 0, or a negative errno (the reason on stderr). */
@@ -297,6 +299,10 @@ struct serve_opts {
 	uint32_t kv_size;       /* positions of the shared KV cache (0: parallel x n_ctx) */
 	bool batch_variant;
 	bool no_batch;
+	/* hybrid decoding (hyb/hybrid.h: a plan's neuron cache, a MoE's expert cache) */
+	const char *gpu_budget; /* NULL: none */
+	const char *routing;    /* a MoE routing profile, or NULL */
+	struct hyb_hybrid_params hy;
 };
 
 struct serve {
