@@ -135,6 +135,9 @@ void hyb_fill_pred_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_popcount_ref(struct hyb_cpu_kernels *k);
 void hyb_fill_popcount_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_popcount_avx512(struct hyb_cpu_kernels *k);
+/* select_*.c: the load-aware thresholds' passes (scalar; AVX-512) */
+void hyb_fill_select_ref(struct hyb_cpu_kernels *k);
+void hyb_fill_select_avx512(struct hyb_cpu_kernels *k);
 
 /*
  * pred_avx*.c: panel_gemm from a register-tiled microkernel of nc_big

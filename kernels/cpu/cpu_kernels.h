@@ -115,7 +115,49 @@ struct hyb_cpu_kernels {
 	/* out[j] = popcount(a & b_j) over W words, b_j = cols + live[j] * W, for j < n */
 	void (*and_popcount)(const uint64_t *a, const uint64_t *cols, uint32_t W,
 			     const uint32_t *live, uint32_t n, uint32_t *out);
+
+	/*
+	 * Load-aware thresholds (libhyb/balancer/balancer_select.c), the two
+	 * passes over a layer's n predictor scores x; res: bit i of
+	 * res[i / 64] says neuron i is cached. sel_scan writes, by increasing
+	 * index, the add candidates (cached, !(x > 0), x > -inf) to add[] and
+	 * their hyb_sel_add_bin to abin[], the drop candidates (not cached,
+	 * x > 0) to drop[] and hyb_sel_drop_bin to dbin[]; their counts to
+	 * *na, *nd, and the cached x > 0 to *ng. sel_emit writes to sel[],
+	 * increasing, every x > 0 not dropped and every add candidate added;
+	 * returns their count. Added: add bin > ba, or == ba and among the
+	 * first ka of that bin by index; dropped: drop bin < bd, or == bd and
+	 * among the first kd.
+	 */
+	void (*sel_scan)(const float *x, const uint64_t *res, uint32_t n, uint32_t *add,
+			 uint32_t *abin, uint32_t *na, uint32_t *drop, uint32_t *dbin, uint32_t *nd,
+			 uint32_t *ng);
+	uint32_t (*sel_emit)(const float *x, const uint64_t *res, uint32_t n, int32_t ba,
+			     uint32_t ka, int32_t bd, uint32_t kd, uint32_t *sel);
 };
+
+/*
+ * The load-aware thresholds' bins: HYB_SEL_BINS a side, 1/32 of a logit
+ * wide, the outer ones open (beyond -HYB_SEL_RANGE, +HYB_SEL_RANGE). Add
+ * bins cover x <= 0 (0 the lowest), drop bins x > 0 (0 the lowest). The
+ * float operations are the vector kernels', so every level bins alike.
+ */
+#define HYB_SEL_BINS 512
+#define HYB_SEL_RANGE 16.0f
+
+static inline uint32_t hyb_sel_add_bin(float x)
+{
+	const float t = (x + HYB_SEL_RANGE) * (HYB_SEL_BINS / HYB_SEL_RANGE);
+
+	return t < 1 ? 0 : t >= HYB_SEL_BINS - 1 ? HYB_SEL_BINS - 1 : (uint32_t)t;
+}
+
+static inline uint32_t hyb_sel_drop_bin(float x)
+{
+	const float t = x * (HYB_SEL_BINS / HYB_SEL_RANGE);
+
+	return t >= HYB_SEL_BINS - 1 ? HYB_SEL_BINS - 1 : (uint32_t)t;
+}
 
 /* rows of a panel_gemm panel */
 #define HYB_PANEL 32

@@ -126,6 +126,7 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	hyb_fill_vec_ref(k);
 	hyb_fill_pred_ref(k);
 	hyb_fill_popcount_ref(k);
+	hyb_fill_select_ref(k);
 }
 
 static int isa_from_name(const char *s)

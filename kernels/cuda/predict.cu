@@ -480,13 +480,15 @@ extern "C" int hyb_cuda_predict(const struct hyb_dev_predict *p, void *workspace
 	    !p->hidden || !p->n_out)
 		return -EINVAL;
 	if (p->fc1_w % 2 || p->fc2_w % 2 || p->fc1_b % 4 || p->fc2_b % 4 || p->x % 4 ||
-	    p->active % 4 || p->count % 4 || (uintptr_t)workspace % 256)
+	    p->active % 4 || p->count % 4 || p->logits % 4 || (uintptr_t)workspace % 256)
 		return -EINVAL;
 
 	const struct pred_layout l = pred_layout_of(p);
 	char *ws = (char *)workspace;
 	unsigned *done = (unsigned *)ws;
-	float *h = (float *)(ws + l.h), *lg = (float *)(ws + l.lg);
+	float *h = (float *)(ws + l.h);
+	/* the scores in the caller's array when asked for, else in the workspace */
+	float *lg = p->logits ? (float *)(uintptr_t)p->logits : (float *)(ws + l.lg);
 	uint32_t *masks = (uint32_t *)(ws + l.masks);
 	const float *x = (const float *)(uintptr_t)p->x;
 	const uint16_t *w1 = (const uint16_t *)(uintptr_t)p->fc1_w;

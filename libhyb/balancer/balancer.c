@@ -324,11 +324,11 @@ static struct hyb_balancer *balancer_new(const struct hyb_balancer_params *p, ch
 	b->count = calloc(b->G, sizeof(*b->count));
 	b->act = calloc(b->G, sizeof(*b->act));
 	b->items = calloc(b->G, sizeof(*b->items));
-	b->pairs = calloc(b->F, sizeof(*b->pairs));
-	b->mark = calloc(b->F, 1);
+	b->sel_idx = calloc(4 * (size_t)b->F, sizeof(*b->sel_idx));
+	b->sel_res = calloc((b->F + 63) / 64, sizeof(*b->sel_res));
 	if (!b->k || !b->n_res || !b->n_init || !b->lambda || !b->verdict || !b->steps ||
 	    !b->res || !b->pinned || !b->init || !b->freq || !b->score || !b->last ||
-	    !b->count || !b->act || !b->items || !b->pairs || !b->mark)
+	    !b->count || !b->act || !b->items || !b->sel_idx || !b->sel_res)
 		goto oom;
 	for (uint32_t l = 0; l < b->L; l++)
 		memcpy(&b->freq[(size_t)l * b->G], p->freq[l], b->G * sizeof(float));
@@ -337,6 +337,7 @@ static struct hyb_balancer *balancer_new(const struct hyb_balancer_params *p, ch
 	else if (start_placed(b, p))
 		goto oom;
 	init_state(b);
+	hyb_bal_select_tables(b);
 	return b;
 oom:
 	snprintf(err, errlen, "balancer: out of memory");
@@ -374,8 +375,8 @@ void hyb_balancer_free(struct hyb_balancer *b)
 	free(b->count);
 	free(b->act);
 	free(b->items);
-	free(b->pairs);
-	free(b->mark);
+	free(b->sel_idx);
+	free(b->sel_res);
 	free(b);
 }
 

@@ -10,6 +10,7 @@
 #ifndef HYB_BALANCER_INTERNAL_H
 #define HYB_BALANCER_INTERNAL_H
 
+#include "cpu_kernels.h"
 #include "hyb/balancer.h"
 
 /* Defaults of the tunables (balancer.c explains each). */
@@ -61,8 +62,15 @@ struct hyb_balancer {
 	uint64_t gs_recip;      /* hyb_group_recip(GS) (group_div.h) */
 	float *act;             /* [G] A_g */
 	struct bal_item *items; /* [G] */
-	struct bal_pair { float x; uint32_t i; } *pairs; /* [F] select */
-	uint8_t *mark;          /* [F] select */
+	/*
+	 * select: candidates and their bins (add, abin, drop, dbin: [4][F]), the
+	 * cache a bit per neuron, bin counts, the bins' weight bounds
+	 */
+	uint32_t *sel_idx;
+	uint64_t *sel_res;
+	uint32_t sel_cnt[2 * HYB_SEL_BINS];
+	double sel_add_w[2][HYB_SEL_BINS], sel_drop_w[2][HYB_SEL_BINS];
+	double sel_add_iw[2][HYB_SEL_BINS], sel_drop_iw[2][HYB_SEL_BINS]; /* 1 / w, 0 for 0 */
 };
 
 static inline uint32_t bal_group_neurons(const struct hyb_balancer *b, uint32_t g)
@@ -71,6 +79,9 @@ static inline uint32_t bal_group_neurons(const struct hyb_balancer *b, uint32_t 
 
 	return b->F - g0 < b->GS ? b->F - g0 : b->GS;
 }
+
+/* balancer_select.c: the bins' weight bounds, once. */
+void hyb_bal_select_tables(struct hyb_balancer *b);
 
 /* balancer_policy.c: one moving policy's decision for layer l, from b->act. */
 void hyb_bal_decide(struct hyb_balancer *b, uint32_t l, uint32_t cap, uint32_t *load,

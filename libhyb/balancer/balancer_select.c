@@ -30,10 +30,18 @@
  * CPU side is no longer the slower one this keeps adding device neurons that
  * fit under the latency, which only lowers the error: the paper's "GPU
  * load-aware, favouring higher GPU utilisation"). Every move lowers or keeps
- * the latency and keeps err <= err_static; at most n_ff moves.
+ * the latency and keeps err <= err_static.
  *
- * Cost: one pass over the logits, two O(n) heap builds, O(log n) per move;
- * the error sums (one exp per inactive neuron) only when info is asked for.
+ * Cost: it runs for every layer of every decode step, so it must take a few
+ * microseconds, not the ~50-350 us that exact logit order costs (a heap pop
+ * and an exp per move, thousands of moves at the 7B shape). The logits are
+ * binned (HYB_SEL_BINS bins a side, 1/32 of a logit wide, the outer ones open) and
+ * the greedy moves bin by bin, many neurons a step; within a bin, lower
+ * indices first. Error is booked conservatively: an added neuron frees the
+ * least weight of its bin, a dropped one costs the most, so the constraint
+ * holds for the true weights as well (the bounds are tabled once, at
+ * hyb_balancer_new). One pass collects the candidates, one counts them into
+ * bins, one writes the list; exp only when info is asked for.
  */
 #include <errno.h>
 #include <math.h>
@@ -41,57 +49,12 @@
 #include <string.h>
 
 #include "balancer_internal.h"
+#include "cpu_kernels.h"
 #include "util/error.h"
 
-enum { MARK_NONE, MARK_ADDED, MARK_DROPPED };
-
-/*
- * Binary heaps over pairs, built in O(n) and popped lazily: the greedy
- * usually stops after a few moves, so sorting all n_ff candidates would be
- * wasted (O(n_ff + moves log n_ff) instead of O(n_ff log n_ff)).
- * desc: the highest logit on top (adds); otherwise the lowest (drops).
- * Ties by neuron index, so the result does not depend on the layout.
- */
-static inline bool on_top(const struct bal_pair *a, const struct bal_pair *b, bool desc)
+static bool cost_ok(double t)
 {
-	if (a->x != b->x)
-		return desc ? a->x > b->x : a->x < b->x;
-	return a->i < b->i;
-}
-
-static void sift_down(struct bal_pair *h, uint32_t n, uint32_t i, bool desc)
-{
-	const struct bal_pair x = h[i];
-
-	for (;;) {
-		uint32_t c = 2 * i + 1;
-
-		if (c >= n)
-			break;
-		if (c + 1 < n && on_top(&h[c + 1], &h[c], desc))
-			c++;
-		if (!on_top(&h[c], &x, desc))
-			break;
-		h[i] = h[c];
-		i = c;
-	}
-	h[i] = x;
-}
-
-static void heapify(struct bal_pair *h, uint32_t n, bool desc)
-{
-	for (uint32_t i = n / 2; i-- > 0;)
-		sift_down(h, n, i, desc);
-}
-
-static struct bal_pair heap_pop(struct bal_pair *h, uint32_t *n, bool desc)
-{
-	const struct bal_pair top = h[0];
-
-	h[0] = h[--*n];
-	if (*n)
-		sift_down(h, *n, 0, desc);
-	return top;
+	return t >= 0 && isfinite(t);
 }
 
 /* Weight of skipping a neuron with logit x: 1 - p (paper) or p (expected). */
@@ -100,19 +63,75 @@ static double weight(double x, enum hyb_select_err m)
 	return m == HYB_SELECT_ERR_EXPECTED ? 1 / (1 + exp(-x)) : 1 / (1 + exp(x));
 }
 
-static bool cost_ok(double t)
+/* ceil(q) for 0 <= q < 2^52, without libm's call (no SSE4.1 here); below 0: 0 */
+static inline double ceil_pos(double q)
 {
-	return t >= 0 && isfinite(t);
+	double c;
+
+	if (!(q > 0))
+		return 0;
+	if (q >= 4503599627370496.0)
+		return q;
+	c = (double)(uint64_t)q;
+	return c < q ? c + 1 : c;
+}
+
+/* Bits [i0, i1) of the bitmap w set. */
+static void set_bits(uint64_t *w, uint32_t i0, uint32_t i1)
+{
+	while (i0 < i1) {
+		const uint32_t o = i0 % 64, n = i1 - i0 < 64 - o ? i1 - i0 : 64 - o;
+
+		w[i0 / 64] |= (n == 64 ? ~0ull : ((1ull << n) - 1)) << o;
+		i0 += n;
+	}
+}
+
+#define SEL_EDGE 1e-3
+
+void hyb_bal_select_tables(struct hyb_balancer *b)
+{
+	const double w = HYB_SEL_RANGE / HYB_SEL_BINS;
+
+	for (int m = 0; m < 2; m++) {
+		for (uint32_t k = 0; k < HYB_SEL_BINS; k++) {
+			/* add bin k: [-R + k w, -R + (k + 1) w), bin 0 open below, the last up to 0 */
+			const double alo = k ? -HYB_SEL_RANGE + k * w : -INFINITY;
+			const double ahi = k + 1 < HYB_SEL_BINS ? -HYB_SEL_RANGE + (k + 1) * w : 0;
+			/* drop bin k: [k w, (k + 1) w), the last open above */
+			const double dlo = k * w, dhi = k + 1 < HYB_SEL_BINS ? (k + 1) * w : INFINITY;
+
+			/*
+			 * p rises with x: expected weights rise, the paper's fall. The
+			 * edges move out by SEL_EDGE so a float rounded across one
+			 * still gets a bound.
+			 */
+			b->sel_add_w[m][k] = m == HYB_SELECT_ERR_EXPECTED ?
+						     weight(alo - SEL_EDGE, (enum hyb_select_err)m) :
+						     weight(ahi + SEL_EDGE, (enum hyb_select_err)m);
+			b->sel_drop_w[m][k] = m == HYB_SELECT_ERR_EXPECTED ?
+						      weight(dhi + SEL_EDGE, (enum hyb_select_err)m) :
+						      weight(dlo - SEL_EDGE, (enum hyb_select_err)m);
+			b->sel_add_iw[m][k] = b->sel_add_w[m][k] > 0 ? 1 / b->sel_add_w[m][k] : 0;
+			b->sel_drop_iw[m][k] = b->sel_drop_w[m][k] > 0 ? 1 / b->sel_drop_w[m][k] : 0;
+		}
+	}
 }
 
 int hyb_balancer_select(struct hyb_balancer *b, uint32_t l, const float *logits,
 			const struct hyb_select_cost *cost, uint32_t *sel, uint32_t *n_sel,
 			struct hyb_select_info *info)
 {
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
 	const uint8_t *res;
-	struct bal_pair *add, *drop;
-	uint32_t na = 0, nd = 0, ng = 0, nc = 0, added = 0, dropped = 0, n = 0;
+	uint32_t *add, *abin, *drop, *dbin;
+	uint32_t na = 0, nd = 0, ng = 0, nc, added = 0, dropped = 0, n = 0;
+	uint32_t *ca = b->sel_cnt, *cd = b->sel_cnt + HYB_SEL_BINS;
+	int32_t ba = HYB_SEL_BINS - 1, bd = 0;     /* the bins moves come from */
+	uint32_t ka = 0, kd = 0;            /* neurons taken from them */
 	double err0 = 0, slack = 0, tg, tc;
+	const double *wa, *wd, *iwa, *iwd;
+	double inv_cpu, inv_gpu;
 	enum hyb_select_err m;
 
 	if (n_sel)
@@ -124,78 +143,112 @@ int hyb_balancer_select(struct hyb_balancer *b, uint32_t l, const float *logits,
 		return hyb_error_set(-EINVAL, "balancer select: bad layer %u, missing lists or "
 				     "costs", l);
 	m = cost->err_model;
+	wa = b->sel_add_w[m];
+	wd = b->sel_drop_w[m];
+	iwa = b->sel_add_iw[m];
+	iwd = b->sel_drop_iw[m];
+	/* multiplications in the greedy's chain, not divisions */
+	inv_cpu = cost->t_cpu > 0 ? 1 / cost->t_cpu : 0;
+	inv_gpu = cost->t_gpu > 0 ? 1 / cost->t_gpu : 0;
 	res = &b->res[(size_t)l * b->G];
-	/* adds grow from the front of pairs[], drops from the back: na + nd <= n_ff */
-	add = b->pairs;
-	memset(b->mark, MARK_NONE, b->F);
-	for (uint32_t i = 0; i < b->F; i++) {
-		const float x = isnan(logits[i]) ? -INFINITY : logits[i];
-		const bool r = res[i / b->GS];
-
-		if (x > 0) {
-			if (r) {
-				ng++;
-			} else {
-				nc++;
-				b->pairs[b->F - 1 - nd++] = (struct bal_pair){ x, i };
-			}
-		} else {
-			if (info) /* only reported: the greedy needs differences alone */
-				err0 += weight(x, m);
-			if (r && x > -INFINITY) /* a NaN is never computed */
-				add[na++] = (struct bal_pair){ x, i };
-		}
-	}
-	drop = &b->pairs[b->F - nd];
-	heapify(add, na, true);
-	heapify(drop, nd, false);
+	/* the cache as a bit per neuron, for the kernels' passes (cpu_kernels.h) */
+	memset(b->sel_res, 0, sizeof(uint64_t) * ((b->F + 63) / 64));
+	for (uint32_t g = 0; g < b->G; g++)
+		if (res[g])
+			set_bits(b->sel_res, g * b->GS, g * b->GS + bal_group_neurons(b, g));
+	add = b->sel_idx;
+	abin = add + b->F;
+	drop = abin + b->F;
+	dbin = drop + b->F;
+	k->sel_scan(logits, b->sel_res, b->F, add, abin, &na, drop, dbin, &nd, &ng);
+	nc = nd;
+	memset(b->sel_cnt, 0, sizeof(uint32_t) * 2 * HYB_SEL_BINS);
+	for (uint32_t q = 0; q < na; q++)
+		ca[abin[q]]++;
+	for (uint32_t q = 0; q < nd; q++)
+		cd[dbin[q]]++;
 
 	tg = cost->t_gpu * ng;
 	tc = cost->t_cpu * nc + cost->t_sync;
 	if (info) {
+		/* only reported: the greedy needs differences alone */
+		for (uint32_t i = 0; i < b->F; i++)
+			if (!(logits[i] > 0))
+				err0 += weight(isnan(logits[i]) ? -INFINITY : logits[i], m);
 		info->n_gpu_static = ng;
 		info->n_cpu_static = nc;
 		info->err_static = err0;
 		info->t_static = fmax(tg, tc);
 	}
 	for (;;) {
-		const double t = fmax(tg, tc);
+		while (ba >= 0 && ka == ca[ba])
+			ba--, ka = 0;
+		while (bd < HYB_SEL_BINS && kd == cd[bd])
+			bd++, kd = 0;
+		tg = cost->t_gpu * ng;
+		tc = cost->t_cpu * nc + cost->t_sync;
+		const double t = tg > tc ? tg : tc;
+		/* drops the CPU side can still use: those until it is no longer the slower */
+		const double cpu_room = cost->t_cpu > 0 ? ceil_pos((tc - tg) * inv_cpu) : 1e18;
 
-		if (tc > tg && nd) {
-			const double c = weight(drop[0].x, m);
+		if (tc > tg && bd < HYB_SEL_BINS && wd[bd] <= slack) {
+			/* drops of this bin the budget pays for, while the CPU stays the slower */
+			double k = cd[bd] - kd;
 
-			if (c <= slack) {
-				slack -= c;
-				b->mark[heap_pop(drop, &nd, false).i] = MARK_DROPPED;
-				dropped++;
-				nc--;
-				tc = cost->t_cpu * nc + cost->t_sync;
-				continue;
-			}
+			if (wd[bd] > 0 && slack * iwd[bd] < k)
+				k = (double)(uint32_t)(slack * iwd[bd]);
+			k = cpu_room < k ? cpu_room : k;
+			k = k >= 1 ? k : 1;
+			slack -= k * wd[bd];
+			if (slack < 0) /* rounding of k * w: never spend what is not there */
+				slack = 0;
+			nc -= (uint32_t)k, kd += (uint32_t)k, dropped += (uint32_t)k;
+			continue;
 		}
-		if (na && cost->t_gpu * (ng + 1) <= t) {
-			const struct bal_pair a = heap_pop(add, &na, true);
+		if (ba >= 0 && cost->t_gpu * (ng + 1) <= t) {
+			/*
+			 * adds of this bin that fit under the latency; while drops wait, no
+			 * more than the current drop bin's (those the CPU side still
+			 * needs) call for
+			 */
+			double k = ca[ba] - ka;
 
-			slack += weight(a.x, m);
-			b->mark[a.i] = MARK_ADDED;
-			added++;
-			ng++;
-			tg = cost->t_gpu * ng;
+			if (cost->t_gpu > 0 && t * inv_gpu - ng < k)
+				k = (double)(uint32_t)(t * inv_gpu - ng);
+			if (tc > tg && bd < HYB_SEL_BINS && wa[ba] > 0) {
+				const double want = cpu_room < cd[bd] - kd ? cpu_room : cd[bd] - kd;
+				const double need = ceil_pos((want * wd[bd] - slack) * iwa[ba]);
+
+				k = need < k ? need : k;
+			}
+			k = k >= 1 ? k : 1;
+			slack += k * wa[ba];
+			ng += (uint32_t)k, ka += (uint32_t)k, added += (uint32_t)k;
 			continue;
 		}
 		break;
 	}
-	for (uint32_t i = 0; i < b->F; i++)
-		if ((logits[i] > 0 && b->mark[i] != MARK_DROPPED) || b->mark[i] == MARK_ADDED)
-			sel[n++] = i;
+	/* the list: every neuron over the threshold but the dropped, and the added */
+	n = k->sel_emit(logits, b->sel_res, b->F, ba, ka, bd, kd, sel);
+	if (info) { /* the true weights of what moved (the kernel's rule, cpu_kernels.h) */
+		uint32_t seen = 0;
+
+		for (uint32_t q = 0; q < na; q++)
+			if ((int32_t)abin[q] > ba || ((int32_t)abin[q] == ba && seen++ < ka))
+				err0 -= weight(logits[add[q]], m);
+		seen = 0;
+		for (uint32_t q = 0; q < nd; q++)
+			if ((int32_t)dbin[q] < bd || ((int32_t)dbin[q] == bd && seen++ < kd))
+				err0 += weight(logits[drop[q]], m);
+	}
 	*n_sel = n;
 	if (info) {
 		info->n_gpu = ng;
 		info->n_cpu = nc;
 		info->added = added;
 		info->dropped = dropped;
-		info->err = err0 - slack;
-		info->t = fmax(tg, tc);
+		info->err = err0;
+		info->t = fmax(cost->t_gpu * ng, cost->t_cpu * nc + cost->t_sync);
 	}
 	return 0;
 }

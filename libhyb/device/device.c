@@ -873,7 +873,7 @@ int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 				       "predict: bad shape %u -> %u -> %u (n_in a multiple of 32)",
 				       p->n_in, p->hidden, p->n_out);
 
-	const struct darr arr[7] = {
+	const struct darr arr[8] = {
 		{ p->fc1_w, 2ull * p->hidden * p->n_in, "fc1_w" },
 		{ p->fc1_b, 4ull * p->hidden, "fc1_b" },
 		{ p->fc2_w, 2ull * p->hidden * p->n_out, "fc2_w" },
@@ -881,6 +881,7 @@ int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 		{ p->x, 4ull * p->n_in, "x" },
 		{ p->active, 4ull * p->n_out, "active" },
 		{ p->count, 4, "count" },
+		{ p->logits, p->logits ? 4ull * p->n_out : 0, "logits" },
 	};
 
 	rc = check_aligned(d, p->fc1_w, arr[0].len, 2, "predict fc1_w");
@@ -896,12 +897,16 @@ int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 		rc = check_array(d, p->active, arr[5].len, "predict active");
 	if (!rc)
 		rc = check_array(d, p->count, arr[6].len, "predict count");
+	if (!rc && p->logits)
+		rc = check_array(d, p->logits, arr[7].len, "predict logits");
 	/* the outputs apart from everything; the inputs may share memory */
-	for (int i = 0; !rc && i < 7; i++) {
+	for (int i = 0; !rc && i < 8; i++) {
 		if (i != 5 && overlap(&arr[i], &arr[5]))
 			rc = hyb_device_fail(d, -EINVAL, "predict: active overlaps %s", arr[i].name);
 		else if (i != 6 && overlap(&arr[i], &arr[6]))
 			rc = hyb_device_fail(d, -EINVAL, "predict: count overlaps %s", arr[i].name);
+		else if (p->logits && i != 7 && overlap(&arr[i], &arr[7]))
+			rc = hyb_device_fail(d, -EINVAL, "predict: logits overlap %s", arr[i].name);
 	}
 	if (!rc)
 		rc = d->ops->predict(d, s, p);

@@ -1148,6 +1148,7 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 	const float *in = (const float *)(uintptr_t)p->x;
 	void *w = scratch(&c->pscr, &c->n_pscr, hyb_predictor_scratch_bytes(&pr) + 64);
 	uint32_t *active = (uint32_t *)(uintptr_t)p->active;
+	float *lg = (float *)(uintptr_t)p->logits;
 	uint64_t bytes;
 	double r0;
 	int rc;
@@ -1159,7 +1160,7 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 		hyb_unit_rms(x, in, p->n_in);
 		in = x;
 	}
-	*(uint32_t *)(uintptr_t)p->count = hyb_predictor_run(&pr, in, NULL, w, NULL, active);
+	*(uint32_t *)(uintptr_t)p->count = hyb_predictor_run(&pr, in, NULL, w, lg, active);
 	op_begin(c, "a predictor kernel");
 	span(c, pr.fc1_w, 2ull * p->hidden * p->n_in, false);
 	span(c, pr.fc1_b, 4ull * p->hidden, false);
@@ -1168,8 +1169,11 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 	span(c, (const void *)(uintptr_t)p->x, 4ull * p->n_in, false);
 	span(c, active, 4ull * p->n_out, true);
 	span(c, (const void *)(uintptr_t)p->count, 4, true);
+	if (lg)
+		span(c, lg, 4ull * p->n_out, true);
 	bytes = 2ull * p->hidden * p->n_in + 4ull * p->hidden + 2ull * p->hidden * p->n_out +
-		4ull * p->n_out + 4ull * p->n_in + 4ull * (*(uint32_t *)(uintptr_t)p->count + 1);
+		4ull * p->n_out + 4ull * p->n_in + 4ull * (*(uint32_t *)(uintptr_t)p->count + 1) +
+		(lg ? 4ull * p->n_out : 0);
 	rc = kernel_done(c, s, bytes);
 	leave(c, r0);
 	return rc;

@@ -25,9 +25,15 @@ struct hyb_hdense {
 	const struct hyb_model *m;
 	uint32_t L, E, F, V, q_dim, kv_dim, n_ctx, n_on, n_pred;
 	bool head;
+	bool scores;             /* predictions are the scores, the lists a scratch (set_scores) */
 	struct dense_layer *lay;
 	hyb_dptr out_norm, out;
-	hyb_dptr x, q, k, v, att, logits;  /* x: [x | xn | count[2] | list0 | list1] */
+	/*
+	 * x: [x | xn | count[2] | slot0 | slot1 | list] - the slots hold the
+	 * active lists, or the scores when scores is set (the list, not
+	 * copied down, is then the predictor's scratch)
+	 */
+	hyb_dptr x, q, k, v, att, logits;
 	float *h_x, *h_logits;
 	struct hyb_device_event *ev_up, *ev_down, *ev_head;
 	uint64_t bytes;
@@ -101,10 +107,16 @@ uint32_t hyb_hdense_pred_source(const struct hyb_model *m, uint32_t l)
 	return m->pred_input == HYB_PRED_SAME_LAYER || !l ? l : l - 1;
 }
 
-/* floats of the x buffer: x, xn, and with predictors two counts and two lists */
+/* floats of the x buffer copied down: x, xn, and with predictors two counts and two slots */
 static uint64_t x_words(const struct hyb_model *m, bool any_pred)
 {
 	return 2ull * m->hp.n_embd + (any_pred ? 2 + 2ull * m->hp.n_ff : 0);
+}
+
+/* ... and on the device: with predictors also the scratch list */
+static uint64_t x_words_dev(const struct hyb_model *m, bool any_pred)
+{
+	return x_words(m, any_pred) + (any_pred ? m->hp.n_ff : 0);
 }
 
 uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool head,
@@ -117,7 +129,7 @@ uint64_t hyb_hdense_buffer_bytes(const struct hyb_model *m, bool any_layer, bool
 
 	if (!any_layer && !head)
 		return 0;
-	b += round256(sizeof(float) * x_words(m, any_pred));
+	b += round256(sizeof(float) * x_words_dev(m, any_pred));
 	if (any_layer)
 		b += 2 * round256(sizeof(float) * q) + 2 * round256(sizeof(float) * kv);
 	if (head)
@@ -213,7 +225,7 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 			return fail(hd, err, errlen, "predictors to the device");
 	}
 	if (hd->n_on || hd->head) {
-		if (alloc(hd, sizeof(float) * x_words(hd->m, hd->n_pred), &hd->x))
+		if (alloc(hd, sizeof(float) * x_words_dev(hd->m, hd->n_pred), &hd->x))
 			return fail(hd, err, errlen, "device buffers");
 	}
 	/* q, k, v back to back: the rows of a fused q/k/v matvec (qkv_fused) */
@@ -513,17 +525,29 @@ int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot)
 {
 	const struct dense_layer *d = &hd->lay[l];
 	const hyb_dptr cnt = hd->x + sizeof(float) * 2 * hd->E;
+	const hyb_dptr out = cnt + 8 + 4ull * hd->F * slot, scratch = cnt + 8 + 8ull * hd->F;
 	const struct hyb_dev_predict p = {
 		.n_in = hd->E, .hidden = hd->m->layers[l].plan.hidden, .n_out = hd->F,
 		.fc1_w = d->fc1, .fc1_b = d->fc1_b, .fc2_w = d->fc2, .fc2_b = d->fc2_b,
 		.x = hd->x, .count = cnt + 4ull * slot,
-		.active = cnt + 8 + 4ull * hd->F * slot,
+		.active = hd->scores ? scratch : out, .logits = hd->scores ? out : 0,
 		.raw_x = hd->m->pred_input == HYB_PRED_SAME_LAYER,
 	};
 
 	if (!d->pred || slot < 0 || slot > 1)
 		return -EINVAL;
 	return hyb_device_predict(hd->dev, HYB_STREAM_COMPUTE, &p);
+}
+
+void hyb_hdense_set_scores(struct hyb_hdense *hd, bool on)
+{
+	if (hd)
+		hd->scores = on;
+}
+
+const float *hyb_hdense_predicted_scores(const struct hyb_hdense *hd, int slot)
+{
+	return (const float *)(hd->h_x + 2 * hd->E + 2 + (size_t)hd->F * slot);
 }
 
 uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint32_t **list)

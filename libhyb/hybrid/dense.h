@@ -86,6 +86,14 @@ int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
  */
 int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot);
 uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint32_t **list);
+/*
+ * Scores mode (the load-aware thresholds, docs/BALANCER.md): the predictors
+ * leave their scores (logits, n_ff floats) in the slots instead of the lists;
+ * hyb_hdense_predicted_scores gives a slot's after the copy down. The
+ * count is still the number of scores > 0; the list is not copied.
+ */
+void hyb_hdense_set_scores(struct hyb_hdense *hd, bool on);
+const float *hyb_hdense_predicted_scores(const struct hyb_hdense *hd, int slot);
 
 /*
  * Layer l's attention block for one token at pos, on COMPUTE: x += the

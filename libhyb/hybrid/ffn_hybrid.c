@@ -62,6 +62,8 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->act = malloc(sizeof(uint32_t) * F);
 	h->act_next = malloc(sizeof(uint32_t) * F);
 	h->act0 = malloc(sizeof(uint32_t) * F);
+	h->lg = malloc(sizeof(float) * F);
+	h->lg_next = malloc(sizeof(float) * F);
 	h->cpu_list = malloc(sizeof(uint32_t) * F);
 	h->dgroup = malloc(sizeof(uint32_t) * NG);
 	h->load = malloc(sizeof(uint32_t) * NG);
@@ -78,6 +80,7 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->ev_out = hyb_device_event_new(h->dev);
 	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty ||
 	    !h->slot_base || !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 ||
+	    !h->lg || !h->lg_next ||
 	    !h->cpu_list || !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip ||
 	    !h->cur || !h->y_cpu || !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 ||
 	    !h->ev_out)
@@ -196,6 +199,40 @@ static int oom(char *err, size_t errlen)
 	return -1;
 }
 
+/*
+ * Load-aware thresholds (hyb/hybrid.h): asked for where they cannot apply is
+ * an error; AUTO turns them on for the dynamic policy, as DynamicInfer runs
+ * them. Oracle mode keeps the CPU's bits, so never there.
+ */
+static int init_thresholds(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+			   char *err, size_t errlen)
+{
+	enum hyb_thresholds t = p->thresholds;
+
+	if (t > HYB_THR_PAPER) {
+		snprintf(err, errlen, "hybrid decoding: unknown threshold mode %d", (int)t);
+		return -1;
+	}
+	if (t == HYB_THR_EXPECTED || t == HYB_THR_PAPER) {
+		if (h->layer_policy) {
+			snprintf(err, errlen, "load-aware thresholds need a predictor; the layer "
+				 "policy has none");
+			return -1;
+		}
+		if (!hyb_ffn_sparse_has_scores(h->sp)) {
+			snprintf(err, errlen, "load-aware thresholds need the predictors' scores; "
+				 "a PowerInfer file's predictors give a list only");
+			return -1;
+		}
+	}
+	if (t == HYB_THR_AUTO)
+		t = p->policy == HYB_POLICY_DYNAMIC && hyb_ffn_sparse_has_scores(h->sp) ?
+			    HYB_THR_EXPECTED : HYB_THR_OFF;
+	h->thr_on = t != HYB_THR_OFF && !h->oracle;
+	h->thr_err = t == HYB_THR_PAPER ? HYB_SELECT_ERR_PAPER : HYB_SELECT_ERR_EXPECTED;
+	return 0;
+}
+
 /* The plan's shape, the CPU operator (predictors, bundles) and a cache slot's size. */
 static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 		      const struct hyb_hybrid_params *p, bool oracle, int n_threads, char *err,
@@ -234,7 +271,7 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 	h->slot_bytes = 3ull * h->GS * hyb_ffn_sparse_bundles(h->sp, 0)->row_bytes;
 	h->slot_bytes = (h->slot_bytes + 255) / 256 * 256;
 	h->layer_policy = p->policy == HYB_POLICY_LAYER;
-	return 0;
+	return init_thresholds(h, p, err, errlen);
 }
 
 /* The device, with the model's memory pinned for its uploads. */
@@ -335,6 +372,7 @@ static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct hyb_
 	if ((h->place.attn_layers || b->head) &&
 	    !(h->hd = hyb_hdense_new(h->dev, h->m, n_ctx, b->on, b->head, b->pred, err, errlen)))
 		return -1;
+	hyb_hdense_set_scores(h->hd, h->thr_on);
 	h->place.dense_bytes = hyb_hdense_bytes(h->hd);
 	h->place.cache_bytes = (uint64_t)h->total_slots * h->slot_bytes;
 	for (uint32_t l = 0; l < h->L; l++)
@@ -376,6 +414,14 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 	/* the balancer's load cap (a window's worth of loads) needs the measured load time */
 	if (h->group_load_s > 0)
 		hyb_balancer_set_group_load(h->bal, h->group_load_s);
+	/* the thresholds' merge cost: the CPU partial over the link (DynamicInfer's t_sync) */
+	{
+		struct hyb_device_config dc;
+
+		hyb_device_get_config(h->dev, &dc);
+		h->t_sync = dc.pcie_lat_us * 1e-6 +
+			    (dc.pcie_gbps > 0 ? 4.0 * h->E / (dc.pcie_gbps * 1e9) : 0);
+	}
 	memset(&h->st, 0, sizeof(h->st));
 	hyb_device_stats_reset(h->dev);
 	return h;
@@ -429,6 +475,8 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	free(h->act);
 	free(h->act_next);
 	free(h->act0);
+	free(h->lg);
+	free(h->lg_next);
 	free(h->all);
 	free(h->cpu_list);
 	free(h->dgroup);

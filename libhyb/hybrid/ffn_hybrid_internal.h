@@ -69,8 +69,18 @@ struct hyb_ffn_hybrid {
 	float *h_xn, *h_y, *h_ycpu;     /* h_y: [E], oracle [NG][E] */
 	uint32_t *h_list;
 
+	/*
+	 * Load-aware thresholds (DynamicInfer 4.4, ffn_hybrid_layer.c): on, the
+	 * error model, each side's measured time per neuron (0: not yet) and the
+	 * merge's (the CPU partial over the link).
+	 */
+	bool thr_on;
+	enum hyb_select_err thr_err;
+	double t_cpu_n, t_gpu_n, t_sync;
+
 	/* per token */
 	uint32_t *act, *act_next, *act0; /* [F] this layer, next layer, layer 0 */
+	float *lg, *lg_next;             /* [F] their scores (load-aware thresholds) */
 	uint32_t *all;                   /* [F] 0..F-1: a layer-policy layer's list */
 	uint32_t n_act, n_act_next, n_act0;
 	uint32_t *cpu_list;              /* [F] */

@@ -81,6 +81,9 @@ static int split_active(struct hyb_ffn_hybrid *h, uint32_t l, struct split *s, c
 
 		if (group_usable(h, l, g)) {
 			h->h_list[n_dev++] = h->act[i];
+		} else if (h->thr_on && !(h->lg[h->act[i]] > 0)) {
+			/* added for a cached group whose load has not landed: not worth the CPU */
+			continue;
 		} else {
 			const int32_t slot = h->table[(size_t)l * h->NG + g];
 
@@ -139,10 +142,15 @@ static int merge(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, float *y
 	return 0;
 }
 
+static double ema(double old, double x)
+{
+	return old > 0 ? old + (x - old) / 8 : x;
+}
+
 /* The balancer's feedback on layer l's split and the statistics. */
 static void account(struct hyb_ffn_hybrid *h, uint32_t l, const struct split *s)
 {
-	double kern_s;
+	double kern_s = 0;
 
 	/*
 	 * The device's time is known from the host only when it finished last
@@ -167,7 +175,18 @@ static void account(struct hyb_ffn_hybrid *h, uint32_t l, const struct split *s)
 	/* ev_k has completed by now (synced, or found done): the kernels' own time */
 	if (s->n_dev && !hyb_device_elapsed(h->dev, h->ev_k0, h->ev_k, &kern_s))
 		h->st.dev_kernel_s += kern_s;
+	else
+		kern_s = 0;
 	h->st.stall_s += s->te - s->ts;
+	/*
+	 * Each side's time per neuron for the thresholds, from lists long enough
+	 * that a call's fixed cost does not dominate; a running mean over the
+	 * last few layers (1/8), so the estimate follows the host's load.
+	 */
+	if (h->thr_on && s->n_cpu >= 16)
+		h->t_cpu_n = ema(h->t_cpu_n, (s->ts - s->tc) / s->n_cpu);
+	if (h->thr_on && s->n_dev >= 16 && kern_s > 0)
+		h->t_gpu_n = ema(h->t_gpu_n, kern_s / s->n_dev);
 }
 
 /* Steps 3 and 4: the split, the device's half queued, the CPU's half meanwhile, the merge. */
@@ -204,22 +223,59 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
  * on the host.
  */
 static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t j, int slot,
-			const float *x_attn, uint32_t *out)
+			const float *x_attn, uint32_t *out, float *lg)
 {
+	if (!h->thr_on)
+		lg = NULL;
 	if (hyb_hdense_pred_on(h->hd, j)) {
 		const uint32_t *list;
-		const uint32_t n = hyb_hdense_predicted(h->hd, slot, &list);
+		uint32_t n = 0;
 
-		memcpy(out, list, sizeof(uint32_t) * n);
+		if (!lg) {
+			n = hyb_hdense_predicted(h->hd, slot, &list);
+			memcpy(out, list, sizeof(uint32_t) * n);
+			return n;
+		}
+		/* scores mode: the device's list is the scores > 0 (predictor.c's rule) */
+		memcpy(lg, hyb_hdense_predicted_scores(h->hd, slot), sizeof(float) * h->F);
+		for (uint32_t r = 0; r < h->F; r++) { /* no branch on the scores: as good as random */
+			out[n] = r;
+			n += lg[r] > 0;
+		}
 		return n;
 	}
 	if (h->m->pred_input == HYB_PRED_SAME_LAYER)
-		return hyb_ffn_sparse_predict(h->sp, pool, j, x_attn, out);
+		return hyb_ffn_sparse_predict(h->sp, pool, j, x_attn, NULL, out);
 	if (!h->cur_ready) {
 		hyb_unit_rms(h->cur, x_attn, h->E);
 		h->cur_ready = true;
 	}
-	return hyb_ffn_sparse_predict(h->sp, pool, j, h->cur, out);
+	return hyb_ffn_sparse_predict(h->sp, pool, j, h->cur, lg, out);
+}
+
+/*
+ * Load-aware thresholds (DynamicInfer 4.4, balancer_select.c): layer j's
+ * list from its scores, the cache as the balancer has just decided it and
+ * each side's measured cost per neuron. Until both costs are measured (the
+ * first layers of the first token) the one threshold stands.
+ */
+static void thresholds(struct hyb_ffn_hybrid *h, uint32_t j, const float *lg, uint32_t *list,
+		       uint32_t *n)
+{
+	const struct hyb_select_cost cost = { .t_gpu = h->t_gpu_n, .t_cpu = h->t_cpu_n,
+					      .t_sync = h->t_sync, .err_model = h->thr_err };
+	const uint32_t n_pred = *n;
+	uint32_t added = 0;
+
+	if (!h->thr_on || !(h->t_cpu_n > 0) || !(h->t_gpu_n > 0) ||
+	    hyb_balancer_select(h->bal, j, lg, &cost, list, n, NULL)) {
+		*n = n_pred;
+		return;
+	}
+	for (uint32_t i = 0; i < *n; i++)
+		added += !(lg[list[i]] > 0);
+	h->st.thr_added += added;
+	h->st.thr_dropped += n_pred + added - *n;
 }
 
 /* A layer-policy layer on the device: every neuron, nothing predicted or moved. */
@@ -250,21 +306,30 @@ static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, 
 			 const float *x_attn, double *t1, char *err, size_t errlen)
 {
 	uint32_t *t;
+	float *tl;
 
 	if (l == 0) {
-		h->n_act = predict(h, pool, 0, 0, x_attn, h->act);
+		h->n_act = predict(h, pool, 0, 0, x_attn, h->act, h->lg);
 		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
 		h->n_act0 = h->n_act;
 	} else {
 		t = h->act, h->act = h->act_next, h->act_next = t;
+		tl = h->lg, h->lg = h->lg_next, h->lg_next = tl;
 		h->n_act = h->n_act_next;
 	}
 	if (l + 1 < h->L)
-		h->n_act_next = predict(h, pool, l + 1, 1, x_attn, h->act_next);
+		h->n_act_next = predict(h, pool, l + 1, 1, x_attn, h->act_next, h->lg_next);
 	*t1 = hyb_device_now(h->dev);
-	return l + 1 < h->L ?
-	       hyb_ffn_hybrid_cache_balance(h, l + 1, h->act_next, h->n_act_next, err, errlen) :
-	       hyb_ffn_hybrid_cache_balance(h, 0, h->act0, h->n_act0, err, errlen);
+	/* the balancer sees the predicted sets; the thresholds then pick what runs */
+	if (l == 0)
+		thresholds(h, 0, h->lg, h->act, &h->n_act);
+	if (l + 1 < h->L) {
+		if (hyb_ffn_hybrid_cache_balance(h, l + 1, h->act_next, h->n_act_next, err, errlen))
+			return -1;
+		thresholds(h, l + 1, h->lg_next, h->act_next, &h->n_act_next);
+		return 0;
+	}
+	return hyb_ffn_hybrid_cache_balance(h, 0, h->act0, h->n_act0, err, errlen);
 }
 
 /*
@@ -281,7 +346,7 @@ static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, 
 static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			   const float *x_attn, double *t1, char *err, size_t errlen)
 {
-	h->n_act = predict(h, pool, l, 0, x_attn, h->act);
+	h->n_act = predict(h, pool, l, 0, x_attn, h->act, NULL);
 	*t1 = hyb_device_now(h->dev);
 	return hyb_ffn_hybrid_cache_balance(h, l, h->act, h->n_act, err, errlen);
 }

@@ -322,6 +322,11 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 
 	if (check_model(m, err, errlen))
 		return NULL;
+	if (p->thresholds != HYB_THR_AUTO && p->thresholds != HYB_THR_OFF) {
+		snprintf(err, errlen, "expert cache: load-aware thresholds act on a neuron "
+			 "predictor's scores; a mixture of experts' router is exact");
+		return NULL;
+	}
 	h = calloc(1, sizeof(*h));
 	if (!h) {
 		snprintf(err, errlen, "expert cache: out of memory");

@@ -175,13 +175,18 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s)
 }
 
 uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
-				const float *in, uint32_t *active)
+				const float *in, float *scores, uint32_t *active)
 {
 	if (s->pi)
 		return hyb_pi_predictor_run(&s->m->layers[l].fc1, &s->m->layers[l].fc2,
 					    s->m->powerinfer_threshold, in, pool, s->pred_scratch,
 					    active);
-	return hyb_predictor_run(&s->pred[l], in, pool, s->pred_scratch, NULL, active);
+	return hyb_predictor_run(&s->pred[l], in, pool, s->pred_scratch, scores, active);
+}
+
+bool hyb_ffn_sparse_has_scores(const struct hyb_ffn_sparse *s)
+{
+	return !s->pi;
 }
 
 const struct hyb_ffn_bundles *hyb_ffn_sparse_bundles(const struct hyb_ffn_sparse *s, uint32_t l)
@@ -286,12 +291,13 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 			s->active[i] = i;
 	} else if (s->pi || m->pred_input == HYB_PRED_SAME_LAYER) {
 		/* PowerInfer's predictors read this layer's residual as it is */
-		n_active = hyb_ffn_sparse_predict(s, pool, l, x_attn, s->active);
+		n_active = hyb_ffn_sparse_predict(s, pool, l, x_attn, NULL, s->active);
 	} else {
 		/* This layer's predictor input is the previous layer's attention
 		 * output; layer 0 has none before it and uses its own (hyb/profile.h). */
 		hyb_unit_rms(s->cur, x_attn, E);
-		n_active = hyb_ffn_sparse_predict(s, pool, l, l ? s->prev : s->cur, s->active);
+		n_active = hyb_ffn_sparse_predict(s, pool, l, l ? s->prev : s->cur, NULL,
+						  s->active);
 		memcpy(s->prev, s->cur, sizeof(float) * E);
 	}
 	t1 = now_s();

@@ -43,12 +43,16 @@ void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stat
 /*
  * Pieces the hybrid engine (hybrid/ffn_hybrid_layer.c) composes differently. predict:
  * the neurons layer l's predictor marks active for input `in` (already at
- * unit RMS), ascending, into active[n_ff]; returns their count. run: the CPU
+ * unit RMS), ascending, into active[n_ff]; returns their count (their scores,
+ * the logits, into scores[n_ff] unless NULL). run: the CPU
  * operator over a list (or, in oracle mode, group by group: see
  * hyb_ffn_sparse_set_oracle). bundles: layer l's bundle view.
  */
 uint32_t hyb_ffn_sparse_predict(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
-				const float *in, uint32_t *active);
+				const float *in, float *scores, uint32_t *active);
+/* The predictors give scores (scores[n_ff] of predict, when not NULL): a plan's do, a
+ * PowerInfer file's do not (scores is then left alone). */
+bool hyb_ffn_sparse_has_scores(const struct hyb_ffn_sparse *s);
 int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 		       const float *xn, const uint32_t *active, uint32_t n_active, float *y,
 		       struct hyb_sparse_ffn_stats *st, char *err, size_t errlen);

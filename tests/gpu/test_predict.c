@@ -122,8 +122,9 @@ static void make_x(float *x, uint32_t n)
 /* A device's copy of a predictor, the weights at byte offset off of their allocations. */
 struct side {
 	struct hyb_device *d;
-	hyb_dptr w1a, w2a, b1, b2, x, active, count;
+	hyb_dptr w1a, w2a, b1, b2, x, active, count, logits;
 	struct hyb_dev_predict p;
+	float *lg;  /* the scores of the last predict, on the host */
 };
 
 static hyb_dptr dalloc(struct hyb_device *d, uint64_t bytes)
@@ -152,6 +153,9 @@ static void upload(struct side *s, struct hyb_device *d, const struct pred *P, u
 	s->x = dalloc(d, 4ull * P->n_in);
 	s->active = dalloc(d, 4ull * P->n_out);
 	s->count = dalloc(d, 4);
+	s->logits = dalloc(d, 4ull * P->n_out);
+	s->lg = malloc(4ull * P->n_out);
+	CHECK(s->lg);
 	put(d, s->w1a + off, P->w1, n1);
 	put(d, s->w2a + off, P->w2, n2);
 	put(d, s->b1, P->b1, 4ull * P->hidden);
@@ -159,16 +163,18 @@ static void upload(struct side *s, struct hyb_device *d, const struct pred *P, u
 	s->p = (struct hyb_dev_predict){
 		.n_in = P->n_in, .hidden = P->hidden, .n_out = P->n_out,
 		.fc1_w = s->w1a + off, .fc1_b = s->b1, .fc2_w = s->w2a + off, .fc2_b = s->b2,
-		.x = s->x, .active = s->active, .count = s->count,
+		.x = s->x, .active = s->active, .count = s->count, .logits = s->logits,
 	};
 }
 
 static void release(struct side *s)
 {
-	hyb_dptr *p[] = { &s->w1a, &s->w2a, &s->b1, &s->b2, &s->x, &s->active, &s->count };
+	hyb_dptr *p[] = { &s->w1a, &s->w2a, &s->b1, &s->b2, &s->x, &s->active, &s->count,
+			  &s->logits };
 
 	for (size_t i = 0; i < sizeof(p) / sizeof(p[0]); i++)
 		hyb_device_free(s->d, *p[i]);
+	free(s->lg);
 }
 
 /* Run the predictor on x; the list to out (n_out entries), the count returned. */
@@ -185,6 +191,7 @@ static uint32_t predict(struct side *s, const float *x, uint32_t *out)
 	CHECK_MSG(cnt <= s->p.n_out, "%s: count %u > n_out %u", hyb_device_kind(s->d), cnt,
 		  s->p.n_out);
 	OK(s->d, hyb_device_d2h(s->d, HYB_STREAM_COMPUTE, out, s->active, 4ull * cnt));
+	OK(s->d, hyb_device_d2h(s->d, HYB_STREAM_COMPUTE, s->lg, s->logits, 4ull * s->p.n_out));
 	drain(s->d);
 	return cnt;
 }
@@ -222,6 +229,7 @@ static void compare_one(struct side *gpu, struct side *cpu, const struct pred *P
 	n_cpu = predict(cpu, x, cgot);
 	CHECK_EQ_INT(n_cpu, n_ref);
 	CHECK(!memcmp(cgot, ref, 4ull * n_ref));
+	CHECK(!memcmp(cpu->lg, lg, 4ull * n_out));
 	n_got = predict(gpu, x, got);
 	for (uint32_t i = 0; i < n_got; i++) {
 		CHECK_MSG(got[i] < n_out && (i == 0 || got[i] > got[i - 1]),
@@ -232,6 +240,11 @@ static void compare_one(struct side *gpu, struct side *cpu, const struct pred *P
 	for (uint32_t i = 0; i < n_ref; i++)
 		in_ref[ref[i]] = 1;
 	for (uint32_t r = 0; r < n_out; r++) {
+		/* the scores (load-aware thresholds): the list's, close to the host's */
+		CHECK_MSG((gpu->lg[r] > 0) == in_got[r] &&
+				  fabs(gpu->lg[r] - lg[r]) <= NEAR_ZERO + 1e-4 * fabs(lg[r]),
+			  "output %u: cuda score %.6g, host %.6g, listed %d", r, gpu->lg[r], lg[r],
+			  in_got[r]);
 		near += fabs(lg[r]) < NEAR_ZERO;
 		if (in_got[r] == in_ref[r])
 			continue;

@@ -2133,6 +2133,30 @@ TEST(dev_predict_matches_host_predictor)
 		free(ref_raw);
 	}
 
+	/* the scores as well: the host predictor's, bit for bit, and the same list */
+	{
+		float *lref = xmalloc(4ull * N_OUT), *lgot = xmalloc(4ull * N_OUT);
+		struct hyb_dev_predict q = p;
+
+		CHECK(hyb_predictor_run(&pr, xu, NULL, scr, lref, ref) == n_ref);
+		q.logits = dalloc(d, 4ull * N_OUT);
+		CHECK_MSG(hyb_device_predict(d, HYB_STREAM_COMPUTE, &q) == 0, "%s",
+			  hyb_device_error(d));
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, &cnt, dc, 4) == 0);
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, got, da, 4ull * N_OUT) == 0);
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, lgot, q.logits, 4ull * N_OUT) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+		CHECK_EQ_INT(cnt, n_ref);
+		CHECK(!memcmp(got, ref, 4ull * n_ref));
+		CHECK(!memcmp(lgot, lref, 4ull * N_OUT));
+		/* the scores apart from the list */
+		q.logits = da;
+		CHECK(hyb_device_predict(d, HYB_STREAM_COMPUTE, &q) == -EINVAL);
+		CHECK(strstr(hyb_device_error(d), "overlap"));
+		free(lref);
+		free(lgot);
+	}
+
 	/* bad arguments: -EINVAL, a message, no fault */
 	struct hyb_dev_predict b = p;
 

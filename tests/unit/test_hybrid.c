@@ -219,6 +219,79 @@ TEST(hybrid_greedy_agrees_with_cpu_sparse)
 	hyb_model_free(m);
 }
 
+/*
+ * Load-aware thresholds (DynamicInfer 4.4): on by default for the dynamic
+ * policy, with the predictors on the device (scores copied down) and on the
+ * CPU (dense parts kept there); they move work and keep greedy decoding
+ * close to the one threshold's; off, and for other policies unless asked,
+ * nothing moves; where they cannot apply they are refused.
+ */
+TEST(hybrid_load_aware_thresholds)
+{
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx *ref = ctx_new(m, NULL, false);
+	float *lr = malloc(sizeof(float) * V * N_GEN), *lh = malloc(sizeof(float) * V * N_GEN);
+	int32_t ids[N_GEN], ids2[N_GEN];
+
+	CHECK(lr && lh);
+	run(ref, m, NULL, ids, lr);
+	for (int k = 0; k < 5; k++) {
+		struct hyb_hybrid_params hy = params(m, k == 3 ? HYB_POLICY_STATIC :
+							  k == 4 ? HYB_POLICY_TAM : HYB_POLICY_DYNAMIC);
+		struct hyb_hybrid_stats st;
+		struct hyb_hybrid_offload pl;
+		int agree = 0;
+
+		hy.dense_on_cpu = k == 1;
+		if (k == 1) /* the same third of the groups, nothing else */
+			hy.gpu_budget -= dense_bytes(m);
+		hy.thresholds = k == 2 ? HYB_THR_OFF : k == 3 ? HYB_THR_PAPER : HYB_THR_AUTO;
+		struct hyb_ctx *c = ctx_new(m, &hy, false);
+
+		run(c, m, ids, ids2, lh);
+		hyb_ctx_hybrid_stats(c, &st);
+		hyb_ctx_hybrid_offload(c, &pl);
+		for (int i = 0; i < N_GEN; i++)
+			agree += hyb_test_argmax(lr + (size_t)i * V, V) ==
+				 hyb_test_argmax(lh + (size_t)i * V, V);
+		printf("    case %d: predictors on the device %u, %.1f added and %.1f dropped a "
+		       "token, greedy %d/%d\n", k, pl.predictors, (double)st.thr_added / N_GEN,
+		       (double)st.thr_dropped / N_GEN, agree, N_GEN);
+		CHECK(k == 1 ? pl.predictors == 0 : pl.predictors > 0);
+		if (k == 2 || k == 4) {
+			CHECK_EQ_INT(st.thr_added + st.thr_dropped, 0);
+			CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+		} else {
+			CHECK_MSG(st.thr_added > 0 && st.thr_dropped > 0,
+				  "case %d: %llu added, %llu dropped", k,
+				  (unsigned long long)st.thr_added,
+				  (unsigned long long)st.thr_dropped);
+			/* a skipped neuron changes the sums: within the error the one
+			 * threshold had, most greedy tokens stay */
+			CHECK_MSG(agree >= N_GEN * 3 / 4, "greedy agreement %d/%d", agree, N_GEN);
+		}
+		hyb_ctx_free(c);
+	}
+
+	/* where they cannot apply: the layer policy, an unknown mode */
+	struct hyb_hybrid_params hy = params(m, HYB_POLICY_LAYER);
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 1, .ffn = HYB_FFN_SPARSE,
+				    .hybrid = &hy };
+
+	hy.thresholds = HYB_THR_EXPECTED;
+	CHECK(!hyb_ctx_new(m, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "layer policy"), "%s", hyb_last_error());
+	hy = params(m, HYB_POLICY_DYNAMIC);
+	hy.thresholds = (enum hyb_thresholds)9;
+	CHECK(!hyb_ctx_new(m, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "threshold mode"), "%s", hyb_last_error());
+	free(lr);
+	free(lh);
+	hyb_ctx_free(ref);
+	hyb_model_free(m);
+}
+
 TEST(hybrid_refuses_bad_setups)
 {
 	struct hyb_model *m = load_plan();

@@ -441,3 +441,89 @@ TEST(kern_popcount_vs_ref)
 		free(cols);
 	}
 }
+
+/*
+ * The load-aware thresholds' passes (select_*.c): every level writes the
+ * scalar level's lists, bins and counts exactly, on scores with every kind
+ * of value (over and under 0, both infinities, NaN, beyond the outer bins,
+ * bin edges), odd lengths, and boundary bins taken in part.
+ */
+TEST(kern_select_vs_ref)
+{
+	const struct hyb_cpu_kernels *s = hyb_cpu_kernels(HYB_ISA_SCALAR), *lv[HYB_ISA_COUNT];
+	const int nl = simd_levels(lv);
+	static const uint32_t lens[] = { 1, 15, 16, 17, 64, 100, 1000, 11008 };
+
+	g_rng = 31;
+	CHECK(s->sel_scan && s->sel_emit);
+	for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+		const uint32_t n = lens[li], W = (n + 63) / 64;
+		float *x = xmalloc(4ull * n);
+		uint64_t *res = xmalloc(8ull * W);
+		uint32_t *r[8], *g[8], c_r[4], c_g[4];
+
+		for (int q = 0; q < 8; q++) {
+			r[q] = xmalloc(4ull * (n + 16));
+			g[q] = xmalloc(4ull * (n + 16));
+		}
+		for (uint32_t i = 0; i < n; i++) {
+			const uint64_t u = rnd64() % 100;
+
+			x[i] = u < 3 ? NAN : u < 5 ? -INFINITY : u < 7 ? INFINITY :
+			       u < 10 ? (float)((int)(rnd64() % 64) - 32) / 32 : /* bin edges */
+			       u < 15 ? urand() * 40 : urand() * 5;
+		}
+		for (uint32_t w = 0; w < W; w++)
+			res[w] = rnd64() & rnd64();
+		if (n % 64)
+			res[W - 1] &= (1ull << (n % 64)) - 1;
+		s->sel_scan(x, res, n, r[0], r[1], &c_r[0], r[2], r[3], &c_r[1], &c_r[2]);
+		CHECK(c_r[0] > 0 || n < 64);
+		for (int v = 0; v < nl; v++) {
+			lv[v]->sel_scan(x, res, n, g[0], g[1], &c_g[0], g[2], g[3], &c_g[1], &c_g[2]);
+			CHECK_MSG(c_g[0] == c_r[0] && c_g[1] == c_r[1] && c_g[2] == c_r[2],
+				  "%s n %u: counts %u %u %u, scalar %u %u %u", lv[v]->name, n, c_g[0],
+				  c_g[1], c_g[2], c_r[0], c_r[1], c_r[2]);
+			CHECK(!memcmp(g[0], r[0], 4ull * c_r[0]) && !memcmp(g[1], r[1], 4ull * c_r[0]));
+			CHECK(!memcmp(g[2], r[2], 4ull * c_r[1]) && !memcmp(g[3], r[3], 4ull * c_r[1]));
+		}
+		/* the bins the scan wrote are the shared rule's */
+		for (uint32_t q = 0; q < c_r[0]; q++)
+			CHECK(r[1][q] == hyb_sel_add_bin(x[r[0][q]]) && r[1][q] < HYB_SEL_BINS);
+		for (uint32_t q = 0; q < c_r[1]; q++)
+			CHECK(r[3][q] == hyb_sel_drop_bin(x[r[2][q]]) && r[3][q] < HYB_SEL_BINS);
+		/* emits: nothing moved, all moved, boundary bins of the lists taken in part */
+		for (int t = 0; t < 6; t++) {
+			const int32_t ba = t == 0 ? HYB_SEL_BINS - 1 : t == 1 ? -1 :
+					   c_r[0] ? (int32_t)r[1][rnd64() % c_r[0]] : 0;
+			const int32_t bd = t == 0 ? 0 : t == 1 ? HYB_SEL_BINS :
+					   c_r[1] ? (int32_t)r[3][rnd64() % c_r[1]] : 0;
+			const uint32_t ka = t == 0 ? 0 : (uint32_t)(rnd64() % 4);
+			const uint32_t kd = t == 0 ? 0 : (uint32_t)(rnd64() % 4);
+			const uint32_t m = s->sel_emit(x, res, n, ba, ka, bd, kd, r[4]);
+
+			if (t == 0) { /* the one threshold: exactly the scores over 0 */
+				uint32_t want = 0;
+
+				for (uint32_t i = 0; i < n; i++)
+					want += x[i] > 0;
+				CHECK_EQ_INT(m, want);
+			}
+			for (uint32_t q = 1; q < m; q++)
+				CHECK(r[4][q] > r[4][q - 1]);
+			for (int v = 0; v < nl; v++) {
+				const uint32_t mg = lv[v]->sel_emit(x, res, n, ba, ka, bd, kd, g[4]);
+
+				CHECK_MSG(mg == m && !memcmp(g[4], r[4], 4ull * m),
+					  "%s n %u case %d: %u listed, scalar %u", lv[v]->name, n, t,
+					  mg, m);
+			}
+		}
+		for (int q = 0; q < 8; q++) {
+			free(r[q]);
+			free(g[q]);
+		}
+		free(x);
+		free(res);
+	}
+}

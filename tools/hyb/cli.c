@@ -37,8 +37,8 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_CACHE, O_LOAD_FIRST, O_CHAT,
-       O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
+       O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_THRESHOLDS,
+       O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -72,6 +72,7 @@ static const struct option longopts[] = {
 	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
+	{ "thresholds", required_argument, 0, O_THRESHOLDS },
 	{ "cache", required_argument, 0, O_CACHE },
 	{ "load-first", no_argument, 0, O_LOAD_FIRST },
 	{ "chat", no_argument, 0, O_CHAT },
@@ -110,6 +111,7 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 	case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
 	case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 	case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
+	case O_THRESHOLDS: o->hy.thresholds = cli_thresholds(optarg); break;
 	case O_CACHE:
 		if (!strcmp(optarg, "auto"))
 			o->hy.cache = HYB_CACHE_AUTO;
@@ -262,6 +264,8 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 	} else if (o->routing) {
 		cli_die("--routing places experts for --gpu-budget; without it experts run on "
 			"the CPU");
+	} else if (o->hy.thresholds) {
+		cli_die("--thresholds split the work of hybrid decoding: it needs --gpu-budget");
 	}
 	c = hyb_ctx_new(m, &p);
 

@@ -43,6 +43,17 @@ uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m)
 	return (uint64_t)(v * mult);
 }
 
+enum hyb_thresholds cli_thresholds(const char *s)
+{
+	if (!strcmp(s, "off"))
+		return HYB_THR_OFF;
+	if (!strcmp(s, "expected"))
+		return HYB_THR_EXPECTED;
+	if (!strcmp(s, "paper"))
+		return HYB_THR_PAPER;
+	cli_die("unknown --thresholds '%s' (off, expected, paper)", s);
+}
+
 void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 {
 	struct hyb_hybrid_stats st;
@@ -92,6 +103,10 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		t_decode > 0 ? 100 * st.ffn_s / t_decode : 0.0);
 	fprintf(stderr, "hybrid: per token: attention %.3f ms, head %.3f ms\n",
 		1e3 * st.attn_s / n, 1e3 * st.head_s / n);
+	if (st.thr_added || st.thr_dropped)
+		fprintf(stderr, "hybrid: load-aware thresholds: per token %.1f cached neurons under "
+			"the predictor's threshold added, %.1f CPU neurons over it dropped\n",
+			st.thr_added / n, st.thr_dropped / n);
 	if (st.layer_steps)
 		fprintf(stderr, "hybrid: %.1f%% of active neurons late (loading, computed on the "
 			"CPU); bottleneck test: %.1f%% of decisions I/O-bound, %.1f%% CPU-bound\n",
@@ -351,6 +366,8 @@ static void device_bw(const struct cli_opts *o, double *pcie, double *hbm)
 
 struct policy_run {
 	enum hyb_policy p;
+	enum hyb_thresholds thr;      /* AUTO: the command line's */
+	char name[24];
 	double *tps, *pps;            /* decode and prompt tokens/s, per round */
 	struct hyb_hybrid_offload pl;
 	struct hyb_hybrid_stats st;   /* summed over rounds */
@@ -383,7 +400,7 @@ static double *per_round(const struct hbench *h)
 /* The model, the prompt, the policies to run; the header lines. */
 static void hbench_open(struct hbench *h, struct cli_opts *o)
 {
-	enum hyb_policy pol[HYB_N_POLICIES];
+	enum hyb_policy pol[HYB_N_POLICIES + 1];
 	uint64_t budget;
 
 	h->o = o;
@@ -397,7 +414,7 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 	h->moe = h->m->hp.n_expert > 0;
 	if (!h->m->group_size && !h->moe)
 		cli_die("hybrid decoding needs a plan model (hybctl plan) or a mixture of experts");
-	h->pr = calloc(h->np, sizeof(*h->pr));
+	h->pr = calloc(h->np + 1, sizeof(*h->pr));
 	h->logits = malloc(sizeof(float) * h->m->hp.n_vocab);
 	h->w.toks = malloc(sizeof(int32_t) * (h->n_prompt + h->n_gen));
 	if (!h->pr || !h->logits || !h->w.toks)
@@ -427,8 +444,19 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 	       100.0 * budget / h->m->weight_bytes);
 	for (int i = 0; i < h->np; i++) {
 		h->pr[i].p = pol[i];
+		snprintf(h->pr[i].name, sizeof(h->pr[i].name), "%s", hyb_policy_name(pol[i]));
 		h->pr[i].tps = per_round(h);
 		h->pr[i].pps = per_round(h);
+		/* dynamic also without its load-aware thresholds (DynamicInfer 4.4), next to it */
+		if (pol[i] == HYB_POLICY_DYNAMIC && !h->moe && o->hy.thresholds == HYB_THR_AUTO) {
+			struct policy_run *q = &h->pr[++i];
+
+			memmove(pol + i + 1, pol + i, sizeof(*pol) * (size_t)(h->np - i));
+			h->np++;
+			*q = (struct policy_run){ .p = HYB_POLICY_DYNAMIC, .thr = HYB_THR_OFF,
+						  .tps = per_round(h), .pps = per_round(h) };
+			snprintf(q->name, sizeof(q->name), "dynamic-fixed");
+		}
 	}
 }
 
@@ -441,6 +469,8 @@ static void run_policy(struct hbench *h, struct policy_run *pr, int r)
 	double t, ps;
 
 	oc.hy.policy = pr->p;
+	if (pr->thr != HYB_THR_AUTO)
+		oc.hy.thresholds = pr->thr;
 	c = cli_new_ctx(h->m, &oc);
 	t = run_seq(c, h->m, &h->w, false, h->drift, h->logits, &pr->agree, &ps);
 	pr->compared += h->n_gen - h->n_gen / h->drift;
@@ -452,6 +482,7 @@ static void run_policy(struct hbench *h, struct policy_run *pr, int r)
 	ADD(bound_io); ADD(bound_cpu); ADD(dev_kernel_s);
 	ADD(load_bytes); ADD(critical_bytes); ADD(cpu_ffn_s); ADD(dev_ffn_s);
 	ADD(stall_s); ADD(predictor_s); ADD(balancer_s); ADD(attn_s); ADD(head_s);
+	ADD(thr_added); ADD(thr_dropped);
 #undef ADD
 	hyb_ctx_hybrid_offload(c, &pr->pl);
 	pr->lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
@@ -501,7 +532,7 @@ static double print_policy(const struct hbench *h, const struct policy_run *pr, 
 	if (bw_pcie > 0 && io_b / bw_pcie > roof)
 		roof = io_b / bw_pcie;
 	printf("%-13s %8.2f %6.2fx %8.2f %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f "
-	       "%5.0f%% %6.1f%%", hyb_policy_name(pr->p), tps, tps / ref,
+	       "%5.0f%% %6.1f%%", pr->name, tps, tps / ref,
 	       median(pr->pps, h->o->reps), dense,
 	       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
 	       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
@@ -556,6 +587,18 @@ static void hbench_report(struct hbench *h)
 		if (base_static > 0)
 			printf("tam-adaptive vs static placement:   %.2fx (target >= 1.5)\n",
 			       tps / base_static);
+	}
+	for (int i = 0; i + 1 < h->np; i++) {
+		const struct policy_run *a = &h->pr[i], *b = &h->pr[i + 1];
+		const double n = a->st.tokens ? (double)a->st.tokens : 1;
+
+		if (a->p != HYB_POLICY_DYNAMIC || b->thr != HYB_THR_OFF)
+			continue;
+		printf("dynamic's load-aware thresholds: %.2fx dynamic-fixed; per token %.0f cached "
+		       "neurons added, %.0f CPU neurons dropped; decisions %.3f ms a token (%.3f "
+		       "without)\n", median(a->tps, o->reps) / median(b->tps, o->reps),
+		       a->st.thr_added / n, a->st.thr_dropped / n, 1e3 * a->st.balancer_s / n,
+		       1e3 * b->st.balancer_s / (b->st.tokens ? (double)b->st.tokens : 1));
 	}
 	printf("cpu ms / dev ms: per token, the CPU's share of the split FFNs (host clock) and "
 	       "the device's FFN kernels (device clock, timed events)\n");

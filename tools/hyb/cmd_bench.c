@@ -35,6 +35,7 @@ static const char usage[] =
 	"       hyb bench -m PLAN --gpu-budget BYTES|N% [--policies all|P,P,...] [--drift N]\n"
 	"                 [--device cpu|cuda] [--pcie-gbps G] [--dense-cpu] [--prefill-cpu]\n"
 	"                 [--routing P] (a MoE model: its expert cache against CPU-only)\n"
+	"                 [--thresholds off|expected|paper] (dynamic also runs with them off)\n"
 	"                 [-n DECODE_TOKENS]\n"
 	"                 [-r REPS]\n"
 	"  hybrid: every policy on the drift workload (a forced topic change every N\n"

@@ -38,7 +38,8 @@ static const char usage[] =
 	"                 [--kv-size N] [--batch-variant] [--no-batch]\n"
 	"                 [--teal PROFILE [--sparsity S]]\n"
 	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
-	"                  [--no-prefetch] [--dense-cpu]]\n"
+	"                  [--no-prefetch] [--dense-cpu]\n"
+	"                  [--thresholds off|expected|paper]]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --manifest NAME: box mode, hybd's copy of the model (docs/BOX.md); when hybd\n"
@@ -74,7 +75,7 @@ static const char usage[] =
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
        O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
-       O_NO_PREFETCH, O_DENSE_CPU };
+       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -104,6 +105,7 @@ static const struct option longopts[] = {
 	{ "routing", required_argument, 0, O_ROUTING },
 	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
+	{ "thresholds", required_argument, 0, O_THRESHOLDS },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
@@ -161,6 +163,7 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_ROUTING: o->routing = optarg; break;
 		case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
 		case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
+		case O_THRESHOLDS: o->hy.thresholds = cli_thresholds(optarg); break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -174,8 +177,10 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 	if (o->gpu_budget && (o->parallel > 1 || o->teal))
 		cli_die("--gpu-budget: hybrid decoding serves one request at a time, on its own "
 			"(--parallel 1, no --teal)");
-	if (!o->gpu_budget && (o->routing || o->hy.no_prefetch || o->hy.dense_on_cpu))
-		cli_die("--routing, --no-prefetch and --dense-cpu go with --gpu-budget");
+	if (!o->gpu_budget && (o->routing || o->hy.no_prefetch || o->hy.dense_on_cpu ||
+			       o->hy.thresholds))
+		cli_die("--routing, --no-prefetch, --dense-cpu and --thresholds go with "
+			"--gpu-budget");
 	if (!o->model && !o->manifest)
 		cli_die("no model given (-m MODEL or --manifest NAME)");
 }

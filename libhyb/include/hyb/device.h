@@ -252,6 +252,8 @@ struct hyb_dev_predict {
 	hyb_dptr x;                    /* float [n_in], read only */
 	hyb_dptr active;               /* uint32 [n_out] */
 	hyb_dptr count;                /* uint32 [1] */
+	hyb_dptr logits;               /* float [n_out], or 0: the scores as well (the
+					* load-aware thresholds read them, docs/BALANCER.md) */
 	/* x as it is, no unit RMS: PowerInfer's predictors (HYB_PRED_SAME_LAYER,
 	 * hyb/model.h). false (the default): unit RMS first (HYB_PRED_ADJACENT). */
 	bool raw_x;

@@ -36,6 +36,23 @@ enum hyb_cache_src {
 	HYB_CACHE_HYBD,		/* hybd's, or the context is refused with the reason */
 };
 
+/*
+ * Load-aware thresholds (DynamicInfer 4.4, docs/BALANCER.md): every token
+ * and layer, the predictor's scores go through hyb_balancer_select with the
+ * cache as decided and the measured cost of a neuron on each side - cached
+ * neurons the predictor scored just under its threshold join the device's
+ * list, the CPU's lowest-scored ones are dropped, within the error the one
+ * threshold had. AUTO: on (EXPECTED) for the dynamic policy, off otherwise;
+ * never in oracle mode, for the layer policy or for a PowerInfer file's
+ * predictors (they give no scores).
+ */
+enum hyb_thresholds {
+	HYB_THR_AUTO = 0,
+	HYB_THR_OFF,
+	HYB_THR_EXPECTED,  /* a skipped neuron weighs p (hyb_balancer_select) */
+	HYB_THR_PAPER,     /* ... weighs 1 - p, as the paper writes it */
+};
+
 struct hyb_hybrid_params {
 	const char *device;            /* "cpu" or "cuda" */
 	enum hyb_cache_src cache;
@@ -51,6 +68,7 @@ struct hyb_hybrid_params {
 	bool prefill_cpu;              /* prompt batches run on the CPU alone (by default the
 					* placed attention blocks, the head and the cached
 					* groups' FFN share run on the device) */
+	enum hyb_thresholds thresholds;/* load-aware thresholds (below) */
 };
 
 struct hyb_hybrid_stats {
@@ -75,6 +93,9 @@ struct hyb_hybrid_stats {
 	double ffn_s;             /* host clock in hybrid FFN layers, all of it */
 	double attn_s;            /* host clock in attention blocks (device: to the copy-down) */
 	double head_s;            /* host clock in the head */
+	uint64_t thr_added;       /* load-aware thresholds: cached neurons under the
+				   * predictor's threshold computed anyway */
+	uint64_t thr_dropped;     /* ... neurons over it not computed (on the CPU's side) */
 };
 
 /* Where the dense parts went (after the placement). */
