@@ -172,7 +172,7 @@ int hyb_balancer_select(struct hyb_balancer *b, uint32_t l, const float *logits,
 	tc = cost->t_cpu * nc + cost->t_sync;
 	if (info) {
 		/* only reported: the greedy needs differences alone */
-		for (uint32_t i = 0; i < b->F; i++)
+		for (uint32_t i = 0; !cost->counts_only && i < b->F; i++)
 			if (!(logits[i] > 0))
 				err0 += weight(isnan(logits[i]) ? -INFINITY : logits[i], m);
 		info->n_gpu_static = ng;
@@ -230,7 +230,7 @@ int hyb_balancer_select(struct hyb_balancer *b, uint32_t l, const float *logits,
 	}
 	/* the list: every neuron over the threshold but the dropped, and the added */
 	n = k->sel_emit(logits, b->sel_res, b->F, ba, ka, bd, kd, sel);
-	if (info) { /* the true weights of what moved (the kernel's rule, cpu_kernels.h) */
+	if (info && !cost->counts_only) { /* the true weights of what moved (the kernel's rule) */
 		uint32_t seen = 0;
 
 		for (uint32_t q = 0; q < na; q++)

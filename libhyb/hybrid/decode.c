@@ -46,21 +46,16 @@ static int dev_err(struct step *s, const char *what)
 	return -1;
 }
 
-/* x (and xn) on the host, current */
-static int x_to_host(struct step *s, bool with_xn)
+/* x on the host, current */
+static int x_to_host(struct step *s)
 {
 	struct hyb_device_event *ev;
-	const uint32_t E = s->c->m->hp.n_embd;
-	const float *hx;
 
-	if (s->where != X_DEV && !with_xn)
+	if (s->where != X_DEV)
 		return 0;
-	hx = hyb_hdense_host_x(s->hd);
-	if (hyb_hdense_x_down(s->hd, with_xn, with_xn, &ev) || hyb_device_sync(s->dev, ev))
+	if (hyb_hdense_x_down(s->hd, false, &ev) || hyb_device_sync(s->dev, ev))
 		return dev_err(s, "residual stream from the device");
-	memcpy(s->c->x, hx, sizeof(float) * E);
-	if (with_xn)
-		memcpy(s->c->xn, hx + E, sizeof(float) * E);
+	memcpy(s->c->x, hyb_hdense_host_x(s->hd), sizeof(float) * s->c->m->hp.n_embd);
 	s->where = X_BOTH;
 	return 0;
 }
@@ -83,24 +78,38 @@ static int attention(struct step *s, uint32_t l)
 	if (hyb_hdense_layer_on(s->hd, l)) {
 		if (x_to_dev(s))
 			return -1;
-		if (hyb_hdense_attention(s->hd, l, c->n_past))
-			return dev_err(s, "attention on the device");
+		struct hyb_device_event *ev;
+		const uint32_t E = c->m->hp.n_embd;
+		const float *hx = hyb_hdense_host_x(s->hd);
+
 		/*
-		 * The predictors that read this output (ffn_hybrid_layer.c picks
-		 * them up): adjacent, layer l+1's into slot 1 (and layer 0's own
-		 * into slot 0); same-layer, layer l's own into slot 0.
+		 * x and xn come down first: the CPU's half of the FFN waits for
+		 * them and nothing else. Then the predictors that read this output
+		 * (ffn_hybrid_layer.c picks them up): adjacent, layer l+1's (and
+		 * layer 0's own into slot 0), slots alternating so layer l's stays
+		 * on the host until its split; same-layer, layer l's own into slot
+		 * 0; and their copy, waited for only where a list is needed
+		 * (KAIROX 5.1: predictors off the critical path).
 		 */
+		if (hyb_hdense_attention(s->hd, l, c->n_past) ||
+		    hyb_hdense_x_down(s->hd, true, &ev))
+			return dev_err(s, "attention on the device");
 		const bool same = c->m->pred_input == HYB_PRED_SAME_LAYER;
 
 		if (((same || l == 0) && hyb_hdense_pred_on(s->hd, l) &&
 		     hyb_hdense_predict(s->hd, l, 0)) ||
 		    (!same && l + 1 < c->m->hp.n_layer && hyb_hdense_pred_on(s->hd, l + 1) &&
-		     hyb_hdense_predict(s->hd, l + 1, 1)))
+		     hyb_hdense_predict(s->hd, l + 1, hyb_hdense_pred_slot(l + 1))) ||
+		    hyb_hdense_pred_down(s->hd))
 			return dev_err(s, "predictor on the device");
-		s->where = X_DEV;
-		return x_to_host(s, true);
+		if (hyb_device_sync(s->dev, ev))
+			return dev_err(s, "residual stream from the device");
+		memcpy(c->x, hx, sizeof(float) * E);
+		memcpy(c->xn, hx + E, sizeof(float) * E);
+		s->where = X_BOTH;
+		return 0;
 	}
-	if (x_to_host(s, false))
+	if (x_to_host(s))
 		return -1;
 	hyb_fwd_attention(c, l, 1);
 	hyb_fwd_ffn_norm(c, l, c->x, 1);
@@ -115,7 +124,7 @@ static int ffn(struct step *s, uint32_t l)
 	bool on_dev;
 
 	if (hyb_ffn_hybrid_cpu_dense(s->h, l)) {
-		if (x_to_host(s, false))
+		if (x_to_host(s))
 			return -1;
 		hyb_fwd_ffn_dense(c, l, 1);
 		on_dev = false;
@@ -142,7 +151,7 @@ static int head(struct step *s, float *logits)
 			return dev_err(s, "head on the device");
 		return 0;
 	}
-	if (x_to_host(s, false))
+	if (x_to_host(s))
 		return -1;
 	hyb_fwd_head(s->c, 0, 1, logits);
 	return 0;
@@ -228,7 +237,7 @@ int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 				memcpy(hx, x, sizeof(float) * E);
 				if (hyb_hdense_x_up(s.hd) ||
 				    hyb_hdense_attention(s.hd, l, c->n_past + t) ||
-				    hyb_hdense_x_down(s.hd, false, false, &ev) ||
+				    hyb_hdense_x_down(s.hd, false, &ev) ||
 				    hyb_device_sync(s.dev, ev)) {
 					dev_err(&s, "prompt attention on the device");
 					goto out;

@@ -29,13 +29,16 @@ struct hyb_hdense {
 	struct dense_layer *lay;
 	hyb_dptr out_norm, out;
 	/*
-	 * x: [x | xn | count[2] | slot0 | slot1 | list] - the slots hold the
+	 * x: [x | xn | count0 slot0 | count1 slot1 | list] - the slots hold the
 	 * active lists, or the scores when scores is set (the list, not
 	 * copied down, is then the predictor's scratch)
 	 */
 	hyb_dptr x, q, k, v, att, logits;
 	float *h_x, *h_logits;
 	struct hyb_device_event *ev_up, *ev_down, *ev_head;
+	struct hyb_device_event *ev_pred;  /* the predictions' copy down (hyb_hdense_pred_down) */
+	bool pred_pending;                  /* ... queued and not yet waited for */
+	unsigned pred_slots;                /* slots written since the last copy down (bits) */
 	uint64_t bytes;
 };
 
@@ -105,6 +108,15 @@ uint64_t hyb_hdense_pred_bytes(const struct hyb_model *m, uint32_t l)
 uint32_t hyb_hdense_pred_source(const struct hyb_model *m, uint32_t l)
 {
 	return m->pred_input == HYB_PRED_SAME_LAYER || !l ? l : l - 1;
+}
+
+/*
+ * Word of prediction slot `slot` in the x buffer: x, xn, then per slot a
+ * count and n_ff words (a list, or scores); slot 2 is the scratch list.
+ */
+static uint64_t slot_word(const struct hyb_hdense *hd, int slot)
+{
+	return 2ull * hd->E + (uint64_t)slot * (1ull + hd->F);
 }
 
 /* floats of the x buffer copied down: x, xn, and with predictors two counts and two slots */
@@ -269,8 +281,9 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 	hd->ev_up = hyb_device_event_new(d);
 	hd->ev_down = hyb_device_event_new(d);
 	hd->ev_head = hyb_device_event_new(d);
+	hd->ev_pred = hyb_device_event_new(d);
 	if (!hd->lay || !hd->h_x || (hd->head && !hd->h_logits) || !hd->ev_up ||
-	    !hd->ev_down || !hd->ev_head)
+	    !hd->ev_down || !hd->ev_head || !hd->ev_pred)
 		goto oom;
 	for (uint32_t l = 0; l < hd->L; l++) {
 		hd->lay[l].on = layers && layers[l] && hyb_hdense_layer_bytes(m, l, n_ctx);
@@ -302,6 +315,7 @@ void hyb_hdense_free(struct hyb_hdense *hd)
 	hyb_device_event_free(hd->dev, hd->ev_up);
 	hyb_device_event_free(hd->dev, hd->ev_down);
 	hyb_device_event_free(hd->dev, hd->ev_head);
+	hyb_device_event_free(hd->dev, hd->ev_pred);
 	free(hd->lay);
 	free(hd);
 }
@@ -360,11 +374,9 @@ int hyb_hdense_x_up(struct hyb_hdense *hd)
 	return 0;
 }
 
-int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
-		      struct hyb_device_event **ev)
+int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, struct hyb_device_event **ev)
 {
-	const uint64_t b = with_pred && hd->n_pred ? sizeof(float) * x_words(hd->m, true) :
-			   sizeof(float) * hd->E * (with_xn ? 2 : 1);
+	const uint64_t b = sizeof(float) * hd->E * (with_xn ? 2 : 1);
 
 	if (hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_down) ||
 	    hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_down) ||
@@ -373,6 +385,39 @@ int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
 		return -1;
 	*ev = hd->ev_down;
 	return 0;
+}
+
+int hyb_hdense_pred_down(struct hyb_hdense *hd)
+{
+	const uint64_t b = sizeof(float) * (1ull + hd->F);
+
+	if (!hd->pred_slots)
+		return 0;
+	if (hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_pred) ||
+	    hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_pred))
+		return -1;
+	/* only the slots just written: the other may still be read on the host */
+	for (int slot = 0; slot < 2; slot++) {
+		const uint64_t off = sizeof(float) * slot_word(hd, slot);
+
+		if ((hd->pred_slots >> slot & 1) &&
+		    hyb_device_d2h(hd->dev, HYB_STREAM_CRITICAL, (char *)hd->h_x + off,
+				   hd->x + off, b))
+			return -1;
+	}
+	hd->pred_slots = 0;
+	if (hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_pred))
+		return -1;
+	hd->pred_pending = true;
+	return 0;
+}
+
+int hyb_hdense_pred_wait(struct hyb_hdense *hd)
+{
+	if (!hd->pred_pending)
+		return 0;
+	hd->pred_pending = false;
+	return hyb_device_sync(hd->dev, hd->ev_pred);
 }
 
 static struct hyb_dev_matvec mv(const struct hyb_weight *w, hyb_dptr wd, hyb_dptr x,
@@ -524,19 +569,22 @@ void hyb_hdense_kv_reset(struct hyb_hdense *hd)
 int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot)
 {
 	const struct dense_layer *d = &hd->lay[l];
-	const hyb_dptr cnt = hd->x + sizeof(float) * 2 * hd->E;
-	const hyb_dptr out = cnt + 8 + 4ull * hd->F * slot, scratch = cnt + 8 + 8ull * hd->F;
+	const hyb_dptr cnt = hd->x + 4 * slot_word(hd, slot);
+	const hyb_dptr out = cnt + 4, scratch = hd->x + 4 * slot_word(hd, 2);
 	const struct hyb_dev_predict p = {
 		.n_in = hd->E, .hidden = hd->m->layers[l].plan.hidden, .n_out = hd->F,
 		.fc1_w = d->fc1, .fc1_b = d->fc1_b, .fc2_w = d->fc2, .fc2_b = d->fc2_b,
-		.x = hd->x, .count = cnt + 4ull * slot,
+		.x = hd->x, .count = cnt,
 		.active = hd->scores ? scratch : out, .logits = hd->scores ? out : 0,
 		.raw_x = hd->m->pred_input == HYB_PRED_SAME_LAYER,
 	};
 
 	if (!d->pred || slot < 0 || slot > 1)
 		return -EINVAL;
-	return hyb_device_predict(hd->dev, HYB_STREAM_COMPUTE, &p);
+	if (hyb_device_predict(hd->dev, HYB_STREAM_COMPUTE, &p))
+		return -1;
+	hd->pred_slots |= 1u << slot;
+	return 0;
 }
 
 void hyb_hdense_set_scores(struct hyb_hdense *hd, bool on)
@@ -547,14 +595,14 @@ void hyb_hdense_set_scores(struct hyb_hdense *hd, bool on)
 
 const float *hyb_hdense_predicted_scores(const struct hyb_hdense *hd, int slot)
 {
-	return (const float *)(hd->h_x + 2 * hd->E + 2 + (size_t)hd->F * slot);
+	return hd->h_x + slot_word(hd, slot) + 1;
 }
 
 uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint32_t **list)
 {
-	const uint32_t *cnt = (const uint32_t *)(hd->h_x + 2 * hd->E);
-	const uint32_t n = cnt[slot];
+	const uint32_t *cnt = (const uint32_t *)(hd->h_x + slot_word(hd, slot));
+	const uint32_t n = *cnt;
 
-	*list = cnt + 2 + (size_t)hd->F * slot;
+	*list = cnt + 1;
 	return n <= hd->F ? n : hd->F;
 }

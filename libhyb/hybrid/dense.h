@@ -69,22 +69,32 @@ hyb_dptr hyb_hdense_xn(const struct hyb_hdense *hd);
 /*
  * The host copies of x (and xn after it: 2 * n_embd floats, pinned; then the
  * predictions). up: queue x on CRITICAL and make COMPUTE wait for it. down:
- * queue x, with_xn also xn, with_pred also the two prediction slots, after the
- * work on COMPUTE so far, on CRITICAL (one copy); ev completes when it landed.
+ * queue x, with_xn also xn, after the work on COMPUTE so far, on CRITICAL
+ * (one copy); ev completes when it landed.
  */
 float *hyb_hdense_host_x(const struct hyb_hdense *hd);
 int hyb_hdense_x_up(struct hyb_hdense *hd);
-int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, bool with_pred,
-		      struct hyb_device_event **ev);
+int hyb_hdense_x_down(struct hyb_hdense *hd, bool with_xn, struct hyb_device_event **ev);
 
 /*
  * Queue layer l's predictor on COMPUTE, reading the device x (the residual
  * stream after the attention it follows: unit RMS first, or as it is for a
- * same-layer model), into prediction slot 0 or 1.
- * After a hyb_hdense_x_down with_pred has landed, hyb_hdense_predicted
- * gives the slot's active list (bundle order, increasing) and its length.
+ * same-layer model), into prediction slot 0 or 1. pred_down queues the
+ * copy of the slots written since the last one, after the work on COMPUTE
+ * so far, on CRITICAL, apart from x's (KAIROX 5.1: the predictor stays off
+ * the layer's critical path, the CPU starts on x as soon as it is down); the
+ * other slot's host copy stays as it was. pred_wait waits for it (0 at once
+ * when none is pending). Then hyb_hdense_predicted gives the slot's active
+ * list (bundle order, increasing) and its length.
  */
 int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot);
+int hyb_hdense_pred_down(struct hyb_hdense *hd);
+/* Adjacent mode: the slot layer j's prediction goes to (layer 0's own at layer 0: 0). */
+static inline int hyb_hdense_pred_slot(uint32_t j)
+{
+	return (int)(j & 1);
+}
+int hyb_hdense_pred_wait(struct hyb_hdense *hd);
 uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint32_t **list);
 /*
  * Scores mode (the load-aware thresholds, docs/BALANCER.md): the predictors

@@ -62,8 +62,9 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->act = malloc(sizeof(uint32_t) * F);
 	h->act_next = malloc(sizeof(uint32_t) * F);
 	h->act0 = malloc(sizeof(uint32_t) * F);
-	h->lg = malloc(sizeof(float) * F);
-	h->lg_next = malloc(sizeof(float) * F);
+	h->lg_buf[0] = malloc(sizeof(float) * F);
+	h->lg_buf[1] = malloc(sizeof(float) * F);
+	h->no_bits = calloc((F + 63) / 64, sizeof(uint64_t));
 	h->cpu_list = malloc(sizeof(uint32_t) * F);
 	h->dgroup = malloc(sizeof(uint32_t) * NG);
 	h->load = malloc(sizeof(uint32_t) * NG);
@@ -80,7 +81,7 @@ static int alloc_host(struct hyb_ffn_hybrid *h)
 	h->ev_out = hyb_device_event_new(h->dev);
 	if (!h->table || !h->h_xn || !h->h_y || !h->h_list || !h->h_ycpu || !h->all || !h->dirty ||
 	    !h->slot_base || !h->n_slots || !h->n_free || !h->act || !h->act_next || !h->act0 ||
-	    !h->lg || !h->lg_next ||
+	    !h->lg_buf[0] || !h->lg_buf[1] || !h->no_bits ||
 	    !h->cpu_list || !h->dgroup || !h->load || !h->evict || !h->usable || !h->pre_skip ||
 	    !h->cur || !h->y_cpu || !h->part || !h->fb || !h->ev_in || !h->ev_k || !h->ev_k0 ||
 	    !h->ev_out)
@@ -475,8 +476,9 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	free(h->act);
 	free(h->act_next);
 	free(h->act0);
-	free(h->lg);
-	free(h->lg_next);
+	free(h->lg_buf[0]);
+	free(h->lg_buf[1]);
+	free(h->no_bits);
 	free(h->all);
 	free(h->cpu_list);
 	free(h->dgroup);

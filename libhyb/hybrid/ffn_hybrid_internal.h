@@ -77,10 +77,26 @@ struct hyb_ffn_hybrid {
 	bool thr_on;
 	enum hyb_select_err thr_err;
 	double t_cpu_n, t_gpu_n, t_sync;
+	/*
+	 * The next layer's decision beside the CPU's share of this one
+	 * (ffn_hybrid_layer.c, decide_next): its layer, outcome and time;
+	 * next_ready: layer l+1's set was predicted already (on the host)
+	 */
+	uint32_t side_l;
+	int side_rc;
+	char side_err[512];
+	double side_s;
+	bool next_ready;
 
 	/* per token */
 	uint32_t *act, *act_next, *act0; /* [F] this layer, next layer, layer 0 */
-	float *lg, *lg_next;             /* [F] their scores (load-aware thresholds) */
+	/*
+	 * their scores (load-aware thresholds): in the device's prediction slots
+	 * on the host (dense.c), or in lg_buf[layer & 1] from a host predictor
+	 */
+	const float *lg, *lg_next;
+	float *lg_buf[2];                /* [F] */
+	uint64_t *no_bits;               /* [F / 64] zeros: sel_emit lists the scores > 0 */
 	uint32_t *all;                   /* [F] 0..F-1: a layer-policy layer's list */
 	uint32_t n_act, n_act_next, n_act0;
 	uint32_t *cpu_list;              /* [F] */

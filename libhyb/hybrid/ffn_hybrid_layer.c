@@ -28,6 +28,7 @@
  */
 #include <string.h>
 
+#include "cpu_kernels.h"
 #include "dense.h"
 #include "ffn_hybrid_internal.h"
 #include "sparse/group_div.h"
@@ -189,12 +190,19 @@ static void account(struct hyb_ffn_hybrid *h, uint32_t l, const struct split *s)
 		h->t_gpu_n = ema(h->t_gpu_n, kern_s / s->n_dev);
 }
 
-/* Steps 3 and 4: the split, the device's half queued, the CPU's half meanwhile, the merge. */
+static void decide_next(void *arg);
+
+/*
+ * Steps 3 and 4: the split, the device's half queued, the CPU's half
+ * meanwhile, the merge; with `side`, the next layer's decision (decide_next)
+ * beside the CPU's half.
+ */
 static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-		     const float *xn, float *y, bool on_dev, char *err, size_t errlen)
+		     const float *xn, float *y, bool on_dev, bool side, char *err, size_t errlen)
 {
 	struct hyb_sparse_ffn_stats st;
 	struct split s = { 0 };
+	bool exposed = false;
 
 	if (split_active(h, l, &s, err, errlen))
 		return -1;
@@ -203,11 +211,34 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 		return -1;
 
 	/* the CPU's share, in place on pool memory, while the device works */
+	h->side_l = l;
+	h->side_s = 0;
+	if (side && pool)
+		hyb_threadpool_side(pool, decide_next, h);
 	s.tc = hyb_device_now(h->dev);
 	if (!h->oracle && hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, s.n_cpu, h->y_cpu,
-					     &st, err, errlen))
+					     &st, err, errlen)) {
+		if (side && pool)
+			hyb_threadpool_side_flush(pool);
 		return -1;
+	}
+	/* no job ran it (nothing for the CPU, one thread, oracle mode): now, exposed */
+	if (side && pool && hyb_threadpool_side_flush(pool))
+		exposed = true;
 	s.ts = hyb_device_now(h->dev);
+	if (side && !pool) {
+		decide_next(h);
+		exposed = true;
+	}
+	if (side && h->side_rc) {
+		snprintf(err, errlen, "%s", h->side_err);
+		return -1;
+	}
+	/* the CPU's share: the window less the decision the caller ran in it */
+	if (side && !exposed) {
+		s.tc += h->side_s < s.ts - s.tc ? h->side_s : s.ts - s.tc;
+		h->st.side_s += h->side_s;
+	}
 	h->fb[l].cpu_s = s.ts - s.tc;
 	if (wait_device(h, on_dev, &s, err, errlen) || merge(h, l, xn, y, on_dev, &s, err, errlen))
 		return -1;
@@ -216,41 +247,49 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 }
 
 /*
- * Layer j's active set, predicted from x_attn (the residual stream after the
- * previous layer's attention, or layer 0's own; same-layer: layer j's own,
- * read as it is): by the device where its predictor is there
- * (hybrid/decode.c queued it into `slot` and the list has come down), else
- * on the host.
+ * Layer j's active set into out (*n), predicted from x_attn (the residual
+ * stream after the previous layer's attention, or layer 0's own;
+ * same-layer: layer j's own, read as it is): by the device where its
+ * predictor is there (hybrid/decode.c queued it into `slot` and its copy
+ * down; waited for here), else on the host. Returns 0, or -1 on a device
+ * error.
  */
-static uint32_t predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t j, int slot,
-			const float *x_attn, uint32_t *out, float *lg)
+static int predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t j, int slot,
+		   const float *x_attn, uint32_t *out, const float **lg, uint32_t *n)
 {
-	if (!h->thr_on)
-		lg = NULL;
+	float *buf = h->thr_on ? h->lg_buf[j & 1] : NULL;
+
 	if (hyb_hdense_pred_on(h->hd, j)) {
 		const uint32_t *list;
-		uint32_t n = 0;
 
-		if (!lg) {
-			n = hyb_hdense_predicted(h->hd, slot, &list);
-			memcpy(out, list, sizeof(uint32_t) * n);
-			return n;
+		if (hyb_hdense_pred_wait(h->hd))
+			return -1;
+		if (!h->thr_on) {
+			*n = hyb_hdense_predicted(h->hd, slot, &list);
+			memcpy(out, list, sizeof(uint32_t) * *n);
+			return 0;
 		}
-		/* scores mode: the device's list is the scores > 0 (predictor.c's rule) */
-		memcpy(lg, hyb_hdense_predicted_scores(h->hd, slot), sizeof(float) * h->F);
-		for (uint32_t r = 0; r < h->F; r++) { /* no branch on the scores: as good as random */
-			out[n] = r;
-			n += lg[r] > 0;
-		}
-		return n;
+		/*
+		 * scores mode: read where they came down (the slot stays until
+		 * this layer's split, dense.c); the list is the scores > 0
+		 * (predictor.c's rule), by a vector pass
+		 */
+		*lg = hyb_hdense_predicted_scores(h->hd, slot);
+		*n = hyb_cpu_best()->sel_emit(*lg, h->no_bits, h->F, -1, 0, 0, 0, out);
+		return 0;
 	}
-	if (h->m->pred_input == HYB_PRED_SAME_LAYER)
-		return hyb_ffn_sparse_predict(h->sp, pool, j, x_attn, NULL, out);
+	if (buf)
+		*lg = buf;
+	if (h->m->pred_input == HYB_PRED_SAME_LAYER) {
+		*n = hyb_ffn_sparse_predict(h->sp, pool, j, x_attn, NULL, out);
+		return 0;
+	}
 	if (!h->cur_ready) {
 		hyb_unit_rms(h->cur, x_attn, h->E);
 		h->cur_ready = true;
 	}
-	return hyb_ffn_sparse_predict(h->sp, pool, j, h->cur, lg, out);
+	*n = hyb_ffn_sparse_predict(h->sp, pool, j, h->cur, buf, out);
+	return 0;
 }
 
 /*
@@ -263,19 +302,18 @@ static void thresholds(struct hyb_ffn_hybrid *h, uint32_t j, const float *lg, ui
 		       uint32_t *n)
 {
 	const struct hyb_select_cost cost = { .t_gpu = h->t_gpu_n, .t_cpu = h->t_cpu_n,
-					      .t_sync = h->t_sync, .err_model = h->thr_err };
+					      .t_sync = h->t_sync, .err_model = h->thr_err,
+					      .counts_only = true };
+	struct hyb_select_info info;
 	const uint32_t n_pred = *n;
-	uint32_t added = 0;
 
 	if (!h->thr_on || !(h->t_cpu_n > 0) || !(h->t_gpu_n > 0) ||
-	    hyb_balancer_select(h->bal, j, lg, &cost, list, n, NULL)) {
+	    hyb_balancer_select(h->bal, j, lg, &cost, list, n, &info)) {
 		*n = n_pred;
 		return;
 	}
-	for (uint32_t i = 0; i < *n; i++)
-		added += !(lg[list[i]] > 0);
-	h->st.thr_added += added;
-	h->st.thr_dropped += n_pred + added - *n;
+	h->st.thr_added += info.added;
+	h->st.thr_dropped += info.dropped;
 }
 
 /* A layer-policy layer on the device: every neuron, nothing predicted or moved. */
@@ -288,7 +326,7 @@ static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, ui
 
 	h->act = h->all;
 	h->n_act = h->F;
-	rc = split_ffn(h, pool, l, xn, y, on_dev, err, errlen);
+	rc = split_ffn(h, pool, l, xn, y, on_dev, false, err, errlen);
 	h->act = t;
 	h->st.layer_steps++;
 	h->st.ffn_s += hyb_device_now(h->dev) - t0;
@@ -297,19 +335,22 @@ static int whole_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, ui
 
 /*
  * Adjacent prediction (KAIROX 5.1): layer l's set was predicted at layer
- * l-1 (layer 0's now, from its own output); layer l+1's is predicted now and
- * its cache decided, so the loads overlap this layer's FFN and the next
- * layer's attention; the last layer decides layer 0 of the next token from
- * this token's layer-0 set. *t1: when the predictions were done.
+ * l-1 (layer 0's now, from its own output, and its list chosen: the one
+ * decision on the critical path); layer l+1's is predicted from the same
+ * output. A predictor on the host runs here (it needs the thread pool);
+ * one on the device has its copy waited for in decide_next. *t1: when the
+ * predictions were done.
  */
 static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, double *t1, char *err, size_t errlen)
 {
+	const double t0 = hyb_device_now(h->dev);
 	uint32_t *t;
-	float *tl;
+	const float *tl;
 
 	if (l == 0) {
-		h->n_act = predict(h, pool, 0, 0, x_attn, h->act, h->lg);
+		if (predict(h, pool, 0, 0, x_attn, h->act, &h->lg, &h->n_act))
+			return dev_fail(h, err, errlen, "predictor on the device");
 		memcpy(h->act0, h->act, sizeof(uint32_t) * h->n_act);
 		h->n_act0 = h->n_act;
 	} else {
@@ -317,19 +358,58 @@ static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, 
 		tl = h->lg, h->lg = h->lg_next, h->lg_next = tl;
 		h->n_act = h->n_act_next;
 	}
-	if (l + 1 < h->L)
-		h->n_act_next = predict(h, pool, l + 1, 1, x_attn, h->act_next, h->lg_next);
+	h->next_ready = l + 1 < h->L && !hyb_hdense_pred_on(h->hd, l + 1);
+	if (h->next_ready)
+		(void)predict(h, pool, l + 1, hyb_hdense_pred_slot(l + 1), x_attn, h->act_next,
+			      &h->lg_next, &h->n_act_next);
 	*t1 = hyb_device_now(h->dev);
 	/* the balancer sees the predicted sets; the thresholds then pick what runs */
 	if (l == 0)
 		thresholds(h, 0, h->lg, h->act, &h->n_act);
+	h->st.predictor_s += *t1 - t0;
+	h->st.balancer_s += hyb_device_now(h->dev) - *t1;
+	return 0;
+}
+
+/*
+ * The decision for the next layer (adjacent mode): layer l+1's set (from
+ * the device, if its predictor is there), its cache - the loads go on the
+ * RELOAD stream at once, so they overlap the rest of this layer's FFN and
+ * the next layer's attention - and its list (thresholds); the last layer
+ * decides layer 0 of the next token from this token's layer-0 set (KAIROX
+ * 5.1, "Layer 0 special case"). It runs as the CPU's share of layer l's FFN
+ * starts, on the calling thread while the pool's workers take the first
+ * units (DynamicInfer 4.2.2 runs it in a sub-thread), or at once where there
+ * is no pool job to run beside.
+ */
+static void decide_next(void *arg)
+{
+	struct hyb_ffn_hybrid *h = arg;
+	const uint32_t l = h->side_l;
+	const double t0 = hyb_device_now(h->dev);
+	double t1 = t0;
+
+	h->side_rc = 0;
 	if (l + 1 < h->L) {
-		if (hyb_ffn_hybrid_cache_balance(h, l + 1, h->act_next, h->n_act_next, err, errlen))
-			return -1;
-		thresholds(h, l + 1, h->lg_next, h->act_next, &h->n_act_next);
-		return 0;
+		if (!h->next_ready &&
+		    predict(h, NULL, l + 1, hyb_hdense_pred_slot(l + 1), NULL, h->act_next,
+			    &h->lg_next, &h->n_act_next)) {
+			h->side_rc = dev_fail(h, h->side_err, sizeof(h->side_err),
+					      "predictor on the device");
+			return;
+		}
+		t1 = hyb_device_now(h->dev);
+		h->side_rc = hyb_ffn_hybrid_cache_balance(h, l + 1, h->act_next, h->n_act_next,
+							  h->side_err, sizeof(h->side_err));
+		if (!h->side_rc)
+			thresholds(h, l + 1, h->lg_next, h->act_next, &h->n_act_next);
+	} else {
+		h->side_rc = hyb_ffn_hybrid_cache_balance(h, 0, h->act0, h->n_act0, h->side_err,
+							  sizeof(h->side_err));
 	}
-	return hyb_ffn_hybrid_cache_balance(h, 0, h->act0, h->n_act0, err, errlen);
+	h->side_s = hyb_device_now(h->dev) - t0;
+	h->st.predictor_s += t1 - t0;
+	h->st.balancer_s += h->side_s - (t1 - t0);
 }
 
 /*
@@ -346,9 +426,16 @@ static int step_adjacent(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, 
 static int step_same_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
 			   const float *x_attn, double *t1, char *err, size_t errlen)
 {
-	h->n_act = predict(h, pool, l, 0, x_attn, h->act, NULL);
+	const double t0 = hyb_device_now(h->dev);
+	int rc;
+
+	if (predict(h, pool, l, 0, x_attn, h->act, &h->lg, &h->n_act))
+		return dev_fail(h, err, errlen, "predictor on the device");
 	*t1 = hyb_device_now(h->dev);
-	return hyb_ffn_hybrid_cache_balance(h, l, h->act, h->n_act, err, errlen);
+	rc = hyb_ffn_hybrid_cache_balance(h, l, h->act, h->n_act, err, errlen);
+	h->st.predictor_s += *t1 - t0;
+	h->st.balancer_s += hyb_device_now(h->dev) - *t1;
+	return rc;
 }
 
 int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
@@ -372,15 +459,12 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, 
 	    step_same_layer(h, pool, l, x_attn, &t1, err, errlen) :
 	    step_adjacent(h, pool, l, x_attn, &t1, err, errlen))
 		return -1;
-	const double t2 = hyb_device_now(h->dev);
-
-	if (split_ffn(h, pool, l, xn, y, on_dev, err, errlen))
+	if (split_ffn(h, pool, l, xn, y, on_dev, h->m->pred_input != HYB_PRED_SAME_LAYER, err,
+		      errlen))
 		return -1;
 	const double t3 = hyb_device_now(h->dev);
 
 	h->st.layer_steps++;
-	h->st.predictor_s += t1 - t0;
-	h->st.balancer_s += t2 - t1;
 	h->st.ffn_s += t3 - t0;
 	return 0;
 }

@@ -39,6 +39,8 @@ struct hyb_threadpool {
 	atomic_uint done;            /* workers that finished the job */
 	atomic_int sleepers;         /* workers in futex_wait: only then is a wake needed */
 	atomic_bool stop;
+	void (*side)(void *);        /* the caller's side task (hyb_threadpool_side) */
+	void *side_arg;
 };
 
 struct worker_arg {
@@ -169,11 +171,24 @@ static void wait_done(struct hyb_threadpool *p, unsigned target)
 	}
 }
 
+/* Run and clear the side task, if one is set. */
+static void run_side(struct hyb_threadpool *p)
+{
+	void (*f)(void *) = p->side;
+
+	if (f) {
+		p->side = NULL;
+		f(p->side_arg);
+	}
+}
+
 static void run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg, bool dynamic)
 {
 	unsigned gen;
 
 	if (p->n == 1) {
+		if (dynamic)
+			run_side(p);
 		fn(arg, 0, 1);
 		return;
 	}
@@ -188,6 +203,9 @@ static void run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg, bool dynamic
 	 * generation changed inside futex_wait and returns at once. */
 	if (atomic_load(&p->sleepers))
 		futex_wake(&p->generation, 0x7fffffff);
+	/* the workers have the job: the caller's side task first, then its share */
+	if (dynamic)
+		run_side(p);
 	fn(arg, 0, p->n);
 	if (dynamic) {
 		/* the work is shared out as it goes: a worker that has not joined
@@ -209,6 +227,20 @@ void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg)
 void hyb_threadpool_run_dynamic(struct hyb_threadpool *p, hyb_job_fn fn, void *arg)
 {
 	run(p, fn, arg, true);
+}
+
+void hyb_threadpool_side(struct hyb_threadpool *p, void (*fn)(void *), void *arg)
+{
+	p->side = fn;
+	p->side_arg = arg;
+}
+
+bool hyb_threadpool_side_flush(struct hyb_threadpool *p)
+{
+	const bool pending = p->side != NULL;
+
+	run_side(p);
+	return pending;
 }
 
 int hyb_threadpool_size(const struct hyb_threadpool *p)

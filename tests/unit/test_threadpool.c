@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -104,6 +106,66 @@ TEST(pool_dynamic_jobs_share_out_the_work)
 		}
 		/* the caller's 2 ms naps leave the workers time to join */
 		CHECK(nth == 1 || joined > 0);
+		hyb_threadpool_free(p);
+	}
+}
+
+struct side_task {
+	pthread_t caller;
+	int runs;
+	bool on_caller;
+	struct dyn_job *job;   /* the job it runs beside: how far the workers got */
+	long seen_next;
+};
+
+static void side_fn(void *arg)
+{
+	struct side_task *s = arg;
+
+	s->runs++;
+	s->on_caller = pthread_equal(pthread_self(), s->caller);
+	if (s->job) {
+		usleep(3000); /* the workers share out the job meanwhile */
+		s->seen_next = atomic_load(&s->job->next);
+	}
+}
+
+/*
+ * The caller's side task: once, on the caller, inside the next dynamic job
+ * while the workers take its work; not in a job every thread runs; a flush
+ * runs one no job took, and says so.
+ */
+TEST(pool_side_task_runs_once_beside_a_dynamic_job)
+{
+	for (int nth = 1; nth <= 4; nth++) {
+		struct hyb_threadpool *p = hyb_threadpool_new(nth);
+		struct side_task s = { .caller = pthread_self() };
+		struct dyn_job d;
+		struct count_job c;
+
+		CHECK(p);
+		memset(&d, 0, sizeof(d));
+		memset(&c, 0, sizeof(c));
+		s.job = &d;
+		hyb_threadpool_side(p, side_fn, &s);
+		hyb_threadpool_run(p, count_worker, &c);     /* not this one */
+		CHECK_EQ_INT(s.runs, 0);
+		hyb_threadpool_run_dynamic(p, dyn_worker, &d);
+		CHECK_EQ_INT(s.runs, 1);
+		CHECK(s.on_caller);
+		for (int i = 0; i < 1000; i++)
+			CHECK_EQ_INT(atomic_load(&d.covered[i]), 1);
+		/* with workers, they had the job during the side task */
+		CHECK(nth == 1 ? s.seen_next == 0 : s.seen_next > 0);
+		CHECK(!hyb_threadpool_side_flush(p));        /* nothing left */
+		memset(&d, 0, sizeof(d));
+		hyb_threadpool_run_dynamic(p, dyn_worker, &d); /* runs no task */
+		CHECK_EQ_INT(s.runs, 1);
+		s.job = NULL;
+		hyb_threadpool_side(p, side_fn, &s);
+		CHECK(hyb_threadpool_side_flush(p));
+		CHECK_EQ_INT(s.runs, 2);
+		CHECK(!hyb_threadpool_side_flush(p));
 		hyb_threadpool_free(p);
 	}
 }

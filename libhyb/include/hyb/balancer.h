@@ -149,6 +149,7 @@ struct hyb_select_cost {
 	double t_cpu;   /* seconds per active neuron on the CPU (>= 0) */
 	double t_sync;  /* seconds to merge the CPU's partial result (>= 0) */
 	enum hyb_select_err err_model;
+	bool counts_only; /* info without err and err_static (an exp per neuron) */
 };
 
 struct hyb_select_info {

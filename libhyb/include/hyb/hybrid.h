@@ -96,6 +96,9 @@ struct hyb_hybrid_stats {
 	uint64_t thr_added;       /* load-aware thresholds: cached neurons under the
 				   * predictor's threshold computed anyway */
 	uint64_t thr_dropped;     /* ... neurons over it not computed (on the CPU's side) */
+	double side_s;            /* of predictor_s and balancer_s: the next layer's decisions
+				   * run beside the CPU's share of the FFN (the rest were on
+				   * the critical path) */
 };
 
 /* Where the dense parts went (after the placement). */

@@ -18,6 +18,8 @@
 #ifndef HYB_THREADPOOL_H
 #define HYB_THREADPOOL_H
 
+#include <stdbool.h>
+
 typedef void (*hyb_job_fn)(void *arg, int ith, int nth);
 
 struct hyb_threadpool;
@@ -28,6 +30,18 @@ void hyb_threadpool_free(struct hyb_threadpool *p);
 int hyb_threadpool_size(const struct hyb_threadpool *p);
 void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg);
 void hyb_threadpool_run_dynamic(struct hyb_threadpool *p, hyb_job_fn fn, void *arg);
+
+/*
+ * A side task for the caller (DynamicInfer 4.2.2's scheduling sub-thread,
+ * without a thread of its own): the next hyb_threadpool_run_dynamic hands
+ * its job to the workers, runs fn(arg) on the caller, then lets the caller
+ * join the job's remaining work; the task is then cleared. It runs once.
+ * hyb_threadpool_side_flush runs a task still set (no dynamic job came)
+ * now, on the caller, and says whether there was one. fn must not use the
+ * pool.
+ */
+void hyb_threadpool_side(struct hyb_threadpool *p, void (*fn)(void *), void *arg);
+bool hyb_threadpool_side_flush(struct hyb_threadpool *p);
 
 /* Split [0, n) into nth near-equal contiguous parts; part ith is [*lo, *hi). */
 static inline void hyb_split(long n, int ith, int nth, long *lo, long *hi)
