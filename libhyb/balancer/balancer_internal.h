@@ -46,6 +46,7 @@ struct hyb_balancer {
 	uint32_t *n_res;        /* [L] */
 	uint32_t *n_init;       /* [L] */
 	double *lambda;         /* [L] */
+	double *a_ref_l;        /* [L] tam: the reference share of A_g (balancer.c) */
 	enum hyb_bottleneck *verdict; /* [L] */
 	uint64_t *steps;        /* [L] decisions taken */
 
@@ -61,6 +62,7 @@ struct hyb_balancer {
 	uint32_t *count;        /* [G] active neurons per group */
 	uint64_t gs_recip;      /* hyb_group_recip(GS) (group_div.h) */
 	float *act;             /* [G] A_g */
+	float *act_n;           /* [G] tam: A_g normalised (balancer.c, tam_intensity) */
 	struct bal_item *items; /* [G] */
 	/*
 	 * select: candidates and their bins (add, abin, drop, dbin: [4][F]), the

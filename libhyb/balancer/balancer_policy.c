@@ -37,18 +37,19 @@
  *            anyway since its S is below every candidate's). This matters with
  *            A_g a fraction: the warm-start groups have S = freq, often under
  *            1 - lambda, and the paper's rule would empty the cache at step 1.
- *            A_g is the group's share of active neurons over a_ref, capped at
- *            1 (a_ref = 1 by default). Why a_ref: the threshold's reasoning
- *            (one isolated activation of a cold neuron gives S = 1 - lambda)
- *            is for binary A. With a share, an isolated activation still gives
- *            at most 1 - lambda and is filtered, but a group active every step
- *            at share r only reaches S = r, so it is never a candidate when
- *            r <= 1 - lambda + eps, and tam-adaptive's CPU_BOUND move (lower
- *            lambda) then makes it *less* eager. On the drift test workload
- *            (hot groups at share 0.5-0.6) a_ref = 1 under a CPU-bound toy
- *            engine drives lambda to lambda_min and loads fall; a_ref = 0.5
- *            makes such groups count as fully active and the loop acts in the
- *            paper's direction.
+ *            A_g is the group's share of active neurons over a reference,
+ *            capped at 1: by default the layer's start set's mean profiled
+ *            share (balancer.c, start_reference), or a fixed a_ref. Why a
+ *            reference: the threshold's reasoning (one isolated activation
+ *            of a cold neuron gives S = 1 - lambda) is for binary A. With a
+ *            share, an isolated activation still gives at most 1 - lambda and
+ *            is filtered, but a group active every step at share r only
+ *            reaches S = r, so it is never a candidate when r <= 1 - lambda +
+ *            eps, and tam-adaptive's CPU_BOUND move (lower lambda) then makes
+ *            it *less* eager. A reference near the share of the groups worth
+ *            a slot makes such groups count as fully active and the loop acts
+ *            in the paper's direction; a fixed one holds at one sparsity only
+ *            (test_balancer: bal_tam_adaptive_direction_at_two_sparsities).
  */
 #include <math.h>
 #include <stdbool.h>
@@ -200,13 +201,11 @@ static uint32_t rank_dynamic(struct hyb_balancer *b, uint32_t l)
 static uint32_t rank_tam(struct hyb_balancer *b, uint32_t l)
 {
 	const size_t o = (size_t)l * b->G;
-	const double lam = b->lambda[l], tau = (1 - lam) + b->eps, inv_ref = 1 / b->a_ref;
+	const double lam = b->lambda[l], tau = (1 - lam) + b->eps;
 	uint32_t n = 0;
 
 	for (uint32_t g = 0; g < b->G; g++) {
-		/* min(1, A_g / a_ref), without fmin's library call (A_g is finite) */
-		const double r = b->act[g] * inv_ref, a = r < 1 ? r : 1;
-		const float s = (float)(lam * b->score[o + g] + (1 - lam) * a);
+		const float s = (float)(lam * b->score[o + g] + (1 - lam) * b->act_n[g]);
 
 		b->score[o + g] = s;
 		if (s > tau || b->res[o + g])

@@ -338,16 +338,11 @@ static int new_balancer(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params
 	bp.freq = freq;
 	bp.placement = place;
 	/*
-	 * TAM's group activity A_g: a group of co-activated neurons that is "on"
-	 * has about half its neurons firing (METIS groups on the synthetic and
-	 * ProSparse-like models), so A_g = share / 0.5: a group steadily on
-	 * scores ~1 and the adaptive lambda then acts in KAIROX 7's direction
-	 * (lower lambda, more loads). With A_g = share, lowering lambda raised
-	 * the bar (1 - lambda) + eps above a steady group's score and loaded
-	 * less (measured in test_balancer's drift workload).
+	 * TAM's group activity A_g: bp.a_ref stays as given, by default 0 - per
+	 * layer, the start set's mean profiled share (balancer.c), which needs no
+	 * constant tuned to one sparsity (the 0.5 used before ran the adaptive
+	 * loop backwards at 90% and 97% sparsity)
 	 */
-	if (bp.a_ref == 0)
-		bp.a_ref = 0.5;
 	h->bal = hyb_balancer_new(&bp);
 	if (!h->bal)
 		snprintf(err, errlen, "%s", hyb_last_error());

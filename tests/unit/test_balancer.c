@@ -811,6 +811,73 @@ TEST(bal_tam_adaptive_direction)
 	CHECK(st[0].hits * st[2].active > st[2].hits * st[0].active);
 }
 
+/*
+ * The same direction at two sparsity levels (90% and 97% of neurons
+ * silent: the drift's probabilities scaled down, its background thinned),
+ * with TAM's default intensity - over each layer's reference from the
+ * profile, no constant (hyb/balancer.h a_ref). A fixed a_ref = 0.5, tuned at the
+ * drift's original level (bal_tam_adaptive_direction, about 78%), runs
+ * the loop backwards at both: on-groups fire a fifth or a tenth of their
+ * neurons, so min(1, share / 0.5) stays well under 1 and the CPU-bound move
+ * (lower lambda, higher bar 1 - lambda + eps) moves less onto the device.
+ */
+TEST(bal_tam_adaptive_direction_at_two_sparsities)
+{
+	static const double scale[2] = { 0.435, 0.135 }, bg[2] = { 0.01, 0.002 };
+	static const double target[2] = { 0.90, 0.97 };
+
+	for (int lv = 0; lv < 2; lv++) {
+		for (int fixed = 0; fixed < 2; fixed++) {
+			struct hyb_balancer_params extra = { .a_ref = fixed ? 0.5 : 0 };
+			struct run_stats st[2];
+
+			for (int m = 0; m < 2; m++) {
+				struct drift d;
+				float freq[DR_MAX_L][64];
+				struct hyb_balancer *b;
+
+				drift_init(&d, 42);
+				for (uint32_t l = 0; l < d.L; l++) {
+					d.p_hot[l] *= scale[lv];
+					d.p_topic[l] *= scale[lv];
+				}
+				d.p_spike *= scale[lv];
+				d.p_bg = bg[lv];
+				drift_profile(&d, freq);
+				b = drift_balancer(&d, freq, HYB_POLICY_TAM_ADAPTIVE, 32, 1e-4, &extra);
+				run_stream(b, &d, 600, m ? FB_IO : FB_CPU, 32, &st[m]);
+				hyb_balancer_free(b);
+			}
+			const double sp = 1 - (double)st[0].active / (600.0 * 2 * 1024);
+			const double h0 = (double)st[0].hits / st[0].active;
+			const double h1 = (double)st[1].hits / st[1].active;
+
+			printf("    sparsity %.3f, a_ref %s: CPU-bound %.2f loads a step, hit %.3f; "
+			       "IO-bound %.2f, hit %.3f\n", sp, fixed ? "0.5" : "from the profile",
+			       (double)st[0].loads / st[0].steps, h0,
+			       (double)st[1].loads / st[1].steps, h1);
+			CHECK_MSG(fabs(sp - target[lv]) < 0.01, "sparsity %.3f, not %.2f", sp,
+				  target[lv]);
+			/*
+			 * the direction that matters: CPU-bound moves more of the
+			 * active neurons onto the device (hits) than IO-bound
+			 */
+			if (!fixed) {
+				CHECK_NEAR(st[0].lambda_min, 0.2, 1e-12);
+				CHECK_NEAR(st[1].lambda_max, 0.9, 1e-12);
+				CHECK_MSG(h0 > h1 && st[0].loads > st[1].loads,
+					  "sparsity %.2f: CPU-bound hit %.3f loads %llu, IO-bound hit "
+					  "%.3f loads %llu", target[lv], h0,
+					  (unsigned long long)st[0].loads, h1,
+					  (unsigned long long)st[1].loads);
+			} else {
+				CHECK_MSG(h0 <= h1, "a_ref 0.5 at %.2f: hit CPU-bound %.3f, IO-bound "
+					  "%.3f", target[lv], h0, h1);
+			}
+		}
+	}
+}
+
 TEST(bal_tam_adaptive_per_layer_in_drift)
 {
 	/* in the toy engine each layer's lambda moves on its own, within bounds */

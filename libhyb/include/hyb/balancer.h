@@ -46,12 +46,15 @@ struct hyb_balancer_params {
 	/*
 	 * tam, tam-adaptive: the group intensity that counts as a full
 	 * activation; TAM's A_g = min(1, share / a_ref), share = active neurons
-	 * / neurons of the group. 0: 1 (A_g = share). KAIROX's threshold
-	 * (1 - lambda) + eps is derived for binary A; with A_g a share a group
-	 * whose sustained share r is below 1 - lambda + eps never becomes a
-	 * candidate, and lowering lambda (CPU_BOUND) raises that bar instead of
-	 * making the policy more eager. a_ref near a typical on-group share
-	 * (e.g. 0.5) restores the paper's behaviour; see balancer_policy.c.
+	 * / neurons of the group. KAIROX's threshold (1 - lambda) + eps is
+	 * derived for binary A; with A_g a share, a group whose sustained share
+	 * r is below 1 - lambda + eps never becomes a candidate, and lowering
+	 * lambda (CPU_BOUND) raises that bar instead of making the policy more
+	 * eager. 0 (the default): no constant - per layer, the mean profiled
+	 * share of the groups the start set caches, so a group on like the ones
+	 * worth a slot counts as a full activation, as a neuron does in the
+	 * paper's binary A, at any sparsity and budget (balancer.c). A value in
+	 * (0, 1]: that fixed reference for every layer (1: A_g = share).
 	 */
 	double a_ref;
 	/* dynamic (0: defaults) */
