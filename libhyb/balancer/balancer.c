@@ -77,8 +77,15 @@
  * paper's macro level tracks frequencies "per sentence", and 32 tokens is
  * about one. phi_high = 0.5: a group whose neurons fire on more than half of
  * the tokens comes back within about two steps, so evicting it is never worth
- * the reload; the pins are the start set's groups with freq >= phi_high and
- * count against K_l.
+ * the reload. Pins (E.3: h = 1 iff f >= phi_high, g >= h) follow the
+ * running f one way: the start set's groups with profiled freq >= phi_high
+ * are pinned while their f stays >= phi_high, and a pin that cools below it
+ * competes again (frozen pins kept a silent hot set forever). A group that
+ * heats up during the run is not pinned: pinning those too, as the paper's
+ * rule reads, held slots past their topic - on the 8-layer 4096/11008 plan
+ * at 60% under drift every 32 tokens it kept 78% of active neurons on the
+ * device against 83%, 0.86x the tokens/s (docs/BALANCER.md). They count
+ * against K_l.
  */
 #include <errno.h>
 #include <math.h>
@@ -314,9 +321,8 @@ static void init_state(struct hyb_balancer *b)
 			const uint32_t g = b->init[o + q];
 
 			b->res[o + g] = 1;
-			/* pins are start-set groups, so they are resident and count against K_l */
 			if (b->policy == HYB_POLICY_DYNAMIC && b->freq[o + g] >= b->phi_high)
-				b->pinned[o + g] = 1;
+				b->pinnable[o + g] = 1;
 		}
 		b->n_res[l] = b->n_init[l];
 		b->a_ref_l[l] = b->a_ref > 0 ? b->a_ref : start_reference(b, l);
@@ -351,7 +357,7 @@ static struct hyb_balancer *balancer_new(const struct hyb_balancer_params *p, ch
 	b->verdict = calloc(b->L, sizeof(*b->verdict));
 	b->steps = calloc(b->L, sizeof(*b->steps));
 	b->res = calloc(n, 1);
-	b->pinned = calloc(n, 1);
+	b->pinnable = calloc(n, 1);
 	b->init = calloc(n, sizeof(*b->init));
 	b->freq = malloc(n * sizeof(*b->freq));
 	b->score = malloc(n * sizeof(*b->score));
@@ -364,7 +370,7 @@ static struct hyb_balancer *balancer_new(const struct hyb_balancer_params *p, ch
 	b->sel_idx = calloc(4 * (size_t)b->F, sizeof(*b->sel_idx));
 	b->sel_res = calloc((b->F + 63) / 64, sizeof(*b->sel_res));
 	if (!b->k || !b->n_res || !b->n_init || !b->lambda || !b->verdict || !b->steps ||
-	    !b->res || !b->pinned || !b->init || !b->freq || !b->score || !b->a_ref_l ||
+	    !b->res || !b->pinnable || !b->init || !b->freq || !b->score || !b->a_ref_l ||
 	    !b->last ||
 	    !b->count || !b->act || !b->act_n || !b->items || !b->sel_idx || !b->sel_res)
 		goto oom;
@@ -405,7 +411,7 @@ void hyb_balancer_free(struct hyb_balancer *b)
 	free(b->verdict);
 	free(b->steps);
 	free(b->res);
-	free(b->pinned);
+	free(b->pinnable);
 	free(b->init);
 	free(b->freq);
 	free(b->score);

@@ -52,7 +52,7 @@ struct hyb_balancer {
 
 	/* per layer per group, [L * G] */
 	uint8_t *res;           /* resident */
-	uint8_t *pinned;        /* dynamic: never evicted */
+	uint8_t *pinnable;      /* dynamic: a start-set group with freq >= phi_high */
 	uint32_t *init;         /* start set, n_init[l] entries at l * G */
 	float *freq;            /* profiled frequency (copied) */
 	float *score;           /* tam: S; dynamic: running frequency f */

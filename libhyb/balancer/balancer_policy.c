@@ -27,7 +27,8 @@
  *            loaded, it would be a reload for nothing).
  *   dynamic  DynamicInfer E.3: v = a + lambda f over every group (history
  *            alone may bring a group in, the paper's macro level), pinned
- *            groups above all (they are resident and never leave).
+ *            groups above all: the start set's profiled-hot groups while
+ *            their running f stays at least phi_high (balancer.c).
  *   tam      KAIROX Algorithm 1 phase 2: S <- lambda S + (1 - lambda) A_g for
  *            every group; candidates S > (1 - lambda) + eps; ranking by S.
  *            C_{t+1} = TopK(candidates, K_l) as in line 16, except that a
@@ -191,7 +192,9 @@ static uint32_t rank_dynamic(struct hyb_balancer *b, uint32_t l)
 	const double lam = b->lambda[l];
 
 	for (uint32_t g = 0; g < b->G; g++) {
-		const double v = b->pinned[o + g] ? INFINITY : b->act[g] + lam * b->score[o + g];
+		/* a profiled-hot group is pinned while its running f is >= phi_high (balancer.c) */
+		const double v = b->pinnable[o + g] && b->score[o + g] >= b->phi_high ? INFINITY :
+				 b->act[g] + lam * b->score[o + g];
 
 		b->items[g] = (struct bal_item){ v, 0, b->freq[o + g], g, b->res[o + g] };
 	}

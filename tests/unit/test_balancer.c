@@ -1091,47 +1091,49 @@ TEST(bal_topk_matches_reference_1024_groups)
 	hyb_balancer_free(b);
 }
 
-TEST(bal_dynamic_keeps_pinned)
+/*
+ * dynamic's pins follow the running frequency f one way (balancer.c): the
+ * profiled-hot start groups are pinned while their f stays >= phi_high, and
+ * released as it cools (frozen pins kept a silent group forever); a group
+ * that heats up during the run is not pinned.
+ */
+TEST(bal_dynamic_pins_follow_the_running_frequency)
 {
-	struct drift d;
-	float freq[DR_MAX_L][64];
-	struct hyb_balancer_params extra = { .phi_high = 0.45 };
-	struct hyb_balancer *b;
-	struct run_stats st;
-	bool pinned[DR_MAX_L][64];
-	uint32_t n_pin = 0;
+	static const float f[8] = { 0.5f, 0.5f, 0.5f, 0.5f, 0, 0, 0, 0 };
+	const float *fp[1] = { f };
+	uint32_t act[64], load[8], evict[8], nl, ne, n;
 
-	drift_init(&d, 77);
-	drift_profile(&d, freq);
-	b = drift_balancer(&d, freq, HYB_POLICY_DYNAMIC, 32, 1e-4, &extra);
-	CHECK_NEAR(hyb_balancer_lambda(b, 0), 1.0, 0);
-	for (uint32_t l = 0; l < d.L; l++)
-		for (uint32_t g = 0; g < 64; g++) {
-			pinned[l][g] = freq[l][g] >= 0.45f && hyb_balancer_resident(b, l, g);
-			n_pin += pinned[l][g];
-		}
-	CHECK(n_pin >= 8);
-	/* the hot set falls silent: pinned groups stay anyway */
-	d.p_hot[0] = d.p_hot[1] = 0;
-	run_stream(b, &d, 300, FB_WINDOW, 32, &st);
-	CHECK(st.loads > 0);
-	for (uint32_t l = 0; l < d.L; l++)
-		for (uint32_t g = 0; g < 64; g++)
-			if (pinned[l][g])
-				CHECK_MSG(hyb_balancer_resident(b, l, g),
-					  "pinned group %u/%u evicted", l, g);
-	hyb_balancer_free(b);
-	/* without pins (phi_high > 1) the silent hot set is replaced */
-	extra.phi_high = 2;
-	drift_init(&d, 77);
-	b = drift_balancer(&d, freq, HYB_POLICY_DYNAMIC, 32, 1e-4, &extra);
-	d.p_hot[0] = d.p_hot[1] = 0;
-	run_stream(b, &d, 300, FB_WINDOW, 32, &st);
-	n_pin = 0;
-	for (uint32_t g = 0; g < 8; g++)
-		n_pin += hyb_balancer_resident(b, 0, g);
-	CHECK(n_pin < 8);
-	hyb_balancer_free(b);
+	for (int pins = 1; pins >= 0; pins--) {
+		struct hyb_balancer_params bp = {
+			.policy = HYB_POLICY_DYNAMIC, .n_layer = 1, .n_ff = 64, .group_size = 8,
+			.slot_budget = 4, .freq = fp, .phi_high = pins ? 0.3 : 2,
+		};
+		struct hyb_balancer *b = hyb_balancer_new(&bp);
+		int t;
+
+		CHECK_MSG(b, "%s", hyb_last_error());
+		/* groups 0-2 and 5 on for 60 steps: the silent pin 3 cools and 5 takes its slot */
+		n = groups_active(1u << 0 | 1u << 1 | 1u << 2 | 1u << 5, act);
+		for (t = 0; t < 60; t++)
+			CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, NULL, load, &nl, evict, &ne), 0);
+		CHECK(hyb_balancer_resident(b, 0, 5) && !hyb_balancer_resident(b, 0, 3));
+		/* then only 6 and 7: the hot pins 0-2 hold their slots, 5 (no pin) gives way */
+		n = groups_active(1u << 6 | 1u << 7, act);
+		for (t = 0; t < 10; t++)
+			CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, NULL, load, &nl, evict, &ne), 0);
+		if (pins)
+			CHECK_MSG(hyb_balancer_resident(b, 0, 0) && hyb_balancer_resident(b, 0, 1) &&
+				  hyb_balancer_resident(b, 0, 2) && !hyb_balancer_resident(b, 0, 5),
+				  "pins lost, or a heated group pinned");
+		else
+			CHECK(hyb_balancer_resident(b, 0, 6) && hyb_balancer_resident(b, 0, 7));
+		/* ... until their f cools below phi_high: 0.9 (31/32)^t < 0.3 after ~35 */
+		for (t = 0; t < 60; t++)
+			CHECK_EQ_INT(hyb_balancer_step(b, 0, act, n, NULL, load, &nl, evict, &ne), 0);
+		CHECK_MSG(hyb_balancer_resident(b, 0, 6) && hyb_balancer_resident(b, 0, 7),
+			  "pins %d: the cooled pins still hold the slots", pins);
+		hyb_balancer_free(b);
+	}
 }
 
 /* ---- load-aware thresholds ------------------------------------------------------------------ */

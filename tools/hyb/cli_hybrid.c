@@ -373,6 +373,7 @@ struct policy_run {
 	struct hyb_hybrid_stats st;   /* summed over rounds */
 	uint64_t agree, compared;
 	double lambda[3];
+	uint64_t slots;               /* cache slots (groups or experts) */
 };
 
 /* One `hyb bench --gpu-budget` run: the workload, the policies, per-round figures. */
@@ -485,6 +486,11 @@ static void run_policy(struct hbench *h, struct policy_run *pr, int r)
 	ADD(thr_added); ADD(thr_dropped); ADD(side_s);
 #undef ADD
 	hyb_ctx_hybrid_offload(c, &pr->pl);
+	{
+		uint64_t res;
+
+		hyb_ctx_hybrid_cache(c, &res, &pr->slots);
+	}
 	pr->lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
 	pr->lambda[1] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer / 2);
 	pr->lambda[2] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer - 1);
@@ -500,6 +506,7 @@ static void hbench_round(struct hbench *h, int r)
 
 	oc.gpu_budget = NULL;
 	oc.routing = NULL;
+	oc.hy.thresholds = HYB_THR_AUTO;
 	oc.ffn = h->moe ? HYB_FFN_AUTO : HYB_FFN_SPARSE;
 	c = cli_new_ctx(h->m, &oc);
 	h->t_ref[r] = h->n_gen / run_seq(c, h->m, &h->w, true, h->drift, h->logits, NULL, &ps);
@@ -542,6 +549,29 @@ static double print_policy(const struct hbench *h, const struct policy_run *pr, 
 		printf(" %.2f/%.2f/%.2f", pr->lambda[0], pr->lambda[1], pr->lambda[2]);
 	printf("\n");
 	return tps;
+}
+
+/*
+ * What any policy could gain over static placement with this cache: a
+ * perfect one holds every active neuron it has room for (slots x group size
+ * a token, at most the active ones), each neuron so moved saves the CPU
+ * time static paid per CPU neuron, and the device's work stays hidden.
+ */
+static void print_bound(const struct hbench *h, const struct policy_run *st, double tps)
+{
+	const struct hyb_hybrid_stats *s = &st->st;
+	const double n = s->tokens ? (double)s->tokens : 1;
+	const double act = s->active / n, dev = s->active_dev / n, cpu = act - dev;
+	const double cap = (double)st->slots * h->m->group_size;
+	const double t_n = cpu > 0 ? s->cpu_ffn_s / n / cpu : 0;
+	const double more = (cap < act ? cap : act) - dev, t = 1 / tps;
+	const double saved = more > 0 ? more * t_n : 0;
+
+	printf("bound: any policy over this cache is at most %.2fx static: it holds %.0f neurons "
+	       "a token (%.1f%% of the %.0f active); static ran %.0f on the device; the rest "
+	       "cost the CPU %.3f ms of a %.3f ms token\n", saved < t ? t / (t - saved) : 0.0,
+	       cap, act > 0 ? 100 * (cap < act ? cap : act) / act : 0.0, act, dev,
+	       1e3 * (cpu > 0 ? cpu * t_n : 0), 1e3 * t);
 }
 
 static void hbench_report(struct hbench *h)
@@ -588,6 +618,9 @@ static void hbench_report(struct hbench *h)
 			printf("tam-adaptive vs static placement:   %.2fx (target >= 1.5)\n",
 			       tps / base_static);
 	}
+	for (int i = 0; i < h->np && !h->moe; i++)
+		if (h->pr[i].p == HYB_POLICY_STATIC && base_static > 0)
+			print_bound(h, &h->pr[i], base_static);
 	for (int i = 0; i + 1 < h->np; i++) {
 		const struct policy_run *a = &h->pr[i], *b = &h->pr[i + 1];
 		const double n = a->st.tokens ? (double)a->st.tokens : 1;
