@@ -62,6 +62,14 @@ struct hyb_moe_scratch {
 	float *defer;      /* [n_embd] this layer's deferred experts' sum */
 	float *pending;    /* [n_embd] the layer before's, due at this one */
 	bool deferred;     /* defer holds one */
+	/*
+	 * Deferral beside the device (expert cache): the deferred experts the
+	 * CPU computes wait, with the layer's routing, until the next layer's
+	 * attention is on the device (hyb_fwd_moe_deferred); late: pending is
+	 * not summed yet; the CPU's share of active[] from d_first, d_n of them.
+	 */
+	bool late;
+	uint32_t d_layer, d_first, d_n, d_ki;
 	uint32_t n_layer, n_expert;
 	uint64_t *counts;  /* [n_layer][n_expert] times chosen */
 	struct hyb_moe_stats stats;
@@ -394,6 +402,7 @@ uint32_t hyb_moe_max_columns(uint32_t type, uint64_t rows)
 
 /* One pass over chosen experts: units of (expert, matrix, row chunk). */
 struct expert_job {
+	uint32_t first;     /* the experts are s->active[first ..] */
 	const struct hyb_cpu_kernels *k;
 	const struct hyb_moe_scratch *s;
 	const struct hyb_weight *w[2];
@@ -420,7 +429,7 @@ static void expert_worker(void *arg, int ith, int nth)
 		if (u >= j->n_units)
 			return;
 		const uint32_t per_expert = (uint32_t)(j->nw * j->n_chunks);
-		const uint32_t e = s->active[u / per_expert], rem = u % per_expert;
+		const uint32_t e = s->active[j->first + u / per_expert], rem = u % per_expert;
 		const int m = (int)(rem / j->n_chunks);
 		const struct hyb_weight w = hyb_weight_expert(j->w[m], e);
 		const uint64_t r0 = (rem % j->n_chunks) * j->chunk;
@@ -454,12 +463,12 @@ static void expert_worker(void *arg, int ith, int nth)
 	}
 }
 
-static void run_experts(struct hyb_ctx *c, uint32_t n_active, int nw,
+static void run_experts(struct hyb_ctx *c, uint32_t first, uint32_t n_active, int nw,
 			const struct hyb_weight *const *w, const void *const *x,
 			const size_t *x_stride, float *const *y)
 {
 	const int nth = hyb_threadpool_size(c->pool);
-	struct expert_job j = { .k = c->k, .s = c->moe, .nw = nw,
+	struct expert_job j = { .first = first, .k = c->k, .s = c->moe, .nw = nw,
 				.invariant = c->invariant && c->cols };
 	const uint64_t rows = w[0]->ne1;
 
@@ -566,6 +575,61 @@ static void shared_expert(struct hyb_ctx *c, const struct hyb_layer *L, uint32_t
 	}
 }
 
+/*
+ * The CPU's experts active[first .. first + n) of layer L: gate and up in one
+ * queue, the activations of all n_pairs pairs (stage 1: cheap, and those of
+ * experts not run here are not read), then down.
+ */
+static void cpu_experts(struct hyb_ctx *c, const struct hyb_layer *L, uint32_t first,
+			uint32_t n, uint32_t n_pairs)
+{
+	struct hyb_moe_scratch *s = c->moe;
+
+	if (n) {
+		const struct hyb_weight *w[2] = { &L->gate_exps, &L->up_exps };
+		const void *x[2] = { s->xg, same_dot(L) ? s->xg : s->xu };
+		const size_t xs[2] = { s->xg_stride, same_dot(L) ? s->xg_stride : s->xu_stride };
+		float *y[2] = { s->h, s->u };
+
+		run_experts(c, first, n, 2, w, x, xs, y);
+	}
+	run_pairs(c, L, c->xn, n_pairs, 1);
+	if (n) {
+		const struct hyb_weight *w[1] = { &L->down_exps };
+		const void *x[1] = { s->hq };
+		const size_t xs[1] = { s->hq_stride };
+		float *y[1] = { s->out };
+
+		run_experts(c, first, n, 1, w, x, xs, y);
+	}
+}
+
+/*
+ * One token: the CPU's share active[0 .. n_cpu) reordered so the experts
+ * chosen at ranks Ki.. (deferred) come last, each part in ascending order
+ * (the kernels' sums do not depend on the order experts run in). Returns
+ * how many come first.
+ */
+static uint32_t defer_last(struct hyb_moe_scratch *s, uint32_t n_cpu, uint32_t Ki, uint32_t K)
+{
+	uint32_t tmp[64], n_now = 0, n_def = 0;
+
+	if (n_cpu > 64)
+		return n_cpu;
+	for (uint32_t i = 0; i < n_cpu; i++) {
+		bool def = false;
+
+		for (uint32_t k = Ki; k < K; k++)
+			def |= (uint32_t)s->sel[k] == s->active[i];
+		if (def)
+			tmp[n_def++] = s->active[i];
+		else
+			s->active[n_now++] = s->active[i];
+	}
+	memcpy(s->active + n_now, tmp, sizeof(uint32_t) * n_def);
+	return n_now;
+}
+
 int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
@@ -576,7 +640,9 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	const double t0 = hyb_now();
 
 	if (l == hp->n_dense_lead) /* a step's first MoE layer: nothing is due */
-		s->deferred = false;
+		s->deferred = s->late = false;
+	/* deferred experts nobody ran beside the attention: now, before routing */
+	hyb_fwd_moe_deferred(c);
 	uint64_t *counts = s->counts + (size_t)l * hp->n_expert;
 	double t1;
 	uint32_t n_active;
@@ -616,25 +682,17 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 		n_cpu = (uint32_t)r;
 		tc = hyb_now(); /* the CPU device ran the kernels inside begin */
 	}
-	/* gate and up of every chosen expert, one queue */
+	/*
+	 * Deferral beside the device: the CPU's deferred experts go last in its
+	 * share and wait for the next layer's attention (hyb_fwd_moe_deferred).
+	 */
+	const uint32_t Ki = nf == 1 && l + 1 < hp->n_layer ? K - c->moe_defer : K;
+	uint32_t n_now = n_cpu;
+
+	if (c->moe_hybrid && Ki < K)
+		n_now = defer_last(s, n_cpu, Ki, K);
 	run_pairs(c, L, c->xn, nf * K, 0);
-	if (n_cpu) {
-		const struct hyb_weight *w[2] = { &L->gate_exps, &L->up_exps };
-		const void *x[2] = { s->xg, same_dot(L) ? s->xg : s->xu };
-		const size_t xs[2] = { s->xg_stride, same_dot(L) ? s->xg_stride : s->xu_stride };
-		float *y[2] = { s->h, s->u };
-
-		run_experts(c, n_cpu, 2, w, x, xs, y);
-	}
-	run_pairs(c, L, c->xn, nf * K, 1);
-	if (n_cpu) {
-		const struct hyb_weight *w[1] = { &L->down_exps };
-		const void *x[1] = { s->hq };
-		const size_t xs[1] = { s->hq_stride };
-		float *y[1] = { s->out };
-
-		run_experts(c, n_cpu, 1, w, x, xs, y);
-	}
+	cpu_experts(c, L, 0, n_now, nf * K);
 	const double t2 = hyb_now();
 
 	if (c->moe_hybrid && nf == 1) {
@@ -658,14 +716,14 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	 * experts' sum waits for the next MoE layer; the one due from the layer
 	 * before joins this layer's output. Their weights stay those of all K.
 	 */
-	const uint32_t Ki = nf == 1 && l + 1 < hp->n_layer ? K - c->moe_defer : K;
 	const bool due = nf == 1 && s->deferred;
+	const bool late = c->moe_hybrid && Ki < K;
 
 	/* ggml_mul by the weights, then ggml_add in rank order (two roundings each) */
 	for (uint32_t t = 0; t < nf; t++) {
 		float *y = c->xn + (size_t)t * E;
 
-		for (uint32_t k = 0; k < K; k++) {
+		for (uint32_t k = 0; k < (late ? Ki : K); k++) {
 			const float *o = s->out + (size_t)s->pos[t * K + k] * E;
 			const float w = s->wt[t * K + k];
 			float *d = k < Ki ? y : s->defer;
@@ -685,7 +743,37 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 		for (uint32_t i = 0; i < E; i++)
 			c->xn[i] += s->pending[i];
 	s->deferred = Ki < K;
-	if (s->deferred)
+	if (late) {
+		s->late = true;
+		s->d_layer = l, s->d_first = n_now, s->d_n = n_cpu - n_now, s->d_ki = Ki;
+	} else if (s->deferred) {
 		memcpy(s->pending, s->defer, sizeof(float) * E);
+	}
+	return 0;
+}
+
+int hyb_fwd_moe_deferred(struct hyb_ctx *c)
+{
+	struct hyb_moe_scratch *s = c->moe;
+	const uint32_t K = c->m->hp.n_expert_used, E = c->m->hp.n_embd;
+	const double t0 = hyb_now();
+
+	if (!s || !s->late)
+		return 0;
+	s->late = false;
+	cpu_experts(c, &c->m->layers[s->d_layer], s->d_first, s->d_n, K);
+	/* the sum as the layer would have taken it: ranks Ki.. in order */
+	for (uint32_t k = s->d_ki; k < K; k++) {
+		const float *o = s->out + (size_t)s->pos[k] * E;
+		const float w = s->wt[k];
+
+		for (uint32_t i = 0; i < E; i++) {
+			const float v = o[i] * w;
+
+			s->defer[i] = k != s->d_ki ? s->defer[i] + v : v;
+		}
+	}
+	memcpy(s->pending, s->defer, sizeof(float) * E);
+	s->stats.experts_s += hyb_now() - t0;
 	return 0;
 }

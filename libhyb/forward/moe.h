@@ -24,6 +24,14 @@ const uint64_t *hyb_moe_counts(const struct hyb_moe_scratch *s, uint32_t layer);
  */
 int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf);
 /*
+ * With an expert cache and deferral (docs/MOE.md): the deferred experts the
+ * CPU computes, left by the layer before, and their sum, due at the next
+ * MoE layer. The decode step calls it while the next layer's attention runs
+ * on the device (KTransformers 5); hyb_fwd_ffn_moe calls it first otherwise.
+ * Returns 0.
+ */
+int hyb_fwd_moe_deferred(struct hyb_ctx *c);
+/*
  * The most columns of an expert matrix of this type and row count one
  * kernel call may take and keep llama.cpp's summation order (moe.c); 0: any.
  */

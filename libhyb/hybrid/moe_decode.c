@@ -42,7 +42,11 @@ static int attention_dev(struct hyb_ctx *c, struct hyb_hdense *hd, struct hyb_de
 
 	memcpy(hx, c->x, sizeof(float) * E);
 	if (hyb_hdense_x_up(hd) || hyb_hdense_attention(hd, l, c->n_past) ||
-	    hyb_hdense_x_down(hd, true, &ev) || hyb_device_sync(d, ev))
+	    hyb_hdense_x_down(hd, true, &ev))
+		return dev_err(d, err, errlen, "attention on the device");
+	/* the layer before's deferred experts, while the device runs this attention */
+	hyb_fwd_moe_deferred(c);
+	if (hyb_device_sync(d, ev))
 		return dev_err(d, err, errlen, "attention on the device");
 	memcpy(c->x, hx, sizeof(float) * E);
 	memcpy(c->xn, hx + E, sizeof(float) * E);

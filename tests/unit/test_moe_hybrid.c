@@ -42,10 +42,11 @@ static const char *synth(const char *name, const char *args)
  * A prompt, then N_GEN greedy steps, then a second prompt: every step's
  * logits into lg[N_GEN + 2][n_vocab], the two prompts' in the last rows.
  */
-static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float *lg,
-		  struct hyb_hybrid_stats *st, struct hyb_hybrid_offload *pl)
+static int decode_defer(struct hyb_model *m, const struct hyb_hybrid_params *hy, uint32_t defer,
+			float *lg, struct hyb_hybrid_stats *st, struct hyb_hybrid_offload *pl)
 {
-	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy };
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy,
+				     .moe_defer = defer };
 	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
 	const uint32_t V = m->hp.n_vocab;
 	float *last = malloc(sizeof(float) * V);
@@ -78,6 +79,12 @@ static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float
 	free(last);
 	hyb_ctx_free(c);
 	return 0;
+}
+
+static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float *lg,
+		  struct hyb_hybrid_stats *st, struct hyb_hybrid_offload *pl)
+{
+	return decode_defer(m, hy, 0, lg, st, pl);
 }
 
 /*
@@ -161,6 +168,49 @@ TEST(moe_hybrid_dense_on_device_decodes_the_cpu_bits)
 }
 
 /* The profile's hottest experts are the static policy's: a profile naming two experts puts those. */
+/*
+ * Expert deferral beside the device (KTransformers 5): the CPU's deferred
+ * experts of a layer run while the next layer's attention is on the device
+ * (llama's layout) or before the next layer's routing (qwen3moe's, attention
+ * on the CPU) - and the logits stay the CPU-only deferral's bit for bit. The
+ * control: deferral does change them.
+ */
+TEST(moe_hybrid_deferral_beside_the_device_keeps_the_cpu_bits)
+{
+	static const char *const args[2] = { SMALL, SMALL_LLAMA };
+
+	for (int a = 0; a < 2; a++) {
+		struct hyb_model *m = hyb_model_load(synth(a ? "defer_llama" : "defer", args[a]));
+		float *ref, *lg, *plain;
+		size_t n;
+
+		CHECK_MSG(m, "%s", hyb_last_error());
+		n = (size_t)(N_GEN + 2) * m->hp.n_vocab;
+		ref = malloc(sizeof(float) * n);
+		lg = malloc(sizeof(float) * n);
+		plain = malloc(sizeof(float) * n);
+		CHECK(ref && lg && plain);
+		CHECK(!decode(m, NULL, plain, NULL, NULL));
+		for (uint32_t d = 1; d <= 2; d++) {
+			struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
+							.gpu_budget = m->weight_bytes / 3 * 2 };
+			struct hyb_hybrid_offload pl;
+
+			CHECK(!decode_defer(m, NULL, d, ref, NULL, NULL));
+			CHECK_MSG(memcmp(ref, plain, sizeof(float) * n), "defer %u changed nothing",
+				  d);
+			CHECK_MSG(!decode_defer(m, &hy, d, lg, NULL, &pl), "%s", hyb_last_error());
+			CHECK(a ? pl.attn_layers > 0 : pl.attn_layers == 0);
+			CHECK_MSG(!memcmp(ref, lg, sizeof(float) * n),
+				  "%s, defer %u: logits differ from the CPU's deferral", args[a], d);
+		}
+		free(ref);
+		free(lg);
+		free(plain);
+		hyb_model_free(m);
+	}
+}
+
 TEST(moe_hybrid_static_follows_the_frequencies)
 {
 	struct hyb_model *m = hyb_model_load(synth("mhf", SMALL " --type Q8_0"));
