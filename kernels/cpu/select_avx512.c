@@ -48,6 +48,30 @@ static inline __m512i drop_bins(__m512 v)
 	return _mm512_min_epi32(b, _mm512_set1_epi32(HYB_SEL_BINS - 1));
 }
 
+/*
+ * Scores i .. i + 15 (fewer at the end: lanes past n are none of these) and
+ * their masks: over the threshold, cached, add and drop candidates.
+ */
+struct lanes {
+	__m512 v;
+	__mmask16 pos, r, ma, md;
+};
+
+static inline struct lanes lanes16(const float *x, const uint64_t *res, uint32_t n, uint32_t i)
+{
+	const __mmask16 in = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+	struct lanes q;
+	__mmask16 fin;
+
+	q.v = _mm512_maskz_loadu_ps(in, x + i);
+	q.r = cached16(res, i) & in;
+	q.pos = _mm512_mask_cmp_ps_mask(in, q.v, _mm512_setzero_ps(), _CMP_GT_OQ);
+	fin = _mm512_mask_cmp_ps_mask(in, q.v, _mm512_set1_ps(-INFINITY), _CMP_GT_OQ);
+	q.ma = q.r & ~q.pos & fin;
+	q.md = ~q.r & q.pos;
+	return q;
+}
+
 static void sel_scan(const float *x, const uint64_t *res, uint32_t n, uint32_t *add,
 		     uint32_t *abin, uint32_t *na, uint32_t *drop, uint32_t *dbin, uint32_t *nd,
 		     uint32_t *ng)
@@ -57,14 +81,9 @@ static void sel_scan(const float *x, const uint64_t *res, uint32_t n, uint32_t *
 	uint32_t a = 0, d = 0, g = 0;
 
 	for (uint32_t i = 0; i < n; i += 16) {
-		const __mmask16 in = n - i >= 16 ? (__mmask16)0xFFFF :
-						   (__mmask16)((1u << (n - i)) - 1);
-		const __m512 v = _mm512_maskz_loadu_ps(in, x + i);
-		const __mmask16 r = cached16(res, i) & in;
-		const __mmask16 pos = _mm512_mask_cmp_ps_mask(in, v, _mm512_setzero_ps(), _CMP_GT_OQ);
-		const __mmask16 fin = _mm512_mask_cmp_ps_mask(in, v, _mm512_set1_ps(-INFINITY),
-							      _CMP_GT_OQ);
-		const __mmask16 ma = r & ~pos & fin, md = ~r & pos;
+		const struct lanes q = lanes16(x, res, n, i);
+		const __m512 v = q.v;
+		const __mmask16 ma = q.ma, md = q.md;
 
 		if (ma) {
 			put(abin + a, ma, add_bins(v));
@@ -74,7 +93,7 @@ static void sel_scan(const float *x, const uint64_t *res, uint32_t n, uint32_t *
 			put(dbin + d, md, drop_bins(v));
 			d += put(drop + d, md, idx);
 		}
-		g += (uint32_t)__builtin_popcount(r & pos);
+		g += (uint32_t)__builtin_popcount(q.r & q.pos);
 		idx = _mm512_add_epi32(idx, step);
 	}
 	*na = a;
@@ -91,15 +110,10 @@ static uint32_t sel_emit(const float *x, const uint64_t *res, uint32_t n, int32_
 	uint32_t m = 0, seen_a = 0, seen_d = 0;
 
 	for (uint32_t i = 0; i < n; i += 16) {
-		const __mmask16 in = n - i >= 16 ? (__mmask16)0xFFFF :
-						   (__mmask16)((1u << (n - i)) - 1);
-		const __m512 v = _mm512_maskz_loadu_ps(in, x + i);
-		const __mmask16 r = cached16(res, i) & in;
-		const __mmask16 pos = _mm512_mask_cmp_ps_mask(in, v, _mm512_setzero_ps(), _CMP_GT_OQ);
-		const __mmask16 fin = _mm512_mask_cmp_ps_mask(in, v, _mm512_set1_ps(-INFINITY),
-							      _CMP_GT_OQ);
-		const __mmask16 ma = r & ~pos & fin, md = ~r & pos;
-		__mmask16 keep = pos & ~md;
+		const struct lanes q = lanes16(x, res, n, i);
+		const __m512 v = q.v;
+		const __mmask16 ma = q.ma, md = q.md;
+		__mmask16 keep = q.pos & ~md;
 
 		if (ma) {
 			const __m512i b = add_bins(v);

@@ -77,6 +77,8 @@ struct hyb_ffn_hybrid {
 	bool thr_on;
 	enum hyb_select_err thr_err;
 	double t_cpu_n, t_gpu_n, t_sync;
+	double thr_gain, thr_cost;       /* running means: CPU time saved, search time, a call */
+	uint64_t thr_calls;              /* calls while it does not pay */
 	/*
 	 * The next layer's decision beside the CPU's share of this one
 	 * (ffn_hybrid_layer.c, decide_next): its layer, outcome and time;

@@ -297,6 +297,14 @@ static int predict(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32
  * list from its scores, the cache as the balancer has just decided it and
  * each side's measured cost per neuron. Until both costs are measured (the
  * first layers of the first token) the one threshold stands.
+ *
+ * The search is not free (about 15 us at 11008 neurons), and where the
+ * cache has no room to take work (a small budget) it finds nothing to move.
+ * So it pays its way: a running mean of what it saved (CPU neurons dropped
+ * times their measured cost) against one of what it cost; while it saves
+ * less than it costs it runs one call in 16, to notice when that changes.
+ * DynamicInfer runs it on a scheduling thread of its own; on a box with no
+ * core to spare it is this thread's time (docs/BALANCER.md).
  */
 static void thresholds(struct hyb_ffn_hybrid *h, uint32_t j, const float *lg, uint32_t *list,
 		       uint32_t *n)
@@ -306,12 +314,19 @@ static void thresholds(struct hyb_ffn_hybrid *h, uint32_t j, const float *lg, ui
 					      .counts_only = true };
 	struct hyb_select_info info;
 	const uint32_t n_pred = *n;
+	double t0;
 
-	if (!h->thr_on || !(h->t_cpu_n > 0) || !(h->t_gpu_n > 0) ||
-	    hyb_balancer_select(h->bal, j, lg, &cost, list, n, &info)) {
+	if (!h->thr_on || !(h->t_cpu_n > 0) || !(h->t_gpu_n > 0))
+		return;
+	if (h->thr_gain < h->thr_cost && h->thr_calls++ % 16)
+		return;
+	t0 = hyb_device_now(h->dev);
+	if (hyb_balancer_select(h->bal, j, lg, &cost, list, n, &info)) {
 		*n = n_pred;
 		return;
 	}
+	h->thr_cost = ema(h->thr_cost, hyb_device_now(h->dev) - t0);
+	h->thr_gain = ema(h->thr_gain, info.dropped * h->t_cpu_n);
 	h->st.thr_added += info.added;
 	h->st.thr_dropped += info.dropped;
 }
