@@ -290,6 +290,14 @@ void hyb_ctx_sparse_stats(const struct hyb_ctx *c, struct hyb_sparse_stats *out)
 		memset(out, 0, sizeof(*out));
 }
 
+void hyb_ctx_sparse_layer_stats(const struct hyb_ctx *c, uint32_t l, struct hyb_sparse_stats *out)
+{
+	if (c->sparse)
+		hyb_ffn_sparse_layer_stats(c->sparse, l, out);
+	else
+		memset(out, 0, sizeof(*out));
+}
+
 void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c)
 {
 	if (c->sparse)

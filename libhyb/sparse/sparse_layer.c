@@ -30,6 +30,7 @@ struct hyb_ffn_sparse {
 	bool oracle;
 	bool pi;                         /* a PowerInfer model file (hyb_pi_predictor_run) */
 	struct hyb_sparse_stats st;
+	struct hyb_sparse_stats *lst;    /* [n_layer] the same, per layer */
 };
 
 static double now_s(void)
@@ -117,8 +118,9 @@ struct hyb_ffn_sparse *hyb_ffn_sparse_new(const struct hyb_model *m, int n_threa
 	s->prev = malloc(sizeof(float) * hp->n_embd);
 	s->cur = malloc(sizeof(float) * hp->n_embd);
 	s->part = malloc(sizeof(float) * hp->n_embd);
+	s->lst = calloc(hp->n_layer, sizeof(*s->lst));
 	if (!s->op || !s->pred || !s->bundles || !s->active || !s->prev || !s->cur || !s->part ||
-	    (m->group_size && !s->ptrs))
+	    !s->lst || (m->group_size && !s->ptrs))
 		goto oom;
 	if (!m->group_size) {
 		if (pi_layers(s, &scratch, err, errlen)) {
@@ -171,6 +173,7 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s)
 	free(s->prev);
 	free(s->cur);
 	free(s->part);
+	free(s->lst);
 	free(s);
 }
 
@@ -304,12 +307,14 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 	if (hyb_ffn_sparse_run(s, pool, l, xn, s->active, n_active, y, &ost, err, errlen))
 		return -1;
 	t2 = now_s();
-	s->st.layer_steps++;
-	s->st.neurons += m->hp.n_ff;
-	s->st.predicted += n_active;
-	s->st.nonzero += ost.n_nz;
-	s->st.predictor_s += t1 - t0;
-	s->st.ffn_s += t2 - t1;
+	for (struct hyb_sparse_stats *o = &s->st; o; o = o == &s->st ? &s->lst[l] : NULL) {
+		o->layer_steps++;
+		o->neurons += m->hp.n_ff;
+		o->predicted += n_active;
+		o->nonzero += ost.n_nz;
+		o->predictor_s += t1 - t0;
+		o->ffn_s += t2 - t1;
+	}
 	return 0;
 }
 
@@ -318,7 +323,17 @@ void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stat
 	*out = s->st;
 }
 
+void hyb_ffn_sparse_layer_stats(const struct hyb_ffn_sparse *s, uint32_t l,
+				struct hyb_sparse_stats *out)
+{
+	if (l < s->m->hp.n_layer)
+		*out = s->lst[l];
+	else
+		memset(out, 0, sizeof(*out));
+}
+
 void hyb_ffn_sparse_stats_reset(struct hyb_ffn_sparse *s)
 {
 	memset(&s->st, 0, sizeof(s->st));
+	memset(s->lst, 0, sizeof(*s->lst) * s->m->hp.n_layer);
 }

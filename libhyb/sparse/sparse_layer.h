@@ -39,6 +39,9 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 			 size_t errlen);
 
 void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stats *out);
+/* The same for layer l alone (zeros past the last layer). */
+void hyb_ffn_sparse_layer_stats(const struct hyb_ffn_sparse *s, uint32_t l,
+				struct hyb_sparse_stats *out);
 
 /*
  * Pieces the hybrid engine (hybrid/ffn_hybrid_layer.c) composes differently. predict:

@@ -382,6 +382,22 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 	/* exact: nearly everything predicted fires (F16 rounding aside) */
 	CHECK_MSG(st.nonzero * 100 >= st.predicted * 95, "%llu of %llu predicted fire",
 		  (unsigned long long)st.nonzero, (unsigned long long)st.predicted);
+	/* the per-layer figures add up to the whole, and each layer ran */
+	{
+		struct hyb_sparse_stats ls, sum = { 0 };
+
+		for (uint32_t l = 0; l <= m->hp.n_layer; l++) {
+			hyb_ctx_sparse_layer_stats(s, l, &ls);
+			CHECK(l < m->hp.n_layer ? ls.layer_steps > 0 : ls.layer_steps == 0);
+			CHECK(ls.nonzero <= ls.predicted && ls.predicted <= ls.neurons);
+			sum.layer_steps += ls.layer_steps;
+			sum.neurons += ls.neurons;
+			sum.predicted += ls.predicted;
+			sum.nonzero += ls.nonzero;
+		}
+		CHECK(sum.layer_steps == st.layer_steps && sum.neurons == st.neurons &&
+		      sum.predicted == st.predicted && sum.nonzero == st.nonzero);
+	}
 	hyb_ctx_free(s);
 
 	/* fed the other convention's input, the same predictors predict other sets */

@@ -563,6 +563,17 @@ static void print_sparse(struct bench *b)
 	printf("sparse      %.1f MB/token read (predictors %.1f MB) -> roofline %.2f tokens/s, "
 	       "%.0f%% of it\n", sp_bytes / 1e6, pred_bytes / 1e6, bw_med / sp_bytes,
 	       100 * sp_tps * sp_bytes / bw_med);
+	/* the last round's, per layer: the predictors' precision (fired of predicted) */
+	printf("sparse      per layer, %% predicted / %% fired:");
+	for (uint32_t l = 0; l < hp->n_layer; l++) {
+		struct hyb_sparse_stats ls;
+
+		hyb_ctx_sparse_layer_stats(b->cs, l, &ls);
+		if (ls.neurons)
+			printf(" %u:%.1f/%.1f", l, 100.0 * ls.predicted / ls.neurons,
+			       100.0 * ls.nonzero / ls.neurons);
+	}
+	printf("\n");
 	if (b->cb)
 		printf("baseline    %8.2f tokens/s  dense decode of %s: sparse is %.2fx it "
 		       "(per-round median)\n", n_gen / median(b->t_base, reps), b->o.baseline,

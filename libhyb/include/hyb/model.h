@@ -432,6 +432,8 @@ struct hyb_sparse_stats {
 /* true when this context decodes plan FFNs sparsely. */
 bool hyb_ctx_sparse(const struct hyb_ctx *c);
 void hyb_ctx_sparse_stats(const struct hyb_ctx *c, struct hyb_sparse_stats *out);
+/* The same for layer l alone: predicted against fired per layer (zeros past the last). */
+void hyb_ctx_sparse_layer_stats(const struct hyb_ctx *c, uint32_t l, struct hyb_sparse_stats *out);
 void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c);
 
 typedef void (*hyb_ffn_probe_fn)(void *user, uint32_t layer, uint32_t pos0, uint32_t n,
