@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
@@ -804,4 +805,36 @@ TEST(hybrid_same_layer_fresh_loads_are_not_io_bound)
 	CHECK_MSG(io < 0.05, "%.1f%% of decisions I/O-bound on a fast link", 100 * io);
 	hyb_ctx_free(c);
 	hyb_model_free(m);
+}
+
+/* The command's load-aware thresholds: refusals with one clear line, and the report. */
+static int cli(const char *args, char *out, size_t len)
+{
+	char cmd[1024];
+	FILE *p;
+	size_t n;
+
+	snprintf(cmd, sizeof(cmd), "build/hyb run -m %s -p hello -n 8 %s 2>&1", hyb_test_plan(),
+		 args);
+	p = popen(cmd, "r");
+	CHECK(p != NULL);
+	n = fread(out, 1, len - 1, p);
+	out[n] = 0;
+	return pclose(p);
+}
+
+TEST(hybrid_cli_thresholds)
+{
+	static char out[65536];
+
+	if (access("build/hyb", X_OK))
+		SKIP("build/hyb not built (run from the repository root after make)");
+	CHECK(cli("--gpu-budget 60% --thresholds sometimes", out, sizeof(out)) != 0);
+	CHECK_MSG(strstr(out, "unknown --thresholds"), "%s", out);
+	CHECK(cli("--thresholds expected", out, sizeof(out)) != 0);
+	CHECK_MSG(strstr(out, "needs --gpu-budget"), "%s", out);
+	CHECK(cli("--gpu-budget 60% --policy layer --thresholds paper", out, sizeof(out)) != 0);
+	CHECK_MSG(strstr(out, "layer policy"), "%s", out);
+	CHECK_MSG(cli("--gpu-budget 60% --policy dynamic", out, sizeof(out)) == 0, "%s", out);
+	CHECK_MSG(strstr(out, "beside the CPU FFN"), "%s", out);
 }
