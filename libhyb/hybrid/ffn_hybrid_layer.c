@@ -6,10 +6,12 @@
  *      attention output (KAIROX 5.1 adjacent prediction; layer 0 predicts
  *      from its own); layer l+1's is predicted now, from layer l's;
  *   2. balance: the balancer decides layer l+1's cache from that set and the
- *      loads go on the RELOAD stream at once, so they overlap this layer's
- *      FFN and the next layer's attention; in the last layer the decision is
- *      for layer 0 of the next token, from this token's layer-0 set (KAIROX
- *      5.1, "Layer 0 special case");
+ *      loads go on the RELOAD stream at once, so they overlap the rest of
+ *      this layer's FFN and the next layer's attention; in the last layer
+ *      the decision is for layer 0 of the next token, from this token's
+ *      layer-0 set (KAIROX 5.1, "Layer 0 special case"). The decision (with
+ *      the load-aware thresholds, DynamicInfer 4.4) runs beside the CPU's
+ *      share of this layer (decide_next; DynamicInfer's sub-thread);
  *      a same-layer model (HYB_PRED_SAME_LAYER: PowerInfer's predictors read
  *      layer l's own raw residual) predicts and balances layer l at layer
  *      l instead, see hyb_ffn_hybrid_layer;
@@ -218,8 +220,8 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 	s.tc = hyb_device_now(h->dev);
 	if (!h->oracle && hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, s.n_cpu, h->y_cpu,
 					     &st, err, errlen)) {
-		if (side && pool)
-			hyb_threadpool_side_flush(pool);
+		if (side && pool) /* failed: the decision is not taken */
+			hyb_threadpool_side(pool, NULL, NULL);
 		return -1;
 	}
 	/* no job ran it (nothing for the CPU, one thread, oracle mode): now, exposed */

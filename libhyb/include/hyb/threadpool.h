@@ -37,8 +37,8 @@ void hyb_threadpool_run_dynamic(struct hyb_threadpool *p, hyb_job_fn fn, void *a
  * its job to the workers, runs fn(arg) on the caller, then lets the caller
  * join the job's remaining work; the task is then cleared. It runs once.
  * hyb_threadpool_side_flush runs a task still set (no dynamic job came)
- * now, on the caller, and says whether there was one. fn must not use the
- * pool.
+ * now, on the caller, and says whether there was one; fn NULL clears a task
+ * set. fn must not use the pool.
  */
 void hyb_threadpool_side(struct hyb_threadpool *p, void (*fn)(void *), void *arg);
 bool hyb_threadpool_side_flush(struct hyb_threadpool *p);
