@@ -91,10 +91,11 @@ static struct hyb_device *device_open(const char *kind, const struct hyb_device_
 	if (cfg)
 		c = *cfg;
 	if (bad_num(c.pcie_gbps) || bad_num(c.pcie_lat_us) || bad_num(c.hbm_gbps) ||
-	    bad_num(c.launch_us)) {
+	    bad_num(c.launch_us) || bad_num(c.tflops)) {
 		snprintf(err, errlen,
-			 "device: bad config (pcie %g GB/s, lat %g us, hbm %g GB/s, launch %g us)",
-			 c.pcie_gbps, c.pcie_lat_us, c.hbm_gbps, c.launch_us);
+			 "device: bad config (pcie %g GB/s, lat %g us, hbm %g GB/s, launch %g us, "
+			 "%g TFLOP/s)", c.pcie_gbps, c.pcie_lat_us, c.hbm_gbps, c.launch_us,
+			 c.tflops);
 		return NULL;
 	}
 	if (c.ordinal < 0) {
@@ -113,6 +114,8 @@ static struct hyb_device *device_open(const char *kind, const struct hyb_device_
 		c.hbm_gbps = 2000;
 	if (c.launch_us == 0)
 		c.launch_us = 5;
+	if (c.tflops == 0)
+		c.tflops = 200;
 
 	d = cpu ? hyb_device_cpu_open(&c, err, errlen) : hyb_device_cuda_open(&c, err, errlen);
 	if (!d) {
@@ -259,6 +262,12 @@ static int check_array(struct hyb_device *d, hyb_dptr p, uint64_t len, const cha
 		return hyb_device_fail(d, -EINVAL, "%s: address %#llx is not 4-byte aligned", what,
 				       (unsigned long long)p);
 	return check_range(d, p, len, what);
+}
+
+/* A batch of n vectors of `elems` floats whose byte size overflows (n >= 1). */
+static bool batch_too_big(uint64_t elems, uint64_t n)
+{
+	return elems > UINT64_MAX / 16 / n;
 }
 
 /* The common checks: device present, not faulted, stream known. */
@@ -524,6 +533,7 @@ bool hyb_device_ffn_type_ok(uint32_t t)
 static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
 {
 	const uint32_t t = f->type;
+	const uint64_t nb = f->batch ? f->batch : 1;
 	uint64_t rb, n_groups;
 	int rc;
 
@@ -554,10 +564,13 @@ static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
 	if (f->n_active > f->n_ff)
 		return hyb_device_fail(d, -EINVAL, "sparse ffn: %u active neurons of %u",
 				       f->n_active, f->n_ff);
+	if (batch_too_big(f->n_embd, nb))
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: a batch of %u is too big",
+				       f->batch);
 	n_groups = ((uint64_t)f->n_ff + f->group_size - 1) / f->group_size;
-	rc = check_array(d, f->xn, 4ull * f->n_embd, "sparse ffn xn");
+	rc = check_array(d, f->xn, 4ull * f->n_embd * nb, "sparse ffn xn");
 	if (!rc)
-		rc = check_array(d, f->y, 4ull * f->n_embd, "sparse ffn y");
+		rc = check_array(d, f->y, 4ull * f->n_embd * nb, "sparse ffn y");
 	if (!rc && f->n_active) {
 		rc = check_array(d, f->active, 4ull * f->n_active, "sparse ffn active");
 		if (!rc)
@@ -671,22 +684,31 @@ static int check_disjoint(struct hyb_device *d, const char *op, const struct dar
 int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
 		       hyb_dptr w, uint32_t n, float eps)
 {
-	const struct darr yw[2] = { { w, 4ull * n, "w" }, { y, 4ull * n, "y" } };
-	const struct darr yx[2] = { { x, 4ull * n, "x" }, { y, 4ull * n, "y" } };
+	return hyb_device_rmsnorm_rows(d, s, y, x, w, n, 1, eps);
+}
+
+int hyb_device_rmsnorm_rows(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+			    hyb_dptr w, uint32_t n, uint32_t rows, float eps)
+{
+	const uint64_t len = batch_too_big(n, rows ? rows : 1) ? UINT64_MAX : 4ull * n * rows;
+	const struct darr yw[2] = { { w, 4ull * n, "w" }, { y, len, "y" } };
+	const struct darr yx[2] = { { x, len, "x" }, { y, len, "y" } };
 	int rc = check_dev(d, (int)s, "rmsnorm");
 
 	if (!rc)
 		rc = check_op(d, d->ops->rmsnorm != NULL, "rmsnorm");
 	if (rc)
 		return rc;
-	if (!n)
-		return hyb_device_fail(d, -EINVAL, "rmsnorm: zero size");
+	if (!n || !rows)
+		return hyb_device_fail(d, -EINVAL, "rmsnorm: zero size (n %u, rows %u)", n, rows);
+	if (len == UINT64_MAX)
+		return hyb_device_fail(d, -EINVAL, "rmsnorm: %u rows of %u are too many", rows, n);
 	if (!isfinite(eps) || eps < 0)
 		return hyb_device_fail(d, -EINVAL, "rmsnorm: eps %g is not finite and >= 0",
 				       (double)eps);
-	rc = check_array(d, y, 4ull * n, "rmsnorm y");
+	rc = check_array(d, y, len, "rmsnorm y");
 	if (!rc)
-		rc = check_array(d, x, 4ull * n, "rmsnorm x");
+		rc = check_array(d, x, len, "rmsnorm x");
 	if (!rc)
 		rc = check_array(d, w, 4ull * n, "rmsnorm w");
 	if (!rc && y != x)
@@ -694,7 +716,7 @@ int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
 	if (!rc)
 		rc = check_disjoint(d, "rmsnorm", yw, 2);
 	if (!rc)
-		rc = d->ops->rmsnorm(d, s, y, x, w, n, eps);
+		rc = d->ops->rmsnorm(d, s, y, x, w, n, rows, eps);
 	if (!rc)
 		d->st.kernels++;
 	return rc;
@@ -715,8 +737,10 @@ bool hyb_device_matvec_type_ok(uint32_t t)
 static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
 {
 	const uint32_t t = m->type;
+	const uint64_t nb = m->batch ? m->batch : 1;
 	struct darr a[3] = {
-		{ m->w, 0, "w" }, { m->x, 4ull * m->n_in, "x" }, { m->y, 4ull * m->n_out, "y" },
+		{ m->w, 0, "w" }, { m->x, 4ull * m->n_in * nb, "x" },
+		{ m->y, 4ull * m->n_out * nb, "y" },
 	};
 	uint64_t rb;
 	int rc;
@@ -728,6 +752,8 @@ static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
 	if (!m->n_in || !m->n_out)
 		return hyb_device_fail(d, -EINVAL, "matvec: zero size (n_in %u, n_out %u)",
 				       m->n_in, m->n_out);
+	if (batch_too_big(m->n_in > m->n_out ? m->n_in : m->n_out, nb))
+		return hyb_device_fail(d, -EINVAL, "matvec: a batch of %u is too big", m->batch);
 	rb = hyb_row_bytes(t, m->n_in);
 	if (!rb)
 		return hyb_device_fail(d, -EINVAL,
@@ -771,10 +797,11 @@ static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 	const uint64_t kv_dim = (uint64_t)a->n_head_kv * a->head_dim;
 	const uint64_t cache = a->n_ctx && kv_dim <= UINT64_MAX / 4 / a->n_ctx ?
 			       2 * kv_dim * a->n_ctx : UINT64_MAX;
+	const uint64_t nb = a->batch ? a->batch : 1;
 	const struct darr arr[6] = {
-		{ a->q, 4 * q_dim, "q" },           { a->k, 4 * kv_dim, "k" },
-		{ a->v, 4 * kv_dim, "v" },          { a->kcache, cache, "kcache" },
-		{ a->vcache, cache, "vcache" },     { a->out, 4 * q_dim, "out" },
+		{ a->q, 4 * q_dim * nb, "q" },      { a->k, 4 * kv_dim * nb, "k" },
+		{ a->v, 4 * kv_dim * nb, "v" },     { a->kcache, cache, "kcache" },
+		{ a->vcache, cache, "vcache" },     { a->out, 4 * q_dim * nb, "out" },
 	};
 	int rc;
 
@@ -794,9 +821,12 @@ static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 		return hyb_device_fail(d, -EINVAL,
 				       "attention: n_rot %u not even and <= head_dim %u", a->n_rot,
 				       a->head_dim);
-	if (a->pos >= a->n_ctx)
-		return hyb_device_fail(d, -EINVAL, "attention: pos %u outside a cache of %u rows",
-				       a->pos, a->n_ctx);
+	if (a->pos >= a->n_ctx || nb > a->n_ctx - a->pos)
+		return hyb_device_fail(d, -EINVAL,
+				       "attention: pos %u (a batch of %llu) outside a cache of %u rows",
+				       a->pos, (unsigned long long)nb, a->n_ctx);
+	if (batch_too_big(q_dim > kv_dim ? q_dim : kv_dim, nb))
+		return hyb_device_fail(d, -EINVAL, "attention: a batch of %u is too big", a->batch);
 	if (!a->rope)
 		return hyb_device_fail(d, -EINVAL, "attention: no rope parameters");
 	if (!isfinite(a->rope->base) || !(a->rope->base > 0) || !isfinite(a->rope->freq_scale) ||

@@ -148,7 +148,7 @@ struct cpu_dev {
 	double t_open;               /* CLOCK_MONOTONIC at open */
 	double inline_s, jumped_s;   /* see the clock above (not reset with stats) */
 	double t;                    /* simulated time: every event before t is done */
-	double pcie_bps, lat_s, hbm_bps, launch_s;
+	double pcie_bps, lat_s, hbm_bps, launch_s, flop_s;
 	bool strict;                 /* HYB_DEVICE_STRICT: see "Strict mode" above */
 	struct hyb_race *race;       /* strict: device-memory races between streams */
 	struct hyb_span *spans;      /* strict: the device memory of the op being queued */
@@ -708,12 +708,14 @@ static int cpu_sync(struct hyb_device *d, struct hyb_device_event *ev)
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
-static int kernel_done(struct cpu_dev *c, enum hyb_stream s, uint64_t bytes)
+/* bytes moved in device memory, flops its arithmetic (a prompt batch's kernels are bound by it) */
+static int kernel_done(struct cpu_dev *c, enum hyb_stream s, uint64_t bytes, double flops)
 {
 	struct op o = { .kind = OP_KERNEL };
+	const double mem = (double)bytes / c->hbm_bps, ops = flops / c->flop_s;
 	int rc;
 
-	o.dur = c->launch_s + (double)bytes / c->hbm_bps;
+	o.dur = c->launch_s + (mem > ops ? mem : ops);
 	rc = push(c, s, &o);
 	if (!rc) {
 		c->base.st.kernel_busy_s += o.dur;
@@ -756,7 +758,8 @@ static int ffn_scratch(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t 
 	return 0;
 }
 
-static int run_ffn(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t *bytes)
+/* One xn of the batch (t) into its y; *rows: the rows it read (gate, up, down). */
+static int run_ffn(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint32_t t, uint64_t *rows)
 {
 	static const uint32_t none[1];
 	struct hyb_device *d = &c->base;
@@ -764,7 +767,8 @@ static int run_ffn(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t *byt
 	const uint64_t n_groups = ((uint64_t)f->n_ff + f->group_size - 1) / f->group_size;
 	const uint32_t *act = f->n_active ? (const uint32_t *)(uintptr_t)f->active : none;
 	const int32_t *table = (const int32_t *)(uintptr_t)f->table;
-	float *y = (float *)(uintptr_t)f->y;
+	float *y = (float *)(uintptr_t)f->y + (uint64_t)t * f->n_embd;
+	const float *xn = (const float *)(uintptr_t)f->xn + (uint64_t)t * f->n_embd;
 	struct hyb_sparse_ffn_stats st;
 	struct hyb_ffn_bundles b;
 	uint64_t slots = 0;
@@ -801,41 +805,56 @@ static int run_ffn(struct cpu_dev *c, const struct hyb_dev_ffn *f, uint64_t *byt
 	b = (struct hyb_ffn_bundles){ .type = f->type, .n_embd = f->n_embd, .n_ff = f->n_ff,
 				      .group_size = f->group_size, .row_bytes = rb,
 				      .bundle = c->bundle };
-	if (hyb_sparse_ffn_cats(c->ffn, NULL, &b, f->act, (const float *)(uintptr_t)f->xn, act,
+	if (hyb_sparse_ffn_cats(c->ffn, NULL, &b, f->act, xn, act,
 				f->n_active, f->thr, f->accumulate ? c->ytmp : y, &st))
 		return hyb_device_fail(d, -EINVAL, "%s", hyb_sparse_ffn_error(c->ffn));
 	if (f->accumulate)
 		for (uint32_t e = 0; e < f->n_embd; e++)
 			y[e] += c->ytmp[e];
-	*bytes = (st.n_gate + st.n_up + st.n_nz) * rb + 4ull * f->n_active +
-		 4ull * f->n_embd * (f->accumulate ? 3 : 2);
+	*rows = st.n_gate + st.n_up + st.n_nz;
 	return 0;
 }
 
 static int cpu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
 {
 	struct cpu_dev *c = cpu(d);
-	uint64_t bytes = 0;
+	const uint32_t nb = f->batch ? f->batch : 1;
+	const uint64_t rb = hyb_row_bytes(f->type, f->n_embd);
+	uint64_t rows = 0, most = 0, bytes;
 	double r0;
-	int rc;
+	int rc = 0;
 
 	enter(c, &r0);
-	rc = run_ffn(c, f, &bytes);
+	for (uint32_t t = 0; t < nb && !rc; t++) {
+		uint64_t n = 0;
+
+		rc = run_ffn(c, f, t, &n);
+		rows += n;
+		most = n > most ? n : most;
+	}
+	/*
+	 * A batch reads a row once for all its tokens: at least the rows of its
+	 * busiest token, at most every listed neuron's three
+	 */
+	bytes = (nb > 1 ? (3ull * f->n_active > rows ? rows : 3ull * f->n_active) : most) * rb +
+		4ull * f->n_active + 4ull * f->n_embd * nb * (f->accumulate ? 3 : 2);
+	if (nb > 1 && bytes < most * rb)
+		bytes = most * rb;
 	if (!rc && c->race) {
 		const uint64_t n_groups = ((uint64_t)f->n_ff + f->group_size - 1) / f->group_size;
 		const uint64_t bundle = 3ull * f->group_size * hyb_row_bytes(f->type, f->n_embd);
 
 		op_begin(c, "a sparse ffn kernel");
-		span(c, (const void *)(uintptr_t)f->xn, 4ull * f->n_embd, false);
+		span(c, (const void *)(uintptr_t)f->xn, 4ull * f->n_embd * nb, false);
 		span(c, (const void *)(uintptr_t)f->active, 4ull * f->n_active, false);
 		span(c, (const void *)(uintptr_t)f->table, 4 * n_groups, false);
-		span(c, (const void *)(uintptr_t)f->y, 4ull * f->n_embd, true);
+		span(c, (const void *)(uintptr_t)f->y, 4ull * f->n_embd * nb, true);
 		for (uint64_t g = 0; g < n_groups; g++)
 			if (c->bundle[g])
 				span(c, c->bundle[g], bundle, false);
 	}
 	if (!rc)
-		rc = kernel_done(c, s, bytes);
+		rc = kernel_done(c, s, bytes, 2.0 * (double)rows * f->n_embd);
 	leave(c, r0);
 	return rc;
 }
@@ -854,7 +873,7 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	op_begin(c, "an add kernel");
 	span(c, xp, 4ull * n, false);
 	span(c, yp, 4ull * n, true);
-	rc = kernel_done(c, s, 12ull * n); /* reads y and x, writes y */
+	rc = kernel_done(c, s, 12ull * n, 0); /* reads y and x, writes y */
 	leave(c, r0);
 	return rc;
 }
@@ -874,7 +893,7 @@ static int cpu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_d
 	op_begin(c, "a swiglu kernel");
 	span(c, up, 4ull * n, false);
 	span(c, gp, 4ull * n, true);
-	rc = kernel_done(c, s, 12ull * n); /* reads g and u, writes g */
+	rc = kernel_done(c, s, 12ull * n, 0); /* reads g and u, writes g */
 	leave(c, r0);
 	return rc;
 }
@@ -900,21 +919,22 @@ static void *scratch(void **p, size_t *cap, size_t n)
 }
 
 static int cpu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
-		       hyb_dptr w, uint32_t n, float eps)
+		       hyb_dptr w, uint32_t n, uint32_t rows, float eps)
 {
 	struct cpu_dev *c = cpu(d);
 	double r0;
 	int rc;
 
 	enter(c, &r0);
-	/* in place is fine: it reads all of x before it writes y[0] */
-	hyb_rmsnorm((float *)(uintptr_t)y, (const float *)(uintptr_t)x,
-		    (const float *)(uintptr_t)w, n, eps);
+	/* in place is fine: it reads all of a row of x before it writes the row's y[0] */
+	for (uint64_t r = 0; r < rows; r++)
+		hyb_rmsnorm((float *)(uintptr_t)y + r * n, (const float *)(uintptr_t)x + r * n,
+			    (const float *)(uintptr_t)w, n, eps);
 	op_begin(c, "an rmsnorm kernel");
-	span(c, (const void *)(uintptr_t)x, 4ull * n, false);
+	span(c, (const void *)(uintptr_t)x, 4ull * n * rows, false);
 	span(c, (const void *)(uintptr_t)w, 4ull * n, false);
-	span(c, (const void *)(uintptr_t)y, 4ull * n, true);
-	rc = kernel_done(c, s, 12ull * n);
+	span(c, (const void *)(uintptr_t)y, 4ull * n * rows, true);
+	rc = kernel_done(c, s, 4ull * n * (2ull * rows + 1), 0);
 	leave(c, r0);
 	return rc;
 }
@@ -930,29 +950,34 @@ static int cpu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_
 static int run_matvec(struct cpu_dev *c, const struct hyb_dev_matvec *m, uint64_t *bytes)
 {
 	const uint32_t vt = hyb_vec_dot_type(m->type);
+	const uint64_t nb = m->batch ? m->batch : 1;
 	const uint64_t rb = hyb_row_bytes(m->type, m->n_in), xb = hyb_row_bytes(vt, m->n_in);
 	float *y = (float *)(uintptr_t)m->y, *out = y;
-	void *xq = scratch(&c->xq, &c->n_xq, xb);
+	const float *x = (const float *)(uintptr_t)m->x;
+	char *xq = scratch(&c->xq, &c->n_xq, xb * nb);
 
 	if (m->accumulate)
-		out = scratch(&c->mtmp, &c->n_mtmp, 4ull * m->n_out);
+		out = scratch(&c->mtmp, &c->n_mtmp, 4ull * m->n_out * nb);
 	if (!xq || !out)
 		return hyb_device_fail(&c->base, -ENOMEM, "matvec: out of host memory for %ux%u",
 				       m->n_out, m->n_in);
-	c->ck->quantize_act[vt]((const float *)(uintptr_t)m->x, xq, m->n_in);
+	/* a batch is the forward pass's matmul of a prompt: every column in one call */
+	for (uint64_t j = 0; j < nb; j++)
+		c->ck->quantize_act[vt](x + j * m->n_in, xq + j * xb, m->n_in);
 	hyb_gemm_pick(c->ck, m->type, m->n_out)(m->n_in, (const void *)(uintptr_t)m->w, rb,
-						m->n_out, xq, xb, 1, out, m->n_out);
+						m->n_out, xq, xb, (int64_t)nb, out, m->n_out);
 	/* the residual add after the matmul, the product rounded to float first */
 	if (m->accumulate)
-		for (uint32_t r = 0; r < m->n_out; r++)
+		for (uint64_t r = 0; r < m->n_out * nb; r++)
 			y[r] += out[r];
-	*bytes = rb * m->n_out + 4ull * m->n_in + 4ull * m->n_out * (m->accumulate ? 2 : 1);
+	*bytes = rb * m->n_out + nb * (4ull * m->n_in + 4ull * m->n_out * (m->accumulate ? 2 : 1));
 	return 0;
 }
 
 static int cpu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
 {
 	struct cpu_dev *c = cpu(d);
+	const uint64_t nb = m->batch ? m->batch : 1;
 	uint64_t bytes = 0;
 	double r0;
 	int rc;
@@ -961,10 +986,10 @@ static int cpu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 	rc = run_matvec(c, m, &bytes);
 	op_begin(c, "a matvec kernel");
 	span(c, (const void *)(uintptr_t)m->w, hyb_row_bytes(m->type, m->n_in) * m->n_out, false);
-	span(c, (const void *)(uintptr_t)m->x, 4ull * m->n_in, false);
-	span(c, (const void *)(uintptr_t)m->y, 4ull * m->n_out, true);
+	span(c, (const void *)(uintptr_t)m->x, 4ull * m->n_in * nb, false);
+	span(c, (const void *)(uintptr_t)m->y, 4ull * m->n_out * nb, true);
 	if (!rc)
-		rc = kernel_done(c, s, bytes);
+		rc = kernel_done(c, s, bytes, 2.0 * (double)nb * m->n_in * m->n_out);
 	leave(c, r0);
 	return rc;
 }
@@ -975,57 +1000,71 @@ static int cpu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
  * (n_split 1): the forward pass splits 512+ positions between its threads,
  * the device does not (hyb/device.h).
  */
-static int run_attention(struct cpu_dev *c, const struct hyb_dev_attn *a, uint64_t *bytes)
+static int run_attention(struct cpu_dev *c, const struct hyb_dev_attn *a, uint32_t t,
+			 uint64_t *bytes)
 {
 	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
 	const uint64_t kv_dim = (uint64_t)a->n_head_kv * a->head_dim;
-	float *q = (float *)(uintptr_t)a->q, *k = (float *)(uintptr_t)a->k;
+	const uint32_t pos = a->pos + t;
+	float *q = (float *)(uintptr_t)a->q + t * q_dim, *k = (float *)(uintptr_t)a->k + t * kv_dim;
+	const float *v = (const float *)(uintptr_t)a->v + t * kv_dim;
 	uint16_t *kc = (uint16_t *)(uintptr_t)a->kcache, *vc = (uint16_t *)(uintptr_t)a->vcache;
 	void *tmp = scratch(&c->atmp, &c->n_atmp, hyb_attend_tmp_bytes(a->head_dim));
 	struct hyb_attn at = {
-		.k = c->ck, .q = q, .out = (float *)(uintptr_t)a->out, .kc = kc, .vc = vc,
+		.k = c->ck, .q = q, .out = (float *)(uintptr_t)a->out + t * q_dim, .kc = kc, .vc = vc,
 		.q_stride = q_dim, .kv_stride = kv_dim, .hd = a->head_dim,
-		.n_head = a->n_head, .n_head_kv = a->n_head_kv, .n_tokens = 1, .n_past = a->pos,
+		.n_head = a->n_head, .n_head_kv = a->n_head_kv, .n_tokens = 1, .n_past = pos,
 		.n_ctx = a->n_ctx, .n_split = 1, .scale = 1.0f / sqrtf((float)a->head_dim),
 	};
 
 	if (!tmp)
 		return hyb_device_fail(&c->base, -ENOMEM, "attention: out of host memory");
-	hyb_rope(q, a->n_head, a->head_dim, a->n_rot, a->pos, a->rope, a->rope_neox);
-	hyb_rope(k, a->n_head_kv, a->head_dim, a->n_rot, a->pos, a->rope, a->rope_neox);
-	c->ck->quantize_act[HYB_TYPE_F16](k, kc + a->pos * kv_dim, (int64_t)kv_dim);
-	c->ck->quantize_act[HYB_TYPE_F16]((const float *)(uintptr_t)a->v, vc + a->pos * kv_dim,
-					  (int64_t)kv_dim);
+	hyb_rope(q, a->n_head, a->head_dim, a->n_rot, pos, a->rope, a->rope_neox);
+	hyb_rope(k, a->n_head_kv, a->head_dim, a->n_rot, pos, a->rope, a->rope_neox);
+	c->ck->quantize_act[HYB_TYPE_F16](k, kc + pos * kv_dim, (int64_t)kv_dim);
+	c->ck->quantize_act[HYB_TYPE_F16](v, vc + pos * kv_dim, (int64_t)kv_dim);
 	hyb_attend_run(&at, 0, hyb_attend_jobs(&at), tmp);
-	*bytes = 4ull * (a->pos + 1) * kv_dim + 16 * kv_dim + 12 * q_dim;
+	*bytes = 4ull * (pos + 1) * kv_dim + 16 * kv_dim + 12 * q_dim;
 	return 0;
 }
 
 static int cpu_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
 {
 	struct cpu_dev *c = cpu(d);
-	uint64_t bytes = 0;
-	double r0;
-	int rc;
+	const uint32_t nb = a->batch ? a->batch : 1;
+	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
+	uint64_t bytes = 0, b = 0;
+	double flops = 0, r0;
+	int rc = 0;
 
 	enter(c, &r0);
-	rc = run_attention(c, a, &bytes);
+	for (uint32_t t = 0; t < nb && !rc; t++) {
+		rc = run_attention(c, a, t, &b);
+		/* a batch reads the K and V rows once (its last token's rows), the rest per token */
+		if (t + 1 == nb)
+			bytes += b;
+		flops += 4.0 * (a->pos + t + 1) * q_dim;
+	}
+	if (nb > 1) {
+		const uint64_t kv_dim = (uint64_t)a->n_head_kv * a->head_dim;
+
+		bytes += (nb - 1ull) * (16 * kv_dim + 12 * q_dim);
+	}
 	if (c->race) {
-		const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
 		const uint64_t row = 2ull * a->n_head_kv * a->head_dim; /* F16 */
 
 		op_begin(c, "an attention kernel");
-		span(c, (const void *)(uintptr_t)a->q, 4 * q_dim, true); /* roped in place */
-		span(c, (const void *)(uintptr_t)a->k, 2 * row, true);
-		span(c, (const void *)(uintptr_t)a->v, 2 * row, false);
+		span(c, (const void *)(uintptr_t)a->q, 4 * q_dim * nb, true); /* roped in place */
+		span(c, (const void *)(uintptr_t)a->k, 2 * row * nb, true);
+		span(c, (const void *)(uintptr_t)a->v, 2 * row * nb, false);
 		span(c, (const void *)(uintptr_t)a->kcache, row * a->pos, false);
-		span(c, (const void *)(uintptr_t)(a->kcache + row * a->pos), row, true);
+		span(c, (const void *)(uintptr_t)(a->kcache + row * a->pos), row * nb, true);
 		span(c, (const void *)(uintptr_t)a->vcache, row * a->pos, false);
-		span(c, (const void *)(uintptr_t)(a->vcache + row * a->pos), row, true);
-		span(c, (const void *)(uintptr_t)a->out, 4 * q_dim, true);
+		span(c, (const void *)(uintptr_t)(a->vcache + row * a->pos), row * nb, true);
+		span(c, (const void *)(uintptr_t)a->out, 4 * q_dim * nb, true);
 	}
 	if (!rc)
-		rc = kernel_done(c, s, bytes);
+		rc = kernel_done(c, s, bytes, flops);
 	leave(c, r0);
 	return rc;
 }
@@ -1174,7 +1213,7 @@ static int cpu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 	bytes = 2ull * p->hidden * p->n_in + 4ull * p->hidden + 2ull * p->hidden * p->n_out +
 		4ull * p->n_out + 4ull * p->n_in + 4ull * (*(uint32_t *)(uintptr_t)p->count + 1) +
 		(lg ? 4ull * p->n_out : 0);
-	rc = kernel_done(c, s, bytes);
+	rc = kernel_done(c, s, bytes, 0);
 	leave(c, r0);
 	return rc;
 }
@@ -1230,6 +1269,7 @@ struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char
 	c->lat_s = cfg->pcie_lat_us * 1e-6;
 	c->hbm_bps = cfg->hbm_gbps * 1e9;
 	c->launch_s = cfg->launch_us * 1e-6;
+	c->flop_s = (cfg->tflops > 0 ? cfg->tflops : 200) * 1e12;
 	c->strict = getenv(HYB_TESTING_ENV_DEVICE_STRICT) &&
 		    !strcmp(getenv(HYB_TESTING_ENV_DEVICE_STRICT), "1");
 	if (c->strict && !(c->race = hyb_race_new())) {

@@ -541,7 +541,7 @@ static int scratch(struct cudev *c, enum hyb_stream s, uint64_t need)
 	return 0;
 }
 
-static int cu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
+static int cu_sparse_ffn_one(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
 {
 	struct cudev *c = cu(d);
 	const uint64_t rb = hyb_row_bytes(f->type, f->n_embd);
@@ -600,6 +600,26 @@ static int cu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct h
 	return 0;
 }
 
+/*
+ * A batch (a prompt's tokens, hyb/device.h) is one launch sequence a token
+ * today, in token order on the stream: the one-token kernels as they are.
+ * Batched kernels that read each weight once for the whole batch are the
+ * next step on a GPU (docs/DEVICE.md).
+ */
+static int cu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f)
+{
+	struct hyb_dev_ffn one = *f;
+	int rc = 0;
+
+	one.batch = 0;
+	for (uint32_t t = 0; t < (f->batch ? f->batch : 1) && !rc; t++) {
+		one.xn = f->xn + 4ull * f->n_embd * t;
+		one.y = f->y + 4ull * f->n_embd * t;
+		rc = cu_sparse_ffn_one(d, s, &one);
+	}
+	return rc;
+}
+
 static int cu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n)
 {
 	struct cudev *c = cu(d);
@@ -630,24 +650,26 @@ static int cu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dp
 }
 
 static int cu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
-		      hyb_dptr w, uint32_t n, float eps)
+		      hyb_dptr w, uint32_t n, uint32_t rows, float eps)
 {
 	struct cudev *c = cu(d);
 	int rc = use(c);
 
-	if (rc)
-		return rc;
-	rc = hyb_cuda_rmsnorm((float *)(uintptr_t)y, (const float *)(uintptr_t)x,
-			      (const float *)(uintptr_t)w, n, eps, c->st[s]);
-	if (rc < 0)
-		return hyb_device_fail(d, rc, "cuda rmsnorm: n %u not supported", n);
-	if (rc > 0)
-		return fault(c, (cudaError_t)rc, "rmsnorm kernel launch");
-	d->st.kernel_bytes += 12ull * n; /* x, w, y: the CPU device's model (device_cpu.c) */
-	return 0;
+	for (uint64_t r = 0; r < rows && !rc; r++) {
+		rc = hyb_cuda_rmsnorm((float *)(uintptr_t)y + r * n,
+				      (const float *)(uintptr_t)x + r * n,
+				      (const float *)(uintptr_t)w, n, eps, c->st[s]);
+		if (rc < 0)
+			return hyb_device_fail(d, rc, "cuda rmsnorm: n %u not supported", n);
+		if (rc > 0)
+			return fault(c, (cudaError_t)rc, "rmsnorm kernel launch");
+	}
+	if (!rc) /* x, w, y: the CPU device's model (device_cpu.c) */
+		d->st.kernel_bytes += 4ull * n * (2ull * rows + 1);
+	return rc;
 }
 
-static int cu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
+static int cu_matvec_one(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
 {
 	struct cudev *c = cu(d);
 	const uint64_t rb = hyb_row_bytes(m->type, m->n_in);
@@ -686,6 +708,20 @@ static int cu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_d
 	return 0;
 }
 
+static int cu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
+{
+	struct hyb_dev_matvec one = *m;
+	int rc = 0;
+
+	one.batch = 0;
+	for (uint32_t t = 0; t < (m->batch ? m->batch : 1) && !rc; t++) {
+		one.x = m->x + 4ull * m->n_in * t;
+		one.y = m->y + 4ull * m->n_out * t;
+		rc = cu_matvec_one(d, s, &one);
+	}
+	return rc;
+}
+
 /* The attention workspace of stream s, at least need bytes. */
 static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
 {
@@ -713,7 +749,7 @@ static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
 	return 0;
 }
 
-static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
+static int cu_attention_one(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
 {
 	struct cudev *c = cu(d);
 	const uint64_t hd = a->head_dim, kv = (uint64_t)a->n_head_kv * hd;
@@ -770,6 +806,25 @@ static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hy
 	d->st.kernel_bytes += 4ull * (a->pos + 1) * kv * ((a->n_head / a->n_head_kv + 7) / 8) +
 			      16 * kv + 12ull * a->n_head * hd;
 	return 0;
+}
+
+static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a)
+{
+	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
+	const uint64_t kv_dim = (uint64_t)a->n_head_kv * a->head_dim;
+	struct hyb_dev_attn one = *a;
+	int rc = 0;
+
+	one.batch = 0;
+	for (uint32_t t = 0; t < (a->batch ? a->batch : 1) && !rc; t++) {
+		one.pos = a->pos + t;
+		one.q = a->q + 4 * q_dim * t;
+		one.k = a->k + 4 * kv_dim * t;
+		one.v = a->v + 4 * kv_dim * t;
+		one.out = a->out + 4 * q_dim * t;
+		rc = cu_attention_one(d, s, &one);
+	}
+	return rc;
 }
 
 /*

@@ -64,7 +64,7 @@ struct hyb_device_ops {
 	int (*add)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
 	int (*swiglu)(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u, uint32_t n);
 	int (*rmsnorm)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
-		       hyb_dptr w, uint32_t n, float eps);
+		       hyb_dptr w, uint32_t n, uint32_t rows, float eps);
 	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
 	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 	int (*predict)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);

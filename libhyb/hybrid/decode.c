@@ -189,27 +189,120 @@ int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err
 	return 0;
 }
 
-/*
- * A prompt batch (prefill's dense parts on the device, as PowerInfer and
- * KAIROX do). Per layer: a placed attention block runs on the
- * device token after token (its KV rows land in the device cache, where
- * decoding reads them; each token's x goes up and comes back, waited for),
- * an unplaced one batched on the CPU; then the FFN of the whole batch dense
- * (long inputs activate nearly every neuron, PowerInfer 5.3), split as a
- * decode step splits it: the groups in the device cache on the device, row
- * after row, the others as one batch on the CPU. ffn_norm is taken on the
- * host from the x that came back. In oracle mode the FFN stays whole on the
- * CPU and the arithmetic is the CPU batch's (the device's ops give
- * forward.c's bits on the CPU device).
- */
-int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
-		       bool all_logits, char *err, size_t errlen)
+/* The batch's x rows (n of them) between c->x and the device: up, or down and waited for. */
+static int batch_x(struct step *s, const struct hyb_hdense_batch *b, uint32_t n, bool up,
+		   bool with_xn)
 {
-	struct step s = {
-		.c = c, .h = c->hybrid, .hd = hyb_ffn_hybrid_dense(c->hybrid),
-		.dev = hyb_ffn_hybrid_device(c->hybrid), .where = X_HOST,
-		.err = err, .errlen = errlen,
-	};
+	struct hyb_ctx *c = s->c;
+	const uint64_t bytes = sizeof(float) * n * c->m->hp.n_embd;
+	struct hyb_device_event *ev = hyb_ffn_hybrid_batch_event(s->h);
+
+	if (up) {
+		if (hyb_device_h2d(s->dev, HYB_STREAM_CRITICAL, b->x, c->x, bytes) ||
+		    (with_xn && hyb_device_h2d(s->dev, HYB_STREAM_CRITICAL, b->xn, c->xn, bytes)) ||
+		    hyb_device_record(s->dev, HYB_STREAM_CRITICAL, ev) ||
+		    hyb_device_wait(s->dev, HYB_STREAM_COMPUTE, ev))
+			return dev_err(s, "prompt batch to the device");
+		s->where = X_DEV;
+		return 0;
+	}
+	if (hyb_device_record(s->dev, HYB_STREAM_COMPUTE, ev) ||
+	    hyb_device_wait(s->dev, HYB_STREAM_CRITICAL, ev) ||
+	    hyb_device_d2h(s->dev, HYB_STREAM_CRITICAL, c->x, b->x, bytes) ||
+	    hyb_device_record(s->dev, HYB_STREAM_CRITICAL, ev) || hyb_device_sync(s->dev, ev))
+		return dev_err(s, "prompt batch from the device");
+	s->where = X_HOST;
+	return 0;
+}
+
+/*
+ * n <= the batch's capacity tokens of a prompt, from c->x to c->x, every
+ * layer on the device: a placed attention block batched there, another on
+ * the CPU (the rows go down and up again around it), and the FFN dense on
+ * the device (hyb_ffn_hybrid_prefill_batch_ffn: cached groups in place, the
+ * others streamed).
+ */
+static int batch_layers(struct step *s, uint32_t n)
+{
+	struct hyb_ctx *c = s->c;
+	struct hyb_hdense_batch b;
+
+	hyb_ffn_hybrid_prefill_bufs(s->h, &b);
+	s->where = X_HOST;
+	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
+		if (hyb_hdense_layer_on(s->hd, l)) {
+			if (s->where == X_HOST && batch_x(s, &b, n, true, false))
+				return -1;
+			if (hyb_hdense_attention_batch(s->hd, l, c->n_past, n, &b))
+				return dev_err(s, "prompt attention on the device");
+		} else {
+			if (s->where == X_DEV && batch_x(s, &b, n, false, false))
+				return -1;
+			hyb_fwd_attention(c, l, n);
+			hyb_fwd_ffn_norm(c, l, c->x, n);
+			if (batch_x(s, &b, n, true, true))
+				return -1;
+		}
+		if (hyb_ffn_hybrid_prefill_batch_ffn(s->h, l, n, s->err, s->errlen))
+			return -1;
+	}
+	return batch_x(s, &b, n, false, false);
+}
+
+/*
+ * A prompt of at least PREFILL_BATCH_MIN tokens with a batch on the device
+ * (docs/HYBRID.md, "Prompts"): PowerInfer and KAIROX prefill on the GPU;
+ * the weights not there stream through it, as llama.cpp does for batches
+ * of 32 tokens and more. Chunks of the batch's capacity, in order.
+ */
+#define PREFILL_BATCH_MIN 32u
+
+static int prefill_batched(struct step *s, const int32_t *tokens, uint32_t n, float *logits,
+			   bool all_logits)
+{
+	struct hyb_ctx *c = s->c;
+	const uint32_t cap = hyb_ffn_hybrid_prefill_batch_cap(s->h), V = c->m->hp.n_vocab;
+	const uint32_t E = c->m->hp.n_embd;
+	float *hx = hyb_hdense_host_x(s->hd);
+
+	if (hyb_hdense_kv_up(s->hd, c->kcache, c->vcache, c->n_past))
+		return dev_err(s, "KV cache to the device");
+	for (uint32_t off = 0; off < n;) {
+		const uint32_t m = n - off < cap ? n - off : cap;
+		const bool last = off + m == n;
+		/* logits: every row's, or the prompt's last row's */
+		const uint32_t first = all_logits ? 0 : last ? m - 1 : m;
+		float *lg = logits + (all_logits ? (size_t)off * V : 0);
+
+		hyb_fwd_embed(c, tokens + off, m);
+		if (batch_layers(s, m))
+			return -1;
+		if (first < m && !hyb_hdense_head_on(s->hd)) {
+			hyb_fwd_head(c, first, m, lg);
+		} else {
+			for (uint32_t t = first; t < m; t++) {
+				memcpy(hx, c->x + (size_t)t * E, sizeof(float) * E);
+				if (hyb_hdense_x_up(s->hd) ||
+				    hyb_hdense_head(s->hd, lg + (size_t)(t - first) * V))
+					return dev_err(s, "head on the device");
+			}
+		}
+		c->n_past += m;
+		off += m;
+	}
+	return 0;
+}
+
+/*
+ * A short prompt, or no room for a batch: token after token on the device.
+ */
+static int prefill_tokens(struct step *sp, const int32_t *tokens, uint32_t n, float *logits,
+			  bool all_logits)
+{
+	struct step s = *sp;
+	struct hyb_ctx *c = s.c;
+	char *err = s.err;
+	size_t errlen = s.errlen;
 	const struct hyb_hparams *hp = &c->m->hp;
 	const uint32_t E = hp->n_embd, first = all_logits ? 0 : n - 1;
 	float *hx = hyb_hdense_host_x(s.hd);
@@ -277,6 +370,34 @@ int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, flo
 out:
 	free(ydev);
 	return rc;
+}
+
+/*
+ * A prompt batch (prefill's dense parts on the device, as PowerInfer and
+ * KAIROX do). Per layer: a placed attention block runs on the
+ * device token after token (its KV rows land in the device cache, where
+ * decoding reads them; each token's x goes up and comes back, waited for),
+ * an unplaced one batched on the CPU; then the FFN of the whole batch dense
+ * (long inputs activate nearly every neuron, PowerInfer 5.3), split as a
+ * decode step splits it: the groups in the device cache on the device, row
+ * after row, the others as one batch on the CPU. ffn_norm is taken on the
+ * host from the x that came back. In oracle mode the FFN stays whole on the
+ * CPU and the arithmetic is the CPU batch's (the device's ops give
+ * forward.c's bits on the CPU device).
+ */
+int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		       bool all_logits, char *err, size_t errlen)
+{
+	struct step s = {
+		.c = c, .h = c->hybrid, .hd = hyb_ffn_hybrid_dense(c->hybrid),
+		.dev = hyb_ffn_hybrid_device(c->hybrid), .where = X_HOST,
+		.err = err, .errlen = errlen,
+	};
+
+	if (n >= PREFILL_BATCH_MIN && hyb_ffn_hybrid_prefill_batch_cap(s.h))
+		return prefill_batched(&s, tokens, n, logits, all_logits);
+
+	return prefill_tokens(&s, tokens, n, logits, all_logits);
 }
 
 int hyb_decode_hybrid_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen)

@@ -463,6 +463,40 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	return 0;
 }
 
+int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, uint32_t n,
+			       const struct hyb_hdense_batch *b)
+{
+	const struct hyb_hparams *hp = &hd->m->hp;
+	const struct hyb_layer *L = &hd->m->layers[l];
+	const struct dense_layer *d = &hd->lay[l];
+	struct hyb_device *dev = hd->dev;
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+	struct hyb_dev_matvec q = mv(&L->wq, d->wq, b->xn, b->q, false);
+	struct hyb_dev_matvec k = mv(&L->wk, d->wk, b->xn, b->k, false);
+	struct hyb_dev_matvec v = mv(&L->wv, d->wv, b->xn, b->v, false);
+	struct hyb_dev_matvec o = mv(&L->wo, d->wo, b->att, b->x, true);
+	const struct hyb_dev_attn a = {
+		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+		.n_rot = hp->n_rot, .rope = &hp->rope,
+		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
+		.q = b->q, .k = b->k, .v = b->v, .kcache = d->kc, .vcache = d->vc,
+		.out = b->att, .batch = n,
+	};
+
+	if (!d->on || d->dev_n < pos || !n)
+		return -EINVAL;
+	/* three products even where q, k and v sit back to back: the batch keeps them apart */
+	q.batch = k.batch = v.batch = o.batch = n;
+	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps) ||
+	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
+	    hyb_device_matvec(dev, s, &v) || hyb_device_attention(dev, s, &a) ||
+	    hyb_device_matvec(dev, s, &o) ||
+	    hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->ffn_norm, hd->E, n, hp->rms_eps))
+		return -1;
+	hyb_hdense_kv_dev_wrote(hd, l, pos + n);
+	return 0;
+}
+
 int hyb_hdense_head(struct hyb_hdense *hd, float *logits)
 {
 	const struct hyb_model *m = hd->m;

@@ -115,6 +115,21 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos);
 int hyb_hdense_head(struct hyb_hdense *hd, float *logits);
 
 /*
+ * A prompt batch's buffers in device memory (docs/HYBRID.md, "Prompts"):
+ * x and xn [n][n_embd], q and att [n][q_dim], k and v [n][kv_dim].
+ */
+struct hyb_hdense_batch {
+	hyb_dptr x, xn, q, k, v, att;
+};
+/*
+ * Layer l's attention block for n tokens at positions pos.. on b (queued on
+ * COMPUTE): x += attention, then xn = ffn_norm(x) for the FFN. The
+ * one-token kernels' arithmetic, token after token (hyb/device.h).
+ */
+int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, uint32_t n,
+			       const struct hyb_hdense_batch *b);
+
+/*
  * Bring one side's KV rows of the placed layers up to n rows. kc, vc: the
  * host caches ([layer][n_ctx][kv_dim] F16). up: host rows the device lacks
  * go up on CRITICAL (COMPUTE waits for them). down: device rows the host

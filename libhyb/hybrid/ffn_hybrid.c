@@ -356,7 +356,11 @@ static int alloc_all(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 {
 	if (alloc_host(h) || alloc_slots(h))
 		return oom(err, errlen);
-	if (alloc_device(h, err, errlen) || hyb_ffn_hybrid_cache_warm(h, err, errlen))
+	if (alloc_device(h, err, errlen))
+		return -1;
+	if (hyb_ffn_hybrid_prefill_alloc(h))
+		return dev_fail(h, err, errlen, "prompt batch buffers");
+	if (hyb_ffn_hybrid_cache_warm(h, err, errlen))
 		return -1;
 	return 0;
 }
@@ -437,6 +441,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		if (h->slot_ev)
 			for (uint32_t s = 0; s < h->total_slots; s++)
 				hyb_device_event_free(h->dev, h->slot_ev[s]);
+		hyb_ffn_hybrid_prefill_free(h);
 		hyb_device_event_free(h->dev, h->ev_in);
 		hyb_device_event_free(h->dev, h->ev_k);
 		hyb_device_event_free(h->dev, h->ev_k0);

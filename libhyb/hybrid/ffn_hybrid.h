@@ -12,6 +12,7 @@
 
 #include "hyb/hybrid.h"
 #include "hyb/threadpool.h"
+#include "dense.h"
 
 struct hyb_ffn_hybrid;
 
@@ -61,6 +62,20 @@ bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h);
 const uint8_t *hyb_ffn_hybrid_prefill_split(struct hyb_ffn_hybrid *h, uint32_t l);
 int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn, uint32_t n,
 			       float *y, char *err, size_t errlen);
+/*
+ * A prompt batch on the device (docs/HYBRID.md, "Prompts"): batch_cap is
+ * the tokens one holds (0: none; prompts run token after token as above),
+ * bufs its buffers. batch_ffn queues layer l's FFN of the n rows of the
+ * batch's xn on COMPUTE, dense: the groups in the device cache from there,
+ * every other group's bundles streamed through the device a piece at a
+ * time; then x += the result. 0, or -1 with err.
+ */
+uint32_t hyb_ffn_hybrid_prefill_batch_cap(const struct hyb_ffn_hybrid *h);
+/* An event for the batch's rows moving to and from the device. */
+struct hyb_device_event *hyb_ffn_hybrid_batch_event(struct hyb_ffn_hybrid *h);
+void hyb_ffn_hybrid_prefill_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_batch *b);
+int hyb_ffn_hybrid_prefill_batch_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n,
+				     char *err, size_t errlen);
 /* The dense part on the device (NULL when nothing dense was placed). */
 struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_offload *out);

@@ -119,6 +119,24 @@ struct hyb_ffn_hybrid {
 	 */
 	uint64_t seq_fresh;
 	struct hyb_hybrid_stats st;
+
+	/*
+	 * A prompt batch on the device (ffn_hybrid_prefill.c): its buffers, and
+	 * the two staging areas the FFN bundles of uncached groups stream
+	 * through, a piece of groups each, with the piece's list and table
+	 */
+	struct prefill_ws {
+		uint32_t cap, piece;    /* tokens a batch holds (0: off), groups a piece */
+		uint64_t bytes;         /* all of it, taken from the budget */
+		hyb_dptr x, xn, y, q, k, v, att;
+		hyb_dptr stage[2], list[2], table[2];
+		uint32_t *h_list[2];    /* pinned */
+		int32_t *h_table[2];
+		uint32_t *groups;       /* [NG] scratch: a piece's groups */
+		/* ev_pre: the last cached groups' kernel, which reads d_list and the tables */
+		struct hyb_device_event *ev_copy[2], *ev_kern[2], *ev_x, *ev_pre;
+		bool used[2];           /* a piece went through this staging area */
+	} pw;
 };
 
 /* Group g's neurons: GS, fewer in the last group when GS does not divide F. */
@@ -186,6 +204,15 @@ int hyb_ffn_hybrid_dev_run(struct hyb_ffn_hybrid *h, uint32_t l, const float *xn
 			   bool on_dev, char *err, size_t errlen);
 /* on_dev: the CPU partial up, both partials added into the device's residual stream. */
 int hyb_ffn_hybrid_dev_merge(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t n_cpu);
+
+/* ---- ffn_hybrid_prefill.c ---- */
+
+/* Size the prompt batch's buffers to fit share bytes (h->pw); their bytes, 0 when off. */
+uint64_t hyb_ffn_hybrid_prefill_plan(struct hyb_ffn_hybrid *h, uint64_t share,
+				     uint32_t max_tokens);
+/* Allocate them (device and pinned host memory, events); 0 or -1. */
+int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h);
+void hyb_ffn_hybrid_prefill_free(struct hyb_ffn_hybrid *h);
 
 /* ---- ffn_hybrid_place.c ---- */
 

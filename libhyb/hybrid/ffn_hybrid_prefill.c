@@ -5,10 +5,12 @@
  * device cache run on the device, row after row of the batch; the CPU runs
  * the others as one batch (the plan's bundles as a GEMM) and skips these.
  */
+#include <stdlib.h>
 #include <string.h>
 
 #include "dense.h"
 #include "ffn_hybrid_internal.h"
+#include "sparse/sparse_layer.h"
 
 bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h)
 {
@@ -50,5 +52,249 @@ int hyb_ffn_hybrid_prefill_ffn(struct hyb_ffn_hybrid *h, uint32_t l, const float
 			return dev_fail(h, err, errlen, "prompt FFN on the device");
 		memcpy(y + t * E, h->h_y, sizeof(float) * E);
 	}
+	return 0;
+}
+
+/* ---- a prompt batch on the device ------------------------------------------------ */
+
+#define PW_MIN_TOKENS 32u      /* below this a batch is not worth its buffers */
+#define PW_MAX_TOKENS 512u     /* llama.cpp's default ubatch */
+#define PW_STAGE_MAX (8ull << 20) /* bytes of bundles a piece holds at most */
+
+static uint64_t al256(uint64_t b)
+{
+	return (b + 255) & ~255ull;
+}
+
+/*
+ * The batch's buffers in `share` bytes (the caller's: at most a sixteenth
+ * of the budget, after the dense parts; docs/HYBRID.md, "Prompts"). A
+ * quarter of it, at most 8 MiB a piece, is the two staging areas; the rest
+ * holds the batch's activations, up to 512 tokens (llama.cpp's ubatch).
+ * Off in oracle mode (its prompts keep the CPU batch's sums), with
+ * prefill_cpu, in box mode (its groups stream from hybd's pools into
+ * hybd's cache, not this app's memory), and when fewer than 32 tokens fit.
+ */
+uint64_t hyb_ffn_hybrid_prefill_plan(struct hyb_ffn_hybrid *h, uint64_t share,
+				     uint32_t max_tokens)
+{
+	const struct hyb_hparams *hp = &h->m->hp;
+	const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+	const uint64_t per_tok = 4 * (3ull * h->E + 2 * q_dim + 2 * kv_dim);
+	const uint64_t lists = 2 * al256(4ull * h->NG) + 2 * al256(4ull * h->NG * h->GS);
+	uint64_t stage = share / 8 < PW_STAGE_MAX ? share / 8 : PW_STAGE_MAX, left, cap;
+	struct prefill_ws *w = &h->pw;
+
+	memset(w, 0, sizeof(*w));
+	if (h->oracle || h->prefill_cpu || h->hc || !h->slot_bytes)
+		return 0;
+	w->piece = (uint32_t)(stage / h->slot_bytes < h->NG ? stage / h->slot_bytes : h->NG);
+	if (!w->piece)
+		w->piece = 1;
+	stage = 2 * al256((uint64_t)w->piece * h->slot_bytes);
+	if (stage + lists >= share)
+		return 0;
+	left = share - stage - lists;
+	cap = left / (per_tok + 7 * 256); /* seven arrays, each 256-byte aligned */
+	if (max_tokens) /* asked for: that, if it fits */
+		w->cap = cap >= max_tokens ? max_tokens : 0;
+	else if (cap >= PW_MIN_TOKENS)
+		w->cap = (uint32_t)(cap < PW_MAX_TOKENS ? cap : PW_MAX_TOKENS);
+	if (!w->cap) {
+		memset(w, 0, sizeof(*w));
+		return 0;
+	}
+	w->bytes = stage + lists + 3 * al256(4ull * w->cap * h->E) +
+		   2 * al256(4ull * w->cap * q_dim) + 2 * al256(4ull * w->cap * kv_dim);
+	return w->bytes;
+}
+
+int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h)
+{
+	const struct hyb_hparams *hp = &h->m->hp;
+	const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+	struct prefill_ws *w = &h->pw;
+	struct hyb_device *d = h->dev;
+
+	if (!w->cap)
+		return 0;
+	if (hyb_device_alloc(d, 4ull * w->cap * h->E, &w->x) ||
+	    hyb_device_alloc(d, 4ull * w->cap * h->E, &w->xn) ||
+	    hyb_device_alloc(d, 4ull * w->cap * h->E, &w->y) ||
+	    hyb_device_alloc(d, 4ull * w->cap * q_dim, &w->q) ||
+	    hyb_device_alloc(d, 4ull * w->cap * q_dim, &w->att) ||
+	    hyb_device_alloc(d, 4ull * w->cap * kv_dim, &w->k) ||
+	    hyb_device_alloc(d, 4ull * w->cap * kv_dim, &w->v))
+		return -1;
+	for (int i = 0; i < 2; i++) {
+		if (hyb_device_alloc(d, (uint64_t)w->piece * h->slot_bytes, &w->stage[i]) ||
+		    hyb_device_alloc(d, 4ull * h->NG * h->GS, &w->list[i]) ||
+		    hyb_device_alloc(d, 4ull * h->NG, &w->table[i]))
+			return -1;
+		w->h_list[i] = hyb_device_host_alloc(d, 4ull * w->piece * h->GS);
+		w->h_table[i] = hyb_device_host_alloc(d, 4ull * h->NG);
+		w->ev_copy[i] = hyb_device_event_new(d);
+		w->ev_kern[i] = hyb_device_event_new(d);
+		if (!w->h_list[i] || !w->h_table[i] || !w->ev_copy[i] || !w->ev_kern[i])
+			return -1;
+		for (uint32_t g = 0; g < h->NG; g++)
+			w->h_table[i][g] = -1;
+	}
+	w->groups = malloc(sizeof(uint32_t) * h->NG);
+	w->ev_x = hyb_device_event_new(d);
+	w->ev_pre = hyb_device_event_new(d);
+	return w->groups && w->ev_x && w->ev_pre ? 0 : -1;
+}
+
+void hyb_ffn_hybrid_prefill_free(struct hyb_ffn_hybrid *h)
+{
+	struct prefill_ws *w = &h->pw;
+
+	/* device memory goes with the device */
+	for (int i = 0; i < 2; i++) {
+		hyb_device_host_free(h->dev, w->h_list[i]);
+		hyb_device_host_free(h->dev, w->h_table[i]);
+		hyb_device_event_free(h->dev, w->ev_copy[i]);
+		hyb_device_event_free(h->dev, w->ev_kern[i]);
+	}
+	hyb_device_event_free(h->dev, w->ev_x);
+	hyb_device_event_free(h->dev, w->ev_pre);
+	free(w->groups);
+	memset(w, 0, sizeof(*w));
+}
+
+uint32_t hyb_ffn_hybrid_prefill_batch_cap(const struct hyb_ffn_hybrid *h)
+{
+	return h->pw.cap;
+}
+
+struct hyb_device_event *hyb_ffn_hybrid_batch_event(struct hyb_ffn_hybrid *h)
+{
+	return h->pw.ev_x;
+}
+
+void hyb_ffn_hybrid_prefill_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_batch *b)
+{
+	*b = (struct hyb_hdense_batch){ .x = h->pw.x, .xn = h->pw.xn, .q = h->pw.q,
+					.k = h->pw.k, .v = h->pw.v, .att = h->pw.att };
+}
+
+/*
+ * One piece (w->groups[0..k)) through staging area i: its bundles, list and
+ * table up on RELOAD once the piece before in this area is done with it,
+ * then the kernel over the batch on COMPUTE. The host waits for that
+ * earlier piece before it rewrites the area's list and table (pinned
+ * memory a copy may still read).
+ */
+static int stream_piece(struct hyb_ffn_hybrid *h, uint32_t l, int i, uint32_t k, uint32_t n,
+			bool acc)
+{
+	const struct hyb_ffn_bundles *b = hyb_ffn_sparse_bundles(h->sp, l);
+	/* the bundles back to back in the staging area, as they lie in the plan */
+	const uint64_t stride = 3ull * h->GS * b->row_bytes;
+	struct prefill_ws *w = &h->pw;
+	struct hyb_device *d = h->dev;
+	uint32_t n_list = 0;
+	const uint8_t *run = NULL; /* host bytes not yet copied: a run of adjacent bundles */
+	uint64_t run_at = 0, run_len = 0;
+
+	if (w->used[i] && hyb_device_sync(d, w->ev_kern[i]))
+		return -1;
+	for (uint32_t g = 0; g < h->NG; g++)
+		w->h_table[i][g] = -1;
+	if (w->used[i] && hyb_device_wait(d, HYB_STREAM_RELOAD, w->ev_kern[i]))
+		return -1;
+	for (uint32_t j = 0; j < k; j++) {
+		const uint32_t g = w->groups[j], gn = group_neurons(h, g);
+		const uint64_t bytes = 3ull * gn * b->row_bytes;
+
+		w->h_table[i][g] = (int32_t)j;
+		for (uint32_t r = 0; r < gn; r++)
+			w->h_list[i][n_list++] = g * h->GS + r;
+		/* one copy a run: a copy costs the link's latency once */
+		if (run && (const uint8_t *)b->bundle[g] == run + run_len &&
+		    run_at + run_len == (uint64_t)j * stride) {
+			run_len += bytes;
+		} else {
+			if (run && hyb_device_h2d(d, HYB_STREAM_RELOAD, w->stage[i] + run_at, run,
+						  run_len))
+				return -1;
+			run = b->bundle[g];
+			run_at = (uint64_t)j * stride;
+			run_len = bytes;
+		}
+		h->st.prompt_stream_bytes += bytes;
+	}
+	if (run && hyb_device_h2d(d, HYB_STREAM_RELOAD, w->stage[i] + run_at, run, run_len))
+		return -1;
+	if (hyb_device_h2d(d, HYB_STREAM_RELOAD, w->list[i], w->h_list[i], 4ull * n_list) ||
+	    hyb_device_h2d(d, HYB_STREAM_RELOAD, w->table[i], w->h_table[i], 4ull * h->NG) ||
+	    hyb_device_record(d, HYB_STREAM_RELOAD, w->ev_copy[i]) ||
+	    hyb_device_wait(d, HYB_STREAM_COMPUTE, w->ev_copy[i]))
+		return -1;
+
+	struct hyb_dev_ffn f = hyb_ffn_hybrid_dev_ffn(h, l, w->xn, w->list[i], n_list, w->y);
+
+	f.table = w->table[i];
+	f.cache = w->stage[i];
+	f.slot_bytes = stride;
+	f.accumulate = acc;
+	f.batch = n;
+	if (hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f) ||
+	    hyb_device_record(d, HYB_STREAM_COMPUTE, w->ev_kern[i]))
+		return -1;
+	w->used[i] = true;
+	return 0;
+}
+
+int hyb_ffn_hybrid_prefill_batch_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n,
+				     char *err, size_t errlen)
+{
+	struct prefill_ws *w = &h->pw;
+	const bool cached = !hyb_ffn_hybrid_cpu_dense(h, l);
+	uint32_t n_pre = 0, k = 0, pieces = 0;
+	bool acc = false;
+
+	if (!l)
+		h->st.prompt_batches++;
+	/* h_list is pinned memory the last layer's list copy read: done by now? */
+	if (hyb_device_sync(h->dev, h->ev_in))
+		return dev_fail(h, err, errlen, "prompt FFN on the device");
+	memset(h->usable, -1, h->NG);
+	(void)hyb_ffn_hybrid_cache_poll(h); /* a failure shows at the next decode step */
+	for (uint32_t g = 0; g < h->NG; g++) {
+		if (cached && group_usable(h, l, g)) {
+			for (uint32_t i = g * h->GS; i < g * h->GS + group_neurons(h, g); i++)
+				h->h_list[n_pre++] = i;
+			continue;
+		}
+		w->groups[k++] = g;
+		if (k == w->piece) {
+			if (stream_piece(h, l, pieces++ & 1, k, n, acc))
+				return dev_fail(h, err, errlen, "prompt FFN streamed to the device");
+			acc = true;
+			k = 0;
+		}
+	}
+	if (k && stream_piece(h, l, pieces++ & 1, k, n, acc))
+		return dev_fail(h, err, errlen, "prompt FFN streamed to the device");
+	acc = acc || k;
+	if (n_pre) {
+		struct hyb_dev_ffn f = hyb_ffn_hybrid_dev_ffn(h, l, w->xn, h->d_list, n_pre, w->y);
+
+		f.accumulate = acc;
+		f.batch = n;
+		/* the list and table go up on CRITICAL: after the last layer's kernel read them */
+		if (hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, w->ev_pre) ||
+		    hyb_ffn_hybrid_dev_inputs(h, l, NULL, n_pre, true) ||
+		    hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
+		    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, w->ev_pre))
+			return dev_fail(h, err, errlen, "prompt FFN on the device");
+		acc = true;
+	}
+	if (acc && hyb_device_add(h->dev, HYB_STREAM_COMPUTE, w->x, w->y, n * (uint32_t)h->E))
+		return dev_fail(h, err, errlen, "prompt FFN on the device");
 	return 0;
 }

@@ -130,6 +130,66 @@ TEST(gpu_hybrid_layer_matches_cpu_device)
 }
 
 /*
+ * A 60-token prompt as batches of 24 on the GPU (docs/HYBRID.md "Prompts":
+ * batched attention, the FFN's uncached groups streamed through the
+ * device): every row's logits against the CPU device's run of the same
+ * schedule, and the prompt-batch statistics.
+ */
+TEST(gpu_hybrid_prompt_batch_matches_cpu_device)
+{
+	enum { NP = 60 };
+	struct hyb_model *m;
+
+	if (hyb_cuda_device_count() == 0)
+		SKIP("no CUDA device");
+	m = hyb_model_load(hyb_test_plan());
+	CHECK_MSG(m, "%s", hyb_last_error());
+
+	const uint32_t V = m->hp.n_vocab;
+	float *lg[2] = { malloc(sizeof(float) * V * NP), malloc(sizeof(float) * V * NP) };
+	int32_t prompt[NP];
+	double worst = 0;
+	int agree = 0;
+
+	CHECK(lg[0] && lg[1]);
+	for (int i = 0; i < NP; i++)
+		prompt[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u) % (V - 3));
+	for (int k = 0; k < 2; k++) {
+		struct hyb_hybrid_params hy = params(m, k ? "cuda" : "cpu", HYB_POLICY_STATIC);
+		struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
+					    .hybrid = &hy };
+		struct hyb_hybrid_stats st;
+		struct hyb_ctx *c;
+
+		hy.prompt_batch = 24;
+		c = hyb_ctx_new(m, &p);
+		CHECK_MSG(c, "%s", hyb_last_error());
+		CHECK_MSG(!hyb_ctx_eval(c, prompt, NP, lg[k], true), "%s", hyb_last_error());
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK_EQ_INT(st.prompt_batches, 3);
+		hyb_ctx_free(c);
+	}
+	for (int i = 0; i < NP; i++) {
+		const float *a = lg[0] + (size_t)i * V, *b = lg[1] + (size_t)i * V;
+		double d = 0, n = 0;
+
+		agree += hyb_test_argmax(a, V) == hyb_test_argmax(b, V);
+		for (uint32_t v = 0; v < V; v++) {
+			d = fmax(d, fabs((double)a[v] - b[v]));
+			n = fmax(n, fabs((double)a[v]));
+		}
+		worst = fmax(worst, d / (n > 0 ? n : 1));
+	}
+	printf("    prompt rows: argmax agreement %d/%d, worst logit difference %.2e\n", agree,
+	       NP, worst);
+	CHECK_MSG(agree >= NP - 2 && worst < 2e-2, "agreement %d/%d, worst %.2e", agree, NP,
+		  worst);
+	free(lg[0]);
+	free(lg[1]);
+	hyb_model_free(m);
+}
+
+/*
  * The expert cache on the GPU (docs/MOE.md): a small routing-design MoE
  * decoded greedily with LRU moving experts, against the CPU device's run,
  * which is the CPU's bits (test_moe_hybrid.c): the same tokens but for

@@ -1950,6 +1950,192 @@ TEST(dev_hybrid_kquant_dense_bit_identical)
 		free(lg[i]);
 }
 
+/*
+ * A batch (hyb/device.h: a prompt's tokens) is one kernel: its results are
+ * the one-token kernels' run token after token (bit for bit where the
+ * CPU device runs the same code: rmsnorm, attention, the sparse FFN; the
+ * matvec's batch is the forward pass's prompt matmul, close to its
+ * one-column sums), its modelled time one launch plus the larger of its
+ * bytes over device memory and its arithmetic over the device's rate, and
+ * sizes past the arrays, the cache or 64 bits are refused.
+ */
+TEST(dev_batch_kernels)
+{
+	enum { NB = 5, E = 256, NO = 64, HD = 32, NH = 4, NKV = 2, CTX = 16 };
+	const struct hyb_device_config cfg = { .tflops = 1e-3 }; /* 10^9 flop/s: arithmetic-bound */
+	struct hyb_device *d = open_cpu(&cfg);
+	const struct hyb_rope rope = { .base = 10000, .freq_scale = 1, .attn_factor = 1 };
+	const uint32_t qd = NH * HD, kvd = NKV * HD;
+	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q8_0, E);
+	float x[NB * E], nw[E], y1[NB * E], yb[NB * E], q[NB * qd], k[NB * kvd], v[NB * kvd];
+	float o1[NB * qd], ob[NB * qd];
+	void *w;
+	hyb_dptr dw, dx, dy, dn, dq, dk, dv, dkc, dvc, dout;
+	struct hyb_device_stats s0, s1;
+	double amax = 0, dmax = 0;
+
+	g_rng = 83;
+	w = make_weight(HYB_TYPE_Q8_0, E, NO);
+	for (uint32_t i = 0; i < NB * E; i++)
+		x[i] = rndf();
+	for (uint32_t i = 0; i < E; i++)
+		nw[i] = 0.5f + rndf();
+	dw = upload(d, w, rb * NO, rb * NO);
+	dx = upload(d, x, sizeof(x), sizeof(x));
+	dn = upload(d, nw, sizeof(nw), sizeof(nw));
+	dy = dalloc(d, sizeof(yb));
+
+	/* rmsnorm over rows */
+	for (uint32_t t = 0; t < NB; t++)
+		CHECK(hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, dy + 4ull * E * t, dx + 4ull * E * t,
+					 dn, E, 1e-5f) == 0);
+	download(d, y1, dy, sizeof(y1));
+	CHECK(hyb_device_rmsnorm_rows(d, HYB_STREAM_COMPUTE, dy, dx, dn, E, NB, 1e-5f) == 0);
+	download(d, yb, dy, sizeof(yb));
+	CHECK_MSG(same_bits(y1, yb, sizeof(yb)), "rmsnorm of %d rows differs from one at a time",
+		  NB);
+
+	/* matvec: the batch as one kernel, one launch and its arithmetic */
+	{
+		struct hyb_dev_matvec m = { .type = HYB_TYPE_Q8_0, .n_in = E, .n_out = NO, .w = dw,
+					    .x = dx, .y = dy };
+		double want;
+
+		for (uint32_t t = 0; t < NB; t++) {
+			m.x = dx + 4ull * E * t;
+			m.y = dy + 4ull * NO * t;
+			CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0);
+		}
+		download(d, y1, dy, 4ull * NO * NB);
+		m.x = dx;
+		m.y = dy;
+		m.batch = NB;
+		hyb_device_stats(d, &s0);
+		CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) == 0);
+		hyb_device_stats(d, &s1);
+		download(d, yb, dy, 4ull * NO * NB);
+		for (uint32_t i = 0; i < NO * NB; i++) {
+			amax = fmax(amax, fabs(y1[i]));
+			dmax = fmax(dmax, fabs(y1[i] - yb[i]));
+		}
+		CHECK_MSG(dmax <= 1e-5 * amax, "matvec batch: %g of %g", dmax, amax);
+		CHECK_EQ_INT(s1.kernels - s0.kernels, 1);
+		want = 5e-6 + 2.0 * NB * E * NO / 1e9;
+		CHECK_MSG(fabs(s1.kernel_busy_s - s0.kernel_busy_s - want) < 1e-9,
+			  "modelled %g s, want %g", s1.kernel_busy_s - s0.kernel_busy_s, want);
+		m.batch = 1u << 31; /* past x and y */
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m), "matvec x");
+		m.batch = UINT32_MAX;
+		m.n_in = 1u << 30;
+		m.n_out = 1u << 30;
+		CHECK_REJECT(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m), "too big");
+	}
+
+	/* attention: token t at pos + t, causal, as one token after another */
+	for (uint32_t i = 0; i < NB * qd; i++)
+		q[i] = rndf();
+	for (uint32_t i = 0; i < NB * kvd; i++) {
+		k[i] = rndf();
+		v[i] = rndf();
+	}
+	{
+		/* rows 0..2: F16 values of a small ramp, the same for both passes */
+		uint16_t *rows = xmalloc(2ull * CTX * kvd);
+
+		for (uint32_t i = 0; i < CTX * kvd; i++)
+			rows[i] = (uint16_t)(0x2c00 + i % 512); /* 0.0625 .. */
+		dkc = upload(d, rows, 2ull * CTX * kvd, 2ull * CTX * kvd);
+		dvc = upload(d, rows, 2ull * CTX * kvd, 2ull * CTX * kvd);
+		free(rows);
+	}
+	dout = dalloc(d, sizeof(ob));
+	for (int pass = 0; pass < 2; pass++) {
+		struct hyb_dev_attn a = {
+			.n_head = NH, .n_head_kv = NKV, .head_dim = HD, .n_rot = HD, .rope = &rope,
+			.pos = 3, .n_ctx = CTX, .kcache = dkc, .vcache = dvc,
+		};
+
+		/* the cache's rows before pos: the same for both passes */
+		dq = upload(d, q, sizeof(q), sizeof(q));
+		dk = upload(d, k, sizeof(k), sizeof(k));
+		dv = upload(d, v, sizeof(v), sizeof(v));
+		for (uint32_t t = 0; t < (pass ? 1 : NB); t++) {
+			a.q = dq + 4ull * qd * t;
+			a.k = dk + 4ull * kvd * t;
+			a.v = dv + 4ull * kvd * t;
+			a.out = dout + 4ull * qd * t;
+			a.pos = 3 + t;
+			a.batch = pass ? NB : 0;
+			CHECK(hyb_device_attention(d, HYB_STREAM_COMPUTE, &a) == 0);
+		}
+		download(d, pass ? ob : o1, dout, sizeof(ob));
+		if (pass) {
+			a.pos = CTX - NB + 1; /* the last token past the cache */
+			a.q = dq;
+			a.k = dk;
+			a.v = dv;
+			a.out = dout;
+			a.batch = NB;
+			CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &a),
+				     "outside a cache of 16 rows");
+		}
+		hyb_device_free(d, dq);
+		hyb_device_free(d, dk);
+		hyb_device_free(d, dv);
+	}
+	CHECK_MSG(same_bits(o1, ob, sizeof(ob)), "attention of a batch differs from one token at "
+		  "a time");
+
+	/* the sparse FFN over cached groups, each token's xn */
+	{
+		struct layer L;
+		struct hyb_dev_ffn f;
+		uint32_t *act = xmalloc(4ull * 96), n = 0;
+		hyb_dptr dact, dxn, dfy;
+		float *xn = xmalloc(4ull * 64 * NB), *f1 = xmalloc(4ull * 64 * NB);
+		float *fb = xmalloc(4ull * 64 * NB);
+
+		layer_make(d, &L, HYB_TYPE_Q8_0, 64, 96, 8);
+		for (uint32_t i = 0; i < 96; i++)
+			if (resident(&L, i) && i % 2)
+				act[n++] = i;
+		for (uint32_t i = 0; i < 64 * NB; i++)
+			xn[i] = rndf();
+		dact = upload(d, act, 4ull * n, 4ull * 96);
+		dxn = upload(d, xn, 4ull * 64 * NB, 4ull * 64 * NB);
+		dfy = dalloc(d, 4ull * 64 * NB);
+		f = (struct hyb_dev_ffn){ .type = L.type, .n_embd = 64, .n_ff = 96, .group_size = 8,
+					  .act = HYB_ACT_SILU, .table = L.d_table, .cache = L.d_cache,
+					  .slot_bytes = L.slot_bytes, .active = dact,
+					  .n_active = n };
+		for (uint32_t t = 0; t < NB; t++) {
+			f.xn = dxn + 4ull * 64 * t;
+			f.y = dfy + 4ull * 64 * t;
+			CHECK(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f) == 0);
+		}
+		download(d, f1, dfy, 4ull * 64 * NB);
+		f.xn = dxn;
+		f.y = dfy;
+		f.batch = NB;
+		CHECK(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f) == 0);
+		download(d, fb, dfy, 4ull * 64 * NB);
+		CHECK_MSG(same_bits(f1, fb, 4ull * 64 * NB), "sparse ffn of a batch differs");
+		f.batch = NB + 1; /* xn and y are NB rows */
+		CHECK_REJECT(hyb_device_sparse_ffn(d, HYB_STREAM_COMPUTE, &f), "sparse ffn xn");
+		layer_free(d, &L);
+		free(act);
+		free(xn);
+		free(f1);
+		free(fb);
+	}
+	CHECK_REJECT(hyb_device_rmsnorm_rows(d, HYB_STREAM_COMPUTE, dy, dx, dn, E, 0, 1e-5f),
+		     "zero size");
+	CHECK_REJECT(hyb_device_rmsnorm_rows(d, HYB_STREAM_COMPUTE, dy, dx, dn, E, NB + 1, 1e-5f),
+		     "rmsnorm y");
+	free(w);
+	hyb_device_close(d);
+}
+
 /* Rows of K-quants are whole super-blocks of 256, their scales 2-byte aligned. */
 TEST(dev_matvec_kquant_rejects)
 {

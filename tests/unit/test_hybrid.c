@@ -522,6 +522,99 @@ TEST(hybrid_prefill_on_the_device)
 	hyb_model_free(m);
 }
 
+/*
+ * Prompts of 32 tokens and more run as batches on the device (docs/HYBRID.md
+ * "Prompts"): batched attention, the FFN dense there - cached groups in
+ * place, the others streamed through two staging areas - in chunks of the
+ * batch's capacity. Against the CPU-only sparse decoder: every row's logits
+ * close and the same greedy tokens after the prompt; under the CPU device's
+ * strict mode (the unit tests' default) a host or stream that did not honour
+ * the events would fail. Also with the layer policy, whose CPU layers'
+ * attention runs on the host between the device's FFNs, and a short prompt
+ * (token after token, no batch).
+ */
+TEST(hybrid_prompt_batch_on_the_device)
+{
+	enum { NP = 100, NG = 8 };
+	struct hyb_model *m = load_plan();
+	const uint32_t V = m->hp.n_vocab;
+	float *lr = calloc((size_t)NP * V, sizeof(float)), *lh = calloc((size_t)NP * V, sizeof(float));
+	struct hyb_ctx *ref = ctx_new(m, NULL, false);
+	int32_t prompt[NP], ids_r[NG], ids_h[NG];
+
+	CHECK(lr && lh);
+	for (int i = 0; i < NP; i++)
+		prompt[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u) % (V - 3));
+	CHECK_MSG(!hyb_ctx_eval(ref, prompt, NP, lr, true), "%s", hyb_last_error());
+	/* greedy continuation of the reference */
+	{
+		float *lg = calloc(V, sizeof(float));
+
+		CHECK(lg);
+		memcpy(lg, lr + (size_t)(NP - 1) * V, sizeof(float) * V);
+		for (int i = 0; i < NG; i++) {
+			ids_r[i] = hyb_test_argmax(lg, V);
+			CHECK(!hyb_ctx_eval(ref, &ids_r[i], 1, lg, false));
+		}
+		free(lg);
+	}
+	for (int k = 0; k < 2; k++) {
+		struct hyb_hybrid_params hy = params(m, k ? HYB_POLICY_LAYER : HYB_POLICY_STATIC);
+		struct hyb_hybrid_offload pl;
+		struct hyb_hybrid_stats st;
+		struct hyb_ctx *c;
+		double worst = 0;
+		float *lg = calloc(V, sizeof(float));
+
+		hy.prompt_batch = 40; /* 100 tokens: three batches */
+		if (k) /* two whole layers: the others' attention on the host */
+			hy.gpu_budget = 2 * (hyb_hdense_layer_bytes(m, 0, N_CTX) +
+					     slot_bytes(m) * m->n_groups) +
+					hyb_hdense_buffer_bytes(m, true, false, false) + (1u << 20);
+		c = ctx_new(m, &hy, false);
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK_MSG(pl.prompt_batch == 40, "%s: a prompt batch of %u tokens (%.2f MB)",
+			  k ? "layer" : "static", pl.prompt_batch, pl.prompt_bytes / 1e6);
+		CHECK_MSG(!k || (pl.attn_layers > 0 && pl.attn_layers < m->hp.n_layer), "%u of %u layers", pl.attn_layers, m->hp.n_layer);
+		CHECK_MSG(!hyb_ctx_eval(c, prompt, NP, lh, true), "%s", hyb_last_error());
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK_EQ_INT(st.prompt_batches, 3);
+		CHECK(st.prompt_stream_bytes > 0);
+		for (int i = 0; i < NP; i++) {
+			const float *a = lr + (size_t)i * V, *b = lh + (size_t)i * V;
+			double amax = 0, d = 0;
+
+			for (uint32_t j = 0; j < V; j++) {
+				amax = fmax(amax, fabs(a[j]));
+				d = fmax(d, fabs(a[j] - b[j]));
+			}
+			worst = fmax(worst, d / amax);
+		}
+		memcpy(lg, lh + (size_t)(NP - 1) * V, sizeof(float) * V);
+		for (int i = 0; i < NG; i++) {
+			ids_h[i] = hyb_test_argmax(lg, V);
+			CHECK(!hyb_ctx_eval(c, &ids_h[i], 1, lg, false));
+		}
+		fprintf(stderr, "    %s: %u attention blocks placed, %llu MB streamed, logits of "
+			"%d rows within %.2g of the largest\n", k ? "layer" : "static",
+			pl.attn_layers, (unsigned long long)(st.prompt_stream_bytes >> 20), NP, worst);
+		CHECK_MSG(worst < 5e-3, "logits within %g", worst);
+		CHECK_MSG(!memcmp(ids_r, ids_h, sizeof(ids_r)), "greedy tokens after the prompt differ");
+		/* a short prompt: token after token */
+		hyb_ctx_reset(c);
+		hyb_ctx_hybrid_stats_reset(c);
+		CHECK(!hyb_ctx_eval(c, prompt, 31, lh, false));
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK_EQ_INT(st.prompt_batches, 0);
+		hyb_ctx_free(c);
+		free(lg);
+	}
+	hyb_ctx_free(ref);
+	free(lr);
+	free(lh);
+	hyb_model_free(m);
+}
+
 TEST(hybrid_device_merge_equals_host_merge)
 {
 	struct hyb_model *m = load_plan();
@@ -837,4 +930,33 @@ TEST(hybrid_cli_thresholds)
 	CHECK_MSG(strstr(out, "layer policy"), "%s", out);
 	CHECK_MSG(cli("--gpu-budget 60% --policy dynamic", out, sizeof(out)) == 0, "%s", out);
 	CHECK_MSG(strstr(out, "beside the CPU FFN"), "%s", out);
+}
+
+/* --prompt-batch: the batch's size on the device, said at the end; not with --prefill-cpu. */
+TEST(hybrid_cli_prompt_batch)
+{
+	static char out[65536];
+	char args[512], prompt[400];
+
+	if (access("build/hyb", X_OK))
+		SKIP("build/hyb not built (run from the repository root after make)");
+	CHECK(cli("--gpu-budget 60% --prefill-cpu --prompt-batch 40", out, sizeof(out)) != 0);
+	CHECK_MSG(strstr(out, "one or the other"), "%s", out);
+	CHECK(cli("--gpu-budget 60% --prompt-batch 0", out, sizeof(out)) != 0);
+	/* a prompt of more than 40 tokens: batches of 40 */
+	prompt[0] = 0;
+	for (int i = 0; i < 20; i++)
+		strcat(prompt, "one two three ");
+	snprintf(args, sizeof(args), "--gpu-budget 100%% --policy static --prompt-batch 40 -p '%s'",
+		 prompt);
+	CHECK_MSG(cli(args, out, sizeof(out)) == 0, "%s", out);
+
+	const char *pr = strstr(out, "\nprompt: ");
+	char want[64];
+	int n = 0;
+
+	CHECK_MSG(pr && sscanf(pr, "\nprompt: %d tokens", &n) == 1 && n > 40, "%s", out);
+	snprintf(want, sizeof(want), "; %d batches streamed", (n + 39) / 40);
+	CHECK_MSG(strstr(out, "batches of up to 40 tokens on the device") && strstr(out, want),
+		  "want '%s': %s", want, out);
 }

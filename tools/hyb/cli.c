@@ -37,7 +37,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
-       O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_THRESHOLDS,
+       O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_PROMPT_BATCH, O_THRESHOLDS,
        O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
 
 static const struct option longopts[] = {
@@ -72,6 +72,7 @@ static const struct option longopts[] = {
 	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
+	{ "prompt-batch", required_argument, 0, O_PROMPT_BATCH },
 	{ "thresholds", required_argument, 0, O_THRESHOLDS },
 	{ "cache", required_argument, 0, O_CACHE },
 	{ "load-first", no_argument, 0, O_LOAD_FIRST },
@@ -111,6 +112,9 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 	case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
 	case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 	case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
+	case O_PROMPT_BATCH:
+		o->hy.prompt_batch = (uint32_t)cli_num("--prompt-batch", optarg, 1, 1 << 16);
+		break;
 	case O_THRESHOLDS: o->hy.thresholds = cli_thresholds(optarg); break;
 	case O_CACHE:
 		if (!strcmp(optarg, "auto"))
@@ -184,6 +188,9 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 	}
 	if (optind < argc)
 		cli_die("unexpected argument '%s'", argv[optind]);
+	if (o->hy.prefill_cpu && o->hy.prompt_batch)
+		cli_die("--prompt-batch sizes prompt batches on the device; --prefill-cpu keeps "
+			"prompts off it: one or the other");
 	if (!o->model)
 		cli_die("no model given (-m MODEL)");
 	if (o->sparsity > 0 && !o->cats && !o->teal)

@@ -89,6 +89,11 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		pl.cache_bytes / 1e6,
 		pl.dense_layers_cpu ? " (other layers dense on the CPU)" : "");
 	fprintf(stderr, "hybrid: neuron cache: %s\n", pl.cache_note);
+	if (pl.prompt_batch)
+		fprintf(stderr, "hybrid: prompts: batches of up to %u tokens on the device (%.1f MB "
+			"of buffers); %llu batches streamed %.1f MB of FFN bundles\n",
+			pl.prompt_batch, pl.prompt_bytes / 1e6,
+			(unsigned long long)st.prompt_batches, st.prompt_stream_bytes / 1e6);
 	fprintf(stderr, "hybrid: %.1f%% of active neurons on the device; %.1f group loads and "
 		"%.2f MB moved per token; cache %llu/%llu groups\n",
 		st.active ? 100.0 * st.active_dev / st.active : 0.0, st.loads / n,
@@ -642,8 +647,9 @@ static void hbench_report(struct hbench *h)
 	}
 	printf("cpu ms / dev ms: per token, the CPU's share of the split FFNs (host clock) and "
 	       "the device's FFN kernels (device clock, timed events)\n");
-	printf("prompt: tokens/s of the prompt batch (-p; placed attention, head and cached "
-	       "groups on the device unless --prefill-cpu)\n");
+	printf("prompt: tokens/s of the prompt batch (-p; unless --prefill-cpu on the device: "
+	       "from 32 tokens in batches, the FFN groups not cached streamed through it; "
+	       "else token after token)\n");
 	printf("dense: attention blocks on the device (+h: and the head, +p: and predictors); "
 	       "layer runs its other layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "

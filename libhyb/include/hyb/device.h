@@ -35,6 +35,8 @@ struct hyb_device_config {
 	double pcie_lat_us;    /* fixed cost per copy; default 8 */
 	double hbm_gbps;       /* kernel memory bandwidth; default 2000 */
 	double launch_us;      /* fixed cost per kernel; default 5 */
+	double tflops;         /* kernel arithmetic, 10^12 multiply-adds x 2 a second; default
+				* 200 (docs/DEVICE.md: a prompt batch's kernels are bound by it) */
 };
 
 struct hyb_device;
@@ -160,6 +162,8 @@ struct hyb_dev_ffn {
 	uint32_t n_active;
 	hyb_dptr y;             /* float [n_embd] */
 	bool accumulate;        /* y += instead of y = */
+	uint32_t batch;         /* 0 or 1: one xn; n: xn and y are [n][n_embd], the same list
+				 * for each (a prompt batch's dense FFN, docs/HYBRID.md) */
 };
 int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
 /*
@@ -193,6 +197,9 @@ int hyb_device_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_d
 /* y[0..n) = x / rms(x) * w, all float (hyb_rmsnorm). y may equal x. */
 int hyb_device_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
 		       hyb_dptr w, uint32_t n, float eps);
+/* The same for rows vectors of n: x and y are [rows][n], w is [n]. */
+int hyb_device_rmsnorm_rows(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
+			    hyb_dptr w, uint32_t n, uint32_t rows, float eps);
 
 /*
  * y (= or +=) W x: W is n_out rows of n_in elements of `type`, GGUF row layout,
@@ -208,6 +215,7 @@ struct hyb_dev_matvec {
 	hyb_dptr x;             /* float [n_in] */
 	hyb_dptr y;             /* float [n_out]; must not overlap x */
 	bool accumulate;
+	uint32_t batch;         /* 0 or 1: one column; n: x is [n][n_in], y [n][n_out] */
 };
 int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
 /* Whether hyb_device_matvec takes weights of `type`. */
@@ -231,6 +239,12 @@ struct hyb_dev_attn {
 	hyb_dptr k, v;                /* float [n_head_kv * head_dim] each */
 	hyb_dptr kcache, vcache;      /* F16 [n_ctx][n_head_kv * head_dim] each */
 	hyb_dptr out;                 /* float [n_head * head_dim], not overlapping q, k, v */
+	/*
+	 * 0 or 1: one token; n: a prompt batch, q, k, v and out [n][...], token
+	 * t at position pos + t (pos + n <= n_ctx), attending over rows
+	 * 0..pos + t (causal): each token's steps as above, in token order.
+	 */
+	uint32_t batch;
 };
 int hyb_device_attention(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 

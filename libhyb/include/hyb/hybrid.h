@@ -68,6 +68,9 @@ struct hyb_hybrid_params {
 	bool prefill_cpu;              /* prompt batches run on the CPU alone (by default the
 					* placed attention blocks, the head and the cached
 					* groups' FFN share run on the device) */
+	uint32_t prompt_batch;         /* at most this many tokens in a prompt batch on the
+					* device (0: as many as its share of the budget holds,
+					* up to 512; docs/HYBRID.md "Prompts") */
 	enum hyb_thresholds thresholds;/* load-aware thresholds (below) */
 };
 
@@ -99,6 +102,8 @@ struct hyb_hybrid_stats {
 	double side_s;            /* of predictor_s and balancer_s: the next layer's decisions
 				   * run beside the CPU's share of the FFN (the rest were on
 				   * the critical path) */
+	uint64_t prompt_batches;  /* prompt batches run on the device (docs/HYBRID.md) */
+	uint64_t prompt_stream_bytes; /* FFN bundles streamed through the device for them */
 };
 
 /* Where the dense parts went (after the placement). */
@@ -113,6 +118,9 @@ struct hyb_hybrid_offload {
 	bool experts;             /* the cache holds a MoE model's experts (docs/MOE.md): the
 				   * stats' neurons and groups are its routed experts */
 	char cache_note[256];     /* whose cache and why, one line */
+	uint32_t prompt_batch;    /* tokens a prompt batch on the device holds (0: prompts
+				   * run token after token, docs/HYBRID.md "Prompts") */
+	uint64_t prompt_bytes;    /* the budget's bytes kept for that batch's buffers */
 };
 
 /*
