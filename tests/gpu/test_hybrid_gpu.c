@@ -80,6 +80,30 @@ static void decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy
 	hyb_ctx_free(c);
 }
 
+/*
+ * rows of V logits each, a against b: *agree counts the rows whose argmax
+ * is the same; returns the worst row's largest difference over its largest
+ * logit.
+ */
+static double rows_compare(const float *la, const float *lb, int rows, uint32_t V, int *agree)
+{
+	double worst = 0;
+
+	*agree = 0;
+	for (int i = 0; i < rows; i++) {
+		const float *a = la + (size_t)i * V, *b = lb + (size_t)i * V;
+		double d = 0, n = 0;
+
+		*agree += hyb_test_argmax(a, V) == hyb_test_argmax(b, V);
+		for (uint32_t v = 0; v < V; v++) {
+			d = fmax(d, fabs((double)a[v] - b[v]));
+			n = fmax(n, fabs((double)a[v]));
+		}
+		worst = fmax(worst, d / (n > 0 ? n : 1));
+	}
+	return worst;
+}
+
 static void compare(enum hyb_policy pol)
 {
 	struct hyb_model *m;
@@ -99,17 +123,7 @@ static void compare(enum hyb_policy pol)
 	CHECK(lc && lg);
 	decode(m, &cpu, toks, false, lc);
 	decode(m, &gpu, toks, true, lg);
-	for (int i = 0; i < N_GEN; i++) {
-		const float *a = lc + (size_t)i * V, *b = lg + (size_t)i * V;
-		double d = 0, n = 0;
-
-		agree += hyb_test_argmax(a, V) == hyb_test_argmax(b, V);
-		for (uint32_t v = 0; v < V; v++) {
-			d = fmax(d, fabs((double)a[v] - b[v]));
-			n = fmax(n, fabs((double)a[v]));
-		}
-		worst = fmax(worst, d / (n > 0 ? n : 1));
-	}
+	worst = rows_compare(lc, lg, N_GEN, V, &agree);
 	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
 	       N_GEN, worst);
 	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
@@ -169,17 +183,7 @@ TEST(gpu_hybrid_prompt_batch_matches_cpu_device)
 		CHECK_EQ_INT(st.prompt_batches, 3);
 		hyb_ctx_free(c);
 	}
-	for (int i = 0; i < NP; i++) {
-		const float *a = lg[0] + (size_t)i * V, *b = lg[1] + (size_t)i * V;
-		double d = 0, n = 0;
-
-		agree += hyb_test_argmax(a, V) == hyb_test_argmax(b, V);
-		for (uint32_t v = 0; v < V; v++) {
-			d = fmax(d, fabs((double)a[v] - b[v]));
-			n = fmax(n, fabs((double)a[v]));
-		}
-		worst = fmax(worst, d / (n > 0 ? n : 1));
-	}
+	worst = rows_compare(lg[0], lg[1], NP, V, &agree);
 	printf("    prompt rows: argmax agreement %d/%d, worst logit difference %.2e\n", agree,
 	       NP, worst);
 	CHECK_MSG(agree >= NP - 2 && worst < 2e-2, "agreement %d/%d, worst %.2e", agree, NP,
