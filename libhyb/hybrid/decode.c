@@ -265,9 +265,15 @@ static int prefill_batched(struct step *s, const int32_t *tokens, uint32_t n, fl
 	const uint32_t E = c->m->hp.n_embd;
 	float *hx = hyb_hdense_host_x(s->hd);
 
+	uint32_t off = 0;
+	int rc;
+
 	if (hyb_hdense_kv_up(s->hd, c->kcache, c->vcache, c->n_past))
 		return dev_err(s, "KV cache to the device");
-	for (uint32_t off = 0; off < n;) {
+	/* the batch's buffers are the neuron cache's last slots for the prompt */
+	if (hyb_ffn_hybrid_prefill_borrow(s->h, s->err, s->errlen))
+		return -1;
+	while (off < n) {
 		const uint32_t m = n - off < cap ? n - off : cap;
 		const bool last = off + m == n;
 		/* logits: every row's, or the prompt's last row's */
@@ -276,21 +282,26 @@ static int prefill_batched(struct step *s, const int32_t *tokens, uint32_t n, fl
 
 		hyb_fwd_embed(c, tokens + off, m);
 		if (batch_layers(s, m))
-			return -1;
+			break;
 		if (first < m && !hyb_hdense_head_on(s->hd)) {
 			hyb_fwd_head(c, first, m, lg);
 		} else {
 			for (uint32_t t = first; t < m; t++) {
 				memcpy(hx, c->x + (size_t)t * E, sizeof(float) * E);
 				if (hyb_hdense_x_up(s->hd) ||
-				    hyb_hdense_head(s->hd, lg + (size_t)(t - first) * V))
-					return dev_err(s, "head on the device");
+				    hyb_hdense_head(s->hd, lg + (size_t)(t - first) * V)) {
+					dev_err(s, "head on the device");
+					goto out;
+				}
 			}
 		}
 		c->n_past += m;
 		off += m;
 	}
-	return 0;
+out:
+	/* the slots back to the cache, their groups reloading (a failure says so first) */
+	rc = hyb_ffn_hybrid_prefill_return(s->h, off < n ? NULL : s->err, s->errlen);
+	return off < n || rc ? -1 : 0;
 }
 
 /*

@@ -244,6 +244,7 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 	h->m = m;
 	h->oracle = oracle;
 	h->prefill_cpu = p->prefill_cpu;
+	h->pw.want = p->prompt_batch;
 	h->E = hp->n_embd;
 	h->F = hp->n_ff;
 	h->GS = m->group_size;
@@ -359,7 +360,7 @@ static int alloc_all(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	if (alloc_device(h, err, errlen))
 		return -1;
 	if (hyb_ffn_hybrid_prefill_alloc(h))
-		return dev_fail(h, err, errlen, "prompt batch buffers");
+		return oom(err, errlen);
 	if (hyb_ffn_hybrid_cache_warm(h, err, errlen))
 		return -1;
 	return 0;

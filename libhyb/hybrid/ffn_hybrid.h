@@ -74,6 +74,13 @@ uint32_t hyb_ffn_hybrid_prefill_batch_cap(const struct hyb_ffn_hybrid *h);
 /* An event for the batch's rows moving to and from the device. */
 struct hyb_device_event *hyb_ffn_hybrid_batch_event(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_prefill_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_batch *b);
+/*
+ * Around a prompt's batches: borrow the cache slots the batch's buffers
+ * live in (their groups evicted), and give them back (the groups reloaded).
+ * 0, or -1 with err (return: err may be NULL when an error is already set).
+ */
+int hyb_ffn_hybrid_prefill_borrow(struct hyb_ffn_hybrid *h, char *err, size_t errlen);
+int hyb_ffn_hybrid_prefill_return(struct hyb_ffn_hybrid *h, char *err, size_t errlen);
 int hyb_ffn_hybrid_prefill_batch_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n,
 				     char *err, size_t errlen);
 /* The dense part on the device (NULL when nothing dense was placed). */

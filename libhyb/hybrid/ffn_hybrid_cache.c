@@ -244,3 +244,63 @@ int hyb_ffn_hybrid_table(const struct hyb_ffn_hybrid *h, int32_t *out)
 	memcpy(out, h->table, sizeof(int32_t) * h->L * h->NG);
 	return 0;
 }
+
+/*
+ * A prompt batch's buffers live in slots [first, total) (ffn_hybrid_prefill.c):
+ * every load in flight lands first (the host has then seen the copies into
+ * those slots complete, so the batch's kernels may write there), the groups
+ * there are evicted - the prompt streams them like any uncached group - and
+ * the slots leave the free lists until the prompt is done.
+ */
+int hyb_ffn_hybrid_cache_borrow(struct hyb_ffn_hybrid *h, uint32_t first)
+{
+	struct prefill_ws *w = &h->pw;
+	int rc = hyb_ffn_hybrid_cache_wait_all(h);
+
+	if (rc)
+		return rc;
+	w->n_evicted = 0;
+	for (uint32_t l = 0; l < h->L; l++) {
+		const uint32_t base = h->slot_base[l], end = base + h->n_slots[l];
+		uint32_t k = 0;
+
+		if (end <= first)
+			continue;
+		for (uint32_t g = 0; g < h->NG; g++) {
+			int32_t *t = &h->table[(size_t)l * h->NG + g];
+
+			if (*t >= 0 && (uint32_t)*t >= first) {
+				w->evicted[2 * w->n_evicted] = l;
+				w->evicted[2 * w->n_evicted++ + 1] = g;
+				*t = -1;
+				h->dirty[l] = true;
+			}
+		}
+		for (uint32_t i = 0; i < h->n_free[l]; i++)
+			if (h->free_slot[base + i] < first)
+				h->free_slot[base + k++] = h->free_slot[base + i];
+		h->n_free[l] = k;
+	}
+	return 0;
+}
+
+/* The prompt is done with slots [first, total): free again, their groups reloaded. */
+int hyb_ffn_hybrid_cache_return(struct hyb_ffn_hybrid *h, uint32_t first)
+{
+	struct prefill_ws *w = &h->pw;
+
+	for (uint32_t l = 0; l < h->L; l++) {
+		const uint32_t base = h->slot_base[l], end = base + h->n_slots[l];
+
+		for (uint32_t s = end; s-- > (base > first ? base : first);)
+			h->free_slot[base + h->n_free[l]++] = s;
+	}
+	for (uint32_t i = 0; i < w->n_evicted; i++) {
+		int rc = load_group(h, w->evicted[2 * i], w->evicted[2 * i + 1]);
+
+		if (rc)
+			return rc;
+	}
+	w->n_evicted = 0;
+	return 0;
+}

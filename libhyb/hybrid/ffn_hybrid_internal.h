@@ -123,11 +123,17 @@ struct hyb_ffn_hybrid {
 	/*
 	 * A prompt batch on the device (ffn_hybrid_prefill.c): its buffers, and
 	 * the two staging areas the FFN bundles of uncached groups stream
-	 * through, a piece of groups each, with the piece's list and table
+	 * through, a piece of groups each, with the piece's list and table -
+	 * all in the neuron cache's last slots, from `first` on, borrowed for
+	 * the prompt: their groups are evicted for it and reloaded after
 	 */
 	struct prefill_ws {
+		uint32_t want;          /* hyb_hybrid_params.prompt_batch */
 		uint32_t cap, piece;    /* tokens a batch holds (0: off), groups a piece */
-		uint64_t bytes;         /* all of it, taken from the budget */
+		uint64_t bytes;         /* all of it */
+		uint32_t first;         /* the first slot borrowed */
+		uint32_t *evicted;      /* [2 * total slots] (layer, group) pairs to reload */
+		uint32_t n_evicted;
 		hyb_dptr x, xn, y, q, k, v, att;
 		hyb_dptr stage[2], list[2], table[2];
 		uint32_t *h_list[2];    /* pinned */
@@ -182,6 +188,14 @@ int hyb_ffn_hybrid_cache_fail(struct hyb_ffn_hybrid *h, char *err, size_t errlen
  */
 int hyb_ffn_hybrid_cache_balance(struct hyb_ffn_hybrid *h, uint32_t l, const uint32_t *act,
 				 uint32_t n, char *err, size_t errlen);
+/*
+ * A prompt batch borrows slots [first, total slots): their loads waited
+ * for, their groups evicted and listed in h->pw.evicted, the slots off the
+ * free lists. Returning them puts them back and reloads those groups.
+ * 0, or -1 (the device's or hybd's error).
+ */
+int hyb_ffn_hybrid_cache_borrow(struct hyb_ffn_hybrid *h, uint32_t first);
+int hyb_ffn_hybrid_cache_return(struct hyb_ffn_hybrid *h, uint32_t first);
 /* The starting cache, loaded before the first token; measures one group's load time. */
 int hyb_ffn_hybrid_cache_warm(struct hyb_ffn_hybrid *h, char *err, size_t errlen);
 
@@ -207,10 +221,11 @@ int hyb_ffn_hybrid_dev_merge(struct hyb_ffn_hybrid *h, uint32_t n_dev, uint32_t 
 
 /* ---- ffn_hybrid_prefill.c ---- */
 
-/* Size the prompt batch's buffers to fit share bytes (h->pw); their bytes, 0 when off. */
-uint64_t hyb_ffn_hybrid_prefill_plan(struct hyb_ffn_hybrid *h, uint64_t share,
-				     uint32_t max_tokens);
-/* Allocate them (device and pinned host memory, events); 0 or -1. */
+/*
+ * Size the prompt batch's buffers to fit in the neuron cache (h->pw) and
+ * lay them out in its last slots, with their pinned host memory and events;
+ * 0, or -1 out of memory.
+ */
 int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_prefill_free(struct hyb_ffn_hybrid *h);
 

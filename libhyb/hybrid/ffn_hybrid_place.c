@@ -32,7 +32,7 @@ static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, boo
  * whole layers.
  */
 static uint64_t place_layers(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			     uint32_t n_ctx, uint64_t avail, bool *on, bool *head, uint64_t *left)
+			     uint32_t n_ctx, uint64_t avail, bool *on, bool *head)
 {
 	const struct hyb_model *m = h->m;
 	/* box mode: groups live in hybd's cache, not in this app's budget */
@@ -63,7 +63,6 @@ static uint64_t place_layers(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_p
 		*head = true;
 		avail -= hb;
 	}
-	*left = avail;
 	return (uint64_t)full * h->NG;
 }
 
@@ -73,13 +72,12 @@ static uint64_t place_layers(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_p
  * the slots of what is left.
  */
 static uint64_t place_parts(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred, uint64_t *left)
+			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred)
 {
 	const struct hyb_model *m = h->m;
 	const uint64_t hb = hyb_hdense_head_bytes(m);
 	uint32_t n_on = 0, n_pred = 0;
 
-	*left = avail;
 	if (p->dense_on_cpu)
 		return avail / h->slot_bytes;
 	for (uint32_t l = 0; l < h->L; l++) {
@@ -118,7 +116,6 @@ static uint64_t place_parts(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 		avail -= need;
 	}
 	avail -= buf < avail ? buf : avail;
-	*left = avail;
 	return avail / h->slot_bytes;
 }
 
@@ -128,13 +125,12 @@ static uint64_t place_parts(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
  * left for neuron groups. `avail` is the budget less the FFN buffers.
  */
 static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
-			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred,
-			    uint64_t *left)
+			    uint32_t n_ctx, uint64_t avail, bool *on, bool *head, bool *pred)
 {
 	*head = false;
 	if (h->layer_policy)
-		return place_layers(h, p, n_ctx, avail, on, head, left);
-	return place_parts(h, p, n_ctx, avail, on, head, pred, left);
+		return place_layers(h, p, n_ctx, avail, on, head);
+	return place_parts(h, p, n_ctx, avail, on, head, pred);
 }
 
 /*
@@ -145,7 +141,6 @@ int hyb_ffn_hybrid_place(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_param
 			 uint32_t n_ctx, struct hyb_ffn_budget *b, char *err, size_t errlen)
 {
 	const uint64_t fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
-	uint64_t left = 0, ws;
 
 	b->on = calloc(h->L, sizeof(*b->on));
 	b->pred = calloc(h->L, sizeof(*b->pred));
@@ -155,17 +150,7 @@ int hyb_ffn_hybrid_place(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_param
 	}
 	if (p->gpu_budget > fixed)
 		b->slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, b->on, &b->head,
-				       b->pred, &left);
-	/*
-	 * A prompt batch's buffers (docs/HYBRID.md, "Prompts") after the dense
-	 * parts, which every token reads, out of what the neuron groups would
-	 * get: at most a sixteenth of the budget, or what a batch of the size
-	 * asked for needs
-	 */
-	ws = hyb_ffn_hybrid_prefill_plan(h, p->prompt_batch || p->gpu_budget / 16 > left ?
-					 left : p->gpu_budget / 16, p->prompt_batch);
-	if (ws && !h->layer_policy)
-		b->slots = (left - ws) / h->slot_bytes;
+				       b->pred);
 	if (h->hc && p->gpu_budget <= fixed) {
 		snprintf(err, errlen, "GPU budget %llu bytes does not hold this app's device buffers "
 			 "(%llu bytes; the groups go to hybd's cache)",
@@ -189,8 +174,6 @@ int hyb_ffn_hybrid_place(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_param
 		h->place.predictors += b->pred[l];
 	}
 	h->place.head = b->head;
-	h->place.prompt_batch = h->pw.cap;
-	h->place.prompt_bytes = h->pw.bytes;
 	if (!b->slots && !h->place.attn_layers && !b->head) {
 		snprintf(err, errlen, "GPU budget %llu bytes holds nothing: no neuron group (%llu "
 			 "bytes each, plus %llu of buffers)%s", (unsigned long long)p->gpu_budget,

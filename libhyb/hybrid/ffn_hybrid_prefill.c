@@ -67,47 +67,53 @@ static uint64_t al256(uint64_t b)
 }
 
 /*
- * The batch's buffers in `share` bytes (the caller's: at most a sixteenth
- * of the budget, after the dense parts; docs/HYBRID.md, "Prompts"). A
- * quarter of it, at most 8 MiB a piece, is the two staging areas; the rest
- * holds the batch's activations, up to 512 tokens (llama.cpp's ubatch).
- * Off in oracle mode (its prompts keep the CPU batch's sums), with
- * prefill_cpu, in box mode (its groups stream from hybd's pools into
- * hybd's cache, not this app's memory), and when fewer than 32 tokens fit.
+ * The batch's buffers in `share` bytes, the neuron cache's (docs/HYBRID.md,
+ * "Prompts"): an eighth of it, at most 8 MiB, a staging area (two of
+ * them); the rest holds the batch's activations, up to 512 tokens
+ * (llama.cpp's ubatch) or the size asked for. Off in oracle mode (its
+ * prompts keep the CPU batch's sums), with prefill_cpu, in box mode (the
+ * cache is hybd's), and when fewer than 32 tokens fit.
  */
-uint64_t hyb_ffn_hybrid_prefill_plan(struct hyb_ffn_hybrid *h, uint64_t share,
-				     uint32_t max_tokens)
+static uint64_t plan(struct hyb_ffn_hybrid *h, uint64_t share)
 {
 	const struct hyb_hparams *hp = &h->m->hp;
 	const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
 	const uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
 	const uint64_t per_tok = 4 * (3ull * h->E + 2 * q_dim + 2 * kv_dim);
 	const uint64_t lists = 2 * al256(4ull * h->NG) + 2 * al256(4ull * h->NG * h->GS);
-	uint64_t stage = share / 8 < PW_STAGE_MAX ? share / 8 : PW_STAGE_MAX, left, cap;
+	uint64_t stage = share / 8 < PW_STAGE_MAX ? share / 8 : PW_STAGE_MAX, cap;
 	struct prefill_ws *w = &h->pw;
+	const uint32_t want = w->want;
 
-	memset(w, 0, sizeof(*w));
+	w->cap = 0;
 	if (h->oracle || h->prefill_cpu || h->hc || !h->slot_bytes)
 		return 0;
 	w->piece = (uint32_t)(stage / h->slot_bytes < h->NG ? stage / h->slot_bytes : h->NG);
 	if (!w->piece)
 		w->piece = 1;
 	stage = 2 * al256((uint64_t)w->piece * h->slot_bytes);
-	if (stage + lists >= share)
+	if (stage + lists + 256 >= share)
 		return 0;
-	left = share - stage - lists;
-	cap = left / (per_tok + 7 * 256); /* seven arrays, each 256-byte aligned */
-	if (max_tokens) /* asked for: that, if it fits */
-		w->cap = cap >= max_tokens ? max_tokens : 0;
+	/* seven arrays, each 256-byte aligned, and the region's own alignment */
+	cap = (share - stage - lists - 256) / (per_tok + 7 * 256);
+	if (want)
+		w->cap = cap >= want ? want : 0;
 	else if (cap >= PW_MIN_TOKENS)
 		w->cap = (uint32_t)(cap < PW_MAX_TOKENS ? cap : PW_MAX_TOKENS);
-	if (!w->cap) {
-		memset(w, 0, sizeof(*w));
+	if (!w->cap)
 		return 0;
-	}
 	w->bytes = stage + lists + 3 * al256(4ull * w->cap * h->E) +
-		   2 * al256(4ull * w->cap * q_dim) + 2 * al256(4ull * w->cap * kv_dim);
+		   2 * al256(4ull * w->cap * q_dim) + 2 * al256(4ull * w->cap * kv_dim) + 256;
 	return w->bytes;
+}
+
+/* The next 256-byte aligned piece of n bytes at *at. */
+static hyb_dptr carve(hyb_dptr *at, uint64_t n)
+{
+	const hyb_dptr p = al256(*at);
+
+	*at = p + n;
+	return p;
 }
 
 int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h)
@@ -115,24 +121,28 @@ int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h)
 	const struct hyb_hparams *hp = &h->m->hp;
 	const uint64_t q_dim = (uint64_t)hp->n_head * hp->head_dim;
 	const uint64_t kv_dim = (uint64_t)hp->n_head_kv * hp->head_dim;
+	const uint64_t cache = (uint64_t)h->total_slots * h->slot_bytes;
 	struct prefill_ws *w = &h->pw;
 	struct hyb_device *d = h->dev;
+	uint64_t slots;
+	hyb_dptr at;
 
-	if (!w->cap)
+	if (!h->total_slots || !plan(h, cache))
 		return 0;
-	if (hyb_device_alloc(d, 4ull * w->cap * h->E, &w->x) ||
-	    hyb_device_alloc(d, 4ull * w->cap * h->E, &w->xn) ||
-	    hyb_device_alloc(d, 4ull * w->cap * h->E, &w->y) ||
-	    hyb_device_alloc(d, 4ull * w->cap * q_dim, &w->q) ||
-	    hyb_device_alloc(d, 4ull * w->cap * q_dim, &w->att) ||
-	    hyb_device_alloc(d, 4ull * w->cap * kv_dim, &w->k) ||
-	    hyb_device_alloc(d, 4ull * w->cap * kv_dim, &w->v))
-		return -1;
+	slots = (w->bytes + h->slot_bytes - 1) / h->slot_bytes;
+	w->first = (uint32_t)(h->total_slots - slots);
+	at = h->cache + (uint64_t)w->first * h->slot_bytes;
+	w->x = carve(&at, 4ull * w->cap * h->E);
+	w->xn = carve(&at, 4ull * w->cap * h->E);
+	w->y = carve(&at, 4ull * w->cap * h->E);
+	w->q = carve(&at, 4ull * w->cap * q_dim);
+	w->att = carve(&at, 4ull * w->cap * q_dim);
+	w->k = carve(&at, 4ull * w->cap * kv_dim);
+	w->v = carve(&at, 4ull * w->cap * kv_dim);
 	for (int i = 0; i < 2; i++) {
-		if (hyb_device_alloc(d, (uint64_t)w->piece * h->slot_bytes, &w->stage[i]) ||
-		    hyb_device_alloc(d, 4ull * h->NG * h->GS, &w->list[i]) ||
-		    hyb_device_alloc(d, 4ull * h->NG, &w->table[i]))
-			return -1;
+		w->stage[i] = carve(&at, (uint64_t)w->piece * h->slot_bytes);
+		w->list[i] = carve(&at, 4ull * h->NG * h->GS);
+		w->table[i] = carve(&at, 4ull * h->NG);
 		w->h_list[i] = hyb_device_host_alloc(d, 4ull * w->piece * h->GS);
 		w->h_table[i] = hyb_device_host_alloc(d, 4ull * h->NG);
 		w->ev_copy[i] = hyb_device_event_new(d);
@@ -143,9 +153,12 @@ int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h)
 			w->h_table[i][g] = -1;
 	}
 	w->groups = malloc(sizeof(uint32_t) * h->NG);
+	w->evicted = malloc(2 * sizeof(uint32_t) * h->total_slots);
 	w->ev_x = hyb_device_event_new(d);
 	w->ev_pre = hyb_device_event_new(d);
-	return w->groups && w->ev_x && w->ev_pre ? 0 : -1;
+	h->place.prompt_batch = w->cap;
+	h->place.prompt_bytes = w->bytes;
+	return w->groups && w->evicted && w->ev_x && w->ev_pre ? 0 : -1;
 }
 
 void hyb_ffn_hybrid_prefill_free(struct hyb_ffn_hybrid *h)
@@ -162,12 +175,32 @@ void hyb_ffn_hybrid_prefill_free(struct hyb_ffn_hybrid *h)
 	hyb_device_event_free(h->dev, w->ev_x);
 	hyb_device_event_free(h->dev, w->ev_pre);
 	free(w->groups);
+	free(w->evicted);
 	memset(w, 0, sizeof(*w));
 }
 
 uint32_t hyb_ffn_hybrid_prefill_batch_cap(const struct hyb_ffn_hybrid *h)
 {
 	return h->pw.cap;
+}
+
+int hyb_ffn_hybrid_prefill_borrow(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
+{
+	for (int i = 0; i < 2; i++)
+		h->pw.used[i] = false;
+	if (hyb_ffn_hybrid_cache_borrow(h, h->pw.first))
+		return hyb_ffn_hybrid_cache_fail(h, err, errlen, "prompt batch buffers");
+	return 0;
+}
+
+int hyb_ffn_hybrid_prefill_return(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
+{
+	char scratch[8];
+
+	if (hyb_ffn_hybrid_cache_return(h, h->pw.first))
+		return hyb_ffn_hybrid_cache_fail(h, err ? err : scratch, err ? errlen : sizeof(scratch),
+						 "reload after the prompt");
+	return 0;
 }
 
 struct hyb_device_event *hyb_ffn_hybrid_batch_event(struct hyb_ffn_hybrid *h)

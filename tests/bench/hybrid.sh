@@ -30,3 +30,22 @@ for budget in ${HYBRID_BUDGET:-40% 60%}; do
 		--device "$device" --policies all --drift "${HYBRID_DRIFT:-32}" \
 		-n "${HYBRID_TOKENS:-256}" -r "${REPS:-3}" ${HYBRID_PCIE:+--pcie-gbps $HYBRID_PCIE}
 done
+
+# Time to first token of a 512-token prompt (docs/HYBRID.md "Prompts"):
+# batches on the device, the FFN groups it does not cache streamed through
+# it, against CPU-only prefill of the same plan in the same rounds (the
+# baseline), --prefill-cpu (prompts on the CPU, attention and head placed for
+# decoding) and the whole model on the device (100%).
+echo "== time to first token: a ${HYBRID_PROMPT:-512}-token prompt, device $device =="
+np=${HYBRID_PROMPT:-512}
+for run in "40%" "40% --prefill-cpu" "60%" "100%"; do
+	build/hyb bench -m "${f%.gguf}.plan.gguf" --gpu-budget $run --device "$device" \
+		--policies static,layer -p "$np" -n 16 -r "${TTFT_REPS:-2}" \
+		${HYBRID_PCIE:+--pcie-gbps $HYBRID_PCIE} |
+	awk -v run="$run" -v np="$np" '
+		/^baseline/ { for (i = 1; i < NF; i++) if ($i == "prompt") cpu = $(i + 1) }
+		/^(static|layer) / && $4 > 0 {
+			printf "%-20s %-7s TTFT %9.1f ms   CPU-only %9.1f ms   %7.1fx\n",
+			       run, $1, 1000 * np / $4, 1000 * np / cpu, $4 / cpu
+		}'
+done

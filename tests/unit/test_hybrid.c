@@ -576,9 +576,22 @@ TEST(hybrid_prompt_batch_on_the_device)
 		CHECK_MSG(pl.prompt_batch == 40, "%s: a prompt batch of %u tokens (%.2f MB)",
 			  k ? "layer" : "static", pl.prompt_batch, pl.prompt_bytes / 1e6);
 		CHECK_MSG(!k || (pl.attn_layers > 0 && pl.attn_layers < m->hp.n_layer), "%u of %u layers", pl.attn_layers, m->hp.n_layer);
+		/* the batch borrows the cache's last slots: the same groups cached after it */
+		const size_t nt = (size_t)m->hp.n_layer * m->n_groups;
+		int32_t *t0 = malloc(4 * nt), *t1 = malloc(4 * nt);
+
+		CHECK(t0 && t1 && !hyb_ctx_hybrid_table(c, t0));
 		CHECK_MSG(!hyb_ctx_eval(c, prompt, NP, lh, true), "%s", hyb_last_error());
+		CHECK(!hyb_ctx_hybrid_table(c, t1));
+		for (size_t i = 0; i < nt; i++)
+			CHECK_MSG((t0[i] >= 0) == (t1[i] >= 0), "group %zu %s the cache after the "
+				  "prompt", i, t0[i] >= 0 ? "left" : "entered");
+		free(t0);
+		free(t1);
 		hyb_ctx_hybrid_stats(c, &st);
 		CHECK_EQ_INT(st.prompt_batches, 3);
+		/* static moves nothing: these are the borrowed slots' groups coming back */
+		CHECK_MSG(k || st.loads > 0, "no group reloaded after the prompt");
 		CHECK(st.prompt_stream_bytes > 0);
 		for (int i = 0; i < NP; i++) {
 			const float *a = lr + (size_t)i * V, *b = lh + (size_t)i * V;
