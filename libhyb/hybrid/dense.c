@@ -16,6 +16,7 @@
 struct dense_layer {
 	bool on, pred;
 	hyb_dptr attn_norm, wq, wk, wv, wo, ffn_norm, kc, vc;
+	hyb_dptr q_norm, k_norm, bq, bk, bv;  /* Qwen's: 0 where the model has none */
 	hyb_dptr fc1, fc1_b, fc2, fc2_b;  /* the predictor */
 	uint32_t host_n, dev_n;  /* KV rows each side holds */
 };
@@ -70,19 +71,37 @@ static bool norm_ok(const struct hyb_weight *w)
 	return w->data && w->type == HYB_TYPE_F32;
 }
 
+/* A Q or K norm: none, one per head ([head_dim]) or over the projection ([heads * head_dim]). */
+static bool qk_norm_ok(const struct hyb_weight *w, uint32_t heads, uint32_t hd)
+{
+	return !w->data || (norm_ok(w) && (w->ne0 == hd || w->ne0 == (uint64_t)heads * hd));
+}
+
 uint64_t hyb_hdense_layer_bytes(const struct hyb_model *m, uint32_t l, uint32_t n_ctx)
 {
+	const struct hyb_hparams *hp = &m->hp;
 	const struct hyb_layer *L = &m->layers[l];
-	const uint64_t kv = (uint64_t)m->hp.n_head_kv * m->hp.head_dim;
+	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
 
+	/*
+	 * The device's block is llama's (forward.c's hyb_fwd_attention) with
+	 * Qwen's Q/K norms and q/k/v biases: not sliding windows, a scaled q, a
+	 * norm after the block or LongRoPE's two factor sets (Gemma, Phi-3)
+	 */
 	if (!norm_ok(&L->attn_norm) || !norm_ok(&L->ffn_norm) || !mat_ok(&L->wq) ||
-	    !mat_ok(&L->wk) || !mat_ok(&L->wv) || !mat_ok(&L->wo) || m->hp.head_dim > 256 ||
-	    m->hp.head_dim % 2 || m->hp.n_rot % 2)
+	    !mat_ok(&L->wk) || !mat_ok(&L->wv) || !mat_ok(&L->wo) || hp->head_dim > 256 ||
+	    hp->head_dim % 2 || hp->n_rot % 2 || L->swa || hp->q_scale || hp->rope_short ||
+	    L->post_attn_norm.data || !qk_norm_ok(&L->q_norm, hp->n_head, hp->head_dim) ||
+	    !qk_norm_ok(&L->k_norm, hp->n_head_kv, hp->head_dim))
 		return 0;
 	return round256(weight_bytes(&L->attn_norm)) + round256(weight_bytes(&L->ffn_norm)) +
 	       round256(weight_bytes(&L->wq)) + round256(weight_bytes(&L->wk)) +
 	       round256(weight_bytes(&L->wv)) + round256(weight_bytes(&L->wo)) +
-	       2 * round256(2 * kv * n_ctx);
+	       (L->q_norm.data ? round256(weight_bytes(&L->q_norm)) : 0) +
+	       (L->k_norm.data ? round256(weight_bytes(&L->k_norm)) : 0) +
+	       (L->bq ? round256(4 * q) : 0) + (L->bk ? round256(4 * kv) : 0) +
+	       (L->bv ? round256(4 * kv) : 0) + 2 * round256(2 * kv * n_ctx);
 }
 
 uint64_t hyb_hdense_head_bytes(const struct hyb_model *m)
@@ -206,6 +225,13 @@ static int put_qkv(struct hyb_hdense *hd, const struct hyb_layer *L, struct dens
 	       hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wv, L->wv.data, bv) ? -1 : 0;
 }
 
+/* A float vector as a weight, for put() */
+static struct hyb_weight vec(const float *p, uint32_t n)
+{
+	return (struct hyb_weight){ .type = HYB_TYPE_F32, .ne0 = n, .ne1 = 1,
+				    .row_bytes = 4ull * n, .data = p };
+}
+
 static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 {
 	const uint64_t kvb = 2ull * hd->kv_dim * hd->n_ctx;
@@ -216,8 +242,15 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 
 		if (!d->on)
 			continue;
+		const struct hyb_weight bq = vec(L->bq, hd->q_dim), bk = vec(L->bk, hd->kv_dim);
+		const struct hyb_weight bv = vec(L->bv, hd->kv_dim);
+
 		if (put(hd, &L->attn_norm, &d->attn_norm) || put(hd, &L->ffn_norm, &d->ffn_norm) ||
 		    put_qkv(hd, L, d) || put(hd, &L->wo, &d->wo) ||
+		    (L->q_norm.data && put(hd, &L->q_norm, &d->q_norm)) ||
+		    (L->k_norm.data && put(hd, &L->k_norm, &d->k_norm)) ||
+		    (L->bq && put(hd, &bq, &d->bq)) || (L->bk && put(hd, &bk, &d->bk)) ||
+		    (L->bv && put(hd, &bv, &d->bv)) ||
 		    alloc(hd, kvb, &d->kc) || alloc(hd, kvb, &d->vc))
 			return fail(hd, err, errlen, "attention weights to the device");
 	}
@@ -428,6 +461,36 @@ static struct hyb_dev_matvec mv(const struct hyb_weight *w, hyb_dptr wd, hyb_dpt
 					.accumulate = acc };
 }
 
+/*
+ * After the q/k/v products of n tokens: Qwen's biases, then its Q and K
+ * norms (per head, or over the projection), forward.c's order; before RoPE.
+ */
+static int qkv_extras(struct hyb_hdense *hd, const struct hyb_layer *L,
+		      const struct dense_layer *d, hyb_dptr q, hyb_dptr k, hyb_dptr v, uint32_t n)
+{
+	const struct hyb_hparams *hp = &hd->m->hp;
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+	const uint32_t qn = (uint32_t)L->q_norm.ne0, kn = (uint32_t)L->k_norm.ne0;
+
+	for (uint32_t t = 0; t < n; t++)
+		if ((d->bq && hyb_device_add(hd->dev, s, q + 4ull * t * hd->q_dim, d->bq,
+					     hd->q_dim)) ||
+		    (d->bk && hyb_device_add(hd->dev, s, k + 4ull * t * hd->kv_dim, d->bk,
+					     hd->kv_dim)) ||
+		    (d->bv && hyb_device_add(hd->dev, s, v + 4ull * t * hd->kv_dim, d->bv,
+					     hd->kv_dim)))
+			return -1;
+	if (d->q_norm && hyb_device_rmsnorm_rows(hd->dev, s, q, q, d->q_norm, qn,
+						 (uint32_t)(n * (uint64_t)hd->q_dim / qn),
+						 hp->rms_eps))
+		return -1;
+	if (d->k_norm && hyb_device_rmsnorm_rows(hd->dev, s, k, k, d->k_norm, kn,
+						 (uint32_t)(n * (uint64_t)hd->kv_dim / kn),
+						 hp->rms_eps))
+		return -1;
+	return 0;
+}
+
 int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 {
 	const struct hyb_hparams *hp = &hd->m->hp;
@@ -455,7 +518,8 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 		q.n_out += k.n_out + v.n_out;
 	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
 	    hyb_device_matvec(dev, s, &q) || (!fused && hyb_device_matvec(dev, s, &k)) ||
-	    (!fused && hyb_device_matvec(dev, s, &v)) || hyb_device_attention(dev, s, &a) ||
+	    (!fused && hyb_device_matvec(dev, s, &v)) ||
+	    qkv_extras(hd, L, d, hd->q, hd->k, hd->v, 1) || hyb_device_attention(dev, s, &a) ||
 	    hyb_device_matvec(dev, s, &o) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
 		return -1;
@@ -489,7 +553,8 @@ int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, 
 	q.batch = k.batch = v.batch = o.batch = n;
 	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps) ||
 	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
-	    hyb_device_matvec(dev, s, &v) || hyb_device_attention(dev, s, &a) ||
+	    hyb_device_matvec(dev, s, &v) || qkv_extras(hd, L, d, b->q, b->k, b->v, n) ||
+	    hyb_device_attention(dev, s, &a) ||
 	    hyb_device_matvec(dev, s, &o) ||
 	    hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->ffn_norm, hd->E, n, hp->rms_eps))
 		return -1;

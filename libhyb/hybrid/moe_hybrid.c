@@ -246,8 +246,9 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
  * the GPU): every layer's attention block and the head when together they
  * take at most half the budget, else the head alone if it does, else
  * nothing; the rest is for experts. The device's attention block is
- * llama's (dense.c): other architectures (Q/K norms, biases) keep
- * attention on the CPU. Returns the bytes placed; -1 with err.
+ * llama's with Qwen's Q/K norms and biases (dense.c); a model with other
+ * steps (MLA, sliding windows) keeps attention on the CPU. Returns the
+ * bytes placed; -1 with err.
  */
 static int64_t place_dense(struct hyb_moe_hybrid *h, const struct hyb_hybrid_params *p,
 			   uint32_t n_ctx, char *err, size_t errlen)
@@ -256,7 +257,8 @@ static int64_t place_dense(struct hyb_moe_hybrid *h, const struct hyb_hybrid_par
 	const uint32_t L = m->hp.n_layer;
 	bool *on = calloc(L, sizeof(bool));
 	uint64_t layers = 0, head = hyb_hdense_head_bytes(m);
-	bool all = m->hp.arch_id == HYB_ARCH_LLAMA && !p->dense_on_cpu;
+	/* the layers the device's block runs (hyb_hdense_layer_bytes), all or none */
+	bool all = !p->dense_on_cpu;
 	bool use_head;
 	int64_t rc = 0;
 

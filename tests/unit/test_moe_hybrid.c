@@ -88,9 +88,9 @@ static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float
 }
 
 /*
- * Every policy, experts alone on the device (qwen3moe: its attention's Q/K
- * norms stay on the CPU) and with attention and head there too (llama's
- * layout), a second prompt after decoding (the KV rows come back first).
+ * Every policy, with attention and head on the device too (qwen3moe's
+ * attention with its Q/K norms, llama's plain), a second prompt after
+ * decoding (the KV rows come back first).
  */
 static void cpu_bits(const char *name, const char *args, bool dense)
 {
@@ -159,7 +159,7 @@ static void cpu_bits(const char *name, const char *args, bool dense)
 
 TEST(moe_hybrid_cpu_device_decodes_the_cpu_bits)
 {
-	cpu_bits("mh", SMALL " --type Q8_0", false);
+	cpu_bits("mh", SMALL " --type Q8_0", true);
 }
 
 TEST(moe_hybrid_dense_on_device_decodes_the_cpu_bits)
@@ -171,8 +171,9 @@ TEST(moe_hybrid_dense_on_device_decodes_the_cpu_bits)
 /*
  * Expert deferral beside the device (KTransformers 5): the CPU's deferred
  * experts of a layer run while the next layer's attention is on the device
- * (llama's layout) or before the next layer's routing (qwen3moe's, attention
- * on the CPU) - and the logits stay the CPU-only deferral's bit for bit. The
+ * (llama's layout) or before the next layer's routing (qwen3moe's with
+ * dense_on_cpu, attention on the CPU) - and the logits stay the CPU-only
+ * deferral's bit for bit. The
  * control: deferral does change them.
  */
 TEST(moe_hybrid_deferral_beside_the_device_keeps_the_cpu_bits)
@@ -193,7 +194,8 @@ TEST(moe_hybrid_deferral_beside_the_device_keeps_the_cpu_bits)
 		CHECK(!decode(m, NULL, plain, NULL, NULL));
 		for (uint32_t d = 1; d <= 2; d++) {
 			struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
-							.gpu_budget = m->weight_bytes / 3 * 2 };
+							.gpu_budget = m->weight_bytes / 3 * 2,
+							.dense_on_cpu = !a };
 			struct hyb_hybrid_offload pl;
 
 			CHECK(!decode_defer(m, NULL, d, ref, NULL, NULL));
@@ -279,4 +281,11 @@ TEST(moe_hybrid_refuses_what_it_cannot_do)
 	CHECK_MSG(strstr(hyb_last_error(), "Q5_0") && strstr(hyb_last_error(), "on the CPU"),
 		  "%s", hyb_last_error());
 	hyb_model_free(m);
+}
+
+/* qwen2moe: its attention's q/k/v biases on the device too (and its shared expert on the CPU) */
+TEST(moe_hybrid_biases_on_device_decode_the_cpu_bits)
+{
+	cpu_bits("mhq2", "--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 64 "
+		 "--hidden 128 --heads 4 --layers 3 --seed 5 --type Q8_0", true);
 }
