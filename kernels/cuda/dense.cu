@@ -167,6 +167,9 @@ static __global__ void __launch_bounds__(NORM_THREADS)
 rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, uint32_t n, float eps)
 {
 	__shared__ double part[NORM_THREADS / WARP];
+	/* a block a row */
+	y += (size_t)blockIdx.x * n;
+	x += (size_t)blockIdx.x * n;
 	__shared__ float scale_sh;
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 	double s = 0;
@@ -197,14 +200,14 @@ rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, uint32_t n
 		y[i] = __fmul_rn(__fmul_rn(x[i], scale), w[i]);
 }
 
-extern "C" int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps,
-				void *stream)
+extern "C" int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n,
+				uint32_t rows, float eps, void *stream)
 {
 	const uint32_t thr = u32min((n + WARP - 1) / WARP * WARP, NORM_THREADS);
 
-	if (!n)
+	if (!n || !rows || rows > 0x7fffffffu)
 		return -EINVAL;
-	rmsnorm_kernel<<<1, thr, 0, (cudaStream_t)stream>>>(y, x, w, n, eps);
+	rmsnorm_kernel<<<rows, thr, 0, (cudaStream_t)stream>>>(y, x, w, n, eps);
 	return (int)cudaGetLastError();
 }
 

@@ -21,9 +21,12 @@
 extern "C" {
 #endif
 
-/* y[0..n) = x / rms(x) * w (hyb_rmsnorm's arithmetic); y may equal x. */
-int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n, float eps,
-		     void *stream);
+/*
+ * Each of rows rows of n: y = x / rms(x) * w (hyb_rmsnorm's arithmetic), a
+ * block a row; y may equal x.
+ */
+int hyb_cuda_rmsnorm(float *y, const float *x, const float *w, uint32_t n, uint32_t rows,
+		     float eps, void *stream);
 
 /* y (= or +=) W x, W n_out rows of n_in elements of type, rows contiguous. */
 struct hyb_cuda_matvec {

@@ -655,18 +655,17 @@ static int cu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_d
 	struct cudev *c = cu(d);
 	int rc = use(c);
 
-	for (uint64_t r = 0; r < rows && !rc; r++) {
-		rc = hyb_cuda_rmsnorm((float *)(uintptr_t)y + r * n,
-				      (const float *)(uintptr_t)x + r * n,
-				      (const float *)(uintptr_t)w, n, eps, c->st[s]);
-		if (rc < 0)
-			return hyb_device_fail(d, rc, "cuda rmsnorm: n %u not supported", n);
-		if (rc > 0)
-			return fault(c, (cudaError_t)rc, "rmsnorm kernel launch");
-	}
-	if (!rc) /* x, w, y: the CPU device's model (device_cpu.c) */
-		d->st.kernel_bytes += 4ull * n * (2ull * rows + 1);
-	return rc;
+	if (rc)
+		return rc;
+	rc = hyb_cuda_rmsnorm((float *)(uintptr_t)y, (const float *)(uintptr_t)x,
+			      (const float *)(uintptr_t)w, n, rows, eps, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda rmsnorm: %u rows of %u not supported", rows, n);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "rmsnorm kernel launch");
+	/* x, w, y: the CPU device's model (device_cpu.c) */
+	d->st.kernel_bytes += 4ull * n * (2ull * rows + 1);
+	return 0;
 }
 
 static int cu_matvec_one(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m)
