@@ -4,9 +4,9 @@
 # The expert cache (docs/MOE.md): Qwen3-30B-A3B-shaped experts (128 per
 # layer, 8 per token, 768 neurons, hidden 2048, 4 layers, Q4_0) with the
 # routing design's skewed, drifting popularity (hybctl synth's default),
-# profiled by hybctl profile, in two layouts: qwen3moe (its attention's Q/K
-# norms keep attention on the CPU) and Mixtral's llama layout (attention and
-# head go to the device too). hyb bench --gpu-budget on the CPU device
+# profiled by hybctl profile, in two layouts: qwen3moe (attention with its
+# Q/K norms) and Mixtral's llama layout, attention and head on the device in
+# both. hyb bench --gpu-budget on the CPU device
 # (modelled PCIe and device memory): every policy against CPU-only decoding
 # in the same rounds, on the drift workload (a forced topic change every 32
 # tokens).
