@@ -150,11 +150,17 @@ static int check_model(struct plan *P, const char *path)
 	if (hyb_gguf_find(f, HYB_PLAN_KEY_VERSION))
 		return hyb_error_set(-EINVAL, "%s is already a plan file (plan the source model)",
 				     path);
-	/* the sparse and hybrid engines compute llama's block: no biases, extra norms, GeGLU */
-	if (P->m->hp.arch_id != HYB_ARCH_LLAMA)
+	/*
+	 * The sparse and hybrid engines compute a plain gate/up/down FFN added
+	 * to the residual: llama's, and Qwen 2's and 3's (their attention's
+	 * biases and Q/K norms are forward.c's and the device's). Not Gemma 3's
+	 * (a norm after the FFN, GeGLU), Phi-3's (gate and up fused), experts.
+	 */
+	if (P->m->hp.arch_id != HYB_ARCH_LLAMA && P->m->hp.arch_id != HYB_ARCH_QWEN2 &&
+	    P->m->hp.arch_id != HYB_ARCH_QWEN3)
 		return hyb_error_set(-EINVAL, "%s: architecture '%s' cannot be planned yet "
-				     "(sparse and hybrid decoding run llama models)", path,
-				     P->m->hp.arch);
+				     "(sparse and hybrid decoding run llama, qwen2 and qwen3 "
+				     "models)", path, P->m->hp.arch);
 	P->type = L0->gate.type;
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		const struct hyb_layer *L = &P->m->layers[l];

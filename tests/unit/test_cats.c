@@ -20,6 +20,7 @@
 #include "hyb/threadpool.h"
 #include "hyb/profile.h"
 #include "hyb/sparsity.h"
+#include "hyb/testing.h"
 #include "sparse/sparse_op.h"
 #include "test.h"
 
@@ -383,4 +384,139 @@ TEST(cats_hybrid_cpu_device)
 	hyb_ctx_free(cp);
 	hyb_ctx_free(ch);
 	hyb_model_free(m);
+}
+
+/* A plan of a small model of this arch (SiLU: a CATS profile at 0.5). */
+static struct hyb_model *qwen_plan(const char *arch, const char *act)
+{
+	char model[512], prof[512], plan[512], log[600];
+	struct hyb_model *m;
+
+	snprintf(model, sizeof(model), "%s/%s-%s.gguf", hyb_test_tmpdir(), arch, act);
+	snprintf(prof, sizeof(prof), "%s/%s-%s.profile.gguf", hyb_test_tmpdir(), arch, act);
+	snprintf(plan, sizeof(plan), "%s/%s-%s.plan.gguf", hyb_test_tmpdir(), arch, act);
+	snprintf(log, sizeof(log), "%s/%s-%s.log", hyb_test_tmpdir(), arch, act);
+	if (hyb_test_sh(log, "(%s synth -o %s --arch %s --hidden 128 --ffn 512 --layers 3 "
+			"--heads 4 --kv-heads 2 --vocab 512 --act %s --type Q8_0 -t 1 && "
+			"%s profile %s %s --gen 24 --samples 400 -t 1 -o %s && "
+			"%s plan %s --profile %s --gpu-budget 64M -o %s -t 1)",
+			hyb_test_hybctl(), model, arch, act, hyb_test_hybctl(), model,
+			strcmp(act, "silu") ? "" : "--sparsity 0.5", prof, hyb_test_hybctl(),
+			model, prof, plan)) {
+		hyb_test_show_log(log);
+		CHECK_MSG(0, "synth/profile/plan of a %s %s model failed", arch, act);
+	}
+	m = hyb_model_load(plan);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->group_size > 0 && (strcmp(arch, "qwen3") ? m->layers[0].bq != NULL :
+							      m->layers[0].q_norm.data != NULL));
+	return m;
+}
+
+/*
+ * Plans of Qwen 2 and Qwen 3 models (q/k/v biases; per-head Q/K norms),
+ * SiLU with a CATS profile as real Qwen models need: the plan's dense and
+ * sparse decoding agree. Hybrid decoding on the CPU device with every
+ * attention block there (biases and norms on the device, hybrid/dense.c)
+ * gives the bits of the same engine with attention on the CPU, in oracle
+ * mode (under CATS the hybrid engine decodes from the predictor's lists,
+ * docs/SPARSITY.md, so not the CPU-only decoder's exact set); a 40-token
+ * prompt as one batch on the device (exact CATS there) lands close to
+ * CPU-only prefill.
+ */
+TEST(cats_qwen_plans_decode_sparse_and_hybrid)
+{
+	static const char *const arch[2] = { "qwen2", "qwen3" };
+
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built", hyb_test_hybctl());
+	for (int a = 0; a < 2; a++) {
+		struct hyb_test_agreement ag = { 0 };
+		struct hyb_model *m = qwen_plan(arch[a], "silu");
+		struct hyb_ctx *cd, *cp;
+
+		cd = hyb_test_ctx(m, HYB_FFN_DENSE);
+		cp = hyb_test_ctx(m, HYB_FFN_SPARSE);
+		hyb_test_greedy_compare(cd, cp, m->hp.n_vocab, 7, 16, 40, 0, &ag);
+		fprintf(stderr, "    %s plan dense vs sparse: %u/%u greedy, max rel %.2g\n",
+			arch[a], ag.agree, ag.total, ag.max_rel);
+		/* (Q8_0: a neuron at the threshold can fall either side of it in the two paths) */
+		CHECK(ag.agree >= ag.total - 2 && ag.max_rel < 0.05);
+		hyb_ctx_free(cd);
+		hyb_ctx_free(cp);
+		hyb_model_free(m);
+		m = qwen_plan(arch[a], "silu");
+
+		const uint32_t V = m->hp.n_vocab;
+		float *lr = calloc((size_t)V * 41, sizeof(float)), *lh = calloc((size_t)V * 41,
+										 sizeof(float));
+		int32_t toks[40];
+
+		CHECK(lr && lh);
+		for (int i = 0; i < 40; i++)
+			toks[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u) % (V - 3));
+		for (int oracle = 1; oracle >= 0; oracle--) {
+			struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC,
+							.gpu_budget = m->weight_bytes };
+			struct hyb_ctx_params p = {
+				.n_ctx = 64, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
+				.testing = oracle ? HYB_TESTING_FFN_ORACLE : 0,
+			};
+			struct hyb_hybrid_params host = hy;
+			struct hyb_ctx *c, *h;
+			struct hyb_hybrid_offload pl;
+			struct hyb_hybrid_stats st;
+			double d = 0, amax = 0;
+
+			/* oracle: the same hybrid engine with attention on the CPU; else CPU-only */
+			host.dense_on_cpu = true;
+			p.hybrid = oracle ? &host : NULL;
+			c = hyb_ctx_new(m, &p);
+			p.hybrid = &hy;
+			h = hyb_ctx_new(m, &p);
+			CHECK_MSG(c && h, "%s", hyb_last_error());
+			hyb_ctx_hybrid_offload(h, &pl);
+			CHECK_EQ_INT(pl.attn_layers, m->hp.n_layer);
+			/*
+			 * oracle: 6 prompt tokens, then one at a time; else the 40 as a
+			 * batch, thresholds off (a neuron at a threshold would move the
+			 * logits by more than the arithmetic does)
+			 */
+			if (!oracle)
+				CHECK(!hyb_ctx_set_ffn_thresholds(c, NULL) &&
+				      !hyb_ctx_set_ffn_thresholds(h, NULL));
+			CHECK(!hyb_ctx_eval(c, toks, oracle ? 6 : 40, lr, false));
+			CHECK(!hyb_ctx_eval(h, toks, oracle ? 6 : 40, lh, false));
+			for (int t = 1; oracle && t <= 30; t++) {
+				CHECK(!hyb_ctx_eval(c, &toks[5 + t], 1, lr + (size_t)t * V, false));
+				CHECK(!hyb_ctx_eval(h, &toks[5 + t], 1, lh + (size_t)t * V, false));
+			}
+			hyb_ctx_hybrid_stats(h, &st);
+			if (oracle) {
+				int first = -1;
+
+				for (int r = 0; r < 31 && first < 0; r++)
+					if (memcmp(lr + (size_t)r * V, lh + (size_t)r * V, 4ull * V))
+						first = r;
+				CHECK_MSG(first < 0, "%s: hybrid decoding with attention on the device "
+					  "is not the bits of attention on the CPU from row %d (0: the "
+					  "prompt)", arch[a], first);
+				CHECK(st.tokens == 30 && st.active_dev > 0);
+			} else {
+				CHECK_EQ_INT(st.prompt_batches, 1);
+				for (uint32_t v = 0; v < V; v++) {
+					amax = fmax(amax, fabs(lr[v]));
+					d = fmax(d, fabs(lr[v] - lh[v]));
+				}
+				fprintf(stderr, "    %s: a 40-token prompt batched on the device: "
+					"logits within %.2g of the largest\n", arch[a], d / amax);
+				CHECK(d < 1e-3 * amax && hyb_test_argmax(lr, V) == hyb_test_argmax(lh, V));
+			}
+			hyb_ctx_free(c);
+			hyb_ctx_free(h);
+		}
+		free(lr);
+		free(lh);
+		hyb_model_free(m);
+	}
 }
