@@ -956,6 +956,8 @@ TEST(hybrid_cli_prompt_batch)
 	CHECK(cli("--gpu-budget 60% --prefill-cpu --prompt-batch 40", out, sizeof(out)) != 0);
 	CHECK_MSG(strstr(out, "one or the other"), "%s", out);
 	CHECK(cli("--gpu-budget 60% --prompt-batch 0", out, sizeof(out)) != 0);
+	CHECK(cli("--gpu-budget 60% --prompt-batch 60000", out, sizeof(out)) != 0);
+	CHECK_MSG(strstr(out, "does not fit in the neuron cache"), "%s", out);
 	/* a prompt of more than 40 tokens: batches of 40 */
 	prompt[0] = 0;
 	for (int i = 0; i < 20; i++)

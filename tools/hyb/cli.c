@@ -278,6 +278,7 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 
 	if (!c)
 		cli_die("%s", hyb_last_error());
+	cli_check_prompt_batch(c, &hy);
 	apply_cats(c, m, o);
 	apply_teal(c, m, o);
 	return c;

@@ -64,6 +64,8 @@ void cli_print_sparse(const struct hyb_ctx *c, double t_decode);
 void cli_print_teal(const struct hyb_ctx *c, const struct hyb_model *m);
 /* cli_hybrid.c: --gpu-budget resolved against the model (bytes); stats lines. */
 uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m);
+/* --prompt-batch N that the context could not give (no room, a MoE model): exits saying why */
+void cli_check_prompt_batch(const struct hyb_ctx *c, const struct hyb_hybrid_params *hy);
 /* --thresholds off|expected|paper (hyb/hybrid.h enum hyb_thresholds); dies on another word. */
 enum hyb_thresholds cli_thresholds(const char *s);
 void cli_print_hybrid(struct hyb_ctx *c, double t_decode);

@@ -17,6 +17,21 @@
 #include "hyb/tensor_type.h"
 #include "hyb/membw.h"
 
+void cli_check_prompt_batch(const struct hyb_ctx *c, const struct hyb_hybrid_params *hy)
+{
+	struct hyb_hybrid_offload pl;
+
+	if (!hy->prompt_batch || !hyb_ctx_hybrid(c))
+		return;
+	hyb_ctx_hybrid_offload(c, &pl);
+	if (pl.experts)
+		cli_die("--prompt-batch: a mixture of experts' prompts run on the CPU (docs/MOE.md)");
+	if (pl.prompt_batch != hy->prompt_batch)
+		cli_die("--prompt-batch %u: a batch of %u tokens does not fit in the neuron cache "
+			"(%.1f MB, docs/HYBRID.md \"Prompts\"): ask for fewer", hy->prompt_batch,
+			hy->prompt_batch, pl.cache_bytes / 1e6);
+}
+
 uint64_t cli_gpu_budget(const char *s, const struct hyb_model *m)
 {
 	char *end;

@@ -39,7 +39,7 @@ static const char usage[] =
 	"                 [--teal PROFILE [--sparsity S]]\n"
 	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
 	"                  [--no-prefetch] [--dense-cpu]\n"
-	"                  [--thresholds off|expected|paper]]\n"
+	"                  [--thresholds off|expected|paper] [--prompt-batch N]]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --manifest NAME: box mode, hybd's copy of the model (docs/BOX.md); when hybd\n"
@@ -75,7 +75,7 @@ static const char usage[] =
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
        O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
-       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS };
+       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -106,6 +106,7 @@ static const struct option longopts[] = {
 	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "thresholds", required_argument, 0, O_THRESHOLDS },
+	{ "prompt-batch", required_argument, 0, O_PROMPT_BATCH },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
@@ -164,6 +165,9 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
 		case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 		case O_THRESHOLDS: o->hy.thresholds = cli_thresholds(optarg); break;
+		case O_PROMPT_BATCH:
+			o->hy.prompt_batch = (uint32_t)cli_num("--prompt-batch", optarg, 1, 1 << 16);
+			break;
 		case 'h': fputs(usage, stdout); exit(0);
 		default: fputs(usage, stderr); exit(2);
 		}
@@ -178,9 +182,9 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		cli_die("--gpu-budget: hybrid decoding serves one request at a time, on its own "
 			"(--parallel 1, no --teal)");
 	if (!o->gpu_budget && (o->routing || o->hy.no_prefetch || o->hy.dense_on_cpu ||
-			       o->hy.thresholds))
-		cli_die("--routing, --no-prefetch, --dense-cpu and --thresholds go with "
-			"--gpu-budget");
+			       o->hy.thresholds || o->hy.prompt_batch))
+		cli_die("--routing, --no-prefetch, --dense-cpu, --thresholds and --prompt-batch go "
+			"with --gpu-budget");
 	if (!o->model && !o->manifest)
 		cli_die("no model given (-m MODEL or --manifest NAME)");
 }
@@ -333,9 +337,13 @@ int cmd_serve(int argc, char **argv)
 		if (eo.hybrid) {
 			struct hyb_hybrid_offload pl;
 
+			cli_check_prompt_batch(sv.q.slots[0].ctx, &sv.o.hy);
 			hyb_ctx_hybrid_offload(sv.q.slots[0].ctx, &pl);
 			fprintf(stderr, "hyb serve: hybrid decoding on the %s device: %s\n",
 				sv.o.hy.device ? sv.o.hy.device : "cpu", pl.cache_note);
+			if (pl.prompt_batch)
+				fprintf(stderr, "hyb serve: prompts of 32 tokens and more in batches of "
+					"up to %u on the device\n", pl.prompt_batch);
 		}
 	}
 	port = serve_http_start(&sv);
