@@ -12,9 +12,16 @@
  *
  * Streams: three non-blocking streams created with the device's priorities,
  * CRITICAL the highest, COMPUTE the middle, RELOAD the lowest (KAIROX
- * 5.1/8). RELOAD copies are queued as chunk_bytes pieces so that a CRITICAL
- * copy waits at most for the piece the copy engine is on; the priorities
- * make the scheduler prefer CRITICAL work when both have some queued.
+ * 5.1/8). The priorities order kernels, not copies: the copy engine takes
+ * copies in submission order. So the RELOAD stream's work goes through a
+ * host queue (reload_lane.h) that submits its copies in chunk_bytes pieces,
+ * at most two outstanding, and its records and waits in order behind them:
+ * a CRITICAL copy then waits for at most two chunks. The lane's thread
+ * waits for the oldest chunk and submits the next (the link stays busy while
+ * the host computes), and every entry pumps it too; an event whose record
+ * the queue still holds reads as not done, and sync, wait on another
+ * stream, free and close wait until it is out. The lane thread makes CUDA
+ * calls on the RELOAD stream only, under the lane's lock.
  *
  * Kernels: kernels/cuda/sparse_ffn.cu. Each stream has its own scratch for
  * them (h and down-row addresses of the active neurons, the partial tiles),
@@ -55,6 +62,7 @@
 #include "dense_cuda.h"
 #include "predict_cuda.h"
 #include "sparse_ffn_cuda.h"
+#include "reload_lane.h"
 
 #define ALIGN 256ull
 #define SCRATCH0 (4ull << 20)
@@ -97,6 +105,9 @@ struct cudev {
 	uint32_t *bad_dev;        /* the same, as the device sees it; NULL: not reported */
 	struct hostbuf *reg, *hb; /* pinned regions, host_alloc buffers */
 	size_t n_reg, cap_reg, n_hb, cap_hb;
+	struct hyb_lane lane;     /* the RELOAD stream's queue */
+	cudaEvent_t mark[2];      /* its chunks' markers */
+	bool lane_on;
 };
 
 static struct cudev *cu(struct hyb_device *d)
@@ -124,16 +135,91 @@ static int soft(struct cudev *c, cudaError_t e, int rc, const char *what)
 	return hyb_device_fail(&c->d, rc, "cuda: %s: %s", what, cudaGetErrorString(e));
 }
 
+/* ---- the RELOAD lane's backend (reload_lane.h) ---- */
+
+static int lane_copy(void *ctx, void *dst, const void *src, uint64_t n, int dir, int k)
+{
+	struct cudev *c = (struct cudev *)ctx;
+	cudaError_t e = cudaMemcpyAsync(dst, src, n, (cudaMemcpyKind)dir,
+					c->st[HYB_STREAM_RELOAD]);
+
+	if (e == cudaSuccess)
+		e = cudaEventRecord(c->mark[k], c->st[HYB_STREAM_RELOAD]);
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaMemcpyAsync(reload chunk)");
+}
+
+static bool lane_done(void *ctx, int k)
+{
+	cudaError_t e = cudaEventQuery(((struct cudev *)ctx)->mark[k]);
+
+	if (e == cudaErrorNotReady)
+		(void)cudaGetLastError(); /* not an error (cu_done says why) */
+	/* an error: done, and the marker's wait reports it */
+	return e != cudaErrorNotReady;
+}
+
+static int lane_mwait(void *ctx, int k)
+{
+	struct cudev *c = (struct cudev *)ctx;
+	cudaError_t e = cudaEventSynchronize(c->mark[k]);
+
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaEventSynchronize(reload chunk)");
+}
+
+static int lane_record(void *ctx, void *ev)
+{
+	struct cudev *c = (struct cudev *)ctx;
+	struct hyb_device_event *x = (struct hyb_device_event *)ev;
+	cudaError_t e = cudaEventRecord(x->ev, c->st[HYB_STREAM_RELOAD]);
+
+	x->recorded = true;
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaEventRecord");
+}
+
+static int lane_wait(void *ctx, void *ev)
+{
+	struct cudev *c = (struct cudev *)ctx;
+	cudaError_t e = cudaStreamWaitEvent(c->st[HYB_STREAM_RELOAD],
+					    ((struct hyb_device_event *)ev)->ev, 0);
+
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaStreamWaitEvent");
+}
+
+static void lane_thread_init(void *ctx)
+{
+	cudaSetDevice(((struct cudev *)ctx)->dev);
+}
+
+/* Move the lane along; block: until held is out of it (NULL: until it is empty). */
+static int pump(struct cudev *c, bool block, const void *held)
+{
+	return c->lane_on ? hyb_lane_pump(&c->lane, block, held) : 0;
+}
+
 /* Calls may come from another host thread than open's: make our device current. */
 static int use(struct cudev *c)
 {
 	cudaError_t e = cudaSetDevice(c->dev);
 
-	return e == cudaSuccess ? 0 : fault(c, e, "cudaSetDevice");
+	if (e != cudaSuccess)
+		return fault(c, e, "cudaSetDevice");
+	return pump(c, false, NULL);
+}
+
+/* Work for stream s: on RELOAD, after everything the lane holds. */
+static int use_stream(struct cudev *c, enum hyb_stream s)
+{
+	int rc = use(c);
+
+	return !rc && s == HYB_STREAM_RELOAD ? pump(c, true, NULL) : rc;
 }
 
 static int sync_all(struct cudev *c)
 {
+	int rc = pump(c, true, NULL);
+
+	if (rc)
+		return rc;
 	for (int s = 0; s < HYB_N_STREAMS; s++) {
 		cudaError_t e = cudaStreamSynchronize(c->st[s]);
 
@@ -350,25 +436,21 @@ static void cu_host_free(struct hyb_device *d, void *p)
 static int copy(struct cudev *c, enum hyb_stream s, void *dst, const void *src, uint64_t len,
 		cudaMemcpyKind kind)
 {
-	/* RELOAD in chunks: a CRITICAL copy then waits for at most one chunk */
-	const uint64_t chunk = s == HYB_STREAM_RELOAD && c->d.cfg.chunk_bytes ?
-				       c->d.cfg.chunk_bytes : len;
 	char what[96];
 	int rc = use(c);
+	cudaError_t e;
 
 	if (rc)
 		return rc;
-	for (uint64_t off = 0; off < len; off += chunk) {
-		const uint64_t n = len - off < chunk ? len - off : chunk;
-		cudaError_t e = cudaMemcpyAsync((char *)dst + off, (const char *)src + off, n, kind,
-						c->st[s]);
-
-		if (e != cudaSuccess) {
-			snprintf(what, sizeof(what), "cudaMemcpyAsync(%s, %llu bytes, %s stream)",
-				 kind == cudaMemcpyHostToDevice ? "h2d" : "d2h",
-				 (unsigned long long)n, stream_name(s));
-			return fault(c, e, what);
-		}
+	/* RELOAD in chunks through the lane: a CRITICAL copy waits for at most two */
+	if (s == HYB_STREAM_RELOAD)
+		return hyb_lane_copy(&c->lane, dst, src, len, (int)kind);
+	e = cudaMemcpyAsync(dst, src, len, kind, c->st[s]);
+	if (e != cudaSuccess) {
+		snprintf(what, sizeof(what), "cudaMemcpyAsync(%s, %llu bytes, %s stream)",
+			 kind == cudaMemcpyHostToDevice ? "h2d" : "d2h", (unsigned long long)len,
+			 stream_name(s));
+		return fault(c, e, what);
 	}
 	return 0;
 }
@@ -414,6 +496,9 @@ static void cu_event_free(struct hyb_device *d, struct hyb_device_event *ev)
 {
 	/* safe while the event is pending: CUDA releases it when it completes */
 	cudaSetDevice(cu(d)->dev);
+	/* a record the lane holds would name a destroyed event */
+	if (hyb_lane_holds(&cu(d)->lane, ev))
+		pump(cu(d), true, ev);
 	cudaEventDestroy(ev->ev);
 	free(ev);
 }
@@ -426,6 +511,8 @@ static int cu_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device_
 
 	if (rc)
 		return rc;
+	if (s == HYB_STREAM_RELOAD && !hyb_lane_idle(&c->lane))
+		return hyb_lane_record(&c->lane, ev);
 	e = cudaEventRecord(ev->ev, c->st[s]);
 	if (e != cudaSuccess)
 		return fault(c, e, "cudaEventRecord");
@@ -441,6 +528,11 @@ static int cu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_ev
 
 	if (rc)
 		return rc;
+	if (s == HYB_STREAM_RELOAD && !hyb_lane_idle(&c->lane))
+		return hyb_lane_wait(&c->lane, ev);
+	/* a record the lane holds must be out first: CUDA would wait for the last one */
+	if (hyb_lane_holds(&c->lane, ev) && (rc = pump(c, true, ev)))
+		return rc;
 	/* an event never recorded: CUDA waits for nothing, as the contract says */
 	e = cudaStreamWaitEvent(c->st[s], ev->ev, 0);
 	return e == cudaSuccess ? 0 : fault(c, e, "cudaStreamWaitEvent");
@@ -454,6 +546,8 @@ static bool cu_done(struct hyb_device *d, struct hyb_device_event *ev)
 
 	if (use(c))
 		return true;
+	if (hyb_lane_holds(&c->lane, ev))
+		return false;
 	e = cudaEventQuery(ev->ev);
 	if (e == cudaErrorNotReady) {
 		/*
@@ -477,7 +571,7 @@ static int cu_sync(struct hyb_device *d, struct hyb_device_event *ev)
 	cudaError_t e;
 	int rc = use(c);
 
-	if (rc)
+	if (rc || (rc = pump(c, true, ev)))
 		return rc;
 	e = cudaEventSynchronize(ev->ev);
 	if (e != cudaSuccess)
@@ -496,6 +590,8 @@ static int cu_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 
 	if (rc)
 		return rc;
+	if (hyb_lane_holds(&c->lane, a) || hyb_lane_holds(&c->lane, b))
+		return hyb_device_fail(d, -EAGAIN, "elapsed: an event not recorded yet");
 	if (!a->timed || !b->timed || !a->recorded || !b->recorded)
 		return hyb_device_fail(d, -EINVAL, "elapsed: %s event",
 				       !a->timed || !b->timed ? "an untimed" : "a never recorded");
@@ -562,7 +658,7 @@ static int cu_sparse_ffn_one(struct hyb_device *d, enum hyb_stream s, const stru
 				       "cuda sparse ffn: cache %#llx and slot_bytes %llu must be even",
 				       (unsigned long long)f->cache,
 				       (unsigned long long)f->slot_bytes);
-	if ((rc = use(c)) || (rc = scratch(c, s, hyb_cuda_ffn_scratch_bytes(f->n_embd, f->n_active,
+	if ((rc = use_stream(c, s)) || (rc = scratch(c, s, hyb_cuda_ffn_scratch_bytes(f->n_embd, f->n_active,
 									  c->n_sm))))
 		return rc;
 	memset(&a, 0, sizeof(a));
@@ -623,7 +719,7 @@ static int cu_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct h
 static int cu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n)
 {
 	struct cudev *c = cu(d);
-	int rc = use(c);
+	int rc = use_stream(c, s);
 
 	if (rc)
 		return rc;
@@ -638,7 +734,7 @@ static int cu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dp
 		     uint32_t n)
 {
 	struct cudev *c = cu(d);
-	int rc = use(c);
+	int rc = use_stream(c, s);
 
 	if (rc)
 		return rc;
@@ -653,7 +749,7 @@ static int cu_rmsnorm(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_d
 		      hyb_dptr w, uint32_t n, uint32_t rows, float eps)
 {
 	struct cudev *c = cu(d);
-	int rc = use(c);
+	int rc = use_stream(c, s);
 
 	if (rc)
 		return rc;
@@ -685,7 +781,7 @@ static int cu_matvec_one(struct hyb_device *d, enum hyb_stream s, const struct h
 				       "cuda matvec: n_in %u of %s needs %u bytes of shared "
 				       "memory, the GPU has %d", m->n_in, hyb_type_name(m->type),
 				       smem, c->smem_max);
-	if ((rc = use(c)))
+	if ((rc = use_stream(c, s)))
 		return rc;
 	a.type = m->type;
 	a.n_in = m->n_in;
@@ -758,7 +854,7 @@ static int cu_attention_one(struct hyb_device *d, enum hyb_stream s, const struc
 	if (a->head_dim > 2 * HYB_CUDA_ROPE_MAX)
 		return hyb_device_fail(d, -EINVAL, "cuda attention: head_dim %u above %d",
 				       a->head_dim, 2 * HYB_CUDA_ROPE_MAX);
-	if ((rc = use(c)) ||
+	if ((rc = use_stream(c, s)) ||
 	    (rc = workspace(c, s, hyb_cuda_attn_work_bytes(a->n_head, a->n_head_kv, a->head_dim,
 							    c->n_sm))))
 		return rc;
@@ -839,7 +935,7 @@ static int cu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 	if (p->n_in > HYB_CUDA_PREDICT_MAX_IN)
 		return hyb_device_fail(d, -EINVAL, "cuda predict: n_in %u above %d", p->n_in,
 				       HYB_CUDA_PREDICT_MAX_IN);
-	if ((rc = use(c)) || (rc = workspace(c, s, hyb_cuda_predict_workspace(p))))
+	if ((rc = use_stream(c, s)) || (rc = workspace(c, s, hyb_cuda_predict_workspace(p))))
 		return rc;
 	rc = hyb_cuda_predict(p, c->wk[s], c->wk_bytes[s], c->st[s]);
 	if (rc < 0)
@@ -872,6 +968,11 @@ static void cu_close(struct hyb_device *d)
 	if (!c)
 		return;
 	cudaSetDevice(c->dev);
+	pump(c, true, NULL);
+	hyb_lane_free(&c->lane);
+	for (int k = 0; k < 2; k++)
+		if (c->mark[k])
+			cudaEventDestroy(c->mark[k]);
 	for (int s = 0; s < HYB_N_STREAMS; s++) {
 		if (c->st[s]) {
 			cudaStreamSynchronize(c->st[s]);
@@ -995,6 +1096,22 @@ extern "C" struct hyb_device *hyb_device_cuda_open(const struct hyb_device_confi
 			c->st[s] = NULL;
 			return open_fail(c, e, "cudaStreamCreateWithPriority", err, errlen);
 		}
+	}
+	for (int k = 0; k < 2; k++) {
+		e = cudaEventCreateWithFlags(&c->mark[k], cudaEventDisableTiming);
+		if (e != cudaSuccess) {
+			c->mark[k] = NULL;
+			return open_fail(c, e, "cudaEventCreateWithFlags", err, errlen);
+		}
+	}
+	{
+		const struct hyb_lane_ops lo = { c, lane_copy, lane_done, lane_mwait, lane_record,
+						 lane_wait, lane_thread_init };
+
+		hyb_lane_init(&c->lane, &lo, conf.chunk_bytes);
+		c->lane_on = true;
+		/* without its thread the lane still moves, at every call: slower, not wrong */
+		(void)hyb_lane_start(&c->lane);
 	}
 	if ((e = cudaMemGetInfo(&fr, &total)) != cudaSuccess)
 		return open_fail(c, e, "cudaMemGetInfo", err, errlen);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_kernels.h"
 #include "gpu_test.h"
@@ -1657,4 +1658,62 @@ TEST(gpu_dev_layer_chain_timing)
 	free(hw);
 	free(hx);
 	free(c);
+}
+
+/*
+ * KAIROX 5.1's bound on the GPU: a 16 KiB critical copy issued behind a
+ * 64 MiB reload burst (1 MiB chunks through the lane, reload_lane.h) lands
+ * after at most the two chunks the lane keeps outstanding, not after the
+ * burst. Host clock from the critical copy's issue to its completion,
+ * against the burst's own time; the burst is checked whole afterwards.
+ */
+TEST(gpu_dev_critical_copy_jumps_the_reload_burst)
+{
+	enum { BURST = 64 * MiB, SMALL = 16 << 10 };
+	struct hyb_device *d;
+	struct hyb_device_event *ev_c, *ev_r;
+	uint8_t *hb, *hs, *back;
+	hyb_dptr db, ds;
+	struct timespec t0, t1, t2;
+	double crit, burst;
+
+	need_gpu();
+	d = open_kind("cuda", 256 * MiB, 1 * MiB);
+	hb = hyb_device_host_alloc(d, BURST);
+	hs = hyb_device_host_alloc(d, SMALL);
+	back = malloc(BURST);
+	CHECK(hb && hs && back);
+	fill(hb, BURST, 3);
+	fill(hs, SMALL, 5);
+	db = dalloc(d, BURST);
+	ds = dalloc(d, SMALL);
+	ev_c = hyb_device_event_new(d);
+	ev_r = hyb_device_event_new(d);
+	CHECK(ev_c && ev_r);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	OK(d, hyb_device_h2d(d, HYB_STREAM_RELOAD, db, hb, BURST));
+	OK(d, hyb_device_record(d, HYB_STREAM_RELOAD, ev_r));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, ds, hs, SMALL));
+	OK(d, hyb_device_record(d, HYB_STREAM_CRITICAL, ev_c));
+	OK(d, hyb_device_sync(d, ev_c));
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	OK(d, hyb_device_sync(d, ev_r));
+	clock_gettime(CLOCK_MONOTONIC, &t2);
+	crit = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	burst = (t2.tv_sec - t0.tv_sec) + (t2.tv_nsec - t0.tv_nsec) * 1e-9;
+	fprintf(stderr, "  critical 16 KiB copy behind a 64 MiB reload burst: %.1f us (the burst "
+		"%.1f us; two 1 MiB chunks %.1f us)\n", crit * 1e6, burst * 1e6,
+		burst * 1e6 * 2 / 64);
+	/* two chunks and the copy's own latency, with room for the host's scheduling */
+	CHECK_MSG(crit < burst / 4, "the critical copy waited %.1f us of the burst's %.1f us",
+		  crit * 1e6, burst * 1e6);
+	OK(d, hyb_device_d2h(d, HYB_STREAM_CRITICAL, back, db, BURST));
+	drain(d, HYB_STREAM_CRITICAL);
+	CHECK(!memcmp(back, hb, BURST));
+	hyb_device_event_free(d, ev_c);
+	hyb_device_event_free(d, ev_r);
+	hyb_device_host_free(d, hb);
+	hyb_device_host_free(d, hs);
+	free(back);
+	hyb_device_close(d);
 }
