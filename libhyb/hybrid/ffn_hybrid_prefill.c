@@ -14,7 +14,8 @@
 
 bool hyb_ffn_hybrid_prefill_on_device(const struct hyb_ffn_hybrid *h)
 {
-	return !h->prefill_cpu && h->hd && hyb_hdense_layers_on(h->hd) > 0;
+	/* a batch takes attention blocks on the CPU too (decode.c): its FFNs are the device's */
+	return !h->prefill_cpu && h->hd && (hyb_hdense_layers_on(h->hd) > 0 || h->pw.cap);
 }
 
 const uint8_t *hyb_ffn_hybrid_prefill_split(struct hyb_ffn_hybrid *h, uint32_t l)

@@ -151,16 +151,17 @@ static int check_model(struct plan *P, const char *path)
 		return hyb_error_set(-EINVAL, "%s is already a plan file (plan the source model)",
 				     path);
 	/*
-	 * The sparse and hybrid engines compute a plain gate/up/down FFN added
-	 * to the residual: llama's, and Qwen 2's and 3's (their attention's
-	 * biases and Q/K norms are forward.c's and the device's). Not Gemma 3's
-	 * (a norm after the FFN, GeGLU), Phi-3's (gate and up fused), experts.
+	 * The sparse and hybrid engines compute a gate/up/down FFN added to the
+	 * residual: llama's, Qwen 2's and 3's (their attention's biases and Q/K
+	 * norms are forward.c's and the device's) and Phi-3's (the loader slices
+	 * its fused gate/up; its scaled q keeps attention on the CPU in hybrid
+	 * decoding). Not Gemma 3's (a norm after the FFN, GeGLU), nor experts.
 	 */
 	if (P->m->hp.arch_id != HYB_ARCH_LLAMA && P->m->hp.arch_id != HYB_ARCH_QWEN2 &&
-	    P->m->hp.arch_id != HYB_ARCH_QWEN3)
+	    P->m->hp.arch_id != HYB_ARCH_QWEN3 && P->m->hp.arch_id != HYB_ARCH_PHI3)
 		return hyb_error_set(-EINVAL, "%s: architecture '%s' cannot be planned yet "
-				     "(sparse and hybrid decoding run llama, qwen2 and qwen3 "
-				     "models)", path, P->m->hp.arch);
+				     "(sparse and hybrid decoding run llama, qwen2, qwen3 and "
+				     "phi3 models)", path, P->m->hp.arch);
 	P->type = L0->gate.type;
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		const struct hyb_layer *L = &P->m->layers[l];

@@ -408,29 +408,33 @@ static struct hyb_model *qwen_plan(const char *arch, const char *act)
 	}
 	m = hyb_model_load(plan);
 	CHECK_MSG(m, "%s", hyb_last_error());
-	CHECK(m->group_size > 0 && (strcmp(arch, "qwen3") ? m->layers[0].bq != NULL :
-							      m->layers[0].q_norm.data != NULL));
+	CHECK(m->group_size > 0);
+	CHECK(strcmp(arch, "qwen2") || m->layers[0].bq != NULL);
+	CHECK(strcmp(arch, "qwen3") || m->layers[0].q_norm.data != NULL);
 	return m;
 }
 
 /*
- * Plans of Qwen 2 and Qwen 3 models (q/k/v biases; per-head Q/K norms),
- * SiLU with a CATS profile as real Qwen models need: the plan's dense and
+ * Plans of Qwen 2 and Qwen 3 models (q/k/v biases; per-head Q/K norms) and
+ * of Phi-3 (gate and up fused in the file, q scaled before attention),
+ * SiLU with a CATS profile as real models need: the plan's dense and
  * sparse decoding agree. Hybrid decoding on the CPU device with every
- * attention block there (biases and norms on the device, hybrid/dense.c)
- * gives the bits of the same engine with attention on the CPU, in oracle
- * mode (under CATS the hybrid engine decodes from the predictor's lists,
- * docs/SPARSITY.md, so not the CPU-only decoder's exact set); a 40-token
- * prompt as one batch on the device (exact CATS there) lands close to
- * CPU-only prefill.
+ * Qwen attention block there (biases and norms on the device,
+ * hybrid/dense.c) gives the bits of the same engine with attention on the
+ * CPU, in oracle mode (under CATS the hybrid engine decodes from the
+ * predictor's lists, docs/SPARSITY.md, so not the CPU-only decoder's exact
+ * set); Phi-3's stays on the CPU (the device's block has no scaled q). A
+ * 40-token prompt as one batch on the device (exact CATS there; Phi-3's
+ * attention on the CPU between the device's FFNs) lands close to CPU-only
+ * prefill.
  */
-TEST(cats_qwen_plans_decode_sparse_and_hybrid)
+TEST(cats_plans_of_qwen_and_phi3_decode_sparse_and_hybrid)
 {
-	static const char *const arch[2] = { "qwen2", "qwen3" };
+	static const char *const arch[3] = { "qwen2", "qwen3", "phi3" };
 
 	if (access(hyb_test_hybctl(), X_OK))
 		SKIP("%s not built", hyb_test_hybctl());
-	for (int a = 0; a < 2; a++) {
+	for (int a = 0; a < 3; a++) {
 		struct hyb_test_agreement ag = { 0 };
 		struct hyb_model *m = qwen_plan(arch[a], "silu");
 		struct hyb_ctx *cd, *cp;
@@ -476,7 +480,7 @@ TEST(cats_qwen_plans_decode_sparse_and_hybrid)
 			h = hyb_ctx_new(m, &p);
 			CHECK_MSG(c && h, "%s", hyb_last_error());
 			hyb_ctx_hybrid_offload(h, &pl);
-			CHECK_EQ_INT(pl.attn_layers, m->hp.n_layer);
+			CHECK_EQ_INT(pl.attn_layers, a < 2 ? m->hp.n_layer : 0);
 			/*
 			 * oracle: 6 prompt tokens, then one at a time; else the 40 as a
 			 * batch, thresholds off (a neuron at a threshold would move the
