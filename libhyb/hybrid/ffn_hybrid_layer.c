@@ -476,8 +476,26 @@ int hyb_ffn_hybrid_layer(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, 
 	    step_same_layer(h, pool, l, x_attn, &t1, err, errlen) :
 	    step_adjacent(h, pool, l, x_attn, &t1, err, errlen))
 		return -1;
-	if (split_ffn(h, pool, l, xn, y, on_dev, h->m->pred_input != HYB_PRED_SAME_LAYER, err,
-		      errlen))
+	/*
+	 * CATS (docs/SPARSITY.md) computes every gate and thresholds it: each
+	 * side takes all of its neurons and applies the threshold, so the
+	 * prediction only steers the cache (its lists miss neurons above the
+	 * threshold that exact CATS computes). Not with load-aware thresholds,
+	 * whose selection is the predictor's scores.
+	 */
+	const bool exact = h->thr && h->thr[l] > 0 && !h->thr_on;
+	uint32_t *pred = h->act, n_pred = h->n_act;
+
+	if (exact) {
+		h->act = h->all;
+		h->n_act = h->F;
+	}
+	int rc = split_ffn(h, pool, l, xn, y, on_dev, h->m->pred_input != HYB_PRED_SAME_LAYER,
+			   err, errlen);
+
+	h->act = pred;
+	h->n_act = n_pred;
+	if (rc)
 		return -1;
 	const double t3 = hyb_device_now(h->dev);
 

@@ -351,9 +351,10 @@ TEST(cats_bad_input)
 
 /*
  * Hybrid decoding of a CATS plan on the CPU-executed device: the predictor
- * lists neurons, the device and the CPU operator each skip up and down of
- * those at or below the threshold. Greedy tokens follow the CPU's exact
- * CATS decode (the predictor misses a few neurons above the threshold).
+ * steers the cache, and each side computes the gate of every neuron it
+ * holds and skips up and down at or below the threshold - exact CATS split
+ * in two. Greedy tokens follow the CPU's CATS decode (a neuron at the
+ * threshold may fall either side of it in the two sides' arithmetic).
  */
 TEST(cats_hybrid_cpu_device)
 {
@@ -380,7 +381,7 @@ TEST(cats_hybrid_cpu_device)
 		"neurons on the device\n", a.agree, a.total, a.max_rel,
 		100.0 * hs.active_dev / (hs.active ? hs.active : 1));
 	CHECK(hs.active_dev > 0 && hs.active_dev < hs.active); /* both sides computed */
-	CHECK(a.agree >= a.total - 3);
+	CHECK(a.agree >= a.total - 1 && a.max_rel < 0.05);
 	hyb_ctx_free(cp);
 	hyb_ctx_free(ch);
 	hyb_model_free(m);
