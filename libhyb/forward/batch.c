@@ -18,6 +18,7 @@
 
 #include "attention.h"
 #include "forward_internal.h"
+#include "hybrid/ffn_hybrid.h"
 #include "kv_pages.h"
 #include "util/error.h"
 
@@ -39,6 +40,8 @@ int hyb_ctx_seq_open(struct hyb_ctx *c, uint32_t n_pos)
 	if (seq < 0)
 		return hyb_error_set(seq, "no room for a sequence of %u positions: every "
 				     "sequence is open or the KV cache is promised", n_pos);
+	if (c->hybrid)
+		hyb_ffn_hybrid_seq_open(c->hybrid, seq);
 	return seq;
 }
 
@@ -52,6 +55,8 @@ int hyb_ctx_seq_close(struct hyb_ctx *c, int seq)
 	}
 	if (hyb_kv_pages_close(c->kv, seq))
 		return hyb_error_set(-EINVAL, "sequence %d is not open", seq);
+	if (c->hybrid)
+		hyb_ffn_hybrid_seq_close(c->hybrid, seq);
 	return 0;
 }
 
@@ -160,6 +165,7 @@ int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_
 			runs[nr] = (struct hyb_fwd_run){
 				.t0 = n, .n = piece, .pos = hyb_kv_pages_pos(c->kv, b[i].seq),
 				.blocks = hyb_kv_pages_extend(c->kv, b[i].seq, piece),
+				.seq = b[i].seq,
 			};
 			memcpy(tok + n, b[i].tokens + done[i], sizeof(*tok) * piece);
 			c->run_cols[nr] = piece;

@@ -14,6 +14,7 @@
 
 #include "forward_internal.h"
 #include "attention.h"
+#include "hyb/tensor_type.h"
 #include "hyb/testing.h"
 #include "hybrid/decode.h"
 #include "attention_mla.h"
@@ -56,6 +57,22 @@ static size_t scratch_bytes(const struct hyb_ctx *c)
 	       nb * (4 * wide + 512);
 }
 
+/*
+ * A plan's dense FFN (plan_ffn.c) sums every column as a one-column call:
+ * its GEMMs over a group's rows take any column count unchanged.
+ */
+static bool plan_invariant(const struct hyb_cpu_kernels *k, const struct hyb_model *m)
+{
+	const uint32_t last = m->hp.n_ff - (m->n_groups - 1) * m->group_size;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		if (hyb_gemm_invariant_cols(k, m->layers[l].plan.bundles.type, m->group_size,
+					    false) ||
+		    hyb_gemm_invariant_cols(k, m->layers[l].plan.bundles.type, last, false))
+			return false;
+	return true;
+}
+
 struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p)
 {
 	const struct hyb_hparams *hp = &m->hp;
@@ -77,7 +94,11 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->m = m;
 	c->k = hyb_cpu_best();
 	c->n_ctx = p && p->n_ctx ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-	c->n_batch = p && p->n_batch ? p->n_batch : 512;
+	/*
+	 * A hybrid pass of several sequences keeps its rows in device memory
+	 * (docs/HYBRID.md "Several sequences"): prompts go in smaller pieces there
+	 */
+	c->n_batch = p && p->n_batch ? p->n_batch : p && p->hybrid && p->n_seq > 1 ? 64 : 512;
 	c->q_dim = hp->n_head * hp->head_dim;
 	c->kv_dim = hp->n_head_kv * hp->head_dim;
 	c->n_seq = p && p->n_seq > 1 ? p->n_seq : 1;
@@ -98,12 +119,29 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		const uint64_t kv = p->kv_size ? p->kv_size : (uint64_t)c->n_seq * c->n_ctx;
 		const uint64_t blocks = (kv + HYB_KV_BLOCK - 1) / HYB_KV_BLOCK;
 
-		if (p->hybrid || m->group_size || m->powerinfer || p->moe_defer ||
-		    p->ffn == HYB_FFN_SPARSE) {
+		/* a plan's hybrid passes: docs/HYBRID.md "Several sequences" */
+		const bool plan_hybrid = p->hybrid && m->group_size && !m->powerinfer &&
+					 !hp->n_expert;
+
+		if (p->hybrid && !plan_hybrid) {
+			hyb_error_set(-EINVAL, "several sequences (n_seq %u) in a hybrid context: "
+				      "only a plan's (hybctl plan), not %s yet", c->n_seq,
+				      hp->n_expert ? "a mixture of experts' expert cache" :
+				      m->powerinfer ? "a PowerInfer file's" : "this model's");
+			goto fail;
+		}
+		if (!p->hybrid && (m->group_size || m->powerinfer || p->moe_defer ||
+				   p->ffn == HYB_FFN_SPARSE)) {
 			hyb_error_set(-EINVAL, "several sequences (n_seq %u) run dense on the CPU: "
 				      "not with %s yet", c->n_seq,
-				      p->hybrid ? "hybrid decoding" : p->moe_defer ?
-				      "expert deferral" : "a plan's sparse FFNs");
+				      p->moe_defer ? "expert deferral" : "a plan's sparse FFNs");
+			goto fail;
+		}
+		if (plan_hybrid && c->invariant && !plan_invariant(c->k, m)) {
+			hyb_error_set(-EINVAL, "several sequences (n_seq %u) of a plan with %s "
+				      "bundles: their CPU GEMM is not batch-invariant yet (set "
+				      "batch_variant)", c->n_seq,
+				      hyb_type_name(m->layers[0].plan.bundles.type));
 			goto fail;
 		}
 		if (blocks * HYB_KV_BLOCK > (1u << 26) || kv < c->n_ctx) {
@@ -214,7 +252,7 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 			goto fail;
 		}
 		if (!(c->hybrid = hyb_ffn_hybrid_new(m, p->hybrid, oracle, nth, c->n_ctx,
-						     err, sizeof(err))))
+						     c->n_seq, c->n_rows, err, sizeof(err))))
 			goto fail_engine;
 	} else if ((m->group_size || (m->powerinfer && (m->layers[0].fc1.data ||
 							 (p && p->ffn == HYB_FFN_SPARSE)))) &&

@@ -466,6 +466,37 @@ void hyb_fwd_post_norm(struct hyb_ctx *c, const struct hyb_weight *w, float *y, 
 		hyb_rmsnorm(y + (size_t)t * E, y + (size_t)t * E, w->data, E, c->m->hp.rms_eps);
 }
 
+void hyb_fwd_attention_core(struct hyb_ctx *c, uint32_t l, uint32_t n)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	const struct hyb_layer *L = &c->m->layers[l];
+	struct hyb_rope rope = L->swa ? hp->rope_swa : hp->rope;
+
+	if (hp->rope_short) /* LongRoPE: long factors for a context past the trained one */
+		rope.freq_factors = c->n_ctx > hp->n_ctx_orig ? hp->rope_long : hp->rope_short;
+	struct hyb_fwd_run one;
+	uint32_t nr;
+	const struct hyb_fwd_run *r = hyb_fwd_runs(c, n, &one, &nr);
+
+	for (uint32_t i = 0; i < nr; i++)
+		for (uint32_t t = r[i].t0; t < r[i].t0 + r[i].n; t++) {
+			float cs[512], sn[512];
+
+			hyb_rope_table(&rope, hp->n_rot, r[i].pos + t - r[i].t0, cs, sn);
+			hyb_rope_apply(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim,
+				       hp->n_rot, hp->rope_neox, cs, sn);
+			hyb_rope_apply(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
+				       hp->n_rot, hp->rope_neox, cs, sn);
+		}
+	if (hp->q_scale)
+		for (uint32_t i = 0; i < nr; i++)
+			for (size_t e = (size_t)r[i].t0 * c->q_dim;
+			     e < (size_t)(r[i].t0 + r[i].n) * c->q_dim; e++)
+				c->q[e] *= hp->q_scale;
+	store_kv(c, l, n);
+	attend(c, l, n);
+}
+
 void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
@@ -482,31 +513,9 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 	add_bias(c->q, L->bq, n, c->q_dim);
 	add_bias(c->kk, L->bk, n, c->kv_dim);
 	add_bias(c->vv, L->bv, n, c->kv_dim);
-	struct hyb_rope rope = L->swa ? hp->rope_swa : hp->rope;
-
-	if (hp->rope_short) /* LongRoPE: long factors for a context past the trained one */
-		rope.freq_factors = c->n_ctx > hp->n_ctx_orig ? hp->rope_long : hp->rope_short;
 	norm_heads(c->q, &L->q_norm, n, hp->n_head, hp->head_dim, hp->rms_eps);
 	norm_heads(c->kk, &L->k_norm, n, hp->n_head_kv, hp->head_dim, hp->rms_eps);
-	struct hyb_fwd_run one;
-	uint32_t nr;
-	const struct hyb_fwd_run *r = hyb_fwd_runs(c, n, &one, &nr);
-
-	for (uint32_t i = 0; i < nr; i++)
-		for (uint32_t t = r[i].t0; t < r[i].t0 + r[i].n; t++) {
-			float cs[512], sn[512];
-
-			hyb_rope_table(&rope, hp->n_rot, r[i].pos + t - r[i].t0, cs, sn);
-			hyb_rope_apply(c->q + (size_t)t * c->q_dim, hp->n_head, hp->head_dim,
-				       hp->n_rot, hp->rope_neox, cs, sn);
-			hyb_rope_apply(c->kk + (size_t)t * c->kv_dim, hp->n_head_kv, hp->head_dim,
-				       hp->n_rot, hp->rope_neox, cs, sn);
-		}
-	if (hp->q_scale)
-		for (size_t i = 0; i < (size_t)n * c->q_dim; i++)
-			c->q[i] *= hp->q_scale;
-	store_kv(c, l, n);
-	attend(c, l, n);
+	hyb_fwd_attention_core(c, l, n);
 	project(c, l, HYB_TEAL_O, c->att, n, 1, &wo, &c->xn);
 	hyb_fwd_post_norm(c, &L->post_attn_norm, c->xn, n);
 	for (size_t i = 0; i < (size_t)n * E; i++)
@@ -616,11 +625,8 @@ static int layer_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, uint
 	return 0;
 }
 
-/*
- * Rows out[i] of c->x to row i (out ascending), each then the one row of its
- * sequence for the matmuls that follow (batch invariance: forward.c segments).
- */
-static void gather(struct hyb_ctx *c, const uint32_t *out, uint32_t n_out)
+/* (batch invariance: the segments above) */
+void hyb_fwd_gather(struct hyb_ctx *c, const uint32_t *out, uint32_t n_out)
 {
 	const uint32_t E = c->m->hp.n_embd;
 
@@ -669,7 +675,7 @@ static int pass(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, const uint
 		if (last && !keep_all && !n_out)
 			return 0; /* prompt pieces that give no logits yet */
 		if (last && !keep_all)
-			gather(c, out, n_out);
+			hyb_fwd_gather(c, out, n_out);
 		rc = layer_ffn(c, l, c->x, last && !keep_all ? n_out : n, n, err, errlen);
 		if (rc)
 			return rc;
@@ -678,7 +684,7 @@ static int pass(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, const uint
 	if (rc)
 		return rc;
 	if (keep_all)
-		gather(c, out, n_out);
+		hyb_fwd_gather(c, out, n_out);
 	hyb_fwd_head(c, 0, n_out, logits);
 	return 0;
 }
@@ -804,6 +810,8 @@ int hyb_fwd_eval_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
 		      const uint32_t *out, uint32_t n_out, float *logits, char *err,
 		      size_t errlen)
 {
+	if (c->hybrid)
+		return hyb_decode_hybrid_runs(c, tokens, n, out, n_out, logits, err, errlen);
 	return pass(c, tokens, n, out, n_out, false, logits, err, errlen);
 }
 
@@ -817,6 +825,9 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
 
 	if (n == 0)
 		return hyb_error_set(-EINVAL, "no tokens to evaluate");
+	if (c->hybrid && c->kv)
+		return hyb_error_set(-EINVAL, "a hybrid context of several sequences evaluates "
+				     "through hyb_ctx_eval_seqs");
 	if ((uint64_t)c->n_past + n > c->n_ctx)
 		return hyb_error_set(-ENOSPC, "context full: %u + %u tokens exceed n_ctx %u",
 				     c->n_past, n, c->n_ctx);

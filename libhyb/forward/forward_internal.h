@@ -23,6 +23,7 @@
 struct hyb_fwd_run {
 	uint32_t t0, n, pos;
 	const uint32_t *blocks;
+	int seq;  /* the sequence (hyb_ctx_seq_open's id) */
 };
 
 struct hyb_attn;
@@ -121,10 +122,21 @@ void hyb_fwd_attend_runs(struct hyb_ctx *c, const struct hyb_attn *a, uint32_t n
 int hyb_fwd_eval_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
 		      const uint32_t *out, uint32_t n_out, float *logits, char *err,
 		      size_t errlen);
+/*
+ * Rows out[i] of c->x to row i (out ascending), each then the one row of its
+ * sequence for the matmuls that follow (the head after the last layer).
+ */
+void hyb_fwd_gather(struct hyb_ctx *c, const uint32_t *out, uint32_t n_out);
 /* c->x[t] = the embedding of tokens[t]. */
 void hyb_fwd_embed(struct hyb_ctx *c, const int32_t *tokens, uint32_t n);
 /* Layer l's attention block for n tokens at c->n_past: c->x += attention. */
 void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n);
+/*
+ * Its middle for the runs of the pass (c->runs): from the projections in
+ * c->q, c->kk, c->vv (biases and Q/K norms applied) - RoPE, the KV rows stored,
+ * attention into c->att. Rows of other runs are not touched.
+ */
+void hyb_fwd_attention_core(struct hyb_ctx *c, uint32_t l, uint32_t n);
 /* c->xn[t] = ffn_norm(x[t]) for the nf rows at x. */
 void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf);
 /* c->xn = the dense FFN of layer l over the nf rows of c->xn (in place). */

@@ -25,6 +25,14 @@ int hyb_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err
  */
 int hyb_prefill_hybrid(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
 		       bool all_logits, char *err, size_t errlen);
+/*
+ * A pass of several sequences (c->runs, hyb_ctx_eval_seqs) through a hybrid
+ * context, docs/HYBRID.md "Several sequences": logits row i for pass row
+ * out[i]. 0 or -1 with err.
+ */
+int hyb_decode_hybrid_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
+			   const uint32_t *out, uint32_t n_out, float *logits, char *err,
+			   size_t errlen);
 /* Before the CPU processes a batch: rows only the device holds come back. */
 int hyb_decode_hybrid_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen);
 /* After it: the host holds every row up to n_past. */

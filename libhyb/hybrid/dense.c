@@ -25,6 +25,7 @@ struct hyb_hdense {
 	struct hyb_device *dev;
 	const struct hyb_model *m;
 	uint32_t L, E, F, V, q_dim, kv_dim, n_ctx, n_on, n_pred;
+	uint32_t kv_slots;       /* sequences whose KV the device holds, n_ctx rows each */
 	bool head;
 	bool scores;             /* predictions are the scores, the lists a scratch (set_scores) */
 	struct dense_layer *lay;
@@ -234,7 +235,7 @@ static struct hyb_weight vec(const float *p, uint32_t n)
 
 static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 {
-	const uint64_t kvb = 2ull * hd->kv_dim * hd->n_ctx;
+	const uint64_t kvb = 2ull * hd->kv_dim * hd->n_ctx * hd->kv_slots;
 
 	for (uint32_t l = 0; l < hd->L; l++) {
 		const struct hyb_layer *L = &hd->m->layers[l];
@@ -251,7 +252,7 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 		    (L->k_norm.data && put(hd, &L->k_norm, &d->k_norm)) ||
 		    (L->bq && put(hd, &bq, &d->bq)) || (L->bk && put(hd, &bk, &d->bk)) ||
 		    (L->bv && put(hd, &bv, &d->bv)) ||
-		    alloc(hd, kvb, &d->kc) || alloc(hd, kvb, &d->vc))
+		    (kvb && (alloc(hd, kvb, &d->kc) || alloc(hd, kvb, &d->vc))))
 			return fail(hd, err, errlen, "attention weights to the device");
 	}
 	if (hd->head && (put(hd, &hd->m->out_norm, &hd->out_norm) ||
@@ -293,6 +294,13 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 				  uint32_t n_ctx, const bool *layers, bool head, const bool *preds,
 				  char *err, size_t errlen)
 {
+	return hyb_hdense_new_seqs(d, m, n_ctx, 1, layers, head, preds, err, errlen);
+}
+
+struct hyb_hdense *hyb_hdense_new_seqs(struct hyb_device *d, const struct hyb_model *m,
+				       uint32_t n_ctx, uint32_t kv_slots, const bool *layers,
+				       bool head, const bool *preds, char *err, size_t errlen)
+{
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_hdense *hd = calloc(1, sizeof(*hd));
 
@@ -307,6 +315,7 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 	hd->q_dim = hp->n_head * hp->head_dim;
 	hd->kv_dim = hp->n_head_kv * hp->head_dim;
 	hd->n_ctx = n_ctx;
+	hd->kv_slots = kv_slots;
 	hd->head = head && hyb_hdense_head_bytes(m);
 	hd->lay = calloc(hd->L, sizeof(*hd->lay));
 	hd->h_x = hyb_device_host_alloc(d, sizeof(float) * x_words(m, true));
@@ -319,7 +328,7 @@ struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *
 	    !hd->ev_down || !hd->ev_head || !hd->ev_pred)
 		goto oom;
 	for (uint32_t l = 0; l < hd->L; l++) {
-		hd->lay[l].on = layers && layers[l] && hyb_hdense_layer_bytes(m, l, n_ctx);
+		hd->lay[l].on = layers && layers[l] && hyb_hdense_layer_bytes(m, l, 0);
 		hd->n_on += hd->lay[l].on;
 	}
 	for (uint32_t l = 0; l < hd->L; l++) {
@@ -512,7 +521,7 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 		.out = hd->att,
 	};
 
-	if (!d->on || d->dev_n < pos)
+	if (!d->on || d->dev_n < pos || !hd->kv_slots)
 		return -EINVAL;
 	if (fused)
 		q.n_out += k.n_out + v.n_out;
@@ -527,8 +536,14 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	return 0;
 }
 
-int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, uint32_t n,
-			       const struct hyb_hdense_batch *b)
+/* b's rows t0.. of a float buffer of `width` floats a row */
+static hyb_dptr rows_at(hyb_dptr base, uint32_t t0, uint32_t width)
+{
+	return base + 4ull * t0 * width;
+}
+
+int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
+			 const struct hyb_hdense_batch *b)
 {
 	const struct hyb_hparams *hp = &hd->m->hp;
 	const struct hyb_layer *L = &hd->m->layers[l];
@@ -538,26 +553,70 @@ int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, 
 	struct hyb_dev_matvec q = mv(&L->wq, d->wq, b->xn, b->q, false);
 	struct hyb_dev_matvec k = mv(&L->wk, d->wk, b->xn, b->k, false);
 	struct hyb_dev_matvec v = mv(&L->wv, d->wv, b->xn, b->v, false);
-	struct hyb_dev_matvec o = mv(&L->wo, d->wo, b->att, b->x, true);
+
+	if (!d->on || !n)
+		return -EINVAL;
+	/* three products even where q, k and v sit back to back: the batch keeps them apart */
+	q.batch = k.batch = v.batch = n;
+	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps) ||
+	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
+	    hyb_device_matvec(dev, s, &v) || qkv_extras(hd, L, d, b->q, b->k, b->v, n))
+		return -1;
+	return 0;
+}
+
+int hyb_hdense_attend_batch(struct hyb_hdense *hd, uint32_t l, uint32_t slot, uint32_t pos,
+			    uint32_t t0, uint32_t n, const struct hyb_hdense_batch *b)
+{
+	const struct hyb_hparams *hp = &hd->m->hp;
+	const struct dense_layer *d = &hd->lay[l];
+	const uint64_t slot_off = 2ull * hd->kv_dim * hd->n_ctx * slot;
 	const struct hyb_dev_attn a = {
 		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
 		.n_rot = hp->n_rot, .rope = &hp->rope,
 		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
-		.q = b->q, .k = b->k, .v = b->v, .kcache = d->kc, .vcache = d->vc,
-		.out = b->att, .batch = n,
+		.q = rows_at(b->q, t0, hd->q_dim), .k = rows_at(b->k, t0, hd->kv_dim),
+		.v = rows_at(b->v, t0, hd->kv_dim),
+		.kcache = d->kc + slot_off, .vcache = d->vc + slot_off,
+		.out = rows_at(b->att, t0, hd->q_dim), .batch = n,
 	};
 
-	if (!d->on || d->dev_n < pos || !n)
+	if (!d->on || slot >= hd->kv_slots || !n || (uint64_t)pos + n > hd->n_ctx)
 		return -EINVAL;
-	/* three products even where q, k and v sit back to back: the batch keeps them apart */
-	q.batch = k.batch = v.batch = o.batch = n;
-	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps) ||
-	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
-	    hyb_device_matvec(dev, s, &v) || qkv_extras(hd, L, d, b->q, b->k, b->v, n) ||
-	    hyb_device_attention(dev, s, &a) ||
-	    hyb_device_matvec(dev, s, &o) ||
-	    hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->ffn_norm, hd->E, n, hp->rms_eps))
+	return hyb_device_attention(hd->dev, HYB_STREAM_COMPUTE, &a) ? -1 : 0;
+}
+
+int hyb_hdense_out_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
+			 const struct hyb_hdense_batch *b)
+{
+	const struct hyb_layer *L = &hd->m->layers[l];
+	const struct dense_layer *d = &hd->lay[l];
+	struct hyb_dev_matvec o = mv(&L->wo, d->wo, b->att, b->x, true);
+
+	if (!d->on || !n)
+		return -EINVAL;
+	o.batch = n;
+	if (hyb_device_matvec(hd->dev, HYB_STREAM_COMPUTE, &o) ||
+	    hyb_device_rmsnorm_rows(hd->dev, HYB_STREAM_COMPUTE, b->xn, b->x, d->ffn_norm, hd->E,
+				    n, hd->m->hp.rms_eps))
 		return -1;
+	return 0;
+}
+
+int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, uint32_t n,
+			       const struct hyb_hdense_batch *b)
+{
+	int rc;
+
+	if (!hd->lay[l].on || hd->lay[l].dev_n < pos || !n)
+		return -EINVAL;
+	rc = hyb_hdense_qkv_batch(hd, l, n, b);
+	if (!rc)
+		rc = hyb_hdense_attend_batch(hd, l, 0, pos, 0, n, b);
+	if (!rc)
+		rc = hyb_hdense_out_batch(hd, l, n, b);
+	if (rc)
+		return rc;
 	hyb_hdense_kv_dev_wrote(hd, l, pos + n);
 	return 0;
 }

@@ -52,6 +52,13 @@ uint32_t hyb_hdense_pred_source(const struct hyb_model *m, uint32_t l);
 struct hyb_hdense *hyb_hdense_new(struct hyb_device *d, const struct hyb_model *m,
 				  uint32_t n_ctx, const bool *layers, bool head, const bool *preds,
 				  char *err, size_t errlen);
+/*
+ * The same with KV slots for kv_slots sequences of n_ctx rows each (0: no
+ * KV on the device; hyb_hdense_new's single sequence is slot 0).
+ */
+struct hyb_hdense *hyb_hdense_new_seqs(struct hyb_device *d, const struct hyb_model *m,
+				       uint32_t n_ctx, uint32_t kv_slots, const bool *layers,
+				       bool head, const bool *preds, char *err, size_t errlen);
 void hyb_hdense_free(struct hyb_hdense *hd);
 
 bool hyb_hdense_layer_on(const struct hyb_hdense *hd, uint32_t l);
@@ -128,6 +135,21 @@ struct hyb_hdense_batch {
  */
 int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, uint32_t n,
 			       const struct hyb_hdense_batch *b);
+/*
+ * The same block in three parts, for a pass of several sequences (batch of
+ * the hybrid context, docs/HYBRID.md "Several sequences"), each queued on
+ * COMPUTE: qkv: xn = attn_norm(x), q, k, v of the n rows (biases and Q/K
+ * norms, before RoPE); attend: rows t0..t0 + n - 1, one sequence's tokens
+ * at positions pos.., attend over KV slot `slot` (RoPE, their KV rows
+ * stored there) into att; out: x += wo att, xn = ffn_norm(x). Rows whose
+ * attention ran elsewhere have their att rows copied in between.
+ */
+int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
+			 const struct hyb_hdense_batch *b);
+int hyb_hdense_attend_batch(struct hyb_hdense *hd, uint32_t l, uint32_t slot, uint32_t pos,
+			    uint32_t t0, uint32_t n, const struct hyb_hdense_batch *b);
+int hyb_hdense_out_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
+			 const struct hyb_hdense_batch *b);
 
 /*
  * Bring one side's KV rows of the placed layers up to n rows. kc, vc: the

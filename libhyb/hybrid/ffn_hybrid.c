@@ -41,6 +41,25 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 	    hyb_device_alloc(h->dev, sizeof(float) * h->E * (h->oracle ? h->NG : 1), &h->d_y) ||
 	    hyb_device_alloc(h->dev, sizeof(float) * h->E, &h->d_ycpu))
 		return dev_fail(h, err, errlen, "device memory");
+	if (h->seq_rows) {
+		const struct hyb_hparams *hp = &h->m->hp;
+		const uint64_t r = h->seq_rows, q = (uint64_t)hp->n_head * hp->head_dim;
+		const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+		struct hyb_hdense_batch *b = &h->sb;
+
+		if (hyb_device_alloc(h->dev, 4 * r * h->E, &b->x) ||
+		    hyb_device_alloc(h->dev, 4 * r * h->E, &b->xn) ||
+		    hyb_device_alloc(h->dev, 4 * r * h->E, &h->sb_y) ||
+		    hyb_device_alloc(h->dev, 4 * r * q, &b->q) ||
+		    hyb_device_alloc(h->dev, 4 * r * q, &b->att) ||
+		    hyb_device_alloc(h->dev, 4 * r * kv, &b->k) ||
+		    hyb_device_alloc(h->dev, 4 * r * kv, &b->v))
+			return dev_fail(h, err, errlen, "device memory for the pass's rows");
+		h->ev_seq = hyb_device_event_new(h->dev);
+		if (!h->ev_seq)
+			return dev_fail(h, err, errlen, "an event for the pass");
+		h->place.seq_bytes = hyb_ffn_hybrid_seq_buf_bytes(h);
+	}
 	return 0;
 }
 
@@ -371,8 +390,10 @@ static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct hyb_
 		     char *err, size_t errlen)
 {
 	if ((h->place.attn_layers || b->head) &&
-	    !(h->hd = hyb_hdense_new(h->dev, h->m, n_ctx, b->on, b->head, b->pred, err, errlen)))
+	    !(h->hd = hyb_hdense_new_seqs(h->dev, h->m, n_ctx, h->kv_slots, b->on, b->head,
+					  b->pred, err, errlen)))
 		return -1;
+	h->place.kv_seqs = h->place.attn_layers && h->n_seq > 1 ? h->kv_slots : 0;
 	hyb_hdense_set_scores(h->hd, h->thr_on);
 	h->place.dense_bytes = hyb_hdense_bytes(h->hd);
 	h->place.cache_bytes = (uint64_t)h->total_slots * h->slot_bytes;
@@ -381,9 +402,40 @@ static int new_dense(struct hyb_ffn_hybrid *h, uint32_t n_ctx, const struct hyb_
 	return 0;
 }
 
+/*
+ * Several sequences (decode_seqs.c): the pass's rows and the device's KV
+ * slots, every slot free. Prompt batches borrow no cache slots then: a
+ * sequence's prompt is a run of the pass like any other.
+ */
+static int init_seqs(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
+		     uint32_t n_ctx, uint32_t n_seq, uint32_t n_rows, char *err, size_t errlen)
+{
+	h->n_seq = n_seq > 1 ? n_seq : 1;
+	h->kv_slots = 1;
+	if (h->n_seq == 1)
+		return 0;
+	h->kv_slots = p->kv_seqs && p->kv_seqs < n_seq ? p->kv_seqs : n_seq;
+	h->seq_rows = n_rows;
+	h->pw.want = 0;
+	h->prefill_cpu = true;
+	if ((uint64_t)n_ctx * h->kv_slots > UINT32_MAX) {
+		snprintf(err, errlen, "%u device KV slots of %u positions: too many", h->kv_slots,
+			 n_ctx);
+		return -1;
+	}
+	h->seq_slot = malloc(sizeof(int32_t) * h->n_seq);
+	h->slot_seq_of = malloc(sizeof(int32_t) * h->kv_slots);
+	if (!h->seq_slot || !h->slot_seq_of)
+		return oom(err, errlen);
+	memset(h->seq_slot, 0xff, sizeof(int32_t) * h->n_seq);
+	memset(h->slot_seq_of, 0xff, sizeof(int32_t) * h->kv_slots);
+	return 0;
+}
+
 struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, bool oracle,
-					  int n_threads, uint32_t n_ctx, char *err, size_t errlen)
+					  int n_threads, uint32_t n_ctx, uint32_t n_seq,
+					  uint32_t n_rows, char *err, size_t errlen)
 {
 	struct hyb_ffn_hybrid *h;
 	struct hyb_ffn_budget b = { 0 };
@@ -400,6 +452,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		return NULL;
 	}
 	rc = init_shape(h, m, p, oracle, n_threads, err, errlen) ||
+	     init_seqs(h, p, n_ctx, n_seq, n_rows, err, errlen) ||
 	     use_hybd_cache(h, p, err, errlen) ||
 	     hyb_ffn_hybrid_place(h, p, n_ctx, &b, err, errlen) ||
 	     open_device(h, p, err, errlen) ||
@@ -444,6 +497,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 				hyb_device_event_free(h->dev, h->slot_ev[s]);
 		hyb_ffn_hybrid_prefill_free(h);
 		hyb_device_event_free(h->dev, h->ev_in);
+		hyb_device_event_free(h->dev, h->ev_seq);
 		hyb_device_event_free(h->dev, h->ev_k);
 		hyb_device_event_free(h->dev, h->ev_k0);
 		hyb_device_event_free(h->dev, h->ev_out);
@@ -467,6 +521,8 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	hyb_ffn_sparse_free(h->sp);
 	free(h->slot_ev);
 	free(h->slot_seq);
+	free(h->seq_slot);
+	free(h->slot_seq_of);
 	free(h->fly);
 	free(h->in_flight);
 	free(h->free_slot);

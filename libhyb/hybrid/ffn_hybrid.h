@@ -18,11 +18,14 @@ struct hyb_ffn_hybrid;
 
 /*
  * NULL with a one-line reason in err. n_ctx: the context's rows (the KV cache
- * of layers whose attention goes to the device).
+ * of layers whose attention goes to the device), a sequence's with several:
+ * n_seq > 1 makes room on the device for passes of n_rows rows and the KV
+ * of p->kv_seqs sequences (decode_seqs.c).
  */
 struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, bool oracle,
-					  int n_threads, uint32_t n_ctx, char *err, size_t errlen);
+					  int n_threads, uint32_t n_ctx, uint32_t n_seq,
+					  uint32_t n_rows, char *err, size_t errlen);
 void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h);
 /*
  * CATS thresholds ([n_layer], kept by the caller; NULL: none): the device
@@ -83,6 +86,25 @@ int hyb_ffn_hybrid_prefill_borrow(struct hyb_ffn_hybrid *h, char *err, size_t er
 int hyb_ffn_hybrid_prefill_return(struct hyb_ffn_hybrid *h, char *err, size_t errlen);
 int hyb_ffn_hybrid_prefill_batch_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n,
 				     char *err, size_t errlen);
+/*
+ * Several sequences (docs/HYBRID.md "Several sequences"): a sequence opened
+ * takes a free KV slot on the device, if any (APEX's GPU-first rule), and
+ * gives it back at close; slot: its slot or -1 (it attends on the CPU).
+ * seq_bufs: the pass's row buffers on the device, y [n_rows][n_embd] too,
+ * and an event for its copies.
+ * seq_ffn: layer l's cached groups (the split hyb_ffn_hybrid_prefill_split
+ * made) over the n rows of the buffers' xn, into y, queued on COMPUTE.
+ */
+void hyb_ffn_hybrid_seq_open(struct hyb_ffn_hybrid *h, int seq);
+void hyb_ffn_hybrid_seq_close(struct hyb_ffn_hybrid *h, int seq);
+int hyb_ffn_hybrid_seq_slot(const struct hyb_ffn_hybrid *h, int seq);
+void hyb_ffn_hybrid_seq_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_batch *b,
+			     hyb_dptr *y, struct hyb_device_event **ev);
+int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, char *err,
+			   size_t errlen);
+/* Statistics of a pass: rows, and rows of placed layers attended on each side. */
+void hyb_ffn_hybrid_seq_stats(struct hyb_ffn_hybrid *h, uint32_t rows, uint64_t dev_rows,
+			      uint64_t cpu_rows, double cpu_attn_s);
 /* The dense part on the device (NULL when nothing dense was placed). */
 struct hyb_hdense *hyb_ffn_hybrid_dense(struct hyb_ffn_hybrid *h);
 void hyb_ffn_hybrid_placement(const struct hyb_ffn_hybrid *h, struct hyb_hybrid_offload *out);

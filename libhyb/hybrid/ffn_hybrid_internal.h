@@ -121,6 +121,17 @@ struct hyb_ffn_hybrid {
 	struct hyb_hybrid_stats st;
 
 	/*
+	 * Several sequences (decode_seqs.c): a pass's rows on the device
+	 * (seq_rows of them, 0 with one sequence), the device's KV slots and
+	 * which sequence holds each (-1: free); seq_slot[seq] the other way.
+	 */
+	uint32_t n_seq, seq_rows, kv_slots;
+	struct hyb_hdense_batch sb;
+	hyb_dptr sb_y;
+	struct hyb_device_event *ev_seq;  /* the pass's copies */
+	int32_t *slot_seq_of, *seq_slot;
+
+	/*
 	 * A prompt batch on the device (ffn_hybrid_prefill.c): its buffers, and
 	 * the two staging areas the FFN bundles of uncached groups stream
 	 * through, a piece of groups each, with the piece's list and table -
@@ -237,6 +248,8 @@ struct hyb_ffn_budget {
 	bool head;
 	uint64_t slots;         /* cache slots for neuron groups */
 };
+/* Device bytes of a pass's rows with several sequences (0 with one). */
+uint64_t hyb_ffn_hybrid_seq_buf_bytes(const struct hyb_ffn_hybrid *h);
 /*
  * The budget split and its checks (the budget holds this app's buffers in
  * box mode, and something in any mode): b->on and b->pred allocated, the

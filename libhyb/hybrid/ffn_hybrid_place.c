@@ -27,6 +27,23 @@ static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, boo
 }
 
 /*
+ * Several sequences: a pass's rows on the device (x, xn, y, q, att, k, v;
+ * decode_seqs.c), 0 with one sequence.
+ */
+uint64_t hyb_ffn_hybrid_seq_buf_bytes(const struct hyb_ffn_hybrid *h)
+{
+	const struct hyb_hparams *hp = &h->m->hp;
+	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+	const uint64_t r = h->seq_rows, a = 256;
+
+	if (!r)
+		return 0;
+	return 3 * ((4 * r * h->E + a - 1) / a * a) + 2 * ((4 * r * q + a - 1) / a * a) +
+	       2 * ((4 * r * kv + a - 1) / a * a);
+}
+
+/*
  * The layer policy (llama.cpp -ngl): whole layers in order - attention
  * block and every group - then the output layer; returns the slots of the
  * whole layers.
@@ -140,7 +157,8 @@ static uint64_t place_dense(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_pa
 int hyb_ffn_hybrid_place(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_params *p,
 			 uint32_t n_ctx, struct hyb_ffn_budget *b, char *err, size_t errlen)
 {
-	const uint64_t fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle);
+	const uint64_t fixed = fixed_bytes(h->L, h->NG, h->E, h->F, h->oracle) +
+			       hyb_ffn_hybrid_seq_buf_bytes(h);
 
 	b->on = calloc(h->L, sizeof(*b->on));
 	b->pred = calloc(h->L, sizeof(*b->pred));
@@ -148,9 +166,10 @@ int hyb_ffn_hybrid_place(struct hyb_ffn_hybrid *h, const struct hyb_hybrid_param
 		snprintf(err, errlen, "out of memory for hybrid decoding");
 		return -1;
 	}
+	/* the attention blocks' KV: a sequence's rows for each slot */
 	if (p->gpu_budget > fixed)
-		b->slots = place_dense(h, p, n_ctx, p->gpu_budget - fixed, b->on, &b->head,
-				       b->pred);
+		b->slots = place_dense(h, p, n_ctx * h->kv_slots, p->gpu_budget - fixed, b->on,
+				       &b->head, b->pred);
 	if (h->hc && p->gpu_budget <= fixed) {
 		snprintf(err, errlen, "GPU budget %llu bytes does not hold this app's device buffers "
 			 "(%llu bytes; the groups go to hybd's cache)",

@@ -38,7 +38,8 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_PROMPT_BATCH, O_THRESHOLDS,
-       O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL };
+       O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL,
+       O_PARALLEL, O_KV_SEQS };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -74,6 +75,8 @@ static const struct option longopts[] = {
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
 	{ "prompt-batch", required_argument, 0, O_PROMPT_BATCH },
 	{ "thresholds", required_argument, 0, O_THRESHOLDS },
+	{ "parallel", required_argument, 0, O_PARALLEL },
+	{ "kv-seqs", required_argument, 0, O_KV_SEQS },
 	{ "cache", required_argument, 0, O_CACHE },
 	{ "load-first", no_argument, 0, O_LOAD_FIRST },
 	{ "chat", no_argument, 0, O_CHAT },
@@ -116,6 +119,8 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 		o->hy.prompt_batch = (uint32_t)cli_num("--prompt-batch", optarg, 1, 1 << 16);
 		break;
 	case O_THRESHOLDS: o->hy.thresholds = cli_thresholds(optarg); break;
+	case O_PARALLEL: o->parallel = (uint32_t)cli_num("--parallel", optarg, 1, 256); break;
+	case O_KV_SEQS: o->hy.kv_seqs = (uint32_t)cli_num("--kv-seqs", optarg, 1, 256); break;
 	case O_CACHE:
 		if (!strcmp(optarg, "auto"))
 			o->hy.cache = HYB_CACHE_AUTO;

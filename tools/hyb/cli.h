@@ -33,6 +33,7 @@ struct cli_opts {
 	const char *policies;  /* bench --policies a,b,... | all */
 	const char *routing;   /* --routing P: a MoE routing profile (hybctl profile -o) */
 	uint32_t drift;        /* bench --drift N: a forced topic change every N tokens */
+	uint32_t parallel;     /* bench --parallel N: N sequences in one hybrid context */
 	struct hyb_hybrid_params hy;
 	struct hyb_sampler_params sp;
 	/* chat: run --chat, and hyb chat */
@@ -72,6 +73,8 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode);
 /* A routing profile's expert frequencies for the expert cache ([n_layer][n_expert]); dies with the reason. */
 const float *const *cli_routing_freq(const struct hyb_model *m, const char *path);
 int cmd_bench_hybrid(struct cli_opts *o);
+/* bench_seqs.c: hyb bench --gpu-budget --parallel N (docs/HYBRID.md "Several sequences") */
+int cmd_bench_seqs(struct cli_opts *o);
 /* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);
 

@@ -39,6 +39,11 @@ static const char usage[] =
 	"                 [--thresholds off|expected|paper] (dynamic also runs with them off)\n"
 	"                 [-n DECODE_TOKENS]\n"
 	"                 [-r REPS]\n"
+	"       hyb bench -m PLAN --gpu-budget BYTES|N% --parallel N [--kv-seqs S]\n"
+	"                 [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [--device cpu|cuda]\n"
+	"  several sequences (docs/HYBRID.md): N decoded one after another, S batched with\n"
+	"  their KV on the device, N batched with S there and N - S attending on the CPU\n"
+	"  (APEX), N batched all on the device; alternating, medians\n"
 	"  hybrid: every policy on the drift workload (a forced topic change every N\n"
 	"  tokens, default 32), against CPU-only sparse decoding, in the same rounds\n";
 
@@ -623,6 +628,11 @@ int cmd_bench(int argc, char **argv)
 	uint64_t kv_tok;
 
 	cli_parse(argc, argv, &b.o, usage);
+	if (b.o.gpu_budget && b.o.parallel > 1)
+		return cmd_bench_seqs(&b.o);
+	if (b.o.parallel > 1 || b.o.hy.kv_seqs)
+		cli_die("--parallel and --kv-seqs measure hybrid batches: they need --gpu-budget "
+			"and --parallel 2 or more");
 	if (b.o.gpu_budget)
 		return cmd_bench_hybrid(&b.o);
 	if (b.o.prompt)

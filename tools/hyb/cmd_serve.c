@@ -39,7 +39,7 @@ static const char usage[] =
 	"                 [--teal PROFILE [--sparsity S]]\n"
 	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
 	"                  [--no-prefetch] [--dense-cpu]\n"
-	"                  [--thresholds off|expected|paper] [--prompt-batch N]]\n"
+	"                  [--thresholds off|expected|paper] [--prompt-batch N] [--kv-seqs N]]\n"
 	"  An OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
 	"  (stream: true for Server-Sent Events), GET /v1/models, /health, /metrics.\n"
 	"  --manifest NAME: box mode, hybd's copy of the model (docs/BOX.md); when hybd\n"
@@ -57,7 +57,10 @@ static const char usage[] =
 	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); each\n"
 	"    request then decodes on an engine of its own\n"
 	"  --gpu-budget: hybrid decoding as hyb run's (a plan's neuron cache, a mixture\n"
-	"    of experts' expert cache: docs/MOE.md), one request at a time (--parallel 1)\n"
+	"    of experts' expert cache: docs/MOE.md); a plan's requests batch (--parallel\n"
+	"    N), the device running every request's linear parts (docs/HYBRID.md)\n"
+	"  --kv-seqs N: of the --parallel requests, N attend on the device with their KV\n"
+	"    cache there, the others on the CPU over DRAM (APEX; default: all)\n"
 	"  --api-key-file FILE: requests need 'Authorization: Bearer KEY' (KEY: the\n"
 	"    file's first line); GET /health does not\n"
 	"  --queue N: requests that may wait for a busy slot (32; 0: none wait); more get\n"
@@ -75,7 +78,7 @@ static const char usage[] =
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
        O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
-       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH };
+       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH, O_KV_SEQS };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -107,6 +110,7 @@ static const struct option longopts[] = {
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "thresholds", required_argument, 0, O_THRESHOLDS },
 	{ "prompt-batch", required_argument, 0, O_PROMPT_BATCH },
+	{ "kv-seqs", required_argument, 0, O_KV_SEQS },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "help", no_argument, 0, 'h' },
 	{ 0, 0, 0, 0 },
@@ -165,6 +169,7 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
 		case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 		case O_THRESHOLDS: o->hy.thresholds = cli_thresholds(optarg); break;
+		case O_KV_SEQS: o->hy.kv_seqs = (uint32_t)cli_num("--kv-seqs", optarg, 1, 256); break;
 		case O_PROMPT_BATCH:
 			o->hy.prompt_batch = (uint32_t)cli_num("--prompt-batch", optarg, 1, 1 << 16);
 			break;
@@ -178,13 +183,16 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		cli_die("--sparsity needs --teal PROFILE");
 	if (o->model && o->manifest)
 		cli_die("-m %s and --manifest %s: one model", o->model, o->manifest);
-	if (o->gpu_budget && (o->parallel > 1 || o->teal))
-		cli_die("--gpu-budget: hybrid decoding serves one request at a time, on its own "
-			"(--parallel 1, no --teal)");
+	if (o->gpu_budget && (o->teal || (o->parallel > 1 && o->no_batch)))
+		cli_die("--gpu-budget: hybrid decoding runs one engine on the device (no --teal, "
+			"no --no-batch)");
 	if (!o->gpu_budget && (o->routing || o->hy.no_prefetch || o->hy.dense_on_cpu ||
-			       o->hy.thresholds || o->hy.prompt_batch))
-		cli_die("--routing, --no-prefetch, --dense-cpu, --thresholds and --prompt-batch go "
-			"with --gpu-budget");
+			       o->hy.thresholds || o->hy.prompt_batch || o->hy.kv_seqs))
+		cli_die("--routing, --no-prefetch, --dense-cpu, --thresholds, --prompt-batch and "
+			"--kv-seqs go with --gpu-budget");
+	if (o->hy.kv_seqs > (uint32_t)o->parallel)
+		cli_die("--kv-seqs %u: more than the %d requests at once (--parallel)",
+			o->hy.kv_seqs, o->parallel);
 	if (!o->model && !o->manifest)
 		cli_die("no model given (-m MODEL or --manifest NAME)");
 }
@@ -344,6 +352,10 @@ int cmd_serve(int argc, char **argv)
 			if (pl.prompt_batch)
 				fprintf(stderr, "hyb serve: prompts of 32 tokens and more in batches of "
 					"up to %u on the device\n", pl.prompt_batch);
+			if (sv.q.batched)
+				fprintf(stderr, "hyb serve: %u of %d requests attend on the device "
+					"(%u of %u attention blocks there), the others on the CPU\n",
+					pl.kv_seqs, sv.o.parallel, pl.attn_layers, sv.m->hp.n_layer);
 		}
 	}
 	port = serve_http_start(&sv);

@@ -463,6 +463,10 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 		q->n_slots = 1;
 		if (engine_new(q, &q->slots[0], o->parallel, &p) == 0) {
 			q->batched = true;
+		} else if (o->hybrid) {
+			/* one device: engines of their own would each take the whole budget */
+			fprintf(stderr, "hyb serve: %s\n", hyb_last_error());
+			return -EINVAL;
 		} else {
 			fprintf(stderr, "hyb serve: no batching (%s): %d engines of one "
 				"sequence\n", hyb_last_error(), o->parallel);

@@ -72,6 +72,16 @@ struct hyb_hybrid_params {
 					* device (0: as many as its share of the budget holds,
 					* up to 512; docs/HYBRID.md "Prompts") */
 	enum hyb_thresholds thresholds;/* load-aware thresholds (below) */
+	/*
+	 * Several sequences (hyb_ctx_params.n_seq > 1, docs/HYBRID.md "Several
+	 * sequences"): how many of them attend on the device, their KV cache in
+	 * device memory (placed with the attention blocks, so fewer leave more
+	 * of the budget to neuron groups); the others attend on the CPU over
+	 * the KV cache in DRAM while the device runs the rest of the batch
+	 * (APEX). Sequences get a device slot in the order they open while one
+	 * is free (APEX's GPU-first rule). 0: every sequence (n_seq).
+	 */
+	uint32_t kv_seqs;
 };
 
 struct hyb_hybrid_stats {
@@ -104,6 +114,12 @@ struct hyb_hybrid_stats {
 				   * the critical path) */
 	uint64_t prompt_batches;  /* prompt batches run on the device (docs/HYBRID.md) */
 	uint64_t prompt_stream_bytes; /* FFN bundles streamed through the device for them */
+	uint64_t seq_passes;      /* several sequences: passes (hyb_ctx_eval_seqs' steps) */
+	uint64_t seq_rows;        /* ... their rows (tokens) */
+	uint64_t attn_rows_dev;   /* ... rows attended on the device (placed layers) */
+	uint64_t attn_rows_cpu;   /* ... rows of placed layers attended on the CPU (APEX) */
+	double cpu_attn_s;        /* host clock in those CPU attentions */
+	uint64_t seq_neurons_dev; /* ... FFN neurons times rows computed on the device */
 };
 
 /* Where the dense parts went (after the placement). */
@@ -121,6 +137,8 @@ struct hyb_hybrid_offload {
 	uint32_t prompt_batch;    /* tokens a prompt batch on the device holds (0: prompts
 				   * run token after token, docs/HYBRID.md "Prompts") */
 	uint64_t prompt_bytes;    /* the budget's bytes kept for that batch's buffers */
+	uint32_t kv_seqs;         /* several sequences: those that attend on the device */
+	uint64_t seq_bytes;       /* ... device bytes of the pass's rows (buffers) */
 };
 
 /*

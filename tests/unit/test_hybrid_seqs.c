@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Several sequences in one hybrid context (libhyb/hybrid/decode_seqs.c,
+ * docs/HYBRID.md "Several sequences"): the device runs every row's linear
+ * parts, the sequences holding a device KV slot attend there and the
+ * others on the CPU (APEX). On the CPU device:
+ *   - oracle mode (the FFN whole on the CPU): every step's logits of every
+ *     sequence, joining and leaving at any step, some attending on the
+ *     device and some on the CPU, equal bit for bit those of the sequence
+ *     alone in a one-sequence CPU context;
+ *   - the split FFN (cached groups on the device): a sequence's logits in
+ *     the batch equal the same sequence's alone in the same kind of context
+ *     (batch invariance), and stay close to the CPU's;
+ *   - the budget holds the device's KV for kv_seqs sequences; slots go to
+ *     the first sequences opened and come back at close;
+ *   - refusals: hyb_ctx_eval on such a context, a mixture of experts.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hyb/hybrid.h"
+#include "hyb/model.h"
+#include "hyb/testing.h"
+#include "hybrid/dense.h"
+#include "test.h"
+
+#define N_CTX 96
+#define NSEQ 6
+#define NGEN 10
+
+static uint32_t prompt(uint32_t i, uint32_t V, int32_t *out)
+{
+	static const uint32_t len[NSEQ] = { 5, 1, 40, 17, 3, 9 };
+
+	for (uint32_t t = 0; t < len[i]; t++)
+		out[t] = (int32_t)((t * 37 + i * 101 + 11) % (V - 3) + 3);
+	return len[i];
+}
+
+/* Every step's logits of sequence i alone in ctx c (one sequence): [1 + NGEN][V]. */
+static float *alone_one(struct hyb_ctx *c, const struct hyb_model *m, uint32_t i)
+{
+	const uint32_t V = m->hp.n_vocab;
+	float *lg = malloc(sizeof(float) * V * (NGEN + 1));
+	int32_t toks[64];
+	uint32_t n = prompt(i, V, toks);
+
+	CHECK(lg);
+	hyb_ctx_reset(c);
+	CHECK_MSG(hyb_ctx_eval(c, toks, n, lg, false) == 0, "%s", hyb_last_error());
+	for (uint32_t g = 0; g < NGEN; g++) {
+		int32_t t = hyb_test_argmax(lg + (size_t)g * V, V);
+
+		CHECK_MSG(hyb_ctx_eval(c, &t, 1, lg + (size_t)(g + 1) * V, false) == 0, "%s",
+			  hyb_last_error());
+	}
+	return lg;
+}
+
+/* The device's share: dense parts with KV for kv_seqs sequences, a third of the groups. */
+static struct hyb_hybrid_params params(const struct hyb_model *m, uint32_t kv_seqs)
+{
+	uint64_t b = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		b += hyb_hdense_layer_bytes(m, l, N_CTX * kv_seqs) + hyb_hdense_pred_bytes(m, l);
+	b += 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes * m->n_groups *
+	     m->hp.n_layer / 3;
+	return (struct hyb_hybrid_params){ .device = "cpu", .policy = HYB_POLICY_STATIC,
+					   .gpu_budget = b + (256u << 10), .kv_seqs = kv_seqs };
+}
+
+static struct hyb_ctx *seqs_ctx(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+				uint32_t n_seq, bool oracle)
+{
+	struct hyb_ctx_params p = {
+		.n_ctx = N_CTX, .n_threads = 2, .n_batch = 16, .n_seq = n_seq,
+		.kv_size = N_CTX * n_seq, .hybrid = hy,
+		.testing = oracle ? HYB_TESTING_FFN_ORACLE : 0,
+	};
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	return c;
+}
+
+/*
+ * NSEQ sequences through c (n_seq 4): sequence i joins at step 2i when a
+ * sequence is free, leaves after NGEN tokens, follows ref[i]'s greedy path.
+ * Returns how many steps' logits differ from ref bit for bit; *rel the
+ * largest difference relative to ref's largest logit.
+ */
+static uint32_t batched(struct hyb_ctx *c, const struct hyb_model *m, float *const *ref,
+			double *rel, int *slot_of)
+{
+	const uint32_t V = m->hp.n_vocab;
+	float *lg = malloc(sizeof(float) * V * NSEQ);
+	int seq[NSEQ], gen[NSEQ];
+	int32_t toks[NSEQ][64], next[NSEQ];
+	uint32_t diff = 0, finished = 0;
+
+	CHECK(lg);
+	*rel = 0;
+	for (uint32_t i = 0; i < NSEQ; i++)
+		seq[i] = gen[i] = slot_of[i] = -1;
+	for (uint32_t step = 0; finished < NSEQ; step++) {
+		struct hyb_seq_tokens b[NSEQ];
+		uint32_t nb = 0, who[NSEQ];
+
+		CHECK(step < 200);
+		for (uint32_t i = 0; i < NSEQ; i++) {
+			if (gen[i] < 0 && step >= 2 * i) {
+				uint32_t n = prompt(i, V, toks[i]);
+				int s = hyb_ctx_seq_open(c, n + NGEN);
+
+				if (s == -ENOSPC)
+					continue;
+				CHECK_MSG(s >= 0, "%s", hyb_last_error());
+				seq[i] = s;
+				gen[i] = 0;
+				b[nb] = (struct hyb_seq_tokens){ s, toks[i], n };
+			} else if (gen[i] >= 1 && gen[i] <= NGEN) {
+				b[nb] = (struct hyb_seq_tokens){ seq[i], &next[i], 1 };
+			} else {
+				continue;
+			}
+			who[nb++] = i;
+		}
+		if (!nb)
+			continue;
+		CHECK_MSG(hyb_ctx_eval_seqs(c, b, nb, lg) == 0, "%s", hyb_last_error());
+		for (uint32_t k = 0; k < nb; k++) {
+			const uint32_t i = who[k];
+			const float *want = ref[i] + (size_t)gen[i] * V, *got = lg + (size_t)k * V;
+			float top = 0;
+
+			for (uint32_t v = 0; v < V; v++)
+				top = fmaxf(top, fabsf(want[v]));
+			for (uint32_t v = 0; v < V; v++)
+				*rel = fmax(*rel, fabs((double)want[v] - got[v]) / (top > 0 ? top : 1));
+			diff += memcmp(want, got, sizeof(float) * V) != 0;
+			next[i] = hyb_test_argmax(want, V);
+			if (++gen[i] == NGEN + 1) {
+				CHECK_EQ_INT(hyb_ctx_seq_close(c, seq[i]), 0);
+				seq[i] = -1;
+				finished++;
+			}
+		}
+	}
+	free(lg);
+	return diff;
+}
+
+TEST(hybrid_seqs_oracle_bits_device_and_cpu_attention)
+{
+	struct hyb_model *m = hyb_model_load(hyb_test_plan());
+	struct hyb_ctx_params rp = { .n_ctx = N_CTX, .n_threads = 2, .n_batch = 16,
+				     .ffn = HYB_FFN_DENSE };
+	struct hyb_ctx *ref_c;
+	float *ref[NSEQ];
+	const struct hyb_hybrid_params hy = params(m, 2);
+	struct hyb_ctx *c;
+	struct hyb_hybrid_offload off;
+	struct hyb_hybrid_stats st;
+	int slot_of[NSEQ];
+	double rel;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	ref_c = hyb_ctx_new(m, &rp);
+	CHECK_MSG(ref_c, "%s", hyb_last_error());
+	for (uint32_t i = 0; i < NSEQ; i++)
+		ref[i] = alone_one(ref_c, m, i);
+	c = seqs_ctx(m, &hy, 4, true);
+	hyb_ctx_hybrid_offload(c, &off);
+	CHECK_EQ_INT(off.attn_layers, m->hp.n_layer);
+	CHECK_EQ_INT(off.kv_seqs, 2);
+	CHECK(off.seq_bytes > 0);
+	CHECK_EQ_INT(batched(c, m, ref, &rel, slot_of), 0);
+	hyb_ctx_hybrid_stats(c, &st);
+	/* two of four at a time attend on the device, the others on the CPU */
+	CHECK(st.seq_passes > 0 && st.seq_rows > 0);
+	CHECK(st.attn_rows_dev > 0);
+	CHECK(st.attn_rows_cpu > 0);
+	CHECK_EQ_INT(st.attn_rows_dev + st.attn_rows_cpu, st.seq_rows * m->hp.n_layer);
+	/* one-sequence calls are refused on it */
+	{
+		int32_t t = 5;
+		float *lg = malloc(sizeof(float) * m->hp.n_vocab);
+
+		CHECK(lg);
+		CHECK_EQ_INT(hyb_ctx_eval(c, &t, 1, lg, false), -EINVAL);
+		free(lg);
+	}
+	hyb_ctx_free(c);
+	/* every sequence on the CPU's attention but the first: still the same bits */
+	{
+		const struct hyb_hybrid_params h1 = params(m, 1);
+
+		c = seqs_ctx(m, &h1, 4, true);
+		CHECK_EQ_INT(batched(c, m, ref, &rel, slot_of), 0);
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK(st.attn_rows_cpu > st.attn_rows_dev);
+		hyb_ctx_free(c);
+	}
+	for (uint32_t i = 0; i < NSEQ; i++)
+		free(ref[i]);
+	hyb_ctx_free(ref_c);
+	hyb_model_free(m);
+}
+
+TEST(hybrid_seqs_split_ffn_batch_invariant)
+{
+	struct hyb_model *m = hyb_model_load(hyb_test_plan());
+	const struct hyb_hybrid_params hy = params(m, 2);
+	struct hyb_ctx_params rp = { .n_ctx = N_CTX, .n_threads = 2, .n_batch = 16,
+				     .ffn = HYB_FFN_DENSE };
+	struct hyb_ctx *c, *ref_c;
+	float *alone_lg[NSEQ], *cpu[NSEQ];
+	struct hyb_hybrid_stats st;
+	int slot_of[NSEQ];
+	double rel;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	ref_c = hyb_ctx_new(m, &rp);
+	CHECK_MSG(ref_c, "%s", hyb_last_error());
+	/* each sequence alone through its own split context: one at a time */
+	for (uint32_t i = 0; i < NSEQ; i++) {
+		const uint32_t V = m->hp.n_vocab;
+		int32_t toks[64];
+		uint32_t n = prompt(i, V, toks);
+		struct hyb_seq_tokens b;
+		int s;
+
+		cpu[i] = alone_one(ref_c, m, i);
+		c = seqs_ctx(m, &hy, 4, false);
+		alone_lg[i] = malloc(sizeof(float) * V * (NGEN + 1));
+		CHECK(alone_lg[i]);
+		s = hyb_ctx_seq_open(c, n + NGEN);
+		CHECK(s >= 0);
+		b = (struct hyb_seq_tokens){ s, toks, n };
+		CHECK_MSG(hyb_ctx_eval_seqs(c, &b, 1, alone_lg[i]) == 0, "%s", hyb_last_error());
+		for (uint32_t g = 0; g < NGEN; g++) {
+			int32_t t = hyb_test_argmax(alone_lg[i] + (size_t)g * V, V);
+
+			b = (struct hyb_seq_tokens){ s, &t, 1 };
+			CHECK_MSG(hyb_ctx_eval_seqs(c, &b, 1, alone_lg[i] + (size_t)(g + 1) * V) == 0,
+				  "%s", hyb_last_error());
+		}
+		hyb_ctx_free(c);
+	}
+	c = seqs_ctx(m, &hy, 4, false);
+	CHECK_EQ_INT(batched(c, m, alone_lg, &rel, slot_of), 0);
+	hyb_ctx_hybrid_stats(c, &st);
+	CHECK(st.attn_rows_cpu > 0);
+	/* the cached groups' share ran on the device, the rest on the CPU */
+	CHECK(st.seq_neurons_dev > 0);
+	CHECK(st.seq_neurons_dev < st.seq_rows * m->hp.n_ff * m->hp.n_layer);
+	hyb_ctx_free(c);
+	/* the split sums differ from the CPU's in the last bits only */
+	c = seqs_ctx(m, &hy, 4, false);
+	(void)batched(c, m, cpu, &rel, slot_of);
+	printf("    split FFN vs CPU: max relative logit difference %.2g\n", rel);
+	CHECK(rel < 1e-3);
+	hyb_ctx_free(c);
+	for (uint32_t i = 0; i < NSEQ; i++) {
+		free(alone_lg[i]);
+		free(cpu[i]);
+	}
+	hyb_ctx_free(ref_c);
+	hyb_model_free(m);
+}
+
+TEST(hybrid_seqs_slots_follow_open_and_close)
+{
+	struct hyb_model *m = hyb_model_load(hyb_test_plan());
+	const struct hyb_hybrid_params hy = params(m, 2);
+	struct hyb_ctx *c;
+	struct hyb_hybrid_stats st;
+	int32_t t = 7;
+	float *lg;
+	int a, b, d;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	lg = malloc(sizeof(float) * m->hp.n_vocab * 2);
+	CHECK(lg);
+	c = seqs_ctx(m, &hy, 3, true);
+	a = hyb_ctx_seq_open(c, 8);
+	b = hyb_ctx_seq_open(c, 8);
+	d = hyb_ctx_seq_open(c, 8);
+	CHECK(a >= 0 && b >= 0 && d >= 0);
+	/* a and b hold the two slots, d attends on the CPU */
+	{
+		const struct hyb_seq_tokens bt[2] = { { a, &t, 1 }, { d, &t, 1 } };
+
+		hyb_ctx_hybrid_stats_reset(c);
+		CHECK_EQ_INT(hyb_ctx_eval_seqs(c, bt, 2, lg), 0);
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK_EQ_INT(st.attn_rows_dev, m->hp.n_layer);
+		CHECK_EQ_INT(st.attn_rows_cpu, m->hp.n_layer);
+	}
+	/* b leaves: the next sequence opened takes its slot */
+	CHECK_EQ_INT(hyb_ctx_seq_close(c, b), 0);
+	CHECK_EQ_INT(hyb_ctx_seq_close(c, d), 0);
+	d = hyb_ctx_seq_open(c, 8);
+	CHECK(d >= 0);
+	{
+		const struct hyb_seq_tokens bt[1] = { { d, &t, 1 } };
+
+		hyb_ctx_hybrid_stats_reset(c);
+		CHECK_EQ_INT(hyb_ctx_eval_seqs(c, bt, 1, lg), 0);
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK_EQ_INT(st.attn_rows_dev, m->hp.n_layer);
+		CHECK_EQ_INT(st.attn_rows_cpu, 0);
+	}
+	hyb_ctx_free(c);
+	free(lg);
+	hyb_model_free(m);
+}

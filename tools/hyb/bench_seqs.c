@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MIT
+/*
+ * hyb bench -m PLAN --gpu-budget B --parallel N [--kv-seqs S]: several
+ * sequences through hybrid decoding (docs/HYBRID.md "Several sequences"),
+ * four ways on the same budget, alternating within each round, medians of
+ * decode throughput (all sequences' tokens / the context's clock):
+ *   one by one   N sequences decoded one after another (one sequence's
+ *                hybrid decoding, what a server without batching does);
+ *   batch S      S sequences batched, their KV on the device (the largest
+ *                batch device-only batching holds when S KV caches fit);
+ *   APEX N       N batched, S attending on the device, N - S on the CPU
+ *                over the KV cache in DRAM;
+ *   device N     N batched, every KV cache on the device (its budget taken
+ *                from the neuron cache).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "hyb/hybrid.h"
+
+enum { ONE, BATCH_S, APEX, DEV_N, N_WAYS };
+
+static const char *const way_name[N_WAYS] = { "one by one", "batch S", "APEX N", "device N" };
+
+struct sbench {
+	const struct cli_opts *o;
+	struct hyb_model *m;
+	struct hyb_ctx *c[N_WAYS];
+	uint32_t n, s, n_prompt, n_gen;
+	int32_t *prompts;          /* [n][n_prompt] */
+	float *logits;             /* [n][V] */
+	double *tps[N_WAYS];       /* per round */
+	struct hyb_hybrid_stats st[N_WAYS];
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double median(const double *v, int n)
+{
+	double *w = malloc(sizeof(double) * n), r;
+
+	if (!w)
+		cli_die("out of memory");
+	memcpy(w, v, sizeof(double) * n);
+	qsort(w, n, sizeof(*w), cmp_double);
+	r = n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
+	free(w);
+	return r;
+}
+
+static int32_t argmax(const float *v, uint32_t n)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (v[i] > v[b])
+			b = i;
+	return (int32_t)b;
+}
+
+static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seqs)
+{
+	struct hyb_hybrid_params hy = b->o->hy;
+	const uint32_t n_pos = b->n_prompt + b->n_gen;
+	struct hyb_ctx_params p = { .n_ctx = n_pos, .n_threads = b->o->n_threads,
+				    .ffn = HYB_FFN_SPARSE, .hybrid = &hy };
+	struct hyb_ctx *c;
+
+	hy.gpu_budget = cli_gpu_budget(b->o->gpu_budget, b->m);
+	hy.kv_seqs = kv_seqs;
+	if (n_seq > 1) {
+		p.n_seq = n_seq;
+		p.kv_size = n_seq * ((n_pos + 15) / 16 * 16); /* whole KV blocks each */
+	}
+	c = hyb_ctx_new(b->m, &p);
+	if (!c)
+		cli_die("%s", hyb_last_error());
+	return c;
+}
+
+/* Sequence i's prompt: its own ids. */
+static void make_prompts(struct sbench *b)
+{
+	const uint32_t V = b->m->hp.n_vocab;
+
+	b->prompts = malloc(sizeof(int32_t) * b->n * b->n_prompt);
+	b->logits = malloc(sizeof(float) * V * b->n);
+	if (!b->prompts || !b->logits)
+		cli_die("out of memory");
+	for (uint32_t i = 0; i < b->n; i++)
+		for (uint32_t t = 0; t < b->n_prompt; t++)
+			b->prompts[i * b->n_prompt + t] =
+				(int32_t)(3 + (t * 2654435761u + i * 40503u + 17) % (V - 3));
+}
+
+/* One by one: decode seconds of all n sequences (the prompts not timed). */
+static double run_one(struct sbench *b)
+{
+	struct hyb_ctx *c = b->c[ONE];
+	double t = 0;
+
+	for (uint32_t i = 0; i < b->n; i++) {
+		hyb_ctx_reset(c);
+		if (hyb_ctx_eval(c, b->prompts + i * b->n_prompt, b->n_prompt, b->logits, false))
+			cli_die("%s", hyb_last_error());
+		const double t0 = hyb_ctx_clock(c);
+
+		for (uint32_t g = 0; g < b->n_gen; g++) {
+			int32_t tok = argmax(b->logits, b->m->hp.n_vocab);
+
+			if (hyb_ctx_eval(c, &tok, 1, b->logits, false))
+				cli_die("%s", hyb_last_error());
+		}
+		t += hyb_ctx_clock(c) - t0;
+	}
+	return t;
+}
+
+/* k sequences batched in ctx w: decode seconds of their n_gen steps together. */
+static double run_batch(struct sbench *b, int w, uint32_t k)
+{
+	struct hyb_ctx *c = b->c[w];
+	const uint32_t V = b->m->hp.n_vocab;
+	struct hyb_seq_tokens *bt = malloc(sizeof(*bt) * k);
+	int32_t *next = malloc(sizeof(int32_t) * k);
+	int *seq = malloc(sizeof(int) * k);
+	double t0, t;
+
+	if (!bt || !next || !seq)
+		cli_die("out of memory");
+	for (uint32_t i = 0; i < k; i++) {
+		seq[i] = hyb_ctx_seq_open(c, b->n_prompt + b->n_gen);
+		if (seq[i] < 0)
+			cli_die("%s", hyb_last_error());
+		bt[i] = (struct hyb_seq_tokens){ seq[i], b->prompts + i * b->n_prompt, b->n_prompt };
+	}
+	if (hyb_ctx_eval_seqs(c, bt, k, b->logits))
+		cli_die("%s", hyb_last_error());
+	t0 = hyb_ctx_clock(c);
+	for (uint32_t g = 0; g < b->n_gen; g++) {
+		for (uint32_t i = 0; i < k; i++) {
+			next[i] = argmax(b->logits + (size_t)i * V, V);
+			bt[i] = (struct hyb_seq_tokens){ seq[i], &next[i], 1 };
+		}
+		if (hyb_ctx_eval_seqs(c, bt, k, b->logits))
+			cli_die("%s", hyb_last_error());
+	}
+	t = hyb_ctx_clock(c) - t0;
+	for (uint32_t i = 0; i < k; i++)
+		hyb_ctx_seq_close(c, seq[i]);
+	free(bt);
+	free(next);
+	free(seq);
+	return t;
+}
+
+static void add_stats(struct hyb_hybrid_stats *a, const struct hyb_hybrid_stats *s)
+{
+	a->seq_passes += s->seq_passes;
+	a->seq_rows += s->seq_rows;
+	a->attn_rows_dev += s->attn_rows_dev;
+	a->attn_rows_cpu += s->attn_rows_cpu;
+	a->cpu_attn_s += s->cpu_attn_s;
+	a->seq_neurons_dev += s->seq_neurons_dev;
+	a->tokens += s->tokens;
+	a->active += s->active;
+	a->active_dev += s->active_dev;
+}
+
+static void place_line(const struct sbench *b, int w)
+{
+	struct hyb_hybrid_offload pl;
+
+	hyb_ctx_hybrid_offload(b->c[w], &pl);
+	printf("  %-10s  %u/%u attention blocks on the device, KV of %u sequence%s there, "
+	       "neuron cache %.1f MB, pass rows %.1f MB\n", way_name[w], pl.attn_layers,
+	       b->m->hp.n_layer, w == ONE ? 1 : pl.kv_seqs, w == ONE || pl.kv_seqs != 1 ? "s" : "",
+	       pl.cache_bytes / 1e6, pl.seq_bytes / 1e6);
+}
+
+int cmd_bench_seqs(struct cli_opts *o)
+{
+	struct sbench b = { .o = o };
+	const int reps = o->reps > 0 ? o->reps : 3;
+	b.m = cli_load_model(o);
+	if (!b.m->group_size)
+		cli_die("--parallel with --gpu-budget batches a plan's hybrid decoding (hybctl "
+			"plan); %s has no plan", o->model);
+	b.n = o->parallel;
+	b.s = o->hy.kv_seqs ? o->hy.kv_seqs : (b.n / 4 ? b.n / 4 : 1);
+	if (b.s >= b.n)
+		cli_die("--kv-seqs %u: fewer than the %u sequences (--parallel) so that some "
+			"attend on the CPU", b.s, b.n);
+	b.n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 32;
+	b.n_gen = o->n_gen_bench > 0 ? (uint32_t)o->n_gen_bench : 32;
+	make_prompts(&b);
+	b.c[ONE] = new_ctx(&b, 1, 0);
+	b.c[BATCH_S] = b.s > 1 ? new_ctx(&b, b.s, b.s) : NULL;
+	b.c[APEX] = new_ctx(&b, b.n, b.s);
+	b.c[DEV_N] = new_ctx(&b, b.n, b.n);
+	for (int w = 0; w < N_WAYS; w++) {
+		b.tps[w] = calloc(reps, sizeof(double));
+		if (!b.tps[w])
+			cli_die("out of memory");
+	}
+	printf("hybrid batches: %s, %u sequences, %u on the device in APEX N, prompts of %u "
+	       "tokens, %u decoded each, %d rounds\n", o->model, b.n, b.s, b.n_prompt, b.n_gen,
+	       reps);
+	for (int w = 0; w < N_WAYS; w++)
+		if (b.c[w])
+			place_line(&b, w);
+	for (int r = 0; r < reps; r++) {
+		/* alternate the order each round: shared machines drift */
+		for (int k = 0; k < N_WAYS; k++) {
+			const int w = r % 2 ? N_WAYS - 1 - k : k;
+			struct hyb_hybrid_stats st;
+			uint32_t seqs = w == BATCH_S ? b.s : b.n;
+			double t;
+
+			if (w == BATCH_S && !b.c[w])
+				seqs = 1;
+			if (!b.c[w]) {
+				/* batch of one: the one-sequence context, one sequence */
+				const uint32_t n = b.n;
+
+				b.n = 1;
+				t = run_one(&b);
+				b.n = n;
+			} else {
+				hyb_ctx_hybrid_stats_reset(b.c[w]);
+				t = w == ONE ? run_one(&b) : run_batch(&b, w, seqs);
+				hyb_ctx_hybrid_stats(b.c[w], &st);
+				add_stats(&b.st[w], &st);
+			}
+			b.tps[w][r] = seqs * b.n_gen / t;
+		}
+	}
+	for (int w = 0; w < N_WAYS; w++) {
+		const double tps = median(b.tps[w], reps), one = median(b.tps[ONE], reps);
+		const struct hyb_hybrid_stats *st = &b.st[w];
+
+		printf("%-12s %8.2f tokens/s  %.2fx one by one", way_name[w], tps, tps / one);
+		if (w != ONE && st->seq_rows) {
+			const double rows = (double)st->attn_rows_dev + st->attn_rows_cpu;
+
+			printf("; attention rows on the CPU %.0f%% (%.2f ms a pass), FFN on the "
+			       "device %.1f%%", rows > 0 ? 100.0 * st->attn_rows_cpu / rows : 0.0,
+			       1e3 * st->cpu_attn_s / st->seq_passes,
+			       100.0 * st->seq_neurons_dev /
+				       ((double)st->seq_rows * b.m->hp.n_ff * b.m->hp.n_layer));
+		}
+		printf("\n");
+	}
+	printf("APEX N / batch S: %.2fx; APEX N / device N: %.2fx\n",
+	       median(b.tps[APEX], reps) / median(b.tps[BATCH_S], reps),
+	       median(b.tps[APEX], reps) / median(b.tps[DEV_N], reps));
+	for (int w = 0; w < N_WAYS; w++) {
+		hyb_ctx_free(b.c[w]);
+		free(b.tps[w]);
+	}
+	free(b.prompts);
+	free(b.logits);
+	hyb_model_free(b.m);
+	return 0;
+}
