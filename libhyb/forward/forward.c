@@ -554,6 +554,12 @@ void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 
 void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const uint8_t *skip)
 {
+	hyb_fwd_ffn_dense_rows(c, l, nf, skip, NULL);
+}
+
+void hyb_fwd_ffn_dense_rows(struct hyb_ctx *c, uint32_t l, uint32_t nf, const uint8_t *skip,
+			    const uint8_t *need)
+{
 	const struct hyb_model *m = c->m;
 	const struct hyb_hparams *hp = &m->hp;
 	const struct hyb_layer *L = &m->layers[l];
@@ -566,7 +572,7 @@ void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const ui
 	if (m->group_size) {
 		convert_input(c, L->plan.bundles.type, c->xn, hp->n_embd, nf);
 		hyb_ffn_plan_dense(c->k, c->pool, c->plan, m, L, c->xq, c->xq_stride, nf, skip,
-				   thr, c->xn);
+				   need, thr, c->xn);
 		return;
 	}
 	project(c, l, HYB_TEAL_GU, c->xn, nf, 2, gu, gu_out);

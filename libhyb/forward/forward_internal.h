@@ -143,6 +143,12 @@ void hyb_fwd_ffn_norm(struct hyb_ctx *c, uint32_t l, const float *x, uint32_t nf
 void hyb_fwd_ffn_dense(struct hyb_ctx *c, uint32_t l, uint32_t nf);
 /* The same without the groups g of a plan model with skip[g] != 0 (NULL: none). */
 void hyb_fwd_ffn_dense_skip(struct hyb_ctx *c, uint32_t l, uint32_t nf, const uint8_t *skip);
+/*
+ * ... and a plan's rows taking only the groups need says ([nf][n_groups],
+ * NULL: all; hyb_ffn_plan_dense). Other models ignore need.
+ */
+void hyb_fwd_ffn_dense_rows(struct hyb_ctx *c, uint32_t l, uint32_t nf, const uint8_t *skip,
+			    const uint8_t *need);
 /* y[t] = rms_norm(y[t]) * w for n rows: a block output's norm (Gemma); nothing when w has no data */
 void hyb_fwd_post_norm(struct hyb_ctx *c, const struct hyb_weight *w, float *y, uint32_t n);
 /* logits[t] for rows first..n-1 of c->x: out_norm, then the output matrix. */

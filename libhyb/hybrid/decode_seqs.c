@@ -12,10 +12,12 @@
  *              KV cache in DRAM meanwhile (APEX's CPU requests), their
  *              outputs go back up; wo and ffn_norm of all rows on the
  *              device. Not placed: the CPU's block for every row;
- *   FFN        split by the neuron cache as a prompt batch's is (PowerInfer
- *              5.3 runs batches dense): the cached groups' share over all
- *              rows on the device, the rest on the CPU at the same time,
- *              merged on the host;
+ *   FFN        split by the neuron cache: every cached group over all rows
+ *              on the device (one batched kernel), the rest on the CPU at
+ *              the same time - a decoded token's predicted neurons through
+ *              the sparse operator as one sequence's step computes them
+ *              (the predictors run for every row on the device), a prompt
+ *              piece's rows dense (PowerInfer 5.3) - merged on the host;
  *   head       for the rows that give logits, where it was placed.
  *
  * A CPU request's attention finishes within its layer: APEX defers its
@@ -24,8 +26,13 @@
  * share of the FFN already waits for the attention's rows, so the layer's
  * sync costs what the CPU attention costs beyond the device's attention.
  * Every step's cache placement is the one the balancer left: the policies
- * act on one sequence's decode steps.
+ * act on one sequence's decode steps. A row's sums depend on its own
+ * tokens, predictions and the cache alone, never on the other rows (batch
+ * invariance); a batch's rows share one read of each weight on the device,
+ * not on the CPU, whose sparse rows would each need other neurons: a CPU
+ * with cores to spare could run them as one GEMM over the union instead.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +55,10 @@ struct pass {
 	struct hyb_fwd_run *cpu;         /* of those, the ones attending on the CPU */
 	uint32_t n_cpu, cpu_rows;
 	float *ydev;                     /* [n][n_embd] the device's FFN share */
+	float *ycpu;                     /* [n][n_embd] the CPU's, of decoded tokens' rows */
+	int pred_layer[2];               /* the layer whose predictions each slot holds, or -1 */
+	uint8_t *row_dense;              /* [n] rows of prompt pieces: every group */
+	uint8_t *need;                   /* [n][n_groups] the rows of prompt pieces: all */
 	uint64_t dev_rows, host_rows;
 	double cpu_attn_s;
 	char *err;
@@ -131,6 +142,62 @@ static int cpu_attention(struct pass *p, uint32_t l, uint32_t n)
 	return critical_done(p, false);
 }
 
+/*
+ * The predictors that read layer l's attention output (hyb_hdense_pred_source:
+ * layer l + 1's, or layer l's own for layer 0 and same-layer models), over
+ * every row, queued on COMPUTE; pred_layer[j & 1] = j for their copy down.
+ */
+static int predict(struct pass *p, uint32_t l, uint32_t n)
+{
+	const struct hyb_model *m = p->c->m;
+	const bool same = m->pred_input == HYB_PRED_SAME_LAYER;
+	const uint32_t want[2] = { (same || l == 0) ? l : UINT32_MAX,
+				   !same && l + 1 < m->hp.n_layer ? l + 1 : UINT32_MAX };
+
+	for (int i = 0; i < 2; i++) {
+		const uint32_t j = want[i];
+		hyb_dptr dev;
+		uint32_t *host;
+
+		if (j == UINT32_MAX || !hyb_hdense_pred_on(p->hd, j) ||
+		    !hyb_ffn_hybrid_seq_preds(p->h, (int)(j & 1), &dev, &host))
+			continue;
+		if (hyb_hdense_predict_rows(p->hd, j, p->b.x, n, dev))
+			return -1;
+		p->pred_layer[j & 1] = (int)j;
+	}
+	return 0;
+}
+
+/* The predictions just queued, down on CRITICAL (the caller waits). */
+static int preds_down(struct pass *p, uint32_t n)
+{
+	const uint32_t F = p->c->m->hp.n_ff;
+
+	for (int i = 0; i < 2; i++) {
+		hyb_dptr dev;
+		uint32_t *host;
+
+		if (p->pred_layer[i] < 0 || !hyb_ffn_hybrid_seq_preds(p->h, i, &dev, &host))
+			continue;
+		if (hyb_device_d2h(p->dev, HYB_STREAM_CRITICAL, host, dev, 4ull * n * (1ull + F)))
+			return -1;
+	}
+	return 0;
+}
+
+/* Layer l's predictions on the host, row after row (1 + n_ff words each); NULL: none. */
+static const uint32_t *layer_preds(struct pass *p, uint32_t l)
+{
+	hyb_dptr dev;
+	uint32_t *host;
+
+	if (p->pred_layer[l & 1] != (int)l ||
+	    !hyb_ffn_hybrid_seq_preds(p->h, (int)(l & 1), &dev, &host))
+		return NULL;
+	return host;
+}
+
 /* Layer l's attention block of the n rows of c->x; c->x and c->xn = ffn_norm(x) after. */
 static int attention(struct pass *p, uint32_t l, uint32_t n)
 {
@@ -147,9 +214,10 @@ static int attention(struct pass *p, uint32_t l, uint32_t n)
 		return dev_err(p, "the pass's attention on the device");
 	if ((p->n_cpu && critical_after_compute(p)) || cpu_attention(p, l, n))
 		return dev_err(p, "the pass's attention");
-	if (hyb_hdense_out_batch(p->hd, l, n, &p->b) || critical_after_compute(p) ||
-	    rows_copy(p, false, c->x, p->b.x, 0, n, E) ||
-	    rows_copy(p, false, c->xn, p->b.xn, 0, n, E) || critical_done(p, true))
+	if (hyb_hdense_out_batch(p->hd, l, n, &p->b) || predict(p, l, n) ||
+	    critical_after_compute(p) || rows_copy(p, false, c->x, p->b.x, 0, n, E) ||
+	    rows_copy(p, false, c->xn, p->b.xn, 0, n, E) || preds_down(p, n) ||
+	    critical_done(p, true))
 		return dev_err(p, "the pass's attention on the device");
 	p->dev_rows += n - p->cpu_rows;
 	p->host_rows += p->cpu_rows;
@@ -157,19 +225,64 @@ static int attention(struct pass *p, uint32_t l, uint32_t n)
 }
 
 /*
+ * The CPU's share of layer l's FFN. With predictions for the layer, each
+ * decoded token's as one sequence's step computes it (the sparse operator
+ * over its predicted neurons, hyb_ffn_hybrid_seq_cpu_row) into p->ycpu,
+ * and the rows of prompt pieces dense (PowerInfer 5.3) in c->xn, the
+ * others' zero there; without, every row dense in c->xn. Returns whether
+ * the rows went sparse.
+ */
+static int cpu_share(struct pass *p, uint32_t l, uint32_t n, const uint8_t *skip, bool *sparse)
+{
+	struct hyb_ctx *c = p->c;
+	const uint32_t E = c->m->hp.n_embd, F = c->m->hp.n_ff, NG = c->m->n_groups;
+	const uint32_t *preds = layer_preds(p, l);
+	uint32_t n_dense = 0;
+	uint64_t all = 0, cpu = 0;
+
+	*sparse = preds != NULL;
+	if (!preds) {
+		hyb_fwd_ffn_dense_rows(c, l, n, skip, NULL);
+		for (uint32_t g = 0; g < NG; g++)
+			all += skip && skip[g] ? 0 : n;
+		hyb_ffn_hybrid_seq_groups(p->h, all, all);
+		return 0;
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		const uint32_t *row = preds + (size_t)t * (1ull + F);
+
+		n_dense += p->row_dense[t];
+		memset(p->need + (size_t)t * NG, p->row_dense[t], NG);
+		if (!p->row_dense[t] &&
+		    hyb_ffn_hybrid_seq_cpu_row(p->h, c->pool, l, c->xn + (size_t)t * E, row + 1,
+					       row[0] < F ? row[0] : F, skip,
+					       p->ycpu + (size_t)t * E, p->err, p->errlen))
+			return -1;
+	}
+	if (n_dense) {
+		hyb_fwd_ffn_dense_rows(c, l, n, skip, p->need);
+		for (uint32_t g = 0; g < NG; g++)
+			cpu += skip && skip[g] ? 0 : n_dense;
+		hyb_ffn_hybrid_seq_groups(p->h, cpu, cpu);
+	}
+	return 0;
+}
+
+/*
  * Layer l's FFN of the n rows: the cached groups' share on the device (its
- * xn there already, or sent up), the rest on the CPU meanwhile (c->xn in
- * place), x += both, in the order a prompt batch adds them (decode.c).
+ * xn there already, or sent up), the CPU's meanwhile (cpu_share), x += both.
  */
 static int ffn(struct pass *p, uint32_t l, uint32_t n, bool xn_on_dev)
 {
 	struct hyb_ctx *c = p->c;
 	const uint32_t E = c->m->hp.n_embd;
 	const uint8_t *skip = hyb_ffn_hybrid_prefill_split(p->h, l);
+	bool sparse;
 
 	if (skip) {
+		/* waited for: the CPU's share overwrites c->xn next */
 		if (!xn_on_dev && (rows_copy(p, true, c->xn, p->b.xn, 0, n, E) ||
-				   critical_done(p, false)))
+				   critical_done(p, true)))
 			return dev_err(p, "the pass's FFN input to the device");
 		if (hyb_ffn_hybrid_seq_ffn(p->h, l, n, p->err, p->errlen))
 			return -1;
@@ -177,11 +290,19 @@ static int ffn(struct pass *p, uint32_t l, uint32_t n, bool xn_on_dev)
 		    hyb_device_record(p->dev, HYB_STREAM_CRITICAL, p->ev))
 			return dev_err(p, "the pass's FFN on the device");
 	}
-	hyb_fwd_ffn_dense_skip(c, l, n, skip);
+	if (cpu_share(p, l, n, skip, &sparse))
+		return -1;
 	if (skip && hyb_device_sync(p->dev, p->ev))
 		return dev_err(p, "the pass's FFN on the device");
-	for (size_t i = 0; i < (size_t)n * E; i++)
-		c->x[i] += skip ? c->xn[i] + p->ydev[i] : c->xn[i];
+	for (uint32_t t = 0; t < n; t++) {
+		float *x = c->x + (size_t)t * E;
+		const float *y = sparse && !p->row_dense[t] ? p->ycpu + (size_t)t * E
+							    : c->xn + (size_t)t * E;
+		const float *yd = p->ydev + (size_t)t * E;
+
+		for (uint32_t i = 0; i < E; i++)
+			x[i] += skip ? y[i] + yd[i] : y[i];
+	}
 	return 0;
 }
 
@@ -217,17 +338,24 @@ int hyb_decode_hybrid_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
 	int rc = -1;
 
 	hyb_ffn_hybrid_seq_bufs(h, &p.b, &p.y, &p.ev);
+	p.pred_layer[0] = p.pred_layer[1] = -1;
 	p.cpu = malloc(sizeof(*p.cpu) * (p.n_runs ? p.n_runs : 1));
 	p.ydev = malloc(sizeof(float) * n * c->m->hp.n_embd);
-	if (!p.cpu || !p.ydev) {
+	p.ycpu = malloc(sizeof(float) * n * c->m->hp.n_embd);
+	p.row_dense = malloc(n);
+	p.need = malloc((size_t)n * c->m->n_groups);
+	if (!p.cpu || !p.ydev || !p.ycpu || !p.row_dense || !p.need) {
 		snprintf(err, errlen, "out of memory");
 		goto out;
 	}
-	for (uint32_t i = 0; i < p.n_runs; i++)
+	for (uint32_t i = 0; i < p.n_runs; i++) {
+		/* a prompt runs dense (PowerInfer 5.3): its tokens together use every neuron */
+		memset(p.row_dense + p.runs[i].t0, p.runs[i].n > 1, p.runs[i].n);
 		if (hyb_ffn_hybrid_seq_slot(h, p.runs[i].seq) < 0) {
 			p.cpu[p.n_cpu++] = p.runs[i];
 			p.cpu_rows += p.runs[i].n;
 		}
+	}
 	hyb_fwd_embed(c, tokens, n);
 	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
 		if (attention(&p, l, n) || ffn(&p, l, n, hyb_hdense_layer_on(p.hd, l)))
@@ -240,5 +368,8 @@ int hyb_decode_hybrid_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
 out:
 	free(p.cpu);
 	free(p.ydev);
+	free(p.ycpu);
+	free(p.row_dense);
+	free(p.need);
 	return rc;
 }

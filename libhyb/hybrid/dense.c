@@ -745,6 +745,28 @@ int hyb_hdense_predict(struct hyb_hdense *hd, uint32_t l, int slot)
 	return 0;
 }
 
+int hyb_hdense_predict_rows(struct hyb_hdense *hd, uint32_t l, hyb_dptr x, uint32_t n,
+			    hyb_dptr out)
+{
+	const struct dense_layer *d = &hd->lay[l];
+
+	if (!d->pred)
+		return -EINVAL;
+	for (uint32_t t = 0; t < n; t++) {
+		const hyb_dptr cnt = out + 4ull * t * (1ull + hd->F);
+		const struct hyb_dev_predict p = {
+			.n_in = hd->E, .hidden = hd->m->layers[l].plan.hidden, .n_out = hd->F,
+			.fc1_w = d->fc1, .fc1_b = d->fc1_b, .fc2_w = d->fc2, .fc2_b = d->fc2_b,
+			.x = x + 4ull * t * hd->E, .count = cnt, .active = cnt + 4,
+			.raw_x = hd->m->pred_input == HYB_PRED_SAME_LAYER,
+		};
+
+		if (hyb_device_predict(hd->dev, HYB_STREAM_COMPUTE, &p))
+			return -1;
+	}
+	return 0;
+}
+
 void hyb_hdense_set_scores(struct hyb_hdense *hd, bool on)
 {
 	if (hd)

@@ -109,6 +109,13 @@ uint32_t hyb_hdense_predicted(const struct hyb_hdense *hd, int slot, const uint3
  * hyb_hdense_predicted_scores gives a slot's after the copy down. The
  * count is still the number of scores > 0; the list is not copied.
  */
+/*
+ * Layer l's predictor over n rows of x (n_embd floats each) on COMPUTE:
+ * row t's count and active list at out + t * (1 + n_ff) words, as
+ * hyb_hdense_predict leaves one row's (a pass of several sequences).
+ */
+int hyb_hdense_predict_rows(struct hyb_hdense *hd, uint32_t l, hyb_dptr x, uint32_t n,
+			    hyb_dptr out);
 void hyb_hdense_set_scores(struct hyb_hdense *hd, bool on);
 const float *hyb_hdense_predicted_scores(const struct hyb_hdense *hd, int slot);
 

@@ -55,6 +55,13 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 		    hyb_device_alloc(h->dev, 4 * r * kv, &b->k) ||
 		    hyb_device_alloc(h->dev, 4 * r * kv, &b->v))
 			return dev_fail(h, err, errlen, "device memory for the pass's rows");
+		for (int i = 0; hyb_hdense_pred_bytes(h->m, 0) && i < 2; i++) {
+			if (hyb_device_alloc(h->dev, 4 * r * (1ull + h->F), &h->sb_pred[i]))
+				return dev_fail(h, err, errlen, "device memory for the pass's rows");
+			h->h_pred[i] = hyb_device_host_alloc(h->dev, 4 * r * (1ull + h->F));
+			if (!h->h_pred[i])
+				return dev_fail(h, err, errlen, "pinned memory for the pass's rows");
+		}
 		h->ev_seq = hyb_device_event_new(h->dev);
 		if (!h->ev_seq)
 			return dev_fail(h, err, errlen, "an event for the pass");
@@ -498,6 +505,8 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		hyb_ffn_hybrid_prefill_free(h);
 		hyb_device_event_free(h->dev, h->ev_in);
 		hyb_device_event_free(h->dev, h->ev_seq);
+		hyb_device_host_free(h->dev, h->h_pred[0]);
+		hyb_device_host_free(h->dev, h->h_pred[1]);
 		hyb_device_event_free(h->dev, h->ev_k);
 		hyb_device_event_free(h->dev, h->ev_k0);
 		hyb_device_event_free(h->dev, h->ev_out);

@@ -102,6 +102,25 @@ void hyb_ffn_hybrid_seq_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_b
 			     hyb_dptr *y, struct hyb_device_event **ev);
 int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, char *err,
 			   size_t errlen);
+/*
+ * The pass's predictions by layer parity i (hyb_hdense_predict_rows' layout
+ * for seq_rows rows), on the device and their pinned host copy; false when
+ * there are none (no predictors, or oracle mode: passes then run dense).
+ */
+bool hyb_ffn_hybrid_seq_preds(const struct hyb_ffn_hybrid *h, int i, hyb_dptr *dev,
+			      uint32_t **host);
+/*
+ * One decode row's CPU share of layer l (a pass of several sequences): the
+ * sparse operator over its predicted neurons (pred[n_pred], increasing)
+ * outside the groups skip marks (the device's), every such neuron under
+ * exact CATS, as one sequence's step computes it; y[n_embd]. 0 or -1 with
+ * err.
+ */
+int hyb_ffn_hybrid_seq_cpu_row(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
+				const float *xn, const uint32_t *pred, uint32_t n_pred,
+				const uint8_t *skip, float *y, char *err, size_t errlen);
+/* Group-rows of a pass's FFN the CPU computed, of all its (uncached) group-rows. */
+void hyb_ffn_hybrid_seq_groups(struct hyb_ffn_hybrid *h, uint64_t cpu, uint64_t all);
 /* Statistics of a pass: rows, and rows of placed layers attended on each side. */
 void hyb_ffn_hybrid_seq_stats(struct hyb_ffn_hybrid *h, uint32_t rows, uint64_t dev_rows,
 			      uint64_t cpu_rows, double cpu_attn_s);

@@ -128,6 +128,8 @@ struct hyb_ffn_hybrid {
 	uint32_t n_seq, seq_rows, kv_slots;
 	struct hyb_hdense_batch sb;
 	hyb_dptr sb_y;
+	hyb_dptr sb_pred[2];              /* predictions of the pass's rows, by layer parity */
+	uint32_t *h_pred[2];              /* ... on the host (pinned) */
 	struct hyb_device_event *ev_seq;  /* the pass's copies */
 	int32_t *slot_seq_of, *seq_slot;
 

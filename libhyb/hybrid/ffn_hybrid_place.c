@@ -27,8 +27,9 @@ static uint64_t fixed_bytes(uint32_t L, uint32_t NG, uint32_t E, uint32_t F, boo
 }
 
 /*
- * Several sequences: a pass's rows on the device (x, xn, y, q, att, k, v;
- * decode_seqs.c), 0 with one sequence.
+ * Several sequences: a pass's rows on the device (x, xn, y, q, att, k, v,
+ * and two layers' predictions where the plan has predictors; decode_seqs.c),
+ * 0 with one sequence.
  */
 uint64_t hyb_ffn_hybrid_seq_buf_bytes(const struct hyb_ffn_hybrid *h)
 {
@@ -40,7 +41,8 @@ uint64_t hyb_ffn_hybrid_seq_buf_bytes(const struct hyb_ffn_hybrid *h)
 	if (!r)
 		return 0;
 	return 3 * ((4 * r * h->E + a - 1) / a * a) + 2 * ((4 * r * q + a - 1) / a * a) +
-	       2 * ((4 * r * kv + a - 1) / a * a);
+	       2 * ((4 * r * kv + a - 1) / a * a) +
+	       (hyb_hdense_pred_bytes(h->m, 0) ? 2 * ((4 * r * (1ull + h->F) + a - 1) / a * a) : 0);
 }
 
 /*

@@ -9,6 +9,7 @@
 
 #include "dense.h"
 #include "ffn_hybrid_internal.h"
+#include "sparse/sparse_layer.h"
 
 void hyb_ffn_hybrid_seq_open(struct hyb_ffn_hybrid *h, int seq)
 {
@@ -48,6 +49,17 @@ void hyb_ffn_hybrid_seq_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_b
 	*ev = h->ev_seq;
 }
 
+bool hyb_ffn_hybrid_seq_preds(const struct hyb_ffn_hybrid *h, int i, hyb_dptr *dev,
+			      uint32_t **host)
+{
+	/* oracle mode keeps every row dense: the CPU pass's bits */
+	if (h->oracle || !h->h_pred[i & 1])
+		return false;
+	*dev = h->sb_pred[i & 1];
+	*host = h->h_pred[i & 1];
+	return true;
+}
+
 int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, char *err,
 			   size_t errlen)
 {
@@ -63,6 +75,35 @@ int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, cha
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k))
 		return dev_fail(h, err, errlen, "the pass's FFN on the device");
 	return 0;
+}
+
+int hyb_ffn_hybrid_seq_cpu_row(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
+				const float *xn, const uint32_t *pred, uint32_t n_pred,
+				const uint8_t *skip, float *y, char *err, size_t errlen)
+{
+	/* exact CATS (ffn_hybrid_layer.c): every neuron, the threshold decides */
+	const bool exact = h->thr && h->thr[l] > 0;
+	struct hyb_sparse_ffn_stats st;
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < (exact ? h->F : n_pred); i++) {
+		const uint32_t nr = exact ? i : pred[i];
+
+		if (nr < h->F && !(skip && skip[nr / h->GS]))
+			h->cpu_list[n++] = nr;
+	}
+	h->st.seq_neurons_cpu += n;
+	if (!n) {
+		memset(y, 0, sizeof(float) * h->E);
+		return 0;
+	}
+	return hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, n, y, &st, err, errlen);
+}
+
+void hyb_ffn_hybrid_seq_groups(struct hyb_ffn_hybrid *h, uint64_t cpu, uint64_t all)
+{
+	h->st.seq_groups_cpu += cpu;
+	h->st.seq_groups_all += all;
 }
 
 void hyb_ffn_hybrid_seq_stats(struct hyb_ffn_hybrid *h, uint32_t rows, uint64_t dev_rows,

@@ -81,6 +81,7 @@ struct dense_job {
 	size_t xq_stride;
 	uint32_t n;
 	const uint8_t *skip; /* groups computed elsewhere (NULL: none) */
+	const uint8_t *need; /* [n][n_groups] rows that take each group (NULL: all) */
 	float thr;           /* CATS threshold (0: none) */
 	uint32_t n_run;      /* groups computed here */
 };
@@ -88,22 +89,36 @@ struct dense_job {
 /*
  * out[tok] += sum over nr rows i of act[tok * act_stride + i] * row i, for n
  * tokens: down stored transposed (a row per neuron). Each slice of rows is
- * run for every token while it is in cache.
+ * run for every token while it is in cache, with the rows whose activation
+ * is zero for that token left out: after ReLU (or CATS' threshold) most
+ * are, and a batch then reads and multiplies only each token's own firing
+ * neurons' rows, as the sparse operator does for one token (PowerInfer 5.1).
+ * Which rows go in depends on the token alone, so its sums do not depend
+ * on the batch.
  */
 static void down_rows(hyb_sparse_axpy_fn axpy, uint32_t E, const char *down, uint64_t row_bytes,
 		      uint32_t nr_all, const float *act, size_t act_stride, uint32_t n, float *out)
 {
 	const void *rows[HYB_SPARSE_MAX_ROWS];
+	float h[HYB_SPARSE_MAX_ROWS];
 
 	for (uint32_t i0 = 0; i0 < nr_all; i0 += HYB_SPARSE_MAX_ROWS) {
 		const uint32_t nr = nr_all - i0 < HYB_SPARSE_MAX_ROWS ? nr_all - i0
 								      : HYB_SPARSE_MAX_ROWS;
 
-		for (uint32_t i = 0; i < nr; i++)
-			rows[i] = down + (uint64_t)(i0 + i) * row_bytes;
-		for (uint32_t tok = 0; tok < n; tok++)
-			axpy((int64_t)E, rows, act + tok * act_stride + i0, (int)nr,
-			     out + (size_t)tok * E);
+		for (uint32_t tok = 0; tok < n; tok++) {
+			const float *a = act + tok * act_stride + i0;
+			int k = 0;
+
+			for (uint32_t i = 0; i < nr; i++) {
+				if (a[i] == 0.0f)
+					continue;
+				rows[k] = down + (uint64_t)(i0 + i) * row_bytes;
+				h[k++] = a[i];
+			}
+			if (k)
+				axpy((int64_t)E, rows, h, k, out + (size_t)tok * E);
+		}
 	}
 }
 
@@ -121,11 +136,27 @@ static void dense_group(const struct dense_job *j, struct thread_scratch *t, uin
 	gemm((int64_t)E, gate, b->row_bytes, ng, j->xq, j->xq_stride, n, t->g, ng);
 	gemm((int64_t)E, up, b->row_bytes, ng, j->xq, j->xq_stride, n, t->u, ng);
 	hyb_ffn_act_cats(t->g, t->u, (uint64_t)n * ng, m->hp.act, j->thr);
+	for (uint32_t tok = 0; j->need && tok < n; tok++)
+		if (!j->need[(size_t)tok * m->n_groups + g])
+			memset(t->g + (size_t)tok * ng, 0, sizeof(float) * ng);
 	down_rows(j->sk->axpy[b->type], E, down, b->row_bytes, ng, t->g, ng, n, t->out);
 }
 
 /* Thread ith computes the groups of rank [n_run * ith / nth, n_run * (ith + 1) / nth)
  * among those not skipped. */
+/* Group g runs here: not skipped, and some row takes it. */
+static bool group_runs(const struct dense_job *j, uint32_t g)
+{
+	if (j->skip && j->skip[g])
+		return false;
+	if (!j->need)
+		return true;
+	for (uint32_t tok = 0; tok < j->n; tok++)
+		if (j->need[(size_t)tok * j->m->n_groups + g])
+			return true;
+	return false;
+}
+
 static void dense_worker(void *arg, int ith, int nth)
 {
 	struct dense_job *j = arg;
@@ -136,7 +167,7 @@ static void dense_worker(void *arg, int ith, int nth)
 
 	memset(t->out, 0, (size_t)j->n * j->m->hp.n_embd * sizeof(float));
 	for (uint32_t g = 0; g < j->m->n_groups && rank < hi; g++) {
-		if (j->skip && j->skip[g])
+		if (!group_runs(j, g))
 			continue;
 		if (rank++ >= lo)
 			dense_group(j, t, g);
@@ -155,17 +186,17 @@ static void sum_outputs(const struct hyb_ffn_plan_scratch *s, int nth, size_t le
 void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
-			const uint8_t *skip, float thr, float *out)
+			const uint8_t *skip, const uint8_t *need, float thr, float *out)
 {
 	struct dense_job j = {
 		.k = k, .sk = hyb_sparse_best(), .s = s, .m = m, .P = &L->plan,
-		.xq = xq, .xq_stride = xq_stride, .n = n, .skip = skip, .thr = thr,
+		.xq = xq, .xq_stride = xq_stride, .n = n, .skip = skip, .need = need, .thr = thr,
 	};
 	const size_t len = (size_t)n * m->hp.n_embd;
 	int nth = hyb_threadpool_size(pool);
 
 	for (uint32_t g = 0; g < m->n_groups; g++)
-		j.n_run += !skip || !skip[g];
+		j.n_run += group_runs(&j, g);
 	if (nth == 1)
 		dense_worker(&j, 0, 1);
 	else

@@ -29,11 +29,15 @@ void hyb_ffn_plan_scratch_free(struct hyb_ffn_plan_scratch *s);
  * xq_stride bytes apart. skip (NULL: none): groups g with skip[g] != 0 are
  * left out (a hybrid prompt batch computes them on the device). thr > 0:
  * a CATS threshold (hyb/sparsity.h), h = 0 where |act(gate)| <= thr.
+ * need (NULL: every row every group): row t takes group g's neurons only
+ * where need[t * n_groups + g] != 0, its other activations are zeroed, so
+ * a row's sums never depend on what the other rows need (a batch of
+ * several sequences, docs/HYBRID.md); a group no row needs is not read.
  */
 void hyb_ffn_plan_dense(const struct hyb_cpu_kernels *k, struct hyb_threadpool *pool,
 			struct hyb_ffn_plan_scratch *s, const struct hyb_model *m,
 			const struct hyb_layer *L, const void *xq, size_t xq_stride, uint32_t n,
-			const uint8_t *skip, float thr, float *out);
+			const uint8_t *skip, const uint8_t *need, float thr, float *out);
 
 /*
  * out[n][n_embd] = the down projection of act[n][n_ff] (activations) through

@@ -169,6 +169,8 @@ static void add_stats(struct hyb_hybrid_stats *a, const struct hyb_hybrid_stats 
 	a->attn_rows_cpu += s->attn_rows_cpu;
 	a->cpu_attn_s += s->cpu_attn_s;
 	a->seq_neurons_dev += s->seq_neurons_dev;
+	a->seq_groups_cpu += s->seq_groups_cpu;
+	a->seq_groups_all += s->seq_groups_all;
 	a->tokens += s->tokens;
 	a->active += s->active;
 	a->active_dev += s->active_dev;
@@ -251,10 +253,12 @@ int cmd_bench_seqs(struct cli_opts *o)
 			const double rows = (double)st->attn_rows_dev + st->attn_rows_cpu;
 
 			printf("; attention rows on the CPU %.0f%% (%.2f ms a pass), FFN on the "
-			       "device %.1f%%", rows > 0 ? 100.0 * st->attn_rows_cpu / rows : 0.0,
+			       "device %.1f%%, the CPU's groups computed %.1f%%",
+			       rows > 0 ? 100.0 * st->attn_rows_cpu / rows : 0.0,
 			       1e3 * st->cpu_attn_s / st->seq_passes,
 			       100.0 * st->seq_neurons_dev /
-				       ((double)st->seq_rows * b.m->hp.n_ff * b.m->hp.n_layer));
+				       ((double)st->seq_rows * b.m->hp.n_ff * b.m->hp.n_layer),
+			       st->seq_groups_all ? 100.0 * st->seq_groups_cpu / st->seq_groups_all : 0.0);
 		}
 		printf("\n");
 	}

@@ -193,6 +193,8 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 	}
 	if (optind < argc)
 		cli_die("unexpected argument '%s'", argv[optind]);
+	if ((o->parallel || o->hy.kv_seqs) && !strstr(usage, "--parallel"))
+		cli_die("--parallel and --kv-seqs are hyb bench's and hyb serve's");
 	if (o->hy.prefill_cpu && o->hy.prompt_batch)
 		cli_die("--prompt-batch sizes prompt batches on the device; --prefill-cpu keeps "
 			"prompts off it: one or the other");

@@ -120,6 +120,9 @@ struct hyb_hybrid_stats {
 	uint64_t attn_rows_cpu;   /* ... rows of placed layers attended on the CPU (APEX) */
 	double cpu_attn_s;        /* host clock in those CPU attentions */
 	uint64_t seq_neurons_dev; /* ... FFN neurons times rows computed on the device */
+	uint64_t seq_groups_cpu;  /* ... group-rows the CPU computed (its rows' predictions) */
+	uint64_t seq_groups_all;  /* ... group-rows not on the device (all computed if dense) */
+	uint64_t seq_neurons_cpu; /* ... decode rows' neurons the CPU computed, sparse */
 };
 
 /* Where the dense parts went (after the placement). */
