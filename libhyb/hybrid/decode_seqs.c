@@ -48,6 +48,7 @@ struct pass {
 	struct hyb_hdense *hd;
 	struct hyb_device *dev;
 	struct hyb_device_event *ev;
+	struct hyb_device_event *const *prof;  /* timed: the layer's profile */
 	struct hyb_hdense_batch b;
 	hyb_dptr y;
 	const struct hyb_fwd_run *runs;  /* the pass's */
@@ -96,6 +97,18 @@ static int rows_copy(struct pass *p, bool up, float *host, hyb_dptr dev, uint32_
 		  : hyb_device_d2h(p->dev, HYB_STREAM_CRITICAL, host + off / 4, dev + off, bytes);
 }
 
+/* Timed event i of the layer's profile recorded on COMPUTE. */
+static int mark(struct pass *p, int i)
+{
+	return hyb_device_record(p->dev, HYB_STREAM_COMPUTE, p->prof[i]);
+}
+
+/* Device seconds between profile events a and b (both done): 0, or nonzero. */
+static int elapsed(struct pass *p, int a, int b, double *s)
+{
+	return hyb_device_elapsed(p->dev, p->prof[a], p->prof[b], s);
+}
+
 /*
  * The CPU's sequences of a placed layer: their q/k/v rows come down, the
  * CPU attends over their paged KV cache, the outputs go back up - while
@@ -125,6 +138,8 @@ static int cpu_attention(struct pass *p, uint32_t l, uint32_t n)
 		    hyb_hdense_attend_batch(p->hd, l, (uint32_t)slot, r->pos, r->t0, r->n, &p->b))
 			return -1;
 	}
+	if (mark(p, 2))
+		return -1;
 	if (!p->n_cpu)
 		return 0;
 	if (hyb_device_sync(p->dev, p->ev))
@@ -210,17 +225,24 @@ static int attention(struct pass *p, uint32_t l, uint32_t n)
 		return 0;
 	}
 	if (rows_copy(p, true, c->x, p->b.x, 0, n, E) || critical_done(p, false) ||
-	    hyb_hdense_qkv_batch(p->hd, l, n, &p->b))
+	    mark(p, 0) || hyb_hdense_qkv_batch(p->hd, l, n, &p->b) || mark(p, 1))
 		return dev_err(p, "the pass's attention on the device");
-	if ((p->n_cpu && critical_after_compute(p)) || cpu_attention(p, l, n))
+	if ((p->n_cpu && critical_after_compute(p)) || cpu_attention(p, l, n) || mark(p, 3))
 		return dev_err(p, "the pass's attention");
-	if (hyb_hdense_out_batch(p->hd, l, n, &p->b) || predict(p, l, n) ||
+	if (hyb_hdense_out_batch(p->hd, l, n, &p->b) || mark(p, 4) || predict(p, l, n) ||
 	    critical_after_compute(p) || rows_copy(p, false, c->x, p->b.x, 0, n, E) ||
 	    rows_copy(p, false, c->xn, p->b.xn, 0, n, E) || preds_down(p, n) ||
 	    critical_done(p, true))
 		return dev_err(p, "the pass's attention on the device");
 	p->dev_rows += n - p->cpu_rows;
 	p->host_rows += p->cpu_rows;
+	/* APEX's T_glinear and T_gatt of this layer (section 3.2), by the device's clock */
+	{
+		double qkv, att, out;
+
+		if (!elapsed(p, 0, 1, &qkv) && !elapsed(p, 1, 2, &att) && !elapsed(p, 3, 4, &out))
+			hyb_ffn_hybrid_seq_profile(p->h, qkv + out, att, 1);
+	}
 	return 0;
 }
 
@@ -294,6 +316,12 @@ static int ffn(struct pass *p, uint32_t l, uint32_t n, bool xn_on_dev)
 		return -1;
 	if (skip && hyb_device_sync(p->dev, p->ev))
 		return dev_err(p, "the pass's FFN on the device");
+	if (skip) {
+		double f;
+
+		if (!elapsed(p, 5, 6, &f))
+			hyb_ffn_hybrid_seq_profile(p->h, f, 0, 0);
+	}
 	for (uint32_t t = 0; t < n; t++) {
 		float *x = c->x + (size_t)t * E;
 		const float *y = sparse && !p->row_dense[t] ? p->ycpu + (size_t)t * E
@@ -338,6 +366,7 @@ int hyb_decode_hybrid_runs(struct hyb_ctx *c, const int32_t *tokens, uint32_t n,
 	int rc = -1;
 
 	hyb_ffn_hybrid_seq_bufs(h, &p.b, &p.y, &p.ev);
+	p.prof = hyb_ffn_hybrid_seq_prof(h);
 	p.pred_layer[0] = p.pred_layer[1] = -1;
 	p.cpu = malloc(sizeof(*p.cpu) * (p.n_runs ? p.n_runs : 1));
 	p.ydev = malloc(sizeof(float) * n * c->m->hp.n_embd);

@@ -65,6 +65,9 @@ static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
 		h->ev_seq = hyb_device_event_new(h->dev);
 		if (!h->ev_seq)
 			return dev_fail(h, err, errlen, "an event for the pass");
+		for (int i = 0; i < HYB_SEQ_PROF_EVENTS; i++)
+			if (!(h->ev_prof[i] = hyb_device_event_new_timed(h->dev)))
+				return dev_fail(h, err, errlen, "an event for the pass");
 		h->place.seq_bytes = hyb_ffn_hybrid_seq_buf_bytes(h);
 	}
 	return 0;
@@ -505,6 +508,8 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 		hyb_ffn_hybrid_prefill_free(h);
 		hyb_device_event_free(h->dev, h->ev_in);
 		hyb_device_event_free(h->dev, h->ev_seq);
+		for (int i = 0; i < HYB_SEQ_PROF_EVENTS; i++)
+			hyb_device_event_free(h->dev, h->ev_prof[i]);
 		hyb_device_host_free(h->dev, h->h_pred[0]);
 		hyb_device_host_free(h->dev, h->h_pred[1]);
 		hyb_device_event_free(h->dev, h->ev_k);

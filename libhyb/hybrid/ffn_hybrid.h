@@ -100,6 +100,16 @@ void hyb_ffn_hybrid_seq_close(struct hyb_ffn_hybrid *h, int seq);
 int hyb_ffn_hybrid_seq_slot(const struct hyb_ffn_hybrid *h, int seq);
 void hyb_ffn_hybrid_seq_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_batch *b,
 			     hyb_dptr *y, struct hyb_device_event **ev);
+/*
+ * Timed events of a pass's layer (decode_seqs.c's profile, APEX 3.2):
+ * before q/k/v, after them, after the device's attention, after the wait
+ * for the CPU's, after wo, around the FFN kernel.
+ */
+#define HYB_SEQ_PROF_EVENTS 7
+struct hyb_device_event *const *hyb_ffn_hybrid_seq_prof(const struct hyb_ffn_hybrid *h);
+/* Device seconds of a layer's linear parts and attention; layers: 1 once a layer. */
+void hyb_ffn_hybrid_seq_profile(struct hyb_ffn_hybrid *h, double linear_s, double attn_s,
+				uint32_t layers);
 int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, char *err,
 			   size_t errlen);
 /*

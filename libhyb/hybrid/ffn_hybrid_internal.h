@@ -131,6 +131,7 @@ struct hyb_ffn_hybrid {
 	hyb_dptr sb_pred[2];              /* predictions of the pass's rows, by layer parity */
 	uint32_t *h_pred[2];              /* ... on the host (pinned) */
 	struct hyb_device_event *ev_seq;  /* the pass's copies */
+	struct hyb_device_event *ev_prof[HYB_SEQ_PROF_EVENTS]; /* timed: APEX's profile */
 	int32_t *slot_seq_of, *seq_slot;
 
 	/*

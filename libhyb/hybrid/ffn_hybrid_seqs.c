@@ -49,6 +49,19 @@ void hyb_ffn_hybrid_seq_bufs(const struct hyb_ffn_hybrid *h, struct hyb_hdense_b
 	*ev = h->ev_seq;
 }
 
+struct hyb_device_event *const *hyb_ffn_hybrid_seq_prof(const struct hyb_ffn_hybrid *h)
+{
+	return h->ev_prof;
+}
+
+void hyb_ffn_hybrid_seq_profile(struct hyb_ffn_hybrid *h, double linear_s, double attn_s,
+				uint32_t layers)
+{
+	h->st.seq_linear_s += linear_s;
+	h->st.seq_dev_attn_s += attn_s;
+	h->st.seq_layers += layers;
+}
+
 bool hyb_ffn_hybrid_seq_preds(const struct hyb_ffn_hybrid *h, int i, hyb_dptr *dev,
 			      uint32_t **host)
 {
@@ -71,7 +84,9 @@ int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, cha
 	f.batch = n;
 	/* decode_seqs.c waited for the last layer's result: its list is read */
 	if (hyb_ffn_hybrid_dev_inputs(h, l, NULL, h->n_pre, true) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_prof[5]) ||
 	    hyb_device_sparse_ffn(h->dev, HYB_STREAM_COMPUTE, &f) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_prof[6]) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k))
 		return dev_fail(h, err, errlen, "the pass's FFN on the device");
 	return 0;

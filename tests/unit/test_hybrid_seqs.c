@@ -279,6 +279,9 @@ static void split_invariant(struct hyb_model *m, const struct hyb_hybrid_params 
 	printf("    %u attention blocks: the CPU computed %.1f%% of the neurons (sparse rows)\n",
 	       want_layers, 100.0 * st.seq_neurons_cpu /
 	       ((double)st.seq_rows * m->hp.n_ff * m->hp.n_layer));
+	/* APEX's profile: every placed layer of every pass timed on the device */
+	CHECK_EQ_INT(st.seq_layers, st.seq_passes * want_layers);
+	CHECK(st.seq_linear_s > 0 && st.seq_dev_attn_s > 0 && st.cpu_attn_s > 0);
 	/* decoded tokens' rows went through the sparse operator, their predictions */
 	CHECK(st.seq_neurons_cpu > 0);
 	CHECK(st.seq_neurons_cpu < st.seq_rows * m->hp.n_ff * m->hp.n_layer / 2);

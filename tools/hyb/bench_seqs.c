@@ -169,6 +169,10 @@ static void add_stats(struct hyb_hybrid_stats *a, const struct hyb_hybrid_stats 
 	a->attn_rows_cpu += s->attn_rows_cpu;
 	a->cpu_attn_s += s->cpu_attn_s;
 	a->seq_neurons_dev += s->seq_neurons_dev;
+	a->seq_neurons_cpu += s->seq_neurons_cpu;
+	a->seq_linear_s += s->seq_linear_s;
+	a->seq_dev_attn_s += s->seq_dev_attn_s;
+	a->seq_layers += s->seq_layers;
 	a->seq_groups_cpu += s->seq_groups_cpu;
 	a->seq_groups_all += s->seq_groups_all;
 	a->tokens += s->tokens;
@@ -185,6 +189,36 @@ static void place_line(const struct sbench *b, int w)
 	       "neuron cache %.1f MB, pass rows %.1f MB\n", way_name[w], pl.attn_layers,
 	       b->m->hp.n_layer, w == ONE ? 1 : pl.kv_seqs, w == ONE || pl.kv_seqs != 1 ? "s" : "",
 	       pl.cache_bytes / 1e6, pl.seq_bytes / 1e6);
+}
+
+/*
+ * APEX's analytical model (section 3.2) from what the APEX N passes measured
+ * (the device's clock for its parts, the host's for the CPU's attention):
+ * per placed layer T_glinear (q/k/v, wo, the cached FFN groups) and T_gatt
+ * (attention of the device's sequences); N_G and N_C, attention rows a
+ * second on each side. Inequality (6): Asymmetric Pipelining (NEO's two
+ * sub-batches) beats overlapping the CPU's attention with one unified batch
+ * only when N_G / N_C < 2 T_glinear / T_gatt + 3 + T_gatt / T_glinear.
+ */
+static void apex_profile(const struct sbench *b)
+{
+	const struct hyb_hybrid_stats *st = &b->st[APEX];
+	double tl, ta, ng, nc, rhs;
+
+	if (!st->seq_layers || st->seq_dev_attn_s <= 0 || st->cpu_attn_s <= 0 ||
+	    st->seq_linear_s <= 0) {
+		printf("APEX model: no layer attended on both sides\n");
+		return;
+	}
+	tl = st->seq_linear_s / st->seq_layers;
+	ta = st->seq_dev_attn_s / st->seq_layers;
+	ng = st->attn_rows_dev / st->seq_dev_attn_s;
+	nc = st->attn_rows_cpu / st->cpu_attn_s;
+	rhs = 2 * tl / ta + 3 + ta / tl;
+	printf("APEX model (APEX N, per placed layer and pass): T_glinear %.1f us, T_gatt %.1f us, "
+	       "N_G %.0f rows/ms, N_C %.0f rows/ms; N_G/N_C %.1f %s %.1f: asymmetric pipelining "
+	       "%s (inequality 6)\n", 1e6 * tl, 1e6 * ta, ng / 1e3, nc / 1e3, ng / nc,
+	       ng / nc < rhs ? "<" : ">=", rhs, ng / nc < rhs ? "would pay" : "would not pay");
 }
 
 int cmd_bench_seqs(struct cli_opts *o)
@@ -252,16 +286,17 @@ int cmd_bench_seqs(struct cli_opts *o)
 		if (w != ONE && st->seq_rows) {
 			const double rows = (double)st->attn_rows_dev + st->attn_rows_cpu;
 
-			printf("; attention rows on the CPU %.0f%% (%.2f ms a pass), FFN on the "
-			       "device %.1f%%, the CPU's groups computed %.1f%%",
+			const double all = (double)st->seq_rows * b.m->hp.n_ff * b.m->hp.n_layer;
+
+			printf("; attention rows on the CPU %.0f%% (%.2f ms a pass); FFN neurons "
+			       "on the device %.1f%%, on the CPU %.1f%% (sparse)",
 			       rows > 0 ? 100.0 * st->attn_rows_cpu / rows : 0.0,
 			       1e3 * st->cpu_attn_s / st->seq_passes,
-			       100.0 * st->seq_neurons_dev /
-				       ((double)st->seq_rows * b.m->hp.n_ff * b.m->hp.n_layer),
-			       st->seq_groups_all ? 100.0 * st->seq_groups_cpu / st->seq_groups_all : 0.0);
+			       100.0 * st->seq_neurons_dev / all, 100.0 * st->seq_neurons_cpu / all);
 		}
 		printf("\n");
 	}
+	apex_profile(&b);
 	printf("APEX N / batch S: %.2fx; APEX N / device N: %.2fx\n",
 	       median(b.tps[APEX], reps) / median(b.tps[BATCH_S], reps),
 	       median(b.tps[APEX], reps) / median(b.tps[DEV_N], reps));

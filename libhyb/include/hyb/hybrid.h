@@ -123,6 +123,14 @@ struct hyb_hybrid_stats {
 	uint64_t seq_groups_cpu;  /* ... group-rows the CPU computed (its rows' predictions) */
 	uint64_t seq_groups_all;  /* ... group-rows not on the device (all computed if dense) */
 	uint64_t seq_neurons_cpu; /* ... decode rows' neurons the CPU computed, sparse */
+	/*
+	 * ... APEX's profile (section 3.2), measured online: device seconds of
+	 * the placed layers' linear parts (q/k/v, wo, the cached FFN groups) and
+	 * of their attention for the device's sequences, over seq_layers layers;
+	 * with attn_rows_* and cpu_attn_s it gives N_G and N_C
+	 */
+	double seq_linear_s, seq_dev_attn_s;
+	uint64_t seq_layers;
 };
 
 /* Where the dense parts went (after the placement). */
