@@ -14,13 +14,15 @@
  *     of context (batch invariance), and stay close to the CPU's dense ones;
  *   - the budget holds the device's KV for kv_seqs sequences; slots go to
  *     the first sequences opened and come back at close;
- *   - refusals: hyb_ctx_eval on such a context, a mixture of experts.
+ *   - refusals: hyb_ctx_eval on such a context; the CLI's --parallel and
+ *     --kv-seqs where they mean nothing; hyb bench --parallel's report.
  */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
@@ -376,4 +378,49 @@ TEST(hybrid_seqs_slots_follow_open_and_close)
 	hyb_ctx_free(c);
 	free(lg);
 	hyb_model_free(m);
+}
+
+/* Read a whole small file (a log) into a static buffer. */
+static const char *slurp_log(const char *path)
+{
+	static char buf[16384];
+	FILE *f = fopen(path, "r");
+	size_t n;
+
+	CHECK(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = 0;
+	fclose(f);
+	return buf;
+}
+
+/*
+ * hyb bench --parallel: the four ways and APEX's model on the plan; the
+ * options refused where they mean nothing.
+ */
+TEST(hybrid_seqs_bench_and_refusals)
+{
+	const char *plan = hyb_test_plan();
+	char log[600];
+	const char *out;
+
+	if (access("build/hyb", X_OK))
+		SKIP("build/hyb not built (run from the repository root after make)");
+	snprintf(log, sizeof(log), "%s/bench.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "build/hyb bench -m %s --gpu-budget 60%% --parallel 4 "
+				 "--kv-seqs 1 -p 8 -n 4 -r 1 -t 1", plan), 0);
+	out = slurp_log(log);
+	CHECK_MSG(strstr(out, "one by one") && strstr(out, "batch S") && strstr(out, "APEX N") &&
+		  strstr(out, "device N") && strstr(out, "APEX model") &&
+		  strstr(out, "(inequality 6)"), "%s", out);
+	CHECK(hyb_test_sh(log, "build/hyb bench -m %s --gpu-budget 60%% --parallel 4 --kv-seqs 4",
+			  plan) != 0);
+	CHECK_MSG(strstr(slurp_log(log), "fewer than the 4 sequences"), "%s", slurp_log(log));
+	CHECK(hyb_test_sh(log, "build/hyb run -m %s --parallel 2 -n 1", plan) != 0);
+	CHECK_MSG(strstr(slurp_log(log), "hyb bench's and hyb serve's"), "%s", slurp_log(log));
+	CHECK(hyb_test_sh(log, "build/hyb serve -m %s --parallel 2 --kv-seqs 1", plan) != 0);
+	CHECK_MSG(strstr(slurp_log(log), "go with --gpu-budget"), "%s", slurp_log(log));
+	CHECK(hyb_test_sh(log, "build/hyb serve -m %s --gpu-budget 60%% --parallel 2 "
+			  "--kv-seqs 3", plan) != 0);
+	CHECK_MSG(strstr(slurp_log(log), "more than the 2 requests"), "%s", slurp_log(log));
 }
