@@ -35,36 +35,6 @@ struct sbench {
 	struct hyb_hybrid_stats st[N_WAYS];
 };
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(const double *v, int n)
-{
-	double *w = malloc(sizeof(double) * n), r;
-
-	if (!w)
-		cli_die("out of memory");
-	memcpy(w, v, sizeof(double) * n);
-	qsort(w, n, sizeof(*w), cmp_double);
-	r = n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
-	free(w);
-	return r;
-}
-
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return (int32_t)b;
-}
-
 static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seqs)
 {
 	struct hyb_hybrid_params hy = b->o->hy;
@@ -113,7 +83,7 @@ static double run_one(struct sbench *b)
 		const double t0 = hyb_ctx_clock(c);
 
 		for (uint32_t g = 0; g < b->n_gen; g++) {
-			int32_t tok = argmax(b->logits, b->m->hp.n_vocab);
+			int32_t tok = cli_argmax(b->logits, b->m->hp.n_vocab);
 
 			if (hyb_ctx_eval(c, &tok, 1, b->logits, false))
 				cli_die("%s", hyb_last_error());
@@ -146,7 +116,7 @@ static double run_batch(struct sbench *b, int w, uint32_t k)
 	t0 = hyb_ctx_clock(c);
 	for (uint32_t g = 0; g < b->n_gen; g++) {
 		for (uint32_t i = 0; i < k; i++) {
-			next[i] = argmax(b->logits + (size_t)i * V, V);
+			next[i] = cli_argmax(b->logits + (size_t)i * V, V);
 			bt[i] = (struct hyb_seq_tokens){ seq[i], &next[i], 1 };
 		}
 		if (hyb_ctx_eval_seqs(c, bt, k, b->logits))
@@ -279,7 +249,7 @@ int cmd_bench_seqs(struct cli_opts *o)
 		}
 	}
 	for (int w = 0; w < N_WAYS; w++) {
-		const double tps = median(b.tps[w], reps), one = median(b.tps[ONE], reps);
+		const double tps = cli_median(b.tps[w], reps), one = cli_median(b.tps[ONE], reps);
 		const struct hyb_hybrid_stats *st = &b.st[w];
 
 		printf("%-12s %8.2f tokens/s  %.2fx one by one", way_name[w], tps, tps / one);
@@ -298,8 +268,8 @@ int cmd_bench_seqs(struct cli_opts *o)
 	}
 	apex_profile(&b);
 	printf("APEX N / batch S: %.2fx; APEX N / device N: %.2fx\n",
-	       median(b.tps[APEX], reps) / median(b.tps[BATCH_S], reps),
-	       median(b.tps[APEX], reps) / median(b.tps[DEV_N], reps));
+	       cli_median(b.tps[APEX], reps) / cli_median(b.tps[BATCH_S], reps),
+	       cli_median(b.tps[APEX], reps) / cli_median(b.tps[DEV_N], reps));
 	for (int w = 0; w < N_WAYS; w++) {
 		hyb_ctx_free(b.c[w]);
 		free(b.tps[w]);

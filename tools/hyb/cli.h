@@ -49,6 +49,10 @@ struct cli_opts {
 	uint32_t moe_defer;        /* --defer N: expert deferral (hyb_ctx_params.moe_defer) */
 };
 
+/* The median of v[n] (sorted in place: benchmarks take medians of noisy rounds). */
+double cli_median(double *v, int n);
+/* Index of the largest of v[n], the first on ties: the greedy token. */
+int32_t cli_argmax(const float *v, uint32_t n);
 /* Parse argv after the subcommand; exits with a message on a bad option. */
 void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage);
 /* A number in [lo, hi] or exit naming the option. */

@@ -200,29 +200,6 @@ const float *const *cli_routing_freq(const struct hyb_model *m, const char *path
 
 /* ---- hyb bench --gpu-budget ----------------------------------------------------- */
 
-static int cmp_double(const void *a, const void *b)
-{
-	const double x = *(const double *)a, y = *(const double *)b;
-
-	return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static int argmax(const float *v, uint32_t n)
-{
-	uint32_t b = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[b])
-			b = i;
-	return (int)b;
-}
-
 /*
  * The drift workload: the prompt, then greedy decoding where every drift-th
  * token is forced to a seeded random id. On a `hybctl synth` model a token
@@ -254,7 +231,7 @@ static double run_seq(struct hyb_ctx *c, const struct hyb_model *m, struct workl
 	t0 = hyb_ctx_clock(c);
 	for (uint32_t i = 0; i < w->n_gen; i++) {
 		const uint32_t pos = w->n_prompt + i;
-		int pick = argmax(logits, V);
+		int pick = cli_argmax(logits, V);
 
 		if (reference) {
 			rng = rng * 6364136223846793005ull + 1442695040888963407ull;
@@ -544,7 +521,7 @@ static double print_policy(const struct hbench *h, const struct policy_run *pr, 
 {
 	const struct hyb_hybrid_stats *s = &pr->st;
 	const double n = s->tokens ? (double)s->tokens : 1;
-	const double tps = median(pr->tps, h->o->reps);
+	const double tps = cli_median(pr->tps, h->o->reps);
 	const double io_b = (double)(s->load_bytes + s->critical_bytes) / n;
 	const double mean_pos = h->n_prompt + h->n_gen / 2.0;
 	double cpu_b, gpu_b, roof;
@@ -560,7 +537,7 @@ static double print_policy(const struct hbench *h, const struct policy_run *pr, 
 		roof = io_b / bw_pcie;
 	printf("%-13s %8.2f %6.2fx %8.2f %6s %6.1f%% %6.1f %7.2f %7.3f %7.3f %7.3f %7.3f "
 	       "%5.0f%% %6.1f%%", pr->name, tps, tps / ref,
-	       median(pr->pps, h->o->reps), dense,
+	       cli_median(pr->pps, h->o->reps), dense,
 	       s->active ? 100.0 * s->active_dev / s->active : 0.0, s->loads / n,
 	       io_b / 1e6, 1e3 * s->attn_s / n, 1e3 * s->cpu_ffn_s / n,
 	       1e3 * s->dev_kernel_s / n, 1e3 * s->stall_s / n, 100.0 * tps * roof,
@@ -600,9 +577,9 @@ static void print_bound(const struct hbench *h, const struct policy_run *st, dou
 static void hbench_report(struct hbench *h)
 {
 	const struct cli_opts *o = h->o;
-	const double ref = median(h->t_ref, o->reps);
-	const double bw_dram = median(h->dram, o->reps);
-	const double bw_pcie = median(h->pcie, o->reps), bw_hbm = median(h->hbm, o->reps);
+	const double ref = cli_median(h->t_ref, o->reps);
+	const double bw_dram = cli_median(h->dram, o->reps);
+	const double bw_pcie = cli_median(h->pcie, o->reps), bw_hbm = cli_median(h->hbm, o->reps);
 	double base_layer = 0, base_static = 0;
 
 	printf("bandwidth   DRAM %.1f GB/s, PCIe %.1f GB/s, device memory %.0f GB/s (measured "
@@ -611,7 +588,7 @@ static void hbench_report(struct hbench *h)
 		       ? "link: a pinned host-to-device copy, memory: the device's add kernel"
 		       : "the CPU device's link and memory are its model's");
 	printf("baseline    %8.2f tokens/s  CPU-only %s decode; prompt %.2f tokens/s "
-	       "(%u tokens)\n", ref, h->moe ? "expert" : "sparse", median(h->p_ref, o->reps),
+	       "(%u tokens)\n", ref, h->moe ? "expert" : "sparse", cli_median(h->p_ref, o->reps),
 	       h->n_prompt);
 	printf("%-13s %8s %7s %8s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy",
 	       "tok/s", "vs cpu", "prompt", "dense", "gpu%", "loads", "MB/tok", "attn ms",
@@ -625,7 +602,7 @@ static void hbench_report(struct hbench *h)
 			base_static = tps;
 	}
 	for (int i = 0; i < h->np; i++) {
-		const double tps = median(h->pr[i].tps, o->reps);
+		const double tps = cli_median(h->pr[i].tps, o->reps);
 
 		if (h->pr[i].p != HYB_POLICY_TAM_ADAPTIVE)
 			continue;
@@ -655,7 +632,7 @@ static void hbench_report(struct hbench *h)
 		printf("dynamic's load-aware thresholds: %.2fx dynamic-fixed; per token %.0f cached "
 		       "neurons added, %.0f CPU neurons dropped; predictors and decisions %.3f ms a "
 		       "token, %.3f of it beside the CPU FFN (without: %.3f, %.3f)\n",
-		       median(a->tps, o->reps) / median(b->tps, o->reps), a->st.thr_added / n,
+		       cli_median(a->tps, o->reps) / cli_median(b->tps, o->reps), a->st.thr_added / n,
 		       a->st.thr_dropped / n, 1e3 * (a->st.predictor_s + a->st.balancer_s) / n,
 		       1e3 * a->st.side_s / n, 1e3 * (b->st.predictor_s + b->st.balancer_s) / nb,
 		       1e3 * b->st.side_s / nb);

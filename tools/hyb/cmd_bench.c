@@ -47,29 +47,6 @@ static const char usage[] =
 	"  hybrid: every policy on the drift workload (a forced topic change every N\n"
 	"  tokens, default 32), against CPU-only sparse decoding, in the same rounds\n";
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-	qsort(v, n, sizeof(*v), cmp_double);
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static int32_t argmax(const float *v, uint32_t n)
-{
-	uint32_t best = 0;
-
-	for (uint32_t i = 1; i < n; i++)
-		if (v[i] > v[best])
-			best = i;
-	return (int32_t)best;
-}
-
 /* The weight type holding most of the matrix bytes: it sets the kernel peak. */
 static uint32_t dominant_type(const struct hyb_model *m)
 {
@@ -242,7 +219,7 @@ static void round_sparse(struct bench *b, int r)
 	hyb_ctx_sparse_stats_reset(b->cs);
 	t0 = hyb_now();
 	for (int i = 0; i < n_gen; i++) {
-		b->agree += argmax(b->logits, b->m->hp.n_vocab) == b->toks[n_prompt + i];
+		b->agree += cli_argmax(b->logits, b->m->hp.n_vocab) == b->toks[n_prompt + i];
 		b->compared++;
 		eval(b->cs, &b->toks[n_prompt + i], 1, b->logits);
 	}
@@ -269,7 +246,7 @@ static void round_teal(struct bench *b, int r)
 	hyb_ctx_teal_stats_reset(b->ct);
 	t0 = hyb_now();
 	for (int i = 0; i < n_gen; i++) {
-		b->teal_agree += argmax(b->logits, b->m->hp.n_vocab) == b->toks[n_prompt + i];
+		b->teal_agree += cli_argmax(b->logits, b->m->hp.n_vocab) == b->toks[n_prompt + i];
 		eval(b->ct, &b->toks[n_prompt + i], 1, b->logits);
 	}
 	b->t_teal[r] = hyb_now() - t0;
@@ -297,7 +274,7 @@ static void print_teal(const struct bench *b)
 {
 	const int reps = b->o.reps, n_gen = b->o.n_gen_bench, steps = reps * n_gen;
 	const struct hyb_teal_stats *st = &b->tst;
-	const double bw_med = median(b->bw, reps);
+	const double bw_med = cli_median(b->bw, reps);
 	double t[64];
 	/* a step reads what dense reads, less the rows of inputs under their thresholds */
 	const double saved = (double)(st->dense_bytes - st->bytes) / steps;
@@ -306,12 +283,12 @@ static void print_teal(const struct bench *b)
 
 	for (int r = 0; r < reps && r < 64; r++)
 		t[r] = b->t_teal[r];
-	tps = n_gen / median(t, reps < 64 ? reps : 64);
+	tps = n_gen / cli_median(t, reps < 64 ? reps : 64);
 	for (int r = 0; r < reps && r < 64; r++)
 		t[r] = b->r_teal[r];
 	printf("teal        %8.2f tokens/s  (%d tokens)  %.2fx dense (per-round median); "
 	       "%.1f%% of projection inputs skipped, %.1f%% of their bytes; greedy token = "
-	       "dense on %.1f%%\n", tps, n_gen, median(t, reps < 64 ? reps : 64),
+	       "dense on %.1f%%\n", tps, n_gen, cli_median(t, reps < 64 ? reps : 64),
 	       100.0 * (1.0 - (double)st->active / (double)st->inputs),
 	       100.0 * (double)(st->dense_bytes - st->bytes) / (double)st->dense_bytes,
 	       100.0 * b->teal_agree / steps);
@@ -381,7 +358,7 @@ static void print_moe(const struct bench *b)
 {
 	const struct hyb_hparams *hp = &b->m->hp;
 	const struct hyb_moe_stats *st = &b->moe;
-	double t_dec = 0, bw = median(b->bw, b->o.reps);
+	double t_dec = 0, bw = cli_median(b->bw, b->o.reps);
 
 	for (int r = 0; r < b->o.reps; r++)
 		t_dec += b->t_dec[r];
@@ -439,7 +416,7 @@ static void bench_round(struct bench *b, int r)
 	hyb_ctx_moe_stats_reset(b->c);
 	t0 = hyb_now();
 	for (int i = 0; i < b->o.n_gen_bench; i++) {
-		b->toks[n_prompt + i] = argmax(b->logits, b->m->hp.n_vocab);
+		b->toks[n_prompt + i] = cli_argmax(b->logits, b->m->hp.n_vocab);
 		eval(b->c, &b->toks[n_prompt + i], 1, b->logits);
 	}
 	b->t_dec[r] = hyb_now() - t0;
@@ -484,7 +461,7 @@ static void print_defer(struct bench *b)
 			eval(c, b->toks, (uint32_t)np, b->logits);
 			t0 = hyb_now();
 			for (int i = 0; i < n; i++) {
-				tk[k][i] = argmax(b->logits, hp->n_vocab);
+				tk[k][i] = cli_argmax(b->logits, hp->n_vocab);
 				eval(c, &tk[k][i], 1, b->logits);
 			}
 			t[k][r] = hyb_now() - t0;
@@ -494,8 +471,8 @@ static void print_defer(struct bench *b)
 		same += tk[0][i] == tk[1][i];
 	printf("deferral    %u of %u experts a layer later: decode %.2f tokens/s, without %.2f "
 	       "(%.2fx; the CPU alone overlaps nothing); greedy tokens as without: %d/%d\n",
-	       b->o.moe_defer, hp->n_expert_used, n / median(t[1], reps), n / median(t[0], reps),
-	       median(t[0], reps) / median(t[1], reps), same, n);
+	       b->o.moe_defer, hp->n_expert_used, n / cli_median(t[1], reps),
+	       n / cli_median(t[0], reps), cli_median(t[0], reps) / cli_median(t[1], reps), same, n);
 	free(tk[0]);
 	free(tk[1]);
 }
@@ -503,9 +480,9 @@ static void print_defer(struct bench *b)
 static void print_dense(struct bench *b)
 {
 	const int reps = b->o.reps, n_prompt = b->n_prompt;
-	double pre_tps = n_prompt / median(b->t_pre, reps);
-	double dec_tps = b->o.n_gen_bench / median(b->t_dec, reps);
-	double bw_med = median(b->bw, reps), gp_med = median(b->gp, reps);
+	double pre_tps = n_prompt / cli_median(b->t_pre, reps);
+	double dec_tps = b->o.n_gen_bench / cli_median(b->t_dec, reps);
+	double bw_med = cli_median(b->bw, reps), gp_med = cli_median(b->gp, reps);
 	double pre_roof = b->peak / (double)b->macs;
 	const struct hyb_weight fw = ffn_matrix(b->m), *w = &fw;
 
@@ -518,10 +495,10 @@ static void print_dense(struct bench *b)
 	       (unsigned long long)w->ne0, ffn_columns(b->m, n_prompt), b->nth);
 	printf("prefill     %8.2f tokens/s  (%d tokens)  %.1f GMAC/s  -> %.0f%% of GEMM peak "
 	       "(per-round median), %.0f%% of instruction peak\n", pre_tps, n_prompt,
-	       pre_tps * b->macs / 1e9, 100 * median(b->r_pre, reps), 100 * pre_tps / pre_roof);
+	       pre_tps * b->macs / 1e9, 100 * cli_median(b->r_pre, reps), 100 * pre_tps / pre_roof);
 	printf("decode      %8.2f tokens/s  (%d tokens)  %.2f GB/s  roofline %.2f tokens/s  "
 	       "-> %.0f%% of DRAM bandwidth (per-round median)\n", dec_tps, b->o.n_gen_bench,
-	       dec_tps * b->bytes_tok / 1e9, bw_med / b->bytes_tok, 100 * median(b->r_dec, reps));
+	       dec_tps * b->bytes_tok / 1e9, bw_med / b->bytes_tok, 100 * cli_median(b->r_dec, reps));
 }
 
 /* Sparse decoding against dense, and against the bytes it must read. */
@@ -534,7 +511,7 @@ static void print_sparse(struct bench *b)
 	/* a plan's bundle rows, or a PowerInfer file's own rows and predictors */
 	const double fb = (double)(m->group_size ? m->layers[0].plan.bundles.row_bytes
 						 : m->layers[0].down_t.row_bytes);
-	const double bytes_tok = b->bytes_tok, bw_med = median(b->bw, reps);
+	const double bytes_tok = b->bytes_tok, bw_med = cli_median(b->bw, reps);
 	double pred_bytes = 0, t_sp_sum = 0;
 
 	/* CATS computes every gate instead of predicting (docs/SPARSITY.md): no predictor bytes */
@@ -554,12 +531,12 @@ static void print_sparse(struct bench *b)
 	double sp_bytes = bytes_tok - 3.0 * fb * hp->n_ff * hp->n_layer + pred_bytes +
 			  fb * ((double)sst->predicted + 2.0 * sst->nonzero) / sst->neurons *
 			  per_step * hp->n_layer;
-	double sp_tps = n_gen / median(b->t_sp, reps);
+	double sp_tps = n_gen / cli_median(b->t_sp, reps);
 
 	printf("sparse      %8.2f tokens/s  (%d tokens)  %.2fx dense (per-round median); "
 	       "%.1f%% of FFN neurons predicted, %.1f%% fired; predictors %.1f%% of "
 	       "decode time; greedy token = dense on %.1f%%\n", sp_tps, n_gen,
-	       median(b->r_sp, reps), 100.0 * sst->predicted / sst->neurons,
+	       cli_median(b->r_sp, reps), 100.0 * sst->predicted / sst->neurons,
 	       100.0 * sst->nonzero / sst->neurons, 100 * sst->predictor_s / t_sp_sum,
 	       100.0 * b->agree / b->compared);
 	/* Amdahl in bytes: what sparsity can buy at most when the rest of
@@ -582,8 +559,8 @@ static void print_sparse(struct bench *b)
 	printf("\n");
 	if (b->cb)
 		printf("baseline    %8.2f tokens/s  dense decode of %s: sparse is %.2fx it "
-		       "(per-round median)\n", n_gen / median(b->t_base, reps), b->o.baseline,
-		       median(b->r_base, reps));
+		       "(per-round median)\n", n_gen / cli_median(b->t_base, reps), b->o.baseline,
+		       cli_median(b->r_base, reps));
 	printf("sparse      bound from bytes: %.2fx dense at this sparsity, %.2fx with no FFN "
 	       "at all (the FFN is %.0f%% of a dense token's bytes)\n", bytes_tok / sp_bytes,
 	       bytes_tok / (bytes_tok - ffn_bytes), 100 * ffn_bytes / bytes_tok);
