@@ -911,6 +911,10 @@ TEST(serve_expert_cache_greedy)
 	CHECK_MSG(resp && strstr(resp, "hybrid decoding on the cpu device") &&
 		  strstr(resp, "expert slots"), "%s", resp ? resp : "(no log)");
 	free(resp);
+	/* routed experts found in the cache, and those that were not */
+	CHECK(metric(s.port, "hyb_gpu_neurons_total{where=\"device\"}") > 0);
+	CHECK(metric(s.port, "hyb_gpu_neurons_total{where=\"cpu\"}") > 0);
+	CHECK(metric(s.port, "hyb_gpu_cache_loads_total") > 0);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	free(want);
 	CHECK(hyb_test_sh(log, HYB " serve -m %s --gpu-budget 66%% --parallel 2", path) != 0);
@@ -958,6 +962,14 @@ TEST(serve_hybrid_plan_batched)
 	}
 	CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_used"), 0);
 	CHECK(metric(s.port, "hyb_steps_total") * 2 < 7 * 16);
+	/* the device's side: the cache's hits and the attention rows of each side */
+	CHECK(metric(s.port, "hyb_gpu_neurons_total{where=\"device\"}") > 0);
+	CHECK(metric(s.port, "hyb_gpu_cache_hit_ratio") > 0);
+	CHECK(metric(s.port, "hyb_gpu_cache_hit_ratio") <= 1);
+	CHECK(metric(s.port, "hyb_gpu_cache_resident") > 0);
+	CHECK(metric(s.port, "hyb_gpu_cache_resident") <= metric(s.port, "hyb_gpu_cache_slots"));
+	CHECK(metric(s.port, "hyb_attention_rows_total{where=\"device\"}") > 0);
+	CHECK(metric(s.port, "hyb_attention_rows_total{where=\"cpu\"}") > 0);
 	resp = slurp(s.log, NULL);
 	CHECK_MSG(resp && strstr(resp, "2 of 4 requests attend on the device"), "%s",
 		  resp ? resp : "(no log)");

@@ -23,6 +23,7 @@
 #include "hyb/generate.h"
 #include "hyb/sampler.h"
 
+#include "hyb/hybrid.h"
 #include "hyb/model.h"
 
 struct hyb_sampler;
@@ -141,6 +142,9 @@ struct serve_slot {
 	struct hyb_seq_tokens *b; /* [n_seq] */
 	/* under the queue's lock, for /metrics */
 	struct hyb_kv_stats kv;
+	bool hybrid;                  /* the context decodes on a device */
+	struct hyb_hybrid_stats hy;   /* ... its statistics after the last step */
+	uint64_t hy_resident, hy_slots;
 	int last_batch;
 	uint64_t steps;
 };

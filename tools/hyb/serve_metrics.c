@@ -55,6 +55,45 @@ static void counter(struct sbuf *b, const char *name, const char *help, const ch
 	sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/*
+ * Hybrid decoding's device (--gpu-budget): where the active neurons (a
+ * plan's) or routed experts (a mixture's) ran - the neuron cache's hit
+ * rate - its slots, loads and the host's stalls on it, and where the
+ * attention rows of batched passes ran (docs/HYBRID.md).
+ */
+static void render_hybrid(struct sbuf *b, const struct hyb_hybrid_stats *hy, uint64_t resident,
+			  uint64_t slots)
+{
+	const uint64_t dev = hy->active_dev + hy->seq_neurons_dev;
+	const uint64_t cpu = hy->active - hy->active_dev + hy->seq_neurons_cpu;
+
+	counter(b, "hyb_gpu_neurons_total",
+		"Active neurons (or routed experts) computed, by where they ran.", "counter");
+	sb_printf(b, "hyb_gpu_neurons_total{where=\"device\"} %llu\n", (unsigned long long)dev);
+	sb_printf(b, "hyb_gpu_neurons_total{where=\"cpu\"} %llu\n", (unsigned long long)cpu);
+	counter(b, "hyb_gpu_cache_hit_ratio",
+		"Share of the active neurons (or experts) found in the device's cache.", "gauge");
+	sb_printf(b, "hyb_gpu_cache_hit_ratio %.6f\n", dev + cpu ? (double)dev / (dev + cpu) : 0.0);
+	counter(b, "hyb_gpu_cache_slots", "Slots of the device's cache.", "gauge");
+	sb_printf(b, "hyb_gpu_cache_slots %llu\n", (unsigned long long)slots);
+	counter(b, "hyb_gpu_cache_resident", "Slots holding a group (or expert).", "gauge");
+	sb_printf(b, "hyb_gpu_cache_resident %llu\n", (unsigned long long)resident);
+	counter(b, "hyb_gpu_cache_loads_total", "Groups (or experts) loaded into the cache.",
+		"counter");
+	sb_printf(b, "hyb_gpu_cache_loads_total %llu\n", (unsigned long long)hy->loads);
+	counter(b, "hyb_gpu_cache_load_bytes_total", "Bytes those loads moved.", "counter");
+	sb_printf(b, "hyb_gpu_cache_load_bytes_total %llu\n", (unsigned long long)hy->load_bytes);
+	counter(b, "hyb_gpu_stall_seconds_total", "Host seconds waiting for the device at merges.",
+		"counter");
+	sb_printf(b, "hyb_gpu_stall_seconds_total %.6f\n", hy->stall_s);
+	counter(b, "hyb_attention_rows_total",
+		"Rows of batched passes attended in placed layers, by where (APEX).", "counter");
+	sb_printf(b, "hyb_attention_rows_total{where=\"device\"} %llu\n",
+		  (unsigned long long)hy->attn_rows_dev);
+	sb_printf(b, "hyb_attention_rows_total{where=\"cpu\"} %llu\n",
+		  (unsigned long long)hy->attn_rows_cpu);
+}
+
 void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struct sbuf *b)
 {
 	static const char *const why[] = { "none", "disconnect", "timeout", "shutdown" };
@@ -62,6 +101,9 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 	int depth, running, batch = 0;
 	uint64_t cum = 0, steps = 0;
 	struct hyb_kv_stats kv = { 0 };
+	struct hyb_hybrid_stats hy = { 0 };
+	uint64_t resident = 0, slots = 0;
+	bool hybrid = false;
 
 	pthread_mutex_lock(&q->lock);
 	depth = q->depth;
@@ -75,6 +117,20 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 		kv.used += sl->kv.used;
 		kv.reserved += sl->kv.reserved;
 		kv.block_pos = sl->kv.block_pos;
+		if (sl->hybrid) {
+			hybrid = true;
+			hy.active += sl->hy.active;
+			hy.active_dev += sl->hy.active_dev;
+			hy.seq_neurons_dev += sl->hy.seq_neurons_dev;
+			hy.seq_neurons_cpu += sl->hy.seq_neurons_cpu;
+			hy.loads += sl->hy.loads;
+			hy.load_bytes += sl->hy.load_bytes;
+			hy.stall_s += sl->hy.stall_s;
+			hy.attn_rows_dev += sl->hy.attn_rows_dev;
+			hy.attn_rows_cpu += sl->hy.attn_rows_cpu;
+			resident += sl->hy_resident;
+			slots += sl->hy_slots;
+		}
 	}
 	pthread_mutex_unlock(&q->lock);
 	pthread_mutex_lock(&mt->lock);
@@ -122,6 +178,8 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 	counter(b, "hyb_kv_blocks_reserved",
 		"KV blocks promised to running requests (prompt plus max_tokens).", "gauge");
 	sb_printf(b, "hyb_kv_blocks_reserved %u\n", kv.reserved);
+	if (hybrid)
+		render_hybrid(b, &hy, resident, slots);
 	counter(b, "hyb_requests_rejected_total", "Requests refused with 503: the queue was full.",
 		"counter");
 	sb_printf(b, "hyb_requests_rejected_total %llu\n", (unsigned long long)s.rejected);

@@ -298,6 +298,15 @@ static void fail(struct serve_slot *sl, int k, const char *msg)
 	finish(sl, k);
 }
 
+/* The device's statistics for /metrics (under the queue's lock). */
+static void snapshot_hybrid(struct serve_slot *sl)
+{
+	if (!sl->hybrid)
+		return;
+	hyb_ctx_hybrid_stats(sl->ctx, &sl->hy);
+	hyb_ctx_hybrid_cache(sl->ctx, &sl->hy_resident, &sl->hy_slots);
+}
+
 /* One pass over every running job, then each job's next token (hyb_generate's loop). */
 static void step(struct serve_slot *sl)
 {
@@ -331,6 +340,7 @@ static void step(struct serve_slot *sl)
 	sl->last_batch = nb;
 	sl->steps++;
 	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
+	snapshot_hybrid(sl);
 	pthread_mutex_unlock(&q->lock);
 	/* finish() moves the last job into a freed place: go from the end */
 	for (int k = nb - 1; k >= 0; k--) {
@@ -433,6 +443,8 @@ static int engine_new(struct serve_queue *q, struct serve_slot *sl, int n_seq,
 	if (!sl->act || !sl->b || !sl->logits)
 		return -ENOMEM;
 	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
+	sl->hybrid = hyb_ctx_hybrid(sl->ctx);
+	snapshot_hybrid(sl);
 	return 0;
 }
 
