@@ -122,11 +122,13 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		/* a plan's hybrid passes: docs/HYBRID.md "Several sequences" */
 		const bool plan_hybrid = p->hybrid && m->group_size && !m->powerinfer &&
 					 !hp->n_expert;
+		/* ... and a mixture's expert cache: moe_hybrid.h */
+		const bool moe_hybrid = p->hybrid && hp->n_expert && !m->group_size;
 
-		if (p->hybrid && !plan_hybrid) {
+		if (p->hybrid && !plan_hybrid && !moe_hybrid) {
 			hyb_error_set(-EINVAL, "several sequences (n_seq %u) in a hybrid context: "
-				      "only a plan's (hybctl plan), not %s yet", c->n_seq,
-				      hp->n_expert ? "a mixture of experts' expert cache" :
+				      "a plan's (hybctl plan) or a mixture of experts' expert cache, "
+				      "not %s yet", c->n_seq,
 				      m->powerinfer ? "a PowerInfer file's" : "this model's");
 			goto fail;
 		}
@@ -237,7 +239,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		if (p && p->hybrid) {
 			if (hyb_model_wait(m))
 				goto fail;
-			if (!(c->moe_hybrid = hyb_moe_hybrid_new(m, p->hybrid, c->n_ctx, err,
+			if (!(c->moe_hybrid = hyb_moe_hybrid_new(m, p->hybrid, c->n_ctx,
+								  c->kv ? c->n_rows : 1, err,
 								  sizeof(err))))
 				goto fail_engine;
 		}

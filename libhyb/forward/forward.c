@@ -831,7 +831,7 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
 
 	if (n == 0)
 		return hyb_error_set(-EINVAL, "no tokens to evaluate");
-	if (c->hybrid && c->kv)
+	if ((c->hybrid || c->moe_hybrid) && c->kv)
 		return hyb_error_set(-EINVAL, "a hybrid context of several sequences evaluates "
 				     "through hyb_ctx_eval_seqs");
 	if ((uint64_t)c->n_past + n > c->n_ctx)

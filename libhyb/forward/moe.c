@@ -673,9 +673,12 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	double tc = t1;
 	char err[256];
 
-	if (c->moe_hybrid && nf == 1) {
-		const int r = hyb_moe_hybrid_begin(c->moe_hybrid, l, c->xn, s->active, n_active,
-						   err, sizeof(err));
+	/* one sequence: its decode steps; several: every pass (moe_hybrid.h) */
+	const bool cached = c->moe_hybrid && (nf == 1 || c->kv);
+
+	if (cached) {
+		const int r = hyb_moe_hybrid_begin(c->moe_hybrid, l, c->xn, nf, s->start, s->tok,
+						   s->active, n_active, err, sizeof(err));
 
 		if (r < 0)
 			return hyb_error_set(-EIO, "%s", err);
@@ -695,9 +698,9 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	cpu_experts(c, L, 0, n_now, nf * K);
 	const double t2 = hyb_now();
 
-	if (c->moe_hybrid && nf == 1) {
-		/* while the device works: which experts the next layer will want */
-		const uint32_t n_pred = hyb_moe_hybrid_prefetching(c->moe_hybrid) ?
+	if (cached) {
+		/* while the device works: which experts the next layer will want (one token) */
+		const uint32_t n_pred = nf == 1 && hyb_moe_hybrid_prefetching(c->moe_hybrid) ?
 					predict_next(c, l) : 0;
 
 		if (hyb_moe_hybrid_end(c->moe_hybrid, l, s->active, n_cpu, n_active, s->start,

@@ -71,6 +71,9 @@ struct hyb_moe_hybrid {
 	float *freq_data;                /* [n_moe * X] */
 	const float **freq;
 	uint32_t *sorted, *load, *evict, *dev_e;
+	uint32_t rows;                   /* pairs (token, expert) a call may hold: K, or a
+					  * pass's n_rows * K with several sequences */
+	uint32_t *dev_r0;                /* [X] device expert i's first row in d_x / d_y */
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
 	uint32_t n_dev;                  /* experts queued on the device this layer */
 	bool xn_dev;                     /* the device's xn is this layer's (moe_decode.c) */
@@ -201,8 +204,11 @@ static int set_freq(struct hyb_moe_hybrid *h, const float *const *freq, char *er
 
 static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, size_t errlen)
 {
-	const uint64_t bufs = up_align(4ull * h->E) + 2 * up_align(4ull * h->F) +
-			      up_align(4ull * h->K * h->E);
+	/* a token's input and each pair's activations and output (rows: 1 and K with one
+	 * sequence, a pass's pairs with several) */
+	const uint64_t in = h->rows > h->K ? h->rows : 1, mid = h->rows > h->K ? h->rows : 1;
+	const uint64_t bufs = up_align(4ull * in * h->E) + 2 * up_align(4ull * mid * h->F) +
+			      up_align(4ull * h->rows * h->E);
 
 	if (budget <= bufs || (budget - bufs) / h->slot_bytes == 0) {
 		snprintf(err, errlen, "expert cache: a budget of %.1f MB holds no expert (one is "
@@ -214,13 +220,13 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
 	if (h->n_slots > h->n_moe * h->X)
 		h->n_slots = h->n_moe * h->X;
 	if (hyb_device_alloc(h->dev, (uint64_t)h->n_slots * h->slot_bytes, &h->cache) ||
-	    hyb_device_alloc(h->dev, 4ull * h->E, &h->d_x) ||
-	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_g) ||
-	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_u) ||
-	    hyb_device_alloc(h->dev, 4ull * h->K * h->E, &h->d_y))
+	    hyb_device_alloc(h->dev, 4ull * in * h->E, &h->d_x) ||
+	    hyb_device_alloc(h->dev, 4ull * mid * h->F, &h->d_g) ||
+	    hyb_device_alloc(h->dev, 4ull * mid * h->F, &h->d_u) ||
+	    hyb_device_alloc(h->dev, 4ull * h->rows * h->E, &h->d_y))
 		return dev_fail(h, err, errlen, "device memory");
-	h->h_x = hyb_device_host_alloc(h->dev, 4ull * h->E);
-	h->h_y = hyb_device_host_alloc(h->dev, 4ull * h->K * h->E);
+	h->h_x = hyb_device_host_alloc(h->dev, 4ull * in * h->E);
+	h->h_y = hyb_device_host_alloc(h->dev, 4ull * h->rows * h->E);
 	h->slots = calloc(h->n_slots, sizeof(*h->slots));
 	h->free = malloc(sizeof(uint32_t) * h->n_slots);
 	if (!h->h_x || !h->h_y || !h->slots || !h->free) {
@@ -314,7 +320,7 @@ static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
 
 struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, uint32_t n_ctx,
-					  char *err, size_t errlen)
+					  uint32_t n_rows, char *err, size_t errlen)
 {
 	const struct hyb_hparams *hp = &m->hp;
 	struct hyb_moe_hybrid *h;
@@ -360,14 +366,16 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	h->sorted = malloc(sizeof(uint32_t) * h->X);
 	h->load = malloc(sizeof(uint32_t) * h->X);
 	h->evict = malloc(sizeof(uint32_t) * h->X);
-	h->dev_e = malloc(sizeof(uint32_t) * h->K);
+	h->rows = n_rows > 1 ? n_rows * h->K : h->K;
+	h->dev_e = malloc(sizeof(uint32_t) * h->X);
+	h->dev_r0 = malloc(sizeof(uint32_t) * (h->X + 1));
 	h->table = malloc(sizeof(int32_t) * h->n_moe * h->X);
 	h->fb = calloc(h->n_moe, sizeof(*h->fb));
 	h->predicted = calloc(h->n_moe, sizeof(bool));
 	h->prefetch = !p->no_prefetch && p->policy != HYB_POLICY_STATIC &&
 		      p->policy != HYB_POLICY_LAYER && h->n_moe > 1;
-	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->table || !h->fb ||
-	    !h->predicted) {
+	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->dev_r0 || !h->table ||
+	    !h->fb || !h->predicted) {
 		snprintf(err, errlen, "expert cache: out of memory");
 		goto fail;
 	}
@@ -375,7 +383,8 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 		h->table[i] = -1;
 	if (set_freq(h, p->bal.freq, err, errlen))
 		goto fail;
-	dense = place_dense(h, p, n_ctx, err, errlen);
+	/* a pass of several sequences attends on the CPU: the budget is the experts' */
+	dense = n_rows > 1 ? 0 : place_dense(h, p, n_ctx, err, errlen);
 	if (dense < 0 || alloc_device(h, p->gpu_budget - (uint64_t)dense, err, errlen))
 		goto fail;
 	bp = p->bal;
@@ -431,6 +440,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->load);
 	free(h->evict);
 	free(h->dev_e);
+	free(h->dev_r0);
 	free(h->table);
 	free(h->fb);
 	free(h->predicted);
@@ -453,43 +463,51 @@ static bool ready(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, bool *late)
 	return false;
 }
 
+/*
+ * Expert e over k rows of input at x (n_embd floats each), its outputs to
+ * d_y's rows row.. (the one-token kernels row after row, hyb/device.h);
+ * with one token the activations use d_g/d_u's first row, with several
+ * rows row.. of them.
+ */
 static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t row,
-			hyb_dptr x)
+			uint32_t k, hyb_dptr x)
 {
 	const struct hyb_layer *L = layer(h, lm);
 	const hyb_dptr base = h->cache + (uint64_t)h->table[(size_t)lm * h->X + e] * h->slot_bytes;
+	const uint64_t mid = h->rows > h->K ? 4ull * row * h->F : 0;
 	const struct hyb_dev_matvec gate = {
 		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = x,
-		.y = h->d_g,
+		.y = h->d_g + mid, .batch = k,
 	};
 	const struct hyb_dev_matvec up = {
 		.type = L->up_exps.type, .n_in = h->E, .n_out = h->F, .w = base + h->off_up,
-		.x = x, .y = h->d_u,
+		.x = x, .y = h->d_u + mid, .batch = k,
 	};
 	const struct hyb_dev_matvec down = {
 		.type = L->down_exps.type, .n_in = h->F, .n_out = h->E, .w = base + h->off_down,
-		.x = h->d_g, .y = h->d_y + 4ull * row * h->E,
+		.x = h->d_g + mid, .y = h->d_y + 4ull * row * h->E, .batch = k,
 	};
 
 	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F))
+	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g + mid, h->d_u + mid, k * h->F))
 		return -1;
 	return hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down);
 }
 
-int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
-			 uint32_t *active, uint32_t n, char *err, size_t errlen)
+int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, uint32_t nf,
+			 const uint32_t *start, const uint32_t *tok, uint32_t *active, uint32_t n,
+			 char *err, size_t errlen)
 {
 	/* after attention on the device in a decode step, xn is there already (dense.c's
 	 * ffn_norm); in a prompt pass on the CPU it is not */
-	const bool xn_on_dev = h->xn_dev;
+	const bool xn_on_dev = h->xn_dev && nf == 1;
 	const uint32_t lm = l - h->lead;
-	uint32_t n_cpu = 0;
+	uint32_t n_cpu = 0, rows = 0, pairs = 0;
 
-	if (n > h->K) {
-		snprintf(err, errlen, "expert cache: %u experts in one token's layer %u (K = %u)",
-			 n, l, h->K);
+	if (n > h->X || (uint64_t)nf * h->K > h->rows) {
+		snprintf(err, errlen, "expert cache: %u experts of %u tokens in layer %u (%u pairs "
+			 "at most)", n, nf, l, h->rows);
 		return -1;
 	}
 	if (l == h->lead) {
@@ -498,24 +516,30 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
 		if (h->t_token_last > 0)
 			h->token_s = now - h->t_token_last;
 		h->t_token_last = now;
-		h->st.tokens++;
+		h->st.tokens += nf;
 	}
 	h->t_begin = hyb_device_now(h->dev);
 	h->n_dev = 0;
 	h->fb[lm].late = 0;
 	for (uint32_t i = 0; i < n; i++) {
+		const uint32_t e = active[i], k = start[e + 1] - start[e];
 		bool late;
 
-		if (ready(h, lm, active[i], &late))
-			h->dev_e[h->n_dev++] = active[i];
-		else
-			active[n_cpu++] = active[i];
+		pairs += k;
+		if (ready(h, lm, e, &late)) {
+			h->dev_r0[h->n_dev] = rows;
+			h->dev_e[h->n_dev++] = e;
+			rows += k;
+			h->st.active_dev += k;
+		} else {
+			active[n_cpu++] = e;
+		}
 		h->fb[lm].late += late;
 	}
+	h->dev_r0[h->n_dev] = rows;
 	memcpy(active + n_cpu, h->dev_e, sizeof(uint32_t) * h->n_dev);
 	h->st.layer_steps++;
-	h->st.active += n;
-	h->st.active_dev += h->n_dev;
+	h->st.active += pairs;
 	h->st.late += h->fb[lm].late;
 	if (!h->n_dev)
 		return (int)n_cpu;
@@ -523,22 +547,38 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
 		if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
 			return dev_fail(h, err, errlen, "expert input");
 	} else {
-		memcpy(h->h_x, xn, 4ull * h->E);
-		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, 4ull * h->E) ||
+		/* each device expert's tokens' inputs, gathered in its rows (one token: once) */
+		const uint32_t in = nf == 1 ? 1 : rows;
+
+		if (nf == 1) {
+			memcpy(h->h_x, xn, 4ull * h->E);
+		} else {
+			for (uint32_t i = 0; i < h->n_dev; i++)
+				for (uint32_t j = start[h->dev_e[i]]; j < start[h->dev_e[i] + 1]; j++)
+					memcpy(h->h_x + (size_t)(h->dev_r0[i] + j -
+								 start[h->dev_e[i]]) * h->E,
+					       xn + (size_t)tok[j] * h->E, 4ull * h->E);
+		}
+		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, 4ull * in * h->E) ||
 		    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
 		    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
 			return dev_fail(h, err, errlen, "expert input");
-		h->st.critical_bytes += 4ull * h->E;
+		h->st.critical_bytes += 4ull * in * h->E;
 	}
-	for (uint32_t i = 0; i < h->n_dev; i++)
-		if (queue_expert(h, lm, h->dev_e[i], i, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))
+	for (uint32_t i = 0; i < h->n_dev; i++) {
+		const uint32_t k = h->dev_r0[i + 1] - h->dev_r0[i];
+		const hyb_dptr x = xn_on_dev ? hyb_hdense_xn(h->hd) :
+				   nf == 1 ? h->d_x : h->d_x + 4ull * h->dev_r0[i] * h->E;
+
+		if (queue_expert(h, lm, h->dev_e[i], nf == 1 ? i : h->dev_r0[i], k, x))
 			return dev_fail(h, err, errlen, "expert kernels");
+	}
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
-	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * h->n_dev * h->E) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * rows * h->E) ||
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
 		return dev_fail(h, err, errlen, "expert outputs");
-	h->st.critical_bytes += 4ull * h->E * h->n_dev;
+	h->st.critical_bytes += 4ull * h->E * rows;
 	return (int)n_cpu;
 }
 
@@ -620,9 +660,11 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 			h->st.dev_ffn_s += t1 - t0;
 		if (!hyb_device_elapsed(h->dev, h->ev_in, h->ev_k, &k_s))
 			h->st.dev_kernel_s += k_s;
+		/* device expert i's rows are its pairs', in order (begin) */
 		for (uint32_t i = 0; i < n - n_cpu; i++)
-			memcpy(out + (size_t)start[active[n_cpu + i]] * h->E, h->h_y + (size_t)i * h->E,
-			       4ull * h->E);
+			memcpy(out + (size_t)start[active[n_cpu + i]] * h->E,
+			       h->h_y + (size_t)h->dev_r0[i] * h->E,
+			       4ull * h->E * (h->dev_r0[i + 1] - h->dev_r0[i]));
 	} else {
 		fb->stall_s = fb->dev_s = 0;
 	}

@@ -25,26 +25,32 @@ struct hyb_moe_hybrid;
  * take, a budget that holds no expert, the device not opening. p->bal.freq
  * (may be NULL: uniform) gives each layer's expert frequencies, [n_layer]
  * [n_expert] by model layer (a routing profile's blk.L.expert_freq). The
- * policy's initial experts are loaded before it returns.
+ * policy's initial experts are loaded before it returns. n_rows: 1 (one
+ * sequence: decode steps go through the cache, prompts run on the CPU), or
+ * a pass's rows with several sequences: every pass goes through the cache,
+ * and its attention runs on the CPU, the whole budget the experts'.
  */
 struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 					  const struct hyb_hybrid_params *p, uint32_t n_ctx,
-					  char *err, size_t errlen);
+					  uint32_t n_rows, char *err, size_t errlen);
 void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h);
 
 /*
- * Layer l of a decode step (one token), experts active[0..n) chosen by the
- * router (ascending): the resident ones that have landed are queued on the
- * device with xn (n_embd floats), and active[] is reordered so that the
- * CPU's come first; returns how many those are (the device has the rest).
- * -1 with err on a device error.
+ * Layer l of a decode step (one token) or a pass (nf tokens), experts
+ * active[0..n) chosen by the router (ascending), expert e's pairs start[e]
+ * .. start[e + 1] - 1, pair j of token tok[j] (moe.c's grouping): the
+ * resident ones that have landed are queued on the device, each over its
+ * tokens' rows of xn (n_embd floats each), and active[] is reordered so
+ * that the CPU's come first; returns how many those are (the device has
+ * the rest). -1 with err on a device error.
  */
-int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn,
-			 uint32_t *active, uint32_t n, char *err, size_t errlen);
+int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, uint32_t nf,
+			 const uint32_t *start, const uint32_t *tok, uint32_t *active, uint32_t n,
+			 char *err, size_t errlen);
 /*
  * After the CPU's experts: waits for the device's, writes expert e =
- * active[n_cpu + i]'s output (n_embd floats) to out + start[e] * n_embd
- * (moe.c's row of its pair), and lets the policy decide loads: this
+ * active[n_cpu + i]'s outputs (n_embd floats a pair) to out + start[e] *
+ * n_embd on (moe.c's rows of its pairs), and lets the policy decide loads: this
  * layer's for the next token, unless they were decided from a prediction;
  * with next[0..n_next) (the next layer's router on this layer's input,
  * when hyb_moe_hybrid_prefetching), the next layer's for this token.

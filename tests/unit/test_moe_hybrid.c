@@ -289,3 +289,98 @@ TEST(moe_hybrid_biases_on_device_decode_the_cpu_bits)
 	cpu_bits("mhq2", "--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 64 "
 		 "--hidden 128 --heads 4 --layers 3 --seed 5 --type Q8_0", true);
 }
+
+/*
+ * Several sequences through the expert cache (moe_hybrid.h): every pass's
+ * routed experts, the resident ones over their tokens' rows on the device,
+ * the rest on the CPU; attention on the CPU. On the CPU device each step's
+ * logits of four sequences joining at different steps equal those of the
+ * sequence alone on the CPU, bit for bit; some pairs ran on the device.
+ */
+TEST(moe_hybrid_several_sequences_keep_the_cpu_bits)
+{
+	static const char *const args[2] = { SMALL " --type Q8_0", SMALL_LLAMA " --type Q4_0" };
+
+	for (int a = 0; a < 2; a++) {
+		struct hyb_model *m = hyb_model_load(synth(a ? "ms_llama" : "ms", args[a]));
+		const uint32_t V = m ? m->hp.n_vocab : 0, NS = 4;
+		struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU };
+		struct hyb_ctx_params one = { .n_ctx = 64, .n_threads = 2, .n_batch = 16 };
+		struct hyb_ctx_params many = { .n_ctx = 64, .n_threads = 2, .n_batch = 16,
+					       .n_seq = NS, .kv_size = 64 * NS, .hybrid = &hy };
+		struct hyb_ctx *ref, *c;
+		struct hyb_hybrid_stats st;
+		struct hyb_hybrid_offload pl;
+		float *want, *got;
+		int32_t toks[NS][N_PROMPT], next[NS];
+		int seq[NS];
+
+		CHECK_MSG(m, "%s", hyb_last_error());
+		hy.gpu_budget = m->weight_bytes / 3 * 2;
+		ref = hyb_ctx_new(m, &one);
+		c = hyb_ctx_new(m, &many);
+		CHECK_MSG(ref && c, "%s", hyb_last_error());
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK(pl.experts && pl.attn_layers == 0);
+		want = malloc(sizeof(float) * V * NS * (N_GEN + 1));
+		got = malloc(sizeof(float) * V * NS);
+		CHECK(want && got);
+		/* each alone on the CPU: its prompt, then greedy */
+		for (uint32_t i = 0; i < NS; i++) {
+			float *w = want + (size_t)i * V * (N_GEN + 1);
+
+			for (int t = 0; t < N_PROMPT; t++)
+				toks[i][t] = (int32_t)((t * 37 + i * 101 + 11) % (V - 3) + 3);
+			hyb_ctx_reset(ref);
+			CHECK(!hyb_ctx_eval(ref, toks[i], N_PROMPT - (int)i, w, false));
+			for (int g = 0; g < N_GEN; g++) {
+				int32_t t = hyb_test_argmax(w + (size_t)g * V, V);
+
+				CHECK(!hyb_ctx_eval(ref, &t, 1, w + (size_t)(g + 1) * V, false));
+			}
+		}
+		/* together: sequence i joins at step i, its prompt beside the others' tokens */
+		for (uint32_t step = 0; step < N_GEN + NS; step++) {
+			struct hyb_seq_tokens b[4];
+			uint32_t nb = 0, who[4];
+
+			for (uint32_t i = 0; i < NS; i++) {
+				const int g = (int)step - (int)i; /* its steps so far */
+
+				if (g < 0 || g > N_GEN)
+					continue;
+				if (g == 0) {
+					seq[i] = hyb_ctx_seq_open(c, N_PROMPT + N_GEN);
+					CHECK(seq[i] >= 0);
+					b[nb] = (struct hyb_seq_tokens){ seq[i], toks[i],
+									 N_PROMPT - i };
+				} else {
+					b[nb] = (struct hyb_seq_tokens){ seq[i], &next[i], 1 };
+				}
+				who[nb++] = i;
+			}
+			if (!nb)
+				continue;
+			CHECK_MSG(!hyb_ctx_eval_seqs(c, b, nb, got), "%s", hyb_last_error());
+			for (uint32_t k = 0; k < nb; k++) {
+				const uint32_t i = who[k];
+				const int g = (int)step - (int)i;
+				const float *w = want + ((size_t)i * (N_GEN + 1) + (size_t)g) * V;
+
+				CHECK_MSG(!memcmp(w, got + (size_t)k * V, sizeof(float) * V),
+					  "%s: sequence %u step %d differs from alone on the CPU",
+					  args[a], i, g);
+				next[i] = hyb_test_argmax(w, V);
+				if (g == N_GEN)
+					CHECK_EQ_INT(hyb_ctx_seq_close(c, seq[i]), 0);
+			}
+		}
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK(st.active_dev > 0 && st.active_dev < st.active);
+		hyb_ctx_free(ref);
+		hyb_ctx_free(c);
+		free(want);
+		free(got);
+		hyb_model_free(m);
+	}
+}

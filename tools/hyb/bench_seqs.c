@@ -3,7 +3,9 @@
  * hyb bench -m PLAN --gpu-budget B --parallel N [--kv-seqs S]: several
  * sequences through hybrid decoding (docs/HYBRID.md "Several sequences"),
  * four ways on the same budget, alternating within each round, medians of
- * decode throughput (all sequences' tokens / the context's clock):
+ * decode throughput (all sequences' tokens / the context's clock); a
+ * mixture of experts' expert cache (docs/MOE.md) runs the first and last,
+ * its batch attending on the CPU:
  *   one by one   N sequences decoded one after another (one sequence's
  *                hybrid decoding, what a server without batching does);
  *   batch S      S sequences batched, their KV on the device (the largest
@@ -33,6 +35,7 @@ struct sbench {
 	float *logits;             /* [n][V] */
 	double *tps[N_WAYS];       /* per round */
 	struct hyb_hybrid_stats st[N_WAYS];
+	bool moe;                  /* a mixture's expert cache: one by one and batch N only */
 };
 
 static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seqs)
@@ -40,7 +43,8 @@ static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seq
 	struct hyb_hybrid_params hy = b->o->hy;
 	const uint32_t n_pos = b->n_prompt + b->n_gen;
 	struct hyb_ctx_params p = { .n_ctx = n_pos, .n_threads = b->o->n_threads,
-				    .ffn = HYB_FFN_SPARSE, .hybrid = &hy };
+				    .ffn = b->moe ? HYB_FFN_AUTO : HYB_FFN_SPARSE,
+				    .hybrid = &hy };
 	struct hyb_ctx *c;
 
 	hy.gpu_budget = cli_gpu_budget(b->o->gpu_budget, b->m);
@@ -196,21 +200,24 @@ int cmd_bench_seqs(struct cli_opts *o)
 	struct sbench b = { .o = o };
 	const int reps = o->reps > 0 ? o->reps : 3;
 	b.m = cli_load_model(o);
-	if (!b.m->group_size)
+	b.moe = b.m->hp.n_expert > 0;
+	if (!b.m->group_size && !b.moe)
 		cli_die("--parallel with --gpu-budget batches a plan's hybrid decoding (hybctl "
-			"plan); %s has no plan", o->model);
+			"plan) or a mixture of experts' expert cache; %s has neither", o->model);
 	b.n = o->parallel;
 	b.s = o->hy.kv_seqs ? o->hy.kv_seqs : (b.n / 4 ? b.n / 4 : 1);
-	if (b.s >= b.n)
+	if (b.moe && o->hy.kv_seqs)
+		cli_die("--kv-seqs: a mixture's batches attend on the CPU (docs/MOE.md)");
+	if (b.s >= b.n && !b.moe)
 		cli_die("--kv-seqs %u: fewer than the %u sequences (--parallel) so that some "
 			"attend on the CPU", b.s, b.n);
 	b.n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 32;
 	b.n_gen = o->n_gen_bench > 0 ? (uint32_t)o->n_gen_bench : 32;
 	make_prompts(&b);
 	b.c[ONE] = new_ctx(&b, 1, 0);
-	b.c[BATCH_S] = b.s > 1 ? new_ctx(&b, b.s, b.s) : NULL;
-	b.c[APEX] = new_ctx(&b, b.n, b.s);
-	b.c[DEV_N] = new_ctx(&b, b.n, b.n);
+	b.c[BATCH_S] = b.s > 1 && !b.moe ? new_ctx(&b, b.s, b.s) : NULL;
+	b.c[APEX] = b.moe ? NULL : new_ctx(&b, b.n, b.s);
+	b.c[DEV_N] = new_ctx(&b, b.n, b.moe ? 0 : b.n);
 	for (int w = 0; w < N_WAYS; w++) {
 		b.tps[w] = calloc(reps, sizeof(double));
 		if (!b.tps[w])
@@ -230,6 +237,8 @@ int cmd_bench_seqs(struct cli_opts *o)
 			uint32_t seqs = w == BATCH_S ? b.s : b.n;
 			double t;
 
+			if (b.moe && !b.c[w])
+				continue;
 			if (w == BATCH_S && !b.c[w])
 				seqs = 1;
 			if (!b.c[w]) {
@@ -252,7 +261,13 @@ int cmd_bench_seqs(struct cli_opts *o)
 		const double tps = cli_median(b.tps[w], reps), one = cli_median(b.tps[ONE], reps);
 		const struct hyb_hybrid_stats *st = &b.st[w];
 
-		printf("%-12s %8.2f tokens/s  %.2fx one by one", way_name[w], tps, tps / one);
+		if (b.moe && !b.c[w])
+			continue;
+		printf("%-12s %8.2f tokens/s  %.2fx one by one", b.moe && w == DEV_N ? "batch N" :
+		       way_name[w], tps, tps / one);
+		if (b.moe && st->active)
+			printf("; routed experts on the device %.1f%%",
+			       100.0 * st->active_dev / st->active);
 		if (w != ONE && st->seq_rows) {
 			const double rows = (double)st->attn_rows_dev + st->attn_rows_cpu;
 
@@ -266,10 +281,12 @@ int cmd_bench_seqs(struct cli_opts *o)
 		}
 		printf("\n");
 	}
-	apex_profile(&b);
-	printf("APEX N / batch S: %.2fx; APEX N / device N: %.2fx\n",
-	       cli_median(b.tps[APEX], reps) / cli_median(b.tps[BATCH_S], reps),
-	       cli_median(b.tps[APEX], reps) / cli_median(b.tps[DEV_N], reps));
+	if (!b.moe) {
+		apex_profile(&b);
+		printf("APEX N / batch S: %.2fx; APEX N / device N: %.2fx\n",
+		       cli_median(b.tps[APEX], reps) / cli_median(b.tps[BATCH_S], reps),
+		       cli_median(b.tps[APEX], reps) / cli_median(b.tps[DEV_N], reps));
+	}
 	for (int w = 0; w < N_WAYS; w++) {
 		hyb_ctx_free(b.c[w]);
 		free(b.tps[w]);

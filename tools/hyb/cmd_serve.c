@@ -57,8 +57,8 @@ static const char usage[] =
 	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); each\n"
 	"    request then decodes on an engine of its own\n"
 	"  --gpu-budget: hybrid decoding as hyb run's (a plan's neuron cache, a mixture\n"
-	"    of experts' expert cache: docs/MOE.md); a plan's requests batch (--parallel\n"
-	"    N), the device running every request's linear parts (docs/HYBRID.md)\n"
+	"    of experts' expert cache: docs/MOE.md); --parallel N batches the requests\n"
+	"    through it (docs/HYBRID.md, docs/MOE.md)\n"
 	"  --kv-seqs N: of the --parallel requests, N attend on the device with their KV\n"
 	"    cache there, the others on the CPU over DRAM (APEX; default: all)\n"
 	"  --api-key-file FILE: requests need 'Authorization: Bearer KEY' (KEY: the\n"
@@ -352,7 +352,10 @@ int cmd_serve(int argc, char **argv)
 			if (pl.prompt_batch)
 				fprintf(stderr, "hyb serve: prompts of 32 tokens and more in batches of "
 					"up to %u on the device\n", pl.prompt_batch);
-			if (sv.q.batched)
+			if (sv.q.batched && pl.experts)
+				fprintf(stderr, "hyb serve: %d requests batched through the expert "
+					"cache, attention on the CPU\n", sv.o.parallel);
+			else if (sv.q.batched)
 				fprintf(stderr, "hyb serve: %u of %d requests attend on the device "
 					"(%u of %u attention blocks there), the others on the CPU\n",
 					pl.kv_seqs, sv.o.parallel, pl.attn_layers, sv.m->hp.n_layer);
