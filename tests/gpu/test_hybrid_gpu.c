@@ -244,3 +244,104 @@ TEST(gpu_moe_expert_cache_dense_on_gpu_matches_cpu_device)
 {
 	moe_compare("moe-gpu-llama", "--arch llama --ffn 256");
 }
+
+/*
+ * Several sequences through one hybrid context on the GPU (docs/HYBRID.md
+ * "Several sequences", docs/MOE.md): four sequences decoded together, two
+ * attending on the GPU and two on the CPU (a plan), or through the expert
+ * cache (a mixture), against the same passes on the CPU device: greedy
+ * tokens agree but for near-ties.
+ */
+static void seqs_decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+			int32_t *toks, bool follow, float *logits)
+{
+	const uint32_t V = m->hp.n_vocab, NS = 4;
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .n_batch = 16, .n_seq = NS,
+				    .kv_size = N_CTX * NS, .hybrid = hy,
+				    .ffn = m->hp.n_expert ? HYB_FFN_AUTO : HYB_FFN_SPARSE };
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+	float *lg = malloc(sizeof(float) * V * NS);
+	struct hyb_seq_tokens b[4];
+	int32_t prompt[4][6], next[4];
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(lg);
+	for (uint32_t i = 0; i < NS; i++) {
+		for (int t = 0; t < 6; t++)
+			prompt[i][t] = (int32_t)(3 + (t * 37 + i * 101) % (V - 3));
+		b[i] = (struct hyb_seq_tokens){ hyb_ctx_seq_open(c, 6 + N_GEN / 4), prompt[i], 6 };
+		CHECK(b[i].seq >= 0);
+	}
+	CHECK_MSG(!hyb_ctx_eval_seqs(c, b, NS, lg), "%s", hyb_last_error());
+	for (int g = 0; g < N_GEN / 4; g++) {
+		for (uint32_t i = 0; i < NS; i++) {
+			const int r = g * 4 + (int)i;
+
+			memcpy(logits + (size_t)r * V, lg + (size_t)i * V, sizeof(float) * V);
+			if (!follow)
+				toks[r] = hyb_test_argmax(lg + (size_t)i * V, V);
+			next[i] = toks[r];
+			b[i].tokens = &next[i];
+			b[i].n = 1;
+		}
+		CHECK_MSG(!hyb_ctx_eval_seqs(c, b, NS, lg), "%s", hyb_last_error());
+	}
+	free(lg);
+	hyb_ctx_free(c);
+}
+
+static void seqs_compare(struct hyb_model *m, struct hyb_hybrid_params cpu)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params gpu = cpu;
+	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
+	int32_t toks[N_GEN];
+	int agree = 0;
+	double worst;
+
+	gpu.device = "cuda";
+	CHECK(lc && lg);
+	seqs_decode(m, &cpu, toks, false, lc);
+	seqs_decode(m, &gpu, toks, true, lg);
+	worst = rows_compare(lc, lg, N_GEN, V, &agree);
+	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
+	       N_GEN, worst);
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	free(lc);
+	free(lg);
+}
+
+TEST(gpu_hybrid_seqs_match_cpu_device)
+{
+	struct hyb_model *m;
+	struct hyb_hybrid_params hy;
+
+	if (hyb_cuda_device_count() == 0)
+		SKIP("no CUDA device");
+	m = hyb_model_load(hyb_test_plan());
+	CHECK_MSG(m, "%s", hyb_last_error());
+	hy = params(m, "cpu", HYB_POLICY_STATIC);
+	hy.gpu_budget += 8ull * hyb_hdense_layer_bytes(m, 0, N_CTX) * m->hp.n_layer;
+	hy.kv_seqs = 2;
+	seqs_compare(m, hy);
+	hyb_model_free(m);
+}
+
+TEST(gpu_moe_expert_cache_seqs_match_cpu_device)
+{
+	char path[512], cmd[1024];
+	struct hyb_model *m;
+
+	if (hyb_cuda_device_count() == 0)
+		SKIP("no CUDA device");
+	snprintf(path, sizeof(path), "%s/moe-seqs.gguf", hyb_test_tmpdir());
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch llama --ffn 256 --experts 8 "
+		 "--experts-used 2 --hidden 512 --heads 8 --layers 4 --type Q4_0 -t 2 >/dev/null",
+		 path);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	seqs_compare(m, (struct hyb_hybrid_params){ .device = "cpu", .policy = HYB_POLICY_LRU,
+						    .gpu_budget = m->weight_bytes / 3 * 2 });
+	hyb_model_free(m);
+}
