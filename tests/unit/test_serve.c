@@ -940,6 +940,13 @@ TEST(serve_expert_cache_greedy)
 	CHECK(metric(s.port, "hyb_gpu_neurons_total{where=\"device\"}") > 0);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	free(want);
+	/* no device KV slots to size: its batches attend on the CPU */
+	CHECK(hyb_test_sh(log, HYB " serve -m %s --gpu-budget 66%% --parallel 2 --kv-seqs 1",
+			  path) != 0);
+	resp = slurp(log, NULL);
+	CHECK_MSG(resp && strstr(resp, "a mixture's batches attend on the CPU"), "%s",
+		  resp ? resp : "(no log)");
+	free(resp);
 }
 
 /*

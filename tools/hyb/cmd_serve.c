@@ -318,6 +318,9 @@ int cmd_serve(int argc, char **argv)
 	sv.created = (long long)time(NULL);
 	serve_json_init();
 	serve_metrics_init(&sv.mt);
+	if (sv.o.hy.kv_seqs && sv.m->hp.n_expert)
+		cli_die("--kv-seqs: a mixture's batches attend on the CPU, the budget is its "
+			"experts' (docs/MOE.md)");
 	if (sv.o.gpu_budget) {
 		sv.o.hy.gpu_budget = cli_gpu_budget(sv.o.gpu_budget, sv.m);
 		if (sv.o.routing)
