@@ -249,7 +249,7 @@ static int attention(struct pass *p, uint32_t l, uint32_t n)
 /*
  * The CPU's share of layer l's FFN. With predictions for the layer, each
  * decoded token's as one sequence's step computes it (the sparse operator
- * over its predicted neurons, hyb_ffn_hybrid_seq_cpu_row) into p->ycpu,
+ * over its predicted neurons, hyb_ffn_hybrid_seq_cpu_rows) into p->ycpu,
  * and the rows of prompt pieces dense (PowerInfer 5.3) in c->xn, the
  * others' zero there; without, every row dense in c->xn. Returns whether
  * the rows went sparse.
@@ -257,7 +257,7 @@ static int attention(struct pass *p, uint32_t l, uint32_t n)
 static int cpu_share(struct pass *p, uint32_t l, uint32_t n, const uint8_t *skip, bool *sparse)
 {
 	struct hyb_ctx *c = p->c;
-	const uint32_t E = c->m->hp.n_embd, F = c->m->hp.n_ff, NG = c->m->n_groups;
+	const uint32_t NG = c->m->n_groups;
 	const uint32_t *preds = layer_preds(p, l);
 	uint32_t n_dense = 0;
 	uint64_t all = 0, cpu = 0;
@@ -271,16 +271,13 @@ static int cpu_share(struct pass *p, uint32_t l, uint32_t n, const uint8_t *skip
 		return 0;
 	}
 	for (uint32_t t = 0; t < n; t++) {
-		const uint32_t *row = preds + (size_t)t * (1ull + F);
-
 		n_dense += p->row_dense[t];
 		memset(p->need + (size_t)t * NG, p->row_dense[t], NG);
-		if (!p->row_dense[t] &&
-		    hyb_ffn_hybrid_seq_cpu_row(p->h, c->pool, l, c->xn + (size_t)t * E, row + 1,
-					       row[0] < F ? row[0] : F, skip,
-					       p->ycpu + (size_t)t * E, p->err, p->errlen))
-			return -1;
 	}
+	if (n_dense < n &&
+	    hyb_ffn_hybrid_seq_cpu_rows(p->h, c->pool, l, c->xn, n, preds, p->row_dense, skip,
+					p->ycpu, p->err, p->errlen))
+		return -1;
 	if (n_dense) {
 		hyb_fwd_ffn_dense_rows(c, l, n, skip, p->need);
 		for (uint32_t g = 0; g < NG; g++)

@@ -537,6 +537,7 @@ void hyb_ffn_hybrid_free(struct hyb_ffn_hybrid *h)
 	free(h->slot_seq);
 	free(h->seq_slot);
 	free(h->slot_seq_of);
+	hyb_ffn_hybrid_seq_free(h);
 	free(h->fly);
 	free(h->in_flight);
 	free(h->free_slot);

@@ -120,15 +120,19 @@ int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, cha
 bool hyb_ffn_hybrid_seq_preds(const struct hyb_ffn_hybrid *h, int i, hyb_dptr *dev,
 			      uint32_t **host);
 /*
- * One decode row's CPU share of layer l (a pass of several sequences): the
- * sparse operator over its predicted neurons (pred[n_pred], increasing)
+ * The decoded rows' CPU shares of layer l (a pass of several sequences):
+ * for each row t of n with row_dense[t] == 0, the sparse operator over its
+ * predicted neurons (preds + t * (1 + n_ff): a count, then the list)
  * outside the groups skip marks (the device's), every such neuron under
- * exact CATS, as one sequence's step computes it; y[n_embd]. 0 or -1 with
- * err.
+ * exact CATS, as one sequence's step computes it, into y[t]; rows to the
+ * pool's threads as they come. 0 or -1 with err.
  */
-int hyb_ffn_hybrid_seq_cpu_row(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-				const float *xn, const uint32_t *pred, uint32_t n_pred,
-				const uint8_t *skip, float *y, char *err, size_t errlen);
+int hyb_ffn_hybrid_seq_cpu_rows(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool,
+				uint32_t l, const float *xn, uint32_t n, const uint32_t *preds,
+				const uint8_t *row_dense, const uint8_t *skip, float *y, char *err,
+				size_t errlen);
+/* The pass's per-thread contexts (hyb_ffn_hybrid_free). */
+void hyb_ffn_hybrid_seq_free(struct hyb_ffn_hybrid *h);
 /* Group-rows of a pass's FFN the CPU computed, of all its (uncached) group-rows. */
 void hyb_ffn_hybrid_seq_groups(struct hyb_ffn_hybrid *h, uint64_t cpu, uint64_t all);
 /* Statistics of a pass: rows, and rows of placed layers attended on each side. */

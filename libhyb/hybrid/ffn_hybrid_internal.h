@@ -133,6 +133,13 @@ struct hyb_ffn_hybrid {
 	struct hyb_device_event *ev_seq;  /* the pass's copies */
 	struct hyb_device_event *ev_prof[HYB_SEQ_PROF_EVENTS]; /* timed: APEX's profile */
 	int32_t *slot_seq_of, *seq_slot;
+	/*
+	 * The decoded rows' CPU shares, a row to a thread (ffn_hybrid_seqs.c):
+	 * each thread's own sparse operator context and list
+	 */
+	int row_threads;
+	struct hyb_sparse_ffn_ctx **row_op;
+	uint32_t **row_list;
 
 	/*
 	 * A prompt batch on the device (ffn_hybrid_prefill.c): its buffers, and

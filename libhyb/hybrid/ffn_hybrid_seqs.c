@@ -5,11 +5,15 @@
  * device, the pass's row buffers there, and the cached groups' share of a
  * pass's FFN.
  */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dense.h"
 #include "ffn_hybrid_internal.h"
 #include "sparse/sparse_layer.h"
+#include "sparse/sparse_op.h"
 
 void hyb_ffn_hybrid_seq_open(struct hyb_ffn_hybrid *h, int seq)
 {
@@ -92,27 +96,127 @@ int hyb_ffn_hybrid_seq_ffn(struct hyb_ffn_hybrid *h, uint32_t l, uint32_t n, cha
 	return 0;
 }
 
-int hyb_ffn_hybrid_seq_cpu_row(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint32_t l,
-				const float *xn, const uint32_t *pred, uint32_t n_pred,
-				const uint8_t *skip, float *y, char *err, size_t errlen)
+/* Each pool thread's sparse operator context and list, made the first time. */
+static int row_contexts(struct hyb_ffn_hybrid *h, int nth)
 {
-	/* exact CATS (ffn_hybrid_layer.c): every neuron, the threshold decides */
-	const bool exact = h->thr && h->thr[l] > 0;
-	struct hyb_sparse_ffn_stats st;
-	uint32_t n = 0;
-
-	for (uint32_t i = 0; i < (exact ? h->F : n_pred); i++) {
-		const uint32_t nr = exact ? i : pred[i];
-
-		if (nr < h->F && !(skip && skip[nr / h->GS]))
-			h->cpu_list[n++] = nr;
-	}
-	h->st.seq_neurons_cpu += n;
-	if (!n) {
-		memset(y, 0, sizeof(float) * h->E);
+	if (h->row_threads >= nth)
 		return 0;
+	for (int i = 0; i < h->row_threads; i++) {
+		hyb_sparse_ffn_ctx_free(h->row_op[i]);
+		free(h->row_list[i]);
 	}
-	return hyb_ffn_sparse_run(h->sp, pool, l, xn, h->cpu_list, n, y, &st, err, errlen);
+	free(h->row_op);
+	free(h->row_list);
+	h->row_threads = 0;
+	h->row_op = calloc((size_t)nth, sizeof(*h->row_op));
+	h->row_list = calloc((size_t)nth, sizeof(*h->row_list));
+	if (!h->row_op || !h->row_list)
+		return -1;
+	h->row_threads = nth;
+	for (int i = 0; i < nth; i++)
+		if (!(h->row_op[i] = hyb_sparse_ffn_ctx_new(h->E, h->F, 1)) ||
+		    !(h->row_list[i] = malloc(sizeof(uint32_t) * h->F)))
+			return -1;
+	return 0;
+}
+
+void hyb_ffn_hybrid_seq_free(struct hyb_ffn_hybrid *h)
+{
+	for (int i = 0; i < h->row_threads; i++) {
+		hyb_sparse_ffn_ctx_free(h->row_op[i]);
+		free(h->row_list[i]);
+	}
+	free(h->row_op);
+	free(h->row_list);
+}
+
+struct rows_job {
+	struct hyb_ffn_hybrid *h;
+	const struct hyb_ffn_bundles *b;
+	uint32_t l, n, stride;
+	const float *xn;
+	const uint32_t *preds;
+	const uint8_t *row_dense, *skip;
+	float *y;
+	bool exact;
+	atomic_uint next;
+	atomic_ullong neurons;
+	atomic_int failed;
+};
+
+/*
+ * Threads take rows as they come, each row whole on one thread with its
+ * own operator context: the operator's sums do not depend on its thread
+ * count (sparse_op.c), so a row's bits are the same on any thread.
+ */
+static void rows_worker(void *arg, int ith, int nth)
+{
+	struct rows_job *j = arg;
+	struct hyb_ffn_hybrid *h = j->h;
+	uint32_t *list = h->row_list[ith];
+
+	(void)nth;
+	for (;;) {
+		const uint32_t t = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+
+		if (t >= j->n)
+			return;
+		if (j->row_dense[t])
+			continue;
+		const uint32_t *row = j->preds + (size_t)t * j->stride;
+		const uint32_t n_pred = row[0] < h->F ? row[0] : h->F;
+		float *y = j->y + (size_t)t * h->E;
+		struct hyb_sparse_ffn_stats st;
+		uint32_t n = 0;
+
+		/* exact CATS (ffn_hybrid_layer.c): every neuron, the threshold decides */
+		for (uint32_t i = 0; i < (j->exact ? h->F : n_pred); i++) {
+			const uint32_t nr = j->exact ? i : row[1 + i];
+
+			if (nr < h->F && !(j->skip && j->skip[nr / h->GS]))
+				list[n++] = nr;
+		}
+		atomic_fetch_add_explicit(&j->neurons, n, memory_order_relaxed);
+		if (!n) {
+			memset(y, 0, sizeof(float) * h->E);
+			continue;
+		}
+		if (hyb_sparse_ffn_cats(h->row_op[ith], NULL, j->b, h->m->hp.act,
+					j->xn + (size_t)t * h->E, list, n,
+					h->thr ? h->thr[j->l] : 0.0f, y, &st))
+			atomic_store(&j->failed, 1);
+	}
+}
+
+int hyb_ffn_hybrid_seq_cpu_rows(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool,
+				uint32_t l, const float *xn, uint32_t n, const uint32_t *preds,
+				const uint8_t *row_dense, const uint8_t *skip, float *y, char *err,
+				size_t errlen)
+{
+	const int nth = pool ? hyb_threadpool_size(pool) : 1;
+	struct rows_job j = {
+		.h = h, .b = hyb_ffn_sparse_bundles(h->sp, l), .l = l, .n = n,
+		.stride = 1 + h->F, .xn = xn, .preds = preds, .row_dense = row_dense,
+		.skip = skip, .y = y, .exact = h->thr && h->thr[l] > 0,
+	};
+
+	if (row_contexts(h, nth)) {
+		snprintf(err, errlen, "out of memory for the pass's CPU rows");
+		return -1;
+	}
+	atomic_init(&j.next, 0);
+	atomic_init(&j.neurons, 0);
+	atomic_init(&j.failed, 0);
+	if (nth == 1)
+		rows_worker(&j, 0, 1);
+	else
+		hyb_threadpool_run_dynamic(pool, rows_worker, &j);
+	h->st.seq_neurons_cpu += atomic_load(&j.neurons);
+	if (atomic_load(&j.failed)) {
+		snprintf(err, errlen, "layer %u: the sparse FFN of the pass's rows failed", l);
+		return -1;
+	}
+	return 0;
 }
 
 void hyb_ffn_hybrid_seq_groups(struct hyb_ffn_hybrid *h, uint64_t cpu, uint64_t all)
