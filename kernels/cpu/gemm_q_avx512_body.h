@@ -200,7 +200,7 @@ static void SFX(gemm_q4_0)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
 		return;
-	if (ncols == 1 && !q4g_gemv(k, w, w_stride, nrows, x, y))
+	if (ncols == 1 && !q4g_gemv(0, k, w, w_stride, nrows, x, y))
 		return;
 	if (ncols >= 4 &&
 	    !packed_gemm(P_Q4_0, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))
@@ -313,12 +313,14 @@ static void SFX(gemm_iq4_nl_m1)(HYB_GEMM_ARGS)
 
 /*
  * repacked IQ4_NL (iq4_nl_8x8): GEMM and GEMV add alike (as repacked
- * Q4_0's); the packed kernel from 4 columns (VNNI: levels + 128 are
- * unsigned bytes), the direct tile below
+ * Q4_0's); with VNNI (levels + 128 are unsigned bytes) the 16-row GEMV
+ * for one column and the packed kernel from 4, the direct tile otherwise
  */
 static void SFX(gemm_iq4_nl)(HYB_GEMM_ARGS)
 {
 	if (hyb_gemm_trivial(k, nrows, ncols, y, y_stride))
+		return;
+	if (ncols == 1 && !q4g_gemv(1, k, w, w_stride, nrows, x, y))
 		return;
 	if (HYB_VNNI && ncols >= 4 &&
 	    !packed_gemm(P_IQ4_NL, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride))

@@ -500,10 +500,14 @@ ALWAYS_INLINE void q4r_tile(const int nl, const int NC, int64_t nb, const uint8_
  * - Scales: each row's first load holds its 4 block scales, one per
  *   128-bit lane; a masked vpshufb drops them into word r % 8 of that
  *   lane of one of two vectors (rows 0-7, 8-15).
+ * - Repacked IQ4_NL (nl, VNNI only) takes the same tile: the nibbles go
+ *   through the table of levels + 128, and since 8 products of levels up
+ *   to 127 overflow int16, its rows are reduced in int32 (vpunpck + add,
+ *   two more instructions per row); the zero point is 128.
  */
 struct q4g_col {
 	__m512i lo, hi;  /* elements 0-15 / 16-31 of 4 blocks, one 128-bit lane each */
-	__m512i init;    /* lane 4j + i: -8 * sum of block j (the zero point) */
+	__m512i init;    /* lane 4j + i: -8 (IQ4_NL: -128) * sum of block j (the zero point) */
 };
 
 /* per column: (nb + 3) / 4 quads, then 4 floats dx per quad */
@@ -514,8 +518,9 @@ static size_t q4g_bytes(int64_t nb)
 	return nq * sizeof(struct q4g_col) + nq * 4 * sizeof(float);
 }
 
-static void q4g_prepack(const void *x, int64_t nb, struct q4g_col *out, float *dx)
+static void q4g_prepack(int nl, const void *x, int64_t nb, struct q4g_col *out, float *dx)
 {
+	const int32_t zp = nl ? 128 : 8;
 	const struct hyb_block_q8_0 *b = x;
 
 	for (int64_t q = 0; q < (nb + 3) / 4; q++) {
@@ -525,7 +530,7 @@ static void q4g_prepack(const void *x, int64_t nb, struct q4g_col *out, float *d
 		for (int j = 0; j < 4; j++) {
 			const int64_t bi = 4 * q + j;
 			const int have = bi < nb;
-			const int32_t s = have ? -8 * q8_block_sum(&b[bi]) : 0;
+			const int32_t s = have ? -zp * q8_block_sum(&b[bi]) : 0;
 
 			for (int i = 0; i < 4; i++)
 				init[4 * j + i] = s;
@@ -588,7 +593,7 @@ struct q4g_state {
  * (whose load at -2 starts before the row) and a short last quad of n
  * blocks (the row ends inside the loads).
  */
-ALWAYS_INLINE void q4g_quad(const int masked, const uint8_t *w, size_t ws, size_t off,
+ALWAYS_INLINE void q4g_quad(const int nl, const int masked, const uint8_t *w, size_t ws, size_t off,
 			    const struct q4g_col *xp, const float *dq, __mmask32 ml,
 			    __mmask32 ml2, int n, struct q4g_state *st)
 {
@@ -621,9 +626,13 @@ ALWAYS_INLINE void q4g_quad(const int masked, const uint8_t *w, size_t ws, size_
 		const __m512i l2 = masked ? _mm512_maskz_loadu_epi16(ml2, p + 8)
 					  : _mm512_loadu_si512(p + 8);
 		const __m512i q = _mm512_permutex2var_epi32(l, widx, l2);
-		const __m512i lo = _mm512_and_si512(q, m4);
-		const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
+		__m512i lo = _mm512_and_si512(q, m4);
+		__m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
 
+		if (nl) {
+			lo = _mm512_shuffle_epi8(nl_lut(), lo);
+			hi = _mm512_shuffle_epi8(nl_lut(), hi);
+		}
 		if (64 * r < left)
 			_mm_prefetch((const char *)st->pf + 64 * r, PF_HINT);
 		if (r < 2 && 64 * (16 + r) < left)
@@ -641,7 +650,19 @@ ALWAYS_INLINE void q4g_quad(const int masked, const uint8_t *w, size_t ws, size_
 	st->pf += left < 18 * 64 ? left : 18 * 64;
 	/* block sums, exact in int16 until the last step: v[g] lane 4j + i = block j, row 4g + i */
 #pragma GCC unroll 4
-	for (int g = 0; g < 4; g++) {
+	for (int g = 0; g < 4 && nl; g++) {
+		const __m512i *sg = &s[4 * g];
+		const __m512i ab = _mm512_add_epi32(_mm512_unpacklo_epi32(sg[0], sg[1]),
+						    _mm512_unpackhi_epi32(sg[0], sg[1]));
+		const __m512i cd = _mm512_add_epi32(_mm512_unpacklo_epi32(sg[2], sg[3]),
+						    _mm512_unpackhi_epi32(sg[2], sg[3]));
+
+		v[g] = _mm512_add_epi32(_mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd),
+							 _mm512_unpackhi_epi64(ab, cd)),
+					xp->init);
+	}
+#pragma GCC unroll 4
+	for (int g = 0; g < 4 && !nl; g++) {
 		const __m512i ab = _mm512_madd_epi16(_mm512_packs_epi32(s[4 * g], s[4 * g + 1]), ones);
 		const __m512i cd = _mm512_madd_epi16(_mm512_packs_epi32(s[4 * g + 2], s[4 * g + 3]),
 						      ones);
@@ -678,7 +699,7 @@ ALWAYS_INLINE void q4g_quad(const int masked, const uint8_t *w, size_t ws, size_
 }
 
 /* rows [0, 16) of w: y[r] = row r . x; nx..nx_end is prefetched meanwhile */
-static void q4g_tile(int64_t nb, const uint8_t *w, size_t ws, const uint8_t *nx,
+ALWAYS_INLINE void q4g_tile(const int nl, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *nx,
 		     const uint8_t *nx_end, const struct q4g_col *xc, const float *dx, float *y)
 {
 	const int64_t nq = nb / 4, tail = nb % 4;
@@ -686,15 +707,15 @@ static void q4g_tile(int64_t nb, const uint8_t *w, size_t ws, const uint8_t *nx,
 
 	/* the first load of quad 0 starts 2 bytes before the row: word 0 masked off */
 	if (nq)
-		q4g_quad(1, w, ws, 0, &xc[0], &dx[0], 0xFFFFFFFE, 0xFFFFFFFF, 4, &st);
+		q4g_quad(nl, 1, w, ws, 0, &xc[0], &dx[0], 0xFFFFFFFE, 0xFFFFFFFF, 4, &st);
 	for (int64_t q = 1; q < nq; q++)
-		q4g_quad(0, w, ws, (size_t)q * 72, &xc[q], &dx[4 * q], 0, 0, 4, &st);
+		q4g_quad(nl, 0, w, ws, (size_t)q * 72, &xc[q], &dx[4 * q], 0, 0, 4, &st);
 	if (tail) {
 		/* the row's words left from -2 (9 per block, + 1) and from +8 (9 per block, - 4) */
 		const __mmask32 ml = (__mmask32)(((1u << (9 * tail + 1)) - 1) & ~1u);
 		const __mmask32 ml2 = (__mmask32)((1u << (9 * tail - 4)) - 1);
 
-		q4g_quad(1, w, ws, (size_t)nq * 72, &xc[nq], &dx[4 * nq], ml, ml2, (int)tail, &st);
+		q4g_quad(nl, 1, w, ws, (size_t)nq * 72, &xc[nq], &dx[4 * nq], ml, ml2, (int)tail, &st);
 	}
 	_mm512_storeu_ps(y, st.acc);
 }
@@ -704,25 +725,30 @@ static void q4g_tile(int64_t nb, const uint8_t *w, size_t ws, const uint8_t *nx,
  * before when nrows is not a multiple of 16 (its rows come out the same).
  * Returns -1 (nothing written) with fewer rows or no scratch memory.
  */
-static int q4g_gemv(int64_t k, const uint8_t *w, size_t ws, int64_t nrows, const void *x,
+static int q4g_gemv(int nl, int64_t k, const uint8_t *w, size_t ws, int64_t nrows, const void *x,
 		    float *y)
 {
 	const int64_t nb = k / 32, nq = (nb + 3) / 4;
 	struct q4g_col *xc;
 	float *dx;
 
-	if (nrows < 16)
+	if (nrows < 16 || (nl && !HYB_VNNI))
 		return -1;
 	xc = hyb_cpu_scratch(HYB_SCRATCH_X, q4g_bytes(nb));
 	if (!xc)
 		return -1;
 	dx = (float *)(xc + nq);
-	q4g_prepack(x, nb, xc, dx);
+	q4g_prepack(nl, x, nb, xc, dx);
 	for (int64_t r0 = 0;; r0 += 16) {
 		const int64_t t = min64(r0, nrows - 16), n0 = min64(t + 16, nrows - 16);
 		const uint8_t *nx = w + (size_t)n0 * ws;
 
-		q4g_tile(nb, w + (size_t)t * ws, ws, nx, n0 > t ? nx + 16 * ws : nx, xc, dx, y + t);
+		if (nl)
+			q4g_tile(1, nb, w + (size_t)t * ws, ws, nx, n0 > t ? nx + 16 * ws : nx, xc,
+				 dx, y + t);
+		else
+			q4g_tile(0, nb, w + (size_t)t * ws, ws, nx, n0 > t ? nx + 16 * ws : nx, xc,
+				 dx, y + t);
 		if (t + 16 >= nrows)
 			break;
 	}

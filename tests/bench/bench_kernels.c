@@ -399,7 +399,8 @@ int main(int argc, char **argv)
 {
 	static const uint32_t types[] = { HYB_TYPE_Q8_0, HYB_TYPE_Q4_0, HYB_TYPE_Q4_K,
 					  HYB_TYPE_Q6_K, HYB_TYPE_Q5_K, HYB_TYPE_Q3_K,
-					  HYB_TYPE_Q2_K, HYB_TYPE_IQ4_XS, HYB_TYPE_F16,
+					  HYB_TYPE_Q2_K, HYB_TYPE_IQ4_XS, HYB_TYPE_IQ4_NL,
+					  HYB_TYPE_F16,
 					  HYB_TYPE_BF16, HYB_TYPE_F32 };
 	struct opts o = { .reps = 7, .cols = 64, .gemv = 1, .gemm = 1 };
 	const struct hyb_cpu_kernels *k = hyb_cpu_best();
