@@ -175,4 +175,7 @@ double hyb_peak_scalar(enum hyb_peak_kind kind);
 enum { HYB_SCRATCH_X, HYB_SCRATCH_W, HYB_SCRATCH_P, HYB_SCRATCH_N };
 void *hyb_cpu_scratch(int slot, size_t bytes);
 
+/* dispatch.c: the CPU has GFNI beside AVX-512 (kernels use it in asm, behind this check) */
+int hyb_cpu_gfni(void);
+
 #endif

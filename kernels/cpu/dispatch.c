@@ -21,6 +21,7 @@ static const char *const isa_names[HYB_ISA_COUNT] = {
 
 static struct hyb_cpu_kernels tables[HYB_ISA_COUNT];
 static int supported[HYB_ISA_COUNT];
+static int has_gfni; /* with AVX-512: vgf2p8affineqb on zmm */
 static const struct hyb_cpu_kernels *best;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
@@ -86,7 +87,9 @@ static void detect(void)
 	supported[HYB_ISA_AVX2] = os_ymm && avx2 && fma && f16c && popcnt;
 	supported[HYB_ISA_AVX512] = supported[HYB_ISA_AVX2] && os_zmm && avx512;
 	supported[HYB_ISA_AVX512_VNNI] = supported[HYB_ISA_AVX512] && vnni;
+	has_gfni = supported[HYB_ISA_AVX512] && ((c7 >> 8) & 1);
 }
+
 
 static void fill_scalar(struct hyb_cpu_kernels *k)
 {
@@ -182,6 +185,12 @@ static void init(void)
 		}
 	}
 	best = &tables[pick];
+}
+
+int hyb_cpu_gfni(void)
+{
+	pthread_once(&once, init);
+	return has_gfni;
 }
 
 const struct hyb_cpu_kernels *hyb_cpu_kernels(enum hyb_isa isa)

@@ -494,6 +494,215 @@ XENTRY(gemm_q5_k, X_Q5, HYB_TYPE_Q5_K)
 XENTRY(gemm_iq4_xs, X_IQ4, HYB_TYPE_IQ4_XS)
 #undef XENTRY
 
+/*
+ * Repacked Q2_K, one column: 16 rows a tile, M_GEMV's sums (the same
+ * integers, each row's float chain the same: the same bits). xtile spent
+ * 8 multiplies and 4 word permutes of the scales on a row's super-block,
+ * then reduced its vectors to scalars for two scalar float chains (36% of
+ * the DRAM read on one thread). Here:
+ * - The codes are rearranged so that int32 lane l of every product is
+ *   sub-block l: in chunk c, lane l takes the 4 codes 4c..4c+3 of
+ *   sub-block l (one vpermd of the 64 code bytes, a shift by the
+ *   sub-block's 2-bit position), the activations prepacked alike once
+ *   per call. Four vpdpbusd leave lane l = the sub-block's integer dot
+ *   (|.| <= 16 * 3 * 128, an int16), and one vpdpwssd by the 16 scales
+ *   (int32 lanes, high words 0) scales them all.
+ * - A transposing add tree turns 16 rows' vectors into one vector of 16
+ *   row sums; one zmm FMA per chain serves 16 rows; d and dmin of the 16
+ *   rows come in one gather.
+ */
+#define Q2G_ROWS 16
+
+/* a + b pairwise: 128-bit lane of [a0+a2, b0+b2, a1+a3, b1+b3] */
+AI __m512i red32(__m512i a, __m512i b)
+{
+	return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+
+/* two red32 results: dword i of 128-bit lane L = the sum of lane L of input i */
+AI __m512i red64(__m512i a, __m512i b)
+{
+	return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+/* [a.L0 + a.L1, a.L2 + a.L3, b.L0 + b.L1, b.L2 + b.L3] (128-bit lanes) */
+AI __m512i red128(__m512i a, __m512i b)
+{
+	return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD));
+}
+
+/* acc += 4-byte dots of unsigned u and signed s per int32 lane */
+AI __m512i dot_ub(__m512i acc, __m512i u, __m512i s)
+{
+#if HYB_VNNI
+	return _mm512_dpbusd_epi32(acc, u, s);
+#else
+	/* pair sums of codes <= 3 stay far below int16's range */
+	return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+							_mm512_set1_epi16(1)));
+#endif
+}
+
+/* chunk c, lane l: code dword 8 (l / 8) + 4 (l % 2) + c, shifted by 2 ((l % 8) / 2) */
+static const int32_t q2g_shift[16] = { 0, 0, 2, 2, 4, 4, 6, 6, 0, 0, 2, 2, 4, 4, 6, 6 };
+static const int32_t q2g_src[16] = { 0, 4, 0, 4, 0, 4, 0, 4, 8, 12, 8, 12, 8, 12, 8, 12 };
+
+/* a super-block's activations in the codes' order: chunk c, lane l = x[16 l + 4 c .. + 3] */
+struct q2g_x {
+	__m512i q[4];
+};
+
+static void q2g_prepack(const struct hyb_block_q8_k *x, int64_t nb, struct q2g_x *out)
+{
+	for (int64_t s = 0; s < nb; s++) {
+		int32_t v[4][16];
+
+		for (int c = 0; c < 4; c++)
+			for (int l = 0; l < 16; l++)
+				memcpy(&v[c][l], x[s].qs + 16 * l + 4 * c, 4);
+		for (int c = 0; c < 4; c++)
+			out[s].q[c] = _mm512_loadu_si512(v[c]);
+	}
+}
+
+/*
+ * Bits 2 and 3 of each byte's bit-matrix rows: (x >> s) & 3 with s = 0, 2, 4, 6
+ * by qword, the shifts of q2g_shift (lanes 2k and 2k + 1 share theirs)
+ */
+static const uint64_t q2g_gfm[8] = {
+	0x0102ull << 48, 0x0408ull << 48, 0x1020ull << 48, 0x4080ull << 48,
+	0x0102ull << 48, 0x0408ull << 48, 0x1020ull << 48, 0x4080ull << 48,
+};
+
+/*
+ * One vgf2p8affineqb for the shift and the mask (measured: +11% on the
+ * tile in L2). In asm: the kernels are built without -mgfni, and the
+ * caller checks the CPU (Cascade Lake has VNNI but not GFNI).
+ */
+AI __m512i gf_bits(__m512i x, __m512i m)
+{
+	__m512i r;
+
+	__asm__("vgf2p8affineqb $0, %2, %1, %0" : "=v"(r) : "v"(x), "v"(m));
+	return r;
+}
+
+/* a row's super-block: lane l = scale l times sub-block l's dot; the mins' madd (8 lanes) */
+AI void q2g_row(const int gf, const uint8_t *p, const struct q2g_x *xq, __m256i bs, __m512i *isum,
+		__m256i *imin)
+{
+	const __m512i m3 = _mm512_set1_epi8(3), sh = _mm512_loadu_si512(q2g_shift);
+	const __m512i src = _mm512_loadu_si512(q2g_src);
+	const __m128i raw = _mm_loadu_si128((const __m128i *)p), m4 = _mm_set1_epi8(0xF);
+	const __m512i qs = _mm512_loadu_si512(p + 16);
+	__m512i acc = _mm512_setzero_si512();
+	const __m512i gm = _mm512_loadu_si512(q2g_gfm);
+
+#pragma GCC unroll 4
+	for (int c = 0; c < 4; c++) {
+		const __m512i q = _mm512_permutexvar_epi32(_mm512_add_epi32(src, _mm512_set1_epi32(c)),
+							   qs);
+
+		acc = dot_ub(acc, gf ? gf_bits(q, gm) : _mm512_and_si512(_mm512_srlv_epi32(q, sh), m3),
+			     xq->q[c]);
+	}
+	*isum = dot_ww(_mm512_setzero_si512(), acc, _mm512_cvtepu8_epi32(_mm_and_si128(raw, m4)));
+	*imin = _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), m4)), bs);
+}
+
+/* rows 2i, 2i + 1, 8 + 2i, 9 + 2i of the mins' tree sit in lanes i, 4 + i, 8 + i, 12 + i */
+static const int32_t q2g_mperm[16] = { 0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15 };
+
+/* rows [0, 16) of w: y[r] = row r . x; the 16 rows from nx are prefetched meanwhile */
+AI void q2g_tile(const int gf, int64_t nb, const uint8_t *w, size_t ws, const uint8_t *nx,
+		     const struct hyb_block_q8_k *xb, const struct q2g_x *xq, float *y)
+{
+	const __m512i gidx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10,
+								   11, 12, 13, 14, 15),
+						_mm512_set1_epi32((int)ws));
+	const __m512i mperm = _mm512_loadu_si512(q2g_mperm);
+	__m512 fa = _mm512_setzero_ps(), fm = _mm512_setzero_ps();
+	const uint8_t *pf = nx, *pf_end = nx + Q2G_ROWS * ws;
+
+	for (int64_t s = 0; s < nb; s++) {
+		const size_t off = (size_t)s * 84;
+		const __m256i bs = _mm256_loadu_si256((const __m256i *)xb[s].bsums);
+		__m512i u[4], t[4];
+
+#pragma GCC unroll 4
+		for (int g = 0; g < 4; g++) {
+			__m512i is[4];
+			__m256i mi[4];
+
+#pragma GCC unroll 4
+			for (int i = 0; i < 4; i++) {
+				const size_t ro = (size_t)(4 * g + i) * ws + off;
+
+				/* the next tile in address order: 21 lines per super-block, its share */
+				if (pf < pf_end)
+					_mm_prefetch((const char *)pf, _MM_HINT_T1);
+				if ((i == 0 || (g == 0 && i == 1)) && pf + 64 < pf_end) {
+					_mm_prefetch((const char *)pf + 64, _MM_HINT_T1);
+					pf += 64;
+				}
+				pf += 64;
+				q2g_row(gf, w + ro, &xq[s], bs, &is[i], &mi[i]);
+			}
+			u[g] = red64(red32(is[0], is[1]), red32(is[2], is[3]));
+			t[g] = red32(_mm512_inserti64x4(_mm512_castsi256_si512(mi[0]), mi[1], 1),
+				     _mm512_inserti64x4(_mm512_castsi256_si512(mi[2]), mi[3], 1));
+		}
+		{
+			const __m512i isum = red128(red128(u[0], u[1]), red128(u[2], u[3]));
+			const __m512i imin = _mm512_permutexvar_epi32(
+				mperm, red128(red64(t[0], t[1]), red64(t[2], t[3])));
+			/* d | dmin << 16 of each row's block */
+			const __m512i dd = _mm512_i32gather_epi32(gidx, w + off + 80, 1);
+			const __m512 d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+			const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+			const __m512 yd = _mm512_set1_ps(xb[s].d);
+
+			fa = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, yd), fa);
+			fm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(imin), _mm512_mul_ps(dm, yd), fm);
+		}
+	}
+	_mm512_storeu_ps(y, _mm512_sub_ps(fa, fm));
+}
+
+/*
+ * y[r] for nrows >= 16 rows, one column; the last tile overlaps the one
+ * before when nrows is not a multiple of 16 (its rows come out the same).
+ * Returns -1 (nothing written) with fewer rows, rows too far apart to
+ * gather, or no scratch memory.
+ */
+static int q2g_gemv(int64_t k, const uint8_t *w, size_t ws, int64_t nrows,
+		    const struct hyb_block_q8_k *x, float *y)
+{
+	const int64_t nb = k / HYB_QK_K;
+	/* GFNI only at the VNNI level (AVX-512 CPUs without VNNI have none) */
+	const int gf = HYB_VNNI && hyb_cpu_gfni();
+	struct q2g_x *xq;
+
+	if (nrows < Q2G_ROWS || ws > INT32_MAX / Q2G_ROWS)
+		return -1;
+	xq = hyb_cpu_scratch(HYB_SCRATCH_X, (size_t)nb * sizeof(*xq));
+	if (!xq)
+		return -1;
+	q2g_prepack(x, nb, xq);
+	for (int64_t r0 = 0;; r0 += Q2G_ROWS) {
+		const int64_t t = xmin64(r0, nrows - Q2G_ROWS);
+		const int64_t n0 = xmin64(t + Q2G_ROWS, nrows - Q2G_ROWS);
+
+		if (gf)
+			q2g_tile(1, nb, w + (size_t)t * ws, ws, w + (size_t)n0 * ws, x, xq, y + t);
+		else
+			q2g_tile(0, nb, w + (size_t)t * ws, ws, w + (size_t)n0 * ws, x, xq, y + t);
+		if (t + Q2G_ROWS >= nrows)
+			break;
+	}
+	return 0;
+}
+
 /* repacked Q2_K (rows % 8 == 0): GEMM on ncols - ncols % 4 columns, GEMV on the rest */
 static void XSFX(gemm_q2_k)(HYB_GEMM_ARGS)
 {
@@ -504,6 +713,10 @@ static void XSFX(gemm_q2_k)(HYB_GEMM_ARGS)
 	if (n4 && XSFX(hyb_gemm_kx_packed)(HYB_TYPE_Q2_K, 1, k, w, w_stride, nrows, x, x_stride, n4,
 					    y, y_stride))
 		xgemm(X_Q2, M_GEMM, k, w, w_stride, nrows, x, x_stride, n4, y, y_stride);
+	if (n4 + 1 == ncols && !q2g_gemv(k, w, w_stride, nrows,
+					  (const void *)((const uint8_t *)x + (size_t)n4 * x_stride),
+					  y + (size_t)n4 * y_stride))
+		return;
 	if (n4 < ncols)
 		xgemm(X_Q2, M_GEMV, k, w, w_stride, nrows, (const uint8_t *)x + (size_t)n4 * x_stride,
 		      x_stride, ncols - n4, y + (size_t)n4 * y_stride, y_stride);
