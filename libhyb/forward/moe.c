@@ -416,6 +416,39 @@ struct expert_job {
 	atomic_uint next;
 };
 
+/* unit u's expert, matrix and first row */
+static void unit_of(const struct expert_job *j, uint32_t u, uint32_t *e, int *m, uint64_t *r0)
+{
+	const uint32_t per_expert = (uint32_t)(j->nw * j->n_chunks), rem = u % per_expert;
+
+	*e = j->s->active[j->first + u / per_expert];
+	*m = (int)(rem / j->n_chunks);
+	*r0 = (rem % j->n_chunks) * j->chunk;
+}
+
+/*
+ * The first 16 rows (a GEMV tile) of the unit the queue hands out next,
+ * into L2: the kernels prefetch each tile's successor, but nothing the
+ * first tile of a unit, which would start on rows still in DRAM (for
+ * decode's few columns a unit is one expert's matrix, tens of us).
+ */
+static void prefetch_unit(const struct expert_job *j, uint32_t u)
+{
+	uint32_t e;
+	int m;
+	uint64_t r0;
+
+	if (u >= j->n_units)
+		return;
+	unit_of(j, u, &e, &m, &r0);
+	const struct hyb_weight w = hyb_weight_expert(j->w[m], e);
+	const uint64_t nr = w.ne1 - r0 < 16 ? w.ne1 - r0 : 16;
+	const char *p = (const char *)w.data + r0 * w.row_bytes;
+
+	for (uint64_t off = 0; off < nr * w.row_bytes; off += 64)
+		__builtin_prefetch(p + off, 0, 2);
+}
+
 static void expert_worker(void *arg, int ith, int nth)
 {
 	struct expert_job *j = arg;
@@ -424,15 +457,15 @@ static void expert_worker(void *arg, int ith, int nth)
 	(void)ith;
 	(void)nth;
 	for (;;) {
-		uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed), e;
+		int m;
+		uint64_t r0;
 
 		if (u >= j->n_units)
 			return;
-		const uint32_t per_expert = (uint32_t)(j->nw * j->n_chunks);
-		const uint32_t e = s->active[j->first + u / per_expert], rem = u % per_expert;
-		const int m = (int)(rem / j->n_chunks);
+		prefetch_unit(j, atomic_load_explicit(&j->next, memory_order_relaxed));
+		unit_of(j, u, &e, &m, &r0);
 		const struct hyb_weight w = hyb_weight_expert(j->w[m], e);
-		const uint64_t r0 = (rem % j->n_chunks) * j->chunk;
 		const uint64_t nr = w.ne1 - r0 < j->chunk ? w.ne1 - r0 : j->chunk;
 		const uint32_t j0 = s->start[e], nj = s->start[e + 1] - j0;
 		const char *wr = (const char *)w.data + r0 * w.row_bytes;
