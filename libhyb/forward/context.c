@@ -601,6 +601,11 @@ uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c)
 	return c->n_ctx;
 }
 
+uint32_t hyb_ctx_n_batch(const struct hyb_ctx *c)
+{
+	return c->n_batch;
+}
+
 int hyb_ctx_n_threads(const struct hyb_ctx *c)
 {
 	return hyb_threadpool_size(c->pool);

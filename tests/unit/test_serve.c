@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -562,6 +563,95 @@ static char *read_until(int fd, const char *needle)
 		buf[len] = 0;
 	}
 	return buf;
+}
+
+/*
+ * Chunked prefill: while a long prompt goes in (pieces of --batch 32), a
+ * running stream keeps getting tokens, one a step: its longest silence is
+ * about a piece's time, not the whole prompt's (which it was when a prompt
+ * went in whole). The long request's text is still hyb run's.
+ */
+TEST(serve_prefill_in_pieces_keeps_streams_going)
+{
+	const char *model = hyb_test_real_model("smollm2");
+	char prompt[4096] = "", body[4400], *a_buf, *b_buf, *want, *text, *seen, *l;
+	size_t a_len = 0, b_len = 0, cap = 1 << 20, len;
+	double gap = 0, last, t_prompt = 0;
+	int fa, fb, n_prompt = 0;
+	struct srv s;
+
+	for (int i = 0; i < 60; i++)
+		strcat(prompt, i % 2 ? "the sky is blue because " : "light scatters and ");
+	want = run_text(model, prompt, 4, false);
+	srv_start(&s, model, "--parallel 2 --batch 32");
+	fa = request(s.port, "POST", "/v1/completions", NULL, long_stream);
+	a_buf = read_until(fa, "data: {");
+	a_len = strlen(a_buf);
+	a_buf = realloc(a_buf, cap);
+	b_buf = malloc(cap);
+	CHECK(a_buf && b_buf);
+	snprintf(body, sizeof(body), "{\"prompt\": \"%s\", \"max_tokens\": 4, \"temperature\": 0}",
+		 prompt);
+	fb = request(s.port, "POST", "/v1/completions", NULL, body);
+	last = mono();
+	/* the gaps between A's reads until B's answer is complete (its connection closes) */
+	for (;;) {
+		struct pollfd p[2] = { { .fd = fa, .events = POLLIN }, { .fd = fb, .events = POLLIN } };
+		ssize_t k;
+
+		CHECK_MSG(poll(p, 2, 60000) > 0, "no progress for 60 s");
+		if (p[0].revents) {
+			const double now = mono();
+
+			k = recv(fa, a_buf + a_len, cap - a_len - 1, 0);
+			CHECK_MSG(k > 0 && a_len + (size_t)k + 1 < cap, "stream A ended");
+			a_buf[a_len + (size_t)k] = 0;
+			/* a token's event (not a keep-alive comment) */
+			if (strstr(a_buf + (a_len > 8 ? a_len - 8 : 0), "data: {")) {
+				gap = now - last > gap ? now - last : gap;
+				last = now;
+			}
+			a_len += (size_t)k;
+		}
+		if (p[1].revents) {
+			k = recv(fb, b_buf + b_len, cap - b_len - 1, 0);
+			CHECK(k >= 0 && b_len + (size_t)k + 1 < cap);
+			if (!k)
+				break;
+			b_len += (size_t)k;
+		}
+	}
+	close(fb);
+	close(fa);
+	b_buf[b_len] = 0;
+	CHECK_EQ_INT(status_of(b_buf), 200);
+	text = completion_text(b_buf, &len);
+	seen = as_seen(text, len);
+	CHECK_MSG(!strcmp(seen, want), "the long prompt's text \"%s\", hyb run's \"%s\"", seen, want);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	/* B's prompt: "engine 0 seq S: N prompt tokens in T s" */
+	l = slurp(s.log, NULL);
+	CHECK(l);
+	for (const char *p = strstr(l, " seq "); p; p = strstr(p + 1, " seq ")) {
+		unsigned n;
+		double t;
+
+		if (sscanf(strstr(p, ": "), ": %u prompt tokens in %lf s", &n, &t) == 2 && n > 100) {
+			n_prompt = (int)n;
+			t_prompt = t;
+		}
+	}
+	free(l);
+	CHECK_MSG(n_prompt > 8 * 32, "the long prompt's line not in the log");
+	printf("    %d-token prompt in %d pieces, %.3f s; the stream's longest silence "
+	       "meanwhile %.3f s\n", n_prompt, (n_prompt + 31) / 32, t_prompt, gap);
+	CHECK_MSG(gap < t_prompt / 3, "stream A waited %.3f s of the prompt's %.3f s", gap,
+		  t_prompt);
+	free(a_buf);
+	free(b_buf);
+	free(text);
+	free(seen);
+	free(want);
 }
 
 TEST(serve_client_disconnects)

@@ -35,7 +35,7 @@ static const char usage[] =
 	"                 [-t THREADS] [--api-key-file FILE] [--queue N] [--timeout S]\n"
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
-	"                 [--kv-size N] [--batch-variant] [--no-batch]\n"
+	"                 [--kv-size N] [--batch N] [--batch-variant] [--no-batch]\n"
 	"                 [--teal PROFILE [--sparsity S]]\n"
 	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
 	"                  [--no-prefetch] [--dense-cpu]\n"
@@ -51,6 +51,9 @@ static const char usage[] =
 	"  -t: threads (default: the CPUs)\n"
 	"  --kv-size N: positions of the paged KV cache the requests share (default\n"
 	"    parallel x ctx); a request waits until its prompt and max_tokens fit\n"
+	"  --batch N: prompt tokens a step takes (512; a hybrid batch's 64): a long\n"
+	"    prompt goes in pieces of N beside the running requests' tokens, which\n"
+	"    then wait one piece a step, not the whole prompt (chunked prefill)\n"
 	"  --batch-variant: let a request's sums depend on its batch (faster for F16\n"
 	"    and K-quant weights; default: the same tokens alone or batched)\n"
 	"  --no-batch: --parallel engines of one request each instead of one batch\n"
@@ -78,7 +81,7 @@ static const char usage[] =
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
        O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
-       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH, O_KV_SEQS };
+       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH, O_KV_SEQS, O_BATCH };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -98,6 +101,7 @@ static const struct option longopts[] = {
 	{ "alias", required_argument, 0, O_ALIAS },
 	{ "chat-template", required_argument, 0, O_TEMPLATE },
 	{ "kv-size", required_argument, 0, O_KVSIZE },
+	{ "batch", required_argument, 0, O_BATCH },
 	{ "batch-variant", no_argument, 0, O_VARIANT },
 	{ "no-batch", no_argument, 0, O_NOBATCH },
 	{ "manifest", required_argument, 0, O_MANIFEST },
@@ -145,6 +149,7 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_ALIAS: o->alias = optarg; break;
 		case O_TEMPLATE: o->chat_template = optarg; break;
 		case O_KVSIZE: o->kv_size = (uint32_t)cli_num("--kv-size", optarg, 1, 1 << 26); break;
+		case O_BATCH: o->n_batch = (uint32_t)cli_num("--batch", optarg, 1, 65536); break;
 		case O_VARIANT: o->batch_variant = true; break;
 		case O_NOBATCH: o->no_batch = true; break;
 		case O_MANIFEST: o->manifest = optarg; break;
@@ -339,6 +344,7 @@ int cmd_serve(int argc, char **argv)
 			.parallel = sv.o.parallel, .max_depth = sv.o.queue, .n_ctx = sv.o.n_ctx,
 			.n_threads = sv.o.n_threads, .kv_size = sv.o.kv_size,
 			.batch_variant = sv.o.batch_variant, .no_batch = sv.o.no_batch,
+			.n_batch = sv.o.n_batch,
 			.teal_thr = sv.teal_thr, .hybrid = sv.o.gpu_budget ? &sv.o.hy : NULL,
 		};
 

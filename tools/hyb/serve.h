@@ -118,6 +118,8 @@ struct serve_seq {
 	int seq;                  /* the context's sequence */
 	struct hyb_sampler *s;
 	bool started;             /* its prompt has been evaluated */
+	uint32_t fed;             /* prompt tokens evaluated so far (chunked prefill) */
+	double t_prompt0;         /* when its first prompt piece went in */
 	bool stopped;             /* a stop string or a cancellation ended it */
 	int32_t next;             /* the token to evaluate next */
 	double t_admit, t_gen0;
@@ -140,6 +142,7 @@ struct serve_slot {
 	int n_act;
 	float *logits;            /* [n_seq][n_vocab] */
 	struct hyb_seq_tokens *b; /* [n_seq] */
+	int *b_of;                /* [n_seq]: act[k]'s entry in b this step, -1: none */
 	/* under the queue's lock, for /metrics */
 	struct hyb_kv_stats kv;
 	bool hybrid;                  /* the context decodes on a device */
@@ -172,6 +175,7 @@ struct serve_engine_opts {
 	int n_threads;                /* 0: the CPUs (shared among engines when not batched) */
 	uint32_t kv_size;             /* batched: positions of the shared cache (0: parallel x n_ctx) */
 	bool batch_variant;           /* hyb_ctx_params.batch_variant */
+	uint32_t n_batch;             /* hyb_ctx_params.n_batch: a step's prompt tokens (0: default) */
 	bool no_batch;                /* one engine per job even when the model batches */
 	/* TEAL thresholds (hyb/sparsity.h) for every engine, or NULL; with them
 	 * each job gets an engine of its own (docs/SERVE.md) */
@@ -302,6 +306,7 @@ struct serve_opts {
 	int max_conns_per_ip;   /* 0: no limit per client address */
 	uint32_t kv_size;       /* positions of the shared KV cache (0: parallel x n_ctx) */
 	bool batch_variant;
+	uint32_t n_batch;       /* --batch: a step's prompt tokens (0: the context's default) */
 	bool no_batch;
 	/* hybrid decoding (hyb/hybrid.h: a plan's neuron cache, a MoE's expert cache) */
 	const char *gpu_budget; /* NULL: none */

@@ -5,9 +5,13 @@
  * context of several sequences over one paged KV cache. Each step it admits
  * queued jobs while a sequence is free and the cache can promise a job its
  * prompt plus max_tokens, then runs one hyb_ctx_eval_seqs pass over every
- * running job (new ones' prompts beside the others' next tokens), samples
- * each job's token, and lets finished or cancelled jobs leave. Models that
- * cannot batch yet run --parallel engines of one sequence each.
+ * running job (new ones' prompt pieces beside the others' next tokens),
+ * samples each job's token, and lets finished or cancelled jobs leave.
+ * Prompts go in chunks (Sarathi-Serve's chunked prefill, docs/SERVE.md): a
+ * step takes at most one pass's piece of prompt tokens (n_batch), so that a
+ * long prompt delays the running jobs' tokens by one piece's time per step,
+ * not by its whole prefill. Models that cannot batch yet run --parallel
+ * engines of one sequence each.
  *
  * The queue has a limit: a full queue refuses a job (503 with Retry-After in
  * serve_api.c). One mutex (the queue's) guards the queue and every job's
@@ -311,8 +315,15 @@ static void snapshot_hybrid(struct serve_slot *sl)
 static void step(struct serve_slot *sl)
 {
 	struct serve_queue *q = sl->q;
-	const uint32_t V = q->m->hp.n_vocab;
-	double now = hyb_now(), t0;
+	const uint32_t V = q->m->hp.n_vocab, piece = hyb_ctx_n_batch(sl->ctx);
+	/*
+	 * Prompt tokens this step: one piece. A job's prompt goes in the pieces
+	 * hyb_ctx_eval_seqs would cut it into (n_batch from its first token),
+	 * whole pieces or its last one, so its tokens and bits are those of
+	 * one call (batch invariance); the first job waiting always fits.
+	 */
+	uint32_t budget = piece;
+	double now = hyb_now();
 	int nb = 0, rc;
 
 	for (int k = 0; k < sl->n_act;) {
@@ -326,14 +337,26 @@ static void step(struct serve_slot *sl)
 			fail(sl, k, "cannot make the sampler");
 			continue;
 		}
-		sl->b[nb++] = a->started ?
-			(struct hyb_seq_tokens){ a->seq, &a->next, 1 } :
-			(struct hyb_seq_tokens){ a->seq, a->j->prompt, a->j->n_prompt };
-		k++;
+		sl->b_of[k] = -1;
+		if (a->started) {
+			sl->b[nb] = (struct hyb_seq_tokens){ a->seq, &a->next, 1 };
+		} else {
+			const uint32_t left = a->j->n_prompt - a->fed;
+			const uint32_t n = left < piece ? left : piece;
+
+			if (n > budget) { /* the next step's */
+				k++;
+				continue;
+			}
+			budget -= n;
+			if (!a->fed)
+				a->t_prompt0 = now;
+			sl->b[nb] = (struct hyb_seq_tokens){ a->seq, a->j->prompt + a->fed, n };
+		}
+		sl->b_of[k++] = nb++;
 	}
 	if (!nb)
 		return;
-	t0 = hyb_now();
 	rc = hyb_ctx_eval_seqs(sl->ctx, sl->b, (uint32_t)nb, sl->logits);
 	now = hyb_now();
 	pthread_mutex_lock(&q->lock);
@@ -343,10 +366,14 @@ static void step(struct serve_slot *sl)
 	snapshot_hybrid(sl);
 	pthread_mutex_unlock(&q->lock);
 	/* finish() moves the last job into a freed place: go from the end */
-	for (int k = nb - 1; k >= 0; k--) {
+	for (int k = sl->n_act - 1; k >= 0; k--) {
 		struct serve_seq *a = &sl->act[k];
-		float *lg = sl->logits + (size_t)k * V;
+		const int i = sl->b_of[k];
+		float *lg = sl->logits + (size_t)(i > 0 ? i : 0) * V;
 		int32_t tok;
+
+		if (i < 0)
+			continue; /* nothing of it in this step */
 
 		if (rc) {
 			char msg[256];
@@ -356,9 +383,12 @@ static void step(struct serve_slot *sl)
 			continue;
 		}
 		if (!a->started) {
+			a->fed += sl->b[i].n;
+			if (a->fed < a->j->n_prompt)
+				continue; /* more pieces to go: these logits are not the prompt's */
 			a->started = true;
 			a->st.n_prompt = a->j->n_prompt;
-			a->st.t_prompt = now - t0;
+			a->st.t_prompt = now - a->t_prompt0;
 			a->t_gen0 = now;
 			for (uint32_t i = 0; i < a->j->n_prompt; i++)
 				hyb_sampler_accept(a->s, a->j->prompt[i]);
@@ -439,8 +469,9 @@ static int engine_new(struct serve_queue *q, struct serve_slot *sl, int n_seq,
 		return -1;
 	sl->act = calloc((size_t)n_seq, sizeof(*sl->act));
 	sl->b = calloc((size_t)n_seq, sizeof(*sl->b));
+	sl->b_of = calloc((size_t)n_seq, sizeof(*sl->b_of));
 	sl->logits = malloc(sizeof(float) * q->m->hp.n_vocab * (size_t)n_seq);
-	if (!sl->act || !sl->b || !sl->logits)
+	if (!sl->act || !sl->b || !sl->b_of || !sl->logits)
 		return -ENOMEM;
 	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
 	sl->hybrid = hyb_ctx_hybrid(sl->ctx);
@@ -453,7 +484,8 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 {
 	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads,
 				    .n_seq = (uint32_t)o->parallel, .kv_size = o->kv_size,
-				    .batch_variant = o->batch_variant, .hybrid = o->hybrid };
+				    .batch_variant = o->batch_variant, .hybrid = o->hybrid,
+				    .n_batch = o->n_batch };
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
 	memset(q, 0, sizeof(*q));
@@ -558,6 +590,7 @@ void serve_queue_stop(struct serve_queue *q)
 		hyb_ctx_free(sl->ctx);
 		free(sl->act);
 		free(sl->b);
+		free(sl->b_of);
 		free(sl->logits);
 	}
 	free(q->slots);

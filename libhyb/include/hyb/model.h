@@ -348,6 +348,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 void hyb_ctx_free(struct hyb_ctx *c);
 uint32_t hyb_ctx_n_past(const struct hyb_ctx *c);
 uint32_t hyb_ctx_n_ctx(const struct hyb_ctx *c);
+/* Prompt tokens a pass takes of one sequence (hyb_ctx_params.n_batch, or its default). */
+uint32_t hyb_ctx_n_batch(const struct hyb_ctx *c);
 int hyb_ctx_n_threads(const struct hyb_ctx *c);
 uint64_t hyb_ctx_kv_bytes(const struct hyb_ctx *c);
 /* Forget the sequence (the KV cache is reused). */
