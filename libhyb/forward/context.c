@@ -132,14 +132,19 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 				      m->powerinfer ? "a PowerInfer file's" : "this model's");
 			goto fail;
 		}
-		if (!p->hybrid && (m->group_size || m->powerinfer || p->moe_defer ||
-				   p->ffn == HYB_FFN_SPARSE)) {
+		/* a plan's on the CPU: decode rows sparse, prompt rows dense (forward.c) */
+		const bool plan_cpu = !p->hybrid && m->group_size && !m->powerinfer;
+
+		if (!p->hybrid && !plan_cpu && (m->powerinfer || p->moe_defer ||
+						p->ffn == HYB_FFN_SPARSE)) {
 			hyb_error_set(-EINVAL, "several sequences (n_seq %u) run dense on the CPU: "
 				      "not with %s yet", c->n_seq,
-				      p->moe_defer ? "expert deferral" : "a plan's sparse FFNs");
+				      p->moe_defer ? "expert deferral" :
+				      m->powerinfer ? "a PowerInfer file's sparse FFNs" :
+				      "sparse FFNs");
 			goto fail;
 		}
-		if (plan_hybrid && c->invariant && !plan_invariant(c->k, m)) {
+		if ((plan_hybrid || plan_cpu) && c->invariant && !plan_invariant(c->k, m)) {
 			hyb_error_set(-EINVAL, "several sequences (n_seq %u) of a plan with %s "
 				      "bundles: their CPU GEMM is not batch-invariant yet (set "
 				      "batch_variant)", c->n_seq,
@@ -156,7 +161,14 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		c->kv = hyb_kv_pages_new(c->n_seq, (uint32_t)blocks, c->n_ctx);
 		c->attn_runs = calloc(c->n_seq, sizeof(*c->attn_runs));
 		c->run_cols = calloc(c->n_seq, sizeof(uint32_t));
-		if (!c->kv || !c->attn_runs || !c->run_cols) {
+		if (plan_cpu) {
+			c->row_one = calloc(c->n_rows, 1);
+			c->need = malloc((size_t)c->n_rows * m->n_groups);
+			c->ffn_xs = malloc(sizeof(float) * c->n_rows * hp->n_embd);
+			c->ffn_prev = malloc(sizeof(float) * c->n_rows * hp->n_embd);
+		}
+		if (!c->kv || !c->attn_runs || !c->run_cols ||
+		    (plan_cpu && (!c->row_one || !c->need || !c->ffn_xs || !c->ffn_prev))) {
 			hyb_error_set(-ENOMEM, "out of memory");
 			goto fail;
 		}
@@ -309,6 +321,10 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	free(c->ones);
 	free(c->rows);
 	free(c->seg);
+	free(c->row_one);
+	free(c->need);
+	free(c->ffn_xs);
+	free(c->ffn_prev);
 	free(c->ffn_thr);
 	free(c->teal_thr);
 	free(c->teal_idx);

@@ -599,6 +599,43 @@ void hyb_fwd_head(struct hyb_ctx *c, uint32_t first, uint32_t n, float *logits)
 	matmul(c, c->xn, n - first, 1, &out, &logits);
 }
 
+/*
+ * A pass of several sequences through a plan's FFN on the CPU (batch.c):
+ * each row of a one-token run (a decode step) through the sparse operator,
+ * as that sequence alone decodes; the rows of prompt pieces dense, as a
+ * prompt alone runs, in one GEMM whose rows take only their own neurons
+ * (need), so that no row's sums depend on the others'.
+ */
+static int plan_rows_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, char *err,
+			 size_t errlen)
+{
+	const uint32_t E = c->m->hp.n_embd, G = c->m->n_groups;
+	uint32_t n_one = 0;
+
+	for (uint32_t t = 0; t < nf; t++)
+		n_one += c->row_one[t];
+	if (n_one < nf) {
+		/* the dense pass writes every row: the decode rows' inputs aside */
+		for (uint32_t t = 0; t < nf; t++) {
+			if (c->row_one[t])
+				memcpy(c->ffn_xs + (size_t)t * E, c->xn + (size_t)t * E,
+				       sizeof(float) * E);
+			memset(c->need + (size_t)t * G, !c->row_one[t], G);
+		}
+		hyb_fwd_ffn_dense_rows(c, l, nf, NULL, c->need);
+	}
+	for (uint32_t t = 0; t < nf; t++) {
+		const float *in = n_one < nf ? c->ffn_xs + (size_t)t * E : c->xn + (size_t)t * E;
+
+		if (c->row_one[t] &&
+		    hyb_ffn_sparse_layer_row(c->sparse, c->pool, l, xf + (size_t)t * E, in,
+					     c->xn + (size_t)t * E, c->ffn_prev + (size_t)t * E,
+					     err, errlen))
+			return -1;
+	}
+	return 0;
+}
+
 /* Layer l's FFN for the nf rows at xf (c->x + row), added to them. */
 static int layer_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, uint32_t n, char *err,
 		     size_t errlen)
@@ -614,6 +651,10 @@ static int layer_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, uint
 			snprintf(err, errlen, "%s", hyb_last_error());
 			return rc;
 		}
+	} else if (c->sparse && !c->probe && c->runs && c->row_one) {
+		rc = plan_rows_ffn(c, l, xf, nf, err, errlen);
+		if (rc)
+			return rc;
 	} else if (c->sparse && !c->probe && (n == 1 || c->m->powerinfer)) {
 		/* PowerInfer's predictors choose every token's neurons, the
 		 * prompt's too (a plan's prompt runs dense: hyb/model.h) */
@@ -637,8 +678,14 @@ void hyb_fwd_gather(struct hyb_ctx *c, const uint32_t *out, uint32_t n_out)
 	const uint32_t E = c->m->hp.n_embd;
 
 	for (uint32_t i = 0; i < n_out; i++)
-		if (out[i] != i)
+		if (out[i] != i) {
 			memcpy(c->x + (size_t)i * E, c->x + (size_t)out[i] * E, sizeof(float) * E);
+			if (c->row_one) {
+				c->row_one[i] = c->row_one[out[i]];
+				memcpy(c->ffn_prev + (size_t)i * E, c->ffn_prev + (size_t)out[i] * E,
+				       sizeof(float) * E);
+			}
+		}
 	if (c->cols) {
 		c->cols = c->ones;
 		c->n_cols = n_out;
@@ -670,6 +717,9 @@ static int pass(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, const uint
 
 	if (rc)
 		return rc;
+	/* which rows are decode steps (a plan's sparse FFN on several sequences) */
+	for (uint32_t r = 0; c->row_one && c->runs && r < c->n_runs; r++)
+		memset(c->row_one + c->runs[r].t0, c->runs[r].n == 1, c->runs[r].n);
 	hyb_fwd_embed(c, tokens, n);
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
 		const bool last = l + 1 == hp->n_layer;

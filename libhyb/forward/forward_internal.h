@@ -61,6 +61,14 @@ struct hyb_ctx {
 	const uint32_t *cols;
 	uint32_t n_cols;
 	uint32_t *run_cols;  /* [n_seq] */
+	/*
+	 * A plan's sparse FFN over several sequences (forward.c plan_rows_ffn):
+	 * row t of the pass belongs to a one-token run (a decode step); need
+	 * [n_rows][n_groups] and ffn_xs [n_rows][n_embd] are its scratch
+	 */
+	uint8_t *row_one, *need;
+	float *ffn_xs;
+	float *ffn_prev;  /* [n_rows][n_embd]: each row's predictor state (sparse_layer.h) */
 	uint32_t *ones;      /* [n_rows] all 1 */
 	uint32_t *rows;      /* [n_rows] 0, 1, 2, ... (every row's logits) */
 	uint32_t *seg;       /* [3][2 * n_rows] scratch of matmul's segments */

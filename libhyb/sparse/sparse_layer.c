@@ -279,6 +279,13 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 			 const float *x_attn, const float *xn, float *y, char *err,
 			 size_t errlen)
 {
+	return hyb_ffn_sparse_layer_row(s, pool, l, x_attn, xn, y, s->prev, err, errlen);
+}
+
+int hyb_ffn_sparse_layer_row(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
+			     const float *x_attn, const float *xn, float *y, float *prev,
+			     char *err, size_t errlen)
+{
 	const struct hyb_model *m = s->m;
 	const uint32_t E = m->hp.n_embd;
 	struct hyb_sparse_ffn_stats ost;
@@ -299,9 +306,8 @@ int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, 
 		/* This layer's predictor input is the previous layer's attention
 		 * output; layer 0 has none before it and uses its own (hyb/profile.h). */
 		hyb_unit_rms(s->cur, x_attn, E);
-		n_active = hyb_ffn_sparse_predict(s, pool, l, l ? s->prev : s->cur, NULL,
-						  s->active);
-		memcpy(s->prev, s->cur, sizeof(float) * E);
+		n_active = hyb_ffn_sparse_predict(s, pool, l, l ? prev : s->cur, NULL, s->active);
+		memcpy(prev, s->cur, sizeof(float) * E);
 	}
 	t1 = now_s();
 	if (hyb_ffn_sparse_run(s, pool, l, xn, s->active, n_active, y, &ost, err, errlen))

@@ -37,6 +37,14 @@ void hyb_ffn_sparse_free(struct hyb_ffn_sparse *s);
 int hyb_ffn_sparse_layer(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
 			 const float *x_attn, const float *xn, float *y, char *err,
 			 size_t errlen);
+/*
+ * The same for one of several tokens decoded together, each with its own
+ * state between layers: prev[n_embd], what the cross-layer predictor of
+ * layer l + 1 reads (written at layer l).
+ */
+int hyb_ffn_sparse_layer_row(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, uint32_t l,
+			     const float *x_attn, const float *xn, float *y, float *prev,
+			     char *err, size_t errlen);
 
 void hyb_ffn_sparse_stats(const struct hyb_ffn_sparse *s, struct hyb_sparse_stats *out);
 /* The same for layer l alone (zeros past the last layer). */
