@@ -77,6 +77,13 @@ static const uint16_t sh_hbit[4][32] = {
 	SH(0, 1), SH(2, 3), SH(4, 5), SH(6, 7),
 #undef SH
 };
+/* Q3_K's high bits 2j, 2j+1 to bit 2: chunk 0 left by 2, 1; chunk j right by 2j - 2, 2j - 1 */
+static const uint16_t sh_hbit2[4][32] = {
+#define SH(a, b) { a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, \
+		   b, b, b, b, b, b, b, b, b, b, b, b, b, b, b, b }
+	SH(2, 1), SH(0, 1), SH(2, 3), SH(4, 5),
+#undef SH
+};
 /* IQ4_XS nibbles: per 128-bit lane low, high, low, high */
 static const uint16_t sh_iq4[32] = {
 	0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
@@ -145,7 +152,7 @@ AI void unpack_q2(const struct hyb_block_q2_k *b, struct xrow *o)
 
 AI void unpack_q3(const struct hyb_block_q3_k *b, struct xrow *o)
 {
-	const __m512i m3 = _mm512_set1_epi8(3), one = _mm512_set1_epi8(1);
+	const __m512i m3 = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
 	const __m512i hm = bcast256(b->hmask);
 	uint32_t a0, a1, a2;
 	const uint32_t k1 = 0x03030303, k2 = 0x0f0f0f0f;
@@ -166,10 +173,12 @@ AI void unpack_q3(const struct hyb_block_q3_k *b, struct xrow *o)
 	for (int j = 0; j < 4; j++) {
 		const __m512i lo = _mm512_and_si512(_mm512_srlv_epi16(bcast256(b->qs + 32 * (j / 2)),
 			_mm512_loadu_si512(sh_pairs[j % 2])), m3);
-		const __m512i hb = _mm512_and_si512(_mm512_srlv_epi16(hm,
-			_mm512_loadu_si512(sh_hbit[j])), one);
+		/* the high bit moved to bit 2 of its byte (left for chunk 0's bits 0, 1) */
+		const __m512i hb = j ? _mm512_srlv_epi16(hm, _mm512_loadu_si512(sh_hbit2[j])) :
+				       _mm512_sllv_epi16(hm, _mm512_loadu_si512(sh_hbit2[0]));
 
-		o->q[j] = _mm512_or_si512(lo, _mm512_slli_epi16(hb, 2));
+		/* lo | (hb & 4) */
+		o->q[j] = _mm512_ternarylogic_epi32(lo, hb, four, 0xF8);
 		o->s[j] = _mm512_permutexvar_epi16(_mm512_loadu_si512(scale16_idx[j]), sc);
 	}
 	o->d = _cvtsh_ss(b->d);
@@ -249,9 +258,13 @@ AI void unpack(const enum xt t, const uint8_t *blk, struct xrow *o)
 	}
 }
 
-/* the scaled integer dot of a row block and a Q8_K block, elements 0-127 and 128-255 */
+/*
+ * the scaled integer dot of a row block and a Q8_K block, elements 0-127 and
+ * 128-255; x4: Q3_K's 4 * x summed pair by pair per chunk (x4_of), the same
+ * for every row
+ */
 AI void xdot(const enum xt t, const struct xrow *w, const struct hyb_block_q8_k *xb,
-	     __m512i *lo, __m512i *hi)
+	     const __m512i *x4, __m512i *lo, __m512i *hi)
 {
 	__m512i acc[2] = { _mm512_setzero_si512(), _mm512_setzero_si512() };
 
@@ -263,12 +276,19 @@ AI void xdot(const enum xt t, const struct xrow *w, const struct hyb_block_q8_k 
 			x = _mm512_mask_sub_epi8(x, w->neg[j], _mm512_setzero_si512(), x);
 		p = _mm512_maddubs_epi16(w->q[j], x);
 		if (t == X_Q3) /* code - 4 per element: less 4 * x pair by pair */
-			p = _mm512_sub_epi16(p, _mm512_slli_epi16(
-				_mm512_maddubs_epi16(_mm512_set1_epi8(1), x), 2));
+			p = _mm512_sub_epi16(p, x4[j]);
 		acc[j / 2] = dot_ww(acc[j / 2], p, w->s[j]);
 	}
 	*lo = acc[0];
 	*hi = acc[1];
+}
+
+/* Q3_K: 4 * (x[2i] + x[2i+1]) per chunk of a Q8_K block (exact in int16) */
+AI void x4_of(const struct hyb_block_q8_k *xb, __m512i *x4)
+{
+	for (int j = 0; j < 4; j++)
+		_mm512_storeu_si512(&x4[j], _mm512_slli_epi16(_mm512_maddubs_epi16(
+			_mm512_set1_epi8(1), _mm512_loadu_si512(xb->qs + 64 * j)), 2));
 }
 
 static inline __m256i fold8(__m512i v)
@@ -337,9 +357,13 @@ AI void xtile(const enum xt t, const enum xm m, const int NC, int64_t nb,
 			fa[r][c] = fm[r][c] = 0.0f;
 		}
 	for (int64_t s = 0; s < nb; s++) {
+		__m512i x4[XC][4]; /* Q3_K's, once per column for the tile's rows */
+
 		for (int r = 0; r < XR; r++)
 			for (int l = 0; l < lines; l++)
 				_mm_prefetch((const char *)nx[r] + s * (int64_t)bsz + 64 * l, _MM_HINT_T1);
+		for (int c = 0; t == X_Q3 && c < NC; c++)
+			x4_of(xc[c] + s, x4[c]);
 #pragma GCC unroll 4
 		for (int r = 0; r < XR; r++) {
 			struct xrow w;
@@ -352,7 +376,7 @@ AI void xtile(const enum xt t, const enum xm m, const int NC, int64_t nb,
 				__m512i lo, hi;
 				__m256i mi = _mm256_setzero_si256();
 
-				xdot(t, &w, xb, &lo, &hi);
+				xdot(t, &w, xb, x4[c], &lo, &hi);
 				if (t == X_Q2 || t == X_Q5)
 					mi = xmins(t, &w, xb);
 				if (m == M_DOT) {
