@@ -218,7 +218,10 @@ AI void unpack_q5(const struct hyb_block_q5_k *b, struct xrow *o)
 AI void unpack_iq4(const struct hyb_block_iq4_xs *b, struct xrow *o)
 {
 	const __m512i m4 = _mm512_set1_epi8(0xF);
-	const __m512i kv = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl));
+	const __m128i kv128 = _mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl);
+	/* VNNI: the levels + 128 (vpdpbusd's unsigned side), the zero point in x4_of */
+	const __m512i kv = _mm512_broadcast_i32x4(HYB_VNNI ? _mm_xor_si128(kv128,
+						_mm_set1_epi8((char)0x80)) : kv128);
 	const __m512i sh = _mm512_loadu_si512(sh_iq4);
 	uint32_t sl;
 
@@ -230,8 +233,12 @@ AI void unpack_iq4(const struct hyb_block_iq4_xs *b, struct xrow *o)
 	const __m128i hi = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)b->scales_h),
 							_mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)),
 					 _mm_set1_epi16(3));
-	const __m512i sc = _mm512_broadcast_i32x4(_mm_sub_epi16(
-		_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32)));
+	const __m128i sw = _mm_sub_epi16(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi16(32));
+#if HYB_VNNI
+	const __m512i scd = _mm512_castsi256_si512(_mm256_cvtepi16_epi32(sw));
+#else
+	const __m512i sc = _mm512_broadcast_i32x4(sw);
+#endif
 
 	for (int j = 0; j < 4; j++) {
 		/* 128-bit lanes [A, A, B, B] of the 32 bytes A|B of sub-blocks 2j, 2j + 1 */
@@ -240,9 +247,17 @@ AI void unpack_iq4(const struct hyb_block_iq4_xs *b, struct xrow *o)
 			_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0)), sh), m4);
 		const __m512i val = _mm512_shuffle_epi8(kv, idx);
 
+#if HYB_VNNI
+		/* int32 lanes 0-7 sub-block 2j's scale, 8-15 sub-block 2j + 1's */
+		o->q[j] = val;
+		o->s[j] = _mm512_permutexvar_epi32(_mm512_add_epi32(
+			_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+			_mm512_set1_epi32(2 * j)), scd);
+#else
 		o->neg[j] = _mm512_movepi8_mask(val);
 		o->q[j] = _mm512_abs_epi8(val);
 		o->s[j] = _mm512_shuffle_epi8(sc, pick_pair(2 * j));
+#endif
 	}
 	o->d = _cvtsh_ss(b->d);
 	o->dmin = 0.0f;
@@ -272,6 +287,18 @@ AI void xdot(const enum xt t, const struct xrow *w, const struct hyb_block_q8_k 
 		__m512i x = _mm512_loadu_si512(xb->qs + 64 * j);
 		__m512i p;
 
+#if HYB_VNNI
+		if (t == X_IQ4) {
+			/*
+			 * levels + 128 times x in 4-element lanes, less 128 * their x
+			 * (x4), times the lane's scale: each lane's integer is the
+			 * sign trick's below, in fewer instructions
+			 */
+			acc[j / 2] = _mm512_add_epi32(acc[j / 2], _mm512_mullo_epi32(
+				_mm512_dpbusd_epi32(x4[j], w->q[j], x), w->s[j]));
+			continue;
+		}
+#endif
 		if (t == X_IQ4) /* x with the sign of the value (ggml's mul_add_epi8) */
 			x = _mm512_mask_sub_epi8(x, w->neg[j], _mm512_setzero_si512(), x);
 		p = _mm512_maddubs_epi16(w->q[j], x);
@@ -283,12 +310,26 @@ AI void xdot(const enum xt t, const struct xrow *w, const struct hyb_block_q8_k 
 	*hi = acc[1];
 }
 
-/* Q3_K: 4 * (x[2i] + x[2i+1]) per chunk of a Q8_K block (exact in int16) */
-AI void x4_of(const struct hyb_block_q8_k *xb, __m512i *x4)
+/*
+ * What every row of a tile takes from a Q8_K block, per chunk: Q3_K's
+ * 4 * (x[2i] + x[2i+1]) (exact in int16); IQ4_XS's (VNNI) -128 * the sum of
+ * each 4 x, the zero point of its levels + 128
+ */
+AI void x4_of(const enum xt t, const struct hyb_block_q8_k *xb, __m512i *x4)
 {
-	for (int j = 0; j < 4; j++)
-		_mm512_storeu_si512(&x4[j], _mm512_slli_epi16(_mm512_maddubs_epi16(
-			_mm512_set1_epi8(1), _mm512_loadu_si512(xb->qs + 64 * j)), 2));
+	for (int j = 0; j < 4; j++) {
+		const __m512i x = _mm512_loadu_si512(xb->qs + 64 * j);
+
+		if (t == X_Q3)
+			_mm512_storeu_si512(&x4[j], _mm512_slli_epi16(_mm512_maddubs_epi16(
+				_mm512_set1_epi8(1), x), 2));
+#if HYB_VNNI
+		else
+			_mm512_storeu_si512(&x4[j], _mm512_sub_epi32(_mm512_setzero_si512(),
+				_mm512_dpbusd_epi32(_mm512_setzero_si512(),
+						    _mm512_set1_epi8((char)0x80), x)));
+#endif
+	}
 }
 
 static inline __m256i fold8(__m512i v)
@@ -357,13 +398,13 @@ AI void xtile(const enum xt t, const enum xm m, const int NC, int64_t nb,
 			fa[r][c] = fm[r][c] = 0.0f;
 		}
 	for (int64_t s = 0; s < nb; s++) {
-		__m512i x4[XC][4]; /* Q3_K's, once per column for the tile's rows */
+		__m512i x4[XC][4]; /* Q3_K's and IQ4_XS's, once per column for the tile's rows */
 
 		for (int r = 0; r < XR; r++)
 			for (int l = 0; l < lines; l++)
 				_mm_prefetch((const char *)nx[r] + s * (int64_t)bsz + 64 * l, _MM_HINT_T1);
-		for (int c = 0; t == X_Q3 && c < NC; c++)
-			x4_of(xc[c] + s, x4[c]);
+		for (int c = 0; (t == X_Q3 || (HYB_VNNI && t == X_IQ4)) && c < NC; c++)
+			x4_of(t, xc[c] + s, x4[c]);
 #pragma GCC unroll 4
 		for (int r = 0; r < XR; r++) {
 			struct xrow w;
