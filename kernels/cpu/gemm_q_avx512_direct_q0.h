@@ -204,6 +204,15 @@ ALWAYS_INLINE void q0_tile(const int kd, const int NC, int64_t nb, const uint8_t
 	const int64_t nbv = two ? nb & ~(int64_t)1 : nb;
 	__m512 acc[2][DR / 2][DC], sm[DR / 2][DC];
 	float out[16], ms[16];
+	/*
+	 * Consecutive rows (not direct_run's streams): the next tile is one
+	 * run of memory, prefetched in address order at the rate this tile
+	 * reads (DR blocks a step), where the L2 streamer runs on ahead of it
+	 * (as q4g_quad's; measured on the decode GEMV, docs/PERFORMANCE.md).
+	 */
+	const ptrdiff_t rs = wr[1] - wr[0];
+	const int lin = nx[1] - nx[0] == rs && nx[DR - 1] - nx[0] == (DR - 1) * rs && NC == 1;
+	const uint8_t *pf = nx[0], *const pf_end = nx[0] + DR * rs;
 
 	for (int p = 0; p < DR / 2; p++)
 		for (int c = 0; c < NC; c++) {
@@ -213,8 +222,14 @@ ALWAYS_INLINE void q0_tile(const int kd, const int NC, int64_t nb, const uint8_t
 			sm[p][c] = _mm512_setzero_ps();
 		}
 	for (int64_t b = 0; b < nbv; b++) {
-		if ((b & 1) == 0)
+		if (lin) {
+			const uint8_t *to = nx[0] + (b + 1) * DR * (int64_t)bsz;
+
+			for (; pf < to && pf < pf_end; pf += 64)
+				_mm_prefetch((const char *)pf, PF_HINT);
+		} else if ((b & 1) == 0) {
 			prefetch_rows(nx, b * bsz, 1);
+		}
 #pragma GCC unroll 2
 		for (int p = 0; p < DR / 2; p++) {
 			const uint8_t *r0 = wr[2 * p], *r1 = wr[2 * p + 1];
