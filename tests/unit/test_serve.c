@@ -654,6 +654,156 @@ TEST(serve_prefill_in_pieces_keeps_streams_going)
 	free(want);
 }
 
+/* The "logprobs" object of a reply, as compact JSON (malloc'd); checks its shape. */
+static char *logprobs_of(const char *resp, int k, bool chat)
+{
+	json_error_t je;
+	json_t *j = json_loads(body_of(resp), 0, &je), *c, *lp;
+	char *out;
+
+	CHECK_MSG(j, "not JSON (%s): %.300s", je.text, body_of(resp));
+	c = json_array_get(json_object_get(j, "choices"), 0);
+	lp = json_object_get(c, "logprobs");
+	CHECK_MSG(json_is_object(lp), "no logprobs in %.300s", body_of(resp));
+	if (chat) {
+		json_t *content = json_object_get(lp, "content");
+
+		CHECK(json_array_size(content) > 0);
+		for (size_t i = 0; i < json_array_size(content); i++) {
+			json_t *t = json_array_get(content, i), *top = json_object_get(t, "top_logprobs");
+			const double v = json_number_value(json_object_get(t, "logprob"));
+
+			CHECK(v <= 0 && json_is_array(json_object_get(t, "bytes")));
+			CHECK_EQ_INT(json_array_size(top), k);
+			for (size_t q = 0; q < json_array_size(top); q++) {
+				const double w = json_number_value(
+					json_object_get(json_array_get(top, q), "logprob"));
+
+				/* best first; at temperature 0 the chosen token is the best */
+				CHECK(q || w == v);
+				CHECK(!q || w <= json_number_value(json_object_get(
+						     json_array_get(top, q - 1), "logprob")));
+			}
+		}
+	} else {
+		json_t *toks = json_object_get(lp, "tokens"), *lps = json_object_get(lp, "token_logprobs");
+		json_t *tops = json_object_get(lp, "top_logprobs");
+		const char *text = json_string_value(json_object_get(c, "text"));
+		size_t at = 0;
+
+		CHECK(json_array_size(toks) > 0 && json_array_size(lps) == json_array_size(toks) &&
+		      json_array_size(tops) == json_array_size(toks));
+		for (size_t i = 0; i < json_array_size(toks); i++) {
+			const char *t = json_string_value(json_array_get(toks, i));
+			const double v = json_number_value(json_array_get(lps, i));
+			double best = -1e30;
+			const char *key;
+			json_t *val;
+
+			/* the tokens spell the text */
+			CHECK_MSG(!strncmp(text + at, t, strlen(t)), "token %zu '%s' not at %zu of '%s'",
+				  i, t, at, text);
+			at += strlen(t);
+			CHECK(v <= 0 && json_object_size(json_array_get(tops, i)) <= (size_t)k);
+			json_object_foreach(json_array_get(tops, i), key, val)
+				best = json_number_value(val) > best ? json_number_value(val) : best;
+			CHECK_MSG(best == v, "token %zu: logprob %g, the best alternative %g", i, v, best);
+		}
+		CHECK_EQ_INT(at, strlen(text));
+	}
+	out = json_dumps(lp, JSON_COMPACT);
+	CHECK(out);
+	json_decref(j);
+	return out;
+}
+
+/*
+ * logprobs: the first token's against the numpy reference on the prompt's
+ * ids (the model's own distribution), the shape of both APIs', the same
+ * alone and among 4 at once (batch invariance), and the bad requests.
+ */
+TEST(serve_logprobs_match_the_oracle)
+{
+	static const char ids[] = "1,17,300,42,5,511,256,99,3,128";
+	char path[600], log[600], body[512], *resp, *alone, *chat;
+	struct srv s;
+
+	hyb_test_need_venv();
+	snprintf(path, sizeof(path), "%s/lp.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/lp.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s synth -o %s --hidden 256 --ffn 512 --layers 4 "
+				 "--heads 4 --vocab 512 --type F32 --chat-template chatml",
+				 hyb_test_hybctl(), path), 0);
+	srv_start(&s, path, "--parallel 4");
+	snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8, \"temperature\": 0, "
+		 "\"logprobs\": 5}", ids);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	alone = logprobs_of(resp, 5, false);
+	{
+		char reply[600];
+		FILE *f;
+
+		snprintf(reply, sizeof(reply), "%s/lp.json", hyb_test_tmpdir());
+		f = fopen(reply, "w");
+		CHECK(f);
+		fputs(body_of(resp), f);
+		fclose(f);
+		CHECK_EQ_INT(hyb_test_sh(log, ".venv/bin/python tests/serve/logprobs_check.py %s "
+					 "--tokens %s --reply %s -k 5", path, ids, reply), 0);
+		hyb_test_show_log(log);
+	}
+	free(resp);
+	/* four at once: each the same as alone */
+	{
+		int fd[4];
+
+		for (int i = 0; i < 4; i++)
+			fd[i] = request(s.port, "POST", "/v1/completions", NULL, body);
+		for (int i = 0; i < 4; i++) {
+			char *r = read_all(fd[i]), *lp;
+
+			CHECK_EQ_INT(status_of(r), 200);
+			lp = logprobs_of(r, 5, false);
+			CHECK_MSG(!strcmp(lp, alone), "batched logprobs differ from alone");
+			free(lp);
+			free(r);
+		}
+	}
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
+			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+			  "\"max_tokens\": 4, \"temperature\": 0, \"logprobs\": true, "
+			  "\"top_logprobs\": 3}", &resp), 200);
+	chat = logprobs_of(resp, 3, true);
+	free(resp);
+	/* refused: streamed, out of range, top_logprobs without logprobs or on completions */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"logprobs\": 2, \"stream\": true}", &resp), 400);
+	check_error_body(resp, "not streamed");
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"logprobs\": 21}", &resp), 400);
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"logprobs\": \"yes\"}", &resp), 400);
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
+			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+			  "\"top_logprobs\": 2}", &resp), 400);
+	check_error_body(resp, "needs 'logprobs': true");
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"top_logprobs\": 2}", &resp), 400);
+	free(resp);
+	/* without logprobs: null, as before */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"max_tokens\": 2}", &resp), 200);
+	CHECK(strstr(body_of(resp), "\"logprobs\":null"));
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	free(alone);
+	free(chat);
+}
+
 TEST(serve_client_disconnects)
 {
 	struct srv s;

@@ -87,6 +87,21 @@ enum serve_job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
  * it is queued or running) each hold a reference. Fields below "output" are
  * guarded by the queue's lock.
  */
+/*
+ * Log probabilities of a generated token under the model's distribution
+ * (the raw logits' softmax, before temperature and penalties): its own and
+ * the n_top most likely tokens', best first; off: where its text starts.
+ */
+#define SERVE_MAX_TOP 20
+struct serve_lp {
+	int32_t tok;
+	uint32_t off;
+	float lp;
+	int n_top;
+	int32_t top_tok[SERVE_MAX_TOP];
+	float top_lp[SERVE_MAX_TOP];
+};
+
 struct serve_job {
 	/* input, fixed once submitted */
 	int32_t *prompt;
@@ -95,12 +110,15 @@ struct serve_job {
 	char **stop;
 	size_t n_stop;
 	double t_arrival, deadline; /* hyb_now() seconds */
+	int logprobs;           /* -1: none; else alternatives per token (0..SERVE_MAX_TOP) */
 	/* output */
 	enum serve_job_state state;
 	struct sbuf text;       /* generated text, cut at a stop string */
 	size_t ready;           /* bytes of text that are final (may be sent) */
 	size_t stop_from;       /* stop strings were looked for up to here */
 	uint32_t n_gen;
+	struct serve_lp *lps;   /* logprobs >= 0: one per generated token */
+	uint32_t n_lps, cap_lps;
 	enum serve_finish finish;
 	enum serve_cancel cancel;
 	int error_status;       /* nonzero: the job failed; error holds why */
@@ -141,6 +159,7 @@ struct serve_slot {
 	struct serve_seq *act;    /* [n_seq], n_act running */
 	int n_act;
 	float *logits;            /* [n_seq][n_vocab] */
+	float *raw;               /* [n_vocab]: a row's logits before sampling (logprobs) */
 	struct hyb_seq_tokens *b; /* [n_seq] */
 	int *b_of;                /* [n_seq]: act[k]'s entry in b this step, -1: none */
 	/* under the queue's lock, for /metrics */
@@ -219,6 +238,8 @@ struct serve_job_view {
 	int error_status;
 	char error[256];
 	uint32_t n_gen;
+	struct serve_lp *lps;   /* from == 0 and logprobs asked: a copy (malloc'd) */
+	uint32_t n_lps;
 };
 /* 0, or -ENOMEM. */
 int serve_job_view(struct serve_queue *q, struct serve_job *j, size_t from,
@@ -256,6 +277,7 @@ struct serve_request {
 	bool seed_set;
 	char **stop;              /* NULL-terminated copies */
 	size_t n_stop;
+	int logprobs;             /* -1: not asked; else the alternatives per token */
 };
 /* Parse a request body; 0, or -1 with e filled. model_id: the name the server answers to. */
 int serve_json_parse(const char *body, size_t len, bool chat, const char *model_id,
@@ -269,9 +291,20 @@ struct serve_reply {
 	long long created;
 	uint32_t n_prompt;
 };
-/* A whole completion object (the reply not streamed); text is valid UTF-8. NULL: out of memory. */
+/* Logprobs of a reply: lps[0..n) whose text starts before text_len, pieces from tok. */
+struct serve_lps {
+	const struct serve_lp *lp;
+	uint32_t n;
+	int top;
+	const struct hyb_tokenizer *tok;
+	size_t text_len;
+};
+/*
+ * A whole completion object (the reply not streamed); text is valid UTF-8;
+ * lps NULL: "logprobs": null. NULL: out of memory.
+ */
 char *serve_json_completion(const struct serve_reply *r, const char *text, size_t len,
-			    enum serve_finish finish, uint32_t n_gen);
+			    enum serve_finish finish, uint32_t n_gen, const struct serve_lps *lps);
 /*
  * One streamed chunk: text (may be empty), or, with finish set, the last
  * chunk; role: the chat's first chunk (the assistant role). usage: a chunk

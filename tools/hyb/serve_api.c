@@ -242,6 +242,7 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 	struct serve_job_view v;
 	struct serve_out out = { 200, "application/json", NULL, 0, NULL };
 	struct serve_err e;
+	const int j_logprobs = j->logprobs;
 	char *clean;
 	size_t len;
 
@@ -259,14 +260,22 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 	}
 	serve_job_put(j);
 	if (v.error_status) {
+		free(v.lps);
 		free(v.text);
 		serve_err_set(&e, v.error_status, v.error_status == 504 ? "timeout_error" :
 			      "server_error", NULL, NULL, "%s", v.error);
 		return serve_http_error(sv, conn, route_of(rep->chat), &e);
 	}
 	clean = cli_utf8_clean(v.text ? v.text : "", v.len, &len);
+	{
+		/* the tokens whose text starts before the reply's end (a stop string cuts it) */
+		const struct serve_lps lps = { v.lps, v.n_lps, 0, sv->m->tok, v.len };
+
+		out.body = clean ? serve_json_completion(rep, clean, len, v.finish, v.n_gen,
+							 j_logprobs >= 0 ? &lps : NULL) : NULL;
+	}
+	free(v.lps);
 	free(v.text);
-	out.body = clean ? serve_json_completion(rep, clean, len, v.finish, v.n_gen) : NULL;
 	free(clean);
 	if (!out.body) {
 		serve_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
@@ -322,6 +331,7 @@ int serve_api_generate(struct serve *sv, struct MHD_Connection *conn, bool chat,
 		goto fail;
 	}
 	ids = NULL;
+	j->logprobs = r.logprobs;
 	r.stop = NULL;	/* the job has them */
 	r.n_stop = 0;
 	rc = serve_queue_submit(&sv->q, j);

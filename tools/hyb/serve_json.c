@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "hyb/chat.h"
+#include "hyb/tokenizer.h"
 #include "serve.h"
 
 /* OpenAI's limit on stop strings */
@@ -144,6 +145,43 @@ static int stop_field(json_t *root, struct serve_request *r, struct serve_err *e
 	return 0;
 }
 
+/*
+ * Completions: "logprobs": N, the N most likely alternatives per token (and
+ * the chosen token's own); chat: "logprobs": true, "top_logprobs": N.
+ * Only in replies that are not streamed.
+ */
+static int logprobs_field(json_t *root, bool chat, struct serve_request *r, struct serve_err *e)
+{
+	json_t *lp = field(root, "logprobs"), *top = field(root, "top_logprobs");
+	long long n = 0;
+
+	r->logprobs = -1;
+	if (chat) {
+		if (lp && !json_is_boolean(lp))
+			return bad(e, "logprobs", "'logprobs' must be true or false");
+		if (int_field(root, "top_logprobs", 0, SERVE_MAX_TOP, &n, e))
+			return -1;
+		if (top && !json_is_true(lp))
+			return bad(e, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+		if (json_is_true(lp))
+			r->logprobs = (int)n;
+	} else {
+		if (top)
+			return bad(e, "top_logprobs", "'top_logprobs' is for chat completions; "
+				   "here 'logprobs' takes the count");
+		if (lp && json_is_false(lp))
+			lp = NULL;
+		if (lp && int_field(root, "logprobs", 0, SERVE_MAX_TOP, &n, e))
+			return -1;
+		if (lp)
+			r->logprobs = (int)n;
+	}
+	if (r->logprobs >= 0 && r->stream)
+		return bad(e, "logprobs", "'logprobs' is given in replies that are not streamed "
+			   "(stream: false)");
+	return 0;
+}
+
 /* Fields OpenAI defines that hyb does not do: refused unless at their neutral value. */
 static int unsupported(json_t *root, struct serve_err *e)
 {
@@ -155,8 +193,6 @@ static int unsupported(json_t *root, struct serve_err *e)
 		return bad(e, "echo", "'echo' is not supported");
 	if ((v = field(root, "suffix")) && !(json_is_string(v) && !json_string_length(v)))
 		return bad(e, "suffix", "'suffix' is not supported");
-	if ((v = field(root, "logprobs")) && !json_is_false(v))
-		return bad(e, "logprobs", "'logprobs' is not supported");
 	if ((v = field(root, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1))
 		return bad(e, "best_of", "'best_of' must be 1");
 	if ((v = field(root, "tools")) && !(json_is_array(v) && !json_array_size(v)))
@@ -328,6 +364,7 @@ int serve_json_parse(const char *body, size_t len, bool chat, const char *model_
 	memset(r, 0, sizeof(*r));
 	r->chat = chat;
 	r->max_tokens = -1;
+	r->logprobs = -1;
 	/* OpenAI's defaults for its fields (temperature 1, top_p 1), hyb's for the others */
 	r->sp = hyb_sampler_defaults();
 	r->sp.temperature = 1.0f;
@@ -349,7 +386,8 @@ int serve_json_parse(const char *body, size_t len, bool chat, const char *model_
 					     "model", "the model '%s' does not exist; this server "
 					     "has '%s'", json_string_value(v), model_id);
 	}
-	if (unsupported(root, e) || sampling_fields(root, r, e) || stop_field(root, r, e))
+	if (unsupported(root, e) || sampling_fields(root, r, e) || stop_field(root, r, e) ||
+	    logprobs_field(root, chat, r, e))
 		return -1;
 	return chat ? messages_field(root, r, e) : prompt_field(root, r, e);
 }
@@ -387,18 +425,86 @@ static char *dump(json_t *j)
 	return s;
 }
 
-char *serve_json_completion(const struct serve_reply *r, const char *text, size_t len,
-			    enum serve_finish finish, uint32_t n_gen)
+/* a token's text as JSON (invalid UTF-8 as U+FFFD); its raw bytes into *bytes */
+static json_t *piece_json(const struct hyb_tokenizer *tok, int32_t id, json_t **bytes)
 {
-	json_t *choice;
+	char buf[256], *clean;
+	size_t len;
+	int n = hyb_token_to_piece(tok, id, buf, sizeof(buf));
+	json_t *s;
+
+	n = n < 0 ? 0 : n < (int)sizeof(buf) ? n : (int)sizeof(buf);
+	if (bytes) {
+		*bytes = json_array();
+		for (int i = 0; i < n; i++)
+			json_array_append_new(*bytes, json_integer((unsigned char)buf[i]));
+	}
+	clean = cli_utf8_clean(buf, (size_t)n, &len);
+	s = clean ? json_stringn(clean, len) : NULL;
+	free(clean);
+	return s;
+}
+
+/* OpenAI's logprobs object: completions' four arrays, or chat's content list */
+static json_t *logprobs_json(bool chat, const struct serve_lps *l)
+{
+	json_t *tokens = json_array(), *lps = json_array(), *tops = json_array();
+	json_t *offs = json_array(), *content = json_array();
+
+	for (uint32_t i = 0; i < l->n && l->lp[i].off < l->text_len; i++) {
+		const struct serve_lp *p = &l->lp[i];
+		json_t *bytes = NULL, *t = piece_json(l->tok, p->tok, chat ? &bytes : NULL);
+		json_t *top = chat ? json_array() : json_object();
+
+		for (int k = 0; k < p->n_top; k++) {
+			json_t *kb = NULL, *kt = piece_json(l->tok, p->top_tok[k], chat ? &kb : NULL);
+
+			if (chat)
+				json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", kt,
+								     "logprob", (double)p->top_lp[k],
+								     "bytes", kb));
+			else if (kt && !json_object_get(top, json_string_value(kt)))
+				/* pieces that print alike share a key: the likelier keeps it */
+				json_object_set_new(top, json_string_value(kt),
+						    json_real(p->top_lp[k]));
+			if (!chat)
+				json_decref(kt);
+		}
+		if (chat) {
+			json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token", t,
+								 "logprob", (double)p->lp, "bytes",
+								 bytes, "top_logprobs", top));
+		} else {
+			json_array_append_new(tokens, t);
+			json_array_append_new(lps, json_real(p->lp));
+			json_array_append_new(tops, top);
+			json_array_append_new(offs, json_integer(p->off));
+		}
+	}
+	if (chat) {
+		json_decref(tokens);
+		json_decref(lps);
+		json_decref(tops);
+		json_decref(offs);
+		return json_pack("{s:o}", "content", content);
+	}
+	json_decref(content);
+	return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+			 "top_logprobs", tops, "text_offset", offs);
+}
+
+char *serve_json_completion(const struct serve_reply *r, const char *text, size_t len,
+			    enum serve_finish finish, uint32_t n_gen, const struct serve_lps *lps)
+{
+	json_t *choice, *lp = lps ? logprobs_json(r->chat, lps) : json_null();
 
 	if (r->chat)
-		choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s?}", "index", 0, "message", "role",
-				   "assistant", "content", text, len, "logprobs", "finish_reason",
-				   finish_name(finish));
+		choice = json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s?}", "index", 0, "message", "role",
+				   "assistant", "content", text, len, "logprobs", lp,
+				   "finish_reason", finish_name(finish));
 	else
-		choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text, len,
-				   "logprobs", "finish_reason", finish_name(finish));
+		choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", 0, "text", text, len,
+				   "logprobs", lp, "finish_reason", finish_name(finish));
 	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", r->id, "object",
 			      r->chat ? "chat.completion" : "text_completion", "created",
 			      (json_int_t)r->created, "model", r->model, "choices", choice, "usage",

@@ -18,6 +18,7 @@
  * output: it is taken a few times per step, never while a pass computes.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ struct serve_job *serve_job_new(int32_t *prompt, uint32_t n_prompt, uint32_t max
 	j->n_stop = n_stop;
 	j->t_arrival = t_arrival;
 	j->deadline = t_arrival + timeout;
+	j->logprobs = -1;
 	pthread_cond_init(&j->cond, NULL);
 	atomic_init(&j->refs, 1);
 	return j;
@@ -56,6 +58,7 @@ void serve_job_put(struct serve_job *j)
 		return;
 	pthread_cond_destroy(&j->cond);
 	free(j->prompt);
+	free(j->lps);
 	for (size_t i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	free(j->stop);
@@ -193,14 +196,67 @@ int serve_job_view(struct serve_queue *q, struct serve_job *j, size_t from,
 	v->error_status = j->error_status;
 	memcpy(v->error, j->error, sizeof(v->error));
 	v->n_gen = j->n_gen;
+	if (!from && j->logprobs >= 0 && j->n_lps) {
+		v->lps = malloc(sizeof(*v->lps) * j->n_lps);
+		if (v->lps) {
+			memcpy(v->lps, j->lps, sizeof(*v->lps) * j->n_lps);
+			v->n_lps = j->n_lps;
+		} else {
+			rc = -ENOMEM;
+		}
+	}
 	pthread_mutex_unlock(&q->lock);
 	if (rc)
 		v->len = 0;
 	return rc;
 }
 
+/*
+ * The log probabilities of token under the raw logits (the model's own
+ * distribution, as OpenAI's logprobs), and the top most likely tokens', best
+ * first (ties: the lower id), into lp.
+ */
+static void logprobs_of(const float *raw, uint32_t V, int32_t token, int top,
+			struct serve_lp *lp)
+{
+	double sum = 0;
+	float mx = raw[0];
+
+	for (uint32_t i = 1; i < V; i++)
+		mx = raw[i] > mx ? raw[i] : mx;
+	for (uint32_t i = 0; i < V; i++)
+		sum += exp((double)raw[i] - mx);
+	const double lse = mx + log(sum);
+
+	lp->tok = token;
+	lp->lp = (float)(raw[token] - lse);
+	lp->n_top = 0;
+	for (uint32_t i = 0; top > 0 && i < V; i++) {
+		int at = lp->n_top;
+
+		/* insertion into the sorted top list; most tokens fail the first test */
+		if (at == top && !(raw[i] > lp->top_lp[top - 1]))
+			continue;
+		while (at > 0 && raw[i] > lp->top_lp[at - 1])
+			at--;
+		if (at >= top)
+			continue;
+		const int n = lp->n_top < top ? lp->n_top : top - 1;
+
+		memmove(&lp->top_lp[at + 1], &lp->top_lp[at], sizeof(float) * (size_t)(n - at));
+		memmove(&lp->top_tok[at + 1], &lp->top_tok[at], sizeof(int32_t) * (size_t)(n - at));
+		lp->top_lp[at] = raw[i];
+		lp->top_tok[at] = (int32_t)i;
+		if (lp->n_top < top)
+			lp->n_top++;
+	}
+	for (int k = 0; k < lp->n_top; k++)
+		lp->top_lp[k] = (float)(lp->top_lp[k] - lse);
+}
+
 /* A new token of a running job: the text so far, stop strings, cancellation. Stop: true. */
-static bool on_token(struct serve_queue *q, struct serve_seq *a, int32_t token)
+static bool on_token(struct serve_queue *q, struct serve_seq *a, int32_t token,
+		     const struct serve_lp *lp)
 {
 	struct serve_job *j = a->j;
 	char piece[256];
@@ -215,6 +271,24 @@ static bool on_token(struct serve_queue *q, struct serve_seq *a, int32_t token)
 		serve_metrics_ttft(q->mt, now - j->t_arrival);
 	}
 	j->n_gen++;
+	if (lp) {
+		if (j->n_lps == j->cap_lps) {
+			const uint32_t cap = j->cap_lps ? 2 * j->cap_lps : 64;
+			struct serve_lp *p = realloc(j->lps, sizeof(*p) * cap);
+
+			if (p) {
+				j->lps = p;
+				j->cap_lps = cap;
+			}
+		}
+		if (j->n_lps < j->cap_lps) {
+			j->lps[j->n_lps] = *lp;
+			j->lps[j->n_lps++].off = (uint32_t)j->text.len;
+		} else {
+			job_fail(j, 500, "out of memory for the log probabilities");
+			stop = true;
+		}
+	}
 	if (n > 0)
 		sb_add(&j->text, piece, n < (int)sizeof(piece) ? (size_t)n : sizeof(piece));
 	if (j->text.oom) {
@@ -370,6 +444,7 @@ static void step(struct serve_slot *sl)
 		struct serve_seq *a = &sl->act[k];
 		const int i = sl->b_of[k];
 		float *lg = sl->logits + (size_t)(i > 0 ? i : 0) * V;
+		struct serve_lp lp;
 		int32_t tok;
 
 		if (i < 0)
@@ -399,6 +474,8 @@ static void step(struct serve_slot *sl)
 			finish(sl, k);
 			continue;
 		}
+		if (a->j->logprobs >= 0) /* the sampler may change lg */
+			memcpy(sl->raw, lg, sizeof(float) * V);
 		tok = hyb_sampler_sample(a->s, lg);
 		if (tok < 0) {
 			fail(sl, k, "sampling failed");
@@ -410,7 +487,10 @@ static void step(struct serve_slot *sl)
 		}
 		hyb_sampler_accept(a->s, tok);
 		a->st.n_gen++;
-		if (on_token(q, a, tok) || a->st.n_gen >= a->j->max_tokens) {
+		if (a->j->logprobs >= 0)
+			logprobs_of(sl->raw, V, tok, a->j->logprobs, &lp);
+		if (on_token(q, a, tok, a->j->logprobs >= 0 ? &lp : NULL) ||
+		    a->st.n_gen >= a->j->max_tokens) {
 			finish(sl, k);
 			continue;
 		}
@@ -471,7 +551,8 @@ static int engine_new(struct serve_queue *q, struct serve_slot *sl, int n_seq,
 	sl->b = calloc((size_t)n_seq, sizeof(*sl->b));
 	sl->b_of = calloc((size_t)n_seq, sizeof(*sl->b_of));
 	sl->logits = malloc(sizeof(float) * q->m->hp.n_vocab * (size_t)n_seq);
-	if (!sl->act || !sl->b || !sl->b_of || !sl->logits)
+	sl->raw = malloc(sizeof(float) * q->m->hp.n_vocab);
+	if (!sl->act || !sl->b || !sl->b_of || !sl->logits || !sl->raw)
 		return -ENOMEM;
 	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
 	sl->hybrid = hyb_ctx_hybrid(sl->ctx);
@@ -592,6 +673,7 @@ void serve_queue_stop(struct serve_queue *q)
 		free(sl->b);
 		free(sl->b_of);
 		free(sl->logits);
+		free(sl->raw);
 	}
 	free(q->slots);
 	q->slots = NULL;
