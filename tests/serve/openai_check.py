@@ -11,8 +11,8 @@ port and gives the greedy texts `hyb run` printed for the same prompt:
 
 --run-out: `hyb run -p P -n N` stdout (the prompt, the text, a newline);
 --chat-out: `hyb run --chat -p P -n N` stdout (the reply, a newline).
-Checks completions, chat, both streamed, stop strings, seeds, usage and
-errors; --load sends REQUESTS greedy requests, CONCURRENCY at a time, and
+Checks completions, chat, both streamed, stop strings, seeds, log
+probabilities, usage and errors; --load sends REQUESTS greedy requests, CONCURRENCY at a time, and
 checks every answer. Prints one line per check; exits 1 on the first failure.
 """
 import argparse
@@ -158,6 +158,24 @@ def main():
                   extra_body={"top_k": 20, "min_p": 0.01, "repeat_penalty": 1.1})[0]
     check(t1 == t2, f"equal seeds, equal samples: {t1!r} vs {t2!r}")
     print("ok: seeded sampling repeats")
+
+    # log probabilities, as the client parses them
+    r = client.completions.create(model=model, prompt=a.prompt, max_tokens=4, temperature=0,
+                                  logprobs=2)
+    lp = r.choices[0].logprobs
+    check(lp is not None and len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs)
+          and "".join(lp.tokens) == r.choices[0].text and all(v <= 0 for v in lp.token_logprobs)
+          and all(max(t.values()) == v for t, v in zip(lp.top_logprobs, lp.token_logprobs)),
+          f"completion logprobs: {lp}")
+    r = client.chat.completions.create(model=model, messages=[{"role": "user",
+                                                               "content": a.prompt}],
+                                       max_tokens=4, temperature=0, logprobs=True,
+                                       top_logprobs=2)
+    lc = r.choices[0].logprobs.content
+    check(len(lc) == r.usage.completion_tokens and
+          all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob == t.logprob and
+              bytes(t.bytes) for t in lc), f"chat logprobs: {lc}")
+    print("ok: log probabilities")
 
     try:
         client.completions.create(model="no-such-model", prompt="x", max_tokens=1)
