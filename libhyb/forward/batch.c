@@ -128,10 +128,16 @@ static int check(const struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32
 int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_t n_b,
 		      float *logits)
 {
+	return hyb_ctx_eval_seqs_all(c, b, n_b, logits, NULL);
+}
+
+int hyb_ctx_eval_seqs_all(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_t n_b,
+			  float *logits, float *const *all)
+{
 	const uint32_t V = c->m->hp.n_vocab;
 	const unsigned int since = hyb_error_count();
 	struct hyb_fwd_run *runs = NULL;
-	uint32_t *done = NULL, *out = NULL, *row_of = NULL, *idx = NULL;
+	uint32_t *done = NULL, *out = NULL, *row_of = NULL, *idx = NULL, *at = NULL;
 	int32_t *tok = NULL;
 	float *lg = NULL;
 	char err[1024] = "";
@@ -139,16 +145,24 @@ int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_
 
 	if (rc)
 		return rc;
-	if (!c->kv)
-		return hyb_ctx_eval(c, b[0].tokens, b[0].n, logits, false);
+	if (!c->kv) {
+		if (!all || !all[0])
+			return hyb_ctx_eval(c, b[0].tokens, b[0].n, logits, false);
+		rc = hyb_ctx_eval(c, b[0].tokens, b[0].n, all[0], true);
+		if (!rc)
+			memcpy(logits, all[0] + (size_t)(b[0].n - 1) * V, sizeof(float) * V);
+		return rc;
+	}
 	runs = malloc(sizeof(*runs) * n_b);
 	done = calloc(n_b, sizeof(*done));
-	out = malloc(sizeof(*out) * n_b);
-	row_of = malloc(sizeof(*row_of) * n_b);
+	/* output rows: each entry's last token, or every token of an entry with all */
+	out = malloc(sizeof(*out) * c->n_rows);
+	row_of = malloc(sizeof(*row_of) * c->n_rows);
+	at = malloc(sizeof(*at) * c->n_rows);
 	idx = malloc(sizeof(*idx) * n_b);
 	tok = malloc(sizeof(*tok) * c->n_rows);
-	lg = malloc(sizeof(*lg) * V * n_b);
-	if (!runs || !done || !out || !row_of || !idx || !tok || !lg) {
+	lg = malloc(sizeof(*lg) * V * c->n_rows);
+	if (!runs || !done || !out || !row_of || !at || !idx || !tok || !lg) {
 		rc = hyb_error_set(-ENOMEM, "out of memory");
 		goto out;
 	}
@@ -170,10 +184,12 @@ int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_
 			memcpy(tok + n, b[i].tokens + done[i], sizeof(*tok) * piece);
 			c->run_cols[nr] = piece;
 			idx[nr] = i;
-			if (done[i] + piece == b[i].n) {
-				out[n_out] = n + piece - 1;
-				row_of[n_out++] = i;
-			}
+			for (uint32_t t = all && all[i] ? 0 : piece - 1; t < piece; t++)
+				if ((all && all[i]) || done[i] + piece == b[i].n) {
+					out[n_out] = n + t;
+					at[n_out] = done[i] + t;
+					row_of[n_out++] = i;
+				}
 			n += piece;
 			nr++;
 		}
@@ -195,8 +211,16 @@ int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_
 			hyb_kv_pages_advance(c->kv, b[idx[r]].seq, runs[r].n);
 			done[idx[r]] += runs[r].n;
 		}
-		for (uint32_t k = 0; k < n_out; k++)
-			memcpy(logits + (size_t)row_of[k] * V, lg + (size_t)k * V, sizeof(float) * V);
+		for (uint32_t k = 0; k < n_out; k++) {
+			const struct hyb_seq_tokens *e = &b[row_of[k]];
+
+			if (all && all[row_of[k]])
+				memcpy(all[row_of[k]] + (size_t)at[k] * V, lg + (size_t)k * V,
+				       sizeof(float) * V);
+			if (at[k] == e->n - 1)
+				memcpy(logits + (size_t)row_of[k] * V, lg + (size_t)k * V,
+				       sizeof(float) * V);
+		}
 	}
 out:
 	c->runs = NULL;
@@ -206,6 +230,7 @@ out:
 	free(done);
 	free(out);
 	free(row_of);
+	free(at);
 	free(idx);
 	free(tok);
 	free(lg);

@@ -296,6 +296,57 @@ TEST(batch_one_sequence_context)
 }
 
 /*
+ * Every token's logits of one entry (hyb_ctx_eval_seqs_all, a prompt's log
+ * probabilities): the rows of hyb_ctx_eval's all_logits for the sequence
+ * alone, across prompt pieces (n_batch 32, 75 tokens) and beside another
+ * sequence's token; the other entry's logits unchanged.
+ */
+TEST(batch_every_token_logits)
+{
+	struct hyb_model *m = hyb_model_load(synth("q8", "--type Q8_0"));
+	const uint32_t V = m ? m->hp.n_vocab : 0;
+	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 2, .n_batch = 32, .n_seq = 2 };
+	struct hyb_ctx_params p1 = { .n_ctx = 256, .n_threads = 2, .n_batch = 32 };
+	struct hyb_ctx *c, *one;
+	int32_t toks[80], other[3] = { 7, 8, 9 };
+	uint32_t n = prompt(2, V, toks);
+	float *all, *want, *lg, *lg1;
+
+	CHECK(m);
+	c = hyb_ctx_new(m, &p);
+	one = hyb_ctx_new(m, &p1);
+	CHECK(c && one);
+	all = malloc(sizeof(float) * V * n);
+	want = malloc(sizeof(float) * V * n);
+	lg = malloc(sizeof(float) * V * 2);
+	lg1 = malloc(sizeof(float) * V);
+	CHECK(all && want && lg && lg1);
+	CHECK_EQ_INT(hyb_ctx_eval(one, toks, n, want, true), 0);
+	{
+		const int a = hyb_ctx_seq_open(c, n), b = hyb_ctx_seq_open(c, 8);
+		struct hyb_seq_tokens bt[2] = { { b, other, 3 }, { a, toks, n } };
+		float *const rows[2] = { NULL, all };
+
+		CHECK(a >= 0 && b >= 0);
+		CHECK_EQ_INT(hyb_ctx_eval_seqs_all(c, bt, 2, lg, rows), 0);
+	}
+	CHECK_MSG(!memcmp(all, want, sizeof(float) * V * n), "every token's logits differ "
+		  "from the sequence alone");
+	CHECK(!memcmp(lg + V, want + (size_t)(n - 1) * V, sizeof(float) * V));
+	hyb_ctx_free(one);
+	one = hyb_ctx_new(m, &p1);
+	CHECK_EQ_INT(hyb_ctx_eval(one, other, 3, lg1, false), 0);
+	CHECK(!memcmp(lg, lg1, sizeof(float) * V));
+	free(all);
+	free(want);
+	free(lg);
+	free(lg1);
+	hyb_ctx_free(c);
+	hyb_ctx_free(one);
+	hyb_model_free(m);
+}
+
+/*
  * A plan (sparse FFNs) on the CPU: decode rows through the sparse operator,
  * prompt pieces dense, each row as its sequence alone: the same bits, on
  * one and on two threads.

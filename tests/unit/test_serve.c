@@ -753,6 +753,26 @@ TEST(serve_logprobs_match_the_oracle)
 		hyb_test_show_log(log);
 	}
 	free(resp);
+	/* echo: every prompt token's logprob against the reference (the first: null) */
+	snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 0, \"echo\": true, "
+		 "\"logprobs\": 1}", ids);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	{
+		char reply[600];
+		FILE *f;
+
+		snprintf(reply, sizeof(reply), "%s/echo.json", hyb_test_tmpdir());
+		f = fopen(reply, "w");
+		CHECK(f);
+		fputs(body_of(resp), f);
+		fclose(f);
+		CHECK_EQ_INT(hyb_test_sh(log, ".venv/bin/python tests/serve/logprobs_check.py %s "
+					 "--tokens %s --reply %s -k 1 --echo", path, ids, reply), 0);
+		hyb_test_show_log(log);
+	}
+	free(resp);
+	snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8, \"temperature\": 0, "
+		 "\"logprobs\": 5}", ids);
 	/* four at once: each the same as alone */
 	{
 		int fd[4];
@@ -775,7 +795,16 @@ TEST(serve_logprobs_match_the_oracle)
 			  "\"top_logprobs\": 3}", &resp), 200);
 	chat = logprobs_of(resp, 3, true);
 	free(resp);
-	/* refused: streamed, out of range, top_logprobs without logprobs or on completions */
+	/* refused: streamed, out of range, top_logprobs without logprobs or on completions,
+	 * echo in a chat or streamed */
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
+			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+			  "\"echo\": true}", &resp), 400);
+	check_error_body(resp, "for completions");
+	free(resp);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
+			  "{\"prompt\": \"hi\", \"echo\": true, \"stream\": true}", &resp), 400);
+	free(resp);
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
 			  "{\"prompt\": \"hi\", \"logprobs\": 2, \"stream\": true}", &resp), 400);
 	check_error_body(resp, "not streamed");

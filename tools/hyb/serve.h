@@ -91,6 +91,7 @@ enum serve_job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
  * Log probabilities of a generated token under the model's distribution
  * (the raw logits' softmax, before temperature and penalties): its own and
  * the n_top most likely tokens', best first; off: where its text starts.
+ * n_top -1: none (an echoed prompt's first token).
  */
 #define SERVE_MAX_TOP 20
 struct serve_lp {
@@ -111,6 +112,8 @@ struct serve_job {
 	size_t n_stop;
 	double t_arrival, deadline; /* hyb_now() seconds */
 	int logprobs;           /* -1: none; else alternatives per token (0..SERVE_MAX_TOP) */
+	bool echo;              /* the reply starts with the prompt (and its logprobs) */
+	struct serve_lp *plps;  /* echo and logprobs: one per prompt token, by the engine */
 	/* output */
 	enum serve_job_state state;
 	struct sbuf text;       /* generated text, cut at a stop string */
@@ -160,6 +163,7 @@ struct serve_slot {
 	int n_act;
 	float *logits;            /* [n_seq][n_vocab] */
 	float *raw;               /* [n_vocab]: a row's logits before sampling (logprobs) */
+	float **all;              /* [n_seq]: an echoed prompt piece's every row, or NULL */
 	struct hyb_seq_tokens *b; /* [n_seq] */
 	int *b_of;                /* [n_seq]: act[k]'s entry in b this step, -1: none */
 	/* under the queue's lock, for /metrics */
@@ -278,6 +282,7 @@ struct serve_request {
 	char **stop;              /* NULL-terminated copies */
 	size_t n_stop;
 	int logprobs;             /* -1: not asked; else the alternatives per token */
+	bool echo;                /* completions: the reply starts with the prompt */
 };
 /* Parse a request body; 0, or -1 with e filled. model_id: the name the server answers to. */
 int serve_json_parse(const char *body, size_t len, bool chat, const char *model_id,

@@ -236,6 +236,65 @@ static int start_stream(struct serve *sv, struct MHD_Connection *conn, struct se
 
 /* ---- a whole reply ---- */
 
+/* echo: the prompt's text and log probabilities before the reply's */
+struct echo {
+	char *text;
+	size_t len;
+	struct serve_lp *lps;
+	uint32_t n_lps;
+};
+
+static void echo_free(struct echo *ec)
+{
+	free(ec->text);
+	free(ec->lps);
+	memset(ec, 0, sizeof(*ec));
+}
+
+/* j done: its prompt's pieces, then v's text; prompt and reply logprobs with offsets. */
+static int echo_prompt(struct serve *sv, const struct serve_job *j,
+		       const struct serve_job_view *v, struct echo *ec)
+{
+	size_t cap = (size_t)j->n_prompt * 8 + v->len + 64;
+	char piece[256];
+
+	if (!j->echo)
+		return 0;
+	ec->text = malloc(cap);
+	if (j->plps)
+		ec->lps = malloc(sizeof(*ec->lps) * ((size_t)j->n_prompt + v->n_lps));
+	if (!ec->text || (j->plps && !ec->lps))
+		return -1;
+	for (uint32_t i = 0; i < j->n_prompt; i++) {
+		const int n = hyb_token_to_piece(sv->m->tok, j->prompt[i], piece, sizeof(piece));
+		const size_t k = n < 0 ? 0 : n < (int)sizeof(piece) ? (size_t)n : sizeof(piece);
+
+		if (ec->lps) {
+			ec->lps[i] = j->plps[i];
+			ec->lps[i].tok = j->prompt[i];
+			ec->lps[i].off = (uint32_t)ec->len;
+		}
+		if (ec->len + k + v->len + 1 > cap) {
+			char *t = realloc(ec->text, cap = 2 * (ec->len + k + v->len + 1));
+
+			if (!t)
+				return -1;
+			ec->text = t;
+		}
+		memcpy(ec->text + ec->len, piece, k);
+		ec->len += k;
+	}
+	for (uint32_t i = 0; ec->lps && i < v->n_lps; i++) {
+		ec->lps[j->n_prompt + i] = v->lps[i];
+		ec->lps[j->n_prompt + i].off += (uint32_t)ec->len;
+	}
+	ec->n_lps = ec->lps ? j->n_prompt + v->n_lps : 0;
+	if (v->len)
+		memcpy(ec->text + ec->len, v->text, v->len);
+	ec->len += v->len;
+	return 0;
+}
+
 static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct serve_job *j,
 			const struct serve_reply *rep)
 {
@@ -243,6 +302,7 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 	struct serve_out out = { 200, "application/json", NULL, 0, NULL };
 	struct serve_err e;
 	const int j_logprobs = j->logprobs;
+	struct echo ec = { 0 };
 	char *clean;
 	size_t len;
 
@@ -253,27 +313,34 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 			return MHD_NO; /* nobody to answer: the connection is closed */
 		}
 	}
-	if (serve_job_view(&sv->q, j, 0, &v)) {
+	if (serve_job_view(&sv->q, j, 0, &v) || echo_prompt(sv, j, &v, &ec)) {
+		free(v.lps);
+		free(v.text);
+		echo_free(&ec);
 		serve_job_put(j);
 		serve_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
 		return serve_http_error(sv, conn, route_of(rep->chat), &e);
 	}
 	serve_job_put(j);
 	if (v.error_status) {
+		echo_free(&ec);
 		free(v.lps);
 		free(v.text);
 		serve_err_set(&e, v.error_status, v.error_status == 504 ? "timeout_error" :
 			      "server_error", NULL, NULL, "%s", v.error);
 		return serve_http_error(sv, conn, route_of(rep->chat), &e);
 	}
-	clean = cli_utf8_clean(v.text ? v.text : "", v.len, &len);
+	clean = ec.text ? cli_utf8_clean(ec.text, ec.len, &len) :
+			  cli_utf8_clean(v.text ? v.text : "", v.len, &len);
 	{
 		/* the tokens whose text starts before the reply's end (a stop string cuts it) */
-		const struct serve_lps lps = { v.lps, v.n_lps, 0, sv->m->tok, v.len };
+		const struct serve_lps lps = { ec.text ? ec.lps : v.lps, ec.text ? ec.n_lps : v.n_lps,
+					       0, sv->m->tok, ec.text ? ec.len : v.len };
 
 		out.body = clean ? serve_json_completion(rep, clean, len, v.finish, v.n_gen,
 							 j_logprobs >= 0 ? &lps : NULL) : NULL;
 	}
+	echo_free(&ec);
 	free(v.lps);
 	free(v.text);
 	free(clean);
@@ -332,6 +399,16 @@ int serve_api_generate(struct serve *sv, struct MHD_Connection *conn, bool chat,
 	}
 	ids = NULL;
 	j->logprobs = r.logprobs;
+	j->echo = r.echo;
+	if (r.echo && r.logprobs >= 0) {
+		j->plps = calloc(n_prompt, sizeof(*j->plps));
+		if (!j->plps) {
+			serve_job_put(j);
+			serve_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+			goto fail;
+		}
+		j->plps[0] = (struct serve_lp){ .tok = j->prompt[0], .n_top = -1 };
+	}
 	r.stop = NULL;	/* the job has them */
 	r.n_stop = 0;
 	rc = serve_queue_submit(&sv->q, j);

@@ -179,6 +179,15 @@ static int logprobs_field(json_t *root, bool chat, struct serve_request *r, stru
 	if (r->logprobs >= 0 && r->stream)
 		return bad(e, "logprobs", "'logprobs' is given in replies that are not streamed "
 			   "(stream: false)");
+	lp = field(root, "echo");
+	if (lp && !json_is_boolean(lp))
+		return bad(e, "echo", "'echo' must be true or false");
+	r->echo = json_is_true(lp);
+	if (r->echo && chat)
+		return bad(e, "echo", "'echo' is for completions");
+	if (r->echo && r->stream)
+		return bad(e, "echo", "'echo' is given in replies that are not streamed "
+			   "(stream: false)");
 	return 0;
 }
 
@@ -189,8 +198,6 @@ static int unsupported(json_t *root, struct serve_err *e)
 
 	if ((v = field(root, "n")) && !(json_is_integer(v) && json_integer_value(v) == 1))
 		return bad(e, "n", "'n' must be 1: one choice per request");
-	if ((v = field(root, "echo")) && !json_is_false(v))
-		return bad(e, "echo", "'echo' is not supported");
 	if ((v = field(root, "suffix")) && !(json_is_string(v) && !json_string_length(v)))
 		return bad(e, "suffix", "'suffix' is not supported");
 	if ((v = field(root, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1))
@@ -456,6 +463,14 @@ static json_t *logprobs_json(bool chat, const struct serve_lps *l)
 		json_t *bytes = NULL, *t = piece_json(l->tok, p->tok, chat ? &bytes : NULL);
 		json_t *top = chat ? json_array() : json_object();
 
+		if (p->n_top < 0) { /* an echoed prompt's first token: nothing before it */
+			json_decref(top);
+			json_array_append_new(tokens, t);
+			json_array_append_new(lps, json_null());
+			json_array_append_new(tops, json_null());
+			json_array_append_new(offs, json_integer(p->off));
+			continue;
+		}
 		for (int k = 0; k < p->n_top; k++) {
 			json_t *kb = NULL, *kt = piece_json(l->tok, p->top_tok[k], chat ? &kb : NULL);
 

@@ -59,6 +59,7 @@ void serve_job_put(struct serve_job *j)
 	pthread_cond_destroy(&j->cond);
 	free(j->prompt);
 	free(j->lps);
+	free(j->plps);
 	for (size_t i = 0; i < j->n_stop; i++)
 		free(j->stop[i]);
 	free(j->stop);
@@ -426,12 +427,17 @@ static void step(struct serve_slot *sl)
 			if (!a->fed)
 				a->t_prompt0 = now;
 			sl->b[nb] = (struct hyb_seq_tokens){ a->seq, a->j->prompt + a->fed, n };
+			/* an echoed prompt's log probabilities: every row's logits */
+			if (a->j->plps && !(sl->all[nb] = malloc(sizeof(float) * V * n))) {
+				fail(sl, k, "out of memory for the prompt's log probabilities");
+				continue;
+			}
 		}
 		sl->b_of[k++] = nb++;
 	}
 	if (!nb)
 		return;
-	rc = hyb_ctx_eval_seqs(sl->ctx, sl->b, (uint32_t)nb, sl->logits);
+	rc = hyb_ctx_eval_seqs_all(sl->ctx, sl->b, (uint32_t)nb, sl->logits, sl->all);
 	now = hyb_now();
 	pthread_mutex_lock(&q->lock);
 	sl->last_batch = nb;
@@ -458,6 +464,12 @@ static void step(struct serve_slot *sl)
 			continue;
 		}
 		if (!a->started) {
+			/* row r of the piece predicts prompt token fed + r + 1 */
+			for (uint32_t r = 0; sl->all[i] && r < sl->b[i].n; r++)
+				if (a->fed + r + 1 < a->j->n_prompt)
+					logprobs_of(sl->all[i] + (size_t)r * V, V,
+						    a->j->prompt[a->fed + r + 1], a->j->logprobs,
+						    &a->j->plps[a->fed + r + 1]);
 			a->fed += sl->b[i].n;
 			if (a->fed < a->j->n_prompt)
 				continue; /* more pieces to go: these logits are not the prompt's */
@@ -495,6 +507,10 @@ static void step(struct serve_slot *sl)
 			continue;
 		}
 		a->next = tok;
+	}
+	for (int i = 0; i < nb; i++) {
+		free(sl->all[i]);
+		sl->all[i] = NULL;
 	}
 }
 
@@ -552,7 +568,8 @@ static int engine_new(struct serve_queue *q, struct serve_slot *sl, int n_seq,
 	sl->b_of = calloc((size_t)n_seq, sizeof(*sl->b_of));
 	sl->logits = malloc(sizeof(float) * q->m->hp.n_vocab * (size_t)n_seq);
 	sl->raw = malloc(sizeof(float) * q->m->hp.n_vocab);
-	if (!sl->act || !sl->b || !sl->b_of || !sl->logits || !sl->raw)
+	sl->all = calloc((size_t)n_seq, sizeof(*sl->all));
+	if (!sl->act || !sl->b || !sl->b_of || !sl->logits || !sl->raw || !sl->all)
 		return -ENOMEM;
 	hyb_ctx_kv_stats(sl->ctx, &sl->kv);
 	sl->hybrid = hyb_ctx_hybrid(sl->ctx);
@@ -674,6 +691,7 @@ void serve_queue_stop(struct serve_queue *q)
 		free(sl->b_of);
 		free(sl->logits);
 		free(sl->raw);
+		free(sl->all);
 	}
 	free(q->slots);
 	q->slots = NULL;

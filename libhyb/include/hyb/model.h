@@ -400,6 +400,15 @@ struct hyb_seq_tokens {
  */
 int hyb_ctx_eval_seqs(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_t n_b,
 		      float *logits);
+/*
+ * The same, and all[i] (when all and all[i] are not NULL): b[i].n rows of
+ * n_vocab, every token's logits (a prompt's log probabilities). Those rows
+ * go through the last layer too, so with F16, BF16 or K-quant weights the
+ * last bits of that entry's logits may differ from a call without them;
+ * the 32-element block types give the same bits.
+ */
+int hyb_ctx_eval_seqs_all(struct hyb_ctx *c, const struct hyb_seq_tokens *b, uint32_t n_b,
+			  float *logits, float *const *all);
 
 struct hyb_kv_stats {
 	uint32_t block_pos;  /* positions per block */
