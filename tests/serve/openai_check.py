@@ -175,7 +175,13 @@ def main():
     check(len(lc) == r.usage.completion_tokens and
           all(len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob == t.logprob and
               bytes(t.bytes) for t in lc), f"chat logprobs: {lc}")
-    print("ok: log probabilities")
+    streamed = []
+    for ch in client.completions.create(model=model, prompt=a.prompt, max_tokens=4,
+                                        temperature=0, logprobs=2, stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            streamed += ch.choices[0].logprobs.token_logprobs
+    check(streamed == lp.token_logprobs, f"streamed logprobs {streamed} vs {lp.token_logprobs}")
+    print("ok: log probabilities, plain and streamed")
 
     try:
         client.completions.create(model="no-such-model", prompt="x", max_tokens=1)

@@ -718,9 +718,10 @@ static char *logprobs_of(const char *resp, int k, bool chat)
 }
 
 /*
- * logprobs: the first token's against the numpy reference on the prompt's
- * ids (the model's own distribution), the shape of both APIs', the same
- * alone and among 4 at once (batch invariance), and the bad requests.
+ * logprobs: the first token's and an echoed prompt's against the numpy
+ * reference on the prompt's ids (the model's own distribution), the shape
+ * of both APIs', the same alone, among 4 at once (batch invariance) and
+ * streamed, and the bad requests.
  */
 TEST(serve_logprobs_match_the_oracle)
 {
@@ -795,8 +796,8 @@ TEST(serve_logprobs_match_the_oracle)
 			  "\"top_logprobs\": 3}", &resp), 200);
 	chat = logprobs_of(resp, 3, true);
 	free(resp);
-	/* refused: streamed, out of range, top_logprobs without logprobs or on completions,
-	 * echo in a chat or streamed */
+	/* refused: out of range, top_logprobs without logprobs or on completions, echo in a
+	 * chat or streamed */
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
 			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
 			  "\"echo\": true}", &resp), 400);
@@ -805,10 +806,45 @@ TEST(serve_logprobs_match_the_oracle)
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
 			  "{\"prompt\": \"hi\", \"echo\": true, \"stream\": true}", &resp), 400);
 	free(resp);
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
-			  "{\"prompt\": \"hi\", \"logprobs\": 2, \"stream\": true}", &resp), 400);
-	check_error_body(resp, "not streamed");
-	free(resp);
+	/* streamed: each chunk carries its tokens' logprobs, together the reply's */
+	{
+		char sbody[512], *r, *want = NULL;
+		json_t *lps = json_array();
+		json_error_t je;
+		json_t *aj = json_loads(alone, 0, &je);
+
+		snprintf(sbody, sizeof(sbody), "{\"prompt\": [%s], \"max_tokens\": 8, "
+			 "\"temperature\": 0, \"logprobs\": 5, \"stream\": true}", ids);
+		r = read_all(request(s.port, "POST", "/v1/completions", NULL, sbody));
+		CHECK_EQ_INT(status_of(r), 200);
+		for (char *p = strstr(r, "data: {"); p; p = strstr(p + 1, "data: {")) {
+			char *end = strstr(p, "\n\n");
+			json_t *ev, *l;
+			size_t i;
+			json_t *x;
+
+			CHECK(end);
+			ev = json_loadb(p + 6, (size_t)(end - p - 6), 0, &je);
+			CHECK_MSG(ev, "event not JSON: %.200s", p);
+			l = json_object_get(json_array_get(json_object_get(ev, "choices"), 0),
+					    "logprobs");
+			json_array_foreach(json_object_get(l, "token_logprobs"), i, x)
+				json_array_append(lps, x);
+			json_decref(ev);
+		}
+		want = json_dumps(json_object_get(aj, "token_logprobs"), JSON_COMPACT);
+		{
+			char *got = json_dumps(lps, JSON_COMPACT);
+
+			CHECK_MSG(got && want && !strcmp(got, want), "streamed logprobs %s, "
+				  "not streamed %s", got, want);
+			free(got);
+		}
+		free(want);
+		json_decref(lps);
+		json_decref(aj);
+		free(r);
+	}
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
 			  "{\"prompt\": \"hi\", \"logprobs\": 21}", &resp), 400);
 	free(resp);

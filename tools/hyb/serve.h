@@ -242,7 +242,7 @@ struct serve_job_view {
 	int error_status;
 	char error[256];
 	uint32_t n_gen;
-	struct serve_lp *lps;   /* from == 0 and logprobs asked: a copy (malloc'd) */
+	struct serve_lp *lps;   /* logprobs asked: the tokens in text[from..ready) (malloc'd) */
 	uint32_t n_lps;
 };
 /* 0, or -ENOMEM. */
@@ -316,7 +316,7 @@ char *serve_json_completion(const struct serve_reply *r, const char *text, size_
  * with no choices and the usage (stream_options.include_usage).
  */
 char *serve_json_chunk(const struct serve_reply *r, const char *text, size_t len, bool role,
-		       enum serve_finish finish);
+		       enum serve_finish finish, const struct serve_lps *lps);
 char *serve_json_usage_chunk(const struct serve_reply *r, uint32_t n_gen);
 char *serve_json_models(const char *model_id, long long created, uint32_t n_ctx);
 

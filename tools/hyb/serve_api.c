@@ -119,7 +119,7 @@ static bool next_events(struct stream *s)
 	char *clean;
 
 	if (s->phase == ST_ROLE) {
-		event(s, serve_json_chunk(&s->rep, "", 0, true, FINISH_NONE));
+		event(s, serve_json_chunk(&s->rep, "", 0, true, FINISH_NONE, NULL));
 		s->phase = ST_BODY;
 		return true;
 	}
@@ -131,16 +131,22 @@ static bool next_events(struct stream *s)
 		if (v.len) {
 			size_t len;
 
+			/* logprobs: the tokens whose text this chunk carries */
+			const struct serve_lps lps = { v.lps, v.n_lps, 0, s->sv->m->tok, SIZE_MAX };
+
 			clean = cli_utf8_clean(v.text, v.len, &len);
 			s->sent += v.len;
 			free(v.text);
 			if (!clean) {
+				free(v.lps);
 				s->out.oom = true;
 				return true;
 			}
-			event(s, serve_json_chunk(&s->rep, clean, len, false, FINISH_NONE));
+			event(s, serve_json_chunk(&s->rep, clean, len, false, FINISH_NONE,
+						  s->j->logprobs >= 0 ? &lps : NULL));
 			free(clean);
 		}
+		free(v.lps);
 		if (v.done) {
 			if (v.error_status) {
 				struct serve_err e;
@@ -150,7 +156,7 @@ static bool next_events(struct stream *s)
 					      v.error);
 				event(s, serve_json_error(&e));
 			} else {
-				event(s, serve_json_chunk(&s->rep, "", 0, false, v.finish));
+				event(s, serve_json_chunk(&s->rep, "", 0, false, v.finish, NULL));
 				if (s->include_usage)
 					event(s, serve_json_usage_chunk(&s->rep, v.n_gen));
 				sb_add(&s->out, "data: [DONE]\n\n", 14);

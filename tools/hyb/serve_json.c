@@ -176,9 +176,6 @@ static int logprobs_field(json_t *root, bool chat, struct serve_request *r, stru
 		if (lp)
 			r->logprobs = (int)n;
 	}
-	if (r->logprobs >= 0 && r->stream)
-		return bad(e, "logprobs", "'logprobs' is given in replies that are not streamed "
-			   "(stream: false)");
 	lp = field(root, "echo");
 	if (lp && !json_is_boolean(lp))
 		return bad(e, "echo", "'echo' must be true or false");
@@ -527,20 +524,20 @@ char *serve_json_completion(const struct serve_reply *r, const char *text, size_
 }
 
 char *serve_json_chunk(const struct serve_reply *r, const char *text, size_t len, bool role,
-		       enum serve_finish finish)
+		       enum serve_finish finish, const struct serve_lps *lps)
 {
-	json_t *choice;
+	json_t *choice, *lp = lps ? logprobs_json(r->chat, lps) : json_null();
 
 	if (r->chat) {
 		json_t *delta = finish ? json_object() :
 			role ? json_pack("{s:s, s:s}", "role", "assistant", "content", "") :
 			       json_pack("{s:s%}", "content", text, len);
 
-		choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "delta", delta, "logprobs",
-				   "finish_reason", finish_name(finish));
+		choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta, "logprobs",
+				   lp, "finish_reason", finish_name(finish));
 	} else {
-		choice = json_pack("{s:i, s:s%, s:n, s:s?}", "index", 0, "text", text, len,
-				   "logprobs", "finish_reason", finish_name(finish));
+		choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", 0, "text", text, len,
+				   "logprobs", lp, "finish_reason", finish_name(finish));
 	}
 	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", r->id, "object",
 			      r->chat ? "chat.completion.chunk" : "text_completion", "created",

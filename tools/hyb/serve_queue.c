@@ -197,12 +197,19 @@ int serve_job_view(struct serve_queue *q, struct serve_job *j, size_t from,
 	v->error_status = j->error_status;
 	memcpy(v->error, j->error, sizeof(v->error));
 	v->n_gen = j->n_gen;
-	if (!from && j->logprobs >= 0 && j->n_lps) {
-		v->lps = malloc(sizeof(*v->lps) * j->n_lps);
+	if (j->logprobs >= 0 && j->n_lps) {
+		/* the tokens whose text starts in text[from..ready) */
+		uint32_t a = 0, b;
+
+		while (a < j->n_lps && j->lps[a].off < from)
+			a++;
+		for (b = a; b < j->n_lps && j->lps[b].off < j->ready; b++)
+			;
+		v->lps = b > a ? malloc(sizeof(*v->lps) * (b - a)) : NULL;
 		if (v->lps) {
-			memcpy(v->lps, j->lps, sizeof(*v->lps) * j->n_lps);
-			v->n_lps = j->n_lps;
-		} else {
+			memcpy(v->lps, j->lps + a, sizeof(*v->lps) * (b - a));
+			v->n_lps = b - a;
+		} else if (b > a) {
 			rc = -ENOMEM;
 		}
 	}
