@@ -53,15 +53,7 @@ enum xm { M_DOT, M_TILED, M_GEMV, M_GEMM };
 
 static const size_t xt_bytes[] = { 84, 110, 176, 136 };
 
-/* acc += a.lo*b.lo + a.hi*b.hi over int16 pairs */
-AI __m512i dot_ww(__m512i acc, __m512i a, __m512i b)
-{
-#if HYB_VNNI
-	return _mm512_dpwssd_epi32(acc, a, b);
-#else
-	return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-#endif
-}
+#include "avx512_dots.h"
 
 /* per-word shift counts: words 0-15 (elements 0-31 of a 64) by a, words 16-31 by b */
 static const uint16_t sh_pairs[5][32] = {
@@ -596,17 +588,6 @@ AI __m512i red128(__m512i a, __m512i b)
 	return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, 0x88), _mm512_shuffle_i32x4(a, b, 0xDD));
 }
 
-/* acc += 4-byte dots of unsigned u and signed s per int32 lane */
-AI __m512i dot_ub(__m512i acc, __m512i u, __m512i s)
-{
-#if HYB_VNNI
-	return _mm512_dpbusd_epi32(acc, u, s);
-#else
-	/* pair sums of codes <= 3 stay far below int16's range */
-	return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
-							_mm512_set1_epi16(1)));
-#endif
-}
 
 /* chunk c, lane l: code dword 8 (l / 8) + 4 (l % 2) + c, shifted by 2 ((l % 8) / 2) */
 static const int32_t q2g_shift[16] = { 0, 0, 2, 2, 4, 4, 6, 6, 0, 0, 2, 2, 4, 4, 6, 6 };
@@ -668,7 +649,8 @@ AI void q2g_row(const int gf, const uint8_t *p, const struct q2g_x *xq, __m256i 
 		const __m512i q = _mm512_permutexvar_epi32(_mm512_add_epi32(src, _mm512_set1_epi32(c)),
 							   qs);
 
-		acc = dot_ub(acc, gf ? gf_bits(q, gm) : _mm512_and_si512(_mm512_srlv_epi32(q, sh), m3),
+		/* codes <= 3: the pair sums stay far below int16's range */
+		acc = dot_us(acc, gf ? gf_bits(q, gm) : _mm512_and_si512(_mm512_srlv_epi32(q, sh), m3),
 			     xq->q[c]);
 	}
 	*isum = dot_ww(_mm512_setzero_si512(), acc, _mm512_cvtepu8_epi32(_mm_and_si128(raw, m4)));

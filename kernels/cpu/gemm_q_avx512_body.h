@@ -80,26 +80,7 @@ static inline int32_t ld32(const void *p)
 	return v;
 }
 
-/* acc += dot4(u, s) per 32-bit lane; u unsigned (<= 127 without VNNI), s signed */
-ALWAYS_INLINE __m512i dot_us(__m512i acc, __m512i u, __m512i s)
-{
-#if HYB_VNNI
-	return _mm512_dpbusd_epi32(acc, u, s);
-#else
-	return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
-							_mm512_set1_epi16(1)));
-#endif
-}
-
-/* acc += a.lo*b.lo + a.hi*b.hi over int16 pairs */
-ALWAYS_INLINE __m512i dot_ww(__m512i acc, __m512i a, __m512i b)
-{
-#if HYB_VNNI
-	return _mm512_dpwssd_epi32(acc, a, b);
-#else
-	return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
-#endif
-}
+#include "avx512_dots.h"
 
 static inline int64_t min64(int64_t a, int64_t b)
 {

@@ -717,6 +717,24 @@ static char *logprobs_of(const char *resp, int k, bool chat)
 	return out;
 }
 
+/* A reply's logprobs against the numpy reference (tests/serve/logprobs_check.py ARGS). */
+static void oracle_logprobs(const char *model, const char *ids, const char *resp,
+			    const char *args)
+{
+	char reply[600], log[600];
+	FILE *f;
+
+	snprintf(reply, sizeof(reply), "%s/lp.json", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/lp-check.log", hyb_test_tmpdir());
+	f = fopen(reply, "w");
+	CHECK(f);
+	fputs(body_of(resp), f);
+	fclose(f);
+	CHECK_EQ_INT(hyb_test_sh(log, ".venv/bin/python tests/serve/logprobs_check.py %s "
+				 "--tokens %s --reply %s %s", model, ids, reply, args), 0);
+	hyb_test_show_log(log);
+}
+
 /*
  * logprobs: the first token's and an echoed prompt's against the numpy
  * reference on the prompt's ids (the model's own distribution), the shape
@@ -740,37 +758,13 @@ TEST(serve_logprobs_match_the_oracle)
 		 "\"logprobs\": 5}", ids);
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
 	alone = logprobs_of(resp, 5, false);
-	{
-		char reply[600];
-		FILE *f;
-
-		snprintf(reply, sizeof(reply), "%s/lp.json", hyb_test_tmpdir());
-		f = fopen(reply, "w");
-		CHECK(f);
-		fputs(body_of(resp), f);
-		fclose(f);
-		CHECK_EQ_INT(hyb_test_sh(log, ".venv/bin/python tests/serve/logprobs_check.py %s "
-					 "--tokens %s --reply %s -k 5", path, ids, reply), 0);
-		hyb_test_show_log(log);
-	}
+	oracle_logprobs(path, ids, resp, "-k 5");
 	free(resp);
 	/* echo: every prompt token's logprob against the reference (the first: null) */
 	snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 0, \"echo\": true, "
 		 "\"logprobs\": 1}", ids);
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
-	{
-		char reply[600];
-		FILE *f;
-
-		snprintf(reply, sizeof(reply), "%s/echo.json", hyb_test_tmpdir());
-		f = fopen(reply, "w");
-		CHECK(f);
-		fputs(body_of(resp), f);
-		fclose(f);
-		CHECK_EQ_INT(hyb_test_sh(log, ".venv/bin/python tests/serve/logprobs_check.py %s "
-					 "--tokens %s --reply %s -k 1 --echo", path, ids, reply), 0);
-		hyb_test_show_log(log);
-	}
+	oracle_logprobs(path, ids, resp, "-k 1 --echo");
 	free(resp);
 	snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8, \"temperature\": 0, "
 		 "\"logprobs\": 5}", ids);
@@ -795,16 +789,6 @@ TEST(serve_logprobs_match_the_oracle)
 			  "\"max_tokens\": 4, \"temperature\": 0, \"logprobs\": true, "
 			  "\"top_logprobs\": 3}", &resp), 200);
 	chat = logprobs_of(resp, 3, true);
-	free(resp);
-	/* refused: out of range, top_logprobs without logprobs or on completions, echo in a
-	 * chat or streamed */
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
-			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-			  "\"echo\": true}", &resp), 400);
-	check_error_body(resp, "for completions");
-	free(resp);
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
-			  "{\"prompt\": \"hi\", \"echo\": true, \"stream\": true}", &resp), 400);
 	free(resp);
 	/* streamed: each chunk carries its tokens' logprobs, together the reply's */
 	{
@@ -845,20 +829,31 @@ TEST(serve_logprobs_match_the_oracle)
 		json_decref(aj);
 		free(r);
 	}
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
-			  "{\"prompt\": \"hi\", \"logprobs\": 21}", &resp), 400);
-	free(resp);
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
-			  "{\"prompt\": \"hi\", \"logprobs\": \"yes\"}", &resp), 400);
-	free(resp);
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/chat/completions", NULL,
-			  "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-			  "\"top_logprobs\": 2}", &resp), 400);
-	check_error_body(resp, "needs 'logprobs': true");
-	free(resp);
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
-			  "{\"prompt\": \"hi\", \"top_logprobs\": 2}", &resp), 400);
-	free(resp);
+	/* refused: out of range, top_logprobs without logprobs or on completions, echo in a
+	 * chat or streamed */
+	{
+		static const struct {
+			bool chat;
+			const char *body, *needle;
+		} bad[] = {
+			{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+				"\"echo\": true}", "for completions" },
+			{ false, "{\"prompt\": \"hi\", \"echo\": true, \"stream\": true}",
+			  "not streamed" },
+			{ false, "{\"prompt\": \"hi\", \"logprobs\": 21}", "[0, 20]" },
+			{ false, "{\"prompt\": \"hi\", \"logprobs\": \"yes\"}", "integer" },
+			{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+				"\"top_logprobs\": 2}", "needs 'logprobs': true" },
+			{ false, "{\"prompt\": \"hi\", \"top_logprobs\": 2}", "for chat" },
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			CHECK_EQ_INT(http(s.port, "POST", bad[i].chat ? "/v1/chat/completions" :
+					  "/v1/completions", NULL, bad[i].body, &resp), 400);
+			check_error_body(resp, bad[i].needle);
+			free(resp);
+		}
+	}
 	/* without logprobs: null, as before */
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL,
 			  "{\"prompt\": \"hi\", \"max_tokens\": 2}", &resp), 200);
