@@ -717,6 +717,40 @@ static char *logprobs_of(const char *resp, int k, bool chat)
 	return out;
 }
 
+/* A streamed completion's token_logprobs, chunk after chunk, equal those of want (JSON). */
+static void same_streamed_logprobs(int port, const char *body, const char *want_json)
+{
+	char *r = read_all(request(port, "POST", "/v1/completions", NULL, body)), *got, *want;
+	json_t *lps = json_array(), *w;
+	json_error_t je;
+
+	CHECK_EQ_INT(status_of(r), 200);
+	for (char *p = strstr(r, "data: {"); p; p = strstr(p + 1, "data: {")) {
+		char *end = strstr(p, "\n\n");
+		json_t *ev, *x;
+		size_t i;
+
+		CHECK(end);
+		ev = json_loadb(p + 6, (size_t)(end - p - 6), JSON_ALLOW_NUL, &je);
+		CHECK_MSG(ev, "event not JSON: %.200s", p);
+		json_array_foreach(json_object_get(json_object_get(json_array_get(
+			json_object_get(ev, "choices"), 0), "logprobs"), "token_logprobs"), i, x)
+			json_array_append(lps, x);
+		json_decref(ev);
+	}
+	w = json_loads(want_json, JSON_ALLOW_NUL, &je);
+	CHECK(w);
+	got = json_dumps(lps, JSON_COMPACT);
+	want = json_dumps(json_object_get(w, "token_logprobs"), JSON_COMPACT);
+	CHECK_MSG(got && want && !strcmp(got, want), "streamed logprobs %s, not streamed %s", got,
+		  want);
+	free(got);
+	free(want);
+	json_decref(w);
+	json_decref(lps);
+	free(r);
+}
+
 /* A reply's logprobs against the numpy reference (tests/serve/logprobs_check.py ARGS). */
 static void oracle_logprobs(const char *model, const char *ids, const char *resp,
 			    const char *args)
@@ -744,7 +778,7 @@ static void oracle_logprobs(const char *model, const char *ids, const char *resp
 TEST(serve_logprobs_match_the_oracle)
 {
 	static const char ids[] = "1,17,300,42,5,511,256,99,3,128";
-	char path[600], log[600], body[512], *resp, *alone, *chat;
+	char path[600], log[600], body[512], *resp, *alone, *chat, *echoed = NULL;
 	struct srv s;
 
 	hyb_test_need_venv();
@@ -765,6 +799,16 @@ TEST(serve_logprobs_match_the_oracle)
 		 "\"logprobs\": 1}", ids);
 	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
 	oracle_logprobs(path, ids, resp, "-k 1 --echo");
+	{
+		json_error_t je;
+		json_t *j = json_loads(body_of(resp), JSON_ALLOW_NUL, &je);
+
+		CHECK(j);
+		echoed = json_dumps(json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+						    "logprobs"), JSON_COMPACT);
+		CHECK(echoed);
+		json_decref(j);
+	}
 	free(resp);
 	snprintf(body, sizeof(body), "{\"prompt\": [%s], \"max_tokens\": 8, \"temperature\": 0, "
 		 "\"logprobs\": 5}", ids);
@@ -792,45 +836,17 @@ TEST(serve_logprobs_match_the_oracle)
 	free(resp);
 	/* streamed: each chunk carries its tokens' logprobs, together the reply's */
 	{
-		char sbody[512], *r, *want = NULL;
-		json_t *lps = json_array();
-		json_error_t je;
-		json_t *aj = json_loads(alone, 0, &je);
+		char sbody[512];
 
 		snprintf(sbody, sizeof(sbody), "{\"prompt\": [%s], \"max_tokens\": 8, "
 			 "\"temperature\": 0, \"logprobs\": 5, \"stream\": true}", ids);
-		r = read_all(request(s.port, "POST", "/v1/completions", NULL, sbody));
-		CHECK_EQ_INT(status_of(r), 200);
-		for (char *p = strstr(r, "data: {"); p; p = strstr(p + 1, "data: {")) {
-			char *end = strstr(p, "\n\n");
-			json_t *ev, *l;
-			size_t i;
-			json_t *x;
-
-			CHECK(end);
-			ev = json_loadb(p + 6, (size_t)(end - p - 6), 0, &je);
-			CHECK_MSG(ev, "event not JSON: %.200s", p);
-			l = json_object_get(json_array_get(json_object_get(ev, "choices"), 0),
-					    "logprobs");
-			json_array_foreach(json_object_get(l, "token_logprobs"), i, x)
-				json_array_append(lps, x);
-			json_decref(ev);
-		}
-		want = json_dumps(json_object_get(aj, "token_logprobs"), JSON_COMPACT);
-		{
-			char *got = json_dumps(lps, JSON_COMPACT);
-
-			CHECK_MSG(got && want && !strcmp(got, want), "streamed logprobs %s, "
-				  "not streamed %s", got, want);
-			free(got);
-		}
-		free(want);
-		json_decref(lps);
-		json_decref(aj);
-		free(r);
+		same_streamed_logprobs(s.port, sbody, alone);
+		snprintf(sbody, sizeof(sbody), "{\"prompt\": [%s], \"max_tokens\": 0, "
+			 "\"echo\": true, \"logprobs\": 1, \"stream\": true}", ids);
+		same_streamed_logprobs(s.port, sbody, echoed);
 	}
 	/* refused: out of range, top_logprobs without logprobs or on completions, echo in a
-	 * chat or streamed */
+	 * chat */
 	{
 		static const struct {
 			bool chat;
@@ -838,8 +854,6 @@ TEST(serve_logprobs_match_the_oracle)
 		} bad[] = {
 			{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
 				"\"echo\": true}", "for completions" },
-			{ false, "{\"prompt\": \"hi\", \"echo\": true, \"stream\": true}",
-			  "not streamed" },
 			{ false, "{\"prompt\": \"hi\", \"logprobs\": 21}", "[0, 20]" },
 			{ false, "{\"prompt\": \"hi\", \"logprobs\": \"yes\"}", "integer" },
 			{ true, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
@@ -862,6 +876,7 @@ TEST(serve_logprobs_match_the_oracle)
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	free(alone);
 	free(chat);
+	free(echoed);
 }
 
 TEST(serve_client_disconnects)

@@ -83,6 +83,67 @@ static int prompt_tokens(struct serve *sv, struct serve_request *r, int32_t **id
 	return 0;
 }
 
+/* ---- echo ---- */
+
+/* echo: the prompt's text and log probabilities before the reply's */
+struct echo {
+	char *text;
+	size_t len;
+	struct serve_lp *lps;
+	uint32_t n_lps;
+};
+
+static void echo_free(struct echo *ec)
+{
+	free(ec->text);
+	free(ec->lps);
+	memset(ec, 0, sizeof(*ec));
+}
+
+/* j done: its prompt's pieces, then v's text; prompt and reply logprobs with offsets. */
+static int echo_prompt(struct serve *sv, const struct serve_job *j,
+		       const struct serve_job_view *v, struct echo *ec)
+{
+	size_t cap = (size_t)j->n_prompt * 8 + v->len + 64;
+	char piece[256];
+
+	if (!j->echo)
+		return 0;
+	ec->text = malloc(cap);
+	if (j->plps)
+		ec->lps = malloc(sizeof(*ec->lps) * ((size_t)j->n_prompt + v->n_lps));
+	if (!ec->text || (j->plps && !ec->lps))
+		return -1;
+	for (uint32_t i = 0; i < j->n_prompt; i++) {
+		const int n = hyb_token_to_piece(sv->m->tok, j->prompt[i], piece, sizeof(piece));
+		const size_t k = n < 0 ? 0 : n < (int)sizeof(piece) ? (size_t)n : sizeof(piece);
+
+		if (ec->lps) {
+			ec->lps[i] = j->plps[i];
+			ec->lps[i].tok = j->prompt[i];
+			ec->lps[i].off = (uint32_t)ec->len;
+		}
+		if (ec->len + k + v->len + 1 > cap) {
+			char *t = realloc(ec->text, cap = 2 * (ec->len + k + v->len + 1));
+
+			if (!t)
+				return -1;
+			ec->text = t;
+		}
+		memcpy(ec->text + ec->len, piece, k);
+		ec->len += k;
+	}
+	for (uint32_t i = 0; ec->lps && i < v->n_lps; i++) {
+		ec->lps[j->n_prompt + i] = v->lps[i];
+		ec->lps[j->n_prompt + i].off += (uint32_t)ec->len;
+	}
+	ec->n_lps = ec->lps ? j->n_prompt + v->n_lps : 0;
+	if (v->len)
+		memcpy(ec->text + ec->len, v->text, v->len);
+	ec->len += v->len;
+	return 0;
+}
+
 /* ---- a streamed reply ---- */
 
 enum { ST_ROLE, ST_BODY, ST_END };
@@ -94,6 +155,8 @@ struct stream {
 	struct serve_reply rep;
 	char id[64];
 	bool include_usage;
+	bool echo_pending;  /* echo: the prompt's chunk is still to come */
+	size_t echo_len;    /* its bytes: the reply's text offsets start there */
 	int phase;
 	size_t sent;       /* bytes of the job's text sent */
 	struct sbuf out;   /* events not yet handed to MHD */
@@ -128,6 +191,35 @@ static bool next_events(struct stream *s)
 			s->out.oom = true;
 			return true;
 		}
+		/* echo: once the prompt has gone in (text came, or the job ended), its chunk */
+		if (s->echo_pending && (v.len || (v.done && !v.error_status))) {
+			const struct serve_job_view none = { 0 };
+			struct echo ec = { 0 };
+			size_t len;
+
+			s->echo_pending = false;
+			clean = echo_prompt(s->sv, s->j, &none, &ec) ? NULL :
+				cli_utf8_clean(ec.text ? ec.text : "", ec.len, &len);
+			if (!clean) {
+				echo_free(&ec);
+				free(v.lps);
+				free(v.text);
+				s->out.oom = true;
+				return true;
+			}
+			{
+				const struct serve_lps lps = { ec.lps, ec.n_lps, 0, s->sv->m->tok,
+							       SIZE_MAX };
+
+				event(s, serve_json_chunk(&s->rep, clean, len, false, FINISH_NONE,
+							  s->j->logprobs >= 0 ? &lps : NULL));
+			}
+			s->echo_len = ec.len;
+			free(clean);
+			echo_free(&ec);
+		}
+		for (uint32_t i = 0; i < v.n_lps; i++)
+			v.lps[i].off += (uint32_t)s->echo_len;
 		if (v.len) {
 			size_t len;
 
@@ -225,6 +317,7 @@ static int start_stream(struct serve *sv, struct MHD_Connection *conn, struct se
 	snprintf(s->id, sizeof(s->id), "%s", rep->id);
 	s->rep.id = s->id;
 	s->include_usage = include_usage;
+	s->echo_pending = j->echo;
 	s->phase = rep->chat ? ST_ROLE : ST_BODY;
 	resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s,
 						 stream_free);
@@ -241,65 +334,6 @@ static int start_stream(struct serve *sv, struct MHD_Connection *conn, struct se
 }
 
 /* ---- a whole reply ---- */
-
-/* echo: the prompt's text and log probabilities before the reply's */
-struct echo {
-	char *text;
-	size_t len;
-	struct serve_lp *lps;
-	uint32_t n_lps;
-};
-
-static void echo_free(struct echo *ec)
-{
-	free(ec->text);
-	free(ec->lps);
-	memset(ec, 0, sizeof(*ec));
-}
-
-/* j done: its prompt's pieces, then v's text; prompt and reply logprobs with offsets. */
-static int echo_prompt(struct serve *sv, const struct serve_job *j,
-		       const struct serve_job_view *v, struct echo *ec)
-{
-	size_t cap = (size_t)j->n_prompt * 8 + v->len + 64;
-	char piece[256];
-
-	if (!j->echo)
-		return 0;
-	ec->text = malloc(cap);
-	if (j->plps)
-		ec->lps = malloc(sizeof(*ec->lps) * ((size_t)j->n_prompt + v->n_lps));
-	if (!ec->text || (j->plps && !ec->lps))
-		return -1;
-	for (uint32_t i = 0; i < j->n_prompt; i++) {
-		const int n = hyb_token_to_piece(sv->m->tok, j->prompt[i], piece, sizeof(piece));
-		const size_t k = n < 0 ? 0 : n < (int)sizeof(piece) ? (size_t)n : sizeof(piece);
-
-		if (ec->lps) {
-			ec->lps[i] = j->plps[i];
-			ec->lps[i].tok = j->prompt[i];
-			ec->lps[i].off = (uint32_t)ec->len;
-		}
-		if (ec->len + k + v->len + 1 > cap) {
-			char *t = realloc(ec->text, cap = 2 * (ec->len + k + v->len + 1));
-
-			if (!t)
-				return -1;
-			ec->text = t;
-		}
-		memcpy(ec->text + ec->len, piece, k);
-		ec->len += k;
-	}
-	for (uint32_t i = 0; ec->lps && i < v->n_lps; i++) {
-		ec->lps[j->n_prompt + i] = v->lps[i];
-		ec->lps[j->n_prompt + i].off += (uint32_t)ec->len;
-	}
-	ec->n_lps = ec->lps ? j->n_prompt + v->n_lps : 0;
-	if (v->len)
-		memcpy(ec->text + ec->len, v->text, v->len);
-	ec->len += v->len;
-	return 0;
-}
 
 static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct serve_job *j,
 			const struct serve_reply *rep)

@@ -182,9 +182,6 @@ static int logprobs_field(json_t *root, bool chat, struct serve_request *r, stru
 	r->echo = json_is_true(lp);
 	if (r->echo && chat)
 		return bad(e, "echo", "'echo' is for completions");
-	if (r->echo && r->stream)
-		return bad(e, "echo", "'echo' is given in replies that are not streamed "
-			   "(stream: false)");
 	return 0;
 }
 
