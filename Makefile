@@ -154,7 +154,15 @@ $(BUILD)/fuzz_model: $(FUZZ_MODEL_SRCS) $(LIB)
 	@mkdir -p $(@D)
 	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_MODEL_SRCS) $(LIB) $(LDLIBS) -o $@
-fuzz: $(FUZZ) $(BUILD)/fuzz_model
+# ... and for hyb serve's request parser (the JSON of /v1/completions and chat)
+FUZZ_SERVE_SRCS := tests/fuzz/fuzz_serve.c tools/hyb/serve_json.c tools/hyb/serve_text.c \
+		   tools/hyb/cli_utf8.c
+$(BUILD)/fuzz_serve: $(FUZZ_SERVE_SRCS) tools/hyb/serve.h $(LIB)
+	@mkdir -p $(@D)
+	clang $(CPPFLAGS) $(INTERNAL) $(SERVE_CFLAGS) -Itools/hyb -std=c11 -g -O1 -pthread \
+		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+		$(FUZZ_SERVE_SRCS) $(LIB) $(SERVE_LIBS) $(LDLIBS) -o $@
+fuzz: $(FUZZ) $(BUILD)/fuzz_model $(BUILD)/fuzz_serve
 
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu

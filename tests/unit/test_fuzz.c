@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
  * Short runs of the libFuzzer targets (built by `make fuzz` with clang's
- * ASan and UBSan) on copies of their seed corpora: the GGUF parser, and the
- * model loader on top of it (every architecture's metadata and tensors).
+ * ASan and UBSan) on copies of their seed corpora: the GGUF parser, the
+ * model loader on top of it (every architecture's metadata and tensors),
+ * and hyb serve's request parser (completions and chat JSON).
  * Any crash, leak or sanitizer report fails the test. Crash inputs are kept
  * as build/fuzz-crash-* for reproduction: build/fuzz_gguf <file>.
  */
@@ -53,4 +54,9 @@ TEST(gguf_fuzz_smoke)
 TEST(model_fuzz_smoke)
 {
 	run_fuzzer("build/fuzz_model", "tests/fuzz/corpus-model");
+}
+
+TEST(serve_fuzz_smoke)
+{
+	run_fuzzer("build/fuzz_serve", "tests/fuzz/corpus-serve");
 }
