@@ -1009,7 +1009,7 @@ static int run_attention(struct cpu_dev *c, const struct hyb_dev_attn *a, uint32
 	float *q = (float *)(uintptr_t)a->q + t * q_dim, *k = (float *)(uintptr_t)a->k + t * kv_dim;
 	const float *v = (const float *)(uintptr_t)a->v + t * kv_dim;
 	uint16_t *kc = (uint16_t *)(uintptr_t)a->kcache, *vc = (uint16_t *)(uintptr_t)a->vcache;
-	void *tmp = scratch(&c->atmp, &c->n_atmp, hyb_attend_tmp_bytes(a->head_dim));
+	void *tmp = scratch(&c->atmp, &c->n_atmp, hyb_attend_tmp_bytes(a->head_dim, 0));
 	struct hyb_attn at = {
 		.k = c->ck, .q = q, .out = (float *)(uintptr_t)a->out + t * q_dim, .kc = kc, .vc = vc,
 		.q_stride = q_dim, .kv_stride = kv_dim, .hd = a->head_dim,

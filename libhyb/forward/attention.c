@@ -20,6 +20,11 @@
  * skips them and zero where it multiplies them by zero; the results do not
  * depend on how rows are grouped, so each job is one row (or one head's
  * tile of rows) whatever llama.cpp's threads would have done.
+ *
+ * A PowerInfer file is attended as PowerInfer's llama.cpp (late-2023 ggml,
+ * no flash attention) attends it instead (attend_row_ggml23): its softmax
+ * takes each exponential from ggml's F16 table, which moves logits by about
+ * 1e-3 of their size, enough to change greedy tokens (docs/DETERMINISM.md).
  */
 #include "attention.h"
 
@@ -28,10 +33,14 @@
 
 #define TILE 64 /* GGML_FA_TILE_Q and GGML_FA_TILE_KV */
 
-size_t hyb_attend_tmp_bytes(uint32_t hd)
+size_t hyb_attend_tmp_bytes(uint32_t hd, uint32_t n_ctx_ggml23)
 {
 	/* tiled: q, K^T, V, VKQ tiles (TILE x hd each), scores, M and S, alignment */
-	return sizeof(float) * (4 * (size_t)TILE * hd + TILE * TILE + 2 * TILE) + 8 * 64;
+	const size_t tiled_b = sizeof(float) * (4 * (size_t)TILE * hd + TILE * TILE + 2 * TILE);
+	/* attend_row_ggml23: q in F16, a score per position, the output sum */
+	const size_t g23 = sizeof(uint16_t) * hd + sizeof(float) * ((size_t)n_ctx_ggml23 + hd);
+
+	return (tiled_b > g23 ? tiled_b : g23) + 8 * 64;
 }
 
 static uint32_t pad256(uint64_t n)
@@ -62,7 +71,7 @@ static int tiled(const struct hyb_attn *a)
 
 long hyb_attend_jobs(const struct hyb_attn *a)
 {
-	if (tiled(a))
+	if (tiled(a) && !a->ggml23)
 		return (long)a->n_head * ((a->n_tokens + TILE - 1) / TILE);
 	return (long)a->n_tokens * a->n_head;
 }
@@ -170,6 +179,62 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 	memcpy(out, part.v, sizeof(float) * hv);
 }
 
+/* ---- PowerInfer's llama.cpp ------------------------------------------------ */
+
+/* x rounded to F16 and back, as ggml's GGML_FP32_TO_FP16 / GGML_FP16_TO_FP32 */
+static inline float f16r(float x)
+{
+	return hyb_f16_to_f32(hyb_f32_to_f16(x));
+}
+
+/*
+ * One (token, head) row as PowerInfer's ggml computes it, any batch size:
+ * kq = K.q with q rounded to F16, times the scale; ggml_soft_max_f32 with
+ * the exponential of each F16-rounded difference from the maximum read
+ * from ggml_table_exp_f16 (expf of the F16 value, rounded to F16), summed
+ * in double, each scaled by (float)(1 / sum); then V^T . kq with kq rounded
+ * to F16 (ggml_mul_mat converts it to V's type). Its dot products sum in
+ * another order than hyb's kernels (ggml's AVX build of the time): last
+ * bits only.
+ */
+static void attend_row_ggml23(const struct hyb_attn *a, uint32_t t, uint32_t h, void *tmp)
+{
+	const uint32_t hd = a->hd, hv = a->hd_v, group = a->n_head / a->n_head_kv;
+	const uint32_t pos = a->n_past + t, p_min = first_visible(a, pos);
+	const uint16_t *kc = a->kc + (size_t)(h / group) * hd;
+	const uint16_t *vc = a->vc + (size_t)(h / group) * hv;
+	float *out = a->out + (size_t)t * a->out_stride + (size_t)h * hv;
+	float *acc = align64(tmp), *sc = align64(acc + hv);
+	uint16_t *q16 = align64(sc + (pos + 1 - p_min));
+	float mx = -INFINITY, inv;
+	double sum = 0.0;
+
+	a->k->quantize_act[HYB_TYPE_F16](a->q + (size_t)t * a->q_stride + (size_t)h * hd, q16, hd);
+	for (uint32_t p = p_min; p <= pos; p++) {
+		const uint16_t *kr = kc + hyb_kv_row(a->blocks, p) * a->kv_stride;
+		const float s = a->k->dot_f16(hd, kr, q16) * a->scale + 0.0f;
+
+		sc[p - p_min] = s;
+		mx = s > mx ? s : mx;
+	}
+	for (uint32_t p = p_min; p <= pos; p++) {
+		const float e = f16r(expf(f16r(sc[p - p_min] - mx)));
+
+		sum += (double)e;
+		sc[p - p_min] = e;
+	}
+	inv = (float)(1.0 / sum);
+	memset(acc, 0, sizeof(float) * hv);
+	for (uint32_t p = p_min; p <= pos; p++) {
+		const uint16_t *vr = vc + hyb_kv_row(a->blocks, p) * a->v_stride;
+		const float w = f16r(sc[p - p_min] * inv);
+
+		for (uint32_t d = 0; d < hv; d++)
+			acc[d] += w * hyb_f16_to_f32(vr[d]);
+	}
+	memcpy(out, acc, sizeof(float) * hv);
+}
+
 /* ---- tiled: batches of 64 tokens or more --------------------------------- */
 
 static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, void *tmp)
@@ -260,7 +325,10 @@ void hyb_attend_run(const struct hyb_attn *attn, long lo, long hi, void *tmp)
 	b.out_stride = b.out_stride ? b.out_stride : b.q_stride;
 	b.v_stride = b.v_stride ? b.v_stride : b.kv_stride;
 	for (long j = lo; j < hi; j++) {
-		if (tiled(a))
+		if (a->ggml23)
+			attend_row_ggml23(a, (uint32_t)(j / a->n_head), (uint32_t)(j % a->n_head),
+					  tmp);
+		else if (tiled(a))
 			attend_tile(a, (uint32_t)(j / a->n_head), (uint32_t)(j % a->n_head), tmp);
 		else
 			attend_row(a, (uint32_t)(j / a->n_head), (uint32_t)(j % a->n_head), tmp);

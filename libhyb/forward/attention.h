@@ -3,6 +3,7 @@
 #ifndef HYB_ATTENTION_H
 #define HYB_ATTENTION_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,6 +37,9 @@ struct hyb_attn {
 	 * blocks[p / HYB_KV_BLOCK] * HYB_KV_BLOCK + p % HYB_KV_BLOCK. NULL: row p.
 	 */
 	const uint32_t *blocks;
+	/* PowerInfer's late-2023 ggml instead of llama.cpp's flash attention
+	 * (a PowerInfer file, attention.c); its scratch: hyb_attend_tmp_bytes */
+	bool ggml23;
 };
 
 /* Positions per block of a paged KV cache: vLLM's default (PagedAttention 4.2). */
@@ -51,8 +55,9 @@ static inline size_t hyb_kv_row(const uint32_t *blocks, uint32_t p)
 	       (p & (HYB_KV_BLOCK - 1));
 }
 
-/* Scratch bytes one worker needs for head dimension hd. */
-size_t hyb_attend_tmp_bytes(uint32_t hd);
+/* Scratch bytes one worker needs for head dimension hd; n_ctx_ggml23: the
+ * context size where ggml23 runs are attended, else 0. */
+size_t hyb_attend_tmp_bytes(uint32_t hd, uint32_t n_ctx_ggml23);
 /* Independent jobs of a batch: split them between threads in any way. */
 long hyb_attend_jobs(const struct hyb_attn *a);
 /* Run jobs [lo, hi) with this worker's scratch. */

@@ -197,7 +197,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	c->kcache = alloc_zeroed(hp->kv_lora ? c->kv_bytes : c->kv_bytes / 2);
 	c->vcache = hp->kv_lora ? c->kcache : alloc_zeroed(c->kv_bytes / 2);
 	/* per thread scratch of attend(), a cache line apart from the next thread's */
-	c->attn_tmp_stride = (hyb_attend_tmp_bytes(hp->head_dim) + 63) & ~63ul;
+	c->attn_tmp_stride =
+		(hyb_attend_tmp_bytes(hp->head_dim, m->powerinfer ? c->n_ctx : 0) + 63) & ~63ul;
 	c->attn_tmp = alloc_zeroed(c->attn_tmp_stride * nth);
 	c->x = alloc_zeroed(scratch_bytes(c));
 	if (!c->kcache || !c->vcache || !c->attn_tmp || !c->x) {

@@ -395,6 +395,7 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 		/* a q scaled beforehand (Gemma) is attended with scale 1 */
 		.scale = hp->q_scale ? 1.0f : 1.0f / sqrtf((float)hp->head_dim),
 		.n_swa = swa ? hp->n_swa : 0,
+		.ggml23 = c->m->powerinfer,
 	};
 
 	hyb_fwd_attend_runs(c, &a, n);

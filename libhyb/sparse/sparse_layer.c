@@ -266,6 +266,9 @@ int hyb_ffn_sparse_run(struct hyb_ffn_sparse *s, struct hyb_threadpool *pool, ui
 					  cpu_group_part, &c);
 		if (!rc && out != y)
 			memcpy(y, out, sizeof(float) * E);
+	} else if (s->pi) {
+		rc = hyb_sparse_ffn_pi(s->op, pool, &s->bundles[l], s->m->hp.act, xn, active,
+				       n_active, y, st);
 	} else {
 		rc = hyb_sparse_ffn_cats(s->op, pool, &s->bundles[l], s->m->hp.act, xn, active,
 					 n_active, s->thr ? s->thr[l] : 0.0f, y, st);

@@ -53,6 +53,9 @@ struct hyb_sparse_ffn_ctx {
 	const struct hyb_sparse_kernels *sk;
 	void *xbuf;       /* xn prepared for the dots */
 	float *ypart;     /* partial y of units 1..UNITS-1 (unit 0 adds into y) */
+	float *h;         /* [n_ff] hyb_sparse_ffn_pi: h, then its coefficients */
+	void *hq;         /* h in the down rows' dot type */
+	uint32_t *nz;     /* [n_ff] neurons whose coefficient is not 0 */
 	size_t ystride;   /* floats between two partials, a multiple of 16 */
 	uint32_t *gstart; /* [n_ff + 1] first position in the active list of group g */
 	uint64_t *cum;    /* [n_ff + 1] listed neurons of present groups before group g */
@@ -60,8 +63,18 @@ struct hyb_sparse_ffn_ctx {
 	char err[160];
 };
 
+/* What a pass computes (hyb_sparse_ffn_pi runs MODE_H, then MODE_DOWN). */
+enum pass_mode {
+	MODE_FUSED, /* gate, up, h, down: y */
+	MODE_H,     /* gate, up: h of each listed neuron into hout[neuron] */
+	MODE_DOWN,  /* down rows only, each listed neuron's coefficient coef[neuron]: y */
+};
+
 struct job {
 	struct hyb_sparse_ffn_ctx *c;
+	enum pass_mode mode;
+	float *hout;            /* MODE_H */
+	const float *coef;      /* MODE_DOWN */
 	const struct hyb_ffn_bundles *b;
 	enum hyb_ffn_act act;
 	struct hyb_sparse_x x;
@@ -104,7 +117,12 @@ struct hyb_sparse_ffn_ctx *hyb_sparse_ffn_ctx_new(uint32_t n_embd, uint32_t n_ff
 	c->gstart = malloc(sizeof(uint32_t) * ((size_t)n_ff + 1));
 	c->cum = malloc(sizeof(uint64_t) * ((size_t)n_ff + 1));
 	c->slot = aligned_alloc(64, sizeof(struct tslot) * (size_t)n_threads);
-	if (!c->xbuf || !c->ypart || !c->gstart || !c->cum || !c->slot) {
+	c->h = malloc(sizeof(float) * n_ff);
+	/* any dot type takes at most 4 bytes an element, plus a block's header */
+	c->hq = malloc(4 * (size_t)n_ff + 64);
+	c->nz = malloc(sizeof(uint32_t) * n_ff);
+	if (!c->xbuf || !c->ypart || !c->gstart || !c->cum || !c->slot || !c->h || !c->hq ||
+	    !c->nz) {
 		hyb_sparse_ffn_ctx_free(c);
 		return NULL;
 	}
@@ -120,6 +138,9 @@ void hyb_sparse_ffn_ctx_free(struct hyb_sparse_ffn_ctx *c)
 	free(c->gstart);
 	free(c->cum);
 	free(c->slot);
+	free(c->h);
+	free(c->hq);
+	free(c->nz);
 	free(c);
 }
 
@@ -160,6 +181,7 @@ struct chunk {
 	int n;
 	float *y;
 	const void *gate[CH], *up[CH], *down[CH];
+	uint32_t idx[CH]; /* bundle-order neuron index */
 };
 
 /*
@@ -204,6 +226,15 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 	float gv[CH], uv[CH], hv[CH];
 	int sel[CH], m = 0, nz = 0, npf;
 
+	if (j->mode == MODE_DOWN) {
+		memcpy(rows, ch->down, sizeof(*rows) * (size_t)n);
+		for (int i = 0; i < n; i++)
+			hv[i] = j->coef[ch->idx[i]];
+		npf = next ? lookahead(rows, n, next->down, next->n) : 0;
+		sk->axpy_pf[t](k, rows, hv, n, npf, y);
+		st->n_nz += (uint64_t)n;
+		return;
+	}
 	memcpy(rows, ch->gate, sizeof(*rows) * (size_t)n);
 	npf = lookahead(rows, n, ch->up, n);
 	sk->dot_pf[t](k, rows, n, npf, &j->x, gv);
@@ -229,6 +260,10 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 	for (int i = 0; i < m; i++) {
 		const float h = cats ? gv[sel[i]] * uv[i] : act_h(j->act, gv[sel[i]], uv[i]);
 
+		if (j->mode == MODE_H) {
+			j->hout[ch->idx[sel[i]]] = h;
+			continue;
+		}
 		if (h == 0.0f)
 			continue;
 		hv[nz] = h;
@@ -269,7 +304,7 @@ static void chunk_done(const struct job *j, struct chunk *ch, int *cur, struct t
 	if (ch[*cur].n)
 		run_chunk(j, &ch[*cur], f, ch[*cur].y, st);
 	else /* the first: nothing ran before it to fetch its rows */
-		prefetch_first(f->gate, f->n, rb);
+		prefetch_first(j->mode == MODE_DOWN ? f->down : f->gate, f->n, rb);
 	ch[*cur].n = 0;
 }
 
@@ -301,10 +336,13 @@ static void ffn_worker(void *arg, int ith, int nth)
 			break;
 		const uint64_t lo = u * j->unit;
 		const uint64_t hi = lo + j->unit < j->total ? lo + j->unit : j->total;
-		float *y = u == 0 ? j->y : c->ypart + (size_t)u * c->ystride;
+		float *y = j->mode == MODE_H ? NULL
+			   : u == 0	      ? j->y
+					      : c->ypart + (size_t)u * c->ystride;
 		uint32_t g = group_of(c, j->n_groups, lo);
 
-		memset(y, 0, sizeof(float) * b->n_embd);
+		if (y)
+			memset(y, 0, sizeof(float) * b->n_embd);
 		ch[cur].y = y;
 		for (uint64_t p = lo; p < hi; p++) {
 			while (p >= c->cum[g + 1])
@@ -315,6 +353,7 @@ static void ffn_worker(void *arg, int ith, int nth)
 						     : (uint32_t)at;
 			struct chunk *f = &ch[cur];
 
+			f->idx[f->n] = g0 + l;
 			if (b->bundle) {
 				const uint8_t *base = b->bundle[g];
 
@@ -431,13 +470,92 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 	return hyb_sparse_ffn_cats(c, pool, b, act, xn, active, n_active, 0.0f, y, st);
 }
 
+/*
+ * One pass of j over the listed neurons (j->b, j->active, arguments
+ * checked): units of whole chunks, UNITS at most, cut from the list alone
+ * (not the thread count); their partial y summed in unit order.
+ */
+static void run_pass(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool, struct job *j,
+		     uint32_t n_active, struct hyb_sparse_ffn_stats *st)
+{
+	const struct hyb_ffn_bundles *b = j->b;
+	int nth;
+
+	j->n_groups = (uint32_t)(((uint64_t)b->n_ff + b->group_size - 1) / b->group_size);
+
+	/* where each group's neurons start in the list, and the listed work before it */
+	uint32_t pos = 0;
+
+	c->cum[0] = 0;
+	for (uint32_t g = 0; g < j->n_groups; g++) {
+		const uint64_t g0 = (uint64_t)g * b->group_size;
+		const uint64_t g1 = g0 + b->group_size < b->n_ff ? g0 + b->group_size : b->n_ff;
+		uint64_t n;
+
+		if (j->active) {
+			while (pos < n_active && j->active[pos] < g0)
+				pos++;
+			c->gstart[g] = pos;
+			uint32_t q = pos;
+
+			while (q < n_active && j->active[q] < g1)
+				q++;
+			n = q - pos;
+		} else {
+			c->gstart[g] = (uint32_t)g0;
+			n = g1 - g0;
+		}
+		c->cum[g + 1] = c->cum[g] + (!b->bundle || b->bundle[g] ? n : 0);
+	}
+	j->total = c->cum[j->n_groups];
+	j->unit = (j->total + (uint64_t)CH * UNITS - 1) / ((uint64_t)CH * UNITS) * CH;
+	if (!j->unit)
+		j->unit = CH;
+	j->n_units = (j->total + j->unit - 1) / j->unit;
+	if (!j->n_units && j->y)
+		memset(j->y, 0, sizeof(float) * b->n_embd);
+	/* a few rows are not worth waking threads for */
+	nth = pool ? hyb_threadpool_size(pool) : 1;
+	if (nth > c->n_threads)
+		nth = c->n_threads;
+	if ((uint64_t)nth > j->total / 8)
+		nth = j->total / 8 > 0 ? (int)(j->total / 8) : 1;
+	if ((uint64_t)nth > j->n_units)
+		nth = j->n_units ? (int)j->n_units : 1;
+	j->nth = nth;
+	memset(c->slot, 0, sizeof(*c->slot) * (size_t)nth);
+	atomic_init(&j->next, 0);
+	/* a thread that has not started when the units run out is not waited for */
+	if (nth == 1)
+		ffn_worker(j, 0, 1);
+	else
+		hyb_threadpool_run_dynamic(pool, ffn_worker, j);
+
+	if (j->y && j->n_units > 1) {
+		struct reduce_job r = { .y = j->y, .parts = c->ypart, .stride = c->ystride,
+					.n = b->n_embd, .nparts = (int)j->n_units };
+
+		/* each slice of y summed by one thread, in unit order */
+		if (nth > 2)
+			hyb_threadpool_run(pool, reduce_worker, &r);
+		else
+			reduce_worker(&r, 0, 1);
+	}
+	if (st) {
+		for (int t = 0; t < nth; t++) {
+			st->n_gate += c->slot[t].n_gate;
+			st->n_up += c->slot[t].n_up;
+			st->n_nz += c->slot[t].n_nz;
+		}
+	}
+}
+
 int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 			const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
 			const uint32_t *active, uint32_t n_active, float thr, float *y,
 			struct hyb_sparse_ffn_stats *st)
 {
 	struct job j = { .c = c, .b = b, .act = act, .active = active, .y = y, .thr = thr };
-	int nth;
 
 	if (!c)
 		return -1;
@@ -447,80 +565,54 @@ int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *poo
 	if (!(thr >= 0) || !isfinite(thr) || (thr > 0 && act != HYB_ACT_SILU))
 		return fail(c, "sparse ffn: a threshold (%g) is for SiLU FFNs, finite and >= 0",
 			    (double)thr);
-	j.n_groups = (uint32_t)(((uint64_t)b->n_ff + b->group_size - 1) / b->group_size);
-
-	/* where each group's neurons start in the list, and the listed work before it */
-	uint32_t pos = 0;
-
-	c->cum[0] = 0;
-	for (uint32_t g = 0; g < j.n_groups; g++) {
-		const uint64_t g0 = (uint64_t)g * b->group_size;
-		const uint64_t g1 = g0 + b->group_size < b->n_ff ? g0 + b->group_size : b->n_ff;
-		uint64_t n;
-
-		if (active) {
-			while (pos < n_active && active[pos] < g0)
-				pos++;
-			c->gstart[g] = pos;
-			uint32_t q = pos;
-
-			while (q < n_active && active[q] < g1)
-				q++;
-			n = q - pos;
-		} else {
-			c->gstart[g] = (uint32_t)g0;
-			n = g1 - g0;
-		}
-		c->cum[g + 1] = c->cum[g] + (!b->bundle || b->bundle[g] ? n : 0);
-	}
-	j.total = c->cum[j.n_groups];
-
 	if (hyb_sparse_prep_x(c->ck, b->type, xn, b->n_embd, c->xbuf, &j.x))
 		return fail(c, "sparse ffn: cannot convert the input for %s",
 			    hyb_type_name(b->type));
-
-	/* units of whole chunks, UNITS at most, from the list alone (not the thread count) */
-	j.unit = (j.total + (uint64_t)CH * UNITS - 1) / ((uint64_t)CH * UNITS) * CH;
-	if (!j.unit)
-		j.unit = CH;
-	j.n_units = (j.total + j.unit - 1) / j.unit;
-	if (!j.n_units)
-		memset(y, 0, sizeof(float) * b->n_embd);
-	/* a few rows are not worth waking threads for */
-	nth = pool ? hyb_threadpool_size(pool) : 1;
-	if (nth > c->n_threads)
-		nth = c->n_threads;
-	if ((uint64_t)nth > j.total / 8)
-		nth = j.total / 8 > 0 ? (int)(j.total / 8) : 1;
-	if ((uint64_t)nth > j.n_units)
-		nth = j.n_units ? (int)j.n_units : 1;
-	j.nth = nth;
-	memset(c->slot, 0, sizeof(*c->slot) * (size_t)nth);
-	atomic_init(&j.next, 0);
-	/* a thread that has not started when the units run out is not waited for */
-	if (nth == 1)
-		ffn_worker(&j, 0, 1);
-	else
-		hyb_threadpool_run_dynamic(pool, ffn_worker, &j);
-
-	if (j.n_units > 1) {
-		struct reduce_job r = { .y = y, .parts = c->ypart, .stride = c->ystride,
-					.n = b->n_embd, .nparts = (int)j.n_units };
-
-		/* each slice of y summed by one thread, in unit order */
-		if (nth > 2)
-			hyb_threadpool_run(pool, reduce_worker, &r);
-		else
-			reduce_worker(&r, 0, 1);
-	}
-	if (st) {
+	if (st)
 		memset(st, 0, sizeof(*st));
-		for (int t = 0; t < nth; t++) {
-			st->n_gate += c->slot[t].n_gate;
-			st->n_up += c->slot[t].n_up;
-			st->n_nz += c->slot[t].n_nz;
-		}
+	run_pass(c, pool, &j, n_active, st);
+	return 0;
+}
+
+int hyb_sparse_ffn_pi(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
+		      const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
+		      const uint32_t *active, uint32_t n_active, float *y,
+		      struct hyb_sparse_ffn_stats *st)
+{
+	struct job j = { .c = c, .b = b, .act = act, .active = active, .mode = MODE_H };
+	uint32_t vdt, n = 0;
+
+	if (!c)
+		return -1;
+	c->err[0] = 0;
+	if (check_args(c, b, act, xn, active, n_active, y))
+		return -1;
+	if (b->bundle)
+		return fail(c, "sparse ffn: PowerInfer's arithmetic is for a file's own rows");
+	vdt = hyb_vec_dot_type(b->type);
+	if (b->n_ff % hyb_type_info(vdt)->blck)
+		return fail(c, "sparse ffn: n_ff %u is not a multiple of the %s block size (%u)",
+			    b->n_ff, hyb_type_name(vdt), hyb_type_info(vdt)->blck);
+	if (hyb_sparse_prep_x(c->ck, b->type, xn, b->n_embd, c->xbuf, &j.x))
+		return fail(c, "sparse ffn: cannot convert the input for %s",
+			    hyb_type_name(b->type));
+	if (st)
+		memset(st, 0, sizeof(*st));
+	/* h of every neuron, 0 where not listed, as ggml's sparse mul_mat leaves it */
+	memset(c->h, 0, sizeof(float) * b->n_ff);
+	j.hout = c->h;
+	run_pass(c, pool, &j, n_active, st);
+	/* ggml's axpy reads h converted to the down rows' dot type */
+	if (vdt != HYB_TYPE_F32 && c->ck->quantize_act[vdt] && c->ck->dequantize[vdt]) {
+		c->ck->quantize_act[vdt](c->h, c->hq, b->n_ff);
+		c->ck->dequantize[vdt](c->hq, c->h, b->n_ff);
 	}
+	for (uint32_t i = 0; i < b->n_ff; i++)
+		if (c->h[i] != 0.0f)
+			c->nz[n++] = i;
+	j = (struct job){ .c = c, .b = b, .act = act, .active = c->nz, .mode = MODE_DOWN,
+			  .coef = c->h, .y = y };
+	run_pass(c, pool, &j, n, st);
 	return 0;
 }
 

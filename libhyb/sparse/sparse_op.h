@@ -98,6 +98,21 @@ int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *poo
 			const uint32_t *active, uint32_t n_active, float thr, float *y,
 			struct hyb_sparse_ffn_stats *st);
 
+/*
+ * A PowerInfer file's FFN (b->bundle NULL: its own gate, up and ffn_down_t)
+ * with the arithmetic of PowerInfer's ggml (docs/DETERMINISM.md): h of every
+ * neuron (0 where not listed) is converted to the down rows' dot type before
+ * the down axpy — rounded to F16 for F16 rows, quantized to Q8_0 in blocks
+ * of 32 neurons for Q4_0 and Q8_0 rows — and a neuron whose converted h is 0
+ * reads no down row. Two passes (gate and up, then down), each cut into
+ * units as above: the same bits with any thread count. Returns 0, or -1 as
+ * hyb_sparse_ffn, also when n_ff is not a multiple of the dot type's block.
+ */
+int hyb_sparse_ffn_pi(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
+		      const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,
+		      const uint32_t *active, uint32_t n_active, float *y,
+		      struct hyb_sparse_ffn_stats *st);
+
 /* Bytes of a layer's bundle tensor (3 * n_ff rows); 0 on bad arguments. */
 uint64_t hyb_bundles_bytes(uint32_t type, uint32_t n_embd, uint32_t n_ff);
 

@@ -7,7 +7,7 @@
 #
 #   tests/oracle/powerinfer-ref.sh           builds it into .cache/powerinfer-ref
 #                                            and prints the path of powerinfer_ids
-#                                            (its main beside the build: bin/main)
+#                                            (its main and quantize beside the build: bin/)
 #   tests/oracle/powerinfer-ref.sh --main    ... and prints the path of its main
 #   tests/oracle/powerinfer-ref.sh --check-index F.gpuidx
 #                                            reads a GPU index with PowerInfer's reader
@@ -40,7 +40,7 @@ if [[ ! -f $build/libllama.a ]]; then
 	fi
 	cmake -S "$src" -B "$build" -DLLAMA_CUBLAS=OFF -DLLAMA_BUILD_TESTS=OFF \
 		-DCMAKE_BUILD_TYPE=Release >"$dest/cmake.log"
-	cmake --build "$build" --target llama main -j"$(nproc)" >"$dest/build.log"
+	cmake --build "$build" --target llama main quantize -j"$(nproc)" >"$dest/build.log"
 fi
 bin=$dest/powerinfer_ids
 if [[ ! -x $bin || $root/tests/oracle/powerinfer_ids.c -nt $bin ]]; then

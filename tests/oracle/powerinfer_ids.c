@@ -4,9 +4,12 @@
  * goldens of tests/unit/test_powerinfer.c (tests/oracle/powerinfer-ref.sh):
  *
  *   powerinfer_ids MODEL N_PREDICT THREADS ID,ID,...
+ *   powerinfer_ids MODEL N_PREDICT THREADS text:PROMPT
  *
  * One llama_decode of the prompt ids, then one per token; each next id is
- * the first maximum of the last row's logits. Prints the ids on one line.
+ * the first maximum of the last row's logits. Prints the ids on one line;
+ * with text:, PowerInfer's own tokenization of PROMPT (BOS first, no special
+ * tokens parsed) first, then " | ", then the ids.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,8 +44,18 @@ int main(int argc, char **argv)
 	if (!c)
 		return 1;
 	s = strdup(argv[4]);
-	for (char *t = strtok_r(s, ",", &save); t && n < 512; t = strtok_r(NULL, ",", &save))
-		toks[n++] = atoi(t);
+	if (!strncmp(s, "text:", 5)) {
+		n = llama_tokenize(m, s + 5, (int)strlen(s + 5), toks, 512, true, false);
+		if (n < 0)
+			return 1;
+		for (int i = 0; i < n; i++)
+			printf("%s%d", i ? " " : "", toks[i]);
+		printf(" | ");
+	} else {
+		for (char *t = strtok_r(s, ",", &save); t && n < 512;
+		     t = strtok_r(NULL, ",", &save))
+			toks[n++] = atoi(t);
+	}
 	n_pred = atoi(argv[2]);
 	nv = llama_n_vocab(m);
 	if (!n || llama_decode(c, llama_batch_get_one(toks, n, 0, 0)))

@@ -1514,7 +1514,7 @@ static void attn_case(const struct attn_cfg *c, double *max_err)
 	float *dk = xmalloc(4ull * kvd);
 	double *sc = xmalloc(sizeof(double) * c->n_ctx);
 	uint16_t *kc = xmalloc(cache), *vc = xmalloc(cache), *dkc = xmalloc(cache);
-	void *tmp = xmalloc(hyb_attend_tmp_bytes(hd));
+	void *tmp = xmalloc(hyb_attend_tmp_bytes(hd, 0));
 	hyb_dptr pq = dalloc(d, 4ull * qd), pk = dalloc(d, 4ull * kvd), pv = dalloc(d, 4ull * kvd);
 	hyb_dptr pkc = dalloc(d, cache), pvc = dalloc(d, cache), po = dalloc(d, 4ull * qd);
 	struct hyb_dev_attn a = {

@@ -14,6 +14,7 @@
  *   - bad files get a clear error.
  * Skips when the Python environment cannot be built here.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 #include "hyb/gguf.h"
 #include "hyb/model.h"
 #include "hyb/plan.h"
+#include "hyb/tokenizer.h"
 #include "sparse/sparse_layer.h"
 #include "test.h"
 
@@ -128,6 +130,41 @@ TEST(pi_model_decodes_like_its_source)
 	hyb_model_free(pi);
 }
 
+/*
+ * Groups of plan p placed by GPU index gi: with equal-size groups a placed
+ * one holds at least as many of the index's GPU neurons as any left on the
+ * CPU (else swapping wins). Returns the groups placed.
+ */
+static uint32_t placed_by_index(const struct hyb_model *p, const struct hyb_gguf_file *gi)
+{
+	const uint32_t F = p->hp.n_ff, GS = p->group_size;
+	uint32_t placed = 0;
+
+	for (uint32_t l = 0; l < p->hp.n_layer; l++) {
+		const struct hyb_ffn_plan *P = &p->layers[l].plan;
+		const struct hyb_gguf_tensor *hot = tensor(gi, l, "gpu_idx");
+		uint32_t hot_in[64] = { 0 };
+		int32_t lo_placed = INT32_MAX, hi_unplaced = -1;
+
+		CHECK(p->n_groups <= 64 && hot->type == HYB_TYPE_I32 && hot->ne[0] == F);
+		for (uint32_t i = 0; i < F; i++)
+			hot_in[i / GS] += ((const int32_t *)hot->data)[P->perm[i]];
+		for (uint32_t g = 0; g < p->n_groups && (g + 1) * GS <= F; g++) {
+			if (P->gpu[g]) {
+				lo_placed = hot_in[g] < (uint32_t)lo_placed ? (int32_t)hot_in[g]
+									    : lo_placed;
+				placed++;
+			} else if ((int32_t)hot_in[g] > hi_unplaced) {
+				hi_unplaced = (int32_t)hot_in[g];
+			}
+		}
+		CHECK_MSG(hi_unplaced < 0 || lo_placed == INT32_MAX || lo_placed >= hi_unplaced,
+			  "layer %u: a group with %d GPU neurons placed, one with %d not", l,
+			  lo_placed, hi_unplaced);
+	}
+	return placed;
+}
+
 TEST(pi_plan_keeps_powerinfer_weights_and_split)
 {
 	const float t = 0.05f;
@@ -160,12 +197,9 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 		const struct hyb_ffn_plan *P = &L->plan;
 		const struct hyb_gguf_tensor *fc1 = tensor(pi->gguf, l, "fc1.weight");
 		const struct hyb_gguf_tensor *fc2 = tensor(pi->gguf, l, "fc2.weight");
-		const struct hyb_gguf_tensor *hot = tensor(gi, l, "gpu_idx");
 		const uint32_t F = p->hp.n_ff, H = (uint32_t)fc1->ne[1], GS = p->group_size;
 		const uint64_t rb = P->bundles.row_bytes;
 		const uint16_t *w2 = fc2->data;
-		uint32_t hot_in[64] = { 0 };
-		int32_t lo_placed = INT32_MAX, hi_unplaced = -1;
 
 		CHECK_EQ_INT(P->hidden, H);
 		CHECK_EQ_INT(P->fc1.type, HYB_TYPE_F16);
@@ -190,23 +224,9 @@ TEST(pi_plan_keeps_powerinfer_weights_and_split)
 			for (uint32_t h = 0; h < H; h++)
 				CHECK(((const uint16_t *)P->fc2.data)[(size_t)h * F + i] ==
 				      w2[(size_t)s * H + h]);
-			hot_in[g] += ((const int32_t *)hot->data)[s];
 		}
-		/* equal-size groups: a placed one holds at least as many of the
-		 * index's GPU neurons as any left on the CPU (else swapping wins) */
-		for (uint32_t g = 0; g < p->n_groups && (g + 1) * GS <= F; g++) {
-			if (P->gpu[g]) {
-				lo_placed = hot_in[g] < (uint32_t)lo_placed ? (int32_t)hot_in[g]
-									    : lo_placed;
-				placed++;
-			} else if ((int32_t)hot_in[g] > hi_unplaced) {
-				hi_unplaced = (int32_t)hot_in[g];
-			}
-		}
-		CHECK_MSG(hi_unplaced < 0 || lo_placed == INT32_MAX || lo_placed >= hi_unplaced,
-			  "layer %u: a group with %d GPU neurons placed, one with %d not", l,
-			  lo_placed, hi_unplaced);
 	}
+	placed = placed_by_index(p, gi);
 	printf("    %u of %u groups placed, by the GPU index\n", placed,
 	       p->hp.n_layer * p->n_groups);
 	CHECK_MSG(placed > 0 && placed < p->hp.n_layer * p->n_groups - 2,
@@ -859,4 +879,189 @@ TEST(pi_tokens_are_powerinfers)
 	/* random predictors: a score within rounding of the threshold may go either way */
 	CHECK_MSG(full[0] + 1 >= cases[0], "random predictors: %u of %u prompts equal", full[0],
 		  cases[0]);
+}
+
+/*
+ * Files made by PowerInfer's own tools (tests/data/powerinfer/, made by
+ * tests/oracle/powerinfer-convert.sh: a Hugging Face checkpoint through its
+ * convert.py, its quantize, its ILP solver), with its CPU build's tokens in
+ * goldens.txt: its tokenization of each prompt and its 32 greedy ids after
+ * it. hyb must tokenize as it does and decode the same ids: token for token
+ * with the exact predictors (F16 and Q4_0); with random ones wherever no
+ * score lands within rounding of the threshold (the count is printed).
+ */
+#define PI_DATA "tests/data/powerinfer/"
+
+struct pi_line {
+	char model[64], prompt[128];
+	int32_t prompt_ids[64], ids[32];
+	int n_prompt, n_ids;
+};
+
+static int parse_ids(char *s, int32_t *ids, int cap)
+{
+	int n = 0;
+
+	for (char *t = strtok(s, " "); t; t = strtok(NULL, " ")) {
+		if (n == cap)
+			return -1;
+		ids[n++] = atoi(t);
+	}
+	return n;
+}
+
+/* "model | prompt | prompt ids | greedy ids"; 0 on a well-formed line. */
+static int parse_golden(char *line, struct pi_line *g)
+{
+	char *f[4], *save = NULL;
+	int n = 0;
+
+	for (char *t = strtok_r(line, "|\n", &save); t && n < 4; t = strtok_r(NULL, "|\n", &save))
+		f[n++] = t;
+	if (n != 4)
+		return -1;
+	for (int i = 0; i < 4; i++) {
+		while (*f[i] == ' ')
+			f[i]++;
+		for (char *e = f[i] + strlen(f[i]); e > f[i] && e[-1] == ' ';)
+			*--e = 0;
+	}
+	snprintf(g->model, sizeof(g->model), "%s", f[0]);
+	snprintf(g->prompt, sizeof(g->prompt), "%s", f[1]);
+	g->n_prompt = parse_ids(f[2], g->prompt_ids, 64);
+	g->n_ids = parse_ids(f[3], g->ids, 32);
+	return g->n_prompt > 0 && g->n_ids == 32 ? 0 : -1;
+}
+
+TEST(pi_converted_files_give_powerinfers_tokens)
+{
+	const struct hyb_cpu_kernels *k = hyb_cpu_best();
+	FILE *fp = fopen(PI_DATA "goldens.txt", "r");
+	struct hyb_model *m = NULL;
+	struct hyb_ctx *c = NULL;
+	char line[2048], loaded[64] = "";
+	uint32_t lines = 0, tok_same = 0, full[2] = { 0 }, cases[2] = { 0 };
+	uint32_t same[2] = { 0 };
+	float *lg = NULL;
+
+	CHECK_MSG(fp, "%s: %s", PI_DATA "goldens.txt", strerror(errno));
+	if (k->isa != HYB_ISA_AVX512_VNNI && k->isa != HYB_ISA_AVX512) {
+		fclose(fp);
+		SKIP("goldens are PowerInfer's on AVX-512; this run uses %s", k->name);
+	}
+	while (fgets(line, sizeof(line), fp)) {
+		struct pi_line g;
+		int32_t ids[64];
+		uint32_t eq = 0;
+		int n, random;
+
+		if (line[0] == '#')
+			continue;
+		CHECK_MSG(!parse_golden(line, &g), "goldens.txt line %u malformed", lines + 1);
+		if (strcmp(g.model, loaded)) {
+			char path[256];
+
+			free(lg);
+			hyb_ctx_free(c);
+			hyb_model_free(m);
+			snprintf(path, sizeof(path), PI_DATA "%s", g.model);
+			m = load(path);
+			/* as PowerInfer's convert.py leaves them: PWRI, predictors, down_t */
+			CHECK(m->powerinfer && m->gguf->magic == HYB_GGUF_MAGIC_PWRI);
+			CHECK_EQ_INT(m->hp.act, HYB_ACT_RELU);
+			c = hyb_test_ctx(m, HYB_FFN_AUTO);
+			CHECK(hyb_ctx_sparse(c));
+			lg = malloc(sizeof(float) * m->hp.n_vocab);
+			CHECK(lg);
+			snprintf(loaded, sizeof(loaded), "%s", g.model);
+		}
+		random = !strncmp(g.model, "random", 6);
+		lines++;
+		n = hyb_tokenize(m->tok, g.prompt, strlen(g.prompt), true, ids, 64);
+		CHECK_MSG(n > 0, "%s", hyb_last_error());
+		tok_same += n == g.n_prompt && !memcmp(ids, g.prompt_ids, sizeof(int32_t) * (size_t)n);
+		hyb_ctx_reset(c);
+		CHECK_MSG(!hyb_ctx_eval(c, g.prompt_ids, (uint32_t)g.n_prompt, lg, false), "%s",
+			  hyb_last_error());
+		for (int t = 0; t < 32; t++) {
+			int32_t id = hyb_test_argmax(lg, m->hp.n_vocab);
+
+			if (id != g.ids[t] && eq == (uint32_t)t)
+				printf("    %s '%s': token %d is %d, PowerInfer's %d (logits %.6g, "
+				       "%.6g)\n", g.model, g.prompt, t, id, g.ids[t], lg[id],
+				       lg[g.ids[t]]);
+			eq += id == g.ids[t];
+			CHECK_MSG(!hyb_ctx_eval(c, &id, 1, lg, false), "%s", hyb_last_error());
+		}
+		cases[random]++;
+		same[random] += eq;
+		full[random] += eq == 32;
+	}
+	fclose(fp);
+	free(lg);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	printf("    %u/%u prompts tokenized as PowerInfer does; exact predictors (F16, Q4_0): "
+	       "%u/%u prompts token for token (%u/%u tokens); random: %u/%u (%u/%u tokens)\n",
+	       tok_same, lines, full[0], cases[0], same[0], 32 * cases[0], full[1], cases[1],
+	       same[1], 32 * cases[1]);
+	CHECK_MSG(lines >= 18, "goldens.txt has %u cases", lines);
+	CHECK_EQ_INT(tok_same, lines);
+	CHECK_EQ_INT(full[0], cases[0]);
+	/* random predictors: a score within rounding of the threshold may go either way */
+	CHECK_MSG(full[1] + 1 >= cases[1], "random predictors: %u of %u prompts equal", full[1],
+		  cases[1]);
+}
+
+/*
+ * The GPU index PowerInfer's ILP solver made for the converted model
+ * (python -m powerinfer: activation counts in, export_split's file out)
+ * reads as PowerInfer wrote it and places hyb's groups.
+ */
+TEST(pi_solver_index_places_groups)
+{
+	const char *model = PI_DATA "exact.powerinfer.gguf", *idx = PI_DATA "exact.gpuidx";
+	struct pi_files f;
+	struct hyb_gguf_file *gi;
+	char log[512], opts[640];
+	uint32_t hot = 0;
+	int rc;
+
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	CHECK_MSG(!hyb_gguf_open(idx, &gi), "%s", hyb_last_error());
+	CHECK_EQ_INT(gi->magic, HYB_GGUF_MAGIC_PWRI);
+	CHECK(hyb_gguf_is_gpu_index(gi));
+	for (uint32_t l = 0; l < 2; l++) {
+		const struct hyb_gguf_tensor *t = tensor(gi, l, "gpu_idx");
+		const struct hyb_gguf_tensor *b = tensor(gi, l, "gpu_bucket");
+		uint32_t n = 0;
+
+		for (uint32_t i = 0; i < t->ne[0]; i++)
+			n += ((const int32_t *)t->data)[i];
+		/* the bucket lists the same neurons, ascending */
+		CHECK_EQ_INT(b->ne[0], n);
+		for (uint32_t k = 1; k < n; k++)
+			CHECK(((const int32_t *)b->data)[k - 1] < ((const int32_t *)b->data)[k]);
+		hot += n;
+	}
+	/* the solver's capacity: 256 neurons in units of its batch (32) */
+	CHECK_MSG(hot > 0 && hot <= 256 && hot % 32 == 0, "%u neurons on the GPU", hot);
+	snprintf(f.model, sizeof(f.model), "%s", model);
+	snprintf(f.profile, sizeof(f.profile), "%s/pi.profile.gguf", hyb_test_tmpdir());
+	snprintf(f.plan, sizeof(f.plan), "%s/pi.plan.gguf", hyb_test_tmpdir());
+	snprintf(opts, sizeof(opts), "--gpu-budget 2.0M --group-size 32 --gpu-index '%s'", idx);
+	rc = make_plan(&f, opts, log, sizeof(log));
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "hybctl plan failed (exit %d)", rc);
+
+	struct hyb_model *p = load(f.plan);
+	const uint32_t placed = placed_by_index(p, gi), all = p->hp.n_layer * p->n_groups;
+
+	printf("    %u neurons on PowerInfer's GPU; %u of %u groups placed by its index\n", hot,
+	       placed, all);
+	CHECK_MSG(placed > 0 && placed < all, "%u of %u groups placed", placed, all);
+	hyb_model_free(p);
+	hyb_gguf_close(gi);
 }

@@ -1047,6 +1047,113 @@ TEST(sparse_thread_counts_agree)
 	hyb_sparse_ffn_ctx_free(c);
 }
 
+/*
+ * A PowerInfer file's FFN with its ggml's arithmetic (hyb_sparse_ffn_pi): h of
+ * every neuron, 0 where unlisted, converted to the down rows' dot type (F16;
+ * Q8_0 in blocks of 32 neurons for Q4_0 and Q8_0) before the axpy. Against a
+ * double reference that rounds h so, it must be much closer than the
+ * unrounded operator (a flip of one Q8_0 step, from kernel-order last bits,
+ * moves one coefficient: tolerated); the same bits with 1 to 3 threads.
+ */
+TEST(sparse_pi_rounds_h_as_ggml)
+{
+	const uint32_t E = 256, F = 256, types[] = { HYB_TYPE_F16, HYB_TYPE_Q4_0, HYB_TYPE_Q8_0 };
+	const struct hyb_cpu_kernels *ks = hyb_cpu_kernels(HYB_ISA_SCALAR);
+	struct hyb_sparse_ffn_ctx *c = hyb_sparse_ffn_ctx_new(E, F, 3);
+	float xn[256], xs[256], h[256], wr[256], y[4][256], yplain[256];
+	uint32_t list[256], n = 0;
+
+	CHECK(c);
+	g_rng = 4242;
+	for (uint32_t i = 0; i < F; i++)
+		if (rnd() % 2)
+			list[n++] = i;
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		const uint32_t t = types[ti], vt = hyb_vec_dot_type(t);
+		const uint64_t rb = hyb_row_bytes(t, E);
+		uint8_t *w[3], *hq = xmalloc(4 * F + 64);
+		struct hyb_ffn_bundles b = { .type = t, .n_embd = E, .n_ff = F, .group_size = 64,
+					     .row_bytes = rb };
+		struct hyb_sparse_ffn_stats st;
+		double ref[256] = { 0 }, e_pi = 0, e_plain = 0;
+		uint32_t nz = 0;
+
+		for (int r = 0; r < 3; r++) {
+			w[r] = xmalloc(rb * F);
+			for (uint32_t i = 0; i < F; i++) {
+				rand_x(xn, E);
+				CHECK(hyb_quantize_row_ref(t, xn, w[r] + i * rb, E) == 0);
+			}
+			b.rows[r] = w[r];
+		}
+		rand_x(xn, E);
+		as_seen(t, xn, E, xs);
+		memset(h, 0, sizeof(h));
+		for (uint32_t q = 0; q < n; q++) {
+			double g = 0, u = 0;
+
+			ks->dequantize[t](w[0] + list[q] * rb, wr, E);
+			for (uint32_t e = 0; e < E; e++)
+				g += (double)wr[e] * xs[e];
+			ks->dequantize[t](w[1] + list[q] * rb, wr, E);
+			for (uint32_t e = 0; e < E; e++)
+				u += (double)wr[e] * xs[e];
+			h[list[q]] = g > 0 ? (float)(g * u) : 0.0f;
+		}
+		ks->quantize_act[vt](h, hq, F);
+		ks->dequantize[vt](hq, h, F);
+		for (uint32_t i = 0; i < F; i++) {
+			if (h[i] == 0.0f)
+				continue;
+			nz++;
+			ks->dequantize[t](w[2] + i * rb, wr, E);
+			for (uint32_t e = 0; e < E; e++)
+				ref[e] += (double)h[i] * wr[e];
+		}
+		CHECK(hyb_sparse_ffn_pi(c, NULL, &b, HYB_ACT_RELU, xn, list, n, y[0], &st) == 0);
+		CHECK_EQ_INT(st.n_gate, n);
+		CHECK_MSG(st.n_nz + 2 >= nz && st.n_nz <= nz + 2, "%s: %llu down rows, %u in the reference",
+			  hyb_type_name(t), (unsigned long long)st.n_nz, nz);
+		for (int nt = 1; nt <= 3; nt++) {
+			struct hyb_threadpool *pool = hyb_threadpool_new(nt);
+
+			CHECK(pool);
+			CHECK(hyb_sparse_ffn_pi(c, pool, &b, HYB_ACT_RELU, xn, list, n, y[nt], NULL) == 0);
+			CHECK_MSG(!memcmp(y[nt], y[0], sizeof(float) * E), "%s: %d threads differ",
+				  hyb_type_name(t), nt);
+			hyb_threadpool_free(pool);
+		}
+		CHECK(hyb_sparse_ffn(c, NULL, &b, HYB_ACT_RELU, xn, list, n, yplain, NULL) == 0);
+		for (uint32_t e = 0; e < E; e++) {
+			e_pi += (y[0][e] - ref[e]) * (y[0][e] - ref[e]);
+			e_plain += (yplain[e] - ref[e]) * (yplain[e] - ref[e]);
+		}
+		printf("    %s: distance to ggml's rounding %.3g, unrounded %.3g\n", hyb_type_name(t),
+		       sqrt(e_pi), sqrt(e_plain));
+		CHECK_MSG(sqrt(e_pi) < 0.3 * sqrt(e_plain), "%s: rounded %g, unrounded %g",
+			  hyb_type_name(t), sqrt(e_pi), sqrt(e_plain));
+		/* bad input: bundles, and n_ff not a multiple of the Q8_0 block */
+		if (t != HYB_TYPE_F16) {
+			b.n_ff = F - 16;
+			CHECK(hyb_sparse_ffn_pi(c, NULL, &b, HYB_ACT_RELU, xn, list, 0, y[1], NULL) == -1);
+			CHECK(strstr(hyb_sparse_ffn_error(c), "multiple of the Q8_0 block"));
+			b.n_ff = F;
+		}
+		for (int r = 0; r < 3; r++)
+			free(w[r]);
+		free(hq);
+	}
+	{
+		struct ffn f;
+
+		ffn_make(&f, HYB_TYPE_Q4_0, E, F, 64, 99);
+		CHECK(hyb_sparse_ffn_pi(c, NULL, &f.b, HYB_ACT_RELU, xn, list, n, y[0], NULL) == -1);
+		CHECK(strstr(hyb_sparse_ffn_error(c), "a file's own rows"));
+		ffn_free(&f);
+	}
+	hyb_sparse_ffn_ctx_free(c);
+}
+
 /* The bundle layout is plan.h's: gate, up, down-transposed rows per group, permuted. */
 TEST(sparse_bundles_layout)
 {
