@@ -37,8 +37,8 @@ size_t hyb_attend_tmp_bytes(uint32_t hd, uint32_t n_ctx_ggml23)
 {
 	/* tiled: q, K^T, V, VKQ tiles (TILE x hd each), scores, M and S, alignment */
 	const size_t tiled_b = sizeof(float) * (4 * (size_t)TILE * hd + TILE * TILE + 2 * TILE);
-	/* attend_row_ggml23: q in F16, a score per position, the output sum */
-	const size_t g23 = sizeof(uint16_t) * hd + sizeof(float) * ((size_t)n_ctx_ggml23 + hd);
+	/* attend_row_ggml23: q in F16, a score per position, a V row, the output sum */
+	const size_t g23 = sizeof(uint16_t) * hd + sizeof(float) * ((size_t)n_ctx_ggml23 + 2 * hd);
 
 	return (tiled_b > g23 ? tiled_b : g23) + 8 * 64;
 }
@@ -204,7 +204,7 @@ static void attend_row_ggml23(const struct hyb_attn *a, uint32_t t, uint32_t h, 
 	const uint16_t *kc = a->kc + (size_t)(h / group) * hd;
 	const uint16_t *vc = a->vc + (size_t)(h / group) * hv;
 	float *out = a->out + (size_t)t * a->out_stride + (size_t)h * hv;
-	float *acc = align64(tmp), *sc = align64(acc + hv);
+	float *acc = align64(tmp), *vf = align64(acc + hv), *sc = align64(vf + hv);
 	uint16_t *q16 = align64(sc + (pos + 1 - p_min));
 	float mx = -INFINITY, inv;
 	double sum = 0.0;
@@ -229,8 +229,9 @@ static void attend_row_ggml23(const struct hyb_attn *a, uint32_t t, uint32_t h, 
 		const uint16_t *vr = vc + hyb_kv_row(a->blocks, p) * a->v_stride;
 		const float w = f16r(sc[p - p_min] * inv);
 
+		a->k->dequantize[HYB_TYPE_F16](vr, vf, hv);
 		for (uint32_t d = 0; d < hv; d++)
-			acc[d] += w * hyb_f16_to_f32(vr[d]);
+			acc[d] += w * vf[d];
 	}
 	memcpy(out, acc, sizeof(float) * hv);
 }
