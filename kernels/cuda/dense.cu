@@ -32,6 +32,9 @@
  *   sub-block's 6-bit (Q4_K, ggml's get_scale_min_k4 packing) or 8-bit
  *   (Q6_K) scale multiplies its integer sum, as the CPU's dot does; Q4_K's
  *   mins use the Q8_K sums of 16. Only the float sum's order differs.
+ *   The other types (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q5_K, IQ4_XS)
+ *   take gen_dot.h: x staged as the CPU converts it, each weight
+ *   dequantized as the CPU does (deq8.h), the products summed in float.
  *   Staging costs each block one pass over x from L2 (n_in * 4 bytes),
  *   small against the rows a block reads once n_out is a few thousand.
  *
@@ -75,6 +78,8 @@
 #include "dense_cuda.h"
 #include "occupancy.h"
 #include "stage_q8_0.h"
+#include "stage_q8_k.h"
+#include "gen_dot.h"
 
 #define WARP 32
 #define FULL 0xffffffffu
@@ -222,96 +227,22 @@ struct mv_k {
 	int accumulate;
 };
 
-/* Q8_K in shared memory: int8 q[k], then float d[k / 256], then int16 bsums[k / 16] */
-static __device__ __forceinline__ uint32_t q8k_bsums_at(uint32_t k)
-{
-	return k + 4 * (k / QK_K);
-}
-
-/*
- * x to Q8_K, as hyb_quantize_q8_k_scalar: a warp per super-block, lane l
- * holds elements 8l .. 8l + 7. max is the element of largest |x|, the first
- * in element order on a tie (the CPU scans with a strict >), found as the
- * largest (|x|, -index) over the warp; an all-zero block is all zero.
- */
-static __device__ void mv_stage_q8_k(const float *__restrict__ x, uint32_t k, unsigned char *sm)
-{
-	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-	int8_t *xq = (int8_t *)sm;
-	float *xd = (float *)(sm + k);
-	int16_t *bs = (int16_t *)(sm + q8k_bsums_at(k));
-	const uint32_t nb = k / QK_K;
-
-	for (uint32_t b = warp; b < nb; b += MV_WARPS) {
-		const float *xb = x + (uint64_t)b * QK_K + 8 * lane;
-		float v[8], amax = 0.0f, mx = 0.0f;
-		int idx = QK_K, sum = 0;
-		uint32_t p0 = 0, p1 = 0;
-
-#pragma unroll
-		for (int i = 0; i < 8; i++)
-			v[i] = xb[i];
-#pragma unroll
-		for (int i = 0; i < 8; i++) {
-			if (fabsf(v[i]) > amax) {
-				amax = fabsf(v[i]);
-				mx = v[i];
-				idx = 8 * lane + i;
-			}
-		}
-		for (int o = WARP / 2; o > 0; o /= 2) {
-			const float oa = __shfl_xor_sync(FULL, amax, o);
-			const float om = __shfl_xor_sync(FULL, mx, o);
-			const int oi = __shfl_xor_sync(FULL, idx, o);
-
-			if (oa > amax || (oa == amax && oi < idx)) {
-				amax = oa;
-				mx = om;
-				idx = oi;
-			}
-		}
-		/* every lane holds the same amax and mx now: the branch is warp-uniform */
-		if (amax != 0.0f) {
-			const float iscale = __fdiv_rn(-127.f, mx);
-
-#pragma unroll
-			for (int i = 0; i < 8; i++) {
-				const int q = min(__float2int_rn(__fmul_rn(iscale, v[i])), 127);
-				const uint32_t byte = (uint32_t)(q & 0xff) << (8 * (i % 4));
-
-				sum += q;
-				if (i < 4)
-					p0 |= byte;
-				else
-					p1 |= byte;
-			}
-			if (lane == 0)
-				xd[b] = __fdiv_rn(1.0f, iscale);
-		} else if (lane == 0) {
-			xd[b] = 0.0f;
-		}
-		*(uint2 *)(xq + (uint64_t)b * QK_K + 8 * lane) = make_uint2(p0, p1);
-		sum += __shfl_xor_sync(FULL, sum, 1);  /* lanes 2g and 2g + 1: elements 16g .. */
-		if (lane % 2 == 0)
-			bs[b * (QK_K / 16) + lane / 2] = (int16_t)sum;
-	}
-}
-
 /*
  * x in shared memory in the dot format of weight type TY. Q8_0 (for Q8_0
  * and Q4_0 weights): int8 q[k], then float d[k / 32] (d already rounded to
  * f16), as quant_act.c's hyb_quantize_q8_0_scalar. A warp quantizes a
  * 32-element block: lane l holds element l. It loads MV_STEPS blocks before
  * the first reduction, so the staging costs one trip to L2, not eight.
- * Q8_K (for Q4_K and Q6_K weights): mv_stage_q8_k above.
+ * Q8_K (for Q4_K and Q6_K weights): stage_q8_k.h.
  */
 template <uint32_t TY>
 static __device__ void mv_stage_x(const float *__restrict__ x, uint32_t k, unsigned char *sm)
 {
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 
-	if (TY == HYB_TYPE_Q4_K || TY == HYB_TYPE_Q6_K) {
-		mv_stage_q8_k(x, k, sm);
+	if (TY == HYB_TYPE_Q4_K || TY == HYB_TYPE_Q6_K ||
+	    (hyb_gen_type(TY) && hyb_gen_xblock(TY) == 256)) {
+		hyb_stage_q8_k<MV_WARPS>(x, k, sm, warp, lane);
 	} else if (TY == HYB_TYPE_F32) {
 		float *xs = (float *)sm;
 
@@ -459,7 +390,7 @@ static __device__ __forceinline__ float mv_dot_q4_k(const char *row, const unsig
 {
 	const int8_t *xq = (const int8_t *)sm;
 	const float *xd = (const float *)(sm + k);
-	const int16_t *bs = (const int16_t *)(sm + q8k_bsums_at(k));
+	const int16_t *bs = (const int16_t *)(sm + hyb_q8k_bsums_at(k));
 	const uint32_t nb = k / QK_K, t = lane % KQ_LANES, p = t / 2, h = t % 2;
 	const uint32_t lo = 0x0f0f0f0fu;
 	float acc = 0;
@@ -731,18 +662,24 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_kernel(const mv_k
 		const char *row = a.w + (uint64_t)r * a.rb;
 		float acc;
 
-		if (TY == HYB_TYPE_Q8_0)
+		if (TY == HYB_TYPE_Q8_0) {
 			acc = mv_dot_q8_0(row, sm, a.k, lane);
-		else if (TY == HYB_TYPE_Q4_0)
+		} else if (hyb_gen_type(TY) && TY != HYB_TYPE_Q4_K && TY != HYB_TYPE_Q6_K) {
+			float g[1] = { 0.0f };
+
+			hyb_gen_dot<TY, 1>(&row, sm, a.k, lane, g);
+			acc = g[0];
+		} else if (TY == HYB_TYPE_Q4_0) {
 			acc = mv_dot_q4_0(row, sm, a.k, lane);
-		else if (TY == HYB_TYPE_Q4_K)
+		} else if (TY == HYB_TYPE_Q4_K) {
 			acc = mv_dot_q4_k(row, sm, a.k, lane);
-		else if (TY == HYB_TYPE_Q6_K)
+		} else if (TY == HYB_TYPE_Q6_K) {
 			acc = mv_dot_q6_k(row, sm, a.k, lane);
-		else if (TY == HYB_TYPE_F16)
+		} else if (TY == HYB_TYPE_F16) {
 			acc = mv_dot_f16<VEC>(row, sm, a.k, lane);
-		else
+		} else {
 			acc = mv_dot_f32<VEC>(row, sm, a.k, lane);
+		}
 		acc = warp_sum(acc);
 		if (lane == 0)
 			a.y[r] = a.accumulate ? a.y[r] + acc : acc;
@@ -762,11 +699,12 @@ extern "C" uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in)
 	case HYB_TYPE_Q4_K:
 	case HYB_TYPE_Q6_K:
 		/* Q8_K: quants, a float d per 256, an int16 sum per 16 */
-		/* (n_in + n_in / 64 + n_in / 8 in 64 bits: a huge n_in is too much, not wrapped) */
-		return (uint32_t)u64min((n_in + n_in / QK_K * 4ull + n_in / 16 * 2ull + 15) &
-					~15ull, UINT32_MAX);
+		/* (in 64 bits: a huge n_in is too much, not wrapped) */
+		return (uint32_t)u64min(hyb_q8k_stage_bytes(n_in), UINT32_MAX);
 	default:
-		return 0;
+		return hyb_gen_type(type) ? (uint32_t)u64min(hyb_gen_stage_bytes(type, n_in),
+							     UINT32_MAX)
+					  : 0;
 	}
 }
 
@@ -781,6 +719,14 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 		(const void *)matvec_kernel<HYB_TYPE_Q4_0, false>,
 		(const void *)matvec_kernel<HYB_TYPE_Q4_K, false>,
 		(const void *)matvec_kernel<HYB_TYPE_Q6_K, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q4_1, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q5_0, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q5_1, false>,
+		(const void *)matvec_kernel<HYB_TYPE_IQ4_NL, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q2_K, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q3_K, false>,
+		(const void *)matvec_kernel<HYB_TYPE_Q5_K, false>,
+		(const void *)matvec_kernel<HYB_TYPE_IQ4_XS, false>,
 	};
 
 	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
@@ -854,6 +800,30 @@ extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
 		break;
 	case HYB_TYPE_Q6_K:
 		mv_launch<HYB_TYPE_Q6_K, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_Q4_1:
+		mv_launch<HYB_TYPE_Q4_1, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_Q5_0:
+		mv_launch<HYB_TYPE_Q5_0, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_Q5_1:
+		mv_launch<HYB_TYPE_Q5_1, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_IQ4_NL:
+		mv_launch<HYB_TYPE_IQ4_NL, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_Q2_K:
+		mv_launch<HYB_TYPE_Q2_K, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_Q3_K:
+		mv_launch<HYB_TYPE_Q3_K, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_Q5_K:
+		mv_launch<HYB_TYPE_Q5_K, false>(a, sms, smem, s);
+		break;
+	case HYB_TYPE_IQ4_XS:
+		mv_launch<HYB_TYPE_IQ4_XS, false>(a, sms, smem, s);
 		break;
 	default:
 		return -EINVAL;

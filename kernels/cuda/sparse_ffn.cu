@@ -30,6 +30,11 @@
  *    the result is deterministic run to run (for one device: the number of
  *    chunks depends on the number of multiprocessors). No float atomics.
  *
+ * The other types the CPU operator runs (Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) take gen_dot.h in ffn_up (x staged in the
+ * CPU's dot type, weights dequantized as the CPU does, deq8.h) and deq8.h's
+ * weights in ffn_down: the CPU operator's values up to float rounding.
+ *
  * Weights are the GGUF blocks as they are (Q8_0: f16 d + 32 int8; Q4_0:
  * f16 d + 16 bytes of nibbles, low nibbles elements 0..15): blocks are only
  * 2-byte aligned, so quants are read 16 bits at a time (F16 rows whose
@@ -50,6 +55,8 @@
 #include "hyb/tensor_type.h"
 #include "occupancy.h"
 #include "stage_q8_0.h"
+#include "stage_q8_k.h"
+#include "gen_dot.h"
 #include "sparse_ffn_cuda.h"
 
 #define WARP 32
@@ -117,7 +124,8 @@ static __device__ __forceinline__ float f16_of(uint32_t u, int e)
 
 /* ---- xn in shared memory ------------------------------------------------------- */
 
-/* xn in the dot format: Q8_0 blocks (stage_q8_0.h) for Q8_0/Q4_0, F16 for F16 */
+/* xn in the dot format: Q8_0 blocks (stage_q8_0.h) for Q8_0/Q4_0 and the gen_dot.h types
+ * that dot with Q8_0 or Q8_1, Q8_K (stage_q8_k.h) for the others, F16 for F16 */
 #define XSTEPS 8          /* ffn_up: x blocks a warp loads before quantizing any */
 
 template <uint32_t TY>
@@ -130,6 +138,8 @@ static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigne
 
 		for (uint32_t e = threadIdx.x; e < k; e += NTHR)
 			xh[e] = __float2half_rn(xn[e]);
+	} else if (hyb_gen_type(TY) && hyb_gen_xblock(TY) == 256) {
+		hyb_stage_q8_k<NWARP>(xn, k, sm, warp, lane);
 	} else {
 		hyb_stage_q8_0<NWARP, XSTEPS>(xn, k, sm, warp, lane);
 	}
@@ -338,7 +348,9 @@ static __device__ __forceinline__ void row_dots(const char *const *row, const un
 #pragma unroll
 	for (int r = 0; r < NR; r++)
 		acc[r] = 0;
-	if (TY == HYB_TYPE_Q8_0)
+	if (hyb_gen_type(TY))
+		hyb_gen_dot<TY, NR>(row, sm, k, lane, acc);
+	else if (TY == HYB_TYPE_Q8_0)
 		dot_q8_0<NR>(row, sm, k, lane, acc);
 	else if (TY == HYB_TYPE_Q4_0)
 		dot_q4_0<NR>(row, sm, k, lane, acc);
@@ -433,10 +445,11 @@ static __global__ void __launch_bounds__(NTHR, 4) ffn_up(const ffn_k a)
 
 /* ---- kernel 2: y = sum h_i down_i ------------------------------------------------ */
 
-/* A lane's 8 columns of one down row: quants + scale, or 8 f16. */
+/* A lane's 8 columns of one down row: quants + scale, or 8 f16, or (deq8.h's types) 8 weights. */
 struct seg {
 	uint32_t q[4];
 	float d;
+	float v[8];
 };
 
 /*
@@ -448,11 +461,16 @@ template <uint32_t TY, bool VEC>
 static __device__ __forceinline__ seg load_seg(const char *row, uint32_t tile, int lane,
 					       uint32_t k)
 {
-	seg s = { { 0, 0, 0, 0 }, 0.0f };
+	seg s = { { 0, 0, 0, 0 }, 0.0f, { 0, 0, 0, 0, 0, 0, 0, 0 } };
 
 	if (!row)
 		return s;
-	if (TY == HYB_TYPE_F16) {
+	if (hyb_gen_type(TY)) {
+		const uint32_t c = tile * TILE + 8 * lane;
+
+		if (c < k)
+			hyb_deq8(TY, (const uint8_t *)row, c, s.v);
+	} else if (TY == HYB_TYPE_F16) {
 		const uint32_t c = tile * TILE + 8 * lane;
 
 		if (VEC) {
@@ -489,11 +507,15 @@ static __device__ __forceinline__ seg load_seg(const char *row, uint32_t tile, i
 	return s;
 }
 
-/* acc += h * row, as the CPU axpy: f16 h * w; quants (h * d) * q */
+/* acc += h * row, as the CPU axpy: f16 h * w; quants (h * d) * q; deq8.h's types h * w */
 template <uint32_t TY>
 static __device__ __forceinline__ void axpy_seg(float acc[8], float h, const seg &s, int lane)
 {
-	if (TY == HYB_TYPE_F16) {
+	if (hyb_gen_type(TY)) {
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			acc[e] += h * s.v[e];
+	} else if (TY == HYB_TYPE_F16) {
 #pragma unroll
 		for (int e = 0; e < 8; e++)
 			acc[e] += h * f16_of(s.q[e / 2], e % 2);
@@ -657,7 +679,7 @@ extern "C" uint32_t hyb_cuda_ffn_smem(uint32_t type, uint32_t n_embd)
 	case HYB_TYPE_Q4_0:
 		return n_embd + n_embd / QK * 4;
 	default:
-		return 0;
+		return hyb_gen_type(type) ? (uint32_t)hyb_gen_stage_bytes(type, n_embd) : 0;
 	}
 }
 
@@ -668,6 +690,16 @@ extern "C" int hyb_cuda_ffn_setup(int smem_max)
 		(const void *)ffn_up<HYB_TYPE_F16, true>,
 		(const void *)ffn_up<HYB_TYPE_Q8_0, false>,
 		(const void *)ffn_up<HYB_TYPE_Q4_0, false>,
+		(const void *)ffn_up<HYB_TYPE_Q4_1, false>,
+		(const void *)ffn_up<HYB_TYPE_Q5_0, false>,
+		(const void *)ffn_up<HYB_TYPE_Q5_1, false>,
+		(const void *)ffn_up<HYB_TYPE_IQ4_NL, false>,
+		(const void *)ffn_up<HYB_TYPE_Q2_K, false>,
+		(const void *)ffn_up<HYB_TYPE_Q3_K, false>,
+		(const void *)ffn_up<HYB_TYPE_Q4_K, false>,
+		(const void *)ffn_up<HYB_TYPE_Q5_K, false>,
+		(const void *)ffn_up<HYB_TYPE_Q6_K, false>,
+		(const void *)ffn_up<HYB_TYPE_IQ4_XS, false>,
 	};
 
 	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
@@ -760,6 +792,26 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 		return (int)launch<HYB_TYPE_Q8_0, false>(a, n_sm, smem, s);
 	case HYB_TYPE_Q4_0:
 		return (int)launch<HYB_TYPE_Q4_0, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q4_1:
+		return (int)launch<HYB_TYPE_Q4_1, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q5_0:
+		return (int)launch<HYB_TYPE_Q5_0, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q5_1:
+		return (int)launch<HYB_TYPE_Q5_1, false>(a, n_sm, smem, s);
+	case HYB_TYPE_IQ4_NL:
+		return (int)launch<HYB_TYPE_IQ4_NL, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q2_K:
+		return (int)launch<HYB_TYPE_Q2_K, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q3_K:
+		return (int)launch<HYB_TYPE_Q3_K, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q4_K:
+		return (int)launch<HYB_TYPE_Q4_K, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q5_K:
+		return (int)launch<HYB_TYPE_Q5_K, false>(a, n_sm, smem, s);
+	case HYB_TYPE_Q6_K:
+		return (int)launch<HYB_TYPE_Q6_K, false>(a, n_sm, smem, s);
+	case HYB_TYPE_IQ4_XS:
+		return (int)launch<HYB_TYPE_IQ4_XS, false>(a, n_sm, smem, s);
 	default:
 		return -EINVAL;
 	}

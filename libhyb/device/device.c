@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "device_internal.h"
+#include "sparse_ffn_kernels.h"
 #include "util/error.h"
 #include "hyb/tensor_type.h"
 
@@ -525,9 +526,10 @@ int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 
 /* ---- kernels -------------------------------------------------------------------- */
 
+/* The CPU operator's types (sparse_ffn_kernels.h); CUDA: kernels/cuda/sparse_ffn.cu, but F32. */
 bool hyb_device_ffn_type_ok(uint32_t t)
 {
-	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 || t == HYB_TYPE_Q4_0;
+	return hyb_sparse_type_ok(t);
 }
 
 static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
@@ -538,9 +540,8 @@ static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
 	int rc;
 
 	if (!hyb_device_ffn_type_ok(t))
-		return hyb_device_fail(d, -EINVAL,
-				       "sparse ffn: weight type %s not supported (F32, F16, Q8_0, "
-				       "Q4_0)", hyb_type_name(t));
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: weight type %s not supported (%s)",
+				       hyb_type_name(t), hyb_sparse_type_list());
 	if (!f->n_embd || !f->n_ff || !f->group_size)
 		return hyb_device_fail(d, -EINVAL,
 				       "sparse ffn: zero size (n_embd %u, n_ff %u, group size %u)",
@@ -725,8 +726,8 @@ int hyb_device_rmsnorm_rows(struct hyb_device *d, enum hyb_stream s, hyb_dptr y,
 /* The weight types the dense kernels take (hyb/device.h struct hyb_dev_matvec). */
 bool hyb_device_matvec_type_ok(uint32_t t)
 {
-	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 ||
-	       t == HYB_TYPE_Q4_0 || t == HYB_TYPE_Q4_K || t == HYB_TYPE_Q6_K;
+	/* the sparse operator's types are exactly these (BF16 is neither's) */
+	return hyb_sparse_type_ok(t);
 }
 
 /*
@@ -746,9 +747,8 @@ static int check_matvec(struct hyb_device *d, const struct hyb_dev_matvec *m)
 	int rc;
 
 	if (!hyb_device_matvec_type_ok(t))
-		return hyb_device_fail(d, -EINVAL,
-				       "matvec: weight type %s not supported (F32, F16, Q8_0, "
-				       "Q4_0, Q4_K, Q6_K)", hyb_type_name(t));
+		return hyb_device_fail(d, -EINVAL, "matvec: weight type %s not supported (%s)",
+				       hyb_type_name(t), hyb_sparse_type_list());
 	if (!m->n_in || !m->n_out)
 		return hyb_device_fail(d, -EINVAL, "matvec: zero size (n_in %u, n_out %u)",
 				       m->n_in, m->n_out);

@@ -49,12 +49,6 @@ static uint64_t round256(uint64_t b)
 	return (b + 255) / 256 * 256;
 }
 
-/* hyb_device_matvec's types: Q4_K/Q6_K are llama.cpp's Q4_K_M attention and head */
-static bool type_ok(uint32_t t)
-{
-	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 ||
-	       t == HYB_TYPE_Q4_0 || t == HYB_TYPE_Q4_K || t == HYB_TYPE_Q6_K;
-}
 
 static uint64_t weight_bytes(const struct hyb_weight *w)
 {
@@ -64,7 +58,8 @@ static uint64_t weight_bytes(const struct hyb_weight *w)
 /* a matrix the device's matvec takes, or a float vector */
 static bool mat_ok(const struct hyb_weight *w)
 {
-	return w->data && type_ok(w->type) && hyb_row_bytes(w->type, w->ne0) == w->row_bytes;
+	return w->data && hyb_device_matvec_type_ok(w->type) &&
+	       hyb_row_bytes(w->type, w->ne0) == w->row_bytes;
 }
 
 static bool norm_ok(const struct hyb_weight *w)

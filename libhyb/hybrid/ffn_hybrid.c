@@ -18,6 +18,7 @@
 #include "hyb/manifest.h"
 #include "sparse/group_div.h"
 #include "sparse/sparse_layer.h"
+#include "sparse_ffn_kernels.h"
 
 /* Device memory: the cache slots (box mode: hybd's, adopted), tables, inputs, partials. */
 static int alloc_device(struct hyb_ffn_hybrid *h, char *err, size_t errlen)
@@ -294,8 +295,9 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 
 		if (!hyb_device_ffn_type_ok(t)) {
 			snprintf(err, errlen, "hybrid decoding: the device's sparse FFN does not run "
-				 "%s bundles (F32 F16 Q8_0 Q4_0); decode this plan on the CPU "
-				 "(sparse, without a GPU budget)", hyb_type_name(t));
+				 "%s bundles (%s); decode this plan on the CPU "
+				 "(sparse, without a GPU budget)", hyb_type_name(t),
+				 hyb_sparse_type_list());
 			return -1;
 		}
 	}

@@ -346,6 +346,27 @@ TEST(gpu_dev_ffn_f16_4096x11008) { compare_shape(HYB_TYPE_F16, 4096, 11008, 32, 
 TEST(gpu_dev_ffn_q8_0_4096x11008) { compare_shape(HYB_TYPE_Q8_0, 4096, 11008, 32, 85, 0); }
 TEST(gpu_dev_ffn_q4_0_4096x11008) { compare_shape(HYB_TYPE_Q4_0, 4096, 11008, 32, 85, 0); }
 /* odd shapes: partial last groups, n_embd not a multiple of a tile, unaligned F16 rows */
+/*
+ * The types the kernels run through kernels/cuda/deq8.h (gen_dot.h): a
+ * quarter of the 7B shape for each (the reference quantizers of the
+ * K-quants are slow on the host: the full shape would take minutes of the
+ * device's time), an unaligned slot pad (rows 2-byte aligned only) and a
+ * small shape of a few blocks.
+ */
+TEST(gpu_dev_ffn_other_types)
+{
+	static const uint32_t types[] = { HYB_TYPE_Q4_1, HYB_TYPE_Q5_0, HYB_TYPE_Q5_1,
+					  HYB_TYPE_IQ4_NL, HYB_TYPE_Q2_K, HYB_TYPE_Q3_K,
+					  HYB_TYPE_Q4_K, HYB_TYPE_Q5_K, HYB_TYPE_Q6_K,
+					  HYB_TYPE_IQ4_XS };
+
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		compare_shape(types[i], 2048, 2752, 32, 85, 0);
+		compare_shape(types[i], 512, 1000, 24, 80, 2);
+		compare_shape(types[i], 256, 77, 32, 100, 0);
+	}
+}
+
 TEST(gpu_dev_ffn_f16_odd)
 {
 	compare_shape(HYB_TYPE_F16, 100, 1000, 24, 80, 6);
@@ -1123,6 +1144,19 @@ static void matvec_kquant(uint32_t type)
 
 TEST(gpu_dev_matvec_q4_k) { matvec_kquant(HYB_TYPE_Q4_K); }
 TEST(gpu_dev_matvec_q6_k) { matvec_kquant(HYB_TYPE_Q6_K); }
+
+/* The types of kernels/cuda/gen_dot.h: blocks of 32, then super-blocks of 256. */
+TEST(gpu_dev_matvec_other_types)
+{
+	matvec_type(HYB_TYPE_Q4_1);
+	matvec_type(HYB_TYPE_Q5_0);
+	matvec_type(HYB_TYPE_Q5_1);
+	matvec_type(HYB_TYPE_IQ4_NL);
+	matvec_kquant(HYB_TYPE_Q2_K);
+	matvec_kquant(HYB_TYPE_Q3_K);
+	matvec_kquant(HYB_TYPE_Q5_K);
+	matvec_kquant(HYB_TYPE_IQ4_XS);
+}
 
 /* ---- attention ---- */
 

@@ -200,7 +200,7 @@ TEST(gpu_hybrid_prompt_batch_matches_cpu_device)
  * near-ties. qwen3moe keeps attention on the CPU; Mixtral's llama layout
  * puts attention and head on the GPU too.
  */
-static void moe_compare(const char *name, const char *shape)
+static void moe_compare(const char *name, const char *shape, const char *type)
 {
 	char path[512], cmd[1024];
 	struct hyb_model *m;
@@ -209,7 +209,7 @@ static void moe_compare(const char *name, const char *shape)
 		SKIP("no CUDA device");
 	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
 	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s %s --experts 32 --experts-used 4 "
-		 "--hidden 512 --heads 8 --layers 4 --type Q4_0 -t 2 >/dev/null", path, shape);
+		 "--hidden 512 --heads 8 --layers 4 --type %s -t 2 >/dev/null", path, shape, type);
 	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
 	m = hyb_model_load(path);
 	CHECK_MSG(m, "%s", hyb_last_error());
@@ -237,12 +237,20 @@ static void moe_compare(const char *name, const char *shape)
 
 TEST(gpu_moe_expert_cache_matches_cpu_device)
 {
-	moe_compare("moe-gpu", "--arch qwen3moe --expert-ffn 256");
+	moe_compare("moe-gpu", "--arch qwen3moe --expert-ffn 256", "Q4_0");
 }
 
 TEST(gpu_moe_expert_cache_dense_on_gpu_matches_cpu_device)
 {
-	moe_compare("moe-gpu-llama", "--arch llama --ffn 256");
+	moe_compare("moe-gpu-llama", "--arch llama --ffn 256", "Q4_0");
+}
+
+/* experts, attention and head of types the kernels run through kernels/cuda/gen_dot.h */
+TEST(gpu_moe_expert_cache_other_types_match_cpu_device)
+{
+	moe_compare("moe-gpu-q5k", "--arch llama --ffn 256", "Q5_K");
+	moe_compare("moe-gpu-q51", "--arch llama --ffn 256", "Q5_1");
+	moe_compare("moe-gpu-iq4xs", "--arch llama --ffn 256", "IQ4_XS");
 }
 
 /*

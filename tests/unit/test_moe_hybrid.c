@@ -274,13 +274,22 @@ TEST(moe_hybrid_refuses_what_it_cannot_do)
 	CHECK_MSG(strstr(hyb_last_error(), "holds no expert"), "%s", hyb_last_error());
 	hyb_model_free(m);
 	/* experts of a type the device's matvec does not take */
-	m = hyb_model_load(synth("mhq", SMALL " --type Q5_0"));
+	m = hyb_model_load(synth("mhq", SMALL " --type BF16"));
 	CHECK_MSG(m, "%s", hyb_last_error());
 	hy.gpu_budget = m->weight_bytes;
 	CHECK(!hyb_ctx_new(m, &cp));
-	CHECK_MSG(strstr(hyb_last_error(), "Q5_0") && strstr(hyb_last_error(), "on the CPU"),
+	CHECK_MSG(strstr(hyb_last_error(), "BF16") && strstr(hyb_last_error(), "on the CPU"),
 		  "%s", hyb_last_error());
 	hyb_model_free(m);
+}
+
+/* the types the device kernels run through kernels/cuda/deq8.h, here on the CPU device */
+TEST(moe_hybrid_k_quant_experts_keep_the_cpu_bits)
+{
+	/* K-quant rows: widths of 256 */
+	cpu_bits("mhk", "--arch qwen3moe --experts 16 --experts-used 4 --expert-ffn 256 "
+		 "--hidden 256 --heads 4 --layers 3 --seed 5 --type Q5_K", true);
+	cpu_bits("mhn", SMALL " --type IQ4_NL", true);
 }
 
 /* qwen2moe: its attention's q/k/v biases on the device too (and its shared expert on the CPU) */

@@ -688,8 +688,8 @@ static void check_down_column(const float *row, const float *downf, uint32_t E, 
  * The plan decodes sparsely on the CPU: with every neuron predicted (fc2
  * biases forced up) the sparse operator gives the dense FFN over the same
  * bundles, token for token, up to summation order. A hybrid context takes
- * the plan where the device kernels run its type and refuses it by name
- * where they do not.
+ * the plan where the device kernels run its type (on the CPU device: the
+ * CPU's bits) and refuses it by name where they do not.
  */
 static void sparse_and_hybrid(const char *plan, const char *type)
 {
@@ -724,7 +724,18 @@ static void sparse_and_hybrid(const char *plan, const char *type)
 		const uint32_t t = m->layers[0].plan.bundles.type;
 
 		if (hyb_device_ffn_type_ok(t)) {
+			struct hyb_ctx *s = hyb_test_ctx(m, HYB_FFN_SPARSE);
+			struct hyb_test_agreement r = { 0 };
+
 			CHECK_MSG(c, "%s", hyb_last_error());
+			/* one-token steps: the CPU device runs the CPU kernels on the same
+			 * rows, so every type gives the CPU's bits */
+			hyb_test_greedy_compare(s, c, m->hp.n_vocab, 2, 1, 12, 1, &r);
+			printf("    %s: hybrid on the CPU device vs CPU sparse: %u/%u, largest logit "
+			       "difference %.2g\n", type, r.agree, r.total, r.max_diff);
+			CHECK_EQ_INT(r.agree, r.total);
+			CHECK_MSG(r.max_diff == 0, "largest logit difference %g", r.max_diff);
+			hyb_ctx_free(s);
 		} else {
 			CHECK(!c);
 			printf("    %s: hybrid refused: %s\n", type, hyb_last_error());

@@ -149,7 +149,7 @@ int hyb_device_measure_bw(struct hyb_device *d, uint64_t bytes, int reps,
  * same neurons up to float summation order.
  */
 struct hyb_dev_ffn {
-	uint32_t type;          /* F16, Q8_0, Q4_0 (F32 on the CPU device) */
+	uint32_t type;          /* hyb_device_ffn_type_ok() */
 	uint32_t n_embd, n_ff, group_size;
 	enum hyb_ffn_act act;
 	float thr;              /* CATS threshold (hyb/sparsity.h; SiLU only): a listed neuron with
@@ -167,8 +167,8 @@ struct hyb_dev_ffn {
 };
 int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
 /*
- * Whether hyb_device_sparse_ffn takes bundles of `type` (F32, F16, Q8_0,
- * Q4_0; the CUDA device not F32). The CPU sparse operator takes more: the
+ * Whether hyb_device_sparse_ffn takes bundles of `type`: the CPU sparse
+ * operator's types (every one but BF16; the CUDA device not F32). The
  * hybrid engine refuses a plan whose type no device runs.
  */
 bool hyb_device_ffn_type_ok(uint32_t type);
@@ -204,12 +204,12 @@ int hyb_device_rmsnorm_rows(struct hyb_device *d, enum hyb_stream s, hyb_dptr y,
 /*
  * y (= or +=) W x: W is n_out rows of n_in elements of `type`, GGUF row layout,
  * rows contiguous (a weight copied from the model file as is). x is first
- * rounded to the type's dot format, as the CPU does (Q8_0 for Q4_0 and Q8_0,
- * Q8_K for Q4_K and Q6_K, F16 for F16, none for F32). With accumulate, y[r] += (W x)[r], the dot
+ * rounded to the type's dot format, as the CPU does (Q8_0 for the 32-blocks,
+ * Q8_K for the K-quants and IQ4_XS, F16 for F16, none for F32). With accumulate, y[r] += (W x)[r], the dot
  * product rounded to float first (the CPU's "matmul, then add the residual").
  */
 struct hyb_dev_matvec {
-	uint32_t type;          /* F32, F16, Q8_0, Q4_0, Q4_K, Q6_K */
+	uint32_t type;          /* hyb_device_matvec_type_ok(): every type but BF16 */
 	uint32_t n_in, n_out;   /* n_in a multiple of the type's block (256 for K) */
 	hyb_dptr w;             /* n_out * hyb_row_bytes(type, n_in) bytes */
 	hyb_dptr x;             /* float [n_in] */
