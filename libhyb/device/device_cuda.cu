@@ -645,10 +645,10 @@ static int cu_sparse_ffn_one(struct hyb_device *d, enum hyb_stream s, const stru
 	struct hyb_cuda_ffn a;
 	int rc;
 
-	if (f->type != HYB_TYPE_F16 && f->type != HYB_TYPE_Q8_0 && f->type != HYB_TYPE_Q4_0)
+	if (!smem) /* the kernels' types: hyb_device_ffn_type_ok() but F32 */
 		return hyb_device_fail(d, -EINVAL,
-				       "cuda sparse ffn: weight type %s not supported (F16, Q8_0, "
-				       "Q4_0)", hyb_type_name(f->type));
+				       "cuda sparse ffn: weight type %s not supported (every type "
+				       "the CPU operator takes but F32)", hyb_type_name(f->type));
 	if ((int64_t)smem > c->smem_max)
 		return hyb_device_fail(d, -EINVAL,
 				       "cuda sparse ffn: n_embd %u needs %u bytes of shared memory, "
@@ -774,8 +774,8 @@ static int cu_matvec_one(struct hyb_device *d, enum hyb_stream s, const struct h
 
 	if (!smem)
 		return hyb_device_fail(d, -EINVAL,
-				       "cuda matvec: weight type %s not supported (F32, F16, Q8_0, "
-				       "Q4_0, Q4_K, Q6_K)", hyb_type_name(m->type));
+				       "cuda matvec: weight type %s not supported (every type "
+				       "but BF16)", hyb_type_name(m->type));
 	if ((int64_t)smem > c->smem_max)
 		return hyb_device_fail(d, -EINVAL,
 				       "cuda matvec: n_in %u of %s needs %u bytes of shared "

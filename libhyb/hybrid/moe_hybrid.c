@@ -152,8 +152,8 @@ static int check_model(const struct hyb_model *m, char *err, size_t errlen)
 		for (int i = 0; i < 3; i++)
 			if (!hyb_device_matvec_type_ok(w[i]->type)) {
 				snprintf(err, errlen, "expert cache: layer %u's experts are %s, which "
-					 "the device's matvec does not take (F32, F16, Q8_0, Q4_0, "
-					 "Q4_K, Q6_K): decode this model on the CPU", l,
+					 "the device's matvec does not take (it takes every type "
+					 "but BF16): decode this model on the CPU", l,
 					 hyb_type_name(w[i]->type));
 				return -1;
 			}

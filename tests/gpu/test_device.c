@@ -1431,6 +1431,8 @@ TEST(gpu_dev_dense_bad_args)
 	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0);
 	m.n_in = 256;
 	OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+	m.type = HYB_TYPE_BF16; /* the one type the device does not take */
+	CHECK(hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m) < 0);
 	drain(d, HYB_STREAM_COMPUTE);
 	hyb_device_free(d, buf);
 	hyb_device_close(d);
@@ -1441,7 +1443,7 @@ TEST(gpu_dev_dense_bad_args)
  * the bandwidth of the bytes each call must read, against the device-memory
  * ceiling measured in the same run (a device-to-device copy): the 4096 x
  * 4096 matvec (an attention projection) and the 32000 x 4096 head in F16,
- * Q8_0, Q4_0, Q4_K and Q6_K (copies called in turn, so the weights come
+ * Q8_0, Q4_0, Q4_K, Q6_K and Q5_K (copies called in turn, so the weights come
  * from device memory, not the L2), and attention
  * over 2048 positions (32 heads of 128 over 8 and over 32 kv heads; K and V
  * rows 0..2047 are the bytes).
@@ -1457,12 +1459,14 @@ TEST(gpu_dev_dense_timing)
 	peak = gpu_copy_gbps();
 	CHECK(peak > 0);
 	d = open_kind("cuda", 1024 * MiB, 0);
-	for (int ti = 0; ti < 5; ti++) {
-		static const uint32_t types[5] = { HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0,
-						   HYB_TYPE_Q4_K, HYB_TYPE_Q6_K };
+	for (int ti = 0; ti < 6; ti++) {
+		/* Q5_K: the kernels of gen_dot.h */
+		static const uint32_t types[6] = { HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0,
+						   HYB_TYPE_Q4_K, HYB_TYPE_Q6_K, HYB_TYPE_Q5_K };
 		/* block bytes and where its f16 scales are (random bytes elsewhere): d, dmin */
-		static const uint32_t blk[5][3] = {
+		static const uint32_t blk[6][3] = {
 			{ 2, 0, 0 }, { 34, 0, 0 }, { 18, 0, 0 }, { 144, 0, 2 }, { 210, 208, 208 },
+			{ 176, 0, 2 },
 		};
 		const uint32_t type = types[ti];
 		const uint32_t rows[2] = { n_embd, sm ? 1000 : 32000 };
