@@ -87,6 +87,16 @@ static int pi_layers(struct hyb_ffn_sparse *s, size_t *scratch, char *err, size_
 				 hyb_type_name(L->down_t.type), hyb_sparse_type_list());
 			return -1;
 		}
+		/* PowerInfer's arithmetic quantizes h over n_ff in the dot type's blocks */
+		const uint32_t blk = hyb_type_info(hyb_vec_dot_type(L->down_t.type))->blck;
+
+		if (hp->n_ff % blk) {
+			snprintf(err, errlen, "blk.%u: ffn_down_t is %s, whose axpy reads h in blocks "
+				 "of %u, and n_ff %u is not a multiple (PowerInfer cannot run this "
+				 "file either): --dense decodes it", l,
+				 hyb_type_name(L->down_t.type), blk, hp->n_ff);
+			return -1;
+		}
 		s->bundles[l] = (struct hyb_ffn_bundles){
 			.type = L->down_t.type, .n_embd = hp->n_embd, .n_ff = hp->n_ff,
 			.group_size = PI_GROUP, .row_bytes = L->down_t.row_bytes,

@@ -437,6 +437,41 @@ TEST(pi_sparse_decode_with_exact_predictors_matches_dense)
 	hyb_model_free(m);
 }
 
+/* A Q4_0 file whose n_ff is no multiple of 32: ggml's axpy cannot quantize its h (nor can hyb's). */
+TEST(pi_refuses_sparse_q4_0_with_odd_n_ff)
+{
+	const char *d = hyb_test_tmpdir();
+	char src[512], pi[512], log[512];
+	struct hyb_model *m;
+	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .ffn = HYB_FFN_SPARSE };
+	int rc;
+
+	hyb_test_need_venv();
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(src, sizeof(src), "%s/odd.gguf", d);
+	snprintf(pi, sizeof(pi), "%s/odd.pi.gguf", d);
+	snprintf(log, sizeof(log), "%s/odd.log", d);
+	rc = hyb_test_sh(log, "%s synth -o '%s' --hidden 128 --ffn 200 --layers 1 --heads 4 "
+			 "--vocab 512 --act relu --type F16 -t 1 && " PI_PY " '%s' '%s' --predictor "
+			 "random --hidden 16 --type Q4_0", hyb_test_hybctl(), src, src, pi);
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_MSG(rc == 0, "making the model failed (exit %d)", rc);
+	m = load(pi);
+	CHECK(!hyb_ctx_new(m, &p));
+	CHECK_MSG(strstr(hyb_last_error(), "n_ff 200") && strstr(hyb_last_error(), "--dense"), "%s",
+		  hyb_last_error());
+	p.ffn = HYB_FFN_DENSE; /* the dense path has no such limit */
+	{
+		struct hyb_ctx *c = hyb_ctx_new(m, &p);
+
+		CHECK_MSG(c, "%s", hyb_last_error());
+		hyb_ctx_free(c);
+	}
+	hyb_model_free(m);
+}
+
 TEST(pi_rejects_bad_files)
 {
 	struct pi_files f;
