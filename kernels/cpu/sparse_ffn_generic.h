@@ -19,14 +19,78 @@
  * pieces outer, rows inner, so the piece of y stays in L1 across the rows,
  * and each row's next piece is prefetched before the other rows come
  * round. Per element the rows are added in order and nothing is rounded
- * (axpy_rounds stays false), so every level gives the same floats.
+ * (axpy_rounds stays false), so every level gives the same floats. At the
+ * AVX-512 levels the 32-blocks (Q4_1, Q5_0, Q5_1, IQ4_NL: small real models'
+ * FFNs) are dequantized 32 at a time (sgen_deq32): the same operations per
+ * element as the scalar dequantizer, so the same floats.
  */
 #ifndef HYB_SPARSE_FFN_GENERIC_H
 #define HYB_SPARSE_FFN_GENERIC_H
 
+#include <string.h>
+
 #include "sparse_ffn_kernels.h"
 
 #define SGEN_PIECE 256 /* a multiple of every block size */
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "blocks.h"
+
+/*
+ * m elements (a multiple of 32) of a Q4_1/Q5_0/Q5_1/IQ4_NL row as floats,
+ * each as dequant.c computes it: (q - 16) * d, q * d + m (a product, then
+ * a sum: no fused multiply-add), d * level. false for another type.
+ */
+static inline bool sgen_deq32(uint32_t type, const uint8_t *p, float *w, int64_t m)
+{
+	const bool q5 = type == HYB_TYPE_Q5_0 || type == HYB_TYPE_Q5_1;
+	const bool min = type == HYB_TYPE_Q4_1 || type == HYB_TYPE_Q5_1;
+	const uint32_t bb = type == HYB_TYPE_Q4_1 ? 20 : type == HYB_TYPE_Q5_0 ? 22
+			  : type == HYB_TYPE_Q5_1 ? 24 : 18;
+	const uint32_t qs_off = type == HYB_TYPE_Q4_1 ? 4 : type == HYB_TYPE_Q5_0 ? 6
+			      : type == HYB_TYPE_Q5_1 ? 8 : 2;
+	const __m256i levels = _mm256_broadcastsi128_si256(
+		_mm_loadu_si128((const __m128i *)hyb_kvalues_iq4nl));
+	const __m256i m4 = _mm256_set1_epi8(0xF);
+
+	if (type != HYB_TYPE_Q4_1 && type != HYB_TYPE_Q5_0 && type != HYB_TYPE_Q5_1 &&
+	    type != HYB_TYPE_IQ4_NL)
+		return false;
+	for (int64_t b = 0; b < m / 32; b++, p += bb, w += 32) {
+		uint16_t dh, mh;
+		uint32_t qh = 0;
+
+		memcpy(&dh, p, 2);
+		memcpy(&mh, p + 2, 2);
+		const __m512 d = _mm512_set1_ps(hyb_f16_to_f32(dh));
+		const __m128i q = _mm_loadu_si128((const __m128i *)(p + qs_off));
+		/* elements 0..15 the low nibbles, 16..31 the high ones */
+		__m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
+
+		if (q5) {
+			memcpy(&qh, p + (type == HYB_TYPE_Q5_0 ? 2 : 4), 4);
+			v = _mm256_mask_add_epi8(v, (__mmask32)qh, v, _mm256_set1_epi8(0x10));
+		}
+		if (type == HYB_TYPE_IQ4_NL)
+			v = _mm256_shuffle_epi8(levels, v);
+		else if (type == HYB_TYPE_Q5_0)
+			v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
+		for (int h = 0; h < 2; h++) {
+			const __m128i v8 = h ? _mm256_extracti128_si256(v, 1)
+					     : _mm256_castsi256_si128(v);
+			__m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v8)), d);
+
+			if (min)
+				f = _mm512_add_ps(f, _mm512_set1_ps(hyb_f16_to_f32(mh)));
+			_mm512_storeu_ps(w + 16 * h, f);
+		}
+	}
+	return true;
+}
+#endif
 
 /* into L2, as the hand-written kernels prefetch */
 static inline void sgen_prefetch(const void *p, uint64_t bytes)
@@ -35,11 +99,30 @@ static inline void sgen_prefetch(const void *p, uint64_t bytes)
 		__builtin_prefetch((const char *)p + off, 0, 2);
 }
 
+/*
+ * Rows this short are gathered into one buffer and go through the GEMV in
+ * one call: for small models' rows (SmolLM2's 576 elements, Gemma 3's 640)
+ * a call per row costs more than the row's own work. The gathered bytes come
+ * from DRAM once, as they would anyway, and the GEMV reads them from L1/L2.
+ */
+#define SGEN_GATHER_BYTES 32768
+
 static void sgen_dot_pf(int64_t k, const void *const *rows, int n, int n_pf,
 			const struct hyb_sparse_x *x, float *out)
 {
 	const uint64_t rb = hyb_row_bytes(x->type, (uint64_t)k);
 
+	if (rb * (uint64_t)n <= SGEN_GATHER_BYTES && n > 1) {
+		_Alignas(64) uint8_t buf[SGEN_GATHER_BYTES];
+
+		for (int r = 0; r < n; r++) {
+			if (r + 1 < n + n_pf)
+				sgen_prefetch(rows[r + 1], rb);
+			memcpy(buf + (uint64_t)r * rb, rows[r], rb);
+		}
+		x->gemv(k, buf, rb, n, x->q, 0, 1, out, (size_t)n);
+		return;
+	}
 	for (int r = 0; r < n; r++) {
 		if (r + 1 < n + n_pf)
 			sgen_prefetch(rows[r + 1], rb);
@@ -77,7 +160,10 @@ static inline void sgen_axpy(uint32_t type, int64_t k, const void *const *rows, 
 			const float hr = h[r];
 
 			sgen_prefetch(p + pb, next);
-			dq(p, w, m);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+			if (!sgen_deq32(type, p, w, m))
+#endif
+				dq(p, w, m);
 			for (int64_t i = 0; i < m; i++)
 				yp[i] += hr * w[i];
 		}

@@ -286,10 +286,16 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 		return -1;
 	hyb_ffn_sparse_set_oracle(h->sp, oracle);
 	/*
-	 * The CPU operator runs more bundle types than the device kernels: a
-	 * plan of another type decodes on the CPU alone (no GPU budget), so
-	 * refuse here rather than at the first device FFN.
+	 * The CPU operator runs more bundle types and activations than the
+	 * device kernels: such a plan decodes on the CPU alone (no GPU budget),
+	 * so refuse here rather than at the first device FFN.
 	 */
+	if (m->hp.act == HYB_ACT_GELU) {
+		snprintf(err, errlen, "hybrid decoding: the device's sparse FFN does not run GeGLU "
+			 "(%s); decode this plan on the CPU (sparse, without a GPU budget)",
+			 m->hp.arch);
+		return -1;
+	}
 	for (uint32_t l = 0; l < h->L; l++) {
 		const uint32_t t = hyb_ffn_sparse_bundles(h->sp, l)->type;
 

@@ -155,13 +155,16 @@ static int check_model(struct plan *P, const char *path)
 	 * residual: llama's, Qwen 2's and 3's (their attention's biases and Q/K
 	 * norms are forward.c's and the device's) and Phi-3's (the loader slices
 	 * its fused gate/up; its scaled q keeps attention on the CPU in hybrid
-	 * decoding). Not Gemma 3's (a norm after the FFN, GeGLU), nor experts.
+	 * decoding) and Gemma 3's (its norm after the FFN is forward.c's, for
+	 * every FFN path; GeGLU runs on the CPU only: its hybrid context is
+	 * refused). Not experts.
 	 */
 	if (P->m->hp.arch_id != HYB_ARCH_LLAMA && P->m->hp.arch_id != HYB_ARCH_QWEN2 &&
-	    P->m->hp.arch_id != HYB_ARCH_QWEN3 && P->m->hp.arch_id != HYB_ARCH_PHI3)
+	    P->m->hp.arch_id != HYB_ARCH_QWEN3 && P->m->hp.arch_id != HYB_ARCH_PHI3 &&
+	    P->m->hp.arch_id != HYB_ARCH_GEMMA3)
 		return hyb_error_set(-EINVAL, "%s: architecture '%s' cannot be planned yet "
-				     "(sparse and hybrid decoding run llama, qwen2, qwen3 and "
-				     "phi3 models)", path, P->m->hp.arch);
+				     "(sparse and hybrid decoding run llama, qwen2, qwen3, phi3 "
+				     "and gemma3 models)", path, P->m->hp.arch);
 	P->type = L0->gate.type;
 	for (uint32_t l = 0; l < P->n_layer; l++) {
 		const struct hyb_layer *L = &P->m->layers[l];
@@ -198,19 +201,18 @@ static int check_profile(struct plan *P)
 	if (p->active_words != (p->n_ff + 63) / 64 || !p->layers)
 		return hyb_error_set(-EINVAL, "profile is malformed (active_words %u for n_ff %u)",
 				     p->active_words, p->n_ff);
-	/* CATS (hyb/sparsity.h): a SiLU FFN is sparse only under thresholds */
-	if (P->m->hp.act == HYB_ACT_SILU && !p->cats_threshold)
-		return hyb_error_set(-EINVAL, "the profile has no CATS thresholds and this SiLU "
+	/* CATS (hyb/sparsity.h): a SiLU or GELU FFN is sparse only under thresholds */
+	const bool gated = P->m->hp.act == HYB_ACT_SILU || P->m->hp.act == HYB_ACT_GELU;
+
+	if (gated && !p->cats_threshold)
+		return hyb_error_set(-EINVAL, "the profile has no CATS thresholds and this %s "
 				     "model's activations are never 0: profile it with hybctl "
-				     "profile --sparsity S (docs/SPARSITY.md)");
-	if (P->m->hp.act == HYB_ACT_GELU && p->cats_threshold)
-		return hyb_error_set(-EINVAL, "the profile has CATS thresholds, and CATS plans "
-				     "run SiLU FFNs only (the sparse operator has no GELU path): "
-				     "use hyb --cats on the model itself (docs/SPARSITY.md)");
-	if (P->m->hp.act != HYB_ACT_SILU && p->cats_threshold)
+				     "profile --sparsity S (docs/SPARSITY.md)",
+				     P->m->hp.act == HYB_ACT_SILU ? "SiLU" : "GELU");
+	if (!gated && p->cats_threshold)
 		return hyb_error_set(-EINVAL, "the profile has CATS thresholds, made for a SiLU "
-				     "model; this model's FFN is ReLU-family and sparse as it is: "
-				     "profile it without --sparsity");
+				     "or GELU model; this model's FFN is ReLU-family and sparse as "
+				     "it is: profile it without --sparsity");
 	if (!p->n_tokens || p->n_samples < 20)
 		return hyb_error_set(-EINVAL, "profile has %llu tokens and %u samples; a plan "
 				     "needs at least 20 samples", (unsigned long long)p->n_tokens,

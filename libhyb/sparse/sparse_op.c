@@ -33,6 +33,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "forward/ops.h"
 #include "sparse_ffn_kernels.h"
 
 #define CH HYB_SPARSE_MAX_ROWS
@@ -219,11 +220,12 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 	const struct hyb_sparse_kernels *sk = j->c->sk;
 	const uint32_t t = j->b->type;
 	const int64_t k = j->b->n_embd;
-	const int relu = j->act != HYB_ACT_SILU;
+	const int relu = j->act != HYB_ACT_SILU && j->act != HYB_ACT_GELU;
+	const int gelu = j->act == HYB_ACT_GELU;
 	const int cats = !relu && j->thr > 0;
 	const int n = ch->n;
 	const void *rows[CH + HYB_SPARSE_PF_ROWS];
-	float gv[CH], uv[CH], hv[CH];
+	float gv[CH], uv[CH], hv[CH], gg[CH];
 	int sel[CH], m = 0, nz = 0, npf;
 
 	if (j->mode == MODE_DOWN) {
@@ -241,12 +243,16 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 	for (int i = 0; i < n; i++) {
 		if (relu && !(gv[i] > 0))
 			continue; /* relu(gate) == 0: h == 0 whatever up is */
-		if (cats) { /* CATS: |silu(gate)| at or below the threshold counts as 0 */
+		if (cats && gelu) { /* CATS: |act(gate)| at or below the threshold counts as 0 */
+			if (!(fabsf(hyb_act_gate(HYB_ACT_GELU, gv[i])) > j->thr))
+				continue;
+		} else if (cats) {
 			gv[i] = gv[i] / (1.0f + expf(-gv[i]));
 			if (!(fabsf(gv[i]) > j->thr))
 				continue;
 		}
 		sel[m] = i;
+		gg[m] = gv[i];
 		rows[m++] = ch->up[i];
 	}
 	if (m) {
@@ -257,8 +263,13 @@ static void run_chunk(const struct job *j, const struct chunk *ch, const struct 
 		npf = lookahead(rows, m, dn, npf);
 		sk->dot_pf[t](k, rows, m, npf, &j->x, uv);
 	}
+	/* GeGLU as the dense pass computes it (ggml's F16 GELU table: forward/ops.c) */
+	if (gelu && m)
+		hyb_ffn_act(gg, uv, (uint64_t)m, HYB_ACT_GELU);
 	for (int i = 0; i < m; i++) {
-		const float h = cats ? gv[sel[i]] * uv[i] : act_h(j->act, gv[sel[i]], uv[i]);
+		const float h = gelu ? gg[i]
+			      : cats ? gv[sel[i]] * uv[i]
+				     : act_h(j->act, gv[sel[i]], uv[i]);
 
 		if (j->mode == MODE_H) {
 			j->hout[ch->idx[sel[i]]] = h;
@@ -443,7 +454,7 @@ static int check_args(struct hyb_sparse_ffn_ctx *c, const struct hyb_ffn_bundles
 	if (b->n_embd > c->n_embd || b->n_ff > c->n_ff)
 		return fail(c, "sparse ffn: shape %ux%u exceeds the context's %ux%u", b->n_embd,
 			    b->n_ff, c->n_embd, c->n_ff);
-	if ((unsigned)act > HYB_ACT_DRELU)
+	if ((unsigned)act > HYB_ACT_GELU)
 		return fail(c, "sparse ffn: unknown activation %d", (int)act);
 	if (!c->sk->dot_pf[b->type] || !c->sk->axpy_pf[b->type])
 		return fail(c, "sparse ffn: no %s kernel at level %s", hyb_type_name(b->type),
@@ -562,9 +573,10 @@ int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *poo
 	c->err[0] = 0;
 	if (check_args(c, b, act, xn, active, n_active, y))
 		return -1;
-	if (!(thr >= 0) || !isfinite(thr) || (thr > 0 && act != HYB_ACT_SILU))
-		return fail(c, "sparse ffn: a threshold (%g) is for SiLU FFNs, finite and >= 0",
-			    (double)thr);
+	if (!(thr >= 0) || !isfinite(thr) ||
+	    (thr > 0 && act != HYB_ACT_SILU && act != HYB_ACT_GELU))
+		return fail(c, "sparse ffn: a threshold (%g) is for SiLU and GELU FFNs, finite and "
+			    ">= 0", (double)thr);
 	if (hyb_sparse_prep_x(c->ck, b->type, xn, b->n_embd, c->xbuf, &j.x))
 		return fail(c, "sparse ffn: cannot convert the input for %s",
 			    hyb_type_name(b->type));

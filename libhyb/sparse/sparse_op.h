@@ -88,10 +88,11 @@ int hyb_sparse_ffn(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 		   struct hyb_sparse_ffn_stats *st);
 
 /*
- * The same with a CATS threshold (hyb/sparsity.h) for a SiLU FFN: a listed
- * neuron whose |silu(gate)| <= thr reads neither its up nor its down row
- * (h is taken as 0). thr == 0 is hyb_sparse_ffn; -1 for a negative or
- * non-finite thr, or thr > 0 with another act.
+ * The same with a CATS threshold (hyb/sparsity.h) for a SiLU or GELU FFN: a
+ * listed neuron whose |act(gate)| <= thr (hyb_act_gate) reads neither its up
+ * nor its down row (h is taken as 0). thr == 0 is hyb_sparse_ffn; -1 for a
+ * negative or non-finite thr, or thr > 0 with another act. A GELU FFN's h is
+ * the dense pass's (hyb_ffn_act: ggml's F16 GELU table).
  */
 int hyb_sparse_ffn_cats(struct hyb_sparse_ffn_ctx *c, struct hyb_threadpool *pool,
 			const struct hyb_ffn_bundles *b, enum hyb_ffn_act act, const float *xn,

@@ -398,12 +398,13 @@ static struct hyb_model *qwen_plan(const char *arch, const char *act)
 	snprintf(plan, sizeof(plan), "%s/%s-%s.plan.gguf", hyb_test_tmpdir(), arch, act);
 	snprintf(log, sizeof(log), "%s/%s-%s.log", hyb_test_tmpdir(), arch, act);
 	if (hyb_test_sh(log, "(%s synth -o %s --arch %s --hidden 128 --ffn 512 --layers 3 "
-			"--heads 4 --kv-heads 2 --vocab 512 --act %s --type Q8_0 -t 1 && "
+			"--heads 4 --kv-heads 2 --vocab 512 %s%s --type Q8_0 -t 1 && "
 			"%s profile %s %s --gen 24 --samples 400 -t 1 -o %s && "
 			"%s plan %s --profile %s --gpu-budget 64M -o %s -t 1)",
-			hyb_test_hybctl(), model, arch, act, hyb_test_hybctl(), model,
-			strcmp(act, "silu") ? "" : "--sparsity 0.5", prof, hyb_test_hybctl(),
-			model, prof, plan)) {
+			hyb_test_hybctl(), model, arch, strcmp(act, "gelu") ? "--act " : "",
+			strcmp(act, "gelu") ? act : "", hyb_test_hybctl(), model,
+			strcmp(act, "silu") && strcmp(act, "gelu") ? "" : "--sparsity 0.5", prof,
+			hyb_test_hybctl(), model, prof, plan)) {
 		hyb_test_show_log(log);
 		CHECK_MSG(0, "synth/profile/plan of a %s %s model failed", arch, act);
 	}
@@ -524,4 +525,47 @@ TEST(cats_plans_of_qwen_and_phi3_decode_sparse_and_hybrid)
 		free(lh);
 		hyb_model_free(m);
 	}
+}
+
+/*
+ * A Gemma 3 plan (GeGLU, norms after attention and the FFN, sliding
+ * windows) with a CATS profile: the sparse operator computes h as the dense
+ * pass does (ggml's F16 GELU table) and skips |gelu(gate)| <= thr as the
+ * dense CATS pass does, so the plan's sparse decoding agrees with its dense
+ * decoding; the device kernels have no GeGLU, so hybrid decoding is refused
+ * by name.
+ */
+TEST(cats_gemma3_plan_decodes_sparse)
+{
+	struct hyb_test_agreement ag = { 0 };
+	struct hyb_model *m;
+	struct hyb_ctx *cd, *cp;
+	struct hyb_sparse_stats st;
+
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built", hyb_test_hybctl());
+	m = qwen_plan("gemma3", "gelu");
+	CHECK_EQ_INT(m->hp.act, HYB_ACT_GELU);
+	cd = hyb_test_ctx(m, HYB_FFN_DENSE);
+	cp = hyb_test_ctx(m, HYB_FFN_SPARSE);
+	CHECK(hyb_ctx_sparse(cp));
+	hyb_test_greedy_compare(cd, cp, m->hp.n_vocab, 7, 16, 40, 0, &ag);
+	hyb_ctx_sparse_stats(cp, &st);
+	printf("    gemma3 plan dense vs sparse: %u/%u greedy, max rel %.2g; %.1f%% of neurons "
+	       "computed\n", ag.agree, ag.total, ag.max_rel, 100.0 * st.nonzero / st.neurons);
+	CHECK(ag.agree >= ag.total - 2 && ag.max_rel < 0.05);
+	/* CATS at 0.5: about half the neurons skipped */
+	CHECK(st.nonzero < 0.7 * st.neurons && st.nonzero > 0.3 * st.neurons);
+	hyb_ctx_free(cd);
+	hyb_ctx_free(cp);
+	{
+		struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC,
+						.gpu_budget = m->weight_bytes };
+		struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .ffn = HYB_FFN_SPARSE,
+					    .hybrid = &hy };
+
+		CHECK(!hyb_ctx_new(m, &p));
+		CHECK_MSG(strstr(hyb_last_error(), "GeGLU"), "%s", hyb_last_error());
+	}
+	hyb_model_free(m);
 }
