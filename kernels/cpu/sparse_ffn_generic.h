@@ -65,7 +65,7 @@ static inline bool sgen_deq32(uint32_t type, const uint8_t *p, float *w, int64_t
 
 		memcpy(&dh, p, 2);
 		memcpy(&mh, p + 2, 2);
-		const __m512 d = _mm512_set1_ps(hyb_f16_to_f32(dh));
+		const __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
 		const __m128i q = _mm_loadu_si128((const __m128i *)(p + qs_off));
 		/* elements 0..15 the low nibbles, 16..31 the high ones */
 		__m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), m4);
@@ -84,7 +84,7 @@ static inline bool sgen_deq32(uint32_t type, const uint8_t *p, float *w, int64_t
 			__m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v8)), d);
 
 			if (min)
-				f = _mm512_add_ps(f, _mm512_set1_ps(hyb_f16_to_f32(mh)));
+				f = _mm512_add_ps(f, _mm512_set1_ps(_cvtsh_ss(mh)));
 			_mm512_storeu_ps(w + 16 * h, f);
 		}
 	}
