@@ -8,7 +8,8 @@
  * target touches (first and last byte) so AddressSanitizer sees any that is
  * not. Seeds: tests/fuzz/corpus-model (tiny models of each architecture, the
  * mixtures of experts included; seed-cats is seed-llama with CATS threshold
- * keys, hyb/sparsity.h).
+ * keys, hyb/sparsity.h; seed-powerinfer a PowerInfer file, PWRI magic,
+ * Q4_0 ffn_down_t and fc1/fc2 predictors, tests/oracle/powerinfer_gguf.py).
  */
 #include <errno.h>
 #include <stdint.h>
@@ -70,7 +71,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		sum += touch(&L->attn_norm) + touch(&L->wq) + touch(&L->wk) + touch(&L->wv) +
 		       touch(&L->wo) + touch(&L->ffn_norm) + touch(&L->gate) + touch(&L->up) +
 		       touch(&L->down) + touch(&L->down_t) + touch(&L->q_norm) + touch(&L->k_norm) +
-		       touch(&L->post_attn_norm) + touch(&L->post_ffn_norm);
+		       touch(&L->post_attn_norm) + touch(&L->post_ffn_norm) + touch(&L->fc1) +
+		       touch(&L->fc2);
 		sum += touch_vec(L->bq, q) + touch_vec(L->bk, kv) + touch_vec(L->bv, kv);
 		sum += touch(&L->wq_a) + touch(&L->q_a_norm) + touch(&L->wq_b) + touch(&L->wkv_a) +
 		       touch(&L->kv_a_norm) + touch(&L->wk_b) + touch(&L->wv_b);
