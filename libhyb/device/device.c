@@ -92,11 +92,16 @@ static struct hyb_device *device_open(const char *kind, const struct hyb_device_
 	if (cfg)
 		c = *cfg;
 	if (bad_num(c.pcie_gbps) || bad_num(c.pcie_lat_us) || bad_num(c.hbm_gbps) ||
-	    bad_num(c.launch_us) || bad_num(c.tflops)) {
+	    bad_num(c.launch_us) || bad_num(c.tflops) || bad_num(c.host_gbps)) {
 		snprintf(err, errlen,
 			 "device: bad config (pcie %g GB/s, lat %g us, hbm %g GB/s, launch %g us, "
-			 "%g TFLOP/s)", c.pcie_gbps, c.pcie_lat_us, c.hbm_gbps, c.launch_us,
-			 c.tflops);
+			 "%g TFLOP/s, host %g GB/s)", c.pcie_gbps, c.pcie_lat_us, c.hbm_gbps,
+			 c.launch_us, c.tflops, c.host_gbps);
+		return NULL;
+	}
+	if (!cpu && c.virtual_clock) {
+		snprintf(err, errlen, "device: a virtual clock is the cpu device's (a GPU's time is "
+			 "real)");
 		return NULL;
 	}
 	if (c.ordinal < 0) {
@@ -117,6 +122,8 @@ static struct hyb_device *device_open(const char *kind, const struct hyb_device_
 		c.launch_us = 5;
 	if (c.tflops == 0)
 		c.tflops = 200;
+	if (c.host_gbps == 0)
+		c.host_gbps = 50;
 
 	d = cpu ? hyb_device_cpu_open(&c, err, errlen) : hyb_device_cuda_open(&c, err, errlen);
 	if (!d) {
@@ -194,6 +201,12 @@ uint64_t hyb_device_used(const struct hyb_device *d)
 double hyb_device_now(struct hyb_device *d)
 {
 	return d ? d->ops->now(d) : 0;
+}
+
+void hyb_device_host_work(struct hyb_device *d, double s)
+{
+	if (d && d->ops->host_work && s > 0 && isfinite(s))
+		d->ops->host_work(d, s);
 }
 
 /* ---- the allocation table ---------------------------------------------------- */

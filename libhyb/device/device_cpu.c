@@ -5,7 +5,8 @@
  * timeline by a small discrete-event model of a GPU with a PCIe link.
  *
  * The model
- *   Clock. Host time now() = CLOCK_MONOTONIC since open - inline + jumped:
+ *   Clock. Host time now() = CLOCK_MONOTONIC since open - inline + jumped
+ *     (virtual_clock: the host work reported + jumped, no wall time at all):
  *     inline is the real time spent inside this device's calls (copies,
  *     kernels, record, wait, done, sync), jumped the sum of the host waits
  *     sync() added. An op queued by a call at host time H (the call's entry)
@@ -147,6 +148,7 @@ struct cpu_dev {
 	struct hyb_device base;
 	double t_open;               /* CLOCK_MONOTONIC at open */
 	double inline_s, jumped_s;   /* see the clock above (not reset with stats) */
+	double work_s;               /* virtual clock: the host work reported */
 	double t;                    /* simulated time: every event before t is done */
 	double pcie_bps, lat_s, hbm_bps, launch_s, flop_s;
 	bool strict;                 /* HYB_DEVICE_STRICT: see "Strict mode" above */
@@ -190,7 +192,8 @@ static double mono(void)
 /* Host time at real time `real` (never behind the simulation). */
 static double host_time(const struct cpu_dev *c, double real)
 {
-	const double h = real - c->t_open - c->inline_s + c->jumped_s;
+	const double h = (c->base.cfg.virtual_clock ? c->work_s : real - c->t_open - c->inline_s) +
+			 c->jumped_s;
 
 	return h > c->t ? h : c->t;
 }
@@ -198,6 +201,14 @@ static double host_time(const struct cpu_dev *c, double real)
 static double cpu_now(struct hyb_device *d)
 {
 	return host_time(cpu(d), mono());
+}
+
+static void cpu_host_work(struct hyb_device *d, double s)
+{
+	struct cpu_dev *c = cpu(d);
+
+	if (c->base.cfg.virtual_clock)
+		c->work_s += s;
 }
 
 /* End of an inline section begun at real time r0. */
@@ -1222,6 +1233,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.kind = "cpu",
 	.close = cpu_close,
 	.now = cpu_now,
+	.host_work = cpu_host_work,
 	.alloc = cpu_alloc,
 	.free = cpu_free,
 	.host_register = cpu_host_register,

@@ -42,6 +42,7 @@ struct hyb_device_ops {
 	const char *kind;
 	void (*close)(struct hyb_device *d);
 	double (*now)(struct hyb_device *d);
+	void (*host_work)(struct hyb_device *d, double s); /* NULL: nothing to do */
 	int (*alloc)(struct hyb_device *d, uint64_t bytes, hyb_dptr *out);
 	void (*free)(struct hyb_device *d, hyb_dptr p);
 	int (*host_register)(struct hyb_device *d, void *p, size_t len);

@@ -493,6 +493,7 @@ struct hyb_ffn_hybrid *hyb_ffn_hybrid_new(const struct hyb_model *m,
 		hyb_device_get_config(h->dev, &dc);
 		h->t_sync = dc.pcie_lat_us * 1e-6 +
 			    (dc.pcie_gbps > 0 ? 4.0 * h->E / (dc.pcie_gbps * 1e9) : 0);
+		h->host_bps = dc.host_gbps * 1e9;
 	}
 	memset(&h->st, 0, sizeof(h->st));
 	hyb_device_stats_reset(h->dev);

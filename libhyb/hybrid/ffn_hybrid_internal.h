@@ -112,6 +112,7 @@ struct hyb_ffn_hybrid {
 	struct hyb_device_event *ev_in, *ev_k, *ev_out;
 	struct hyb_device_event *ev_k0;  /* timed, as ev_k: the layer's kernels start */
 	double t_layer_in, window_s, group_load_s;
+	double host_bps;          /* the device config's host_gbps: the CPU share's modelled time */
 	/*
 	 * Loads with a sequence number above this were issued by this layer's
 	 * own decision (same-layer mode; UINT64_MAX otherwise): late by

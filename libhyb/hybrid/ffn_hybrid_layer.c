@@ -227,6 +227,11 @@ static int split_ffn(struct hyb_ffn_hybrid *h, struct hyb_threadpool *pool, uint
 	/* no job ran it (nothing for the CPU, one thread, oracle mode): now, exposed */
 	if (side && pool && hyb_threadpool_side_flush(pool))
 		exposed = true;
+	/* a virtual clock (hyb/device.h) advances by the rows the CPU's share read */
+	if (!h->oracle && h->host_bps > 0)
+		hyb_device_host_work(h->dev, (double)(st.n_gate + st.n_up + st.n_nz) *
+						     hyb_ffn_sparse_bundles(h->sp, l)->row_bytes /
+						     h->host_bps);
 	s.ts = hyb_device_now(h->dev);
 	if (side && !pool) {
 		decide_next(h);

@@ -177,6 +177,80 @@ TEST(determinism_hybrid_cpu_device)
 	hyb_model_free(m);
 }
 
+/* A prompt and greedy decode steps, as run_once, for the hybrid statistics. */
+static void run_stats(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+		      struct hyb_hybrid_stats *st)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
+				    .hybrid = hy };
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+	float *lg = malloc(sizeof(float) * V);
+	int32_t toks[N_PROMPT];
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	CHECK(lg);
+	for (int i = 0; i < N_PROMPT; i++)
+		toks[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u + 11) % (V - 3));
+	CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, lg, false), "%s", hyb_last_error());
+	for (int i = 0; i < N_GEN; i++) {
+		int32_t t = hyb_test_argmax(lg, V);
+
+		CHECK_MSG(!hyb_ctx_eval(c, &t, 1, lg, false), "%s", hyb_last_error());
+	}
+	hyb_ctx_hybrid_stats(c, st);
+	hyb_ctx_free(c);
+	free(lg);
+}
+
+/*
+ * The policies that decide from time (tam-adaptive's bottleneck test and
+ * the others' windows) on the CPU device's virtual clock (hyb/device.h):
+ * host time is the CPU share's modelled work, so their decisions, and the
+ * split of every FFN sum with them, are the same on every run.
+ */
+TEST(determinism_hybrid_time_policies_virtual_clock)
+{
+	static const enum hyb_policy pol[] = { HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_LRU,
+					       HYB_POLICY_DYNAMIC };
+	char src[512];
+	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
+	uint64_t dense = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
+	const uint64_t slot = 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
+
+	for (uint32_t l = 0; l < m->hp.n_layer; l++)
+		dense += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
+	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
+		struct hyb_hybrid_params hy = {
+			.device = "cpu", .policy = pol[i],
+			.gpu_budget = dense + slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20),
+			.dev = { .virtual_clock = true },
+		};
+		char what[64];
+
+		snprintf(what, sizeof(what), "hybrid %s, virtual clock", hyb_policy_name(pol[i]));
+		check_path(what, m, HYB_FFN_SPARSE, &hy);
+		/* the times the policies read are the same numbers on every run; the
+		 * wall clock's are not */
+		for (int v = 1; v >= 0; v--) {
+			struct hyb_hybrid_stats st[2];
+
+			hy.dev.virtual_clock = v;
+			for (int r = 0; r < 2; r++)
+				run_stats(m, &hy, &st[r]);
+			CHECK_MSG(!v || (st[0].cpu_ffn_s == st[1].cpu_ffn_s &&
+					 st[0].stall_s == st[1].stall_s && st[0].loads == st[1].loads),
+				  "%s: cpu %.9g / %.9g s, stalls %.9g / %.9g s, loads %llu / %llu",
+				  what, st[0].cpu_ffn_s, st[1].cpu_ffn_s, st[0].stall_s,
+				  st[1].stall_s, (unsigned long long)st[0].loads,
+				  (unsigned long long)st[1].loads);
+			CHECK_MSG(v || st[0].cpu_ffn_s != st[1].cpu_ffn_s,
+				  "%s: the wall clock gave the CPU share the same time twice", what);
+		}
+	}
+	hyb_model_free(m);
+}
+
 TEST(determinism_powerinfer_file)
 {
 	char src[512], pi[512], log[512];

@@ -39,7 +39,7 @@ enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_PROMPT_BATCH, O_THRESHOLDS,
        O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL,
-       O_PARALLEL, O_KV_SEQS };
+       O_PARALLEL, O_KV_SEQS, O_VCLOCK };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -68,6 +68,7 @@ static const struct option longopts[] = {
 	{ "policies", required_argument, 0, O_POLICIES },
 	{ "device", required_argument, 0, O_DEVICE },
 	{ "pcie-gbps", required_argument, 0, O_PCIE },
+	{ "virtual-clock", no_argument, 0, O_VCLOCK },
 	{ "drift", required_argument, 0, O_DRIFT },
 	{ "routing", required_argument, 0, O_ROUTING },
 	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
@@ -110,6 +111,7 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 		o->hy.device = optarg;
 		break;
 	case O_PCIE: o->hy.dev.pcie_gbps = cli_num("--pcie-gbps", optarg, 0.01, 1e4); break;
+	case O_VCLOCK: o->hy.dev.virtual_clock = true; break;
 	case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
 	case O_ROUTING: o->routing = optarg; break;
 	case O_NO_PREFETCH: o->hy.no_prefetch = true; break;

@@ -37,6 +37,16 @@ struct hyb_device_config {
 	double launch_us;      /* fixed cost per kernel; default 5 */
 	double tflops;         /* kernel arithmetic, 10^12 multiply-adds x 2 a second; default
 				* 200 (docs/DEVICE.md: a prompt batch's kernels are bound by it) */
+	/*
+	 * The host's clock virtual too: hyb_device_now() advances only by the
+	 * host work the caller reports (hyb_device_host_work) and the waits the
+	 * model adds, not by wall time, so every decision taken from it - the
+	 * balancer's time-driven policies - is the same on every run
+	 * (docs/DETERMINISM.md). host_gbps: the caller's model of its own
+	 * memory bandwidth for that work; default 50.
+	 */
+	bool virtual_clock;
+	double host_gbps;
 };
 
 struct hyb_device;
@@ -59,6 +69,11 @@ void hyb_device_get_config(const struct hyb_device *d, struct hyb_device_config 
 uint64_t hyb_device_used(const struct hyb_device *d);
 /* The host clock in seconds (see "Model of time" above). */
 double hyb_device_now(struct hyb_device *d);
+/*
+ * The host has done s seconds of work by its own model: the virtual clock
+ * (virtual_clock) advances by s; otherwise, and on CUDA, nothing happens.
+ */
+void hyb_device_host_work(struct hyb_device *d, double s);
 
 /* ---- memory ---------------------------------------------------------------- */
 
