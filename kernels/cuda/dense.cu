@@ -243,6 +243,8 @@ static __device__ void mv_stage_x(const float *__restrict__ x, uint32_t k, unsig
 	if (TY == HYB_TYPE_Q4_K || TY == HYB_TYPE_Q6_K ||
 	    (hyb_gen_type(TY) && hyb_gen_xblock(TY) == 256)) {
 		hyb_stage_q8_k<MV_WARPS>(x, k, sm, warp, lane);
+	} else if (hyb_gen_sums(TY)) {
+		hyb_stage_q8_0<MV_WARPS, MV_STEPS, true>(x, k, sm, warp, lane);
 	} else if (TY == HYB_TYPE_F32) {
 		float *xs = (float *)sm;
 

@@ -111,6 +111,28 @@ HYB_DQ void hyb_dq_k4_scale(const uint8_t *s, int j, int *sc, int *m)
 }
 
 /*
+ * Q4_1 and Q5_1 apart: w[i] = q * d of elements c0 .. c0 + 7 and *m the
+ * block's min, for a dot that adds m times its x's block sum once, as the
+ * CPU's does (ggml_vec_dot_q4_1_q8_1: m * s).
+ */
+HYB_DQ void hyb_deq8_q1(uint32_t ty, const uint8_t *row, uint32_t c0, float *w, float *m)
+{
+	const uint8_t *b = row + (uint64_t)(c0 / 32) * (ty == HYB_TYPE_Q4_1 ? 20 : 24);
+	const int e0 = (int)(c0 % 32);
+	const float d = hyb_dq_f16(b);
+
+	*m = hyb_dq_f16(b + 2);
+	for (int i = 0; i < 8; i++) {
+		const int j = e0 + i;
+		int q = (b[(ty == HYB_TYPE_Q4_1 ? 4 : 8) + j % 16] >> (4 * (j / 16))) & 0xF;
+
+		if (ty == HYB_TYPE_Q5_1)
+			q |= ((b[4 + j / 8] >> (j % 8)) & 1) << 4;
+		w[i] = HYB_DQ_MUL((float)q, d);
+	}
+}
+
+/*
  * w[0..8) = elements c0 .. c0 + 7 of a row of type ty (c0 % 8 == 0). Types
  * hyb_deq8_block() does not know give zeros.
  */

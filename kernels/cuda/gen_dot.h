@@ -9,7 +9,9 @@
  * the same quants and scale; Q8_K super-blocks (stage_q8_k.h) for the
  * K-quants and IQ4_XS. Each weight comes from hyb_deq8 (the CPU's
  * dequantized value, bit for bit) and meets its x as q * d in float: the
- * CPU's integer block dots up to float rounding. Lane l takes elements
+ * CPU's integer block dots up to float rounding. Q4_1 and Q5_1 take q * d
+ * apart and add the min times the block sum of x once (Q8_1's s, rounded
+ * to F16 as the CPU rounds it), as the CPU's dot does. Lane l takes elements
  * 8l .. 8l + 7 of every 256: a warp reads 256 consecutive elements a step.
  * CUDA only.
  */
@@ -38,11 +40,17 @@ static __host__ __device__ constexpr uint32_t hyb_gen_xblock(uint32_t t)
 		       : 32;
 }
 
+/* A type whose dot type is Q8_1: the staged x carries each block's sum (s). */
+static __host__ __device__ constexpr bool hyb_gen_sums(uint32_t t)
+{
+	return t == HYB_TYPE_Q4_1 || t == HYB_TYPE_Q5_1;
+}
+
 /* Shared-memory bytes of x staged for type t, n elements. */
 static __host__ __device__ inline uint64_t hyb_gen_stage_bytes(uint32_t t, uint64_t n)
 {
 	return hyb_gen_xblock(t) == 256 ? (n + n / 256 * 4 + n / 16 * 2 + 15) & ~15ull
-					: n + n / 32 * 4;
+					: n + n / 32 * (hyb_gen_sums(t) ? 8 : 4);
 }
 
 /* acc[r] += this lane's share of row[r] . x (warp_sum adds the lanes) */
@@ -63,9 +71,16 @@ static __device__ __forceinline__ void hyb_gen_dot(const char *const *row, const
 			x[i] = (float)(int8_t)((uint32_t)(i < 4 ? q.x : q.y) >> (8 * (i % 4))) * d;
 #pragma unroll
 		for (int r = 0; r < NR; r++) {
-			float w[8];
+			float w[8], m;
 
-			hyb_deq8(TY, (const uint8_t *)row[r], c0, w);
+			if (hyb_gen_sums(TY)) {
+				/* the min times the block's x sum, once a block, as the CPU */
+				hyb_deq8_q1(TY, (const uint8_t *)row[r], c0, w, &m);
+				if (c0 % 32 == 0)
+					acc[r] = fmaf(m, xd[k / 32 + c0 / 32], acc[r]);
+			} else {
+				hyb_deq8(TY, (const uint8_t *)row[r], c0, w);
+			}
 #pragma unroll
 			for (int i = 0; i < 8; i++)
 				acc[r] = fmaf(w[i], x[i], acc[r]);

@@ -140,6 +140,8 @@ static __device__ void stage_x(const float *__restrict__ xn, uint32_t k, unsigne
 			xh[e] = __float2half_rn(xn[e]);
 	} else if (hyb_gen_type(TY) && hyb_gen_xblock(TY) == 256) {
 		hyb_stage_q8_k<NWARP>(xn, k, sm, warp, lane);
+	} else if (hyb_gen_sums(TY)) {
+		hyb_stage_q8_0<NWARP, XSTEPS, true>(xn, k, sm, warp, lane);
 	} else {
 		hyb_stage_q8_0<NWARP, XSTEPS>(xn, k, sm, warp, lane);
 	}

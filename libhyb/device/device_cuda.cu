@@ -1024,6 +1024,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_matvec,
 	cu_attention,
 	cu_predict,
+	NULL, /* host_work: a GPU's host time is real */
 };
 
 /* err gets "what: CUDA's reason"; c (may be NULL) is closed. */

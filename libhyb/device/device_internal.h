@@ -42,7 +42,6 @@ struct hyb_device_ops {
 	const char *kind;
 	void (*close)(struct hyb_device *d);
 	double (*now)(struct hyb_device *d);
-	void (*host_work)(struct hyb_device *d, double s); /* NULL: nothing to do */
 	int (*alloc)(struct hyb_device *d, uint64_t bytes, hyb_dptr *out);
 	void (*free)(struct hyb_device *d, hyb_dptr p);
 	int (*host_register)(struct hyb_device *d, void *p, size_t len);
@@ -69,6 +68,8 @@ struct hyb_device_ops {
 	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
 	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 	int (*predict)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
+	/* NULL: nothing to do (CUDA: a GPU's host time is real) */
+	void (*host_work)(struct hyb_device *d, double s);
 };
 
 /* The common head of every implementation's device struct. */

@@ -67,6 +67,17 @@ TEST(deq8_matches_the_cpu_dequantizers)
 						  "%s pass %d element %u: %.9g, the CPU %.9g",
 						  hyb_type_name(t), pass, c0 + i, w[i], ref[c0 + i]);
 				checked += 8;
+				if (t == HYB_TYPE_Q4_1 || t == HYB_TYPE_Q5_1) {
+					float m;
+
+					/* apart: q * d, then + m is the CPU's value */
+					hyb_deq8_q1(t, row, c0, w, &m);
+					for (int i = 0; i < 8; i++)
+						CHECK_MSG(same(w[i] + m, ref[c0 + i]),
+							  "%s apart, element %u: %.9g + %.9g, the "
+							  "CPU %.9g", hyb_type_name(t), c0 + i,
+							  w[i], m, ref[c0 + i]);
+				}
 			}
 		}
 	}
