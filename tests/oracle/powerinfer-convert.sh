@@ -26,7 +26,9 @@
 # Python: $HYB_POWERINFER_VENV, else .cache/powerinfer-ref/venv made here
 # with PowerInfer's requirements (its gguf-py and powerinfer-py: torch,
 # cvxopt; numpy < 2 for its convert.py; no transformers, which convert.py
-# does not import).
+# does not import). PyPI's torch brings its CUDA libraries: about 5.5 GB,
+# a few minutes. The profile counts are read with the test venv's gguf
+# (.venv: PowerInfer's gguf-py predates I64 tensors).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
