@@ -21,8 +21,8 @@
  * round. Per element the rows are added in order and nothing is rounded
  * (axpy_rounds stays false), so every level gives the same floats. At the
  * AVX-512 levels the 32-blocks (Q4_1, Q5_0, Q5_1, IQ4_NL: small real models'
- * FFNs) are dequantized 32 at a time (sgen_deq32): the same operations per
- * element as the scalar dequantizer, so the same floats.
+ * FFNs) are dequantized and added 32 at a time in registers (sgen_axpy32):
+ * the same operations per element as the scalar path, so the same floats.
  */
 #ifndef HYB_SPARSE_FFN_GENERIC_H
 #define HYB_SPARSE_FFN_GENERIC_H
@@ -40,12 +40,15 @@
 #include "blocks.h"
 
 /*
- * m elements (a multiple of 32) of a Q4_1/Q5_0/Q5_1/IQ4_NL row as floats,
- * each as dequant.c computes it: (q - 16) * d, q * d + m (a product, then
- * a sum: no fused multiply-add), d * level. false for another type.
+ * y[0..m) += hr * w for m elements (a multiple of 32) of a Q4_1/Q5_0/Q5_1/
+ * IQ4_NL row, each weight as dequant.c computes it - (q - 16) * d,
+ * q * d + m (a product, then a sum: no fused multiply-add), d * level -
+ * and each y as the scalar loop adds it (the product, then the sum), in
+ * registers. false for another type.
  */
-static inline bool sgen_deq32(uint32_t type, const uint8_t *p, float *w, int64_t m)
+static inline bool sgen_axpy32(uint32_t type, const uint8_t *p, int64_t m, float hr, float *y)
 {
+	const __m512 h = _mm512_set1_ps(hr);
 	const bool q5 = type == HYB_TYPE_Q5_0 || type == HYB_TYPE_Q5_1;
 	const bool min = type == HYB_TYPE_Q4_1 || type == HYB_TYPE_Q5_1;
 	const uint32_t bb = type == HYB_TYPE_Q4_1 ? 20 : type == HYB_TYPE_Q5_0 ? 22
@@ -59,7 +62,7 @@ static inline bool sgen_deq32(uint32_t type, const uint8_t *p, float *w, int64_t
 	if (type != HYB_TYPE_Q4_1 && type != HYB_TYPE_Q5_0 && type != HYB_TYPE_Q5_1 &&
 	    type != HYB_TYPE_IQ4_NL)
 		return false;
-	for (int64_t b = 0; b < m / 32; b++, p += bb, w += 32) {
+	for (int64_t b = 0; b < m / 32; b++, p += bb, y += 32) {
 		uint16_t dh, mh;
 		uint32_t qh = 0;
 
@@ -78,14 +81,15 @@ static inline bool sgen_deq32(uint32_t type, const uint8_t *p, float *w, int64_t
 			v = _mm256_shuffle_epi8(levels, v);
 		else if (type == HYB_TYPE_Q5_0)
 			v = _mm256_sub_epi8(v, _mm256_set1_epi8(16));
-		for (int h = 0; h < 2; h++) {
-			const __m128i v8 = h ? _mm256_extracti128_si256(v, 1)
+		for (int i = 0; i < 2; i++) {
+			const __m128i v8 = i ? _mm256_extracti128_si256(v, 1)
 					     : _mm256_castsi256_si128(v);
 			__m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v8)), d);
 
 			if (min)
 				f = _mm512_add_ps(f, _mm512_set1_ps(_cvtsh_ss(mh)));
-			_mm512_storeu_ps(w + 16 * h, f);
+			_mm512_storeu_ps(y + 16 * i,
+					 _mm512_add_ps(_mm512_loadu_ps(y + 16 * i), _mm512_mul_ps(h, f)));
 		}
 	}
 	return true;
@@ -161,9 +165,10 @@ static inline void sgen_axpy(uint32_t type, int64_t k, const void *const *rows, 
 
 			sgen_prefetch(p + pb, next);
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-			if (!sgen_deq32(type, p, w, m))
+			if (sgen_axpy32(type, p, m, hr, yp))
+				continue;
 #endif
-				dq(p, w, m);
+			dq(p, w, m);
 			for (int64_t i = 0; i < m; i++)
 				yp[i] += hr * w[i];
 		}

@@ -495,6 +495,11 @@ static void check_kernels(const struct hyb_sparse_kernels *sk, uint32_t t, int64
 				  "%s axpy %s k %lld n %d elem %lld: %g vs %g", sk->name,
 				  hyb_type_name(t), (long long)k, n, (long long)e, y2[e], y1[e]);
 		}
+		/* the generic types' axpy adds the same floats at every level
+		 * (sparse_ffn_generic.h) */
+		CHECK_MSG(!generic_type(t) || !memcmp(y1, y2, sizeof(float) * (size_t)k),
+			  "%s axpy %s k %lld n %d: not the scalar level's floats", sk->name,
+			  hyb_type_name(t), (long long)k, n);
 	}
 	free(w);
 	free(xf);
