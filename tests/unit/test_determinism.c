@@ -26,9 +26,13 @@
 #define N_CTX 64
 #define RUNS 3
 
-/* every position's logits of the prompt, then those of each greedy step */
+/*
+ * every position's logits of the prompt, then those of each greedy step;
+ * st (may be NULL): a hybrid context's statistics at the end
+ */
 static float *run_once(const struct hyb_model *m, enum hyb_ffn_mode ffn,
-		       const struct hyb_hybrid_params *hy, int nth, size_t *len)
+		       const struct hyb_hybrid_params *hy, int nth, size_t *len,
+		       struct hyb_hybrid_stats *st)
 {
 	const uint32_t V = m->hp.n_vocab;
 	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = nth, .ffn = ffn, .hybrid = hy };
@@ -47,6 +51,8 @@ static float *run_once(const struct hyb_model *m, enum hyb_ffn_mode ffn,
 
 		CHECK_MSG(!hyb_ctx_eval(c, &t, 1, cur, false), "%s", hyb_last_error());
 	}
+	if (st)
+		hyb_ctx_hybrid_stats(c, st);
 	hyb_ctx_free(c);
 	*len = sizeof(float) * V * (N_PROMPT + N_GEN);
 	return lg;
@@ -67,7 +73,7 @@ static bool check_path(const char *what, const struct hyb_model *m, enum hyb_ffn
 		const int nth = 2 + k;
 
 		for (int r = 0; r < RUNS; r++) {
-			float *lg = run_once(m, ffn, hy, nth, &len);
+			float *lg = run_once(m, ffn, hy, nth, &len, NULL);
 
 			if (!first[k]) {
 				first[k] = lg;
@@ -177,32 +183,6 @@ TEST(determinism_hybrid_cpu_device)
 	hyb_model_free(m);
 }
 
-/* A prompt and greedy decode steps, as run_once, for the hybrid statistics. */
-static void run_stats(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
-		      struct hyb_hybrid_stats *st)
-{
-	const uint32_t V = m->hp.n_vocab;
-	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .ffn = HYB_FFN_SPARSE,
-				    .hybrid = hy };
-	struct hyb_ctx *c = hyb_ctx_new(m, &p);
-	float *lg = malloc(sizeof(float) * V);
-	int32_t toks[N_PROMPT];
-
-	CHECK_MSG(c, "%s", hyb_last_error());
-	CHECK(lg);
-	for (int i = 0; i < N_PROMPT; i++)
-		toks[i] = (int32_t)(3 + (uint32_t)(i * 2654435761u + 11) % (V - 3));
-	CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, lg, false), "%s", hyb_last_error());
-	for (int i = 0; i < N_GEN; i++) {
-		int32_t t = hyb_test_argmax(lg, V);
-
-		CHECK_MSG(!hyb_ctx_eval(c, &t, 1, lg, false), "%s", hyb_last_error());
-	}
-	hyb_ctx_hybrid_stats(c, st);
-	hyb_ctx_free(c);
-	free(lg);
-}
-
 /*
  * The policies that decide from time (tam-adaptive's bottleneck test and
  * the others' windows) on the CPU device's virtual clock (hyb/device.h):
@@ -236,8 +216,11 @@ TEST(determinism_hybrid_time_policies_virtual_clock)
 			struct hyb_hybrid_stats st[2];
 
 			hy.dev.virtual_clock = v;
-			for (int r = 0; r < 2; r++)
-				run_stats(m, &hy, &st[r]);
+			for (int r = 0; r < 2; r++) {
+				size_t len;
+
+				free(run_once(m, HYB_FFN_SPARSE, &hy, 2, &len, &st[r]));
+			}
 			CHECK_MSG(!v || (st[0].cpu_ffn_s == st[1].cpu_ffn_s &&
 					 st[0].stall_s == st[1].stall_s && st[0].loads == st[1].loads),
 				  "%s: cpu %.9g / %.9g s, stalls %.9g / %.9g s, loads %llu / %llu",
