@@ -163,20 +163,25 @@ TEST(determinism_plan_sparse)
 	hyb_model_free(m);
 }
 
-TEST(determinism_hybrid_cpu_device)
+/* A budget for the dense parts and about a third of m's neuron groups. */
+static uint64_t third_budget(const struct hyb_model *m)
 {
-	char src[512];
-	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
 	uint64_t dense = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
 	const uint64_t slot = 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
 
 	for (uint32_t l = 0; l < m->hp.n_layer; l++)
 		dense += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
-	/* room for about a third of the groups; a policy that reads no clock (the
-	 * adaptive ones weigh measured times: docs/DETERMINISM.md) */
+	return dense + slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20);
+}
+
+TEST(determinism_hybrid_cpu_device)
+{
+	char src[512];
+	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
+	/* a policy that reads no clock (the adaptive ones weigh measured times:
+	 * docs/DETERMINISM.md; below, on the virtual clock) */
 	struct hyb_hybrid_params hy = {
-		.device = "cpu", .policy = HYB_POLICY_STATIC,
-		.gpu_budget = dense + slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20),
+		.device = "cpu", .policy = HYB_POLICY_STATIC, .gpu_budget = third_budget(m),
 	};
 
 	check_path("hybrid, CPU device", m, HYB_FFN_SPARSE, &hy);
@@ -195,15 +200,10 @@ TEST(determinism_hybrid_time_policies_virtual_clock)
 					       HYB_POLICY_DYNAMIC };
 	char src[512];
 	struct hyb_model *m = load(plan_of_many_groups(src, sizeof(src)));
-	uint64_t dense = hyb_hdense_head_bytes(m) + hyb_hdense_buffer_bytes(m, true, true, true);
-	const uint64_t slot = 3ull * m->group_size * m->layers[0].plan.bundles.row_bytes;
 
-	for (uint32_t l = 0; l < m->hp.n_layer; l++)
-		dense += hyb_hdense_layer_bytes(m, l, N_CTX) + hyb_hdense_pred_bytes(m, l);
 	for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
 		struct hyb_hybrid_params hy = {
-			.device = "cpu", .policy = pol[i],
-			.gpu_budget = dense + slot * m->n_groups * m->hp.n_layer / 3 + (1u << 20),
+			.device = "cpu", .policy = pol[i], .gpu_budget = third_budget(m),
 			.dev = { .virtual_clock = true },
 		};
 		char what[64];
