@@ -20,6 +20,9 @@ const char hybd_config_help[] =
 	"  nodes = all|0,1|0-3      NUMA nodes to place on (default all with memory)\n"
 	"  placement = layer|interleave|explicit   policy (default layer)\n"
 	"  place = PREFIX:NODE,...  explicit rules, longest prefix wins, '*' for the rest\n"
+	"  split_experts = no       yes: every expert tensor split by rows across the\n"
+	"                           nodes, each holding its rows of every expert\n"
+	"                           (docs/NUMA.md; layer/interleave, 2-8 nodes)\n"
 	"  pools_per_node = 1       weight pools per node\n"
 	"  dram_budget = 0          bytes of weights kept resident; 0: the whole model\n"
 	"  page_pool = 64M          per node, room for on-demand loads when over budget\n"
@@ -173,6 +176,15 @@ static int set_place_key(struct hybd_config *c, const char *key, const char *val
 	if (!strcmp(key, "place")) {
 		if (hyb_numa_place_parse_rules(&c->place, val, why, sizeof(why)))
 			return hyb_errf(err, errlen, "place: %s", why);
+		return 0;
+	}
+	if (!strcmp(key, "split_experts")) {
+		if (!strcmp(val, "yes") || !strcmp(val, "true") || !strcmp(val, "1"))
+			c->place.split_experts = true;
+		else if (!strcmp(val, "no") || !strcmp(val, "false") || !strcmp(val, "0"))
+			c->place.split_experts = false;
+		else
+			return hyb_errf(err, errlen, "split_experts: '%s' is not yes or no", val);
 		return 0;
 	}
 	return 1;
@@ -416,6 +428,15 @@ int hybd_config_check(const struct hybd_config *c, char *err, size_t errlen)
 	if (c->place.policy != HYB_NUMA_PLACE_EXPLICIT && c->place.n_rules)
 		return hyb_errf(err, errlen, "'place' rules are used by placement = explicit only "
 			    "(placement is %s)", hyb_numa_place_policy_name(c->place.policy));
+	if (c->place.split_experts) {
+		struct hyb_numa_place_config pc = c->place;
+
+		/* nodes = all is resolved at start, and its count checked by the placement */
+		if (c->nodes_all)
+			pc.n_nodes = 2;
+		if (hyb_numa_place_check_split(&pc, err, errlen))
+			return -1;
+	}
 	if (c->device != HYBD_DEV_NONE && (uint64_t)c->gpu_slots * c->slot_bytes > (1ull << 40))
 		return hyb_errf(err, errlen, "gpu_slots * slot_bytes is over 1 TiB");
 	return 0;
@@ -448,6 +469,7 @@ void hybd_config_print(const struct hybd_config *c, FILE *f)
 				c->place.rules[i].node);
 		fputc('\n', f);
 	}
+	fprintf(f, "split_experts = %s\n", c->place.split_experts ? "yes" : "no");
 	fprintf(f, "pools_per_node = %u\ndram_budget = %llu\npage_pool = %llu\nqueue = %u\n"
 		"queue_depth = %u\nio_chunk = %u\nchunk = %llu\ndevice = %s\ncuda_device = %d\n"
 		"gpu_slots = %u\ngpu_cache = %llu\n"

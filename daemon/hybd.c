@@ -33,7 +33,8 @@
 
 static const char usage[] =
 	"usage: hybd [-f] [-c FILE] [-m MODEL] [-b auto|kmod|local] [-n NAME]\n"
-	"            [-p layer|interleave|explicit] [-q QUEUE] [-o KEY=VALUE]... [--check]\n"
+	"            [-p layer|interleave|explicit] [--split-experts] [-q QUEUE]\n"
+	"            [-o KEY=VALUE]... [--check]\n"
 	"  Loads a model into NUMA-placed neuron pools with io_uring, publishes its\n"
 	"  manifest, and serves the reload queue until SIGTERM or SIGINT.\n"
 	"  -f, --foreground   stay in the foreground, log to stderr (systemd: Type=simple)\n"
@@ -41,6 +42,7 @@ static const char usage[] =
 	"  -m, --model PATH   = -o model=PATH       -b, --backend = -o backend=\n"
 	"  -n, --name NAME    = -o name=NAME        -p, --placement = -o placement=\n"
 	"  -q, --queue N      = -o queue=N          -o, --set KEY=VALUE any key below\n"
+	"  --split-experts    = -o split_experts=yes (docs/NUMA.md)\n"
 	"  --check            print the effective configuration and exit\n"
 	"  -V, --version\n";
 
@@ -175,15 +177,17 @@ static int parse_args(int argc, char **argv, struct hybd_config *cfg, struct arg
 		{ "foreground", 0, 0, 'f' }, { "config", 1, 0, 'c' }, { "model", 1, 0, 'm' },
 		{ "backend", 1, 0, 'b' }, { "name", 1, 0, 'n' }, { "placement", 1, 0, 'p' },
 		{ "queue", 1, 0, 'q' }, { "set", 1, 0, 'o' }, { "check", 0, 0, 'C' },
-		{ "help", 0, 0, 'h' }, { "version", 0, 0, 'V' }, { 0, 0, 0, 0 },
+		{ "help", 0, 0, 'h' }, { "version", 0, 0, 'V' }, { "split-experts", 0, 0, 'S' },
+		{ 0, 0, 0, 0 },
 	};
-	const char *key;
+	const char *key, *val;
 	int c;
 
 	while ((c = getopt_long(argc, argv, "fc:m:b:n:p:q:o:hV", opts, NULL)) != -1) {
 		char *eq;
 
 		key = NULL;
+		val = optarg;
 		switch (c) {
 		case 'f': cfg->foreground = true; continue;
 		case 'c': a->config = optarg; continue;
@@ -193,6 +197,7 @@ static int parse_args(int argc, char **argv, struct hybd_config *cfg, struct arg
 		case 'n': key = "name"; break;
 		case 'p': key = "placement"; break;
 		case 'q': key = "queue"; break;
+		case 'S': key = "split_experts"; val = "yes"; break;
 		case 'o':
 			eq = strchr(optarg, '=');
 			if (!eq || eq == optarg) {
@@ -201,7 +206,7 @@ static int parse_args(int argc, char **argv, struct hybd_config *cfg, struct arg
 			}
 			*eq = 0;
 			key = optarg;
-			optarg = eq + 1;
+			val = eq + 1;
 			break;
 		case 'h':
 			printf("%s\n%s", usage, hybd_config_help);
@@ -213,12 +218,12 @@ static int parse_args(int argc, char **argv, struct hybd_config *cfg, struct arg
 			fputs(usage, stderr);
 			return 2;
 		}
-		if (a->nsets == MAX_SETS || strlen(key) >= PATH_MAX || strlen(optarg) >= PATH_MAX) {
+		if (a->nsets == MAX_SETS || strlen(key) >= PATH_MAX || strlen(val) >= PATH_MAX) {
 			fprintf(stderr, "hybd: too many or too long options\n");
 			return 2;
 		}
 		snprintf(a->sets[a->nsets][0], PATH_MAX, "%s", key);
-		snprintf(a->sets[a->nsets][1], PATH_MAX, "%s", optarg);
+		snprintf(a->sets[a->nsets][1], PATH_MAX, "%s", val);
 		a->nsets++;
 	}
 	if (optind < argc) {

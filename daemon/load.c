@@ -241,7 +241,21 @@ static int build_manifest(const struct hyb_load_config *c, struct hyb_loaded *l,
 
 		for (int d = 0; d < 4; d++)
 			mt.ne[d] = t->ne[d];
+		if (pt[i].n_parts) {
+			mt.pool = HYB_MF_SPLIT;
+			mt.node = -1;
+			mt.pool_off = 0;
+		}
 		ret = hyb_mf_add_tensor(mb, pt[i].name, &mt);
+		for (unsigned int k = 0; k < pt[i].n_parts && !ret; k++) {
+			const struct hyb_numa_place_part *q = &pt[i].parts[k];
+			const struct hyb_mf_part mp = {
+				.pool = q->pool, .node = q->node, .row0 = q->row0, .rows = q->rows,
+				.pool_off = q->pool_off, .stride = q->stride,
+			};
+
+			ret = hyb_mf_add_part(mb, pt[i].name, &mp);
+		}
 		if (!ret && l->group_size && pt[i].layer >= 0) {
 			char want[48];
 
@@ -320,6 +334,10 @@ int hyb_load_model(const struct hyb_load_config *c, struct hyb_loaded *out, char
 			out->n_layers = (uint32_t)pt[i].layer + 1;
 		pt[i].file_off = f->data_offset + t->offset;
 		pt[i].bytes = t->nbytes;
+		if (t->n_dims == 3) {
+			pt[i].ne1 = t->ne[1];
+			pt[i].ne2 = t->ne[2];
+		}
 	}
 	if (hyb_numa_place(c->place, pt, (unsigned int)n, out->n_layers, &out->placement, err, errlen) ||
 	    create_pools(c, out, err, errlen) || stream_runs(c, out, err, errlen) ||

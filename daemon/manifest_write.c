@@ -16,6 +16,12 @@ struct ntensor {
 	char *name;
 };
 
+struct npart {
+	struct hyb_mf_part p;
+	char *name;
+	uint32_t ti;	/* its tensor's index once sorted */
+};
+
 struct hyb_mf_builder {
 	struct hyb_mf_model model;
 	char *path, *name, *placement;
@@ -25,6 +31,8 @@ struct hyb_mf_builder {
 	uint32_t n_tensors;
 	struct hyb_mf_bundle *bundles;
 	uint32_t n_bundles;
+	struct npart *parts;
+	uint32_t n_parts;
 	bool oom;
 };
 
@@ -57,6 +65,9 @@ void hyb_mf_builder_free(struct hyb_mf_builder *b)
 	for (uint32_t i = 0; i < b->n_tensors; i++)
 		free(b->tensors[i].name);
 	free(b->tensors);
+	for (uint32_t i = 0; i < b->n_parts; i++)
+		free(b->parts[i].name);
+	free(b->parts);
 	free(b->pools);
 	free(b->bundles);
 	free(b->path);
@@ -118,6 +129,101 @@ int hyb_mf_add_bundle(struct hyb_mf_builder *b, const struct hyb_mf_bundle *bu)
 	}
 	b->bundles = nb;
 	nb[b->n_bundles++] = *bu;
+	return 0;
+}
+
+int hyb_mf_add_part(struct hyb_mf_builder *b, const char *name, const struct hyb_mf_part *p)
+{
+	struct npart *np = grow(b->parts, b->n_parts, sizeof(*np));
+
+	if (!np) {
+		b->oom = true;
+		return -1;
+	}
+	b->parts = np;
+	np[b->n_parts].p = *p;
+	np[b->n_parts].name = strdup(name);
+	if (!np[b->n_parts].name) {
+		b->oom = true;
+		return -1;
+	}
+	b->n_parts++;
+	return 0;
+}
+
+static int cmp_part(const void *a, const void *b)
+{
+	const struct npart *x = a, *y = b;
+
+	if (x->ti != y->ti)
+		return x->ti < y->ti ? -1 : 1;
+	return x->p.row0 < y->p.row0 ? -1 : x->p.row0 > y->p.row0;
+}
+
+static int find_tensor(const struct hyb_mf_builder *b, const char *name)
+{
+	uint32_t lo = 0, hi = b->n_tensors;
+
+	while (lo < hi) {
+		const uint32_t mid = lo + (hi - lo) / 2;
+		const int c = strcmp(b->tensors[mid].name, name);
+
+		if (!c)
+			return (int)mid;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return -1;
+}
+
+/*
+ * Parts by (tensor, row0): each to a tensor whose pool is HYB_MF_SPLIT,
+ * covering its rows [0, ne[1]) in order, and every split tensor has them.
+ */
+static int check_parts(struct hyb_mf_builder *b, char *err, size_t errlen)
+{
+	uint32_t i = 0;
+
+	for (uint32_t k = 0; k < b->n_parts; k++) {
+		const int t = find_tensor(b, b->parts[k].name);
+
+		if (t < 0 || b->tensors[t].t.pool != HYB_MF_SPLIT) {
+			snprintf(err, errlen, "manifest: a part of tensor %s, which is %s",
+				 b->parts[k].name, t < 0 ? "not in it" : "not split");
+			return -1;
+		}
+		if (b->parts[k].p.pool >= b->n_pools ||
+		    b->pools[b->parts[k].p.pool].role != HYB_MF_ROLE_WEIGHTS) {
+			snprintf(err, errlen, "manifest: a part of tensor %s in pool %u, not a weight "
+				 "pool", b->parts[k].name, b->parts[k].p.pool);
+			return -1;
+		}
+		b->parts[k].ti = (uint32_t)t;
+	}
+	if (b->n_parts)
+		qsort(b->parts, b->n_parts, sizeof(*b->parts), cmp_part);
+	for (uint32_t t = 0; t < b->n_tensors; t++) {
+		const struct hyb_mf_tensor *mt = &b->tensors[t].t;
+		uint64_t row = 0;
+		uint32_t n = 0;
+
+		if (mt->pool != HYB_MF_SPLIT)
+			continue;
+		for (; i < b->n_parts && b->parts[i].ti == t; i++, n++) {
+			if (b->parts[i].p.row0 != row || !b->parts[i].p.rows)
+				break;
+			row += b->parts[i].p.rows;
+		}
+		if (row != mt->ne[1] || !n || n > HYB_MF_MAX_PARTS ||
+		    (i < b->n_parts && b->parts[i].ti == t)) {
+			snprintf(err, errlen, "manifest: the parts of tensor %s do not cover its "
+				 "%llu rows in order (%u parts, at most %d)", b->tensors[t].name,
+				 (unsigned long long)mt->ne[1], n, HYB_MF_MAX_PARTS);
+			return -1;
+		}
+	}
 	return 0;
 }
 
@@ -186,6 +292,8 @@ static uint64_t layout(const struct hyb_mf_builder *b, uint64_t strings,
 	h->tensor_entry_size = sizeof(struct hyb_mf_tensor);
 	h->n_bundles = b->n_bundles;
 	h->bundle_entry_size = sizeof(struct hyb_mf_bundle);
+	h->n_parts = b->n_parts;
+	h->part_entry_size = sizeof(struct hyb_mf_part);
 	h->n_layers = b->model.n_layers;
 	h->group_size = b->model.group_size;
 	h->model_size = b->model.size;
@@ -198,6 +306,8 @@ static uint64_t layout(const struct hyb_mf_builder *b, uint64_t strings,
 	off += (uint64_t)b->n_tensors * sizeof(struct hyb_mf_tensor);
 	h->bundles_off = off;
 	off += (uint64_t)b->n_bundles * sizeof(struct hyb_mf_bundle);
+	h->parts_off = off;
+	off += (uint64_t)b->n_parts * sizeof(struct hyb_mf_part);
 	h->strings_off = off;
 	h->strings_len = strings;
 	off = align8(off + strings);
@@ -219,7 +329,7 @@ int hyb_mf_build(struct hyb_mf_builder *b, uint8_t **out, size_t *len, char *err
 		snprintf(err, errlen, "manifest: out of memory");
 		return -1;
 	}
-	if (sort_unique(b, err, errlen))
+	if (sort_unique(b, err, errlen) || check_parts(b, err, errlen))
 		return -1;
 	strings = strlen(b->path) + strlen(b->name) + strlen(b->placement) + 3;
 	for (uint32_t i = 0; i < b->n_tensors; i++)
@@ -247,11 +357,19 @@ int hyb_mf_build(struct hyb_mf_builder *b, uint8_t **out, size_t *len, char *err
 	PUT_STR(h.model_path, b->path);
 	PUT_STR(h.name, b->name);
 	PUT_STR(h.placement, b->placement);
-	for (uint32_t i = 0; i < b->n_tensors; i++) {
+	for (uint32_t i = 0, k = 0; i < b->n_tensors; i++) {
 		struct hyb_mf_tensor t = b->tensors[i].t;
 
 		PUT_STR(t.name, b->tensors[i].name);
 		memcpy(buf + h.tensors_off + (uint64_t)i * sizeof(t), &t, sizeof(t));
+		/* its parts name it by the same string */
+		for (; k < b->n_parts && b->parts[k].ti == i; k++) {
+			struct hyb_mf_part p = b->parts[k].p;
+
+			p.tensor = t.name;
+			p.reserved = 0;
+			memcpy(buf + h.parts_off + (uint64_t)k * sizeof(p), &p, sizeof(p));
+		}
 	}
 #undef PUT_STR
 	if (b->n_pools)

@@ -39,6 +39,13 @@ int hyb_mf_add_pool(struct hyb_mf_builder *b, const struct hyb_mf_pool *p);
 int hyb_mf_add_tensor(struct hyb_mf_builder *b, const char *name, const struct hyb_mf_tensor *t);
 int hyb_mf_add_bundle(struct hyb_mf_builder *b, const struct hyb_mf_bundle *bu);
 /*
+ * A part of tensor `name` (added with pool HYB_MF_SPLIT, before or after):
+ * p->tensor is ignored. 0 or -1 (out of memory); hyb_mf_build checks that a
+ * split tensor's parts cover its rows in order and that no other tensor has
+ * parts.
+ */
+int hyb_mf_add_part(struct hyb_mf_builder *b, const char *name, const struct hyb_mf_part *p);
+/*
  * Serialise (state READY, checksum set) into a malloc'ed buffer. 0, or -1
  * with a message (duplicate tensor names, out of memory).
  */

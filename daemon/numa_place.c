@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hyb/manifest.h"
 #include "log.h"
 #include "numa_place.h"
 
@@ -231,6 +232,84 @@ static int assign_nodes(const struct hyb_numa_place_config *cfg, struct hyb_numa
 	return 0;
 }
 
+/* -- expert tensors split by rows (docs/NUMA.md) -------------------------- */
+
+static bool is_expert_tensor(const struct hyb_numa_place_tensor *t)
+{
+	return t->ne2 > 1 && t->ne1 && strstr(t->name, "_exps");
+}
+
+int hyb_numa_place_check_split(const struct hyb_numa_place_config *cfg, char *err, size_t errlen)
+{
+	char list[128] = "";
+	size_t k = 0;
+
+	if (cfg->policy == HYB_NUMA_PLACE_EXPLICIT)
+		return hyb_errf(err, errlen, "split_experts needs placement layer or interleave, "
+			    "not explicit");
+	if (cfg->n_nodes < 2 || cfg->n_nodes > HYB_MF_MAX_PARTS) {
+		for (unsigned int i = 0; i < cfg->n_nodes && k < sizeof(list); i++)
+			k += (size_t)snprintf(list + k, sizeof(list) - k, "%s%d", i ? "," : "",
+					      cfg->nodes[i]);
+		return hyb_errf(err, errlen, "split_experts needs 2 to %d nodes; nodes = %s lists %u",
+			    HYB_MF_MAX_PARTS, list, cfg->n_nodes);
+	}
+	if (cfg->dram_budget)
+		return hyb_errf(err, errlen, "split_experts needs every expert tensor resident: "
+			    "unset dram_budget");
+	return 0;
+}
+
+/*
+ * Each expert tensor's rows cut at the multiples of 16 (the CPU kernels'
+ * tile) closest to ne1 * i / n, one part per node; a part's stride keeps
+ * every expert's slice at its file phase modulo 4096 (one O_DIRECT run
+ * each). Tensors too small for a part per node stay whole.
+ */
+static int split_experts(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t,
+			 unsigned int n, char *err, size_t errlen)
+{
+	const unsigned int nn = cfg->n_nodes;
+
+	if (hyb_numa_place_check_split(cfg, err, errlen))
+		return -1;
+	for (unsigned int i = 0; i < n; i++) {
+		struct hyb_numa_place_tensor *x = &t[i];
+		uint64_t rb, cut[HYB_MF_MAX_PARTS + 1];
+		bool ok = true;
+
+		x->n_parts = 0;
+		if (!is_expert_tensor(x))
+			continue;
+		if (x->ne1 > x->bytes || x->ne2 > x->bytes / x->ne1 || x->bytes % (x->ne1 * x->ne2))
+			return hyb_errf(err, errlen, "tensor %s: %llu bytes are not %llu x %llu whole "
+				    "rows", x->name, (unsigned long long)x->bytes,
+				    (unsigned long long)x->ne2, (unsigned long long)x->ne1);
+		rb = x->bytes / (x->ne1 * x->ne2);
+		cut[0] = 0;
+		cut[nn] = x->ne1;
+		for (unsigned int k = 1; k < nn; k++)
+			cut[k] = (x->ne1 * k + 8 * nn) / (16 * nn) * 16;	/* round(ne1 k / 16 n) */
+		for (unsigned int k = 0; k < nn; k++)
+			ok &= cut[k + 1] > cut[k];
+		if (!ok)
+			continue;
+		for (unsigned int k = 0; k < nn; k++) {
+			struct hyb_numa_place_part *pt = &x->parts[k];
+			const uint64_t bytes = (cut[k + 1] - cut[k]) * rb;
+
+			pt->node = cfg->nodes[k];
+			pt->row0 = cut[k];
+			pt->rows = cut[k + 1] - cut[k];
+			/* the least >= bytes that is = the file's expert stride mod 4096 */
+			pt->stride = bytes + ((x->ne1 * rb) % BLK + BLK - bytes % BLK) % BLK;
+			pt->pool = HYB_NUMA_PLACE_NO_POOL;
+		}
+		x->n_parts = nn;
+	}
+	return 0;
+}
+
 /* -- residency ----------------------------------------------------------- */
 
 static uint64_t padded(const struct hyb_numa_place_tensor *t)
@@ -339,8 +418,12 @@ static unsigned int used_nodes(const struct hyb_numa_place_config *cfg, const st
 {
 	unsigned int nn = 0, j;
 
-	for (unsigned int i = 0; i < cfg->n_nodes; i++)
-		nodes[nn++] = cfg->nodes[i];
+	for (unsigned int i = 0; i < cfg->n_nodes; i++) {
+		for (j = 0; j < nn && nodes[j] != cfg->nodes[i]; j++)
+			;
+		if (j == nn)
+			nodes[nn++] = cfg->nodes[i];
+	}
 	for (unsigned int i = 0; i < n; i++) {
 		for (j = 0; j < nn && nodes[j] != t[i].node; j++)
 			;
@@ -348,6 +431,54 @@ static unsigned int used_nodes(const struct hyb_numa_place_config *cfg, const st
 			nodes[nn++] = t[i].node;
 	}
 	return nn;
+}
+
+/*
+ * Bytes of piece i of x resident on node: a whole tensor is one piece, a
+ * split one has a piece per part (two parts may share a node).
+ */
+static uint64_t piece_on(const struct hyb_numa_place_tensor *x, int node, unsigned int i)
+{
+	if (x->n_parts)
+		return i < x->n_parts && x->parts[i].node == node ?
+		       (x->ne2 - 1) * x->parts[i].stride +
+		       x->parts[i].rows * (x->bytes / (x->ne1 * x->ne2)) : 0;
+	return !i && x->node == node && x->pool != HYB_NUMA_PLACE_NO_POOL ? x->bytes : 0;
+}
+
+/*
+ * A split tensor's parts at the ends of their pools, each at its file
+ * phase, then one run per (expert, part) in file order.
+ */
+static int lay_out_parts(struct hyb_numa_place_tensor *x, uint64_t *cur, struct hyb_numa_placement *p)
+{
+	const uint64_t rb = x->bytes / (x->ne1 * x->ne2);
+
+	for (unsigned int i = 0; i < x->n_parts; i++) {
+		struct hyb_numa_place_part *pt = &x->parts[i];
+		const uint64_t c = cur[pt->pool], ph = (x->file_off + pt->row0 * rb) % BLK;
+		const uint64_t span = (x->ne2 - 1) * pt->stride + pt->rows * rb;
+
+		pt->pool_off = c + (ph + BLK - c % BLK) % BLK;
+		cur[pt->pool] = pt->pool_off + span;
+		p->pools[pt->pool].used += pt->rows * rb * x->ne2;
+	}
+	for (uint64_t e = 0; e < x->ne2; e++) {
+		for (unsigned int i = 0; i < x->n_parts; i++) {
+			const struct hyb_numa_place_part *pt = &x->parts[i];
+			const struct hyb_numa_place_run r = {
+				.pool = pt->pool,
+				.pool_off = pt->pool_off + e * pt->stride,
+				.file_off = x->file_off + (e * x->ne1 + pt->row0) * rb,
+				.len = pt->rows * rb,
+			};
+
+			if (add_run(p, &r))
+				return -1;
+		}
+	}
+	p->resident += x->bytes;
+	return 0;
 }
 
 static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_place_tensor *t,
@@ -366,19 +497,21 @@ static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_
 		int first = -1, prev_k = -1;
 
 		for (unsigned int i = 0; i < n; i++)
-			if (t[i].node == nodes[j] && t[i].pool != HYB_NUMA_PLACE_NO_POOL)
-				node_total += t[i].bytes;
-		for (unsigned int k = 0; k < n; k++) {
-			struct hyb_numa_place_tensor *x = &t[ord[k]];
+			for (unsigned int q = 0; q < HYB_MF_MAX_PARTS; q++)
+				node_total += piece_on(&t[i], nodes[j], q);
+		for (unsigned int k = 0; k < n * HYB_MF_MAX_PARTS; k++) {
+			struct hyb_numa_place_tensor *x = &t[ord[k / HYB_MF_MAX_PARTS]];
+			const unsigned int part = k % HYB_MF_MAX_PARTS;
+			const uint64_t bytes = piece_on(x, nodes[j], part);
 			unsigned int pk;
 
-			if (x->node != nodes[j] || x->pool == HYB_NUMA_PLACE_NO_POOL)
+			if (!bytes)
 				continue;
 			pk = node_total ?
-			     (unsigned int)((acc + x->bytes / 2.0) * kmax / node_total) : 0;
+			     (unsigned int)((acc + bytes / 2.0) * kmax / node_total) : 0;
 			if (pk >= kmax)
 				pk = kmax - 1;
-			acc += x->bytes;
+			acc += bytes;
 			if ((int)pk != prev_k) {
 				int idx = add_pool(p, nodes[j], HYB_NUMA_PLACE_WEIGHTS,
 						   first < 0 ? 0 : p->pools[p->n_pools - 1].k + 1);
@@ -389,7 +522,10 @@ static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_
 					first = idx;
 				prev_k = (int)pk;
 			}
-			x->pool = p->n_pools - 1;
+			if (x->n_parts)
+				x->parts[part].pool = p->n_pools - 1;
+			else
+				x->pool = p->n_pools - 1;
 		}
 	}
 	/* page pools where something is left on storage */
@@ -412,6 +548,12 @@ static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_
 		struct hyb_numa_place_pool *pp;
 		uint64_t end;
 
+		if (x->n_parts) {
+			if (lay_out_parts(x, cur, p))
+				goto oom;
+			last_pool = HYB_NUMA_PLACE_NO_POOL;	/* the next tensor starts a run */
+			continue;
+		}
 		if (x->pool == HYB_NUMA_PLACE_NO_POOL) {
 			x->pool_off = 0;
 			last_pool = HYB_NUMA_PLACE_NO_POOL;
@@ -430,10 +572,8 @@ static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_
 			x->pool_off = c + ((x->file_off % BLK) + BLK - (c % BLK)) % BLK;
 			run = (struct hyb_numa_place_run){ .pool = x->pool, .pool_off = x->pool_off,
 						      .file_off = x->file_off, .len = x->bytes };
-			if (add_run(p, &run)) {
-				free(cur);
-				return -1;
-			}
+			if (add_run(p, &run))
+				goto oom;
 		}
 		end = x->pool_off + x->bytes;
 		if (end > cur[x->pool])
@@ -447,6 +587,9 @@ static int build_pools(const struct hyb_numa_place_config *cfg, struct hyb_numa_
 			p->pools[i].bytes = cur[i] ? cur[i] : 1;
 	free(cur);
 	return 0;
+oom:
+	free(cur);
+	return -1;
 }
 
 static void describe(const struct hyb_numa_place_config *cfg, struct hyb_numa_placement *p)
@@ -466,6 +609,8 @@ static void describe(const struct hyb_numa_place_config *cfg, struct hyb_numa_pl
 	if (cfg->pools_per_node > 1 && k < len)
 		k += (size_t)snprintf(p->desc + k, len - k, " pools_per_node=%u",
 				      cfg->pools_per_node);
+	if (cfg->split_experts && k < len)
+		k += (size_t)snprintf(p->desc + k, len - k, " split_experts");
 	if (cfg->dram_budget && k < len)
 		snprintf(p->desc + k, len - k, " dram_budget=%llu page_pool=%llu",
 			 (unsigned long long)cfg->dram_budget, (unsigned long long)cfg->page_pool);
@@ -489,7 +634,10 @@ int hyb_numa_place(const struct hyb_numa_place_config *cfg, struct hyb_numa_plac
 	for (unsigned int i = 0; i < n; i++)
 		ord[i] = i;
 	qsort_r(ord, n, sizeof(*ord), cmp_file, t);
+	for (unsigned int i = 0; i < n; i++)
+		t[i].n_parts = 0;
 	if (assign_nodes(cfg, t, n, n_layers, err, errlen) ||
+	    (cfg->split_experts && split_experts(cfg, t, n, err, errlen)) ||
 	    choose_resident(cfg, t, ord, n, err, errlen)) {
 		free(ord);
 		return -1;
@@ -499,9 +647,15 @@ int hyb_numa_place(const struct hyb_numa_place_config *cfg, struct hyb_numa_plac
 		hyb_numa_placement_free(out);
 		return hyb_errf(err, errlen, "out of memory");
 	}
-	for (unsigned int i = 0; i < n; i++)
-		if (t[i].pool == HYB_NUMA_PLACE_NO_POOL)
+	for (unsigned int i = 0; i < n; i++) {
+		if (t[i].n_parts) {
+			t[i].node = -1;		/* on every node: its parts say where */
+			t[i].pool = t[i].parts[0].pool;
+			t[i].pool_off = 0;
+		} else if (t[i].pool == HYB_NUMA_PLACE_NO_POOL) {
 			out->paged += t[i].bytes;
+		}
+	}
 	describe(cfg, out);
 	free(ord);
 	return 0;

@@ -65,6 +65,24 @@ struct hyb_numa_place_config {
 	unsigned int pools_per_node;		/* >= 1 */
 	uint64_t dram_budget;			/* 0: everything resident */
 	uint64_t page_pool;			/* bytes per node with paged tensors */
+	/*
+	 * Expert tensors (3-D, "_exps" in the name) split by rows across the
+	 * nodes (KTransformers section 3.3's NUMA tensor parallelism, by rows:
+	 * docs/NUMA.md): each node holds its share of every expert's rows, so
+	 * every node computes part of every routed expert on local memory.
+	 * Layer/interleave policies only, 2 to HYB_MF_MAX_PARTS nodes, every
+	 * expert tensor resident (no dram_budget).
+	 */
+	bool split_experts;
+};
+
+/* A node's rows of a split tensor (hyb_mf_part's meaning). */
+struct hyb_numa_place_part {
+	int node;
+	uint32_t pool;
+	uint64_t row0, rows;
+	uint64_t pool_off;		/* expert e's rows at pool_off + e * stride */
+	uint64_t stride;
 };
 
 /* One tensor: the caller fills the inputs, hyb_numa_place() the outputs. */
@@ -73,9 +91,17 @@ struct hyb_numa_place_tensor {
 	int32_t layer;		/* in: N of "blk.N.", -1 otherwise */
 	uint64_t file_off;	/* in: absolute offset in the file */
 	uint64_t bytes;		/* in */
+	uint64_t ne1, ne2;	/* in: rows and matrices (experts); 0: not a 3-D tensor */
 	int node;		/* out */
 	uint32_t pool;		/* out: index into placement.pools, or HYB_NUMA_PLACE_NO_POOL */
 	uint64_t pool_off;	/* out */
+	/*
+	 * out: > 0: split by rows (split_experts), parts[] say where; then node
+	 * is -1, pool the first part's (resident: never NO_POOL) and pool_off
+	 * 0, neither of them meaning a place: look at n_parts first.
+	 */
+	unsigned int n_parts;
+	struct hyb_numa_place_part parts[8];	/* HYB_MF_MAX_PARTS */
 };
 
 struct hyb_numa_place_pool {
@@ -122,6 +148,12 @@ const char *hyb_numa_place_policy_name(enum hyb_numa_place_policy p);
 int hyb_numa_place_parse_rules(struct hyb_numa_place_config *cfg, const char *s, char *err, size_t errlen);
 /* "0,1,3" or "0-3" into cfg->nodes: 0, or -1 with a message. */
 int hyb_numa_place_parse_nodes(struct hyb_numa_place_config *cfg, const char *s, char *err, size_t errlen);
+/*
+ * split_experts' conditions on cfg (layer/interleave, 2 to HYB_MF_MAX_PARTS
+ * nodes, no dram_budget): 0, or -1 with a one-line message. hyb_numa_place()
+ * checks them; a config check may too, before the nodes are resolved.
+ */
+int hyb_numa_place_check_split(const struct hyb_numa_place_config *cfg, char *err, size_t errlen);
 /* FFN weight matrices: what a DRAM budget may leave on storage. */
 bool hyb_numa_place_pageable(const char *name);
 /* N of "blk.N." or -1. */

@@ -26,6 +26,7 @@ struct hyb_manifest {
 	struct hyb_manifest_tensor *tensors;
 	struct hyb_mf_pool *pools;	/* copied out at the known entry size */
 	struct hyb_mf_bundle *bundles;
+	struct hyb_mf_part *parts;	/* by (tensor, row0), checked */
 	uint64_t resident, paged;
 	/* pool-opened: the live mapping, to tell when hybd retires it */
 	struct hyb_backend *b;
@@ -111,9 +112,9 @@ static void *check_header(struct hyb_manifest *m, char *err, size_t errlen)
 
 	if (m->len < sizeof(uint64_t) + 2 * sizeof(uint32_t) || h->magic != HYB_MF_MAGIC)
 		return fail(err, errlen, "not a hyb manifest (bad magic)");
-	if (h->version != HYB_MF_VERSION)
+	if (h->version != HYB_MF_VERSION && h->version != 1)
 		return fail(err, errlen, "manifest version %u is not supported (this build reads "
-			    "%u)", h->version, HYB_MF_VERSION);
+			    "1 and %u)", h->version, HYB_MF_VERSION);
 	if (m->len < sizeof(*h) || h->header_size < sizeof(*h) || h->header_size > m->len)
 		return fail(err, errlen, "manifest truncated: %llu bytes",
 			    (unsigned long long)m->len);
@@ -129,12 +130,17 @@ static void *check_header(struct hyb_manifest *m, char *err, size_t errlen)
 		return fail(err, errlen, "manifest checksum mismatch (corrupt or being rewritten)");
 	if (h->pool_entry_size < sizeof(struct hyb_mf_pool) ||
 	    h->tensor_entry_size < sizeof(struct hyb_mf_tensor) ||
-	    h->bundle_entry_size < sizeof(struct hyb_mf_bundle))
+	    h->bundle_entry_size < sizeof(struct hyb_mf_bundle) ||
+	    (h->n_parts && h->part_entry_size < sizeof(struct hyb_mf_part)))
 		return fail(err, errlen, "manifest entries are smaller than version %u's",
 			    HYB_MF_VERSION);
+	if (h->version < 2 && h->n_parts)
+		return fail(err, errlen, "manifest version %u has %u parts (version 2 added them)",
+			    h->version, h->n_parts);
 	if (!section_ok(m, h->pools_off, h->n_pools, h->pool_entry_size) ||
 	    !section_ok(m, h->tensors_off, h->n_tensors, h->tensor_entry_size) ||
 	    !section_ok(m, h->bundles_off, h->n_bundles, h->bundle_entry_size) ||
+	    (h->n_parts && !section_ok(m, h->parts_off, h->n_parts, h->part_entry_size)) ||
 	    !section_ok(m, h->strings_off, 1, h->strings_len) ||
 	    !section_ok(m, h->meta_off, 1, h->meta_len))
 		return fail(err, errlen, "manifest section out of bounds");
@@ -142,6 +148,85 @@ static void *check_header(struct hyb_manifest *m, char *err, size_t errlen)
 		return fail(err, errlen, "manifest string table is not NUL-terminated");
 	if (!str_at(m, h->model_path) || !str_at(m, h->placement) || !str_at(m, h->name))
 		return fail(err, errlen, "manifest header string out of bounds");
+	return m;
+}
+
+/*
+ * The parts of the split tensors (docs/NUMA.md): each names a split tensor,
+ * a tensor's parts come together and cover its rows [0, ne[1]) in order,
+ * and each part's experts lie inside a weight pool on the part's node.
+ */
+static void *decode_parts(struct hyb_manifest *m, char *err, size_t errlen)
+{
+	const struct hyb_mf_header *h = m->h;
+	struct hyb_manifest_tensor *prev = NULL;
+	uint64_t row = 0;
+
+	m->parts = calloc(h->n_parts + 1, sizeof(*m->parts));
+	if (!m->parts)
+		return fail(err, errlen, "out of memory");
+	for (uint32_t i = 0; i < h->n_parts; i++) {
+		struct hyb_mf_part *p = &m->parts[i];
+		struct hyb_manifest_tensor key, *t;
+		const struct hyb_mf_pool *pool;
+		uint64_t rb, span;
+
+		memcpy(p, m->buf + h->parts_off + (uint64_t)i * h->part_entry_size, sizeof(*p));
+		key.name = str_at(m, p->tensor);
+		t = key.name ? bsearch(&key, m->tensors, h->n_tensors, sizeof(key), cmp_name) :
+		    NULL;
+		if (!t || t->pool != HYB_MF_SPLIT)
+			return fail(err, errlen, "manifest part %u: %s %s", i,
+				    key.name ? key.name : "(name out of bounds)",
+				    t ? "is not a split tensor" : "names no tensor");
+		if (t != prev) {
+			if (prev && (row != prev->ne[1] || t < prev))
+				return fail(err, errlen, "manifest tensor %s: its parts do not cover "
+					    "its rows in order", row != prev->ne[1] ? prev->name :
+					    t->name);
+			if (t->parts)
+				return fail(err, errlen, "manifest tensor %s: its parts are not "
+					    "together", t->name);
+			t->parts = p;
+			prev = t;
+			row = 0;
+		}
+		/* ne[1] * ne[2] <= bytes first: the product cannot wrap (to 0) */
+		if (t->n_dims != 3 || !t->ne[1] || !t->ne[2] || t->ne[1] > t->bytes ||
+		    t->ne[2] > t->bytes / t->ne[1] || t->bytes % (t->ne[1] * t->ne[2]))
+			return fail(err, errlen, "manifest tensor %s: split, but not a 3-D tensor of "
+				    "whole rows", t->name);
+		rb = t->bytes / (t->ne[1] * t->ne[2]);
+		if (p->row0 != row || !p->rows || p->rows > t->ne[1] - row ||
+		    ++t->n_parts > HYB_MF_MAX_PARTS)
+			return fail(err, errlen, "manifest tensor %s: part %u has rows [%llu, +%llu) "
+				    "after row %llu (at most %d parts)", t->name, t->n_parts,
+				    (unsigned long long)p->row0, (unsigned long long)p->rows,
+				    (unsigned long long)row, HYB_MF_MAX_PARTS);
+		row += p->rows;
+		pool = p->pool < h->n_pools ? &m->pools[p->pool] : NULL;
+		if (!pool || pool->role != HYB_MF_ROLE_WEIGHTS || pool->node != p->node)
+			return fail(err, errlen, "manifest tensor %s: a part in pool %u, not a "
+				    "weight pool on its node %d", t->name, p->pool, p->node);
+		/* rows * rb <= bytes < 2^64; the span is checked before it is formed */
+		if (p->stride < p->rows * rb || p->stride > pool->bytes ||
+		    (t->ne[2] - 1) > (pool->bytes - p->rows * rb) / (p->stride ? p->stride : 1))
+			return fail(err, errlen, "manifest tensor %s: a part's stride %llu does not "
+				    "fit %llu experts in pool %s", t->name,
+				    (unsigned long long)p->stride, (unsigned long long)t->ne[2],
+				    pool->name);
+		span = (t->ne[2] - 1) * p->stride + p->rows * rb;
+		if (p->pool_off > pool->bytes || span > pool->bytes - p->pool_off)
+			return fail(err, errlen, "manifest tensor %s: a part lies outside pool %s",
+				    t->name, pool->name);
+	}
+	if (prev && row != prev->ne[1])
+		return fail(err, errlen, "manifest tensor %s: its parts do not cover its rows",
+			    prev->name);
+	for (uint32_t i = 0; i < h->n_tensors; i++)
+		if (m->tensors[i].pool == HYB_MF_SPLIT && !m->tensors[i].n_parts)
+			return fail(err, errlen, "manifest tensor %s is split but has no parts",
+				    m->tensors[i].name);
 	return m;
 }
 
@@ -173,7 +258,7 @@ static void *decode(struct hyb_manifest *m, char *err, size_t errlen)
 		if (t.n_dims < 1 || t.n_dims > 4)
 			return fail(err, errlen, "manifest tensor %s: %u dimensions", o->name,
 				    t.n_dims);
-		if (t.pool != HYB_MF_NO_POOL &&
+		if (t.pool != HYB_MF_NO_POOL && t.pool != HYB_MF_SPLIT &&
 		    (t.pool >= h->n_pools || t.pool_off > m->pools[t.pool].bytes ||
 		     t.bytes > m->pools[t.pool].bytes - t.pool_off))
 			return fail(err, errlen, "manifest tensor %s lies outside its pool",
@@ -187,7 +272,8 @@ static void *decode(struct hyb_manifest *m, char *err, size_t errlen)
 		o->layer = t.layer;
 		o->node = t.node;
 		o->pool = t.pool;
-		o->pool_id = t.pool == HYB_MF_NO_POOL ? 0 : m->pools[t.pool].id;
+		o->pool_id = t.pool == HYB_MF_NO_POOL || t.pool == HYB_MF_SPLIT ? 0 :
+			     m->pools[t.pool].id;
 		o->pool_off = t.pool_off;
 		o->bytes = t.bytes;
 		o->file_off = t.file_off;
@@ -196,6 +282,8 @@ static void *decode(struct hyb_manifest *m, char *err, size_t errlen)
 		else
 			m->resident += t.bytes;
 	}
+	if (!decode_parts(m, err, errlen))
+		return NULL;
 	for (uint32_t i = 0; i < h->n_bundles; i++) {
 		struct hyb_mf_bundle *b = &m->bundles[i];
 
@@ -376,6 +464,7 @@ void hyb_manifest_close(struct hyb_manifest *m)
 	free(m->pools);
 	free(m->tensors);
 	free(m->bundles);
+	free(m->parts);
 	free(m->buf);
 	free(m);
 }
@@ -396,6 +485,7 @@ void hyb_manifest_info(const struct hyb_manifest *m, struct hyb_manifest_info *o
 	out->n_pools = h->n_pools;
 	out->n_tensors = h->n_tensors;
 	out->n_bundles = h->n_bundles;
+	out->n_parts = h->n_parts;
 	out->n_layers = h->n_layers;
 	out->group_size = h->group_size;
 	out->alignment = h->alignment;

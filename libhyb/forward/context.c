@@ -73,6 +73,41 @@ static bool plan_invariant(const struct hyb_cpu_kernels *k, const struct hyb_mod
 	return true;
 }
 
+/*
+ * Where hybd split the expert tensors by rows across nodes (docs/NUMA.md):
+ * the threads go to those nodes in blocks, so that each node's rows are
+ * read by its own threads first (moe.c's queues). 0, or -1 with the reason.
+ */
+static int pin_to_split_nodes(struct hyb_ctx *c)
+{
+	const struct hyb_hparams *hp = &c->m->hp;
+	int nodes[HYB_WEIGHT_MAX_PARTS], n = 0;
+
+	for (uint32_t l = hp->n_dense_lead; l < hp->n_layer && hp->n_expert; l++) {
+		const struct hyb_weight_split *sp = c->m->layers[l].gate_exps.split;
+
+		for (uint32_t i = 0; sp && i < sp->n; i++) {
+			int k = 0;
+
+			while (k < n && nodes[k] != sp->node[i])
+				k++;
+			if (k == n && n < HYB_WEIGHT_MAX_PARTS && sp->node[i] >= 0)
+				nodes[n++] = sp->node[i];
+		}
+	}
+	if (n < 2)
+		return 0; /* one node: nothing to gain */
+	const unsigned int since = hyb_error_count();
+	char why[256];
+
+	if (hyb_threadpool_pin_nodes(c->pool, nodes, n) >= 0)
+		return 0;
+	snprintf(why, sizeof(why), "%s", hyb_last_error());
+	return hyb_error_set(hyb_error_cause(since, -EINVAL), "the experts are split across %d "
+			     "NUMA nodes: %s (numa_no_pin, hyb --no-numa-pin, runs the threads "
+			     "unpinned)", n, why);
+}
+
 struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_params *p)
 {
 	const struct hyb_hparams *hp = &m->hp;
@@ -190,6 +225,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		goto fail;
 	}
 	nth = hyb_threadpool_size(c->pool);
+	if (!(p && p->numa_no_pin) && pin_to_split_nodes(c))
+		goto fail;
 
 	/* latent attention reads V from the K rows (attention_mla.c): no V cache */
 	c->kv_bytes = (hp->kv_lora ? 1 : 2) * sizeof(uint16_t) * (size_t)hp->n_layer * c->kv_rows *

@@ -400,100 +400,164 @@ uint32_t hyb_moe_max_columns(uint32_t type, uint64_t rows)
 	}
 }
 
-/* One pass over chosen experts: units of (expert, matrix, row chunk). */
+/*
+ * One pass over chosen experts: units of (expert, matrix, row chunk), in
+ * queues by NUMA node. Where hybd split the expert tensors by rows across
+ * nodes (docs/NUMA.md), queue q holds the chunks of the rows on node
+ * qnode[q]: a thread takes from its own node's queue first and then helps
+ * the others, so the rows are read by local threads while no thread idles.
+ * Unsplit tensors make one queue (node -1). Which thread computes a unit
+ * never changes its bits.
+ */
+#define MAX_Q HYB_WEIGHT_MAX_PARTS
+
+struct unit_seg {
+	int m;             /* matrix */
+	uint64_t r0, r1;   /* its rows in this queue (one part) */
+	uint32_t n_chunks;
+};
+
 struct expert_job {
 	uint32_t first;     /* the experts are s->active[first ..] */
 	const struct hyb_cpu_kernels *k;
 	const struct hyb_moe_scratch *s;
+	const struct hyb_threadpool *pool;
 	const struct hyb_weight *w[2];
 	const void *x[2];
 	size_t x_stride[2];
 	float *y[2];
 	int nw;
-	uint64_t chunk, n_chunks;
-	uint32_t n_units;
+	uint64_t chunk;
+	uint32_t n_active;
 	bool invariant;
-	atomic_uint next;
+	uint32_t nq;
+	int32_t qnode[MAX_Q];
+	struct unit_seg seg[MAX_Q][2 * MAX_Q];
+	uint32_t n_seg[MAX_Q];
+	uint32_t per_expert[MAX_Q]; /* units of one expert in queue q */
+	uint32_t n_units[MAX_Q];
+	atomic_uint next[MAX_Q];
 };
 
-/* unit u's expert, matrix and first row */
-static void unit_of(const struct expert_job *j, uint32_t u, uint32_t *e, int *m, uint64_t *r0)
+/* unit u of queue q: its expert, matrix, first row and rows */
+static void unit_of(const struct expert_job *j, uint32_t q, uint32_t u, uint32_t *e, int *m,
+		    uint64_t *r0, uint64_t *nr)
 {
-	const uint32_t per_expert = (uint32_t)(j->nw * j->n_chunks), rem = u % per_expert;
+	uint32_t rem = u % j->per_expert[q], i = 0;
 
-	*e = j->s->active[j->first + u / per_expert];
-	*m = (int)(rem / j->n_chunks);
-	*r0 = (rem % j->n_chunks) * j->chunk;
+	*e = j->s->active[j->first + u / j->per_expert[q]];
+	while (rem >= j->seg[q][i].n_chunks)
+		rem -= j->seg[q][i++].n_chunks;
+	*m = j->seg[q][i].m;
+	*r0 = j->seg[q][i].r0 + rem * j->chunk;
+	*nr = j->seg[q][i].r1 - *r0 < j->chunk ? j->seg[q][i].r1 - *r0 : j->chunk;
 }
 
 /*
- * The first 16 rows (a GEMV tile) of the unit the queue hands out next,
- * into L2: the kernels prefetch each tile's successor, but nothing the
- * first tile of a unit, which would start on rows still in DRAM (for
- * decode's few columns a unit is one expert's matrix, tens of us).
+ * The first 16 rows (a GEMV tile) of the unit queue q hands out next, into
+ * L2: the kernels prefetch each tile's successor, but nothing the first
+ * tile of a unit, which would start on rows still in DRAM (for decode's
+ * few columns a unit is one expert's matrix, tens of us).
  */
-static void prefetch_unit(const struct expert_job *j, uint32_t u)
+static void prefetch_unit(const struct expert_job *j, uint32_t q, uint32_t u)
 {
 	uint32_t e;
 	int m;
-	uint64_t r0;
+	uint64_t r0, nr, run;
 
-	if (u >= j->n_units)
+	if (u >= j->n_units[q])
 		return;
-	unit_of(j, u, &e, &m, &r0);
-	const struct hyb_weight w = hyb_weight_expert(j->w[m], e);
-	const uint64_t nr = w.ne1 - r0 < 16 ? w.ne1 - r0 : 16;
-	const char *p = (const char *)w.data + r0 * w.row_bytes;
+	unit_of(j, q, u, &e, &m, &r0, &nr);
+	const struct hyb_weight *w = j->w[m];
+	const char *p = hyb_weight_rows(w, e, r0, &run);
 
-	for (uint64_t off = 0; off < nr * w.row_bytes; off += 64)
+	nr = nr < 16 ? nr : 16;
+	for (uint64_t off = 0; off < nr * w->row_bytes; off += 64)
 		__builtin_prefetch(p + off, 0, 2);
+}
+
+static void run_unit(const struct expert_job *j, uint32_t q, uint32_t u)
+{
+	const struct hyb_moe_scratch *s = j->s;
+	uint32_t e;
+	int m;
+	uint64_t r0, nr, run;
+
+	unit_of(j, q, u, &e, &m, &r0, &nr);
+	const struct hyb_weight *w = j->w[m];
+	const char *wr = hyb_weight_rows(w, e, r0, &run);
+	const uint32_t j0 = s->start[e], nj = s->start[e + 1] - j0;
+	/* llama.cpp picks its kernel by the whole tensor's rows (fused gate/up) */
+	const uint64_t rows = w->fused_rows ? w->fused_rows : w->ne1;
+	const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w->type, rows);
+	const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
+	float *y = j->y[m] + (size_t)j0 * w->ne1 + r0;
+	/* batch invariance: columns grouped as the kernel sums them alike (forward.c) */
+	const uint32_t mc = j->invariant ? hyb_gemm_invariant_cols(j->k, w->type, rows, false) :
+			    hyb_moe_max_columns(w->type, rows);
+
+	if (!mc || mc >= nj) {
+		fn((int64_t)w->ne0, wr, w->row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y, w->ne1);
+		return;
+	}
+	/* rows in L2-sized blocks, each block reused by every column */
+	uint64_t sub = (SUB_BYTES / w->row_bytes) & ~15ull;
+
+	sub = sub < 16 ? 16 : sub;
+	for (uint64_t b = 0; b < nr; b += sub)
+		for (uint32_t c = 0; c < nj; c += mc)
+			fn((int64_t)w->ne0, wr + b * w->row_bytes, w->row_bytes,
+			   (int64_t)(nr - b < sub ? nr - b : sub), x + (size_t)c * j->x_stride[m],
+			   j->x_stride[m], nj - c < mc ? nj - c : mc, y + (size_t)c * w->ne1 + b,
+			   w->ne1);
 }
 
 static void expert_worker(void *arg, int ith, int nth)
 {
 	struct expert_job *j = arg;
-	const struct hyb_moe_scratch *s = j->s;
+	const int node = j->nq > 1 ? hyb_threadpool_node(j->pool, ith) : -1;
+	uint32_t home = (uint32_t)ith % j->nq;
 
-	(void)ith;
 	(void)nth;
-	for (;;) {
-		uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed), e;
-		int m;
-		uint64_t r0;
+	for (uint32_t q = 0; q < j->nq; q++)
+		if (j->qnode[q] == node && node >= 0)
+			home = q;
+	for (uint32_t k = 0; k < j->nq; k++) {
+		const uint32_t q = (home + k) % j->nq;
 
-		if (u >= j->n_units)
-			return;
-		prefetch_unit(j, atomic_load_explicit(&j->next, memory_order_relaxed));
-		unit_of(j, u, &e, &m, &r0);
-		const struct hyb_weight w = hyb_weight_expert(j->w[m], e);
-		const uint64_t nr = w.ne1 - r0 < j->chunk ? w.ne1 - r0 : j->chunk;
-		const uint32_t j0 = s->start[e], nj = s->start[e + 1] - j0;
-		const char *wr = (const char *)w.data + r0 * w.row_bytes;
-		/* llama.cpp picks its kernel by the whole tensor's rows (fused gate/up) */
-		const uint64_t rows = w.fused_rows ? w.fused_rows : w.ne1;
-		const hyb_gemm_fn fn = hyb_gemm_pick(j->k, w.type, rows);
-		const char *x = (const char *)j->x[m] + (size_t)j0 * j->x_stride[m];
-		float *y = j->y[m] + (size_t)j0 * w.ne1 + r0;
-		/* batch invariance: columns grouped as the kernel sums them alike (forward.c) */
-		const uint32_t mc = j->invariant ? hyb_gemm_invariant_cols(j->k, w.type, rows, false) :
-				    hyb_moe_max_columns(w.type, rows);
+		for (;;) {
+			const uint32_t u = atomic_fetch_add_explicit(&j->next[q], 1,
+								     memory_order_relaxed);
 
-		if (!mc || mc >= nj) {
-			fn((int64_t)w.ne0, wr, w.row_bytes, (int64_t)nr, x, j->x_stride[m], nj, y,
-			   w.ne1);
-			continue;
+			if (u >= j->n_units[q])
+				break;
+			prefetch_unit(j, q, atomic_load_explicit(&j->next[q], memory_order_relaxed));
+			run_unit(j, q, u);
 		}
-		/* rows in L2-sized blocks, each block reused by every column */
-		uint64_t sub = (SUB_BYTES / w.row_bytes) & ~15ull;
-
-		sub = sub < 16 ? 16 : sub;
-		for (uint64_t b = 0; b < nr; b += sub)
-			for (uint32_t q = 0; q < nj; q += mc)
-				fn((int64_t)w.ne0, wr + b * w.row_bytes, w.row_bytes,
-				   (int64_t)(nr - b < sub ? nr - b : sub),
-				   x + (size_t)q * j->x_stride[m], j->x_stride[m],
-				   nj - q < mc ? nj - q : mc, y + (size_t)q * w.ne1 + b, w.ne1);
 	}
+}
+
+/* The queue of node nd, added when new. */
+static uint32_t queue_of(struct expert_job *j, int32_t nd)
+{
+	uint32_t q = 0;
+
+	while (q < j->nq && j->qnode[q] != nd)
+		q++;
+	if (q == j->nq && j->nq < MAX_Q)
+		j->qnode[j->nq++] = nd;
+	return q < MAX_Q ? q : MAX_Q - 1;
+}
+
+static void add_seg(struct expert_job *j, uint32_t q, int m, uint64_t r0, uint64_t r1)
+{
+	struct unit_seg *g = &j->seg[q][j->n_seg[q]++];
+
+	g->m = m;
+	g->r0 = r0;
+	g->r1 = r1;
+	g->n_chunks = (uint32_t)((r1 - r0 + j->chunk - 1) / j->chunk);
+	j->per_expert[q] += g->n_chunks;
 }
 
 static void run_experts(struct hyb_ctx *c, uint32_t first, uint32_t n_active, int nw,
@@ -501,8 +565,8 @@ static void run_experts(struct hyb_ctx *c, uint32_t first, uint32_t n_active, in
 			const size_t *x_stride, float *const *y)
 {
 	const int nth = hyb_threadpool_size(c->pool);
-	struct expert_job j = { .first = first, .k = c->k, .s = c->moe, .nw = nw,
-				.invariant = c->invariant && c->cols };
+	struct expert_job j = { .first = first, .k = c->k, .s = c->moe, .pool = c->pool, .nw = nw,
+				.n_active = n_active, .invariant = c->invariant && c->cols };
 	const uint64_t rows = w[0]->ne1;
 
 	for (int i = 0; i < nw; i++) {
@@ -517,9 +581,21 @@ static void run_experts(struct hyb_ctx *c, uint32_t first, uint32_t n_active, in
 		j.chunk = 16;
 	if (j.chunk > rows)
 		j.chunk = rows;
-	j.n_chunks = (rows + j.chunk - 1) / j.chunk;
-	j.n_units = (uint32_t)(n_active * nw * j.n_chunks);
-	atomic_init(&j.next, 0);
+	/* each matrix's rows by the node they lie on (one part: one queue) */
+	for (int i = 0; i < nw; i++) {
+		const struct hyb_weight_split *sp = w[i]->split;
+
+		if (!sp) {
+			add_seg(&j, queue_of(&j, -1), i, 0, w[i]->ne1);
+			continue;
+		}
+		for (uint32_t p = 0; p < sp->n; p++)
+			add_seg(&j, queue_of(&j, sp->node[p]), i, sp->row0[p], sp->row0[p + 1]);
+	}
+	for (uint32_t q = 0; q < j.nq; q++) {
+		j.n_units[q] = n_active * j.per_expert[q];
+		atomic_init(&j.next[q], 0);
+	}
 	if (nth == 1)
 		expert_worker(&j, 0, 1);
 	else

@@ -106,13 +106,16 @@ static int load_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32
 	struct slot *sl = &h->slots[s];
 
 	for (int i = 0; i < 3; i++) {
-		const struct hyb_weight x = hyb_weight_expert(w[i], e);
-		const uint64_t bytes = x.ne1 * x.row_bytes;
+		/* one copy, or one per node where the rows are split (docs/NUMA.md) */
+		for (uint64_t r = 0, n; r < w[i]->ne1; r += n) {
+			const char *src = hyb_weight_rows(w[i], e, r, &n);
+			const uint64_t bytes = n * w[i]->row_bytes;
 
-		if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->cache + s * h->slot_bytes + off[i],
-				   x.data, bytes))
-			return -1;
-		h->st.load_bytes += bytes;
+			if (hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->cache + s * h->slot_bytes +
+					   off[i] + r * w[i]->row_bytes, src, bytes))
+				return -1;
+			h->st.load_bytes += bytes;
+		}
 	}
 	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, sl->ev))
 		return -1;

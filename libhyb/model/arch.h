@@ -82,6 +82,13 @@ int hyb_ld_moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l);
  * as n consecutive slices (out[i]: rows[i] rows, fused_rows the total);
  * 1 when optional and absent.
  */
+/*
+ * w = rows [r0, r0 + n) of each matrix of all (a fused tensor's slice:
+ * llama.cpp sums by the whole tensor's rows, kept in fused_rows), parts and
+ * all where the rows are split across nodes. 0, or -1 (out of memory).
+ */
+int hyb_ld_slice(struct hyb_loader *ld, struct hyb_weight *w, const struct hyb_weight *all,
+		 uint64_t r0, uint64_t n);
 int hyb_ld_bind_fused(struct hyb_loader *ld, uint32_t l, const char *what, uint64_t ne0, int n,
 		      const uint64_t *rows, struct hyb_weight *const *out, bool optional);
 

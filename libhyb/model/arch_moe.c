@@ -125,10 +125,9 @@ int hyb_ld_moe_layer(struct hyb_loader *ld, struct hyb_layer *L, uint32_t l)
 
 		if (hyb_ld_bind_experts(ld, &gu, l, "ffn_gate_up_exps.weight", E, 2 * F, X))
 			return -1;
-		L->gate_exps = L->up_exps = gu;
-		L->gate_exps.ne1 = L->up_exps.ne1 = F;
-		L->gate_exps.fused_rows = L->up_exps.fused_rows = 2 * F;
-		L->up_exps.data = (const char *)gu.data + F * gu.row_bytes;
+		if (hyb_ld_slice(ld, &L->gate_exps, &gu, 0, F) ||
+		    hyb_ld_slice(ld, &L->up_exps, &gu, F, F))
+			return -1;
 	} else if (hyb_ld_bind_experts(ld, &L->gate_exps, l, "ffn_gate_exps.weight", E, F, X) ||
 		   hyb_ld_bind_experts(ld, &L->up_exps, l, "ffn_up_exps.weight", E, F, X)) {
 		return -1;

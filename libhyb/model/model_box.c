@@ -32,6 +32,12 @@ struct box_pool {
 	size_t len;
 };
 
+/* A split tensor's slice (a fused tensor's gate or up): its own parts. */
+struct box_slice {
+	struct box_slice *next;
+	struct hyb_weight_split sp;
+};
+
 struct box {
 	const struct hyb_model *m;
 	struct box *next;
@@ -42,6 +48,10 @@ struct box {
 	uint32_t n_pools;
 	int32_t pid;			/* the hybd that published it */
 	char mf_name[HYB_MEMPOOL_NAME_LEN];
+	/* [n_tensors] rows split across nodes (docs/NUMA.md); n = 0: not split */
+	struct hyb_weight_split *splits;
+	uint64_t n_splits;
+	struct box_slice *slices;
 };
 
 static pthread_mutex_t box_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -75,6 +85,13 @@ static void box_free(struct box *bx)
 	for (uint32_t i = 0; bx->pools && i < bx->n_pools; i++)
 		hyb_mempool_close(bx->pools[i].p);
 	free(bx->pools);
+	free(bx->splits);
+	while (bx->slices) {
+		struct box_slice *n = bx->slices->next;
+
+		free(bx->slices);
+		bx->slices = n;
+	}
 	hyb_manifest_close(bx->mf);
 	hyb_mempool_close(bx->mf_pool);
 	free(bx);
@@ -208,8 +225,59 @@ static int box_header(struct hyb_model *m, const struct hyb_manifest *mf, char *
 	return 0;
 }
 
+/*
+ * A tensor hybd split by rows across nodes (docs/NUMA.md): each part's rows
+ * of every expert in its pool, checked against the mapping (the manifest
+ * reader checked them against the pool sizes it lists).
+ */
+static int bind_split(const struct box *bx, const struct hyb_gguf_tensor *t,
+		      const struct hyb_manifest_tensor *mt, struct hyb_weight_split *sp,
+		      char *err, size_t errlen)
+{
+	const uint64_t ne1 = t->ne[1], ne2 = t->ne[2];
+	uint64_t row_bytes;
+
+	if (t->n_dims != 3 || !ne1 || !ne2 || t->nbytes % (ne1 * ne2) || !mt->n_parts ||
+	    mt->n_parts > HYB_WEIGHT_MAX_PARTS)
+		return box_fail(err, errlen, "tensor %s: split into %u parts, but it is not a 3-D "
+				"tensor of whole rows or has no parts (at most %d)", mt->name,
+				mt->n_parts, HYB_WEIGHT_MAX_PARTS);
+	row_bytes = t->nbytes / (ne1 * ne2);
+	memset(sp, 0, sizeof(*sp));
+	sp->n = mt->n_parts;
+	for (uint32_t i = 0; i < mt->n_parts; i++) {
+		const struct hyb_mf_part *p = &mt->parts[i];
+		const struct box_pool *bp = p->pool < bx->n_pools ? &bx->pools[p->pool] : NULL;
+		const uint64_t end = p->row0 + p->rows;
+
+		if (p->row0 != sp->row0[i] || !p->rows || end > ne1 ||
+		    (i + 1 == mt->n_parts && end != ne1))
+			return box_fail(err, errlen, "tensor %s: part %u has rows [%llu, +%llu), not "
+					"the next of [0, %llu)", mt->name, i,
+					(unsigned long long)p->row0, (unsigned long long)p->rows,
+					(unsigned long long)ne1);
+		if (!bp || !bp->base)
+			return box_fail(err, errlen, "tensor %s: part %u is in pool %u, not a weight "
+					"pool", mt->name, i, p->pool);
+		/* the last expert's rows end inside the mapping (no overflow: all < 2^46) */
+		if (p->stride < p->rows * row_bytes || ne2 > (1ull << 20) ||
+		    p->pool_off > bp->len ||
+		    (ne2 - 1) * p->stride + p->rows * row_bytes > bp->len - p->pool_off)
+			return box_fail(err, errlen, "tensor %s: part %u's %llu experts at %llu, "
+					"stride %llu, are past the end of its pool (%zu bytes)",
+					mt->name, i, (unsigned long long)ne2,
+					(unsigned long long)p->pool_off,
+					(unsigned long long)p->stride, bp->len);
+		sp->row0[i + 1] = end;
+		sp->data[i] = (const char *)bp->base + p->pool_off;
+		sp->stride[i] = p->stride;
+		sp->node[i] = p->node;
+	}
+	return 0;
+}
+
 /* Every tensor of the header at its bytes in a pool, the manifest entry checked against it. */
-static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t errlen)
+static int box_bind(struct hyb_model *m, struct box *bx, char *err, size_t errlen)
 {
 	struct hyb_gguf_file *f = m->gguf;
 	struct hyb_manifest_info mi;
@@ -218,6 +286,10 @@ static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t
 	if (f->n_tensors != mi.n_tensors)
 		return box_fail(err, errlen, "it lists %u tensors, its GGUF header %llu",
 				mi.n_tensors, (unsigned long long)f->n_tensors);
+	bx->splits = calloc(f->n_tensors ? f->n_tensors : 1, sizeof(*bx->splits));
+	if (!bx->splits)
+		return box_fail(err, errlen, "out of memory");
+	bx->n_splits = f->n_tensors;
 	for (uint64_t i = 0; i < f->n_tensors; i++) {
 		struct hyb_gguf_tensor *t = &f->tensors[i];
 		const struct hyb_manifest_tensor *mt;
@@ -241,6 +313,12 @@ static int box_bind(struct hyb_model *m, const struct box *bx, char *err, size_t
 			return box_fail(err, errlen, "tensor %s is not resident (hybd dram_budget "
 					"left it on storage): box-mode apps need every tensor in "
 					"a pool", name);
+		if (mt->pool == HYB_MF_SPLIT) {
+			if (bind_split(bx, t, mt, &bx->splits[i], err, errlen))
+				return -1;
+			t->data = bx->splits[i].data[0];
+			continue;
+		}
 		bp = mt->pool < bx->n_pools ? &bx->pools[mt->pool] : NULL;
 		if (!bp || !bp->base)
 			return box_fail(err, errlen, "tensor %s: pool %u is not a weight pool",
@@ -290,15 +368,18 @@ static struct hyb_model *load_manifest(const char *src, int *rc, char *err, size
 		box_fail(err, errlen, "%s: %s", pool, why);
 		goto out_free;
 	}
-	ret = hyb_model_finish(m, pool, err, errlen);
-	if (ret) {
-		*rc = ret;
-		goto out_free;
-	}
+	/* listed first: binding the weights looks up the split tensors' parts */
 	pthread_mutex_lock(&box_lock);
 	bx->next = boxes;
 	boxes = bx;
 	pthread_mutex_unlock(&box_lock);
+	ret = hyb_model_finish(m, pool, err, errlen);
+	if (ret) {
+		*rc = ret;
+		hyb_model_box_release(m);
+		hyb_model_free(m);
+		return NULL;
+	}
 	return m;
 
 out_free:
@@ -319,6 +400,59 @@ struct hyb_model *hyb_model_load_manifest(const char *src)
 		/* a pool, manifest or device call underneath says which errno */
 		hyb_error_set(rc == -EINVAL ? hyb_error_cause(since, rc) : rc, "%s", msg);
 	return m;
+}
+
+const struct hyb_weight_split *hyb_model_box_split(const struct hyb_model *m,
+						  const struct hyb_gguf_tensor *t)
+{
+	const struct hyb_weight_split *sp = NULL;
+	struct box *bx;
+
+	pthread_mutex_lock(&box_lock);
+	bx = box_find(m);
+	if (bx && bx->splits && t >= m->gguf->tensors &&
+	    (uint64_t)(t - m->gguf->tensors) < bx->n_splits &&
+	    bx->splits[t - m->gguf->tensors].n)
+		sp = &bx->splits[t - m->gguf->tensors];
+	pthread_mutex_unlock(&box_lock);
+	return sp;
+}
+
+const struct hyb_weight_split *hyb_model_box_split_rows(const struct hyb_model *m,
+						       const struct hyb_weight_split *sp,
+						       uint64_t r0, uint64_t n,
+						       uint64_t row_bytes)
+{
+	struct box_slice *sl = calloc(1, sizeof(*sl));
+	struct box *bx;
+
+	if (!sl)
+		return NULL;
+	for (uint32_t i = 0; i < sp->n; i++) {
+		const uint64_t a = sp->row0[i] > r0 ? sp->row0[i] : r0;
+		const uint64_t b = sp->row0[i + 1] < r0 + n ? sp->row0[i + 1] : r0 + n;
+
+		if (a >= b)
+			continue;
+		sl->sp.row0[sl->sp.n] = a - r0;
+		sl->sp.data[sl->sp.n] = sp->data[i] + (a - sp->row0[i]) * row_bytes;
+		sl->sp.stride[sl->sp.n] = sp->stride[i];
+		sl->sp.node[sl->sp.n] = sp->node[i];
+		sl->sp.n++;
+	}
+	sl->sp.row0[sl->sp.n] = n;
+	pthread_mutex_lock(&box_lock);
+	bx = box_find(m);
+	if (bx) {
+		sl->next = bx->slices;
+		bx->slices = sl;
+	}
+	pthread_mutex_unlock(&box_lock);
+	if (!bx) {
+		free(sl);
+		return NULL;
+	}
+	return &sl->sp;
 }
 
 const struct hyb_manifest *hyb_model_manifest(const struct hyb_model *m)

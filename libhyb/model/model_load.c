@@ -316,6 +316,24 @@ static int bind_nd(struct hyb_loader *ld, struct hyb_weight *w, const char *name
 	w->ne2 = ne2;
 	w->row_bytes = hyb_row_bytes(t->type, ne0);
 	w->data = t->data;
+	w->split = hyb_model_box_split(ld->m, t);
+	return 0;
+}
+
+int hyb_ld_slice(struct hyb_loader *ld, struct hyb_weight *w, const struct hyb_weight *all,
+		 uint64_t r0, uint64_t n)
+{
+	uint64_t run;
+
+	*w = *all;
+	w->ne1 = n;
+	w->fused_rows = all->fused_rows ? all->fused_rows : all->ne1;
+	w->data = hyb_weight_rows(all, 0, r0, &run);
+	if (all->split) {
+		w->split = hyb_model_box_split_rows(ld->m, all->split, r0, n, all->row_bytes);
+		if (!w->split)
+			return hyb_ld_fail(ld, "out of memory");
+	}
 	return 0;
 }
 
@@ -356,10 +374,8 @@ int hyb_ld_bind_fused(struct hyb_loader *ld, uint32_t l, const char *what, uint6
 	if (rc)
 		return rc;
 	for (int i = 0; i < n; i++) {
-		*out[i] = all;
-		out[i]->ne1 = rows[i];
-		out[i]->data = (const char *)all.data + off * all.row_bytes;
-		out[i]->fused_rows = total;
+		if (hyb_ld_slice(ld, out[i], &all, off, rows[i]))
+			return -1;
 		off += rows[i];
 	}
 	return 0;

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -41,6 +42,9 @@ struct hyb_threadpool {
 	atomic_bool stop;
 	void (*side)(void *);        /* the caller's side task (hyb_threadpool_side) */
 	void *side_arg;
+	_Atomic int *node;           /* [n] the node each thread last started a job on */
+	int16_t *cpu_node;           /* [n_cpus] from sysfs; NULL: one node */
+	int n_cpus;
 };
 
 struct worker_arg {
@@ -82,6 +86,89 @@ static bool join_job(struct hyb_threadpool *p, unsigned gen)
 	}
 }
 
+/*
+ * The node of the CPU the calling thread runs on, noted for thread ith as
+ * it starts a job: what NUMA-aware jobs (moe.c's expert queues) read to
+ * take work on local memory first. sched_getcpu reads the kernel's rseq
+ * area: no system call per job.
+ */
+static void note_node(struct hyb_threadpool *p, int ith)
+{
+	const int cpu = p->cpu_node ? sched_getcpu() : -1;
+
+	if (p->cpu_node)
+		atomic_store_explicit(&p->node[ith], cpu >= 0 && cpu < p->n_cpus ?
+				      p->cpu_node[cpu] : -1, memory_order_relaxed);
+}
+
+/* CPUs of a sysfs list such as "0-3,8,10-11" into set (or, set NULL, counted); -1: unreadable */
+static int read_cpulist(const char *path, cpu_set_t *set, int *max_cpu)
+{
+	char buf[4096], *s = buf, *end;
+	FILE *f = fopen(path, "re");
+	size_t n;
+
+	if (!f)
+		return -1;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	while (*s && *s != '\n') {
+		long a = strtol(s, &end, 10), b = a;
+
+		if (end == s || a < 0 || a >= CPU_SETSIZE)
+			return -1;
+		s = end;
+		if (*s == '-') {
+			b = strtol(s + 1, &end, 10);
+			if (end == s + 1 || b < a || b >= CPU_SETSIZE)
+				return -1;
+			s = end;
+		}
+		for (long c = a; c <= b; c++) {
+			if (set)
+				CPU_SET((int)c, set);
+			if (max_cpu && c > *max_cpu)
+				*max_cpu = (int)c;
+		}
+		if (*s == ',')
+			s++;
+	}
+	return 0;
+}
+
+/* cpu -> node from /sys/devices/system/node; left NULL with one node (or no sysfs) */
+static void learn_nodes(struct hyb_threadpool *p)
+{
+	char path[96];
+	int max_cpu = -1, n_nodes = 0;
+
+	for (int nd = 0; nd < 1024; nd++) {
+		snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", nd);
+		if (read_cpulist(path, NULL, &max_cpu) == 0)
+			n_nodes++;
+	}
+	if (n_nodes < 2 || max_cpu < 0)
+		return;
+	p->cpu_node = malloc(sizeof(*p->cpu_node) * (size_t)(max_cpu + 1));
+	if (!p->cpu_node)
+		return;
+	p->n_cpus = max_cpu + 1;
+	for (int c = 0; c <= max_cpu; c++)
+		p->cpu_node[c] = -1;
+	for (int nd = 0; nd < 1024; nd++) {
+		cpu_set_t set;
+
+		CPU_ZERO(&set);
+		snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", nd);
+		if (read_cpulist(path, &set, NULL))
+			continue;
+		for (int c = 0; c <= max_cpu; c++)
+			if (CPU_ISSET(c, &set))
+				p->cpu_node[c] = (int16_t)nd;
+	}
+}
+
 static void *worker_main(void *opaque)
 {
 	struct worker_arg wa = *(struct worker_arg *)opaque;
@@ -107,6 +194,7 @@ static void *worker_main(void *opaque)
 			return NULL;
 		if (!join_job(p, gen))
 			continue;
+		note_node(p, wa.ith);
 		p->fn(p->arg, wa.ith, p->n);
 		atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
 	}
@@ -128,11 +216,17 @@ struct hyb_threadpool *hyb_threadpool_new(int n_threads)
 	}
 	p->n = n_threads;
 	p->threads = calloc(n_threads, sizeof(*p->threads));
-	if (!p->threads) {
+	p->node = calloc(n_threads, sizeof(*p->node));
+	if (!p->threads || !p->node) {
+		free(p->threads);
+		free(p->node);
 		free(p);
 		hyb_error_set(-ENOMEM, "thread pool: out of memory for %d threads", n_threads);
 		return NULL;
 	}
+	for (int i = 0; i < n_threads; i++)
+		atomic_init(&p->node[i], -1);
+	learn_nodes(p);
 	for (int i = 1; i < n_threads; i++) {
 		struct worker_arg *wa = malloc(sizeof(*wa));
 		int rc;
@@ -186,6 +280,7 @@ static void run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg, bool dynamic
 {
 	unsigned gen;
 
+	note_node(p, 0);
 	if (p->n == 1) {
 		if (dynamic)
 			run_side(p);
@@ -248,6 +343,36 @@ int hyb_threadpool_size(const struct hyb_threadpool *p)
 	return p->n;
 }
 
+int hyb_threadpool_node(const struct hyb_threadpool *p, int ith)
+{
+	return ith >= 0 && ith < p->n ? atomic_load_explicit(&p->node[ith], memory_order_relaxed) :
+	       -1;
+}
+
+int hyb_threadpool_pin_nodes(struct hyb_threadpool *p, const int *nodes, int n)
+{
+	if (n <= 0)
+		return hyb_error_set(-EINVAL, "thread pool: no nodes to pin to");
+	for (int i = 0; i < p->n; i++) {
+		const int nd = nodes[(long)i * n / p->n];
+		char path[96];
+		cpu_set_t set;
+		int rc;
+
+		CPU_ZERO(&set);
+		snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpulist", nd);
+		if (nd < 0 || read_cpulist(path, &set, NULL) || !CPU_COUNT(&set))
+			return hyb_error_set(-ENODEV, "thread pool: NUMA node %d has no CPUs to pin "
+					     "thread %d to (%s)", nd, i, path);
+		rc = i ? pthread_setaffinity_np(p->threads[i], sizeof(set), &set) :
+		     sched_setaffinity(0, sizeof(set), &set) ? errno : 0;
+		if (rc)
+			return hyb_error_set(-rc, "thread pool: cannot pin thread %d to node %d: %s",
+					     i, nd, strerror(rc));
+	}
+	return 0;
+}
+
 void hyb_threadpool_free(struct hyb_threadpool *p)
 {
 	if (!p)
@@ -258,5 +383,7 @@ void hyb_threadpool_free(struct hyb_threadpool *p)
 	for (int i = 1; i < p->n; i++)
 		pthread_join(p->threads[i], NULL);
 	free(p->threads);
+	free((void *)p->node);
+	free(p->cpu_node);
 	free(p);
 }

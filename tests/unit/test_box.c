@@ -407,3 +407,99 @@ TEST(box_moe_model_generates_the_file_ids)
 	hyb_model_free(f);
 	hybd_stop(d, "test");
 }
+
+/*
+ * Experts split by rows across nodes (split_experts, docs/NUMA.md): this
+ * machine has one node, so node 0 is listed twice - two parts in node 0's
+ * pools, laid out, published, read and bound as on two nodes. The app's
+ * ids are the file's; every expert tensor has two parts; one node is refused.
+ */
+TEST(box_split_experts_generate_the_file_ids)
+{
+	static const int32_t prompt[] = { 1, 17, 200, 3, 99, 42 };
+	char model[512], cmd[1024], err[512];
+	struct hyb_model *f, *b;
+	struct hybd_config c;
+	struct hybd *d;
+	struct ids want, got;
+	const struct hyb_manifest *mf;
+	struct hyb_manifest_info mi;
+	unsigned int n_split = 0;
+
+	if (access("build/hybctl", X_OK))
+		SKIP("build/hybctl not built (run from the repository root after make)");
+	snprintf(model, sizeof(model), "%s/moe.gguf", hyb_test_tmpdir());
+	/* merged gate/up experts: gate's rows on one part, up's on the other */
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --arch qwen3moe --experts 8 "
+		 "--experts-used 2 --expert-ffn 224 --hidden 128 --heads 4 --layers 3 --vocab 300 "
+		 "--gate-up-exps --type Q4_0 -t 2 >/dev/null", model);
+	CHECK(system(cmd) == 0);
+	setenv("HYB_BACKEND", "local", 1);
+	hybd_config_defaults(&c);
+	CHECK(!hybd_config_set(&c, "model", model, err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "backend", "local", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "name", "bs", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "state_dir", hyb_test_tmpdir(), err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "progress", "quiet", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "stats_interval", "0", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "device", "none", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "split_experts", "yes", err, sizeof(err)));
+	CHECK(hybd_config_set(&c, "split_experts", "maybe", err, sizeof(err)));
+	CHECK_MSG(strstr(err, "split_experts"), "%s", err);
+	CHECK(!hybd_config_set(&c, "nodes", "0", err, sizeof(err)));
+	CHECK(hybd_start(&c, NULL, NULL, &d, err, sizeof(err)));
+	CHECK_MSG(strstr(err, "split_experts needs 2 to 8 nodes"), "%s", err);
+	c.place.nodes[1] = 0; /* (the parser refuses a node twice) */
+	c.place.n_nodes = 2;
+	CHECK_MSG(!hybd_start(&c, NULL, NULL, &d, err, sizeof(err)), "hybd: %s", err);
+	f = hyb_model_load(model);
+	CHECK_MSG(f, "%s", hyb_last_error());
+	b = hyb_model_load_manifest("bs.manifest");
+	CHECK_MSG(b, "%s", hyb_last_error());
+	mf = hyb_model_manifest(b);
+	hyb_manifest_info(mf, &mi);
+	CHECK_MSG(strstr(mi.placement, "split_experts"), "%s", mi.placement);
+	for (uint32_t i = 0; i < mi.n_tensors; i++) {
+		const struct hyb_manifest_tensor *t = hyb_manifest_tensor(mf, i);
+
+		if (!strstr(t->name, "_exps"))
+			continue;
+		CHECK_MSG(t->pool == HYB_MF_SPLIT && t->n_parts == 2 && t->parts[0].row0 == 0 &&
+			  t->parts[1].row0 % 16 == 0 && t->parts[1].row0 + t->parts[1].rows ==
+			  t->ne[1], "%s: %u parts", t->name, t->n_parts);
+		n_split++;
+	}
+	CHECK_EQ_INT(n_split, 6);
+	CHECK_EQ_INT(mi.n_parts, 12);
+	CHECK(b->layers[1].down_exps.split && b->layers[1].down_exps.split->n == 2);
+	/* the slices of the merged tensor: each wholly in one part */
+	CHECK(b->layers[1].gate_exps.split && b->layers[1].gate_exps.split->n == 1 &&
+	      b->layers[1].up_exps.split && b->layers[1].up_exps.split->n == 1 &&
+	      b->layers[1].up_exps.split->data[0] != b->layers[1].gate_exps.split->data[0]);
+	want = generate(f, prompt, 6);
+	got = generate(b, prompt, 6);
+	CHECK_EQ_INT(want.n, N_GEN);
+	check_same_ids(&want, &got, "experts split by rows from pools");
+	/* hybctl manifest shows the parts, as text and JSON */
+	{
+		char out[16384];
+		FILE *p;
+		size_t n;
+
+		snprintf(cmd, sizeof(cmd), "build/hybctl manifest %s --tensors 2>&1; "
+			 "build/hybctl manifest %s --json 2>&1", hybd_manifest_path(d),
+			 hybd_manifest_path(d));
+		p = popen(cmd, "r");
+		CHECK(p);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		pclose(p);
+		CHECK_MSG(strstr(out, "(split by rows)") && strstr(out, "rows 0-223") &&
+			  strstr(out, "rows 224-447") && strstr(out, "in its rows of 6 split") &&
+			  strstr(out, "\"parts\": [{\"row0\": 0, \"rows\": 224, \"node\": 0"),
+			  "%s", out);
+	}
+	hyb_model_free(b);
+	hyb_model_free(f);
+	hybd_stop(d, "test");
+}

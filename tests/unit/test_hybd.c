@@ -25,6 +25,7 @@
 #include "daemon/config.h"
 #include "daemon/copydev_cuda.h"
 #include "daemon/load.h"
+#include "daemon/manifest_write.h"
 #include "daemon/server.h"
 #include "hyb/gguf.h"
 #include "hyb/manifest.h"
@@ -107,6 +108,50 @@ static const char *write_model(const char *name, uint32_t n_layers, uint32_t n_f
 	return path;
 }
 
+/*
+ * Expert tensors for split_experts: per layer a router and gate/up/down
+ * experts [E, 100, 8], [100, E, 8] (F16) and a 3-D "_exps" tensor of 8 rows,
+ * too few to split; random bytes, not a model anyone runs.
+ */
+static const char *write_moe_model(const char *name, uint32_t n_layers)
+{
+	static char path[512];
+	struct hyb_gguf_writer *w = hyb_gguf_writer_new();
+	uint8_t *data = rand_bytes(8 << 20, 11);
+	size_t used = 0;
+	char tn[64];
+
+#define T3(nm, type, nd, a, b, c)                                                      \
+	do {                                                                           \
+		uint64_t ne_[3] = { a, b, c };                                         \
+		uint64_t sz_ = hyb_row_bytes(type, a) * (b) * (c);                     \
+		CHECK(used + sz_ <= (8u << 20));                                       \
+		CHECK(!hyb_gguf_writer_add_tensor(w, nm, type, nd, ne_, data + used)); \
+		used += sz_;                                                           \
+	} while (0)
+	CHECK(w);
+	hyb_gguf_set_str(w, "general.architecture", "qwen3moe");
+	hyb_gguf_set_u32(w, "qwen3moe.block_count", n_layers);
+	T3("token_embd.weight", HYB_TYPE_F32, 2, E, V, 1);
+	for (uint32_t l = 0; l < n_layers; l++) {
+#define N(s) (snprintf(tn, sizeof(tn), "blk.%u." s, l), tn)
+		T3(N("attn_norm.weight"), HYB_TYPE_F32, 1, E, 1, 1);
+		T3(N("ffn_gate_inp.weight"), HYB_TYPE_F32, 2, E, 8, 1);
+		T3(N("ffn_gate_exps.weight"), HYB_TYPE_F16, 3, E, 100, 8);
+		T3(N("ffn_up_exps.weight"), HYB_TYPE_F16, 3, E, 100, 8);
+		T3(N("ffn_down_exps.weight"), HYB_TYPE_F16, 3, 100, E, 8);
+		T3(N("ffn_tiny_exps.weight"), HYB_TYPE_F32, 3, 4, 8, 8);
+#undef N
+	}
+	T3("output.weight", HYB_TYPE_F16, 2, E, V, 1);
+#undef T3
+	snprintf(path, sizeof(path), "%s/%s", hyb_test_tmpdir(), name);
+	CHECK_MSG(!hyb_gguf_writer_write_file(w, path), "%s", hyb_last_error());
+	hyb_gguf_writer_free(w);
+	free(data);
+	return path;
+}
+
 static uint8_t *read_file(const char *path, size_t *len)
 {
 	struct stat sb;
@@ -149,6 +194,23 @@ static void check_against_file(struct hyb_backend *app, const struct hyb_manifes
 		CHECK(t->file_off + t->bytes <= flen);
 		if (t->pool == HYB_MF_NO_POOL)
 			continue;
+		if (t->pool == HYB_MF_SPLIT) {
+			/* each part: its rows of every expert (docs/NUMA.md) */
+			const uint64_t rb = t->bytes / (t->ne[1] * t->ne[2]);
+
+			for (uint32_t k = 0; k < t->n_parts; k++) {
+				const struct hyb_mf_part *q = &t->parts[k];
+
+				for (uint64_t e = 0; e < t->ne[2]; e++)
+					CHECK_MSG(!memcmp(base[q->pool] + q->pool_off + e * q->stride,
+							  file + t->file_off +
+							  (e * t->ne[1] + q->row0) * rb, q->rows * rb),
+						  "tensor %s: expert %llu, rows %llu+ differ from the "
+						  "file", t->name, (unsigned long long)e,
+						  (unsigned long long)q->row0);
+			}
+			continue;
+		}
 		CHECK_MSG(!memcmp(base[t->pool] + t->pool_off, file + t->file_off, t->bytes),
 			  "tensor %s: pool bytes differ from the file", t->name);
 	}
@@ -319,6 +381,54 @@ TEST(hybd_config_file_and_errors)
 	CHECK(!hybd_config_set(&c, "place", "blk.:0", err, sizeof(err)));
 	CHECK(hybd_config_check(&c, err, sizeof(err)) < 0);
 	CHECK_MSG(strstr(err, "explicit"), "%s", err);
+}
+
+/* split_experts: the key, its dump, and the refusals a config check can make early */
+TEST(hybd_config_split_experts)
+{
+	struct hybd_config c;
+	char err[512], *s;
+	FILE *f;
+
+	hybd_config_defaults(&c);
+	CHECK(!c.place.split_experts);
+	CHECK(!hybd_config_set(&c, "model", "x", err, sizeof(err)));
+	for (int i = 0; i < 2; i++) {
+		CHECK(!hybd_config_set(&c, "split_experts", i ? "true" : "yes", err, sizeof(err)));
+		CHECK(c.place.split_experts);
+		CHECK(!hybd_config_set(&c, "split_experts", i ? "0" : "no", err, sizeof(err)));
+		CHECK(!c.place.split_experts);
+	}
+	CHECK(hybd_config_set(&c, "split_experts", "maybe", err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "split_experts: 'maybe'"), "%s", err);
+	CHECK(!hybd_config_set(&c, "split_experts", "1", err, sizeof(err)));
+	/* nodes = all: counted once resolved (hyb_numa_place) */
+	CHECK_MSG(!hybd_config_check(&c, err, sizeof(err)), "%s", err);
+	f = tmpfile();
+	CHECK(f);
+	hybd_config_print(&c, f);
+	rewind(f);
+	s = calloc(1, 8192);
+	CHECK(s && fread(s, 1, 8191, f) > 0);
+	fclose(f);
+	CHECK_MSG(strstr(s, "\nsplit_experts = yes\n"), "%s", s);
+	free(s);
+	CHECK(!hybd_config_set(&c, "nodes", "1", err, sizeof(err)));
+	CHECK(hybd_config_check(&c, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "split_experts needs 2 to 8 nodes; nodes = 1 lists 1"), "%s", err);
+	CHECK(!hybd_config_set(&c, "nodes", "0-8", err, sizeof(err)));
+	CHECK(hybd_config_check(&c, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "lists 9"), "%s", err);
+	CHECK(!hybd_config_set(&c, "nodes", "0,1", err, sizeof(err)));
+	CHECK_MSG(!hybd_config_check(&c, err, sizeof(err)), "%s", err);
+	CHECK(!hybd_config_set(&c, "dram_budget", "1G", err, sizeof(err)));
+	CHECK(hybd_config_check(&c, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "split_experts") && strstr(err, "dram_budget"), "%s", err);
+	CHECK(!hybd_config_set(&c, "dram_budget", "0", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "placement", "explicit", err, sizeof(err)));
+	CHECK(!hybd_config_set(&c, "place", "*:0", err, sizeof(err)));
+	CHECK(hybd_config_check(&c, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "split_experts") && strstr(err, "explicit"), "%s", err);
 }
 
 TEST(hybd_log_lines_kv_and_json)
@@ -543,6 +653,65 @@ TEST(hybd_plan_bundles_and_interleaved_pools)
 			CHECK_EQ_INT(b->pool, t->pool);
 		}
 	}
+	check_against_file(app, m, model);
+	hybd_stop(d, "test");
+	hyb_manifest_close(m);
+	hyb_backend_close(app);
+}
+
+/*
+ * split_experts end to end on this host's one node: node 0 listed twice
+ * stands in for two nodes (the parser refuses that; the placement does not
+ * mind), so both parts land in node 0's pool, each expert's rows at its
+ * part's offset and stride, as they would on two nodes. The VM suite runs
+ * real nodes.
+ */
+TEST(hybd_split_experts_pools_hold_each_parts_rows)
+{
+	const char *model = write_moe_model("moe.gguf", 2);
+	struct hyb_manifest_info mi;
+	struct hybd_config cfg;
+	struct hyb_backend *app;
+	struct hyb_manifest *m;
+	struct hybd *d;
+	unsigned int n_split = 0;
+	char err[512];
+
+	base_config(&cfg, model, "x");
+	CHECK(!hybd_config_set(&cfg, "split_experts", "yes", err, sizeof(err)));
+	CHECK(!hybd_config_set(&cfg, "nodes", "0", err, sizeof(err)));
+	CHECK(hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)) < 0);
+	CHECK_MSG(strstr(err, "split_experts needs 2 to 8 nodes"), "%s", err);
+	cfg.place.nodes[1] = 0;
+	cfg.place.n_nodes = 2;
+	CHECK(!hybd_config_set(&cfg, "pools_per_node", "2", err, sizeof(err)));
+	CHECK_MSG(!hybd_start(&cfg, NULL, NULL, &d, err, sizeof(err)), "%s", err);
+	app = hyb_backend_open(HYB_BACKEND_LOCAL);
+	CHECK(app);
+	m = hyb_manifest_open_pool(app, "x.manifest");
+	CHECK_MSG(m, "%s", hyb_last_error());
+	hyb_manifest_info(m, &mi);
+	CHECK_EQ_INT(mi.version, HYB_MF_VERSION);
+	CHECK_MSG(strstr(mi.placement, " split_experts"), "%s", mi.placement);
+	CHECK_EQ_INT(mi.n_pools, 2);
+	CHECK_EQ_INT(mi.paged_bytes, 0);
+	for (uint32_t i = 0; i < mi.n_tensors; i++) {
+		const struct hyb_manifest_tensor *t = hyb_manifest_tensor(m, i);
+
+		if (!strstr(t->name, "_exps") || strstr(t->name, "tiny")) {
+			CHECK_MSG(t->pool < mi.n_pools && !t->n_parts && t->node == 0, "%s",
+				  t->name);
+			continue;
+		}
+		/* 100 rows cut at 48, 64 at 32 */
+		CHECK_MSG(t->pool == HYB_MF_SPLIT && t->node == -1 && t->n_parts == 2, "%s",
+			  t->name);
+		CHECK_EQ_INT(t->parts[1].row0, t->ne[1] == 100 ? 48 : 32);
+		CHECK(t->parts[0].node == 0 && t->parts[1].node == 0);
+		n_split++;
+	}
+	CHECK_EQ_INT(n_split, 6);
+	CHECK_EQ_INT(mi.n_parts, 12);
 	check_against_file(app, m, model);
 	hybd_stop(d, "test");
 	hyb_manifest_close(m);
@@ -1018,6 +1187,34 @@ TEST(hybd_program_foreground_daemon_and_bad_config)
 	free(s);
 }
 
+/* --split-experts is split_experts = yes; a node count it cannot use is a config error (2) */
+TEST(hybd_program_split_experts_flag)
+{
+	const char *bin = hybd_bin(), *dir = hyb_test_tmpdir();
+	char cmd[2048], outp[600], *s;
+	const char *conf;
+
+	snprintf(cmd, sizeof(cmd), "model = %s/none.gguf\nbackend = local\nnodes = 0,1\n", dir);
+	conf = write_text("split.conf", cmd);
+	snprintf(outp, sizeof(outp), "%s/split.out", dir);
+	snprintf(cmd, sizeof(cmd), "%s -c %s --split-experts --check >%s 2>&1", bin, conf, outp);
+	CHECK_EQ_INT(WEXITSTATUS(system(cmd)), 0);
+	s = slurp(outp);
+	CHECK_MSG(strstr(s, "\nsplit_experts = yes\n"), "%s", s);
+	free(s);
+	snprintf(cmd, sizeof(cmd), "%s -c %s --split-experts -o nodes=1 --check >%s 2>&1", bin, conf,
+		 outp);
+	CHECK_EQ_INT(WEXITSTATUS(system(cmd)), 2);
+	s = slurp(outp);
+	CHECK_MSG(strstr(s, "hybd: split_experts needs 2 to 8 nodes; nodes = 1 lists 1"), "%s", s);
+	free(s);
+	snprintf(cmd, sizeof(cmd), "%s --help >%s 2>&1", bin, outp);
+	CHECK_EQ_INT(WEXITSTATUS(system(cmd)), 0);
+	s = slurp(outp);
+	CHECK_MSG(strstr(s, "--split-experts") && strstr(s, "split_experts = no"), "%s", s);
+	free(s);
+}
+
 /* device = cuda where it cannot be had: exit 1, the reason on stderr, nothing published */
 TEST(hybd_program_device_cuda_unavailable)
 {
@@ -1110,4 +1307,65 @@ TEST(hybd_hybctl_manifest_shows_the_placement)
 	CHECK(WEXITSTATUS(system(cmd)) == 1);
 	CHECK(WEXITSTATUS(system("build/hybctl manifest /nonexistent/x.manifest 2>/dev/null")) == 1);
 	hybd_stop(d, "test");
+
+	/*
+	 * A split tensor on two nodes (a manifest built here: this host has one
+	 * node): its parts in the tensor list and JSON, its rows counted on
+	 * their nodes.
+	 */
+	{
+		struct hyb_mf_model mm = { .path = "/m.gguf", .size = 1 << 20, .n_layers = 1,
+					   .name = "s", .placement = "layer nodes=0,1 split_experts" };
+		struct hyb_mf_builder *b = hyb_mf_builder_new(&mm);
+		struct hyb_mf_pool p0 = { .id = 3, .node = 0, .role = HYB_MF_ROLE_WEIGHTS,
+					  .bytes = 1 << 20, .used = 48 * 4 * 64, .name = "s.n0" };
+		struct hyb_mf_pool p1 = { .id = 4, .node = 1, .role = HYB_MF_ROLE_WEIGHTS,
+					  .bytes = 1 << 20, .used = 52 * 4 * 64 + 64, .name = "s.n1" };
+		struct hyb_mf_tensor st = { .type = HYB_TYPE_F16, .n_dims = 3,
+					    .ne = { 32, 100, 4, 1 }, .node = -1, .pool = HYB_MF_SPLIT,
+					    .bytes = 100 * 4 * 64, .file_off = 8192 };
+		struct hyb_mf_tensor nt = { .type = HYB_TYPE_F32, .n_dims = 1, .ne = { 16, 1, 1, 1 },
+					    .node = 1, .pool = 1, .bytes = 64, .file_off = 4096 };
+		struct hyb_mf_part a = { .pool = 0, .node = 0, .row0 = 0, .rows = 48,
+					 .pool_off = 8192, .stride = 48 * 64 + 3328 };
+		struct hyb_mf_part c = { .pool = 1, .node = 1, .row0 = 48, .rows = 52,
+					 .pool_off = 4096 + 3072, .stride = 52 * 64 + 3072 };
+		char path[600], scmd[2200];
+		uint8_t *buf;
+		size_t len;
+
+		CHECK(b && !hyb_mf_add_pool(b, &p0) && hyb_mf_add_pool(b, &p1) == 1);
+		CHECK(!hyb_mf_add_tensor(b, "blk.0.ffn_up_exps.weight", &st));
+		CHECK(!hyb_mf_add_tensor(b, "blk.0.ffn_norm.weight", &nt));
+		CHECK(!hyb_mf_add_part(b, "blk.0.ffn_up_exps.weight", &c));
+		CHECK(!hyb_mf_add_part(b, "blk.0.ffn_up_exps.weight", &a));
+		CHECK_MSG(!hyb_mf_build(b, &buf, &len, err, sizeof(err)), "%s", err);
+		hyb_mf_builder_free(b);
+		snprintf(path, sizeof(path), "%s/split.manifest", hyb_test_tmpdir());
+		p = fopen(path, "w");
+		CHECK(p && fwrite(buf, 1, len, p) == len);
+		fclose(p);
+		free(buf);
+		snprintf(scmd, sizeof(scmd), "build/hybctl manifest %s --tensors 2>&1; "
+			 "build/hybctl manifest %s --json 2>&1; "
+			 "build/hybctl manifest %s --find blk.0.ffn_up_exps.weight 2>&1", path, path,
+			 path);
+		p = popen(scmd, "r");
+		CHECK(p);
+		n = fread(out, 1, sizeof(out) - 1, p);
+		out[n] = 0;
+		pclose(p);
+		CHECK_MSG(strstr(out, "version 2") && strstr(out, "(split by rows)") &&
+			  strstr(out, "rows 0-47") && strstr(out, "rows 48-99") &&
+			  strstr(out, "stride 6400") &&
+			  strstr(out, "node 0: 0 B resident in 0 tensors, 12 KiB in its rows of 1 "
+				 "split expert tensors") &&
+			  strstr(out, "node 1: 64 B resident in 1 tensors, 13 KiB in its rows of 1 "
+				 "split expert tensors") &&
+			  strstr(out, "\"node\": -1, \"pool\": null") &&
+			  strstr(out, "\"parts\": [{\"row0\": 0, \"rows\": 48, \"node\": 0, "
+				 "\"pool\": \"s.n0\", \"pool_off\": 8192, \"stride\": 6400}, "
+				 "{\"row0\": 48, \"rows\": 52, \"node\": 1, \"pool\": \"s.n1\""),
+			  "%s", out);
+	}
 }

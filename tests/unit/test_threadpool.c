@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
+#include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "hyb/error.h"
 #include "hyb/threadpool.h"
 #include "test.h"
 
@@ -168,4 +171,46 @@ TEST(pool_side_task_runs_once_beside_a_dynamic_job)
 		CHECK(!hyb_threadpool_side_flush(p));
 		hyb_threadpool_free(p);
 	}
+}
+
+static void note_cpu(void *arg, int ith, int nth)
+{
+	int *cpu = arg;
+
+	(void)nth;
+	cpu[ith] = sched_getcpu();
+}
+
+/* Pinning to a node's CPUs, the node each thread notes, refusals (docs/NUMA.md). */
+TEST(pool_pins_threads_to_nodes_and_learns_them)
+{
+	struct hyb_threadpool *p = hyb_threadpool_new(2);
+	const int node0[1] = { 0 }, bad[1] = { 999 };
+	bool two = !access("/sys/devices/system/node/node1", F_OK);
+	const int both[2] = { 0, 1 };
+	int cpu[2] = { -1, -1 };
+	cpu_set_t keep;
+
+	CHECK(p);
+	CHECK(!sched_getaffinity(0, sizeof(keep), &keep));
+	CHECK_EQ_INT(hyb_threadpool_node(p, 0), -1);
+	CHECK_EQ_INT(hyb_threadpool_node(p, 7), -1);
+	CHECK_EQ_INT(hyb_threadpool_pin_nodes(p, bad, 1), -ENODEV);
+	CHECK_MSG(strstr(hyb_last_error(), "node 999"), "%s", hyb_last_error());
+	CHECK_EQ_INT(hyb_threadpool_pin_nodes(p, two ? both : node0, two ? 2 : 1), 0);
+	hyb_threadpool_run(p, note_cpu, cpu);
+	for (int i = 0; i < 2; i++) {
+		char path[96];
+
+		CHECK(cpu[i] >= 0);
+		/* the CPU it ran on belongs to the node it was pinned to */
+		snprintf(path, sizeof(path), "/sys/devices/system/node/node%d/cpu%d",
+			 two ? i : 0, cpu[i]);
+		CHECK_MSG(!access(path, F_OK), "thread %d ran on cpu %d, not on its node", i,
+			  cpu[i]);
+		/* one node: nothing to learn (-1); two: the node it ran on */
+		CHECK_EQ_INT(hyb_threadpool_node(p, i), two ? i : -1);
+	}
+	CHECK(!sched_setaffinity(0, sizeof(keep), &keep));
+	hyb_threadpool_free(p);
 }

@@ -64,6 +64,7 @@
 #include <sys/socket.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -1537,6 +1538,139 @@ static int cmd_serve(const char *bin, const char *conf, const char *serve, const
 	return 0;
 }
 
+/* -- experts split by rows across the nodes (docs/NUMA.md) ----------------- */
+
+/* Every split tensor's parts: one per node, in pools on that node, bytes as in the file. */
+static unsigned int check_parts(const struct hyb_model *m, const char *model)
+{
+	const struct hyb_manifest *mf = hyb_model_manifest(m);
+	struct hyb_manifest_info mi;
+	int fd = open(model, O_RDONLY);
+	unsigned int n_split = 0;
+	uint8_t *buf = NULL;
+
+	if (fd < 0)
+		die("%s: %s", model, strerror(errno));
+	hyb_manifest_info(mf, &mi);
+	for (uint32_t i = 0; i < mi.n_tensors; i++) {
+		const struct hyb_manifest_tensor *t = hyb_manifest_tensor(mf, i);
+		const bool expert = strstr(t->name, "_exps") != NULL;
+		uint64_t rb;
+
+		if (expert != (t->pool == HYB_MF_SPLIT))
+			die("tensor %s: pool %u (split_experts splits exactly the expert tensors)",
+			    t->name, t->pool);
+		if (!expert)
+			continue;
+		if (t->n_parts != 2)
+			die("tensor %s: %u parts, want one per node", t->name, t->n_parts);
+		rb = t->bytes / (t->ne[1] * t->ne[2]);
+		buf = realloc(buf, rb * t->ne[1]);
+		if (!buf)
+			die("out of memory");
+		for (uint32_t k = 0; k < 2; k++) {
+			const struct hyb_mf_part *p = &t->parts[k];
+			const struct hyb_mf_pool *pool = hyb_manifest_pool(mf, p->pool);
+			struct hyb_mempool_info pi;
+
+			if (p->node != (int32_t)k || hyb_mempool_stat(m->image_backend, pool->id, &pi) ||
+			    pi.node != (int)k)
+				die("tensor %s: part %u on node %d, its pool %s on node %d (want %u)",
+				    t->name, k, p->node, pool->name, pi.node, k);
+			for (uint64_t e = 0; e < t->ne[2]; e++) {
+				const off_t off = (off_t)(t->file_off + (e * t->ne[1] + p->row0) * rb);
+				const void *in = hyb_model_box_addr(m, p->pool, p->pool_off +
+								    e * p->stride, p->rows * rb);
+
+				if (pread(fd, buf, p->rows * rb, off) != (ssize_t)(p->rows * rb))
+					die("%s: short read", model);
+				if (!in || memcmp(buf, in, p->rows * rb))
+					die("tensor %s: expert %llu's rows on node %u differ from the "
+					    "file", t->name, (unsigned long long)e, k);
+			}
+		}
+		n_split++;
+	}
+	free(buf);
+	close(fd);
+	return n_split;
+}
+
+static int cmd_split(const char *bin, const char *conf, const char *model, const char *ids_path)
+{
+	const char *sets[] = { "split_experts=yes", "name=vms", NULL };
+	char model_set[512];
+	int32_t want[MAX_IDS], *prompt;
+	uint32_t n_want = read_ids(ids_path, want);
+	struct hyb_ctx_params cp = { .n_ctx = 512, .n_threads = 2 };
+	struct hyb_model *m;
+	struct hyb_ctx *c;
+	struct run r = { .check_box = true };
+	cpu_set_t mine;
+	unsigned int n_split;
+	double ready_ms;
+	int np, st;
+
+	snprintf(model_set, sizeof(model_set), "model=%s", model);
+	{
+		const char *all[] = { sets[0], sets[1], model_set, NULL };
+
+		drop_caches();
+		daemon_pid = start_hybd_with(bin, conf, all);
+	}
+	daemon_started = true;
+	m = wait_ready(daemon_pid, "vms", &ready_ms);
+	r.m = m;
+	if (!m->hp.n_expert)
+		die("%s is not a mixture of experts", model);
+	n_split = check_parts(m, model);
+	note("hybd split %u expert tensors by rows: node 0 and node 1 each hold their rows of "
+	     "every expert, bytes as in the file", n_split);
+	c = hyb_ctx_new(m, &cp);
+	if (!c)
+		die("context: %s", hyb_last_error());
+	/* two threads, one per node: the caller (thread 0) on node 0's CPU */
+	if (sched_getaffinity(0, sizeof(mine), &mine) || CPU_COUNT(&mine) != 1 ||
+	    !CPU_ISSET(0, &mine))
+		die("the app's thread 0 is not pinned to node 0's CPU (%d CPUs allowed)",
+		    CPU_COUNT(&mine));
+	/* ... and the pool's worker on node 1's */
+	{
+		DIR *dir = opendir("/proc/self/task");
+		struct dirent *de;
+		int on1 = 0;
+
+		while (dir && (de = readdir(dir))) {
+			char path[300], *st;
+
+			if (de->d_name[0] == '.')
+				continue;
+			snprintf(path, sizeof(path), "/proc/self/task/%s/status", de->d_name);
+			st = slurp(path);
+			on1 += strstr(st, "Cpus_allowed_list:\t1\n") != NULL;
+		}
+		if (dir)
+			closedir(dir);
+		if (on1 != 1)
+			die("%d threads pinned to node 1's CPU, want the pool's one worker", on1);
+	}
+	prompt = prompt_ids(m, &np);
+	generate(c, &r, prompt, np, n_want);
+	if (r.box_err)
+		die("hybd went away during the run: %s", r.box_msg);
+	compare_ids(want, n_want, &r, n_want, "experts split across nodes");
+	note("%u greedy ids identical to embedded mode, with a thread pinned to each node's CPU",
+	     r.n);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	kill(daemon_pid, SIGTERM);
+	st = wait_exit(daemon_pid, 20000);
+	daemon_pid = 0;
+	if (st < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+		die("hybd: status %#x after SIGTERM, want 0", st);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	const char *hyb = NULL;
@@ -1553,6 +1687,8 @@ int main(int argc, char **argv)
 		return cmd_ioerr(argv[2], argv[3], argv[4], strtoull(argv[5], NULL, 10),
 				 argc == 7 ? argv[6] + 4 : NULL);
 	}
+	if (argc == 6 && !strcmp(argv[1], "split"))
+		return cmd_split(argv[2], argv[3], argv[4], argv[5]);
 	if (argc == 6 && !strcmp(argv[1], "serve"))
 		return cmd_serve(argv[2], argv[3], argv[4], argv[5]);
 	if ((argc == 5 || argc == 6) && !strcmp(argv[1], "hybrid")) {
@@ -1574,6 +1710,6 @@ int main(int argc, char **argv)
 	fprintf(stderr, "usage: hybbox gen MODEL N | hybbox box HYBD CONF MODEL IDS [kill] "
 		"[hyb=PATH]\n       hybbox offset MODEL TENSOR | hybbox ioerr HYBD CONF MODEL "
 		"BAD_OFF [hyb=PATH]\n       hybbox hybrid HYBD CONF PLAN [hyb=PATH]\n"
-		"       hybbox serve HYBD CONF HYB_SERVE HYB\n");
+		"       hybbox serve HYBD CONF HYB_SERVE HYB | hybbox split HYBD CONF MOE IDS\n");
 	return 2;
 }

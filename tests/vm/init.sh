@@ -182,6 +182,15 @@ box() {
 	else
 		echo "HYBVM NOTE box: hyb serve --manifest not run (no dynamic build/hyb on the drive)"
 	fi
+	if [ -r /mnt/moe.gguf ]; then
+		run "box: MoE reference ids (embedded mode)" 120 sh -c \
+			'/hybbox gen /mnt/moe.gguf 16 >/tmp/moe.ids 2>/tmp/moe.err; rc=$?;
+			sed "s/^/  /" /tmp/moe.ids /tmp/moe.err; exit $rc'
+		run "box: experts split by rows across 2 nodes, a thread per node, ids == embedded" \
+			120 /hybbox split /hybd /etc/hybd.conf /mnt/moe.gguf /tmp/moe.ids
+	else
+		fail "box: no MoE model on the NVMe drive (run.sh)"
+	fi
 	if [ -r /mnt/plan.gguf ]; then
 		run "box: hybrid decoding on hybd's cache, loads through its queue, one app" 240 \
 			/hybbox hybrid /hybd /etc/hybd.conf /mnt/plan.gguf $hyb

@@ -199,6 +199,11 @@ if [ -f "$HB/libhyb.a" ] && [ -f "$HB/libhybd.a" ] && [ -f "$HB/daemon/hybd.o" ]
 	"$HB/hybctl" synth -o "$OUT/nvme-root/model.gguf" --hidden 256 --ffn 768 --layers 2 \
 		--vocab 512 --type Q8_0 --seed 7 >"$OUT/box-synth.log" 2>&1 ||
 		{ tail -5 "$OUT/box-synth.log"; fail "hybctl synth failed"; }
+	# a mixture of experts whose expert tensors hybd splits across the nodes (hybbox split)
+	"$HB/hybctl" synth -o "$OUT/nvme-root/moe.gguf" --arch qwen3moe --experts 8 \
+		--experts-used 2 --expert-ffn 128 --hidden 256 --heads 4 --layers 2 --vocab 512 \
+		--type Q8_0 --seed 9 >>"$OUT/box-synth.log" 2>&1 ||
+		{ tail -5 "$OUT/box-synth.log"; fail "hybctl synth (MoE) failed"; }
 	# a plan model for hybrid decoding on hybd's cache (hybbox hybrid)
 	{ "$HB/hybctl" synth -o "$OUT/plan-src.gguf" --hidden 256 --ffn 1024 --layers 3 \
 		--heads 4 --vocab 512 --act relu --type Q8_0 -t 1 &&

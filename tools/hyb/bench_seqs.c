@@ -44,7 +44,7 @@ static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seq
 	const uint32_t n_pos = b->n_prompt + b->n_gen;
 	struct hyb_ctx_params p = { .n_ctx = n_pos, .n_threads = b->o->n_threads,
 				    .ffn = b->moe ? HYB_FFN_AUTO : HYB_FFN_SPARSE,
-				    .hybrid = &hy };
+				    .numa_no_pin = b->o->numa_no_pin, .hybrid = &hy };
 	struct hyb_ctx *c;
 
 	hy.gpu_budget = cli_gpu_budget(b->o->gpu_budget, b->m);

@@ -38,7 +38,7 @@ double cli_num(const char *opt, const char *s, double lo, double hi)
 enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_DECODE, O_IDS,
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_PROMPT_BATCH, O_THRESHOLDS,
-       O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_TEAL,
+       O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_NO_NUMA_PIN, O_TEAL,
        O_PARALLEL, O_KV_SEQS, O_VCLOCK };
 
 static const struct option longopts[] = {
@@ -87,6 +87,7 @@ static const struct option longopts[] = {
 	{ "teal", required_argument, 0, O_TEAL },
 	{ "sparsity", required_argument, 0, O_SPARSITY },
 	{ "defer", required_argument, 0, O_DEFER },
+	{ "no-numa-pin", no_argument, 0, O_NO_NUMA_PIN },
 	{ "chunks", required_argument, 0, O_CHUNKS },
 	{ "file", required_argument, 0, 'f' },
 	{ "help", no_argument, 0, 'h' },
@@ -177,6 +178,7 @@ void cli_parse(int argc, char **argv, struct cli_opts *o, const char *usage)
 		case O_CATS: o->cats = optarg; break;
 		case O_TEAL: o->teal = optarg; break;
 		case O_DEFER: o->moe_defer = (uint32_t)cli_num("--defer", optarg, 0, 512); break;
+		case O_NO_NUMA_PIN: o->numa_no_pin = true; break;
 		case O_SPARSITY:
 			o->sparsity = cli_num("--sparsity", optarg, 0, 1);
 			if (o->sparsity >= 1)
@@ -291,7 +293,7 @@ int32_t cli_argmax(const float *v, uint32_t n)
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 {
 	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads, .ffn = o->ffn,
-				    .moe_defer = o->moe_defer };
+				    .moe_defer = o->moe_defer, .numa_no_pin = o->numa_no_pin };
 	struct hyb_hybrid_params hy = o->hy;
 	struct hyb_ctx *c;
 

@@ -47,6 +47,7 @@ struct cli_opts {
 	const char *text_file;     /* perplexity -f FILE */
 	int n_chunks;              /* perplexity --chunks N */
 	uint32_t moe_defer;        /* --defer N: expert deferral (hyb_ctx_params.moe_defer) */
+	bool numa_no_pin;          /* --no-numa-pin (hyb_ctx_params.numa_no_pin) */
 };
 
 /* The median of v[n] (sorted in place: benchmarks take medians of noisy rounds). */

@@ -106,8 +106,15 @@ static long vm_kib(const char *field)
  */
 static struct hyb_weight ffn_matrix(const struct hyb_model *m)
 {
-	if (m->hp.n_expert)
-		return hyb_weight_expert(&m->layers[m->hp.n_dense_lead].gate_exps, 0);
+	if (m->hp.n_expert) {
+		const struct hyb_weight *g = &m->layers[m->hp.n_dense_lead].gate_exps;
+		struct hyb_weight x = hyb_weight_expert(g, 0);
+		uint64_t n;
+
+		hyb_weight_rows(g, 0, 0, &n);
+		x.ne1 = n; /* split across nodes (docs/NUMA.md): its first part's rows */
+		return x;
+	}
 	return m->group_size ? m->layers[0].plan.bundles : m->layers[0].gate;
 }
 

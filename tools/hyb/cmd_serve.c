@@ -35,7 +35,7 @@ static const char usage[] =
 	"                 [-t THREADS] [--api-key-file FILE] [--queue N] [--timeout S]\n"
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
-	"                 [--kv-size N] [--batch N] [--batch-variant] [--no-batch]\n"
+	"                 [--kv-size N] [--batch N] [--batch-variant] [--no-batch] [--no-numa-pin]\n"
 	"                 [--teal PROFILE [--sparsity S]]\n"
 	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
 	"                  [--no-prefetch] [--dense-cpu]\n"
@@ -57,6 +57,8 @@ static const char usage[] =
 	"  --batch-variant: let a request's sums depend on its batch (faster for F16\n"
 	"    and K-quant weights; default: the same tokens alone or batched)\n"
 	"  --no-batch: --parallel engines of one request each instead of one batch\n"
+	"  --no-numa-pin: experts split across nodes by hybd: threads unpinned\n"
+	"    (docs/NUMA.md)\n"
 	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); each\n"
 	"    request then decodes on an engine of its own\n"
 	"  --gpu-budget: hybrid decoding as hyb run's (a plan's neuron cache, a mixture\n"
@@ -81,7 +83,7 @@ static const char usage[] =
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
        O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
        O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
-       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH, O_KV_SEQS, O_BATCH };
+       O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH, O_KV_SEQS, O_BATCH, O_NO_NUMA_PIN };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -103,6 +105,7 @@ static const struct option longopts[] = {
 	{ "kv-size", required_argument, 0, O_KVSIZE },
 	{ "batch", required_argument, 0, O_BATCH },
 	{ "batch-variant", no_argument, 0, O_VARIANT },
+	{ "no-numa-pin", no_argument, 0, O_NO_NUMA_PIN },
 	{ "no-batch", no_argument, 0, O_NOBATCH },
 	{ "manifest", required_argument, 0, O_MANIFEST },
 	{ "teal", required_argument, 0, O_TEAL },
@@ -151,6 +154,7 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_KVSIZE: o->kv_size = (uint32_t)cli_num("--kv-size", optarg, 1, 1 << 26); break;
 		case O_BATCH: o->n_batch = (uint32_t)cli_num("--batch", optarg, 1, 65536); break;
 		case O_VARIANT: o->batch_variant = true; break;
+		case O_NO_NUMA_PIN: o->numa_no_pin = true; break;
 		case O_NOBATCH: o->no_batch = true; break;
 		case O_MANIFEST: o->manifest = optarg; break;
 		case O_TEAL: o->teal = optarg; break;
@@ -344,7 +348,7 @@ int cmd_serve(int argc, char **argv)
 			.parallel = sv.o.parallel, .max_depth = sv.o.queue, .n_ctx = sv.o.n_ctx,
 			.n_threads = sv.o.n_threads, .kv_size = sv.o.kv_size,
 			.batch_variant = sv.o.batch_variant, .no_batch = sv.o.no_batch,
-			.n_batch = sv.o.n_batch,
+			.n_batch = sv.o.n_batch, .numa_no_pin = sv.o.numa_no_pin,
 			.teal_thr = sv.teal_thr, .hybrid = sv.o.gpu_budget ? &sv.o.hy : NULL,
 		};
 

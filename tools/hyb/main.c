@@ -22,6 +22,8 @@ static const char usage[] =
 	"common: --teal PROFILE [--sparsity S]  TEAL: every projection's input sparse\n"
 	"common: --defer N  MoE decode: the N lowest-ranked experts join a layer later\n"
 	"        (KTransformers' expert deferral, docs/MOE.md)\n"
+	"common: --no-numa-pin  experts split across nodes by hybd: threads unpinned\n"
+	"        (docs/NUMA.md)\n"
 	"common: -t THREADS  -c CONTEXT\n"
 	"sampling: --temp T (0 = greedy, default)  --top-k K  --top-p P  --min-p P\n"
 	"          --repeat-penalty R  --repeat-last-n N  --seed S\n";

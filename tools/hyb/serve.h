@@ -198,6 +198,7 @@ struct serve_engine_opts {
 	int n_threads;                /* 0: the CPUs (shared among engines when not batched) */
 	uint32_t kv_size;             /* batched: positions of the shared cache (0: parallel x n_ctx) */
 	bool batch_variant;           /* hyb_ctx_params.batch_variant */
+	bool numa_no_pin;             /* hyb_ctx_params.numa_no_pin */
 	uint32_t n_batch;             /* hyb_ctx_params.n_batch: a step's prompt tokens (0: default) */
 	bool no_batch;                /* one engine per job even when the model batches */
 	/* TEAL thresholds (hyb/sparsity.h) for every engine, or NULL; with them
@@ -344,6 +345,7 @@ struct serve_opts {
 	int max_conns_per_ip;   /* 0: no limit per client address */
 	uint32_t kv_size;       /* positions of the shared KV cache (0: parallel x n_ctx) */
 	bool batch_variant;
+	bool numa_no_pin;       /* --no-numa-pin */
 	uint32_t n_batch;       /* --batch: a step's prompt tokens (0: the context's default) */
 	bool no_batch;
 	/* hybrid decoding (hyb/hybrid.h: a plan's neuron cache, a MoE's expert cache) */

@@ -590,6 +590,7 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 	struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = o->n_threads,
 				    .n_seq = (uint32_t)o->parallel, .kv_size = o->kv_size,
 				    .batch_variant = o->batch_variant, .hybrid = o->hybrid,
+				    .numa_no_pin = o->numa_no_pin,
 				    .n_batch = o->n_batch };
 	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 

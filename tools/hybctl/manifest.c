@@ -95,7 +95,11 @@ static void pool_layers(const struct hyb_manifest *m, const struct hyb_manifest_
 	for (uint32_t i = 0; i < mi->n_tensors; i++) {
 		const struct hyb_manifest_tensor *t = hyb_manifest_tensor(m, i);
 
-		if (t->pool != p || (p == HYB_MF_NO_POOL && t->node != node))
+		bool in = t->pool == p && (p != HYB_MF_NO_POOL || t->node == node);
+
+		for (uint32_t k = 0; k < t->n_parts; k++)
+			in |= t->parts[k].pool == p; /* a part of a split tensor */
+		if (!in)
 			continue;
 		n++;
 		if (has && t->layer >= 0 && (uint32_t)t->layer < mi->n_layers)
@@ -127,8 +131,34 @@ static void json_tensor(const struct hyb_manifest_tensor *t, const struct hyb_ma
 	} else {
 		printf("null, \"pool_id\": null, \"pool_off\": null");
 	}
-	printf(", \"bytes\": %llu, \"file_off\": %llu}", (unsigned long long)t->bytes,
+	printf(", \"bytes\": %llu, \"file_off\": %llu", (unsigned long long)t->bytes,
 	       (unsigned long long)t->file_off);
+	if (t->n_parts) {
+		printf(", \"parts\": [");
+		for (uint32_t k = 0; k < t->n_parts; k++) {
+			const struct hyb_mf_part *q = &t->parts[k];
+
+			printf("%s{\"row0\": %llu, \"rows\": %llu, \"node\": %d, \"pool\": ",
+			       k ? ", " : "", (unsigned long long)q->row0,
+			       (unsigned long long)q->rows, q->node);
+			ctl_json_str(stdout, hyb_manifest_pool(m, q->pool)->name);
+			printf(", \"pool_off\": %llu, \"stride\": %llu}",
+			       (unsigned long long)q->pool_off, (unsigned long long)q->stride);
+		}
+		printf("]");
+	}
+	printf("}");
+}
+
+/* Bytes of a split tensor's parts on node (docs/NUMA.md). */
+static uint64_t part_bytes(const struct hyb_manifest_tensor *t, int node)
+{
+	uint64_t b = 0;
+
+	for (uint32_t k = 0; k < t->n_parts; k++)
+		if (t->parts[k].node == node)
+			b += t->bytes / t->ne[1] * t->parts[k].rows;
+	return b;
 }
 
 static void text_tensor(const struct hyb_manifest_tensor *t, const struct hyb_manifest *m)
@@ -140,8 +170,18 @@ static void text_tensor(const struct hyb_manifest_tensor *t, const struct hyb_ma
 	shape(sh, sizeof(sh), t);
 	snprintf(off, sizeof(off), "%llu", (unsigned long long)t->pool_off);
 	printf("  %-36s %-6s %-18s %4d %-20s %12s %12llu %12llu\n", t->name, hyb_type_name(t->type),
-	       sh, t->node, p ? p->name : "(on demand)", p ? off : "-",
-	       (unsigned long long)t->bytes, (unsigned long long)t->file_off);
+	       sh, t->node, p ? p->name : t->n_parts ? "(split by rows)" : "(on demand)",
+	       p ? off : "-", (unsigned long long)t->bytes, (unsigned long long)t->file_off);
+	for (uint32_t k = 0; k < t->n_parts; k++) {
+		const struct hyb_mf_part *q = &t->parts[k];
+		char rows[48];
+
+		snprintf(rows, sizeof(rows), "rows %llu-%llu", (unsigned long long)q->row0,
+			 (unsigned long long)(q->row0 + q->rows - 1));
+		printf("    %-55s %4d %-20s %12llu stride %llu\n", rows, q->node,
+		       hyb_manifest_pool(m, q->pool)->name, (unsigned long long)q->pool_off,
+		       (unsigned long long)q->stride);
+	}
 }
 
 static void print_json(const struct hyb_manifest *m, const struct hyb_manifest_info *mi,
@@ -241,12 +281,15 @@ static void print_text(const struct hyb_manifest *m, const struct hyb_manifest_i
 	}
 	/* per node: what computes where */
 	for (int k = 0; k < nn; k++) {
-		uint64_t res = 0, pag = 0;
-		uint32_t nt = 0, np = 0;
+		uint64_t res = 0, pag = 0, spl = 0;
+		uint32_t nt = 0, np = 0, ns = 0;
 
 		for (uint32_t i = 0; i < mi->n_tensors; i++) {
 			const struct hyb_manifest_tensor *x = hyb_manifest_tensor(m, i);
+			const uint64_t pb = part_bytes(x, nodes[k]);
 
+			spl += pb;
+			ns += pb != 0;
 			if (x->node != nodes[k])
 				continue;
 			if (x->pool == HYB_MF_NO_POOL) {
@@ -259,6 +302,10 @@ static void print_text(const struct hyb_manifest *m, const struct hyb_manifest_i
 		}
 		human(a, sizeof(a), res);
 		printf("node %d: %s resident in %u tensors", nodes[k], a, nt);
+		if (ns) {
+			human(b, sizeof(b), spl);
+			printf(", %s in its rows of %u split expert tensors", b, ns);
+		}
 		if (np) {
 			human(b, sizeof(b), pag);
 			pool_layers(m, mi, HYB_MF_NO_POOL, nodes[k], layers, sizeof(layers), &np);

@@ -15,8 +15,10 @@
 #include "hyb/pool.h"
 
 #define HYB_MF_MAGIC		0x46494e414d425948ULL	/* "HYBMANIF" */
-#define HYB_MF_VERSION		1
+#define HYB_MF_VERSION		2	/* 2: the parts table (1 is read too) */
 #define HYB_MF_NO_POOL		UINT32_MAX	/* not resident: loaded on demand */
+#define HYB_MF_SPLIT		(UINT32_MAX - 1)	/* rows split across pools: its parts */
+#define HYB_MF_MAX_PARTS	8	/* parts of one tensor */
 #define HYB_MF_MAX_BYTES	(1ULL << 32)	/* a reader refuses bigger manifests */
 
 enum hyb_mf_state {
@@ -60,7 +62,9 @@ struct hyb_mf_header {
 	uint32_t placement;		/* string: the policy, e.g. "layer nodes=0,1" */
 	uint32_t name;			/* string: the instance name (pool prefix) */
 	uint32_t alignment;		/* GGUF alignment of the tensor data */
-	uint64_t reserved[6];		/* 0 */
+	uint32_t n_parts, part_entry_size;	/* version 2 (0 in version 1) */
+	uint64_t parts_off;
+	uint64_t reserved[4];		/* 0 */
 };
 
 struct hyb_mf_pool {
@@ -86,6 +90,23 @@ struct hyb_mf_tensor {
 	uint64_t file_off;		/* absolute offset in the model file */
 };
 
+/*
+ * One node's share of a tensor whose rows are split across nodes (an
+ * expert tensor, docs/NUMA.md): rows [row0, row0 + rows) of each of its
+ * ne[2] matrices (experts), expert e's at pool_off + e * stride. The
+ * tensor's entry says pool HYB_MF_SPLIT; its parts cover rows [0, ne[1])
+ * in order, one pool each.
+ */
+struct hyb_mf_part {
+	uint32_t tensor;		/* string: the tensor's name */
+	uint32_t pool;			/* index into the pool table (a weight pool) */
+	int32_t node;
+	uint32_t reserved;		/* 0 */
+	uint64_t row0, rows;
+	uint64_t pool_off;
+	uint64_t stride;		/* >= rows * row bytes */
+};
+
 struct hyb_mf_bundle {
 	uint32_t layer;
 	uint32_t group;
@@ -108,11 +129,14 @@ struct hyb_manifest_tensor {
 	uint64_t ne[4];
 	int32_t layer;
 	int32_t node;
-	uint32_t pool;			/* index, or HYB_MF_NO_POOL (load on demand) */
-	uint32_t pool_id;		/* backend id of that pool, 0 when not resident */
+	uint32_t pool;			/* index, HYB_MF_NO_POOL (load on demand) or HYB_MF_SPLIT */
+	uint32_t pool_id;		/* backend id of that pool, 0 when not resident or split */
 	uint64_t pool_off;
 	uint64_t bytes;
 	uint64_t file_off;
+	/* HYB_MF_SPLIT: its parts by row0, covering [0, ne[1]) (checked); else 0, NULL */
+	uint32_t n_parts;
+	const struct hyb_mf_part *parts;
 };
 
 struct hyb_manifest_info {
@@ -120,6 +144,7 @@ struct hyb_manifest_info {
 	uint32_t state;			/* as read */
 	uint32_t flags;
 	uint32_t n_pools, n_tensors, n_bundles, n_layers, group_size, alignment;
+	uint32_t n_parts;		/* parts of split tensors, all together */
 	enum hyb_backend_kind backend;
 	int32_t pid;
 	int pid_alive;			/* 1: that process exists now (0: a stale manifest) */

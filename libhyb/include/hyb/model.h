@@ -140,16 +140,61 @@ struct hyb_weight {
 	/* llama.cpp leaves it as stored where its 8x8 repacking would apply (a
 	 * 3-D tensor in a plain matmul): the kernels then sum in that order */
 	bool flat;
+	/* experts whose rows are split across NUMA nodes (docs/NUMA.md); NULL:
+	 * the experts lie one after another from data */
+	const struct hyb_weight_split *split;
 };
 
-/* Expert e of a 3-D expert tensor (or of a slice of a fused one), as a matrix. */
+#define HYB_WEIGHT_MAX_PARTS 8
+
+/*
+ * An expert tensor split by rows across nodes (hybd's split_experts): part
+ * i holds rows [row0[i], row0[i + 1]) of every expert, expert e's at
+ * data[i] + e * stride[i], on NUMA node node[i].
+ */
+struct hyb_weight_split {
+	uint32_t n;
+	uint64_t row0[HYB_WEIGHT_MAX_PARTS + 1];
+	const char *data[HYB_WEIGHT_MAX_PARTS];
+	uint64_t stride[HYB_WEIGHT_MAX_PARTS];
+	int32_t node[HYB_WEIGHT_MAX_PARTS];
+};
+
+/*
+ * Row r of expert e of a 3-D expert tensor (or of a slice of a fused one),
+ * and in *n how many rows from it lie one after another (to the end of its
+ * part, or of the matrix).
+ */
+static inline const char *hyb_weight_rows(const struct hyb_weight *w, uint32_t e, uint64_t r,
+					  uint64_t *n)
+{
+	const struct hyb_weight_split *s = w->split;
+	uint32_t i = 0;
+
+	if (!s) {
+		*n = w->ne1 - r;
+		return (const char *)w->data +
+		       ((uint64_t)e * (w->fused_rows ? w->fused_rows : w->ne1) + r) * w->row_bytes;
+	}
+	while (i + 1 < s->n && r >= s->row0[i + 1])
+		i++;
+	*n = s->row0[i + 1] - r;
+	return s->data[i] + (uint64_t)e * s->stride[i] + (r - s->row0[i]) * w->row_bytes;
+}
+
+/*
+ * Expert e of a 3-D expert tensor (or of a slice of a fused one), as a
+ * matrix; not for a split tensor (its rows are not one block: use
+ * hyb_weight_rows).
+ */
 static inline struct hyb_weight hyb_weight_expert(const struct hyb_weight *w, uint32_t e)
 {
 	struct hyb_weight x = *w;
+	uint64_t n;
 
-	x.data = (const char *)w->data +
-		 (uint64_t)e * (w->fused_rows ? w->fused_rows : w->ne1) * w->row_bytes;
+	x.data = hyb_weight_rows(w, e, 0, &n);
 	x.ne2 = 0;
+	x.split = NULL;
 	return x;
 }
 
@@ -338,6 +383,13 @@ struct hyb_ctx_params {
 	 * weights cost more: docs/SERVE.md). true: let them depend on it.
 	 */
 	bool batch_variant;
+	/*
+	 * Expert tensors split by rows across NUMA nodes (hybd's split_experts,
+	 * docs/NUMA.md): the threads are pinned to those nodes in blocks, each
+	 * computing its node's rows first. true: leave the threads where the
+	 * scheduler puts them.
+	 */
+	bool numa_no_pin;
 	uint32_t testing;   /* test-only switches (hyb/testing.h); 0 */
 };
 

@@ -28,6 +28,16 @@ struct hyb_threadpool;
 struct hyb_threadpool *hyb_threadpool_new(int n_threads);
 void hyb_threadpool_free(struct hyb_threadpool *p);
 int hyb_threadpool_size(const struct hyb_threadpool *p);
+/*
+ * The NUMA node thread ith started its last job on (the pool notes it as
+ * each job starts), -1 before its first or on a machine with one node.
+ */
+int hyb_threadpool_node(const struct hyb_threadpool *p, int ith);
+/*
+ * Pin the threads to nodes in blocks: thread ith (the caller is 0) to the
+ * CPUs of nodes[ith * n / nth]. 0, or a negative errno with the reason.
+ */
+int hyb_threadpool_pin_nodes(struct hyb_threadpool *p, const int *nodes, int n);
 void hyb_threadpool_run(struct hyb_threadpool *p, hyb_job_fn fn, void *arg);
 void hyb_threadpool_run_dynamic(struct hyb_threadpool *p, hyb_job_fn fn, void *arg);
 
