@@ -85,7 +85,8 @@ struct ffn_k {
 	const uint32_t *active;
 	uint32_t n_active, k, n_ff, gs;
 	int act;
-	float thr;                /* CATS: |silu(gate)| <= thr counts as 0 (0: none) */
+	float thr;                /* CATS: |act(gate)| <= thr counts as 0 (0: none) */
+	const unsigned short *gelu; /* GeGLU's F16 table */
 	float *h;                 /* [n_active] */
 	const char **dptr;        /* [n_active] down row, NULL when h == 0 */
 	float *part;              /* [n_chunks][n_tiles * TILE] */
@@ -379,6 +380,24 @@ static __device__ __forceinline__ float act_h(int act, float g, float u)
 	}
 }
 
+/* ggml's GELU (tanh form) with its one fused multiply-add (forward/ops.c gelu_tanh): CATS' test */
+static __device__ __forceinline__ float gelu_tanh(float x)
+{
+	const float a = 0.044715f, s = 0.79788456080286535587989211986876f;
+
+	return (0.5f * x) * (1.0f + tanhf((s * x) * fmaf(a * x, x, 1.0f)));
+}
+
+/* GeGLU as the CPU computes it (ggml_vec_geglu_f32 with its F16 table, kernels/cpu vec_ref.c) */
+static __device__ __forceinline__ float geglu_h(const unsigned short *t, float g, float u)
+{
+	if (g <= -10.0f)
+		return 0.0f;
+	if (g >= 10.0f)
+		return g * u;
+	return __half2float(__ushort_as_half(__ldg(&t[__half_as_ushort(__float2half_rn(g))]))) * u;
+}
+
 /* ---- kernel 1: h and the down row of every listed neuron ------------------------ */
 
 /* 4 blocks of 256 threads a multiprocessor: 64 registers at most (a 65th would leave 3) */
@@ -420,6 +439,13 @@ static __global__ void __launch_bounds__(NTHR, 4) ffn_up(const ffn_k a)
 				} else if (a.act == HYB_ACT_SILU) {
 					row_dots<TY, VEC, 2>(rows, sm, a.k, lane, v);
 					h = act_h(a.act, v[0], v[1]);
+				} else if (a.act == HYB_ACT_GELU) {
+					/* CATS on GeGLU tests the exact GELU, h takes the table's */
+					row_dots<TY, VEC, 1>(rows, sm, a.k, lane, v);
+					if (!(a.thr > 0.0f) || fabsf(gelu_tanh(v[0])) > a.thr) {
+						row_dots<TY, VEC, 1>(rows + 1, sm, a.k, lane, v + 1);
+						h = geglu_h(a.gelu, v[0], v[1]);
+					}
 				} else {
 					/* gate first: gate <= 0 reads neither up nor down */
 					row_dots<TY, VEC, 1>(rows, sm, a.k, lane, v);
@@ -742,7 +768,8 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	bool vec;
 
 	if (!rb || !smem || !f->group_size || !f->n_ff || f->n_active > f->n_ff ||
-	    f->slot_bytes / 3 / f->group_size < rb || (unsigned)f->act > HYB_ACT_DRELU)
+	    f->slot_bytes / 3 / f->group_size < rb || (unsigned)f->act > HYB_ACT_GELU ||
+	    (f->act == HYB_ACT_GELU && !f->gelu))
 		return -EINVAL;
 	if (!f->n_active) { /* reads no row, so any cache layout will do, as on the CPU */
 		cudaError_t e = cudaSuccess;
@@ -770,6 +797,7 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	a.gs = f->group_size;
 	a.act = f->act;
 	a.thr = f->thr;
+	a.gelu = (const unsigned short *)f->gelu;
 	a.cnt = (unsigned int *)f->scratch;
 	a.h = (float *)((char *)f->scratch + p.h_off);
 	a.dptr = (const char **)((char *)f->scratch + p.dptr_off);

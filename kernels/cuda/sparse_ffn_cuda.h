@@ -30,7 +30,8 @@ struct hyb_cuda_ffn {
 	uint32_t type;            /* HYB_TYPE_F16, Q8_0, Q4_0 */
 	uint32_t n_embd, n_ff, group_size;
 	int act;                  /* enum hyb_ffn_act */
-	float thr;                /* CATS threshold, SiLU (hyb/sparsity.h); 0: none */
+	float thr;                /* CATS threshold, SiLU or GeGLU (hyb/sparsity.h); 0: none */
+	const uint16_t *gelu;     /* GeGLU: ggml's F16 GELU table [65536], device memory */
 	const int32_t *table;     /* [ceil(n_ff / group_size)] */
 	const void *cache;        /* even address */
 	uint64_t cache_span;      /* bytes from cache to the end of its allocation */

@@ -564,12 +564,13 @@ static int check_ffn(struct hyb_device *d, const struct hyb_dev_ffn *f)
 		return hyb_device_fail(d, -EINVAL,
 				       "sparse ffn: n_embd %u not a multiple of the %s block",
 				       f->n_embd, hyb_type_name(t));
-	if ((unsigned)f->act > HYB_ACT_DRELU)
+	if ((unsigned)f->act > HYB_ACT_GELU)
 		return hyb_device_fail(d, -EINVAL, "sparse ffn: unknown activation %d",
 				       (int)f->act);
-	if (!(f->thr >= 0) || !isfinite(f->thr) || (f->thr > 0 && f->act != HYB_ACT_SILU))
-		return hyb_device_fail(d, -EINVAL, "sparse ffn: a threshold (%g) is for SiLU "
-				       "FFNs, finite and >= 0", (double)f->thr);
+	if (!(f->thr >= 0) || !isfinite(f->thr) ||
+	    (f->thr > 0 && f->act != HYB_ACT_SILU && f->act != HYB_ACT_GELU))
+		return hyb_device_fail(d, -EINVAL, "sparse ffn: a threshold (%g) is for SiLU and "
+				       "GeGLU FFNs (CATS), finite and >= 0", (double)f->thr);
 	if (f->slot_bytes / 3 / f->group_size < rb)
 		return hyb_device_fail(d, -EINVAL,
 				       "sparse ffn: slot of %llu bytes < 3 x %u rows of %llu bytes",

@@ -101,6 +101,7 @@ struct cudev {
 	bool rope_valid;
 	uint32_t rope_n_rot, rope_pos;
 	struct hyb_rope rope_key;
+	uint16_t *gelu;           /* ggml's F16 GELU table for GeGLU FFNs (copied at open) */
 	volatile uint32_t *bad;   /* mapped pinned host memory: [0] set, [1] the neuron */
 	uint32_t *bad_dev;        /* the same, as the device sees it; NULL: not reported */
 	struct hostbuf *reg, *hb; /* pinned regions, host_alloc buffers */
@@ -668,6 +669,7 @@ static int cu_sparse_ffn_one(struct hyb_device *d, enum hyb_stream s, const stru
 	a.group_size = f->group_size;
 	a.act = (int)f->act;
 	a.thr = f->thr;
+	a.gelu = c->gelu;
 	a.table = (const int32_t *)(uintptr_t)f->table;
 	a.cache = (const void *)(uintptr_t)f->cache;
 	a.cache_span = f->n_active ? hyb_device_span(d, f->cache) : 0;
@@ -991,6 +993,8 @@ static void cu_close(struct hyb_device *d)
 		cudaFreeHost((void *)c->bad);
 	if (c->arena)
 		cudaFree(c->arena);
+	if (c->gelu)
+		cudaFree(c->gelu);
 	cudaGetLastError();
 	free(c->reg);
 	free(c->hb);
@@ -1157,6 +1161,14 @@ extern "C" struct hyb_device *hyb_device_cuda_open(const struct hyb_device_confi
 		if ((e = cudaMemsetAsync(c->scr[s], 0, SCRATCH0, c->st[s])) != cudaSuccess)
 			return open_fail(c, e, "cudaMemsetAsync(scratch)", err, errlen);
 	}
+	/* GeGLU's table, once: 128 KiB, no allocation while decoding */
+	if ((e = cudaMalloc((void **)&c->gelu, 2u << 16)) != cudaSuccess) {
+		c->gelu = NULL;
+		return open_fail(c, e, "cudaMalloc(GELU table)", err, errlen);
+	}
+	if ((e = cudaMemcpy(c->gelu, hyb_gelu_f16_table(), 2u << 16, cudaMemcpyHostToDevice)) !=
+	    cudaSuccess)
+		return open_fail(c, e, "cudaMemcpy(GELU table)", err, errlen);
 	/* the non-resident-neuron report: mapped, so the host reads it without a copy */
 	void *bad = NULL;
 

@@ -38,6 +38,9 @@
 extern "C" {
 #endif
 
+/* forward/ops.c: ggml's F16 GELU table [65536], for the device's GeGLU */
+const uint16_t *hyb_gelu_f16_table(void);
+
 struct hyb_device_ops {
 	const char *kind;
 	void (*close)(struct hyb_device *d);

@@ -115,6 +115,12 @@ static void gelu_init(void)
 		gelu_table[i] = hyb_f32_to_f16(gelu_tanh(hyb_f16_to_f32((uint16_t)i)));
 }
 
+const uint16_t *hyb_gelu_f16_table(void)
+{
+	pthread_once(&gelu_once, gelu_init);
+	return gelu_table;
+}
+
 /* ggml_vec_geglu_f32 with GGML_GELU_FP16: the table between -10 and 10 */
 static void geglu(float *g, const float *u, uint64_t n)
 {

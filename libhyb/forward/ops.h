@@ -34,6 +34,8 @@ void hyb_rope_yarn_corr_dims(uint32_t n_rot, uint32_t n_ctx_orig, float base, fl
 void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act);
 /* act(gate) alone for one value: what a CATS threshold compares (docs/SPARSITY.md). */
 float hyb_act_gate(enum hyb_ffn_act act, float g);
+/* ggml's F16 GELU table [65536] (GeGLU's activation; devices copy it) */
+const uint16_t *hyb_gelu_f16_table(void);
 /*
  * hyb_ffn_act, then h = 0 wherever |act(g)| <= thr (CATS): the neurons a
  * sparse step skips. thr <= 0 is hyb_ffn_act itself.

@@ -137,6 +137,8 @@ static int ffn(struct step *s, uint32_t l)
 	if (on_dev) {
 		s->where = X_DEV;
 	} else {
+		/* Gemma 3's norm after the FFN (never merged on the device) */
+		hyb_fwd_post_norm(c, &c->m->layers[l].post_ffn_norm, c->xn, 1);
 		for (uint32_t i = 0; i < E; i++)
 			c->x[i] += c->xn[i];
 		s->where = X_HOST;
@@ -361,8 +363,12 @@ static int prefill_tokens(struct step *sp, const int32_t *tokens, uint32_t n, fl
 		if (skip && hyb_ffn_hybrid_prefill_ffn(s.h, l, c->xn, nf, ydev, err, errlen))
 			goto out;
 		hyb_fwd_ffn_dense_skip(c, l, nf, skip);
+		if (skip)
+			for (size_t i = 0; i < (size_t)nf * E; i++)
+				c->xn[i] += ydev[i];
+		hyb_fwd_post_norm(c, &c->m->layers[l].post_ffn_norm, c->xn, nf);
 		for (size_t i = 0; i < (size_t)nf * E; i++)
-			xf[i] += skip ? c->xn[i] + ydev[i] : c->xn[i];
+			xf[i] += c->xn[i];
 	}
 	if (!hyb_hdense_head_on(s.hd)) {
 		hyb_fwd_head(c, first, n, logits);

@@ -319,14 +319,24 @@ static int ffn(struct pass *p, uint32_t l, uint32_t n, bool xn_on_dev)
 		if (!elapsed(p, 5, 6, &f))
 			hyb_ffn_hybrid_seq_profile(p->h, f, 0, 0);
 	}
-	for (uint32_t t = 0; t < n; t++) {
-		float *x = c->x + (size_t)t * E;
-		const float *y = sparse && !p->row_dense[t] ? p->ycpu + (size_t)t * E
-							    : c->xn + (size_t)t * E;
-		const float *yd = p->ydev + (size_t)t * E;
+	const struct hyb_weight *post = &c->m->layers[l].post_ffn_norm;
 
+	for (uint32_t t = 0; t < n; t++) {
+		float *x = c->x + (size_t)t * E, *xn = c->xn + (size_t)t * E;
+		const float *y = sparse && !p->row_dense[t] ? p->ycpu + (size_t)t * E : xn;
+		const float *yd = p->ydev + (size_t)t * E;
+		bool both = skip != NULL;
+
+		if (post->data) {
+			/* Gemma 3's norm after the FFN: of the whole output, then added */
+			for (uint32_t i = 0; i < E; i++)
+				xn[i] = both ? y[i] + yd[i] : y[i];
+			hyb_fwd_post_norm(c, post, xn, 1);
+			y = xn;
+			both = false;
+		}
 		for (uint32_t i = 0; i < E; i++)
-			x[i] += skip ? y[i] + yd[i] : y[i];
+			x[i] += both ? y[i] + yd[i] : y[i];
 	}
 	return 0;
 }

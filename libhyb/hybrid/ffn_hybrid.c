@@ -273,7 +273,15 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 
 	h->m = m;
 	h->oracle = oracle;
-	h->prefill_cpu = p->prefill_cpu;
+	/*
+	 * A norm after the FFN (Gemma 3) needs the layer's whole FFN output on
+	 * the host before the residual: prompts batch on the CPU, and decode
+	 * merges the two halves there (decode.c).
+	 */
+	h->post_norm = false;
+	for (uint32_t l = 0; l < hp->n_layer; l++)
+		h->post_norm |= m->layers[l].post_ffn_norm.data != NULL;
+	h->prefill_cpu = p->prefill_cpu || h->post_norm;
 	h->pw.want = p->prompt_batch;
 	h->E = hp->n_embd;
 	h->F = hp->n_ff;
@@ -285,17 +293,6 @@ static int init_shape(struct hyb_ffn_hybrid *h, const struct hyb_model *m,
 	if (!h->sp)
 		return -1;
 	hyb_ffn_sparse_set_oracle(h->sp, oracle);
-	/*
-	 * The CPU operator runs more bundle types and activations than the
-	 * device kernels: such a plan decodes on the CPU alone (no GPU budget),
-	 * so refuse here rather than at the first device FFN.
-	 */
-	if (m->hp.act == HYB_ACT_GELU) {
-		snprintf(err, errlen, "hybrid decoding: the device's sparse FFN does not run GeGLU "
-			 "(%s); decode this plan on the CPU (sparse, without a GPU budget)",
-			 m->hp.arch);
-		return -1;
-	}
 	for (uint32_t l = 0; l < h->L; l++) {
 		const uint32_t t = hyb_ffn_sparse_bundles(h->sp, l)->type;
 
@@ -581,7 +578,7 @@ struct hyb_device *hyb_ffn_hybrid_device(struct hyb_ffn_hybrid *h)
 
 bool hyb_ffn_hybrid_merge_on_device(const struct hyb_ffn_hybrid *h, uint32_t l)
 {
-	return !h->oracle && hyb_hdense_layer_on(h->hd, l);
+	return !h->oracle && !h->post_norm && hyb_hdense_layer_on(h->hd, l);
 }
 
 bool hyb_ffn_hybrid_cpu_dense(const struct hyb_ffn_hybrid *h, uint32_t l)

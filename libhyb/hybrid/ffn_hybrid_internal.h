@@ -36,6 +36,7 @@ struct hyb_ffn_hybrid {
 	struct hyb_balancer *bal;
 	struct hyb_hdense *hd;          /* attention blocks and head on the device */
 	bool oracle, layer_policy, prefill_cpu;
+	bool post_norm; /* some layer has a norm after its FFN (Gemma 3) */
 	bool image_pinned;              /* m->image registered with the device */
 	bool cur_ready;                 /* cur holds this layer's unit-RMS input */
 	struct hyb_hybrid_offload place;

@@ -221,12 +221,16 @@ static void release(struct side *s)
 	hyb_device_free(s->d, s->active);
 }
 
+/* CATS threshold of the calls (SiLU and GeGLU only; 0: none) */
+static float ffn_thr;
+
 static struct hyb_dev_ffn ffn_of(const struct side *s, const struct layer *L,
 				 enum hyb_ffn_act act, uint32_t n_active, bool acc)
 {
 	return (struct hyb_dev_ffn){
 		.type = L->type, .n_embd = L->n_embd, .n_ff = L->n_ff, .group_size = L->gs,
-		.act = act, .table = s->table, .cache = s->cache, .slot_bytes = L->slot_bytes,
+		.act = act, .thr = act == HYB_ACT_SILU || act == HYB_ACT_GELU ? ffn_thr : 0,
+		.table = s->table, .cache = s->cache, .slot_bytes = L->slot_bytes,
 		.xn = s->xn, .active = s->active, .n_active = n_active, .y = s->y,
 		.accumulate = acc,
 	};
@@ -322,8 +326,8 @@ static void compare_layer(struct hyb_device *gpu, struct hyb_device *cpu, const 
 static void compare_shape(uint32_t type, uint32_t n_embd, uint32_t n_ff, uint32_t gs,
 			  int resident_pct, uint64_t slot_pad)
 {
-	static const enum hyb_ffn_act all[] = { HYB_ACT_SILU, HYB_ACT_RELU, HYB_ACT_RELU2,
-						 HYB_ACT_DRELU };
+	static const enum hyb_ffn_act all[] = { HYB_ACT_SILU, HYB_ACT_GELU, HYB_ACT_RELU,
+						 HYB_ACT_RELU2, HYB_ACT_DRELU };
 	struct hyb_device *gpu, *cpu;
 	float *gate, *up, *down;
 	struct layer L;
@@ -333,7 +337,7 @@ static void compare_shape(uint32_t type, uint32_t n_embd, uint32_t n_ff, uint32_
 	cpu = open_kind("cpu", 2048 * MiB, 0);
 	make_mats(n_embd, n_ff, &gate, &up, &down);
 	make_layer(&L, type, n_embd, n_ff, gs, gate, up, down, resident_pct, slot_pad);
-	compare_layer(gpu, cpu, &L, all, n_embd * n_ff > 1000000 ? 2 : 4);
+	compare_layer(gpu, cpu, &L, all, n_embd * n_ff > 1000000 ? 2 : 5);
 	free_layer(&L);
 	free(gate);
 	free(up);
@@ -365,6 +369,16 @@ TEST(gpu_dev_ffn_other_types)
 		compare_shape(types[i], 512, 1000, 24, 80, 2);
 		compare_shape(types[i], 256, 77, 32, 100, 0);
 	}
+}
+
+/* CATS on SiLU and GeGLU (Gemma's FFN, with ggml's F16 GELU table on the device) */
+TEST(gpu_dev_ffn_cats_silu_and_geglu)
+{
+	ffn_thr = 0.05f;
+	compare_shape(HYB_TYPE_Q8_0, 640, 2048, 32, 85, 0);
+	compare_shape(HYB_TYPE_Q4_K, 512, 1000, 24, 80, 2);
+	compare_shape(HYB_TYPE_F16, 264, 77, 32, 100, 16);
+	ffn_thr = 0;
 }
 
 TEST(gpu_dev_ffn_f16_odd)

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "hyb/gguf.h"
 #include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/testing.h"
@@ -423,4 +424,56 @@ TEST(hybrid_seqs_bench_and_refusals)
 	CHECK(hyb_test_sh(log, "build/hyb serve -m %s --gpu-budget 60%% --parallel 2 "
 			  "--kv-seqs 3", plan) != 0);
 	CHECK_MSG(strstr(slurp_log(log), "more than the 2 requests"), "%s", slurp_log(log));
+}
+
+/*
+ * A Gemma 3 plan (GeGLU, CATS at 0.5, a norm after each FFN) through
+ * several sequences: its FFN halves meet on the host, are normed, then
+ * added; each sequence's logits are its own alone through the same split,
+ * bit for bit, and close to the CPU's.
+ */
+TEST(hybrid_seqs_gemma3_norm_after_the_ffn)
+{
+	char model[512], prof[512], plan[512], log[600];
+	struct hyb_ctx_params rp = { .n_ctx = N_CTX, .n_threads = 2, .n_batch = 16,
+				     .ffn = HYB_FFN_SPARSE };
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
+	struct hyb_model *m;
+	struct hyb_ctx *ref_c, *c;
+	float *cpu[NSEQ];
+	int slot_of[NSEQ];
+	double rel;
+	uint32_t diff;
+
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built", hyb_test_hybctl());
+	snprintf(model, sizeof(model), "%s/g.gguf", hyb_test_tmpdir());
+	snprintf(prof, sizeof(prof), "%s/g.profile.gguf", hyb_test_tmpdir());
+	snprintf(plan, sizeof(plan), "%s/g.plan.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/g.log", hyb_test_tmpdir());
+	CHECK_MSG(!hyb_test_sh(log, "%s synth -o %s --arch gemma3 --hidden 128 --ffn 512 "
+			       "--layers 3 --heads 4 --kv-heads 2 --vocab 512 --type Q8_0 -t 1 && "
+			       "%s profile %s --sparsity 0.5 --gen 24 --samples 400 -t 1 -o %s && "
+			       "%s plan %s --profile %s --gpu-budget 64M -o %s -t 1",
+			       hyb_test_hybctl(), model, hyb_test_hybctl(), model, prof,
+			       hyb_test_hybctl(), model, prof, plan), "gemma3 plan");
+	m = hyb_model_load(plan);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->layers[0].post_ffn_norm.data);
+	hy.gpu_budget = m->gguf->size * 2 / 3;
+	ref_c = hyb_ctx_new(m, &rp);
+	CHECK_MSG(ref_c, "%s", hyb_last_error());
+	for (uint32_t i = 0; i < NSEQ; i++)
+		cpu[i] = alone_one(ref_c, m, i);
+	c = seqs_ctx(m, &hy, 4, false);
+	diff = batched(c, m, cpu, &rel, slot_of);
+	printf("    gemma3 plan, 4 sequences through the split FFN vs the CPU alone: %u of %u "
+	       "steps' logits differ, max relative difference %.2g\n", diff, NSEQ * (NGEN + 1),
+	       rel);
+	CHECK(rel < 0.05);
+	hyb_ctx_free(c);
+	for (uint32_t i = 0; i < NSEQ; i++)
+		free(cpu[i]);
+	hyb_ctx_free(ref_c);
+	hyb_model_free(m);
 }
