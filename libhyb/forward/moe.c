@@ -659,8 +659,11 @@ static void run_pairs(struct hyb_ctx *c, const struct hyb_layer *L, const float 
 		hyb_threadpool_run(c->pool, pair_worker, &pj);
 }
 
-/* The shared expert: a dense SwiGLU FFN, scaled by silu(g)/g = sigmoid(g) when gated. */
-static void shared_expert(struct hyb_ctx *c, const struct hyb_layer *L, uint32_t nf)
+/*
+ * The shared expert: a dense SwiGLU FFN (or its output from the device:
+ * on_dev), scaled by silu(g)/g = sigmoid(g) when gated.
+ */
+static void shared_expert(struct hyb_ctx *c, const struct hyb_layer *L, uint32_t nf, bool on_dev)
 {
 	struct hyb_moe_scratch *s = c->moe;
 	const struct hyb_weight *gu[2] = { &L->gate_shexp, &L->up_shexp };
@@ -668,13 +671,16 @@ static void shared_expert(struct hyb_ctx *c, const struct hyb_layer *L, uint32_t
 	const struct hyb_weight *down = &L->down_shexp, *gi = &L->gate_inp_shexp;
 	const uint64_t S = L->up_shexp.ne1, E = L->down_shexp.ne1;
 
-	hyb_fwd_matmul(c, c->xn, nf, 2, gu, gu_out);
-	for (uint32_t t = 0; t < nf; t++)
-		hyb_ffn_act(s->sg + (size_t)t * S, s->su + (size_t)t * S, S, HYB_ACT_SILU);
-	hyb_fwd_matmul(c, s->sg, nf, 1, &down, &s->so);
+	if (!on_dev) {
+		hyb_fwd_matmul(c, c->xn, nf, 2, gu, gu_out);
+		for (uint32_t t = 0; t < nf; t++)
+			hyb_ffn_act(s->sg + (size_t)t * S, s->su + (size_t)t * S, S, HYB_ACT_SILU);
+		hyb_fwd_matmul(c, s->sg, nf, 1, &down, &s->so);
+	}
 	if (!gi->data)
 		return;
-	hyb_fwd_matmul(c, c->xn, nf, 1, &gi, &s->sgi);
+	if (!on_dev)
+		hyb_fwd_matmul(c, c->xn, nf, 1, &gi, &s->sgi);
 	for (uint32_t t = 0; t < nf; t++) {
 		/* qwen2moe's graph: ggml_div(ggml_silu(g), g), one element per row */
 		const float g = s->sgi[t], gate = g / (1.0f + expf(-g)) / g;
@@ -819,8 +825,10 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	}
 
 	s->stats.experts_s += t2 - t1;
+	/* the device's shared expert ran beside the CPU's experts (moe_hybrid.c) */
 	if (L->up_shexp.data)
-		shared_expert(c, L, nf);
+		shared_expert(c, L, nf, cached && hyb_moe_hybrid_shared_out(c->moe_hybrid, s->so,
+									     s->sgi));
 	s->stats.shared_s += hyb_now() - t2;
 
 	/*

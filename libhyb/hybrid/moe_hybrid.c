@@ -83,6 +83,17 @@ struct hyb_moe_hybrid {
 	double t_token_last, token_s;    /* the last step's start and length: the loads' window */
 	double group_load_s;             /* one expert's three copies over the link */
 	struct hyb_balancer_feedback *fb;/* [n_moe] */
+	/*
+	 * Shared experts on the device (KTransformers section 3.3: shared
+	 * experts on the GPU, routed ones on the CPU): [n_moe][4] gate, up,
+	 * down and the gate's logit row (0: none), decode steps only.
+	 */
+	hyb_dptr *sh_w;
+	uint32_t S;                      /* their n_ff */
+	hyb_dptr d_sg, d_su, d_so;       /* [S], [S], [n_embd + 1]: output, then the logit */
+	float *h_so;
+	bool sh_now;                     /* this layer's is queued (begin) */
+	uint64_t sh_bytes;
 	struct hyb_hybrid_stats st;
 };
 
@@ -243,8 +254,7 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
 		h->free[s] = h->n_slots - 1 - s;
 	}
 	h->n_free = h->n_slots;
-	if (!(h->ev_in = hyb_device_event_new_timed(h->dev)) ||
-	    !(h->ev_k = hyb_device_event_new_timed(h->dev)) ||
+	if (!(h->ev_k = hyb_device_event_new_timed(h->dev)) ||
 	    !(h->ev_out = hyb_device_event_new(h->dev)))
 		return dev_fail(h, err, errlen, "events");
 	return 0;
@@ -301,6 +311,71 @@ static int64_t place_dense(struct hyb_moe_hybrid *h, const struct hyb_hybrid_par
 	return rc;
 }
 
+/*
+ * Shared experts on the device (KTransformers section 3.3) when the dense
+ * parts went there and all of them take at most a quarter of what is left
+ * for experts: every token runs them, so each byte there is read every
+ * step. Uploaded now, waited for. Returns the bytes placed; -1 with err.
+ */
+static int64_t place_shared(struct hyb_moe_hybrid *h, uint64_t left, char *err, size_t errlen)
+{
+	const struct hyb_model *m = h->m;
+	uint64_t bytes = 0;
+
+	for (uint32_t lm = 0; lm < h->n_moe; lm++) {
+		const struct hyb_layer *L = layer(h, lm);
+		const struct hyb_weight *w[4] = { &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+						  &L->gate_inp_shexp };
+
+		if (!L->up_shexp.data || !L->gate_shexp.data)
+			continue;
+		if (h->S && L->up_shexp.ne1 != h->S)
+			return 0; /* one buffer size serves every layer */
+		h->S = (uint32_t)L->up_shexp.ne1;
+		for (int i = 0; i < 4; i++) {
+			if (!w[i]->data)
+				continue;
+			if (!hyb_device_matvec_type_ok(w[i]->type))
+				return 0;
+			bytes += up_align(w[i]->ne1 * w[i]->row_bytes);
+		}
+	}
+	bytes += 2 * up_align(4ull * h->S) + up_align(4ull * (h->E + 1));
+	if (!h->S || !h->hd || bytes > left / 4)
+		return 0;
+	h->sh_w = calloc((size_t)h->n_moe * 4, sizeof(*h->sh_w));
+	h->h_so = hyb_device_host_alloc(h->dev, 4ull * (h->E + 1));
+	if (!h->sh_w || !h->h_so ||
+	    hyb_device_alloc(h->dev, 4ull * h->S, &h->d_sg) ||
+	    hyb_device_alloc(h->dev, 4ull * h->S, &h->d_su) ||
+	    hyb_device_alloc(h->dev, 4ull * (h->E + 1), &h->d_so)) {
+		snprintf(err, errlen, "expert cache: shared experts: %s", hyb_device_error(h->dev));
+		return -1;
+	}
+	for (uint32_t lm = 0; lm < h->n_moe; lm++) {
+		const struct hyb_layer *L = layer(h, lm);
+		const struct hyb_weight *w[4] = { &L->gate_shexp, &L->up_shexp, &L->down_shexp,
+						  &L->gate_inp_shexp };
+
+		for (int i = 0; i < 4 && L->up_shexp.data && L->gate_shexp.data; i++) {
+			const uint64_t b = w[i]->ne1 * w[i]->row_bytes;
+			hyb_dptr *d = &h->sh_w[(size_t)lm * 4 + i];
+
+			if (!w[i]->data)
+				continue;
+			if (hyb_device_alloc(h->dev, b, d) ||
+			    hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, *d, w[i]->data, b))
+				return dev_fail(h, err, errlen, "shared experts");
+		}
+	}
+	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->ev_in) ||
+	    hyb_device_sync(h->dev, h->ev_in))
+		return dev_fail(h, err, errlen, "shared experts");
+	(void)m;
+	h->sh_bytes = bytes;
+	return (int64_t)bytes;
+}
+
 /* The policy's initial experts, loaded and waited for. */
 static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
 {
@@ -329,7 +404,7 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	struct hyb_moe_hybrid *h;
 	struct hyb_device_config cfg;
 	struct hyb_balancer_params bp;
-	int64_t dense;
+	int64_t dense, shared;
 
 	if (check_model(m, err, errlen))
 		return NULL;
@@ -388,7 +463,15 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 		goto fail;
 	/* a pass of several sequences attends on the CPU: the budget is the experts' */
 	dense = n_rows > 1 ? 0 : place_dense(h, p, n_ctx, err, errlen);
-	if (dense < 0 || alloc_device(h, p->gpu_budget - (uint64_t)dense, err, errlen))
+	if (dense < 0)
+		goto fail;
+	if (!(h->ev_in = hyb_device_event_new_timed(h->dev))) {
+		dev_fail(h, err, errlen, "events");
+		goto fail;
+	}
+	shared = n_rows > 1 ? 0 : place_shared(h, p->gpu_budget - (uint64_t)dense, err, errlen);
+	if (shared < 0 ||
+	    alloc_device(h, p->gpu_budget - (uint64_t)dense - (uint64_t)shared, err, errlen))
 		goto fail;
 	bp = p->bal;
 	bp.policy = p->policy;
@@ -432,6 +515,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 			hyb_device_event_free(h->dev, h->ev_out);
 		hyb_device_host_free(h->dev, h->h_x);
 		hyb_device_host_free(h->dev, h->h_y);
+		hyb_device_host_free(h->dev, h->h_so);
 		hyb_device_close(h->dev); /* waits for queued work, frees its memory */
 	}
 	hyb_balancer_free(h->bal);
@@ -447,6 +531,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->table);
 	free(h->fb);
 	free(h->predicted);
+	free(h->sh_w);
 	free(h);
 }
 
@@ -498,6 +583,36 @@ static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint3
 	return hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down);
 }
 
+/* Layer lm's shared expert on one token's x: gate, up, SwiGLU, down into d_so, its gate's logit after. */
+static int queue_shared(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x)
+{
+	const struct hyb_layer *L = layer(h, lm);
+	const hyb_dptr *w = &h->sh_w[(size_t)lm * 4];
+	const struct hyb_dev_matvec gate = {
+		.type = L->gate_shexp.type, .n_in = h->E, .n_out = h->S, .w = w[0], .x = x,
+		.y = h->d_sg,
+	};
+	const struct hyb_dev_matvec up = {
+		.type = L->up_shexp.type, .n_in = h->E, .n_out = h->S, .w = w[1], .x = x,
+		.y = h->d_su,
+	};
+	const struct hyb_dev_matvec down = {
+		.type = L->down_shexp.type, .n_in = h->S, .n_out = h->E, .w = w[2], .x = h->d_sg,
+		.y = h->d_so,
+	};
+	const struct hyb_dev_matvec logit = {
+		.type = L->gate_inp_shexp.type, .n_in = h->E, .n_out = 1, .w = w[3], .x = x,
+		.y = h->d_so + 4ull * h->E,
+	};
+
+	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_sg, h->d_su, h->S) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down))
+		return -1;
+	return w[3] ? hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &logit) : 0;
+}
+
 int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, uint32_t nf,
 			 const uint32_t *start, const uint32_t *tok, uint32_t *active, uint32_t n,
 			 char *err, size_t errlen)
@@ -544,7 +659,8 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 	h->st.layer_steps++;
 	h->st.active += pairs;
 	h->st.late += h->fb[lm].late;
-	if (!h->n_dev)
+	h->sh_now = nf == 1 && h->sh_w && h->sh_w[(size_t)lm * 4 + 1];
+	if (!h->n_dev && !h->sh_now)
 		return (int)n_cpu;
 	if (xn_on_dev) {
 		if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
@@ -576,12 +692,17 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 		if (queue_expert(h, lm, h->dev_e[i], nf == 1 ? i : h->dev_r0[i], k, x))
 			return dev_fail(h, err, errlen, "expert kernels");
 	}
+	if (h->sh_now && queue_shared(h, lm, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))
+		return dev_fail(h, err, errlen, "shared expert kernels");
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
-	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * rows * h->E) ||
+	    (rows && hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y,
+				    4ull * rows * h->E)) ||
+	    (h->sh_now && hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_so, h->d_so,
+					 4ull * (h->E + 1))) ||
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out))
 		return dev_fail(h, err, errlen, "expert outputs");
-	h->st.critical_bytes += 4ull * h->E * rows;
+	h->st.critical_bytes += 4ull * h->E * rows + (h->sh_now ? 4ull * (h->E + 1) : 0);
 	return (int)n_cpu;
 }
 
@@ -650,7 +771,7 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 	struct hyb_balancer_feedback *fb = &h->fb[lm];
 	double t0 = hyb_device_now(h->dev), t1;
 
-	if (h->n_dev) {
+	if (h->n_dev || h->sh_now) {
 		double k_s;
 
 		if (hyb_device_sync(h->dev, h->ev_out))
@@ -700,6 +821,17 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 	return 0;
 }
 
+bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit)
+{
+	if (!h->sh_now)
+		return false;
+	h->sh_now = false;
+	memcpy(so, h->h_so, 4ull * h->E);
+	if (logit)
+		*logit = h->h_so[h->E];
+	return true;
+}
+
 /* ---- what it did ---------------------------------------------------------------------- */
 
 struct hyb_device *hyb_moe_hybrid_device(const struct hyb_moe_hybrid *h)
@@ -744,6 +876,7 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	memset(out, 0, sizeof(*out));
 	out->cache_bytes = (uint64_t)h->n_slots * h->slot_bytes;
 	out->experts = true;
+	out->shared_bytes = h->sh_bytes;
 	if (h->hd) {
 		out->attn_layers = hyb_hdense_layers_on(h->hd);
 		out->head = hyb_hdense_head_on(h->hd);
@@ -751,9 +884,11 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	}
 	snprintf(out->cache_note, sizeof(out->cache_note),
 		 "%u expert slots of %.2f MB (%.1f%% of the %u x %u routed experts); on the "
-		 "device too: attention of %u layers, %s; routers and shared experts on the CPU",
+		 "device too: attention of %u layers, %s, %s; routers on the CPU",
 		 h->n_slots, h->slot_bytes / 1e6, 100.0 * h->n_slots / ((double)h->n_moe * h->X),
-		 h->n_moe, h->X, out->attn_layers, out->head ? "the head" : "not the head");
+		 h->n_moe, h->X, out->attn_layers, out->head ? "the head" : "not the head",
+		 h->sh_w ? "the shared experts" : h->S ? "not the shared experts" :
+		 "no shared experts");
 }
 
 int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out)

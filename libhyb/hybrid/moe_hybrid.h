@@ -59,6 +59,13 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *active,
 		       uint32_t n_cpu, uint32_t n, const uint32_t *start, float *out, double cpu_s,
 		       const uint32_t *next, uint32_t n_next, char *err, size_t errlen);
+/*
+ * After end: when begin queued the layer's shared expert on the device (a
+ * decode step, shared experts placed there), its output (n_embd floats)
+ * into so and its gate's logit into *logit (when the layer has a gate),
+ * and true; false: the CPU computes it.
+ */
+bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit);
 /* Whether end wants the next layer's predicted experts (a moving policy, prefetch not off). */
 bool hyb_moe_hybrid_prefetching(const struct hyb_moe_hybrid *h);
 

@@ -245,6 +245,12 @@ TEST(gpu_moe_expert_cache_dense_on_gpu_matches_cpu_device)
 	moe_compare("moe-gpu-llama", "--arch llama --ffn 256", "Q4_0");
 }
 
+/* qwen2moe: its gated shared experts on the GPU beside the routed ones (docs/MOE.md) */
+TEST(gpu_moe_shared_experts_on_gpu_match_cpu_device)
+{
+	moe_compare("moe-gpu-q2", "--arch qwen2moe --expert-ffn 256", "Q8_0");
+}
+
 /* experts, attention and head of types the kernels run through kernels/cuda/gen_dot.h */
 TEST(gpu_moe_expert_cache_other_types_match_cpu_device)
 {

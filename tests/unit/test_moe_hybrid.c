@@ -92,7 +92,7 @@ static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, float
  * attention with its Q/K norms, llama's plain), a second prompt after
  * decoding (the KV rows come back first).
  */
-static void cpu_bits(const char *name, const char *args, bool dense)
+static void cpu_bits(const char *name, const char *args, bool dense, bool shared)
 {
 	/* the last: lru deciding each layer after it ran (no prefetch from the layer before) */
 	static const enum hyb_policy pol[] = { HYB_POLICY_STATIC, HYB_POLICY_LRU,
@@ -135,6 +135,8 @@ static void cpu_bits(const char *name, const char *args, bool dense)
 		CHECK_MSG(pl.experts && pl.attn_layers == (dense ? m->hp.n_layer : 0) &&
 			  (pl.head || !dense), "%s: attention of %u layers, head %d on the device",
 			  name, pl.attn_layers, pl.head);
+		CHECK_MSG(!pl.shared_bytes == !shared, "%s: shared experts (%llu bytes) on the "
+			  "device: %s", name, (unsigned long long)pl.shared_bytes, pl.cache_note);
 		if (pol[i] == HYB_POLICY_STATIC || pol[i] == HYB_POLICY_LAYER)
 			CHECK_MSG(st.loads == 0, "%s moved %llu experts", hyb_policy_name(pol[i]),
 				  (unsigned long long)st.loads);
@@ -159,12 +161,12 @@ static void cpu_bits(const char *name, const char *args, bool dense)
 
 TEST(moe_hybrid_cpu_device_decodes_the_cpu_bits)
 {
-	cpu_bits("mh", SMALL " --type Q8_0", true);
+	cpu_bits("mh", SMALL " --type Q8_0", true, false);
 }
 
 TEST(moe_hybrid_dense_on_device_decodes_the_cpu_bits)
 {
-	cpu_bits("mhl", SMALL_LLAMA " --type Q4_0", true);
+	cpu_bits("mhl", SMALL_LLAMA " --type Q4_0", true, false);
 }
 
 /* The profile's hottest experts are the static policy's: a profile naming two experts puts those. */
@@ -288,15 +290,15 @@ TEST(moe_hybrid_k_quant_experts_keep_the_cpu_bits)
 {
 	/* K-quant rows: widths of 256 */
 	cpu_bits("mhk", "--arch qwen3moe --experts 16 --experts-used 4 --expert-ffn 256 "
-		 "--hidden 256 --heads 4 --layers 3 --seed 5 --type Q5_K", true);
-	cpu_bits("mhn", SMALL " --type IQ4_NL", true);
+		 "--hidden 256 --heads 4 --layers 3 --seed 5 --type Q5_K", true, false);
+	cpu_bits("mhn", SMALL " --type IQ4_NL", true, false);
 }
 
-/* qwen2moe: its attention's q/k/v biases on the device too (and its shared expert on the CPU) */
+/* qwen2moe: its attention's q/k/v biases and its gated shared expert on the device too */
 TEST(moe_hybrid_biases_on_device_decode_the_cpu_bits)
 {
 	cpu_bits("mhq2", "--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 64 "
-		 "--hidden 128 --heads 4 --layers 3 --seed 5 --type Q8_0", true);
+		 "--hidden 128 --heads 4 --layers 3 --seed 5 --type Q8_0", true, true);
 }
 
 /*
