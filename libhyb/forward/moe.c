@@ -763,7 +763,14 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	uint32_t n_active;
 	int rc;
 
-	hyb_fwd_matmul(c, c->xn, nf, 1, &router, &s->logits);
+	/* a decode step whose attention ran on the device: the router did too (moe_decode.c) */
+	rc = c->moe_hybrid && nf == 1 ?
+	     hyb_moe_hybrid_router_logits(c->moe_hybrid, l, s->logits) : 0;
+	if (rc < 0)
+		return hyb_error_set(-EIO, "router logits from the device: %s",
+				     hyb_device_error(hyb_moe_hybrid_device(c->moe_hybrid)));
+	if (!rc)
+		hyb_fwd_matmul(c, c->xn, nf, 1, &router, &s->logits);
 	rc = route(c, l, nf);
 	if (rc)
 		return rc;

@@ -4,9 +4,10 @@
  * parts (moe_hybrid.h; docs/MOE.md, "The expert cache"). Per layer:
  *
  *   attention  on the device when placed (dense.c): x goes up, the block
- *              runs on COMPUTE, x and ffn_norm(x) come down on CRITICAL -
- *              the router and the CPU's experts need them, and the
- *              device's experts read xn where it is; otherwise on the CPU
+ *              and the layer's router (when placed) run on COMPUTE, x,
+ *              ffn_norm(x) and the router's logits come down on CRITICAL -
+ *              the CPU's routing and experts need them, and the device's
+ *              experts read xn where it is; otherwise on the CPU
  *              (forward.c's code);
  *   FFN        on the host: moe.c, whose expert cache sends the resident
  *              experts to the device; the residual add here;
@@ -41,8 +42,10 @@ static int attention_dev(struct hyb_ctx *c, struct hyb_hdense *hd, struct hyb_de
 	struct hyb_device_event *ev;
 
 	memcpy(hx, c->x, sizeof(float) * E);
+	/* the router right after the block's ffn_norm: its logits follow x down */
 	if (hyb_hdense_x_up(hd) || hyb_hdense_attention(hd, l, c->n_past) ||
-	    hyb_hdense_x_down(hd, true, &ev))
+	    hyb_moe_hybrid_router_queue(c->moe_hybrid, l) < 0 ||
+	    hyb_hdense_x_down(hd, true, &ev) || hyb_moe_hybrid_router_down(c->moe_hybrid))
 		return dev_err(d, err, errlen, "attention on the device");
 	/* the layer before's deferred experts, while the device runs this attention */
 	hyb_fwd_moe_deferred(c);

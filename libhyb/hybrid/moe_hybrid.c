@@ -94,6 +94,17 @@ struct hyb_moe_hybrid {
 	float *h_so;
 	bool sh_now;                     /* this layer's is queued (begin) */
 	uint64_t sh_bytes;
+	/*
+	 * Routers on the device (KTransformers section 3.3's GPU gating), for
+	 * the layers whose attention is there: [n_moe] weights (0: none), the
+	 * logits of the layer rt_layer on their way down (rt_pending).
+	 */
+	hyb_dptr *rt_w, d_logits;
+	float *h_logits;
+	struct hyb_device_event *ev_rt;
+	bool rt_pending;
+	uint32_t rt_layer;
+	uint64_t rt_bytes;
 	struct hyb_hybrid_stats st;
 };
 
@@ -376,6 +387,54 @@ static int64_t place_shared(struct hyb_moe_hybrid *h, uint64_t left, char *err, 
 	return (int64_t)bytes;
 }
 
+/*
+ * The routers of the MoE layers whose attention block is on the device,
+ * there too when together they take at most an eighth of what is left for
+ * routed experts: the CPU then reads none of their rows, and the logits
+ * come down beside x. Returns the bytes placed; -1 with err.
+ */
+static int64_t place_routers(struct hyb_moe_hybrid *h, uint64_t left, char *err, size_t errlen)
+{
+	uint64_t bytes = up_align(4ull * h->X);
+
+	if (!h->hd)
+		return 0;
+	for (uint32_t lm = 0; lm < h->n_moe; lm++) {
+		const struct hyb_weight *w = &layer(h, lm)->gate_inp;
+
+		if (!hyb_hdense_layer_on(h->hd, h->lead + lm))
+			continue;
+		if (!hyb_device_matvec_type_ok(w->type))
+			return 0;
+		bytes += up_align(w->ne1 * w->row_bytes);
+	}
+	if (bytes <= up_align(4ull * h->X) || bytes > left / 8)
+		return 0;
+	h->rt_w = calloc(h->n_moe, sizeof(*h->rt_w));
+	h->h_logits = hyb_device_host_alloc(h->dev, 4ull * h->X);
+	h->ev_rt = hyb_device_event_new(h->dev);
+	if (!h->rt_w || !h->h_logits || !h->ev_rt ||
+	    hyb_device_alloc(h->dev, 4ull * h->X, &h->d_logits)) {
+		snprintf(err, errlen, "expert cache: routers: %s", hyb_device_error(h->dev));
+		return -1;
+	}
+	for (uint32_t lm = 0; lm < h->n_moe; lm++) {
+		const struct hyb_weight *w = &layer(h, lm)->gate_inp;
+		const uint64_t b = w->ne1 * w->row_bytes;
+
+		if (!hyb_hdense_layer_on(h->hd, h->lead + lm))
+			continue;
+		if (hyb_device_alloc(h->dev, b, &h->rt_w[lm]) ||
+		    hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->rt_w[lm], w->data, b))
+			return dev_fail(h, err, errlen, "routers");
+	}
+	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->ev_rt) ||
+	    hyb_device_sync(h->dev, h->ev_rt))
+		return dev_fail(h, err, errlen, "routers");
+	h->rt_bytes = bytes;
+	return (int64_t)bytes;
+}
+
 /* The policy's initial experts, loaded and waited for. */
 static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
 {
@@ -404,7 +463,7 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	struct hyb_moe_hybrid *h;
 	struct hyb_device_config cfg;
 	struct hyb_balancer_params bp;
-	int64_t dense, shared;
+	int64_t dense, shared, routers;
 
 	if (check_model(m, err, errlen))
 		return NULL;
@@ -470,8 +529,11 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 		goto fail;
 	}
 	shared = n_rows > 1 ? 0 : place_shared(h, p->gpu_budget - (uint64_t)dense, err, errlen);
-	if (shared < 0 ||
-	    alloc_device(h, p->gpu_budget - (uint64_t)dense - (uint64_t)shared, err, errlen))
+	routers = shared < 0 || n_rows > 1 ? 0 :
+		  place_routers(h, p->gpu_budget - (uint64_t)dense - (uint64_t)shared, err, errlen);
+	if (shared < 0 || routers < 0 ||
+	    alloc_device(h, p->gpu_budget - (uint64_t)dense - (uint64_t)shared - (uint64_t)routers,
+			 err, errlen))
 		goto fail;
 	bp = p->bal;
 	bp.policy = p->policy;
@@ -516,6 +578,9 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 		hyb_device_host_free(h->dev, h->h_x);
 		hyb_device_host_free(h->dev, h->h_y);
 		hyb_device_host_free(h->dev, h->h_so);
+		hyb_device_host_free(h->dev, h->h_logits);
+		if (h->ev_rt)
+			hyb_device_event_free(h->dev, h->ev_rt);
 		hyb_device_close(h->dev); /* waits for queued work, frees its memory */
 	}
 	hyb_balancer_free(h->bal);
@@ -532,6 +597,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->fb);
 	free(h->predicted);
 	free(h->sh_w);
+	free(h->rt_w);
 	free(h);
 }
 
@@ -821,6 +887,50 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 	return 0;
 }
 
+int hyb_moe_hybrid_router_queue(struct hyb_moe_hybrid *h, uint32_t l)
+{
+	const struct hyb_weight *w;
+
+	h->rt_pending = false;
+	if (!h->rt_w || l < h->lead || !h->rt_w[l - h->lead])
+		return 0;
+	w = &layer(h, l - h->lead)->gate_inp;
+	const struct hyb_dev_matvec mv = {
+		.type = w->type, .n_in = h->E, .n_out = h->X, .w = h->rt_w[l - h->lead],
+		.x = hyb_hdense_xn(h->hd), .y = h->d_logits,
+	};
+
+	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &mv))
+		return -1;
+	h->rt_pending = true;
+	h->rt_layer = l;
+	return 1;
+}
+
+int hyb_moe_hybrid_router_down(struct hyb_moe_hybrid *h)
+{
+	if (!h->rt_pending)
+		return 0;
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_rt) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_rt) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_logits, h->d_logits, 4ull * h->X) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_rt))
+		return -1;
+	h->st.critical_bytes += 4ull * h->X;
+	return 0;
+}
+
+int hyb_moe_hybrid_router_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits)
+{
+	if (!h->rt_pending || h->rt_layer != l)
+		return 0;
+	h->rt_pending = false;
+	if (hyb_device_sync(h->dev, h->ev_rt))
+		return -1;
+	memcpy(logits, h->h_logits, 4ull * h->X);
+	return 1;
+}
+
 bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit)
 {
 	if (!h->sh_now)
@@ -877,6 +987,7 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	out->cache_bytes = (uint64_t)h->n_slots * h->slot_bytes;
 	out->experts = true;
 	out->shared_bytes = h->sh_bytes;
+	out->router_bytes = h->rt_bytes;
 	if (h->hd) {
 		out->attn_layers = hyb_hdense_layers_on(h->hd);
 		out->head = hyb_hdense_head_on(h->hd);
@@ -884,11 +995,11 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	}
 	snprintf(out->cache_note, sizeof(out->cache_note),
 		 "%u expert slots of %.2f MB (%.1f%% of the %u x %u routed experts); on the "
-		 "device too: attention of %u layers, %s, %s; routers on the CPU",
+		 "device too: attention of %u layers, %s, %s; routers on the %s",
 		 h->n_slots, h->slot_bytes / 1e6, 100.0 * h->n_slots / ((double)h->n_moe * h->X),
 		 h->n_moe, h->X, out->attn_layers, out->head ? "the head" : "not the head",
 		 h->sh_w ? "the shared experts" : h->S ? "not the shared experts" :
-		 "no shared experts");
+		 "no shared experts", h->rt_w ? "device" : "CPU");
 }
 
 int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out)

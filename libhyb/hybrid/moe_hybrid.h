@@ -66,6 +66,17 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
  * and true; false: the CPU computes it.
  */
 bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit);
+/*
+ * Layer l's router on the device, after its attention block there
+ * (moe_decode.c): queue queues the logits' matvec on COMPUTE (after the
+ * block, before x comes down), 1 when it did, 0 when the router is on the
+ * CPU; down sends them after x on CRITICAL; logits waits for them and
+ * copies them (n_expert floats), 1 when it did, 0 when none are pending for
+ * layer l. -1 on a device error.
+ */
+int hyb_moe_hybrid_router_queue(struct hyb_moe_hybrid *h, uint32_t l);
+int hyb_moe_hybrid_router_down(struct hyb_moe_hybrid *h);
+int hyb_moe_hybrid_router_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits);
 /* Whether end wants the next layer's predicted experts (a moving policy, prefetch not off). */
 bool hyb_moe_hybrid_prefetching(const struct hyb_moe_hybrid *h);
 

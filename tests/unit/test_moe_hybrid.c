@@ -137,6 +137,9 @@ static void cpu_bits(const char *name, const char *args, bool dense, bool shared
 			  name, pl.attn_layers, pl.head);
 		CHECK_MSG(!pl.shared_bytes == !shared, "%s: shared experts (%llu bytes) on the "
 			  "device: %s", name, (unsigned long long)pl.shared_bytes, pl.cache_note);
+		/* the routers follow attention to the device */
+		CHECK_MSG(!pl.router_bytes == !pl.attn_layers, "%s: routers (%llu bytes) on the "
+			  "device: %s", name, (unsigned long long)pl.router_bytes, pl.cache_note);
 		if (pol[i] == HYB_POLICY_STATIC || pol[i] == HYB_POLICY_LAYER)
 			CHECK_MSG(st.loads == 0, "%s moved %llu experts", hyb_policy_name(pol[i]),
 				  (unsigned long long)st.loads);

@@ -145,6 +145,7 @@ struct hyb_hybrid_offload {
 	bool experts;             /* the cache holds a MoE model's experts (docs/MOE.md): the
 				   * stats' neurons and groups are its routed experts */
 	uint64_t shared_bytes;    /* ... and its shared experts are on the device: their bytes */
+	uint64_t router_bytes;    /* ... and its routers (of the layers attending there) */
 	char cache_note[256];     /* whose cache and why, one line */
 	uint32_t prompt_batch;    /* tokens a prompt batch on the device holds (0: prompts
 				   * run token after token, docs/HYBRID.md "Prompts") */
