@@ -162,7 +162,13 @@ $(BUILD)/fuzz_serve: $(FUZZ_SERVE_SRCS) tools/hyb/serve.h $(LIB)
 	clang $(CPPFLAGS) $(INTERNAL) $(SERVE_CFLAGS) -Itools/hyb -std=c11 -g -O1 -pthread \
 		-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 		$(FUZZ_SERVE_SRCS) $(LIB) $(SERVE_LIBS) $(LDLIBS) -o $@
-fuzz: $(FUZZ) $(BUILD)/fuzz_model $(BUILD)/fuzz_serve
+# ... and for the manifest reader (what apps take from hybd before mapping its pools)
+FUZZ_MANIFEST_SRCS := tests/fuzz/fuzz_manifest.c libhyb/box/manifest.c
+$(BUILD)/fuzz_manifest: $(FUZZ_MANIFEST_SRCS) libhyb/include/hyb/manifest.h $(LIB)
+	@mkdir -p $(@D)
+	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined $(FUZZ_MANIFEST_SRCS) $(LIB) $(LDLIBS) -o $@
+fuzz: $(FUZZ) $(BUILD)/fuzz_model $(BUILD)/fuzz_serve $(BUILD)/fuzz_manifest
 
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu

@@ -3,7 +3,8 @@
  * Short runs of the libFuzzer targets (built by `make fuzz` with clang's
  * ASan and UBSan) on copies of their seed corpora: the GGUF parser, the
  * model loader on top of it (every architecture's metadata and tensors),
- * and hyb serve's request parser (completions and chat JSON).
+ * hyb serve's request parser (completions and chat JSON) and the manifest
+ * reader (hybd's pools and split tensors, as apps take them).
  * Any crash, leak or sanitizer report fails the test. Crash inputs are kept
  * as build/fuzz-crash-* for reproduction: build/fuzz_gguf <file>.
  */
@@ -59,4 +60,9 @@ TEST(model_fuzz_smoke)
 TEST(serve_fuzz_smoke)
 {
 	run_fuzzer("build/fuzz_serve", "tests/fuzz/corpus-serve");
+}
+
+TEST(manifest_fuzz_smoke)
+{
+	run_fuzzer("build/fuzz_manifest", "tests/fuzz/corpus-manifest");
 }
