@@ -287,31 +287,35 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_offloa
 {
 	if (pl->experts) {
 		/*
-		 * the expert cache: routers and shared experts on the CPU, attention
-		 * and the head where the placement put them (every layer's attention
-		 * or none), routed experts by where they ran (wbytes of a 3-D
-		 * expert tensor: one expert's matrix)
+		 * the expert cache: attention and the head where the placement put
+		 * them (every layer's attention or none), routers and shared
+		 * experts on the device where it placed them (the placement's
+		 * bytes, docs/MOE.md), else on the CPU, routed experts by where they
+		 * ran (wbytes of a 3-D expert tensor: one expert's matrix)
 		 */
 		const struct hyb_hparams *hp = &m->hp;
 		const double n = s->tokens ? (double)s->tokens : 1;
-		double expert = 0, attn = 0, rest = m->tok_embd.row_bytes;
+		double expert = 0, attn = 0, rest = m->tok_embd.row_bytes, router = 0, shared = 0;
 
 		for (uint32_t l = 0; l < hp->n_layer; l++) {
 			const struct hyb_layer *L = &m->layers[l];
 
 			attn += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) +
 				4.0 * hp->n_head_kv * hp->head_dim * mean_pos;
-			rest += wbytes(&L->gate_inp) + wbytes(&L->gate_shexp) +
-				wbytes(&L->up_shexp) + wbytes(&L->down_shexp) + wbytes(&L->gate) +
-				wbytes(&L->up) + wbytes(&L->down);
+			router += wbytes(&L->gate_inp);
+			shared += wbytes(&L->gate_shexp) + wbytes(&L->up_shexp) +
+				  wbytes(&L->down_shexp) + wbytes(&L->gate_inp_shexp);
+			rest += wbytes(&L->gate) + wbytes(&L->up) + wbytes(&L->down);
 			if (L->gate_exps.data && !expert)
 				expert = wbytes(&L->gate_exps) + wbytes(&L->up_exps) +
 					 wbytes(&L->down_exps);
 		}
-		*cpu_b = rest + (pl->attn_layers ? 0 : attn) + (pl->head ? 0 : wbytes(&m->output)) +
-			 expert * (s->active - s->active_dev) / n;
-		*gpu_b = (pl->attn_layers ? attn : 0) + (pl->head ? wbytes(&m->output) : 0) +
-			 expert * s->active_dev / n;
+		const double r_cpu = pl->router_bytes ? 0 : router, s_cpu = pl->shared_bytes ? 0 : shared;
+
+		*cpu_b = rest + r_cpu + s_cpu + (pl->attn_layers ? 0 : attn) +
+			 (pl->head ? 0 : wbytes(&m->output)) + expert * (s->active - s->active_dev) / n;
+		*gpu_b = router - r_cpu + shared - s_cpu + (pl->attn_layers ? attn : 0) +
+			 (pl->head ? wbytes(&m->output) : 0) + expert * s->active_dev / n;
 		(void)layer;
 		return;
 	}
@@ -529,8 +533,9 @@ static double print_policy(const struct hbench *h, const struct policy_run *pr, 
 
 	step_bytes(h->m, &pr->pl, s, pr->p == HYB_POLICY_LAYER, mean_pos, &cpu_b, &gpu_b);
 	roof = cpu_b / bw_dram;
-	snprintf(dense, sizeof(dense), "%u%s%s", pr->pl.attn_layers, pr->pl.head ? "+h" : "",
-		 pr->pl.predictors ? "+p" : "");
+	snprintf(dense, sizeof(dense), "%u%s%s%s%s", pr->pl.attn_layers, pr->pl.head ? "+h" : "",
+		 pr->pl.predictors ? "+p" : "", pr->pl.router_bytes ? "+r" : "",
+		 pr->pl.shared_bytes ? "+s" : "");
 	if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
 		roof = gpu_b / bw_hbm;
 	if (bw_pcie > 0 && io_b / bw_pcie > roof)
@@ -642,7 +647,8 @@ static void hbench_report(struct hbench *h)
 	printf("prompt: tokens/s of the prompt batch (-p; unless --prefill-cpu on the device: "
 	       "from 32 tokens in batches, the FFN groups not cached streamed through it; "
 	       "else token after token)\n");
-	printf("dense: attention blocks on the device (+h: and the head, +p: and predictors); "
+	printf("dense: attention blocks on the device (+h: and the head, +p: and predictors, "
+	       "+r: and routers, +s: and shared experts); "
 	       "layer runs its other layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
 	       "link bytes / PCIe) per token, each side's bytes where the placement put them\n");
