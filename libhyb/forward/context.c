@@ -421,6 +421,19 @@ void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out)
 		memset(out, 0, sizeof(*out));
 }
 
+int hyb_ctx_hybrid_layer_stats(const struct hyb_ctx *c, uint32_t l,
+			       struct hyb_hybrid_layer_stats *out)
+{
+	if (!c->moe_hybrid) {
+		memset(out, 0, sizeof(*out));
+		return hyb_error_set(-EINVAL, "per-layer statistics are the expert cache's "
+				     "(a mixture of experts with a GPU budget)");
+	}
+	if (hyb_moe_hybrid_layer_stats(c->moe_hybrid, l, out))
+		return hyb_error_set(-EINVAL, "layer %u of %u", l, c->m->hp.n_layer);
+	return 0;
+}
+
 void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c)
 {
 	if (c->hybrid)

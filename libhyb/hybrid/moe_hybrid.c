@@ -105,6 +105,7 @@ struct hyb_moe_hybrid {
 	bool rt_pending;
 	uint32_t rt_layer;
 	uint64_t rt_bytes;
+	struct hyb_hybrid_layer_stats *lst; /* [n_moe] */
 	struct hyb_hybrid_stats st;
 };
 
@@ -145,6 +146,7 @@ static int load_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32
 	sl->expert = (int32_t)e;
 	h->table[(size_t)lm * h->X + e] = (int32_t)s;
 	h->st.loads++;
+	h->lst[lm].loads++;
 	return 0;
 }
 
@@ -452,6 +454,7 @@ static int warm_start(struct hyb_moe_hybrid *h, char *err, size_t errlen)
 		if (h->slots[s].layer >= 0 && hyb_device_sync(h->dev, h->slots[s].ev))
 			return dev_fail(h, err, errlen, "loading the initial experts");
 	memset(&h->st, 0, sizeof(h->st));
+	memset(h->lst, 0, sizeof(*h->lst) * h->n_moe);
 	return 0;
 }
 
@@ -508,11 +511,12 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	h->dev_r0 = malloc(sizeof(uint32_t) * (h->X + 1));
 	h->table = malloc(sizeof(int32_t) * h->n_moe * h->X);
 	h->fb = calloc(h->n_moe, sizeof(*h->fb));
+	h->lst = calloc(h->n_moe, sizeof(*h->lst));
 	h->predicted = calloc(h->n_moe, sizeof(bool));
 	h->prefetch = !p->no_prefetch && p->policy != HYB_POLICY_STATIC &&
 		      p->policy != HYB_POLICY_LAYER && h->n_moe > 1;
 	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->dev_r0 || !h->table ||
-	    !h->fb || !h->predicted) {
+	    !h->fb || !h->predicted || !h->lst) {
 		snprintf(err, errlen, "expert cache: out of memory");
 		goto fail;
 	}
@@ -598,6 +602,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->predicted);
 	free(h->sh_w);
 	free(h->rt_w);
+	free(h->lst);
 	free(h);
 }
 
@@ -724,6 +729,8 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 	memcpy(active + n_cpu, h->dev_e, sizeof(uint32_t) * h->n_dev);
 	h->st.layer_steps++;
 	h->st.active += pairs;
+	h->lst[lm].active += pairs;
+	h->lst[lm].active_dev += rows;
 	h->st.late += h->fb[lm].late;
 	h->sh_now = nf == 1 && h->sh_w && h->sh_w[(size_t)lm * 4 + 1];
 	if (!h->n_dev && !h->sh_now)
@@ -844,6 +851,7 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 			return dev_fail(h, err, errlen, "waiting for the experts");
 		t1 = hyb_device_now(h->dev);
 		h->st.stall_s += t1 - t0;
+		h->lst[lm].stall_s += t1 - t0;
 		fb->stall_s = t1 - t0;
 		fb->dev_s = t1 - h->t_begin;
 		if (t1 - t0 > 0)
@@ -859,6 +867,7 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 		fb->stall_s = fb->dev_s = 0;
 	}
 	h->st.cpu_ffn_s += cpu_s;
+	h->lst[lm].cpu_s += cpu_s;
 	fb->cpu_s = cpu_s;
 	fb->n_active = n;
 	fb->backlog_s = loads_in_flight(h) * h->group_load_s;
@@ -973,6 +982,18 @@ void hyb_moe_hybrid_stats(const struct hyb_moe_hybrid *h, struct hyb_hybrid_stat
 void hyb_moe_hybrid_stats_reset(struct hyb_moe_hybrid *h)
 {
 	memset(&h->st, 0, sizeof(h->st));
+	memset(h->lst, 0, sizeof(*h->lst) * h->n_moe);
+}
+
+int hyb_moe_hybrid_layer_stats(const struct hyb_moe_hybrid *h, uint32_t l,
+			       struct hyb_hybrid_layer_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (l >= h->m->hp.n_layer)
+		return -EINVAL;
+	if (l >= h->lead)
+		*out = h->lst[l - h->lead];
+	return 0;
 }
 
 void hyb_moe_hybrid_cache(const struct hyb_moe_hybrid *h, uint64_t *resident, uint64_t *slots)

@@ -92,6 +92,9 @@ void hyb_moe_hybrid_add_dense_time(struct hyb_moe_hybrid *h, double attn_s, doub
 void hyb_moe_hybrid_xn_on_device(struct hyb_moe_hybrid *h, bool on);
 void hyb_moe_hybrid_stats(const struct hyb_moe_hybrid *h, struct hyb_hybrid_stats *out);
 void hyb_moe_hybrid_stats_reset(struct hyb_moe_hybrid *h);
+/* hyb_ctx_hybrid_layer_stats (hyb/hybrid.h) for model layer l. */
+int hyb_moe_hybrid_layer_stats(const struct hyb_moe_hybrid *h, uint32_t l,
+			       struct hyb_hybrid_layer_stats *out);
 void hyb_moe_hybrid_cache(const struct hyb_moe_hybrid *h, uint64_t *resident, uint64_t *slots);
 void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_offload *out);
 /*

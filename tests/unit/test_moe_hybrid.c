@@ -7,6 +7,7 @@
  * device mode checks that no slot is read before its load is seen complete
  * or rewritten while a kernel may read it.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,9 @@ static const char *synth(const char *name, const char *args)
 		    "--layers 3 --seed 5"
 #define N_PROMPT 6
 #define N_GEN 12
+
+/* when set, decode_defer fills it with each layer's statistics (before the second prompt) */
+static struct hyb_hybrid_layer_stats *layer_stats;
 
 /*
  * A prompt, then N_GEN greedy steps, then a second prompt: every step's
@@ -72,6 +76,13 @@ static int decode_defer(struct hyb_model *m, const struct hyb_hybrid_params *hy,
 	}
 	if (st)
 		hyb_ctx_hybrid_stats(c, st);
+	for (uint32_t l = 0; layer_stats && l < m->hp.n_layer; l++)
+		CHECK_MSG(!hyb_ctx_hybrid_layer_stats(c, l, &layer_stats[l]), "%s", hyb_last_error());
+	if (layer_stats) {
+		struct hyb_hybrid_layer_stats x;
+
+		CHECK(hyb_ctx_hybrid_layer_stats(c, m->hp.n_layer, &x) == -EINVAL);
+	}
 	if (pl)
 		hyb_ctx_hybrid_offload(c, pl);
 	/* a second prompt after decoding */
@@ -116,10 +127,27 @@ static void cpu_bits(const char *name, const char *args, bool dense, bool shared
 						.no_prefetch = i + 1 == n_pol };
 		struct hyb_hybrid_stats st;
 		struct hyb_hybrid_offload pl;
+		struct hyb_hybrid_layer_stats ls[8], sum = { 0 };
 		int first = -1;
 
+		CHECK(m->hp.n_layer <= 8);
+		layer_stats = ls;
 		CHECK_MSG(!decode(m, &hy, lg, &st, &pl), "%s: %s", hyb_policy_name(pol[i]),
 			  hyb_last_error());
+		layer_stats = NULL;
+		/* the layers' statistics add up to the step's */
+		for (uint32_t l = 0; l < m->hp.n_layer; l++) {
+			sum.active += ls[l].active;
+			sum.active_dev += ls[l].active_dev;
+			sum.loads += ls[l].loads;
+			CHECK(ls[l].active_dev <= ls[l].active);
+		}
+		CHECK_MSG(sum.active == st.active && sum.active_dev == st.active_dev &&
+			  sum.loads == st.loads, "%s: layers %llu/%llu/%llu, step %llu/%llu/%llu",
+			  hyb_policy_name(pol[i]), (unsigned long long)sum.active,
+			  (unsigned long long)sum.active_dev, (unsigned long long)sum.loads,
+			  (unsigned long long)st.active, (unsigned long long)st.active_dev,
+			  (unsigned long long)st.loads);
 		for (size_t j = 0; j < n && first < 0; j++)
 			if (memcmp(&ref[j], &lg[j], sizeof(float)))
 				first = (int)(j / m->hp.n_vocab);

@@ -375,6 +375,7 @@ struct policy_run {
 	uint64_t agree, compared;
 	double lambda[3];
 	uint64_t slots;               /* cache slots (groups or experts) */
+	struct hyb_hybrid_layer_stats *lst; /* expert cache: [n_layer], summed over rounds */
 };
 
 /* One `hyb bench --gpu-budget` run: the workload, the policies, per-round figures. */
@@ -492,6 +493,19 @@ static void run_policy(struct hbench *h, struct policy_run *pr, int r)
 
 		hyb_ctx_hybrid_cache(c, &res, &pr->slots);
 	}
+	for (uint32_t l = 0; h->moe && l < h->m->hp.n_layer; l++) {
+		struct hyb_hybrid_layer_stats ls;
+
+		if (!pr->lst && !(pr->lst = calloc(h->m->hp.n_layer, sizeof(*pr->lst))))
+			cli_die("out of memory");
+		if (hyb_ctx_hybrid_layer_stats(c, l, &ls))
+			cli_die("%s", hyb_last_error());
+		pr->lst[l].active += ls.active;
+		pr->lst[l].active_dev += ls.active_dev;
+		pr->lst[l].loads += ls.loads;
+		pr->lst[l].cpu_s += ls.cpu_s;
+		pr->lst[l].stall_s += ls.stall_s;
+	}
 	pr->lambda[0] = hyb_ctx_hybrid_lambda(c, 0);
 	pr->lambda[1] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer / 2);
 	pr->lambda[2] = hyb_ctx_hybrid_lambda(c, h->m->hp.n_layer - 1);
@@ -579,6 +593,25 @@ static void print_bound(const struct hbench *h, const struct policy_run *st, dou
 	       1e3 * (cpu > 0 ? cpu * t_n : 0), 1e3 * t);
 }
 
+/* The expert cache per layer, for one policy (docs/MOE.md): where the routed experts ran. */
+static void print_layers(const struct hbench *h, const struct policy_run *pr)
+{
+	const double n = pr->st.tokens ? (double)pr->st.tokens : 1;
+
+	printf("per layer (%s): layer, routed experts a token, share on the device, experts "
+	       "loaded a token, CPU experts ms a token, waiting for the device ms a token\n",
+	       pr->name);
+	for (uint32_t l = 0; pr->lst && l < h->m->hp.n_layer; l++) {
+		const struct hyb_hybrid_layer_stats *s = &pr->lst[l];
+
+		if (!s->active)
+			continue;
+		printf("  %3u %6.2f %6.1f%% %6.2f %8.3f %8.3f\n", l, s->active / n,
+		       100.0 * s->active_dev / s->active, s->loads / n, 1e3 * s->cpu_s / n,
+		       1e3 * s->stall_s / n);
+	}
+}
+
 static void hbench_report(struct hbench *h)
 {
 	const struct cli_opts *o = h->o;
@@ -626,6 +659,8 @@ static void hbench_report(struct hbench *h)
 	for (int i = 0; i < h->np; i++)
 		if (h->pr[i].p == HYB_POLICY_STATIC && base_static > 0)
 			print_bound(h, &h->pr[i], base_static);
+	if (h->moe && h->np)
+		print_layers(h, &h->pr[h->np - 1]);
 	for (int i = 0; i + 1 < h->np; i++) {
 		const struct policy_run *a = &h->pr[i], *b = &h->pr[i + 1];
 		const double n = a->st.tokens ? (double)a->st.tokens : 1;
@@ -659,6 +694,7 @@ static void hbench_free(struct hbench *h)
 	for (int i = 0; i < h->np; i++) {
 		free(h->pr[i].tps);
 		free(h->pr[i].pps);
+		free(h->pr[i].lst);
 	}
 	free(h->pr);
 	free(h->t_ref);

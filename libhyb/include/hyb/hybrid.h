@@ -169,6 +169,19 @@ double hyb_ctx_hybrid_lambda(const struct hyb_ctx *c, uint32_t l);
 void hyb_ctx_hybrid_cache(const struct hyb_ctx *c, uint64_t *resident, uint64_t *slots);
 void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *out);
 /*
+ * One MoE layer of the expert cache's decode steps since the last reset
+ * (docs/MOE.md): routed (token, expert) pairs, those the device computed,
+ * experts loaded into the cache for the layer, host seconds of the CPU's
+ * share, seconds spent waiting for the device's.
+ */
+struct hyb_hybrid_layer_stats {
+	uint64_t active, active_dev, loads;
+	double cpu_s, stall_s;
+};
+/* Layer l's (zeros for a dense layer); -EINVAL without an expert cache or past the layers. */
+int hyb_ctx_hybrid_layer_stats(const struct hyb_ctx *c, uint32_t l,
+			       struct hyb_hybrid_layer_stats *out);
+/*
  * The neuron table: out[l * n_groups + g] is the cache slot of group g of
  * layer l, or -1 (n_layer * n_groups entries). A slot whose load is still
  * in flight is listed. -1 without hybrid.
