@@ -121,13 +121,14 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		hyb_error_set(-ENOMEM, "out of memory");
 		return NULL;
 	}
-	if (p && (p->testing & ~HYB_TESTING_FFN_ORACLE)) {
+	if (p && (p->testing & ~(HYB_TESTING_FFN_ORACLE | HYB_TESTING_CHECK_ROUTERS))) {
 		hyb_error_set(-EINVAL, "unknown testing switches 0x%x", p->testing);
 		free(c);
 		return NULL;
 	}
 	c->m = m;
 	c->k = hyb_cpu_best();
+	c->check_routers = p && (p->testing & HYB_TESTING_CHECK_ROUTERS);
 	c->n_ctx = p && p->n_ctx ? p->n_ctx : (hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
 	/*
 	 * A hybrid pass of several sequences keeps its rows in device memory

@@ -57,6 +57,7 @@ struct hyb_ctx {
 	 * any batch size (batch invariance: hyb_gemm_invariant_cols).
 	 */
 	bool invariant;
+	bool check_routers; /* HYB_TESTING_CHECK_ROUTERS (hyb/testing.h) */
 	/* the pass's columns by sequence, for matmuls (runs, or single rows) */
 	const uint32_t *cols;
 	uint32_t n_cols;

@@ -312,12 +312,34 @@ static int route(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 }
 
 /*
+ * HYB_TESTING_CHECK_ROUTERS: the device's logits of a router against the
+ * CPU's own (hyb/testing.h). 0, or -EIO naming the layer.
+ */
+static int check_router(struct hyb_ctx *c, const struct hyb_weight *router, const float *dev,
+			uint32_t l, const char *what)
+{
+	const uint32_t X = c->m->hp.n_expert;
+	float *mine = malloc(sizeof(float) * X);
+	int rc = 0;
+
+	if (!mine)
+		return hyb_error_set(-ENOMEM, "out of memory");
+	hyb_fwd_matmul(c, c->xn, 1, 1, &router, &mine);
+	if (memcmp(mine, dev, sizeof(float) * X))
+		rc = hyb_error_set(-EIO, "blk.%u.ffn_gate_inp.weight: the device's logits (%s) "
+				   "differ from the CPU's", l, what);
+	free(mine);
+	return rc;
+}
+
+/*
  * The expert cache's prefetch (KAIROX 5.1's adjacent-layer prediction, at
  * expert granularity): layer l + 1's router on layer l's input, its K
  * choices into psel. Returns how many (0: no next expert layer, or a
- * router that is not finite - then nothing is prefetched).
+ * router that is not finite - then nothing is prefetched); a negative
+ * errno when HYB_TESTING_CHECK_ROUTERS finds the device's logits wrong.
  */
-static uint32_t predict_next(struct hyb_ctx *c, uint32_t l)
+static int predict_next(struct hyb_ctx *c, uint32_t l)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
 	struct hyb_moe_scratch *s = c->moe;
@@ -326,7 +348,11 @@ static uint32_t predict_next(struct hyb_ctx *c, uint32_t l)
 	if (l + 1 >= hp->n_layer)
 		return 0;
 	router = &c->m->layers[l + 1].gate_inp;
-	hyb_fwd_matmul(c, c->xn, 1, 1, &router, &s->plogits);
+	/* on the device beside layer l's router where it is there (moe_hybrid.c) */
+	if (!hyb_moe_hybrid_router_next_logits(c->moe_hybrid, l, s->plogits))
+		hyb_fwd_matmul(c, c->xn, 1, 1, &router, &s->plogits);
+	else if (c->check_routers && check_router(c, router, s->plogits, l + 1, "prediction"))
+		return -EIO;
 	if (route_into(c, l + 1, 1, s->plogits, s->psel, s->pwt))
 		return 0; /* layer l + 1 itself reports it */
 	uint32_t n = 0;
@@ -334,7 +360,7 @@ static uint32_t predict_next(struct hyb_ctx *c, uint32_t l)
 	for (uint32_t k = 0; k < hp->n_expert_used; k++)
 		if (s->psel[k] >= 0) /* group limits can leave fewer than K */
 			s->psel[n++] = s->psel[k];
-	return n;
+	return (int)n;
 }
 
 /* Pairs (token, rank) grouped by expert, tokens ascending within each (mul_mat_id's order). */
@@ -771,6 +797,8 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 				     hyb_device_error(hyb_moe_hybrid_device(c->moe_hybrid)));
 	if (!rc)
 		hyb_fwd_matmul(c, c->xn, nf, 1, &router, &s->logits);
+	else if (c->check_routers && (rc = check_router(c, router, s->logits, l, "routing")))
+		return rc;
 	rc = route(c, l, nf);
 	if (rc)
 		return rc;
@@ -822,11 +850,13 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 
 	if (cached) {
 		/* while the device works: which experts the next layer will want (one token) */
-		const uint32_t n_pred = nf == 1 && hyb_moe_hybrid_prefetching(c->moe_hybrid) ?
-					predict_next(c, l) : 0;
+		const int n_pred = nf == 1 && hyb_moe_hybrid_prefetching(c->moe_hybrid) ?
+				   predict_next(c, l) : 0;
 
+		if (n_pred < 0)
+			return n_pred;
 		if (hyb_moe_hybrid_end(c->moe_hybrid, l, s->active, n_cpu, n_active, s->start,
-				       s->out, t2 - tc, (const uint32_t *)s->psel, n_pred, err,
+				       s->out, t2 - tc, (const uint32_t *)s->psel, (uint32_t)n_pred, err,
 				       sizeof(err)))
 			return hyb_error_set(-EIO, "%s", err);
 	}

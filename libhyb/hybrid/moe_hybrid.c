@@ -97,12 +97,14 @@ struct hyb_moe_hybrid {
 	/*
 	 * Routers on the device (KTransformers section 3.3's GPU gating), for
 	 * the layers whose attention is there: [n_moe] weights (0: none), the
-	 * logits of the layer rt_layer on their way down (rt_pending).
+	 * logits of the layer rt_layer on their way down (rt_pending), and with
+	 * prefetch those of the next layer's router on the same input (rt_next:
+	 * its prediction, KAIROX 5.1), behind them.
 	 */
-	hyb_dptr *rt_w, d_logits;
-	float *h_logits;
+	hyb_dptr *rt_w, d_logits;       /* [2][n_expert] */
+	float *h_logits;                /* [2][n_expert] */
 	struct hyb_device_event *ev_rt;
-	bool rt_pending;
+	bool rt_pending, rt_next;
 	uint32_t rt_layer;
 	uint64_t rt_bytes;
 	struct hyb_hybrid_layer_stats *lst; /* [n_moe] */
@@ -397,7 +399,7 @@ static int64_t place_shared(struct hyb_moe_hybrid *h, uint64_t left, char *err, 
  */
 static int64_t place_routers(struct hyb_moe_hybrid *h, uint64_t left, char *err, size_t errlen)
 {
-	uint64_t bytes = up_align(4ull * h->X);
+	uint64_t bytes = up_align(8ull * h->X);
 
 	if (!h->hd)
 		return 0;
@@ -410,13 +412,13 @@ static int64_t place_routers(struct hyb_moe_hybrid *h, uint64_t left, char *err,
 			return 0;
 		bytes += up_align(w->ne1 * w->row_bytes);
 	}
-	if (bytes <= up_align(4ull * h->X) || bytes > left / 8)
+	if (bytes <= up_align(8ull * h->X) || bytes > left / 8)
 		return 0;
 	h->rt_w = calloc(h->n_moe, sizeof(*h->rt_w));
-	h->h_logits = hyb_device_host_alloc(h->dev, 4ull * h->X);
+	h->h_logits = hyb_device_host_alloc(h->dev, 8ull * h->X);
 	h->ev_rt = hyb_device_event_new(h->dev);
 	if (!h->rt_w || !h->h_logits || !h->ev_rt ||
-	    hyb_device_alloc(h->dev, 4ull * h->X, &h->d_logits)) {
+	    hyb_device_alloc(h->dev, 8ull * h->X, &h->d_logits)) {
 		snprintf(err, errlen, "expert cache: routers: %s", hyb_device_error(h->dev));
 		return -1;
 	}
@@ -900,17 +902,25 @@ int hyb_moe_hybrid_router_queue(struct hyb_moe_hybrid *h, uint32_t l)
 {
 	const struct hyb_weight *w;
 
-	h->rt_pending = false;
+	h->rt_pending = h->rt_next = false;
 	if (!h->rt_w || l < h->lead || !h->rt_w[l - h->lead])
 		return 0;
-	w = &layer(h, l - h->lead)->gate_inp;
-	const struct hyb_dev_matvec mv = {
-		.type = w->type, .n_in = h->E, .n_out = h->X, .w = h->rt_w[l - h->lead],
-		.x = hyb_hdense_xn(h->hd), .y = h->d_logits,
-	};
+	for (uint32_t k = 0; k < 2; k++) {
+		const uint32_t lm = l - h->lead + k;
 
-	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &mv))
-		return -1;
+		/* k = 1: the next layer's router on this input, for the prefetch */
+		if (k && (!h->prefetch || lm >= h->n_moe || !h->rt_w[lm]))
+			break;
+		w = &layer(h, lm)->gate_inp;
+		const struct hyb_dev_matvec mv = {
+			.type = w->type, .n_in = h->E, .n_out = h->X, .w = h->rt_w[lm],
+			.x = hyb_hdense_xn(h->hd), .y = h->d_logits + 4ull * k * h->X,
+		};
+
+		if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &mv))
+			return -1;
+		h->rt_next = k == 1;
+	}
 	h->rt_pending = true;
 	h->rt_layer = l;
 	return 1;
@@ -922,10 +932,11 @@ int hyb_moe_hybrid_router_down(struct hyb_moe_hybrid *h)
 		return 0;
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_rt) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_rt) ||
-	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_logits, h->d_logits, 4ull * h->X) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_logits, h->d_logits,
+			   4ull * h->X * (h->rt_next ? 2 : 1)) ||
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_rt))
 		return -1;
-	h->st.critical_bytes += 4ull * h->X;
+	h->st.critical_bytes += 4ull * h->X * (h->rt_next ? 2 : 1);
 	return 0;
 }
 
@@ -938,6 +949,16 @@ int hyb_moe_hybrid_router_logits(struct hyb_moe_hybrid *h, uint32_t l, float *lo
 		return -1;
 	memcpy(logits, h->h_logits, 4ull * h->X);
 	return 1;
+}
+
+bool hyb_moe_hybrid_router_next_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits)
+{
+	/* (router_logits waited for both rows) */
+	if (!h->rt_next || h->rt_pending || h->rt_layer != l)
+		return false;
+	h->rt_next = false;
+	memcpy(logits, h->h_logits + h->X, 4ull * h->X);
+	return true;
 }
 
 bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit)

@@ -77,6 +77,12 @@ bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit
 int hyb_moe_hybrid_router_queue(struct hyb_moe_hybrid *h, uint32_t l);
 int hyb_moe_hybrid_router_down(struct hyb_moe_hybrid *h);
 int hyb_moe_hybrid_router_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits);
+/*
+ * After router_logits for layer l, with prefetch: layer l + 1's router on
+ * layer l's input (its prediction), computed on the device beside it; false
+ * when the CPU is to compute it.
+ */
+bool hyb_moe_hybrid_router_next_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits);
 /* Whether end wants the next layer's predicted experts (a moving policy, prefetch not off). */
 bool hyb_moe_hybrid_prefetching(const struct hyb_moe_hybrid *h);
 

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "hyb/hyb.h"
+#include "hyb/testing.h"
 #include "test.h"
 
 /* hybctl synth -o TMP/NAME.gguf ARGS: the path */
@@ -49,8 +50,9 @@ static struct hyb_hybrid_layer_stats *layer_stats;
 static int decode_defer(struct hyb_model *m, const struct hyb_hybrid_params *hy, uint32_t defer,
 			float *lg, struct hyb_hybrid_stats *st, struct hyb_hybrid_offload *pl)
 {
+	/* the routers' logits the device computes are checked against the CPU's, bit for bit */
 	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy,
-				     .moe_defer = defer };
+				     .moe_defer = defer, .testing = HYB_TESTING_CHECK_ROUTERS };
 	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
 	const uint32_t V = m->hp.n_vocab;
 	float *last = malloc(sizeof(float) * V);

@@ -17,6 +17,13 @@
  * whatever the balancer moved where (on the CPU device).
  */
 #define HYB_TESTING_FFN_ORACLE		(1u << 0)
+/*
+ * HYB_TESTING_CHECK_ROUTERS: where the expert cache computed routers'
+ * logits on the device (this layer's and, for prefetch, the next one's),
+ * the CPU computes them too and a step whose logits differ by a bit fails
+ * (-EIO). For the CPU device, whose kernels are the CPU's.
+ */
+#define HYB_TESTING_CHECK_ROUTERS	(1u << 1)
 
 /*
  * Environment variables read as fault injection or checking (set = on):
