@@ -600,7 +600,9 @@ int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
 	/* the transposed layout where the weights can have it (made once per
 	 * model, here rather than in the first decode step that needs it) */
 	if (!c->teal && !hyb_teal_layout_check(c->m)) {
-		const uint32_t ni = hyb_teal_max_in(c->m), no = hyb_teal_max_out(c->m);
+		/* a pass of several sequences computes its decode steps HYB_TEAL_ROWS at a time */
+		const size_t rows = c->kv ? HYB_TEAL_ROWS : 1;
+		const size_t ni = rows * hyb_teal_max_in(c->m), no = rows * hyb_teal_max_out(c->m);
 
 		free(c->teal_idx);
 		free(c->teal_val);

@@ -252,23 +252,10 @@ static const struct hyb_teal_mat *teal_input(struct hyb_ctx *c, uint32_t l, uint
 	return NULL;
 }
 
-/* Y_i = W_i · X for the nw weights of input `in` (as matmul), TEAL's way when it applies. */
-static void project(struct hyb_ctx *c, uint32_t l, uint32_t in, float *x, uint32_t n, int nw,
-		    const struct hyb_weight *const *w, float *const *y)
+static void teal_count(struct hyb_ctx *c, uint32_t l, uint32_t in,
+		       const struct hyb_teal_mat *t, uint32_t act)
 {
-	const struct hyb_teal_mat *t = teal_input(c, l, in, x, n, (uint32_t)w[0]->ne0);
-	float *out = nw == 1 ? y[0] : c->teal_y;
-	size_t off = 0;
-
-	if (!t) {
-		matmul(c, x, n, nw, w, y);
-		return;
-	}
-	const uint32_t act = hyb_teal_gemv(c->pool, t, x,
-					   c->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in],
-					   c->teal_idx, c->teal_val, out);
 	const uint64_t row = hyb_row_bytes(t->type, t->n_out);
-
 	struct hyb_teal_stats *st[2] = {
 		&c->teal_st,
 		c->teal_layer_st ? &c->teal_layer_st[(size_t)l * HYB_TEAL_INPUTS + in] : NULL,
@@ -280,6 +267,84 @@ static void project(struct hyb_ctx *c, uint32_t l, uint32_t in, float *x, uint32
 		st[i]->bytes += act * row;
 		st[i]->dense_bytes += t->n_in * row;
 	}
+}
+
+/* Rows r0.. (n, at most HYB_TEAL_ROWS) of y as one-token steps compute them. */
+static void teal_rows(struct hyb_ctx *c, uint32_t l, uint32_t in, const struct hyb_teal_mat *t,
+		      const float *x, uint32_t r0, uint32_t n, int nw,
+		      const struct hyb_weight *const *w, float *const *y)
+{
+	uint32_t act[HYB_TEAL_ROWS];
+
+	hyb_teal_gemv_rows(c->pool, t, x + (size_t)r0 * t->n_in, t->n_in, n,
+			   c->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in], c->teal_idx, c->teal_val,
+			   act, nw == 1 ? y[0] + (size_t)r0 * t->n_out : c->teal_y,
+			   t->n_out);
+	for (uint32_t r = 0; r < n; r++) {
+		size_t off = 0;
+
+		teal_count(c, l, in, t, act[r]);
+		for (int i = 0; nw > 1 && i < nw; i++) {
+			memcpy(y[i] + (size_t)(r0 + r) * w[i]->ne1,
+			       c->teal_y + (size_t)r * t->n_out + off, sizeof(float) * w[i]->ne1);
+			off += w[i]->ne1;
+		}
+	}
+}
+
+/*
+ * A pass of several sequences (batch.c): its one-token columns (decode
+ * steps) get the sums a step of their sequence alone gets, TEAL's GEMV over
+ * the transposed rows, which they read together (batch invariance,
+ * docs/SERVE.md#teal); with batch_variant they stay in the dense GEMM of the
+ * masked inputs, which reuses each weight across the columns. Returns
+ * whether no row is left for the GEMM.
+ */
+static bool teal_singles(struct hyb_ctx *c, uint32_t l, uint32_t in, const float *x, uint32_t n,
+			 int nw, const struct hyb_weight *const *w, float *const *y, bool after)
+{
+	const struct hyb_teal_mat *t;
+	uint32_t r = 0, ones = 0;
+
+	if (!c->teal_thr || !c->teal || !c->cols || !c->invariant || n < 2)
+		return false;
+	t = &c->teal->mat[(size_t)l * HYB_TEAL_INPUTS + in];
+	for (uint32_t k = 0; k < c->n_cols; k++)
+		ones += c->cols[k] == 1;
+	if (!after && ones < n)
+		return false; /* prompt pieces too: the GEMM first, then the singles */
+	for (uint32_t k = 0; k < c->n_cols; r += c->cols[k++]) {
+		uint32_t run = 0;
+
+		while (k + run < c->n_cols && c->cols[k + run] == 1 && run < HYB_TEAL_ROWS)
+			run++;
+		if (run) {
+			teal_rows(c, l, in, t, x, r, run, nw, w, y);
+			k += run - 1;
+			r += run - 1;
+		}
+	}
+	return true;
+}
+
+/* Y_i = W_i · X for the nw weights of input `in` (as matmul), TEAL's way when it applies. */
+static void project(struct hyb_ctx *c, uint32_t l, uint32_t in, float *x, uint32_t n, int nw,
+		    const struct hyb_weight *const *w, float *const *y)
+{
+	const struct hyb_teal_mat *t = teal_input(c, l, in, x, n, (uint32_t)w[0]->ne0);
+	float *out = nw == 1 ? y[0] : c->teal_y;
+	size_t off = 0;
+
+	if (!t) {
+		if (!teal_singles(c, l, in, x, n, nw, w, y, false)) {
+			matmul(c, x, n, nw, w, y);
+			teal_singles(c, l, in, x, n, nw, w, y, true);
+		}
+		return;
+	}
+	teal_count(c, l, in, t, hyb_teal_gemv(c->pool, t, x,
+					      c->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in],
+					      c->teal_idx, c->teal_val, out));
 	for (int i = 0; nw > 1 && i < nw; i++) {
 		memcpy(y[i], out + off, sizeof(float) * w[i]->ne1);
 		off += w[i]->ne1;

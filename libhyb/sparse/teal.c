@@ -309,33 +309,40 @@ void hyb_teal_mask(float *x, uint64_t n, float thr)
 			x[i] = 0.0f;
 }
 
+/* One row's inputs above the threshold: their indexes and values. */
+struct teal_list {
+	const uint32_t *idx;
+	const float *val;
+	uint32_t n_act;
+	float *y;
+};
+
 struct gemv_job {
 	hyb_sparse_axpy_pf_fn axpy;
 	const struct hyb_teal_mat *w;
-	const uint32_t *idx;
-	const float *val;
-	uint32_t n_act, unit, n_units;
-	float *y;
+	const struct teal_list *list; /* [n_list] */
+	uint32_t n_list, unit, n_units;
 	atomic_uint next;
 };
 
-/* Outputs [o0, o1): every listed row's slice, added in list order. */
-static void gemv_slice(const struct gemv_job *j, uint32_t o0, uint32_t o1)
+/* Outputs [o0, o1) of one row: every listed input's slice, added in list order. */
+static void gemv_slice(const struct gemv_job *j, const struct teal_list *t, uint32_t o0,
+		       uint32_t o1)
 {
 	const struct hyb_teal_mat *w = j->w;
 	const char *base = (const char *)w->data + hyb_row_bytes(w->type, o0);
 	const void *rows[HYB_SPARSE_MAX_ROWS + HYB_SPARSE_PF_ROWS];
 
-	memset(j->y + o0, 0, sizeof(float) * (o1 - o0));
-	for (uint32_t a0 = 0; a0 < j->n_act; a0 += HYB_SPARSE_MAX_ROWS) {
-		const uint32_t n = j->n_act - a0 < HYB_SPARSE_MAX_ROWS ? j->n_act - a0
+	memset(t->y + o0, 0, sizeof(float) * (o1 - o0));
+	for (uint32_t a0 = 0; a0 < t->n_act; a0 += HYB_SPARSE_MAX_ROWS) {
+		const uint32_t n = t->n_act - a0 < HYB_SPARSE_MAX_ROWS ? t->n_act - a0
 								       : HYB_SPARSE_MAX_ROWS;
-		uint32_t npf = j->n_act - a0 - n;
+		uint32_t npf = t->n_act - a0 - n;
 
 		npf = npf < HYB_SPARSE_PF_ROWS ? npf : HYB_SPARSE_PF_ROWS;
 		for (uint32_t r = 0; r < n + npf; r++)
-			rows[r] = base + (uint64_t)j->idx[a0 + r] * w->row_bytes;
-		j->axpy((int64_t)(o1 - o0), rows, j->val + a0, (int)n, (int)npf, j->y + o0);
+			rows[r] = base + (uint64_t)t->idx[a0 + r] * w->row_bytes;
+		j->axpy((int64_t)(o1 - o0), rows, t->val + a0, (int)n, (int)npf, t->y + o0);
 	}
 }
 
@@ -343,7 +350,9 @@ static void gemv_slice(const struct gemv_job *j, uint32_t o0, uint32_t o1)
  * Threads claim units of outputs as they come (a thread the OS wakes late
  * is not waited for: on a shared machine that is tens of microseconds, as
  * long as a small projection takes); which thread computes a unit does not
- * change its sums.
+ * change its sums. With several rows, a unit is every row's slice of it in
+ * turn: the first row reads the weights' slices from memory, the others
+ * find those they share in the cache.
  */
 static void gemv_worker(void *arg, int ith, int nth)
 {
@@ -353,40 +362,84 @@ static void gemv_worker(void *arg, int ith, int nth)
 	(void)nth;
 	for (;;) {
 		const uint32_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+		const uint32_t o0 = u * j->unit;
 
 		if (u >= j->n_units)
 			return;
-		gemv_slice(j, u * j->unit,
-			   (u + 1) * j->unit < j->w->n_out ? (u + 1) * j->unit : j->w->n_out);
+		for (uint32_t r = 0; r < j->n_list; r++)
+			gemv_slice(j, &j->list[r], o0,
+				   o0 + j->unit < j->w->n_out ? o0 + j->unit : j->w->n_out);
 	}
+}
+
+/* The inputs of x[n_in] above thr into idx/val; returns how many. */
+static uint32_t select_inputs(const float *x, uint32_t n_in, float thr, uint32_t *idx, float *val)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < n_in; i++)
+		if (fabsf(x[i]) > thr) {
+			idx[n] = i;
+			val[n++] = x[i];
+		}
+	return n;
+}
+
+static void run_gemv(struct hyb_threadpool *pool, struct gemv_job *j, uint32_t unit)
+{
+	const struct hyb_sparse_kernels *sk = hyb_sparse_best();
+	const uint32_t type = j->w->type;
+
+	/* the rounding axpy where a level has one: TEAL's inputs are already cut
+	 * to a threshold, and the dense path rounds x to Q8_0 likewise */
+	j->axpy = sk->axpy_i8_pf[type] ? sk->axpy_i8_pf[type] : sk->axpy_pf[type];
+	j->unit = unit < UNIT_MIN ? UNIT_MIN : unit;
+	j->n_units = (j->w->n_out + j->unit - 1) / j->unit;
+	atomic_init(&j->next, 0);
+	if (hyb_threadpool_size(pool) == 1 || j->n_units == 1)
+		gemv_worker(j, 0, 1);
+	else
+		hyb_threadpool_run_dynamic(pool, gemv_worker, j);
 }
 
 uint32_t hyb_teal_gemv(struct hyb_threadpool *pool, const struct hyb_teal_mat *w, const float *x,
 		       float thr, uint32_t *idx, float *val, float *y)
 {
-	const struct hyb_sparse_kernels *sk = hyb_sparse_best();
-	const int nth = hyb_threadpool_size(pool);
-	struct gemv_job j = {
-		/* the rounding axpy where a level has one: TEAL's inputs are already
-		 * cut to a threshold, and the dense path rounds x to Q8_0 likewise */
-		.axpy = sk->axpy_i8_pf[w->type] ? sk->axpy_i8_pf[w->type] : sk->axpy_pf[w->type],
-		.w = w, .idx = idx, .val = val, .y = y,
-	};
+	const uint32_t nth = (uint32_t)hyb_threadpool_size(pool);
+	struct teal_list t = { .idx = idx, .val = val, .y = y };
+	struct gemv_job j = { .w = w, .list = &t, .n_list = 1 };
 
-	for (uint32_t i = 0; i < w->n_in; i++)
-		if (fabsf(x[i]) > thr) {
-			idx[j.n_act] = i;
-			val[j.n_act++] = x[i];
-		}
+	t.n_act = select_inputs(x, w->n_in, thr, idx, val);
 	/* a unit a thread, whole blocks: the longer the slice of a row, the
 	 * closer its reads come to streaming (tests/bench/bench_teal.c) */
-	j.unit = (w->n_out / (uint32_t)nth + TILE - 1) / TILE * TILE;
-	j.unit = j.unit < UNIT_MIN ? UNIT_MIN : j.unit;
-	j.n_units = (w->n_out + j.unit - 1) / j.unit;
-	atomic_init(&j.next, 0);
-	if (nth == 1 || j.n_units == 1)
-		gemv_worker(&j, 0, 1);
-	else
-		hyb_threadpool_run_dynamic(pool, gemv_worker, &j);
-	return j.n_act;
+	run_gemv(pool, &j, (w->n_out / nth + TILE - 1) / TILE * TILE);
+	return t.n_act;
+}
+
+void hyb_teal_gemv_rows(struct hyb_threadpool *pool, const struct hyb_teal_mat *w,
+			const float *x, size_t ldx, uint32_t n, float thr, uint32_t *idx,
+			float *val, uint32_t *n_act, float *y, size_t ldy)
+{
+	struct teal_list t[HYB_TEAL_ROWS];
+	struct gemv_job j = { .w = w, .list = t, .n_list = n };
+	uint64_t slice;
+
+	for (uint32_t r = 0; r < n; r++) {
+		t[r].idx = idx + (size_t)r * w->n_in;
+		t[r].val = val + (size_t)r * w->n_in;
+		t[r].y = y + r * ldy;
+		t[r].n_act = n_act[r] = select_inputs(x + r * ldx, w->n_in, thr,
+						      idx + (size_t)r * w->n_in,
+						      val + (size_t)r * w->n_in);
+	}
+	/*
+	 * Units whose slices of every input row fit in a quarter of a 32 MiB L3,
+	 * so that the rows after the first find them there, but 2 KiB of a row
+	 * at least, a run the prefetcher follows (tests/bench/bench_teal.c
+	 * --rows measured both: shorter runs lost more than the cache won).
+	 */
+	slice = (8u << 20) / w->n_in;
+	slice = slice < 2048 ? 2048 : slice;
+	slice = slice / hyb_row_bytes(w->type, TILE) * TILE;
+	run_gemv(pool, &j, (uint32_t)(slice < w->n_out ? slice : w->n_out));
 }

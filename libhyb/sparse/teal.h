@@ -58,6 +58,18 @@ uint32_t hyb_teal_max_out(const struct hyb_model *m);
 uint32_t hyb_teal_gemv(struct hyb_threadpool *pool, const struct hyb_teal_mat *w, const float *x,
 		       float thr, uint32_t *idx, float *val, float *y);
 
+/*
+ * Several one-token rows (the decode steps of a batched pass): row r's
+ * y[r * ldy ..] is hyb_teal_gemv's of x[r * ldx ..], bit for bit, and the
+ * rows share the reads of the weights they have in common. n <=
+ * HYB_TEAL_ROWS; idx and val: scratch of n * n_in entries; n_act[r]: the
+ * inputs row r used.
+ */
+#define HYB_TEAL_ROWS 16
+void hyb_teal_gemv_rows(struct hyb_threadpool *pool, const struct hyb_teal_mat *w,
+			const float *x, size_t ldx, uint32_t n, float thr, uint32_t *idx,
+			float *val, uint32_t *n_act, float *y, size_t ldy);
+
 /* x[i] = 0 where |x[i]| <= thr, for n values: the same function, dense. */
 void hyb_teal_mask(float *x, uint64_t n, float thr);
 

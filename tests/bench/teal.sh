@@ -90,3 +90,15 @@ for model in "${models[@]}"; do
 		bench "$model" "$prof" "$s"
 	done
 done
+
+echo
+echo "== several sequences: N decode steps a pass, TEAL's sums or the dense GEMM (docs/SERVE.md#teal)"
+[[ $s_ok == 0 ]] && s_ok=0.3 # no 2% point: the sparsity the table above reports too
+for model in "${models[@]}"; do
+	name=$(basename "$model" .gguf)
+	for n in 2 4 8; do
+		echo "-- $name, sparsity $s_ok, $n sequences"
+		$hyb bench -m "$model" --teal "$out/$name.teal.gguf" --sparsity "$s_ok" --parallel "$n" \
+			-p 16 -n 16 -r "$rounds" -t "$threads" 2>/dev/null | grep -E "tokens/s|skipped"
+	done
+done

@@ -1144,9 +1144,9 @@ TEST(serve_manifest_errors)
 }
 
 /*
- * TEAL (docs/SPARSITY.md#teal): each request decodes on an engine of its
- * own, the same steps as `hyb run --teal`, so the same greedy text, alone
- * and with several requests at once.
+ * TEAL (docs/SPARSITY.md#teal): the requests batch on one engine, whose
+ * decode steps are TEAL's GEMV as `hyb run --teal` runs it, so the same
+ * greedy text, alone and with several requests at once.
  */
 TEST(serve_teal_greedy)
 {
@@ -1187,7 +1187,8 @@ TEST(serve_teal_greedy)
 	}
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	text = slurp(s.log, NULL);
-	CHECK(text && strstr(text, "TEAL: 2 engines of one sequence"));
+	CHECK(text && strstr(text, "TEAL: one engine batching 2 sequences, their decode steps "
+			     "through TEAL's GEMV"));
 	free(text);
 	free(want);
 }

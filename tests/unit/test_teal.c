@@ -106,6 +106,68 @@ TEST(teal_gemv_matches_reference)
 	free(deq);
 }
 
+/*
+ * Several rows at once (a batched pass's decode steps): each row's sums are
+ * the one-row GEMV's bit for bit, for every type, 1 to HYB_TEAL_ROWS rows and
+ * 1 to 3 threads; a matrix wider than a unit, so that rows meet at unit edges.
+ */
+TEST(teal_gemv_rows_equal_one_row_each)
+{
+	enum { NI = 1100, NO = 8256, R = HYB_TEAL_ROWS };
+	const uint32_t types[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0 };
+	float *w = malloc(sizeof(float) * NI * NO), *x = malloc(sizeof(float) * NI * R);
+	float *y1 = malloc(sizeof(float) * NO * R), *yr = malloc(sizeof(float) * NO * R);
+	float *val = malloc(sizeof(float) * NI * R);
+	uint32_t *idx = malloc(sizeof(uint32_t) * NI * R), act[R];
+
+	CHECK(w && x && y1 && yr && val && idx);
+	for (size_t i = 0; i < (size_t)NI * NO; i++)
+		w[i] = urand() * 0.1f;
+	for (int i = 0; i < NI * R; i++)
+		x[i] = urand() * (i % 13 ? 1.0f : 6.0f);
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		const uint64_t rb = (hyb_row_bytes(types[t], NO) + 63) & ~63ull;
+		char *data = aligned_alloc(64, rb * NI);
+		struct hyb_teal_mat m = { .type = types[t], .n_in = NI, .n_out = NO,
+					  .row_bytes = rb, .data = data };
+
+		CHECK(data);
+		for (int i = 0; i < NI; i++)
+			CHECK(!hyb_quantize_row_ref(types[t], w + (size_t)i * NO, data + i * rb, NO));
+		for (int th = 1; th <= 3; th++) {
+			struct hyb_threadpool *pool = hyb_threadpool_new(th);
+
+			CHECK(pool);
+			for (uint32_t r = 0; r < R; r++) {
+				const uint32_t n = hyb_teal_gemv(pool, &m, x + (size_t)r * NI, 0.5f, idx,
+								 val, y1 + (size_t)r * NO);
+
+				CHECK(n > NI / 4 && n < NI - NI / 4);
+				act[r] = n;
+			}
+			for (uint32_t n = 1; n <= R; n += n < 3 ? 1 : 6) {
+				uint32_t got[R];
+
+				memset(yr, 0xff, sizeof(float) * NO * R);
+				hyb_teal_gemv_rows(pool, &m, x, NI, n, 0.5f, idx, val, got, yr, NO);
+				for (uint32_t r = 0; r < n; r++)
+					CHECK_EQ_INT(got[r], act[r]);
+				CHECK_MSG(!memcmp(y1, yr, sizeof(float) * NO * n),
+					  "%s, %d threads, %u rows: not the one-row sums",
+					  hyb_type_name(types[t]), th, n);
+			}
+			hyb_threadpool_free(pool);
+		}
+		free(data);
+	}
+	free(w);
+	free(x);
+	free(y1);
+	free(yr);
+	free(val);
+	free(idx);
+}
+
 /* A small SiLU model of `type` and its TEAL profile (sparsity 0.5); each made once per type. */
 static void make_model(const char *type, char *model, char *prof, size_t cap)
 {
@@ -329,6 +391,157 @@ TEST(teal_decode_matches_masked_prompt)
 	free(l0);
 }
 
+/*
+ * Several sequences in one context (batch.c, docs/SERVE.md#teal): their
+ * decode steps, batched beside each other and beside a prompt piece, give
+ * each sequence the logits of its steps alone in a context of its own, bit
+ * for bit, through TEAL's GEMV (the counts show it ran); with
+ * batch_variant the batch's steps go through the dense GEMM instead.
+ */
+TEST(teal_batched_steps_are_each_alone)
+{
+	enum { S = 3, STEPS = 10, MAXT = 32 };
+	char model[512], prof[512];
+	struct hyb_model *m;
+	struct hyb_ctx *cb, *cv, *c1;
+	struct hyb_ctx_params pb = { .n_ctx = 64, .n_threads = 2, .n_seq = S, .kv_size = 3 * 64 };
+	struct hyb_ctx_params p1 = { .n_ctx = 64, .n_threads = 2 };
+	struct hyb_teal_stats st;
+	int32_t toks[S][MAXT];
+	uint32_t len[S] = { 5, 1, 7 }, V, piece[S][STEPS + 1][2], n_piece[S] = { 0 };
+	float *thr, *lb, *lv, *l1, *want[S][STEPS + 1];
+	int seq[S];
+	uint32_t agree = 0, steps = 0;
+
+	make_model("Q8_0", model, prof, sizeof(model));
+	m = hyb_model_load(model);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	V = m->hp.n_vocab;
+	thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
+	lb = malloc(sizeof(float) * V * S);
+	lv = malloc(sizeof(float) * V * S);
+	l1 = malloc(sizeof(float) * V);
+	CHECK(thr && lb && lv && l1);
+	CHECK(!hyb_sparsity_teal_thresholds(prof, 0, thr, m->hp.n_layer));
+	cb = hyb_ctx_new(m, &pb);
+	pb.batch_variant = true;
+	cv = hyb_ctx_new(m, &pb);
+	c1 = hyb_ctx_new(m, &p1);
+	CHECK(cb && cv && c1);
+	CHECK(!hyb_ctx_set_teal_thresholds(cb, thr) && !hyb_ctx_set_teal_thresholds(cv, thr) &&
+	      !hyb_ctx_set_teal_thresholds(c1, thr));
+	for (int s = 0; s < S; s++) {
+		seq[s] = hyb_ctx_seq_open(cb, MAXT);
+		CHECK(seq[s] >= 0 && hyb_ctx_seq_open(cv, MAXT) == seq[s]);
+		for (uint32_t t = 0; t < len[s]; t++)
+			toks[s][t] = 3 + (int32_t)((s * 977 + t * 40503) % (V - 3));
+	}
+	/* step 0: the prompts together; then one token each, except sequence 1 at
+	 * step 4, which takes a piece of three beside the others' single tokens */
+	for (uint32_t k = 0; k <= STEPS; k++) {
+		struct hyb_seq_tokens b[S];
+		uint32_t at[S];
+
+		for (int s = 0; s < S; s++) {
+			at[s] = k ? len[s] : 0;
+			if (k) {
+				const uint32_t n = s == 1 && k == 4 ? 3 : 1;
+
+				toks[s][len[s]] = hyb_test_argmax(want[s][k - 1], V);
+				for (uint32_t t = 1; t < n; t++)
+					toks[s][len[s] + t] = 3 + (int32_t)((t * 131) % (V - 3));
+				len[s] += n;
+			}
+			b[s] = (struct hyb_seq_tokens){ .seq = seq[s], .tokens = toks[s] + at[s],
+							.n = len[s] - at[s] };
+			piece[s][n_piece[s]][0] = at[s];
+			piece[s][n_piece[s]++][1] = len[s] - at[s];
+		}
+		CHECK(!hyb_ctx_eval_seqs(cb, b, S, lb));
+		CHECK(!hyb_ctx_eval_seqs(cv, b, S, lv));
+		for (int s = 0; s < S; s++) {
+			want[s][k] = malloc(sizeof(float) * V);
+			CHECK(want[s][k]);
+			memcpy(want[s][k], lb + (size_t)s * V, sizeof(float) * V);
+			agree += hyb_test_argmax(lb + (size_t)s * V, V) ==
+				 hyb_test_argmax(lv + (size_t)s * V, V);
+		}
+	}
+	hyb_ctx_teal_stats(cb, &st);
+	CHECK_MSG(st.inputs > 0 && st.bytes < st.dense_bytes, "the batch's steps skipped nothing");
+	/* each sequence alone, piece after piece: the same bits */
+	for (int s = 0; s < S; s++) {
+		hyb_ctx_reset(c1);
+		for (uint32_t k = 0; k < n_piece[s]; k++) {
+			CHECK(!hyb_ctx_eval(c1, toks[s] + piece[s][k][0], piece[s][k][1], l1, false));
+			CHECK_MSG(!memcmp(l1, want[s][k], sizeof(float) * V),
+				  "sequence %d, step %u: batched logits differ from alone", s, k);
+			steps++;
+		}
+	}
+	CHECK_EQ_INT(steps, S * (STEPS + 1));
+	/* batch_variant: the dense GEMM's sums, near TEAL's (thresholds flip some picks) */
+	fprintf(stderr, "batch_variant: %u/%d greedy picks as the invariant batch's\n", agree,
+		S * (STEPS + 1));
+	CHECK(agree >= S * (STEPS + 1) / 2);
+	for (int s = 0; s < S; s++)
+		for (uint32_t k = 0; k <= STEPS; k++)
+			free(want[s][k]);
+	hyb_ctx_free(cb);
+	hyb_ctx_free(cv);
+	hyb_ctx_free(c1);
+	hyb_model_free(m);
+	free(thr);
+	free(lb);
+	free(lv);
+	free(l1);
+}
+
+/*
+ * hybctl profile --teal prints the profile's statistics of every input
+ * group, the thresholds in force: each group's inputs active near the
+ * target's complement (0.5), the figures in their ranges, the uniform and
+ * independent baselines beside them.
+ */
+TEST(teal_profile_statistics)
+{
+	char model[512], prof[512], log[600];
+	const char *names[HYB_TEAL_INPUTS] = { "qkv", "o", "gate_up", "down" };
+	double act[HYB_TEAL_INPUTS] = { 0 }, hot[HYB_TEAL_INPUTS] = { 0 };
+	double jac[HYB_TEAL_INPUTS] = { 0 }, ind[HYB_TEAL_INPUTS] = { 0 };
+	char line[1024];
+	FILE *f;
+	int seen = 0;
+
+	make_model("F16", model, prof, sizeof(model));
+	snprintf(log, sizeof(log), "%s/stats.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --sparsity 0.5 --gen 24 -t 1",
+				 hyb_test_hybctl(), model), 0);
+	f = fopen(log, "r");
+	CHECK(f);
+	while (f && fgets(line, sizeof(line), f)) {
+		for (int i = 0; i < HYB_TEAL_INPUTS; i++) {
+			char name[16];
+			unsigned dim;
+
+			if (sscanf(line, "%15s %u inputs: active %lf, hot share %lf (80%% of activity, "
+				   "all layers; uniform 0.800), jaccard %lf (independent %lf)", name,
+				   &dim, &act[i], &hot[i], &jac[i], &ind[i]) == 6 &&
+			    !strcmp(name, names[i]))
+				seen |= 1 << i;
+		}
+	}
+	if (f)
+		fclose(f);
+	CHECK_MSG(seen == (1 << HYB_TEAL_INPUTS) - 1, "statistics lines missing (%x)", seen);
+	for (int i = 0; i < HYB_TEAL_INPUTS; i++) {
+		CHECK_MSG(fabs(act[i] - 0.5) < 0.15, "%s: active %g at sparsity 0.5", names[i],
+			  act[i]);
+		CHECK(hot[i] > 0 && hot[i] <= 1 && jac[i] >= 0 && jac[i] <= 1);
+		CHECK(fabs(ind[i] - (1 - act[i] / (2 - act[i]))) < 2e-3);
+	}
+}
+
 /* What each step refuses, with a message naming the reason. */
 TEST(teal_bad_input)
 {
@@ -427,6 +640,15 @@ TEST(teal_bad_input)
 	CHECK(!hyb_test_sh(glog, "grep -q 'not teal' %s", log));
 	CHECK(!hyb_test_sh(log, "%s/hyb run -m %s -p hi -n 4 --teal %s --sparsity 0.3", bin(),
 			   model, prof));
+	/* hyb bench --teal --parallel: the five ways; --kv-seqs means nothing there */
+	CHECK_EQ_INT(hyb_test_sh(log, "%s/hyb bench -m %s --teal %s --sparsity 0.3 --parallel 3 "
+				 "-p 4 -n 3 -r 1 -t 1", bin(), model, prof), 0);
+	CHECK(!hyb_test_sh(glog, "grep -q '^TEAL, batch N, variant .* tokens/s' %s && "
+			   "grep -q '^dense, one by one .* tokens/s' %s && "
+			   "grep -q 'skipped .* of projection inputs' %s", log, log, log));
+	CHECK(hyb_test_sh(log, "%s/hyb bench -m %s --teal %s --parallel 3 --kv-seqs 1", bin(),
+			  model, prof) != 0);
+	CHECK(!hyb_test_sh(glog, "grep -q 'batches of hybrid decoding' %s", log));
 }
 
 /*

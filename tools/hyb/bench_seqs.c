@@ -74,10 +74,9 @@ static void make_prompts(struct sbench *b)
 				(int32_t)(3 + (t * 2654435761u + i * 40503u + 17) % (V - 3));
 }
 
-/* One by one: decode seconds of all n sequences (the prompts not timed). */
-static double run_one(struct sbench *b)
+/* One by one in c: decode seconds of all n sequences (the prompts not timed). */
+static double run_one(struct sbench *b, struct hyb_ctx *c)
 {
-	struct hyb_ctx *c = b->c[ONE];
 	double t = 0;
 
 	for (uint32_t i = 0; i < b->n; i++) {
@@ -97,10 +96,9 @@ static double run_one(struct sbench *b)
 	return t;
 }
 
-/* k sequences batched in ctx w: decode seconds of their n_gen steps together. */
-static double run_batch(struct sbench *b, int w, uint32_t k)
+/* k sequences batched in c: decode seconds of their n_gen steps together. */
+static double run_batch(struct sbench *b, struct hyb_ctx *c, uint32_t k)
 {
-	struct hyb_ctx *c = b->c[w];
 	const uint32_t V = b->m->hp.n_vocab;
 	struct hyb_seq_tokens *bt = malloc(sizeof(*bt) * k);
 	int32_t *next = malloc(sizeof(int32_t) * k);
@@ -195,11 +193,85 @@ static void apex_profile(const struct sbench *b)
 	       ng / nc < rhs ? "<" : ">=", rhs, ng / nc < rhs ? "would pay" : "would not pay");
 }
 
+/*
+ * hyb bench -m MODEL --teal PROFILE --parallel N: TEAL's decode steps of N
+ * sequences (docs/SERVE.md#teal), five ways alternating within each round:
+ * one after another, dense and TEAL (what engines of their own do, one
+ * sequence's steps each); N batched dense; N batched with TEAL, its steps
+ * TEAL's GEMV as alone (batch-invariant); and with batch_variant, the dense
+ * GEMM of the masked inputs.
+ */
+enum { T_ONE_DENSE, T_ONE, T_DENSE, T_ROWS, T_VARIANT, T_WAYS };
+
+static const char *const teal_way[T_WAYS] = {
+	"dense, one by one", "TEAL, one by one", "dense, batch N", "TEAL, batch N",
+	"TEAL, batch N, variant",
+};
+
+static int teal_seqs(struct sbench *b, int reps)
+{
+	struct cli_opts od = *b->o, ov = *b->o;
+	struct hyb_ctx *c[T_WAYS];
+	struct hyb_teal_stats st;
+	double *tps[T_WAYS];
+
+	od.teal = NULL;
+	od.sparsity = -1;
+	od.n_ctx = ov.n_ctx = b->n_prompt + b->n_gen;
+	c[T_ONE_DENSE] = cli_new_ctx(b->m, &od);
+	c[T_ONE] = cli_new_ctx(b->m, &ov);
+	c[T_DENSE] = cli_new_ctx_seqs(b->m, &od, b->n, false);
+	c[T_ROWS] = cli_new_ctx_seqs(b->m, &ov, b->n, false);
+	c[T_VARIANT] = cli_new_ctx_seqs(b->m, &ov, b->n, true);
+	for (int w = 0; w < T_WAYS; w++)
+		if (!(tps[w] = calloc(reps, sizeof(double))))
+			cli_die("out of memory");
+	printf("TEAL batches: %s, %u sequences, prompts of %u tokens, %u decoded each, %d "
+	       "rounds\n", b->o->model, b->n, b->n_prompt, b->n_gen, reps);
+	for (int r = 0; r < reps; r++)
+		for (int k = 0; k < T_WAYS; k++) { /* alternating: shared machines drift */
+			const int w = r % 2 ? T_WAYS - 1 - k : k;
+
+			if (w == T_ROWS)
+				hyb_ctx_teal_stats_reset(c[w]);
+			tps[w][r] = b->n * b->n_gen / (w <= T_ONE ? run_one(b, c[w])
+								   : run_batch(b, c[w], b->n));
+		}
+	hyb_ctx_teal_stats(c[T_ROWS], &st);
+	for (int w = 0; w < T_WAYS; w++) {
+		const double v = cli_median(tps[w], reps);
+
+		printf("%-24s %8.2f tokens/s  %.2fx TEAL one by one, %.2fx dense batch\n",
+		       teal_way[w], v, v / cli_median(tps[T_ONE], reps),
+		       v / cli_median(tps[T_DENSE], reps));
+	}
+	if (st.inputs)
+		printf("TEAL, batch N: decode steps skipped %.1f%% of projection inputs, %.1f%% "
+		       "of their bytes each\n", 100.0 * (1.0 - (double)st.active / st.inputs),
+		       100.0 * (1.0 - (double)st.bytes / st.dense_bytes));
+	for (int w = 0; w < T_WAYS; w++) {
+		hyb_ctx_free(c[w]);
+		free(tps[w]);
+	}
+	return 0;
+}
+
 int cmd_bench_seqs(struct cli_opts *o)
 {
 	struct sbench b = { .o = o };
 	const int reps = o->reps > 0 ? o->reps : 3;
 	b.m = cli_load_model(o);
+	if (!o->gpu_budget) {
+		b.n = o->parallel;
+		b.n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 32;
+		b.n_gen = o->n_gen_bench > 0 ? (uint32_t)o->n_gen_bench : 32;
+		make_prompts(&b);
+		teal_seqs(&b, reps);
+		free(b.prompts);
+		free(b.logits);
+		hyb_model_free(b.m);
+		return 0;
+	}
 	b.moe = b.m->hp.n_expert > 0;
 	if (!b.m->group_size && !b.moe)
 		cli_die("--parallel with --gpu-budget batches a plan's hybrid decoding (hybctl "
@@ -246,11 +318,11 @@ int cmd_bench_seqs(struct cli_opts *o)
 				const uint32_t n = b.n;
 
 				b.n = 1;
-				t = run_one(&b);
+				t = run_one(&b, b.c[ONE]);
 				b.n = n;
 			} else {
 				hyb_ctx_hybrid_stats_reset(b.c[w]);
-				t = w == ONE ? run_one(&b) : run_batch(&b, w, seqs);
+				t = w == ONE ? run_one(&b, b.c[w]) : run_batch(&b, b.c[w], seqs);
 				hyb_ctx_hybrid_stats(b.c[w], &st);
 				add_stats(&b.st[w], &st);
 			}

@@ -318,6 +318,23 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 	return c;
 }
 
+struct hyb_ctx *cli_new_ctx_seqs(const struct hyb_model *m, const struct cli_opts *o,
+				 uint32_t n_seq, bool batch_variant)
+{
+	const uint32_t n_pos = o->n_ctx;
+	struct hyb_ctx_params p = { .n_ctx = n_pos, .n_threads = o->n_threads, .ffn = o->ffn,
+				    .numa_no_pin = o->numa_no_pin, .n_seq = n_seq,
+				    .kv_size = n_seq * ((n_pos + 15) / 16 * 16), /* whole blocks */
+				    .batch_variant = batch_variant };
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+
+	if (!c)
+		cli_die("%s", hyb_last_error());
+	apply_cats(c, m, o);
+	apply_teal(c, m, o);
+	return c;
+}
+
 void cli_print_sparse(const struct hyb_ctx *c, double t_decode)
 {
 	struct hyb_sparse_stats st;

@@ -80,6 +80,9 @@ const float *const *cli_routing_freq(const struct hyb_model *m, const char *path
 int cmd_bench_hybrid(struct cli_opts *o);
 /* bench_seqs.c: hyb bench --gpu-budget --parallel N (docs/HYBRID.md "Several sequences") */
 int cmd_bench_seqs(struct cli_opts *o);
+/* A context of n_seq sequences (no device), with --cats / --teal applied. */
+struct hyb_ctx *cli_new_ctx_seqs(const struct hyb_model *m, const struct cli_opts *o,
+				 uint32_t n_seq, bool batch_variant);
 /* Tokenize the prompt (with BOS as the model wants); exits on failure. *n set. */
 int32_t *cli_tokenize(const struct hyb_model *m, const char *text, int *n);
 

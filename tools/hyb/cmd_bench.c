@@ -31,7 +31,8 @@ static const char usage[] =
 	"                 [--baseline SOURCE.gguf]\n"
 	"  a plan model decodes densely and sparsely in every round; --baseline also\n"
 	"  decodes the model the plan was made from (dense, its own layout) each round;\n"
-	"  --teal PROFILE [--sparsity S]: TEAL decoding against dense, every round\n"
+	"  --teal PROFILE [--sparsity S]: TEAL decoding against dense, every round;\n"
+	"    with --parallel N, N sequences batched and one by one (docs/SERVE.md)\n"
 	"       hyb bench -m PLAN --gpu-budget BYTES|N% [--policies all|P,P,...] [--drift N]\n"
 	"                 [--device cpu|cuda] [--pcie-gbps G] [--dense-cpu]\n"
 	"                 [--prefill-cpu | --prompt-batch N]\n"
@@ -612,11 +613,11 @@ int cmd_bench(int argc, char **argv)
 	uint64_t kv_tok;
 
 	cli_parse(argc, argv, &b.o, usage);
-	if (b.o.gpu_budget && b.o.parallel > 1)
+	if ((b.o.gpu_budget || (b.o.teal && !b.o.hy.kv_seqs)) && b.o.parallel > 1)
 		return cmd_bench_seqs(&b.o);
 	if (b.o.parallel > 1 || b.o.hy.kv_seqs)
-		cli_die("--parallel and --kv-seqs measure hybrid batches: they need --gpu-budget "
-			"and --parallel 2 or more");
+		cli_die("--parallel and --kv-seqs measure batches of hybrid decoding (with "
+			"--gpu-budget) or of TEAL (--parallel with --teal): 2 or more");
 	if (b.o.gpu_budget)
 		return cmd_bench_hybrid(&b.o);
 	if (b.o.prompt)

@@ -605,14 +605,16 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 	if (!q->slots)
 		return -ENOMEM;
 	q->teal_thr = o->teal_thr;
-	if (o->teal_thr && o->parallel > 1 && !o->no_batch)
-		fprintf(stderr, "hyb serve: TEAL: %d engines of one sequence (a batched pass runs "
-			"the thresholds on the dense kernels: docs/SERVE.md)\n", o->parallel);
-	if (o->parallel > 1 && !o->no_batch && !o->teal_thr) {
+	if (o->parallel > 1 && !o->no_batch) {
 		/* one engine batching every job, if the model can */
 		q->n_slots = 1;
 		if (engine_new(q, &q->slots[0], o->parallel, &p) == 0) {
 			q->batched = true;
+			if (o->teal_thr) /* docs/SERVE.md#teal */
+				fprintf(stderr, "hyb serve: TEAL: one engine batching %d sequences, "
+					"their decode steps %s\n", o->parallel,
+					p.batch_variant ? "through the dense GEMM of the masked inputs"
+							: "through TEAL's GEMV, as alone");
 		} else if (o->hybrid) {
 			/* one device: engines of their own would each take the whole budget */
 			fprintf(stderr, "hyb serve: %s\n", hyb_last_error());

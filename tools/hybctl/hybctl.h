@@ -12,6 +12,8 @@
 #include "hyb/pool.h"
 
 struct hyb_gguf_writer;
+struct hyb_ctx;
+struct hyb_model;
 
 int cmd_synth(int argc, char **argv);
 int cmd_profile(int argc, char **argv);
@@ -30,6 +32,15 @@ int cmd_numa(int argc, char **argv);
 int synth_vocab(struct hyb_gguf_writer *w, uint32_t n_vocab);
 /* Copy every tokenizer.ggml.* key of another GGUF file into w; -1 with a message. */
 int synth_vocab_from(struct hyb_gguf_writer *w, const char *path, uint32_t *n_vocab);
+
+/*
+ * profile_teal_stats.c: the profile's statistics (hyb/profile.h) of each
+ * projection group's inputs above thr, the n_seq sequences run through c
+ * with the thresholds in force; printed. 0, or -1 with a message.
+ */
+int profile_teal_stats(struct hyb_ctx *c, const struct hyb_model *m, const float *thr,
+		       int32_t *const *seqs, const uint32_t *lens, uint32_t n_seq,
+		       uint32_t samples);
 
 /* args.c: a decimal option value in [lo, hi], or exit 2 naming cmd and opt. */
 uint32_t ctl_u32(const char *cmd, const char *opt, const char *s, uint32_t lo, uint32_t hi);

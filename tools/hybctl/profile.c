@@ -597,6 +597,8 @@ static int teal_profile(struct run *r)
 			       (double)thr[l * NI + i]);
 		printf("\n");
 	}
+	if (profile_teal_stats(r->ctx, r->m, thr, r->seq, r->seq_len, r->n_prompts, r->o.samples))
+		goto out;
 	rc = 0;
 	if (!r->o.out)
 		goto out;
