@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hyb/gguf.h"
@@ -33,11 +34,12 @@ const char *hyb_teal_input_name(uint32_t input)
 }
 
 /*
- * A TEAL profile's allocation table (HYB_SPARSITY_KEY_TEAL_ALLOC), checked;
- * *alloc NULL when it has none (uniform).
+ * A TEAL profile's allocation table (HYB_SPARSITY_KEY_TEAL_ALLOC), checked,
+ * copied out of the file (whose arrays need not be aligned for floats) into
+ * *alloc, the caller's to free; NULL when it has none (uniform).
  */
 static int teal_alloc(const struct hyb_gguf_file *f, const char *path, double s, uint32_t n_layer,
-		      const float **alloc)
+		      float **alloc)
 {
 	const uint64_t n = (uint64_t)n_layer * HYB_TEAL_LEVELS * HYB_TEAL_INPUTS;
 	const struct hyb_gguf_kv *kv = hyb_gguf_get_arr(f, HYB_SPARSITY_KEY_TEAL_ALLOC,
@@ -51,8 +53,9 @@ static int teal_alloc(const struct hyb_gguf_file *f, const char *path, double s,
 		return hyb_error_set(-EINVAL, "%s: %s must be %llu f32 values", path,
 				     HYB_SPARSITY_KEY_TEAL_ALLOC, (unsigned long long)n);
 	for (uint64_t i = 0; i < n; i++) {
-		const float a = ((const float *)kv->v.arr.data)[i];
+		float a;
 
+		memcpy(&a, (const char *)kv->v.arr.data + i * sizeof(float), sizeof(a));
 		if (!(a >= 0 && a < 1))
 			return hyb_error_set(-EINVAL, "%s: allocation %g of layer %llu is outside "
 					     "[0, 1)", path, (double)a,
@@ -62,7 +65,10 @@ static int teal_alloc(const struct hyb_gguf_file *f, const char *path, double s,
 	if (s > top + 1e-9)
 		return hyb_error_set(-EINVAL, "%s allocates sparsity up to %.2f, not %g", path, top,
 				     s);
-	*alloc = kv->v.arr.data;
+	*alloc = malloc(sizeof(float) * n);
+	if (!*alloc)
+		return hyb_error_set(-ENOMEM, "out of memory");
+	memcpy(*alloc, kv->v.arr.data, sizeof(float) * n);
 	return 0;
 }
 
@@ -139,7 +145,7 @@ static int thresholds(const char *path, const char *mode, double s, float *thr,
 				   "profile of another model", path,
 				   (unsigned long long)(kv->v.arr.n / NQ / per_layer), n_layer);
 	} else {
-		const float *alloc = NULL;
+		float *alloc = NULL;
 
 		if (per_layer == HYB_TEAL_INPUTS) {
 			rc = teal_alloc(f, path, s, n_layer, &alloc);
@@ -147,7 +153,7 @@ static int thresholds(const char *path, const char *mode, double s, float *thr,
 				goto out;
 		}
 		for (uint64_t i = 0; i < n && !rc; i++) {
-			memcpy(q, (const float *)kv->v.arr.data + i * NQ, sizeof(q));
+			memcpy(q, (const char *)kv->v.arr.data + i * sizeof(q), sizeof(q));
 			thr[i] = hyb_sparsity_quantile_at(
 				q, alloc ? hyb_teal_alloc_at(alloc, (uint32_t)(i / per_layer),
 							     (uint32_t)(i % per_layer), s)
@@ -157,6 +163,7 @@ static int thresholds(const char *path, const char *mode, double s, float *thr,
 						   "finite magnitudes", path,
 						   (unsigned long long)(i / per_layer));
 		}
+		free(alloc);
 	}
 out:
 	hyb_gguf_close(f);

@@ -732,9 +732,11 @@ TEST(teal_greedy_allocation)
 		bool uneven = false;
 
 		for (int k = 0; k < HYB_TEAL_LEVELS; k++) {
-			const float *v = (const float *)a->v.arr.data +
-					 ((size_t)l * HYB_TEAL_LEVELS + k) * HYB_TEAL_INPUTS;
+			float v[HYB_TEAL_INPUTS]; /* the file's arrays need not be aligned */
 			double w = 0;
+
+			memcpy(v, (const char *)a->v.arr.data + sizeof(v) *
+				  ((size_t)l * HYB_TEAL_LEVELS + k), sizeof(v));
 
 			for (int i = 0; i < HYB_TEAL_INPUTS; i++) {
 				CHECK(v[i] >= 0 && v[i] <= 0.95f + 1e-6f);
@@ -748,9 +750,12 @@ TEST(teal_greedy_allocation)
 	/* thresholds: each input's quantile at its allocated sparsity */
 	CHECK(!hyb_sparsity_teal_thresholds(greedy, 0.3, thr, 3));
 	for (uint32_t i = 0; i < 3 * HYB_TEAL_INPUTS; i++) {
-		const float *qq = (const float *)q->v.arr.data + (size_t)i * HYB_SPARSITY_N_QUANTILES;
-		const double s = hyb_teal_alloc_at(a->v.arr.data, i / HYB_TEAL_INPUTS,
-						   i % HYB_TEAL_INPUTS, 0.3);
+		float qq[HYB_SPARSITY_N_QUANTILES], al[3 * HYB_TEAL_LEVELS * HYB_TEAL_INPUTS];
+		double s;
+
+		memcpy(qq, (const char *)q->v.arr.data + sizeof(qq) * i, sizeof(qq));
+		memcpy(al, a->v.arr.data, sizeof(al));
+		s = hyb_teal_alloc_at(al, i / HYB_TEAL_INPUTS, i % HYB_TEAL_INPUTS, 0.3);
 
 		CHECK_NEAR(thr[i], hyb_sparsity_quantile_at(qq, s), 1e-6 * (thr[i] + 1e-6));
 	}
