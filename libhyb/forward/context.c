@@ -22,6 +22,7 @@
 #include "moe.h"
 #include "hybrid/ffn_hybrid.h"
 #include "hybrid/moe_hybrid.h"
+#include "hybrid/plain_hybrid.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
 #include "sparse/teal.h"
@@ -300,7 +301,12 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 	 * by the CPU's prompt pass; the hybrid engine reads it all up front. */
 	if (p && p->hybrid && !c->moe_hybrid && hyb_model_wait(m))
 		goto fail;
-	if (p && p->hybrid && !c->moe_hybrid) {
+	if (p && p->hybrid && !c->moe_hybrid && !m->group_size && !m->powerinfer) {
+		/* a plain model: its parts placed whole (plain_hybrid.h) */
+		if (!(c->plain_hybrid = hyb_plain_hybrid_new(m, p->hybrid, c->n_ctx, err,
+							     sizeof(err))))
+			goto fail_engine;
+	} else if (p && p->hybrid && !c->moe_hybrid) {
 		if (p->ffn == HYB_FFN_DENSE) {
 			hyb_error_set(-EINVAL, "hybrid decoding is sparse; it cannot run dense");
 			goto fail;
@@ -352,6 +358,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_ffn_sparse_free(c->sparse);
 	hyb_ffn_hybrid_free(c->hybrid);
 	hyb_moe_hybrid_free(c->moe_hybrid);
+	hyb_plain_hybrid_free(c->plain_hybrid);
 	hyb_moe_scratch_free(c->moe);
 	hyb_mla_scratch_free(c->mla);
 	hyb_kv_pages_free(c->kv);
@@ -402,14 +409,15 @@ void hyb_ctx_sparse_stats_reset(struct hyb_ctx *c)
 
 bool hyb_ctx_hybrid(const struct hyb_ctx *c)
 {
-	return c->hybrid != NULL || c->moe_hybrid != NULL;
+	return c->hybrid != NULL || c->moe_hybrid != NULL || c->plain_hybrid != NULL;
 }
 
 /* the device of either engine, or NULL */
 static struct hyb_device *ctx_device(const struct hyb_ctx *c)
 {
 	return c->hybrid ? hyb_ffn_hybrid_device(c->hybrid) :
-	       c->moe_hybrid ? hyb_moe_hybrid_device(c->moe_hybrid) : NULL;
+	       c->moe_hybrid ? hyb_moe_hybrid_device(c->moe_hybrid) :
+	       c->plain_hybrid ? hyb_plain_hybrid_device(c->plain_hybrid) : NULL;
 }
 
 void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out)
@@ -418,6 +426,8 @@ void hyb_ctx_hybrid_stats(const struct hyb_ctx *c, struct hyb_hybrid_stats *out)
 		hyb_ffn_hybrid_stats(c->hybrid, out);
 	else if (c->moe_hybrid)
 		hyb_moe_hybrid_stats(c->moe_hybrid, out);
+	else if (c->plain_hybrid)
+		hyb_plain_hybrid_stats(c->plain_hybrid, out);
 	else
 		memset(out, 0, sizeof(*out));
 }
@@ -441,6 +451,8 @@ void hyb_ctx_hybrid_stats_reset(struct hyb_ctx *c)
 		hyb_ffn_hybrid_stats_reset(c->hybrid);
 	if (c->moe_hybrid)
 		hyb_moe_hybrid_stats_reset(c->moe_hybrid);
+	if (c->plain_hybrid)
+		hyb_plain_hybrid_stats_reset(c->plain_hybrid);
 	if (ctx_device(c))
 		hyb_device_stats_reset(ctx_device(c));
 }
@@ -473,6 +485,8 @@ void hyb_ctx_hybrid_offload(const struct hyb_ctx *c, struct hyb_hybrid_offload *
 		hyb_ffn_hybrid_placement(c->hybrid, out);
 	else if (c->moe_hybrid)
 		hyb_moe_hybrid_offload(c->moe_hybrid, out);
+	else if (c->plain_hybrid)
+		hyb_plain_hybrid_offload(c->plain_hybrid, out);
 }
 
 void hyb_ctx_hybrid_device_config(const struct hyb_ctx *c, struct hyb_device_config *out)
@@ -693,4 +707,6 @@ void hyb_ctx_reset(struct hyb_ctx *c)
 		hyb_decode_hybrid_reset(c);
 	if (c->moe_hybrid)
 		hyb_moe_decode_reset(c);
+	if (c->plain_hybrid)
+		hyb_plain_decode_reset(c);
 }

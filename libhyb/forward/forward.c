@@ -28,6 +28,7 @@
 #include "hybrid/decode.h"
 #include "hybrid/ffn_hybrid.h"
 #include "hybrid/moe_hybrid.h"
+#include "hybrid/plain_hybrid.h"
 #include "model/model_stream.h"
 #include "sparse/plan_ffn.h"
 #include "sparse/sparse_layer.h"
@@ -904,6 +905,12 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 
 	if (c->hybrid && n == 1)
 		return hyb_decode_hybrid(c, tokens[0], logits, err, errlen);
+	if (c->plain_hybrid) {
+		if (n == 1)
+			return hyb_plain_decode(c, tokens[0], logits, err, errlen);
+		if (hyb_plain_decode_kv_to_host(c, err, errlen))
+			return -1;
+	}
 	if (c->moe_hybrid && hyb_moe_hybrid_dense(c->moe_hybrid)) {
 		if (n == 1)
 			return hyb_moe_decode_hybrid(c, tokens[0], logits, err, errlen);
@@ -925,6 +932,8 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 		hyb_decode_hybrid_kv_host_wrote(c);
 	if (c->moe_hybrid)
 		hyb_moe_decode_kv_host_wrote(c);
+	if (c->plain_hybrid)
+		hyb_plain_decode_kv_host_wrote(c);
 	return 0;
 }
 
@@ -947,7 +956,7 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
 
 	if (n == 0)
 		return hyb_error_set(-EINVAL, "no tokens to evaluate");
-	if ((c->hybrid || c->moe_hybrid) && c->kv)
+	if ((c->hybrid || c->moe_hybrid || c->plain_hybrid) && c->kv)
 		return hyb_error_set(-EINVAL, "a hybrid context of several sequences evaluates "
 				     "through hyb_ctx_eval_seqs");
 	if ((uint64_t)c->n_past + n > c->n_ctx)

@@ -102,6 +102,7 @@ struct hyb_ctx {
 	struct hyb_ffn_sparse *sparse;     /* plan models decoding sparsely */
 	struct hyb_ffn_hybrid *hybrid;     /* ... split between a device and the CPU */
 	struct hyb_moe_hybrid *moe_hybrid; /* MoE: decode's hot experts on a device */
+	struct hyb_plain_hybrid *plain_hybrid; /* a plain model's parts on a device */
 	struct hyb_moe_scratch *moe;       /* mixture-of-experts models (moe.c) */
 	struct hyb_mla_scratch *mla;       /* latent attention (attention_mla.c) */
 	uint32_t moe_defer;                /* hyb_ctx_params.moe_defer */

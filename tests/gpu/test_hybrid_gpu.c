@@ -260,6 +260,78 @@ TEST(gpu_moe_expert_cache_other_types_match_cpu_device)
 }
 
 /*
+ * A plain model (docs/HYBRID.md "Plain models"): attention blocks, head and
+ * whole FFNs on the GPU, the rest on the CPU, against the same placement on
+ * the CPU device, the GPU decoding the CPU device's tokens: greedy tokens
+ * agree but for near-ties.
+ */
+static void plain_decode(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+			 int32_t *toks, bool follow, float *logits)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_ctx_params p = { .n_ctx = N_CTX, .n_threads = 2, .hybrid = hy };
+	static const int32_t prompt[6] = { 11, 200, 37, 99, 4, 310 };
+	struct hyb_ctx *c = hyb_ctx_new(m, &p);
+	struct hyb_hybrid_offload pl;
+
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK(pl.plain && pl.ffn_layers > 0);
+	CHECK_MSG(!hyb_ctx_eval(c, prompt, 6, logits, false), "%s", hyb_last_error());
+	for (int i = 0; i + 1 < N_GEN; i++) {
+		if (!follow)
+			toks[i] = hyb_test_argmax(logits + (size_t)i * V, V);
+		CHECK_MSG(!hyb_ctx_eval(c, &toks[i], 1, logits + (size_t)(i + 1) * V, false), "%s",
+			  hyb_last_error());
+	}
+	printf("    %s on %s: %u attention blocks, %u FFNs%s\n", hyb_policy_name(hy->policy),
+	       hy->device, pl.attn_layers, pl.ffn_layers, pl.head ? ", head" : "");
+	hyb_ctx_free(c);
+}
+
+static void plain_compare(const char *name, const char *type, enum hyb_policy pol)
+{
+	char path[512], cmd[1024];
+	struct hyb_model *m;
+
+	if (hyb_cuda_device_count() == 0)
+		SKIP("no CUDA device");
+	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
+	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --hidden 512 --ffn 1536 --heads 8 "
+		 "--layers 4 --type %s -t 2 >/dev/null", path, type);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "%s", hyb_last_error());
+
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params cpu = { .device = "cpu", .policy = pol,
+					 .gpu_budget = m->weight_bytes / 10 * 7 };
+	struct hyb_hybrid_params gpu = cpu;
+	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
+	int32_t toks[N_GEN];
+	int agree = 0;
+	double worst;
+
+	gpu.device = "cuda";
+	CHECK(lc && lg);
+	plain_decode(m, &cpu, toks, false, lc);
+	plain_decode(m, &gpu, toks, true, lg);
+	worst = rows_compare(lc, lg, N_GEN, V, &agree);
+	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
+	       N_GEN, worst);
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	free(lc);
+	free(lg);
+	hyb_model_free(m);
+}
+
+TEST(gpu_plain_hybrid_matches_cpu_device)
+{
+	plain_compare("plain-gpu-q4", "Q4_0", HYB_POLICY_STATIC);
+	plain_compare("plain-gpu-q5k", "Q5_K", HYB_POLICY_LAYER);
+}
+
+/*
  * Several sequences through one hybrid context on the GPU (docs/HYBRID.md
  * "Several sequences", docs/MOE.md): four sequences decoded together, two
  * attending on the GPU and two on the CPU (a plan), or through the expert

@@ -2,8 +2,10 @@
 /* Shell commands and the Python oracle environment for tests (test.h). */
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "test.h"
 
@@ -22,6 +24,21 @@ int hyb_test_sh(const char *log, const char *fmt, ...)
 	if (st == -1 || !WIFEXITED(st))
 		return -1;
 	return WEXITSTATUS(st);
+}
+
+const char *hyb_test_synth(const char *name, const char *args)
+{
+	static char paths[4][512]; /* a few in use at once */
+	static unsigned int next;
+	char *path = paths[next++ % 4], cmd[1536];
+
+	if (access(hyb_test_hybctl(), X_OK))
+		SKIP("%s not built (run from the repository root after make)", hyb_test_hybctl());
+	snprintf(path, sizeof(paths[0]), "%s/%s.gguf", hyb_test_tmpdir(), name);
+	snprintf(cmd, sizeof(cmd), "%s synth -o %s %s -t 2 >/dev/null", hyb_test_hybctl(), path,
+		 args);
+	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
+	return path;
 }
 
 void hyb_test_show_log(const char *log)

@@ -62,6 +62,8 @@ void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, u
 			     struct hyb_test_agreement *r);
 /* Runs a shell command with its output in log; its exit status (-1: killed). shell_fixture.c */
 int hyb_test_sh(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* hybctl synth -o TMPDIR/NAME.gguf ARGS: the path (SKIPs without hybctl). shell_fixture.c */
+const char *hyb_test_synth(const char *name, const char *args);
 /* The last 40 lines of a log on stderr, so a failure shows its cause. */
 void hyb_test_show_log(const char *log);
 /* .venv for the Python oracles (tests/oracle/venv.sh); SKIPs when it cannot exist here. */

@@ -17,21 +17,6 @@
 #include "hyb/model.h"
 #include "test.h"
 
-/* hybctl synth -o TMP/NAME.gguf ARGS */
-static const char *synth(const char *name, const char *args)
-{
-	static char path[512];
-	char cmd[1536];
-
-	if (access(hyb_test_hybctl(), X_OK))
-		SKIP("hybctl not built");
-	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
-	snprintf(cmd, sizeof(cmd), "%s synth -o %s %s -t 2 >/dev/null", hyb_test_hybctl(), path,
-		 args);
-	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-	return path;
-}
-
 #define NSEQ 6
 #define NGEN 12
 
@@ -152,7 +137,7 @@ static uint32_t batched(const char *path, int threads, bool variant, uint32_t *s
 
 static void invariant(const char *name, const char *args, int threads)
 {
-	uint32_t steps, d = batched(synth(name, args), threads, false, &steps);
+	uint32_t steps, d = batched(hyb_test_synth(name, args), threads, false, &steps);
 
 	CHECK_MSG(d == 0, "%s: %u of %u steps' logits differ from the sequence alone", name, d,
 		  steps);
@@ -180,7 +165,7 @@ TEST(batch_f16_and_k_quants_same_bits_as_alone)
 /* the control: without invariance F16's batched sums do differ (the test can fail) */
 TEST(batch_variant_f16_differs)
 {
-	uint32_t steps, d = batched(synth("llama-f16v", "--layers 2 --type F16 --vocab 300"), 2,
+	uint32_t steps, d = batched(hyb_test_synth("llama-f16v", "--layers 2 --type F16 --vocab 300"), 2,
 				    true, &steps);
 
 	CHECK_MSG(d > 0, "batch_variant changed nothing on F16 weights (%u steps)", steps);
@@ -199,7 +184,7 @@ TEST(batch_other_archs_same_bits_as_alone)
 /* Blocks are promised at open and come back at close; a full cache says -ENOSPC, not a crash. */
 TEST(batch_kv_blocks_promised_and_returned)
 {
-	struct hyb_model *m = hyb_model_load(synth("small", "--layers 1 --vocab 300"));
+	struct hyb_model *m = hyb_model_load(hyb_test_synth("small", "--layers 1 --vocab 300"));
 	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1, .n_seq = 3, .kv_size = 64 };
 	struct hyb_ctx *c;
 	struct hyb_kv_stats st;
@@ -265,7 +250,7 @@ TEST(batch_kv_blocks_promised_and_returned)
 /* A one-sequence context has sequence 0, and the same calls work on it. */
 TEST(batch_one_sequence_context)
 {
-	struct hyb_model *m = hyb_model_load(synth("one", "--layers 1 --vocab 300"));
+	struct hyb_model *m = hyb_model_load(hyb_test_synth("one", "--layers 1 --vocab 300"));
 	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 1 };
 	struct hyb_ctx *c;
 	int32_t t[4] = { 5, 6, 7, 8 };
@@ -303,7 +288,7 @@ TEST(batch_one_sequence_context)
  */
 TEST(batch_every_token_logits)
 {
-	struct hyb_model *m = hyb_model_load(synth("q8", "--type Q8_0"));
+	struct hyb_model *m = hyb_model_load(hyb_test_synth("q8", "--type Q8_0"));
 	const uint32_t V = m ? m->hp.n_vocab : 0;
 	struct hyb_ctx_params p = { .n_ctx = 256, .n_threads = 2, .n_batch = 32, .n_seq = 2 };
 	struct hyb_ctx_params p1 = { .n_ctx = 256, .n_threads = 2, .n_batch = 32 };

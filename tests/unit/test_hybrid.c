@@ -318,9 +318,20 @@ TEST(hybrid_refuses_bad_setups)
 
 	dense = hyb_model_load(hyb_test_shared("models/llama-2-tiny-random.gguf"));
 	CHECK_MSG(dense, "%s", hyb_last_error());
-	p.ffn = HYB_FFN_AUTO;
+	/* a plain model decodes hybrid whole (test_plain_hybrid.c), never sparse */
+	p.ffn = HYB_FFN_SPARSE;
 	CHECK(!hyb_ctx_new(dense, &p));
 	CHECK_MSG(strstr(hyb_last_error(), "plan"), "%s", hyb_last_error());
+	p.ffn = HYB_FFN_AUTO;
+	c = hyb_ctx_new(dense, &p);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	{
+		struct hyb_hybrid_offload pl;
+
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK(pl.plain);
+	}
+	hyb_ctx_free(c);
 	hyb_model_free(dense);
 	hyb_model_free(m);
 }

@@ -37,18 +37,6 @@ static struct hyb_ctx *ctx_threads(const struct hyb_model *m, int nth, uint32_t 
 	return c;
 }
 
-/* Generate a small model with the real CLI (exercises hybctl synth end to end). */
-static const char *synth(const char *name, const char *args)
-{
-	static char path[512];
-	char cmd[1024];
-
-	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s %s -t 2", path, args);
-	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-	return path;
-}
-
 TEST(model_tiny_hparams)
 {
 	struct hyb_model *m = load_or_skip(hyb_test_shared(TINY));
@@ -103,7 +91,7 @@ TEST(model_tiny_greedy_matches_llamacpp)
 /* Batched prefill and token-by-token decode compute the same logits. */
 static void prefill_vs_decode(const char *args, double tol)
 {
-	struct hyb_model *m = load_or_skip(synth("pd", args));
+	struct hyb_model *m = load_or_skip(hyb_test_synth("pd", args));
 	const uint32_t n = 12, V = m->hp.n_vocab;
 	struct hyb_ctx *a = ctx_threads(m, 2, 64), *b = ctx_threads(m, 2, 64);
 	float *la = malloc(sizeof(float) * V * n), *lb = malloc(sizeof(float) * V * n);
@@ -152,7 +140,7 @@ TEST(model_prefill_equals_decode_q4_k_relu)
 /* Rows are computed by the same kernel whatever thread runs them: results are bitwise equal. */
 TEST(model_thread_count_does_not_change_logits)
 {
-	struct hyb_model *m = load_or_skip(synth("thr", "--hidden 256 --ffn 512 --layers 2 "
+	struct hyb_model *m = load_or_skip(hyb_test_synth("thr", "--hidden 256 --ffn 512 --layers 2 "
 						 "--heads 4 --type Q4_0"));
 	const uint32_t V = m->hp.n_vocab;
 	struct hyb_ctx *a = ctx_threads(m, 1, 16), *b = ctx_threads(m, 2, 16);
@@ -171,7 +159,7 @@ TEST(model_thread_count_does_not_change_logits)
 
 TEST(model_eval_rejects_bad_tokens_and_full_context)
 {
-	struct hyb_model *m = load_or_skip(synth("bad", "--hidden 128 --ffn 256 --layers 1 "
+	struct hyb_model *m = load_or_skip(hyb_test_synth("bad", "--hidden 128 --ffn 256 --layers 1 "
 						 "--heads 2 --type F32"));
 	struct hyb_ctx *c = ctx_threads(m, 2, 4);
 	float *logits = malloc(sizeof(float) * m->hp.n_vocab);
@@ -373,7 +361,7 @@ TEST(model_cli_errors_exit_nonzero)
 	CHECK(system("build/hyb run 2>/dev/null") != 0);
 	CHECK(system("build/hyb frobnicate 2>/dev/null") != 0);
 	snprintf(cmd, sizeof(cmd), "build/hyb run -m %s -p hi -n 4 --temp -1 2>/dev/null",
-		 synth("cli", "--hidden 128 --ffn 256 --layers 1 --heads 2 --type Q8_0"));
+		 hyb_test_synth("cli", "--hidden 128 --ffn 256 --layers 1 --heads 2 --type Q8_0"));
 	CHECK(system(cmd) != 0);
 	CHECK(system("build/hybctl synth -o /nonexistent/dir/x.gguf 2>/dev/null") != 0);
 }
@@ -395,7 +383,8 @@ TEST(model_cli_run_generates)
 	FILE *p;
 	size_t n;
 
-	const char *model = synth("run", "--hidden 256 --ffn 512 --layers 2 --heads 4 --type Q4_0");
+	const char *model = hyb_test_synth("run", "--hidden 256 --ffn 512 --layers 2 --heads 4 "
+					   "--type Q4_0");
 
 	evict(model);	/* cold: the weights stream in behind the prompt */
 	snprintf(cmd, sizeof(cmd), "build/hyb run -m %s -p 'Once upon a time' -n 16 2>&1", model);
@@ -414,7 +403,8 @@ TEST(model_cli_run_generates)
 /* Weights in huge-page memory or on the file mapping: the same bytes, the same logits. */
 TEST(model_load_modes_agree)
 {
-	const char *path = synth("modes", "--hidden 256 --ffn 512 --layers 2 --heads 4 --type Q6_K");
+	const char *path = hyb_test_synth("modes", "--hidden 256 --ffn 512 --layers 2 --heads 4 "
+					  "--type Q6_K");
 	struct hyb_model *a = hyb_model_load_mode(path, HYB_LOAD_HUGEPAGE);
 	struct hyb_model *b = hyb_model_load_mode(path, HYB_LOAD_MMAP);
 	int32_t toks[4] = { 1, 17, 99, 5 };
@@ -458,7 +448,7 @@ static void warm(const char *path)
  */
 TEST(model_streaming_load_gives_the_same_logits)
 {
-	const char *path = synth("stream", "--hidden 512 --ffn 1376 --layers 6 --heads 8 "
+	const char *path = hyb_test_synth("stream", "--hidden 512 --ffn 1376 --layers 6 --heads 8 "
 				 "--vocab 8000 --type Q8_0");
 	int32_t toks[5] = { 1, 17, 99, 5, 4000 };
 	struct hyb_model *a = hyb_model_load(path);
@@ -503,7 +493,7 @@ TEST(model_streaming_load_gives_the_same_logits)
  */
 TEST(model_streaming_load_errors_reach_the_prompt)
 {
-	const char *path = synth("streamfail", "--hidden 512 --ffn 1376 --layers 4 --heads 8 "
+	const char *path = hyb_test_synth("streamfail", "--hidden 512 --ffn 1376 --layers 4 --heads 8 "
 				 "--vocab 8000 --type Q8_0");
 	char env[64];
 	int32_t toks[3] = { 1, 2, 3 };

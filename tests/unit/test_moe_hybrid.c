@@ -18,20 +18,6 @@
 #include "hyb/testing.h"
 #include "test.h"
 
-/* hybctl synth -o TMP/NAME.gguf ARGS: the path */
-static const char *synth(const char *name, const char *args)
-{
-	static char path[512];
-	char cmd[1536];
-
-	if (access("build/hybctl", X_OK))
-		SKIP("build/hybctl not built (run from the repository root after make)");
-	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
-	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s %s -t 2 >/dev/null", path, args);
-	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
-	return path;
-}
-
 #define SMALL "--arch qwen3moe --experts 16 --experts-used 4 --expert-ffn 64 --hidden 128 " \
 	      "--heads 4 --layers 3 --seed 5"
 /* Mixtral's layout: llama's attention, which the device runs too */
@@ -112,7 +98,7 @@ static void cpu_bits(const char *name, const char *args, bool dense, bool shared
 					       HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_LAYER,
 					       HYB_POLICY_LRU };
 	const size_t n_pol = sizeof(pol) / sizeof(pol[0]);
-	struct hyb_model *m = hyb_model_load(synth(name, args));
+	struct hyb_model *m = hyb_model_load(hyb_test_synth(name, args));
 	float *ref, *lg;
 	size_t n;
 
@@ -216,7 +202,7 @@ TEST(moe_hybrid_deferral_beside_the_device_keeps_the_cpu_bits)
 	static const char *const args[2] = { SMALL, SMALL_LLAMA };
 
 	for (int a = 0; a < 2; a++) {
-		struct hyb_model *m = hyb_model_load(synth(a ? "defer_llama" : "defer", args[a]));
+		struct hyb_model *m = hyb_model_load(hyb_test_synth(a ? "defer_llama" : "defer", args[a]));
 		float *ref, *lg, *plain;
 		size_t n;
 
@@ -250,7 +236,7 @@ TEST(moe_hybrid_deferral_beside_the_device_keeps_the_cpu_bits)
 
 TEST(moe_hybrid_static_follows_the_frequencies)
 {
-	struct hyb_model *m = hyb_model_load(synth("mhf", SMALL " --type Q8_0"));
+	struct hyb_model *m = hyb_model_load(hyb_test_synth("mhf", SMALL " --type Q8_0"));
 	const uint32_t L = m ? m->hp.n_layer : 0, X = m ? m->hp.n_expert : 0;
 	struct hyb_ctx_params cp = { .n_ctx = 32, .n_threads = 1 };
 	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC,
@@ -298,7 +284,7 @@ TEST(moe_hybrid_static_follows_the_frequencies)
 
 TEST(moe_hybrid_refuses_what_it_cannot_do)
 {
-	struct hyb_model *m = hyb_model_load(synth("mhr", SMALL " --type Q8_0"));
+	struct hyb_model *m = hyb_model_load(hyb_test_synth("mhr", SMALL " --type Q8_0"));
 	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
 					.gpu_budget = 20000 };
 	struct hyb_ctx_params cp = { .n_ctx = 32, .n_threads = 1, .hybrid = &hy };
@@ -309,7 +295,7 @@ TEST(moe_hybrid_refuses_what_it_cannot_do)
 	CHECK_MSG(strstr(hyb_last_error(), "holds no expert"), "%s", hyb_last_error());
 	hyb_model_free(m);
 	/* experts of a type the device's matvec does not take */
-	m = hyb_model_load(synth("mhq", SMALL " --type BF16"));
+	m = hyb_model_load(hyb_test_synth("mhq", SMALL " --type BF16"));
 	CHECK_MSG(m, "%s", hyb_last_error());
 	hy.gpu_budget = m->weight_bytes;
 	CHECK(!hyb_ctx_new(m, &cp));
@@ -346,7 +332,7 @@ TEST(moe_hybrid_several_sequences_keep_the_cpu_bits)
 	static const char *const args[2] = { SMALL " --type Q8_0", SMALL_LLAMA " --type Q4_0" };
 
 	for (int a = 0; a < 2; a++) {
-		struct hyb_model *m = hyb_model_load(synth(a ? "ms_llama" : "ms", args[a]));
+		struct hyb_model *m = hyb_model_load(hyb_test_synth(a ? "ms_llama" : "ms", args[a]));
 		const uint32_t V = m ? m->hp.n_vocab : 0, NS = 4;
 		struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU };
 		struct hyb_ctx_params one = { .n_ctx = 64, .n_threads = 2, .n_batch = 16 };

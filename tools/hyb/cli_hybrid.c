@@ -98,6 +98,15 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 			1e3 * st.dev_kernel_s / n, 1e3 * st.stall_s / n, 1e3 * st.balancer_s / n);
 		return;
 	}
+	if (pl.plain) {
+		fprintf(stderr, "hybrid: %s: %.1f MB\n", pl.cache_note,
+			(pl.dense_bytes + pl.ffn_bytes) / 1e6);
+		fprintf(stderr, "hybrid: per token: attention %.3f ms, FFNs %.3f ms (the CPU's "
+			"%.3f ms, device FFN kernels %.3f ms), head %.3f ms; %.3f MB over the link\n",
+			1e3 * st.attn_s / n, 1e3 * st.ffn_s / n, 1e3 * st.cpu_ffn_s / n,
+			1e3 * st.dev_kernel_s / n, 1e3 * st.head_s / n, st.critical_bytes / n / 1e6);
+		return;
+	}
 	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %u predictors, %.1f MB "
 		"dense + %.1f MB neuron cache%s\n", pl.attn_layers,
 		pl.head ? "the head" : "not the head", pl.predictors, pl.dense_bytes / 1e6,
@@ -319,6 +328,36 @@ static void step_bytes(const struct hyb_model *m, const struct hyb_hybrid_offloa
 		(void)layer;
 		return;
 	}
+	if (pl->plain) {
+		/* a plain model's parts: the attention blocks and head where dense.c put
+		 * them, whole FFNs (in order) on the device up to ffn_layers; with TEAL
+		 * the CPU's share reads fewer (the bound is then dense's) */
+		const struct hyb_hparams *hp = &m->hp;
+		double attn = 0, ffn_dev = 0, ffn_cpu = 0;
+		uint32_t placed = 0;
+
+		for (uint32_t l = 0; l < hp->n_layer; l++) {
+			const struct hyb_layer *L = &m->layers[l];
+			const double f = wbytes(&L->gate) + wbytes(&L->up) + wbytes(&L->down);
+
+			attn += wbytes(&L->wq) + wbytes(&L->wk) + wbytes(&L->wv) + wbytes(&L->wo) +
+				4.0 * hp->n_head_kv * hp->head_dim * mean_pos;
+			/* both placements put FFNs in layer order */
+			if (placed < pl->ffn_layers && f) {
+				ffn_dev += f;
+				placed++;
+			} else {
+				ffn_cpu += f;
+			}
+		}
+		attn /= hp->n_layer;
+		*cpu_b = m->tok_embd.row_bytes + attn * (hp->n_layer - pl->attn_layers) + ffn_cpu +
+			 (pl->head ? 0 : wbytes(&m->output));
+		*gpu_b = attn * pl->attn_layers + ffn_dev + (pl->head ? wbytes(&m->output) : 0);
+		(void)s;
+		(void)layer;
+		return;
+	}
 	const struct hyb_hparams *hp = &m->hp;
 	const struct hyb_layer *L0 = &m->layers[0];
 	const double n = s->tokens ? (double)s->tokens : 1;
@@ -376,6 +415,7 @@ struct policy_run {
 	double lambda[3];
 	uint64_t slots;               /* cache slots (groups or experts) */
 	struct hyb_hybrid_layer_stats *lst; /* expert cache: [n_layer], summed over rounds */
+	double teal_saved;            /* --teal: bytes the CPU's TEAL GEMVs did not read */
 };
 
 /* One `hyb bench --gpu-budget` run: the workload, the policies, per-round figures. */
@@ -409,14 +449,27 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 	h->o = o;
 	h->np = parse_policies(o->policies, pol);
 	h->m = cli_load_model(o);
+	if (!h->m->group_size && !h->m->hp.n_expert && !h->m->powerinfer) {
+		/* a plain model's parts are placed whole: two placements (plain_hybrid.h) */
+		if (o->policies && strcmp(o->policies, "all"))
+			for (int i = 0; i < h->np; i++)
+				if (pol[i] != HYB_POLICY_STATIC && pol[i] != HYB_POLICY_LAYER)
+					cli_die("--policies: a plain model's parts are placed whole, "
+						"static or layer; %s moves a plan's neuron groups or "
+						"a mixture's experts", hyb_policy_name(pol[i]));
+		if (!o->policies || !strcmp(o->policies, "all")) {
+			pol[0] = HYB_POLICY_LAYER;
+			pol[1] = HYB_POLICY_STATIC;
+			h->np = 2;
+		}
+	}
 	h->n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 16;
 	h->n_gen = (uint32_t)o->n_gen_bench;
 	h->drift = o->drift ? o->drift : 32;
 	h->w = (struct workload){ .n_prompt = h->n_prompt, .n_gen = h->n_gen };
 	h->nth = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	h->moe = h->m->hp.n_expert > 0;
-	if (!h->m->group_size && !h->moe)
-		cli_die("hybrid decoding needs a plan model (hybctl plan) or a mixture of experts");
+
 	h->pr = calloc(h->np + 1, sizeof(*h->pr));
 	h->logits = malloc(sizeof(float) * h->m->hp.n_vocab);
 	h->w.toks = malloc(sizeof(int32_t) * (h->n_prompt + h->n_gen));
@@ -436,6 +489,10 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 		       h->m->hp.n_expert_used,
 		       (unsigned long long)h->m->layers[h->m->hp.n_layer - 1].gate_exps.ne1,
 		       h->m->weight_bytes / 1e9, o->routing ? "; routing profile given" : "");
+	else if (!h->m->group_size)
+		printf("model       %s: %u layers, embd %u, ffn %u, a plain model (parts placed "
+		       "whole), %.2f GB\n", o->model, h->m->hp.n_layer, h->m->hp.n_embd,
+		       h->m->hp.n_ff, h->m->weight_bytes / 1e9);
 	else
 		printf("model       %s: %u layers, embd %u, ffn %u (%u groups of %u), %.2f GB\n",
 		       o->model, h->m->hp.n_layer, h->m->hp.n_embd, h->m->hp.n_ff,
@@ -489,6 +546,12 @@ static void run_policy(struct hbench *h, struct policy_run *pr, int r)
 #undef ADD
 	hyb_ctx_hybrid_offload(c, &pr->pl);
 	{
+		struct hyb_teal_stats ts;
+
+		hyb_ctx_teal_stats(c, &ts);
+		pr->teal_saved += (double)(ts.dense_bytes - ts.bytes);
+	}
+	{
 		uint64_t res;
 
 		hyb_ctx_hybrid_cache(c, &res, &pr->slots);
@@ -522,7 +585,7 @@ static void hbench_round(struct hbench *h, int r)
 	oc.gpu_budget = NULL;
 	oc.routing = NULL;
 	oc.hy.thresholds = HYB_THR_AUTO;
-	oc.ffn = h->moe ? HYB_FFN_AUTO : HYB_FFN_SPARSE;
+	oc.ffn = h->moe || !h->m->group_size ? HYB_FFN_AUTO : HYB_FFN_SPARSE;
 	c = cli_new_ctx(h->m, &oc);
 	h->t_ref[r] = h->n_gen / run_seq(c, h->m, &h->w, true, h->drift, h->logits, NULL, &ps);
 	h->p_ref[r] = h->n_prompt / ps;
@@ -546,10 +609,15 @@ static double print_policy(const struct hbench *h, const struct policy_run *pr, 
 	char dense[16];
 
 	step_bytes(h->m, &pr->pl, s, pr->p == HYB_POLICY_LAYER, mean_pos, &cpu_b, &gpu_b);
+	if (s->tokens) /* TEAL's inputs below their thresholds: rows not read */
+		cpu_b -= pr->teal_saved / (double)s->tokens;
 	roof = cpu_b / bw_dram;
 	snprintf(dense, sizeof(dense), "%u%s%s%s%s", pr->pl.attn_layers, pr->pl.head ? "+h" : "",
 		 pr->pl.predictors ? "+p" : "", pr->pl.router_bytes ? "+r" : "",
 		 pr->pl.shared_bytes ? "+s" : "");
+	if (pr->pl.plain) /* and its whole FFNs */
+		snprintf(dense + strlen(dense), sizeof(dense) - strlen(dense), "+%uf",
+			 pr->pl.ffn_layers);
 	if (bw_hbm > 0 && gpu_b / bw_hbm > roof)
 		roof = gpu_b / bw_hbm;
 	if (bw_pcie > 0 && io_b / bw_pcie > roof)
@@ -626,7 +694,9 @@ static void hbench_report(struct hbench *h)
 		       ? "link: a pinned host-to-device copy, memory: the device's add kernel"
 		       : "the CPU device's link and memory are its model's");
 	printf("baseline    %8.2f tokens/s  CPU-only %s decode; prompt %.2f tokens/s "
-	       "(%u tokens)\n", ref, h->moe ? "expert" : "sparse", cli_median(h->p_ref, o->reps),
+	       "(%u tokens)\n", ref, h->moe ? "expert" : o->teal ? "TEAL" :
+	       !h->m->group_size ? "dense" : "sparse",
+	       cli_median(h->p_ref, o->reps),
 	       h->n_prompt);
 	printf("%-13s %8s %7s %8s %6s %7s %6s %8s %7s %7s %7s %7s %6s %7s %s\n", "policy",
 	       "tok/s", "vs cpu", "prompt", "dense", "gpu%", "loads", "MB/tok", "attn ms",
@@ -657,7 +727,7 @@ static void hbench_report(struct hbench *h)
 			       tps / base_static);
 	}
 	for (int i = 0; i < h->np; i++)
-		if (h->pr[i].p == HYB_POLICY_STATIC && base_static > 0)
+		if (h->pr[i].p == HYB_POLICY_STATIC && base_static > 0 && !h->pr[i].pl.plain)
 			print_bound(h, &h->pr[i], base_static);
 	if (h->moe && h->np)
 		print_layers(h, &h->pr[h->np - 1]);
@@ -683,7 +753,7 @@ static void hbench_report(struct hbench *h)
 	       "from 32 tokens in batches, the FFN groups not cached streamed through it; "
 	       "else token after token)\n");
 	printf("dense: attention blocks on the device (+h: and the head, +p: and predictors, "
-	       "+r: and routers, +s: and shared experts); "
+	       "+r: and routers, +s: and shared experts, +Nf: and N whole FFNs); "
 	       "layer runs its other layers dense on the CPU\n");
 	printf("roof%%: tokens/s against max(CPU bytes / DRAM, device bytes / device memory, "
 	       "link bytes / PCIe) per token, each side's bytes where the placement put them\n");

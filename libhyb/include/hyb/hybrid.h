@@ -152,6 +152,10 @@ struct hyb_hybrid_offload {
 	uint64_t prompt_bytes;    /* the budget's bytes kept for that batch's buffers */
 	uint32_t kv_seqs;         /* several sequences: those that attend on the device */
 	uint64_t seq_bytes;       /* ... device bytes of the pass's rows (buffers) */
+	bool plain;               /* a plain model (docs/HYBRID.md "Plain models"): its
+				   * parts placed whole, none of the above caches */
+	uint32_t ffn_layers;      /* ... layers whose whole FFN is on the device */
+	uint64_t ffn_bytes;       /* ... their device bytes, with the FFN buffers */
 };
 
 /*

@@ -1,0 +1,378 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A plain model's parts on the device (plain_hybrid.h): the placement, the
+ * whole FFNs' weights and buffers, and queuing an FFN there. dense.c owns
+ * the attention blocks and the head; plain_decode.c runs the step.
+ */
+#include "plain_hybrid.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dense.h"
+#include "hyb/device.h"
+#include "util/error.h"
+
+#define ALIGN 256 /* offsets in device memory (the kernels need 2-4 bytes) */
+
+struct hyb_plain_hybrid {
+	const struct hyb_model *m;
+	struct hyb_device *dev;
+	struct hyb_hdense *hd;          /* attention blocks and head, or NULL */
+	enum hyb_policy policy;
+	uint32_t E, F;
+	hyb_dptr *ffn;                  /* [n_layer][3]: gate, up, down; 0: on the CPU */
+	uint32_t n_ffn;
+	uint64_t ffn_bytes, buf_bytes;
+	hyb_dptr d_x, d_g, d_u, d_y;    /* [E], [F], [F], [E] */
+	float *h_x, *h_y;               /* host staging [E] each (device host memory) */
+	struct hyb_device_event *ev_in, *ev_k, *ev_out;
+	struct hyb_hybrid_stats st;
+};
+
+static uint64_t up_align(uint64_t v)
+{
+	return (v + ALIGN - 1) / ALIGN * ALIGN;
+}
+
+static int dev_fail(struct hyb_plain_hybrid *h, char *err, size_t errlen, const char *what)
+{
+	snprintf(err, errlen, "hybrid: %s: %s", what, hyb_device_error(h->dev));
+	return -1;
+}
+
+/*
+ * Device bytes of layer l's FFN (gate, up, down); 0 when the device cannot
+ * run it: a weight type its matvec does not take, or an activation other
+ * than SiLU (the device has SwiGLU's kernel; a GELU model's FFNs stay on
+ * the CPU).
+ */
+static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
+{
+	const struct hyb_layer *L = &m->layers[l];
+	const struct hyb_weight *w[3] = { &L->gate, &L->up, &L->down };
+	uint64_t b = 0;
+
+	if (m->hp.act != HYB_ACT_SILU)
+		return 0;
+	for (int i = 0; i < 3; i++) {
+		if (!w[i]->data || w[i]->ne2 || !hyb_device_matvec_type_ok(w[i]->type))
+			return 0;
+		b += up_align(w[i]->ne1 * w[i]->row_bytes);
+	}
+	return b;
+}
+
+/* The FFN buffers' bytes: x in, gate and up activations, y out. */
+static uint64_t ffn_buf_bytes(const struct hyb_model *m)
+{
+	return 2 * up_align(4ull * m->hp.n_embd) + 2 * up_align(4ull * m->hp.n_ff);
+}
+
+/* Layer l's FFN weights to the device (queued on RELOAD). */
+static int put_ffn(struct hyb_plain_hybrid *h, uint32_t l)
+{
+	const struct hyb_layer *L = &h->m->layers[l];
+	const struct hyb_weight *w[3] = { &L->gate, &L->up, &L->down };
+
+	for (int i = 0; i < 3; i++) {
+		const uint64_t b = w[i]->ne1 * w[i]->row_bytes;
+		hyb_dptr *d = &h->ffn[(size_t)l * 3 + i];
+
+		if (hyb_device_alloc(h->dev, b, d) ||
+		    hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, *d, w[i]->data, b))
+			return -1;
+	}
+	h->n_ffn++;
+	h->ffn_bytes += ffn_bytes(h->m, l);
+	return 0;
+}
+
+/*
+ * What goes where, within the budget. static: every attention block that
+ * fits (dense.c's bytes: weights, norms, KV cache of n_ctx rows), in layer
+ * order, then the head, then whole FFNs in layer order; layer: whole
+ * layers in order (attention and FFN), then the head. *att and *head: the
+ * attention blocks and head for dense.c; ffn[] set here.
+ */
+static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, bool *att,
+		  bool *head, bool *ffn)
+{
+	const struct hyb_model *m = h->m;
+	const uint32_t L = m->hp.n_layer;
+	const uint64_t hb = hyb_hdense_head_bytes(m), fbuf = ffn_buf_bytes(m);
+	uint64_t used = 0;
+	bool any_att = false, any_ffn = false;
+
+	/* buffers as they become needed: dense.c's for the first block or the head */
+#define FITS(extra, a, hd, f)                                                               \
+	(used + (extra) + hyb_hdense_buffer_bytes(m, (a), (hd), false) + ((f) ? fbuf : 0) <= \
+	 budget)
+	*head = false;
+	if (h->policy == HYB_POLICY_LAYER) {
+		for (uint32_t l = 0; l < L; l++) {
+			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
+			const uint64_t fb = ffn_bytes(m, l);
+
+			if (!ab || !fb || !FITS(ab + fb, true, false, true))
+				break;
+			att[l] = ffn[l] = any_att = any_ffn = true;
+			used += ab + fb;
+		}
+		if (hb && FITS(hb, any_att, true, any_ffn)) {
+			*head = true;
+			used += hb;
+		}
+		return;
+	}
+	for (uint32_t l = 0; l < L; l++) {
+		const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
+
+		if (!ab || !FITS(ab, true, false, false))
+			continue;
+		att[l] = any_att = true;
+		used += ab;
+	}
+	if (hb && FITS(hb, any_att, true, false)) {
+		*head = true;
+		used += hb;
+	}
+	for (uint32_t l = 0; l < L; l++) {
+		const uint64_t fb = ffn_bytes(m, l);
+
+		if (!fb || !FITS(fb, any_att, *head, true))
+			continue;
+		ffn[l] = any_ffn = true;
+		used += fb;
+	}
+#undef FITS
+}
+
+static int alloc_buffers(struct hyb_plain_hybrid *h)
+{
+	if (hyb_device_alloc(h->dev, 4ull * h->E, &h->d_x) ||
+	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_g) ||
+	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_u) ||
+	    hyb_device_alloc(h->dev, 4ull * h->E, &h->d_y))
+		return -1;
+	h->h_x = hyb_device_host_alloc(h->dev, 4ull * h->E);
+	h->h_y = hyb_device_host_alloc(h->dev, 4ull * h->E);
+	if (!h->h_x || !h->h_y)
+		return -1;
+	h->buf_bytes = ffn_buf_bytes(h->m);
+	return 0;
+}
+
+struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
+					      const struct hyb_hybrid_params *p, uint32_t n_ctx,
+					      char *err, size_t errlen)
+{
+	const uint32_t L = m->hp.n_layer;
+	struct hyb_plain_hybrid *h;
+	struct hyb_device_config cfg;
+	bool *att = calloc(L, sizeof(bool)), *ffn = calloc(L, sizeof(bool)), head = false;
+
+	if (m->group_size || m->powerinfer || m->hp.n_expert) {
+		snprintf(err, errlen, "hybrid: not a plain model (a plan, PowerInfer file or "
+			 "mixture of experts has an engine of its own)");
+		free(att);
+		free(ffn);
+		return NULL;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h || !att || !ffn) {
+		snprintf(err, errlen, "hybrid: out of memory");
+		goto fail;
+	}
+	h->m = m;
+	h->policy = p->policy == HYB_POLICY_LAYER ? HYB_POLICY_LAYER : HYB_POLICY_STATIC;
+	h->E = m->hp.n_embd;
+	h->F = m->hp.n_ff;
+	h->ffn = calloc((size_t)L * 3, sizeof(*h->ffn));
+	if (!h->ffn) {
+		snprintf(err, errlen, "hybrid: out of memory");
+		goto fail;
+	}
+	cfg = p->dev;
+	if (!cfg.capacity)
+		cfg.capacity = p->gpu_budget;
+	h->dev = hyb_device_open(p->device ? p->device : "cpu", &cfg);
+	if (!h->dev) {
+		snprintf(err, errlen, "hybrid: %s", hyb_last_error());
+		goto fail;
+	}
+	if (!p->dense_on_cpu)
+		place(h, p->gpu_budget, n_ctx, att, &head, ffn);
+	else
+		h->policy = HYB_POLICY_STATIC; /* nothing placed: the CPU's decode, measured */
+	for (uint32_t l = 0; l < L; l++)
+		if (att[l] || head) {
+			h->hd = hyb_hdense_new(h->dev, m, n_ctx, att, head, NULL, err, errlen);
+			if (!h->hd)
+				goto fail;
+			break;
+		}
+	for (uint32_t l = 0; l < L; l++)
+		if (ffn[l] && put_ffn(h, l)) {
+			dev_fail(h, err, errlen, "FFN weights");
+			goto fail;
+		}
+	if (!(h->ev_in = hyb_device_event_new(h->dev)) ||
+	    !(h->ev_k = hyb_device_event_new_timed(h->dev)) ||
+	    !(h->ev_out = hyb_device_event_new_timed(h->dev))) {
+		dev_fail(h, err, errlen, "events");
+		goto fail;
+	}
+	if (h->n_ffn && (alloc_buffers(h) || hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->ev_in) ||
+			 hyb_device_sync(h->dev, h->ev_in))) {
+		dev_fail(h, err, errlen, "FFN buffers");
+		goto fail;
+	}
+	if (!h->hd && !h->n_ffn && !p->dense_on_cpu) {
+		snprintf(err, errlen, "hybrid: a budget of %.1f MB holds no part of the model (its "
+			 "smallest attention block is %.1f MB, an FFN %.1f MB)", p->gpu_budget / 1e6,
+			 hyb_hdense_layer_bytes(m, 0, n_ctx) / 1e6, ffn_bytes(m, 0) / 1e6);
+		goto fail;
+	}
+	free(att);
+	free(ffn);
+	return h;
+fail:
+	free(att);
+	free(ffn);
+	hyb_plain_hybrid_free(h);
+	return NULL;
+}
+
+void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h)
+{
+	if (!h)
+		return;
+	hyb_hdense_free(h->hd);
+	if (h->dev) {
+		for (size_t i = 0; h->ffn && i < (size_t)h->m->hp.n_layer * 3; i++)
+			if (h->ffn[i])
+				hyb_device_free(h->dev, h->ffn[i]);
+		hyb_device_free(h->dev, h->d_x);
+		hyb_device_free(h->dev, h->d_g);
+		hyb_device_free(h->dev, h->d_u);
+		hyb_device_free(h->dev, h->d_y);
+		hyb_device_host_free(h->dev, h->h_x);
+		hyb_device_host_free(h->dev, h->h_y);
+		hyb_device_event_free(h->dev, h->ev_in);
+		hyb_device_event_free(h->dev, h->ev_k);
+		hyb_device_event_free(h->dev, h->ev_out);
+		hyb_device_close(h->dev);
+	}
+	free(h->ffn);
+	free(h);
+}
+
+struct hyb_device *hyb_plain_hybrid_device(const struct hyb_plain_hybrid *h)
+{
+	return h->dev;
+}
+
+struct hyb_hdense *hyb_plain_hybrid_dense(const struct hyb_plain_hybrid *h)
+{
+	return h->hd;
+}
+
+bool hyb_plain_hybrid_ffn_on(const struct hyb_plain_hybrid *h, uint32_t l)
+{
+	return h->ffn[(size_t)l * 3] != 0;
+}
+
+int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const float *xn)
+{
+	const struct hyb_layer *L = &h->m->layers[l];
+	const hyb_dptr *w = &h->ffn[(size_t)l * 3];
+	hyb_dptr x = h->d_x;
+
+	if (xn) { /* the CPU's attention: its ffn_norm(x) goes up */
+		memcpy(h->h_x, xn, sizeof(float) * h->E);
+		if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, 4ull * h->E) ||
+		    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+		    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+			return -1;
+		h->st.critical_bytes += 4ull * h->E;
+	} else {
+		x = hyb_hdense_xn(h->hd);
+	}
+	const struct hyb_dev_matvec gate = {
+		.type = L->gate.type, .n_in = h->E, .n_out = h->F, .w = w[0], .x = x, .y = h->d_g,
+	};
+	const struct hyb_dev_matvec up = {
+		.type = L->up.type, .n_in = h->E, .n_out = h->F, .w = w[1], .x = x, .y = h->d_u,
+	};
+	const struct hyb_dev_matvec down = {
+		.type = L->down.type, .n_in = h->F, .n_out = h->E, .w = w[2], .x = h->d_g,
+		.y = h->d_y,
+	};
+
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down))
+		return -1;
+	return 0;
+}
+
+int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y)
+{
+	double s = 0;
+
+	/* after the FFN's kernels: their end on COMPUTE, the copy on CRITICAL */
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_out) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_out) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * h->E) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_sync(h->dev, h->ev_in))
+		return -1;
+	memcpy(y, h->h_y, sizeof(float) * h->E);
+	if (!hyb_device_elapsed(h->dev, h->ev_k, h->ev_out, &s))
+		h->st.dev_kernel_s += s;
+	h->st.critical_bytes += 4ull * h->E;
+	return 0;
+}
+
+void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double ffn_s,
+			       double cpu_ffn_s, double head_s)
+{
+	h->st.tokens++;
+	h->st.layer_steps += h->m->hp.n_layer;
+	h->st.attn_s += attn_s;
+	h->st.ffn_s += ffn_s;
+	h->st.cpu_ffn_s += cpu_ffn_s;
+	h->st.head_s += head_s;
+}
+
+void hyb_plain_hybrid_stats(const struct hyb_plain_hybrid *h, struct hyb_hybrid_stats *out)
+{
+	*out = h->st;
+}
+
+void hyb_plain_hybrid_stats_reset(struct hyb_plain_hybrid *h)
+{
+	memset(&h->st, 0, sizeof(h->st));
+}
+
+void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybrid_offload *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->plain = true;
+	out->attn_layers = h->hd ? hyb_hdense_layers_on(h->hd) : 0;
+	out->head = h->hd && hyb_hdense_head_on(h->hd);
+	out->dense_bytes = h->hd ? hyb_hdense_bytes(h->hd) : 0;
+	out->ffn_layers = h->n_ffn;
+	out->ffn_bytes = h->ffn_bytes + (h->n_ffn ? h->buf_bytes : 0);
+	if (h->policy == HYB_POLICY_LAYER)
+		out->dense_layers_cpu = h->m->hp.n_layer - h->n_ffn;
+	snprintf(out->cache_note, sizeof(out->cache_note),
+		 "a plain model: %u attention blocks, %u FFNs%s on the device (%s placement, "
+		 "docs/HYBRID.md \"Plain models\")", out->attn_layers, h->n_ffn,
+		 out->head ? " and the head" : "",
+		 h->policy == HYB_POLICY_LAYER ? "layer" : "static");
+}

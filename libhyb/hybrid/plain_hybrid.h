@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Hybrid decoding of a plain model: one in its own layout, with dense FFNs
+ * (neither a plan's bundles nor a mixture's experts; docs/HYBRID.md "Plain
+ * models"). Nothing in it can be cut finer than a layer's parts, so the
+ * placement is static: the attention blocks (weights, norms, KV cache) and
+ * the head go to the device as dense.c places them, then whole FFNs, in
+ * layer order, while the budget lasts (PowerInfer 5.3's order: every byte
+ * of these parts is read every token); the "layer" policy places whole
+ * layers in order instead, then the head (llama.cpp's -ngl). The CPU runs
+ * the rest with the context's own code, so TEAL thresholds cut its reads
+ * (docs/SPARSITY.md#teal: TEAL's inputs have no hot rows to place, so the
+ * split can be this static one); the device's parts run dense.
+ */
+#ifndef HYB_PLAIN_HYBRID_H
+#define HYB_PLAIN_HYBRID_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hyb/hybrid.h"
+
+struct hyb_ctx;
+struct hyb_hdense;
+struct hyb_plain_hybrid;
+
+/*
+ * NULL with a one-line reason in err: not a plain model, the device not
+ * opening, a budget that holds no part, device memory failing.
+ */
+struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
+					      const struct hyb_hybrid_params *p, uint32_t n_ctx,
+					      char *err, size_t errlen);
+void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h);
+
+struct hyb_device *hyb_plain_hybrid_device(const struct hyb_plain_hybrid *h);
+void hyb_plain_hybrid_stats(const struct hyb_plain_hybrid *h, struct hyb_hybrid_stats *out);
+void hyb_plain_hybrid_stats_reset(struct hyb_plain_hybrid *h);
+void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybrid_offload *out);
+
+/* What plain_decode.c drives: dense.c's parts (NULL: none placed), and the FFNs. */
+struct hyb_hdense *hyb_plain_hybrid_dense(const struct hyb_plain_hybrid *h);
+bool hyb_plain_hybrid_ffn_on(const struct hyb_plain_hybrid *h, uint32_t l);
+/*
+ * Queue layer l's FFN on COMPUTE: over xn (n_embd floats, sent up first),
+ * or with xn NULL over dense.c's device xn (its attention block ran there).
+ */
+int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const float *xn);
+/* Its output (n_embd floats) into y, waited for. */
+int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y);
+/* One decode step's host seconds: attention blocks, FFNs (of those, the CPU's), head. */
+void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double ffn_s,
+			       double cpu_ffn_s, double head_s);
+
+/*
+ * The context's decode step (plain_decode.c): one token through every
+ * layer, each part where it was placed; logits[n_vocab]. 0, or -1 with err.
+ */
+int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
+		     size_t errlen);
+/* Before a prompt pass on the CPU: the rows decoded on the device to the host's KV cache. */
+int hyb_plain_decode_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen);
+/* After it: the host wrote rows up to n_past. */
+void hyb_plain_decode_kv_host_wrote(struct hyb_ctx *c);
+/* The context was reset. */
+void hyb_plain_decode_reset(struct hyb_ctx *c);
+
+#endif

@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Hybrid decoding of plain models (libhyb/hybrid/plain_hybrid.h,
+ * docs/HYBRID.md "Plain models"): attention blocks, head and whole FFNs on
+ * the CPU device, the rest on the CPU; the CPU's bits at every budget and
+ * both placements, across prompts and decode steps; TEAL's thresholds on
+ * the CPU's share; the refusals.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "hyb/hyb.h"
+#include "hyb/sparsity.h"
+#include "test.h"
+
+#define SMALL "--hidden 128 --ffn 512 --layers 4 --heads 4 --vocab 512 --seed 3"
+#define N_PROMPT 6
+#define N_GEN 12
+
+/*
+ * A prompt, N_GEN greedy steps, a second prompt of 3 tokens, 2 more steps:
+ * every step's logits into lg[N_GEN + 4][n_vocab] (the prompts' last rows
+ * where they fall).
+ */
+static int decode(struct hyb_model *m, const struct hyb_hybrid_params *hy, const float *thr,
+		  float *lg, struct hyb_hybrid_stats *st, struct hyb_hybrid_offload *pl)
+{
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy };
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+	const uint32_t V = m->hp.n_vocab;
+	int32_t toks[N_PROMPT], t;
+	float *row = lg;
+
+	if (!c)
+		return -1;
+	if (thr && hyb_ctx_set_teal_thresholds(c, thr)) {
+		hyb_ctx_free(c);
+		return -1;
+	}
+	for (int i = 0; i < N_PROMPT; i++)
+		toks[i] = 3 + (int32_t)((i * 40503u) % (V - 3));
+	if (hyb_ctx_eval(c, toks, N_PROMPT, row, false))
+		goto fail;
+	for (int g = 0; g < N_GEN; g++, row += V) {
+		t = hyb_test_argmax(row, V);
+		if (hyb_ctx_eval(c, &t, 1, row + V, false))
+			goto fail;
+	}
+	/* a second prompt after decode steps: the device's KV rows come to the host */
+	toks[0] = hyb_test_argmax(row, V);
+	toks[1] = 17;
+	toks[2] = 42;
+	row += V;
+	if (hyb_ctx_eval(c, toks, 3, row, false))
+		goto fail;
+	for (int g = 0; g < 2; g++, row += V) {
+		t = hyb_test_argmax(row, V);
+		if (hyb_ctx_eval(c, &t, 1, row + V, false))
+			goto fail;
+	}
+	if (st)
+		hyb_ctx_hybrid_stats(c, st);
+	if (pl)
+		hyb_ctx_hybrid_offload(c, pl);
+	hyb_ctx_free(c);
+	return 0;
+fail:
+	hyb_ctx_free(c);
+	return -1;
+}
+
+/*
+ * Budgets from nothing but attention to everything, both placements: the
+ * CPU-only decode's logits bit for bit (the CPU device runs the CPU's
+ * kernels), the parts placed growing with the budget.
+ */
+TEST(plain_hybrid_cpu_device_decodes_the_cpu_bits)
+{
+	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
+	struct hyb_model *m = hyb_model_load(path);
+	const double frac[] = { 0.15, 0.4, 0.7, 1.0, 2.0 };
+	const enum hyb_policy pol[] = { HYB_POLICY_STATIC, HYB_POLICY_LAYER };
+	const size_t n = (size_t)(N_GEN + 4) * 512;
+	float *ref = malloc(sizeof(float) * n), *lg = malloc(sizeof(float) * n);
+	bool some_ffn = false, all_ffn = false, partial_layer = false;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(ref && lg && m->hp.n_vocab == 512);
+	CHECK(!decode(m, NULL, NULL, ref, NULL, NULL));
+	for (size_t p = 0; p < 2; p++) {
+		uint32_t last_att = 0, last_ffn = 0;
+
+		for (size_t i = 0; i < sizeof(frac) / sizeof(frac[0]); i++) {
+			struct hyb_hybrid_params hy = {
+				.device = "cpu", .policy = pol[p],
+				.gpu_budget = (uint64_t)(m->weight_bytes * frac[i]),
+			};
+			struct hyb_hybrid_stats st;
+			struct hyb_hybrid_offload pl;
+			int first = -1;
+
+			CHECK_MSG(!decode(m, &hy, NULL, lg, &st, &pl), "%s %.2f: %s",
+				  hyb_policy_name(pol[p]), frac[i], hyb_last_error());
+			for (size_t j = 0; j < n && first < 0; j++)
+				if (memcmp(&ref[j], &lg[j], sizeof(float)))
+					first = (int)(j / 512);
+			CHECK_MSG(first < 0, "%s at %.0f%%: step %d's logits differ from the CPU's",
+				  hyb_policy_name(pol[p]), 100 * frac[i], first);
+			CHECK(pl.plain && !pl.experts && pl.cache_bytes == 0);
+			CHECK(pl.attn_layers >= last_att && pl.ffn_layers >= last_ffn);
+			if (pol[p] == HYB_POLICY_LAYER)
+				CHECK_MSG(pl.attn_layers == pl.ffn_layers, "layer: %u attention, %u FFNs",
+					  pl.attn_layers, pl.ffn_layers);
+			last_att = pl.attn_layers;
+			last_ffn = pl.ffn_layers;
+			some_ffn |= pl.ffn_layers > 0 && pl.ffn_layers < m->hp.n_layer;
+			all_ffn |= pl.ffn_layers == m->hp.n_layer && pl.head;
+			partial_layer |= pol[p] == HYB_POLICY_LAYER && pl.ffn_layers > 0 &&
+					 pl.ffn_layers < m->hp.n_layer;
+			CHECK_EQ_INT(st.tokens, N_GEN + 2);
+			/* every FFN the device holds sends its output down each step */
+			CHECK(st.critical_bytes >= st.tokens * pl.ffn_layers * 128 * 4);
+			fprintf(stderr, "%s %3.0f%%: attention %u, FFNs %u, head %d, %.2f MB\n",
+				hyb_policy_name(pol[p]), 100 * frac[i], pl.attn_layers,
+				pl.ffn_layers, pl.head, (pl.dense_bytes + pl.ffn_bytes) / 1e6);
+		}
+	}
+	CHECK(some_ffn && all_ffn && partial_layer);
+	free(ref);
+	free(lg);
+	hyb_model_free(m);
+}
+
+/*
+ * The same tokens, teacher-forced: a prompt of N_PROMPT (singly: token by
+ * token, as decode steps), then one token a step; each step's logits into
+ * lg[N_GEN][n_vocab].
+ */
+static int forced(struct hyb_model *m, const struct hyb_hybrid_params *hy, const float *thr,
+		  const int32_t *toks, bool singly, float *lg)
+{
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = hy };
+	struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+	const uint32_t V = m->hp.n_vocab;
+	int rc = -1;
+
+	if (!c || (thr && hyb_ctx_set_teal_thresholds(c, thr)))
+		goto out;
+	for (int t = 0; t < (singly ? N_PROMPT : 1); t++)
+		if (hyb_ctx_eval(c, toks + t, singly ? 1 : N_PROMPT, lg, false))
+			goto out;
+	for (int g = 1; g < N_GEN; g++)
+		if (hyb_ctx_eval(c, &toks[N_PROMPT + g - 1], 1, lg + (size_t)g * V, false))
+			goto out;
+	rc = 0;
+out:
+	hyb_ctx_free(c);
+	return rc;
+}
+
+/* Mean over steps of |a - b| / |b| (L2 norms of each step's logits). */
+static double rel_dist(const float *a, const float *b, uint32_t V)
+{
+	double sum = 0;
+
+	for (int g = 0; g < N_GEN; g++) {
+		double d = 0, n = 0;
+
+		for (uint32_t v = 0; v < V; v++) {
+			const double x = a[(size_t)g * V + v], y = b[(size_t)g * V + v];
+
+			d += (x - y) * (x - y);
+			n += y * y;
+		}
+		sum += sqrt(d / n);
+	}
+	return sum / N_GEN;
+}
+
+/*
+ * TEAL's thresholds on the CPU's share (docs/SPARSITY.md#teal): the
+ * device's parts stay dense, so on the same tokens the hybrid decode is
+ * nearer the dense model than the CPU's TEAL decode, and with every part
+ * on the device the thresholds change no bit; the CPU's FFNs skip inputs,
+ * counted per step.
+ */
+TEST(plain_hybrid_teal_on_the_cpu_share)
+{
+	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
+	char prof[600], log[700];
+	struct hyb_model *m;
+	float *thr, *dense, *teal, *hyb, *all;
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
+	struct hyb_hybrid_offload pl;
+	int32_t toks[N_PROMPT + N_GEN];
+	double d_teal, d_hyb;
+	const size_t n = (size_t)N_GEN * 512;
+
+	snprintf(prof, sizeof(prof), "%s/plain.teal.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/plain-teal.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --sparsity 0.4 --gen 16 -t 1 -o %s",
+				 hyb_test_hybctl(), path, prof), 0);
+	m = hyb_model_load(path);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
+	dense = malloc(sizeof(float) * n);
+	teal = malloc(sizeof(float) * n);
+	hyb = malloc(sizeof(float) * n);
+	all = malloc(sizeof(float) * n);
+	CHECK(thr && dense && teal && hyb && all);
+	CHECK(!hyb_sparsity_teal_thresholds(prof, 0, thr, m->hp.n_layer));
+	/* the dense model's greedy tokens, then everyone on them */
+	{
+		float *lg = malloc(sizeof(float) * (N_GEN + 4) * 512);
+
+		CHECK(lg && !decode(m, NULL, NULL, lg, NULL, NULL));
+		for (int i = 0; i < N_PROMPT; i++)
+			toks[i] = 3 + (int32_t)((i * 40503u) % (512 - 3));
+		for (int g = 0; g < N_GEN; g++)
+			toks[N_PROMPT + g] = hyb_test_argmax(lg + (size_t)g * 512, 512);
+		free(lg);
+	}
+	CHECK(!forced(m, NULL, NULL, toks, false, dense) &&
+	      !forced(m, NULL, thr, toks, false, teal));
+	hy.gpu_budget = (uint64_t)(m->weight_bytes * 0.7);
+	CHECK_MSG(!forced(m, &hy, thr, toks, false, hyb), "%s", hyb_last_error());
+	d_teal = rel_dist(teal, dense, 512);
+	d_hyb = rel_dist(hyb, dense, 512);
+	fprintf(stderr, "from the dense logits: CPU TEAL %.4f, hybrid TEAL %.4f\n", d_teal, d_hyb);
+	CHECK(d_teal > 0 && d_hyb > 0 && d_hyb < d_teal);
+	/* every part on the device: nothing left to threshold (prompts run on the CPU,
+	 * thresholded: this one goes token by token) */
+	hy.gpu_budget = m->weight_bytes * 2;
+	CHECK_MSG(!forced(m, &hy, thr, toks, true, all), "%s", hyb_last_error());
+	CHECK(!forced(m, NULL, NULL, toks, true, dense));
+	CHECK(!memcmp(all, dense, sizeof(float) * n));
+	/* one step: only the CPU's FFNs went through TEAL's GEMV (gate_up and down) */
+	hy.gpu_budget = (uint64_t)(m->weight_bytes * 0.7);
+	{
+		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = &hy };
+		struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+		struct hyb_teal_stats ts;
+
+		CHECK(c && !hyb_ctx_set_teal_thresholds(c, thr));
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK(pl.attn_layers == m->hp.n_layer && pl.ffn_layers > 0 &&
+		      pl.ffn_layers < m->hp.n_layer);
+		CHECK(!hyb_ctx_eval(c, toks, 3, hyb, false));
+		hyb_ctx_teal_stats_reset(c); /* (the prompt's last row took the CPU's path) */
+		CHECK(!hyb_ctx_eval(c, toks + 3, 1, hyb, false));
+		hyb_ctx_teal_stats(c, &ts);
+		CHECK_MSG(ts.inputs == (uint64_t)(m->hp.n_layer - pl.ffn_layers) * (128 + 512),
+			  "%llu inputs", (unsigned long long)ts.inputs);
+		CHECK(ts.active < ts.inputs);
+		hyb_ctx_free(c);
+	}
+	free(thr);
+	free(dense);
+	free(teal);
+	free(hyb);
+	free(all);
+	hyb_model_free(m);
+}
+
+/* What a plain model's hybrid context refuses, and what it leaves on the CPU. */
+TEST(plain_hybrid_refusals)
+{
+	const char *silu = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
+	struct hyb_model *m = hyb_model_load(silu);
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM_ADAPTIVE,
+					.gpu_budget = 1000 };
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 1, .hybrid = &hy };
+	struct hyb_hybrid_offload pl;
+	struct hyb_ctx *c;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	/* a budget that holds nothing */
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "holds no part of the model"), "%s", hyb_last_error());
+	/* several sequences: not yet */
+	hy.gpu_budget = m->weight_bytes;
+	cp.n_seq = 2;
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "several sequences"), "%s", hyb_last_error());
+	cp.n_seq = 0;
+	/* a neuron policy places the parts statically: nothing to move */
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK(pl.plain && strstr(pl.cache_note, "static placement"));
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+	/* other activations' FFNs stay on the CPU (the device has SwiGLU's kernel) */
+	m = hyb_model_load(hyb_test_synth("plain-relu", SMALL " --act relu --type Q8_0"));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	hy.gpu_budget = m->weight_bytes * 2;
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK_MSG(pl.ffn_layers == 0 && pl.attn_layers == m->hp.n_layer && pl.head,
+		  "ReLU: %u FFNs, %u attention blocks", pl.ffn_layers, pl.attn_layers);
+	hyb_ctx_free(c);
+	hyb_model_free(m);
+}
