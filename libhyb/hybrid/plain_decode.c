@@ -8,9 +8,12 @@
  *              come down on CRITICAL; otherwise on the CPU (forward.c);
  *   FFN        on the device when placed: over the device's ffn_norm(x)
  *              when the attention ran there, else over the CPU's, sent up;
- *              its output comes down behind x, one wait for both; otherwise
- *              on the CPU (forward.c: TEAL's thresholds apply there);
- *   residual   on the host: the norm after the FFN (Gemma) and x += ffn.
+ *              otherwise on the CPU (forward.c: TEAL's thresholds apply);
+ *   residual   on the device while layers run there whole (x += ffn there,
+ *              the next block reads it: no copy, no wait between them, as
+ *              the plan's engine keeps it, docs/HYBRID.md); else on the
+ *              host, x and the device FFN's output coming down in one wait
+ *              (Gemma's norm after the FFN on the host).
  *
  * On the CPU device, which runs the CPU's kernels, the step gives the
  * CPU-only decode's bits (no thresholds). Prompts run on the CPU; the KV
@@ -30,32 +33,55 @@ static int dev_err(struct hyb_ctx *c, char *err, size_t errlen, const char *what
 	return -1;
 }
 
+/* The residual stream's device copy down to c->x (it was the latest). */
+static int x_to_host(struct hyb_ctx *c, struct hyb_hdense *hd)
+{
+	struct hyb_device_event *ev;
+
+	if (hyb_hdense_x_down(hd, false, &ev) ||
+	    hyb_device_sync(hyb_plain_hybrid_device(c->plain_hybrid), ev))
+		return -1;
+	memcpy(c->x, hyb_hdense_host_x(hd), sizeof(float) * c->m->hp.n_embd);
+	return 0;
+}
+
 /*
- * Layer l on the device's side where placed: c->x in; c->x and c->xn out,
- * c->xn being ffn_norm(x) for the CPU's FFN or the device's FFN output.
- * *ffn_done: the FFN ran there.
+ * Layer l's attention block on the device, and its FFN when placed there:
+ * x comes from the host unless *on_dev (the device's copy is the latest).
+ * With the FFN there too (and no norm after it, Gemma's), x += ffn on the
+ * device and x stays there (*on_dev); otherwise x, and ffn_norm(x) or the
+ * FFN's output in c->xn, come down in one wait (*ffn_done: the FFN ran).
  */
-static int layer_dev(struct hyb_ctx *c, struct hyb_hdense *hd, uint32_t l, bool *ffn_done,
-		     char *err, size_t errlen)
+static int layer_dev(struct hyb_ctx *c, struct hyb_hdense *hd, uint32_t l, bool *on_dev,
+		     bool *ffn_done, char *err, size_t errlen)
 {
 	struct hyb_plain_hybrid *h = c->plain_hybrid;
 	const uint32_t E = c->m->hp.n_embd;
 	const bool ffn = hyb_plain_hybrid_ffn_on(h, l);
+	const bool keep = ffn && !c->m->layers[l].post_ffn_norm.data;
 	float *hx = hyb_hdense_host_x(hd);
 	struct hyb_device_event *ev;
 
-	memcpy(hx, c->x, sizeof(float) * E);
-	if (hyb_hdense_x_up(hd) || hyb_hdense_attention(hd, l, c->n_past) ||
-	    (ffn && hyb_plain_hybrid_ffn_queue(h, l, NULL)) ||
-	    hyb_hdense_x_down(hd, !ffn, &ev))
+	if (!*on_dev) {
+		memcpy(hx, c->x, sizeof(float) * E);
+		if (hyb_hdense_x_up(hd))
+			return dev_err(c, err, errlen, "layer on the device");
+	}
+	if (hyb_hdense_attention(hd, l, c->n_past) ||
+	    (ffn && hyb_plain_hybrid_ffn_queue(h, l, NULL)))
 		return dev_err(c, err, errlen, "layer on the device");
-	if (ffn ? hyb_plain_hybrid_ffn_out(h, c->xn) : hyb_device_sync(
-			  hyb_plain_hybrid_device(h), ev))
+	*ffn_done = ffn;
+	*on_dev = keep;
+	if (keep)
+		return hyb_plain_hybrid_ffn_add(h, hyb_hdense_x(hd)) ?
+			       dev_err(c, err, errlen, "layer on the device") : 0;
+	if (hyb_hdense_x_down(hd, !ffn, &ev) ||
+	    (ffn ? hyb_plain_hybrid_ffn_out(h, c->xn) :
+		   hyb_device_sync(hyb_plain_hybrid_device(h), ev)))
 		return dev_err(c, err, errlen, "layer on the device");
 	memcpy(c->x, hx, sizeof(float) * E);
 	if (!ffn)
 		memcpy(c->xn, hx + E, sizeof(float) * E);
-	*ffn_done = ffn;
 	return 0;
 }
 
@@ -67,6 +93,7 @@ int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 	const struct hyb_hparams *hp = &c->m->hp;
 	const uint32_t E = hp->n_embd;
 	double t0, t1, attn_s = 0, ffn_s = 0, cpu_s = 0, head_s;
+	bool on_dev = false; /* the residual stream's latest copy is the device's */
 
 	hyb_fwd_embed(c, &token, 1);
 	/* the prompt's rows (processed on the CPU) for the layers on the device */
@@ -77,14 +104,19 @@ int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 
 		t0 = hyb_device_now(d);
 		if (hd && hyb_hdense_layer_on(hd, l)) {
-			if (layer_dev(c, hd, l, &done, err, errlen))
+			if (layer_dev(c, hd, l, &on_dev, &done, err, errlen))
 				return -1;
 		} else {
+			if (on_dev && x_to_host(c, hd))
+				return dev_err(c, err, errlen, "x from the device");
+			on_dev = false;
 			hyb_fwd_attention(c, l, 1);
 			hyb_fwd_ffn_norm(c, l, c->x, 1);
 		}
 		t1 = hyb_device_now(d);
 		attn_s += t1 - t0;
+		if (on_dev)
+			continue; /* x += ffn happened on the device */
 		if (!done && hyb_plain_hybrid_ffn_on(h, l)) {
 			if (hyb_plain_hybrid_ffn_queue(h, l, c->xn) ||
 			    hyb_plain_hybrid_ffn_out(h, c->xn))
@@ -100,10 +132,16 @@ int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 	}
 	t0 = hyb_device_now(d);
 	if (hd && hyb_hdense_head_on(hd)) {
-		memcpy(hyb_hdense_host_x(hd), c->x, sizeof(float) * E);
-		if (hyb_hdense_x_up(hd) || hyb_hdense_head(hd, logits))
+		if (!on_dev) {
+			memcpy(hyb_hdense_host_x(hd), c->x, sizeof(float) * E);
+			if (hyb_hdense_x_up(hd))
+				return dev_err(c, err, errlen, "head on the device");
+		}
+		if (hyb_hdense_head(hd, logits))
 			return dev_err(c, err, errlen, "head on the device");
 	} else {
+		if (on_dev && x_to_host(c, hd))
+			return dev_err(c, err, errlen, "x from the device");
 		hyb_fwd_head(c, 0, 1, logits);
 	}
 	head_s = hyb_device_now(d) - t0;

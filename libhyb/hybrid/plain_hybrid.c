@@ -27,7 +27,10 @@ struct hyb_plain_hybrid {
 	uint64_t ffn_bytes, buf_bytes;
 	hyb_dptr d_x, d_g, d_u, d_y;    /* [E], [F], [F], [E] */
 	float *h_x, *h_y;               /* host staging [E] each (device host memory) */
-	struct hyb_device_event *ev_in, *ev_k, *ev_out;
+	struct hyb_device_event *ev_in, *ev_out;
+	/* each layer's FFN kernels between two timed events, summed at the step's end */
+	struct hyb_device_event **ev_t; /* [n_layer][2] */
+	bool *timed;                    /* [n_layer]: this step's FFN ran on the device */
 	struct hyb_hybrid_stats st;
 };
 
@@ -218,9 +221,19 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 			dev_fail(h, err, errlen, "FFN weights");
 			goto fail;
 		}
+	h->ev_t = calloc((size_t)L * 2, sizeof(*h->ev_t));
+	h->timed = calloc(L, sizeof(bool));
+	if (!h->ev_t || !h->timed) {
+		snprintf(err, errlen, "hybrid: out of memory");
+		goto fail;
+	}
+	for (uint32_t i = 0; i < 2 * L; i++)
+		if (ffn[i / 2] && !(h->ev_t[i] = hyb_device_event_new_timed(h->dev))) {
+			dev_fail(h, err, errlen, "events");
+			goto fail;
+		}
 	if (!(h->ev_in = hyb_device_event_new(h->dev)) ||
-	    !(h->ev_k = hyb_device_event_new_timed(h->dev)) ||
-	    !(h->ev_out = hyb_device_event_new_timed(h->dev))) {
+	    !(h->ev_out = hyb_device_event_new(h->dev))) {
 		dev_fail(h, err, errlen, "events");
 		goto fail;
 	}
@@ -261,11 +274,14 @@ void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h)
 		hyb_device_host_free(h->dev, h->h_x);
 		hyb_device_host_free(h->dev, h->h_y);
 		hyb_device_event_free(h->dev, h->ev_in);
-		hyb_device_event_free(h->dev, h->ev_k);
 		hyb_device_event_free(h->dev, h->ev_out);
+		for (size_t i = 0; h->ev_t && i < 2ull * h->m->hp.n_layer; i++)
+			hyb_device_event_free(h->dev, h->ev_t[i]);
 		hyb_device_close(h->dev);
 	}
 	free(h->ffn);
+	free(h->ev_t);
+	free(h->timed);
 	free(h);
 }
 
@@ -311,19 +327,19 @@ int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const flo
 		.y = h->d_y,
 	};
 
-	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
 	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down))
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]))
 		return -1;
+	h->timed[l] = true;
 	return 0;
 }
 
 int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y)
 {
-	double s = 0;
-
 	/* after the FFN's kernels: their end on COMPUTE, the copy on CRITICAL */
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_out) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_out) ||
@@ -332,15 +348,27 @@ int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y)
 	    hyb_device_sync(h->dev, h->ev_in))
 		return -1;
 	memcpy(y, h->h_y, sizeof(float) * h->E);
-	if (!hyb_device_elapsed(h->dev, h->ev_k, h->ev_out, &s))
-		h->st.dev_kernel_s += s;
 	h->st.critical_bytes += 4ull * h->E;
 	return 0;
+}
+
+int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x)
+{
+	return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, h->d_y, h->E);
 }
 
 void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double ffn_s,
 			       double cpu_ffn_s, double head_s)
 {
+	/* the step has waited for all its work: each device FFN's kernels, by the device's clock */
+	for (uint32_t l = 0; l < h->m->hp.n_layer; l++) {
+		double s;
+
+		if (h->timed[l] && !hyb_device_elapsed(h->dev, h->ev_t[2 * l], h->ev_t[2 * l + 1],
+						       &s))
+			h->st.dev_kernel_s += s;
+		h->timed[l] = false;
+	}
 	h->st.tokens++;
 	h->st.layer_steps += h->m->hp.n_layer;
 	h->st.attn_s += attn_s;

@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "hyb/device.h"
 #include "hyb/hybrid.h"
 
 struct hyb_ctx;
@@ -49,7 +50,13 @@ bool hyb_plain_hybrid_ffn_on(const struct hyb_plain_hybrid *h, uint32_t l);
 int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const float *xn);
 /* Its output (n_embd floats) into y, waited for. */
 int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y);
-/* One decode step's host seconds: attention blocks, FFNs (of those, the CPU's), head. */
+/* Or x += its output on the device (COMPUTE): the residual stream stays there. */
+int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x);
+/*
+ * At a decode step's end, all its device work done: its host seconds
+ * (attention blocks, FFNs, of those the CPU's, head), and the device FFNs'
+ * kernel time.
+ */
 void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double ffn_s,
 			       double cpu_ffn_s, double head_s);
 
