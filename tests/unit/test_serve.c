@@ -1194,6 +1194,49 @@ TEST(serve_teal_greedy)
 }
 
 /*
+ * --teal with --gpu-budget on a plain model (docs/HYBRID.md "Plain
+ * models"): one engine, TEAL on the CPU's share, the text of hyb run with
+ * the same options; with --parallel 2, refused by name.
+ */
+TEST(serve_teal_hybrid_plain)
+{
+	const char *model = syn_model();
+	char prof[600], log[600], glog[700], extra[800], body[256], *want, *resp, *text, *seen;
+	struct srv s;
+	size_t len;
+
+	snprintf(prof, sizeof(prof), "%s/syn.teal.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
+	snprintf(glog, sizeof(glog), "%s/grep.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --gen 16 -t 1 -o %s",
+				 hyb_test_hybctl(), model, prof), 0);
+	/* one context size: the placement (KV cache bytes) and so the function follow it */
+	snprintf(extra, sizeof(extra), "--teal %s --sparsity 0.4 --gpu-budget 60%% -c 128", prof);
+	want = run_text_args(model, "sparse hello", 24, false, extra);
+	/* the thresholds are in force: without them the text is another */
+	seen = run_text_args(model, "sparse hello", 24, false, "--gpu-budget 60% -c 128");
+	CHECK_MSG(strcmp(seen, want), "TEAL changed nothing: \"%s\"", seen);
+	free(seen);
+	srv_start(&s, model, extra);
+	snprintf(body, sizeof(body), "{\"prompt\": \"sparse hello\", \"max_tokens\": 24, "
+		 "\"temperature\": 0}");
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	text = completion_text(resp, &len);
+	seen = as_seen(text, len);
+	CHECK_MSG(!strcmp(seen, want), "hybrid TEAL serve \"%s\" vs hyb run's \"%s\"", seen, want);
+	free(seen);
+	free(text);
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	text = slurp(s.log, NULL);
+	CHECK(text && strstr(text, "a plain model"));
+	free(text);
+	free(want);
+	CHECK(hyb_test_sh(log, HYB " serve -m %s %s --parallel 2 --port 0", model, extra) != 0);
+	CHECK(!hyb_test_sh(glog, "grep -q 'without TEAL' %s", log));
+}
+
+/*
  * --gpu-budget: the expert cache of a mixture of experts behind the API (the
  * CPU device, so the CPU's bits: hyb run's text without a device), twice in
  * a row on the one engine; then four at once on three sequences, batched
