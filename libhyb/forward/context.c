@@ -161,8 +161,11 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 					 !hp->n_expert;
 		/* ... and a mixture's expert cache: moe_hybrid.h */
 		const bool moe_hybrid = p->hybrid && hp->n_expert && !m->group_size;
+		/* ... and a plain model's FFNs on the device: plain_hybrid.h */
+		const bool plain_hybrid = p->hybrid && !hp->n_expert && !m->group_size &&
+					  !m->powerinfer;
 
-		if (p->hybrid && !plan_hybrid && !moe_hybrid) {
+		if (p->hybrid && !plan_hybrid && !moe_hybrid && !plain_hybrid) {
 			hyb_error_set(-EINVAL, "several sequences (n_seq %u) in a hybrid context: "
 				      "a plan's (hybctl plan) or a mixture of experts' expert cache, "
 				      "not %s yet", c->n_seq,
@@ -303,7 +306,8 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 		goto fail;
 	if (p && p->hybrid && !c->moe_hybrid && !m->group_size && !m->powerinfer) {
 		/* a plain model: its parts placed whole (plain_hybrid.h) */
-		if (!(c->plain_hybrid = hyb_plain_hybrid_new(m, p->hybrid, c->n_ctx, err,
+		if (!(c->plain_hybrid = hyb_plain_hybrid_new(m, p->hybrid, c->n_ctx,
+							     c->kv ? c->n_rows : 1, err,
 							     sizeof(err))))
 			goto fail_engine;
 	} else if (p && p->hybrid && !c->moe_hybrid) {

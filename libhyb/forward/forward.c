@@ -718,6 +718,13 @@ static int layer_ffn(struct hyb_ctx *c, uint32_t l, float *xf, uint32_t nf, uint
 			snprintf(err, errlen, "%s", hyb_last_error());
 			return rc;
 		}
+	} else if (c->plain_hybrid && c->kv && hyb_plain_hybrid_ffn_on(c->plain_hybrid, l)) {
+		/* several sequences: a plain model's FFN on the device (plain_hybrid.h) */
+		rc = hyb_plain_hybrid_ffn_rows(c->plain_hybrid, l, c->xn, nf, c->xn);
+		if (rc) {
+			snprintf(err, errlen, "%s", hyb_last_error());
+			return rc;
+		}
 	} else if (c->sparse && !c->probe && c->runs && c->row_one) {
 		rc = plan_rows_ffn(c, l, xf, nf, err, errlen);
 		if (rc)

@@ -6,6 +6,7 @@
  */
 #include "plain_hybrid.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,8 @@ struct hyb_plain_hybrid {
 	struct hyb_hdense *hd;          /* attention blocks and head, or NULL */
 	enum hyb_policy policy;
 	uint32_t E, F;
+	uint32_t rows;                  /* a pass's rows the buffers hold: 1, or several
+					 * sequences' (their FFNs only on the device) */
 	hyb_dptr *ffn;                  /* [n_layer][3]: gate, up, down; 0: on the CPU */
 	uint32_t n_ffn;
 	uint64_t ffn_bytes, buf_bytes;
@@ -67,10 +70,10 @@ static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
 	return b;
 }
 
-/* The FFN buffers' bytes: x in, gate and up activations, y out. */
-static uint64_t ffn_buf_bytes(const struct hyb_model *m)
+/* The FFN buffers' bytes for a pass of `rows`: x in, gate and up activations, y out. */
+static uint64_t ffn_buf_bytes(const struct hyb_model *m, uint32_t rows)
 {
-	return 2 * up_align(4ull * m->hp.n_embd) + 2 * up_align(4ull * m->hp.n_ff);
+	return 2 * up_align(4ull * rows * m->hp.n_embd) + 2 * up_align(4ull * rows * m->hp.n_ff);
 }
 
 /* Layer l's FFN weights to the device (queued on RELOAD). */
@@ -104,7 +107,7 @@ static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, b
 {
 	const struct hyb_model *m = h->m;
 	const uint32_t L = m->hp.n_layer;
-	const uint64_t hb = hyb_hdense_head_bytes(m), fbuf = ffn_buf_bytes(m);
+	const uint64_t hb = hyb_hdense_head_bytes(m), fbuf = ffn_buf_bytes(m, h->rows);
 	uint64_t used = 0;
 	bool any_att = false, any_ffn = false;
 
@@ -113,6 +116,21 @@ static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, b
 	(used + (extra) + hyb_hdense_buffer_bytes(m, (a), (hd), false) + ((f) ? fbuf : 0) <= \
 	 budget)
 	*head = false;
+	if (h->rows > 1) {
+		/* several sequences attend on the CPU (their KV cache is the host's paged
+		 * one): the budget is the FFNs', in layer order */
+		for (uint32_t l = 0; l < L; l++) {
+			const uint64_t fb = ffn_bytes(m, l);
+
+			if (!fb || used + fb + fbuf > budget)
+				break;
+			ffn[l] = true;
+			used += fb;
+		}
+		(void)any_att;
+		(void)any_ffn;
+		return;
+	}
 	if (h->policy == HYB_POLICY_LAYER) {
 		for (uint32_t l = 0; l < L; l++) {
 			const uint64_t ab = hyb_hdense_layer_bytes(m, l, n_ctx);
@@ -154,22 +172,24 @@ static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, b
 
 static int alloc_buffers(struct hyb_plain_hybrid *h)
 {
-	if (hyb_device_alloc(h->dev, 4ull * h->E, &h->d_x) ||
-	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_g) ||
-	    hyb_device_alloc(h->dev, 4ull * h->F, &h->d_u) ||
-	    hyb_device_alloc(h->dev, 4ull * h->E, &h->d_y))
+	const uint64_t r = h->rows;
+
+	if (hyb_device_alloc(h->dev, 4ull * r * h->E, &h->d_x) ||
+	    hyb_device_alloc(h->dev, 4ull * r * h->F, &h->d_g) ||
+	    hyb_device_alloc(h->dev, 4ull * r * h->F, &h->d_u) ||
+	    hyb_device_alloc(h->dev, 4ull * r * h->E, &h->d_y))
 		return -1;
-	h->h_x = hyb_device_host_alloc(h->dev, 4ull * h->E);
-	h->h_y = hyb_device_host_alloc(h->dev, 4ull * h->E);
+	h->h_x = hyb_device_host_alloc(h->dev, 4ull * r * h->E);
+	h->h_y = hyb_device_host_alloc(h->dev, 4ull * r * h->E);
 	if (!h->h_x || !h->h_y)
 		return -1;
-	h->buf_bytes = ffn_buf_bytes(h->m);
+	h->buf_bytes = ffn_buf_bytes(h->m, h->rows);
 	return 0;
 }
 
 struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 					      const struct hyb_hybrid_params *p, uint32_t n_ctx,
-					      char *err, size_t errlen)
+					      uint32_t n_rows, char *err, size_t errlen)
 {
 	const uint32_t L = m->hp.n_layer;
 	struct hyb_plain_hybrid *h;
@@ -189,7 +209,9 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 		goto fail;
 	}
 	h->m = m;
-	h->policy = p->policy == HYB_POLICY_LAYER ? HYB_POLICY_LAYER : HYB_POLICY_STATIC;
+	h->rows = n_rows > 1 ? n_rows : 1;
+	h->policy = p->policy == HYB_POLICY_LAYER && h->rows == 1 ? HYB_POLICY_LAYER
+								  : HYB_POLICY_STATIC;
 	h->E = m->hp.n_embd;
 	h->F = m->hp.n_ff;
 	h->ffn = calloc((size_t)L * 3, sizeof(*h->ffn));
@@ -355,6 +377,53 @@ int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y)
 int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x)
 {
 	return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, h->d_y, h->E);
+}
+
+int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const float *xn,
+			      uint32_t n, float *y)
+{
+	const struct hyb_layer *L = &h->m->layers[l];
+	const hyb_dptr *w = &h->ffn[(size_t)l * 3];
+	const uint64_t in = 4ull * n * h->E;
+	const struct hyb_dev_matvec gate = {
+		.type = L->gate.type, .n_in = h->E, .n_out = h->F, .w = w[0], .x = h->d_x,
+		.y = h->d_g, .batch = n,
+	};
+	const struct hyb_dev_matvec up = {
+		.type = L->up.type, .n_in = h->E, .n_out = h->F, .w = w[1], .x = h->d_x,
+		.y = h->d_u, .batch = n,
+	};
+	const struct hyb_dev_matvec down = {
+		.type = L->down.type, .n_in = h->F, .n_out = h->E, .w = w[2], .x = h->d_g,
+		.y = h->d_y, .batch = n,
+	};
+	double s;
+
+	if (n > h->rows)
+		return hyb_error_set(-EINVAL, "a pass of %u rows: the FFN buffers hold %u", n,
+				     h->rows);
+	/* rows in, the one-token kernels row after row (hyb/device.h), rows out */
+	memcpy(h->h_x, xn, in);
+	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_x, h->h_x, in) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, n * h->F) ||
+	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_t[2 * l + 1]) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, in) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_out) ||
+	    hyb_device_sync(h->dev, h->ev_out))
+		return hyb_error_set(-EIO, "FFN of layer %u on the device: %s", l,
+				     hyb_device_error(h->dev));
+	memcpy(y, h->h_y, in);
+	if (!hyb_device_elapsed(h->dev, h->ev_t[2 * l], h->ev_t[2 * l + 1], &s))
+		h->st.dev_kernel_s += s;
+	h->st.critical_bytes += 2 * in;
+	return 0;
 }
 
 void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double ffn_s,

@@ -28,11 +28,13 @@ struct hyb_plain_hybrid;
 
 /*
  * NULL with a one-line reason in err: not a plain model, the device not
- * opening, a budget that holds no part, device memory failing.
+ * opening, a budget that holds no part, device memory failing. n_rows: 1
+ * (one sequence), or a pass's rows with several sequences: they attend on
+ * the CPU, and the budget is whole FFNs' (hyb_plain_hybrid_ffn_rows).
  */
 struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 					      const struct hyb_hybrid_params *p, uint32_t n_ctx,
-					      char *err, size_t errlen);
+					      uint32_t n_rows, char *err, size_t errlen);
 void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h);
 
 struct hyb_device *hyb_plain_hybrid_device(const struct hyb_plain_hybrid *h);
@@ -52,6 +54,13 @@ int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const flo
 int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y);
 /* Or x += its output on the device (COMPUTE): the residual stream stays there. */
 int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x);
+/*
+ * Layer l's FFN over the n rows of a pass of several sequences (xn: n rows of
+ * n_embd floats) into y, waited for: each row the one-token kernels' result,
+ * so a row's sums do not depend on its batch. 0, or -errno with the message.
+ */
+int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const float *xn,
+			      uint32_t n, float *y);
 /*
  * At a decode step's end, all its device work done: its host seconds
  * (attention blocks, FFNs, of those the CPU's, head), and the device FFNs'

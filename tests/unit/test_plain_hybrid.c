@@ -268,6 +268,84 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
 	hyb_model_free(m);
 }
 
+/*
+ * Several sequences (hyb_ctx_eval_seqs, hyb serve --parallel): their passes
+ * attend on the CPU and run the placed FFNs on the device over all their
+ * rows, prompt pieces and single tokens. Three sequences joining at
+ * different steps get the CPU-only passes' logits bit for bit (Q8_0: the
+ * CPU's GEMM sums a column as its GEMV does).
+ */
+TEST(plain_hybrid_seqs_decode_the_cpu_bits)
+{
+	enum { S = 3, STEPS = 8 };
+	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
+	struct hyb_model *m = hyb_model_load(path);
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM_ADAPTIVE };
+	struct hyb_ctx_params pc = { .n_ctx = 64, .n_threads = 2, .n_seq = S, .kv_size = S * 64 };
+	struct hyb_ctx_params ph = pc;
+	struct hyb_ctx *cc, *ch;
+	struct hyb_hybrid_offload pl;
+	struct hyb_hybrid_stats st;
+	float *lc = malloc(sizeof(float) * 512 * S), *lh = malloc(sizeof(float) * 512 * S);
+	int32_t toks[S][4 + STEPS];
+	int sc[S], sh[S];
+	uint32_t diff = 0, rows = 0;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(lc && lh);
+	hy.gpu_budget = m->weight_bytes / 2;
+	ph.hybrid = &hy;
+	cc = hyb_ctx_new(m, &pc);
+	ch = hyb_ctx_new(m, &ph);
+	CHECK_MSG(cc && ch, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(ch, &pl);
+	CHECK_MSG(pl.plain && pl.ffn_layers > 0 && pl.ffn_layers < m->hp.n_layer &&
+		  pl.attn_layers == 0, "%u FFNs, %u attention blocks", pl.ffn_layers,
+		  pl.attn_layers);
+	for (int s = 0; s < S; s++) {
+		sc[s] = hyb_ctx_seq_open(cc, 4 + STEPS);
+		sh[s] = hyb_ctx_seq_open(ch, 4 + STEPS);
+		CHECK(sc[s] >= 0 && sh[s] == sc[s]);
+		for (int t = 0; t < 4; t++)
+			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
+	}
+	/* sequence s joins at step s with its prompt of 4, beside the others' tokens */
+	for (int k = 0; k < STEPS; k++) {
+		struct hyb_seq_tokens bc[S], bh[S];
+		int n = 0, who[S];
+
+		for (int s = 0; s <= k && s < S; s++) {
+			const int at = k == s ? 0 : 4 + (k - s - 1);
+			const uint32_t len = k == s ? 4 : 1;
+
+			if (at + len > 4 + STEPS - S)
+				continue;
+			bc[n] = (struct hyb_seq_tokens){ sc[s], toks[s] + at, len };
+			bh[n] = (struct hyb_seq_tokens){ sh[s], toks[s] + at, len };
+			who[n++] = s;
+		}
+		CHECK(!hyb_ctx_eval_seqs(cc, bc, n, lc));
+		CHECK_MSG(!hyb_ctx_eval_seqs(ch, bh, n, lh), "%s", hyb_last_error());
+		for (int i = 0; i < n; i++) {
+			const int s = who[i], at = k == s ? 4 : 4 + (k - s);
+
+			diff += memcmp(lc + (size_t)i * 512, lh + (size_t)i * 512,
+				       sizeof(float) * 512) != 0;
+			rows++;
+			toks[s][at] = hyb_test_argmax(lc + (size_t)i * 512, 512);
+		}
+	}
+	hyb_ctx_hybrid_stats(ch, &st);
+	CHECK_MSG(diff == 0 && rows >= 12, "%u of %u sequences' steps differ from the CPU's", diff,
+		  rows);
+	CHECK(st.critical_bytes > 0 && st.dev_kernel_s > 0);
+	hyb_ctx_free(cc);
+	hyb_ctx_free(ch);
+	free(lc);
+	free(lh);
+	hyb_model_free(m);
+}
+
 /* What a plain model's hybrid context refuses, and what it leaves on the CPU. */
 TEST(plain_hybrid_refusals)
 {
@@ -283,12 +361,7 @@ TEST(plain_hybrid_refusals)
 	/* a budget that holds nothing */
 	CHECK(!hyb_ctx_new(m, &cp));
 	CHECK_MSG(strstr(hyb_last_error(), "holds no part of the model"), "%s", hyb_last_error());
-	/* several sequences: not yet */
 	hy.gpu_budget = m->weight_bytes;
-	cp.n_seq = 2;
-	CHECK(!hyb_ctx_new(m, &cp));
-	CHECK_MSG(strstr(hyb_last_error(), "several sequences"), "%s", hyb_last_error());
-	cp.n_seq = 0;
 	/* a neuron policy places the parts statically: nothing to move */
 	c = hyb_ctx_new(m, &cp);
 	CHECK_MSG(c, "%s", hyb_last_error());

@@ -157,6 +157,12 @@ static void place_line(const struct sbench *b, int w)
 	struct hyb_hybrid_offload pl;
 
 	hyb_ctx_hybrid_offload(b->c[w], &pl);
+	if (pl.plain) {
+		printf("  %-10s  %u/%u attention blocks and %u FFNs on the device (%.1f MB)\n",
+		       way_name[w], pl.attn_layers, b->m->hp.n_layer, pl.ffn_layers,
+		       (pl.dense_bytes + pl.ffn_bytes) / 1e6);
+		return;
+	}
 	printf("  %-10s  %u/%u attention blocks on the device, KV of %u sequence%s there, "
 	       "neuron cache %.1f MB, pass rows %.1f MB\n", way_name[w], pl.attn_layers,
 	       b->m->hp.n_layer, w == ONE ? 1 : pl.kv_seqs, w == ONE || pl.kv_seqs != 1 ? "s" : "",
@@ -272,14 +278,18 @@ int cmd_bench_seqs(struct cli_opts *o)
 		hyb_model_free(b.m);
 		return 0;
 	}
-	b.moe = b.m->hp.n_expert > 0;
+	/* a mixture's expert cache, or a plain model's whole FFNs (plain_hybrid.h): both
+	 * batch attending on the CPU, one by one against batch N */
+	b.moe = b.m->hp.n_expert > 0 || (!b.m->group_size && !b.m->powerinfer);
 	if (!b.m->group_size && !b.moe)
 		cli_die("--parallel with --gpu-budget batches a plan's hybrid decoding (hybctl "
-			"plan) or a mixture of experts' expert cache; %s has neither", o->model);
+			"plan), a mixture of experts' expert cache or a plain model's FFNs; %s is a "
+			"PowerInfer file", o->model);
 	b.n = o->parallel;
 	b.s = o->hy.kv_seqs ? o->hy.kv_seqs : (b.n / 4 ? b.n / 4 : 1);
 	if (b.moe && o->hy.kv_seqs)
-		cli_die("--kv-seqs: a mixture's batches attend on the CPU (docs/MOE.md)");
+		cli_die("--kv-seqs: a mixture's or a plain model's batches attend on the CPU "
+			"(docs/MOE.md, docs/HYBRID.md \"Plain models\")");
 	if (b.s >= b.n && !b.moe)
 		cli_die("--kv-seqs %u: fewer than the %u sequences (--parallel) so that some "
 			"attend on the CPU", b.s, b.n);
