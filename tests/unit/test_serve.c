@@ -1194,6 +1194,43 @@ TEST(serve_teal_greedy)
 }
 
 /*
+ * --gpu-budget --parallel 2 on a plain model (docs/HYBRID.md "Plain
+ * models"): one batched engine, its FFNs on the CPU device, so the CPU's
+ * text, alone and with two requests at once.
+ */
+TEST(serve_hybrid_plain_batches)
+{
+	const char *model = syn_model();
+	char body[256], *want, *resp, *text, *seen;
+	struct srv s;
+	size_t len;
+	int fds[2];
+
+	want = run_text_args(model, "hello batch", 20, false, "");
+	srv_start(&s, model, "--gpu-budget 60% --parallel 2 -c 128");
+	snprintf(body, sizeof(body), "{\"prompt\": \"hello batch\", \"max_tokens\": 20, "
+		 "\"temperature\": 0}");
+	for (int i = 0; i < 2; i++)
+		fds[i] = request(s.port, "POST", "/v1/completions", NULL, body);
+	for (int i = 0; i < 2; i++) {
+		resp = read_all(fds[i]);
+		CHECK_EQ_INT(status_of(resp), 200);
+		text = completion_text(resp, &len);
+		seen = as_seen(text, len);
+		CHECK_MSG(!strcmp(seen, want), "request %d: \"%s\" vs \"%s\"", i, seen, want);
+		free(seen);
+		free(text);
+		free(resp);
+	}
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	text = slurp(s.log, NULL);
+	CHECK(text && strstr(text, "a plain model: 0 attention blocks") &&
+	      strstr(text, "(batched)"));
+	free(text);
+	free(want);
+}
+
+/*
  * --teal with --gpu-budget on a plain model (docs/HYBRID.md "Plain
  * models"): one engine, TEAL on the CPU's share, the text of hyb run with
  * the same options; with --parallel 2, refused by name.
