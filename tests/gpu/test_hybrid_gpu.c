@@ -259,6 +259,35 @@ TEST(gpu_moe_expert_cache_other_types_match_cpu_device)
 	moe_compare("moe-gpu-iq4xs", "--arch llama --ffn 256", "IQ4_XS");
 }
 
+/* A decode of N_GEN rows: its own greedy tokens, or (follow) toks[]'s. */
+typedef void (*decode_fn)(const struct hyb_model *m, const struct hyb_hybrid_params *hy,
+			  int32_t *toks, bool follow, float *logits);
+
+/*
+ * fn on the CPU device with cpu's parameters, then on the GPU following its
+ * tokens: greedy tokens agree but for near-ties (at most 2 of N_GEN).
+ */
+static void gpu_vs_cpu(const struct hyb_model *m, struct hyb_hybrid_params cpu, decode_fn fn)
+{
+	const uint32_t V = m->hp.n_vocab;
+	struct hyb_hybrid_params gpu = cpu;
+	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
+	int32_t toks[N_GEN];
+	int agree = 0;
+	double worst;
+
+	gpu.device = "cuda";
+	CHECK(lc && lg);
+	fn(m, &cpu, toks, false, lc);
+	fn(m, &gpu, toks, true, lg);
+	worst = rows_compare(lc, lg, N_GEN, V, &agree);
+	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
+	       N_GEN, worst);
+	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	free(lc);
+	free(lg);
+}
+
 /*
  * A plain model (docs/HYBRID.md "Plain models"): attention blocks, head and
  * whole FFNs on the GPU, the rest on the CPU, against the same placement on
@@ -303,25 +332,9 @@ static void plain_compare(const char *name, const char *type, enum hyb_policy po
 	m = hyb_model_load(path);
 	CHECK_MSG(m, "%s", hyb_last_error());
 
-	const uint32_t V = m->hp.n_vocab;
-	struct hyb_hybrid_params cpu = { .device = "cpu", .policy = pol,
-					 .gpu_budget = m->weight_bytes / 10 * 7 };
-	struct hyb_hybrid_params gpu = cpu;
-	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
-	int32_t toks[N_GEN];
-	int agree = 0;
-	double worst;
-
-	gpu.device = "cuda";
-	CHECK(lc && lg);
-	plain_decode(m, &cpu, toks, false, lc);
-	plain_decode(m, &gpu, toks, true, lg);
-	worst = rows_compare(lc, lg, N_GEN, V, &agree);
-	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
-	       N_GEN, worst);
-	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
-	free(lc);
-	free(lg);
+	gpu_vs_cpu(m, (struct hyb_hybrid_params){ .device = "cpu", .policy = pol,
+						  .gpu_budget = m->weight_bytes / 10 * 7 },
+		   plain_decode);
 	hyb_model_free(m);
 }
 
@@ -378,23 +391,7 @@ static void seqs_decode(const struct hyb_model *m, const struct hyb_hybrid_param
 
 static void seqs_compare(struct hyb_model *m, struct hyb_hybrid_params cpu)
 {
-	const uint32_t V = m->hp.n_vocab;
-	struct hyb_hybrid_params gpu = cpu;
-	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
-	int32_t toks[N_GEN];
-	int agree = 0;
-	double worst;
-
-	gpu.device = "cuda";
-	CHECK(lc && lg);
-	seqs_decode(m, &cpu, toks, false, lc);
-	seqs_decode(m, &gpu, toks, true, lg);
-	worst = rows_compare(lc, lg, N_GEN, V, &agree);
-	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
-	       N_GEN, worst);
-	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
-	free(lc);
-	free(lg);
+	gpu_vs_cpu(m, cpu, seqs_decode);
 }
 
 TEST(gpu_hybrid_seqs_match_cpu_device)

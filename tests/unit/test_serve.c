@@ -316,6 +316,29 @@ static char *as_seen(const char *s, size_t n)
 	return out;
 }
 
+/* n completions of body sent at once (n <= 8): each 200 and the text want. */
+static void at_once(int port, const char *body, int n, const char *want)
+{
+	int fds[8];
+	size_t len;
+
+	CHECK(n <= 8);
+	for (int i = 0; i < n; i++)
+		fds[i] = request(port, "POST", "/v1/completions", NULL, body);
+	for (int i = 0; i < n; i++) {
+		char *resp = read_all(fds[i]), *text, *seen;
+
+		CHECK_MSG(status_of(resp) == 200, "%s", resp);
+		text = completion_text(resp, &len);
+		seen = as_seen(text, len);
+		CHECK_MSG(!strcmp(seen, want), "request %d of %d at once: \"%s\" vs \"%s\"", i, n,
+			  seen, want);
+		free(seen);
+		free(text);
+		free(resp);
+	}
+}
+
 static char *run_text_args(const char *model, const char *prompt, int n, bool chat,
 			   const char *extra)
 {
@@ -1154,7 +1177,6 @@ TEST(serve_teal_greedy)
 	char prof[600], log[600], extra[800], body[256], *want, *resp, *text, *seen;
 	struct srv s;
 	size_t len;
-	int fds[4];
 
 	snprintf(prof, sizeof(prof), "%s/syn.teal.gguf", hyb_test_tmpdir());
 	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
@@ -1173,18 +1195,7 @@ TEST(serve_teal_greedy)
 	free(seen);
 	free(text);
 	free(resp);
-	for (int i = 0; i < 4; i++)
-		fds[i] = request(s.port, "POST", "/v1/completions", NULL, body);
-	for (int i = 0; i < 4; i++) {
-		resp = read_all(fds[i]);
-		CHECK_EQ_INT(status_of(resp), 200);
-		text = completion_text(resp, &len);
-		seen = as_seen(text, len);
-		CHECK_MSG(!strcmp(seen, want), "request %d: \"%s\" vs \"%s\"", i, seen, want);
-		free(seen);
-		free(text);
-		free(resp);
-	}
+	at_once(s.port, body, 4, want);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	text = slurp(s.log, NULL);
 	CHECK(text && strstr(text, "TEAL: one engine batching 2 sequences, their decode steps "
@@ -1201,27 +1212,14 @@ TEST(serve_teal_greedy)
 TEST(serve_hybrid_plain_batches)
 {
 	const char *model = syn_model();
-	char body[256], *want, *resp, *text, *seen;
+	char body[256], *want, *text;
 	struct srv s;
-	size_t len;
-	int fds[2];
 
 	want = run_text_args(model, "hello batch", 20, false, "");
 	srv_start(&s, model, "--gpu-budget 60% --parallel 2 -c 128");
 	snprintf(body, sizeof(body), "{\"prompt\": \"hello batch\", \"max_tokens\": 20, "
 		 "\"temperature\": 0}");
-	for (int i = 0; i < 2; i++)
-		fds[i] = request(s.port, "POST", "/v1/completions", NULL, body);
-	for (int i = 0; i < 2; i++) {
-		resp = read_all(fds[i]);
-		CHECK_EQ_INT(status_of(resp), 200);
-		text = completion_text(resp, &len);
-		seen = as_seen(text, len);
-		CHECK_MSG(!strcmp(seen, want), "request %d: \"%s\" vs \"%s\"", i, seen, want);
-		free(seen);
-		free(text);
-		free(resp);
-	}
+	at_once(s.port, body, 2, want);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	text = slurp(s.log, NULL);
 	CHECK(text && strstr(text, "a plain model: 0 attention blocks") &&
@@ -1315,23 +1313,7 @@ TEST(serve_expert_cache_greedy)
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	/* several requests at once: batched passes through the cache, the same text */
 	srv_start(&s, path, "--gpu-budget 66% --policy lru --parallel 3");
-	{
-		int fds[4];
-
-		for (int i = 0; i < 4; i++)
-			fds[i] = request(s.port, "POST", "/v1/completions", NULL, body);
-		for (int i = 0; i < 4; i++) {
-			resp = read_all(fds[i]);
-			CHECK_MSG(status_of(resp) == 200, "%s", resp);
-			text = completion_text(resp, &len);
-			seen = as_seen(text, len);
-			CHECK_MSG(!strcmp(seen, want), "batched request %d: \"%s\" vs \"%s\"", i,
-				  seen, want);
-			free(seen);
-			free(text);
-			free(resp);
-		}
-	}
+	at_once(s.port, body, 4, want);
 	CHECK(metric(s.port, "hyb_steps_total") < 4 * 16); /* batched: fewer passes than tokens */
 	CHECK(metric(s.port, "hyb_gpu_neurons_total{where=\"device\"}") > 0);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
@@ -1354,10 +1336,9 @@ TEST(serve_expert_cache_greedy)
 TEST(serve_hybrid_plan_batched)
 {
 	const char *plan = hyb_test_plan();
-	char body[256], *want, *resp, *text, *seen;
+	char body[256], *want, *resp, *text;
 	struct srv s;
 	size_t len;
-	int fds[6];
 
 	srv_start(&s, plan, "--gpu-budget 60% -c 256 --parallel 4 --kv-seqs 2 --policy static");
 	snprintf(body, sizeof(body), "{\"prompt\": \"hybrid hello\", \"max_tokens\": 16, "
@@ -1368,19 +1349,7 @@ TEST(serve_hybrid_plan_batched)
 	CHECK(len > 0);
 	free(text);
 	free(resp);
-	for (int i = 0; i < 6; i++)
-		fds[i] = request(s.port, "POST", "/v1/completions", NULL, body);
-	for (int i = 0; i < 6; i++) {
-		resp = read_all(fds[i]);
-		CHECK_MSG(status_of(resp) == 200, "%s", resp);
-		text = completion_text(resp, &len);
-		seen = as_seen(text, len);
-		CHECK_MSG(!strcmp(seen, want), "request %d: \"%s\" vs alone \"%s\"", i, seen,
-			  want);
-		free(seen);
-		free(text);
-		free(resp);
-	}
+	at_once(s.port, body, 6, want);
 	CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_used"), 0);
 	CHECK(metric(s.port, "hyb_steps_total") * 2 < 7 * 16);
 	/* the device's side: the cache's hits and the attention rows of each side */
