@@ -608,7 +608,9 @@ int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
 		return rc;
 	if (c->ffn_thr || c->hybrid)
 		return hyb_error_set(-EINVAL, "TEAL thresholds do not combine with %s",
-				     c->hybrid ? "a hybrid context" : "CATS thresholds");
+				     c->hybrid ? "a plan's or a mixture's hybrid decoding (a plain "
+						 "model's takes them on the CPU's share)" :
+						 "CATS thresholds");
 	for (size_t i = 0; i < n; i++)
 		if (!(thr[i] >= 0) || !isfinite(thr[i]))
 			return hyb_error_set(-EINVAL, "TEAL threshold of layer %zu's %s input is "

@@ -4,7 +4,7 @@
  * docs/HYBRID.md "Plain models"): attention blocks, head and whole FFNs on
  * the CPU device, the rest on the CPU; the CPU's bits at every budget and
  * both placements, across prompts and decode steps; TEAL's thresholds on
- * the CPU's share; the refusals.
+ * the CPU's share, one sequence or several; the refusals.
  */
 #include <errno.h>
 #include <math.h>
@@ -183,6 +183,21 @@ static double rel_dist(const float *a, const float *b, uint32_t V)
 	return sum / N_GEN;
 }
 
+/* TEAL's thresholds of path's model at the profile's sparsity 0.4, malloc'd. */
+static float *teal_thresholds(const char *path, const struct hyb_model *m)
+{
+	char prof[600], log[700];
+	float *thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
+
+	snprintf(prof, sizeof(prof), "%s/plain.teal.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/plain-teal.log", hyb_test_tmpdir());
+	CHECK(thr);
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --sparsity 0.4 --gen 16 -t 1 -o %s",
+				 hyb_test_hybctl(), path, prof), 0);
+	CHECK(!hyb_sparsity_teal_thresholds(prof, 0, thr, m->hp.n_layer));
+	return thr;
+}
+
 /*
  * TEAL's thresholds on the CPU's share (docs/SPARSITY.md#teal): the
  * device's parts stay dense, so on the same tokens the hybrid decode is
@@ -193,7 +208,6 @@ static double rel_dist(const float *a, const float *b, uint32_t V)
 TEST(plain_hybrid_teal_on_the_cpu_share)
 {
 	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
-	char prof[600], log[700];
 	struct hyb_model *m;
 	float *thr, *dense, *teal, *hyb, *all;
 	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
@@ -202,19 +216,14 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
 	double d_teal, d_hyb;
 	const size_t n = (size_t)N_GEN * 512;
 
-	snprintf(prof, sizeof(prof), "%s/plain.teal.gguf", hyb_test_tmpdir());
-	snprintf(log, sizeof(log), "%s/plain-teal.log", hyb_test_tmpdir());
-	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --sparsity 0.4 --gen 16 -t 1 -o %s",
-				 hyb_test_hybctl(), path, prof), 0);
 	m = hyb_model_load(path);
 	CHECK_MSG(m, "%s", hyb_last_error());
-	thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
+	thr = teal_thresholds(path, m);
 	dense = malloc(sizeof(float) * n);
 	teal = malloc(sizeof(float) * n);
 	hyb = malloc(sizeof(float) * n);
 	all = malloc(sizeof(float) * n);
-	CHECK(thr && dense && teal && hyb && all);
-	CHECK(!hyb_sparsity_teal_thresholds(prof, 0, thr, m->hp.n_layer));
+	CHECK(dense && teal && hyb && all);
 	/* the dense model's greedy tokens, then everyone on them */
 	{
 		float *lg = malloc(sizeof(float) * (N_GEN + 4) * 512);
@@ -343,6 +352,117 @@ TEST(plain_hybrid_seqs_decode_the_cpu_bits)
 	hyb_ctx_free(ch);
 	free(lc);
 	free(lh);
+	hyb_model_free(m);
+}
+
+/*
+ * TEAL in the batches of several sequences: the passes attend on the CPU
+ * with the thresholds, the CPU's FFNs take them, the device's run dense.
+ * Three sequences joining at different steps get, row for row, the bits
+ * each gets decoded alone in the same kind of context (a decode row takes
+ * TEAL's one-token sums: docs/SERVE.md#teal); the thresholds are in force
+ * (other logits than without them), and a pass of decode rows puts through
+ * TEAL's GEMV every attention input and the CPU FFNs' only.
+ */
+TEST(plain_hybrid_teal_seqs_are_each_alone)
+{
+	enum { S = 3, STEPS = 8, ROWS = 6, V = 512 };
+	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
+	struct hyb_model *m = hyb_model_load(path);
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM_ADAPTIVE };
+	struct hyb_ctx_params p = { .n_ctx = 64, .n_threads = 2, .n_seq = S, .kv_size = S * 64,
+				    .hybrid = &hy };
+	struct hyb_ctx *cb, *cd, *ca;
+	struct hyb_hybrid_offload pl;
+	struct hyb_teal_stats ts = { 0 };
+	float *thr, *lb = calloc((size_t)S * ROWS * V, sizeof(float));
+	float *l = malloc(sizeof(float) * V * S), *ld = malloc(sizeof(float) * V * S);
+	int32_t toks[S][4 + STEPS];
+	int nrow[S] = { 0 }, sb[S], sd[S];
+	uint32_t diff = 0, same_dense = 0, rows = 0;
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(lb && l && ld);
+	thr = teal_thresholds(path, m);
+	hy.gpu_budget = m->weight_bytes / 2;
+	cb = hyb_ctx_new(m, &p);
+	cd = hyb_ctx_new(m, &p);
+	ca = hyb_ctx_new(m, &p);
+	CHECK_MSG(cb && cd && ca, "%s", hyb_last_error());
+	CHECK_MSG(!hyb_ctx_set_teal_thresholds(cb, thr) && !hyb_ctx_set_teal_thresholds(ca, thr),
+		  "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(cb, &pl);
+	CHECK(pl.plain && pl.ffn_layers > 0 && pl.ffn_layers < m->hp.n_layer);
+	for (int s = 0; s < S; s++) {
+		sb[s] = hyb_ctx_seq_open(cb, 4 + STEPS);
+		sd[s] = hyb_ctx_seq_open(cd, 4 + STEPS);
+		CHECK(sb[s] >= 0 && sd[s] >= 0);
+		for (int t = 0; t < 4; t++)
+			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
+	}
+	/* sequence s joins at step s with its prompt of 4, beside the others' tokens */
+	for (int k = 0; k < STEPS; k++) {
+		struct hyb_seq_tokens bb[S], bd[S];
+		int n = 0, who[S];
+
+		for (int s = 0; s <= k && s < S; s++) {
+			const int at = k == s ? 0 : 4 + (k - s - 1);
+			const uint32_t len = k == s ? 4 : 1;
+
+			if (at + len > 4 + STEPS - S)
+				continue;
+			bb[n] = (struct hyb_seq_tokens){ sb[s], toks[s] + at, len };
+			bd[n] = (struct hyb_seq_tokens){ sd[s], toks[s] + at, len };
+			who[n++] = s;
+		}
+		if (k == S + 1) /* every sequence decoding */
+			hyb_ctx_teal_stats_reset(cb);
+		CHECK_MSG(!hyb_ctx_eval_seqs(cb, bb, n, l), "%s", hyb_last_error());
+		CHECK(!hyb_ctx_eval_seqs(cd, bd, n, ld));
+		if (k == S + 1) {
+			CHECK(n == S);
+			hyb_ctx_teal_stats(cb, &ts);
+		}
+		for (int i = 0; i < n; i++) {
+			const int s = who[i], at = k == s ? 4 : 4 + (k - s);
+
+			CHECK(nrow[s] < ROWS);
+			memcpy(lb + ((size_t)s * ROWS + nrow[s]++) * V, l + (size_t)i * V,
+			       sizeof(float) * V);
+			same_dense += !memcmp(l + (size_t)i * V, ld + (size_t)i * V,
+					      sizeof(float) * V);
+			toks[s][at] = hyb_test_argmax(l + (size_t)i * V, V);
+		}
+	}
+	/* each alone, on the tokens it got in the batch */
+	for (int s = 0; s < S; s++) {
+		const int sa = hyb_ctx_seq_open(ca, 4 + STEPS);
+
+		CHECK(sa >= 0);
+		for (int r = 0; r < nrow[s]; r++) {
+			struct hyb_seq_tokens one = { sa, toks[s] + (r ? 3 + r : 0), r ? 1 : 4 };
+
+			CHECK_MSG(!hyb_ctx_eval_seqs(ca, &one, 1, l), "%s", hyb_last_error());
+			diff += memcmp(l, lb + ((size_t)s * ROWS + r) * V, sizeof(float) * V) != 0;
+			rows++;
+		}
+		hyb_ctx_seq_close(ca, sa);
+	}
+	CHECK_MSG(diff == 0 && rows >= 12, "%u of %u rows differ from the sequence's alone", diff,
+		  rows);
+	CHECK_MSG(same_dense == 0, "%u of %u rows as without thresholds", same_dense, rows);
+	CHECK_MSG(ts.inputs == (uint64_t)S * (m->hp.n_layer * (128 + 128) +
+					      (m->hp.n_layer - pl.ffn_layers) * (128 + 512)),
+		  "%llu TEAL inputs, %u FFNs on the device", (unsigned long long)ts.inputs,
+		  pl.ffn_layers);
+	CHECK(ts.active < ts.inputs);
+	hyb_ctx_free(cb);
+	hyb_ctx_free(cd);
+	hyb_ctx_free(ca);
+	free(thr);
+	free(lb);
+	free(l);
+	free(ld);
 	hyb_model_free(m);
 }
 

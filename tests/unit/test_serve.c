@@ -1231,18 +1231,19 @@ TEST(serve_hybrid_plain_batches)
 /*
  * --teal with --gpu-budget on a plain model (docs/HYBRID.md "Plain
  * models"): one engine, TEAL on the CPU's share, the text of hyb run with
- * the same options; with --parallel 2, refused by name.
+ * the same options; with --parallel 2 the batches take the thresholds too
+ * (another text than without them), a request's text the same alone and
+ * beside another.
  */
 TEST(serve_teal_hybrid_plain)
 {
 	const char *model = syn_model();
-	char prof[600], log[600], glog[700], extra[800], body[256], *want, *resp, *text, *seen;
+	char prof[600], log[600], extra[800], body[256], *want, *resp, *text, *seen;
 	struct srv s;
 	size_t len;
 
 	snprintf(prof, sizeof(prof), "%s/syn.teal.gguf", hyb_test_tmpdir());
 	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
-	snprintf(glog, sizeof(glog), "%s/grep.log", hyb_test_tmpdir());
 	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --gen 16 -t 1 -o %s",
 				 hyb_test_hybctl(), model, prof), 0);
 	/* one context size: the placement (KV cache bytes) and so the function follow it */
@@ -1267,8 +1268,23 @@ TEST(serve_teal_hybrid_plain)
 	CHECK(text && strstr(text, "a plain model"));
 	free(text);
 	free(want);
-	CHECK(hyb_test_sh(log, HYB " serve -m %s %s --parallel 2 --port 0", model, extra) != 0);
-	CHECK(!hyb_test_sh(glog, "grep -q 'without TEAL' %s", log));
+	/* batched: the passes attend on the CPU, thresholded; the device's FFNs dense */
+	want = run_text_args(model, "sparse hello", 24, false, "");
+	strcat(extra, " --parallel 2");
+	srv_start(&s, model, extra);
+	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	text = completion_text(resp, &len);
+	seen = as_seen(text, len);
+	CHECK_MSG(strcmp(seen, want), "batched TEAL changed nothing: \"%s\"", seen);
+	at_once(s.port, body, 2, seen);
+	free(seen);
+	free(text);
+	free(resp);
+	CHECK_EQ_INT(srv_stop(&s, 30), 0);
+	text = slurp(s.log, NULL);
+	CHECK(text && strstr(text, "(batched)") && strstr(text, "TEAL: one engine batching 2"));
+	free(text);
+	free(want);
 }
 
 /*

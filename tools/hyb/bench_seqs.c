@@ -14,6 +14,10 @@
  *                over the KV cache in DRAM;
  *   device N     N batched, every KV cache on the device (its budget taken
  *                from the neuron cache).
+ * A plain model's whole FFNs (plain_hybrid.h) run one by one and batch N;
+ * with --teal, whose thresholds the CPU's share takes: one by one, TEAL N
+ * (decode rows with TEAL's one-token sums), TEAL N, var (batch_variant: the
+ * dense GEMM of the masked inputs) and dense N (no thresholds), the baseline.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,15 +40,30 @@ struct sbench {
 	double *tps[N_WAYS];       /* per round */
 	struct hyb_hybrid_stats st[N_WAYS];
 	bool moe;                  /* a mixture's expert cache: one by one and batch N only */
+	bool teal;                 /* a plain model with --teal: + the dense batch N */
 };
 
-static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seqs)
+static const char *way(const struct sbench *b, int w)
+{
+	static const char *const teal_name[N_WAYS] = { "one by one", "TEAL N, var", "dense N",
+						       "TEAL N" };
+
+	return b->teal ? teal_name[w] : b->moe && w == DEV_N ? "batch N" : way_name[w];
+}
+
+/*
+ * teal: --teal's thresholds on the CPU's share (a plain model's; plain_hybrid.h);
+ * variant: hyb_ctx_params.batch_variant
+ */
+static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seqs, bool teal,
+			       bool variant)
 {
 	struct hyb_hybrid_params hy = b->o->hy;
 	const uint32_t n_pos = b->n_prompt + b->n_gen;
 	struct hyb_ctx_params p = { .n_ctx = n_pos, .n_threads = b->o->n_threads,
 				    .ffn = b->moe ? HYB_FFN_AUTO : HYB_FFN_SPARSE,
-				    .numa_no_pin = b->o->numa_no_pin, .hybrid = &hy };
+				    .numa_no_pin = b->o->numa_no_pin, .hybrid = &hy,
+				    .batch_variant = variant };
 	struct hyb_ctx *c;
 
 	hy.gpu_budget = cli_gpu_budget(b->o->gpu_budget, b->m);
@@ -56,6 +75,8 @@ static struct hyb_ctx *new_ctx(struct sbench *b, uint32_t n_seq, uint32_t kv_seq
 	c = hyb_ctx_new(b->m, &p);
 	if (!c)
 		cli_die("%s", hyb_last_error());
+	if (teal)
+		cli_apply_teal(c, b->m, b->o);
 	return c;
 }
 
@@ -159,7 +180,7 @@ static void place_line(const struct sbench *b, int w)
 	hyb_ctx_hybrid_offload(b->c[w], &pl);
 	if (pl.plain) {
 		printf("  %-10s  %u/%u attention blocks and %u FFNs on the device (%.1f MB)\n",
-		       way_name[w], pl.attn_layers, b->m->hp.n_layer, pl.ffn_layers,
+		       way(b, w), pl.attn_layers, b->m->hp.n_layer, pl.ffn_layers,
 		       (pl.dense_bytes + pl.ffn_bytes) / 1e6);
 		return;
 	}
@@ -296,10 +317,15 @@ int cmd_bench_seqs(struct cli_opts *o)
 	b.n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 32;
 	b.n_gen = o->n_gen_bench > 0 ? (uint32_t)o->n_gen_bench : 32;
 	make_prompts(&b);
-	b.c[ONE] = new_ctx(&b, 1, 0);
-	b.c[BATCH_S] = b.s > 1 && !b.moe ? new_ctx(&b, b.s, b.s) : NULL;
-	b.c[APEX] = b.moe ? NULL : new_ctx(&b, b.n, b.s);
-	b.c[DEV_N] = new_ctx(&b, b.n, b.moe ? 0 : b.n);
+	/* a plain model with --teal: APEX's place holds the dense batch N, the baseline,
+	 * and batch S's TEAL N with batch_variant */
+	b.teal = b.moe && o->teal;
+	b.c[ONE] = new_ctx(&b, 1, 0, true, false);
+	b.c[BATCH_S] = b.teal ? new_ctx(&b, b.n, 0, true, true) :
+		       b.s > 1 && !b.moe ? new_ctx(&b, b.s, b.s, true, false) : NULL;
+	b.c[APEX] = b.teal ? new_ctx(&b, b.n, 0, false, false) :
+		    b.moe ? NULL : new_ctx(&b, b.n, b.s, true, false);
+	b.c[DEV_N] = new_ctx(&b, b.n, b.moe ? 0 : b.n, true, false);
 	for (int w = 0; w < N_WAYS; w++) {
 		b.tps[w] = calloc(reps, sizeof(double));
 		if (!b.tps[w])
@@ -316,7 +342,7 @@ int cmd_bench_seqs(struct cli_opts *o)
 		for (int k = 0; k < N_WAYS; k++) {
 			const int w = r % 2 ? N_WAYS - 1 - k : k;
 			struct hyb_hybrid_stats st;
-			uint32_t seqs = w == BATCH_S ? b.s : b.n;
+			uint32_t seqs = w == BATCH_S && !b.teal ? b.s : b.n;
 			double t;
 
 			if (b.moe && !b.c[w])
@@ -345,8 +371,7 @@ int cmd_bench_seqs(struct cli_opts *o)
 
 		if (b.moe && !b.c[w])
 			continue;
-		printf("%-12s %8.2f tokens/s  %.2fx one by one", b.moe && w == DEV_N ? "batch N" :
-		       way_name[w], tps, tps / one);
+		printf("%-12s %8.2f tokens/s  %.2fx one by one", way(&b, w), tps, tps / one);
 		if (b.moe && st->active)
 			printf("; routed experts on the device %.1f%%",
 			       100.0 * st->active_dev / st->active);
@@ -362,6 +387,13 @@ int cmd_bench_seqs(struct cli_opts *o)
 			       100.0 * st->seq_neurons_dev / all, 100.0 * st->seq_neurons_cpu / all);
 		}
 		printf("\n");
+	}
+	if (b.teal) {
+		printf("TEAL N / dense N: %.2fx; TEAL N, variant / dense N: %.2fx\n",
+		       cli_median(b.tps[DEV_N], reps) / cli_median(b.tps[APEX], reps),
+		       cli_median(b.tps[BATCH_S], reps) / cli_median(b.tps[APEX], reps));
+		fflush(stdout);
+		cli_print_teal(b.c[DEV_N], b.m);
 	}
 	if (!b.moe) {
 		apex_profile(&b);

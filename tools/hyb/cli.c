@@ -233,8 +233,7 @@ static void apply_cats(struct hyb_ctx *c, const struct hyb_model *m, const struc
 	free(thr);
 }
 
-/* --teal / --sparsity onto a new context (hyb/sparsity.h); exits on failure. */
-static void apply_teal(struct hyb_ctx *c, const struct hyb_model *m, const struct cli_opts *o)
+void cli_apply_teal(struct hyb_ctx *c, const struct hyb_model *m, const struct cli_opts *o)
 {
 	float *thr;
 
@@ -314,7 +313,7 @@ struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o)
 		cli_die("%s", hyb_last_error());
 	cli_check_prompt_batch(c, &hy);
 	apply_cats(c, m, o);
-	apply_teal(c, m, o);
+	cli_apply_teal(c, m, o);
 	return c;
 }
 
@@ -331,7 +330,7 @@ struct hyb_ctx *cli_new_ctx_seqs(const struct hyb_model *m, const struct cli_opt
 	if (!c)
 		cli_die("%s", hyb_last_error());
 	apply_cats(c, m, o);
-	apply_teal(c, m, o);
+	cli_apply_teal(c, m, o);
 	return c;
 }
 

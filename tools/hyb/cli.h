@@ -64,6 +64,8 @@ struct hyb_model *cli_load_model(const struct cli_opts *o);
 /* cli_manifest.c: a model from hybd's manifest (box mode), or exit with one line. */
 struct hyb_model *cli_load_manifest(const char *src);
 struct hyb_ctx *cli_new_ctx(const struct hyb_model *m, const struct cli_opts *o);
+/* --teal / --sparsity onto a new context (hyb/sparsity.h); exits on failure. */
+void cli_apply_teal(struct hyb_ctx *c, const struct hyb_model *m, const struct cli_opts *o);
 /* One stderr line on sparse decoding (nothing for a dense context). */
 void cli_print_sparse(const struct hyb_ctx *c, double t_decode);
 /* TEAL's decode steps: the share of inputs skipped, per input kind, and of bytes. */

@@ -62,7 +62,7 @@ static const char usage[] =
 	"    (docs/NUMA.md)\n"
 	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); batched\n"
 	"    decode steps keep TEAL's sums unless --batch-variant (docs/SERVE.md); with\n"
-	"    --gpu-budget (a plain model, --parallel 1) on the CPU's share\n"
+	"    --gpu-budget (a plain model) on the CPU's share\n"
 	"  --gpu-budget: hybrid decoding as hyb run's (a plan's neuron cache, a mixture\n"
 	"    of experts' expert cache: docs/MOE.md); --parallel N batches the requests\n"
 	"    through it (docs/HYBRID.md, docs/MOE.md)\n"
@@ -194,10 +194,9 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		cli_die("--sparsity needs --teal PROFILE");
 	if (o->model && o->manifest)
 		cli_die("-m %s and --manifest %s: one model", o->model, o->manifest);
-	if (o->gpu_budget && o->parallel > 1 && (o->teal || o->no_batch))
+	if (o->gpu_budget && o->parallel > 1 && o->no_batch)
 		cli_die("--gpu-budget --parallel %d: hybrid decoding batches on one engine on the "
-			"device (no --no-batch), without TEAL's thresholds (--teal: --parallel 1, a "
-			"plain model: docs/HYBRID.md \"Plain models\")", o->parallel);
+			"device (no --no-batch)", o->parallel);
 	if (!o->gpu_budget && (o->routing || o->hy.no_prefetch || o->hy.dense_on_cpu ||
 			       o->hy.thresholds || o->hy.prompt_batch || o->hy.kv_seqs))
 		cli_die("--routing, --no-prefetch, --dense-cpu, --thresholds, --prompt-batch and "
