@@ -847,24 +847,58 @@ extern "C" int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream)
 	}
 }
 
-static __global__ void swiglu_kernel(float *__restrict__ g, const float *__restrict__ u,
-				     uint32_t n)
+/* hyb_ffn_act (libhyb/forward/ops.c) over every element: the ReLU family sees all g */
+template <int ACT>
+static __global__ void ffn_act_kernel(float *__restrict__ g, const float *__restrict__ u,
+				      uint32_t n, const unsigned short *__restrict__ gelu)
 {
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		const float v = g[i];
+		const float v = g[i], w = u[i];
 
-		g[i] = v / (1.0f + expf(-v)) * u[i];
+		if (ACT == HYB_ACT_SILU)
+			g[i] = v / (1.0f + expf(-v)) * w;
+		else if (ACT == HYB_ACT_GELU)
+			g[i] = geglu_h(gelu, v, w);
+		else if (ACT == HYB_ACT_RELU)
+			g[i] = fmaxf(v, 0.0f) * w;
+		else if (ACT == HYB_ACT_RELU2)
+			g[i] = fmaxf(v, 0.0f) * fmaxf(v, 0.0f) * w;
+		else
+			g[i] = fmaxf(v, 0.0f) * fmaxf(w, 0.0f);
 	}
 }
 
-extern "C" int hyb_cuda_swiglu(float *g, const float *u, uint32_t n, void *stream)
+extern "C" int hyb_cuda_ffn_act(float *g, const float *u, uint32_t n, int act,
+				const uint16_t *gelu, void *stream)
 {
 	const uint32_t blocks = (uint32_t)((n + 255ull) / 256 < 8192 ? (n + 255ull) / 256 : 8192);
+	const cudaStream_t s = (cudaStream_t)stream;
+	const unsigned short *t = (const unsigned short *)gelu;
 
 	if (!n)
 		return 0;
-	swiglu_kernel<<<blocks, 256, 0, (cudaStream_t)stream>>>(g, u, n);
+	switch (act) {
+	case HYB_ACT_SILU:
+		ffn_act_kernel<HYB_ACT_SILU><<<blocks, 256, 0, s>>>(g, u, n, t);
+		break;
+	case HYB_ACT_GELU:
+		if (!gelu)
+			return -EINVAL;
+		ffn_act_kernel<HYB_ACT_GELU><<<blocks, 256, 0, s>>>(g, u, n, t);
+		break;
+	case HYB_ACT_RELU:
+		ffn_act_kernel<HYB_ACT_RELU><<<blocks, 256, 0, s>>>(g, u, n, t);
+		break;
+	case HYB_ACT_RELU2:
+		ffn_act_kernel<HYB_ACT_RELU2><<<blocks, 256, 0, s>>>(g, u, n, t);
+		break;
+	case HYB_ACT_DRELU:
+		ffn_act_kernel<HYB_ACT_DRELU><<<blocks, 256, 0, s>>>(g, u, n, t);
+		break;
+	default:
+		return -EINVAL;
+	}
 	return (int)cudaGetLastError();
 }
 

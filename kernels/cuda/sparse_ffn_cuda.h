@@ -69,8 +69,13 @@ int hyb_cuda_sparse_ffn(const struct hyb_cuda_ffn *f, void *stream);
 /* y[i] += x[i], i < n. 0 or a cudaError_t. */
 int hyb_cuda_add(float *y, const float *x, uint32_t n, void *stream);
 
-/* g[i] = silu(g[i]) * u[i], i < n. 0 or a cudaError_t. */
-int hyb_cuda_swiglu(float *g, const float *u, uint32_t n, void *stream);
+/*
+ * g[i] = act(g[i], u[i]), i < n: hyb_ffn_act's activations (act an enum
+ * hyb_ffn_act; GeGLU reads gelu, ggml's F16 GELU table in device memory).
+ * 0, -EINVAL for another act, or a cudaError_t.
+ */
+int hyb_cuda_ffn_act(float *g, const float *u, uint32_t n, int act, const uint16_t *gelu,
+		     void *stream);
 
 #ifdef __cplusplus
 }

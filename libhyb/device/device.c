@@ -628,22 +628,27 @@ int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	return rc;
 }
 
-int hyb_device_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
-		      uint32_t n)
+int hyb_device_ffn_act(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		       uint32_t n, enum hyb_ffn_act act)
 {
-	int rc = check_dev(d, (int)s, "swiglu");
+	int rc = check_dev(d, (int)s, "ffn_act");
 
-	if (rc || !n)
+	if (rc)
 		return rc;
-	if (!d->ops->swiglu)
-		return hyb_device_fail(d, -ENOSYS, "%s device: no swiglu kernel", d->ops->kind);
-	rc = check_array(d, g, 4ull * n, "swiglu g");
+	if (act != HYB_ACT_SILU && act != HYB_ACT_GELU && act != HYB_ACT_RELU &&
+	    act != HYB_ACT_RELU2 && act != HYB_ACT_DRELU)
+		return hyb_device_fail(d, -EINVAL, "ffn_act: activation %d", (int)act);
+	if (!n)
+		return 0;
+	if (!d->ops->ffn_act)
+		return hyb_device_fail(d, -ENOSYS, "%s device: no ffn_act kernel", d->ops->kind);
+	rc = check_array(d, g, 4ull * n, "ffn_act g");
 	if (!rc)
-		rc = check_array(d, u, 4ull * n, "swiglu u");
+		rc = check_array(d, u, 4ull * n, "ffn_act u");
 	if (!rc && g < u + 4ull * n && u < g + 4ull * n)
-		rc = hyb_device_fail(d, -EINVAL, "swiglu: g and u overlap");
+		rc = hyb_device_fail(d, -EINVAL, "ffn_act: g and u overlap");
 	if (!rc)
-		rc = d->ops->swiglu(d, s, g, u, n);
+		rc = d->ops->ffn_act(d, s, g, u, n, act);
 	if (!rc)
 		d->st.kernels++;
 	return rc;

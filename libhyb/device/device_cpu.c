@@ -889,9 +889,9 @@ static int cpu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	return rc;
 }
 
-/* the CPU forward pass's activation (hyb_ffn_act), as the experts' CPU path runs it */
-static int cpu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
-		      uint32_t n)
+/* the CPU forward pass's activation (hyb_ffn_act), as its FFNs and experts run it */
+static int cpu_ffn_act(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		       uint32_t n, enum hyb_ffn_act act)
 {
 	struct cpu_dev *c = cpu(d);
 	float *gp = (float *)(uintptr_t)g;
@@ -900,8 +900,8 @@ static int cpu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_d
 	int rc;
 
 	enter(c, &r0);
-	hyb_ffn_act(gp, up, n, HYB_ACT_SILU);
-	op_begin(c, "a swiglu kernel");
+	hyb_ffn_act(gp, up, n, act);
+	op_begin(c, "an ffn_act kernel");
 	span(c, up, 4ull * n, false);
 	span(c, gp, 4ull * n, true);
 	rc = kernel_done(c, s, 12ull * n, 0); /* reads g and u, writes g */
@@ -1251,7 +1251,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.elapsed = cpu_elapsed,
 	.sparse_ffn = cpu_sparse_ffn,
 	.add = cpu_add,
-	.swiglu = cpu_swiglu,
+	.ffn_act = cpu_ffn_act,
 	.rmsnorm = cpu_rmsnorm,
 	.matvec = cpu_matvec,
 	.attention = cpu_attention,

@@ -732,17 +732,20 @@ static int cu_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr 
 	return 0;
 }
 
-static int cu_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
-		     uint32_t n)
+static int cu_ffn_act(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		      uint32_t n, enum hyb_ffn_act act)
 {
 	struct cudev *c = cu(d);
 	int rc = use_stream(c, s);
 
 	if (rc)
 		return rc;
-	rc = hyb_cuda_swiglu((float *)(uintptr_t)g, (const float *)(uintptr_t)u, n, c->st[s]);
+	rc = hyb_cuda_ffn_act((float *)(uintptr_t)g, (const float *)(uintptr_t)u, n, (int)act,
+			      c->gelu, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "ffn_act: activation %d", (int)act);
 	if (rc)
-		return fault(c, (cudaError_t)rc, "swiglu kernel launch");
+		return fault(c, (cudaError_t)rc, "ffn_act kernel launch");
 	d->st.kernel_bytes += 12ull * n;
 	return 0;
 }
@@ -1023,7 +1026,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_elapsed,
 	cu_sparse_ffn,
 	cu_add,
-	cu_swiglu,
+	cu_ffn_act,
 	cu_rmsnorm,
 	cu_matvec,
 	cu_attention,

@@ -8,7 +8,7 @@
  * check again): d is not NULL and not faulted (except free, host_unregister,
  * host_free, event_free, close, now, which always run); s < HYB_N_STREAMS;
  * copy lengths > 0 and host pointers not NULL; every device range
- * [p, p + len) of a copy, add, swiglu, sparse_ffn, rmsnorm, matvec or attention
+ * [p, p + len) of a copy, add, ffn_act, sparse_ffn, rmsnorm, matvec or attention
  * argument lies inside one live allocation, float/int32 arguments 4-byte
  * aligned, F16 caches 2-byte aligned; events not NULL; hyb_dev_ffn fields
  * valid (type F32/F16/Q8_0/Q4_0, sizes > 0, n_embd a multiple of the block,
@@ -65,7 +65,8 @@ struct hyb_device_ops {
 		       struct hyb_device_event *b, double *s);
 	int (*sparse_ffn)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_ffn *f);
 	int (*add)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
-	int (*swiglu)(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u, uint32_t n);
+	int (*ffn_act)(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u, uint32_t n,
+		       enum hyb_ffn_act act);
 	int (*rmsnorm)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
 		       hyb_dptr w, uint32_t n, uint32_t rows, float eps);
 	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);

@@ -15,7 +15,7 @@
  *
  *   begin  xn up on CRITICAL (unless the layer's attention left it on the
  *          device: moe_decode.c); on COMPUTE, per resident expert that has
- *          landed (its load's event done), gate, up, swiglu, down into row i
+ *          landed (its load's event done), gate, up, activation, down into row i
  *          of y; the rows down on CRITICAL;
  *          the CPU computes the other experts meanwhile (moe.c);
  *   end    wait for the rows, hand them to moe.c's weighted sum (which is
@@ -651,7 +651,8 @@ static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint3
 
 	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g + mid, h->d_u + mid, k * h->F))
+	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g + mid, h->d_u + mid, k * h->F,
+			       h->m->hp.act))
 		return -1;
 	return hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down);
 }
@@ -680,7 +681,7 @@ static int queue_shared(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x)
 
 	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_sg, h->d_su, h->S) ||
+	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_sg, h->d_su, h->S, h->m->hp.act) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down))
 		return -1;
 	return w[3] ? hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &logit) : 0;

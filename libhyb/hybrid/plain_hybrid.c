@@ -50,9 +50,7 @@ static int dev_fail(struct hyb_plain_hybrid *h, char *err, size_t errlen, const 
 
 /*
  * Device bytes of layer l's FFN (gate, up, down); 0 when the device cannot
- * run it: a weight type its matvec does not take, or an activation other
- * than SiLU (the device has SwiGLU's kernel; a GELU model's FFNs stay on
- * the CPU).
+ * run it: a weight type its matvec does not take, or a layer's experts.
  */
 static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
 {
@@ -60,8 +58,6 @@ static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
 	const struct hyb_weight *w[3] = { &L->gate, &L->up, &L->down };
 	uint64_t b = 0;
 
-	if (m->hp.act != HYB_ACT_SILU)
-		return 0;
 	for (int i = 0; i < 3; i++) {
 		if (!w[i]->data || w[i]->ne2 || !hyb_device_matvec_type_ok(w[i]->type))
 			return 0;
@@ -352,7 +348,7 @@ int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const flo
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F) ||
+	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F, h->m->hp.act) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]))
 		return -1;
@@ -410,7 +406,8 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_swiglu(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, n * h->F) ||
+	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, n * h->F,
+			       h->m->hp.act) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_t[2 * l + 1]) ||

@@ -630,36 +630,44 @@ TEST(gpu_dev_add)
 	free(out);
 }
 
-/* The experts' activation: silu(g) * u, against the CPU's hyb_ffn_act within float rounding. */
-TEST(gpu_dev_swiglu)
+/* The FFN activation, every kind, against the CPU's hyb_ffn_act within float rounding. */
+TEST(gpu_dev_ffn_act)
 {
 	const uint32_t n = 100003;
+	const enum hyb_ffn_act acts[] = { HYB_ACT_SILU, HYB_ACT_GELU, HYB_ACT_RELU, HYB_ACT_RELU2,
+					  HYB_ACT_DRELU };
 	struct hyb_device *d;
 	float *g = malloc(4ull * n), *u = malloc(4ull * n), *out = malloc(4ull * n);
 	hyb_dptr dg, du;
-	double worst = 0;
 
 	need_gpu();
 	CHECK(g && u && out);
 	d = open_kind("cuda", 64 * MiB, 0);
 	dg = dalloc(d, 4ull * n);
 	du = dalloc(d, 4ull * n);
-	for (uint32_t i = 0; i < n; i++) {
-		g[i] = 8 * rndf();
-		u[i] = rndf();
+	for (size_t a = 0; a < sizeof(acts) / sizeof(acts[0]); a++) {
+		double worst = 0;
+
+		/* gates across GeGLU's table and past its +-10 ends, both signs of u */
+		for (uint32_t i = 0; i < n; i++) {
+			g[i] = 12 * rndf();
+			u[i] = rndf();
+		}
+		OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, dg, g, 4ull * n));
+		OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, du, u, 4ull * n));
+		drain(d, HYB_STREAM_CRITICAL);
+		OK(d, hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, dg, du, n, acts[a]));
+		OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, out, dg, 4ull * n));
+		drain(d, HYB_STREAM_COMPUTE);
+		hyb_ffn_act(g, u, n, acts[a]);
+		for (uint32_t i = 0; i < n; i++)
+			worst = fmax(worst, fabs((double)out[i] - g[i]) /
+						    (fabs((double)g[i]) + 1e-6));
+		printf("    activation %d: worst relative difference %.2e\n", (int)acts[a], worst);
+		CHECK_MSG(worst < 1e-5, "activation %d differs by %.2e", (int)acts[a], worst);
 	}
-	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, dg, g, 4ull * n));
-	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, du, u, 4ull * n));
-	drain(d, HYB_STREAM_CRITICAL);
-	OK(d, hyb_device_swiglu(d, HYB_STREAM_COMPUTE, dg, du, n));
-	OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, out, dg, 4ull * n));
-	drain(d, HYB_STREAM_COMPUTE);
-	hyb_ffn_act(g, u, n, HYB_ACT_SILU);
-	for (uint32_t i = 0; i < n; i++)
-		worst = fmax(worst, fabs((double)out[i] - g[i]) / (fabs((double)g[i]) + 1e-6));
-	printf("    worst relative difference %.2e\n", worst);
-	CHECK_MSG(worst < 1e-5, "swiglu differs by %.2e", worst);
-	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, dg, dg + 8, 16), -EINVAL);
+	CHECK_EQ_INT(hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, dg, dg + 8, 16, HYB_ACT_SILU),
+		     -EINVAL);
 	hyb_device_close(d);
 	free(g);
 	free(u);

@@ -318,7 +318,7 @@ static void plain_decode(const struct hyb_model *m, const struct hyb_hybrid_para
 	hyb_ctx_free(c);
 }
 
-static void plain_compare(const char *name, const char *type, enum hyb_policy pol)
+static void plain_compare(const char *name, const char *args, enum hyb_policy pol)
 {
 	char path[512], cmd[1024];
 	struct hyb_model *m;
@@ -327,7 +327,7 @@ static void plain_compare(const char *name, const char *type, enum hyb_policy po
 		SKIP("no CUDA device");
 	snprintf(path, sizeof(path), "%s/%s.gguf", hyb_test_tmpdir(), name);
 	snprintf(cmd, sizeof(cmd), "build/hybctl synth -o %s --hidden 512 --ffn 1536 --heads 8 "
-		 "--layers 4 --type %s -t 2 >/dev/null", path, type);
+		 "--layers 4 %s -t 2 >/dev/null", path, args);
 	CHECK_MSG(system(cmd) == 0, "%s failed", cmd);
 	m = hyb_model_load(path);
 	CHECK_MSG(m, "%s", hyb_last_error());
@@ -340,8 +340,10 @@ static void plain_compare(const char *name, const char *type, enum hyb_policy po
 
 TEST(gpu_plain_hybrid_matches_cpu_device)
 {
-	plain_compare("plain-gpu-q4", "Q4_0", HYB_POLICY_STATIC);
-	plain_compare("plain-gpu-q5k", "Q5_K", HYB_POLICY_LAYER);
+	plain_compare("plain-gpu-q4", "--type Q4_0", HYB_POLICY_STATIC);
+	plain_compare("plain-gpu-q5k", "--type Q5_K", HYB_POLICY_LAYER);
+	/* GeGLU FFNs (hyb_device_ffn_act's F16 GELU table), Gemma's attention on the CPU */
+	plain_compare("plain-gpu-gemma3", "--arch gemma3 --type Q8_0", HYB_POLICY_STATIC);
 }
 
 /*

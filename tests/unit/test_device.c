@@ -874,35 +874,49 @@ TEST(dev_add_exact)
 	hyb_device_close(d);
 }
 
-/* The experts' activation: hyb_ffn_act's bits; overlapping or short arrays refused. */
-TEST(dev_swiglu_exact)
+/*
+ * The FFN activation between gate/up and down: hyb_ffn_act's bits for every
+ * activation; another act, overlapping or short arrays refused.
+ */
+TEST(dev_ffn_act_exact)
 {
 	struct hyb_device *d = open_cpu(NULL);
 	const uint32_t n = 1003;
+	const enum hyb_ffn_act acts[] = { HYB_ACT_SILU, HYB_ACT_GELU, HYB_ACT_RELU, HYB_ACT_RELU2,
+					  HYB_ACT_DRELU };
 	float *g = xmalloc(4 * n), *u = xmalloc(4 * n), *r = xmalloc(4 * n);
 	hyb_dptr pg = dalloc(d, 4 * n), pu = dalloc(d, 4 * n);
 	struct hyb_device_stats st;
 
-	g_rng = 9;
-	for (uint32_t i = 0; i < n; i++) {
-		g[i] = 8 * rndf();
-		u[i] = rndf();
+	for (size_t a = 0; a < sizeof(acts) / sizeof(acts[0]); a++) {
+		g_rng = 9 + a;
+		/* gates across GeGLU's table and past its +-10 ends, both signs of u */
+		for (uint32_t i = 0; i < n; i++) {
+			g[i] = 12 * rndf();
+			u[i] = rndf();
+		}
+		CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pg, g, 4 * n) == 0);
+		CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pu, u, 4 * n) == 0);
+		sync_stream(d, HYB_STREAM_CRITICAL);
+		hyb_device_stats_reset(d);
+		CHECK(hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, pg, pu, n, acts[a]) == 0);
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, r, pg, 4 * n) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+		hyb_ffn_act(g, u, n, acts[a]);
+		CHECK_MSG(!memcmp(r, g, 4 * n), "activation %d differs", (int)acts[a]);
+		hyb_device_stats(d, &st);
+		CHECK_EQ_INT(st.kernels, 1);
+		CHECK_EQ_INT(st.kernel_bytes, 12 * n);
 	}
-	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pg, g, 4 * n) == 0);
-	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pu, u, 4 * n) == 0);
-	sync_stream(d, HYB_STREAM_CRITICAL);
-	CHECK(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pu, n) == 0);
-	CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, r, pg, 4 * n) == 0);
-	sync_stream(d, HYB_STREAM_COMPUTE);
-	hyb_ffn_act(g, u, n, HYB_ACT_SILU);
-	CHECK(!memcmp(r, g, 4 * n));
-	hyb_device_stats(d, &st);
-	CHECK_EQ_INT(st.kernels, 1);
-	CHECK_EQ_INT(st.kernel_bytes, 12 * n);
-	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pg + 64, 100), -EINVAL);
+	CHECK_EQ_INT(hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, pg, pu, n, (enum hyb_ffn_act)99),
+		     -EINVAL);
+	CHECK_MSG(strstr(hyb_device_error(d), "activation 99"), "%s", hyb_device_error(d));
+	CHECK_EQ_INT(hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, pg, pg + 64, 100, HYB_ACT_SILU),
+		     -EINVAL);
 	CHECK_MSG(strstr(hyb_device_error(d), "overlap"), "%s", hyb_device_error(d));
-	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pu, n + 1), -EINVAL);
-	CHECK_EQ_INT(hyb_device_swiglu(d, HYB_STREAM_COMPUTE, pg, pu, 0), 0);
+	CHECK_EQ_INT(hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, pg, pu, n + 1, HYB_ACT_GELU),
+		     -EINVAL);
+	CHECK_EQ_INT(hyb_device_ffn_act(d, HYB_STREAM_COMPUTE, pg, pu, 0, HYB_ACT_SILU), 0);
 	free(g);
 	free(u);
 	free(r);

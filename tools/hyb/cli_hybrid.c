@@ -440,6 +440,35 @@ static double *per_round(const struct hbench *h)
 	return v;
 }
 
+/*
+ * A plain model's placement that holds nothing at the budget is left out,
+ * said (layer places whole layers in order: none where the device does not
+ * take the first attention block, Gemma's; plain_hybrid.h); exits if none is left.
+ */
+static void plain_drop_empty(struct hbench *h, const struct cli_opts *o, enum hyb_policy *pol)
+{
+	for (int i = 0; i < h->np; i++) {
+		struct hyb_hybrid_params hy = o->hy;
+		struct hyb_ctx_params p = { .n_ctx = o->n_ctx, .n_threads = 1, .hybrid = &hy };
+		struct hyb_ctx *c;
+
+		hy.policy = pol[i];
+		hy.gpu_budget = cli_gpu_budget(o->gpu_budget, h->m);
+		c = hyb_ctx_new(h->m, &p);
+		if (c) {
+			hyb_ctx_free(c);
+			continue;
+		}
+		fprintf(stderr, "hyb: note: %s left out: %s\n", hyb_policy_name(pol[i]),
+			hyb_last_error());
+		memmove(pol + i, pol + i + 1, sizeof(*pol) * (size_t)(h->np - i - 1));
+		h->np--;
+		i--;
+	}
+	if (!h->np)
+		cli_die("--gpu-budget %s: no placement holds a part of the model", o->gpu_budget);
+}
+
 /* The model, the prompt, the policies to run; the header lines. */
 static void hbench_open(struct hbench *h, struct cli_opts *o)
 {
@@ -462,6 +491,7 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 			pol[1] = HYB_POLICY_STATIC;
 			h->np = 2;
 		}
+		plain_drop_empty(h, o, pol);
 	}
 	h->n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 16;
 	h->n_gen = (uint32_t)o->n_gen_bench;

@@ -192,12 +192,14 @@ bool hyb_device_ffn_type_ok(uint32_t type);
 int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x, uint32_t n);
 
 /*
- * g[i] = silu(g[i]) * u[i] for i < n (float; g and u disjoint): an
- * expert's activation between its gate/up and down matvecs (hyb_ffn_act's
- * arithmetic; docs/MOE.md, the expert cache).
+ * g[i] = act(g[i], u[i]) for i < n (float; g and u disjoint): a dense FFN's
+ * or an expert's activation between its gate/up and down matvecs, with
+ * hyb_ffn_act's arithmetic (SwiGLU, GeGLU by ggml's F16 GELU table, the
+ * ReLU family; docs/MOE.md, docs/HYBRID.md "Plain models"). -EINVAL for
+ * another act.
  */
-int hyb_device_swiglu(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
-		      uint32_t n);
+int hyb_device_ffn_act(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_dptr u,
+		       uint32_t n, enum hyb_ffn_act act);
 
 /*
  * Dense kernels: the attention block and the head on the device (PowerInfer
