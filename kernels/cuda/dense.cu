@@ -841,6 +841,7 @@ struct rope_k {
 	unsigned short *kc, *vc;  /* row pos, kv head 0 */
 	uint32_t n_head, hd, n_rot;
 	int neox;
+	float q_scale;  /* 0: none */
 	float cs[HYB_CUDA_ROPE_MAX], sn[HYB_CUDA_ROPE_MAX];
 };
 
@@ -860,8 +861,15 @@ static __global__ void __launch_bounds__(128) rope_store(const rope_k a)
 		x[ia] = __fmaf_rn(x0, a.cs[i], -__fmul_rn(x1, a.sn[i]));
 		x[ib] = __fmaf_rn(x0, a.sn[i], __fmul_rn(x1, a.cs[i]));
 	}
-	if (is_q)
+	if (is_q) {
+		/* forward.c: q *= q_scale after RoPE, one rounded product (uniform per block) */
+		if (a.q_scale != 0.0f) {
+			__syncthreads();
+			for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x)
+				x[d] = __fmul_rn(x[d], a.q_scale);
+		}
 		return;
+	}
 	__syncthreads(); /* the block's writes to x are visible to the block after this */
 	for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
 		a.kc[(uint64_t)g * hd + d] = f2h_bits(x[d]);
@@ -1240,16 +1248,19 @@ extern "C" int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream)
 {
 	const cudaStream_t s = (cudaStream_t)stream;
 	const uint32_t hd = a->head_dim, kvs = a->n_head_kv * hd;
-	const bool a4 = (uintptr_t)a->kcache % 4 == 0 && (uintptr_t)a->vcache % 4 == 0;
+	/* a sliding window: the caches seen from row first on */
+	const unsigned short *kc0 = a->kcache + (uint64_t)a->first * kvs;
+	const unsigned short *vc0 = a->vcache + (uint64_t)a->first * kvs;
+	const bool a4 = (uintptr_t)kc0 % 4 == 0 && (uintptr_t)vc0 % 4 == 0;
 	struct at_plan p;
 	rope_k r;
 	at_k k;
 
 	if (!a->n_head || !a->n_head_kv || a->n_head % a->n_head_kv || !hd || hd % 2 ||
-	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd || !a->rope ||
+	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd || !a->rope || a->first > a->pos ||
 	    ((uintptr_t)a->kcache | (uintptr_t)a->vcache) % 2)
 		return -EINVAL;
-	attn_plan(a->n_head, a->n_head_kv, a->pos + 1, a->n_sm, &p);
+	attn_plan(a->n_head, a->n_head_kv, a->pos + 1 - a->first, a->n_sm, &p);
 	if (p.n_chunks > 1 && !a->work)
 		return -EINVAL;
 	r.q = a->q;
@@ -1261,22 +1272,23 @@ extern "C" int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream)
 	r.hd = hd;
 	r.n_rot = a->n_rot;
 	r.neox = a->neox;
+	r.q_scale = a->q_scale;
 	memcpy(r.cs, a->rope->cs, sizeof(r.cs));
 	memcpy(r.sn, a->rope->sn, sizeof(r.sn));
 	rope_store<<<a->n_head + a->n_head_kv, 128, 0, s>>>(r);
 
 	k.q = a->q;
-	k.kc = a->kcache;
-	k.vc = a->vcache;
+	k.kc = kc0;
+	k.vc = vc0;
 	k.kv_stride = kvs;
 	k.hd = hd;
 	k.group = p.group;
 	k.hb = p.hb;
 	k.n_slices = p.n_slices;
-	k.npos = a->pos + 1;
+	k.npos = a->pos + 1 - a->first;
 	k.chunk = p.chunk;
 	k.n_chunks = p.n_chunks;
-	k.scale = 1.0f / sqrtf((float)hd);
+	k.scale = a->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hd);
 	k.out = a->out;
 	k.part = (float *)a->work;
 	k.ml = k.part + (uint64_t)a->n_head * p.n_chunks * hd;

@@ -68,6 +68,8 @@ struct hyb_cuda_attn {
 	const float *v;
 	uint16_t *kcache, *vcache;         /* F16 [n_ctx][n_head_kv * head_dim], 2-byte aligned */
 	float *out;                        /* [n_head * head_dim] */
+	float q_scale;                     /* 0: none; else q *= it after RoPE, scores unscaled */
+	uint32_t first;                    /* rows first..pos attended (a sliding window) */
 	void *work;                        /* hyb_cuda_attn_work_bytes() */
 	int n_sm;
 };

@@ -852,6 +852,8 @@ static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 	    !isfinite(a->rope->ext_factor) || !isfinite(a->rope->attn_factor))
 		return hyb_device_fail(d, -EINVAL, "attention: bad rope base %g or scale %g",
 				       (double)a->rope->base, (double)a->rope->freq_scale);
+	if (!isfinite(a->q_scale) || a->q_scale < 0)
+		return hyb_device_fail(d, -EINVAL, "attention: bad q_scale %g", (double)a->q_scale);
 	if (cache == UINT64_MAX)
 		return hyb_device_fail(d, -EINVAL, "attention: a cache of %u rows of %llu is too big",
 				       a->n_ctx, (unsigned long long)kv_dim);

@@ -1025,17 +1025,22 @@ static int run_attention(struct cpu_dev *c, const struct hyb_dev_attn *a, uint32
 		.k = c->ck, .q = q, .out = (float *)(uintptr_t)a->out + t * q_dim, .kc = kc, .vc = vc,
 		.q_stride = q_dim, .kv_stride = kv_dim, .hd = a->head_dim,
 		.n_head = a->n_head, .n_head_kv = a->n_head_kv, .n_tokens = 1, .n_past = pos,
-		.n_ctx = a->n_ctx, .n_split = 1, .scale = 1.0f / sqrtf((float)a->head_dim),
+		.n_ctx = a->n_ctx, .n_split = 1, .n_swa = a->n_swa,
+		.scale = a->q_scale ? 1.0f : 1.0f / sqrtf((float)a->head_dim),
 	};
+	/* rows attended: a sliding window's last n_swa */
+	const uint64_t rows = a->n_swa && pos + 1 > a->n_swa ? a->n_swa : pos + 1ull;
 
 	if (!tmp)
 		return hyb_device_fail(&c->base, -ENOMEM, "attention: out of host memory");
 	hyb_rope(q, a->n_head, a->head_dim, a->n_rot, pos, a->rope, a->rope_neox);
 	hyb_rope(k, a->n_head_kv, a->head_dim, a->n_rot, pos, a->rope, a->rope_neox);
+	for (uint64_t e = 0; a->q_scale && e < q_dim; e++)
+		q[e] *= a->q_scale;
 	c->ck->quantize_act[HYB_TYPE_F16](k, kc + pos * kv_dim, (int64_t)kv_dim);
 	c->ck->quantize_act[HYB_TYPE_F16](v, vc + pos * kv_dim, (int64_t)kv_dim);
 	hyb_attend_run(&at, 0, hyb_attend_jobs(&at), tmp);
-	*bytes = 4ull * (pos + 1) * kv_dim + 16 * kv_dim + 12 * q_dim;
+	*bytes = 4ull * rows * kv_dim + 16 * kv_dim + 12 * q_dim;
 	return 0;
 }
 

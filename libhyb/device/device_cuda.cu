@@ -888,6 +888,8 @@ static int cu_attention_one(struct hyb_device *d, enum hyb_stream s, const struc
 	k.kcache = (uint16_t *)(uintptr_t)a->kcache;
 	k.vcache = (uint16_t *)(uintptr_t)a->vcache;
 	k.out = (float *)(uintptr_t)a->out;
+	k.q_scale = a->q_scale;
+	k.first = a->n_swa && a->pos + 1 > a->n_swa ? a->pos + 1 - a->n_swa : 0;
 	k.work = c->wk[s];
 	k.n_sm = c->n_sm;
 	rc = hyb_cuda_attention(&k, c->st[s]);
@@ -903,7 +905,8 @@ static int cu_attention_one(struct hyb_device *d, enum hyb_stream s, const struc
 	 * written, q and k read and written, v read, out written; the split
 	 * positions' partials are small and left out.
 	 */
-	d->st.kernel_bytes += 4ull * (a->pos + 1) * kv * ((a->n_head / a->n_head_kv + 7) / 8) +
+	d->st.kernel_bytes += 4ull * (a->pos + 1 - k.first) * kv *
+				      ((a->n_head / a->n_head_kv + 7) / 8) +
 			      16 * kv + 12ull * a->n_head * hd;
 	return 0;
 }

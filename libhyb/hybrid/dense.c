@@ -17,6 +17,7 @@ struct dense_layer {
 	bool on, pred;
 	hyb_dptr attn_norm, wq, wk, wv, wo, ffn_norm, kc, vc;
 	hyb_dptr q_norm, k_norm, bq, bk, bv;  /* Qwen's: 0 where the model has none */
+	hyb_dptr post_attn_norm;              /* Gemma's norm after the block, or 0 */
 	hyb_dptr fc1, fc1_b, fc2, fc2_b;  /* the predictor */
 	uint32_t host_n, dev_n;  /* KV rows each side holds */
 };
@@ -29,6 +30,7 @@ struct hyb_hdense {
 	bool head;
 	bool scores;             /* predictions are the scores, the lists a scratch (set_scores) */
 	struct dense_layer *lay;
+	struct hyb_rope rope;    /* the model's, LongRoPE's factors chosen for n_ctx (forward.c) */
 	hyb_dptr out_norm, out;
 	/*
 	 * x: [x | xn | count0 slot0 | count1 slot1 | list] - the slots hold the
@@ -81,20 +83,22 @@ uint64_t hyb_hdense_layer_bytes(const struct hyb_model *m, uint32_t l, uint32_t 
 	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
 
 	/*
-	 * The device's block is llama's (forward.c's hyb_fwd_attention) with
-	 * Qwen's Q/K norms and q/k/v biases: not sliding windows, a scaled q, a
-	 * norm after the block or LongRoPE's two factor sets (Gemma, Phi-3)
+	 * The device's block is forward.c's hyb_fwd_attention: llama's, with
+	 * Qwen's Q/K norms and q/k/v biases, Gemma's sliding windows, scaled q
+	 * and norm after the block, Phi-3's LongRoPE factors
 	 */
 	if (!norm_ok(&L->attn_norm) || !norm_ok(&L->ffn_norm) || !mat_ok(&L->wq) ||
 	    !mat_ok(&L->wk) || !mat_ok(&L->wv) || !mat_ok(&L->wo) || hp->head_dim > 256 ||
-	    hp->head_dim % 2 || hp->n_rot % 2 || L->swa || hp->q_scale || hp->rope_short ||
-	    L->post_attn_norm.data || !qk_norm_ok(&L->q_norm, hp->n_head, hp->head_dim) ||
+	    hp->head_dim % 2 || hp->n_rot % 2 ||
+	    (L->post_attn_norm.data && !norm_ok(&L->post_attn_norm)) ||
+	    !qk_norm_ok(&L->q_norm, hp->n_head, hp->head_dim) ||
 	    !qk_norm_ok(&L->k_norm, hp->n_head_kv, hp->head_dim))
 		return 0;
 	return round256(weight_bytes(&L->attn_norm)) + round256(weight_bytes(&L->ffn_norm)) +
 	       round256(weight_bytes(&L->wq)) + round256(weight_bytes(&L->wk)) +
 	       round256(weight_bytes(&L->wv)) + round256(weight_bytes(&L->wo)) +
 	       (L->q_norm.data ? round256(weight_bytes(&L->q_norm)) : 0) +
+	       (L->post_attn_norm.data ? round256(weight_bytes(&L->post_attn_norm)) : 0) +
 	       (L->k_norm.data ? round256(weight_bytes(&L->k_norm)) : 0) +
 	       (L->bq ? round256(4 * q) : 0) + (L->bk ? round256(4 * kv) : 0) +
 	       (L->bv ? round256(4 * kv) : 0) + 2 * round256(2 * kv * n_ctx);
@@ -244,6 +248,7 @@ static int upload(struct hyb_hdense *hd, char *err, size_t errlen)
 		if (put(hd, &L->attn_norm, &d->attn_norm) || put(hd, &L->ffn_norm, &d->ffn_norm) ||
 		    put_qkv(hd, L, d) || put(hd, &L->wo, &d->wo) ||
 		    (L->q_norm.data && put(hd, &L->q_norm, &d->q_norm)) ||
+		    (L->post_attn_norm.data && put(hd, &L->post_attn_norm, &d->post_attn_norm)) ||
 		    (L->k_norm.data && put(hd, &L->k_norm, &d->k_norm)) ||
 		    (L->bq && put(hd, &bq, &d->bq)) || (L->bk && put(hd, &bk, &d->bk)) ||
 		    (L->bv && put(hd, &bv, &d->bv)) ||
@@ -311,6 +316,9 @@ struct hyb_hdense *hyb_hdense_new_seqs(struct hyb_device *d, const struct hyb_mo
 	hd->kv_dim = hp->n_head_kv * hp->head_dim;
 	hd->n_ctx = n_ctx;
 	hd->kv_slots = kv_slots;
+	hd->rope = hp->rope;
+	if (hp->rope_short) /* LongRoPE: long factors for a context past the trained one */
+		hd->rope.freq_factors = n_ctx > hp->n_ctx_orig ? hp->rope_long : hp->rope_short;
 	hd->head = head && hyb_hdense_head_bytes(m);
 	hd->lay = calloc(hd->L, sizeof(*hd->lay));
 	hd->h_x = hyb_device_host_alloc(d, sizeof(float) * x_words(m, true));
@@ -495,6 +503,42 @@ static int qkv_extras(struct hyb_hdense *hd, const struct hyb_layer *L,
 	return 0;
 }
 
+/* Layer l's attention options (hyb_dev_attn), forward.c's attend and attention_core. */
+static struct hyb_dev_attn attn_of(const struct hyb_hdense *hd, uint32_t l, uint32_t pos)
+{
+	const struct hyb_hparams *hp = &hd->m->hp;
+	const bool swa = hd->m->layers[l].swa;
+
+	return (struct hyb_dev_attn){
+		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+		.n_rot = hp->n_rot, .rope = swa ? &hp->rope_swa : &hd->rope,
+		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
+		.q_scale = hp->q_scale, .n_swa = swa ? hp->n_swa : 0,
+	};
+}
+
+/*
+ * x += wo · att for n rows: accumulated in the matvec, or with a norm after
+ * the block (Gemma) into xn, normed there, then added (forward.c's order).
+ */
+static int attn_out(struct hyb_hdense *hd, const struct hyb_layer *L, const struct dense_layer *d,
+		    hyb_dptr att, hyb_dptr x, hyb_dptr xn, uint32_t n)
+{
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+	struct hyb_dev_matvec o = mv(&L->wo, d->wo, att, d->post_attn_norm ? xn : x,
+				     !d->post_attn_norm);
+
+	o.batch = n > 1 ? n : 0;
+	if (hyb_device_matvec(hd->dev, s, &o))
+		return -1;
+	if (d->post_attn_norm &&
+	    (hyb_device_rmsnorm_rows(hd->dev, s, xn, xn, d->post_attn_norm, hd->E, n,
+				     hd->m->hp.rms_eps) ||
+	     hyb_device_add(hd->dev, s, x, xn, n * hd->E)))
+		return -1;
+	return 0;
+}
+
 int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 {
 	const struct hyb_hparams *hp = &hd->m->hp;
@@ -507,24 +551,23 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	const struct hyb_dev_matvec k = mv(&L->wk, d->wk, xn, hd->k, false);
 	const struct hyb_dev_matvec v = mv(&L->wv, d->wv, xn, hd->v, false);
 	const bool fused = qkv_fused(L);
-	const struct hyb_dev_matvec o = mv(&L->wo, d->wo, hd->att, hd->x, true);
-	const struct hyb_dev_attn a = {
-		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-		.n_rot = hp->n_rot, .rope = &hp->rope,
-		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
-		.q = hd->q, .k = hd->k, .v = hd->v, .kcache = d->kc, .vcache = d->vc,
-		.out = hd->att,
-	};
+	struct hyb_dev_attn a = attn_of(hd, l, pos);
 
 	if (!d->on || d->dev_n < pos || !hd->kv_slots)
 		return -EINVAL;
+	a.q = hd->q;
+	a.k = hd->k;
+	a.v = hd->v;
+	a.kcache = d->kc;
+	a.vcache = d->vc;
+	a.out = hd->att;
 	if (fused)
 		q.n_out += k.n_out + v.n_out;
 	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
 	    hyb_device_matvec(dev, s, &q) || (!fused && hyb_device_matvec(dev, s, &k)) ||
 	    (!fused && hyb_device_matvec(dev, s, &v)) ||
 	    qkv_extras(hd, L, d, hd->q, hd->k, hd->v, 1) || hyb_device_attention(dev, s, &a) ||
-	    hyb_device_matvec(dev, s, &o) ||
+	    attn_out(hd, L, d, hd->att, hd->x, xn, 1) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
 		return -1;
 	hyb_hdense_kv_dev_wrote(hd, l, pos + 1);
@@ -563,19 +606,17 @@ int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 int hyb_hdense_attend_batch(struct hyb_hdense *hd, uint32_t l, uint32_t slot, uint32_t pos,
 			    uint32_t t0, uint32_t n, const struct hyb_hdense_batch *b)
 {
-	const struct hyb_hparams *hp = &hd->m->hp;
 	const struct dense_layer *d = &hd->lay[l];
 	const uint64_t slot_off = 2ull * hd->kv_dim * hd->n_ctx * slot;
-	const struct hyb_dev_attn a = {
-		.n_head = hp->n_head, .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-		.n_rot = hp->n_rot, .rope = &hp->rope,
-		.rope_neox = hp->rope_neox, .pos = pos, .n_ctx = hd->n_ctx,
-		.q = rows_at(b->q, t0, hd->q_dim), .k = rows_at(b->k, t0, hd->kv_dim),
-		.v = rows_at(b->v, t0, hd->kv_dim),
-		.kcache = d->kc + slot_off, .vcache = d->vc + slot_off,
-		.out = rows_at(b->att, t0, hd->q_dim), .batch = n,
-	};
+	struct hyb_dev_attn a = attn_of(hd, l, pos);
 
+	a.q = rows_at(b->q, t0, hd->q_dim);
+	a.k = rows_at(b->k, t0, hd->kv_dim);
+	a.v = rows_at(b->v, t0, hd->kv_dim);
+	a.kcache = d->kc + slot_off;
+	a.vcache = d->vc + slot_off;
+	a.out = rows_at(b->att, t0, hd->q_dim);
+	a.batch = n;
 	if (!d->on || slot >= hd->kv_slots || !n || (uint64_t)pos + n > hd->n_ctx)
 		return -EINVAL;
 	return hyb_device_attention(hd->dev, HYB_STREAM_COMPUTE, &a) ? -1 : 0;
@@ -586,12 +627,10 @@ int hyb_hdense_out_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 {
 	const struct hyb_layer *L = &hd->m->layers[l];
 	const struct dense_layer *d = &hd->lay[l];
-	struct hyb_dev_matvec o = mv(&L->wo, d->wo, b->att, b->x, true);
 
 	if (!d->on || !n)
 		return -EINVAL;
-	o.batch = n;
-	if (hyb_device_matvec(hd->dev, HYB_STREAM_COMPUTE, &o) ||
+	if (attn_out(hd, L, d, b->att, b->x, b->xn, n) ||
 	    hyb_device_rmsnorm_rows(hd->dev, HYB_STREAM_COMPUTE, b->xn, b->x, d->ffn_norm, hd->E,
 				    n, hd->m->hp.rms_eps))
 		return -1;

@@ -10,10 +10,10 @@
  *              when the attention ran there, else over the CPU's, sent up;
  *              otherwise on the CPU (forward.c: TEAL's thresholds apply);
  *   residual   on the device while layers run there whole (x += ffn there,
- *              the next block reads it: no copy, no wait between them, as
- *              the plan's engine keeps it, docs/HYBRID.md); else on the
- *              host, x and the device FFN's output coming down in one wait
- *              (Gemma's norm after the FFN on the host).
+ *              Gemma's norm after the FFN too; the next block reads it: no
+ *              copy, no wait between them, as the plan's engine keeps it,
+ *              docs/HYBRID.md); else on the host, x and the device FFN's
+ *              output coming down in one wait.
  *
  * On the CPU device, which runs the CPU's kernels, the step gives the
  * CPU-only decode's bits (no thresholds). Prompts run on the CPU; the KV
@@ -48,17 +48,15 @@ static int x_to_host(struct hyb_ctx *c, struct hyb_hdense *hd)
 /*
  * Layer l's attention block on the device, and its FFN when placed there:
  * x comes from the host unless *on_dev (the device's copy is the latest).
- * With the FFN there too (and no norm after it, Gemma's), x += ffn on the
- * device and x stays there (*on_dev); otherwise x, and ffn_norm(x) or the
- * FFN's output in c->xn, come down in one wait (*ffn_done: the FFN ran).
+ * With the FFN there too, x += ffn on the device and x stays there
+ * (*on_dev); otherwise x and ffn_norm(x) come down in one wait.
  */
 static int layer_dev(struct hyb_ctx *c, struct hyb_hdense *hd, uint32_t l, bool *on_dev,
-		     bool *ffn_done, char *err, size_t errlen)
+		     char *err, size_t errlen)
 {
 	struct hyb_plain_hybrid *h = c->plain_hybrid;
 	const uint32_t E = c->m->hp.n_embd;
 	const bool ffn = hyb_plain_hybrid_ffn_on(h, l);
-	const bool keep = ffn && !c->m->layers[l].post_ffn_norm.data;
 	float *hx = hyb_hdense_host_x(hd);
 	struct hyb_device_event *ev;
 
@@ -70,18 +68,14 @@ static int layer_dev(struct hyb_ctx *c, struct hyb_hdense *hd, uint32_t l, bool 
 	if (hyb_hdense_attention(hd, l, c->n_past) ||
 	    (ffn && hyb_plain_hybrid_ffn_queue(h, l, NULL)))
 		return dev_err(c, err, errlen, "layer on the device");
-	*ffn_done = ffn;
-	*on_dev = keep;
-	if (keep)
+	*on_dev = ffn;
+	if (ffn)
 		return hyb_plain_hybrid_ffn_add(h, hyb_hdense_x(hd)) ?
 			       dev_err(c, err, errlen, "layer on the device") : 0;
-	if (hyb_hdense_x_down(hd, !ffn, &ev) ||
-	    (ffn ? hyb_plain_hybrid_ffn_out(h, c->xn) :
-		   hyb_device_sync(hyb_plain_hybrid_device(h), ev)))
+	if (hyb_hdense_x_down(hd, true, &ev) || hyb_device_sync(hyb_plain_hybrid_device(h), ev))
 		return dev_err(c, err, errlen, "layer on the device");
 	memcpy(c->x, hx, sizeof(float) * E);
-	if (!ffn)
-		memcpy(c->xn, hx + E, sizeof(float) * E);
+	memcpy(c->xn, hx + E, sizeof(float) * E);
 	return 0;
 }
 
@@ -100,11 +94,9 @@ int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 	if (hd && hyb_hdense_kv_up(hd, c->kcache, c->vcache, c->n_past))
 		return dev_err(c, err, errlen, "KV cache to the device");
 	for (uint32_t l = 0; l < hp->n_layer; l++) {
-		bool done = false;
-
 		t0 = hyb_device_now(d);
 		if (hd && hyb_hdense_layer_on(hd, l)) {
-			if (layer_dev(c, hd, l, &on_dev, &done, err, errlen))
+			if (layer_dev(c, hd, l, &on_dev, err, errlen))
 				return -1;
 		} else {
 			if (on_dev && x_to_host(c, hd))
@@ -117,11 +109,11 @@ int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 		attn_s += t1 - t0;
 		if (on_dev)
 			continue; /* x += ffn happened on the device */
-		if (!done && hyb_plain_hybrid_ffn_on(h, l)) {
+		if (hyb_plain_hybrid_ffn_on(h, l)) {
 			if (hyb_plain_hybrid_ffn_queue(h, l, c->xn) ||
 			    hyb_plain_hybrid_ffn_out(h, c->xn))
 				return dev_err(c, err, errlen, "FFN on the device");
-		} else if (!done) {
+		} else {
 			hyb_fwd_ffn_dense(c, l, 1);
 			cpu_s += hyb_device_now(d) - t1;
 		}

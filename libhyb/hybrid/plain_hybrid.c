@@ -13,6 +13,7 @@
 
 #include "dense.h"
 #include "hyb/device.h"
+#include "hyb/tensor_type.h"
 #include "util/error.h"
 
 #define ALIGN 256 /* offsets in device memory (the kernels need 2-4 bytes) */
@@ -26,6 +27,8 @@ struct hyb_plain_hybrid {
 	uint32_t rows;                  /* a pass's rows the buffers hold: 1, or several
 					 * sequences' (their FFNs only on the device) */
 	hyb_dptr *ffn;                  /* [n_layer][3]: gate, up, down; 0: on the CPU */
+	hyb_dptr *post;                 /* [n_layer]: Gemma's norm after the FFN there, or 0 */
+	uint32_t cur;                   /* the layer whose FFN was queued last */
 	uint32_t n_ffn;
 	uint64_t ffn_bytes, buf_bytes;
 	hyb_dptr d_x, d_g, d_u, d_y;    /* [E], [F], [F], [E] */
@@ -49,8 +52,9 @@ static int dev_fail(struct hyb_plain_hybrid *h, char *err, size_t errlen, const 
 }
 
 /*
- * Device bytes of layer l's FFN (gate, up, down); 0 when the device cannot
- * run it: a weight type its matvec does not take, or a layer's experts.
+ * Device bytes of layer l's FFN (gate, up, down, Gemma's norm after it); 0
+ * when the device cannot run it: a weight type its matvec does not take, a
+ * layer's experts, a norm not in F32.
  */
 static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
 {
@@ -63,7 +67,9 @@ static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
 			return 0;
 		b += up_align(w[i]->ne1 * w[i]->row_bytes);
 	}
-	return b;
+	if (L->post_ffn_norm.data && L->post_ffn_norm.type != HYB_TYPE_F32)
+		return 0;
+	return b + (L->post_ffn_norm.data ? up_align(4ull * m->hp.n_embd) : 0);
 }
 
 /* The FFN buffers' bytes for a pass of `rows`: x in, gate and up activations, y out. */
@@ -86,6 +92,11 @@ static int put_ffn(struct hyb_plain_hybrid *h, uint32_t l)
 		    hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, *d, w[i]->data, b))
 			return -1;
 	}
+	if (L->post_ffn_norm.data &&
+	    (hyb_device_alloc(h->dev, 4ull * h->E, &h->post[l]) ||
+	     hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, h->post[l], L->post_ffn_norm.data,
+			    4ull * h->E)))
+		return -1;
 	h->n_ffn++;
 	h->ffn_bytes += ffn_bytes(h->m, l);
 	return 0;
@@ -211,7 +222,8 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 	h->E = m->hp.n_embd;
 	h->F = m->hp.n_ff;
 	h->ffn = calloc((size_t)L * 3, sizeof(*h->ffn));
-	if (!h->ffn) {
+	h->post = calloc(L, sizeof(*h->post));
+	if (!h->ffn || !h->post) {
 		snprintf(err, errlen, "hybrid: out of memory");
 		goto fail;
 	}
@@ -298,6 +310,7 @@ void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h)
 		hyb_device_close(h->dev);
 	}
 	free(h->ffn);
+	free(h->post);
 	free(h->ev_t);
 	free(h->timed);
 	free(h);
@@ -353,6 +366,7 @@ int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const flo
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]))
 		return -1;
 	h->timed[l] = true;
+	h->cur = l;
 	return 0;
 }
 
@@ -372,6 +386,11 @@ int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y)
 
 int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x)
 {
+	const hyb_dptr post = h->post[h->cur];
+
+	if (post && hyb_device_rmsnorm(h->dev, HYB_STREAM_COMPUTE, h->d_y, h->d_y, post, h->E,
+				       h->m->hp.rms_eps))
+		return -1;
 	return hyb_device_add(h->dev, HYB_STREAM_COMPUTE, x, h->d_y, h->E);
 }
 

@@ -50,9 +50,12 @@ bool hyb_plain_hybrid_ffn_on(const struct hyb_plain_hybrid *h, uint32_t l);
  * or with xn NULL over dense.c's device xn (its attention block ran there).
  */
 int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const float *xn);
-/* Its output (n_embd floats) into y, waited for. */
+/* Its output (n_embd floats) into y, waited for (Gemma's norm after it not taken). */
 int hyb_plain_hybrid_ffn_out(struct hyb_plain_hybrid *h, float *y);
-/* Or x += its output on the device (COMPUTE): the residual stream stays there. */
+/*
+ * Or x += its output on the device (COMPUTE), normed first where the model
+ * has a norm after the FFN (Gemma): the residual stream stays there.
+ */
 int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x);
 /*
  * Layer l's FFN over the n rows of a pass of several sequences (xn: n rows of

@@ -1241,15 +1241,17 @@ static void attn_run(struct attn_side *s, struct hyb_dev_attn a, const float *q,
 }
 
 /*
- * The exact answer for the GPU's inputs: q (roped) rounded to F16 as both
- * devices round it, the F16 cache rows, softmax and the V sum in double.
+ * The exact answer for the GPU's inputs: q (roped, scaled) rounded to F16 as
+ * both devices round it, the F16 cache rows of the window, softmax and the V
+ * sum in double.
  */
 static void attn_ref(const struct hyb_dev_attn *a, const float *qr, const uint16_t *kc,
 		     const uint16_t *vc, double *ref)
 {
 	const uint32_t hd = a->head_dim, group = a->n_head / a->n_head_kv;
 	const uint64_t kvd = (uint64_t)a->n_head_kv * hd;
-	const double scale = 1.0 / sqrt((double)hd);
+	const double scale = a->q_scale ? 1.0 : 1.0 / sqrt((double)hd);
+	const uint32_t first = a->n_swa && a->pos + 1 > a->n_swa ? a->pos + 1 - a->n_swa : 0;
 	double *s = malloc(sizeof(double) * (a->pos + 1));
 
 	CHECK(s);
@@ -1257,7 +1259,7 @@ static void attn_ref(const struct hyb_dev_attn *a, const float *qr, const uint16
 		const uint64_t off = (uint64_t)(h / group) * hd;
 		double mx = -INFINITY, sum = 0;
 
-		for (uint32_t p = 0; p <= a->pos; p++) {
+		for (uint32_t p = first; p <= a->pos; p++) {
 			double dot = 0;
 
 			for (uint32_t d = 0; d < hd; d++)
@@ -1266,14 +1268,14 @@ static void attn_ref(const struct hyb_dev_attn *a, const float *qr, const uint16
 			s[p] = dot * scale;
 			mx = s[p] > mx ? s[p] : mx;
 		}
-		for (uint32_t p = 0; p <= a->pos; p++) {
+		for (uint32_t p = first; p <= a->pos; p++) {
 			s[p] = exp(s[p] - mx);
 			sum += s[p];
 		}
 		for (uint32_t d = 0; d < hd; d++) {
 			double o = 0;
 
-			for (uint32_t p = 0; p <= a->pos; p++)
+			for (uint32_t p = first; p <= a->pos; p++)
 				o += s[p] * hyb_f16_to_f32(vc[p * kvd + off + d]);
 			ref[h * hd + d] = o / sum;
 		}
@@ -1299,13 +1301,17 @@ static void attn_ref(const struct hyb_dev_attn *a, const float *qr, const uint16
  *    sqrt(positions), so the test allows 2^-11 * (2 + sqrt(pos + 1)) *
  *    max|V| and prints the measured worst of both devices against the
  *    exact answer (the CPU's stays near 2-4 * 2^-11 up to 2048 positions).
+ *
+ * q_scale and n_swa: Gemma's scaled q and sliding window (0: none).
  */
-static void attn_case(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t n_rot,
-		      bool neox, const uint32_t *pos, int n_pos, uint32_t n_ctx, uint32_t off)
+static void attn_case_gemma(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t n_rot,
+			    bool neox, const uint32_t *pos, int n_pos, uint32_t n_ctx,
+			    uint32_t off, float q_scale, uint32_t n_swa)
 {
 	struct hyb_dev_attn a = {
 		.n_head = n_head, .n_head_kv = n_head_kv, .head_dim = hd, .n_rot = n_rot,
 		.rope = neox ? &yarn_rope : &plain_rope, .rope_neox = neox, .n_ctx = n_ctx,
+		.q_scale = q_scale, .n_swa = n_swa,
 	};
 	const uint64_t qd = (uint64_t)n_head * hd, kvd = (uint64_t)n_head_kv * hd;
 	struct hyb_device *gpu, *cpu;
@@ -1373,10 +1379,10 @@ static void attn_case(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t
 			eg = dg > eg ? dg : eg;
 			ec = fabs(oc[j] - ref[j]) > ec ? fabs(oc[j] - ref[j]) : ec;
 		}
-		printf("    attention %2u/%2u heads hd %3u rot %3u %-6s pos %4u%s: "
+		printf("    attention %2u/%2u heads hd %3u rot %3u %-6s pos %4u%s%s: "
 		       "max |cuda - exact| %.2g, |cpu - exact| %.2g (max |V| %.2g)\n", n_head,
 		       n_head_kv, hd, n_rot, neox ? "neox" : "normal", a.pos,
-		       off ? " (2-aligned)" : "", eg, ec, vmax);
+		       off ? " (2-aligned)" : "", n_swa ? " (window)" : "", eg, ec, vmax);
 	}
 	attn_free(&sg);
 	attn_free(&sc);
@@ -1396,6 +1402,12 @@ static void attn_case(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t
 	free(kcc);
 	free(vcc);
 	free(ref);
+}
+
+static void attn_case(uint32_t n_head, uint32_t n_head_kv, uint32_t hd, uint32_t n_rot,
+		      bool neox, const uint32_t *pos, int n_pos, uint32_t n_ctx, uint32_t off)
+{
+	attn_case_gemma(n_head, n_head_kv, hd, n_rot, neox, pos, n_pos, n_ctx, off, 0, 0);
 }
 
 static void attn_shape(uint32_t n_head, uint32_t n_head_kv)
@@ -1424,6 +1436,19 @@ TEST(gpu_dev_attention_odd)
 	attn_case(24, 2, 80, 32, true, pos, 3, 320, 2);
 	attn_case(2, 1, 256, 64, true, pos, 3, 320, 0);
 	attn_case(4, 4, 64, 64, false, pos, 3, 320, 2);
+}
+
+/*
+ * Gemma 3's options: q scaled after RoPE (query_pre_attn_scalar^-1/2),
+ * scores unscaled; a sliding window of 512 positions (1B's), a kv head per
+ * 4 query heads of 256.
+ */
+TEST(gpu_dev_attention_gemma)
+{
+	static const uint32_t pos[] = { 0, 5, 511, 512, 900 };
+
+	attn_case_gemma(4, 1, 256, 256, true, pos, 5, 1024, 0, 0.0625f, 512);
+	attn_case_gemma(8, 2, 128, 128, true, pos, 5, 1024, 2, 0.0883883f, 0);
 }
 
 /* A call that the checks refuse leaves the device usable. */

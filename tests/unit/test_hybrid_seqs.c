@@ -429,8 +429,11 @@ TEST(hybrid_seqs_bench_and_refusals)
 /*
  * A Gemma 3 plan (GeGLU, CATS at 0.5, a norm after each FFN) through
  * several sequences: its FFN halves meet on the host, are normed, then
- * added; each sequence's logits are its own alone through the same split,
- * bit for bit, and close to the CPU's.
+ * added; each sequence's logits are close to the CPU's. In oracle mode
+ * (the FFN on the CPU) every attention block on the device, its sliding
+ * windows (16 positions: prompts of up to 40), scaled q and norm after the
+ * block there, two sequences attending there and the others on the CPU:
+ * the CPU's bits.
  */
 TEST(hybrid_seqs_gemma3_norm_after_the_ffn)
 {
@@ -475,5 +478,26 @@ TEST(hybrid_seqs_gemma3_norm_after_the_ffn)
 	for (uint32_t i = 0; i < NSEQ; i++)
 		free(cpu[i]);
 	hyb_ctx_free(ref_c);
+	{
+		const struct hyb_hybrid_params h2 = params(m, 2);
+		struct hyb_hybrid_offload off;
+		struct hyb_hybrid_stats st;
+
+		rp.ffn = HYB_FFN_DENSE;
+		ref_c = hyb_ctx_new(m, &rp);
+		CHECK_MSG(ref_c, "%s", hyb_last_error());
+		for (uint32_t i = 0; i < NSEQ; i++)
+			cpu[i] = alone_one(ref_c, m, i);
+		c = seqs_ctx(m, &h2, 4, true);
+		hyb_ctx_hybrid_offload(c, &off);
+		CHECK_EQ_INT(off.attn_layers, m->hp.n_layer);
+		CHECK_EQ_INT(batched(c, m, cpu, &rel, slot_of), 0);
+		hyb_ctx_hybrid_stats(c, &st);
+		CHECK(st.attn_rows_dev > 0 && st.attn_rows_cpu > 0);
+		hyb_ctx_free(c);
+		for (uint32_t i = 0; i < NSEQ; i++)
+			free(cpu[i]);
+		hyb_ctx_free(ref_c);
+	}
 	hyb_model_free(m);
 }

@@ -442,8 +442,8 @@ static double *per_round(const struct hbench *h)
 
 /*
  * A plain model's placement that holds nothing at the budget is left out,
- * said (layer places whole layers in order: none where the device does not
- * take the first attention block, Gemma's; plain_hybrid.h); exits if none is left.
+ * said (layer places whole layers in order: none where the first layer does
+ * not fit; plain_hybrid.h); exits if none is left.
  */
 static void plain_drop_empty(struct hbench *h, const struct cli_opts *o, enum hyb_policy *pol)
 {
@@ -491,7 +491,6 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 			pol[1] = HYB_POLICY_STATIC;
 			h->np = 2;
 		}
-		plain_drop_empty(h, o, pol);
 	}
 	h->n_prompt = o->prompt ? (uint32_t)cli_num("-p", o->prompt, 1, 65536) : 16;
 	h->n_gen = (uint32_t)o->n_gen_bench;
@@ -512,6 +511,8 @@ static void hbench_open(struct hbench *h, struct cli_opts *o)
 		h->w.toks[i] = 3 + rand() % (int)(h->m->hp.n_vocab - 3);
 	o->n_ctx = h->n_prompt + h->n_gen;
 	budget = cli_gpu_budget(o->gpu_budget, h->m);
+	if (!h->m->group_size && !h->m->hp.n_expert && !h->m->powerinfer)
+		plain_drop_empty(h, o, pol);
 
 	if (h->moe)
 		printf("model       %s: %u layers, embd %u, %u experts (%u used) of ffn %llu, %.2f "

@@ -240,12 +240,16 @@ bool hyb_device_matvec_type_ok(uint32_t type);
 
 /*
  * One decode token's self-attention over a KV cache in device memory:
- *   1. RoPE on q and k at position pos (hyb_rope's arithmetic);
+ *   1. RoPE on q and k at position pos (hyb_rope's arithmetic); with
+ *      q_scale, q *= q_scale after it (Gemma's query_pre_attn_scalar);
  *   2. k and v rounded to F16 into row pos of kcache and vcache;
  *   3. each query head h attends over rows 0..pos of kv head
- *      h / (n_head / n_head_kv), scores scaled by 1/sqrt(head_dim), softmax,
- *      the weighted sum of V into out (heads concatenated).
+ *      h / (n_head / n_head_kv) (with n_swa, a sliding window: the last
+ *      n_swa of them), scores scaled by 1/sqrt(head_dim) (by 1 with
+ *      q_scale), softmax, the weighted sum of V into out (heads
+ *      concatenated).
  * q and k are modified (roped) in place. Rows after pos are not read.
+ * forward.c's attention with the same options (docs/MODELS.md).
  */
 struct hyb_dev_attn {
 	uint32_t n_head, n_head_kv, head_dim, n_rot;  /* n_head a multiple of n_head_kv */
@@ -256,6 +260,8 @@ struct hyb_dev_attn {
 	hyb_dptr k, v;                /* float [n_head_kv * head_dim] each */
 	hyb_dptr kcache, vcache;      /* F16 [n_ctx][n_head_kv * head_dim] each */
 	hyb_dptr out;                 /* float [n_head * head_dim], not overlapping q, k, v */
+	float q_scale;                /* 0: none; else finite and > 0 */
+	uint32_t n_swa;               /* 0: every row to pos */
 	/*
 	 * 0 or 1: one token; n: a prompt batch, q, k, v and out [n][...], token
 	 * t at position pos + t (pos + n <= n_ctx), attending over rows
