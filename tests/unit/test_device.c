@@ -1792,6 +1792,11 @@ TEST(dev_dense_rejects)
 	e.rope = NULL;
 	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "rope");
 	e = a;
+	e.q_scale = NAN;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "q_scale");
+	e.q_scale = -0.5f;
+	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "q_scale");
+	e = a;
 	e.out = a.q + 32;
 	CHECK_REJECT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &e), "out overlaps q");
 	e = a;
