@@ -915,6 +915,8 @@ static int eval_batch(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	if (c->plain_hybrid) {
 		if (n == 1)
 			return hyb_plain_decode(c, tokens[0], logits, err, errlen);
+		if (hyb_plain_hybrid_prompt_cap(c->plain_hybrid))
+			return hyb_plain_prefill(c, tokens, n, logits, all_logits, err, errlen);
 		if (hyb_plain_decode_kv_to_host(c, err, errlen))
 			return -1;
 	}

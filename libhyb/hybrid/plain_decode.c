@@ -16,8 +16,9 @@
  *              output coming down in one wait.
  *
  * On the CPU device, which runs the CPU's kernels, the step gives the
- * CPU-only decode's bits (no thresholds). Prompts run on the CPU; the KV
- * rows each side lacks are copied as dense.c's watermarks say.
+ * CPU-only decode's bits (no thresholds). Prompts: plain_prefill.c, or the
+ * CPU's pass; the KV rows each side lacks are copied as dense.c's
+ * watermarks say.
  */
 #include <stdio.h>
 #include <string.h>

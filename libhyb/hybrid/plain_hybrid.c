@@ -37,6 +37,13 @@ struct hyb_plain_hybrid {
 	/* each layer's FFN kernels between two timed events, summed at the step's end */
 	struct hyb_device_event **ev_t; /* [n_layer][2] */
 	bool *timed;                    /* [n_layer]: this step's FFN ran on the device */
+	/* a prompt batch's rows (plain_prefill.c): pw.x, xn [cap][E], q, att [cap][q],
+	 * k, v [cap][kv]; g, u [cap][F], y [cap][E]; h_rows [cap][E] pinned */
+	struct hyb_hdense_batch pw;
+	hyb_dptr pw_g, pw_u, pw_y;
+	float *h_rows;
+	uint32_t prompt_cap;
+	uint64_t prompt_bytes;
 	struct hyb_hybrid_stats st;
 };
 
@@ -177,6 +184,74 @@ static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, b
 #undef FITS
 }
 
+/* A prompt batch's device bytes a row (the arrays of struct hyb_plain_hybrid's pw). */
+static uint64_t prompt_row_bytes(const struct hyb_model *m)
+{
+	const struct hyb_hparams *hp = &m->hp;
+	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+
+	return 4 * (3ull * hp->n_embd + 2 * q + 2 * kv + 2ull * hp->n_ff);
+}
+
+#define PROMPT_MAX 512 /* as a plan's batch (ffn_hybrid_prefill.c) */
+#define PROMPT_MIN 16  /* fewer rows: the prompt runs on the CPU */
+
+/*
+ * Bytes the placement leaves for a prompt batch of PROMPT_MIN rows (or the
+ * rows asked for): where they are at most a sixteenth of the budget, the
+ * prompt's placed parts run on the device at the cost of a little of a
+ * part; else whatever the parts leave is the batch's.
+ */
+static uint64_t prompt_reserve(const struct hyb_plain_hybrid *h,
+			       const struct hyb_hybrid_params *p)
+{
+	const uint32_t rows = p->prompt_batch ? p->prompt_batch : PROMPT_MIN;
+	const uint64_t r = rows * prompt_row_bytes(h->m) + 9 * ALIGN;
+
+	if (h->rows > 1 || p->prefill_cpu)
+		return 0;
+	return r <= p->gpu_budget / 16 ? r : 0;
+}
+
+/*
+ * The prompt batch from what the placement left of the budget (a plan's
+ * takes neuron cache slots, ffn_hybrid_prefill.c): up to PROMPT_MAX rows,
+ * or exactly `want` when asked; none with fewer than PROMPT_MIN, for
+ * several sequences (their passes have ffn_rows) or with prefill_cpu.
+ */
+static int alloc_prompt(struct hyb_plain_hybrid *h, const struct hyb_hybrid_params *p)
+{
+	const struct hyb_hparams *hp = &h->m->hp;
+	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
+	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
+	const uint64_t used = hyb_device_used(h->dev), slack = 9 * ALIGN;
+	const uint64_t left = p->gpu_budget > used + slack ? p->gpu_budget - used - slack : 0;
+	uint64_t cap = left / prompt_row_bytes(h->m);
+	hyb_dptr *arr[9] = { &h->pw.x, &h->pw.xn, &h->pw.q, &h->pw.k, &h->pw.v, &h->pw.att,
+			     &h->pw_g, &h->pw_u, &h->pw_y };
+	uint64_t width[9] = { h->E, h->E, q, kv, kv, q, h->F, h->F, h->E };
+
+	if (h->rows > 1 || p->prefill_cpu || (!h->hd && !h->n_ffn))
+		return 0;
+	cap = cap < PROMPT_MAX ? cap : PROMPT_MAX;
+	if (p->prompt_batch)
+		cap = cap >= p->prompt_batch ? p->prompt_batch : 0;
+	else if (cap < PROMPT_MIN)
+		cap = 0;
+	if (!cap)
+		return 0;
+	for (int i = 0; i < 9; i++)
+		if (hyb_device_alloc(h->dev, 4 * width[i] * cap, arr[i]))
+			return -1;
+	h->h_rows = hyb_device_host_alloc(h->dev, 4ull * h->E * cap);
+	if (!h->h_rows)
+		return -1;
+	h->prompt_cap = (uint32_t)cap;
+	h->prompt_bytes = cap * prompt_row_bytes(h->m);
+	return 0;
+}
+
 static int alloc_buffers(struct hyb_plain_hybrid *h)
 {
 	const uint64_t r = h->rows;
@@ -236,7 +311,7 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 		goto fail;
 	}
 	if (!p->dense_on_cpu)
-		place(h, p->gpu_budget, n_ctx, att, &head, ffn);
+		place(h, p->gpu_budget - prompt_reserve(h, p), n_ctx, att, &head, ffn);
 	else
 		h->policy = HYB_POLICY_STATIC; /* nothing placed: the CPU's decode, measured */
 	for (uint32_t l = 0; l < L; l++)
@@ -272,6 +347,10 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 		dev_fail(h, err, errlen, "FFN buffers");
 		goto fail;
 	}
+	if (alloc_prompt(h, p)) {
+		dev_fail(h, err, errlen, "prompt batch buffers");
+		goto fail;
+	}
 	if (!h->hd && !h->n_ffn && !p->dense_on_cpu) {
 		snprintf(err, errlen, "hybrid: a budget of %.1f MB holds no part of the model (its "
 			 "smallest attention block is %.1f MB, an FFN %.1f MB)", p->gpu_budget / 1e6,
@@ -303,6 +382,7 @@ void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h)
 		hyb_device_free(h->dev, h->d_y);
 		hyb_device_host_free(h->dev, h->h_x);
 		hyb_device_host_free(h->dev, h->h_y);
+		hyb_device_host_free(h->dev, h->h_rows);
 		hyb_device_event_free(h->dev, h->ev_in);
 		hyb_device_event_free(h->dev, h->ev_out);
 		for (size_t i = 0; h->ev_t && i < 2ull * h->m->hp.n_layer; i++)
@@ -442,6 +522,90 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 	return 0;
 }
 
+uint32_t hyb_plain_hybrid_prompt_cap(const struct hyb_plain_hybrid *h)
+{
+	return h->prompt_cap;
+}
+
+const struct hyb_hdense_batch *hyb_plain_hybrid_prompt_bufs(const struct hyb_plain_hybrid *h)
+{
+	return &h->pw;
+}
+
+int hyb_plain_hybrid_rows_up(struct hyb_plain_hybrid *h, hyb_dptr dst, const float *src,
+			     uint32_t n)
+{
+	const uint64_t b = 4ull * n * h->E;
+
+	if (n > h->prompt_cap)
+		return -EINVAL;
+	/* the staging rows: the last copy from them is done (rows_down syncs, this waits) */
+	if (hyb_device_sync(h->dev, h->ev_in))
+		return -1;
+	memcpy(h->h_rows, src, b);
+	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, dst, h->h_rows, b) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in))
+		return -1;
+	return 0;
+}
+
+int hyb_plain_hybrid_rows_down(struct hyb_plain_hybrid *h, float *dst, hyb_dptr src, uint32_t n)
+{
+	const uint64_t b = 4ull * n * h->E;
+
+	if (n > h->prompt_cap)
+		return -EINVAL;
+	if (hyb_device_sync(h->dev, h->ev_in) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_out) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_out) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_rows, src, b) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_sync(h->dev, h->ev_in))
+		return -1;
+	memcpy(dst, h->h_rows, b);
+	return 0;
+}
+
+int hyb_plain_hybrid_ffn_batch(struct hyb_plain_hybrid *h, uint32_t l, uint32_t n, bool add,
+			       hyb_dptr *y)
+{
+	const struct hyb_layer *L = &h->m->layers[l];
+	const hyb_dptr *w = &h->ffn[(size_t)l * 3];
+	const struct hyb_dev_matvec gate = {
+		.type = L->gate.type, .n_in = h->E, .n_out = h->F, .w = w[0], .x = h->pw.xn,
+		.y = h->pw_g, .batch = n,
+	};
+	const struct hyb_dev_matvec up = {
+		.type = L->up.type, .n_in = h->E, .n_out = h->F, .w = w[1], .x = h->pw.xn,
+		.y = h->pw_u, .batch = n,
+	};
+	const struct hyb_dev_matvec down = {
+		.type = L->down.type, .n_in = h->F, .n_out = h->E, .w = w[2], .x = h->pw_g,
+		.y = h->pw_y, .batch = n,
+	};
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+
+	if (!w[0] || !n || n > h->prompt_cap)
+		return -EINVAL;
+	*y = h->pw_y;
+	if (hyb_device_matvec(h->dev, s, &gate) || hyb_device_matvec(h->dev, s, &up) ||
+	    hyb_device_ffn_act(h->dev, s, h->pw_g, h->pw_u, n * h->F, h->m->hp.act) ||
+	    hyb_device_matvec(h->dev, s, &down))
+		return -1;
+	if (!add)
+		return 0;
+	if (h->post[l] && hyb_device_rmsnorm_rows(h->dev, s, h->pw_y, h->pw_y, h->post[l], h->E,
+						  n, h->m->hp.rms_eps))
+		return -1;
+	return hyb_device_add(h->dev, s, h->pw.x, h->pw_y, n * h->E);
+}
+
+void hyb_plain_hybrid_prompt_done(struct hyb_plain_hybrid *h)
+{
+	h->st.prompt_batches++;
+}
+
 void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double ffn_s,
 			       double cpu_ffn_s, double head_s)
 {
@@ -481,6 +645,8 @@ void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybri
 	out->dense_bytes = h->hd ? hyb_hdense_bytes(h->hd) : 0;
 	out->ffn_layers = h->n_ffn;
 	out->ffn_bytes = h->ffn_bytes + (h->n_ffn ? h->buf_bytes : 0);
+	out->prompt_batch = h->prompt_cap;
+	out->prompt_bytes = h->prompt_bytes;
 	if (h->policy == HYB_POLICY_LAYER)
 		out->dense_layers_cpu = h->m->hp.n_layer - h->n_ffn;
 	snprintf(out->cache_note, sizeof(out->cache_note),

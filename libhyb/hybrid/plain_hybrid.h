@@ -24,6 +24,7 @@
 
 struct hyb_ctx;
 struct hyb_hdense;
+struct hyb_hdense_batch;
 struct hyb_plain_hybrid;
 
 /*
@@ -65,6 +66,28 @@ int hyb_plain_hybrid_ffn_add(struct hyb_plain_hybrid *h, hyb_dptr x);
 int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const float *xn,
 			      uint32_t n, float *y);
 /*
+ * A prompt's batch on the device (plain_prefill.c): its rows (0: prompts
+ * run on the CPU; what the placement left of the budget, docs/HYBRID.md
+ * "Plain models"), and its buffers: x, xn, q, k, v, att for dense.c's
+ * batched attention block, the FFN reading xn.
+ */
+uint32_t hyb_plain_hybrid_prompt_cap(const struct hyb_plain_hybrid *h);
+const struct hyb_hdense_batch *hyb_plain_hybrid_prompt_bufs(const struct hyb_plain_hybrid *h);
+/* n rows of n_embd floats up into dst (COMPUTE waits), or down from src (waited for). */
+int hyb_plain_hybrid_rows_up(struct hyb_plain_hybrid *h, hyb_dptr dst, const float *src,
+			     uint32_t n);
+int hyb_plain_hybrid_rows_down(struct hyb_plain_hybrid *h, float *dst, hyb_dptr src,
+			       uint32_t n);
+/*
+ * Layer l's FFN (on the device) over the batch's n rows of xn, queued on
+ * COMPUTE into *y; with add, y normed first where the model has a norm
+ * after the FFN (Gemma), then added to the batch's x.
+ */
+int hyb_plain_hybrid_ffn_batch(struct hyb_plain_hybrid *h, uint32_t l, uint32_t n, bool add,
+			       hyb_dptr *y);
+/* A prompt batch ran (hyb_hybrid_stats.prompt_batches). */
+void hyb_plain_hybrid_prompt_done(struct hyb_plain_hybrid *h);
+/*
  * At a decode step's end, all its device work done: its host seconds
  * (attention blocks, FFNs, of those the CPU's, head), and the device FFNs'
  * kernel time.
@@ -78,6 +101,14 @@ void hyb_plain_hybrid_add_time(struct hyb_plain_hybrid *h, double attn_s, double
  */
 int hyb_plain_decode(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 		     size_t errlen);
+/*
+ * A prompt of n tokens with a batch on the device (hyb_plain_hybrid_prompt_cap
+ * > 0), in pieces of its rows: each part where it was placed, the rows
+ * moving between host and device as the parts need them; logits as
+ * hyb_ctx_eval's (every row's, or the last's). 0, or -1 with err.
+ */
+int hyb_plain_prefill(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *logits,
+		      bool all_logits, char *err, size_t errlen);
 /* Before a prompt pass on the CPU: the rows decoded on the device to the host's KV cache. */
 int hyb_plain_decode_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen);
 /* After it: the host wrote rows up to n_past. */

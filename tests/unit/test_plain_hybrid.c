@@ -85,7 +85,7 @@ static void decodes_the_cpu_bits(const char *path)
 	const enum hyb_policy pol[] = { HYB_POLICY_STATIC, HYB_POLICY_LAYER };
 	const size_t n = (size_t)(N_GEN + 4) * 512;
 	float *ref = malloc(sizeof(float) * n), *lg = malloc(sizeof(float) * n);
-	bool some_ffn = false, all_ffn = false, partial_layer = false;
+	bool some_ffn = false, all_ffn = false, partial_layer = false, prompt_dev = false;
 
 	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(ref && lg && m->hp.n_vocab == 512);
@@ -122,15 +122,19 @@ static void decodes_the_cpu_bits(const char *path)
 					 pl.ffn_layers < m->hp.n_layer;
 			CHECK_EQ_INT(st.tokens, N_GEN + 2);
 			/* the device FFNs' kernels timed by its clock; at most their in and out
-			 * cross the link (none where the residual stays on the device) */
+			 * cross the link a step (none where the residual stays on the device) */
 			CHECK(!pl.ffn_layers == !(st.dev_kernel_s > 0));
 			CHECK(st.critical_bytes <= st.tokens * pl.ffn_layers * 128 * 4 * 2);
-			fprintf(stderr, "%s %3.0f%%: attention %u, FFNs %u, head %d, %.2f MB\n",
-				hyb_policy_name(pol[p]), 100 * frac[i], pl.attn_layers,
-				pl.ffn_layers, pl.head, (pl.dense_bytes + pl.ffn_bytes) / 1e6);
+			/* both prompts batched on the device where the budget left room */
+			CHECK_EQ_INT(st.prompt_batches, pl.prompt_batch ? 2 : 0);
+			prompt_dev |= pl.prompt_batch > 0;
+			fprintf(stderr, "%s %3.0f%%: attention %u, FFNs %u, head %d, %.2f MB, "
+				"prompt batch %u\n", hyb_policy_name(pol[p]), 100 * frac[i],
+				pl.attn_layers, pl.ffn_layers, pl.head,
+				(pl.dense_bytes + pl.ffn_bytes) / 1e6, pl.prompt_batch);
 		}
 	}
-	CHECK(some_ffn && all_ffn && partial_layer);
+	CHECK(some_ffn && all_ffn && partial_layer && prompt_dev);
 	free(ref);
 	free(lg);
 	hyb_model_free(m);

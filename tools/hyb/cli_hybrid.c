@@ -26,6 +26,10 @@ void cli_check_prompt_batch(const struct hyb_ctx *c, const struct hyb_hybrid_par
 	hyb_ctx_hybrid_offload(c, &pl);
 	if (pl.experts)
 		cli_die("--prompt-batch: a mixture of experts' prompts run on the CPU (docs/MOE.md)");
+	if (pl.prompt_batch != hy->prompt_batch && pl.plain)
+		cli_die("--prompt-batch %u: the parts placed leave no room for a batch of %u "
+			"tokens (docs/HYBRID.md \"Plain models\"): ask for fewer", hy->prompt_batch,
+			hy->prompt_batch);
 	if (pl.prompt_batch != hy->prompt_batch)
 		cli_die("--prompt-batch %u: a batch of %u tokens does not fit in the neuron cache "
 			"(%.1f MB, docs/HYBRID.md \"Prompts\"): ask for fewer", hy->prompt_batch,
@@ -105,6 +109,11 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 			"%.3f ms, device FFN kernels %.3f ms), head %.3f ms; %.3f MB over the link\n",
 			1e3 * st.attn_s / n, 1e3 * st.ffn_s / n, 1e3 * st.cpu_ffn_s / n,
 			1e3 * st.dev_kernel_s / n, 1e3 * st.head_s / n, st.critical_bytes / n / 1e6);
+		if (pl.prompt_batch)
+			fprintf(stderr, "hybrid: prompts: batches of up to %u tokens through the "
+				"parts on the device (%.1f MB of buffers), %llu batches\n",
+				pl.prompt_batch, pl.prompt_bytes / 1e6,
+				(unsigned long long)st.prompt_batches);
 		return;
 	}
 	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %u predictors, %.1f MB "

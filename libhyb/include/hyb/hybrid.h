@@ -67,7 +67,8 @@ struct hyb_hybrid_params {
 					* before's input through this layer's router (docs/MOE.md) */
 	bool prefill_cpu;              /* prompt batches run on the CPU alone (by default the
 					* placed attention blocks, the head and the cached
-					* groups' FFN share run on the device) */
+					* groups' FFN share, or a plain model's placed FFNs,
+					* run on the device) */
 	uint32_t prompt_batch;         /* at most this many tokens in a prompt batch on the
 					* device (0: as many as its share of the budget holds,
 					* up to 512; docs/HYBRID.md "Prompts") */
