@@ -540,5 +540,27 @@ TEST(plain_hybrid_refusals)
 	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK(pl.plain && strstr(pl.cache_note, "static placement"));
 	hyb_ctx_free(c);
+	/* a prompt batch: as many rows as asked, none where they do not fit or with
+	 * prefill_cpu (the CLI says so: cli_check_prompt_batch) */
+	hy.gpu_budget = m->weight_bytes * 2;
+	hy.prompt_batch = 40;
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK_EQ_INT(pl.prompt_batch, 40);
+	hyb_ctx_free(c);
+	hy.prompt_batch = 100000;
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK_EQ_INT(pl.prompt_batch, 0);
+	hyb_ctx_free(c);
+	hy.prompt_batch = 0;
+	hy.prefill_cpu = true;
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK_EQ_INT(pl.prompt_batch, 0);
+	hyb_ctx_free(c);
 	hyb_model_free(m);
 }
