@@ -810,6 +810,69 @@ int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 	return rc;
 }
 
+bool hyb_device_teal_type_ok(uint32_t t)
+{
+	/* TEAL's transposed layout's types (libhyb/sparse/teal.c) */
+	return t == HYB_TYPE_F32 || t == HYB_TYPE_F16 || t == HYB_TYPE_Q8_0 || t == HYB_TYPE_Q4_0;
+}
+
+static int check_teal(struct hyb_device *d, const struct hyb_dev_teal *t)
+{
+	struct darr a[3] = {
+		{ t->w, 0, "w" }, { t->x, 4ull * t->n_in, "x" }, { t->y, 4ull * t->n_out, "y" },
+	};
+	uint64_t rb;
+	int rc;
+
+	if (!hyb_device_teal_type_ok(t->type))
+		return hyb_device_fail(d, -EINVAL, "teal: weight type %s not supported (F32, F16, "
+				       "Q8_0, Q4_0)", hyb_type_name(t->type));
+	if (!t->n_in || !t->n_out)
+		return hyb_device_fail(d, -EINVAL, "teal: zero size (n_in %u, n_out %u)", t->n_in,
+				       t->n_out);
+	if (!isfinite(t->thr) || t->thr < 0)
+		return hyb_device_fail(d, -EINVAL, "teal: threshold %g: must be finite and >= 0",
+				       (double)t->thr);
+	rb = hyb_row_bytes(t->type, t->n_out);
+	if (!rb)
+		return hyb_device_fail(d, -EINVAL, "teal: n_out %u not a multiple of the %s block "
+				       "(%u)", t->n_out, hyb_type_name(t->type),
+				       hyb_type_info(t->type)->blck);
+	if (t->row_bytes && (t->row_bytes < rb || t->row_bytes % 4 || t->row_bytes > 1ull << 40))
+		return hyb_device_fail(d, -EINVAL, "teal: a row stride of %llu bytes for rows of "
+				       "%llu", (unsigned long long)t->row_bytes,
+				       (unsigned long long)rb);
+	if (t->row_bytes)
+		rb = t->row_bytes;
+	a[0].len = rb * t->n_in; /* < 2^32 rows of <= 2^40 bytes */
+	rc = check_aligned(d, t->w, a[0].len, t->type == HYB_TYPE_F32 ? 4 : 2, "teal w");
+	if (!rc)
+		rc = check_array(d, t->x, a[1].len, "teal x");
+	if (!rc)
+		rc = check_array(d, t->y, a[2].len, "teal y");
+	if (!rc)
+		rc = check_disjoint(d, "teal", a, 3);
+	return rc;
+}
+
+int hyb_device_teal_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t)
+{
+	int rc = check_dev(d, (int)s, "teal");
+
+	if (!rc)
+		rc = check_op(d, d->ops->teal != NULL, "teal");
+	if (rc)
+		return rc;
+	if (!t)
+		return hyb_device_fail(d, -EINVAL, "teal: NULL arguments");
+	rc = check_teal(d, t);
+	if (!rc)
+		rc = d->ops->teal(d, s, t);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
 static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 {
 	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim; /* < 2^40 */

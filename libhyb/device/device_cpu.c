@@ -100,6 +100,7 @@
 #include "hyb/testing.h"
 #include "forward/ops.h"
 #include "sparse/sparse_op.h"
+#include "sparse/teal.h"
 
 #define HUGE_SZ (2ull << 20)
 
@@ -174,6 +175,9 @@ struct cpu_dev {
 	size_t n_xq, n_mtmp, n_atmp; /* bytes */
 	void *px, *pscr;             /* predict: the unit-RMS input, hyb_predictor_run's */
 	size_t n_px, n_pscr;
+	struct hyb_threadpool *pool1; /* teal: hyb_teal_gemv on the caller's thread */
+	void *tidx, *tval;           /* ... its scratch */
+	size_t n_tidx, n_tval;
 };
 
 static struct cpu_dev *cpu(struct hyb_device *d)
@@ -1177,7 +1181,45 @@ static void cpu_close(struct hyb_device *d)
 	free(c->pscr);
 	free(c->mtmp);
 	free(c->atmp);
+	free(c->tidx);
+	free(c->tval);
+	if (c->pool1)
+		hyb_threadpool_free(c->pool1);
 	free(c);
+}
+
+/*
+ * TEAL's GEMV (libhyb/sparse/teal.c) on the caller's thread: its sums do
+ * not depend on the thread count, so they are the CPU's bits. Bytes: the
+ * rows of the inputs above the threshold, x and y.
+ */
+static int cpu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t)
+{
+	struct cpu_dev *c = cpu(d);
+	const struct hyb_teal_mat w = {
+		.type = t->type, .n_in = t->n_in, .n_out = t->n_out,
+		.row_bytes = t->row_bytes ? t->row_bytes : hyb_row_bytes(t->type, t->n_out),
+		.data = (const void *)(uintptr_t)t->w,
+	};
+	uint32_t *idx = scratch(&c->tidx, &c->n_tidx, 4ull * t->n_in);
+	float *val = scratch(&c->tval, &c->n_tval, 4ull * t->n_in);
+	uint32_t n;
+	double r0;
+	int rc;
+
+	if (!idx || !val || (!c->pool1 && !(c->pool1 = hyb_threadpool_new(1))))
+		return hyb_device_fail(d, -ENOMEM, "teal: out of host memory");
+	enter(c, &r0);
+	n = hyb_teal_gemv(c->pool1, &w, (const float *)(uintptr_t)t->x, t->thr, idx, val,
+			  (float *)(uintptr_t)t->y);
+	op_begin(c, "a teal kernel");
+	span(c, (const void *)(uintptr_t)t->w, w.row_bytes * t->n_in, false);
+	span(c, (const void *)(uintptr_t)t->x, 4ull * t->n_in, false);
+	span(c, (const void *)(uintptr_t)t->y, 4ull * t->n_out, true);
+	rc = kernel_done(c, s, n * w.row_bytes + 4ull * (t->n_in + t->n_out),
+			 2.0 * n * t->n_out);
+	leave(c, r0);
+	return rc;
 }
 
 /*
@@ -1261,6 +1303,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.matvec = cpu_matvec,
 	.attention = cpu_attention,
 	.predict = cpu_predict,
+	.teal = cpu_teal,
 };
 
 struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char *err,

@@ -62,6 +62,7 @@
 #include "dense_cuda.h"
 #include "predict_cuda.h"
 #include "sparse_ffn_cuda.h"
+#include "teal_cuda.h"
 #include "reload_lane.h"
 
 #define ALIGN 256ull
@@ -935,6 +936,41 @@ static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hy
  * attention workspace: work on one stream runs in order, so the two never
  * use it at once.
  */
+/*
+ * TEAL's projection (kernels/cuda/teal.cu) in the stream's workspace. Its
+ * bytes: the inputs above the threshold are counted on the device, so the
+ * whole matrix is taken, an upper bound (the CPU device counts the rows read).
+ */
+static int cu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t)
+{
+	struct cudev *c = cu(d);
+	struct hyb_cuda_teal k;
+	int rc;
+
+	if ((rc = use_stream(c, s)) ||
+	    (rc = workspace(c, s, hyb_cuda_teal_work_bytes(t->n_in, t->n_out, c->n_sm))))
+		return rc;
+	memset(&k, 0, sizeof(k));
+	k.type = t->type;
+	k.n_in = t->n_in;
+	k.n_out = t->n_out;
+	k.row_bytes = t->row_bytes ? t->row_bytes : hyb_row_bytes(t->type, t->n_out);
+	k.w = (const void *)(uintptr_t)t->w;
+	k.x = (const float *)(uintptr_t)t->x;
+	k.thr = t->thr;
+	k.y = (float *)(uintptr_t)t->y;
+	k.work = c->wk[s];
+	k.n_sm = c->n_sm;
+	rc = hyb_cuda_teal(&k, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda teal: type %s not supported",
+				       hyb_type_name(t->type));
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "teal kernel launch");
+	d->st.kernel_bytes += k.row_bytes * t->n_in + 4ull * (t->n_in + t->n_out);
+	return 0;
+}
+
 static int cu_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p)
 {
 	struct cudev *c = cu(d);
@@ -1034,6 +1070,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_matvec,
 	cu_attention,
 	cu_predict,
+	cu_teal,
 	NULL, /* host_work: a GPU's host time is real */
 };
 

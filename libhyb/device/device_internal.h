@@ -72,6 +72,7 @@ struct hyb_device_ops {
 	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
 	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 	int (*predict)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
+	int (*teal)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t);
 	/* NULL: nothing to do (CUDA: a GPU's host time is real) */
 	void (*host_work)(struct hyb_device *d, double s);
 };

@@ -601,7 +601,8 @@ int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
 	if (!thr) {
 		free(c->teal_thr);
 		c->teal_thr = NULL;
-		return 0;
+		/* a plain model's device FFNs: the model's weights again */
+		return c->plain_hybrid ? hyb_plain_hybrid_set_teal(c->plain_hybrid, NULL, NULL) : 0;
 	}
 	rc = hyb_teal_check(c->m);
 	if (rc)
@@ -641,7 +642,8 @@ int hyb_ctx_set_teal_thresholds(struct hyb_ctx *c, const float *thr)
 	if (!c->teal_thr && !(c->teal_thr = malloc(sizeof(float) * n)))
 		return hyb_error_set(-ENOMEM, "out of memory");
 	memcpy(c->teal_thr, thr, sizeof(float) * n);
-	return 0;
+	/* a plain model's device FFNs take them too, where the layout exists */
+	return c->plain_hybrid ? hyb_plain_hybrid_set_teal(c->plain_hybrid, c->teal, c->teal_thr) : 0;
 }
 
 const float *hyb_ctx_teal_thresholds(const struct hyb_ctx *c)

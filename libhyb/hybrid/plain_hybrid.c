@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "dense.h"
+#include "sparse/teal.h"
 #include "hyb/device.h"
 #include "hyb/tensor_type.h"
 #include "util/error.h"
@@ -32,6 +33,13 @@ struct hyb_plain_hybrid {
 	uint32_t n_ffn;
 	uint64_t ffn_bytes, buf_bytes;
 	hyb_dptr d_x, d_g, d_u, d_y;    /* [E], [F], [F], [E] */
+	hyb_dptr d_gu;                  /* [2F]: TEAL's gate|up of one row, the activation */
+	/* TEAL on the device's FFNs (hyb_plain_hybrid_set_teal): their weights in the
+	 * transposed layout (ffn[l][0]: gate|up, [2]: down), the thresholds; or NULL */
+	const struct hyb_teal *teal;
+	float *teal_thr;                /* [n_layer][HYB_TEAL_INPUTS] */
+	bool *teal_on;                  /* [n_layer]: that FFN's weights are the transposed */
+	uint32_t n_teal;                /* ... how many */
 	float *h_x, *h_y;               /* host staging [E] each (device host memory) */
 	struct hyb_device_event *ev_in, *ev_out;
 	/* each layer's FFN kernels between two timed events, summed at the step's end */
@@ -44,6 +52,7 @@ struct hyb_plain_hybrid {
 	float *h_rows;
 	uint32_t prompt_cap;
 	uint64_t prompt_bytes;
+	struct hyb_hybrid_params prm;   /* what alloc_prompt was given */
 	struct hyb_hybrid_stats st;
 };
 
@@ -79,10 +88,14 @@ static uint64_t ffn_bytes(const struct hyb_model *m, uint32_t l)
 	return b + (L->post_ffn_norm.data ? up_align(4ull * m->hp.n_embd) : 0);
 }
 
-/* The FFN buffers' bytes for a pass of `rows`: x in, gate and up activations, y out. */
+/*
+ * The FFN buffers' bytes for a pass of `rows`: x in, gate and up activations,
+ * y out; TEAL's gate|up of one row.
+ */
 static uint64_t ffn_buf_bytes(const struct hyb_model *m, uint32_t rows)
 {
-	return 2 * up_align(4ull * rows * m->hp.n_embd) + 2 * up_align(4ull * rows * m->hp.n_ff);
+	return 2 * up_align(4ull * rows * m->hp.n_embd) + 2 * up_align(4ull * rows * m->hp.n_ff) +
+	       up_align(8ull * m->hp.n_ff);
 }
 
 /* Layer l's FFN weights to the device (queued on RELOAD). */
@@ -116,8 +129,8 @@ static int put_ffn(struct hyb_plain_hybrid *h, uint32_t l)
  * layers in order (attention and FFN), then the head. *att and *head: the
  * attention blocks and head for dense.c; ffn[] set here.
  */
-static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, bool *att,
-		  bool *head, bool *ffn)
+static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, bool ffn_only,
+		  bool *att, bool *head, bool *ffn)
 {
 	const struct hyb_model *m = h->m;
 	const uint32_t L = m->hp.n_layer;
@@ -130,9 +143,9 @@ static void place(struct hyb_plain_hybrid *h, uint64_t budget, uint32_t n_ctx, b
 	(used + (extra) + hyb_hdense_buffer_bytes(m, (a), (hd), false) + ((f) ? fbuf : 0) <= \
 	 budget)
 	*head = false;
-	if (h->rows > 1) {
+	if (h->rows > 1 || ffn_only) {
 		/* several sequences attend on the CPU (their KV cache is the host's paged
-		 * one): the budget is the FFNs', in layer order */
+		 * one), or dense_on_cpu: the budget is the FFNs', in layer order */
 		for (uint32_t l = 0; l < L; l++) {
 			const uint64_t fb = ffn_bytes(m, l);
 
@@ -197,6 +210,23 @@ static uint64_t prompt_row_bytes(const struct hyb_model *m)
 #define PROMPT_MAX 512 /* as a plan's batch (ffn_hybrid_prefill.c) */
 #define PROMPT_MIN 16  /* fewer rows: the prompt runs on the CPU */
 
+/* The prompt batch's buffers given back (TEAL's transposed FFNs take their room). */
+static void free_prompt(struct hyb_plain_hybrid *h)
+{
+	hyb_dptr *arr[9] = { &h->pw.x, &h->pw.xn, &h->pw.q, &h->pw.k, &h->pw.v, &h->pw.att,
+			     &h->pw_g, &h->pw_u, &h->pw_y };
+
+	for (int i = 0; i < 9; i++)
+		if (*arr[i]) {
+			hyb_device_free(h->dev, *arr[i]);
+			*arr[i] = 0;
+		}
+	hyb_device_host_free(h->dev, h->h_rows);
+	h->h_rows = NULL;
+	h->prompt_cap = 0;
+	h->prompt_bytes = 0;
+}
+
 /*
  * Bytes the placement leaves for a prompt batch of PROMPT_MIN rows (or the
  * rows asked for): where they are at most a sixteenth of the budget, the
@@ -225,13 +255,16 @@ static int alloc_prompt(struct hyb_plain_hybrid *h, const struct hyb_hybrid_para
 	const struct hyb_hparams *hp = &h->m->hp;
 	const uint64_t q = (uint64_t)hp->n_head * hp->head_dim;
 	const uint64_t kv = (uint64_t)hp->n_head_kv * hp->head_dim;
-	const uint64_t used = hyb_device_used(h->dev), slack = 9 * ALIGN;
+	/* nine allocations, each rounded up to the device's pages (the CPU device's 4 KiB) */
+	const uint64_t used = hyb_device_used(h->dev), slack = 9 * 4096;
 	const uint64_t left = p->gpu_budget > used + slack ? p->gpu_budget - used - slack : 0;
 	uint64_t cap = left / prompt_row_bytes(h->m);
 	hyb_dptr *arr[9] = { &h->pw.x, &h->pw.xn, &h->pw.q, &h->pw.k, &h->pw.v, &h->pw.att,
 			     &h->pw_g, &h->pw_u, &h->pw_y };
 	uint64_t width[9] = { h->E, h->E, q, kv, kv, q, h->F, h->F, h->E };
 
+	if (p != &h->prm)
+		h->prm = *p;
 	if (h->rows > 1 || p->prefill_cpu || (!h->hd && !h->n_ffn))
 		return 0;
 	cap = cap < PROMPT_MAX ? cap : PROMPT_MAX;
@@ -243,12 +276,16 @@ static int alloc_prompt(struct hyb_plain_hybrid *h, const struct hyb_hybrid_para
 		return 0;
 	for (int i = 0; i < 9; i++)
 		if (hyb_device_alloc(h->dev, 4 * width[i] * cap, arr[i]))
-			return -1;
+			goto none;
 	h->h_rows = hyb_device_host_alloc(h->dev, 4ull * h->E * cap);
 	if (!h->h_rows)
-		return -1;
+		goto none;
 	h->prompt_cap = (uint32_t)cap;
 	h->prompt_bytes = cap * prompt_row_bytes(h->m);
+	return 0;
+none:
+	/* no room after all (the device's own rounding): prompts on the CPU */
+	free_prompt(h);
 	return 0;
 }
 
@@ -257,6 +294,7 @@ static int alloc_buffers(struct hyb_plain_hybrid *h)
 	const uint64_t r = h->rows;
 
 	if (hyb_device_alloc(h->dev, 4ull * r * h->E, &h->d_x) ||
+	    hyb_device_alloc(h->dev, 8ull * h->F, &h->d_gu) ||
 	    hyb_device_alloc(h->dev, 4ull * r * h->F, &h->d_g) ||
 	    hyb_device_alloc(h->dev, 4ull * r * h->F, &h->d_u) ||
 	    hyb_device_alloc(h->dev, 4ull * r * h->E, &h->d_y))
@@ -310,10 +348,9 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 		snprintf(err, errlen, "hybrid: %s", hyb_last_error());
 		goto fail;
 	}
-	if (!p->dense_on_cpu)
-		place(h, p->gpu_budget - prompt_reserve(h, p), n_ctx, att, &head, ffn);
-	else
-		h->policy = HYB_POLICY_STATIC; /* nothing placed: the CPU's decode, measured */
+	if (p->dense_on_cpu)
+		h->policy = HYB_POLICY_STATIC;
+	place(h, p->gpu_budget - prompt_reserve(h, p), n_ctx, p->dense_on_cpu, att, &head, ffn);
 	for (uint32_t l = 0; l < L; l++)
 		if (att[l] || head) {
 			h->hd = hyb_hdense_new(h->dev, m, n_ctx, att, head, NULL, err, errlen);
@@ -351,7 +388,7 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 		dev_fail(h, err, errlen, "prompt batch buffers");
 		goto fail;
 	}
-	if (!h->hd && !h->n_ffn && !p->dense_on_cpu) {
+	if (!h->hd && !h->n_ffn) {
 		snprintf(err, errlen, "hybrid: a budget of %.1f MB holds no part of the model (its "
 			 "smallest attention block is %.1f MB, an FFN %.1f MB)", p->gpu_budget / 1e6,
 			 hyb_hdense_layer_bytes(m, 0, n_ctx) / 1e6, ffn_bytes(m, 0) / 1e6);
@@ -377,6 +414,7 @@ void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h)
 			if (h->ffn[i])
 				hyb_device_free(h->dev, h->ffn[i]);
 		hyb_device_free(h->dev, h->d_x);
+		hyb_device_free(h->dev, h->d_gu);
 		hyb_device_free(h->dev, h->d_g);
 		hyb_device_free(h->dev, h->d_u);
 		hyb_device_free(h->dev, h->d_y);
@@ -391,6 +429,8 @@ void hyb_plain_hybrid_free(struct hyb_plain_hybrid *h)
 	}
 	free(h->ffn);
 	free(h->post);
+	free(h->teal_thr);
+	free(h->teal_on);
 	free(h->ev_t);
 	free(h->timed);
 	free(h);
@@ -404,6 +444,130 @@ struct hyb_device *hyb_plain_hybrid_device(const struct hyb_plain_hybrid *h)
 struct hyb_hdense *hyb_plain_hybrid_dense(const struct hyb_plain_hybrid *h)
 {
 	return h->hd;
+}
+
+/*
+ * Layer l's FFN of one row x into y with TEAL's thresholds (the transposed
+ * weights: gate|up from x into d_gu, the activation, down from it), queued
+ * on COMPUTE: forward.c's TEAL FFN of a decode step.
+ */
+static int teal_ffn(struct hyb_plain_hybrid *h, uint32_t l, hyb_dptr x, hyb_dptr y)
+{
+	const struct hyb_teal_mat *gu = &h->teal->mat[(size_t)l * HYB_TEAL_INPUTS + HYB_TEAL_GU];
+	const struct hyb_teal_mat *dn =
+		&h->teal->mat[(size_t)l * HYB_TEAL_INPUTS + HYB_TEAL_DOWN];
+	const float *thr = h->teal_thr + (size_t)l * HYB_TEAL_INPUTS;
+	const struct hyb_dev_teal a = {
+		.type = gu->type, .n_in = gu->n_in, .n_out = gu->n_out, .row_bytes = gu->row_bytes,
+		.w = h->ffn[(size_t)l * 3], .x = x, .thr = thr[HYB_TEAL_GU], .y = h->d_gu,
+	};
+	const struct hyb_dev_teal b = {
+		.type = dn->type, .n_in = dn->n_in, .n_out = dn->n_out, .row_bytes = dn->row_bytes,
+		.w = h->ffn[(size_t)l * 3 + 2], .x = h->d_gu, .thr = thr[HYB_TEAL_DOWN], .y = y,
+	};
+
+	return hyb_device_teal_matvec(h->dev, HYB_STREAM_COMPUTE, &a) ||
+	       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_gu, h->d_gu + 4ull * h->F,
+				  h->F, h->m->hp.act) ||
+	       hyb_device_teal_matvec(h->dev, HYB_STREAM_COMPUTE, &b) ? -1 : 0;
+}
+
+/* TEAL's FFN of each of the n rows of d_x into d_y, row after row. */
+static int teal_rows(struct hyb_plain_hybrid *h, uint32_t l, uint32_t n)
+{
+	for (uint32_t r = 0; r < n; r++)
+		if (teal_ffn(h, l, h->d_x + 4ull * r * h->E, h->d_y + 4ull * r * h->E))
+			return -1;
+	return 0;
+}
+
+/*
+ * Layer l's FFN weights on the device replaced: by the transposed (t) or
+ * the model's. Where the transposed do not fit (their rows are padded to
+ * 64 bytes), the model's go back: false. -1: not even those (a device
+ * failure: the layer's weights are lost).
+ */
+static int swap_ffn(struct hyb_plain_hybrid *h, uint32_t l, const struct hyb_teal *t)
+{
+	const struct hyb_layer *L = &h->m->layers[l];
+	hyb_dptr *d = &h->ffn[(size_t)l * 3];
+	const struct hyb_teal_mat *m = t ? &t->mat[(size_t)l * HYB_TEAL_INPUTS] : NULL;
+	const void *src[3] = { L->gate.data, L->up.data, L->down.data };
+	uint64_t b[3] = { L->gate.ne1 * L->gate.row_bytes, L->up.ne1 * L->up.row_bytes,
+			  L->down.ne1 * L->down.row_bytes };
+	int i;
+
+	if (m) {
+		src[0] = m[HYB_TEAL_GU].data;
+		b[0] = m[HYB_TEAL_GU].row_bytes * m[HYB_TEAL_GU].n_in;
+		src[1] = NULL;
+		b[1] = 0;
+		src[2] = m[HYB_TEAL_DOWN].data;
+		b[2] = m[HYB_TEAL_DOWN].row_bytes * m[HYB_TEAL_DOWN].n_in;
+	}
+	for (i = 0; i < 3; i++)
+		if (d[i]) {
+			hyb_device_free(h->dev, d[i]);
+			d[i] = 0;
+		}
+	for (i = 0; i < 3; i++)
+		if (b[i] && hyb_device_alloc(h->dev, b[i], &d[i]))
+			break;
+	if (i < 3 && m) /* no room for the transposed: the model's again */
+		return swap_ffn(h, l, NULL) ? -1 : 0;
+	if (i < 3)
+		return -1;
+	for (i = 0; i < 3; i++)
+		if (b[i] && hyb_device_h2d(h->dev, HYB_STREAM_RELOAD, d[i], src[i], b[i]))
+			return -1;
+	return m ? 1 : 0;
+}
+
+int hyb_plain_hybrid_set_teal(struct hyb_plain_hybrid *h, const struct hyb_teal *t,
+			      const float *thr)
+{
+	const uint32_t L = h->m->hp.n_layer;
+	const bool on = t && thr;
+	int rc = 0;
+
+	if (on && !h->teal_thr &&
+	    !(h->teal_thr = malloc(sizeof(float) * L * HYB_TEAL_INPUTS)))
+		return hyb_error_set(-ENOMEM, "out of memory");
+	if (!h->teal_on && !(h->teal_on = calloc(L, sizeof(bool))))
+		return hyb_error_set(-ENOMEM, "out of memory");
+	if (on)
+		memcpy(h->teal_thr, thr, sizeof(float) * L * HYB_TEAL_INPUTS);
+	/* the layout changes between on and off; the queue drained first */
+	if (on == (h->teal != NULL))
+		return 0;
+	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_out) ||
+	    hyb_device_sync(h->dev, h->ev_out))
+		rc = -1;
+	/* under TEAL prompts run on the CPU: the batch's room goes to the padded rows */
+	if (on)
+		free_prompt(h);
+	h->teal = on ? t : NULL;
+	for (uint32_t l = 0; !rc && l < L; l++) {
+		int r;
+
+		if (!hyb_plain_hybrid_ffn_on(h, l) || h->teal_on[l] == on)
+			continue;
+		r = swap_ffn(h, l, on ? t : NULL);
+		if (r < 0)
+			rc = -1;
+		h->teal_on[l] = r > 0;
+		h->n_teal += r > 0 ? 1 : on ? 0 : -1u;
+	}
+	if (!rc && (hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->ev_in) ||
+		    hyb_device_sync(h->dev, h->ev_in)))
+		rc = -1;
+	if (!rc && !on && alloc_prompt(h, &h->prm))
+		rc = -1;
+
+	if (rc)
+		return hyb_error_set(-EIO, "TEAL on the device's FFNs: %s (their weights are "
+				     "lost: a new context is needed)", hyb_device_error(h->dev));
+	return 0;
 }
 
 bool hyb_plain_hybrid_ffn_on(const struct hyb_plain_hybrid *h, uint32_t l)
@@ -439,10 +603,12 @@ int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const flo
 	};
 
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F, h->m->hp.act) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down) ||
+	    (h->teal_on && h->teal_on[l] ? teal_ffn(h, l, x, h->d_y) :
+		       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+			       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F,
+						  h->m->hp.act) ||
+			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down)) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]))
 		return -1;
 	h->timed[l] = true;
@@ -503,11 +669,12 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, n * h->F,
-			       h->m->hp.act) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down) ||
+	    (h->teal_on && h->teal_on[l] ? teal_rows(h, l, n) :
+		       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+			       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u,
+						  n * h->F, h->m->hp.act) ||
+			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down)) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l + 1]) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_t[2 * l + 1]) ||
 	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, in) ||
@@ -524,7 +691,8 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 
 uint32_t hyb_plain_hybrid_prompt_cap(const struct hyb_plain_hybrid *h)
 {
-	return h->prompt_cap;
+	/* under TEAL the FFNs' weights are transposed: prompts run on the CPU */
+	return h->n_teal ? 0 : h->prompt_cap;
 }
 
 const struct hyb_hdense_batch *hyb_plain_hybrid_prompt_bufs(const struct hyb_plain_hybrid *h)
@@ -586,7 +754,7 @@ int hyb_plain_hybrid_ffn_batch(struct hyb_plain_hybrid *h, uint32_t l, uint32_t 
 	};
 	const enum hyb_stream s = HYB_STREAM_COMPUTE;
 
-	if (!w[0] || !n || n > h->prompt_cap)
+	if (!w[0] || !n || n > h->prompt_cap || h->n_teal)
 		return -EINVAL;
 	*y = h->pw_y;
 	if (hyb_device_matvec(h->dev, s, &gate) || hyb_device_matvec(h->dev, s, &up) ||

@@ -43,6 +43,18 @@ void hyb_plain_hybrid_stats(const struct hyb_plain_hybrid *h, struct hyb_hybrid_
 void hyb_plain_hybrid_stats_reset(struct hyb_plain_hybrid *h);
 void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybrid_offload *out);
 
+/*
+ * TEAL's thresholds on the device's FFNs too (docs/SPARSITY.md#teal): their
+ * weights replaced by TEAL's transposed ones (t: the context's layout, thr:
+ * [n_layer][HYB_TEAL_INPUTS]), each decode row's FFN then reading only the
+ * rows of its inputs above the thresholds (hyb_device_teal_matvec), and
+ * prompts running on the CPU; t or thr NULL: the model's weights again.
+ * 0, or -errno with the message (the context is then lost).
+ */
+struct hyb_teal;
+int hyb_plain_hybrid_set_teal(struct hyb_plain_hybrid *h, const struct hyb_teal *t,
+			      const float *thr);
+
 /* What plain_decode.c drives: dense.c's parts (NULL: none placed), and the FFNs. */
 struct hyb_hdense *hyb_plain_hybrid_dense(const struct hyb_plain_hybrid *h);
 bool hyb_plain_hybrid_ffn_on(const struct hyb_plain_hybrid *h, uint32_t l);

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cpu_kernels.h"
 #include "cuda_kernels.h"
 #include "gpu_test.h"
 #include "hyb/device.h"
@@ -1436,6 +1437,123 @@ TEST(gpu_dev_attention_odd)
 	attn_case(24, 2, 80, 32, true, pos, 3, 320, 2);
 	attn_case(2, 1, 256, 64, true, pos, 3, 320, 0);
 	attn_case(4, 4, 64, 64, false, pos, 3, 320, 2);
+}
+
+/* n rows of n_out random weights of type t (a transposed TEAL matrix), malloc'd. */
+static uint8_t *teal_rows(uint32_t t, uint32_t n, uint32_t n_out)
+{
+	const uint64_t rb = hyb_row_bytes(t, n_out);
+	uint8_t *w = malloc(rb * n);
+
+	CHECK(w);
+	for (uint64_t r = 0; r < n; r++) {
+		uint8_t *row = w + r * rb;
+
+		for (uint32_t o = 0; o < n_out; o++) {
+			if (t == HYB_TYPE_F32) {
+				((float *)row)[o] = rndf();
+			} else if (t == HYB_TYPE_F16) {
+				((uint16_t *)row)[o] = hyb_f32_to_f16(rndf());
+			} else if (o % 32 == 0) {
+				uint8_t *b = row + (o / 32) * (t == HYB_TYPE_Q8_0 ? 34 : 18);
+				const uint16_t d = hyb_f32_to_f16(0.01f + 0.02f * (rndf() + 1));
+
+				memcpy(b, &d, 2);
+				for (int j = 0; j < (t == HYB_TYPE_Q8_0 ? 32 : 16); j++)
+					b[2 + j] = (uint8_t)rnd();
+			}
+		}
+	}
+	return w;
+}
+
+/*
+ * TEAL's projection (kernels/cuda/teal.cu) against the exact sums (double,
+ * the inputs above the threshold, the weights as the CPU dequantizes them)
+ * and the CPU device (hyb_teal_gemv: int8-rounded products on a VNNI host),
+ * at TEAL's shapes: q/k/v, gate|up and down of a 4096/11008 model.
+ */
+static void teal_case(uint32_t type, uint32_t n_in, uint32_t n_out, float thr)
+{
+	const uint64_t rb = hyb_row_bytes(type, n_out);
+	struct hyb_device *gpu = open_kind("cuda", 1024 * MiB, 0);
+	struct hyb_device *cpu = open_kind("cpu", 1024 * MiB, 0);
+	uint8_t *w = teal_rows(type, n_in, n_out);
+	float *x = malloc(4ull * n_in), *yg = malloc(4ull * n_out), *yc = malloc(4ull * n_out);
+	float *deq = malloc(4ull * n_out);
+	double *ref = calloc(n_out, sizeof(double)), eg = 0, ec = 0, ymax = 0;
+	hyb_dptr gw = dalloc(gpu, rb * n_in), gx = dalloc(gpu, 4ull * n_in);
+	hyb_dptr gy = dalloc(gpu, 4ull * n_out);
+	hyb_dptr cw = dalloc(cpu, rb * n_in), cx = dalloc(cpu, 4ull * n_in);
+	hyb_dptr cy = dalloc(cpu, 4ull * n_out);
+	uint32_t n_act = 0;
+
+	CHECK(x && yg && yc && deq && ref);
+	for (uint32_t i = 0; i < n_in; i++)
+		x[i] = rndf();
+	for (uint32_t i = 0; i < n_in; i++) {
+		if (!(fabsf(x[i]) > thr))
+			continue;
+		n_act++;
+		hyb_cpu_best()->dequantize[type](w + i * rb, deq, n_out);
+		for (uint32_t o = 0; o < n_out; o++)
+			ref[o] += (double)x[i] * deq[o];
+	}
+	put(gpu, gw, w, rb * n_in);
+	put(gpu, gx, x, 4ull * n_in);
+	put(cpu, cw, w, rb * n_in);
+	put(cpu, cx, x, 4ull * n_in);
+	{
+		struct hyb_dev_teal t = { .type = type, .n_in = n_in, .n_out = n_out, .w = gw,
+					  .x = gx, .thr = thr, .y = gy };
+
+		OK(gpu, hyb_device_teal_matvec(gpu, HYB_STREAM_COMPUTE, &t));
+		t.w = cw;
+		t.x = cx;
+		t.y = cy;
+		OK(cpu, hyb_device_teal_matvec(cpu, HYB_STREAM_COMPUTE, &t));
+	}
+	get(gpu, yg, gy, 4ull * n_out);
+	get(cpu, yc, cy, 4ull * n_out);
+	for (uint32_t o = 0; o < n_out; o++)
+		ymax = fmax(ymax, fabs(ref[o]));
+	if (ymax == 0) /* no input above the threshold: zeros */
+		ymax = 1;
+	for (uint32_t o = 0; o < n_out; o++) {
+		eg = fmax(eg, fabs(yg[o] - ref[o]) / ymax);
+		ec = fmax(ec, fabs((double)yg[o] - yc[o]) / ymax);
+	}
+	printf("    teal %-5s %5u -> %5u, %u inputs above %.2f: max |cuda - exact| %.2g, "
+	       "|cuda - cpu| %.2g (of max |y|)\n", hyb_type_name(type), n_in, n_out, n_act,
+	       (double)thr, eg, ec);
+	/* float sums of up to 11008 products; the CPU's int8 products: 2^-8 each, random */
+	CHECK_MSG(eg < 1e-5, "%s: cuda differs from the exact sums by %.2g", hyb_type_name(type),
+		  eg);
+	CHECK_MSG(ec < 2e-2, "%s: cuda differs from the CPU device by %.2g", hyb_type_name(type),
+		  ec);
+	hyb_device_close(gpu);
+	hyb_device_close(cpu);
+	free(w);
+	free(x);
+	free(yg);
+	free(yc);
+	free(deq);
+	free(ref);
+}
+
+TEST(gpu_dev_teal)
+{
+	const uint32_t types[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0 };
+	const bool sm = small_shapes();
+
+	need_gpu();
+	for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+		teal_case(types[k], sm ? 512 : 4096, sm ? 768 : 3 * 4096, 0.4f);
+		teal_case(types[k], sm ? 1376 : 11008, sm ? 512 : 4096, 0.6f);
+	}
+	/* a threshold that keeps every input, and one that keeps none */
+	teal_case(HYB_TYPE_Q8_0, 1000, 2048, 0.0f);
+	teal_case(HYB_TYPE_Q8_0, 1000, 2048, 2.0f);
 }
 
 /*

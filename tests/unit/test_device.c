@@ -31,6 +31,7 @@
 #include "hyb/testing.h"
 #include "forward/ops.h"
 #include "sparse/sparse_op.h"
+#include "sparse/teal.h"
 #include "test.h"
 
 #define EPS 20e-6 /* clock reads around the marks */
@@ -871,6 +872,121 @@ TEST(dev_add_exact)
 	free(x);
 	free(y);
 	free(r);
+	hyb_device_close(d);
+}
+
+/* n rows of n_out random weights of type t (a transposed TEAL matrix), malloc'd. */
+static uint8_t *teal_rows(uint32_t t, uint32_t n, uint32_t n_out)
+{
+	const uint64_t rb = hyb_row_bytes(t, n_out);
+	uint8_t *w = xmalloc(rb * n);
+
+	for (uint64_t r = 0; r < n; r++) {
+		uint8_t *row = w + r * rb;
+
+		for (uint32_t o = 0; o < n_out; o++) {
+			if (t == HYB_TYPE_F32) {
+				((float *)row)[o] = rndf();
+			} else if (t == HYB_TYPE_F16) {
+				((uint16_t *)row)[o] = hyb_f32_to_f16(rndf());
+			} else if (o % 32 == 0) {
+				/* a block: its f16 scale, then 32 int8 or 16 bytes of nibbles */
+				uint8_t *b = row + (o / 32) * (t == HYB_TYPE_Q8_0 ? 34 : 18);
+				const uint16_t d = hyb_f32_to_f16(0.01f + 0.02f * (rndf() + 1));
+
+				memcpy(b, &d, 2);
+				for (int j = 0; j < (t == HYB_TYPE_Q8_0 ? 32 : 16); j++)
+					b[2 + j] = (uint8_t)rnd();
+			}
+		}
+	}
+	return w;
+}
+
+/*
+ * TEAL's projection on the CPU device: hyb_teal_gemv's bits (on two host
+ * threads) for each type, the rows of the inputs above the threshold the
+ * bytes counted; bad arguments refused.
+ */
+TEST(dev_teal_matvec_exact)
+{
+	const uint32_t types[] = { HYB_TYPE_F32, HYB_TYPE_F16, HYB_TYPE_Q8_0, HYB_TYPE_Q4_0 };
+	const uint32_t n_in = 300, n_out = 256;
+	struct hyb_device *d = open_cpu(NULL);
+	struct hyb_threadpool *pool = hyb_threadpool_new(2);
+	float *x = xmalloc(4 * n_in), *y = xmalloc(4 * n_out), *r = xmalloc(4 * n_out);
+	uint32_t *idx = xmalloc(4 * n_in);
+	float *val = xmalloc(4 * n_in);
+	hyb_dptr px = dalloc(d, 4 * n_in), py = dalloc(d, 4 * n_out);
+	struct hyb_device_stats st;
+
+	CHECK(pool);
+	g_rng = 77;
+	for (uint32_t i = 0; i < n_in; i++)
+		x[i] = rndf();
+	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, px, x, 4 * n_in) == 0);
+	for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
+		const uint64_t rb = hyb_row_bytes(types[k], n_out);
+		uint8_t *w = teal_rows(types[k], n_in, n_out);
+		hyb_dptr pw = dalloc(d, rb * n_in);
+		const struct hyb_teal_mat m = { .type = types[k], .n_in = n_in, .n_out = n_out,
+						.row_bytes = rb, .data = w };
+		const struct hyb_dev_teal t = { .type = types[k], .n_in = n_in, .n_out = n_out,
+						.w = pw, .x = px, .thr = 0.5f, .y = py };
+		uint32_t n_act;
+
+		CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pw, w, rb * n_in) == 0);
+		sync_stream(d, HYB_STREAM_CRITICAL);
+		hyb_device_stats_reset(d);
+		CHECK_MSG(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &t) == 0, "%s",
+			  hyb_device_error(d));
+		CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, y, py, 4 * n_out) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+		n_act = hyb_teal_gemv(pool, &m, x, 0.5f, idx, val, r);
+		CHECK_MSG(!memcmp(y, r, 4 * n_out), "%s: not hyb_teal_gemv's bits",
+			  hyb_type_name(types[k]));
+		CHECK(n_act > n_in / 3 && n_act < n_in * 2 / 3);
+		hyb_device_stats(d, &st);
+		CHECK_EQ_INT(st.kernel_bytes, n_act * rb + 4 * (n_in + n_out));
+		hyb_device_free(d, pw);
+		free(w);
+	}
+	{
+		struct hyb_dev_teal t = { .type = HYB_TYPE_F16, .n_in = n_in, .n_out = n_out,
+					  .w = dalloc(d, 2 * n_in * n_out), .x = px, .y = py };
+		struct hyb_dev_teal e = t;
+
+		e.type = HYB_TYPE_Q4_K;
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &e), -EINVAL);
+		CHECK(strstr(hyb_device_error(d), "Q4_K"));
+		e = t;
+		e.thr = -1;
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &e), -EINVAL);
+		e.thr = NAN;
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &e), -EINVAL);
+		CHECK(strstr(hyb_device_error(d), "threshold"));
+		e = t;
+		e.type = HYB_TYPE_Q8_0;
+		e.n_out = 100;
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &e), -EINVAL);
+		CHECK(strstr(hyb_device_error(d), "block"));
+		e = t;
+		e.n_in = n_in + 1;
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &e), -EINVAL);
+		e = t;
+		e.y = px;
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &e), -EINVAL);
+		CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, NULL), -EINVAL);
+		/* the device stays usable */
+		CHECK(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &t) == 0);
+		sync_stream(d, HYB_STREAM_COMPUTE);
+	}
+	hyb_threadpool_free(pool);
+	free(x);
+	free(y);
+	free(r);
+	free(idx);
+	free(val);
 	hyb_device_close(d);
 }
 

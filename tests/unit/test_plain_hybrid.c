@@ -295,12 +295,37 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
 	d_hyb = rel_dist(hyb, dense, 512);
 	fprintf(stderr, "from the dense logits: CPU TEAL %.4f, hybrid TEAL %.4f\n", d_teal, d_hyb);
 	CHECK(d_teal > 0 && d_hyb > 0 && d_hyb < d_teal);
-	/* every part on the device: nothing left to threshold (prompts run on the CPU,
-	 * thresholded: this one goes token by token) */
+	/*
+	 * The FFNs on the device take the thresholds too (hyb_device_teal_matvec
+	 * over TEAL's transposed weights, the CPU's bits on the CPU device): with
+	 * the attention on the CPU (dense_on_cpu), the decode is the CPU-only
+	 * TEAL decode bit for bit (prompts run on the CPU under TEAL); without
+	 * the thresholds again, the dense decode
+	 */
 	hy.gpu_budget = m->weight_bytes * 2;
-	CHECK_MSG(!forced(m, &hy, thr, toks, true, all), "%s", hyb_last_error());
-	CHECK(!forced(m, NULL, NULL, toks, true, dense));
-	CHECK(!memcmp(all, dense, sizeof(float) * n));
+	hy.dense_on_cpu = true;
+	CHECK_MSG(!forced(m, &hy, thr, toks, false, all), "%s", hyb_last_error());
+	CHECK_MSG(!memcmp(all, teal, sizeof(float) * n), "device TEAL: not the CPU's TEAL bits "
+		  "(%.3g from them)", rel_dist(all, teal, 512));
+	{
+		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = &hy };
+		struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+		float *lg = malloc(sizeof(float) * 512);
+
+		CHECK_MSG(c && lg, "%s", hyb_last_error());
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK(pl.attn_layers == 0 && pl.ffn_layers == m->hp.n_layer);
+		CHECK(!hyb_ctx_set_teal_thresholds(c, thr) && !hyb_ctx_set_teal_thresholds(c, NULL));
+		CHECK(!hyb_ctx_eval(c, toks, N_PROMPT, lg, false));
+		for (int g = 1; g < N_GEN; g++) {
+			CHECK(!hyb_ctx_eval(c, &toks[N_PROMPT + g - 1], 1, lg, false));
+			CHECK_MSG(!memcmp(lg, dense + (size_t)g * 512, sizeof(float) * 512),
+				  "step %d: the thresholds cleared, not the dense bits", g);
+		}
+		hyb_ctx_free(c);
+		free(lg);
+	}
+	hy.dense_on_cpu = false;
 	/* one step: only the CPU's FFNs went through TEAL's GEMV (gate_up and down) */
 	hy.gpu_budget = (uint64_t)(m->weight_bytes * 0.7);
 	{

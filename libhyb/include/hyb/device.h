@@ -239,6 +239,28 @@ int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 bool hyb_device_matvec_type_ok(uint32_t type);
 
 /*
+ * TEAL's input-sparse projection (docs/SPARSITY.md#teal; libhyb/sparse/teal.h):
+ *   y[0..n_out) = sum over inputs i with |x[i]| > thr of x[i] * row_i,
+ * the inputs in increasing order, W stored transposed as TEAL's layout
+ * keeps it: n_in rows of n_out elements of `type`, a row per input. Only
+ * the rows of the inputs above thr are read. The CPU device gives
+ * hyb_teal_gemv's bits (its int8-rounded products where the CPU's level has
+ * them); CUDA multiplies in float, so it agrees up to that rounding.
+ */
+struct hyb_dev_teal {
+	uint32_t type;          /* hyb_device_teal_type_ok(): F32, F16, Q8_0, Q4_0 */
+	uint32_t n_in, n_out;   /* n_out a multiple of the type's block */
+	uint64_t row_bytes;     /* the rows' stride: 0 (hyb_row_bytes(type, n_out)) or more,
+				 * a multiple of 4 (TEAL's layout pads rows to 64 bytes) */
+	hyb_dptr w;             /* n_in * the stride bytes */
+	hyb_dptr x;             /* float [n_in] */
+	float thr;              /* finite, >= 0 */
+	hyb_dptr y;             /* float [n_out]; must not overlap x */
+};
+int hyb_device_teal_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t);
+bool hyb_device_teal_type_ok(uint32_t type);
+
+/*
  * One decode token's self-attention over a KV cache in device memory:
  *   1. RoPE on q and k at position pos (hyb_rope's arithmetic); with
  *      q_scale, q *= q_scale after it (Gemma's query_pre_attn_scalar);
