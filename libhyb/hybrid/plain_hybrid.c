@@ -543,9 +543,8 @@ int hyb_plain_hybrid_set_teal(struct hyb_plain_hybrid *h, const struct hyb_teal 
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_out) ||
 	    hyb_device_sync(h->dev, h->ev_out))
 		rc = -1;
-	/* under TEAL prompts run on the CPU: the batch's room goes to the padded rows */
-	if (on)
-		free_prompt(h);
+	/* the FFNs' padded rows first, the prompt batch in what they leave */
+	free_prompt(h);
 	h->teal = on ? t : NULL;
 	for (uint32_t l = 0; !rc && l < L; l++) {
 		int r;
@@ -561,7 +560,8 @@ int hyb_plain_hybrid_set_teal(struct hyb_plain_hybrid *h, const struct hyb_teal 
 	if (!rc && (hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->ev_in) ||
 		    hyb_device_sync(h->dev, h->ev_in)))
 		rc = -1;
-	if (!rc && !on && alloc_prompt(h, &h->prm))
+	/* the prompt batch again, in what the FFNs left */
+	if (!rc && alloc_prompt(h, &h->prm))
 		rc = -1;
 
 	if (rc)
@@ -691,8 +691,7 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 
 uint32_t hyb_plain_hybrid_prompt_cap(const struct hyb_plain_hybrid *h)
 {
-	/* under TEAL the FFNs' weights are transposed: prompts run on the CPU */
-	return h->n_teal ? 0 : h->prompt_cap;
+	return h->prompt_cap;
 }
 
 const struct hyb_hdense_batch *hyb_plain_hybrid_prompt_bufs(const struct hyb_plain_hybrid *h)
@@ -754,12 +753,17 @@ int hyb_plain_hybrid_ffn_batch(struct hyb_plain_hybrid *h, uint32_t l, uint32_t 
 	};
 	const enum hyb_stream s = HYB_STREAM_COMPUTE;
 
-	if (!w[0] || !n || n > h->prompt_cap || h->n_teal)
+	if (!w[0] || !n || n > h->prompt_cap)
 		return -EINVAL;
 	*y = h->pw_y;
-	if (hyb_device_matvec(h->dev, s, &gate) || hyb_device_matvec(h->dev, s, &up) ||
-	    hyb_device_ffn_act(h->dev, s, h->pw_g, h->pw_u, n * h->F, h->m->hp.act) ||
-	    hyb_device_matvec(h->dev, s, &down))
+	/* under TEAL, each row's own thresholds over the transposed weights */
+	for (uint32_t r = 0; h->teal_on && h->teal_on[l] && r < n; r++)
+		if (teal_ffn(h, l, h->pw.xn + 4ull * r * h->E, h->pw_y + 4ull * r * h->E))
+			return -1;
+	if ((!h->teal_on || !h->teal_on[l]) &&
+	    (hyb_device_matvec(h->dev, s, &gate) || hyb_device_matvec(h->dev, s, &up) ||
+	     hyb_device_ffn_act(h->dev, s, h->pw_g, h->pw_u, n * h->F, h->m->hp.act) ||
+	     hyb_device_matvec(h->dev, s, &down)))
 		return -1;
 	if (!add)
 		return 0;

@@ -47,8 +47,9 @@ void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybri
  * TEAL's thresholds on the device's FFNs too (docs/SPARSITY.md#teal): their
  * weights replaced by TEAL's transposed ones (t: the context's layout, thr:
  * [n_layer][HYB_TEAL_INPUTS]), each decode row's FFN then reading only the
- * rows of its inputs above the thresholds (hyb_device_teal_matvec), and
- * prompts running on the CPU; t or thr NULL: the model's weights again.
+ * rows of its inputs above the thresholds (hyb_device_teal_matvec), a
+ * prompt's rows each with their own; t or thr NULL: the model's weights
+ * again.
  * 0, or -errno with the message (the context is then lost).
  */
 struct hyb_teal;

@@ -189,12 +189,12 @@ out:
 	return rc;
 }
 
-/* Mean over steps of |a - b| / |b| (L2 norms of each step's logits). */
-static double rel_dist(const float *a, const float *b, uint32_t V)
+/* Mean over `steps` steps of |a - b| / |b| (L2 norms of each step's logits). */
+static double rel_dist_n(const float *a, const float *b, uint32_t V, int steps)
 {
 	double sum = 0;
 
-	for (int g = 0; g < N_GEN; g++) {
+	for (int g = 0; g < steps; g++) {
 		double d = 0, n = 0;
 
 		for (uint32_t v = 0; v < V; v++) {
@@ -205,7 +205,13 @@ static double rel_dist(const float *a, const float *b, uint32_t V)
 		}
 		sum += sqrt(d / n);
 	}
-	return sum / N_GEN;
+	return sum / steps;
+}
+
+/* The same over the N_GEN steps. */
+static double rel_dist(const float *a, const float *b, uint32_t V)
+{
+	return rel_dist_n(a, b, V, N_GEN);
 }
 
 /*
@@ -299,12 +305,14 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
 	 * The FFNs on the device take the thresholds too (hyb_device_teal_matvec
 	 * over TEAL's transposed weights, the CPU's bits on the CPU device): with
 	 * the attention on the CPU (dense_on_cpu), the decode is the CPU-only
-	 * TEAL decode bit for bit (prompts run on the CPU under TEAL); without
-	 * the thresholds again, the dense decode
+	 * TEAL decode bit for bit (the prompt token by token: a prompt's rows take
+	 * the GEMV on the device, the CPU's prompt its masked GEMM); without the
+	 * thresholds again, the dense decode
 	 */
 	hy.gpu_budget = m->weight_bytes * 2;
 	hy.dense_on_cpu = true;
-	CHECK_MSG(!forced(m, &hy, thr, toks, false, all), "%s", hyb_last_error());
+	CHECK_MSG(!forced(m, &hy, thr, toks, true, all), "%s", hyb_last_error());
+	CHECK(!forced(m, NULL, thr, toks, true, teal));
 	CHECK_MSG(!memcmp(all, teal, sizeof(float) * n), "device TEAL: not the CPU's TEAL bits "
 		  "(%.3g from them)", rel_dist(all, teal, 512));
 	{
@@ -315,7 +323,27 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
 		CHECK_MSG(c && lg, "%s", hyb_last_error());
 		hyb_ctx_hybrid_offload(c, &pl);
 		CHECK(pl.attn_layers == 0 && pl.ffn_layers == m->hp.n_layer);
-		CHECK(!hyb_ctx_set_teal_thresholds(c, thr) && !hyb_ctx_set_teal_thresholds(c, NULL));
+		/* a prompt under TEAL: its rows through the device's TEAL FFNs, batched, the
+		 * CPU's masked GEMM's sums but for rounding */
+		CHECK(!hyb_ctx_set_teal_thresholds(c, thr));
+		{
+			struct hyb_hybrid_stats hs;
+			float *cpu_lg = malloc(sizeof(float) * n);
+
+			CHECK(cpu_lg && !forced(m, NULL, thr, toks, false, cpu_lg));
+			CHECK(!hyb_ctx_eval(c, toks, N_PROMPT, lg, false));
+			hyb_ctx_hybrid_stats(c, &hs);
+			CHECK_EQ_INT(hs.prompt_batches, 1);
+			/* no farther from the CPU's prompt than the CPU's own prompt token by
+			 * token is (thresholds amplify rounding: ~0.3 on this random model) */
+			CHECK_MSG(rel_dist_n(lg, cpu_lg, 512, 1) <= rel_dist_n(teal, cpu_lg, 512, 1),
+				  "a TEAL prompt on the device: %.3g from the CPU's (token by token: "
+				  "%.3g)", rel_dist_n(lg, cpu_lg, 512, 1),
+				  rel_dist_n(teal, cpu_lg, 512, 1));
+			free(cpu_lg);
+			hyb_ctx_reset(c);
+		}
+		CHECK(!hyb_ctx_set_teal_thresholds(c, NULL));
 		CHECK(!hyb_ctx_eval(c, toks, N_PROMPT, lg, false));
 		for (int g = 1; g < N_GEN; g++) {
 			CHECK(!hyb_ctx_eval(c, &toks[N_PROMPT + g - 1], 1, lg, false));
