@@ -382,6 +382,39 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
 	hyb_model_free(m);
 }
 
+#define SEQS 3
+#define SEQ_STEPS 8
+
+/*
+ * Step k of the passes of SEQS sequences: sequence s joins at step s with
+ * its prompt of 4, beside the others' single tokens, until it holds
+ * 4 + SEQ_STEPS - SEQS. The step's runs for two contexts (sequence ids sa,
+ * sb) into ba, bb, the sequences in who; returns how many. A run's next
+ * token goes to toks[s][next_at(k, s)].
+ */
+static int join_step(int k, int32_t (*toks)[4 + SEQ_STEPS], const int *sa, const int *sb,
+		     struct hyb_seq_tokens *ba, struct hyb_seq_tokens *bb, int *who)
+{
+	int n = 0;
+
+	for (int s = 0; s <= k && s < SEQS; s++) {
+		const int at = k == s ? 0 : 4 + (k - s - 1);
+		const uint32_t len = k == s ? 4 : 1;
+
+		if (at + len > 4 + SEQ_STEPS - SEQS)
+			continue;
+		ba[n] = (struct hyb_seq_tokens){ sa[s], toks[s] + at, len };
+		bb[n] = (struct hyb_seq_tokens){ sb[s], toks[s] + at, len };
+		who[n++] = s;
+	}
+	return n;
+}
+
+static int next_at(int k, int s)
+{
+	return k == s ? 4 : 4 + (k - s);
+}
+
 /*
  * Several sequences (hyb_ctx_eval_seqs, hyb serve --parallel): their passes
  * attend on the CPU and run the placed FFNs on the device over all their
@@ -391,7 +424,7 @@ TEST(plain_hybrid_teal_on_the_cpu_share)
  */
 TEST(plain_hybrid_seqs_decode_the_cpu_bits)
 {
-	enum { S = 3, STEPS = 8 };
+	enum { S = SEQS, STEPS = SEQ_STEPS };
 	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
 	struct hyb_model *m = hyb_model_load(path);
 	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM_ADAPTIVE };
@@ -423,25 +456,15 @@ TEST(plain_hybrid_seqs_decode_the_cpu_bits)
 		for (int t = 0; t < 4; t++)
 			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
 	}
-	/* sequence s joins at step s with its prompt of 4, beside the others' tokens */
 	for (int k = 0; k < STEPS; k++) {
 		struct hyb_seq_tokens bc[S], bh[S];
-		int n = 0, who[S];
+		int who[S];
+		const int n = join_step(k, toks, sc, sh, bc, bh, who);
 
-		for (int s = 0; s <= k && s < S; s++) {
-			const int at = k == s ? 0 : 4 + (k - s - 1);
-			const uint32_t len = k == s ? 4 : 1;
-
-			if (at + len > 4 + STEPS - S)
-				continue;
-			bc[n] = (struct hyb_seq_tokens){ sc[s], toks[s] + at, len };
-			bh[n] = (struct hyb_seq_tokens){ sh[s], toks[s] + at, len };
-			who[n++] = s;
-		}
 		CHECK(!hyb_ctx_eval_seqs(cc, bc, n, lc));
 		CHECK_MSG(!hyb_ctx_eval_seqs(ch, bh, n, lh), "%s", hyb_last_error());
 		for (int i = 0; i < n; i++) {
-			const int s = who[i], at = k == s ? 4 : 4 + (k - s);
+			const int s = who[i], at = next_at(k, s);
 
 			diff += memcmp(lc + (size_t)i * 512, lh + (size_t)i * 512,
 				       sizeof(float) * 512) != 0;
@@ -471,7 +494,7 @@ TEST(plain_hybrid_seqs_decode_the_cpu_bits)
  */
 TEST(plain_hybrid_teal_seqs_are_each_alone)
 {
-	enum { S = 3, STEPS = 8, ROWS = 6, V = 512 };
+	enum { S = SEQS, STEPS = SEQ_STEPS, ROWS = 6, V = 512 };
 	const char *path = hyb_test_synth("plain", SMALL " --act silu --type Q8_0");
 	struct hyb_model *m = hyb_model_load(path);
 	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_TAM_ADAPTIVE };
@@ -505,21 +528,11 @@ TEST(plain_hybrid_teal_seqs_are_each_alone)
 		for (int t = 0; t < 4; t++)
 			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
 	}
-	/* sequence s joins at step s with its prompt of 4, beside the others' tokens */
 	for (int k = 0; k < STEPS; k++) {
 		struct hyb_seq_tokens bb[S], bd[S];
-		int n = 0, who[S];
+		int who[S];
+		const int n = join_step(k, toks, sb, sd, bb, bd, who);
 
-		for (int s = 0; s <= k && s < S; s++) {
-			const int at = k == s ? 0 : 4 + (k - s - 1);
-			const uint32_t len = k == s ? 4 : 1;
-
-			if (at + len > 4 + STEPS - S)
-				continue;
-			bb[n] = (struct hyb_seq_tokens){ sb[s], toks[s] + at, len };
-			bd[n] = (struct hyb_seq_tokens){ sd[s], toks[s] + at, len };
-			who[n++] = s;
-		}
 		if (k == S + 1) /* every sequence decoding */
 			hyb_ctx_teal_stats_reset(cb);
 		CHECK_MSG(!hyb_ctx_eval_seqs(cb, bb, n, l), "%s", hyb_last_error());
@@ -529,7 +542,7 @@ TEST(plain_hybrid_teal_seqs_are_each_alone)
 			hyb_ctx_teal_stats(cb, &ts);
 		}
 		for (int i = 0; i < n; i++) {
-			const int s = who[i], at = k == s ? 4 : 4 + (k - s);
+			const int s = who[i], at = next_at(k, s);
 
 			CHECK(nrow[s] < ROWS);
 			memcpy(lb + ((size_t)s * ROWS + nrow[s]++) * V, l + (size_t)i * V,
