@@ -176,7 +176,8 @@ $(BUILD)/%.o: %.cu
 	$(NVCC) $(NVFLAGS) -MMD -MP $(CPPFLAGS) $(INTERNAL) -Ikernels/cuda -c $< -o $@
 cuda: $(GPU_TESTBIN)
 $(GPU_TEST_OBJS): CPPFLAGS += $(INTERNAL) -I. -I$(CUDA_HOME)/include -Ikernels/cuda -Itests/unit
-$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o $(GPU_TEST_OBJS) \
+$(GPU_TESTBIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o \
+		$(BUILD)/tests/unit/rows_fixture.o $(GPU_TEST_OBJS) \
 		$(HYBD_CUDA) $(LIB_CUDA) $(HYBDLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ $(CUDA_LIBS) $(LDLIBS) -o $@
 else

@@ -1439,34 +1439,6 @@ TEST(gpu_dev_attention_odd)
 	attn_case(4, 4, 64, 64, false, pos, 3, 320, 2);
 }
 
-/* n rows of n_out random weights of type t (a transposed TEAL matrix), malloc'd. */
-static uint8_t *teal_rows(uint32_t t, uint32_t n, uint32_t n_out)
-{
-	const uint64_t rb = hyb_row_bytes(t, n_out);
-	uint8_t *w = malloc(rb * n);
-
-	CHECK(w);
-	for (uint64_t r = 0; r < n; r++) {
-		uint8_t *row = w + r * rb;
-
-		for (uint32_t o = 0; o < n_out; o++) {
-			if (t == HYB_TYPE_F32) {
-				((float *)row)[o] = rndf();
-			} else if (t == HYB_TYPE_F16) {
-				((uint16_t *)row)[o] = hyb_f32_to_f16(rndf());
-			} else if (o % 32 == 0) {
-				uint8_t *b = row + (o / 32) * (t == HYB_TYPE_Q8_0 ? 34 : 18);
-				const uint16_t d = hyb_f32_to_f16(0.01f + 0.02f * (rndf() + 1));
-
-				memcpy(b, &d, 2);
-				for (int j = 0; j < (t == HYB_TYPE_Q8_0 ? 32 : 16); j++)
-					b[2 + j] = (uint8_t)rnd();
-			}
-		}
-	}
-	return w;
-}
-
 /*
  * TEAL's projection (kernels/cuda/teal.cu) against the exact sums (double,
  * the inputs above the threshold, the weights as the CPU dequantizes them)
@@ -1478,7 +1450,7 @@ static void teal_case(uint32_t type, uint32_t n_in, uint32_t n_out, float thr)
 	const uint64_t rb = hyb_row_bytes(type, n_out);
 	struct hyb_device *gpu = open_kind("cuda", 1024 * MiB, 0);
 	struct hyb_device *cpu = open_kind("cpu", 1024 * MiB, 0);
-	uint8_t *w = teal_rows(type, n_in, n_out);
+	uint8_t *w = hyb_test_rand_rows(type, n_in, n_out, n_in * 7 + n_out);
 	float *x = malloc(4ull * n_in), *yg = malloc(4ull * n_out), *yc = malloc(4ull * n_out);
 	float *deq = malloc(4ull * n_out);
 	double *ref = calloc(n_out, sizeof(double)), eg = 0, ec = 0, ymax = 0;

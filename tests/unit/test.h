@@ -64,6 +64,12 @@ void hyb_test_greedy_compare(struct hyb_ctx *a, struct hyb_ctx *b, uint32_t V, u
 int hyb_test_sh(const char *log, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* hybctl synth -o TMPDIR/NAME.gguf ARGS: the path (SKIPs without hybctl). shell_fixture.c */
 const char *hyb_test_synth(const char *name, const char *args);
+/*
+ * n random GGUF rows of len elements of type (F32, F16, Q8_0, Q4_0: values
+ * in [-1, 1), block scales in [0.01, 0.05)), malloc'd; the same for a seed
+ * on every binary. rows_fixture.c
+ */
+uint8_t *hyb_test_rand_rows(uint32_t type, uint32_t n, uint32_t len, uint64_t seed);
 /* The last 40 lines of a log on stderr, so a failure shows its cause. */
 void hyb_test_show_log(const char *log);
 /* .venv for the Python oracles (tests/oracle/venv.sh); SKIPs when it cannot exist here. */

@@ -875,34 +875,6 @@ TEST(dev_add_exact)
 	hyb_device_close(d);
 }
 
-/* n rows of n_out random weights of type t (a transposed TEAL matrix), malloc'd. */
-static uint8_t *teal_rows(uint32_t t, uint32_t n, uint32_t n_out)
-{
-	const uint64_t rb = hyb_row_bytes(t, n_out);
-	uint8_t *w = xmalloc(rb * n);
-
-	for (uint64_t r = 0; r < n; r++) {
-		uint8_t *row = w + r * rb;
-
-		for (uint32_t o = 0; o < n_out; o++) {
-			if (t == HYB_TYPE_F32) {
-				((float *)row)[o] = rndf();
-			} else if (t == HYB_TYPE_F16) {
-				((uint16_t *)row)[o] = hyb_f32_to_f16(rndf());
-			} else if (o % 32 == 0) {
-				/* a block: its f16 scale, then 32 int8 or 16 bytes of nibbles */
-				uint8_t *b = row + (o / 32) * (t == HYB_TYPE_Q8_0 ? 34 : 18);
-				const uint16_t d = hyb_f32_to_f16(0.01f + 0.02f * (rndf() + 1));
-
-				memcpy(b, &d, 2);
-				for (int j = 0; j < (t == HYB_TYPE_Q8_0 ? 32 : 16); j++)
-					b[2 + j] = (uint8_t)rnd();
-			}
-		}
-	}
-	return w;
-}
-
 /*
  * TEAL's projection on the CPU device: hyb_teal_gemv's bits (on two host
  * threads) for each type, the rows of the inputs above the threshold the
@@ -927,7 +899,7 @@ TEST(dev_teal_matvec_exact)
 	CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, px, x, 4 * n_in) == 0);
 	for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
 		const uint64_t rb = hyb_row_bytes(types[k], n_out);
-		uint8_t *w = teal_rows(types[k], n_in, n_out);
+		uint8_t *w = hyb_test_rand_rows(types[k], n_in, n_out, 5 + k);
 		hyb_dptr pw = dalloc(d, rb * n_in);
 		const struct hyb_teal_mat m = { .type = types[k], .n_in = n_in, .n_out = n_out,
 						.row_bytes = rb, .data = w };
