@@ -12,12 +12,14 @@
 
 #include "dense.h"
 #include "hyb/tensor_type.h"
+#include "sparse/teal.h"
 
 struct dense_layer {
 	bool on, pred;
 	hyb_dptr attn_norm, wq, wk, wv, wo, ffn_norm, kc, vc;
 	hyb_dptr q_norm, k_norm, bq, bk, bv;  /* Qwen's: 0 where the model has none */
 	hyb_dptr post_attn_norm;              /* Gemma's norm after the block, or 0 */
+	bool teal;                            /* wq holds TEAL's transposed q|k|v, wo its o */
 	hyb_dptr fc1, fc1_b, fc2, fc2_b;  /* the predictor */
 	uint32_t host_n, dev_n;  /* KV rows each side holds */
 };
@@ -31,6 +33,8 @@ struct hyb_hdense {
 	bool scores;             /* predictions are the scores, the lists a scratch (set_scores) */
 	struct dense_layer *lay;
 	struct hyb_rope rope;    /* the model's, LongRoPE's factors chosen for n_ctx (forward.c) */
+	const struct hyb_teal *teal; /* hyb_hdense_set_teal: the layout and thresholds, or NULL */
+	const float *teal_thr;
 	hyb_dptr out_norm, out;
 	/*
 	 * x: [x | xn | count0 slot0 | count1 slot1 | list] - the slots hold the
@@ -223,6 +227,95 @@ static int put_qkv(struct hyb_hdense *hd, const struct hyb_layer *L, struct dens
 	return hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wq, L->wq.data, bq) ||
 	       hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wk, L->wk.data, bk) ||
 	       hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, d->wv, L->wv.data, bv) ? -1 : 0;
+}
+
+/* A weight's device copy given back (its bytes off the count). */
+static void drop(struct hyb_hdense *hd, hyb_dptr *p, uint64_t b)
+{
+	if (!*p)
+		return;
+	hyb_device_free(hd->dev, *p);
+	*p = 0;
+	hd->bytes -= round256(b);
+}
+
+/* A TEAL transposed matrix to the device (queued on CRITICAL). */
+static int put_teal(struct hyb_hdense *hd, const struct hyb_teal_mat *t, hyb_dptr *out)
+{
+	const uint64_t b = t->row_bytes * t->n_in;
+
+	if (alloc(hd, b, out) || hyb_device_h2d(hd->dev, HYB_STREAM_CRITICAL, *out, t->data, b))
+		return -1;
+	return 0;
+}
+
+/*
+ * Layer l's q/k/v and o on the device swapped: for TEAL's transposed ones
+ * (t), or back to the model's. Where the transposed do not fit (their rows
+ * are padded), the model's go back: 0. 1: swapped to t. -1: a device failure.
+ */
+static int swap_teal(struct hyb_hdense *hd, uint32_t l, const struct hyb_teal *t)
+{
+	const struct hyb_layer *L = &hd->m->layers[l];
+	struct dense_layer *d = &hd->lay[l];
+	const struct hyb_teal_mat *m = &hd->teal->mat[(size_t)l * HYB_TEAL_INPUTS];
+
+	if (d->teal) {
+		drop(hd, &d->wq, m[HYB_TEAL_QKV].row_bytes * m[HYB_TEAL_QKV].n_in);
+		drop(hd, &d->wo, m[HYB_TEAL_O].row_bytes * m[HYB_TEAL_O].n_in);
+	} else {
+		const bool fused = qkv_fused(L);
+
+		drop(hd, &d->wq, fused ? weight_bytes(&L->wq) + weight_bytes(&L->wk) +
+						 weight_bytes(&L->wv) : weight_bytes(&L->wq));
+		if (!fused) {
+			drop(hd, &d->wk, weight_bytes(&L->wk));
+			drop(hd, &d->wv, weight_bytes(&L->wv));
+		}
+		drop(hd, &d->wo, weight_bytes(&L->wo));
+	}
+	d->wk = d->wv = 0;
+	d->teal = false;
+	if (t && !put_teal(hd, &t->mat[(size_t)l * HYB_TEAL_INPUTS + HYB_TEAL_QKV], &d->wq) &&
+	    !put_teal(hd, &t->mat[(size_t)l * HYB_TEAL_INPUTS + HYB_TEAL_O], &d->wo)) {
+		d->teal = true;
+		return 1;
+	}
+	if (t) { /* no room: what went up back, then the model's */
+		drop(hd, &d->wq, m[HYB_TEAL_QKV].row_bytes * m[HYB_TEAL_QKV].n_in);
+		drop(hd, &d->wo, m[HYB_TEAL_O].row_bytes * m[HYB_TEAL_O].n_in);
+	}
+	return put_qkv(hd, L, d) || put(hd, &L->wo, &d->wo) ? -1 : 0;
+}
+
+int hyb_hdense_set_teal(struct hyb_hdense *hd, const struct hyb_teal *t, const float *thr)
+{
+	const bool on = t && thr;
+	int rc = 0;
+
+	hd->teal_thr = thr;
+	if (on == (hd->teal != NULL))
+		return 0;
+	/* the queue drained: kernels may still read the weights */
+	if (hyb_device_record(hd->dev, HYB_STREAM_COMPUTE, hd->ev_down) ||
+	    hyb_device_sync(hd->dev, hd->ev_down))
+		return -1;
+	if (on)
+		hd->teal = t;
+	for (uint32_t l = 0; !rc && l < hd->L; l++)
+		if (hd->lay[l].on && hd->lay[l].teal != on && swap_teal(hd, l, on ? t : NULL) < 0)
+			rc = -1;
+	if (!on)
+		hd->teal = NULL;
+	if (!rc && (hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_up) ||
+		    hyb_device_sync(hd->dev, hd->ev_up)))
+		rc = -1;
+	return rc;
+}
+
+bool hyb_hdense_teal_on(const struct hyb_hdense *hd, uint32_t l)
+{
+	return hd && l < hd->L && hd->lay[l].teal;
 }
 
 /* A float vector as a weight, for put() */
@@ -539,6 +632,44 @@ static int attn_out(struct hyb_hdense *hd, const struct hyb_layer *L, const stru
 	return 0;
 }
 
+/*
+ * TEAL's projection of input `in` of layer l over x into y (hyb_device_teal_matvec
+ * on the transposed weights at w), forward.c's project() of a decode step.
+ */
+static int teal_mv(struct hyb_hdense *hd, uint32_t l, uint32_t in, hyb_dptr w, hyb_dptr x,
+		   hyb_dptr y)
+{
+	const struct hyb_teal_mat *t = &hd->teal->mat[(size_t)l * HYB_TEAL_INPUTS + in];
+	const struct hyb_dev_teal a = {
+		.type = t->type, .n_in = t->n_in, .n_out = t->n_out, .row_bytes = t->row_bytes,
+		.w = w, .x = x, .thr = hd->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in], .y = y,
+	};
+
+	return hyb_device_teal_matvec(hd->dev, HYB_STREAM_COMPUTE, &a);
+}
+
+/* A decode step's block under TEAL: q|k|v in one projection, o into xn, then added. */
+static int attention_teal(struct hyb_hdense *hd, uint32_t l, const struct hyb_dev_attn *a)
+{
+	const struct hyb_hparams *hp = &hd->m->hp;
+	const struct hyb_layer *L = &hd->m->layers[l];
+	const struct dense_layer *d = &hd->lay[l];
+	struct hyb_device *dev = hd->dev;
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+	const hyb_dptr xn = hyb_hdense_xn(hd);
+
+	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
+	    teal_mv(hd, l, HYB_TEAL_QKV, d->wq, xn, hd->q) ||
+	    qkv_extras(hd, L, d, hd->q, hd->k, hd->v, 1) || hyb_device_attention(dev, s, a) ||
+	    teal_mv(hd, l, HYB_TEAL_O, d->wo, hd->att, xn) ||
+	    (d->post_attn_norm &&
+	     hyb_device_rmsnorm(dev, s, xn, xn, d->post_attn_norm, hd->E, hp->rms_eps)) ||
+	    hyb_device_add(dev, s, hd->x, xn, hd->E) ||
+	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
+		return -1;
+	return 0;
+}
+
 int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 {
 	const struct hyb_hparams *hp = &hd->m->hp;
@@ -561,6 +692,12 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	a.kcache = d->kc;
 	a.vcache = d->vc;
 	a.out = hd->att;
+	if (d->teal) {
+		if (attention_teal(hd, l, &a))
+			return -1;
+		hyb_hdense_kv_dev_wrote(hd, l, pos + 1);
+		return 0;
+	}
 	if (fused)
 		q.n_out += k.n_out + v.n_out;
 	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
@@ -592,7 +729,7 @@ int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 	struct hyb_dev_matvec k = mv(&L->wk, d->wk, b->xn, b->k, false);
 	struct hyb_dev_matvec v = mv(&L->wv, d->wv, b->xn, b->v, false);
 
-	if (!d->on || !n)
+	if (!d->on || !n || d->teal)
 		return -EINVAL;
 	/* three products even where q, k and v sit back to back: the batch keeps them apart */
 	q.batch = k.batch = v.batch = n;
@@ -628,7 +765,7 @@ int hyb_hdense_out_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 	const struct hyb_layer *L = &hd->m->layers[l];
 	const struct dense_layer *d = &hd->lay[l];
 
-	if (!d->on || !n)
+	if (!d->on || !n || d->teal)
 		return -EINVAL;
 	if (attn_out(hd, L, d, b->att, b->x, b->xn, n) ||
 	    hyb_device_rmsnorm_rows(hd->dev, HYB_STREAM_COMPUTE, b->xn, b->x, d->ffn_norm, hd->E,
@@ -744,6 +881,12 @@ void hyb_hdense_kv_host_wrote(struct hyb_hdense *hd, uint32_t to)
 	for (uint32_t l = 0; hd && l < hd->L; l++)
 		if (hd->lay[l].host_n < to)
 			hd->lay[l].host_n = to;
+}
+
+void hyb_hdense_kv_host_wrote_layer(struct hyb_hdense *hd, uint32_t l, uint32_t to)
+{
+	if (hd->lay[l].host_n < to)
+		hd->lay[l].host_n = to;
 }
 
 void hyb_hdense_kv_dev_wrote(struct hyb_hdense *hd, uint32_t l, uint32_t to)

@@ -539,12 +539,16 @@ int hyb_plain_hybrid_set_teal(struct hyb_plain_hybrid *h, const struct hyb_teal 
 		memcpy(h->teal_thr, thr, sizeof(float) * L * HYB_TEAL_INPUTS);
 	/* the layout changes between on and off; the queue drained first */
 	if (on == (h->teal != NULL))
-		return 0;
+		return h->hd ? hyb_hdense_set_teal(h->hd, on ? t : NULL, on ? h->teal_thr : NULL)
+			     : 0;
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_out) ||
 	    hyb_device_sync(h->dev, h->ev_out))
 		rc = -1;
-	/* the FFNs' padded rows first, the prompt batch in what they leave */
+	/* the padded rows first, the prompt batch in what they leave; the attention
+	 * blocks (dense.c's), then the FFNs */
 	free_prompt(h);
+	if (!rc && h->hd && hyb_hdense_set_teal(h->hd, on ? t : NULL, on ? h->teal_thr : NULL))
+		rc = -1;
 	h->teal = on ? t : NULL;
 	for (uint32_t l = 0; !rc && l < L; l++) {
 		int r;
@@ -560,12 +564,11 @@ int hyb_plain_hybrid_set_teal(struct hyb_plain_hybrid *h, const struct hyb_teal 
 	if (!rc && (hyb_device_record(h->dev, HYB_STREAM_RELOAD, h->ev_in) ||
 		    hyb_device_sync(h->dev, h->ev_in)))
 		rc = -1;
-	/* the prompt batch again, in what the FFNs left */
+	/* the prompt batch again, in what the parts left */
 	if (!rc && alloc_prompt(h, &h->prm))
 		rc = -1;
-
 	if (rc)
-		return hyb_error_set(-EIO, "TEAL on the device's FFNs: %s (their weights are "
+		return hyb_error_set(-EIO, "TEAL on the device's parts: %s (their weights are "
 				     "lost: a new context is needed)", hyb_device_error(h->dev));
 	return 0;
 }
