@@ -842,9 +842,8 @@ static int check_teal(struct hyb_device *d, const struct hyb_dev_teal *t)
 		return hyb_device_fail(d, -EINVAL, "teal: a row stride of %llu bytes for rows of "
 				       "%llu", (unsigned long long)t->row_bytes,
 				       (unsigned long long)rb);
-	if (t->row_bytes)
-		rb = t->row_bytes;
-	a[0].len = rb * t->n_in; /* < 2^32 rows of <= 2^40 bytes */
+	/* the last row's n_out elements end the rows read (a stride may run past them) */
+	a[0].len = (t->row_bytes ? t->row_bytes : rb) * (t->n_in - 1ull) + rb;
 	rc = check_aligned(d, t->w, a[0].len, t->type == HYB_TYPE_F32 ? 4 : 2, "teal w");
 	if (!rc)
 		rc = check_array(d, t->x, a[1].len, "teal x");

@@ -1213,7 +1213,8 @@ static int cpu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_de
 	n = hyb_teal_gemv(c->pool1, &w, (const float *)(uintptr_t)t->x, t->thr, idx, val,
 			  (float *)(uintptr_t)t->y);
 	op_begin(c, "a teal kernel");
-	span(c, (const void *)(uintptr_t)t->w, w.row_bytes * t->n_in, false);
+	span(c, (const void *)(uintptr_t)t->w,
+	     w.row_bytes * (t->n_in - 1ull) + hyb_row_bytes(t->type, t->n_out), false);
 	span(c, (const void *)(uintptr_t)t->x, 4ull * t->n_in, false);
 	span(c, (const void *)(uintptr_t)t->y, 4ull * t->n_out, true);
 	rc = kernel_done(c, s, n * w.row_bytes + 4ull * (t->n_in + t->n_out),

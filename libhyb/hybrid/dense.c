@@ -610,26 +610,28 @@ static struct hyb_dev_attn attn_of(const struct hyb_hdense *hd, uint32_t l, uint
 	};
 }
 
-/*
- * x += wo · att for n rows: accumulated in the matvec, or with a norm after
- * the block (Gemma) into xn, normed there, then added (forward.c's order).
- */
-static int attn_out(struct hyb_hdense *hd, const struct hyb_layer *L, const struct dense_layer *d,
-		    hyb_dptr att, hyb_dptr x, hyb_dptr xn, uint32_t n)
+/* b's rows t0.. of a float buffer of `width` floats a row */
+static hyb_dptr rows_at(hyb_dptr base, uint32_t t0, uint32_t width)
 {
-	const enum hyb_stream s = HYB_STREAM_COMPUTE;
-	struct hyb_dev_matvec o = mv(&L->wo, d->wo, att, d->post_attn_norm ? xn : x,
-				     !d->post_attn_norm);
+	return base + 4ull * t0 * width;
+}
 
-	o.batch = n > 1 ? n : 0;
-	if (hyb_device_matvec(hd->dev, s, &o))
-		return -1;
-	if (d->post_attn_norm &&
-	    (hyb_device_rmsnorm_rows(hd->dev, s, xn, xn, d->post_attn_norm, hd->E, n,
-				     hd->m->hp.rms_eps) ||
-	     hyb_device_add(hd->dev, s, x, xn, n * hd->E)))
-		return -1;
-	return 0;
+/*
+ * Outputs [c0, c0 + n) of TEAL's projection of input `in` of layer l (its
+ * transposed weights at w) over x into y: the same rows read from column
+ * c0 on (c0 on a block), each output's sum the whole projection's.
+ */
+static int teal_cols(struct hyb_hdense *hd, uint32_t l, uint32_t in, hyb_dptr w, uint32_t c0,
+		     uint32_t n, hyb_dptr x, hyb_dptr y)
+{
+	const struct hyb_teal_mat *t = &hd->teal->mat[(size_t)l * HYB_TEAL_INPUTS + in];
+	const struct hyb_dev_teal a = {
+		.type = t->type, .n_in = t->n_in, .n_out = n, .row_bytes = t->row_bytes,
+		.w = w + hyb_row_bytes(t->type, c0), .x = x,
+		.thr = hd->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in], .y = y,
+	};
+
+	return hyb_device_teal_matvec(hd->dev, HYB_STREAM_COMPUTE, &a);
 }
 
 /*
@@ -640,19 +642,42 @@ static int teal_mv(struct hyb_hdense *hd, uint32_t l, uint32_t in, hyb_dptr w, h
 		   hyb_dptr y)
 {
 	const struct hyb_teal_mat *t = &hd->teal->mat[(size_t)l * HYB_TEAL_INPUTS + in];
-	const struct hyb_dev_teal a = {
-		.type = t->type, .n_in = t->n_in, .n_out = t->n_out, .row_bytes = t->row_bytes,
-		.w = w, .x = x, .thr = hd->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in], .y = y,
-	};
 
-	return hyb_device_teal_matvec(hd->dev, HYB_STREAM_COMPUTE, &a);
+	return teal_cols(hd, l, in, w, 0, t->n_out, x, y);
 }
 
-/* A decode step's block under TEAL: q|k|v in one projection, o into xn, then added. */
+/*
+ * x += wo · att for n rows: accumulated in the matvec, or with a norm after
+ * the block (Gemma) into xn, normed there, then added (forward.c's order).
+ */
+static int attn_out(struct hyb_hdense *hd, uint32_t l, hyb_dptr att, hyb_dptr x, hyb_dptr xn,
+		    uint32_t n)
+{
+	const struct hyb_layer *L = &hd->m->layers[l];
+	const struct dense_layer *d = &hd->lay[l];
+	const enum hyb_stream s = HYB_STREAM_COMPUTE;
+	/* TEAL's o (each row its own inputs) has no accumulating form: into xn too */
+	const bool via_xn = d->post_attn_norm || d->teal;
+	struct hyb_dev_matvec o = mv(&L->wo, d->wo, att, via_xn ? xn : x, !via_xn);
+
+	o.batch = n > 1 ? n : 0;
+	for (uint32_t t = 0; d->teal && t < n; t++)
+		if (teal_mv(hd, l, HYB_TEAL_O, d->wo, rows_at(att, t, hd->q_dim),
+			    rows_at(xn, t, hd->E)))
+			return -1;
+	if (!d->teal && hyb_device_matvec(hd->dev, s, &o))
+		return -1;
+	if ((d->post_attn_norm && hyb_device_rmsnorm_rows(hd->dev, s, xn, xn, d->post_attn_norm,
+							  hd->E, n, hd->m->hp.rms_eps)) ||
+	    (via_xn && hyb_device_add(hd->dev, s, x, xn, n * hd->E)))
+		return -1;
+	return 0;
+}
+
+/* A decode step's block under TEAL: q|k|v in one projection, o as attn_out does. */
 static int attention_teal(struct hyb_hdense *hd, uint32_t l, const struct hyb_dev_attn *a)
 {
 	const struct hyb_hparams *hp = &hd->m->hp;
-	const struct hyb_layer *L = &hd->m->layers[l];
 	const struct dense_layer *d = &hd->lay[l];
 	struct hyb_device *dev = hd->dev;
 	const enum hyb_stream s = HYB_STREAM_COMPUTE;
@@ -660,11 +685,8 @@ static int attention_teal(struct hyb_hdense *hd, uint32_t l, const struct hyb_de
 
 	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
 	    teal_mv(hd, l, HYB_TEAL_QKV, d->wq, xn, hd->q) ||
-	    qkv_extras(hd, L, d, hd->q, hd->k, hd->v, 1) || hyb_device_attention(dev, s, a) ||
-	    teal_mv(hd, l, HYB_TEAL_O, d->wo, hd->att, xn) ||
-	    (d->post_attn_norm &&
-	     hyb_device_rmsnorm(dev, s, xn, xn, d->post_attn_norm, hd->E, hp->rms_eps)) ||
-	    hyb_device_add(dev, s, hd->x, xn, hd->E) ||
+	    qkv_extras(hd, &hd->m->layers[l], d, hd->q, hd->k, hd->v, 1) ||
+	    hyb_device_attention(dev, s, a) || attn_out(hd, l, hd->att, hd->x, xn, 1) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
 		return -1;
 	return 0;
@@ -704,17 +726,11 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	    hyb_device_matvec(dev, s, &q) || (!fused && hyb_device_matvec(dev, s, &k)) ||
 	    (!fused && hyb_device_matvec(dev, s, &v)) ||
 	    qkv_extras(hd, L, d, hd->q, hd->k, hd->v, 1) || hyb_device_attention(dev, s, &a) ||
-	    attn_out(hd, L, d, hd->att, hd->x, xn, 1) ||
+	    attn_out(hd, l, hd->att, hd->x, xn, 1) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
 		return -1;
 	hyb_hdense_kv_dev_wrote(hd, l, pos + 1);
 	return 0;
-}
-
-/* b's rows t0.. of a float buffer of `width` floats a row */
-static hyb_dptr rows_at(hyb_dptr base, uint32_t t0, uint32_t width)
-{
-	return base + 4ull * t0 * width;
 }
 
 int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
@@ -729,15 +745,30 @@ int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 	struct hyb_dev_matvec k = mv(&L->wk, d->wk, b->xn, b->k, false);
 	struct hyb_dev_matvec v = mv(&L->wv, d->wv, b->xn, b->v, false);
 
-	if (!d->on || !n || d->teal)
+	if (!d->on || !n)
 		return -EINVAL;
 	/* three products even where q, k and v sit back to back: the batch keeps them apart */
 	q.batch = k.batch = v.batch = n;
-	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps) ||
-	    hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
-	    hyb_device_matvec(dev, s, &v) || qkv_extras(hd, L, d, b->q, b->k, b->v, n))
+	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps))
 		return -1;
-	return 0;
+	if (d->teal) {
+		/* each row its own inputs: q, k and v, the columns of q|k|v, into its rows */
+		for (uint32_t t = 0; t < n; t++) {
+			const hyb_dptr x = rows_at(b->xn, t, hd->E);
+
+			if (teal_cols(hd, l, HYB_TEAL_QKV, d->wq, 0, hd->q_dim, x,
+				      rows_at(b->q, t, hd->q_dim)) ||
+			    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim, hd->kv_dim, x,
+				      rows_at(b->k, t, hd->kv_dim)) ||
+			    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim + hd->kv_dim,
+				      hd->kv_dim, x, rows_at(b->v, t, hd->kv_dim)))
+				return -1;
+		}
+	} else if (hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
+		   hyb_device_matvec(dev, s, &v)) {
+		return -1;
+	}
+	return qkv_extras(hd, L, d, b->q, b->k, b->v, n) ? -1 : 0;
 }
 
 int hyb_hdense_attend_batch(struct hyb_hdense *hd, uint32_t l, uint32_t slot, uint32_t pos,
@@ -762,12 +793,11 @@ int hyb_hdense_attend_batch(struct hyb_hdense *hd, uint32_t l, uint32_t slot, ui
 int hyb_hdense_out_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 			 const struct hyb_hdense_batch *b)
 {
-	const struct hyb_layer *L = &hd->m->layers[l];
 	const struct dense_layer *d = &hd->lay[l];
 
-	if (!d->on || !n || d->teal)
+	if (!d->on || !n)
 		return -EINVAL;
-	if (attn_out(hd, L, d, b->att, b->x, b->xn, n) ||
+	if (attn_out(hd, l, b->att, b->x, b->xn, n) ||
 	    hyb_device_rmsnorm_rows(hd->dev, HYB_STREAM_COMPUTE, b->xn, b->x, d->ffn_norm, hd->E,
 				    n, hd->m->hp.rms_eps))
 		return -1;
@@ -881,12 +911,6 @@ void hyb_hdense_kv_host_wrote(struct hyb_hdense *hd, uint32_t to)
 	for (uint32_t l = 0; hd && l < hd->L; l++)
 		if (hd->lay[l].host_n < to)
 			hd->lay[l].host_n = to;
-}
-
-void hyb_hdense_kv_host_wrote_layer(struct hyb_hdense *hd, uint32_t l, uint32_t to)
-{
-	if (hd->lay[l].host_n < to)
-		hd->lay[l].host_n = to;
 }
 
 void hyb_hdense_kv_dev_wrote(struct hyb_hdense *hd, uint32_t l, uint32_t to)

@@ -66,10 +66,10 @@ bool hyb_hdense_layer_on(const struct hyb_hdense *hd, uint32_t l);
  * TEAL's thresholds on the placed attention blocks (docs/SPARSITY.md#teal):
  * their q|k|v and o weights swapped for TEAL's transposed ones (t: the
  * layout, thr: [n_layer][HYB_TEAL_INPUTS], kept by the caller), a decode
- * step's projections then hyb_device_teal_matvec; a block whose rows do not
- * fit keeps the model's and runs dense. t or thr NULL: the model's again.
- * The batched paths (prompts, several sequences) refuse a TEAL block. 0 or -1
- * (a device failure: the blocks' weights are lost).
+ * step's projections then hyb_device_teal_matvec, a batch's rows each with
+ * their own inputs; a block whose rows do not fit keeps the model's and
+ * runs dense. t or thr NULL: the model's again. 0 or -1 (a device failure:
+ * the blocks' weights are lost).
  */
 struct hyb_teal;
 int hyb_hdense_set_teal(struct hyb_hdense *hd, const struct hyb_teal *t, const float *thr);
@@ -181,8 +181,6 @@ int hyb_hdense_kv_up(struct hyb_hdense *hd, const uint16_t *kc, const uint16_t *
 int hyb_hdense_kv_down(struct hyb_hdense *hd, uint16_t *kc, uint16_t *vc, uint32_t n);
 /* Rows [from, to) of every layer were written on the host (a prompt batch) / device. */
 void hyb_hdense_kv_host_wrote(struct hyb_hdense *hd, uint32_t to);
-/* The host wrote layer l's rows up to `to` (its attention ran there for a placed block). */
-void hyb_hdense_kv_host_wrote_layer(struct hyb_hdense *hd, uint32_t l, uint32_t to);
 void hyb_hdense_kv_dev_wrote(struct hyb_hdense *hd, uint32_t l, uint32_t to);
 /* The context was reset: neither side holds any row. */
 void hyb_hdense_kv_reset(struct hyb_hdense *hd);

@@ -41,10 +41,7 @@ static int layers(struct hyb_ctx *c, uint32_t n, char *err, size_t errlen)
 	bool on_dev = false; /* the rows' latest x is the device's */
 
 	for (uint32_t l = 0; l < c->m->hp.n_layer; l++) {
-		/* a block under TEAL has no batched form there: the CPU's, on its rows */
-		const bool teal = hd && hyb_hdense_teal_on(hd, l);
-
-		if (hd && hyb_hdense_layer_on(hd, l) && !teal) {
+		if (hd && hyb_hdense_layer_on(hd, l)) {
 			if (!on_dev && hyb_plain_hybrid_rows_up(h, b->x, c->x, n))
 				return fail(c, err, errlen, "prompt rows to the device");
 			if (hyb_hdense_attention_batch(hd, l, c->n_past, n, b))
@@ -56,8 +53,6 @@ static int layers(struct hyb_ctx *c, uint32_t n, char *err, size_t errlen)
 			on_dev = false;
 			hyb_fwd_attention(c, l, n);
 			hyb_fwd_ffn_norm(c, l, c->x, n);
-			if (teal)
-				hyb_hdense_kv_host_wrote_layer(hd, l, c->n_past + n);
 		}
 		if (hyb_plain_hybrid_ffn_on(h, l)) {
 			hyb_dptr y;
@@ -111,17 +106,12 @@ int hyb_plain_prefill(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, floa
 	struct hyb_plain_hybrid *h = c->plain_hybrid;
 	struct hyb_hdense *hd = hyb_plain_hybrid_dense(h);
 	const uint32_t cap = hyb_plain_hybrid_prompt_cap(h), V = c->m->hp.n_vocab;
-	bool teal = false;
 
 	if (!cap)
 		return -1;
-	for (uint32_t l = 0; hd && l < c->m->hp.n_layer; l++)
-		teal |= hyb_hdense_teal_on(hd, l);
-	/* the rows decoded on the CPU for the blocks on the device, and theirs for the
-	 * blocks under TEAL, whose prompt rows the CPU computes */
-	if (hd && (hyb_hdense_kv_up(hd, c->kcache, c->vcache, c->n_past) ||
-		   (teal && hyb_hdense_kv_down(hd, c->kcache, c->vcache, c->n_past))))
-		return fail(c, err, errlen, "KV cache between host and device");
+	/* the rows decoded on the CPU for the blocks on the device */
+	if (hd && hyb_hdense_kv_up(hd, c->kcache, c->vcache, c->n_past))
+		return fail(c, err, errlen, "KV cache to the device");
 	for (uint32_t off = 0; off < n;) {
 		const uint32_t m = n - off < cap ? n - off : cap;
 		const bool last = off + m == n;

@@ -920,6 +920,23 @@ TEST(dev_teal_matvec_exact)
 		CHECK(n_act > n_in / 3 && n_act < n_in * 2 / 3);
 		hyb_device_stats(d, &st);
 		CHECK_EQ_INT(st.kernel_bytes, n_act * rb + 4 * (n_in + n_out));
+		/* columns 64..191 on their own (the rows at their stride): the same sums */
+		{
+			struct hyb_dev_teal c = t;
+
+			c.w = pw + hyb_row_bytes(types[k], 64);
+			c.n_out = 128;
+			c.row_bytes = rb;
+			CHECK_MSG(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &c) == 0, "%s",
+				  hyb_device_error(d));
+			CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, y, py, 4 * 128) == 0);
+			sync_stream(d, HYB_STREAM_COMPUTE);
+			CHECK_MSG(!memcmp(y, r + 64, 4 * 128), "%s: a slice of the columns differs",
+				  hyb_type_name(types[k]));
+			c.row_bytes = hyb_row_bytes(types[k], 128) - 4; /* shorter than a row */
+			CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &c), -EINVAL);
+			CHECK(strstr(hyb_device_error(d), "stride"));
+		}
 		hyb_device_free(d, pw);
 		free(w);
 	}

@@ -318,6 +318,34 @@ TEST(plain_hybrid_teal_on_both_sides)
 			  "TEAL bits (%.3g from them)", ffn_only ? " (FFNs)" : "",
 			  rel_dist(all, teal, 512));
 	}
+	/*
+	 * Every part on the device, the prompt as one batch there: each row's q, k
+	 * and v are columns of its q|k|v projection, its o and FFN its own GEMVs,
+	 * so the bits are the token-by-token decode's still
+	 */
+	hy.dense_on_cpu = false;
+	{
+		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = &hy };
+		struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+		struct hyb_hybrid_stats hs;
+
+		CHECK_MSG(c, "%s", hyb_last_error());
+		CHECK(!hyb_ctx_set_teal_thresholds(c, thr));
+		CHECK_MSG(!hyb_ctx_eval(c, toks, N_PROMPT, all, false), "%s", hyb_last_error());
+		for (int g = 1; g < N_GEN; g++)
+			CHECK(!hyb_ctx_eval(c, &toks[N_PROMPT + g - 1], 1, all + (size_t)g * 512,
+					    false));
+		hyb_ctx_hybrid_stats(c, &hs);
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK_MSG(hs.prompt_batches == 1 && pl.attn_layers == m->hp.n_layer,
+			  "%llu prompt batches, %u blocks", (unsigned long long)hs.prompt_batches,
+			  pl.attn_layers);
+		CHECK_MSG(!memcmp(all, teal, sizeof(float) * n), "a TEAL prompt batched on the "
+			  "device: not the token-by-token bits (%.3g from them)",
+			  rel_dist(all, teal, 512));
+		hyb_ctx_free(c);
+	}
+	hy.dense_on_cpu = true;
 	{
 		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = &hy };
 		struct hyb_ctx *c = hyb_ctx_new(m, &cp);

@@ -252,7 +252,7 @@ struct hyb_dev_teal {
 	uint32_t n_in, n_out;   /* n_out a multiple of the type's block */
 	uint64_t row_bytes;     /* the rows' stride: 0 (hyb_row_bytes(type, n_out)) or more,
 				 * a multiple of 4 (TEAL's layout pads rows to 64 bytes) */
-	hyb_dptr w;             /* n_in * the stride bytes */
+	hyb_dptr w;             /* n_in rows at the stride (the last one's n_out elements) */
 	hyb_dptr x;             /* float [n_in] */
 	float thr;              /* finite, >= 0 */
 	hyb_dptr y;             /* float [n_out]; must not overlap x */
