@@ -818,8 +818,10 @@ bool hyb_device_teal_type_ok(uint32_t t)
 
 static int check_teal(struct hyb_device *d, const struct hyb_dev_teal *t)
 {
+	const uint64_t nb = t->batch ? t->batch : 1;
 	struct darr a[3] = {
-		{ t->w, 0, "w" }, { t->x, 4ull * t->n_in, "x" }, { t->y, 4ull * t->n_out, "y" },
+		{ t->w, 0, "w" }, { t->x, 4ull * t->n_in * nb, "x" },
+		{ t->y, 4ull * t->n_out * nb, "y" },
 	};
 	uint64_t rb;
 	int rc;
@@ -833,6 +835,8 @@ static int check_teal(struct hyb_device *d, const struct hyb_dev_teal *t)
 	if (!isfinite(t->thr) || t->thr < 0)
 		return hyb_device_fail(d, -EINVAL, "teal: threshold %g: must be finite and >= 0",
 				       (double)t->thr);
+	if (batch_too_big(t->n_in > t->n_out ? t->n_in : t->n_out, nb))
+		return hyb_device_fail(d, -EINVAL, "teal: a batch of %u is too big", t->batch);
 	rb = hyb_row_bytes(t->type, t->n_out);
 	if (!rb)
 		return hyb_device_fail(d, -EINVAL, "teal: n_out %u not a multiple of the %s block "

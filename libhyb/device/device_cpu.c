@@ -176,8 +176,8 @@ struct cpu_dev {
 	void *px, *pscr;             /* predict: the unit-RMS input, hyb_predictor_run's */
 	size_t n_px, n_pscr;
 	struct hyb_threadpool *pool1; /* teal: hyb_teal_gemv on the caller's thread */
-	void *tidx, *tval;           /* ... its scratch */
-	size_t n_tidx, n_tval;
+	void *tidx, *tval, *tseen;   /* ... its scratch */
+	size_t n_tidx, n_tval, n_tseen;
 };
 
 static struct cpu_dev *cpu(struct hyb_device *d)
@@ -1183,6 +1183,7 @@ static void cpu_close(struct hyb_device *d)
 	free(c->atmp);
 	free(c->tidx);
 	free(c->tval);
+	free(c->tseen);
 	if (c->pool1)
 		hyb_threadpool_free(c->pool1);
 	free(c);
@@ -1190,35 +1191,58 @@ static void cpu_close(struct hyb_device *d)
 
 /*
  * TEAL's GEMV (libhyb/sparse/teal.c) on the caller's thread: its sums do
- * not depend on the thread count, so they are the CPU's bits. Bytes: the
- * rows of the inputs above the threshold, x and y.
+ * not depend on the thread count, so they are the CPU's bits; a batch's
+ * rows HYB_TEAL_ROWS at a time (hyb_teal_gemv_rows: each row's bits its
+ * own GEMV's). Bytes: the rows of the inputs above the threshold, once per
+ * group of rows for the union of theirs, x and y.
  */
 static int cpu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t)
 {
 	struct cpu_dev *c = cpu(d);
+	const uint32_t nb = t->batch ? t->batch : 1, ni = t->n_in, no = t->n_out;
+	const uint64_t rb = hyb_row_bytes(t->type, no);
 	const struct hyb_teal_mat w = {
-		.type = t->type, .n_in = t->n_in, .n_out = t->n_out,
-		.row_bytes = t->row_bytes ? t->row_bytes : hyb_row_bytes(t->type, t->n_out),
+		.type = t->type, .n_in = ni, .n_out = no, .row_bytes = t->row_bytes ? t->row_bytes : rb,
 		.data = (const void *)(uintptr_t)t->w,
 	};
-	uint32_t *idx = scratch(&c->tidx, &c->n_tidx, 4ull * t->n_in);
-	float *val = scratch(&c->tval, &c->n_tval, 4ull * t->n_in);
-	uint32_t n;
-	double r0;
+	const float *x = (const float *)(uintptr_t)t->x;
+	float *y = (float *)(uintptr_t)t->y;
+	uint32_t *idx = scratch(&c->tidx, &c->n_tidx, 4ull * ni * HYB_TEAL_ROWS);
+	float *val = scratch(&c->tval, &c->n_tval, 4ull * ni * HYB_TEAL_ROWS);
+	uint8_t *seen = scratch(&c->tseen, &c->n_tseen, ni);
+	uint64_t rows = 0;
+	double flops = 0, r0;
 	int rc;
 
-	if (!idx || !val || (!c->pool1 && !(c->pool1 = hyb_threadpool_new(1))))
+	if (!idx || !val || !seen || (!c->pool1 && !(c->pool1 = hyb_threadpool_new(1))))
 		return hyb_device_fail(d, -ENOMEM, "teal: out of host memory");
 	enter(c, &r0);
-	n = hyb_teal_gemv(c->pool1, &w, (const float *)(uintptr_t)t->x, t->thr, idx, val,
-			  (float *)(uintptr_t)t->y);
+	for (uint32_t b0 = 0; b0 < nb; b0 += HYB_TEAL_ROWS) {
+		const uint32_t k = nb - b0 < HYB_TEAL_ROWS ? nb - b0 : HYB_TEAL_ROWS;
+		uint32_t n_act[HYB_TEAL_ROWS];
+
+		if (k == 1)
+			n_act[0] = hyb_teal_gemv(c->pool1, &w, x + (size_t)b0 * ni, t->thr, idx, val,
+						 y + (size_t)b0 * no);
+		else
+			hyb_teal_gemv_rows(c->pool1, &w, x + (size_t)b0 * ni, ni, k, t->thr, idx,
+					   val, n_act, y + (size_t)b0 * no, no);
+		memset(seen, 0, ni);
+		for (uint32_t r = 0; r < k; r++) {
+			for (uint32_t a = 0; a < n_act[r]; a++) {
+				const uint32_t i = idx[(size_t)r * ni + a];
+
+				rows += !seen[i];
+				seen[i] = 1;
+			}
+			flops += 2.0 * n_act[r] * no;
+		}
+	}
 	op_begin(c, "a teal kernel");
-	span(c, (const void *)(uintptr_t)t->w,
-	     w.row_bytes * (t->n_in - 1ull) + hyb_row_bytes(t->type, t->n_out), false);
-	span(c, (const void *)(uintptr_t)t->x, 4ull * t->n_in, false);
-	span(c, (const void *)(uintptr_t)t->y, 4ull * t->n_out, true);
-	rc = kernel_done(c, s, n * w.row_bytes + 4ull * (t->n_in + t->n_out),
-			 2.0 * n * t->n_out);
+	span(c, (const void *)(uintptr_t)t->w, w.row_bytes * (ni - 1ull) + rb, false);
+	span(c, (const void *)(uintptr_t)t->x, 4ull * ni * nb, false);
+	span(c, (const void *)(uintptr_t)t->y, 4ull * no * nb, true);
+	rc = kernel_done(c, s, rows * rb + 4ull * (ni + no) * nb, flops);
 	leave(c, r0);
 	return rc;
 }

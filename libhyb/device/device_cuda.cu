@@ -937,9 +937,11 @@ static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hy
  * use it at once.
  */
 /*
- * TEAL's projection (kernels/cuda/teal.cu) in the stream's workspace. Its
- * bytes: the inputs above the threshold are counted on the device, so the
- * whole matrix is taken, an upper bound (the CPU device counts the rows read).
+ * TEAL's projection (kernels/cuda/teal.cu) in the stream's workspace, a
+ * batch's rows one after another (a kernel that reads the union of the rows'
+ * inputs once is the next step). Its bytes: the inputs above the threshold
+ * are counted on the device, so the whole matrix is taken, an upper bound
+ * (the CPU device counts the rows read).
  */
 static int cu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t)
 {
@@ -961,13 +963,19 @@ static int cu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev
 	k.y = (float *)(uintptr_t)t->y;
 	k.work = c->wk[s];
 	k.n_sm = c->n_sm;
-	rc = hyb_cuda_teal(&k, c->st[s]);
-	if (rc < 0)
-		return hyb_device_fail(d, rc, "cuda teal: type %s not supported",
-				       hyb_type_name(t->type));
-	if (rc > 0)
-		return fault(c, (cudaError_t)rc, "teal kernel launch");
-	d->st.kernel_bytes += k.row_bytes * t->n_in + 4ull * (t->n_in + t->n_out);
+	/* a batch row after row, each with the whole workspace (the stream orders them) */
+	for (uint32_t r = 0; r < (t->batch ? t->batch : 1); r++) {
+		k.x = (const float *)(uintptr_t)t->x + (uint64_t)r * t->n_in;
+		k.y = (float *)(uintptr_t)t->y + (uint64_t)r * t->n_out;
+		rc = hyb_cuda_teal(&k, c->st[s]);
+		if (rc < 0)
+			return hyb_device_fail(d, rc, "cuda teal: type %s not supported",
+					       hyb_type_name(t->type));
+		if (rc > 0)
+			return fault(c, (cudaError_t)rc, "teal kernel launch");
+		d->st.kernel_bytes += hyb_row_bytes(t->type, t->n_out) * t->n_in +
+				      4ull * (t->n_in + t->n_out);
+	}
 	return 0;
 }
 

@@ -618,17 +618,17 @@ static hyb_dptr rows_at(hyb_dptr base, uint32_t t0, uint32_t width)
 
 /*
  * Outputs [c0, c0 + n) of TEAL's projection of input `in` of layer l (its
- * transposed weights at w) over x into y: the same rows read from column
- * c0 on (c0 on a block), each output's sum the whole projection's.
+ * transposed weights at w) over nb rows of x into y: the same rows read from
+ * column c0 on (c0 on a block), each output's sum the whole projection's.
  */
 static int teal_cols(struct hyb_hdense *hd, uint32_t l, uint32_t in, hyb_dptr w, uint32_t c0,
-		     uint32_t n, hyb_dptr x, hyb_dptr y)
+		     uint32_t n, hyb_dptr x, hyb_dptr y, uint32_t nb)
 {
 	const struct hyb_teal_mat *t = &hd->teal->mat[(size_t)l * HYB_TEAL_INPUTS + in];
 	const struct hyb_dev_teal a = {
 		.type = t->type, .n_in = t->n_in, .n_out = n, .row_bytes = t->row_bytes,
 		.w = w + hyb_row_bytes(t->type, c0), .x = x,
-		.thr = hd->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in], .y = y,
+		.thr = hd->teal_thr[(size_t)l * HYB_TEAL_INPUTS + in], .y = y, .batch = nb,
 	};
 
 	return hyb_device_teal_matvec(hd->dev, HYB_STREAM_COMPUTE, &a);
@@ -643,7 +643,7 @@ static int teal_mv(struct hyb_hdense *hd, uint32_t l, uint32_t in, hyb_dptr w, h
 {
 	const struct hyb_teal_mat *t = &hd->teal->mat[(size_t)l * HYB_TEAL_INPUTS + in];
 
-	return teal_cols(hd, l, in, w, 0, t->n_out, x, y);
+	return teal_cols(hd, l, in, w, 0, t->n_out, x, y, 1);
 }
 
 /*
@@ -661,10 +661,8 @@ static int attn_out(struct hyb_hdense *hd, uint32_t l, hyb_dptr att, hyb_dptr x,
 	struct hyb_dev_matvec o = mv(&L->wo, d->wo, att, via_xn ? xn : x, !via_xn);
 
 	o.batch = n > 1 ? n : 0;
-	for (uint32_t t = 0; d->teal && t < n; t++)
-		if (teal_mv(hd, l, HYB_TEAL_O, d->wo, rows_at(att, t, hd->q_dim),
-			    rows_at(xn, t, hd->E)))
-			return -1;
+	if (d->teal && teal_cols(hd, l, HYB_TEAL_O, d->wo, 0, hd->E, att, xn, n))
+		return -1;
 	if (!d->teal && hyb_device_matvec(hd->dev, s, &o))
 		return -1;
 	if ((d->post_attn_norm && hyb_device_rmsnorm_rows(hd->dev, s, xn, xn, d->post_attn_norm,
@@ -752,18 +750,12 @@ int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 	if (hyb_device_rmsnorm_rows(dev, s, b->xn, b->x, d->attn_norm, hd->E, n, hp->rms_eps))
 		return -1;
 	if (d->teal) {
-		/* each row its own inputs: q, k and v, the columns of q|k|v, into its rows */
-		for (uint32_t t = 0; t < n; t++) {
-			const hyb_dptr x = rows_at(b->xn, t, hd->E);
-
-			if (teal_cols(hd, l, HYB_TEAL_QKV, d->wq, 0, hd->q_dim, x,
-				      rows_at(b->q, t, hd->q_dim)) ||
-			    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim, hd->kv_dim, x,
-				      rows_at(b->k, t, hd->kv_dim)) ||
-			    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim + hd->kv_dim,
-				      hd->kv_dim, x, rows_at(b->v, t, hd->kv_dim)))
-				return -1;
-		}
+		/* each row its own inputs: q, k and v, the columns of q|k|v, into their rows */
+		if (teal_cols(hd, l, HYB_TEAL_QKV, d->wq, 0, hd->q_dim, b->xn, b->q, n) ||
+		    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim, hd->kv_dim, b->xn, b->k, n) ||
+		    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim + hd->kv_dim, hd->kv_dim,
+			      b->xn, b->v, n))
+			return -1;
 	} else if (hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
 		   hyb_device_matvec(dev, s, &v)) {
 		return -1;

@@ -472,13 +472,35 @@ static int teal_ffn(struct hyb_plain_hybrid *h, uint32_t l, hyb_dptr x, hyb_dptr
 	       hyb_device_teal_matvec(h->dev, HYB_STREAM_COMPUTE, &b) ? -1 : 0;
 }
 
-/* TEAL's FFN of each of the n rows of d_x into d_y, row after row. */
-static int teal_rows(struct hyb_plain_hybrid *h, uint32_t l, uint32_t n)
+/*
+ * TEAL's FFN of n rows of x into y (g, u: [n][F] scratch), each row with its
+ * own inputs: gate and up as the columns of gate|up, the activation, down;
+ * each row's bits its own step's (hyb_dev_teal.batch).
+ */
+static int teal_rows(struct hyb_plain_hybrid *h, uint32_t l, uint32_t n, hyb_dptr x,
+		     hyb_dptr g, hyb_dptr u, hyb_dptr y)
 {
-	for (uint32_t r = 0; r < n; r++)
-		if (teal_ffn(h, l, h->d_x + 4ull * r * h->E, h->d_y + 4ull * r * h->E))
-			return -1;
-	return 0;
+	const struct hyb_teal_mat *gu = &h->teal->mat[(size_t)l * HYB_TEAL_INPUTS + HYB_TEAL_GU];
+	const struct hyb_teal_mat *dn =
+		&h->teal->mat[(size_t)l * HYB_TEAL_INPUTS + HYB_TEAL_DOWN];
+	const float *thr = h->teal_thr + (size_t)l * HYB_TEAL_INPUTS;
+	struct hyb_dev_teal a = {
+		.type = gu->type, .n_in = gu->n_in, .n_out = h->F, .row_bytes = gu->row_bytes,
+		.w = h->ffn[(size_t)l * 3], .x = x, .thr = thr[HYB_TEAL_GU], .y = g, .batch = n,
+	};
+	const struct hyb_dev_teal b = {
+		.type = dn->type, .n_in = dn->n_in, .n_out = dn->n_out, .row_bytes = dn->row_bytes,
+		.w = h->ffn[(size_t)l * 3 + 2], .x = g, .thr = thr[HYB_TEAL_DOWN], .y = y,
+		.batch = n,
+	};
+
+	if (hyb_device_teal_matvec(h->dev, HYB_STREAM_COMPUTE, &a))
+		return -1;
+	a.w += hyb_row_bytes(gu->type, h->F);
+	a.y = u;
+	return hyb_device_teal_matvec(h->dev, HYB_STREAM_COMPUTE, &a) ||
+	       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, g, u, n * h->F, h->m->hp.act) ||
+	       hyb_device_teal_matvec(h->dev, HYB_STREAM_COMPUTE, &b) ? -1 : 0;
 }
 
 /*
@@ -672,7 +694,7 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
 	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
-	    (h->teal_on && h->teal_on[l] ? teal_rows(h, l, n) :
+	    (h->teal_on && h->teal_on[l] ? teal_rows(h, l, n, h->d_x, h->d_g, h->d_u, h->d_y) :
 		       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
 			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
 			       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u,
@@ -760,9 +782,9 @@ int hyb_plain_hybrid_ffn_batch(struct hyb_plain_hybrid *h, uint32_t l, uint32_t 
 		return -EINVAL;
 	*y = h->pw_y;
 	/* under TEAL, each row's own thresholds over the transposed weights */
-	for (uint32_t r = 0; h->teal_on && h->teal_on[l] && r < n; r++)
-		if (teal_ffn(h, l, h->pw.xn + 4ull * r * h->E, h->pw_y + 4ull * r * h->E))
-			return -1;
+	if (h->teal_on && h->teal_on[l] &&
+	    teal_rows(h, l, n, h->pw.xn, h->pw_g, h->pw_u, h->pw_y))
+		return -1;
 	if ((!h->teal_on || !h->teal_on[l]) &&
 	    (hyb_device_matvec(h->dev, s, &gate) || hyb_device_matvec(h->dev, s, &up) ||
 	     hyb_device_ffn_act(h->dev, s, h->pw_g, h->pw_u, n * h->F, h->m->hp.act) ||

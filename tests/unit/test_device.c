@@ -937,6 +937,46 @@ TEST(dev_teal_matvec_exact)
 			CHECK_EQ_INT(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &c), -EINVAL);
 			CHECK(strstr(hyb_device_error(d), "stride"));
 		}
+		/* a batch of 3 rows, each with its own inputs: each row's own bits, the
+		 * rows their union needs read once */
+		{
+			struct hyb_dev_teal b = t;
+			float *xb = xmalloc(4 * 3 * n_in), *yb = xmalloc(4 * 3 * n_out);
+			hyb_dptr pxb = dalloc(d, 4 * 3 * n_in), pyb = dalloc(d, 4 * 3 * n_out);
+			uint32_t act[3];
+			uint8_t *any = calloc(n_in, 1);
+			uint64_t uni = 0;
+
+			CHECK(any);
+			for (uint32_t i = 0; i < 3 * n_in; i++)
+				xb[i] = rndf();
+			CHECK(hyb_device_h2d(d, HYB_STREAM_CRITICAL, pxb, xb, 4 * 3 * n_in) == 0);
+			sync_stream(d, HYB_STREAM_CRITICAL);
+			b.x = pxb;
+			b.y = pyb;
+			b.batch = 3;
+			hyb_device_stats_reset(d);
+			CHECK(hyb_device_teal_matvec(d, HYB_STREAM_COMPUTE, &b) == 0);
+			CHECK(hyb_device_d2h(d, HYB_STREAM_COMPUTE, yb, pyb, 4 * 3 * n_out) == 0);
+			sync_stream(d, HYB_STREAM_COMPUTE);
+			for (uint32_t row = 0; row < 3; row++) {
+				act[row] = hyb_teal_gemv(pool, &m, xb + row * n_in, 0.5f, idx, val, r);
+				CHECK_MSG(!memcmp(yb + row * n_out, r, 4 * n_out), "%s: batch row %u",
+					  hyb_type_name(types[k]), row);
+				for (uint32_t a = 0; a < act[row]; a++) {
+					uni += !any[idx[a]];
+					any[idx[a]] = 1;
+				}
+			}
+			hyb_device_stats(d, &st);
+			CHECK_EQ_INT(st.kernel_bytes, uni * rb + 4 * 3 * (n_in + n_out));
+			CHECK(uni < act[0] + act[1] + act[2]);
+			free(xb);
+			free(yb);
+			free(any);
+			hyb_device_free(d, pxb);
+			hyb_device_free(d, pyb);
+		}
 		hyb_device_free(d, pw);
 		free(w);
 	}

@@ -256,6 +256,9 @@ struct hyb_dev_teal {
 	hyb_dptr x;             /* float [n_in] */
 	float thr;              /* finite, >= 0 */
 	hyb_dptr y;             /* float [n_out]; must not overlap x */
+	uint32_t batch;         /* 0 or 1: one row; n: x [n][n_in] and y [n][n_out], each
+				 * row with its own inputs, its bits one row's (the CPU
+				 * device reads the rows their union needs once) */
 };
 int hyb_device_teal_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t);
 bool hyb_device_teal_type_ok(uint32_t type);
