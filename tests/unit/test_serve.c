@@ -1166,6 +1166,31 @@ TEST(serve_manifest_errors)
 	CHECK(!hyb_test_sh(glog, "grep -q 'one model' %s", log));
 }
 
+/* One completion of body: 200, and its text as a client sees it (malloc'd). */
+static char *completion_seen(int port, const char *body)
+{
+	char *resp, *text, *seen;
+	size_t len;
+
+	CHECK_EQ_INT(http(port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	text = completion_text(resp, &len);
+	seen = as_seen(text, len);
+	free(text);
+	free(resp);
+	return seen;
+}
+
+/* The synthetic model's TEAL profile (hybctl profile --teal) into prof. */
+static void syn_teal_profile(const char *model, char *prof, size_t n)
+{
+	char log[600];
+
+	snprintf(prof, n, "%s/syn.teal.gguf", hyb_test_tmpdir());
+	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --gen 16 -t 1 -o %s",
+				 hyb_test_hybctl(), model, prof), 0);
+}
+
 /*
  * TEAL (docs/SPARSITY.md#teal): the requests batch on one engine, whose
  * decode steps are TEAL's GEMV as `hyb run --teal` runs it, so the same
@@ -1174,27 +1199,19 @@ TEST(serve_manifest_errors)
 TEST(serve_teal_greedy)
 {
 	const char *model = syn_model();
-	char prof[600], log[600], extra[800], body[256], *want, *resp, *text, *seen;
+	char prof[600], extra[800], body[256], *want, *text, *seen;
 	struct srv s;
-	size_t len;
 
-	snprintf(prof, sizeof(prof), "%s/syn.teal.gguf", hyb_test_tmpdir());
-	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
-	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --gen 16 -t 1 -o %s",
-				 hyb_test_hybctl(), model, prof), 0);
+	syn_teal_profile(model, prof, sizeof(prof));
 	snprintf(extra, sizeof(extra), "--teal %s --sparsity 0.4", prof);
 	want = run_text_args(model, "sparse hello", 24, false, extra);
 	snprintf(extra, sizeof(extra), "--teal %s --sparsity 0.4 --parallel 2", prof);
 	srv_start(&s, model, extra);
 	snprintf(body, sizeof(body), "{\"prompt\": \"sparse hello\", \"max_tokens\": 24, "
 		 "\"temperature\": 0}");
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
-	text = completion_text(resp, &len);
-	seen = as_seen(text, len);
+	seen = completion_seen(s.port, body);
 	CHECK_MSG(!strcmp(seen, want), "TEAL serve \"%s\" vs hyb run's \"%s\"", seen, want);
 	free(seen);
-	free(text);
-	free(resp);
 	at_once(s.port, body, 4, want);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	text = slurp(s.log, NULL);
@@ -1238,14 +1255,10 @@ TEST(serve_hybrid_plain_batches)
 TEST(serve_teal_hybrid_plain)
 {
 	const char *model = syn_model();
-	char prof[600], log[600], extra[800], body[256], *want, *resp, *text, *seen;
+	char prof[600], extra[800], body[256], *want, *text, *seen;
 	struct srv s;
-	size_t len;
 
-	snprintf(prof, sizeof(prof), "%s/syn.teal.gguf", hyb_test_tmpdir());
-	snprintf(log, sizeof(log), "%s/teal.log", hyb_test_tmpdir());
-	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --gen 16 -t 1 -o %s",
-				 hyb_test_hybctl(), model, prof), 0);
+	syn_teal_profile(model, prof, sizeof(prof));
 	/* one context size: the placement (KV cache bytes) and so the function follow it */
 	snprintf(extra, sizeof(extra), "--teal %s --sparsity 0.4 --gpu-budget 60%% -c 128", prof);
 	want = run_text_args(model, "sparse hello", 24, false, extra);
@@ -1256,30 +1269,22 @@ TEST(serve_teal_hybrid_plain)
 	srv_start(&s, model, extra);
 	snprintf(body, sizeof(body), "{\"prompt\": \"sparse hello\", \"max_tokens\": 24, "
 		 "\"temperature\": 0}");
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
-	text = completion_text(resp, &len);
-	seen = as_seen(text, len);
+	seen = completion_seen(s.port, body);
 	CHECK_MSG(!strcmp(seen, want), "hybrid TEAL serve \"%s\" vs hyb run's \"%s\"", seen, want);
 	free(seen);
-	free(text);
-	free(resp);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	text = slurp(s.log, NULL);
 	CHECK(text && strstr(text, "a plain model"));
 	free(text);
 	free(want);
-	/* batched: the passes attend on the CPU, thresholded; the device's FFNs dense */
+	/* batched: the passes attend on the CPU and the device's FFNs, all thresholded */
 	want = run_text_args(model, "sparse hello", 24, false, "");
 	strcat(extra, " --parallel 2");
 	srv_start(&s, model, extra);
-	CHECK_EQ_INT(http(s.port, "POST", "/v1/completions", NULL, body, &resp), 200);
-	text = completion_text(resp, &len);
-	seen = as_seen(text, len);
+	seen = completion_seen(s.port, body);
 	CHECK_MSG(strcmp(seen, want), "batched TEAL changed nothing: \"%s\"", seen);
 	at_once(s.port, body, 2, seen);
 	free(seen);
-	free(text);
-	free(resp);
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	text = slurp(s.log, NULL);
 	CHECK(text && strstr(text, "(batched)") && strstr(text, "TEAL: one engine batching 2"));
