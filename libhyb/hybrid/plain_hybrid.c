@@ -846,9 +846,19 @@ void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybri
 	out->prompt_bytes = h->prompt_bytes;
 	if (h->policy == HYB_POLICY_LAYER)
 		out->dense_layers_cpu = h->m->hp.n_layer - h->n_ffn;
+	uint32_t teal_blocks = 0;
+
+	for (uint32_t l = 0; h->hd && l < h->m->hp.n_layer; l++)
+		teal_blocks += hyb_hdense_teal_on(h->hd, l);
 	snprintf(out->cache_note, sizeof(out->cache_note),
 		 "a plain model: %u attention blocks, %u FFNs%s on the device (%s placement, "
 		 "docs/HYBRID.md \"Plain models\")", out->attn_layers, h->n_ffn,
 		 out->head ? " and the head" : "",
 		 h->policy == HYB_POLICY_LAYER ? "layer" : "static");
+	/* under TEAL: the parts whose transposed rows fit (the others run dense) */
+	if (h->teal)
+		snprintf(out->cache_note + strlen(out->cache_note),
+			 sizeof(out->cache_note) - strlen(out->cache_note),
+			 "; TEAL on %u of %u blocks and %u of %u FFNs", teal_blocks,
+			 out->attn_layers, h->n_teal, h->n_ffn);
 }
