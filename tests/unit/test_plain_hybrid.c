@@ -244,10 +244,10 @@ TEST(plain_hybrid_gemma3_270m_on_the_device)
 /* TEAL's thresholds of path's model at the profile's sparsity 0.4, malloc'd. */
 static float *teal_thresholds(const char *path, const struct hyb_model *m)
 {
-	char prof[600], log[700];
+	char prof[700], log[700];
 	float *thr = malloc(sizeof(float) * m->hp.n_layer * HYB_TEAL_INPUTS);
 
-	snprintf(prof, sizeof(prof), "%s/plain.teal.gguf", hyb_test_tmpdir());
+	snprintf(prof, sizeof(prof), "%s.teal.gguf", path);
 	snprintf(log, sizeof(log), "%s/plain-teal.log", hyb_test_tmpdir());
 	CHECK(thr);
 	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --sparsity 0.4 --gen 16 -t 1 -o %s",
@@ -475,6 +475,48 @@ static int join_step(int k, int32_t (*toks)[4 + SEQ_STEPS], const int *sa, const
 static int next_at(int k, int s)
 {
 	return k == s ? 4 : 4 + (k - s);
+}
+
+/*
+ * Gemma 3 under TEAL with every part on the device: GeGLU FFNs, sliding
+ * windows, the scaled q and the norms after both blocks around TEAL's
+ * projections there; token by token the CPU-only TEAL decode's bits.
+ */
+TEST(plain_hybrid_teal_gemma3_on_the_device)
+{
+	const char *path = hyb_test_synth("plain-gemma3-teal", SMALL " --arch gemma3 --swa 8 "
+					  "--type Q8_0");
+	struct hyb_model *m = hyb_model_load(path);
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_STATIC };
+	struct hyb_hybrid_offload pl;
+	const size_t n = (size_t)N_GEN * 512;
+	float *thr, *cpu = malloc(sizeof(float) * n), *dev = malloc(sizeof(float) * n);
+	int32_t toks[N_PROMPT + N_GEN];
+
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(cpu && dev);
+	thr = teal_thresholds(path, m);
+	for (int i = 0; i < N_PROMPT + N_GEN; i++)
+		toks[i] = 3 + (int32_t)((i * 40503u + 7) % (512 - 3));
+	hy.gpu_budget = m->weight_bytes * 2;
+	CHECK(!forced(m, NULL, thr, toks, true, cpu));
+	CHECK_MSG(!forced(m, &hy, thr, toks, true, dev), "%s", hyb_last_error());
+	CHECK_MSG(!memcmp(cpu, dev, sizeof(float) * n), "gemma3 device TEAL: %.3g from the "
+		  "CPU's TEAL bits", rel_dist(dev, cpu, 512));
+	{
+		struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = &hy };
+		struct hyb_ctx *c = hyb_ctx_new(m, &cp);
+
+		CHECK(c && !hyb_ctx_set_teal_thresholds(c, thr));
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK_MSG(strstr(pl.cache_note, "TEAL on 4 of 4 blocks and 4 of 4 FFNs"), "%s",
+			  pl.cache_note);
+		hyb_ctx_free(c);
+	}
+	free(thr);
+	free(cpu);
+	free(dev);
+	hyb_model_free(m);
 }
 
 /*
