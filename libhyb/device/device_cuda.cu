@@ -938,19 +938,21 @@ static int cu_attention(struct hyb_device *d, enum hyb_stream s, const struct hy
  */
 /*
  * TEAL's projection (kernels/cuda/teal.cu) in the stream's workspace, a
- * batch's rows one after another (a kernel that reads the union of the rows'
- * inputs once is the next step). Its bytes: the inputs above the threshold
- * are counted on the device, so the whole matrix is taken, an upper bound
- * (the CPU device counts the rows read).
+ * batch HYB_CUDA_TEAL_ROWS rows a call (each call reads the union of its
+ * rows' inputs once). Its bytes: the inputs above the threshold are counted
+ * on the device, so the whole matrix a call is taken, an upper bound (the
+ * CPU device counts the rows read).
  */
 static int cu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t)
 {
 	struct cudev *c = cu(d);
+	const uint32_t nb = t->batch ? t->batch : 1;
+	const uint32_t most = nb < HYB_CUDA_TEAL_ROWS ? nb : HYB_CUDA_TEAL_ROWS;
 	struct hyb_cuda_teal k;
 	int rc;
 
 	if ((rc = use_stream(c, s)) ||
-	    (rc = workspace(c, s, hyb_cuda_teal_work_bytes(t->n_in, t->n_out, c->n_sm))))
+	    (rc = workspace(c, s, hyb_cuda_teal_work_bytes(t->n_in, t->n_out, most, c->n_sm))))
 		return rc;
 	memset(&k, 0, sizeof(k));
 	k.type = t->type;
@@ -958,15 +960,13 @@ static int cu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev
 	k.n_out = t->n_out;
 	k.row_bytes = t->row_bytes ? t->row_bytes : hyb_row_bytes(t->type, t->n_out);
 	k.w = (const void *)(uintptr_t)t->w;
-	k.x = (const float *)(uintptr_t)t->x;
 	k.thr = t->thr;
-	k.y = (float *)(uintptr_t)t->y;
 	k.work = c->wk[s];
 	k.n_sm = c->n_sm;
-	/* a batch row after row, each with the whole workspace (the stream orders them) */
-	for (uint32_t r = 0; r < (t->batch ? t->batch : 1); r++) {
-		k.x = (const float *)(uintptr_t)t->x + (uint64_t)r * t->n_in;
-		k.y = (float *)(uintptr_t)t->y + (uint64_t)r * t->n_out;
+	for (uint32_t r0 = 0; r0 < nb; r0 += HYB_CUDA_TEAL_ROWS) {
+		k.rows = nb - r0 < HYB_CUDA_TEAL_ROWS ? nb - r0 : HYB_CUDA_TEAL_ROWS;
+		k.x = (const float *)(uintptr_t)t->x + (uint64_t)r0 * t->n_in;
+		k.y = (float *)(uintptr_t)t->y + (uint64_t)r0 * t->n_out;
 		rc = hyb_cuda_teal(&k, c->st[s]);
 		if (rc < 0)
 			return hyb_device_fail(d, rc, "cuda teal: type %s not supported",
@@ -974,7 +974,7 @@ static int cu_teal(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev
 		if (rc > 0)
 			return fault(c, (cudaError_t)rc, "teal kernel launch");
 		d->st.kernel_bytes += hyb_row_bytes(t->type, t->n_out) * t->n_in +
-				      4ull * (t->n_in + t->n_out);
+				      4ull * (t->n_in + t->n_out) * k.rows;
 	}
 	return 0;
 }

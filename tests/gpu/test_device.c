@@ -1443,41 +1443,46 @@ TEST(gpu_dev_attention_odd)
  * TEAL's projection (kernels/cuda/teal.cu) against the exact sums (double,
  * the inputs above the threshold, the weights as the CPU dequantizes them)
  * and the CPU device (hyb_teal_gemv: int8-rounded products on a VNNI host),
- * at TEAL's shapes: q/k/v, gate|up and down of a 4096/11008 model.
+ * at TEAL's shapes: q/k/v, gate|up and down of a 4096/11008 model; rows of
+ * x at once (hyb_dev_teal.batch), each with its own inputs.
  */
-static void teal_case(uint32_t type, uint32_t n_in, uint32_t n_out, float thr)
+static void teal_case(uint32_t type, uint32_t n_in, uint32_t n_out, float thr, uint32_t rows)
 {
 	const uint64_t rb = hyb_row_bytes(type, n_out);
 	struct hyb_device *gpu = open_kind("cuda", 1024 * MiB, 0);
 	struct hyb_device *cpu = open_kind("cpu", 1024 * MiB, 0);
 	uint8_t *w = hyb_test_rand_rows(type, n_in, n_out, n_in * 7 + n_out);
-	float *x = malloc(4ull * n_in), *yg = malloc(4ull * n_out), *yc = malloc(4ull * n_out);
-	float *deq = malloc(4ull * n_out);
-	double *ref = calloc(n_out, sizeof(double)), eg = 0, ec = 0, ymax = 0;
-	hyb_dptr gw = dalloc(gpu, rb * n_in), gx = dalloc(gpu, 4ull * n_in);
-	hyb_dptr gy = dalloc(gpu, 4ull * n_out);
-	hyb_dptr cw = dalloc(cpu, rb * n_in), cx = dalloc(cpu, 4ull * n_in);
-	hyb_dptr cy = dalloc(cpu, 4ull * n_out);
+	float *x = malloc(4ull * n_in * rows), *yg = malloc(4ull * n_out * rows);
+	float *yc = malloc(4ull * n_out * rows), *deq = malloc(4ull * n_out * n_in);
+	double *ref = calloc((size_t)n_out * rows, sizeof(double)), eg = 0, ec = 0;
+	hyb_dptr gw = dalloc(gpu, rb * n_in), gx = dalloc(gpu, 4ull * n_in * rows);
+	hyb_dptr gy = dalloc(gpu, 4ull * n_out * rows);
+	hyb_dptr cw = dalloc(cpu, rb * n_in), cx = dalloc(cpu, 4ull * n_in * rows);
+	hyb_dptr cy = dalloc(cpu, 4ull * n_out * rows);
 	uint32_t n_act = 0;
 
 	CHECK(x && yg && yc && deq && ref);
-	for (uint32_t i = 0; i < n_in; i++)
+	for (uint64_t i = 0; i < (uint64_t)n_in * rows; i++)
 		x[i] = rndf();
-	for (uint32_t i = 0; i < n_in; i++) {
-		if (!(fabsf(x[i]) > thr))
-			continue;
-		n_act++;
-		hyb_cpu_best()->dequantize[type](w + i * rb, deq, n_out);
-		for (uint32_t o = 0; o < n_out; o++)
-			ref[o] += (double)x[i] * deq[o];
-	}
+	for (uint32_t i = 0; i < n_in; i++)
+		hyb_cpu_best()->dequantize[type](w + i * rb, deq + (uint64_t)i * n_out, n_out);
+	for (uint32_t r = 0; r < rows; r++)
+		for (uint32_t i = 0; i < n_in; i++) {
+			const float v = x[(uint64_t)r * n_in + i];
+
+			if (!(fabsf(v) > thr))
+				continue;
+			n_act++;
+			for (uint32_t o = 0; o < n_out; o++)
+				ref[(uint64_t)r * n_out + o] += (double)v * deq[(uint64_t)i * n_out + o];
+		}
 	put(gpu, gw, w, rb * n_in);
-	put(gpu, gx, x, 4ull * n_in);
+	put(gpu, gx, x, 4ull * n_in * rows);
 	put(cpu, cw, w, rb * n_in);
-	put(cpu, cx, x, 4ull * n_in);
+	put(cpu, cx, x, 4ull * n_in * rows);
 	{
 		struct hyb_dev_teal t = { .type = type, .n_in = n_in, .n_out = n_out, .w = gw,
-					  .x = gx, .thr = thr, .y = gy };
+					  .x = gx, .thr = thr, .y = gy, .batch = rows };
 
 		OK(gpu, hyb_device_teal_matvec(gpu, HYB_STREAM_COMPUTE, &t));
 		t.w = cw;
@@ -1485,19 +1490,23 @@ static void teal_case(uint32_t type, uint32_t n_in, uint32_t n_out, float thr)
 		t.y = cy;
 		OK(cpu, hyb_device_teal_matvec(cpu, HYB_STREAM_COMPUTE, &t));
 	}
-	get(gpu, yg, gy, 4ull * n_out);
-	get(cpu, yc, cy, 4ull * n_out);
-	for (uint32_t o = 0; o < n_out; o++)
-		ymax = fmax(ymax, fabs(ref[o]));
-	if (ymax == 0) /* no input above the threshold: zeros */
-		ymax = 1;
-	for (uint32_t o = 0; o < n_out; o++) {
-		eg = fmax(eg, fabs(yg[o] - ref[o]) / ymax);
-		ec = fmax(ec, fabs((double)yg[o] - yc[o]) / ymax);
+	get(gpu, yg, gy, 4ull * n_out * rows);
+	get(cpu, yc, cy, 4ull * n_out * rows);
+	for (uint32_t r = 0; r < rows; r++) {
+		double ymax = 0;
+
+		for (uint32_t o = 0; o < n_out; o++)
+			ymax = fmax(ymax, fabs(ref[(uint64_t)r * n_out + o]));
+		if (ymax == 0) /* no input above the threshold: zeros */
+			ymax = 1;
+		for (uint64_t o = (uint64_t)r * n_out; o < (uint64_t)(r + 1) * n_out; o++) {
+			eg = fmax(eg, fabs(yg[o] - ref[o]) / ymax);
+			ec = fmax(ec, fabs((double)yg[o] - yc[o]) / ymax);
+		}
 	}
-	printf("    teal %-5s %5u -> %5u, %u inputs above %.2f: max |cuda - exact| %.2g, "
-	       "|cuda - cpu| %.2g (of max |y|)\n", hyb_type_name(type), n_in, n_out, n_act,
-	       (double)thr, eg, ec);
+	printf("    teal %-5s %5u -> %5u, %2u rows, %u inputs above %.2f: max |cuda - exact| "
+	       "%.2g, |cuda - cpu| %.2g (of max |y|)\n", hyb_type_name(type), n_in, n_out, rows,
+	       n_act, (double)thr, eg, ec);
 	/* float sums of up to 11008 products; the CPU's int8 products: 2^-8 each, random */
 	CHECK_MSG(eg < 1e-5, "%s: cuda differs from the exact sums by %.2g", hyb_type_name(type),
 		  eg);
@@ -1520,12 +1529,15 @@ TEST(gpu_dev_teal)
 
 	need_gpu();
 	for (size_t k = 0; k < sizeof(types) / sizeof(types[0]); k++) {
-		teal_case(types[k], sm ? 512 : 4096, sm ? 768 : 3 * 4096, 0.4f);
-		teal_case(types[k], sm ? 1376 : 11008, sm ? 512 : 4096, 0.6f);
+		teal_case(types[k], sm ? 512 : 4096, sm ? 768 : 3 * 4096, 0.4f, 1);
+		teal_case(types[k], sm ? 1376 : 11008, sm ? 512 : 4096, 0.6f, 1);
 	}
 	/* a threshold that keeps every input, and one that keeps none */
-	teal_case(HYB_TYPE_Q8_0, 1000, 2048, 0.0f);
-	teal_case(HYB_TYPE_Q8_0, 1000, 2048, 2.0f);
+	teal_case(HYB_TYPE_Q8_0, 1000, 2048, 0.0f, 1);
+	teal_case(HYB_TYPE_Q8_0, 1000, 2048, 2.0f, 1);
+	/* a prompt's rows: 5 in one call, 20 in two (16 a call) */
+	teal_case(HYB_TYPE_Q8_0, sm ? 512 : 4096, sm ? 768 : 3 * 4096, 0.4f, 5);
+	teal_case(HYB_TYPE_F16, 1376, 512, 0.6f, 20);
 }
 
 /*
