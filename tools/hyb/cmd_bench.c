@@ -44,7 +44,8 @@ static const char usage[] =
 	"                 [-p PROMPT_TOKENS] [-n DECODE_TOKENS] [-r REPS] [--device cpu|cuda]\n"
 	"  several sequences (docs/HYBRID.md): N decoded one after another, S batched with\n"
 	"  their KV on the device, N batched with S there and N - S attending on the CPU\n"
-	"  (APEX), N batched all on the device; alternating, medians\n"
+	"  (APEX), N batched all on the device; alternating, medians; a plain model:\n"
+	"  one by one and N batched (with --teal: also N dense and N batch-variant)\n"
 	"  hybrid: every policy on the drift workload (a forced topic change every N\n"
 	"  tokens, default 32), against CPU-only sparse decoding, in the same rounds\n";
 
