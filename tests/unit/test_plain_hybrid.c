@@ -472,6 +472,19 @@ static int join_step(int k, int32_t (*toks)[4 + SEQ_STEPS], const int *sa, const
 	return n;
 }
 
+/* SEQS sequences opened in contexts a and b (ids into sa, sb), their prompts of 4 into toks. */
+static void join_open(struct hyb_ctx *a, struct hyb_ctx *b, int *sa, int *sb,
+		      int32_t (*toks)[4 + SEQ_STEPS])
+{
+	for (int s = 0; s < SEQS; s++) {
+		sa[s] = hyb_ctx_seq_open(a, 4 + SEQ_STEPS);
+		sb[s] = hyb_ctx_seq_open(b, 4 + SEQ_STEPS);
+		CHECK(sa[s] >= 0 && sb[s] >= 0);
+		for (int t = 0; t < 4; t++)
+			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
+	}
+}
+
 static int next_at(int k, int s)
 {
 	return k == s ? 4 : 4 + (k - s);
@@ -553,13 +566,9 @@ TEST(plain_hybrid_seqs_decode_the_cpu_bits)
 	CHECK_MSG(pl.plain && pl.ffn_layers > 0 && pl.ffn_layers < m->hp.n_layer &&
 		  pl.attn_layers == 0, "%u FFNs, %u attention blocks", pl.ffn_layers,
 		  pl.attn_layers);
-	for (int s = 0; s < S; s++) {
-		sc[s] = hyb_ctx_seq_open(cc, 4 + STEPS);
-		sh[s] = hyb_ctx_seq_open(ch, 4 + STEPS);
-		CHECK(sc[s] >= 0 && sh[s] == sc[s]);
-		for (int t = 0; t < 4; t++)
-			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
-	}
+	join_open(cc, ch, sc, sh, toks);
+	for (int s = 0; s < S; s++)
+		CHECK(sh[s] == sc[s]);
 	for (int k = 0; k < STEPS; k++) {
 		struct hyb_seq_tokens bc[S], bh[S];
 		int who[S];
@@ -625,13 +634,7 @@ TEST(plain_hybrid_teal_seqs_are_each_alone)
 		  "%s", hyb_last_error());
 	hyb_ctx_hybrid_offload(cb, &pl);
 	CHECK(pl.plain && pl.ffn_layers > 0 && pl.ffn_layers < m->hp.n_layer);
-	for (int s = 0; s < S; s++) {
-		sb[s] = hyb_ctx_seq_open(cb, 4 + STEPS);
-		sd[s] = hyb_ctx_seq_open(cd, 4 + STEPS);
-		CHECK(sb[s] >= 0 && sd[s] >= 0);
-		for (int t = 0; t < 4; t++)
-			toks[s][t] = 3 + (int32_t)((s * 977u + t * 40503u) % 509);
-	}
+	join_open(cb, cd, sb, sd, toks);
 	for (int k = 0; k < STEPS; k++) {
 		struct hyb_seq_tokens bb[S], bd[S];
 		int who[S];
