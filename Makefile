@@ -84,7 +84,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc+
 endif
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
-.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda fuzz module module-clean \
+.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda cudaemu fuzz module module-clean \
 	dkms-install dkms-uninstall
 all: $(LIB) $(SOLIB) $(BUILD)/hyb.pc $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
 
@@ -185,6 +185,34 @@ cuda:
 	@echo "hyb: CUDA toolkit not found (no nvcc on PATH or in /usr/local/cuda): CUDA kernels skipped"
 endif
 
+# The CUDA code without a GPU (docs/CUDAEMU.md): g++ compiles the .cu files,
+# launches rewritten by launch.sed, against cudaemu, a host emulation of the
+# CUDA runtime and of kernel execution; the GPU tests run on it in make test.
+# No nvcc is needed.
+CXX      ?= g++
+EMU      := $(BUILD)/cudaemu
+EMU_BIN  := $(BUILD)/hyb-gpu-tests-emu
+EMU_INC  := -Itests/cudaemu/include -include tests/cudaemu/cudaemu.h
+EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Wno-unknown-pragmas $(WERROR) -pthread -MMD -MP
+EMU_CU_OBJS  := $(patsubst %.cu,$(EMU)/%.o,$(LIB_CU_SRCS) $(HYBD_CU_SRCS) tests/cudaemu/selftest_kernels.cu)
+EMU_TEST_OBJS := $(patsubst %.c,$(EMU)/%.o,$(wildcard tests/gpu/*.c tests/cudaemu/*.c))
+$(EMU)/%.cc: %.cu tests/cudaemu/launch.sed
+	@mkdir -p $(@D)
+	sed -f tests/cudaemu/launch.sed $< > $@
+$(EMU)/%.o: $(EMU)/%.cc tests/cudaemu/cudaemu.h
+	$(CXX) $(CPPFLAGS) $(INTERNAL) -Ikernels/cuda -I$(dir $*) $(EMU_INC) $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU)/tests/cudaemu/cudaemu.o: tests/cudaemu/cudaemu.cc tests/cudaemu/cudaemu.h
+	@mkdir -p $(@D)
+	$(CXX) -D_GNU_SOURCE $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU)/tests/%.o: tests/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(INTERNAL) -I. -Ikernels/cuda -Itests/unit -Itests/cudaemu/include $(CFLAGS) -c $< -o $@
+$(EMU_BIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o \
+		$(BUILD)/tests/unit/rows_fixture.o $(EMU_TEST_OBJS) $(EMU_CU_OBJS) \
+		$(EMU)/tests/cudaemu/cudaemu.o $(HYBDLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ -lstdc++ $(LDLIBS) -o $@
+cudaemu: $(EMU_BIN)
+
 # hybpool.ko against the running kernel's headers, or KDIR=...; the VM bench
 # (tests/vm/run.sh, run by `make test`) builds it against Debian's kernel.
 KDIR ?= /lib/modules/$(shell uname -r)/build
@@ -237,8 +265,10 @@ run: deps
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory -j$$(nproc) all fuzz
+	@$(MAKE) --no-print-directory -j$$(nproc) all fuzz cudaemu
 	$(TESTBIN)
+	# the CUDA code on cudaemu (docs/CUDAEMU.md): the GPU tests, smaller shapes
+	HYB_GPU_TEST_SMALL=1 HYB_DEVICE_STRICT=0 $(EMU_BIN)
 
 bench: deps
 	@bash tools/install-deps.sh bench

@@ -38,6 +38,19 @@ static inline void need_gpu(void)
 }
 
 /*
+ * For a figure of the hardware (bandwidth, latency, copies overtaking
+ * copies): cudaemu, the host emulation `make test` runs these tests on
+ * (docs/CUDAEMU.md), runs every stream in order at the host's speed.
+ */
+static inline void need_gpu_hardware(void)
+{
+#ifdef HYB_CUDAEMU
+	SKIP("a measurement of the GPU: cudaemu runs every stream in order on the host");
+#endif
+	need_gpu();
+}
+
+/*
  * Device-memory bandwidth as a device-to-device copy of 1 GiB gets it,
  * bytes read plus bytes written, best of 5 after a warm-up, timed by
  * events: the ceiling the kernels' GB/s are shares of, measured in the

@@ -554,7 +554,7 @@ TEST(gpu_dev_measure_bw)
 	struct hyb_device *d;
 	struct hyb_device_bw bw;
 
-	need_gpu();
+	need_gpu_hardware();
 	d = open_kind("cuda", 512 * MiB, 0);
 	OK(d, hyb_device_measure_bw(d, 256 * MiB, 3, &bw));
 	fprintf(stderr, "  link %.1f GB/s host to device (pinned), device memory %.0f GB/s "
@@ -786,7 +786,7 @@ TEST(gpu_dev_timing)
 	hyb_dptr lists;
 	double ceil_gbps;
 
-	need_gpu();
+	need_gpu_hardware();
 	ceil_gbps = gpu_copy_gbps();
 	CHECK(ceil_gbps > 0);
 	d = open_kind("cuda", 1024 * MiB, 0);
@@ -1604,7 +1604,7 @@ TEST(gpu_dev_dense_timing)
 	struct hyb_device *d;
 	double peak;
 
-	need_gpu();
+	need_gpu_hardware();
 	peak = gpu_copy_gbps();
 	CHECK(peak > 0);
 	d = open_kind("cuda", 1024 * MiB, 0);
@@ -1751,7 +1751,7 @@ TEST(gpu_dev_layer_chain_timing)
 	uint16_t *c = malloc(2ull * E * n_ctx);
 	double peak, t0 = 0, dt[6];
 
-	need_gpu();
+	need_gpu_hardware();
 	CHECK(hw && hx && c);
 	peak = gpu_copy_gbps();
 	CHECK(peak > 0);
@@ -1864,7 +1864,7 @@ TEST(gpu_dev_critical_copy_jumps_the_reload_burst)
 	struct timespec t0, t1, t2;
 	double crit, burst;
 
-	need_gpu();
+	need_gpu_hardware();
 	d = open_kind("cuda", 256 * MiB, 1 * MiB);
 	hb = hyb_device_host_alloc(d, BURST);
 	hs = hyb_device_host_alloc(d, SMALL);

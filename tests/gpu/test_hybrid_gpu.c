@@ -104,6 +104,24 @@ static double rows_compare(const float *la, const float *lb, int rows, uint32_t 
 	return worst;
 }
 
+/*
+ * The GPU's logits against the CPU device's, row by row: within tol of the
+ * largest, and the greedy tokens the same but for near-ties. A flip needs
+ * a top-two gap under the row's difference, and the flat logits of small
+ * random models give a few of those (7/8 of the rows must agree).
+ */
+static void check_rows(const float *lc, const float *lg, int rows, uint32_t V, double tol,
+		       const char *what)
+{
+	int agree = 0;
+	const double worst = rows_compare(lc, lg, rows, V, &agree);
+
+	printf("    %sgreedy agreement %d/%d, worst logit difference %.2e of the largest\n", what,
+	       agree, rows, worst);
+	CHECK_MSG(worst < tol, "logits differ by %.2e of the largest", worst);
+	CHECK_MSG(agree * 8 >= rows * 7, "greedy agreement %d/%d", agree, rows);
+}
+
 static void compare(enum hyb_policy pol)
 {
 	struct hyb_model *m;
@@ -117,17 +135,11 @@ static void compare(enum hyb_policy pol)
 	struct hyb_hybrid_params cpu = params(m, "cpu", pol), gpu = params(m, "cuda", pol);
 	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
 	int32_t toks[N_GEN];
-	int agree = 0;
-	double worst = 0;
 
 	CHECK(lc && lg);
 	decode(m, &cpu, toks, false, lc);
 	decode(m, &gpu, toks, true, lg);
-	worst = rows_compare(lc, lg, N_GEN, V, &agree);
-	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
-	       N_GEN, worst);
-	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
-	CHECK_MSG(worst < 2e-2, "logits differ by %.2e of the largest", worst);
+	check_rows(lc, lg, N_GEN, V, 2e-2, "");
 	free(lc);
 	free(lg);
 	hyb_model_free(m);
@@ -220,16 +232,13 @@ static void moe_compare(const char *name, const char *shape, const char *type)
 	struct hyb_hybrid_params gpu = cpu;
 	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
 	int32_t toks[N_GEN];
-	int agree = 0;
 
 	gpu.device = "cuda";
 	CHECK(lc && lg);
 	decode(m, &cpu, toks, false, lc);
 	decode(m, &gpu, toks, true, lg);
-	for (int i = 0; i < N_GEN; i++)
-		agree += hyb_test_argmax(lc + (size_t)i * V, V) == hyb_test_argmax(lg + (size_t)i * V, V);
-	printf("    greedy agreement %d/%d\n", agree, N_GEN);
-	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	snprintf(path, sizeof(path), "%s: ", type);
+	check_rows(lc, lg, N_GEN, V, 2e-2, path);
 	free(lc);
 	free(lg);
 	hyb_model_free(m);
@@ -265,7 +274,14 @@ typedef void (*decode_fn)(const struct hyb_model *m, const struct hyb_hybrid_par
 
 /*
  * fn on the CPU device with cpu's parameters, then on the GPU following its
- * tokens: greedy tokens agree but for near-ties (at most 2 of N_GEN).
+ * tokens: greedy tokens agree but for near-ties. The logits within 5e-2:
+ * the CPU's attention sums V in F16 (as llama.cpp's), the GPU's in float,
+ * and SiLU's exp differs by an ulp at times; an activation quantized to
+ * Q8_0 for the next matvec, or a K row rounded to F16, turns such an ulp
+ * into a step of the quantizer now and then (cudaemu: 1.1e-2 to 3.6e-2 of
+ * the largest logit with Q4_0, Q8_0 and Q5_K weights, 7e-4 with F16; the
+ * FFN alone on the device with the prompt on the CPU, 1 layer, Q8_0: the
+ * CPU's bits).
  */
 static void gpu_vs_cpu(const struct hyb_model *m, struct hyb_hybrid_params cpu, decode_fn fn)
 {
@@ -273,17 +289,12 @@ static void gpu_vs_cpu(const struct hyb_model *m, struct hyb_hybrid_params cpu, 
 	struct hyb_hybrid_params gpu = cpu;
 	float *lc = malloc(sizeof(float) * V * N_GEN), *lg = malloc(sizeof(float) * V * N_GEN);
 	int32_t toks[N_GEN];
-	int agree = 0;
-	double worst;
 
 	gpu.device = "cuda";
 	CHECK(lc && lg);
 	fn(m, &cpu, toks, false, lc);
 	fn(m, &gpu, toks, true, lg);
-	worst = rows_compare(lc, lg, N_GEN, V, &agree);
-	printf("    greedy agreement %d/%d, worst logit difference %.2e of the largest\n", agree,
-	       N_GEN, worst);
-	CHECK_MSG(agree >= N_GEN - 2, "greedy agreement %d/%d", agree, N_GEN);
+	check_rows(lc, lg, N_GEN, V, 5e-2, "");
 	free(lc);
 	free(lg);
 }
@@ -430,3 +441,4 @@ TEST(gpu_moe_expert_cache_seqs_match_cpu_device)
 						    .gpu_budget = m->weight_bytes / 3 * 2 });
 	hyb_model_free(m);
 }
+

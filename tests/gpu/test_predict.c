@@ -375,7 +375,7 @@ TEST(gpu_pred_timing)
 	uint32_t *act = malloc(4ull * n_out), cnt, fired = 0;
 	double peak, t0, dt, lat, bytes;
 
-	need_gpu();
+	need_gpu_hardware();
 	CHECK(x && xu && act);
 	peak = gpu_copy_gbps();
 	CHECK(peak > 0);

@@ -1,0 +1,958 @@
+// SPDX-License-Identifier: MIT
+/*
+ * cudaemu's runtime and kernel scheduler (docs/CUDAEMU.md).
+ *
+ * Memory: device allocations are memfd mappings, so an IPC handle can name
+ * one to another process (which maps /proc/PID/fd/N); pinned and
+ * registered host memory is its own device pointer, as with unified
+ * addressing. Every copy checks that the device side of it lies inside one
+ * device allocation: a stray pointer is cudaErrorInvalidValue here, where a
+ * GPU would fault.
+ *
+ * Kernels: a launch runs on the calling host thread, block after block in
+ * a seeded shuffled order. A block's threads are fibers on their own
+ * stacks; a fiber runs until it waits (__syncthreads, a warp op) or ends,
+ * in a seeded order, so reads of shared memory that a barrier does not
+ * order see the wrong writer. Launch limits are the real ones: 1024
+ * threads a block, 48 KiB of dynamic shared memory unless the kernel's
+ * attribute raised it, the device's opt-in maximum.
+ */
+#include "cudaemu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <random>
+#include <vector>
+
+namespace {
+
+/* the emulated device: an H100-like part, as far as hyb's code asks */
+constexpr int EMU_SMS = 132;
+constexpr int EMU_SMEM_DEFAULT = 48 * 1024;
+constexpr int EMU_SMEM_OPTIN = 227 * 1024;
+constexpr int EMU_THREADS_PER_SM = 2048;
+constexpr int EMU_SMEM_PER_SM = 228 * 1024;
+constexpr size_t EMU_STACK = 256 * 1024;
+
+thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t e)
+{
+	if (e != cudaSuccess)
+		last_error = e;
+	return e;
+}
+
+int device_count()
+{
+	const char *s = getenv("HYB_CUDAEMU_DEVICES");
+
+	return s && *s ? atoi(s) : 1;
+}
+
+size_t device_memory()
+{
+	const char *s = getenv("HYB_CUDAEMU_MEM_MB");
+
+	return (s && *s ? strtoull(s, NULL, 10) : 16384) << 20;
+}
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+enum mem_kind { MEM_DEVICE, MEM_IPC, MEM_HOST_ALLOC, MEM_REGISTERED };
+
+struct region {
+	size_t len;
+	mem_kind kind;
+	int fd; /* MEM_DEVICE: the memfd an IPC handle names */
+};
+
+std::mutex mem_lock;
+std::map<uintptr_t, region> regions; /* by start address */
+size_t device_used;
+
+/* the region holding [p, p + n), or NULL */
+const region *find(const void *p, size_t n, uintptr_t *start)
+{
+	const uintptr_t a = (uintptr_t)p;
+	auto it = regions.upper_bound(a);
+
+	if (it == regions.begin())
+		return NULL;
+	--it;
+	if (a - it->first > it->second.len || n > it->second.len - (a - it->first))
+		return NULL;
+	if (start)
+		*start = it->first;
+	return &it->second;
+}
+
+/* the device reaches its own memory and, mapped, pinned host memory */
+bool on_device(const void *p, size_t n)
+{
+	std::lock_guard<std::mutex> g(mem_lock);
+
+	return find(p, n ? n : 1, NULL) != NULL;
+}
+
+/* ---- streams and events ----------------------------------------------------------------- */
+
+constexpr uint32_t STREAM_MAGIC = 0x5354524d, EVENT_MAGIC = 0x45564e54;
+
+double now_ms()
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+} // namespace
+
+struct CUstream_st {
+	uint32_t magic;
+	int priority;
+};
+struct CUevent_st {
+	uint32_t magic;
+	unsigned int flags;
+	bool recorded;
+	double ms;
+};
+
+namespace {
+
+bool stream_ok(cudaStream_t s)
+{
+	return !s || s->magic == STREAM_MAGIC;
+}
+bool event_ok(cudaEvent_t e)
+{
+	return e && e->magic == EVENT_MAGIC;
+}
+
+} // namespace
+
+/* ---- the runtime ------------------------------------------------------------------------ */
+
+extern "C" {
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess: return "no error";
+	case cudaErrorInvalidValue: return "invalid argument";
+	case cudaErrorMemoryAllocation: return "out of memory";
+	case cudaErrorInitializationError: return "initialization error";
+	case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+	case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+	case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+	case cudaErrorInvalidDevice: return "invalid device ordinal";
+	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorNotReady: return "device not ready";
+	case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+	case cudaErrorHostMemoryAlreadyRegistered:
+		return "part or all of the requested memory range is already mapped";
+	case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
+	case cudaErrorLaunchFailure: return "unspecified launch failure";
+	case cudaErrorNotSupported: return "operation not supported";
+	default: return "unknown error";
+	}
+}
+
+cudaError_t cudaGetLastError(void)
+{
+	const cudaError_t e = last_error;
+
+	last_error = cudaSuccess;
+	return e;
+}
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+	if (!n)
+		return fail(cudaErrorInvalidValue);
+	*n = device_count();
+	return *n ? cudaSuccess : fail(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int dev)
+{
+	return dev >= 0 && dev < device_count() ? cudaSuccess : fail(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int dev)
+{
+	if (!v || dev < 0 || dev >= device_count())
+		return fail(!v ? cudaErrorInvalidValue : cudaErrorInvalidDevice);
+	switch (attr) {
+	case cudaDevAttrMultiProcessorCount: *v = EMU_SMS; return cudaSuccess;
+	case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = EMU_SMEM_OPTIN; return cudaSuccess;
+	case cudaDevAttrHostRegisterReadOnlySupported: {
+		const char *s = getenv("HYB_CUDAEMU_NO_READONLY_REGISTER");
+
+		*v = !(s && *s && strcmp(s, "0"));
+		return cudaSuccess;
+	}
+	}
+	return fail(cudaErrorInvalidValue);
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int dev)
+{
+	if (!id || len < 13)
+		return fail(cudaErrorInvalidValue);
+	if (dev < 0 || dev >= device_count())
+		return fail(cudaErrorInvalidDevice);
+	snprintf(id, (size_t)len, "0000:%02x:00.0", 0x18 + dev);
+	return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *id)
+{
+	unsigned int dom, bus, slot, fn;
+
+	if (!dev || !id || sscanf(id, "%x:%x:%x.%x", &dom, &bus, &slot, &fn) != 4)
+		return fail(cudaErrorInvalidValue);
+	if (dom != 0 || slot != 0 || fn != 0 || bus < 0x18 || (int)(bus - 0x18) >= device_count())
+		return fail(cudaErrorInvalidDevice);
+	*dev = (int)(bus - 0x18);
+	return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
+{
+	if (least)
+		*least = 0;
+	if (greatest)
+		*greatest = -5;
+	return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
+{
+	std::lock_guard<std::mutex> g(mem_lock);
+
+	if (!free_b || !total_b)
+		return fail(cudaErrorInvalidValue);
+	*total_b = device_memory();
+	*free_b = *total_b - std::min(device_used, *total_b);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+	static bool raised;
+
+	if (!p)
+		return fail(cudaErrorInvalidValue);
+	*p = NULL;
+	if (n == 0)
+		return cudaSuccess;
+	std::lock_guard<std::mutex> g(mem_lock);
+	if (!raised) { /* a memfd per allocation: room for many */
+		struct rlimit rl;
+
+		if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+			rl.rlim_cur = rl.rlim_max;
+			setrlimit(RLIMIT_NOFILE, &rl);
+		}
+		raised = true;
+	}
+	const size_t len = (n + 4095) & ~(size_t)4095;
+	if (len > device_memory() - std::min(device_used, device_memory()))
+		return fail(cudaErrorMemoryAllocation);
+	const int fd = memfd_create("cudaemu", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)len) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED) {
+		close(fd);
+		return fail(cudaErrorMemoryAllocation);
+	}
+	regions[(uintptr_t)m] = region{len, MEM_DEVICE, fd};
+	device_used += len;
+	*p = m;
+	return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *p)
+{
+	if (!p)
+		return cudaSuccess;
+	std::lock_guard<std::mutex> g(mem_lock);
+	auto it = regions.find((uintptr_t)p);
+	if (it == regions.end() || it->second.kind != MEM_DEVICE)
+		return fail(cudaErrorInvalidValue);
+	munmap(p, it->second.len);
+	close(it->second.fd);
+	device_used -= it->second.len;
+	regions.erase(it);
+	return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
+{
+	if (!p || (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | 0x04)))
+		return fail(cudaErrorInvalidValue);
+	*p = NULL;
+	const size_t len = (n + 4095) & ~(size_t)4095;
+	void *m = mmap(NULL, len ? len : 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+		       -1, 0);
+	if (m == MAP_FAILED)
+		return fail(cudaErrorMemoryAllocation);
+	std::lock_guard<std::mutex> g(mem_lock);
+	regions[(uintptr_t)m] = region{len ? len : 4096, MEM_HOST_ALLOC, -1};
+	*p = m;
+	return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+	if (!p)
+		return cudaSuccess;
+	std::lock_guard<std::mutex> g(mem_lock);
+	auto it = regions.find((uintptr_t)p);
+	if (it == regions.end() || it->second.kind != MEM_HOST_ALLOC)
+		return fail(cudaErrorInvalidValue);
+	munmap(p, it->second.len);
+	regions.erase(it);
+	return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
+{
+	const unsigned int known = cudaHostRegisterPortable | cudaHostRegisterMapped |
+				   cudaHostRegisterReadOnly | 0x04 /* IoMemory */;
+	int ro = 0;
+
+	if (!p || !n || (flags & ~known))
+		return fail(cudaErrorInvalidValue);
+	if ((flags & cudaHostRegisterReadOnly) &&
+	    (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, 0) != cudaSuccess ||
+	     !ro))
+		return fail(cudaErrorNotSupported);
+	std::lock_guard<std::mutex> g(mem_lock);
+	const uintptr_t a = (uintptr_t)p;
+	auto it = regions.lower_bound(a);
+	if (it != regions.end() && it->first < a + n)
+		return fail(cudaErrorHostMemoryAlreadyRegistered);
+	if (it != regions.begin() && (--it)->first + it->second.len > a)
+		return fail(cudaErrorHostMemoryAlreadyRegistered);
+	regions[a] = region{n, MEM_REGISTERED, -1};
+	return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *p)
+{
+	std::lock_guard<std::mutex> g(mem_lock);
+	auto it = regions.find((uintptr_t)p);
+
+	if (it == regions.end() || it->second.kind != MEM_REGISTERED)
+		return fail(cudaErrorHostMemoryNotRegistered);
+	regions.erase(it);
+	return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned int flags)
+{
+	if (!d || flags)
+		return fail(cudaErrorInvalidValue);
+	std::lock_guard<std::mutex> g(mem_lock);
+	const region *r = find(h, 1, NULL);
+	if (!r || (r->kind != MEM_HOST_ALLOC && r->kind != MEM_REGISTERED))
+		return fail(cudaErrorInvalidValue);
+	*d = h;
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+			    cudaStream_t s)
+{
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	if (!n)
+		return cudaSuccess;
+	if (!dst || !src)
+		return fail(cudaErrorInvalidValue);
+	switch (kind) {
+	case cudaMemcpyHostToDevice:
+		if (!on_device(dst, n))
+			return fail(cudaErrorInvalidValue);
+		break;
+	case cudaMemcpyDeviceToHost:
+		if (!on_device(src, n))
+			return fail(cudaErrorInvalidValue);
+		break;
+	case cudaMemcpyDeviceToDevice:
+		if (!on_device(src, n) || !on_device(dst, n))
+			return fail(cudaErrorInvalidValue);
+		break;
+	case cudaMemcpyHostToHost:
+	case cudaMemcpyDefault:
+		break;
+	default:
+		return fail(cudaErrorInvalidValue);
+	}
+	memmove(dst, src, n);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
+{
+	return cudaMemcpyAsync(dst, src, n, kind, NULL);
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
+{
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	if (!n)
+		return cudaSuccess;
+	if (!on_device(p, n))
+		return fail(cudaErrorInvalidValue);
+	memset(p, v, n);
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+	return cudaMemsetAsync(p, v, n, NULL);
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags, int priority)
+{
+	if (!s || (flags & ~(unsigned)cudaStreamNonBlocking))
+		return fail(cudaErrorInvalidValue);
+	*s = new CUstream_st{STREAM_MAGIC, std::max(-5, std::min(0, priority))};
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+	if (!s || s->magic != STREAM_MAGIC)
+		return fail(cudaErrorInvalidResourceHandle);
+	s->magic = 0;
+	delete s;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+	return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
+{
+	if (!stream_ok(s) || !event_ok(e))
+		return fail(cudaErrorInvalidResourceHandle);
+	return flags ? fail(cudaErrorInvalidValue) : cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+	if (!e || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | 0x04)))
+		return fail(cudaErrorInvalidValue);
+	*e = new CUevent_st{EVENT_MAGIC, flags, false, 0};
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+	if (!event_ok(e))
+		return fail(cudaErrorInvalidResourceHandle);
+	e->magic = 0;
+	delete e;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+	if (!event_ok(e) || !stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	e->recorded = true;
+	e->ms = now_ms();
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e)
+{
+	return event_ok(e) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+	return event_ok(e) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+	if (!ms)
+		return fail(cudaErrorInvalidValue);
+	if (!event_ok(a) || !event_ok(b) || ((a->flags | b->flags) & cudaEventDisableTiming))
+		return fail(cudaErrorInvalidResourceHandle);
+	if (!a->recorded || !b->recorded)
+		return fail(cudaErrorInvalidResourceHandle);
+	*ms = (float)(b->ms - a->ms);
+	return cudaSuccess;
+}
+
+/* ---- IPC: the handle names the allocation's memfd in its process ---------------------- */
+
+struct ipc_handle {
+	char magic[8];
+	int32_t pid, fd;
+	uint64_t len;
+};
+static_assert(sizeof(ipc_handle) <= sizeof(cudaIpcMemHandle_t), "handle fits");
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
+{
+	uintptr_t start;
+
+	if (!h)
+		return fail(cudaErrorInvalidValue);
+	std::lock_guard<std::mutex> g(mem_lock);
+	const region *r = find(p, 1, &start);
+	if (!r || r->kind != MEM_DEVICE || start != (uintptr_t)p)
+		return fail(cudaErrorInvalidValue);
+	ipc_handle ih = {{'c', 'u', 'd', 'a', 'e', 'm', 'u', 0}, (int32_t)getpid(), r->fd, r->len};
+	memset(h, 0, sizeof *h);
+	memcpy(h, &ih, sizeof ih);
+	return cudaSuccess;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags)
+{
+	ipc_handle ih;
+	char path[64];
+
+	if (!p || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess))
+		return fail(cudaErrorInvalidValue);
+	memcpy(&ih, &h, sizeof ih);
+	if (memcmp(ih.magic, "cudaemu", 8) != 0 || !ih.len)
+		return fail(cudaErrorInvalidValue);
+	if (ih.pid == getpid()) /* as the real runtime: not in the process that made it */
+		return fail(cudaErrorInvalidValue);
+	snprintf(path, sizeof path, "/proc/%d/fd/%d", (int)ih.pid, (int)ih.fd);
+	const int fd = open(path, O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return fail(cudaErrorInvalidValue);
+	struct stat st;
+	void *m = MAP_FAILED;
+	if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == ih.len)
+		m = mmap(NULL, ih.len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return fail(cudaErrorInvalidValue);
+	std::lock_guard<std::mutex> g(mem_lock);
+	regions[(uintptr_t)m] = region{ih.len, MEM_IPC, -1};
+	*p = m;
+	return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *p)
+{
+	std::lock_guard<std::mutex> g(mem_lock);
+	auto it = regions.find((uintptr_t)p);
+
+	if (it == regions.end() || it->second.kind != MEM_IPC)
+		return fail(cudaErrorInvalidValue);
+	munmap(p, it->second.len);
+	regions.erase(it);
+	return cudaSuccess;
+}
+
+} // extern "C"
+
+/* ---- kernels' attributes ---------------------------------------------------------------- */
+
+namespace {
+std::mutex attr_lock;
+std::map<const void *, int> max_dyn_smem;
+
+int dyn_smem_limit(const void *kernel)
+{
+	std::lock_guard<std::mutex> g(attr_lock);
+	auto it = max_dyn_smem.find(kernel);
+
+	return it == max_dyn_smem.end() ? EMU_SMEM_DEFAULT : it->second;
+}
+} // namespace
+
+cudaError_t hyb_emu_func_set_attribute(const void *func, cudaFuncAttribute attr, int value)
+{
+	if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+	    value > EMU_SMEM_OPTIN)
+		return fail(cudaErrorInvalidValue);
+	std::lock_guard<std::mutex> g(attr_lock);
+	max_dyn_smem[func] = value;
+	return cudaSuccess;
+}
+
+/* threads and shared memory only: the emulation knows no register counts */
+cudaError_t hyb_emu_occupancy(int *blocks, const void *func, int threads, size_t smem)
+{
+	if (!blocks || !func || threads < 1 || threads > 1024)
+		return fail(cudaErrorInvalidValue);
+	const int by_threads = EMU_THREADS_PER_SM / ((threads + 31) / 32 * 32);
+	const int by_smem = (int)(EMU_SMEM_PER_SM / (smem + 1024));
+	*blocks = std::min(std::min(by_threads, by_smem), 32);
+	return cudaSuccess;
+}
+
+/* ---- half conversions, as the GPU rounds ------------------------------------------------ */
+
+__attribute__((target("f16c"))) float hyb_emu_h2f(unsigned short h)
+{
+	return _cvtsh_ss(h);
+}
+
+__attribute__((target("f16c"))) unsigned short hyb_emu_f2h(float f)
+{
+	return (unsigned short)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
+
+/* ---- fibers ----------------------------------------------------------------------------- */
+
+/*
+ * hyb_emu_swap(save, next): saves the callee-saved registers, the SSE and
+ * x87 control words and the stack pointer into *save, and resumes next.
+ * A new fiber's stack is made to look as if it had called hyb_emu_swap
+ * from hyb_emu_trampoline, which calls the function in r13.
+ */
+extern "C" void hyb_emu_swap(void **save, void *next);
+extern "C" void hyb_emu_trampoline(void);
+__asm__(".text\n"
+	".globl hyb_emu_swap\n"
+	".type hyb_emu_swap, @function\n"
+	"hyb_emu_swap:\n"
+	"	pushq %rbp\n"
+	"	pushq %rbx\n"
+	"	pushq %r12\n"
+	"	pushq %r13\n"
+	"	pushq %r14\n"
+	"	pushq %r15\n"
+	"	subq $8, %rsp\n"
+	"	stmxcsr (%rsp)\n"
+	"	fnstcw 4(%rsp)\n"
+	"	movq %rsp, (%rdi)\n"
+	"	movq %rsi, %rsp\n"
+	"	ldmxcsr (%rsp)\n"
+	"	fldcw 4(%rsp)\n"
+	"	addq $8, %rsp\n"
+	"	popq %r15\n"
+	"	popq %r14\n"
+	"	popq %r13\n"
+	"	popq %r12\n"
+	"	popq %rbx\n"
+	"	popq %rbp\n"
+	"	ret\n"
+	".size hyb_emu_swap, .-hyb_emu_swap\n"
+	".globl hyb_emu_trampoline\n"
+	".type hyb_emu_trampoline, @function\n"
+	"hyb_emu_trampoline:\n"
+	"	callq *%r13\n"
+	"	ud2\n"
+	".size hyb_emu_trampoline, .-hyb_emu_trampoline\n");
+
+thread_local struct hyb_emu_thread *hyb_emu_cur_thread;
+thread_local struct hyb_emu_block *hyb_emu_cur_block;
+
+namespace {
+
+enum fiber_state { F_RUN, F_BAR, F_WARP, F_DONE };
+
+struct fiber {
+	hyb_emu_thread t;
+	void *sp;
+	fiber_state state;
+};
+
+struct warp {
+	unsigned int gen, arrived, mask, exited;
+	int kind;
+	uint64_t vals[2][32];
+};
+
+struct block_run {
+	hyb_emu_block b;
+	const char *kernel;
+	const std::function<void()> *body;
+	std::vector<fiber> f;
+	std::vector<warp> w;
+	std::vector<uint32_t> order;
+	int live, at_bar;
+	void *sched_sp;
+	fiber *cur;
+};
+
+thread_local block_run *run_now;
+thread_local std::vector<char *> stacks;
+
+[[noreturn]] void die(const char *what)
+{
+	const block_run *r = run_now;
+
+	if (r && r->cur)
+		fprintf(stderr,
+			"cudaemu: kernel %s, block (%u,%u,%u), thread (%u,%u,%u): %s\n",
+			r->kernel, r->b.bid.x, r->b.bid.y, r->b.bid.z, r->cur->t.tid.x,
+			r->cur->t.tid.y, r->cur->t.tid.z, what);
+	else
+		fprintf(stderr, "cudaemu: kernel %s: %s\n", r ? r->kernel : "?", what);
+	abort();
+}
+
+char *stack_for(size_t i)
+{
+	while (stacks.size() <= i) {
+		char *m = (char *)mmap(NULL, EMU_STACK + 4096, PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (m == MAP_FAILED)
+			die("no memory for a thread's stack");
+		mprotect(m, 4096, PROT_NONE); /* a guard below: an overflow faults */
+		stacks.push_back(m);
+	}
+	return stacks[i];
+}
+
+void yield_to_scheduler()
+{
+	block_run *r = run_now;
+
+	hyb_emu_swap(&r->cur->sp, r->sched_sp);
+}
+
+void release(block_run *r, fiber_state from, int warp_index)
+{
+	for (fiber &x : r->f)
+		if (x.state == from && (warp_index < 0 || (int)x.t.warp == warp_index))
+			x.state = F_RUN;
+}
+
+extern "C" void hyb_emu_fiber_main(void)
+{
+	block_run *r = run_now;
+	fiber *me = r->cur;
+
+	(*r->body)();
+	me->state = F_DONE;
+	r->live--;
+	warp &w = r->w[me->t.warp];
+	w.exited |= 1u << me->t.lane;
+	if (w.arrived && (w.mask >> me->t.lane & 1))
+		die("exits while its warp waits for it in a warp op");
+	if (r->at_bar && r->at_bar == r->live) {
+		r->at_bar = 0;
+		release(r, F_BAR, -1);
+	}
+	hyb_emu_swap(&me->sp, r->sched_sp);
+	__builtin_unreachable();
+}
+
+void start_fiber(block_run *r, fiber *x, size_t i)
+{
+	char *top = stack_for(i) + 4096 + EMU_STACK;
+	uint64_t *sp0 = (uint64_t *)((uintptr_t)top & ~(uintptr_t)15) - 2;
+	uint32_t csr[2];
+
+	(void)r;
+	__asm__("stmxcsr %0" : "=m"(csr[0]));
+	csr[1] = 0x037f;
+	sp0[-1] = (uint64_t)(uintptr_t)hyb_emu_trampoline; /* ret */
+	sp0[-2] = 0; /* rbp */
+	sp0[-3] = 0; /* rbx */
+	sp0[-4] = 0; /* r12 */
+	sp0[-5] = (uint64_t)(uintptr_t)hyb_emu_fiber_main; /* r13 */
+	sp0[-6] = 0; /* r14 */
+	sp0[-7] = 0; /* r15 */
+	memcpy(&sp0[-8], csr, 8);
+	x->sp = &sp0[-8];
+	x->state = F_RUN;
+}
+
+uint64_t seed_base()
+{
+	const char *s = getenv("HYB_CUDAEMU_SEED");
+
+	return s && *s ? strtoull(s, NULL, 0) : 1;
+}
+
+void run_block(block_run *r, uint32_t n)
+{
+	std::mt19937_64 rng(seed_base() * 0x9e3779b97f4a7c15ull ^
+			    ((uint64_t)r->b.bid.x << 40 ^ (uint64_t)r->b.bid.y << 20 ^ r->b.bid.z));
+
+	for (uint32_t i = 0; i < n; i++) {
+		fiber &x = r->f[i];
+
+		x.t.tid = uint3{i % r->b.bdim.x, i / r->b.bdim.x % r->b.bdim.y,
+				i / (r->b.bdim.x * r->b.bdim.y)};
+		x.t.lane = i % 32;
+		x.t.warp = i / 32;
+		start_fiber(r, &x, i);
+	}
+	for (warp &w : r->w)
+		w = warp{};
+	for (uint32_t i = 0; i < n; i++)
+		r->order[i] = i;
+	std::shuffle(r->order.begin(), r->order.end(), rng);
+	r->live = (int)n;
+	r->at_bar = 0;
+	while (r->live > 0) {
+		bool ran = false;
+
+		for (uint32_t k = 0; k < n; k++) {
+			fiber *x = &r->f[r->order[k]];
+
+			while (x->state == F_RUN) {
+				r->cur = x;
+				hyb_emu_cur_thread = &x->t;
+				hyb_emu_swap(&r->sched_sp, x->sp);
+				ran = true;
+			}
+		}
+		if (!ran && r->live > 0) {
+			int bar = 0, wop = 0;
+
+			for (const fiber &x : r->f)
+				bar += x.state == F_BAR, wop += x.state == F_WARP;
+			char msg[160];
+			snprintf(msg, sizeof msg,
+				 "deadlock: %d threads wait at __syncthreads, %d in warp ops, %d exited",
+				 bar, wop, (int)n - r->live);
+			r->cur = NULL;
+			die(msg);
+		}
+	}
+	r->cur = NULL;
+}
+
+} // namespace
+
+void hyb_emu_syncthreads(void)
+{
+	block_run *r = run_now;
+
+	if (!r || !r->cur)
+		die("__syncthreads outside a kernel");
+	if (++r->at_bar == r->live) {
+		r->at_bar = 0;
+		release(r, F_BAR, -1);
+		return;
+	}
+	r->cur->state = F_BAR;
+	yield_to_scheduler();
+}
+
+void hyb_emu_warp_op(unsigned int mask, int kind, uint64_t v, uint64_t vals[32])
+{
+	block_run *r = run_now;
+
+	if (!r || !r->cur)
+		die("a warp op outside a kernel");
+	fiber *me = r->cur;
+	warp &w = r->w[me->t.warp];
+	const uint32_t n = (uint32_t)r->f.size(), first = me->t.warp * 32;
+	const unsigned int have = n - first >= 32 ? 0xffffffffu : (1u << (n - first)) - 1;
+
+	if (!(mask >> me->t.lane & 1))
+		die("calls a warp op with a mask that leaves out its own lane");
+	if (mask & ~have)
+		die("a warp op's mask names lanes the block does not have");
+	if (mask & w.exited)
+		die("a warp op waits for a lane that has exited");
+	if (w.arrived && (w.mask != mask || w.kind != kind))
+		die("divergent warp ops: the lanes of one warp wait in different ones");
+	w.mask = mask;
+	w.kind = kind;
+	const unsigned int g = w.gen;
+	w.vals[g & 1][me->t.lane] = v;
+	w.arrived |= 1u << me->t.lane;
+	if (w.arrived == mask) {
+		w.arrived = 0;
+		w.gen++;
+		release(r, F_WARP, (int)me->t.warp);
+	} else {
+		me->state = F_WARP;
+		yield_to_scheduler();
+	}
+	memcpy(vals, w.vals[g & 1], sizeof w.vals[0]);
+}
+
+void hyb_emu_run(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem,
+		 cudaStream_t s, const std::function<void()> &body)
+{
+	const uint64_t threads = (uint64_t)block.x * block.y * block.z;
+	const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+
+	if (!stream_ok(s)) {
+		fail(cudaErrorInvalidResourceHandle);
+		return;
+	}
+	if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
+	    blocks == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+		fail(cudaErrorInvalidConfiguration);
+		return;
+	}
+	if (smem > (size_t)dyn_smem_limit(kernel)) {
+		fail(cudaErrorInvalidValue);
+		return;
+	}
+	if (run_now) {
+		fprintf(stderr, "cudaemu: kernel %s launched from inside a kernel\n", name);
+		abort();
+	}
+	block_run r;
+	r.kernel = name;
+	r.body = &body;
+	r.f.resize(threads);
+	r.w.resize((threads + 31) / 32);
+	r.order.resize(threads);
+	std::vector<unsigned char> dyn(smem + 16);
+	r.b.bdim = uint3{block.x, block.y, block.z};
+	r.b.gdim = uint3{grid.x, grid.y, grid.z};
+	r.b.dyn_smem = dyn.data();
+	r.cur = NULL;
+
+	std::vector<uint64_t> border(blocks);
+	for (uint64_t i = 0; i < blocks; i++)
+		border[i] = i;
+	std::mt19937_64 rng(seed_base() ^ (uint64_t)(uintptr_t)kernel);
+	std::shuffle(border.begin(), border.end(), rng);
+
+	run_now = &r;
+	hyb_emu_cur_block = &r.b;
+	for (uint64_t i : border) {
+		r.b.bid = uint3{(unsigned)(i % grid.x), (unsigned)(i / grid.x % grid.y),
+				(unsigned)(i / ((uint64_t)grid.x * grid.y))};
+		memset(dyn.data(), 0xff, dyn.size()); /* shared memory starts as garbage: NaNs */
+		run_block(&r, (uint32_t)threads);
+	}
+	run_now = NULL;
+	hyb_emu_cur_block = NULL;
+	hyb_emu_cur_thread = NULL;
+}

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT
+/*
+ * cudaemu itself (docs/CUDAEMU.md): that a kernel sees CUDA's semantics -
+ * barriers, warp ops, launch limits, device memory, IPC - and that code
+ * which breaks them fails here as it would on a GPU, or worse.
+ */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "selftest.h"
+#include "test.h"
+
+static void *dev_alloc(size_t n)
+{
+	void *p = NULL;
+
+	CHECK_EQ_INT(cudaMalloc(&p, n), cudaSuccess);
+	return p;
+}
+
+/* each seed orders the threads otherwise: the barrier's result never moves, its absence's does */
+TEST(cudaemu_barrier_orders_shared_memory)
+{
+	enum { N = 256, B = 3 };
+	int in[N * B], out[N * B];
+	int *din = dev_alloc(sizeof(in)), *dout = dev_alloc(sizeof(out));
+	int wrong_without = 0;
+
+	for (int i = 0; i < N * B; i++)
+		in[i] = i * 7 + 1;
+	CHECK_EQ_INT(cudaMemcpy(din, in, sizeof(in), cudaMemcpyHostToDevice), cudaSuccess);
+	for (int seed = 1; seed <= 4; seed++) {
+		char s[16];
+
+		snprintf(s, sizeof(s), "%d", seed);
+		setenv("HYB_CUDAEMU_SEED", s, 1);
+		for (int barrier = 1; barrier >= 0; barrier--) {
+			int bad = 0;
+
+			CHECK_EQ_INT(emu_reverse(din, dout, N, B, barrier), cudaSuccess);
+			CHECK_EQ_INT(cudaMemcpy(out, dout, sizeof(out), cudaMemcpyDeviceToHost),
+				     cudaSuccess);
+			for (int b = 0; b < B; b++)
+				for (int t = 0; t < N; t++)
+					bad += out[b * N + t] != in[b * N + N - 1 - t];
+			if (barrier)
+				CHECK_MSG(bad == 0, "seed %d: %d wrong with the barrier", seed, bad);
+			else
+				wrong_without += bad;
+		}
+	}
+	printf("    without the barrier: %d of %d values wrong over 4 seeds\n", wrong_without,
+	       4 * N * B);
+	CHECK(wrong_without > 0);
+	unsetenv("HYB_CUDAEMU_SEED");
+	cudaFree(din);
+	cudaFree(dout);
+}
+
+TEST(cudaemu_warp_ops_move_the_lanes_values)
+{
+	int out[64 * 6], *d = dev_alloc(sizeof(out));
+
+	CHECK_EQ_INT(emu_warp_ops(d), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpy(out, d, sizeof(out), cudaMemcpyDeviceToHost), cudaSuccess);
+	for (int t = 0; t < 64; t++) {
+		const int lane = t % 32, *o = out + t * 6;
+		unsigned ballot = 0;
+
+		for (int l = 0; l < 32; l++)
+			if ((l + t / 32) & 1)
+				ballot |= 1u << l;
+		CHECK_EQ_INT(o[0], lane ^ 5);
+		CHECK_EQ_INT(o[1], lane >= 3 ? lane - 3 : lane);
+		CHECK_EQ_INT(o[2], lane % 16 + 3 < 16 ? lane + 3 : lane); /* width 16 */
+		CHECK_EQ_INT(o[3], (lane / 8 * 8 + 7) * 10);               /* width 8 */
+		CHECK_EQ_INT((unsigned)o[4], ballot);
+		CHECK_EQ_INT(o[5], 31 * 32 / 2);
+	}
+	cudaFree(d);
+}
+
+/* what a GPU hangs on or leaves undefined ends the process with a message naming the kernel */
+static void expect_abort(int (*fn)(void *), void *arg, const char *what)
+{
+	const pid_t pid = fork();
+	int st = 0;
+
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		fn(arg);
+		cudaDeviceSynchronize();
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid);
+	CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "%s: status %#x", what, st);
+}
+
+static int divergent(void *p)
+{
+	return emu_divergent_shuffle(p);
+}
+
+static int deadlock(void *p)
+{
+	(void)p;
+	return emu_deadlock();
+}
+
+TEST(cudaemu_divergent_warp_op_and_deadlock_abort)
+{
+	int *d = dev_alloc(32 * sizeof(int));
+
+	expect_abort(divergent, d, "a shuffle waiting for lanes that left");
+	expect_abort(deadlock, NULL, "a barrier and a warp op waiting for each other");
+	cudaFree(d);
+}
+
+TEST(cudaemu_launch_limits_are_the_gpus)
+{
+	int out[32], *d = dev_alloc(sizeof(out));
+
+	CHECK_EQ_INT(emu_launch_shape(1, 1, 1024, 1, 1), cudaSuccess);
+	CHECK_EQ_INT(emu_launch_shape(1, 1, 1025, 1, 1), cudaErrorInvalidConfiguration);
+	CHECK_EQ_INT(emu_launch_shape(1, 1, 32, 32, 2), cudaErrorInvalidConfiguration);
+	CHECK_EQ_INT(emu_launch_shape(1, 1, 1, 1, 65), cudaErrorInvalidConfiguration);
+	CHECK_EQ_INT(emu_launch_shape(1, 65536, 1, 1, 1), cudaErrorInvalidConfiguration);
+	CHECK_EQ_INT(emu_launch_shape(0, 1, 32, 1, 1), cudaErrorInvalidConfiguration);
+	CHECK_EQ_INT(cudaGetLastError(), cudaSuccess); /* read, then cleared */
+	/* 48 KiB of dynamic shared memory unless the kernel's attribute allows more */
+	CHECK_EQ_INT(emu_dyn_smem(d, 48 << 10, 0), cudaSuccess);
+	CHECK_EQ_INT(emu_dyn_smem(d, 64 << 10, 0), cudaErrorInvalidValue);
+	CHECK_EQ_INT(emu_dyn_smem(d, 300 << 10, 1), cudaErrorInvalidValue);
+	CHECK_EQ_INT(emu_dyn_smem(d, 64 << 10, 1), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpy(out, d, sizeof(out), cudaMemcpyDeviceToHost), cudaSuccess);
+	for (int t = 0; t < 32; t++)
+		CHECK_EQ_INT(out[t], 31 - t);
+	cudaFree(d);
+}
+
+TEST(cudaemu_copies_stay_inside_device_memory)
+{
+	size_t free0, free1, total;
+	char host[8192] = { 1 }, *d;
+	void *pinned = NULL;
+
+	CHECK_EQ_INT(cudaMemGetInfo(&free0, &total), cudaSuccess);
+	d = dev_alloc(4096);
+	CHECK_EQ_INT(cudaMemGetInfo(&free1, &total), cudaSuccess);
+	CHECK(free1 + 4096 == free0);
+	CHECK_EQ_INT(cudaMemcpy(d, host, 4096, cudaMemcpyHostToDevice), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpy(d + 1, host, 4096, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaMemcpy(host, host + 4096, 16, cudaMemcpyHostToDevice),
+		     cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaMemcpy(host, d, 4097, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaMemset(host, 0, 16), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaFree(host), cudaErrorInvalidValue);
+	/* registered host memory is the device's to reach, once */
+	CHECK_EQ_INT(cudaHostRegister(host, 4096, cudaHostRegisterPortable), cudaSuccess);
+	CHECK_EQ_INT(cudaHostRegister(host + 100, 16, 0), cudaErrorHostMemoryAlreadyRegistered);
+	CHECK_EQ_INT(cudaMemcpy(d, host, 4096, cudaMemcpyDeviceToDevice), cudaSuccess);
+	CHECK_EQ_INT(cudaHostUnregister(host), cudaSuccess);
+	CHECK_EQ_INT(cudaHostUnregister(host), cudaErrorHostMemoryNotRegistered);
+	CHECK_EQ_INT(cudaHostAlloc(&pinned, 100, cudaHostAllocMapped), cudaSuccess);
+	CHECK_EQ_INT(cudaMemset(pinned, 3, 100), cudaSuccess);
+	CHECK_EQ_INT(cudaFreeHost(pinned), cudaSuccess);
+	CHECK_EQ_INT(cudaFree(d), cudaSuccess);
+	CHECK_EQ_INT(cudaMemGetInfo(&free1, &total), cudaSuccess);
+	CHECK(free1 == free0);
+	cudaGetLastError();
+}
+
+/* another process maps the allocation by its handle and writes what this one reads */
+TEST(cudaemu_ipc_handle_maps_in_another_process)
+{
+	cudaIpcMemHandle_t h;
+	unsigned char back[4096];
+	unsigned char *d = dev_alloc(1 << 20);
+	void *self = NULL;
+	int st = 0;
+
+	CHECK_EQ_INT(cudaMemset(d, 0, 1 << 20), cudaSuccess);
+	CHECK_EQ_INT(cudaIpcGetMemHandle(&h, d), cudaSuccess);
+	CHECK_EQ_INT(cudaIpcGetMemHandle(&h, d + 64), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaIpcGetMemHandle(&h, d), cudaSuccess);
+	CHECK_EQ_INT(cudaIpcOpenMemHandle(&self, h, cudaIpcMemLazyEnablePeerAccess),
+		     cudaErrorInvalidValue); /* not in the process that made it */
+	const pid_t pid = fork();
+	CHECK(pid >= 0);
+	if (pid == 0) {
+		void *p = NULL;
+
+		if (cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess ||
+		    cudaMemset((char *)p + 4096, 0x5a, 4096) != cudaSuccess ||
+		    cudaIpcCloseMemHandle(p) != cudaSuccess)
+			_exit(1);
+		_exit(0);
+	}
+	CHECK(waitpid(pid, &st, 0) == pid);
+	CHECK_MSG(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %#x", st);
+	CHECK_EQ_INT(cudaMemcpy(back, d + 4096, 4096, cudaMemcpyDeviceToHost), cudaSuccess);
+	for (int i = 0; i < 4096; i++)
+		CHECK_EQ_INT(back[i], 0x5a);
+	cudaFree(d);
+}
