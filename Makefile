@@ -208,10 +208,13 @@ $(EMU)/tests/%.o: tests/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(INTERNAL) -I. -Ikernels/cuda -Itests/unit -Itests/cudaemu/include $(CFLAGS) -c $< -o $@
 $(EMU_BIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o \
-		$(BUILD)/tests/unit/rows_fixture.o $(EMU_TEST_OBJS) $(EMU_CU_OBJS) \
+		$(BUILD)/tests/unit/rows_fixture.o $(BUILD)/tests/unit/shell_fixture.o $(EMU_TEST_OBJS) $(EMU_CU_OBJS) \
 		$(EMU)/tests/cudaemu/cudaemu.o $(HYBDLIB) $(LIB)
 	$(CC) $(CFLAGS) $^ -lstdc++ $(LDLIBS) -o $@
-cudaemu: $(EMU_BIN)
+# hyb itself on cudaemu: its --device cuda paths, end to end (tests/cudaemu/test_cudaemu.c)
+$(EMU)/hyb: $(HYB_OBJS) $(patsubst %.cu,$(EMU)/%.o,$(LIB_CU_SRCS)) $(EMU)/tests/cudaemu/cudaemu.o $(LIB)
+	$(CC) $(CFLAGS) $^ -lstdc++ $(SERVE_LIBS) $(LDLIBS) -o $@
+cudaemu: $(EMU_BIN) $(EMU)/hyb
 
 # hybpool.ko against the running kernel's headers, or KDIR=...; the VM bench
 # (tests/vm/run.sh, run by `make test`) builds it against Debian's kernel.
@@ -269,6 +272,11 @@ test: deps
 	$(TESTBIN)
 	# the CUDA code on cudaemu (docs/CUDAEMU.md): the GPU tests, smaller shapes
 	HYB_GPU_TEST_SMALL=1 HYB_DEVICE_STRICT=0 $(EMU_BIN)
+	# ... the kernels' own tests again with the threads in another order
+	HYB_CUDAEMU_SEED=2 HYB_GPU_TEST_SMALL=1 HYB_DEVICE_STRICT=0 $(EMU_BIN) _odd matvec attention \
+		teal ffn_act gpu_pred cudaemu_barrier cudaemu_warp
+	# ... and hybd's copy engine where the GPU cannot register host memory read-only
+	HYB_CUDAEMU_NO_READONLY_REGISTER=1 $(EMU_BIN) copydev_cuda
 
 bench: deps
 	@bash tools/install-deps.sh bench

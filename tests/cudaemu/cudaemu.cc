@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -77,7 +78,10 @@ enum mem_kind { MEM_DEVICE, MEM_IPC, MEM_HOST_ALLOC, MEM_REGISTERED };
 struct region {
 	size_t len;
 	mem_kind kind;
-	int fd; /* MEM_DEVICE: the memfd an IPC handle names */
+	int fd;          /* MEM_DEVICE: the memfd an IPC handle names */
+	void *map;       /* MEM_DEVICE, MEM_IPC: the mapping, guard pages included */
+	size_t map_len;
+	size_t file_len; /* the memfd's size; the allocation ends where it does */
 };
 
 std::mutex mem_lock;
@@ -278,7 +282,12 @@ cudaError_t cudaMalloc(void **p, size_t n)
 		}
 		raised = true;
 	}
-	const size_t len = (n + 4095) & ~(size_t)4095;
+	/*
+	 * The allocation ends where its last page does, a guard page after it
+	 * and one before: a kernel reading or writing more than 255 bytes past
+	 * its end (CUDA aligns to 256) faults, and the fault names the kernel.
+	 */
+	const size_t used = (n + 255) & ~(size_t)255, len = (used + 4095) & ~(size_t)4095;
 	if (len > device_memory() - std::min(device_used, device_memory()))
 		return fail(cudaErrorMemoryAllocation);
 	const int fd = memfd_create("cudaemu", MFD_CLOEXEC);
@@ -287,12 +296,18 @@ cudaError_t cudaMalloc(void **p, size_t n)
 			close(fd);
 		return fail(cudaErrorMemoryAllocation);
 	}
-	void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (m == MAP_FAILED) {
+	char *res = (char *)mmap(NULL, len + 8192, PROT_NONE,
+				 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (res == MAP_FAILED ||
+	    mmap(res + 4096, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+		    MAP_FAILED) {
+		if (res != MAP_FAILED)
+			munmap(res, len + 8192);
 		close(fd);
 		return fail(cudaErrorMemoryAllocation);
 	}
-	regions[(uintptr_t)m] = region{len, MEM_DEVICE, fd};
+	char *m = res + 4096 + (len - used);
+	regions[(uintptr_t)m] = region{used, MEM_DEVICE, fd, res, len + 8192, len};
 	device_used += len;
 	*p = m;
 	return cudaSuccess;
@@ -306,9 +321,9 @@ cudaError_t cudaFree(void *p)
 	auto it = regions.find((uintptr_t)p);
 	if (it == regions.end() || it->second.kind != MEM_DEVICE)
 		return fail(cudaErrorInvalidValue);
-	munmap(p, it->second.len);
+	munmap(it->second.map, it->second.map_len);
 	close(it->second.fd);
-	device_used -= it->second.len;
+	device_used -= it->second.file_len;
 	regions.erase(it);
 	return cudaSuccess;
 }
@@ -324,7 +339,7 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 	if (m == MAP_FAILED)
 		return fail(cudaErrorMemoryAllocation);
 	std::lock_guard<std::mutex> g(mem_lock);
-	regions[(uintptr_t)m] = region{len ? len : 4096, MEM_HOST_ALLOC, -1};
+	regions[(uintptr_t)m] = region{len ? len : 4096, MEM_HOST_ALLOC, -1, m, len ? len : 4096, 0};
 	*p = m;
 	return cudaSuccess;
 }
@@ -337,7 +352,7 @@ cudaError_t cudaFreeHost(void *p)
 	auto it = regions.find((uintptr_t)p);
 	if (it == regions.end() || it->second.kind != MEM_HOST_ALLOC)
 		return fail(cudaErrorInvalidValue);
-	munmap(p, it->second.len);
+	munmap(it->second.map, it->second.map_len);
 	regions.erase(it);
 	return cudaSuccess;
 }
@@ -361,7 +376,7 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 		return fail(cudaErrorHostMemoryAlreadyRegistered);
 	if (it != regions.begin() && (--it)->first + it->second.len > a)
 		return fail(cudaErrorHostMemoryAlreadyRegistered);
-	regions[a] = region{n, MEM_REGISTERED, -1};
+	regions[a] = region{n, MEM_REGISTERED, -1, NULL, 0, 0};
 	return cudaSuccess;
 }
 
@@ -524,7 +539,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 struct ipc_handle {
 	char magic[8];
 	int32_t pid, fd;
-	uint64_t len;
+	uint64_t len, file_len; /* the allocation ends where the memfd does */
 };
 static_assert(sizeof(ipc_handle) <= sizeof(cudaIpcMemHandle_t), "handle fits");
 
@@ -538,7 +553,8 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 	const region *r = find(p, 1, &start);
 	if (!r || r->kind != MEM_DEVICE || start != (uintptr_t)p)
 		return fail(cudaErrorInvalidValue);
-	ipc_handle ih = {{'c', 'u', 'd', 'a', 'e', 'm', 'u', 0}, (int32_t)getpid(), r->fd, r->len};
+	ipc_handle ih = {{'c', 'u', 'd', 'a', 'e', 'm', 'u', 0}, (int32_t)getpid(), r->fd, r->len,
+			 r->file_len};
 	memset(h, 0, sizeof *h);
 	memcpy(h, &ih, sizeof ih);
 	return cudaSuccess;
@@ -552,7 +568,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 	if (!p || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess))
 		return fail(cudaErrorInvalidValue);
 	memcpy(&ih, &h, sizeof ih);
-	if (memcmp(ih.magic, "cudaemu", 8) != 0 || !ih.len)
+	if (memcmp(ih.magic, "cudaemu", 8) != 0 || !ih.len || ih.len > ih.file_len)
 		return fail(cudaErrorInvalidValue);
 	if (ih.pid == getpid()) /* as the real runtime: not in the process that made it */
 		return fail(cudaErrorInvalidValue);
@@ -562,14 +578,15 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 		return fail(cudaErrorInvalidValue);
 	struct stat st;
 	void *m = MAP_FAILED;
-	if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == ih.len)
-		m = mmap(NULL, ih.len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fstat(fd, &st) == 0 && (uint64_t)st.st_size == ih.file_len)
+		m = mmap(NULL, ih.file_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (m == MAP_FAILED)
 		return fail(cudaErrorInvalidValue);
+	char *a = (char *)m + (ih.file_len - ih.len);
 	std::lock_guard<std::mutex> g(mem_lock);
-	regions[(uintptr_t)m] = region{ih.len, MEM_IPC, -1};
-	*p = m;
+	regions[(uintptr_t)a] = region{ih.len, MEM_IPC, -1, m, ih.file_len, ih.file_len};
+	*p = a;
 	return cudaSuccess;
 }
 
@@ -580,7 +597,7 @@ cudaError_t cudaIpcCloseMemHandle(void *p)
 
 	if (it == regions.end() || it->second.kind != MEM_IPC)
 		return fail(cudaErrorInvalidValue);
-	munmap(p, it->second.len);
+	munmap(it->second.map, it->second.map_len);
 	regions.erase(it);
 	return cudaSuccess;
 }
@@ -851,6 +868,62 @@ void run_block(block_run *r, uint32_t n)
 	r->cur = NULL;
 }
 
+/*
+ * A fault inside a kernel (a guard page of device memory, a thread's stack
+ * overflowing) names the kernel, block and thread, on a stack of its own;
+ * outside one, the fault is the process's as before.
+ */
+void on_fault(int sig, siginfo_t *si, void *ctx)
+{
+	const block_run *r = run_now;
+	char msg[256];
+
+	(void)ctx;
+	if (!r) {
+		signal(sig, SIG_DFL);
+		return;
+	}
+	const int n = snprintf(msg, sizeof msg,
+			       "cudaemu: kernel %s, block (%u,%u,%u), thread (%u,%u,%u): memory "
+			       "fault at %p (outside device memory and its stack)\n",
+			       r->kernel, r->b.bid.x, r->b.bid.y, r->b.bid.z,
+			       r->cur ? r->cur->t.tid.x : 0, r->cur ? r->cur->t.tid.y : 0,
+			       r->cur ? r->cur->t.tid.z : 0, si->si_addr);
+	if (write(2, msg, n > 0 && n < (int)sizeof msg ? (size_t)n : sizeof msg - 1) < 0)
+		msg[0] = 0;
+	signal(SIGABRT, SIG_DFL);
+	abort();
+}
+
+void catch_faults()
+{
+	static std::once_flag once;
+	thread_local bool alt;
+
+	std::call_once(once, [] {
+		struct sigaction old, sa;
+
+		memset(&sa, 0, sizeof sa);
+		sa.sa_sigaction = on_fault;
+		sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+		sigemptyset(&sa.sa_mask);
+		if (sigaction(SIGSEGV, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+			sigaction(SIGSEGV, &sa, NULL);
+		if (sigaction(SIGBUS, NULL, &old) == 0 && old.sa_handler == SIG_DFL)
+			sigaction(SIGBUS, &sa, NULL);
+	});
+	if (!alt) {
+		stack_t ss;
+
+		ss.ss_sp = malloc(1 << 16);
+		ss.ss_size = 1 << 16;
+		ss.ss_flags = 0;
+		if (ss.ss_sp)
+			sigaltstack(&ss, NULL);
+		alt = true;
+	}
+}
+
 } // namespace
 
 void hyb_emu_syncthreads(void)
@@ -926,6 +999,7 @@ void hyb_emu_run(const void *kernel, const char *name, dim3 grid, dim3 block, si
 		fprintf(stderr, "cudaemu: kernel %s launched from inside a kernel\n", name);
 		abort();
 	}
+	catch_faults();
 	block_run r;
 	r.kernel = name;
 	r.body = &body;

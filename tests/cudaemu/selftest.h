@@ -19,6 +19,8 @@ int emu_divergent_shuffle(int *out);
 int emu_deadlock(void);
 /* a 32-thread block reverses through smem bytes of dynamic shared memory */
 int emu_dyn_smem(int *out, size_t smem, int set_attr);
+/* thread 1 of a kernel writes 4 KiB past the end of p's n ints */
+int emu_write_past_end(int *p, int n);
 /* a launch of the given shape (a kernel that does nothing) */
 int emu_launch_shape(unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned bz);
 

@@ -98,3 +98,14 @@ extern "C" int emu_launch_shape(unsigned gx, unsigned gy, unsigned bx, unsigned 
 	empty_kernel<<<dim3(gx, gy), dim3(bx, by, bz)>>>();
 	return cudaGetLastError();
 }
+
+static __global__ void past_end_kernel(int *p, int n)
+{
+	p[n + threadIdx.x * 1024] = 1; /* thread 1 writes 4 KiB past the end */
+}
+
+extern "C" int emu_write_past_end(int *p, int n)
+{
+	past_end_kernel<<<1, 2>>>(p, n);
+	return cudaGetLastError();
+}

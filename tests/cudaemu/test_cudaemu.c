@@ -113,12 +113,18 @@ static int deadlock(void *p)
 	return emu_deadlock();
 }
 
-TEST(cudaemu_divergent_warp_op_and_deadlock_abort)
+static int past_end(void *p)
 {
-	int *d = dev_alloc(32 * sizeof(int));
+	return emu_write_past_end(p, 1000);
+}
+
+TEST(cudaemu_divergent_warp_op_deadlock_and_stray_write_abort)
+{
+	int *d = dev_alloc(1000 * sizeof(int));
 
 	expect_abort(divergent, d, "a shuffle waiting for lanes that left");
 	expect_abort(deadlock, NULL, "a barrier and a warp op waiting for each other");
+	expect_abort(past_end, d, "a write past the end of an allocation");
 	cudaFree(d);
 }
 
@@ -208,4 +214,62 @@ TEST(cudaemu_ipc_handle_maps_in_another_process)
 	for (int i = 0; i < 4096; i++)
 		CHECK_EQ_INT(back[i], 0x5a);
 	cudaFree(d);
+}
+
+/*
+ * hyb itself with --device cuda (build/cudaemu/hyb, the program linked with
+ * cudaemu): a plain model and a plan decode through the CUDA device layer
+ * from the command line, place parts on the device, and pick the CPU
+ * device's first token after the prompt (greedy tokens further on may
+ * part at near-ties, as tests/gpu's comparisons allow).
+ */
+static char *slurp(const char *path)
+{
+	FILE *f = fopen(path, "rb");
+	char *b = calloc(1, 1 << 16);
+
+	CHECK(f && b);
+	CHECK(fread(b, 1, (1 << 16) - 1, f) < (1 << 16) - 1);
+	fclose(f);
+	return b;
+}
+
+static void hyb_run_both(const char *model, const char *budget)
+{
+	static const char prompt[] = "Once upon a time";
+	char out[2][512], log[512];
+	char *text[2];
+
+	for (int i = 0; i < 2; i++) {
+		const char *dev = i ? "cuda" : "cpu";
+
+		snprintf(out[i], sizeof(out[i]), "%s/out-%s", hyb_test_tmpdir(), dev);
+		snprintf(log, sizeof(log), "%s/log-%s", hyb_test_tmpdir(), dev);
+		const int rc = hyb_test_sh(log, "(build/cudaemu/hyb run -m %s -p '%s' -n 8 "
+					   "--gpu-budget %s --device %s > %s)", model, prompt,
+					   budget, dev, out[i]);
+		if (rc)
+			hyb_test_show_log(log);
+		CHECK_MSG(rc == 0, "hyb run --device %s: exit %d", dev, rc);
+		text[i] = slurp(log);
+		CHECK_MSG(strstr(text[i], "on the device"), "%s", text[i]);
+		free(text[i]);
+		text[i] = slurp(out[i]);
+		CHECK_MSG(strncmp(text[i], prompt, strlen(prompt)) == 0 &&
+				  strlen(text[i]) > strlen(prompt) + 1,
+			  "%s", text[i]);
+	}
+	/* the first generated token's first byte: the same on both devices */
+	CHECK_MSG(text[0][strlen(prompt)] == text[1][strlen(prompt)], "cpu: %s\ncuda: %s", text[0],
+		  text[1]);
+	printf("    cpu:  %.60s\n    cuda: %.60s\n", text[0], text[1]);
+	free(text[0]);
+	free(text[1]);
+}
+
+TEST(cudaemu_hyb_run_device_cuda)
+{
+	hyb_run_both(hyb_test_synth("plain", "--hidden 512 --ffn 1536 --heads 8 --layers 4 "
+				    "--type Q8_0 --seed 3"), "70%");
+	hyb_run_both(hyb_test_plan(), "40%");
 }
