@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <random>
@@ -55,6 +56,27 @@ cudaError_t fail(cudaError_t e)
 	if (e != cudaSuccess)
 		last_error = e;
 	return e;
+}
+
+/*
+ * HYB_CUDAEMU_FAIL_AT=N: the N-th call that takes a resource (device or
+ * pinned memory, a registration, a stream, an event, an IPC mapping) fails
+ * as it would when the GPU has none left, and says so on stderr: the
+ * callers' error paths, which a GPU never takes on demand.
+ */
+bool injected(const char *call)
+{
+	static std::atomic<long> calls;
+	static const long at = [] {
+		const char *s = getenv("HYB_CUDAEMU_FAIL_AT");
+
+		return s && *s ? atol(s) : 0L;
+	}();
+
+	if (!at || ++calls != at)
+		return false;
+	fprintf(stderr, "cudaemu: call %ld (%s) fails as injected\n", at, call);
+	return true;
 }
 
 int device_count()
@@ -272,6 +294,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
 	*p = NULL;
 	if (n == 0)
 		return cudaSuccess;
+	if (injected("cudaMalloc"))
+		return fail(cudaErrorMemoryAllocation);
 	std::lock_guard<std::mutex> g(mem_lock);
 	if (!raised) { /* a memfd per allocation: room for many */
 		struct rlimit rl;
@@ -333,6 +357,8 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 	if (!p || (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | 0x04)))
 		return fail(cudaErrorInvalidValue);
 	*p = NULL;
+	if (injected("cudaHostAlloc"))
+		return fail(cudaErrorMemoryAllocation);
 	const size_t len = (n + 4095) & ~(size_t)4095;
 	void *m = mmap(NULL, len ? len : 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 		       -1, 0);
@@ -369,6 +395,8 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 	    (cudaDeviceGetAttribute(&ro, cudaDevAttrHostRegisterReadOnlySupported, 0) != cudaSuccess ||
 	     !ro))
 		return fail(cudaErrorNotSupported);
+	if (injected("cudaHostRegister"))
+		return fail(cudaErrorMemoryAllocation);
 	std::lock_guard<std::mutex> g(mem_lock);
 	const uintptr_t a = (uintptr_t)p;
 	auto it = regions.lower_bound(a);
@@ -461,6 +489,8 @@ cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags, in
 {
 	if (!s || (flags & ~(unsigned)cudaStreamNonBlocking))
 		return fail(cudaErrorInvalidValue);
+	if (injected("cudaStreamCreateWithPriority"))
+		return fail(cudaErrorMemoryAllocation);
 	*s = new CUstream_st{STREAM_MAGIC, std::max(-5, std::min(0, priority))};
 	return cudaSuccess;
 }
@@ -490,6 +520,8 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 {
 	if (!e || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | 0x04)))
 		return fail(cudaErrorInvalidValue);
+	if (injected("cudaEventCreateWithFlags"))
+		return fail(cudaErrorMemoryAllocation);
 	*e = new CUevent_st{EVENT_MAGIC, flags, false, 0};
 	return cudaSuccess;
 }
@@ -567,6 +599,8 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 
 	if (!p || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess))
 		return fail(cudaErrorInvalidValue);
+	if (injected("cudaIpcOpenMemHandle"))
+		return fail(cudaErrorMemoryAllocation);
 	memcpy(&ih, &h, sizeof ih);
 	if (memcmp(ih.magic, "cudaemu", 8) != 0 || !ih.len || ih.len > ih.file_len)
 		return fail(cudaErrorInvalidValue);

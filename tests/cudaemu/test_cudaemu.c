@@ -6,6 +6,7 @@
  */
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -272,4 +273,77 @@ TEST(cudaemu_hyb_run_device_cuda)
 	hyb_run_both(hyb_test_synth("plain", "--hidden 512 --ffn 1536 --heads 8 --layers 4 "
 				    "--type Q8_0 --seed 3"), "70%");
 	hyb_run_both(hyb_test_plan(), "40%");
+}
+
+/*
+ * Every resource the CUDA path takes, refused in turn (HYB_CUDAEMU_FAIL_AT=N
+ * for N = 1, 2, ... until a run takes no refusal): hyb run --device cuda
+ * either goes on without it (prompts stay on the CPU without their
+ * buffers) or stops with one "hyb: ... out of memory" line (or "out of (host)
+ * memory") and exit 1;
+ * never a signal. The error paths of the device layer and the hybrid
+ * engine, which a GPU takes only when it runs out.
+ */
+static void refuse_each(const char *model, const char *budget, const char *extra)
+{
+	char log[512];
+	int n, stops = 0, goes_on = 0;
+
+	for (n = 1; n < 400; n++) {
+		char *text;
+
+		snprintf(log, sizeof(log), "%s/refuse-%d", hyb_test_tmpdir(), n);
+		const int rc = hyb_test_sh(log, "HYB_CUDAEMU_FAIL_AT=%d build/cudaemu/hyb run -m %s "
+					   "-p 'Once upon a time' -n 2 --gpu-budget %s --device "
+					   "cuda %s", n, model, budget, extra);
+		text = slurp(log);
+		const bool hit = strstr(text, "fails as injected") != NULL;
+		if (rc < 0 || (rc != 0 && rc != 1))
+			hyb_test_show_log(log);
+		CHECK_MSG(rc == 0 || rc == 1, "refusal %d: exit %d", n, rc);
+		if (rc == 1)
+			CHECK_MSG(strstr(text, "hyb: ") && strstr(text, "out of "),
+				  "refusal %d: %s", n, text);
+		free(text);
+		if (!hit) {
+			CHECK_EQ_INT(rc, 0);
+			break;
+		}
+		stops += rc == 1;
+		goes_on += rc == 0;
+	}
+	CHECK(n < 400);
+	printf("    %s: %d calls refused in turn: %d stop with an error, %d go on\n", model, n - 1,
+	       stops, goes_on);
+}
+
+TEST(cudaemu_hyb_run_survives_each_refusal)
+{
+	refuse_each(hyb_test_synth("plain", "--hidden 256 --ffn 768 --heads 4 --layers 2 "
+				   "--type Q8_0 --seed 3"), "70%", "");
+	refuse_each(hyb_test_synth("moe", "--arch qwen3moe --experts 8 --experts-used 2 "
+				   "--expert-ffn 128 --hidden 256 --heads 4 --layers 2 "
+				   "--type Q4_0 --seed 3"), "60%", "");
+	refuse_each(hyb_test_plan(), "40%", "");
+}
+
+/* no GPU, or too little memory for the budget: one line that says which, exit 1 */
+TEST(cudaemu_hyb_run_without_a_device_or_its_memory)
+{
+	const char *m = hyb_test_synth("plain", "--hidden 256 --ffn 768 --heads 4 --layers 2 "
+				       "--type Q8_0 --seed 3");
+	char log[512], *text;
+
+	snprintf(log, sizeof(log), "%s/nodev", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "HYB_CUDAEMU_DEVICES=0 build/cudaemu/hyb run -m %s -p Once "
+				 "-n 2 --gpu-budget 70%% --device cuda", m), 1);
+	text = slurp(log);
+	CHECK_MSG(strstr(text, "hyb: hybrid: no CUDA device"), "%s", text);
+	free(text);
+	snprintf(log, sizeof(log), "%s/nomem", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "HYB_CUDAEMU_MEM_MB=1 build/cudaemu/hyb run -m %s -p Once "
+				 "-n 2 --gpu-budget 70%% --device cuda", m), 1);
+	text = slurp(log);
+	CHECK_MSG(strstr(text, "not available"), "%s", text);
+	free(text);
 }
