@@ -64,17 +64,21 @@ cudaError_t fail(cudaError_t e)
  * as it would when the GPU has none left, and says so on stderr: the
  * callers' error paths, which a GPU never takes on demand.
  */
+std::atomic<long> inject_calls, inject_at{-1};
+std::atomic<bool> inject_hit;
+
 bool injected(const char *call)
 {
-	static std::atomic<long> calls;
-	static const long at = [] {
+	if (inject_at.load() < 0) {
 		const char *s = getenv("HYB_CUDAEMU_FAIL_AT");
+		long v = s && *s ? atol(s) : 0L, unset = -1;
 
-		return s && *s ? atol(s) : 0L;
-	}();
-
-	if (!at || ++calls != at)
+		inject_at.compare_exchange_strong(unset, v);
+	}
+	const long at = inject_at.load();
+	if (!at || ++inject_calls != at)
 		return false;
+	inject_hit = true;
 	fprintf(stderr, "cudaemu: call %ld (%s) fails as injected\n", at, call);
 	return true;
 }
@@ -175,6 +179,18 @@ bool event_ok(cudaEvent_t e)
 /* ---- the runtime ------------------------------------------------------------------------ */
 
 extern "C" {
+
+void hyb_emu_fail_at(long n)
+{
+	inject_calls = 0;
+	inject_hit = false;
+	inject_at = n;
+}
+
+int hyb_emu_fail_hit(void)
+{
+	return inject_hit;
+}
 
 const char *cudaGetErrorString(cudaError_t e)
 {

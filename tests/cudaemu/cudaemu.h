@@ -123,6 +123,10 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags);
 cudaError_t cudaIpcCloseMemHandle(void *p);
 
+/* the n-th call that takes a resource fails from now on (0: none), as HYB_CUDAEMU_FAIL_AT=n */
+void hyb_emu_fail_at(long n);
+/* whether that call came */
+int hyb_emu_fail_hit(void);
 cudaError_t hyb_emu_func_set_attribute(const void *func, cudaFuncAttribute attr, int value);
 cudaError_t hyb_emu_occupancy(int *blocks, const void *func, int threads, size_t smem);
 

@@ -9,11 +9,14 @@
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "daemon/copydev_cuda.h"
+#include "daemon/reload.h"
 #include "selftest.h"
 #include "test.h"
 
@@ -346,4 +349,72 @@ TEST(cudaemu_hyb_run_without_a_device_or_its_memory)
 	text = slurp(log);
 	CHECK_MSG(strstr(text, "not available"), "%s", text);
 	free(text);
+}
+
+/*
+ * hybd's CUDA copy engine with each resource refused in turn: open, pin a
+ * region, upload at two priorities, sync, unpin, close. Every refusal is
+ * an error return with a message (or is absorbed), never a crash; the run
+ * without one copies the bytes.
+ */
+static int copy_engine_once(long n)
+{
+	const struct hyb_copydev_cuda_config cfg = { .device = 0, .n_slots = 4,
+						     .slot_bytes = 1 << 20 };
+	char err[256] = "";
+	struct hyb_copydev *d;
+	uint8_t *host = aligned_alloc(4096, 2 << 20), back[4096];
+	int bad = 0;
+
+	hyb_emu_fail_at(n);
+	if (!host)
+		return 99;
+	for (int i = 0; i < 2 << 20; i++)
+		host[i] = (uint8_t)(i * 131 + 7);
+	d = hyb_copydev_cuda_open(&cfg, err, sizeof(err));
+	if (!d)
+		return strlen(err) ? 20 : 98;
+	if (hyb_copydev_cuda_register(d, host, 2 << 20, true, err, sizeof(err)) ||
+	    d->ops->upload(d, 1, 0, host + 4096, 1 << 20, HYB_RQ_LOW) ||
+	    d->ops->upload(d, 2, 4096, host, 4096, HYB_RQ_CRITICAL) ||
+	    d->ops->sync(d, HYB_RQ_CRITICAL) || d->ops->sync(d, HYB_RQ_LOW)) {
+		hyb_copydev_close(d);
+		return 21;
+	}
+	if (cudaMemcpy(back, (uint8_t *)hyb_copydev_cuda_slot(d, 2) + 4096, 4096,
+		       cudaMemcpyDeviceToHost) != cudaSuccess || memcmp(back, host, 4096))
+		bad = 1;
+	if (hyb_copydev_cuda_unregister(d, host))
+		bad = 1;
+	hyb_copydev_close(d);
+	free(host);
+	return bad ? 97 : 10;
+}
+
+TEST(cudaemu_copy_engine_survives_each_refusal)
+{
+	int n, errors = 0;
+
+	for (n = 1; n < 200; n++) {
+		const pid_t pid = fork();
+		int st = 0;
+
+		CHECK(pid >= 0);
+		if (pid == 0) {
+			const int rc = copy_engine_once(n);
+
+			_exit(rc + (hyb_emu_fail_hit() ? 1 : 0) * 100);
+		}
+		CHECK(waitpid(pid, &st, 0) == pid);
+		CHECK_MSG(WIFEXITED(st), "refusal %d: killed by signal %d", n, WTERMSIG(st));
+		const int rc = WEXITSTATUS(st) % 100, hit = WEXITSTATUS(st) >= 100;
+		CHECK_MSG(rc == 10 || rc == 20 || rc == 21, "refusal %d: outcome %d", n, rc);
+		CHECK_MSG(hit || rc == 10, "refusal %d: failed with nothing refused (%d)", n, rc);
+		if (!hit)
+			break;
+		errors += rc != 10;
+	}
+	CHECK(n < 200);
+	printf("    %d calls refused in turn: %d ended in an error, %d absorbed\n", n - 1, errors,
+	       n - 1 - errors);
 }
