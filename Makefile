@@ -215,6 +215,8 @@ $(EMU_BIN): $(BUILD)/tests/unit/runner.o $(BUILD)/tests/unit/plan_fixture.o \
 $(EMU)/hyb: $(HYB_OBJS) $(patsubst %.cu,$(EMU)/%.o,$(LIB_CU_SRCS)) $(EMU)/tests/cudaemu/cudaemu.o $(LIB)
 	$(CC) $(CFLAGS) $^ -lstdc++ $(SERVE_LIBS) $(LDLIBS) -o $@
 cudaemu: $(EMU_BIN) $(EMU)/hyb
+# the rewritten .cu files stay: compiler messages name them
+.SECONDARY: $(patsubst %.o,%.cc,$(EMU_CU_OBJS))
 
 # hybpool.ko against the running kernel's headers, or KDIR=...; the VM bench
 # (tests/vm/run.sh, run by `make test`) builds it against Debian's kernel.
