@@ -427,3 +427,48 @@ TEST(cudaemu_copy_engine_survives_each_refusal)
 	printf("    %d calls refused in turn: %d ended in an error, %d absorbed\n", n - 1, errors,
 	       n - 1 - errors);
 }
+
+/*
+ * The GPU session's benchmark (tests/gpu/device_run.sh's hybrid_all) on
+ * cudaemu, small: hyb bench --device cuda over a plan with every policy, and
+ * with the whole model on the device, runs to its table; so does TEAL's
+ * bench on a plain model with every part on the device. Its figures are
+ * cudaemu's and mean nothing; the run is what the GPU's minutes must not
+ * spend on.
+ */
+TEST(cudaemu_hyb_bench_device_cuda)
+{
+	static const char *const pols[] = { "layer", "static", "lru", "topk", "dynamic", "tam",
+					    "tam-adaptive" };
+	char log[512], *text;
+
+	snprintf(log, sizeof(log), "%s/bench", hyb_test_tmpdir());
+	const int rc = hyb_test_sh(log, "(build/cudaemu/hyb bench -m %s --device cuda --drift 8 "
+				   "-n 12 -r 1 --gpu-budget 60%% --policies all && "
+				   "build/cudaemu/hyb bench -m %s --device cuda -n 8 -r 1 "
+				   "--gpu-budget 8G --policies static)", hyb_test_plan(),
+				   hyb_test_plan());
+	if (rc)
+		hyb_test_show_log(log);
+	CHECK_EQ_INT(rc, 0);
+	text = slurp(log);
+	for (size_t i = 0; i < sizeof(pols) / sizeof(pols[0]); i++)
+		CHECK_MSG(strstr(text, pols[i]), "no %s in:\n%s", pols[i], text);
+	free(text);
+
+	/* TEAL on a plain model with every part on the device (the next GPU run's TEAL figure) */
+	const char *plain = hyb_test_synth("teal", "--hidden 256 --ffn 768 --heads 4 --layers 2 "
+					   "--act silu --type Q8_0 --seed 5");
+	snprintf(log, sizeof(log), "%s/teal", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s profile %s --teal --sparsity 0.4 --gen 16 -t 1 "
+				 "-o %s.teal.gguf", hyb_test_hybctl(), plain, plain), 0);
+	const int rc2 = hyb_test_sh(log, "build/cudaemu/hyb bench -m %s --teal %s.teal.gguf "
+				    "--sparsity 0.3 --gpu-budget 100%% --device cuda -n 8 -r 1",
+				    plain, plain);
+	if (rc2)
+		hyb_test_show_log(log);
+	CHECK_EQ_INT(rc2, 0);
+	text = slurp(log);
+	CHECK_MSG(strstr(text, "CPU-only TEAL decode") && strstr(text, "static"), "%s", text);
+	free(text);
+}
