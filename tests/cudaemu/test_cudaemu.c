@@ -472,3 +472,53 @@ TEST(cudaemu_hyb_bench_device_cuda)
 	CHECK_MSG(strstr(text, "CPU-only TEAL decode") && strstr(text, "static"), "%s", text);
 	free(text);
 }
+
+/* the "text" of a completion's JSON, malloc'd */
+static char *completion_text(const char *path)
+{
+	char *json = slurp(path), *t = strstr(json, "\"text\":\""), *e;
+
+	CHECK_MSG(t, "no text in %s: %s", path, json);
+	t += 8;
+	e = strchr(t, '"');
+	CHECK(e);
+	*e = 0;
+	t = strdup(t);
+	free(json);
+	return t;
+}
+
+/*
+ * hyb serve --device cuda: two requests at once, batched through the CUDA
+ * device layer, each answered with the text the CPU device's server gives;
+ * SIGTERM ends it with status 0.
+ */
+TEST(cudaemu_hyb_serve_device_cuda)
+{
+	const char *m = hyb_test_synth("plain", "--hidden 512 --ffn 1536 --heads 8 --layers 4 "
+				       "--type Q8_0 --seed 3");
+	char log[512], path[600];
+	char *t[2][2];
+
+	if (system("command -v curl >/dev/null 2>&1"))
+		SKIP("no curl");
+	for (int i = 0; i < 2; i++) {
+		const char *dev = i ? "cuda" : "cpu";
+
+		snprintf(log, sizeof(log), "%s/serve-%s.out", hyb_test_tmpdir(), dev);
+		const int rc = hyb_test_sh(log, "bash tests/cudaemu/serve.sh %s %s %s", m, dev,
+					   hyb_test_tmpdir());
+		if (rc)
+			hyb_test_show_log(log);
+		CHECK_MSG(rc == 0, "serve --device %s: %d", dev, rc);
+		for (int k = 0; k < 2; k++) {
+			snprintf(path, sizeof(path), "%s/%s-%d.json", hyb_test_tmpdir(), dev, k + 1);
+			t[i][k] = completion_text(path);
+		}
+	}
+	CHECK_MSG(*t[1][0] && !strcmp(t[1][0], t[1][1]), "cuda: '%s' and '%s'", t[1][0], t[1][1]);
+	CHECK_MSG(!strcmp(t[0][0], t[1][0]), "cpu '%s', cuda '%s'", t[0][0], t[1][0]);
+	for (int i = 0; i < 2; i++)
+		for (int k = 0; k < 2; k++)
+			free(t[i][k]);
+}
