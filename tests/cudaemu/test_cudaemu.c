@@ -339,25 +339,27 @@ TEST(cudaemu_hyb_run_survives_each_refusal)
 	refuse_each(hyb_test_plan(), "40%", "");
 }
 
+/* hyb run --device cuda on m under env: exit 1 and a line holding want */
+static void run_refused(const char *env, const char *m, const char *want)
+{
+	char log[512], *text;
+
+	snprintf(log, sizeof(log), "%s/refused", hyb_test_tmpdir());
+	CHECK_EQ_INT(hyb_test_sh(log, "%s build/cudaemu/hyb run -m %s -p Once -n 2 "
+				 "--gpu-budget 70%% --device cuda", env, m), 1);
+	text = slurp(log);
+	CHECK_MSG(strstr(text, want), "%s: %s", env, text);
+	free(text);
+}
+
 /* no GPU, or too little memory for the budget: one line that says which, exit 1 */
 TEST(cudaemu_hyb_run_without_a_device_or_its_memory)
 {
 	const char *m = hyb_test_synth("plain", "--hidden 256 --ffn 768 --heads 4 --layers 2 "
 				       "--type Q8_0 --seed 3");
-	char log[512], *text;
 
-	snprintf(log, sizeof(log), "%s/nodev", hyb_test_tmpdir());
-	CHECK_EQ_INT(hyb_test_sh(log, "HYB_CUDAEMU_DEVICES=0 build/cudaemu/hyb run -m %s -p Once "
-				 "-n 2 --gpu-budget 70%% --device cuda", m), 1);
-	text = slurp(log);
-	CHECK_MSG(strstr(text, "hyb: hybrid: no CUDA device"), "%s", text);
-	free(text);
-	snprintf(log, sizeof(log), "%s/nomem", hyb_test_tmpdir());
-	CHECK_EQ_INT(hyb_test_sh(log, "HYB_CUDAEMU_MEM_MB=1 build/cudaemu/hyb run -m %s -p Once "
-				 "-n 2 --gpu-budget 70%% --device cuda", m), 1);
-	text = slurp(log);
-	CHECK_MSG(strstr(text, "not available"), "%s", text);
-	free(text);
+	run_refused("HYB_CUDAEMU_DEVICES=0", m, "hyb: hybrid: no CUDA device");
+	run_refused("HYB_CUDAEMU_MEM_MB=1", m, "not available");
 }
 
 /*
