@@ -32,6 +32,7 @@ SERVE_LIBS   := $(shell pkg-config --libs $(SERVE_PKGS) 2>/dev/null || echo -lmi
 ISA_avx2       := -mavx2 -mfma -mf16c -mpopcnt
 ISA_avx512     := $(ISA_avx2) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 ISA_avx512vnni := $(ISA_avx512) -mavx512vnni
+ISA_amx        := $(ISA_avx512vnni) -mamx-tile -mamx-int8
 
 # libhyb: the runtime (every subsystem folder but plan/) and the CPU kernels;
 # libhybplan: the offline planner, linked by hybctl and the tests only;
@@ -84,7 +85,7 @@ CUDA_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lstdc+
 endif
 GPU_TEST_OBJS := $(patsubst %.c,$(BUILD)/%.o,$(wildcard tests/gpu/*.c))
 
-.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda cudaemu fuzz module module-clean \
+.PHONY: all run test bench bench-gpu test-gpu install clean deps cuda cudaemu amxemu fuzz module module-clean \
 	dkms-install dkms-uninstall
 all: $(LIB) $(SOLIB) $(BUILD)/hyb.pc $(TOOLS) $(TESTBIN) $(BENCHBIN) cuda
 
@@ -103,6 +104,9 @@ $(BUILD)/kernels/cpu/%_avx512.o: kernels/cpu/%_avx512.c
 $(BUILD)/kernels/cpu/%_avx512vnni.o: kernels/cpu/%_avx512vnni.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 $(ISA_avx512vnni) -c $< -o $@
+$(BUILD)/kernels/cpu/%_amx.o: kernels/cpu/%_amx.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 $(ISA_amx) -c $< -o $@
 $(BUILD)/kernels/cpu/%.o: kernels/cpu/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -O3 -c $< -o $@
@@ -218,6 +222,25 @@ cudaemu: $(EMU_BIN) $(EMU)/hyb
 # the rewritten .cu files stay: compiler messages name them
 .SECONDARY: $(patsubst %.o,%.cc,$(EMU_CU_OBJS))
 
+# The AMX level without an AMX CPU (docs/AMXEMU.md): its two files compiled
+# again with the tile intrinsics emulated (tests/amxemu), linked ahead of
+# libhyb.a with amxemu's hyb_cpu_amx_usable(), into a second test binary.
+AMXEMU     := $(BUILD)/amxemu
+AMXEMU_BIN := $(AMXEMU)/hyb-tests
+AMXEMU_OBJS := $(AMXEMU)/kernels/cpu/gemm_q_amx.o $(AMXEMU)/kernels/cpu/gemm_k_extra_amx.o \
+	$(AMXEMU)/tests/amxemu/amxemu.o $(AMXEMU)/tests/amxemu/test_amxemu.o
+$(AMXEMU)/kernels/cpu/%_amx.o: kernels/cpu/%_amx.c tests/amxemu/amxemu.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(INTERNAL) -I. $(CFLAGS) -O3 $(ISA_avx512vnni) -include tests/amxemu/amxemu.h \
+		-c $< -o $@
+$(AMXEMU)/tests/amxemu/%.o: tests/amxemu/%.c tests/amxemu/amxemu.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(INTERNAL) -I. -Itests/unit $(CFLAGS) -c $< -o $@
+$(AMXEMU_BIN): $(AMXEMU_OBJS) $(TEST_OBJS) $(BUILD)/tools/hyb/serve_text.o $(BUILD)/tools/hyb/cli_utf8.o \
+		$(HYBDLIB) $(PLANLIB) $(LIB)
+	$(CC) $(CFLAGS) $^ $(PLAN_LIBS) $(SERVE_LIBS) $(LDLIBS) -o $@
+amxemu: $(AMXEMU_BIN)
+
 # hybpool.ko against the running kernel's headers, or KDIR=...; the VM bench
 # (tests/vm/run.sh, run by `make test`) builds it against Debian's kernel.
 KDIR ?= /lib/modules/$(shell uname -r)/build
@@ -270,8 +293,11 @@ run: deps
 	fi
 
 test: deps
-	@$(MAKE) --no-print-directory -j$$(nproc) all fuzz cudaemu
+	@$(MAKE) --no-print-directory -j$$(nproc) all fuzz cudaemu amxemu
 	$(TESTBIN)
+	# the AMX level on amxemu (docs/AMXEMU.md): its kernels against the VNNI level's
+	# bits, and the golden logits of llama.cpp and PowerInfer with prompts on the tiles
+	$(AMXEMU_BIN) amx kern_gemm exact_ real_ moe pi_
 	# the CUDA code on cudaemu (docs/CUDAEMU.md): the GPU tests, smaller shapes
 	HYB_GPU_TEST_SMALL=1 HYB_DEVICE_STRICT=0 $(EMU_BIN)
 	# ... the kernels' own tests again with the threads in another order

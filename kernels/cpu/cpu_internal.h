@@ -59,9 +59,11 @@ void hyb_fill_k_extra_scalar(struct hyb_cpu_kernels *k);
 void hyb_fill_k_extra_avx2(struct hyb_cpu_kernels *k);
 void hyb_fill_k_extra_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_k_extra_avx512vnni(struct hyb_cpu_kernels *k);
+void hyb_fill_k_extra_amx(struct hyb_cpu_kernels *k);
 /* the packed prefill of Q2_K/Q3_K/Q5_K/IQ4_XS (gemm_q_avx512_body.h): 0 done, -1 not */
 int hyb_gemm_kx_packed_avx512(uint32_t type, int repacked, HYB_GEMM_ARGS);
 int hyb_gemm_kx_packed_avx512vnni(uint32_t type, int repacked, HYB_GEMM_ARGS);
+int hyb_gemm_kx_packed_amx(uint32_t type, int repacked, HYB_GEMM_ARGS);
 /* quant_ref_k_extra.c: their reference quantizers; -1 for another type */
 int hyb_quantize_k_extra_ref(uint32_t type, const float *x, void *out, int64_t n);
 /* quant_ref.c: llama.cpp's make_qkx2_quants, for quant_ref_k_extra.c */
@@ -121,6 +123,12 @@ void hyb_geglu_tail(int64_t i, int64_t n, float *y, const float *x, const float 
 void hyb_cpu_fill_avx2(struct hyb_cpu_kernels *k);
 void hyb_cpu_fill_avx512(struct hyb_cpu_kernels *k);
 void hyb_cpu_fill_avx512vnni(struct hyb_cpu_kernels *k);
+void hyb_cpu_fill_amx(struct hyb_cpu_kernels *k);
+/*
+ * 1 when the CPU has AMX-TILE and AMX-INT8, the OS saves the tile state
+ * (XCR0 bits 17, 18) and grants it to this process (amx_enable.c)
+ */
+int hyb_cpu_amx_usable(void);
 /* pieces of a level's table that live in other files of that level */
 void hyb_fill_f_avx512(struct hyb_cpu_kernels *k);
 void hyb_fill_f_avx2(struct hyb_cpu_kernels *k);

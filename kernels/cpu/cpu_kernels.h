@@ -7,7 +7,7 @@
  * Every ISA level has a full table; entries an ISA does not specialise fall
  * back to the level below, down to the scalar reference. hyb_cpu_best()
  * picks the best level the running CPU supports (cpuid + xgetbv), or the
- * one named by the HYB_ISA environment variable (scalar|avx2|avx512|avx512vnni).
+ * one named by the HYB_ISA environment variable (scalar|avx2|avx512|avx512vnni|amx).
  */
 #ifndef HYB_CPU_KERNELS_H
 #define HYB_CPU_KERNELS_H
@@ -23,6 +23,7 @@ enum hyb_isa {
 	HYB_ISA_AVX2,        /* AVX2 + FMA + F16C + POPCNT */
 	HYB_ISA_AVX512,      /* F + BW + VL + DQ */
 	HYB_ISA_AVX512_VNNI, /* + VNNI */
+	HYB_ISA_AMX,         /* + AMX-TILE, AMX-INT8, the OS's tile state granted */
 	HYB_ISA_COUNT
 };
 

@@ -17,6 +17,7 @@ static const char *const isa_names[HYB_ISA_COUNT] = {
 	[HYB_ISA_AVX2] = "avx2",
 	[HYB_ISA_AVX512] = "avx512",
 	[HYB_ISA_AVX512_VNNI] = "avx512vnni",
+	[HYB_ISA_AMX] = "amx",
 };
 
 static struct hyb_cpu_kernels tables[HYB_ISA_COUNT];
@@ -87,6 +88,7 @@ static void detect(void)
 	supported[HYB_ISA_AVX2] = os_ymm && avx2 && fma && f16c && popcnt;
 	supported[HYB_ISA_AVX512] = supported[HYB_ISA_AVX2] && os_zmm && avx512;
 	supported[HYB_ISA_AVX512_VNNI] = supported[HYB_ISA_AVX512] && vnni;
+	supported[HYB_ISA_AMX] = supported[HYB_ISA_AVX512_VNNI] && hyb_cpu_amx_usable();
 	has_gfni = supported[HYB_ISA_AVX512] && ((c7 >> 8) & 1);
 }
 
@@ -156,9 +158,12 @@ static void init(void)
 		} else if (i == HYB_ISA_AVX512) {
 			hyb_cpu_fill_avx512(&tables[i]);
 			hyb_fill_k_extra_avx512(&tables[i]);
-		} else {
+		} else if (i == HYB_ISA_AVX512_VNNI) {
 			hyb_cpu_fill_avx512vnni(&tables[i]);
 			hyb_fill_k_extra_avx512vnni(&tables[i]);
+		} else {
+			hyb_cpu_fill_amx(&tables[i]);
+			hyb_fill_k_extra_amx(&tables[i]);
 		}
 	}
 	for (int i = 0; i < HYB_ISA_COUNT; i++)
@@ -175,7 +180,7 @@ static void init(void)
 		int want = isa_from_name(env);
 
 		if (want < 0) {
-			fprintf(stderr, "hyb: HYB_ISA=%s is not one of scalar|avx2|avx512|avx512vnni;"
+			fprintf(stderr, "hyb: HYB_ISA=%s is not one of scalar|avx2|avx512|avx512vnni|amx;"
 				" using %s\n", env, isa_names[pick]);
 		} else if (!supported[want]) {
 			fprintf(stderr, "hyb: HYB_ISA=%s: this CPU lacks it; using %s\n", env,
@@ -222,6 +227,7 @@ double hyb_cpu_peak_macs(const struct hyb_cpu_kernels *k, uint32_t weight_type)
 	case HYB_ISA_AVX512:
 		return hyb_peak_avx512(kind);
 	case HYB_ISA_AVX512_VNNI:
+	case HYB_ISA_AMX: /* the roofline of its vector units: tile peaks unmeasured (docs/PERFORMANCE.md) */
 		return hyb_peak_avx512vnni(kind);
 	default:
 		return hyb_peak_scalar(kind);

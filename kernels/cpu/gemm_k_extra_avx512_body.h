@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * AVX-512 Q2_K, Q3_K, Q5_K and IQ4_XS kernels, written once and compiled
- * twice: by gemm_k_extra_avx512.c (HYB_VNNI 0) and gemm_k_extra_avx512vnni.c
- * (HYB_VNNI 1, vpdpwssd for the scale multiply-add). Only those include it.
+ * three times: by gemm_k_extra_avx512.c (HYB_VNNI 0), gemm_k_extra_avx512vnni.c
+ * (HYB_VNNI 1, vpdpwssd for the scale multiply-add) and gemm_k_extra_amx.c
+ * (HYB_AMX 1 too: the same kernels, whose packed prefill is the AMX level's
+ * of gemm_q_avx512_body.h). Only those include it.
  *
  * Every output is summed as llama.cpp's x86 AVX-512 build sums it. Which of
  * its kernels runs depends on the weight's row count and the column count
@@ -40,6 +42,9 @@
 
 #ifndef HYB_VNNI
 #error "define HYB_VNNI before including gemm_k_extra_avx512_body.h"
+#endif
+#ifndef HYB_AMX
+#define HYB_AMX 0
 #endif
 
 #define XR 4 /* rows of a tile */
@@ -523,7 +528,9 @@ static void xgemm(enum xt t, enum xm m, HYB_GEMM_ARGS)
 	}
 }
 
-#if HYB_VNNI
+#if HYB_AMX
+#define XSFX(name) name##_amx
+#elif HYB_VNNI
 #define XSFX(name) name##_avx512vnni
 #else
 #define XSFX(name) name##_avx512

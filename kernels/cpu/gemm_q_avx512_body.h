@@ -2,10 +2,12 @@
 /*
  * AVX-512 quantized matrix kernels (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL,
  * Q4_K, Q6_K; the packed prefill of Q2_K, Q3_K, Q5_K, IQ4_XS), written once and
- * compiled twice: by gemm_q_avx512.c with HYB_VNNI 0 and by
- * gemm_q_avx512vnni.c with HYB_VNNI 1. Only those two files include it; the
- * kernels themselves are in gemm_q_avx512_direct_q0.h, gemm_q_avx512_direct_k.h
- * (driver: gemm_q_avx512_direct.h) and gemm_q_avx512_packed.h.
+ * compiled three times: by gemm_q_avx512.c with HYB_VNNI 0, by
+ * gemm_q_avx512vnni.c with HYB_VNNI 1 and by gemm_q_amx.c with HYB_VNNI 1 and
+ * HYB_AMX 1 (the packed kernels' integer dot products on AMX tiles, the same
+ * sums). Only those three files include it; the kernels themselves are in
+ * gemm_q_avx512_direct_q0.h, gemm_q_avx512_direct_k.h (driver:
+ * gemm_q_avx512_direct.h) and gemm_q_avx512_packed.h.
  *
  * Every output is summed as llama.cpp's x86 AVX-512 build sums it (which
  * of its kernels runs depends on the type, the weight's row count and the
@@ -59,6 +61,9 @@
 
 #ifndef HYB_VNNI
 #error "define HYB_VNNI before including gemm_q_avx512_body.h"
+#endif
+#ifndef HYB_AMX
+#define HYB_AMX 0
 #endif
 
 #define DR 4 /* rows of a direct tile */
@@ -134,7 +139,9 @@ ALWAYS_INLINE void prefetch_rows(const uint8_t *const *nx, int64_t off, const in
 /* ------------------------------------------------------------------------ */
 /* entry points                                                             */
 
-#if HYB_VNNI
+#if HYB_AMX
+#define SFX(name) name##_amx
+#elif HYB_VNNI
 #define SFX(name) name##_avx512vnni
 #else
 #define SFX(name) name##_avx512

@@ -747,6 +747,75 @@ ALWAYS_INLINE void pf_step(struct pf_rows pf, int i)
 		prefetch_row(pf.n, pf.ra + i);
 }
 
+#if HYB_AMX
+/*
+ * AMX tiles (Intel SDM vol. 1, "Intel Advanced Matrix Extensions";
+ * docs/AMXEMU.md): one tdpbsud gives the whole block's integer dot products
+ * of nc columns by 16 rows, what 8 vpdpbusd per column give below. The
+ * micro-kernels keep their float code: the integers are exact in any
+ * grouping, so the sums are the VNNI level's bit for bit. The packed panel
+ * is already in the layout the B operand wants (4 consecutive k of 16 rows
+ * in each 64-byte row), and a column's packed activations are its bytes in
+ * k order, the A operand's rows.
+ *
+ * Tiles: 0 the activations (nc rows of kb bytes, signed); 1-3 the weights
+ * of row group g (kb / 4 rows of 64 bytes, unsigned); 4-6 the dword sums
+ * of group g (nc rows of 16).
+ */
+struct amx_config {
+	uint8_t palette, start_row, reserved[14];
+	uint16_t colsb[16];
+	uint8_t rows[16];
+};
+
+static void amx_configure(int kb, int nc)
+{
+	struct amx_config c __attribute__((aligned(64)));
+
+	memset(&c, 0, sizeof(c));
+	c.palette = 1;
+	c.rows[0] = (uint8_t)nc;
+	c.colsb[0] = (uint16_t)kb;
+	for (int g = 0; g < GMAX; g++) {
+		c.rows[1 + g] = (uint8_t)(kb / 4);
+		c.colsb[1 + g] = 64;
+		c.rows[4 + g] = (uint8_t)nc;
+		c.colsb[4 + g] = 64;
+	}
+	_tile_loadconfig(&c);
+}
+
+/*
+ * out[256 * g + 16 * c + r] = the dot product of row 16g + r of the panel
+ * (wu + 512 g, kb bytes of k) and column c (xa + c * xs), for c < nc.
+ */
+ALWAYS_INLINE void amx_dots(const int G, const uint8_t *xa, size_t xs, const uint8_t *wu,
+			    int32_t *out)
+{
+	/* GCC's tileloadd asm names no memory operand: the packing's stores go first */
+	__asm__ volatile("" ::: "memory");
+	_tile_loadd(0, xa, (long)xs);
+	_tile_loadd(1, wu, 64);
+	_tile_zero(4);
+	_tile_dpbsud(4, 0, 1);
+	if (G > 1) {
+		_tile_loadd(2, wu + 512, 64);
+		_tile_zero(5);
+		_tile_dpbsud(5, 0, 2);
+	}
+	if (G > 2) {
+		_tile_loadd(3, wu + 1024, 64);
+		_tile_zero(6);
+		_tile_dpbsud(6, 0, 3);
+	}
+	_tile_stored(4, out, 64);
+	if (G > 1)
+		_tile_stored(5, out + 256, 64);
+	if (G > 2)
+		_tile_stored(6, out + 512, 64);
+}
+#endif
+
 /* the accumulators carry over k chunks: a chunk starts from what the last one stored */
 ALWAYS_INLINE __m512 acc_start(const float *y, __mmask16 m, int first)
 {
@@ -827,13 +896,24 @@ ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uin
 
 		pf_step(pf, u);
 
+#if HYB_AMX
+		int32_t dots[GMAX * 256] __attribute__((aligned(64)));
+
+		amx_dots(G, xu, 32, wu, dots);
+#endif
 #pragma GCC unroll 4
 		for (int c = 0; c < NC; c++) {
 			const __m512i init = _mm512_set1_epi32(ld32(xu + NCP * 32 + 4 * c));
 
 			for (int g = 0; g < G; g++)
+#if HYB_AMX
+				ia[g][c] = _mm512_add_epi32(init, _mm512_load_si512(dots + 256 * g +
+										      16 * c));
+#else
 				ia[g][c] = init;
+#endif
 		}
+#if !HYB_AMX
 #pragma GCC unroll 8
 		for (int t = 0; t < 8; t++) {
 			__m512i wv[GMAX];
@@ -848,6 +928,7 @@ ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uin
 					ia[g][c] = dot_us(ia[g][c], wv[g], xb);
 			}
 		}
+#endif
 #pragma GCC unroll 3
 		for (int g = 0; g < G; g++) {
 			const __m512 sw = _mm512_load_ps(wu + 512 * G + 64 * g);
@@ -905,6 +986,14 @@ ALWAYS_INLINE void mk_rep(const enum ptype t, const int G, const int NC, const u
 
 				if (j * sbe % 32 == 0)
 					pf_step(pf, s * 8 + j * sbe / 32);
+#if HYB_AMX
+				int32_t dots[GMAX * 256] __attribute__((aligned(64)));
+
+				amx_dots(G, xs + sbe * j, 256, wu, dots);
+				for (int g = 0; g < G; g++)
+					for (int c = 0; c < NC; c++)
+						ia[g][c] = _mm512_load_si512(dots + 256 * g + 16 * c);
+#else
 				for (int g = 0; g < G; g++)
 					for (int c = 0; c < NC; c++)
 						ia[g][c] = _mm512_setzero_si512();
@@ -923,6 +1012,7 @@ ALWAYS_INLINE void mk_rep(const enum ptype t, const int G, const int NC, const u
 							ia[g][c] = dot_us(ia[g][c], wv[g], xb);
 					}
 				}
+#endif
 				for (int g = 0; g < G; g++) {
 					const __m512 sj = _mm512_load_ps(sc + g * scb + 64 * j);
 
@@ -1024,6 +1114,11 @@ ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const
 
 			if (j * sbe % 32 == 0)
 				pf_step(pf, s * 8 + j * sbe / 32);
+#if HYB_AMX
+			int32_t dots[GMAX * 256] __attribute__((aligned(64)));
+
+			amx_dots(G, xs + sbe * j, 256, wu, dots);
+#endif
 
 #pragma GCC unroll 4
 			for (int c = 0; c < NC; c++) {
@@ -1032,8 +1127,14 @@ ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const
 							: _mm512_setzero_si512();
 
 				for (int g = 0; g < G; g++)
+#if HYB_AMX
+					ia[g][c] = _mm512_add_epi32(init, _mm512_load_si512(
+						dots + 256 * g + 16 * c));
+#else
 					ia[g][c] = init;
+#endif
 			}
+#if !HYB_AMX
 #pragma GCC unroll 8
 			for (int q = 0; q < sbe / 4; q++) {
 				__m512i wv[GMAX];
@@ -1049,6 +1150,7 @@ ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const
 						ia[g][c] = dot_us(ia[g][c], wv[g], xb);
 				}
 			}
+#endif
 			for (int g = 0; g < G; g++) {
 				const __m512 sj = _mm512_load_ps(sc + g * scb + 64 * j);
 
@@ -1194,6 +1296,13 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 	uint8_t *xs, *ws;
 	float *mins = NULL; /* state between k chunks: Q4_K mins, Q8_0 chains */
 	struct panel p;
+#if HYB_AMX
+	/* Q8_0 keeps vpdpbusd: its order converts every 4-product sum (mk_q0) */
+	const int amx = t != P_Q8_0;
+	/* bytes of k per integer sum: a sub-block of 16 for Q6_K, Q3_K, Q2_K */
+	const int kb = t == P_Q6_K || t == P_Q3_K || t == P_Q2_K ? 16 : 32;
+	int amx_nc = 0; /* the column count the tiles are configured for */
+#endif
 
 	xs = hyb_cpu_scratch(HYB_SCRATCH_X, tile_bytes * (size_t)ntile);
 	ws = hyb_cpu_scratch(HYB_SCRATCH_W, chunk);
@@ -1251,6 +1360,12 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 					yc[c] = y + (size_t)(tt * NCP + c) * y_stride + r0;
 					mc[c] = mins ? mins + ((size_t)tt * NCP + c) * st_col : NULL;
 				}
+#if HYB_AMX
+				if (amx && nc != amx_nc) {
+					amx_configure(kb, nc);
+					amx_nc = nc;
+				}
+#endif
 				mk_any(t, nc, ws, xs + tt * tile_bytes + (size_t)u0 * xunit, cu, pf, yc,
 				       mc, m, u0 == 0, u0 + KCU >= nu);
 				/* rows of the share the tile's units did not cover */
@@ -1259,6 +1374,11 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 			}
 		}
 	}
+#if HYB_AMX
+	/* back to the init state: a context switch then saves no tile data */
+	if (amx_nc)
+		_tile_release();
+#endif
 	return 0;
 }
 
