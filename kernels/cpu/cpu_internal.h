@@ -180,7 +180,7 @@ double hyb_peak_scalar(enum hyb_peak_kind kind);
  * one of a few independent buffers. Contents are not preserved across calls
  * with a larger size. NULL when out of memory.
  */
-enum { HYB_SCRATCH_X, HYB_SCRATCH_W, HYB_SCRATCH_P, HYB_SCRATCH_N };
+enum { HYB_SCRATCH_X, HYB_SCRATCH_W, HYB_SCRATCH_P, HYB_SCRATCH_D, HYB_SCRATCH_N };
 void *hyb_cpu_scratch(int slot, size_t bytes);
 
 /* dispatch.c: the CPU has GFNI beside AVX-512 (kernels use it in asm, behind this check) */

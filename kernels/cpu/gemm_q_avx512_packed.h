@@ -758,9 +758,15 @@ ALWAYS_INLINE void pf_step(struct pf_rows pf, int i)
  * in each 64-byte row), and a column's packed activations are its bytes in
  * k order, the A operand's rows.
  *
- * Tiles: 0 the activations (nc rows of kb bytes, signed); 1-3 the weights
- * of row group g (kb / 4 rows of 64 bytes, unsigned); 4-6 the dword sums
- * of group g (nc rows of 16).
+ * The tiles take 16 columns at a time, their full height: before the
+ * micro-kernels pass over a chunk, amx_chunk forms the integer sums of its
+ * every block, row group and column of the next 16 (the column tiles
+ * NCP at a time read them from `dots`), with the activations loaded
+ * straight from the caller's Q8_0 / Q8_K columns (their stride is one).
+ *
+ * Tiles: 0 the activations (nc <= 16 rows of kb bytes, signed); 1-3 the
+ * weights of row group g (kb / 4 rows of 64 bytes, unsigned); 4-6 the
+ * dword sums of group g (nc rows of 16).
  */
 struct amx_config {
 	uint8_t palette, start_row, reserved[14];
@@ -813,6 +819,43 @@ ALWAYS_INLINE void amx_dots(const int G, const uint8_t *xa, size_t xs, const uin
 		_tile_stored(5, out + 256, 64);
 	if (G > 2)
 		_tile_stored(6, out + 512, 64);
+}
+
+/* bytes of k per integer sum: a sub-block of 16 for Q6_K, Q3_K, Q2_K */
+static inline int amx_kb(const enum ptype t)
+{
+	return t == P_Q6_K || t == P_Q3_K || t == P_Q2_K ? 16 : 32;
+}
+
+/*
+ * The integer sums of a packed chunk (cu units from unit u0; ws its packed
+ * weights) with the columns at x, x_stride apart, as many as the tiles are
+ * configured for: dots[(q * G + g) * 256 + 16 * c + r], q the chunk's
+ * blocks, or its super-blocks' sub-blocks in order.
+ */
+static void amx_chunk(const enum ptype t, const int G, const uint8_t *x, size_t x_stride,
+		      const uint8_t *ws, int64_t u0, int cu, int32_t *dots)
+{
+	if (!ptype_k(t)) {
+		const size_t qs = offsetof(struct hyb_block_q8_0, qs);
+
+		for (int u = 0; u < cu; u++)
+			amx_dots(G, x + (size_t)(u0 + u) * sizeof(struct hyb_block_q8_0) + qs,
+				 x_stride, ws + (size_t)u * UW8(G), dots + (size_t)u * G * 256);
+		return;
+	}
+	const int sbe = amx_kb(t), nsub = 256 / sbe;
+	const size_t qs = offsetof(struct hyb_block_q8_k, qs);
+
+	for (int s = 0; s < cu / 8; s++) {
+		const uint8_t *xb = x + (size_t)(u0 / 8 + s) * sizeof(struct hyb_block_q8_k) + qs;
+		const uint8_t *wsb = ws + (size_t)s * SBW(G, scale_bytes(t));
+
+		for (int j = 0; j < nsub; j++)
+			amx_dots(G, xb + sbe * j, x_stride,
+				 wsb + (size_t)(j * sbe / 32) * G * 512 + (j * sbe % 32) * 16,
+				 dots + (size_t)(s * nsub + j) * G * 256);
+	}
 }
 #endif
 
@@ -883,10 +926,12 @@ ALWAYS_INLINE void mk_q0(const int NC, const uint8_t *wp, const uint8_t *xp, int
  * acc = fma(float(dot), dw*dx, acc), one block after the other.
  */
 ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uint8_t *xp, int nu,
-			 struct pf_rows pf, float *const *y, const __mmask16 *m, int first)
+			 struct pf_rows pf, float *const *y, const __mmask16 *m, int first,
+			 const int32_t *dots)
 {
 	__m512 acc[GMAX][NCP];
 
+	(void)dots; /* AMX: the integer sums, amx_chunk's */
 	for (int g = 0; g < G; g++)
 		for (int c = 0; c < NC; c++)
 			acc[g][c] = acc_start(y[c] + 16 * g, m[g], first);
@@ -896,19 +941,14 @@ ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uin
 
 		pf_step(pf, u);
 
-#if HYB_AMX
-		int32_t dots[GMAX * 256] __attribute__((aligned(64)));
-
-		amx_dots(G, xu, 32, wu, dots);
-#endif
 #pragma GCC unroll 4
 		for (int c = 0; c < NC; c++) {
 			const __m512i init = _mm512_set1_epi32(ld32(xu + NCP * 32 + 4 * c));
 
 			for (int g = 0; g < G; g++)
 #if HYB_AMX
-				ia[g][c] = _mm512_add_epi32(init, _mm512_load_si512(dots + 256 * g +
-										      16 * c));
+				ia[g][c] = _mm512_add_epi32(init, _mm512_load_si512(
+					dots + ((size_t)u * G + g) * 256 + 16 * c));
 #else
 				ia[g][c] = init;
 #endif
@@ -957,10 +997,13 @@ ALWAYS_INLINE void mk_q8(const int G, const int NC, const uint8_t *wp, const uin
  */
 ALWAYS_INLINE void mk_rep(const enum ptype t, const int G, const int NC, const uint8_t *wp,
 			  const uint8_t *xp, int nsb, struct pf_rows pf, float *const *y,
-			  float *const *mins, const __mmask16 *m, int first, int last)
+			  float *const *mins, const __mmask16 *m, int first, int last,
+			  const int32_t *dots)
 {
 	const int q2 = t == P_Q2_K;
 	const int sbe = q2 ? 16 : 32, nsg = q2 ? 8 : 2; /* sub-block elements, per group */
+
+	(void)dots; /* AMX: the integer sums, amx_chunk's */
 	const int mpg = q2 ? 4 : 1;                     /* min pair vectors per group */
 	const size_t scb = scale_bytes(t), exb = x_extra(t), sx = SXK(exb);
 	const size_t mn_at = (q2 ? 16 : 8) * 64, d_at = (q2 ? 24 : 12) * 64;
@@ -987,12 +1030,12 @@ ALWAYS_INLINE void mk_rep(const enum ptype t, const int G, const int NC, const u
 				if (j * sbe % 32 == 0)
 					pf_step(pf, s * 8 + j * sbe / 32);
 #if HYB_AMX
-				int32_t dots[GMAX * 256] __attribute__((aligned(64)));
+				const int32_t *dq = dots + ((size_t)s * (256 / sbe) + j) * G * 256;
 
-				amx_dots(G, xs + sbe * j, 256, wu, dots);
+				(void)wu;
 				for (int g = 0; g < G; g++)
 					for (int c = 0; c < NC; c++)
-						ia[g][c] = _mm512_load_si512(dots + 256 * g + 16 * c);
+						ia[g][c] = _mm512_load_si512(dq + 256 * g + 16 * c);
 #else
 				for (int g = 0; g < G; g++)
 					for (int c = 0; c < NC; c++)
@@ -1087,9 +1130,11 @@ ALWAYS_INLINE void mk_rep(const enum ptype t, const int G, const int NC, const u
  */
 ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const uint8_t *wp,
 			    const uint8_t *xp, int nsb, struct pf_rows pf, float *const *y,
-			    const __mmask16 *m, int first)
+			    const __mmask16 *m, int first, const int32_t *dots)
 {
 	const int sbe = t == P_Q6_K || t == P_Q3_K ? 16 : 32; /* elements per sub-block */
+
+	(void)dots; /* AMX: the integer sums, amx_chunk's */
 	const int pair = t != P_IQ4_XS, zp = t != P_Q5_K, mins = t == P_Q5_K;
 	const size_t scb = scale_bytes(t), exb = x_extra(t), sx = SXK(exb);
 	/* offsets in a super-block's scales: d (and dmin, the min pairs for Q5_K) */
@@ -1115,9 +1160,9 @@ ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const
 			if (j * sbe % 32 == 0)
 				pf_step(pf, s * 8 + j * sbe / 32);
 #if HYB_AMX
-			int32_t dots[GMAX * 256] __attribute__((aligned(64)));
+			const int32_t *dq = dots + ((size_t)s * (256 / sbe) + j) * G * 256;
 
-			amx_dots(G, xs + sbe * j, 256, wu, dots);
+			(void)wu;
 #endif
 
 #pragma GCC unroll 4
@@ -1129,7 +1174,7 @@ ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const
 				for (int g = 0; g < G; g++)
 #if HYB_AMX
 					ia[g][c] = _mm512_add_epi32(init, _mm512_load_si512(
-						dots + 256 * g + 16 * c));
+						dq + 256 * g + 16 * c));
 #else
 					ia[g][c] = init;
 #endif
@@ -1197,7 +1242,7 @@ ALWAYS_INLINE void mk_tiled(const enum ptype t, const int G, const int NC, const
 
 static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t *xp, int nu,
 		   struct pf_rows pf, float *const *y, float *const *mins, const __mmask16 *m,
-		   int first, int last)
+		   int first, int last, const int32_t *dots)
 {
 	if (t == P_Q8_0) {
 		/* two columns at a time: 16 accumulators each (VNNI only: 0..255 weights) */
@@ -1211,12 +1256,12 @@ static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t 
 		}
 	} else if (t == P_Q4_0 || t == P_IQ4_NL) {
 		switch (nc) {
-#define CASE(N) case N: mk_q8(G8, N, wp, xp, nu, pf, y, m, first); break;
+#define CASE(N) case N: mk_q8(G8, N, wp, xp, nu, pf, y, m, first, dots); break;
 		CASE(1) CASE(2) CASE(3) CASE(4)
 #undef CASE
 		}
 	} else if (t == P_Q4_K || t == P_Q2_K) {
-#define CASE(T, N) case N: mk_rep(T, GK, N, wp, xp, nu / 8, pf, y, mins, m, first, last); break;
+#define CASE(T, N) case N: mk_rep(T, GK, N, wp, xp, nu / 8, pf, y, mins, m, first, last, dots); break;
 #define TYPE(T) case T: switch (nc) { CASE(T, 1) CASE(T, 2) CASE(T, 3) CASE(T, 4) } break;
 		switch (t) {
 		TYPE(P_Q4_K) TYPE(P_Q2_K)
@@ -1225,7 +1270,7 @@ static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t 
 #undef TYPE
 #undef CASE
 	} else {
-#define CASE(T, N) case N: mk_tiled(T, GK, N, wp, xp, nu / 8, pf, y, m, first); break;
+#define CASE(T, N) case N: mk_tiled(T, GK, N, wp, xp, nu / 8, pf, y, m, first, dots); break;
 #define TYPE(T) case T: switch (nc) { CASE(T, 1) CASE(T, 2) CASE(T, 3) CASE(T, 4) } break;
 		switch (t) {
 		TYPE(P_Q6_K) TYPE(P_Q3_K) TYPE(P_Q5_K) TYPE(P_IQ4_XS)
@@ -1297,10 +1342,9 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 	float *mins = NULL; /* state between k chunks: Q4_K mins, Q8_0 chains */
 	struct panel p;
 #if HYB_AMX
+	int32_t *dots = NULL; /* the integer sums of a chunk's next 16 columns */
 	/* Q8_0 keeps vpdpbusd: its order converts every 4-product sum (mk_q0) */
 	const int amx = t != P_Q8_0;
-	/* bytes of k per integer sum: a sub-block of 16 for Q6_K, Q3_K, Q2_K */
-	const int kb = t == P_Q6_K || t == P_Q3_K || t == P_Q2_K ? 16 : 32;
 	int amx_nc = 0; /* the column count the tiles are configured for */
 #endif
 
@@ -1308,6 +1352,14 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 	ws = hyb_cpu_scratch(HYB_SCRATCH_W, chunk);
 	if (st_col)
 		mins = hyb_cpu_scratch(HYB_SCRATCH_P, sizeof(float) * (size_t)ntile * NCP * st_col);
+#if HYB_AMX
+	/* per block or sub-block of the chunk and row group: 16 columns x 16 rows */
+	if (amx)
+		dots = hyb_cpu_scratch(HYB_SCRATCH_D, (size_t)KCU * (kq ? 256 / amx_kb(t) / 8 : 1) *
+					      G * 1024);
+	if (amx && !dots)
+		return -1;
+#endif
 	if (!xs || !ws || (st_col && !mins))
 		return -1;
 	for (int64_t tt = 0; tt < ntile; tt++) {
@@ -1360,14 +1412,23 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 					yc[c] = y + (size_t)(tt * NCP + c) * y_stride + r0;
 					mc[c] = mins ? mins + ((size_t)tt * NCP + c) * st_col : NULL;
 				}
+				const int32_t *dt = NULL;
 #if HYB_AMX
-				if (amx && nc != amx_nc) {
-					amx_configure(kb, nc);
-					amx_nc = nc;
+				if (amx && tt % 4 == 0) {
+					const int ncg = (int)min64(4 * NCP, ncols - tt * NCP);
+
+					if (ncg != amx_nc) {
+						amx_configure(amx_kb(t), ncg);
+						amx_nc = ncg;
+					}
+					amx_chunk(t, G, (const uint8_t *)x + (size_t)(tt * NCP) * x_stride,
+						  x_stride, ws, u0, cu, dots);
 				}
+				if (amx)
+					dt = dots + 16 * NCP * (tt % 4);
 #endif
 				mk_any(t, nc, ws, xs + tt * tile_bytes + (size_t)u0 * xunit, cu, pf, yc,
-				       mc, m, u0 == 0, u0 + KCU >= nu);
+				       mc, m, u0 == 0, u0 + KCU >= nu, dt);
 				/* rows of the share the tile's units did not cover */
 				for (int r = pf.ra + cu; r < pf.rb; r++)
 					prefetch_row(&nxt, r);

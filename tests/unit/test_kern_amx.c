@@ -88,8 +88,8 @@ TEST(kern_amx_gemm_equals_vnni_bitwise)
 	const int64_t ks32[] = { 64, 608, 2048 }, ks256[] = { 256, 1280 };
 	/* rows: part of a 16-row group, several 48-row panels with a ragged end */
 	const int64_t rows[] = { 8, 44, 112 };
-	/* columns: AMX tiles of 4 and of the 1-3 a last column tile has */
-	const int64_t cols[] = { 4, 7, 13, 16 };
+	/* columns: the tiles take 16 (a group), then what is left; the column tiles 4 */
+	const int64_t cols[] = { 4, 7, 16, 37 };
 	int n = 0;
 
 	if (!amx)
