@@ -67,6 +67,12 @@ static uint64_t al256(uint64_t b)
 	return (b + 255) & ~255ull;
 }
 
+static void note(struct hyb_ffn_hybrid *h, const char *why)
+{
+	snprintf(h->place.prompt_note, sizeof(h->place.prompt_note), "%s; prompts run token after "
+		 "token", why);
+}
+
 /*
  * The batch's buffers in `share` bytes, the neuron cache's (docs/HYBRID.md,
  * "Prompts"): an eighth of it, at most 8 MiB, a staging area (two of
@@ -87,22 +93,31 @@ static uint64_t plan(struct hyb_ffn_hybrid *h, uint64_t share)
 	const uint32_t want = w->want;
 
 	w->cap = 0;
-	if (h->oracle || h->prefill_cpu || h->hc || !h->slot_bytes)
+	if (h->oracle || h->prefill_cpu || h->hc || !h->slot_bytes) {
+		note(h, h->oracle ? "oracle mode keeps the CPU batch's sums" :
+			h->prefill_cpu ? "--prefill-cpu" :
+			h->hc ? "the neuron cache is hybd's (box mode)" : "no neuron cache");
 		return 0;
+	}
 	w->piece = (uint32_t)(stage / h->slot_bytes < h->NG ? stage / h->slot_bytes : h->NG);
 	if (!w->piece)
 		w->piece = 1;
 	stage = 2 * al256((uint64_t)w->piece * h->slot_bytes);
-	if (stage + lists + 256 >= share)
-		return 0;
 	/* seven arrays, each 256-byte aligned, and the region's own alignment */
-	cap = (share - stage - lists - 256) / (per_tok + 7 * 256);
+	cap = stage + lists + 256 < share ? (share - stage - lists - 256) / (per_tok + 7 * 256) : 0;
 	if (want)
 		w->cap = cap >= want ? want : 0;
 	else if (cap >= PW_MIN_TOKENS)
 		w->cap = (uint32_t)(cap < PW_MAX_TOKENS ? cap : PW_MAX_TOKENS);
-	if (!w->cap)
+	if (!w->cap) {
+		char why[96];
+
+		snprintf(why, sizeof(why), "the neuron cache has room for the buffers of %llu "
+			 "tokens, a batch needs %u", (unsigned long long)cap,
+			 want ? want : PW_MIN_TOKENS);
+		note(h, why);
 		return 0;
+	}
 	w->bytes = stage + lists + 3 * al256(4ull * w->cap * h->E) +
 		   2 * al256(4ull * w->cap * q_dim) + 2 * al256(4ull * w->cap * kv_dim) + 256;
 	return w->bytes;
@@ -128,7 +143,11 @@ int hyb_ffn_hybrid_prefill_alloc(struct hyb_ffn_hybrid *h)
 	uint64_t slots;
 	hyb_dptr at;
 
-	if (!h->total_slots || !plan(h, cache))
+	if (!h->total_slots) {
+		note(h, "no neuron cache slots");
+		return 0;
+	}
+	if (!plan(h, cache))
 		return 0;
 	slots = (w->bytes + h->slot_bytes - 1) / h->slot_bytes;
 	w->first = (uint32_t)(h->total_slots - slots);

@@ -52,6 +52,7 @@ struct hyb_plain_hybrid {
 	float *h_rows;
 	uint32_t prompt_cap;
 	uint64_t prompt_bytes;
+	char prompt_note[160];          /* no batch: why (hyb_hybrid_offload.prompt_note) */
 	struct hyb_hybrid_params prm;   /* what alloc_prompt was given */
 	struct hyb_hybrid_stats st;
 };
@@ -244,6 +245,11 @@ static uint64_t prompt_reserve(const struct hyb_plain_hybrid *h,
 	return r <= p->gpu_budget / 16 ? r : 0;
 }
 
+static void note(struct hyb_plain_hybrid *h, const char *why)
+{
+	snprintf(h->prompt_note, sizeof(h->prompt_note), "%s; prompts on the CPU", why);
+}
+
 /*
  * The prompt batch from what the placement left of the budget (a plan's
  * takes neuron cache slots, ffn_hybrid_prefill.c): up to PROMPT_MAX rows,
@@ -265,15 +271,23 @@ static int alloc_prompt(struct hyb_plain_hybrid *h, const struct hyb_hybrid_para
 
 	if (p != &h->prm)
 		h->prm = *p;
-	if (h->rows > 1 || p->prefill_cpu || (!h->hd && !h->n_ffn))
+	h->prompt_note[0] = 0;
+	if (h->rows > 1 || p->prefill_cpu || (!h->hd && !h->n_ffn)) {
+		note(h, h->rows > 1 ? "several sequences: their passes take the rows" :
+			p->prefill_cpu ? "--prefill-cpu" : "no part of the model is on the device");
 		return 0;
+	}
 	cap = cap < PROMPT_MAX ? cap : PROMPT_MAX;
 	if (p->prompt_batch)
 		cap = cap >= p->prompt_batch ? p->prompt_batch : 0;
 	else if (cap < PROMPT_MIN)
 		cap = 0;
-	if (!cap)
+	if (!cap) {
+		snprintf(h->prompt_note, sizeof(h->prompt_note), "the budget leaves no room for "
+			 "the buffers of %u tokens; prompts on the CPU",
+			 p->prompt_batch ? p->prompt_batch : PROMPT_MIN);
 		return 0;
+	}
 	for (int i = 0; i < 9; i++)
 		if (hyb_device_alloc(h->dev, 4 * width[i] * cap, arr[i]))
 			goto none;
@@ -284,7 +298,10 @@ static int alloc_prompt(struct hyb_plain_hybrid *h, const struct hyb_hybrid_para
 	h->prompt_bytes = cap * prompt_row_bytes(h->m);
 	return 0;
 none:
-	/* no room after all (the device's own rounding): prompts on the CPU */
+	/* no room after all (the device's own rounding, or it refused): prompts on the CPU */
+	snprintf(h->prompt_note, sizeof(h->prompt_note), "the device refused the buffers of "
+		 "%llu tokens (%s); prompts on the CPU", (unsigned long long)cap,
+		 hyb_device_error(h->dev));
 	free_prompt(h);
 	return 0;
 }
@@ -844,6 +861,8 @@ void hyb_plain_hybrid_offload(const struct hyb_plain_hybrid *h, struct hyb_hybri
 	out->ffn_bytes = h->ffn_bytes + (h->n_ffn ? h->buf_bytes : 0);
 	out->prompt_batch = h->prompt_cap;
 	out->prompt_bytes = h->prompt_bytes;
+	if (!h->prompt_cap)
+		memcpy(out->prompt_note, h->prompt_note, sizeof(out->prompt_note));
 	if (h->policy == HYB_POLICY_LAYER)
 		out->dense_layers_cpu = h->m->hp.n_layer - h->n_ffn;
 	uint32_t teal_blocks = 0;

@@ -633,6 +633,22 @@ TEST(hybrid_prompt_batch_on_the_device)
 		hyb_ctx_free(c);
 		free(lg);
 	}
+	/* no batch: the placement says why (hyb serve and hyb run -v print it) */
+	for (int k = 0; k < 2; k++) {
+		struct hyb_hybrid_params hy = params(m, HYB_POLICY_STATIC);
+		struct hyb_hybrid_offload pl;
+		struct hyb_ctx *c;
+
+		hy.prompt_batch = k ? 0 : 100000;
+		hy.prefill_cpu = k;
+		c = ctx_new(m, &hy, false);
+		hyb_ctx_hybrid_offload(c, &pl);
+		CHECK_EQ_INT(pl.prompt_batch, 0);
+		CHECK_MSG(strstr(pl.prompt_note, k ? "--prefill-cpu; prompts run token after token" :
+				 "a batch needs 100000; prompts run token after token"), "%s",
+			  pl.prompt_note);
+		hyb_ctx_free(c);
+	}
 	hyb_ctx_free(ref);
 	free(lr);
 	free(lh);

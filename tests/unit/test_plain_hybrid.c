@@ -721,12 +721,15 @@ TEST(plain_hybrid_refusals)
 	CHECK_MSG(c, "%s", hyb_last_error());
 	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK_EQ_INT(pl.prompt_batch, 40);
+	CHECK_MSG(!pl.prompt_note[0], "%s", pl.prompt_note);
 	hyb_ctx_free(c);
 	hy.prompt_batch = 100000;
 	c = hyb_ctx_new(m, &cp);
 	CHECK_MSG(c, "%s", hyb_last_error());
 	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK_EQ_INT(pl.prompt_batch, 0);
+	CHECK_MSG(strstr(pl.prompt_note, "no room for the buffers of 100000 tokens; prompts on "
+			 "the CPU"), "%s", pl.prompt_note);
 	hyb_ctx_free(c);
 	hy.prompt_batch = 0;
 	hy.prefill_cpu = true;
@@ -734,6 +737,8 @@ TEST(plain_hybrid_refusals)
 	CHECK_MSG(c, "%s", hyb_last_error());
 	hyb_ctx_hybrid_offload(c, &pl);
 	CHECK_EQ_INT(pl.prompt_batch, 0);
+	CHECK_MSG(!strcmp(pl.prompt_note, "--prefill-cpu; prompts on the CPU"), "%s",
+		  pl.prompt_note);
 	hyb_ctx_free(c);
 	hyb_model_free(m);
 }

@@ -114,6 +114,8 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 				"parts on the device (%.1f MB of buffers), %llu batches\n",
 				pl.prompt_batch, pl.prompt_bytes / 1e6,
 				(unsigned long long)st.prompt_batches);
+		else if (pl.prompt_note[0])
+			fprintf(stderr, "hybrid: prompts: %s\n", pl.prompt_note);
 		return;
 	}
 	fprintf(stderr, "hybrid: on the device: attention of %u layers, %s, %u predictors, %.1f MB "
@@ -127,6 +129,8 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 			"of buffers); %llu batches streamed %.1f MB of FFN bundles\n",
 			pl.prompt_batch, pl.prompt_bytes / 1e6,
 			(unsigned long long)st.prompt_batches, st.prompt_stream_bytes / 1e6);
+	else if (pl.prompt_note[0])
+		fprintf(stderr, "hybrid: prompts: %s\n", pl.prompt_note);
 	fprintf(stderr, "hybrid: %.1f%% of active neurons on the device; %.1f group loads and "
 		"%.2f MB moved per token; cache %llu/%llu groups\n",
 		st.active ? 100.0 * st.active_dev / st.active : 0.0, st.loads / n,

@@ -157,6 +157,7 @@ struct hyb_hybrid_offload {
 				   * parts placed whole, none of the above caches */
 	uint32_t ffn_layers;      /* ... layers whose whole FFN is on the device */
 	uint64_t ffn_bytes;       /* ... their device bytes, with the FFN buffers */
+	char prompt_note[160];    /* prompt_batch 0: why, and where prompts run instead */
 };
 
 /*
