@@ -72,6 +72,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "hyb/tensor_type.h"
@@ -159,6 +160,11 @@ static __device__ __forceinline__ unsigned short f2h_bits(float f)
 static __host__ __device__ __forceinline__ uint32_t u32min(uint32_t a, uint32_t b)
 {
 	return a < b ? a : b;
+}
+
+static __host__ __device__ __forceinline__ uint32_t u32max(uint32_t a, uint32_t b)
+{
+	return a > b ? a : b;
 }
 
 static __host__ __device__ __forceinline__ uint64_t u64min(uint64_t a, uint64_t b)
@@ -651,11 +657,10 @@ static __device__ __forceinline__ float mv_dot_f32(const char *row, const unsign
 	return acc;
 }
 
-/* 2 blocks of 512 threads a multiprocessor: 64 registers at most (a 65th would leave 1) */
+/* A block's share of one matvec: x staged, then its rows grid-stride. */
 template <uint32_t TY, bool VEC>
-static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_kernel(const mv_k a)
+static __device__ __forceinline__ void mv_block(const mv_k &a, unsigned char *sm)
 {
-	extern __shared__ __align__(16) unsigned char sm[];
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 
 	mv_stage_x<TY>(a.x, a.k, sm);
@@ -686,6 +691,33 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_kernel(const mv_k
 		if (lane == 0)
 			a.y[r] = a.accumulate ? a.y[r] + acc : acc;
 	}
+}
+
+/* 2 blocks of 512 threads a multiprocessor: 64 registers at most (a 65th would leave 1) */
+template <uint32_t TY, bool VEC>
+static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_kernel(const mv_k a)
+{
+	extern __shared__ __align__(16) unsigned char sm[];
+
+	mv_block<TY, VEC>(a, sm);
+}
+
+/*
+ * A group of matvecs of one type and shape in one launch (a layer's device
+ * experts, docs/MOE.md): grid row y is item y, each row of blocks what one
+ * matvec_kernel launch has, so every output is that kernel's bit for bit.
+ */
+#define MV_GROUP 32 /* items a launch (their descriptors: 1.5 KiB of parameters) */
+struct mv_g {
+	mv_k it[MV_GROUP];
+};
+
+template <uint32_t TY, bool VEC>
+static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_group_kernel(const mv_g g)
+{
+	extern __shared__ __align__(16) unsigned char sm[];
+
+	mv_block<TY, VEC>(g.it[blockIdx.y], sm);
 }
 
 extern "C" uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in)
@@ -729,6 +761,22 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 		(const void *)matvec_kernel<HYB_TYPE_Q3_K, false>,
 		(const void *)matvec_kernel<HYB_TYPE_Q5_K, false>,
 		(const void *)matvec_kernel<HYB_TYPE_IQ4_XS, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_F32, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_F32, true>,
+		(const void *)matvec_group_kernel<HYB_TYPE_F16, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_F16, true>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q8_0, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q4_0, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q4_K, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q6_K, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q4_1, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q5_0, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q5_1, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_IQ4_NL, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q2_K, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q3_K, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_Q5_K, false>,
+		(const void *)matvec_group_kernel<HYB_TYPE_IQ4_XS, false>,
 	};
 
 	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
@@ -742,95 +790,132 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 	return 0;
 }
 
-/* a row per warp, grid-stride: as many blocks as fit on the multiprocessors at once */
+/*
+ * A row per warp, grid-stride: as many blocks as fit on the multiprocessors
+ * at once; a group shares them among its items, MV_GROUP items a launch.
+ */
 template <uint32_t TY, bool VEC>
-static void mv_launch(const mv_k &a, uint32_t sms, uint32_t smem, cudaStream_t s)
+static void mv_launch(const mv_k *a, uint32_t n, uint32_t sms, uint32_t smem, cudaStream_t s)
 {
-	static std::atomic<uint64_t> occ{0};
-	const uint32_t per_sm = hyb_occupancy(occ, (const void *)matvec_kernel<TY, VEC>,
-					      MV_THREADS, smem);
-	const uint32_t blocks = u32min((a.n_out + MV_WARPS - 1) / MV_WARPS, per_sm * sms);
+	static std::atomic<uint64_t> occ{0}, occ_g{0};
+	const uint32_t want = (a[0].n_out + MV_WARPS - 1) / MV_WARPS;
 
-	matvec_kernel<TY, VEC><<<blocks, MV_THREADS, smem, s>>>(a);
+	if (n == 1) {
+		const uint32_t per_sm = hyb_occupancy(occ, (const void *)matvec_kernel<TY, VEC>,
+						      MV_THREADS, smem);
+
+		matvec_kernel<TY, VEC><<<u32min(want, per_sm * sms), MV_THREADS, smem, s>>>(a[0]);
+		return;
+	}
+	const uint32_t per_sm = hyb_occupancy(occ_g, (const void *)matvec_group_kernel<TY, VEC>,
+					      MV_THREADS, smem);
+
+	for (uint32_t i0 = 0; i0 < n; i0 += MV_GROUP) {
+		const uint32_t k = u32min(MV_GROUP, n - i0);
+		const dim3 grid(u32min(want, u32max(1, per_sm * sms / k)), k);
+		mv_g g;
+
+		for (uint32_t i = 0; i < k; i++)
+			g.it[i] = a[i0 + i];
+		matvec_group_kernel<TY, VEC><<<grid, MV_THREADS, smem, s>>>(g);
+	}
 }
 
-extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
+extern "C" int hyb_cuda_matvec_group(const struct hyb_cuda_matvec *m, uint32_t n, void *stream)
 {
 	const cudaStream_t s = (cudaStream_t)stream;
 	const uint64_t rb = hyb_row_bytes(m->type, m->n_in);
 	const uint32_t smem = hyb_cuda_matvec_smem(m->type, m->n_in);
 	const uint32_t sms = (uint32_t)(m->n_sm > 0 ? m->n_sm : 1);
-	/* 16-byte loads need every row 16-byte aligned */
-	const bool vec = (uintptr_t)m->w % 16 == 0 && rb % 16 == 0;
-	mv_k a;
+	/* 16-byte loads need every row 16-byte aligned (every item's) */
+	bool vec = rb % 16 == 0;
+	mv_k *a;
 
-	if (!rb || !smem || !m->n_out || !m->n_in ||
-	    ((uintptr_t)m->w % (m->type == HYB_TYPE_F32 ? 4 : 2)))
+	if (!n || !rb || !smem || !m->n_out || !m->n_in)
 		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++) {
+		if ((uintptr_t)m[i].w % (m->type == HYB_TYPE_F32 ? 4 : 2) || m[i].type != m->type ||
+		    m[i].n_in != m->n_in || m[i].n_out != m->n_out ||
+		    m[i].accumulate != m->accumulate)
+			return -EINVAL;
+		vec = vec && (uintptr_t)m[i].w % 16 == 0;
+	}
 	/* the K-quant kernels' block sizes are constants: they must be the rows' */
 	if ((m->type == HYB_TYPE_Q4_K && rb != m->n_in / QK_K * Q4K_BYTES) ||
 	    (m->type == HYB_TYPE_Q6_K && rb != m->n_in / QK_K * Q6K_BYTES))
 		return -EINVAL;
-	a.w = (const char *)m->w;
-	a.rb = rb;
-	a.x = m->x;
-	a.y = m->y;
-	a.k = m->n_in;
-	a.n_out = m->n_out;
-	a.accumulate = m->accumulate;
+	a = (mv_k *)malloc(sizeof(mv_k) * n);
+	if (!a)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		a[i].w = (const char *)m[i].w;
+		a[i].rb = rb;
+		a[i].x = m[i].x;
+		a[i].y = m[i].y;
+		a[i].k = m->n_in;
+		a[i].n_out = m->n_out;
+		a[i].accumulate = m->accumulate;
+	}
 	switch (m->type) {
 	case HYB_TYPE_F32:
 		if (vec)
-			mv_launch<HYB_TYPE_F32, true>(a, sms, smem, s);
+			mv_launch<HYB_TYPE_F32, true>(a, n, sms, smem, s);
 		else
-			mv_launch<HYB_TYPE_F32, false>(a, sms, smem, s);
+			mv_launch<HYB_TYPE_F32, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_F16:
 		if (vec)
-			mv_launch<HYB_TYPE_F16, true>(a, sms, smem, s);
+			mv_launch<HYB_TYPE_F16, true>(a, n, sms, smem, s);
 		else
-			mv_launch<HYB_TYPE_F16, false>(a, sms, smem, s);
+			mv_launch<HYB_TYPE_F16, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q8_0:
-		mv_launch<HYB_TYPE_Q8_0, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q8_0, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q4_0:
-		mv_launch<HYB_TYPE_Q4_0, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q4_0, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q4_K:
-		mv_launch<HYB_TYPE_Q4_K, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q4_K, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q6_K:
-		mv_launch<HYB_TYPE_Q6_K, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q6_K, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q4_1:
-		mv_launch<HYB_TYPE_Q4_1, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q4_1, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q5_0:
-		mv_launch<HYB_TYPE_Q5_0, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q5_0, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q5_1:
-		mv_launch<HYB_TYPE_Q5_1, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q5_1, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_IQ4_NL:
-		mv_launch<HYB_TYPE_IQ4_NL, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_IQ4_NL, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q2_K:
-		mv_launch<HYB_TYPE_Q2_K, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q2_K, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q3_K:
-		mv_launch<HYB_TYPE_Q3_K, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q3_K, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_Q5_K:
-		mv_launch<HYB_TYPE_Q5_K, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_Q5_K, false>(a, n, sms, smem, s);
 		break;
 	case HYB_TYPE_IQ4_XS:
-		mv_launch<HYB_TYPE_IQ4_XS, false>(a, sms, smem, s);
+		mv_launch<HYB_TYPE_IQ4_XS, false>(a, n, sms, smem, s);
 		break;
 	default:
+		free(a);
 		return -EINVAL;
 	}
+	free(a);
 	return (int)cudaGetLastError();
+}
+
+extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
+{
+	return hyb_cuda_matvec_group(m, 1, stream);
 }
 
 /* ---- attention 1: RoPE, the cache rows ---------------------------------------------- */

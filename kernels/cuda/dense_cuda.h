@@ -46,6 +46,12 @@ uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in);
 int hyb_cuda_dense_setup(int smem_max);
 
 int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream);
+/*
+ * n matvecs of m[0]'s type, n_in, n_out and accumulate, each its own w, x,
+ * y (disjoint outputs), in one launch per 32: each output that of
+ * hyb_cuda_matvec on its item, bit for bit.
+ */
+int hyb_cuda_matvec_group(const struct hyb_cuda_matvec *m, uint32_t n, void *stream);
 
 /*
  * RoPE's cos and sin for one position (host memory), which the caller

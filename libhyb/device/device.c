@@ -810,6 +810,65 @@ int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 	return rc;
 }
 
+/* item j's y against item i's arrays (and i's y against j's w and x) */
+static int check_group_pair(struct hyb_device *d, const struct hyb_dev_matvec *a,
+			    const struct hyb_dev_matvec *b, uint32_t i, uint32_t j)
+{
+	const uint64_t nb = a->batch ? a->batch : 1, rb = hyb_row_bytes(a->type, a->n_in);
+	const struct darr wa = { a->w, rb * a->n_out, "w" }, xa = { a->x, 4ull * a->n_in * nb, "x" };
+	const struct darr ya = { a->y, 4ull * a->n_out * nb, "y" };
+	const struct darr wb = { b->w, rb * b->n_out, "w" }, xb = { b->x, 4ull * b->n_in * nb, "x" };
+	const struct darr yb = { b->y, 4ull * b->n_out * nb, "y" };
+
+	if (overlap(&yb, &wa) || overlap(&yb, &xa) || overlap(&yb, &ya) || overlap(&ya, &wb) ||
+	    overlap(&ya, &xb))
+		return hyb_device_fail(d, -EINVAL, "matvec group: item %u's arrays overlap item "
+				       "%u's (an output must be no other item's input or output)",
+				       j, i);
+	return 0;
+}
+
+int hyb_device_matvec_group(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec *m, uint32_t n)
+{
+	int rc = check_dev(d, (int)s, "matvec group");
+
+	if (!rc)
+		rc = check_op(d, d->ops->matvec != NULL, "matvec");
+	if (rc)
+		return rc;
+	if (!m && n)
+		return hyb_device_fail(d, -EINVAL, "matvec group: NULL arguments");
+	if (n > HYB_DEVICE_GROUP_MAX)
+		return hyb_device_fail(d, -EINVAL, "matvec group: %u items (at most %u)", n,
+				       HYB_DEVICE_GROUP_MAX);
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		if (m[i].type != m[0].type || m[i].n_in != m[0].n_in || m[i].n_out != m[0].n_out ||
+		    m[i].accumulate != m[0].accumulate || (m[i].batch ? m[i].batch : 1) !=
+		    (m[0].batch ? m[0].batch : 1))
+			return hyb_device_fail(d, -EINVAL, "matvec group: item %u is not item 0's "
+					       "type and shape", i);
+		rc = check_matvec(d, &m[i]);
+	}
+	for (uint32_t i = 0; i < n && !rc; i++)
+		for (uint32_t j = i + 1; j < n && !rc; j++)
+			rc = check_group_pair(d, &m[i], &m[j], i, j);
+	if (rc || !n)
+		return rc;
+	if (d->ops->matvec_group) {
+		rc = d->ops->matvec_group(d, s, m, n);
+		if (!rc)
+			d->st.kernels++;
+		return rc;
+	}
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		rc = d->ops->matvec(d, s, &m[i]);
+		if (!rc)
+			d->st.kernels++;
+	}
+	return rc;
+}
+
 bool hyb_device_teal_type_ok(uint32_t t)
 {
 	/* TEAL's transposed layout's types (libhyb/sparse/teal.c) */

@@ -1009,6 +1009,36 @@ static int cpu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 	return rc;
 }
 
+/* the items one after the other with the CPU's kernels, timed as one launch */
+static int cpu_matvec_group(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec *m, uint32_t n)
+{
+	struct cpu_dev *c = cpu(d);
+	const uint64_t nb = m->batch ? m->batch : 1;
+	uint64_t bytes = 0;
+	double r0;
+	int rc = 0;
+
+	enter(c, &r0);
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		uint64_t b = 0;
+
+		rc = run_matvec(c, &m[i], &b);
+		bytes += b;
+	}
+	op_begin(c, "a matvec group kernel");
+	for (uint32_t i = 0; i < n; i++) {
+		span(c, (const void *)(uintptr_t)m[i].w,
+		     hyb_row_bytes(m[i].type, m[i].n_in) * m[i].n_out, false);
+		span(c, (const void *)(uintptr_t)m[i].x, 4ull * m[i].n_in * nb, false);
+		span(c, (const void *)(uintptr_t)m[i].y, 4ull * m[i].n_out * nb, true);
+	}
+	if (!rc)
+		rc = kernel_done(c, s, bytes, 2.0 * (double)n * nb * m->n_in * m->n_out);
+	leave(c, r0);
+	return rc;
+}
+
 /*
  * forward.c's steps for one token: RoPE on q and k, k and v stored as F16
  * into row pos, then the attention loop over rows 0..pos. One split
@@ -1326,6 +1356,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.ffn_act = cpu_ffn_act,
 	.rmsnorm = cpu_rmsnorm,
 	.matvec = cpu_matvec,
+	.matvec_group = cpu_matvec_group,
 	.attention = cpu_attention,
 	.predict = cpu_predict,
 	.teal = cpu_teal,

@@ -823,6 +823,48 @@ static int cu_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_d
 	return rc;
 }
 
+/* The items (each column of a batch an item of its own) in launches of 32. */
+static int cu_matvec_group(struct hyb_device *d, enum hyb_stream s,
+			   const struct hyb_dev_matvec *m, uint32_t n)
+{
+	struct cudev *c = cu(d);
+	const uint64_t nb = m->batch ? m->batch : 1, rb = hyb_row_bytes(m->type, m->n_in);
+	const uint32_t smem = hyb_cuda_matvec_smem(m->type, m->n_in);
+	struct hyb_cuda_matvec *a;
+	int rc;
+
+	if (!smem || (int64_t)smem > c->smem_max)
+		return cu_matvec(d, s, m); /* its message */
+	if ((rc = use_stream(c, s)))
+		return rc;
+	a = (struct hyb_cuda_matvec *)malloc(sizeof(*a) * n * nb);
+	if (!a)
+		return hyb_device_fail(d, -ENOMEM, "cuda matvec group: out of host memory");
+	for (uint32_t i = 0; i < n; i++)
+		for (uint64_t t = 0; t < nb; t++) {
+			struct hyb_cuda_matvec *e = &a[i * nb + t];
+
+			e->type = m->type;
+			e->n_in = m->n_in;
+			e->n_out = m->n_out;
+			e->w = (const void *)(uintptr_t)m[i].w;
+			e->x = (const float *)(uintptr_t)(m[i].x + 4ull * m->n_in * t);
+			e->y = (float *)(uintptr_t)(m[i].y + 4ull * m->n_out * t);
+			e->accumulate = m->accumulate;
+			e->n_sm = c->n_sm;
+		}
+	rc = hyb_cuda_matvec_group(a, (uint32_t)(n * nb), c->st[s]);
+	free(a);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda matvec group: shape not supported (%s, %u x %u)",
+				       hyb_type_name(m->type), m->n_out, m->n_in);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "matvec group kernel launch");
+	d->st.kernel_bytes += n * (m->n_out * rb + nb * (4ull * m->n_in + 4ull * m->n_out *
+							  (m->accumulate ? 2 : 1)));
+	return 0;
+}
+
 /* The attention workspace of stream s, at least need bytes. */
 static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
 {
@@ -1076,6 +1118,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_ffn_act,
 	cu_rmsnorm,
 	cu_matvec,
+	cu_matvec_group,
 	cu_attention,
 	cu_predict,
 	cu_teal,

@@ -70,6 +70,9 @@ struct hyb_device_ops {
 	int (*rmsnorm)(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr x,
 		       hyb_dptr w, uint32_t n, uint32_t rows, float eps);
 	int (*matvec)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
+	/* NULL: hyb_device_matvec_group calls matvec per item (n launches) */
+	int (*matvec_group)(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec *m, uint32_t n);
 	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 	int (*predict)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
 	int (*teal)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t);

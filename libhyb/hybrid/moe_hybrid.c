@@ -71,6 +71,7 @@ struct hyb_moe_hybrid {
 	float *freq_data;                /* [n_moe * X] */
 	const float **freq;
 	uint32_t *sorted, *load, *evict, *dev_e;
+	struct hyb_dev_matvec *mv; /* a decode step's grouped launches: 2 per expert */
 	uint32_t rows;                   /* pairs (token, expert) a call may hold: K, or a
 					  * pass's n_rows * K with several sequences */
 	uint32_t *dev_r0;                /* [X] device expert i's first row in d_x / d_y */
@@ -235,7 +236,7 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
 {
 	/* a token's input and each pair's activations and output (rows: 1 and K with one
 	 * sequence, a pass's pairs with several) */
-	const uint64_t in = h->rows > h->K ? h->rows : 1, mid = h->rows > h->K ? h->rows : 1;
+	const uint64_t in = h->rows > h->K ? h->rows : 1, mid = h->rows;
 	const uint64_t bufs = up_align(4ull * in * h->E) + 2 * up_align(4ull * mid * h->F) +
 			      up_align(4ull * h->rows * h->E);
 
@@ -510,6 +511,7 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	h->evict = malloc(sizeof(uint32_t) * h->X);
 	h->rows = n_rows > 1 ? n_rows * h->K : h->K;
 	h->dev_e = malloc(sizeof(uint32_t) * h->X);
+	h->mv = malloc(2 * sizeof(*h->mv) * h->X);
 	h->dev_r0 = malloc(sizeof(uint32_t) * (h->X + 1));
 	h->table = malloc(sizeof(int32_t) * h->n_moe * h->X);
 	h->fb = calloc(h->n_moe, sizeof(*h->fb));
@@ -517,7 +519,7 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	h->predicted = calloc(h->n_moe, sizeof(bool));
 	h->prefetch = !p->no_prefetch && p->policy != HYB_POLICY_STATIC &&
 		      p->policy != HYB_POLICY_LAYER && h->n_moe > 1;
-	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->dev_r0 || !h->table ||
+	if (!h->sorted || !h->load || !h->evict || !h->dev_e || !h->mv || !h->dev_r0 || !h->table ||
 	    !h->fb || !h->predicted || !h->lst) {
 		snprintf(err, errlen, "expert cache: out of memory");
 		goto fail;
@@ -598,6 +600,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->load);
 	free(h->evict);
 	free(h->dev_e);
+	free(h->mv);
 	free(h->dev_r0);
 	free(h->table);
 	free(h->fb);
@@ -624,18 +627,23 @@ static bool ready(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, bool *late)
 	return false;
 }
 
+/* The device address of the slot holding layer lm's expert e (resident). */
+static hyb_dptr slot_at(const struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e)
+{
+	return h->cache + (uint64_t)h->table[(size_t)lm * h->X + e] * h->slot_bytes;
+}
+
 /*
  * Expert e over k rows of input at x (n_embd floats each), its outputs to
- * d_y's rows row.. (the one-token kernels row after row, hyb/device.h);
- * with one token the activations use d_g/d_u's first row, with several
- * rows row.. of them.
+ * d_y's rows row.. and its activations to d_g/d_u's (the one-token kernels
+ * row after row, hyb/device.h).
  */
 static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t row,
 			uint32_t k, hyb_dptr x)
 {
 	const struct hyb_layer *L = layer(h, lm);
-	const hyb_dptr base = h->cache + (uint64_t)h->table[(size_t)lm * h->X + e] * h->slot_bytes;
-	const uint64_t mid = h->rows > h->K ? 4ull * row * h->F : 0;
+	const hyb_dptr base = slot_at(h, lm, e);
+	const uint64_t mid = 4ull * row * h->F;
 	const struct hyb_dev_matvec gate = {
 		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = x,
 		.y = h->d_g + mid, .batch = k,
@@ -655,6 +663,47 @@ static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint3
 			       h->m->hp.act))
 		return -1;
 	return hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down);
+}
+
+/*
+ * One token's device experts (dev_e) of layer lm in four launches, not
+ * four per expert (KTransformers §4 and docs/MOE.md: at a few us a launch,
+ * the launches were most of the device's time): every gate and up matvec,
+ * every activation, every down matvec. Expert i's activations and output
+ * are rows i of d_g/d_u and d_y, each kernel's bits those of queue_expert.
+ */
+static int queue_experts_grouped(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x)
+{
+	const struct hyb_layer *L = layer(h, lm);
+	const uint32_t n = h->n_dev;
+	const bool one = L->gate_exps.type == L->up_exps.type;
+
+	for (uint32_t i = 0; i < n; i++) {
+		const hyb_dptr base = slot_at(h, lm, h->dev_e[i]);
+
+		h->mv[i] = (struct hyb_dev_matvec){
+			.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = x,
+			.y = h->d_g + 4ull * i * h->F,
+		};
+		h->mv[n + i] = (struct hyb_dev_matvec){
+			.type = L->up_exps.type, .n_in = h->E, .n_out = h->F, .w = base + h->off_up,
+			.x = x, .y = h->d_u + 4ull * i * h->F,
+		};
+	}
+	if (one ? hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, 2 * n) :
+		  hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, n) ||
+		  hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv + n, n))
+		return -1;
+	if (hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, n * h->F,
+			       h->m->hp.act))
+		return -1;
+	for (uint32_t i = 0; i < n; i++)
+		h->mv[i] = (struct hyb_dev_matvec){
+			.type = L->down_exps.type, .n_in = h->F, .n_out = h->E,
+			.w = slot_at(h, lm, h->dev_e[i]) + h->off_down, .x = h->d_g + 4ull * i * h->F,
+			.y = h->d_y + 4ull * i * h->E,
+		};
+	return hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, n);
 }
 
 /* Layer lm's shared expert on one token's x: gate, up, SwiGLU, down into d_so, its gate's logit after. */
@@ -760,12 +809,15 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 			return dev_fail(h, err, errlen, "expert input");
 		h->st.critical_bytes += 4ull * in * h->E;
 	}
-	for (uint32_t i = 0; i < h->n_dev; i++) {
+	if (nf == 1 && h->n_dev &&
+	    queue_experts_grouped(h, lm, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))
+		return dev_fail(h, err, errlen, "expert kernels");
+	for (uint32_t i = 0; nf > 1 && i < h->n_dev; i++) {
 		const uint32_t k = h->dev_r0[i + 1] - h->dev_r0[i];
 		const hyb_dptr x = xn_on_dev ? hyb_hdense_xn(h->hd) :
-				   nf == 1 ? h->d_x : h->d_x + 4ull * h->dev_r0[i] * h->E;
+				   h->d_x + 4ull * h->dev_r0[i] * h->E;
 
-		if (queue_expert(h, lm, h->dev_e[i], nf == 1 ? i : h->dev_r0[i], k, x))
+		if (queue_expert(h, lm, h->dev_e[i], h->dev_r0[i], k, x))
 			return dev_fail(h, err, errlen, "expert kernels");
 	}
 	if (h->sh_now && queue_shared(h, lm, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))

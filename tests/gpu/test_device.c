@@ -1181,6 +1181,91 @@ TEST(gpu_dev_matvec_other_types)
 	matvec_kquant(HYB_TYPE_IQ4_XS);
 }
 
+/*
+ * hyb_device_matvec_group on the GPU: 40 items (two launches of up to 32),
+ * some sharing one input as a token's experts do, a batch of 1 and of 3,
+ * each item's rows the bits its own hyb_device_matvec gives (every row is
+ * one warp's sum whatever the grid), aligned and 2-byte aligned weights.
+ */
+static void matvec_group_case(struct hyb_device *gpu, uint32_t type, uint32_t n_in,
+			      uint32_t n_out, uint32_t w_off)
+{
+	enum { N = 40 };
+	const uint64_t rb = hyb_row_bytes(type, n_in), wb = rb * n_out;
+	uint8_t *w = malloc(wb);
+	float *row = malloc(4ull * n_in);
+
+	CHECK(rb && w && row);
+	for (uint32_t r = 0; r < n_out; r++) {
+		for (uint32_t i = 0; i < n_in; i++)
+			row[i] = rndf() / sqrtf((float)n_in);
+		CHECK(hyb_quantize_row_ref(type, row, w + r * rb, n_in) == 0);
+	}
+	for (uint32_t nb = 1; nb <= 3; nb += 2)
+		for (int acc = 0; acc < 2; acc++) {
+			const uint64_t xl = 4ull * n_in * nb, yl = 4ull * n_out * nb;
+			const hyb_dptr dw = dalloc(gpu, N * wb + w_off) + w_off;
+			const hyb_dptr dx = dalloc(gpu, N * xl), dy = dalloc(gpu, N * yl);
+			float *x = malloc(N * xl), *y0 = malloc(yl), *ya = malloc(N * yl);
+			float *yb = malloc(N * yl);
+			struct hyb_dev_matvec m[N];
+
+			CHECK(x && y0 && ya && yb);
+			for (uint64_t i = 0; i < N * xl / 4; i++)
+				x[i] = rndf();
+			for (uint64_t i = 0; i < yl / 4; i++)
+				y0[i] = rndf();
+			put(gpu, dx, x, N * xl);
+			for (int i = 0; i < N; i++) {
+				/* each item's own weights: the rows shifted by i */
+				for (uint32_t r = 0; r < n_out; r++)
+					put(gpu, dw + i * wb + r * rb, w + (size_t)((r + i) % n_out) * rb,
+					    rb);
+				m[i] = (struct hyb_dev_matvec){
+					.type = type, .n_in = n_in, .n_out = n_out, .w = dw + i * wb,
+					.x = dx + (i % 3 == 1 ? 0 : i) * xl, .y = dy + i * yl,
+					.accumulate = acc, .batch = nb == 1 ? 0 : nb,
+				};
+			}
+			for (int i = 0; i < N; i++) {
+				put(gpu, m[i].y, y0, yl);
+				OK(gpu, hyb_device_matvec(gpu, HYB_STREAM_COMPUTE, &m[i]));
+			}
+			get(gpu, ya, dy, N * yl);
+			for (int i = 0; i < N; i++)
+				put(gpu, m[i].y, y0, yl);
+			OK(gpu, hyb_device_matvec_group(gpu, HYB_STREAM_COMPUTE, m, N));
+			get(gpu, yb, dy, N * yl);
+			CHECK_MSG(!memcmp(ya, yb, N * yl), "%s %ux%u batch %u acc %d w_off %u: the "
+				  "group's outputs differ from the single launches'",
+				  hyb_type_name(type), n_out, n_in, nb, acc, w_off);
+			hyb_device_free(gpu, dw - w_off);
+			hyb_device_free(gpu, dx);
+			hyb_device_free(gpu, dy);
+			free(x);
+			free(y0);
+			free(ya);
+			free(yb);
+		}
+	free(w);
+	free(row);
+}
+
+TEST(gpu_dev_matvec_group)
+{
+	struct hyb_device *gpu;
+
+	need_gpu();
+	gpu = open_kind("cuda", 512 * MiB, 0);
+	matvec_group_case(gpu, HYB_TYPE_Q4_0, 256, 67, 0);
+	matvec_group_case(gpu, HYB_TYPE_Q4_K, 512, 40, 0);
+	matvec_group_case(gpu, HYB_TYPE_F16, 96, 33, 2);
+	matvec_group_case(gpu, HYB_TYPE_F32, 128, 24, 0);
+	if (!small_shapes())
+		matvec_group_case(gpu, HYB_TYPE_Q4_0, 2048, 768, 0);
+	hyb_device_close(gpu);
+}
+
 /* ---- attention ---- */
 
 struct attn_side {

@@ -1631,6 +1631,103 @@ TEST(dev_matvec_kquant_exact)
 	hyb_device_close(d);
 }
 
+/*
+ * A group of matvecs in one launch (a layer's device experts): each item's
+ * bits those of its own hyb_device_matvec, one kernel counted and one
+ * launch's latency modelled; items that do not match or overlap refused.
+ */
+TEST(dev_matvec_group_is_the_matvecs_in_one_launch)
+{
+	enum { N = 6, IN = 512, OUT = 96, B = 3 };
+	static const uint32_t types[] = { HYB_TYPE_Q4_0, HYB_TYPE_Q4_K, HYB_TYPE_F16 };
+	struct hyb_device *d = open_cpu(NULL);
+
+	g_rng = 47;
+	for (size_t ti = 0; ti < 3; ti++)
+		for (uint32_t nb = 1; nb <= B; nb += B - 1)
+			for (int acc = 0; acc < 2; acc++) {
+				const uint32_t t = types[ti];
+				const uint64_t rb = hyb_row_bytes(t, IN);
+				struct hyb_dev_matvec m[N];
+				float *x = xmalloc(4ull * IN * nb * N), *y0 = xmalloc(4ull * OUT * nb);
+				float *ya = xmalloc(4ull * OUT * nb * N), *yb = xmalloc(4ull * OUT * nb * N);
+				hyb_dptr dw[N], dx, dy;
+				struct hyb_device_stats st0, st1;
+
+				for (uint32_t i = 0; i < IN * nb * N; i++)
+					x[i] = rndf() * 2;
+				for (uint32_t i = 0; i < OUT * nb; i++)
+					y0[i] = rndf();
+				dx = upload(d, x, 4ull * IN * nb * N, 4ull * IN * nb * N);
+				CHECK(hyb_device_alloc(d, 4ull * OUT * nb * N, &dy) == 0);
+				for (int i = 0; i < N; i++) {
+					void *w = make_weight(t, IN, OUT);
+
+					dw[i] = upload(d, w, rb * OUT, rb * OUT);
+					free(w);
+					/* item 2 and 4 read the same input, as a token's experts do */
+					m[i] = (struct hyb_dev_matvec){
+						.type = t, .n_in = IN, .n_out = OUT, .w = dw[i],
+						.x = dx + 4ull * IN * nb * (i == 4 ? 2 : i),
+						.y = dy + 4ull * OUT * nb * i, .accumulate = acc,
+						.batch = nb == 1 ? 0 : nb,
+					};
+				}
+				for (int i = 0; i < N; i++) {
+					CHECK(hyb_device_h2d(d, HYB_STREAM_COMPUTE, m[i].y, y0,
+							     4ull * OUT * nb) == 0);
+					CHECK_MSG(!hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m[i]), "%s",
+						  hyb_device_error(d));
+				}
+				download(d, ya, dy, 4ull * OUT * nb * N);
+				for (int i = 0; i < N; i++)
+					CHECK(hyb_device_h2d(d, HYB_STREAM_COMPUTE, m[i].y, y0,
+							     4ull * OUT * nb) == 0);
+				hyb_device_stats(d, &st0);
+				CHECK_MSG(!hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, m, N), "%s",
+					  hyb_device_error(d));
+				hyb_device_stats(d, &st1);
+				download(d, yb, dy, 4ull * OUT * nb * N);
+				CHECK_MSG(same_bits(ya, yb, 4ull * OUT * nb * N),
+					  "%s batch %u acc %d: the group's outputs differ",
+					  hyb_type_name(t), nb, acc);
+				CHECK_EQ_INT(st1.kernels - st0.kernels, 1);
+				const uint64_t bytes = N * (rb * OUT + nb * (4ull * IN + 4ull * OUT *
+									       (acc ? 2 : 1)));
+
+				CHECK_EQ_INT(st1.kernel_bytes - st0.kernel_bytes, bytes);
+				CHECK_NEAR(st1.kernel_busy_s - st0.kernel_busy_s,
+					   5e-6 + bytes / 2000e9, 1e-12);
+				/* refused: another shape, an output that is another's input, too many */
+				struct hyb_dev_matvec bad[2] = { m[0], m[1] };
+
+				bad[1].n_out = OUT / 2;
+				CHECK_EQ_INT(hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, bad, 2),
+					     -EINVAL);
+				CHECK(strstr(hyb_device_error(d), "not item 0's type and shape"));
+				bad[1] = m[1];
+				bad[1].x = m[0].y;
+				CHECK_EQ_INT(hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, bad, 2),
+					     -EINVAL);
+				CHECK(strstr(hyb_device_error(d), "overlap"));
+				CHECK_EQ_INT(hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, m,
+								     HYB_DEVICE_GROUP_MAX + 1), -EINVAL);
+				CHECK_EQ_INT(hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, NULL, 1),
+					     -EINVAL);
+				CHECK_EQ_INT(hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, m, 0), 0);
+				for (int i = 0; i < N; i++)
+					hyb_device_free(d, dw[i]);
+				hyb_device_free(d, dx);
+				hyb_device_free(d, dy);
+				free(x);
+				free(y0);
+				free(ya);
+				free(yb);
+			}
+	CHECK_EQ_INT(hyb_device_used(d), 0);
+	hyb_device_close(d);
+}
+
 struct attn_cfg {
 	uint32_t n_head, n_head_kv, head_dim, n_rot, n_ctx, n_pos;
 	bool neox;

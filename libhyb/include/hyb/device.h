@@ -235,6 +235,17 @@ struct hyb_dev_matvec {
 	uint32_t batch;         /* 0 or 1: one column; n: x is [n][n_in], y [n][n_out] */
 };
 int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_matvec *m);
+/*
+ * n matvecs in one kernel launch: items of one type, n_in, n_out,
+ * accumulate and batch, each with its own w, x and y, whose results are the
+ * n hyb_device_matvec calls' bit for bit. No item's y may overlap another
+ * item's w, x or y (the launch runs them at once). A layer's device experts
+ * take a launch per matrix this way, not one per expert and matrix
+ * (docs/MOE.md). At most HYB_DEVICE_GROUP_MAX items.
+ */
+#define HYB_DEVICE_GROUP_MAX 1024
+int hyb_device_matvec_group(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec *m, uint32_t n);
 /* Whether hyb_device_matvec takes weights of `type`. */
 bool hyb_device_matvec_type_ok(uint32_t type);
 
