@@ -71,7 +71,7 @@ struct hyb_moe_hybrid {
 	float *freq_data;                /* [n_moe * X] */
 	const float **freq;
 	uint32_t *sorted, *load, *evict, *dev_e;
-	struct hyb_dev_matvec *mv; /* a decode step's grouped launches: 2 per expert */
+	struct hyb_dev_matvec *mv; /* the grouped launches' items: 2 per expert */
 	uint32_t rows;                   /* pairs (token, expert) a call may hold: K, or a
 					  * pass's n_rows * K with several sequences */
 	uint32_t *dev_r0;                /* [X] device expert i's first row in d_x / d_y */
@@ -633,77 +633,90 @@ static hyb_dptr slot_at(const struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e)
 	return h->cache + (uint64_t)h->table[(size_t)lm * h->X + e] * h->slot_bytes;
 }
 
-/*
- * Expert e over k rows of input at x (n_embd floats each), its outputs to
- * d_y's rows row.. and its activations to d_g/d_u's (the one-token kernels
- * row after row, hyb/device.h).
- */
-static int queue_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t row,
-			uint32_t k, hyb_dptr x)
+/* Rows of device expert i (dev_e[i]): its token count. */
+static uint32_t dev_rows(const struct hyb_moe_hybrid *h, uint32_t i)
 {
-	const struct hyb_layer *L = layer(h, lm);
-	const hyb_dptr base = slot_at(h, lm, e);
-	const uint64_t mid = 4ull * row * h->F;
-	const struct hyb_dev_matvec gate = {
-		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = x,
-		.y = h->d_g + mid, .batch = k,
-	};
-	const struct hyb_dev_matvec up = {
-		.type = L->up_exps.type, .n_in = h->E, .n_out = h->F, .w = base + h->off_up,
-		.x = x, .y = h->d_u + mid, .batch = k,
-	};
-	const struct hyb_dev_matvec down = {
-		.type = L->down_exps.type, .n_in = h->F, .n_out = h->E, .w = base + h->off_down,
-		.x = h->d_g + mid, .y = h->d_y + 4ull * row * h->E, .batch = k,
-	};
-
-	if (hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
-	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
-	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g + mid, h->d_u + mid, k * h->F,
-			       h->m->hp.act))
-		return -1;
-	return hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down);
+	return h->dev_r0[i + 1] - h->dev_r0[i];
 }
 
 /*
- * One token's device experts (dev_e) of layer lm in four launches, not
- * four per expert (KTransformers §4 and docs/MOE.md: at a few us a launch,
- * the launches were most of the device's time): every gate and up matvec,
- * every activation, every down matvec. Expert i's activations and output
- * are rows i of d_g/d_u and d_y, each kernel's bits those of queue_expert.
+ * The matvecs of the device experts with expert i's token count, unless an
+ * earlier one has it (0): down's into mv[0..c), else gate's into mv[0..c)
+ * and up's after them, mv[c..2c). Returns c.
  */
-static int queue_experts_grouped(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x)
+static uint32_t gather(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x, uint32_t nf, uint32_t i,
+		       bool down)
 {
 	const struct hyb_layer *L = layer(h, lm);
-	const uint32_t n = h->n_dev;
-	const bool one = L->gate_exps.type == L->up_exps.type;
+	const uint32_t n = h->n_dev, k = dev_rows(h, i);
+	uint32_t c = 0;
 
-	for (uint32_t i = 0; i < n; i++) {
-		const hyb_dptr base = slot_at(h, lm, h->dev_e[i]);
+	for (uint32_t j = 0; j < i; j++)
+		if (dev_rows(h, j) == k)
+			return 0;
+	for (uint32_t j = i; j < n; j++) {
+		const uint32_t r0 = h->dev_r0[j];
+		const hyb_dptr base = slot_at(h, lm, h->dev_e[j]);
+		const hyb_dptr xj = nf == 1 ? x : h->d_x + 4ull * r0 * h->E;
 
-		h->mv[i] = (struct hyb_dev_matvec){
-			.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = x,
-			.y = h->d_g + 4ull * i * h->F,
+		if (dev_rows(h, j) != k)
+			continue;
+		if (down) {
+			h->mv[c++] = (struct hyb_dev_matvec){
+				.type = L->down_exps.type, .n_in = h->F, .n_out = h->E,
+				.w = base + h->off_down, .x = h->d_g + 4ull * r0 * h->F,
+				.y = h->d_y + 4ull * r0 * h->E, .batch = k,
+			};
+			continue;
+		}
+		h->mv[c] = (struct hyb_dev_matvec){
+			.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = base, .x = xj,
+			.y = h->d_g + 4ull * r0 * h->F, .batch = k,
 		};
-		h->mv[n + i] = (struct hyb_dev_matvec){
+		h->mv[n + c++] = (struct hyb_dev_matvec){
 			.type = L->up_exps.type, .n_in = h->E, .n_out = h->F, .w = base + h->off_up,
-			.x = x, .y = h->d_u + 4ull * i * h->F,
+			.x = xj, .y = h->d_u + 4ull * r0 * h->F, .batch = k,
 		};
 	}
-	if (one ? hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, 2 * n) :
-		  hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, n) ||
-		  hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv + n, n))
+	if (!down)
+		memmove(h->mv + c, h->mv + n, sizeof(*h->mv) * c);
+	return c;
+}
+
+/*
+ * The device's experts of layer lm (dev_e; expert i over dev_rows(i) rows
+ * of input from row dev_r0[i] of d_x, or over x with one token) in one
+ * launch per matrix and token count, not four launches per expert
+ * (KTransformers §4; docs/MOE.md: at a few us a launch, the launches were
+ * most of the device's time): every gate and up matvec, one activation over
+ * every row, every down matvec. Expert i's activations and outputs are rows
+ * dev_r0[i].. of d_g/d_u and d_y. A group's items share one batch, so
+ * experts of different token counts (several sequences) take a group per
+ * count. Each kernel's bits are the one-expert matvec's (hyb/device.h).
+ */
+static int queue_experts(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x, uint32_t nf)
+{
+	const struct hyb_layer *L = layer(h, lm);
+	const bool one = L->gate_exps.type == L->up_exps.type;
+
+	for (uint32_t i = 0; i < h->n_dev; i++) {
+		const uint32_t c = gather(h, lm, x, nf, i, false);
+
+		if (c && (one ? hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, 2 * c) :
+			  hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, c) ||
+			  hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv + c, c)))
+			return -1;
+	}
+	if (hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u,
+			       h->dev_r0[h->n_dev] * h->F, h->m->hp.act))
 		return -1;
-	if (hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, n * h->F,
-			       h->m->hp.act))
-		return -1;
-	for (uint32_t i = 0; i < n; i++)
-		h->mv[i] = (struct hyb_dev_matvec){
-			.type = L->down_exps.type, .n_in = h->F, .n_out = h->E,
-			.w = slot_at(h, lm, h->dev_e[i]) + h->off_down, .x = h->d_g + 4ull * i * h->F,
-			.y = h->d_y + 4ull * i * h->E,
-		};
-	return hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, n);
+	for (uint32_t i = 0; i < h->n_dev; i++) {
+		const uint32_t c = gather(h, lm, x, nf, i, true);
+
+		if (c && hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, h->mv, c))
+			return -1;
+	}
+	return 0;
 }
 
 /* Layer lm's shared expert on one token's x: gate, up, SwiGLU, down into d_so, its gate's logit after. */
@@ -809,17 +822,8 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 			return dev_fail(h, err, errlen, "expert input");
 		h->st.critical_bytes += 4ull * in * h->E;
 	}
-	if (nf == 1 && h->n_dev &&
-	    queue_experts_grouped(h, lm, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))
+	if (h->n_dev && queue_experts(h, lm, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x, nf))
 		return dev_fail(h, err, errlen, "expert kernels");
-	for (uint32_t i = 0; nf > 1 && i < h->n_dev; i++) {
-		const uint32_t k = h->dev_r0[i + 1] - h->dev_r0[i];
-		const hyb_dptr x = xn_on_dev ? hyb_hdense_xn(h->hd) :
-				   h->d_x + 4ull * h->dev_r0[i] * h->E;
-
-		if (queue_expert(h, lm, h->dev_e[i], h->dev_r0[i], k, x))
-			return dev_fail(h, err, errlen, "expert kernels");
-	}
 	if (h->sh_now && queue_shared(h, lm, xn_on_dev ? hyb_hdense_xn(h->hd) : h->d_x))
 		return dev_fail(h, err, errlen, "shared expert kernels");
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
