@@ -721,8 +721,7 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	if (fused)
 		q.n_out += k.n_out + v.n_out;
 	if (hyb_device_rmsnorm(dev, s, xn, hd->x, d->attn_norm, hd->E, hp->rms_eps) ||
-	    hyb_device_matvec(dev, s, &q) || (!fused && hyb_device_matvec(dev, s, &k)) ||
-	    (!fused && hyb_device_matvec(dev, s, &v)) ||
+	    hyb_device_matvec(dev, s, &q) || (!fused && hyb_hdense_matvec2(dev, s, &k, &v)) ||
 	    qkv_extras(hd, L, d, hd->q, hd->k, hd->v, 1) || hyb_device_attention(dev, s, &a) ||
 	    attn_out(hd, l, hd->att, hd->x, xn, 1) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
@@ -756,8 +755,7 @@ int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
 		    teal_cols(hd, l, HYB_TEAL_QKV, d->wq, hd->q_dim + hd->kv_dim, hd->kv_dim,
 			      b->xn, b->v, n))
 			return -1;
-	} else if (hyb_device_matvec(dev, s, &q) || hyb_device_matvec(dev, s, &k) ||
-		   hyb_device_matvec(dev, s, &v)) {
+	} else if (hyb_device_matvec(dev, s, &q) || hyb_hdense_matvec2(dev, s, &k, &v)) {
 		return -1;
 	}
 	return qkv_extras(hd, L, d, b->q, b->k, b->v, n) ? -1 : 0;

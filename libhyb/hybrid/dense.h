@@ -185,4 +185,20 @@ void hyb_hdense_kv_dev_wrote(struct hyb_hdense *hd, uint32_t l, uint32_t to);
 /* The context was reset: neither side holds any row. */
 void hyb_hdense_kv_reset(struct hyb_hdense *hd);
 
+/*
+ * Two matvecs (an FFN's gate and up, attention's k and v): one launch
+ * where they share type and shape (hyb_device_matvec_group), else two; the
+ * same bits either way.
+ */
+static inline int hyb_hdense_matvec2(struct hyb_device *d, enum hyb_stream s,
+				     const struct hyb_dev_matvec *a, const struct hyb_dev_matvec *b)
+{
+	const struct hyb_dev_matvec two[2] = { *a, *b };
+
+	if (a->type == b->type && a->n_in == b->n_in && a->n_out == b->n_out &&
+	    a->accumulate == b->accumulate && a->batch == b->batch)
+		return hyb_device_matvec_group(d, s, two, 2);
+	return hyb_device_matvec(d, s, a) || hyb_device_matvec(d, s, b) ? -1 : 0;
+}
+
 #endif

@@ -732,7 +732,6 @@ static int queue_shared(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x)
 		.type = L->up_shexp.type, .n_in = h->E, .n_out = h->S, .w = w[1], .x = x,
 		.y = h->d_su,
 	};
-	const struct hyb_dev_matvec gate_up[2] = { gate, up };
 	const struct hyb_dev_matvec down = {
 		.type = L->down_shexp.type, .n_in = h->S, .n_out = h->E, .w = w[2], .x = h->d_sg,
 		.y = h->d_so,
@@ -742,10 +741,7 @@ static int queue_shared(struct hyb_moe_hybrid *h, uint32_t lm, hyb_dptr x)
 		.y = h->d_so + 4ull * h->E,
 	};
 
-	/* gate and up in one launch where their types agree (queue_experts) */
-	if ((gate.type == up.type ? hyb_device_matvec_group(h->dev, HYB_STREAM_COMPUTE, gate_up, 2) :
-	     hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
-	     hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up)) ||
+	if (hyb_hdense_matvec2(h->dev, HYB_STREAM_COMPUTE, &gate, &up) ||
 	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_sg, h->d_su, h->S, h->m->hp.act) ||
 	    hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down))
 		return -1;

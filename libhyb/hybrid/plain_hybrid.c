@@ -646,8 +646,7 @@ int hyb_plain_hybrid_ffn_queue(struct hyb_plain_hybrid *h, uint32_t l, const flo
 
 	if (hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
 	    (h->teal_on && h->teal_on[l] ? teal_ffn(h, l, x, h->d_y) :
-		       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
-			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+		       hyb_hdense_matvec2(h->dev, HYB_STREAM_COMPUTE, &gate, &up) ||
 			       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, h->F,
 						  h->m->hp.act) ||
 			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down)) ||
@@ -712,8 +711,7 @@ int hyb_plain_hybrid_ffn_rows(struct hyb_plain_hybrid *h, uint32_t l, const floa
 	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in) ||
 	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_t[2 * l]) ||
 	    (h->teal_on && h->teal_on[l] ? teal_rows(h, l, n, h->d_x, h->d_g, h->d_u, h->d_y) :
-		       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &gate) ||
-			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &up) ||
+		       hyb_hdense_matvec2(h->dev, HYB_STREAM_COMPUTE, &gate, &up) ||
 			       hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u,
 						  n * h->F, h->m->hp.act) ||
 			       hyb_device_matvec(h->dev, HYB_STREAM_COMPUTE, &down)) ||
@@ -803,7 +801,7 @@ int hyb_plain_hybrid_ffn_batch(struct hyb_plain_hybrid *h, uint32_t l, uint32_t 
 	    teal_rows(h, l, n, h->pw.xn, h->pw_g, h->pw_u, h->pw_y))
 		return -1;
 	if ((!h->teal_on || !h->teal_on[l]) &&
-	    (hyb_device_matvec(h->dev, s, &gate) || hyb_device_matvec(h->dev, s, &up) ||
+	    (hyb_hdense_matvec2(h->dev, s, &gate, &up) ||
 	     hyb_device_ffn_act(h->dev, s, h->pw_g, h->pw_u, n * h->F, h->m->hp.act) ||
 	     hyb_device_matvec(h->dev, s, &down)))
 		return -1;
