@@ -19,7 +19,8 @@
 # (b) each step under what is left of DEADLINE (s from the start, default
 # 570): reload latency (bench_reload), then hybrid decoding against CPU-only
 # sparse decoding (hybrid_all below: budgets, policies, the whole model on
-# the device), each run with its own link and memory ceilings.
+# the device), each run with its own link and memory ceilings; then the
+# expert cache on a MoE file (moe_all).
 # Each step's log lands in $OUT (the device tool brings it back; ./gpu-out
 # elsewhere) as it runs, so a call cut short still returns what finished.
 set -u
@@ -95,6 +96,26 @@ prepare() {
 model() {
 	HYBRID_PREPARE_ONLY=1 HYBRID_LAYERS=32 bash tests/bench/hybrid.sh > "$out/model.log" 2>&1
 	echo "== model: rc $?, $(($(date +%s) - t0)) s from the start" >> "$out/model.log"
+	moe_model >> "$out/model.log" 2>&1
+	echo "== moe model: rc $?, $(($(date +%s) - t0)) s from the start" >> "$out/model.log"
+}
+# the expert cache's file of tests/bench/moe_cache.sh (Mixtral's layout, 128
+# experts of 768, 8 a token, 4 layers, Q4_0, 1.5 GB) and its routing profile
+moe_m=models/moe/mixtral-layout-128e-4l.routing.Q4_0.gguf
+moe_p=models/moe/mixtral-layout-128e-4l.routing.prof.gguf
+moe_model() {
+	mkdir -p models/moe
+	[ -f $moe_m ] || build/hybctl synth -o $moe_m --arch llama --ffn 768 --hidden 2048 \
+		--heads 32 --kv-heads 4 --layers 4 --experts 128 --experts-used 8 --vocab 32000 \
+		--type Q4_0 --seed 3 > /dev/null || return 1
+	[ -f $moe_p ] || build/hybctl profile $moe_m -o $moe_p > /dev/null
+}
+# the expert cache on the GPU (docs/MOE.md): its dev ms a token with a layer's
+# experts in one launch per matrix (0.10 ms in the CPU device's model)
+moe_all() {
+	[ -f $moe_p ] || moe_model || return 1
+	build/hyb bench -m $moe_m --routing $moe_p --device cuda --gpu-budget 25% \
+		--policies static,lru,tam-adaptive -n 64 -r "${REPS:-1}"
 }
 part_test() {
 	[ "$what" = all ] && { model & echo $! > /tmp/hyb_model_pid; }
@@ -137,9 +158,10 @@ part_bench() {
 	fi
 	TAIL=40 step reload reload_all
 	TAIL=100 step hybrid hybrid_all
+	TAIL=20 step moe moe_all
 }
-export out t0
-export -f machine model hybrid hybrid_all reload_all
+export out t0 moe_m moe_p
+export -f machine model moe_model moe_all hybrid hybrid_all reload_all
 prepare
 case $what in
 test) part_test ;;
