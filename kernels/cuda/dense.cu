@@ -66,6 +66,12 @@
  *   sum in F16 (llama.cpp's flash attention); here it is float: results
  *   differ by that rounding (hyb/device.h allows it). Every sum has a fixed
  *   order: results are deterministic run to run.
+ *   A graph's step reads the position from device memory (pos_at), so the
+ *   kernels make the split themselves: the launch has the most chunks any
+ *   position takes, blocks past the position's count return at once, and
+ *   combine runs always and returns when one chunk wrote out. The split and
+ *   the workspace layout are the by-value call's, so are the bits; RoPE's
+ *   cos/sin come from a table of every position the host computed once.
  */
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -923,12 +929,32 @@ extern "C" int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream)
 struct rope_k {
 	float *q, *k;
 	const float *v;
-	unsigned short *kc, *vc;  /* row pos, kv head 0 */
+	unsigned short *kc, *vc;  /* row pos, kv head 0 (pos_at: row 0) */
 	uint32_t n_head, hd, n_rot;
 	int neox;
 	float q_scale;  /* 0: none */
 	float cs[HYB_CUDA_ROPE_MAX], sn[HYB_CUDA_ROPE_MAX];
+	/* a graph's step (dense_cuda.h): the position and its row of the table, read here */
+	const uint32_t *pos_at;
+	const float *tab;
+	uint32_t kvs, n_ctx;
+	uint32_t *bad;
 };
+
+/* A position read from device memory; past the cache: reported once, and false. */
+static __device__ __forceinline__ bool pos_ok(const uint32_t *pos_at, uint32_t n_ctx,
+					      uint32_t *bad, uint32_t *pos, bool report)
+{
+	*pos = *pos_at;
+	if (*pos < n_ctx)
+		return true;
+	if (report && bad && blockIdx.x == 0 && threadIdx.x == 0) {
+		((volatile uint32_t *)bad)[1] = *pos;
+		__threadfence_system();
+		((volatile uint32_t *)bad)[0] = 2;
+	}
+	return false;
+}
 
 /* Block b < n_head: q head b; else kv head b - n_head (k roped, then k and v stored). */
 static __global__ void __launch_bounds__(128) rope_store(const rope_k a)
@@ -937,14 +963,25 @@ static __global__ void __launch_bounds__(128) rope_store(const rope_k a)
 	const bool is_q = b < a.n_head;
 	const uint32_t g = is_q ? 0 : b - a.n_head;
 	float *x = is_q ? a.q + (uint64_t)b * hd : a.k + (uint64_t)g * hd;
+	unsigned short *kc = a.kc, *vc = a.vc;
+	const float *cs = a.cs, *sn = a.sn;
+	uint32_t pos;
 
+	if (a.pos_at) {
+		if (!pos_ok(a.pos_at, a.n_ctx, a.bad, &pos, true))
+			return;
+		kc += (uint64_t)pos * a.kvs;
+		vc += (uint64_t)pos * a.kvs;
+		cs = a.tab + (uint64_t)pos * a.n_rot;
+		sn = cs + a.n_rot / 2;
+	}
 	for (uint32_t i = threadIdx.x; i < a.n_rot / 2; i += blockDim.x) {
 		const uint32_t ia = a.neox ? i : 2 * i, ib = a.neox ? i + a.n_rot / 2 : 2 * i + 1;
 		const float x0 = x[ia], x1 = x[ib];
 
 		/* hyb_rope: one product rounded, the other fused */
-		x[ia] = __fmaf_rn(x0, a.cs[i], -__fmul_rn(x1, a.sn[i]));
-		x[ib] = __fmaf_rn(x0, a.sn[i], __fmul_rn(x1, a.cs[i]));
+		x[ia] = __fmaf_rn(x0, cs[i], -__fmul_rn(x1, sn[i]));
+		x[ib] = __fmaf_rn(x0, sn[i], __fmul_rn(x1, cs[i]));
 	}
 	if (is_q) {
 		/* forward.c: q *= q_scale after RoPE, one rounded product (uniform per block) */
@@ -957,8 +994,8 @@ static __global__ void __launch_bounds__(128) rope_store(const rope_k a)
 	}
 	__syncthreads(); /* the block's writes to x are visible to the block after this */
 	for (uint32_t d = threadIdx.x; d < hd; d += blockDim.x) {
-		a.kc[(uint64_t)g * hd + d] = f2h_bits(x[d]);
-		a.vc[(uint64_t)g * hd + d] = f2h_bits(a.v[(uint64_t)g * hd + d]);
+		kc[(uint64_t)g * hd + d] = f2h_bits(x[d]);
+		vc[(uint64_t)g * hd + d] = f2h_bits(a.v[(uint64_t)g * hd + d]);
 	}
 }
 
@@ -974,7 +1011,35 @@ struct at_k {
 	float *out;
 	float *part;                  /* [n_head][n_chunks][hd] */
 	float *ml;                    /* [n_head][n_chunks][2]: m, l */
+	/* a graph's step: npos, chunk, n_chunks, ml and the window's first row made here */
+	const uint32_t *pos_at;
+	uint32_t n_ctx, n_swa, max_chunks, n_head;
 };
+
+/* attn_plan's split of the positions (its chunk and count), for npos of them. */
+static __host__ __device__ __forceinline__ void at_split(uint32_t npos, uint32_t max_chunks,
+							 uint32_t *chunk, uint32_t *n_chunks)
+{
+	uint32_t c = (npos + max_chunks - 1) / max_chunks;
+
+	c = (c + AT_TILE - 1) / AT_TILE * AT_TILE;
+	*chunk = c;
+	*n_chunks = (npos + c - 1) / c;
+}
+
+/* A graph's step: the window's first row, npos and the split, from the position in memory. */
+static __device__ __forceinline__ bool at_dyn(const at_k &a, uint32_t *first, uint32_t *npos,
+					      uint32_t *chunk, uint32_t *n_chunks)
+{
+	uint32_t pos;
+
+	if (!pos_ok(a.pos_at, a.n_ctx, NULL, &pos, false)) /* rope_store reports it */
+		return false;
+	*first = a.n_swa && pos + 1 > a.n_swa ? pos + 1 - a.n_swa : 0;
+	*npos = pos + 1 - *first;
+	at_split(*npos, a.max_chunks, chunk, n_chunks);
+	return true;
+}
 
 /* a pair of F16 at element 2 * dp of a cache row; A4: the caches are 4-byte aligned */
 template <bool A4>
@@ -998,6 +1063,9 @@ struct at_blk {
 	uint32_t hd, np;                /* head_dim, its F16 pairs */
 	uint32_t h0, nh;                /* query heads h0 .. h0 + nh */
 	uint32_t c, p0, p1;             /* chunk c: positions [p0, p1) */
+	uint32_t n_chunks;              /* of this position */
+	float *ml;
+	bool skip;                      /* a graph's step: a chunk past them, or a bad position */
 	const unsigned short *kc, *vc;  /* kv head g's columns of the caches */
 	/* scores: this lane's position group (4 a warp step) and its pairs dp = sub + 8j */
 	uint32_t sub, grp;
@@ -1019,10 +1087,19 @@ static __device__ __forceinline__ at_blk at_block(const at_k &a)
 	b.h0 = g * a.group + slice * a.hb;
 	b.nh = u32min(a.hb, a.group - slice * a.hb);
 	b.c = blockIdx.x;
-	b.p0 = b.c * a.chunk;
-	b.p1 = u32min(a.npos, b.p0 + a.chunk);
-	b.kc = a.kc + (uint64_t)g * b.hd;
-	b.vc = a.vc + (uint64_t)g * b.hd;
+	uint32_t npos = a.npos, chunk = a.chunk, first = 0;
+
+	b.n_chunks = a.n_chunks;
+	b.ml = a.ml;
+	b.skip = false;
+	if (a.pos_at) {
+		b.skip = !at_dyn(a, &first, &npos, &chunk, &b.n_chunks) || b.c >= b.n_chunks;
+		b.ml = a.part + (uint64_t)a.n_head * b.n_chunks * a.hd;
+	}
+	b.p0 = b.c * chunk;
+	b.p1 = u32min(npos, b.p0 + chunk);
+	b.kc = a.kc + ((uint64_t)first * a.kv_stride + (uint64_t)g * b.hd);
+	b.vc = a.vc + ((uint64_t)first * a.kv_stride + (uint64_t)g * b.hd);
 	b.sub = b.lane % 8;
 	b.grp = b.lane / 8;
 	b.R = AT_THREADS / b.np;
@@ -1180,15 +1257,15 @@ static __device__ __forceinline__ void at_end(const at_k &a, const at_blk &b, fl
 
 		for (uint32_t r = 0; r < b.R; r++)
 			s += red[((uint64_t)r * nh + hh) * hd + d];
-		if (a.n_chunks == 1) {
+		if (b.n_chunks == 1) {
 			a.out[(uint64_t)h * hd + d] = s * (1.0f / lrun[hh]);
 		} else {
-			const uint64_t pc = (uint64_t)h * a.n_chunks + b.c;
+			const uint64_t pc = (uint64_t)h * b.n_chunks + b.c;
 
 			a.part[pc * hd + d] = s;
 			if (d == 0) {
-				a.ml[2 * pc] = mrun[hh];
-				a.ml[2 * pc + 1] = lrun[hh];
+				b.ml[2 * pc] = mrun[hh];
+				b.ml[2 * pc + 1] = lrun[hh];
 			}
 		}
 	}
@@ -1204,6 +1281,8 @@ static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
 	const at_blk b = at_block(a);
 	float acc[AT_HB][2];
 
+	if (b.skip) /* the whole block: its chunk is past this position's */
+		return;
 	at_begin(a, b, qs, mrun, lrun);
 #pragma unroll
 	for (int u = 0; u < AT_HB; u++)
@@ -1226,13 +1305,21 @@ static __global__ void __launch_bounds__(AT_THREADS) attn_part(const at_k a)
 
 static __global__ void __launch_bounds__(AT_THREADS)
 attn_combine(const float *__restrict__ part, const float *__restrict__ ml, float *out,
-	     uint32_t hd, uint32_t n_chunks)
+	     uint32_t hd, uint32_t n_chunks, const at_k dyn)
 {
 	__shared__ float wc[AT_MAX_CHUNKS];
 	__shared__ float wred[AT_WARPS];
 	__shared__ float mmax, linv;
 	const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
 	const uint32_t h = blockIdx.x;
+
+	if (dyn.pos_at) { /* a graph's step: attn_part wrote out itself when one chunk did it */
+		uint32_t first, npos, chunk;
+
+		if (!at_dyn(dyn, &first, &npos, &chunk, &n_chunks) || n_chunks == 1)
+			return;
+		ml = part + (uint64_t)dyn.n_head * n_chunks * hd;
+	}
 	const float *m = ml + 2ull * h * n_chunks;
 	const float *p = part + (uint64_t)h * n_chunks * hd;
 	float v = -INFINITY;
@@ -1313,9 +1400,7 @@ static void attn_plan(uint32_t n_head, uint32_t n_head_kv, uint32_t npos, int n_
 	per_chunk = n_head_kv * p->n_slices;  /* blocks per chunk of positions */
 	/* enough chunks for a full wave: every block that fits on every multiprocessor */
 	p->max_chunks = u32min((at_per_sm() * sms + per_chunk - 1) / per_chunk, AT_MAX_CHUNKS);
-	p->chunk = (npos + p->max_chunks - 1) / p->max_chunks;
-	p->chunk = (p->chunk + AT_TILE - 1) / AT_TILE * AT_TILE;
-	p->n_chunks = (npos + p->chunk - 1) / p->chunk;
+	at_split(npos, p->max_chunks, &p->chunk, &p->n_chunks);
 }
 
 extern "C" uint64_t hyb_cuda_attn_work_bytes(uint32_t n_head, uint32_t n_head_kv,
@@ -1333,35 +1418,50 @@ extern "C" int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream)
 {
 	const cudaStream_t s = (cudaStream_t)stream;
 	const uint32_t hd = a->head_dim, kvs = a->n_head_kv * hd;
-	/* a sliding window: the caches seen from row first on */
-	const unsigned short *kc0 = a->kcache + (uint64_t)a->first * kvs;
-	const unsigned short *vc0 = a->vcache + (uint64_t)a->first * kvs;
+	const bool dyn = a->pos_at != NULL;
+	/* a sliding window: the caches seen from row first on (a graph's step: the kernels' job) */
+	const uint32_t first = dyn ? 0 : a->first;
+	const unsigned short *kc0 = a->kcache + (uint64_t)first * kvs;
+	const unsigned short *vc0 = a->vcache + (uint64_t)first * kvs;
+	/* rows are 4-byte multiples (hd even): the window's first row keeps the base's alignment */
 	const bool a4 = (uintptr_t)kc0 % 4 == 0 && (uintptr_t)vc0 % 4 == 0;
 	struct at_plan p;
 	rope_k r;
 	at_k k;
 
 	if (!a->n_head || !a->n_head_kv || a->n_head % a->n_head_kv || !hd || hd % 2 ||
-	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd || !a->rope || a->first > a->pos ||
+	    hd > AT_HD || a->n_rot % 2 || a->n_rot > hd ||
 	    ((uintptr_t)a->kcache | (uintptr_t)a->vcache) % 2)
 		return -EINVAL;
-	attn_plan(a->n_head, a->n_head_kv, a->pos + 1 - a->first, a->n_sm, &p);
+	if (dyn ? !a->rope_tab || !a->n_ctx || !a->work : !a->rope || a->first > a->pos)
+		return -EINVAL;
+	attn_plan(a->n_head, a->n_head_kv, dyn ? 1 : a->pos + 1 - a->first, a->n_sm, &p);
 	if (p.n_chunks > 1 && !a->work)
 		return -EINVAL;
+	memset(&r, 0, sizeof(r));
 	r.q = a->q;
 	r.k = a->k;
 	r.v = a->v;
-	r.kc = a->kcache + (uint64_t)a->pos * kvs;
-	r.vc = a->vcache + (uint64_t)a->pos * kvs;
+	r.kc = a->kcache + (dyn ? 0 : (uint64_t)a->pos * kvs);
+	r.vc = a->vcache + (dyn ? 0 : (uint64_t)a->pos * kvs);
 	r.n_head = a->n_head;
 	r.hd = hd;
 	r.n_rot = a->n_rot;
 	r.neox = a->neox;
 	r.q_scale = a->q_scale;
-	memcpy(r.cs, a->rope->cs, sizeof(r.cs));
-	memcpy(r.sn, a->rope->sn, sizeof(r.sn));
+	if (dyn) {
+		r.pos_at = a->pos_at;
+		r.tab = a->rope_tab;
+		r.kvs = kvs;
+		r.n_ctx = a->n_ctx;
+		r.bad = a->bad;
+	} else {
+		memcpy(r.cs, a->rope->cs, sizeof(r.cs));
+		memcpy(r.sn, a->rope->sn, sizeof(r.sn));
+	}
 	rope_store<<<a->n_head + a->n_head_kv, 128, 0, s>>>(r);
 
+	memset(&k, 0, sizeof(k));
 	k.q = a->q;
 	k.kc = kc0;
 	k.vc = vc0;
@@ -1370,20 +1470,29 @@ extern "C" int hyb_cuda_attention(const struct hyb_cuda_attn *a, void *stream)
 	k.group = p.group;
 	k.hb = p.hb;
 	k.n_slices = p.n_slices;
-	k.npos = a->pos + 1 - a->first;
+	k.npos = dyn ? 0 : a->pos + 1 - a->first;
 	k.chunk = p.chunk;
 	k.n_chunks = p.n_chunks;
 	k.scale = a->q_scale != 0.0f ? 1.0f : 1.0f / sqrtf((float)hd);
 	k.out = a->out;
 	k.part = (float *)a->work;
 	k.ml = k.part + (uint64_t)a->n_head * p.n_chunks * hd;
-	const dim3 grid(p.n_chunks, a->n_head_kv * p.n_slices);
+	if (dyn) {
+		k.pos_at = a->pos_at;
+		k.n_ctx = a->n_ctx;
+		k.n_swa = a->n_swa;
+		k.max_chunks = p.max_chunks;
+		k.n_head = a->n_head;
+	}
+	/* a graph's step: as many chunks as any position takes; the kernels skip the rest */
+	const dim3 grid(dyn ? p.max_chunks : p.n_chunks, a->n_head_kv * p.n_slices);
 
 	if (a4)
 		attn_part<true><<<grid, AT_THREADS, 0, s>>>(k);
 	else
 		attn_part<false><<<grid, AT_THREADS, 0, s>>>(k);
-	if (p.n_chunks > 1)
-		attn_combine<<<a->n_head, AT_THREADS, 0, s>>>(k.part, k.ml, a->out, hd, p.n_chunks);
+	if (dyn || p.n_chunks > 1)
+		attn_combine<<<a->n_head, AT_THREADS, 0, s>>>(k.part, k.ml, a->out, hd, p.n_chunks,
+							       k);
 	return (int)cudaGetLastError();
 }

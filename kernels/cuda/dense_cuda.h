@@ -78,6 +78,20 @@ struct hyb_cuda_attn {
 	uint32_t first;                    /* rows first..pos attended (a sliding window) */
 	void *work;                        /* hyb_cuda_attn_work_bytes() */
 	int n_sm;
+	/*
+	 * A graph's step (hyb/device.h pos_at): the position is read from
+	 * device memory when the kernels run, and pos, first and rope above are
+	 * ignored. The kernels make attn_plan's split for it themselves (the
+	 * launch covers the most chunks any position takes), so the results
+	 * are the by-value call's bits. rope_tab: row p of [n_ctx][n_rot] holds
+	 * position p's cos (n_rot / 2), then its sin (hyb_rope_table's).
+	 * A position >= n_ctx does nothing but set bad[0] = 2, bad[1] = it
+	 * (bad: mapped host memory, may be NULL).
+	 */
+	const uint32_t *pos_at;
+	const float *rope_tab;
+	uint32_t n_ctx, n_swa;
+	uint32_t *bad;
 };
 
 /*

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "device_graph.h"
 #include "device_internal.h"
 #include "sparse_ffn_kernels.h"
 #include "util/error.h"
@@ -45,6 +46,8 @@ int hyb_device_fail(struct hyb_device *d, int rc, const char *fmt, ...)
 	snprintf(d->err, sizeof(d->err), "%s", hyb_last_error());
 	if (rc == -EIO)
 		d->faulted = true;
+	if (d->cap)
+		hyb_capture_spoil(d, rc);
 	return rc;
 }
 
@@ -154,6 +157,7 @@ void hyb_device_close(struct hyb_device *d)
 {
 	if (!d)
 		return;
+	hyb_capture_drop(d);
 	if (d->allocs) {
 		/* last first, so each free finds its entry still listed */
 		while (d->allocs->n) {
@@ -310,6 +314,8 @@ int hyb_device_alloc(struct hyb_device *d, uint64_t bytes, hyb_dptr *out)
 	*out = 0;
 	if (d->faulted)
 		return -EIO;
+	if ((rc = hyb_capture_busy(d, "device alloc")))
+		return rc;
 	if (!bytes)
 		return hyb_device_fail(d, -EINVAL, "device alloc: zero bytes");
 	if (bytes > d->capacity - d->used)
@@ -349,6 +355,8 @@ int hyb_device_adopt(struct hyb_device *d, hyb_dptr p, uint64_t bytes)
 	long i;
 	int rc = check_dev(d, 0, "device adopt");
 
+	if (!rc)
+		rc = hyb_capture_busy(d, "device adopt");
 	if (rc)
 		return rc;
 	if (!p || !bytes || (p & 255) || p + bytes < p)
@@ -380,6 +388,9 @@ void hyb_device_free(struct hyb_device *d, hyb_dptr p)
 
 	if (!d || !p)
 		return;
+	/* a free waits for queued work: refused, the memory stays (the error says so) */
+	if (hyb_capture_busy(d, "device free"))
+		return;
 	t = d->allocs;
 	i = find_le(t, p);
 	if (i < 0 || t->a[i].base != p) {
@@ -399,6 +410,8 @@ int hyb_device_host_register(struct hyb_device *d, void *p, size_t len)
 {
 	int rc = check_dev(d, 0, "host register");
 
+	if (!rc)
+		rc = hyb_capture_busy(d, "host register");
 	if (rc)
 		return rc;
 	if (!p || !len)
@@ -412,19 +425,21 @@ int hyb_device_host_unregister(struct hyb_device *d, void *p)
 		return -EINVAL;
 	if (!p)
 		return hyb_device_fail(d, -EINVAL, "host unregister: NULL");
-	return d->ops->host_unregister(d, p);
+	int rc = hyb_capture_busy(d, "host unregister");
+
+	return rc ? rc : d->ops->host_unregister(d, p);
 }
 
 void *hyb_device_host_alloc(struct hyb_device *d, size_t len)
 {
-	if (!d || d->faulted || !len)
+	if (!d || d->faulted || !len || hyb_capture_busy(d, "host alloc"))
 		return NULL;
 	return d->ops->host_alloc(d, len);
 }
 
 void hyb_device_host_free(struct hyb_device *d, void *p)
 {
-	if (d && p)
+	if (d && p && !hyb_capture_busy(d, "host free"))
 		d->ops->host_free(d, p);
 }
 
@@ -440,6 +455,9 @@ int hyb_device_h2d(struct hyb_device *d, enum hyb_stream s, hyb_dptr dst, const 
 	if (!src)
 		return hyb_device_fail(d, -EINVAL, "h2d: NULL source");
 	rc = check_range(d, dst, len, "h2d destination");
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_H2D, .u.copy = { dst, (void *)src, len } })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->h2d(d, s, dst, src, len);
 	if (!rc) {
@@ -459,6 +477,9 @@ int hyb_device_d2h(struct hyb_device *d, enum hyb_stream s, void *dst, hyb_dptr 
 	if (!dst)
 		return hyb_device_fail(d, -EINVAL, "d2h: NULL destination");
 	rc = check_range(d, src, len, "d2h source");
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_D2H, .u.copy = { src, dst, len } })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->d2h(d, s, dst, src, len);
 	if (!rc) {
@@ -492,6 +513,8 @@ int hyb_device_record(struct hyb_device *d, enum hyb_stream s, struct hyb_device
 		return rc;
 	if (!ev)
 		return hyb_device_fail(d, -EINVAL, "record: NULL event");
+	if ((rc = hyb_capture_record(d, s, ev)))
+		return rc < 0 ? rc : 0;
 	return d->ops->record(d, s, ev);
 }
 
@@ -503,6 +526,8 @@ int hyb_device_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_e
 		return rc;
 	if (!ev)
 		return hyb_device_fail(d, -EINVAL, "wait: NULL event");
+	if ((rc = hyb_capture_wait(d, s, ev)))
+		return rc < 0 ? rc : 0;
 	return d->ops->wait(d, s, ev);
 }
 
@@ -518,6 +543,8 @@ int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev)
 {
 	int rc = check_dev(d, 0, "sync");
 
+	if (!rc)
+		rc = hyb_capture_busy(d, "sync");
 	if (rc)
 		return rc;
 	if (!ev)
@@ -530,11 +557,33 @@ int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 {
 	int rc = check_dev(d, 0, "elapsed");
 
+	if (!rc)
+		rc = hyb_capture_busy(d, "elapsed");
 	if (rc)
 		return rc;
 	if (!a || !b || !s)
 		return hyb_device_fail(d, -EINVAL, "elapsed: NULL argument");
 	return d->ops->elapsed(d, a, b, s);
+}
+
+int hyb_device_host_fn(struct hyb_device *d, enum hyb_stream s, hyb_device_host_fn_t fn,
+		       void *arg)
+{
+	int rc = check_dev(d, (int)s, "host fn");
+
+	if (rc)
+		return rc;
+	if (!fn)
+		return hyb_device_fail(d, -EINVAL, "host fn: NULL function");
+	if (s == HYB_STREAM_RELOAD)
+		return hyb_device_fail(d, -EINVAL, "host fn: not on the RELOAD stream (its work "
+				       "is the copy lane's)");
+	if (!d->ops->host_fn)
+		return hyb_device_fail(d, -ENOSYS, "%s device: no host functions", d->ops->kind);
+	if ((rc = hyb_capture_take(d, s, &(struct hyb_cap_node){ .kind = CAP_HOST_FN,
+								.u.fn = { fn, arg } })))
+		return rc < 0 ? rc : 0;
+	return d->ops->host_fn(d, s, fn, arg);
 }
 
 /* ---- kernels -------------------------------------------------------------------- */
@@ -605,6 +654,9 @@ int hyb_device_sparse_ffn(struct hyb_device *d, enum hyb_stream s, const struct 
 	if (!f)
 		return hyb_device_fail(d, -EINVAL, "sparse ffn: NULL arguments");
 	rc = check_ffn(d, f);
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_SPARSE_FFN, .u.ffn = *f })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->sparse_ffn(d, s, f);
 	if (!rc)
@@ -621,6 +673,9 @@ int hyb_device_add(struct hyb_device *d, enum hyb_stream s, hyb_dptr y, hyb_dptr
 	rc = check_array(d, y, 4ull * n, "add y");
 	if (!rc)
 		rc = check_array(d, x, 4ull * n, "add x");
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_ADD, .u.add = { y, x, n } })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->add(d, s, y, x, n);
 	if (!rc)
@@ -647,6 +702,9 @@ int hyb_device_ffn_act(struct hyb_device *d, enum hyb_stream s, hyb_dptr g, hyb_
 		rc = check_array(d, u, 4ull * n, "ffn_act u");
 	if (!rc && g < u + 4ull * n && u < g + 4ull * n)
 		rc = hyb_device_fail(d, -EINVAL, "ffn_act: g and u overlap");
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_FFN_ACT, .u.act = { g, u, n, act } })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->ffn_act(d, s, g, u, n, act);
 	if (!rc)
@@ -735,6 +793,9 @@ int hyb_device_rmsnorm_rows(struct hyb_device *d, enum hyb_stream s, hyb_dptr y,
 		rc = check_disjoint(d, "rmsnorm", yx, 2);
 	if (!rc)
 		rc = check_disjoint(d, "rmsnorm", yw, 2);
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_RMSNORM, .u.norm = { y, x, w, n, rows, eps } })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->rmsnorm(d, s, y, x, w, n, rows, eps);
 	if (!rc)
@@ -803,6 +864,9 @@ int hyb_device_matvec(struct hyb_device *d, enum hyb_stream s, const struct hyb_
 	if (!m)
 		return hyb_device_fail(d, -EINVAL, "matvec: NULL arguments");
 	rc = check_matvec(d, m);
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_MATVEC, .u.mv = *m })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->matvec(d, s, m);
 	if (!rc)
@@ -855,6 +919,9 @@ int hyb_device_matvec_group(struct hyb_device *d, enum hyb_stream s,
 			rc = check_group_pair(d, &m[i], &m[j], i, j);
 	if (rc || !n)
 		return rc;
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_MATVEC_GROUP, .u.group = { m, n } })))
+		return rc < 0 ? rc : 0;
 	if (d->ops->matvec_group) {
 		rc = d->ops->matvec_group(d, s, m, n);
 		if (!rc)
@@ -928,6 +995,9 @@ int hyb_device_teal_matvec(struct hyb_device *d, enum hyb_stream s, const struct
 	if (!t)
 		return hyb_device_fail(d, -EINVAL, "teal: NULL arguments");
 	rc = check_teal(d, t);
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_TEAL, .u.teal = *t })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->teal(d, s, t);
 	if (!rc)
@@ -965,7 +1035,10 @@ static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 		return hyb_device_fail(d, -EINVAL,
 				       "attention: n_rot %u not even and <= head_dim %u", a->n_rot,
 				       a->head_dim);
-	if (a->pos >= a->n_ctx || nb > a->n_ctx - a->pos)
+	if (a->pos_at && nb > 1)
+		return hyb_device_fail(d, -EINVAL, "attention: a batch of %u with its position in "
+				       "device memory", a->batch);
+	if (!a->pos_at && (a->pos >= a->n_ctx || nb > a->n_ctx - a->pos))
 		return hyb_device_fail(d, -EINVAL,
 				       "attention: pos %u (a batch of %llu) outside a cache of %u rows",
 				       a->pos, (unsigned long long)nb, a->n_ctx);
@@ -995,6 +1068,14 @@ static int check_attn(struct hyb_device *d, const struct hyb_dev_attn *a)
 		rc = check_array(d, a->out, arr[5].len, "attention out");
 	if (!rc)
 		rc = check_disjoint(d, "attention", arr, 6);
+	if (!rc && a->pos_at) {
+		const struct darr pa[7] = { arr[0], arr[1], arr[2], arr[3], arr[4], arr[5],
+					    { a->pos_at, 4, "pos_at" } };
+
+		rc = check_aligned(d, a->pos_at, 4, 4, "attention pos_at");
+		if (!rc)
+			rc = check_disjoint(d, "attention", pa, 7);
+	}
 	return rc;
 }
 
@@ -1009,6 +1090,9 @@ int hyb_device_attention(struct hyb_device *d, enum hyb_stream s, const struct h
 	if (!a)
 		return hyb_device_fail(d, -EINVAL, "attention: NULL arguments");
 	rc = check_attn(d, a);
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_ATTENTION, .u.attn = *a })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->attention(d, s, a);
 	if (!rc)
@@ -1084,6 +1168,9 @@ int hyb_device_predict(struct hyb_device *d, enum hyb_stream s, const struct hyb
 		else if (p->logits && i != 7 && overlap(&arr[i], &arr[7]))
 			rc = hyb_device_fail(d, -EINVAL, "predict: logits overlap %s", arr[i].name);
 	}
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_PREDICT, .u.pred = *p })))
+		return rc < 0 ? rc : 0;
 	if (!rc)
 		rc = d->ops->predict(d, s, p);
 	if (!rc)

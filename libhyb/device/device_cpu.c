@@ -104,8 +104,9 @@
 
 #define HUGE_SZ (2ull << 20)
 
-enum op_kind { OP_MARK, OP_H2D, OP_D2H, OP_KERNEL };
-enum { ENG_H2D, ENG_D2H, ENG_COMPUTE, N_ENG };
+enum op_kind { OP_MARK, OP_H2D, OP_D2H, OP_KERNEL, OP_HOST };
+/* host functions run one at a time, as on CUDA's callback thread */
+enum { ENG_H2D, ENG_D2H, ENG_COMPUTE, ENG_HOST, N_ENG };
 
 struct op {
 	uint64_t seq;      /* in its stream, from 1 */
@@ -150,6 +151,8 @@ struct cpu_dev {
 	double t_open;               /* CLOCK_MONOTONIC at open */
 	double inline_s, jumped_s;   /* see the clock above (not reset with stats) */
 	double work_s;               /* virtual clock: the host work reported */
+	bool in_fn;                  /* a host function runs: its work is its duration */
+	double fn_work_s;
 	double t;                    /* simulated time: every event before t is done */
 	double pcie_bps, lat_s, hbm_bps, launch_s, flop_s;
 	bool strict;                 /* HYB_DEVICE_STRICT: see "Strict mode" above */
@@ -211,7 +214,9 @@ static void cpu_host_work(struct hyb_device *d, double s)
 {
 	struct cpu_dev *c = cpu(d);
 
-	if (c->base.cfg.virtual_clock)
+	if (c->in_fn)
+		c->fn_work_s += s;
+	else if (c->base.cfg.virtual_clock)
 		c->work_s += s;
 }
 
@@ -240,7 +245,8 @@ static bool op_done(const struct cpu_dev *c, int s, uint64_t seq)
 
 static int engine_of(const struct op *o)
 {
-	return o->kind == OP_H2D ? ENG_H2D : o->kind == OP_D2H ? ENG_D2H : ENG_COMPUTE;
+	return o->kind == OP_H2D ? ENG_H2D : o->kind == OP_D2H ? ENG_D2H :
+	       o->kind == OP_HOST ? ENG_HOST : ENG_COMPUTE;
 }
 
 static bool chunked(int s, const struct op *o)
@@ -645,6 +651,71 @@ static int cpu_wait(struct hyb_device *d, enum hyb_stream s, struct hyb_device_e
 	/* ordered all the same, on a GPU too: work queued after a wait follows the event */
 	if (c->race && !rc && e->s != (int)s)
 		hyb_race_wait(c->race, s, e->s, e->seq);
+	leave(c, r0);
+	return rc;
+}
+
+/*
+ * Strict mode: a host function runs after every copy it is ordered after
+ * (its stream's queued work and, through the waits among it, other
+ * streams'), so what a copy engine does to host memory at their completion
+ * happens now: downloads land, uploads' sources are checked and let go (the
+ * function may rewrite them). upto[t]: the work of stream t settled so far.
+ */
+static void settle(struct cpu_dev *c, int s, uint64_t seq, uint64_t *upto)
+{
+	const struct queue *q = &c->q[s];
+	const uint64_t from = upto[s];
+
+	if (seq <= from)
+		return;
+	upto[s] = seq;
+	for (uint32_t i = 0; i < q->n; i++) {
+		struct op *o = &q->op[(q->first + i) % q->cap];
+
+		if (o->seq > seq)
+			break;
+		if (o->seq <= from)
+			continue;
+		if (o->kind == OP_MARK)
+			settle(c, o->dep_s, o->dep_seq, upto);
+		else
+			complete_host(c, s, o);
+	}
+}
+
+/*
+ * A host function: run at once, as the copies and kernels before it were,
+ * then a stretch of its stream's timeline on the host-function engine as
+ * long as it took (the virtual clock: the host work it reported). Its real
+ * time is inline: the host thread that queued it did not spend it.
+ */
+static int cpu_host_fn(struct hyb_device *d, enum hyb_stream s, hyb_device_host_fn_t fn,
+		       void *arg)
+{
+	struct cpu_dev *c = cpu(d);
+	struct op o = { .kind = OP_HOST };
+	uint64_t upto[HYB_N_STREAMS];
+	double r0, f0;
+	int rc;
+
+	enter(c, &r0);
+	if (c->strict) {
+		memcpy(upto, c->done_seq, sizeof(upto));
+		settle(c, s, c->last_seq[s], upto);
+		if (c->base.faulted) {
+			leave(c, r0);
+			return -EIO;
+		}
+	}
+	c->in_fn = true;
+	c->fn_work_s = 0;
+	f0 = mono();
+	fn(arg);
+	o.dur = c->base.cfg.virtual_clock ? c->fn_work_s : mono() - f0;
+	c->in_fn = false;
+	op_begin(c, "a host function");
+	rc = push(c, s, &o);
 	leave(c, r0);
 	return rc;
 }
@@ -1083,11 +1154,25 @@ static int cpu_attention(struct hyb_device *d, enum hyb_stream s, const struct h
 	struct cpu_dev *c = cpu(d);
 	const uint32_t nb = a->batch ? a->batch : 1;
 	const uint64_t q_dim = (uint64_t)a->n_head * a->head_dim;
+	const hyb_dptr pos_at = a->pos_at;
+	struct hyb_dev_attn at;
 	uint64_t bytes = 0, b = 0;
 	double flops = 0, r0;
 	int rc = 0;
 
 	enter(c, &r0);
+	if (pos_at) {
+		/* the position as the kernel finds it in device memory when it runs */
+		at = *a;
+		memcpy(&at.pos, (const void *)(uintptr_t)pos_at, 4);
+		if (at.pos >= at.n_ctx) {
+			leave(c, r0);
+			return hyb_device_fail(d, -EIO, "cpu device: attention: position %u read from "
+					       "device memory, outside a cache of %u rows", at.pos,
+					       at.n_ctx);
+		}
+		a = &at;
+	}
 	for (uint32_t t = 0; t < nb && !rc; t++) {
 		rc = run_attention(c, a, t, &b);
 		/* a batch reads the K and V rows once (its last token's rows), the rest per token */
@@ -1112,6 +1197,7 @@ static int cpu_attention(struct hyb_device *d, enum hyb_stream s, const struct h
 		span(c, (const void *)(uintptr_t)a->vcache, row * a->pos, false);
 		span(c, (const void *)(uintptr_t)(a->vcache + row * a->pos), row * nb, true);
 		span(c, (const void *)(uintptr_t)a->out, 4 * q_dim * nb, true);
+		span(c, (const void *)(uintptr_t)pos_at, pos_at ? 4 : 0, false);
 	}
 	if (!rc)
 		rc = kernel_done(c, s, bytes, flops);
@@ -1360,6 +1446,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.attention = cpu_attention,
 	.predict = cpu_predict,
 	.teal = cpu_teal,
+	.host_fn = cpu_host_fn,
 };
 
 struct hyb_device *hyb_device_cpu_open(const struct hyb_device_config *cfg, char *err,

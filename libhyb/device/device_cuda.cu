@@ -41,6 +41,12 @@
  * heads). RoPE's cos/sin table is computed on the host once per position
  * (every layer of a token shares it) and passed with the launch.
  *
+ * Graphs: CUDA's stream capture (thread-local mode, so the lane's thread
+ * goes on with RELOAD meanwhile) and cudaGraphInstantiate; host functions
+ * are cudaLaunchHostFunc. A scratch or workspace that would have to grow
+ * inside a capture cannot (that waits for the stream and allocates): the
+ * op is refused, and the same work run once before capturing sizes it.
+ *
  * Host memory: host_register pins with cudaHostRegister(Portable),
  * host_alloc is cudaHostAlloc(Portable); both are remembered, and close
  * unpins and frees what the caller left.
@@ -102,6 +108,13 @@ struct cudev {
 	bool rope_valid;
 	uint32_t rope_n_rot, rope_pos;
 	struct hyb_rope rope_key;
+	/* a graph's attention (pos_at): every position's cos/sin, per rope, outside capacity */
+	struct rtab {
+		struct hyb_rope key;
+		uint32_t n_rot, n_ctx;
+		float *dev;
+	} rtab[4];
+	unsigned rtab_next;       /* the slot replaced next when all are taken */
 	uint16_t *gelu;           /* ggml's F16 GELU table for GeGLU FFNs (copied at open) */
 	volatile uint32_t *bad;   /* mapped pinned host memory: [0] set, [1] the neuron */
 	uint32_t *bad_dev;        /* the same, as the device sees it; NULL: not reported */
@@ -236,6 +249,9 @@ static int check_bad(struct cudev *c)
 {
 	if (!c->bad || !c->bad[0])
 		return 0;
+	if (c->bad[0] == 2)
+		return hyb_device_fail(&c->d, -EIO, "cuda: attention: position %u read from device "
+				       "memory is outside its cache", c->bad[1]);
 	return hyb_device_fail(&c->d, -EIO,
 			       "cuda: sparse ffn: active neuron %u is not in a resident group "
 			       "(table entry < 0 or beyond the cache allocation)",
@@ -608,6 +624,14 @@ static int cu_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 
 /* ---- kernels -------------------------------------------------------------------------- */
 
+/* A capture cannot wait for its stream nor allocate (see the top). */
+static int grow_in_capture(struct cudev *c, const char *what, uint64_t need)
+{
+	return hyb_device_fail(&c->d, -EBUSY, "cuda: the %s would grow to %llu bytes during a "
+			       "capture (run the same work once before capturing it)", what,
+			       (unsigned long long)need);
+}
+
 /* The scratch of stream s, at least need bytes, zeroed when (re)allocated. */
 static int scratch(struct cudev *c, enum hyb_stream s, uint64_t need)
 {
@@ -617,6 +641,8 @@ static int scratch(struct cudev *c, enum hyb_stream s, uint64_t need)
 
 	if (need <= c->scr_bytes[s])
 		return 0;
+	if (c->d.cap)
+		return grow_in_capture(c, "sparse ffn scratch", need);
 	nb = nb > need ? nb : need;
 	nb = (nb + ALIGN - 1) & ~(ALIGN - 1);
 	/* queued kernels of this stream may still use the old one */
@@ -873,6 +899,8 @@ static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
 
 	if (need <= c->wk_bytes[s])
 		return 0;
+	if (c->d.cap)
+		return grow_in_capture(c, "attention workspace", need);
 	need = (need + ALIGN - 1) & ~(ALIGN - 1);
 	/* queued kernels of this stream may still use the old one */
 	if ((e = cudaStreamSynchronize(c->st[s])) != cudaSuccess)
@@ -889,6 +917,60 @@ static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
 		return soft(c, e, -ENOMEM, what);
 	}
 	c->wk_bytes[s] = need;
+	return 0;
+}
+
+/*
+ * The table of RoPE's cos and sin at every position of a cache of n_ctx
+ * rows (dense_cuda.h), computed with hyb_rope_table as the by-value call's
+ * rows are, so a graph's attention gives that call's bits. Made on the first
+ * call that needs it: not inside a capture.
+ */
+static int rope_tab(struct cudev *c, const struct hyb_dev_attn *a, const float **out)
+{
+	const unsigned n_slots = sizeof(c->rtab) / sizeof(c->rtab[0]);
+	const uint64_t n = (uint64_t)a->n_ctx * a->n_rot;
+	struct cudev::rtab *t;
+	float *h;
+	cudaError_t e;
+	int rc;
+
+	for (unsigned i = 0; i < n_slots; i++) {
+		t = &c->rtab[i];
+		if (t->dev && t->n_rot == a->n_rot && t->n_ctx >= a->n_ctx &&
+		    !memcmp(&t->key, a->rope, sizeof(t->key))) {
+			*out = t->dev;
+			return 0;
+		}
+	}
+	if (c->d.cap)
+		return grow_in_capture(c, "RoPE table", 4 * n);
+	t = &c->rtab[c->rtab_next++ % n_slots];
+	if (t->dev) { /* queued kernels may still read it */
+		if ((rc = sync_all(c)))
+			return rc;
+		cudaFree(t->dev);
+		t->dev = NULL;
+	}
+	if (!(h = (float *)malloc(4 * n)))
+		return hyb_device_fail(&c->d, -ENOMEM, "cuda attention: out of host memory");
+	for (uint32_t p = 0; p < a->n_ctx; p++)
+		hyb_rope_table(a->rope, a->n_rot, p, h + (uint64_t)p * a->n_rot,
+			       h + (uint64_t)p * a->n_rot + a->n_rot / 2);
+	e = cudaMalloc((void **)&t->dev, 4 * n);
+	if (e == cudaSuccess)
+		e = cudaMemcpy(t->dev, h, 4 * n, cudaMemcpyHostToDevice);
+	free(h);
+	if (e != cudaSuccess) {
+		if (t->dev)
+			cudaFree(t->dev);
+		t->dev = NULL;
+		return soft(c, e, -ENOMEM, "cudaMalloc(RoPE table)");
+	}
+	t->key = *a->rope;
+	t->n_rot = a->n_rot;
+	t->n_ctx = a->n_ctx;
+	*out = t->dev;
 	return 0;
 }
 
@@ -909,15 +991,22 @@ static int cu_attention_one(struct hyb_device *d, enum hyb_stream s, const struc
 	if (a->n_rot / 2 > HYB_CUDA_ROPE_MAX)
 		return hyb_device_fail(d, -EINVAL, "cuda attention: n_rot %u not supported",
 				       a->n_rot);
-	if (!c->rope_valid || c->rope_n_rot != a->n_rot || c->rope_pos != a->pos ||
-	    memcmp(&c->rope_key, a->rope, sizeof(c->rope_key))) {
+	memset(&k, 0, sizeof(k));
+	if (a->pos_at) {
+		k.pos_at = (const uint32_t *)(uintptr_t)a->pos_at;
+		k.n_ctx = a->n_ctx;
+		k.n_swa = a->n_swa;
+		k.bad = c->bad_dev;
+		if ((rc = rope_tab(c, a, &k.rope_tab)))
+			return rc;
+	} else if (!c->rope_valid || c->rope_n_rot != a->n_rot || c->rope_pos != a->pos ||
+		   memcmp(&c->rope_key, a->rope, sizeof(c->rope_key))) {
 		hyb_rope_table(a->rope, a->n_rot, a->pos, c->rope.cs, c->rope.sn);
 		c->rope_key = *a->rope;
 		c->rope_n_rot = a->n_rot;
 		c->rope_pos = a->pos;
 		c->rope_valid = true;
 	}
-	memset(&k, 0, sizeof(k));
 	k.n_head = a->n_head;
 	k.n_head_kv = a->n_head_kv;
 	k.head_dim = a->head_dim;
@@ -946,9 +1035,13 @@ static int cu_attention_one(struct hyb_device *d, enum hyb_stream s, const struc
 	 * As the CPU device models it (device_cpu.c): K and V rows 0..pos (here
 	 * read once per slice of at most 8 query heads of a kv head), row pos
 	 * written, q and k read and written, v read, out written; the split
-	 * positions' partials are small and left out.
+	 * positions' partials are small and left out. A graph's step: the
+	 * rows its window could cover (the position is the kernels' to read).
 	 */
-	d->st.kernel_bytes += 4ull * (a->pos + 1 - k.first) * kv *
+	const uint64_t rows = !a->pos_at ? a->pos + 1 - k.first :
+			      a->n_swa && a->n_swa < a->n_ctx ? a->n_swa : a->n_ctx;
+
+	d->st.kernel_bytes += 4ull * rows * kv *
 				      ((a->n_head / a->n_head_kv + 7) / 8) +
 			      16 * kv + 12ull * a->n_head * hd;
 	return 0;
@@ -1077,6 +1170,9 @@ static void cu_close(struct hyb_device *d)
 		if (c->wk[s])
 			cudaFree(c->wk[s]);
 	}
+	for (unsigned i = 0; i < sizeof(c->rtab) / sizeof(c->rtab[0]); i++)
+		if (c->rtab[i].dev)
+			cudaFree(c->rtab[i].dev);
 	for (size_t i = 0; i < c->n_reg; i++)
 		cudaHostUnregister(c->reg[i].p);
 	for (size_t i = 0; i < c->n_hb; i++)
@@ -1092,6 +1188,73 @@ static void cu_close(struct hyb_device *d)
 	free(c->hb);
 	free(c->pc);
 	free(c);
+}
+
+/* ---- host functions, graphs ---------------------------------------------------------- */
+
+static int cu_host_fn(struct hyb_device *d, enum hyb_stream s, hyb_device_host_fn_t fn, void *arg)
+{
+	struct cudev *c = cu(d);
+	int rc = use(c);
+	cudaError_t e;
+
+	if (rc)
+		return rc;
+	e = cudaLaunchHostFunc(c->st[s], (cudaHostFn_t)fn, arg);
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaLaunchHostFunc");
+}
+
+static int cu_capture_begin(struct hyb_device *d, enum hyb_stream s)
+{
+	struct cudev *c = cu(d);
+	int rc = use(c);
+	cudaError_t e;
+
+	if (rc)
+		return rc;
+	e = cudaStreamBeginCapture(c->st[s], cudaStreamCaptureModeThreadLocal);
+	return e == cudaSuccess ? 0 : soft(c, e, -EINVAL, "cudaStreamBeginCapture");
+}
+
+static int cu_capture_end(struct hyb_device *d, enum hyb_stream s, bool ok, void **graph)
+{
+	struct cudev *c = cu(d);
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	cudaError_t e = cudaStreamEndCapture(c->st[s], &g);
+
+	if (!ok) {
+		if (g)
+			cudaGraphDestroy(g);
+		cudaGetLastError(); /* the capture's own error: the front end has the reason */
+		return 0;
+	}
+	if (e != cudaSuccess)
+		return soft(c, e, -EINVAL, "cudaStreamEndCapture");
+	e = cudaGraphInstantiate(&x, g, 0);
+	cudaGraphDestroy(g);
+	if (e != cudaSuccess)
+		return soft(c, e, -ENOMEM, "cudaGraphInstantiate");
+	*graph = x;
+	return 0;
+}
+
+static int cu_graph_launch(struct hyb_device *d, enum hyb_stream s, void *graph)
+{
+	struct cudev *c = cu(d);
+	int rc = use(c);
+	cudaError_t e;
+
+	if (rc)
+		return rc;
+	e = cudaGraphLaunch((cudaGraphExec_t)graph, c->st[s]);
+	return e == cudaSuccess ? 0 : fault(c, e, "cudaGraphLaunch");
+}
+
+static void cu_graph_free(struct hyb_device *d, void *graph)
+{
+	(void)d;
+	cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
 static const struct hyb_device_ops cuda_ops = {
@@ -1123,6 +1286,11 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_predict,
 	cu_teal,
 	NULL, /* host_work: a GPU's host time is real */
+	cu_host_fn,
+	cu_capture_begin,
+	cu_capture_end,
+	cu_graph_launch,
+	cu_graph_free,
 };
 
 /* err gets "what: CUDA's reason"; c (may be NULL) is closed. */

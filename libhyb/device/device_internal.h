@@ -78,6 +78,19 @@ struct hyb_device_ops {
 	int (*teal)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t);
 	/* NULL: nothing to do (CUDA: a GPU's host time is real) */
 	void (*host_work)(struct hyb_device *d, double s);
+	int (*host_fn)(struct hyb_device *d, enum hyb_stream s, hyb_device_host_fn_t fn,
+		       void *arg);
+	/*
+	 * Graphs the implementation's own (CUDA's stream capture); NULL:
+	 * device_graph.c records the calls and replays them through the front
+	 * end. device.c has checked the capture's rules (membership, joins, the
+	 * calls refused) before each op. end with ok false: abandon the capture
+	 * (*graph untouched).
+	 */
+	int (*capture_begin)(struct hyb_device *d, enum hyb_stream s);
+	int (*capture_end)(struct hyb_device *d, enum hyb_stream s, bool ok, void **graph);
+	int (*graph_launch)(struct hyb_device *d, enum hyb_stream s, void *graph);
+	void (*graph_free)(struct hyb_device *d, void *graph);
 };
 
 /* The common head of every implementation's device struct. */
@@ -89,6 +102,7 @@ struct hyb_device {
 	struct hyb_device_stats st;
 	char err[256];
 	struct hyb_device_allocs *allocs; /* device.c's table of live allocations */
+	struct hyb_capture *cap;       /* a capture under way (device_graph.c), else NULL */
 };
 
 /* Set d->err (printf-style) and return rc. rc == -EIO also marks d faulted. */

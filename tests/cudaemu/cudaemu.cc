@@ -16,6 +16,11 @@
  * order see the wrong writer. Launch limits are the real ones: 1024
  * threads a block, 48 KiB of dynamic shared memory unless the kernel's
  * attribute raised it, the device's opt-in maximum.
+ *
+ * Graphs: a capturing stream's work is checked as when it runs and
+ * recorded; a graph launch runs the records in order, as a stream would.
+ * CUDA's capture rules (joins, refused calls, invalidation, host
+ * functions that may not call CUDA) return CUDA's codes.
  */
 #include "cudaemu.h"
 
@@ -37,6 +42,8 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -60,9 +67,10 @@ cudaError_t fail(cudaError_t e)
 
 /*
  * HYB_CUDAEMU_FAIL_AT=N: the N-th call that takes a resource (device or
- * pinned memory, a registration, a stream, an event, an IPC mapping) fails
- * as it would when the GPU has none left, and says so on stderr: the
- * callers' error paths, which a GPU never takes on demand.
+ * pinned memory, a registration, a stream, an event, an IPC mapping, a
+ * graph's instantiation) fails as it would when the GPU has none left, and
+ * says so on stderr: the callers' error paths, which a GPU never takes on
+ * demand.
  */
 std::atomic<long> inject_calls, inject_at{-1};
 std::atomic<bool> inject_hit;
@@ -152,18 +160,65 @@ double now_ms()
 
 } // namespace
 
+/* a capture's streams: how much of each one's captured work a point follows */
+typedef std::map<const CUstream_st *, uint64_t> emu_clock;
+
 struct CUstream_st {
 	uint32_t magic;
 	int priority;
+	unsigned int flags;
+	struct hyb_emu_capture *cap; /* the capture it is in (cap_lock), or NULL */
+	emu_clock clock;             /* in it: the captured work its next work follows */
 };
 struct CUevent_st {
 	uint32_t magic;
 	unsigned int flags;
 	bool recorded;
 	double ms;
+	uint64_t cap_id; /* the capture that last recorded it (cap_lock); 0: none */
+	emu_clock clock; /* the recording stream's, then */
+};
+
+/* an operation a capture recorded, run at each launch of the graph */
+struct hyb_emu_node {
+	enum { COPY, SET, KERNEL, HOST_FN, RECORD } kind = COPY;
+	void *dst = NULL;
+	const void *src = NULL;
+	size_t n = 0;
+	cudaMemcpyKind copy_kind = cudaMemcpyDefault;
+	int value = 0;
+	const void *kernel = NULL;
+	const char *name = NULL;
+	dim3 grid, block;
+	size_t smem = 0;
+	std::function<void()> body; /* owns the launch's arguments */
+	cudaHostFn_t fn = NULL;
+	void *arg = NULL;
+	cudaEvent_t event = NULL;
+};
+
+struct hyb_emu_capture {
+	uint64_t id;
+	cudaStream_t origin;
+	cudaStreamCaptureMode mode;
+	const void *thread;                /* the beginning thread's tl_thread */
+	cudaError_t invalid;               /* what invalidated it; cudaSuccess: nothing */
+	std::vector<cudaStream_t> streams; /* the origin, then those that joined */
+	std::vector<hyb_emu_node> nodes;   /* in the order captured: a topological order */
+};
+
+struct CUgraph_st {
+	uint32_t magic;
+	std::vector<hyb_emu_node> nodes;
+};
+struct CUgraphExec_st {
+	uint32_t magic;
+	std::vector<hyb_emu_node> nodes;
 };
 
 namespace {
+
+constexpr uint32_t GRAPH_MAGIC = 0x47525048, EXEC_MAGIC = 0x47455845;
 
 bool stream_ok(cudaStream_t s)
 {
@@ -172,6 +227,171 @@ bool stream_ok(cudaStream_t s)
 bool event_ok(cudaEvent_t e)
 {
 	return e && e->magic == EVENT_MAGIC;
+}
+bool graph_ok(cudaGraph_t g)
+{
+	return g && g->magic == GRAPH_MAGIC;
+}
+bool exec_ok(cudaGraphExec_t x)
+{
+	return x && x->magic == EXEC_MAGIC;
+}
+
+/* ---- stream capture ----------------------------------------------------------------------- */
+
+/*
+ * Every capture's state (streams' and events' capture fields, the captures)
+ * is under cap_lock: another thread (hyb's RELOAD lane) queues work and
+ * queries events while one captures. Lock order: cap_lock, then mem_lock.
+ */
+std::mutex cap_lock;
+std::map<uint64_t, hyb_emu_capture *> captures; /* those under way, by id */
+uint64_t capture_ids;
+std::set<const CUevent_st *> live_events;      /* for a graph's record nodes */
+thread_local char tl_thread;                   /* its address names the thread */
+thread_local bool in_host_fn;                  /* a host function runs on this thread */
+
+/* CUDA forbids a host function to call CUDA (it may deadlock): refused here */
+#define HOST_FN_GUARD()                                                                    \
+	do {                                                                               \
+		if (in_host_fn)                                                            \
+			return fail(cudaErrorNotPermitted);                                \
+	} while (0)
+
+/* the capture (if any) is invalid from now on; the call fails with e */
+cudaError_t spoil(hyb_emu_capture *c, cudaError_t e)
+{
+	if (c && c->invalid == cudaSuccess)
+		c->invalid = e;
+	return fail(e);
+}
+
+/* whether c holds a blocking stream, one the legacy stream synchronizes with */
+bool blocking(const hyb_emu_capture *c)
+{
+	for (cudaStream_t m : c->streams)
+		if (!(m->flags & cudaStreamNonBlocking))
+			return true;
+	return false;
+}
+
+/*
+ * Under cap_lock, for work queued on s: *c is the capture that records it,
+ * NULL when it runs now. The legacy stream waits for every blocking
+ * stream, so using it while one is captured would tie uncaptured work to
+ * the capture: cudaErrorStreamCaptureImplicit, and those captures are
+ * invalid (non-blocking streams, as hyb's, leave it free).
+ */
+cudaError_t enter(cudaStream_t s, hyb_emu_capture **c)
+{
+	*c = NULL;
+	if (!s) {
+		bool hit = false;
+
+		for (auto &kv : captures)
+			if (blocking(kv.second)) {
+				spoil(kv.second, cudaErrorStreamCaptureImplicit);
+				hit = true;
+			}
+		return hit ? fail(cudaErrorStreamCaptureImplicit) : cudaSuccess;
+	}
+	if (!s->cap)
+		return cudaSuccess;
+	if (s->cap->invalid != cudaSuccess)
+		return fail(cudaErrorStreamCaptureInvalidated);
+	*c = s->cap;
+	return cudaSuccess;
+}
+
+/*
+ * A call CUDA deems potentially unsafe during a capture (it may
+ * synchronize implicitly): refused, and the capture invalidated, on the
+ * thread that began a ThreadLocal or Global capture, and on any thread
+ * while a Global one is under way; never for a Relaxed one.
+ */
+cudaError_t unsafe_call()
+{
+	std::lock_guard<std::mutex> g(cap_lock);
+	bool hit = false;
+
+	for (auto &kv : captures) {
+		hyb_emu_capture *c = kv.second;
+
+		if (c->mode == cudaStreamCaptureModeGlobal ||
+		    (c->mode == cudaStreamCaptureModeThreadLocal && c->thread == &tl_thread)) {
+			spoil(c, cudaErrorStreamCaptureUnsupported);
+			hit = true;
+		}
+	}
+	return hit ? fail(cudaErrorStreamCaptureUnsupported) : cudaSuccess;
+}
+
+/* n recorded as s's next work in c */
+void record(hyb_emu_capture *c, cudaStream_t s, hyb_emu_node &&n)
+{
+	c->nodes.push_back(std::move(n));
+	s->clock[s]++;
+}
+
+uint64_t clock_of(const emu_clock &k, const CUstream_st *s)
+{
+	auto it = k.find(s);
+
+	return it == k.end() ? 0 : it->second;
+}
+
+/* an event as a capture left it (cap_lock) */
+enum ev_state { EV_PLAIN, EV_CAPTURED, EV_STALE };
+ev_state event_state(cudaEvent_t e)
+{
+	if (!e->cap_id)
+		return EV_PLAIN;
+	return captures.count(e->cap_id) ? EV_CAPTURED : EV_STALE;
+}
+
+/* [p, p + n) lies in pinned or registered host memory */
+bool pinned(const void *p, size_t n)
+{
+	std::lock_guard<std::mutex> g(mem_lock);
+	const region *r = find(p, n ? n : 1, NULL);
+
+	return r && (r->kind == MEM_HOST_ALLOC || r->kind == MEM_REGISTERED);
+}
+
+/*
+ * A copy's pointers: its device side inside one allocation (or pinned
+ * memory). In a graph (captured, or launched) its host side must be
+ * pinned too: a graph's copy cannot stage pageable memory
+ * (cudaErrorStreamCaptureUnsupported).
+ */
+cudaError_t copy_check(void *dst, const void *src, size_t n, cudaMemcpyKind kind, bool graph)
+{
+	const cudaError_t pageable = cudaErrorStreamCaptureUnsupported;
+
+	switch (kind) {
+	case cudaMemcpyHostToDevice:
+		if (!on_device(dst, n))
+			return cudaErrorInvalidValue;
+		return graph && !pinned(src, n) ? pageable : cudaSuccess;
+	case cudaMemcpyDeviceToHost:
+		if (!on_device(src, n))
+			return cudaErrorInvalidValue;
+		return graph && !pinned(dst, n) ? pageable : cudaSuccess;
+	case cudaMemcpyDeviceToDevice:
+		return on_device(src, n) && on_device(dst, n) ? cudaSuccess : cudaErrorInvalidValue;
+	case cudaMemcpyHostToHost:
+		return graph && (!pinned(src, n) || !pinned(dst, n)) ? pageable : cudaSuccess;
+	case cudaMemcpyDefault:
+		return graph && (!on_device(src, n) || !on_device(dst, n)) ? pageable : cudaSuccess;
+	}
+	return cudaErrorInvalidValue;
+}
+
+void run_host_fn(cudaHostFn_t fn, void *arg)
+{
+	in_host_fn = true;
+	fn(arg);
+	in_host_fn = false;
 }
 
 } // namespace
@@ -205,13 +425,31 @@ const char *cudaGetErrorString(cudaError_t e)
 	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
 	case cudaErrorInvalidDevice: return "invalid device ordinal";
 	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
 	case cudaErrorNotReady: return "device not ready";
+	case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
 	case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
 	case cudaErrorHostMemoryAlreadyRegistered:
 		return "part or all of the requested memory range is already mapped";
 	case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
 	case cudaErrorLaunchFailure: return "unspecified launch failure";
+	case cudaErrorNotPermitted: return "operation not permitted";
 	case cudaErrorNotSupported: return "operation not supported";
+	case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+	case cudaErrorStreamCaptureInvalidated:
+		return "operation failed due to a previous error during capture";
+	case cudaErrorStreamCaptureMerge:
+		return "operation would result in a merge of separate capture sequences";
+	case cudaErrorStreamCaptureUnmatched: return "capture was not ended in the same stream as it began";
+	case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+	case cudaErrorStreamCaptureIsolation:
+		return "dependency created on uncaptured work in another stream";
+	case cudaErrorStreamCaptureImplicit:
+		return "operation would make the legacy stream depend on a capturing blocking stream";
+	case cudaErrorCapturedEvent:
+		return "operation not permitted on an event last recorded in a capturing stream";
+	case cudaErrorStreamCaptureWrongThread:
+		return "attempt to terminate a thread-local capture sequence from another thread";
 	default: return "unknown error";
 	}
 }
@@ -226,6 +464,7 @@ cudaError_t cudaGetLastError(void)
 
 cudaError_t cudaGetDeviceCount(int *n)
 {
+	HOST_FN_GUARD();
 	if (!n)
 		return fail(cudaErrorInvalidValue);
 	*n = device_count();
@@ -234,11 +473,13 @@ cudaError_t cudaGetDeviceCount(int *n)
 
 cudaError_t cudaSetDevice(int dev)
 {
+	HOST_FN_GUARD();
 	return dev >= 0 && dev < device_count() ? cudaSuccess : fail(cudaErrorInvalidDevice);
 }
 
 cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int dev)
 {
+	HOST_FN_GUARD();
 	if (!v || dev < 0 || dev >= device_count())
 		return fail(!v ? cudaErrorInvalidValue : cudaErrorInvalidDevice);
 	switch (attr) {
@@ -256,6 +497,7 @@ cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr attr, int dev)
 
 cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int dev)
 {
+	HOST_FN_GUARD();
 	if (!id || len < 13)
 		return fail(cudaErrorInvalidValue);
 	if (dev < 0 || dev >= device_count())
@@ -268,6 +510,7 @@ cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *id)
 {
 	unsigned int dom, bus, slot, fn;
 
+	HOST_FN_GUARD();
 	if (!dev || !id || sscanf(id, "%x:%x:%x.%x", &dom, &bus, &slot, &fn) != 4)
 		return fail(cudaErrorInvalidValue);
 	if (dom != 0 || slot != 0 || fn != 0 || bus < 0x18 || (int)(bus - 0x18) >= device_count())
@@ -278,6 +521,7 @@ cudaError_t cudaDeviceGetByPCIBusId(int *dev, const char *id)
 
 cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 {
+	HOST_FN_GUARD();
 	if (least)
 		*least = 0;
 	if (greatest)
@@ -285,13 +529,22 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest)
 	return cudaSuccess;
 }
 
+/* the device holds every capturing stream: synchronizing it is invalid during any capture */
 cudaError_t cudaDeviceSynchronize(void)
 {
-	return cudaSuccess;
+	HOST_FN_GUARD();
+	std::lock_guard<std::mutex> g(cap_lock);
+
+	if (captures.empty())
+		return cudaSuccess;
+	for (auto &kv : captures)
+		spoil(kv.second, cudaErrorStreamCaptureUnsupported);
+	return fail(cudaErrorStreamCaptureUnsupported);
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b)
 {
+	HOST_FN_GUARD();
 	std::lock_guard<std::mutex> g(mem_lock);
 
 	if (!free_b || !total_b)
@@ -305,6 +558,9 @@ cudaError_t cudaMalloc(void **p, size_t n)
 {
 	static bool raised;
 
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	if (!p)
 		return fail(cudaErrorInvalidValue);
 	*p = NULL;
@@ -355,6 +611,9 @@ cudaError_t cudaMalloc(void **p, size_t n)
 
 cudaError_t cudaFree(void *p)
 {
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	if (!p)
 		return cudaSuccess;
 	std::lock_guard<std::mutex> g(mem_lock);
@@ -370,6 +629,9 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 {
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	if (!p || (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | 0x04)))
 		return fail(cudaErrorInvalidValue);
 	*p = NULL;
@@ -388,6 +650,9 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags)
 
 cudaError_t cudaFreeHost(void *p)
 {
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	if (!p)
 		return cudaSuccess;
 	std::lock_guard<std::mutex> g(mem_lock);
@@ -405,6 +670,9 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 				   cudaHostRegisterReadOnly | 0x04 /* IoMemory */;
 	int ro = 0;
 
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	if (!p || !n || (flags & ~known))
 		return fail(cudaErrorInvalidValue);
 	if ((flags & cudaHostRegisterReadOnly) &&
@@ -426,6 +694,9 @@ cudaError_t cudaHostRegister(void *p, size_t n, unsigned int flags)
 
 cudaError_t cudaHostUnregister(void *p)
 {
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	std::lock_guard<std::mutex> g(mem_lock);
 	auto it = regions.find((uintptr_t)p);
 
@@ -437,6 +708,7 @@ cudaError_t cudaHostUnregister(void *p)
 
 cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned int flags)
 {
+	HOST_FN_GUARD();
 	if (!d || flags)
 		return fail(cudaErrorInvalidValue);
 	std::lock_guard<std::mutex> g(mem_lock);
@@ -450,102 +722,197 @@ cudaError_t cudaHostGetDevicePointer(void **d, void *h, unsigned int flags)
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
 			    cudaStream_t s)
 {
+	HOST_FN_GUARD();
 	if (!stream_ok(s))
 		return fail(cudaErrorInvalidResourceHandle);
-	if (!n)
-		return cudaSuccess;
-	if (!dst || !src)
-		return fail(cudaErrorInvalidValue);
-	switch (kind) {
-	case cudaMemcpyHostToDevice:
-		if (!on_device(dst, n))
-			return fail(cudaErrorInvalidValue);
-		break;
-	case cudaMemcpyDeviceToHost:
-		if (!on_device(src, n))
-			return fail(cudaErrorInvalidValue);
-		break;
-	case cudaMemcpyDeviceToDevice:
-		if (!on_device(src, n) || !on_device(dst, n))
-			return fail(cudaErrorInvalidValue);
-		break;
-	case cudaMemcpyHostToHost:
-	case cudaMemcpyDefault:
-		break;
-	default:
-		return fail(cudaErrorInvalidValue);
+	{
+		std::lock_guard<std::mutex> g(cap_lock);
+		hyb_emu_capture *c;
+		cudaError_t e = enter(s, &c);
+
+		if (e != cudaSuccess)
+			return e;
+		if (!n)
+			return cudaSuccess;
+		if (!dst || !src)
+			return spoil(c, cudaErrorInvalidValue);
+		if ((e = copy_check(dst, src, n, kind, c != NULL)) != cudaSuccess)
+			return spoil(c, e);
+		if (c) {
+			hyb_emu_node x;
+
+			x.kind = hyb_emu_node::COPY;
+			x.dst = dst;
+			x.src = src;
+			x.n = n;
+			x.copy_kind = kind;
+			record(c, s, std::move(x));
+			return cudaSuccess;
+		}
 	}
 	memmove(dst, src, n);
 	return cudaSuccess;
 }
 
+/* the synchronous calls use the legacy stream and wait for it */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
 {
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	return cudaMemcpyAsync(dst, src, n, kind, NULL);
 }
 
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
+	HOST_FN_GUARD();
 	if (!stream_ok(s))
 		return fail(cudaErrorInvalidResourceHandle);
-	if (!n)
-		return cudaSuccess;
-	if (!on_device(p, n))
-		return fail(cudaErrorInvalidValue);
+	{
+		std::lock_guard<std::mutex> g(cap_lock);
+		hyb_emu_capture *c;
+		const cudaError_t e = enter(s, &c);
+
+		if (e != cudaSuccess)
+			return e;
+		if (!n)
+			return cudaSuccess;
+		if (!on_device(p, n))
+			return spoil(c, cudaErrorInvalidValue);
+		if (c) {
+			hyb_emu_node x;
+
+			x.kind = hyb_emu_node::SET;
+			x.dst = p;
+			x.n = n;
+			x.value = v;
+			record(c, s, std::move(x));
+			return cudaSuccess;
+		}
+	}
 	memset(p, v, n);
 	return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
+	HOST_FN_GUARD();
+	if (unsafe_call() != cudaSuccess)
+		return cudaErrorStreamCaptureUnsupported;
 	return cudaMemsetAsync(p, v, n, NULL);
 }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned int flags, int priority)
 {
+	HOST_FN_GUARD();
 	if (!s || (flags & ~(unsigned)cudaStreamNonBlocking))
 		return fail(cudaErrorInvalidValue);
 	if (injected("cudaStreamCreateWithPriority"))
 		return fail(cudaErrorMemoryAllocation);
-	*s = new CUstream_st{STREAM_MAGIC, std::max(-5, std::min(0, priority))};
+	*s = new CUstream_st{STREAM_MAGIC, std::max(-5, std::min(0, priority)), flags, NULL, {}};
 	return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
+	HOST_FN_GUARD();
 	if (!s || s->magic != STREAM_MAGIC)
 		return fail(cudaErrorInvalidResourceHandle);
+	{
+		std::lock_guard<std::mutex> g(cap_lock);
+
+		/* a capture's stream stays until the capture ends */
+		if (s->cap)
+			return spoil(s->cap, cudaErrorStreamCaptureUnsupported);
+	}
 	s->magic = 0;
 	delete s;
 	return cudaSuccess;
 }
 
+/* a capturing stream has nothing to wait for: its work runs at the graph's launch */
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
-	return stream_ok(s) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+	HOST_FN_GUARD();
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	std::lock_guard<std::mutex> g(cap_lock);
+	hyb_emu_capture *c;
+
+	if (!s)
+		return enter(s, &c);
+	return s->cap ? spoil(s->cap, cudaErrorStreamCaptureUnsupported) : cudaSuccess;
 }
 
+/*
+ * A wait for an event recorded in a capture joins s to it (its later work
+ * is captured too); a capturing stream may not wait for work outside its
+ * capture (cudaErrorStreamCaptureIsolation) nor in another capture
+ * (cudaErrorStreamCaptureMerge). An event whose capture has ended marks
+ * no work any stream can wait for.
+ */
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
 {
-	if (!stream_ok(s) || !event_ok(e))
+	HOST_FN_GUARD();
+	if (!stream_ok(s))
 		return fail(cudaErrorInvalidResourceHandle);
-	return flags ? fail(cudaErrorInvalidValue) : cudaSuccess;
+	std::lock_guard<std::mutex> g(cap_lock);
+	hyb_emu_capture *sc = s ? s->cap : NULL, *c;
+
+	if (!event_ok(e))
+		return spoil(sc, cudaErrorInvalidResourceHandle);
+	if (flags)
+		return spoil(sc, cudaErrorInvalidValue);
+	if (sc && sc->invalid != cudaSuccess)
+		return fail(cudaErrorStreamCaptureInvalidated);
+	switch (event_state(e)) {
+	case EV_PLAIN:
+		if (sc)
+			return spoil(sc, cudaErrorStreamCaptureIsolation);
+		return enter(s, &c);
+	case EV_STALE:
+		return spoil(sc, cudaErrorInvalidValue);
+	case EV_CAPTURED:
+		break;
+	}
+	hyb_emu_capture *ec = captures[e->cap_id];
+	if (!s) /* the legacy stream cannot join a capture */
+		return spoil(ec, cudaErrorStreamCaptureImplicit);
+	if (sc && sc != ec) {
+		spoil(ec, cudaErrorStreamCaptureMerge);
+		return spoil(sc, cudaErrorStreamCaptureMerge);
+	}
+	if (!sc) {
+		s->cap = ec;
+		s->clock.clear();
+		ec->streams.push_back(s);
+	}
+	for (const auto &kv : e->clock)
+		s->clock[kv.first] = std::max(s->clock[kv.first], kv.second);
+	return ec->invalid != cudaSuccess ? fail(cudaErrorStreamCaptureInvalidated) : cudaSuccess;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 {
+	HOST_FN_GUARD();
 	if (!e || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | 0x04)))
 		return fail(cudaErrorInvalidValue);
 	if (injected("cudaEventCreateWithFlags"))
 		return fail(cudaErrorMemoryAllocation);
-	*e = new CUevent_st{EVENT_MAGIC, flags, false, 0};
+	*e = new CUevent_st{EVENT_MAGIC, flags, false, 0, 0, {}};
+	std::lock_guard<std::mutex> g(cap_lock);
+	live_events.insert(*e);
 	return cudaSuccess;
 }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e)
 {
+	HOST_FN_GUARD();
+	std::lock_guard<std::mutex> g(cap_lock);
+
 	if (!event_ok(e))
 		return fail(cudaErrorInvalidResourceHandle);
+	live_events.erase(e);
 	e->magic = 0;
 	delete e;
 	return cudaSuccess;
@@ -553,29 +920,96 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
-	if (!event_ok(e) || !stream_ok(s))
+	return cudaEventRecordWithFlags(e, s, cudaEventRecordDefault);
+}
+
+/*
+ * In a capture a record is no node: the event marks the capture's work so
+ * far, for other streams to fork from and join back with, and no graph
+ * launch records it (cudaEventRecordExternal makes a node that does).
+ */
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int flags)
+{
+	HOST_FN_GUARD();
+	if (!stream_ok(s))
 		return fail(cudaErrorInvalidResourceHandle);
+	std::lock_guard<std::mutex> g(cap_lock);
+	hyb_emu_capture *c;
+	const cudaError_t r = enter(s, &c);
+
+	if (r != cudaSuccess)
+		return r;
+	if (!event_ok(e))
+		return spoil(c, cudaErrorInvalidResourceHandle);
+	if (flags & ~(unsigned)cudaEventRecordExternal)
+		return spoil(c, cudaErrorInvalidValue);
+	if (flags & cudaEventRecordExternal) {
+		if (!c) /* a node in a capture, and nothing outside one */
+			return fail(cudaErrorInvalidValue);
+		hyb_emu_node x;
+
+		x.kind = hyb_emu_node::RECORD;
+		x.event = e;
+		record(c, s, std::move(x));
+		return cudaSuccess;
+	}
+	if (c) {
+		e->cap_id = c->id;
+		e->clock = s->clock;
+		return cudaSuccess;
+	}
+	e->cap_id = 0;
+	e->clock.clear();
 	e->recorded = true;
 	e->ms = now_ms();
 	return cudaSuccess;
 }
 
+/*
+ * An event recorded in a capture under way stands for no work that runs:
+ * querying it is cudaErrorCapturedEvent (and invalidates the capture); once
+ * the capture ended, cudaErrorInvalidValue until it is recorded again.
+ */
+static cudaError_t event_usable(cudaEvent_t e)
+{
+	switch (event_state(e)) {
+	case EV_CAPTURED:
+		return spoil(captures[e->cap_id], cudaErrorCapturedEvent);
+	case EV_STALE:
+		return fail(cudaErrorInvalidValue);
+	case EV_PLAIN:
+		break;
+	}
+	return cudaSuccess;
+}
+
 cudaError_t cudaEventQuery(cudaEvent_t e)
 {
-	return event_ok(e) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+	HOST_FN_GUARD();
+	std::lock_guard<std::mutex> g(cap_lock);
+
+	return event_ok(e) ? event_usable(e) : fail(cudaErrorInvalidResourceHandle);
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t e)
 {
-	return event_ok(e) ? cudaSuccess : fail(cudaErrorInvalidResourceHandle);
+	HOST_FN_GUARD();
+	std::lock_guard<std::mutex> g(cap_lock);
+
+	return event_ok(e) ? event_usable(e) : fail(cudaErrorInvalidResourceHandle);
 }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
+	HOST_FN_GUARD();
 	if (!ms)
 		return fail(cudaErrorInvalidValue);
+	std::lock_guard<std::mutex> g(cap_lock);
 	if (!event_ok(a) || !event_ok(b) || ((a->flags | b->flags) & cudaEventDisableTiming))
 		return fail(cudaErrorInvalidResourceHandle);
+	cudaError_t e = event_usable(a);
+	if (e != cudaSuccess || (e = event_usable(b)) != cudaSuccess)
+		return e;
 	if (!a->recorded || !b->recorded)
 		return fail(cudaErrorInvalidResourceHandle);
 	*ms = (float)(b->ms - a->ms);
@@ -595,6 +1029,7 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p)
 {
 	uintptr_t start;
 
+	HOST_FN_GUARD();
 	if (!h)
 		return fail(cudaErrorInvalidValue);
 	std::lock_guard<std::mutex> g(mem_lock);
@@ -613,6 +1048,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 	ipc_handle ih;
 	char path[64];
 
+	HOST_FN_GUARD();
 	if (!p || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess))
 		return fail(cudaErrorInvalidValue);
 	if (injected("cudaIpcOpenMemHandle"))
@@ -642,6 +1078,7 @@ cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int fl
 
 cudaError_t cudaIpcCloseMemHandle(void *p)
 {
+	HOST_FN_GUARD();
 	std::lock_guard<std::mutex> g(mem_lock);
 	auto it = regions.find((uintptr_t)p);
 
@@ -671,6 +1108,7 @@ int dyn_smem_limit(const void *kernel)
 
 cudaError_t hyb_emu_func_set_attribute(const void *func, cudaFuncAttribute attr, int value)
 {
+	HOST_FN_GUARD();
 	if (!func || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
 	    value > EMU_SMEM_OPTIN)
 		return fail(cudaErrorInvalidValue);
@@ -682,6 +1120,7 @@ cudaError_t hyb_emu_func_set_attribute(const void *func, cudaFuncAttribute attr,
 /* threads and shared memory only: the emulation knows no register counts */
 cudaError_t hyb_emu_occupancy(int *blocks, const void *func, int threads, size_t smem)
 {
+	HOST_FN_GUARD();
 	if (!blocks || !func || threads < 1 || threads > 1024)
 		return fail(cudaErrorInvalidValue);
 	const int by_threads = EMU_THREADS_PER_SM / ((threads + 31) / 32 * 32);
@@ -1026,25 +1465,15 @@ void hyb_emu_warp_op(unsigned int mask, int kind, uint64_t v, uint64_t vals[32])
 	memcpy(vals, w.vals[g & 1], sizeof w.vals[0]);
 }
 
-void hyb_emu_run(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem,
-		 cudaStream_t s, const std::function<void()> &body)
+namespace {
+
+/* a launch that passed its checks, now or at a graph's launch */
+void run_kernel(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem,
+		const std::function<void()> &body)
 {
 	const uint64_t threads = (uint64_t)block.x * block.y * block.z;
 	const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
 
-	if (!stream_ok(s)) {
-		fail(cudaErrorInvalidResourceHandle);
-		return;
-	}
-	if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-	    blocks == 0 || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
-		fail(cudaErrorInvalidConfiguration);
-		return;
-	}
-	if (smem > (size_t)dyn_smem_limit(kernel)) {
-		fail(cudaErrorInvalidValue);
-		return;
-	}
 	if (run_now) {
 		fprintf(stderr, "cudaemu: kernel %s launched from inside a kernel\n", name);
 		abort();
@@ -1080,3 +1509,286 @@ void hyb_emu_run(const void *kernel, const char *name, dim3 grid, dim3 block, si
 	hyb_emu_cur_block = NULL;
 	hyb_emu_cur_thread = NULL;
 }
+
+} // namespace
+
+void hyb_emu_run(const void *kernel, const char *name, dim3 grid, dim3 block, size_t smem,
+		 cudaStream_t s, const std::function<void()> &body)
+{
+	const uint64_t threads = (uint64_t)block.x * block.y * block.z;
+	const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
+
+	if (in_host_fn) {
+		fail(cudaErrorNotPermitted);
+		return;
+	}
+	if (!stream_ok(s)) {
+		fail(cudaErrorInvalidResourceHandle);
+		return;
+	}
+	{
+		std::lock_guard<std::mutex> g(cap_lock);
+		hyb_emu_capture *c;
+
+		if (enter(s, &c) != cudaSuccess)
+			return;
+		if (threads == 0 || threads > 1024 || block.x > 1024 || block.y > 1024 ||
+		    block.z > 64 || blocks == 0 || grid.x > 0x7fffffffu || grid.y > 65535 ||
+		    grid.z > 65535) {
+			spoil(c, cudaErrorInvalidConfiguration);
+			return;
+		}
+		if (smem > (size_t)dyn_smem_limit(kernel)) {
+			spoil(c, cudaErrorInvalidValue);
+			return;
+		}
+		if (c) { /* the same launch, body and arguments, at each graph launch */
+			hyb_emu_node x;
+
+			x.kind = hyb_emu_node::KERNEL;
+			x.kernel = kernel;
+			x.name = name;
+			x.grid = grid;
+			x.block = block;
+			x.smem = smem;
+			x.body = body;
+			record(c, s, std::move(x));
+			return;
+		}
+	}
+	run_kernel(kernel, name, grid, block, smem, body);
+}
+
+/* ---- stream capture, graphs, host functions ------------------------------------------- */
+
+namespace {
+
+/*
+ * One node of a launched graph. Its pointers are checked again: a copy
+ * into memory freed since the capture, or from host memory unpinned since,
+ * is where a GPU would fault (cudaErrorIllegalAddress, and a line).
+ */
+cudaError_t replay(const hyb_emu_node &n, size_t i)
+{
+	switch (n.kind) {
+	case hyb_emu_node::COPY:
+		if (copy_check(n.dst, n.src, n.n, n.copy_kind, true) != cudaSuccess) {
+			fprintf(stderr, "cudaemu: graph node %zu: a copy of %zu bytes from %p to %p "
+				"outside device and pinned memory\n", i, n.n, n.src, n.dst);
+			return fail(cudaErrorIllegalAddress);
+		}
+		memmove(n.dst, n.src, n.n);
+		return cudaSuccess;
+	case hyb_emu_node::SET:
+		if (!on_device(n.dst, n.n)) {
+			fprintf(stderr, "cudaemu: graph node %zu: a memset of %zu bytes at %p outside "
+				"device memory\n", i, n.n, n.dst);
+			return fail(cudaErrorIllegalAddress);
+		}
+		memset(n.dst, n.value, n.n);
+		return cudaSuccess;
+	case hyb_emu_node::KERNEL:
+		run_kernel(n.kernel, n.name, n.grid, n.block, n.smem, n.body);
+		return cudaSuccess;
+	case hyb_emu_node::HOST_FN:
+		run_host_fn(n.fn, n.arg);
+		return cudaSuccess;
+	case hyb_emu_node::RECORD: {
+		std::lock_guard<std::mutex> g(cap_lock);
+		cudaEvent_t e = n.event;
+
+		if (!live_events.count(e) || !event_ok(e))
+			return fail(cudaErrorInvalidResourceHandle);
+		e->cap_id = 0;
+		e->clock.clear();
+		e->recorded = true;
+		e->ms = now_ms();
+		return cudaSuccess;
+	}
+	}
+	return fail(cudaErrorUnknown);
+}
+
+} // namespace
+
+extern "C" {
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+	HOST_FN_GUARD();
+	if (!s) /* the legacy stream cannot be captured */
+		return fail(cudaErrorStreamCaptureUnsupported);
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+	    mode != cudaStreamCaptureModeRelaxed)
+		return fail(cudaErrorInvalidValue);
+	std::lock_guard<std::mutex> g(cap_lock);
+	if (s->cap)
+		return spoil(s->cap, cudaErrorIllegalState);
+	hyb_emu_capture *c = new hyb_emu_capture{++capture_ids, s, mode, &tl_thread, cudaSuccess,
+						 {s}, {}};
+	captures[c->id] = c;
+	s->cap = c;
+	s->clock.clear();
+	return cudaSuccess;
+}
+
+/*
+ * On the origin stream (another: cudaErrorStreamCaptureUnmatched), from the
+ * thread that began it unless Relaxed (cudaErrorStreamCaptureWrongThread):
+ * both leave the capture going, invalid. Otherwise the capture ends, for
+ * every stream in it, and *graph is its graph, or NULL when it was
+ * invalidated or a joined stream's last work was not joined back into the
+ * origin (cudaErrorStreamCaptureUnjoined).
+ */
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+	HOST_FN_GUARD();
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	std::lock_guard<std::mutex> g(cap_lock);
+	hyb_emu_capture *c = s ? s->cap : NULL;
+
+	if (!graph)
+		return spoil(c, cudaErrorInvalidValue);
+	if (!c)
+		return fail(cudaErrorIllegalState);
+	if (s != c->origin)
+		return spoil(c, cudaErrorStreamCaptureUnmatched);
+	if (c->mode != cudaStreamCaptureModeRelaxed && c->thread != &tl_thread)
+		return spoil(c, cudaErrorStreamCaptureWrongThread);
+	cudaError_t e = c->invalid != cudaSuccess ? cudaErrorStreamCaptureInvalidated : cudaSuccess;
+	for (cudaStream_t m : c->streams)
+		if (e == cudaSuccess && clock_of(s->clock, m) < clock_of(m->clock, m))
+			e = cudaErrorStreamCaptureUnjoined;
+	for (cudaStream_t m : c->streams) {
+		m->cap = NULL;
+		m->clock.clear();
+	}
+	captures.erase(c->id);
+	*graph = NULL;
+	if (e == cudaSuccess)
+		*graph = new CUgraph_st{GRAPH_MAGIC, std::move(c->nodes)};
+	delete c;
+	return e == cudaSuccess ? e : fail(e);
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
+{
+	HOST_FN_GUARD();
+	if (!status)
+		return fail(cudaErrorInvalidValue);
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	std::lock_guard<std::mutex> g(cap_lock);
+	if (!s) { /* the legacy stream spans every blocking stream */
+		for (auto &kv : captures)
+			if (blocking(kv.second))
+				return fail(cudaErrorStreamCaptureImplicit);
+		*status = cudaStreamCaptureStatusNone;
+		return cudaSuccess;
+	}
+	*status = !s->cap ? cudaStreamCaptureStatusNone
+	    : s->cap->invalid != cudaSuccess ? cudaStreamCaptureStatusInvalidated
+					     : cudaStreamCaptureStatusActive;
+	return cudaSuccess;
+}
+
+/* the executable has its own copy of the nodes: the graph may go */
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+				 unsigned long long flags)
+{
+	HOST_FN_GUARD();
+	if (!exec || flags)
+		return fail(cudaErrorInvalidValue);
+	if (!graph_ok(graph))
+		return fail(cudaErrorInvalidResourceHandle);
+	*exec = NULL;
+	if (injected("cudaGraphInstantiate"))
+		return fail(cudaErrorMemoryAllocation);
+	*exec = new CUgraphExec_st{EXEC_MAGIC, graph->nodes};
+	return cudaSuccess;
+}
+
+/*
+ * The nodes in the order captured, on the calling thread, done at return
+ * as all stream work here. Into a capturing stream it would be a child
+ * graph node, which cudaemu does not have: cudaErrorStreamCaptureUnsupported.
+ */
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+	HOST_FN_GUARD();
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	{
+		std::lock_guard<std::mutex> g(cap_lock);
+		hyb_emu_capture *c;
+		const cudaError_t e = enter(s, &c);
+
+		if (e != cudaSuccess)
+			return e;
+		if (!exec_ok(exec))
+			return spoil(c, cudaErrorInvalidResourceHandle);
+		if (c)
+			return spoil(c, cudaErrorStreamCaptureUnsupported);
+	}
+	for (size_t i = 0; i < exec->nodes.size(); i++) {
+		const cudaError_t e = replay(exec->nodes[i], i);
+
+		if (e != cudaSuccess)
+			return e;
+	}
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+	HOST_FN_GUARD();
+	if (!exec_ok(exec))
+		return fail(cudaErrorInvalidResourceHandle);
+	exec->magic = 0;
+	delete exec;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+	HOST_FN_GUARD();
+	if (!graph_ok(graph))
+		return fail(cudaErrorInvalidResourceHandle);
+	graph->magic = 0;
+	delete graph;
+	return cudaSuccess;
+}
+
+/* runs fn(userData) now (the stream's work is done), or at each launch of the capture's graph */
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData)
+{
+	HOST_FN_GUARD();
+	if (!stream_ok(s))
+		return fail(cudaErrorInvalidResourceHandle);
+	{
+		std::lock_guard<std::mutex> g(cap_lock);
+		hyb_emu_capture *c;
+		const cudaError_t e = enter(s, &c);
+
+		if (e != cudaSuccess)
+			return e;
+		if (!fn)
+			return spoil(c, cudaErrorInvalidValue);
+		if (c) {
+			hyb_emu_node x;
+
+			x.kind = hyb_emu_node::HOST_FN;
+			x.fn = fn;
+			x.arg = userData;
+			record(c, s, std::move(x));
+			return cudaSuccess;
+		}
+	}
+	run_host_fn(fn, userData);
+	return cudaSuccess;
+}
+
+} // extern "C"

@@ -37,12 +37,24 @@ typedef enum cudaError {
 	cudaErrorNoDevice = 100,
 	cudaErrorInvalidDevice = 101,
 	cudaErrorInvalidResourceHandle = 400,
+	cudaErrorIllegalState = 401,
 	cudaErrorNotReady = 600,
+	cudaErrorIllegalAddress = 700,
 	cudaErrorLaunchOutOfResources = 701,
 	cudaErrorHostMemoryAlreadyRegistered = 712,
 	cudaErrorHostMemoryNotRegistered = 713,
 	cudaErrorLaunchFailure = 719,
+	cudaErrorNotPermitted = 800,
 	cudaErrorNotSupported = 801,
+	cudaErrorStreamCaptureUnsupported = 900,
+	cudaErrorStreamCaptureInvalidated = 901,
+	cudaErrorStreamCaptureMerge = 902,
+	cudaErrorStreamCaptureUnmatched = 903,
+	cudaErrorStreamCaptureUnjoined = 904,
+	cudaErrorStreamCaptureIsolation = 905,
+	cudaErrorStreamCaptureImplicit = 906,
+	cudaErrorCapturedEvent = 907,
+	cudaErrorStreamCaptureWrongThread = 908,
 	cudaErrorUnknown = 999,
 } cudaError_t;
 
@@ -66,6 +78,23 @@ typedef enum cudaFuncAttribute {
 
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUevent_st *cudaEvent_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+
+#define CUDART_CB
+typedef void(CUDART_CB *cudaHostFn_t)(void *userData);
+
+enum cudaStreamCaptureMode {
+	cudaStreamCaptureModeGlobal = 0,
+	cudaStreamCaptureModeThreadLocal = 1,
+	cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+	cudaStreamCaptureStatusNone = 0,
+	cudaStreamCaptureStatusActive = 1,
+	cudaStreamCaptureStatusInvalidated = 2,
+};
+
 typedef struct cudaIpcMemHandle_st {
 	char reserved[64];
 } cudaIpcMemHandle_t;
@@ -83,6 +112,15 @@ typedef struct cudaIpcMemHandle_st {
 #define cudaHostRegisterMapped 0x02
 #define cudaHostRegisterReadOnly 0x08
 #define cudaIpcMemLazyEnablePeerAccess 0x01
+#define cudaEventRecordDefault 0x00
+#define cudaEventRecordExternal 0x01
+
+/* the real header's default arguments, C++ only */
+#ifdef __cplusplus
+#define HYB_EMU_DV(v) = v
+#else
+#define HYB_EMU_DV(v)
+#endif
 
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetLastError(void);
@@ -118,6 +156,23 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s HYB_EMU_DV(0),
+				     unsigned int flags HYB_EMU_DV(0));
+
+/*
+ * Stream capture, graphs and host functions (docs/CUDAEMU.md, "Graphs"):
+ * captured work is checked as when it runs and recorded; a graph launch runs
+ * the recorded work in order on the calling thread, as a stream would.
+ */
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+				 unsigned long long flags HYB_EMU_DV(0));
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *userData);
 
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *h, void *p);
 cudaError_t cudaIpcOpenMemHandle(void **p, cudaIpcMemHandle_t h, unsigned int flags);
@@ -538,11 +593,12 @@ template <class... P> struct hyb_emu_launcher {
 	 * real launch copies them; every thread gets its own copy of that */
 	template <class... A> void operator()(A &&...a) const
 	{
-		const std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
+		std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
 		void (*k)(P...) = kernel;
 
+		/* the body owns its arguments: a stream capture keeps it for each graph launch */
 		hyb_emu_run((const void *)kernel, name, grid, block, smem, stream,
-			    [&args, k] { std::apply(k, args); });
+			    [args = std::move(args), k] { std::apply(k, args); });
 	}
 };
 template <class... P>

@@ -23,6 +23,8 @@ int emu_dyn_smem(int *out, size_t smem, int set_attr);
 int emu_write_past_end(int *p, int n);
 /* a launch of the given shape (a kernel that does nothing) */
 int emu_launch_shape(unsigned gx, unsigned gy, unsigned bx, unsigned by, unsigned bz);
+/* y = a * x + b over n ints, on stream s, 64 threads a block (n = 0: an empty grid) */
+int emu_axpb(const int *x, int *y, int n, int a, int b, struct CUstream_st *s);
 
 #ifdef __cplusplus
 }

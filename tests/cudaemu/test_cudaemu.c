@@ -6,6 +6,7 @@
  */
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <signal.h>
 #include <stdio.h>
@@ -217,6 +218,661 @@ TEST(cudaemu_ipc_handle_maps_in_another_process)
 	CHECK_EQ_INT(cudaMemcpy(back, d + 4096, 4096, cudaMemcpyDeviceToHost), cudaSuccess);
 	for (int i = 0; i < 4096; i++)
 		CHECK_EQ_INT(back[i], 0x5a);
+	cudaFree(d);
+}
+
+/*
+ * Stream capture and graphs (docs/CUDAEMU.md "Graphs"): captured work is
+ * checked and recorded, not run; a graph launch runs it in order. The
+ * rules a GPU enforces - what may not be called during a capture, joins,
+ * pinned memory, host functions that call CUDA - fail here with its codes.
+ */
+static cudaStream_t new_stream(unsigned flags)
+{
+	cudaStream_t s = NULL;
+
+	CHECK_EQ_INT(cudaStreamCreateWithPriority(&s, flags, 0), cudaSuccess);
+	return s;
+}
+
+static void *pinned_alloc(size_t n)
+{
+	void *p = NULL;
+
+	CHECK_EQ_INT(cudaHostAlloc(&p, n, cudaHostAllocPortable), cudaSuccess);
+	return p;
+}
+
+static enum cudaStreamCaptureStatus capture_status(cudaStream_t s)
+{
+	enum cudaStreamCaptureStatus st = (enum cudaStreamCaptureStatus)-1;
+
+	CHECK_EQ_INT(cudaStreamIsCapturing(s, &st), cudaSuccess);
+	return st;
+}
+
+/* a host function's view of a graph's output */
+struct seen {
+	int calls, n;
+	const int *out;
+	long long sum;
+};
+
+static void CUDART_CB see_output(void *p)
+{
+	struct seen *f = p;
+
+	f->calls++;
+	f->sum = 0;
+	for (int i = 0; i < f->n; i++)
+		f->sum += f->out[i];
+}
+
+TEST(cudaemu_graph_replays_captured_work)
+{
+	enum { N = 1000 };
+	int *in = pinned_alloc(N * sizeof(int)), *out = pinned_alloc(N * sizeof(int));
+	int *dx = dev_alloc(N * sizeof(int)), *dy = dev_alloc(N * sizeof(int)), back = 0;
+	cudaStream_t s = new_stream(cudaStreamNonBlocking);
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	struct seen f = { .n = N, .out = out };
+
+	for (int i = 0; i < N; i++)
+		in[i] = i, out[i] = -1;
+	CHECK_EQ_INT(cudaMemset(dy, 0x7f, N * sizeof(int)), cudaSuccess);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusNone);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusActive);
+	CHECK_EQ_INT(cudaMemcpyAsync(dx, in, N * sizeof(int), cudaMemcpyHostToDevice, s),
+		     cudaSuccess);
+	CHECK_EQ_INT(emu_axpb(dx, dy, N, 3, 7, s), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpyAsync(out, dy, N * sizeof(int), cudaMemcpyDeviceToHost, s),
+		     cudaSuccess);
+	CHECK_EQ_INT(cudaLaunchHostFunc(s, see_output, &f), cudaSuccess);
+	/* recorded, not run */
+	CHECK_EQ_INT(f.calls, 0);
+	CHECK_EQ_INT(out[0], -1);
+	CHECK_EQ_INT(out[N - 1], -1);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaSuccess);
+	CHECK(g != NULL);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusNone);
+	CHECK_EQ_INT(cudaMemcpy(&back, dy + N - 1, sizeof(int), cudaMemcpyDeviceToHost), cudaSuccess);
+	CHECK_EQ_INT(back, 0x7f7f7f7f);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphDestroy(g), cudaSuccess); /* the executable is its own */
+	for (int r = 1; r <= 3; r++) {
+		long long want = 0;
+
+		for (int i = 0; i < N; i++)
+			in[i] = i * r - 500;
+		CHECK_EQ_INT(cudaGraphLaunch(x, s), cudaSuccess);
+		for (int i = 0; i < N; i++) {
+			CHECK_MSG(out[i] == 3 * (i * r - 500) + 7, "launch %d: out[%d] = %d", r, i,
+				  out[i]);
+			want += out[i];
+		}
+		CHECK_EQ_INT(f.calls, r);
+		CHECK_EQ_INT(f.sum, want); /* it ran after the copy back */
+	}
+	CHECK_EQ_INT(cudaGraphExecDestroy(x), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamDestroy(s), cudaSuccess);
+	cudaFreeHost(in);
+	cudaFreeHost(out);
+	cudaFree(dx);
+	cudaFree(dy);
+}
+
+TEST(cudaemu_capture_forks_and_joins_streams)
+{
+	enum { N = 300 };
+	int *in = pinned_alloc(N * sizeof(int)), *out = pinned_alloc(2 * N * sizeof(int));
+	int *dx = dev_alloc(N * sizeof(int)), *dy = dev_alloc(N * sizeof(int));
+	int *dz = dev_alloc(N * sizeof(int));
+	cudaStream_t s1 = new_stream(cudaStreamNonBlocking), s2 = new_stream(cudaStreamNonBlocking);
+	cudaEvent_t e1, e2;
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+
+	CHECK_EQ_INT(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming), cudaSuccess);
+	CHECK_EQ_INT(cudaEventCreateWithFlags(&e2, cudaEventDisableTiming), cudaSuccess);
+	/* s1 copies in, s2 forks from it and joins back, s1 copies both results out */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpyAsync(dx, in, N * sizeof(int), cudaMemcpyHostToDevice, s1),
+		     cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e1, s1), cudaSuccess);
+	CHECK_EQ_INT(capture_status(s2), cudaStreamCaptureStatusNone);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s2, e1, 0), cudaSuccess);
+	CHECK_EQ_INT(capture_status(s2), cudaStreamCaptureStatusActive);
+	CHECK_EQ_INT(emu_axpb(dx, dy, N, 2, 1, s2), cudaSuccess);
+	CHECK_EQ_INT(emu_axpb(dx, dz, N, -1, 0, s1), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e2, s2), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s1, e2, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpyAsync(out, dy, N * sizeof(int), cudaMemcpyDeviceToHost, s1),
+		     cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpyAsync(out + N, dz, N * sizeof(int), cudaMemcpyDeviceToHost, s1),
+		     cudaSuccess);
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaSuccess);
+	CHECK(g != NULL);
+	CHECK_EQ_INT(capture_status(s1), cudaStreamCaptureStatusNone);
+	CHECK_EQ_INT(capture_status(s2), cudaStreamCaptureStatusNone);
+	/* an event last recorded in a capture marks no work that ran, until recorded again */
+	CHECK_EQ_INT(cudaEventQuery(e1), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s2, e1, 0), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaEventRecord(e1, s2), cudaSuccess);
+	CHECK_EQ_INT(cudaEventQuery(e1), cudaSuccess);
+	CHECK_EQ_INT(cudaGetLastError(), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+	for (int r = 1; r <= 2; r++) {
+		for (int i = 0; i < N; i++)
+			in[i] = i + 1000 * r;
+		CHECK_EQ_INT(cudaGraphLaunch(x, s1), cudaSuccess);
+		for (int i = 0; i < N; i++) {
+			CHECK_EQ_INT(out[i], 2 * (i + 1000 * r) + 1);
+			CHECK_EQ_INT(out[N + i], -(i + 1000 * r));
+		}
+	}
+	CHECK_EQ_INT(cudaGraphExecDestroy(x), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphDestroy(g), cudaSuccess);
+
+	/* a fork whose last work never joins back: no graph, and neither stream captures */
+	g = (cudaGraph_t)&g;
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e1, s1), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s2, e1, 0), cudaSuccess);
+	CHECK_EQ_INT(emu_axpb(dx, dy, N, 1, 0, s2), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e2, s2), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s1, e2, 0), cudaSuccess);
+	CHECK_EQ_INT(emu_axpb(dx, dz, N, 1, 0, s2), cudaSuccess); /* after the join */
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaErrorStreamCaptureUnjoined);
+	CHECK(g == NULL);
+	CHECK_EQ_INT(capture_status(s1), cudaStreamCaptureStatusNone);
+	CHECK_EQ_INT(capture_status(s2), cudaStreamCaptureStatusNone);
+
+	/* a stream that joined and queued nothing leaves nothing to join */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e1, s1), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s2, e1, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(dx, 0, N * sizeof(int), s1), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphDestroy(g), cudaSuccess);
+
+	/* the end belongs to the origin stream; a joined one's leaves the capture invalid */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal),
+		     cudaErrorIllegalState);
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaErrorStreamCaptureInvalidated);
+	CHECK(g == NULL);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e1, s1), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s2, e1, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamEndCapture(s2, &g), cudaErrorStreamCaptureUnmatched);
+	CHECK_EQ_INT(capture_status(s1), cudaStreamCaptureStatusInvalidated);
+	CHECK_EQ_INT(capture_status(s2), cudaStreamCaptureStatusInvalidated);
+	g = (cudaGraph_t)&g;
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaErrorStreamCaptureInvalidated);
+	CHECK(g == NULL);
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaErrorIllegalState);
+	CHECK_EQ_INT(cudaStreamBeginCapture(NULL, cudaStreamCaptureModeThreadLocal),
+		     cudaErrorStreamCaptureUnsupported);
+
+	/* two captures may not merge: a stream of one waiting for an event of the other */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s1, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s2, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(e1, s1), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamWaitEvent(s2, e1, 0), cudaErrorStreamCaptureMerge);
+	CHECK_EQ_INT(cudaStreamEndCapture(s2, &g), cudaErrorStreamCaptureInvalidated);
+	CHECK_EQ_INT(cudaStreamEndCapture(s1, &g), cudaErrorStreamCaptureInvalidated);
+	cudaGetLastError();
+
+	cudaEventDestroy(e1);
+	cudaEventDestroy(e2);
+	cudaStreamDestroy(s1);
+	cudaStreamDestroy(s2);
+	cudaFreeHost(in);
+	cudaFreeHost(out);
+	cudaFree(dx);
+	cudaFree(dy);
+	cudaFree(dz);
+}
+
+/* what the refused calls below act on */
+struct cap_ctx {
+	cudaStream_t s;
+	int *d, *d2;
+	int *pinned;
+	char *pageable, *registered;
+	cudaEvent_t plain, captured;
+};
+
+static cudaError_t r_malloc(struct cap_ctx *c)
+{
+	void *p = NULL;
+
+	(void)c;
+	return cudaMalloc(&p, 64);
+}
+static cudaError_t r_free(struct cap_ctx *c) { return cudaFree(c->d2); }
+static cudaError_t r_host_alloc(struct cap_ctx *c)
+{
+	void *p = NULL;
+
+	(void)c;
+	return cudaHostAlloc(&p, 64, 0);
+}
+static cudaError_t r_free_host(struct cap_ctx *c) { return cudaFreeHost(c->pinned); }
+static cudaError_t r_register(struct cap_ctx *c)
+{
+	return cudaHostRegister(c->pageable, 4096, cudaHostRegisterPortable);
+}
+static cudaError_t r_unregister(struct cap_ctx *c) { return cudaHostUnregister(c->registered); }
+static cudaError_t r_memcpy(struct cap_ctx *c)
+{
+	return cudaMemcpy(c->d, c->pinned, 64, cudaMemcpyHostToDevice);
+}
+static cudaError_t r_memset(struct cap_ctx *c) { return cudaMemset(c->d, 0, 64); }
+static cudaError_t r_device_sync(struct cap_ctx *c)
+{
+	(void)c;
+	return cudaDeviceSynchronize();
+}
+static cudaError_t r_stream_sync(struct cap_ctx *c) { return cudaStreamSynchronize(c->s); }
+static cudaError_t r_pageable_h2d(struct cap_ctx *c)
+{
+	return cudaMemcpyAsync(c->d, c->pageable, 64, cudaMemcpyHostToDevice, c->s);
+}
+static cudaError_t r_pageable_d2h(struct cap_ctx *c)
+{
+	return cudaMemcpyAsync(c->pageable, c->d, 64, cudaMemcpyDeviceToHost, c->s);
+}
+static cudaError_t r_wait_uncaptured(struct cap_ctx *c)
+{
+	return cudaStreamWaitEvent(c->s, c->plain, 0);
+}
+static cudaError_t r_query_captured(struct cap_ctx *c) { return cudaEventQuery(c->captured); }
+static cudaError_t r_sync_captured(struct cap_ctx *c) { return cudaEventSynchronize(c->captured); }
+static cudaError_t r_bad_launch(struct cap_ctx *c)
+{
+	return (cudaError_t)emu_axpb(c->d, c->d, 0, 1, 0, c->s); /* an empty grid */
+}
+static cudaError_t r_copy_past_end(struct cap_ctx *c)
+{
+	return cudaMemcpyAsync(c->d + 1, c->pinned, 4096, cudaMemcpyHostToDevice, c->s);
+}
+static cudaError_t r_begin_again(struct cap_ctx *c)
+{
+	return cudaStreamBeginCapture(c->s, cudaStreamCaptureModeThreadLocal);
+}
+static cudaError_t r_destroy(struct cap_ctx *c) { return cudaStreamDestroy(c->s); }
+/* with a blocking stream captured: the legacy stream would depend on it */
+static cudaError_t r_legacy_memset(struct cap_ctx *c)
+{
+	return cudaMemsetAsync(c->d, 0, 64, NULL);
+}
+static cudaError_t r_legacy_launch(struct cap_ctx *c)
+{
+	(void)c;
+	return (cudaError_t)emu_launch_shape(1, 1, 32, 1, 1);
+}
+
+TEST(cudaemu_capture_refuses_and_invalidates)
+{
+	static const struct {
+		const char *what;
+		cudaError_t (*call)(struct cap_ctx *);
+		cudaError_t want;
+		bool blocking;
+	} refused[] = {
+		{ "cudaMalloc", r_malloc, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaFree", r_free, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaHostAlloc", r_host_alloc, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaFreeHost", r_free_host, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaHostRegister", r_register, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaHostUnregister", r_unregister, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaMemcpy", r_memcpy, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaMemset", r_memset, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaDeviceSynchronize", r_device_sync, cudaErrorStreamCaptureUnsupported, false },
+		{ "cudaStreamSynchronize", r_stream_sync, cudaErrorStreamCaptureUnsupported, false },
+		{ "pageable H2D copy", r_pageable_h2d, cudaErrorStreamCaptureUnsupported, false },
+		{ "pageable D2H copy", r_pageable_d2h, cudaErrorStreamCaptureUnsupported, false },
+		{ "wait for an uncaptured event", r_wait_uncaptured, cudaErrorStreamCaptureIsolation,
+		  false },
+		{ "cudaEventQuery(captured)", r_query_captured, cudaErrorCapturedEvent, false },
+		{ "cudaEventSynchronize(captured)", r_sync_captured, cudaErrorCapturedEvent, false },
+		{ "an empty grid", r_bad_launch, cudaErrorInvalidConfiguration, false },
+		{ "a copy past the end", r_copy_past_end, cudaErrorInvalidValue, false },
+		{ "cudaStreamBeginCapture again", r_begin_again, cudaErrorIllegalState, false },
+		{ "cudaStreamDestroy", r_destroy, cudaErrorStreamCaptureUnsupported, false },
+		{ "legacy stream memset", r_legacy_memset, cudaErrorStreamCaptureImplicit, true },
+		{ "legacy stream launch", r_legacy_launch, cudaErrorStreamCaptureImplicit, true },
+	};
+	struct cap_ctx c = { .d = dev_alloc(4096), .d2 = dev_alloc(4096),
+			     .pinned = pinned_alloc(4096), .pageable = aligned_alloc(4096, 8192),
+			     .registered = aligned_alloc(4096, 4096) };
+	cudaStream_t nb = new_stream(cudaStreamNonBlocking), bl = new_stream(cudaStreamDefault);
+	cudaGraph_t g;
+	int back = 0;
+
+	CHECK(c.pageable && c.registered);
+	CHECK_EQ_INT(cudaHostRegister(c.registered, 4096, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaEventCreate(&c.plain), cudaSuccess);
+	CHECK_EQ_INT(cudaEventCreate(&c.captured), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(c.plain, nb), cudaSuccess);
+	for (size_t i = 0; i < sizeof(refused) / sizeof(refused[0]); i++) {
+		c.s = refused[i].blocking ? bl : nb;
+		CHECK_EQ_INT(cudaStreamBeginCapture(c.s, cudaStreamCaptureModeThreadLocal),
+			     cudaSuccess);
+		CHECK_EQ_INT(cudaMemsetAsync(c.d, 0, 64, c.s), cudaSuccess);
+		CHECK_EQ_INT(cudaEventRecord(c.captured, c.s), cudaSuccess);
+		const cudaError_t rc = refused[i].call(&c);
+		CHECK_MSG(rc == refused[i].want, "%s: %d (%s), not %d", refused[i].what, rc,
+			  cudaGetErrorString(rc), refused[i].want);
+		CHECK_MSG(capture_status(c.s) == cudaStreamCaptureStatusInvalidated,
+			  "%s left the capture valid", refused[i].what);
+		CHECK_EQ_INT(cudaMemsetAsync(c.d, 0, 64, c.s), cudaErrorStreamCaptureInvalidated);
+		CHECK_EQ_INT(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
+		g = (cudaGraph_t)&g;
+		CHECK_EQ_INT(cudaStreamEndCapture(c.s, &g), cudaErrorStreamCaptureInvalidated);
+		CHECK_MSG(g == NULL, "%s", refused[i].what);
+		CHECK_EQ_INT(capture_status(c.s), cudaStreamCaptureStatusNone);
+	}
+	/* the refused calls did nothing */
+	CHECK_EQ_INT(cudaMemset(c.d2, 1, 4096), cudaSuccess);
+	CHECK_EQ_INT(cudaMemset(c.pinned, 2, 4096), cudaSuccess);
+	CHECK_EQ_INT(cudaHostUnregister(c.registered), cudaSuccess);
+	CHECK_EQ_INT(cudaHostRegister(c.pageable, 4096, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaHostUnregister(c.pageable), cudaSuccess);
+
+	/* allowed meanwhile: another stream's sync, an uncaptured event, the legacy stream
+	 * beside non-blocking streams (its work runs now), and the unsafe calls when Relaxed */
+	CHECK_EQ_INT(cudaStreamBeginCapture(nb, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamSynchronize(bl), cudaSuccess);
+	CHECK_EQ_INT(cudaEventQuery(c.plain), cudaSuccess);
+	CHECK_EQ_INT(cudaEventSynchronize(c.plain), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(c.d, 5, 4, NULL), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(c.d, 0, 64, nb), cudaSuccess);
+	CHECK_EQ_INT(capture_status(nb), cudaStreamCaptureStatusActive);
+	CHECK_EQ_INT(cudaStreamEndCapture(nb, &g), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpy(&back, c.d, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+	CHECK_EQ_INT(back, 0x05050505); /* ran at once; the captured memset did not */
+	CHECK_EQ_INT(cudaGraphDestroy(g), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamBeginCapture(nb, cudaStreamCaptureModeRelaxed), cudaSuccess);
+	void *p = NULL;
+	CHECK_EQ_INT(cudaMalloc(&p, 64), cudaSuccess);
+	CHECK_EQ_INT(cudaFree(p), cudaSuccess);
+	CHECK_EQ_INT(cudaMemset(c.d, 0, 64), cudaSuccess);
+	CHECK_EQ_INT(capture_status(nb), cudaStreamCaptureStatusActive);
+	CHECK_EQ_INT(cudaStreamEndCapture(nb, &g), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphDestroy(g), cudaSuccess);
+	/* ... but not the device's sync, which holds the capture */
+	CHECK_EQ_INT(cudaStreamBeginCapture(nb, cudaStreamCaptureModeRelaxed), cudaSuccess);
+	CHECK_EQ_INT(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+	CHECK_EQ_INT(cudaStreamEndCapture(nb, &g), cudaErrorStreamCaptureInvalidated);
+	cudaGetLastError();
+
+	cudaEventDestroy(c.plain);
+	cudaEventDestroy(c.captured);
+	cudaStreamDestroy(nb);
+	cudaStreamDestroy(bl);
+	cudaFree(c.d);
+	cudaFree(c.d2);
+	cudaFreeHost(c.pinned);
+	free(c.pageable);
+	free(c.registered);
+}
+
+/* a host function that tries CUDA: every call refused, none done */
+struct inside {
+	cudaStream_t s;
+	cudaEvent_t ev;
+	int *d, *pinned;
+	int calls;
+	cudaError_t rc[7];
+};
+
+static void CUDART_CB calls_cuda(void *p)
+{
+	struct inside *in = p;
+	void *m = NULL;
+
+	in->calls++;
+	in->rc[0] = cudaMemcpyAsync(in->d, in->pinned, 64, cudaMemcpyHostToDevice, in->s);
+	in->rc[1] = cudaMemcpy(in->d, in->pinned, 64, cudaMemcpyHostToDevice);
+	in->rc[2] = cudaMalloc(&m, 64);
+	in->rc[3] = cudaStreamSynchronize(in->s);
+	in->rc[4] = cudaEventRecord(in->ev, in->s);
+	in->rc[5] = cudaLaunchHostFunc(in->s, calls_cuda, p);
+	cudaGetLastError(); /* the launch's own error, not the calls' before it */
+	in->rc[6] = (cudaError_t)emu_axpb(in->d, in->d, 16, 1, 1, in->s);
+}
+
+TEST(cudaemu_host_fn_may_not_call_cuda)
+{
+	struct inside in = { .s = new_stream(cudaStreamNonBlocking), .d = dev_alloc(64),
+			     .pinned = pinned_alloc(64) };
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	int back = 0;
+
+	CHECK_EQ_INT(cudaEventCreate(&in.ev), cudaSuccess);
+	CHECK_EQ_INT(cudaMemset(in.d, 0, 64), cudaSuccess);
+	memset(in.pinned, 0x11, 64);
+	for (int round = 1; round <= 2; round++) {
+		if (round == 1) { /* on a stream: it runs now */
+			CHECK_EQ_INT(cudaLaunchHostFunc(in.s, calls_cuda, &in), cudaSuccess);
+		} else { /* in a graph: at its launch */
+			CHECK_EQ_INT(cudaStreamBeginCapture(in.s, cudaStreamCaptureModeThreadLocal),
+				     cudaSuccess);
+			CHECK_EQ_INT(cudaLaunchHostFunc(in.s, calls_cuda, &in), cudaSuccess);
+			CHECK_EQ_INT(cudaStreamEndCapture(in.s, &g), cudaSuccess);
+			CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+			CHECK_EQ_INT(in.calls, 1);
+			memset(in.rc, 0, sizeof(in.rc));
+			CHECK_EQ_INT(cudaGraphLaunch(x, in.s), cudaSuccess);
+		}
+		CHECK_EQ_INT(in.calls, round);
+		for (int i = 0; i < 7; i++)
+			CHECK_MSG(in.rc[i] == cudaErrorNotPermitted, "round %d: call %d: %d", round,
+				  i, in.rc[i]);
+		CHECK_EQ_INT(cudaMemcpy(&back, in.d, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+		CHECK_EQ_INT(back, 0); /* neither copy nor kernel ran */
+	}
+	/* outside it, CUDA is the caller's again */
+	CHECK_EQ_INT(cudaEventRecord(in.ev, in.s), cudaSuccess);
+	CHECK_EQ_INT(cudaMemcpyAsync(in.d, in.pinned, 64, cudaMemcpyHostToDevice, in.s),
+		     cudaSuccess);
+	CHECK_EQ_INT(cudaLaunchHostFunc(in.s, NULL, NULL), cudaErrorInvalidValue);
+	cudaGetLastError();
+	cudaGraphExecDestroy(x);
+	cudaGraphDestroy(g);
+	cudaEventDestroy(in.ev);
+	cudaStreamDestroy(in.s);
+	cudaFree(in.d);
+	cudaFreeHost(in.pinned);
+}
+
+/* another thread's CUDA calls during this thread's capture (as hyb's RELOAD lane's) */
+struct other {
+	cudaStream_t s, capturing;
+	cudaEvent_t ev;
+	int *d, *pinned;
+	cudaError_t malloc_rc, free_rc, copy_rc, query_rc, end_rc;
+};
+
+static void *other_thread(void *p)
+{
+	struct other *o = p;
+	void *m = NULL;
+	cudaGraph_t g = NULL;
+
+	o->malloc_rc = cudaMalloc(&m, 4096);
+	o->free_rc = m ? cudaFree(m) : cudaErrorUnknown;
+	o->copy_rc = cudaMemcpyAsync(o->d, o->pinned, 64, cudaMemcpyHostToDevice, o->s);
+	o->query_rc = cudaEventQuery(o->ev);
+	if (o->capturing) {
+		o->end_rc = cudaStreamEndCapture(o->capturing, &g);
+		if (g)
+			cudaGraphDestroy(g);
+	}
+	return NULL;
+}
+
+static void run_other(struct other *o)
+{
+	pthread_t t;
+
+	CHECK(pthread_create(&t, NULL, other_thread, o) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+}
+
+TEST(cudaemu_capture_modes_and_other_threads)
+{
+	struct other o = { .s = new_stream(cudaStreamNonBlocking), .d = dev_alloc(64),
+			   .pinned = pinned_alloc(64) };
+	cudaStream_t s = new_stream(cudaStreamNonBlocking);
+	cudaGraph_t g = NULL;
+	void *p = NULL;
+	int back = 0;
+
+	CHECK_EQ_INT(cudaEventCreate(&o.ev), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(o.ev, o.s), cudaSuccess);
+	memset(o.pinned, 0x22, 64);
+	/* ThreadLocal: the other thread allocates, copies and queries as ever */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(o.d, 0, 64, s), cudaSuccess);
+	run_other(&o);
+	CHECK_EQ_INT(o.malloc_rc, cudaSuccess);
+	CHECK_EQ_INT(o.free_rc, cudaSuccess);
+	CHECK_EQ_INT(o.copy_rc, cudaSuccess);
+	CHECK_EQ_INT(o.query_rc, cudaSuccess);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusActive);
+	CHECK_EQ_INT(cudaMalloc(&p, 64), cudaErrorStreamCaptureUnsupported); /* but not here */
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+	CHECK_EQ_INT(cudaMemcpy(&back, o.d, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+	CHECK_EQ_INT(back, 0x22222222); /* its copy ran; the captured memset did not */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	run_other(&o);
+	CHECK_EQ_INT(o.malloc_rc, cudaSuccess);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaSuccess);
+	CHECK(g != NULL);
+	cudaGraphDestroy(g);
+
+	/* Global: no thread may make an unsafe call */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+	run_other(&o);
+	CHECK_EQ_INT(o.malloc_rc, cudaErrorStreamCaptureUnsupported);
+	CHECK_EQ_INT(o.copy_rc, cudaSuccess);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusInvalidated);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+
+	/* a capture not Relaxed ends on the thread that began it */
+	o.capturing = s;
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	run_other(&o);
+	CHECK_EQ_INT(o.end_rc, cudaErrorStreamCaptureWrongThread);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusInvalidated);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(o.d, 0, 64, s), cudaSuccess);
+	run_other(&o);
+	CHECK_EQ_INT(o.end_rc, cudaSuccess);
+	CHECK_EQ_INT(capture_status(s), cudaStreamCaptureStatusNone);
+	cudaGetLastError();
+
+	cudaEventDestroy(o.ev);
+	cudaStreamDestroy(o.s);
+	cudaStreamDestroy(s);
+	cudaFree(o.d);
+	cudaFreeHost(o.pinned);
+}
+
+/* a plain record in a capture is a fork/join mark, no node; an external one is a node */
+TEST(cudaemu_capture_events_mark_work_not_time)
+{
+	cudaStream_t s = new_stream(cudaStreamNonBlocking);
+	cudaEvent_t mark, t0, t1;
+	cudaGraph_t g = NULL;
+	cudaGraphExec_t x = NULL;
+	float ms = -1;
+	int *d = dev_alloc(64);
+
+	CHECK_EQ_INT(cudaEventCreate(&mark), cudaSuccess);
+	CHECK_EQ_INT(cudaEventCreate(&t0), cudaSuccess);
+	CHECK_EQ_INT(cudaEventCreate(&t1), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecordWithFlags(t0, s, cudaEventRecordExternal), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecordWithFlags(t0, s, cudaEventRecordExternal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecord(mark, s), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(d, 1, 64, s), cudaSuccess);
+	CHECK_EQ_INT(cudaEventRecordWithFlags(t1, s, cudaEventRecordExternal), cudaSuccess);
+	CHECK_EQ_INT(cudaEventElapsedTime(&ms, t0, t1), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphLaunch(x, s), cudaSuccess);
+	CHECK_EQ_INT(cudaEventElapsedTime(&ms, t0, t1), cudaSuccess);
+	CHECK(ms >= 0);
+	CHECK_EQ_INT(cudaEventQuery(t1), cudaSuccess);
+	CHECK_EQ_INT(cudaEventQuery(mark), cudaErrorInvalidValue); /* no launch records it */
+	CHECK_EQ_INT(cudaEventElapsedTime(&ms, t0, mark), cudaErrorInvalidValue);
+	/* the graph's memory freed since: its launch is where a GPU would fault */
+	CHECK_EQ_INT(cudaFree(d), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphLaunch(x, s), cudaErrorIllegalAddress);
+	cudaGetLastError();
+	cudaGraphExecDestroy(x);
+	cudaGraphDestroy(g);
+	cudaEventDestroy(mark);
+	cudaEventDestroy(t0);
+	cudaEventDestroy(t1);
+	cudaStreamDestroy(s);
+}
+
+TEST(cudaemu_graph_bad_handles)
+{
+	static char junk[256]; /* no magic: a handle to nothing */
+	cudaStream_t s = new_stream(cudaStreamNonBlocking), js = (cudaStream_t)junk;
+	cudaGraph_t g = NULL, jg = (cudaGraph_t)junk;
+	cudaGraphExec_t x = NULL, jx = (cudaGraphExec_t)junk;
+	enum cudaStreamCaptureStatus st;
+	int *d = dev_alloc(64);
+
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, NULL, 0), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, jg, 0), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphLaunch(NULL, s), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphLaunch(jx, s), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphExecDestroy(NULL), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphExecDestroy(jx), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphDestroy(NULL), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaGraphDestroy(jg), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaStreamBeginCapture(js, cudaStreamCaptureModeThreadLocal),
+		     cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaStreamEndCapture(js, &g), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaStreamIsCapturing(js, &st), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaLaunchHostFunc(js, see_output, NULL), cudaErrorInvalidResourceHandle);
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, (enum cudaStreamCaptureMode)7), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaStreamIsCapturing(s, NULL), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaErrorIllegalState);
+
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaMemsetAsync(d, 3, 64, s), cudaSuccess);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 1), cudaErrorInvalidValue);
+	CHECK_EQ_INT(cudaGraphInstantiate(NULL, g, 0), cudaErrorInvalidValue);
+	/* an injectable resource call, as the others */
+	hyb_emu_fail_at(1);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 0), cudaErrorMemoryAllocation);
+	CHECK(hyb_emu_fail_hit());
+	CHECK(x == NULL);
+	hyb_emu_fail_at(0);
+	CHECK_EQ_INT(cudaGraphInstantiate(&x, g, 0), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphDestroy(g), cudaSuccess);
+	/* no child graphs here: a launch into a capture is refused (and invalidates it) */
+	CHECK_EQ_INT(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+	CHECK_EQ_INT(cudaGraphLaunch(x, s), cudaErrorStreamCaptureUnsupported);
+	CHECK_EQ_INT(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+	CHECK(g == NULL);
+	CHECK_EQ_INT(cudaGraphExecDestroy(x), cudaSuccess);
+	cudaGetLastError();
+	cudaStreamDestroy(s);
 	cudaFree(d);
 }
 

@@ -1989,3 +1989,391 @@ TEST(gpu_dev_critical_copy_jumps_the_reload_burst)
 	free(back);
 	hyb_device_close(d);
 }
+
+/* ---- graphs (docs/DEVICE.md "Graphs") ------------------------------------------------ */
+
+/* The step's host function: the CPU's share, part = 2 down + 1, from what came down. */
+struct step_host {
+	const float *down;
+	float *part;
+	uint32_t n, calls;
+};
+
+static void step_fn(void *arg)
+{
+	struct step_host *h = arg;
+
+	for (uint32_t i = 0; i < h->n; i++)
+		h->part[i] = 2 * h->down[i] + 1;
+	h->calls++;
+}
+
+struct step {
+	uint32_t n;
+	hyb_dptr w, nw, x, xn, y, p, y2;
+	float *hx, *hdown, *hpart, *hout; /* pinned: a graph's copies need it */
+	struct hyb_device_event *fork, *join;
+	struct step_host host;
+};
+
+static void step_init(struct step *s, struct hyb_device *d, uint32_t n, const uint8_t *w,
+		      const float *nw)
+{
+	const uint64_t wb = hyb_row_bytes(HYB_TYPE_Q4_0, n) * n;
+
+	s->n = n;
+	s->w = dalloc(d, wb);
+	s->nw = dalloc(d, 4ull * n);
+	s->x = dalloc(d, 4ull * n);
+	s->xn = dalloc(d, 4ull * n);
+	s->y = dalloc(d, 4ull * n);
+	s->p = dalloc(d, 4ull * n);
+	s->y2 = dalloc(d, 8ull * n);
+	put(d, s->w, w, wb);
+	put(d, s->nw, nw, 4ull * n);
+	s->hx = hyb_device_host_alloc(d, 4ull * n);
+	s->hdown = hyb_device_host_alloc(d, 4ull * n);
+	s->hpart = hyb_device_host_alloc(d, 4ull * n);
+	s->hout = hyb_device_host_alloc(d, 8ull * n);
+	s->fork = hyb_device_event_new(d);
+	s->join = hyb_device_event_new(d);
+	CHECK(s->hx && s->hdown && s->hpart && s->hout && s->fork && s->join);
+	s->host = (struct step_host){ s->hdown, s->hpart, n, 0 };
+}
+
+static void step_free(struct step *s, struct hyb_device *d)
+{
+	hyb_device_event_free(d, s->fork);
+	hyb_device_event_free(d, s->join);
+	hyb_device_host_free(d, s->hx);
+	hyb_device_host_free(d, s->hdown);
+	hyb_device_host_free(d, s->hpart);
+	hyb_device_host_free(d, s->hout);
+}
+
+/*
+ * A decode step's shape: x up, rmsnorm, a matvec whose output goes down to
+ * the host function on CRITICAL, its result up and added on COMPUTE after
+ * the join, a group of two matvecs, the result down.
+ */
+static void step_queue(struct hyb_device *d, struct step *s)
+{
+	const uint32_t n = s->n;
+	const struct hyb_dev_matvec mv = { .type = HYB_TYPE_Q4_0, .n_in = n, .n_out = n,
+					   .w = s->w, .x = s->xn, .y = s->y };
+	const struct hyb_dev_matvec grp[2] = {
+		{ .type = HYB_TYPE_Q4_0, .n_in = n, .n_out = n, .w = s->w, .x = s->y, .y = s->y2 },
+		{ .type = HYB_TYPE_Q4_0, .n_in = n, .n_out = n, .w = s->w, .x = s->xn,
+		  .y = s->y2 + 4ull * n },
+	};
+
+	OK(d, hyb_device_h2d(d, HYB_STREAM_COMPUTE, s->x, s->hx, 4ull * n));
+	OK(d, hyb_device_rmsnorm(d, HYB_STREAM_COMPUTE, s->xn, s->x, s->nw, n, 1e-5f));
+	OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &mv));
+	OK(d, hyb_device_record(d, HYB_STREAM_COMPUTE, s->fork));
+	OK(d, hyb_device_wait(d, HYB_STREAM_CRITICAL, s->fork));
+	OK(d, hyb_device_d2h(d, HYB_STREAM_CRITICAL, s->hdown, s->y, 4ull * n));
+	OK(d, hyb_device_host_fn(d, HYB_STREAM_CRITICAL, step_fn, &s->host));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_CRITICAL, s->p, s->hpart, 4ull * n));
+	OK(d, hyb_device_record(d, HYB_STREAM_CRITICAL, s->join));
+	OK(d, hyb_device_wait(d, HYB_STREAM_COMPUTE, s->join));
+	OK(d, hyb_device_add(d, HYB_STREAM_COMPUTE, s->y, s->p, n));
+	OK(d, hyb_device_matvec_group(d, HYB_STREAM_COMPUTE, grp, 2));
+	OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, s->hout, s->y2, 8ull * n));
+}
+
+/*
+ * The step queued call by call and as a graph launched three times with new
+ * inputs, on the CUDA device and on the CPU device: the graph gives its
+ * device's stream bits, and the host function runs once a launch, after
+ * the download it reads has landed.
+ */
+TEST(gpu_dev_graph_is_the_stream_work)
+{
+	enum { K = 3 };
+	const uint32_t n = 256;
+	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q4_0, n);
+	struct hyb_device *dev[2];
+	uint8_t *w = malloc(rb * n);
+	float *nw = malloc(4ull * n), *x = malloc(4ull * n * K), *ref[2][K];
+	struct step st[2];
+
+	need_gpu();
+	CHECK(w && nw && x);
+	for (uint32_t r = 0; r < n; r++) {
+		float row[256];
+
+		for (uint32_t i = 0; i < n; i++)
+			row[i] = rndf() / 16;
+		CHECK(hyb_quantize_row_ref(HYB_TYPE_Q4_0, row, w + r * rb, n) == 0);
+	}
+	for (uint32_t i = 0; i < n; i++)
+		nw[i] = 1 + rndf() / 4;
+	for (uint32_t i = 0; i < n * K; i++)
+		x[i] = rndf();
+	dev[0] = open_kind("cuda", 64 * MiB, 0);
+	dev[1] = open_kind("cpu", 64 * MiB, 0);
+	for (int k = 0; k < 2; k++) {
+		struct hyb_device *d = dev[k];
+		struct hyb_device_graph *g = NULL;
+
+		step_init(&st[k], d, n, w, nw);
+		for (int i = 0; i < K; i++) {
+			ref[k][i] = malloc(8ull * n);
+			CHECK(ref[k][i]);
+			memcpy(st[k].hx, x + (size_t)i * n, 4ull * n);
+			step_queue(d, &st[k]);
+			drain(d, HYB_STREAM_COMPUTE);
+			memcpy(ref[k][i], st[k].hout, 8ull * n);
+		}
+		CHECK_EQ_INT(st[k].host.calls, K);
+		OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+		step_queue(d, &st[k]);
+		OK(d, hyb_device_capture_end(d, &g));
+		CHECK_EQ_INT(st[k].host.calls, K); /* captured, not run */
+		for (int rep = 0; rep < 2; rep++)
+			for (int i = 0; i < K; i++) {
+				memcpy(st[k].hx, x + (size_t)i * n, 4ull * n);
+				memset(st[k].hout, 0, 8ull * n);
+				OK(d, hyb_device_graph_launch(d, g));
+				drain(d, HYB_STREAM_COMPUTE);
+				CHECK_MSG(!memcmp(st[k].hout, ref[k][i], 8ull * n), "%s: launch %d of "
+					  "input %d: not the stream's bits", hyb_device_kind(d), rep, i);
+			}
+		CHECK_EQ_INT(st[k].host.calls, 3 * K);
+		hyb_device_graph_free(d, g);
+	}
+	/* the two devices agree (the matvec's float order aside) */
+	for (int i = 0; i < K; i++) {
+		const double e = max_diff(ref[0][i], ref[1][i], 2ull * n), m = max_abs(ref[1][i], 2ull * n);
+
+		CHECK_MSG(e <= 1e-3 * m, "input %d: cuda and cpu differ by %g (max %g)", i, e, m);
+		free(ref[0][i]);
+		free(ref[1][i]);
+	}
+	for (int k = 0; k < 2; k++) {
+		step_free(&st[k], dev[k]);
+		hyb_device_close(dev[k]);
+	}
+	free(w);
+	free(nw);
+	free(x);
+}
+
+/*
+ * A workspace cannot grow inside a capture (that waits for the stream and
+ * allocates): the attention's first call on a stream is refused there, and
+ * captured once the same call ran before.
+ */
+TEST(gpu_dev_graph_refuses_growth)
+{
+	const struct hyb_dev_attn base = { .n_head = 4, .n_head_kv = 2, .head_dim = 64,
+					   .n_rot = 64, .rope = &plain_rope, .n_ctx = 16 };
+	struct hyb_device *d;
+	struct hyb_device_graph *g = NULL;
+	struct hyb_dev_attn a = base;
+	float *q = malloc(4 * 256);
+
+	need_gpu();
+	CHECK(q);
+	d = open_kind("cuda", 64 * MiB, 0);
+	a.q = dalloc(d, 4 * 256);
+	a.k = dalloc(d, 4 * 128);
+	a.v = dalloc(d, 4 * 128);
+	a.kcache = dalloc(d, 2 * 128 * 16);
+	a.vcache = dalloc(d, 2 * 128 * 16);
+	a.out = dalloc(d, 4 * 256);
+	for (int i = 0; i < 256; i++)
+		q[i] = rndf();
+	put(d, a.q, q, 4 * 256);
+	put(d, a.k, q, 4 * 128);
+	put(d, a.v, q + 128, 4 * 128);
+	OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+	CHECK_EQ_INT(hyb_device_attention(d, HYB_STREAM_COMPUTE, &a), -EBUSY);
+	CHECK_EQ_INT(hyb_device_capture_end(d, &g), -EBUSY);
+	CHECK_MSG(strstr(hyb_device_error(d), "attention workspace would grow") && !g, "%s",
+		  hyb_device_error(d));
+	OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+	OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+	a.pos = 1;
+	OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+	OK(d, hyb_device_capture_end(d, &g));
+	OK(d, hyb_device_graph_launch(d, g));
+	drain(d, HYB_STREAM_COMPUTE);
+	hyb_device_graph_free(d, g);
+	free(q);
+	hyb_device_close(d);
+}
+
+/*
+ * What a graph saves on a GPU (KTransformers 3.3): the host time of 256
+ * small kernels queued one by one against one launch of the same kernels
+ * captured, each to completion, medians of 7, alternated.
+ */
+TEST(gpu_dev_graph_launch_cost)
+{
+	enum { NK = 256, REPS = 7 };
+	struct hyb_device *d;
+	struct hyb_device_graph *g = NULL;
+	double ts[REPS], tg[REPS];
+	struct timespec t0, t1;
+	hyb_dptr y, x;
+
+	need_gpu_hardware();
+	d = open_kind("cuda", 64 * MiB, 0);
+	y = dalloc(d, 4096);
+	x = dalloc(d, 4096);
+	OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+	for (int i = 0; i < NK; i++)
+		OK(d, hyb_device_add(d, HYB_STREAM_COMPUTE, y, x, 1024));
+	OK(d, hyb_device_capture_end(d, &g));
+	for (int r = 0; r < REPS; r++) {
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (int i = 0; i < NK; i++)
+			OK(d, hyb_device_add(d, HYB_STREAM_COMPUTE, y, x, 1024));
+		drain(d, HYB_STREAM_COMPUTE);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		ts[r] = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		OK(d, hyb_device_graph_launch(d, g));
+		drain(d, HYB_STREAM_COMPUTE);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		tg[r] = (t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+	}
+	for (int i = 1; i < REPS; i++)
+		for (int j = i; j > 0 && ts[j] < ts[j - 1]; j--) {
+			double t = ts[j];
+			ts[j] = ts[j - 1];
+			ts[j - 1] = t;
+		}
+	for (int i = 1; i < REPS; i++)
+		for (int j = i; j > 0 && tg[j] < tg[j - 1]; j--) {
+			double t = tg[j];
+			tg[j] = tg[j - 1];
+			tg[j - 1] = t;
+		}
+	fprintf(stderr, "  %d kernels: one by one %.1f us, a graph %.1f us (%.2fx; %.2f vs %.2f us "
+		"a kernel)\n", NK, ts[REPS / 2] * 1e6, tg[REPS / 2] * 1e6,
+		ts[REPS / 2] / tg[REPS / 2], ts[REPS / 2] * 1e6 / NK, tg[REPS / 2] * 1e6 / NK);
+	CHECK_MSG(tg[REPS / 2] < ts[REPS / 2], "the graph (%.1f us) is no faster than the launches "
+		  "(%.1f us)", tg[REPS / 2] * 1e6, ts[REPS / 2] * 1e6);
+	hyb_device_graph_free(d, g);
+	hyb_device_close(d);
+}
+
+/*
+ * The attention of a graph's step (pos_at): a graph of the step's copies
+ * and its attention, launched at positions in any order with the position
+ * uploaded from pinned memory, against the by-value call at each, on CUDA
+ * and on the CPU device, bit for bit: out, the roped q, the cache row
+ * written. Long positions take several chunks on CUDA; a sliding window
+ * moves the first row. A position past the cache faults the device.
+ */
+static void pos_at_case(const char *kind, uint32_t n_swa)
+{
+	const uint32_t nh = 8, nkv = 2, hd = 64, qd = nh * hd, kvd = nkv * hd;
+	const uint32_t n_ctx = small_shapes() ? 1024 : 4096;
+	const uint32_t order[] = { 0, 1, 2, 63, 64, 65, 200, n_ctx / 2 + 7, n_ctx - 1, 5 };
+	const uint64_t cache = 2ull * n_ctx * kvd;
+	struct hyb_device *d = open_kind(kind, 256 * MiB, 0);
+	struct hyb_dev_attn a = { .n_head = nh, .n_head_kv = nkv, .head_dim = hd, .n_rot = hd,
+				  .rope = &yarn_rope, .n_ctx = n_ctx, .n_swa = n_swa };
+	struct hyb_dev_attn b;
+	struct hyb_device_graph *g = NULL;
+	uint16_t *kc = malloc(cache);
+	float *in = hyb_device_host_alloc(d, 4ull * (qd + 2 * kvd));
+	float *oa = malloc(4ull * qd), *ob = hyb_device_host_alloc(d, 4ull * qd);
+	uint32_t *hpos = hyb_device_host_alloc(d, 4);
+	uint16_t *ra = malloc(4ull * kvd), *rb = malloc(4ull * kvd);
+	hyb_dptr ia, ib;
+
+	CHECK(kc && in && oa && ob && hpos && ra && rb);
+	for (uint64_t i = 0; i < cache / 2; i++) /* finite F16 of magnitude < 2 */
+		kc[i] = (uint16_t)((rnd() & 0x3bff) | (rnd() & 1) << 15);
+	/* side a: q, k, v, out, caches; side b the same and the position */
+	ia = dalloc(d, 4ull * (2 * qd + 2 * kvd));
+	ib = dalloc(d, 4ull * (2 * qd + 2 * kvd) + 256);
+	a.q = ia;
+	a.k = ia + 4ull * qd;
+	a.v = a.k + 4ull * kvd;
+	a.out = a.v + 4ull * kvd;
+	a.kcache = dalloc(d, cache);
+	a.vcache = dalloc(d, cache);
+	b = a;
+	b.q = ib;
+	b.k = ib + 4ull * qd;
+	b.v = b.k + 4ull * kvd;
+	b.out = b.v + 4ull * kvd;
+	b.pos_at = b.out + 4ull * qd;
+	b.kcache = dalloc(d, cache);
+	b.vcache = dalloc(d, cache);
+	put(d, a.kcache, kc, cache);
+	put(d, b.kcache, kc, cache);
+	for (uint64_t i = 0; i < cache / 2; i++)
+		kc[i] = (uint16_t)((rnd() & 0x3bff) | (rnd() & 1) << 15);
+	put(d, a.vcache, kc, cache);
+	put(d, b.vcache, kc, cache);
+	/* the step once before capturing: CUDA sizes its workspace and RoPE table then */
+	*hpos = 0;
+	put(d, b.pos_at, hpos, 4);
+	OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &b));
+	drain(d, HYB_STREAM_COMPUTE);
+	OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_COMPUTE, b.q, in, 4ull * (qd + 2 * kvd)));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_COMPUTE, b.pos_at, hpos, 4));
+	OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &b));
+	OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, ob, b.out, 4ull * qd));
+	OK(d, hyb_device_capture_end(d, &g));
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		const uint32_t pos = order[i];
+
+		for (uint32_t e = 0; e < qd + 2 * kvd; e++)
+			in[e] = rndf() * 2;
+		put(d, a.q, in, 4ull * (qd + 2 * kvd));
+		a.pos = pos;
+		OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+		get(d, oa, a.out, 4ull * qd);
+		*hpos = pos;
+		OK(d, hyb_device_graph_launch(d, g));
+		drain(d, HYB_STREAM_COMPUTE);
+		CHECK_MSG(!memcmp(oa, ob, 4ull * qd), "%s, window %u: position %u: the graph's "
+			  "attention differs from the call's", kind, n_swa, pos);
+		get(d, ra, a.kcache + 2ull * pos * kvd, 2ull * kvd);
+		get(d, rb, b.kcache + 2ull * pos * kvd, 2ull * kvd);
+		CHECK_MSG(!memcmp(ra, rb, 2ull * kvd), "%s: position %u: cache rows differ", kind,
+			  pos);
+		get(d, oa, a.q, 4ull * qd);
+		get(d, ob, b.q, 4ull * qd);
+		CHECK_MSG(!memcmp(oa, ob, 4ull * qd), "%s: position %u: roped q differs", kind, pos);
+	}
+	/* a position past the cache: a device fault naming it, nothing written */
+	*hpos = n_ctx;
+	CHECK(hyb_device_graph_launch(d, g) == 0 || !strcmp(kind, "cpu"));
+	{
+		struct hyb_device_event *ev = hyb_device_event_new(d);
+
+		hyb_device_record(d, HYB_STREAM_COMPUTE, ev);
+		CHECK_EQ_INT(hyb_device_sync(d, ev), -EIO);
+		CHECK_MSG(strstr(hyb_device_error(d), "read from device memory"), "%s",
+			  hyb_device_error(d));
+		hyb_device_event_free(d, ev);
+	}
+	hyb_device_graph_free(d, g);
+	hyb_device_host_free(d, in);
+	hyb_device_host_free(d, ob);
+	hyb_device_host_free(d, hpos);
+	free(kc);
+	free(oa);
+	free(ra);
+	free(rb);
+	hyb_device_close(d);
+}
+
+TEST(gpu_dev_attention_pos_at_in_a_graph)
+{
+	need_gpu();
+	pos_at_case("cuda", 0);
+	pos_at_case("cuda", 100);
+	pos_at_case("cpu", 0);
+	pos_at_case("cpu", 100);
+}

@@ -131,6 +131,47 @@ int hyb_device_sync(struct hyb_device *d, struct hyb_device_event *ev);
 int hyb_device_elapsed(struct hyb_device *d, struct hyb_device_event *a,
 		       struct hyb_device_event *b, double *s);
 
+/* ---- host functions, graphs (docs/DEVICE.md, "Graphs") ------------------------ */
+
+/*
+ * fn(arg) runs once the work queued on s before it has completed; work
+ * queued on s after it starts once fn has returned (CUDA: cudaLaunchHostFunc,
+ * on the runtime's callback thread; CPU device: on the caller's thread, at
+ * once, as its copies and kernels run). fn must not call the device but for
+ * hyb_device_host_work, nor wait for the thread that queued it. Not on
+ * RELOAD (-EINVAL).
+ */
+typedef void (*hyb_device_host_fn_t)(void *arg);
+int hyb_device_host_fn(struct hyb_device *d, enum hyb_stream s, hyb_device_host_fn_t fn,
+		       void *arg);
+
+/*
+ * A graph: work captured once and launched many times (KTransformers 3.3:
+ * a decode step in one launch, its CPU work in host functions).
+ * Between capture_begin(d, s) and capture_end the work queued on s, and on
+ * a stream that waited for an event recorded in the capture (it joins), is
+ * recorded, not run. Every joined stream must be joined back: s waits for
+ * an event recorded on it after its last work. Waits for events recorded
+ * outside the capture, work on other streams, RELOAD, and every call that
+ * is not queued work (alloc, free, register, host_alloc, sync, elapsed,
+ * measure_bw, another capture, a launch) are -EBUSY meanwhile; an error
+ * ends the capture, as CUDA invalidates it. An event recorded in a capture
+ * orders work inside it only: record it again before waiting for it
+ * outside.
+ * launch: the graph's work on s, after the work queued on s before it,
+ * before the work queued on s after it, with the arguments it was captured
+ * with: the same device and host addresses, read and written again (the
+ * memory must still be there). A kernel argument that changes from step to
+ * step comes from device memory. capture_end: -EINVAL when a stream was
+ * not joined back, and *g NULL.
+ */
+struct hyb_device_graph;
+int hyb_device_capture_begin(struct hyb_device *d, enum hyb_stream s);
+int hyb_device_capture_end(struct hyb_device *d, struct hyb_device_graph **g);
+bool hyb_device_capturing(const struct hyb_device *d);
+int hyb_device_graph_launch(struct hyb_device *d, struct hyb_device_graph *g);
+void hyb_device_graph_free(struct hyb_device *d, struct hyb_device_graph *g);
+
 /*
  * The link and device-memory bandwidths the engine's own copies and kernels
  * get (libhyb/device/device_bw.c): a host-to-device copy of bytes from pinned
@@ -298,6 +339,13 @@ struct hyb_dev_attn {
 	hyb_dptr out;                 /* float [n_head * head_dim], not overlapping q, k, v */
 	float q_scale;                /* 0: none; else finite and > 0 */
 	uint32_t n_swa;               /* 0: every row to pos */
+	/*
+	 * 0, or the device address of a uint32 holding the position, read when
+	 * the kernel runs, so a graph's step attends at the step's position
+	 * (docs/DEVICE.md "Graphs"); pos is then ignored, and batch must be 0
+	 * or 1. A position >= n_ctx found there faults the device.
+	 */
+	hyb_dptr pos_at;
 	/*
 	 * 0 or 1: one token; n: a prompt batch, q, k, v and out [n][...], token
 	 * t at position pos + t (pos + n <= n_ctx), attending over rows
