@@ -80,6 +80,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <type_traits>
 
 #include "hyb/tensor_type.h"
 #include "dense_cuda.h"
@@ -726,6 +727,61 @@ static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_group_kernel(cons
 	mv_block<TY, VEC>(g.it[blockIdx.y], sm);
 }
 
+/*
+ * Matvecs listed in device memory (hyb/device.h hyb_dev_matvec_table):
+ * grid row y is item y when the list has one; base is slot 0 and row 0.
+ * Each block checks its own item - indices inside the arrays, a y row no
+ * earlier item writes - and reports a bad one instead of computing it.
+ */
+struct mv_t {
+	mv_k base;
+	uint64_t w_stride;
+	uint32_t n_w, n_x, n_y, max;
+	const uint32_t *items;
+	uint32_t *bad;     /* mapped host memory: [0] = 3, [1] the item; NULL: not reported */
+};
+
+static __device__ __forceinline__ void mv_t_report(const mv_t &t, uint32_t item)
+{
+	if (t.bad && threadIdx.x == 0) {
+		((volatile uint32_t *)t.bad)[1] = item;
+		__threadfence_system();
+		((volatile uint32_t *)t.bad)[0] = 3;
+	}
+}
+
+template <uint32_t TY, bool VEC>
+static __global__ void __launch_bounds__(MV_THREADS, 2) matvec_table_kernel(const mv_t t)
+{
+	extern __shared__ __align__(16) unsigned char sm[];
+	const uint32_t i = blockIdx.y, n = t.items[0];
+
+	if (n > t.max) {
+		if (i == 0 && blockIdx.x == 0)
+			mv_t_report(t, n);
+		return;
+	}
+	if (i >= n)
+		return;
+	const uint32_t *e = t.items + 1 + 3 * i;
+	const uint32_t slot = e[0], xr = e[1], yr = e[2];
+	bool ok = slot < t.n_w && xr < t.n_x && yr < t.n_y;
+
+	for (uint32_t j = 0; j < i && ok; j++)
+		ok = t.items[3 + 3 * j] != yr;
+	if (!ok) {
+		if (blockIdx.x == 0)
+			mv_t_report(t, i);
+		return;
+	}
+	mv_k a = t.base;
+
+	a.w += slot * t.w_stride;
+	a.x += (uint64_t)xr * a.k;
+	a.y += (uint64_t)yr * a.n_out;
+	mv_block<TY, VEC>(a, sm);
+}
+
 extern "C" uint32_t hyb_cuda_matvec_smem(uint32_t type, uint32_t n_in)
 {
 	switch (type) {
@@ -783,6 +839,22 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 		(const void *)matvec_group_kernel<HYB_TYPE_Q3_K, false>,
 		(const void *)matvec_group_kernel<HYB_TYPE_Q5_K, false>,
 		(const void *)matvec_group_kernel<HYB_TYPE_IQ4_XS, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_F32, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_F32, true>,
+		(const void *)matvec_table_kernel<HYB_TYPE_F16, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_F16, true>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q8_0, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q4_0, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q4_K, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q6_K, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q4_1, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q5_0, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q5_1, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_IQ4_NL, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q2_K, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q3_K, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_Q5_K, false>,
+		(const void *)matvec_table_kernel<HYB_TYPE_IQ4_XS, false>,
 	};
 
 	for (size_t i = 0; i < sizeof(k) / sizeof(k[0]); i++) {
@@ -794,6 +866,40 @@ extern "C" int hyb_cuda_dense_setup(int smem_max)
 			return (int)e;
 	}
 	return 0;
+}
+
+/*
+ * f(type, vec) for the kernels' template arguments (std::integral_constant
+ * and std::bool_constant): the one switch over the types they take. -EINVAL
+ * for another type.
+ */
+template <class F> static int mv_dispatch(uint32_t type, bool vec, F f)
+{
+#define MV_TY(t) std::integral_constant<uint32_t, t>()
+	switch (type) {
+	case HYB_TYPE_F32:
+		vec ? f(MV_TY(HYB_TYPE_F32), std::true_type()) :
+		      f(MV_TY(HYB_TYPE_F32), std::false_type());
+		return 0;
+	case HYB_TYPE_F16:
+		vec ? f(MV_TY(HYB_TYPE_F16), std::true_type()) :
+		      f(MV_TY(HYB_TYPE_F16), std::false_type());
+		return 0;
+	case HYB_TYPE_Q8_0: f(MV_TY(HYB_TYPE_Q8_0), std::false_type()); return 0;
+	case HYB_TYPE_Q4_0: f(MV_TY(HYB_TYPE_Q4_0), std::false_type()); return 0;
+	case HYB_TYPE_Q4_K: f(MV_TY(HYB_TYPE_Q4_K), std::false_type()); return 0;
+	case HYB_TYPE_Q6_K: f(MV_TY(HYB_TYPE_Q6_K), std::false_type()); return 0;
+	case HYB_TYPE_Q4_1: f(MV_TY(HYB_TYPE_Q4_1), std::false_type()); return 0;
+	case HYB_TYPE_Q5_0: f(MV_TY(HYB_TYPE_Q5_0), std::false_type()); return 0;
+	case HYB_TYPE_Q5_1: f(MV_TY(HYB_TYPE_Q5_1), std::false_type()); return 0;
+	case HYB_TYPE_IQ4_NL: f(MV_TY(HYB_TYPE_IQ4_NL), std::false_type()); return 0;
+	case HYB_TYPE_Q2_K: f(MV_TY(HYB_TYPE_Q2_K), std::false_type()); return 0;
+	case HYB_TYPE_Q3_K: f(MV_TY(HYB_TYPE_Q3_K), std::false_type()); return 0;
+	case HYB_TYPE_Q5_K: f(MV_TY(HYB_TYPE_Q5_K), std::false_type()); return 0;
+	case HYB_TYPE_IQ4_XS: f(MV_TY(HYB_TYPE_IQ4_XS), std::false_type()); return 0;
+	}
+#undef MV_TY
+	return -EINVAL;
 }
 
 /*
@@ -862,60 +968,59 @@ extern "C" int hyb_cuda_matvec_group(const struct hyb_cuda_matvec *m, uint32_t n
 		a[i].n_out = m->n_out;
 		a[i].accumulate = m->accumulate;
 	}
-	switch (m->type) {
-	case HYB_TYPE_F32:
-		if (vec)
-			mv_launch<HYB_TYPE_F32, true>(a, n, sms, smem, s);
-		else
-			mv_launch<HYB_TYPE_F32, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_F16:
-		if (vec)
-			mv_launch<HYB_TYPE_F16, true>(a, n, sms, smem, s);
-		else
-			mv_launch<HYB_TYPE_F16, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q8_0:
-		mv_launch<HYB_TYPE_Q8_0, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q4_0:
-		mv_launch<HYB_TYPE_Q4_0, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q4_K:
-		mv_launch<HYB_TYPE_Q4_K, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q6_K:
-		mv_launch<HYB_TYPE_Q6_K, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q4_1:
-		mv_launch<HYB_TYPE_Q4_1, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q5_0:
-		mv_launch<HYB_TYPE_Q5_0, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q5_1:
-		mv_launch<HYB_TYPE_Q5_1, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_IQ4_NL:
-		mv_launch<HYB_TYPE_IQ4_NL, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q2_K:
-		mv_launch<HYB_TYPE_Q2_K, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q3_K:
-		mv_launch<HYB_TYPE_Q3_K, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_Q5_K:
-		mv_launch<HYB_TYPE_Q5_K, false>(a, n, sms, smem, s);
-		break;
-	case HYB_TYPE_IQ4_XS:
-		mv_launch<HYB_TYPE_IQ4_XS, false>(a, n, sms, smem, s);
-		break;
-	default:
+	if (mv_dispatch(m->type, vec, [&](auto ty, auto v) {
+		    mv_launch<decltype(ty)::value, decltype(v)::value>(a, n, sms, smem, s);
+	    })) {
 		free(a);
 		return -EINVAL;
 	}
 	free(a);
+	return (int)cudaGetLastError();
+}
+
+extern "C" int hyb_cuda_matvec_table(const struct hyb_cuda_matvec_table *t, void *stream)
+{
+	const struct hyb_cuda_matvec *m = &t->m;
+	const cudaStream_t s = (cudaStream_t)stream;
+	const uint64_t rb = hyb_row_bytes(m->type, m->n_in);
+	const uint32_t smem = hyb_cuda_matvec_smem(m->type, m->n_in);
+	const uint32_t sms = (uint32_t)(m->n_sm > 0 ? m->n_sm : 1);
+	const bool vec = rb % 16 == 0 && (uintptr_t)m->w % 16 == 0 && t->w_stride % 16 == 0;
+	mv_t k;
+
+	if (!rb || !smem || !m->n_out || !m->n_in || !t->max || !t->n_w || !t->n_x || !t->n_y ||
+	    !t->items || (uintptr_t)m->w % (m->type == HYB_TYPE_F32 ? 4 : 2) ||
+	    (t->n_w > 1 && t->w_stride % 16))
+		return -EINVAL;
+	if ((m->type == HYB_TYPE_Q4_K && rb != m->n_in / QK_K * Q4K_BYTES) ||
+	    (m->type == HYB_TYPE_Q6_K && rb != m->n_in / QK_K * Q6K_BYTES))
+		return -EINVAL;
+	k.base.w = (const char *)m->w;
+	k.base.rb = rb;
+	k.base.x = m->x;
+	k.base.y = m->y;
+	k.base.k = m->n_in;
+	k.base.n_out = m->n_out;
+	k.base.accumulate = m->accumulate;
+	k.w_stride = t->w_stride;
+	k.n_w = t->n_w;
+	k.n_x = t->n_x;
+	k.n_y = t->n_y;
+	k.max = t->max;
+	k.items = t->items;
+	k.bad = t->bad;
+	if (mv_dispatch(m->type, vec, [&](auto ty, auto v) {
+		    constexpr uint32_t TY = decltype(ty)::value;
+		    constexpr bool VEC = decltype(v)::value;
+		    static std::atomic<uint64_t> occ{0};
+		    const uint32_t per_sm = hyb_occupancy(occ, (const void *)matvec_table_kernel<TY, VEC>,
+							  MV_THREADS, smem);
+		    const uint32_t want = (m->n_out + MV_WARPS - 1) / MV_WARPS;
+		    const dim3 grid(u32min(want, u32max(1, per_sm * sms / t->max)), t->max);
+
+		    matvec_table_kernel<TY, VEC><<<grid, MV_THREADS, smem, s>>>(k);
+	    }))
+		return -EINVAL;
 	return (int)cudaGetLastError();
 }
 

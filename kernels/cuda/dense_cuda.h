@@ -52,6 +52,20 @@ int hyb_cuda_matvec(const struct hyb_cuda_matvec *m, void *stream);
  * hyb_cuda_matvec on its item, bit for bit.
  */
 int hyb_cuda_matvec_group(const struct hyb_cuda_matvec *m, uint32_t n, void *stream);
+/*
+ * hyb/device.h's hyb_dev_matvec_table: m is slot 0 and row 0 (its w, x, y);
+ * item i of the list at items (read when the kernel runs) is hyb_cuda_matvec
+ * over w + slot * w_stride, x + row * n_in, y + row * n_out. A bad list sets
+ * bad[0] = 3, bad[1] = the item (bad may be NULL).
+ */
+struct hyb_cuda_matvec_table {
+	struct hyb_cuda_matvec m;
+	uint64_t w_stride;       /* a multiple of 16 */
+	uint32_t n_w, n_x, n_y, max;
+	const uint32_t *items;
+	uint32_t *bad;
+};
+int hyb_cuda_matvec_table(const struct hyb_cuda_matvec_table *t, void *stream);
 
 /*
  * RoPE's cos and sin for one position (host memory), which the caller

@@ -936,6 +936,66 @@ int hyb_device_matvec_group(struct hyb_device *d, enum hyb_stream s,
 	return rc;
 }
 
+int hyb_device_matvec_table(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec_table *t)
+{
+	int rc = check_dev(d, (int)s, "matvec table");
+	uint64_t slot, wlen;
+
+	if (!rc)
+		rc = check_op(d, d->ops->matvec_table != NULL, "matvec table");
+	if (rc)
+		return rc;
+	if (!t)
+		return hyb_device_fail(d, -EINVAL, "matvec table: NULL arguments");
+	if (!t->max || t->max > HYB_DEVICE_GROUP_MAX)
+		return hyb_device_fail(d, -EINVAL, "matvec table: max %u items (1 to %u)", t->max,
+				       HYB_DEVICE_GROUP_MAX);
+	if (!t->n_w || !t->n_x || !t->n_y)
+		return hyb_device_fail(d, -EINVAL, "matvec table: %u slots, %u x rows, %u y rows",
+				       t->n_w, t->n_x, t->n_y);
+	/* slot 0 and row 0 as one matvec: type, shape, alignment */
+	const struct hyb_dev_matvec m0 = { .type = t->type, .n_in = t->n_in, .n_out = t->n_out,
+					   .w = t->w, .x = t->x, .y = t->y,
+					   .accumulate = t->accumulate };
+
+	if ((rc = check_matvec(d, &m0)))
+		return rc;
+	slot = hyb_row_bytes(t->type, t->n_in) * t->n_out;
+	if (t->n_w > 1 && (t->w_stride % 16 || t->w_stride < slot ||
+			   t->w_stride > (UINT64_MAX - slot) / (t->n_w - 1)))
+		return hyb_device_fail(d, -EINVAL, "matvec table: w_stride %llu (a multiple of 16, "
+				       "at least a slot's %llu bytes)",
+				       (unsigned long long)t->w_stride, (unsigned long long)slot);
+	if (batch_too_big(t->n_in, t->n_x) || batch_too_big(t->n_out, t->n_y))
+		return hyb_device_fail(d, -EINVAL, "matvec table: %u x rows or %u y rows are too "
+				       "many", t->n_x, t->n_y);
+	wlen = (t->n_w - 1) * t->w_stride + slot;
+	const struct darr a[4] = {
+		{ t->w, wlen, "w" }, { t->x, 4ull * t->n_in * t->n_x, "x" },
+		{ t->y, 4ull * t->n_out * t->n_y, "y" }, { t->items, 4 + 12ull * t->max, "items" },
+	};
+
+	rc = check_range(d, t->w, wlen, "matvec table w");
+	if (!rc)
+		rc = check_array(d, t->x, a[1].len, "matvec table x");
+	if (!rc)
+		rc = check_array(d, t->y, a[2].len, "matvec table y");
+	if (!rc)
+		rc = check_array(d, t->items, a[3].len, "matvec table items");
+	for (int i = 0; i < 4 && !rc; i++) /* only y is written */
+		if (i != 2 && overlap(&a[2], &a[i]))
+			rc = hyb_device_fail(d, -EINVAL, "matvec table: y overlaps %s", a[i].name);
+	if (!rc && (rc = hyb_capture_take(d, s, &(struct hyb_cap_node){
+				.kind = CAP_MATVEC_TABLE, .u.table = *t })))
+		return rc < 0 ? rc : 0;
+	if (!rc)
+		rc = d->ops->matvec_table(d, s, t);
+	if (!rc)
+		d->st.kernels++;
+	return rc;
+}
+
 bool hyb_device_teal_type_ok(uint32_t t)
 {
 	/* TEAL's transposed layout's types (libhyb/sparse/teal.c) */

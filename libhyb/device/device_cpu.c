@@ -1111,6 +1111,64 @@ static int cpu_matvec_group(struct hyb_device *d, enum hyb_stream s,
 }
 
 /*
+ * The list is read as the kernel runs (here: now); every index is checked
+ * before anything is written, as the CUDA kernel does, so a bad list
+ * faults the device and changes nothing.
+ */
+static int cpu_matvec_table(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec_table *t)
+{
+	struct cpu_dev *c = cpu(d);
+	const uint32_t *it = (const uint32_t *)(uintptr_t)t->items;
+	const uint32_t n = it[0];
+	const uint64_t rb = hyb_row_bytes(t->type, t->n_in);
+	uint64_t bytes = 0;
+	double r0;
+	int rc = 0;
+
+	enter(c, &r0);
+	if (n > t->max)
+		rc = hyb_device_fail(d, -EIO, "cpu device: matvec table: %u items, at most %u", n,
+				     t->max);
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		const uint32_t *e = it + 1 + 3 * i;
+
+		if (e[0] >= t->n_w || e[1] >= t->n_x || e[2] >= t->n_y)
+			rc = hyb_device_fail(d, -EIO, "cpu device: matvec table: item %u (slot %u, "
+					     "x row %u, y row %u) outside %u slots, %u and %u rows",
+					     i, e[0], e[1], e[2], t->n_w, t->n_x, t->n_y);
+		for (uint32_t j = 0; j < i && !rc; j++)
+			if (it[3 + 3 * j] == e[2])
+				rc = hyb_device_fail(d, -EIO, "cpu device: matvec table: items %u and "
+						     "%u write y row %u", j, i, e[2]);
+	}
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		const uint32_t *e = it + 1 + 3 * i;
+		const struct hyb_dev_matvec m = {
+			.type = t->type, .n_in = t->n_in, .n_out = t->n_out,
+			.w = t->w + e[0] * t->w_stride, .x = t->x + 4ull * t->n_in * e[1],
+			.y = t->y + 4ull * t->n_out * e[2], .accumulate = t->accumulate,
+		};
+		uint64_t b = 0;
+
+		rc = run_matvec(c, &m, &b);
+		bytes += b;
+	}
+	if (rc) {
+		leave(c, r0);
+		return rc;
+	}
+	op_begin(c, "a matvec table kernel");
+	span(c, (const void *)(uintptr_t)t->items, 4 + 12ull * t->max, false);
+	span(c, (const void *)(uintptr_t)t->w, (t->n_w - 1) * t->w_stride + rb * t->n_out, false);
+	span(c, (const void *)(uintptr_t)t->x, 4ull * t->n_in * t->n_x, false);
+	span(c, (const void *)(uintptr_t)t->y, 4ull * t->n_out * t->n_y, true);
+	rc = kernel_done(c, s, bytes, 2.0 * (double)n * t->n_in * t->n_out);
+	leave(c, r0);
+	return rc;
+}
+
+/*
  * forward.c's steps for one token: RoPE on q and k, k and v stored as F16
  * into row pos, then the attention loop over rows 0..pos. One split
  * (n_split 1): the forward pass splits 512+ positions between its threads,
@@ -1443,6 +1501,7 @@ static const struct hyb_device_ops cpu_ops = {
 	.rmsnorm = cpu_rmsnorm,
 	.matvec = cpu_matvec,
 	.matvec_group = cpu_matvec_group,
+	.matvec_table = cpu_matvec_table,
 	.attention = cpu_attention,
 	.predict = cpu_predict,
 	.teal = cpu_teal,

@@ -252,6 +252,10 @@ static int check_bad(struct cudev *c)
 	if (c->bad[0] == 2)
 		return hyb_device_fail(&c->d, -EIO, "cuda: attention: position %u read from device "
 				       "memory is outside its cache", c->bad[1]);
+	if (c->bad[0] == 3)
+		return hyb_device_fail(&c->d, -EIO, "cuda: matvec table: item %u is outside the "
+				       "arrays, writes an earlier item's y row, or is past max "
+				       "(a count above it names the count)", c->bad[1]);
 	return hyb_device_fail(&c->d, -EIO,
 			       "cuda: sparse ffn: active neuron %u is not in a resident group "
 			       "(table entry < 0 or beyond the cache allocation)",
@@ -891,6 +895,49 @@ static int cu_matvec_group(struct hyb_device *d, enum hyb_stream s,
 	return 0;
 }
 
+static int cu_matvec_table(struct hyb_device *d, enum hyb_stream s,
+			   const struct hyb_dev_matvec_table *t)
+{
+	struct cudev *c = cu(d);
+	const uint64_t rb = hyb_row_bytes(t->type, t->n_in);
+	const uint32_t smem = hyb_cuda_matvec_smem(t->type, t->n_in);
+	struct hyb_cuda_matvec_table k;
+	int rc;
+
+	if (!smem || (int64_t)smem > c->smem_max)
+		return hyb_device_fail(d, -EINVAL, "cuda matvec table: %s rows of %u need %u bytes "
+				       "of shared memory, the GPU has %d", hyb_type_name(t->type),
+				       t->n_in, smem, c->smem_max);
+	if ((rc = use_stream(c, s)))
+		return rc;
+	memset(&k, 0, sizeof(k));
+	k.m.type = t->type;
+	k.m.n_in = t->n_in;
+	k.m.n_out = t->n_out;
+	k.m.w = (const void *)(uintptr_t)t->w;
+	k.m.x = (const float *)(uintptr_t)t->x;
+	k.m.y = (float *)(uintptr_t)t->y;
+	k.m.accumulate = t->accumulate;
+	k.m.n_sm = c->n_sm;
+	k.w_stride = t->w_stride;
+	k.n_w = t->n_w;
+	k.n_x = t->n_x;
+	k.n_y = t->n_y;
+	k.max = t->max;
+	k.items = (const uint32_t *)(uintptr_t)t->items;
+	k.bad = c->bad_dev;
+	rc = hyb_cuda_matvec_table(&k, c->st[s]);
+	if (rc < 0)
+		return hyb_device_fail(d, rc, "cuda matvec table: shape not supported (%s, %u x %u)",
+				       hyb_type_name(t->type), t->n_out, t->n_in);
+	if (rc > 0)
+		return fault(c, (cudaError_t)rc, "matvec table kernel launch");
+	/* the list's length is the kernel's to read: counted at max */
+	d->st.kernel_bytes += t->max * (t->n_out * rb + 4ull * t->n_in +
+					4ull * t->n_out * (t->accumulate ? 2 : 1));
+	return 0;
+}
+
 /* The attention workspace of stream s, at least need bytes. */
 static int workspace(struct cudev *c, enum hyb_stream s, uint64_t need)
 {
@@ -1282,6 +1329,7 @@ static const struct hyb_device_ops cuda_ops = {
 	cu_rmsnorm,
 	cu_matvec,
 	cu_matvec_group,
+	cu_matvec_table,
 	cu_attention,
 	cu_predict,
 	cu_teal,

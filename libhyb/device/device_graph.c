@@ -62,6 +62,7 @@ static const char *const kind_name[] = {
 	[CAP_H2D] = "h2d", [CAP_D2H] = "d2h", [CAP_HOST_FN] = "host fn",
 	[CAP_SPARSE_FFN] = "sparse ffn", [CAP_ADD] = "add", [CAP_FFN_ACT] = "ffn_act",
 	[CAP_RMSNORM] = "rmsnorm", [CAP_MATVEC] = "matvec", [CAP_MATVEC_GROUP] = "matvec group",
+	[CAP_MATVEC_TABLE] = "matvec table",
 	[CAP_ATTENTION] = "attention", [CAP_PREDICT] = "predict", [CAP_TEAL] = "teal matvec",
 	[CAP_RECORD] = "record", [CAP_WAIT] = "wait",
 };
@@ -379,6 +380,8 @@ static int replay(struct hyb_device *d, const struct hyb_device_graph *g,
 		return hyb_device_matvec(d, s, &n->u.mv);
 	case CAP_MATVEC_GROUP:
 		return hyb_device_matvec_group(d, s, n->u.group.items, n->u.group.n);
+	case CAP_MATVEC_TABLE:
+		return hyb_device_matvec_table(d, s, &n->u.table);
 	case CAP_ATTENTION:
 		return hyb_device_attention(d, s, &n->u.attn);
 	case CAP_PREDICT:

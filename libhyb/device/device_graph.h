@@ -16,7 +16,7 @@
 
 enum hyb_cap_kind {
 	CAP_H2D, CAP_D2H, CAP_HOST_FN, CAP_SPARSE_FFN, CAP_ADD, CAP_FFN_ACT, CAP_RMSNORM,
-	CAP_MATVEC, CAP_MATVEC_GROUP, CAP_ATTENTION, CAP_PREDICT, CAP_TEAL,
+	CAP_MATVEC, CAP_MATVEC_GROUP, CAP_MATVEC_TABLE, CAP_ATTENTION, CAP_PREDICT, CAP_TEAL,
 	CAP_RECORD, CAP_WAIT, /* the recorder's own: slot is the graph's event */
 };
 
@@ -31,6 +31,7 @@ struct hyb_cap_node {
 		struct { hyb_dptr y, x, w; uint32_t n, rows; float eps; } norm;
 		struct hyb_dev_matvec mv;
 		struct { const struct hyb_dev_matvec *items; uint32_t n; } group; /* copied */
+		struct hyb_dev_matvec_table table;
 		struct hyb_dev_attn attn;
 		struct hyb_dev_predict pred;
 		struct hyb_dev_teal teal;

@@ -73,6 +73,8 @@ struct hyb_device_ops {
 	/* NULL: hyb_device_matvec_group calls matvec per item (n launches) */
 	int (*matvec_group)(struct hyb_device *d, enum hyb_stream s,
 			    const struct hyb_dev_matvec *m, uint32_t n);
+	int (*matvec_table)(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec_table *t);
 	int (*attention)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_attn *a);
 	int (*predict)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_predict *p);
 	int (*teal)(struct hyb_device *d, enum hyb_stream s, const struct hyb_dev_teal *t);

@@ -2377,3 +2377,106 @@ TEST(gpu_dev_attention_pos_at_in_a_graph)
 	pos_at_case("cpu", 0);
 	pos_at_case("cpu", 100);
 }
+
+/*
+ * Matvecs listed in device memory (hyb_dev_matvec_table) on CUDA: each
+ * listed item is hyb_device_matvec's launch, bit for bit, unlisted rows
+ * untouched, with the list changing between launches of a graph, as a
+ * router's choice does; a bad list faults the device naming the item.
+ */
+static void table_case(uint32_t type, uint32_t n_in, uint32_t n_out, uint32_t w_off)
+{
+	enum { SLOTS = 7, ROWS = 6, MAX = 12 };
+	static const uint32_t lists[3][1 + 3 * MAX] = {
+		{ 3, 6, 0, 5, 0, 1, 0, 2, 5, 2 },
+		{ 1, 3, 3, 3 },
+		{ 6, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5 },
+	};
+	const uint64_t rb = hyb_row_bytes(type, n_in), stride = (rb * n_out + 15) / 16 * 16 + 16;
+	struct hyb_device *d = open_kind("cuda", 256 * MiB, 0);
+	uint8_t *w = malloc(stride * SLOTS);
+	float *row = malloc(4ull * n_in), *x = malloc(4ull * n_in * ROWS);
+	/* a graph's copies need pinned memory */
+	float *y0 = hyb_device_host_alloc(d, 4ull * n_out * ROWS), *want = malloc(4ull * n_out * ROWS);
+	float *got = hyb_device_host_alloc(d, 4ull * n_out * ROWS);
+	uint32_t *hl = hyb_device_host_alloc(d, 4 * (1 + 3 * MAX));
+	const hyb_dptr dw = dalloc(d, stride * SLOTS + w_off) + w_off;
+	const hyb_dptr dx = dalloc(d, 4ull * n_in * ROWS), dy = dalloc(d, 4ull * n_out * ROWS);
+	const hyb_dptr items = dalloc(d, 4 * (1 + 3 * MAX)), tmp = dalloc(d, 4ull * n_out);
+	const struct hyb_dev_matvec_table t = {
+		.type = type, .n_in = n_in, .n_out = n_out, .w = dw, .w_stride = stride,
+		.n_w = SLOTS, .x = dx, .n_x = ROWS, .y = dy, .n_y = ROWS, .items = items, .max = MAX,
+	};
+	struct hyb_device_graph *g = NULL;
+
+	CHECK(w && row && x && y0 && want && got && hl);
+	memset(w, 0, stride * SLOTS);
+	for (uint32_t s = 0; s < SLOTS; s++)
+		for (uint32_t r = 0; r < n_out; r++) {
+			for (uint32_t i = 0; i < n_in; i++)
+				row[i] = rndf() / sqrtf((float)n_in);
+			CHECK(hyb_quantize_row_ref(type, row, w + s * stride + r * rb, n_in) == 0);
+		}
+	for (uint64_t i = 0; i < (uint64_t)n_in * ROWS; i++)
+		x[i] = rndf();
+	for (uint64_t i = 0; i < (uint64_t)n_out * ROWS; i++)
+		y0[i] = rndf();
+	put(d, dw, w, stride * SLOTS);
+	put(d, dx, x, 4ull * n_in * ROWS);
+	OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_COMPUTE, dy, y0, 4ull * n_out * ROWS));
+	OK(d, hyb_device_h2d(d, HYB_STREAM_COMPUTE, items, hl, 4 * (1 + 3 * MAX)));
+	OK(d, hyb_device_matvec_table(d, HYB_STREAM_COMPUTE, &t));
+	OK(d, hyb_device_d2h(d, HYB_STREAM_COMPUTE, got, dy, 4ull * n_out * ROWS));
+	OK(d, hyb_device_capture_end(d, &g));
+	for (int k = 0; k < 3; k++) {
+		memcpy(want, y0, 4ull * n_out * ROWS);
+		for (uint32_t i = 0; i < lists[k][0]; i++) {
+			const uint32_t *e = lists[k] + 1 + 3 * i;
+			const struct hyb_dev_matvec m = { .type = type, .n_in = n_in, .n_out = n_out,
+							  .w = dw + e[0] * stride,
+							  .x = dx + 4ull * n_in * e[1], .y = tmp };
+
+			OK(d, hyb_device_matvec(d, HYB_STREAM_COMPUTE, &m));
+			get(d, want + (uint64_t)e[2] * n_out, tmp, 4ull * n_out);
+		}
+		memcpy(hl, lists[k], sizeof(lists[k]));
+		OK(d, hyb_device_graph_launch(d, g));
+		drain(d, HYB_STREAM_COMPUTE);
+		CHECK_MSG(!memcmp(got, want, 4ull * n_out * ROWS), "%s %ux%u w_off %u list %d: the "
+			  "table's outputs are not the matvecs'", hyb_type_name(type), n_out, n_in,
+			  w_off, k);
+	}
+	/* y row 2 twice: the second is refused, the device faults */
+	memcpy(hl, (const uint32_t[]){ 2, 0, 0, 2, 1, 1, 2 }, 7 * 4);
+	OK(d, hyb_device_graph_launch(d, g));
+	{
+		struct hyb_device_event *ev = hyb_device_event_new(d);
+
+		hyb_device_record(d, HYB_STREAM_COMPUTE, ev);
+		CHECK_EQ_INT(hyb_device_sync(d, ev), -EIO);
+		CHECK_MSG(strstr(hyb_device_error(d), "matvec table: item 1"), "%s",
+			  hyb_device_error(d));
+		hyb_device_event_free(d, ev);
+	}
+	hyb_device_graph_free(d, g);
+	hyb_device_host_free(d, hl);
+	hyb_device_host_free(d, y0);
+	hyb_device_host_free(d, got);
+	hyb_device_close(d);
+	free(w);
+	free(row);
+	free(x);
+	free(want);
+}
+
+TEST(gpu_dev_matvec_table)
+{
+	need_gpu();
+	table_case(HYB_TYPE_Q4_0, 256, 67, 0);
+	table_case(HYB_TYPE_Q4_K, 512, 40, 0);
+	table_case(HYB_TYPE_F16, 96, 33, 2);
+	table_case(HYB_TYPE_Q8_0, 128, 24, 0);
+	if (!small_shapes())
+		table_case(HYB_TYPE_Q4_0, 2048, 768, 0);
+}

@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "hyb/device.h"
+#include "hyb/tensor_type.h"
 #include "test.h"
 
 /* A slow device (10 MB/s link and memory): work takes milliseconds, the host is ahead. */
@@ -382,4 +383,184 @@ TEST(dev_attention_pos_at)
 	CHECK_MSG(strstr(hyb_device_error(d), "position 8 read from device memory"), "%s",
 		  hyb_device_error(d));
 	hyb_device_close(d);
+}
+
+/* ---- matvecs listed in device memory ---------------------------------------------------- */
+
+#define T_IN 64u
+#define T_OUT 48u
+#define T_SLOTS 6u
+#define T_ROWS 5u
+
+struct tab {
+	struct hyb_device *d;
+	hyb_dptr w, x, y, items;
+	struct hyb_dev_matvec_table t;
+	uint64_t stride;
+	uint32_t list[1 + 3 * 17]; /* what goes up: a copy's source stays until it ran */
+};
+
+/* Q4_0 weights in 6 slots (stride: a slot rounded up to 16 and 32 more), 5 x and y rows. */
+static void tab_init(struct tab *b)
+{
+	const uint64_t rb = hyb_row_bytes(HYB_TYPE_Q4_0, T_IN), slot = rb * T_OUT;
+	uint8_t *w;
+	float x[T_ROWS * T_IN], y[T_ROWS * T_OUT];
+
+	b->d = open_dev(NULL);
+	b->stride = (slot + 15) / 16 * 16 + 32;
+	w = malloc(b->stride * T_SLOTS);
+	CHECK(w);
+	for (uint64_t i = 0; i < b->stride * T_SLOTS; i++)
+		w[i] = (uint8_t)(i * 131 + 7);
+	for (uint32_t s = 0; s < T_SLOTS; s++) /* sane scales: F16 0.01 at each block's head */
+		for (uint32_t r = 0; r < T_OUT * T_IN / 32; r++)
+			memcpy(w + s * b->stride + r * 18, &(uint16_t){ 0x211f }, 2);
+	for (uint32_t i = 0; i < T_ROWS * T_IN; i++)
+		x[i] = (float)((i * 29) % 17) / 8 - 1;
+	for (uint32_t i = 0; i < T_ROWS * T_OUT; i++)
+		y[i] = (float)i;
+	b->w = dalloc(b->d, b->stride * T_SLOTS);
+	b->x = dalloc(b->d, sizeof(x));
+	b->y = dalloc(b->d, sizeof(y));
+	b->items = dalloc(b->d, 4 + 12 * 16);
+	CHECK(hyb_device_h2d(b->d, HYB_STREAM_COMPUTE, b->w, w, b->stride * T_SLOTS) == 0);
+	CHECK(hyb_device_h2d(b->d, HYB_STREAM_COMPUTE, b->x, x, sizeof(x)) == 0);
+	CHECK(hyb_device_h2d(b->d, HYB_STREAM_COMPUTE, b->y, y, sizeof(y)) == 0);
+	finish(b->d, HYB_STREAM_COMPUTE);
+	free(w);
+	b->t = (struct hyb_dev_matvec_table){
+		.type = HYB_TYPE_Q4_0, .n_in = T_IN, .n_out = T_OUT, .w = b->w,
+		.w_stride = b->stride, .n_w = T_SLOTS, .x = b->x, .n_x = T_ROWS, .y = b->y,
+		.n_y = T_ROWS, .items = b->items, .max = 16,
+	};
+}
+
+static void tab_list(struct tab *b, const uint32_t *list, uint32_t n)
+{
+	b->list[0] = n;
+	memcpy(b->list + 1, list, 12ull * (n <= 16 ? n : 0));
+	CHECK(hyb_device_h2d(b->d, HYB_STREAM_COMPUTE, b->items, b->list,
+			     4 + 12ull * (n <= 16 ? n : 0)) == 0);
+}
+
+static void tab_y(struct tab *b, float *y)
+{
+	CHECK(hyb_device_d2h(b->d, HYB_STREAM_COMPUTE, y, b->y, 4 * T_ROWS * T_OUT) == 0);
+	finish(b->d, HYB_STREAM_COMPUTE);
+}
+
+/*
+ * The list's items are hyb_device_matvec's, bit for bit, rows not listed
+ * untouched; accumulate too; a bad list found when it runs faults and
+ * writes nothing; bad arguments are refused when queued.
+ */
+TEST(dev_matvec_table)
+{
+	static const uint32_t list[] = { 3, 0, 4, /* slot, x row, y row */ 0, 0, 1, 5, 2, 0 };
+	struct tab b;
+	float y[T_ROWS * T_OUT], want[T_ROWS * T_OUT], row[T_OUT];
+
+	for (int acc = 0; acc < 2; acc++) {
+		tab_init(&b);
+		b.t.accumulate = acc;
+		tab_y(&b, want);
+		for (int i = 0; i < 3; i++) {
+			const uint32_t *e = list + 3 * i;
+			const hyb_dptr tmp = dalloc(b.d, 4 * T_OUT);
+			const struct hyb_dev_matvec m = {
+				.type = HYB_TYPE_Q4_0, .n_in = T_IN, .n_out = T_OUT,
+				.w = b.w + e[0] * b.stride, .x = b.x + 4ull * T_IN * e[1], .y = tmp,
+				.accumulate = acc,
+			};
+
+			memcpy(row, want + e[2] * T_OUT, sizeof(row));
+			CHECK(hyb_device_h2d(b.d, HYB_STREAM_COMPUTE, tmp, row, sizeof(row)) == 0);
+			CHECK(hyb_device_matvec(b.d, HYB_STREAM_COMPUTE, &m) == 0);
+			CHECK(hyb_device_d2h(b.d, HYB_STREAM_COMPUTE, want + e[2] * T_OUT, tmp,
+					     sizeof(row)) == 0);
+			finish(b.d, HYB_STREAM_COMPUTE);
+			hyb_device_free(b.d, tmp);
+		}
+		tab_list(&b, list, 3);
+		CHECK_MSG(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &b.t) == 0, "%s",
+			  hyb_device_error(b.d));
+		tab_y(&b, y);
+		CHECK_MSG(!memcmp(y, want, sizeof(y)), "accumulate %d: not the matvecs' bits", acc);
+		hyb_device_close(b.d);
+	}
+
+	/* refused when queued */
+	tab_init(&b);
+	struct hyb_dev_matvec_table t = b.t;
+
+	t.max = 0;
+	CHECK_EQ_INT(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &t), -EINVAL);
+	t.max = HYB_DEVICE_GROUP_MAX + 1;
+	CHECK_EQ_INT(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &t), -EINVAL);
+	t = b.t;
+	t.w_stride = b.stride - 8;
+	CHECK_EQ_INT(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &t), -EINVAL);
+	CHECK(strstr(hyb_device_error(b.d), "w_stride"));
+	t = b.t;
+	t.n_w = T_SLOTS + 1; /* the last slot past the allocation */
+	CHECK_EQ_INT(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &t), -EINVAL);
+	t = b.t;
+	t.y = b.x;
+	t.n_y = 1;
+	CHECK_EQ_INT(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &t), -EINVAL);
+	CHECK(strstr(hyb_device_error(b.d), "y overlaps x"));
+	hyb_device_close(b.d);
+
+	/* bad lists: the device faults */
+	static const uint32_t bad[][6] = {
+		{ 6, 0, 0, 0, 0, 1 },  /* slot 6 of 6 */
+		{ 0, 5, 0, 0, 0, 1 },  /* x row 5 of 5 */
+		{ 0, 0, 1, 1, 1, 1 },  /* y row 1 twice */
+	};
+	for (int k = 0; k < 4; k++) {
+		tab_init(&b);
+		tab_y(&b, want);
+		if (k < 3)
+			tab_list(&b, bad[k], 2);
+		else
+			tab_list(&b, list, 17); /* a count above max */
+		CHECK_EQ_INT(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &b.t), -EIO);
+		CHECK_MSG(strstr(hyb_device_error(b.d), "matvec table"), "%s", hyb_device_error(b.d));
+		hyb_device_close(b.d);
+	}
+}
+
+/* In a graph: the list changes between launches, as a router's choice does. */
+TEST(dev_matvec_table_in_a_graph)
+{
+	static const uint32_t lists[3][7] = {
+		{ 2, 1, 0, 0, 2, 1, 1 }, { 1, 5, 4, 4, 0, 0, 0 }, { 2, 0, 1, 2, 3, 2, 3 },
+	};
+	struct tab b, r;
+	struct hyb_device_graph *g = NULL;
+	uint32_t *hl;
+	float y[T_ROWS * T_OUT], want[T_ROWS * T_OUT];
+
+	tab_init(&b);
+	tab_init(&r);
+	hl = hyb_device_host_alloc(b.d, 4 + 12 * 16);
+	CHECK(hl);
+	CHECK(hyb_device_capture_begin(b.d, HYB_STREAM_COMPUTE) == 0);
+	CHECK(hyb_device_h2d(b.d, HYB_STREAM_COMPUTE, b.items, hl, 4 + 12 * 16) == 0);
+	CHECK(hyb_device_matvec_table(b.d, HYB_STREAM_COMPUTE, &b.t) == 0);
+	CHECK_MSG(hyb_device_capture_end(b.d, &g) == 0, "%s", hyb_device_error(b.d));
+	for (int i = 0; i < 3; i++) {
+		memcpy(hl, lists[i], sizeof(lists[i]));
+		CHECK(hyb_device_graph_launch(b.d, g) == 0);
+		tab_y(&b, y);
+		tab_list(&r, lists[i] + 1, lists[i][0]);
+		CHECK(hyb_device_matvec_table(r.d, HYB_STREAM_COMPUTE, &r.t) == 0);
+		tab_y(&r, want);
+		CHECK_MSG(!memcmp(y, want, sizeof(y)), "launch %d", i);
+	}
+	hyb_device_graph_free(b.d, g);
+	hyb_device_host_free(b.d, hl);
+	hyb_device_close(b.d);
+	hyb_device_close(r.d);
 }

@@ -291,6 +291,35 @@ int hyb_device_matvec_group(struct hyb_device *d, enum hyb_stream s,
 bool hyb_device_matvec_type_ok(uint32_t type);
 
 /*
+ * Matvecs listed in device memory, read when the kernel runs: a graph's
+ * step, where the router's choice is known only then (docs/DEVICE.md
+ * "Graphs"). items: a uint32 count, then count triples (slot, x row, y
+ * row); item i is hyb_device_matvec of type, n_in, n_out and accumulate
+ * over w + slot * w_stride, x + row * 4 n_in and y + row * 4 n_out, with
+ * its bits. Indices, not addresses: whatever the list holds, the kernel
+ * touches nothing outside the arrays given here. A count above max, a slot
+ * >= n_w, a row >= n_x or n_y, or two items writing one y row fault the
+ * device (-EIO at the next call that waits); a bad item writes nothing
+ * (the CPU device checks the whole list first and writes nothing at all).
+ */
+struct hyb_dev_matvec_table {
+	uint32_t type;            /* hyb_device_matvec_type_ok() */
+	uint32_t n_in, n_out;
+	bool accumulate;
+	hyb_dptr w;               /* n_w slots w_stride apart (a multiple of 16) */
+	uint64_t w_stride;
+	uint32_t n_w;
+	hyb_dptr x;               /* float [n_x][n_in] */
+	uint32_t n_x;
+	hyb_dptr y;               /* float [n_y][n_out], disjoint from x, w, items */
+	uint32_t n_y;
+	hyb_dptr items;           /* uint32 [1 + 3 max], 4-byte aligned */
+	uint32_t max;             /* 1 .. HYB_DEVICE_GROUP_MAX */
+};
+int hyb_device_matvec_table(struct hyb_device *d, enum hyb_stream s,
+			    const struct hyb_dev_matvec_table *t);
+
+/*
  * TEAL's input-sparse projection (docs/SPARSITY.md#teal; libhyb/sparse/teal.h):
  *   y[0..n_out) = sum over inputs i with |x[i]| > thr of x[i] * row_i,
  * the inputs in increasing order, W stored transposed as TEAL's layout
