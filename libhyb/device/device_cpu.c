@@ -1158,11 +1158,18 @@ static int cpu_matvec_table(struct hyb_device *d, enum hyb_stream s,
 		leave(c, r0);
 		return rc;
 	}
+	/* what the listed items touch, not the arrays': other slots may be loading meanwhile */
 	op_begin(c, "a matvec table kernel");
-	span(c, (const void *)(uintptr_t)t->items, 4 + 12ull * t->max, false);
-	span(c, (const void *)(uintptr_t)t->w, (t->n_w - 1) * t->w_stride + rb * t->n_out, false);
-	span(c, (const void *)(uintptr_t)t->x, 4ull * t->n_in * t->n_x, false);
-	span(c, (const void *)(uintptr_t)t->y, 4ull * t->n_out * t->n_y, true);
+	span(c, (const void *)(uintptr_t)t->items, 4 + 12ull * n, false);
+	for (uint32_t i = 0; i < n; i++) {
+		const uint32_t *e = it + 1 + 3 * i;
+
+		span(c, (const void *)(uintptr_t)(t->w + e[0] * t->w_stride), rb * t->n_out, false);
+		span(c, (const void *)(uintptr_t)(t->x + 4ull * t->n_in * e[1]), 4ull * t->n_in,
+		     false);
+		span(c, (const void *)(uintptr_t)(t->y + 4ull * t->n_out * e[2]), 4ull * t->n_out,
+		     true);
+	}
 	rc = kernel_done(c, s, bytes, 2.0 * (double)n * t->n_in * t->n_out);
 	leave(c, r0);
 	return rc;

@@ -690,7 +690,8 @@ static int attention_teal(struct hyb_hdense *hd, uint32_t l, const struct hyb_de
 	return 0;
 }
 
-int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
+/* pos_at: a graph's step, the position read from device memory (pos is the watermark's) */
+static int attention_one(struct hyb_hdense *hd, uint32_t l, uint32_t pos, hyb_dptr pos_at)
 {
 	const struct hyb_hparams *hp = &hd->m->hp;
 	const struct hyb_layer *L = &hd->m->layers[l];
@@ -712,6 +713,7 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	a.kcache = d->kc;
 	a.vcache = d->vc;
 	a.out = hd->att;
+	a.pos_at = pos_at;
 	if (d->teal) {
 		if (attention_teal(hd, l, &a))
 			return -1;
@@ -726,8 +728,22 @@ int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
 	    attn_out(hd, l, hd->att, hd->x, xn, 1) ||
 	    hyb_device_rmsnorm(dev, s, xn, hd->x, d->ffn_norm, hd->E, hp->rms_eps))
 		return -1;
-	hyb_hdense_kv_dev_wrote(hd, l, pos + 1);
+	if (!pos_at)
+		hyb_hdense_kv_dev_wrote(hd, l, pos + 1);
 	return 0;
+}
+
+int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos)
+{
+	return attention_one(hd, l, pos, 0);
+}
+
+int hyb_hdense_attention_at(struct hyb_hdense *hd, uint32_t l, hyb_dptr pos_at)
+{
+	/* TEAL's projections are the step's own choice: not in a graph */
+	if (hd->lay[l].teal || !pos_at)
+		return -EINVAL;
+	return attention_one(hd, l, hd->lay[l].dev_n, pos_at);
 }
 
 int hyb_hdense_qkv_batch(struct hyb_hdense *hd, uint32_t l, uint32_t n,
@@ -812,7 +828,7 @@ int hyb_hdense_attention_batch(struct hyb_hdense *hd, uint32_t l, uint32_t pos, 
 	return 0;
 }
 
-int hyb_hdense_head(struct hyb_hdense *hd, float *logits)
+int hyb_hdense_head_queue(struct hyb_hdense *hd, struct hyb_device_event **ev)
 {
 	const struct hyb_model *m = hd->m;
 	const hyb_dptr xn = hyb_hdense_xn(hd);
@@ -820,6 +836,7 @@ int hyb_hdense_head(struct hyb_hdense *hd, float *logits)
 
 	if (!hd->head)
 		return -EINVAL;
+	*ev = hd->ev_head;
 	if (hyb_device_rmsnorm(hd->dev, HYB_STREAM_COMPUTE, xn, hd->x, hd->out_norm, hd->E,
 			       m->hp.rms_eps) ||
 	    hyb_device_matvec(hd->dev, HYB_STREAM_COMPUTE, &o) ||
@@ -827,8 +844,23 @@ int hyb_hdense_head(struct hyb_hdense *hd, float *logits)
 	    hyb_device_wait(hd->dev, HYB_STREAM_CRITICAL, hd->ev_head) ||
 	    hyb_device_d2h(hd->dev, HYB_STREAM_CRITICAL, hd->h_logits, hd->logits,
 			   sizeof(float) * hd->V) ||
-	    hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_head) ||
-	    hyb_device_sync(hd->dev, hd->ev_head))
+	    hyb_device_record(hd->dev, HYB_STREAM_CRITICAL, hd->ev_head))
+		return -1;
+	return 0;
+}
+
+const float *hyb_hdense_head_logits(const struct hyb_hdense *hd)
+{
+	return hd->h_logits;
+}
+
+int hyb_hdense_head(struct hyb_hdense *hd, float *logits)
+{
+	struct hyb_device_event *ev;
+
+	if (hyb_hdense_head_queue(hd, &ev))
+		return -1;
+	if (hyb_device_sync(hd->dev, ev))
 		return -1;
 	memcpy(logits, hd->h_logits, sizeof(float) * hd->V);
 	return 0;

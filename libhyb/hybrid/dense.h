@@ -139,6 +139,16 @@ const float *hyb_hdense_predicted_scores(const struct hyb_hdense *hd, int slot);
 int hyb_hdense_attention(struct hyb_hdense *hd, uint32_t l, uint32_t pos);
 /* logits[n_vocab] of the token in x (out_norm, output), copied back and waited for. */
 int hyb_hdense_head(struct hyb_hdense *hd, float *logits);
+/*
+ * A graph's step (docs/DEVICE.md "Graphs"): layer l's block with the
+ * position read from device memory at pos_at (the KV watermark is the
+ * caller's to move, hyb_hdense_kv_dev_wrote, once the step ran; a TEAL
+ * layer: -EINVAL); the head queued, its logits landing in
+ * hyb_hdense_head_logits (pinned) when *ev completes.
+ */
+int hyb_hdense_attention_at(struct hyb_hdense *hd, uint32_t l, hyb_dptr pos_at);
+int hyb_hdense_head_queue(struct hyb_hdense *hd, struct hyb_device_event **ev);
+const float *hyb_hdense_head_logits(const struct hyb_hdense *hd);
 
 /*
  * A prompt batch's buffers in device memory (docs/HYBRID.md, "Prompts"):

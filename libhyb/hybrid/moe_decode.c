@@ -24,6 +24,7 @@
 #include "dense.h"
 #include "forward/forward_internal.h"
 #include "forward/moe.h"
+#include "moe_graph.h"
 #include "moe_hybrid.h"
 #include "util/error.h"
 
@@ -56,7 +57,7 @@ static int attention_dev(struct hyb_ctx *c, struct hyb_hdense *hd, struct hyb_de
 	return 0;
 }
 
-static int ffn(struct hyb_ctx *c, uint32_t l, char *err, size_t errlen)
+int hyb_moe_decode_ffn(struct hyb_ctx *c, uint32_t l, char *err, size_t errlen)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
 	const uint32_t E = hp->n_embd;
@@ -83,6 +84,20 @@ int hyb_moe_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char 
 	const struct hyb_hparams *hp = &c->m->hp;
 	double t0, attn_s = 0, head_s;
 
+	if (hyb_moe_hybrid_graph_wanted(c->moe_hybrid)) {
+		struct hyb_moe_graph *g = hyb_moe_hybrid_graph(c->moe_hybrid);
+		char why[160];
+
+		if (!g && !(g = hyb_moe_graph_new(c, why, sizeof(why))))
+			hyb_moe_hybrid_graph_off(c->moe_hybrid, why);
+		if (g) {
+			if (!hyb_moe_graph_step(g, token, logits, err, errlen))
+				return 0;
+			/* the context goes on without graphs; this step fails */
+			hyb_moe_hybrid_graph_off(c->moe_hybrid, err);
+			return -1;
+		}
+	}
 	hyb_fwd_embed(c, &token, 1);
 	/* the prompt's rows (processed on the CPU) for the layers on the device */
 	if (hyb_hdense_kv_up(hd, c->kcache, c->vcache, c->n_past))
@@ -98,7 +113,7 @@ int hyb_moe_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char 
 		}
 		attn_s += hyb_device_now(d) - t0;
 		hyb_moe_hybrid_xn_on_device(c->moe_hybrid, hyb_hdense_layer_on(hd, l));
-		const int rc = ffn(c, l, err, errlen);
+		const int rc = hyb_moe_decode_ffn(c, l, err, errlen);
 
 		hyb_moe_hybrid_xn_on_device(c->moe_hybrid, false);
 		if (rc)

@@ -43,9 +43,11 @@
 #include <string.h>
 
 #include "hyb/balancer.h"
+#include "hyb/clock.h"
 #include "hyb/device.h"
 #include "hyb/tensor_type.h"
 #include "dense.h"
+#include "moe_graph.h"
 
 #define SLOT_ALIGN 256 /* offsets of the three matrices in a slot (kernels need 2-4 bytes) */
 
@@ -110,6 +112,23 @@ struct hyb_moe_hybrid {
 	uint64_t rt_bytes;
 	struct hyb_hybrid_layer_stats *lst; /* [n_moe] */
 	struct hyb_hybrid_stats st;
+	/*
+	 * Graph steps (moe_graph.c): begin and end run on the step's executor
+	 * thread, inside the graph's host functions' handshakes, and make no
+	 * device call. They read the slots' load state from landed (brought up
+	 * to date before each step), write the device experts' lists for the
+	 * captured table kernels, and leave the loads they decide in pend, for
+	 * the step's end to issue.
+	 */
+	struct hyb_moe_graph *graph;
+	bool stepping;                   /* inside a graph step (prompt passes are not) */
+	bool want_graph;
+	char graph_note[160];            /* why steps are not graphs (hyb_hybrid_offload) */
+	bool *landed;                    /* [n_slots] */
+	uint32_t *pend, n_pend;          /* [n_slots] slots whose loads wait for the step's end */
+	hyb_dptr d_list;                 /* uint32 [2][1 + 3K]: gate and up's list, down's */
+	uint32_t *h_list;
+	double t_graph;                  /* host clock at begin (graph steps) */
 };
 
 static int dev_fail(struct hyb_moe_hybrid *h, char *err, size_t errlen, const char *what)
@@ -123,13 +142,14 @@ static const struct hyb_layer *layer(const struct hyb_moe_hybrid *h, uint32_t lm
 	return &h->m->layers[h->lead + lm];
 }
 
-/* Expert e's three matrices of layer lm into slot s, on RELOAD. */
-static int load_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t s)
+/* Slot s's expert's three matrices into it, on RELOAD, then its event. */
+static int issue_load(struct hyb_moe_hybrid *h, uint32_t s)
 {
+	struct slot *sl = &h->slots[s];
+	const uint32_t lm = (uint32_t)sl->layer, e = (uint32_t)sl->expert;
 	const struct hyb_layer *L = layer(h, lm);
 	const struct hyb_weight *w[3] = { &L->gate_exps, &L->up_exps, &L->down_exps };
 	const uint64_t off[3] = { 0, h->off_up, h->off_down };
-	struct slot *sl = &h->slots[s];
 
 	for (int i = 0; i < 3; i++) {
 		/* one copy, or one per node where the rows are split (docs/NUMA.md) */
@@ -143,14 +163,28 @@ static int load_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32
 			h->st.load_bytes += bytes;
 		}
 	}
-	if (hyb_device_record(h->dev, HYB_STREAM_RELOAD, sl->ev))
-		return -1;
+	return hyb_device_record(h->dev, HYB_STREAM_RELOAD, sl->ev);
+}
+
+/*
+ * Expert e of layer lm into slot s: issued now, or in a graph step once the
+ * step has run (its executor makes no device call), not landed till then.
+ */
+static int load_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, uint32_t s)
+{
+	struct slot *sl = &h->slots[s];
+
 	sl->layer = (int32_t)lm;
 	sl->expert = (int32_t)e;
 	h->table[(size_t)lm * h->X + e] = (int32_t)s;
 	h->st.loads++;
 	h->lst[lm].loads++;
-	return 0;
+	if (h->stepping) {
+		h->landed[s] = false;
+		h->pend[h->n_pend++] = s;
+		return 0;
+	}
+	return issue_load(h, s);
 }
 
 static void evict_expert(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e)
@@ -237,8 +271,10 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
 	/* a token's input and each pair's activations and output (rows: 1 and K with one
 	 * sequence, a pass's pairs with several) */
 	const uint64_t in = h->rows > h->K ? h->rows : 1, mid = h->rows;
+	/* graph steps: the two lists, then the step's position */
+	const uint64_t list = h->want_graph && h->rows == h->K ? 8ull * (1 + 3 * h->K) + 4 : 0;
 	const uint64_t bufs = up_align(4ull * in * h->E) + 2 * up_align(4ull * mid * h->F) +
-			      up_align(4ull * h->rows * h->E);
+			      up_align(4ull * h->rows * h->E) + up_align(list);
 
 	if (budget <= bufs || (budget - bufs) / h->slot_bytes == 0) {
 		snprintf(err, errlen, "expert cache: a budget of %.1f MB holds no expert (one is "
@@ -270,6 +306,17 @@ static int alloc_device(struct hyb_moe_hybrid *h, uint64_t budget, char *err, si
 		h->free[s] = h->n_slots - 1 - s;
 	}
 	h->n_free = h->n_slots;
+	if (list) { /* graph steps (moe_graph.c) */
+		h->landed = calloc(h->n_slots, sizeof(bool));
+		h->pend = malloc(sizeof(uint32_t) * h->n_slots);
+		h->h_list = hyb_device_host_alloc(h->dev, list);
+		if (!h->landed || !h->pend || !h->h_list ||
+		    hyb_device_alloc(h->dev, list, &h->d_list)) {
+			snprintf(err, errlen, "expert cache: graph step buffers: %s",
+				 hyb_device_error(h->dev));
+			return -1;
+		}
+	}
 	if (!(h->ev_k = hyb_device_event_new_timed(h->dev)) ||
 	    !(h->ev_out = hyb_device_event_new(h->dev)))
 		return dev_fail(h, err, errlen, "events");
@@ -485,6 +532,7 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	}
 	h->m = m;
 	h->policy = p->policy;
+	h->want_graph = p->graph;
 	h->lead = hp->n_dense_lead;
 	h->n_moe = hp->n_layer - hp->n_dense_lead;
 	h->X = hp->n_expert;
@@ -562,6 +610,12 @@ struct hyb_moe_hybrid *hyb_moe_hybrid_new(const struct hyb_model *m,
 	}
 	if (warm_start(h, err, errlen))
 		goto fail;
+	if (h->want_graph) {
+		const char *why = hyb_moe_hybrid_graph_refusal(h);
+
+		if (why)
+			hyb_moe_hybrid_graph_off(h, why);
+	}
 	return h;
 fail:
 	hyb_moe_hybrid_free(h);
@@ -572,6 +626,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 {
 	if (!h)
 		return;
+	hyb_moe_graph_free(h->graph); /* its executor first: it uses the rest */
 	hyb_hdense_free(h->hd);
 	if (h->dev) {
 		for (uint32_t s = 0; h->slots && s < h->n_slots; s++)
@@ -587,6 +642,7 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 		hyb_device_host_free(h->dev, h->h_y);
 		hyb_device_host_free(h->dev, h->h_so);
 		hyb_device_host_free(h->dev, h->h_logits);
+		hyb_device_host_free(h->dev, h->h_list);
 		if (h->ev_rt)
 			hyb_device_event_free(h->dev, h->ev_rt);
 		hyb_device_close(h->dev); /* waits for queued work, frees its memory */
@@ -605,6 +661,8 @@ void hyb_moe_hybrid_free(struct hyb_moe_hybrid *h)
 	free(h->table);
 	free(h->fb);
 	free(h->predicted);
+	free(h->landed);
+	free(h->pend);
 	free(h->sh_w);
 	free(h->rt_w);
 	free(h->lst);
@@ -621,7 +679,7 @@ static bool ready(struct hyb_moe_hybrid *h, uint32_t lm, uint32_t e, bool *late)
 	*late = false;
 	if (s < 0)
 		return false;
-	if (hyb_device_done(h->dev, h->slots[s].ev))
+	if (h->stepping ? h->landed[s] : hyb_device_done(h->dev, h->slots[s].ev))
 		return true;
 	*late = true;
 	return false;
@@ -763,7 +821,7 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 			 "at most)", n, nf, l, h->rows);
 		return -1;
 	}
-	if (l == h->lead) {
+	if (l == h->lead && !h->stepping) { /* a graph step: hyb_moe_hybrid_step_begin */
 		const double now = hyb_device_now(h->dev);
 
 		if (h->t_token_last > 0)
@@ -771,7 +829,10 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 		h->t_token_last = now;
 		h->st.tokens += nf;
 	}
-	h->t_begin = hyb_device_now(h->dev);
+	if (h->stepping)
+		h->t_graph = hyb_now();
+	else
+		h->t_begin = hyb_device_now(h->dev);
 	h->n_dev = 0;
 	h->fb[lm].late = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -797,6 +858,20 @@ int hyb_moe_hybrid_begin(struct hyb_moe_hybrid *h, uint32_t l, const float *xn, 
 	h->lst[lm].active_dev += rows;
 	h->st.late += h->fb[lm].late;
 	h->sh_now = nf == 1 && h->sh_w && h->sh_w[(size_t)lm * 4 + 1];
+	if (h->stepping) {
+		/* the lists the captured kernels read: gate and up from xn, down from their rows */
+		uint32_t *gu = h->h_list, *dn = h->h_list + 1 + 3 * h->K;
+
+		gu[0] = dn[0] = h->n_dev;
+		for (uint32_t i = 0; i < h->n_dev; i++) {
+			const uint32_t s = (uint32_t)h->table[(size_t)lm * h->X + h->dev_e[i]];
+
+			memcpy(gu + 1 + 3 * i, (const uint32_t[]){ s, 0, i }, 12);
+			memcpy(dn + 1 + 3 * i, (const uint32_t[]){ s, i, i }, 12);
+		}
+		hyb_moe_graph_list_ready(h->graph);
+		return (int)n_cpu;
+	}
 	if (!h->n_dev && !h->sh_now)
 		return (int)n_cpu;
 	if (xn_on_dev) {
@@ -843,7 +918,8 @@ static uint32_t loads_in_flight(struct hyb_moe_hybrid *h)
 	uint32_t n = 0;
 
 	for (uint32_t s = 0; s < h->n_slots; s++)
-		if (h->slots[s].layer >= 0 && !hyb_device_done(h->dev, h->slots[s].ev))
+		if (h->slots[s].layer >= 0 &&
+		    !(h->stepping ? h->landed[s] : hyb_device_done(h->dev, h->slots[s].ev)))
 			n++;
 	return n;
 }
@@ -900,9 +976,24 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 {
 	const uint32_t lm = l - h->lead;
 	struct hyb_balancer_feedback *fb = &h->fb[lm];
-	double t0 = hyb_device_now(h->dev), t1;
+	/* a graph step's executor: the host clock (the device's is the launching thread's) */
+	double t0 = h->stepping ? hyb_now() : hyb_device_now(h->dev), t1;
 
-	if (h->n_dev || h->sh_now) {
+	if (h->stepping) {
+		if (hyb_moe_graph_outputs(h->graph)) {
+			snprintf(err, errlen, "expert cache: the step's graph failed");
+			return -1;
+		}
+		t1 = hyb_now();
+		h->st.stall_s += t1 - t0;
+		h->lst[lm].stall_s += t1 - t0;
+		fb->stall_s = t1 - t0;
+		fb->dev_s = t1 - h->t_graph;
+		for (uint32_t i = 0; i < n - n_cpu; i++)
+			memcpy(out + (size_t)start[active[n_cpu + i]] * h->E,
+			       h->h_y + (size_t)h->dev_r0[i] * h->E,
+			       4ull * h->E * (h->dev_r0[i + 1] - h->dev_r0[i]));
+	} else if (h->n_dev || h->sh_now) {
 		double k_s;
 
 		if (hyb_device_sync(h->dev, h->ev_out))
@@ -929,7 +1020,7 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 	fb->cpu_s = cpu_s;
 	fb->n_active = n;
 	fb->backlog_s = loads_in_flight(h) * h->group_load_s;
-	t0 = hyb_device_now(h->dev);
+	t0 = h->stepping ? hyb_now() : hyb_device_now(h->dev);
 	/*
 	 * This layer for the next token, unless the layer before decided it for
 	 * this one from its prediction; the next layer for this token from
@@ -950,7 +1041,7 @@ int hyb_moe_hybrid_end(struct hyb_moe_hybrid *h, uint32_t l, const uint32_t *act
 			return -1;
 		h->predicted[lm + 1] = true;
 	}
-	h->st.balancer_s += hyb_device_now(h->dev) - t0;
+	h->st.balancer_s += (h->stepping ? hyb_now() : hyb_device_now(h->dev)) - t0;
 	return 0;
 }
 
@@ -998,6 +1089,10 @@ int hyb_moe_hybrid_router_down(struct hyb_moe_hybrid *h)
 
 int hyb_moe_hybrid_router_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits)
 {
+	if (h->stepping) { /* landed before the step's host function handed the layer over */
+		memcpy(logits, h->h_logits, 4ull * h->X);
+		return 1;
+	}
 	if (!h->rt_pending || h->rt_layer != l)
 		return 0;
 	h->rt_pending = false;
@@ -1009,6 +1104,14 @@ int hyb_moe_hybrid_router_logits(struct hyb_moe_hybrid *h, uint32_t l, float *lo
 
 bool hyb_moe_hybrid_router_next_logits(struct hyb_moe_hybrid *h, uint32_t l, float *logits)
 {
+	if (h->stepping) { /* the row came down with the layer's (router_down at the capture) */
+		const uint32_t lm = l - h->lead;
+
+		if (!h->prefetch || lm + 1 >= h->n_moe || !h->rt_w[lm + 1])
+			return false;
+		memcpy(logits, h->h_logits + h->X, 4ull * h->X);
+		return true;
+	}
 	/* (router_logits waited for both rows) */
 	if (!h->rt_next || h->rt_pending || h->rt_layer != l)
 		return false;
@@ -1026,6 +1129,145 @@ bool hyb_moe_hybrid_shared_out(struct hyb_moe_hybrid *h, float *so, float *logit
 	if (logit)
 		*logit = h->h_so[h->E];
 	return true;
+}
+
+/* ---- graph steps (moe_graph.c) ------------------------------------------------------- */
+
+const char *hyb_moe_hybrid_graph_refusal(const struct hyb_moe_hybrid *h)
+{
+	if (!h->want_graph)
+		return "not asked for";
+	if (!h->hd || !hyb_hdense_head_on(h->hd))
+		return "the head is not on the device";
+	for (uint32_t l = 0; l < h->m->hp.n_layer; l++)
+		if (!hyb_hdense_layer_on(h->hd, l) || hyb_hdense_teal_on(h->hd, l))
+			return "not every attention block is on the device (or TEAL's)";
+	if (!h->rt_w)
+		return "the routers are not on the device";
+	for (uint32_t lm = 0; lm < h->n_moe; lm++)
+		if (!h->rt_w[lm])
+			return "a router is not on the device";
+	if (h->rows != h->K)
+		return "several sequences";
+	if (!h->d_list)
+		return "no room for the step's lists";
+	return NULL;
+}
+
+hyb_dptr hyb_moe_hybrid_pos_at(const struct hyb_moe_hybrid *h)
+{
+	return h->d_list + 8ull * (1 + 3 * h->K);
+}
+
+uint32_t *hyb_moe_hybrid_host_pos(const struct hyb_moe_hybrid *h)
+{
+	return h->h_list + 2 * (1 + 3 * h->K);
+}
+
+struct hyb_moe_graph *hyb_moe_hybrid_graph(const struct hyb_moe_hybrid *h)
+{
+	return h->graph;
+}
+
+bool hyb_moe_hybrid_graph_wanted(const struct hyb_moe_hybrid *h)
+{
+	return h->want_graph;
+}
+
+void hyb_moe_hybrid_graph_off(struct hyb_moe_hybrid *h, const char *why)
+{
+	struct hyb_moe_graph *g = h->graph;
+
+	h->want_graph = false;
+	snprintf(h->graph_note, sizeof(h->graph_note), "queued as they go, not one graph a step: %s",
+		 why);
+	hyb_moe_graph_free(g); /* clears h->graph */
+}
+
+void hyb_moe_hybrid_set_graph(struct hyb_moe_hybrid *h, struct hyb_moe_graph *g)
+{
+	/* loads a failed step decided and did not issue: issued now, or the slot reads as loaded */
+	for (uint32_t i = 0; !g && i < h->n_pend; i++)
+		if (h->slots[h->pend[i]].layer >= 0)
+			issue_load(h, h->pend[i]);
+	h->n_pend = 0;
+	h->stepping = false;
+	h->graph = g;
+	if (g) /* what has landed so far: hyb_moe_hybrid_step_begin keeps it current */
+		for (uint32_t s = 0; s < h->n_slots; s++)
+			h->landed[s] = false;
+}
+
+void hyb_moe_hybrid_step_begin(struct hyb_moe_hybrid *h)
+{
+	const double now = hyb_device_now(h->dev);
+
+	if (h->t_token_last > 0)
+		h->token_s = now - h->t_token_last;
+	h->t_token_last = now;
+	h->st.tokens++;
+	h->stepping = true;
+	for (uint32_t s = 0; s < h->n_slots; s++)
+		if (h->slots[s].layer >= 0 && !h->landed[s])
+			h->landed[s] = hyb_device_done(h->dev, h->slots[s].ev);
+}
+
+int hyb_moe_hybrid_step_end(struct hyb_moe_hybrid *h, char *err, size_t errlen)
+{
+	const double t0 = hyb_device_now(h->dev);
+
+	h->stepping = false;
+	/* the capture's queueing left the last layer's router looking pending */
+	h->rt_pending = h->rt_next = false;
+	for (uint32_t i = 0; i < h->n_pend; i++)
+		if (h->slots[h->pend[i]].layer >= 0 && issue_load(h, h->pend[i])) {
+			h->n_pend = 0;
+			return dev_fail(h, err, errlen, "loading experts");
+		}
+	h->n_pend = 0;
+	h->st.balancer_s += hyb_device_now(h->dev) - t0;
+	return 0;
+}
+
+int hyb_moe_hybrid_queue_layer(struct hyb_moe_hybrid *h, uint32_t l)
+{
+	const uint32_t lm = l - h->lead, K = h->K;
+	const struct hyb_layer *L = layer(h, lm);
+	const hyb_dptr xn = hyb_hdense_xn(h->hd);
+	const struct hyb_dev_matvec_table gate = {
+		.type = L->gate_exps.type, .n_in = h->E, .n_out = h->F, .w = h->cache,
+		.w_stride = h->slot_bytes, .n_w = h->n_slots, .x = xn, .n_x = 1, .y = h->d_g,
+		.n_y = K, .items = h->d_list, .max = K,
+	};
+	struct hyb_dev_matvec_table up = gate, down = gate;
+	const bool sh = h->sh_w && h->sh_w[(size_t)lm * 4 + 1];
+
+	up.type = L->up_exps.type;
+	up.w = h->cache + h->off_up;
+	up.y = h->d_u;
+	down = (struct hyb_dev_matvec_table){
+		.type = L->down_exps.type, .n_in = h->F, .n_out = h->E, .w = h->cache + h->off_down,
+		.w_stride = h->slot_bytes, .n_w = h->n_slots, .x = h->d_g, .n_x = K, .y = h->d_y,
+		.n_y = K, .items = h->d_list + 4ull * (1 + 3 * K), .max = K,
+	};
+	/* the lists the layer's host function wrote; every row, used or not, is activated */
+	if (hyb_device_h2d(h->dev, HYB_STREAM_CRITICAL, h->d_list, h->h_list,
+			   8ull * (1 + 3 * K)) ||
+	    hyb_device_record(h->dev, HYB_STREAM_CRITICAL, h->ev_in) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_COMPUTE, h->ev_in) ||
+	    hyb_device_matvec_table(h->dev, HYB_STREAM_COMPUTE, &gate) ||
+	    hyb_device_matvec_table(h->dev, HYB_STREAM_COMPUTE, &up) ||
+	    hyb_device_ffn_act(h->dev, HYB_STREAM_COMPUTE, h->d_g, h->d_u, K * h->F,
+			       h->m->hp.act) ||
+	    hyb_device_matvec_table(h->dev, HYB_STREAM_COMPUTE, &down) ||
+	    (sh && queue_shared(h, lm, xn)) ||
+	    hyb_device_record(h->dev, HYB_STREAM_COMPUTE, h->ev_k) ||
+	    hyb_device_wait(h->dev, HYB_STREAM_CRITICAL, h->ev_k) ||
+	    hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_y, h->d_y, 4ull * K * h->E) ||
+	    (sh && hyb_device_d2h(h->dev, HYB_STREAM_CRITICAL, h->h_so, h->d_so,
+				  4ull * (h->E + 1))))
+		return -1;
+	return 0;
 }
 
 /* ---- what it did ---------------------------------------------------------------------- */
@@ -1086,6 +1328,9 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	out->experts = true;
 	out->shared_bytes = h->sh_bytes;
 	out->router_bytes = h->rt_bytes;
+	snprintf(out->graph_note, sizeof(out->graph_note), "%s",
+		 h->graph ? "one device graph a step" :
+		 h->graph_note[0] ? h->graph_note : "queued as they go (--graph: one graph a step)");
 	if (h->hd) {
 		out->attn_layers = hyb_hdense_layers_on(h->hd);
 		out->head = hyb_hdense_head_on(h->hd);

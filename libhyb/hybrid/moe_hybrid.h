@@ -110,10 +110,34 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
  */
 int hyb_moe_decode_hybrid(struct hyb_ctx *c, int32_t token, float *logits, char *err,
 			  size_t errlen);
+/* Layer l's FFN of a decode step on c->xn, then the residual: c->x += it. 0, or -1 with err. */
+int hyb_moe_decode_ffn(struct hyb_ctx *c, uint32_t l, char *err, size_t errlen);
 /* KV rows: the device's to the host before a CPU prompt pass, the host's written after it. */
 int hyb_moe_decode_kv_to_host(struct hyb_ctx *c, char *err, size_t errlen);
 void hyb_moe_decode_kv_host_wrote(struct hyb_ctx *c);
 void hyb_moe_decode_reset(struct hyb_ctx *c);
+
+/*
+ * Graph steps (moe_graph.c, docs/MOE.md "One graph a step"). refusal: why
+ * this placement cannot take them (NULL: it can). set_graph: begin and end
+ * run on g's executor from now on (NULL: as before). step_begin (before a
+ * step's launch): the slots' load state as the step will see it; step_end
+ * (after it ran): the loads the step's decisions left, issued. queue_layer:
+ * layer l's device experts through the lists begin writes, the shared
+ * expert, their outputs down. pos_at, host_pos: the step's position word.
+ */
+struct hyb_moe_graph;
+const char *hyb_moe_hybrid_graph_refusal(const struct hyb_moe_hybrid *h);
+void hyb_moe_hybrid_set_graph(struct hyb_moe_hybrid *h, struct hyb_moe_graph *g);
+struct hyb_moe_graph *hyb_moe_hybrid_graph(const struct hyb_moe_hybrid *h);
+/* asked for, and not turned off: off frees the graph, says why in the offload's note */
+bool hyb_moe_hybrid_graph_wanted(const struct hyb_moe_hybrid *h);
+void hyb_moe_hybrid_graph_off(struct hyb_moe_hybrid *h, const char *why);
+void hyb_moe_hybrid_step_begin(struct hyb_moe_hybrid *h);
+int hyb_moe_hybrid_step_end(struct hyb_moe_hybrid *h, char *err, size_t errlen);
+int hyb_moe_hybrid_queue_layer(struct hyb_moe_hybrid *h, uint32_t l);
+hyb_dptr hyb_moe_hybrid_pos_at(const struct hyb_moe_hybrid *h);
+uint32_t *hyb_moe_hybrid_host_pos(const struct hyb_moe_hybrid *h);
 
 /* out[l * n_expert + e]: the slot of expert e of layer l, or -1 */
 int hyb_moe_hybrid_table(const struct hyb_moe_hybrid *h, int32_t *out);

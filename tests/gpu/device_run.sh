@@ -112,10 +112,20 @@ moe_model() {
 }
 # the expert cache on the GPU (docs/MOE.md): its dev ms a token with a layer's
 # experts in one launch per matrix (0.10 ms in the CPU device's model)
+# experts in one launch per matrix (0.10 ms in the CPU device's model); then
+# each step one device graph (--graph, KTransformers 3.3), alternated with the
+# queued steps twice: the graph's gain is the launches' and host waits' time
 moe_all() {
 	[ -f $moe_p ] || moe_model || return 1
 	build/hyb bench -m $moe_m --routing $moe_p --device cuda --gpu-budget 25% \
 		--policies static,lru,tam-adaptive -n 64 -r "${REPS:-1}"
+	for i in 1 2; do
+		for g in "" --graph; do
+			echo "== steps ${g:-queued}"
+			build/hyb bench -m $moe_m --routing $moe_p --device cuda --gpu-budget 25% \
+				--policies static,tam-adaptive -n 64 $g 2>&1 | grep -E "^(static|tam)"
+		done
+	done
 }
 part_test() {
 	[ "$what" = all ] && { model & echo $! > /tmp/hyb_model_pid; }

@@ -74,7 +74,8 @@ static int decode_defer(struct hyb_model *m, const struct hyb_hybrid_params *hy,
 	if (pl)
 		hyb_ctx_hybrid_offload(c, pl);
 	/* a second prompt after decoding */
-	CHECK(!hyb_ctx_eval(c, toks, 3, lg + (size_t)(N_GEN + 1) * V, false));
+	CHECK_MSG(!hyb_ctx_eval(c, toks, 3, lg + (size_t)(N_GEN + 1) * V, false), "%s",
+		  hyb_last_error());
 	free(last);
 	hyb_ctx_free(c);
 	return 0;
@@ -411,6 +412,78 @@ TEST(moe_hybrid_several_sequences_keep_the_cpu_bits)
 		hyb_ctx_free(c);
 		free(want);
 		free(got);
+		hyb_model_free(m);
+	}
+}
+
+/*
+ * One device graph a step (moe_graph.c, docs/MOE.md "One graph a step"):
+ * the device's part captured at the second step and launched after, the
+ * CPU's in the graph's host functions on the executor thread. On the CPU
+ * device the logits stay the CPU-only decode's bit for bit, with and
+ * without deferral, for moving and static policies, with the shared
+ * expert's gate (qwen2moe); the steps are graphs (the offload says so) and
+ * the device took experts. A placement without attention on the device
+ * decodes as before and says why.
+ */
+TEST(moe_hybrid_graph_steps_decode_the_cpu_bits)
+{
+	static const char *const args[3] = {
+		SMALL " --type Q8_0", SMALL_LLAMA " --type Q4_0",
+		"--arch qwen2moe --experts 16 --experts-used 4 --expert-ffn 64 --hidden 128 "
+		"--heads 4 --layers 3 --seed 5 --type Q8_0",
+	};
+	static const enum hyb_policy pol[] = { HYB_POLICY_TAM_ADAPTIVE, HYB_POLICY_STATIC,
+					       HYB_POLICY_LRU };
+
+	for (int a = 0; a < 3; a++) {
+		char name[16];
+		struct hyb_model *m;
+		float *ref, *lg;
+		size_t n;
+
+		snprintf(name, sizeof(name), "graph%d", a);
+		m = hyb_model_load(hyb_test_synth(name, args[a]));
+		CHECK_MSG(m, "%s", hyb_last_error());
+		n = (size_t)(N_GEN + 2) * m->hp.n_vocab;
+		ref = malloc(sizeof(float) * n);
+		lg = malloc(sizeof(float) * n);
+		CHECK(ref && lg);
+		for (uint32_t d = 0; d <= 2; d += 2) {
+			CHECK(!decode_defer(m, NULL, d, ref, NULL, NULL));
+			for (size_t i = 0; i < sizeof(pol) / sizeof(pol[0]); i++) {
+				struct hyb_hybrid_params hy = { .device = "cpu", .policy = pol[i],
+								.gpu_budget = m->weight_bytes / 3 * 2,
+								.graph = true };
+				struct hyb_hybrid_stats st;
+				struct hyb_hybrid_offload pl;
+
+				CHECK_MSG(!decode_defer(m, &hy, d, lg, &st, &pl), "%s", hyb_last_error());
+				CHECK_MSG(!strcmp(pl.graph_note, "one device graph a step"), "%s: %s",
+					  args[a], pl.graph_note);
+				CHECK_MSG(!memcmp(ref, lg, sizeof(float) * n), "%s, %s, defer %u: graph "
+					  "steps' logits differ from the CPU's", args[a],
+					  hyb_policy_name(pol[i]), d);
+				CHECK_EQ_INT(st.tokens, N_GEN);
+				CHECK_MSG(st.active_dev > 0 && st.active_dev <= st.active,
+					  "%llu of %llu on the device", (unsigned long long)st.active_dev,
+					  (unsigned long long)st.active);
+				CHECK(a < 2 || pl.shared_bytes > 0);
+			}
+		}
+		/* attention on the CPU: no graph, and why */
+		{
+			struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
+							.gpu_budget = m->weight_bytes / 3 * 2,
+							.graph = true, .dense_on_cpu = true };
+			struct hyb_hybrid_offload pl;
+
+			CHECK(!decode(m, &hy, lg, NULL, &pl));
+			CHECK_MSG(strstr(pl.graph_note, "not one graph a step: the head"), "%s",
+				  pl.graph_note);
+		}
+		free(ref);
+		free(lg);
 		hyb_model_free(m);
 	}
 }

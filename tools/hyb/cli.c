@@ -39,7 +39,7 @@ enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_PEN, O_PENN, O_SEED, O_TOKENS, O_
        O_DENSE, O_SPARSE, O_MANIFEST, O_BASELINE, O_BUDGET, O_POLICY, O_POLICIES, O_DEVICE,
        O_PCIE, O_DRIFT, O_ROUTING, O_NO_PREFETCH, O_DENSE_CPU, O_PREFILL_CPU, O_PROMPT_BATCH, O_THRESHOLDS,
        O_CACHE, O_LOAD_FIRST, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_CATS, O_SPARSITY, O_CHUNKS, O_DEFER, O_NO_NUMA_PIN, O_TEAL,
-       O_PARALLEL, O_KV_SEQS, O_VCLOCK };
+       O_PARALLEL, O_KV_SEQS, O_VCLOCK, O_GRAPH };
 
 static const struct option longopts[] = {
 	{ "model", required_argument, 0, 'm' },
@@ -72,6 +72,7 @@ static const struct option longopts[] = {
 	{ "drift", required_argument, 0, O_DRIFT },
 	{ "routing", required_argument, 0, O_ROUTING },
 	{ "no-prefetch", no_argument, 0, O_NO_PREFETCH },
+	{ "graph", no_argument, 0, O_GRAPH },
 	{ "dense-cpu", no_argument, 0, O_DENSE_CPU },
 	{ "prefill-cpu", no_argument, 0, O_PREFILL_CPU },
 	{ "prompt-batch", required_argument, 0, O_PROMPT_BATCH },
@@ -116,6 +117,7 @@ static bool parse_hybrid(int c, struct cli_opts *o)
 	case O_DRIFT: o->drift = (uint32_t)cli_num("--drift", optarg, 1, 1 << 20); break;
 	case O_ROUTING: o->routing = optarg; break;
 	case O_NO_PREFETCH: o->hy.no_prefetch = true; break;
+	case O_GRAPH: o->hy.graph = true; break;
 	case O_DENSE_CPU: o->hy.dense_on_cpu = true; break;
 	case O_PREFILL_CPU: o->hy.prefill_cpu = true; break;
 	case O_PROMPT_BATCH:

@@ -100,6 +100,7 @@ void cli_print_hybrid(struct hyb_ctx *c, double t_decode)
 		fprintf(stderr, "hybrid: per token: CPU experts %.3f ms, device expert kernels "
 			"%.3f ms, stalls %.3f ms, balancer %.3f ms\n", 1e3 * st.cpu_ffn_s / n,
 			1e3 * st.dev_kernel_s / n, 1e3 * st.stall_s / n, 1e3 * st.balancer_s / n);
+		fprintf(stderr, "hybrid: decode steps: %s\n", pl.graph_note);
 		return;
 	}
 	if (pl.plain) {

@@ -73,6 +73,11 @@ struct hyb_hybrid_params {
 					* device (0: as many as its share of the budget holds,
 					* up to 512; docs/HYBRID.md "Prompts") */
 	enum hyb_thresholds thresholds;/* load-aware thresholds (below) */
+	bool graph;                    /* MoE (the expert cache), one sequence: each decode step
+					* one device graph, the CPU's share in its host functions
+					* (KTransformers 3.3; docs/MOE.md "One graph a step");
+					* where the placement does not allow it, the step is queued
+					* as usual and hyb_hybrid_offload's graph_note says why */
 	/*
 	 * Several sequences (hyb_ctx_params.n_seq > 1, docs/HYBRID.md "Several
 	 * sequences"): how many of them attend on the device, their KV cache in
@@ -158,6 +163,7 @@ struct hyb_hybrid_offload {
 	uint32_t ffn_layers;      /* ... layers whose whole FFN is on the device */
 	uint64_t ffn_bytes;       /* ... their device bytes, with the FFN buffers */
 	char prompt_note[160];    /* prompt_batch 0: why, and where prompts run instead */
+	char graph_note[160];     /* MoE decode steps: one device graph each, or why not */
 };
 
 /*
