@@ -1329,7 +1329,7 @@ void hyb_moe_hybrid_offload(const struct hyb_moe_hybrid *h, struct hyb_hybrid_of
 	out->shared_bytes = h->sh_bytes;
 	out->router_bytes = h->rt_bytes;
 	snprintf(out->graph_note, sizeof(out->graph_note), "%s",
-		 h->graph ? "one device graph a step" :
+		 h->graph || h->want_graph ? "one device graph a step" :
 		 h->graph_note[0] ? h->graph_note : "queued as they go (--graph: one graph a step)");
 	if (h->hd) {
 		out->attn_layers = hyb_hdense_layers_on(h->hd);

@@ -16,6 +16,7 @@
 #include "cpu_kernels.h"
 #include "forward/moe.h"
 #include "hyb/gguf.h"
+#include "hyb/hybrid.h"
 #include "hyb/model.h"
 #include "hyb/tensor_type.h"
 #include "test.h"
@@ -621,5 +622,43 @@ TEST(moe_glm4moe_keys)
 	m = hyb_model_load(rewrite(src, "glm-mtp", "glm4moe.nextn_predict_layers", 1, NULL, NULL));
 	CHECK_MSG(m, "%s", hyb_last_error());
 	CHECK(m->hp.n_layer == 2);
+	hyb_model_free(m);
+}
+
+/*
+ * The same router in a graph step (docs/MOE.md "One graph a step"): the
+ * executor thread meets the NaN inside the graph's host functions; the
+ * step fails with the tensor named, nothing hangs, and the context goes on
+ * without graphs, failing the same way.
+ */
+TEST(moe_nan_router_in_a_graph_step_is_an_error)
+{
+	struct moe_file d = good;
+	struct hyb_model *m;
+	struct hyb_ctx *c;
+	struct hyb_hybrid_offload pl;
+	int32_t tok = 5;
+	float *lg = malloc(sizeof(float) * V);
+
+	d.nan_router = true;
+	m = hyb_model_load(write_moe("nang", &d));
+	CHECK_MSG(m, "%s", hyb_last_error());
+	struct hyb_hybrid_params hy = { .device = "cpu", .policy = HYB_POLICY_LRU,
+					.gpu_budget = m->weight_bytes * 4, .graph = true };
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 2, .hybrid = &hy };
+
+	c = hyb_ctx_new(m, &cp);
+	CHECK_MSG(c, "%s", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK_MSG(!strcmp(pl.graph_note, "one device graph a step"), "%s", pl.graph_note);
+	CHECK(hyb_ctx_eval(c, &tok, 1, lg, false) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "blk.0.ffn_gate_inp.weight") &&
+		  strstr(hyb_last_error(), "not finite"), "error '%s'", hyb_last_error());
+	hyb_ctx_hybrid_offload(c, &pl);
+	CHECK_MSG(strstr(pl.graph_note, "not one graph a step"), "%s", pl.graph_note);
+	CHECK(hyb_ctx_eval(c, &tok, 1, lg, false) < 0);
+	CHECK_MSG(strstr(hyb_last_error(), "not finite"), "error '%s'", hyb_last_error());
+	free(lg);
+	hyb_ctx_free(c);
 	hyb_model_free(m);
 }
