@@ -218,7 +218,21 @@ static int use(struct cudev *c)
 
 	if (e != cudaSuccess)
 		return fault(c, e, "cudaSetDevice");
-	return pump(c, false, NULL);
+	/* capturing: the lane's own thread moves it (its event queries stay off this thread) */
+	return c->d.cap ? 0 : pump(c, false, NULL);
+}
+
+/*
+ * A call refused because a capture is under way (a pageable copy, say)
+ * spoils the capture, not the context: an error, not a fault.
+ */
+static int queue_fail(struct cudev *c, cudaError_t e, const char *what)
+{
+	if (c->d.cap && (e == cudaErrorStreamCaptureUnsupported ||
+			 e == cudaErrorStreamCaptureInvalidated || e == cudaErrorStreamCaptureIsolation ||
+			 e == cudaErrorStreamCaptureImplicit))
+		return soft(c, e, -EBUSY, what);
+	return fault(c, e, what);
 }
 
 /* Work for stream s: on RELOAD, after everything the lane holds. */
@@ -472,7 +486,7 @@ static int copy(struct cudev *c, enum hyb_stream s, void *dst, const void *src, 
 		snprintf(what, sizeof(what), "cudaMemcpyAsync(%s, %llu bytes, %s stream)",
 			 kind == cudaMemcpyHostToDevice ? "h2d" : "d2h", (unsigned long long)len,
 			 stream_name(s));
-		return fault(c, e, what);
+		return queue_fail(c, e, what);
 	}
 	return 0;
 }
@@ -1248,7 +1262,7 @@ static int cu_host_fn(struct hyb_device *d, enum hyb_stream s, hyb_device_host_f
 	if (rc)
 		return rc;
 	e = cudaLaunchHostFunc(c->st[s], (cudaHostFn_t)fn, arg);
-	return e == cudaSuccess ? 0 : fault(c, e, "cudaLaunchHostFunc");
+	return e == cudaSuccess ? 0 : queue_fail(c, e, "cudaLaunchHostFunc");
 }
 
 static int cu_capture_begin(struct hyb_device *d, enum hyb_stream s)

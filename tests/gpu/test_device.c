@@ -2163,7 +2163,8 @@ TEST(gpu_dev_graph_is_the_stream_work)
 /*
  * A workspace cannot grow inside a capture (that waits for the stream and
  * allocates): the attention's first call on a stream is refused there, and
- * captured once the same call ran before.
+ * captured once the same call ran before. A pageable copy CUDA cannot
+ * capture spoils the capture, not the device.
  */
 TEST(gpu_dev_graph_refuses_growth)
 {
@@ -2201,6 +2202,12 @@ TEST(gpu_dev_graph_refuses_growth)
 	OK(d, hyb_device_graph_launch(d, g));
 	drain(d, HYB_STREAM_COMPUTE);
 	hyb_device_graph_free(d, g);
+	/* a copy CUDA cannot capture (pageable memory) spoils the capture, not the device */
+	OK(d, hyb_device_capture_begin(d, HYB_STREAM_COMPUTE));
+	CHECK_EQ_INT(hyb_device_h2d(d, HYB_STREAM_COMPUTE, a.q, q, 4 * 256), -EBUSY);
+	CHECK(hyb_device_capture_end(d, &g) != 0 && !g);
+	OK(d, hyb_device_attention(d, HYB_STREAM_COMPUTE, &a));
+	drain(d, HYB_STREAM_COMPUTE);
 	free(q);
 	hyb_device_close(d);
 }
