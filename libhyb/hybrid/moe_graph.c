@@ -303,6 +303,10 @@ device:
 	/* host functions still to run find the step failed and return at once */
 	atomic_store(&g->failed, true);
 	sem_post(&g->from);
+	/* and run before g goes: the queued work drains (a faulted device runs nothing more) */
+	for (int s = 0; s < 2; s++)
+		if (!hyb_device_record(g->d, s ? HYB_STREAM_CRITICAL : HYB_STREAM_COMPUTE, g->ev_end))
+			hyb_device_sync(g->d, g->ev_end);
 	stop(g);
 	return -1;
 }
