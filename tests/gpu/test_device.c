@@ -2268,6 +2268,18 @@ TEST(gpu_dev_graph_launch_cost)
 	hyb_device_close(d);
 }
 
+/* The work queued on COMPUTE faulted the device, and the message says msg. */
+static void expect_fault(struct hyb_device *d, const char *msg)
+{
+	struct hyb_device_event *ev = hyb_device_event_new(d);
+
+	hyb_device_record(d, HYB_STREAM_COMPUTE, ev);
+	CHECK_EQ_INT(hyb_device_sync(d, ev), -EIO);
+	CHECK_MSG(strstr(hyb_device_error(d), msg), "'%s' does not say '%s'", hyb_device_error(d),
+		  msg);
+	hyb_device_event_free(d, ev);
+}
+
 /*
  * The attention of a graph's step (pos_at): a graph of the step's copies
  * and its attention, launched at positions in any order with the position
@@ -2356,15 +2368,7 @@ static void pos_at_case(const char *kind, uint32_t n_swa)
 	/* a position past the cache: a device fault naming it, nothing written */
 	*hpos = n_ctx;
 	CHECK(hyb_device_graph_launch(d, g) == 0 || !strcmp(kind, "cpu"));
-	{
-		struct hyb_device_event *ev = hyb_device_event_new(d);
-
-		hyb_device_record(d, HYB_STREAM_COMPUTE, ev);
-		CHECK_EQ_INT(hyb_device_sync(d, ev), -EIO);
-		CHECK_MSG(strstr(hyb_device_error(d), "read from device memory"), "%s",
-			  hyb_device_error(d));
-		hyb_device_event_free(d, ev);
-	}
+	expect_fault(d, "read from device memory");
 	hyb_device_graph_free(d, g);
 	hyb_device_host_free(d, in);
 	hyb_device_host_free(d, ob);
@@ -2457,15 +2461,7 @@ static void table_case(uint32_t type, uint32_t n_in, uint32_t n_out, uint32_t w_
 	/* y row 2 twice: the second is refused, the device faults */
 	memcpy(hl, (const uint32_t[]){ 2, 0, 0, 2, 1, 1, 2 }, 7 * 4);
 	OK(d, hyb_device_graph_launch(d, g));
-	{
-		struct hyb_device_event *ev = hyb_device_event_new(d);
-
-		hyb_device_record(d, HYB_STREAM_COMPUTE, ev);
-		CHECK_EQ_INT(hyb_device_sync(d, ev), -EIO);
-		CHECK_MSG(strstr(hyb_device_error(d), "matvec table: item 1"), "%s",
-			  hyb_device_error(d));
-		hyb_device_event_free(d, ev);
-	}
+	expect_fault(d, "matvec table: item 1");
 	hyb_device_graph_free(d, g);
 	hyb_device_host_free(d, hl);
 	hyb_device_host_free(d, y0);
