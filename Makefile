@@ -172,7 +172,14 @@ $(BUILD)/fuzz_manifest: $(FUZZ_MANIFEST_SRCS) libhyb/include/hyb/manifest.h $(LI
 	@mkdir -p $(@D)
 	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
 		-fno-sanitize-recover=undefined $(FUZZ_MANIFEST_SRCS) $(LIB) $(LDLIBS) -o $@
-fuzz: $(FUZZ) $(BUILD)/fuzz_model $(BUILD)/fuzz_serve $(BUILD)/fuzz_manifest
+# ... and for the tokenizers and chat templates (the text users send)
+FUZZ_TEXT_SRCS := tests/fuzz/fuzz_text.c $(wildcard libhyb/tokenizer/*.c) \
+		  $(wildcard libhyb/chat/*.c)
+$(BUILD)/fuzz_text: $(FUZZ_TEXT_SRCS) $(LIB)
+	@mkdir -p $(@D)
+	clang $(CPPFLAGS) $(INTERNAL) -std=c11 -g -O1 -pthread -fsanitize=fuzzer,address,undefined \
+		-fno-sanitize-recover=undefined $(FUZZ_TEXT_SRCS) $(LIB) $(LDLIBS) -o $@
+fuzz: $(FUZZ) $(BUILD)/fuzz_model $(BUILD)/fuzz_serve $(BUILD)/fuzz_manifest $(BUILD)/fuzz_text
 
 ifneq ($(NVCC),)
 $(BUILD)/%.o: %.cu

@@ -3,8 +3,9 @@
  * Short runs of the libFuzzer targets (built by `make fuzz` with clang's
  * ASan and UBSan) on copies of their seed corpora: the GGUF parser, the
  * model loader on top of it (every architecture's metadata and tensors),
- * hyb serve's request parser (completions and chat JSON) and the manifest
- * reader (hybd's pools and split tensors, as apps take them).
+ * hyb serve's request parser (completions and chat JSON), the manifest
+ * reader (hybd's pools and split tensors, as apps take them) and the
+ * tokenizers and chat templates over the text users send.
  * Any crash, leak or sanitizer report fails the test. Crash inputs are kept
  * as build/fuzz-crash-* for reproduction: build/fuzz_gguf <file>.
  */
@@ -65,4 +66,13 @@ TEST(serve_fuzz_smoke)
 TEST(manifest_fuzz_smoke)
 {
 	run_fuzzer("build/fuzz_manifest", "tests/fuzz/corpus-manifest");
+}
+
+TEST(text_fuzz_smoke)
+{
+	/* llama.cpp's vocabularies (SentencePiece, GPT-2, Llama 3), as test_tokenizer fetches them */
+	if (access(".cache/vocab/ggml-vocab-llama-bpe.gguf", R_OK) &&
+	    system("bash tests/data/fetch-vocab.sh .cache/vocab >/dev/null 2>&1") != 0)
+		fprintf(stderr, "    (llama.cpp's vocabularies could not be fetched)\n");
+	run_fuzzer("build/fuzz_text", "tests/fuzz/corpus-text");
 }
