@@ -45,6 +45,92 @@ int hyb_ctx_seq_open(struct hyb_ctx *c, uint32_t n_pos)
 	return seq;
 }
 
+/*
+ * Reused positions must be what the new sequence would compute: whole
+ * n_batch pieces from its first token (docs/SERVE.md "Prefix cache"), and
+ * with several sequences whole KV blocks too.
+ */
+static uint32_t prefix_align(const struct hyb_ctx *c)
+{
+	uint32_t a = c->n_batch, b = c->kv ? HYB_KV_BLOCK : 1;
+
+	while (a % b) /* lcm(n_batch, HYB_KV_BLOCK): HYB_KV_BLOCK is a power of two */
+		a *= 2;
+	return a;
+}
+
+static bool prefix_ok(const struct hyb_ctx *c)
+{
+	return !c->hybrid && !c->moe_hybrid && !c->plain_hybrid;
+}
+
+int hyb_ctx_seq_open_prefix(struct hyb_ctx *c, uint32_t n_pos, const int32_t *tokens,
+			    uint32_t n_tokens, uint32_t *reused)
+{
+	uint32_t r = 0;
+	int seq;
+
+	if (!reused || (n_tokens && !tokens))
+		return hyb_error_set(-EINVAL, "hyb_ctx_seq_open_prefix: no tokens or no *reused");
+	*reused = 0;
+	if (!prefix_ok(c) || n_tokens < 2)
+		return hyb_ctx_seq_open(c, n_pos);
+	if (n_pos == 0 || n_pos > c->n_ctx)
+		return hyb_error_set(-EINVAL, "a sequence of %u positions: must be 1..%u", n_pos,
+				     c->n_ctx);
+	if (!c->kv) {
+		const uint32_t kept = c->n_kept, a = prefix_align(c);
+		uint32_t n = 0, m = kept < n_tokens - 1 ? kept : n_tokens - 1;
+
+		seq = hyb_ctx_seq_open(c, n_pos);
+		if (seq < 0)
+			return seq;
+		while (n < m && c->kept[n] == tokens[n])
+			n++;
+		r = n / a * a;
+		r = r < n_pos ? r : 0;
+		c->n_past = r;
+		c->n_kept = kept; /* rows past r stay valid until written */
+		*reused = r;
+		return seq;
+	}
+	seq = hyb_kv_pages_open_prefix(c->kv, n_pos, tokens, n_tokens, prefix_align(c), &r);
+	if (seq < 0)
+		return hyb_error_set(seq, "no room for a sequence of %u positions: every "
+				     "sequence is open or the KV cache is promised", n_pos);
+	*reused = r;
+	return seq;
+}
+
+int hyb_ctx_seq_keep(struct hyb_ctx *c, int seq, const int32_t *tokens, uint32_t n)
+{
+	const uint32_t a = prefix_align(c);
+
+	if (n && !tokens)
+		return hyb_error_set(-EINVAL, "hyb_ctx_seq_keep: no tokens");
+	if (c->kv ? !hyb_kv_pages_is_open(c->kv, seq) : seq != 0 || !c->seq0_open)
+		return hyb_error_set(-EINVAL, "sequence %d is not open", seq);
+	if (!prefix_ok(c))
+		return 0;
+	n = n / a * a;
+	if (c->kv) {
+		const int rc = hyb_kv_pages_keep(c->kv, seq, tokens, n);
+
+		return rc ? hyb_error_set(rc, "out of memory for the prefix cache") : 0;
+	}
+	n = n < c->n_past ? n : c->n_past;
+	if (!n)
+		return 0;
+	int32_t *k = realloc(c->kept, sizeof(*k) * n);
+
+	if (!k)
+		return hyb_error_set(-ENOMEM, "out of memory for the prefix cache");
+	memcpy(k, tokens, sizeof(*k) * n);
+	c->kept = k;
+	c->n_kept = n;
+	return 0;
+}
+
 int hyb_ctx_seq_close(struct hyb_ctx *c, int seq)
 {
 	if (!c->kv) {
@@ -85,6 +171,7 @@ void hyb_ctx_kv_stats(const struct hyb_ctx *c, struct hyb_kv_stats *out)
 	hyb_kv_pages_stats(c->kv, &st);
 	out->blocks = st.blocks;
 	out->used = st.used;
+	out->kept = st.kept;
 	out->reserved = st.reserved;
 	out->seqs = st.seqs;
 	out->max_seqs = st.max_seqs;

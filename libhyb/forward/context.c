@@ -366,6 +366,7 @@ void hyb_ctx_free(struct hyb_ctx *c)
 	hyb_moe_scratch_free(c->moe);
 	hyb_mla_scratch_free(c->mla);
 	hyb_kv_pages_free(c->kv);
+	free(c->kept);
 	free(c->attn_runs);
 	free(c->run_cols);
 	free(c->ones);

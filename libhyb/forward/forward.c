@@ -791,6 +791,9 @@ static int pass(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, const uint
 
 	if (rc)
 		return rc;
+	/* one sequence's rows from n_past on are written: the kept prefix ends there */
+	if (!c->runs && c->n_kept > c->n_past)
+		c->n_kept = c->n_past;
 	/* which rows are decode steps (a plan's sparse FFN on several sequences) */
 	for (uint32_t r = 0; c->row_one && c->runs && r < c->n_runs; r++)
 		memset(c->row_one + c->runs[r].t0, c->runs[r].n == 1, c->runs[r].n);
@@ -828,6 +831,7 @@ static int block(struct hyb_ctx *c, uint32_t l, uint32_t n)
 	int rc;
 
 	c->n_past = 0;
+	c->n_kept = 0;
 	layer_attention(c, l, n);
 	rc = layer_ffn(c, l, c->x, n, n, err, sizeof(err));
 	if (rc)

@@ -53,6 +53,13 @@ struct hyb_ctx {
 	struct hyb_attn *attn_runs;  /* [n_seq] scratch of hyb_fwd_attend_runs */
 	bool seq0_open;              /* one sequence: hyb_ctx_seq_open's state */
 	/*
+	 * One sequence's prefix cache (batch.c): its cache rows 0 .. n_kept
+	 * hold these tokens' keys and values, as long as no evaluation has
+	 * written below n_kept since (hyb_ctx_eval lowers it).
+	 */
+	int32_t *kept;
+	uint32_t n_kept;
+	/*
 	 * Every output of a matmul summed as a one-column product sums it, at
 	 * any batch size (batch invariance: hyb_gemm_invariant_cols).
 	 */

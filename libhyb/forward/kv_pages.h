@@ -7,6 +7,12 @@
  * sequence closes. A sequence reserves at open the blocks it may fill
  * (prompt plus tokens to generate), so a step never runs out mid-batch; the
  * blocks themselves are taken as positions are written (docs/SERVE.md).
+ *
+ * Prefix cache: a sequence may keep its first positions under the tokens
+ * they hold when it closes; a later sequence opened with tokens that start
+ * the same way shares those blocks instead of computing them again. Kept
+ * blocks no open sequence uses are given up, least recently used first,
+ * when a sequence needs a block and none is free.
  */
 #ifndef HYB_KV_PAGES_H
 #define HYB_KV_PAGES_H
@@ -21,6 +27,21 @@ struct hyb_kv_pages *hyb_kv_pages_new(uint32_t n_seq, uint32_t n_blocks, uint32_
 void hyb_kv_pages_free(struct hyb_kv_pages *kp);
 /* A sequence that may hold n_pos positions: its id, or -ENOSPC (no free sequence or blocks). */
 int hyb_kv_pages_open(struct hyb_kv_pages *kp, uint32_t n_pos);
+/*
+ * The same, sharing the longest kept prefix of tokens[0 .. n_tokens) that
+ * is a multiple of align positions (align a multiple of HYB_KV_BLOCK; 0:
+ * none) and leaves one token or more to evaluate: *reused positions, at
+ * which the sequence starts.
+ */
+int hyb_kv_pages_open_prefix(struct hyb_kv_pages *kp, uint32_t n_pos, const int32_t *tokens,
+			     uint32_t n_tokens, uint32_t align, uint32_t *reused);
+/*
+ * Keep the sequence's first n positions (whole blocks, at most those
+ * written), holding tokens[0 .. n), for later sequences. 0, -EINVAL (not
+ * open), -ENOMEM. The caller vouches that they are what a sequence opened
+ * afresh would compute for these tokens.
+ */
+int hyb_kv_pages_keep(struct hyb_kv_pages *kp, int seq, const int32_t *tokens, uint32_t n);
 /* 0, or -EINVAL for a sequence that is not open. Its blocks are free again. */
 int hyb_kv_pages_close(struct hyb_kv_pages *kp, int seq);
 bool hyb_kv_pages_is_open(const struct hyb_kv_pages *kp, int seq);
@@ -38,6 +59,7 @@ void hyb_kv_pages_advance(struct hyb_kv_pages *kp, int seq, uint32_t n);
 struct hyb_kv_pages_stats {
 	uint32_t blocks;    /* in the cache */
 	uint32_t used;      /* holding positions of open sequences */
+	uint32_t kept;      /* held only by kept prefixes: given up when needed */
 	uint32_t reserved;  /* promised to open sequences (used included) */
 	uint32_t seqs;      /* open sequences */
 	uint32_t max_seqs;

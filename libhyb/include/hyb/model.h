@@ -430,6 +430,24 @@ int hyb_ctx_eval(struct hyb_ctx *c, const int32_t *tokens, uint32_t n, float *lo
  */
 int hyb_ctx_seq_open(struct hyb_ctx *c, uint32_t n_pos);
 int hyb_ctx_seq_close(struct hyb_ctx *c, int seq);
+
+/*
+ * Prefix cache (docs/SERVE.md "Prefix cache"). hyb_ctx_seq_keep, before a
+ * close: tokens[0 .. n) are the sequence's prompt, evaluated by
+ * hyb_ctx_eval_seqs in n_batch pieces from its first token (or from where
+ * hyb_ctx_seq_open_prefix started it); the KV cache of its whole pieces
+ * is kept for later sequences (0, -EINVAL, -ENOMEM). hyb_ctx_seq_open_prefix
+ * opens as hyb_ctx_seq_open does a sequence whose prompt is
+ * tokens[0 .. n_tokens), starting it at *reused positions: the longest
+ * kept run of whole pieces it begins with, one token or more short of the
+ * prompt. Its logits are those of a sequence opened afresh, bit for bit.
+ * Kept positions take no room from sequences: they are given up, least
+ * recently used first, when blocks are needed. Contexts with a device
+ * (hybrid decoding) keep nothing and reuse nothing.
+ */
+int hyb_ctx_seq_open_prefix(struct hyb_ctx *c, uint32_t n_pos, const int32_t *tokens,
+			    uint32_t n_tokens, uint32_t *reused);
+int hyb_ctx_seq_keep(struct hyb_ctx *c, int seq, const int32_t *tokens, uint32_t n);
 /* Positions a sequence holds (0 for one that is not open). */
 uint32_t hyb_ctx_seq_pos(const struct hyb_ctx *c, int seq);
 
@@ -468,6 +486,7 @@ struct hyb_kv_stats {
 	uint32_t used;       /* holding positions of open sequences */
 	uint32_t reserved;   /* promised to open sequences */
 	uint32_t seqs, max_seqs;
+	uint32_t kept;       /* held only by the prefix cache (given up when needed) */
 };
 /* The paged cache's state (one sequence: its context as one reservation). */
 void hyb_ctx_kv_stats(const struct hyb_ctx *c, struct hyb_kv_stats *out);
