@@ -1388,3 +1388,76 @@ TEST(serve_hybrid_plan_batched)
 	CHECK_EQ_INT(srv_stop(&s, 30), 0);
 	free(want);
 }
+
+/* A completion of token ids: its text as seen and usage's cached_tokens. */
+static char *ids_completion(int port, const int *ids, int n, int *cached)
+{
+	char body[2048], *resp, *text, *seen;
+	size_t len, at;
+	json_error_t je;
+	json_t *j;
+
+	at = (size_t)snprintf(body, sizeof(body), "{\"prompt\": [");
+	for (int i = 0; i < n; i++)
+		at += (size_t)snprintf(body + at, sizeof(body) - at, "%s%d", i ? "," : "", ids[i]);
+	snprintf(body + at, sizeof(body) - at, "], \"max_tokens\": 12, \"temperature\": 0}");
+	CHECK_EQ_INT(http(port, "POST", "/v1/completions", NULL, body, &resp), 200);
+	j = json_loads(body_of(resp), JSON_ALLOW_NUL, &je);
+	CHECK_MSG(j, "not JSON: %.300s", body_of(resp));
+	*cached = (int)json_integer_value(json_object_get(json_object_get(
+		json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+	CHECK_EQ_INT(json_integer_value(json_object_get(json_object_get(j, "usage"),
+							"prompt_tokens")), n);
+	json_decref(j);
+	text = completion_text(resp, &len);
+	seen = as_seen(text, len);
+	free(text);
+	free(resp);
+	return seen;
+}
+
+/*
+ * The prefix cache (docs/SERVE.md "Prefix cache"): B shares A's first 50
+ * tokens and reuses its three whole 16-token pieces; its text is the one a
+ * server without the cache gives, in the batching engine and in a
+ * one-sequence one. Usage and /metrics say what was reused.
+ */
+TEST(serve_prefix_cache)
+{
+	const char *model = syn_model();
+	static const char *const how[] = { "--parallel 2", "--parallel 1" };
+	int a[70], b[70], cached;
+
+	for (int i = 0; i < 70; i++) {
+		a[i] = (i * 37 + 11) % 500 + 3;
+		b[i] = i < 50 ? a[i] : (i * 53 + 7) % 500 + 3;
+	}
+	for (int k = 0; k < 2; k++) {
+		char opts[128], *want, *got;
+		struct srv s;
+
+		snprintf(opts, sizeof(opts), "%s --batch 16 -c 128 --no-prefix-cache", how[k]);
+		srv_start(&s, model, opts);
+		free(ids_completion(s.port, a, 70, &cached));
+		want = ids_completion(s.port, b, 70, &cached);
+		CHECK_EQ_INT(cached, 0);
+		CHECK_EQ_INT(srv_stop(&s, 30), 0);
+
+		snprintf(opts, sizeof(opts), "%s --batch 16 -c 128", how[k]);
+		srv_start(&s, model, opts);
+		free(ids_completion(s.port, a, 70, &cached));
+		CHECK_EQ_INT(cached, 0);
+		got = ids_completion(s.port, b, 70, &cached);
+		CHECK_EQ_INT(cached, 48);
+		CHECK_MSG(!strcmp(want, got), "%s: with the prefix cache '%s', without '%s'",
+			  how[k], got, want);
+		CHECK(metric(s.port, "hyb_prompt_tokens_cached_total") == 48);
+		if (k == 0) { /* the paged cache: kept apart from used blocks, none leaked */
+			CHECK(metric(s.port, "hyb_kv_blocks_kept") > 0);
+			CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_used"), 0);
+		}
+		CHECK_EQ_INT(srv_stop(&s, 30), 0);
+		free(want);
+		free(got);
+	}
+}

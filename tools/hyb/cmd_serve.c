@@ -36,6 +36,7 @@ static const char usage[] =
 	"                 [--idle-timeout S] [--max-body BYTES] [--grace S] [--max-conns N]\n"
 	"                 [--max-conns-per-ip N] [--alias NAME] [--chat-template NAME]\n"
 	"                 [--kv-size N] [--batch N] [--batch-variant] [--no-batch] [--no-numa-pin]\n"
+	"                 [--no-prefix-cache]\n"
 	"                 [--teal PROFILE [--sparsity S]]\n"
 	"                 [--gpu-budget BYTES|N% [--policy P] [--device cpu|cuda] [--routing P]\n"
 	"                  [--no-prefetch] [--dense-cpu]\n"
@@ -58,6 +59,8 @@ static const char usage[] =
 	"    and K-quant weights, and with --teal; default: the same tokens alone or\n"
 	"    batched)\n"
 	"  --no-batch: --parallel engines of one request each instead of one batch\n"
+	"  --no-prefix-cache: evaluate every prompt whole (default: a prompt that starts\n"
+	"    with --batch pieces of a finished one's reuses their KV cache, bit for bit)\n"
 	"  --no-numa-pin: experts split across nodes by hybd: threads unpinned\n"
 	"    (docs/NUMA.md)\n"
 	"  --teal PROFILE [--sparsity S]: TEAL input sparsity (docs/SPARSITY.md); batched\n"
@@ -83,7 +86,7 @@ static const char usage[] =
 	"  --chat-template NAME: instead of the model's tokenizer.chat_template\n";
 
 enum { O_HOST = 256, O_PORT, O_PARALLEL, O_KEYFILE, O_QUEUE, O_TIMEOUT, O_IDLE, O_MAXBODY,
-       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH,
+       O_GRACE, O_MAXCONNS, O_PERIP, O_ALIAS, O_TEMPLATE, O_KVSIZE, O_VARIANT, O_NOBATCH, O_NOPREFIX,
        O_MANIFEST, O_TEAL, O_SPARSITY, O_BUDGET, O_POLICY, O_DEVICE, O_ROUTING,
        O_NO_PREFETCH, O_DENSE_CPU, O_THRESHOLDS, O_PROMPT_BATCH, O_KV_SEQS, O_BATCH, O_NO_NUMA_PIN };
 
@@ -109,6 +112,7 @@ static const struct option longopts[] = {
 	{ "batch-variant", no_argument, 0, O_VARIANT },
 	{ "no-numa-pin", no_argument, 0, O_NO_NUMA_PIN },
 	{ "no-batch", no_argument, 0, O_NOBATCH },
+	{ "no-prefix-cache", no_argument, 0, O_NOPREFIX },
 	{ "manifest", required_argument, 0, O_MANIFEST },
 	{ "teal", required_argument, 0, O_TEAL },
 	{ "gpu-budget", required_argument, 0, O_BUDGET },
@@ -158,6 +162,7 @@ static void parse(int argc, char **argv, struct serve_opts *o)
 		case O_VARIANT: o->batch_variant = true; break;
 		case O_NO_NUMA_PIN: o->numa_no_pin = true; break;
 		case O_NOBATCH: o->no_batch = true; break;
+		case O_NOPREFIX: o->no_prefix_cache = true; break;
 		case O_MANIFEST: o->manifest = optarg; break;
 		case O_TEAL: o->teal = optarg; break;
 		case O_SPARSITY:
@@ -350,6 +355,7 @@ int cmd_serve(int argc, char **argv)
 			.parallel = sv.o.parallel, .max_depth = sv.o.queue, .n_ctx = sv.o.n_ctx,
 			.n_threads = sv.o.n_threads, .kv_size = sv.o.kv_size,
 			.batch_variant = sv.o.batch_variant, .no_batch = sv.o.no_batch,
+			.no_prefix_cache = sv.o.no_prefix_cache,
 			.n_batch = sv.o.n_batch, .numa_no_pin = sv.o.numa_no_pin,
 			.teal_thr = sv.teal_thr, .hybrid = sv.o.gpu_budget ? &sv.o.hy : NULL,
 		};

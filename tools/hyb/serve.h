@@ -62,6 +62,7 @@ struct serve_metrics {
 	} requests[64];
 	int n_requests;
 	uint64_t prompt_tokens, completion_tokens;
+	uint64_t cached_tokens;     /* of prompt_tokens, from the prefix cache */
 	double prompt_s, decode_s, last_tps;
 	uint64_t rejected;           /* 503: the queue was full */
 	uint64_t cancelled[4];       /* by enum serve_cancel */
@@ -120,6 +121,7 @@ struct serve_job {
 	size_t ready;           /* bytes of text that are final (may be sent) */
 	size_t stop_from;       /* stop strings were looked for up to here */
 	uint32_t n_gen;
+	uint32_t n_cached;      /* prompt tokens the prefix cache gave (not evaluated) */
 	struct serve_lp *lps;   /* logprobs >= 0: one per generated token */
 	uint32_t n_lps, cap_lps;
 	enum serve_finish finish;
@@ -139,6 +141,7 @@ struct serve_seq {
 	int seq;                  /* the context's sequence */
 	struct hyb_sampler *s;
 	bool started;             /* its prompt has been evaluated */
+	bool failed;              /* an evaluation failed: its cache is not kept */
 	uint32_t fed;             /* prompt tokens evaluated so far (chunked prefill) */
 	double t_prompt0;         /* when its first prompt piece went in */
 	bool stopped;             /* a stop string or a cancellation ended it */
@@ -189,6 +192,7 @@ struct serve_queue {
 	bool batched;                 /* one engine of capacity sequences */
 	uint32_t n_ctx;               /* positions of each sequence */
 	const float *teal_thr;        /* serve_engine_opts.teal_thr */
+	bool prefix_cache;            /* !serve_engine_opts.no_prefix_cache */
 };
 
 struct serve_engine_opts {
@@ -201,6 +205,7 @@ struct serve_engine_opts {
 	bool numa_no_pin;             /* hyb_ctx_params.numa_no_pin */
 	uint32_t n_batch;             /* hyb_ctx_params.n_batch: a step's prompt tokens (0: default) */
 	bool no_batch;                /* one engine per job even when the model batches */
+	bool no_prefix_cache;         /* every prompt evaluated from its first token */
 	/* TEAL thresholds (hyb/sparsity.h) for every engine, or NULL; with them
 	 * each job gets an engine of its own (docs/SERVE.md) */
 	const float *teal_thr;
@@ -243,6 +248,7 @@ struct serve_job_view {
 	int error_status;
 	char error[256];
 	uint32_t n_gen;
+	uint32_t n_cached;
 	struct serve_lp *lps;   /* logprobs asked: the tokens in text[from..ready) (malloc'd) */
 	uint32_t n_lps;
 };
@@ -296,6 +302,7 @@ struct serve_reply {
 	const char *model;
 	long long created;
 	uint32_t n_prompt;
+	uint32_t n_cached;        /* of n_prompt, from the prefix cache (usage) */
 };
 /* Logprobs of a reply: lps[0..n) whose text starts before text_len, pieces from tok. */
 struct serve_lps {
@@ -348,6 +355,7 @@ struct serve_opts {
 	bool numa_no_pin;       /* --no-numa-pin */
 	uint32_t n_batch;       /* --batch: a step's prompt tokens (0: the context's default) */
 	bool no_batch;
+	bool no_prefix_cache;   /* --no-prefix-cache */
 	/* hybrid decoding (hyb/hybrid.h: a plan's neuron cache, a MoE's expert cache) */
 	const char *gpu_budget; /* NULL: none */
 	const char *routing;    /* a MoE routing profile, or NULL */

@@ -249,6 +249,7 @@ static bool next_events(struct stream *s)
 				event(s, serve_json_error(&e));
 			} else {
 				event(s, serve_json_chunk(&s->rep, "", 0, false, v.finish, NULL));
+				s->rep.n_cached = v.n_cached;
 				if (s->include_usage)
 					event(s, serve_json_usage_chunk(&s->rep, v.n_gen));
 				sb_add(&s->out, "data: [DONE]\n\n", 14);
@@ -377,7 +378,10 @@ static int finish_plain(struct serve *sv, struct MHD_Connection *conn, struct se
 		const struct serve_lps lps = { ec.text ? ec.lps : v.lps, ec.text ? ec.n_lps : v.n_lps,
 					       0, sv->m->tok, ec.text ? ec.len : v.len };
 
-		out.body = clean ? serve_json_completion(rep, clean, len, v.finish, v.n_gen,
+		struct serve_reply done = *rep;
+
+		done.n_cached = v.n_cached;
+		out.body = clean ? serve_json_completion(&done, clean, len, v.finish, v.n_gen,
 							 j_logprobs >= 0 ? &lps : NULL) : NULL;
 	}
 	echo_free(&ec);

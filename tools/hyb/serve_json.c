@@ -412,10 +412,13 @@ static const char *finish_name(enum serve_finish f)
 	return f == FINISH_STOP ? "stop" : f == FINISH_LENGTH ? "length" : NULL;
 }
 
+/* OpenAI's usage, prompt_tokens_details.cached_tokens from the prefix cache */
 static json_t *usage(const struct serve_reply *r, uint32_t n_gen)
 {
-	return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)r->n_prompt, "completion_tokens",
-			 (int)n_gen, "total_tokens", (int)(r->n_prompt + n_gen));
+	return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)r->n_prompt,
+			 "completion_tokens", (int)n_gen, "total_tokens",
+			 (int)(r->n_prompt + n_gen), "prompt_tokens_details", "cached_tokens",
+			 (int)r->n_cached);
 }
 
 static char *dump(json_t *j)

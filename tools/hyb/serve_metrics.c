@@ -115,6 +115,7 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 		steps += sl->steps;
 		kv.blocks += sl->kv.blocks;
 		kv.used += sl->kv.used;
+		kv.kept += sl->kv.kept;
 		kv.reserved += sl->kv.reserved;
 		kv.block_pos = sl->kv.block_pos;
 		if (sl->hybrid) {
@@ -142,8 +143,11 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 		sb_printf(b, "hyb_requests_total{route=\"%s\",status=\"%d\"} %llu\n",
 			  s.requests[i].route, s.requests[i].status,
 			  (unsigned long long)s.requests[i].n);
-	counter(b, "hyb_prompt_tokens_total", "Prompt tokens evaluated.", "counter");
+	counter(b, "hyb_prompt_tokens_total", "Prompt tokens of finished requests.", "counter");
 	sb_printf(b, "hyb_prompt_tokens_total %llu\n", (unsigned long long)s.prompt_tokens);
+	counter(b, "hyb_prompt_tokens_cached_total",
+		"Of those, tokens the prefix cache gave without evaluating them.", "counter");
+	sb_printf(b, "hyb_prompt_tokens_cached_total %llu\n", (unsigned long long)s.cached_tokens);
 	counter(b, "hyb_completion_tokens_total", "Tokens generated.", "counter");
 	sb_printf(b, "hyb_completion_tokens_total %llu\n", (unsigned long long)s.completion_tokens);
 	counter(b, "hyb_prompt_seconds_total", "Seconds spent evaluating prompts.", "counter");
@@ -175,6 +179,9 @@ void serve_metrics_render(struct serve_metrics *mt, struct serve_queue *q, struc
 	counter(b, "hyb_kv_blocks_used", "KV blocks holding positions of running requests.",
 		"gauge");
 	sb_printf(b, "hyb_kv_blocks_used %u\n", kv.used);
+	counter(b, "hyb_kv_blocks_kept",
+		"KV blocks only the prefix cache holds (taken back when needed).", "gauge");
+	sb_printf(b, "hyb_kv_blocks_kept %u\n", kv.kept);
 	counter(b, "hyb_kv_blocks_reserved",
 		"KV blocks promised to running requests (prompt plus max_tokens).", "gauge");
 	sb_printf(b, "hyb_kv_blocks_reserved %u\n", kv.reserved);

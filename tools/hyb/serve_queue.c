@@ -197,6 +197,7 @@ int serve_job_view(struct serve_queue *q, struct serve_job *j, size_t from,
 	v->error_status = j->error_status;
 	memcpy(v->error, j->error, sizeof(v->error));
 	v->n_gen = j->n_gen;
+	v->n_cached = j->n_cached;
 	if (j->logprobs >= 0 && j->n_lps) {
 		/* the tokens whose text starts in text[from..ready) */
 		uint32_t a = 0, b;
@@ -346,6 +347,10 @@ static void finish(struct serve_slot *sl, int k)
 
 	if (a->started)
 		a->st.t_gen = hyb_now() - a->t_gen0;
+	/* its prompt's whole pieces for later requests that start the same way */
+	if (q->prefix_cache && a->started && !a->failed &&
+	    hyb_ctx_seq_keep(sl->ctx, a->seq, j->prompt, j->n_prompt))
+		fprintf(stderr, "hyb serve: prefix cache: %s\n", hyb_last_error());
 	hyb_ctx_seq_close(sl->ctx, a->seq);
 	hyb_sampler_free(a->s);
 	pthread_mutex_lock(&q->lock);
@@ -357,6 +362,7 @@ static void finish(struct serve_slot *sl, int k)
 		j->finish = a->st.n_gen >= j->max_tokens ? FINISH_LENGTH : FINISH_STOP;
 	pthread_mutex_lock(&q->mt->lock);
 	q->mt->prompt_tokens += a->st.n_prompt;
+	q->mt->cached_tokens += j->n_cached;
 	q->mt->completion_tokens += a->st.n_gen;
 	q->mt->prompt_s += a->st.t_prompt;
 	q->mt->decode_s += a->st.t_gen;
@@ -431,7 +437,7 @@ static void step(struct serve_slot *sl)
 				continue;
 			}
 			budget -= n;
-			if (!a->fed)
+			if (!a->t_prompt0)
 				a->t_prompt0 = now;
 			sl->b[nb] = (struct hyb_seq_tokens){ a->seq, a->j->prompt + a->fed, n };
 			/* an echoed prompt's log probabilities: every row's logits */
@@ -467,6 +473,7 @@ static void step(struct serve_slot *sl)
 			char msg[256];
 
 			snprintf(msg, sizeof(msg), "generation failed: %s", hyb_last_error());
+			a->failed = true;
 			fail(sl, k, msg);
 			continue;
 		}
@@ -528,14 +535,21 @@ static void admit(struct serve_slot *sl)
 
 	while (sl->n_act < sl->n_seq && q->head && !q->abort) {
 		struct serve_job *j = q->head;
-		int s = hyb_ctx_seq_open(sl->ctx, j->n_prompt + j->max_tokens);
+		uint32_t reused = 0;
+		/* an echoed prompt's log probabilities need every row: evaluated in full */
+		int s = q->prefix_cache && !j->plps ?
+			hyb_ctx_seq_open_prefix(sl->ctx, j->n_prompt + j->max_tokens, j->prompt,
+						j->n_prompt, &reused) :
+			hyb_ctx_seq_open(sl->ctx, j->n_prompt + j->max_tokens);
 
 		if (s < 0)
 			break; /* the cache is promised: a finishing job frees it */
 		unqueue(q, j);
 		j->state = JOB_RUNNING;
+		j->n_cached = reused;
 		q->running++;
-		sl->act[sl->n_act++] = (struct serve_seq){ .j = j, .seq = s, .t_admit = hyb_now() };
+		sl->act[sl->n_act++] = (struct serve_seq){ .j = j, .seq = s, .fed = reused,
+							   .t_admit = hyb_now() };
 	}
 }
 
@@ -605,6 +619,7 @@ int serve_queue_start(struct serve_queue *q, const struct hyb_model *m, struct s
 	if (!q->slots)
 		return -ENOMEM;
 	q->teal_thr = o->teal_thr;
+	q->prefix_cache = !o->no_prefix_cache;
 	if (o->parallel > 1 && !o->no_batch) {
 		/* one engine batching every job, if the model can */
 		q->n_slots = 1;
