@@ -44,6 +44,8 @@ echo "== the expert cache: hot experts on the (CPU-executed) device, every polic
 bash tests/bench/moe_cache.sh "${REPS:-5}"
 echo "== hyb serve against llama-server: continuous batching at concurrency 1, 4, 16 =="
 bash tests/bench/serve.sh
+echo "== hyb serve's prefix cache against llama-server's cache_prompt =="
+bash tests/bench/prefix.sh
 bash tests/bench/sparse.sh
 echo "== CATS activation sparsity on real weights: quality and speed =="
 bash tests/bench/sparsity.sh "${REPS:-5}"
