@@ -48,6 +48,15 @@ struct hyb_block_iq4_nl {
 	uint8_t qs[HYB_QK4_0 / 2];
 };
 
+/*
+ * x = hyb_e8m0_half(e) * hyb_kvalues_mxfp4[q]: OCP MX FP4 (E2M1 values,
+ * doubled) with a power-of-two block scale; nibbles as Q4_0
+ */
+struct hyb_block_mxfp4 {
+	uint8_t e;
+	uint8_t qs[HYB_QK4_0 / 2];
+};
+
 /* x = d * q */
 struct hyb_block_q8_0 {
 	uint16_t d;
@@ -142,6 +151,7 @@ _Static_assert(sizeof(struct hyb_block_q4_1) == 20, "q4_1 block layout");
 _Static_assert(sizeof(struct hyb_block_q5_0) == 22, "q5_0 block layout");
 _Static_assert(sizeof(struct hyb_block_q5_1) == 24, "q5_1 block layout");
 _Static_assert(sizeof(struct hyb_block_iq4_nl) == 18, "iq4_nl block layout");
+_Static_assert(sizeof(struct hyb_block_mxfp4) == 17, "mxfp4 block layout");
 _Static_assert(sizeof(struct hyb_block_q8_0) == 34, "q8_0 block layout");
 _Static_assert(sizeof(struct hyb_block_q8_1) == 36, "q8_1 block layout");
 _Static_assert(sizeof(struct hyb_block_q4_k) == 144, "q4_K block layout");
@@ -156,6 +166,22 @@ _Static_assert(sizeof(struct hyb_block_iq4_xs) == 136, "iq4_xs block layout");
 static const int8_t hyb_kvalues_iq4nl[16] = {
 	-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 };
+
+/* MXFP4's levels: E2M1's values times 2 (ggml-common.h kvalues_mxfp4) */
+static const int8_t hyb_kvalues_mxfp4[16] = {
+	0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+};
+
+/* 2^(e - 128): half of the E8M0 scale, as the levels are doubled (ggml-impl.h) */
+static inline float hyb_e8m0_half(uint8_t e)
+{
+	/* e < 2: the denormals 2^-128 and 2^-127 */
+	const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float f;
+
+	__builtin_memcpy(&f, &bits, sizeof(f));
+	return f;
+}
 
 /* The 5-bit quant of element j (0..31) of a Q5_0/Q5_1 block. */
 static inline int hyb_q5_quant(const uint8_t qs[16], const uint8_t qh[4], int j)

@@ -47,6 +47,14 @@ void hyb_gemm_q4_1_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q5_0_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q5_1_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_iq4_nl_scalar(HYB_GEMM_ARGS);
+/*
+ * gemm_mxfp4.c: MXFP4 as llama.cpp's x86 build sums it: rows % 8 == 0 its
+ * repacked GEMV/GEMM (one float chain of whole-block dots per output),
+ * otherwise its vec_dot; the AVX2 level of the same (gemm_mxfp4_avx2.c)
+ */
+void hyb_gemm_mxfp4_chain_scalar(HYB_GEMM_ARGS);
+void hyb_gemm_mxfp4_vecdot_scalar(HYB_GEMM_ARGS);
+void hyb_fill_mxfp4_avx2(struct hyb_cpu_kernels *k);
 void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q6_k_scalar(HYB_GEMM_ARGS);
 /* kquant_extra.c: Q2_K, Q3_K, Q5_K, IQ4_XS (gemm and dequantize, scalar level) */
@@ -98,6 +106,7 @@ void hyb_dequantize_q4_1(const void *in, float *out, int64_t n);
 void hyb_dequantize_q5_0(const void *in, float *out, int64_t n);
 void hyb_dequantize_q5_1(const void *in, float *out, int64_t n);
 void hyb_dequantize_iq4_nl(const void *in, float *out, int64_t n);
+void hyb_dequantize_mxfp4(const void *in, float *out, int64_t n);
 void hyb_dequantize_q8_1(const void *in, float *out, int64_t n);
 void hyb_dequantize_q4_k(const void *in, float *out, int64_t n);
 void hyb_dequantize_q6_k(const void *in, float *out, int64_t n);

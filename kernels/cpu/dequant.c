@@ -92,6 +92,20 @@ void hyb_dequantize_iq4_nl(const void *in, float *out, int64_t n)
 	}
 }
 
+void hyb_dequantize_mxfp4(const void *in, float *out, int64_t n)
+{
+	const struct hyb_block_mxfp4 *b = in;
+
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, out += HYB_QK4_0) {
+		const float d = hyb_e8m0_half(b[i].e);
+
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			out[j] = hyb_kvalues_mxfp4[b[i].qs[j] & 0xF] * d;
+			out[j + HYB_QK4_0 / 2] = hyb_kvalues_mxfp4[b[i].qs[j] >> 4] * d;
+		}
+	}
+}
+
 void hyb_dequantize_q8_0(const void *in, float *out, int64_t n)
 {
 	const struct hyb_block_q8_0 *b = in;

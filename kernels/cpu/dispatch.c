@@ -38,6 +38,7 @@ uint32_t hyb_vec_dot_type(uint32_t weight_type)
 	case HYB_TYPE_Q5_0:
 	case HYB_TYPE_Q8_0:
 	case HYB_TYPE_IQ4_NL:
+	case HYB_TYPE_MXFP4:
 		return HYB_TYPE_Q8_0;
 	case HYB_TYPE_Q4_1:
 	case HYB_TYPE_Q5_1:
@@ -106,6 +107,8 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	hyb_set_gemm(k, HYB_TYPE_Q5_0, hyb_gemm_q5_0_scalar);
 	hyb_set_gemm(k, HYB_TYPE_Q5_1, hyb_gemm_q5_1_scalar);
 	hyb_set_gemm(k, HYB_TYPE_IQ4_NL, hyb_gemm_iq4_nl_scalar);
+	hyb_set_gemm(k, HYB_TYPE_MXFP4, hyb_gemm_mxfp4_vecdot_scalar);
+	k->gemm[HYB_TYPE_MXFP4] = hyb_gemm_mxfp4_chain_scalar; /* rows % 8 == 0: repacked */
 	hyb_set_gemm(k, HYB_TYPE_Q4_K, hyb_gemm_q4_k_scalar);
 	hyb_set_gemm(k, HYB_TYPE_Q6_K, hyb_gemm_q6_k_scalar);
 	k->quantize_act[HYB_TYPE_F32] = hyb_quantize_f32_scalar;
@@ -123,6 +126,7 @@ static void fill_scalar(struct hyb_cpu_kernels *k)
 	k->dequantize[HYB_TYPE_Q5_0] = hyb_dequantize_q5_0;
 	k->dequantize[HYB_TYPE_Q5_1] = hyb_dequantize_q5_1;
 	k->dequantize[HYB_TYPE_IQ4_NL] = hyb_dequantize_iq4_nl;
+	k->dequantize[HYB_TYPE_MXFP4] = hyb_dequantize_mxfp4;
 	k->dequantize[HYB_TYPE_Q8_1] = hyb_dequantize_q8_1;
 	k->dequantize[HYB_TYPE_Q4_K] = hyb_dequantize_q4_k;
 	k->dequantize[HYB_TYPE_Q6_K] = hyb_dequantize_q6_k;
@@ -154,6 +158,7 @@ static void init(void)
 			continue;
 		if (i == HYB_ISA_AVX2) {
 			hyb_cpu_fill_avx2(&tables[i]);
+			hyb_fill_mxfp4_avx2(&tables[i]);
 			hyb_fill_k_extra_avx2(&tables[i]);
 		} else if (i == HYB_ISA_AVX512) {
 			hyb_cpu_fill_avx512(&tables[i]);

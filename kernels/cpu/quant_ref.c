@@ -153,6 +153,45 @@ int hyb_best_index_int8(int n, const int8_t *val, float x)
  * the previous block's levels (L lives across the row's blocks; zeros
  * before the first).
  */
+/*
+ * ggml-quants.c quantize_row_mxfp4_ref: the scale is the power of two that
+ * puts the largest magnitude among the top levels (floor(log2 amax) - 2),
+ * each element the level nearest it (the first of equals).
+ */
+static void quantize_mxfp4(const float *x, struct hyb_block_mxfp4 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / HYB_QK4_0; i++, x += HYB_QK4_0) {
+		float amax = 0;
+
+		for (int j = 0; j < HYB_QK4_0; j++)
+			if (amax < fabsf(x[j]))
+				amax = fabsf(x[j]);
+		const uint8_t e = amax > 0 ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+		const float d = hyb_e8m0_half(e);
+
+		y[i].e = e;
+		for (int j = 0; j < HYB_QK4_0 / 2; j++) {
+			uint8_t q[2];
+
+			for (int h = 0; h < 2; h++) {
+				const float v = x[j + h * HYB_QK4_0 / 2];
+				float best = fabsf(hyb_kvalues_mxfp4[0] * d - v);
+
+				q[h] = 0;
+				for (uint8_t l = 1; l < 16; l++) {
+					const float err = fabsf(hyb_kvalues_mxfp4[l] * d - v);
+
+					if (err < best) {
+						best = err;
+						q[h] = l;
+					}
+				}
+			}
+			y[i].qs[j] = (uint8_t)(q[0] | q[1] << 4);
+		}
+	}
+}
+
 static void quantize_iq4_nl(const float *x, struct hyb_block_iq4_nl *y, int64_t n)
 {
 	const int8_t *values = hyb_kvalues_iq4nl;
@@ -566,6 +605,9 @@ int hyb_quantize_row_ref(uint32_t type, const float *x, void *out, int64_t n)
 		return 0;
 	case HYB_TYPE_IQ4_NL:
 		quantize_iq4_nl(x, out, n);
+		return 0;
+	case HYB_TYPE_MXFP4:
+		quantize_mxfp4(x, out, n);
 		return 0;
 	case HYB_TYPE_Q8_0:
 		quantize_q8_0(x, out, n);

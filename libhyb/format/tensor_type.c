@@ -38,7 +38,7 @@ static const struct hyb_type_info type_table[HYB_TYPE_COUNT] = {
 	T(30, "BF16", 1, 2, true),
 	T(34, "TQ1_0", 256, 54, false),
 	T(35, "TQ2_0", 256, 66, false),
-	T(39, "MXFP4", 32, 17, false),
+	T(39, "MXFP4", 32, 17, true),
 };
 
 const struct hyb_type_info *hyb_type_info(uint32_t type)

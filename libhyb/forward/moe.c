@@ -415,6 +415,7 @@ uint32_t hyb_moe_max_columns(uint32_t type, uint64_t rows)
 	case HYB_TYPE_Q5_K:
 	case HYB_TYPE_Q6_K:
 	case HYB_TYPE_IQ4_XS:
+	case HYB_TYPE_MXFP4: /* repacked or vec_dot: each column its own chain */
 		return 0;
 	case HYB_TYPE_IQ4_NL:
 		return rows % 8 ? 1 : 0;

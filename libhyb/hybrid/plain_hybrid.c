@@ -406,9 +406,18 @@ struct hyb_plain_hybrid *hyb_plain_hybrid_new(const struct hyb_model *m,
 		goto fail;
 	}
 	if (!h->hd && !h->n_ffn) {
-		snprintf(err, errlen, "hybrid: a budget of %.1f MB holds no part of the model (its "
-			 "smallest attention block is %.1f MB, an FFN %.1f MB)", p->gpu_budget / 1e6,
-			 hyb_hdense_layer_bytes(m, 0, n_ctx) / 1e6, ffn_bytes(m, 0) / 1e6);
+		const uint32_t ta = m->layers[0].wq.type, tf = m->layers[0].up.type;
+
+		/* sizes of 0: nothing the device computes (hyb_device_matvec_type_ok) */
+		if (!hyb_device_matvec_type_ok(ta) && !hyb_device_matvec_type_ok(tf))
+			snprintf(err, errlen, "hybrid: the device has no kernels for this model's "
+				 "weights (%s and %s): it runs on the CPU alone (without "
+				 "--gpu-budget)", hyb_type_name(ta), hyb_type_name(tf));
+		else
+			snprintf(err, errlen, "hybrid: a budget of %.1f MB holds no part of the "
+				 "model (its smallest attention block is %.1f MB, an FFN %.1f MB)",
+				 p->gpu_budget / 1e6, hyb_hdense_layer_bytes(m, 0, n_ctx) / 1e6,
+				 ffn_bytes(m, 0) / 1e6);
 		goto fail;
 	}
 	free(att);

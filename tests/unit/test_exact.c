@@ -239,6 +239,20 @@ static const struct {
 	  326, 293, 298, 325, 43, 99, 484, 171, 57, 337, 14, 271, 240, 458, 299, 247, 237, 103,
 	  439, 340, 420, 370 } },
 	  "--routing random --arch olmoe --experts 16 --experts-used 4 --ffn 128" },
+	/*
+	 * MXFP4 (gpt-oss's expert type) in every matrix: the layers' rows (% 8
+	 * == 0) as llama.cpp's repacked GEMV/GEMM sums them, the 500-row head
+	 * as its vec_dot, the embeddings dequantized
+	 */
+	{ { "MXFP4", HYB_TYPE_MXFP4, 500, 70, 0xc9a34905a740ca8bull, 40,
+	  { 194, 407, 201, 294, 212, 475, 14, 413, 144, 219, 143, 13, 438, 341, 248, 81, 258, 0,
+	  412, 84, 483, 40, 122, 27, 314, 230, 426, 44, 462, 29, 149, 415, 365, 294, 212, 60, 409,
+	  151, 484, 417 } }, "" },
+	/* 288 wide (9 blocks): the head's vec_dot ends with an odd block */
+	{ { "MXFP4_odd_blocks", HYB_TYPE_MXFP4, 500, 70, 0x49d60ef442da8adaull, 40,
+	  { 394, 424, 300, 137, 236, 307, 125, 464, 368, 334, 435, 173, 71, 197, 78, 425, 29, 423,
+	  436, 182, 176, 465, 382, 83, 369, 450, 424, 30, 488, 154, 147, 107, 104, 174, 257, 38,
+	  349, 4, 297, 158 } }, "--hidden 288 --ffn 544" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -342,3 +356,5 @@ TEST(exact_deepseek2_gate_up_exps) { run_case_with(&rope_cases[20].g, rope_cases
 TEST(exact_glm4moe_q4_k) { run_case_with(&rope_cases[21].g, rope_cases[21].synth); }
 TEST(exact_dots1_q8_0) { run_case_with(&rope_cases[22].g, rope_cases[22].synth); }
 TEST(exact_olmoe_q8_0) { run_case_with(&rope_cases[23].g, rope_cases[23].synth); }
+TEST(exact_mxfp4) { run_case_with(&rope_cases[24].g, rope_cases[24].synth); }
+TEST(exact_mxfp4_odd_blocks) { run_case_with(&rope_cases[25].g, rope_cases[25].synth); }

@@ -662,7 +662,12 @@ static void make_wrow(uint32_t type, int64_t k, enum wmode mode, uint8_t *out)
 		for (size_t off = 0; off < bytes;) {
 			uint16_t d = mode == W_HUGE ? 0x7bff : mode == W_TINY ? 0x0001 : rnd_f16_scale();
 
-			if (hyb_type_info(type)->blck == 32) {
+			if (type == HYB_TYPE_MXFP4) {
+				/* a byte exponent: 2^-10 .. 2^2, 2^100 or 2^-127 */
+				out[off] = (uint8_t)(mode == W_HUGE ? 228 : mode == W_TINY ? 1 :
+						     118 + rnd() % 13);
+				off += 17;
+			} else if (hyb_type_info(type)->blck == 32) {
 				/* Q4_1/Q5_1: the min after d */
 				uint16_t m = mode == W_RAW ? rnd_f16_scale() : d;
 
@@ -940,6 +945,7 @@ TEST(kern_gemm_q4_1_vs_scalar) { test_gemm_type(HYB_TYPE_Q4_1); }
 TEST(kern_gemm_q5_0_vs_scalar) { test_gemm_type(HYB_TYPE_Q5_0); }
 TEST(kern_gemm_q5_1_vs_scalar) { test_gemm_type(HYB_TYPE_Q5_1); }
 TEST(kern_gemm_iq4_nl_vs_scalar) { test_gemm_type(HYB_TYPE_IQ4_NL); }
+TEST(kern_gemm_mxfp4_vs_scalar) { test_gemm_type(HYB_TYPE_MXFP4); }
 TEST(kern_gemm_q4_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q4_K); }
 TEST(kern_gemm_q6_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q6_K); }
 TEST(kern_gemm_q2_k_vs_scalar) { test_gemm_type(HYB_TYPE_Q2_K); }

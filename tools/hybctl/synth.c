@@ -206,7 +206,8 @@ static int parse_type(const char *s, uint32_t *out)
 				       HYB_TYPE_Q8_0, HYB_TYPE_Q4_0, HYB_TYPE_Q4_1,
 				       HYB_TYPE_Q5_0, HYB_TYPE_Q5_1, HYB_TYPE_IQ4_NL,
 				       HYB_TYPE_Q2_K, HYB_TYPE_Q3_K, HYB_TYPE_Q4_K,
-				       HYB_TYPE_Q5_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_XS };
+				       HYB_TYPE_Q5_K, HYB_TYPE_Q6_K, HYB_TYPE_IQ4_XS,
+				       HYB_TYPE_MXFP4 };
 
 	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++)
 		if (!strcasecmp(s, hyb_type_name(ok[i]))) {

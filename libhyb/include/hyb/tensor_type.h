@@ -36,6 +36,7 @@ enum hyb_type {
 	HYB_TYPE_I8 = 24,   /* plan metadata (placement flags) */
 	HYB_TYPE_I32 = 26,  /* plan metadata (neuron permutations) */
 	HYB_TYPE_BF16 = 30,
+	HYB_TYPE_MXFP4 = 39, /* OCP MX FP4: gpt-oss's experts */
 	HYB_TYPE_COUNT = 40, /* ggml's GGML_TYPE_COUNT at the time of writing */
 };
 
