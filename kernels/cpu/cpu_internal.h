@@ -50,11 +50,12 @@ void hyb_gemm_iq4_nl_scalar(HYB_GEMM_ARGS);
 /*
  * gemm_mxfp4.c: MXFP4 as llama.cpp's x86 build sums it: rows % 8 == 0 its
  * repacked GEMV/GEMM (one float chain of whole-block dots per output),
- * otherwise its vec_dot; the AVX2 level of the same (gemm_mxfp4_avx2.c)
+ * otherwise its vec_dot; its SIMD levels (gemm_mxfp4_simd.h)
  */
 void hyb_gemm_mxfp4_chain_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_mxfp4_vecdot_scalar(HYB_GEMM_ARGS);
 void hyb_fill_mxfp4_avx2(struct hyb_cpu_kernels *k);
+void hyb_fill_mxfp4_avx512vnni(struct hyb_cpu_kernels *k);
 void hyb_gemm_q4_k_scalar(HYB_GEMM_ARGS);
 void hyb_gemm_q6_k_scalar(HYB_GEMM_ARGS);
 /* kquant_extra.c: Q2_K, Q3_K, Q5_K, IQ4_XS (gemm and dequantize, scalar level) */
@@ -72,6 +73,10 @@ void hyb_fill_k_extra_amx(struct hyb_cpu_kernels *k);
 int hyb_gemm_kx_packed_avx512(uint32_t type, int repacked, HYB_GEMM_ARGS);
 int hyb_gemm_kx_packed_avx512vnni(uint32_t type, int repacked, HYB_GEMM_ARGS);
 int hyb_gemm_kx_packed_amx(uint32_t type, int repacked, HYB_GEMM_ARGS);
+/* MXFP4's packed prefill (VNNI levels, 4+ columns, rows % 8 == 0): 0 done, -1 not */
+int hyb_gemm_mxfp4_packed_avx512(HYB_GEMM_ARGS);
+int hyb_gemm_mxfp4_packed_avx512vnni(HYB_GEMM_ARGS);
+int hyb_gemm_mxfp4_packed_amx(HYB_GEMM_ARGS);
 /* quant_ref_k_extra.c: their reference quantizers; -1 for another type */
 int hyb_quantize_k_extra_ref(uint32_t type, const float *x, void *out, int64_t n);
 /* quant_ref.c: llama.cpp's make_qkx2_quants, for quant_ref_k_extra.c */

@@ -165,6 +165,7 @@ static void init(void)
 			hyb_fill_k_extra_avx512(&tables[i]);
 		} else if (i == HYB_ISA_AVX512_VNNI) {
 			hyb_cpu_fill_avx512vnni(&tables[i]);
+			hyb_fill_mxfp4_avx512vnni(&tables[i]);
 			hyb_fill_k_extra_avx512vnni(&tables[i]);
 		} else {
 			hyb_cpu_fill_amx(&tables[i]);

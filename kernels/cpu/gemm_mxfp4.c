@@ -14,7 +14,7 @@
  *   sumf += d * sumi (not contracted).
  *
  * Integer dots are exact, so only those float steps must match. This is
- * the scalar level (fmaf: one rounding, as vfmadd); gemm_mxfp4_avx2.c is
+ * the scalar level (fmaf: one rounding, as vfmadd); gemm_mxfp4_simd.h is
  * the same arithmetic in vector registers.
  */
 #include <math.h>

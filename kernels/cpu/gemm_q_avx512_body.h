@@ -239,6 +239,18 @@ static void SFX(gemm_q6_k)(HYB_GEMM_ARGS)
 }
 
 /*
+ * MXFP4's prefill (gemm_mxfp4_simd.h asks from 4 columns): IQ4_NL's packed
+ * kernel on its levels, the same float chain per output (VNNI only: the
+ * levels + 128 are unsigned). -1, nothing written, where it does not apply.
+ */
+int SFX(hyb_gemm_mxfp4_packed)(HYB_GEMM_ARGS)
+{
+	if (!HYB_VNNI || ncols < 4)
+		return -1;
+	return packed_gemm(P_MXFP4, k, w, w_stride, nrows, x, x_stride, ncols, y, y_stride);
+}
+
+/*
  * The packed prefill of the types gemm_k_extra_avx512_body.h serves, which
  * asks here first: Q3_K, Q5_K, IQ4_XS from 8 columns (the tiled K-quant
  * matmul, as Q6_K's); repacked Q2_K on a multiple of 4 columns (its

@@ -42,7 +42,7 @@
 #define SXK(EXTRA) (NCP * (256 + (EXTRA) + 4))
 #define SX4K SXK(16)
 
-enum ptype { P_Q8_0, P_Q4_0, P_IQ4_NL, P_Q4_K, P_Q6_K, P_Q3_K, P_Q5_K, P_IQ4_XS, P_Q2_K };
+enum ptype { P_Q8_0, P_Q4_0, P_IQ4_NL, P_MXFP4, P_Q4_K, P_Q6_K, P_Q3_K, P_Q5_K, P_IQ4_XS, P_Q2_K };
 
 /* K-quants: super-blocks of 256 elements, Q8_K activations */
 static inline int ptype_k(const enum ptype t)
@@ -53,7 +53,7 @@ static inline int ptype_k(const enum ptype t)
 /* bytes of a raw GGUF block (32 elements, or 256 for the K-quants) */
 static inline size_t raw_block(const enum ptype t)
 {
-	static const size_t b[] = { 34, 18, 18, 144, 210, 110, 176, 136, 84 };
+	static const size_t b[] = { 34, 18, 18, 17, 144, 210, 110, 176, 136, 84 };
 
 	return b[t];
 }
@@ -184,14 +184,41 @@ ALWAYS_INLINE void pack_q8_0(const struct panel *p, const int G, int64_t u0, int
 	}
 }
 
-/* IQ4_NL (nl): the nibbles through its levels + 128 (VNNI only: codes up to 241) */
+/* MXFP4's levels + 128 in every 128-bit lane (VNNI only: unsigned for vpdpbusd) */
+static inline __m512i mx_lut(void)
+{
+	const __m128i v = _mm_loadu_si128((const __m128i *)hyb_kvalues_mxfp4);
+
+	return _mm512_broadcast_i32x4(_mm_xor_si128(v, _mm_set1_epi8((char)0x80)));
+}
+
+/* 16 rows' MXFP4 block scales (byte 0 at off) as floats: hyb_e8m0_half */
+ALWAYS_INLINE __m512 rows_e8m0(const uint8_t *const *rp, int64_t off)
+{
+	__m512i t[4];
+
+	rows_tr16x4(rp, off, t);
+	const __m512i e = _mm512_and_si512(t[0], _mm512_set1_epi32(0xFF));
+	const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+	const __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+	const __mmask16 is_normal = _mm512_cmpgt_epi32_mask(e, _mm512_set1_epi32(1));
+
+	return _mm512_castsi512_ps(_mm512_mask_blend_epi32(is_normal, denormal, normal));
+}
+
+/*
+ * nl 1: IQ4_NL, the nibbles through its levels + 128 (VNNI only: codes up
+ * to 241); nl 2: MXFP4, through its levels + 128, its 17-byte blocks' byte
+ * scales as floats
+ */
 ALWAYS_INLINE void pack_q4_0(const int nl, const struct panel *p, const int G, int64_t u0,
 			     int nu, uint8_t *dst)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0F);
+	const int bs = nl == 2 ? 17 : 18, qo = nl == 2 ? 1 : 2;
 
 	for (int u = 0; u < nu; u++) {
-		const int64_t off = (u0 + u) * 18;
+		const int64_t off = (u0 + u) * bs;
 		uint8_t *du = dst + (size_t)u * UW8(G);
 
 		for (int g = 0; g < G; g++) {
@@ -203,19 +230,22 @@ ALWAYS_INLINE void pack_q4_0(const int nl, const struct panel *p, const int G, i
 			 * then split nibbles: group j's low nibbles are elements 4j..,
 			 * its high nibbles elements 16 + 4j.., i.e. groups j and j + 4.
 			 */
-			rows_tr16x4(rp, off + 2, t);
+			rows_tr16x4(rp, off + qo, t);
 			for (int j = 0; j < 4; j++) {
 				__m512i lo = _mm512_and_si512(t[j], m4);
 				__m512i hi = _mm512_and_si512(_mm512_srli_epi16(t[j], 4), m4);
 
 				if (nl) {
-					lo = _mm512_shuffle_epi8(nl_lut(), lo);
-					hi = _mm512_shuffle_epi8(nl_lut(), hi);
+					const __m512i lut = nl == 2 ? mx_lut() : nl_lut();
+
+					lo = _mm512_shuffle_epi8(lut, lo);
+					hi = _mm512_shuffle_epi8(lut, hi);
 				}
 				_mm512_store_si512(du + 512 * g + 64 * j, lo);
 				_mm512_store_si512(du + 512 * g + 64 * (j + 4), hi);
 			}
-			_mm512_store_ps(du + 512 * G + 64 * g, rows_f16(rp, off, 0));
+			_mm512_store_ps(du + 512 * G + 64 * g,
+					nl == 2 ? rows_e8m0(rp, off) : rows_f16(rp, off, 0));
 		}
 	}
 }
@@ -1254,7 +1284,7 @@ static void mk_any(const enum ptype t, int nc, const uint8_t *wp, const uint8_t 
 			else
 				mk_q0(1, wp, xp, nu, pf, c0, y, st, m[0], first, last);
 		}
-	} else if (t == P_Q4_0 || t == P_IQ4_NL) {
+	} else if (t == P_Q4_0 || t == P_IQ4_NL || t == P_MXFP4) {
 		switch (nc) {
 #define CASE(N) case N: mk_q8(G8, N, wp, xp, nu, pf, y, m, first, dots); break;
 		CASE(1) CASE(2) CASE(3) CASE(4)
@@ -1292,6 +1322,9 @@ static void pack_any(const enum ptype t, const struct panel *p, int64_t u0, int 
 		break;
 	case P_IQ4_NL:
 		pack_q4_0(1, p, G8, u0, nu, dst);
+		break;
+	case P_MXFP4:
+		pack_q4_0(2, p, G8, u0, nu, dst);
 		break;
 	case P_Q4_K:
 		pack_q4_k(p, GK, u0, nu, dst);
@@ -1373,7 +1406,8 @@ static int packed_gemm(const enum ptype t, HYB_GEMM_ARGS)
 		else if (t == P_Q8_0)
 			xpack_q0(cols, nu, xs + tt * tile_bytes);
 		else
-			xpack_q8(cols, nu, t == P_IQ4_NL ? 128 : 8, xs + tt * tile_bytes);
+			xpack_q8(cols, nu, t == P_IQ4_NL || t == P_MXFP4 ? 128 : 8,
+				 xs + tt * tile_bytes);
 	}
 	for (int64_t r0 = 0; r0 < nrows; r0 += rows) {
 		__mmask16 m[GMAX];
