@@ -253,6 +253,11 @@ static const struct {
 	  { 394, 424, 300, 137, 236, 307, 125, 464, 368, 334, 435, 173, 71, 197, 78, 425, 29, 423,
 	  436, 182, 176, 465, 382, 83, 369, 450, 424, 30, 488, 154, 147, 107, 104, 174, 257, 38,
 	  349, 4, 297, 158 } }, "--hidden 288 --ffn 544" },
+	/* MXFP4 experts, as gpt-oss's: llama.cpp's mul_mat_id on the repacked experts */
+	{ { "MXFP4_qwen3moe", HYB_TYPE_MXFP4, 500, 70, 0x44fec050f0b4863eull, 40,
+	  { 98, 89, 98, 89, 98, 438, 262, 356, 59, 382, 239, 498, 174, 435, 433, 49, 4, 62, 353,
+	  165, 113, 455, 156, 413, 403, 376, 204, 442, 182, 384, 23, 78, 456, 309, 458, 299, 247,
+	  178, 206, 416 } }, QWEN3MOE "128" },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -358,3 +363,4 @@ TEST(exact_dots1_q8_0) { run_case_with(&rope_cases[22].g, rope_cases[22].synth);
 TEST(exact_olmoe_q8_0) { run_case_with(&rope_cases[23].g, rope_cases[23].synth); }
 TEST(exact_mxfp4) { run_case_with(&rope_cases[24].g, rope_cases[24].synth); }
 TEST(exact_mxfp4_odd_blocks) { run_case_with(&rope_cases[25].g, rope_cases[25].synth); }
+TEST(exact_moe_mxfp4_experts) { run_case_with(&rope_cases[26].g, rope_cases[26].synth); }
