@@ -16,6 +16,10 @@
  *    positions at a time: scores by simd_gemm, a per-tile maximum,
  *    exponentials by ggml_v_expf (ggml_vec_soft_max_f32), V by simd_gemm.
  *
+ * Attention sinks (gpt-oss) join the softmax as llama.cpp adds them: after
+ * the positions, to the first chunk only where a row is split, and per row
+ * of a tile.
+ *
  * Masked positions (after the query's own) are skipped where llama.cpp
  * skips them and zero where it multiplies them by zero; the results do not
  * depend on how rows are grouped, so each job is one row (or one head's
@@ -129,6 +133,25 @@ static void scale_f32(float *v, uint32_t n, float s)
 		v[i] *= s;
 }
 
+/*
+ * Head h's sink into a softmax so far (max *M, sum *S, value sum v):
+ * llama.cpp's flash attention, S*ms + vs contracted as in the loop.
+ */
+static void add_sink(const struct hyb_attn *a, uint32_t h, float *M, float *S, float *v)
+{
+	const float s = a->sinks[h];
+	float ms = 1.0f, vs = 1.0f;
+
+	if (s > *M) {
+		ms = expf(*M - s);
+		*M = s;
+		scale_f32(v, a->hd_v, ms);
+	} else {
+		vs = expf(s - *M);
+	}
+	*S = fmaf(*S, ms, vs);
+}
+
 /* One (token, head) row under 64-token batches, split or not. */
 static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *tmp)
 {
@@ -156,9 +179,11 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 			if (p1 > pos + 1)
 				p1 = pos + 1;
 			/* masked positions are skipped one by one: start past them */
-			if (p0 < p_min ? p_min >= p1 : p0 >= p1)
+			if ((p0 < p_min ? p_min >= p1 : p0 >= p1) && !(c == 0 && a->sinks))
 				continue; /* every position masked: S == 0, skipped */
 			one_chunk(a, q16, kc, vc, p0 < p_min ? p_min : p0, p1, acc16, &part);
+			if (c == 0 && a->sinks)
+				add_sink(a, h, &part.M, &part.S, part.v);
 			if (part.S == 0.0f)
 				continue;
 			const float m_new = fmaxf(M, part.M);
@@ -175,6 +200,8 @@ static void attend_row(const struct hyb_attn *a, uint32_t t, uint32_t h, void *t
 		return;
 	}
 	one_chunk(a, q16, kc, vc, p_min, pos + 1, acc16, &part);
+	if (a->sinks)
+		add_sink(a, h, &part.M, &part.S, part.v);
 	scale_f32(part.v, hv, part.S == 0.0f ? 0.0f : 1.0f / part.S);
 	memcpy(out, part.v, sizeof(float) * hv);
 }
@@ -308,6 +335,8 @@ static void attend_tile(const struct hyb_attn *a, uint32_t tile, uint32_t h, voi
 						    vt + (size_t)tk * hv, hv);
 		k->gemm_acc(acc, kq, vt, (int)nq, TILE, (int)hv);
 	}
+	for (uint32_t i = 0; a->sinks && i < nq; i++)
+		add_sink(a, h, &M[i], &S[i], acc + (size_t)i * hv);
 	for (uint32_t i = 0; i < nq; i++) {
 		float *o = a->out + (size_t)(t0 + i) * a->out_stride + (size_t)h * hv;
 

@@ -32,6 +32,9 @@ struct hyb_attn {
 	float scale;
 	/* a sliding-window layer: a query at p sees p - n_swa + 1 .. p (0: all) */
 	uint32_t n_swa;
+	/* a logit per head that joins every softmax with no value (gpt-oss's
+	 * attention sinks); NULL: none */
+	const float *sinks;
 	/*
 	 * A paged cache (kv_pages.h): position p is cache row
 	 * blocks[p / HYB_KV_BLOCK] * HYB_KV_BLOCK + p % HYB_KV_BLOCK. NULL: row p.

@@ -277,6 +277,12 @@ struct hyb_ctx *hyb_ctx_new(const struct hyb_model *m, const struct hyb_ctx_para
 			      "supported yet");
 		goto fail;
 	}
+	if (hp->arch_id == HYB_ARCH_GPTOSS && p && p->hybrid) {
+		hyb_error_set(-EINVAL, "hybrid decoding of gpt-oss is not supported yet: the "
+			      "device has no attention sinks, expert biases or its clamped SwiGLU "
+			      "(it runs on the CPU alone, without --gpu-budget)");
+		goto fail;
+	}
 	if (hp->n_expert && hp->n_dense_lead < hp->n_layer) {
 		/* experts are computed on the CPU as they are (docs/MOE.md), hot ones of
 		 * a hybrid context's decode steps on its device (the expert cache) */

@@ -461,6 +461,7 @@ static void attend(struct hyb_ctx *c, uint32_t l, uint32_t n)
 		/* a q scaled beforehand (Gemma) is attended with scale 1 */
 		.scale = hp->q_scale ? 1.0f : 1.0f / sqrtf((float)hp->head_dim),
 		.n_swa = swa ? hp->n_swa : 0,
+		.sinks = c->m->layers[l].attn_sinks,
 		.ggml23 = c->m->powerinfer,
 	};
 
@@ -584,6 +585,7 @@ void hyb_fwd_attention(struct hyb_ctx *c, uint32_t l, uint32_t n)
 	norm_heads(c->kk, &L->k_norm, n, hp->n_head_kv, hp->head_dim, hp->rms_eps);
 	hyb_fwd_attention_core(c, l, n);
 	project(c, l, HYB_TEAL_O, c->att, n, 1, &wo, &c->xn);
+	add_bias(c->xn, L->bo, n, E);
 	hyb_fwd_post_norm(c, &L->post_attn_norm, c->xn, n);
 	for (size_t i = 0; i < (size_t)n * E; i++)
 		c->x[i] += c->xn[i];

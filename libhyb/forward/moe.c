@@ -50,6 +50,7 @@ struct hyb_moe_scratch {
 	uint32_t *fill;    /* [n_expert] */
 	uint32_t *active;  /* [n_expert] experts with pairs, ascending */
 	uint32_t *tok;     /* [nb * K] token of pair j */
+	uint32_t *ex;      /* [nb * K] expert of pair j */
 	uint32_t *pos;     /* [nb * K] pair j of (token t, rank k) at t * K + k */
 	void *xg;          /* [nb * K] the pairs' inputs in gate's dot type */
 	void *xu;          /* ... in up's, when it differs (same_dot) */
@@ -123,6 +124,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 	s->fill = malloc(sizeof(uint32_t) * X);
 	s->active = malloc(sizeof(uint32_t) * X);
 	s->tok = malloc(sizeof(uint32_t) * P);
+	s->ex = malloc(sizeof(uint32_t) * P);
 	s->pos = malloc(sizeof(uint32_t) * P);
 	s->xg = malloc(xg * P);
 	s->xu = malloc(xu * P);
@@ -137,7 +139,7 @@ struct hyb_moe_scratch *hyb_moe_scratch_new(const struct hyb_model *m, uint32_t 
 		s->sgi = malloc(sizeof(float) * nb);
 	}
 	if (!s->counts || !s->logits || !s->scores || !s->plogits || !s->psel || !s->pwt || !s->defer || !s->pending || !s->sel || !s->wt || !s->start || !s->fill || !s->active || !s->tok ||
-	    !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
+	    !s->ex || !s->pos || !s->xg || !s->xu || !s->hq || !s->h || !s->u || !s->out ||
 	    (S && (!s->sg || !s->su || !s->so || !s->sgi))) {
 		hyb_moe_scratch_free(s);
 		return NULL;
@@ -184,6 +186,7 @@ void hyb_moe_scratch_free(struct hyb_moe_scratch *s)
 	free(s->fill);
 	free(s->active);
 	free(s->tok);
+	free(s->ex);
 	free(s->pos);
 	free(s->xg);
 	free(s->xu);
@@ -267,7 +270,24 @@ static int route_into(struct hyb_ctx *c, uint32_t l, uint32_t nf, float *logits,
 				return hyb_error_set(-EDOM, "blk.%u.ffn_gate_inp.weight: the router's "
 						     "logit for expert %u is %g (weights or input "
 						     "not finite)", l, e, (double)p[e]);
+			if (L->gate_inp_b) /* ggml_add of the router's bias */
+				p[e] += L->gate_inp_b[e];
 			mx = p[e] > mx ? p[e] : mx;
+		}
+		if (hp->expert_softmax_weight) {
+			/* gpt-oss: the best logits, then ggml_soft_max over the chosen */
+			float mk = -INFINITY;
+
+			top_k(p, X, K, sel);
+			for (uint32_t k = 0; k < K; k++) {
+				wt[k] = p[sel[k]];
+				mk = wt[k] > mk ? wt[k] : mk;
+			}
+			const float scale = (float)(1.0 / c->k->soft_max(K, wt, wt, mk));
+
+			for (uint32_t k = 0; k < K; k++)
+				wt[k] *= scale;
+			continue;
 		}
 		if (hp->expert_sigmoid) {
 			for (uint32_t e = 0; e < X; e++)
@@ -383,6 +403,7 @@ static uint32_t group_pairs(struct hyb_moe_scratch *s, uint32_t X, uint32_t K, u
 			uint32_t j = s->fill[s->sel[t * K + k]]++;
 
 			s->tok[j] = t;
+			s->ex[j] = (uint32_t)s->sel[t * K + k];
 			s->pos[t * K + k] = j;
 		}
 	return n_active;
@@ -664,10 +685,17 @@ static void pair_worker(void *arg, int ith, int nth)
 				k->quantize_act[hyb_vec_dot_type(L->up_exps.type)](
 					x, (char *)s->xu + j * s->xu_stride, (int64_t)E);
 		} else {
-			float *h = s->h + (size_t)j * F;
+			float *h = s->h + (size_t)j * F, *u = s->u + (size_t)j * F;
 
+			/* gpt-oss: ggml_add_id of the expert's gate and up biases first */
+			if (L->gate_exps_b)
+				for (uint64_t i = 0; i < F; i++) {
+					h[i] += L->gate_exps_b[(size_t)s->ex[j] * F + i];
+					u[i] += L->up_exps_b[(size_t)s->ex[j] * F + i];
+				}
 			/* ggml_swiglu runs row by row: its vector tail is per row */
-			hyb_ffn_act(h, s->u + (size_t)j * F, F, HYB_ACT_SILU);
+			hyb_ffn_act(h, u, F, pj->c->m->hp.act == HYB_ACT_SWIGLU_OAI ?
+				    HYB_ACT_SWIGLU_OAI : HYB_ACT_SILU);
 			k->quantize_act[hyb_vec_dot_type(L->down_exps.type)](
 				h, (char *)s->hq + j * s->hq_stride, (int64_t)F);
 		}
@@ -887,8 +915,12 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 			float *d = k < Ki ? y : s->defer;
 			const uint32_t first = k < Ki ? 0 : Ki;
 
+			const float *db = L->down_exps_b ?
+					  L->down_exps_b + (size_t)s->sel[t * K + k] * E : NULL;
+
 			for (uint32_t i = 0; i < E; i++) {
-				const float v = o[i] * w;
+				/* gpt-oss: ggml_add_id of the down bias, then the weight */
+				const float v = (db ? o[i] + db[i] : o[i]) * w;
 
 				d[i] = k != first ? d[i] + v : v;
 			}

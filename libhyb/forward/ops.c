@@ -140,6 +140,8 @@ float hyb_act_gate(enum hyb_ffn_act act, float g)
 		return g / (1.0f + expf(-g));
 	case HYB_ACT_GELU:
 		return gelu_tanh(g);
+	case HYB_ACT_SWIGLU_OAI:
+		return fminf(g, 7.0f) / (1.0f + expf(1.702f * -fminf(g, 7.0f)));
 	case HYB_ACT_RELU2:
 		return relu(g) * relu(g);
 	default:
@@ -189,6 +191,15 @@ void hyb_ffn_act(float *g, const float *u, uint64_t n, enum hyb_ffn_act act)
 		break;
 	case HYB_ACT_GELU:
 		geglu(g, u, n);
+		break;
+	case HYB_ACT_SWIGLU_OAI:
+		/* ggml_compute_forward_swiglu_oai_f32: scalar, libm's expf */
+		for (uint64_t i = 0; i < n; i++) {
+			const float x = fminf(g[i], 7.0f);
+			const float y = fminf(fmaxf(u[i], -7.0f), 7.0f);
+
+			g[i] = x / (1.0f + expf(1.702f * -x)) * (y + 1.0f);
+		}
 		break;
 	}
 }

@@ -43,7 +43,7 @@ struct hyb_arch_desc {
 
 extern const struct hyb_arch_desc hyb_arch_llama, hyb_arch_qwen2, hyb_arch_qwen3,
 	hyb_arch_gemma3, hyb_arch_phi3, hyb_arch_qwen2moe, hyb_arch_qwen3moe, hyb_arch_deepseek2,
-	hyb_arch_glm4moe, hyb_arch_dots1, hyb_arch_olmoe;
+	hyb_arch_glm4moe, hyb_arch_dots1, hyb_arch_olmoe, hyb_arch_gptoss;
 
 /* The loader's services for the arch files (model_load.c). */
 int hyb_ld_fail(struct hyb_loader *ld, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -140,12 +140,12 @@ static int read_rope(struct hyb_loader *ld)
 static const struct hyb_arch_desc *const archs[] = {
 	&hyb_arch_llama, &hyb_arch_qwen2,    &hyb_arch_qwen3,    &hyb_arch_gemma3,
 	&hyb_arch_phi3,  &hyb_arch_qwen2moe, &hyb_arch_qwen3moe, &hyb_arch_deepseek2,
-	&hyb_arch_glm4moe, &hyb_arch_dots1,  &hyb_arch_olmoe,
+	&hyb_arch_glm4moe, &hyb_arch_dots1,  &hyb_arch_olmoe,    &hyb_arch_gptoss,
 };
 
 static const char *arch_names(void)
 {
-	static char buf[128];
+	static char buf[256];
 
 	if (!buf[0])
 		for (size_t i = 0; i < sizeof(archs) / sizeof(archs[0]); i++)

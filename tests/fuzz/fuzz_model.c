@@ -7,7 +7,7 @@
  * say why; a model it takes has every weight inside the input, which the
  * target touches (first and last byte) so AddressSanitizer sees any that is
  * not. Seeds: tests/fuzz/corpus-model (tiny models of each architecture, the
- * mixtures of experts included; seed-cats is seed-llama with CATS threshold
+ * mixtures of experts included, seed-gptoss with MXFP4 experts; seed-cats is seed-llama with CATS threshold
  * keys, hyb/sparsity.h; seed-powerinfer a PowerInfer file, PWRI magic,
  * Q4_0 ffn_down_t and fc1/fc2 predictors, tests/oracle/powerinfer_gguf.py).
  */
@@ -77,6 +77,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		sum += touch(&L->wq_a) + touch(&L->q_a_norm) + touch(&L->wq_b) + touch(&L->wkv_a) +
 		       touch(&L->kv_a_norm) + touch(&L->wk_b) + touch(&L->wv_b);
 		sum += touch_vec(L->exp_probs_b, hp->n_expert);
+		/* gpt-oss: the output bias, sinks, the router's and the experts' biases */
+		sum += touch_vec(L->bo, hp->n_embd) + touch_vec(L->attn_sinks, hp->n_head) +
+		       touch_vec(L->gate_inp_b, hp->n_expert);
+		sum += touch_vec(L->gate_exps_b, (uint64_t)hp->n_expert * hp->n_ff_exp) +
+		       touch_vec(L->up_exps_b, (uint64_t)hp->n_expert * hp->n_ff_exp) +
+		       touch_vec(L->down_exps_b, (uint64_t)hp->n_expert * hp->n_embd);
 		/* latent attention: one cached row per token, heads from 3-D tensors */
 		if (hp->kv_lora &&
 		    (hp->n_head_kv != 1 || hp->head_dim != hp->kv_lora + hp->n_rot ||

@@ -179,6 +179,9 @@ TEST(batch_other_archs_same_bits_as_alone)
 	invariant("deepseek2", "--arch deepseek2 --experts 8 --experts-used 2 --layers 2 "
 		  "--head-dim 48 --vocab 300", 2);
 	invariant("qwen2", "--arch qwen2 --layers 2 --vocab 300 --type Q5_0", 2);
+	/* sinks, biases, a window; MXFP4 experts */
+	invariant("gptoss", "--arch gpt-oss --experts 8 --experts-used 2 --layers 2 --swa 8 "
+		  "--head-dim 64 --vocab 300 --type MXFP4", 2);
 }
 
 /* Blocks are promised at open and come back at close; a full cache says -ENOSPC, not a crash. */

@@ -44,6 +44,9 @@ struct golden {
 #define DEEPSEEK2 "--arch deepseek2 --layers 3 --experts 16 --experts-used 4 --expert-ffn 64 " \
 		  "--head-dim 96 "
 
+#define GPTOSS "--routing random --arch gpt-oss --experts 16 --experts-used 4 --expert-ffn 128 " \
+	       "--head-dim 64"
+
 /* RoPE variants: 96-wide heads (key_length != embd/heads), scaled 4x from 32 positions */
 #define ROPE_ARGS "--head-dim 96 --rope-factor 4 --rope-orig-ctx 32 --rope-scaling "
 
@@ -258,6 +261,26 @@ static const struct {
 	  { 98, 89, 98, 89, 98, 438, 262, 356, 59, 382, 239, 498, 174, 435, 433, 49, 4, 62, 353,
 	  165, 113, 455, 156, 413, 403, 376, 204, 442, 182, 384, 23, 78, 456, 309, 458, 299, 247,
 	  178, 206, 416 } }, QWEN3MOE "128" },
+	/*
+	 * gpt-oss (arch_gptoss.c): biased attention with a sink per head, layer
+	 * 0 a 16-position window (under the 70-token prompt), biased experts with
+	 * the clamped SwiGLU, weights the softmax of the chosen logits
+	 */
+	{ { "Q8_0_gptoss", HYB_TYPE_Q8_0, 500, 70, 0xf97f1114c9e8c955ull, 40,
+	  { 130, 2, 469, 145, 16, 416, 134, 259, 424, 448, 98, 460, 169, 160, 246, 259, 480, 127,
+	  272, 246, 39, 259, 424, 448, 285, 2, 469, 247, 387, 246, 53, 424, 448, 285, 2, 469, 407,
+	  153, 153, 153 } }, GPTOSS },
+	/*
+	 * ... its experts in MXFP4 as its files have them, and 200 + 80 positions:
+	 * decode rows past 256 split between 2 threads, the sink joining the
+	 * first chunk, which the window masks entirely past position 271
+	 */
+	{ { "MXFP4_gptoss_long", HYB_TYPE_MXFP4, 500, 200, 0xac4e4ec97d3ecc51ull, 80,
+	  { 466, 272, 98, 432, 58, 160, 172, 407, 448, 285, 2, 469, 104, 139, 300, 53, 424, 448,
+	  285, 2, 469, 379, 209, 311, 490, 311, 490, 311, 490, 311, 490, 311, 490, 164, 153, 153,
+	  153, 153, 153, 153, 153, 153, 153, 153, 209, 379, 153, 16, 259, 424, 16, 259, 416, 424,
+	  153, 16, 259, 424, 269, 374, 160, 246, 16, 341, 304, 160, 246, 16, 341, 259, 143, 448,
+	  246, 16, 341, 259, 153, 386, 313, 246 } }, GPTOSS },
 };
 
 static uint64_t fnv1a(const void *p, size_t n)
@@ -364,3 +387,5 @@ TEST(exact_olmoe_q8_0) { run_case_with(&rope_cases[23].g, rope_cases[23].synth);
 TEST(exact_mxfp4) { run_case_with(&rope_cases[24].g, rope_cases[24].synth); }
 TEST(exact_mxfp4_odd_blocks) { run_case_with(&rope_cases[25].g, rope_cases[25].synth); }
 TEST(exact_moe_mxfp4_experts) { run_case_with(&rope_cases[26].g, rope_cases[26].synth); }
+TEST(exact_gptoss_q8_0) { run_case_with(&rope_cases[27].g, rope_cases[27].synth); }
+TEST(exact_gptoss_mxfp4_long) { run_case_with(&rope_cases[28].g, rope_cases[28].synth); }

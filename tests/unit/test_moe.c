@@ -625,6 +625,35 @@ TEST(moe_glm4moe_keys)
 	hyb_model_free(m);
 }
 
+/* gpt-oss files that are wrong: refused by name; hybrid decoding refused until the device has it */
+TEST(moe_gptoss_refuses_bad_files_by_name)
+{
+	char src[512];
+	struct hyb_model *m;
+	struct hyb_hybrid_params hy = { .gpu_budget = 1u << 20, .device = "cpu" };
+	struct hyb_ctx_params cp = { .n_ctx = 64, .n_threads = 1, .hybrid = &hy };
+
+	snprintf(src, sizeof(src), "%s", synth_file("gptoss", "--arch gpt-oss --layers 2 "
+		 "--experts 8 --experts-used 2 --expert-ffn 64 --hidden 128 --heads 2 "
+		 "--head-dim 64 --vocab 300"));
+	m = hyb_model_load(src);
+	CHECK_MSG(m, "%s", hyb_last_error());
+	CHECK(m->hp.expert_softmax_weight && m->hp.act == HYB_ACT_SWIGLU_OAI && m->hp.rope_neox &&
+	      m->hp.n_swa == 16 && m->layers[0].swa && !m->layers[1].swa);
+	CHECK(m->layers[1].attn_sinks && m->layers[1].bo && m->layers[1].gate_inp_b &&
+	      m->layers[1].gate_exps_b && m->layers[1].up_exps_b && m->layers[1].down_exps_b);
+	CHECK(!hyb_ctx_new(m, &cp));
+	CHECK_MSG(strstr(hyb_last_error(), "hybrid decoding of gpt-oss is not supported"), "%s",
+		  hyb_last_error());
+	hyb_model_free(m);
+	expect_load_error(rewrite(src, "gptoss-sinks", NULL, -1, "blk.1.attn_sinks.weight",
+				  "blk.1.attn_sink.weight"), "blk.1.attn_sinks.weight");
+	expect_load_error(rewrite(src, "gptoss-bias", NULL, -1, "blk.0.ffn_down_exps.bias",
+				  "blk.0.ffn_down_exp.bias"), "blk.0.ffn_down_exps.bias");
+	expect_load_error(rewrite(src, "gptoss-swa", "gpt-oss.attention.sliding_window", 0, NULL,
+				  NULL), "sliding_window must be positive");
+}
+
 /*
  * The same router in a graph step (docs/MOE.md "One graph a step"): the
  * executor thread meets the NaN inside the graph's host functions; the

@@ -64,7 +64,10 @@ static const char usage[] =
 	"  --arch A        llama (default), qwen2 (Q/K/V biases), qwen3 (Q/K norms),\n"
 	"                  gemma3 (Q/K norms, post-norms, GeGLU, sliding-window layers),\n"
 	"                  phi3 (fused QKV and gate/up; --rope-scaling longrope),\n"
-	"                  qwen3moe, qwen2moe (mixtures of experts: --experts)\n"
+	"                  qwen3moe, qwen2moe, deepseek2, glm4moe, dots1, olmoe, gpt-oss\n"
+	"                  (mixtures of experts: --experts; gpt-oss: biases, attention\n"
+	"                  sinks, every other layer a --swa window, MXFP4 experts as its\n"
+	"                  files have them with --type MXFP4)\n"
 	"  --experts E     routed experts per layer (llama: Mixtral's layout, experts of\n"
 	"                  --ffn neurons; qwen2moe, qwen3moe: required)\n"
 	"  --experts-used K  experts per token (default 2)\n"
@@ -85,7 +88,7 @@ static const char usage[] =
 	"                  the model's own text is routed like a trained MoE model's:\n"
 	"                  skewed, local, co-selected, drifting; --topics applies) or\n"
 	"                  random (plain random weights, near-uniform routing)\n"
-	"  --swa N         gemma3: sliding window of the local layers (default 16)\n"
+	"  --swa N         gemma3, gpt-oss: sliding window of the local layers (default 16)\n"
 	"  --seed N        (default 1)\n"
 	"  -t N            threads (default: all CPUs)\n";
 
@@ -380,6 +383,12 @@ static bool olmoe(const struct spec *sp)
 	return !strcmp(sp->arch, "olmoe");
 }
 
+/* gpt-oss: biased attention with sinks, biased experts (arch_gptoss.c) */
+static bool gptoss(const struct spec *sp)
+{
+	return !strcmp(sp->arch, "gpt-oss");
+}
+
 /* the architectures with DeepSeek-V3's expert keys (arch_moe.c) */
 static bool v3_keys(const struct spec *sp)
 {
@@ -430,12 +439,12 @@ static int check(const struct spec *sp)
 	if (strcmp(sp->arch, "llama") && strcmp(sp->arch, "qwen2") && strcmp(sp->arch, "qwen3") &&
 	    strcmp(sp->arch, "gemma3") && strcmp(sp->arch, "phi3") &&
 	    strcmp(sp->arch, "qwen2moe") && strcmp(sp->arch, "qwen3moe") && !mla(sp) &&
-	    !v3_keys(sp) && !olmoe(sp))
+	    !v3_keys(sp) && !olmoe(sp) && !gptoss(sp))
 		return fprintf(stderr, "hybctl synth: unknown --arch '%s' (llama, qwen2, qwen3, "
-			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1, olmoe)\n",
-			       sp->arch), -1;
+			       "gemma3, phi3, qwen2moe, qwen3moe, deepseek2, glm4moe, dots1, olmoe, "
+			       "gpt-oss)\n", sp->arch), -1;
 	const bool moe_arch = !strcmp(sp->arch, "qwen2moe") || !strcmp(sp->arch, "qwen3moe") ||
-			      mla(sp) || v3_keys(sp) || olmoe(sp);
+			      mla(sp) || v3_keys(sp) || olmoe(sp) || gptoss(sp);
 
 	if (moe_arch != moe(sp) && (!moe(sp) || strcmp(sp->arch, "llama")))
 		return fprintf(stderr, "hybctl synth: --experts goes with --arch llama, qwen2moe, "
@@ -563,8 +572,16 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 		if (!mla(sp))
 			BLK("attn_output", sp->type, qd, sp->hidden, 1.0f / sqrtf((float)qd));
 		/* GLM-4.5 stores the FFN's input norm as post_attention_norm */
-		BLK(glm(sp) ? "post_attention_norm" : "ffn_norm", HYB_TYPE_F32, sp->hidden, 0, 0);
-		if (!strcmp(sp->arch, "qwen2") || !strcmp(sp->arch, "qwen2moe") || glm(sp)) {
+		BLK(glm(sp) || gptoss(sp) ? "post_attention_norm" : "ffn_norm", HYB_TYPE_F32,
+		    sp->hidden, 0, 0);
+		if (gptoss(sp)) {
+			/* the output's bias; a sink logit per head (near the scores' scale) */
+			snprintf(nm, sizeof(nm), "blk.%u.attn_output.bias", l);
+			ADD(nm, HYB_TYPE_F32, sp->hidden, 0, 0.5f);
+			BLK("attn_sinks", HYB_TYPE_F32, sp->heads, 0, 1.0f);
+		}
+		if (!strcmp(sp->arch, "qwen2") || !strcmp(sp->arch, "qwen2moe") || glm(sp) ||
+		    gptoss(sp)) {
 			/* biases: 1-D, random like the weights (BLK names end in .weight) */
 			snprintf(nm, sizeof(nm), "blk.%u.attn_q.bias", l);
 			ADD(nm, HYB_TYPE_F32, qd, 0, 0.5f);
@@ -604,6 +621,17 @@ static int add_tensors(struct hyb_gguf_writer *w, const struct spec *sp, struct 
 			}
 			BLK("ffn_down_exps", sp->type, F, sp->hidden, 1.0f / sqrtf((float)F));
 			t[n - 1].ne2 = sp->experts;
+			if (gptoss(sp)) { /* biases: the router's, and per expert [rows, experts] */
+				snprintf(nm, sizeof(nm), "blk.%u.ffn_gate_inp.bias", l);
+				ADD(nm, HYB_TYPE_F32, sp->experts, 0, 0.5f);
+				/* wide enough that the SwiGLU's clamps at +-7 bite */
+				snprintf(nm, sizeof(nm), "blk.%u.ffn_gate_exps.bias", l);
+				ADD(nm, HYB_TYPE_F32, F, sp->experts, 4.0f);
+				snprintf(nm, sizeof(nm), "blk.%u.ffn_up_exps.bias", l);
+				ADD(nm, HYB_TYPE_F32, F, sp->experts, 4.0f);
+				snprintf(nm, sizeof(nm), "blk.%u.ffn_down_exps.bias", l);
+				ADD(nm, HYB_TYPE_F32, sp->hidden, sp->experts, 0.5f);
+			}
 			if (sp->v3 || v3_keys(sp)) { /* the selection bias: scores are sigmoids in (0, 1) */
 				snprintf(nm, sizeof(nm), "blk.%u.exp_probs_b.bias", l);
 				ADD(nm, HYB_TYPE_F32, sp->experts, 0, 0.1f);
@@ -725,6 +753,8 @@ static void set_metadata(struct hyb_gguf_writer *w, const struct spec *sp)
 		KEY(u32, "attention.sliding_window", sp->swa);
 		KEY(f32, "rope.freq_base_swa", 1000.0f);
 	}
+	if (gptoss(sp))
+		KEY(u32, "attention.sliding_window", sp->swa);
 #undef KEY
 }
 

@@ -30,6 +30,9 @@ enum hyb_ffn_act {
 	HYB_ACT_RELU2, /* gated squared ReLU: down(relu(gate)^2 * up) */
 	HYB_ACT_DRELU, /* dReLU: down(relu(gate) * relu(up)) — TurboSparse */
 	HYB_ACT_GELU,  /* GeGLU: down(gelu_tanh(gate) * up) — Gemma */
+	/* gpt-oss's experts: x = min(gate, 7), y = clamp(up, -7, 7),
+	 * down(x * sigmoid(1.702 x) * (y + 1)) (llama.cpp ggml_swiglu_oai) */
+	HYB_ACT_SWIGLU_OAI,
 };
 
 /* The architectures hyb runs (general.architecture; docs/MODELS.md). */
@@ -46,6 +49,8 @@ enum hyb_arch {
 	HYB_ARCH_GLM4MOE,   /* biased GQA, partial NeoX RoPE, V3-style routing, shared experts */
 	HYB_ARCH_DOTS1,     /* qwen3 attention, V3-style routing, shared experts */
 	HYB_ARCH_OLMOE,     /* Q/K norms over the whole projection, routed experts */
+	HYB_ARCH_GPTOSS,    /* biased attention with sinks, alternating sliding windows,
+			     * biased experts with a clamped SwiGLU, softmax over the chosen */
 };
 
 /*
@@ -111,6 +116,8 @@ struct hyb_hparams {
 	 * which the n_group_used best (by their top two scores) are eligible;
 	 * the first n_dense_lead layers have a dense FFN */
 	bool expert_sigmoid;
+	/* gpt-oss: experts chosen by their logits, weights the softmax of the chosen */
+	bool expert_softmax_weight;
 	float expert_scale;
 	uint32_t n_expert_groups, n_group_used, n_dense_lead;
 	/*
@@ -240,6 +247,12 @@ struct hyb_layer {
 	struct hyb_weight gate_inp, gate_exps, up_exps, down_exps;
 	struct hyb_weight gate_shexp, up_shexp, down_shexp, gate_inp_shexp;
 	const float *exp_probs_b; /* [n_expert] added to the scores to choose (V3) */
+	/* gpt-oss (NULL: none): the router's bias [n_expert]; the experts' biases,
+	 * [n_expert][n_ff_exp] for gate and up, [n_expert][n_embd] for down */
+	const float *gate_inp_b, *gate_exps_b, *up_exps_b, *down_exps_b;
+	/* gpt-oss (NULL: none): the attention output's bias [n_embd]; a logit per
+	 * head that every query also attends to, with no value (attention sinks) */
+	const float *bo, *attn_sinks;
 	/*
 	 * Latent attention (hparams kv_lora > 0; wq then holds q when q_lora is
 	 * 0, wk, wv are unused): q through wq_a, q_a_norm, wq_b; wkv_a [n_embd ->
