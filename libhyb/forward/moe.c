@@ -800,6 +800,22 @@ static uint32_t defer_last(struct hyb_moe_scratch *s, uint32_t n_cpu, uint32_t K
 	return n_now;
 }
 
+/*
+ * d (+)= (o + the down bias of expert e, gpt-oss's ggml_add_id) * w: ggml_mul by
+ * the weight, then ggml_add in rank order (a rounding each); first: d = it.
+ */
+static void add_expert(const struct hyb_layer *L, uint32_t e, float *d, const float *o, float w,
+		       uint32_t E, bool first)
+{
+	const float *db = L->down_exps_b ? L->down_exps_b + (size_t)e * E : NULL;
+
+	for (uint32_t i = 0; i < E; i++) {
+		const float v = (db ? o[i] + db[i] : o[i]) * w;
+
+		d[i] = first ? v : d[i] + v;
+	}
+}
+
 int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 {
 	const struct hyb_hparams *hp = &c->m->hp;
@@ -905,26 +921,14 @@ int hyb_fwd_ffn_moe(struct hyb_ctx *c, uint32_t l, uint32_t nf)
 	const bool due = nf == 1 && s->deferred;
 	const bool late = c->moe_hybrid && Ki < K;
 
-	/* ggml_mul by the weights, then ggml_add in rank order (two roundings each) */
+	/* each token's experts into its row (add_expert) */
 	for (uint32_t t = 0; t < nf; t++) {
 		float *y = c->xn + (size_t)t * E;
 
-		for (uint32_t k = 0; k < (late ? Ki : K); k++) {
-			const float *o = s->out + (size_t)s->pos[t * K + k] * E;
-			const float w = s->wt[t * K + k];
-			float *d = k < Ki ? y : s->defer;
-			const uint32_t first = k < Ki ? 0 : Ki;
-
-			const float *db = L->down_exps_b ?
-					  L->down_exps_b + (size_t)s->sel[t * K + k] * E : NULL;
-
-			for (uint32_t i = 0; i < E; i++) {
-				/* gpt-oss: ggml_add_id of the down bias, then the weight */
-				const float v = (db ? o[i] + db[i] : o[i]) * w;
-
-				d[i] = k != first ? d[i] + v : v;
-			}
-		}
+		for (uint32_t k = 0; k < (late ? Ki : K); k++)
+			add_expert(L, (uint32_t)s->sel[t * K + k], k < Ki ? y : s->defer,
+				   s->out + (size_t)s->pos[t * K + k] * E, s->wt[t * K + k], E,
+				   k == (k < Ki ? 0 : Ki));
 		if (L->up_shexp.data)
 			for (uint32_t i = 0; i < E; i++)
 				y[i] += s->so[(size_t)t * E + i];
@@ -953,16 +957,9 @@ int hyb_fwd_moe_deferred(struct hyb_ctx *c)
 	s->late = false;
 	cpu_experts(c, &c->m->layers[s->d_layer], s->d_first, s->d_n, K);
 	/* the sum as the layer would have taken it: ranks Ki.. in order */
-	for (uint32_t k = s->d_ki; k < K; k++) {
-		const float *o = s->out + (size_t)s->pos[k] * E;
-		const float w = s->wt[k];
-
-		for (uint32_t i = 0; i < E; i++) {
-			const float v = o[i] * w;
-
-			s->defer[i] = k != s->d_ki ? s->defer[i] + v : v;
-		}
-	}
+	for (uint32_t k = s->d_ki; k < K; k++)
+		add_expert(&c->m->layers[s->d_layer], (uint32_t)s->sel[k], s->defer,
+			   s->out + (size_t)s->pos[k] * E, s->wt[k], E, k == s->d_ki);
 	memcpy(s->pending, s->defer, sizeof(float) * E);
 	s->stats.experts_s += hyb_now() - t0;
 	return 0;
