@@ -86,6 +86,9 @@ static inline __m256 e8m0_half8(const struct hyb_block_mxfp4 *const *wr, int64_t
 	return _mm256_castsi256_ps(_mm256_blendv_epi8(denormal, normal, is_normal));
 }
 
+/* k up to 32768 (rows of gpt-oss-120b's experts are 2880): a column's block offsets on the stack */
+#define HYB_MXFP4_MAX_BLOCKS 1024
+
 /* rows % 8 == 0: one float chain per output, 8 rows at a time */
 static void SFX(gemm_chain)(HYB_GEMM_ARGS)
 {
@@ -104,6 +107,21 @@ static void SFX(gemm_chain)(HYB_GEMM_ARGS)
 		const struct hyb_block_q8_0 *xb =
 			(const struct hyb_block_q8_0 *)((const char *)x + c * x_stride);
 		int64_t r0 = 0;
+		/* what dot_lanes adds to a whole block beyond the dot (VNNI: 128 sum x) */
+		int32_t xs[HYB_MXFP4_MAX_BLOCKS];
+
+		if (nb > HYB_MXFP4_MAX_BLOCKS) {
+			hyb_gemm_mxfp4_chain_scalar(k, w, w_stride, nrows, xb, x_stride, 1,
+						    y + c * y_stride, y_stride);
+			continue;
+		}
+		for (int64_t b = 0; b < nb; b++) {
+			int32_t sum = 0;
+
+			for (int i = 0; i < 32 && MXFP4_VNNI; i++)
+				sum += xb[b].qs[i];
+			xs[b] = 128 * sum;
+		}
 
 		for (; r0 + 8 <= nrows; r0 += 8) {
 			const struct hyb_block_mxfp4 *wr[8];
@@ -123,24 +141,41 @@ static void SFX(gemm_chain)(HYB_GEMM_ARGS)
 				wr[r] = (const struct hyb_block_mxfp4 *)((const char *)w +
 									 (r0 + r) * w_stride);
 			for (int64_t b = 0; b < nb; b++) {
+				int32_t xw[8];
+
 				for (const char *e = pf + pf_step; pf < e && pf < pf_end; pf += 64)
 					_mm_prefetch(pf, _MM_HINT_T0);
-				const __m256i xq = _mm256_loadu_si256((const __m256i *)xb[b].qs);
-				__m256i v[8];
+				memcpy(xw, xb[b].qs, sizeof(xw));
+				/*
+				 * llama.cpp's repacked layout made on the fly: the 4-byte
+				 * word g of the 8 rows' codes side by side (a 4x4 transpose
+				 * in each 128-bit lane: rows 0-3 low, 4-7 high), so that one
+				 * dot per group of 4 elements gives row r's sums in lane r
+				 */
+				__m256i q[4], u[4], s = _mm256_setzero_si256();
 
-				const __m256i xo = xoff(xq);
+				for (int r = 0; r < 4; r++)
+					q[r] = _mm256_loadu2_m128i((const __m128i *)wr[r + 4][b].qs,
+								   (const __m128i *)wr[r][b].qs);
+				u[0] = _mm256_unpacklo_epi32(q[0], q[1]);
+				u[1] = _mm256_unpackhi_epi32(q[0], q[1]);
+				u[2] = _mm256_unpacklo_epi32(q[2], q[3]);
+				u[3] = _mm256_unpackhi_epi32(q[2], q[3]);
+				q[0] = _mm256_unpacklo_epi64(u[0], u[2]);
+				q[1] = _mm256_unpackhi_epi64(u[0], u[2]);
+				q[2] = _mm256_unpacklo_epi64(u[1], u[3]);
+				q[3] = _mm256_unpackhi_epi64(u[1], u[3]);
+				for (int g = 0; g < 4; g++) {
+					/* word g: elements 4g.. (low nibbles), 16 + 4g.. (high) */
+					const __m256i m = _mm256_set1_epi8(0x0F);
+					const __m256i lo = _mm256_shuffle_epi8(t, _mm256_and_si256(q[g], m));
+					const __m256i hi = _mm256_shuffle_epi8(
+						t, _mm256_and_si256(_mm256_srli_epi16(q[g], 4), m));
 
-				for (int r = 0; r < 8; r++)
-					v[r] = _mm256_sub_epi32(dot_lanes(levels(&wr[r][b], t), xq), xo);
-				/* whole-block sums of the 8 rows, row r in lane r (exact) */
-				const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
-				const __m256i h23 = _mm256_hadd_epi32(v[2], v[3]);
-				const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]);
-				const __m256i h67 = _mm256_hadd_epi32(v[6], v[7]);
-				const __m256i a = _mm256_hadd_epi32(h01, h23);
-				const __m256i bq = _mm256_hadd_epi32(h45, h67);
-				const __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(a, bq, 0x20),
-								   _mm256_permute2x128_si256(a, bq, 0x31));
+					s = _mm256_add_epi32(s, dot_lanes(lo, _mm256_set1_epi32(xw[g])));
+					s = _mm256_add_epi32(s, dot_lanes(hi, _mm256_set1_epi32(xw[g + 4])));
+				}
+				s = _mm256_sub_epi32(s, _mm256_set1_epi32(xs[b]));
 				const __m256 d = _mm256_mul_ps(e8m0_half8(wr, b), _mm256_set1_ps(f16(xb[b].d)));
 
 				acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc);
