@@ -9,7 +9,8 @@
 # a 512-dim cache row, one dense layer, 64 experts of 1408, 6 per token, 2
 # shared) with 8 of its 27 layers in Q4_0 (and V2's q bottleneck of 1536:
 # llama.cpp takes a file without one only at V2-Lite's 26 or 27 layers), and Mixtral 8x7B's layer shape
-# (4096 wide, 8 experts of 14336, 2 per token) with 2 layers. Routing is
+# (4096 wide, 8 experts of 14336, 2 per token) with 2 layers, and gpt-oss-20b's
+# (below) with 4 of its 24 layers in MXFP4. Routing is
 # synth's plain random (--routing random): speed does not depend on it, and
 # the figures stay comparable from run to run. Per model, ROUNDS rounds alternate `hyb bench`
 # and llama_speed (same threads, prompt and decode lengths); medians, their
@@ -35,6 +36,12 @@ dsv2lite="--arch deepseek2 --hidden 2048 --heads 16 --head-dim 192 --mla-rope 64
 --shared-experts 2 --vocab 32000 --ctx 32768"
 mixtral="--hidden 4096 --heads 32 --kv-heads 8 --layers 2 --experts 8 --experts-used 2 \
 --ffn 14336 --vocab 32000"
+# gpt-oss-20b's layer (2880 wide, 64 heads of 64, 32 experts of 2880, 4 per token,
+# windows of 128 on every other layer) with 4 of its 24 layers; MXFP4 throughout
+# as its experts are (its attention is BF16 in the released files), a Q8_0 head
+gptoss="--arch gpt-oss --hidden 2880 --ffn 2880 --expert-ffn 2880 --heads 64 --kv-heads 8 \
+--head-dim 64 --layers 4 --experts 32 --experts-used 4 --swa 128 --vocab 32000 \
+--output-type Q8_0"
 models=()
 for t in Q8_0 Q4_0; do
 	f=models/moe/qwen3moe-30b-a3b-8l.$t.gguf
@@ -47,6 +54,9 @@ f=models/moe/deepseek-v2-lite-8l.Q4_0.gguf
 models+=("$f")
 f=models/moe/mixtral-8x7b-2l.Q4_0.gguf
 [[ -f $f ]] || build/hybctl synth -o "$f" $mixtral --type Q4_0 --seed 3 --routing random >/dev/null
+models+=("$f")
+f=models/moe/gpt-oss-20b-4l.MXFP4.gguf
+[[ -f $f ]] || build/hybctl synth -o "$f" $gptoss --type MXFP4 --seed 3 --routing random >/dev/null
 models+=("$f")
 
 printf '%-28s %8s %8s %6s   %8s %8s %6s %8s %8s\n' model "hyb pp" "llama pp" ratio "hyb tg" \
