@@ -263,8 +263,8 @@ TEST(model_refuses_unknown_architecture_by_name)
 
 TEST(model_refuses_unsupported_type_by_name)
 {
-	/* MXFP4: a real ggml type hyb has no kernels for (block 32, 17 bytes) */
-	expect_load_error(write_model("llama", 39, false), "MXFP4");
+	/* Q8_1: a real ggml type (block 32, 36 bytes) hyb has no weight kernels for */
+	expect_load_error(write_model("llama", HYB_TYPE_Q8_1, false), "Q8_1");
 }
 
 TEST(model_refuses_missing_tensor_by_name)
