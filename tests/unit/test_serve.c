@@ -1389,18 +1389,27 @@ TEST(serve_hybrid_plan_batched)
 	free(want);
 }
 
+/* {"prompt": [ids], "max_tokens": n, ...extra} */
+static void ids_body(char *body, size_t cap, const int *ids, int n, int max_tokens,
+		     const char *extra)
+{
+	size_t at = (size_t)snprintf(body, cap, "{\"prompt\": [");
+
+	for (int i = 0; i < n; i++)
+		at += (size_t)snprintf(body + at, cap - at, "%s%d", i ? "," : "", ids[i]);
+	snprintf(body + at, cap - at, "], \"max_tokens\": %d, \"temperature\": 0%s}", max_tokens,
+		 extra);
+}
+
 /* A completion of token ids: its text as seen and usage's cached_tokens. */
 static char *ids_completion(int port, const int *ids, int n, int *cached)
 {
 	char body[2048], *resp, *text, *seen;
-	size_t len, at;
+	size_t len;
 	json_error_t je;
 	json_t *j;
 
-	at = (size_t)snprintf(body, sizeof(body), "{\"prompt\": [");
-	for (int i = 0; i < n; i++)
-		at += (size_t)snprintf(body + at, sizeof(body) - at, "%s%d", i ? "," : "", ids[i]);
-	snprintf(body + at, sizeof(body) - at, "], \"max_tokens\": 12, \"temperature\": 0}");
+	ids_body(body, sizeof(body), ids, n, 12, "");
 	CHECK_EQ_INT(http(port, "POST", "/v1/completions", NULL, body, &resp), 200);
 	j = json_loads(body_of(resp), JSON_ALLOW_NUL, &je);
 	CHECK_MSG(j, "not JSON: %.300s", body_of(resp));
@@ -1420,7 +1429,8 @@ static char *ids_completion(int port, const int *ids, int n, int *cached)
  * The prefix cache (docs/SERVE.md "Prefix cache"): B shares A's first 50
  * tokens and reuses its three whole 16-token pieces; its text is the one a
  * server without the cache gives, in the batching engine and in a
- * one-sequence one. Usage and /metrics say what was reused.
+ * one-sequence one. Usage and /metrics say what was reused. A prompt is
+ * kept as soon as it is in: B reuses it while A still decodes beside it.
  */
 TEST(serve_prefix_cache)
 {
@@ -1436,14 +1446,14 @@ TEST(serve_prefix_cache)
 		char opts[128], *want, *got;
 		struct srv s;
 
-		snprintf(opts, sizeof(opts), "%s --batch 16 -c 128 --no-prefix-cache", how[k]);
+		snprintf(opts, sizeof(opts), "%s --batch 16 -c 256 --no-prefix-cache", how[k]);
 		srv_start(&s, model, opts);
 		free(ids_completion(s.port, a, 70, &cached));
 		want = ids_completion(s.port, b, 70, &cached);
 		CHECK_EQ_INT(cached, 0);
 		CHECK_EQ_INT(srv_stop(&s, 30), 0);
 
-		snprintf(opts, sizeof(opts), "%s --batch 16 -c 128", how[k]);
+		snprintf(opts, sizeof(opts), "%s --batch 16 -c 256", how[k]);
 		srv_start(&s, model, opts);
 		free(ids_completion(s.port, a, 70, &cached));
 		CHECK_EQ_INT(cached, 0);
@@ -1453,8 +1463,23 @@ TEST(serve_prefix_cache)
 			  how[k], got, want);
 		CHECK(metric(s.port, "hyb_prompt_tokens_cached_total") == 48);
 		if (k == 0) { /* the paged cache: kept apart from used blocks, none leaked */
+			char body[2048], *first;
+			int fd, reused, a2[70];
+
 			CHECK(metric(s.port, "hyb_kv_blocks_kept") > 0);
 			CHECK_EQ_INT(metric(s.port, "hyb_kv_blocks_used"), 0);
+			/* A2 (another start) streams on; its first token means its prompt is in */
+			for (int i = 0; i < 70; i++)
+				a2[i] = (i * 41 + 5) % 500 + 3;
+			ids_body(body, sizeof(body), a2, 70, 180, ", \"stream\": true");
+			fd = request(s.port, "POST", "/v1/completions", NULL, body);
+			first = read_until(fd, "data: ");
+			free(first);
+			memcpy(a2 + 50, b + 50, sizeof(int) * 20);
+			free(ids_completion(s.port, a2, 70, &reused));
+			CHECK_MSG(reused == 48, "a prompt sharing 50 tokens with one still decoding "
+				  "reused %d", reused);
+			close(fd);
 		}
 		CHECK_EQ_INT(srv_stop(&s, 30), 0);
 		free(want);

@@ -141,7 +141,6 @@ struct serve_seq {
 	int seq;                  /* the context's sequence */
 	struct hyb_sampler *s;
 	bool started;             /* its prompt has been evaluated */
-	bool failed;              /* an evaluation failed: its cache is not kept */
 	uint32_t fed;             /* prompt tokens evaluated so far (chunked prefill) */
 	double t_prompt0;         /* when its first prompt piece went in */
 	bool stopped;             /* a stop string or a cancellation ended it */

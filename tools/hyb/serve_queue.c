@@ -347,10 +347,6 @@ static void finish(struct serve_slot *sl, int k)
 
 	if (a->started)
 		a->st.t_gen = hyb_now() - a->t_gen0;
-	/* its prompt's whole pieces for later requests that start the same way */
-	if (q->prefix_cache && a->started && !a->failed &&
-	    hyb_ctx_seq_keep(sl->ctx, a->seq, j->prompt, j->n_prompt))
-		fprintf(stderr, "hyb serve: prefix cache: %s\n", hyb_last_error());
 	hyb_ctx_seq_close(sl->ctx, a->seq);
 	hyb_sampler_free(a->s);
 	pthread_mutex_lock(&q->lock);
@@ -473,7 +469,6 @@ static void step(struct serve_slot *sl)
 			char msg[256];
 
 			snprintf(msg, sizeof(msg), "generation failed: %s", hyb_last_error());
-			a->failed = true;
 			fail(sl, k, msg);
 			continue;
 		}
@@ -488,6 +483,13 @@ static void step(struct serve_slot *sl)
 			if (a->fed < a->j->n_prompt)
 				continue; /* more pieces to go: these logits are not the prompt's */
 			a->started = true;
+			/*
+			 * its prompt's whole pieces for the requests that start the
+			 * same way, from now on: those running beside it too
+			 */
+			if (q->prefix_cache &&
+			    hyb_ctx_seq_keep(sl->ctx, a->seq, a->j->prompt, a->j->n_prompt))
+				fprintf(stderr, "hyb serve: prefix cache: %s\n", hyb_last_error());
 			a->st.n_prompt = a->j->n_prompt;
 			a->st.t_prompt = now - a->t_prompt0;
 			a->t_gen0 = now;

@@ -445,8 +445,8 @@ int hyb_ctx_seq_open(struct hyb_ctx *c, uint32_t n_pos);
 int hyb_ctx_seq_close(struct hyb_ctx *c, int seq);
 
 /*
- * Prefix cache (docs/SERVE.md "Prefix cache"). hyb_ctx_seq_keep, before a
- * close: tokens[0 .. n) are the sequence's prompt, evaluated by
+ * Prefix cache (docs/SERVE.md "Prefix cache"). hyb_ctx_seq_keep, once the
+ * prompt is in (the sequence may go on): tokens[0 .. n) are its prompt, evaluated by
  * hyb_ctx_eval_seqs in n_batch pieces from its first token (or from where
  * hyb_ctx_seq_open_prefix started it); the KV cache of its whole pieces
  * is kept for later sequences (0, -EINVAL, -ENOMEM). hyb_ctx_seq_open_prefix
